@@ -1,0 +1,261 @@
+"""Opening, checking and reading ``.ninfer`` artifacts.
+
+Every check that can fail raises ``ArtifactError`` with a message naming the file and what is wrong; nothing
+from deep inside numpy or json reaches the caller. Blobs are read through one read-only ``numpy.memmap``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+import numpy as np
+
+from ninfer.artifact.container import BLOB_ALIGN, ArtifactError, read_header
+from ninfer.artifact.inventory import expected_inventory
+from ninfer.artifact.registry import RegistryError, check_config, profile_format
+from ninfer.config import ConfigError, ModelConfig
+from ninfer.formats import FORMATS, FormatError
+
+__all__ = ["Artifact", "ArtifactWeights", "open_artifact"]
+
+_TOP_KEYS = {
+    "container",
+    "container_version",
+    "model_id",
+    "weight_profile",
+    "architecture",
+    "shape_registered",
+    "config",
+    "recipe",
+    "source",
+    "tensors",
+    "resources",
+    "digest",
+    "provenance",
+}
+_TENSOR_KEYS = {"name", "format", "layout", "shape", "offset", "nbytes", "sha256"}
+_RESOURCE_KEYS = {"name", "role", "media_type", "offset", "nbytes", "sha256"}
+_ROLES = {
+    "tokenizer",
+    "tokenizer_config",
+    "chat_template",
+    "generation_config",
+    "preprocessor",
+    "video_preprocessor",
+    "conversion_report",
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_entry(path: str, kind: str, e: Any, keys: set[str]) -> None:
+    if not isinstance(e, dict):
+        raise ArtifactError(f"{path}: manifest: a {kind} entry is not an object")
+    name = e.get("name", "?")
+    if set(e) != keys:
+        missing, extra = sorted(keys - set(e)), sorted(set(e) - keys)
+        raise ArtifactError(f"{path}: manifest: {kind} {name!r}: missing {missing} / unknown {extra} members")
+    for k in ("offset", "nbytes"):
+        if not _is_int(e[k]) or e[k] < 0:
+            raise ArtifactError(f"{path}: manifest: {kind} {name!r}: {k} must be a non-negative integer")
+    if not isinstance(e["sha256"], str) or len(e["sha256"]) != 64:
+        raise ArtifactError(f"{path}: manifest: {kind} {name!r}: sha256 must be 64 hex characters")
+    if kind == "tensor" and (
+        not isinstance(e["shape"], list) or not all(_is_int(d) and d > 0 for d in e["shape"])
+    ):
+        raise ArtifactError(f"{path}: manifest: tensor {name!r}: shape must be a list of positive integers")
+
+
+def _check_schema(path: str, m: Any) -> None:
+    if not isinstance(m, dict):
+        raise ArtifactError(f"{path}: manifest is not a JSON object")
+    if set(m) != _TOP_KEYS:
+        missing, extra = sorted(_TOP_KEYS - set(m)), sorted(set(m) - _TOP_KEYS)
+        raise ArtifactError(f"{path}: manifest: missing members {missing}, unknown members {extra}")
+    if m["container"] != "ninfer-py" or m["container_version"] != 1:
+        raise ArtifactError(
+            f"{path}: manifest: unsupported container {m['container']!r} v{m['container_version']}"
+        )
+    if not isinstance(m["shape_registered"], bool):
+        raise ArtifactError(f"{path}: manifest: shape_registered must be true or false")
+    for k in ("tensors", "resources"):
+        if not isinstance(m[k], list):
+            raise ArtifactError(f"{path}: manifest: {k} must be a list")
+    for e in m["tensors"]:
+        _check_entry(path, "tensor", e, _TENSOR_KEYS)
+    for e in m["resources"]:
+        _check_entry(path, "resource", e, _RESOURCE_KEYS)
+        if e["role"] not in _ROLES:
+            raise ArtifactError(f"{path}: manifest: resource {e['name']!r}: unknown role {e['role']!r}")
+
+
+def _check_layout(path: str, m: dict[str, Any], data_bytes: int) -> None:
+    cursor = 0
+    seen: set[str] = set()
+    last_end = 0
+    for kind, e in [("tensor", t) for t in m["tensors"]] + [("resource", r) for r in m["resources"]]:
+        if e["name"] in seen:
+            raise ArtifactError(f"{path}: manifest: duplicate {kind} name {e['name']!r}")
+        seen.add(e["name"])
+        if e["offset"] % BLOB_ALIGN or e["offset"] < cursor:
+            raise ArtifactError(
+                f"{path}: {kind} {e['name']!r}: offset {e['offset']} misaligned or overlapping"
+            )
+        last_end = e["offset"] + e["nbytes"]
+        if last_end > data_bytes:
+            raise ArtifactError(f"{path}: {kind} {e['name']!r} ends past the end of the file (truncated?)")
+        cursor = last_end
+    if last_end != data_bytes:
+        raise ArtifactError(f"{path}: {data_bytes - last_end} unexpected bytes after the last blob")
+
+
+def _check_model(path: str, m: dict[str, Any]) -> ModelConfig:
+    try:
+        cfg = ModelConfig.from_dict(m["config"]) if isinstance(m["config"], dict) else None
+        if cfg is None:
+            raise ConfigError("config must be an object")
+        ident = check_config(m["model_id"], cfg, m["shape_registered"])
+        if m["weight_profile"] not in ident.profiles:
+            raise RegistryError(
+                f"weight profile {m['weight_profile']!r} is not registered for {ident.model_id!r} "
+                f"(registered: {', '.join(ident.profiles)})"
+            )
+        if m["architecture"] != ident.arch:
+            raise RegistryError(f"architecture {m['architecture']!r} does not match {ident.model_id!r}")
+    except (ConfigError, RegistryError) as e:
+        raise ArtifactError(f"{path}: {e}") from None
+    inv = expected_inventory(cfg)
+    have = {t["name"]: t for t in m["tensors"]}
+    missing, extra = [n for n in inv if n not in have], [n for n in have if n not in inv]
+    if missing or extra:
+        raise ArtifactError(f"{path}: tensor inventory: missing {missing[:5]}, unexpected {extra[:5]}")
+    for name, shape in inv.items():
+        t = have[name]
+        if tuple(t["shape"]) != shape:
+            raise ArtifactError(
+                f"{path}: tensor {name!r}: shape {t['shape']} but the config implies {list(shape)}"
+            )
+        want = profile_format(m["weight_profile"], name, shape)
+        if t["format"] != want:
+            raise ArtifactError(
+                f"{path}: tensor {name!r}: format {t['format']} but profile {m['weight_profile']!r} requires {want}"
+            )
+        fmt = FORMATS[want]
+        if t["layout"] != fmt.layout or t["nbytes"] != fmt.encoded_size(shape):
+            raise ArtifactError(f"{path}: tensor {name!r}: layout/size do not match format {want}")
+    return cfg
+
+
+class Artifact:
+    """An opened, checked artifact. Blobs are memory-mapped; nothing is read until asked for."""
+
+    def __init__(self, path: str, manifest: dict[str, Any], data_offset: int, config: ModelConfig) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.model_config = config
+        self._data = np.memmap(path, dtype=np.uint8, mode="r", offset=data_offset)
+        self._tensors = {t["name"]: t for t in manifest["tensors"]}
+        self._resources = {r["role"]: r for r in manifest["resources"]}
+
+    model_id = property(lambda self: self.manifest["model_id"])
+    weight_profile = property(lambda self: self.manifest["weight_profile"])
+    shape_registered = property(lambda self: self.manifest["shape_registered"])
+    digest = property(lambda self: self.manifest["digest"]["content"])
+
+    def tensor_names(self) -> list[str]:
+        return list(self._tensors)
+
+    def tensor_info(self, name: str) -> dict[str, Any]:
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise KeyError(f"{self.path}: no tensor named {name!r}") from None
+
+    def raw(self, name: str) -> np.ndarray:
+        t = self.tensor_info(name)
+        return self._data[t["offset"] : t["offset"] + t["nbytes"]]
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The tensor dequantized to float32 in its manifest shape."""
+        t = self.tensor_info(name)
+        return FORMATS[t["format"]].decode(self.raw(name), tuple(t["shape"]))
+
+    def tensor_rows(self, name: str, r0: int, r1: int) -> np.ndarray:
+        t = self.tensor_info(name)
+        return FORMATS[t["format"]].decode_rows(self.raw(name), tuple(t["shape"]), r0, r1)
+
+    def resource(self, role: str) -> bytes | None:
+        r = self._resources.get(role)
+        return None if r is None else bytes(self._data[r["offset"] : r["offset"] + r["nbytes"]])
+
+    def weights(self) -> ArtifactWeights:
+        return ArtifactWeights(self)
+
+    def verify_blobs(self, threads: int = 4) -> None:
+        """Hash every blob (hashlib releases the GIL, so threads overlap) against the manifest."""
+        entries = self.manifest["tensors"] + self.manifest["resources"]
+
+        def digest(e: dict[str, Any]) -> str:
+            h = hashlib.sha256()
+            start, end = e["offset"], e["offset"] + e["nbytes"]
+            for off in range(start, end, 1 << 24):
+                h.update(self._data[off : min(end, off + (1 << 24))])
+            return h.hexdigest()
+
+        with ThreadPoolExecutor(max_workers=threads) as ex:
+            for e, got in zip(entries, ex.map(digest, entries), strict=True):
+                if got != e["sha256"]:
+                    raise ArtifactError(f"{self.path}: blob {e['name']!r} is corrupt (SHA-256 mismatch)")
+        content = hashlib.sha256(b"".join(bytes.fromhex(e["sha256"]) for e in entries)).hexdigest()
+        if content != self.digest:
+            raise ArtifactError(f"{self.path}: manifest digest does not match its blob digests")
+
+
+class ArtifactWeights:
+    """WeightSource over an artifact: float32 tensors in HF shape, dequantized once and cached."""
+
+    def __init__(self, art: Artifact) -> None:
+        self._art = art
+        self._cache: dict[str, np.ndarray] = {}
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self._cache:
+            self._cache[name] = self._art.tensor(name)
+        return self._cache[name]
+
+    def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Rows of a 2-D tensor without decoding the whole table (embedding gathers)."""
+        if name in self._cache:
+            return self._cache[name][rows]
+        return np.stack([self._art.tensor_rows(name, int(r), int(r) + 1)[0] for r in rows])
+
+    def names(self) -> list[str]:
+        return self._art.tensor_names()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._art._tensors
+
+
+def open_artifact(path: str | os.PathLike[str], verify: Literal["full", "manifest"] = "full") -> Artifact:
+    """Open and check an artifact. ``verify="full"`` also hashes every blob."""
+    path = os.fspath(path)
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot open: {e.strerror}") from None
+    header, manifest = read_header(path, size)
+    _check_schema(path, manifest)
+    _check_layout(path, manifest, header.data_bytes)
+    try:
+        cfg = _check_model(path, manifest)
+    except FormatError as e:
+        raise ArtifactError(f"{path}: {e}") from None
+    art = Artifact(path, manifest, header.data_offset, cfg)
+    if verify == "full":
+        art.verify_blobs()
+    return art

@@ -1,0 +1,83 @@
+"""A minimal memory-mapped reader of safetensors files (numpy only: bf16 widened to float32 on read)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SafetensorsDir", "CheckpointError"]
+
+_DTYPES = {
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": np.uint16,
+    "F64": np.float64,
+    "I64": np.int64,
+    "I32": np.int32,
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be converted; the message names the file or tensor."""
+
+
+class _File:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                raise CheckpointError(f"{path}: not a safetensors file")
+            (n,) = struct.unpack("<Q", head)
+            try:
+                self.header: dict[str, Any] = json.loads(f.read(n))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise CheckpointError(f"{path}: corrupt safetensors header: {e}") from None
+        self.header.pop("__metadata__", None)
+        self.base = 8 + n
+        self._map: np.memmap | None = None
+
+    def array(self, name: str) -> np.ndarray:
+        e = self.header[name]
+        if e["dtype"] not in _DTYPES:
+            raise CheckpointError(f"{self.path}: tensor {name!r} has unsupported dtype {e['dtype']}")
+        if self._map is None:
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        a, b = e["data_offsets"]
+        raw = self._map[self.base + a : self.base + b]
+        x = raw.view(_DTYPES[e["dtype"]]).reshape(e["shape"])
+        if e["dtype"] == "BF16":
+            return (x.astype(np.uint32) << 16).view(np.float32)
+        return x.astype(np.float32) if x.dtype.kind == "f" else x
+
+
+class SafetensorsDir:
+    """All ``*.safetensors`` shards of a checkpoint directory, indexed by tensor name."""
+
+    def __init__(self, directory: str) -> None:
+        files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+        if not files:
+            raise CheckpointError(f"{directory}: no .safetensors files")
+        self._where: dict[str, _File] = {}
+        for fn in files:
+            sf = _File(os.path.join(directory, fn))
+            for name in sf.header:
+                if name in self._where:
+                    raise CheckpointError(f"{directory}: tensor {name!r} appears in two shards")
+                self._where[name] = sf
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._where[name].header[name]["shape"])
+
+    def dtype(self, name: str) -> str:
+        return self._where[name].header[name]["dtype"]
+
+    def get(self, name: str) -> np.ndarray:
+        return self._where[name].array(name)
