@@ -1,0 +1,220 @@
+"""The ``ninfer`` command line: convert, inspect, verify, demo, generate, serve."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["main"]
+
+DEFAULT_DEMO_PATH = os.path.join("build", "demo.ninfer")
+
+
+def _cmd_convert(a: argparse.Namespace) -> int:
+    from ninfer.convert import convert
+
+    m = convert(
+        a.hf_dir,
+        a.output,
+        a.profile,
+        allow_unregistered_shape=a.allow_unregistered_shape,
+        model_id=a.model_id,
+        progress=not a.quiet,
+    )
+    size = os.path.getsize(a.output)
+    print(
+        f"wrote {a.output}: {m['model_id']} / {m['weight_profile']}, {len(m['tensors'])} tensors, {size:,} bytes"
+    )
+    print(f"verified: digest {m['digest']['content']}")
+    return 0
+
+
+def _open_any(path: str, verify: str) -> Any:
+    with open(path, "rb") as f:
+        magic = f.read(8)
+    if magic[:6] == b"NINFER":
+        from ninfer.artifact.v1 import V1Artifact
+
+        return V1Artifact.open(path)
+    from ninfer.artifact import open_artifact
+
+    return open_artifact(path, verify=verify)  # type: ignore[arg-type]
+
+
+def _cmd_inspect(a: argparse.Namespace) -> int:
+    art = _open_any(a.artifact, "manifest")
+    if not hasattr(art, "manifest"):  # upstream v1 container
+        info = {"container": "upstream-v1", "model_id": art.model_id, "objects": art.objects}
+        print(
+            json.dumps(info, indent=2)
+            if a.json
+            else f"upstream v1 artifact: {art.model_id}, {len(art.objects)} objects"
+        )
+        return 0
+    m = art.manifest
+    if a.json:
+        print(json.dumps(m, indent=2, sort_keys=True))
+        return 0
+    by_fmt: dict[str, list[int]] = {}
+    for t in m["tensors"]:
+        by_fmt.setdefault(t["format"], []).append(t["nbytes"])
+    print(f"{a.artifact}")
+    print(
+        f"  model        {m['model_id']} ({m['architecture']}){'' if m['shape_registered'] else ' [unregistered shape]'}"
+    )
+    print(f"  profile      {m['weight_profile']}")
+    print(f"  digest       {m['digest']['content']}")
+    cfg = art.model_config
+    print(
+        f"  shape        hidden {cfg.hidden_size}, layers {cfg.num_hidden_layers} "
+        f"({len(cfg.linear_attention_layers)} GDN + {len(cfg.full_attention_layers)} attention), vocab {cfg.vocab_size}"
+        + (f", experts {cfg.num_experts} top-{cfg.num_experts_per_tok}" if cfg.is_moe else "")
+    )
+    print(f"  tensors      {len(m['tensors'])}")
+    for fmt, sizes in sorted(by_fmt.items()):
+        print(f"    {fmt:<16} {len(sizes):>5} tensors {sum(sizes):>16,} bytes")
+    print("  resources    " + ", ".join(f"{r['role']} ({r['nbytes']:,} B)" for r in m["resources"]))
+    return 0
+
+
+def _cmd_verify(a: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    art = _open_any(a.artifact, "full")
+    n = len(art.manifest["tensors"]) if hasattr(art, "manifest") else len(art.objects)
+    print(f"OK {a.artifact}: {art.model_id}, {n} tensors checked in {time.perf_counter() - t0:.2f}s")
+    return 0
+
+
+def _cmd_demo(a: argparse.Namespace) -> int:
+    from ninfer.demo import build_demo
+
+    path = build_demo(a.output, seed=a.seed)
+    print(f"wrote demo artifact {path} (ninfer-demo: random weights, its text is random)")
+    return 0
+
+
+def _prompt_ids(a: argparse.Namespace, model: Any) -> list[int]:
+    if a.prompt_ids is not None:
+        return [int(x) for x in a.prompt_ids.split(",") if x.strip()]
+    if model.tokenizer is None:
+        raise ValueError("this artifact has no tokenizer: use --prompt-ids")
+    if a.messages is not None:
+        with open(a.messages, encoding="utf-8") as f:
+            messages = json.load(f)
+    elif a.raw:
+        return model.tokenizer.encode(a.prompt)
+    else:
+        messages = [{"role": "user", "content": a.prompt}]
+    if model.chat_template is None:
+        raise ValueError("this artifact has no chat template: use --raw or --prompt-ids")
+    return model.chat_template.render_ids(messages, add_generation_prompt=True)
+
+
+def _cmd_generate(a: argparse.Namespace) -> int:
+    from ninfer.model import load
+
+    model = load(a.artifact, backend=a.backend)
+    ids = _prompt_ids(a, model)
+    t0 = time.perf_counter()
+    out = model.generate(
+        ids, a.max_new, greedy=a.greedy, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed
+    )
+    dt = time.perf_counter() - t0
+    eos = out[-1] in model.eos_token_ids if out else False
+    text = model.tokenizer.decode(out, skip_special_tokens=True) if model.tokenizer else None
+    result = dict(
+        prompt_tokens=len(ids),
+        token_ids=out,
+        text=text,
+        finish_reason="stop" if eos else "length",
+        seconds=round(dt, 4),
+    )
+    if a.json:
+        print(json.dumps(result, ensure_ascii=False))
+    else:
+        print(text if text is not None else ",".join(map(str, out)))
+        print(
+            f"[{len(ids)} prompt tokens, {len(out)} generated in {dt:.2f}s, finish: {result['finish_reason']}]"
+        )
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ninfer", description="Single-GPU inference for the Qwen3.6 hybrid family."
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("convert", help="convert a transformers checkpoint directory to a .ninfer artifact")
+    c.add_argument("hf_dir")
+    c.add_argument("-o", "--output", required=True)
+    c.add_argument("--profile", default="bf16", help="bf16 | nvfp4 | groupwise-int | fp8")
+    c.add_argument(
+        "--model-id", default=None, help="registered identity to bind (default: matched by config)"
+    )
+    c.add_argument("--allow-unregistered-shape", action="store_true")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(func=_cmd_convert)
+
+    i = sub.add_parser("inspect", help="show an artifact's identity, profile, shape and tensors")
+    i.add_argument("artifact")
+    i.add_argument("--json", action="store_true", help="print the whole manifest")
+    i.set_defaults(func=_cmd_inspect)
+
+    v = sub.add_parser("verify", help="check an artifact fully: structure, registry, inventory, hashes")
+    v.add_argument("artifact")
+    v.set_defaults(func=_cmd_verify)
+
+    d = sub.add_parser("demo", help="build the tiny demo artifact (random weights)")
+    d.add_argument("-o", "--output", default=DEFAULT_DEMO_PATH)
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=_cmd_demo)
+
+    g = sub.add_parser("generate", help="generate from an artifact")
+    g.add_argument("artifact")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="a user message (rendered with the chat template unless --raw)")
+    src.add_argument("--messages", help="JSON file with a list of chat messages")
+    src.add_argument("--prompt-ids", help="comma-separated token ids")
+    g.add_argument("--raw", action="store_true", help="tokenize --prompt as is, without the chat template")
+    g.add_argument("--max-new", type=int, default=64)
+    g.add_argument("--greedy", action="store_true")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--backend", default="reference", choices=["reference", "cuda"])
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=_cmd_generate)
+
+    try:
+        from ninfer.api.serve import register
+    except ImportError:
+        pass
+    else:
+        register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (
+        ValueError,
+        OSError,
+        KeyError,
+        RuntimeError,
+    ) as e:  # ArtifactError, ConversionError, ... are ValueErrors
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"ninfer {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
