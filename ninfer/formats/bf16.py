@@ -5,7 +5,7 @@ NumPy has no bfloat16, so BF16 words are kept as ``<u2`` and widened with ``(u32
 
 BF16 encoding rounds float32 to nearest, ties to even, overflowing to +-inf like IEEE; a NaN stays a NaN of the
 same sign (its top payload bits are kept and the quiet bit is set so truncation cannot turn it into an inf).
-Error bound: ``|bf16_round(x) - x| <= 2^-9 * |x|`` for normal x (8 significant bits).
+Error bound: ``|bf16_round(x) - x| <= 2^-8 * |x|`` for normal x (8 significant bits).
 
 ``I32`` decodes to int32 (not float32: token-id tables exceed float32's 24-bit integers).
 """

@@ -40,8 +40,8 @@ def e4m3_table() -> np.ndarray:
     e, m = (c >> 3) & 0xF, c & 7
     mag = np.where(e == 0, m * 2.0**-9, (1 + m / 8.0) * np.exp2(e - 7.0))
     val = np.where(c >= 128, -mag, mag)
-    val[(e == 15) & (m == 7)] = np.nan
     out = val.astype(np.float32)
+    out[(e == 15) & (m == 7)] = np.array([0x7FC00000, 0xFFC00000], np.uint32).view(np.float32)  # signed NaNs
     out.flags.writeable = False
     return out
 

@@ -124,7 +124,7 @@ class NVFP4Format(Format):
         c[:, 1::2] = packed >> 4
         d = e4m3_decode(v["scale"][r0:r1]) * g
         w = e2m1_decode(c).reshape(d.shape[0], d.shape[1], _BLOCK) * d[..., None]
-        return w.reshape(d.shape[0], -1)[:, :cols]
+        return w.reshape(d.shape[0], packed.shape[1] * 2)[:, :cols]
 
     def decode(self, buf: Buffer, shape: Sequence[int]) -> np.ndarray:
         rows, _ = self.rows_cols(shape)
