@@ -1,0 +1,173 @@
+"""The body of `ninfer serve`: Ray, the actor, the warm-up, uvicorn, and an orderly shutdown."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import ray
+import uvicorn
+from ninfer.actors.client import AsyncEngineClient, EngineClient, GenerationError
+from ninfer.actors.engine_actor import start_actor
+from ninfer.actors.messages import ActorInfo, ActorSpec
+
+from .app import build_app
+from .auth import KeyFileError, KeyRing, load_key_file
+from .config import ServerConfig
+from .openai_chat import ChatLimits
+from .reqlog import RequestLog, RequestLogError
+from .service import Service
+
+__all__ = ["serve", "resolve_backend", "actor_spec"]
+
+
+def _log(msg: str) -> None:
+    print(f"ninfer serve: {msg}", file=sys.stderr, flush=True)
+
+
+def resolve_backend(backend: str) -> str:
+    if backend != "auto":
+        return backend
+    try:
+        import cupy  # noqa: PLC0415
+
+        return "cuda" if cupy.cuda.runtime.getDeviceCount() > 0 else "reference"
+    except Exception:  # no cupy, no driver, no device: all mean the NumPy reference
+        return "reference"
+
+
+def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
+    engine: dict[str, Any] = {
+        "max_concurrency": cfg.max_concurrency,
+        "queue_depth": cfg.queue_depth,
+        "kv_dtype": cfg.kv_dtype,
+        "gdn_state_dtype": cfg.gdn_state_dtype,
+        "prefix_reuse": cfg.prefix_reuse,
+    }
+    for key in ("max_context", "kv_capacity", "prefill_chunk"):
+        if getattr(cfg, key) is not None:
+            engine[key] = getattr(cfg, key)
+    if backend == "cuda" and not cfg.cuda_graph:
+        engine["cuda_graph"] = False
+    template = {"preserve_thinking": True} if cfg.preserve_thinking else {}
+    return ActorSpec(
+        artifact=os.path.abspath(cfg.artifact),
+        backend=backend,
+        model_id=cfg.model_id,
+        engine=engine,
+        template_defaults=template,
+    )
+
+
+def _start_ray(cfg: ServerConfig) -> None:
+    if cfg.ray_address:
+        _log(f"joining Ray at {cfg.ray_address}")
+        ray.init(address=cfg.ray_address, namespace=cfg.ray_namespace, log_to_driver=True)
+    else:
+        _log("starting a local Ray instance")
+        ray.init(namespace=cfg.ray_namespace, include_dashboard=False, log_to_driver=True)
+
+
+def _start_actor(cfg: ServerConfig, backend: str) -> Any:
+    if cfg.detached:
+        try:
+            handle = ray.get_actor(cfg.actor_name, namespace=cfg.ray_namespace)
+            _log(f"using the running detached actor {cfg.actor_name!r}")
+            return handle
+        except ValueError:
+            pass
+    _log(f"loading {cfg.artifact} on the {backend} backend (actor {cfg.actor_name!r})")
+    t0 = time.perf_counter()
+    handle = start_actor(
+        actor_spec(cfg, backend), name=cfg.actor_name, namespace=cfg.ray_namespace, detached=cfg.detached
+    )
+    _log(f"model loaded in {time.perf_counter() - t0:.1f} s")
+    return handle
+
+
+def _warm_up(handle: Any) -> None:
+    _log("warming up")
+    try:
+        EngineClient(handle).chat([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0.0)
+    except GenerationError as e:  # a failed warm-up is only reported, as upstream does
+        _log(f"warm-up failed: {e}")
+
+
+def _server_start_record(
+    cfg: ServerConfig, info: ActorInfo, keyring: KeyRing | None, argv: list[str]
+) -> dict[str, Any]:
+    size = os.path.getsize(cfg.artifact) if os.path.exists(cfg.artifact) else None
+    return {
+        "server": {
+            "host": cfg.host,
+            "port": cfg.port,
+            "public_model_id": info.model_id,
+            "api_key_configured": keyring is not None,
+            "api_key_count": len(keyring) if keyring else 0,
+            "cors_enabled": cfg.cors,
+            "max_request_bytes": cfg.max_request_bytes,
+            "request_log_jsonl": cfg.request_log_jsonl,
+            "default_output_tokens": cfg.default_max_tokens,
+            "actor_name": cfg.actor_name,
+            "detached": cfg.detached,
+        },
+        "artifact": {"path": os.path.abspath(cfg.artifact), "size_bytes": size},
+        "engine": {
+            "device": info.backend,
+            "max_context": info.max_context,
+            "max_concurrency": info.max_concurrency,
+            "queue_depth": info.queue_depth,
+            "prefix_reuse": info.prefix_reuse,
+            **info.engine_config,
+        },
+        "argv": argv,  # no secrets on the command line: keys come from a file
+    }
+
+
+def serve(cfg: ServerConfig, argv: list[str]) -> int:
+    try:
+        keyring = load_key_file(cfg.api_key_file) if cfg.api_key_file else None
+        reqlog = RequestLog(cfg.request_log_jsonl, artifact=cfg.artifact) if cfg.request_log_jsonl else None
+    except (KeyFileError, RequestLogError) as e:
+        _log(f"error: {e}")
+        return 2
+    backend = resolve_backend(cfg.backend)
+    _start_ray(cfg)
+    handle = None
+    try:
+        handle = _start_actor(cfg, backend)
+        info: ActorInfo = ray.get(handle.info.remote())
+        _warm_up(handle)
+        limits = ChatLimits(
+            model_id=info.model_id, max_context=info.max_context, default_max_tokens=cfg.default_max_tokens
+        )
+        svc = Service(config=cfg, backend=AsyncEngineClient(handle), limits=limits, reqlog=reqlog)
+        if reqlog is not None:
+            reqlog.write("server_start", **_server_start_record(cfg, info, keyring, argv))
+        app = build_app(svc, keyring)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=cfg.host,
+                port=cfg.port,
+                log_level="warning",
+                timeout_graceful_shutdown=3,
+                lifespan="on",
+            )
+        )
+        auth = f"bearer ({len(keyring)} keys)" if keyring else "disabled"
+        _log(f"listening on http://{cfg.host}:{cfg.port} (model id: {info.model_id}, auth: {auth})")
+        server.run()  # uvicorn installs SIGINT/SIGTERM handlers and returns after a graceful shutdown
+        return 0 if server.started else 1
+    except Exception as e:
+        _log(f"error: {type(e).__name__}: {e}")
+        return 1
+    finally:
+        _log("shutting down")
+        if reqlog is not None:
+            reqlog.close()
+        if handle is not None and not cfg.detached:
+            ray.kill(handle, no_restart=True)
+        ray.shutdown()

@@ -1,0 +1,98 @@
+"""The Litestar application: routes, exception handlers and the shared service object.
+
+``build_app`` returns the ASGI callable uvicorn serves: the gate (auth, body cap, CORS) wrapped around Litestar.
+Everything a handler needs lives on one :class:`Service` kept in ``app.state.service``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, Response, get, post
+from litestar.exceptions import HTTPException
+
+from .auth import KeyRing
+from .errors import ApiError, error_json
+from .gate import Gate
+from .models import ModelList, ModelObject
+from .routes_chat import handle_chat
+from .service import Service, json_response, service
+
+__all__ = ["build_app"]
+
+
+@get("/health")
+async def health(request: Request[Any, Any, Any]) -> Response[bytes]:
+    try:
+        h = await service(request).backend.health()
+    except Exception as e:  # the actor is gone or not answering: not ready
+        return json_response({"status": "unavailable", "detail": type(e).__name__}, 503)
+    if not h.ok:
+        return json_response({"status": "unavailable", "detail": h.detail}, 503)
+    return json_response({"status": "ok"})
+
+
+def _model(svc: Service) -> ModelObject:
+    return ModelObject(id=svc.limits.model_id, created=svc.created)
+
+
+@get("/v1/models")
+async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
+    return json_response(ModelList(data=[_model(service(request))]))
+
+
+@get("/v1/models/{model_id:path}")
+async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
+    svc = service(request)
+    if model_id.lstrip("/") != svc.limits.model_id:
+        raise ApiError(
+            404, f"The model '{model_id.lstrip('/')}' does not exist", param="model", code="model_not_found"
+        )
+    return json_response(_model(svc))
+
+
+@get("/metrics")
+async def metrics(request: Request[Any, Any, Any]) -> Response[str]:
+    svc = service(request)
+    try:
+        st = await svc.backend.stats()
+        actor = {k: float(v) for k, v in msgspec.structs.asdict(st).items() if isinstance(v, int | float)}
+        engine: dict[str, float] | None = dict(st.engine)
+    except Exception:  # scrape must not fail because the actor is busy restarting
+        actor = engine = None
+    text = svc.metrics.render(actor, engine)
+    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@post("/v1/chat/completions")
+async def chat_completions(request: Request[Any, Any, Any]) -> Any:
+    return await handle_chat(request, service(request))
+
+
+def _api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
+    return Response(
+        error_json(exc), status_code=exc.status, media_type="application/json", headers=exc.headers()
+    )
+
+
+def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    err = ApiError(exc.status_code, str(exc.detail), code=code)
+    return Response(error_json(err), status_code=exc.status_code, media_type="application/json")
+
+
+def _internal_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    err = ApiError(500, f"internal error: {type(exc).__name__}", code="internal_error")
+    return Response(error_json(err), status_code=500, media_type="application/json")
+
+
+def build_app(svc: Service, keyring: KeyRing | None) -> Gate:
+    app = Litestar(
+        route_handlers=[health, list_models, get_model, metrics, chat_completions],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, 500: _internal_error},
+        openapi_config=None,
+        debug=False,
+    )
+    app.state.service = svc
+    return Gate(app, keyring=keyring, max_body_bytes=svc.config.max_request_bytes, cors=svc.config.cors)

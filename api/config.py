@@ -1,0 +1,82 @@
+"""ServerConfig: every `ninfer serve` option, built once from the command line and validated in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ServerConfig", "ServerConfigError", "BACKENDS", "KV_DTYPES", "GDN_STATE_DTYPES"]
+
+BACKENDS = ("auto", "reference", "cuda")
+KV_DTYPES = ("bf16", "fp8")
+GDN_STATE_DTYPES = ("fp32", "bf16")
+RAY_NAMESPACE = "ninfer"
+
+
+class ServerConfigError(ValueError):
+    """An invalid server option; the message names the flag."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    artifact: str
+    host: str = "127.0.0.1"
+    port: int = 8010
+    model_id: str | None = None  # None: the artifact's model identity
+    max_context: int | None = None  # None: the engine's default
+    kv_capacity: int | None = None
+    max_concurrency: int = 4
+    queue_depth: int = 16
+    kv_dtype: str = "bf16"
+    gdn_state_dtype: str = "fp32"
+    prefill_chunk: int | None = None
+    preserve_thinking: bool = False
+    default_max_tokens: int = 8192
+    api_key_file: str | None = None
+    request_log_jsonl: str | None = None
+    backend: str = "auto"
+    cuda_graph: bool = True
+    prefix_reuse: bool = True
+    cors: bool = False
+    max_request_mib: int = 384
+    ray_address: str | None = None
+    detached: bool = False
+    actor_name: str = "ninfer-engine"
+    ray_namespace: str = RAY_NAMESPACE
+    allow_unregistered_shape: bool = False
+
+    def __post_init__(self) -> None:
+        def positive(flag: str, v: int | None) -> None:
+            if v is not None and (not isinstance(v, int) or v <= 0):
+                raise ServerConfigError(f"{flag}: must be a positive integer, got {v!r}")
+
+        if not 1 <= self.port <= 65535:
+            raise ServerConfigError(f"--port: must be in 1..65535, got {self.port}")
+        if not 1 <= self.max_concurrency <= 8:
+            raise ServerConfigError(f"--max-concurrency: must be in 1..8, got {self.max_concurrency}")
+        if self.queue_depth < 0:
+            raise ServerConfigError(f"--queue-depth: must be >= 0, got {self.queue_depth}")
+        positive("--max-context", self.max_context)
+        positive("--kv-capacity", self.kv_capacity)
+        positive("--prefill-chunk", self.prefill_chunk)
+        positive("--default-max-tokens", self.default_max_tokens)
+        positive("--max-request-mib", self.max_request_mib)
+        if self.backend not in BACKENDS:
+            raise ServerConfigError(f"--backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ServerConfigError(
+                f"--kv-dtype: must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}"
+            )
+        if self.gdn_state_dtype not in GDN_STATE_DTYPES:
+            raise ServerConfigError(
+                f"--gdn-state-dtype: must be one of {', '.join(GDN_STATE_DTYPES)}, got {self.gdn_state_dtype!r}"
+            )
+        if self.model_id is not None and not self.model_id.strip():
+            raise ServerConfigError("--model-id: must be non-empty")
+        if not self.actor_name:
+            raise ServerConfigError("--actor-name: must be non-empty")
+        if self.request_log_jsonl is not None and not self.request_log_jsonl:
+            raise ServerConfigError("--request-log-jsonl: must be non-empty")
+
+    @property
+    def max_request_bytes(self) -> int:
+        return self.max_request_mib << 20

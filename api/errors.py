@@ -1,0 +1,71 @@
+"""API errors and the OpenAI error body.
+
+Every failure the API reports is an :class:`ApiError`; one exception handler turns it into
+``{"error": {"message", "type", "param", "code"}}`` (serving.md §3), so no handler builds error bodies itself.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["ApiError", "ErrorBody", "ErrorDetail", "error_json", "validation_param"]
+
+
+class ErrorDetail(msgspec.Struct, kw_only=True):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(msgspec.Struct, kw_only=True):
+    error: ErrorDetail
+
+
+class ApiError(Exception):
+    """A request failure with its HTTP status, OpenAI ``code`` and the offending field (``param``)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.retry_after = retry_after
+
+    @property
+    def type(self) -> str:
+        return "internal_error" if self.status >= 500 else "invalid_request_error"
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(
+            error=ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+        )
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, int(round(self.retry_after))))}
+
+
+def error_json(err: ApiError) -> bytes:
+    return msgspec.json.encode(err.body())
+
+
+def validation_param(err: msgspec.ValidationError) -> str | None:
+    """The field path from a msgspec validation message (``... - at `$.messages[0].role```) as ``messages[0].role``."""
+    text = str(err)
+    marker = "- at `$"
+    i = text.rfind(marker)
+    if i < 0:
+        return None
+    path = text[i + len(marker) :].rstrip("`")
+    return path.lstrip(".") or None

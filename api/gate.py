@@ -1,0 +1,91 @@
+"""The ASGI gate in front of the Litestar app: CORS preflight, API-key check and the body-size cap.
+
+It runs before routing (as upstream does), so an unknown path without a key is a 401, not a 404, and an
+oversized body is refused before anything parses it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .auth import KeyRing, extract_key
+from .errors import ApiError, error_json
+
+__all__ = ["Gate", "KEY_NAME_SCOPE"]
+
+KEY_NAME_SCOPE = "ninfer.key_name"  # scope key: the name of the API key that authenticated the request
+_CORS = [
+    (b"access-control-allow-origin", b"*"),
+    (
+        b"access-control-allow-headers",
+        b"Authorization, Content-Type, x-api-key, anthropic-version, X-Client-Name",
+    ),
+    (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+]
+_OPEN_PATHS = frozenset({"/health"})
+
+
+class Gate:
+    def __init__(self, app: Any, *, keyring: KeyRing | None, max_body_bytes: int, cors: bool) -> None:
+        self.app = app
+        self.keyring = keyring
+        self.max_body_bytes = max_body_bytes
+        self.cors = cors
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.cors:
+            send = self._with_cors(send)
+            if scope["method"] == "OPTIONS":
+                await send({"type": "http.response.start", "status": 204, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+                return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.keyring is not None and self.keyring.enabled and scope["path"] not in _OPEN_PATHS:
+            ok, name = self.keyring.check(extract_key(headers))
+            if not ok:
+                await _reply(send, ApiError(401, "missing or invalid API key", code="invalid_api_key"))
+                return
+            scope[KEY_NAME_SCOPE] = name
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            await _reply(send, self._too_large())
+            return
+        await self.app(scope, self._counting(receive), send)
+
+    def _too_large(self) -> ApiError:
+        mib = self.max_body_bytes >> 20
+        return ApiError(413, f"request body exceeds the {mib} MiB limit", code="request_too_large")
+
+    def _counting(self, receive: Any) -> Any:
+        """A receive that raises 413 once a chunked body passes the cap (Content-Length was absent or lied)."""
+        seen = 0
+
+        async def counted() -> dict[str, Any]:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_body_bytes:
+                    raise self._too_large()
+            return msg
+
+        return counted
+
+    @staticmethod
+    def _with_cors(send: Any) -> Any:
+        async def cors_send(msg: dict[str, Any]) -> None:
+            if msg["type"] == "http.response.start":
+                msg = {**msg, "headers": [*msg.get("headers", []), *_CORS]}
+            await send(msg)
+
+        return cors_send
+
+
+async def _reply(send: Any, err: ApiError) -> None:
+    body = error_json(err)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,158 @@
+"""msgspec models of the OpenAI Chat Completions request and response bodies (serving.md §4).
+
+Request fields are decoded leniently where the spec says "ignored" (unknown fields are dropped) and strictly
+where it names a type, so a wrong type fails in msgspec with the field path, which becomes the error's ``param``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+__all__ = [
+    "ContentPart",
+    "ToolCallFunction",
+    "ToolCallIn",
+    "ChatMessage",
+    "StreamOptions",
+    "ChatRequest",
+    "PromptTokensDetails",
+    "Usage",
+    "AssistantMessage",
+    "Choice",
+    "ChatCompletion",
+    "ChunkDelta",
+    "ChunkChoice",
+    "ChatCompletionChunk",
+    "ModelObject",
+    "ModelList",
+]
+
+
+# ---- request --------------------------------------------------------------------------------------------
+class ContentPart(msgspec.Struct, kw_only=True):
+    type: str
+    text: Any = None
+    image_url: Any = None
+    video_url: Any = None
+
+
+class ToolCallFunction(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(msgspec.Struct, kw_only=True):
+    id: str
+    function: ToolCallFunction
+    type: str = "function"
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class ChatRequest(msgspec.Struct, kw_only=True):
+    model: str
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    enable_thinking: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    response_format: Any = None
+    user: str | None = None
+
+
+# ---- response -------------------------------------------------------------------------------------------
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class AssistantMessage(msgspec.Struct, kw_only=True):
+    content: str | None
+    role: Literal["assistant"] = "assistant"
+    reasoning_content: str | UnsetType = UNSET
+
+
+class Choice(msgspec.Struct, kw_only=True):
+    index: int
+    message: AssistantMessage
+    finish_reason: str
+
+
+class ChatCompletion(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    object: Literal["chat.completion"] = "chat.completion"
+
+
+class ChunkDelta(msgspec.Struct, kw_only=True):
+    role: str | UnsetType = UNSET
+    content: str | UnsetType = UNSET
+    reasoning_content: str | UnsetType = UNSET
+
+
+class ChunkChoice(msgspec.Struct, kw_only=True):
+    index: int
+    delta: ChunkDelta
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, kw_only=True):
+    """``usage`` is UNSET (absent) without include_usage; with it, null on every chunk but the last."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    usage: Usage | None | UnsetType = UNSET
+
+
+class ModelObject(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    object: Literal["model"] = "model"
+    owned_by: str = "ninfer"
+
+
+class ModelList(msgspec.Struct, kw_only=True):
+    data: list[ModelObject]
+    object: Literal["list"] = "list"

@@ -1,0 +1,318 @@
+"""OpenAI Chat Completions: request validation, translation to the actor's GenerateRequest, response builders.
+
+Pure functions (no I/O), so every rule of serving.md §4 is testable without a server. Each rejection is an
+ApiError naming the offending field in ``param``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from ninfer.actors.messages import Finished, GenerateRequest, SamplingOptions
+
+from .errors import ApiError, validation_param
+from .models import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatMessage,
+    ChatRequest,
+    Choice,
+    ChunkChoice,
+    ChunkDelta,
+    PromptTokensDetails,
+    Usage,
+)
+
+__all__ = [
+    "ChatLimits",
+    "parse_chat_request",
+    "to_generate_request",
+    "finish_reason",
+    "usage_of",
+    "ChatStream",
+]
+
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+_DECODER = msgspec.json.Decoder(ChatRequest)
+_FINISH = {"output_limit": "length", "context_capacity": "length", "length": "length"}
+
+
+@dataclass(frozen=True, slots=True)
+class ChatLimits:
+    model_id: str
+    max_context: int
+    default_max_tokens: int
+
+
+def _bad(message: str, param: str | None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def parse_chat_request(body: bytes, limits: ChatLimits) -> ChatRequest:
+    """Decode and validate a request body; raises ApiError (400/404) naming the field."""
+    if not body.strip():
+        raise _bad("request body is empty", None)
+    try:
+        req = _DECODER.decode(body)
+    except msgspec.ValidationError as e:
+        raise _bad(f"invalid request: {e}", validation_param(e)) from None
+    except msgspec.DecodeError:
+        raise _bad("request body is not valid JSON", None) from None
+    if not req.model:
+        raise _bad("model: must be a non-empty string", "model")
+    if req.model != limits.model_id:
+        raise ApiError(404, f"The model '{req.model}' does not exist", param="model", code="model_not_found")
+    _check_messages(req.messages)
+    _check_unsupported(req)
+    _check_sampling(req, limits)
+    return req
+
+
+def _check_unsupported(req: ChatRequest) -> None:
+    if req.n is not None and req.n != 1:
+        raise _bad("n: only n=1 is supported", "n", "n_not_supported")
+    if req.functions is not None or req.function_call is not None:
+        param = "functions" if req.functions is not None else "function_call"
+        raise _bad(
+            f"{param}: legacy function calling is not supported; use tools", param, "tools_not_supported"
+        )
+    if req.tools:
+        raise _bad("tools: tool calling is not supported by this server yet", "tools", "tools_not_supported")
+    if req.tool_choice not in (None, "none"):
+        raise _bad("tool_choice: requires tools", "tool_choice")
+    rf = req.response_format
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
+        raise _bad(
+            "response_format: only {type: text} is supported",
+            "response_format",
+            "response_format_not_supported",
+        )
+
+
+def _check_messages(messages: list[ChatMessage]) -> None:
+    if not messages:
+        raise _bad("messages: must be a non-empty array", "messages")
+    for i, m in enumerate(messages):
+        at = f"messages[{i}]"
+        if m.role not in _ROLES:
+            raise _bad(f"{at}.role: unsupported role {m.role!r}", f"{at}.role", "unsupported_role")
+        if isinstance(m.content, list):
+            _check_parts(m.content, f"{at}.content")
+        if m.role == "tool":
+            if not m.tool_call_id:
+                raise _bad(f"{at}.tool_call_id: required for role tool", f"{at}.tool_call_id")
+            if not isinstance(m.content, str):
+                raise _bad(f"{at}.content: must be a string for role tool", f"{at}.content")
+        elif m.tool_call_id is not None:
+            raise _bad(f"{at}.tool_call_id: only allowed for role tool", f"{at}.tool_call_id")
+        if m.tool_calls is not None:
+            if m.role != "assistant":
+                raise _bad(f"{at}.tool_calls: only allowed for role assistant", f"{at}.tool_calls")
+            _check_tool_calls(m.tool_calls, f"{at}.tool_calls")
+        elif m.content is None and m.role != "assistant":
+            raise _bad(f"{at}.content: required", f"{at}.content")
+
+
+def _check_parts(parts: list[Any], at: str) -> None:
+    if not parts:
+        raise _bad(f"{at}: must not be an empty array", at)
+    for j, p in enumerate(parts):
+        here = f"{at}[{j}]"
+        if p.type == "text":
+            if not isinstance(p.text, str):
+                raise _bad(f"{here}.text: must be a string", f"{here}.text")
+        elif p.type in ("image_url", "video_url"):
+            raise _bad(
+                f"{here}: image and video input are not enabled on this server", here, "vision_disabled"
+            )
+        else:
+            raise _bad(
+                f"{here}.type: unsupported content part {p.type!r}", f"{here}.type", "modality_not_supported"
+            )
+
+
+def _check_tool_calls(calls: list[Any], at: str) -> None:
+    if not calls:
+        raise _bad(f"{at}: must be a non-empty array", at)
+    for j, c in enumerate(calls):
+        if c.type != "function":
+            raise _bad(f"{at}[{j}].type: must be 'function'", f"{at}[{j}].type")
+        try:
+            args = json.loads(c.function.arguments)
+        except ValueError:
+            args = None
+        if not isinstance(args, dict):
+            raise _bad(
+                f"{at}[{j}].function.arguments: must be a JSON object string", f"{at}[{j}].function.arguments"
+            )
+
+
+def _check_range(req: ChatRequest, name: str, lo: float, hi: float) -> None:
+    v = getattr(req, name)
+    if v is not None and not (math.isfinite(v) and lo <= v <= hi):
+        raise _bad(f"{name}: must be a finite number in [{lo:g}, {hi:g}], got {v!r}", name)
+
+
+def _check_sampling(req: ChatRequest, limits: ChatLimits) -> None:
+    for name, lo, hi in (
+        ("temperature", 0, 2),
+        ("top_p", 0, 1),
+        ("min_p", 0, 1),
+        ("presence_penalty", -2, 2),
+        ("frequency_penalty", -2, 2),
+    ):
+        _check_range(req, name, lo, hi)
+    if req.top_k is not None and req.top_k < 0:
+        raise _bad("top_k: must be >= 0", "top_k")
+    if req.seed is not None and not 0 <= req.seed < 1 << 64:
+        raise _bad("seed: must be a non-negative 64-bit integer", "seed")
+    if req.logit_bias is not None and not all(k.lstrip("-").isdigit() for k in req.logit_bias):
+        raise _bad("logit_bias: keys must be token ids", "logit_bias")
+    for name in ("max_completion_tokens", "max_tokens"):
+        v = getattr(req, name)
+        if v is None:
+            continue
+        if v <= 0:
+            raise _bad(f"{name}: must be > 0", name)
+        if v > limits.max_context:
+            raise _bad(
+                f"{name}: {v} exceeds the server's context length of {limits.max_context} tokens",
+                name,
+                "context_length_exceeded",
+            )
+        break  # max_completion_tokens wins when both are present
+    if isinstance(req.stop, list) and len(req.stop) > 16:
+        raise _bad("stop: at most 16 stop strings", "stop")
+
+
+def _message_dict(m: ChatMessage) -> dict[str, Any]:
+    """A chat-template message: developer renders as system, text parts join with newlines."""
+    content = m.content
+    if isinstance(content, list):
+        content = "\n".join(p.text for p in content)
+    d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+    if m.reasoning_content is not None:
+        d["reasoning_content"] = m.reasoning_content
+    if m.tool_calls:
+        d["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.function.name, "arguments": json.loads(c.function.arguments)},
+            }
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        d["tool_call_id"] = m.tool_call_id
+    return d
+
+
+def to_generate_request(
+    req: ChatRequest, limits: ChatLimits, request_id: str, client: str, template_defaults: dict[str, Any]
+) -> GenerateRequest:
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    max_tokens = req.max_completion_tokens or req.max_tokens or limits.default_max_tokens
+    kwargs = dict(template_defaults)
+    kwargs.update(req.chat_template_kwargs or {})
+    if req.enable_thinking is not None:
+        kwargs["enable_thinking"] = req.enable_thinking
+    sampling = SamplingOptions(
+        max_tokens=min(max_tokens, limits.max_context),
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        min_p=req.min_p,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        seed=req.seed,
+        stop=tuple(s for s in stop if s),
+    )
+    return GenerateRequest(
+        request_id=request_id,
+        messages=tuple(_message_dict(m) for m in req.messages),
+        template_kwargs=kwargs,
+        sampling=sampling,
+        client=client,
+    )
+
+
+def new_completion_id() -> str:
+    return "chatcmpl-" + secrets.token_hex(8)
+
+
+def finish_reason(internal: str) -> str:
+    return _FINISH.get(internal, "stop")
+
+
+def usage_of(fin: Finished) -> Usage:
+    return Usage(
+        prompt_tokens=fin.prompt_tokens,
+        completion_tokens=fin.completion_tokens,
+        total_tokens=fin.prompt_tokens + fin.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=fin.cached_tokens),
+    )
+
+
+def completion_body(cid: str, created: int, model: str, text: str, fin: Finished) -> ChatCompletion:
+    return ChatCompletion(
+        id=cid,
+        created=created,
+        model=model,
+        choices=[
+            Choice(
+                index=0,
+                message=AssistantMessage(content=text),
+                finish_reason=finish_reason(fin.finish_reason),
+            )
+        ],
+        usage=usage_of(fin),
+    )
+
+
+class ChatStream:
+    """Builds the SSE frames of one streamed completion in the order of serving.md §4: role chunk, content
+    chunks, finish chunk, usage chunk (include_usage only; every earlier chunk then carries ``usage: null``),
+    ``[DONE]``. An error after the start is a ``data: {"error": ...}`` frame and no ``[DONE]``."""
+
+    __slots__ = ("cid", "created", "model", "include_usage", "_enc")
+
+    def __init__(self, cid: str, created: int, model: str, include_usage: bool) -> None:
+        self.cid, self.created, self.model, self.include_usage = cid, created, model, include_usage
+        self._enc = msgspec.json.Encoder()
+
+    def _frame(self, obj: Any) -> bytes:
+        return b"data: " + self._enc.encode(obj) + b"\n\n"
+
+    def _chunk(self, delta: ChunkDelta, finish: str | None = None) -> bytes:
+        chunk = ChatCompletionChunk(
+            id=self.cid,
+            created=self.created,
+            model=self.model,
+            choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)],
+            usage=None if self.include_usage else msgspec.UNSET,
+        )
+        return self._frame(chunk)
+
+    def role(self) -> bytes:
+        return self._chunk(ChunkDelta(role="assistant", content=""))
+
+    def content(self, text: str) -> bytes:
+        return self._chunk(ChunkDelta(content=text))
+
+    def finish(self, fin: Finished) -> bytes:
+        out = self._chunk(ChunkDelta(), finish_reason(fin.finish_reason))
+        if self.include_usage:
+            usage = ChatCompletionChunk(
+                id=self.cid, created=self.created, model=self.model, choices=[], usage=usage_of(fin)
+            )
+            out += self._frame(usage)
+        return out + b"data: [DONE]\n\n"
+
+    def error(self, err: ApiError) -> bytes:
+        return self._frame(err.body())

@@ -1,0 +1,105 @@
+"""`ninfer serve ART`: start or join Ray, create the engine actor, serve the HTTP API until SIGINT/SIGTERM.
+
+Start-up order: validate options, open the key file and the request log, start the actor (which loads the
+model), warm up with one short request, then bind and print where the server listens — so ``GET /health``
+answers only once the server can generate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from .config import BACKENDS, GDN_STATE_DTYPES, KV_DTYPES, ServerConfig, ServerConfigError
+
+__all__ = ["register", "run_serve", "config_from_args"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``serve`` subcommand to the ``ninfer`` CLI."""
+    p = subparsers.add_parser(
+        "serve", help="serve an artifact over HTTP (OpenAI-compatible) through a Ray actor"
+    )
+    p.add_argument("artifact")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8010)
+    p.add_argument(
+        "--model-id", default=None, help="public model id (default: the artifact's model identity)"
+    )
+    p.add_argument(
+        "--max-context", type=int, default=None, help="per-request limit on prompt + output tokens"
+    )
+    p.add_argument(
+        "--kv-capacity", type=int, default=None, help="KV tokens shared by requests and retained prefixes"
+    )
+    p.add_argument("--max-concurrency", type=int, default=4, help="requests that run at once (1..8)")
+    p.add_argument("--queue-depth", type=int, default=16, help="requests that may wait; beyond it: HTTP 429")
+    p.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES)
+    p.add_argument("--gdn-state-dtype", default="fp32", choices=GDN_STATE_DTYPES)
+    p.add_argument("--prefill-chunk", type=int, default=None)
+    p.add_argument(
+        "--preserve-thinking", action="store_true", help="keep earlier turns' thinking in the prompt"
+    )
+    p.add_argument("--default-max-tokens", type=int, default=8192)
+    p.add_argument("--api-key-file", default=None, help="keys, one per line, optionally prefixed 'name:'")
+    p.add_argument("--request-log-jsonl", default=None, help="append one JSON line per request event")
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="auto: cuda when a GPU is present")
+    p.add_argument("--no-cuda-graph", action="store_true")
+    p.add_argument("--no-prefix-reuse", action="store_true")
+    p.add_argument("--cors", action="store_true")
+    p.add_argument(
+        "--max-request-mib", type=int, default=384, help="request body cap, checked before parsing"
+    )
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
+    p.add_argument(
+        "--detached", action="store_true", help="the actor outlives this process (Python jobs keep it)"
+    )
+    p.add_argument("--actor-name", default="ninfer-engine")
+    p.add_argument("--allow-unregistered-shape", action="store_true")
+    p.set_defaults(func=run_serve)
+
+
+def config_from_args(a: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        artifact=a.artifact,
+        host=a.host,
+        port=a.port,
+        model_id=a.model_id,
+        max_context=a.max_context,
+        kv_capacity=a.kv_capacity,
+        max_concurrency=a.max_concurrency,
+        queue_depth=a.queue_depth,
+        kv_dtype=a.kv_dtype,
+        gdn_state_dtype=a.gdn_state_dtype,
+        prefill_chunk=a.prefill_chunk,
+        preserve_thinking=a.preserve_thinking,
+        default_max_tokens=a.default_max_tokens,
+        api_key_file=a.api_key_file,
+        request_log_jsonl=a.request_log_jsonl,
+        backend=a.backend,
+        cuda_graph=not a.no_cuda_graph,
+        prefix_reuse=not a.no_prefix_reuse,
+        cors=a.cors,
+        max_request_mib=a.max_request_mib,
+        ray_address=a.ray_address,
+        detached=a.detached,
+        actor_name=a.actor_name,
+        allow_unregistered_shape=a.allow_unregistered_shape,
+    )
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except ServerConfigError as e:
+        print(f"ninfer serve: error: {e}", file=sys.stderr)
+        return 2
+    from ._runner import serve  # noqa: PLC0415 - ray/litestar load only when serving
+
+    return serve(cfg, argv=list(sys.argv))
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

@@ -1,0 +1,252 @@
+"""Unit tests of the API's pure parts: keys, config, request validation, SSE framing, metrics, request log."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import msgspec
+import pytest
+from ninfer.actors.messages import Finished, Timings
+from ninfer.api.auth import KeyFileError, extract_key, parse_keys
+from ninfer.api.config import ServerConfig, ServerConfigError
+from ninfer.api.errors import ApiError
+from ninfer.api.metrics import Histogram, Metrics
+from ninfer.api.openai_chat import ChatLimits, ChatStream, parse_chat_request, to_generate_request
+from ninfer.api.reqlog import RequestLog, RequestLogError
+
+LIMITS = ChatLimits(model_id="m", max_context=64, default_max_tokens=16)
+
+
+def body(**kw: object) -> bytes:
+    base: dict[str, object] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    base.update(kw)
+    return json.dumps(base).encode()
+
+
+# ---- keys -----------------------------------------------------------------------------------------------
+def test_key_file_names_and_constant_time_check() -> None:
+    ring = parse_keys("# comment\nalice:sk-a\n\nsk-b\nbob:sk:with:colons\n")
+    assert len(ring) == 3
+    assert ring.check("sk-a") == (True, "alice")
+    assert ring.check("sk-b") == (True, "")
+    assert ring.check("sk:with:colons") == (True, "bob")
+    assert ring.check("sk-c") == (False, "")
+    assert ring.check(None) == (False, "")
+    assert "sk-a" not in repr(ring)
+    with pytest.raises(KeyFileError, match="no keys"):
+        parse_keys("# nothing\n")
+
+
+def test_extract_key_bearer_then_x_api_key() -> None:
+    assert extract_key({"authorization": "Bearer k1", "x-api-key": "k2"}) == "k1"
+    assert extract_key({"authorization": "Basic zzz", "x-api-key": "k2"}) == "k2"
+    assert extract_key({}) is None
+
+
+# ---- config ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kw", "flag"),
+    [
+        ({"max_concurrency": 9}, "--max-concurrency"),
+        ({"port": 0}, "--port"),
+        ({"kv_dtype": "int4"}, "--kv-dtype"),
+        ({"max_context": -1}, "--max-context"),
+        ({"backend": "tpu"}, "--backend"),
+        ({"queue_depth": -1}, "--queue-depth"),
+    ],
+)
+def test_server_config_names_the_flag(kw: dict[str, object], flag: str) -> None:
+    with pytest.raises(ServerConfigError, match=flag):
+        ServerConfig(artifact="a.ninfer", **kw)  # type: ignore[arg-type]
+    cfg = ServerConfig(artifact="a.ninfer")
+    assert (cfg.host, cfg.port, cfg.max_request_bytes) == ("127.0.0.1", 8010, 384 << 20)
+
+
+# ---- request validation ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("raw", "status", "param", "code"),
+    [
+        (b"{not json", 400, None, None),
+        (b"", 400, None, None),
+        (body(model="other"), 404, "model", "model_not_found"),
+        (body(messages=[]), 400, "messages", None),
+        (body(messages="hi"), 400, "messages", None),
+        (body(max_tokens="ten"), 400, "max_tokens", None),
+        (body(max_tokens=0), 400, "max_tokens", None),
+        (body(max_tokens=65), 400, "max_tokens", "context_length_exceeded"),
+        (
+            body(max_completion_tokens=100, max_tokens=5),
+            400,
+            "max_completion_tokens",
+            "context_length_exceeded",
+        ),
+        (body(temperature=2.5), 400, "temperature", None),
+        (body(top_p=-0.1), 400, "top_p", None),
+        (body(seed=-1), 400, "seed", None),
+        (body(seed=2**64), 400, "seed", None),
+        (body(n=2), 400, "n", "n_not_supported"),
+        (body(stream="yes"), 400, "stream", None),
+        (
+            body(response_format={"type": "json_object"}),
+            400,
+            "response_format",
+            "response_format_not_supported",
+        ),
+        (body(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", "tools_not_supported"),
+        (body(messages=[{"role": "function", "content": "x"}]), 400, "messages[0].role", "unsupported_role"),
+        (body(messages=[{"role": "user", "content": []}]), 400, "messages[0].content", None),
+        (
+            body(messages=[{"role": "user", "content": [{"type": "input_audio"}]}]),
+            400,
+            "messages[0].content[0].type",
+            "modality_not_supported",
+        ),
+        (
+            body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": "http://x"}]}]),
+            400,
+            "messages[0].content[0]",
+            "vision_disabled",
+        ),
+        (body(messages=[{"role": "tool", "content": "r"}]), 400, "messages[0].tool_call_id", None),
+        (
+            body(messages=[{"role": "user", "content": "a", "tool_call_id": "c"}]),
+            400,
+            "messages[0].tool_call_id",
+            None,
+        ),
+        (body(messages=[{"role": "user"}]), 400, "messages[0].content", None),
+        (body(stop=["a", 3]), 400, "stop[1]", None),
+    ],
+)
+def test_bad_requests_name_the_field(raw: bytes, status: int, param: str | None, code: str | None) -> None:
+    with pytest.raises(ApiError) as ei:
+        parse_chat_request(raw, LIMITS)
+    err = ei.value
+    assert (err.status, err.code) == (status, code)
+    if param is not None:
+        assert err.param == param, err.message
+        assert param.split("[")[0].split(".")[0] in err.message
+    shape = msgspec.json.decode(msgspec.json.encode(err.body()))
+    assert set(shape["error"]) == {"message", "type", "param", "code"}
+
+
+def test_translation_to_the_engine_request() -> None:
+    raw = body(
+        messages=[
+            {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "user", "content": "q"},
+        ],
+        max_tokens=5,
+        stop=["", "x"],
+        seed=7,
+        enable_thinking=False,
+        logprobs=True,  # unknown / ignored fields are dropped
+    )
+    req = parse_chat_request(raw, LIMITS)
+    g = to_generate_request(req, LIMITS, "rid", "client", {"preserve_thinking": True})
+    assert g.messages == ({"role": "system", "content": "a\nb"}, {"role": "user", "content": "q"})
+    assert g.sampling.max_tokens == 5 and g.sampling.stop == ("x",) and g.sampling.seed == 7
+    assert g.template_kwargs == {"preserve_thinking": True, "enable_thinking": False}
+    g2 = to_generate_request(parse_chat_request(body(), LIMITS), LIMITS, "r2", "c", {})
+    assert g2.sampling.max_tokens == 16  # the server default
+
+
+# ---- SSE framing ----------------------------------------------------------------------------------------
+FIN = Finished(
+    finish_reason="output_limit", prompt_tokens=10, cached_tokens=4, completion_tokens=3, timings=Timings()
+)
+
+
+def frames(raw: bytes) -> list[object]:
+    parts = raw.decode().split("\n\n")
+    assert parts[-1] == ""
+    out = []
+    for p in parts[:-1]:
+        assert p.startswith("data: ") and "\n" not in p
+        out.append("[DONE]" if p == "data: [DONE]" else json.loads(p[6:]))
+    return out
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_chunk_order(include_usage: bool) -> None:
+    cs = ChatStream("chatcmpl-1", 1, "m", include_usage)
+    got = frames(cs.role() + cs.content("he") + cs.content("llo") + cs.finish(FIN))
+    assert got[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert [c["choices"][0]["delta"].get("content") for c in got[1:3]] == ["he", "llo"]
+    assert got[3]["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "length"}
+    for c in got[:4]:
+        assert c["object"] == "chat.completion.chunk" and c["id"] == "chatcmpl-1"
+        assert ("usage" in c) is include_usage and c.get("usage") is None
+    if include_usage:
+        assert got[4]["choices"] == []
+        assert got[4]["usage"] == {
+            "prompt_tokens": 10,
+            "completion_tokens": 3,
+            "total_tokens": 13,
+            "prompt_tokens_details": {"cached_tokens": 4},
+        }
+    assert got[-1] == "[DONE]" and len(got) == (6 if include_usage else 5)
+
+
+def test_error_frame_has_no_done() -> None:
+    cs = ChatStream("c", 1, "m", False)
+    got = frames(cs.error(ApiError(500, "boom", code="engine_error")))
+    assert got == [
+        {"error": {"message": "boom", "type": "internal_error", "param": None, "code": "engine_error"}}
+    ]
+
+
+# ---- metrics --------------------------------------------------------------------------------------------
+def test_histogram_is_cumulative_and_text_parses() -> None:
+    h = Histogram([0.1, 1.0])
+    for v in (0.05, 0.5, 0.5, 3.0):
+        h.observe(v)
+    assert h.lines("x")[:3] == ['x_bucket{le="0.1"} 1', 'x_bucket{le="1"} 3', 'x_bucket{le="+Inf"} 4']
+    m = Metrics()
+    m.count_request("chat_completions", "stop_token")
+    m.observe_done(latency_s=0.2, ttft_s=0.05, prompt=10, cached=4, completion=3)
+    text = m.render(
+        {"lanes_busy": 1, "lanes_total": 4, "queue_len": 0}, {"checkpoint_bytes": 128, "prefix_hit_tokens": 4}
+    )
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE"):
+            names.add(line.split()[2])
+        elif not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            float(value)
+    for want in (
+        "ninfer_request_duration_seconds",
+        "ninfer_time_to_first_token_seconds",
+        "ninfer_lanes_busy",
+        "ninfer_checkpoint_bytes",
+        "ninfer_prefix_hit_tokens_total",
+        "ninfer_completion_tokens_total",
+    ):
+        assert want in names
+    assert 'ninfer_requests_total{endpoint="chat_completions",outcome="stop_token"} 1' in text
+    assert "ninfer_engine_up 0" in m.render(None, None)
+
+
+# ---- request log ----------------------------------------------------------------------------------------
+def test_request_log_lines_and_refusals(tmp_path) -> None:
+    art = tmp_path / "a.ninfer"
+    art.write_bytes(b"x")
+    with pytest.raises(RequestLogError, match="artifact"):
+        RequestLog(art, artifact=str(art))
+    with pytest.raises(RequestLogError, match="does not exist"):
+        RequestLog(tmp_path / "missing" / "log.jsonl")
+    log = RequestLog(tmp_path / "log.jsonl", artifact=str(art))
+    ids = [log.next_request_id() for _ in range(3)]
+    assert ids == [1, 2, 3]
+    for i in ids:
+        log.write("request_start", request={"request_id": i})
+    t0 = time.perf_counter()
+    log.close()
+    assert time.perf_counter() - t0 < 2
+    lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["request"]["request_id"] for r in lines] == ids
+    for r in lines:
+        assert r["artifact_type"] == "ninfer_serve_request_log" and r["schema_version"] == 2
+        assert r["server_instance_id"].startswith("serve-")
