@@ -228,8 +228,9 @@ def _parse_object(i: int, o: Any) -> V1Object:
     if isinstance(o, dict) and isinstance(o.get("name"), str):
         where += f" {o['name']!r}"
     kind = o.get("kind") if isinstance(o, dict) else None
+    if not isinstance(o, dict):
+        raise V1FormatError(f"{where}: must be a JSON object, got {type(o).__name__}")
     if kind not in ("tensor", "resource"):
-        _check_members(where, o, ("name", "kind"))  # reports a non-object first
         raise V1FormatError(f"{where}: member 'kind' must be 'tensor' or 'resource', got {kind!r}")
     _check_members(where, o, _TENSOR_MEMBERS if kind == "tensor" else _RESOURCE_MEMBERS)
     _want(where, "name", isinstance(o["name"], str) and o["name"] != "", "a non-empty string", o["name"])
