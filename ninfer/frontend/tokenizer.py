@@ -1,0 +1,198 @@
+"""Tokenizer: a thin, typed wrapper around an HF ``tokenizers.Tokenizer`` built from tokenizer.json bytes.
+
+The artifact embeds the checkpoint's tokenizer.json (and tokenizer_config.json) byte for byte; this class is the
+only place that turns them into ids and back. Everything runs through the Rust ``tokenizers`` library, so
+encodings are identical to transformers' fast tokenizer for the same files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+import tokenizers
+
+__all__ = ["Tokenizer", "TokenizerError", "EOS_TOKENS"]
+
+# The stop tokens of the Qwen3.6 family in preference order (serving.md §8: 248046 and 248044).
+EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+# tokenizer_config.json keys that name one special token each; the chat template sees them as variables.
+_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that cannot be built, or an id / text it cannot handle, with the problem named."""
+
+
+class _HasResources(Protocol):
+    def resource(self, role: str) -> bytes: ...
+
+
+def _token_content(value: Any, key: str) -> str | None:
+    """A special-token entry of tokenizer_config.json: a string, null, or a serialized AddedToken dict."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return value["content"]
+    raise TokenizerError(
+        f"tokenizer_config.json: {key} must be a string, null or {{'content': ...}}, got {value!r}"
+    )
+
+
+def _add_config_tokens(hf: tokenizers.Tokenizer, decoder: Mapping[str, Any]) -> None:
+    """Add tokens that tokenizer_config.json's ``added_tokens_decoder`` declares but tokenizer.json lacks.
+
+    transformers does the same on load (artifact.md §1: the real model's ids 248070-76 come from there). Each must
+    land on its declared id, so they are added in id order and must extend the vocabulary contiguously.
+    """
+    for key in sorted(decoder, key=int):
+        entry = decoder[key]
+        content = _token_content(entry, f"added_tokens_decoder[{key}]")
+        if content is None or hf.token_to_id(content) is not None:
+            continue
+        if int(key) != hf.get_vocab_size(with_added_tokens=True):
+            raise TokenizerError(
+                f"tokenizer_config.json: added token {content!r} wants id {key} but the next free id is "
+                f"{hf.get_vocab_size(with_added_tokens=True)}"
+            )
+        flags = {k: bool(entry.get(k, False)) for k in ("single_word", "lstrip", "rstrip")}
+        token = tokenizers.AddedToken(
+            content,
+            normalized=bool(entry.get("normalized", False)),
+            special=bool(entry.get("special")),
+            **flags,
+        )
+        (hf.add_special_tokens if token.special else hf.add_tokens)([token])
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, plus the special-token facts the engine and templates need."""
+
+    def __init__(self, hf: tokenizers.Tokenizer, tokenizer_config: Mapping[str, Any] | None = None) -> None:
+        self._hf = hf
+        self._config: dict[str, Any] = dict(tokenizer_config or {})
+        _add_config_tokens(hf, self._config.get("added_tokens_decoder") or {})
+        added = hf.get_added_tokens_decoder()  # id -> AddedToken
+        self._added: dict[int, str] = {i: t.content for i, t in sorted(added.items())}
+        self._special_ids = frozenset(i for i, t in added.items() if t.special)
+        # The id domain: Qwen's ids are contiguous, so this is max id + 1 (248077 for the real model).
+        self._vocab_size = max([hf.get_vocab_size(with_added_tokens=True), *(i + 1 for i in added)])
+        self._special_tokens: dict[str, str] = {}
+        for key in _SPECIAL_KEYS:
+            content = _token_content(self._config.get(key), key)
+            if content is None:
+                continue
+            if hf.token_to_id(content) is None:
+                raise TokenizerError(f"tokenizer_config.json: {key} {content!r} is not in the vocabulary")
+            self._special_tokens[key] = content
+        eos = [t for t in EOS_TOKENS if hf.token_to_id(t) is not None]
+        if "eos_token" in self._special_tokens and self._special_tokens["eos_token"] not in eos:
+            eos.append(self._special_tokens["eos_token"])
+        self._eos_ids = tuple(hf.token_to_id(t) for t in eos)
+
+    # -- construction -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_json_bytes(
+        cls, tokenizer_json: bytes | str, tokenizer_config: Mapping[str, Any] | None = None
+    ) -> Tokenizer:
+        """Build from the bytes of a tokenizer.json and the parsed tokenizer_config.json (optional)."""
+        text = tokenizer_json.decode("utf-8") if isinstance(tokenizer_json, bytes) else tokenizer_json
+        try:
+            hf = tokenizers.Tokenizer.from_str(text)
+        except Exception as e:  # the Rust side raises a bare Exception with a serde message
+            raise TokenizerError(f"tokenizer.json could not be loaded: {e}") from None
+        return cls(hf, tokenizer_config)
+
+    @classmethod
+    def from_artifact(cls, art: _HasResources) -> Tokenizer:
+        """Build from an opened artifact's embedded `tokenizer` and (if present) `tokenizer_config` resources."""
+        tok_json = art.resource("tokenizer")
+        try:
+            cfg_bytes = art.resource("tokenizer_config")
+        except (KeyError, LookupError, ValueError):
+            cfg_bytes = None
+        config = None
+        if cfg_bytes:
+            try:
+                config = json.loads(cfg_bytes)
+            except ValueError as e:
+                raise TokenizerError(f"tokenizer_config.json is not valid JSON: {e}") from None
+        return cls.from_json_bytes(tok_json, config)
+
+    # -- ids <-> text -------------------------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``. Special-token text inside ``text`` becomes the special id (HF default)."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode() needs a str, got {type(text).__name__}")
+        return self._hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """Text of ``ids``; invalid UTF-8 (a cut multi-byte character) decodes to U+FFFD like HF does."""
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self._vocab_size]
+        if bad:
+            raise TokenizerError(f"token id {bad[0]} is outside the vocabulary [0, {self._vocab_size})")
+        return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    # -- vocabulary facts ---------------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, added tokens included (ids are 0 .. vocab_size-1)."""
+        return self._vocab_size
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._hf.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._hf.id_to_token(int(token_id))
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of added tokens marked special (removed by ``skip_special_tokens``)."""
+        return self._special_ids
+
+    @property
+    def added_tokens(self) -> dict[int, str]:
+        """All added tokens (special or not, e.g. ``<think>``), id -> text."""
+        return dict(self._added)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Default stop ids: ``<|im_end|>`` then ``<|endoftext|>`` when present, then the configured eos."""
+        return self._eos_ids
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """Configured ``bos_token`` / ``eos_token`` / ``unk_token`` / ``pad_token`` texts (absent when unset)."""
+        return dict(self._special_tokens)
+
+    @property
+    def bos_token(self) -> str | None:
+        return self._special_tokens.get("bos_token")
+
+    @property
+    def eos_token(self) -> str | None:
+        return self._special_tokens.get("eos_token")
+
+    @property
+    def pad_token(self) -> str | None:
+        return self._special_tokens.get("pad_token")
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return None if self.bos_token is None else self._hf.token_to_id(self.bos_token)
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return None if self.pad_token is None else self._hf.token_to_id(self.pad_token)
+
+    @property
+    def hf(self) -> tokenizers.Tokenizer:
+        """The underlying ``tokenizers.Tokenizer`` (read-only use: e.g. grammar compilers need it)."""
+        return self._hf
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(vocab_size={self._vocab_size}, special={len(self._special_ids)}, eos={self._eos_ids})"
+        )
