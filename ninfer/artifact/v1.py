@@ -310,7 +310,7 @@ class V1Artifact:
         self.registered = model_id in V1_MODEL_IDS  # an unknown model can be inspected, not executed
         self._by_name = {o.name: o for o in objects}
         n = size - payload_offset
-        self._mm = (
+        self._mm: np.ndarray | None = (
             np.memmap(path, dtype=np.uint8, mode="r", offset=payload_offset, shape=(n,))
             if n > 0
             else np.zeros(0, np.uint8)
@@ -331,10 +331,9 @@ class V1Artifact:
         return cls(p, model_id, objects, payload, size)
 
     def close(self) -> None:
-        mm = getattr(self._mm, "_mmap", None)
-        self._mm = np.zeros(0, np.uint8)
-        if mm is not None:
-            mm.close()
+        """Drop this object's memory map. The mapping itself goes when the last ``raw()`` view is gone: forcing
+        ``mmap.close()`` under live views would leave them dangling (a segfault on the next read)."""
+        self._mm = None
 
     def __enter__(self) -> V1Artifact:
         return self
@@ -357,6 +356,8 @@ class V1Artifact:
     def raw(self, name: str) -> np.ndarray:
         """The object's bytes as a read-only uint8 view of the memory map."""
         o = self.entry(name)
+        if self._mm is None:
+            raise V1FormatError(f"{self.path}: the artifact is closed")
         return self._mm[o.offset : o.offset + o.bytes]
 
     def _tensor(self, name: str) -> V1Object:

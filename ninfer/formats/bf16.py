@@ -12,6 +12,7 @@ Error bound: ``|bf16_round(x) - x| <= 2^-8 * |x|`` for normal x (8 significant b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -52,7 +53,7 @@ class _Direct(Format):
 
     def encoded_size(self, shape: Sequence[int]) -> int:
         dims = self.check_shape(shape)
-        return int(np.prod(dims, dtype=np.int64)) * self.word.itemsize
+        return math.prod(dims) * self.word.itemsize
 
     def words(self, buf: Buffer, shape: Sequence[int]) -> np.ndarray:
         """The stored words as a view of ``shape`` (``<u2`` for BF16)."""

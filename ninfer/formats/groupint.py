@@ -8,8 +8,9 @@ Encoder ``MAXABS_F16_RECIP_RNE_V1`` per group: ``amax = max|x|``; zero -> scale 
 ``inv = f32(1 / s)``, ``q = clamp(rint_even(f32(x * inv)), qmin, qmax)`` (reciprocal-then-multiply is normative).
 Non-finite input is rejected.
 
-Error bound (tested): ``|w - x| <= s / 2`` per element, except in the 2^-24 rescue regime where ``w`` can only be a
-multiple of 2^-24; and ``s <= amax / qmax * (1 + 2^-11)`` for normal f16 scales.
+Error bound (tested): ``|w - x| <= s * (1/2 + qmax * 2^-23) + max(0, |x| - (qmax + 1/2) * s)``: half a step
+(up to the f32 rounding of ``x * inv``) unless the code clamps, which only a subnormal f16 scale (rounded down
+by more than 1/(2 qmax)) can cause; for normal scales ``s <= amax / qmax * (1 + 2^-11)``.
 
 Layout for ``[N, K]`` (rank > 2: ``prod(shape[:-1])`` rows): ``K_pad = align_up(K, 128)``, ``gpr = K_pad / G``;
 planes ``base @0`` (``N*gpr*32`` B), ``high @ align_up(base, 256)`` (``N*gpr*H`` B, H = 8 for Q5, 16 for Q6,
