@@ -1,0 +1,292 @@
+"""FlashNextConfig: the frozen description of one Qwen3.8-Flash-Next (``qwen4_exp``) text model.
+
+Built once from an HF ``config.json`` dict (``from_hf``) or a stored copy (``from_dict``), validated in
+``__post_init__`` and passed down. Field names follow HF ``Qwen4ExpTextConfig``; every value comes from the
+checkpoint config, since transformers' defaults are not this model (flash-next.md §1).
+
+Layer kinds are normalised to ``"linear_attention"`` (GDN) and ``"qsa"``: the checkpoint writes
+``full_attention`` and transformers ``indexed_attention`` for the same QSA layers (there is no dense path, §2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ninfer.config import ConfigError
+
+__all__ = ["FlashNextConfig", "ConfigError", "MODEL_TYPES", "ngram_head_sizes"]
+
+MODEL_TYPES = ("qwen4_exp", "qwen4_exp_text")
+_QSA_NAMES = ("full_attention", "indexed_attention", "qwen_sparse_attention", "qsa")
+
+
+@functools.lru_cache(maxsize=16)
+def ngram_head_sizes(base: int, n_heads: int, ple_rank: int) -> tuple[int, ...]:
+    """Per-head n-gram vocabulary sizes of PLE layer ``ple_rank``: consecutive primes > base-1 (§7).
+
+    Head j of rank r is the (r*n_heads + j + 1)-th prime >= base, so a second PLE layer continues the sequence.
+    Pure function of its arguments (cached: ~0.1 s of trial division at base 2e7).
+    """
+    primes: list[int] = []
+    cand = base - 1
+    while len(primes) < (ple_rank + 1) * n_heads:
+        cand += 1
+        if _is_prime(cand):
+            primes.append(cand)
+    return tuple(primes[ple_rank * n_heads :])
+
+
+def _is_prime(v: int) -> bool:
+    if v < 2:
+        return False
+    if v % 2 == 0:
+        return v == 2
+    return all(v % d for d in range(3, math.isqrt(v) + 1, 2))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlashNextConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    layer_types: tuple[str, ...]  # "linear_attention" | "qsa"
+    # QSA main attention (Qwen3.5 gated attention)
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    # QSA indexer
+    indexer_n_heads: int
+    indexer_head_dim: int
+    indexer_budget: int
+    indexer_compress_ratio: int
+    # Gated DeltaNet
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int = 4
+    output_gate_type: str = "sigmoid"  # GDN output gate activation: "sigmoid" (this model) or "silu"
+    # MoE (every layer)
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    norm_topk_prob: bool = True
+    # hyper-connections
+    hc_count: int = 4
+    hc_lowrank: int = 320
+    # PLE / n-gram embedding
+    ple_layer_ids: tuple[int, ...] = ()  # ONE-indexed, as in HF
+    ple_embed_dim: int = 0  # 0 -> hidden_size
+    ple_conv_kernel_size: int = 4
+    ngram_size: int = 3
+    heads_per_ngram: int = 8
+    ngram_vocab_size_base: int = 20_000_000
+    make_ngram_vocab_size_divisible_by: int = 128
+    seed: int = 1234
+    split_ngram_parts: int = 512
+    # norms / rope / misc
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e7
+    partial_rotary_factor: float = 0.25
+    mrope_section: tuple[int, ...] = (11, 11, 10)
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 262144
+    mtp_num_hidden_layers: int = 0
+    eos_token_ids: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        ints = (
+            "vocab_size hidden_size num_hidden_layers num_attention_heads num_key_value_heads head_dim "
+            "indexer_n_heads indexer_head_dim indexer_budget indexer_compress_ratio linear_num_key_heads "
+            "linear_num_value_heads linear_key_head_dim linear_value_head_dim linear_conv_kernel_dim num_experts "
+            "num_experts_per_tok moe_intermediate_size shared_expert_intermediate_size hc_count hc_lowrank "
+            "ple_conv_kernel_size ngram_size heads_per_ngram ngram_vocab_size_base "
+            "make_ngram_vocab_size_divisible_by split_ngram_parts"
+        ).split()
+        for name in ints:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"{name}: must be a positive integer, got {v!r}")
+        self._check_layers()
+        self._check_attention()
+        self._check_moe_gdn()
+        self._check_ple()
+
+    def _check_layers(self) -> None:
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ConfigError(
+                f"layer_types: {len(self.layer_types)} entries for num_hidden_layers={self.num_hidden_layers}"
+            )
+        bad = [t for t in self.layer_types if t not in ("linear_attention", "qsa")]
+        if bad:
+            raise ConfigError(
+                f"layer_types: unknown layer type {bad[0]!r} (expected linear_attention or qsa)"
+            )
+        if self.hc_count < 2:
+            raise ConfigError(f"hc_count: must be > 1, got {self.hc_count}")
+        if self.mtp_num_hidden_layers not in (0, 1):
+            raise ConfigError(
+                f"mtp_num_hidden_layers: only 0 or 1 is supported, got {self.mtp_num_hidden_layers}"
+            )
+
+    def _check_attention(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError("num_attention_heads: must be a multiple of num_key_value_heads")
+        if self.rotary_dim % 2 or sum(self.mrope_section) * 2 != self.rotary_dim:
+            raise ConfigError(
+                f"mrope_section: {list(self.mrope_section)} must sum to rotary_dim/2 = {self.rotary_dim // 2}"
+            )
+        if self.rotary_dim > self.indexer_head_dim:
+            raise ConfigError(
+                f"indexer_head_dim: {self.indexer_head_dim} is smaller than the rotary dims ({self.rotary_dim})"
+            )
+        if self.indexer_budget % self.indexer_compress_ratio:
+            raise ConfigError("indexer_budget: must be a multiple of indexer_compress_ratio")
+
+    def _check_moe_gdn(self) -> None:
+        if not (0 < self.num_experts_per_tok <= self.num_experts):
+            raise ConfigError("num_experts_per_tok: must be in 1..num_experts")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ConfigError("linear_num_value_heads: must be a multiple of linear_num_key_heads")
+        if self.output_gate_type not in ("sigmoid", "silu"):
+            raise ConfigError(f"output_gate_type: must be sigmoid or silu, got {self.output_gate_type!r}")
+
+    def _check_ple(self) -> None:
+        if not self.ple_layer_ids:
+            return
+        if self.ple_dim % self.ngram_heads:
+            raise ConfigError(
+                f"ple_embed_dim: {self.ple_dim} is not divisible by {self.ngram_heads} n-gram heads"
+            )
+        if self.ngram_size < 2:
+            raise ConfigError(f"ngram_size: must be >= 2 with PLE layers, got {self.ngram_size}")
+        for lid in self.ple_layer_ids:
+            if not 1 <= lid <= self.num_hidden_layers:
+                raise ConfigError(
+                    f"ple_layer_ids: {lid} is outside 1..{self.num_hidden_layers} (one-indexed)"
+                )
+            if self.layer_types[lid - 1] != "linear_attention":
+                raise ConfigError(f"ple_layer_ids: layer {lid} (one-indexed) is not a linear_attention layer")
+        if list(self.ple_layer_ids) != sorted(set(self.ple_layer_ids)):
+            raise ConfigError("ple_layer_ids: must be sorted and unique")
+        if not self.eos_token_ids:
+            raise ConfigError("eos_token_ids: required with PLE layers (the n-gram pad id is the first one)")
+        if self.vocab_size >= 2**31:
+            raise ConfigError("vocab_size: too large for the n-gram hash")
+
+    # ---- derived values -------------------------------------------------------------------------------
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def kv_group(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def gdn_key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def gdn_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def gdn_conv_channels(self) -> int:
+        return 2 * self.gdn_key_dim + self.gdn_value_dim
+
+    @property
+    def hc_dim(self) -> int:
+        """Width of the 4-stream hyper-connection state (stream-major)."""
+        return self.hc_count * self.hidden_size
+
+    @property
+    def qsa_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "qsa")
+
+    @property
+    def gdn_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "linear_attention")
+
+    @property
+    def block_topk(self) -> int:
+        """Blocks kept per query row (512 = 2048/4 in the real model)."""
+        return self.indexer_budget // self.indexer_compress_ratio
+
+    @property
+    def dense_max_visible(self) -> int:
+        """QSA is exactly dense while a query sees at most this many tokens (budget + ratio - 1)."""
+        return self.indexer_budget + self.indexer_compress_ratio - 1
+
+    @property
+    def ple_layers(self) -> tuple[int, ...]:
+        """0-based layer indices carrying PLE (ple_layer_ids are one-indexed)."""
+        return tuple(i - 1 for i in self.ple_layer_ids)
+
+    @property
+    def ple_dim(self) -> int:
+        return self.ple_embed_dim or self.hidden_size
+
+    @property
+    def ngram_heads(self) -> int:
+        return (self.ngram_size - 1) * self.heads_per_ngram
+
+    @property
+    def ngram_row_dim(self) -> int:
+        """Width of one n-gram table row (160 in the real model)."""
+        return self.ple_dim // self.ngram_heads
+
+    @property
+    def ple_conv_state_len(self) -> int:
+        """Rows of the PLE conv state: (kernel-1)·dilation with dilation = ngram_size (9 in the real model)."""
+        return (self.ple_conv_kernel_size - 1) * self.ngram_size
+
+    @property
+    def pad_token_id(self) -> int:
+        """The n-gram pad id: first eos id (248044 in the real model)."""
+        return self.eos_token_ids[0]
+
+    def ngram_head_sizes(self, ple_rank: int) -> tuple[int, ...]:
+        return ngram_head_sizes(self.ngram_vocab_size_base, self.ngram_heads, ple_rank)
+
+    def ngram_head_offsets(self, ple_rank: int) -> tuple[int, ...]:
+        sizes = self.ngram_head_sizes(ple_rank)
+        return tuple(sum(sizes[:j]) for j in range(len(sizes)))
+
+    def ngram_table_rows(self, ple_rank: int) -> int:
+        """Rows of the n-gram table of PLE layer ``ple_rank``, padded to make_ngram_vocab_size_divisible_by."""
+        d = self.make_ngram_vocab_size_divisible_by
+        return -(-sum(self.ngram_head_sizes(ple_rank)) // d) * d
+
+    def is_block_boundary(self, length: int) -> bool:
+        """True when a sequence of ``length`` tokens has an empty QSA open block (see docs/flash-next-state.md)."""
+        return length % self.indexer_compress_ratio == 0
+
+    # ---- (de)serialisation ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FlashNextConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        extra = sorted(set(d) - known)
+        if extra:
+            raise ConfigError(f"{extra[0]}: unknown config field")
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        try:
+            return cls(**kw)
+        except TypeError as e:  # missing required field
+            raise ConfigError(str(e)) from None
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> FlashNextConfig:
+        """Read an HF ``config.json`` dict (``Qwen4ExpForCausalLM`` text config or the VLM with ``text_config``)."""
+        from ninfer.flash_next._hf_config import from_hf
+
+        return from_hf(cls, hf)

@@ -1,0 +1,140 @@
+"""Tiny random transformers ``Qwen4ExpForCausalLM`` checkpoints for Flash-Next parity tests (fp32, CPU).
+
+Every norm weight is perturbed (HF initialises the (1+w) norms to 0, the GDN norm to 1 and the PLE conv to 0,
+which would hide a missing offset or a dead branch), ``dt_bias`` too, and every float tensor is rounded to a
+bf16-representable value so that a ``bf16`` artifact of the checkpoint is lossless and parity stays at fp32
+noise. The QSA budget is tiny (``budget/ratio`` blocks), so contexts of a few dozen tokens exercise block
+selection. transformers has no MTP head: random ``mtp.*`` tensors (bf16-exact too) are added to the canonical
+weights for the MTP tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+EOS = 2  # n-gram pad id of the tiny models
+
+
+def tiny_hf_config(
+    *,
+    num_experts: int = 8,
+    top_k: int = 2,
+    budget: int = 8,
+    ratio: int = 4,
+    ple: bool = True,
+    num_layers: int = 4,
+    indexer_heads: int = 4,
+) -> dict[str, Any]:
+    """HF config dict (as in config.json) of a tiny qwen4_exp text model: layers lin,lin,lin,QSA(,...)."""
+    return dict(
+        model_type="qwen4_exp_text",
+        vocab_size=256,
+        hidden_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=6,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        hc_count=4,
+        hc_lowrank=16,
+        ple_layer_ids=[2] if ple else None,
+        ple_embed_dim=64,
+        ngram_vocab_size_base=1000,
+        split_ngram_parts=4,
+        indexer_n_heads=indexer_heads,
+        indexer_kv_heads=1,
+        indexer_head_dim=16,
+        indexer_budget=budget,
+        indexer_compress_ratio=ratio,
+        output_gate_type="sigmoid",
+        eos_token_id=EOS,
+        initializer_range=0.2,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters=dict(
+            rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25, mrope_section=[2, 1, 1],
+            mrope_interleaved=True,
+        ),
+    )  # fmt: skip
+
+
+def bf16_exact(a: np.ndarray) -> np.ndarray:
+    """Round float32 values to the nearest bf16 (RNE), kept as float32."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return u.view(np.float32)
+
+
+def build_tiny(seed: int = 0, **cfg_kw: Any) -> tuple[Any, dict[str, Any]]:
+    """(transformers model in eval mode, HF config dict). Weights perturbed and bf16-exact (module doc)."""
+    import torch
+    from transformers import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
+
+    hf = tiny_hf_config(**cfg_kw)
+    cfg = Qwen4ExpTextConfig(**{k: v for k, v in hf.items() if k != "model_type"})
+    torch.manual_seed(seed)
+    model = Qwen4ExpForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if (
+                name.endswith("norm.weight")
+                or "layernorm" in name
+                or name.endswith(("norm_key.weight", "norm_query.weight", "norm_conv.weight"))
+            ):
+                p.add_(0.3 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(("dt_bias", "ple.conv1d.weight")):
+                p.add_(0.3 * torch.randn(p.shape, generator=gen))
+            p.copy_(torch.from_numpy(bf16_exact(p.detach().numpy())))
+    return model, hf
+
+
+def hf_state(model: Any) -> dict[str, np.ndarray]:
+    """The model's state dict as NumPy arrays under HF names."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def random_mtp(cfg: Any, seed: int = 0, scale: float = 0.2) -> dict[str, np.ndarray]:
+    """bf16-exact random ``mtp.*`` tensors for a FlashNextConfig (norm weights small, others N(0, scale))."""
+    from ninfer.flash_next.names import mtp_shapes
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in mtp_shapes(cfg).items():
+        s = 0.3 if len(shape) == 1 else scale
+        a = rng.normal(0.0, s, shape)
+        if name.endswith(("A_log", "dt_bias")):
+            a = np.abs(a)
+        out[name] = bf16_exact(a.astype(np.float32))
+    return out
+
+
+def hf_logits(model: Any, ids: np.ndarray) -> np.ndarray:
+    """Full-sequence fp32 logits ``[T, V]`` of the transformers model (single forward, no cache)."""
+    import torch
+
+    with torch.no_grad():
+        out = model(torch.as_tensor(np.asarray(ids, np.int64))[None], use_cache=False)
+    return out.logits[0].numpy()
+
+
+def hf_greedy(model: Any, ids: np.ndarray, n: int) -> list[int]:
+    """n greedy tokens from transformers with its cache (prefill then one-token decode steps)."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            torch.as_tensor(np.asarray(ids, np.int64))[None], max_new_tokens=n, do_sample=False, min_new_tokens=n,
+            eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+    return out[0, len(ids) :].tolist()
