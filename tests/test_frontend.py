@@ -6,6 +6,7 @@ import copy
 import json
 import random
 
+import msgspec
 import pytest
 import tokenizers
 
@@ -220,6 +221,24 @@ def test_earlier_reasoning_dropped_unless_preserved(demo):
     assert "<|im_start|>assistant\n<think>\nfine\n</think>\n\nFine, thanks.<|im_end|>" in kept
 
 
+class _Msg(msgspec.Struct, omit_defaults=True):
+    role: str
+    content: str | None = None
+    reasoning_content: str | msgspec.UnsetType = msgspec.UNSET
+
+
+def test_structs_and_dataclass_like_inputs_render_as_dicts(demo):
+    _, ct, _ = demo
+    structs = [_Msg(role="user", content="q"), _Msg(role="assistant", content="a", reasoning_content="r")]
+    dicts = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a", "reasoning_content": "r"},
+    ]
+    assert ct.render(structs, preserve_thinking=True) == ct.render(dicts, preserve_thinking=True)
+    assert "<think>\nr\n</think>" in ct.render(structs, preserve_thinking=True)
+    assert ct.render([_Msg(role="user", content="q")]) == ct.render(dicts[:1])
+
+
 def test_string_tool_arguments_are_parsed_for_the_template(demo):
     _, ct, _ = demo
     wire = [
@@ -342,6 +361,27 @@ def test_tokenizer_errors_and_config_added_tokens(demo):
     assert grown.encode("a<x>") == tok.encode("a") + [n + 1]
     with pytest.raises(TokenizerError, match="wants id"):
         Tokenizer.from_json_bytes(raw, {"added_tokens_decoder": {str(n + 5): {"content": "<y>"}}})
+
+
+class _FakeArtifact:
+    def __init__(self, resources: dict[str, bytes]) -> None:
+        self._res = resources
+
+    def resource(self, role: str) -> bytes | None:
+        return self._res.get(role)
+
+
+def test_tokenizer_from_artifact_resources(demo):
+    tok, _, _ = demo
+    raw = tok.hf.to_str().encode()
+    cfg = json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}).encode()
+    built = Tokenizer.from_artifact(_FakeArtifact({"tokenizer": raw, "tokenizer_config": cfg}))
+    assert built.encode("hello 🙂") == tok.encode("hello 🙂") and built.pad_token == "<|endoftext|>"
+    assert Tokenizer.from_artifact(_FakeArtifact({"tokenizer": raw})).eos_token is None
+    with pytest.raises(TokenizerError, match="embeds no tokenizer"):
+        Tokenizer.from_artifact(_FakeArtifact({}))
+    with pytest.raises(TokenizerError, match="not valid JSON"):
+        Tokenizer.from_artifact(_FakeArtifact({"tokenizer": raw, "tokenizer_config": b"{oops"}))
 
 
 # -- incremental detokenizer -----------------------------------------------------------------------------------------

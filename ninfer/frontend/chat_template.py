@@ -20,6 +20,7 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+import msgspec
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .tokenizer import Tokenizer
@@ -126,8 +127,8 @@ def _plain(value: Any) -> Any:
         return _plain(value.item())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if hasattr(value, "__struct_fields__"):  # msgspec.Struct
-        return {name: _plain(getattr(value, name)) for name in value.__struct_fields__}
+    if isinstance(value, msgspec.Struct):  # wire names, UNSET fields omitted
+        return _plain(msgspec.to_builtins(value))
     if callable(getattr(value, "model_dump", None)):  # pydantic (e.g. OpenAI SDK messages)
         return _plain(value.model_dump())
     return f"<{type(value).__name__}>"

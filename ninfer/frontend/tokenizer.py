@@ -26,7 +26,7 @@ class TokenizerError(ValueError):
 
 
 class _HasResources(Protocol):
-    def resource(self, role: str) -> bytes: ...
+    def resource(self, role: str) -> bytes | None: ...
 
 
 def _token_content(value: Any, key: str) -> str | None:
@@ -106,18 +106,29 @@ class Tokenizer:
 
     @classmethod
     def from_artifact(cls, art: _HasResources) -> Tokenizer:
-        """Build from an opened artifact's embedded `tokenizer` and (if present) `tokenizer_config` resources."""
-        tok_json = art.resource("tokenizer")
-        try:
-            cfg_bytes = art.resource("tokenizer_config")
-        except (KeyError, LookupError, ValueError):
-            cfg_bytes = None
+        """Build from an opened artifact's embedded `tokenizer` and (if present) `tokenizer_config` resources.
+
+        ``art.resource(role)`` returns the bytes, or None (or raises KeyError) when the artifact lacks the role.
+        """
+
+        def get(role: str) -> bytes | None:
+            try:
+                return art.resource(role)
+            except KeyError:
+                return None
+
+        tok_json = get("tokenizer")
+        if not tok_json:
+            raise TokenizerError("the artifact embeds no tokenizer (resource role 'tokenizer')")
+        cfg_bytes = get("tokenizer_config")
         config = None
         if cfg_bytes:
             try:
                 config = json.loads(cfg_bytes)
             except ValueError as e:
                 raise TokenizerError(f"tokenizer_config.json is not valid JSON: {e}") from None
+            if not isinstance(config, dict):
+                raise TokenizerError("tokenizer_config.json must hold a JSON object")
         return cls.from_json_bytes(tok_json, config)
 
     # -- ids <-> text -------------------------------------------------------------------------------------------
