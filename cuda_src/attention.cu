@@ -1,0 +1,150 @@
+// Gated full attention over a paged KV cache (model-qwen3.6.md §3).
+//
+// Paged cache, per layer: k_cache, v_cache [num_pages, page_size, HKV, D] (type C); a token at position p of
+// sequence b lives in page page_table[b * ldpt + p / page_size], offset p % page_size.
+//
+// qk_norm_rope_kv_write: q = RMSNormOff(q_raw, q_norm), k = RMSNormOff(k_raw, k_norm), partial NeoX rotation of
+//   dims [0, rot) with interleaved MRoPE axes, q to q_out, k and the raw v to the cache slots slot[t].
+// attention: softmax(q k^T * scale) v, causal by position, GQA (q head h reads kv head h / G), flash-style
+//   online fp32 softmax; split over the KV length in fixed chunks of `chunk` positions so a row's result
+//   depends only on its own position (never on the batch); attn_combine merges the splits in index order.
+#include "common.cuh"
+
+// One warp per (token, head) row; heads [0, HQ) are query heads, [HQ, HQ + HKV) key heads (value copied).
+// pos: [3, T] int32 (T/H/W axes; text uses one position for all three). Shared row buffer: 8 warps x D.
+template <typename T, typename C, int D>
+__global__ void __launch_bounds__(256)
+    qk_norm_rope_kv_write(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                          const float* __restrict__ qw, const float* __restrict__ kw, const int* __restrict__ pos,
+                          const long long* __restrict__ slot, T* __restrict__ q_out, C* __restrict__ k_cache,
+                          C* __restrict__ v_cache, int T_, int HQ, int HKV, int rot, int sec1, int sec2,
+                          int interleaved, float theta, float eps, long long ldq, long long ldqh, long long ldk,
+                          long long ldv) {
+    __shared__ float buf[8][D];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long rowid = (long long)blockIdx.x * 8 + warp;
+    if (rowid >= (long long)T_ * (HQ + HKV)) return;
+    const int t = (int)(rowid / (HQ + HKV)), h = (int)(rowid % (HQ + HKV));
+    const bool isq = h < HQ;
+    const int hk = h - HQ;
+    const T* src = isq ? q + t * ldq + h * ldqh : k + t * ldk + (long long)hk * D;
+    const float* w = isq ? qw : kw;
+    float ss = 0.f;
+    for (int i = lane; i < D; i += 32) {
+        const float x = to_f(src[i]);
+        buf[warp][i] = x;
+        ss = fmaf(x, x, ss);
+    }
+    const float inv = 1.f / sqrtf(warp_sum(ss) / (float)D + eps);
+    for (int i = lane; i < D; i += 32) buf[warp][i] = buf[warp][i] * inv * (1.f + w[i]);
+    __syncwarp();
+    const int half = rot / 2;
+    float outv[(D + 31) / 32];
+#pragma unroll
+    for (int r = 0; r < (D + 31) / 32; ++r) {
+        const int i = lane + 32 * r;
+        if (i >= D) continue;
+        float x = buf[warp][i];
+        if (i < rot) {
+            const int f = i < half ? i : i - half;  // frequency pair index
+            int axis;
+            if (interleaved) axis = (f % 3 == 1 && f < 3 * sec1) ? 1 : ((f % 3 == 2 && f < 3 * sec2) ? 2 : 0);
+            else axis = f < half - sec1 - sec2 ? 0 : (f < half - sec2 ? 1 : 2);
+            const float inv_freq = 1.f / powf(theta, (float)(2 * f) / (float)rot);
+            const float ang = (float)pos[axis * T_ + t] * inv_freq;
+            const float c = cosf(ang), s = sinf(ang);
+            x = i < half ? x * c - buf[warp][i + half] * s : x * c + buf[warp][i - half] * s;
+        }
+        outv[r] = x;
+    }
+    if (isq) {
+        T* dst = q_out + ((long long)t * HQ + h) * D;
+#pragma unroll
+        for (int r = 0; r < (D + 31) / 32; ++r)
+            if (lane + 32 * r < D) dst[lane + 32 * r] = from_f<T>(outv[r]);
+    } else {
+        const long long base = (slot[t] * HKV + hk) * D;
+        const T* vs = v + t * ldv + (long long)hk * D;
+#pragma unroll
+        for (int r = 0; r < (D + 31) / 32; ++r) {
+            const int i = lane + 32 * r;
+            if (i < D) {
+                k_cache[base + i] = from_f<C>(outv[r]);
+                v_cache[base + i] = from_f<C>(to_f(vs[i]));
+            }
+        }
+    }
+}
+
+// One block per (query row, kv head, split); warp g handles query head hk*G + g. Lane l holds dims l + 32e.
+// q: [R, HQ, D]; row r belongs to sequence row_seq[r] and sits at position row_pos[r] (attends 0..pos).
+// nsplit == 1: o [R, HQ, D] written directly; else partials ws_ml [R, HQ, nsplit, 2], ws_o [R, HQ, nsplit, D].
+template <typename T, typename C, int D>
+__global__ void __launch_bounds__(256)
+    attention(const T* __restrict__ q, const C* __restrict__ k_cache, const C* __restrict__ v_cache,
+              const int* __restrict__ page_table, const int* __restrict__ row_seq, const int* __restrict__ row_pos,
+              T* __restrict__ o, float* __restrict__ ws_ml, float* __restrict__ ws_o, int HQ, int HKV,
+              int page_size, long long ldpt, int chunk, int nsplit, float scale) {
+    constexpr int E = D / 32;
+    const int r = blockIdx.x, hk = blockIdx.y, split = blockIdx.z;
+    const int G = HQ / HKV, g = threadIdx.x >> 5, lane = threadIdx.x & 31, hq = hk * G + g;
+    if (g >= G) return;
+    const int b = row_seq[r], last = row_pos[r];
+    const int p0 = split * chunk, p1 = min(last + 1, p0 + chunk);
+    float qv[E], acc[E];
+    const T* qr = q + ((long long)r * HQ + hq) * D;
+#pragma unroll
+    for (int e = 0; e < E; ++e) qv[e] = to_f(qr[lane + 32 * e]) * scale, acc[e] = 0.f;
+    float m = NEG_INF, l = 0.f;
+    const int* pt = page_table + b * ldpt;
+    for (int p = p0; p < p1; ++p) {
+        const long long base = ((long long)pt[p / page_size] * page_size + p % page_size) * HKV * D + hk * D;
+        float s = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) s = fmaf(qv[e], to_f(k_cache[base + lane + 32 * e]), s);
+        s = warp_sum(s);
+        const float mn = fmaxf(m, s), corr = expf(m - mn), pw = expf(s - mn);
+        l = l * corr + pw;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] = fmaf(pw, to_f(v_cache[base + lane + 32 * e]), acc[e] * corr);
+        m = mn;
+    }
+    const long long orow = (long long)r * HQ + hq;
+    if (nsplit == 1) {
+        const float il = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) o[orow * D + lane + 32 * e] = from_f<T>(acc[e] * il);
+    } else {
+        const long long w = orow * nsplit + split;
+        if (lane == 0) ws_ml[2 * w] = m, ws_ml[2 * w + 1] = l;
+#pragma unroll
+        for (int e = 0; e < E; ++e) ws_o[w * D + lane + 32 * e] = acc[e];
+    }
+}
+
+// Merge the nsplit partials of each (row, head) in split order. One warp per (row, head).
+template <typename T, int D>
+__global__ void attn_combine(const float* __restrict__ ws_ml, const float* __restrict__ ws_o, T* __restrict__ o,
+                             int rows_heads, int nsplit) {
+    constexpr int E = D / 32;
+    const long long rh = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (rh >= rows_heads) return;
+    float m = NEG_INF;
+    for (int s = 0; s < nsplit; ++s) m = fmaxf(m, ws_ml[2 * (rh * nsplit + s)]);
+    float l = 0.f, acc[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.f;
+    for (int s = 0; s < nsplit; ++s) {
+        const long long w = rh * nsplit + s;
+        const float ms = ws_ml[2 * w];
+        if (ms == NEG_INF) continue;  // empty split (beyond this row's position)
+        const float c = expf(ms - m);
+        l = fmaf(ws_ml[2 * w + 1], c, l);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] = fmaf(ws_o[w * D + lane + 32 * e], c, acc[e]);
+    }
+    const float il = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o[rh * D + lane + 32 * e] = from_f<T>(acc[e] * il);
+}

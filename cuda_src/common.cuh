@@ -1,0 +1,105 @@
+// Shared device helpers for every cuda_src/*.cu family. Header-free on purpose: NVRTC (through CuPy) and
+// nvcc compile the same text, and the loader inlines this file so CuPy's source-hash cache sees edits here.
+//
+// Conventions:
+//  * bf16 values live in memory as raw 16-bit words (struct bf16); NumPy/CuPy have no bf16 dtype, so the
+//    Python side holds them as uint16 arrays. Widening is exact; narrowing rounds to nearest even.
+//  * Every reduction has a fixed order (strided per-thread sums, then an xor butterfly, then warps in
+//    index order), so a row's result never depends on how many other rows a launch carries.
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+struct __align__(2) bf16 {
+    u16 bits;
+};
+
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float bf16_bits_to_f(u32 h) { return __uint_as_float(h << 16); }
+
+// float -> bf16 bits, round to nearest even; NaN kept as a quiet NaN of the same sign.
+__device__ __forceinline__ u16 f_to_bf16_bits(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16 x) { return bf16_bits_to_f(x.bits); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) {
+    bf16 r;
+    r.bits = f_to_bf16_bits(x);
+    return r;
+}
+
+// IEEE binary16 bits -> float (exact, subnormals included) via the PTX conversion.
+__device__ __forceinline__ float f16_bits_to_f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// e4m3fn byte -> float (exact): bias 7, no inf, S.1111.111 is NaN, subnormals m * 2^-9.
+__device__ __forceinline__ float e4m3_to_f(u32 c) {
+    u32 s = (c & 0x80u) << 24, e = (c >> 3) & 0xfu, m = c & 7u;
+    if (e == 0xfu && m == 7u) return __uint_as_float(s | 0x7fc00000u);
+    if (e == 0) {
+        const float v = (float)m * 0.001953125f;
+        return s ? -v : v;
+    }
+    return __uint_as_float(s | ((e + 120u) << 23) | (m << 20));
+}
+
+// e2m1 nibble -> float: magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}, bit 3 is the sign (code 8 is -0).
+// Computed from the bits (exponent bias 1) rather than a table: a runtime-indexed local array costs a stack frame.
+__device__ __forceinline__ float e2m1_to_f(u32 c) {
+    const u32 m = c & 7u;
+    const float v = m < 2u ? (float)m * 0.5f : __uint_as_float((((m >> 1) + 126u) << 23) | ((m & 1u) << 22));
+    return (c & 8u) ? -v : v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum with a fixed order; every thread gets the result. `scratch` holds >= 32 floats and may be
+// reused right after the call returns (the trailing barrier protects it).
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = 0.f;
+    for (int i = 0; i < nw; ++i) t += scratch[i];
+    __syncthreads();
+    return t;
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = NEG_INF;
+    for (int i = 0; i < nw; ++i) t = fmaxf(t, scratch[i]);
+    __syncthreads();
+    return t;
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x / (1.f + expf(-x)); }

@@ -1,0 +1,55 @@
+// MoE router (model-qwen3.6.md §5): p = softmax_fp32(logits) over all E experts, top-k by probability with ties
+// to the lower expert id (a stable sort), weights renormalised over the selected k: w = p_sel / sum(p_sel).
+// One warp per token; lane l holds experts l, l + 32, ... (E <= 32 * MAXE). Selection order is best first.
+#include "common.cuh"
+
+template <typename T, int MAXE>
+__global__ void moe_route(const T* __restrict__ logits, int* __restrict__ ids, float* __restrict__ weights,
+                          int rows, int E, int K, long long ld) {
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    float p[MAXE];
+    float m = NEG_INF;
+#pragma unroll
+    for (int e = 0; e < MAXE; ++e) {
+        const int x = lane + 32 * e;
+        p[e] = x < E ? to_f(logits[row * ld + x]) : NEG_INF;
+        m = fmaxf(m, p[e]);
+    }
+    m = warp_max(m);
+    float s = 0.f;
+#pragma unroll
+    for (int e = 0; e < MAXE; ++e) {
+        p[e] = lane + 32 * e < E ? expf(p[e] - m) : -1.f;  // -1 marks "not an expert" (below any probability)
+        s += fmaxf(p[e], 0.f);
+    }
+    const float inv = 1.f / warp_sum(s);
+#pragma unroll
+    for (int e = 0; e < MAXE; ++e)
+        if (p[e] >= 0.f) p[e] *= inv;
+    float sel_sum = 0.f, sel_p = 0.f;
+    int sel_id = 0;
+    for (int j = 0; j < K; ++j) {
+        float bv = -2.f;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int e = 0; e < MAXE; ++e)
+            if (p[e] > bv) bv = p[e], bi = lane + 32 * e;  // ascending ids: strict > keeps the lower id
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+        }
+#pragma unroll
+        for (int e = 0; e < MAXE; ++e)
+            if (lane + 32 * e == bi) p[e] = -2.f;  // taken
+        sel_sum += bv;
+        if (lane == j) sel_p = bv, sel_id = bi;
+    }
+    if (lane < K) {
+        ids[row * K + lane] = sel_id;
+        weights[row * K + lane] = sel_p / sel_sum;
+    }
+}

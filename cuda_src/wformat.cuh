@@ -1,0 +1,117 @@
+// Weight-format readers shared by the GEMV, GEMM and embedding families.
+//
+// Every format exposes `load8(p0, p1, p2, K, n, k0, w[8])`: the 8 dequantized float32 weights W[n, k0..k0+7]
+// of row n (k0 % 8 == 0). Group and block sizes (16, 32, 64) are multiples of 8, so 8 lanes never straddle
+// a group. Dequantization is exact where the format allows it (f16 scale x int code fits in 24 bits; NVFP4 and FP8
+// round the same products in the same order as ninfer.formats' decoders), so the kernels see the reference's weights.
+//
+// Planes (byte offsets computed on the host, artifact.md §2/§5/§6):
+//   BF16            p0 = u16 [N, K]
+//   FP8E4M3_F32ROW  p0 = e4m3 codes [N, K], p1 = f32 row scales [N]
+//   FP8E4M3_F32T    p0 = e4m3 codes [N, K], p1 = one f32 scale
+//   NVFP4G16_E4M3S  p0 = packed e2m1 [N, Kp/2] (even column low nibble), p1 = e4m3 block scales [N, Kp/16],
+//                   p2 = f32 global g; Kp = align_up(K, 128); w = e2m1 * f32(s_b * g) as ninfer.formats decodes
+//   Q{4,5,6}G64     p0 = base nibbles [N, gpr*32], p1 = high-bit plane [N, gpr*H], p2 = f16 scales [N, gpr];
+//                   gpr = Kp/64, H = 0/8/16; code = sign-extended (nibble | high << 4)
+//   W8G32           p0 = int8 [N, gpr*32], p2 = f16 scales [N, gpr]; gpr = Kp/32
+#pragma once
+#include "common.cuh"
+
+__device__ __forceinline__ long long kpad128(int K) { return ((long long)K + 127) / 128 * 128; }
+
+struct FmtBF16 {
+    static __device__ __forceinline__ void load8(const u8* p0, const u8*, const u8*, int K, long long n, int k0,
+                                                 float w[8]) {
+        const uint4 v = *reinterpret_cast<const uint4*>(p0 + (n * K + k0) * 2);
+        const u32 u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[2 * i] = __uint_as_float(u[i] << 16);
+            w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        }
+    }
+};
+
+struct FmtFP8Row {
+    static __device__ __forceinline__ void load8(const u8* p0, const u8* p1, const u8*, int K, long long n, int k0,
+                                                 float w[8]) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p0 + n * K + k0);
+        const float s = reinterpret_cast<const float*>(p1)[n];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = e4m3_to_f(((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xffu) * s;
+    }
+};
+
+struct FmtFP8Tensor {
+    static __device__ __forceinline__ void load8(const u8* p0, const u8* p1, const u8*, int K, long long n, int k0,
+                                                 float w[8]) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p0 + n * K + k0);
+        const float s = *reinterpret_cast<const float*>(p1);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = e4m3_to_f(((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xffu) * s;
+    }
+};
+
+struct FmtNVFP4 {
+    static __device__ __forceinline__ void load8(const u8* p0, const u8* p1, const u8* p2, int K, long long n,
+                                                 int k0, float w[8]) {
+        const long long kp = kpad128(K);
+        const u32 c = *reinterpret_cast<const u32*>(p0 + n * (kp / 2) + k0 / 2);
+        const float d = e4m3_to_f(p1[n * (kp / 16) + k0 / 16]) * *reinterpret_cast<const float*>(p2);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = e2m1_to_f((c >> (4 * i)) & 0xfu) * d;
+    }
+};
+
+template <int BITS>
+struct FmtQG64 {
+    static constexpr int H = BITS == 4 ? 0 : (BITS == 5 ? 8 : 16);
+    static __device__ __forceinline__ void load8(const u8* p0, const u8* p1, const u8* p2, int K, long long n,
+                                                 int k0, float w[8]) {
+        const long long gpr = kpad128(K) / 64, grp = n * gpr + k0 / 64;
+        const int j0 = k0 & 63;
+        const u32 base = *reinterpret_cast<const u32*>(p0 + grp * 32 + j0 / 2);
+        u32 high = 0;
+        if (BITS == 5) high = p1[grp * 8 + j0 / 8];  // lane i: bit i%8 of byte i/8
+        if (BITS == 6) high = *reinterpret_cast<const u16*>(p1 + grp * 16 + j0 / 4);  // lane i: 2 bits at 2(i%4)
+        const float s = f16_bits_to_f(reinterpret_cast<const u16*>(p2)[grp]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            int u = (base >> (4 * i)) & 0xf;
+            if (BITS == 5) u |= ((high >> i) & 1) << 4;
+            if (BITS == 6) u |= ((high >> (2 * i)) & 3) << 4;
+            const int q = u - ((u >> (BITS - 1)) << BITS);  // two's complement
+            w[i] = s * (float)q;
+        }
+    }
+};
+
+struct FmtW8G32 {
+    static __device__ __forceinline__ void load8(const u8* p0, const u8*, const u8* p2, int K, long long n, int k0,
+                                                 float w[8]) {
+        const long long gpr = kpad128(K) / 32, grp = n * gpr + k0 / 32;
+        const uint2 v = *reinterpret_cast<const uint2*>(p0 + grp * 32 + (k0 & 31));
+        const float s = f16_bits_to_f(reinterpret_cast<const u16*>(p2)[grp]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int q = (int)(signed char)(((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xffu);
+            w[i] = s * (float)q;
+        }
+    }
+};
+
+// 8 consecutive activations (16-byte aligned for bf16, 32-byte for float when k0 % 8 == 0 and rows are
+// multiples of 8 long) widened to float.
+__device__ __forceinline__ void load8x(const float* p, float x[8]) {
+    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+__device__ __forceinline__ void load8x(const bf16* p, float x[8]) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    const u32 u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        x[2 * i] = __uint_as_float(u[i] << 16);
+        x[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+}

@@ -1,0 +1,86 @@
+"""Argument checks shared by the kernel wrappers.
+
+Activations are float32 or bf16; CuPy has no bf16 dtype, so bf16 arrays are ``uint16`` arrays of raw bf16 words
+(``ninfer.formats.bf16_encode`` / ``bf16_decode`` convert on the host). Every wrapper checks shapes, dtypes and
+strides up front and raises :class:`KernelError` naming the argument, never a launch failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ninfer.cuda.loader import KernelError
+
+__all__ = ["KernelError", "act_type", "check_array", "check_rows", "dev_int32", "grid_1d", "ACT_DTYPES"]
+
+# activation dtype -> C++ type name used in the template instances
+ACT_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}
+
+
+def act_type(a: Any, name: str) -> str:
+    """C++ element type of an activation array (float32 -> ``float``, uint16 bf16 words -> ``bf16``)."""
+    t = ACT_DTYPES.get(np.dtype(a.dtype))
+    if t is None:
+        raise KernelError(f"{name}: activations must be float32 or uint16 (bf16 words), got {a.dtype}")
+    return t
+
+
+def check_array(
+    a: Any,
+    name: str,
+    *,
+    dtype: Any = None,
+    shape: Sequence[int | None] | None = None,
+    contiguous: bool = True,
+) -> None:
+    """``a`` is a CuPy array of ``dtype`` whose shape matches ``shape`` (None entries match anything)."""
+    import cupy
+
+    if not isinstance(a, cupy.ndarray):
+        raise KernelError(f"{name}: expected a cupy.ndarray on the device, got {type(a).__name__}")
+    if dtype is not None and np.dtype(a.dtype) != np.dtype(dtype):
+        raise KernelError(f"{name}: dtype must be {np.dtype(dtype)}, got {a.dtype}")
+    if shape is not None:
+        if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, a.shape, strict=True)):
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise KernelError(f"{name}: shape must be {want}, got {list(a.shape)}")
+    if contiguous and not a.flags.c_contiguous:
+        raise KernelError(f"{name}: must be C-contiguous")
+
+
+def check_rows(a: Any, name: str, cols: int | None = None, *, vec8: bool = False) -> tuple[int, int, int]:
+    """A 2-D activation with unit column stride: (rows, cols, row stride in elements).
+
+    ``vec8``: the kernel reads 8 consecutive elements with one vector load, so the base pointer must be 16-byte
+    aligned and the row stride and width multiples of 8 elements.
+    """
+    import cupy
+
+    if not isinstance(a, cupy.ndarray):
+        raise KernelError(f"{name}: expected a cupy.ndarray on the device, got {type(a).__name__}")
+    if a.ndim != 2:
+        raise KernelError(f"{name}: must be 2-D [rows, cols], got shape {list(a.shape)}")
+    if cols is not None and a.shape[1] != cols:
+        raise KernelError(f"{name}: needs {cols} columns, got shape {list(a.shape)}")
+    item = a.dtype.itemsize
+    if a.shape[1] > 1 and a.strides[1] != item:
+        raise KernelError(f"{name}: columns must be contiguous (stride {a.strides[1]} bytes)")
+    ld = a.strides[0] // item if a.shape[0] > 1 else a.shape[1]
+    if a.strides[0] % item:
+        raise KernelError(f"{name}: row stride {a.strides[0]} is not a whole number of elements")
+    if vec8 and (a.data.ptr % 16 or ld % 8 or a.shape[1] % 8):
+        raise KernelError(f"{name}: needs 16-byte aligned rows whose width and stride are multiples of 8")
+    return a.shape[0], a.shape[1], ld
+
+
+def dev_int32(a: Any, name: str, n: int | None = None) -> Any:
+    """A contiguous int32 device vector (length ``n`` if given)."""
+    check_array(a, name, dtype=np.int32, shape=None if n is None else (n,))
+    return a
+
+
+def grid_1d(n: int, per_block: int) -> int:
+    return max(1, (n + per_block - 1) // per_block)

@@ -1,0 +1,199 @@
+"""Gated full attention over a paged KV cache (cuda_src/attention.cu).
+
+Cache per layer: ``k_cache, v_cache[num_pages, page_size, HKV, D]`` (bf16 words as uint16, or float32); a token at
+position p of sequence b lives in page ``page_table[b, p // page_size]`` at offset ``p % page_size`` (its "slot"
+is ``page * page_size + offset``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, grid_1d
+from ninfer.cuda.loader import kernel
+
+__all__ = ["qk_norm_rope_kv_write", "attention", "SOURCES", "HEAD_DIMS", "MAX_GROUP"]
+
+_T = ("float", "bf16")
+HEAD_DIMS = (32, 64, 128, 256)
+MAX_GROUP = 8  # query heads per KV head: one warp each in a 256-thread block
+SOURCES: dict[str, tuple[str, ...]] = {
+    "attention.cu": tuple(f"qk_norm_rope_kv_write<{t}, {c}, {d}>" for t in _T for c in _T for d in HEAD_DIMS)
+    + tuple(f"attention<{t}, {c}, {d}>" for t in _T for c in _T for d in HEAD_DIMS)
+    + tuple(f"attn_combine<{t}, {d}>" for t in _T for d in HEAD_DIMS)
+}
+
+
+def _cache_type(k_cache: Any, v_cache: Any, hkv: int, d: int) -> str:
+    c = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}.get(np.dtype(k_cache.dtype))
+    if c is None:
+        raise KernelError(f"k_cache: dtype must be uint16 (bf16) or float32, got {k_cache.dtype}")
+    check_array(k_cache, "k_cache", shape=(None, None, hkv, d))
+    check_array(v_cache, "v_cache", dtype=k_cache.dtype, shape=k_cache.shape)
+    return c
+
+
+def qk_norm_rope_kv_write(
+    qg: Any,
+    k: Any,
+    v: Any,
+    q_norm: Any,
+    k_norm: Any,
+    positions: Any,
+    slots: Any,
+    k_cache: Any,
+    v_cache: Any,
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    rotary_dim: int,
+    theta: float,
+    mrope_section: Sequence[int],
+    interleaved: bool = True,
+    eps: float = 1e-6,
+    q_out: Any = None,
+) -> Any:
+    """Offset-RMSNorm q (from ``qg[T, Hq·2D]``, [query | gate] per head) and ``k[T, HKV·D]``, rotate dims
+    [0, rotary_dim) (NeoX pairs, MRoPE axes from ``positions[3, T]``), write k and raw ``v[T, HKV·D]`` to the cache
+    at ``slots[T]`` (int64) and return the rotated queries ``[T, Hq, D]``."""
+    import cupy
+
+    t = act_type(qg, "qg")
+    d = head_dim
+    if d not in HEAD_DIMS:
+        raise KernelError(f"head_dim={d} has no kernel instance (have {HEAD_DIMS})")
+    rows, _, ldq = check_rows(qg, "qg", heads * 2 * d)
+    _, _, ldk = check_rows(k, "k", kv_heads * d)
+    _, _, ldv = check_rows(v, "v", kv_heads * d)
+    for name, arr in (("k", k), ("v", v)):
+        if arr.dtype != qg.dtype or arr.shape[0] != rows:
+            raise KernelError(f"{name}: must be {qg.dtype} [{rows}, {kv_heads * d}]")
+    check_array(q_norm, "q_norm", dtype=np.float32, shape=(d,))
+    check_array(k_norm, "k_norm", dtype=np.float32, shape=(d,))
+    check_array(positions, "positions", dtype=np.int32, shape=(3, rows))
+    check_array(slots, "slots", dtype=np.int64, shape=(rows,))
+    c = _cache_type(k_cache, v_cache, kv_heads, d)
+    sec = tuple(int(s) for s in mrope_section)
+    if rotary_dim % 2 or rotary_dim > d or len(sec) != 3 or 2 * sum(sec) != rotary_dim:
+        raise KernelError(
+            f"rotary_dim={rotary_dim}, mrope_section={list(sec)}: sections must sum to rotary_dim/2"
+        )
+    if q_out is None:
+        q_out = cupy.empty((rows, heads, d), dtype=qg.dtype)
+    check_array(q_out, "q_out", dtype=qg.dtype, shape=(rows, heads, d))
+    n_rows = rows * (heads + kv_heads)
+    if n_rows:
+        fn = kernel("attention.cu", SOURCES["attention.cu"], f"qk_norm_rope_kv_write<{t}, {c}, {d}>")
+        fn(
+            (grid_1d(n_rows, 8),),
+            (256,),
+            (
+                qg,
+                k,
+                v,
+                q_norm,
+                k_norm,
+                positions,
+                slots,
+                q_out,
+                k_cache,
+                v_cache,
+                np.int32(rows),
+                np.int32(heads),
+                np.int32(kv_heads),
+                np.int32(rotary_dim),
+                np.int32(sec[1]),
+                np.int32(sec[2]),
+                np.int32(bool(interleaved)),
+                np.float32(theta),
+                np.float32(eps),
+                np.int64(ldq),
+                np.int64(2 * d),
+                np.int64(ldk),
+                np.int64(ldv),
+            ),
+        )
+    return q_out
+
+
+def attention(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    page_table: Any,
+    row_seq: Any,
+    row_pos: Any,
+    *,
+    max_len: int,
+    chunk: int | None = None,
+    scale: float | None = None,
+    out: Any = None,
+) -> Any:
+    """Causal GQA attention of ``q[R, Hq, D]``: row r (sequence ``row_seq[r]``) attends positions
+    ``0..row_pos[r]`` of its pages in ``page_table[B, max_pages]``. ``max_len`` bounds ``row_pos + 1``.
+
+    ``chunk`` splits the KV length into fixed chunks (decode: many blocks per row, merged in split order);
+    ``None`` runs one split per row (prefill). Either way a row's result depends only on its own inputs.
+    """
+    import cupy
+
+    t = act_type(q, "q")
+    check_array(q, "q", shape=(None, None, None))
+    r, hq, d = q.shape
+    if d not in HEAD_DIMS:
+        raise KernelError(f"q: head_dim {d} has no kernel instance (have {HEAD_DIMS})")
+    hkv = k_cache.shape[2] if k_cache.ndim == 4 else -1
+    c = _cache_type(k_cache, v_cache, hkv, d)
+    if hq % hkv or hq // hkv > MAX_GROUP:
+        raise KernelError(f"q: {hq} heads over {hkv} KV heads must form groups of at most {MAX_GROUP}")
+    check_array(page_table, "page_table", dtype=np.int32, shape=(None, None))
+    check_array(row_seq, "row_seq", dtype=np.int32, shape=(r,))
+    check_array(row_pos, "row_pos", dtype=np.int32, shape=(r,))
+    page_size = k_cache.shape[1]
+    if max_len > page_table.shape[1] * page_size:
+        raise KernelError(
+            f"max_len={max_len} exceeds the page table's {page_table.shape[1]} pages of {page_size}"
+        )
+    chunk = max(1, max_len) if chunk is None else chunk
+    nsplit = max(1, -(-max_len // chunk))
+    scale = float(d) ** -0.5 if scale is None else scale
+    if out is None:
+        out = cupy.empty((r, hq, d), dtype=q.dtype)
+    check_array(out, "out", dtype=q.dtype, shape=(r, hq, d))
+    if r == 0:
+        return out
+    ws_ml = ws_o = out  # unused when nsplit == 1
+    if nsplit > 1:
+        ws_ml = cupy.empty((r, hq, nsplit, 2), dtype=np.float32)
+        ws_o = cupy.empty((r, hq, nsplit, d), dtype=np.float32)
+    fn = kernel("attention.cu", SOURCES["attention.cu"], f"attention<{t}, {c}, {d}>")
+    fn(
+        (r, hkv, nsplit),
+        (32 * (hq // hkv),),
+        (
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            row_seq,
+            row_pos,
+            out,
+            ws_ml,
+            ws_o,
+            np.int32(hq),
+            np.int32(hkv),
+            np.int32(page_size),
+            np.int64(page_table.shape[1]),
+            np.int32(chunk),
+            np.int32(nsplit),
+            np.float32(scale),
+        ),
+    )
+    if nsplit > 1:
+        comb = kernel("attention.cu", SOURCES["attention.cu"], f"attn_combine<{t}, {d}>")
+        comb((grid_1d(r * hq, 8),), (256,), (ws_ml, ws_o, out, np.int32(r * hq), np.int32(nsplit)))
+    return out

@@ -1,0 +1,126 @@
+"""Matrix products ``y = x · Wᵀ`` against stored-format weights (cuda_src/gemv.cu, cuda_src/gemm.cu).
+
+- :func:`gemv`: decode, 1..8 activation rows; fp32 accumulation in a fixed order, so each row's result is bitwise
+  the same whatever the number of rows in the launch.
+- :func:`gemv_experts`: MoE decode dispatch, one (token row, expert) pair per slot.
+- :func:`gemm`: prefill chunks on tensor cores (bf16 tiles, dequantized in shared memory, fp32 accumulation).
+- :func:`linear`: gemv for up to 8 rows, else gemm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, grid_1d
+from ninfer.cuda.loader import kernel
+from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight
+
+__all__ = ["gemv", "gemv_experts", "gemm", "linear", "SOURCES", "GEMV_MAX_ROWS"]
+
+GEMV_MAX_ROWS = 8  # GEMV_MAXB in gemv.cu
+_GEMV_WARPS = 8  # GEMV_WARPS in gemv.cu: output rows per block
+_TYPES = ("float", "bf16")
+_FMTS = tuple(FORMAT_STRUCTS.values())
+SOURCES: dict[str, tuple[str, ...]] = {
+    "gemv.cu": tuple(f"{k}<{f}, {t}>" for k in ("gemv", "gemv_experts") for f in _FMTS for t in _TYPES),
+    "gemm.cu": tuple(f"gemm<{f}, {t}>" for f in _FMTS for t in _TYPES),
+}
+
+
+def _prep(x: Any, w: DeviceWeight, out: Any, what: str) -> tuple[str, int, int, int]:
+    if not isinstance(w, DeviceWeight):
+        raise KernelError(f"{what}: w must be a DeviceWeight, got {type(w).__name__}")
+    t = act_type(x, "x")
+    m, k, ldx = check_rows(x, "x", w.cols, vec8=True)
+    if k % 8:
+        raise KernelError(f"{what}: K={k} must be a multiple of 8")
+    return t, m, k, ldx
+
+
+def _out(x: Any, out: Any, rows: int, n: int) -> tuple[Any, int]:
+    import cupy
+
+    if out is None:
+        out = cupy.empty((rows, n), dtype=x.dtype)
+    if out.dtype != x.dtype:
+        raise KernelError(f"out: dtype {out.dtype} differs from x ({x.dtype})")
+    _, _, ld = check_rows(out, "out", n)
+    if out.shape[0] != rows:
+        raise KernelError(f"out: needs {rows} rows, got {out.shape[0]}")
+    return out, ld
+
+
+def gemv(x: Any, w: DeviceWeight, out: Any = None, *, row0: int = 0, n: int | None = None) -> Any:
+    """``out[b] = x[b] · W[row0 : row0+n]ᵀ`` for ``x[B, K]``, B <= 8; ``n`` defaults to all rows of ``w``."""
+    t, b, k, ldx = _prep(x, w, out, "gemv")
+    n = w.rows - row0 if n is None else n
+    if not (1 <= b <= GEMV_MAX_ROWS):
+        raise KernelError(f"gemv: x has {b} rows; decode products take 1..{GEMV_MAX_ROWS} (use gemm)")
+    if row0 < 0 or n <= 0 or row0 + n > w.rows:
+        raise KernelError(f"gemv: rows [{row0}, {row0 + n}) outside the weight's {w.rows} rows")
+    out, ldy = _out(x, out, b, n)
+    fn = kernel("gemv.cu", SOURCES["gemv.cu"], f"gemv<{w.struct}, {t}>")
+    p0, p1, p2 = w.planes()
+    fn(
+        (grid_1d(n, _GEMV_WARPS),),
+        (_GEMV_WARPS * 32,),
+        (
+            p0,
+            p1,
+            p2,
+            x,
+            out,
+            np.int32(n),
+            np.int32(k),
+            np.int32(b),
+            np.int64(ldx),
+            np.int64(ldy),
+            np.int64(row0),
+        ),
+    )
+    return out
+
+
+def gemv_experts(x: Any, w: DeviceWeight, ids: Any, xrow: Any, n: int, out: Any = None) -> Any:
+    """MoE decode: ``out[s] = x[xrow[s]] · W_e[ids[s]]ᵀ`` with ``w`` the fused ``[E*n, K]`` expert weight."""
+    t, _, k, ldx = _prep(x, w, out, "gemv_experts")
+    check_array(ids, "ids", dtype=np.int32, shape=(None,))
+    slots = ids.shape[0]
+    check_array(xrow, "xrow", dtype=np.int32, shape=(slots,))
+    if n <= 0 or w.rows % n:
+        raise KernelError(f"gemv_experts: weight rows {w.rows} are not a whole number of experts of {n} rows")
+    out, ldy = _out(x, out, slots, n)
+    if slots == 0:
+        return out
+    fn = kernel("gemv.cu", SOURCES["gemv.cu"], f"gemv_experts<{w.struct}, {t}>")
+    p0, p1, p2 = w.planes()
+    fn(
+        (grid_1d(n, _GEMV_WARPS), slots),
+        (_GEMV_WARPS * 32,),
+        (p0, p1, p2, x, out, ids, xrow, np.int32(n), np.int32(k), np.int64(ldx), np.int64(ldy)),
+    )
+    return out
+
+
+def gemm(x: Any, w: DeviceWeight, out: Any = None) -> Any:
+    """``out = x · Wᵀ`` for ``x[M, K]`` on tensor cores (operands rounded to bf16, fp32 accumulation)."""
+    t, m, k, ldx = _prep(x, w, out, "gemm")
+    n = w.rows
+    out, ldy = _out(x, out, m, n)
+    if m == 0:
+        return out
+    fn = kernel("gemm.cu", SOURCES["gemm.cu"], f"gemm<{w.struct}, {t}>")
+    p0, p1, p2 = w.planes()
+    fn(
+        (grid_1d(n, 64), grid_1d(m, 64)),
+        (128,),
+        (p0, p1, p2, x, out, np.int32(m), np.int32(n), np.int32(k), np.int64(ldx), np.int64(ldy)),
+    )
+    return out
+
+
+def linear(x: Any, w: DeviceWeight, out: Any = None) -> Any:
+    """gemv for up to 8 rows (decode), gemm above."""
+    return gemv(x, w, out) if x.shape[0] <= GEMV_MAX_ROWS else gemm(x, w, out)
