@@ -1,0 +1,99 @@
+"""``EngineConfig``: the frozen engine settings, validated once at start-up and passed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["EngineConfig", "EngineConfigError", "KV_DTYPES", "GDN_STATE_DTYPES"]
+
+KV_DTYPES = ("bf16", "fp8")
+GDN_STATE_DTYPES = ("fp32", "bf16")
+
+
+class EngineConfigError(ValueError):
+    """An engine setting that cannot work, with the setting named."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    max_concurrency: int = 4
+    """Lanes: requests that run at once (1..8)."""
+    queue_depth: int = 8
+    """Requests that may wait for a lane; one more is refused with ``QueueFull``."""
+    max_context: int = 4096
+    """Per-request limit on prompt + generated tokens."""
+    kv_capacity: int = 32768
+    """KV tokens in the shared page pool (active requests and retained prefixes); at least ``max_context``."""
+    page_size: int = 16
+    """Tokens per KV page: the unit of sharing between sequences."""
+    kv_dtype: str = "bf16"
+    """KV storage: ``bf16`` or ``fp8`` (e4m3 codes with one float32 scale per token and KV head)."""
+    gdn_state_dtype: str = "fp32"
+    """GDN conv and recurrent state between steps and in checkpoints: ``fp32`` or ``bf16`` (rounded on store)."""
+    prefill_chunk: int = 512
+    """Most prompt tokens one lane computes in one step; also the step's prefill token budget."""
+    prefix_reuse: bool = True
+    """Retain finished sequences and resume new requests from their checkpoints."""
+    checkpoint_stride: int = 1024
+    """GDN checkpoints every this many tokens (plus end of prompt and end of generation)."""
+    checkpoint_budget_bytes: int | None = None
+    """Bytes for GDN checkpoints (retained and being taken); None: 16 + 2 per lane snapshots of the model."""
+    reserved_sequences: int = 64
+    """Most recently active sequences whose latest end-of-prompt/end-of-generation checkpoints are reserved."""
+    seed: int | None = None
+    """Seed for sampled requests that bring none; None draws a fresh random seed per request."""
+
+    def __post_init__(self) -> None:
+        def positive(name: str) -> None:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise EngineConfigError(f"{name}: must be a positive integer, got {v!r}")
+
+        for name in ("max_concurrency", "max_context", "kv_capacity", "page_size", "prefill_chunk"):
+            positive(name)
+        for name in ("checkpoint_stride", "reserved_sequences"):
+            positive(name)
+        if not 1 <= self.max_concurrency <= 8:
+            raise EngineConfigError(f"max_concurrency: must be in 1..8, got {self.max_concurrency}")
+        if (
+            not isinstance(self.queue_depth, int)
+            or isinstance(self.queue_depth, bool)
+            or self.queue_depth < 0
+        ):
+            raise EngineConfigError(f"queue_depth: must be a non-negative integer, got {self.queue_depth!r}")
+        if self.max_context < 2:
+            raise EngineConfigError("max_context: must be at least 2 (one prompt token and one generated)")
+        if self.num_pages < self.pages_for(self.max_context):
+            raise EngineConfigError(
+                f"kv_capacity: {self.kv_capacity} tokens ({self.num_pages} pages of {self.page_size}) cannot hold "
+                f"one request of max_context={self.max_context}"
+            )
+        if self.kv_dtype not in KV_DTYPES:
+            raise EngineConfigError(f"kv_dtype: must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
+        if self.gdn_state_dtype not in GDN_STATE_DTYPES:
+            raise EngineConfigError(
+                f"gdn_state_dtype: must be one of {GDN_STATE_DTYPES}, got {self.gdn_state_dtype!r}"
+            )
+        b = self.checkpoint_budget_bytes
+        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 0):
+            raise EngineConfigError(
+                f"checkpoint_budget_bytes: must be a non-negative integer or None, got {b!r}"
+            )
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
+            raise EngineConfigError(f"seed: must be an integer in 0..2^64-1 or None, got {self.seed!r}")
+
+    # ---- derived values -------------------------------------------------------------------------------
+    @property
+    def num_pages(self) -> int:
+        """Pages in the pool (kv_capacity rounded down to whole pages)."""
+        return self.kv_capacity // self.page_size
+
+    def pages_for(self, tokens: int) -> int:
+        """Pages that hold ``tokens`` positions."""
+        return -(-tokens // self.page_size)
+
+    def checkpoint_budget(self, snapshot_bytes: int) -> int:
+        """The checkpoint budget in bytes for a model whose GDN snapshot takes ``snapshot_bytes``."""
+        if self.checkpoint_budget_bytes is not None:
+            return self.checkpoint_budget_bytes
+        return (16 + 2 * self.max_concurrency) * snapshot_bytes

@@ -1,0 +1,256 @@
+"""Shared vocabulary of the engine: requests, sampling parameters, events, usage, the step plan, errors.
+
+Every other engine module depends on this one; it depends on nothing in the engine. Messages that cross the Ray
+or HTTP boundary (events, usage, metrics, stats, sampling parameters) are msgspec Structs; per-token messages are
+``array_like`` and ``gc=False`` so a step's deltas serialize cheaply.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+import numpy as np
+
+__all__ = [
+    "EngineError",
+    "QueueFull",
+    "RequestError",
+    "EngineClosed",
+    "FinishReason",
+    "SamplingParams",
+    "TokenMask",
+    "Usage",
+    "RequestMetrics",
+    "TokenDelta",
+    "Finish",
+    "Event",
+    "Completion",
+    "EngineStats",
+    "Request",
+    "RequestStatus",
+    "LaneSetup",
+    "LaneWork",
+    "Batch",
+]
+
+
+# ---- errors ---------------------------------------------------------------------------------------------
+class EngineError(RuntimeError):
+    """Base class of the engine's own errors."""
+
+
+class QueueFull(EngineError):
+    """``queue_depth`` requests already wait for a lane; the request was not accepted (HTTP 429)."""
+
+
+class EngineClosed(EngineError):
+    """The engine was closed; it accepts no more requests."""
+
+
+class RequestError(ValueError):
+    """A request the engine can never run (bad parameters, or larger than the context or the KV pool)."""
+
+
+class FinishReason(enum.StrEnum):
+    STOP_TOKEN = "stop_token"
+    STOP_STRING = "stop_string"
+    OUTPUT_LIMIT = "output_limit"  # max_tokens reached
+    CONTEXT_CAPACITY = "context_capacity"  # max_context reached (the budget was clamped to it)
+    CANCELLED = "cancelled"
+    ERROR = "error"  # the request failed (e.g. its token mask allowed nothing); the engine keeps serving
+
+
+# A per-request token mask (grammar hook): called with the tokens generated so far, before each sample. Returns
+# None (no constraint), a bool array [V] of allowed ids, or an XGrammar-style packed int32 bitmask
+# [ceil(V/32)] (token t allowed iff bit t&31 of word t>>5 is set).
+TokenMask = Callable[[Sequence[int]], "np.ndarray | None"]
+
+
+# ---- request parameters -----------------------------------------------------------------------------------
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    max_tokens: int = 16
+    temperature: float = 0.0  # <= 0: exact argmax
+    top_k: int = 0  # <= 0: no top-k cut
+    top_p: float = 1.0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # in addition to the model's end-of-sequence ids
+    ignore_eos: bool = False  # do not stop on the model's end-of-sequence ids (benchmarks)
+
+    def check(self) -> None:
+        """Raise ``RequestError`` naming the first invalid field."""
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise RequestError(f"max_tokens: must be a positive integer, got {self.max_tokens!r}")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
+            if not np.isfinite(getattr(self, name)):
+                raise RequestError(f"{name}: must be finite")
+        if not 0.0 < self.top_p <= 1.0:
+            raise RequestError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise RequestError(f"min_p: must be in [0, 1], got {self.min_p}")
+        if not (np.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise RequestError(f"repetition_penalty: must be positive, got {self.repetition_penalty}")
+        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**64):
+            raise RequestError(f"seed: must be an integer in 0..2^64-1, got {self.seed!r}")
+
+
+# ---- events and results -----------------------------------------------------------------------------------
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens reused from the prefix cache (not computed again)
+    completion_tokens: int  # generated ids, including a stop token
+
+
+class RequestMetrics(msgspec.Struct, frozen=True, kw_only=True):
+    queue_wait_s: float  # submit -> admitted to a lane
+    prefill_s: float  # admitted -> first token sampled
+    decode_s: float  # first token -> finish
+    ttft_s: float  # submit -> first token sampled
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finish_reason: str
+
+
+class TokenDelta(msgspec.Struct, array_like=True, gc=False, tag=True):
+    """New generated ids and the text that became final with them (text may lag ids by a held-back tail)."""
+
+    request_id: int
+    token_ids: list[int]
+    text: str
+
+
+class Finish(msgspec.Struct, array_like=True, gc=False, tag=True):
+    """Last event of a request. Its remaining text (held back for a possible stop string) comes with it."""
+
+    request_id: int
+    reason: str
+    usage: Usage
+    metrics: RequestMetrics
+    text: str = ""
+    stop_string: str | None = None
+    error: str | None = None
+
+
+Event = TokenDelta | Finish
+
+
+class Completion(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: int
+    token_ids: list[int]  # every generated id (a stop token included)
+    text: str  # generated text without stop tokens, cut before a matched stop string
+    finish_reason: str
+    usage: Usage
+    metrics: RequestMetrics
+    stop_string: str | None = None
+    error: str | None = None
+
+
+class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
+    lanes_total: int
+    lanes_busy: int
+    queue_length: int
+    queue_depth: int
+    page_size: int
+    kv_pages_total: int
+    kv_pages_free: int
+    kv_pages_active: int  # held by running requests (some of them shared with retained prefixes)
+    kv_pages_retained: int  # held only by the prefix cache
+    checkpoints: int
+    checkpoint_bytes: int
+    checkpoint_budget_bytes: int
+    reserved_sequences: int
+    prefix_hit_tokens: int  # total prompt tokens reused
+    prefill_tokens: int  # total prompt tokens computed
+    decode_tokens: int  # total generated tokens
+    evicted_nodes: int
+    evicted_checkpoints: int
+    steps: int
+    requests_finished: int
+
+
+# ---- the engine's own request record (never leaves the engine) --------------------------------------------
+class RequestStatus(enum.Enum):
+    WAITING = 1
+    RUNNING = 2
+    FINISHING = 3  # finished generating; computing its last token so the end-of-generation checkpoint exists
+    DONE = 4
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One request's progress. Token accounting: ``num_computed`` catches up with ``len(tokens)``."""
+
+    id: int
+    prompt_len: int
+    params: SamplingParams
+    seed: int  # the counter-based stream's key (drawn at submit when the request brought none)
+    budget: int  # most tokens it may generate: min(max_tokens, max_context - prompt_len)
+    limit_reason: FinishReason  # the reason reported when ``budget`` is reached
+    tokens: list[int]  # prompt + generated
+    token_mask: TokenMask | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed: int = 0  # tokens whose KV and GDN state are in the lane
+    cached_tokens: int = 0
+    lane: int = -1
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    counts: dict[int, int] = field(default_factory=dict)  # generated id -> occurrences (penalties)
+    resumed_reservation: int | None = None  # reservation of the sequence this request continues
+    checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (position, node id) published
+    t_submit: float = 0.0
+    t_admit: float = 0.0
+    t_first: float = 0.0
+    t_finish: float = 0.0
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+
+# ---- the step plan: the scheduler's contract with the model runner -----------------------------------------
+@dataclass(slots=True)
+class LaneSetup:
+    """Prepare a lane for a newly admitted request (applied before any work of the step)."""
+
+    lane: int
+    pages: list[int]  # page table for the request's whole reservation; page i holds positions i*P..i*P+P-1
+    restore: int | None  # checkpoint id whose GDN state the lane resumes from; None: zero state
+    length: int  # tokens already in the lane after the restore (0 without one)
+    copy_page: tuple[int, int, int] | None  # (src, dst, n): copy positions 0..n-1 of page src into dst
+
+
+@dataclass(slots=True)
+class LaneWork:
+    """Tokens one lane computes in this step."""
+
+    lane: int
+    start: int  # position of token_ids[0]; equals the lane's length before the step
+    token_ids: list[int]
+    prefill: bool  # prompt tokens (one forward call per lane) vs generated tokens (batched decode)
+    sample: bool  # return logits of the last position for sampling
+    save_checkpoint: int | None  # snapshot the lane's GDN state after this work under this checkpoint id
+
+
+@dataclass(slots=True)
+class Batch:
+    """Everything the model runner does in one step, in this order: setups, page copies, work, frees."""
+
+    setups: list[LaneSetup] = field(default_factory=list)
+    work: list[LaneWork] = field(default_factory=list)
+    free_checkpoints: list[int] = field(default_factory=list)  # checkpoint ids to release after the work
+
+    @property
+    def empty(self) -> bool:
+        return not (self.setups or self.work or self.free_checkpoints)

@@ -1,0 +1,384 @@
+"""``Engine``: submit requests, stream their events; one step loop in its own thread.
+
+``submit``/``cancel``/``stats`` are safe from any thread: they take the engine lock, which the step holds only
+while it plans and while it turns logits into tokens and events, never while the model runs.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .config import EngineConfig, EngineConfigError
+from .core import (
+    EngineClosed,
+    EngineStats,
+    Event,
+    Finish,
+    FinishReason,
+    QueueFull,
+    Request,
+    RequestError,
+    SamplingParams,
+    TokenDelta,
+    TokenMask,
+)
+from .handle import Handle, completion_of
+from .kv_pool import PagePool
+from .model_runner import ModelRunner
+from .prefix_cache import PrefixCache
+from .sampler import MaskError, sample
+from .scheduler import Scheduler
+from .stop import TextStream
+
+__all__ = ["Engine"]
+
+
+class _Live:
+    """What the engine keeps per unfinished request besides the scheduler's record."""
+
+    __slots__ = ("req", "handle", "text", "stop_ids")
+
+    def __init__(self, req: Request, handle: Handle, text: TextStream, stop_ids: frozenset[int]) -> None:
+        self.req, self.handle, self.text, self.stop_ids = req, handle, text, stop_ids
+
+
+class Engine:
+    def __init__(
+        self,
+        net: Any,
+        model_config: Any,
+        tokenizer: Any | None,
+        cfg: EngineConfig,
+        *,
+        eos_token_ids: Sequence[int] = (),
+        token_limit: int | None = None,
+        background: bool = True,
+    ) -> None:
+        self.config, self.model_config, self.tokenizer = cfg, model_config, tokenizer
+        self._eos = frozenset(int(t) for t in eos_token_ids)
+        self._token_limit = token_limit
+        self._runner = ModelRunner(net, model_config, cfg)
+        self._pool = PagePool(cfg.num_pages)
+        cache = None
+        if cfg.prefix_reuse:
+            budget = cfg.checkpoint_budget(self._runner.snapshot_bytes)
+            if budget < 2 * self._runner.snapshot_bytes:
+                raise EngineConfigError(
+                    f"checkpoint_budget_bytes: {budget} bytes hold fewer than 2 GDN checkpoints of "
+                    f"{self._runner.snapshot_bytes} bytes; raise it or disable prefix_reuse"
+                )
+            cache = PrefixCache(
+                self._pool, cfg.page_size, self._runner.snapshot_bytes, budget, cfg.reserved_sequences
+            )
+        self._cache = cache
+        self._sched = Scheduler(cfg, self._pool, cache)
+        self._cv = threading.Condition(threading.RLock())
+        self._step_lock = threading.Lock()
+        self._live: dict[int, _Live] = {}
+        self._next_id = 1
+        self._closed = False
+        self._steps = self._finished = self._decode_tokens = 0
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._loop, name="ninfer-engine", daemon=True)
+            self._thread.start()
+
+    # ---- construction -----------------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        backend: str = "reference",
+        *,
+        background: bool = True,
+        **config: Any,
+    ) -> Engine:
+        """Load the artifact at ``path`` on ``backend`` and start an engine over it."""
+        from ninfer.model import load
+
+        return cls.from_model(load(path, backend=backend), background=background, **config)
+
+    @classmethod
+    def from_model(
+        cls, model: Any, tokenizer: Any | None = None, *, background: bool = True, **config: Any
+    ) -> Engine:
+        """An engine over a loaded ``ninfer.model.Model`` or a bare network (``ninfer.reference.Qwen36``)."""
+        try:
+            cfg = EngineConfig(**config)
+        except TypeError as e:
+            raise EngineConfigError(f"unknown engine setting: {e}") from None
+        if hasattr(model, "net"):  # a loaded Model
+            return cls(
+                model.net,
+                model.config,
+                tokenizer if tokenizer is not None else model.tokenizer,
+                cfg,
+                eos_token_ids=model.eos_token_ids,
+                token_limit=model.token_limit,
+                background=background,
+            )
+        mc = getattr(model, "cfg", None) or model.config
+        eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ()) or mc.eos_token_ids
+        limit = getattr(tokenizer, "vocab_size", None)
+        return cls(model, mc, tokenizer, cfg, eos_token_ids=eos, token_limit=limit, background=background)
+
+    # ---- requests ---------------------------------------------------------------------------------------
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int = 16,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        *,
+        token_mask: TokenMask | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        **sampling: Any,
+    ) -> Handle:
+        """Queue a request; returns its handle at once. Raises ``QueueFull`` or ``RequestError``.
+
+        ``sampling``: the other ``SamplingParams`` fields (top_k, top_p, min_p, presence/frequency/repetition
+        penalties, stop_token_ids, ignore_eos). ``token_mask``: the grammar hook (see ``core.TokenMask``).
+        ``on_event``: called from the engine thread with every event as it is produced.
+        """
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        try:
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=float(temperature),
+                seed=seed,
+                stop=stops,
+                **{k: tuple(v) if k == "stop_token_ids" else v for k, v in sampling.items()},
+            )
+        except TypeError as e:
+            raise RequestError(f"unknown sampling setting: {e}") from None
+        return self.submit_params(prompt_ids, params, token_mask=token_mask, on_event=on_event)
+
+    def submit_params(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        token_mask: TokenMask | None = None,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> Handle:
+        """``submit`` with ready ``SamplingParams``."""
+        params.check()
+        prompt = self._check_prompt(prompt_ids)
+        room = self.config.max_context - len(prompt)
+        if room < 1:
+            raise RequestError(
+                f"prompt has {len(prompt)} tokens; max_context {self.config.max_context} leaves no room to generate"
+            )
+        try:
+            text = TextStream(self.tokenizer, params.stop)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        seed = params.seed if params.seed is not None else self.config.seed
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos)
+        with self._cv:
+            if self._closed:
+                raise EngineClosed("the engine is closed")
+            rid, self._next_id = self._next_id, self._next_id + 1
+            req = Request(
+                id=rid,
+                prompt_len=len(prompt),
+                params=params,
+                seed=seed if seed is not None else secrets.randbits(64),
+                budget=min(params.max_tokens, room),
+                limit_reason=FinishReason.OUTPUT_LIMIT
+                if params.max_tokens <= room
+                else FinishReason.CONTEXT_CAPACITY,
+                tokens=prompt,
+                token_mask=token_mask,
+                t_submit=time.monotonic(),
+            )
+            handle = Handle(self, rid, on_event)
+            self._live[rid] = _Live(req, handle, text, stop_ids)
+            self._sched.add(req)  # admitted at once when a lane and KV capacity are free
+            if len(self._sched.waiting) > self.config.queue_depth:
+                self._sched.waiting.pop()
+                del self._live[rid]
+                raise QueueFull(f"{self.config.queue_depth} requests already wait (queue_depth)")
+            self._cv.notify_all()
+        return handle
+
+    def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise RequestError("prompt_ids: the prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"prompt_ids: token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        return ids
+
+    def cancel(self, request_id: int) -> None:
+        """Stop a request at the next step (its lane and reservation are freed then)."""
+        with self._cv:
+            if request_id in self._live:
+                self._sched.cancel(request_id)
+                self._cv.notify_all()
+
+    # ---- the step loop ----------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """One step: plan, run the model, sample, emit. Returns False when there was nothing to do."""
+        with self._step_lock:
+            with self._cv:
+                batch = self._sched.schedule()  # cancellations, FIFO admission, each lane's next tokens
+                self._emit_finished()
+            if batch.empty:
+                return False
+            logits = self._runner.execute(batch)  # the only call that touches the model
+            with self._cv:
+                sampled = [
+                    (self._sched.lanes[w.lane], row)
+                    for w, row in zip([w for w in batch.work if w.sample], logits, strict=True)
+                ]
+                self._sched.after_run(batch)  # computed tokens catch up; checkpoints published; retire
+                for req, row in sampled:
+                    self._accept(req, row)  # sample, detokenize, stop checks, token delta
+                self._emit_finished()
+                self._steps += 1
+            return True
+
+    def _accept(self, req: Request | None, logits: np.ndarray) -> None:
+        assert req is not None
+        live = self._live[req.id]
+        try:
+            tok = sample(
+                logits,
+                req.params,
+                seed=req.seed,
+                position=len(req.tokens),
+                counts=req.counts,
+                generated=req.generated,
+                token_mask=req.token_mask,
+                token_limit=self._token_limit,
+            )
+        except MaskError as e:
+            self._sched.finish(req, FinishReason.ERROR, str(e))
+            return
+        req.tokens.append(tok)
+        req.counts[tok] = req.counts.get(tok, 0) + 1
+        self._decode_tokens += 1
+        if req.num_generated == 1:
+            req.t_first = time.monotonic()
+        is_stop = tok in live.stop_ids
+        live.handle._push(TokenDelta(req.id, [tok], "" if is_stop else live.text.push(tok)))
+        if is_stop:
+            self._sched.finish(req, FinishReason.STOP_TOKEN)
+        elif live.text.matched is not None:
+            self._sched.finish(req, FinishReason.STOP_STRING)
+        elif req.num_generated >= req.budget:
+            self._sched.finish(req, req.limit_reason)
+
+    def _emit_finished(self) -> None:
+        for req in self._sched.retired:
+            live = self._live.pop(req.id)
+            tail = live.text.finish()
+            if live.text.matched is not None and req.finish_reason is not FinishReason.STOP_STRING:
+                req.finish_reason = FinishReason.STOP_STRING  # matched in the flushed tail
+            comp = completion_of(req, live.text.text, live.text.matched)
+            self._finished += 1
+            live.handle._finish(
+                Finish(
+                    req.id,
+                    str(req.finish_reason),
+                    comp.usage,
+                    comp.metrics,
+                    tail,
+                    live.text.matched,
+                    req.error,
+                ),
+                comp,
+            )
+        self._sched.retired = []
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not self._sched.has_work:
+                    self._cv.wait()
+                if self._closed:
+                    return
+            try:
+                self.step()
+            except Exception as e:  # noqa: BLE001 - fail the requests, keep the engine alive
+                self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
+
+    def _fail_all(self, message: str) -> None:
+        with self._cv:
+            for req in list(self._sched.waiting) + self._sched.running:
+                if req.id in self._live:
+                    if req in self._sched.waiting:
+                        self._sched.waiting.remove(req)
+                    self._sched.finish(req, FinishReason.ERROR, message)
+            self._emit_finished()
+
+    # ---- inline driving (background=False), stats, shutdown -------------------------------------------
+    def _drive(self, until: Callable[[], bool]) -> None:
+        """Run steps in the caller's thread until ``until()`` (engines without a background thread)."""
+        while not until():
+            if not self.step() and not until():
+                raise RuntimeError("engine is idle but the request has not finished")
+
+    @property
+    def background(self) -> bool:
+        return self._thread is not None
+
+    def stats(self) -> EngineStats:
+        with self._cv:
+            held = self._cache.held_pages() if self._cache is not None else set()
+            active = {p for pages in self._sched.lane_pages for p in pages}
+            c = self._cache
+            return EngineStats(
+                lanes_total=self.config.max_concurrency,
+                lanes_busy=len(self._sched.running),
+                queue_length=len(self._sched.waiting),
+                queue_depth=self.config.queue_depth,
+                page_size=self.config.page_size,
+                kv_pages_total=self._pool.num_pages,
+                kv_pages_free=self._pool.free,
+                kv_pages_active=len(active),
+                kv_pages_retained=len(held - active),
+                checkpoints=c.num_checkpoints if c else 0,
+                checkpoint_bytes=c.ckpt_used if c else 0,
+                checkpoint_budget_bytes=c.budget_bytes if c else 0,
+                reserved_sequences=c.num_reservations if c else 0,
+                prefix_hit_tokens=self._sched.prefix_hit_tokens,
+                prefill_tokens=self._sched.prefill_tokens,
+                decode_tokens=self._decode_tokens,
+                evicted_nodes=c.evicted_nodes if c else 0,
+                evicted_checkpoints=c.evicted_checkpoints if c else 0,
+                steps=self._steps,
+                requests_finished=self._finished,
+            )
+
+    def close(self) -> None:
+        """Cancel what is left, stop the step loop and wait for it."""
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            for rid in list(self._live):
+                self._sched.cancel(rid)
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        with self._step_lock, self._cv:
+            self._sched.schedule()
+            self._emit_finished()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

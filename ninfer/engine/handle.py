@@ -1,0 +1,120 @@
+"""``Handle``: one submitted request as its caller sees it (events, result, cancel)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from .core import Completion, Event, Finish, Request, RequestMetrics, TokenDelta, Usage
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["Handle", "coalesce", "completion_of"]
+
+
+def coalesce(events: list[Event]) -> list[Event]:
+    """Merge runs of consecutive token deltas into one delta each (fewer messages across Ray/HTTP)."""
+    out: list[Event] = []
+    for ev in events:
+        prev = out[-1] if out else None
+        if isinstance(ev, TokenDelta) and isinstance(prev, TokenDelta):
+            out[-1] = TokenDelta(ev.request_id, prev.token_ids + ev.token_ids, prev.text + ev.text)
+        else:
+            out.append(ev)
+    return out
+
+
+def completion_of(req: Request, text: str, stop_string: str | None) -> Completion:
+    usage = Usage(
+        prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens, completion_tokens=req.num_generated
+    )
+    admitted, first = req.t_admit or req.t_finish, req.t_first or req.t_finish
+    metrics = RequestMetrics(
+        queue_wait_s=admitted - req.t_submit,
+        prefill_s=first - admitted,
+        decode_s=req.t_finish - first,
+        ttft_s=first - req.t_submit,
+        prompt_tokens=req.prompt_len,
+        cached_tokens=req.cached_tokens,
+        completion_tokens=req.num_generated,
+        finish_reason=str(req.finish_reason),
+    )
+    return Completion(
+        request_id=req.id,
+        token_ids=list(req.generated),
+        text=text,
+        finish_reason=str(req.finish_reason),
+        usage=usage,
+        metrics=metrics,
+        stop_string=stop_string,
+        error=req.error,
+    )
+
+
+class Handle:
+    def __init__(self, engine: Engine, request_id: int, on_event: Callable[[Event], None] | None) -> None:
+        self.request_id = request_id
+        self._engine, self._on_event = engine, on_event
+        self._events: deque[Event] = deque()
+        self._cv = threading.Condition()
+        self._completion: Completion | None = None
+
+    # ---- called by the engine (its lock held) -----------------------------------------------------------
+    def _push(self, ev: Event) -> None:
+        with self._cv:
+            self._events.append(ev)
+            self._cv.notify_all()
+        if self._on_event is not None:
+            try:
+                self._on_event(ev)
+            except Exception:  # noqa: BLE001 - a consumer's callback must not break the step loop
+                self._on_event = None
+
+    def _finish(self, ev: Finish, completion: Completion) -> None:
+        with self._cv:
+            self._completion = completion
+        self._push(ev)
+
+    # ---- for the caller ---------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self._completion is not None
+
+    def cancel(self) -> None:
+        """Stop the request at the next step; its lane and KV reservation are freed then."""
+        self._engine.cancel(self.request_id)
+
+    def poll(self) -> list[Event]:
+        """Every event produced since the last call, consecutive deltas merged; never blocks."""
+        with self._cv:
+            out, self._events = list(self._events), deque()
+        return coalesce(out)
+
+    def stream(self, timeout: float | None = None) -> Iterator[Event]:
+        """Token deltas, then the ``Finish`` event. ``timeout``: most seconds to wait for each event."""
+        while True:
+            ev = self._next(timeout)
+            yield ev
+            if isinstance(ev, Finish):
+                return
+
+    def _next(self, timeout: float | None) -> Event:
+        if not self._engine.background:
+            self._engine._drive(lambda: bool(self._events))
+        with self._cv:
+            if not self._cv.wait_for(lambda: bool(self._events), timeout):
+                raise TimeoutError(f"request {self.request_id}: no event within {timeout} s")
+            return self._events.popleft()
+
+    def result(self, timeout: float | None = None) -> Completion:
+        """Wait for the request to finish and return its completion."""
+        if not self._engine.background:
+            self._engine._drive(lambda: self.done)
+        with self._cv:
+            if not self._cv.wait_for(lambda: self._completion is not None, timeout):
+                raise TimeoutError(f"request {self.request_id}: not finished within {timeout} s")
+            assert self._completion is not None
+            return self._completion
