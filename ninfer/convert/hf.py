@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -35,6 +36,60 @@ def canonical_name(hf_name: str) -> str | None:
         if hf_name.startswith(p):
             return hf_name[len(p) :]
     return hf_name  # lm_head.weight, mtp.*
+
+
+_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+class _Sources:
+    """Canonical name -> how to load it from the checkpoint. transformers' save_pretrained writes MoE experts
+    per expert (``experts.{e}.{gate,up,down}_proj.weight``); they are fused here into the canonical 3-D
+    ``experts.gate_up_proj`` [E, 2I, H] (gate rows first) and ``experts.down_proj`` [E, H, I]."""
+
+    def __init__(self, ckpt: SafetensorsDir) -> None:
+        self.ckpt = ckpt
+        self.direct: dict[str, str] = {}
+        self.experts: dict[str, dict[int, dict[str, str]]] = {}
+        for n in ckpt.names():
+            c = canonical_name(n)
+            if c is None:
+                continue
+            m = _EXPERT.match(c)
+            if m:
+                self.experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = n
+            else:
+                self.direct[c] = n
+
+    def names(self) -> set[str]:
+        fused = {f"{p}.{s}" for p in self.experts for s in ("gate_up_proj", "down_proj")}
+        return set(self.direct) | fused
+
+    def _expert_parts(self, c: str) -> tuple[list[list[str]], str]:
+        prefix, kind = c.rsplit(".", 1)
+        per = self.experts[prefix]
+        if sorted(per) != list(range(len(per))):
+            raise ConversionError(f"{prefix}: expert indices are not 0..{len(per) - 1}")
+        parts = ("gate_proj", "up_proj") if kind == "gate_up_proj" else ("down_proj",)
+        try:
+            return [[per[e][p] for p in parts] for e in range(len(per))], kind
+        except KeyError as e:
+            raise ConversionError(f"{prefix}: an expert lacks {e.args[0]}") from None
+
+    def shape(self, c: str) -> tuple[int, ...]:
+        if c in self.direct:
+            return self.ckpt.shape(self.direct[c])
+        rows, _ = self._expert_parts(c)
+        shapes = [[self.ckpt.shape(n) for n in r] for r in rows]
+        first = shapes[0]
+        if any(s != first for s in shapes):
+            raise ConversionError(f"{c}: experts differ in shape")
+        return (len(rows), sum(s[0] for s in first), first[0][1])
+
+    def get(self, c: str) -> np.ndarray:
+        if c in self.direct:
+            return self.ckpt.get(self.direct[c])
+        rows, _ = self._expert_parts(c)
+        return np.stack([np.concatenate([self.ckpt.get(n) for n in r], axis=0) for r in rows])
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
@@ -121,7 +176,8 @@ def convert(
         ckpt = SafetensorsDir(hf_dir)
     except (ConfigError, CheckpointError) as e:
         raise ConversionError(f"{hf_dir}: {e}") from None
-    names = {c: n for n in ckpt.names() if (c := canonical_name(n)) is not None}
+    src = _Sources(ckpt)
+    names = src.names()
     has_mtp = any(c.startswith("mtp.") for c in names)
     res = _resources(hf_dir)
     gen = _read_json(os.path.join(hf_dir, "generation_config.json"))
@@ -137,10 +193,8 @@ def convert(
     if unmapped:
         raise ConversionError(f"{hf_dir}: checkpoint has tensors ninfer does not map: {unmapped[:5]}")
     for n, shape in inv.items():
-        if ckpt.shape(names[n]) != shape:
-            raise ConversionError(
-                f"{names[n]}: shape {list(ckpt.shape(names[n]))}, config implies {list(shape)}"
-            )
+        if src.shape(n) != shape:
+            raise ConversionError(f"{n}: checkpoint shape {list(src.shape(n))}, config implies {list(shape)}")
 
     bar = tqdm(total=len(inv), desc=f"convert {profile}", unit="tensor", disable=not progress)
     manifest = write_artifact(
@@ -149,25 +203,25 @@ def convert(
         weight_profile=profile,
         config=cfg,
         shape_registered=registered,
-        load_tensor=lambda n: ckpt.get(names[n]),
+        load_tensor=src.get,
         resources=res,
         source=[dict(path=os.path.abspath(hf_dir), model_type=hf.get("model_type", ""))],
         provenance=dict(tool="ninfer convert", profile=profile),
         progress=lambda _n: bar.update(1),
     )
     bar.close()
-    _verify_written(out, ckpt, names, inv)
+    _verify_written(out, src, inv)
     return manifest
 
 
-def _verify_written(out: str, ckpt: SafetensorsDir, names: dict[str, str], inv: dict[str, Any]) -> None:
+def _verify_written(out: str, src: _Sources, inv: dict[str, Any]) -> None:
     """Re-open with full hashing, and re-encode a sample of source tensors: their bytes must be identical."""
     art = open_artifact(out, verify="full")
     order = list(inv)
     sample = {order[0], order[-1], order[len(order) // 2], order[len(order) // 3]}
     for n in sorted(sample):
         t = art.tensor_info(n)
-        want = FORMATS[t["format"]].encode(ckpt.get(names[n]).astype(np.float32), tuple(t["shape"]))
+        want = FORMATS[t["format"]].encode(src.get(n).astype(np.float32), tuple(t["shape"]))
         want = np.frombuffer(want, np.uint8) if isinstance(want, bytes) else np.asarray(want).view(np.uint8)
         if not np.array_equal(np.asarray(art.raw(n)), want.ravel()):
             raise ArtifactError(f"{out}: verification failed: tensor {n!r} differs from its source")
