@@ -24,7 +24,7 @@ class BackendError(RuntimeError):
 class Model:
     """A loaded model. ``net`` is the backend network (``ninfer.reference.Qwen36`` on the reference backend)."""
 
-    def __init__(self, artifact: Artifact, net: Any, backend: str) -> None:
+    def __init__(self, artifact: Artifact | Any, net: Any, backend: str) -> None:
         self.artifact = artifact
         self.config: ModelConfig = artifact.model_config
         self.net = net
@@ -139,9 +139,17 @@ def load(
     backend: Literal["reference", "cuda"] = "reference",
     *,
     verify: Literal["full", "manifest"] = "full",
+    upstream_config: ModelConfig | None = None,
 ) -> Model:
-    """Open, check and load an artifact on ``backend``."""
-    art = open_artifact(path, verify=verify)
+    """Open, check and load an artifact on ``backend``. Upstream v1 files load too; they carry no config, so
+    their identity's pinned config is used unless ``upstream_config`` gives another (small test files)."""
+    from ninfer.artifact.upstream import UpstreamArtifact, is_upstream_v1
+
+    art: Any = (
+        UpstreamArtifact(path, upstream_config)
+        if is_upstream_v1(path)
+        else open_artifact(path, verify=verify)
+    )
     if backend == "reference":
         from ninfer.reference import Qwen36
 
