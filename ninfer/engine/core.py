@@ -196,6 +196,7 @@ class Request:
     limit_reason: FinishReason  # the reason reported when ``budget`` is reached
     tokens: list[int]  # prompt + generated
     token_mask: TokenMask | None = None
+    marks: tuple[int, ...] = ()  # prompt positions that get a reserved checkpoint (the last turn's start)
     status: RequestStatus = RequestStatus.WAITING
     num_computed: int = 0  # tokens whose KV and GDN state are in the lane
     cached_tokens: int = 0

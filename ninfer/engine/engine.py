@@ -59,11 +59,15 @@ class Engine:
         *,
         eos_token_ids: Sequence[int] = (),
         token_limit: int | None = None,
+        turn_marker_ids: Sequence[int] = (),
         background: bool = True,
     ) -> None:
         self.config, self.model_config, self.tokenizer = cfg, model_config, tokenizer
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._token_limit = token_limit
+        # A turn-start token (Qwen: <|im_start|>). The prompt's last one gets a reserved checkpoint too: when the
+        # next turn re-renders the assistant turn (thinking dropped) the prompts part right after it.
+        self._turn_markers = frozenset(int(t) for t in turn_marker_ids)
         self._runner = ModelRunner(net, model_config, cfg)
         self._pool = PagePool(cfg.num_pages)
         cache = None
@@ -115,19 +119,23 @@ class Engine:
         except TypeError as e:
             raise EngineConfigError(f"unknown engine setting: {e}") from None
         if hasattr(model, "net"):  # a loaded Model
-            return cls(
-                model.net,
-                model.config,
-                tokenizer if tokenizer is not None else model.tokenizer,
-                cfg,
-                eos_token_ids=model.eos_token_ids,
-                token_limit=model.token_limit,
-                background=background,
-            )
-        mc = getattr(model, "cfg", None) or model.config
-        eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ()) or mc.eos_token_ids
-        limit = getattr(tokenizer, "vocab_size", None)
-        return cls(model, mc, tokenizer, cfg, eos_token_ids=eos, token_limit=limit, background=background)
+            net, mc, eos, limit = model.net, model.config, model.eos_token_ids, model.token_limit
+            tokenizer = tokenizer if tokenizer is not None else model.tokenizer
+        else:
+            net, mc = model, getattr(model, "cfg", None) or model.config
+            eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ()) or mc.eos_token_ids
+            limit = getattr(tokenizer, "vocab_size", None)
+        marker = getattr(tokenizer, "token_to_id", lambda _: None)("<|im_start|>")
+        return cls(
+            net,
+            mc,
+            tokenizer,
+            cfg,
+            eos_token_ids=eos,
+            token_limit=limit,
+            turn_marker_ids=() if marker is None else (marker,),
+            background=background,
+        )
 
     # ---- requests ---------------------------------------------------------------------------------------
     def submit(
@@ -198,6 +206,7 @@ class Engine:
                 else FinishReason.CONTEXT_CAPACITY,
                 tokens=prompt,
                 token_mask=token_mask,
+                marks=self._marks(prompt),
                 t_submit=time.monotonic(),
             )
             handle = Handle(self, rid, on_event)
@@ -209,6 +218,12 @@ class Engine:
                 raise QueueFull(f"{self.config.queue_depth} requests already wait (queue_depth)")
             self._cv.notify_all()
         return handle
+
+    def _marks(self, prompt: list[int]) -> tuple[int, ...]:
+        if not self._turn_markers:
+            return ()
+        q = next((i for i in range(len(prompt) - 1, 0, -1) if prompt[i] in self._turn_markers), 0)
+        return (q,) if q > 0 else ()
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
         ids = [int(t) for t in prompt_ids]

@@ -170,6 +170,7 @@ class Scheduler:
                 end = min(start + self.cfg.prefill_chunk, req.prompt_len)
                 if self.cache is not None:
                     end = min(end, (start // self.cfg.checkpoint_stride + 1) * self.cfg.checkpoint_stride)
+                    end = min([end] + [m for m in req.marks if m > start])
                 if end - start > budget:
                     continue
                 budget -= end - start
@@ -182,7 +183,7 @@ class Scheduler:
     def _checkpoint_for(self, req: Request, end: int) -> int | None:
         if self.cache is None:
             return None
-        prompt_end = end == req.prompt_len
+        prompt_end = end == req.prompt_len or end in req.marks
         gen_end = req.status is RequestStatus.FINISHING and end == len(req.tokens)
         if prompt_end or gen_end or end % self.cfg.checkpoint_stride == 0:
             return self.cache.new_checkpoint(important=prompt_end or gen_end)
@@ -207,6 +208,6 @@ class Scheduler:
         assert self.cache is not None
         node = self.cache.publish(req.tokens, end, self.lane_pages[req.lane], ckpt)
         req.checkpoints.append((end, node.id))
-        if end == req.prompt_len or req.status is RequestStatus.FINISHING:
+        if end == req.prompt_len or end in req.marks or req.status is RequestStatus.FINISHING:
             own = self._reservation.get(req.id)
             self._reservation[req.id] = self.cache.extend_reservation(own, node)

@@ -1,0 +1,210 @@
+"""Engine parts without a model: page pool, prefix radix tree, stop strings, sampler, config."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer.engine import EngineConfig, EngineConfigError, SamplingParams
+from ninfer.engine.kv_pool import PagePool, PoolExhausted
+from ninfer.engine.prefix_cache import PrefixCache
+from ninfer.engine.sampler import MaskError, allowed_from_mask, apply_penalties, sample, uniform
+from ninfer.engine.stop import StopMatcher, TextStream
+
+P = 4
+
+
+def _cache(pages: int = 64, budget_ckpts: int = 100, max_reserved: int = 8) -> PrefixCache:
+    return PrefixCache(PagePool(pages), P, 10, 10 * budget_ckpts, max_reserved)
+
+
+def _lane(cache: PrefixCache, n_tokens: int) -> list[int]:
+    return cache.pool.alloc(-(-n_tokens // P))
+
+
+# ---- page pool ----------------------------------------------------------------------------------------------
+def test_pool_refcounts_and_exhaustion() -> None:
+    pool = PagePool(4)
+    a = pool.alloc(3)
+    assert pool.free == 1 and all(pool.refcount(p) == 1 for p in a)
+    pool.incref(a[:1])
+    assert pool.decref(a) == 2 and pool.free == 3
+    assert pool.decref(a[:1]) == 1 and pool.free == 4
+    with pytest.raises(PoolExhausted):
+        pool.alloc(5)
+    with pytest.raises(AssertionError):
+        pool.decref([0])
+
+
+# ---- prefix cache -------------------------------------------------------------------------------------------
+def test_publish_lookup_and_split_share_pages() -> None:
+    c = _cache()
+    seq = list(range(100, 114))  # 14 tokens, 4 pages
+    lane = _lane(c, 14)
+    node = c.publish(seq, 10, lane, c.new_checkpoint(True))
+    c.pool.decref(lane)  # the request retires: only the tree holds pages now
+    assert node.end == 10 and node.pages == lane[:3]
+    m = c.lookup(seq + [1, 2], 13)
+    assert m is not None and m.length == 10 and m.pages == lane[:3]
+    assert c.lookup(seq, 9) is None  # the only checkpoint is past the limit
+    # a second sequence shares the first 6 tokens, then diverges inside page 1
+    other = seq[:6] + [7, 7, 7, 7, 7]
+    lane2 = _lane(c, 11)
+    c.publish(other, 11, lane2, c.new_checkpoint(True))
+    c.pool.decref(lane2)
+    c.check()
+    m2 = c.lookup(other + [0], 11)
+    assert m2 is not None and m2.length == 11
+    # page 0 from the shared upper node, pages 1.. from the new branch's own copies
+    assert m2.pages == [lane[0], lane2[1], lane2[2]]
+    assert c.pool.refcount(lane[1]) == 2  # boundary page held by both halves of the split node
+    m1 = c.lookup(seq + [1], 13)
+    assert m1 is not None and m1.pages == lane[:3]
+
+
+def test_duplicate_checkpoint_is_released() -> None:
+    c = _cache()
+    seq = list(range(9))
+    for _ in range(2):
+        lane = _lane(c, 9)
+        c.publish(seq, 8, lane, c.new_checkpoint(True))
+        c.pool.decref(lane)
+    assert c.num_checkpoints == 1 and len(c.freed_checkpoints) == 1 and c.ckpt_used == 10
+    assert len(c.held_pages()) == 2  # the second lane's duplicate pages were not taken
+
+
+def test_lru_eviction_spares_reserved_and_prunes_paths() -> None:
+    c = _cache(pages=12)
+    nodes = []
+    for k in range(3):  # three disjoint 8-token sequences, 2 pages each
+        seq = [k * 100 + i for i in range(8)]
+        lane = _lane(c, 8)
+        nodes.append(c.publish(seq, 8, lane, c.new_checkpoint(True)))
+        c.pool.decref(lane)
+    c.reserve([nodes[0]])
+    c.touch(nodes[1])  # 2 is now least recently used, then 0 (reserved), then 1
+    assert c.pool.free == 6 and c.freeable_pages() == 4
+    assert c.evict_pages(8)
+    assert c.lookup([200 + i for i in range(8)] + [0], 8) is None
+    assert c.lookup(list(range(8)) + [0], 8) is not None
+    assert not c.evict_pages(11)  # only reserved pages are left: refused without evicting anything
+    assert c.lookup([100 + i for i in range(8)] + [0], 8) is not None
+    c.check()
+
+
+def test_checkpoint_budget_evicts_lru_and_releases_oldest_reservation() -> None:
+    c = _cache(budget_ckpts=2)
+    made = []
+    for k in range(2):
+        lane = _lane(c, 4)
+        made.append(c.publish([k, 1, 2, 3], 4, lane, c.new_checkpoint(True)))
+        c.pool.decref(lane)
+        c.reserve([made[-1]])
+    assert c.new_checkpoint(False) is None  # stride checkpoints never displace reserved ones
+    cid = c.new_checkpoint(True)  # an end-of-turn checkpoint releases the oldest reservation
+    assert cid is not None and c.num_reservations == 1 and c.num_checkpoints == 1
+    assert c.lookup([0, 1, 2, 3, 9], 4) is None and c.lookup([1, 1, 2, 3, 9], 4) is not None
+    c.discard_checkpoint(cid)
+    assert c.ckpt_used == 10
+
+
+def test_reservation_cap_releases_oldest() -> None:
+    c = _cache(max_reserved=2)
+    for k in range(3):
+        lane = _lane(c, 4)
+        c.reserve([c.publish([k, 0, 0, 0], 4, lane, c.new_checkpoint(True))])
+        c.pool.decref(lane)
+    assert c.num_reservations == 2
+    assert c.freeable_pages() == 1  # sequence 0 lost its reservation
+
+
+# ---- stop strings -------------------------------------------------------------------------------------------
+def test_stop_matcher_across_pieces_and_earliest_wins() -> None:
+    m = StopMatcher(["END", "ND!", "xyz"])
+    out = m.push("hello E") + m.push("N") + m.push("D! more")
+    assert out == "hello " and m.matched == "END"
+    m = StopMatcher(["bc", "ab"])
+    assert m.push("zabc") == "z" and m.matched == "ab"  # lowest offset wins
+    m = StopMatcher(["abc"])
+    assert m.push("xa") == "x" and m.push("bz") == "abz" and m.matched is None
+    assert m.push("ab") == "" and m.flush() == "ab"
+
+
+def test_text_stream_without_tokenizer_refuses_stops() -> None:
+    with pytest.raises(ValueError, match="tokenizer"):
+        TextStream(None, ["x"])
+    assert TextStream(None, []).push(5) == ""
+
+
+# ---- sampler ------------------------------------------------------------------------------------------------
+def test_uniform_is_a_function_of_seed_and_position() -> None:
+    u = [uniform(7, p) for p in range(2000)]
+    assert u == [uniform(7, p) for p in range(2000)]
+    assert all(0.0 <= x < 1.0 for x in u) and abs(np.mean(u) - 0.5) < 0.03
+    assert uniform(7, 3) != uniform(8, 3)
+
+
+def test_penalties() -> None:
+    logits = np.array([2.0, -2.0, 1.0, 0.5], np.float32)
+    p = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    out = apply_penalties(logits, {0: 2, 1: 1}, p)
+    assert out[0] == pytest.approx(2.0 / 2 - 0.5 * 2 - 0.25)
+    assert out[1] == pytest.approx(-2.0 * 2 - 0.5 - 0.25)
+    assert list(out[2:]) == [1.0, 0.5] and logits[0] == 2.0
+    # greedy follows the penalized logits
+    assert sample(logits, SamplingParams(presence_penalty=5.0), seed=0, position=0, counts={0: 1}) == 2
+
+
+def test_top_k_top_p_min_p_restrict_the_support() -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], np.float32))
+
+    def support(**kw: float) -> set[int]:
+        p = SamplingParams(temperature=1.0, **kw)
+        return {sample(logits, p, seed=1, position=i, counts={}) for i in range(400)}
+
+    assert support() == {0, 1, 2, 3}
+    assert support(top_k=2) == {0, 1}
+    assert support(top_p=0.8) == {0, 1}
+    assert support(min_p=0.25) == {0, 1, 2}
+    # empirical frequencies follow the distribution
+    draws = [
+        sample(logits, SamplingParams(temperature=1.0), seed=3, position=i, counts={}) for i in range(4000)
+    ]
+    assert np.bincount(draws, minlength=4)[0] / 4000 == pytest.approx(0.5, abs=0.04)
+
+
+def test_masks_and_token_limit() -> None:
+    logits = np.array([5.0, 4.0, 3.0, 2.0, 1.0], np.float32)
+    g = SamplingParams()
+    assert sample(logits, g, seed=0, position=0, counts={}, token_limit=0 + 5) == 0
+    assert (
+        sample(
+            logits, g, seed=0, position=0, counts={}, token_mask=lambda gen: np.array([0, 0, 1, 1, 0], bool)
+        )
+        == 2
+    )
+    packed = np.array([0b01000], np.int32)  # only token 3
+    assert allowed_from_mask(packed, 5).tolist() == [False, False, False, True, False]
+    assert sample(logits, g, seed=0, position=0, counts={}, token_mask=lambda gen: packed) == 3
+    with pytest.raises(MaskError, match="allows no token"):
+        sample(logits, g, seed=0, position=0, counts={}, token_mask=lambda gen: np.zeros(5, bool))
+    with pytest.raises(MaskError, match="failed"):
+        sample(logits, g, seed=0, position=0, counts={}, token_mask=lambda gen: 1 / 0)
+    assert sample(np.array([1.0, 9.0], np.float32), g, seed=0, position=0, counts={}, token_limit=1) == 0
+
+
+# ---- config -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"max_concurrency": 9}, "max_concurrency"),
+        ({"kv_capacity": 100, "max_context": 200}, "kv_capacity"),
+        ({"kv_dtype": "int4"}, "kv_dtype"),
+        ({"gdn_state_dtype": "fp16"}, "gdn_state_dtype"),
+        ({"queue_depth": -1}, "queue_depth"),
+        ({"prefill_chunk": 0}, "prefill_chunk"),
+    ],
+)
+def test_config_names_the_bad_field(kw: dict, field: str) -> None:
+    with pytest.raises(EngineConfigError, match=field):
+        EngineConfig(**kw)
