@@ -8,12 +8,16 @@ artifact's generation defaults (its ``generation_config`` resource), then the en
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from ninfer.artifact import open_artifact
-from ninfer.engine import Engine, Finish, QueueFull, RequestError, SamplingParams, TokenDelta
-from ninfer.frontend import ChatTemplate, TemplateError, Tokenizer
+from ninfer.engine.core import Finish, QueueFull, RequestError, SamplingParams, TokenDelta
+from ninfer.engine.engine import Engine
+from ninfer.frontend import ChatTemplate, TemplateError
 
 from .messages import ActorInfo, ActorSpec, Delta, Failed, Finished, GenerateRequest, SamplingOptions, Timings
 
@@ -25,13 +29,12 @@ __all__ = [
     "open_engine",
     "prompt_ids",
     "submit",
-    "events",
+    "convert",
     "cancel",
     "engine_stats",
     "engine_alive",
     "engine_info",
     "close",
-    "max_tokens_of",
 ]
 
 _DEFAULT_KEYS = (
@@ -60,7 +63,7 @@ class RequestRejected(ValueError):
 @dataclass(slots=True)
 class Loaded:
     engine: Any
-    tokenizer: Tokenizer
+    tokenizer: Any
     template: ChatTemplate | None
     model_id: str
     max_context: int
@@ -69,15 +72,16 @@ class Loaded:
 
 
 def open_engine(spec: ActorSpec) -> Loaded:
-    art = open_artifact(spec.artifact, verify="manifest")
-    raw_cfg = art.resource("tokenizer_config")
-    tok = Tokenizer.from_json_bytes(art.resource("tokenizer"), json.loads(raw_cfg) if raw_cfg else None)
+    engine = Engine.open(spec.artifact, backend=spec.backend, **spec.engine)
+    art = open_artifact(spec.artifact, verify="manifest")  # resources only; the engine holds the weights
+    tok = engine.tokenizer
+    if tok is None:
+        raise ValueError(f"{spec.artifact}: the artifact has no tokenizer; the server needs one")
     src = art.resource("chat_template")
     template = ChatTemplate(src.decode("utf-8"), tok) if src else None
     gen_raw = art.resource("generation_config")
     gen = json.loads(gen_raw) if gen_raw else {}
     defaults = {k: gen[k] for k in _DEFAULT_KEYS if k in gen}
-    engine = Engine.open(spec.artifact, backend=spec.backend, **spec.engine)
     return Loaded(
         engine=engine,
         tokenizer=tok,
@@ -123,50 +127,55 @@ def _params(ld: Loaded, s: SamplingOptions) -> SamplingParams:
     return SamplingParams(seed=s.seed, stop=tuple(s.stop), ignore_eos=s.ignore_eos, **kw)
 
 
-def submit(ld: Loaded, ids: list[int], s: SamplingOptions) -> tuple[Any, bool]:
-    """Returns (handle, queued). Raises QueueFull, or RequestRejected for a request the engine can never run."""
+def submit(
+    ld: Loaded, ids: list[int], s: SamplingOptions, on_event: Callable[[Any], None]
+) -> tuple[Any, int, bool]:
+    """Returns (handle, output budget, queued). ``on_event`` gets every engine event, on the engine's thread.
+    Raises QueueFull, or RequestRejected for a request the engine can never run."""
     st = ld.engine.stats()
     queued = st.lanes_busy >= st.lanes_total or st.queue_length > 0
+    params = _params(ld, s)
     try:
-        return ld.engine.submit(ids, params=_params(ld, s)), queued
+        handle = ld.engine.submit_params(ids, params, on_event=on_event)
     except QueueFull:
         raise
     except RequestError as e:
         raise RequestRejected(str(e), param=str(e).split(":", 1)[0] or None) from None
+    return handle, min(params.max_tokens, ld.max_context - len(ids)), queued
 
 
-def max_tokens_of(handle: Any) -> int:
-    return int(getattr(handle, "budget", 0) or 0)
-
-
-def events(handle: Any) -> Any:
-    """The engine's events as actor messages (blocking; runs on a pump thread)."""
-    for ev in handle.stream():
-        if isinstance(ev, TokenDelta):
-            yield Delta(list(ev.token_ids), ev.text)
-        elif isinstance(ev, Finish):
-            if ev.text:
-                yield Delta([], ev.text)
-            if ev.reason == "error":
-                yield Failed(
-                    code="engine_error", message=ev.error or "the engine failed this request", status=500
-                )
-                return
-            m = ev.metrics
-            yield Finished(
-                finish_reason=str(ev.reason),
-                prompt_tokens=ev.usage.prompt_tokens,
-                cached_tokens=ev.usage.cached_tokens,
-                completion_tokens=ev.usage.completion_tokens,
-                timings=Timings(
-                    queue_s=m.queue_wait_s,
-                    prefill_s=m.prefill_s,
-                    decode_s=m.decode_s,
-                    ttft_s=m.ttft_s,
-                    total_s=m.queue_wait_s + m.prefill_s + m.decode_s,
-                ),
-            )
-            return
+def convert(ev: Any) -> list[Delta | Finished | Failed]:
+    """One engine event as actor messages: a TokenDelta is a Delta; a Finish is its held-back text (if any)
+    followed by Finished, or by Failed when the engine failed the request."""
+    if isinstance(ev, TokenDelta):
+        return [Delta(list(ev.token_ids), ev.text)]
+    if not isinstance(ev, Finish):
+        raise TypeError(f"unexpected engine event {type(ev).__name__}")
+    out: list[Delta | Finished | Failed] = [Delta([], ev.text)] if ev.text else []
+    if ev.reason == "error":
+        out.append(
+            Failed(code="engine_error", message=ev.error or "the engine failed this request", status=500)
+        )
+        return out
+    m = ev.metrics
+    timings = Timings(
+        queue_s=m.queue_wait_s,
+        prefill_s=m.prefill_s,
+        decode_s=m.decode_s,
+        ttft_s=m.ttft_s,
+        total_s=m.queue_wait_s + m.prefill_s + m.decode_s,
+    )
+    u = ev.usage
+    out.append(
+        Finished(
+            finish_reason=str(ev.reason),
+            prompt_tokens=u.prompt_tokens,
+            cached_tokens=u.cached_tokens,
+            completion_tokens=u.completion_tokens,
+            timings=timings,
+        )
+    )
+    return out
 
 
 def cancel(handle: Any) -> None:
@@ -174,8 +183,6 @@ def cancel(handle: Any) -> None:
 
 
 def engine_stats(ld: Loaded) -> dict[str, float]:
-    import msgspec
-
     st = ld.engine.stats()
     out = {k: float(v) for k, v in msgspec.structs.asdict(st).items() if isinstance(v, int | float)}
     out["queue_len"] = out.get("queue_length", 0.0)
@@ -200,7 +207,7 @@ def engine_info(ld: Loaded) -> ActorInfo:
         max_concurrency=cfg.max_concurrency,
         queue_depth=cfg.queue_depth,
         prefix_reuse=cfg.prefix_reuse,
-        engine_config={k: v for k, v in ld.spec.engine.items()},
+        engine_config=dict(ld.spec.engine),
     )
 
 

@@ -1,9 +1,9 @@
 """The engine actor: one per GPU, owning the resident model, its lanes and its admission queue.
 
-Threads: the engine runs its own step loop; each admitted request has one small pump thread that blocks on the
-engine handle's event stream and hands events to the actor's event loop (bounded by lanes + queue depth). The
-``generate`` streaming generator drains everything that arrived since its last yield into one ``Delta``, so
-one Ray item carries at least one engine step's tokens: with ~0.6 ms per yielded item on a 2-core machine the
+Threads: the engine runs its own step loop; for each request it calls back (on its thread) with every event,
+which only wakes the request's ``generate`` generator on the actor's event loop. The generator then drains
+everything that arrived since its last yield into one ``Delta``, so one Ray item carries at least one engine
+step's tokens: with ~0.6 ms per yielded item on a 2-core machine the
 item rate adapts to the consumer instead of capping throughput. Control methods (cancel, stats, health, info)
 run in their own concurrency group, on another thread, so they answer while generation runs.
 """
@@ -36,7 +36,6 @@ __all__ = ["EngineActor", "actor_options", "start_actor", "CTL_GROUP", "GEN_GROU
 
 CTL_GROUP = "ctl"
 GEN_GROUP = "gen"
-_END = object()
 
 
 class EngineActor:
@@ -51,80 +50,46 @@ class EngineActor:
     # ---- generation ---------------------------------------------------------------------------------
     @ray.method(num_returns="streaming", concurrency_group=GEN_GROUP)
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
+        ld = self._engine
         try:
-            ids = adapter.prompt_ids(self._engine, req)
+            ids = adapter.prompt_ids(ld, req)
         except adapter.PromptError as e:
-            yield Failed(code=e.code, message=str(e), status=400, param=e.param)
+            yield Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param)
             return
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        # the engine thread only schedules a wake-up; events are drained (already coalesced) by handle.poll()
+        on_event = lambda _ev: loop.call_soon_threadsafe(wake.set)  # noqa: E731
         try:
             with self._lock:
-                handle, queued = adapter.submit(self._engine, ids, req.sampling)
+                handle, budget, queued = adapter.submit(ld, ids, req.sampling, on_event)
                 self._handles[req.request_id] = handle
         except adapter.QueueFull as e:
-            yield Failed(
-                code="queue_full",
-                message=str(e) or "the admission queue is full",
-                status=429,
-                retry_after=1.0,
-            )
+            yield Failed(code="queue_full", message=str(e), status=429, retry_after=1.0)
             return
         except adapter.RequestRejected as e:
-            yield Failed(code=e.code, message=str(e), status=400, param=e.param)
+            yield Failed(code=e.code or "invalid_request", message=str(e), status=400, param=e.param)
             return
+        finished = False
         try:
             yield Accepted(
-                request_id=req.request_id,
-                prompt_tokens=len(ids),
-                max_tokens=adapter.max_tokens_of(handle),
-                queued=queued,
+                request_id=req.request_id, prompt_tokens=len(ids), max_tokens=budget, queued=queued
             )
-            async for ev in self._events(handle):
-                yield ev
+            while not finished:
+                await wake.wait()
+                wake.clear()
+                for ev in _coalesce(item for raw in handle.poll() for item in adapter.convert(raw)):
+                    finished = finished or isinstance(ev, Finished | Failed)
+                    if isinstance(ev, Failed):
+                        with self._lock:
+                            self._failures += 1
+                    yield ev
         finally:
             # the consumer may vanish (client disconnect drops the generator): never leave the lane busy
             with self._lock:
                 self._handles.pop(req.request_id, None)
-            adapter.cancel(handle)
-
-    async def _events(self, handle: Any) -> AsyncIterator[StreamEvent]:
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue[Any] = asyncio.Queue()
-        threading.Thread(target=self._pump, args=(handle, loop, q), daemon=True, name="ninfer-pump").start()
-        while True:
-            item = await q.get()
-            ids: list[int] = []
-            text: list[str] = []
-            # coalesce: everything the engine produced since the last yield goes out as one Delta
-            while isinstance(item, Delta):
-                ids += item.token_ids
-                text.append(item.text)
-                if q.empty():
-                    item = None
-                    break
-                item = q.get_nowait()
-            if ids or text:
-                yield Delta(ids, "".join(text))
-            if item is None:
-                continue
-            if item is _END:
-                return
-            yield item
-            if isinstance(item, Finished | Failed):
-                return
-
-    def _pump(self, handle: Any, loop: asyncio.AbstractEventLoop, q: asyncio.Queue[Any]) -> None:
-        put = q.put_nowait
-        try:
-            for ev in adapter.events(handle):
-                loop.call_soon_threadsafe(put, ev)
-        except Exception as e:  # the engine failed this request: report it, keep the actor serving
-            with self._lock:
-                self._failures += 1
-            loop.call_soon_threadsafe(
-                put, Failed(code="engine_error", message=f"engine error: {e}", status=500)
-            )
-        finally:
-            loop.call_soon_threadsafe(put, _END)
+            if not finished:
+                adapter.cancel(handle)
 
     # ---- control ------------------------------------------------------------------------------------
     @ray.method(concurrency_group=CTL_GROUP)
@@ -159,11 +124,22 @@ class EngineActor:
 
     @ray.method(concurrency_group=CTL_GROUP)
     async def info(self) -> ActorInfo:
-        return adapter.engine_info(self._engine, self._spec)
+        return adapter.engine_info(self._engine)
 
     @ray.method(concurrency_group=CTL_GROUP)
     async def shutdown(self) -> None:
         adapter.close(self._engine)
+
+
+def _coalesce(events: Any) -> list[StreamEvent]:
+    """Merge consecutive Deltas: one Ray item per wake-up, however many steps ran since the last one."""
+    out: list[StreamEvent] = []
+    for ev in events:
+        if isinstance(ev, Delta) and out and isinstance(out[-1], Delta):
+            out[-1] = Delta(out[-1].token_ids + ev.token_ids, out[-1].text + ev.text)
+        else:
+            out.append(ev)
+    return out
 
 
 def actor_options(spec: ActorSpec, *, name: str, namespace: str, detached: bool) -> dict[str, Any]:
@@ -188,9 +164,8 @@ def actor_options(spec: ActorSpec, *, name: str, namespace: str, detached: bool)
 
 def start_actor(spec: ActorSpec, *, name: str, namespace: str, detached: bool = False) -> Any:
     """Create the named actor (Ray must be initialised) and return its handle once the engine is loaded."""
-    cls = ray.remote(EngineActor)
-    handle = cls.options(**actor_options(spec, name=name, namespace=namespace, detached=detached)).remote(
-        spec
-    )
+    opts = actor_options(spec, name=name, namespace=namespace, detached=detached)
+    cls = ray.remote(concurrency_groups=opts.pop("concurrency_groups"))(EngineActor)  # not settable in .options()
+    handle = cls.options(**opts).remote(spec)
     ray.get(handle.health.remote())  # surfaces a failed __init__ (bad artifact, ...) here, with its message
     return handle

@@ -65,7 +65,7 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[str]:
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-@post("/v1/chat/completions")
+@post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     return await handle_chat(request, service(request))
 

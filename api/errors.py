@@ -6,6 +6,8 @@ Every failure the API reports is an :class:`ApiError`; one exception handler tur
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 __all__ = ["ApiError", "ErrorBody", "ErrorDetail", "error_json", "validation_param"]
@@ -61,11 +63,14 @@ def error_json(err: ApiError) -> bytes:
 
 
 def validation_param(err: msgspec.ValidationError) -> str | None:
-    """The field path from a msgspec validation message (``... - at `$.messages[0].role```) as ``messages[0].role``."""
+    """The field path of a msgspec validation error as ``messages[0].role``: the ``- at `$...``` suffix, plus
+    the field name of a "missing required field" message."""
     text = str(err)
-    marker = "- at `$"
-    i = text.rfind(marker)
-    if i < 0:
-        return None
-    path = text[i + len(marker) :].rstrip("`")
-    return path.lstrip(".") or None
+    path = ""
+    i = text.rfind("- at `$")
+    if i >= 0:
+        path = text[i + len("- at `$") :].rstrip("`").lstrip(".")
+    m = re.search(r"missing required field `([^`]+)`", text)
+    if m:
+        path = f"{path}.{m.group(1)}" if path else m.group(1)
+    return path or None

@@ -88,6 +88,7 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
     response_format: Any = None
     user: str | None = None
+    ignore_eos: bool = False  # extension (as vLLM): generate past end-of-sequence tokens, for load tests
 
 
 # ---- response -------------------------------------------------------------------------------------------

@@ -232,6 +232,7 @@ def to_generate_request(
         frequency_penalty=req.frequency_penalty,
         seed=req.seed,
         stop=tuple(s for s in stop if s),
+        ignore_eos=req.ignore_eos,
     )
     return GenerateRequest(
         request_id=request_id,

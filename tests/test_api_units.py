@@ -69,6 +69,8 @@ def test_server_config_names_the_flag(kw: dict[str, object], flag: str) -> None:
     [
         (b"{not json", 400, None, None),
         (b"", 400, None, None),
+        (b'{"messages": []}', 400, "model", None),
+        (body(messages=[{"content": "x"}]), 400, "messages[0].role", None),
         (body(model="other"), 404, "model", "model_not_found"),
         (body(messages=[]), 400, "messages", None),
         (body(messages="hi"), 400, "messages", None),
