@@ -1,0 +1,451 @@
+"""Every CUDA kernel against the NumPy reference (ninfer.reference.ops) on fresh random inputs at several shapes.
+
+Weights are encoded with ``ninfer.formats`` and dequantized by the kernels. Outputs are poisoned with NaN before
+each launch and must be finite. Errors are max |got - ref| over max |ref| (``_close``); bf16 results get bf16
+tolerances, float32 results fp32-accumulation-order tolerances. Skipped without a CUDA device (conftest).
+Set NINFER_GPU_REPORT=<path> to collect every comparison's error as JSON (perf/device_check.sh does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ninfer.formats import FORMATS, bf16_decode, bf16_encode, bf16_round
+from ninfer.reference import ops
+
+pytestmark = pytest.mark.gpu
+
+F32 = np.float32
+TOL = {"float": 2e-5, "bf16": 1.2e-2}  # normalised max error per output dtype
+DTYPES = {"float": np.float32, "bf16": np.uint16}
+MATRIX_FMTS = (
+    "BF16",
+    "FP8E4M3_F32ROW",
+    "FP8E4M3_F32T",
+    "NVFP4G16_E4M3S",
+    "Q4G64_F16S",
+    "Q5G64_F16S",
+    "Q6G64_F16S",
+    "W8G32_F16S",
+)
+
+
+@pytest.fixture(scope="session")
+def report() -> Any:
+    rows: list[dict[str, Any]] = []
+    yield rows
+    path = os.environ.get("NINFER_GPU_REPORT")
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+@pytest.fixture
+def cp() -> Any:
+    return pytest.importorskip("cupy")
+
+
+def _dev(cp: Any, x: np.ndarray, t: str) -> Any:
+    x = np.asarray(x, dtype=F32)
+    return cp.asarray(bf16_encode(x) if t == "bf16" else x)
+
+
+def _host(cp: Any, a: Any) -> np.ndarray:
+    h = cp.asnumpy(a)
+    return bf16_decode(h) if h.dtype == np.uint16 else h.astype(F32)
+
+
+def _poison(cp: Any, shape: tuple[int, ...], t: str) -> Any:
+    if t == "bf16":
+        return cp.full(shape, 0x7FC0, dtype=np.uint16)
+    return cp.full(shape, np.nan, dtype=np.float32)
+
+
+def _inputs(rng: np.random.Generator, shape: tuple[int, ...], t: str, scale: float = 1.0) -> np.ndarray:
+    """Random float32 values, already bf16-representable when the kernel reads bf16 (so both see the same)."""
+    x = (rng.standard_normal(shape) * scale).astype(F32)
+    return bf16_round(x) if t == "bf16" else x
+
+
+def _close(report: list, name: str, got: np.ndarray, ref: np.ndarray, tol: float) -> float:
+    assert got.shape == ref.shape, f"{name}: shape {got.shape} != {ref.shape}"
+    assert np.isfinite(got).all(), f"{name}: non-finite output ({np.count_nonzero(~np.isfinite(got))} values)"
+    err = float(np.max(np.abs(got.astype(np.float64) - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+    report.append({"case": name, "err": err, "tol": tol, "ok": err <= tol})
+    assert err <= tol, f"{name}: normalised max error {err:.3e} > {tol:.1e}"
+    return err
+
+
+def _weight(rng: np.random.Generator, fmt: str, shape: tuple[int, ...]) -> tuple[Any, np.ndarray]:
+    """(DeviceWeight, the float32 weights the codec decodes to)."""
+    from ninfer.cuda.weights import upload_weight
+
+    codec = FORMATS[fmt]
+    buf = codec.encode((rng.standard_normal(shape) * 0.5).astype(F32), shape)
+    return upload_weight(fmt, shape, buf), codec.decode(buf, shape)
+
+
+# ---- embedding, norms, activations ---------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["BF16", "W8G32_F16S", "Q6G64_F16S", "NVFP4G16_E4M3S", "FP8E4M3_F32ROW"])
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_embedding(cp: Any, report: list, fmt: str, t: str) -> None:
+    from ninfer.cuda.embedding import embed
+
+    rng = np.random.default_rng(1)
+    for v, h in ((300, 136), (1000, 512)):
+        w, table = _weight(rng, fmt, (v, h))
+        ids = rng.integers(0, v, size=17).astype(np.int32)
+        out = _poison(cp, (17, h), t)
+        embed(w, cp.asarray(ids), dtype=DTYPES[t], out=out)
+        ref = ops.embedding(table, ids)
+        # dequantization is exact: the float32 rows equal the codec's, bf16 rows its rounding
+        got = _host(cp, out)
+        _close(report, f"embed {fmt} {t} {v}x{h}", got, bf16_round(ref) if t == "bf16" else ref, 0.0)
+    bad = _poison(cp, (1, h), t)
+    embed(w, cp.asarray(np.array([v], dtype=np.int32)), dtype=DTYPES[t], out=bad)
+    assert np.isnan(_host(cp, bad)).all(), "an out-of-range id must give a NaN row"
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
+@pytest.mark.parametrize("offset", [True, False])
+@pytest.mark.parametrize("fused", [True, False])
+def test_rmsnorm(cp: Any, report: list, t: str, offset: bool, fused: bool) -> None:
+    from ninfer.cuda.norm import rmsnorm
+
+    rng = np.random.default_rng(2)
+    for rows, h in ((1, 64), (5, 1000), (3, 5120)):
+        x = _inputs(rng, (rows, h), t, 3.0)
+        w = (rng.standard_normal(h) * 0.3).astype(F32)
+        res = rng.standard_normal((rows, h)).astype(F32)
+        r = ops.add_residual(res, x) if fused else x
+        ref = ops.rmsnorm_offset(r, w, 1e-6) if offset else ops.rmsnorm_plain(r, 1e-6) * w
+        res_d = cp.asarray(res)
+        out = _poison(cp, (rows, h), t)
+        rmsnorm(
+            _dev(cp, x, t), cp.asarray(w), 1e-6, offset=offset, residual=res_d if fused else None, out=out
+        )
+        _close(report, f"rmsnorm off={offset} fused={fused} {t} {rows}x{h}", _host(cp, out), ref, TOL[t])
+        if fused:
+            _close(report, f"rmsnorm residual {t} {rows}x{h}", cp.asnumpy(res_d), r, 1e-7)
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_gated_rmsnorm(cp: Any, report: list, t: str) -> None:
+    from ninfer.cuda.norm import gated_rmsnorm
+
+    rng = np.random.default_rng(3)
+    for rows, d in ((6, 16), (96, 128)):
+        o, z = _inputs(rng, (rows, d), t, 2.0), _inputs(rng, (rows, d), t, 2.0)
+        w = (1 + rng.standard_normal(d) * 0.2).astype(F32)
+        out = _poison(cp, (rows, d), t)
+        gated_rmsnorm(_dev(cp, o, t), _dev(cp, z, t), cp.asarray(w), 1e-6, out=out)
+        _close(
+            report, f"gated_rmsnorm {t} {rows}x{d}", _host(cp, out), ops.gated_rmsnorm(o, w, z, 1e-6), TOL[t]
+        )
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_swiglu_and_gate(cp: Any, report: list, t: str) -> None:
+    from ninfer.cuda.activation import sigmoid_gate, swiglu
+
+    rng = np.random.default_rng(4)
+    for rows, i in ((1, 32), (7, 1000), (33, 512)):
+        gu = _inputs(rng, (rows, 2 * i), t, 3.0)
+        out = _poison(cp, (rows, i), t)
+        swiglu(_dev(cp, gu, t), out=out)
+        _close(report, f"swiglu {t} {rows}x{i}", _host(cp, out), ops.swiglu(gu[:, :i], gu[:, i:]), TOL[t])
+    for rows, heads, d in ((3, 4, 32), (5, 24, 256)):
+        x = _inputs(rng, (rows, heads * d), t)
+        qg = _inputs(rng, (rows, heads * 2 * d), t, 3.0)
+        _, gate = ops.split_q_gate(qg, heads, d)
+        out = _poison(cp, (rows, heads * d), t)
+        sigmoid_gate(_dev(cp, x, t), _dev(cp, qg, t), heads, d, out=out)
+        ref = ops.sigmoid_gate(x, gate.reshape(rows, heads * d))
+        _close(report, f"sigmoid_gate {t} {rows}x{heads}x{d}", _host(cp, out), ref, TOL[t])
+
+
+# ---- matrix products -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", MATRIX_FMTS)
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_gemv(cp: Any, report: list, fmt: str, t: str) -> None:
+    from ninfer.cuda.linear import gemv
+
+    rng = np.random.default_rng(5)
+    for n, k in ((64, 64), (300, 1000), (512, 5120)):
+        w, wf = _weight(rng, fmt, (n, k))
+        for b in (1, 3, 8):
+            x = _inputs(rng, (b, k), t)
+            out = _poison(cp, (b, n), t)
+            gemv(_dev(cp, x, t), w, out)
+            _close(report, f"gemv {fmt} {t} b={b} {n}x{k}", _host(cp, out), ops.linear(x, wf), TOL[t])
+
+
+@pytest.mark.parametrize("fmt", MATRIX_FMTS)
+def test_gemv_rows_independent_of_batch(cp: Any, fmt: str) -> None:
+    """A row computed alone is bitwise the row computed among 8 (fixed reduction order)."""
+    from ninfer.cuda.linear import gemv
+
+    rng = np.random.default_rng(6)
+    w, _ = _weight(rng, fmt, (256, 2048))
+    for t in ("float", "bf16"):
+        x = _dev(cp, _inputs(rng, (8, 2048), t), t)
+        full = cp.asnumpy(gemv(x, w))
+        for b in range(8):
+            alone = cp.asnumpy(gemv(cp.ascontiguousarray(x[b : b + 1]), w))
+            assert np.array_equal(alone[0], full[b]), f"{fmt} {t}: row {b} differs alone vs batch of 8"
+        part = cp.asnumpy(gemv(cp.ascontiguousarray(x[:3]), w))
+        assert np.array_equal(part, full[:3])
+
+
+@pytest.mark.parametrize("fmt", ["BF16", "NVFP4G16_E4M3S", "Q4G64_F16S", "Q5G64_F16S", "W8G32_F16S"])
+def test_gemv_experts(cp: Any, report: list, fmt: str) -> None:
+    from ninfer.cuda.linear import gemv, gemv_experts
+
+    rng = np.random.default_rng(7)
+    e, n, k, tokens, top = 6, 96, 256, 3, 4
+    w, wf = _weight(rng, fmt, (e, n, k))
+    x = _inputs(rng, (tokens, k), "float")
+    ids = np.stack([rng.choice(e, top, replace=False) for _ in range(tokens)]).reshape(-1).astype(np.int32)
+    xrow = np.repeat(np.arange(tokens, dtype=np.int32), top)
+    out = _poison(cp, (tokens * top, n), "float")
+    xd = cp.asarray(x)
+    gemv_experts(xd, w, cp.asarray(ids), cp.asarray(xrow), n, out)
+    got = cp.asnumpy(out)
+    ref = np.stack([ops.linear(x[r : r + 1], wf[i])[0] for i, r in zip(ids, xrow, strict=True)])
+    _close(report, f"gemv_experts {fmt}", got, ref, TOL["float"])
+    for s, (i, r) in enumerate(zip(ids, xrow, strict=True)):
+        solo = cp.asnumpy(gemv(cp.ascontiguousarray(xd[r : r + 1]), w, row0=int(i) * n, n=n))
+        assert np.array_equal(solo[0], got[s]), f"slot {s}: expert product differs from the plain gemv"
+
+
+@pytest.mark.parametrize("fmt", MATRIX_FMTS)
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_gemm(cp: Any, report: list, fmt: str, t: str) -> None:
+    from ninfer.cuda.linear import gemm
+
+    rng = np.random.default_rng(8)
+    for m, n, k in ((9, 64, 64), (100, 200, 136), (257, 1000, 512)):
+        w, wf = _weight(rng, fmt, (n, k))
+        x = _inputs(rng, (m, k), t)
+        out = _poison(cp, (m, n), t)
+        gemm(_dev(cp, x, t), w, out)
+        # tensor cores multiply bf16 operands exactly and accumulate in fp32
+        ref = ops.linear(bf16_round(x), bf16_round(wf))
+        _close(report, f"gemm {fmt} {t} {m}x{n}x{k}", _host(cp, out), ref, 1e-4 if t == "float" else TOL[t])
+
+
+# ---- Gated DeltaNet ------------------------------------------------------------------------------------------
+def _packed(cp: Any, lens: list[int]) -> tuple[Any, Any, list[int]]:
+    starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    slots = np.arange(len(lens), dtype=np.int32)[::-1].copy()  # not the identity: slots are looked up
+    return cp.asarray(starts), cp.asarray(slots), starts.tolist()
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_causal_conv(cp: Any, report: list, t: str) -> None:
+    from ninfer.cuda.gdn import causal_conv
+
+    rng = np.random.default_rng(9)
+    for c, lens in ((96, [1, 7]), (1024, [5, 1, 2])):
+        x = _inputs(rng, (sum(lens), c), t)
+        w = (rng.standard_normal((c, 4)) * 0.5).astype(F32)
+        state = rng.standard_normal((len(lens), c, 3)).astype(F32)
+        starts, slots, st = _packed(cp, lens)
+        state_d = cp.asarray(state)
+        out = _poison(cp, x.shape, t)
+        causal_conv(_dev(cp, x, t), cp.asarray(w), state_d, starts, slots, out)
+        got, got_state = _host(cp, out), cp.asnumpy(state_d)
+        slot_of = cp.asnumpy(slots)
+        for b in range(len(lens)):
+            y, new = ops.conv1d_causal(x[st[b] : st[b + 1]], state[slot_of[b]], w)
+            _close(report, f"conv {t} C={c} seq{b}", got[st[b] : st[b + 1]], ops.silu(y), TOL[t])
+            _close(report, f"conv state C={c} seq{b}", got_state[slot_of[b]], new, 0.0)
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
+@pytest.mark.parametrize("st", ["float", "bf16"])
+def test_gdn_recurrent(cp: Any, report: list, t: str, st: str) -> None:
+    from ninfer.cuda.gdn import gdn_recurrent
+
+    rng = np.random.default_rng(10)
+    for hk, hv, dk, lens in ((2, 6, 16, [1, 5]), (2, 4, 128, [37, 1]), (1, 2, 64, [3])):
+        dv, n = dk, sum(lens)
+        qkv = _inputs(rng, (n, 2 * hk * dk + hv * dv), t)
+        a, b = _inputs(rng, (n, hv), t), _inputs(rng, (n, hv), t)
+        a_log = rng.uniform(-2, 1, hv).astype(F32)
+        dt_bias = rng.uniform(-1, 1, hv).astype(F32)
+        state = (rng.standard_normal((len(lens), hv, dk, dv)) * 0.1).astype(F32)
+        if st == "bf16":
+            state = bf16_round(state)
+        starts, slots, sts = _packed(cp, lens)
+        state_d = _dev(cp, state, st)
+        out = _poison(cp, (n, hv * dv), t)
+        gdn_recurrent(_dev(cp, qkv, t), _dev(cp, a, t), _dev(cp, b, t), cp.asarray(a_log), cp.asarray(dt_bias),
+                      state_d, starts, slots, n_k_heads=hk, out=out)  # fmt: skip
+        got, got_state, slot_of = _host(cp, out), _host(cp, state_d), cp.asnumpy(slots)
+        for s in range(len(lens)):
+            z = slice(sts[s], sts[s + 1])
+            q = ops.l2norm(qkv[z, : hk * dk].reshape(-1, hk, dk))
+            k = ops.l2norm(qkv[z, hk * dk : 2 * hk * dk].reshape(-1, hk, dk))
+            v = qkv[z, 2 * hk * dk :].reshape(-1, hv, dv)
+            beta, g = ops.gdn_gates(a[z], b[z], a_log, dt_bias)
+            o, new = ops.gdn_recurrent(q, k, v, g, beta, state[slot_of[s]])
+            name = f"gdn {t} state={st} hv={hv} dk={dk} T={lens[s]}"
+            _close(report, name, got[z], o.reshape(lens[s], hv * dv), 1e-4 if t == "float" else TOL[t])
+            _close(
+                report, name + " state", got_state[slot_of[s]], new, 1e-4 if st == "float" else TOL["bf16"]
+            )
+
+
+# ---- attention -----------------------------------------------------------------------------------------------
+def _pages(rng: np.random.Generator, lens: list[int], page: int) -> tuple[np.ndarray, int]:
+    per = [max(1, -(-n // page)) for n in lens]
+    total = sum(per) + 3
+    perm = rng.permutation(total).astype(np.int32)
+    table = np.zeros((len(lens), max(per)), dtype=np.int32)
+    at = 0
+    for b, p in enumerate(per):
+        table[b, :p] = perm[at : at + p]
+        at += p
+    return table, total
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
+@pytest.mark.parametrize("ct", ["float", "bf16"])
+def test_qk_norm_rope_kv_write(cp: Any, report: list, t: str, ct: str) -> None:
+    from ninfer.cuda.attention import qk_norm_rope_kv_write
+
+    rng = np.random.default_rng(11)
+    for hq, hkv, d, rot, sec in ((4, 2, 32, 8, (2, 1, 1)), (8, 2, 256, 64, (11, 11, 10))):
+        n, page = 7, 4
+        qg, k, v = (
+            _inputs(rng, (n, hq * 2 * d), t),
+            _inputs(rng, (n, hkv * d), t),
+            _inputs(rng, (n, hkv * d), t),
+        )
+        qw, kw = (rng.standard_normal(d) * 0.3).astype(F32), (rng.standard_normal(d) * 0.3).astype(F32)
+        pos = np.stack([rng.integers(0, 3000, n) for _ in range(3)]).astype(np.int32)  # distinct MRoPE axes
+        table, total = _pages(rng, [n], page)
+        slots = (table[0, np.arange(n) // page].astype(np.int64) * page + np.arange(n) % page).astype(
+            np.int64
+        )
+        cache_dt = DTYPES[ct]
+        k_cache = cp.zeros((total, page, hkv, d), dtype=cache_dt)
+        v_cache = cp.zeros((total, page, hkv, d), dtype=cache_dt)
+        q_out = _poison(cp, (n, hq, d), t)
+        qk_norm_rope_kv_write(_dev(cp, qg, t), _dev(cp, k, t), _dev(cp, v, t), cp.asarray(qw), cp.asarray(kw),
+                              cp.asarray(pos), cp.asarray(slots), k_cache, v_cache, heads=hq, kv_heads=hkv,
+                              head_dim=d, rotary_dim=rot, theta=1e7, mrope_section=sec, q_out=q_out)  # fmt: skip
+        q, _ = ops.split_q_gate(qg, hq, d)
+        cos, sin = ops.rope_cos_sin(pos, rot, 1e7, sec, True)
+        q_ref = ops.apply_rope(ops.rmsnorm_offset(q, qw, 1e-6), cos, sin)
+        k_ref = ops.apply_rope(ops.rmsnorm_offset(k.reshape(n, hkv, d), kw, 1e-6), cos, sin)
+        # angles up to 3000 rad in fp32: cos/sin argument rounding differs by ~1e-4 between implementations
+        tol = 5e-4 if t == "float" else TOL[t]
+        _close(report, f"rope q {t} d={d}", _host(cp, q_out), q_ref, tol)
+        kc = _host(cp, k_cache).reshape(-1, hkv, d)[slots]
+        vc = _host(cp, v_cache).reshape(-1, hkv, d)[slots]
+        _close(report, f"rope k->cache {t}/{ct} d={d}", kc, k_ref, 5e-4 if ct == "float" else TOL["bf16"])
+        _close(report, f"v->cache {t}/{ct} d={d}", vc, v.reshape(n, hkv, d), 0.0)
+
+
+def _cache(cp: Any, rng: np.random.Generator, lens: list[int], hkv: int, d: int, ct: str, page: int) -> tuple:
+    table, total = _pages(rng, lens, page)
+    kc = _inputs(rng, (total, page, hkv, d), ct)
+    vc = _inputs(rng, (total, page, hkv, d), ct)
+    seq_k = [kc[table[b]].reshape(-1, hkv, d)[: lens[b]] for b in range(len(lens))]
+    seq_v = [vc[table[b]].reshape(-1, hkv, d)[: lens[b]] for b in range(len(lens))]
+    return _dev(cp, kc, ct), _dev(cp, vc, ct), cp.asarray(table), seq_k, seq_v
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
+@pytest.mark.parametrize("ct", ["float", "bf16"])
+def test_decode_attention(cp: Any, report: list, t: str, ct: str) -> None:
+    from ninfer.cuda.attention import attention
+
+    rng = np.random.default_rng(12)
+    for hq, hkv, d, lens in ((8, 2, 128, [1, 40, 300]), (6, 1, 256, [700, 3]), (4, 2, 32, [17])):
+        kd, vd, table, seq_k, seq_v = _cache(cp, rng, lens, hkv, d, ct, 16)
+        q = _inputs(rng, (len(lens), hq, d), t)
+        row_seq = cp.asarray(np.arange(len(lens), dtype=np.int32))
+        row_pos = cp.asarray(np.array(lens, dtype=np.int32) - 1)
+        ref = np.stack(
+            [ops.attention(q[b : b + 1], seq_k[b], seq_v[b], lens[b] - 1)[0] for b in range(len(lens))]
+        )
+        for chunk in (64, None):
+            out = _poison(cp, q.shape, t)
+            attention(
+                _dev(cp, q, t), kd, vd, table, row_seq, row_pos, max_len=max(lens), chunk=chunk, out=out
+            )
+            name = f"decode attn {t}/{ct} hq={hq} d={d} chunk={chunk}"
+            _close(report, name, _host(cp, out), ref, 1e-4 if t == "float" else TOL[t])
+        # a row alone equals the row in the batch (split size fixed, never derived from the batch)
+        full = cp.asnumpy(
+            attention(_dev(cp, q, t), kd, vd, table, row_seq, row_pos, max_len=max(lens), chunk=64)
+        )
+        b = len(lens) - 1
+        alone = attention(
+            _dev(cp, q[b:], t), kd, vd, table, row_seq[b:], row_pos[b:], max_len=lens[b], chunk=64
+        )
+        assert np.array_equal(cp.asnumpy(alone)[0], full[b]), "decode attention depends on the batch"
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_prefill_attention(cp: Any, report: list, t: str) -> None:
+    from ninfer.cuda.attention import attention
+
+    rng = np.random.default_rng(13)
+    for hq, hkv, d, starts, news in (
+        (8, 2, 128, [0, 30], [50, 9]),
+        (4, 2, 32, [5], [64]),
+        (6, 1, 256, [0], [130]),
+    ):
+        lens = [s + n for s, n in zip(starts, news, strict=True)]
+        kd, vd, table, seq_k, seq_v = _cache(cp, rng, lens, hkv, d, "bf16", 16)
+        q = _inputs(rng, (sum(news), hq, d), t)
+        row_seq = np.repeat(np.arange(len(news)), news).astype(np.int32)
+        row_pos = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, news, strict=True)]).astype(
+            np.int32
+        )
+        out = _poison(cp, q.shape, t)
+        attention(
+            _dev(cp, q, t),
+            kd,
+            vd,
+            table,
+            cp.asarray(row_seq),
+            cp.asarray(row_pos),
+            max_len=max(lens),
+            out=out,
+        )
+        got, at = _host(cp, out), 0
+        for b, (s, n) in enumerate(zip(starts, news, strict=True)):
+            ref = ops.attention(q[at : at + n], seq_k[b], seq_v[b], s)
+            _close(
+                report,
+                f"prefill attn {t} hq={hq} d={d} seq{b}",
+                got[at : at + n],
+                ref,
+                1e-4 if t == "float" else TOL[t],
+            )
+            at += n
+
+
+# ---- MoE router ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("e,k", [(8, 2), (64, 4), (256, 8)])
+def test_moe_route(cp: Any, report: list, e: int, k: int) -> None:
+    from ninfer.cuda.router import moe_route
+
+    rng = np.random.default_rng(14)
+    logits = (np.round(rng.standard_normal((33, e)) * 4) / 4).astype(F32)  # coarse grid: many exact ties
+    ids, w = moe_route(cp.asarray(logits), k)
+    ref_ids, ref_w = ops.moe_route(logits, k)
+    assert np.array_equal(cp.asnumpy(ids), ref_ids.astype(np.int32)), (
+        "top-k ids (ties to the lower id) differ"
+    )
+    _close(report, f"router E={e} k={k}", cp.asnumpy(w), ref_w, 1e-6)
