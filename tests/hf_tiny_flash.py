@@ -4,7 +4,8 @@ Every norm weight is perturbed (HF initialises the (1+w) norms to 0, the GDN nor
 which would hide a missing offset or a dead branch), ``dt_bias`` too, and every float tensor is rounded to a
 bf16-representable value so that a ``bf16`` artifact of the checkpoint is lossless and parity stays at fp32
 noise. The QSA budget is tiny (``budget/ratio`` blocks), so contexts of a few dozen tokens exercise block
-selection. transformers has no MTP head: random ``mtp.*`` tensors (bf16-exact too) are added to the canonical
+selection; 8 indexer heads (the real model has 4) make exact zero-score top-k ties (a block scores 0 when all
+heads' dots are <= 0) rare enough that the tests can demand none. transformers has no MTP head: random ``mtp.*`` tensors (bf16-exact too) are added to the canonical
 weights for the MTP tests.
 """
 
@@ -25,7 +26,7 @@ def tiny_hf_config(
     ratio: int = 4,
     ple: bool = True,
     num_layers: int = 4,
-    indexer_heads: int = 4,
+    indexer_heads: int = 8,
 ) -> dict[str, Any]:
     """HF config dict (as in config.json) of a tiny qwen4_exp text model: layers lin,lin,lin,QSA(,...)."""
     return dict(
@@ -129,12 +130,44 @@ def hf_logits(model: Any, ids: np.ndarray) -> np.ndarray:
 
 
 def hf_greedy(model: Any, ids: np.ndarray, n: int) -> list[int]:
-    """n greedy tokens from transformers with its cache (prefill then one-token decode steps)."""
-    import torch
+    """n greedy tokens from transformers with its cache: one prefill, then one-token decode steps.
 
+    (``generate`` is avoided: it infers an attention mask from the pad id, which changes the n-gram ids.)
+    """
+    import torch
+    from transformers import DynamicCache
+
+    out: list[int] = []
     with torch.no_grad():
-        out = model.generate(
-            torch.as_tensor(np.asarray(ids, np.int64))[None], max_new_tokens=n, do_sample=False, min_new_tokens=n,
-            eos_token_id=None, pad_token_id=0,
-        )  # fmt: skip
-    return out[0, len(ids) :].tolist()
+        cache = DynamicCache(config=model.config)
+        x = torch.as_tensor(np.asarray(ids, np.int64))[None]
+        for _ in range(n):
+            res = model(x, cache=cache, use_cache=True)
+            cache = res.cache
+            tok = int(res.logits[0, -1].argmax())
+            out.append(tok)
+            x = torch.tensor([[tok]])
+    return out
+
+
+def real_hf_config() -> dict[str, Any]:
+    """The text config of Qwen/Qwen3.8-Flash-Next as flash-next.md §1 gives it (VLM wrapper, 'full_attention')."""
+    text = dict(
+        model_type="qwen4_exp_text", vocab_size=248320, hidden_size=2560, num_hidden_layers=48,
+        full_attention_interval=4, rms_norm_eps=1e-6, hidden_act="silu", tie_word_embeddings=False,
+        intermediate_size=12288, num_attention_heads=24, num_key_value_heads=2, head_dim=256, attention_bias=False,
+        rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
+                             mrope_section=[11, 11, 10], mrope_interleaved=True),
+        max_position_embeddings=262144, linear_num_key_heads=16, linear_num_value_heads=48,
+        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, output_gate_type="sigmoid",
+        mamba_ssm_dtype="float32", num_experts=512, num_experts_per_tok=10, moe_intermediate_size=640,
+        shared_expert_intermediate_size=640, norm_topk_prob=True, router_aux_loss_coef=0.001, hc_count=4,
+        hc_lowrank=320, ple_layer_ids=[2], ple_embed_dim=2560, ple_conv_kernel_size=4, ngram_size=3,
+        heads_per_ngram=8, ngram_vocab_size_base=20_000_000, make_ngram_vocab_size_divisible_by=128,
+        split_ngram_parts=128, indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=128, indexer_budget=2048,
+        indexer_compress_ratio=4, mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False,
+        layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(48)],
+        eos_token_id=248044, bos_token_id=248044,
+    )  # fmt: skip
+    return dict(model_type="qwen4_exp", architectures=["Qwen4ExpForConditionalGeneration"], text_config=text,
+                eos_token_id=[248046, 248044], tie_word_embeddings=False)  # fmt: skip

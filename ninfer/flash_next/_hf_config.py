@@ -36,10 +36,14 @@ def _layer_types(text: dict[str, Any], n_layers: int) -> tuple[str, ...]:
 
 
 def _eos_ids(hf: dict[str, Any], text: dict[str, Any]) -> tuple[int, ...]:
-    eos = text.get("eos_token_id", hf.get("eos_token_id"))
-    if isinstance(eos, list):
-        return tuple(int(e) for e in eos)
-    return () if eos is None else (int(eos),)
+    """Text-config eos ids first (the first one is the n-gram pad id HF uses), then the outer config's others."""
+    out: list[int] = []
+    for src in (text, hf):
+        eos = src.get("eos_token_id")
+        for e in eos if isinstance(eos, list) else ([] if eos is None else [eos]):
+            if int(e) not in out:
+                out.append(int(e))
+    return tuple(out)
 
 
 def _check_supported(text: dict[str, Any], rope: dict[str, Any]) -> None:
