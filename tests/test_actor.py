@@ -1,0 +1,156 @@
+"""The engine actor's logic in-process (no Ray): events, coalescing, admission, cancellation, engine failure.
+
+The real engine runs on the demo artifact; the Ray plumbing itself is covered by tests/test_api_live.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from ninfer.actors.engine_actor import EngineActor
+from ninfer.actors.messages import (
+    Accepted,
+    ActorSpec,
+    Delta,
+    Failed,
+    Finished,
+    GenerateRequest,
+    SamplingOptions,
+)
+
+USER = ({"role": "user", "content": "hello there"},)
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from ninfer.demo import build_demo
+
+    return build_demo(tmp_path_factory.mktemp("actor") / "demo.ninfer")
+
+
+def make(artifact: str, **engine: object) -> EngineActor:
+    base = {"max_concurrency": 2, "queue_depth": 2, "max_context": 512, "kv_capacity": 4096}
+    base.update(engine)
+    return EngineActor(ActorSpec(artifact=artifact, backend="reference", engine=base))
+
+
+@pytest.fixture
+def actor(artifact: str) -> Iterator[EngineActor]:
+    a = make(artifact)
+    yield a
+    asyncio.run(a.shutdown())
+
+
+def req(rid: str, max_tokens: int = 8, **kw: object) -> GenerateRequest:
+    sampling = SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return GenerateRequest(request_id=rid, messages=kw.pop("messages", USER), sampling=sampling, **kw)  # type: ignore[arg-type]
+
+
+async def collect(a: EngineActor, r: GenerateRequest, delay: float = 0.0) -> list[object]:
+    out = []
+    async for ev in a.generate(r):
+        out.append(ev)
+        if delay:
+            await asyncio.sleep(delay)
+    return out
+
+
+def test_stream_shape_and_coalescing(actor: EngineActor) -> None:
+    fast = asyncio.run(collect(actor, req("fast", 24)))
+    slow = asyncio.run(collect(actor, req("slow", 24), delay=0.03))  # a slow consumer gets bigger items
+    for evs in (fast, slow):
+        assert isinstance(evs[0], Accepted) and evs[0].max_tokens == 24
+        assert isinstance(evs[-1], Finished) and evs[-1].finish_reason == "output_limit"
+        deltas = [e for e in evs if isinstance(e, Delta)]
+        assert sum(len(d.token_ids) for d in deltas) == 24 == evs[-1].completion_tokens
+    fast_ids = [t for e in fast if isinstance(e, Delta) for t in e.token_ids]
+    slow_ids = [t for e in slow if isinstance(e, Delta) for t in e.token_ids]
+    assert fast_ids == slow_ids  # greedy: same tokens however they are chunked
+    assert len([e for e in slow if isinstance(e, Delta)]) < 24 / 2
+    assert "".join(e.text for e in fast if isinstance(e, Delta)) == "".join(
+        e.text for e in slow if isinstance(e, Delta)
+    )
+
+
+def test_token_id_prompts_and_prompt_errors(actor: EngineActor) -> None:
+    evs = asyncio.run(
+        collect(
+            actor,
+            GenerateRequest(request_id="ids", prompt_ids=(1, 2, 3), sampling=SamplingOptions(max_tokens=3)),
+        )
+    )
+    assert isinstance(evs[0], Accepted) and evs[0].prompt_tokens == 3 and isinstance(evs[-1], Finished)
+    long = ({"role": "user", "content": "lorem ipsum dolor " * 400},)
+    (ev,) = asyncio.run(collect(actor, req("long", messages=long)))
+    assert isinstance(ev, Failed) and (ev.status, ev.code, ev.param) == (
+        400,
+        "context_length_exceeded",
+        "messages",
+    )
+    (ev,) = asyncio.run(collect(actor, GenerateRequest(request_id="bad", prompt_ids=(10**9,))))
+    assert isinstance(ev, Failed) and ev.status == 400 and "prompt_ids" in ev.message
+
+
+def test_queue_full_and_cancel_free_the_lane(artifact: str) -> None:
+    a = make(artifact, max_concurrency=1, queue_depth=0)
+
+    async def scenario() -> tuple[list[object], list[object]]:
+        first = a.generate(req("long", 400))
+        assert isinstance(await anext(first), Accepted)
+        refused = await collect(a, req("second"))
+        assert (await a.stats()).lanes_busy == 1
+        assert await a.cancel("long")
+        rest = [ev async for ev in first]
+        return refused, rest
+
+    try:
+        refused, rest = asyncio.run(scenario())
+        assert len(refused) == 1 and isinstance(refused[0], Failed)
+        assert (refused[0].status, refused[0].code, refused[0].retry_after) == (429, "queue_full", 1.0)
+        assert isinstance(rest[-1], Finished) and rest[-1].finish_reason == "cancelled"
+        st = asyncio.run(a.stats())
+        assert (st.lanes_busy, st.open_streams) == (0, 0)
+        assert isinstance(asyncio.run(collect(a, req("after", 2)))[-1], Finished)
+    finally:
+        asyncio.run(a.shutdown())
+
+
+def test_dropped_consumer_cancels(actor: EngineActor) -> None:
+    async def scenario() -> None:
+        gen = actor.generate(req("dropped", 400))
+        await anext(gen)
+        await anext(gen)
+        await gen.aclose()  # what Ray does when the caller goes away
+        for _ in range(100):
+            if (await actor.stats()).lanes_busy == 0:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("lane still busy 1 s after the consumer left")
+
+    asyncio.run(scenario())
+
+
+def test_engine_failure_fails_requests_and_the_actor_keeps_serving(actor: EngineActor) -> None:
+    runner = actor._engine.engine._runner
+    real = runner.execute
+    calls = {"n": 0}
+
+    def flaky(batch: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected device fault")
+        return real(batch)
+
+    runner.execute = flaky
+    try:
+        evs = asyncio.run(collect(actor, req("victim", 50)))
+    finally:
+        runner.execute = real
+    assert isinstance(evs[-1], Failed) and evs[-1].code == "engine_error" and evs[-1].status == 500
+    assert "injected device fault" in evs[-1].message
+    assert (asyncio.run(actor.stats())).engine_failures == 1
+    assert asyncio.run(actor.health()).ok
+    after = asyncio.run(collect(actor, req("survivor", 4)))
+    assert isinstance(after[-1], Finished) and after[-1].completion_tokens == 4
