@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # One device run of the CUDA kernel checks: compile every family (timed), run the GPU tests against the NumPy
 # reference, time a few decode/prefill kernels against the copy and cuBLAS ceilings, print a short table last.
-# Installs nothing the machine has: only pytest (+deps) from .whl-cuda/ when the image lacks it.
+# Installs nothing the machine has: only pytest (+deps) and msgspec from .whl-cuda/ where the image lacks them.
 # Usage (repository root, on the device): bash perf/device_check.sh   (writes under $OUT, default ./out)
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if ! python3 -c "import pytest" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-cuda/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+# each missing module gets its own wheels, appended after the image's paths
+for need in "pytest:pytest pluggy iniconfig packaging pygments" "msgspec:msgspec"; do
+  mod=${need%%:*}
+  python3 -c "import $mod" 2>/dev/null && continue
+  whls=$(for w in ${need#*:}; do ls .whl-cuda/$w-*.whl; done)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-$mod $whls \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site-$mod
+done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 - <<'PY' 2>&1 | tee "$OUT/compile.txt"
 import time, cupy

@@ -346,12 +346,13 @@ def test_qk_norm_rope_kv_write(cp: Any, report: list, t: str, ct: str) -> None:
         q_ref = ops.apply_rope(ops.rmsnorm_offset(q, qw, 1e-6), cos, sin)
         k_ref = ops.apply_rope(ops.rmsnorm_offset(k.reshape(n, hkv, d), kw, 1e-6), cos, sin)
         # angles up to 3000 rad in fp32: cos/sin argument rounding differs by ~1e-4 between implementations
-        tol = 5e-4 if t == "float" else TOL[t]
+        tol = 1e-3 if t == "float" else TOL[t]
         _close(report, f"rope q {t} d={d}", _host(cp, q_out), q_ref, tol)
         kc = _host(cp, k_cache).reshape(-1, hkv, d)[slots]
         vc = _host(cp, v_cache).reshape(-1, hkv, d)[slots]
         _close(report, f"rope k->cache {t}/{ct} d={d}", kc, k_ref, 5e-4 if ct == "float" else TOL["bf16"])
-        _close(report, f"v->cache {t}/{ct} d={d}", vc, v.reshape(n, hkv, d), 0.0)
+        v_ref = v.reshape(n, hkv, d)
+        _close(report, f"v->cache {t}/{ct} d={d}", vc, bf16_round(v_ref) if ct == "bf16" else v_ref, 0.0)
 
 
 def _cache(cp: Any, rng: np.random.Generator, lens: list[int], hkv: int, d: int, ct: str, page: int) -> tuple:
@@ -449,3 +450,36 @@ def test_moe_route(cp: Any, report: list, e: int, k: int) -> None:
         "top-k ids (ties to the lower id) differ"
     )
     _close(report, f"router E={e} k={k}", cp.asnumpy(w), ref_w, 1e-6)
+
+
+# ---- sampling ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_argmax_masked(cp: Any, t: str) -> None:
+    from ninfer.cuda.sampling import argmax_masked
+
+    rng = np.random.default_rng(15)
+    for rows, v, limit in ((1, 100, 100), (5, 1000, 990), (3, 248320, 248077)):
+        logits = _inputs(rng, (rows, v), t)
+        logits = np.round(logits * 2) / 2  # coarse grid: ties everywhere, the lowest id must win
+        bits = rng.random((rows, v)) < 0.3
+        bits[0] = False  # nothing allowed: -1
+        words = np.packbits(np.pad(bits, ((0, 0), (0, -v % 32))), axis=1, bitorder="little").view("<i4")
+        got = cp.asnumpy(argmax_masked(_dev(cp, logits, t), cp.asarray(words), limit=limit))
+        plain = cp.asnumpy(argmax_masked(_dev(cp, logits, t)))
+        assert np.array_equal(plain, np.argmax(logits, axis=1)), "unmasked argmax (lowest id on ties)"
+        allowed = bits.copy()
+        allowed[:, limit:] = False
+        ref = np.where(allowed.any(axis=1), np.argmax(np.where(allowed, logits, -np.inf), axis=1), -1)
+        assert np.array_equal(got, ref), f"masked argmax differs: {got} vs {ref}"
+
+
+def test_counter_uniform(cp: Any) -> None:
+    sampler = pytest.importorskip("ninfer.engine.sampler")
+    from ninfer.cuda.sampling import counter_uniform
+
+    rng = np.random.default_rng(16)
+    seeds = rng.integers(0, 2**63, 64, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    pos = rng.integers(0, 2**40, 64, dtype=np.uint64)
+    got = cp.asnumpy(counter_uniform(cp.asarray(seeds), cp.asarray(pos)))
+    ref = np.array([sampler.uniform(int(s), int(p)) for s, p in zip(seeds, pos, strict=True)])
+    assert np.array_equal(got, ref), "GPU uniforms must equal engine.sampler.uniform bit for bit"

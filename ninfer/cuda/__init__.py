@@ -19,6 +19,7 @@ FAMILY_MODULES = (
     "ninfer.cuda.gdn",
     "ninfer.cuda.attention",
     "ninfer.cuda.router",
+    "ninfer.cuda.sampling",
 )
 
 
