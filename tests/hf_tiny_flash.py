@@ -105,17 +105,18 @@ def hf_state(model: Any) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
-def random_mtp(cfg: Any, seed: int = 0, scale: float = 0.2) -> dict[str, np.ndarray]:
-    """bf16-exact random ``mtp.*`` tensors for a FlashNextConfig (norm weights small, others N(0, scale))."""
-    from ninfer.flash_next.names import mtp_shapes
+def random_weights(cfg: Any, seed: int = 0, *, mtp: bool = True, scale: float = 0.2) -> dict[str, np.ndarray]:
+    """bf16-exact random canonical weights for a FlashNextConfig without transformers (fast): every tensor of
+    ``expected_shapes`` (MTP included when ``mtp``); 1-D norm weights N(0, 0.3), ``A_log``/``dt_bias`` |N|,
+    matrices N(0, scale)."""
+    from ninfer.flash_next.names import expected_shapes
 
     rng = np.random.default_rng(seed)
     out = {}
-    for name, shape in mtp_shapes(cfg).items():
-        s = 0.3 if len(shape) == 1 else scale
-        a = rng.normal(0.0, s, shape)
+    for name, shape in expected_shapes(cfg, mtp=mtp).items():
+        a = rng.normal(0.0, 0.3 if len(shape) == 1 else scale, shape)
         if name.endswith(("A_log", "dt_bias")):
-            a = np.abs(a)
+            a = np.abs(a) + 0.5
         out[name] = bf16_exact(a.astype(np.float32))
     return out
 
