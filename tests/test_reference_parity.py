@@ -73,6 +73,11 @@ def rel_err(x: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(x - ref).max() / np.abs(ref).max())
 
 
+@pytest.fixture(scope="module")
+def prompt() -> np.ndarray:
+    return np.random.default_rng(1234).integers(0, 256, PROMPT_LEN)
+
+
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def pair(request):
     kind, seed, overrides = CONFIGS[request.param]
@@ -82,8 +87,9 @@ def pair(request):
 
 
 @pytest.fixture(scope="module")
-def prompt() -> np.ndarray:
-    return np.random.default_rng(1234).integers(0, 256, PROMPT_LEN)
+def prompt_ref(pair, prompt) -> np.ndarray:
+    """transformers' logits of the whole prompt, computed once per config."""
+    return hf_logits(pair[0], prompt)
 
 
 def hf_logits(hf, ids: np.ndarray, position_ids: np.ndarray | None = None) -> np.ndarray:
@@ -99,9 +105,9 @@ def test_config_shapes_are_exercised(pair):
     assert model.lm_head(model.forward([1, 2], model.new_state())).shape == (2, cfg.vocab_size)
 
 
-def test_full_prefill_logits(pair, prompt):
-    hf, model = pair
-    ref = hf_logits(hf, prompt)
+def test_full_prefill_logits(pair, prompt, prompt_ref):
+    _, model = pair
+    ref = prompt_ref
     state = model.new_state()
     got = model.lm_head(model.forward(prompt, state))
     assert state.length == PROMPT_LEN
@@ -112,10 +118,10 @@ def test_full_prefill_logits(pair, prompt):
     "sizes",
     [(1, 1, 1, 147), (70, 1, 79), (1, 63, 65, 21), (33, 33, 33, 33, 18), (64, 64, 22), (129, 1, 1, 1, 1, 17)],
 )
-def test_chunked_prefill_logits(pair, prompt, sizes):
-    hf, model = pair
+def test_chunked_prefill_logits(pair, prompt, prompt_ref, sizes):
+    _, model = pair
     assert sum(sizes) == PROMPT_LEN
-    ref = hf_logits(hf, prompt)
+    ref = prompt_ref
     state, outs, at = model.new_state(), [], 0
     for n in sizes:
         outs.append(model.lm_head(model.forward(prompt[at : at + n], state)))

@@ -182,6 +182,7 @@ class CachedWeights:
             raise WeightError(
                 f"{name}: shape {list(arr.shape)} does not match the config, expected {list(shape)}"
             )
+        arr = arr.view()  # read-only view: the source's own array keeps its flags
         arr.setflags(write=False)
         self._cache[name] = arr
         return arr
