@@ -8,6 +8,7 @@ undocumented tie order, so every test first asserts that no selection in it had 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from hf_tiny_flash import EOS, build_tiny, hf_greedy, hf_logits, hf_state
 
 from ninfer.flash_next import FlashNext, FlashNextConfig
 from ninfer.flash_next.hf import canonical_from_hf
-from ninfer.reference.weights import DictWeights
+from ninfer.reference.weights import DictWeights, WeightError
 
 pytest.importorskip("transformers")
 
@@ -111,3 +112,22 @@ def test_greedy_32_steps_identical(case: Case) -> None:
     case.check_no_ties()
     assert got == want
     assert state.length == 52 and state.length > case.cfg.dense_max_visible
+
+
+def test_saved_checkpoint_shards_map_to_the_same_weights(case: Case, tmp_path: Path) -> None:
+    """save_pretrained writes the n-gram table as split_ngram_parts shards plus the derived i64 buffers."""
+    from safetensors.numpy import load_file
+
+    case.hf_model.save_pretrained(tmp_path)
+    tensors: dict[str, np.ndarray] = {}
+    for f in sorted(tmp_path.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    assert any(".shard_3." in k for k in tensors) and any(k.endswith("layer_multipliers") for k in tensors)
+    from_files = canonical_from_hf(case.cfg, tensors)
+    from_state = canonical_from_hf(case.cfg, hf_state(case.hf_model))
+    assert from_files.keys() == from_state.keys()
+    for k, v in from_files.items():
+        np.testing.assert_array_equal(v, from_state[k], err_msg=k)
+    tensors["model.layers.1.ple.ple_embedding.layer_multipliers"] = np.array([3, 5, 7], np.int64)
+    with pytest.raises(WeightError, match="layer_multipliers"):
+        canonical_from_hf(case.cfg, tensors)

@@ -96,11 +96,11 @@ def test_clone_and_forward_batch(model: FlashNext) -> None:
     a, b = model.new_state(), model.new_state()
     model.forward(_ids(13, 7), a)
     model.forward(_ids(9, 8), b)
-    c = a.clone()
-    nxt = [_ids(6, 9), _ids(3, 10)]
-    batch = model.forward_batch(nxt, [a, b])
-    np.testing.assert_array_equal(batch[0], model.forward(nxt[0], c))
-    assert a.length == 19 and b.length == 12 and c.length == 19
+    c, d = a.clone(), b.clone()
+    batch = model.forward_batch([17, 99], [a, b])
+    np.testing.assert_array_equal(batch[0], model.forward([17], c)[0])
+    np.testing.assert_array_equal(batch[1], model.forward([99], d)[0])
+    assert a.length == 14 and b.length == 10 and c.length == 14
 
 
 def test_snapshot_is_independent_and_sized(model: FlashNext) -> None:
@@ -123,7 +123,10 @@ def test_snapshot_is_independent_and_sized(model: FlashNext) -> None:
 def test_errors_are_clear(model: FlashNext) -> None:
     with pytest.raises(ValueError, match="outside the vocabulary"):
         model.forward([300], model.new_state())
-    with pytest.raises(ValueError, match="at least one token"):
+    with pytest.raises(ValueError, match="non-empty 1-D"):
         model.forward([], model.new_state())
+    with pytest.raises(ValueError, match="text only"):
+        model.forward([5, 6], model.new_state(), positions=np.array([[0, 1], [0, 1], [0, 2]]))
+    model.forward([5, 6], model.new_state(), positions=np.array([0, 1]))  # restating text positions is fine
     with pytest.raises(ValueError, match="layer counts"):
         model.new_state().restore_gdn(model.new_mtp_state().snapshot_gdn())

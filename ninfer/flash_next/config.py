@@ -21,7 +21,6 @@ from ninfer.config import ConfigError
 __all__ = ["FlashNextConfig", "ConfigError", "MODEL_TYPES", "ngram_head_sizes"]
 
 MODEL_TYPES = ("qwen4_exp", "qwen4_exp_text")
-_QSA_NAMES = ("full_attention", "indexed_attention", "qwen_sparse_attention", "qsa")
 
 
 @functools.lru_cache(maxsize=16)
@@ -212,6 +211,19 @@ class FlashNextConfig:
     @property
     def gdn_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t == "linear_attention")
+
+    # names the Qwen3.6 engine code sizes caches by: QSA layers hold the K/V, GDN layers the recurrent state
+    @property
+    def arch(self) -> str:
+        return "qwen4_exp"
+
+    @property
+    def full_attention_layers(self) -> tuple[int, ...]:
+        return self.qsa_layers
+
+    @property
+    def linear_attention_layers(self) -> tuple[int, ...]:
+        return self.gdn_layers
 
     @property
     def block_topk(self) -> int:

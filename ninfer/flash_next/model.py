@@ -43,6 +43,16 @@ F32 = np.float32
 MTP_ATTN_IDX = 0  # the MTP head's own one-layer caches
 
 
+def _check_text_positions(positions: np.ndarray, start: int, t: int) -> None:
+    pos = np.asarray(positions)
+    want = np.arange(start, start + t)
+    rows = pos.reshape(-1, t) if pos.size in (t, 3 * t) else None
+    if rows is None or rows.shape[0] not in (1, 3) or not all(np.array_equal(r, want) for r in rows):
+        raise ValueError(
+            f"positions: the Flash-Next reference runs text only; expected {start}..{start + t - 1}"
+        )
+
+
 class FlashNext:
     def __init__(
         self, cfg: FlashNextConfig, weights: WeightSource, *, select_hook: SelectHook | None = None
@@ -112,9 +122,14 @@ class FlashNext:
 
     # ---- forward --------------------------------------------------------------------------------------------
     def _check_ids(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
-        if ids.size == 0:
-            raise ValueError("forward needs at least one token")
+        raw = np.asarray(token_ids)
+        if raw.ndim != 1 or raw.size == 0:
+            raise ValueError(
+                f"token_ids: expected a non-empty 1-D sequence of ids, got shape {list(raw.shape)}"
+            )
+        if not np.issubdtype(raw.dtype, np.integer):
+            raise ValueError(f"token_ids: expected integer ids, got dtype {raw.dtype}")
+        ids = raw.astype(np.int64)
         if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
             bad = int(ids[(ids < 0) | (ids >= self.cfg.vocab_size)][0])
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.cfg.vocab_size})")
@@ -186,17 +201,29 @@ class FlashNext:
         state.length = start + ids.size
         return out, h
 
-    def forward(self, token_ids: Sequence[int] | np.ndarray, state: FlashNextState) -> np.ndarray:
+    def forward(
+        self,
+        token_ids: Sequence[int] | np.ndarray,
+        state: FlashNextState,
+        positions: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Append ``token_ids[T]``; returns the collapsed hidden ``[T, D]``. ``positions`` (``[T]`` or ``[3, T]``)
+        may only restate the text positions state.length..: the reference runs text (vision is not here)."""
+        if positions is not None:
+            _check_text_positions(positions, state.length, np.asarray(token_ids).size)
         return self.forward_streams(token_ids, state)[0]
 
     def forward_batch(
-        self, token_ids: Sequence[Sequence[int] | np.ndarray], states: Sequence[FlashNextState]
-    ) -> list[np.ndarray]:
-        """One forward per sequence (the reference runs them one after another; every op is row independent,
-        so each result equals its solo forward bit for bit)."""
-        if len(token_ids) != len(states):
-            raise ValueError(f"forward_batch: {len(token_ids)} token lists for {len(states)} states")
-        return [self.forward(ids, st) for ids, st in zip(token_ids, states, strict=True)]
+        self, token_ids: Sequence[int] | np.ndarray, states: Sequence[FlashNextState]
+    ) -> np.ndarray:
+        """One new token for each of B independent sequences; returns hidden ``[B, D]``. Row b is bitwise
+        ``forward([token_ids[b]], states[b])`` (the reference runs the sequences one after another)."""
+        ids = self._check_ids(token_ids)
+        if len(states) != ids.size:
+            raise ValueError(f"forward_batch: {ids.size} token ids for {len(states)} states")
+        if len({id(s) for s in states}) != len(states):
+            raise ValueError("forward_batch: the same state appears twice in one batch")
+        return np.concatenate([self.forward(ids[b : b + 1], st) for b, st in enumerate(states)], axis=0)
 
     def lm_head(self, h: np.ndarray) -> np.ndarray:
         name = "embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
