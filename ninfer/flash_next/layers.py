@@ -14,7 +14,9 @@ import numpy as np
 
 from ninfer.flash_next import ops as fops
 from ninfer.flash_next.config import FlashNextConfig
+from ninfer.flash_next.state import IndexStore
 from ninfer.reference import ops
+from ninfer.reference.kv import KVCache
 
 __all__ = ["Rope", "QsaCaches", "gdn_block", "qsa_block", "moe_block", "ple_block", "SelectHook"]
 
@@ -41,8 +43,8 @@ class Rope:
 class QsaCaches:
     """The caches one QSA layer call reads and writes: K/V and pooled index keys (positional), the open block."""
 
-    kv: object  # write/read (contract KVCache)
-    index: object  # write_index/read_index
+    kv: KVCache
+    index: IndexStore
     attn_idx: int
     open_keys: np.ndarray  # [start % ratio, Dix] raw keys after the last complete block
 
@@ -91,9 +93,9 @@ def _index_update(
         pooled = fops.qsa_pool_keys(
             blocks, w(f"{p}self_attn.indexer.k_layernorm.weight"), cfg.rms_norm_eps, cos, sin
         )
-        c.index.write_index(c.attn_idx, first, pooled)  # type: ignore[attr-defined]
+        c.index.write_index(c.attn_idx, first, pooled)
     c.open_keys = np.ascontiguousarray(pending[n_new * ratio :])
-    return c.index.read_index(c.attn_idx, first + n_new)  # type: ignore[attr-defined]
+    return c.index.read_index(c.attn_idx, first + n_new)
 
 
 def qsa_block(
@@ -120,8 +122,8 @@ def qsa_block(
     k = ops.linear(x, w(a + "k_proj.weight")).reshape(t, hkv, d)
     k = ops.apply_rope(ops.rmsnorm_offset(k, w(a + "k_norm.weight"), cfg.rms_norm_eps), cos, sin)
     v = ops.linear(x, w(a + "v_proj.weight")).reshape(t, hkv, d)
-    c.kv.write(c.attn_idx, start, k, v)  # type: ignore[attr-defined]
-    kc, vc = c.kv.read(c.attn_idx, start + t)  # type: ignore[attr-defined]
+    c.kv.write(c.attn_idx, start, k, v)
+    kc, vc = c.kv.read(c.attn_idx, start + t)
 
     qi, raw = fops.qsa_index_qk(
         x, w(a + "indexer.index_qk_proj.weight"), w(a + "indexer.q_layernorm.weight"), cfg.indexer_n_heads,

@@ -17,15 +17,25 @@ The hyper-connection streams carry nothing across tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from ninfer.flash_next.config import FlashNextConfig
 from ninfer.reference.kv import ContiguousKV, KVCache
 
-__all__ = ["IndexKeys", "FlashNextState", "FlashSnapshot", "KVCache", "ContiguousKV"]
+__all__ = ["IndexStore", "IndexKeys", "FlashNextState", "FlashSnapshot", "KVCache", "ContiguousKV"]
 
 F32 = np.float32
+
+
+@runtime_checkable
+class IndexStore(Protocol):
+    """Pooled QSA index keys, positional like K/V: block b of layer ``attn_idx`` covers tokens 4b..4b+3."""
+
+    def write_index(self, attn_idx: int, block: int, keys: np.ndarray) -> None: ...
+
+    def read_index(self, attn_idx: int, n_blocks: int) -> np.ndarray: ...
 
 
 class IndexKeys:
@@ -120,7 +130,7 @@ class FlashNextState:
         n_attn = len(cfg.qsa_layers) if n_qsa is None else n_qsa
         if kv is None:
             kv = ContiguousKV(n_attn, cfg.num_key_value_heads, cfg.head_dim)
-        index = None if hasattr(kv, "write_index") else IndexKeys(n_attn, cfg.indexer_head_dim)
+        index = None if isinstance(kv, IndexStore) else IndexKeys(n_attn, cfg.indexer_head_dim)
         n_gdn = 0 if mtp else len(cfg.gdn_layers)
         n_ple = 0 if mtp else len(cfg.ple_layers)
         conv_shape = (cfg.gdn_conv_channels, cfg.linear_conv_kernel_dim - 1)
@@ -137,9 +147,9 @@ class FlashNextState:
         )
 
     @property
-    def index_store(self) -> IndexKeys | KVCache:
+    def index_store(self) -> IndexStore:
         """Where the pooled index keys live: the kv object when it has ``write_index``, else ``self.index``."""
-        return self.index if self.index is not None else self.kv
+        return self.index if self.index is not None else self.kv  # type: ignore[return-value]
 
     def snapshot_gdn(self) -> FlashSnapshot:
         """Copy of everything a resume at ``self.length`` needs beyond the positional K/V (contract name kept from
