@@ -188,10 +188,10 @@ def test_kv_and_state_dtypes_run_and_threads_submit(model) -> None:  # noqa: ANN
         with _engine(model, max_concurrency=3, queue_depth=6, **kw) as eng:
             results: dict[int, list[int]] = {}
 
-            def worker(i: int) -> None:
+            def worker(i: int, eng: Engine = eng, results: dict = results) -> None:
                 results[i] = (
                     eng.submit(prompts[i], max_tokens=6, ignore_eos=True).result(timeout=120).token_ids
-                )  # noqa: B023
+                )
 
             threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
             for t in threads:

@@ -36,6 +36,7 @@ from .prefix_cache import PrefixCache
 from .sampler import MaskError, sample
 from .scheduler import Scheduler
 from .stop import TextStream
+from .turns import TurnMarker
 
 __all__ = ["Engine"]
 
@@ -59,15 +60,13 @@ class Engine:
         *,
         eos_token_ids: Sequence[int] = (),
         token_limit: int | None = None,
-        turn_marker_ids: Sequence[int] = (),
+        turns: TurnMarker | None = None,
         background: bool = True,
     ) -> None:
         self.config, self.model_config, self.tokenizer = cfg, model_config, tokenizer
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._token_limit = token_limit
-        # A turn-start token (Qwen: <|im_start|>). The prompt's last one gets a reserved checkpoint too: when the
-        # next turn re-renders the assistant turn (thinking dropped) the prompts part right after it.
-        self._turn_markers = frozenset(int(t) for t in turn_marker_ids)
+        self._turns = turns  # chat-format knowledge: where the next turn's prompt will part (turns.py)
         self._runner = ModelRunner(net, model_config, cfg)
         self._pool = PagePool(cfg.num_pages)
         cache = None
@@ -125,7 +124,6 @@ class Engine:
             net, mc = model, getattr(model, "cfg", None) or model.config
             eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ()) or mc.eos_token_ids
             limit = getattr(tokenizer, "vocab_size", None)
-        marker = getattr(tokenizer, "token_to_id", lambda _: None)("<|im_start|>")
         return cls(
             net,
             mc,
@@ -133,7 +131,7 @@ class Engine:
             cfg,
             eos_token_ids=eos,
             token_limit=limit,
-            turn_marker_ids=() if marker is None else (marker,),
+            turns=TurnMarker.from_tokenizer(tokenizer) if tokenizer is not None else None,
             background=background,
         )
 
@@ -148,6 +146,7 @@ class Engine:
         *,
         token_mask: TokenMask | None = None,
         on_event: Callable[[Event], None] | None = None,
+        checkpoint_at: Sequence[int] | None = None,
         **sampling: Any,
     ) -> Handle:
         """Queue a request; returns its handle at once. Raises ``QueueFull`` or ``RequestError``.
@@ -155,6 +154,8 @@ class Engine:
         ``sampling``: the other ``SamplingParams`` fields (top_k, top_p, min_p, presence/frequency/repetition
         penalties, stop_token_ids, ignore_eos). ``token_mask``: the grammar hook (see ``core.TokenMask``).
         ``on_event``: called from the engine thread with every event as it is produced.
+        ``checkpoint_at``: prompt positions where the next turn's prompt may part from this one (reserved
+        checkpoints); default: found from the chat format (``turns.py``).
         """
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         try:
@@ -167,7 +168,9 @@ class Engine:
             )
         except TypeError as e:
             raise RequestError(f"unknown sampling setting: {e}") from None
-        return self.submit_params(prompt_ids, params, token_mask=token_mask, on_event=on_event)
+        return self.submit_params(
+            prompt_ids, params, token_mask=token_mask, on_event=on_event, checkpoint_at=checkpoint_at
+        )
 
     def submit_params(
         self,
@@ -176,6 +179,7 @@ class Engine:
         *,
         token_mask: TokenMask | None = None,
         on_event: Callable[[Event], None] | None = None,
+        checkpoint_at: Sequence[int] | None = None,
     ) -> Handle:
         """``submit`` with ready ``SamplingParams``."""
         params.check()
@@ -206,7 +210,7 @@ class Engine:
                 else FinishReason.CONTEXT_CAPACITY,
                 tokens=prompt,
                 token_mask=token_mask,
-                marks=self._marks(prompt),
+                marks=self._marks(prompt, checkpoint_at),
                 t_submit=time.monotonic(),
             )
             handle = Handle(self, rid, on_event)
@@ -219,11 +223,10 @@ class Engine:
             self._cv.notify_all()
         return handle
 
-    def _marks(self, prompt: list[int]) -> tuple[int, ...]:
-        if not self._turn_markers:
-            return ()
-        q = next((i for i in range(len(prompt) - 1, 0, -1) if prompt[i] in self._turn_markers), 0)
-        return (q,) if q > 0 else ()
+    def _marks(self, prompt: list[int], explicit: Sequence[int] | None) -> tuple[int, ...]:
+        if explicit is not None:
+            return tuple(sorted({int(q) for q in explicit if 0 < int(q) < len(prompt)}))
+        return self._turns.marks(prompt) if self._turns is not None else ()
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
         ids = [int(t) for t in prompt_ids]

@@ -121,6 +121,20 @@ class PrefixCache:
         assert end.ckpt is not None and len(pages) == -(-end.end // self.P)
         return Match(end, end.end, end.ckpt, pages)
 
+    def node_at(self, tokens: list[int], pos: int) -> Node | None:
+        """The node holding a checkpoint exactly at ``pos`` on ``tokens``' path, if any."""
+        node, i = self.root, 0
+        while i < pos:
+            child = node.children.get(tokens[i])
+            if (
+                child is None
+                or child.end > pos
+                or _common(child.tokens, tokens[i : child.end]) < len(child.tokens)
+            ):
+                return None
+            node, i = child, child.end
+        return node if node is not self.root and node.ckpt is not None else None
+
     def touch(self, node: Node) -> None:
         self._tick += 1
         n: Node | None = node
@@ -302,9 +316,15 @@ class PrefixCache:
         return rid in self._reservations
 
     def reservation_of(self, node: Node) -> int | None:
-        """The newest reservation holding ``node``'s checkpoint, if any."""
+        """The newest reservation holding a checkpoint on ``node``'s root path: the sequence it continues."""
+        path: set[int] = set()
+        n: Node | None = node
+        while n is not None:
+            if n.reserved:
+                path.add(n.id)
+            n = n.parent
         for rid in reversed(self._reservations):
-            if any(n is node for n in self._reservations[rid]):
+            if any(x.id in path for x in self._reservations[rid]):
                 return rid
         return None
 

@@ -141,6 +141,10 @@ class Scheduler:
         assert self.cache is not None
         self.cache.touch(m.node)
         req.resumed_reservation = self.cache.reservation_of(m.node)
+        for q in req.marks:  # a turn start inside the reused part keeps its (earlier) checkpoint reserved
+            node = self.cache.node_at(req.tokens, q) if q <= c else None
+            if node is not None:
+                self._reservation[req.id] = self.cache.extend_reservation(self._reservation.get(req.id), node)
         copy = (boundary[0], fresh[0], c % P) if boundary else None
         return LaneSetup(lane, shared + fresh, m.ckpt, c, copy)
 
