@@ -219,3 +219,55 @@ def test_open_from_path_and_bad_requests(demo_path: str) -> None:
             eng.submit([1], max_tokens=1, top_p=0.0)
         with pytest.raises(RequestError, match="empty"):
             eng.submit([], max_tokens=1)
+
+
+def test_penalties_and_seeds_in_the_engine(model) -> None:  # noqa: ANN001
+    prompt = list(range(40, 60))
+    allowed = np.zeros(model.config.vocab_size, bool)
+    allowed[[100, 200, 300, 400]] = True
+
+    def run(**kw: float) -> list[int]:
+        h = eng.submit(prompt, max_tokens=8, ignore_eos=True, token_mask=lambda g: allowed, **kw)
+        return h.result(timeout=60).token_ids
+
+    with _engine(model) as eng:
+        plain = run()
+        counts = np.bincount(plain, minlength=401)[[100, 200, 300, 400]]
+        assert len(set(plain[:4])) < 4 and sorted(counts) != [2] * 4  # without penalties greedy repeats
+        assert len(set(run(presence_penalty=1e4)[:4])) == 4  # every repeat is worse than any new token
+        assert sorted(np.bincount(run(frequency_penalty=1e4), minlength=401)[[100, 200, 300, 400]]) == [2] * 4
+        assert run(repetition_penalty=100.0) != plain
+
+        def sampled(seed: int | None) -> list[int]:
+            h = eng.submit(prompt, max_tokens=12, temperature=1.0, seed=seed, ignore_eos=True)
+            return h.result(timeout=60).token_ids
+
+        assert sampled(11) == sampled(11) and sampled(11) != sampled(12)
+        assert sampled(None) != sampled(None)  # no seed: a fresh stream per request
+
+
+def test_model_failure_fails_running_requests_and_engine_recovers(model) -> None:  # noqa: ANN001
+    eng = _engine(model, background=False)
+    net = eng._runner.net
+    original = net.forward_batch
+    calls = {"n": 0}
+
+    def flaky(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise FloatingPointError("boom")
+        return original(*args, **kw)
+
+    net.forward_batch = flaky
+    try:
+        c = eng.submit(list(range(30)), max_tokens=8, ignore_eos=True).result()
+        assert c.finish_reason == "error" and "boom" in c.error
+        ok = eng.submit(list(range(30)), max_tokens=4, ignore_eos=True).result()
+        assert ok.finish_reason == "output_limit" and ok.usage.completion_tokens == 4
+    finally:
+        net.forward_batch = original
+    st = eng.stats()
+    assert (
+        st.lanes_busy == 0 and st.kv_pages_active == 0 and st.checkpoint_bytes <= st.checkpoint_budget_bytes
+    )
+    eng.close()

@@ -13,41 +13,28 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from .config import EngineConfig, EngineConfigError
 from .core import (
     EngineClosed,
     EngineStats,
     Event,
-    Finish,
     FinishReason,
     QueueFull,
     Request,
     RequestError,
     SamplingParams,
-    TokenDelta,
     TokenMask,
 )
-from .handle import Handle, completion_of
+from .handle import Handle
 from .kv_pool import PagePool
 from .model_runner import ModelRunner
+from .output import Outputs
 from .prefix_cache import PrefixCache
-from .sampler import MaskError, sample
 from .scheduler import Scheduler
 from .stop import TextStream
 from .turns import TurnMarker
 
 __all__ = ["Engine"]
-
-
-class _Live:
-    """What the engine keeps per unfinished request besides the scheduler's record."""
-
-    __slots__ = ("req", "handle", "text", "stop_ids")
-
-    def __init__(self, req: Request, handle: Handle, text: TextStream, stop_ids: frozenset[int]) -> None:
-        self.req, self.handle, self.text, self.stop_ids = req, handle, text, stop_ids
 
 
 class Engine:
@@ -84,10 +71,10 @@ class Engine:
         self._sched = Scheduler(cfg, self._pool, cache)
         self._cv = threading.Condition(threading.RLock())
         self._step_lock = threading.Lock()
-        self._live: dict[int, _Live] = {}
+        self._out = Outputs(self._sched, token_limit)
         self._next_id = 1
         self._closed = False
-        self._steps = self._finished = self._decode_tokens = 0
+        self._steps = 0
         self._thread: threading.Thread | None = None
         if background:
             self._thread = threading.Thread(target=self._loop, name="ninfer-engine", daemon=True)
@@ -214,11 +201,11 @@ class Engine:
                 t_submit=time.monotonic(),
             )
             handle = Handle(self, rid, on_event)
-            self._live[rid] = _Live(req, handle, text, stop_ids)
+            self._out.add(req, handle, text, stop_ids)
             self._sched.add(req)  # admitted at once when a lane and KV capacity are free
             if len(self._sched.waiting) > self.config.queue_depth:
                 self._sched.waiting.pop()
-                del self._live[rid]
+                self._out.drop(rid)
                 raise QueueFull(f"{self.config.queue_depth} requests already wait (queue_depth)")
             self._cv.notify_all()
         return handle
@@ -241,7 +228,7 @@ class Engine:
     def cancel(self, request_id: int) -> None:
         """Stop a request at the next step (its lane and reservation are freed then)."""
         with self._cv:
-            if request_id in self._live:
+            if request_id in self._out:
                 self._sched.cancel(request_id)
                 self._cv.notify_all()
 
@@ -251,74 +238,25 @@ class Engine:
         with self._step_lock:
             with self._cv:
                 batch = self._sched.schedule()  # cancellations, FIFO admission, each lane's next tokens
-                self._emit_finished()
+                self._out.emit_finished()
             if batch.empty:
                 return False
-            logits = self._runner.execute(batch)  # the only call that touches the model
+            try:
+                logits = self._runner.execute(batch)  # the only call that touches the model
+            except Exception as e:  # noqa: BLE001 - fail the running requests, keep serving
+                with self._cv:
+                    self._sched.abort(batch, f"model step failed: {type(e).__name__}: {e}")
+                    self._out.emit_finished()
+                return True
             with self._cv:
-                sampled = [
-                    (self._sched.lanes[w.lane], row)
-                    for w, row in zip([w for w in batch.work if w.sample], logits, strict=True)
-                ]
+                sampled = [w for w in batch.work if w.sample]
+                reqs = [self._sched.lanes[w.lane] for w in sampled]
                 self._sched.after_run(batch)  # computed tokens catch up; checkpoints published; retire
-                for req, row in sampled:
-                    self._accept(req, row)  # sample, detokenize, stop checks, token delta
-                self._emit_finished()
+                for req, row in zip(reqs, logits, strict=True):
+                    self._out.accept(req, row)  # sample, detokenize, stop checks, token delta
+                self._out.emit_finished()
                 self._steps += 1
             return True
-
-    def _accept(self, req: Request | None, logits: np.ndarray) -> None:
-        assert req is not None
-        live = self._live[req.id]
-        try:
-            tok = sample(
-                logits,
-                req.params,
-                seed=req.seed,
-                position=len(req.tokens),
-                counts=req.counts,
-                generated=req.generated,
-                token_mask=req.token_mask,
-                token_limit=self._token_limit,
-            )
-        except MaskError as e:
-            self._sched.finish(req, FinishReason.ERROR, str(e))
-            return
-        req.tokens.append(tok)
-        req.counts[tok] = req.counts.get(tok, 0) + 1
-        self._decode_tokens += 1
-        if req.num_generated == 1:
-            req.t_first = time.monotonic()
-        is_stop = tok in live.stop_ids
-        live.handle._push(TokenDelta(req.id, [tok], "" if is_stop else live.text.push(tok)))
-        if is_stop:
-            self._sched.finish(req, FinishReason.STOP_TOKEN)
-        elif live.text.matched is not None:
-            self._sched.finish(req, FinishReason.STOP_STRING)
-        elif req.num_generated >= req.budget:
-            self._sched.finish(req, req.limit_reason)
-
-    def _emit_finished(self) -> None:
-        for req in self._sched.retired:
-            live = self._live.pop(req.id)
-            tail = live.text.finish()
-            if live.text.matched is not None and req.finish_reason is not FinishReason.STOP_STRING:
-                req.finish_reason = FinishReason.STOP_STRING  # matched in the flushed tail
-            comp = completion_of(req, live.text.text, live.text.matched)
-            self._finished += 1
-            live.handle._finish(
-                Finish(
-                    req.id,
-                    str(req.finish_reason),
-                    comp.usage,
-                    comp.metrics,
-                    tail,
-                    live.text.matched,
-                    req.error,
-                ),
-                comp,
-            )
-        self._sched.retired = []
 
     def _loop(self) -> None:
         while True:
@@ -327,19 +265,7 @@ class Engine:
                     self._cv.wait()
                 if self._closed:
                     return
-            try:
-                self.step()
-            except Exception as e:  # noqa: BLE001 - fail the requests, keep the engine alive
-                self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
-
-    def _fail_all(self, message: str) -> None:
-        with self._cv:
-            for req in list(self._sched.waiting) + self._sched.running:
-                if req.id in self._live:
-                    if req in self._sched.waiting:
-                        self._sched.waiting.remove(req)
-                    self._sched.finish(req, FinishReason.ERROR, message)
-            self._emit_finished()
+            self.step()
 
     # ---- inline driving (background=False), stats, shutdown -------------------------------------------
     def _drive(self, until: Callable[[], bool]) -> None:
@@ -373,11 +299,11 @@ class Engine:
                 reserved_sequences=c.num_reservations if c else 0,
                 prefix_hit_tokens=self._sched.prefix_hit_tokens,
                 prefill_tokens=self._sched.prefill_tokens,
-                decode_tokens=self._decode_tokens,
+                decode_tokens=self._out.decode_tokens,
                 evicted_nodes=c.evicted_nodes if c else 0,
                 evicted_checkpoints=c.evicted_checkpoints if c else 0,
                 steps=self._steps,
-                requests_finished=self._finished,
+                requests_finished=self._out.finished,
             )
 
     def close(self) -> None:
@@ -386,14 +312,14 @@ class Engine:
             if self._closed:
                 return
             self._closed = True
-            for rid in list(self._live):
+            for rid in self._out:
                 self._sched.cancel(rid)
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join()
         with self._step_lock, self._cv:
             self._sched.schedule()
-            self._emit_finished()
+            self._out.emit_finished()
 
     def __enter__(self) -> Engine:
         return self

@@ -193,6 +193,15 @@ class Scheduler:
             return self.cache.new_checkpoint(important=prompt_end or gen_end)
         return None
 
+    def abort(self, batch: Batch, message: str) -> None:
+        """The runner failed on ``batch``: release what it held and fail every running request."""
+        self.pool.decref([s.copy_page[0] for s in batch.setups if s.copy_page is not None])
+        for w in batch.work:
+            if w.save_checkpoint is not None and self.cache is not None:
+                self.cache.discard_checkpoint(w.save_checkpoint)
+        for req in self.running:
+            self.finish(req, FinishReason.ERROR, message)
+
     # ---- after the runner -------------------------------------------------------------------------------
     def after_run(self, batch: Batch) -> None:
         """Advance token accounting, publish the checkpoints just taken, retire requests that are done."""
