@@ -74,8 +74,13 @@ class Scheduler:
             self.pool.decref(self.lane_pages[req.lane])
             self.lanes[req.lane], self.lane_pages[req.lane] = None, []
         own = self._reservation.pop(req.id, None)
-        if self.cache is not None and own is not None and req.resumed_reservation != own:
+        superseded = any(pos >= req.prompt_len for pos, _ in req.checkpoints)  # its own end-of-prompt exists
+        if self.cache is not None and superseded and req.resumed_reservation != own:
             self.cache.release(req.resumed_reservation)  # this turn supersedes the one it continued
+        elif self.cache is not None and not superseded and own != req.resumed_reservation:
+            self.cache.release(
+                own
+            )  # stopped before its prompt ended: the sequence's latest turn stays as it was
         req.status, req.t_finish = RequestStatus.DONE, time.monotonic()
         self.retired.append(req)
 
