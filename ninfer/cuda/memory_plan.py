@@ -1,0 +1,117 @@
+"""The device-memory plan of the CUDA runner, computed before anything but the weights is allocated.
+
+Parts: weights (as uploaded), the KV page pool (every full-attention layer, K and V, plus one scratch page),
+GDN state slots for the lanes and for checkpoints (plus one scratch slot), the prefill workspace (temporaries of
+one ``prefill_chunk`` forward, the largest layer alive at once, an estimate), and the CUDA-graph pools (one decode
+step's temporaries per lane count, an estimate; the runner reports the measured size after capture).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ninfer.config import ModelConfig
+
+__all__ = ["MemoryPlan", "plan_memory", "MemoryPlanError"]
+
+GIB = float(1 << 30)
+HEADROOM = 0.04  # fraction of free memory left for the CUDA context, cuBLAS and allocator fragmentation
+
+
+class MemoryPlanError(MemoryError):
+    """The planned device memory does not fit the free memory of the GPU; the message names the parts."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryPlan:
+    weights: int
+    kv_pool: int
+    gdn_lanes: int
+    checkpoints: int
+    workspace: int
+    graph_pools: int
+    free: int  # device memory free before the plan (after the weights were uploaded: weights counted in it)
+
+    @property
+    def total(self) -> int:
+        return (
+            self.weights
+            + self.kv_pool
+            + self.gdn_lanes
+            + self.checkpoints
+            + self.workspace
+            + self.graph_pools
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return {**asdict(self), "total": self.total}
+
+    def report(self) -> str:
+        parts = ("weights", "kv_pool", "gdn_lanes", "checkpoints", "workspace", "graph_pools")
+        body = ", ".join(f"{p} {getattr(self, p) / GIB:.2f}" for p in parts)
+        return f"device memory plan (GiB): {body}; total {self.total / GIB:.2f} of {self.free / GIB:.2f} available"
+
+    def check(self) -> None:
+        if self.total - self.weights > (self.free - self.weights) * (1 - HEADROOM):
+            raise MemoryPlanError(
+                f"{self.report()}: does not fit; lower kv_capacity, max_concurrency, prefill_chunk or the "
+                "checkpoint budget"
+            )
+
+
+def snapshot_bytes(mc: ModelConfig, state_dtype: str) -> int:
+    """One GDN checkpoint on the device: fp32 conv windows plus the recurrent state in ``state_dtype``."""
+    conv = mc.gdn_conv_channels * (mc.linear_conv_kernel_dim - 1) * 4
+    rec = mc.linear_num_value_heads * mc.linear_key_head_dim * mc.linear_value_head_dim
+    return len(mc.linear_attention_layers) * (conv + rec * (2 if state_dtype == "bf16" else 4))
+
+
+def _widest(mc: ModelConfig) -> int:
+    """Widest per-token activation a layer keeps alive at once (elements)."""
+    attn = 2 * mc.num_attention_heads * mc.head_dim * 2 + 2 * mc.num_key_value_heads * mc.head_dim
+    gdn = 2 * mc.gdn_conv_channels + 3 * mc.gdn_value_dim
+    if mc.is_moe:
+        k = mc.num_experts_per_tok
+        ffn = k * (3 * mc.moe_intermediate_size + mc.hidden_size) + 3 * mc.shared_expert_intermediate_size
+    else:
+        ffn = 3 * mc.intermediate_size
+    return max(attn, gdn, ffn) + 4 * mc.hidden_size
+
+
+def plan_memory(
+    mc: ModelConfig,
+    *,
+    weights: int,
+    free: int,
+    lanes: int,
+    checkpoints: int,
+    num_pages: int,
+    page_size: int,
+    max_context: int,
+    prefill_chunk: int,
+    attn_chunk: int,
+    kv_dtype: str,
+    state_dtype: str,
+    act_bytes: int,
+    graphs: bool,
+) -> MemoryPlan:
+    kv_elem = 2 if kv_dtype == "bf16" else 4
+    per_page = 2 * len(mc.full_attention_layers) * page_size * mc.num_key_value_heads * mc.head_dim * kv_elem
+    snap = snapshot_bytes(mc, state_dtype)
+    nsplit = -(-max_context // attn_chunk)
+    attn_ws = mc.num_attention_heads * nsplit * (mc.head_dim + 2) * 4  # split partials per row
+    per_row = _widest(mc) * act_bytes + attn_ws + mc.hidden_size * 8
+
+    def step(rows: int) -> int:
+        return rows * per_row + rows * mc.vocab_size * 4 * (2 if rows <= 8 else 0)
+
+    graph = sum(step(b) for b in range(1, lanes + 1)) if graphs else 0
+    return MemoryPlan(
+        weights=weights,
+        kv_pool=(num_pages + 1) * per_page,
+        gdn_lanes=(lanes + 1) * snap,
+        checkpoints=checkpoints * snap,
+        workspace=step(prefill_chunk) + mc.vocab_size * 4 * 8,
+        graph_pools=graph,
+        free=free,
+    )

@@ -1,0 +1,303 @@
+"""The Qwen3.6 network on the GPU: ``CudaQwen36`` composes the ``ninfer.cuda`` kernel wrappers.
+
+Same interface as the reference ``Qwen36`` where it makes sense::
+
+    net = load_cuda("model.ninfer")             # or CudaQwen36(cfg, device_tensors)
+    state = net.new_state()
+    h = net.forward(ids, state)                  # final-normed hidden [T, H] float32 (a cupy array)
+    logits = net.lm_head(h)                      # numpy [T, V] float32
+    h = net.forward_batch(ids, states)           # one token per sequence (decode; CUDA graph when enabled)
+
+Device state: paged KV per attention layer ``[pages + 1, page_size, HKV, D]`` and GDN state per layer
+``[slots + 1, ...]`` (the last page and slot are scratch for graph warm-up). Activations are bf16 words (uint16)
+or float32; the residual stream, the final hidden and the logits are float32.
+
+Numerics (invariants the tests check):
+- every kernel reduces in a fixed order per row, so a row's result never depends on the other rows of a launch;
+- decode attention splits the KV length in fixed chunks (``attn_chunk``), and prefill uses the same chunks, so a
+  token's attention output does not depend on whether it ran in prefill or decode or on the graph's capacity;
+- ``prefill_gemm=False`` runs prefill projections as the decode GEMV in 8-row blocks: then prefill and decode of a
+  token agree bitwise, and prompt chunking or prefix reuse never changes results (slower prefill).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ninfer.config import ModelConfig
+from ninfer.cuda._glue import glue
+from ninfer.cuda.model_graph import GraphSet, Meta, host_meta
+from ninfer.reference.weights import expected_shapes, lm_head_name
+
+__all__ = ["CudaQwen36", "CudaState", "load_cuda"]
+
+F32 = np.float32
+
+
+@dataclass(eq=False, slots=True)
+class CudaState:
+    """One sequence: its GDN state slot, its KV pages (page i holds positions i*P..), tokens processed."""
+
+    slot: int
+    pages: list[int]
+    length: int = 0
+
+
+class CudaQwen36:
+    """One Qwen3.6 text model on the device (dense ``qwen3_5`` or MoE ``qwen3_5_moe``)."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tensors: dict[str, Any],
+        *,
+        act_dtype: str = "bf16",
+        state_dtype: str = "fp32",
+        kv_dtype: str = "bf16",
+        prefill_gemm: bool = True,
+        cuda_graph: bool = True,
+        attn_chunk: int = 512,
+        capacity: int = 16384,
+        page_size: int = 16,
+    ) -> None:
+        import cupy
+
+        missing = [n for n in expected_shapes(cfg, mtp=False) if n not in tensors]
+        if missing:
+            raise ValueError(f"CudaQwen36: {len(missing)} tensors missing, first {missing[0]!r}")
+        if act_dtype not in ("bf16", "fp32") or state_dtype not in ("bf16", "fp32"):
+            raise ValueError(f"act_dtype/state_dtype: 'bf16' or 'fp32', got {act_dtype!r}/{state_dtype!r}")
+        if kv_dtype not in ("bf16", "fp32"):
+            raise ValueError(f"kv_dtype: the CUDA backend stores KV as 'bf16' or 'fp32', got {kv_dtype!r}")
+        self.cfg, self.w = cfg, tensors
+        self.act = np.dtype(np.uint16 if act_dtype == "bf16" else F32)
+        self.state_dtype, self.kv_dtype = state_dtype, kv_dtype
+        self.prefill_gemm, self.cuda_graph, self.attn_chunk = prefill_gemm, cuda_graph, attn_chunk
+        self._default_pool = (capacity, page_size)
+        self._mix = [cfg.layer_types[:i].count(kind) for i, kind in enumerate(cfg.layer_types)]
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.graphs = GraphSet(self)
+        self.kc: list[Any] = []
+        self.pool: tuple[int, int, int, int] | None = None  # slots, pages, page_size, max_pages
+
+    # ---- memory --------------------------------------------------------------------------------------------
+    def allocate(self, *, num_slots: int, num_pages: int, page_size: int, max_context: int) -> None:
+        """(Re)allocate the KV pages and GDN state slots (zeroed); drops captured graphs and standalone states."""
+        import cupy
+
+        cfg = self.cfg
+        self.graphs.clear()
+        self.kc = self.vc = self.conv = self.rec = []
+        kvt = np.uint16 if self.kv_dtype == "bf16" else F32
+        kv_shape = (num_pages + 1, page_size, cfg.num_key_value_heads, cfg.head_dim)
+        n_attn, n_gdn = len(cfg.full_attention_layers), len(cfg.linear_attention_layers)
+        self.kc = [cupy.zeros(kv_shape, kvt) for _ in range(n_attn)]
+        self.vc = [cupy.zeros(kv_shape, kvt) for _ in range(n_attn)]
+        conv = (num_slots + 1, cfg.gdn_conv_channels, cfg.linear_conv_kernel_dim - 1)
+        rec = (num_slots + 1, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
+        rect = np.uint16 if self.state_dtype == "bf16" else F32
+        self.conv = [cupy.zeros(conv, F32) for _ in range(n_gdn)]
+        self.rec = [cupy.zeros(rec, rect) for _ in range(n_gdn)]
+        self.pool = (num_slots, num_pages, page_size, -(-max_context // page_size))
+        self._free_slots, self._free_pages = list(range(num_slots)), list(range(num_pages))
+
+    @property
+    def scratch(self) -> tuple[int, int]:
+        """(slot, page) reserved for graph warm-up writes."""
+        assert self.pool is not None
+        return self.pool[0], self.pool[1]
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        with self.stream:
+            for c, r in zip(self.conv, self.rec, strict=True):
+                c[dst] = c[src]
+                r[dst] = r[src]
+
+    def zero_slot(self, slot: int) -> None:
+        with self.stream:
+            for c, r in zip(self.conv, self.rec, strict=True):
+                c[slot] = 0
+                r[slot] = 0
+
+    def copy_page(self, src: int, dst: int, n: int) -> None:
+        with self.stream:
+            for a in self.kc + self.vc:
+                a[dst, :n] = a[src, :n]
+
+    # ---- standalone states (reference-like use) ------------------------------------------------------------
+    def new_state(self) -> CudaState:
+        """A zero state in a free slot of the standalone pool (allocated on first use)."""
+        if self.pool is None:
+            cap, ps = self._default_pool
+            self.allocate(num_slots=8, num_pages=-(-cap // ps) * 2, page_size=ps, max_context=cap)
+        if not self._free_slots:
+            raise RuntimeError("CudaQwen36.new_state: every GDN state slot is in use")
+        state = CudaState(self._free_slots.pop(), [])
+        self.zero_slot(state.slot)
+        weakref.finalize(state, self._release, state.slot, state.pages)
+        return state
+
+    def _release(self, slot: int, pages: list[int]) -> None:
+        self._free_slots.append(slot)
+        self._free_pages.extend(pages)
+
+    def _grow(self, state: CudaState, length: int) -> None:
+        assert self.pool is not None
+        need = -(-length // self.pool[2])
+        if need > self.pool[3]:
+            raise ValueError(
+                f"sequence of {length} tokens exceeds the pool's context of {self.pool[3] * self.pool[2]}"
+            )
+        while len(state.pages) < need:
+            if not self._free_pages:
+                raise RuntimeError("CudaQwen36: the standalone KV pool is full")
+            state.pages.append(self._free_pages.pop())
+
+    def forward(self, token_ids: Sequence[int] | np.ndarray, state: CudaState, positions: Any = None) -> Any:
+        """Append ``token_ids[T]`` at ``state.length``; returns the final-normed hidden ``[T, H]`` float32."""
+        ids = _ids(token_ids, self.cfg.vocab_size)
+        self._grow(state, state.length + ids.size)
+        h = self.run([(state.slot, state.length, ids.size, state.pages)], ids, positions)
+        state.length += ids.size
+        return h
+
+    def forward_batch(self, token_ids: Sequence[int] | np.ndarray, states: Sequence[CudaState]) -> Any:
+        """One token for each of B <= 8 sequences; row b is bitwise ``forward([ids[b]], states[b])``."""
+        ids = _ids(token_ids, self.cfg.vocab_size)
+        if ids.size != len(states) or len({id(s) for s in states}) != len(states):
+            raise ValueError("forward_batch: one token id per distinct state")
+        for s in states:
+            self._grow(s, s.length + 1)
+        h, _ = self.decode(ids, [(s.slot, s.length, s.pages) for s in states], logits=False)
+        for s in states:
+            s.length += 1
+        return h
+
+    # ---- entry points used by the runner -----------------------------------------------------------------
+    def run(
+        self, segs: Sequence[tuple[int, int, int, list[int]]], ids: np.ndarray, positions: Any = None
+    ) -> Any:
+        """Eager forward over packed segments ``(slot, start, n, pages)``; returns hidden ``[T, H]`` float32."""
+        assert self.pool is not None, "allocate() first"
+        with self.stream:
+            m = Meta.from_host(host_meta(segs, self.pool[2], self.pool[3], positions), self.attn_chunk)
+            h = self.body(m.ids_from(ids), m)
+        self.stream.synchronize()
+        return h
+
+    def decode(
+        self, ids: np.ndarray, lanes: Sequence[tuple[int, int, list[int]]], *, logits: bool = True
+    ) -> tuple[Any, Any]:
+        """One token per lane ``(slot, start, pages)``: hidden ``[B, H]`` and (optionally) logits ``[B, V]``,
+        by CUDA-graph replay when ``cuda_graph`` is set, else eagerly with the same kernels."""
+        segs = [(slot, start, 1, pages) for slot, start, pages in lanes]
+        if self.cuda_graph:
+            h, lg = self.graphs.replay(np.asarray(ids), segs)
+            with self.stream:  # the buffers are rewritten by the next replay
+                h, lg = h.copy(), (lg.copy() if logits else None)
+        else:
+            h = self.run(segs, np.asarray(ids))
+            lg = self.logits_dev(h) if logits else None
+        self.stream.synchronize()
+        return h, lg
+
+    def warmup(self) -> None:
+        """Compile every kernel family and the glue kernels (never in the middle of a request)."""
+        import cupy
+
+        from ninfer.cuda import warmup
+
+        warmup()
+        g = glue()
+        a = cupy.zeros((1, 8), np.uint16)
+        g["widen"](a, cupy.empty((1, 8), F32))
+        g["add"](a, cupy.zeros((1, 8), F32))
+        z = cupy.zeros(8, np.int32)
+        for t in (np.uint16, F32):
+            x = cupy.zeros((1, 8), t)
+            g["combine"](x, z, cupy.zeros(8, F32), x, cupy.zeros(1, F32), np.int32(1), np.int64(8), x)
+        cupy.cuda.Device().synchronize()
+
+    def make_runner(self, model_config: ModelConfig, engine_config: Any) -> Any:
+        """The engine's runner over this network (``CudaModelRunner``): the hook the engine calls."""
+        from ninfer.cuda.runner import CudaModelRunner
+
+        return CudaModelRunner(self, model_config, engine_config)
+
+    # ---- the network ------------------------------------------------------------------------------------
+    def body(self, ids: Any, m: Meta) -> Any:
+        import cupy
+
+        from ninfer.cuda.embedding import embed
+        from ninfer.cuda.model_layers import attention_block, ffn_block, gdn_block
+        from ninfer.cuda.norm import rmsnorm
+
+        cfg, w, eps = self.cfg, self.w, self.cfg.rms_norm_eps
+        x = embed(w["embed_tokens.weight"], ids, dtype=self.act)
+        res = cupy.zeros((m.t, cfg.hidden_size), F32)
+        for i, kind in enumerate(cfg.layer_types):
+            p = f"layers.{i}."
+            h = rmsnorm(x, w[p + "input_layernorm.weight"], eps, residual=res)
+            block = gdn_block if kind == "linear_attention" else attention_block
+            mixed = block(self, p, h, m, self._mix[i])
+            h = rmsnorm(mixed, w[p + "post_attention_layernorm.weight"], eps, residual=res)
+            x = ffn_block(self, p, h, m)
+        if self.act == np.uint16:
+            glue()["add"](x, res)
+        else:
+            res += x
+        return rmsnorm(res, w["norm.weight"], eps)
+
+    def widen(self, x: Any) -> Any:
+        """float32 copy of a bf16 activation (float32 input returned as is)."""
+        return glue()["widen"](x) if x.dtype == np.uint16 else x
+
+    def logits_dev(self, h: Any) -> Any:
+        """Logits ``[T, V]`` float32 on the device, by 8-row GEMV blocks (fp32, the same for every batch)."""
+        import cupy
+
+        from ninfer.cuda.linear import gemv
+
+        w = self.w[lm_head_name(self.cfg)]
+        with self.stream:
+            h = cupy.ascontiguousarray(cupy.asarray(h, dtype=F32))
+            out = cupy.empty((h.shape[0], w.rows), F32)
+            for r in range(0, h.shape[0], 8):
+                gemv(h[r : r + 8], w, out[r : r + 8])
+        return out
+
+    def lm_head(self, h: Any) -> np.ndarray:
+        """Logits ``[T, V]`` float32 (numpy) of final-normed hidden ``[T, H]`` (row independent)."""
+        import cupy
+
+        with self.stream:
+            out = cupy.asnumpy(self.logits_dev(h), stream=self.stream)
+        return out
+
+
+def _ids(token_ids: Sequence[int] | np.ndarray, vocab: int) -> np.ndarray:
+    ids = np.asarray(token_ids)
+    if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"token_ids: expected a non-empty 1-D integer sequence, got shape {list(ids.shape)}")
+    if ids.min() < 0 or ids.max() >= vocab:
+        raise ValueError(f"token_ids: ids must be in 0..{vocab - 1}")
+    return ids.astype(np.int32)
+
+
+def load_cuda(artifact: Any, **opts: Any) -> CudaQwen36:
+    """Upload an artifact (path or opened ``Artifact``) to the GPU as a ``CudaQwen36``.
+
+    ``opts``: ``act_dtype``, ``state_dtype``, ``kv_dtype``, ``prefill_gemm``, ``cuda_graph``, ``attn_chunk``,
+    ``capacity``, ``page_size`` (see ``CudaQwen36``) and ``progress`` (upload bar, default on)."""
+    from ninfer.artifact import open_artifact
+    from ninfer.cuda.model_weights import upload_artifact
+
+    progress = opts.pop("progress", True)
+    art = open_artifact(artifact, verify="manifest") if isinstance(artifact, str | os.PathLike) else artifact
+    return CudaQwen36(art.model_config, upload_artifact(art, progress=progress), **opts)

@@ -1,0 +1,161 @@
+"""Per-call row metadata of ``CudaQwen36`` and the decode CUDA graphs.
+
+``Meta`` describes where the T rows of one call live: text positions, KV cache slots, the page table of each
+sequence, GDN state slots and segment starts. Eager calls upload a fresh ``Meta``; a decode graph owns static
+``Meta`` buffers that are refilled before each replay. A graph is captured once per lane count B on the model's
+stream, after one warm-up run over the scratch slot and page; its temporaries come from a private memory pool
+kept alive with the graph, so replays never write into memory that was handed out again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Meta", "host_meta", "GraphSet"]
+
+Seg = tuple[int, int, int, list[int]]  # (GDN slot, start position, tokens, KV pages)
+
+
+def host_meta(segs: Sequence[Seg], page_size: int, max_pages: int, positions: Any = None) -> dict[str, Any]:
+    """Host arrays of the metadata of packed segments (rows of segment b follow those of b-1)."""
+    pos = np.concatenate([np.arange(s, s + n, dtype=np.int64) for _, s, n, _ in segs])
+    t = pos.size
+    kv = np.empty(t, np.int64)
+    pt = np.zeros((len(segs), max_pages), np.int32)
+    r = 0
+    for b, (_, s, n, pages) in enumerate(segs):
+        pg = np.asarray(pages, np.int64)
+        if -(-(s + n) // page_size) > min(pg.size, max_pages):
+            raise ValueError(f"segment {b}: positions up to {s + n} need more than its {pg.size} KV pages")
+        p = pos[r : r + n]
+        kv[r : r + n] = pg[p // page_size] * page_size + p % page_size
+        pt[b, : min(pg.size, max_pages)] = pg[:max_pages]
+        r += n
+    if positions is None:
+        pos3 = np.broadcast_to(pos, (3, t))
+    else:
+        pos3 = np.asarray(positions)
+        pos3 = np.broadcast_to(pos3, (3, t)) if pos3.ndim == 1 else pos3
+        if pos3.shape != (3, t):
+            raise ValueError(f"positions: expected [3, {t}] or [{t}], got {list(pos3.shape)}")
+    counts = np.asarray([n for _, _, n, _ in segs], np.int64)
+    return {
+        "pos": np.ascontiguousarray(pos3, np.int32),
+        "kv_slots": kv,
+        "page_table": pt,
+        "row_seq": np.repeat(np.arange(len(segs), dtype=np.int32), counts),
+        "row_pos": pos.astype(np.int32),
+        "starts": np.concatenate([[0], np.cumsum(counts)]).astype(np.int32),
+        "gslots": np.asarray([g for g, _, _, _ in segs], np.int32),
+        "max_len": int(max(s + n for _, s, n, _ in segs)),
+    }
+
+
+_FIELDS = ("pos", "kv_slots", "page_table", "row_seq", "row_pos", "starts", "gslots")
+
+
+@dataclass(slots=True)
+class Meta:
+    """Device metadata of one call (see ``host_meta``); ``chunk`` is the attention KV split length."""
+
+    t: int
+    nseq: int
+    max_len: int
+    chunk: int
+    pos: Any
+    kv_slots: Any
+    page_table: Any
+    row_seq: Any
+    row_pos: Any
+    starts: Any
+    gslots: Any
+
+    @classmethod
+    def from_host(cls, hm: dict[str, Any], chunk: int) -> Meta:
+        import cupy
+
+        dev = {k: cupy.asarray(hm[k]) for k in _FIELDS}
+        return cls(t=hm["row_pos"].size, nseq=hm["gslots"].size, max_len=hm["max_len"], chunk=chunk, **dev)
+
+    def set_from(self, hm: dict[str, Any]) -> None:
+        """Refill the static buffers in place (same shapes)."""
+        for k in _FIELDS:
+            getattr(self, k).set(hm[k])
+
+    @staticmethod
+    def ids_from(ids: np.ndarray) -> Any:
+        import cupy
+
+        return cupy.asarray(np.asarray(ids, np.int32))
+
+
+@dataclass(slots=True)
+class _Graph:
+    graph: Any
+    pool: Any  # private cupy MemoryPool holding every temporary of the captured step
+    ids: Any
+    meta: Meta
+    h: Any
+    logits: Any
+
+
+class GraphSet:
+    """Decode graphs of one ``CudaQwen36``, one per lane count."""
+
+    def __init__(self, net: Any) -> None:
+        self.net = net
+        self._graphs: dict[int, _Graph] = {}
+
+    def clear(self) -> None:
+        self._graphs.clear()
+
+    @property
+    def captured(self) -> list[int]:
+        return sorted(self._graphs)
+
+    def pool_bytes(self) -> int:
+        return int(sum(g.pool.total_bytes() for g in self._graphs.values()))
+
+    def replay(self, ids: np.ndarray, segs: Sequence[Seg]) -> tuple[Any, Any]:
+        """Fill the static inputs of the B-lane graph and launch it; returns its (hidden, logits) buffers, valid
+        until the next replay."""
+        net = self.net
+        g = self._graphs.get(len(segs)) or self.capture(len(segs))
+        hm = host_meta(segs, net.pool[2], net.pool[3])
+        with net.stream:
+            g.ids.set(np.asarray(ids, np.int32))
+            g.meta.set_from(hm)
+            g.graph.launch(net.stream)
+        net.stream.synchronize()
+        return g.h, g.logits
+
+    def capture(self, b: int) -> _Graph:
+        import cupy
+
+        net = self.net
+        slot, page = net.scratch
+        ps, max_pages = net.pool[2], net.pool[3]
+        hm = host_meta([(slot, 0, 1, [page])] * b, ps, max_pages)
+        pool = cupy.cuda.MemoryPool()
+        with net.stream, cupy.cuda.using_allocator(pool.malloc):
+            meta = Meta.from_host(hm, net.attn_chunk)
+            meta.max_len = (
+                max_pages * ps
+            )  # fixed launch shape: the graph serves any length up to the capacity
+            ids = cupy.zeros(b, np.int32)
+            net.logits_dev(net.body(ids, meta))  # warm-up: loads every kernel, fills the private pool
+            net.stream.synchronize()
+            net.stream.begin_capture()
+            try:
+                h = net.body(ids, meta)
+                logits = net.logits_dev(h)
+            finally:
+                graph = net.stream.end_capture()
+            graph.upload(net.stream)
+        net.stream.synchronize()
+        self._graphs[b] = _Graph(graph, pool, ids, meta, h, logits)
+        return self._graphs[b]

@@ -1,0 +1,136 @@
+"""``CudaModelRunner``: the engine's model-runner contract (ninfer/engine/model_runner.py) over device memory.
+
+- Lane ``l`` computes in GDN state slot ``l``; checkpoints live in slots ``lanes ..`` of the same pool (a save or
+  a restore is one device copy per GDN layer); KV pages are the engine's page ids in the device page pool.
+- Prefill lanes run one eager forward each; decode lanes run together as one replay of the CUDA graph captured
+  for that lane count (``cuda_graph=False`` on the network: the same kernels launched eagerly).
+- Logits of the sampled rows come back to the host as one float32 array; the engine samples on the CPU.
+- The device-memory plan is computed and checked before the pools are allocated (``self.plan``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ninfer.config import ModelConfig
+from ninfer.cuda.memory_plan import MemoryPlan, plan_memory, snapshot_bytes
+from ninfer.cuda.model_weights import tensor_bytes
+
+__all__ = ["CudaModelRunner"]
+
+
+class CudaModelRunner:
+    def __init__(self, net: Any, model_config: ModelConfig, cfg: Any, *, capture: bool = True) -> None:
+        import cupy
+
+        if cfg.kv_dtype not in ("bf16",):
+            raise ValueError(f"kv_dtype={cfg.kv_dtype!r}: the CUDA backend stores KV pages as bf16 only")
+        self.net, self.mc, self.cfg = net, model_config, cfg
+        net.state_dtype = cfg.gdn_state_dtype
+        self.snapshot_bytes = snapshot_bytes(model_config, cfg.gdn_state_dtype)
+        self.vocab_size = model_config.vocab_size
+        lanes = cfg.max_concurrency
+        n_ckpt = cfg.checkpoint_budget(self.snapshot_bytes) // self.snapshot_bytes if cfg.prefix_reuse else 0
+        net.allocate(num_slots=1, num_pages=1, page_size=cfg.page_size, max_context=cfg.page_size)  # free old
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        weights = tensor_bytes(net.w)
+        self.plan: MemoryPlan = plan_memory(
+            model_config, weights=weights, free=free + weights, lanes=lanes, checkpoints=n_ckpt,
+            num_pages=cfg.num_pages, page_size=cfg.page_size, max_context=cfg.max_context,
+            prefill_chunk=cfg.prefill_chunk, attn_chunk=net.attn_chunk, kv_dtype=cfg.kv_dtype,
+            state_dtype=cfg.gdn_state_dtype, act_bytes=net.act.itemsize, graphs=net.cuda_graph,
+        )  # fmt: skip
+        self.plan.check()
+        net.allocate(
+            num_slots=lanes + n_ckpt,
+            num_pages=cfg.num_pages,
+            page_size=cfg.page_size,
+            max_context=cfg.max_context,
+        )
+        self._pages: list[list[int]] = [[] for _ in range(lanes)]
+        self._len = [0] * lanes
+        self._free_ckpt = list(range(lanes + n_ckpt - 1, lanes - 1, -1))
+        self._ckpts: dict[int, tuple[int, int]] = {}  # checkpoint id -> (slot, length)
+        if capture and net.cuda_graph:
+            self.capture_graphs()
+
+    def capture_graphs(self) -> int:
+        """Capture the decode graph of every lane count now (warm-up); returns their private pools' bytes."""
+        for b in range(1, self.cfg.max_concurrency + 1):
+            if b not in self.net.graphs.captured:
+                self.net.graphs.capture(b)
+        return self.net.graphs.pool_bytes()
+
+    @property
+    def num_checkpoints(self) -> int:
+        return len(self._ckpts)
+
+    # ---- one engine step --------------------------------------------------------------------------------
+    def execute(self, batch: Any) -> np.ndarray:
+        import cupy
+
+        net = self.net
+        for s in batch.setups:
+            self._setup(s)
+        rows: dict[int, Any] = {}  # lane -> device logits row [1, V]
+        for w in batch.work:
+            if w.prefill:
+                h = net.run([(w.lane, self._at(w), len(w.token_ids), self._pages[w.lane])], w.token_ids)
+                self._len[w.lane] += len(w.token_ids)
+                if w.sample:
+                    rows[w.lane] = net.logits_dev(h[-1:])
+        decode = [w for w in batch.work if not w.prefill]
+        if decode:
+            assert all(len(w.token_ids) == 1 for w in decode), "decode work is one token per lane"
+            lanes = [(w.lane, self._at(w), self._pages[w.lane]) for w in decode]
+            _, logits = net.decode(np.asarray([w.token_ids[0] for w in decode]), lanes)
+            for i, w in enumerate(decode):
+                self._len[w.lane] += 1
+                rows[w.lane] = logits[i : i + 1]
+        for w in batch.work:
+            if w.save_checkpoint is not None:
+                self._save(w.lane, w.save_checkpoint)
+        for cid in batch.free_checkpoints:
+            slot = self._ckpts.pop(cid, None)
+            if slot is not None:
+                self._free_ckpt.append(slot[0])
+        sampled = [rows[w.lane] for w in batch.work if w.sample]
+        if not sampled:
+            return np.zeros((0, self.vocab_size), np.float32)
+        with net.stream:
+            out = cupy.asnumpy(cupy.concatenate(sampled, axis=0), stream=net.stream)
+        return out
+
+    # ---- lanes and checkpoints --------------------------------------------------------------------------
+    def _at(self, w: Any) -> int:
+        if self._len[w.lane] != w.start:
+            raise AssertionError(
+                f"lane {w.lane}: work starts at {w.start}, the lane holds {self._len[w.lane]}"
+            )
+        return w.start
+
+    def _setup(self, s: Any) -> None:
+        if s.copy_page is not None:
+            self.net.copy_page(*s.copy_page)
+        self._pages[s.lane] = list(s.pages)
+        if s.restore is not None:
+            slot, length = self._ckpts[s.restore]
+            assert length == s.length, "checkpoint length disagrees with the planned resume point"
+            self.net.copy_slot(slot, s.lane)
+        else:
+            self.net.zero_slot(s.lane)
+        self._len[s.lane] = s.length
+
+    def _save(self, lane: int, cid: int) -> None:
+        if cid in self._ckpts:
+            self._free_ckpt.append(self._ckpts.pop(cid)[0])
+        if not self._free_ckpt:
+            raise RuntimeError(
+                f"no free GDN checkpoint slot on the device ({len(self._ckpts)} held); the engine's checkpoint "
+                "budget and the runner's slots disagree"
+            )
+        slot = self._free_ckpt.pop()
+        self.net.copy_slot(lane, slot)
+        self._ckpts[cid] = (slot, self._len[lane])

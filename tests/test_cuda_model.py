@@ -1,0 +1,267 @@
+"""CUDA network and runner against the NumPy reference, transformers and the engine (issue 5 acceptance).
+
+GPU tests (marked ``gpu``) skip without a CUDA device. Errors are max |got - ref| / max |ref| over logits. The CPU
+tests at the end check the pure-host parts (row metadata, memory plan arithmetic).
+Set NINFER_GPU_REPORT_MODEL=<path> to collect the measured errors and agreements as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ninfer.config import ModelConfig
+from ninfer.cuda.memory_plan import plan_memory, snapshot_bytes
+from ninfer.cuda.model_graph import host_meta
+from ninfer.demo import random_weights
+from ninfer.reference import DictWeights, Qwen36
+
+gpu = pytest.mark.gpu
+NVFP4 = "NVFP4G16_E4M3S"
+TOL_HF = {"bf16": 4e-2, "fp32": 1.5e-2}  # bf16 weights (+ bf16 activations) against fp32 transformers
+
+
+@pytest.fixture(scope="session")
+def report() -> Any:
+    rows: dict[str, Any] = {}
+    yield rows
+    path = os.environ.get("NINFER_GPU_REPORT_MODEL")
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def _err(got: np.ndarray, ref: np.ndarray) -> float:
+    assert np.isfinite(got).all(), "non-finite logits"
+    return float(np.max(np.abs(got.astype(np.float64) - ref)) / np.max(np.abs(ref)))
+
+
+def _pair(cfg: ModelConfig, weights: Any, fmt: str, **opts: Any) -> tuple[Any, Any]:
+    """(CUDA net, reference net) over the same encoded weights (the reference sees them dequantized)."""
+    from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.model_weights import encode_weights, upload_encoded
+    from ninfer.formats import FORMATS
+
+    enc = encode_weights(cfg, weights, fmt)
+    deq = {n: FORMATS[f].decode(b, s) for n, (f, s, b) in enc.items()}
+    return CudaQwen36(cfg, upload_encoded(cfg, enc), **opts), Qwen36(cfg, DictWeights(deq))
+
+
+def _mid_config(kind: str) -> ModelConfig:
+    base = dict(
+        vocab_size=4096, hidden_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+        head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=128,
+        linear_value_head_dim=128, partial_rotary_factor=0.25, mrope_section=(6, 5, 5),
+        layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(8)),
+    )  # fmt: skip
+    if kind == "dense":
+        return ModelConfig(arch="qwen3_5", intermediate_size=2816, **base)
+    return ModelConfig(
+        arch="qwen3_5_moe", num_experts=32, num_experts_per_tok=4, moe_intermediate_size=256,
+        shared_expert_intermediate_size=512, **base,
+    )  # fmt: skip
+
+
+# ---- tiny transformers-parity checkpoints ------------------------------------------------------------------
+@gpu
+@pytest.mark.parametrize("act", ["bf16", "fp32"])
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_tiny_logits_vs_transformers(kind: str, act: str, report: dict) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from hf_tiny import canonical_state_dict, make_tiny_hf
+
+    hf, hf_cfg = make_tiny_hf(kind, 0)
+    cfg = ModelConfig.from_hf(hf_cfg)
+    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, 48)
+    with torch.no_grad():
+        ref = hf(torch.as_tensor(ids[None])).logits[0].double().numpy()
+    net, _ = _pair(cfg, DictWeights(canonical_state_dict(hf)), "BF16", act_dtype=act)
+    state = net.new_state()
+    got = [net.lm_head(net.forward(ids[a:b], state)) for a, b in ((0, 5), (5, 37), (37, 40))]
+    got += [net.lm_head(net.forward_batch(ids[i : i + 1], [state])) for i in range(40, 48)]  # decode steps
+    err = _err(np.concatenate(got), ref)
+    report[f"tiny-{kind}-{act}"] = err
+    assert err <= TOL_HF[act], f"{kind}/{act}: logits differ from transformers by {err:.3e}"
+
+
+# ---- mid-size random models: teacher-forced top-1 agreement with the reference ------------------------------
+@gpu
+@pytest.mark.parametrize("act", ["bf16", "fp32"])
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_midsize_top1_agreement(kind: str, act: str, report: dict) -> None:
+    cfg = _mid_config(kind)
+    net, ref = _pair(cfg, DictWeights(random_weights(cfg, seed=7)), NVFP4, act_dtype=act)
+    ids = np.random.default_rng(2).integers(0, cfg.vocab_size, 320)
+    rs = ref.new_state()
+    want = ref.lm_head(ref.forward(ids[:300], rs))
+    want = np.concatenate([want] + [ref.lm_head(ref.forward(ids[i : i + 1], rs)) for i in range(300, 320)])
+    state = net.new_state()
+    got = net.lm_head(net.forward(ids[:300], state))
+    got = np.concatenate(
+        [got] + [net.lm_head(net.forward_batch(ids[i : i + 1], [state])) for i in range(300, 320)]
+    )
+    agree = float(np.mean(got.argmax(-1) == want.argmax(-1)))
+    report[f"mid-{kind}-{act}"] = {"top1": agree, "err": _err(got, want)}
+    assert agree >= 0.99, f"{kind}/{act}: top-1 agreement {agree:.3f} < 0.99 (max err {_err(got, want):.3e})"
+
+
+# ---- graphs, batch invariance ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def moe_net() -> Any:
+    pytest.importorskip("cupy")
+    cfg = _mid_config("moe")
+    return _pair(cfg, DictWeights(random_weights(cfg, seed=3)), NVFP4)[0]
+
+
+def _greedy(net: Any, prompts: list[np.ndarray], steps: int) -> tuple[list[list[int]], np.ndarray]:
+    states = [net.new_state() for _ in prompts]
+    last = np.stack([net.lm_head(net.forward(p, s)[-1:])[0] for p, s in zip(prompts, states, strict=True)])
+    toks, logits = [], []
+    for _ in range(steps):
+        nxt = last.argmax(-1)
+        toks.append(nxt.tolist())
+        last = net.lm_head(net.forward_batch(nxt, states))
+        logits.append(last)
+    return [list(t) for t in zip(*toks, strict=True)], np.stack(logits)
+
+
+@gpu
+def test_graph_and_eager_decode_bitwise_equal(moe_net: Any) -> None:
+    prompts = [np.random.default_rng(i).integers(0, 4096, 40 + 9 * i) for i in range(3)]
+    moe_net.cuda_graph = True
+    t_graph, l_graph = _greedy(moe_net, prompts, 16)
+    moe_net.cuda_graph = False
+    t_eager, l_eager = _greedy(moe_net, prompts, 16)
+    moe_net.cuda_graph = True
+    assert t_graph == t_eager
+    assert np.array_equal(l_graph, l_eager)
+
+
+@gpu
+def test_greedy_identical_at_1_and_8_lanes(moe_net: Any) -> None:
+    prompts = [np.random.default_rng(10 + i).integers(0, 4096, 20 + 13 * i) for i in range(8)]
+    batched, _ = _greedy(moe_net, prompts, 12)
+    solo = [_greedy(moe_net, [p], 12)[0][0] for p in prompts]
+    assert batched == solo
+
+
+# ---- the engine on the CUDA runner -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cuda_models(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """(Model whose net is a CudaQwen36, a second Model over the same device weights) for the demo artifact."""
+    pytest.importorskip("cupy")
+    from ninfer.cuda.model import CudaQwen36, load_cuda
+    from ninfer.demo import build_demo
+    from ninfer.model import load
+
+    path = build_demo(tmp_path_factory.mktemp("cuda-engine") / "demo.ninfer")
+    a, b = load(path), load(path)
+    a.net = load_cuda(path, prefill_gemm=False, progress=False)  # bitwise prefill == decode: reuse exact
+    b.net = CudaQwen36(a.config, a.net.w, prefill_gemm=False)
+    return a, b
+
+
+@pytest.fixture
+def cuda_engine_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Route Engine construction to the network's own runner (the hook the engine needs: ``net.make_runner``)."""
+    import ninfer.engine.engine as eng_mod
+
+    ref_runner = eng_mod.ModelRunner
+
+    def factory(net: Any, mc: Any, cfg: Any) -> Any:
+        make = getattr(net, "make_runner", None)
+        return make(mc, cfg) if make is not None else ref_runner(net, mc, cfg)
+
+    monkeypatch.setattr(eng_mod, "ModelRunner", factory)
+
+
+BATCHING = [
+    ("test_batch_invariance", {"sampling": {}}),
+    ("test_batch_invariance", {"sampling": {"temperature": 0.9, "top_p": 0.95, "top_k": 50}}),
+    ("test_queue_full_fifo_and_cancel", {}),
+    ("test_reservation_admission_waits_for_kv", {}),
+    ("test_finish_reasons_and_usage", {}),
+    ("test_stop_string_split_across_tokens", {}),
+    ("test_stream_events_and_msgspec_roundtrip", {}),
+    ("test_token_mask_hook", {}),
+]
+REUSE = [
+    "test_six_turn_session_appending_tokens",
+    "test_six_turn_session_rerendered_by_template",
+    "test_pressure_ten_interleaved_sessions",
+]
+
+
+@gpu
+@pytest.mark.parametrize("name,kw", BATCHING, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BATCHING)])
+def test_engine_batching_on_cuda(name: str, kw: dict, cuda_models: Any, cuda_engine_runner: None) -> None:
+    import test_engine_batching
+
+    getattr(test_engine_batching, name)(cuda_models[0], **kw)
+
+
+@gpu
+@pytest.mark.parametrize("name", REUSE)
+def test_engine_reuse_on_cuda(name: str, cuda_models: Any, cuda_engine_runner: None) -> None:
+    import test_engine_reuse
+
+    from ninfer.engine import Engine
+
+    model, other = cuda_models
+    kw = dict(test_engine_reuse.BASE, max_concurrency=1, queue_depth=64, kv_capacity=4096, prefix_reuse=False)
+    with Engine.from_model(other, **kw) as plain:
+        getattr(test_engine_reuse, name)(model, plain)
+
+
+@gpu
+def test_runner_reports_memory_plan(cuda_models: Any, cuda_engine_runner: None) -> None:
+    from ninfer.engine import Engine
+
+    with Engine.from_model(cuda_models[0], max_context=512, kv_capacity=2048, max_concurrency=2) as eng:
+        runner = eng._runner
+        plan = runner.plan
+        assert plan.weights > 0 and plan.kv_pool == (2048 // 16 + 1) * runner.net.kc[0][0].nbytes * 2 * len(
+            runner.net.kc
+        )
+        assert sorted(runner.net.graphs.captured) == [1, 2]
+        assert "device memory plan" in plan.report()
+
+
+# ---- CPU: host metadata and memory-plan arithmetic ---------------------------------------------------------------
+def test_host_meta_slots_and_tables() -> None:
+    hm = host_meta([(3, 5, 4, [7, 2, 5]), (0, 0, 2, [9])], page_size=4, max_pages=3)
+    assert hm["kv_slots"].tolist() == [2 * 4 + 1, 2 * 4 + 2, 2 * 4 + 3, 5 * 4 + 0, 9 * 4, 9 * 4 + 1]
+    assert hm["page_table"].tolist() == [[7, 2, 5], [9, 0, 0]]
+    assert hm["row_seq"].tolist() == [0, 0, 0, 0, 1, 1] and hm["row_pos"].tolist() == [5, 6, 7, 8, 0, 1]
+    assert hm["starts"].tolist() == [0, 4, 6] and hm["gslots"].tolist() == [3, 0] and hm["max_len"] == 9
+    assert hm["pos"].shape == (3, 6)
+    with pytest.raises(ValueError, match="KV pages"):
+        host_meta([(0, 0, 9, [1, 2])], page_size=4, max_pages=3)
+
+
+def test_memory_plan_matches_spec_sizes() -> None:
+    from ninfer.artifact.registry import MODELS
+
+    mc = MODELS["qwen3.6-27b"].config
+    assert snapshot_bytes(mc, "fp32") == 48 * (10240 * 3 * 4 + 48 * 128 * 128 * 4)  # 144 MiB + conv windows
+    plan = plan_memory(
+        mc, weights=14 << 30, free=120 << 30, lanes=8, checkpoints=32, num_pages=4096, page_size=16,
+        max_context=65536, prefill_chunk=512, attn_chunk=512, kv_dtype="bf16", state_dtype="fp32",
+        act_bytes=2, graphs=True,
+    )  # fmt: skip
+    assert plan.kv_pool == 4097 * 16 * 64 * 1024  # 64 KiB of bf16 K+V per token (model-qwen3.6.md §4)
+    assert plan.total == sum(v for k, v in plan.as_dict().items() if k not in ("free", "total"))
+    plan.check()
+    with pytest.raises(MemoryError, match="does not fit"):
+        plan_memory(mc, weights=14 << 30, free=20 << 30, **_PLAN_KW).check()
+
+
+_PLAN_KW = dict(
+    lanes=8, checkpoints=32, num_pages=400000, page_size=16, max_context=65536, prefill_chunk=512,
+    attn_chunk=512, kv_dtype="bf16", state_dtype="fp32", act_bytes=2, graphs=True,
+)  # fmt: skip
