@@ -40,7 +40,7 @@ __all__ = ["CudaQwen36", "CudaState", "load_cuda"]
 F32 = np.float32
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class CudaState:
     """One sequence: its GDN state slot, its KV pages (page i holds positions i*P..), tokens processed."""
 
@@ -85,6 +85,7 @@ class CudaQwen36:
         self.graphs = GraphSet(self)
         self.kc: list[Any] = []
         self.pool: tuple[int, int, int, int] | None = None  # slots, pages, page_size, max_pages
+        cupy.cuda.Device().synchronize()  # uploads on other streams are complete before this stream reads them
 
     # ---- memory --------------------------------------------------------------------------------------------
     def allocate(self, *, num_slots: int, num_pages: int, page_size: int, max_context: int) -> None:
@@ -106,6 +107,7 @@ class CudaQwen36:
         self.rec = [cupy.zeros(rec, rect) for _ in range(n_gdn)]
         self.pool = (num_slots, num_pages, page_size, -(-max_context // page_size))
         self._free_slots, self._free_pages = list(range(num_slots)), list(range(num_pages))
+        cupy.cuda.Device().synchronize()  # the zero fills ran on the current stream, not on self.stream
 
     @property
     def scratch(self) -> tuple[int, int]:

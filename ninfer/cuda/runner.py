@@ -33,6 +33,7 @@ class CudaModelRunner:
         self.vocab_size = model_config.vocab_size
         lanes = cfg.max_concurrency
         n_ckpt = cfg.checkpoint_budget(self.snapshot_bytes) // self.snapshot_bytes if cfg.prefix_reuse else 0
+        n_ckpt += lanes if cfg.prefix_reuse else 0  # a step saves before it frees: room for one save per lane
         net.allocate(num_slots=1, num_pages=1, page_size=cfg.page_size, max_context=cfg.page_size)  # free old
         free, _ = cupy.cuda.runtime.memGetInfo()
         weights = tensor_bytes(net.w)

@@ -1,0 +1,163 @@
+"""``ninfer-perf``: synthetic models at the registered shapes on the GPU, measured against re-measured ceilings.
+
+    ninfer-perf --quick --out perf/results          # 27B and 35B-A3B at nvfp4, ~5 minutes on an H200
+
+Rooflines (hardware.md): decode is memory bound, bytes per step = matrix weights read once (MoE: the expected
+distinct experts of the step's tokens) + GDN state read and written + KV read, at the measured copy bandwidth;
+prefill is compute bound, FLOPs = 2 x active matrix parameters + causal attention, at the measured cuBLAS bf16
+GEMM rate. Every figure is reported with its fraction of the roofline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from .bench_model import bench_decode, bench_followup, bench_prefill, model_bytes
+from .bench_peers import copy_bandwidth, gemm_bf16, transformers_peer
+from .report import plot, table
+
+__all__ = ["main", "rooflines"]
+
+MODELS = {"27b": "qwen3.6-27b", "35b": "qwen3.6-35b-a3b"}
+
+
+def rooflines(mc: Any, sizes: dict[str, int], bw: float, flops: float, lanes: int, context: int) -> dict:
+    """Decode tok/s ceiling at ``lanes`` x ``context`` and prefill FLOPs per token (without attention)."""
+    from ninfer.cuda.memory_plan import snapshot_bytes
+
+    dense = sizes["matrix_bytes"] - sizes["expert_bytes"]
+    experts = sizes["expert_bytes"]
+    if mc.is_moe:  # expected distinct experts per layer among lanes x k random choices
+        frac = 1.0 - (1.0 - mc.num_experts_per_tok / mc.num_experts) ** lanes
+        experts = int(experts * frac)
+    kv_tok = 2 * len(mc.full_attention_layers) * mc.num_key_value_heads * mc.head_dim * 2
+    step = dense + experts + lanes * (2 * snapshot_bytes(mc, "fp32") + context * kv_tok)
+    active = sizes["params"] - sizes["expert_params"]
+    if mc.is_moe:
+        active += sizes["expert_params"] * mc.num_experts_per_tok // mc.num_experts
+    return {"decode_tok_s": lanes * bw / step, "bytes_per_step": step, "flops_per_token": 2 * active}
+
+
+def _attn_flops(mc: Any, n: int) -> float:
+    """Causal attention FLOPs of an n-token prompt (QK and PV, every attention layer)."""
+    return len(mc.full_attention_layers) * 2 * 2 * mc.num_attention_heads * mc.head_dim * n * n / 2
+
+
+def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log: Any) -> dict[str, Any]:
+    import cupy
+
+    from ninfer.artifact.registry import MODELS as REG
+    from ninfer.cuda.model import CudaQwen36
+
+    from .synthetic import synthetic_tensors
+
+    mc = REG[MODELS[key]].config
+    t0 = time.perf_counter()
+    tensors = synthetic_tensors(mc, args.profile)
+    net = CudaQwen36(mc, tensors, attn_chunk=512)
+    net.warmup()
+    longest = max(
+        args.prefill + [args.followup_context + args.followup_tokens, args.context + args.steps + 8]
+    )
+    pages = -(-(longest + 64) // 16)
+    net.allocate(num_slots=16, num_pages=pages * 10, page_size=16, max_context=longest + 64)
+    res: dict[str, Any] = {"model": MODELS[key], "profile": args.profile, "sizes": model_bytes(net)}
+    res["build_s"] = time.perf_counter() - t0
+    log(f"{key}: built in {res['build_s']:.1f} s, {res['sizes']['matrix_bytes'] / 1e9:.2f} GB of matrices")
+    res["prefill"] = []
+    keep = None
+    for n in args.prefill:
+        r, state = bench_prefill(net, n, args.chunk)
+        keep = state if n == args.followup_context else keep
+        rf = rooflines(mc, res["sizes"], ceil["copy_Bps"], ceil["gemm_flops"], 1, n)
+        r["flops_per_s"] = r["tok_s"] * rf["flops_per_token"] + _attn_flops(mc, n) / r["prefill_s"]
+        r["frac_gemm"] = r["flops_per_s"] / ceil["gemm_flops"]
+        res["prefill"].append(r)
+        log(
+            f"{key}: prefill {n}: {r['tok_s']:.0f} tok/s ({r['frac_gemm']:.1%} of cuBLAS), TTFT {r['ttft_s']:.3f} s"
+        )
+        del state
+    if keep is not None:
+        fu = bench_followup(net, keep, args.followup_tokens)
+        full = next(p for p in res["prefill"] if p["tokens"] == args.followup_context)
+        fu["ttft_recompute_est_s"] = full["ttft_s"] * (fu["context"] + fu["new_tokens"]) / fu["context"]
+        res["followup"] = fu
+        log(f"{key}: follow-up turn {fu}")
+        del keep
+    res["decode"] = []
+    for lanes in args.lanes:
+        r = bench_decode(net, lanes, args.context, args.steps)
+        rf = rooflines(mc, res["sizes"], ceil["copy_Bps"], ceil["gemm_flops"], lanes, args.context)
+        r.update(roofline_tok_s=rf["decode_tok_s"], frac_roofline=r["tok_s"] / rf["decode_tok_s"])
+        res["decode"].append(r)
+        log(
+            f"{key}: decode x{lanes} @{args.context}: {r['tok_s']:.1f} tok/s = {r['frac_roofline']:.1%} of roofline"
+        )
+    r = bench_decode(net, 1, args.context, 3, graph=False)
+    res["decode_eager_1"] = r
+    log(f"{key}: eager decode x1: {r['tok_s']:.1f} tok/s")
+    res["graph_pool_bytes"] = net.graphs.pool_bytes()
+    del net, tensors
+    gc.collect()
+    cupy.get_default_memory_pool().free_all_blocks()
+    if args.transformers:
+        try:
+            res["transformers"] = transformers_peer(mc, layers=4, prompt=1024, steps=8)
+            log(f"{key}: transformers {res['transformers']}")
+        except Exception as e:  # the peer column is optional; its failure must not lose our numbers
+            res["transformers"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            log(f"{key}: transformers failed: {res['transformers']['error']}")
+    return res
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ninfer-perf", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="1K/8K prefill, 8K-context decode, 8K follow-up")
+    p.add_argument("--models", default="27b,35b", help="comma list of 27b, 35b")
+    p.add_argument("--profile", default="nvfp4", help="nvfp4, q4, w8 or bf16")
+    p.add_argument("--out", default="perf/results", help="directory for the JSON and PNG")
+    p.add_argument("--commit", default="unknown", help="commit id recorded with the results")
+    p.add_argument("--no-transformers", dest="transformers", action="store_false")
+    a = p.parse_args(argv)
+    a.prefill = [1024, 8192] if a.quick else [1024, 8192, 32768]
+    a.chunk, a.context, a.steps, a.lanes = 2048, 8192, 16 if a.quick else 64, [1, 2, 4, 8]
+    a.followup_context, a.followup_tokens = (8192 if a.quick else 32768), 256
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    import cupy
+
+    args = _args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    ceil = {"copy_Bps": copy_bandwidth(), **{f"gemm_{k}": v for k, v in gemm_bf16().items()}}
+    log(f"ceilings: copy {ceil['copy_Bps'] / 1e12:.2f} TB/s, GEMM {ceil['gemm_flops'] / 1e12:.0f} TFLOP/s")
+    result = {
+        "commit": args.commit, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick,
+        "device": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
+        "cupy": cupy.__version__, "ceilings": ceil, "models": {},
+    }  # fmt: skip
+    path = out / f"perf_{args.profile}.json"
+    for key in args.models.split(","):
+        result["models"][key] = bench_model(key.strip(), args, ceil, log)
+        path.write_text(json.dumps(result, indent=1))
+    print(table(result), flush=True)
+    (out / f"perf_{args.profile}.txt").write_text(table(result))
+    png = plot(result, out / f"perf_{args.profile}.png")
+    log(f"wrote {path}" + (f" and {png}" if png else " (no matplotlib: no PNG)"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
