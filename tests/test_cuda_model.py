@@ -62,7 +62,7 @@ def _mid_config(kind: str) -> ModelConfig:
     if kind == "dense":
         return ModelConfig(arch="qwen3_5", intermediate_size=2816, **base)
     return ModelConfig(
-        arch="qwen3_5_moe", num_experts=32, num_experts_per_tok=4, moe_intermediate_size=256,
+        arch="qwen3_5_moe", num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256,
         shared_expert_intermediate_size=512, **base,
     )  # fmt: skip
 
