@@ -111,11 +111,13 @@ def test_tiny_logits_vs_reference_and_transformers(kind: str, act: str, report: 
 
 # ---- mid-size random models: teacher-forced top-1 agreement with the reference ------------------------------
 @gpu
-@pytest.mark.parametrize("act", ["bf16", "fp32"])
+@pytest.mark.parametrize("mode", ["bf16", "fp32", "fp32-gemv"])
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_midsize_top1_agreement(kind: str, act: str, report: dict) -> None:
+def test_midsize_top1_agreement(kind: str, mode: str, report: dict) -> None:
     cfg = _mid_config(kind)
-    net, ref = _pair(cfg, DictWeights(random_weights(cfg, seed=7)), NVFP4, act_dtype=act)
+    act = mode.split("-")[0]
+    w = DictWeights(random_weights(cfg, seed=7))
+    net, ref = _pair(cfg, w, NVFP4, act_dtype=act, prefill_gemm=not mode.endswith("gemv"))
     ids = np.random.default_rng(2).integers(0, cfg.vocab_size, 320)
     rs = ref.new_state()
     want = ref.lm_head(ref.forward(ids[:300], rs))
@@ -126,8 +128,8 @@ def test_midsize_top1_agreement(kind: str, act: str, report: dict) -> None:
         [got] + [net.lm_head(net.forward_batch(ids[i : i + 1], [state])) for i in range(300, 320)]
     )
     agree = float(np.mean(got.argmax(-1) == want.argmax(-1)))
-    report[f"mid-{kind}-{act}"] = {"top1": agree, "err": _err(got, want)}
-    assert agree >= 0.99, f"{kind}/{act}: top-1 agreement {agree:.3f} < 0.99 (max err {_err(got, want):.3e})"
+    report[f"mid-{kind}-{mode}"] = {"top1": agree, "err": _err(got, want)}
+    assert agree >= 0.99, f"{kind}/{mode}: top-1 agreement {agree:.3f} < 0.99 (max err {_err(got, want):.3e})"
 
 
 # ---- graphs, batch invariance ----------------------------------------------------------------------------------
