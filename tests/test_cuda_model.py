@@ -7,6 +7,7 @@ Set NINFER_GPU_REPORT_MODEL=<path> to collect the measured errors and agreements
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any
@@ -110,23 +111,37 @@ def test_tiny_logits_vs_reference_and_transformers(kind: str, act: str, report: 
 
 
 # ---- mid-size random models: teacher-forced top-1 agreement with the reference ------------------------------
+@functools.cache
+def _mid_reference(kind: str) -> tuple[ModelConfig, dict, np.ndarray, np.ndarray]:
+    """(config, NVFP4 encodings, token ids, reference logits: 300-token prefill then 20 decode steps)."""
+    from ninfer.cuda.model_weights import encode_weights
+    from ninfer.formats import FORMATS
+
+    cfg = _mid_config(kind)
+    enc = encode_weights(cfg, DictWeights(random_weights(cfg, seed=7)), NVFP4)
+    ref = Qwen36(cfg, DictWeights({n: FORMATS[f].decode(b, s) for n, (f, s, b) in enc.items()}))
+    ids = np.random.default_rng(2).integers(0, cfg.vocab_size, 320)
+    rs = ref.new_state()
+    want = [ref.lm_head(ref.forward(ids[:300], rs))]
+    want += [ref.lm_head(ref.forward(ids[i : i + 1], rs)) for i in range(300, 320)]
+    return cfg, enc, ids, np.concatenate(want)
+
+
 @gpu
 @pytest.mark.parametrize("mode", ["bf16", "fp32", "fp32-gemv"])
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_midsize_top1_agreement(kind: str, mode: str, report: dict) -> None:
-    cfg = _mid_config(kind)
-    act = mode.split("-")[0]
-    w = DictWeights(random_weights(cfg, seed=7))
-    net, ref = _pair(cfg, w, NVFP4, act_dtype=act, prefill_gemm=not mode.endswith("gemv"))
-    ids = np.random.default_rng(2).integers(0, cfg.vocab_size, 320)
-    rs = ref.new_state()
-    want = ref.lm_head(ref.forward(ids[:300], rs))
-    want = np.concatenate([want] + [ref.lm_head(ref.forward(ids[i : i + 1], rs)) for i in range(300, 320)])
-    state = net.new_state()
-    got = net.lm_head(net.forward(ids[:300], state))
-    got = np.concatenate(
-        [got] + [net.lm_head(net.forward_batch(ids[i : i + 1], [state])) for i in range(300, 320)]
+    from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.model_weights import upload_encoded
+
+    cfg, enc, ids, want = _mid_reference(kind)
+    net = CudaQwen36(
+        cfg, upload_encoded(cfg, enc), act_dtype=mode.split("-")[0], prefill_gemm=not mode.endswith("gemv")
     )
+    state = net.new_state()
+    got = [net.lm_head(net.forward(ids[:300], state))]
+    got += [net.lm_head(net.forward_batch(ids[i : i + 1], [state])) for i in range(300, 320)]
+    got = np.concatenate(got)
     agree = float(np.mean(got.argmax(-1) == want.argmax(-1)))
     report[f"mid-{kind}-{mode}"] = {"top1": agree, "err": _err(got, want)}
     assert agree >= 0.99, f"{kind}/{mode}: top-1 agreement {agree:.3f} < 0.99 (max err {_err(got, want):.3e})"
@@ -136,8 +151,11 @@ def test_midsize_top1_agreement(kind: str, mode: str, report: dict) -> None:
 @pytest.fixture(scope="module")
 def moe_net() -> Any:
     pytest.importorskip("cupy")
-    cfg = _mid_config("moe")
-    return _pair(cfg, DictWeights(random_weights(cfg, seed=3)), NVFP4)[0]
+    from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.model_weights import upload_encoded
+
+    cfg, enc, _, _ = _mid_reference("moe")
+    return CudaQwen36(cfg, upload_encoded(cfg, enc))
 
 
 def _greedy(net: Any, prompts: list[np.ndarray], steps: int) -> tuple[list[list[int]], np.ndarray]:
