@@ -140,6 +140,7 @@ class GraphSet:
         slot, page = net.scratch
         ps, max_pages = net.pool[2], net.pool[3]
         hm = host_meta([(slot, 0, 1, [page])] * b, ps, max_pages)
+        net.zero_slot(slot)  # all B warm-up rows share the scratch slot: same inputs, same (finite) values
         pool = cupy.cuda.MemoryPool()
         with net.stream, cupy.cuda.using_allocator(pool.malloc):
             meta = Meta.from_host(hm, net.attn_chunk)
