@@ -11,6 +11,7 @@ import numpy as np
 
 from ninfer.artifact import Artifact, open_artifact
 from ninfer.config import ModelConfig
+from ninfer.flash_next.config import FlashNextConfig
 
 __all__ = ["Model", "load", "BackendError"]
 
@@ -22,11 +23,12 @@ class BackendError(RuntimeError):
 
 
 class Model:
-    """A loaded model. ``net`` is the backend network (``ninfer.reference.Qwen36`` on the reference backend)."""
+    """A loaded model. ``net`` is the backend network; on the reference backend the architecture's reference
+    (``ninfer.reference.Qwen36`` for Qwen3.5/3.6, ``ninfer.flash_next.FlashNext`` for qwen4_exp)."""
 
     def __init__(self, artifact: Artifact | Any, net: Any, backend: str) -> None:
         self.artifact = artifact
-        self.config: ModelConfig = artifact.model_config
+        self.config: ModelConfig | FlashNextConfig = artifact.model_config
         self.net = net
         self.backend = backend
         self.tokenizer = _tokenizer(artifact)
@@ -151,9 +153,10 @@ def load(
         else open_artifact(path, verify=verify)
     )
     if backend == "reference":
-        from ninfer.reference import Qwen36
+        from ninfer.artifact.registry import architecture
 
-        return Model(art, Qwen36(art.model_config, art.weights()), backend)
+        net = architecture(art.model_config.arch).build_reference(art.model_config, art.weights())
+        return Model(art, net, backend)
     if backend == "cuda":
         raise BackendError("the CUDA backend is not available yet; use backend='reference'")
     raise ValueError(f"backend: unknown backend {backend!r} (reference, cuda)")

@@ -59,7 +59,10 @@ def test_resume_into_fresh_state_equals_no_reuse(model: FlashNext, split: int) -
     first = model.new_state()
     model.forward(prompt, first)
     snap = first.snapshot_gdn()
-    assert snap.length == split and snap.open_keys[0].shape[0] == split % model.cfg.indexer_compress_ratio
+    ratio, n_open = model.cfg.indexer_compress_ratio, split % model.cfg.indexer_compress_ratio
+    assert snap.length == split and snap.open_keys[0].shape == (ratio - 1, model.cfg.indexer_head_dim)
+    np.testing.assert_array_equal(snap.open_keys[0][:n_open], first.open_keys[0])  # then zero padding
+    assert not snap.open_keys[0][n_open:].any() and first.open_keys[0].shape[0] == n_open
     assert model.cfg.is_block_boundary(split) == (split % 4 == 0)
     assert snap.ngram_ctx.tolist() == prompt[-2:].tolist()
 
@@ -90,6 +93,8 @@ def test_index_keys_in_kv_object(model: FlashNext) -> None:
     np.testing.assert_array_equal(_run(model, state, ids), _run(model, model.new_state(), ids))
     snap = state.snapshot_gdn()
     assert snap.index is None  # positional: stays with the kv object
+    model.forward(_ids(3, 9), state)  # a snapshot then has the same size at every length (padded open block)
+    assert state.snapshot_gdn().nbytes == snap.nbytes and state.length % 4 != 40 % 4
 
 
 def test_clone_and_forward_batch(model: FlashNext) -> None:

@@ -1,16 +1,44 @@
-"""The exact tensor inventory (canonical name -> shape) a Qwen3.6-family config implies.
+"""Tensor inventories: what an artifact of a given config and weight profile holds, tensor by tensor.
 
-The converter uses it as its preflight (every expected tensor must come from the checkpoint) and the reader
-as its binder check (nothing missing, nothing extra, every shape exact).
+``TensorPlan`` is one stored tensor (encoded shape, format, the shape the model sees, and whether it lives in its
+own host-side region read by rows). Every architecture's adapter (``registry.ARCHITECTURES``) turns (config,
+profile) into ``{canonical name: TensorPlan}``; the converter uses it as its preflight, the writer as its plan and
+the reader as its binder check (nothing missing, nothing extra, every shape and format exact).
+
+``expected_inventory`` is the Qwen3.6-family table (canonical name -> HF shape).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
 from ninfer.config import ModelConfig
 
-__all__ = ["expected_inventory"]
+__all__ = ["expected_inventory", "TensorPlan", "RowReader"]
 
 Shape = tuple[int, ...]
+# (encoded bytes of the whole tensor, possibly a memory map; logical row ids) -> float32 rows [n, K_logical]
+RowReader = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorPlan:
+    """How one tensor is stored.
+
+    ``shape``: the shape its bytes are encoded with (the manifest's ``shape``); ``logical``: the shape the model
+    sees (the HF shape; differs only for a packed row table). ``host_rows``: the tensor stays on the host in its
+    own memory-mapped region, is written after every other tensor, and is read only by rows through ``rows``
+    (an n-gram table larger than the GPU); its format must be row-local (``ninfer.artifact.rows``).
+    """
+
+    shape: Shape
+    format: str
+    logical: Shape
+    host_rows: bool = False
+    rows: RowReader | None = None
 
 
 def _attention(prefix: str, c: ModelConfig) -> dict[str, Shape]:

@@ -7,6 +7,7 @@ from deep inside numpy or json reaches the caller. Blobs are read through one re
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
@@ -14,9 +15,10 @@ from typing import Any, Literal
 import numpy as np
 
 from ninfer.artifact.container import BLOB_ALIGN, ArtifactError, read_header
-from ninfer.artifact.inventory import expected_inventory
-from ninfer.artifact.registry import RegistryError, check_config, profile_format
-from ninfer.config import ConfigError, ModelConfig
+from ninfer.artifact.inventory import TensorPlan
+from ninfer.artifact.registry import AnyConfig, RegistryError, architecture, check_config, tensor_plan
+from ninfer.artifact.rows import gather_rows, is_row_local
+from ninfer.config import ConfigError
 from ninfer.formats import FORMATS, FormatError
 
 __all__ = ["Artifact", "ArtifactWeights", "open_artifact"]
@@ -36,6 +38,7 @@ _TOP_KEYS = {
     "digest",
     "provenance",
 }
+_HASH_CHUNK = 1 << 24
 _TENSOR_KEYS = {"name", "format", "layout", "shape", "offset", "nbytes", "sha256"}
 _RESOURCE_KEYS = {"name", "role", "media_type", "offset", "nbytes", "sha256"}
 _ROLES = {
@@ -114,56 +117,68 @@ def _check_layout(path: str, m: dict[str, Any], data_bytes: int) -> None:
         raise ArtifactError(f"{path}: {data_bytes - last_end} unexpected bytes after the last blob")
 
 
-def _check_model(path: str, m: dict[str, Any]) -> ModelConfig:
+def _check_model(path: str, m: dict[str, Any]) -> tuple[AnyConfig, dict[str, TensorPlan]]:
     try:
-        cfg = ModelConfig.from_dict(m["config"]) if isinstance(m["config"], dict) else None
-        if cfg is None:
+        arch = architecture(m["architecture"])
+        if not isinstance(m["config"], dict):
             raise ConfigError("config must be an object")
+        cfg = arch.config_from_dict(m["config"])
         ident = check_config(m["model_id"], cfg, m["shape_registered"])
-        if m["weight_profile"] not in ident.profiles:
-            raise RegistryError(
-                f"weight profile {m['weight_profile']!r} is not registered for {ident.model_id!r} "
-                f"(registered: {', '.join(ident.profiles)})"
-            )
         if m["architecture"] != ident.arch:
             raise RegistryError(f"architecture {m['architecture']!r} does not match {ident.model_id!r}")
+        plan = tensor_plan(ident.model_id, cfg, m["weight_profile"])
     except (ConfigError, RegistryError) as e:
         raise ArtifactError(f"{path}: {e}") from None
-    inv = expected_inventory(cfg)
     have = {t["name"]: t for t in m["tensors"]}
-    missing, extra = [n for n in inv if n not in have], [n for n in have if n not in inv]
+    missing, extra = [n for n in plan if n not in have], [n for n in have if n not in plan]
     if missing or extra:
         raise ArtifactError(f"{path}: tensor inventory: missing {missing[:5]}, unexpected {extra[:5]}")
-    for name, shape in inv.items():
+    for name, p in plan.items():
         t = have[name]
-        if tuple(t["shape"]) != shape:
+        if tuple(t["shape"]) != p.shape:
             raise ArtifactError(
-                f"{path}: tensor {name!r}: shape {t['shape']} but the config implies {list(shape)}"
+                f"{path}: tensor {name!r}: shape {t['shape']} but the config implies {list(p.shape)}"
             )
-        want = profile_format(m["weight_profile"], name, shape)
-        if t["format"] != want:
+        if t["format"] != p.format:
             raise ArtifactError(
-                f"{path}: tensor {name!r}: format {t['format']} but profile {m['weight_profile']!r} requires {want}"
+                f"{path}: tensor {name!r}: format {t['format']} but profile {m['weight_profile']!r} requires "
+                f"{p.format}"
             )
-        fmt = FORMATS[want]
-        if t["layout"] != fmt.layout or t["nbytes"] != fmt.encoded_size(shape):
-            raise ArtifactError(f"{path}: tensor {name!r}: layout/size do not match format {want}")
-    return cfg
+        fmt = FORMATS[p.format]
+        if t["layout"] != fmt.layout or t["nbytes"] != fmt.encoded_size(p.shape):
+            raise ArtifactError(f"{path}: tensor {name!r}: layout/size do not match format {p.format}")
+    return cfg, plan
 
 
 class Artifact:
-    """An opened, checked artifact. Blobs are memory-mapped; nothing is read until asked for."""
+    """An opened, checked artifact. Blobs are memory-mapped; nothing is read until asked for.
 
-    def __init__(self, path: str, manifest: dict[str, Any], data_offset: int, config: ModelConfig) -> None:
+    Tensors planned as ``host_rows`` (the n-gram tables) get their own read-only mapping with ``MADV_RANDOM``:
+    they are read only by rows, and without read-ahead a row read from a cold file brings in one page, not a
+    read-ahead window. Nothing in this class reads such a tensor whole unless ``tensor()`` is asked for it.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        manifest: dict[str, Any],
+        data_offset: int,
+        config: AnyConfig,
+        plan: dict[str, TensorPlan],
+    ) -> None:
         self.path = path
         self.manifest = manifest
         self.model_config = config
+        self.plan = plan
+        self._data_offset = data_offset
         self._data = np.memmap(path, dtype=np.uint8, mode="r", offset=data_offset)
         self._tensors = {t["name"]: t for t in manifest["tensors"]}
         self._resources = {r["role"]: r for r in manifest["resources"]}
+        self._regions: dict[str, np.ndarray] = {}
 
     model_id = property(lambda self: self.manifest["model_id"])
     weight_profile = property(lambda self: self.manifest["weight_profile"])
+    architecture = property(lambda self: self.manifest["architecture"])
     shape_registered = property(lambda self: self.manifest["shape_registered"])
     digest = property(lambda self: self.manifest["digest"]["content"])
 
@@ -177,17 +192,51 @@ class Artifact:
             raise KeyError(f"{self.path}: no tensor named {name!r}") from None
 
     def raw(self, name: str) -> np.ndarray:
+        """The tensor's encoded bytes (a view of the map; a host-rows tensor's own region)."""
         t = self.tensor_info(name)
+        if self.plan[name].host_rows:
+            return self._region(name)
         return self._data[t["offset"] : t["offset"] + t["nbytes"]]
 
+    def _region(self, name: str) -> np.ndarray:
+        if name not in self._regions:
+            t = self._tensors[name]
+            start = self._data_offset + t["offset"]
+            base = start - start % mmap.ALLOCATIONGRANULARITY  # a mapping starts on a page boundary
+            with open(self.path, "rb") as f:
+                mm = mmap.mmap(f.fileno(), start - base + t["nbytes"], access=mmap.ACCESS_READ, offset=base)
+            if hasattr(mm, "madvise"):
+                mm.madvise(mmap.MADV_RANDOM)
+            self._regions[name] = np.frombuffer(mm, np.uint8, t["nbytes"], start - base)
+        return self._regions[name]
+
     def tensor(self, name: str) -> np.ndarray:
-        """The tensor dequantized to float32 in its manifest shape."""
+        """The tensor dequantized to float32 in the shape the model sees (``plan[name].logical``)."""
         t = self.tensor_info(name)
-        return FORMATS[t["format"]].decode(self.raw(name), tuple(t["shape"]))
+        return FORMATS[t["format"]].decode(self.raw(name), tuple(t["shape"])).reshape(self.plan[name].logical)
 
     def tensor_rows(self, name: str, r0: int, r1: int) -> np.ndarray:
+        """Rows ``[r0, r1)`` of the tensor's stored row view (``[prod(shape[:-1]), shape[-1]]``)."""
         t = self.tensor_info(name)
         return FORMATS[t["format"]].decode_rows(self.raw(name), tuple(t["shape"]), r0, r1)
+
+    def rows(self, name: str, row_ids: np.ndarray) -> np.ndarray:
+        """Logical rows of a 2-D tensor (float32 ``[n, K]``), reading only those rows' bytes."""
+        p = self.plan.get(name)
+        if p is None:
+            raise KeyError(f"{self.path}: no tensor named {name!r}")
+        ids = np.asarray(row_ids, np.int64).reshape(-1)
+        if p.rows is not None:
+            return p.rows(self.raw(name), ids)
+        if len(p.logical) != 2 or p.logical != p.shape:
+            raise ValueError(f"{self.path}: tensor {name!r} of shape {list(p.logical)} has no row reader")
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        fmt = FORMATS[p.format]
+        if is_row_local(p.format):
+            got = gather_rows(fmt, self.raw(name), p.shape, uniq)
+        else:  # a global scale (NVFP4, FP8 per tensor): decode row by row
+            got = np.stack([fmt.decode_rows(self.raw(name), p.shape, int(r), int(r) + 1)[0] for r in uniq])
+        return got.reshape(uniq.size, -1)[inverse.reshape(-1)]
 
     def resource(self, role: str) -> bytes | None:
         r = self._resources.get(role)
@@ -197,27 +246,39 @@ class Artifact:
         return ArtifactWeights(self)
 
     def verify_blobs(self, threads: int = 4) -> None:
-        """Hash every blob (hashlib releases the GIL, so threads overlap) against the manifest."""
+        """Hash every blob against the manifest (hashlib releases the GIL, so threads overlap).
+
+        Blobs are read with ``os.pread`` into 16 MiB chunks, not through the map, so verifying never maps the
+        file into this process (the resident set stays small even for a table larger than memory).
+        """
         entries = self.manifest["tensors"] + self.manifest["resources"]
+        fd = os.open(self.path, os.O_RDONLY)
 
         def digest(e: dict[str, Any]) -> str:
             h = hashlib.sha256()
-            start, end = e["offset"], e["offset"] + e["nbytes"]
-            for off in range(start, end, 1 << 24):
-                h.update(self._data[off : min(end, off + (1 << 24))])
+            start, end = self._data_offset + e["offset"], self._data_offset + e["offset"] + e["nbytes"]
+            for off in range(start, end, _HASH_CHUNK):
+                h.update(os.pread(fd, min(_HASH_CHUNK, end - off), off))
             return h.hexdigest()
 
-        with ThreadPoolExecutor(max_workers=threads) as ex:
-            for e, got in zip(entries, ex.map(digest, entries), strict=True):
-                if got != e["sha256"]:
-                    raise ArtifactError(f"{self.path}: blob {e['name']!r} is corrupt (SHA-256 mismatch)")
+        try:
+            with ThreadPoolExecutor(max_workers=threads) as ex:
+                for e, got in zip(entries, ex.map(digest, entries), strict=True):
+                    if got != e["sha256"]:
+                        raise ArtifactError(f"{self.path}: blob {e['name']!r} is corrupt (SHA-256 mismatch)")
+        finally:
+            os.close(fd)
         content = hashlib.sha256(b"".join(bytes.fromhex(e["sha256"]) for e in entries)).hexdigest()
         if content != self.digest:
             raise ArtifactError(f"{self.path}: manifest digest does not match its blob digests")
 
 
 class ArtifactWeights:
-    """WeightSource over an artifact: float32 tensors in HF shape, dequantized once and cached."""
+    """WeightSource over an artifact: float32 tensors in the model's shape, dequantized once and cached.
+
+    ``get_rows`` serves rows without decoding the tensor: host-rows tensors (the n-gram tables) are only ever
+    read this way, from their own mapped region, and are never cached whole.
+    """
 
     def __init__(self, art: Artifact) -> None:
         self._art = art
@@ -229,10 +290,10 @@ class ArtifactWeights:
         return self._cache[name]
 
     def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
-        """Rows of a 2-D tensor without decoding the whole table (embedding gathers)."""
+        """Rows ``[n, K]`` float32 of a 2-D tensor (embedding and n-gram gathers)."""
         if name in self._cache:
-            return self._cache[name][rows]
-        return np.stack([self._art.tensor_rows(name, int(r), int(r) + 1)[0] for r in rows])
+            return self._cache[name][np.asarray(rows, np.int64)]
+        return self._art.rows(name, rows)
 
     def names(self) -> list[str]:
         return self._art.tensor_names()
@@ -252,10 +313,10 @@ def open_artifact(path: str | os.PathLike[str], verify: Literal["full", "manifes
     _check_schema(path, manifest)
     _check_layout(path, manifest, header.data_bytes)
     try:
-        cfg = _check_model(path, manifest)
+        cfg, plan = _check_model(path, manifest)
     except FormatError as e:
         raise ArtifactError(f"{path}: {e}") from None
-    art = Artifact(path, manifest, header.data_offset, cfg)
+    art = Artifact(path, manifest, header.data_offset, cfg, plan)
     if verify == "full":
         art.verify_blobs()
     return art

@@ -1,116 +1,48 @@
-"""The closed registry of model identities and weight profiles.
+"""The closed registry of architectures, model identities and weight profiles.
 
 An artifact binds exactly one registered ``model_id`` and one of that model's weight profiles. A registered
 identity pins its config; a checkpoint of a registered architecture at another size (the tiny test models) is
 accepted only when converted with ``--allow-unregistered-shape`` and is then marked ``shape_registered: false``.
 
-A weight profile is a pure function (canonical tensor name, shape) -> format id, so the converter and the
-verifier agree on every tensor's format by construction.
+Each architecture (the manifest's ``architecture``) has one ``Architecture`` adapter in ``ARCHITECTURES``: how to
+read its config (from a manifest or an HF ``config.json``), its tensor plan for a weight profile (name -> stored
+shape and format), the reference network to build and the converter's checkpoint reader. The reader, writer,
+converter and ``ninfer.load`` dispatch through it and hold no per-architecture code.
+
+A weight profile is a pure function of (config, profile), so the converter and the verifier agree on every
+tensor's format by construction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-from ninfer.config import ModelConfig
+from ninfer.artifact.inventory import TensorPlan, expected_inventory
+from ninfer.artifact.pinned import DEMO, QWEN36_27B, QWEN36_35B_A3B, QWEN38_FLASH_NEXT
+from ninfer.config import ConfigError, ModelConfig
+from ninfer.flash_next.config import FlashNextConfig
 
 __all__ = [
+    "Architecture",
+    "ARCHITECTURES",
     "ModelIdentity",
     "MODELS",
     "PROFILES",
     "RegistryError",
+    "architecture",
+    "architecture_for_hf",
     "identity",
     "identity_for_arch",
     "profile_format",
 ]
 
+AnyConfig = ModelConfig | FlashNextConfig
+
 
 class RegistryError(ValueError):
     """An unregistered model identity or weight profile, or a config that differs from the pinned one."""
-
-
-# ---- pinned configs -------------------------------------------------------------------------------------
-
-_QWEN36_COMMON = dict(
-    num_attention_heads=0,
-    head_dim=256,
-    linear_num_key_heads=16,
-    linear_key_head_dim=128,
-    linear_value_head_dim=128,
-    linear_conv_kernel_dim=4,
-    rms_norm_eps=1e-6,
-    rope_theta=1e7,
-    partial_rotary_factor=0.25,
-    mrope_section=(11, 11, 10),
-    mrope_interleaved=True,
-    tie_word_embeddings=False,
-    max_position_embeddings=262144,
-    mtp_num_hidden_layers=1,
-    vocab_size=248320,
-    eos_token_ids=(248046, 248044),
-)
-
-
-def _layer_types(n: int) -> tuple[str, ...]:
-    return tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n))
-
-
-def _cfg(**kw: object) -> ModelConfig:
-    return ModelConfig(**{**_QWEN36_COMMON, **kw})  # type: ignore[arg-type]
-
-
-QWEN36_27B = _cfg(
-    arch="qwen3_5",
-    hidden_size=5120,
-    num_hidden_layers=64,
-    layer_types=_layer_types(64),
-    num_attention_heads=24,
-    num_key_value_heads=4,
-    linear_num_value_heads=48,
-    intermediate_size=17408,
-)
-
-QWEN36_35B_A3B = _cfg(
-    arch="qwen3_5_moe",
-    hidden_size=2048,
-    num_hidden_layers=40,
-    layer_types=_layer_types(40),
-    num_attention_heads=16,
-    num_key_value_heads=2,
-    linear_num_value_heads=32,
-    num_experts=256,
-    num_experts_per_tok=8,
-    moe_intermediate_size=512,
-    shared_expert_intermediate_size=512,
-)
-
-# The demo model: a tiny dense qwen3.6-family body over the demo BPE tokenizer (random weights).
-DEMO = ModelConfig(
-    arch="qwen3_5",
-    vocab_size=1152,
-    hidden_size=128,
-    num_hidden_layers=4,
-    layer_types=_layer_types(4),
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=32,
-    linear_value_head_dim=32,
-    linear_conv_kernel_dim=4,
-    intermediate_size=256,
-    rms_norm_eps=1e-6,
-    rope_theta=1e7,
-    partial_rotary_factor=0.25,
-    mrope_section=(2, 1, 1),
-    mrope_interleaved=True,
-    tie_word_embeddings=False,
-    max_position_embeddings=32768,
-    mtp_num_hidden_layers=1,
-    eos_token_ids=(),  # filled from the tokenizer when the demo is built
-)
 
 
 # ---- weight profiles ------------------------------------------------------------------------------------
@@ -189,12 +121,14 @@ def profile_format(profile: str, name: str, shape: tuple[int, ...]) -> str:
 
 # ---- identities -----------------------------------------------------------------------------------------
 
+FLASH_NEXT_PROFILES = ("bf16", "mixed-nvfp4-fp8-ple-int4")  # == ninfer.flash_next.quant.PROFILES (tested)
+
 
 @dataclass(frozen=True, slots=True)
 class ModelIdentity:
     model_id: str
     arch: str
-    config: ModelConfig  # the pinned config of the registered shape
+    config: AnyConfig  # the pinned config of the registered shape
     profiles: tuple[str, ...]
     description: str
 
@@ -224,6 +158,13 @@ MODELS: dict[str, ModelIdentity] = {
             "Qwen3.8-27B: same body as Qwen3.6-27B",
         ),
         ModelIdentity(
+            "qwen3.8-flash-next",
+            "qwen4_exp",
+            QWEN38_FLASH_NEXT,
+            FLASH_NEXT_PROFILES,
+            "Qwen3.8-Flash-Next: hyper-connections, QSA block-sparse attention, host n-gram table, 512-expert MoE",
+        ),
+        ModelIdentity(
             "ninfer-demo",
             "qwen3_5",
             DEMO,
@@ -233,8 +174,123 @@ MODELS: dict[str, ModelIdentity] = {
     )
 }
 
-# The identity an unregistered-shape checkpoint of an architecture is recorded under.
-_ARCH_FAMILY = {"qwen3_5": "qwen3.6-27b", "qwen3_5_moe": "qwen3.6-35b-a3b"}
+
+# ---- architectures --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Architecture:
+    """Everything the artifact layer, the converter and ``ninfer.load`` need to know about one architecture."""
+
+    name: str  # the manifest's ``architecture`` and the config's ``arch``
+    model_types: tuple[str, ...]  # HF ``model_type`` values (text model and VLM wrapper)
+    family: str  # the identity an unregistered-shape checkpoint is recorded under
+    config_from_dict: Callable[[dict[str, Any]], AnyConfig]
+    # (HF config.json, the checkpoint's eos ids from generation_config/config/tokenizer) -> config
+    config_from_hf: Callable[[dict[str, Any], tuple[int, ...]], AnyConfig]
+    plan: Callable[[Any, str], dict[str, TensorPlan]]  # (config, profile) -> name -> TensorPlan
+    build_reference: Callable[[Any, Any], Any]  # (config, WeightSource) -> the NumPy reference network
+    checkpoint: Callable[[Any, Any], Any]  # (SafetensorsDir, config) -> the converter's tensor source
+
+
+def _qwen36_from_hf(hf: dict[str, Any], eos: tuple[int, ...]) -> ModelConfig:
+    cfg = ModelConfig.from_hf(hf)
+    return replace(cfg, eos_token_ids=eos) if eos else cfg
+
+
+def _qwen36_plan(cfg: ModelConfig, profile: str) -> dict[str, TensorPlan]:
+    return {n: TensorPlan(s, profile_format(profile, n, s), s) for n, s in expected_inventory(cfg).items()}
+
+
+def _qwen36_reference(cfg: ModelConfig, weights: Any) -> Any:
+    from ninfer.reference import Qwen36
+
+    return Qwen36(cfg, weights)
+
+
+def _qwen36_checkpoint(ckpt: Any, cfg: ModelConfig) -> Any:
+    from ninfer.convert.hf import Qwen36Checkpoint
+
+    return Qwen36Checkpoint(ckpt, cfg)
+
+
+def _flash_from_hf(hf: dict[str, Any], eos: tuple[int, ...]) -> FlashNextConfig:
+    """The config's own eos ids stay first (the first is the n-gram pad id); the checkpoint's others follow."""
+    cfg = FlashNextConfig.from_hf(hf)
+    extra = tuple(e for e in eos if e not in cfg.eos_token_ids)
+    return replace(cfg, eos_token_ids=cfg.eos_token_ids + extra) if extra else cfg
+
+
+def _flash_plan(cfg: FlashNextConfig, profile: str) -> dict[str, TensorPlan]:
+    from ninfer.flash_next.quant import artifact_plan
+
+    try:
+        return artifact_plan(cfg, profile)
+    except ValueError as e:  # an unknown profile
+        raise RegistryError(str(e)) from None
+
+
+def _flash_reference(cfg: FlashNextConfig, weights: Any) -> Any:
+    from ninfer.flash_next.model import FlashNext
+
+    return FlashNext(cfg, weights)
+
+
+def _flash_checkpoint(ckpt: Any, cfg: FlashNextConfig) -> Any:
+    from ninfer.convert.flash_next import FlashNextCheckpoint
+
+    return FlashNextCheckpoint(ckpt, cfg)
+
+
+_QWEN36 = dict(
+    config_from_dict=ModelConfig.from_dict,
+    config_from_hf=_qwen36_from_hf,
+    plan=_qwen36_plan,
+    build_reference=_qwen36_reference,
+    checkpoint=_qwen36_checkpoint,
+)
+ARCHITECTURES: dict[str, Architecture] = {
+    a.name: a
+    for a in (
+        Architecture("qwen3_5", ("qwen3_5", "qwen3_5_text"), "qwen3.6-27b", **_QWEN36),  # type: ignore[arg-type]
+        Architecture(
+            "qwen3_5_moe",
+            ("qwen3_5_moe", "qwen3_5_moe_text"),
+            "qwen3.6-35b-a3b",
+            **_QWEN36,  # type: ignore[arg-type]
+        ),
+        Architecture(
+            "qwen4_exp",
+            ("qwen4_exp", "qwen4_exp_text"),
+            "qwen3.8-flash-next",
+            config_from_dict=FlashNextConfig.from_dict,
+            config_from_hf=_flash_from_hf,
+            plan=_flash_plan,
+            build_reference=_flash_reference,
+            checkpoint=_flash_checkpoint,
+        ),
+    )
+}
+
+
+def architecture(name: str) -> Architecture:
+    try:
+        return ARCHITECTURES[name]
+    except (KeyError, TypeError):
+        raise RegistryError(
+            f"architecture {name!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
+        ) from None
+
+
+def architecture_for_hf(hf: dict[str, Any]) -> Architecture:
+    """The adapter of an HF ``config.json`` (text config or VLM wrapper with ``text_config``)."""
+    text = hf.get("text_config", hf)
+    model_type = text.get("model_type", hf.get("model_type"))
+    for a in ARCHITECTURES.values():
+        if model_type in a.model_types:
+            return a
+    known = sorted(t for a in ARCHITECTURES.values() for t in a.model_types)
+    raise ConfigError(f"model_type: {model_type!r} is not a supported architecture (supported: {known})")
 
 
 def identity(model_id: str) -> ModelIdentity:
@@ -247,28 +303,36 @@ def identity(model_id: str) -> ModelIdentity:
 
 
 def identity_for_arch(arch: str) -> ModelIdentity:
-    if arch not in _ARCH_FAMILY:
-        raise RegistryError(f"architecture {arch!r} has no registered model identity")
-    return MODELS[_ARCH_FAMILY[arch]]
+    return MODELS[architecture(arch).family]
 
 
-def match_identity(cfg: ModelConfig) -> ModelIdentity | None:
+def match_identity(cfg: AnyConfig) -> ModelIdentity | None:
     """The registered identity whose pinned config equals ``cfg`` in every model dimension, if any."""
     for m in MODELS.values():
-        if m.model_id != "ninfer-demo" and _same_shape(m.config, cfg):
+        if m.model_id != "ninfer-demo" and m.arch == cfg.arch and _same_shape(m.config, cfg):
             return m
     return None
 
 
-def _same_shape(a: ModelConfig, b: ModelConfig) -> bool:
-    # eos ids and mtp depth describe the checkpoint, not the shape
+_CHECKPOINT_FIELDS = ("eos_token_ids", "mtp_num_hidden_layers")  # describe the checkpoint, not the shape
+
+
+def _shape_diff(a: AnyConfig, b: AnyConfig) -> list[str]:
     da, db = a.to_dict(), b.to_dict()
-    for k in ("eos_token_ids", "mtp_num_hidden_layers"):
-        da.pop(k), db.pop(k)
-    return da == db
+    keys = [k for k in dict.fromkeys([*da, *db]) if k not in _CHECKPOINT_FIELDS]
+    return [k for k in keys if da.get(k) != db.get(k)]
 
 
-def check_config(model_id: str, cfg: ModelConfig, shape_registered: bool) -> ModelIdentity:
+def _same_shape(a: AnyConfig, b: AnyConfig) -> bool:
+    return type(a) is type(b) and not _shape_diff(a, b)
+
+
+def shape_diff(pinned: AnyConfig, cfg: AnyConfig) -> list[str]:
+    """Config fields (other than eos ids and MTP depth) in which ``cfg`` differs from ``pinned``."""
+    return _shape_diff(pinned, cfg)
+
+
+def check_config(model_id: str, cfg: AnyConfig, shape_registered: bool) -> ModelIdentity:
     """Check that ``cfg`` may be run as ``model_id``; returns the identity. Raises RegistryError."""
     ident = identity(model_id)
     if cfg.arch != ident.arch:
@@ -276,10 +340,17 @@ def check_config(model_id: str, cfg: ModelConfig, shape_registered: bool) -> Mod
             f"config architecture {cfg.arch!r} does not match model identity {model_id!r} ({ident.arch})"
         )
     if shape_registered and not _same_shape(ident.config, cfg):
-        diff = [
-            k
-            for k, v in ident.config.to_dict().items()
-            if k not in ("eos_token_ids", "mtp_num_hidden_layers") and cfg.to_dict().get(k) != v
-        ]
+        diff = _shape_diff(ident.config, cfg)
         raise RegistryError(f"config differs from the pinned config of {model_id!r} in: {', '.join(diff)}")
     return ident
+
+
+def tensor_plan(model_id: str, cfg: AnyConfig, profile: str) -> dict[str, TensorPlan]:
+    """The tensor plan of ``cfg`` as ``model_id`` under ``profile`` (the profile must be registered for it)."""
+    ident = identity(model_id)
+    if profile not in ident.profiles:
+        raise RegistryError(
+            f"weight profile {profile!r} is not registered for {model_id!r} "
+            f"(registered: {', '.join(ident.profiles)})"
+        )
+    return architecture(ident.arch).plan(cfg, profile)

@@ -1,4 +1,11 @@
-"""``ninfer convert``: a transformers checkpoint directory -> a verified .ninfer artifact."""
+"""``ninfer convert``: a transformers checkpoint directory -> a verified .ninfer artifact.
+
+Architecture-neutral: the HF ``model_type`` picks the registry's ``Architecture`` adapter, which gives the config
+reader, the checkpoint reader (``Qwen36Checkpoint`` here, ``FlashNextCheckpoint`` in ``convert/flash_next.py``)
+and the tensor plan. A checkpoint reader offers ``names()`` (canonical names it can produce), ``shape(name)``
+(without reading data), ``get(name)`` (float32; a host-rows table may come back as a lazy ``RowSource``) and
+``check()`` (derived tensors the checkpoint carries, compared with the config).
+"""
 
 from __future__ import annotations
 
@@ -12,13 +19,24 @@ import numpy as np
 from tqdm import tqdm
 
 from ninfer.artifact import ArtifactError, open_artifact, write_artifact
-from ninfer.artifact.inventory import expected_inventory
-from ninfer.artifact.registry import MODELS, identity, identity_for_arch, match_identity
+from ninfer.artifact.inventory import TensorPlan
+from ninfer.artifact.registry import (
+    MODELS,
+    AnyConfig,
+    RegistryError,
+    architecture_for_hf,
+    identity,
+    identity_for_arch,
+    match_identity,
+    shape_diff,
+    tensor_plan,
+)
+from ninfer.artifact.rows import take_rows
 from ninfer.config import ConfigError, ModelConfig
 from ninfer.convert.safetensors_io import CheckpointError, SafetensorsDir
 from ninfer.formats import FORMATS
 
-__all__ = ["convert", "canonical_name", "ConversionError"]
+__all__ = ["convert", "canonical_name", "ConversionError", "Qwen36Checkpoint"]
 
 _PREFIXES = ("model.language_model.", "model.")
 _IGNORED_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.")
@@ -41,12 +59,12 @@ def canonical_name(hf_name: str) -> str | None:
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
-class _Sources:
-    """Canonical name -> how to load it from the checkpoint. transformers' save_pretrained writes MoE experts
-    per expert (``experts.{e}.{gate,up,down}_proj.weight``); they are fused here into the canonical 3-D
+class Qwen36Checkpoint:
+    """Canonical name -> how to load it from a Qwen3.5/3.6 checkpoint. transformers' save_pretrained writes MoE
+    experts per expert (``experts.{e}.{gate,up,down}_proj.weight``); they are fused here into the canonical 3-D
     ``experts.gate_up_proj`` [E, 2I, H] (gate rows first) and ``experts.down_proj`` [E, H, I]."""
 
-    def __init__(self, ckpt: SafetensorsDir) -> None:
+    def __init__(self, ckpt: SafetensorsDir, cfg: ModelConfig | None = None) -> None:
         self.ckpt = ckpt
         self.direct: dict[str, str] = {}
         self.experts: dict[str, dict[int, dict[str, str]]] = {}
@@ -91,6 +109,9 @@ class _Sources:
         rows, _ = self._expert_parts(c)
         return np.stack([np.concatenate([self.ckpt.get(n) for n in r], axis=0) for r in rows])
 
+    def check(self) -> None:
+        """Nothing derived to compare in a Qwen3.5/3.6 checkpoint."""
+
 
 def _read_json(path: str) -> dict[str, Any] | None:
     if not os.path.exists(path):
@@ -133,10 +154,11 @@ def _eos_ids(hf: dict[str, Any], gen: dict[str, Any] | None, res: dict[str, byte
     return ()
 
 
-def _select_identity(cfg: ModelConfig, model_id: str | None, allow_unregistered: bool) -> tuple[str, bool]:
+def _select_identity(cfg: AnyConfig, model_id: str | None, allow_unregistered: bool) -> tuple[str, bool]:
     if model_id is not None:
         ident = identity(model_id)
-        same = match_identity(cfg) is not None and match_identity(cfg).config == ident.config
+        found = match_identity(cfg)
+        same = found is not None and found.config == ident.config
         if not same and not allow_unregistered:
             raise ConversionError(
                 f"config does not match the pinned shape of {model_id!r}; "
@@ -146,16 +168,30 @@ def _select_identity(cfg: ModelConfig, model_id: str | None, allow_unregistered:
     ident = match_identity(cfg)
     if ident is not None:
         return ident.model_id, True
+    family = identity_for_arch(cfg.arch)
     if not allow_unregistered:
-        family = identity_for_arch(cfg.arch)
-        diff = [k for k, v in family.config.to_dict().items() if cfg.to_dict().get(k) != v]
-        diff = [k for k in diff if k not in ("eos_token_ids", "mtp_num_hidden_layers")]
         raise ConversionError(
             f"config matches no registered model identity (closest: {family.model_id}, differs in "
-            f"{', '.join(diff)}); registered: {', '.join(MODELS)}. "
+            f"{', '.join(shape_diff(family.config, cfg))}); registered: {', '.join(MODELS)}. "
             "Pass --allow-unregistered-shape to convert a checkpoint of a registered architecture at another size"
         )
-    return identity_for_arch(cfg.arch).model_id, False
+    return family.model_id, False
+
+
+def _preflight(hf_dir: str, src: Any, plan: dict[str, TensorPlan]) -> None:
+    """Every planned tensor comes from the checkpoint with its shape; nothing is left unmapped."""
+    names = src.names()
+    missing = [n for n in plan if n not in names]
+    unmapped = sorted(c for c in names if c not in plan)
+    if missing:
+        raise ConversionError(f"{hf_dir}: checkpoint lacks {len(missing)} tensor(s), e.g. {missing[:3]}")
+    if unmapped:
+        raise ConversionError(f"{hf_dir}: checkpoint has tensors ninfer does not map: {unmapped[:5]}")
+    for n, p in plan.items():
+        if src.shape(n) != p.logical:
+            raise ConversionError(
+                f"{n}: checkpoint shape {list(src.shape(n))}, config implies {list(p.logical)}"
+            )
 
 
 def convert(
@@ -171,32 +207,27 @@ def convert(
     hf = _read_json(os.path.join(hf_dir, "config.json"))
     if hf is None:
         raise ConversionError(f"{hf_dir}: no config.json")
-    try:
-        cfg = ModelConfig.from_hf(hf)
-        ckpt = SafetensorsDir(hf_dir)
-    except (ConfigError, CheckpointError) as e:
-        raise ConversionError(f"{hf_dir}: {e}") from None
-    src = _Sources(ckpt)
-    names = src.names()
-    has_mtp = any(c.startswith("mtp.") for c in names)
     res = _resources(hf_dir)
     gen = _read_json(os.path.join(hf_dir, "generation_config.json"))
-    cfg = replace(cfg, mtp_num_hidden_layers=cfg.mtp_num_hidden_layers if has_mtp else 0)
-    cfg = replace(cfg, eos_token_ids=_eos_ids(hf, gen, res))
-    mid, registered = _select_identity(cfg, model_id, allow_unregistered_shape)
+    try:
+        arch = architecture_for_hf(hf)
+        cfg = arch.config_from_hf(hf, _eos_ids(hf, gen, res))
+        src = arch.checkpoint(SafetensorsDir(hf_dir), cfg)
+        if not any(c.startswith("mtp.") for c in src.names()):
+            cfg = replace(cfg, mtp_num_hidden_layers=0)
+        mid, registered = _select_identity(cfg, model_id, allow_unregistered_shape)
+        plan = tensor_plan(mid, cfg, profile)
+    except (ConfigError, CheckpointError) as e:
+        raise ConversionError(f"{hf_dir}: {e}") from None
+    except RegistryError as e:
+        raise ConversionError(str(e)) from None
+    try:
+        _preflight(hf_dir, src, plan)
+        src.check()
+    except CheckpointError as e:
+        raise ConversionError(f"{hf_dir}: {e}") from None
 
-    inv = expected_inventory(cfg)
-    missing = [n for n in inv if n not in names]
-    unmapped = sorted(c for c in names if c not in inv)
-    if missing:
-        raise ConversionError(f"{hf_dir}: checkpoint lacks {len(missing)} tensor(s), e.g. {missing[:3]}")
-    if unmapped:
-        raise ConversionError(f"{hf_dir}: checkpoint has tensors ninfer does not map: {unmapped[:5]}")
-    for n, shape in inv.items():
-        if src.shape(n) != shape:
-            raise ConversionError(f"{n}: checkpoint shape {list(src.shape(n))}, config implies {list(shape)}")
-
-    bar = tqdm(total=len(inv), desc=f"convert {profile}", unit="tensor", disable=not progress)
+    bar = tqdm(total=len(plan), desc=f"convert {profile}", unit="tensor", disable=not progress)
     manifest = write_artifact(
         out,
         model_id=mid,
@@ -210,18 +241,31 @@ def convert(
         progress=lambda _n: bar.update(1),
     )
     bar.close()
-    _verify_written(out, src, inv)
+    _verify_written(out, src, plan)
     return manifest
 
 
-def _verify_written(out: str, src: _Sources, inv: dict[str, Any]) -> None:
-    """Re-open with full hashing, and re-encode a sample of source tensors: their bytes must be identical."""
+def _verify_written(out: str, src: Any, plan: dict[str, TensorPlan]) -> None:
+    """Re-open with full hashing, and re-encode a sample of source tensors (and, of a host-rows table, sample
+    stored rows: first, middle, last): their bytes must equal what was written."""
     art = open_artifact(out, verify="full")
-    order = list(inv)
+    order = [n for n, p in plan.items() if not p.host_rows]
     sample = {order[0], order[-1], order[len(order) // 2], order[len(order) // 3]}
     for n in sorted(sample):
-        t = art.tensor_info(n)
-        want = FORMATS[t["format"]].encode(src.get(n).astype(np.float32), tuple(t["shape"]))
-        want = np.frombuffer(want, np.uint8) if isinstance(want, bytes) else np.asarray(want).view(np.uint8)
-        if not np.array_equal(np.asarray(art.raw(n)), want.ravel()):
-            raise ArtifactError(f"{out}: verification failed: tensor {n!r} differs from its source")
+        p = plan[n]
+        want = FORMATS[p.format].encode(np.asarray(src.get(n), np.float32).reshape(p.shape), p.shape)
+        _same_bytes(out, n, art.raw(n), want)
+    for n in (n for n, p in plan.items() if p.host_rows):
+        p, table = plan[n], src.get(n)
+        fmt = FORMATS[p.format]
+        n_stored, k = p.shape
+        pack = p.logical[0] // n_stored
+        for r in sorted({0, n_stored // 2, n_stored - 1}):
+            x = np.asarray(table[r * pack : (r + 1) * pack], np.float32).reshape(1, k)
+            _same_bytes(out, n, take_rows(fmt, art.raw(n), p.shape, np.array([r])), fmt.encode(x, (1, k)))
+
+
+def _same_bytes(out: str, name: str, got: np.ndarray, want: bytes | np.ndarray) -> None:
+    want = np.frombuffer(want, np.uint8) if isinstance(want, bytes) else np.asarray(want).view(np.uint8)
+    if not np.array_equal(np.asarray(got).reshape(-1), want.reshape(-1)):
+        raise ArtifactError(f"{out}: verification failed: tensor {name!r} differs from its source")

@@ -41,7 +41,8 @@ class _File:
         self.base = 8 + n
         self._map: np.memmap | None = None
 
-    def array(self, name: str) -> np.ndarray:
+    def array(self, name: str, rows: slice | None = None) -> np.ndarray:
+        """The tensor (or rows ``rows`` of its first axis, reading only those) widened to float32."""
         e = self.header[name]
         if e["dtype"] not in _DTYPES:
             raise CheckpointError(f"{self.path}: tensor {name!r} has unsupported dtype {e['dtype']}")
@@ -50,6 +51,8 @@ class _File:
         a, b = e["data_offsets"]
         raw = self._map[self.base + a : self.base + b]
         x = raw.view(_DTYPES[e["dtype"]]).reshape(e["shape"])
+        if rows is not None:
+            x = x[rows]
         if e["dtype"] == "BF16":
             return (x.astype(np.uint32) << 16).view(np.float32)
         return x.astype(np.float32) if x.dtype.kind == "f" else x
@@ -81,3 +84,7 @@ class SafetensorsDir:
 
     def get(self, name: str) -> np.ndarray:
         return self._where[name].array(name)
+
+    def get_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of the tensor's first axis as float32, reading only those bytes."""
+        return self._where[name].array(name, slice(start, stop))

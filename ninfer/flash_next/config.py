@@ -222,6 +222,11 @@ class FlashNextConfig:
         return self.qsa_layers
 
     @property
+    def is_moe(self) -> bool:
+        """Every layer's MLP is a routed MoE (the CLI and engine read this name on any config)."""
+        return True
+
+    @property
     def linear_attention_layers(self) -> tuple[int, ...]:
         return self.gdn_layers
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ninfer.artifact.inventory import TensorPlan
+from ninfer.artifact.rows import gather_rows
 from ninfer.flash_next.config import FlashNextConfig
 from ninfer.flash_next.names import expected_shapes, is_ngram_table, ngram_table_name
 from ninfer.formats import get_format
@@ -48,6 +50,7 @@ __all__ = [
     "ngram_layout",
     "encode_ngram_table",
     "decode_ngram_rows",
+    "artifact_plan",
 ]
 
 MODEL_ID = "qwen3.8-flash-next"
@@ -137,6 +140,10 @@ class NgramLayout:
     def nbytes(self) -> int:
         return get_format(self.format).encoded_size(self.stored_shape)
 
+    def read_rows(self, buf: Buffer, row_ids: np.ndarray) -> np.ndarray:
+        """``decode_ngram_rows(buf, self, row_ids)`` (the artifact reader's row-reader hook)."""
+        return decode_ngram_rows(buf, self, row_ids)
+
 
 def ngram_layout(cfg: FlashNextConfig, profile: str, ple_rank: int = 0) -> NgramLayout:
     """Storage layout of the n-gram table of PLE layer ``ple_rank`` under ``profile``."""
@@ -165,11 +172,27 @@ def decode_ngram_rows(buf: Buffer, layout: NgramLayout, row_ids: np.ndarray) -> 
     ids = np.asarray(row_ids, np.int64).reshape(-1)
     if ids.size and (ids.min() < 0 or ids.max() >= layout.rows):
         raise ValueError(f"{layout.name}: row id outside [0, {layout.rows})")
-    fmt = get_format(layout.format)
     stored = ids // layout.pack
     uniq, inverse = np.unique(stored, return_inverse=True)
-    decoded = np.empty((uniq.size, layout.pack * layout.row_dim), np.float32)
-    for i, r in enumerate(uniq):
-        decoded[i] = fmt.decode_rows(buf, layout.stored_shape, int(r), int(r) + 1)[0]
+    decoded = gather_rows(get_format(layout.format), buf, layout.stored_shape, uniq)
     cols = (ids % layout.pack)[:, None] * layout.row_dim + np.arange(layout.row_dim)[None, :]
-    return np.take_along_axis(decoded[inverse], cols, axis=1)
+    return np.take_along_axis(decoded[inverse.reshape(-1)], cols, axis=1)
+
+
+def artifact_plan(cfg: FlashNextConfig, profile: str) -> dict[str, TensorPlan]:
+    """The artifact inventory of ``cfg`` under ``profile``: every tensor of ``expected_shapes`` (MTP when the
+    config has it) with its stored shape and format; the n-gram tables are ``host_rows`` (own mapped region,
+    written last, read only by ``NgramLayout.read_rows``)."""
+    _check_profile(profile)
+    fmts = assignment(cfg, profile)
+    plan = {
+        n: TensorPlan(shape, fmts[n], shape)
+        for n, shape in expected_shapes(cfg).items()
+        if not is_ngram_table(n)
+    }
+    for rank in range(len(cfg.ple_layers)):
+        lay = ngram_layout(cfg, profile, rank)
+        plan[lay.name] = TensorPlan(
+            lay.stored_shape, lay.format, (lay.rows, lay.row_dim), host_rows=True, rows=lay.read_rows
+        )
+    return plan

@@ -89,7 +89,12 @@ class IndexKeys:
 
 @dataclass(frozen=True, slots=True)
 class FlashSnapshot:
-    """Deep copy of the non-positional state at ``length`` (plus the pooled index keys when the state owns them)."""
+    """Deep copy of the non-positional state at ``length`` (plus the pooled index keys when the state owns them).
+
+    Fixed size for a config (when the kv object holds the index keys): ``open_keys[j]`` is always
+    ``[ratio-1, Dix]``, its first ``length % ratio`` rows the open block (zero padding after), so an engine can
+    account every checkpoint with the same ``nbytes`` (the padding costs 3·128·4 B per QSA layer).
+    """
 
     length: int
     conv: tuple[np.ndarray, ...]
@@ -161,11 +166,16 @@ class FlashNextState:
             length=self.length,
             conv=tuple(c.copy() for c in self.conv),
             rec=tuple(r.copy() for r in self.rec),
-            open_keys=tuple(k.copy() for k in self.open_keys),
+            open_keys=tuple(self._padded_open(k) for k in self.open_keys),
             ple_conv=tuple(c.copy() for c in self.ple_conv),
             ngram_ctx=self.ngram_ctx.copy(),
             index=index,
         )
+
+    def _padded_open(self, keys: np.ndarray) -> np.ndarray:
+        out = np.zeros((self.ratio - 1, keys.shape[1]), F32)
+        out[: keys.shape[0]] = keys
+        return out
 
     def restore_gdn(self, snap: FlashSnapshot) -> None:
         """Put back ``snap`` and its length; positional K/V (and kv-held index keys) are rewound by length alone."""
@@ -179,7 +189,8 @@ class FlashNextState:
             raise ValueError("snapshot and state disagree on where the QSA index keys live")
         self.conv = [c.copy() for c in snap.conv]
         self.rec = [r.copy() for r in snap.rec]
-        self.open_keys = [k.copy() for k in snap.open_keys]
+        n_open = snap.length % self.ratio
+        self.open_keys = [k[:n_open].copy() for k in snap.open_keys]
         self.ple_conv = [c.copy() for c in snap.ple_conv]
         self.ngram_ctx = snap.ngram_ctx.copy()
         if snap.index is not None:
