@@ -13,10 +13,22 @@ Contract (the CUDA backend implements the same, against device memory):
 
 This reference runner stores KV pages in their storage format (bf16 words, or e4m3 codes with one float32 scale
 per token and KV head) and widens on read; GDN state is rounded to bf16 after every call when configured.
+
+Checkpoints go through the state's own snapshot interface for every target: ``state.snapshot_gdn()`` returns a
+frozen dataclass with ``length`` and the GDN ``conv``/``rec`` tuples (``GdnSnapshot`` for Qwen3.6; Flash-Next's
+``FlashSnapshot`` adds the QSA open blocks, PLE conv windows and n-gram context), ``state.restore_gdn(snap)`` puts
+it back. ``gdn_state_dtype`` applies to the ``conv``/``rec`` members; ``snapshot_bytes`` is the stored size of a
+snapshot, which is the same at every length (Flash-Next pads its open blocks, docs/flash-next-state.md).
+
+A model with a QSA indexer (config ``indexer_head_dim``/``indexer_compress_ratio``) also gets a paged plane for
+its pooled index keys: positional like K/V, the key of block b (tokens b·r .. b·r+r-1) is kept in the slot of the
+block's last token, so a page holds only blocks complete inside it, the boundary-page copy carries exactly the
+blocks complete before the resume point, and a lane never writes a block key into a page it shares.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -27,13 +39,14 @@ from ninfer.formats import bf16_decode, bf16_encode, bf16_round, e4m3_decode, e4
 from .config import EngineConfig
 from .core import Batch, LaneSetup
 
-__all__ = ["ModelRunner", "PagedKVStore", "PagedKV"]
+__all__ = ["ModelRunner", "PagedKVStore", "PagedKV", "PagedKVIndex", "snapshot_nbytes"]
 
 
 class PagedKVStore:
-    """K/V of every full-attention layer: ``[num_pages, page_size, Hkv, D]`` in the storage format."""
+    """K/V of every full-attention layer: ``[num_pages, page_size, Hkv, D]`` in the storage format; with an indexer
+    also the pooled index keys ``[num_pages, page_size, Dix]`` as bf16 words (one used slot per block)."""
 
-    def __init__(self, mc: ModelConfig, num_pages: int, page_size: int, dtype: str) -> None:
+    def __init__(self, mc: Any, num_pages: int, page_size: int, dtype: str) -> None:
         n_attn = len(mc.full_attention_layers)
         shape = (num_pages, page_size, mc.num_key_value_heads, mc.head_dim)
         self.page_size, self.fp8 = page_size, dtype == "fp8"
@@ -42,10 +55,15 @@ class PagedKVStore:
         self.v = [np.zeros(shape, word) for _ in range(n_attn)]
         self.k_scale = [np.zeros(shape[:3], np.float32) for _ in range(n_attn)] if self.fp8 else []
         self.v_scale = [np.zeros(shape[:3], np.float32) for _ in range(n_attn)] if self.fp8 else []
+        index_dim = int(getattr(mc, "indexer_head_dim", 0) or 0)
+        self.ratio = int(getattr(mc, "indexer_compress_ratio", 0) or 0)
+        self.index = [np.zeros((num_pages, page_size, index_dim), np.uint16) for _ in range(n_attn)]
+        if not (index_dim and self.ratio):
+            self.index = []
 
     @property
     def bytes_per_token(self) -> int:
-        per = sum(a[0, 0].nbytes for a in self.k + self.v + self.k_scale + self.v_scale)
+        per = sum(a[0, 0].nbytes for a in self.k + self.v + self.k_scale + self.v_scale + self.index)
         return int(per)
 
     def _encode(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -78,8 +96,20 @@ class PagedKVStore:
             out.append(self._decode(words, scale))
         return out[0], out[1]
 
+    def _block_slots(self, pages: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pos = blocks * self.ratio + self.ratio - 1  # a block's key lives in its last token's slot
+        return pages[pos // self.page_size], pos % self.page_size
+
+    def write_index(self, pages: np.ndarray, layer: int, block: int, keys: np.ndarray) -> None:
+        pg, slot = self._block_slots(pages, np.arange(block, block + keys.shape[0]))
+        self.index[layer][pg, slot] = bf16_encode(np.asarray(keys, np.float32))
+
+    def read_index(self, pages: np.ndarray, layer: int, n_blocks: int) -> np.ndarray:
+        pg, slot = self._block_slots(pages, np.arange(n_blocks))
+        return bf16_decode(self.index[layer][pg, slot])
+
     def copy(self, src: int, dst: int, n: int) -> None:
-        for arrs in (self.k, self.v, self.k_scale, self.v_scale):
+        for arrs in (self.k, self.v, self.k_scale, self.v_scale, self.index):
             for a in arrs:
                 a[dst, :n] = a[src, :n]
 
@@ -90,27 +120,49 @@ class PagedKV:
     def __init__(self, store: PagedKVStore, pages: list[int]) -> None:
         self._store, self._pages = store, np.asarray(pages, dtype=np.int64)
 
-    def write(self, attn_idx: int, start_pos: int, k: np.ndarray, v: np.ndarray) -> None:
-        if start_pos + k.shape[0] > self._pages.size * self._store.page_size:
+    def _check_end(self, end: int) -> None:
+        if end > self._pages.size * self._store.page_size:
             raise ValueError(f"KV write past the lane's reservation ({self._pages.size} pages)")
+
+    def write(self, attn_idx: int, start_pos: int, k: np.ndarray, v: np.ndarray) -> None:
+        self._check_end(start_pos + k.shape[0])
         self._store.write(self._pages, attn_idx, start_pos, k, v)
 
     def read(self, attn_idx: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         return self._store.read(self._pages, attn_idx, length)
 
 
+class PagedKVIndex(PagedKV):
+    """A lane's view that also holds the pooled QSA index keys (Flash-Next's ``IndexStore`` protocol)."""
+
+    def write_index(self, attn_idx: int, block: int, keys: np.ndarray) -> None:
+        self._check_end((block + keys.shape[0]) * self._store.ratio)
+        self._store.write_index(self._pages, attn_idx, block, keys)
+
+    def read_index(self, attn_idx: int, n_blocks: int) -> np.ndarray:
+        return self._store.read_index(self._pages, attn_idx, n_blocks)
+
+
+def snapshot_nbytes(snap: Any) -> int:
+    """Bytes a (stored) snapshot holds: its arrays, walked through dataclass fields, tuples and ``nbytes``."""
+    if isinstance(snap, np.ndarray):
+        return int(snap.nbytes)
+    if isinstance(snap, tuple | list):
+        return sum(snapshot_nbytes(x) for x in snap)
+    if dataclasses.is_dataclass(snap):
+        return sum(snapshot_nbytes(getattr(snap, f.name)) for f in dataclasses.fields(snap))
+    return int(getattr(snap, "nbytes", 0))  # e.g. an index-key store; plain ints (the length) hold nothing
+
+
 class ModelRunner:
     def __init__(self, net: Any, model_config: ModelConfig, cfg: EngineConfig) -> None:
         self.net, self.mc, self.cfg = net, model_config, cfg
         self.store = PagedKVStore(model_config, cfg.num_pages, cfg.page_size, cfg.kv_dtype)
+        self._view = PagedKVIndex if self.store.index else PagedKV
         self._bf16_state = cfg.gdn_state_dtype == "bf16"
         self._states: list[Any] = [None] * cfg.max_concurrency
-        self._ckpts: dict[int, tuple[int, list[np.ndarray], list[np.ndarray]]] = {}
-        conv = model_config.gdn_conv_channels * (model_config.linear_conv_kernel_dim - 1)
-        rec = model_config.linear_num_value_heads * model_config.linear_key_head_dim
-        rec *= model_config.linear_value_head_dim
-        per_elem = 2 if self._bf16_state else 4
-        self.snapshot_bytes = len(model_config.linear_attention_layers) * (conv + rec) * per_elem
+        self._ckpts: dict[int, Any] = {}  # checkpoint id -> stored snapshot
+        self.snapshot_bytes = snapshot_nbytes(self._stored(self._new_state([]).snapshot_gdn()))
         self.vocab_size = model_config.vocab_size
 
     @property
@@ -136,7 +188,7 @@ class ModelRunner:
                 rows[w.lane] = h[i]
         for w in batch.work:
             if w.save_checkpoint is not None:
-                self._save(w.lane, w.save_checkpoint)
+                self._ckpts[w.save_checkpoint] = self._stored(self._states[w.lane].snapshot_gdn())
         out = [self.net.lm_head(rows[w.lane][None, :])[0] for w in batch.work if w.sample]
         for cid in batch.free_checkpoints:
             self._ckpts.pop(cid, None)
@@ -145,6 +197,9 @@ class ModelRunner:
         return np.stack(out).astype(np.float32, copy=False)
 
     # ---- lanes and checkpoints --------------------------------------------------------------------------
+    def _new_state(self, pages: list[int]) -> Any:
+        return self.net.new_state(kv=self._view(self.store, pages))
+
     def _lane_state(self, lane: int, start: int) -> Any:
         state = self._states[lane]
         if state is None or state.length != start:
@@ -156,14 +211,11 @@ class ModelRunner:
     def _setup(self, s: LaneSetup) -> None:
         if s.copy_page is not None:
             self.store.copy(*s.copy_page)
-        state = self.net.new_state(kv=PagedKV(self.store, s.pages))
+        state = self._new_state(s.pages)
         if s.restore is not None:
-            length, conv, rec = self._ckpts[s.restore]
-            assert length == s.length, "checkpoint length disagrees with the planned resume point"
-            if self._bf16_state:
-                conv, rec = [bf16_decode(c) for c in conv], [bf16_decode(r) for r in rec]
-            state.conv, state.rec = [c.copy() for c in conv], [r.copy() for r in rec]
-            state.length = length
+            snap = self._ckpts[s.restore]
+            assert snap.length == s.length, "checkpoint length disagrees with the planned resume point"
+            state.restore_gdn(self._loaded(snap))
         self._states[s.lane] = state
 
     def _round_state(self, lane: int) -> None:
@@ -172,10 +224,17 @@ class ModelRunner:
             state.conv = [bf16_round(c) for c in state.conv]
             state.rec = [bf16_round(r) for r in state.rec]
 
-    def _save(self, lane: int, cid: int) -> None:
-        state = self._states[lane]
-        if self._bf16_state:
-            conv, rec = [bf16_encode(c) for c in state.conv], [bf16_encode(r) for r in state.rec]
-        else:
-            conv, rec = [c.copy() for c in state.conv], [r.copy() for r in state.rec]
-        self._ckpts[cid] = (state.length, conv, rec)
+    def _stored(self, snap: Any) -> Any:
+        """A snapshot as kept between steps: GDN ``conv``/``rec`` as bf16 words when so configured."""
+        if not self._bf16_state:
+            return snap
+        return dataclasses.replace(
+            snap, conv=tuple(bf16_encode(c) for c in snap.conv), rec=tuple(bf16_encode(r) for r in snap.rec)
+        )
+
+    def _loaded(self, snap: Any) -> Any:
+        if not self._bf16_state:
+            return snap
+        return dataclasses.replace(
+            snap, conv=tuple(bf16_decode(c) for c in snap.conv), rec=tuple(bf16_decode(r) for r in snap.rec)
+        )
