@@ -54,7 +54,10 @@ class Engine:
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._token_limit = token_limit
         self._turns = turns  # chat-format knowledge: where the next turn's prompt will part (turns.py)
-        self._runner = ModelRunner(net, model_config, cfg)
+        # a backend network may bring its own runner over device memory (the CUDA backend does); the
+        # reference network runs under the host ModelRunner
+        make_runner = getattr(net, "make_runner", None)
+        self._runner = make_runner(model_config, cfg) if make_runner else ModelRunner(net, model_config, cfg)
         self._pool = PagePool(cfg.num_pages)
         cache = None
         if cfg.prefix_reuse:
