@@ -29,6 +29,7 @@ from .messages import (
     Health,
     SamplingOptions,
     StreamEvent,
+    decode_event,
 )
 
 __all__ = ["connect", "EngineClient", "AsyncEngineClient", "GenerationError", "Result", "DEFAULT_ACTOR_NAME"]
@@ -133,7 +134,7 @@ class EngineClient:
         done = False
         try:
             for ref in self.handle.generate.remote(req):
-                ev = ray.get(ref)
+                ev = decode_event(ray.get(ref))
                 if isinstance(ev, Failed):
                     raise GenerationError(ev)
                 if isinstance(ev, Delta | Finished):
@@ -166,7 +167,7 @@ class AsyncEngineClient:
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         try:
             async for ref in self.handle.generate.remote(req):
-                yield await ref
+                yield decode_event(await ref)
         except RayError as e:
             yield _died(e)
 

@@ -20,6 +20,7 @@ __all__ = [
     "Finished",
     "Failed",
     "StreamEvent",
+    "decode_event",
     "Timings",
     "ActorStats",
     "ActorInfo",
@@ -67,7 +68,7 @@ class Accepted(msgspec.Struct, frozen=True, kw_only=True, tag="accepted"):
     queued: bool  # False when a lane was free at submit time
 
 
-class Delta(msgspec.Struct, frozen=True, array_like=True, gc=False, tag="delta"):
+class Delta(msgspec.Struct, frozen=True, gc=False, tag="delta"):
     token_ids: list[int]
     text: str
 
@@ -100,6 +101,12 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
 
 
 StreamEvent = Accepted | Delta | Finished | Failed
+_EVENT_DECODER = msgspec.msgpack.Decoder(StreamEvent)
+
+
+def decode_event(raw: bytes) -> StreamEvent:
+    """One item of ``EngineActor.generate`` (msgpack bytes) as its event Struct."""
+    return _EVENT_DECODER.decode(raw)
 
 
 class ActorStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -137,3 +144,5 @@ class ActorSpec(msgspec.Struct, frozen=True, kw_only=True):
     model_id: str | None = None  # None: the artifact's model identity
     engine: dict[str, Any] = {}  # keyword arguments of ninfer.engine.Engine.open
     template_defaults: dict[str, Any] = {}  # chat-template kwargs every request starts from
+    stream_interval_s: float = 0.05  # least time between two streamed items of one request (0: per wake-up)
+    blas_threads: int = 0  # BLAS/OpenMP threads for the reference backend (0: the node's CPU count)

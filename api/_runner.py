@@ -58,7 +58,15 @@ def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
         model_id=cfg.model_id,
         engine=engine,
         template_defaults=template,
+        stream_interval_s=cfg.stream_interval_ms / 1000,
+        blas_threads=_blas_threads(),
     )
+
+
+def _blas_threads() -> int:
+    """The operator's OMP_NUM_THREADS, if set, also applies inside the actor (Ray would otherwise pin 1)."""
+    v = os.environ.get("OMP_NUM_THREADS", "")
+    return int(v) if v.isdigit() else 0
 
 
 def _start_ray(cfg: ServerConfig) -> None:

@@ -43,6 +43,7 @@ class ServerConfig:
     actor_name: str = "ninfer-engine"
     ray_namespace: str = RAY_NAMESPACE
     allow_unregistered_shape: bool = False
+    stream_interval_ms: float = 50.0  # least time between two streamed actor items of one request
 
     def __post_init__(self) -> None:
         def positive(flag: str, v: int | None) -> None:
@@ -69,6 +70,10 @@ class ServerConfig:
         if self.gdn_state_dtype not in GDN_STATE_DTYPES:
             raise ServerConfigError(
                 f"--gdn-state-dtype: must be one of {', '.join(GDN_STATE_DTYPES)}, got {self.gdn_state_dtype!r}"
+            )
+        if not 0 <= self.stream_interval_ms <= 1000:
+            raise ServerConfigError(
+                f"--stream-interval-ms: must be in 0..1000, got {self.stream_interval_ms}"
             )
         if self.model_id is not None and not self.model_id.strip():
             raise ServerConfigError("--model-id: must be non-empty")

@@ -58,6 +58,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--actor-name", default="ninfer-engine")
     p.add_argument("--allow-unregistered-shape", action="store_true")
+    p.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        default=50.0,
+        help="least time between two streamed items of a request",
+    )
     p.set_defaults(func=run_serve)
 
 
@@ -87,6 +93,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         detached=a.detached,
         actor_name=a.actor_name,
         allow_unregistered_shape=a.allow_unregistered_shape,
+        stream_interval_ms=a.stream_interval_ms,
     )
 
 

@@ -18,6 +18,7 @@ from ninfer.actors.messages import (
     Finished,
     GenerateRequest,
     SamplingOptions,
+    decode_event,
 )
 
 USER = ({"role": "user", "content": "hello there"},)
@@ -50,8 +51,8 @@ def req(rid: str, max_tokens: int = 8, **kw: object) -> GenerateRequest:
 
 async def collect(a: EngineActor, r: GenerateRequest, delay: float = 0.0) -> list[object]:
     out = []
-    async for ev in a.generate(r):
-        out.append(ev)
+    async for raw in a.generate(r):
+        out.append(decode_event(raw))
         if delay:
             await asyncio.sleep(delay)
     return out
@@ -98,11 +99,11 @@ def test_queue_full_and_cancel_free_the_lane(artifact: str) -> None:
 
     async def scenario() -> tuple[list[object], list[object]]:
         first = a.generate(req("long", 400))
-        assert isinstance(await anext(first), Accepted)
+        assert isinstance(decode_event(await anext(first)), Accepted)
         refused = await collect(a, req("second"))
         assert (await a.stats()).lanes_busy == 1
         assert await a.cancel("long")
-        rest = [ev async for ev in first]
+        rest = [decode_event(ev) async for ev in first]
         return refused, rest
 
     try:

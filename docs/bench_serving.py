@@ -1,0 +1,136 @@
+"""Throughput of N concurrent streams through HTTP + Ray + the actor, against the engine alone, in one run.
+
+    python docs/bench_serving.py [ARTIFACT] [--streams 8] [--max-tokens 256] [--rounds 3]
+
+Both sides run the same greedy requests (ignore_eos, so every stream generates exactly --max-tokens) with the
+same engine settings. The engine side submits straight to ``Engine`` in this process; the stack side starts
+``ninfer serve`` (local Ray) and streams with httpx. Rounds alternate between the two; medians are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+ENGINE = {"max_concurrency": 8, "queue_depth": 8, "max_context": 2048, "kv_capacity": 32768}
+
+
+def engine_round(eng: object, prompts: list[list[int]], max_tokens: int) -> float:
+    t0 = time.perf_counter()
+    handles = [eng.submit(p, max_tokens=max_tokens, temperature=0.0, ignore_eos=True) for p in prompts]  # type: ignore[attr-defined]
+    n = sum(h.result().usage.completion_tokens for h in handles)
+    return n / (time.perf_counter() - t0)
+
+
+async def stack_round(url: str, model: str, n: int, max_tokens: int) -> float:
+    async def one(client: httpx.AsyncClient, i: int) -> int:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": f"stream {i}: tell me a story"}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        async with client.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+            usage = 0
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and '"usage":{' in line:
+                    usage = json.loads(line[6:])["usage"]["completion_tokens"]
+            return usage
+
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=n + 4)) as client:
+        t0 = time.perf_counter()
+        counts = await asyncio.gather(*(one(client, i) for i in range(n)))
+        return sum(counts) / (time.perf_counter() - t0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("artifact", nargs="?")
+    p.add_argument("--streams", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--serve-flag", action="append", default=[], help="extra `ninfer serve` flag (repeatable)")
+    a = p.parse_args()
+    from ninfer.demo import build_demo
+    from ninfer.engine.engine import Engine
+
+    art = a.artifact or build_demo(os.path.join(tempfile.mkdtemp(), "demo.ninfer"))
+    eng = Engine.open(art, backend="reference", **ENGINE)
+    port = free_port()
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
+    srv = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ninfer.cli",
+            "serve",
+            art,
+            "--backend",
+            "reference",
+            f"--port={port}",
+            *flags,
+            *a.serve_flag,
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        tok = eng.tokenizer
+        prompts = [tok.encode(f"stream {i}: tell me a story") for i in range(a.streams)]
+        engine_round(eng, prompts, 8)  # warm-up both sides
+        asyncio.run(stack_round(url, model, a.streams, 8))
+        e_tps, s_tps = [], []
+        for _ in range(a.rounds):
+            e_tps.append(engine_round(eng, prompts, a.max_tokens))
+            s_tps.append(asyncio.run(stack_round(url, model, a.streams, a.max_tokens)))
+        e, s = statistics.median(e_tps), statistics.median(s_tps)
+        print(
+            json.dumps(
+                {
+                    "streams": a.streams,
+                    "max_tokens": a.max_tokens,
+                    "engine_tok_s": e_tps,
+                    "stack_tok_s": s_tps,
+                    "cpus": os.cpu_count(),
+                }
+            )
+        )
+        print(
+            f"{a.streams} streams x {a.max_tokens} tokens: engine alone {e:.0f} tok/s, "
+            f"HTTP+Ray {s:.0f} tok/s, stack cost {100 * (1 - s / e):.1f}%"
+        )
+    finally:
+        srv.terminate()
+        srv.wait(30)
+        eng.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
