@@ -207,6 +207,32 @@ def test_converter_checks(first: Converted, tmp_path: Path) -> None:
         convert(bad, str(tmp_path / "x.ninfer"), "bf16", allow_unregistered_shape=True, progress=False)
 
 
+def test_mtp_tensors_are_converted(first: Converted, tmp_path: Path) -> None:
+    """transformers drops ``mtp.*`` on load; a real checkpoint carries them (fused experts) at the root."""
+    from hf_tiny_flash import random_weights
+    from safetensors.numpy import load_file, save_file
+
+    d = tmp_path / "hf-mtp"
+    d.mkdir()
+    hf = json.loads((first.hf_dir / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**hf, "mtp_num_hidden_layers": 1}))
+    tensors = load_file(first.hf_dir / "model.safetensors")
+    mtp = {k: v for k, v in random_weights(first.cfg, seed=9, mtp=True).items() if k.startswith("mtp.")}
+    save_file({**tensors, **mtp}, d / "model.safetensors")
+    out = tmp_path / "mtp.ninfer"
+    convert(str(d), str(out), PROFILE_MIXED, allow_unregistered_shape=True, progress=False)
+    m = ninfer.load(out)
+    assert m.config.mtp_num_hidden_layers == 1 and m.net.has_mtp and len(mtp) == 31
+    fmts = {t["name"]: t["format"] for t in m.artifact.manifest["tensors"]}
+    assert {fmts[n] for n in mtp if len(mtp[n].shape) > 1} == {"FP8E4M3_F32ROW", "BF16"}
+    x = mtp["mtp.fc_hidden.weight"]
+    w = m.artifact.tensor("mtp.fc_hidden.weight")
+    assert np.all(np.abs(w - x) <= 2**-4 * np.abs(x) + 2**-10 * np.abs(x).max(axis=1, keepdims=True) / 448)
+    ids = _prompt(12, 6)
+    h, streams = m.net.forward_streams(ids, m.net.new_state())
+    assert np.isfinite(m.net.mtp_forward(streams[:-1], ids[1:], None, m.net.new_mtp_state())).all()
+
+
 def test_reader_rejects_a_table_in_another_format(first: Converted, tmp_path: Path) -> None:
     from test_artifact import _rewrite_manifest
 
