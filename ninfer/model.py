@@ -142,9 +142,11 @@ def load(
     *,
     verify: Literal["full", "manifest"] = "full",
     upstream_config: ModelConfig | None = None,
+    backend_options: dict[str, Any] | None = None,
 ) -> Model:
     """Open, check and load an artifact on ``backend``. Upstream v1 files load too; they carry no config, so
-    their identity's pinned config is used unless ``upstream_config`` gives another (small test files)."""
+    their identity's pinned config is used unless ``upstream_config`` gives another (small test files).
+    ``backend_options`` go to the backend (CUDA: ``ninfer.cuda.model.load_cuda``'s options)."""
     from ninfer.artifact.upstream import UpstreamArtifact, is_upstream_v1
 
     art: Any = (
@@ -158,5 +160,24 @@ def load(
         net = architecture(art.model_config.arch).build_reference(art.model_config, art.weights())
         return Model(art, net, backend)
     if backend == "cuda":
-        raise BackendError("the CUDA backend is not available yet; use backend='reference'")
+        return Model(art, _cuda_net(art, backend_options or {}), backend)
     raise ValueError(f"backend: unknown backend {backend!r} (reference, cuda)")
+
+
+def _cuda_net(art: Any, options: dict[str, Any]) -> Any:
+    if art.model_config.arch not in ("qwen3_5", "qwen3_5_moe"):
+        raise BackendError(f"the CUDA backend has no kernels for architecture {art.model_config.arch!r} yet")
+    if getattr(art, "manifest", None) is None:
+        raise BackendError(
+            "the CUDA backend loads .ninfer artifacts; upstream v1 files run on the reference backend"
+        )
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device")
+    except Exception as e:  # no cupy, no driver or no device
+        raise BackendError(f"backend 'cuda' needs an NVIDIA GPU with cupy: {e}") from None
+    from ninfer.cuda.model import load_cuda
+
+    return load_cuda(art, **options)

@@ -50,3 +50,16 @@ def test_cli_generate_on_demo(demo: str, capsys) -> None:
     res = json.loads(capsys.readouterr().out)
     assert res["prompt_tokens"] > 5 and 1 <= len(res["token_ids"]) <= 12 and isinstance(res["text"], str)
     assert res["finish_reason"] in ("stop", "length")
+
+
+def test_cuda_backend_without_gpu_is_a_clear_error(demo: str) -> None:
+    from conftest import _gpu_available
+
+    from ninfer.model import BackendError
+
+    if _gpu_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(BackendError, match="needs an NVIDIA GPU"):
+        ninfer.load(demo, backend="cuda")
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        ninfer.load(demo, backend="tpu")
