@@ -167,7 +167,10 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
         )
         auth = f"bearer ({len(keyring)} keys)" if keyring else "disabled"
         _log(f"listening on http://{cfg.host}:{cfg.port} (model id: {info.model_id}, auth: {auth})")
-        server.run()  # uvicorn installs SIGINT/SIGTERM handlers and returns after a graceful shutdown
+        try:
+            server.run()  # uvicorn handles SIGINT/SIGTERM: graceful shutdown, then it re-raises the signal
+        except (KeyboardInterrupt, SystemExit):  # (Ray's driver SIGTERM handler turns it into SystemExit)
+            pass
         return 0 if server.started else 1
     except Exception as e:
         _log(f"error: {type(e).__name__}: {e}")

@@ -72,7 +72,7 @@ class Server:
         self.stderr.seek(0)
         return self.stderr.read()
 
-    def stop(self) -> None:
+    def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -81,6 +81,7 @@ class Server:
                 self.proc.kill()
                 self.proc.wait(5)
         self.stderr.close()
+        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +115,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
             artifact,
             tmp,
         )
-        b = Server("b", [*common, "--max-concurrency", "1", "--queue-depth", "1"], address, artifact, tmp)
+        b = Server(
+            "b", [*common, "--max-concurrency", "1", "--queue-depth", "1", "--cors"], address, artifact, tmp
+        )
         a.wait_ready()
         b.wait_ready()
         yield {"a": a, "b": b, "address": address, "tmp": tmp, "log": tmp / "req.jsonl"}
     finally:
+        codes = {}
         for s in (a, b):
             if s is not None:
-                s.stop()
+                codes[s.actor] = s.stop()
         ray.shutdown()
+    assert all(c == 0 for c in codes.values()), f"unclean SIGTERM shutdown: {codes}"
 
 
 def sdk(server: Server, key: str | None = KEYS["alice"]) -> openai.OpenAI:
@@ -280,6 +285,25 @@ def test_client_disconnect_frees_the_lane(stack: dict) -> None:
         time.sleep(0.05)
     r = _post(b, {**LONG, "max_tokens": 2})  # the single lane serves again
     assert r.status_code == 200
+    # a non-streaming request whose client gives up is cancelled too
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(b.url + "/v1/chat/completions", json={**LONG, "max_tokens": 3500}, timeout=0.5)
+    t0 = time.perf_counter()
+    while _lanes_busy(b) != 0:
+        assert time.perf_counter() - t0 < 1.0, "the lane was not freed within a second"
+        time.sleep(0.05)
+
+
+def test_cors_preflight_and_headers(stack: dict) -> None:
+    b = stack["b"]
+    r = httpx.options(
+        b.url + "/v1/chat/completions",
+        headers={"Origin": "http://x", "Access-Control-Request-Method": "POST"},
+    )
+    assert r.status_code == 204
+    assert r.headers["access-control-allow-origin"] == "*"
+    assert "x-api-key" in r.headers["access-control-allow-headers"]
+    assert httpx.get(b.url + "/v1/models").headers["access-control-allow-origin"] == "*"
 
 
 def test_python_job_streams_through_the_actor(stack: dict) -> None:
