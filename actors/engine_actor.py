@@ -226,5 +226,11 @@ def start_actor(spec: ActorSpec, *, name: str, namespace: str, detached: bool = 
         EngineActor
     )  # not settable in .options()
     handle = cls.options(**opts).remote(spec)
-    ray.get(handle.health.remote())  # surfaces a failed __init__ (bad artifact, ...) here, with its message
+    try:
+        ray.get(
+            handle.health.remote()
+        )  # a failed __init__ (bad artifact, engine settings, ...) surfaces here
+    except ray.exceptions.RayActorError as e:
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        raise RuntimeError(f"the engine actor failed to start: {lines[-1] if lines else e}") from None
     return handle

@@ -13,6 +13,8 @@ from ninfer.actors.client import AsyncEngineClient, EngineClient, GenerationErro
 from ninfer.actors.engine_actor import start_actor
 from ninfer.actors.messages import ActorInfo, ActorSpec
 
+from ninfer.artifact import open_artifact
+
 from .app import build_app
 from .auth import KeyFileError, KeyRing, load_key_file
 from .config import ServerConfig
@@ -75,6 +77,8 @@ def _start_ray(cfg: ServerConfig) -> None:
         ray.init(address=cfg.ray_address, namespace=cfg.ray_namespace, log_to_driver=True)
     else:
         _log("starting a local Ray instance")
+        if cfg.detached:
+            _log("note: --detached without --ray-address: the actor ends with this process's local Ray")
         ray.init(namespace=cfg.ray_namespace, include_dashboard=False, log_to_driver=True)
 
 
@@ -139,6 +143,11 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
         keyring = load_key_file(cfg.api_key_file) if cfg.api_key_file else None
         reqlog = RequestLog(cfg.request_log_jsonl, artifact=cfg.artifact) if cfg.request_log_jsonl else None
     except (KeyFileError, RequestLogError) as e:
+        _log(f"error: {e}")
+        return 2
+    try:  # a clear message now rather than a failed actor creation later
+        open_artifact(cfg.artifact, verify="manifest")
+    except (ValueError, OSError) as e:
         _log(f"error: {e}")
         return 2
     backend = resolve_backend(cfg.backend)
