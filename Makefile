@@ -28,13 +28,16 @@ lint: install
 test: install lint
 	$(BIN)/python -m pytest -q
 
-$(DEMO): install
+$(DEMO): $(STAMP)
 	$(BIN)/ninfer demo -o $(DEMO)
 
 demo: $(DEMO)
 
+# Serves the demo on 127.0.0.1:8010 (the GPU backend when one is present, the NumPy reference otherwise).
 serve: $(DEMO)
-	$(BIN)/ninfer generate $(DEMO) --prompt "Hello, ninfer" --max-new 32 --greedy
+	@if $(BIN)/python -c "import cupy, sys; sys.exit(cupy.cuda.runtime.getDeviceCount() < 1)" 2>/dev/null; \
+	then $(BIN)/ninfer serve $(DEMO) --backend cuda; \
+	else $(BIN)/ninfer serve $(DEMO) --backend reference; fi
 
 clean:
 	rm -rf $(VENV) build

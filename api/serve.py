@@ -97,10 +97,27 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
     )
 
 
+def check_artifact(cfg: ServerConfig) -> None:
+    """Refuse, before Ray starts, an artifact that cannot be served: damaged, unregistered, or of an
+    unregistered shape (tiny test checkpoints) without ``--allow-unregistered-shape``."""
+    from ninfer.artifact import open_artifact
+    from ninfer.artifact.upstream import is_upstream_v1
+
+    if is_upstream_v1(cfg.artifact):
+        return
+    art = open_artifact(cfg.artifact, verify="manifest")
+    if not art.shape_registered and not cfg.allow_unregistered_shape:
+        raise ServerConfigError(
+            f"{cfg.artifact}: the artifact's shape is not a registered {art.model_id} shape; "
+            "pass --allow-unregistered-shape to serve it anyway"
+        )
+
+
 def run_serve(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
-    except ServerConfigError as e:
+        check_artifact(cfg)
+    except (ServerConfigError, ValueError) as e:  # ArtifactError is a ValueError
         print(f"ninfer serve: error: {e}", file=sys.stderr)
         return 2
     from ._runner import serve  # noqa: PLC0415 - ray/litestar load only when serving

@@ -165,3 +165,10 @@ def test_cli_convert_and_generate(tmp_path, capsys) -> None:
         ["convert", str(tmp_path / "hf"), "-o", out, "--profile", "int3", "--allow-unregistered-shape"]
     )
     assert rc == 2 and "weight profile 'int3' is not registered" in capsys.readouterr().err
+
+
+def test_serve_refuses_unregistered_shape_without_flag(converted, capsys) -> None:
+    _, out, _ = converted
+    assert cli.main(["serve", out, "--port", "18999"]) == 2
+    err = capsys.readouterr().err
+    assert "not a registered" in err and "--allow-unregistered-shape" in err
