@@ -1,7 +1,14 @@
 // Prefill matrix products on tensor cores: y[m, n] = sum_k x[m, k] * W[n, k], x in float or bf16, W in any
-// stored format (wformat.cuh). Both tiles are rounded to bf16 in shared memory (the weights dequantized on the
-// way in) and multiplied with mma.sync m16n8k16 bf16 -> fp32. K tiles are visited in order, so each output has a
-// fixed reduction order that depends only on K (not on M or on the tile a row falls in).
+// stored format (wformat.cuh), mma.sync m16n8k16 bf16 x bf16 -> fp32.
+//
+// Operands are exact, not rounded (measured: rounding both operands to bf16 moved the tiny parity checkpoint's
+// logits by 0.37-0.54 relative and cost the mid-size MoE 8% top-1 agreement):
+//  * W: each format's load8v values are exact in bf16 (codes, e2m1 x e4m3, bf16); the format's scale multiplies
+//    the fp32 sums: per 32-wide K tile for group formats (F::SGROUP = 32/64), once per row after the K loop else.
+//  * x: bf16 activations are exact; float activations are split x = hi + lo (hi = bf16(x), lo = bf16(x - hi),
+//    |x - hi - lo| <= 2^-17 |x|) and both halves are multiplied (two mma per fragment).
+// K tiles are visited in order, so each output has a fixed reduction order that depends only on K (not on M or on
+// the tile a row falls in).
 //
 // Tile 64x64x32, 4 warps in a 2x2 grid, each warp 32x32 = 2 (m16) x 4 (n8) fragments. Rows padded by 8 bf16
 // (16 bytes) so the 32-bit fragment loads of a warp fall in distinct banks. Single-buffered: correctness first;
@@ -26,11 +33,20 @@ __device__ __forceinline__ void mma_bf16_16816(float c[4], const u32 a[4], const
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Stage one 64x32 tile of x and of W (dequantized) into shared memory as bf16; out-of-range rows read as 0.
+template <typename T> struct SplitX {
+    static constexpr bool value = false;  // bf16 activations: exact in one bf16 operand
+};
+template <> struct SplitX<float> {
+    static constexpr bool value = true;
+};
+#define GM_LO_ROWS(T) (SplitX<T>::value ? GM_BM : 1)
+
+// Stage one 64x32 tile of x (hi, and lo for float x) and of W (exact bf16 values) into shared memory, and the
+// tile's per-column scales for group formats; out-of-range rows and columns read as 0.
 template <typename F, typename T>
 __device__ __forceinline__ void gemm_stage(const u8* p0, const u8* p1, const u8* p2, const T* x, long long ldx,
                                            int M, int N, int K, int m0, int n0, int k0, u16 (*As)[GM_LD],
-                                           u16 (*Bs)[GM_LD]) {
+                                           u16 (*Al)[GM_LD], u16 (*Bs)[GM_LD], float* Ss) {
     for (int c = threadIdx.x; c < GM_BM * GM_BK / 8; c += blockDim.x) {
         const int r = c / (GM_BK / 8), kk = (c % (GM_BK / 8)) * 8;
         float v[8];
@@ -42,9 +58,16 @@ __device__ __forceinline__ void gemm_stage(const u8* p0, const u8* p1, const u8*
         }
         u32* dst = reinterpret_cast<u32*>(&As[r][kk]);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) dst[j] = pack_bf16x2(v[2 * j], v[2 * j + 1]);
+        for (int j = 0; j < 4; ++j) {
+            const u16 h0 = f_to_bf16_bits(v[2 * j]), h1 = f_to_bf16_bits(v[2 * j + 1]);
+            dst[j] = (u32)h0 | ((u32)h1 << 16);
+            if (SplitX<T>::value) {
+                reinterpret_cast<u32*>(&Al[r][kk])[j] =
+                    pack_bf16x2(v[2 * j] - bf16_bits_to_f(h0), v[2 * j + 1] - bf16_bits_to_f(h1));
+            }
+        }
         if (n0 + r < N && k0 + kk < K) {
-            F::load8(p0, p1, p2, K, n0 + r, k0 + kk, v);
+            F::load8v(p0, p1, p2, K, n0 + r, k0 + kk, v);
         } else {
 #pragma unroll
             for (int j = 0; j < 8; ++j) v[j] = 0.f;
@@ -53,64 +76,103 @@ __device__ __forceinline__ void gemm_stage(const u8* p0, const u8* p1, const u8*
 #pragma unroll
         for (int j = 0; j < 4; ++j) dst[j] = pack_bf16x2(v[2 * j], v[2 * j + 1]);
     }
+    if (F::SGROUP) {
+        for (int c = threadIdx.x; c < GM_BN; c += blockDim.x)
+            Ss[c] = n0 + c < N ? F::scale(p0, p1, p2, K, n0 + c, k0) : 0.f;
+    }
 }
 
-// x: [M, K] (row stride ldx), y: [M, N] (row stride ldy). K % 8 == 0 (checked by the wrapper).
-template <typename F, typename T>
-__global__ void __launch_bounds__(128)
-    gemm(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
-         T* __restrict__ y, int M, int N, int K, long long ldx, long long ldy) {
-    __shared__ __align__(16) u16 As[GM_BM][GM_LD];
-    __shared__ __align__(16) u16 Bs[GM_BN][GM_LD];
-    const int m0 = blockIdx.y * GM_BM, n0 = blockIdx.x * GM_BN;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
-    float acc[2][4][4];
+// acc[i][j] += A-fragments(i) x B-fragments(j) over the 32-wide K tile in shared memory (hi, then lo for float x).
+template <bool SPLIT>
+__device__ __forceinline__ void gemm_tile(const u16 (*As)[GM_LD], const u16 (*Al)[GM_LD], const u16 (*Bs)[GM_LD],
+                                          int wm, int wn, int g, int t, float acc[2][4][4]) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int ks = 0; ks < GM_BK; ks += 16) {
+        u32 a[2][4], b[4][2];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < 4; ++j) {
+            const int c = wn + j * 8 + g;
+            b[j][0] = *reinterpret_cast<const u32*>(&Bs[c][ks + 2 * t]);
+            b[j][1] = *reinterpret_cast<const u32*>(&Bs[c][ks + 2 * t + 8]);
+        }
 #pragma unroll
-            for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.f;
-
-    for (int k0 = 0; k0 < K; k0 += GM_BK) {
-        gemm_stage<F, T>(p0, p1, p2, x, ldx, M, N, K, m0, n0, k0, As, Bs);
-        __syncthreads();
-#pragma unroll
-        for (int ks = 0; ks < GM_BK; ks += 16) {
-            u32 a[2][4], b[4][2];
+        for (int h = 0; h < (SPLIT ? 2 : 1); ++h) {
+            const u16 (*A)[GM_LD] = h == 0 ? As : Al;
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 const int r = wm + i * 16 + g;
-                a[i][0] = *reinterpret_cast<const u32*>(&As[r][ks + 2 * t]);
-                a[i][1] = *reinterpret_cast<const u32*>(&As[r + 8][ks + 2 * t]);
-                a[i][2] = *reinterpret_cast<const u32*>(&As[r][ks + 2 * t + 8]);
-                a[i][3] = *reinterpret_cast<const u32*>(&As[r + 8][ks + 2 * t + 8]);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int c = wn + j * 8 + g;
-                b[j][0] = *reinterpret_cast<const u32*>(&Bs[c][ks + 2 * t]);
-                b[j][1] = *reinterpret_cast<const u32*>(&Bs[c][ks + 2 * t + 8]);
+                a[i][0] = *reinterpret_cast<const u32*>(&A[r][ks + 2 * t]);
+                a[i][1] = *reinterpret_cast<const u32*>(&A[r + 8][ks + 2 * t]);
+                a[i][2] = *reinterpret_cast<const u32*>(&A[r][ks + 2 * t + 8]);
+                a[i][3] = *reinterpret_cast<const u32*>(&A[r + 8][ks + 2 * t + 8]);
             }
 #pragma unroll
             for (int i = 0; i < 2; ++i)
 #pragma unroll
                 for (int j = 0; j < 4; ++j) mma_bf16_16816(acc[i][j], a[i], b[j]);
         }
-        __syncthreads();
     }
+}
+
+__device__ __forceinline__ void zero_frags(float f[2][4][4]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int m = m0 + wm + i * 16 + g + 8 * h;
-                const int n = n0 + wn + j * 8 + 2 * t;
-                if (m < M) {
-                    if (n < N) y[(long long)m * ldy + n] = from_f<T>(acc[i][j][2 * h]);
-                    if (n + 1 < N) y[(long long)m * ldy + n + 1] = from_f<T>(acc[i][j][2 * h + 1]);
+            for (int r = 0; r < 4; ++r) f[i][j][r] = 0.f;
+}
+
+// x: [M, K] (row stride ldx), y: [M, N] (row stride ldy). K % 8 == 0 (checked by the wrapper).
+// Fragment element r of acc[i][j] is row wm + 16i + g + 8(r >> 1), column wn + 8j + 2t + (r & 1) of the tile.
+template <typename F, typename T>
+__global__ void __launch_bounds__(128)
+    gemm(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
+         T* __restrict__ y, int M, int N, int K, long long ldx, long long ldy) {
+    static_assert(F::SGROUP % GM_BK == 0, "a K tile must not straddle a scale group");
+    constexpr bool SPLIT = SplitX<T>::value;
+    __shared__ __align__(16) u16 As[GM_BM][GM_LD];
+    __shared__ __align__(16) u16 Al[GM_LO_ROWS(T)][GM_LD];
+    __shared__ __align__(16) u16 Bs[GM_BN][GM_LD];
+    __shared__ float Ss[GM_BN];
+    const int m0 = blockIdx.y * GM_BM, n0 = blockIdx.x * GM_BN;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    float acc[2][4][4];
+    zero_frags(acc);
+
+    for (int k0 = 0; k0 < K; k0 += GM_BK) {
+        gemm_stage<F, T>(p0, p1, p2, x, ldx, M, N, K, m0, n0, k0, As, Al, Bs, Ss);
+        __syncthreads();
+        if (F::SGROUP) {  // this tile's sums, then scaled per column into acc (fixed order)
+            float part[2][4][4];
+            zero_frags(part);
+            gemm_tile<SPLIT>(As, Al, Bs, wm, wn, g, t, part);
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r)
+                        acc[i][j][r] = fmaf(Ss[wn + j * 8 + 2 * t + (r & 1)], part[i][j][r], acc[i][j][r]);
+        } else {
+            gemm_tile<SPLIT>(As, Al, Bs, wm, wn, g, t, acc);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int n = n0 + wn + j * 8 + 2 * t + c;
+            if (n >= N) continue;
+            const float s = F::SGROUP ? 1.f : F::scale(p0, p1, p2, K, n, 0);
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int m = m0 + wm + i * 16 + g + 8 * h;
+                    if (m < M) y[(long long)m * ldy + n] = from_f<T>(acc[i][j][2 * h + c] * s);
                 }
-            }
+        }
 }

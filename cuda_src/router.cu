@@ -1,6 +1,9 @@
 // MoE router (model-qwen3.6.md §5): p = softmax_fp32(logits) over all E experts, top-k by probability with ties
 // to the lower expert id (a stable sort), weights renormalised over the selected k: w = p_sel / sum(p_sel).
 // One warp per token; lane l holds experts l, l + 32, ... (E <= 32 * MAXE). Selection order is best first.
+// NaN logits (a NaN probability) rank below every number and are still selectable, so every id written is a real
+// expert in [0, E) and the k ids are distinct (K <= E): the expert kernels never index outside the weight. A row
+// that had to select a NaN expert gets NaN weights, so the failure shows in the output instead of hiding.
 #include "common.cuh"
 
 template <typename T, int MAXE>
@@ -21,17 +24,20 @@ __global__ void moe_route(const T* __restrict__ logits, int* __restrict__ ids, f
     float s = 0.f;
 #pragma unroll
     for (int e = 0; e < MAXE; ++e) {
-        p[e] = lane + 32 * e < E ? expf(p[e] - m) : -1.f;  // -1 marks "not an expert" (below any probability)
-        s += fmaxf(p[e], 0.f);
+        p[e] = lane + 32 * e < E ? expf(p[e] - m) : -4.f;  // -4 marks "not an expert" (never selected)
+        s += fmaxf(p[e], 0.f);  // fmaxf drops NaN
     }
     const float inv = 1.f / warp_sum(s);
 #pragma unroll
-    for (int e = 0; e < MAXE; ++e)
+    for (int e = 0; e < MAXE; ++e) {
         if (p[e] >= 0.f) p[e] *= inv;
+        else if (p[e] != p[e]) p[e] = -1.f;  // NaN: below any probability, above "taken" and "not an expert"
+    }
     float sel_sum = 0.f, sel_p = 0.f;
     int sel_id = 0;
+    bool bad = false;
     for (int j = 0; j < K; ++j) {
-        float bv = -2.f;
+        float bv = -2.f;  // candidates are > -2: probabilities and untaken NaN experts (one always exists: K <= E)
         int bi = 0x7fffffff;
 #pragma unroll
         for (int e = 0; e < MAXE; ++e)
@@ -44,12 +50,13 @@ __global__ void moe_route(const T* __restrict__ logits, int* __restrict__ ids, f
         }
 #pragma unroll
         for (int e = 0; e < MAXE; ++e)
-            if (lane + 32 * e == bi) p[e] = -2.f;  // taken
-        sel_sum += bv;
+            if (lane + 32 * e == bi) p[e] = -3.f;  // taken
+        bad |= bv < 0.f;  // warp-uniform: bv is the butterfly's common result
+        sel_sum += fmaxf(bv, 0.f);
         if (lane == j) sel_p = bv, sel_id = bi;
     }
     if (lane < K) {
         ids[row * K + lane] = sel_id;
-        weights[row * K + lane] = sel_p / sel_sum;
+        weights[row * K + lane] = bad ? __int_as_float(0x7fc00000) : sel_p / sel_sum;
     }
 }

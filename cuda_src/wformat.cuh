@@ -5,6 +5,12 @@
 // a group. Dequantization is exact where the format allows it (f16 scale x int code fits in 24 bits; NVFP4 and FP8
 // round the same products in the same order as ninfer.formats' decoders), so the kernels see the reference's weights.
 //
+// For tensor-core products each format also splits W[n, k] = load8v(..)[k] * scale(.., n, k) where every load8v
+// value is exactly representable in bf16 (codes, e2m1 x e4m3 block scale: at most 6 significant bits; BF16 as is),
+// so rounding the B operand to bf16 loses nothing and the scale is applied to the fp32 sums. SGROUP is the K extent
+// over which the scale is constant: 0 = the whole row (applied once after the K loop), else 32 or 64 (applied per
+// 32-wide K tile, which never straddles a group).
+//
 // Planes (byte offsets computed on the host, artifact.md §2/§5/§6):
 //   BF16            p0 = u16 [N, K]
 //   FP8E4M3_F32ROW  p0 = e4m3 codes [N, K], p1 = f32 row scales [N]
@@ -20,6 +26,14 @@
 __device__ __forceinline__ long long kpad128(int K) { return ((long long)K + 127) / 128 * 128; }
 
 struct FmtBF16 {
+    static constexpr int SGROUP = 0;
+    static __device__ __forceinline__ void load8v(const u8* p0, const u8* p1, const u8* p2, int K, long long n,
+                                                  int k0, float w[8]) {
+        load8(p0, p1, p2, K, n, k0, w);
+    }
+    static __device__ __forceinline__ float scale(const u8*, const u8*, const u8*, int, long long, int) {
+        return 1.f;
+    }
     static __device__ __forceinline__ void load8(const u8* p0, const u8*, const u8*, int K, long long n, int k0,
                                                  float w[8]) {
         const uint4 v = *reinterpret_cast<const uint4*>(p0 + (n * K + k0) * 2);
@@ -33,6 +47,16 @@ struct FmtBF16 {
 };
 
 struct FmtFP8Row {
+    static constexpr int SGROUP = 0;
+    static __device__ __forceinline__ void load8v(const u8* p0, const u8*, const u8*, int K, long long n, int k0,
+                                                  float w[8]) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p0 + n * K + k0);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = e4m3_to_f(((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xffu);
+    }
+    static __device__ __forceinline__ float scale(const u8*, const u8* p1, const u8*, int, long long n, int) {
+        return reinterpret_cast<const float*>(p1)[n];
+    }
     static __device__ __forceinline__ void load8(const u8* p0, const u8* p1, const u8*, int K, long long n, int k0,
                                                  float w[8]) {
         const uint2 v = *reinterpret_cast<const uint2*>(p0 + n * K + k0);
@@ -43,6 +67,14 @@ struct FmtFP8Row {
 };
 
 struct FmtFP8Tensor {
+    static constexpr int SGROUP = 0;
+    static __device__ __forceinline__ void load8v(const u8* p0, const u8* p1, const u8* p2, int K, long long n,
+                                                  int k0, float w[8]) {
+        FmtFP8Row::load8v(p0, p1, p2, K, n, k0, w);
+    }
+    static __device__ __forceinline__ float scale(const u8*, const u8* p1, const u8*, int, long long, int) {
+        return *reinterpret_cast<const float*>(p1);
+    }
     static __device__ __forceinline__ void load8(const u8* p0, const u8* p1, const u8*, int K, long long n, int k0,
                                                  float w[8]) {
         const uint2 v = *reinterpret_cast<const uint2*>(p0 + n * K + k0);
@@ -53,6 +85,19 @@ struct FmtFP8Tensor {
 };
 
 struct FmtNVFP4 {
+    static constexpr int SGROUP = 0;
+    // e2m1 x e4m3 block scale (exact in bf16); the f32 global scale g is the row scale.
+    static __device__ __forceinline__ void load8v(const u8* p0, const u8* p1, const u8*, int K, long long n,
+                                                  int k0, float w[8]) {
+        const long long kp = kpad128(K);
+        const u32 c = *reinterpret_cast<const u32*>(p0 + n * (kp / 2) + k0 / 2);
+        const float d = e4m3_to_f(p1[n * (kp / 16) + k0 / 16]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = e2m1_to_f((c >> (4 * i)) & 0xfu) * d;
+    }
+    static __device__ __forceinline__ float scale(const u8*, const u8*, const u8* p2, int, long long, int) {
+        return *reinterpret_cast<const float*>(p2);
+    }
     static __device__ __forceinline__ void load8(const u8* p0, const u8* p1, const u8* p2, int K, long long n,
                                                  int k0, float w[8]) {
         const long long kp = kpad128(K);
@@ -66,37 +111,55 @@ struct FmtNVFP4 {
 template <int BITS>
 struct FmtQG64 {
     static constexpr int H = BITS == 4 ? 0 : (BITS == 5 ? 8 : 16);
-    static __device__ __forceinline__ void load8(const u8* p0, const u8* p1, const u8* p2, int K, long long n,
-                                                 int k0, float w[8]) {
-        const long long gpr = kpad128(K) / 64, grp = n * gpr + k0 / 64;
+    static constexpr int SGROUP = 64;
+    // the 8 signed codes (|q| <= 32: exact in bf16)
+    static __device__ __forceinline__ void load8v(const u8* p0, const u8* p1, const u8*, int K, long long n,
+                                                  int k0, float w[8]) {
+        const long long grp = n * (kpad128(K) / 64) + k0 / 64;
         const int j0 = k0 & 63;
         const u32 base = *reinterpret_cast<const u32*>(p0 + grp * 32 + j0 / 2);
         u32 high = 0;
         if (BITS == 5) high = p1[grp * 8 + j0 / 8];  // lane i: bit i%8 of byte i/8
         if (BITS == 6) high = *reinterpret_cast<const u16*>(p1 + grp * 16 + j0 / 4);  // lane i: 2 bits at 2(i%4)
-        const float s = f16_bits_to_f(reinterpret_cast<const u16*>(p2)[grp]);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             int u = (base >> (4 * i)) & 0xf;
             if (BITS == 5) u |= ((high >> i) & 1) << 4;
             if (BITS == 6) u |= ((high >> (2 * i)) & 3) << 4;
-            const int q = u - ((u >> (BITS - 1)) << BITS);  // two's complement
-            w[i] = s * (float)q;
+            w[i] = (float)(u - ((u >> (BITS - 1)) << BITS));  // two's complement
         }
+    }
+    static __device__ __forceinline__ float scale(const u8*, const u8*, const u8* p2, int K, long long n, int k0) {
+        return f16_bits_to_f(reinterpret_cast<const u16*>(p2)[n * (kpad128(K) / 64) + k0 / 64]);
+    }
+    static __device__ __forceinline__ void load8(const u8* p0, const u8* p1, const u8* p2, int K, long long n,
+                                                 int k0, float w[8]) {
+        load8v(p0, p1, p2, K, n, k0, w);
+        const float s = scale(p0, p1, p2, K, n, k0);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = s * w[i];
     }
 };
 
 struct FmtW8G32 {
-    static __device__ __forceinline__ void load8(const u8* p0, const u8*, const u8* p2, int K, long long n, int k0,
-                                                 float w[8]) {
-        const long long gpr = kpad128(K) / 32, grp = n * gpr + k0 / 32;
+    static constexpr int SGROUP = 32;
+    // the 8 int8 codes (exact in bf16)
+    static __device__ __forceinline__ void load8v(const u8* p0, const u8*, const u8*, int K, long long n, int k0,
+                                                  float w[8]) {
+        const long long grp = n * (kpad128(K) / 32) + k0 / 32;
         const uint2 v = *reinterpret_cast<const uint2*>(p0 + grp * 32 + (k0 & 31));
-        const float s = f16_bits_to_f(reinterpret_cast<const u16*>(p2)[grp]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int q = (int)(signed char)(((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xffu);
-            w[i] = s * (float)q;
-        }
+        for (int i = 0; i < 8; ++i) w[i] = (float)(int)(signed char)(((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xffu);
+    }
+    static __device__ __forceinline__ float scale(const u8*, const u8*, const u8* p2, int K, long long n, int k0) {
+        return f16_bits_to_f(reinterpret_cast<const u16*>(p2)[n * (kpad128(K) / 32) + k0 / 32]);
+    }
+    static __device__ __forceinline__ void load8(const u8* p0, const u8* p1, const u8* p2, int K, long long n,
+                                                 int k0, float w[8]) {
+        load8v(p0, p1, p2, K, n, k0, w);
+        const float s = scale(p0, p1, p2, K, n, k0);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = s * w[i];
     }
 };
 

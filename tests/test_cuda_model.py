@@ -23,8 +23,14 @@ from ninfer.reference import DictWeights, Qwen36
 
 gpu = pytest.mark.gpu
 NVFP4 = "NVFP4G16_E4M3S"
-TOL_HF = {"bf16": 5e-2, "fp32": 3e-2}  # bf16-rounded weights (+ bf16 activations) vs fp32 transformers
-TOL_REF = {"bf16": 4e-2, "fp32": 2e-2}  # same weights; bf16 activations / bf16 GEMM operands vs fp32
+# fp32 activations (GEMV, or tensor-core GEMM with exact operands): bf16 KV cache and accumulation order only
+TOL_HF = {"fp32": 3e-2}  # BF16-encoded weights vs fp32 transformers
+TOL_REF = {"fp32": 2e-2}  # same weights
+# bf16 activations on the tiny parity checkpoints: this checkpoint amplifies rounding (NumPy reference with every
+# linear's input and output rounded to bf16 plus a bf16 KV cache: 0.51 dense, 0.51 MoE; bf16 GEMM operands alone,
+# emulated: 0.374 / 0.541, exactly what the H200 measured before the GEMM took exact operands), so bf16 modes get a
+# bound that only catches gross errors; their kernels are checked op by op and on the mid-size models.
+TOL_TINY_BF16 = 0.75
 
 
 @pytest.fixture(scope="session")
@@ -86,10 +92,14 @@ def _tiny(kind: str) -> tuple[ModelConfig, dict[str, np.ndarray], Any]:
         return cfg, random_weights(cfg, seed=0), None
 
 
+MODES = ["bf16", "bf16-gemv", "fp32", "fp32-gemv"]
+
+
 @gpu
-@pytest.mark.parametrize("mode", ["bf16", "fp32", "fp32-gemv"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_tiny_logits_vs_reference_and_transformers(kind: str, mode: str, report: dict) -> None:
+    """Chunked prefill (5 rows by GEMV, 32 by GEMM or GEMV blocks, 3 by GEMV) then 8 decode steps."""
     cfg, weights, hf = _tiny(kind)
     ids = np.random.default_rng(1).integers(0, cfg.vocab_size, 48)
     act = mode.split("-")[0]
@@ -98,17 +108,22 @@ def test_tiny_logits_vs_reference_and_transformers(kind: str, mode: str, report:
     got = [net.lm_head(net.forward(ids[a:b], state)) for a, b in ((0, 5), (5, 37), (37, 40))]
     got += [net.lm_head(net.forward_batch(ids[i : i + 1], [state])) for i in range(40, 48)]  # decode steps
     got = np.concatenate(got)
+    tol_ref, tol_hf = (TOL_REF[act], TOL_HF[act]) if act == "fp32" else (TOL_TINY_BF16, TOL_TINY_BF16)
+    src = "hf" if hf is not None else "random"
     err_ref = _err(got, ref.lm_head(ref.forward(ids, ref.new_state())))
-    report[f"tiny-{kind}-{mode}-vs-reference"] = err_ref
-    assert err_ref <= TOL_REF[act], f"{kind}/{act}: logits differ from the reference by {err_ref:.3e}"
+    report[f"tiny-{kind}-{mode}-vs-reference"] = {"err": err_ref, "weights": src}
     if hf is not None:
         import torch
 
         with torch.no_grad():
             want = hf(torch.as_tensor(ids[None])).logits[0].double().numpy()
-        err_hf = _err(got, want)
-        report[f"tiny-{kind}-{mode}-vs-transformers"] = err_hf
-        assert err_hf <= TOL_HF[act], f"{kind}/{act}: logits differ from transformers by {err_hf:.3e}"
+        report[f"tiny-{kind}-{mode}-vs-transformers"] = _err(got, want)
+    assert err_ref <= tol_ref, (
+        f"{kind}/{mode} ({src} weights): logits differ from the reference by {err_ref:.3e}"
+    )
+    if hf is not None:
+        err_hf = report[f"tiny-{kind}-{mode}-vs-transformers"]
+        assert err_hf <= tol_hf, f"{kind}/{mode}: logits differ from transformers by {err_hf:.3e}"
 
 
 # ---- mid-size random models: teacher-forced top-1 agreement with the reference ------------------------------
@@ -128,27 +143,30 @@ def _mid_reference(kind: str) -> tuple[ModelConfig, dict, np.ndarray, np.ndarray
     return cfg, enc, ids, np.concatenate(want)
 
 
+# Top-1 floors. fp32 activations (GEMV, or GEMM with exact operands) follow the reference up to accumulation
+# order: 1.000 measured with GEMV. bf16 activations flip near-tied random logits and, in the MoE, router choices:
+# the NumPy reference with every linear's input and output rounded to bf16 and a bf16 KV cache agrees on 0.994
+# (dense) and 0.897 (MoE) of these positions, so the bf16 floors sit below that emulation.
+TOP1_FLOOR = {("dense", "fp32"): 0.99, ("moe", "fp32"): 0.99, ("dense", "bf16"): 0.97, ("moe", "bf16"): 0.85}
+
+
 @gpu
-@pytest.mark.parametrize("mode", ["bf16", "fp32", "fp32-gemv"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_midsize_top1_agreement(kind: str, mode: str, report: dict) -> None:
     from ninfer.cuda.model import CudaQwen36
     from ninfer.cuda.model_weights import upload_encoded
 
     cfg, enc, ids, want = _mid_reference(kind)
-    net = CudaQwen36(
-        cfg, upload_encoded(cfg, enc), act_dtype=mode.split("-")[0], prefill_gemm=not mode.endswith("gemv")
-    )
+    act = mode.split("-")[0]
+    net = CudaQwen36(cfg, upload_encoded(cfg, enc), act_dtype=act, prefill_gemm=not mode.endswith("gemv"))
     state = net.new_state()
     got = [net.lm_head(net.forward(ids[:300], state))]
     got += [net.lm_head(net.forward_batch(ids[i : i + 1], [state])) for i in range(300, 320)]
     got = np.concatenate(got)
     agree = float(np.mean(got.argmax(-1) == want.argmax(-1)))
     report[f"mid-{kind}-{mode}"] = {"top1": agree, "err": _err(got, want)}
-    # Tensor-core prefill rounds both operands to bf16. The reference with exactly that rounding emulated in NumPy
-    # agrees on 98.0% (dense) and 97.7% (MoE) of these positions (near-tied random logits), so 99% is asked of
-    # the fp32 GEMV mode only and 97% of the GEMM modes.
-    floor = 0.99 if mode.endswith("gemv") else 0.97
+    floor = TOP1_FLOOR[kind, act]
     assert agree >= floor, (
         f"{kind}/{mode}: top-1 agreement {agree:.3f} < {floor} (max err {_err(got, want):.3e})"
     )

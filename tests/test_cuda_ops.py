@@ -223,6 +223,10 @@ def test_gemv_experts(cp: Any, report: list, fmt: str) -> None:
         assert np.array_equal(solo[0], got[s]), f"slot {s}: expert product differs from the plain gemv"
 
 
+# tensor-core products: exact weight operands, bf16 x exact, float x split into two bf16 halves (<= 2^-17)
+GEMM_TOL = {"float": 5e-5, "bf16": TOL["bf16"]}
+
+
 @pytest.mark.parametrize("fmt", MATRIX_FMTS)
 @pytest.mark.parametrize("t", ["float", "bf16"])
 def test_gemm(cp: Any, report: list, fmt: str, t: str) -> None:
@@ -234,9 +238,36 @@ def test_gemm(cp: Any, report: list, fmt: str, t: str) -> None:
         x = _inputs(rng, (m, k), t)
         out = _poison(cp, (m, n), t)
         gemm(_dev(cp, x, t), w, out)
-        # tensor cores multiply bf16 operands exactly and accumulate in fp32
-        ref = ops.linear(bf16_round(x), bf16_round(wf))
-        _close(report, f"gemm {fmt} {t} {m}x{n}x{k}", _host(cp, out), ref, 1e-4 if t == "float" else TOL[t])
+        _close(report, f"gemm {fmt} {t} {m}x{n}x{k}", _host(cp, out), ops.linear(x, wf), GEMM_TOL[t])
+
+
+# the model's awkward shapes: N < 8 (GDN a/b), N and K off the 64/32 tiles, K not a multiple of 128 (padded rows
+# of NVFP4 and the group formats), M of one row up to several row tiles
+ODD_GEMM_SHAPES = ((1, 6, 8), (32, 6, 64), (33, 96, 72), (65, 130, 200), (130, 257, 264))
+
+
+@pytest.mark.parametrize("fmt", MATRIX_FMTS)
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_gemm_odd_shapes_strided(cp: Any, report: list, fmt: str, t: str) -> None:
+    """Row-strided x and out views (as the model's fused gate|up buffer): right values inside, nothing written
+    outside the view, and rows equal to the same product computed alone (no dependence on the row tile)."""
+    from ninfer.cuda.linear import gemm
+
+    rng = np.random.default_rng(16)
+    for m, n, k in ODD_GEMM_SHAPES:
+        w, wf = _weight(rng, fmt, (n, k))
+        x = _inputs(rng, (m, k), t, 4.0)
+        xbuf = cp.zeros((m, k + 24), dtype=DTYPES[t])
+        xbuf[:, 8 : 8 + k] = _dev(cp, x, t)
+        buf = _poison(cp, (m, n + 11), t)
+        gemm(xbuf[:, 8 : 8 + k], w, buf[:, 3 : 3 + n])
+        got = _host(cp, buf)
+        assert np.isnan(got[:, :3]).all() and np.isnan(got[:, 3 + n :]).all(), (
+            f"{fmt} {m}x{n}x{k}: wrote outside"
+        )
+        _close(report, f"gemm odd {fmt} {t} {m}x{n}x{k}", got[:, 3 : 3 + n], ops.linear(x, wf), GEMM_TOL[t])
+        last = cp.asnumpy(gemm(_dev(cp, x[-1:], t), w))
+        assert np.array_equal(last[0], cp.asnumpy(buf)[-1, 3 : 3 + n]), f"{fmt} {m}x{n}x{k}: row depends on M"
 
 
 # ---- Gated DeltaNet ------------------------------------------------------------------------------------------
@@ -450,6 +481,27 @@ def test_moe_route(cp: Any, report: list, e: int, k: int) -> None:
         "top-k ids (ties to the lower id) differ"
     )
     _close(report, f"router E={e} k={k}", cp.asnumpy(w), ref_w, 1e-6)
+
+
+@pytest.mark.parametrize("e,k", [(8, 2), (64, 4), (256, 8)])
+def test_moe_route_nan_rows_stay_in_range(cp: Any, e: int, k: int) -> None:
+    """All-NaN / all -inf / partly NaN logits: k distinct ids in [0, E) (the expert kernels index by them), NaN
+    weights where a NaN expert had to be chosen, the finite experts first otherwise."""
+    from ninfer.cuda.router import moe_route
+
+    rng = np.random.default_rng(17)
+    logits = rng.standard_normal((4, e)).astype(F32)
+    logits[0] = np.nan
+    logits[1] = -np.inf
+    logits[2, : e - k + 1] = np.nan  # k - 1 finite experts: one NaN expert must be chosen
+    logits[3, ::2] = np.nan  # e/2 >= k finite experts
+    ids, w = (cp.asnumpy(a) for a in moe_route(cp.asarray(logits), k))
+    assert ((ids >= 0) & (ids < e)).all(), f"ids out of range: {ids}"
+    assert all(len(set(r)) == k for r in ids.tolist()), "ids of a row must be distinct"
+    assert np.isnan(w[:3]).all(), "rows that had to select NaN experts must carry NaN weights"
+    assert set(ids[2, : k - 1].tolist()) == set(range(e - k + 1, e)), "finite experts rank before NaN ones"
+    ref_ids, ref_w = ops.moe_route(logits[3, 1::2][None], k)
+    assert np.array_equal(ids[3], 1 + 2 * ref_ids[0]) and np.allclose(w[3], ref_w[0], rtol=1e-6)
 
 
 # ---- sampling ------------------------------------------------------------------------------------------------

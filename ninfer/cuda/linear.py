@@ -3,7 +3,9 @@
 - :func:`gemv`: decode, 1..8 activation rows; fp32 accumulation in a fixed order, so each row's result is bitwise
   the same whatever the number of rows in the launch.
 - :func:`gemv_experts`: MoE decode dispatch, one (token row, expert) pair per slot.
-- :func:`gemm`: prefill chunks on tensor cores (bf16 tiles, dequantized in shared memory, fp32 accumulation).
+- :func:`gemm`: prefill chunks on tensor cores with exact operands: weights as bf16-exact codes times the format's
+  scale (applied to the fp32 sums), bf16 activations as is, float32 activations split into two bf16 halves
+  (relative representation error <= 2^-17); fp32 accumulation in a fixed order per K.
 - :func:`linear`: gemv for up to 8 rows, else gemm.
 """
 
@@ -105,7 +107,8 @@ def gemv_experts(x: Any, w: DeviceWeight, ids: Any, xrow: Any, n: int, out: Any 
 
 
 def gemm(x: Any, w: DeviceWeight, out: Any = None) -> Any:
-    """``out = x · Wᵀ`` for ``x[M, K]`` on tensor cores (operands rounded to bf16, fp32 accumulation)."""
+    """``out = x · Wᵀ`` for ``x[M, K]`` on tensor cores (exact weight operands, float32 ``x`` split into two bf16
+    halves, fp32 accumulation); ``x`` and ``out`` may be row-strided views."""
     t, m, k, ldx = _prep(x, w, out, "gemm")
     n = w.rows
     out, ldy = _out(x, out, m, n)

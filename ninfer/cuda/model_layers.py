@@ -18,8 +18,9 @@ _SLOTS_PER_LAUNCH = 65535  # gridDim.y limit of gemv_experts
 
 
 def linear(net: Any, x: Any, name: str, out: Any = None, *, exact: bool = False) -> Any:
-    """``x · Wᵀ``: GEMV for up to 8 rows; above, tensor-core GEMM, or (``exact`` or ``prefill_gemm=False``) the
-    decode GEMV in 8-row blocks, which gives every row bitwise its decode result."""
+    """``x · Wᵀ``: GEMV for up to 8 rows; above, tensor-core GEMM (exact weight operands; float32 ``x`` split into
+    two bf16 halves), or (``exact`` or ``prefill_gemm=False``) the decode GEMV in 8-row blocks, which gives every
+    row bitwise its decode result."""
     import cupy
 
     from ninfer.cuda.linear import gemm, gemv

@@ -16,7 +16,10 @@ SOURCES: dict[str, tuple[str, ...]] = {"router.cu": tuple(f"moe_route<{t}, 8>" f
 
 
 def moe_route(logits: Any, top_k: int) -> tuple[Any, Any]:
-    """Expert ids ``[T, k]`` (int32, best first) and weights ``[T, k]`` (float32, summing to 1) for ``logits[T, E]``."""
+    """Expert ids ``[T, k]`` (int32, best first) and weights ``[T, k]`` (float32, summing to 1) for ``logits[T, E]``.
+
+    NaN probabilities rank last: ids are always k distinct experts in ``[0, E)``; a row that selects one gets NaN
+    weights (the expert kernels index weights by these ids, so an id is never out of range)."""
     import cupy
 
     t = act_type(logits, "logits")
