@@ -1,0 +1,296 @@
+"""Qwen XML tool calls (serving.md §7) in generated answers, parsed whole or while they stream.
+
+The format::
+
+    text before the calls
+    <tool_call>
+    <function=NAME>
+    <parameter=KEY>
+    value
+    </parameter>
+    </function>
+    </tool_call>
+
+Whole text (:func:`parse_tool_calls`, upstream's rule): after the first ``<tool_call>`` only whitespace-separated
+well-formed blocks may follow; any violation returns the whole text as content and no calls. Streaming
+(:class:`ToolCallStream`): the name is sent as soon as ``<function=NAME>`` is complete, then the arguments as JSON
+pieces per parameter (string-typed values piece by piece as they arrive, others when their ``</parameter>`` comes),
+then ``}``. The pieces always concatenate to the arguments the whole-text parser gives for well-formed output. A
+violation after a call started closes that call's JSON (so it still parses) and streams the rest as text.
+
+Arguments: keys in the order generated (so streamed pieces can equal the final string), compact JSON. A parameter
+whose declared schema type is ``string`` keeps its trimmed text, so ``"123"`` stays a string; any other value is
+trimmed and read as JSON, falling back to the text (serving.md §7).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ToolCall", "ParsedOutput", "parse_tool_calls", "ToolCallStream", "string_params", "CALL_OPEN"]
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+FN_OPEN, FN_CLOSE = "<function=", "</function>"
+P_OPEN, P_CLOSE = "<parameter=", "</parameter>"
+_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
+_KEY = re.compile(r"[^<>\s=]+")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object, compact, keys in generated order
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedOutput:
+    content: str
+    calls: list[ToolCall] = field(default_factory=list)
+
+
+def string_params(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, frozenset[str]]:
+    """Tool name -> the parameters whose schema type is exactly ``string`` (OpenAI function-tool form)."""
+    out: dict[str, frozenset[str]] = {}
+    for t in tools or ():
+        fn = t.get("function", t)
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        out[str(fn.get("name"))] = frozenset(
+            k for k, s in props.items() if isinstance(s, Mapping) and s.get("type") == "string"
+        )
+    return out
+
+
+def _json_value(raw: str) -> str:
+    v = raw.strip()
+    try:
+        parsed = json.loads(v)
+    except ValueError:
+        parsed = v
+    return json.dumps(parsed, ensure_ascii=False, separators=(",", ":"))
+
+
+def _key_piece(first: bool, key: str) -> str:
+    return ("{" if first else ",") + json.dumps(key, ensure_ascii=False) + ":"
+
+
+def _esc(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def parse_tool_calls(
+    text: str, tools: Sequence[Mapping[str, Any]] | None = None, max_name: int = 64
+) -> ParsedOutput:
+    """Content and calls of a whole answer; malformed call markup gives the whole text as content."""
+    start = text.find(CALL_OPEN)
+    if start < 0:
+        return ParsedOutput(text.strip())
+    stream = ToolCallStream(tools, max_name)
+    events = stream.push(text[start:]) + stream.finish()
+    if stream.failed:
+        return ParsedOutput(text.strip())
+    args: dict[int, str] = {}
+    names: dict[int, str] = {}
+    for ev in events:
+        if ev[0] == "start":
+            names[ev[1]] = ev[2]
+        elif ev[0] == "end":
+            args[ev[1]] = ev[2]
+    calls = [ToolCall(names[i], args[i]) for i in sorted(names)]
+    return ParsedOutput(text[:start].strip(), calls)
+
+
+def _partial(buf: str, marker: str) -> int:
+    for k in range(min(len(marker) - 1, len(buf)), 0, -1):
+        if marker.startswith(buf[-k:]):
+            return k
+    return 0
+
+
+class ToolCallStream:
+    """Incremental parser of one answer. ``push(text)`` / ``finish()`` return events:
+    ``("text", s)``, ``("start", index, name)``, ``("args", index, piece)``, ``("end", index, arguments)``."""
+
+    def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None, max_name: int = 64) -> None:
+        self._strings = string_params(tools)
+        self._max_name = max_name
+        self._state = "text"
+        self._buf = ""
+        self._out: list[tuple] = []
+        self._text_started = False
+        self.failed = False
+        self._n = 0  # calls started
+        self._args = ""  # the open call's arguments so far
+        self._name = ""
+        self._first = True  # no parameter yet in the open call
+        self._key = ""
+
+    # ---- public -----------------------------------------------------------------------------------------
+    def push(self, text: str) -> list[tuple]:
+        self._buf += text
+        while self._step():
+            pass
+        out, self._out = self._out, []
+        return out
+
+    def finish(self) -> list[tuple]:
+        if self._state == "text":
+            self._text(self._buf.strip() if not self._text_started else self._buf.rstrip())
+        elif self._state not in ("between", "raw"):
+            self._fail()
+        elif self._state == "raw":
+            self._text(self._buf)
+        self._buf = ""
+        out, self._out = self._out, []
+        return out
+
+    # ---- machinery --------------------------------------------------------------------------------------
+    def _text(self, s: str) -> None:
+        if not self._text_started:
+            s = s.lstrip()
+        if s:
+            self._text_started = True
+            self._out.append(("text", s))
+
+    def _emit_args(self, piece: str) -> None:
+        self._args += piece
+        self._out.append(("args", self._n - 1, piece))
+
+    def _fail(self) -> None:
+        """Malformed markup: close an open call's JSON, then everything unconsumed is text."""
+        self.failed = True
+        if self._state in ("params", "value_str", "value_json"):
+            if self._state == "value_str":
+                self._emit_args('"')
+            elif self._state == "value_json":
+                self._emit_args("null")
+            self._emit_args("{}" if self._first else "}")
+            self._out.append(("end", self._n - 1, self._args))
+        self._state = "raw"
+        self._text(self._buf)
+        self._buf = ""
+
+    def _expect(self, marker: str) -> int | None:
+        """After leading whitespace: len consumed if ``marker`` is there, 0 to wait for more, None if not."""
+        s = self._buf.lstrip()
+        if s.startswith(marker):
+            return len(self._buf) - len(s) + len(marker)
+        return 0 if marker.startswith(s) else None
+
+    def _step(self) -> bool:  # noqa: C901 - one branch per state of a small machine
+        st, buf = self._state, self._buf
+        if st == "raw":
+            if buf:
+                self._text(buf)
+                self._buf = ""
+            return False
+        if st == "text":
+            i = buf.find(CALL_OPEN)
+            if i >= 0:
+                self._text(buf[:i].rstrip())
+                self._buf, self._state = buf[i + len(CALL_OPEN) :], "fn"
+                return True
+            body = buf[: len(buf) - _partial(buf, CALL_OPEN)]
+            keep = len(buf) - len(body.rstrip())
+            self._text(buf[: len(buf) - keep])
+            self._buf = buf[len(buf) - keep :]
+            return False
+        if st == "fn":
+            got = self._expect(FN_OPEN)
+            if got is None:
+                self._fail()
+                return False
+            j = buf.find(">", got) if got else -1
+            if j < 0:
+                return False
+            name = buf[got:j]
+            if not (0 < len(name) <= self._max_name and _NAME.fullmatch(name)):
+                self._fail()
+                return False
+            self._n += 1
+            self._args, self._name, self._first = "", name, True
+            self._out.append(("start", self._n - 1, name))
+            self._buf, self._state = buf[j + 1 :], "params"
+            return True
+        if st == "params":
+            s = buf.lstrip()
+            if s.startswith(FN_CLOSE):
+                self._emit_args("{}" if self._first else "}")
+                self._out.append(("end", self._n - 1, self._args))
+                self._buf, self._state = s[len(FN_CLOSE) :], "close"
+                return True
+            got = self._expect(P_OPEN)
+            if got is None and not FN_CLOSE.startswith(s):
+                self._fail()
+                return False
+            if not got:
+                return False
+            j = buf.find(">", got)
+            if j < 0:
+                return False
+            key = buf[got:j]
+            if not _KEY.fullmatch(key):
+                self._fail()
+                return False
+            self._emit_args(_key_piece(self._first, key))
+            self._first, self._key = False, key
+            self._buf = buf[j + 1 :]
+            if key in self._strings.get(self._name, ()):
+                self._emit_args('"')
+                self._state = "value_str"
+                self._str_started = False
+            else:
+                self._state = "value_json"
+            return True
+        if st == "value_json":
+            i = buf.find(P_CLOSE)
+            if i < 0:
+                return False
+            self._emit_args(_json_value(buf[:i]))
+            self._buf, self._state = buf[i + len(P_CLOSE) :], "params"
+            return True
+        if st == "value_str":
+            return self._string_step(buf)
+        if st == "close":
+            got = self._expect(CALL_CLOSE)
+            if got is None:
+                self._fail()
+                return False
+            if got:
+                self._buf, self._state = buf[got:], "between"
+                return True
+            return False
+        # between calls: only whitespace, then another <tool_call> or the end
+        got = self._expect(CALL_OPEN)
+        if got is None:
+            self._fail()
+            return False
+        if got:
+            self._buf, self._state = buf[got:], "fn"
+            return True
+        return False
+
+    def _string_step(self, buf: str) -> bool:
+        if not self._str_started:
+            buf = buf.lstrip()
+            if not buf:
+                self._buf = ""
+                return False
+            self._str_started = True
+        i = buf.find(P_CLOSE)
+        if i >= 0:
+            value = buf[:i].rstrip()
+            if value:
+                self._emit_args(_esc(value))
+            self._emit_args('"')
+            self._buf, self._state = buf[i + len(P_CLOSE) :], "params"
+            return True
+        body = buf[: len(buf) - _partial(buf, P_CLOSE)]
+        keep = len(buf) - len(body.rstrip())  # a partial </parameter> and the whitespace before it
+        if len(buf) > keep:
+            self._emit_args(_esc(buf[: len(buf) - keep]))
+        self._buf = buf[len(buf) - keep :]
+        return False
