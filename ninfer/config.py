@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ModelConfig", "ConfigError", "ARCHITECTURES"]
+__all__ = ["ModelConfig", "HybridDims", "ConfigError", "ARCHITECTURES"]
 
 # transformers model_type of the text model -> our architecture name
 ARCHITECTURES = {
@@ -25,8 +25,46 @@ class ConfigError(ValueError):
     """A model configuration that ninfer cannot run, with the offending field named."""
 
 
+class HybridDims:
+    """Derived dimensions shared by every hybrid GDN + attention config (Qwen3.6 and Flash-Next)."""
+
+    __slots__ = ()
+    head_dim: int
+    partial_rotary_factor: float
+    num_attention_heads: int
+    num_key_value_heads: int
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def kv_group(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def gdn_ratio(self) -> int:
+        return self.linear_num_value_heads // self.linear_num_key_heads
+
+    @property
+    def gdn_key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def gdn_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def gdn_conv_channels(self) -> int:
+        return 2 * self.gdn_key_dim + self.gdn_value_dim
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ModelConfig:
+class ModelConfig(HybridDims):
     arch: str  # "qwen3_5" (dense) or "qwen3_5_moe"
     vocab_size: int
     hidden_size: int
@@ -105,30 +143,6 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.arch == "qwen3_5_moe"
-
-    @property
-    def rotary_dim(self) -> int:
-        return int(self.head_dim * self.partial_rotary_factor)
-
-    @property
-    def kv_group(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
-
-    @property
-    def gdn_ratio(self) -> int:
-        return self.linear_num_value_heads // self.linear_num_key_heads
-
-    @property
-    def gdn_key_dim(self) -> int:
-        return self.linear_num_key_heads * self.linear_key_head_dim
-
-    @property
-    def gdn_value_dim(self) -> int:
-        return self.linear_num_value_heads * self.linear_value_head_dim
-
-    @property
-    def gdn_conv_channels(self) -> int:
-        return 2 * self.gdn_key_dim + self.gdn_value_dim
 
     @property
     def full_attention_layers(self) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ninfer.config import ConfigError
+from ninfer.config import ConfigError, HybridDims
 
 __all__ = ["FlashNextConfig", "ConfigError", "MODEL_TYPES", "ngram_head_sizes"]
 
@@ -48,7 +48,7 @@ def _is_prime(v: int) -> bool:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class FlashNextConfig:
+class FlashNextConfig(HybridDims):
     vocab_size: int
     hidden_size: int
     num_hidden_layers: int
@@ -179,26 +179,6 @@ class FlashNextConfig:
             raise ConfigError("vocab_size: too large for the n-gram hash")
 
     # ---- derived values -------------------------------------------------------------------------------
-    @property
-    def rotary_dim(self) -> int:
-        return int(self.head_dim * self.partial_rotary_factor)
-
-    @property
-    def kv_group(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
-
-    @property
-    def gdn_key_dim(self) -> int:
-        return self.linear_num_key_heads * self.linear_key_head_dim
-
-    @property
-    def gdn_value_dim(self) -> int:
-        return self.linear_num_value_heads * self.linear_value_head_dim
-
-    @property
-    def gdn_conv_channels(self) -> int:
-        return 2 * self.gdn_key_dim + self.gdn_value_dim
-
     @property
     def hc_dim(self) -> int:
         """Width of the 4-stream hyper-connection state (stream-major)."""
