@@ -8,8 +8,9 @@ artifact's generation defaults (its ``generation_config`` resource), then the en
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -17,6 +18,7 @@ import msgspec
 from ninfer.artifact import open_artifact
 from ninfer.engine.core import Finish, QueueFull, RequestError, SamplingParams, TokenDelta
 from ninfer.engine.engine import Engine
+from ninfer.engine.grammar import GrammarCompiler, RequestGrammar, SchemaError
 from ninfer.frontend import ChatTemplate, TemplateError
 
 from .messages import ActorInfo, ActorSpec, Delta, Failed, Finished, GenerateRequest, SamplingOptions, Timings
@@ -28,6 +30,8 @@ __all__ = [
     "RequestRejected",
     "open_engine",
     "prompt_ids",
+    "count_prompt",
+    "token_mask",
     "submit",
     "convert",
     "cancel",
@@ -69,6 +73,19 @@ class Loaded:
     max_context: int
     defaults: dict[str, Any]
     spec: ActorSpec
+    think_end_id: int | None = None
+    after_think_ids: tuple[int, ...] = ()
+    vocab_size: int = 0
+    _grammar: GrammarCompiler | None = None
+    _grammar_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def grammar(self) -> GrammarCompiler:
+        """The XGrammar compiler, built on first use (importing xgrammar costs seconds)."""
+        with self._grammar_lock:
+            if self._grammar is None:
+                tok = self.tokenizer
+                self._grammar = GrammarCompiler(tok.hf, self.vocab_size, tok.eos_token_ids)
+            return self._grammar
 
 
 def open_engine(spec: ActorSpec) -> Loaded:
@@ -83,6 +100,9 @@ def open_engine(spec: ActorSpec) -> Loaded:
     gen = json.loads(gen_raw) if gen_raw else {}
     defaults = {k: gen[k] for k in _DEFAULT_KEYS if k in gen}
     return Loaded(
+        think_end_id=tok.hf.token_to_id("</think>"),
+        after_think_ids=tuple(tok.encode("\n\n", add_special_tokens=False)),
+        vocab_size=engine.model_config.vocab_size,
         engine=engine,
         tokenizer=tok,
         template=template,
@@ -93,7 +113,22 @@ def open_engine(spec: ActorSpec) -> Loaded:
     )
 
 
+def count_prompt(ld: Loaded, req: GenerateRequest) -> int:
+    """Prompt tokens of ``req`` as rendered (no context check; nothing runs on the model)."""
+    return len(_render_ids(ld, req))
+
+
 def prompt_ids(ld: Loaded, req: GenerateRequest) -> list[int]:
+    ids = _render_ids(ld, req)
+    if len(ids) >= ld.max_context:
+        raise PromptError(
+            f"the prompt has {len(ids)} tokens; this server's context is {ld.max_context} tokens",
+            code="context_length_exceeded",
+        )
+    return ids
+
+
+def _render_ids(ld: Loaded, req: GenerateRequest) -> list[int]:
     if req.prompt_ids is not None:
         ids = list(req.prompt_ids)
         if not ids:
@@ -103,17 +138,60 @@ def prompt_ids(ld: Loaded, req: GenerateRequest) -> list[int]:
             raise PromptError("this artifact has no chat template; send prompt_ids", code="no_chat_template")
         try:
             text = ld.template.render(
-                list(req.messages or ()), add_generation_prompt=True, **req.template_kwargs
+                list(req.messages or ()),
+                tools=list(req.tools) if req.tools else None,
+                add_generation_prompt=True,
+                **req.template_kwargs,
             )
         except TemplateError as e:
             raise PromptError(f"messages: {e}", code="invalid_messages") from None
         ids = ld.tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) >= ld.max_context:
-        raise PromptError(
-            f"the prompt has {len(ids)} tokens; this server's context is {ld.max_context} tokens",
-            code="context_length_exceeded",
-        )
     return ids
+
+
+def thinking_on(ld: Loaded, req: GenerateRequest) -> bool:
+    """The generation prompt opened a think block: chat requests with thinking on (the template's default)."""
+    return (
+        req.messages is not None
+        and req.template_kwargs.get("enable_thinking", True) is not False
+        and (ld.think_end_id is not None)
+    )
+
+
+def token_mask(ld: Loaded, req: GenerateRequest) -> RequestGrammar | None:
+    """The request's grammar hook (compiling, or taking from the cache, its grammar), or None when nothing
+    constrains it. Raises PromptError (400) for a schema outside the subset or one XGrammar refuses."""
+    thinking = thinking_on(ld, req)
+    budget = req.thinking_budget if thinking else None
+    g = req.grammar
+    if g is None and budget is None:
+        return None
+    compiled = None
+    if g is not None:
+        try:
+            if g.kind == "json_object":
+                compiled = ld.grammar().json_object()
+            elif g.kind == "json_schema":
+                compiled = ld.grammar().json_schema(json.loads(g.schema))
+            elif g.kind == "tool_calls":
+                compiled = ld.grammar().tool_calls(list(req.tools or ()), g.tool_choice, g.parallel)
+            else:
+                raise PromptError(
+                    f"grammar: unknown kind {g.kind!r}", code="invalid_grammar", param="grammar"
+                )
+        except SchemaError as e:
+            code = "unsupported_schema_keyword" if e.keyword else "invalid_schema"
+            raise PromptError(str(e), code=code, param="schema") from None
+        except (ValueError, RuntimeError) as e:  # XGrammar's own refusals (e.g. an unsatisfiable schema)
+            raise PromptError(f"schema: {e}", code="invalid_schema", param="schema") from None
+    return RequestGrammar(
+        compiled,
+        vocab_size=ld.vocab_size,
+        thinking=thinking,
+        think_end_id=ld.think_end_id,
+        after_think_ids=ld.after_think_ids,
+        budget=budget,
+    )
 
 
 def _params(ld: Loaded, s: SamplingOptions) -> SamplingParams:
@@ -128,7 +206,11 @@ def _params(ld: Loaded, s: SamplingOptions) -> SamplingParams:
 
 
 def submit(
-    ld: Loaded, ids: list[int], s: SamplingOptions, on_event: Callable[[Any], None]
+    ld: Loaded,
+    ids: list[int],
+    s: SamplingOptions,
+    on_event: Callable[[Any], None],
+    mask: RequestGrammar | None = None,
 ) -> tuple[Any, int, bool]:
     """Returns (handle, output budget, queued). ``on_event`` gets every engine event, on the engine's thread.
     Raises QueueFull, or RequestRejected for a request the engine can never run."""
@@ -136,7 +218,7 @@ def submit(
     queued = st.lanes_busy >= st.lanes_total or st.queue_length > 0
     params = _params(ld, s)
     try:
-        handle = ld.engine.submit_params(ids, params, on_event=on_event)
+        handle = ld.engine.submit_params(ids, params, token_mask=mask, on_event=on_event)
     except QueueFull:
         raise
     except RequestError as e:
@@ -173,6 +255,7 @@ def convert(ev: Any) -> list[Delta | Finished | Failed]:
             cached_tokens=u.cached_tokens,
             completion_tokens=u.completion_tokens,
             timings=timings,
+            stop_string=ev.stop_string,
         )
     )
     return out

@@ -177,6 +177,9 @@ class AsyncEngineClient:
     async def stats(self) -> ActorStats:
         return await self.handle.stats.remote()
 
+    async def count_tokens(self, req: GenerateRequest) -> int | Failed:
+        return await self.handle.count_tokens.remote(req)
+
     async def health(self) -> Health:
         return await self.handle.health.remote()
 

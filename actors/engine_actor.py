@@ -58,16 +58,21 @@ class EngineActor:
         """Streams msgpack-encoded StreamEvents (decode with ``messages.decode_event``): bytes cross Ray
         without pickling a class, which measurably cuts the per-item cost that shares the engine's GIL."""
         ld = self._engine
+        loop = asyncio.get_running_loop()
         try:
             ids = adapter.prompt_ids(ld, req)
+            # grammar compilation can take a while on a real vocabulary: off the event loop
+            mask = None
+            if req.grammar is not None or req.thinking_budget is not None:
+                mask = await loop.run_in_executor(None, adapter.token_mask, ld, req)
         except adapter.PromptError as e:
             yield _ENC(Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param))
             return
-        loop = asyncio.get_running_loop()
         wake = _Wake(loop)
+        think = _ThinkCount(ld.think_end_id if adapter.thinking_on(ld, req) else None)
         try:
             with self._lock:
-                handle, budget, queued = adapter.submit(ld, ids, req.sampling, wake.on_event)
+                handle, budget, queued = adapter.submit(ld, ids, req.sampling, wake.on_event, mask)
                 self._handles[req.request_id] = handle
         except adapter.QueueFull as e:
             yield _ENC(Failed(code="queue_full", message=str(e), status=429, retry_after=1.0))
@@ -91,6 +96,10 @@ class EngineActor:
                 last = loop.time()
                 for ev in _coalesce(item for r in raw for item in adapter.convert(r)):
                     finished = finished or isinstance(ev, Finished | Failed)
+                    if isinstance(ev, Delta):
+                        think.push(ev.token_ids)
+                    elif isinstance(ev, Finished) and think.count:
+                        ev = msgspec.structs.replace(ev, reasoning_tokens=think.count)
                     if isinstance(ev, Failed):
                         with self._lock:
                             self._failures += 1
@@ -111,6 +120,14 @@ class EngineActor:
             return False
         adapter.cancel(handle)
         return True
+
+    @ray.method(concurrency_group=CTL_GROUP)
+    async def count_tokens(self, req: GenerateRequest) -> int | Failed:
+        """Prompt tokens of ``req`` as ``generate`` would render it (nothing runs on the model)."""
+        try:
+            return adapter.count_prompt(self._engine, req)
+        except adapter.PromptError as e:
+            return Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param)
 
     @ray.method(concurrency_group=CTL_GROUP)
     async def stats(self) -> ActorStats:
@@ -180,6 +197,24 @@ class _Wake:
             self.waiting = False
             if got:
                 return got
+
+
+class _ThinkCount:
+    """Generated tokens up to and including the first ``</think>`` (reasoning tokens of a thinking request)."""
+
+    __slots__ = ("end", "count", "done")
+
+    def __init__(self, end: int | None) -> None:
+        self.end, self.count, self.done = end, 0, end is None
+
+    def push(self, ids: list[int]) -> None:
+        if self.done:
+            return
+        for t in ids:
+            self.count += 1
+            if t == self.end:
+                self.done = True
+                return
 
 
 def _coalesce(events: Any) -> list[StreamEvent]:

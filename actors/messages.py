@@ -14,6 +14,7 @@ import msgspec
 
 __all__ = [
     "SamplingOptions",
+    "GrammarSpec",
     "GenerateRequest",
     "Accepted",
     "Delta",
@@ -45,9 +46,25 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     ignore_eos: bool = False  # keep generating past end-of-sequence tokens (benchmarks, load tests)
 
 
+class GrammarSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What constrains the answer (after ``</think>``), compiled by the actor with XGrammar:
+    ``json_object`` (any JSON object or array), ``json_schema`` (``schema``: the schema as JSON text) or
+    ``tool_calls`` (one or more Qwen XML calls of ``tools``; ``tool_choice`` "required" or a tool name)."""
+
+    kind: str
+    schema: str = ""
+    tool_choice: str = "required"
+    parallel: bool = False  # tool_calls: allow more than one call
+
+
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Exactly one of ``prompt_ids`` and ``messages``. ``messages`` are OpenAI-style chat messages rendered by
-    the artifact's chat template on the actor (so a Python job needs neither the tokenizer nor the artifact)."""
+    the artifact's chat template on the actor (so a Python job needs neither the tokenizer nor the artifact).
+
+    The one engine request contract of every protocol (chat, Anthropic messages, responses): ``tools`` (OpenAI
+    function-tool form) are rendered into the prompt; ``grammar`` constrains the answer; ``thinking_budget``
+    forces ``</think>`` after that many reasoning tokens. Whether thinking is on is ``template_kwargs``'s
+    ``enable_thinking`` (default on)."""
 
     request_id: str
     prompt_ids: tuple[int, ...] | None = None
@@ -55,6 +72,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     template_kwargs: dict[str, Any] = {}
     sampling: SamplingOptions = SamplingOptions()
     client: str = ""
+    tools: tuple[dict[str, Any], ...] | None = None
+    grammar: GrammarSpec | None = None
+    thinking_budget: int | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt_ids is None) == (self.messages is None):
@@ -88,6 +108,8 @@ class Finished(msgspec.Struct, frozen=True, kw_only=True, tag="finished"):
     completion_tokens: int
     timings: Timings = Timings()
     lane: int | None = None
+    stop_string: str | None = None  # the request stop string that ended the text (finish_reason stop_string)
+    reasoning_tokens: int = 0  # generated tokens up to and including </think> (thinking requests)
 
 
 class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):

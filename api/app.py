@@ -12,11 +12,13 @@ import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
 
+from .anthropic import AnthropicError
 from .auth import KeyRing
 from .errors import ApiError, error_json
 from .gate import Gate
 from .models import ModelList, ModelObject
 from .routes_chat import handle_chat
+from .routes_protocols import handle_count_tokens, handle_messages, handle_responses
 from .service import Service, json_response, service
 
 __all__ = ["build_app"]
@@ -70,26 +72,52 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     return await handle_chat(request, service(request))
 
 
+@post("/v1/messages", status_code=200)
+async def messages(request: Request[Any, Any, Any]) -> Any:
+    return await handle_messages(request, service(request))
+
+
+@post("/v1/messages/count_tokens", status_code=200)
+async def count_tokens(request: Request[Any, Any, Any]) -> Any:
+    return await handle_count_tokens(request, service(request))
+
+
+@post("/v1/responses", status_code=200)
+async def responses(request: Request[Any, Any, Any]) -> Any:
+    return await handle_responses(request, service(request))
+
+
 def _api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
     return Response(
         error_json(exc), status_code=exc.status, media_type="application/json", headers=exc.headers()
     )
 
 
-def _http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    err = ApiError(exc.status_code, str(exc.detail), code=code)
+    cls = AnthropicError if request.url.path.startswith("/v1/messages") else ApiError
+    err = cls(exc.status_code, str(exc.detail), code=code)
     return Response(error_json(err), status_code=exc.status_code, media_type="application/json")
 
 
-def _internal_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    err = ApiError(500, f"internal error: {type(exc).__name__}", code="internal_error")
+def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    cls = AnthropicError if request.url.path.startswith("/v1/messages") else ApiError
+    err = cls(500, f"internal error: {type(exc).__name__}", code="internal_error")
     return Response(error_json(err), status_code=500, media_type="application/json")
 
 
 def build_app(svc: Service, keyring: KeyRing | None) -> Gate:
     app = Litestar(
-        route_handlers=[health, list_models, get_model, metrics, chat_completions],
+        route_handlers=[
+            health,
+            list_models,
+            get_model,
+            metrics,
+            chat_completions,
+            messages,
+            count_tokens,
+            responses,
+        ],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, 500: _internal_error},
         openapi_config=None,
         debug=False,

@@ -46,12 +46,13 @@ class Gate:
         if self.keyring is not None and self.keyring.enabled and scope["path"] not in _OPEN_PATHS:
             ok, name = self.keyring.check(extract_key(headers))
             if not ok:
-                await _reply(send, ApiError(401, "missing or invalid API key", code="invalid_api_key"))
+                await _reply(send, _error(scope, 401, "missing or invalid API key", "invalid_api_key"))
                 return
             scope[KEY_NAME_SCOPE] = name
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body_bytes:
-            await _reply(send, self._too_large())
+            big = self._too_large()
+            await _reply(send, _error(scope, 413, big.message, big.code))
             return
         await self.app(scope, self._counting(receive), send)
 
@@ -82,6 +83,14 @@ class Gate:
             await send(msg)
 
         return cors_send
+
+
+def _error(scope: dict[str, Any], status: int, message: str, code: str | None) -> ApiError:
+    """Anthropic's error shape under /v1/messages, OpenAI's elsewhere (serving.md §3)."""
+    from .anthropic import AnthropicError
+
+    cls = AnthropicError if scope["path"].startswith("/v1/messages") else ApiError
+    return cls(status, message, code=code)
 
 
 async def _reply(send: Any, err: ApiError) -> None:

@@ -19,7 +19,10 @@ __all__ = [
     "StreamOptions",
     "ChatRequest",
     "PromptTokensDetails",
+    "CompletionTokensDetails",
     "Usage",
+    "FunctionOut",
+    "ToolCallOut",
     "AssistantMessage",
     "Choice",
     "ChatCompletion",
@@ -86,6 +89,9 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     function_call: Any = None
     enable_thinking: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # "none" turns thinking off (serving.md §8 [EXT])
+    thinking_budget: int | None = None  # extension: force </think> after this many reasoning tokens
+    parallel_tool_calls: bool | None = None
     response_format: Any = None
     user: str | None = None
     ignore_eos: bool = False  # extension (as vLLM): generate past end-of-sequence tokens, for load tests
@@ -96,17 +102,37 @@ class PromptTokensDetails(msgspec.Struct, kw_only=True):
     cached_tokens: int
 
 
+class CompletionTokensDetails(msgspec.Struct, kw_only=True):
+    reasoning_tokens: int
+
+
 class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails | UnsetType = UNSET
+
+
+class FunctionOut(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str | UnsetType = UNSET
+    arguments: str
+
+
+class ToolCallOut(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A tool call in a message (no ``index``) or a streamed fragment (``index``; id/type/name only first)."""
+
+    function: FunctionOut
+    index: int | UnsetType = UNSET
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
 
 
 class AssistantMessage(msgspec.Struct, kw_only=True):
     content: str | None
     role: Literal["assistant"] = "assistant"
     reasoning_content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallOut] | UnsetType = UNSET
 
 
 class Choice(msgspec.Struct, kw_only=True):
@@ -128,6 +154,7 @@ class ChunkDelta(msgspec.Struct, kw_only=True):
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
     reasoning_content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallOut] | UnsetType = UNSET
 
 
 class ChunkChoice(msgspec.Struct, kw_only=True):

@@ -6,14 +6,14 @@ ApiError naming the offending field in ``param``.
 
 from __future__ import annotations
 
-import json
 import math
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from ninfer.actors.messages import Finished, GenerateRequest, SamplingOptions
+from ninfer.actors.messages import Finished, GenerateRequest, GrammarSpec, SamplingOptions
 
 from .errors import ApiError, validation_param
 from .models import (
@@ -25,8 +25,20 @@ from .models import (
     Choice,
     ChunkChoice,
     ChunkDelta,
+    CompletionTokensDetails,
+    FunctionOut,
     PromptTokensDetails,
+    ToolCallOut,
     Usage,
+)
+from .protocol import (
+    Output,
+    OutputParser,
+    check_tool,
+    new_id,
+    salvage_arguments,
+    schema_grammar,
+    tool_grammar,
 )
 
 __all__ = [
@@ -36,6 +48,8 @@ __all__ = [
     "finish_reason",
     "usage_of",
     "ChatStream",
+    "chat_tools",
+    "chat_thinking",
 ]
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -82,17 +96,94 @@ def _check_unsupported(req: ChatRequest) -> None:
         raise _bad(
             f"{param}: legacy function calling is not supported; use tools", param, "tools_not_supported"
         )
-    if req.tools:
-        raise _bad("tools: tool calling is not supported by this server yet", "tools", "tools_not_supported")
-    if req.tool_choice not in (None, "none"):
-        raise _bad("tool_choice: requires tools", "tool_choice")
-    rf = req.response_format
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
+    chat_tools(req)
+    response_grammar(req.response_format)
+    if req.reasoning_effort is not None and req.reasoning_effort not in _EFFORTS:
+        raise _bad(f"reasoning_effort: must be one of {sorted(_EFFORTS)}", "reasoning_effort")
+    if req.thinking_budget is not None and req.thinking_budget < 1:
+        raise _bad("thinking_budget: must be a positive integer", "thinking_budget")
+
+
+_EFFORTS = {"none", "minimal", "low", "medium", "high", "xhigh"}
+
+
+def chat_tools(req: ChatRequest) -> tuple[list[dict[str, Any]] | None, GrammarSpec | None]:
+    """The tools rendered into the prompt and the grammar tool_choice asks for (serving.md §4, §7)."""
+    choice = req.tool_choice
+    if not req.tools:
+        if choice not in (None, "none"):
+            raise _bad("tool_choice: requires tools", "tool_choice")
+        return None, None
+    tools = []
+    for i, t in enumerate(req.tools):
+        at = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type") != "function":
+            raise _bad(
+                f"{at}.type: only function tools are supported", f"{at}.type", "tool_type_not_supported"
+            )
+        fn = t.get("function")
+        if not isinstance(fn, dict):
+            raise _bad(f"{at}.function: required", f"{at}.function")
+        if "description" in fn and not isinstance(fn["description"], str):
+            raise _bad(f"{at}.function.description: must be a string", f"{at}.function.description")
+        out = check_tool(fn.get("name"), fn.get("parameters"), f"{at}.function", 64, ApiError)
+        if isinstance(fn.get("description"), str):
+            out["description"] = fn["description"]
+        tools.append({"type": "function", "function": out})
+    if choice is None or choice in ("auto", "none"):
+        name = choice or "auto"
+    elif choice == "required":
+        name = "required"
+    elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise _bad(f"tool_choice: no tool named {name!r} in tools", "tool_choice.function.name")
+        tools = [t for t in tools if t["function"]["name"] == name]  # a named choice renders only that tool
+    else:
         raise _bad(
-            "response_format: only {type: text} is supported",
-            "response_format",
-            "response_format_not_supported",
+            "tool_choice: must be none, auto, required or {type: function, function: {name}}", "tool_choice"
         )
+    if name == "none":
+        return None, None
+    return tools, tool_grammar(tools, name, "tools", ApiError, req.parallel_tool_calls is True)
+
+
+def response_grammar(rf: Any, param: str = "response_format") -> GrammarSpec | None:
+    """``response_format``: text (free), json_object, or json_schema (checked against the supported subset)."""
+    if rf is None:
+        return None
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return GrammarSpec(kind="json_object")
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict):
+            raise _bad(f"{param}.json_schema: required", f"{param}.json_schema")
+        name = js.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+            raise _bad(
+                f"{param}.json_schema.name: must match [a-zA-Z0-9_-]{{1,64}}", f"{param}.json_schema.name"
+            )
+        return schema_grammar(js.get("schema", {}), f"{param}.json_schema.schema", ApiError)
+    raise _bad(
+        f"{param}.type: must be text, json_object or json_schema",
+        f"{param}.type",
+        "response_format_not_supported",
+    )
+
+
+def chat_thinking(req: ChatRequest, defaults: dict[str, Any]) -> dict[str, Any]:
+    """Template kwargs: server defaults, then reasoning_effort ("none": off), chat_template_kwargs, then the
+    enable_thinking field (each later one wins)."""
+    kwargs = dict(defaults)
+    if req.reasoning_effort is not None:
+        kwargs["enable_thinking"] = req.reasoning_effort != "none"
+    kwargs.update(req.chat_template_kwargs or {})
+    if req.enable_thinking is not None:
+        kwargs["enable_thinking"] = req.enable_thinking
+    return kwargs
 
 
 def _check_messages(messages: list[ChatMessage]) -> None:
@@ -143,14 +234,8 @@ def _check_tool_calls(calls: list[Any], at: str) -> None:
     for j, c in enumerate(calls):
         if c.type != "function":
             raise _bad(f"{at}[{j}].type: must be 'function'", f"{at}[{j}].type")
-        try:
-            args = json.loads(c.function.arguments)
-        except ValueError:
-            args = None
-        if not isinstance(args, dict):
-            raise _bad(
-                f"{at}[{j}].function.arguments: must be a JSON object string", f"{at}[{j}].function.arguments"
-            )
+        # arguments that are not a JSON object are salvaged, not refused (protocol.salvage_arguments): one bad
+        # call in a replayed history must not fail every later request of the session (peers.md §2.11)
 
 
 def _check_range(req: ChatRequest, name: str, lo: float, hi: float) -> None:
@@ -204,7 +289,7 @@ def _message_dict(m: ChatMessage) -> dict[str, Any]:
             {
                 "id": c.id,
                 "type": "function",
-                "function": {"name": c.function.name, "arguments": json.loads(c.function.arguments)},
+                "function": {"name": c.function.name, "arguments": salvage_arguments(c.function.arguments)},
             }
             for c in m.tool_calls
         ]
@@ -218,10 +303,11 @@ def to_generate_request(
 ) -> GenerateRequest:
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     max_tokens = req.max_completion_tokens or req.max_tokens or limits.default_max_tokens
-    kwargs = dict(template_defaults)
-    kwargs.update(req.chat_template_kwargs or {})
-    if req.enable_thinking is not None:
-        kwargs["enable_thinking"] = req.enable_thinking
+    kwargs = chat_thinking(req, template_defaults)
+    tools, grammar = chat_tools(req)
+    fmt = response_grammar(req.response_format)
+    if grammar is None:
+        grammar = fmt
     sampling = SamplingOptions(
         max_tokens=min(max_tokens, limits.max_context),
         temperature=req.temperature,
@@ -240,6 +326,9 @@ def to_generate_request(
         template_kwargs=kwargs,
         sampling=sampling,
         client=client,
+        tools=tuple(tools) if tools else None,
+        grammar=grammar,
+        thinking_budget=req.thinking_budget,
     )
 
 
@@ -257,35 +346,57 @@ def usage_of(fin: Finished) -> Usage:
         completion_tokens=fin.completion_tokens,
         total_tokens=fin.prompt_tokens + fin.completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=fin.cached_tokens),
+        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=fin.reasoning_tokens)
+        if fin.reasoning_tokens
+        else msgspec.UNSET,
     )
 
 
-def completion_body(cid: str, created: int, model: str, text: str, fin: Finished) -> ChatCompletion:
+def completion_body(cid: str, created: int, model: str, out: Output | str, fin: Finished) -> ChatCompletion:
+    """The non-streamed body: ``reasoning_content`` only when non-empty; with tool calls, ``content`` is null
+    when empty and ``finish_reason`` is ``tool_calls``."""
+    out = Output(content=out) if isinstance(out, str) else out
+    msg = AssistantMessage(content=out.content)
+    if out.reasoning:
+        msg.reasoning_content = out.reasoning
+    finish = finish_reason(fin.finish_reason)
+    if out.calls:
+        msg.content = out.content or None
+        msg.tool_calls = [
+            ToolCallOut(id=new_id("call_"), type="function", function=FunctionOut(name=n, arguments=a))
+            for n, a in out.calls
+        ]
+        finish = "tool_calls"
     return ChatCompletion(
         id=cid,
         created=created,
         model=model,
-        choices=[
-            Choice(
-                index=0,
-                message=AssistantMessage(content=text),
-                finish_reason=finish_reason(fin.finish_reason),
-            )
-        ],
+        choices=[Choice(index=0, message=msg, finish_reason=finish)],
         usage=usage_of(fin),
     )
 
 
 class ChatStream:
-    """Builds the SSE frames of one streamed completion in the order of serving.md §4: role chunk, content
-    chunks, finish chunk, usage chunk (include_usage only; every earlier chunk then carries ``usage: null``),
-    ``[DONE]``. An error after the start is a ``data: {"error": ...}`` frame and no ``[DONE]``."""
+    """Builds the SSE frames of one streamed completion in the order of serving.md §4: role chunk, reasoning
+    chunks, content chunks, tool-call fragments (first per call: index, id, type, name, empty arguments; then
+    index + argument pieces), finish chunk, usage chunk (include_usage only; every earlier chunk then carries
+    ``usage: null``), ``[DONE]``. An error after the start is a ``data: {"error": ...}`` frame and no ``[DONE]``."""
 
-    __slots__ = ("cid", "created", "model", "include_usage", "_enc")
+    __slots__ = ("cid", "created", "model", "include_usage", "_enc", "_parser", "tool_calls")
 
-    def __init__(self, cid: str, created: int, model: str, include_usage: bool) -> None:
+    def __init__(
+        self,
+        cid: str,
+        created: int,
+        model: str,
+        include_usage: bool,
+        thinking: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.cid, self.created, self.model, self.include_usage = cid, created, model, include_usage
         self._enc = msgspec.json.Encoder()
+        self._parser = OutputParser(thinking, tools)
+        self.tool_calls = 0
 
     def _frame(self, obj: Any) -> bytes:
         return b"data: " + self._enc.encode(obj) + b"\n\n"
@@ -303,11 +414,41 @@ class ChatStream:
     def role(self) -> bytes:
         return self._chunk(ChunkDelta(role="assistant", content=""))
 
+    start = role
+
     def content(self, text: str) -> bytes:
         return self._chunk(ChunkDelta(content=text))
 
+    def text(self, text: str) -> bytes:
+        return self._events(self._parser.push(text))
+
+    def _events(self, events: list[tuple]) -> bytes:
+        out = b""
+        for ev in events:
+            kind = ev[0]
+            if kind == "reasoning":
+                out += self._chunk(ChunkDelta(reasoning_content=ev[1]))
+            elif kind == "text":
+                out += self.content(ev[1])
+            elif kind == "start":
+                self.tool_calls += 1
+                call = ToolCallOut(
+                    index=ev[1],
+                    id=new_id("call_"),
+                    type="function",
+                    function=FunctionOut(name=ev[2], arguments=""),
+                )
+                out += self._chunk(ChunkDelta(tool_calls=[call]))
+            elif kind == "args":
+                out += self._chunk(
+                    ChunkDelta(tool_calls=[ToolCallOut(index=ev[1], function=FunctionOut(arguments=ev[2]))])
+                )
+        return out
+
     def finish(self, fin: Finished) -> bytes:
-        out = self._chunk(ChunkDelta(), finish_reason(fin.finish_reason))
+        out = self._events(self._parser.finish())
+        reason = "tool_calls" if self.tool_calls else finish_reason(fin.finish_reason)
+        out += self._chunk(ChunkDelta(), reason)
         if self.include_usage:
             usage = ChatCompletionChunk(
                 id=self.cid, created=self.created, model=self.model, choices=[], usage=usage_of(fin)

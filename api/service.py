@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import msgspec
 from litestar import Request, Response
-from ninfer.actors.messages import ActorStats, GenerateRequest, Health, StreamEvent
+from ninfer.actors.messages import ActorStats, Failed, GenerateRequest, Health, StreamEvent
 
 from .config import ServerConfig
 from .gate import KEY_NAME_SCOPE
@@ -27,6 +27,7 @@ class EngineBackend(Protocol):
     def cancel(self, request_id: str) -> None: ...
     async def stats(self) -> ActorStats: ...
     async def health(self) -> Health: ...
+    async def count_tokens(self, req: GenerateRequest) -> int | Failed: ...
 
 
 @dataclass(slots=True)

@@ -362,10 +362,10 @@ HOSTILE = [
     ({"model": "ninfer-demo", "messages": USER, "top_p": 7}, {}, 400, "top_p", None),
     ({"model": "ninfer-demo", "messages": USER, "n": 3}, {}, 400, "n", "n_not_supported"),
     (
-        {"model": "ninfer-demo", "messages": USER, "response_format": {"type": "json_schema"}},
+        {"model": "ninfer-demo", "messages": USER, "response_format": {"type": "xml"}},
         {},
         400,
-        "response_format",
+        "response_format.type",
         "response_format_not_supported",
     ),
     (

@@ -90,12 +90,12 @@ def test_server_config_names_the_flag(kw: dict[str, object], flag: str) -> None:
         (body(n=2), 400, "n", "n_not_supported"),
         (body(stream="yes"), 400, "stream", None),
         (
-            body(response_format={"type": "json_object"}),
+            body(response_format={"type": "xml"}),
             400,
-            "response_format",
+            "response_format.type",
             "response_format_not_supported",
         ),
-        (body(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", "tools_not_supported"),
+        (body(tools=[{"type": "custom", "name": "f"}]), 400, "tools[0].type", "tool_type_not_supported"),
         (body(messages=[{"role": "function", "content": "x"}]), 400, "messages[0].role", "unsupported_role"),
         (body(messages=[{"role": "user", "content": []}]), 400, "messages[0].content", None),
         (

@@ -227,20 +227,22 @@ class GrammarCompiler:
     def json_object(self) -> Any:
         return self._cached("json", lambda: self._from_grammar(self._xgr.Grammar.builtin_json_grammar()))
 
-    def tool_calls(self, tools: list[dict[str, Any]], choice: str) -> Any:
-        """One or more Qwen XML calls (serving.md §7) of ``tools`` (OpenAI function-tool form); ``choice`` is
-        "required" (any of them) or a tool name (that one)."""
+    def tool_calls(self, tools: list[dict[str, Any]], choice: str, parallel: bool = False) -> Any:
+        """Qwen XML calls (serving.md §7) of ``tools`` (OpenAI function-tool form): exactly one, or one or more
+        with ``parallel``; ``choice`` is "required" (any of them) or a tool name (that one)."""
         for t in tools:
             check_schema(
                 t["function"].get("parameters") or {"type": "object"}, f"tools.{t['function']['name']}"
             )
-        text = json.dumps([tools, choice], sort_keys=True, separators=(",", ":"))
+        text = json.dumps([tools, choice, parallel], sort_keys=True, separators=(",", ":"))
 
         def build() -> Any:
             tc: Any = (
                 "required" if choice == "required" else {"type": "function", "function": {"name": choice}}
             )
-            st = self._xgr.get_model_structural_tag("qwen_3_5", tools=tools, tool_choice=tc, reasoning=False)
+            st = self._xgr.get_model_structural_tag(
+                "qwen_3_5", tools=tools, tool_choice=tc, reasoning=False, parallel_tool_calls=parallel
+            )
             return self._compiler.compile_structural_tag(st)
 
         return self._cached("tools:" + text, build)

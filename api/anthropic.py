@@ -1,0 +1,343 @@
+"""Anthropic Messages (serving.md §5): validation, translation to the engine request, response and SSE builders.
+
+Decisions: ``input_tokens`` is the whole rendered prompt (equal to count_tokens, as upstream's smoke test checks)
+and ``cache_read_input_tokens`` is the part of it the engine reused from its prefix cache (so, unlike Anthropic's
+own API, it is included in ``input_tokens``). ``thinking.budget_tokens`` is enforced: ``</think>`` is forced once
+that many reasoning tokens were generated. ``stop_sequence`` names the stop sequence that ended the message.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+from ninfer.actors.messages import Finished, GenerateRequest, SamplingOptions
+
+from .errors import ApiError
+from .protocol import Output, OutputParser, check_tool, new_id, tool_grammar
+
+__all__ = ["AnthropicError", "AnthropicRequest", "parse_messages_request", "to_generate_request", "message_body",
+           "MessagesStream"]  # fmt: skip
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}  # fmt: skip
+
+
+class AnthropicError(ApiError):
+    """An ApiError whose body has the Anthropic shape ``{"type": "error", "error": {"type", "message"}}``."""
+
+    def body(self) -> Any:  # type: ignore[override]
+        kind = "api_error" if self.status >= 500 else _ERROR_TYPES.get(self.status, "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+
+def _bad(message: str, code: str | None = None) -> AnthropicError:
+    return AnthropicError(400, message, code=code)
+
+
+class AnthropicRequest(msgspec.Struct, kw_only=True):
+    model: str
+    messages: list[dict[str, Any]]
+    system: str | list[dict[str, Any]] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+_DECODER = msgspec.json.Decoder(AnthropicRequest)
+
+
+def parse_messages_request(body: bytes) -> AnthropicRequest:
+    try:
+        req = _DECODER.decode(body)
+    except msgspec.ValidationError as e:
+        raise _bad(f"invalid request: {e}") from None
+    except msgspec.DecodeError:
+        raise _bad("request body is not valid JSON") from None
+    if not req.model:
+        raise _bad("model: must be a non-empty string")
+    if not req.messages:
+        raise _bad("messages: must be a non-empty array")
+    if req.max_tokens is not None and req.max_tokens <= 0:
+        raise _bad("max_tokens: must be > 0")
+    for name, lo, hi in (("temperature", 0, 2), ("top_p", 0, 1)):
+        v = getattr(req, name)
+        if v is not None and not lo <= v <= hi:
+            raise _bad(f"{name}: must be in [{lo}, {hi}]")
+    if req.top_k is not None and req.top_k < 0:
+        raise _bad("top_k: must be >= 0")
+    return req
+
+
+def _text_of(blocks: Any, where: str) -> str:
+    if isinstance(blocks, str):
+        return blocks
+    if blocks is None:
+        return ""
+    if not isinstance(blocks, list):
+        raise _bad(f"{where}: must be a string or an array of content blocks")
+    parts = []
+    for j, b in enumerate(blocks):
+        t = b.get("type") if isinstance(b, dict) else None
+        if t == "text" and isinstance(b.get("text"), str):
+            parts.append(b["text"])
+        elif t == "image":
+            raise _bad(f"{where}[{j}]: image input is not enabled on this server", "vision_disabled")
+        else:
+            raise _bad(f"{where}[{j}].type: unsupported content block {t!r}", "modality_not_supported")
+    return "\n".join(parts)
+
+
+def _user(m: dict[str, Any], at: str) -> list[dict[str, Any]]:
+    """Each tool_result becomes its own tool turn, placed before the message's user text (serving.md §5)."""
+    c = m.get("content")
+    if isinstance(c, str):
+        return [{"role": "user", "content": c}]
+    if not isinstance(c, list):
+        raise _bad(f"{at}.content: must be a string or an array of content blocks")
+    out, texts = [], []
+    for j, b in enumerate(c):
+        if isinstance(b, dict) and b.get("type") == "tool_result":
+            if not isinstance(b.get("tool_use_id"), str) or not b["tool_use_id"]:
+                raise _bad(f"{at}.content[{j}].tool_use_id: required")
+            text = _text_of(b.get("content"), f"{at}.content[{j}].content")
+            out.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": text})
+        else:
+            texts.append(_text_of([b], f"{at}.content"))
+    if texts:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _assistant(m: dict[str, Any], at: str) -> dict[str, Any]:
+    c = m.get("content")
+    if isinstance(c, str):
+        return {"role": "assistant", "content": c}
+    if not isinstance(c, list):
+        raise _bad(f"{at}.content: must be a string or an array of content blocks")
+    texts, thinking, calls = [], [], []
+    for j, b in enumerate(c):
+        t = b.get("type") if isinstance(b, dict) else None
+        if t == "text":
+            texts.append(str(b.get("text", "")))
+        elif t == "thinking":
+            thinking.append(str(b.get("thinking", "")))
+        elif t == "redacted_thinking":
+            continue
+        elif t == "tool_use":
+            args = b.get("input") if isinstance(b.get("input"), dict) else {}
+            calls.append({"id": b.get("id", ""), "type": "function",
+                          "function": {"name": str(b.get("name", "")), "arguments": args}})  # fmt: skip
+        else:
+            raise _bad(f"{at}.content[{j}].type: unsupported block {t!r} in an assistant message")
+    d: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+    if thinking:
+        d["reasoning_content"] = "\n".join(thinking)
+    if calls:
+        d["tool_calls"] = calls
+    return d
+
+
+def _messages(req: AnthropicRequest) -> list[dict[str, Any]]:
+    system = [_text_of(req.system, "system")] if req.system else []
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(req.messages):
+        at = f"messages[{i}]"
+        role = m.get("role") if isinstance(m, dict) else None
+        if role == "system":  # Claude Code sends these: merged into the leading system text
+            system.append(_text_of(m.get("content"), f"{at}.content"))
+        elif role == "user":
+            out += _user(m, at)
+        elif role == "assistant":
+            out.append(_assistant(m, at))
+        else:
+            raise _bad(f"{at}.role: unsupported role {role!r}", "unsupported_role")
+    if system:
+        out.insert(0, {"role": "system", "content": "\n".join(system)})
+    return out
+
+
+def _tools(req: AnthropicRequest) -> tuple[list[dict[str, Any]] | None, Any]:
+    if not req.tools:
+        return None, None
+    tools = []
+    for i, t in enumerate(req.tools):
+        if not isinstance(t, dict) or not isinstance(t.get("input_schema"), dict):
+            raise _bad(
+                f"tools[{i}]: only client tools with an input_schema are supported", "tool_type_not_supported"
+            )
+        fn = check_tool(t.get("name"), t["input_schema"], f"tools[{i}]", 128, AnthropicError)
+        if isinstance(t.get("description"), str):
+            fn["description"] = t["description"]
+        tools.append({"type": "function", "function": fn})
+    tc = req.tool_choice or {"type": "auto"}
+    kind = tc.get("type")
+    if kind == "none":
+        return None, None
+    choice = {"auto": "auto", "any": "required"}.get(kind or "")
+    if kind == "tool":
+        choice = tc.get("name")
+        if choice not in {t["function"]["name"] for t in tools}:
+            raise _bad(f"tool_choice.name: no tool named {choice!r} in tools")
+        tools = [t for t in tools if t["function"]["name"] == choice]
+    if choice is None:
+        raise _bad("tool_choice.type: must be auto, any, tool or none")
+    return tools, tool_grammar(tools, choice, "tools", AnthropicError)
+
+
+def to_generate_request(
+    req: AnthropicRequest, request_id: str, client: str, defaults: dict[str, Any], max_tokens: int
+) -> GenerateRequest:
+    kwargs = dict(defaults)
+    budget = None
+    if req.thinking is not None:
+        kwargs["enable_thinking"] = req.thinking.get("type") != "disabled"
+        b = req.thinking.get("budget_tokens")
+        if b is not None:
+            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+                raise _bad("thinking.budget_tokens: must be a positive integer")
+            budget = b if kwargs["enable_thinking"] else None
+    tools, grammar = _tools(req)
+    sampling = SamplingOptions(
+        max_tokens=req.max_tokens or max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        stop=tuple(s for s in req.stop_sequences or () if s),
+    )
+    return GenerateRequest(
+        request_id=request_id,
+        messages=tuple(_messages(req)),
+        template_kwargs=kwargs,
+        sampling=sampling,
+        client=client,
+        tools=tuple(tools) if tools else None,
+        grammar=grammar,
+        thinking_budget=budget,
+    )
+
+
+def stop_reason(fin: Finished, calls: bool) -> str:
+    if calls:
+        return "tool_use"
+    if fin.finish_reason in ("output_limit", "context_capacity"):
+        return "max_tokens"
+    return "stop_sequence" if fin.finish_reason == "stop_string" else "end_turn"
+
+
+def _usage(fin: Finished) -> dict[str, int]:
+    return {"input_tokens": fin.prompt_tokens, "output_tokens": fin.completion_tokens,
+            "cache_read_input_tokens": fin.cached_tokens, "cache_creation_input_tokens": 0}  # fmt: skip
+
+
+def _input(arguments: str) -> Any:
+    try:
+        v = json.loads(arguments)
+    except ValueError:
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+def message_body(mid: str, model: str, out: Output, fin: Finished) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if out.reasoning:
+        content.append({"type": "thinking", "thinking": out.reasoning, "signature": ""})
+    if out.content:
+        content.append({"type": "text", "text": out.content})
+    for name, args in out.calls:
+        content.append({"type": "tool_use", "id": new_id("toolu_"), "name": name, "input": _input(args)})
+    if not content:
+        content.append({"type": "text", "text": ""})
+    return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": stop_reason(fin, bool(out.calls)),
+            "stop_sequence": fin.stop_string if fin.finish_reason == "stop_string" else None,
+            "usage": _usage(fin)}  # fmt: skip
+
+
+class MessagesStream:
+    """SSE events in order: message_start, per block start / deltas / stop (thinking, text, tool_use with
+    ``input_json_delta`` pieces as the call streams), message_delta (stop_reason, stop_sequence, usage),
+    message_stop. Errors after the start are one ``event: error``."""
+
+    def __init__(self, mid: str, model: str, prompt_tokens: int, thinking: bool, tools: list | None) -> None:
+        self.mid, self.model, self.prompt_tokens = mid, model, prompt_tokens
+        self._parser = OutputParser(thinking, tools, max_name=128)
+        self._index = -1
+        self._open: str | None = None  # type of the open block
+        self.tool_calls = 0
+        self._any = False
+
+    @staticmethod
+    def _ev(name: str, data: dict[str, Any]) -> bytes:
+        return (
+            b"event: " + name.encode() + b"\ndata: " + msgspec.json.encode({"type": name, **data}) + b"\n\n"
+        )
+
+    def start(self) -> bytes:
+        msg = {"id": self.mid, "type": "message", "role": "assistant", "model": self.model, "content": [],
+               "stop_reason": None, "stop_sequence": None,
+               "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}  # fmt: skip
+        return self._ev("message_start", {"message": msg})
+
+    def _close(self) -> bytes:
+        if self._open is None:
+            return b""
+        out = b""
+        if self._open == "thinking":
+            out += self._delta({"type": "signature_delta", "signature": ""})
+        self._open = None
+        return out + self._ev("content_block_stop", {"index": self._index})
+
+    def _begin(self, block: dict[str, Any]) -> bytes:
+        out = self._close()
+        self._index += 1
+        self._open, self._any = block["type"], True
+        return out + self._ev("content_block_start", {"index": self._index, "content_block": block})
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return self._ev("content_block_delta", {"index": self._index, "delta": delta})
+
+    def text(self, text: str) -> bytes:
+        return self._events(self._parser.push(text))
+
+    def _events(self, events: list[tuple]) -> bytes:
+        out = b""
+        for ev in events:
+            kind = ev[0]
+            if kind == "reasoning":
+                if self._open != "thinking":
+                    out += self._begin({"type": "thinking", "thinking": "", "signature": ""})
+                out += self._delta({"type": "thinking_delta", "thinking": ev[1]})
+            elif kind == "text":
+                if self._open != "text":
+                    out += self._begin({"type": "text", "text": ""})
+                out += self._delta({"type": "text_delta", "text": ev[1]})
+            elif kind == "start":
+                self.tool_calls += 1
+                out += self._begin({"type": "tool_use", "id": new_id("toolu_"), "name": ev[2], "input": {}})
+            elif kind == "args":
+                out += self._delta({"type": "input_json_delta", "partial_json": ev[2]})
+            elif kind == "end":
+                out += self._close()
+        return out
+
+    def finish(self, fin: Finished) -> bytes:
+        out = self._events(self._parser.finish()) + self._close()
+        if not self._any:
+            out += self._begin({"type": "text", "text": ""}) + self._close()
+        delta = {"stop_reason": stop_reason(fin, self.tool_calls > 0),
+                 "stop_sequence": fin.stop_string if fin.finish_reason == "stop_string" else None}  # fmt: skip
+        out += self._ev("message_delta", {"delta": delta, "usage": {"output_tokens": fin.completion_tokens}})
+        return out + self._ev("message_stop", {})
+
+    def error(self, err: ApiError) -> bytes:
+        body = AnthropicError(err.status, err.message).body()
+        return b"event: error\ndata: " + msgspec.json.encode(body) + b"\n\n"

@@ -1,0 +1,143 @@
+"""What the three protocols (chat completions, Anthropic messages, responses) share: tool and schema checks that
+build the one engine request contract (GenerateRequest's tools / grammar / thinking), and the output parser
+that turns generated text back into reasoning, answer text and tool calls (whole or streamed).
+
+Output events (streaming and whole): ``("reasoning", s)``, ``("text", s)``, ``("start", i, name)``,
+``("args", i, piece)``, ``("end", i, arguments)``. Each protocol renders them in its own shape.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ninfer.actors.messages import GrammarSpec
+
+from ninfer.engine.grammar import SchemaError, check_schema
+from ninfer.frontend.reasoning import ReasoningStream, split_reasoning
+from ninfer.frontend.toolcalls import ToolCallStream, parse_tool_calls
+
+from .errors import ApiError
+
+__all__ = [
+    "Output",
+    "OutputParser",
+    "parse_output",
+    "check_tool",
+    "schema_grammar",
+    "tool_grammar",
+    "salvage_arguments",
+    "new_id",
+]
+
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(8)
+
+
+@dataclass(slots=True)
+class Output:
+    reasoning: str = ""
+    content: str = ""
+    calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments JSON)
+
+
+def parse_output(text: str, thinking: bool, tools: list[dict] | None, max_name: int = 64) -> Output:
+    """A whole generated text: the think split, then (tools active) upstream's all-or-nothing call parse."""
+    reasoning, answer = split_reasoning(text, thinking)
+    if not tools:
+        return Output(reasoning, answer)
+    parsed = parse_tool_calls(answer, tools, max_name)
+    return Output(reasoning, parsed.content, [(c.name, c.arguments) for c in parsed.calls])
+
+
+class OutputParser:
+    """Streaming ``parse_output``: ``push(text)`` / ``finish()`` return output events. Reasoning streams live;
+    with tools active the answer goes through the incremental call parser (names first, then argument pieces)."""
+
+    def __init__(self, thinking: bool, tools: list[dict] | None, max_name: int = 64) -> None:
+        self._think = ReasoningStream(thinking)
+        self._calls = ToolCallStream(tools, max_name) if tools else None
+
+    def push(self, text: str) -> list[tuple]:
+        r, a = self._think.push(text)
+        return self._events(r, a, final=False)
+
+    def finish(self) -> list[tuple]:
+        r, a = self._think.finish()
+        return self._events(r, a, final=True)
+
+    def _events(self, r: str, a: str, final: bool) -> list[tuple]:
+        out: list[tuple] = [("reasoning", r)] if r else []
+        if self._calls is None:
+            if a:
+                out.append(("text", a))
+            return out
+        if a:
+            out += self._calls.push(a)
+        if final:
+            out += self._calls.finish()
+        return out
+
+
+# ---- request side ---------------------------------------------------------------------------------------
+def check_tool(name: Any, params: Any, at: str, max_name: int, err: type[ApiError]) -> dict[str, Any]:
+    """One function tool in the OpenAI form the chat template renders (``{"type": "function", "function":
+    {...}}``); a missing ``parameters`` is an empty object schema."""
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name) or len(name) > max_name:
+        raise err(
+            400, f"{at}.name: must match [A-Za-z0-9_-]{{1,{max_name}}}, got {name!r}", param=f"{at}.name"
+        )
+    if params is None:
+        params = {"type": "object", "properties": {}}
+    if not isinstance(params, dict):
+        raise err(400, f"{at}: parameters must be a JSON Schema object", param=at)
+    return {"name": name, "parameters": params}
+
+
+def schema_grammar(schema: Any, param: str, err: type[ApiError]) -> GrammarSpec:
+    """A json_schema grammar; the schema is checked here so an unsupported keyword is a 400 naming it."""
+    check(schema, param, err)
+    return GrammarSpec(kind="json_schema", schema=json.dumps(schema))
+
+
+def check(schema: Any, param: str, err: type[ApiError]) -> None:
+    try:
+        check_schema(schema, param)
+    except SchemaError as e:
+        code = "unsupported_schema_keyword" if e.keyword else "invalid_schema"
+        raise err(400, str(e), param=e.path or param, code=code) from None
+
+
+def tool_grammar(
+    tools: list[dict[str, Any]], choice: str, param: str, err: type[ApiError], parallel: bool = False
+) -> GrammarSpec | None:
+    """``choice``: "auto" / "none" (free) or "required" / a tool name (constrained to calls: exactly one, or
+    one or more when the client asked for ``parallel_tool_calls: true``)."""
+    if choice in ("auto", "none"):
+        return None
+    for t in tools:
+        fn = t["function"]
+        if choice in ("required", fn["name"]):
+            check(fn["parameters"], f"{param}.{fn['name']}.parameters", err)
+    return GrammarSpec(kind="tool_calls", tool_choice=choice, parallel=parallel)
+
+
+def salvage_arguments(args: Any) -> dict[str, Any]:
+    """History tool-call arguments as an object. A string that is not a JSON object (a peer server may have
+    streamed a truncated call) renders as a call without parameters instead of failing the whole session."""
+    if isinstance(args, Mapping):
+        return dict(args)
+    if isinstance(args, str):
+        try:
+            v = json.loads(args) if args.strip() else {}
+        except ValueError:
+            return {}
+        return v if isinstance(v, dict) else {}
+    return {}

@@ -1,0 +1,219 @@
+"""Request plumbing every protocol shares: admission through the actor, log records and metrics, collecting a
+whole answer (cancelled if the client hangs up) and driving an SSE stream.
+
+The handler waits for the actor's first event before it answers, so a full queue is a fast 429 (with
+Retry-After) and a prompt over the context is a 400, both before any stream starts. Whatever ends a request —
+finish, error, client disconnect — it is logged once and, unless the engine finished it, cancelled on the actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import msgspec
+from litestar import Request
+from ninfer.actors.messages import Accepted, Delta, Failed, Finished, GenerateRequest, StreamEvent
+
+from .errors import ApiError
+from .service import Service
+
+__all__ = ["Tracker", "StreamBuilder", "admit", "collect", "sse", "request_record", "failure"]
+
+
+def request_record(
+    greq: GenerateRequest, *, protocol: str, model: str, stream: bool, messages: int, client_max: bool
+) -> dict[str, Any]:
+    s = greq.sampling
+    tools = greq.tools or ()
+    g = greq.grammar
+    return {
+        "engine_request_id": greq.request_id,
+        "protocol": protocol,
+        "model": model,
+        "stream": stream,
+        "message_count": messages,
+        "client": greq.client,
+        "requested_output_tokens": s.max_tokens,
+        "requested_output_tokens_source": "client" if client_max else "server_default",
+        "tool_count": len(tools),
+        "tool_choice": (g.tool_choice if g and g.kind == "tool_calls" else "auto") if tools else "none",
+        "grammar": g.kind if g else None,
+        "has_tool_history": any(m.get("role") == "tool" or m.get("tool_calls") for m in greq.messages or ()),
+        "enable_thinking": greq.template_kwargs.get("enable_thinking", True),
+        "thinking_budget": greq.thinking_budget,
+        "sampling": msgspec.structs.asdict(s) | {"stop": len(s.stop)},
+    }
+
+
+class Tracker:
+    """One request's bookkeeping: log records, metrics and the cancel-unless-finished rule."""
+
+    def __init__(self, svc: Service, greq: GenerateRequest, record: dict[str, Any], endpoint: str, t0: float):
+        self.svc, self.greq, self.t0, self.endpoint, self.done = svc, greq, t0, endpoint, False
+        self.ttft: float | None = None
+        self.record = {"request_id": svc.next_request_id(), **record}
+        self.tool_calls = 0
+
+    def first_token(self) -> None:
+        if self.ttft is None:
+            self.ttft = time.perf_counter() - self.t0
+
+    def accepted(self, ev: Accepted) -> None:
+        self.record["prompt_tokens"] = ev.prompt_tokens
+        self.record["queued"] = ev.queued
+        self._log("request_start", request=self.record)
+
+    def finished(self, fin: Finished) -> None:
+        self.done = True
+        total = time.perf_counter() - self.t0
+        t = fin.timings
+        self._log(
+            "request_done",
+            request=self.record,
+            result={
+                "finish_reason": fin.finish_reason,
+                "prompt_tokens": fin.prompt_tokens,
+                "completion_tokens": fin.completion_tokens,
+                "reasoning_tokens": fin.reasoning_tokens,
+                "cached_tokens": fin.cached_tokens,
+                "prefix_cache_hit_tokens": fin.cached_tokens,
+                "tool_call_count": self.tool_calls,
+                "lane": fin.lane,
+            },
+            timings_seconds={
+                "queue": t.queue_s,
+                "prefill": t.prefill_s,
+                "decode": t.decode_s,
+                "engine_ttft": t.ttft_s,
+                "engine_total": t.total_s,
+                "ttft": self.ttft,
+                "total": total,
+            },
+        )
+        self.svc.metrics.count_request(self.endpoint, fin.finish_reason)
+        self.svc.metrics.observe_done(
+            latency_s=total,
+            ttft_s=self.ttft,
+            prompt=fin.prompt_tokens,
+            cached=fin.cached_tokens,
+            completion=fin.completion_tokens,
+        )
+
+    def failed(self, message: str, outcome: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.svc.metrics.count_request(self.endpoint, outcome)
+        self._log("request_error", request=self.record, error={"message": message, "outcome": outcome})
+
+    def abandon(self) -> None:
+        """The client went away (or the handler failed) before the engine finished: free the lane now."""
+        if not self.done:
+            self.svc.backend.cancel(self.greq.request_id)
+            self.failed("client disconnected", "cancelled")
+
+    def _log(self, event: str, **fields: Any) -> None:
+        if self.svc.reqlog is not None:
+            self.svc.reqlog.write(event, **fields)
+
+
+def failure(ev: Failed, err: type[ApiError] = ApiError) -> ApiError:
+    return err(ev.status, ev.message, code=ev.code, param=ev.param, retry_after=ev.retry_after)
+
+
+async def admit(
+    svc: Service, greq: GenerateRequest, record: dict[str, Any], endpoint: str, t0: float, err: type[ApiError]
+) -> tuple[Tracker, AsyncIterator[StreamEvent]]:
+    """Submit and wait for the actor's first event: Accepted, or a refusal raised as ``err``."""
+    events = svc.backend.generate(greq)
+    first = await anext(events, None)
+    if not isinstance(first, Accepted):
+        outcome = "rejected" if isinstance(first, Failed) and first.status == 429 else "error"
+        svc.metrics.count_request(endpoint, outcome)
+        if isinstance(first, Failed):
+            raise failure(first, err)
+        raise err(500, "the engine closed the request without answering", code="internal_error")
+    track = Tracker(svc, greq, record, endpoint, t0)
+    track.accepted(first)
+    return track, events
+
+
+async def _collect(
+    events: AsyncIterator[StreamEvent], track: Tracker, err: type[ApiError]
+) -> tuple[str, Finished]:
+    parts: list[str] = []
+    async for ev in events:
+        if isinstance(ev, Delta):
+            if ev.text:
+                track.first_token()
+            parts.append(ev.text)
+        elif isinstance(ev, Finished):
+            track.finished(ev)
+            return "".join(parts), ev
+        elif isinstance(ev, Failed):
+            track.failed(ev.message, "error")
+            raise failure(ev, err)
+    track.failed("the engine stream ended without a finish event", "error")
+    raise err(500, "the engine stream ended without a finish event", code="internal_error")
+
+
+async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    """Returns when the client hangs up (the body is already read, so the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def collect(
+    request: Request[Any, Any, Any], events: AsyncIterator[StreamEvent], track: Tracker, err: type[ApiError]
+) -> tuple[str, Finished]:
+    """The whole generated text and the finish event; a client that hangs up cancels the request."""
+    work = asyncio.ensure_future(_collect(events, track, err))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            work.cancel()
+            raise err(499, "client disconnected", code="client_disconnected")
+        return work.result()
+    finally:
+        gone.cancel()
+        track.abandon()
+
+
+class StreamBuilder(Protocol):
+    def start(self) -> bytes: ...
+    def text(self, text: str) -> bytes: ...
+    def finish(self, fin: Finished) -> bytes: ...
+    def error(self, err: ApiError) -> bytes: ...
+
+
+async def sse(
+    b: StreamBuilder, events: AsyncIterator[StreamEvent], track: Tracker, err: type[ApiError]
+) -> AsyncIterator[bytes]:
+    """Runs inside Litestar's Stream; a client disconnect cancels this task, and ``finally`` frees the lane."""
+    try:
+        yield b.start()
+        async for ev in events:
+            if isinstance(ev, Delta):
+                if ev.text:
+                    track.first_token()
+                    out = b.text(ev.text)
+                    if out:
+                        yield out
+            elif isinstance(ev, Finished):
+                out = b.finish(ev)
+                track.tool_calls = getattr(b, "tool_calls", 0)
+                track.finished(ev)
+                yield out
+                return
+            elif isinstance(ev, Failed):
+                track.failed(ev.message, "error")
+                yield b.error(failure(ev, err))
+                return
+        track.failed("the engine stream ended without a finish event", "error")
+        yield b.error(err(500, "the engine stream ended without a finish event", code="internal_error"))
+    finally:
+        track.abandon()

@@ -1,0 +1,84 @@
+"""POST /v1/messages, /v1/messages/count_tokens (Anthropic) and /v1/responses (OpenAI Responses).
+
+Each translates into the same GenerateRequest as chat completions and runs through routes_common.py.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from litestar import Request
+from litestar.response import Stream
+from ninfer.actors.messages import Failed
+
+from . import anthropic as am
+from . import responses as rs
+from .errors import ApiError
+from .protocol import Output, new_id, parse_output
+from .routes_chat import SSE_HEADERS
+from .routes_common import admit, collect, failure, request_record, sse
+from .service import Service, client_name, json_response
+
+__all__ = ["handle_messages", "handle_count_tokens", "handle_responses"]
+
+
+def _thinking(greq: Any) -> bool:
+    return greq.template_kwargs.get("enable_thinking", True) is not False
+
+
+def _anthropic(request: Request[Any, Any, Any], svc: Service, body: bytes, rid: str) -> tuple[Any, Any]:
+    req = am.parse_messages_request(body)
+    greq = am.to_generate_request(
+        req, rid, client_name(request, None), svc.template_defaults, svc.config.default_max_tokens
+    )
+    return req, greq
+
+
+async def handle_count_tokens(request: Request[Any, Any, Any], svc: Service) -> Any:
+    _, greq = _anthropic(request, svc, await request.body(), new_id("count_"))
+    n = await svc.backend.count_tokens(greq)
+    if isinstance(n, Failed):
+        raise failure(n, am.AnthropicError)
+    return json_response({"input_tokens": n})
+
+
+async def handle_messages(request: Request[Any, Any, Any], svc: Service) -> Any:
+    t0 = time.perf_counter()
+    mid = new_id("msg_")
+    req, greq = _anthropic(request, svc, await request.body(), mid)
+    record = request_record(greq, protocol="anthropic_messages", model=req.model, stream=req.stream,
+                            messages=len(req.messages), client_max=req.max_tokens is not None)  # fmt: skip
+    track, events = await admit(svc, greq, record, "messages", t0, am.AnthropicError)
+    tools = list(greq.tools) if greq.tools else None
+    if req.stream:
+        prompt = track.record.get("prompt_tokens", 0)
+        b = am.MessagesStream(mid, req.model, prompt, _thinking(greq), tools)
+        return Stream(
+            sse(b, events, track, am.AnthropicError), media_type="text/event-stream", headers=SSE_HEADERS
+        )
+    text, fin = await collect(request, events, track, am.AnthropicError)
+    out = parse_output(text, _thinking(greq), tools, max_name=128)
+    track.tool_calls = len(out.calls)
+    return json_response(am.message_body(mid, req.model, out, fin))
+
+
+async def handle_responses(request: Request[Any, Any, Any], svc: Service) -> Any:
+    t0 = time.perf_counter()
+    req = rs.parse_responses_request(await request.body(), svc.limits.model_id)
+    rid = new_id("resp_")
+    greq = rs.to_generate_request(
+        req, rid, client_name(request, req.user), svc.template_defaults, svc.config.default_max_tokens
+    )
+    record = request_record(greq, protocol="openai_responses", model=req.model, stream=req.stream,
+                            messages=len(greq.messages or ()), client_max=req.max_output_tokens is not None)  # fmt: skip
+    track, events = await admit(svc, greq, record, "responses", t0, ApiError)
+    created = int(time.time())
+    tools = list(greq.tools) if greq.tools else None
+    if req.stream:
+        b = rs.ResponsesStream(rid, created, req, _thinking(greq), tools)
+        return Stream(sse(b, events, track, ApiError), media_type="text/event-stream", headers=SSE_HEADERS)
+    text, fin = await collect(request, events, track, ApiError)
+    out: Output = parse_output(text, _thinking(greq), tools)
+    track.tool_calls = len(out.calls)
+    return json_response(rs.response_body(rid, created, req, rs.output_items(out), fin))
