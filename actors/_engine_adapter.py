@@ -194,7 +194,7 @@ def token_mask(ld: Loaded, req: GenerateRequest) -> RequestGrammar | None:
     )
 
 
-def _params(ld: Loaded, s: SamplingOptions) -> SamplingParams:
+def _params(ld: Loaded, s: SamplingOptions, stop_after: int | None = None) -> SamplingParams:
     kw: dict[str, Any] = dict(ld.defaults)
     for k in _DEFAULT_KEYS:
         v = getattr(s, k)
@@ -202,7 +202,9 @@ def _params(ld: Loaded, s: SamplingOptions) -> SamplingParams:
             kw[k] = v
     if s.max_tokens is not None:
         kw["max_tokens"] = s.max_tokens
-    return SamplingParams(seed=s.seed, stop=tuple(s.stop), ignore_eos=s.ignore_eos, **kw)
+    return SamplingParams(
+        seed=s.seed, stop=tuple(s.stop), ignore_eos=s.ignore_eos, stop_after_token_id=stop_after, **kw
+    )
 
 
 def submit(
@@ -211,12 +213,14 @@ def submit(
     s: SamplingOptions,
     on_event: Callable[[Any], None],
     mask: RequestGrammar | None = None,
+    thinking: bool = False,
 ) -> tuple[Any, int, bool]:
     """Returns (handle, output budget, queued). ``on_event`` gets every engine event, on the engine's thread.
+    With ``thinking`` the generation starts in the reasoning channel: stop strings apply after ``</think>``.
     Raises QueueFull, or RequestRejected for a request the engine can never run."""
     st = ld.engine.stats()
     queued = st.lanes_busy >= st.lanes_total or st.queue_length > 0
-    params = _params(ld, s)
+    params = _params(ld, s, ld.think_end_id if thinking else None)
     try:
         handle = ld.engine.submit_params(ids, params, token_mask=mask, on_event=on_event)
     except QueueFull:

@@ -69,10 +69,11 @@ class EngineActor:
             yield _ENC(Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param))
             return
         wake = _Wake(loop)
-        think = _ThinkCount(ld.think_end_id if adapter.thinking_on(ld, req) else None)
+        thinking = adapter.thinking_on(ld, req)
+        think = _ThinkCount(ld.think_end_id if thinking else None)
         try:
             with self._lock:
-                handle, budget, queued = adapter.submit(ld, ids, req.sampling, wake.on_event, mask)
+                handle, budget, queued = adapter.submit(ld, ids, req.sampling, wake.on_event, mask, thinking)
                 self._handles[req.request_id] = handle
         except adapter.QueueFull as e:
             yield _ENC(Failed(code="queue_full", message=str(e), status=429, retry_after=1.0))

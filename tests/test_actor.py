@@ -155,3 +155,24 @@ def test_engine_failure_fails_requests_and_the_actor_keeps_serving(actor: Engine
     assert asyncio.run(actor.health()).ok
     after = asyncio.run(collect(actor, req("survivor", 4)))
     assert isinstance(after[-1], Finished) and after[-1].completion_tokens == 4
+
+
+def _text(evs: list[object]) -> str:
+    return "".join(e.text for e in evs if isinstance(e, Delta | Finished) and getattr(e, "text", ""))
+
+
+def test_stop_strings_apply_to_the_answer_not_the_reasoning(actor: EngineActor) -> None:
+    def run(stop: tuple[str, ...], thinking: bool) -> list[object]:
+        s = SamplingOptions(max_tokens=16, temperature=0.0, ignore_eos=True, stop=list(stop))
+        kw = {"enable_thinking": thinking}
+        return asyncio.run(
+            collect(actor, GenerateRequest(request_id="s", messages=USER, sampling=s, template_kwargs=kw))
+        )
+
+    for thinking in (True, False):
+        text = _text(run((), thinking))
+        assert len(text) > 8
+        stopped = run((text[3:7],), thinking)
+        reason = stopped[-1].finish_reason  # type: ignore[attr-defined]
+        # random weights never close the think block: with thinking on the whole text is reasoning
+        assert reason == ("output_limit" if thinking else "stop_string"), (thinking, reason)

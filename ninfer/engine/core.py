@@ -83,6 +83,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()  # in addition to the model's end-of-sequence ids
     ignore_eos: bool = False  # do not stop on the model's end-of-sequence ids (benchmarks)
+    # stop strings are matched only in text generated after this token (e.g. ``</think>``: a stop applies to
+    # the answer, never to the reasoning); None: from the first generated token
+    stop_after_token_id: int | None = None
 
     def check(self) -> None:
         """Raise ``RequestError`` naming the first invalid field."""

@@ -30,6 +30,7 @@ from .kv_pool import PagePool
 from .model_runner import ModelRunner
 from .output import Outputs
 from .prefix_cache import PrefixCache
+from .sampler import NOT_COMPUTED, MaskWorker
 from .scheduler import Scheduler
 from .stop import TextStream
 from .turns import TurnMarker
@@ -75,6 +76,7 @@ class Engine:
         self._cv = threading.Condition(threading.RLock())
         self._step_lock = threading.Lock()
         self._out = Outputs(self._sched, token_limit)
+        self._masks = MaskWorker()
         self._next_id = 1
         self._closed = False
         self._steps = 0
@@ -180,7 +182,7 @@ class Engine:
                 f"prompt has {len(prompt)} tokens; max_context {self.config.max_context} leaves no room to generate"
             )
         try:
-            text = TextStream(self.tokenizer, params.stop)
+            text = TextStream(self.tokenizer, params.stop, params.stop_after_token_id)
         except ValueError as e:
             raise RequestError(str(e)) from None
         seed = params.seed if params.seed is not None else self.config.seed
@@ -242,21 +244,23 @@ class Engine:
             with self._cv:
                 batch = self._sched.schedule()  # cancellations, FIFO admission, each lane's next tokens
                 self._out.emit_finished()
+                reqs = [self._sched.lanes[w.lane] for w in batch.work if w.sample]
             if batch.empty:
                 return False
+            masks = self._masks.start(reqs)  # grammar masks on the CPU while the model step runs
             try:
                 logits = self._runner.execute(batch)  # the only call that touches the model
             except Exception as e:  # noqa: BLE001 - fail the running requests, keep serving
+                masks.result()
                 with self._cv:
                     self._sched.abort(batch, f"model step failed: {type(e).__name__}: {e}")
                     self._out.emit_finished()
                 return True
+            ready = masks.result()
             with self._cv:
-                sampled = [w for w in batch.work if w.sample]
-                reqs = [self._sched.lanes[w.lane] for w in sampled]
                 self._sched.after_run(batch)  # computed tokens catch up; checkpoints published; retire
                 for req, row in zip(reqs, logits, strict=True):
-                    self._out.accept(req, row)  # sample, detokenize, stop checks, token delta
+                    self._out.accept(req, row, ready.get(req.id, NOT_COMPUTED))  # sample, detok, stops, delta
                 self._out.emit_finished()
                 self._steps += 1
             return True
@@ -320,6 +324,7 @@ class Engine:
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join()
+        self._masks.close()
         with self._step_lock, self._cv:
             self._sched.schedule()
             self._out.emit_finished()

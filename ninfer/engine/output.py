@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 from .core import Finish, FinishReason, Request, TokenDelta
 from .handle import Handle, completion_of
-from .sampler import MaskError, sample
+from .sampler import NOT_COMPUTED, MaskError, sample
 from .scheduler import Scheduler
 from .stop import TextStream
 
@@ -44,8 +45,9 @@ class Outputs:
     def __iter__(self) -> Iterator[int]:
         return iter(list(self._live))
 
-    def accept(self, req: Request, logits: np.ndarray) -> None:
-        """Sample ``req``'s next token, stream it, and finish the request if it stops here."""
+    def accept(self, req: Request, logits: np.ndarray, mask: Any = NOT_COMPUTED) -> None:
+        """Sample ``req``'s next token, stream it, and finish the request if it stops here. ``mask``: its token
+        mask computed during the model step (``sampler.compute_mask``)."""
         live = self._live[req.id]
         try:
             tok = sample(
@@ -57,6 +59,7 @@ class Outputs:
                 generated=req.generated,
                 token_mask=req.token_mask,
                 token_limit=self._token_limit,
+                mask=mask,
             )
         except MaskError as e:
             self._sched.finish(req, FinishReason.ERROR, str(e))

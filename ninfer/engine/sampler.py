@@ -13,12 +13,23 @@ sampler can compute the same function).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
 from .core import SamplingParams, TokenMask
 
-__all__ = ["sample", "uniform", "MaskError", "apply_penalties", "allowed_from_mask"]
+__all__ = [
+    "sample",
+    "uniform",
+    "MaskError",
+    "apply_penalties",
+    "allowed_from_mask",
+    "compute_mask",
+    "NOT_COMPUTED",
+    "MaskWorker",
+]
 
 _M64 = (1 << 64) - 1
 
@@ -70,6 +81,18 @@ def allowed_from_mask(mask: np.ndarray, vocab: int) -> np.ndarray:
     raise MaskError(f"token mask must be bool[{vocab}] or int32[{-(-vocab // 32)}], got {m.dtype}{m.shape}")
 
 
+NOT_COMPUTED: Any = object()  # ``sample(mask=...)`` default: call the hook at sampling time
+
+
+def compute_mask(token_mask: TokenMask, generated: Sequence[int]) -> Any:
+    """Call a request's mask hook: its mask (or None), or the ``MaskError`` it raised, to be raised at sampling.
+    The engine calls this on its mask worker while the model step runs (grammar work overlaps the step)."""
+    try:
+        return token_mask(generated)
+    except Exception as e:  # noqa: BLE001 - a failing hook fails its request, never the engine
+        return MaskError(f"token mask failed: {type(e).__name__}: {e}")
+
+
 def sample(
     logits: np.ndarray,
     p: SamplingParams,
@@ -80,21 +103,22 @@ def sample(
     generated: Sequence[int] = (),
     token_mask: TokenMask | None = None,
     token_limit: int | None = None,
+    mask: Any = NOT_COMPUTED,
 ) -> int:
-    """Pick the token at ``position`` from ``logits`` [V]. ``token_limit``: ids at or above it are never picked."""
+    """Pick the token at ``position`` from ``logits`` [V]. ``token_limit``: ids at or above it are never picked.
+    ``mask`` is the hook's result computed ahead (``compute_mask``); else ``token_mask`` is called here."""
     x = apply_penalties(np.asarray(logits, np.float32), counts, p)
     banned = None
     if token_limit is not None and token_limit < x.shape[0]:
         banned = np.zeros(x.shape[0], bool)
         banned[token_limit:] = True
-    if token_mask is not None:
-        try:
-            m = token_mask(generated)
-        except Exception as e:  # noqa: BLE001 - a failing hook fails its request, never the engine
-            raise MaskError(f"token mask failed: {type(e).__name__}: {e}") from e
-        if m is not None:
-            allowed = allowed_from_mask(m, x.shape[0])
-            banned = ~allowed if banned is None else banned | ~allowed
+    if mask is NOT_COMPUTED:
+        mask = compute_mask(token_mask, generated) if token_mask is not None else None
+    if isinstance(mask, MaskError):
+        raise mask
+    if mask is not None:
+        allowed = allowed_from_mask(mask, x.shape[0])
+        banned = ~allowed if banned is None else banned | ~allowed
     if banned is not None:
         if banned.all():
             raise MaskError("token mask allows no token")
@@ -124,3 +148,27 @@ def sample(
     u = uniform(seed, position) * csum[-1]
     i = int(np.searchsorted(csum, u, side="right"))
     return int(order[min(i, keep - 1)])
+
+
+class MaskWorker:
+    """Computes the token masks of a step's sampled requests on one worker thread while the model step runs
+    (grammar work overlaps the step instead of adding to it). A mask depends only on the tokens generated
+    before this step, so it is ready to apply when the step's logits arrive."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self, reqs: Sequence[Any]) -> Future[dict[int, Any]]:
+        todo = [(r.id, r.token_mask, list(r.generated)) for r in reqs if r.token_mask is not None]
+        if not todo:
+            done: Future[dict[int, Any]] = Future()
+            done.set_result({})
+            return done
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ninfer-mask")
+        return self._pool.submit(lambda: {rid: compute_mask(fn, gen) for rid, fn, gen in todo})
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None

@@ -81,11 +81,12 @@ def _detokenizer(tokenizer: Any) -> Any:
 class TextStream:
     """Text of one request's generated ids. Stop tokens are counted by the caller but never pushed here."""
 
-    def __init__(self, tokenizer: Any | None, stops: Sequence[str]) -> None:
+    def __init__(self, tokenizer: Any | None, stops: Sequence[str], after_token: int | None = None) -> None:
         if tokenizer is None and any(stops):
             raise ValueError("stop strings need a tokenizer")
         self._detok = _detokenizer(tokenizer) if tokenizer is not None else None
         self._stop = StopMatcher(stops)
+        self._after = after_token  # stop strings are searched only in text after this token
         self.text = ""  # everything emitted so far
 
     @property
@@ -95,7 +96,13 @@ class TextStream:
     def push(self, token_id: int) -> str:
         if self._detok is None:
             return ""
-        out = self._stop.push(self._detok.push(token_id))
+        piece = self._detok.push(token_id)
+        if self._after is not None:  # not armed yet: the text passes unsearched
+            if token_id == self._after:
+                self._after = None
+            self.text += piece
+            return piece
+        out = self._stop.push(piece)
         self.text += out
         return out
 
