@@ -1,6 +1,6 @@
 """Throughput of N concurrent streams through HTTP + Ray + the actor, against the engine alone, in one run.
 
-    python docs/bench_serving.py [ARTIFACT] [--streams 8] [--max-tokens 256] [--rounds 3]
+    python -m ninfer.perf.bench_serving [ARTIFACT] [--streams 8] [--max-tokens 256] [--rounds 3]
 
 Both sides run the same greedy requests (ignore_eos, so every stream generates exactly --max-tokens) with the
 same engine settings. The engine side submits straight to ``Engine`` in this process; the stack side starts
