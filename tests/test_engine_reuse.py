@@ -75,7 +75,9 @@ def _add_turn(
     # an answer and a new user message: every assistant turn since the last query loses its thinking
     msgs.append({"role": "assistant", "content": f"Answer {turn}.", "reasoning_content": reasoning})
     msgs.append({"role": "user", "content": f"Next question {turn}?"})
-    return query  # the prompts part right after the first assistant turn's start
+    # the prompts part right after the first assistant turn's "<|im_start|>assistant\n": only its "<think>\n"
+    # (the previous generation prompt's last tokens) is rendered differently
+    return query + len(model.tokenizer.encode("<|im_start|>assistant\n"))
 
 
 def test_six_turn_session_appending_tokens(model, plain) -> None:  # noqa: ANN001

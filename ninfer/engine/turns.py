@@ -45,7 +45,8 @@ class TurnMarker:
         )
 
     def marks(self, prompt: Sequence[int]) -> tuple[int, ...]:
-        """Positions (0 < q < len(prompt)) just before the turn starts described in the module docstring."""
+        """Positions (0 < q < len(prompt)) where the next turn's prompt parts from this one: right after the
+        ``<|im_start|>assistant\n`` of the turn described in the module docstring (before any other turn start)."""
         starts = np.flatnonzero(np.asarray(prompt, dtype=np.int64) == self.start).tolist()
         if not starts:
             return ()
@@ -58,4 +59,6 @@ class TurnMarker:
         if query is not None:
             first = next((i for i in starts if i > query and at(i, self.assistant)), None)
         q = starts[-1] if first is None else first
+        if at(q, self.assistant):  # the re-render keeps "<|im_start|>assistant\n" and parts right after it
+            q += len(self.assistant)
         return (q,) if 0 < q < len(prompt) else ()
