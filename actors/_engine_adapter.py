@@ -89,7 +89,9 @@ class Loaded:
 
 
 def open_engine(spec: ActorSpec) -> Loaded:
-    engine = Engine.open(spec.artifact, backend=spec.backend, **spec.engine)
+    engine = Engine.open(
+        spec.artifact, backend=spec.backend, backend_options=spec.backend_options, **spec.engine
+    )
     art = open_artifact(spec.artifact, verify="manifest")  # resources only; the engine holds the weights
     tok = engine.tokenizer
     if tok is None:

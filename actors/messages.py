@@ -165,6 +165,7 @@ class ActorSpec(msgspec.Struct, frozen=True, kw_only=True):
     backend: str  # "reference" | "cuda"
     model_id: str | None = None  # None: the artifact's model identity
     engine: dict[str, Any] = {}  # keyword arguments of ninfer.engine.Engine.open
+    backend_options: dict[str, Any] = {}  # backend options (CUDA: cuda_graph, ...), see ninfer.load
     template_defaults: dict[str, Any] = {}  # chat-template kwargs every request starts from
     stream_interval_s: float = 0.05  # least time between two streamed items of one request (0: per wake-up)
     blas_threads: int = 0  # BLAS/OpenMP threads for the reference backend (0: the node's CPU count)

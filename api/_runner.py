@@ -51,14 +51,14 @@ def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
     for key in ("max_context", "kv_capacity", "prefill_chunk"):
         if getattr(cfg, key) is not None:
             engine[key] = getattr(cfg, key)
-    if backend == "cuda" and not cfg.cuda_graph:
-        engine["cuda_graph"] = False
+    options = {"cuda_graph": False} if backend == "cuda" and not cfg.cuda_graph else {}
     template = {"preserve_thinking": True} if cfg.preserve_thinking else {}
     return ActorSpec(
         artifact=os.path.abspath(cfg.artifact),
         backend=backend,
         model_id=cfg.model_id,
         engine=engine,
+        backend_options=options,
         template_defaults=template,
         stream_interval_s=cfg.stream_interval_ms / 1000,
         blas_threads=_blas_threads(),

@@ -252,3 +252,15 @@ def test_request_log_lines_and_refusals(tmp_path) -> None:
     for r in lines:
         assert r["artifact_type"] == "ninfer_serve_request_log" and r["schema_version"] == 2
         assert r["server_instance_id"].startswith("serve-")
+
+
+def test_no_cuda_graph_is_a_backend_option_not_an_engine_option() -> None:
+    from ninfer.api._runner import actor_spec
+
+    from ninfer.engine import EngineConfig
+
+    cfg = ServerConfig(artifact="a.ninfer", cuda_graph=False)
+    spec = actor_spec(cfg, "cuda")
+    assert spec.backend_options == {"cuda_graph": False}
+    EngineConfig(**spec.engine)  # every engine key is an EngineConfig field
+    assert actor_spec(cfg, "reference").backend_options == {}

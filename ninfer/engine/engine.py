@@ -93,12 +93,15 @@ class Engine:
         backend: str = "reference",
         *,
         background: bool = True,
+        backend_options: dict[str, Any] | None = None,
         **config: Any,
     ) -> Engine:
-        """Load the artifact at ``path`` on ``backend`` and start an engine over it."""
+        """Load the artifact at ``path`` on ``backend`` (with ``backend_options``, e.g. CUDA's ``cuda_graph``)
+        and start an engine over it; ``config`` is the ``EngineConfig``."""
         from ninfer.model import load
 
-        return cls.from_model(load(path, backend=backend), background=background, **config)
+        model = load(path, backend=backend, backend_options=backend_options)  # type: ignore[arg-type]
+        return cls.from_model(model, background=background, **config)
 
     @classmethod
     def from_model(
