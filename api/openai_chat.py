@@ -1,60 +1,40 @@
-"""OpenAI Chat Completions: request validation, translation to the actor's GenerateRequest, response builders.
+"""OpenAI Chat Completions: request validation and translation to the actor's GenerateRequest.
 
 Pure functions (no I/O), so every rule of serving.md §4 is testable without a server. Each rejection is an
-ApiError naming the offending field in ``param``.
+ApiError naming the offending field in ``param``. The response side (bodies, SSE frames) is
+openai_chat_output.py; its names are re-exported here for existing callers.
 """
 
 from __future__ import annotations
 
 import math
-import re
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from ninfer.actors.messages import Finished, GenerateRequest, GrammarSpec, SamplingOptions
+from ninfer.actors.messages import GenerateRequest, GrammarSpec, SamplingOptions
 
 from .errors import ApiError, validation_param
-from .models import (
-    AssistantMessage,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatMessage,
-    ChatRequest,
-    Choice,
-    ChunkChoice,
-    ChunkDelta,
-    CompletionTokensDetails,
-    FunctionOut,
-    PromptTokensDetails,
-    ToolCallOut,
-    Usage,
-)
-from .protocol import (
-    Output,
-    OutputParser,
-    check_tool,
-    new_id,
-    salvage_arguments,
-    schema_grammar,
-    tool_grammar,
-)
+from .models import ChatMessage, ChatRequest
+from .openai_chat_output import ChatStream, completion_body, finish_reason, new_completion_id, usage_of
+from .protocol import check_tool, response_grammar, salvage_arguments, tool_grammar
 
 __all__ = [
     "ChatLimits",
     "parse_chat_request",
     "to_generate_request",
-    "finish_reason",
-    "usage_of",
-    "ChatStream",
     "chat_tools",
     "chat_thinking",
+    # re-exported from openai_chat_output
+    "ChatStream",
+    "completion_body",
+    "finish_reason",
+    "new_completion_id",
+    "usage_of",
 ]
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 _DECODER = msgspec.json.Decoder(ChatRequest)
-_FINISH = {"output_limit": "length", "context_capacity": "length", "length": "length"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,32 +126,6 @@ def chat_tools(req: ChatRequest) -> tuple[list[dict[str, Any]] | None, GrammarSp
     if name == "none":
         return None, None
     return tools, tool_grammar(tools, name, "tools", ApiError, req.parallel_tool_calls is True)
-
-
-def response_grammar(rf: Any, param: str = "response_format") -> GrammarSpec | None:
-    """``response_format``: text (free), json_object, or json_schema (checked against the supported subset)."""
-    if rf is None:
-        return None
-    kind = rf.get("type") if isinstance(rf, dict) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return GrammarSpec(kind="json_object")
-    if kind == "json_schema":
-        js = rf.get("json_schema")
-        if not isinstance(js, dict):
-            raise _bad(f"{param}.json_schema: required", f"{param}.json_schema")
-        name = js.get("name")
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
-            raise _bad(
-                f"{param}.json_schema.name: must match [a-zA-Z0-9_-]{{1,64}}", f"{param}.json_schema.name"
-            )
-        return schema_grammar(js.get("schema", {}), f"{param}.json_schema.schema", ApiError)
-    raise _bad(
-        f"{param}.type: must be text, json_object or json_schema",
-        f"{param}.type",
-        "response_format_not_supported",
-    )
 
 
 def chat_thinking(req: ChatRequest, defaults: dict[str, Any]) -> dict[str, Any]:
@@ -330,131 +284,3 @@ def to_generate_request(
         grammar=grammar,
         thinking_budget=req.thinking_budget,
     )
-
-
-def new_completion_id() -> str:
-    return "chatcmpl-" + secrets.token_hex(8)
-
-
-def finish_reason(internal: str) -> str:
-    return _FINISH.get(internal, "stop")
-
-
-def usage_of(fin: Finished) -> Usage:
-    return Usage(
-        prompt_tokens=fin.prompt_tokens,
-        completion_tokens=fin.completion_tokens,
-        total_tokens=fin.prompt_tokens + fin.completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=fin.cached_tokens),
-        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=fin.reasoning_tokens)
-        if fin.reasoning_tokens
-        else msgspec.UNSET,
-    )
-
-
-def completion_body(cid: str, created: int, model: str, out: Output | str, fin: Finished) -> ChatCompletion:
-    """The non-streamed body: ``reasoning_content`` only when non-empty; with tool calls, ``content`` is null
-    when empty and ``finish_reason`` is ``tool_calls``."""
-    out = Output(content=out) if isinstance(out, str) else out
-    msg = AssistantMessage(content=out.content)
-    if out.reasoning:
-        msg.reasoning_content = out.reasoning
-    finish = finish_reason(fin.finish_reason)
-    if out.calls:
-        msg.content = out.content or None
-        msg.tool_calls = [
-            ToolCallOut(id=new_id("call_"), type="function", function=FunctionOut(name=n, arguments=a))
-            for n, a in out.calls
-        ]
-        finish = "tool_calls"
-    return ChatCompletion(
-        id=cid,
-        created=created,
-        model=model,
-        choices=[Choice(index=0, message=msg, finish_reason=finish)],
-        usage=usage_of(fin),
-    )
-
-
-class ChatStream:
-    """Builds the SSE frames of one streamed completion in the order of serving.md §4: role chunk, reasoning
-    chunks, content chunks, tool-call fragments (first per call: index, id, type, name, empty arguments; then
-    index + argument pieces), finish chunk, usage chunk (include_usage only; every earlier chunk then carries
-    ``usage: null``), ``[DONE]``. An error after the start is a ``data: {"error": ...}`` frame and no ``[DONE]``."""
-
-    __slots__ = ("cid", "created", "model", "include_usage", "_enc", "_parser", "tool_calls")
-
-    def __init__(
-        self,
-        cid: str,
-        created: int,
-        model: str,
-        include_usage: bool,
-        thinking: bool = False,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> None:
-        self.cid, self.created, self.model, self.include_usage = cid, created, model, include_usage
-        self._enc = msgspec.json.Encoder()
-        self._parser = OutputParser(thinking, tools)
-        self.tool_calls = 0
-
-    def _frame(self, obj: Any) -> bytes:
-        return b"data: " + self._enc.encode(obj) + b"\n\n"
-
-    def _chunk(self, delta: ChunkDelta, finish: str | None = None) -> bytes:
-        chunk = ChatCompletionChunk(
-            id=self.cid,
-            created=self.created,
-            model=self.model,
-            choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)],
-            usage=None if self.include_usage else msgspec.UNSET,
-        )
-        return self._frame(chunk)
-
-    def role(self) -> bytes:
-        return self._chunk(ChunkDelta(role="assistant", content=""))
-
-    start = role
-
-    def content(self, text: str) -> bytes:
-        return self._chunk(ChunkDelta(content=text))
-
-    def text(self, text: str) -> bytes:
-        return self._events(self._parser.push(text))
-
-    def _events(self, events: list[tuple]) -> bytes:
-        out = b""
-        for ev in events:
-            kind = ev[0]
-            if kind == "reasoning":
-                out += self._chunk(ChunkDelta(reasoning_content=ev[1]))
-            elif kind == "text":
-                out += self.content(ev[1])
-            elif kind == "start":
-                self.tool_calls += 1
-                call = ToolCallOut(
-                    index=ev[1],
-                    id=new_id("call_"),
-                    type="function",
-                    function=FunctionOut(name=ev[2], arguments=""),
-                )
-                out += self._chunk(ChunkDelta(tool_calls=[call]))
-            elif kind == "args":
-                out += self._chunk(
-                    ChunkDelta(tool_calls=[ToolCallOut(index=ev[1], function=FunctionOut(arguments=ev[2]))])
-                )
-        return out
-
-    def finish(self, fin: Finished) -> bytes:
-        out = self._events(self._parser.finish())
-        reason = "tool_calls" if self.tool_calls else finish_reason(fin.finish_reason)
-        out += self._chunk(ChunkDelta(), reason)
-        if self.include_usage:
-            usage = ChatCompletionChunk(
-                id=self.cid, created=self.created, model=self.model, choices=[], usage=usage_of(fin)
-            )
-            out += self._frame(usage)
-        return out + b"data: [DONE]\n\n"
-
-    def error(self, err: ApiError) -> bytes:
-        return self._frame(err.body())

@@ -30,6 +30,7 @@ __all__ = [
     "check_tool",
     "schema_grammar",
     "tool_grammar",
+    "response_grammar",
     "salvage_arguments",
     "new_id",
 ]
@@ -127,6 +128,36 @@ def tool_grammar(
         if choice in ("required", fn["name"]):
             check(fn["parameters"], f"{param}.{fn['name']}.parameters", err)
     return GrammarSpec(kind="tool_calls", tool_choice=choice, parallel=parallel)
+
+
+def _bad(message: str, param: str | None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def response_grammar(rf: Any, param: str = "response_format") -> GrammarSpec | None:
+    """``response_format``: text (free), json_object, or json_schema (checked against the supported subset)."""
+    if rf is None:
+        return None
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return GrammarSpec(kind="json_object")
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict):
+            raise _bad(f"{param}.json_schema: required", f"{param}.json_schema")
+        name = js.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+            raise _bad(
+                f"{param}.json_schema.name: must match [a-zA-Z0-9_-]{{1,64}}", f"{param}.json_schema.name"
+            )
+        return schema_grammar(js.get("schema", {}), f"{param}.json_schema.schema", ApiError)
+    raise _bad(
+        f"{param}.type: must be text, json_object or json_schema",
+        f"{param}.type",
+        "response_format_not_supported",
+    )
 
 
 def salvage_arguments(args: Any) -> dict[str, Any]:

@@ -13,8 +13,15 @@ import msgspec
 from ninfer.actors.messages import Finished, GenerateRequest, SamplingOptions
 
 from .errors import ApiError
-from .openai_chat import response_grammar
-from .protocol import Output, OutputParser, check_tool, new_id, salvage_arguments, tool_grammar
+from .protocol import (
+    Output,
+    OutputParser,
+    check_tool,
+    new_id,
+    response_grammar,
+    salvage_arguments,
+    tool_grammar,
+)
 
 __all__ = [
     "ResponsesRequest",

@@ -1,5 +1,5 @@
-"""POST /v1/chat/completions: validation and translation (openai_chat.py), then the shared request plumbing
-(routes_common.py): a JSON body or an SSE stream."""
+"""POST /v1/chat/completions: validation and translation (openai_chat.py), output (openai_chat_output.py),
+then the shared request plumbing (routes_common.py): a JSON body or an SSE stream."""
 
 from __future__ import annotations
 
@@ -10,13 +10,8 @@ from litestar import Request
 from litestar.response import Stream
 
 from .errors import ApiError
-from .openai_chat import (
-    ChatStream,
-    completion_body,
-    new_completion_id,
-    parse_chat_request,
-    to_generate_request,
-)
+from .openai_chat import parse_chat_request, to_generate_request
+from .openai_chat_output import ChatStream, completion_body, new_completion_id
 from .protocol import parse_output
 from .routes_common import admit, collect, request_record, sse
 from .service import Service, client_name, json_response
