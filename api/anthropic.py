@@ -1,4 +1,5 @@
-"""Anthropic Messages (serving.md §5): validation, translation to the engine request, response and SSE builders.
+"""Anthropic Messages (serving.md §5): request validation and translation to the engine request. The models are
+anthropic_models.py; the response body and SSE events are anthropic_output.py.
 
 Decisions: ``input_tokens`` is the whole rendered prompt (equal to count_tokens, as upstream's smoke test checks)
 and ``cache_read_input_tokens`` is the part of it the engine reused from its prefix cache (so, unlike Anthropic's
@@ -8,17 +9,16 @@ that many reasoning tokens were generated. ``stop_sequence`` names the stop sequ
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import msgspec
-from ninfer.actors.messages import Finished, GenerateRequest, SamplingOptions
+from ninfer.actors.messages import GenerateRequest, SamplingOptions
 
+from .anthropic_models import AnthropicRequest, ErrorDetail, ErrorEvent
 from .errors import ApiError
-from .protocol import Output, OutputParser, check_tool, new_id, tool_grammar
+from .protocol import check_tool, tool_grammar
 
-__all__ = ["AnthropicError", "AnthropicRequest", "parse_messages_request", "to_generate_request", "message_body",
-           "MessagesStream"]  # fmt: skip
+__all__ = ["AnthropicError", "AnthropicRequest", "parse_messages_request", "to_generate_request"]
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}  # fmt: skip
@@ -27,29 +27,13 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
 class AnthropicError(ApiError):
     """An ApiError whose body has the Anthropic shape ``{"type": "error", "error": {"type", "message"}}``."""
 
-    def body(self) -> Any:  # type: ignore[override]
+    def body(self) -> ErrorEvent:  # type: ignore[override]
         kind = "api_error" if self.status >= 500 else _ERROR_TYPES.get(self.status, "invalid_request_error")
-        return {"type": "error", "error": {"type": kind, "message": self.message}}
+        return ErrorEvent(error=ErrorDetail(type=kind, message=self.message))
 
 
 def _bad(message: str, code: str | None = None) -> AnthropicError:
     return AnthropicError(400, message, code=code)
-
-
-class AnthropicRequest(msgspec.Struct, kw_only=True):
-    model: str
-    messages: list[dict[str, Any]]
-    system: str | list[dict[str, Any]] | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    stop_sequences: list[str] | None = None
-    stream: bool = False
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
-    metadata: dict[str, Any] | None = None
 
 
 _DECODER = msgspec.json.Decoder(AnthropicRequest)
@@ -223,121 +207,3 @@ def to_generate_request(
         grammar=grammar,
         thinking_budget=budget,
     )
-
-
-def stop_reason(fin: Finished, calls: bool) -> str:
-    if calls:
-        return "tool_use"
-    if fin.finish_reason in ("output_limit", "context_capacity"):
-        return "max_tokens"
-    return "stop_sequence" if fin.finish_reason == "stop_string" else "end_turn"
-
-
-def _usage(fin: Finished) -> dict[str, int]:
-    return {"input_tokens": fin.prompt_tokens, "output_tokens": fin.completion_tokens,
-            "cache_read_input_tokens": fin.cached_tokens, "cache_creation_input_tokens": 0}  # fmt: skip
-
-
-def _input(arguments: str) -> Any:
-    try:
-        v = json.loads(arguments)
-    except ValueError:
-        return {}
-    return v if isinstance(v, dict) else {}
-
-
-def message_body(mid: str, model: str, out: Output, fin: Finished) -> dict[str, Any]:
-    content: list[dict[str, Any]] = []
-    if out.reasoning:
-        content.append({"type": "thinking", "thinking": out.reasoning, "signature": ""})
-    if out.content:
-        content.append({"type": "text", "text": out.content})
-    for name, args in out.calls:
-        content.append({"type": "tool_use", "id": new_id("toolu_"), "name": name, "input": _input(args)})
-    if not content:
-        content.append({"type": "text", "text": ""})
-    return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": stop_reason(fin, bool(out.calls)),
-            "stop_sequence": fin.stop_string if fin.finish_reason == "stop_string" else None,
-            "usage": _usage(fin)}  # fmt: skip
-
-
-class MessagesStream:
-    """SSE events in order: message_start, per block start / deltas / stop (thinking, text, tool_use with
-    ``input_json_delta`` pieces as the call streams), message_delta (stop_reason, stop_sequence, usage),
-    message_stop. Errors after the start are one ``event: error``."""
-
-    def __init__(self, mid: str, model: str, prompt_tokens: int, thinking: bool, tools: list | None) -> None:
-        self.mid, self.model, self.prompt_tokens = mid, model, prompt_tokens
-        self._parser = OutputParser(thinking, tools, max_name=128)
-        self._index = -1
-        self._open: str | None = None  # type of the open block
-        self.tool_calls = 0
-        self._any = False
-
-    @staticmethod
-    def _ev(name: str, data: dict[str, Any]) -> bytes:
-        return (
-            b"event: " + name.encode() + b"\ndata: " + msgspec.json.encode({"type": name, **data}) + b"\n\n"
-        )
-
-    def start(self) -> bytes:
-        msg = {"id": self.mid, "type": "message", "role": "assistant", "model": self.model, "content": [],
-               "stop_reason": None, "stop_sequence": None,
-               "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}  # fmt: skip
-        return self._ev("message_start", {"message": msg})
-
-    def _close(self) -> bytes:
-        if self._open is None:
-            return b""
-        out = b""
-        if self._open == "thinking":
-            out += self._delta({"type": "signature_delta", "signature": ""})
-        self._open = None
-        return out + self._ev("content_block_stop", {"index": self._index})
-
-    def _begin(self, block: dict[str, Any]) -> bytes:
-        out = self._close()
-        self._index += 1
-        self._open, self._any = block["type"], True
-        return out + self._ev("content_block_start", {"index": self._index, "content_block": block})
-
-    def _delta(self, delta: dict[str, Any]) -> bytes:
-        return self._ev("content_block_delta", {"index": self._index, "delta": delta})
-
-    def text(self, text: str) -> bytes:
-        return self._events(self._parser.push(text))
-
-    def _events(self, events: list[tuple]) -> bytes:
-        out = b""
-        for ev in events:
-            kind = ev[0]
-            if kind == "reasoning":
-                if self._open != "thinking":
-                    out += self._begin({"type": "thinking", "thinking": "", "signature": ""})
-                out += self._delta({"type": "thinking_delta", "thinking": ev[1]})
-            elif kind == "text":
-                if self._open != "text":
-                    out += self._begin({"type": "text", "text": ""})
-                out += self._delta({"type": "text_delta", "text": ev[1]})
-            elif kind == "start":
-                self.tool_calls += 1
-                out += self._begin({"type": "tool_use", "id": new_id("toolu_"), "name": ev[2], "input": {}})
-            elif kind == "args":
-                out += self._delta({"type": "input_json_delta", "partial_json": ev[2]})
-            elif kind == "end":
-                out += self._close()
-        return out
-
-    def finish(self, fin: Finished) -> bytes:
-        out = self._events(self._parser.finish()) + self._close()
-        if not self._any:
-            out += self._begin({"type": "text", "text": ""}) + self._close()
-        delta = {"stop_reason": stop_reason(fin, self.tool_calls > 0),
-                 "stop_sequence": fin.stop_string if fin.finish_reason == "stop_string" else None}  # fmt: skip
-        out += self._ev("message_delta", {"delta": delta, "usage": {"output_tokens": fin.completion_tokens}})
-        return out + self._ev("message_stop", {})
-
-    def error(self, err: ApiError) -> bytes:
-        body = AnthropicError(err.status, err.message).body()
-        return b"event: error\ndata: " + msgspec.json.encode(body) + b"\n\n"

@@ -13,7 +13,9 @@ from litestar.response import Stream
 from ninfer.actors.messages import Failed
 
 from . import anthropic as am
+from . import anthropic_output as ao
 from . import responses as rs
+from .anthropic_models import CountTokens
 from .errors import ApiError
 from .protocol import Output, new_id, parse_output
 from .routes_chat import SSE_HEADERS
@@ -40,7 +42,7 @@ async def handle_count_tokens(request: Request[Any, Any, Any], svc: Service) -> 
     n = await svc.backend.count_tokens(greq)
     if isinstance(n, Failed):
         raise failure(n, am.AnthropicError)
-    return json_response({"input_tokens": n})
+    return json_response(CountTokens(input_tokens=n))
 
 
 async def handle_messages(request: Request[Any, Any, Any], svc: Service) -> Any:
@@ -53,14 +55,14 @@ async def handle_messages(request: Request[Any, Any, Any], svc: Service) -> Any:
     tools = list(greq.tools) if greq.tools else None
     if req.stream:
         prompt = track.record.get("prompt_tokens", 0)
-        b = am.MessagesStream(mid, req.model, prompt, _thinking(greq), tools)
+        b = ao.MessagesStream(mid, req.model, prompt, _thinking(greq), tools)
         return Stream(
             sse(b, events, track, am.AnthropicError), media_type="text/event-stream", headers=SSE_HEADERS
         )
     text, fin = await collect(request, events, track, am.AnthropicError)
     out = parse_output(text, _thinking(greq), tools, max_name=128)
     track.tool_calls = len(out.calls)
-    return json_response(am.message_body(mid, req.model, out, fin))
+    return json_response(ao.message_body(mid, req.model, out, fin))
 
 
 async def handle_responses(request: Request[Any, Any, Any], svc: Service) -> Any:
