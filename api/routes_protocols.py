@@ -15,6 +15,7 @@ from ninfer.actors.messages import Failed
 from . import anthropic as am
 from . import anthropic_output as ao
 from . import responses as rs
+from . import responses_output as ro
 from .anthropic_models import CountTokens
 from .errors import ApiError
 from .protocol import Output, new_id, parse_output
@@ -78,9 +79,9 @@ async def handle_responses(request: Request[Any, Any, Any], svc: Service) -> Any
     created = int(time.time())
     tools = list(greq.tools) if greq.tools else None
     if req.stream:
-        b = rs.ResponsesStream(rid, created, req, _thinking(greq), tools)
+        b = ro.ResponsesStream(rid, created, req, _thinking(greq), tools)
         return Stream(sse(b, events, track, ApiError), media_type="text/event-stream", headers=SSE_HEADERS)
     text, fin = await collect(request, events, track, ApiError)
     out: Output = parse_output(text, _thinking(greq), tools)
     track.tool_calls = len(out.calls)
-    return json_response(rs.response_body(rid, created, req, rs.output_items(out), fin))
+    return json_response(ro.response_body(rid, created, req, ro.output_items(out), fin))
