@@ -16,7 +16,7 @@ from .anthropic import AnthropicError
 from .auth import KeyRing
 from .errors import ApiError, error_json
 from .gate import Gate
-from .models import ModelList, ModelObject
+from .models import HealthStatus, ModelList, ModelObject
 from .routes_chat import handle_chat
 from .routes_protocols import handle_count_tokens, handle_messages, handle_responses
 from .service import Service, json_response, service
@@ -29,10 +29,10 @@ async def health(request: Request[Any, Any, Any]) -> Response[bytes]:
     try:
         h = await service(request).backend.health()
     except Exception as e:  # the actor is gone or not answering: not ready
-        return json_response({"status": "unavailable", "detail": type(e).__name__}, 503)
+        return json_response(HealthStatus(status="unavailable", detail=type(e).__name__), 503)
     if not h.ok:
-        return json_response({"status": "unavailable", "detail": h.detail}, 503)
-    return json_response({"status": "ok"})
+        return json_response(HealthStatus(status="unavailable", detail=h.detail), 503)
+    return json_response(HealthStatus(status="ok"))
 
 
 def _model(svc: Service) -> ModelObject:

@@ -1,4 +1,5 @@
-"""msgspec models of the OpenAI Chat Completions request and response bodies (serving.md §4).
+"""msgspec models of the OpenAI Chat Completions request and response bodies (serving.md §4), the model list
+and the health body.
 
 Request fields are decoded leniently where the spec says "ignored" (unknown fields are dropped) and strictly
 where it names a type, so a wrong type fails in msgspec with the field path, which becomes the error's ``param``.
@@ -31,6 +32,7 @@ __all__ = [
     "ChatCompletionChunk",
     "ModelObject",
     "ModelList",
+    "HealthStatus",
 ]
 
 
@@ -184,3 +186,10 @@ class ModelObject(msgspec.Struct, kw_only=True):
 class ModelList(msgspec.Struct, kw_only=True):
     data: list[ModelObject]
     object: Literal["list"] = "list"
+
+
+class HealthStatus(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``GET /health``: ``{"status": "ok"}``, or ``unavailable`` with the reason in ``detail``."""
+
+    status: str
+    detail: str | UnsetType = UNSET
