@@ -2,7 +2,7 @@
 
 Pure functions (no I/O), so every rule of serving.md §4 is testable without a server. Each rejection is an
 ApiError naming the offending field in ``param``. The response side (bodies, SSE frames) is
-openai_chat_output.py; its names are re-exported here for existing callers.
+openai_chat_output.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from ninfer.actors.messages import GenerateRequest, GrammarSpec, SamplingOptions
 
 from .errors import ApiError, validation_param
 from .models import ChatMessage, ChatRequest
-from .openai_chat_output import ChatStream, completion_body, finish_reason, new_completion_id, usage_of
 from .protocol import check_tool, response_grammar, salvage_arguments, tool_grammar
 
 __all__ = [
@@ -25,12 +24,6 @@ __all__ = [
     "to_generate_request",
     "chat_tools",
     "chat_thinking",
-    # re-exported from openai_chat_output
-    "ChatStream",
-    "completion_body",
-    "finish_reason",
-    "new_completion_id",
-    "usage_of",
 ]
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}

@@ -12,7 +12,8 @@ from ninfer.api.auth import KeyFileError, extract_key, parse_keys
 from ninfer.api.config import ServerConfig, ServerConfigError
 from ninfer.api.errors import ApiError
 from ninfer.api.metrics import Histogram, Metrics
-from ninfer.api.openai_chat import ChatLimits, ChatStream, parse_chat_request, to_generate_request
+from ninfer.api.openai_chat import ChatLimits, parse_chat_request, to_generate_request
+from ninfer.api.openai_chat_output import ChatStream
 from ninfer.api.reqlog import RequestLog, RequestLogError
 
 LIMITS = ChatLimits(model_id="m", max_context=64, default_max_tokens=16)
