@@ -62,6 +62,24 @@ class HybridDims:
     def gdn_conv_channels(self) -> int:
         return 2 * self.gdn_key_dim + self.gdn_value_dim
 
+    # ---- (de)serialisation (manifests store configs as JSON: tuples become lists) ----------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)  # type: ignore[call-overload]
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Any:
+        """The config from ``to_dict``'s output; unknown or missing fields are a ConfigError naming them."""
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        extra = sorted(set(d) - known)
+        if extra:
+            raise ConfigError(f"{extra[0]}: unknown config field")
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        try:
+            return cls(**kw)
+        except TypeError as e:  # missing required field
+            raise ConfigError(str(e)) from None
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelConfig(HybridDims):
@@ -151,26 +169,6 @@ class ModelConfig(HybridDims):
     @property
     def linear_attention_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t == "linear_attention")
-
-    # ---- (de)serialisation ----------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for k, v in d.items():
-            if isinstance(v, tuple):
-                d[k] = list(v)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        extra = sorted(set(d) - known)
-        if extra:
-            raise ConfigError(f"{extra[0]}: unknown config field")
-        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-        try:
-            return cls(**kw)
-        except TypeError as e:  # missing required field
-            raise ConfigError(str(e)) from None
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:

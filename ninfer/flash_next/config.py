@@ -10,7 +10,6 @@ Layer kinds are normalised to ``"linear_attention"`` (GDN) and ``"qsa"``: the ch
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -264,23 +263,7 @@ class FlashNextConfig(HybridDims):
         """True when a sequence of ``length`` tokens has an empty QSA open block (see docs/flash-next-state.md)."""
         return length % self.indexer_compress_ratio == 0
 
-    # ---- (de)serialisation ----------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FlashNextConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        extra = sorted(set(d) - known)
-        if extra:
-            raise ConfigError(f"{extra[0]}: unknown config field")
-        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-        try:
-            return cls(**kw)
-        except TypeError as e:  # missing required field
-            raise ConfigError(str(e)) from None
-
+    # ---- (de)serialisation: to_dict / from_dict come from HybridDims ----------------------------------
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> FlashNextConfig:
         """Read an HF ``config.json`` dict (``Qwen4ExpForCausalLM`` text config or the VLM with ``text_config``)."""
