@@ -51,7 +51,9 @@ def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
     for key in ("max_context", "kv_capacity", "prefill_chunk"):
         if getattr(cfg, key) is not None:
             engine[key] = getattr(cfg, key)
-    options = {"cuda_graph": False} if backend == "cuda" and not cfg.cuda_graph else {}
+    options: dict[str, object] = {}
+    if backend == "cuda":
+        options = {"cuda_graph": cfg.cuda_graph, "act_dtype": cfg.activations}
     template = {"preserve_thinking": True} if cfg.preserve_thinking else {}
     return ActorSpec(
         artifact=os.path.abspath(cfg.artifact),

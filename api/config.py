@@ -35,6 +35,7 @@ class ServerConfig:
     request_log_jsonl: str | None = None
     backend: str = "auto"
     cuda_graph: bool = True
+    activations: str = "fp32"  # CUDA activation dtype: fp32 (exact operands) or bf16 (opt-in, faster prefill)
     prefix_reuse: bool = True
     cors: bool = False
     max_request_mib: int = 384
@@ -56,6 +57,8 @@ class ServerConfig:
             raise ServerConfigError(f"--max-concurrency: must be in 1..8, got {self.max_concurrency}")
         if self.queue_depth < 0:
             raise ServerConfigError(f"--queue-depth: must be >= 0, got {self.queue_depth}")
+        if self.activations not in ("fp32", "bf16"):
+            raise ServerConfigError(f"--activations: fp32 or bf16, got {self.activations!r}")
         positive("--max-context", self.max_context)
         positive("--kv-capacity", self.kv_capacity)
         positive("--prefill-chunk", self.prefill_chunk)

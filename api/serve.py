@@ -47,6 +47,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--request-log-jsonl", default=None, help="append one JSON line per request event")
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="auto: cuda when a GPU is present")
     p.add_argument("--no-cuda-graph", action="store_true")
+    p.add_argument(
+        "--activations",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="CUDA activation dtype; bf16 prefills faster but rounds what the model computes",
+    )
     p.add_argument("--no-prefix-reuse", action="store_true")
     p.add_argument("--cors", action="store_true")
     p.add_argument(
@@ -86,6 +92,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         request_log_jsonl=a.request_log_jsonl,
         backend=a.backend,
         cuda_graph=not a.no_cuda_graph,
+        activations=a.activations,
         prefix_reuse=not a.no_prefix_reuse,
         cors=a.cors,
         max_request_mib=a.max_request_mib,

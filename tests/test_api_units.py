@@ -262,6 +262,18 @@ def test_no_cuda_graph_is_a_backend_option_not_an_engine_option() -> None:
 
     cfg = ServerConfig(artifact="a.ninfer", cuda_graph=False)
     spec = actor_spec(cfg, "cuda")
-    assert spec.backend_options == {"cuda_graph": False}
+    assert spec.backend_options == {"cuda_graph": False, "act_dtype": "fp32"}
     EngineConfig(**spec.engine)  # every engine key is an EngineConfig field
     assert actor_spec(cfg, "reference").backend_options == {}
+
+
+def test_activations_flag_reaches_the_cuda_backend() -> None:
+    from ninfer.api._runner import actor_spec
+    from ninfer.api.serve import config_from_args
+
+    from ninfer.cli import _parser
+
+    a = _parser().parse_args(["serve", "a.ninfer", "--activations", "bf16"])
+    assert actor_spec(config_from_args(a), "cuda").backend_options["act_dtype"] == "bf16"
+    with pytest.raises(ServerConfigError, match="--activations"):
+        ServerConfig(artifact="a.ninfer", activations="fp16")
