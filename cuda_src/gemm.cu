@@ -41,12 +41,12 @@ template <> struct SplitX<float> {
 };
 #define GM_LO_ROWS(T) (SplitX<T>::value ? GM_BM : 1)
 
-// Stage one 64x32 tile of x (hi, and lo for float x) and of W (exact bf16 values) into shared memory, and the
-// tile's per-column scales for group formats; out-of-range rows and columns read as 0.
+// Stage one 64x32 tile of x (hi, and lo for float x) and of W (exact bf16 values; weight rows wbase + n) into
+// shared memory, and the tile's per-column scales for group formats; out-of-range rows and columns read as 0.
 template <typename F, typename T>
 __device__ __forceinline__ void gemm_stage(const u8* p0, const u8* p1, const u8* p2, const T* x, long long ldx,
-                                           int M, int N, int K, int m0, int n0, int k0, u16 (*As)[GM_LD],
-                                           u16 (*Al)[GM_LD], u16 (*Bs)[GM_LD], float* Ss) {
+                                           int M, int N, int K, int m0, int n0, int k0, long long wbase,
+                                           u16 (*As)[GM_LD], u16 (*Al)[GM_LD], u16 (*Bs)[GM_LD], float* Ss) {
     for (int c = threadIdx.x; c < GM_BM * GM_BK / 8; c += blockDim.x) {
         const int r = c / (GM_BK / 8), kk = (c % (GM_BK / 8)) * 8;
         float v[8];
@@ -67,7 +67,7 @@ __device__ __forceinline__ void gemm_stage(const u8* p0, const u8* p1, const u8*
             }
         }
         if (n0 + r < N && k0 + kk < K) {
-            F::load8v(p0, p1, p2, K, n0 + r, k0 + kk, v);
+            F::load8v(p0, p1, p2, K, wbase + n0 + r, k0 + kk, v);
         } else {
 #pragma unroll
             for (int j = 0; j < 8; ++j) v[j] = 0.f;
@@ -78,7 +78,7 @@ __device__ __forceinline__ void gemm_stage(const u8* p0, const u8* p1, const u8*
     }
     if (F::SGROUP) {
         for (int c = threadIdx.x; c < GM_BN; c += blockDim.x)
-            Ss[c] = n0 + c < N ? F::scale(p0, p1, p2, K, n0 + c, k0) : 0.f;
+            Ss[c] = n0 + c < N ? F::scale(p0, p1, p2, K, wbase + n0 + c, k0) : 0.f;
     }
 }
 
@@ -123,26 +123,25 @@ __device__ __forceinline__ void zero_frags(float f[2][4][4]) {
             for (int r = 0; r < 4; ++r) f[i][j][r] = 0.f;
 }
 
-// x: [M, K] (row stride ldx), y: [M, N] (row stride ldy). K % 8 == 0 (checked by the wrapper).
-// Fragment element r of acc[i][j] is row wm + 16i + g + 8(r >> 1), column wn + 8j + 2t + (r & 1) of the tile.
+// One 64x64 output tile: y[m, n] for m in [m0, m0 + 64) ∩ [0, M), n in [n0, n0 + 64) ∩ [0, N), weight rows
+// wbase + n. Fragment element r of acc[i][j] is row wm + 16i + g + 8(r >> 1), column wn + 8j + 2t + (r & 1).
 template <typename F, typename T>
-__global__ void __launch_bounds__(128)
-    gemm(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
-         T* __restrict__ y, int M, int N, int K, long long ldx, long long ldy) {
+__device__ __forceinline__ void gemm_block(const u8* p0, const u8* p1, const u8* p2, const T* x, T* y, int M,
+                                           int N, int K, long long ldx, long long ldy, int m0, int n0,
+                                           long long wbase) {
     static_assert(F::SGROUP % GM_BK == 0, "a K tile must not straddle a scale group");
     constexpr bool SPLIT = SplitX<T>::value;
     __shared__ __align__(16) u16 As[GM_BM][GM_LD];
     __shared__ __align__(16) u16 Al[GM_LO_ROWS(T)][GM_LD];
     __shared__ __align__(16) u16 Bs[GM_BN][GM_LD];
     __shared__ float Ss[GM_BN];
-    const int m0 = blockIdx.y * GM_BM, n0 = blockIdx.x * GM_BN;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
     float acc[2][4][4];
     zero_frags(acc);
 
     for (int k0 = 0; k0 < K; k0 += GM_BK) {
-        gemm_stage<F, T>(p0, p1, p2, x, ldx, M, N, K, m0, n0, k0, As, Al, Bs, Ss);
+        gemm_stage<F, T>(p0, p1, p2, x, ldx, M, N, K, m0, n0, k0, wbase, As, Al, Bs, Ss);
         __syncthreads();
         if (F::SGROUP) {  // this tile's sums, then scaled per column into acc (fixed order)
             float part[2][4][4];
@@ -166,7 +165,7 @@ __global__ void __launch_bounds__(128)
         for (int c = 0; c < 2; ++c) {
             const int n = n0 + wn + j * 8 + 2 * t + c;
             if (n >= N) continue;
-            const float s = F::SGROUP ? 1.f : F::scale(p0, p1, p2, K, n, 0);
+            const float s = F::SGROUP ? 1.f : F::scale(p0, p1, p2, K, wbase + n, 0);
 #pragma unroll
             for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -175,4 +174,29 @@ __global__ void __launch_bounds__(128)
                     if (m < M) y[(long long)m * ldy + n] = from_f<T>(acc[i][j][2 * h + c] * s);
                 }
         }
+}
+
+// x: [M, K] (row stride ldx), y: [M, N] (row stride ldy). K % 8 == 0 (checked by the wrapper).
+template <typename F, typename T>
+__global__ void __launch_bounds__(128)
+    gemm(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
+         T* __restrict__ y, int M, int N, int K, long long ldx, long long ldy) {
+    gemm_block<F, T>(p0, p1, p2, x, y, M, N, K, ldx, ldy, blockIdx.y * GM_BM, blockIdx.x * GM_BN, 0);
+}
+
+// MoE prefill (grouped): x rows are expert slots sorted by expert, expert e owning rows [off[e], off[e + 1]);
+// y[s] = x[s] · W_e[ids of s]ᵀ with W the fused [E*N, K] expert weight. Tile i (blockIdx.y) covers rows
+// tile_s0[i] .. min(tile_s0[i] + 64, off[tile_e[i] + 1]); tiles at or beyond *ntiles exit (the grid is sized by
+// an upper bound, so no host sync is needed). Same per-output reduction order as gemm.
+template <typename F, typename T>
+__global__ void __launch_bounds__(128)
+    gemm_experts(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
+                 const T* __restrict__ x, T* __restrict__ y, const int* __restrict__ off,
+                 const int* __restrict__ tile_e, const int* __restrict__ tile_s0, const int* __restrict__ ntiles,
+                 int N, int K, long long ldx, long long ldy) {
+    const int i = blockIdx.y;
+    if (i >= *ntiles) return;
+    const int e = tile_e[i], s0 = tile_s0[i], rows = min(GM_BM, off[e + 1] - s0);
+    gemm_block<F, T>(p0, p1, p2, x + (long long)s0 * ldx, y + (long long)s0 * ldy, rows, N, K, ldx, ldy, 0,
+                     blockIdx.x * GM_BN, (long long)e * N);
 }

@@ -270,6 +270,25 @@ def test_gemm_odd_shapes_strided(cp: Any, report: list, fmt: str, t: str) -> Non
         assert np.array_equal(last[0], cp.asnumpy(buf)[-1, 3 : 3 + n]), f"{fmt} {m}x{n}x{k}: row depends on M"
 
 
+@pytest.mark.parametrize("fmt", MATRIX_FMTS)
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_gemm_experts(cp: Any, report: list, fmt: str, t: str) -> None:
+    """Grouped MoE prefill GEMM: slots sorted by expert, empty experts, an expert spanning several row tiles,
+    one-row experts; every slot's row equals its expert's product."""
+    from ninfer.cuda.linear import gemm_experts
+
+    rng = np.random.default_rng(17)
+    e, n, k = 7, 130, 136
+    w, wf = _weight(rng, fmt, (e, n, k))
+    counts = [0, 150, 1, 0, 64, 65, 3]  # expert 1 spans three 64-row tiles, 0 and 3 are empty
+    ids = np.repeat(np.arange(e, dtype=np.int32), counts)
+    x = _inputs(rng, (ids.size, k), t)
+    out = _poison(cp, (ids.size, n), t)
+    gemm_experts(_dev(cp, x, t), w, cp.asarray(ids), n, out)
+    ref = np.concatenate([ops.linear(x[ids == i], wf[i]) for i in range(e) if counts[i]])
+    _close(report, f"gemm_experts {fmt} {t}", _host(cp, out), ref, GEMM_TOL[t])
+
+
 # ---- Gated DeltaNet ------------------------------------------------------------------------------------------
 def _packed(cp: Any, lens: list[int]) -> tuple[Any, Any, list[int]]:
     starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)

@@ -6,6 +6,7 @@
 - :func:`gemm`: prefill chunks on tensor cores with exact operands: weights as bf16-exact codes times the format's
   scale (applied to the fp32 sums), bf16 activations as is, float32 activations split into two bf16 halves
   (relative representation error <= 2^-17); fp32 accumulation in a fixed order per K.
+- :func:`gemm_experts`: MoE prefill, the rows of each expert (slots sorted by expert) as one grouped GEMM.
 - :func:`linear`: gemv for up to 8 rows, else gemm.
 """
 
@@ -19,7 +20,7 @@ from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, 
 from ninfer.cuda.loader import kernel
 from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight
 
-__all__ = ["gemv", "gemv_experts", "gemm", "linear", "SOURCES", "GEMV_MAX_ROWS"]
+__all__ = ["gemv", "gemv_experts", "gemm", "gemm_experts", "linear", "SOURCES", "GEMV_MAX_ROWS"]
 
 GEMV_MAX_ROWS = 8  # GEMV_MAXB in gemv.cu
 _GEMV_WARPS = 8  # GEMV_WARPS in gemv.cu: output rows per block
@@ -27,7 +28,7 @@ _TYPES = ("float", "bf16")
 _FMTS = tuple(FORMAT_STRUCTS.values())
 SOURCES: dict[str, tuple[str, ...]] = {
     "gemv.cu": tuple(f"{k}<{f}, {t}>" for k in ("gemv", "gemv_experts") for f in _FMTS for t in _TYPES),
-    "gemm.cu": tuple(f"gemm<{f}, {t}>" for f in _FMTS for t in _TYPES),
+    "gemm.cu": tuple(f"{k}<{f}, {t}>" for k in ("gemm", "gemm_experts") for f in _FMTS for t in _TYPES),
 }
 
 
@@ -121,6 +122,39 @@ def gemm(x: Any, w: DeviceWeight, out: Any = None) -> Any:
         (128,),
         (p0, p1, p2, x, out, np.int32(m), np.int32(n), np.int32(k), np.int64(ldx), np.int64(ldy)),
     )
+    return out
+
+
+def gemm_experts(x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None) -> Any:
+    """MoE prefill: ``out[s] = x[s] · W_e[ids[s]]ᵀ`` for slots sorted by expert (``ids`` int32, non-decreasing),
+    ``w`` the fused ``[E*n, K]`` expert weight. The tile table is built on the device (no host sync): expert e owns
+    rows ``off[e] .. off[e+1]`` and ``ceil(count_e / 64)`` tiles; the grid is sized by the bound ``S/64 + E``."""
+    import cupy
+
+    t, m, k, ldx = _prep(x, w, out, "gemm_experts")
+    check_array(ids, "ids", dtype=np.int32, shape=(m,))
+    if n <= 0 or w.rows % n:
+        raise KernelError(f"gemm_experts: weight rows {w.rows} are not a whole number of experts of {n} rows")
+    out, ldy = _out(x, out, m, n)
+    if m == 0:
+        return out
+    e = w.rows // n
+    off = cupy.searchsorted(ids, cupy.arange(e + 1, dtype=np.int32), side="left").astype(np.int32)
+    tiles = (off[1:] - off[:-1] + 63) // 64
+    tile_end = cupy.cumsum(tiles)
+    bound = -(-m // 64) + e
+    i = cupy.arange(bound, dtype=tile_end.dtype)
+    tile_e = cupy.minimum(cupy.searchsorted(tile_end, i, side="right"), e - 1)
+    tile_s0 = off[tile_e] + (i - (tile_end[tile_e] - tiles[tile_e])) * 64
+    ntiles = tile_end[-1:].astype(np.int32)
+    fn = kernel("gemm.cu", SOURCES["gemm.cu"], f"gemm_experts<{w.struct}, {t}>")
+    p0, p1, p2 = w.planes()
+    fn(
+        (grid_1d(n, 64), bound),
+        (128,),
+        (p0, p1, p2, x, out, off, tile_e.astype(np.int32), tile_s0.astype(np.int32), ntiles, np.int32(n),
+         np.int32(k), np.int64(ldx), np.int64(ldy)),
+    )  # fmt: skip
     return out
 
 

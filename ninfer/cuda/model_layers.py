@@ -133,11 +133,16 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta) -> Any:
         where[order] = slot
     else:
         ids, xrow, where = flat, slot // np.int32(k), slot
-    gu = cupy.empty((n, 2 * inter), dtype=h.dtype)
-    _experts(h, w[p + "experts.gate_up_proj"], ids, xrow, 2 * inter, gu)
-    act = swiglu(gu)
-    dn = cupy.empty((n, hid), dtype=h.dtype)
-    _experts(act, w[p + "experts.down_proj"], ids, slot, hid, dn)
+    if t > 8 and net.prefill_gemm:  # grouped tensor-core GEMM over each expert's sorted rows
+        from ninfer.cuda.linear import gemm_experts
+
+        gu = gemm_experts(cupy.take(h, xrow, axis=0), w[p + "experts.gate_up_proj"], ids, 2 * inter)
+        dn = gemm_experts(swiglu(gu), w[p + "experts.down_proj"], ids, hid)
+    else:
+        gu = cupy.empty((n, 2 * inter), dtype=h.dtype)
+        _experts(h, w[p + "experts.gate_up_proj"], ids, xrow, 2 * inter, gu)
+        dn = cupy.empty((n, hid), dtype=h.dtype)
+        _experts(swiglu(gu), w[p + "experts.down_proj"], ids, slot, hid, dn)
     sp = p + "shared_expert."
     sh = _swiglu_ffn(net, h, sp + "gate_proj.weight", sp + "up_proj.weight", sp + "down_proj.weight",
                      cfg.shared_expert_intermediate_size)  # fmt: skip
