@@ -59,14 +59,15 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     mc = REG[MODELS[key]].config
     t0 = time.perf_counter()
     tensors = synthetic_tensors(mc, args.profile)
-    net = CudaQwen36(mc, tensors, attn_chunk=512)
+    net = CudaQwen36(mc, tensors, attn_chunk=512, act_dtype=args.activations)
     net.warmup()
     longest = max(
         args.prefill + [args.followup_context + args.followup_tokens, args.context + args.steps + 8]
     )
     pages = -(-(longest + 64) // 16)
     net.allocate(num_slots=16, num_pages=pages * 10, page_size=16, max_context=longest + 64)
-    res: dict[str, Any] = {"model": MODELS[key], "profile": args.profile, "sizes": model_bytes(net)}
+    res: dict[str, Any] = {"model": MODELS[key], "profile": args.profile, "activations": args.activations}
+    res["sizes"] = model_bytes(net)
     res["build_s"] = time.perf_counter() - t0
     log(f"{key}: built in {res['build_s']:.1f} s, {res['sizes']['matrix_bytes'] / 1e9:.2f} GB of matrices")
     res["prefill"] = []
@@ -122,6 +123,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", default="nvfp4", help="nvfp4, q4, w8 or bf16")
     p.add_argument("--out", default="perf/results", help="directory for the JSON and PNG")
     p.add_argument("--commit", default="unknown", help="commit id recorded with the results")
+    p.add_argument("--activations", default="fp32", choices=("fp32", "bf16"), help="CUDA activation dtype")
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     a = p.parse_args(argv)
     a.prefill = [1024, 8192] if a.quick else [1024, 8192, 32768]

@@ -15,7 +15,8 @@ def _find(rows: list[dict], key: str, value: int) -> dict | None:
 def table(result: dict[str, Any]) -> str:
     c = result["ceilings"]
     lines = [
-        f"ninfer-perf  commit {result['commit']}  {result['device']}  {result['date']}",
+        f"ninfer-perf  commit {result['commit']}  {result['device']}  {result['date']}  activations "
+        + ",".join(sorted({m.get("activations", "bf16") for m in result["models"].values()})),
         f"ceilings: copy {c['copy_Bps'] / 1e12:.2f} TB/s, bf16 GEMM {c['gemm_flops'] / 1e12:.0f} TFLOP/s "
         f"({c['gemm_how']})",
         f"{'model':18s} {'decode x1':>16s} {'decode x8':>16s} {'prefill 8K':>18s} {'TTFT 8K':>8s} "
@@ -32,8 +33,9 @@ def table(result: dict[str, Any]) -> str:
         pre = f"{p8['tok_s']:7.0f} ({p8['frac_gemm']:5.1%})" if p8 else "-"
         ttft = f"{p8['ttft_s']:7.2f}s" if p8 else "-"
         fu = f"{m['followup']['ttft_reuse_s']:8.3f}s" if "followup" in m else "-"
-        hfp = f"{hf['prefill_tok_s']:10.0f}" if "prefill_tok_s" in hf else f"{'n/a':>10s}"
-        hfd = f"{hf['decode_tok_s']:9.2f}" if "decode_tok_s" in hf else f"{'n/a':>9s}"
+        na = "failed" if "error" in hf else "n/a"
+        hfp = f"{hf['prefill_tok_s']:10.0f}" if "prefill_tok_s" in hf else f"{na:>10s}"
+        hfd = f"{hf['decode_tok_s']:9.2f}" if "decode_tok_s" in hf else f"{na:>9s}"
         lines.append(
             f"{m['model']:18s} {dec(d1):>16s} {dec(d8):>16s} {pre:>18s} {ttft:>8s} {fu:>9s} {hfp} {hfd}"
         )
