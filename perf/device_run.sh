@@ -2,7 +2,7 @@
 # One device session in two calls (each under the tool's 10-minute limit), everything written under $OUT:
 #   bash perf/device_run.sh tests   compile every kernel family (timed), every GPU-marked test (kernels vs the
 #                                   NumPy reference, the CUDA model vs reference/transformers, engine on CUDA),
-#                                   then the kernel micro-benchmarks (perf/bench_gemv.py, perf/bench_gdn.py)
+#                                   then the kernel micro-benchmarks (perf/bench_*.py)
 #   bash perf/device_run.sh perf    `ninfer-perf --quick` (27B and 35B-A3B at nvfp4, transformers column)
 # Installs only what the image lacks (pytest and msgspec wheels from .whl-cuda/, carried by the caller).
 # Env: COMMIT (recorded with the results), PYTEST_K (-k filter), TEST_TIMEOUT, PERF_TIMEOUT.
@@ -28,7 +28,7 @@ from ninfer.cuda import warmup; print('compiled', sum(warmup().values()), 'insta
   NINFER_GPU_REPORT=$OUT/gpu_report.json NINFER_GPU_REPORT_MODEL=$OUT/model_report.json \
     timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --timeout 200 -rf \
     ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.txt" | grep -v PASSED | tail -60
-  for b in bench_gemv bench_gdn; do
+  for b in bench_gemm bench_gemv bench_gdn bench_attention; do
     [ -f perf/$b.py ] && timeout ${BENCH_TIMEOUT:-90} python3 -m perf.$b 2>&1 | tee -a "$OUT/bench.txt" | tail -30
   done
   tail -3 "$OUT/pytest.txt"

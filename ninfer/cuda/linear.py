@@ -24,6 +24,7 @@ __all__ = ["gemv", "gemv_experts", "gemm", "gemm_experts", "linear", "SOURCES", 
 
 GEMV_MAX_ROWS = 8  # GEMV_MAXB in gemv.cu
 _GEMV_WARPS = 8  # GEMV_WARPS in gemv.cu: output rows per block
+_GEMM_TILE, _GEMM_THREADS = 128, 256  # GM_BM = GM_BN and GM_THREADS in gemm.cu
 _TYPES = ("float", "bf16")
 _FMTS = tuple(FORMAT_STRUCTS.values())
 SOURCES: dict[str, tuple[str, ...]] = {
@@ -118,8 +119,8 @@ def gemm(x: Any, w: DeviceWeight, out: Any = None) -> Any:
     fn = kernel("gemm.cu", SOURCES["gemm.cu"], f"gemm<{w.struct}, {t}>")
     p0, p1, p2 = w.planes()
     fn(
-        (grid_1d(n, 64), grid_1d(m, 64)),
-        (128,),
+        (grid_1d(n, _GEMM_TILE), grid_1d(m, _GEMM_TILE)),
+        (_GEMM_THREADS,),
         (p0, p1, p2, x, out, np.int32(m), np.int32(n), np.int32(k), np.int64(ldx), np.int64(ldy)),
     )
     return out
@@ -128,7 +129,7 @@ def gemm(x: Any, w: DeviceWeight, out: Any = None) -> Any:
 def gemm_experts(x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None) -> Any:
     """MoE prefill: ``out[s] = x[s] · W_e[ids[s]]ᵀ`` for slots sorted by expert (``ids`` int32, non-decreasing),
     ``w`` the fused ``[E*n, K]`` expert weight. The tile table is built on the device (no host sync): expert e owns
-    rows ``off[e] .. off[e+1]`` and ``ceil(count_e / 64)`` tiles; the grid is sized by the bound ``S/64 + E``."""
+    rows ``off[e] .. off[e+1]`` and ``ceil(count_e / 128)`` tiles; the grid is sized by the bound ``S/128 + E``."""
     import cupy
 
     t, m, k, ldx = _prep(x, w, out, "gemm_experts")
@@ -140,18 +141,18 @@ def gemm_experts(x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None) -> 
         return out
     e = w.rows // n
     off = cupy.searchsorted(ids, cupy.arange(e + 1, dtype=np.int32), side="left").astype(np.int32)
-    tiles = (off[1:] - off[:-1] + 63) // 64
+    tiles = (off[1:] - off[:-1] + _GEMM_TILE - 1) // _GEMM_TILE
     tile_end = cupy.cumsum(tiles)
-    bound = -(-m // 64) + e
+    bound = -(-m // _GEMM_TILE) + e
     i = cupy.arange(bound, dtype=tile_end.dtype)
     tile_e = cupy.minimum(cupy.searchsorted(tile_end, i, side="right"), e - 1)
-    tile_s0 = off[tile_e] + (i - (tile_end[tile_e] - tiles[tile_e])) * 64
+    tile_s0 = off[tile_e] + (i - (tile_end[tile_e] - tiles[tile_e])) * _GEMM_TILE
     ntiles = tile_end[-1:].astype(np.int32)
     fn = kernel("gemm.cu", SOURCES["gemm.cu"], f"gemm_experts<{w.struct}, {t}>")
     p0, p1, p2 = w.planes()
     fn(
-        (grid_1d(n, 64), bound),
-        (128,),
+        (grid_1d(n, _GEMM_TILE), bound),
+        (_GEMM_THREADS,),
         (p0, p1, p2, x, out, off, tile_e.astype(np.int32), tile_s0.astype(np.int32), ntiles, np.int32(n),
          np.int32(k), np.int64(ldx), np.int64(ldy)),
     )  # fmt: skip
