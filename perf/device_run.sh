@@ -28,7 +28,7 @@ from ninfer.cuda import warmup; print('compiled', sum(warmup().values()), 'insta
   NINFER_GPU_REPORT=$OUT/gpu_report.json NINFER_GPU_REPORT_MODEL=$OUT/model_report.json \
     timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --timeout 200 -rf \
     ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.txt" | grep -v PASSED | tail -60
-  for b in bench_gemm bench_gemv bench_gdn bench_attention; do
+  for b in profile_step bench_gemm bench_gemv bench_gdn bench_attention; do
     [ -f perf/$b.py ] && timeout ${BENCH_TIMEOUT:-90} python3 -m perf.$b 2>&1 | tee -a "$OUT/bench.txt" | tail -30
   done
   tail -3 "$OUT/pytest.txt"

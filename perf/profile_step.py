@@ -1,0 +1,138 @@
+"""Where a step's GPU time goes: every kernel wrapper of the ``ninfer.cuda`` families timed with CUDA events.
+
+    python -m perf.profile_step --model 27b          # on a GPU: eager decode at 8K context, a 2048-token prefill
+
+Each public function of the family modules (``ninfer.cuda.FAMILY_MODULES``) is wrapped for the duration of the
+run; a call's time is the event interval around its launches on the current stream. Work outside the wrappers
+(cupy element-wise glue, sorting, host-side scheduling gaps) shows as ``other`` = wall time - the sum. Decode is
+eager here (no CUDA graph), so ``other`` includes launch overhead that graph replay removes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import importlib
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+__all__ = ["profile", "main"]
+
+
+@contextlib.contextmanager
+def profile() -> Iterator[dict[str, list]]:
+    """Wrap every kernel wrapper; yields ``{name: [(start_event, end_event), ...]}``, filled while active."""
+    import cupy
+
+    from ninfer.cuda import FAMILY_MODULES
+
+    calls: dict[str, list] = defaultdict(list)
+    saved = []
+
+    def wrap(mod: Any, name: str, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def timed(*a: Any, **kw: Any) -> Any:
+            s, e = cupy.cuda.Event(), cupy.cuda.Event()
+            s.record()
+            try:
+                return fn(*a, **kw)
+            finally:
+                e.record()
+                calls[name].append((s, e))
+
+        return timed
+
+    for modname in FAMILY_MODULES + ("ninfer.cuda.attention_prefill",):
+        try:
+            mod = importlib.import_module(modname)
+        except ImportError:
+            continue
+        for name in getattr(mod, "__all__", ()):
+            fn = getattr(mod, name)
+            if callable(fn) and not isinstance(fn, type) and name != "SOURCES":
+                saved.append((mod, name, fn))
+                setattr(mod, name, wrap(mod, name, fn))
+    try:
+        yield calls
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
+
+
+def _summary(calls: dict[str, list], wall: float) -> dict[str, float]:
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+    out = {n: sum(cupy.cuda.get_elapsed_time(s, e) for s, e in ev) * 1e-3 for n, ev in calls.items()}
+    out["other"] = wall - sum(out.values())
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _run(label: str, fn: Any) -> dict[str, float]:
+    import cupy
+
+    fn()  # warm-up (allocations, first launches)
+    cupy.cuda.Device().synchronize()
+    with profile() as calls:
+        t0 = time.perf_counter()
+        fn()
+        cupy.cuda.Device().synchronize()
+        wall = time.perf_counter() - t0
+    res = _summary(calls, wall)
+    print(
+        f"{label}: {wall * 1e3:.1f} ms  "
+        + "  ".join(f"{k} {v * 1e3:.1f}" for k, v in res.items() if v > 5e-5)
+    )
+    return {"wall_s": wall, **res}
+
+
+def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
+    from ninfer.artifact.registry import MODELS as REG
+    from ninfer.cuda.model import CudaQwen36
+
+    from .cli import MODELS
+    from .synthetic import synthetic_tensors
+
+    mc = REG[MODELS[key]].config
+    net = CudaQwen36(mc, synthetic_tensors(mc, a.profile), act_dtype=a.activations, cuda_graph=False)
+    net.warmup()
+    pages = -(-(a.context + a.chunk + 64) // 16)
+    net.allocate(num_slots=4, num_pages=pages * 2, page_size=16, max_context=a.context + a.chunk + 64)
+    st = net.new_state()
+    net._grow(st, a.context + 8)
+    st.length = a.context
+    ids = np.zeros(1, np.int64)
+    res = {
+        "decode_1": _run(
+            f"{key} decode x1 @{a.context}", lambda: net.decode(ids, [(st.slot, a.context, st.pages)])
+        )
+    }
+    pre = net.new_state()
+    chunk = np.random.default_rng(0).integers(0, mc.vocab_size, a.chunk)
+
+    def prefill() -> None:
+        pre.length = 0
+        net.forward(chunk, pre)
+
+    res["prefill_chunk"] = _run(f"{key} prefill {a.chunk} @0", prefill)
+    return res
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="python -m perf.profile_step")
+    p.add_argument("--model", default="27b,35b")
+    p.add_argument("--profile", default="nvfp4")
+    p.add_argument("--activations", default="fp32")
+    p.add_argument("--context", type=int, default=8192)
+    p.add_argument("--chunk", type=int, default=2048)
+    a = p.parse_args(argv)
+    return {key: _profile_model(key, a) for key in a.model.split(",")}
+
+
+if __name__ == "__main__":
+    main()
