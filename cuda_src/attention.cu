@@ -2,6 +2,10 @@
 //
 // Paged cache, per layer: k_cache, v_cache [num_pages, page_size, HKV, D] (type C); a token at position p of
 // sequence b lives in page page_table[b * ldpt + p / page_size], offset p % page_size.
+// C = e4m3 (fp8 cache): codes plus k_scale, v_scale [num_pages, page_size, HKV] float32, one per (token, KV head);
+// the stored value is e4m3(code) * scale, exactly the reference runner's PagedKVStore._encode/_decode:
+// scale = amax|row| / 448 (IEEE fp32 divide), code = e4m3(x / (scale > 0 ? scale : 1)). For float/bf16 caches the
+// scale pointers are never read (the wrapper passes any array).
 //
 // qk_norm_rope_kv_write: q = RMSNormOff(q_raw, q_norm), k = RMSNormOff(k_raw, k_norm), partial NeoX rotation of
 //   dims [0, rot) with interleaved MRoPE axes, q to q_out, k and the raw v to the cache slots slot[t].
@@ -9,6 +13,51 @@
 //   online fp32 softmax; split over the KV length in fixed chunks of `chunk` positions so a row's result
 //   depends only on its own position (never on the batch); attn_combine merges the splits in index order.
 #include "common.cuh"
+#include "e4m3.cuh"
+
+template <typename C> constexpr bool kScaled = false;  // the cache carries per-row scales
+template <> constexpr bool kScaled<e4m3> = true;
+
+// max of |x| that propagates NaN (NumPy's max does; fmaxf would drop it)
+__device__ __forceinline__ float absmax_nan(float m, float x) {
+    const float a = fabsf(x);
+    return (a > m || a != a) ? a : m;
+}
+
+__device__ __forceinline__ float warp_absmax_nan(float m) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float n = __shfl_xor_sync(0xffffffffu, m, o);
+        m = (n > m || n != n) ? n : m;
+    }
+    return m;
+}
+
+// Writes the row x[0..D) (lane l holds dims l + 32r) of (token slot, head) `srow`: widened values to a float/bf16
+// cache, or scale + codes to an fp8 cache (lane 0 stores the scale).
+template <typename C, int D>
+__device__ __forceinline__ void store_row(const float (&x)[(D + 31) / 32], C* __restrict__ cache,
+                                          float* __restrict__ scales, long long srow, int lane) {
+    constexpr int R = (D + 31) / 32;
+    float div = 1.f;
+    if constexpr (kScaled<C>) {
+        float m = 0.f;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            if (lane + 32 * r < D) m = absmax_nan(m, x[r]);
+        const float sc = __fdiv_rn(warp_absmax_nan(m), 448.f);
+        if (lane == 0) scales[srow] = sc;
+        div = sc > 0.f ? sc : 1.f;  // false for NaN too, as NumPy's where(scale > 0, ...)
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int i = lane + 32 * r;
+        if (i >= D) continue;
+        float y = x[r];
+        if constexpr (kScaled<C>) y = __fdiv_rn(y, div);  // IEEE divide whatever the compile flags
+        cache[srow * D + i] = from_f<C>(y);
+    }
+}
 
 // One warp per (token, head) row; heads [0, HQ) are query heads, [HQ, HQ + HKV) key heads (value copied).
 // pos: [3, T] int32 (T/H/W axes; text uses one position for all three). Shared row buffer: 8 warps x D.
@@ -17,9 +66,9 @@ __global__ void __launch_bounds__(256)
     qk_norm_rope_kv_write(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                           const float* __restrict__ qw, const float* __restrict__ kw, const int* __restrict__ pos,
                           const long long* __restrict__ slot, T* __restrict__ q_out, C* __restrict__ k_cache,
-                          C* __restrict__ v_cache, int T_, int HQ, int HKV, int rot, int sec1, int sec2,
-                          int interleaved, float theta, float eps, long long ldq, long long ldqh, long long ldk,
-                          long long ldv) {
+                          C* __restrict__ v_cache, float* __restrict__ k_scale, float* __restrict__ v_scale,
+                          int T_, int HQ, int HKV, int rot, int sec1, int sec2, int interleaved, float theta,
+                          float eps, long long ldq, long long ldqh, long long ldk, long long ldv) {
     __shared__ float buf[8][D];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long rowid = (long long)blockIdx.x * 8 + warp;
@@ -63,16 +112,13 @@ __global__ void __launch_bounds__(256)
         for (int r = 0; r < (D + 31) / 32; ++r)
             if (lane + 32 * r < D) dst[lane + 32 * r] = from_f<T>(outv[r]);
     } else {
-        const long long base = (slot[t] * HKV + hk) * D;
+        const long long srow = slot[t] * HKV + hk;
         const T* vs = v + t * ldv + (long long)hk * D;
+        float vv[(D + 31) / 32];
 #pragma unroll
-        for (int r = 0; r < (D + 31) / 32; ++r) {
-            const int i = lane + 32 * r;
-            if (i < D) {
-                k_cache[base + i] = from_f<C>(outv[r]);
-                v_cache[base + i] = from_f<C>(to_f(vs[i]));
-            }
-        }
+        for (int r = 0; r < (D + 31) / 32; ++r) vv[r] = lane + 32 * r < D ? to_f(vs[lane + 32 * r]) : 0.f;
+        store_row<C, D>(outv, k_cache, k_scale, srow, lane);
+        store_row<C, D>(vv, v_cache, v_scale, srow, lane);
     }
 }
 
@@ -82,6 +128,7 @@ __global__ void __launch_bounds__(256)
 template <typename T, typename C, int D>
 __global__ void __launch_bounds__(256)
     attention(const T* __restrict__ q, const C* __restrict__ k_cache, const C* __restrict__ v_cache,
+              const float* __restrict__ k_scale, const float* __restrict__ v_scale,
               const int* __restrict__ page_table, const int* __restrict__ row_seq, const int* __restrict__ row_pos,
               T* __restrict__ o, float* __restrict__ ws_ml, float* __restrict__ ws_o, int HQ, int HKV,
               int page_size, long long ldpt, int chunk, int nsplit, float scale) {
@@ -98,15 +145,19 @@ __global__ void __launch_bounds__(256)
     float m = NEG_INF, l = 0.f;
     const int* pt = page_table + b * ldpt;
     for (int p = p0; p < p1; ++p) {
-        const long long base = ((long long)pt[p / page_size] * page_size + p % page_size) * HKV * D + hk * D;
+        const long long srow = ((long long)pt[p / page_size] * page_size + p % page_size) * HKV + hk;
+        const long long base = srow * D;
         float s = 0.f;
 #pragma unroll
         for (int e = 0; e < E; ++e) s = fmaf(qv[e], to_f(k_cache[base + lane + 32 * e]), s);
         s = warp_sum(s);
+        if constexpr (kScaled<C>) s *= k_scale[srow];  // q . (code * ks) = (q . code) * ks
         const float mn = fmaxf(m, s), corr = expf(m - mn), pw = expf(s - mn);
         l = l * corr + pw;
+        float pv = pw;  // weight of this position's v row: pw * vs for fp8 (codes times scale)
+        if constexpr (kScaled<C>) pv *= v_scale[srow];
 #pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] = fmaf(pw, to_f(v_cache[base + lane + 32 * e]), acc[e] * corr);
+        for (int e = 0; e < E; ++e) acc[e] = fmaf(pv, to_f(v_cache[base + lane + 32 * e]), acc[e] * corr);
         m = mn;
     }
     const long long orow = (long long)r * HQ + hq;

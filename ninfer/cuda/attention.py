@@ -1,8 +1,12 @@
 """Gated full attention over a paged KV cache (cuda_src/attention.cu).
 
-Cache per layer: ``k_cache, v_cache[num_pages, page_size, HKV, D]`` (bf16 words as uint16, or float32); a token at
-position p of sequence b lives in page ``page_table[b, p // page_size]`` at offset ``p % page_size`` (its "slot"
-is ``page * page_size + offset``).
+Cache per layer: ``k_cache, v_cache[num_pages, page_size, HKV, D]`` (bf16 words as uint16, float32, or e4m3fn
+codes as uint8); a token at position p of sequence b lives in page ``page_table[b, p // page_size]`` at offset
+``p % page_size`` (its "slot" is ``page * page_size + offset``).
+
+An fp8 (uint8) cache needs ``k_scale, v_scale[num_pages, page_size, HKV]`` float32: one scale per (token, KV head),
+value = ``e4m3_decode(code) * scale``, written as the reference runner's ``PagedKVStore._encode`` does
+(``scale = amax / 448``, ``code = e4m3_encode(x / (scale or 1))``), bitwise.
 """
 
 from __future__ import annotations
@@ -18,22 +22,38 @@ from ninfer.cuda.loader import kernel
 __all__ = ["qk_norm_rope_kv_write", "attention", "SOURCES", "HEAD_DIMS", "MAX_GROUP"]
 
 _T = ("float", "bf16")
+_C = ("float", "bf16", "e4m3")  # cache element types
+_CACHE_TYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16", np.dtype(np.uint8): "e4m3"}
 HEAD_DIMS = (32, 64, 128, 256)
 MAX_GROUP = 8  # query heads per KV head: one warp each in a 256-thread block
 SOURCES: dict[str, tuple[str, ...]] = {
-    "attention.cu": tuple(f"qk_norm_rope_kv_write<{t}, {c}, {d}>" for t in _T for c in _T for d in HEAD_DIMS)
-    + tuple(f"attention<{t}, {c}, {d}>" for t in _T for c in _T for d in HEAD_DIMS)
+    "attention.cu": tuple(f"qk_norm_rope_kv_write<{t}, {c}, {d}>" for t in _T for c in _C for d in HEAD_DIMS)
+    + tuple(f"attention<{t}, {c}, {d}>" for t in _T for c in _C for d in HEAD_DIMS)
     + tuple(f"attn_combine<{t}, {d}>" for t in _T for d in HEAD_DIMS)
 }
 
 
-def _cache_type(k_cache: Any, v_cache: Any, hkv: int, d: int) -> str:
-    c = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}.get(np.dtype(k_cache.dtype))
+def _cache_type(
+    k_cache: Any, v_cache: Any, hkv: int, d: int, k_scale: Any, v_scale: Any
+) -> tuple[str, Any, Any]:
+    """(C++ cache type, k scale arg, v scale arg): the scales are checked for an fp8 cache and must be absent
+    otherwise, where the kernel never reads them and the cache itself stands in for the pointer."""
+    c = _CACHE_TYPES.get(np.dtype(k_cache.dtype))
     if c is None:
-        raise KernelError(f"k_cache: dtype must be uint16 (bf16) or float32, got {k_cache.dtype}")
+        raise KernelError(
+            f"k_cache: dtype must be uint16 (bf16), float32 or uint8 (e4m3), got {k_cache.dtype}"
+        )
     check_array(k_cache, "k_cache", shape=(None, None, hkv, d))
     check_array(v_cache, "v_cache", dtype=k_cache.dtype, shape=k_cache.shape)
-    return c
+    if c != "e4m3":
+        if k_scale is not None or v_scale is not None:
+            raise KernelError(f"k_scale/v_scale: only an fp8 (uint8) cache has scales, got a {c} cache")
+        return c, k_cache, v_cache
+    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if sc is None:
+            raise KernelError(f"{name}: required with an fp8 (uint8) cache")
+        check_array(sc, name, dtype=np.float32, shape=k_cache.shape[:3])
+    return c, k_scale, v_scale
 
 
 def qk_norm_rope_kv_write(
@@ -56,10 +76,13 @@ def qk_norm_rope_kv_write(
     interleaved: bool = True,
     eps: float = 1e-6,
     q_out: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
 ) -> Any:
     """Offset-RMSNorm q (from ``qg[T, Hq·2D]``, [query | gate] per head) and ``k[T, HKV·D]``, rotate dims
     [0, rotary_dim) (NeoX pairs, MRoPE axes from ``positions[3, T]``), write k and raw ``v[T, HKV·D]`` to the cache
-    at ``slots[T]`` (int64) and return the rotated queries ``[T, Hq, D]``."""
+    at ``slots[T]`` (int64) and return the rotated queries ``[T, Hq, D]``. An fp8 cache also gets the rows'
+    scales in ``k_scale``/``v_scale``."""
     import cupy
 
     t = act_type(qg, "qg")
@@ -76,7 +99,7 @@ def qk_norm_rope_kv_write(
     check_array(k_norm, "k_norm", dtype=np.float32, shape=(d,))
     check_array(positions, "positions", dtype=np.int32, shape=(3, rows))
     check_array(slots, "slots", dtype=np.int64, shape=(rows,))
-    c = _cache_type(k_cache, v_cache, kv_heads, d)
+    c, ks, vs = _cache_type(k_cache, v_cache, kv_heads, d, k_scale, v_scale)
     sec = tuple(int(s) for s in mrope_section)
     if rotary_dim % 2 or rotary_dim > d or len(sec) != 3 or 2 * sum(sec) != rotary_dim:
         raise KernelError(
@@ -102,6 +125,8 @@ def qk_norm_rope_kv_write(
                 q_out,
                 k_cache,
                 v_cache,
+                ks,
+                vs,
                 np.int32(rows),
                 np.int32(heads),
                 np.int32(kv_heads),
@@ -132,12 +157,15 @@ def attention(
     chunk: int | None = None,
     scale: float | None = None,
     out: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
 ) -> Any:
     """Causal GQA attention of ``q[R, Hq, D]``: row r (sequence ``row_seq[r]``) attends positions
     ``0..row_pos[r]`` of its pages in ``page_table[B, max_pages]``. ``max_len`` bounds ``row_pos + 1``.
 
     ``chunk`` splits the KV length into fixed chunks (decode: many blocks per row, merged in split order);
     ``None`` runs one split per row (prefill). Either way a row's result depends only on its own inputs.
+    An fp8 (uint8) cache reads its scales from ``k_scale``/``v_scale`` ``[num_pages, page_size, HKV]``.
     """
     import cupy
 
@@ -147,7 +175,7 @@ def attention(
     if d not in HEAD_DIMS:
         raise KernelError(f"q: head_dim {d} has no kernel instance (have {HEAD_DIMS})")
     hkv = k_cache.shape[2] if k_cache.ndim == 4 else -1
-    c = _cache_type(k_cache, v_cache, hkv, d)
+    c, ks, vs = _cache_type(k_cache, v_cache, hkv, d, k_scale, v_scale)
     if hq % hkv or hq // hkv > MAX_GROUP:
         raise KernelError(f"q: {hq} heads over {hkv} KV heads must form groups of at most {MAX_GROUP}")
     check_array(page_table, "page_table", dtype=np.int32, shape=(None, None))
@@ -178,6 +206,8 @@ def attention(
             q,
             k_cache,
             v_cache,
+            ks,
+            vs,
             page_table,
             row_seq,
             row_pos,

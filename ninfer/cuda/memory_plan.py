@@ -1,6 +1,7 @@
 """The device-memory plan of the CUDA runner, computed before anything but the weights is allocated.
 
-Parts: weights (as uploaded), the KV page pool (every full-attention layer, K and V, plus one scratch page),
+Parts: weights (as uploaded), the KV page pool (every full-attention layer, K and V, plus one scratch page; fp8
+pages also hold one float32 scale per token and KV head),
 GDN state slots for the lanes and for checkpoints (plus one scratch slot), the prefill workspace (temporaries of
 one ``prefill_chunk`` forward, the largest layer alive at once, an estimate), and the CUDA-graph pools (one decode
 step's temporaries per lane count, an estimate; the runner reports the measured size after capture).
@@ -12,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 from ninfer.config import ModelConfig
 
-__all__ = ["MemoryPlan", "plan_memory", "MemoryPlanError"]
+__all__ = ["MemoryPlan", "plan_memory", "MemoryPlanError", "KV_HEAD_BYTES", "kv_head_bytes"]
 
 GIB = float(1 << 30)
 HEADROOM = 0.04  # fraction of free memory left for the CUDA context, cuBLAS and allocator fragmentation
@@ -59,6 +60,16 @@ class MemoryPlan:
             )
 
 
+# KV storage of one (token, KV head) of K or V: (bytes per element, bytes of per-row scale)
+KV_HEAD_BYTES = {"bf16": (2, 0), "fp32": (4, 0), "fp8": (1, 4)}  # fp8: e4m3 codes + one float32 scale
+
+
+def kv_head_bytes(mc: ModelConfig, kv_dtype: str) -> int:
+    """Bytes of one token's K (or V) row of one KV head in the device cache, scale included."""
+    elem, scale = KV_HEAD_BYTES[kv_dtype]
+    return mc.head_dim * elem + scale
+
+
 def snapshot_bytes(mc: ModelConfig, state_dtype: str) -> int:
     """One GDN checkpoint on the device: fp32 conv windows plus the recurrent state in ``state_dtype``."""
     conv = mc.gdn_conv_channels * (mc.linear_conv_kernel_dim - 1) * 4
@@ -95,8 +106,11 @@ def plan_memory(
     act_bytes: int,
     graphs: bool,
 ) -> MemoryPlan:
-    kv_elem = 2 if kv_dtype == "bf16" else 4
-    per_page = 2 * len(mc.full_attention_layers) * page_size * mc.num_key_value_heads * mc.head_dim * kv_elem
+    if kv_dtype not in KV_HEAD_BYTES:
+        raise ValueError(f"kv_dtype: one of {tuple(KV_HEAD_BYTES)}, got {kv_dtype!r}")
+    per_page = (
+        2 * len(mc.full_attention_layers) * page_size * mc.num_key_value_heads * kv_head_bytes(mc, kv_dtype)
+    )
     snap = snapshot_bytes(mc, state_dtype)
     nsplit = -(-max_context // attn_chunk)
     attn_ws = mc.num_attention_heads * nsplit * (mc.head_dim + 2) * 4  # split partials per row

@@ -8,7 +8,8 @@ Same interface as the reference ``Qwen36`` where it makes sense::
     logits = net.lm_head(h)                      # numpy [T, V] float32
     h = net.forward_batch(ids, states)           # one token per sequence (decode; CUDA graph when enabled)
 
-Device state: paged KV per attention layer ``[pages + 1, page_size, HKV, D]`` and GDN state per layer
+Device state: paged KV per attention layer ``[pages + 1, page_size, HKV, D]`` (fp8: uint8 e4m3 codes plus float32
+scales ``ks``/``vs`` ``[pages + 1, page_size, HKV]``, the reference runner's encoding) and GDN state per layer
 ``[slots + 1, ...]`` (the last page and slot are scratch for graph warm-up). Activations are float32 (the
 default) or bf16 words (uint16, ``act_dtype="bf16"``); the residual stream, the final hidden and the logits are
 float32.
@@ -44,6 +45,7 @@ from ninfer.reference.weights import expected_shapes, lm_head_name
 __all__ = ["CudaQwen36", "CudaState", "load_cuda"]
 
 F32 = np.float32
+KV_DTYPES = {"bf16": np.uint16, "fp32": F32, "fp8": np.uint8}  # KV storage -> cache array dtype
 
 
 @dataclass(eq=False, slots=True, weakref_slot=True)
@@ -79,8 +81,10 @@ class CudaQwen36:
             raise ValueError(f"CudaQwen36: {len(missing)} tensors missing, first {missing[0]!r}")
         if act_dtype not in ("bf16", "fp32") or state_dtype not in ("bf16", "fp32"):
             raise ValueError(f"act_dtype/state_dtype: 'bf16' or 'fp32', got {act_dtype!r}/{state_dtype!r}")
-        if kv_dtype not in ("bf16", "fp32"):
-            raise ValueError(f"kv_dtype: the CUDA backend stores KV as 'bf16' or 'fp32', got {kv_dtype!r}")
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(
+                f"kv_dtype: the CUDA backend stores KV as one of {tuple(KV_DTYPES)}, got {kv_dtype!r}"
+            )
         self.cfg, self.w = cfg, tensors
         self.act = np.dtype(np.uint16 if act_dtype == "bf16" else F32)
         self.state_dtype, self.kv_dtype = state_dtype, kv_dtype
@@ -90,6 +94,8 @@ class CudaQwen36:
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.graphs = GraphSet(self)
         self.kc: list[Any] = []
+        self.ks: list[Any] = []  # fp8 KV scales per attention layer (empty for bf16/fp32 KV)
+        self.vs: list[Any] = []
         self.pool: tuple[int, int, int, int] | None = None  # slots, pages, page_size, max_pages
         cupy.cuda.Device().synchronize()  # uploads on other streams are complete before this stream reads them
 
@@ -100,12 +106,15 @@ class CudaQwen36:
 
         cfg = self.cfg
         self.graphs.clear()
-        self.kc = self.vc = self.conv = self.rec = []
-        kvt = np.uint16 if self.kv_dtype == "bf16" else F32
+        self.kc = self.vc = self.ks = self.vs = self.conv = self.rec = []
+        kvt = KV_DTYPES[self.kv_dtype]
         kv_shape = (num_pages + 1, page_size, cfg.num_key_value_heads, cfg.head_dim)
         n_attn, n_gdn = len(cfg.full_attention_layers), len(cfg.linear_attention_layers)
         self.kc = [cupy.zeros(kv_shape, kvt) for _ in range(n_attn)]
         self.vc = [cupy.zeros(kv_shape, kvt) for _ in range(n_attn)]
+        if self.kv_dtype == "fp8":
+            self.ks = [cupy.zeros(kv_shape[:3], F32) for _ in range(n_attn)]
+            self.vs = [cupy.zeros(kv_shape[:3], F32) for _ in range(n_attn)]
         conv = (num_slots + 1, cfg.gdn_conv_channels, cfg.linear_conv_kernel_dim - 1)
         rec = (num_slots + 1, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
         rect = np.uint16 if self.state_dtype == "bf16" else F32
@@ -135,7 +144,7 @@ class CudaQwen36:
 
     def copy_page(self, src: int, dst: int, n: int) -> None:
         with self.stream:
-            for a in self.kc + self.vc:
+            for a in self.kc + self.vc + self.ks + self.vs:
                 a[dst, :n] = a[src, :n]
 
     # ---- standalone states (reference-like use) ------------------------------------------------------------

@@ -47,15 +47,17 @@ def attention_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
     qg = linear(net, h, p + "self_attn.q_proj.weight")
     k = linear(net, h, p + "self_attn.k_proj.weight")
     v = linear(net, h, p + "self_attn.v_proj.weight")
+    scales = {"k_scale": net.ks[j], "v_scale": net.vs[j]} if net.ks else {}  # fp8 KV only
     q = qk_norm_rope_kv_write(
         qg, k, v, w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"], m.pos, m.kv_slots,
         net.kc[j], net.vc[j], heads=hq, kv_heads=hkv, head_dim=d, rotary_dim=cfg.rotary_dim,
         theta=cfg.rope_theta, mrope_section=cfg.mrope_section, interleaved=cfg.mrope_interleaved,
-        eps=cfg.rms_norm_eps,
+        eps=cfg.rms_norm_eps, **scales,
     )  # fmt: skip
     o = attention(
-        q, net.kc[j], net.vc[j], m.page_table, m.row_seq, m.row_pos, max_len=m.max_len, chunk=m.chunk
-    )
+        q, net.kc[j], net.vc[j], m.page_table, m.row_seq, m.row_pos, max_len=m.max_len, chunk=m.chunk,
+        **scales,
+    )  # fmt: skip
     g = sigmoid_gate(o.reshape(m.t, hq * d), qg, hq, d)
     return linear(net, g, p + "self_attn.o_proj.weight")
 

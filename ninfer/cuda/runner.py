@@ -25,10 +25,11 @@ class CudaModelRunner:
     def __init__(self, net: Any, model_config: ModelConfig, cfg: Any, *, capture: bool = True) -> None:
         import cupy
 
-        if cfg.kv_dtype not in ("bf16",):
-            raise ValueError(f"kv_dtype={cfg.kv_dtype!r}: the CUDA backend stores KV pages as bf16 only")
+        if cfg.kv_dtype not in ("bf16", "fp8"):
+            raise ValueError(f"kv_dtype={cfg.kv_dtype!r}: the CUDA runner stores KV pages as bf16 or fp8")
         self.net, self.mc, self.cfg = net, model_config, cfg
         net.state_dtype = cfg.gdn_state_dtype
+        net.kv_dtype = cfg.kv_dtype  # the engine's setting rules the KV pools allocated below
         self.snapshot_bytes = snapshot_bytes(model_config, cfg.gdn_state_dtype)
         self.vocab_size = model_config.vocab_size
         lanes = cfg.max_concurrency
