@@ -58,6 +58,7 @@ CASES = (  # hk, hv, dk, dv, lens, bf16 activations, bf16 state
     (1, 2, 64, 96, [130, 0, 3], False, True),
     (1, 3, 64, 64, [200], True, True),
     (2, 4, 128, 128, [70, 2], True, False),
+    (1, 2, 16, 16, [66, 9], False, False),  # the tiny test model's heads: dv below the 32-column slice
 )
 
 

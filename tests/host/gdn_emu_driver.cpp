@@ -37,7 +37,7 @@ template <typename T, typename S> void emu_dispatch(char** v) {
     const unsigned sm = (unsigned)atoi(v[12]);
 #define EMU_CASE(dk, dvs) \
     if (DK == dk && DVS == dvs) return emu_run<T, S, dk, dvs>(v[1], T_, HK, HV, DV, nseq, nslots, sm);
-    EMU_CASE(32, 32) EMU_CASE(32, 64) EMU_CASE(64, 32) EMU_CASE(64, 64) EMU_CASE(128, 64)
+    EMU_CASE(16, 32) EMU_CASE(32, 32) EMU_CASE(32, 64) EMU_CASE(64, 32) EMU_CASE(64, 64) EMU_CASE(128, 64)
     std::abort();
 }
 
