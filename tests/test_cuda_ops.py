@@ -352,6 +352,77 @@ def test_gdn_recurrent(cp: Any, report: list, t: str, st: str) -> None:
             )
 
 
+def _gdn_case(rng: np.random.Generator, st: str, hv: int, dk: int, dv: int, nseq: int) -> dict:
+    """Gate parameters and an initial state per sequence (bf16-representable when stored as bf16)."""
+    a_log = rng.uniform(-2, 1, hv).astype(F32)
+    dt_bias = rng.uniform(-1, 1, hv).astype(F32)
+    state = (rng.standard_normal((nseq, hv, dk, dv)) * 0.1).astype(F32)
+    return {"a_log": a_log, "dt_bias": dt_bias, "state": bf16_round(state) if st == "bf16" else state}
+
+
+def _gdn_ref(
+    qkv: np.ndarray, a: np.ndarray, b: np.ndarray, c: dict, s0: np.ndarray, hk: int, dk: int
+) -> tuple:
+    hv, dv = s0.shape[0], s0.shape[2]
+    q = ops.l2norm(qkv[:, : hk * dk].reshape(-1, hk, dk))
+    k = ops.l2norm(qkv[:, hk * dk : 2 * hk * dk].reshape(-1, hk, dk))
+    v = qkv[:, 2 * hk * dk :].reshape(-1, hv, dv)
+    beta, g = ops.gdn_gates(a, b, c["a_log"], c["dt_bias"])
+    o, new = ops.gdn_recurrent(q, k, v, g, beta, s0)
+    return o.reshape(-1, hv * dv), new
+
+
+# lengths around the 64-token chunk (1, 63, 64, 65, several chunks with a ragged tail), GQA ratios 1..3,
+# dk != dv and a dv that is not a multiple of the 64-column slice
+GDN_CHUNKED_CASES = (
+    (2, 6, 32, 32, [1, 5, 63, 64]),
+    (1, 3, 64, 128, [65, 200]),
+    (2, 4, 128, 128, [300, 64, 1]),
+    (1, 2, 64, 96, [130]),
+    (2, 2, 128, 64, [7, 129]),
+    (2, 4, 16, 16, [70, 3]),
+)
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
+@pytest.mark.parametrize("st", ["float", "bf16"])
+def test_gdn_chunked(cp: Any, report: list, t: str, st: str) -> None:
+    """Chunked kernel against the NumPy token-by-token recurrence (outputs and carried state), then one decode
+    step of the exact recurrent kernel from the chunked state."""
+    from ninfer.cuda.gdn import gdn_chunked, gdn_recurrent
+
+    rng = np.random.default_rng(11)
+    for hk, hv, dk, dv, lens in GDN_CHUNKED_CASES:
+        n, width = sum(lens), 2 * hk * dk + hv * dv
+        qkv = _inputs(rng, (n + len(lens), width), t)  # one extra decode row per sequence at the end
+        a, b = _inputs(rng, (n + len(lens), hv), t), _inputs(rng, (n + len(lens), hv), t)
+        c = _gdn_case(rng, st, hv, dk, dv, len(lens))
+        state = c["state"]
+        starts, slots, sts = _packed(cp, lens)
+        state_d = _dev(cp, state, st)
+        out = _poison(cp, (n, hv * dv), t)
+        dev = [_dev(cp, x, t) for x in (qkv, a, b)]
+        gdn_chunked(dev[0][:n], dev[1][:n], dev[2][:n], cp.asarray(c["a_log"]), cp.asarray(c["dt_bias"]),
+                    state_d, starts, slots, n_k_heads=hk, out=out)  # fmt: skip
+        got, got_state, slot_of = _host(cp, out), _host(cp, state_d), cp.asnumpy(slots)
+        # decode: row n + s is sequence s's next token, run by the exact kernel from the chunked state
+        dstarts = cp.arange(len(lens) + 1, dtype=np.int32)
+        dout = _poison(cp, (len(lens), hv * dv), t)
+        gdn_recurrent(dev[0][n:], dev[1][n:], dev[2][n:], cp.asarray(c["a_log"]), cp.asarray(c["dt_bias"]),
+                      state_d, dstarts, slots, n_k_heads=hk, out=dout)  # fmt: skip
+        dgot = _host(cp, dout)
+        for s in range(len(lens)):
+            rows = list(range(sts[s], sts[s + 1])) + [n + s]
+            o, new = _gdn_ref(qkv[rows], a[rows], b[rows], c, state[slot_of[s]], hk, dk)
+            name = f"gdn_chunked {t} state={st} hk={hk} hv={hv} dk={dk} dv={dv} T={lens[s]}"
+            _close(report, name, got[sts[s] : sts[s + 1]], o[:-1], 1e-4 if t == "float" else TOL[t])
+            stol = 1e-4 if st == "float" else TOL["bf16"]
+            _, mid = _gdn_ref(qkv[rows[:-1]], a[rows[:-1]], b[rows[:-1]], c, state[slot_of[s]], hk, dk)
+            _close(report, name + " state", got_state[slot_of[s]], mid, stol)
+            dtol = 1e-4 if t == "float" and st == "float" else TOL["bf16"]
+            _close(report, name + " decode", dgot[s : s + 1], o[-1:], dtol)
+
+
 # ---- attention -----------------------------------------------------------------------------------------------
 def _pages(rng: np.random.Generator, lens: list[int], page: int) -> tuple[np.ndarray, int]:
     per = [max(1, -(-n // page)) for n in lens]

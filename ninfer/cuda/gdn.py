@@ -1,5 +1,9 @@
 """Gated DeltaNet kernels (cuda_src/gdn.cu): causal conv with carried state (+SiLU) and the delta-rule recurrence
-with fused l2norm and gates, over packed sequences (``starts[b]..starts[b+1]`` rows, state slot ``slots[b]``)."""
+with fused l2norm and gates, over packed sequences (``starts[b]..starts[b+1]`` rows, state slot ``slots[b]``).
+
+``gdn_recurrent`` is the exact token-by-token recurrence (decode, and prefill when results must not depend on
+chunking); ``gdn_chunked`` is the chunked form (chunks of 64 tokens per sequence), equal to it within fp32 noise
+and much faster on long prompts."""
 
 from __future__ import annotations
 
@@ -10,13 +14,25 @@ import numpy as np
 from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, grid_1d
 from ninfer.cuda.loader import kernel
 
-__all__ = ["causal_conv", "gdn_recurrent", "SOURCES", "HEAD_DIMS"]
+__all__ = [
+    "causal_conv",
+    "gdn_recurrent",
+    "gdn_chunked",
+    "chunk_slice",
+    "chunk_smem_bytes",
+    "SOURCES",
+    "HEAD_DIMS",
+]
 
 _T = ("float", "bf16")
+_S = ("float", "bf16")
 HEAD_DIMS = (16, 32, 64, 128)  # key head dims with a compiled instance
+CHUNK = 64  # GDN_CHUNK in gdn.cu
+_SLICES = (32, 64)  # value columns per block of gdn_chunked (DVS)
 SOURCES: dict[str, tuple[str, ...]] = {
     "gdn.cu": tuple(f"causal_conv<{t}, 4>" for t in _T)
-    + tuple(f"gdn_recurrent<{t}, {s}, {d}>" for t in _T for s in ("float", "bf16") for d in HEAD_DIMS)
+    + tuple(f"gdn_recurrent<{t}, {s}, {d}>" for t in _T for s in _S for d in HEAD_DIMS)
+    + tuple(f"gdn_chunked<{t}, {s}, {d}, {v}>" for t in _T for s in _S for d in HEAD_DIMS for v in _SLICES)
 }
 
 
@@ -52,22 +68,10 @@ def causal_conv(x: Any, w: Any, state: Any, starts: Any, slots: Any, out: Any = 
     return out
 
 
-def gdn_recurrent(
-    qkv: Any,
-    a: Any,
-    b: Any,
-    a_log: Any,
-    dt_bias: Any,
-    state: Any,
-    starts: Any,
-    slots: Any,
-    *,
-    n_k_heads: int,
-    out: Any = None,
-) -> Any:
-    """Delta rule over the conv output ``qkv[T, 2·HK·dk + HV·dv]`` (q | k | v), gate inputs ``a, b[T, HV]``,
-    ``a_log, dt_bias[HV]`` float32 and state ``[S, HV, dk, dv]`` (float32 or bf16 words, updated in place).
-    q and k are l2-normed and q scaled by 1/√dk inside. Returns ``o[T, HV·dv]``."""
+def _gdn_args(
+    qkv: Any, a: Any, b: Any, a_log: Any, dt_bias: Any, state: Any, starts: Any, slots: Any, hk: int, out: Any
+) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """Checks shared by both GDN kernels: (out, the kernel's trailing scalar arguments, names for the instance)."""
     import cupy
 
     t = act_type(qkv, "qkv")
@@ -79,7 +83,6 @@ def gdn_recurrent(
         raise KernelError(f"state: dtype must be float32 or uint16 (bf16), got {state.dtype}")
     check_array(state, "state")
     _, hv, dk, dv = state.shape
-    hk = n_k_heads
     if hk <= 0 or hv % hk:
         raise KernelError(f"n_k_heads={hk}: HV={hv} must be a multiple of it")
     if dk not in HEAD_DIMS:
@@ -97,28 +100,76 @@ def gdn_recurrent(
     if out is None:
         out = cupy.empty((rows, hv * dv), dtype=qkv.dtype)
     _, _, ldo = check_rows(out, "out", hv * dv)
-    if nseq:
-        fn = kernel("gdn.cu", SOURCES["gdn.cu"], f"gdn_recurrent<{t}, {st}, {dk}>")
+    scalars = tuple(np.int32(x) for x in (hk, hv, dv)) + tuple(np.int64(x) for x in (ldq, lda, ldb, ldo))
+    return out, scalars, {"t": t, "st": st, "nseq": nseq, "hv": hv, "dk": dk, "dv": dv}
+
+
+def gdn_recurrent(
+    qkv: Any,
+    a: Any,
+    b: Any,
+    a_log: Any,
+    dt_bias: Any,
+    state: Any,
+    starts: Any,
+    slots: Any,
+    *,
+    n_k_heads: int,
+    out: Any = None,
+) -> Any:
+    """Delta rule over the conv output ``qkv[T, 2·HK·dk + HV·dv]`` (q | k | v), gate inputs ``a, b[T, HV]``,
+    ``a_log, dt_bias[HV]`` float32 and state ``[S, HV, dk, dv]`` (float32 or bf16 words, updated in place).
+    q and k are l2-normed and q scaled by 1/√dk inside. Returns ``o[T, HV·dv]``."""
+    out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)
+    if k["nseq"]:
+        fn = kernel("gdn.cu", SOURCES["gdn.cu"], f"gdn_recurrent<{k['t']}, {k['st']}, {k['dk']}>")
         fn(
-            (nseq, hv, grid_1d(dv, 4)),
+            (k["nseq"], k["hv"], grid_1d(k["dv"], 4)),
             (128,),
-            (
-                qkv,
-                a,
-                b,
-                a_log,
-                dt_bias,
-                state,
-                out,
-                starts,
-                slots,
-                np.int32(hk),
-                np.int32(hv),
-                np.int32(dv),
-                np.int64(ldq),
-                np.int64(lda),
-                np.int64(ldb),
-                np.int64(ldo),
-            ),
+            (qkv, a, b, a_log, dt_bias, state, out, starts, slots, *scalars),
+        )
+    return out
+
+
+def chunk_smem_bytes(dk: int, dvs: int) -> int:
+    """Dynamic shared memory of ``gdn_chunked<., ., dk, dvs>``: mirrors ``GdnChunkSmem::FLOATS`` in gdn.cu (the
+    kernel traps when it gets less; tests/test_gdn_chunked_host.py runs it with this size)."""
+    kst, sst, vst, mst = dk + 1, dvs + 16, dvs + dvs // 8, CHUNK + 1
+    return 4 * (2 * CHUNK * kst + dk * sst + CHUNK * vst + 2 * CHUNK * mst + 4 * CHUNK)
+
+
+def chunk_slice(dv: int) -> int:
+    """Value columns per block (DVS): 64 (fewer key-side recomputations) unless the head has at most 32."""
+    return 32 if dv <= 32 else 64
+
+
+def gdn_chunked(
+    qkv: Any,
+    a: Any,
+    b: Any,
+    a_log: Any,
+    dt_bias: Any,
+    state: Any,
+    starts: Any,
+    slots: Any,
+    *,
+    n_k_heads: int,
+    out: Any = None,
+) -> Any:
+    """``gdn_recurrent`` in the chunked form (model-qwen3.6.md §4.6, reference ``ops.gdn_chunked``): same
+    arguments, checks, result and state update within fp32 noise. Each sequence runs in chunks of 64 tokens
+    counted from its first row in this call, so results depend (at fp32 noise) on how a prompt is split."""
+    out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)
+    if k["nseq"]:
+        dvs = chunk_slice(k["dv"])
+        smem = chunk_smem_bytes(k["dk"], dvs)
+        fn = kernel("gdn.cu", SOURCES["gdn.cu"], f"gdn_chunked<{k['t']}, {k['st']}, {k['dk']}, {dvs}>")
+        if fn.max_dynamic_shared_size_bytes < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+        fn(
+            (k["nseq"], k["hv"], -(-k["dv"] // dvs)),
+            (256,),
+            (qkv, a, b, a_log, dt_bias, state, out, starts, slots, *scalars),
+            shared_mem=smem,
         )
     return out

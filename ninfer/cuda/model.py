@@ -23,8 +23,11 @@ Numerics (invariants the tests check):
 - every kernel reduces in a fixed order per row, so a row's result never depends on the other rows of a launch;
 - decode attention splits the KV length in fixed chunks (``attn_chunk``), and prefill uses the same chunks, so a
   token's attention output does not depend on whether it ran in prefill or decode or on the graph's capacity;
-- ``prefill_gemm=False`` runs prefill projections as the decode GEMV in 8-row blocks: then prefill and decode of a
-  token agree bitwise, and prompt chunking or prefix reuse never changes results (slower prefill).
+- ``prefill_gemm=False`` runs prefill projections as the decode GEMV in 8-row blocks and the GDN delta rule as
+  the exact token-by-token recurrence: then prefill and decode of a token agree bitwise, and prompt chunking or
+  prefix reuse never changes results (slower prefill). With ``prefill_gemm=True`` prefill calls use the GEMM and
+  the chunked delta rule (``gdn_chunked``, 64-token chunks from the call's first row), equal to the recurrence
+  within fp32 noise; decode always runs the recurrence.
 """
 
 from __future__ import annotations

@@ -63,7 +63,10 @@ def attention_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
 
 
 def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
-    from ninfer.cuda.gdn import causal_conv, gdn_recurrent
+    """GDN mixer. The delta rule runs chunked (``gdn_chunked``, 64-token chunks) for prefill calls (more rows than
+    sequences) when ``net.prefill_gemm``: that mode's results already depend on chunking. Decode, and prefill
+    with ``prefill_gemm=False``, run the exact recurrence, so a token's result matches its decode bitwise."""
+    from ninfer.cuda.gdn import causal_conv, gdn_chunked, gdn_recurrent
     from ninfer.cuda.norm import gated_rmsnorm
 
     cfg, w = net.cfg, net.w
@@ -74,7 +77,8 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
     a = linear(net, h, p + "in_proj_a.weight")
     b = linear(net, h, p + "in_proj_b.weight")
     y = causal_conv(qkv, w[p + "conv1d.weight"], net.conv[j], m.starts, m.gslots)
-    o = gdn_recurrent(
+    rule = gdn_chunked if net.prefill_gemm and m.t > m.nseq else gdn_recurrent
+    o = rule(
         y,
         a,
         b,

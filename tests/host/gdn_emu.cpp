@@ -1,0 +1,87 @@
+// Host emulation of cuda_src/gdn.cu's gdn_chunked (tests/test_gdn_chunked_host.py): the kernel text is compiled
+// by g++ after this prelude, which maps the CUDA built-ins it uses onto std::thread: one thread per CUDA thread,
+// __syncthreads a block barrier, __shfl_xor_sync an exchange between per-warp barriers, shared memory one
+// global array. Blocks run one after another. The test appends the kernel source and the driver below it.
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <math.h>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+using std::max;
+using std::min;
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__
+#define __align__(n) alignas(n)
+#define __trap() std::abort()
+unsigned dyn;  // the only inline asm the kernel uses reads %dynamic_smem_size into its local `dyn`
+unsigned emu_dyn_smem;
+#define asm(...) (dyn = emu_dyn_smem)
+
+struct emu_dim3 {
+    unsigned x = 0, y = 0, z = 0;
+};
+thread_local emu_dim3 threadIdx, blockIdx;
+emu_dim3 blockDim, gridDim;
+constexpr int EMU_SMEM_FLOATS = 227 * 1024 / 4;  // the H200's per-block limit
+alignas(16) float smem[EMU_SMEM_FLOATS];
+std::unique_ptr<std::barrier<>> emu_block_bar, emu_warp_bar[32];
+float emu_xchg[1024];
+
+inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int off) {
+    const int t = threadIdx.x, w = t >> 5, l = t & 31;
+    emu_xchg[t] = v;
+    emu_warp_bar[w]->arrive_and_wait();
+    const float r = emu_xchg[(w << 5) | (l ^ off)];
+    emu_warp_bar[w]->arrive_and_wait();
+    return r;
+}
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline float __int_as_float(int u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+
+// Runs fn() as every thread of every block of the grid (threads of one block concurrently).
+template <typename F> void emu_launch(emu_dim3 grid, unsigned threads, unsigned smem_bytes, F fn) {
+    if (smem_bytes > sizeof(smem)) std::abort();
+    gridDim = grid;
+    blockDim = {threads, 1, 1};
+    emu_dyn_smem = smem_bytes;
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                std::fill(smem, smem + EMU_SMEM_FLOATS, __uint_as_float(0x7fc00000u));  // NaN: catches reads of unwritten smem
+                emu_block_bar = std::make_unique<std::barrier<>>(threads);
+                for (unsigned w = 0; w < threads / 32; ++w) emu_warp_bar[w] = std::make_unique<std::barrier<>>(32);
+                std::vector<std::thread> pool;
+                for (unsigned t = 0; t < threads; ++t)
+                    pool.emplace_back([=] {
+                        threadIdx = {t, 0, 0};
+                        blockIdx = {x, y, z};
+                        fn();
+                    });
+                for (auto& th : pool) th.join();
+            }
+}

@@ -1,0 +1,105 @@
+"""CPU check of the ``gdn_chunked`` CUDA kernel itself: cuda_src/gdn.cu compiled by g++ under a prelude that
+emulates the CUDA built-ins it uses with std::thread (tests/host/gdn_emu.cpp: one thread per CUDA thread, block
+and warp barriers, NaN-filled shared memory, NaN-poisoned output), run on fresh random inputs and compared with
+the NumPy token-by-token recurrence. This checks the kernel's index arithmetic, barriers, ragged chunks, column
+slices and the wrapper's shared-memory size (the kernel traps on too little) without a GPU; the GPU tests in
+test_cuda_ops.py check the same kernel on the device.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ninfer.cuda.gdn import chunk_slice, chunk_smem_bytes
+from ninfer.cuda.loader import source_text
+from ninfer.formats import bf16_decode, bf16_encode, bf16_round
+from ninfer.reference import ops
+
+F32 = np.float32
+HOST = Path(__file__).parent / "host"
+CXX = shutil.which("g++")
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if CXX is None:
+        pytest.skip("g++ not installed")
+    d = tmp_path_factory.mktemp("gdn_emu")
+    src = d / "emu.cpp"
+    parts = [
+        (HOST / "gdn_emu.cpp").read_text(),
+        source_text("gdn.cu"),
+        (HOST / "gdn_emu_driver.cpp").read_text(),
+    ]
+    src.write_text("\n".join(parts))
+    exe = d / "emu"
+    cmd = [CXX, "-std=c++20", "-O2", "-pthread", "-w", "-o", str(exe), str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return exe
+
+
+def _words(x: np.ndarray, bf: bool) -> np.ndarray:
+    return bf16_encode(x) if bf else np.ascontiguousarray(x, dtype=F32)
+
+
+def _rel(got: np.ndarray, ref: np.ndarray) -> float:
+    assert np.isfinite(got).all(), f"non-finite values: {np.count_nonzero(~np.isfinite(got))}"
+    return float(np.max(np.abs(got.astype(np.float64) - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+
+
+CASES = (  # hk, hv, dk, dv, lens, bf16 activations, bf16 state
+    (2, 4, 32, 32, [1, 5, 63, 64, 65], False, False),
+    (1, 2, 64, 96, [130, 0, 3], False, True),
+    (1, 3, 64, 64, [200], True, True),
+    (2, 4, 128, 128, [70, 2], True, False),
+    (1, 2, 16, 16, [66, 9], False, False),  # the tiny test model's heads: dv below the 32-column slice
+)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"hk{c[0]}hv{c[1]}dk{c[2]}dv{c[3]}T{sum(c[4])}")
+def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
+    hk, hv, dk, dv, lens, tb, sb = case
+    rng = np.random.default_rng(sum(lens) + dk)
+    n, nseq, width = sum(lens), len(lens), 2 * hk * dk + hv * dv
+    rnd = (lambda *s: bf16_round(rng.standard_normal(s).astype(F32))) if tb else (
+        lambda *s: rng.standard_normal(s).astype(F32))  # fmt: skip
+    qkv, a, b = rnd(n, width), rnd(n, hv), rnd(n, hv)
+    a_log, dt_bias = rng.uniform(-2, 1, hv).astype(F32), rng.uniform(-1, 1, hv).astype(F32)
+    state = (rng.standard_normal((nseq + 1, hv, dk, dv)) * 0.1).astype(F32)
+    state = bf16_round(state) if sb else state
+    starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    slots = (np.arange(nseq, dtype=np.int32)[::-1] + 1).copy()  # slot 0 is never touched
+    files = {"qkv": _words(qkv, tb), "a": _words(a, tb), "b": _words(b, tb), "alog": a_log, "dtb": dt_bias,
+             "state": _words(state, sb), "starts": starts, "slots": slots}  # fmt: skip
+    for name, arr in files.items():
+        arr.tofile(tmp_path / f"{name}.bin")
+    dvs = chunk_slice(dv)
+    args = [n, hk, hv, dk, dv, nseq, nseq + 1, int(tb), int(sb), dvs, chunk_smem_bytes(dk, dvs)]
+    proc = subprocess.run(
+        [str(emu), str(tmp_path), *map(str, args)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    o_raw = np.fromfile(tmp_path / "o.bin", dtype=np.uint16 if tb else F32).reshape(n, hv * dv)
+    s_raw = np.fromfile(tmp_path / "state_out.bin", dtype=np.uint16 if sb else F32).reshape(state.shape)
+    got_o = bf16_decode(o_raw) if tb else o_raw
+    got_s = bf16_decode(s_raw) if sb else s_raw
+    np.testing.assert_array_equal(got_s[0], state[0])
+    otol, stol = (1.2e-2 if tb else 1e-4), (1.2e-2 if sb else 1e-4)
+    for s in range(nseq):
+        z = slice(starts[s], starts[s + 1])
+        q = ops.l2norm(qkv[z, : hk * dk].reshape(-1, hk, dk))
+        k = ops.l2norm(qkv[z, hk * dk : 2 * hk * dk].reshape(-1, hk, dk))
+        v = qkv[z, 2 * hk * dk :].reshape(-1, hv, dv)
+        beta, g = ops.gdn_gates(a[z], b[z], a_log, dt_bias)
+        o, new = ops.gdn_recurrent(q, k, v, g, beta, state[slots[s]])
+        if lens[s]:
+            err = _rel(got_o[z], o.reshape(lens[s], hv * dv))
+            assert err <= otol, f"seq {s} (T={lens[s]}): output error {err:.2e} > {otol:.1e}"
+        err = _rel(got_s[slots[s]], new)
+        assert err <= stol, f"seq {s} (T={lens[s]}): state error {err:.2e} > {stol:.1e}"
