@@ -1,67 +1,138 @@
 // Decode matrix-vector / small-batch products: y[b, n] = sum_k x[b, k] * W[n, k] for up to 8 rows b,
-// weights in any stored format (wformat.cuh), dequantized in registers, fp32 accumulation.
+// weights in any stored format (wformat.cuh wide chunks), dequantized in registers, fp32 accumulation.
 //
-// One warp per output row n; lane l owns the 8-wide chunks k0 = 8l, 8l + 256, ... in order, then an xor
-// butterfly sums the lanes. Every activation row b runs the same instruction sequence under a predicate
-// (b < nrows), so a row's result is bitwise independent of how many rows share the launch (MAXB is fixed).
+// Layout (chosen for memory-level parallelism; reasoned, see docs in linear.py): a block of GEMV_THREADS threads
+// is split into row groups of `tpr` threads (a multiple of 32 dividing GEMV_THREADS, picked on the host from the
+// format and K only); each group computes GEMV_R consecutive output rows over the whole of K. Thread lt of a group
+// owns the chunks k0 = KV * (lt + i * tpr), i = 0, 1, ... (KV = F::KV weights behind one 16-byte load per row),
+// GEMV_U chunks x GEMV_R rows of loads in flight before any arithmetic; each x chunk is read once per thread and
+// reused for the GEMV_R rows. Per thread the order is fixed (chunks in i order, 8-wide sub-chunks, j = 0..7),
+// then an xor butterfly per warp, then the group's warps in index order through shared memory, then the
+// format's row scale. Every activation row b runs the same instruction sequence under a predicate (b < nrows),
+// so a row's result is bitwise independent of how many rows share the launch (GEMV_MAXB is fixed), and the
+// experts kernel gives bitwise the plain gemv's rows (same tpr for the same format and K).
+// x is read through the L1 (no shared-memory staging: 8 rows x 17408 fp32 would not fit, and a K-tiled copy
+// would cost barriers); sub-chunks at k >= K (K % 8 == 0) are skipped, so x is never read past its row.
 #include "common.cuh"
 #include "wformat.cuh"
 
 #define GEMV_MAXB 8
-#define GEMV_WARPS 8
+#define GEMV_THREADS 256
+#define GEMV_R 4  // output rows per row group
+#define GEMV_U 2  // chunks per thread in flight
 
-template <typename F, typename T>
-__device__ __forceinline__ void gemv_row(const u8* p0, const u8* p1, const u8* p2, long long wrow, int K,
-                                         const T* x, long long ldx, int nrows, float acc[GEMV_MAXB]) {
-    const int lane = threadIdx.x & 31;
+// The per-thread part (rows b < nrows <= NB): acc[r][b] = this thread's partial sum for weight row wr[r] and activation row b,
+// in units of XS (host-callable so a host program can mirror the kernel).
+template <typename F, typename T, int NB>
+__host__ __device__ __forceinline__ void gemv_lane(const u8* p0, const u8* p1, const u8* p2,
+                                                   const long long wr[GEMV_R], int K, const T* x, long long ldx,
+                                                   int nrows, int lt, int tpr, float acc[GEMV_R][NB]) {
 #pragma unroll
-    for (int b = 0; b < GEMV_MAXB; ++b) acc[b] = 0.f;
-    for (int k0 = lane * 8; k0 < K; k0 += 256) {
-        float w[8];
-        F::load8(p0, p1, p2, K, wrow, k0, w);
+    for (int r = 0; r < GEMV_R; ++r)
 #pragma unroll
-        for (int b = 0; b < GEMV_MAXB; ++b) {
-            if (b < nrows) {
-                float xv[8];
-                load8x(x + b * ldx + k0, xv);
-                float a = acc[b];
+        for (int b = 0; b < NB; ++b) acc[r][b] = 0.f;
+    const int step = F::KV * tpr;
+    for (int k = F::KV * lt; k < K; k += GEMV_U * step) {
+        typename F::Wide c[GEMV_U][GEMV_R];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) a = fmaf(w[j], xv[j], a);
-                acc[b] = a;
+        for (int u = 0; u < GEMV_U; ++u)
+            if (k + u * step < K)
+#pragma unroll
+                for (int r = 0; r < GEMV_R; ++r) F::load_wide(p0, p1, p2, K, wr[r], k + u * step, c[u][r]);
+#pragma unroll
+        for (int u = 0; u < GEMV_U; ++u) {
+            const int ku = k + u * step;
+            if (ku < K) {
+#pragma unroll
+                for (int r = 0; r < GEMV_R; ++r) F::prep_wide(c[u][r]);
+#pragma unroll
+                for (int s = 0; s < F::KV / 8; ++s) {
+                    const int ks = ku + 8 * s;
+                    if (ks < K) {
+                        float w[GEMV_R][8];
+#pragma unroll
+                        for (int r = 0; r < GEMV_R; ++r) F::deq_wide(c[u][r], s, w[r]);
+#pragma unroll
+                        for (int b = 0; b < NB; ++b) {
+                            if (b < nrows) {
+                                float xv[8];
+                                load8x(x + b * ldx + ks, xv);
+                                if constexpr (F::XS != 1.f) {
+#pragma unroll
+                                    for (int j = 0; j < 8; ++j) xv[j] *= F::XS;
+                                }
+#pragma unroll
+                                for (int r = 0; r < GEMV_R; ++r) {
+                                    float a = acc[r][b];
+#pragma unroll
+                                    for (int j = 0; j < 8; ++j) a = fmaf(w[r][j], xv[j], a);
+                                    acc[r][b] = a;
+                                }
+                            }
+                        }
+                    }
+                }
             }
         }
     }
-#pragma unroll
-    for (int b = 0; b < GEMV_MAXB; ++b) acc[b] = warp_sum(acc[b]);
 }
 
-// x: [nrows, K] (row stride ldx), y: [nrows, N] (row stride ldy); weight rows row0 .. row0 + N - 1.
-template <typename F, typename T>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
-         T* __restrict__ y, int N, int K, int nrows, long long ldx, long long ldy, long long row0) {
-    const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (n >= N) return;
-    float acc[GEMV_MAXB];
-    gemv_row<F, T>(p0, p1, p2, row0 + n, K, x, ldx, nrows, acc);
-    if ((threadIdx.x & 31) == 0) {
+// One block: output rows n = (blockIdx.x * groups + g) * GEMV_R + r of weight rows wrow0 + n; rows past N
+// recompute row N - 1 (uniform control flow) and are never stored.
+template <typename F, typename T, int NB>
+__device__ __forceinline__ void gemv_block(const u8* p0, const u8* p1, const u8* p2, const T* x, long long ldx,
+                                           int nrows, int N, int K, int tpr, long long wrow0, T* y,
+                                           long long ldy) {
+    __shared__ float red[GEMV_THREADS / 32][GEMV_R][NB];
+    const int groups = GEMV_THREADS / tpr, g = threadIdx.x / tpr, lt = threadIdx.x % tpr;
+    const int n0 = (blockIdx.x * groups + g) * GEMV_R;
+    long long wr[GEMV_R];
 #pragma unroll
-        for (int b = 0; b < GEMV_MAXB; ++b)
-            if (b < nrows) y[b * ldy + n] = from_f<T>(acc[b]);
+    for (int r = 0; r < GEMV_R; ++r) wr[r] = wrow0 + min(n0 + r, N - 1);
+    float acc[GEMV_R][NB];
+    gemv_lane<F, T, NB>(p0, p1, p2, wr, K, x, ldx, nrows, lt, tpr, acc);
+    const int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int r = 0; r < GEMV_R; ++r)
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+            if (b < nrows) {
+                const float v = warp_sum(acc[r][b]);
+                if ((threadIdx.x & 31) == 0) red[warp][r][b] = v;
+            }
+    __syncthreads();
+    const int wpg = tpr / 32;
+    for (int i = threadIdx.x; i < groups * GEMV_R * NB; i += GEMV_THREADS) {
+        const int gi = i / (GEMV_R * NB), r = (i / NB) % GEMV_R, b = i % NB;
+        const int n = (blockIdx.x * groups + gi) * GEMV_R + r;
+        if (b < nrows && n < N) {
+            float t = 0.f;
+            for (int w = gi * wpg; w < (gi + 1) * wpg; ++w) t += red[w][r][b];
+            y[b * ldy + n] = from_f<T>(t * F::row_scale(p1, p2, wrow0 + n));
+        }
     }
 }
 
-// MoE decode dispatch: slot s multiplies activation row xrow[s] by expert ids[s] (rows ids[s]*N .. +N of the
-// fused [E*N, K] weight) into y[s, :]. Same per-row order as gemv, so an expert's output for a token does
-// not depend on the other slots.
+// x: [nrows, K] (row stride ldx), y: [nrows, N] (row stride ldy); weight rows row0 .. row0 + N - 1.
+// NB = 1 (nrows == 1) or GEMV_MAXB: the NB = 1 instance needs far fewer registers (more warps in flight) and runs,
+// for row 0, exactly the arithmetic of the NB = 8 instance, so a row alone is bitwise the row among 8.
+// Grid: ceil(N / (GEMV_THREADS / tpr * GEMV_R)) blocks of GEMV_THREADS.
+template <typename F, typename T, int NB>
+__global__ void __launch_bounds__(GEMV_THREADS)
+    gemv(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
+         T* __restrict__ y, int N, int K, int nrows, long long ldx, long long ldy, long long row0, int tpr) {
+    gemv_block<F, T, NB>(p0, p1, p2, x, ldx, nrows, N, K, tpr, row0, y, ldy);
+}
+
+// MoE decode dispatch: slot s = blockIdx.y multiplies activation row xrow[s] by expert ids[s] (rows ids[s]*N ..
+// +N of the fused [E*N, K] weight) into y[s, :]. Same per-row order as gemv, so an expert's output for a token
+// does not depend on the other slots.
 template <typename F, typename T>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
+__global__ void __launch_bounds__(GEMV_THREADS)
     gemv_experts(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
                  const T* __restrict__ x, T* __restrict__ y, const int* __restrict__ ids,
-                 const int* __restrict__ xrow, int N, int K, long long ldx, long long ldy) {
-    const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5), s = blockIdx.y;
-    if (n >= N) return;
-    float acc[GEMV_MAXB];
-    gemv_row<F, T>(p0, p1, p2, (long long)ids[s] * N + n, K, x + (long long)xrow[s] * ldx, ldx, 1, acc);
-    if ((threadIdx.x & 31) == 0) y[s * ldy + n] = from_f<T>(acc[0]);
+                 const int* __restrict__ xrow, int N, int K, long long ldx, long long ldy, int tpr) {
+    const int s = blockIdx.y;
+    gemv_block<F, T, 1>(p0, p1, p2, x + (long long)xrow[s] * ldx, ldx, 1, N, K, tpr, (long long)ids[s] * N,
+                     y + (long long)s * ldy, ldy);
 }

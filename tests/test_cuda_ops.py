@@ -202,12 +202,48 @@ def test_gemv_rows_independent_of_batch(cp: Any, fmt: str) -> None:
         assert np.array_equal(part, full[:3])
 
 
-@pytest.mark.parametrize("fmt", ["BF16", "NVFP4G16_E4M3S", "Q4G64_F16S", "Q5G64_F16S", "W8G32_F16S"])
+# K off every chunk width (8 | K; K % 16 == 8 for FP8's guarded half; K % 128 != 0 for the padded formats), N off
+# the rows per block (4 per row group x 1..8 groups), row-group widths 32..256 threads (gemv_geometry)
+ODD_GEMV_SHAPES = ((6, 8), (13, 200), (37, 1000), (9, 5128), (70, 2056), (5, 17416))
+
+
+@pytest.mark.parametrize("fmt", MATRIX_FMTS)
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_gemv_odd_shapes(cp: Any, report: list, fmt: str, t: str) -> None:
+    """Every row count 1..8 at awkward N and K, a sub-range of rows (row0), and row-strided x and out views."""
+    from ninfer.cuda.linear import gemv
+
+    rng = np.random.default_rng(17)
+    for n, k in ODD_GEMV_SHAPES:
+        w, wf = _weight(rng, fmt, (n, k))
+        for b in range(1, 9):
+            x = _inputs(rng, (b, k), t)
+            out = _poison(cp, (b, n), t)
+            gemv(_dev(cp, x, t), w, out)
+            _close(report, f"gemv odd {fmt} {t} b={b} {n}x{k}", _host(cp, out), ops.linear(x, wf), TOL[t])
+        x = _inputs(rng, (3, k), t)
+        xbuf = cp.zeros((3, k + 16), dtype=DTYPES[t])
+        xbuf[:, :k] = _dev(cp, x, t)
+        r0, m = n // 3, n - n // 3 - 1
+        obuf = _poison(cp, (3, m + 8), t)
+        gemv(xbuf[:, :k], w, obuf[:, :m], row0=r0, n=m)
+        got = _host(cp, obuf)
+        _close(report, f"gemv row0 {fmt} {t} {n}x{k}", got[:, :m], ops.linear(x, wf[r0 : r0 + m]), TOL[t])
+        assert np.isnan(got[:, m:]).all(), f"{fmt} {n}x{k}: wrote outside the out view"
+
+
+@pytest.mark.parametrize("fmt", MATRIX_FMTS)
 def test_gemv_experts(cp: Any, report: list, fmt: str) -> None:
+    rng = np.random.default_rng(7)
+    # (96, 256): rows a whole number of blocks; (37, 2056): N off the row groups, K off the chunk widths
+    for n, k in ((96, 256), (37, 2056)):
+        _experts_case(cp, report, rng, fmt, n, k)
+
+
+def _experts_case(cp: Any, report: list, rng: np.random.Generator, fmt: str, n: int, k: int) -> None:
     from ninfer.cuda.linear import gemv, gemv_experts
 
-    rng = np.random.default_rng(7)
-    e, n, k, tokens, top = 6, 96, 256, 3, 4
+    e, tokens, top = 6, 3, 4
     w, wf = _weight(rng, fmt, (e, n, k))
     x = _inputs(rng, (tokens, k), "float")
     ids = np.stack([rng.choice(e, top, replace=False) for _ in range(tokens)]).reshape(-1).astype(np.int32)
@@ -217,7 +253,7 @@ def test_gemv_experts(cp: Any, report: list, fmt: str) -> None:
     gemv_experts(xd, w, cp.asarray(ids), cp.asarray(xrow), n, out)
     got = cp.asnumpy(out)
     ref = np.stack([ops.linear(x[r : r + 1], wf[i])[0] for i, r in zip(ids, xrow, strict=True)])
-    _close(report, f"gemv_experts {fmt}", got, ref, TOL["float"])
+    _close(report, f"gemv_experts {fmt} {n}x{k}", got, ref, TOL["float"])
     for s, (i, r) in enumerate(zip(ids, xrow, strict=True)):
         solo = cp.asnumpy(gemv(cp.ascontiguousarray(xd[r : r + 1]), w, row0=int(i) * n, n=n))
         assert np.array_equal(solo[0], got[s]), f"slot {s}: expert product differs from the plain gemv"

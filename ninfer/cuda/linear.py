@@ -20,15 +20,40 @@ from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, 
 from ninfer.cuda.loader import kernel
 from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight
 
-__all__ = ["gemv", "gemv_experts", "gemm", "gemm_experts", "linear", "SOURCES", "GEMV_MAX_ROWS"]
+__all__ = [
+    "gemv",
+    "gemv_experts",
+    "gemv_geometry",
+    "gemm",
+    "gemm_experts",
+    "linear",
+    "SOURCES",
+    "GEMV_MAX_ROWS",
+    "GEMV_KV",
+]
 
 GEMV_MAX_ROWS = 8  # GEMV_MAXB in gemv.cu
-_GEMV_WARPS = 8  # GEMV_WARPS in gemv.cu: output rows per block
+_GEMV_THREADS = 256  # GEMV_THREADS in gemv.cu
+_GEMV_R = 4  # GEMV_R: output rows per row group
+_GEMV_U = 2  # GEMV_U: chunks per thread in flight
 _GEMM_TILE, _GEMM_THREADS = 128, 256  # GM_BM = GM_BN and GM_THREADS in gemm.cu
+# weights per lane chunk (F::KV in wformat.cuh): one 16-byte load of the main plane. Only the launch geometry
+# depends on it; a mismatch would cost speed, never correctness (the kernel loops over K by its own KV).
+GEMV_KV = {
+    "BF16": 8,
+    "FP8E4M3_F32ROW": 16,
+    "FP8E4M3_F32T": 16,
+    "NVFP4G16_E4M3S": 32,
+    "Q4G64_F16S": 32,
+    "Q5G64_F16S": 32,
+    "Q6G64_F16S": 32,
+    "W8G32_F16S": 16,
+}
 _TYPES = ("float", "bf16")
 _FMTS = tuple(FORMAT_STRUCTS.values())
 SOURCES: dict[str, tuple[str, ...]] = {
-    "gemv.cu": tuple(f"{k}<{f}, {t}>" for k in ("gemv", "gemv_experts") for f in _FMTS for t in _TYPES),
+    "gemv.cu": tuple(f"gemv<{f}, {t}, {nb}>" for f in _FMTS for t in _TYPES for nb in (1, GEMV_MAX_ROWS))
+    + tuple(f"gemv_experts<{f}, {t}>" for f in _FMTS for t in _TYPES),
     "gemm.cu": tuple(f"{k}<{f}, {t}>" for k in ("gemm", "gemm_experts") for f in _FMTS for t in _TYPES),
 }
 
@@ -56,6 +81,21 @@ def _out(x: Any, out: Any, rows: int, n: int) -> tuple[Any, int]:
     return out, ld
 
 
+def gemv_geometry(fmt: str, k: int) -> tuple[int, int]:
+    """(threads per row group, output rows per block) of the GEMV for format ``fmt`` and width ``k``.
+
+    A row group's threads split K; the group is the smallest power of two >= 32 threads that covers the row's
+    chunks in one round of GEMV_U chunks per thread, at most the whole block. It depends on the format and K
+    only (never on the number of activation rows), so the reduction order, hence every result bit, does too.
+    """
+    chunks = -(-k // GEMV_KV[fmt])
+    want = -(-chunks // _GEMV_U)
+    tpr = 32
+    while tpr < want and tpr < _GEMV_THREADS:
+        tpr *= 2
+    return tpr, _GEMV_THREADS // tpr * _GEMV_R
+
+
 def gemv(x: Any, w: DeviceWeight, out: Any = None, *, row0: int = 0, n: int | None = None) -> Any:
     """``out[b] = x[b] · W[row0 : row0+n]ᵀ`` for ``x[B, K]``, B <= 8; ``n`` defaults to all rows of ``w``."""
     t, b, k, ldx = _prep(x, w, out, "gemv")
@@ -65,11 +105,13 @@ def gemv(x: Any, w: DeviceWeight, out: Any = None, *, row0: int = 0, n: int | No
     if row0 < 0 or n <= 0 or row0 + n > w.rows:
         raise KernelError(f"gemv: rows [{row0}, {row0 + n}) outside the weight's {w.rows} rows")
     out, ldy = _out(x, out, b, n)
-    fn = kernel("gemv.cu", SOURCES["gemv.cu"], f"gemv<{w.struct}, {t}>")
+    nb = 1 if b == 1 else GEMV_MAX_ROWS  # same arithmetic per row either way (gemv.cu)
+    fn = kernel("gemv.cu", SOURCES["gemv.cu"], f"gemv<{w.struct}, {t}, {nb}>")
+    tpr, per_block = gemv_geometry(w.fmt, k)
     p0, p1, p2 = w.planes()
     fn(
-        (grid_1d(n, _GEMV_WARPS),),
-        (_GEMV_WARPS * 32,),
+        (grid_1d(n, per_block),),
+        (_GEMV_THREADS,),
         (
             p0,
             p1,
@@ -82,6 +124,7 @@ def gemv(x: Any, w: DeviceWeight, out: Any = None, *, row0: int = 0, n: int | No
             np.int64(ldx),
             np.int64(ldy),
             np.int64(row0),
+            np.int32(tpr),
         ),
     )
     return out
@@ -99,11 +142,25 @@ def gemv_experts(x: Any, w: DeviceWeight, ids: Any, xrow: Any, n: int, out: Any 
     if slots == 0:
         return out
     fn = kernel("gemv.cu", SOURCES["gemv.cu"], f"gemv_experts<{w.struct}, {t}>")
+    tpr, per_block = gemv_geometry(w.fmt, k)
     p0, p1, p2 = w.planes()
     fn(
-        (grid_1d(n, _GEMV_WARPS), slots),
-        (_GEMV_WARPS * 32,),
-        (p0, p1, p2, x, out, ids, xrow, np.int32(n), np.int32(k), np.int64(ldx), np.int64(ldy)),
+        (grid_1d(n, per_block), slots),
+        (_GEMV_THREADS,),
+        (
+            p0,
+            p1,
+            p2,
+            x,
+            out,
+            ids,
+            xrow,
+            np.int32(n),
+            np.int32(k),
+            np.int64(ldx),
+            np.int64(ldy),
+            np.int32(tpr),
+        ),
     )
     return out
 
