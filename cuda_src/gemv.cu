@@ -116,12 +116,16 @@ __device__ __forceinline__ void gemv_block(const u8* p0, const u8* p1, const u8*
 // x: [nrows, K] (row stride ldx), y: [nrows, N] (row stride ldy); weight rows row0 .. row0 + N - 1.
 // NB = 1 (nrows == 1) or GEMV_MAXB: the NB = 1 instance needs far fewer registers (more warps in flight) and runs,
 // for row 0, exactly the arithmetic of the NB = 8 instance, so a row alone is bitwise the row among 8.
-// Grid: ceil(N / (GEMV_THREADS / tpr * GEMV_R)) blocks of GEMV_THREADS.
+// Grid: ceil(N / (GEMV_THREADS / tpr * GEMV_R)) x ceil(nrows / NB) blocks of GEMV_THREADS; blockIdx.y takes
+// activation rows NB * blockIdx.y .. + NB with the same code, so more than 8 rows in one launch give every row
+// bitwise its decode result (the exact prefill mode and the fp32 router use this).
 template <typename F, typename T, int NB>
 __global__ void __launch_bounds__(GEMV_THREADS)
     gemv(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
          T* __restrict__ y, int N, int K, int nrows, long long ldx, long long ldy, long long row0, int tpr) {
-    gemv_block<F, T, NB>(p0, p1, p2, x, ldx, nrows, N, K, tpr, row0, y, ldy);
+    const long long rb = (long long)blockIdx.y * NB;
+    gemv_block<F, T, NB>(p0, p1, p2, x + rb * ldx, ldx, min(NB, nrows - (int)rb), N, K, tpr, row0, y + rb * ldy,
+                         ldy);
 }
 
 // MoE decode dispatch: slot s = blockIdx.y multiplies activation row xrow[s] by expert ids[s] (rows ids[s]*N ..

@@ -203,6 +203,26 @@ def test_gemv_rows_independent_of_batch(cp: Any, fmt: str) -> None:
 
 
 # K off every chunk width (8 | K; K % 16 == 8 for FP8's guarded half; K % 128 != 0 for the padded formats), N off
+@pytest.mark.parametrize("fmt", ["BF16", "NVFP4G16_E4M3S", "Q6G64_F16S"])
+def test_gemv_many_rows_are_8_row_blocks(cp: Any, report: list, fmt: str) -> None:
+    """More than 8 rows run as 8-row blocks of one launch: each block bitwise equals its own 8-row launch."""
+    from ninfer.cuda.linear import gemv
+
+    rng = np.random.default_rng(21)
+    for m, n, k in ((9, 70, 200), (37, 130, 1000)):
+        w, wf = _weight(rng, fmt, (n, k))
+        x = cp.asarray(_inputs(rng, (m, k), "float"))
+        out = _poison(cp, (m, n), "float")
+        gemv(x, w, out)
+        got = cp.asnumpy(out)
+        _close(report, f"gemv {m} rows {fmt}", got, ops.linear(cp.asnumpy(x), wf), TOL["float"])
+        for r in range(0, m, 8):
+            blk = cp.asnumpy(gemv(cp.ascontiguousarray(x[r : r + 8]), w))
+            assert np.array_equal(blk, got[r : r + 8]), (
+                f"{fmt} {m}x{n}x{k}: rows {r}.. differ from their block"
+            )
+
+
 # the rows per block (4 per row group x 1..8 groups), row-group widths 32..256 threads (gemv_geometry)
 ODD_GEMV_SHAPES = ((6, 8), (13, 200), (37, 1000), (9, 5128), (70, 2056), (5, 17416))
 

@@ -97,11 +97,12 @@ def gemv_geometry(fmt: str, k: int) -> tuple[int, int]:
 
 
 def gemv(x: Any, w: DeviceWeight, out: Any = None, *, row0: int = 0, n: int | None = None) -> Any:
-    """``out[b] = x[b] · W[row0 : row0+n]ᵀ`` for ``x[B, K]``, B <= 8; ``n`` defaults to all rows of ``w``."""
+    """``out[b] = x[b] · W[row0 : row0+n]ᵀ`` for ``x[B, K]``; ``n`` defaults to all rows of ``w``. Decode takes
+    B <= 8; more rows run as 8-row blocks of one launch, each row bitwise its decode result."""
     t, b, k, ldx = _prep(x, w, out, "gemv")
     n = w.rows - row0 if n is None else n
-    if not (1 <= b <= GEMV_MAX_ROWS):
-        raise KernelError(f"gemv: x has {b} rows; decode products take 1..{GEMV_MAX_ROWS} (use gemm)")
+    if not (1 <= b <= GEMV_MAX_ROWS * 65535):
+        raise KernelError(f"gemv: x has {b} rows; take 1..{GEMV_MAX_ROWS * 65535}")
     if row0 < 0 or n <= 0 or row0 + n > w.rows:
         raise KernelError(f"gemv: rows [{row0}, {row0 + n}) outside the weight's {w.rows} rows")
     out, ldy = _out(x, out, b, n)
@@ -110,7 +111,7 @@ def gemv(x: Any, w: DeviceWeight, out: Any = None, *, row0: int = 0, n: int | No
     tpr, per_block = gemv_geometry(w.fmt, k)
     p0, p1, p2 = w.planes()
     fn(
-        (grid_1d(n, per_block),),
+        (grid_1d(n, per_block), grid_1d(b, nb)),
         (_GEMV_THREADS,),
         (
             p0,

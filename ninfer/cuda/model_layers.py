@@ -21,21 +21,13 @@ def linear(net: Any, x: Any, name: str, out: Any = None, *, exact: bool = False)
     """``x · Wᵀ``: GEMV for up to 8 rows; above, tensor-core GEMM (exact weight operands; float32 ``x`` split into
     two bf16 halves), or (``exact`` or ``prefill_gemm=False``) the decode GEMV in 8-row blocks, which gives every
     row bitwise its decode result."""
-    import cupy
-
     from ninfer.cuda.linear import gemm, gemv
 
     w = net.w[name]
     t = x.shape[0]
-    if t <= 8:
-        return gemv(x, w, out)
-    if net.prefill_gemm and not exact:
+    if t > 8 and net.prefill_gemm and not exact:
         return gemm(x, w, out)
-    if out is None:
-        out = cupy.empty((t, w.rows), dtype=x.dtype)
-    for r in range(0, t, 8):
-        gemv(x[r : r + 8], w, out[r : r + 8])
-    return out
+    return gemv(x, w, out)  # more than 8 rows: 8-row blocks of one launch, each row bitwise its decode result
 
 
 def attention_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
