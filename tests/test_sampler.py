@@ -183,3 +183,53 @@ def test_kernel_algorithm_on_host_matches_numpy(host_sampler: Path, v: int) -> N
     out = subprocess.run([str(host_sampler)], input=b"".join(blob), capture_output=True, check=True)
     got = [int(s) for s in out.stdout.split()]
     assert got == want
+
+
+# ---- the engine's device-sampling path (runner.sample), driven by a host runner ---------------------------------
+class _HostSamplingRunner:
+    """The reference runner with ``device_sampling``: ``sample`` computes the contract's function with NumPy, so
+    the engine's device path (masks packed, failures per request, rows, positions, counts) runs on the CPU."""
+
+    device_sampling = True
+
+    def __init__(self, inner: object, calls: list[int]) -> None:
+        self._inner, self.calls = inner, calls
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def sample(self, logits: np.ndarray, reqs: list, token_limit: int | None) -> list[int]:
+        self.calls.append(len(reqs))
+        out = []
+        for row, r in zip(logits, reqs, strict=True):
+            try:
+                out.append(sample(row, r.params, seed=r.seed, position=r.position, counts=r.counts,
+                                  token_limit=token_limit, mask=r.mask))  # fmt: skip
+            except MaskError:
+                out.append(-1)
+        return out
+
+
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("test_batch_invariance", {"sampling": {"temperature": 0.9, "top_p": 0.95, "top_k": 50}}),
+        ("test_token_mask_hook", {}),
+        ("test_penalties_and_seeds_in_the_engine", {}),
+    ],
+)
+def test_engine_device_sampling_path(
+    name: str, kw: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import test_engine_batching
+
+    import ninfer.engine.engine as eng_mod
+    from ninfer.demo import build_demo
+    from ninfer.model import load
+
+    calls: list[int] = []
+    ref_runner = eng_mod.ModelRunner
+    monkeypatch.setattr(eng_mod, "ModelRunner", lambda *a: _HostSamplingRunner(ref_runner(*a), calls))
+    model = load(build_demo(tmp_path / "demo.ninfer"))
+    getattr(test_engine_batching, name)(model, **kw)
+    assert calls and max(calls) >= 1, "the engine must sample through runner.sample"
