@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(1024)
     for (int i = threadIdx.x; i < lim; i += blockDim.x) {
         if (m && !((m[i >> 5] >> (i & 31)) & 1)) continue;
         const float v = x[i];
-        if (isnan(v)) continue;
+        if (v != v) continue;  // NaN: banned
         const u64 k = sort_key(v, i);
         best = k > best ? k : best;
     }
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(1024)
     for (int i = threadIdx.x; i < lim; i += blockDim.x) {
         if (m && !((m[i >> 5] >> (i & 31)) & 1)) continue;
         const float v = x[i];
-        if (isnan(v)) continue;
+        if (v != v) continue;  // NaN: banned
         double e;
         const u64 q = token_mass(v, mx, T, e);
         if (q == 0 || (mp > 0.0 && e < mp)) continue;
