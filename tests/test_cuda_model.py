@@ -312,6 +312,62 @@ def test_runner_reports_memory_plan(cuda_models: Any, cuda_engine_runner: None) 
         assert "device memory plan" in plan.report()
 
 
+@gpu
+def test_engine_device_sampling_matches_cpu_sampler(
+    cuda_models: Any, cuda_engine_runner: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every row the CUDA runner samples on the device gets the NumPy sampler's token for the same logits and
+    inputs, and the same requests with device sampling off (the CPU sampler) generate the same tokens."""
+    import cupy
+
+    from ninfer.cuda.runner import CudaModelRunner
+    from ninfer.engine import Engine
+    from ninfer.engine.sampler import MaskError, sample
+
+    seen: list[tuple[np.ndarray, list, Any, list[int]]] = []
+    device_sample = CudaModelRunner.sample
+
+    def spy(self: Any, logits: Any, reqs: Any, token_limit: Any) -> list[int]:
+        toks = device_sample(self, logits, reqs, token_limit)
+        seen.append(
+            (cupy.asnumpy(logits), [r._replace(counts=dict(r.counts)) for r in reqs], token_limit, toks)
+        )
+        return toks
+
+    monkeypatch.setattr(CudaModelRunner, "sample", spy)
+    vocab = cuda_models[0].config.vocab_size
+    allowed = np.random.default_rng(5).random(vocab) < 0.2
+    kinds = [
+        {},
+        {"temperature": 0.9, "top_p": 0.95, "top_k": 50},
+        {"temperature": 1.2, "min_p": 0.02, "presence_penalty": 0.8, "frequency_penalty": 0.3},
+        {"temperature": 0.7, "repetition_penalty": 1.4, "token_mask": lambda g: allowed},
+        {"temperature": 1.0, "token_mask": lambda g: np.zeros(vocab, bool)},  # fails alone
+    ]
+
+    def run(device: bool) -> list[tuple[str, list[int]]]:
+        monkeypatch.setattr(CudaModelRunner, "device_sampling", device)
+        prompts = [np.random.default_rng(30 + i).integers(0, 1000, 8 + 5 * i).tolist() for i in range(10)]
+        with Engine.from_model(cuda_models[0], max_context=512, kv_capacity=4096, max_concurrency=4,
+                               queue_depth=16) as eng:  # fmt: skip
+            hs = [eng.submit(p, max_tokens=12, ignore_eos=True, seed=i, **kinds[i % len(kinds)])
+                  for i, p in enumerate(prompts)]  # fmt: skip
+            return [(c.finish_reason, c.token_ids) for c in (h.result(timeout=300) for h in hs)]
+
+    on_device = run(True)
+    assert seen and sum(len(toks) for *_, toks in seen) >= 40
+    for logits, reqs, limit, toks in seen:
+        for row, r, tok in zip(logits, reqs, toks, strict=True):
+            try:
+                want = sample(row, r.params, seed=r.seed, position=r.position, counts=r.counts,
+                              token_limit=limit, mask=r.mask)  # fmt: skip
+            except MaskError:
+                want = -1
+            assert tok == want, f"device token {tok} != CPU sampler {want} ({r.params})"
+    assert [f for f, _ in on_device].count("error") == 2  # the two requests whose mask allows nothing
+    assert run(False) == on_device
+
+
 # ---- CPU: host metadata and memory-plan arithmetic ---------------------------------------------------------------
 def test_host_meta_slots_and_tables() -> None:
     hm = host_meta([(3, 5, 4, [7, 2, 5]), (0, 0, 2, [9])], page_size=4, max_pages=3)

@@ -4,12 +4,16 @@
   a restore is one device copy per GDN layer); KV pages are the engine's page ids in the device page pool.
 - Prefill lanes run one eager forward each; decode lanes run together as one replay of the CUDA graph captured
   for that lane count (``cuda_graph=False`` on the network: the same kernels launched eagerly).
-- Logits of the sampled rows come back to the host as one float32 array; the engine samples on the CPU.
+- Sampling on the device (``device_sampling``, on by default): ``execute`` keeps the sampled rows on the device
+  and the engine asks ``sample`` for their tokens (``ninfer.cuda.sampling.sample_requests``, the same function
+  as the CPU sampler). With ``device_sampling = False`` the rows come back to the host as one float32 array and
+  the engine samples on the CPU.
 - The device-memory plan is computed and checked before the pools are allocated (``self.plan``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -17,11 +21,15 @@ import numpy as np
 from ninfer.config import ModelConfig
 from ninfer.cuda.memory_plan import MemoryPlan, plan_memory, snapshot_bytes
 from ninfer.cuda.model_weights import tensor_bytes
+from ninfer.engine.sampler import SampleRequest
 
 __all__ = ["CudaModelRunner"]
 
 
 class CudaModelRunner:
+    # the engine calls ``sample`` on the rows ``execute`` returns (engine/model_runner.py); False: CPU sampling
+    device_sampling = True
+
     def __init__(self, net: Any, model_config: ModelConfig, cfg: Any, *, capture: bool = True) -> None:
         import cupy
 
@@ -70,7 +78,7 @@ class CudaModelRunner:
         return len(self._ckpts)
 
     # ---- one engine step --------------------------------------------------------------------------------
-    def execute(self, batch: Any) -> np.ndarray:
+    def execute(self, batch: Any) -> Any:
         import cupy
 
         net = self.net
@@ -102,8 +110,16 @@ class CudaModelRunner:
         if not sampled:
             return np.zeros((0, self.vocab_size), np.float32)
         with net.stream:
-            out = cupy.asnumpy(cupy.concatenate(sampled, axis=0), stream=net.stream)
-        return out
+            out = cupy.concatenate(sampled, axis=0)
+            return out if self.device_sampling else cupy.asnumpy(out, stream=net.stream)
+
+    def sample(self, logits: Any, reqs: Sequence[SampleRequest], token_limit: int | None) -> list[int]:
+        """Token ids of the device rows ``execute`` returned, one ``SampleRequest`` per row (-1: nothing
+        allowed)."""
+        from ninfer.cuda.sampling import sample_requests
+
+        with self.net.stream:
+            return sample_requests(logits, reqs, token_limit)
 
     # ---- lanes and checkpoints --------------------------------------------------------------------------
     def _at(self, w: Any) -> int:

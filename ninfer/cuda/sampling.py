@@ -1,20 +1,37 @@
-"""GPU sampling building blocks (cuda_src/sampling.cu): masked greedy argmax and the counter-based uniform that
-``ninfer.engine.sampler`` uses, bit for bit. Penalties, top-k/top-p/min-p sorting: not yet on the GPU."""
+"""GPU sampling (cuda_src/sampling.cu): the engine's exact sampler (``ninfer.engine.sampler``, whose docstring
+defines it) on device rows, plus its building blocks, masked greedy argmax and the counter-based uniform.
+
+``apply_penalties_rows`` penalizes a device copy of the rows in place; ``sample_rows`` picks one token per row
+(one block per row, exact integer histograms); ``sample_requests`` does both for the engine's ``SampleRequest``
+list. Each row's token is the NumPy ``sample`` token for the same inputs (see the sampler docstring for the one
+ulp of ``exp`` the two may differ by).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import act_type, check_array, check_rows, grid_1d
+from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, grid_1d
 from ninfer.cuda.loader import kernel
 
-__all__ = ["argmax_masked", "counter_uniform", "SOURCES"]
+__all__ = [
+    "argmax_masked",
+    "counter_uniform",
+    "apply_penalties_rows",
+    "sample_rows",
+    "sample_requests",
+    "SOURCES",
+]
 
 SOURCES: dict[str, tuple[str, ...]] = {
-    "sampling.cu": tuple(f"argmax_masked<{t}>" for t in ("float", "bf16")) + ("counter_uniform",)
+    "sampling.cu": tuple(f"argmax_masked<{t}>" for t in ("float", "bf16"))
+    + ("counter_uniform", "apply_penalties_rows", "sample_rows")
 }
+MAX_VOCAB = 1 << 20  # workspace entries pack the id in 20 bits; the mass sum stays below 2^64
+_THREADS = 1024  # sample_rows: one block of 1024 threads per row
 
 
 def argmax_masked(logits: Any, mask: Any = None, *, limit: int | None = None) -> Any:
@@ -50,3 +67,115 @@ def counter_uniform(seeds: Any, positions: Any) -> Any:
         fn = kernel("sampling.cu", SOURCES["sampling.cu"], "counter_uniform")
         fn((grid_1d(n, 256),), (256,), (seeds, positions, out, np.int32(n)))
     return out
+
+
+def apply_penalties_rows(
+    logits: Any, ids: Any, counts: Any, repetition: Any, frequency: Any, presence: Any
+) -> None:
+    """Penalize float32 ``logits[B, V]`` in place (``sampler.apply_penalties`` per row): int32 ``ids[B, P]``
+    (distinct within a row, -1 padding) with int32 ``counts[B, P]``; float32 ``repetition``, ``frequency``,
+    ``presence`` ``[B]``."""
+    if np.dtype(logits.dtype) != np.float32:
+        raise KernelError(f"logits: dtype must be float32, got {logits.dtype}")
+    rows, v, ld = check_rows(logits, "logits")
+    check_array(ids, "ids", dtype=np.int32, shape=(rows, None))
+    p = ids.shape[1]
+    check_array(counts, "counts", dtype=np.int32, shape=(rows, p))
+    for name, a in (("repetition", repetition), ("frequency", frequency), ("presence", presence)):
+        check_array(a, name, dtype=np.float32, shape=(rows,))
+    if rows and p:
+        fn = kernel("sampling.cu", SOURCES["sampling.cu"], "apply_penalties_rows")
+        fn((grid_1d(p, 256), rows), (256,), (logits, np.int64(ld), np.int32(v), ids, counts, np.int32(p),
+                                             repetition, frequency, presence))  # fmt: skip
+
+
+def sample_rows(
+    logits: Any,
+    temperature: Any,
+    top_k: Any,
+    top_p: Any,
+    min_p: Any,
+    seeds: Any,
+    positions: Any,
+    mask: Any = None,
+    limit: int | None = None,
+) -> Any:
+    """Token ids ``[B]`` (int32) of float32 ``logits[B, V]`` (already penalized) by the sampler's definition:
+    float64 ``temperature``, ``top_p``, ``min_p``, int32 ``top_k``, uint64 ``seeds`` and ``positions``, all
+    ``[B]``; ``mask``: packed int32 bitmask ``[B, ceil(V/32)]`` or None; ids >= ``limit`` are banned. -1 where
+    nothing is allowed. Uses a uint64 ``[B, V]`` workspace."""
+    import cupy
+
+    if np.dtype(logits.dtype) != np.float32:
+        raise KernelError(f"logits: dtype must be float32, got {logits.dtype}")
+    rows, v, ld = check_rows(logits, "logits")
+    if v >= MAX_VOCAB:
+        raise KernelError(f"logits: {v} columns; sample_rows needs fewer than {MAX_VOCAB}")
+    for name, a, dt in (("temperature", temperature, np.float64), ("top_k", top_k, np.int32),
+                        ("top_p", top_p, np.float64), ("min_p", min_p, np.float64),
+                        ("seeds", seeds, np.uint64), ("positions", positions, np.uint64)):  # fmt: skip
+        check_array(a, name, dtype=dt, shape=(rows,))
+    ldm = 0
+    if mask is not None:
+        check_array(mask, "mask", dtype=np.int32, shape=(rows, -(-v // 32)))
+        ldm = mask.shape[1]
+    limit = v if limit is None else max(0, min(int(limit), v))
+    out = cupy.full((rows,), -2, dtype=np.int32)
+    if rows:
+        ws = cupy.empty((rows, v), dtype=np.uint64)
+        fn = kernel("sampling.cu", SOURCES["sampling.cu"], "sample_rows")
+        null = np.uint64(0)  # a null pointer: no mask
+        fn((rows,), (_THREADS,), (logits, np.int64(ld), mask if mask is not None else null, np.int64(ldm),
+                                  np.int32(v), np.int32(limit), temperature, top_k, top_p, min_p, seeds,
+                                  positions, ws, np.int64(v), out))  # fmt: skip
+    return out
+
+
+def sample_requests(logits: Any, reqs: Sequence[Any], token_limit: int | None) -> list[int]:
+    """The engine's device sampling: one token per row of float32 ``logits[len(reqs), V]`` for
+    ``sampler.SampleRequest`` rows (-1: nothing allowed). ``logits`` is left unchanged (penalties go to a copy)."""
+    import cupy
+
+    rows, v, _ = check_rows(logits, "logits")
+    if rows != len(reqs):
+        raise KernelError(f"logits: {rows} rows for {len(reqs)} requests")
+    if not rows:
+        return []
+    params = [r.params for r in reqs]
+    width = max(len(r.counts) for r in reqs)
+    x = logits
+    if width:
+        ids = np.full((rows, width), -1, np.int32)
+        cnt = np.zeros((rows, width), np.int32)
+        for i, r in enumerate(reqs):
+            ids[i, : len(r.counts)] = list(r.counts.keys())
+            cnt[i, : len(r.counts)] = list(r.counts.values())
+        x = logits.copy()
+        apply_penalties_rows(
+            x, cupy.asarray(ids), cupy.asarray(cnt),
+            *(cupy.asarray(np.array([getattr(p, f) for p in params], np.float32))
+              for f in ("repetition_penalty", "frequency_penalty", "presence_penalty")),
+        )  # fmt: skip
+    mask = None
+    if any(r.mask is not None for r in reqs):
+        words = np.full((rows, -(-v // 32)), -1, np.int32)  # all allowed
+        for i, r in enumerate(reqs):
+            if r.mask is not None:
+                words[i] = r.mask
+        mask = cupy.asarray(words)
+
+    def col(vals: list[Any], dt: Any) -> Any:
+        return cupy.asarray(np.array(vals, dt))
+
+    out = sample_rows(
+        x,
+        col([float(p.temperature) for p in params], np.float64),
+        col([max(min(int(p.top_k), 2**31 - 1), 0) for p in params], np.int32),
+        col([float(p.top_p) for p in params], np.float64),
+        col([float(p.min_p) for p in params], np.float64),
+        col([r.seed & (2**64 - 1) for r in reqs], np.uint64),
+        col([r.position for r in reqs], np.uint64),
+        mask,
+        token_limit,
+    )
+    return [int(t) for t in cupy.asnumpy(out)]

@@ -262,8 +262,11 @@ class Engine:
             ready = masks.result()
             with self._cv:
                 self._sched.after_run(batch)  # computed tokens catch up; checkpoints published; retire
-                for req, row in zip(reqs, logits, strict=True):
-                    self._out.accept(req, row, ready.get(req.id, NOT_COMPUTED))  # sample, detok, stops, delta
+                if getattr(self._runner, "device_sampling", False):  # the rows stayed on the runner's device
+                    self._out.accept_device(self._runner, reqs, logits, ready)
+                else:
+                    for req, row in zip(reqs, logits, strict=True):  # sample, detok, stops, delta
+                        self._out.accept(req, row, ready.get(req.id, NOT_COMPUTED))
                 self._out.emit_finished()
                 self._steps += 1
             return True

@@ -8,6 +8,9 @@ Contract (the CUDA backend implements the same, against device memory):
   boundary page copy), run every ``LaneWork`` (prefill lanes one forward call each, decode lanes in one batched
   call), snapshot the GDN state of work that asks for it, then release ``batch.free_checkpoints``. Rows of the
   result are the work items with ``sample=True``, in batch order.
+- Optional device sampling: a runner whose ``device_sampling`` is true may return rows that stay on its device,
+  and then provides ``sample(rows, reqs: list[SampleRequest], token_limit) -> list[int]`` (-1: nothing allowed),
+  the same function as ``sampler.sample`` (docs/contracts.md). This runner samples on the CPU.
 - A lane's result never depends on which other lanes share the step: prefill lanes run alone, decode rows are
   bitwise equal to solo calls (the reference's ``forward_batch`` guarantees it) and ``lm_head`` runs per row.
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from .core import Finish, FinishReason, Request, TokenDelta
 from .handle import Handle, completion_of
-from .sampler import NOT_COMPUTED, MaskError, sample
+from .sampler import NOT_COMPUTED, MaskError, SampleRequest, compute_mask, packed_mask, sample
 from .scheduler import Scheduler
 from .stop import TextStream
 
@@ -46,9 +46,8 @@ class Outputs:
         return iter(list(self._live))
 
     def accept(self, req: Request, logits: np.ndarray, mask: Any = NOT_COMPUTED) -> None:
-        """Sample ``req``'s next token, stream it, and finish the request if it stops here. ``mask``: its token
-        mask computed during the model step (``sampler.compute_mask``)."""
-        live = self._live[req.id]
+        """Sample ``req``'s next token on the CPU, stream it, and finish the request if it stops here. ``mask``:
+        its token mask computed during the model step (``sampler.compute_mask``)."""
         try:
             tok = sample(
                 logits,
@@ -64,6 +63,42 @@ class Outputs:
         except MaskError as e:
             self._sched.finish(req, FinishReason.ERROR, str(e))
             return
+        self._push(req, tok)
+
+    def accept_device(self, runner: Any, reqs: list[Request], logits: Any, masks: dict[int, Any]) -> None:
+        """``accept`` for every sampled row at once, sampled by a runner with ``device_sampling``: the same
+        function (``sampler`` docstring) on the rows that stayed on its device. A request whose mask hook failed
+        or allows nothing fails alone, as on the CPU path."""
+        rows: list[int] = []
+        specs: list[SampleRequest] = []
+        for i, req in enumerate(reqs):
+            mask = masks.get(req.id, NOT_COMPUTED)
+            if mask is NOT_COMPUTED:
+                mask = compute_mask(req.token_mask, req.generated) if req.token_mask is not None else None
+            try:
+                words = packed_mask(mask, logits.shape[1])
+            except MaskError as e:
+                self._sched.finish(req, FinishReason.ERROR, str(e))
+                continue
+            rows.append(i)
+            specs.append(SampleRequest(req.params, req.seed, len(req.tokens), req.counts, words))
+        if not rows:
+            return
+        try:
+            toks = runner.sample(logits if len(rows) == len(reqs) else logits[rows], specs, self._token_limit)
+        except Exception as e:  # noqa: BLE001 - a failing device sampler fails this step's requests only
+            for i in rows:
+                self._sched.finish(reqs[i], FinishReason.ERROR, f"sampling failed: {type(e).__name__}: {e}")
+            return
+        for i, tok in zip(rows, toks, strict=True):
+            if tok < 0:
+                self._sched.finish(reqs[i], FinishReason.ERROR, "token mask allows no token")
+            else:
+                self._push(reqs[i], tok)
+
+    def _push(self, req: Request, tok: int) -> None:
+        """Append a sampled token, stream it, and finish the request if it stops here."""
+        live = self._live[req.id]
         req.tokens.append(tok)
         req.counts[tok] = req.counts.get(tok, 0) + 1
         self.decode_tokens += 1
