@@ -122,54 +122,110 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// One block per (query row, kv head, split); warp g handles query head hk*G + g. Lane l holds dims l + 32e.
+// One block per (query row, kv head, split) of ATT_W x G warps: warp (w, g) handles query head hk*G + g over the
+// w-th of ATT_W equal sub-ranges of the split's `chunk` positions; the block then merges its sub-ranges in w order
+// (the attn_combine formula), so a split's result depends only on its positions. Lane l holds dims l + 32e.
+// Within a warp, ATT_P positions at a time: their K loads and dot-product reductions are independent and overlap,
+// then the online-softmax updates run position by position in order (the same arithmetic as one at a time).
 // q: [R, HQ, D]; row r belongs to sequence row_seq[r] and sits at position row_pos[r] (attends 0..pos).
 // nsplit == 1: o [R, HQ, D] written directly; else partials ws_ml [R, HQ, nsplit, 2], ws_o [R, HQ, nsplit, D].
+#define ATT_W 4  // sub-ranges per split (warps per query head); chunk % ATT_W == 0 (checked by the wrapper)
+#define ATT_P 2  // positions in flight per warp
+
+template <typename C, int E>
+__device__ __forceinline__ void att_step(float s, const C* __restrict__ vrow, float vs, float& m, float& l,
+                                         float acc[E], int lane) {
+    const float mn = fmaxf(m, s), corr = expf(m - mn), pw = expf(s - mn);
+    l = l * corr + pw;
+    float pv = pw;  // weight of this position's v row: pw * vs for fp8 (codes times scale)
+    if constexpr (kScaled<C>) pv *= vs;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = fmaf(pv, to_f(vrow[lane + 32 * e]), acc[e] * corr);
+    m = mn;
+}
+
 template <typename T, typename C, int D>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(1024)
     attention(const T* __restrict__ q, const C* __restrict__ k_cache, const C* __restrict__ v_cache,
               const float* __restrict__ k_scale, const float* __restrict__ v_scale,
               const int* __restrict__ page_table, const int* __restrict__ row_seq, const int* __restrict__ row_pos,
               T* __restrict__ o, float* __restrict__ ws_ml, float* __restrict__ ws_o, int HQ, int HKV,
               int page_size, long long ldpt, int chunk, int nsplit, float scale) {
     constexpr int E = D / 32;
+    __shared__ float sh_ml[ATT_W * 8][2];
+    __shared__ float sh_o[ATT_W * 8][D];
     const int r = blockIdx.x, hk = blockIdx.y, split = blockIdx.z;
-    const int G = HQ / HKV, g = threadIdx.x >> 5, lane = threadIdx.x & 31, hq = hk * G + g;
-    if (g >= G) return;
-    const int b = row_seq[r], last = row_pos[r];
-    const int p0 = split * chunk, p1 = min(last + 1, p0 + chunk);
+    const int G = HQ / HKV, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = warp % G, w = warp / G, hq = hk * G + g;  // blockDim.x == 32 * G * ATT_W
+    const int b = row_seq[r], last = row_pos[r], sub = chunk / ATT_W;
+    const int s0 = split * chunk, s1 = min(last + 1, s0 + chunk);
+    const int p0 = s0 + w * sub, p1 = min(s1, p0 + sub);
     float qv[E], acc[E];
     const T* qr = q + ((long long)r * HQ + hq) * D;
 #pragma unroll
     for (int e = 0; e < E; ++e) qv[e] = to_f(qr[lane + 32 * e]) * scale, acc[e] = 0.f;
     float m = NEG_INF, l = 0.f;
     const int* pt = page_table + b * ldpt;
-    for (int p = p0; p < p1; ++p) {
+    int p = p0;
+    for (; p + ATT_P <= p1; p += ATT_P) {
+        long long srow[ATT_P];
+        float s[ATT_P];
+#pragma unroll
+        for (int j = 0; j < ATT_P; ++j) {
+            srow[j] = ((long long)pt[(p + j) / page_size] * page_size + (p + j) % page_size) * HKV + hk;
+            s[j] = 0.f;
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+#pragma unroll
+            for (int j = 0; j < ATT_P; ++j) s[j] = fmaf(qv[e], to_f(k_cache[srow[j] * D + lane + 32 * e]), s[j]);
+#pragma unroll
+        for (int j = 0; j < ATT_P; ++j) {
+            s[j] = warp_sum(s[j]);
+            if constexpr (kScaled<C>) s[j] *= k_scale[srow[j]];  // q . (code * ks) = (q . code) * ks
+        }
+#pragma unroll
+        for (int j = 0; j < ATT_P; ++j)
+            att_step<C, E>(s[j], v_cache + srow[j] * D, kScaled<C> ? v_scale[srow[j]] : 1.f, m, l, acc, lane);
+    }
+    for (; p < p1; ++p) {
         const long long srow = ((long long)pt[p / page_size] * page_size + p % page_size) * HKV + hk;
-        const long long base = srow * D;
         float s = 0.f;
 #pragma unroll
-        for (int e = 0; e < E; ++e) s = fmaf(qv[e], to_f(k_cache[base + lane + 32 * e]), s);
+        for (int e = 0; e < E; ++e) s = fmaf(qv[e], to_f(k_cache[srow * D + lane + 32 * e]), s);
         s = warp_sum(s);
-        if constexpr (kScaled<C>) s *= k_scale[srow];  // q . (code * ks) = (q . code) * ks
-        const float mn = fmaxf(m, s), corr = expf(m - mn), pw = expf(s - mn);
-        l = l * corr + pw;
-        float pv = pw;  // weight of this position's v row: pw * vs for fp8 (codes times scale)
-        if constexpr (kScaled<C>) pv *= v_scale[srow];
+        if constexpr (kScaled<C>) s *= k_scale[srow];
+        att_step<C, E>(s, v_cache + srow * D, kScaled<C> ? v_scale[srow] : 1.f, m, l, acc, lane);
+    }
+    if (lane == 0) sh_ml[warp][0] = m, sh_ml[warp][1] = l;
 #pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] = fmaf(pv, to_f(v_cache[base + lane + 32 * e]), acc[e] * corr);
-        m = mn;
+    for (int e = 0; e < E; ++e) sh_o[warp][lane + 32 * e] = acc[e];
+    __syncthreads();
+    if (w != 0) return;
+    // merge the ATT_W sub-ranges of query head g in w order (empty sub-ranges have m = -inf)
+    float mm = NEG_INF;
+    for (int u = 0; u < ATT_W; ++u) mm = fmaxf(mm, sh_ml[u * G + g][0]);
+    float lt = 0.f, at[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) at[e] = 0.f;
+    for (int u = 0; u < ATT_W; ++u) {
+        const float mu = sh_ml[u * G + g][0];
+        if (mu == NEG_INF) continue;
+        const float c = expf(mu - mm);
+        lt = fmaf(sh_ml[u * G + g][1], c, lt);
+#pragma unroll
+        for (int e = 0; e < E; ++e) at[e] = fmaf(sh_o[u * G + g][lane + 32 * e], c, at[e]);
     }
     const long long orow = (long long)r * HQ + hq;
     if (nsplit == 1) {
-        const float il = l > 0.f ? 1.f / l : 0.f;
+        const float il = lt > 0.f ? 1.f / lt : 0.f;
 #pragma unroll
-        for (int e = 0; e < E; ++e) o[orow * D + lane + 32 * e] = from_f<T>(acc[e] * il);
+        for (int e = 0; e < E; ++e) o[orow * D + lane + 32 * e] = from_f<T>(at[e] * il);
     } else {
-        const long long w = orow * nsplit + split;
-        if (lane == 0) ws_ml[2 * w] = m, ws_ml[2 * w + 1] = l;
+        const long long wi = orow * nsplit + split;
+        if (lane == 0) ws_ml[2 * wi] = mm, ws_ml[2 * wi + 1] = lt;
 #pragma unroll
-        for (int e = 0; e < E; ++e) ws_o[w * D + lane + 32 * e] = acc[e];
+        for (int e = 0; e < E; ++e) ws_o[wi * D + lane + 32 * e] = at[e];
     }
 }
 

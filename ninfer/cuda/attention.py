@@ -25,7 +25,8 @@ _T = ("float", "bf16")
 _C = ("float", "bf16", "e4m3")  # cache element types
 _CACHE_TYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16", np.dtype(np.uint8): "e4m3"}
 HEAD_DIMS = (32, 64, 128, 256)
-MAX_GROUP = 8  # query heads per KV head: one warp each in a 256-thread block
+MAX_GROUP = 8  # query heads per KV head: ATT_W warps each in a block of at most 1024 threads
+ATT_W = 4  # ATT_W in attention.cu: warps per query head, each over a quarter of a split's chunk
 SOURCES: dict[str, tuple[str, ...]] = {
     "attention.cu": tuple(f"qk_norm_rope_kv_write<{t}, {c}, {d}>" for t in _T for c in _C for d in HEAD_DIMS)
     + tuple(f"attention<{t}, {c}, {d}>" for t in _T for c in _C for d in HEAD_DIMS)
@@ -187,6 +188,7 @@ def attention(
             f"max_len={max_len} exceeds the page table's {page_table.shape[1]} pages of {page_size}"
         )
     chunk = max(1, max_len) if chunk is None else chunk
+    chunk = -(-chunk // ATT_W) * ATT_W  # the kernel splits a chunk into ATT_W equal sub-ranges
     nsplit = max(1, -(-max_len // chunk))
     scale = float(d) ** -0.5 if scale is None else scale
     if out is None:
@@ -201,7 +203,7 @@ def attention(
     fn = kernel("attention.cu", SOURCES["attention.cu"], f"attention<{t}, {c}, {d}>")
     fn(
         (r, hkv, nsplit),
-        (32 * (hq // hkv),),
+        (32 * (hq // hkv) * ATT_W,),
         (
             q,
             k_cache,
