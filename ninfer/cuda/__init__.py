@@ -18,6 +18,7 @@ FAMILY_MODULES = (
     "ninfer.cuda.linear",
     "ninfer.cuda.gdn",
     "ninfer.cuda.attention",
+    "ninfer.cuda.attention_prefill",
     "ninfer.cuda.router",
     "ninfer.cuda.sampling",
 )

@@ -33,6 +33,7 @@ def linear(net: Any, x: Any, name: str, out: Any = None, *, exact: bool = False)
 def attention_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
     from ninfer.cuda.activation import sigmoid_gate
     from ninfer.cuda.attention import attention, qk_norm_rope_kv_write
+    from ninfer.cuda.attention_prefill import attention_prefill
 
     cfg, w = net.cfg, net.w
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -46,10 +47,13 @@ def attention_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
         theta=cfg.rope_theta, mrope_section=cfg.mrope_section, interleaved=cfg.mrope_interleaved,
         eps=cfg.rms_norm_eps, **scales,
     )  # fmt: skip
-    o = attention(
-        q, net.kc[j], net.vc[j], m.page_table, m.row_seq, m.row_pos, max_len=m.max_len, chunk=m.chunk,
-        **scales,
-    )  # fmt: skip
+    if m.t > 8 and net.prefill_gemm and net.kc[j].dtype == np.uint16:  # bf16 cache: tensor-core prefill
+        o = attention_prefill(q, net.kc[j], net.vc[j], m.page_table, m.row_seq, m.row_pos, max_len=m.max_len)
+    else:
+        o = attention(
+            q, net.kc[j], net.vc[j], m.page_table, m.row_seq, m.row_pos, max_len=m.max_len, chunk=m.chunk,
+            **scales,
+        )  # fmt: skip
     g = sigmoid_gate(o.reshape(m.t, hq * d), qg, hq, d)
     return linear(net, g, p + "self_attn.o_proj.weight")
 

@@ -1,0 +1,116 @@
+"""Causal prefill attention on tensor cores over a bf16 paged KV cache (cuda_src/attention_prefill.cu).
+
+Same meaning as :func:`ninfer.cuda.attention.attention` (paged cache ``[num_pages, page_size, HKV, D]``, row r of
+sequence ``row_seq[r]`` attends positions ``0..row_pos[r]``, GQA, fp32 online softmax, output in q's dtype), with
+exact operands on ``mma.sync`` (float q split into two bf16 halves, the probabilities likewise). Every row's result
+depends only on its own inputs (fixed reduction order over KV tiles in ascending order), but it is not bitwise the
+decode kernel's: the exact mode (``prefill_gemm=False``) keeps :func:`attention` for prefill.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ninfer.cuda._common import KernelError, act_type, check_array
+from ninfer.cuda.loader import kernel
+
+__all__ = ["attention_prefill", "SOURCES", "HEAD_DIMS", "BLOCK_ROWS", "block_keys", "smem_bytes"]
+
+_T = ("float", "bf16")
+HEAD_DIMS = (32, 64, 128, 256)
+BLOCK_ROWS = 64  # query rows per block (AP_BM)
+_THREADS = 128
+SOURCES: dict[str, tuple[str, ...]] = {
+    "attention_prefill.cu": tuple(f"attention_prefill<{t}, {d}>" for t in _T for d in HEAD_DIMS)
+}
+
+
+def block_keys(d: int) -> int:
+    """Keys per KV tile (ApCfg<D>::BN)."""
+    return 32 if d == 256 else 64
+
+
+def smem_bytes(d: int, t: str) -> int:
+    """Dynamic shared memory of one block: Qh (+ Ql for float q) [64][D+8], Ks and Vs [BN][D+8], bf16 words."""
+    ld = d + 8
+    q_rows = BLOCK_ROWS * (2 if t == "float" else 1)
+    return 2 * ld * (q_rows + 2 * block_keys(d))
+
+
+def _check_aligned(a: Any, name: str) -> None:
+    if a.data.ptr % 16:
+        raise KernelError(
+            f"{name}: the kernel reads 16-byte vectors; the base pointer must be 16-byte aligned"
+        )
+
+
+def attention_prefill(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    page_table: Any,
+    row_seq: Any,
+    row_pos: Any,
+    *,
+    max_len: int,
+    scale: float | None = None,
+    out: Any = None,
+) -> Any:
+    """Causal GQA attention of ``q[R, Hq, D]`` (float32 or bf16 words) over bf16 (uint16) caches: row r
+    (sequence ``row_seq[r]``) attends positions ``0..row_pos[r]`` of its pages in ``page_table[B, max_pages]``;
+    ``max_len`` bounds ``row_pos + 1``. Rows of several sequences may share a launch (any order)."""
+    import cupy
+
+    t = act_type(q, "q")
+    check_array(q, "q", shape=(None, None, None))
+    r, hq, d = q.shape
+    if d not in HEAD_DIMS:
+        raise KernelError(f"q: head_dim {d} has no kernel instance (have {HEAD_DIMS})")
+    hkv = k_cache.shape[2] if k_cache.ndim == 4 else -1
+    check_array(k_cache, "k_cache", dtype=np.uint16, shape=(None, None, hkv, d))
+    check_array(v_cache, "v_cache", dtype=np.uint16, shape=k_cache.shape)
+    if hkv <= 0 or hq % hkv:
+        raise KernelError(f"q: {hq} heads must be a multiple of the {hkv} KV heads")
+    check_array(page_table, "page_table", dtype=np.int32, shape=(None, None))
+    check_array(row_seq, "row_seq", dtype=np.int32, shape=(r,))
+    check_array(row_pos, "row_pos", dtype=np.int32, shape=(r,))
+    page_size = k_cache.shape[1]
+    if max_len > page_table.shape[1] * page_size:
+        raise KernelError(
+            f"max_len={max_len} exceeds the page table's {page_table.shape[1]} pages of {page_size}"
+        )
+    scale = float(d) ** -0.5 if scale is None else scale
+    if out is None:
+        out = cupy.empty((r, hq, d), dtype=q.dtype)
+    check_array(out, "out", dtype=q.dtype, shape=(r, hq, d))
+    for a, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
+        _check_aligned(a, name)
+    if r == 0:
+        return out
+    fn = kernel("attention_prefill.cu", SOURCES["attention_prefill.cu"], f"attention_prefill<{t}, {d}>")
+    smem = smem_bytes(d, t)
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    fn(
+        (-(-r // BLOCK_ROWS), hq),
+        (_THREADS,),
+        (
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            row_seq,
+            row_pos,
+            out,
+            np.int32(r),
+            np.int32(hq),
+            np.int32(hkv),
+            np.int32(page_size),
+            np.int64(page_table.shape[1]),
+            np.float32(scale),
+        ),
+        shared_mem=smem,
+    )
+    return out
