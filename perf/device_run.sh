@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# One device session in two calls (each under the tool's 10-minute limit), everything written under $OUT:
-#   bash perf/device_run.sh tests   compile every kernel family (timed), every GPU-marked test (kernels vs the
-#                                   NumPy reference, the CUDA model vs reference/transformers, engine on CUDA),
-#                                   then the kernel micro-benchmarks (perf/bench_*.py)
-#   bash perf/device_run.sh perf    `ninfer-perf --quick` (27B and 35B-A3B at nvfp4, transformers column)
+# A device session's phases (run several in one call, each call under the tool's 10-minute limit); everything is
+# written under $OUT:
+#   tests   compile every kernel family (timed), then every GPU-marked test (tests/test_cuda_*.py: kernels vs the
+#           NumPy reference, the CUDA model vs reference/transformers, the engine on CUDA)
+#   bench   the kernel micro-benchmarks and the per-kernel profile (perf/bench_*.py, perf/profile_step.py)
+#   perf    `ninfer-perf --quick` (27B and 35B-A3B at nvfp4, transformers column)
+# e.g. `bash perf/device_run.sh tests bench`
 # Installs only what the image lacks (pytest and msgspec wheels from .whl-cuda/, carried by the caller).
 # Env: COMMIT (recorded with the results), PYTEST_K (-k filter), TEST_TIMEOUT, PERF_TIMEOUT.
 set -uo pipefail
@@ -17,8 +19,7 @@ for need in "pytest:pytest pluggy iniconfig packaging pygments" "msgspec:msgspec
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-$mod $whls \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site-$mod
 done
-case "${1:-tests}" in
-tests)
+run_tests() {
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python3 -c "import transformers, torch, cupy; print('transformers', transformers.__version__, 'torch', torch.__version__, 'cupy', cupy.__version__)"
     python3 -c "
@@ -26,15 +27,18 @@ import time; t = time.perf_counter()
 from ninfer.cuda import warmup; print('compiled', sum(warmup().values()), 'instances in', round(time.perf_counter() - t, 1), 's')"
   } 2>&1 | tee "$OUT/compile.txt"
   NINFER_GPU_REPORT=$OUT/gpu_report.json NINFER_GPU_REPORT_MODEL=$OUT/model_report.json \
-    timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --timeout 200 -rf \
-    ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.txt" | grep -v PASSED | tail -60
-  for b in profile_step bench_gemm bench_gemv bench_gdn bench_attention; do
-    [ -f perf/$b.py ] && timeout ${BENCH_TIMEOUT:-90} python3 -m perf.$b 2>&1 | tee -a "$OUT/bench.txt" | tail -30
+    timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -m gpu tests/test_cuda_*.py -p no:cacheprovider \
+    --timeout 200 -rf ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.txt" | grep -v PASSED | tail -40
+}
+run_bench() {
+  for b in ${BENCHES:-profile_step bench_gemm bench_gemv bench_gdn bench_attention}; do
+    timeout ${BENCH_TIMEOUT:-90} python3 -m perf.$b 2>&1 | tee -a "$OUT/bench.txt" | tail -40
   done
-  tail -3 "$OUT/pytest.txt"
-  ;;
-perf)
+}
+run_perf() {
   timeout ${PERF_TIMEOUT:-540} python3 -m perf.cli --quick --out "$OUT/results" --commit "${COMMIT:-unknown}" \
-    "${@:2}" 2>&1 | tee "$OUT/perf.txt"
-  ;;
-esac
+    ${PERF_ARGS:-} 2>&1 | tee "$OUT/perf.txt"
+}
+for phase in "${@:-tests}"; do
+  "run_$phase"
+done
