@@ -18,17 +18,19 @@
 template <typename C> constexpr bool kScaled = false;  // the cache carries per-row scales
 template <> constexpr bool kScaled<e4m3> = true;
 
-// max of |x| that propagates NaN (NumPy's max does; fmaxf would drop it)
-__device__ __forceinline__ float absmax_nan(float m, float x) {
-    const float a = fabsf(x);
-    return (a > m || a != a) ? a : m;
+// max of |x| that propagates NaN (NumPy's max does; fmaxf would drop it), compared as bit patterns: for
+// non-negative floats the integer order is the float order, NaN magnitudes sort above inf, and subnormals are
+// kept (fp32 compares would flush them under CuPy's -ftz=true). Works on |x| bit patterns (u32).
+__device__ __forceinline__ u32 absmax_bits(u32 m, float x) {
+    const u32 a = __float_as_uint(x) & 0x7fffffffu;
+    return a > m ? a : m;
 }
 
-__device__ __forceinline__ float warp_absmax_nan(float m) {
+__device__ __forceinline__ u32 warp_absmax_bits(u32 m) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        const float n = __shfl_xor_sync(0xffffffffu, m, o);
-        m = (n > m || n != n) ? n : m;
+        const u32 n = __shfl_xor_sync(0xffffffffu, m, o);
+        m = n > m ? n : m;
     }
     return m;
 }
@@ -41,20 +43,21 @@ __device__ __forceinline__ void store_row(const float (&x)[(D + 31) / 32], C* __
     constexpr int R = (D + 31) / 32;
     float div = 1.f;
     if constexpr (kScaled<C>) {
-        float m = 0.f;
+        u32 m = 0u;
 #pragma unroll
         for (int r = 0; r < R; ++r)
-            if (lane + 32 * r < D) m = absmax_nan(m, x[r]);
-        const float sc = __fdiv_rn(warp_absmax_nan(m), 448.f);
+            if (lane + 32 * r < D) m = absmax_bits(m, x[r]);
+        const float sc = div_keep_denorm(__uint_as_float(warp_absmax_bits(m)), 448.f);
         if (lane == 0) scales[srow] = sc;
-        div = sc > 0.f ? sc : 1.f;  // false for NaN too, as NumPy's where(scale > 0, ...)
+        const u32 sb = __float_as_uint(sc);
+        div = (sb != 0u && sb <= 0x7f800000u) ? sc : 1.f;  // sc > 0, false for NaN, as NumPy's where(scale > 0)
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int i = lane + 32 * r;
         if (i >= D) continue;
         float y = x[r];
-        if constexpr (kScaled<C>) y = __fdiv_rn(y, div);  // IEEE divide whatever the compile flags
+        if constexpr (kScaled<C>) y = div_keep_denorm(y, div);  // IEEE divide, subnormals kept
         cache[srow * D + i] = from_f<C>(y);
     }
 }

@@ -47,6 +47,30 @@ __device__ __forceinline__ float f16_bits_to_f(u16 h) {
 }
 
 // e4m3fn byte -> float (exact): bias 7, no inf, S.1111.111 is NaN, subnormals m * 2^-9.
+// CuPy compiles every NVRTC module with -ftz=true (cupy/cuda/compiler.py appends it after our options): fp32
+// arithmetic flushes subnormal inputs and results to zero. Where a subnormal matters (bit-pattern decoders, the
+// reference's fp8 KV scales) these keep IEEE semantics through PTX without .ftz; the host build (tests that
+// compile a function with nvcc for the CPU) has subnormals anyway.
+__host__ __device__ __forceinline__ float mul_keep_denorm(float a, float b) {
+#ifdef __CUDA_ARCH__
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
+    return a * b;
+#endif
+}
+
+__host__ __device__ __forceinline__ float div_keep_denorm(float a, float b) {
+#ifdef __CUDA_ARCH__
+    float r;
+    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
+    return a / b;
+#endif
+}
+
 __device__ __forceinline__ float e4m3_to_f(u32 c) {
     u32 s = (c & 0x80u) << 24, e = (c >> 3) & 0xfu, m = c & 7u;
     if (e == 0xfu && m == 7u) return __uint_as_float(s | 0x7fc00000u);

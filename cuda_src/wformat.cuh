@@ -32,8 +32,8 @@
 // XS is a power of two the kernel multiplies x by: NVFP4 and FP8 decode through the bit patterns of subnormal
 // floats (e2m1 / e4m3 code bits placed at the bottom of the f32 exponent read as value * 2^-126 / 2^-120), scaled
 // back into the normal range by exact power-of-two products, which leaves weights 2^-56 times too small; x * 2^56
-// (exact for |x| < 2^71) compensates. The CUDA loader keeps denormals (NVRTC's default -ftz=false) so these
-// subnormal intermediates are exact. The functions are __host__ __device__ so a host program can check them.
+// (exact for |x| < 2^71) compensates. CuPy compiles with -ftz=true, so the products that read a subnormal go
+// through mul_keep_denorm (PTX mul.rn.f32 without .ftz) and stay exact. The functions are __host__ __device__ so a host program can check them.
 #pragma once
 #include "common.cuh"
 
@@ -139,7 +139,7 @@ struct FP8Wide {
     static __host__ __device__ __forceinline__ void deq_wide(const Wide& c, int s, float w[8]) {
         const uint2 v = s == 0 ? c.a : c.b;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) w[j] = e4m3_hi_scaled((j < 4 ? v.x : v.y) << (24 - 8 * (j & 3))) * WF_P64;
+        for (int j = 0; j < 8; ++j) w[j] = mul_keep_denorm(e4m3_hi_scaled((j < 4 ? v.x : v.y) << (24 - 8 * (j & 3))), WF_P64);
     }
 };
 
@@ -202,14 +202,14 @@ struct FmtNVFP4 {
         c.sc = *reinterpret_cast<const u16*>(p1 + n * (kp / 16) + k0 / 16);
     }
     static __host__ __device__ __forceinline__ void prep_wide(Wide& c) {
-        c.d0 = e4m3_hi_scaled(c.sc << 24) * WF_P127 * WF_P63;
-        c.d1 = e4m3_hi_scaled(c.sc << 16) * WF_P127 * WF_P63;
+        c.d0 = mul_keep_denorm(e4m3_hi_scaled(c.sc << 24), WF_P127) * WF_P63;
+        c.d1 = mul_keep_denorm(e4m3_hi_scaled(c.sc << 16), WF_P127) * WF_P63;
     }
     static __host__ __device__ __forceinline__ void deq_wide(const Wide& c, int s, float w[8]) {
         const u32 v = s == 0 ? c.c.x : s == 1 ? c.c.y : s == 2 ? c.c.z : c.c.w;
         const float d = s < 2 ? c.d0 : c.d1;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) w[i] = e2m1_hi_scaled(v << (28 - 4 * i)) * d;
+        for (int i = 0; i < 8; ++i) w[i] = mul_keep_denorm(e2m1_hi_scaled(v << (28 - 4 * i)), d);
     }
     static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8* p2, long long) { return *reinterpret_cast<const float*>(p2); }
     // e2m1 x e4m3 block scale (exact in bf16); the f32 global scale g is the row scale.
