@@ -18,40 +18,44 @@
 
 #define GEMV_MAXB 8
 #define GEMV_THREADS 256
-#define GEMV_R 4  // output rows per row group
+#define GEMV_R 4  // output rows per row group (1 to 2 activation rows)
+// rows per group of an NB-row instance: fewer with more activation rows (registers: more warps in flight). A row's
+// arithmetic does not depend on R (its chunks, their order and the cross-warp order depend on tpr only), so every
+// instance gives a row bitwise the same result.
+#define GEMV_RB(NB) ((NB) >= 4 ? 2 : GEMV_R)
 #define GEMV_U 2  // chunks per thread in flight
 
 // The per-thread part (rows b < nrows <= NB): acc[r][b] = this thread's partial sum for weight row wr[r] and activation row b,
 // in units of XS (host-callable so a host program can mirror the kernel).
-template <typename F, typename T, int NB>
+template <typename F, typename T, int NB, int R>
 __host__ __device__ __forceinline__ void gemv_lane(const u8* p0, const u8* p1, const u8* p2,
-                                                   const long long wr[GEMV_R], int K, const T* x, long long ldx,
-                                                   int nrows, int lt, int tpr, float acc[GEMV_R][NB]) {
+                                                   const long long wr[R], int K, const T* x, long long ldx,
+                                                   int nrows, int lt, int tpr, float acc[R][NB]) {
 #pragma unroll
-    for (int r = 0; r < GEMV_R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int b = 0; b < NB; ++b) acc[r][b] = 0.f;
     const int step = F::KV * tpr;
     for (int k = F::KV * lt; k < K; k += GEMV_U * step) {
-        typename F::Wide c[GEMV_U][GEMV_R];
+        typename F::Wide c[GEMV_U][R];
 #pragma unroll
         for (int u = 0; u < GEMV_U; ++u)
             if (k + u * step < K)
 #pragma unroll
-                for (int r = 0; r < GEMV_R; ++r) F::load_wide(p0, p1, p2, K, wr[r], k + u * step, c[u][r]);
+                for (int r = 0; r < R; ++r) F::load_wide(p0, p1, p2, K, wr[r], k + u * step, c[u][r]);
 #pragma unroll
         for (int u = 0; u < GEMV_U; ++u) {
             const int ku = k + u * step;
             if (ku < K) {
 #pragma unroll
-                for (int r = 0; r < GEMV_R; ++r) F::prep_wide(c[u][r]);
+                for (int r = 0; r < R; ++r) F::prep_wide(c[u][r]);
 #pragma unroll
                 for (int s = 0; s < F::KV / 8; ++s) {
                     const int ks = ku + 8 * s;
                     if (ks < K) {
-                        float w[GEMV_R][8];
+                        float w[R][8];
 #pragma unroll
-                        for (int r = 0; r < GEMV_R; ++r) F::deq_wide(c[u][r], s, w[r]);
+                        for (int r = 0; r < R; ++r) F::deq_wide(c[u][r], s, w[r]);
 #pragma unroll
                         for (int b = 0; b < NB; ++b) {
                             if (b < nrows) {
@@ -62,7 +66,7 @@ __host__ __device__ __forceinline__ void gemv_lane(const u8* p0, const u8* p1, c
                                     for (int j = 0; j < 8; ++j) xv[j] *= F::XS;
                                 }
 #pragma unroll
-                                for (int r = 0; r < GEMV_R; ++r) {
+                                for (int r = 0; r < R; ++r) {
                                     float a = acc[r][b];
 #pragma unroll
                                     for (int j = 0; j < 8; ++j) a = fmaf(w[r][j], xv[j], a);
@@ -77,23 +81,23 @@ __host__ __device__ __forceinline__ void gemv_lane(const u8* p0, const u8* p1, c
     }
 }
 
-// One block: output rows n = (blockIdx.x * groups + g) * GEMV_R + r of weight rows wrow0 + n; rows past N
+// One block: output rows n = (blockIdx.x * groups + g) * R + r of weight rows wrow0 + n; rows past N
 // recompute row N - 1 (uniform control flow) and are never stored.
-template <typename F, typename T, int NB>
+template <typename F, typename T, int NB, int R>
 __device__ __forceinline__ void gemv_block(const u8* p0, const u8* p1, const u8* p2, const T* x, long long ldx,
                                            int nrows, int N, int K, int tpr, long long wrow0, T* y,
                                            long long ldy) {
-    __shared__ float red[GEMV_THREADS / 32][GEMV_R][NB];
+    __shared__ float red[GEMV_THREADS / 32][R][NB];
     const int groups = GEMV_THREADS / tpr, g = threadIdx.x / tpr, lt = threadIdx.x % tpr;
-    const int n0 = (blockIdx.x * groups + g) * GEMV_R;
-    long long wr[GEMV_R];
+    const int n0 = (blockIdx.x * groups + g) * R;
+    long long wr[R];
 #pragma unroll
-    for (int r = 0; r < GEMV_R; ++r) wr[r] = wrow0 + min(n0 + r, N - 1);
-    float acc[GEMV_R][NB];
-    gemv_lane<F, T, NB>(p0, p1, p2, wr, K, x, ldx, nrows, lt, tpr, acc);
+    for (int r = 0; r < R; ++r) wr[r] = wrow0 + min(n0 + r, N - 1);
+    float acc[R][NB];
+    gemv_lane<F, T, NB, R>(p0, p1, p2, wr, K, x, ldx, nrows, lt, tpr, acc);
     const int warp = threadIdx.x >> 5;
 #pragma unroll
-    for (int r = 0; r < GEMV_R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int b = 0; b < NB; ++b)
             if (b < nrows) {
@@ -102,9 +106,9 @@ __device__ __forceinline__ void gemv_block(const u8* p0, const u8* p1, const u8*
             }
     __syncthreads();
     const int wpg = tpr / 32;
-    for (int i = threadIdx.x; i < groups * GEMV_R * NB; i += GEMV_THREADS) {
-        const int gi = i / (GEMV_R * NB), r = (i / NB) % GEMV_R, b = i % NB;
-        const int n = (blockIdx.x * groups + gi) * GEMV_R + r;
+    for (int i = threadIdx.x; i < groups * R * NB; i += GEMV_THREADS) {
+        const int gi = i / (R * NB), r = (i / NB) % R, b = i % NB;
+        const int n = (blockIdx.x * groups + gi) * R + r;
         if (b < nrows && n < N) {
             float t = 0.f;
             for (int w = gi * wpg; w < (gi + 1) * wpg; ++w) t += red[w][r][b];
@@ -114,9 +118,10 @@ __device__ __forceinline__ void gemv_block(const u8* p0, const u8* p1, const u8*
 }
 
 // x: [nrows, K] (row stride ldx), y: [nrows, N] (row stride ldy); weight rows row0 .. row0 + N - 1.
-// NB = 1 (nrows == 1) or GEMV_MAXB: the NB = 1 instance needs far fewer registers (more warps in flight) and runs,
-// for row 0, exactly the arithmetic of the NB = 8 instance, so a row alone is bitwise the row among 8.
-// Grid: ceil(N / (GEMV_THREADS / tpr * GEMV_R)) x ceil(nrows / NB) blocks of GEMV_THREADS; blockIdx.y takes
+// NB = 1, 2, 4 or GEMV_MAXB (the smallest that holds the launch's rows): smaller instances need fewer registers
+// (more warps in flight) and run, for each row, exactly the arithmetic of the NB = 8 instance, so a row alone is
+// bitwise the row among 8.
+// Grid: ceil(N / (GEMV_THREADS / tpr * GEMV_RB(NB))) x ceil(nrows / NB) blocks of GEMV_THREADS; blockIdx.y takes
 // activation rows NB * blockIdx.y .. + NB with the same code, so more than 8 rows in one launch give every row
 // bitwise its decode result (the exact prefill mode and the fp32 router use this).
 template <typename F, typename T, int NB>
@@ -124,7 +129,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
     gemv(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
          T* __restrict__ y, int N, int K, int nrows, long long ldx, long long ldy, long long row0, int tpr) {
     const long long rb = (long long)blockIdx.y * NB;
-    gemv_block<F, T, NB>(p0, p1, p2, x + rb * ldx, ldx, min(NB, nrows - (int)rb), N, K, tpr, row0, y + rb * ldy,
+    gemv_block<F, T, NB, GEMV_RB(NB)>(p0, p1, p2, x + rb * ldx, ldx, min(NB, nrows - (int)rb), N, K, tpr, row0, y + rb * ldy,
                          ldy);
 }
 
@@ -137,6 +142,6 @@ __global__ void __launch_bounds__(GEMV_THREADS)
                  const T* __restrict__ x, T* __restrict__ y, const int* __restrict__ ids,
                  const int* __restrict__ xrow, int N, int K, long long ldx, long long ldy, int tpr) {
     const int s = blockIdx.y;
-    gemv_block<F, T, 1>(p0, p1, p2, x + (long long)xrow[s] * ldx, ldx, 1, N, K, tpr, (long long)ids[s] * N,
+    gemv_block<F, T, 1, GEMV_R>(p0, p1, p2, x + (long long)xrow[s] * ldx, ldx, 1, N, K, tpr, (long long)ids[s] * N,
                      y + (long long)s * ldy, ldy);
 }

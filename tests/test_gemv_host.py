@@ -55,7 +55,7 @@ static void run(int N, int K, int nrows, int tpr, const u8* base, const long lon
         for (int r = 0; r < GEMV_R; ++r) wr[r] = n0 + r < N ? n0 + r : N - 1;
         for (int lt = 0; lt < tpr; ++lt) {
             float acc[GEMV_R][GEMV_MAXB];
-            gemv_lane<F, float, GEMV_MAXB>(p0, p1, p2, wr, K, x, K, nrows, lt, tpr, acc);
+            gemv_lane<F, float, GEMV_MAXB, GEMV_R>(p0, p1, p2, wr, K, x, K, nrows, lt, tpr, acc);
             for (int r = 0; r < GEMV_R; ++r)
                 for (int b = 0; b < GEMV_MAXB; ++b) part[(lt * GEMV_R + r) * GEMV_MAXB + b] = acc[r][b];
         }
