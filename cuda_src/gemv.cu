@@ -18,11 +18,8 @@
 
 #define GEMV_MAXB 8
 #define GEMV_THREADS 256
-#define GEMV_R 4  // output rows per row group (1 to 2 activation rows)
-// rows per group of an NB-row instance: fewer with more activation rows (registers: more warps in flight). A row's
-// arithmetic does not depend on R (its chunks, their order and the cross-warp order depend on tpr only), so every
-// instance gives a row bitwise the same result.
-#define GEMV_RB(NB) ((NB) >= 4 ? 2 : GEMV_R)
+#define GEMV_R 4  // output rows per row group (measured: 2 rows per group at 4-8 activation rows was slower,
+                  // 27B decode x8 55 against 72 tok/s: each x chunk then serves fewer weight rows)
 #define GEMV_U 2  // chunks per thread in flight
 
 // The per-thread part (rows b < nrows <= NB): acc[r][b] = this thread's partial sum for weight row wr[r] and activation row b,
@@ -121,7 +118,7 @@ __device__ __forceinline__ void gemv_block(const u8* p0, const u8* p1, const u8*
 // NB = 1, 2, 4 or GEMV_MAXB (the smallest that holds the launch's rows): smaller instances need fewer registers
 // (more warps in flight) and run, for each row, exactly the arithmetic of the NB = 8 instance, so a row alone is
 // bitwise the row among 8.
-// Grid: ceil(N / (GEMV_THREADS / tpr * GEMV_RB(NB))) x ceil(nrows / NB) blocks of GEMV_THREADS; blockIdx.y takes
+// Grid: ceil(N / (GEMV_THREADS / tpr * GEMV_R)) x ceil(nrows / NB) blocks of GEMV_THREADS; blockIdx.y takes
 // activation rows NB * blockIdx.y .. + NB with the same code, so more than 8 rows in one launch give every row
 // bitwise its decode result (the exact prefill mode and the fp32 router use this).
 template <typename F, typename T, int NB>
@@ -129,7 +126,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
     gemv(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
          T* __restrict__ y, int N, int K, int nrows, long long ldx, long long ldy, long long row0, int tpr) {
     const long long rb = (long long)blockIdx.y * NB;
-    gemv_block<F, T, NB, GEMV_RB(NB)>(p0, p1, p2, x + rb * ldx, ldx, min(NB, nrows - (int)rb), N, K, tpr, row0, y + rb * ldy,
+    gemv_block<F, T, NB, GEMV_R>(p0, p1, p2, x + rb * ldx, ldx, min(NB, nrows - (int)rb), N, K, tpr, row0, y + rb * ldy,
                          ldy);
 }
 

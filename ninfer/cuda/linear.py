@@ -38,10 +38,6 @@ _GEMV_R = 4  # GEMV_R: output rows per row group
 _GEMV_NB = (1, 2, 4, 8)  # activation-row instances; a launch takes the smallest that holds its rows
 
 
-def _rows_per_group(nb: int) -> int:
-    return 2 if nb >= 4 else _GEMV_R  # GEMV_RB(NB) in gemv.cu
-
-
 _GEMV_U = 2  # GEMV_U: chunks per thread in flight
 _GEMM_TILE, _GEMM_THREADS = 128, 256  # GM_BM = GM_BN and GM_THREADS in gemm.cu
 # weights per lane chunk (F::KV in wformat.cuh): one 16-byte load of the main plane. Only the launch geometry
@@ -88,8 +84,8 @@ def _out(x: Any, out: Any, rows: int, n: int) -> tuple[Any, int]:
     return out, ld
 
 
-def gemv_geometry(fmt: str, k: int, nb: int = 1) -> tuple[int, int]:
-    """(threads per row group, output rows per block) of the ``nb``-row GEMV for format ``fmt`` and width ``k``.
+def gemv_geometry(fmt: str, k: int) -> tuple[int, int]:
+    """(threads per row group, output rows per block) of the GEMV for format ``fmt`` and width ``k``.
 
     A row group's threads split K; the group is the smallest power of two >= 32 threads that covers the row's
     chunks in one round of GEMV_U chunks per thread, at most the whole block. It depends on the format and K
@@ -100,7 +96,7 @@ def gemv_geometry(fmt: str, k: int, nb: int = 1) -> tuple[int, int]:
     tpr = 32
     while tpr < want and tpr < _GEMV_THREADS:
         tpr *= 2
-    return tpr, _GEMV_THREADS // tpr * _rows_per_group(nb)
+    return tpr, _GEMV_THREADS // tpr * _GEMV_R
 
 
 def gemv(x: Any, w: DeviceWeight, out: Any = None, *, row0: int = 0, n: int | None = None) -> Any:
@@ -115,7 +111,7 @@ def gemv(x: Any, w: DeviceWeight, out: Any = None, *, row0: int = 0, n: int | No
     out, ldy = _out(x, out, b, n)
     nb = next((v for v in _GEMV_NB if v >= b), GEMV_MAX_ROWS)  # same arithmetic per row in every instance
     fn = kernel("gemv.cu", SOURCES["gemv.cu"], f"gemv<{w.struct}, {t}, {nb}>")
-    tpr, per_block = gemv_geometry(w.fmt, k, nb)
+    tpr, per_block = gemv_geometry(w.fmt, k)
     p0, p1, p2 = w.planes()
     fn(
         (grid_1d(n, per_block), grid_1d(b, nb)),
