@@ -3,7 +3,8 @@
 Parts: weights (as uploaded), the KV page pool (every full-attention layer, K and V, plus one scratch page; fp8
 pages also hold one float32 scale per token and KV head),
 GDN state slots for the lanes and for checkpoints (plus one scratch slot), the prefill workspace (temporaries of
-one ``prefill_chunk`` forward, the largest layer alive at once, an estimate), and the CUDA-graph pools (one decode
+one ``prefill_chunk`` forward, the largest layer alive at once, an estimate, plus the device sampler's
+per-lane vocabulary buffers), and the CUDA-graph pools (one decode
 step's temporaries per lane count, an estimate; the runner reports the measured size after capture).
 """
 
@@ -17,6 +18,7 @@ __all__ = ["MemoryPlan", "plan_memory", "MemoryPlanError", "KV_HEAD_BYTES", "kv_
 
 GIB = float(1 << 30)
 HEADROOM = 0.04  # fraction of free memory left for the CUDA context, cuBLAS and allocator fragmentation
+SAMPLER_BYTES_PER_ID = 12  # device sampling per lane: uint64 candidate keys + a float32 copy for penalties
 
 
 class MemoryPlanError(MemoryError):
@@ -125,7 +127,7 @@ def plan_memory(
         kv_pool=(num_pages + 1) * per_page,
         gdn_lanes=(lanes + 1) * snap,
         checkpoints=checkpoints * snap,
-        workspace=step(prefill_chunk) + mc.vocab_size * 4 * 8,
+        workspace=step(prefill_chunk) + mc.vocab_size * 4 * 8 + lanes * mc.vocab_size * SAMPLER_BYTES_PER_ID,
         graph_pools=graph,
         free=free,
     )
