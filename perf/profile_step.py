@@ -2,7 +2,7 @@
 
     python -m perf.profile_step --model 27b          # on a GPU: eager decode at 8K context, a 2048-token prefill
 
-Each public function of the family modules (``ninfer.cuda.FAMILY_MODULES``) is wrapped for the duration of the
+Each public function of the family modules (``ninfer.cuda.FAMILY_MODULES``) that launches a kernel is wrapped for the duration of the
 run; a call's time is the event interval around its launches on the current stream. Work outside the wrappers
 (cupy element-wise glue, sorting, host-side scheduling gaps) shows as ``other`` = wall time - the sum. Decode is
 eager here (no CUDA graph), so ``other`` includes launch overhead that graph replay removes.
@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import functools
 import importlib
+import inspect
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -47,14 +48,11 @@ def profile() -> Iterator[dict[str, list]]:
 
         return timed
 
-    for modname in FAMILY_MODULES + ("ninfer.cuda.attention_prefill",):
-        try:
-            mod = importlib.import_module(modname)
-        except ImportError:
-            continue
+    for modname in FAMILY_MODULES:
+        mod = importlib.import_module(modname)
         for name in getattr(mod, "__all__", ()):
             fn = getattr(mod, name)
-            if callable(fn) and not isinstance(fn, type) and name != "SOURCES":
+            if inspect.isfunction(fn) and "kernel(" in inspect.getsource(fn):  # launchers, not helpers
                 saved.append((mod, name, fn))
                 setattr(mod, name, wrap(mod, name, fn))
     try:
