@@ -19,6 +19,27 @@ struct __align__(2) bf16 {
 
 #define NEG_INF __int_as_float(0xff800000)
 
+// float <-> bits on the device and on the host (host tests compile some of these headers for the CPU).
+__host__ __device__ __forceinline__ u32 f32_bits(float f) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    u32 u;
+    __builtin_memcpy(&u, &f, 4);
+    return u;
+#endif
+}
+
+__host__ __device__ __forceinline__ float f32_from_bits(u32 u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
 __device__ __forceinline__ float bf16_bits_to_f(u32 h) { return __uint_as_float(h << 16); }
 
 // float -> bf16 bits, round to nearest even; NaN kept as a quiet NaN of the same sign.

@@ -13,26 +13,6 @@ struct __align__(1) e4m3 {
     u8 bits;
 };
 
-__host__ __device__ __forceinline__ u32 f32_bits(float f) {
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(f);
-#else
-    u32 u;
-    __builtin_memcpy(&u, &f, 4);
-    return u;
-#endif
-}
-
-__host__ __device__ __forceinline__ float f32_from_bits(u32 u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    __builtin_memcpy(&f, &u, 4);
-    return f;
-#endif
-}
-
 __host__ __device__ __forceinline__ u8 f_to_e4m3(float x) {
     const u32 u = f32_bits(x), s = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (u8)(s | 0x7fu);   // NaN

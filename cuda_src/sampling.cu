@@ -51,14 +51,14 @@ HD u64 mix64(u64 z) {
     return z ^ (z >> 31);
 }
 
+HD double counter_u(u64 seed, u64 pos) {
+    return (double)(mix64(mix64(seed) ^ pos) >> 11) * (1.0 / 9007199254740992.0);
+}
+
 __global__ void counter_uniform(const u64* __restrict__ seeds, const u64* __restrict__ positions,
                                 double* __restrict__ out, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = (double)(mix64(mix64(seeds[i]) ^ positions[i]) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-HD double counter_u(u64 seed, u64 pos) {
-    return (double)(mix64(mix64(seed) ^ pos) >> 11) * (1.0 / 9007199254740992.0);
+    if (i < n) out[i] = counter_u(seeds[i], positions[i]);
 }
 
 // ---- the exact sampler ------------------------------------------------------------------------------------
@@ -83,18 +83,9 @@ __global__ void apply_penalties_rows(float* __restrict__ x, long long ld, int V,
 // Order key: descending key = descending x, then ascending id. Float bits mapped so that unsigned order is float
 // order (-0 taken as +0). An allowed token's key is never 0 (the smallest, -inf, maps to 0x007fffff), so 0 means
 // "nothing allowed" in the max reduction.
-HD u32 float_bits(float x) {
-    union {
-        float f;
-        u32 u;
-    } v;
-    v.f = x;
-    return v.u;
-}
-
 HD u64 sort_key(float x, int id) {
     if (x == 0.f) x = 0.f;
-    const u32 u = float_bits(x);
+    const u32 u = f32_bits(x);
     const u32 o = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
     return ((u64)o << 32) | (u64)(0xffffffffu - (u32)id);
 }

@@ -33,19 +33,10 @@
 // floats (e2m1 / e4m3 code bits placed at the bottom of the f32 exponent read as value * 2^-126 / 2^-120), scaled
 // back into the normal range by exact power-of-two products, which leaves weights 2^-56 times too small; x * 2^56
 // (exact for |x| < 2^71) compensates. CuPy compiles with -ftz=true, so the products that read a subnormal go
-// through mul_keep_denorm (PTX mul.rn.f32 without .ftz) and stay exact. The functions are __host__ __device__ so a host program can check them.
+// through mul_keep_denorm (PTX mul.rn.f32 without .ftz) and stay exact. The functions are __host__ __device__ so a
+// host program can check them.
 #pragma once
 #include "common.cuh"
-
-__host__ __device__ __forceinline__ float hd_as_float(u32 u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    __builtin_memcpy(&f, &u, 4);
-    return f;
-#endif
-}
 
 // IEEE binary16 bits -> float (exact), usable on the host too.
 __host__ __device__ __forceinline__ float hd_f16_to_f(u16 h) {
@@ -53,12 +44,12 @@ __host__ __device__ __forceinline__ float hd_f16_to_f(u16 h) {
     return f16_bits_to_f(h);
 #else
     const u32 s = (u32)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0x1fu) return hd_as_float(s | 0x7f800000u | (m << 13));
+    if (e == 0x1fu) return f32_from_bits(s | 0x7f800000u | (m << 13));
     if (e == 0) {
         const float v = (float)m * 5.9604644775390625e-8f;  // m * 2^-24
         return s ? -v : v;
     }
-    return hd_as_float(s | ((e + 112u) << 23) | (m << 13));
+    return f32_from_bits(s | ((e + 112u) << 23) | (m << 13));
 #endif
 }
 
@@ -66,13 +57,13 @@ __host__ __device__ __forceinline__ float hd_f16_to_f(u16 h) {
 // mantissa to bits 26..20 (arithmetic shift keeps the sign); e = 0 lands on f32 subnormals, m * 2^-129, exactly.
 // The NaN codes (S.1111.111, never written by the encoders, which saturate at 448) read as +-480.
 __host__ __device__ __forceinline__ float e4m3_hi_scaled(u32 t) {
-    return hd_as_float((u32)((int)t >> 4) & 0x87f00000u);
+    return f32_from_bits((u32)((int)t >> 4) & 0x87f00000u);
 }
 
 // e2m1 nibble (bits 28..31 of `t`) -> value * 2^-126: magnitude bits to 24..22 (exponent e, mantissa m), the sign
 // to bit 31; e = 0 (0 or 0.5) is the f32 subnormal m * 2^-127 = 0.5 m * 2^-126.
 __host__ __device__ __forceinline__ float e2m1_hi_scaled(u32 t) {
-    return hd_as_float((u32)((int)t >> 6) & 0x81c00000u);
+    return f32_from_bits((u32)((int)t >> 6) & 0x81c00000u);
 }
 
 #define WF_P56 72057594037927936.0f  // 2^56
@@ -98,8 +89,8 @@ struct FmtBF16 {
         const u32 u[4] = {c.v.x, c.v.y, c.v.z, c.v.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            w[2 * i] = hd_as_float(u[i] << 16);
-            w[2 * i + 1] = hd_as_float(u[i] & 0xffff0000u);
+            w[2 * i] = f32_from_bits(u[i] << 16);
+            w[2 * i + 1] = f32_from_bits(u[i] & 0xffff0000u);
         }
     }
     static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8*, long long) { return 1.f; }
@@ -269,7 +260,7 @@ struct FmtQG64 {
             u32 u = (v >> (4 * i)) & 0xfu;
             if (BITS == 5) u |= ((high >> i) & 1u) << 4;
             if (BITS == 6) u |= ((high >> (2 * i)) & 3u) << 4;
-            w[i] = (hd_as_float(0x4b000000u | (u ^ (1u << (BITS - 1)))) - OFF) * c.d;
+            w[i] = (f32_from_bits(0x4b000000u | (u ^ (1u << (BITS - 1)))) - OFF) * c.d;
         }
     }
     static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8*, long long) { return 1.f; }
@@ -323,7 +314,7 @@ struct FmtW8G32 {
         const u32 lo = (s == 0 ? c.v.x : c.v.z) ^ 0x80808080u, hi = (s == 0 ? c.v.y : c.v.w) ^ 0x80808080u;
 #pragma unroll
         for (int j = 0; j < 8; ++j)
-            w[j] = (hd_as_float(0x4b000000u | (((j < 4 ? lo : hi) >> (8 * (j & 3))) & 0xffu)) - 8388736.f) * c.d;
+            w[j] = (f32_from_bits(0x4b000000u | (((j < 4 ? lo : hi) >> (8 * (j & 3))) & 0xffu)) - 8388736.f) * c.d;
     }
     static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8*, long long) { return 1.f; }
     // the 8 int8 codes (exact in bf16)
@@ -357,7 +348,7 @@ __host__ __device__ __forceinline__ void load8x(const bf16* p, float x[8]) {
     const u32 u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        x[2 * i] = hd_as_float(u[i] << 16);
-        x[2 * i + 1] = hd_as_float(u[i] & 0xffff0000u);
+        x[2 * i] = f32_from_bits(u[i] << 16);
+        x[2 * i + 1] = f32_from_bits(u[i] & 0xffff0000u);
     }
 }
