@@ -146,6 +146,40 @@ def qk_norm_rope_kv_write(
     return q_out
 
 
+def paged_query(q: Any, k_cache: Any) -> tuple[str, tuple[int, int, int], int]:
+    """Checks shared by the paged attention wrappers: ``q[R, Hq, D]`` with a kernel instance for D. Returns
+    (q's kernel type, (R, Hq, D), the cache's KV heads, -1 when the cache is not 4-D)."""
+    t = act_type(q, "q")
+    check_array(q, "q", shape=(None, None, None))
+    d = q.shape[2]
+    if d not in HEAD_DIMS:
+        raise KernelError(f"q: head_dim {d} has no kernel instance (have {HEAD_DIMS})")
+    return t, q.shape, k_cache.shape[2] if k_cache.ndim == 4 else -1
+
+
+def paged_rows(page_table: Any, row_seq: Any, row_pos: Any, rows: int, page_size: int, max_len: int) -> int:
+    """Checks the page table and the rows' sequence and position arrays, and that ``max_len`` fits the table;
+    returns the page size."""
+    check_array(page_table, "page_table", dtype=np.int32, shape=(None, None))
+    check_array(row_seq, "row_seq", dtype=np.int32, shape=(rows,))
+    check_array(row_pos, "row_pos", dtype=np.int32, shape=(rows,))
+    if max_len > page_table.shape[1] * page_size:
+        raise KernelError(
+            f"max_len={max_len} exceeds the page table's {page_table.shape[1]} pages of {page_size}"
+        )
+    return page_size
+
+
+def attention_out(q: Any, out: Any) -> Any:
+    """The output ``[R, Hq, D]`` in q's dtype: ``out`` checked, or a new array."""
+    import cupy
+
+    if out is None:
+        out = cupy.empty(q.shape, dtype=q.dtype)
+    check_array(out, "out", dtype=q.dtype, shape=q.shape)
+    return out
+
+
 def attention(
     q: Any,
     k_cache: Any,
@@ -170,30 +204,16 @@ def attention(
     """
     import cupy
 
-    t = act_type(q, "q")
-    check_array(q, "q", shape=(None, None, None))
-    r, hq, d = q.shape
-    if d not in HEAD_DIMS:
-        raise KernelError(f"q: head_dim {d} has no kernel instance (have {HEAD_DIMS})")
-    hkv = k_cache.shape[2] if k_cache.ndim == 4 else -1
+    t, (r, hq, d), hkv = paged_query(q, k_cache)
     c, ks, vs = _cache_type(k_cache, v_cache, hkv, d, k_scale, v_scale)
     if hq % hkv or hq // hkv > MAX_GROUP:
         raise KernelError(f"q: {hq} heads over {hkv} KV heads must form groups of at most {MAX_GROUP}")
-    check_array(page_table, "page_table", dtype=np.int32, shape=(None, None))
-    check_array(row_seq, "row_seq", dtype=np.int32, shape=(r,))
-    check_array(row_pos, "row_pos", dtype=np.int32, shape=(r,))
-    page_size = k_cache.shape[1]
-    if max_len > page_table.shape[1] * page_size:
-        raise KernelError(
-            f"max_len={max_len} exceeds the page table's {page_table.shape[1]} pages of {page_size}"
-        )
+    page_size = paged_rows(page_table, row_seq, row_pos, r, k_cache.shape[1], max_len)
     chunk = max(1, max_len) if chunk is None else chunk
     chunk = -(-chunk // ATT_W) * ATT_W  # the kernel splits a chunk into ATT_W equal sub-ranges
     nsplit = max(1, -(-max_len // chunk))
     scale = float(d) ** -0.5 if scale is None else scale
-    if out is None:
-        out = cupy.empty((r, hq, d), dtype=q.dtype)
-    check_array(out, "out", dtype=q.dtype, shape=(r, hq, d))
+    out = attention_out(q, out)
     if r == 0:
         return out
     ws_ml = ws_o = out  # unused when nsplit == 1

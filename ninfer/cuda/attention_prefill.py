@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, act_type, check_array
+from ninfer.cuda._common import KernelError, check_array
+from ninfer.cuda.attention import HEAD_DIMS, attention_out, paged_query, paged_rows
 from ninfer.cuda.loader import kernel
 
 __all__ = ["attention_prefill", "SOURCES", "HEAD_DIMS", "BLOCK_ROWS", "block_keys", "smem_bytes"]
 
 _T = ("float", "bf16")
-HEAD_DIMS = (32, 64, 128, 256)
 BLOCK_ROWS = 64  # query rows per block (AP_BM)
 _THREADS = 128
 SOURCES: dict[str, tuple[str, ...]] = {
@@ -61,30 +61,15 @@ def attention_prefill(
     """Causal GQA attention of ``q[R, Hq, D]`` (float32 or bf16 words) over bf16 (uint16) caches: row r
     (sequence ``row_seq[r]``) attends positions ``0..row_pos[r]`` of its pages in ``page_table[B, max_pages]``;
     ``max_len`` bounds ``row_pos + 1``. Rows of several sequences may share a launch (any order)."""
-    import cupy
 
-    t = act_type(q, "q")
-    check_array(q, "q", shape=(None, None, None))
-    r, hq, d = q.shape
-    if d not in HEAD_DIMS:
-        raise KernelError(f"q: head_dim {d} has no kernel instance (have {HEAD_DIMS})")
-    hkv = k_cache.shape[2] if k_cache.ndim == 4 else -1
+    t, (r, hq, d), hkv = paged_query(q, k_cache)
     check_array(k_cache, "k_cache", dtype=np.uint16, shape=(None, None, hkv, d))
     check_array(v_cache, "v_cache", dtype=np.uint16, shape=k_cache.shape)
     if hkv <= 0 or hq % hkv:
         raise KernelError(f"q: {hq} heads must be a multiple of the {hkv} KV heads")
-    check_array(page_table, "page_table", dtype=np.int32, shape=(None, None))
-    check_array(row_seq, "row_seq", dtype=np.int32, shape=(r,))
-    check_array(row_pos, "row_pos", dtype=np.int32, shape=(r,))
-    page_size = k_cache.shape[1]
-    if max_len > page_table.shape[1] * page_size:
-        raise KernelError(
-            f"max_len={max_len} exceeds the page table's {page_table.shape[1]} pages of {page_size}"
-        )
+    page_size = paged_rows(page_table, row_seq, row_pos, r, k_cache.shape[1], max_len)
     scale = float(d) ** -0.5 if scale is None else scale
-    if out is None:
-        out = cupy.empty((r, hq, d), dtype=q.dtype)
-    check_array(out, "out", dtype=q.dtype, shape=(r, hq, d))
+    out = attention_out(q, out)
     for a, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
         _check_aligned(a, name)
     if r == 0:
