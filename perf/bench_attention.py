@@ -10,45 +10,13 @@ case and returns the results as a dict.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .bench_peers import event_seconds, gemm_bf16
+
 HQ, HKV, D, PAGE = 24, 4, 256, 16
-
-
-def _time_ms(fn: Callable[[], Any], reps: int) -> float:
-    import cupy
-
-    fn()
-    times = []
-    for _ in range(reps):
-        a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(a, b))
-    return float(np.median(times))
-
-
-def gemm_tflops() -> float:
-    """torch bf16 8192³ matrix product, TFLOP/s (the tensor-core yardstick of this run)."""
-    import torch
-
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        a @ b
-    end.record()
-    end.synchronize()
-    return 2 * n**3 * 10 / (start.elapsed_time(end) * 1e-3) / 1e12
 
 
 def _case(t_len: int, qt: str, rng: np.random.Generator) -> dict[str, Any]:
@@ -67,8 +35,8 @@ def _case(t_len: int, qt: str, rng: np.random.Generator) -> dict[str, Any]:
     row_seq = cupy.zeros(t_len, dtype=np.int32)
     row_pos = cupy.arange(t_len, dtype=np.int32)
     args = (qd, kc, vc, table, row_seq, row_pos)
-    new_ms = _time_ms(lambda: attention_prefill(*args, max_len=t_len), 10)
-    old_ms = _time_ms(lambda: attention(*args, max_len=t_len), 3 if t_len > 2048 else 10)
+    new_ms = 1e3 * event_seconds(lambda: attention_prefill(*args, max_len=t_len), 10)
+    old_ms = 1e3 * event_seconds(lambda: attention(*args, max_len=t_len), 3 if t_len > 2048 else 10)
     a, b = attention_prefill(*args, max_len=t_len), attention(*args, max_len=t_len)
     if qt == "bf16":
         a, b = a.view(cupy.uint16).astype(cupy.uint32) << 16, b.view(cupy.uint16).astype(cupy.uint32) << 16
@@ -82,7 +50,7 @@ def _case(t_len: int, qt: str, rng: np.random.Generator) -> dict[str, Any]:
 
 def main() -> dict[str, Any]:
     rng = np.random.default_rng(0)
-    gemm = gemm_tflops()
+    gemm = gemm_bf16()["flops"] / 1e12
     print(f"torch bf16 GEMM 8192^3: {gemm:.0f} TFLOP/s")
     cases = []
     for t_len in (1024, 8192):

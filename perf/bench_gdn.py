@@ -1,8 +1,8 @@
 """GDN prefill kernels on the GPU: ``gdn_chunked`` against the exact ``gdn_recurrent`` on one fresh sequence of
-T tokens (Qwen3.6 shapes: HV=48 value heads, HK=16 key heads, dk=dv=128). Times are CUDA-event means over a few
+T tokens (Qwen3.6 shapes: HV=48 value heads, HK=16 key heads, dk=dv=128). Times are CUDA-event medians over a few
 launches after a warm-up (each launch continues the state: the cost does not depend on the values).
 
-    python3 perf/bench_gdn.py            # prints one line per T, returns the figures from bench_gdn()
+    python -m perf.bench_gdn            # prints one line per T, returns the figures from bench_gdn()
 """
 
 from __future__ import annotations
@@ -11,20 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from .bench_peers import event_seconds
+
 __all__ = ["bench_gdn"]
-
-
-def _timed(fn: Any, reps: int) -> float:
-    import cupy
-
-    fn()
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return cupy.cuda.get_elapsed_time(start, end) / reps * 1e-3
 
 
 def bench_gdn(
@@ -63,7 +52,7 @@ def bench_gdn(
         args = (qkv, a, b, a_log, dt_bias, state, starts, slots)
         fig = {"T": t}
         for name, fn in (("chunked_s", gdn_chunked), ("recurrent_s", gdn_recurrent)):
-            fig[name] = _timed(lambda fn=fn, args=args, o=o: fn(*args, n_k_heads=hk, out=o), reps)
+            fig[name] = event_seconds(lambda fn=fn, args=args, o=o: fn(*args, n_k_heads=hk, out=o), reps)
         fig["speedup"] = fig["recurrent_s"] / fig["chunked_s"]
         out["runs"].append(fig)
     line = "  ".join(

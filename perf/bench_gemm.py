@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from .bench_peers import event_seconds
+
 __all__ = ["main"]
 
 SHAPES = (
@@ -20,21 +22,6 @@ SHAPES = (
     ("mlp_down", 5120, 17408),
     ("o_proj", 5120, 6144),
 )
-
-
-def _time(fn: Any, reps: int = 10) -> float:
-    import cupy
-
-    fn()
-    times = []
-    for _ in range(reps):
-        s, e = cupy.cuda.Event(), cupy.cuda.Event()
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(s, e) * 1e-3)
-    return float(np.median(times))
 
 
 def _cublas(m: int, n: int, k: int) -> float:
@@ -71,7 +58,7 @@ def main(m: int = 2048, fmt: str = "NVFP4G16_E4M3S") -> list[dict[str, Any]]:
             if dt == np.uint16:
                 x = (x.view(np.uint32) >> 16).astype(np.uint16)
             out = cupy.empty((m, n), dtype=dt)
-            t = _time(lambda x=x, out=out, w=w: gemm(x, w, out))
+            t = event_seconds(lambda x=x, out=out, w=w: gemm(x, w, out))
             fl = 2 * m * n * k
             rows.append({"shape": name, "m": m, "n": n, "k": k, "fmt": fmt, "act": act, "s": t,
                          "tflops": fl / t / 1e12, "cublas_tflops": fl / ref / 1e12, "frac_cublas": ref / t})  # fmt: skip

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from typing import Any
 
 import numpy as np
 
 from ninfer.artifact.pinned import QWEN36_27B, QWEN36_35B_A3B
+
+from .bench_peers import copy_bandwidth, event_seconds
 
 __all__ = ["SHAPES", "bench", "copy_bandwidth", "main"]
 
@@ -71,34 +72,6 @@ def _random_weight(fmt: str, shape: tuple[int, ...]) -> Any:
     return DeviceWeight(fmt, tuple(shape), data, (offs[0], offs[1], offs[2]))
 
 
-def _time(fn: Any, repeats: int, warmup: int = 3) -> float:
-    """Median seconds of one call, CUDA events around each call."""
-    import cupy
-
-    for _ in range(warmup):
-        fn()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e-3)
-    return statistics.median(times)
-
-
-def copy_bandwidth(repeats: int = 20) -> float:
-    """Device-to-device copy of 1 GiB, bytes read + written per second."""
-    import cupy
-
-    n = 1 << 30
-    a = cupy.ones(n, dtype=np.uint8)
-    b = cupy.empty_like(a)
-    t = _time(lambda: b.data.copy_from_device_async(a.data, n), repeats)  # cudaMemcpyAsync, device to device
-    return 2 * n / t
-
-
 def bench(
     formats: tuple[str, ...] = DEFAULT_FORMATS, rows: tuple[int, ...] = (1, 8), repeats: int = 20
 ) -> dict:
@@ -107,7 +80,7 @@ def bench(
 
     from ninfer.cuda.linear import gemv, gemv_experts
 
-    ceiling = copy_bandwidth(repeats)
+    ceiling = copy_bandwidth(1 << 30, repeats)  # 1 GiB device-to-device, read + written
     cases: list[dict[str, Any]] = []
     rng = np.random.default_rng(0)
     for fmt in formats:
@@ -116,7 +89,7 @@ def bench(
             for b in rows:
                 x = cupy.asarray(rng.standard_normal((b, k)).astype(np.float32))
                 out = cupy.empty((b, n), dtype=np.float32)
-                t = _time(lambda x=x, out=out, w=w: gemv(x, w, out), repeats)
+                t = event_seconds(lambda x=x, out=out, w=w: gemv(x, w, out), repeats, warmup=3)
                 moved = w.data.nbytes + x.nbytes + out.nbytes
                 cases.append(_case(fmt, name, n, k, b, t, moved, ceiling))
             del w
@@ -136,7 +109,7 @@ def _experts(fmt: str, repeats: int, ceiling: float, rng: np.random.Generator, g
     ids = cupy.asarray(rng.choice(e, top, replace=False).astype(np.int32))
     xrow = cupy.zeros(top, dtype=np.int32)
     out = cupy.empty((top, n), dtype=np.float32)
-    t = _time(lambda: gemv_experts(x, w, ids, xrow, n, out), repeats)
+    t = event_seconds(lambda: gemv_experts(x, w, ids, xrow, n, out), repeats, warmup=3)
     moved = w.data.nbytes // e * top + x.nbytes + out.nbytes
     return _case(fmt, f"moe experts x{top}", n, k, 1, t, moved, ceiling)
 

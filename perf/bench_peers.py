@@ -13,7 +13,27 @@ from typing import Any
 
 from ninfer.config import ModelConfig
 
-__all__ = ["copy_bandwidth", "gemm_bf16", "transformers_peer"]
+__all__ = ["copy_bandwidth", "event_seconds", "gemm_bf16", "transformers_peer"]
+
+
+def event_seconds(fn: Any, reps: int = 10, warmup: int = 1) -> float:
+    """Median seconds of one ``fn()`` on the current stream: CUDA events around each call, after ``warmup`` calls
+    (the kernel micro-benchmarks' timer)."""
+    import statistics
+
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e-3)
+    return statistics.median(times)
 
 
 def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
