@@ -131,6 +131,10 @@ def sample_rows(
     return out
 
 
+def _penalized(p: Any) -> bool:
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+
+
 def sample_requests(logits: Any, reqs: Sequence[Any], token_limit: int | None) -> list[int]:
     """The engine's device sampling: one token per row of float32 ``logits[len(reqs), V]`` for
     ``sampler.SampleRequest`` rows (-1: nothing allowed). ``logits`` is left unchanged (penalties go to a copy)."""
@@ -142,14 +146,16 @@ def sample_requests(logits: Any, reqs: Sequence[Any], token_limit: int | None) -
     if not rows:
         return []
     params = [r.params for r in reqs]
-    width = max(len(r.counts) for r in reqs)
+    # rows whose penalties are neutral are left as they are (x / 1, x * 1, x - 0: the same bits), as on the CPU
+    width = max((len(r.counts) for r in reqs if _penalized(r.params)), default=0)
     x = logits
     if width:
         ids = np.full((rows, width), -1, np.int32)
         cnt = np.zeros((rows, width), np.int32)
         for i, r in enumerate(reqs):
-            ids[i, : len(r.counts)] = list(r.counts.keys())
-            cnt[i, : len(r.counts)] = list(r.counts.values())
+            if _penalized(r.params):
+                ids[i, : len(r.counts)] = list(r.counts.keys())
+                cnt[i, : len(r.counts)] = list(r.counts.values())
         x = logits.copy()
         apply_penalties_rows(
             x, cupy.asarray(ids), cupy.asarray(cnt),
