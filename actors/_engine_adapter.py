@@ -225,8 +225,6 @@ def submit(
     params = _params(ld, s, ld.think_end_id if thinking else None)
     try:
         handle = ld.engine.submit_params(ids, params, token_mask=mask, on_event=on_event)
-    except QueueFull:
-        raise
     except RequestError as e:
         raise RequestRejected(str(e), param=str(e).split(":", 1)[0] or None) from None
     return handle, min(params.max_tokens, ld.max_context - len(ids)), queued
