@@ -225,8 +225,6 @@ def submit(
     params = _params(ld, s, ld.think_end_id if thinking else None)
     try:
         handle = ld.engine.submit_params(ids, params, token_mask=mask, on_event=on_event)
-    except QueueFull:
-        raise
     except RequestError as e:
         raise RequestRejected(str(e), param=str(e).split(":", 1)[0] or None) from None
     return handle, min(params.max_tokens, ld.max_context - len(ids)), queued
@@ -272,10 +270,8 @@ def cancel(handle: Any) -> None:
 
 
 def engine_stats(ld: Loaded) -> dict[str, float]:
-    st = ld.engine.stats()
-    out = {k: float(v) for k, v in msgspec.structs.asdict(st).items() if isinstance(v, int | float)}
-    out["queue_len"] = out.get("queue_length", 0.0)
-    return out
+    """The engine's EngineStats (every field a number) as a dict."""
+    return {k: float(v) for k, v in msgspec.structs.asdict(ld.engine.stats()).items()}
 
 
 def engine_alive(ld: Loaded) -> tuple[bool, str]:

@@ -48,7 +48,7 @@ class EngineActor:
         self._spec = spec
         self._t0 = time.monotonic()
         self._engine = adapter.open_engine(spec)
-        self._lock = threading.Lock()  # guards _handles and _engine replacement (gen and ctl threads)
+        self._lock = threading.Lock()  # guards _handles and _failures (gen and ctl threads)
         self._handles: dict[str, Any] = {}
         self._failures = 0
 
@@ -136,10 +136,10 @@ class EngineActor:
         with self._lock:
             open_streams, failures = len(self._handles), self._failures
         return ActorStats(
-            lanes_total=int(eng.get("lanes_total", self._spec.engine.get("max_concurrency", 0))),
-            lanes_busy=int(eng.get("lanes_busy", 0)),
-            queue_len=int(eng.get("queue_len", 0)),
-            queue_depth=int(eng.get("queue_depth", self._spec.engine.get("queue_depth", 0))),
+            lanes_total=int(eng["lanes_total"]),
+            lanes_busy=int(eng["lanes_busy"]),
+            queue_len=int(eng["queue_length"]),
+            queue_depth=int(eng["queue_depth"]),
             open_streams=open_streams,
             engine_failures=failures,
             uptime_s=time.monotonic() - self._t0,

@@ -84,7 +84,7 @@ def _start_ray(cfg: ServerConfig) -> None:
         ray.init(namespace=cfg.ray_namespace, include_dashboard=False, log_to_driver=True)
 
 
-def _start_actor(cfg: ServerConfig, backend: str) -> Any:
+def _start_actor(cfg: ServerConfig, spec: ActorSpec) -> Any:
     if cfg.detached:
         try:
             handle = ray.get_actor(cfg.actor_name, namespace=cfg.ray_namespace)
@@ -92,11 +92,9 @@ def _start_actor(cfg: ServerConfig, backend: str) -> Any:
             return handle
         except ValueError:
             pass
-    _log(f"loading {cfg.artifact} on the {backend} backend (actor {cfg.actor_name!r})")
+    _log(f"loading {cfg.artifact} on the {spec.backend} backend (actor {cfg.actor_name!r})")
     t0 = time.perf_counter()
-    handle = start_actor(
-        actor_spec(cfg, backend), name=cfg.actor_name, namespace=cfg.ray_namespace, detached=cfg.detached
-    )
+    handle = start_actor(spec, name=cfg.actor_name, namespace=cfg.ray_namespace, detached=cfg.detached)
     _log(f"model loaded in {time.perf_counter() - t0:.1f} s")
     return handle
 
@@ -152,17 +150,23 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
     except (ValueError, OSError) as e:
         _log(f"error: {e}")
         return 2
-    backend = resolve_backend(cfg.backend)
+    spec = actor_spec(cfg, resolve_backend(cfg.backend))
     _start_ray(cfg)
     handle = None
     try:
-        handle = _start_actor(cfg, backend)
+        handle = _start_actor(cfg, spec)
         info: ActorInfo = ray.get(handle.info.remote())
         _warm_up(handle)
         limits = ChatLimits(
             model_id=info.model_id, max_context=info.max_context, default_max_tokens=cfg.default_max_tokens
         )
-        svc = Service(config=cfg, backend=AsyncEngineClient(handle), limits=limits, reqlog=reqlog)
+        svc = Service(
+            config=cfg,
+            backend=AsyncEngineClient(handle),
+            limits=limits,
+            reqlog=reqlog,
+            template_defaults=spec.template_defaults,  # --preserve-thinking: every request starts from these
+        )
         if reqlog is not None:
             reqlog.write("server_start", **_server_start_record(cfg, info, keyring, argv))
         app = build_app(svc, keyring)

@@ -18,7 +18,13 @@ from .anthropic_models import AnthropicRequest, ErrorDetail, ErrorEvent
 from .errors import ApiError
 from .protocol import check_tool, tool_grammar
 
-__all__ = ["AnthropicError", "AnthropicRequest", "parse_messages_request", "to_generate_request"]
+__all__ = [
+    "AnthropicError",
+    "AnthropicRequest",
+    "error_class",
+    "parse_messages_request",
+    "to_generate_request",
+]
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}  # fmt: skip
@@ -30,6 +36,11 @@ class AnthropicError(ApiError):
     def body(self) -> ErrorEvent:  # type: ignore[override]
         kind = "api_error" if self.status >= 500 else _ERROR_TYPES.get(self.status, "invalid_request_error")
         return ErrorEvent(error=ErrorDetail(type=kind, message=self.message))
+
+
+def error_class(path: str) -> type[ApiError]:
+    """Anthropic's error shape under /v1/messages, OpenAI's elsewhere (serving.md §3)."""
+    return AnthropicError if path.startswith("/v1/messages") else ApiError
 
 
 def _bad(message: str, code: str | None = None) -> AnthropicError:

@@ -12,7 +12,7 @@ import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
 
-from .anthropic import AnthropicError
+from .anthropic import error_class
 from .auth import KeyRing
 from .errors import ApiError, error_json
 from .gate import Gate
@@ -95,15 +95,12 @@ def _api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    cls = AnthropicError if request.url.path.startswith("/v1/messages") else ApiError
-    err = cls(exc.status_code, str(exc.detail), code=code)
-    return Response(error_json(err), status_code=exc.status_code, media_type="application/json")
+    return _api_error(request, error_class(request.url.path)(exc.status_code, str(exc.detail), code=code))
 
 
 def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    cls = AnthropicError if request.url.path.startswith("/v1/messages") else ApiError
-    err = cls(500, f"internal error: {type(exc).__name__}", code="internal_error")
-    return Response(error_json(err), status_code=500, media_type="application/json")
+    err = error_class(request.url.path)(500, f"internal error: {type(exc).__name__}", code="internal_error")
+    return _api_error(request, err)
 
 
 def build_app(svc: Service, keyring: KeyRing | None) -> Gate:

@@ -86,11 +86,9 @@ class Gate:
 
 
 def _error(scope: dict[str, Any], status: int, message: str, code: str | None) -> ApiError:
-    """Anthropic's error shape under /v1/messages, OpenAI's elsewhere (serving.md §3)."""
-    from .anthropic import AnthropicError
+    from .anthropic import error_class
 
-    cls = AnthropicError if scope["path"].startswith("/v1/messages") else ApiError
-    return cls(status, message, code=code)
+    return error_class(scope["path"])(status, message, code=code)
 
 
 async def _reply(send: Any, err: ApiError) -> None:

@@ -13,7 +13,7 @@ from .errors import ApiError
 from .openai_chat import parse_chat_request, to_generate_request
 from .openai_chat_output import ChatStream, completion_body, new_completion_id
 from .protocol import parse_output
-from .routes_common import admit, collect, request_record, sse
+from .routes_common import admit, collect, output_mode, request_record, sse
 from .service import Service, client_name, json_response
 
 __all__ = ["handle_chat", "SSE_HEADERS"]
@@ -36,8 +36,7 @@ async def handle_chat(request: Request[Any, Any, Any], svc: Service) -> Any:
     )
     track, events = await admit(svc, greq, record, "chat_completions", t0, ApiError)
     created = int(time.time())
-    thinking = greq.template_kwargs.get("enable_thinking", True) is not False
-    tools = list(greq.tools) if greq.tools else None
+    thinking, tools = output_mode(greq)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         cs = ChatStream(rid, created, req.model, include_usage, thinking, tools)

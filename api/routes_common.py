@@ -20,7 +20,7 @@ from ninfer.actors.messages import Accepted, Delta, Failed, Finished, GenerateRe
 from .errors import ApiError
 from .service import Service
 
-__all__ = ["Tracker", "StreamBuilder", "admit", "collect", "sse", "request_record", "failure"]
+__all__ = ["Tracker", "StreamBuilder", "admit", "collect", "sse", "request_record", "failure", "output_mode"]
 
 
 def request_record(
@@ -46,6 +46,12 @@ def request_record(
         "thinking_budget": greq.thinking_budget,
         "sampling": msgspec.structs.asdict(s) | {"stop": len(s.stop)},
     }
+
+
+def output_mode(greq: GenerateRequest) -> tuple[bool, list[dict[str, Any]] | None]:
+    """How to parse the generated text: (thinking on — the template's default —, the tools rendered)."""
+    thinking = greq.template_kwargs.get("enable_thinking", True) is not False
+    return thinking, list(greq.tools) if greq.tools else None
 
 
 class Tracker:

@@ -20,14 +20,10 @@ from .anthropic_models import CountTokens
 from .errors import ApiError
 from .protocol import Output, new_id, parse_output
 from .routes_chat import SSE_HEADERS
-from .routes_common import admit, collect, failure, request_record, sse
+from .routes_common import admit, collect, failure, output_mode, request_record, sse
 from .service import Service, client_name, json_response
 
 __all__ = ["handle_messages", "handle_count_tokens", "handle_responses"]
-
-
-def _thinking(greq: Any) -> bool:
-    return greq.template_kwargs.get("enable_thinking", True) is not False
 
 
 def _anthropic(request: Request[Any, Any, Any], svc: Service, body: bytes, rid: str) -> tuple[Any, Any]:
@@ -53,15 +49,15 @@ async def handle_messages(request: Request[Any, Any, Any], svc: Service) -> Any:
     record = request_record(greq, protocol="anthropic_messages", model=req.model, stream=req.stream,
                             messages=len(req.messages), client_max=req.max_tokens is not None)  # fmt: skip
     track, events = await admit(svc, greq, record, "messages", t0, am.AnthropicError)
-    tools = list(greq.tools) if greq.tools else None
+    thinking, tools = output_mode(greq)
     if req.stream:
         prompt = track.record.get("prompt_tokens", 0)
-        b = ao.MessagesStream(mid, req.model, prompt, _thinking(greq), tools)
+        b = ao.MessagesStream(mid, req.model, prompt, thinking, tools)
         return Stream(
             sse(b, events, track, am.AnthropicError), media_type="text/event-stream", headers=SSE_HEADERS
         )
     text, fin = await collect(request, events, track, am.AnthropicError)
-    out = parse_output(text, _thinking(greq), tools, max_name=128)
+    out = parse_output(text, thinking, tools, max_name=128)
     track.tool_calls = len(out.calls)
     return json_response(ao.message_body(mid, req.model, out, fin))
 
@@ -77,11 +73,11 @@ async def handle_responses(request: Request[Any, Any, Any], svc: Service) -> Any
                             messages=len(greq.messages or ()), client_max=req.max_output_tokens is not None)  # fmt: skip
     track, events = await admit(svc, greq, record, "responses", t0, ApiError)
     created = int(time.time())
-    tools = list(greq.tools) if greq.tools else None
+    thinking, tools = output_mode(greq)
     if req.stream:
-        b = ro.ResponsesStream(rid, created, req, _thinking(greq), tools)
+        b = ro.ResponsesStream(rid, created, req, thinking, tools)
         return Stream(sse(b, events, track, ApiError), media_type="text/event-stream", headers=SSE_HEADERS)
     text, fin = await collect(request, events, track, ApiError)
-    out: Output = parse_output(text, _thinking(greq), tools)
+    out: Output = parse_output(text, thinking, tools)
     track.tool_calls = len(out.calls)
     return json_response(ro.response_body(rid, created, req, ro.output_items(out), fin))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 from .config import BACKENDS, GDN_STATE_DTYPES, KV_DTYPES, ServerConfig, ServerConfigError
@@ -130,7 +129,3 @@ def run_serve(args: argparse.Namespace) -> int:
     from ._runner import serve  # noqa: PLC0415 - ray/litestar load only when serving
 
     return serve(cfg, argv=list(sys.argv))
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
