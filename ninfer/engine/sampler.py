@@ -191,8 +191,8 @@ def sample(
 def sort_keys(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The uint64 order keys of float32 logits ``x`` at ``ids``: descending key = descending x, then ascending
     id (``-0`` is taken as ``+0``; NaN never reaches here)."""
-    b = (np.asarray(x, np.float32) + np.float32(0.0)).view(np.uint32).astype(np.uint64)  # -0 + 0 = +0
-    hi = np.where(b & 0x80000000, ~b & 0xFFFFFFFF, b | 0x80000000)
+    b = (np.asarray(x, np.float32) + np.float32(0.0)).view(np.uint32)  # -0 + 0 = +0
+    hi = np.where(b >> 31, ~b, b | np.uint32(0x80000000)).astype(np.uint64)  # mapped in 32 bits, widened once
     return (hi << np.uint64(32)) | (np.uint64(0xFFFFFFFF) - ids.astype(np.uint64))
 
 
