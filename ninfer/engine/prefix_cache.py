@@ -182,9 +182,8 @@ class PrefixCache:
         lower_pages = node.pages[p // P - first :]
         if p % P:
             self.pool.incref([lower_pages[0]])  # the boundary page is now held by both halves
-        upper = Node(self._next_node, parent, node.start, node.tokens[: p - node.start], upper_pages)
-        self._next_node += 1
-        self._nodes[upper.id] = upper
+        # the upper half takes node's place under parent
+        upper = self._new_node(parent, node.start, node.tokens[: p - node.start], upper_pages)
         upper.protect, upper.last_used = node.protect, node.last_used
         node.tokens, node.start, node.pages, node.parent = (
             node.tokens[p - node.start :],
@@ -193,7 +192,6 @@ class PrefixCache:
             upper,
         )
         upper.children[node.tokens[0]] = node
-        parent.children[upper.tokens[0]] = upper
         return upper
 
     # ---- checkpoints ------------------------------------------------------------------------------------
