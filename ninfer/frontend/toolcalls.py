@@ -249,23 +249,18 @@ class ToolCallStream:
         if st == "value_str":
             return self._string_step(buf)
         if st == "close":
-            got = self._expect(CALL_CLOSE)
-            if got is None:
-                self._fail()
-                return False
-            if got:
-                self._buf, self._state = buf[got:], "between"
-                return True
-            return False
-        # between calls: only whitespace, then another <tool_call> or the end
-        got = self._expect(CALL_OPEN)
+            return self._then(CALL_CLOSE, "between")
+        return self._then(CALL_OPEN, "fn")  # between calls: only whitespace, then another call or the end
+
+    def _then(self, marker: str, state: str) -> bool:
+        """Whitespace, then ``marker``: go on in ``state``; anything else is malformed."""
+        got = self._expect(marker)
         if got is None:
             self._fail()
             return False
         if got:
-            self._buf, self._state = buf[got:], "fn"
-            return True
-        return False
+            self._buf, self._state = self._buf[got:], state
+        return bool(got)
 
     def _string_step(self, buf: str) -> bool:
         if not self._str_started:
