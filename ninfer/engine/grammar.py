@@ -299,21 +299,18 @@ class RequestGrammar:
     def __call__(self, generated: Sequence[int]) -> np.ndarray | None:
         n = len(generated)
         if n < self._seen:
-            self._rollback(generated, n)
+            self._rollback(n)
         for pos in range(self._seen, n):
             self._advance(int(generated[pos]), pos)
         self._seen = n
         return self._mask()
 
-    def _rollback(self, generated: Sequence[int], n: int) -> None:
+    def _rollback(self, n: int) -> None:
         if self._phase == "answer" and n >= self._answer_at and self._matcher is not None:
             self._matcher.rollback(self._seen - n)
             self._seen = n
-            return
-        self._reset()  # back before the answer began: replay from the start (rare; only speculative rounds)
-        for pos in range(n):
-            self._advance(int(generated[pos]), pos)
-        self._seen = n
+        else:  # back before the answer began: the caller replays from the start (rare; only speculative rounds)
+            self._reset()
 
     def _advance(self, tok: int, pos: int) -> None:
         if self._phase == "think":

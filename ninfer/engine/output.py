@@ -10,7 +10,7 @@ import numpy as np
 
 from .core import Finish, FinishReason, Request, TokenDelta
 from .handle import Handle, completion_of
-from .sampler import NOT_COMPUTED, MaskError, SampleRequest, compute_mask, packed_mask, sample
+from .sampler import NOT_COMPUTED, MaskError, SampleRequest, packed_mask, resolve_mask, sample
 from .scheduler import Scheduler
 from .stop import TextStream
 
@@ -72,10 +72,8 @@ class Outputs:
         rows: list[int] = []
         specs: list[SampleRequest] = []
         for i, req in enumerate(reqs):
-            mask = masks.get(req.id, NOT_COMPUTED)
-            if mask is NOT_COMPUTED:
-                mask = compute_mask(req.token_mask, req.generated) if req.token_mask is not None else None
             try:
+                mask = resolve_mask(masks.get(req.id, NOT_COMPUTED), req.token_mask, req.generated)
                 words = packed_mask(mask, logits.shape[1])
             except MaskError as e:
                 self._sched.finish(req, FinishReason.ERROR, str(e))

@@ -94,9 +94,9 @@ class PrefixCache:
         self.evicted_checkpoints = 0
 
     # ---- lookup -----------------------------------------------------------------------------------------
-    def lookup(self, tokens: list[int], limit: int) -> Match | None:
-        """Deepest checkpoint on ``tokens``' path at a position <= ``limit``; None if there is none."""
-        node, i, path, best = self.root, 0, [], -1
+    def _path(self, tokens: list[int], limit: int) -> list[Node]:
+        """The nodes on ``tokens``' path that lie wholly within ``tokens[:limit]``, root excluded."""
+        node, i, path = self.root, 0, []
         while i < limit:
             child = node.children.get(tokens[i])
             if (
@@ -107,8 +107,12 @@ class PrefixCache:
                 break
             node, i = child, child.end
             path.append(node)
-            if node.ckpt is not None:
-                best = len(path) - 1
+        return path
+
+    def lookup(self, tokens: list[int], limit: int) -> Match | None:
+        """Deepest checkpoint on ``tokens``' path at a position <= ``limit``; None if there is none."""
+        path = self._path(tokens, limit)
+        best = max((k for k, n in enumerate(path) if n.ckpt is not None), default=-1)
         if best < 0:
             return None
         path = path[: best + 1]
@@ -123,17 +127,9 @@ class PrefixCache:
 
     def node_at(self, tokens: list[int], pos: int) -> Node | None:
         """The node holding a checkpoint exactly at ``pos`` on ``tokens``' path, if any."""
-        node, i = self.root, 0
-        while i < pos:
-            child = node.children.get(tokens[i])
-            if (
-                child is None
-                or child.end > pos
-                or _common(child.tokens, tokens[i : child.end]) < len(child.tokens)
-            ):
-                return None
-            node, i = child, child.end
-        return node if node is not self.root and node.ckpt is not None else None
+        path = self._path(tokens, pos)
+        node = path[-1] if path else None
+        return node if node is not None and node.end == pos and node.ckpt is not None else None
 
     def touch(self, node: Node) -> None:
         self._tick += 1
@@ -186,9 +182,8 @@ class PrefixCache:
         lower_pages = node.pages[p // P - first :]
         if p % P:
             self.pool.incref([lower_pages[0]])  # the boundary page is now held by both halves
-        upper = Node(self._next_node, parent, node.start, node.tokens[: p - node.start], upper_pages)
-        self._next_node += 1
-        self._nodes[upper.id] = upper
+        # the upper half takes node's place under parent
+        upper = self._new_node(parent, node.start, node.tokens[: p - node.start], upper_pages)
         upper.protect, upper.last_used = node.protect, node.last_used
         node.tokens, node.start, node.pages, node.parent = (
             node.tokens[p - node.start :],
@@ -197,7 +192,6 @@ class PrefixCache:
             upper,
         )
         upper.children[node.tokens[0]] = node
-        parent.children[upper.tokens[0]] = upper
         return upper
 
     # ---- checkpoints ------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ __all__ = [
     "apply_penalties",
     "allowed_from_mask",
     "compute_mask",
+    "resolve_mask",
     "NOT_COMPUTED",
     "MaskWorker",
     "SampleRequest",
@@ -123,6 +124,16 @@ def compute_mask(token_mask: TokenMask, generated: Sequence[int]) -> Any:
         return MaskError(f"token mask failed: {type(e).__name__}: {e}")
 
 
+def resolve_mask(mask: Any, token_mask: TokenMask | None, generated: Sequence[int]) -> Any:
+    """The mask to apply: ``mask`` as computed ahead, or the hook's result now when it is ``NOT_COMPUTED``
+    (None without a hook). Raises the ``MaskError`` the hook produced."""
+    if mask is NOT_COMPUTED:
+        mask = compute_mask(token_mask, generated) if token_mask is not None else None
+    if isinstance(mask, MaskError):
+        raise mask
+    return mask
+
+
 def sample(
     logits: np.ndarray,
     p: SamplingParams,
@@ -142,10 +153,7 @@ def sample(
     allowed = ~np.isnan(x)
     if token_limit is not None and token_limit < x.shape[0]:
         allowed[max(token_limit, 0) :] = False
-    if mask is NOT_COMPUTED:
-        mask = compute_mask(token_mask, generated) if token_mask is not None else None
-    if isinstance(mask, MaskError):
-        raise mask
+    mask = resolve_mask(mask, token_mask, generated)
     if mask is not None:
         allowed &= allowed_from_mask(mask, x.shape[0])
     ids = np.flatnonzero(allowed)
@@ -183,8 +191,8 @@ def sample(
 def sort_keys(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The uint64 order keys of float32 logits ``x`` at ``ids``: descending key = descending x, then ascending
     id (``-0`` is taken as ``+0``; NaN never reaches here)."""
-    b = (np.asarray(x, np.float32) + np.float32(0.0)).view(np.uint32).astype(np.uint64)  # -0 + 0 = +0
-    hi = np.where(b & 0x80000000, ~b & 0xFFFFFFFF, b | 0x80000000)
+    b = (np.asarray(x, np.float32) + np.float32(0.0)).view(np.uint32)  # -0 + 0 = +0
+    hi = np.where(b >> 31, ~b, b | np.uint32(0x80000000)).astype(np.uint64)  # mapped in 32 bits, widened once
     return (hi << np.uint64(32)) | (np.uint64(0xFFFFFFFF) - ids.astype(np.uint64))
 
 
@@ -200,10 +208,8 @@ class SampleRequest(NamedTuple):
 
 
 def packed_mask(mask: Any, vocab: int) -> np.ndarray | None:
-    """A computed mask (``compute_mask``'s result) as the packed int32 bitmask ``[ceil(vocab/32)]``, or None
-    for no mask. Raises the ``MaskError`` the hook produced, or one for a malformed mask."""
-    if isinstance(mask, MaskError):
-        raise mask
+    """A resolved mask (``resolve_mask``'s result) as the packed int32 bitmask ``[ceil(vocab/32)]``, or None
+    for no mask. Raises ``MaskError`` for a malformed mask."""
     if mask is None:
         return None
     m = np.asarray(mask)
@@ -222,7 +228,7 @@ class MaskWorker:
         self._pool: ThreadPoolExecutor | None = None
 
     def start(self, reqs: Sequence[Any]) -> Future[dict[int, Any]]:
-        todo = [(r.id, r.token_mask, list(r.generated)) for r in reqs if r.token_mask is not None]
+        todo = [(r.id, r.token_mask, r.generated) for r in reqs if r.token_mask is not None]
         if not todo:
             done: Future[dict[int, Any]] = Future()
             done.set_result({})

@@ -29,12 +29,15 @@ def _strip_open(text: str) -> str:
     return s[len(THINK_START) :] if s.startswith(THINK_START) else text
 
 
-def _partial_suffix(buf: str, marker: str) -> int:
-    """Length of the longest tail of ``buf`` that is a proper prefix of ``marker``."""
+def held_tail(buf: str, marker: str) -> int:
+    """Length of the tail of ``buf`` a stream must hold back: the longest tail that is a proper prefix of
+    ``marker`` (it may still complete) and the whitespace before it (it may yet be trimmed)."""
+    hold = 0
     for k in range(min(len(marker) - 1, len(buf)), 0, -1):
         if marker.startswith(buf[-k:]):
-            return k
-    return 0
+            hold = k
+            break
+    return len(buf) - len(buf[: len(buf) - hold].rstrip())
 
 
 class ReasoningStream:
@@ -64,10 +67,7 @@ class ReasoningStream:
         if not self._started and THINK_START.startswith(buf.lstrip()):
             self._buf = buf  # maybe a repeated opener: wait for it to complete or diverge
             return "", ""
-        hold = _partial_suffix(buf, THINK_END)
-        body = buf[: len(buf) - hold]
-        ws = len(body) - len(body.rstrip())
-        keep = ws + hold
+        keep = held_tail(buf, THINK_END)
         self._buf = buf[len(buf) - keep :] if keep else ""
         return self._reasoning(buf[: len(buf) - keep], final=False), ""
 

@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .reasoning import held_tail
+
 __all__ = ["ToolCall", "ParsedOutput", "parse_tool_calls", "ToolCallStream", "string_params", "CALL_OPEN"]
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -101,13 +103,6 @@ def parse_tool_calls(
             args[ev[1]] = ev[2]
     calls = [ToolCall(names[i], args[i]) for i in sorted(names)]
     return ParsedOutput(text[:start].strip(), calls)
-
-
-def _partial(buf: str, marker: str) -> int:
-    for k in range(min(len(marker) - 1, len(buf)), 0, -1):
-        if marker.startswith(buf[-k:]):
-            return k
-    return 0
 
 
 class ToolCallStream:
@@ -193,8 +188,7 @@ class ToolCallStream:
                 self._text(buf[:i].rstrip())
                 self._buf, self._state = buf[i + len(CALL_OPEN) :], "fn"
                 return True
-            body = buf[: len(buf) - _partial(buf, CALL_OPEN)]
-            keep = len(buf) - len(body.rstrip())
+            keep = held_tail(buf, CALL_OPEN)
             self._text(buf[: len(buf) - keep])
             self._buf = buf[len(buf) - keep :]
             return False
@@ -255,23 +249,18 @@ class ToolCallStream:
         if st == "value_str":
             return self._string_step(buf)
         if st == "close":
-            got = self._expect(CALL_CLOSE)
-            if got is None:
-                self._fail()
-                return False
-            if got:
-                self._buf, self._state = buf[got:], "between"
-                return True
-            return False
-        # between calls: only whitespace, then another <tool_call> or the end
-        got = self._expect(CALL_OPEN)
+            return self._then(CALL_CLOSE, "between")
+        return self._then(CALL_OPEN, "fn")  # between calls: only whitespace, then another call or the end
+
+    def _then(self, marker: str, state: str) -> bool:
+        """Whitespace, then ``marker``: go on in ``state``; anything else is malformed."""
+        got = self._expect(marker)
         if got is None:
             self._fail()
             return False
         if got:
-            self._buf, self._state = buf[got:], "fn"
-            return True
-        return False
+            self._buf, self._state = self._buf[got:], state
+        return bool(got)
 
     def _string_step(self, buf: str) -> bool:
         if not self._str_started:
@@ -288,8 +277,7 @@ class ToolCallStream:
             self._emit_args('"')
             self._buf, self._state = buf[i + len(P_CLOSE) :], "params"
             return True
-        body = buf[: len(buf) - _partial(buf, P_CLOSE)]
-        keep = len(buf) - len(body.rstrip())  # a partial </parameter> and the whitespace before it
+        keep = held_tail(buf, P_CLOSE)
         if len(buf) > keep:
             self._emit_args(_esc(buf[: len(buf) - keep]))
         self._buf = buf[len(buf) - keep :]
