@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from ninfer.formats import align_up
+
 __all__ = [
     "MAGIC",
     "ArtifactError",
@@ -45,10 +47,6 @@ assert _HEADER.size == HEADER_BYTES
 
 class ArtifactError(ValueError):
     """A file that is not a valid, intact, registered .ninfer artifact. The message names what is wrong."""
-
-
-def align_up(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
 
 
 @dataclass(frozen=True, slots=True)
