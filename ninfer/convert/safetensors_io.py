@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from ninfer.formats import bf16_decode
+
 __all__ = ["SafetensorsDir", "CheckpointError"]
 
 _DTYPES = {
@@ -54,7 +56,7 @@ class _File:
         if rows is not None:
             x = x[rows]
         if e["dtype"] == "BF16":
-            return (x.astype(np.uint32) << 16).view(np.float32)
+            return bf16_decode(x)
         return x.astype(np.float32) if x.dtype.kind == "f" else x
 
 
