@@ -84,14 +84,13 @@ class CachedWeights:
 
     def __init__(self, source: WeightSource, shapes: Mapping[str, tuple[int, ...]]) -> None:
         self.source = source
-        self._src = source
         self._shapes = dict(shapes)
         self._cache: dict[str, np.ndarray] = {}
 
     def require(self, names: Iterable[str], what: str) -> None:
         """Raise ``WeightError`` naming the first of ``names`` the source lacks."""
         for name in names:
-            if name not in self._src:
+            if name not in self.source:
                 raise WeightError(f"{name}: missing from the weights ({what})")
 
     def __call__(self, name: str) -> np.ndarray:
@@ -101,9 +100,9 @@ class CachedWeights:
         shape = self._shapes.get(name)
         if shape is None:
             raise WeightError(f"{name}: not a tensor of this model configuration")
-        if name not in self._src:
+        if name not in self.source:
             raise WeightError(f"{name}: missing from the weights")
-        arr = np.ascontiguousarray(self._src.get(name), dtype=np.float32)
+        arr = np.ascontiguousarray(self.source.get(name), dtype=np.float32)
         if arr.shape != shape:
             raise WeightError(
                 f"{name}: shape {list(arr.shape)} does not match the config, expected {list(shape)}"
