@@ -35,7 +35,7 @@ from ninfer.flash_next.ops_ngram import (
 from ninfer.flash_next.state import FlashNextState
 from ninfer.reference import ops
 from ninfer.reference.kv import KVCache
-from ninfer.reference.weights import CachedWeights, WeightError, WeightSource
+from ninfer.reference.weights import CachedWeights, WeightError, WeightSource, lm_head_name
 
 __all__ = ["FlashNext", "MTP_ATTN_IDX"]
 
@@ -226,8 +226,7 @@ class FlashNext:
         return np.concatenate([self.forward(ids[b : b + 1], st) for b, st in enumerate(states)], axis=0)
 
     def lm_head(self, h: np.ndarray) -> np.ndarray:
-        name = "embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
-        return ops.lm_head(h, self.w(name))
+        return ops.lm_head(h, self.w(lm_head_name(self.cfg)))
 
     def logits(self, token_ids: Sequence[int] | np.ndarray, prefill_chunk: int | None = None) -> np.ndarray:
         """Full-sequence logits ``[T, V]`` from a fresh state, prefilling in chunks of ``prefill_chunk`` tokens."""

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from ninfer.artifact.inventory import expected_inventory
 from ninfer.config import ModelConfig
+
+if TYPE_CHECKING:
+    from ninfer.flash_next.config import FlashNextConfig
 
 __all__ = ["WeightSource", "DictWeights", "CachedWeights", "WeightError", "expected_shapes", "lm_head_name"]
 
@@ -55,7 +58,7 @@ class DictWeights:
         return len(self._t)
 
 
-def lm_head_name(cfg: ModelConfig) -> str:
+def lm_head_name(cfg: ModelConfig | FlashNextConfig) -> str:
     """The tensor the LM head multiplies by: ``embed_tokens.weight`` for a tied model."""
     return "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
 
