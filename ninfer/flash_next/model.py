@@ -35,6 +35,7 @@ from ninfer.flash_next.ops_ngram import (
 from ninfer.flash_next.state import FlashNextState
 from ninfer.reference import ops
 from ninfer.reference.kv import KVCache
+from ninfer.reference.qwen36 import _token_ids
 from ninfer.reference.weights import CachedWeights, WeightError, WeightSource, lm_head_name
 
 __all__ = ["FlashNext", "MTP_ATTN_IDX"]
@@ -122,14 +123,7 @@ class FlashNext:
 
     # ---- forward --------------------------------------------------------------------------------------------
     def _check_ids(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        raw = np.asarray(token_ids)
-        if raw.ndim != 1 or raw.size == 0:
-            raise ValueError(
-                f"token_ids: expected a non-empty 1-D sequence of ids, got shape {list(raw.shape)}"
-            )
-        if not np.issubdtype(raw.dtype, np.integer):
-            raise ValueError(f"token_ids: expected integer ids, got dtype {raw.dtype}")
-        ids = raw.astype(np.int64)
+        ids = _token_ids(token_ids)
         if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
             bad = int(ids[(ids < 0) | (ids >= self.cfg.vocab_size)][0])
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.cfg.vocab_size})")
