@@ -7,6 +7,7 @@ Field names follow HF ``text_config`` so that a config read from a checkpoint ma
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +26,28 @@ class ConfigError(ValueError):
     """A model configuration that ninfer cannot run, with the offending field named."""
 
 
+_POSITIVE_DIMS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
+
+
 class HybridDims:
     """Derived dimensions shared by every hybrid GDN + attention config (Qwen3.6 and Flash-Next)."""
 
     __slots__ = ()
+    num_hidden_layers: int
+    layer_types: tuple[str, ...]
+    mrope_section: tuple[int, ...]
     head_dim: int
     partial_rotary_factor: float
     num_attention_heads: int
@@ -61,6 +80,32 @@ class HybridDims:
     @property
     def gdn_conv_channels(self) -> int:
         return 2 * self.gdn_key_dim + self.gdn_value_dim
+
+    def _check_hybrid(self, layer_kinds: tuple[str, ...], positive: Iterable[str] = ()) -> None:
+        """The checks every hybrid config makes: the shared dimensions (and the ``positive`` fields) are positive
+        integers, every layer has one of ``layer_kinds``, heads form whole GQA / GDN groups and the mRoPE
+        sections cover the rotary dims."""
+        for name in (*_POSITIVE_DIMS, *positive):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"{name}: must be a positive integer, got {v!r}")
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ConfigError(
+                f"layer_types: {len(self.layer_types)} entries for num_hidden_layers={self.num_hidden_layers}"
+            )
+        bad = [t for t in self.layer_types if t not in layer_kinds]
+        if bad:
+            raise ConfigError(
+                f"layer_types: unknown layer type {bad[0]!r} (expected {' or '.join(layer_kinds)})"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError("num_attention_heads: must be a multiple of num_key_value_heads")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ConfigError("linear_num_value_heads: must be a multiple of linear_num_key_heads")
+        if self.rotary_dim % 2 or sum(self.mrope_section) * 2 != self.rotary_dim:
+            raise ConfigError(
+                f"mrope_section: {list(self.mrope_section)} must sum to rotary_dim/2 = {self.rotary_dim // 2}"
+            )
 
     # ---- (de)serialisation (manifests store configs as JSON: tuples become lists) ----------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -118,37 +163,7 @@ class ModelConfig(HybridDims):
     def __post_init__(self) -> None:
         if self.arch not in ("qwen3_5", "qwen3_5_moe"):
             raise ConfigError(f"arch: unsupported architecture {self.arch!r}")
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "linear_num_key_heads",
-            "linear_num_value_heads",
-            "linear_key_head_dim",
-            "linear_value_head_dim",
-            "linear_conv_kernel_dim",
-        ):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ConfigError(f"{name}: must be a positive integer, got {v!r}")
-        if len(self.layer_types) != self.num_hidden_layers:
-            raise ConfigError(
-                f"layer_types: {len(self.layer_types)} entries for num_hidden_layers={self.num_hidden_layers}"
-            )
-        bad = [t for t in self.layer_types if t not in ("linear_attention", "full_attention")]
-        if bad:
-            raise ConfigError(f"layer_types: unknown layer type {bad[0]!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError("num_attention_heads: must be a multiple of num_key_value_heads")
-        if self.linear_num_value_heads % self.linear_num_key_heads:
-            raise ConfigError("linear_num_value_heads: must be a multiple of linear_num_key_heads")
-        if self.rotary_dim % 2 or sum(self.mrope_section) * 2 != self.rotary_dim:
-            raise ConfigError(
-                f"mrope_section: {list(self.mrope_section)} must sum to rotary_dim/2 = {self.rotary_dim // 2}"
-            )
+        self._check_hybrid(("linear_attention", "full_attention"))
         if self.arch == "qwen3_5" and self.intermediate_size <= 0:
             raise ConfigError("intermediate_size: must be positive for the dense architecture")
         if self.arch == "qwen3_5_moe":

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from ninfer.formats import align_up
+
 __all__ = [
     "MAGIC",
     "ArtifactError",
@@ -32,6 +34,7 @@ __all__ = [
     "read_header",
     "align_up",
     "HEADER_BYTES",
+    "content_digest",
 ]
 
 MAGIC = b"NINFPY\x00\x01"
@@ -44,10 +47,6 @@ assert _HEADER.size == HEADER_BYTES
 
 class ArtifactError(ValueError):
     """A file that is not a valid, intact, registered .ninfer artifact. The message names what is wrong."""
-
-
-def align_up(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +134,7 @@ def write_container(
         for entry, (_, _, data) in zip(resource_entries, resources.values(), strict=True):
             end = _write_at(f, data_offset, entry["offset"], memoryview(data))
         f.truncate(data_offset + end)
-        manifest["digest"]["content"] = _content_digest(manifest)
+        manifest["digest"]["content"] = content_digest(manifest)
         mbytes = _manifest_bytes(manifest)
         if len(mbytes) != planned_len:  # invariant: hashes are fixed width
             raise AssertionError("manifest length changed between plan and write")
@@ -163,7 +162,8 @@ def _write_at(f: Any, data_offset: int, offset: int, buf: memoryview) -> int:
     return offset + buf.nbytes
 
 
-def _content_digest(manifest: dict[str, Any]) -> str:
+def content_digest(manifest: dict[str, Any]) -> str:
+    """``digest.content``: sha256 over the blob digests, tensors then resources, in manifest order."""
     h = hashlib.sha256()
     for e in manifest["tensors"] + manifest["resources"]:
         h.update(bytes.fromhex(e["sha256"]))

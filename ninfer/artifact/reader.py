@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ninfer.artifact.container import BLOB_ALIGN, ArtifactError, read_header
+from ninfer.artifact.container import BLOB_ALIGN, ArtifactError, content_digest, read_header
 from ninfer.artifact.inventory import TensorPlan
 from ninfer.artifact.registry import AnyConfig, RegistryError, architecture, check_config, tensor_plan
 from ninfer.artifact.rows import gather_rows, is_row_local
@@ -268,8 +268,7 @@ class Artifact:
                         raise ArtifactError(f"{self.path}: blob {e['name']!r} is corrupt (SHA-256 mismatch)")
         finally:
             os.close(fd)
-        content = hashlib.sha256(b"".join(bytes.fromhex(e["sha256"]) for e in entries)).hexdigest()
-        if content != self.digest:
+        if content_digest(self.manifest) != self.digest:
             raise ArtifactError(f"{self.path}: manifest digest does not match its blob digests")
 
 

@@ -13,16 +13,10 @@ from typing import Any
 from ninfer.artifact.container import ArtifactError
 from ninfer.artifact.registry import identity
 from ninfer.artifact.v1 import V1Artifact
+from ninfer.artifact.writer import RESOURCE_FILES
 from ninfer.config import ModelConfig
 
 __all__ = ["UpstreamArtifact", "is_upstream_v1"]
-
-_ROLE_FILES = {
-    "tokenizer": "frontend/tokenizer.json",
-    "tokenizer_config": "frontend/tokenizer_config.json",
-    "chat_template": "frontend/chat_template.jinja",
-    "generation_config": "frontend/generation_config.json",
-}
 
 
 def is_upstream_v1(path: str | os.PathLike[str]) -> bool:
@@ -51,7 +45,7 @@ class UpstreamArtifact:
         return self._weights
 
     def resource(self, role: str) -> bytes | None:
-        name = _ROLE_FILES.get(role)
-        if name is None or name not in self._v1.resource_names():
+        entry = RESOURCE_FILES.get(role)  # (file name, media type)
+        if entry is None or entry[0] not in self._v1.resource_names():
             return None
-        return self._v1.resource(name)
+        return self._v1.resource(entry[0])

@@ -99,20 +99,14 @@ class FlashNextCheckpoint:
             return self.ckpt.shape(self.direct[name])
         if name in self.shards:
             return ShardRows(self.ckpt, self._shard_names(name)).shape
-        rows = self._expert_names(name)
-        shapes = {tuple(self.ckpt.shape(n) for n in r) for r in rows}
-        if len(shapes) != 1:
-            raise CheckpointError(f"{name}: experts differ in shape")
-        first = shapes.pop()
-        return (len(rows), sum(s[0] for s in first), first[0][1])
+        return self.ckpt.stacked_shape(name, self._expert_names(name))
 
     def get(self, name: str) -> np.ndarray | ShardRows:
         if name in self.direct:
             return self.ckpt.get(self.direct[name])
         if name in self.shards:
             return ShardRows(self.ckpt, self._shard_names(name))
-        rows = self._expert_names(name)
-        return np.stack([np.concatenate([self.ckpt.get(n) for n in r], axis=0) for r in rows])
+        return self.ckpt.stacked(self._expert_names(name))
 
     def check(self) -> None:
         """The checkpoint's derived n-gram buffers must hold what the config implies (flash-next.md §7)."""

@@ -82,32 +82,26 @@ class Qwen36Checkpoint:
         fused = {f"{p}.{s}" for p in self.experts for s in ("gate_up_proj", "down_proj")}
         return set(self.direct) | fused
 
-    def _expert_parts(self, c: str) -> tuple[list[list[str]], str]:
+    def _expert_parts(self, c: str) -> list[list[str]]:
         prefix, kind = c.rsplit(".", 1)
         per = self.experts[prefix]
         if sorted(per) != list(range(len(per))):
             raise ConversionError(f"{prefix}: expert indices are not 0..{len(per) - 1}")
         parts = ("gate_proj", "up_proj") if kind == "gate_up_proj" else ("down_proj",)
         try:
-            return [[per[e][p] for p in parts] for e in range(len(per))], kind
+            return [[per[e][p] for p in parts] for e in range(len(per))]
         except KeyError as e:
             raise ConversionError(f"{prefix}: an expert lacks {e.args[0]}") from None
 
     def shape(self, c: str) -> tuple[int, ...]:
         if c in self.direct:
             return self.ckpt.shape(self.direct[c])
-        rows, _ = self._expert_parts(c)
-        shapes = [[self.ckpt.shape(n) for n in r] for r in rows]
-        first = shapes[0]
-        if any(s != first for s in shapes):
-            raise ConversionError(f"{c}: experts differ in shape")
-        return (len(rows), sum(s[0] for s in first), first[0][1])
+        return self.ckpt.stacked_shape(c, self._expert_parts(c))
 
     def get(self, c: str) -> np.ndarray:
         if c in self.direct:
             return self.ckpt.get(self.direct[c])
-        rows, _ = self._expert_parts(c)
-        return np.stack([np.concatenate([self.ckpt.get(n) for n in r], axis=0) for r in rows])
+        return self.ckpt.stacked(self._expert_parts(c))
 
     def check(self) -> None:
         """Nothing derived to compare in a Qwen3.5/3.6 checkpoint."""

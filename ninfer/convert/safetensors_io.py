@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from ninfer.formats import bf16_decode
+
 __all__ = ["SafetensorsDir", "CheckpointError"]
 
 _DTYPES = {
@@ -54,7 +56,7 @@ class _File:
         if rows is not None:
             x = x[rows]
         if e["dtype"] == "BF16":
-            return (x.astype(np.uint32) << 16).view(np.float32)
+            return bf16_decode(x)
         return x.astype(np.float32) if x.dtype.kind == "f" else x
 
 
@@ -88,3 +90,15 @@ class SafetensorsDir:
     def get_rows(self, name: str, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` of the tensor's first axis as float32, reading only those bytes."""
         return self._where[name].array(name, slice(start, stop))
+
+    def stacked_shape(self, name: str, groups: list[list[str]]) -> tuple[int, ...]:
+        """Shape of ``stacked(groups)`` read from the headers; every group must hold parts of the same shapes."""
+        shapes = {tuple(self.shape(n) for n in g) for g in groups}
+        if len(shapes) != 1:
+            raise CheckpointError(f"{name}: experts differ in shape")
+        first = shapes.pop()
+        return (len(groups), sum(s[0] for s in first), first[0][1])
+
+    def stacked(self, groups: list[list[str]]) -> np.ndarray:
+        """``[len(groups), rows, K]``: each group's tensors concatenated along rows (an expert's gate, up), stacked."""
+        return np.stack([np.concatenate([self.get(n) for n in g], axis=0) for g in groups])

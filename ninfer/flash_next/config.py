@@ -98,33 +98,18 @@ class FlashNextConfig(HybridDims):
     eos_token_ids: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        ints = (
-            "vocab_size hidden_size num_hidden_layers num_attention_heads num_key_value_heads head_dim "
-            "indexer_n_heads indexer_head_dim indexer_budget indexer_compress_ratio linear_num_key_heads "
-            "linear_num_value_heads linear_key_head_dim linear_value_head_dim linear_conv_kernel_dim num_experts "
-            "num_experts_per_tok moe_intermediate_size shared_expert_intermediate_size hc_count hc_lowrank "
-            "ple_conv_kernel_size ngram_size heads_per_ngram ngram_vocab_size_base "
-            "make_ngram_vocab_size_divisible_by split_ngram_parts"
+        positive = (
+            "indexer_n_heads indexer_head_dim indexer_budget indexer_compress_ratio num_experts num_experts_per_tok "
+            "moe_intermediate_size shared_expert_intermediate_size hc_count hc_lowrank ple_conv_kernel_size "
+            "ngram_size heads_per_ngram ngram_vocab_size_base make_ngram_vocab_size_divisible_by split_ngram_parts"
         ).split()
-        for name in ints:
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ConfigError(f"{name}: must be a positive integer, got {v!r}")
+        self._check_hybrid(("linear_attention", "qsa"), positive)
         self._check_layers()
         self._check_attention()
         self._check_moe_gdn()
         self._check_ple()
 
     def _check_layers(self) -> None:
-        if len(self.layer_types) != self.num_hidden_layers:
-            raise ConfigError(
-                f"layer_types: {len(self.layer_types)} entries for num_hidden_layers={self.num_hidden_layers}"
-            )
-        bad = [t for t in self.layer_types if t not in ("linear_attention", "qsa")]
-        if bad:
-            raise ConfigError(
-                f"layer_types: unknown layer type {bad[0]!r} (expected linear_attention or qsa)"
-            )
         if self.hc_count < 2:
             raise ConfigError(f"hc_count: must be > 1, got {self.hc_count}")
         if self.mtp_num_hidden_layers not in (0, 1):
@@ -133,12 +118,6 @@ class FlashNextConfig(HybridDims):
             )
 
     def _check_attention(self) -> None:
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError("num_attention_heads: must be a multiple of num_key_value_heads")
-        if self.rotary_dim % 2 or sum(self.mrope_section) * 2 != self.rotary_dim:
-            raise ConfigError(
-                f"mrope_section: {list(self.mrope_section)} must sum to rotary_dim/2 = {self.rotary_dim // 2}"
-            )
         if self.rotary_dim > self.indexer_head_dim:
             raise ConfigError(
                 f"indexer_head_dim: {self.indexer_head_dim} is smaller than the rotary dims ({self.rotary_dim})"
@@ -149,8 +128,6 @@ class FlashNextConfig(HybridDims):
     def _check_moe_gdn(self) -> None:
         if not (0 < self.num_experts_per_tok <= self.num_experts):
             raise ConfigError("num_experts_per_tok: must be in 1..num_experts")
-        if self.linear_num_value_heads % self.linear_num_key_heads:
-            raise ConfigError("linear_num_value_heads: must be a multiple of linear_num_key_heads")
         if self.output_gate_type not in ("sigmoid", "silu"):
             raise ConfigError(f"output_gate_type: must be sigmoid or silu, got {self.output_gate_type!r}")
 

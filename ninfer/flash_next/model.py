@@ -35,7 +35,8 @@ from ninfer.flash_next.ops_ngram import (
 from ninfer.flash_next.state import FlashNextState
 from ninfer.reference import ops
 from ninfer.reference.kv import KVCache
-from ninfer.reference.weights import CachedWeights, WeightError, WeightSource
+from ninfer.reference.qwen36 import _token_ids
+from ninfer.reference.weights import CachedWeights, WeightError, WeightSource, lm_head_name
 
 __all__ = ["FlashNext", "MTP_ATTN_IDX"]
 
@@ -122,14 +123,7 @@ class FlashNext:
 
     # ---- forward --------------------------------------------------------------------------------------------
     def _check_ids(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        raw = np.asarray(token_ids)
-        if raw.ndim != 1 or raw.size == 0:
-            raise ValueError(
-                f"token_ids: expected a non-empty 1-D sequence of ids, got shape {list(raw.shape)}"
-            )
-        if not np.issubdtype(raw.dtype, np.integer):
-            raise ValueError(f"token_ids: expected integer ids, got dtype {raw.dtype}")
-        ids = raw.astype(np.int64)
+        ids = _token_ids(token_ids)
         if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
             bad = int(ids[(ids < 0) | (ids >= self.cfg.vocab_size)][0])
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.cfg.vocab_size})")
@@ -226,8 +220,7 @@ class FlashNext:
         return np.concatenate([self.forward(ids[b : b + 1], st) for b, st in enumerate(states)], axis=0)
 
     def lm_head(self, h: np.ndarray) -> np.ndarray:
-        name = "embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
-        return ops.lm_head(h, self.w(name))
+        return ops.lm_head(h, self.w(lm_head_name(self.cfg)))
 
     def logits(self, token_ids: Sequence[int] | np.ndarray, prefill_chunk: int | None = None) -> np.ndarray:
         """Full-sequence logits ``[T, V]`` from a fresh state, prefilling in chunks of ``prefill_chunk`` tokens."""

@@ -12,7 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ninfer.reference.ops import apply_rope, linear, rmsnorm_offset, rmsnorm_plain, sigmoid, silu
+from ninfer.reference.ops import (
+    apply_rope,
+    linear,
+    moe_route,
+    moe_topk,
+    rmsnorm_offset,
+    rmsnorm_plain,
+    sigmoid,
+    silu,
+)
 
 __all__ = [
     "rmsnorm_offset_grouped",
@@ -214,15 +223,9 @@ def dilated_conv_silu(
 # ---- MoE router (§6) ---------------------------------------------------------------------------------------
 def moe_route_ext(router_logits: np.ndarray, top_k: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
     """fp32 softmax over all experts (512 here), top-k with ties to the lower id, renormalised when
-    ``normalize`` (norm_topk_prob; true for Flash-Next). Returns ids ``[T, k]`` (best first) and weights."""
-    z = router_logits.astype(F32)
-    p = np.exp(z - z.max(axis=-1, keepdims=True))
-    p = p / p.sum(axis=-1, keepdims=True, dtype=F32)
-    idx = np.argsort(-p, axis=-1, kind="stable")[:, :top_k]
-    sel = np.take_along_axis(p, idx, axis=-1)
-    if normalize:
-        sel = sel / sel.sum(axis=-1, keepdims=True, dtype=F32)
-    return idx.astype(np.int64), sel.astype(F32)
+    ``normalize`` (norm_topk_prob; true for Flash-Next): ``ops.moe_route``, else ``ops.moe_topk``. Returns ids
+    ``[T, k]`` (best first) and weights."""
+    return moe_route(router_logits, top_k) if normalize else moe_topk(router_logits, top_k)
 
 
 # ---- MTP input (§8) ----------------------------------------------------------------------------------------

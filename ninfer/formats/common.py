@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -20,6 +20,17 @@ Buffer = bytes | bytearray | memoryview | np.ndarray
 # Encoders work on row chunks of about this many float32 elements so temporaries stay bounded
 # (a 248320 x 5120 embedding would otherwise need several 5 GB intermediates).
 CHUNK_ELEMS = 1 << 22
+
+
+def padded_row_chunks(x2: np.ndarray, kpad: int) -> Iterator[tuple[int, np.ndarray]]:
+    """``(first row, float32 [n, kpad])`` chunks of the rows of ``x2[N, K]``, zero padded to ``kpad`` columns;
+    about ``CHUNK_ELEMS`` values each, so an encoder's temporaries stay bounded."""
+    rows, cols = x2.shape
+    step = max(1, CHUNK_ELEMS // kpad)
+    for a in range(0, rows, step):
+        blk = np.zeros((min(step, rows - a), kpad), dtype=np.float32)
+        blk[:, :cols] = x2[a : a + step]
+        yield a, blk
 
 
 class FormatError(ValueError):
@@ -46,9 +57,10 @@ class Format(ABC):
     def encode(self, x: np.ndarray, shape: Sequence[int] | None = None) -> np.ndarray:
         """Encode ``x`` (cast to float32, reshaped to ``shape`` if given) into a 1-D uint8 array."""
 
-    @abstractmethod
     def decode(self, buf: Buffer, shape: Sequence[int]) -> np.ndarray:
-        """Decode ``encoded_size(shape)`` bytes into a float32 array of ``shape``."""
+        """Decode ``encoded_size(shape)`` bytes into a float32 array of ``shape`` (every row of the row view)."""
+        rows, _ = self.rows_cols(shape)
+        return np.ascontiguousarray(self.decode_rows(buf, shape, 0, rows)).reshape(self.check_shape(shape))
 
     @abstractmethod
     def decode_rows(self, buf: Buffer, shape: Sequence[int], r0: int, r1: int) -> np.ndarray:

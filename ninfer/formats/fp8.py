@@ -104,10 +104,6 @@ class _FP8(Format):
         off, end = self._planes(rows, cols)
         return {"codes": b[: rows * cols].reshape(rows, cols), "scale": b[off:end].view("<f4")}
 
-    def decode(self, buf: Buffer, shape: Sequence[int]) -> np.ndarray:
-        rows, _ = self.rows_cols(shape)
-        return self.decode_rows(buf, shape, 0, rows).reshape(self.check_shape(shape))
-
     def decode_rows(self, buf: Buffer, shape: Sequence[int], r0: int, r1: int) -> np.ndarray:
         self.check_row_range(shape, r0, r1)
         v = self.views(buf, shape)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .common import CHUNK_ELEMS, Buffer, Format, FormatError, align_up
+from .common import CHUNK_ELEMS, Buffer, Format, FormatError, align_up, padded_row_chunks
 
 __all__ = ["GroupIntFormat", "f16_rne", "quantize_groups", "GROUPINT"]
 
@@ -102,13 +102,11 @@ class GroupIntFormat(Format):
         v = self.views(out, arr.shape)
         x2 = arr.reshape(geo["rows"], geo["cols"])
         kpad = geo["gpr"] * self.group
-        step = max(1, CHUNK_ELEMS // kpad)
-        for a in range(0, geo["rows"], step):  # row chunks bound the temporaries
-            blk = np.zeros((min(step, geo["rows"] - a), kpad), dtype=np.float32)
-            blk[:, : geo["cols"]] = x2[a : a + step]  # padding columns are 0 -> code 0 / scale 0
+        for a, blk in padded_row_chunks(x2, kpad):  # padding columns are 0 -> code 0 / scale 0
+            b = a + blk.shape[0]
             q, s = quantize_groups(blk.reshape(blk.shape[0], geo["gpr"], self.group), self.qmin, self.qmax)
-            v["scale"][a : a + step] = s
-            self._pack(q.reshape(blk.shape[0], kpad), v["base"][a : a + step], v["high"][a : a + step])
+            v["scale"][a:b] = s
+            self._pack(q.reshape(blk.shape[0], kpad), v["base"][a:b], v["high"][a:b])
         return out
 
     def _pack(self, q: np.ndarray, base: np.ndarray, high: np.ndarray) -> None:
@@ -157,10 +155,6 @@ class GroupIntFormat(Format):
             w = q.reshape(b - a, s.shape[1], self.group).astype(np.float32) * s[:, :, None]
             out[a - r0 : b - r0] = w.reshape(b - a, -1)[:, :cols]
         return out
-
-    def decode(self, buf: Buffer, shape: Sequence[int]) -> np.ndarray:
-        rows, _ = self.rows_cols(shape)
-        return self.decode_rows(buf, shape, 0, rows).reshape(self.check_shape(shape))
 
 
 GROUPINT = (

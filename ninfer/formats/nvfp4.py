@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .common import CHUNK_ELEMS, Buffer, Format, align_up
+from .common import Buffer, Format, align_up, padded_row_chunks
 from .fp8 import e4m3_decode, e4m3_encode
 
 __all__ = ["e2m1_encode", "e2m1_decode", "E2M1_VALUES", "NVFP4Format"]
@@ -99,10 +99,8 @@ class NVFP4Format(Format):
         v["global"][0] = g
         six_g = np.float32(6) * g
         kp = geo["kpad"]
-        step = max(1, CHUNK_ELEMS // kp)
-        for a in range(0, geo["rows"], step):  # row chunks bound the temporaries
-            blk = np.zeros((min(step, geo["rows"] - a), kp), dtype=np.float32)
-            blk[:, : geo["cols"]] = x2[a : a + step]
+        for a, blk in padded_row_chunks(x2, kp):
+            b = a + blk.shape[0]
             blocks = blk.reshape(blk.shape[0], kp // _BLOCK, _BLOCK)
             amax_b = np.abs(blocks).max(axis=-1)
             sc = e4m3_encode(amax_b / six_g)
@@ -110,8 +108,8 @@ class NVFP4Format(Format):
             d = e4m3_decode(sc) * g
             c = e2m1_encode(blocks / np.where(d == 0, np.float32(1), d)[..., None])
             c = np.where((d == 0)[..., None], np.uint8(0), c).reshape(blk.shape[0], kp)
-            v["scale"][a : a + step] = sc
-            v["codes"][a : a + step] = c[:, 0::2] | (c[:, 1::2] << 4)
+            v["scale"][a:b] = sc
+            v["codes"][a:b] = c[:, 0::2] | (c[:, 1::2] << 4)
         return out
 
     def decode_rows(self, buf: Buffer, shape: Sequence[int], r0: int, r1: int) -> np.ndarray:
@@ -125,7 +123,3 @@ class NVFP4Format(Format):
         d = e4m3_decode(v["scale"][r0:r1]) * g
         w = e2m1_decode(c).reshape(d.shape[0], d.shape[1], _BLOCK) * d[..., None]
         return w.reshape(d.shape[0], packed.shape[1] * 2)[:, :cols]
-
-    def decode(self, buf: Buffer, shape: Sequence[int]) -> np.ndarray:
-        rows, _ = self.rows_cols(shape)
-        return np.ascontiguousarray(self.decode_rows(buf, shape, 0, rows)).reshape(self.check_shape(shape))

@@ -47,6 +47,7 @@ __all__ = [
     "sigmoid_gate",
     "swiglu",
     "dense_ffn",
+    "moe_topk",
     "moe_route",
     "expert_ffn",
     "moe_experts",
@@ -181,17 +182,22 @@ def dense_ffn(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.nd
     return linear(swiglu(linear(x, w_gate), linear(x, w_up)), w_down)
 
 
-def moe_route(router_logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """fp32 softmax over all experts, top-k (ties to the lower id: stable sort), renormalised.
+def moe_topk(router_logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """fp32 softmax over all experts, top-k (ties to the lower id: stable sort), not renormalised.
 
-    Returns expert ids ``[T,k]`` (int64, best first) and weights ``[T,k]`` summing to 1 per row.
+    Returns expert ids ``[T,k]`` (int64, best first) and their softmax probabilities ``[T,k]``.
     """
     z = router_logits.astype(F32)
     p = np.exp(z - z.max(axis=-1, keepdims=True))
     p = p / p.sum(axis=-1, keepdims=True)
     idx = np.argsort(-p, axis=-1, kind="stable")[:, :top_k]
-    sel = np.take_along_axis(p, idx, axis=-1)
-    return idx.astype(np.int64), (sel / sel.sum(axis=-1, keepdims=True)).astype(F32)
+    return idx.astype(np.int64), np.take_along_axis(p, idx, axis=-1).astype(F32, copy=False)
+
+
+def moe_route(router_logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``moe_topk`` renormalised: expert ids ``[T,k]`` (int64, best first) and weights ``[T,k]`` summing to 1."""
+    idx, sel = moe_topk(router_logits, top_k)
+    return idx, (sel / sel.sum(axis=-1, keepdims=True)).astype(F32)
 
 
 def expert_ffn(x: np.ndarray, gate_up: np.ndarray, down: np.ndarray) -> np.ndarray:

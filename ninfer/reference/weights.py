@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from ninfer.artifact.inventory import expected_inventory
 from ninfer.config import ModelConfig
+
+if TYPE_CHECKING:
+    from ninfer.flash_next.config import FlashNextConfig
 
 __all__ = ["WeightSource", "DictWeights", "CachedWeights", "WeightError", "expected_shapes", "lm_head_name"]
 
@@ -55,7 +58,7 @@ class DictWeights:
         return len(self._t)
 
 
-def lm_head_name(cfg: ModelConfig) -> str:
+def lm_head_name(cfg: ModelConfig | FlashNextConfig) -> str:
     """The tensor the LM head multiplies by: ``embed_tokens.weight`` for a tied model."""
     return "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
 
@@ -84,14 +87,13 @@ class CachedWeights:
 
     def __init__(self, source: WeightSource, shapes: Mapping[str, tuple[int, ...]]) -> None:
         self.source = source
-        self._src = source
         self._shapes = dict(shapes)
         self._cache: dict[str, np.ndarray] = {}
 
     def require(self, names: Iterable[str], what: str) -> None:
         """Raise ``WeightError`` naming the first of ``names`` the source lacks."""
         for name in names:
-            if name not in self._src:
+            if name not in self.source:
                 raise WeightError(f"{name}: missing from the weights ({what})")
 
     def __call__(self, name: str) -> np.ndarray:
@@ -101,9 +103,9 @@ class CachedWeights:
         shape = self._shapes.get(name)
         if shape is None:
             raise WeightError(f"{name}: not a tensor of this model configuration")
-        if name not in self._src:
+        if name not in self.source:
             raise WeightError(f"{name}: missing from the weights")
-        arr = np.ascontiguousarray(self._src.get(name), dtype=np.float32)
+        arr = np.ascontiguousarray(self.source.get(name), dtype=np.float32)
         if arr.shape != shape:
             raise WeightError(
                 f"{name}: shape {list(arr.shape)} does not match the config, expected {list(shape)}"
