@@ -1,144 +1,217 @@
-// Decode matrix-vector / small-batch products: y[b, n] = sum_k x[b, k] * W[n, k] for up to 8 rows b,
-// weights in any stored format (wformat.cuh wide chunks), dequantized in registers, fp32 accumulation.
+// Decode GEMV on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation).
 //
-// Layout (chosen for memory-level parallelism; reasoned, see docs in linear.py): a block of GEMV_THREADS threads
-// is split into row groups of `tpr` threads (a multiple of 32 dividing GEMV_THREADS, picked on the host from the
-// format and K only); each group computes GEMV_R consecutive output rows over the whole of K. Thread lt of a group
-// owns the chunks k0 = KV * (lt + i * tpr), i = 0, 1, ... (KV = F::KV weights behind one 16-byte load per row),
-// GEMV_U chunks x GEMV_R rows of loads in flight before any arithmetic; each x chunk is read once per thread and
-// reused for the GEMV_R rows. Per thread the order is fixed (chunks in i order, 8-wide sub-chunks, j = 0..7),
-// then an xor butterfly per warp, then the group's warps in index order through shared memory, then the
-// format's row scale. Every activation row b runs the same instruction sequence under a predicate (b < nrows),
-// so a row's result is bitwise independent of how many rows share the launch (GEMV_MAXB is fixed), and the
-// experts kernel gives bitwise the plain gemv's rows (same tpr for the same format and K).
-// x is read through the L1 (no shared-memory staging: 8 rows x 17408 fp32 would not fit, and a K-tiled copy
-// would cost barriers); sub-chunks at k >= K (K % 8 == 0) are skipped, so x is never read past its row.
+// y[b, n] = sum_k x[b, k] W[n, k] for up to 8 activation rows ("lanes"), the lanes as the mma's N = 8 columns and
+// 16 weight rows as its M; weights are dequantized in registers into exact bf16 operands (wfrag.cuh), activations
+// are staged once per block in shared memory as bf16 B fragments (float x as hi + lo halves: two mma per step).
+//
+// Block: GV_WARPS warps, each MT m-tiles of 16 rows (F::MT), so GV_WARPS * MT * 16 rows per block; grid
+// (row blocks, splits, lane blocks | expert slots). Split s covers K-tiles [s * tiles_per, (s + 1) * tiles_per) of
+// 128; with several splits each block writes its fp32 partials to `ws` and the last block of a row block to
+// arrive (a counter in `cnt`, reset by that block) adds them in split order. Per output element the arithmetic is
+// a fixed sequence (tiles in order, 8 steps per tile, hi then lo, splits in order), and an mma column depends only
+// on its own lane's activations, so a lane's result is bitwise independent of the other lanes, of NB and of the
+// number of rows in the launch. The host picks `splits` from (format, N, K) only (linear.py, gemv_mma_plan).
+
 #include "common.cuh"
-#include "wformat.cuh"
+#include "wfrag.cuh"
 
-#define GEMV_MAXB 8
-#define GEMV_THREADS 256
-#define GEMV_R 4  // output rows per row group (measured: 2 rows per group at 4-8 activation rows was slower,
-                  // 27B decode x8 55 against 72 tok/s: each x chunk then serves fewer weight rows)
-#define GEMV_U 2  // chunks per thread in flight
+#define GV_WARPS 4
+#define GV_DEPTH 2  // K-tiles of weights in flight per thread
 
-// The per-thread part (rows b < nrows <= NB): acc[r][b] = this thread's partial sum for weight row wr[r] and activation row b,
-// in units of XS (host-callable so a host program can mirror the kernel).
-template <typename F, typename T, int NB, int R>
-__host__ __device__ __forceinline__ void gemv_lane(const u8* p0, const u8* p1, const u8* p2,
-                                                   const long long wr[R], int K, const T* x, long long ldx,
-                                                   int nrows, int lt, int tpr, float acc[R][NB]) {
+template <typename T> struct GvIsFloat { static constexpr bool v = false; };
+template <> struct GvIsFloat<float> { static constexpr bool v = true; };
+
+__device__ __forceinline__ void mma_bf16_16816(float d[4], const u32 a[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 8 activations of one lane as floats (zero past K; K % 8 == 0 so a word is all in or all out)
+__device__ __forceinline__ void gv_load8(const float* p, bool in, float v[8]) {
+    if (in) {
+        load8x(p, v);
+    } else {
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+        for (int j = 0; j < 8; ++j) v[j] = 0.f;
+    }
+}
+__device__ __forceinline__ void gv_load8(const bf16* p, bool in, float v[8]) {
+    if (in) {
+        load8x(p, v);
+    } else {
 #pragma unroll
-        for (int b = 0; b < NB; ++b) acc[r][b] = 0.f;
-    const int step = F::KV * tpr;
-    for (int k = F::KV * lt; k < K; k += GEMV_U * step) {
-        typename F::Wide c[GEMV_U][R];
+        for (int j = 0; j < 8; ++j) v[j] = 0.f;
+    }
+}
+
+// Stage the block's activations: fragment (tile tl, step s, lane g, quad thread t) at u32 offset
+// ((tl * 8 + s) * NB + g) * 4 + t, times FW words (hi b0, hi b1[, lo b0, lo b1]).
+template <typename F, typename T, int NB>
+__device__ __forceinline__ void gv_stage(u32* sm, const T* xb, long long ldx, int nb, int K, int kt0, int nt) {
+    constexpr bool SPLIT = GvIsFloat<T>::v;
+    constexpr int FW = SPLIT ? 4 : 2;
+    for (int item = threadIdx.x; item < nt * 16 * NB; item += blockDim.x) {
+        const int g = item % NB, c = item / NB, tl = c >> 4, cc = c & 15;
+        int t, w;
+        F::chunk(cc, t, w);
+        const int k = (kt0 + tl) * 128 + 8 * cc;
+        float v[8];
+        gv_load8(xb + (long long)g * ldx + k, g < nb && k < K, v);
+        u32 hi[4], lo[4];
+        stage_pairs(v, hi, lo);
 #pragma unroll
-        for (int u = 0; u < GEMV_U; ++u)
-            if (k + u * step < K)
+        for (int h = 0; h < 2; ++h) {  // steps 2w and 2w + 1
+            u32* d = sm + ((size_t)((tl * 8 + 2 * w + h) * NB + g) * 4 + t) * FW;
+            if (SPLIT) {
+                *reinterpret_cast<uint4*>(d) = make_uint4(hi[2 * h], hi[2 * h + 1], lo[2 * h], lo[2 * h + 1]);
+            } else {
+                *reinterpret_cast<uint2*>(d) = make_uint2(hi[2 * h], hi[2 * h + 1]);
+            }
+        }
+    }
+}
+
+// One K-tile of one warp: MT m-tiles x 8 steps. acc[mt][0..3] = (row g, lane 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
+template <typename F, typename T, int NB>
+__device__ __forceinline__ void gv_tile(const u32* sm, int tl, const typename F::Raw (&raw)[F::MT][2],
+                                        float (&acc)[F::MT][4]) {
+    constexpr bool SPLIT = GvIsFloat<T>::v;
+    constexpr int FW = SPLIT ? 4 : 2, MT = F::MT;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    typename F::Prep p[MT][2];
 #pragma unroll
-                for (int r = 0; r < R; ++r) F::load_wide(p0, p1, p2, K, wr[r], k + u * step, c[u][r]);
+    for (int mt = 0; mt < MT; ++mt) {
+        F::prep(raw[mt][0], p[mt][0]);
+        F::prep(raw[mt][1], p[mt][1]);
+    }
+    float tmp[MT][4];
 #pragma unroll
-        for (int u = 0; u < GEMV_U; ++u) {
-            const int ku = k + u * step;
-            if (ku < K) {
+    for (int s = 0; s < 8; ++s) {
+        u32 b[4] = {0u, 0u, 0u, 0u};
+        if (g < NB) {
+            const u32* f = sm + ((size_t)((tl * 8 + s) * NB + g) * 4 + t) * FW;
+            if (SPLIT) {
+                const uint4 v = *reinterpret_cast<const uint4*>(f);
+                b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
+            } else {
+                const uint2 v = *reinterpret_cast<const uint2*>(f);
+                b[0] = v.x, b[1] = v.y;
+            }
+        }
+        const int w = s >> 1, i = 2 * (s & 1);
 #pragma unroll
-                for (int r = 0; r < R; ++r) F::prep_wide(c[u][r]);
-#pragma unroll
-                for (int s = 0; s < F::KV / 8; ++s) {
-                    const int ks = ku + 8 * s;
-                    if (ks < K) {
-                        float w[R][8];
-#pragma unroll
-                        for (int r = 0; r < R; ++r) F::deq_wide(c[u][r], s, w[r]);
-#pragma unroll
-                        for (int b = 0; b < NB; ++b) {
-                            if (b < nrows) {
-                                float xv[8];
-                                load8x(x + b * ldx + ks, xv);
-                                if constexpr (F::XS != 1.f) {
-#pragma unroll
-                                    for (int j = 0; j < 8; ++j) xv[j] *= F::XS;
-                                }
-#pragma unroll
-                                for (int r = 0; r < R; ++r) {
-                                    float a = acc[r][b];
-#pragma unroll
-                                    for (int j = 0; j < 8; ++j) a = fmaf(w[r][j], xv[j], a);
-                                    acc[r][b] = a;
-                                }
-                            }
-                        }
-                    }
+        for (int mt = 0; mt < MT; ++mt) {
+            const u32 a[4] = {F::pair(p[mt][0], w, i), F::pair(p[mt][1], w, i), F::pair(p[mt][0], w, i + 1),
+                              F::pair(p[mt][1], w, i + 1)};
+            if constexpr (F::GROUP == 0) {
+                mma_bf16_16816(acc[mt], a, b[0], b[1]);
+                if (SPLIT) mma_bf16_16816(acc[mt], a, b[2], b[3]);
+            } else {
+                if (s % F::GROUP == 0) tmp[mt][0] = tmp[mt][1] = tmp[mt][2] = tmp[mt][3] = 0.f;
+                mma_bf16_16816(tmp[mt], a, b[0], b[1]);
+                if (SPLIT) mma_bf16_16816(tmp[mt], a, b[2], b[3]);
+                if (s % F::GROUP == F::GROUP - 1) {
+                    const float s0 = F::gscale(p[mt][0], s / F::GROUP), s1 = F::gscale(p[mt][1], s / F::GROUP);
+                    acc[mt][0] = fmaf(tmp[mt][0], s0, acc[mt][0]);
+                    acc[mt][1] = fmaf(tmp[mt][1], s0, acc[mt][1]);
+                    acc[mt][2] = fmaf(tmp[mt][2], s1, acc[mt][2]);
+                    acc[mt][3] = fmaf(tmp[mt][3], s1, acc[mt][3]);
                 }
             }
         }
     }
 }
 
-// One block: output rows n = (blockIdx.x * groups + g) * R + r of weight rows wrow0 + n; rows past N
-// recompute row N - 1 (uniform control flow) and are never stored.
-template <typename F, typename T, int NB, int R>
-__device__ __forceinline__ void gemv_block(const u8* p0, const u8* p1, const u8* p2, const T* x, long long ldx,
-                                           int nrows, int N, int K, int tpr, long long wrow0, T* y,
-                                           long long ldy) {
-    __shared__ float red[GEMV_THREADS / 32][R][NB];
-    const int groups = GEMV_THREADS / tpr, g = threadIdx.x / tpr, lt = threadIdx.x % tpr;
-    const int n0 = (blockIdx.x * groups + g) * R;
-    long long wr[R];
+// experts == 0: lane block z takes activation rows z*NB .. (nrows of them in the launch), weight rows row0 ..;
+// experts != 0: expert slot z: activation row xrow[z], weight rows ids[z] * N .., one lane. Dynamic shared memory:
+// tiles_per * 8 * NB * 4 * FW * 4 bytes.
+template <typename F, typename T, int NB>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    gemv_mma(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
+             const T* __restrict__ x, T* __restrict__ y, const int* __restrict__ ids, const int* __restrict__ xrow,
+             float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows, long long ldx, long long ldy,
+             long long row0, int tiles_per, int experts) {
+    extern __shared__ __align__(16) u32 gv_sm[];
+    __shared__ int gv_last;
+    constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16;
+    const int z = blockIdx.z, split = blockIdx.y, splits = gridDim.y;
+    long long wbase;
+    const T* xb;
+    T* yb;
+    int nb;
+    if (experts) {
+        wbase = (long long)ids[z] * N, xb = x + (long long)xrow[z] * ldx, yb = y + (long long)z * ldy, nb = 1;
+    } else {
+        wbase = row0, xb = x + (long long)z * NB * ldx, yb = y + (long long)z * NB * ldy;
+        nb = min(NB, nrows - z * NB);
+    }
+    const int ntiles = (K + 127) / 128, kt0 = split * tiles_per, nt = max(0, min(ntiles, kt0 + tiles_per) - kt0);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.x * ROWS + warp * MT * 16;
+    long long wr[MT][2];
 #pragma unroll
-    for (int r = 0; r < R; ++r) wr[r] = wrow0 + min(n0 + r, N - 1);
-    float acc[R][NB];
-    gemv_lane<F, T, NB, R>(p0, p1, p2, wr, K, x, ldx, nrows, lt, tpr, acc);
-    const int warp = threadIdx.x >> 5;
+    for (int mt = 0; mt < MT; ++mt) {
+        wr[mt][0] = wbase + min(r0 + mt * 16 + g, N - 1);
+        wr[mt][1] = wbase + min(r0 + mt * 16 + g + 8, N - 1);
+    }
+    typename F::Raw buf[GV_DEPTH][MT][2];
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int d = 0; d < GV_DEPTH; ++d)
+        if (d < nt)
 #pragma unroll
-        for (int b = 0; b < NB; ++b)
-            if (b < nrows) {
-                const float v = warp_sum(acc[r][b]);
-                if ((threadIdx.x & 31) == 0) red[warp][r][b] = v;
-            }
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) F::load(p0, p1, p2, K, wr[mt][r], (kt0 + d) * 128, t, buf[d][mt][r]);
+    gv_stage<F, T, NB>(gv_sm, xb, ldx, nb, K, kt0, nt);
     __syncthreads();
-    const int wpg = tpr / 32;
-    for (int i = threadIdx.x; i < groups * R * NB; i += GEMV_THREADS) {
-        const int gi = i / (R * NB), r = (i / NB) % R, b = i % NB;
-        const int n = (blockIdx.x * groups + gi) * R + r;
-        if (b < nrows && n < N) {
-            float t = 0.f;
-            for (int w = gi * wpg; w < (gi + 1) * wpg; ++w) t += red[w][r][b];
-            y[b * ldy + n] = from_f<T>(t * F::row_scale(p1, p2, wrow0 + n));
+    float acc[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+    for (int i = 0; i < nt; i += GV_DEPTH) {
+#pragma unroll
+        for (int d = 0; d < GV_DEPTH; ++d) {
+            if (i + d < nt) {
+                gv_tile<F, T, NB>(gv_sm, i + d, buf[d], acc);
+                if (i + d + GV_DEPTH < nt)
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int r = 0; r < 2; ++r)
+                            F::load(p0, p1, p2, K, wr[mt][r], (kt0 + i + d + GV_DEPTH) * 128, t, buf[d][mt][r]);
+            }
         }
     }
-}
-
-// x: [nrows, K] (row stride ldx), y: [nrows, N] (row stride ldy); weight rows row0 .. row0 + N - 1.
-// NB = 1, 2, 4 or GEMV_MAXB (the smallest that holds the launch's rows): smaller instances need fewer registers
-// (more warps in flight) and run, for each row, exactly the arithmetic of the NB = 8 instance, so a row alone is
-// bitwise the row among 8.
-// Grid: ceil(N / (GEMV_THREADS / tpr * GEMV_R)) x ceil(nrows / NB) blocks of GEMV_THREADS; blockIdx.y takes
-// activation rows NB * blockIdx.y .. + NB with the same code, so more than 8 rows in one launch give every row
-// bitwise its decode result (the exact prefill mode and the fp32 router use this).
-template <typename F, typename T, int NB>
-__global__ void __launch_bounds__(GEMV_THREADS)
-    gemv(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
-         T* __restrict__ y, int N, int K, int nrows, long long ldx, long long ldy, long long row0, int tpr) {
-    const long long rb = (long long)blockIdx.y * NB;
-    gemv_block<F, T, NB, GEMV_R>(p0, p1, p2, x + rb * ldx, ldx, min(NB, nrows - (int)rb), N, K, tpr, row0, y + rb * ldy,
-                         ldy);
-}
-
-// MoE decode dispatch: slot s = blockIdx.y multiplies activation row xrow[s] by expert ids[s] (rows ids[s]*N ..
-// +N of the fused [E*N, K] weight) into y[s, :]. Same per-row order as gemv, so an expert's output for a token
-// does not depend on the other slots.
-template <typename F, typename T>
-__global__ void __launch_bounds__(GEMV_THREADS)
-    gemv_experts(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
-                 const T* __restrict__ x, T* __restrict__ y, const int* __restrict__ ids,
-                 const int* __restrict__ xrow, int N, int K, long long ldx, long long ldy, int tpr) {
-    const int s = blockIdx.y;
-    gemv_block<F, T, 1, GEMV_R>(p0, p1, p2, x + (long long)xrow[s] * ldx, ldx, 1, N, K, tpr, (long long)ids[s] * N,
-                     y + (long long)s * ldy, ldy);
+    if (splits == 1) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int n = r0 + mt * 16 + g + (e >> 1) * 8, b = 2 * t + (e & 1);
+                if (n < N && b < nb) yb[(long long)b * ldy + n] = from_f<T>(acc[mt][e] * F::row_scale(p1, p2, wbase + n));
+            }
+        return;
+    }
+    const long long tile = (long long)z * gridDim.x + blockIdx.x;
+    float* part = ws + (tile * splits + split) * (ROWS * 8);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[(warp * MT * 16 + mt * 16 + g + (e >> 1) * 8) * 8 + 2 * t + (e & 1)] = acc[mt][e];
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) gv_last = atomicAdd(cnt + tile, 1) == splits - 1;
+    __syncthreads();
+    if (!gv_last) return;
+    __threadfence();
+    const float* base = ws + tile * splits * (ROWS * 8);
+    for (int i = threadIdx.x; i < ROWS * NB; i += blockDim.x) {
+        const int rl = i / NB, b = i % NB, n = blockIdx.x * ROWS + rl;
+        float s = 0.f;
+        for (int sp = 0; sp < splits; ++sp) s += __ldcg(base + (long long)sp * ROWS * 8 + rl * 8 + b);
+        if (n < N && b < nb) yb[(long long)b * ldy + n] = from_f<T>(s * F::row_scale(p1, p2, wbase + n));
+    }
+    if (threadIdx.x == 0) cnt[tile] = 0;
 }

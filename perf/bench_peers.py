@@ -13,7 +13,7 @@ from typing import Any
 
 from ninfer.config import ModelConfig
 
-__all__ = ["copy_bandwidth", "event_seconds", "gemm_bf16", "transformers_peer"]
+__all__ = ["copy_bandwidth", "event_seconds", "graph_seconds", "gemm_bf16", "transformers_peer"]
 
 
 def event_seconds(fn: Any, reps: int = 10, warmup: int = 1) -> float:
@@ -33,6 +33,39 @@ def event_seconds(fn: Any, reps: int = 10, warmup: int = 1) -> float:
         stop.record()
         stop.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e-3)
+    return statistics.median(times)
+
+
+def graph_seconds(fns: list[Any], reps: int = 10) -> float:
+    """Median seconds per call of ``fns`` captured back to back in one CUDA graph (as a decode step replays its
+    kernels: no Python launch cost, the graph's inter-kernel gaps included). Pass calls on different buffers
+    (more bytes than the L2) so each one reads device memory, not the cache."""
+    import statistics
+
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        for f in fns:  # warm-up: compiles, allocates workspaces outside the capture
+            f()
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            for f in fns:
+                f()
+        finally:
+            graph = stream.end_capture()
+        graph.upload(stream)
+        graph.launch(stream)
+        stream.synchronize()
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        times = []
+        for _ in range(reps):
+            start.record(stream)
+            graph.launch(stream)
+            stop.record(stream)
+            stop.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e-3 / len(fns))
     return statistics.median(times)
 
 

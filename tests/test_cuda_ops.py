@@ -195,6 +195,8 @@ def test_gemv_rows_independent_of_batch(cp: Any, fmt: str) -> None:
     for t in ("float", "bf16"):
         x = _dev(cp, _inputs(rng, (8, 2048), t), t)
         full = cp.asnumpy(gemv(x, w))
+        again = cp.asnumpy(gemv(x, w))  # split-K arrival counters reset themselves
+        assert np.array_equal(again, full), f"{fmt} {t}: a second launch differs"
         for b in range(8):
             alone = cp.asnumpy(gemv(cp.ascontiguousarray(x[b : b + 1]), w))
             assert np.array_equal(alone[0], full[b]), f"{fmt} {t}: row {b} differs alone vs batch of 8"
@@ -223,7 +225,7 @@ def test_gemv_many_rows_are_8_row_blocks(cp: Any, report: list, fmt: str) -> Non
             )
 
 
-# the rows per block (4 per row group x 1..8 groups), row-group widths 32..256 threads (gemv_geometry)
+# N off the 16-row m-tiles and the 64/128-row blocks, K off the 128-wide tile, one to several K-splits (gemv_plan)
 ODD_GEMV_SHAPES = ((6, 8), (13, 200), (37, 1000), (9, 5128), (70, 2056), (5, 17416))
 
 

@@ -1,8 +1,10 @@
 """Matrix products ``y = x · Wᵀ`` against stored-format weights (cuda_src/gemv.cu, cuda_src/gemm.cu).
 
-- :func:`gemv`: decode, 1..8 activation rows; fp32 accumulation in a fixed order, so each row's result is bitwise
-  the same whatever the number of rows in the launch.
-- :func:`gemv_experts`: MoE decode dispatch, one (token row, expert) pair per slot.
+- :func:`gemv`: decode, 1..8 activation rows on tensor cores (``mma.sync``, the rows as the 8 columns): weights
+  dequantized in registers into exact bf16 operands, float32 activations split into two bf16 halves (relative
+  representation error <= 2^-18), fp32 accumulation in a fixed order; each row's result is bitwise the same
+  whatever the number of rows in the launch (an mma column depends only on its own activations).
+- :func:`gemv_experts`: MoE decode dispatch, one (token row, expert) pair per slot; bitwise the plain gemv's rows.
 - :func:`gemm`: prefill chunks on tensor cores with exact operands: weights as bf16-exact codes times the format's
   scale (applied to the fp32 sums), bf16 activations as is, float32 activations split into two bf16 halves
   (relative representation error <= 2^-17); fp32 accumulation in a fixed order per K.
@@ -12,6 +14,8 @@
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,40 +27,43 @@ from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight
 __all__ = [
     "gemv",
     "gemv_experts",
-    "gemv_geometry",
+    "gemv_plan",
+    "GemvPlan",
     "gemm",
     "gemm_experts",
     "linear",
     "SOURCES",
     "GEMV_MAX_ROWS",
-    "GEMV_KV",
+    "FRAG_STRUCTS",
 ]
 
-GEMV_MAX_ROWS = 8  # GEMV_MAXB in gemv.cu
-_GEMV_THREADS = 256  # GEMV_THREADS in gemv.cu
-_GEMV_R = 4  # GEMV_R: output rows per row group
-_GEMV_NB = (1, 2, 4, 8)  # activation-row instances; a launch takes the smallest that holds its rows
-
-
-_GEMV_U = 2  # GEMV_U: chunks per thread in flight
+GEMV_MAX_ROWS = 8  # the mma's N
 _GEMM_TILE, _GEMM_THREADS = 128, 256  # GM_BM = GM_BN and GM_THREADS in gemm.cu
-# weights per lane chunk (F::KV in wformat.cuh): one 16-byte load of the main plane. Only the launch geometry
-# depends on it; a mismatch would cost speed, never correctness (the kernel loops over K by its own KV).
-GEMV_KV = {
-    "BF16": 8,
-    "FP8E4M3_F32ROW": 16,
-    "FP8E4M3_F32T": 16,
-    "NVFP4G16_E4M3S": 32,
-    "Q4G64_F16S": 32,
-    "Q5G64_F16S": 32,
-    "Q6G64_F16S": 32,
-    "W8G32_F16S": 16,
+
+# format id -> the tensor-core GEMV's fragment reader (cuda_src/wfrag.cuh) and its 16-row m-tiles per warp
+FRAG_STRUCTS = {
+    "BF16": ("FragBF16", 1),
+    "FP8E4M3_F32ROW": ("FragFP8<true>", 2),
+    "FP8E4M3_F32T": ("FragFP8<false>", 2),
+    "NVFP4G16_E4M3S": ("FragNVFP4", 2),
+    "Q4G64_F16S": ("FragQG64<4>", 2),
+    "Q5G64_F16S": ("FragQG64<5>", 2),
+    "Q6G64_F16S": ("FragQG64<6>", 2),
+    "W8G32_F16S": ("FragW8G32", 2),
 }
+_GV_WARPS, _GV_THREADS = 4, 128  # GV_WARPS in gemv.cu
+_GV_NB = (1, 8)  # lane-block instances: one activation row, or up to 8 (same arithmetic per row)
+_GV_TILE = 128  # K per tile
+# Splits are picked from (format, N, K) only, never from the GPU or the number of rows, so results are the same
+# on every device and for every batch. Aim for ~2 blocks per SM of a 132-SM H200, keep >= 4 tiles per split, and
+# at most 24 tiles per split: the 8-row float staging takes 4 KiB of shared memory per tile (96 KiB).
+_GV_TARGET_BLOCKS, _GV_MIN_TILES, _GV_MAX_TILES = 264, 4, 24
 _TYPES = ("float", "bf16")
 _FMTS = tuple(FORMAT_STRUCTS.values())
 SOURCES: dict[str, tuple[str, ...]] = {
-    "gemv.cu": tuple(f"gemv<{f}, {t}, {nb}>" for f in _FMTS for t in _TYPES for nb in _GEMV_NB)
-    + tuple(f"gemv_experts<{f}, {t}>" for f in _FMTS for t in _TYPES),
+    "gemv.cu": tuple(
+        f"gemv_mma<{s}, {t}, {nb}>" for s, _ in FRAG_STRUCTS.values() for t in _TYPES for nb in _GV_NB
+    ),
     "gemm.cu": tuple(f"{k}<{f}, {t}>" for k in ("gemm", "gemm_experts") for f in _FMTS for t in _TYPES),
 }
 
@@ -84,19 +91,88 @@ def _out(x: Any, out: Any, rows: int, n: int) -> tuple[Any, int]:
     return out, ld
 
 
-def gemv_geometry(fmt: str, k: int) -> tuple[int, int]:
-    """(threads per row group, output rows per block) of the GEMV for format ``fmt`` and width ``k``.
+@dataclass(frozen=True, slots=True)
+class GemvPlan:
+    """Launch geometry of the tensor-core GEMV for one (format, N, K): ``rows`` weight rows per block, ``splits``
+    K-splits of ``tiles_per`` 128-wide tiles each (``blocks_x`` row blocks)."""
 
-    A row group's threads split K; the group is the smallest power of two >= 32 threads that covers the row's
-    chunks in one round of GEMV_U chunks per thread, at most the whole block. It depends on the format and K
-    only (never on the number of activation rows), so the reduction order, hence every result bit, does too.
-    """
-    chunks = -(-k // GEMV_KV[fmt])
-    want = -(-chunks // _GEMV_U)
-    tpr = 32
-    while tpr < want and tpr < _GEMV_THREADS:
-        tpr *= 2
-    return tpr, _GEMV_THREADS // tpr * _GEMV_R
+    rows: int
+    blocks_x: int
+    splits: int
+    tiles_per: int
+
+    def smem_bytes(self, nb: int, t: str) -> int:
+        """Shared memory of the activation fragments: per tile 8 steps x nb lanes x 4 threads x 8|16 bytes."""
+        return self.tiles_per * 8 * nb * 4 * (16 if t == "float" else 8)
+
+
+@functools.cache
+def gemv_plan(fmt: str, n: int, k: int) -> GemvPlan:
+    """The GEMV's geometry for a weight of format ``fmt`` with ``n`` rows and ``k`` columns (see _GV_* above)."""
+    rows = _GV_WARPS * FRAG_STRUCTS[fmt][1] * 16
+    ntiles, bx = -(-k // _GV_TILE), -(-n // rows)
+    splits = max(1, min(-(-_GV_TARGET_BLOCKS // bx), ntiles // _GV_MIN_TILES))
+    splits = max(splits, -(-ntiles // _GV_MAX_TILES))
+    tiles_per = -(-ntiles // splits)
+    return GemvPlan(rows=rows, blocks_x=bx, splits=-(-ntiles // tiles_per), tiles_per=tiles_per)
+
+
+class _Counters:
+    """Zeroed int32 arrival counters of the split-K GEMV for one (device, stream): the last block of a row block
+    resets its entry, so the buffer is zero again after every launch. A grown buffer is a new one; the old ones
+    stay alive because a captured CUDA graph may still point at them. Grown only outside stream capture (decode
+    graphs need at most one entry per row block, allocated by the warm-up run before capture)."""
+
+    def __init__(self) -> None:
+        self._bufs: list[Any] = []
+
+    def get(self, n: int) -> Any:
+        import cupy
+
+        if not self._bufs or self._bufs[-1].size < n:
+            size = max(n, 1 << 16, 2 * (self._bufs[-1].size if self._bufs else 0))
+            mem = cupy.cuda.Memory(size * 4)  # plain cudaMalloc, outside any pool or graph
+            cupy.cuda.runtime.memset(mem.ptr, 0, size * 4)
+            self._bufs.append(cupy.ndarray((size,), np.int32, cupy.cuda.MemoryPointer(mem, 0)))
+        return self._bufs[-1]
+
+
+@functools.cache
+def _counters(device: int, stream: int) -> _Counters:
+    return _Counters()
+
+
+def _gemv_launch(
+    x: Any, w: DeviceWeight, out: Any, lanes: int, ldx: int, ldy: int, *, ids: Any, xrow: Any, n: int,
+    row0: int, nb: int, t: str,
+) -> None:  # fmt: skip
+    import cupy
+
+    k = w.cols
+    plan = gemv_plan(w.fmt, n, k)
+    fn = kernel("gemv.cu", SOURCES["gemv.cu"], f"gemv_mma<{FRAG_STRUCTS[w.fmt][0]}, {t}, {nb}>")
+    smem = plan.smem_bytes(nb, t)
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    gz = lanes if ids is not None else -(-lanes // nb)
+    if plan.splits > 1:
+        ws = cupy.empty(gz * plan.blocks_x * plan.splits * plan.rows * 8, dtype=np.float32)
+        stream = cupy.cuda.get_current_stream()
+        cnt = _counters(cupy.cuda.Device().id, stream.ptr).get(gz * plan.blocks_x)
+    else:
+        ws = cnt = cupy.empty(0, dtype=np.int32)
+    null = cupy.empty(0, dtype=np.int32)
+    p0, p1, p2 = w.planes()
+    fn(
+        (plan.blocks_x, plan.splits, gz),
+        (_GV_THREADS,),
+        (
+            p0, p1, p2, x, out, null if ids is None else ids, null if xrow is None else xrow, ws, cnt,
+            np.int32(n), np.int32(k), np.int32(lanes), np.int64(ldx), np.int64(ldy), np.int64(row0),
+            np.int32(plan.tiles_per), np.int32(ids is not None),
+        ),
+        shared_mem=smem,
+    )  # fmt: skip
 
 
 def gemv(x: Any, w: DeviceWeight, out: Any = None, *, row0: int = 0, n: int | None = None) -> Any:
@@ -109,28 +185,8 @@ def gemv(x: Any, w: DeviceWeight, out: Any = None, *, row0: int = 0, n: int | No
     if row0 < 0 or n <= 0 or row0 + n > w.rows:
         raise KernelError(f"gemv: rows [{row0}, {row0 + n}) outside the weight's {w.rows} rows")
     out, ldy = _out(x, out, b, n)
-    nb = next((v for v in _GEMV_NB if v >= b), GEMV_MAX_ROWS)  # same arithmetic per row in every instance
-    fn = kernel("gemv.cu", SOURCES["gemv.cu"], f"gemv<{w.struct}, {t}, {nb}>")
-    tpr, per_block = gemv_geometry(w.fmt, k)
-    p0, p1, p2 = w.planes()
-    fn(
-        (grid_1d(n, per_block), grid_1d(b, nb)),
-        (_GEMV_THREADS,),
-        (
-            p0,
-            p1,
-            p2,
-            x,
-            out,
-            np.int32(n),
-            np.int32(k),
-            np.int32(b),
-            np.int64(ldx),
-            np.int64(ldy),
-            np.int64(row0),
-            np.int32(tpr),
-        ),
-    )
+    nb = 1 if b == 1 else GEMV_MAX_ROWS
+    _gemv_launch(x, w, out, b, ldx, ldy, ids=None, xrow=None, n=n, row0=row0, nb=nb, t=t)
     return out
 
 
@@ -142,30 +198,12 @@ def gemv_experts(x: Any, w: DeviceWeight, ids: Any, xrow: Any, n: int, out: Any 
     check_array(xrow, "xrow", dtype=np.int32, shape=(slots,))
     if n <= 0 or w.rows % n:
         raise KernelError(f"gemv_experts: weight rows {w.rows} are not a whole number of experts of {n} rows")
+    if slots > 65535:
+        raise KernelError(f"gemv_experts: {slots} slots; take at most 65535 per launch")
     out, ldy = _out(x, out, slots, n)
     if slots == 0:
         return out
-    fn = kernel("gemv.cu", SOURCES["gemv.cu"], f"gemv_experts<{w.struct}, {t}>")
-    tpr, per_block = gemv_geometry(w.fmt, k)
-    p0, p1, p2 = w.planes()
-    fn(
-        (grid_1d(n, per_block), slots),
-        (_GEMV_THREADS,),
-        (
-            p0,
-            p1,
-            p2,
-            x,
-            out,
-            ids,
-            xrow,
-            np.int32(n),
-            np.int32(k),
-            np.int64(ldx),
-            np.int64(ldy),
-            np.int32(tpr),
-        ),
-    )
+    _gemv_launch(x, w, out, slots, ldx, ldy, ids=ids, xrow=xrow, n=n, row0=0, nb=1, t=t)
     return out
 
 

@@ -1,0 +1,293 @@
+// Weight fragments for the tensor-core decode GEMV (gemv.cu, gemv_mma): every stored format read straight from
+// its planes (no repacking) and turned into exact bf16 operands of mma.m16n8k16 (A = 16 weight rows x 16 k).
+//
+// K order. A K-tile is 128 consecutive k. Thread t (0..3, its index inside an mma quad) owns 32 of them, as four
+// "words" of 8 consecutive k; word w starts at kofs(t, w) (per format: where its loads and scale groups fall).
+// Word w feeds mma steps 2w and 2w+1; step 2w takes the weight pairs (0, 4) and (1, 5) of the word as the A
+// registers a0/a1 (k slots 2t, 2t+1) and a2/a3 (k slots 2t+8, 2t+9), step 2w+1 the pairs (2, 6) and (3, 7). The
+// activation fragments (B) are staged in the same order (stage_pairs), so every step multiplies matching k: a
+// dot product in a permuted but fixed K order, the same for every activation row and every launch.
+//
+// Exactness: every weight operand is the stored value times a power of two or a per-block factor, exact in bf16:
+//   BF16   as stored;
+//   FP8    e4m3 bits placed in a bf16 (value * 2^-120, subnormal for e4m3 subnormals), times 2^120 (bf16 mul);
+//   NVFP4  e2m1 bits placed in a bf16 (value * 2^-126, subnormal for 0.5), times the e4m3 block scale * 2^119
+//          (bf16 mul; e2m1 * e4m3 has <= 6 significant bits): operand = value * block * 2^-7; row scale 2^7 * g;
+//   Q4/5/6 integer codes (|q| <= 32) as bf16 via 128 + offset-binary code; the f16 group scale multiplies the fp32
+//          partial sum of the group's steps (GROUP = 4 steps = the 64-wide group);
+//   W8     int8 codes (exact in bf16); f16 scale per 32-wide group (GROUP = 2 steps).
+// Loads of the unpadded formats (BF16, FP8) are guarded per word at K (K % 8 == 0); the padded formats (NVFP4,
+// group-int) read inside the row's padding to a multiple of 128. Everything is __host__ __device__ so that a host
+// program (tests/test_gemv_mma_host.py) can emulate the kernel's indexing without a GPU.
+#pragma once
+#include "common.cuh"
+#include "wformat.cuh"
+
+// ---- bf16x2 helpers (low half = lower k) --------------------------------------------------------------------
+__host__ __device__ __forceinline__ u32 bf16_rne_bits(float f) {
+    u32 u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x0040u;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u >> 16;
+}
+
+__host__ __device__ __forceinline__ float bf16_val(u32 h) { return f32_from_bits(h << 16); }
+
+// two floats -> bf16x2, round to nearest even (cvt.rn.bf16x2.f32 on the device)
+__host__ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+#ifdef __CUDA_ARCH__
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return bf16_rne_bits(lo) | (bf16_rne_bits(hi) << 16);
+#endif
+}
+
+// a * b per half, round to nearest even, subnormals kept (every use here is exact)
+__host__ __device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
+#ifdef __CUDA_ARCH__
+    u32 r;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+#else
+    return pack_bf16x2(bf16_val(a & 0xffffu) * bf16_val(b & 0xffffu), bf16_val(a >> 16) * bf16_val(b >> 16));
+#endif
+}
+
+// a * b + c per half (exact in every use here)
+__host__ __device__ __forceinline__ u32 bf16x2_fma(u32 a, u32 b, u32 c) {
+#ifdef __CUDA_ARCH__
+    u32 r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+#else
+    return pack_bf16x2(bf16_val(a & 0xffffu) * bf16_val(b & 0xffffu) + bf16_val(c & 0xffffu),
+                       bf16_val(a >> 16) * bf16_val(b >> 16) + bf16_val(c >> 16));
+#endif
+}
+
+// byte permute (PTX prmt.b32 default mode; the selectors used here never set the sign-replicate bit)
+__host__ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+#ifdef __CUDA_ARCH__
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+#else
+    const unsigned long long v = (unsigned long long)a | ((unsigned long long)b << 32);
+    u32 r = 0;
+    for (int i = 0; i < 4; ++i) r |= (u32)((v >> (8 * ((sel >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+    return r;
+#endif
+}
+
+// word w of a 16-byte load
+__host__ __device__ __forceinline__ u32 word4(const uint4& v, int w) {
+    return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+// ---- formats ---------------------------------------------------------------------------------------------------
+// Each: MT (16-row m-tiles per warp), GROUP (steps per accumulator scale; 0 = none), kofs(t, w), chunk(cc, t, w)
+// (the inverse: the word at k offset 8 cc of a tile), Raw + load (one row's words of one tile; loads only),
+// Prep + prep (per-tile conversions), pair(p, w, i) (bf16x2 of the word's weights i and i + 4), gscale(p, h)
+// (group h's scale when GROUP > 0) and row_scale(p1, p2, n) (applied to the fp32 result).
+
+struct KMap32 {  // thread t owns k [32t, 32t + 32) of the tile
+    static __host__ __device__ __forceinline__ int kofs(int t, int w) { return 32 * t + 8 * w; }
+    static __host__ __device__ __forceinline__ void chunk(int cc, int& t, int& w) { t = cc >> 2, w = cc & 3; }
+};
+
+struct FragBF16 : KMap32 {
+    static constexpr int MT = 1, GROUP = 0;
+    struct Raw {
+        uint4 v[4];
+    };
+    typedef Raw Prep;
+    static __host__ __device__ __forceinline__ void load(const u8* p0, const u8*, const u8*, int K, long long n,
+                                                         int k0, int t, Raw& r) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const int k = k0 + kofs(t, w);
+            r.v[w] = k < K ? *reinterpret_cast<const uint4*>(p0 + (n * K + k) * 2) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    static __host__ __device__ __forceinline__ void prep(const Raw& r, Prep& p) { p = r; }
+    static __host__ __device__ __forceinline__ u32 pair(const Prep& p, int w, int i) {
+        // elements i and i + 4 of the word: u32 i/2 and i/2 + 2, half i % 2
+        return prmt(word4(p.v[w], i >> 1), word4(p.v[w], (i >> 1) + 2), (i & 1) ? 0x7632u : 0x5410u);
+    }
+    static __host__ __device__ __forceinline__ float gscale(const Prep&, int) { return 1.f; }
+    static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8*, long long) { return 1.f; }
+};
+
+template <bool ROW>
+struct FragFP8 : KMap32 {
+    static constexpr int MT = 2, GROUP = 0;
+    struct Raw {
+        uint2 v[4];
+    };
+    typedef Raw Prep;
+    static __host__ __device__ __forceinline__ void load(const u8* p0, const u8*, const u8*, int K, long long n,
+                                                         int k0, int t, Raw& r) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const int k = k0 + kofs(t, w);
+            r.v[w] = k < K ? *reinterpret_cast<const uint2*>(p0 + n * K + k) : make_uint2(0u, 0u);
+        }
+    }
+    static __host__ __device__ __forceinline__ void prep(const Raw& r, Prep& p) { p = r; }
+    static __host__ __device__ __forceinline__ u32 pair(const Prep& p, int w, int i) {
+        // byte i of each half to bits 8..15 / 24..31, then sign to 15/31 and exponent|mantissa to 10..4 / 26..20
+        const u32 u = prmt(p.v[w].x, p.v[w].y, ((u32)i << 4) | ((u32)(4 + i) << 12));
+        const u32 v = (u & 0x80008000u) | ((u & 0x7f007f00u) >> 4);  // e4m3 * 2^-120
+        return bf16x2_mul(v, 0x7b807b80u);                             // * 2^120
+    }
+    static __host__ __device__ __forceinline__ float gscale(const Prep&, int) { return 1.f; }
+    static __host__ __device__ __forceinline__ float row_scale(const u8* p1, const u8*, long long n) {
+        return reinterpret_cast<const float*>(p1)[ROW ? n : 0];
+    }
+};
+
+struct FragNVFP4 : KMap32 {
+    static constexpr int MT = 2, GROUP = 0;
+    struct Raw {
+        uint4 c;  // 32 e2m1 codes, low nibble first
+        u32 sc;   // the two e4m3 block scales (words 0-1, words 2-3)
+    };
+    struct Prep {
+        uint4 c;
+        u32 s0, s1;  // bf16x2 of block scale * 2^119 (both halves)
+    };
+    static __host__ __device__ __forceinline__ void load(const u8* p0, const u8* p1, const u8*, int K, long long n,
+                                                         int k0, int t, Raw& r) {
+        const long long kp = kpad128(K);
+        const int k = k0 + 32 * t;
+        r.c = *reinterpret_cast<const uint4*>(p0 + n * (kp / 2) + k / 2);
+        r.sc = *reinterpret_cast<const u16*>(p1 + n * (kp / 16) + k / 16);
+    }
+    static __host__ __device__ __forceinline__ u32 scale2(u32 code) {
+        // e4m3 * 2^-120 (bit placement, subnormals exact) * 2^127 * 2^112 = e4m3 * 2^119 (normal, < 2^128)
+        const float s = mul_keep_denorm(mul_keep_denorm(e4m3_hi_scaled(code << 24), WF_P127), 5.192296858534828e33f);
+        return pack_bf16x2(s, s);
+    }
+    static __host__ __device__ __forceinline__ void prep(const Raw& r, Prep& p) {
+        p.c = r.c;
+        p.s0 = scale2(r.sc & 0xffu);
+        p.s1 = scale2((r.sc >> 8) & 0xffu);
+    }
+    static __host__ __device__ __forceinline__ u32 pair(const Prep& p, int w, int i) {
+        const u32 u = word4(p.c, w) >> (4 * i);  // nibble i at bits 0..3, nibble i + 4 at 16..19
+        const u32 v = ((u & 0x00070007u) << 6) | ((u & 0x00080008u) << 12);  // e2m1 * 2^-126
+        return bf16x2_mul(v, w < 2 ? p.s0 : p.s1);
+    }
+    static __host__ __device__ __forceinline__ float gscale(const Prep&, int) { return 1.f; }
+    static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8* p2, long long) {
+        return 128.f * *reinterpret_cast<const float*>(p2);
+    }
+};
+
+// Group-int, 64-wide groups: thread t owns k [16t, 16t + 16) of each of the tile's two groups, so steps 0-3 are
+// group 0 and steps 4-7 group 1 (GROUP = 4).
+template <int BITS>
+struct FragQG64 {
+    static constexpr int MT = 2, GROUP = 4, H = BITS == 4 ? 0 : (BITS == 5 ? 8 : 16);
+    static __host__ __device__ __forceinline__ int kofs(int t, int w) { return 64 * (w >> 1) + 16 * t + 8 * (w & 1); }
+    static __host__ __device__ __forceinline__ void chunk(int cc, int& t, int& w) {
+        t = (cc & 7) >> 1, w = 2 * (cc >> 3) + (cc & 1);
+    }
+    struct Raw {
+        uint2 base[2];  // per group: 16 codes' low nibbles (2 words)
+        u32 high[2];    // per group: Q5 16 high bits, Q6 32 (2 per code)
+        u32 sc;         // f16 scales of groups 0 and 1
+    };
+    struct Prep {
+        Raw r;
+        float g0, g1;
+    };
+    static __host__ __device__ __forceinline__ void load(const u8* p0, const u8* p1, const u8* p2, int K, long long n,
+                                                         int k0, int t, Raw& r) {
+        const long long grp = n * (kpad128(K) / 64) + k0 / 64;  // k0 % 128 == 0: groups grp, grp + 1
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            r.base[h] = *reinterpret_cast<const uint2*>(p0 + (grp + h) * 32 + 8 * t);
+            r.high[h] = 0u;
+            if (BITS == 5) r.high[h] = *reinterpret_cast<const u16*>(p1 + (grp + h) * 8 + 2 * t);
+            if (BITS == 6) r.high[h] = *reinterpret_cast<const u32*>(p1 + (grp + h) * 16 + 4 * t);
+        }
+        r.sc = *reinterpret_cast<const u32*>(p2 + grp * 2);  // grp is even: 4-byte aligned
+    }
+    static __host__ __device__ __forceinline__ void prep(const Raw& r, Prep& p) {
+        p.r = r;
+        p.g0 = hd_f16_to_f((u16)(r.sc & 0xffffu));
+        p.g1 = hd_f16_to_f((u16)(r.sc >> 16));
+    }
+    static __host__ __device__ __forceinline__ u32 pair(const Prep& p, int w, int i) {
+        const int h = w >> 1, half = w & 1;
+        const u32 q = half ? p.r.base[h].y : p.r.base[h].x;
+        u32 u = (q >> (4 * i)) & 0x000f000fu;
+        if (BITS == 5) {
+            const u32 hb = (p.r.high[h] >> (8 * half)) & 0xffu;  // bit j: code j of the word
+            u |= (((hb >> i) & 1u) << 4) | (((hb >> (i + 4)) & 1u) << 20);
+        }
+        if (BITS == 6) {
+            const u32 hb = (p.r.high[h] >> (16 * half)) & 0xffffu;  // bits 2j, 2j+1: code j of the word
+            u |= (((hb >> (2 * i)) & 3u) << 4) | (((hb >> (2 * i + 8)) & 3u) << 20);
+        }
+        constexpr u32 OFF = 1u << (BITS - 1), MAGIC = 0x4300u | OFF;  // bf16(128 + OFF)
+        const u32 v = (u ^ (OFF | (OFF << 16))) | 0x43004300u;        // bf16(128 + code + OFF)
+        return bf16x2_fma(v, 0x3f803f80u, (MAGIC | 0x8000u) | ((MAGIC | 0x8000u) << 16));  // - (128 + OFF)
+    }
+    static __host__ __device__ __forceinline__ float gscale(const Prep& p, int h) { return h ? p.g1 : p.g0; }
+    static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8*, long long) { return 1.f; }
+};
+
+// W8, 32-wide groups: thread t owns k [8t, 8t + 8) of each of the tile's four groups (word w = group w, GROUP = 2).
+struct FragW8G32 {
+    static constexpr int MT = 2, GROUP = 2;
+    static __host__ __device__ __forceinline__ int kofs(int t, int w) { return 32 * w + 8 * t; }
+    static __host__ __device__ __forceinline__ void chunk(int cc, int& t, int& w) { t = cc & 3, w = cc >> 2; }
+    struct Raw {
+        uint2 v[4];
+        u32 sc[2];  // f16 scales of the four groups
+    };
+    struct Prep {
+        Raw r;
+        float g[4];
+    };
+    static __host__ __device__ __forceinline__ void load(const u8* p0, const u8*, const u8* p2, int K, long long n,
+                                                         int k0, int t, Raw& r) {
+        const long long grp = n * (kpad128(K) / 32) + k0 / 32;  // k0 % 128 == 0: 4 groups, 8-byte aligned scales
+#pragma unroll
+        for (int w = 0; w < 4; ++w) r.v[w] = *reinterpret_cast<const uint2*>(p0 + (grp + w) * 32 + 8 * t);
+        r.sc[0] = *reinterpret_cast<const u32*>(p2 + grp * 2);
+        r.sc[1] = *reinterpret_cast<const u32*>(p2 + grp * 2 + 4);
+    }
+    static __host__ __device__ __forceinline__ void prep(const Raw& r, Prep& p) {
+        p.r = r;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) p.g[w] = hd_f16_to_f((u16)((r.sc[w >> 1] >> (16 * (w & 1))) & 0xffffu));
+    }
+    static __host__ __device__ __forceinline__ u32 pair(const Prep& p, int w, int i) {
+        const int a = (int)(signed char)((p.r.v[w].x >> (8 * i)) & 0xffu);
+        const int b = (int)(signed char)((p.r.v[w].y >> (8 * i)) & 0xffu);
+        return pack_bf16x2((float)a, (float)b);  // |code| <= 128: exact
+    }
+    static __host__ __device__ __forceinline__ float gscale(const Prep& p, int h) {
+        return h == 0 ? p.g[0] : h == 1 ? p.g[1] : h == 2 ? p.g[2] : p.g[3];
+    }
+    static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8*, long long) { return 1.f; }
+};
+
+// ---- activations -----------------------------------------------------------------------------------------------
+// The 8 activations x[0..8) of word w of thread t (one activation row) as the B fragments of steps 2w and 2w+1:
+// f[0..1] = step 2w (b0, b1), f[2..3] = step 2w+1; float input is split into hi = bf16(x) and lo = bf16(x - hi)
+// (relative error <= 2^-18), bf16 input is exact in hi (lo = 0).
+__host__ __device__ __forceinline__ void stage_pairs(const float x[8], u32 hi[4], u32 lo[4]) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // q = step-in-word * 2 + b: pairs (0,4) (1,5) (2,6) (3,7)
+        const float a = x[q], b = x[q + 4];
+        const u32 h = pack_bf16x2(a, b);
+        hi[q] = h;
+        lo[q] = pack_bf16x2(a - bf16_val(h & 0xffffu), b - bf16_val(h >> 16));
+    }
+}
