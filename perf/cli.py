@@ -125,9 +125,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--commit", default="unknown", help="commit id recorded with the results")
     p.add_argument("--activations", default="fp32", choices=("fp32", "bf16"), help="CUDA activation dtype")
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
+    p.add_argument("--prefill", default=None, help="comma list of prompt lengths ('' for none)")
+    p.add_argument("--lanes", default="1,2,4,8", help="comma list of decode lane counts ('' for none)")
     a = p.parse_args(argv)
-    a.prefill = [1024, 8192] if a.quick else [1024, 8192, 32768]
-    a.chunk, a.context, a.steps, a.lanes = 2048, 8192, 16 if a.quick else 64, [1, 2, 4, 8]
+    default = [1024, 8192] if a.quick else [1024, 8192, 32768]
+    a.prefill = default if a.prefill is None else [int(v) for v in a.prefill.split(",") if v]
+    a.lanes = [int(v) for v in a.lanes.split(",") if v]
+    a.chunk, a.context, a.steps = 2048, 8192, 16 if a.quick else 64
     a.followup_context, a.followup_tokens = (8192 if a.quick else 32768), 256
     return a
 

@@ -7,11 +7,14 @@
 #   perf    `ninfer-perf --quick` (27B and 35B-A3B at nvfp4, transformers column)
 # e.g. `bash perf/device_run.sh tests bench`
 # Installs only what the image lacks (pytest and msgspec wheels from .whl-cuda/, carried by the caller).
-# Env: COMMIT (recorded with the results), PYTEST_K (-k filter), TEST_TIMEOUT, PERF_TIMEOUT.
+# CuPy's kernel cache travels between calls: .cupy-cache.tgz (carried, if present) is unpacked first and the cache
+# is packed again into $OUT/cupy-cache.tgz at the end, which saves the cold NVRTC compile (~80 s) next time.
+# Env: COMMIT (recorded with the results), PYTEST_K (-k filter), TEST_TIMEOUT, PERF_TIMEOUT, BENCHES, PERF_ARGS.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy-cache
+[ -f .cupy-cache.tgz ] && tar xzf .cupy-cache.tgz
 for need in "pytest:pytest pluggy iniconfig packaging pygments" "msgspec:msgspec"; do
   mod=${need%%:*}
   python3 -c "import $mod" 2>/dev/null && continue
@@ -42,3 +45,4 @@ run_perf() {
 for phase in "${@:-tests}"; do
   "run_$phase"
 done
+tar czf "$OUT/cupy-cache.tgz" .cupy-cache 2>/dev/null
