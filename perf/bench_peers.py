@@ -44,6 +44,7 @@ def graph_seconds(fns: list[Any], reps: int = 10) -> float:
 
     import cupy
 
+    cupy.cuda.Device().synchronize()  # inputs written on other streams are complete before this one reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         for f in fns:  # warm-up: compiles, allocates workspaces outside the capture

@@ -38,6 +38,16 @@ run_bench() {
     timeout ${BENCH_TIMEOUT:-90} python3 -m perf.$b 2>&1 | tee -a "$OUT/bench.txt" | tail -40
   done
 }
+run_profile() {  # per-kernel profile of one graph-replayed decode step (Nsight Compute), PROFILES="27b:1 35b:1"
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for spec in ${PROFILES:-27b:1}; do
+    local m=${spec%%:*} l=${spec#*:}
+    timeout ${PROFILE_TIMEOUT:-200} "$ncu" --profile-from-start off --graph-profiling node --clock-control none \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
+      --log-file "$OUT/ncu_${m}_x$l.csv" python3 -m perf.profile_graph --model "$m" --lanes "$l" > /dev/null 2>&1
+    python3 -m perf.profile_graph --summarize "$OUT/ncu_${m}_x$l.csv" 2>&1 | tee "$OUT/profile_${m}_x$l.txt" | head -30
+  done
+}
 run_perf() {
   timeout ${PERF_TIMEOUT:-540} python3 -m perf.cli --quick --out "$OUT/results" --commit "${COMMIT:-unknown}" \
     ${PERF_ARGS:-} 2>&1 | tee "$OUT/perf.txt"
