@@ -1,8 +1,10 @@
 // Decode GEMV on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation).
 //
 // y[b, n] = sum_k x[b, k] W[n, k] for up to 8 activation rows ("lanes"), the lanes as the mma's N = 8 columns and
-// 16 weight rows as its M; weights are dequantized in registers into exact bf16 operands (wfrag.cuh), activations
-// are staged once per block in shared memory as bf16 B fragments (float x as hi + lo halves: two mma per step).
+// 16 weight rows as its M. Each warp streams its rows' weights through a private ring of GV_STAGES shared-memory
+// stages filled by cp.async (3 K-tiles in flight, no registers held by the loads), then dequantizes them in registers
+// into exact bf16 operands (wfrag.cuh); activations are staged once per block in shared memory as bf16 B fragments
+// (float x as hi + lo halves: two mma per step).
 //
 // Block: GV_WARPS warps, each MT m-tiles of 16 rows (F::MT), so GV_WARPS * MT * 16 rows per block; grid
 // (row blocks, splits, lane blocks | expert slots). Split s covers K-tiles [s * tiles_per, (s + 1) * tiles_per) of
@@ -10,13 +12,18 @@
 // arrive (a counter in `cnt`, reset by that block) adds them in split order. Per output element the arithmetic is
 // a fixed sequence (tiles in order, 8 steps per tile, hi then lo, splits in order), and an mma column depends only
 // on its own lane's activations, so a lane's result is bitwise independent of the other lanes, of NB and of the
-// number of rows in the launch. The host picks `splits` from (format, N, K) only (linear.py, gemv_mma_plan).
+// number of rows in the launch. The host picks `splits` from (format, N, K) only (linear.py, gemv_plan).
 
 #include "common.cuh"
 #include "wfrag.cuh"
 
 #define GV_WARPS 4
-#define GV_DEPTH 2  // K-tiles of weights in flight per thread
+#define GV_STAGES 4  // per-warp weight pipeline depth: 3 K-tiles in flight while one is computed
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 template <typename T> struct GvIsFloat { static constexpr bool v = false; };
 template <> struct GvIsFloat<float> { static constexpr bool v = true; };
@@ -126,8 +133,9 @@ __device__ __forceinline__ void gv_tile(const u32* sm, int tl, const typename F:
 }
 
 // experts == 0: lane block z takes activation rows z*NB .. (nrows of them in the launch), weight rows row0 ..;
-// experts != 0: expert slot z: activation row xrow[z], weight rows ids[z] * N .., one lane. Dynamic shared memory:
-// tiles_per * 8 * NB * 4 * FW * 4 bytes.
+// experts != 0: expert slot z: activation row xrow[z], weight rows ids[z] * N .., one lane.
+// Dynamic shared memory: the activation fragments (tiles_per * 8 * NB * 4 * FW * 4 bytes), then per warp
+// GV_STAGES stages of F::VECS * 512 bytes of weights (gemv_plan in linear.py computes the same sizes).
 template <typename F, typename T, int NB>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gemv_mma(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
@@ -136,7 +144,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
              long long row0, int tiles_per, int experts) {
     extern __shared__ __align__(16) u32 gv_sm[];
     __shared__ int gv_last;
-    constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16;
+    constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16, STAGE = F::VECS * 512;
+    constexpr int FW = GvIsFloat<T>::v ? 4 : 2;
     const int z = blockIdx.z, split = blockIdx.y, splits = gridDim.y;
     long long wbase;
     const T* xb;
@@ -157,32 +166,33 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
         wr[mt][0] = wbase + min(r0 + mt * 16 + g, N - 1);
         wr[mt][1] = wbase + min(r0 + mt * 16 + g + 8, N - 1);
     }
-    typename F::Raw buf[GV_DEPTH][MT][2];
+    // weights: a per-warp ring of GV_STAGES tiles, GV_STAGES - 1 of them in flight ahead of the math
+    u8* wsm = reinterpret_cast<u8*>(gv_sm) + tiles_per * 8 * NB * 4 * FW * 4 + warp * GV_STAGES * STAGE;
 #pragma unroll
-    for (int d = 0; d < GV_DEPTH; ++d)
-        if (d < nt)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int r = 0; r < 2; ++r) F::load(p0, p1, p2, K, wr[mt][r], (kt0 + d) * 128, t, buf[d][mt][r]);
+    for (int s = 0; s < GV_STAGES - 1; ++s) {
+        if (s < nt) F::copy(wsm + s * STAGE, lane, p0, p1, p2, K, wr, (kt0 + s) * 128, t);
+        cp_async_commit();
+    }
     gv_stage<F, T, NB>(gv_sm, xb, ldx, nb, K, kt0, nt);
     __syncthreads();
     float acc[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
-    for (int i = 0; i < nt; i += GV_DEPTH) {
+    for (int i = 0; i < nt; ++i) {
+        cp_async_wait<GV_STAGES - 2>();  // this lane's copies of tile i have landed
+        typename F::Raw raw[MT][2];
+        const u8* st = wsm + (i % GV_STAGES) * STAGE;
 #pragma unroll
-        for (int d = 0; d < GV_DEPTH; ++d) {
-            if (i + d < nt) {
-                gv_tile<F, T, NB>(gv_sm, i + d, buf[d], acc);
-                if (i + d + GV_DEPTH < nt)
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                        for (int r = 0; r < 2; ++r)
-                            F::load(p0, p1, p2, K, wr[mt][r], (kt0 + i + d + GV_DEPTH) * 128, t, buf[d][mt][r]);
-            }
+        for (int mt = 0; mt < MT; ++mt) {
+            F::read(st, lane, mt, 0, t, raw[mt][0]);
+            F::read(st, lane, mt, 1, t, raw[mt][1]);
         }
+        // refill the stage read one iteration ago (its values are consumed: no lane reads it again)
+        if (i + GV_STAGES - 1 < nt)
+            F::copy(wsm + ((i + GV_STAGES - 1) % GV_STAGES) * STAGE, lane, p0, p1, p2, K, wr,
+                    (kt0 + i + GV_STAGES - 1) * 128, t);
+        cp_async_commit();
+        gv_tile<F, T, NB>(gv_sm, i, raw, acc);
     }
     if (splits == 1) {
 #pragma unroll

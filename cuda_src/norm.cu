@@ -34,11 +34,14 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// o, z, y: [rows, D] with row strides ldo, ldz, ldy (rows = tokens * heads, heads contiguous in a token).
+// o, y: [rows, D] with row strides ldo, ldy (rows = tokens * heads, heads contiguous in a token); z: row r is
+// head r % zheads of z-row r / zheads ([tokens, zheads * D] with row stride ldz, e.g. a column slice of a fused
+// projection; zheads = 1 for [rows, D]).
 template <typename T>
 __global__ void __launch_bounds__(256)
     gated_rmsnorm(const T* __restrict__ o, const T* __restrict__ z, const float* __restrict__ w,
-                  T* __restrict__ y, int rows, int D, float eps, long long ldo, long long ldz, long long ldy) {
+                  T* __restrict__ y, int rows, int D, float eps, long long ldo, long long ldz, long long ldy,
+                  int zheads) {
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
@@ -49,7 +52,7 @@ __global__ void __launch_bounds__(256)
         ss = fmaf(v, v, ss);
     }
     const float inv = 1.f / sqrtf(warp_sum(ss) / (float)D + eps);
-    const T* zrow = z + row * ldz;
+    const T* zrow = z + (row / zheads) * ldz + (row % zheads) * D;
     T* yrow = y + row * ldy;
     for (int i = lane; i < D; i += 32) yrow[i] = from_f<T>(to_f(orow[i]) * inv * w[i] * siluf_(to_f(zrow[i])));
 }

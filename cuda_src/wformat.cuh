@@ -137,6 +137,22 @@ struct FmtNVFP4 {
     }
 };
 
+// NVFP4 whose global scale is per row (p2 = f32 [N]): fused projections of parts with different globals
+// (ninfer/cuda/fuse.py); the codes and block scales are NVFP4's.
+struct FmtNVFP4RowG : FmtNVFP4 {
+    static __device__ __forceinline__ float scale(const u8*, const u8*, const u8* p2, int, long long n, int) {
+        return reinterpret_cast<const float*>(p2)[n];
+    }
+    static __device__ __forceinline__ void load8(const u8* p0, const u8* p1, const u8* p2, int K, long long n,
+                                                 int k0, float w[8]) {
+        const long long kp = kpad128(K);
+        const u32 c = *reinterpret_cast<const u32*>(p0 + n * (kp / 2) + k0 / 2);
+        const float d = e4m3_to_f(p1[n * (kp / 16) + k0 / 16]) * reinterpret_cast<const float*>(p2)[n];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = e2m1_to_f((c >> (4 * i)) & 0xfu) * d;
+    }
+};
+
 template <int BITS>
 struct FmtQG64 {
     static constexpr int H = BITS == 4 ? 0 : (BITS == 5 ? 8 : 16);

@@ -86,11 +86,37 @@ __host__ __device__ __forceinline__ u32 word4(const uint4& v, int w) {
     return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
 }
 
+// ---- asynchronous copies into a lane's own shared-memory slots --------------------------------------------
+// A warp's pipeline stage is VECS 16-byte vectors per lane; vector v of lane l sits at byte (v * 32 + l) * 16 of
+// the stage, so the 32 lanes' reads of one vector are contiguous (no bank conflicts). A lane reads back only what
+// it copied itself, so its own cp.async.wait_group is the only synchronisation the weights need. `in` false
+// zero-fills the destination (reads nothing). On the host the copies are plain memcpy (tests emulate the kernel).
+__host__ __device__ __forceinline__ u8* gv_vec(u8* st, int v, int lane) { return st + (v * 32 + lane) * 16; }
+__host__ __device__ __forceinline__ const u8* gv_vec(const u8* st, int v, int lane) {
+    return st + (v * 32 + lane) * 16;
+}
+
+template <int B>
+__host__ __device__ __forceinline__ void cp_async(u8* dst, const u8* src, bool in) {
+#ifdef __CUDA_ARCH__
+    u32 s;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    if (B == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(in ? 16 : 0) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(s), "l"(src), "n"(B), "r"(in ? B : 0)
+                     : "memory");
+#else
+    for (int i = 0; i < B; ++i) dst[i] = in ? src[i] : 0;
+#endif
+}
+
 // ---- formats ---------------------------------------------------------------------------------------------------
 // Each: MT (16-row m-tiles per warp), GROUP (steps per accumulator scale; 0 = none), kofs(t, w), chunk(cc, t, w)
-// (the inverse: the word at k offset 8 cc of a tile), Raw + load (one row's words of one tile; loads only),
-// Prep + prep (per-tile conversions), pair(p, w, i) (bf16x2 of the word's weights i and i + 4), gscale(p, h)
-// (group h's scale when GROUP > 0) and row_scale(p1, p2, n) (applied to the fp32 result).
+// (the inverse: the word at k offset 8 cc of a tile), VECS + copy (cp.async of the lane's rows n[mt][r] of one
+// tile into its stage slots) + read (one row's bits back into a Raw), Prep + prep (per-tile conversions),
+// pair(p, w, i) (bf16x2 of the word's weights i and i + 4), gscale(p, h) (group h's scale when GROUP > 0) and
+// row_scale(p1, p2, n) (applied to the fp32 result).
 
 struct KMap32 {  // thread t owns k [32t, 32t + 32) of the tile
     static __host__ __device__ __forceinline__ int kofs(int t, int w) { return 32 * t + 8 * w; }
@@ -103,13 +129,20 @@ struct FragBF16 : KMap32 {
         uint4 v[4];
     };
     typedef Raw Prep;
-    static __host__ __device__ __forceinline__ void load(const u8* p0, const u8*, const u8*, int K, long long n,
-                                                         int k0, int t, Raw& r) {
+    static constexpr int VECS = 8 * MT;
+    static __host__ __device__ __forceinline__ void copy(u8* st, int lane, const u8* p0, const u8*, const u8*, int K,
+                                                         const long long (&n)[MT][2], int k0, int t) {
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            const int k = k0 + kofs(t, w);
-            r.v[w] = k < K ? *reinterpret_cast<const uint4*>(p0 + (n * K + k) * 2) : make_uint4(0u, 0u, 0u, 0u);
-        }
+        for (int r = 0; r < 2 * MT; ++r)
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const int k = k0 + kofs(t, w);
+                cp_async<16>(gv_vec(st, 4 * r + w, lane), p0 + (n[r >> 1][r & 1] * K + (k < K ? k : 0)) * 2, k < K);
+            }
+    }
+    static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int, Raw& raw) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) raw.v[w] = *reinterpret_cast<const uint4*>(gv_vec(st, 4 * (2 * mt + r) + w, lane));
     }
     static __host__ __device__ __forceinline__ void prep(const Raw& r, Prep& p) { p = r; }
     static __host__ __device__ __forceinline__ u32 pair(const Prep& p, int w, int i) {
@@ -127,13 +160,22 @@ struct FragFP8 : KMap32 {
         uint2 v[4];
     };
     typedef Raw Prep;
-    static __host__ __device__ __forceinline__ void load(const u8* p0, const u8*, const u8*, int K, long long n,
-                                                         int k0, int t, Raw& r) {
+    static constexpr int VECS = 4 * MT;  // per row: words 0-1, words 2-3
+    static __host__ __device__ __forceinline__ void copy(u8* st, int lane, const u8* p0, const u8*, const u8*, int K,
+                                                         const long long (&n)[MT][2], int k0, int t) {
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            const int k = k0 + kofs(t, w);
-            r.v[w] = k < K ? *reinterpret_cast<const uint2*>(p0 + n * K + k) : make_uint2(0u, 0u);
-        }
+        for (int r = 0; r < 2 * MT; ++r)
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const int k = k0 + kofs(t, w);
+                cp_async<8>(gv_vec(st, 2 * r + (w >> 1), lane) + 8 * (w & 1), p0 + n[r >> 1][r & 1] * K + (k < K ? k : 0),
+                            k < K);
+            }
+    }
+    static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int, Raw& raw) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+            raw.v[w] = *reinterpret_cast<const uint2*>(gv_vec(st, 2 * (2 * mt + r) + (w >> 1), lane) + 8 * (w & 1));
     }
     static __host__ __device__ __forceinline__ void prep(const Raw& r, Prep& p) { p = r; }
     static __host__ __device__ __forceinline__ u32 pair(const Prep& p, int w, int i) {
@@ -158,12 +200,22 @@ struct FragNVFP4 : KMap32 {
         uint4 c;
         u32 s0, s1;  // bf16x2 of block scale * 2^119 (both halves)
     };
-    static __host__ __device__ __forceinline__ void load(const u8* p0, const u8* p1, const u8*, int K, long long n,
-                                                         int k0, int t, Raw& r) {
+    static constexpr int VECS = 2 * MT + 1;  // codes per row, then one vector of the rows' scale words
+    static __host__ __device__ __forceinline__ void copy(u8* st, int lane, const u8* p0, const u8* p1, const u8*,
+                                                         int K, const long long (&n)[MT][2], int k0, int t) {
         const long long kp = kpad128(K);
-        const int k = k0 + 32 * t;
-        r.c = *reinterpret_cast<const uint4*>(p0 + n * (kp / 2) + k / 2);
-        r.sc = *reinterpret_cast<const u16*>(p1 + n * (kp / 16) + k / 16);
+#pragma unroll
+        for (int r = 0; r < 2 * MT; ++r) {
+            const long long row = n[r >> 1][r & 1];
+            cp_async<16>(gv_vec(st, r, lane), p0 + row * (kp / 2) + (k0 + 32 * t) / 2, true);
+            // the 4-byte word holding this lane's two scale bytes (k0 / 16 and the row stride are multiples of 8)
+            cp_async<4>(gv_vec(st, 2 * MT, lane) + 4 * r, p1 + row * (kp / 16) + k0 / 16 + 4 * (t >> 1), true);
+        }
+    }
+    static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int t, Raw& raw) {
+        raw.c = *reinterpret_cast<const uint4*>(gv_vec(st, 2 * mt + r, lane));
+        const u32 w = *reinterpret_cast<const u32*>(gv_vec(st, 2 * MT, lane) + 4 * (2 * mt + r));
+        raw.sc = (w >> (16 * (t & 1))) & 0xffffu;
     }
     static __host__ __device__ __forceinline__ u32 scale2(u32 code) {
         // e4m3 * 2^-120 (bit placement, subnormals exact) * 2^127 * 2^112 = e4m3 * 2^119 (normal, < 2^128)
@@ -186,6 +238,13 @@ struct FragNVFP4 : KMap32 {
     }
 };
 
+// NVFP4 with a global scale per row (p2 = f32 [N]; fused projections, ninfer/cuda/fuse.py)
+struct FragNVFP4RowG : FragNVFP4 {
+    static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8* p2, long long n) {
+        return 128.f * reinterpret_cast<const float*>(p2)[n];
+    }
+};
+
 // Group-int, 64-wide groups: thread t owns k [16t, 16t + 16) of each of the tile's two groups, so steps 0-3 are
 // group 0 and steps 4-7 group 1 (GROUP = 4).
 template <int BITS>
@@ -204,17 +263,34 @@ struct FragQG64 {
         Raw r;
         float g0, g1;
     };
-    static __host__ __device__ __forceinline__ void load(const u8* p0, const u8* p1, const u8* p2, int K, long long n,
-                                                         int k0, int t, Raw& r) {
-        const long long grp = n * (kpad128(K) / 64) + k0 / 64;  // k0 % 128 == 0: groups grp, grp + 1
+    // per row: one vector of base codes (groups 0, 1); then 2 vectors of high words (8 bytes per row) and one of
+    // the rows' scale words
+    static constexpr int VECS = 2 * MT + 3;
+    static __host__ __device__ __forceinline__ void copy(u8* st, int lane, const u8* p0, const u8* p1, const u8* p2,
+                                                         int K, const long long (&n)[MT][2], int k0, int t) {
+#pragma unroll
+        for (int r = 0; r < 2 * MT; ++r) {
+            const long long grp = n[r >> 1][r & 1] * (kpad128(K) / 64) + k0 / 64;  // k0 % 128 == 0: grp even
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                cp_async<8>(gv_vec(st, r, lane) + 8 * h, p0 + (grp + h) * 32 + 8 * t, true);
+                u8* hd = gv_vec(st, 2 * MT + (r >> 1), lane) + 8 * (r & 1) + 4 * h;
+                if (BITS == 5) cp_async<4>(hd, p1 + (grp + h) * 8 + 4 * (t >> 1), true);  // holds this lane's u16
+                if (BITS == 6) cp_async<4>(hd, p1 + (grp + h) * 16 + 4 * t, true);
+            }
+            cp_async<4>(gv_vec(st, 2 * MT + 2, lane) + 4 * r, p2 + grp * 2, true);
+        }
+    }
+    static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int t, Raw& raw) {
+        const int rr = 2 * mt + r;
+        raw.base[0] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, lane));
+        raw.base[1] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, lane) + 8);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            r.base[h] = *reinterpret_cast<const uint2*>(p0 + (grp + h) * 32 + 8 * t);
-            r.high[h] = 0u;
-            if (BITS == 5) r.high[h] = *reinterpret_cast<const u16*>(p1 + (grp + h) * 8 + 2 * t);
-            if (BITS == 6) r.high[h] = *reinterpret_cast<const u32*>(p1 + (grp + h) * 16 + 4 * t);
+            const u32 w = *reinterpret_cast<const u32*>(gv_vec(st, 2 * MT + (rr >> 1), lane) + 8 * (rr & 1) + 4 * h);
+            raw.high[h] = BITS == 5 ? (w >> (16 * (t & 1))) & 0xffffu : (BITS == 6 ? w : 0u);
         }
-        r.sc = *reinterpret_cast<const u32*>(p2 + grp * 2);  // grp is even: 4-byte aligned
+        raw.sc = *reinterpret_cast<const u32*>(gv_vec(st, 2 * MT + 2, lane) + 4 * rr);
     }
     static __host__ __device__ __forceinline__ void prep(const Raw& r, Prep& p) {
         p.r = r;
@@ -254,13 +330,25 @@ struct FragW8G32 {
         Raw r;
         float g[4];
     };
-    static __host__ __device__ __forceinline__ void load(const u8* p0, const u8*, const u8* p2, int K, long long n,
-                                                         int k0, int t, Raw& r) {
-        const long long grp = n * (kpad128(K) / 32) + k0 / 32;  // k0 % 128 == 0: 4 groups, 8-byte aligned scales
+    static constexpr int VECS = 4 * MT + MT;  // per row: words 0-1, 2-3; then 8 scale bytes per row
+    static __host__ __device__ __forceinline__ void copy(u8* st, int lane, const u8* p0, const u8*, const u8* p2,
+                                                         int K, const long long (&n)[MT][2], int k0, int t) {
 #pragma unroll
-        for (int w = 0; w < 4; ++w) r.v[w] = *reinterpret_cast<const uint2*>(p0 + (grp + w) * 32 + 8 * t);
-        r.sc[0] = *reinterpret_cast<const u32*>(p2 + grp * 2);
-        r.sc[1] = *reinterpret_cast<const u32*>(p2 + grp * 2 + 4);
+        for (int r = 0; r < 2 * MT; ++r) {
+            const long long grp = n[r >> 1][r & 1] * (kpad128(K) / 32) + k0 / 32;  // 4 groups, 8-byte aligned scales
+#pragma unroll
+            for (int w = 0; w < 4; ++w)
+                cp_async<8>(gv_vec(st, 2 * r + (w >> 1), lane) + 8 * (w & 1), p0 + (grp + w) * 32 + 8 * t, true);
+            cp_async<8>(gv_vec(st, 4 * MT + (r >> 1), lane) + 8 * (r & 1), p2 + grp * 2, true);
+        }
+    }
+    static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int, Raw& raw) {
+        const int rr = 2 * mt + r;
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+            raw.v[w] = *reinterpret_cast<const uint2*>(gv_vec(st, 2 * rr + (w >> 1), lane) + 8 * (w & 1));
+        const uint2 sc = *reinterpret_cast<const uint2*>(gv_vec(st, 4 * MT + (rr >> 1), lane) + 8 * (rr & 1));
+        raw.sc[0] = sc.x, raw.sc[1] = sc.y;
     }
     static __host__ __device__ __forceinline__ void prep(const Raw& r, Prep& p) {
         p.r = r;

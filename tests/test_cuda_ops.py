@@ -281,6 +281,39 @@ def _experts_case(cp: Any, report: list, rng: np.random.Generator, fmt: str, n: 
         assert np.array_equal(solo[0], got[s]), f"slot {s}: expert product differs from the plain gemv"
 
 
+@pytest.mark.parametrize("fmt", MATRIX_FMTS)
+def test_fused_projection_equals_its_parts(cp: Any, fmt: str) -> None:
+    """A fused weight (ninfer/cuda/fuse.py; different scales per part, so NVFP4 becomes per-row globals and FP8
+    tensor scales row scales) gives each part's columns bitwise as the part's own GEMV (all of them one row block
+    here, so the GEMV splits K alike), and its GEMM matches the reference."""
+    from ninfer.cuda.fuse import concat_rows
+    from ninfer.cuda.linear import gemm, gemv
+
+    rng = np.random.default_rng(23)
+    k = 1000
+    from ninfer.cuda.weights import upload_weight
+
+    codec = FORMATS[fmt]
+    parts = []
+    for n, s in ((48, 1.0), (16, 30.0), (3, 0.01)):
+        buf = codec.encode((rng.standard_normal((n, k)) * s).astype(F32), (n, k))
+        parts.append((upload_weight(fmt, (n, k), buf), codec.decode(buf, (n, k))))
+    fused = concat_rows([w for w, _ in parts])
+    for t in ("float", "bf16"):
+        x = _dev(cp, _inputs(rng, (5, k), t), t)
+        full = cp.asnumpy(gemv(x, fused))
+        c = 0
+        for w, _ in parts:
+            own = cp.asnumpy(gemv(x, w))
+            assert np.array_equal(full[:, c : c + w.rows], own), f"{fmt} {t}: fused columns {c}.. differ"
+            c += w.rows
+    x = _inputs(rng, (20, k), "float")
+    ref = ops.linear(x, np.concatenate([wf for _, wf in parts]))
+    got = cp.asnumpy(gemm(cp.asarray(x), fused))
+    err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+    assert err <= 5e-5, f"{fmt}: fused GEMM error {err:.2e}"
+
+
 # tensor-core products: exact weight operands, bf16 x exact, float x split into two bf16 halves (<= 2^-17)
 GEMM_TOL = {"float": 5e-5, "bf16": TOL["bf16"]}
 

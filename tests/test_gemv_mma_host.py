@@ -22,7 +22,7 @@ from ninfer.formats import FORMATS
 from ninfer.reference import ops
 
 NVCC = shutil.which("nvcc")
-FMTS = tuple(FRAG_STRUCTS)
+FMTS = tuple(f for f in FRAG_STRUCTS if f in FORMATS)  # the device-only ROWG: test_cuda_ops.py
 
 DRIVER = r"""
 #include <cstdio>
@@ -84,12 +84,23 @@ static void run(int N, int K, int nrows, int splits, int tiles_per, const u8* ba
                                 lo[2 * w + q / 2][g][t][q & 1] = l[q];
                             }
                         }
+                    // the pipeline stage of the warp whose m-tile `mtile` holds these 16 rows (rows past N clamped)
+                    std::vector<u8> stage(F::VECS * 512, 0xee);
+                    const int mw = m0 / (16 * F::MT) * (16 * F::MT), mtile = (m0 - mw) / 16;  // warp rows, m-tile
+                    for (int l = 0; l < 32; ++l) {
+                        long long rows[F::MT][2];
+                        for (int mt = 0; mt < F::MT; ++mt)
+                            for (int r = 0; r < 2; ++r) {
+                                const int row = mw + mt * 16 + (l >> 2) + 8 * r;
+                                rows[mt][r] = row < N ? row : N - 1;
+                            }
+                        F::copy(stage.data(), l, p0, p1, p2, K, rows, kt * 128, l & 3);
+                    }
                     typename F::Prep pr[32][2];
                     for (int l = 0; l < 32; ++l)
                         for (int r = 0; r < 2; ++r) {
-                            const int row = m0 + (l >> 2) + 8 * r;
                             typename F::Raw raw;
-                            F::load(p0, p1, p2, K, row < N ? row : N - 1, kt * 128, l & 3, raw);
+                            F::read(stage.data(), l, mtile, r, l & 3, raw);
                             F::prep(raw, pr[l][r]);
                         }
                     float tmp[32][4] = {};
@@ -192,7 +203,7 @@ def test_gemv_mma_fragments_match_reference(driver: Path, fmt: str) -> None:
     (a second 8-row block), several splits (K = 5128), tiny and large activations, e4m3-subnormal block scales."""
     rng = np.random.default_rng(11)
     codec = FORMATS[fmt]
-    for n, k in ((6, 8), (13, 200), (9, 1000), (21, 5128)):
+    for n, k in ((6, 8), (13, 200), (40, 1000), (21, 5128)):
         wf32 = (rng.standard_normal((n, k)) * 0.5).astype(np.float32)
         wf32[0, :16] *= 1e-3  # small NVFP4 block scales: e4m3 subnormal codes
         buf = np.ascontiguousarray(codec.encode(wf32, (n, k)).reshape(-1).view(np.uint8))
@@ -209,13 +220,14 @@ def test_gemv_mma_fragments_match_reference(driver: Path, fmt: str) -> None:
 
 
 def test_gemv_plan() -> None:
-    """Splits depend on (format, N, K) only; every split has work, shared memory stays under 96 KiB, and the 27B
-    shapes fill a 132-SM GPU about twice."""
+    """Splits depend on (format, N, K) only; every split has work, the activation staging stays under 48 KiB, and
+    the 27B shapes fill a 132-SM GPU at least twice."""
     for fmt in FMTS:
         for n, k in ((8, 8), (1024, 2048), (5120, 6144), (5120, 17408), (34816, 5120), (248320, 5120)):
             p = gemv_plan(fmt, n, k)
             ntiles = -(-k // 128)
             assert (p.splits - 1) * p.tiles_per < ntiles <= p.splits * p.tiles_per
-            assert p.smem_bytes(8, "float") <= 96 * 1024
+            assert p.smem_bytes(8, "float") - p.smem_bytes(0, "float") <= 48 * 1024
+            assert p.smem_bytes(8, "float") <= 160 * 1024
             assert p.blocks_x * p.rows >= n
     assert gemv_plan("NVFP4G16_E4M3S", 5120, 6144).splits * 40 >= 264

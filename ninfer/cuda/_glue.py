@@ -32,10 +32,10 @@ def glue() -> dict[str, Any]:
     const long long t = i / H, c = i % H;
     float acc = 0.f;
     for (int j = 0; j < k; ++j) acc = fmaf(w[t * k + j], tof(dn[(long long)where[t * k + j] * H + c]), acc);
-    acc = fmaf(1.f / (1.f + expf(-sg[t])), tof(sh[i]), acc);
+    acc = fmaf(1.f / (1.f + expf(-sg[t * ldsg])), tof(sh[i]), acc);
     fromf(acc, y);
     """
-    args = "raw T dn, raw int32 where, raw float32 w, raw T sh, raw float32 sg, int32 k, int64 H"
+    args = "raw T dn, raw int32 where, raw float32 w, raw T sh, raw float32 sg, int32 k, int64 H, int64 ldsg"
     return {
         "widen": cupy.ElementwiseKernel("uint16 x", "float32 y", "y = bf2f(x)", "ninfer_widen", preamble=pre),
         "add": cupy.ElementwiseKernel(

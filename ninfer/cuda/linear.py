@@ -40,29 +40,31 @@ __all__ = [
 GEMV_MAX_ROWS = 8  # the mma's N
 _GEMM_TILE, _GEMM_THREADS = 128, 256  # GM_BM = GM_BN and GM_THREADS in gemm.cu
 
-# format id -> the tensor-core GEMV's fragment reader (cuda_src/wfrag.cuh) and its 16-row m-tiles per warp
+# format id -> the tensor-core GEMV's fragment reader (cuda_src/wfrag.cuh), its 16-row m-tiles per warp (F::MT)
+# and its 16-byte shared-memory vectors per lane and pipeline stage (F::VECS)
 FRAG_STRUCTS = {
-    "BF16": ("FragBF16", 1),
-    "FP8E4M3_F32ROW": ("FragFP8<true>", 2),
-    "FP8E4M3_F32T": ("FragFP8<false>", 2),
-    "NVFP4G16_E4M3S": ("FragNVFP4", 2),
-    "Q4G64_F16S": ("FragQG64<4>", 2),
-    "Q5G64_F16S": ("FragQG64<5>", 2),
-    "Q6G64_F16S": ("FragQG64<6>", 2),
-    "W8G32_F16S": ("FragW8G32", 2),
+    "BF16": ("FragBF16", 1, 8),
+    "FP8E4M3_F32ROW": ("FragFP8<true>", 2, 8),
+    "FP8E4M3_F32T": ("FragFP8<false>", 2, 8),
+    "NVFP4G16_E4M3S": ("FragNVFP4", 2, 5),
+    "NVFP4G16_E4M3S_ROWG": ("FragNVFP4RowG", 2, 5),
+    "Q4G64_F16S": ("FragQG64<4>", 2, 7),
+    "Q5G64_F16S": ("FragQG64<5>", 2, 7),
+    "Q6G64_F16S": ("FragQG64<6>", 2, 7),
+    "W8G32_F16S": ("FragW8G32", 2, 10),
 }
-_GV_WARPS, _GV_THREADS = 4, 128  # GV_WARPS in gemv.cu
+_GV_WARPS, _GV_THREADS, _GV_STAGES = 4, 128, 4  # GV_WARPS, GV_STAGES in gemv.cu
 _GV_NB = (1, 8)  # lane-block instances: one activation row, or up to 8 (same arithmetic per row)
 _GV_TILE = 128  # K per tile
 # Splits are picked from (format, N, K) only, never from the GPU or the number of rows, so results are the same
-# on every device and for every batch. Aim for ~2 blocks per SM of a 132-SM H200, keep >= 4 tiles per split, and
-# at most 24 tiles per split: the 8-row float staging takes 4 KiB of shared memory per tile (96 KiB).
-_GV_TARGET_BLOCKS, _GV_MIN_TILES, _GV_MAX_TILES = 264, 4, 24
+# on every device and for every batch. Aim for ~4 blocks per SM of a 132-SM H200, keep >= 4 tiles per split, and
+# at most 12 tiles per split: the 8-row float staging takes 4 KiB of shared memory per tile (48 KiB).
+_GV_TARGET_BLOCKS, _GV_MIN_TILES, _GV_MAX_TILES = 528, 4, 12
 _TYPES = ("float", "bf16")
 _FMTS = tuple(FORMAT_STRUCTS.values())
 SOURCES: dict[str, tuple[str, ...]] = {
     "gemv.cu": tuple(
-        f"gemv_mma<{s}, {t}, {nb}>" for s, _ in FRAG_STRUCTS.values() for t in _TYPES for nb in _GV_NB
+        f"gemv_mma<{s}, {t}, {nb}>" for s, _, _ in FRAG_STRUCTS.values() for t in _TYPES for nb in _GV_NB
     ),
     "gemm.cu": tuple(f"{k}<{f}, {t}>" for k in ("gemm", "gemm_experts") for f in _FMTS for t in _TYPES),
 }
@@ -100,21 +102,27 @@ class GemvPlan:
     blocks_x: int
     splits: int
     tiles_per: int
+    stage_bytes: int  # one warp's pipeline stage of weights
 
     def smem_bytes(self, nb: int, t: str) -> int:
-        """Shared memory of the activation fragments: per tile 8 steps x nb lanes x 4 threads x 8|16 bytes."""
-        return self.tiles_per * 8 * nb * 4 * (16 if t == "float" else 8)
+        """Activation fragments (per tile 8 steps x nb lanes x 4 threads x 8|16 bytes), then GV_STAGES weight
+        stages per warp."""
+        act = self.tiles_per * 8 * nb * 4 * (16 if t == "float" else 8)
+        return act + _GV_WARPS * _GV_STAGES * self.stage_bytes
 
 
 @functools.cache
 def gemv_plan(fmt: str, n: int, k: int) -> GemvPlan:
     """The GEMV's geometry for a weight of format ``fmt`` with ``n`` rows and ``k`` columns (see _GV_* above)."""
-    rows = _GV_WARPS * FRAG_STRUCTS[fmt][1] * 16
+    _, mt, vecs = FRAG_STRUCTS[fmt]
+    rows = _GV_WARPS * mt * 16
     ntiles, bx = -(-k // _GV_TILE), -(-n // rows)
     splits = max(1, min(-(-_GV_TARGET_BLOCKS // bx), ntiles // _GV_MIN_TILES))
     splits = max(splits, -(-ntiles // _GV_MAX_TILES))
     tiles_per = -(-ntiles // splits)
-    return GemvPlan(rows=rows, blocks_x=bx, splits=-(-ntiles // tiles_per), tiles_per=tiles_per)
+    return GemvPlan(
+        rows=rows, blocks_x=bx, splits=-(-ntiles // tiles_per), tiles_per=tiles_per, stage_bytes=vecs * 512
+    )
 
 
 class _Counters:

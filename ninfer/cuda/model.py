@@ -42,6 +42,7 @@ import numpy as np
 
 from ninfer.config import ModelConfig
 from ninfer.cuda._glue import glue
+from ninfer.cuda.fuse import fuse_projections
 from ninfer.cuda.model_graph import GraphSet, Meta, host_meta
 from ninfer.reference.weights import expected_shapes, lm_head_name
 
@@ -88,7 +89,10 @@ class CudaQwen36:
             raise ValueError(
                 f"kv_dtype: the CUDA backend stores KV as one of {tuple(KV_DTYPES)}, got {kv_dtype!r}"
             )
-        self.cfg, self.w = cfg, tensors
+        self.cfg, self.w = (
+            cfg,
+            fuse_projections(cfg, tensors),
+        )  # q|k|v, GDN in-projections, gate|up: one product each
         self.act = np.dtype(np.uint16 if act_dtype == "bf16" else F32)
         self.state_dtype, self.kv_dtype = state_dtype, kv_dtype
         self.prefill_gemm, self.cuda_graph, self.attn_chunk = prefill_gemm, cuda_graph, attn_chunk
@@ -96,6 +100,7 @@ class CudaQwen36:
         self._mix = [cfg.layer_types[:i].count(kind) for i, kind in enumerate(cfg.layer_types)]
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.graphs = GraphSet(self)
+        self._consts: dict[tuple[Any, ...], Any] = {}
         self.kc: list[Any] = []
         self.ks: list[Any] = []  # fp8 KV scales per attention layer (empty for bf16/fp32 KV)
         self.vs: list[Any] = []
@@ -241,7 +246,9 @@ class CudaQwen36:
         z = cupy.zeros(8, np.int32)
         for t in (np.uint16, F32):
             x = cupy.zeros((1, 8), t)
-            g["combine"](x, z, cupy.zeros(8, F32), x, cupy.zeros(1, F32), np.int32(1), np.int64(8), x)
+            g["combine"](
+                x, z, cupy.zeros(8, F32), x, cupy.zeros(1, F32), np.int32(1), np.int64(8), np.int64(1), x
+            )
         cupy.cuda.Device().synchronize()
 
     def make_runner(self, model_config: ModelConfig, engine_config: Any) -> Any:
@@ -273,6 +280,16 @@ class CudaQwen36:
         else:
             res += x
         return rmsnorm(res, w["norm.weight"], eps)
+
+    def const_i32(self, key: tuple[Any, ...], values: np.ndarray) -> Any:
+        """A device int32 constant cached under ``key`` (e.g. the MoE slot tables of a decode batch): made on first
+        use (the warm-up pass before a graph capture), then the same array, so graphs replay no fill kernels."""
+        arr = self._consts.get(key)
+        if arr is None:
+            import cupy
+
+            arr = self._consts[key] = cupy.asarray(np.asarray(values, np.int32))
+        return arr
 
     def widen(self, x: Any) -> Any:
         """float32 copy of a bf16 activation (float32 input returned as is)."""

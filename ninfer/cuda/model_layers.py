@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ninfer.cuda.fuse import fused_splits
 from ninfer.cuda.model_graph import Meta
 
 __all__ = ["linear", "attention_block", "gdn_block", "ffn_block"]
@@ -37,9 +38,9 @@ def attention_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
 
     cfg, w = net.cfg, net.w
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    qg = linear(net, h, p + "self_attn.q_proj.weight")
-    k = linear(net, h, p + "self_attn.k_proj.weight")
-    v = linear(net, h, p + "self_attn.v_proj.weight")
+    c = fused_splits(cfg, "self_attn.qkvg_proj")
+    qkvg = linear(net, h, p + "self_attn.qkvg_proj")  # [query | gate] per head | k | v
+    qg, k, v = qkvg[:, : c[1]], qkvg[:, c[1] : c[2]], qkvg[:, c[2] :]
     scales = {"k_scale": net.ks[j], "v_scale": net.vs[j]} if net.ks else {}  # fp8 KV only
     q = qk_norm_rope_kv_write(
         qg, k, v, w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"], m.pos, m.kv_slots,
@@ -68,10 +69,9 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
     cfg, w = net.cfg, net.w
     p += "linear_attn."
     hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
-    qkv = linear(net, h, p + "in_proj_qkv.weight")
-    z = linear(net, h, p + "in_proj_z.weight")
-    a = linear(net, h, p + "in_proj_a.weight")
-    b = linear(net, h, p + "in_proj_b.weight")
+    c = fused_splits(cfg, "linear_attn.in_proj")
+    proj = linear(net, h, p + "in_proj")  # qkv | z | a | b
+    qkv, z, a, b = (proj[:, c[i] : c[i + 1]] for i in range(4))
     y = causal_conv(qkv, w[p + "conv1d.weight"], net.conv[j], m.starts, m.gslots)
     rule = gdn_chunked if net.prefill_gemm and m.t > m.nseq else gdn_recurrent
     o = rule(
@@ -85,21 +85,14 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
         m.gslots,
         n_k_heads=cfg.linear_num_key_heads,
     )
-    on = gated_rmsnorm(
-        o.reshape(m.t * hv, dv), z.reshape(m.t * hv, dv), w[p + "norm.weight"], cfg.rms_norm_eps
-    )
+    on = gated_rmsnorm(o.reshape(m.t * hv, dv), z, w[p + "norm.weight"], cfg.rms_norm_eps)
     return linear(net, on.reshape(m.t, hv * dv), p + "out_proj.weight")
 
 
-def _swiglu_ffn(net: Any, h: Any, gate: str, up: str, down: str, inter: int) -> Any:
-    import cupy
-
+def _swiglu_ffn(net: Any, h: Any, gate_up: str, down: str) -> Any:
     from ninfer.cuda.activation import swiglu
 
-    gu = cupy.empty((h.shape[0], 2 * inter), dtype=h.dtype)
-    linear(net, h, gate, gu[:, :inter])
-    linear(net, h, up, gu[:, inter:])
-    return linear(net, swiglu(gu), down)
+    return linear(net, swiglu(linear(net, h, gate_up)), down)
 
 
 def _experts(x: Any, w: Any, ids: Any, xrow: Any, n: int, out: Any) -> None:
@@ -121,20 +114,25 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta) -> Any:
 
     cfg, w, p = net.cfg, net.w, p + "mlp."
     if not cfg.is_moe:
-        return _swiglu_ffn(net, h, p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight",
-                           cfg.intermediate_size)  # fmt: skip
-    t, k, inter, hid = m.t, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.hidden_size
-    h32 = net.widen(h)
-    eid, ew = moe_route(linear(net, h32, p + "gate.weight", exact=True), k)
+        return _swiglu_ffn(net, h, p + "gate_up_proj", p + "down_proj.weight")
+    t, k, inter, hid, e = (
+        m.t,
+        cfg.num_experts_per_tok,
+        cfg.moe_intermediate_size,
+        cfg.hidden_size,
+        cfg.num_experts,
+    )
+    rg = linear(net, net.widen(h), p + "router_gates", exact=True)  # router logits | shared-expert gate, fp32
+    eid, ew = moe_route(rg[:, :e], k)
     flat, n = eid.reshape(-1), t * k
-    slot = cupy.arange(n, dtype=np.int32)
+    slot = net.const_i32(("slot", n), np.arange(n))
     if t > 8:  # prefill: visit slots grouped by expert so the expert's weights stay in L2
         order = cupy.argsort(flat).astype(np.int32)
         ids, xrow = flat[order], order // np.int32(k)
         where = cupy.empty(n, np.int32)
         where[order] = slot
     else:
-        ids, xrow, where = flat, slot // np.int32(k), slot
+        ids, xrow, where = flat, net.const_i32(("xrow", n, k), np.arange(n) // k), slot
     if t > 8 and net.prefill_gemm:  # grouped tensor-core GEMM over each expert's sorted rows
         from ninfer.cuda.linear import gemm_experts
 
@@ -146,9 +144,8 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta) -> Any:
         dn = cupy.empty((n, hid), dtype=h.dtype)
         _experts(swiglu(gu), w[p + "experts.down_proj"], ids, slot, hid, dn)
     sp = p + "shared_expert."
-    sh = _swiglu_ffn(net, h, sp + "gate_proj.weight", sp + "up_proj.weight", sp + "down_proj.weight",
-                     cfg.shared_expert_intermediate_size)  # fmt: skip
-    sg = linear(net, h32, p + "shared_expert_gate.weight", exact=True)
+    sh = _swiglu_ffn(net, h, sp + "gate_up_proj", sp + "down_proj.weight")
     y = cupy.empty((t, hid), dtype=h.dtype)
-    glue()["combine"](dn, where, ew, sh, sg, np.int32(k), np.int64(hid), y)
+    sg = rg.reshape(-1)[e:]  # column e of the fused router product [t, e + 1]: element t * (e + 1)
+    glue()["combine"](dn, where, ew, sh, sg, np.int32(k), np.int64(hid), np.int64(e + 1), y)
     return y

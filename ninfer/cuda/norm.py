@@ -59,15 +59,19 @@ def rmsnorm(x: Any, w: Any, eps: float, *, offset: bool = True, residual: Any = 
 def gated_rmsnorm(o: Any, z: Any, w: Any, eps: float, out: Any = None) -> Any:
     """GDN output norm: per row of width D (= head dim), ``(o·rsqrt(mean(o²)+eps))·w·silu(z)``.
 
-    ``o, z``: ``[rows, D]`` (tokens × heads flattened to rows), same dtype; ``w`` float32 ``[D]``.
+    ``o``: ``[rows, D]`` (tokens × heads flattened to rows); ``z``: the same ``[rows, D]``, or ``[tokens, heads·D]``
+    with any row stride (a column slice of the fused GDN projection); same dtype; ``w`` float32 ``[D]``.
     """
     import cupy
 
     t = act_type(o, "o")
     rows, d, ldo = check_rows(o, "o")
-    _, _, ldz = check_rows(z, "z", d)
-    if z.dtype != o.dtype or z.shape[0] != rows:
-        raise KernelError(f"z: must be {o.dtype} [{rows}, {d}]")
+    zrows, zw, ldz = check_rows(z, "z")
+    zheads = zw // d if d and zw % d == 0 else 0
+    if z.dtype != o.dtype or zheads < 1 or zrows * zheads != rows:
+        raise KernelError(
+            f"z: must be {o.dtype} [{rows}, {d}] or [tokens, heads·{d}] with tokens·heads = {rows}"
+        )
     check_array(w, "w", dtype=np.float32, shape=(d,))
     if out is None:
         out = cupy.empty((rows, d), dtype=o.dtype)
@@ -88,6 +92,7 @@ def gated_rmsnorm(o: Any, z: Any, w: Any, eps: float, out: Any = None) -> Any:
                 np.int64(ldo),
                 np.int64(ldz),
                 np.int64(ldy),
+                np.int32(zheads),
             ),
         )
     return out

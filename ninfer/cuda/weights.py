@@ -22,6 +22,7 @@ FORMAT_STRUCTS = {
     "FP8E4M3_F32ROW": "FmtFP8Row",
     "FP8E4M3_F32T": "FmtFP8Tensor",
     "NVFP4G16_E4M3S": "FmtNVFP4",
+    "NVFP4G16_E4M3S_ROWG": "FmtNVFP4RowG",  # device only: fused parts with their own globals (fuse.py)
     "Q4G64_F16S": "FmtQG64<4>",
     "Q5G64_F16S": "FmtQG64<5>",
     "Q6G64_F16S": "FmtQG64<6>",

@@ -1,0 +1,139 @@
+"""Projections that read the same activation, fused at load into one weight: one GEMV (decode) or GEMM (prefill)
+instead of two to four, so the small ones (k, v, the GDN gates a and b) stop costing a launch and a latency each.
+
+- attention: ``q_proj`` ([query | gate] per head) | ``k_proj`` | ``v_proj`` -> ``self_attn.qkvg_proj``;
+- GDN: ``in_proj_qkv`` | ``in_proj_z`` | ``in_proj_a`` | ``in_proj_b`` -> ``linear_attn.in_proj``;
+- dense MLP and the MoE shared expert: ``gate_proj`` | ``up_proj`` -> ``gate_up_proj`` (the SwiGLU input layout);
+- MoE router: ``gate`` | ``shared_expert_gate`` -> ``mlp.router_gates`` (both read the fp32 input, exact GEMV).
+
+The fused weight's rows are the parts' rows in that order, each row stored exactly as before, so each output
+column of the fused product is the part's own up to fp32 summation order (bitwise where the GEMV splits K the same
+way, which depends on the row count: ``gemv_plan``). The model only ever uses the fused weight, so its results
+stay independent of the batch. Formats keep their encoding; scales that were per tensor become per row where the parts' differ:
+FP8 tensor-scaled parts become one row-scaled FP8 weight, NVFP4 parts with different global scales one
+``NVFP4G16_E4M3S_ROWG`` weight (an f32 global per row; device only, cuda_src/wformat.cuh and wfrag.cuh).
+The parts are dropped from the tensor dict, so fusing costs no memory beyond one layer's copy while it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ninfer.config import ModelConfig
+from ninfer.cuda.weights import PLANES, DeviceWeight
+from ninfer.formats import get_format
+
+__all__ = ["FUSED", "ROWG", "concat_rows", "fuse_projections", "fused_splits"]
+
+ROWG = "NVFP4G16_E4M3S_ROWG"
+
+# fused name (after "layers.{i}.") -> its parts, in row order
+FUSED: dict[str, tuple[str, ...]] = {
+    "self_attn.qkvg_proj": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "linear_attn.in_proj": (
+        "linear_attn.in_proj_qkv.weight",
+        "linear_attn.in_proj_z.weight",
+        "linear_attn.in_proj_a.weight",
+        "linear_attn.in_proj_b.weight",
+    ),
+    "mlp.gate_up_proj": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "mlp.shared_expert.gate_up_proj": (
+        "mlp.shared_expert.gate_proj.weight",
+        "mlp.shared_expert.up_proj.weight",
+    ),
+}
+
+
+def fused_splits(cfg: ModelConfig, name: str) -> tuple[int, ...]:
+    """Column offsets where each part of fused weight ``name`` starts in the product, plus the total width."""
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    kd = cfg.linear_num_key_heads * cfg.linear_key_head_dim
+    vd, hv = cfg.linear_num_value_heads * cfg.linear_value_head_dim, cfg.linear_num_value_heads
+    widths = {
+        "self_attn.qkvg_proj": (2 * hq * d, hkv * d, hkv * d),
+        "linear_attn.in_proj": (2 * kd + vd, vd, hv, hv),
+        "mlp.gate_up_proj": (cfg.intermediate_size,) * 2,
+        "mlp.shared_expert.gate_up_proj": (cfg.shared_expert_intermediate_size,) * 2,
+        "mlp.router_gates": (cfg.num_experts, 1),
+    }[name]
+    return tuple(int(v) for v in np.concatenate([[0], np.cumsum(widths)]))
+
+
+def _planes(fmt: str, shape: tuple[int, int]) -> dict[str, tuple[int, int]]:
+    """Plane name -> (byte offset, byte size) of an encoded ``fmt`` tensor of ``shape`` (BF16: one plane)."""
+    codec = get_format(fmt)
+    if fmt not in PLANES:
+        return {"data": (0, codec.encoded_size(shape))}
+    host = np.empty(codec.encoded_size(shape), np.uint8)  # never read: only the views' offsets matter
+    views = codec.views(host, shape)  # type: ignore[attr-defined]
+    return {n: (views[n].ctypes.data - host.ctypes.data, views[n].nbytes) for n in PLANES[fmt]}
+
+
+def _xp(a: Any) -> Any:
+    import sys
+
+    cupy = sys.modules.get("cupy")
+    return cupy.get_array_module(a) if cupy is not None else np
+
+
+def _f32_rows(xp: Any, parts: Sequence[DeviceWeight], plane: str) -> Any:
+    """The parts' per-row f32 scales of ``plane`` (a per-tensor scalar repeated over the part's rows)."""
+    out = []
+    for p in parts:
+        off, size = _planes(p.fmt, (p.rows, p.cols))[plane]
+        v = p.data[off : off + size].view(np.float32)
+        out.append(v if v.size == p.rows else xp.repeat(v[:1], p.rows))
+    return xp.concatenate(out)
+
+
+def concat_rows(parts: Sequence[DeviceWeight]) -> DeviceWeight:
+    """One weight whose rows are the parts' rows in order (same format and width; see the module docstring)."""
+    fmt, k = parts[0].fmt, parts[0].cols
+    if any(p.cols != k or len(p.shape) != 2 for p in parts):
+        raise ValueError(f"concat_rows: parts must be 2-D with {k} columns")
+    base = {"FP8E4M3_F32T": "FP8E4M3_F32ROW"}
+    if len({base.get(p.fmt, p.fmt) for p in parts}) != 1 or fmt == ROWG:
+        raise ValueError(f"concat_rows: mixed formats {[p.fmt for p in parts]}")
+    xp, n = _xp(parts[0].data), sum(p.rows for p in parts)
+    out_fmt = base.get(fmt, fmt)
+    row_global = None
+    if out_fmt == "NVFP4G16_E4M3S":
+        g = _f32_rows(xp, parts, "global")
+        if not bool((g == g[0]).all()):
+            out_fmt, row_global = ROWG, g
+    geo = _planes(out_fmt if out_fmt != ROWG else "NVFP4G16_E4M3S", (n, k))
+    size = max(off + sz for off, sz in geo.values())
+    if row_global is not None:
+        size = geo["global"][0] + 4 * n
+    data = xp.zeros(size, dtype=np.uint8)
+    for plane, (off, _) in geo.items():
+        if plane == "global" and row_global is not None:
+            data[off : off + 4 * n] = row_global.view(np.uint8)
+        elif plane == "scale" and out_fmt == "FP8E4M3_F32ROW":
+            data[off : off + 4 * n] = _f32_rows(xp, parts, "scale").view(np.uint8)
+        elif plane == "global":
+            p0 = parts[0]
+            src, sz = _planes("NVFP4G16_E4M3S", (p0.rows, k))["global"]
+            data[off : off + sz] = p0.data[src : src + sz]
+        else:
+            cur = off
+            for p in parts:
+                src, sz = _planes(p.fmt, (p.rows, k))[plane]
+                data[cur : cur + sz] = p.data[src : src + sz]
+                cur += sz
+    offs = [off for off, _ in geo.values()] + [0, 0]
+    return DeviceWeight(out_fmt, (n, k), data, (offs[0], offs[1], offs[2]))
+
+
+def fuse_projections(cfg: ModelConfig, tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """A new tensor dict with every fusable group of every layer replaced by its fused weight (``FUSED``)."""
+    out = dict(tensors)
+    for i in range(cfg.num_hidden_layers):
+        for fused, names in FUSED.items():
+            keys = [f"layers.{i}.{n}" for n in names]
+            if all(isinstance(out.get(key), DeviceWeight) for key in keys):
+                out[f"layers.{i}.{fused}"] = concat_rows([out.pop(key) for key in keys])
+    return out

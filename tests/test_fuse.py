@@ -1,0 +1,104 @@
+"""Fused projections (ninfer/cuda/fuse.py) on the host: the fused weight decodes to the parts' rows in order, in
+every format, including the conversions (FP8 tensor scales to row scales, NVFP4 parts with different globals to
+per-row globals). The GPU side (a fused product equals the parts' products bitwise) is in test_cuda_ops.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer.artifact.registry import MODELS
+from ninfer.cuda.fuse import FUSED, ROWG, concat_rows, fuse_projections, fused_splits
+from ninfer.cuda.weights import DeviceWeight
+from ninfer.formats import FORMATS
+from ninfer.formats.fp8 import e4m3_decode
+from ninfer.formats.nvfp4 import e2m1_decode
+
+FMTS = ("BF16", "FP8E4M3_F32ROW", "FP8E4M3_F32T", "NVFP4G16_E4M3S", "Q4G64_F16S", "Q6G64_F16S", "W8G32_F16S")
+
+
+def _part(
+    rng: np.random.Generator, fmt: str, rows: int, k: int, scale: float
+) -> tuple[DeviceWeight, np.ndarray]:
+    from ninfer.cuda.model_weights import plane_offsets
+
+    codec = FORMATS[fmt]
+    buf = np.ascontiguousarray(
+        codec.encode((rng.standard_normal((rows, k)) * scale).astype(np.float32), (rows, k))
+    )
+    buf = buf.reshape(-1).view(np.uint8)
+    return DeviceWeight(fmt, (rows, k), buf, plane_offsets(fmt, (rows, k), buf)), codec.decode(buf, (rows, k))
+
+
+def _decode(w: DeviceWeight) -> np.ndarray:
+    if w.fmt != ROWG:
+        return FORMATS[w.fmt].decode(w.data, w.shape)
+    n, k = w.shape
+    kp = -(-k // 128) * 128
+    codes = w.data[: n * kp // 2].reshape(n, kp // 2)
+    nib = np.stack([codes & 0xF, codes >> 4], axis=-1).reshape(n, kp)[:, :k]
+    sc = w.data[w.offsets[1] : w.offsets[1] + n * kp // 16].reshape(n, kp // 16)
+    g = w.data[w.offsets[2] : w.offsets[2] + 4 * n].view(np.float32)
+    d = (e4m3_decode(np.repeat(sc, 16, axis=1)[:, :k]) * g[:, None]).astype(np.float32)
+    return e2m1_decode(nib) * d
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_concat_rows_decodes_to_the_parts(fmt: str) -> None:
+    rng = np.random.default_rng(3)
+    for k in (200, 256):
+        parts = [_part(rng, fmt, r, k, s) for r, s in ((5, 1.0), (16, 0.01), (3, 40.0))]
+        fused = concat_rows([p for p, _ in parts])
+        assert fused.shape == (24, k)
+        want = {"FP8E4M3_F32T": "FP8E4M3_F32ROW", "NVFP4G16_E4M3S": ROWG}.get(fmt, fmt)
+        assert fused.fmt == want
+        ref = np.concatenate([d for _, d in parts])
+        np.testing.assert_array_equal(_decode(fused), ref)
+
+
+def test_nvfp4_parts_with_one_global_stay_nvfp4() -> None:
+    rng = np.random.default_rng(4)
+    a, da = _part(rng, "NVFP4G16_E4M3S", 4, 128, 1.0)
+    fused = concat_rows([a, a])
+    assert fused.fmt == "NVFP4G16_E4M3S"
+    np.testing.assert_array_equal(_decode(fused), np.concatenate([da, da]))
+
+
+def test_mixed_formats_are_refused() -> None:
+    rng = np.random.default_rng(5)
+    with pytest.raises(ValueError, match="mixed formats"):
+        concat_rows([_part(rng, "BF16", 2, 64, 1)[0], _part(rng, "W8G32_F16S", 2, 64, 1)[0]])
+
+
+@pytest.mark.parametrize("model", ["qwen3.6-27b", "qwen3.6-35b-a3b"])
+def test_fuse_projections_replaces_the_parts(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every layer's group becomes one weight whose rows match the split table; nothing else changes (the
+    concatenation itself is stubbed: real-size bytes would not fit here)."""
+    import ninfer.cuda.fuse as fuse
+    from ninfer.cuda.model_weights import is_vector
+    from ninfer.reference.weights import expected_shapes
+
+    def stub(parts: list) -> DeviceWeight:
+        return DeviceWeight(
+            "BF16", (sum(p.rows for p in parts), parts[0].cols), np.zeros(0, np.uint8), (0, 0, 0)
+        )
+
+    monkeypatch.setattr(fuse, "concat_rows", stub)
+    cfg = MODELS[model].config
+    shapes = expected_shapes(cfg, mtp=False)
+    tensors: dict = {}
+    for name, shape in shapes.items():
+        if len(shape) == 2 and not is_vector(name) and ".experts." not in name:
+            tensors[name] = DeviceWeight("BF16", tuple(shape), np.zeros(0, np.uint8), (0, 0, 0))
+        else:
+            tensors[name] = "other"
+    out = fuse_projections(cfg, tensors)
+    for i in range(cfg.num_hidden_layers):
+        for fused, parts in FUSED.items():
+            names = [f"layers.{i}.{p}" for p in parts]
+            if not all(n in shapes for n in names):
+                continue
+            assert not any(n in out for n in names)
+            w = out[f"layers.{i}.{fused}"]
+            assert w.rows == fused_splits(cfg, fused)[-1] == sum(shapes[n][0] for n in names)
+    assert sum(1 for v in out.values() if v == "other") == sum(1 for v in tensors.values() if v == "other")
