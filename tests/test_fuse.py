@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ninfer.artifact.registry import MODELS
-from ninfer.cuda.fuse import FUSED, ROWG, concat_rows, fuse_projections, fused_splits
+from ninfer.cuda.fuse import FUSED, ROWG, concat_rows, fuse_projections, fused_splits, missing_tensors
 from ninfer.cuda.weights import DeviceWeight
 from ninfer.formats import FORMATS
 from ninfer.formats.fp8 import e4m3_decode
@@ -102,3 +102,10 @@ def test_fuse_projections_replaces_the_parts(model: str, monkeypatch: pytest.Mon
             w = out[f"layers.{i}.{fused}"]
             assert w.rows == fused_splits(cfg, fused)[-1] == sum(shapes[n][0] for n in names)
     assert sum(1 for v in out.values() if v == "other") == sum(1 for v in tensors.values() if v == "other")
+
+
+def test_missing_tensors_counts_fused_parts_as_present() -> None:
+    cfg = MODELS["qwen3.6-27b"].config
+    names = ["layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight", "norm.weight"]
+    fused = {"layers.0.self_attn.qkvg_proj": 1, "norm.weight": 1}
+    assert missing_tensors(cfg, fused, names) == ["layers.0.mlp.down_proj.weight"]

@@ -26,7 +26,7 @@ from ninfer.config import ModelConfig
 from ninfer.cuda.weights import PLANES, DeviceWeight
 from ninfer.formats import get_format
 
-__all__ = ["FUSED", "ROWG", "concat_rows", "fuse_projections", "fused_splits"]
+__all__ = ["FUSED", "ROWG", "concat_rows", "fuse_projections", "fused_splits", "missing_tensors"]
 
 ROWG = "NVFP4G16_E4M3S_ROWG"
 
@@ -44,6 +44,7 @@ FUSED: dict[str, tuple[str, ...]] = {
         "mlp.shared_expert.gate_proj.weight",
         "mlp.shared_expert.up_proj.weight",
     ),
+    "mlp.router_gates": ("mlp.gate.weight", "mlp.shared_expert_gate.weight"),
 }
 
 
@@ -137,3 +138,15 @@ def fuse_projections(cfg: ModelConfig, tensors: Mapping[str, Any]) -> dict[str, 
             if all(isinstance(out.get(key), DeviceWeight) for key in keys):
                 out[f"layers.{i}.{fused}"] = concat_rows([out.pop(key) for key in keys])
     return out
+
+
+def missing_tensors(cfg: ModelConfig, tensors: Mapping[str, Any], expected: Sequence[str]) -> list[str]:
+    """The ``expected`` names absent from ``tensors``, counting a part as present when its fused weight is (a dict
+    that another network already fused can be shared)."""
+    part_of = {
+        f"layers.{i}.{p}": f"layers.{i}.{fused}"
+        for i in range(cfg.num_hidden_layers)
+        for fused, parts in FUSED.items()
+        for p in parts
+    }
+    return [n for n in expected if n not in tensors and part_of.get(n) not in tensors]

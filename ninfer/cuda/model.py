@@ -42,7 +42,7 @@ import numpy as np
 
 from ninfer.config import ModelConfig
 from ninfer.cuda._glue import glue
-from ninfer.cuda.fuse import fuse_projections
+from ninfer.cuda.fuse import fuse_projections, missing_tensors
 from ninfer.cuda.model_graph import GraphSet, Meta, host_meta
 from ninfer.reference.weights import expected_shapes, lm_head_name
 
@@ -80,7 +80,7 @@ class CudaQwen36:
     ) -> None:
         import cupy
 
-        missing = [n for n in expected_shapes(cfg, mtp=False) if n not in tensors]
+        missing = missing_tensors(cfg, tensors, list(expected_shapes(cfg, mtp=False)))
         if missing:
             raise ValueError(f"CudaQwen36: {len(missing)} tensors missing, first {missing[0]!r}")
         if act_dtype not in ("bf16", "fp32") or state_dtype not in ("bf16", "fp32"):
