@@ -118,12 +118,20 @@ __host__ __device__ __forceinline__ void cp_async(u8* dst, const u8* src, bool i
 // pair(p, w, i) (bf16x2 of the word's weights i and i + 4), gscale(p, h) (group h's scale when GROUP > 0) and
 // row_scale(p1, p2, n) (applied to the fp32 result).
 
-struct KMap32 {  // thread t owns k [32t, 32t + 32) of the tile
+struct KMap32 {  // thread t owns k [32t, 32t + 32) of the tile (one 16-byte load of 4-bit codes)
     static __host__ __device__ __forceinline__ int kofs(int t, int w) { return 32 * t + 8 * w; }
     static __host__ __device__ __forceinline__ void chunk(int cc, int& t, int& w) { t = cc >> 2, w = cc & 3; }
 };
 
-struct FragBF16 : KMap32 {
+// Word w of thread t at k 32w + 8t: a quad's loads of one word cover 32 consecutive k of the row, so 8- and
+// 16-byte words (FP8, BF16) fill whole 32-byte sectors per instruction (measured: BF16 with KMap32's 64-byte
+// stride per lane read every sector twice through the L2, which capped it at 48% of the copy bandwidth).
+struct KMapQuad {
+    static __host__ __device__ __forceinline__ int kofs(int t, int w) { return 32 * w + 8 * t; }
+    static __host__ __device__ __forceinline__ void chunk(int cc, int& t, int& w) { t = cc & 3, w = cc >> 2; }
+};
+
+struct FragBF16 : KMapQuad {
     static constexpr int MT = 1, GROUP = 0;
     struct Raw {
         uint4 v[4];
@@ -154,7 +162,7 @@ struct FragBF16 : KMap32 {
 };
 
 template <bool ROW>
-struct FragFP8 : KMap32 {
+struct FragFP8 : KMapQuad {
     static constexpr int MT = 2, GROUP = 0;
     struct Raw {
         uint2 v[4];
@@ -200,7 +208,7 @@ struct FragNVFP4 : KMap32 {
         uint4 c;
         u32 s0, s1;  // bf16x2 of block scale * 2^119 (both halves)
     };
-    static constexpr int VECS = 2 * MT + 1;  // codes per row, then one vector of the rows' scale words
+    static constexpr int VECS = 2 * MT + 1;  // codes per row, then the rows' scale words (4 x 32 lanes x 4 bytes)
     static __host__ __device__ __forceinline__ void copy(u8* st, int lane, const u8* p0, const u8* p1, const u8*,
                                                          int K, const long long (&n)[MT][2], int k0, int t) {
         const long long kp = kpad128(K);
@@ -208,13 +216,14 @@ struct FragNVFP4 : KMap32 {
         for (int r = 0; r < 2 * MT; ++r) {
             const long long row = n[r >> 1][r & 1];
             cp_async<16>(gv_vec(st, r, lane), p0 + row * (kp / 2) + (k0 + 32 * t) / 2, true);
-            // the 4-byte word holding this lane's two scale bytes (k0 / 16 and the row stride are multiples of 8)
-            cp_async<4>(gv_vec(st, 2 * MT, lane) + 4 * r, p1 + row * (kp / 16) + k0 / 16 + 4 * (t >> 1), true);
+            // the 4-byte word holding this lane's two scale bytes (k0 / 16 and the row stride are multiples of 8),
+            // lane-contiguous per row so the warp's 4-byte accesses hit 32 distinct banks
+            cp_async<4>(st + 2 * MT * 512 + (32 * r + lane) * 4, p1 + row * (kp / 16) + k0 / 16 + 4 * (t >> 1), true);
         }
     }
     static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int t, Raw& raw) {
         raw.c = *reinterpret_cast<const uint4*>(gv_vec(st, 2 * mt + r, lane));
-        const u32 w = *reinterpret_cast<const u32*>(gv_vec(st, 2 * MT, lane) + 4 * (2 * mt + r));
+        const u32 w = *reinterpret_cast<const u32*>(st + 2 * MT * 512 + (32 * (2 * mt + r) + lane) * 4);
         raw.sc = (w >> (16 * (t & 1))) & 0xffffu;
     }
     static __host__ __device__ __forceinline__ u32 scale2(u32 code) {
@@ -318,10 +327,8 @@ struct FragQG64 {
 };
 
 // W8, 32-wide groups: thread t owns k [8t, 8t + 8) of each of the tile's four groups (word w = group w, GROUP = 2).
-struct FragW8G32 {
+struct FragW8G32 : KMapQuad {
     static constexpr int MT = 2, GROUP = 2;
-    static __host__ __device__ __forceinline__ int kofs(int t, int w) { return 32 * w + 8 * t; }
-    static __host__ __device__ __forceinline__ void chunk(int cc, int& t, int& w) { t = cc & 3, w = cc >> 2; }
     struct Raw {
         uint2 v[4];
         u32 sc[2];  // f16 scales of the four groups
