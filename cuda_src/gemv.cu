@@ -19,6 +19,7 @@
 
 #define GV_WARPS 4
 #define GV_STAGES 4  // per-warp weight pipeline depth: 3 K-tiles in flight while one is computed
+#define GV_CHUNK 4   // K-tiles of activations staged per block barrier (double-buffered)
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
@@ -54,21 +55,39 @@ __device__ __forceinline__ void gv_load8(const bf16* p, bool in, float v[8]) {
     }
 }
 
-// Stage the block's activations: fragment (tile tl, step s, lane g, quad thread t) at u32 offset
-// ((tl * 8 + s) * NB + g) * 4 + t, times FW words (hi b0, hi b1[, lo b0, lo b1]).
+// Activations are staged per chunk of GV_CHUNK tiles into one of two shared-memory buffers: fragment (tile tl of
+// the chunk, step s, lane g, quad thread t) at u32 offset ((tl * 8 + s) * NB + g) * 4 + t, times FW words (hi b0,
+// hi b1[, lo b0, lo b1]). A thread owns items (8 consecutive activations of one lane) threadIdx.x + j * 128;
+// their global loads are issued a chunk ahead (gv_fetch, into registers) and converted and stored after the
+// current chunk's math (gv_put), so their latency hides behind the weights' stream.
+template <int NB> struct GvItems {
+    static constexpr int N = (NB * GV_CHUNK * 16 + GV_WARPS * 32 - 1) / (GV_WARPS * 32);
+};
+
 template <typename F, typename T, int NB>
-__device__ __forceinline__ void gv_stage(u32* sm, const T* xb, long long ldx, int nb, int K, int kt0, int nt) {
+__device__ __forceinline__ void gv_fetch(float (&v)[GvItems<NB>::N][8], const T* xb, long long ldx, int nb, int K,
+                                         int kt0, int nt, int c) {
+#pragma unroll
+    for (int j = 0; j < GvItems<NB>::N; ++j) {
+        const int item = threadIdx.x + j * GV_WARPS * 32, g = item % NB, tl = item / NB >> 4, cc = item / NB & 15;
+        const int tile = c * GV_CHUNK + tl, k = (kt0 + tile) * 128 + 8 * cc;
+        const bool in = item < NB * GV_CHUNK * 16 && g < nb && tile < nt && k < K;
+        gv_load8(xb + (in ? (long long)g * ldx + k : 0), in, v[j]);
+    }
+}
+
+template <typename F, typename T, int NB>
+__device__ __forceinline__ void gv_put(const float (&v)[GvItems<NB>::N][8], u32* sm) {
     constexpr bool SPLIT = GvIsFloat<T>::v;
     constexpr int FW = SPLIT ? 4 : 2;
-    for (int item = threadIdx.x; item < nt * 16 * NB; item += blockDim.x) {
-        const int g = item % NB, c = item / NB, tl = c >> 4, cc = c & 15;
+#pragma unroll
+    for (int j = 0; j < GvItems<NB>::N; ++j) {
+        const int item = threadIdx.x + j * GV_WARPS * 32, g = item % NB, tl = item / NB >> 4, cc = item / NB & 15;
+        if (item >= NB * GV_CHUNK * 16) break;
         int t, w;
         F::chunk(cc, t, w);
-        const int k = (kt0 + tl) * 128 + 8 * cc;
-        float v[8];
-        gv_load8(xb + (long long)g * ldx + k, g < nb && k < K, v);
         u32 hi[4], lo[4];
-        stage_pairs(v, hi, lo);
+        stage_pairs(v[j], hi, lo);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // steps 2w and 2w + 1
             u32* d = sm + ((size_t)((tl * 8 + 2 * w + h) * NB + g) * 4 + t) * FW;
@@ -134,10 +153,10 @@ __device__ __forceinline__ void gv_tile(const u32* sm, int tl, const typename F:
 
 // experts == 0: lane block z takes activation rows z*NB .. (nrows of them in the launch), weight rows row0 ..;
 // experts != 0: expert slot z: activation row xrow[z], weight rows ids[z] * N .., one lane.
-// Dynamic shared memory: the activation fragments (tiles_per * 8 * NB * 4 * FW * 4 bytes), then per warp
+// Dynamic shared memory: two activation chunk buffers (2 * GV_CHUNK * 8 * NB * 4 * FW * 4 bytes), then per warp
 // GV_STAGES stages of F::VECS * 512 bytes of weights (gemv_plan in linear.py computes the same sizes).
 template <typename F, typename T, int NB>
-__global__ void __launch_bounds__(GV_WARPS * 32)
+__global__ void __launch_bounds__(GV_WARPS * 32, 4)
     gemv_mma(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
              const T* __restrict__ x, T* __restrict__ y, const int* __restrict__ ids, const int* __restrict__ xrow,
              float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows, long long ldx, long long ldy,
@@ -167,32 +186,46 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
         wr[mt][1] = wbase + min(r0 + mt * 16 + g + 8, N - 1);
     }
     // weights: a per-warp ring of GV_STAGES tiles, GV_STAGES - 1 of them in flight ahead of the math
-    u8* wsm = reinterpret_cast<u8*>(gv_sm) + tiles_per * 8 * NB * 4 * FW * 4 + warp * GV_STAGES * STAGE;
+    constexpr int ACT = GV_CHUNK * 8 * NB * 4 * FW;  // u32 words of one activation chunk buffer
+    u8* wsm = reinterpret_cast<u8*>(gv_sm + 2 * ACT) + warp * GV_STAGES * STAGE;
 #pragma unroll
     for (int s = 0; s < GV_STAGES - 1; ++s) {
         if (s < nt) F::copy(wsm + s * STAGE, lane, p0, p1, p2, K, wr, (kt0 + s) * 128, t);
         cp_async_commit();
     }
-    gv_stage<F, T, NB>(gv_sm, xb, ldx, nb, K, kt0, nt);
+    float xv[GvItems<NB>::N][8];
+    gv_fetch<F, T, NB>(xv, xb, ldx, nb, K, kt0, nt, 0);
+    gv_put<F, T, NB>(xv, gv_sm);
     __syncthreads();
     float acc[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
-    for (int i = 0; i < nt; ++i) {
-        cp_async_wait<GV_STAGES - 2>();  // this lane's copies of tile i have landed
-        typename F::Raw raw[MT][2];
-        const u8* st = wsm + (i % GV_STAGES) * STAGE;
+    const int nchunks = (nt + GV_CHUNK - 1) / GV_CHUNK;
+    for (int c = 0; c < nchunks; ++c) {
+        if (c + 1 < nchunks) gv_fetch<F, T, NB>(xv, xb, ldx, nb, K, kt0, nt, c + 1);
+        const u32* act = gv_sm + (c & 1) * ACT;
+#pragma unroll 1
+        for (int tl = 0; tl < GV_CHUNK; ++tl) {
+            const int i = c * GV_CHUNK + tl;
+            if (i >= nt) break;
+            cp_async_wait<GV_STAGES - 2>();  // this lane's copies of tile i have landed
+            typename F::Raw raw[MT][2];
+            const u8* st = wsm + (i % GV_STAGES) * STAGE;
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            F::read(st, lane, mt, 0, t, raw[mt][0]);
-            F::read(st, lane, mt, 1, t, raw[mt][1]);
+            for (int mt = 0; mt < MT; ++mt) {
+                F::read(st, lane, mt, 0, t, raw[mt][0]);
+                F::read(st, lane, mt, 1, t, raw[mt][1]);
+            }
+            // refill the stage read one iteration ago (its values are consumed: no lane reads it again)
+            if (i + GV_STAGES - 1 < nt)
+                F::copy(wsm + ((i + GV_STAGES - 1) % GV_STAGES) * STAGE, lane, p0, p1, p2, K, wr,
+                        (kt0 + i + GV_STAGES - 1) * 128, t);
+            cp_async_commit();
+            gv_tile<F, T, NB>(act, tl, raw, acc);
         }
-        // refill the stage read one iteration ago (its values are consumed: no lane reads it again)
-        if (i + GV_STAGES - 1 < nt)
-            F::copy(wsm + ((i + GV_STAGES - 1) % GV_STAGES) * STAGE, lane, p0, p1, p2, K, wr,
-                    (kt0 + i + GV_STAGES - 1) * 128, t);
-        cp_async_commit();
-        gv_tile<F, T, NB>(gv_sm, i, raw, acc);
+        // the other buffer was last read in chunk c - 1, before the previous barrier
+        if (c + 1 < nchunks) gv_put<F, T, NB>(xv, gv_sm + ((c + 1) & 1) * ACT);
+        __syncthreads();
     }
     if (splits == 1) {
 #pragma unroll

@@ -220,14 +220,14 @@ def test_gemv_mma_fragments_match_reference(driver: Path, fmt: str) -> None:
 
 
 def test_gemv_plan() -> None:
-    """Splits depend on (format, N, K) only; every split has work, the activation staging stays under 48 KiB, and
-    the 27B shapes fill a 132-SM GPU at least twice."""
+    """Splits depend on (format, N, K) only; every split has work, shared memory stays bounded for any K, and the
+    27B shapes put ~8 warps on each SM of a 132-SM GPU."""
     for fmt in FMTS:
         for n, k in ((8, 8), (1024, 2048), (5120, 6144), (5120, 17408), (34816, 5120), (248320, 5120)):
             p = gemv_plan(fmt, n, k)
             ntiles = -(-k // 128)
             assert (p.splits - 1) * p.tiles_per < ntiles <= p.splits * p.tiles_per
-            assert p.smem_bytes(8, "float") - p.smem_bytes(0, "float") <= 48 * 1024
-            assert p.smem_bytes(8, "float") <= 160 * 1024
+            assert p.smem_bytes(8, "float") <= 120 * 1024
             assert p.blocks_x * p.rows >= n
-    assert gemv_plan("NVFP4G16_E4M3S", 5120, 6144).splits * 40 >= 264
+    assert gemv_plan("NVFP4G16_E4M3S", 5120, 6144).splits * 40 * 4 >= 1056  # warps of a narrow matrix
+    assert gemv_plan("NVFP4G16_E4M3S", 34816, 5120).splits == 1  # a wide one needs no split

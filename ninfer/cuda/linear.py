@@ -57,9 +57,10 @@ _GV_WARPS, _GV_THREADS, _GV_STAGES = 4, 128, 4  # GV_WARPS, GV_STAGES in gemv.cu
 _GV_NB = (1, 8)  # lane-block instances: one activation row, or up to 8 (same arithmetic per row)
 _GV_TILE = 128  # K per tile
 # Splits are picked from (format, N, K) only, never from the GPU or the number of rows, so results are the same
-# on every device and for every batch. Aim for ~4 blocks per SM of a 132-SM H200, keep >= 4 tiles per split, and
-# at most 12 tiles per split: the 8-row float staging takes 4 KiB of shared memory per tile (48 KiB).
-_GV_TARGET_BLOCKS, _GV_MIN_TILES, _GV_MAX_TILES = 528, 4, 12
+# on every device and for every batch. K is split across blocks only to give narrow matrices enough warps in flight
+# (~8 per SM of a 132-SM H200: each streams 3 tiles ahead), keeping >= 4 tiles per split; the activations are
+# staged in double-buffered chunks of GV_CHUNK tiles, so shared memory does not grow with K.
+_GV_TARGET_WARPS, _GV_MIN_TILES, _GV_CHUNK = 1056, 4, 4
 _TYPES = ("float", "bf16")
 _FMTS = tuple(FORMAT_STRUCTS.values())
 SOURCES: dict[str, tuple[str, ...]] = {
@@ -105,9 +106,9 @@ class GemvPlan:
     stage_bytes: int  # one warp's pipeline stage of weights
 
     def smem_bytes(self, nb: int, t: str) -> int:
-        """Activation fragments (per tile 8 steps x nb lanes x 4 threads x 8|16 bytes), then GV_STAGES weight
-        stages per warp."""
-        act = self.tiles_per * 8 * nb * 4 * (16 if t == "float" else 8)
+        """Two activation chunk buffers (per tile 8 steps x nb lanes x 4 threads x 8|16 bytes), then GV_STAGES
+        weight stages per warp."""
+        act = 2 * _GV_CHUNK * 8 * nb * 4 * (16 if t == "float" else 8)
         return act + _GV_WARPS * _GV_STAGES * self.stage_bytes
 
 
@@ -117,8 +118,7 @@ def gemv_plan(fmt: str, n: int, k: int) -> GemvPlan:
     _, mt, vecs = FRAG_STRUCTS[fmt]
     rows = _GV_WARPS * mt * 16
     ntiles, bx = -(-k // _GV_TILE), -(-n // rows)
-    splits = max(1, min(-(-_GV_TARGET_BLOCKS // bx), ntiles // _GV_MIN_TILES))
-    splits = max(splits, -(-ntiles // _GV_MAX_TILES))
+    splits = max(1, min(-(-_GV_TARGET_WARPS // (bx * _GV_WARPS)), ntiles // _GV_MIN_TILES))
     tiles_per = -(-ntiles // splits)
     return GemvPlan(
         rows=rows, blocks_x=bx, splits=-(-ntiles // tiles_per), tiles_per=tiles_per, stage_bytes=vecs * 512
