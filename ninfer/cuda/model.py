@@ -226,6 +226,7 @@ class CudaQwen36:
             h, lg = self.graphs.replay(np.asarray(ids), segs)
             with self.stream:  # the buffers are rewritten by the next replay
                 h, lg = h.copy(), (lg.copy() if logits else None)
+            # one synchronization per step (below) also frees the pinned staging buffer for the next replay
         else:
             h = self.run(segs, np.asarray(ids))
             lg = self.logits_dev(h) if logits else None

@@ -4,7 +4,8 @@
 sequence, GDN state slots and segment starts. Eager calls upload a fresh ``Meta``; a decode graph owns static
 ``Meta`` buffers that are refilled before each replay. A graph is captured once per lane count B on the model's
 stream, after one warm-up run over the scratch slot and page; its temporaries come from a private memory pool
-kept alive with the graph, so replays never write into memory that was handed out again.
+kept alive with the graph, so replays never write into memory that was handed out again. A replay uploads the
+token ids and the ``Meta`` arrays with one asynchronous copy from a pinned buffer (``_Staging``).
 """
 
 from __future__ import annotations
@@ -81,11 +82,6 @@ class Meta:
         dev = {k: cupy.asarray(hm[k]) for k in _FIELDS}
         return cls(t=hm["row_pos"].size, nseq=hm["gslots"].size, max_len=hm["max_len"], chunk=chunk, **dev)
 
-    def set_from(self, hm: dict[str, Any]) -> None:
-        """Refill the static buffers in place (same shapes)."""
-        for k in _FIELDS:
-            getattr(self, k).set(hm[k])
-
     @staticmethod
     def ids_from(ids: np.ndarray) -> Any:
         import cupy
@@ -101,6 +97,43 @@ class _Graph:
     meta: Meta
     h: Any
     logits: Any
+    staging: _Staging
+
+
+class _Staging:
+    """The graph's static inputs (token ids and ``Meta`` arrays) as views of one device buffer, mirrored by one
+    pinned host buffer: a replay fills the host views and uploads everything with a single asynchronous copy
+    (measured: eight synchronous ``.set()`` copies cost ~0.1 ms per decode step)."""
+
+    def __init__(self, shapes: dict[str, tuple[tuple[int, ...], Any]]) -> None:
+        import cupy
+
+        offs, size = {}, 0
+        for name, (shape, dtype) in shapes.items():
+            offs[name] = size
+            size += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 16) * 16
+        self.size = size
+        self.dev = cupy.empty(size, dtype=np.uint8)
+        self._pinned = cupy.cuda.alloc_pinned_memory(size)
+        host = np.frombuffer(self._pinned, np.uint8, size)
+        self.views = {n: cupy.ndarray(s, d, self.dev.data + offs[n]) for n, (s, d) in shapes.items()}
+        self.host = {n: host[offs[n] : offs[n] + int(np.prod(s)) * np.dtype(d).itemsize].view(d).reshape(s)
+                     for n, (s, d) in shapes.items()}  # fmt: skip
+
+    def upload(self, values: dict[str, Any], stream: Any) -> None:
+        for name, v in values.items():
+            self.host[name][...] = v
+        cupy_rt().memcpyAsync(self.dev.data.ptr, self.host_ptr, self.size, 1, stream.ptr)
+
+    @property
+    def host_ptr(self) -> int:
+        return self._pinned.ptr
+
+
+def cupy_rt() -> Any:
+    import cupy
+
+    return cupy.cuda.runtime
 
 
 class GraphSet:
@@ -121,16 +154,14 @@ class GraphSet:
         return int(sum(g.pool.total_bytes() for g in self._graphs.values()))
 
     def replay(self, ids: np.ndarray, segs: Sequence[Seg]) -> tuple[Any, Any]:
-        """Fill the static inputs of the B-lane graph and launch it; returns its (hidden, logits) buffers, valid
-        until the next replay."""
+        """Fill the static inputs of the B-lane graph and launch it on ``net.stream`` (not synchronized); returns its
+        (hidden, logits) buffers, valid until the next replay. The caller synchronizes the stream before the next
+        replay (the pinned staging buffer is reused)."""
         net = self.net
         g = self._graphs.get(len(segs)) or self.capture(len(segs))
         hm = host_meta(segs, net.pool[2], net.pool[3])
-        with net.stream:
-            g.ids.set(np.asarray(ids, np.int32))
-            g.meta.set_from(hm)
-            g.graph.launch(net.stream)
-        net.stream.synchronize()
+        g.staging.upload({"ids": ids, **{k: hm[k] for k in _FIELDS}}, net.stream)
+        g.graph.launch(net.stream)
         return g.h, g.logits
 
     def capture(self, b: int) -> _Graph:
@@ -143,11 +174,15 @@ class GraphSet:
         net.zero_slot(slot)  # all B warm-up rows share the scratch slot: same inputs, same (finite) values
         pool = cupy.cuda.MemoryPool()
         with net.stream, cupy.cuda.using_allocator(pool.malloc):
-            meta = Meta.from_host(hm, net.attn_chunk)
-            meta.max_len = (
-                max_pages * ps
-            )  # fixed launch shape: the graph serves any length up to the capacity
-            ids = cupy.zeros(b, np.int32)
+            shapes = {"ids": ((b,), np.int32), **{k: (hm[k].shape, hm[k].dtype) for k in _FIELDS}}
+            staging = _Staging(shapes)
+            staging.upload({"ids": np.zeros(b, np.int32), **{k: hm[k] for k in _FIELDS}}, net.stream)
+            v = staging.views
+            meta = Meta(
+                t=b, nseq=b, max_len=max_pages * ps, chunk=net.attn_chunk, **{k: v[k] for k in _FIELDS}
+            )
+            # max_len: fixed launch shape, the graph serves any length up to the capacity
+            ids = v["ids"]
             net.logits_dev(net.body(ids, meta))  # warm-up: loads every kernel, fills the private pool
             net.stream.synchronize()
             net.stream.begin_capture()
@@ -158,5 +193,5 @@ class GraphSet:
                 graph = net.stream.end_capture()
             graph.upload(net.stream)
         net.stream.synchronize()
-        self._graphs[b] = _Graph(graph, pool, ids, meta, h, logits)
+        self._graphs[b] = _Graph(graph, pool, ids, meta, h, logits, staging)
         return self._graphs[b]
