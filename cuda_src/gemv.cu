@@ -37,21 +37,35 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const u32 a[4], u32 b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 8 activations of one lane as floats (zero past K; K % 8 == 0 so a word is all in or all out)
-__device__ __forceinline__ void gv_load8(const float* p, bool in, float v[8]) {
-    if (in) {
-        load8x(p, v);
-    } else {
+// The activation prologue (XF) the GEMV applies while staging, so the elementwise kernel before it disappears:
+//   GV_PLAIN    x as given;
+//   GV_SWIGLU   silu(x[k]) * x2[k]: x = the gate half, x2 = the up half of a fused [gate | up] row (activation.cu's
+//               swiglu, same expression);
+//   GV_GATE     x[k] * sigmoid(x2[(k / gd) * 2 gd + k % gd]): the attention output times its gate read in place
+//               from the q|gate projection (activation.cu's sigmoid_gate, same expression).
+// bf16 activations round the transformed value to bf16 as the standalone kernels store it, so a fused product is
+// bitwise the product of the standalone kernel's output.
+#define GV_PLAIN 0
+#define GV_SWIGLU 1
+#define GV_GATE 2
+
+// 8 activations of one lane as floats (zero past K; K % 8 == 0 so a word is all in or all out); k is the column.
+template <int XF, typename T>
+__device__ __forceinline__ void gv_load8(const T* p, const T* p2, int k, int gd, bool in, float v[8]) {
+    if (!in) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = 0.f;
+        return;
     }
-}
-__device__ __forceinline__ void gv_load8(const bf16* p, bool in, float v[8]) {
-    if (in) {
-        load8x(p, v);
-    } else {
+    load8x(p + k, v);
+    if constexpr (XF != GV_PLAIN) {
+        float u[8];
+        load8x(XF == GV_SWIGLU ? p2 + k : p2 + (long long)(k / gd) * 2 * gd + k % gd, u);  // gd % 8 == 0
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = 0.f;
+        for (int j = 0; j < 8; ++j) {
+            const float r = XF == GV_SWIGLU ? siluf_(v[j]) * u[j] : v[j] * sigmoidf_(u[j]);
+            v[j] = to_f(from_f<T>(r));  // float: exact; bf16: the standalone kernel's rounding
+        }
     }
 }
 
@@ -64,15 +78,16 @@ template <int NB> struct GvItems {
     static constexpr int N = (NB * GV_CHUNK * 16 + GV_WARPS * 32 - 1) / (GV_WARPS * 32);
 };
 
-template <typename F, typename T, int NB>
-__device__ __forceinline__ void gv_fetch(float (&v)[GvItems<NB>::N][8], const T* xb, long long ldx, int nb, int K,
-                                         int kt0, int nt, int c) {
+template <typename F, typename T, int NB, int XF>
+__device__ __forceinline__ void gv_fetch(float (&v)[GvItems<NB>::N][8], const T* xb, const T* x2b, long long ldx,
+                                         long long ldx2, int gd, int nb, int K, int kt0, int nt, int c) {
 #pragma unroll
     for (int j = 0; j < GvItems<NB>::N; ++j) {
         const int item = threadIdx.x + j * GV_WARPS * 32, g = item % NB, tl = item / NB >> 4, cc = item / NB & 15;
         const int tile = c * GV_CHUNK + tl, k = (kt0 + tile) * 128 + 8 * cc;
         const bool in = item < NB * GV_CHUNK * 16 && g < nb && tile < nt && k < K;
-        gv_load8(xb + (in ? (long long)g * ldx + k : 0), in, v[j]);
+        const long long gg = in ? g : 0;
+        gv_load8<XF, T>(xb + gg * ldx, x2b + gg * ldx2, in ? k : 0, gd, in, v[j]);
     }
 }
 
@@ -155,27 +170,27 @@ __device__ __forceinline__ void gv_tile(const u32* sm, int tl, const typename F:
 // experts != 0: expert slot z: activation row xrow[z], weight rows ids[z] * N .., one lane.
 // Dynamic shared memory: two activation chunk buffers (2 * GV_CHUNK * 8 * NB * 4 * FW * 4 bytes), then per warp
 // GV_STAGES stages of F::VECS * 512 bytes of weights (gemv_plan in linear.py computes the same sizes).
-template <typename F, typename T, int NB>
+template <typename F, typename T, int NB, int XF>
 __global__ void __launch_bounds__(GV_WARPS * 32, 4)
     gemv_mma(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
-             const T* __restrict__ x, T* __restrict__ y, const int* __restrict__ ids, const int* __restrict__ xrow,
-             float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows, long long ldx, long long ldy,
-             long long row0, int tiles_per, int experts) {
+             const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ y, const int* __restrict__ ids,
+             const int* __restrict__ xrow, float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows,
+             long long ldx, long long ldx2, long long ldy, long long row0, int tiles_per, int experts, int gd) {
     extern __shared__ __align__(16) u32 gv_sm[];
     __shared__ int gv_last;
     constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16, STAGE = F::VECS * 512;
     constexpr int FW = GvIsFloat<T>::v ? 4 : 2;
     const int z = blockIdx.z, split = blockIdx.y, splits = gridDim.y;
-    long long wbase;
-    const T* xb;
+    long long wbase, xr0;
     T* yb;
     int nb;
     if (experts) {
-        wbase = (long long)ids[z] * N, xb = x + (long long)xrow[z] * ldx, yb = y + (long long)z * ldy, nb = 1;
+        wbase = (long long)ids[z] * N, xr0 = xrow[z], yb = y + (long long)z * ldy, nb = 1;
     } else {
-        wbase = row0, xb = x + (long long)z * NB * ldx, yb = y + (long long)z * NB * ldy;
+        wbase = row0, xr0 = (long long)z * NB, yb = y + (long long)z * NB * ldy;
         nb = min(NB, nrows - z * NB);
     }
+    const T *xb = x + xr0 * ldx, *x2b = x2 + xr0 * ldx2;
     const int ntiles = (K + 127) / 128, kt0 = split * tiles_per, nt = max(0, min(ntiles, kt0 + tiles_per) - kt0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = blockIdx.x * ROWS + warp * MT * 16;
@@ -194,7 +209,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, 4)
         cp_async_commit();
     }
     float xv[GvItems<NB>::N][8];
-    gv_fetch<F, T, NB>(xv, xb, ldx, nb, K, kt0, nt, 0);
+    gv_fetch<F, T, NB, XF>(xv, xb, x2b, ldx, ldx2, gd, nb, K, kt0, nt, 0);
     gv_put<F, T, NB>(xv, gv_sm);
     __syncthreads();
     float acc[MT][4];
@@ -202,7 +217,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, 4)
     for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
     const int nchunks = (nt + GV_CHUNK - 1) / GV_CHUNK;
     for (int c = 0; c < nchunks; ++c) {
-        if (c + 1 < nchunks) gv_fetch<F, T, NB>(xv, xb, ldx, nb, K, kt0, nt, c + 1);
+        if (c + 1 < nchunks) gv_fetch<F, T, NB, XF>(xv, xb, x2b, ldx, ldx2, gd, nb, K, kt0, nt, c + 1);
         const u32* act = gv_sm + (c & 1) * ACT;
 #pragma unroll 1
         for (int tl = 0; tl < GV_CHUNK; ++tl) {

@@ -281,6 +281,33 @@ def _experts_case(cp: Any, report: list, rng: np.random.Generator, fmt: str, n: 
         assert np.array_equal(solo[0], got[s]), f"slot {s}: expert product differs from the plain gemv"
 
 
+@pytest.mark.parametrize("fmt", ["NVFP4G16_E4M3S", "BF16", "Q4G64_F16S"])
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_gemv_prologues_equal_the_standalone_kernels(cp: Any, fmt: str, t: str) -> None:
+    """The GEMV's fused SwiGLU and output-gate inputs are bitwise the GEMV of the standalone kernels' outputs
+    (1, 3 and 8 rows; the expert dispatch's SwiGLU too)."""
+    from ninfer.cuda.activation import sigmoid_gate, swiglu
+    from ninfer.cuda.linear import gemv, gemv_experts
+
+    rng = np.random.default_rng(29)
+    heads, d = 3, 64
+    k = heads * d
+    w, _ = _weight(rng, fmt, (70, k))
+    for b in (1, 3, 8):
+        gu = _dev(cp, _inputs(rng, (b, 2 * k), t), t)
+        assert np.array_equal(cp.asnumpy(gemv(gu, w, swiglu=True)), cp.asnumpy(gemv(swiglu(gu), w)))
+        o = _dev(cp, _inputs(rng, (b, k), t), t)
+        qg = _dev(cp, _inputs(rng, (b, 2 * k), t), t)
+        fused = cp.asnumpy(gemv(o, w, gate=(qg, d)))
+        assert np.array_equal(fused, cp.asnumpy(gemv(sigmoid_gate(o, qg, heads, d), w))), f"{fmt} {t} b={b}"
+    we, _ = _weight(rng, fmt, (4, 70, k))
+    gu = _dev(cp, _inputs(rng, (6, 2 * k), t), t)
+    ids = cp.asarray(np.array([3, 0, 2, 2, 1, 3], np.int32))
+    slot = cp.arange(6, dtype=np.int32)
+    got = cp.asnumpy(gemv_experts(gu, we, ids, slot, 70, swiglu=True))
+    assert np.array_equal(got, cp.asnumpy(gemv_experts(swiglu(gu), we, ids, slot, 70)))
+
+
 @pytest.mark.parametrize("fmt", MATRIX_FMTS)
 def test_fused_projection_equals_its_parts(cp: Any, fmt: str) -> None:
     """A fused weight (ninfer/cuda/fuse.py; different scales per part, so NVFP4 becomes per-row globals and FP8

@@ -65,7 +65,11 @@ _TYPES = ("float", "bf16")
 _FMTS = tuple(FORMAT_STRUCTS.values())
 SOURCES: dict[str, tuple[str, ...]] = {
     "gemv.cu": tuple(
-        f"gemv_mma<{s}, {t}, {nb}>" for s, _, _ in FRAG_STRUCTS.values() for t in _TYPES for nb in _GV_NB
+        f"gemv_mma<{s}, {t}, {nb}, {xf}>"
+        for s, _, _ in FRAG_STRUCTS.values()
+        for t in _TYPES
+        for nb in _GV_NB
+        for xf in (0, 1, 2)
     ),
     "gemm.cu": tuple(f"{k}<{f}, {t}>" for k in ("gemm", "gemm_experts") for f in _FMTS for t in _TYPES),
 }
@@ -150,15 +154,54 @@ def _counters(device: int, stream: int) -> _Counters:
     return _Counters()
 
 
+@dataclass(frozen=True, slots=True)
+class _Input:
+    """The GEMV's activation operand: ``x`` rows of stride ``ldx`` read from column 0, optionally transformed while
+    staging (gemv.cu: 0 plain, 1 SwiGLU with the up half at ``x2``, 2 output gate read from ``x2`` per head of
+    ``gd`` columns)."""
+
+    x: Any
+    ldx: int
+    xf: int = 0
+    x2: Any = None
+    ldx2: int = 0
+    gd: int = 8
+
+
+def _input(
+    x: Any, w: DeviceWeight, what: str, swiglu: bool, gate: tuple[Any, int] | None
+) -> tuple[str, int, _Input]:
+    """(activation type, rows, operand) of a GEMV input; checks shapes, dtypes and alignment."""
+    if not isinstance(w, DeviceWeight):
+        raise KernelError(f"{what}: w must be a DeviceWeight, got {type(w).__name__}")
+    t = act_type(x, "x")
+    k = w.cols
+    if k % 8:
+        raise KernelError(f"{what}: K={k} must be a multiple of 8")
+    if swiglu:
+        m, _, ldx = check_rows(x, "x", 2 * k, vec8=True)
+        return t, m, _Input(x, ldx, 1, x[:, k:], ldx, 8)
+    m, _, ldx = check_rows(x, "x", k, vec8=True)
+    if gate is None:
+        return t, m, _Input(x, ldx)
+    qg, d = gate
+    if d % 8 or k % d:
+        raise KernelError(f"{what}: head_dim={d} must be a multiple of 8 dividing K={k}")
+    if qg.dtype != x.dtype or qg.shape[0] != m:
+        raise KernelError(f"gate: must be {x.dtype} [{m}, {2 * k}]")
+    _, _, ldq = check_rows(qg, "gate", 2 * k, vec8=True)
+    return t, m, _Input(x, ldx, 2, qg[:, d:], ldq, d)
+
+
 def _gemv_launch(
-    x: Any, w: DeviceWeight, out: Any, lanes: int, ldx: int, ldy: int, *, ids: Any, xrow: Any, n: int,
-    row0: int, nb: int, t: str,
+    a: _Input, w: DeviceWeight, out: Any, lanes: int, ldy: int, *, ids: Any, xrow: Any, n: int, row0: int,
+    nb: int, t: str,
 ) -> None:  # fmt: skip
     import cupy
 
     k = w.cols
     plan = gemv_plan(w.fmt, n, k)
-    fn = kernel("gemv.cu", SOURCES["gemv.cu"], f"gemv_mma<{FRAG_STRUCTS[w.fmt][0]}, {t}, {nb}>")
+    fn = kernel("gemv.cu", SOURCES["gemv.cu"], f"gemv_mma<{FRAG_STRUCTS[w.fmt][0]}, {t}, {nb}, {a.xf}>")
     smem = plan.smem_bytes(nb, t)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
@@ -175,18 +218,33 @@ def _gemv_launch(
         (plan.blocks_x, plan.splits, gz),
         (_GV_THREADS,),
         (
-            p0, p1, p2, x, out, null if ids is None else ids, null if xrow is None else xrow, ws, cnt,
-            np.int32(n), np.int32(k), np.int32(lanes), np.int64(ldx), np.int64(ldy), np.int64(row0),
-            np.int32(plan.tiles_per), np.int32(ids is not None),
+            p0, p1, p2, a.x, a.x if a.x2 is None else a.x2, out, null if ids is None else ids,
+            null if xrow is None else xrow, ws, cnt, np.int32(n), np.int32(k), np.int32(lanes), np.int64(a.ldx),
+            np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(plan.tiles_per), np.int32(ids is not None),
+            np.int32(a.gd),
         ),
         shared_mem=smem,
     )  # fmt: skip
 
 
-def gemv(x: Any, w: DeviceWeight, out: Any = None, *, row0: int = 0, n: int | None = None) -> Any:
+def gemv(
+    x: Any,
+    w: DeviceWeight,
+    out: Any = None,
+    *,
+    row0: int = 0,
+    n: int | None = None,
+    swiglu: bool = False,
+    gate: tuple[Any, int] | None = None,
+) -> Any:
     """``out[b] = x[b] · W[row0 : row0+n]ᵀ`` for ``x[B, K]``; ``n`` defaults to all rows of ``w``. Decode takes
-    B <= 8; more rows run as 8-row blocks of one launch, each row bitwise its decode result."""
-    t, b, k, ldx = _prep(x, w, out, "gemv")
+    B <= 8; more rows run as 8-row blocks of one launch, each row bitwise its decode result.
+
+    Fused input steps (bitwise the product of the standalone kernel's output, activation.py): ``swiglu``: ``x`` is
+    a ``[B, 2K]`` [gate | up] row and the product's input is ``silu(gate) * up``; ``gate=(qg, head_dim)``: the
+    input is ``x * sigmoid(gate)`` with the gate read from the q|gate projection ``qg[B, 2K]`` ([query | gate] per
+    head)."""
+    t, b, a = _input(x, w, "gemv", swiglu, gate)
     n = w.rows - row0 if n is None else n
     if not (1 <= b <= GEMV_MAX_ROWS * 65535):
         raise KernelError(f"gemv: x has {b} rows; take 1..{GEMV_MAX_ROWS * 65535}")
@@ -194,13 +252,16 @@ def gemv(x: Any, w: DeviceWeight, out: Any = None, *, row0: int = 0, n: int | No
         raise KernelError(f"gemv: rows [{row0}, {row0 + n}) outside the weight's {w.rows} rows")
     out, ldy = _out(x, out, b, n)
     nb = 1 if b == 1 else GEMV_MAX_ROWS
-    _gemv_launch(x, w, out, b, ldx, ldy, ids=None, xrow=None, n=n, row0=row0, nb=nb, t=t)
+    _gemv_launch(a, w, out, b, ldy, ids=None, xrow=None, n=n, row0=row0, nb=nb, t=t)
     return out
 
 
-def gemv_experts(x: Any, w: DeviceWeight, ids: Any, xrow: Any, n: int, out: Any = None) -> Any:
-    """MoE decode: ``out[s] = x[xrow[s]] · W_e[ids[s]]ᵀ`` with ``w`` the fused ``[E*n, K]`` expert weight."""
-    t, _, k, ldx = _prep(x, w, out, "gemv_experts")
+def gemv_experts(
+    x: Any, w: DeviceWeight, ids: Any, xrow: Any, n: int, out: Any = None, *, swiglu: bool = False
+) -> Any:
+    """MoE decode: ``out[s] = x[xrow[s]] · W_e[ids[s]]ᵀ`` with ``w`` the fused ``[E*n, K]`` expert weight
+    (``swiglu``: ``x`` rows are [gate | up], as in :func:`gemv`)."""
+    t, _, a = _input(x, w, "gemv_experts", swiglu, None)
     check_array(ids, "ids", dtype=np.int32, shape=(None,))
     slots = ids.shape[0]
     check_array(xrow, "xrow", dtype=np.int32, shape=(slots,))
@@ -211,7 +272,7 @@ def gemv_experts(x: Any, w: DeviceWeight, ids: Any, xrow: Any, n: int, out: Any 
     out, ldy = _out(x, out, slots, n)
     if slots == 0:
         return out
-    _gemv_launch(x, w, out, slots, ldx, ldy, ids=ids, xrow=xrow, n=n, row0=0, nb=1, t=t)
+    _gemv_launch(a, w, out, slots, ldy, ids=ids, xrow=xrow, n=n, row0=0, nb=1, t=t)
     return out
 
 

@@ -18,21 +18,43 @@ __all__ = ["linear", "attention_block", "gdn_block", "ffn_block"]
 _SLOTS_PER_LAUNCH = 65535  # gridDim.y limit of gemv_experts
 
 
-def linear(net: Any, x: Any, name: str, out: Any = None, *, exact: bool = False) -> Any:
+def _gemm(net: Any, t: int, exact: bool = False) -> bool:
+    """Whether a product over ``t`` rows runs as the tensor-core GEMM (prefill) rather than the GEMV."""
+    return t > 8 and net.prefill_gemm and not exact
+
+
+def linear(
+    net: Any,
+    x: Any,
+    name: str,
+    out: Any = None,
+    *,
+    exact: bool = False,
+    swiglu: bool = False,
+    gate: Any = None,
+) -> Any:
     """``x · Wᵀ``: GEMV for up to 8 rows; above, tensor-core GEMM (exact weight operands; float32 ``x`` split into
     two bf16 halves), or (``exact`` or ``prefill_gemm=False``) the decode GEMV in 8-row blocks, which gives every
-    row bitwise its decode result."""
+    row bitwise its decode result. ``swiglu`` (``x`` = [gate | up]) and ``gate=(qg, head_dim)`` apply the SwiGLU or
+    the attention output gate to the input first: fused into the GEMV's staging, a separate kernel before the
+    GEMM."""
+    from ninfer.cuda.activation import sigmoid_gate
+    from ninfer.cuda.activation import swiglu as swiglu_kernel
     from ninfer.cuda.linear import gemm, gemv
 
     w = net.w[name]
-    t = x.shape[0]
-    if t > 8 and net.prefill_gemm and not exact:
-        return gemm(x, w, out)
-    return gemv(x, w, out)  # more than 8 rows: 8-row blocks of one launch, each row bitwise its decode result
+    if not _gemm(
+        net, x.shape[0], exact
+    ):  # more than 8 rows: 8-row blocks, each row bitwise its decode result
+        return gemv(x, w, out, swiglu=swiglu, gate=gate)
+    if swiglu:
+        x = swiglu_kernel(x)
+    elif gate is not None:
+        x = sigmoid_gate(x, gate[0], x.shape[1] // gate[1], gate[1])
+    return gemm(x, w, out)
 
 
 def attention_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
-    from ninfer.cuda.activation import sigmoid_gate
     from ninfer.cuda.attention import attention, qk_norm_rope_kv_write
     from ninfer.cuda.attention_prefill import attention_prefill
 
@@ -55,8 +77,7 @@ def attention_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
             q, net.kc[j], net.vc[j], m.page_table, m.row_seq, m.row_pos, max_len=m.max_len, chunk=m.chunk,
             **scales,
         )  # fmt: skip
-    g = sigmoid_gate(o.reshape(m.t, hq * d), qg, hq, d)
-    return linear(net, g, p + "self_attn.o_proj.weight")
+    return linear(net, o.reshape(m.t, hq * d), p + "self_attn.o_proj.weight", gate=(qg, d))
 
 
 def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
@@ -90,17 +111,16 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
 
 
 def _swiglu_ffn(net: Any, h: Any, gate_up: str, down: str) -> Any:
-    from ninfer.cuda.activation import swiglu
 
-    return linear(net, swiglu(linear(net, h, gate_up)), down)
+    return linear(net, linear(net, h, gate_up), down, swiglu=True)
 
 
-def _experts(x: Any, w: Any, ids: Any, xrow: Any, n: int, out: Any) -> None:
+def _experts(x: Any, w: Any, ids: Any, xrow: Any, n: int, out: Any, *, swiglu: bool = False) -> None:
     from ninfer.cuda.linear import gemv_experts
 
     for s0 in range(0, ids.shape[0], _SLOTS_PER_LAUNCH):
         s1 = min(ids.shape[0], s0 + _SLOTS_PER_LAUNCH)
-        gemv_experts(x, w, ids[s0:s1], xrow[s0:s1], n, out[s0:s1])
+        gemv_experts(x, w, ids[s0:s1], xrow[s0:s1], n, out[s0:s1], swiglu=swiglu)
 
 
 def ffn_block(net: Any, p: str, h: Any, m: Meta) -> Any:
@@ -142,7 +162,7 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta) -> Any:
         gu = cupy.empty((n, 2 * inter), dtype=h.dtype)
         _experts(h, w[p + "experts.gate_up_proj"], ids, xrow, 2 * inter, gu)
         dn = cupy.empty((n, hid), dtype=h.dtype)
-        _experts(swiglu(gu), w[p + "experts.down_proj"], ids, slot, hid, dn)
+        _experts(gu, w[p + "experts.down_proj"], ids, slot, hid, dn, swiglu=True)
     sp = p + "shared_expert."
     sh = _swiglu_ffn(net, h, sp + "gate_up_proj", sp + "down_proj.weight")
     y = cupy.empty((t, hid), dtype=h.dtype)
