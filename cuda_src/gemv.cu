@@ -37,7 +37,7 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const u32 a[4], u32 b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The activation prologue (XF) the GEMV applies while staging, so the elementwise kernel before it disappears:
+// The activation prologue (xf, uniform per launch) the GEMV applies while staging, so the elementwise kernel before it disappears:
 //   GV_PLAIN    x as given;
 //   GV_SWIGLU   silu(x[k]) * x2[k]: x = the gate half, x2 = the up half of a fused [gate | up] row (activation.cu's
 //               swiglu, same expression);
@@ -50,20 +50,20 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const u32 a[4], u32 b
 #define GV_GATE 2
 
 // 8 activations of one lane as floats (zero past K; K % 8 == 0 so a word is all in or all out); k is the column.
-template <int XF, typename T>
-__device__ __forceinline__ void gv_load8(const T* p, const T* p2, int k, int gd, bool in, float v[8]) {
+template <typename T>
+__device__ __forceinline__ void gv_load8(const T* p, const T* p2, int xf, int k, int gd, bool in, float v[8]) {
     if (!in) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = 0.f;
         return;
     }
     load8x(p + k, v);
-    if constexpr (XF != GV_PLAIN) {
+    if (xf != GV_PLAIN) {  // uniform per launch: staging only, off the weights' hot loop
         float u[8];
-        load8x(XF == GV_SWIGLU ? p2 + k : p2 + (long long)(k / gd) * 2 * gd + k % gd, u);  // gd % 8 == 0
+        load8x(xf == GV_SWIGLU ? p2 + k : p2 + (long long)(k / gd) * 2 * gd + k % gd, u);  // gd % 8 == 0
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const float r = XF == GV_SWIGLU ? siluf_(v[j]) * u[j] : v[j] * sigmoidf_(u[j]);
+            const float r = xf == GV_SWIGLU ? siluf_(v[j]) * u[j] : v[j] * sigmoidf_(u[j]);
             v[j] = to_f(from_f<T>(r));  // float: exact; bf16: the standalone kernel's rounding
         }
     }
@@ -78,16 +78,16 @@ template <int NB> struct GvItems {
     static constexpr int N = (NB * GV_CHUNK * 16 + GV_WARPS * 32 - 1) / (GV_WARPS * 32);
 };
 
-template <typename F, typename T, int NB, int XF>
+template <typename F, typename T, int NB>
 __device__ __forceinline__ void gv_fetch(float (&v)[GvItems<NB>::N][8], const T* xb, const T* x2b, long long ldx,
-                                         long long ldx2, int gd, int nb, int K, int kt0, int nt, int c) {
+                                         long long ldx2, int xf, int gd, int nb, int K, int kt0, int nt, int c) {
 #pragma unroll
     for (int j = 0; j < GvItems<NB>::N; ++j) {
         const int item = threadIdx.x + j * GV_WARPS * 32, g = item % NB, tl = item / NB >> 4, cc = item / NB & 15;
         const int tile = c * GV_CHUNK + tl, k = (kt0 + tile) * 128 + 8 * cc;
         const bool in = item < NB * GV_CHUNK * 16 && g < nb && tile < nt && k < K;
         const long long gg = in ? g : 0;
-        gv_load8<XF, T>(xb + gg * ldx, x2b + gg * ldx2, in ? k : 0, gd, in, v[j]);
+        gv_load8<T>(xb + gg * ldx, x2b + gg * ldx2, xf, in ? k : 0, gd, in, v[j]);
     }
 }
 
@@ -170,12 +170,13 @@ __device__ __forceinline__ void gv_tile(const u32* sm, int tl, const typename F:
 // experts != 0: expert slot z: activation row xrow[z], weight rows ids[z] * N .., one lane.
 // Dynamic shared memory: two activation chunk buffers (2 * GV_CHUNK * 8 * NB * 4 * FW * 4 bytes), then per warp
 // GV_STAGES stages of F::VECS * 512 bytes of weights (gemv_plan in linear.py computes the same sizes).
-template <typename F, typename T, int NB, int XF>
+template <typename F, typename T, int NB>
 __global__ void __launch_bounds__(GV_WARPS * 32, 4)
     gemv_mma(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
              const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ y, const int* __restrict__ ids,
              const int* __restrict__ xrow, float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows,
-             long long ldx, long long ldx2, long long ldy, long long row0, int tiles_per, int experts, int gd) {
+             long long ldx, long long ldx2, long long ldy, long long row0, int tiles_per, int experts, int xf,
+             int gd) {
     extern __shared__ __align__(16) u32 gv_sm[];
     __shared__ int gv_last;
     constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16, STAGE = F::VECS * 512;
@@ -209,7 +210,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, 4)
         cp_async_commit();
     }
     float xv[GvItems<NB>::N][8];
-    gv_fetch<F, T, NB, XF>(xv, xb, x2b, ldx, ldx2, gd, nb, K, kt0, nt, 0);
+    gv_fetch<F, T, NB>(xv, xb, x2b, ldx, ldx2, xf, gd, nb, K, kt0, nt, 0);
     gv_put<F, T, NB>(xv, gv_sm);
     __syncthreads();
     float acc[MT][4];
@@ -217,7 +218,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, 4)
     for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
     const int nchunks = (nt + GV_CHUNK - 1) / GV_CHUNK;
     for (int c = 0; c < nchunks; ++c) {
-        if (c + 1 < nchunks) gv_fetch<F, T, NB, XF>(xv, xb, x2b, ldx, ldx2, gd, nb, K, kt0, nt, c + 1);
+        if (c + 1 < nchunks) gv_fetch<F, T, NB>(xv, xb, x2b, ldx, ldx2, xf, gd, nb, K, kt0, nt, c + 1);
         const u32* act = gv_sm + (c & 1) * ACT;
 #pragma unroll 1
         for (int tl = 0; tl < GV_CHUNK; ++tl) {

@@ -65,11 +65,7 @@ _TYPES = ("float", "bf16")
 _FMTS = tuple(FORMAT_STRUCTS.values())
 SOURCES: dict[str, tuple[str, ...]] = {
     "gemv.cu": tuple(
-        f"gemv_mma<{s}, {t}, {nb}, {xf}>"
-        for s, _, _ in FRAG_STRUCTS.values()
-        for t in _TYPES
-        for nb in _GV_NB
-        for xf in (0, 1, 2)
+        f"gemv_mma<{s}, {t}, {nb}>" for s, _, _ in FRAG_STRUCTS.values() for t in _TYPES for nb in _GV_NB
     ),
     "gemm.cu": tuple(f"{k}<{f}, {t}>" for k in ("gemm", "gemm_experts") for f in _FMTS for t in _TYPES),
 }
@@ -201,7 +197,7 @@ def _gemv_launch(
 
     k = w.cols
     plan = gemv_plan(w.fmt, n, k)
-    fn = kernel("gemv.cu", SOURCES["gemv.cu"], f"gemv_mma<{FRAG_STRUCTS[w.fmt][0]}, {t}, {nb}, {a.xf}>")
+    fn = kernel("gemv.cu", SOURCES["gemv.cu"], f"gemv_mma<{FRAG_STRUCTS[w.fmt][0]}, {t}, {nb}>")
     smem = plan.smem_bytes(nb, t)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
@@ -221,7 +217,7 @@ def _gemv_launch(
             p0, p1, p2, a.x, a.x if a.x2 is None else a.x2, out, null if ids is None else ids,
             null if xrow is None else xrow, ws, cnt, np.int32(n), np.int32(k), np.int32(lanes), np.int64(a.ldx),
             np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(plan.tiles_per), np.int32(ids is not None),
-            np.int32(a.gd),
+            np.int32(a.xf), np.int32(a.gd),
         ),
         shared_mem=smem,
     )  # fmt: skip
