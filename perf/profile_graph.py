@@ -38,7 +38,9 @@ def _step(a: argparse.Namespace) -> None:
     net = CudaQwen36(mc, synthetic_tensors(mc, a.profile), act_dtype=a.activations)
     net.warmup()
     cap = a.context + 64
-    net.allocate(num_slots=a.lanes + 1, num_pages=(-(-cap // 16)) * (a.lanes + 1), page_size=16, max_context=cap)
+    net.allocate(
+        num_slots=a.lanes + 1, num_pages=(-(-cap // 16)) * (a.lanes + 1), page_size=16, max_context=cap
+    )
     states = [net.new_state() for _ in range(a.lanes)]
     for s in states:
         net._grow(s, a.context + 8)
