@@ -148,20 +148,19 @@ __device__ __forceinline__ int att_group(int ns) {  // smallest power of two gs 
     return gs;
 }
 
-// All threads: true in the block that brought counter c to n (it resets c); that block then sees every earlier
-// arrival's writes (fences on both sides).
+// All threads: true in the block that brought counter c to n (it resets c). As a grid barrier does: the block's
+// stores are ordered before thread 0's release fence by the barrier (fences are cumulative), and the last block's
+// reads after its acquire fence and the second barrier.
 __device__ __forceinline__ bool att_arrive(int* c, int n, int* flag) {
-    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
+        __threadfence();
         const int last = atomicAdd(c, 1) == n - 1;
-        if (last) *c = 0;
+        if (last) *c = 0, __threadfence();
         *flag = last;
     }
     __syncthreads();
-    const bool last = *flag != 0;
-    if (last) __threadfence();
-    return last;
+    return *flag != 0;
 }
 
 template <typename T, typename C, int D>
@@ -324,44 +323,52 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
         wo[(2 * t + 1) * D + d0] = acc[i][1], wo[(2 * t + 1) * D + d0 + 1] = acc[i][3];
     }
     __syncthreads();
-    // ---- merges: item = (head h, dims d..d+3) ----
+    // ---- merges: thread tid merges items tid + k ATT_THREADS (head h, dims d..d+3) ----
+    constexpr int NI = D >= 64 ? D / 64 : 1;  // ceil(8 heads * D/4 items / ATT_THREADS)
     const int items = G * (D / 4), GD = G * D;
+    int hh[NI], dd[NI];
+    bool ok[NI];
+#pragma unroll
+    for (int k = 0; k < NI; ++k) {
+        const int it = tid + k * ATT_THREADS;
+        ok[k] = it < items, hh[k] = ok[k] ? it / (D / 4) : 0, dd[k] = 4 * (it % (D / 4));
+    }
+    const float* pml[NI];
+    const float* po[NI];
+    AttAcc res[NI];
+    auto finish = [&]() {  // normalised output of the row's heads
+#pragma unroll
+        for (int k = 0; k < NI; ++k)
+            if (ok[k]) att_store4<T>(o + (orow + hh[k]) * D + dd[k], res[k].a, res[k].l > 0.f ? 1.f / res[k].l : 0.f);
+    };
+    auto store_part = [&](float* wo_, float* wml) {  // unnormalised partial of this block's level
+#pragma unroll
+        for (int k = 0; k < NI; ++k) {
+            if (!ok[k]) continue;
+            float4 v;
+            v.x = res[k].a[0], v.y = res[k].a[1], v.z = res[k].a[2], v.w = res[k].a[3];
+            *reinterpret_cast<float4*>(wo_ + hh[k] * D + dd[k]) = v;
+            if (dd[k] == 0) wml[2 * hh[k]] = res[k].m, wml[2 * hh[k] + 1] = res[k].l;
+        }
+    };
+#pragma unroll
+    for (int k = 0; k < NI; ++k) pml[k] = sml + 2 * hh[k], po[k] = so + hh[k] * D + dd[k];
+    att_merge<false, NI>(pml, 16, po, 8 * D, ok, ATT_NW, res);  // the block's warps
+    if (ns == 1) return finish();
     const long long rh = (long long)r * HKV + hk, part = rh * nsplit + split;
-    for (int it = tid; it < items; it += ATT_THREADS) {
-        const int h = it / (D / 4), d = 4 * (it % (D / 4));
-        float L, a[4];
-        const float M = att_merge<false>(sml + 2 * h, 16, so + h * D + d, 8 * D, ATT_NW, L, a);
-        if (ns == 1) {
-            att_store4<T>(o + (orow + h) * D + d, a, L > 0.f ? 1.f / L : 0.f);
-        } else {
-            float* w = ws_o + part * GD + h * D + d;
-            w[0] = a[0], w[1] = a[1], w[2] = a[2], w[3] = a[3];
-            if (d == 0) ws_ml[part * 2 * G + 2 * h] = M, ws_ml[part * 2 * G + 2 * h + 1] = L;
-        }
-    }
-    if (ns == 1) return;
-    const int gs = att_group(ns), grp = split / gs, ng = (ns + gs - 1) / gs;
-    if (!att_arrive(cnt + rh * ngmax + grp, min(gs, ns - grp * gs), sflag)) return;
+    store_part(ws_o + part * GD, ws_ml + part * 2 * G);
+    const int gs = att_group(ns), grp = split / gs, ng = (ns + gs - 1) / gs, gn = min(gs, ns - grp * gs);
+    if (!att_arrive(cnt + rh * ngmax + grp, gn, sflag)) return;
     const long long p0 = rh * nsplit + (long long)grp * gs, gpart = rh * ngmax + grp;
-    for (int it = tid; it < items; it += ATT_THREADS) {
-        const int h = it / (D / 4), d = 4 * (it % (D / 4));
-        float L, a[4];
-        const float M = att_merge<true>(ws_ml + p0 * 2 * G + 2 * h, 2 * G, ws_o + p0 * GD + h * D + d, GD,
-                                        min(gs, ns - grp * gs), L, a);
-        if (ng == 1) {
-            att_store4<T>(o + (orow + h) * D + d, a, L > 0.f ? 1.f / L : 0.f);
-        } else {
-            float* w = wg_o + gpart * GD + h * D + d;
-            w[0] = a[0], w[1] = a[1], w[2] = a[2], w[3] = a[3];
-            if (d == 0) wg_ml[gpart * 2 * G + 2 * h] = M, wg_ml[gpart * 2 * G + 2 * h + 1] = L;
-        }
-    }
-    if (ng == 1) return;
+#pragma unroll
+    for (int k = 0; k < NI; ++k) pml[k] = ws_ml + p0 * 2 * G + 2 * hh[k], po[k] = ws_o + p0 * GD + hh[k] * D + dd[k];
+    att_merge<true, NI>(pml, 2 * G, po, GD, ok, gn, res);  // the group's splits
+    if (ng == 1) return finish();
+    store_part(wg_o + gpart * GD, wg_ml + gpart * 2 * G);
     if (!att_arrive(cnt + (long long)gridDim.z * HKV * ngmax + rh, ng, sflag)) return;
-    for (int it = tid; it < items; it += ATT_THREADS) {
-        const int h = it / (D / 4), d = 4 * (it % (D / 4));
-        float L, a[4];
-        att_merge<true>(wg_ml + rh * ngmax * 2 * G + 2 * h, 2 * G, wg_o + rh * ngmax * GD + h * D + d, GD, ng, L, a);
-        att_store4<T>(o + (orow + h) * D + d, a, L > 0.f ? 1.f / L : 0.f);
-    }
+#pragma unroll
+    for (int k = 0; k < NI; ++k)
+        pml[k] = wg_ml + rh * ngmax * 2 * G + 2 * hh[k], po[k] = wg_o + rh * ngmax * GD + hh[k] * D + dd[k];
+    att_merge<true, NI>(pml, 2 * G, po, GD, ok, ng, res);  // the row's groups
+    finish();
 }

@@ -106,18 +106,15 @@ template <typename C, int N> __device__ __forceinline__ void att_load(const C* p
 }
 
 // four e4m3 codes (byte i = dim i) -> bf16 pairs (dims 0,1) and (2,3), exact: the code's bits placed in a bf16
-// (value * 2^-120, a bf16 subnormal for an e4m3 subnormal), times 2^120; a NaN code (S.1111.111) takes a slow path.
+// (value * 2^-120, a bf16 subnormal for an e4m3 subnormal), times 2^120; a NaN code (S.1111.111, which would read
+// as 480) gets its bf16 exponent and quiet bit set, branch-free.
 __device__ __forceinline__ void att_e4m3x4(u32 w, u32& p01, u32& p23) {
     const u32 x01 = att_prmt(w, 0u, 0x4140u), x23 = att_prmt(w, 0u, 0x4342u);
+    const u32 nan = (((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u) >> 7;  // 1 in each NaN code's byte
     p01 = att_mul_bf16x2(((x01 & 0x007f007fu) << 4) | ((x01 & 0x00800080u) << 8), 0x7b807b80u);
     p23 = att_mul_bf16x2(((x23 & 0x007f007fu) << 4) | ((x23 & 0x00800080u) << 8), 0x7b807b80u);
-    if ((((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u) != 0u) {
-        const u32 b[4] = {w & 0xffu, (w >> 8) & 0xffu, (w >> 16) & 0xffu, w >> 24};
-        u32 h[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) h[i] = f32_bits(e4m3_to_f(b[i])) >> 16;  // exact
-        p01 = h[0] | (h[1] << 16), p23 = h[2] | (h[3] << 16);
-    }
+    p01 |= att_prmt(nan, 0u, 0x4140u) * 0x7fc0u;
+    p23 |= att_prmt(nan, 0u, 0x4342u) * 0x7fc0u;
 }
 
 // N raw dims -> N/2 bf16 pairs (pair i = dims 2i, 2i+1): hi, and lo for a float cache (x = hi + lo).
@@ -139,35 +136,52 @@ template <int N> __device__ __forceinline__ void att_pairs(const AttRaw<float, N
 }
 
 // ---- merging partial softmax states (m, l, o): the same formula for warps, splits and groups of splits ----
-// Parts b = 0..n-1 in order; M = max m_b; o = sum_b o_b 2^(m_b - M), l = sum_b l_b 2^(m_b - M) (fma in b order);
-// parts with m_b = -inf (no positions) are skipped. GLOBAL parts were written by other blocks of this launch: read
-// through L2 (ld.cg), never through a possibly stale L1 line.
-template <bool GLOBAL> __device__ __forceinline__ float att_ld1(const float* p) {
-    if constexpr (GLOBAL) return __ldcg(p);
-    else return *p;
+// Parts b = 0..n-1 in order, online: M' = max(M, m_b), o = o 2^(M - M') + o_b 2^(m_b - M'), l likewise; parts with
+// m_b = -inf (no positions) are skipped. Each thread merges NI items (4 dims of one head) at once, parts in batches
+// of 4 whose loads are all issued before the arithmetic (a level costs ceil(n / 4) round trips to L2). GLOBAL parts
+// were written by other blocks of this launch: read through L2 (ld.cg), never through a possibly stale L1 line.
+template <bool GLOBAL> __device__ __forceinline__ float2 att_ld2(const float* p) {
+    if constexpr (GLOBAL) return __ldcg(reinterpret_cast<const float2*>(p));
+    else return *reinterpret_cast<const float2*>(p);
 }
 template <bool GLOBAL> __device__ __forceinline__ float4 att_ld4(const float* p) {
     if constexpr (GLOBAL) return __ldcg(reinterpret_cast<const float4*>(p));
     else return *reinterpret_cast<const float4*>(p);
 }
 
-// ml: part 0's (m, l) of this head, parts mls floats apart; o: part 0's 4 dims, parts os floats apart.
-template <bool GLOBAL>
-__device__ __forceinline__ float att_merge(const float* ml, int mls, const float* o, long long os, int n, float& l,
-                                           float (&a)[4]) {
-    float mx = NEG_INF;
-    for (int b = 0; b < n; ++b) mx = fmaxf(mx, att_ld1<GLOBAL>(ml + b * mls));
-    l = 0.f, a[0] = a[1] = a[2] = a[3] = 0.f;
-#pragma unroll 4
-    for (int b = 0; b < n; ++b) {
-        const float mb = att_ld1<GLOBAL>(ml + b * mls);
-        if (mb == NEG_INF) continue;
-        const float c = exp2f(mb - mx);
-        const float4 v = att_ld4<GLOBAL>(o + b * os);
-        l = fmaf(att_ld1<GLOBAL>(ml + b * mls + 1), c, l);
-        a[0] = fmaf(v.x, c, a[0]), a[1] = fmaf(v.y, c, a[1]), a[2] = fmaf(v.z, c, a[2]), a[3] = fmaf(v.w, c, a[3]);
+struct AttAcc {
+    float m, l, a[4];
+};
+
+// item k: (m, l) of part b at ml[k] + b * mls, its 4 dims at o[k] + b * os; ok[k] false: item absent.
+template <bool GLOBAL, int NI>
+__device__ __forceinline__ void att_merge(const float* const (&ml)[NI], long long mls, const float* const (&o)[NI],
+                                          long long os, const bool (&ok)[NI], int n, AttAcc (&r)[NI]) {
+#pragma unroll
+    for (int k = 0; k < NI; ++k) r[k].m = NEG_INF, r[k].l = 0.f, r[k].a[0] = r[k].a[1] = r[k].a[2] = r[k].a[3] = 0.f;
+    for (int b0 = 0; b0 < n; b0 += 4) {
+        float2 pm[NI][4];
+        float4 po[NI][4];
+#pragma unroll
+        for (int k = 0; k < NI; ++k)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (ok[k] && b0 + j < n) {
+                    pm[k][j] = att_ld2<GLOBAL>(ml[k] + (b0 + j) * mls);
+                    po[k][j] = att_ld4<GLOBAL>(o[k] + (b0 + j) * os);
+                }
+#pragma unroll
+        for (int k = 0; k < NI; ++k)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (!ok[k] || b0 + j >= n || pm[k][j].x == NEG_INF) continue;
+                const float mn = fmaxf(r[k].m, pm[k][j].x), cs = exp2f(r[k].m - mn), cb = exp2f(pm[k][j].x - mn);
+                r[k].l = fmaf(pm[k][j].y, cb, r[k].l * cs);
+                r[k].a[0] = fmaf(po[k][j].x, cb, r[k].a[0] * cs), r[k].a[1] = fmaf(po[k][j].y, cb, r[k].a[1] * cs);
+                r[k].a[2] = fmaf(po[k][j].z, cb, r[k].a[2] * cs), r[k].a[3] = fmaf(po[k][j].w, cb, r[k].a[3] * cs);
+                r[k].m = mn;
+            }
     }
-    return mx;
 }
 
 template <typename T> __device__ __forceinline__ void att_store4(T* p, const float (&a)[4], float s);

@@ -21,6 +21,7 @@ from ninfer.cuda.attention import page_shift, smem_bytes, split_plan
 from ninfer.cuda.loader import source_text
 from ninfer.engine.model_runner import PagedKVStore
 from ninfer.formats import bf16_decode, bf16_encode, bf16_round
+from ninfer.formats.fp8 import e4m3_table
 from ninfer.reference import ops
 
 F32 = np.float32
@@ -145,6 +146,16 @@ def test_attention_emulated_matches_reference(emu: Path, tmp_path: Path, case: t
         alone = _run(emu, tmp_path, cache, q[b : b + 1], seq[b : b + 1], pos[b : b + 1], t=t, ct=ct, hkv=hkv,
                      chunk=chunk, max_len=lens[b])  # fmt: skip
         assert np.array_equal(alone[0].view(np.uint32), got[b].view(np.uint32)), "row depends on the batch"
+
+
+def test_e4m3_codes_widen_exactly(emu: Path) -> None:
+    """Every e4m3 code (subnormals, both zeros, NaN) through the kernel's widening to bf16 (att_e4m3x4)."""
+    proc = subprocess.run([str(emu), "e4m3"], capture_output=True, timeout=60)
+    assert proc.returncode == 0
+    got = bf16_decode(np.frombuffer(proc.stdout, np.uint16))
+    want = e4m3_table().astype(F32)
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
 
 
 def test_prefill_rows_emulated(emu: Path, tmp_path: Path) -> None:

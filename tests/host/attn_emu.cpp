@@ -42,6 +42,9 @@ struct alignas(16) uint4 {
 struct alignas(8) uint2 {
     unsigned x, y;
 };
+struct alignas(8) float2 {
+    float x, y;
+};
 struct alignas(16) float4 {
     float x, y, z, w;
 };
@@ -77,6 +80,7 @@ inline int atomicAdd(int* p, int v) {  // blocks run one at a time, and only thr
     return old;
 }
 inline float __ldcg(const float* p) { return *p; }
+inline float2 __ldcg(const float2* p) { return *p; }
 inline float4 __ldcg(const float4* p) { return *p; }
 
 inline unsigned emu_exchange(unsigned v, int src) {
