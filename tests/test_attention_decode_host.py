@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from ninfer.artifact.registry import MODELS
-from ninfer.cuda.attention import page_shift, smem_bytes, split_plan
+from ninfer.cuda.attention import group_size, page_shift, smem_bytes, split_plan
 from ninfer.cuda.loader import source_text
 from ninfer.engine.model_runner import PagedKVStore
 from ninfer.formats import bf16_decode, bf16_encode, bf16_round
@@ -174,3 +174,15 @@ def test_prefill_rows_emulated(emu: Path, tmp_path: Path) -> None:
         assert np.array_equal(one[0].view(np.uint32), got[p].view(np.uint32)), (
             f"prefill row {p} != its decode"
         )
+
+
+def test_split_plan_bounds_every_row() -> None:
+    """The launch's counter and group-workspace sizes (ngmax) cover every row: ceil(ns / gs(ns)) <= ngmax for all
+    ns <= nsplit; chunks round up to whole tiles."""
+    for max_len in (1, 15, 16, 17, 129, 2100, 8192, 32768, 131072):
+        for chunk in (16, 64, 100, 128, 256, 512, None):
+            plan = split_plan(max_len, chunk)
+            assert plan.chunk % 16 == 0 and plan.nsplit * plan.chunk >= max_len
+            for ns in range(1, plan.nsplit + 1):
+                gs = group_size(ns)
+                assert -(-ns // gs) <= plan.ngmax and gs * gs >= ns and (gs == 1 or (gs // 2) ** 2 < ns)

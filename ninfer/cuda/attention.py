@@ -23,8 +23,8 @@ from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, 
 from ninfer.cuda.loader import kernel
 
 __all__ = [
-    "qk_norm_rope_kv_write", "attention", "split_plan", "SplitPlan", "workspace_bytes", "SOURCES", "HEAD_DIMS",
-    "MAX_GROUP",
+    "qk_norm_rope_kv_write", "attention", "split_plan", "SplitPlan", "group_size", "workspace_bytes",
+    "rows_per_launch", "smem_bytes", "page_shift", "SOURCES", "HEAD_DIMS", "MAX_GROUP",
 ]  # fmt: skip
 
 _T = ("float", "bf16")
