@@ -137,51 +137,60 @@ template <int N> __device__ __forceinline__ void att_pairs(const AttRaw<float, N
 
 // ---- merging partial softmax states (m, l, o): the same formula for warps, splits and groups of splits ----
 // Parts b = 0..n-1 in order, online: M' = max(M, m_b), o = o 2^(M - M') + o_b 2^(m_b - M'), l likewise; parts with
-// m_b = -inf (no positions) are skipped. Each thread merges NI items (4 dims of one head) at once, parts in batches
-// of 4 whose loads are all issued before the arithmetic (a level costs ceil(n / 4) round trips to L2). GLOBAL parts
-// were written by other blocks of this launch: read through L2 (ld.cg), never through a possibly stale L1 line.
-template <bool GLOBAL> __device__ __forceinline__ float2 att_ld2(const float* p) {
-    if constexpr (GLOBAL) return __ldcg(reinterpret_cast<const float2*>(p));
-    else return *reinterpret_cast<const float2*>(p);
-}
-template <bool GLOBAL> __device__ __forceinline__ float4 att_ld4(const float* p) {
-    if constexpr (GLOBAL) return __ldcg(reinterpret_cast<const float4*>(p));
-    else return *reinterpret_cast<const float4*>(p);
-}
-
+// m_b = -inf (no positions) are skipped. Parts are read from shared memory: the block's warps, or batches of the
+// split/group partials other blocks wrote, staged by att_stage (cp.async, so no registers hold them in flight).
 struct AttAcc {
     float m, l, a[4];
 };
 
-// item k: (m, l) of part b at ml[k] + b * mls, its 4 dims at o[k] + b * os; ok[k] false: item absent.
-template <bool GLOBAL, int NI>
-__device__ __forceinline__ void att_merge(const float* const (&ml)[NI], long long mls, const float* const (&o)[NI],
-                                          long long os, const bool (&ok)[NI], int n, AttAcc (&r)[NI]) {
+template <int NI> __device__ __forceinline__ void att_merge_reset(AttAcc (&r)[NI]) {
 #pragma unroll
     for (int k = 0; k < NI; ++k) r[k].m = NEG_INF, r[k].l = 0.f, r[k].a[0] = r[k].a[1] = r[k].a[2] = r[k].a[3] = 0.f;
-    for (int b0 = 0; b0 < n; b0 += 4) {
-        float2 pm[NI][4];
-        float4 po[NI][4];
+}
+
+// Item k (4 dims of one head) of this thread: (m, l) of part b at ml[k] + b * mls, its 4 dims at o[k] + b * os;
+// ok[k] false: no item. Continues r (parts after the ones already merged).
+template <int NI>
+__device__ __forceinline__ void att_merge(const float* const (&ml)[NI], int mls, const float* const (&o)[NI], int os,
+                                          const bool (&ok)[NI], int n, AttAcc (&r)[NI]) {
 #pragma unroll
-        for (int k = 0; k < NI; ++k)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                if (ok[k] && b0 + j < n) {
-                    pm[k][j] = att_ld2<GLOBAL>(ml[k] + (b0 + j) * mls);
-                    po[k][j] = att_ld4<GLOBAL>(o[k] + (b0 + j) * os);
-                }
-#pragma unroll
-        for (int k = 0; k < NI; ++k)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                if (!ok[k] || b0 + j >= n || pm[k][j].x == NEG_INF) continue;
-                const float mn = fmaxf(r[k].m, pm[k][j].x), cs = exp2f(r[k].m - mn), cb = exp2f(pm[k][j].x - mn);
-                r[k].l = fmaf(pm[k][j].y, cb, r[k].l * cs);
-                r[k].a[0] = fmaf(po[k][j].x, cb, r[k].a[0] * cs), r[k].a[1] = fmaf(po[k][j].y, cb, r[k].a[1] * cs);
-                r[k].a[2] = fmaf(po[k][j].z, cb, r[k].a[2] * cs), r[k].a[3] = fmaf(po[k][j].w, cb, r[k].a[3] * cs);
-                r[k].m = mn;
-            }
+    for (int k = 0; k < NI; ++k) {
+        if (!ok[k]) continue;
+        for (int b = 0; b < n; ++b) {
+            const float2 pm = *reinterpret_cast<const float2*>(ml[k] + b * mls);
+            if (pm.x == NEG_INF) continue;
+            const float4 v = *reinterpret_cast<const float4*>(o[k] + b * os);
+            const float mn = fmaxf(r[k].m, pm.x), cs = exp2f(r[k].m - mn), cb = exp2f(pm.x - mn);
+            r[k].l = fmaf(pm.y, cb, r[k].l * cs);
+            r[k].a[0] = fmaf(v.x, cb, r[k].a[0] * cs), r[k].a[1] = fmaf(v.y, cb, r[k].a[1] * cs);
+            r[k].a[2] = fmaf(v.z, cb, r[k].a[2] * cs), r[k].a[3] = fmaf(v.w, cb, r[k].a[3] * cs);
+            r[k].m = mn;
+        }
     }
+}
+
+// 16 bytes global -> shared without registers (L2 only: the data was written by other blocks of this launch).
+__device__ __forceinline__ void att_cp16(float* dst, const float* src) {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+#else
+    __builtin_memcpy(dst, src, 16);
+#endif
+}
+
+__device__ __forceinline__ void att_cp_wait() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+// Copies nf floats (a multiple of 4, 16-byte aligned) of o and nm floats of (m, l) into shared memory, all threads.
+__device__ __forceinline__ void att_stage(float* so, const float* go, int nf, float* sml, const float* gml, int nm) {
+    for (int e = 4 * (int)threadIdx.x; e < nf; e += 4 * (int)blockDim.x) att_cp16(so + e, go + e);
+    for (int e = threadIdx.x; e < nm; e += blockDim.x) sml[e] = __ldcg(gml + e);
+    att_cp_wait();
+    __syncthreads();
 }
 
 template <typename T> __device__ __forceinline__ void att_store4(T* p, const float (&a)[4], float s);

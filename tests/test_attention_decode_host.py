@@ -3,8 +3,8 @@ emulates the CUDA built-ins with std::thread (tests/host/attn_emu.cpp: one threa
 barriers, shuffles and mma.sync on their PTX fragment layouts, NaN-filled shared memory and workspaces, NaN-poisoned
 output, blocks in a shuffled order). Checks the fragment index math, masking, paging, the three merge levels and
 the arrival counters against the NumPy reference on every cache type, head dim and GQA group without a GPU, and
-that a row's bits depend neither on the block order nor on the other rows of the launch. The GPU tests
-(tests/test_cuda_attention_decode.py) check the same kernel on the device.
+that a row's bits depend neither on the block order, the blocks per row nor on the other rows of the launch. The
+GPU tests (tests/test_cuda_attention_decode.py) check the same kernel on the device.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from ninfer.artifact.registry import MODELS
-from ninfer.cuda.attention import group_size, page_shift, smem_bytes, split_plan
+from ninfer.cuda.attention import group_size, page_shift, smem_bytes, split_blocks, split_plan
 from ninfer.cuda.loader import source_text
 from ninfer.engine.model_runner import PagedKVStore
 from ninfer.formats import bf16_decode, bf16_encode, bf16_round
@@ -79,7 +79,7 @@ def _cache(rng: np.random.Generator, lens: list[int], hkv: int, d: int, ct: str,
 
 
 def _run(emu: Path, tmp: Path, cache: dict, q: np.ndarray, seq: np.ndarray, pos: np.ndarray, *, t: str, ct: str,
-         hkv: int, chunk: int | None, max_len: int, seed: int = 1) -> np.ndarray:  # fmt: skip
+         hkv: int, chunk: int | None, max_len: int, seed: int = 1, sx: int | None = None) -> np.ndarray:  # fmt: skip
     r, hq, d = q.shape
     plan = split_plan(max_len, chunk)
     files = {"q": bf16_encode(q) if t == "bf16" else q.astype(F32), "kc": cache["kc"], "vc": cache["vc"],
@@ -89,7 +89,8 @@ def _run(emu: Path, tmp: Path, cache: dict, q: np.ndarray, seq: np.ndarray, pos:
     npages, page = cache["kc"].shape[:2]
     qk = float(d) ** -0.5 * np.log2(np.e)  # as the wrapper: scale * log2(e) in float32
     args = [int(t == "bf16"), CACHE_CODES[ct], d, r, hq, hkv, npages, page, page_shift(page), cache["table"].shape[1],
-            plan.chunk, plan.nsplit, plan.ngmax, repr(float(F32(qk))), smem_bytes(d), seed, cache["table"].shape[0]]  # fmt: skip
+            plan.chunk, plan.nsplit, plan.ngmax, repr(float(F32(qk))), smem_bytes(d), seed, cache["table"].shape[0],
+            split_blocks(r, hkv, plan.nsplit, 132) if sx is None else sx]  # fmt: skip
     proc = subprocess.run([str(emu), str(tmp), *map(str, args)], capture_output=True, text=True, timeout=900)
     assert proc.returncode != 7, "an arrival counter is not zero after the launch"
     assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
@@ -136,11 +137,11 @@ def test_attention_emulated_matches_reference(emu: Path, tmp_path: Path, case: t
     err = _err(got, _ref(cache, q, seq, pos))
     tol = 1.2e-2 if t == "bf16" else 1e-4
     assert err <= tol, f"normalised max error {err:.2e} > {tol:.1e}"
-    # the block order and the other rows of the launch do not move a bit
-    again = _run(
-        emu, tmp_path, cache, q, seq, pos, t=t, ct=ct, hkv=hkv, chunk=chunk, max_len=max(lens), seed=7
-    )
-    assert np.array_equal(again.view(np.uint32), got.view(np.uint32)), "result depends on the block order"
+    # the block order, the blocks per (KV head, row) (gridDim.z) and the other rows of the launch move no bit
+    for seed, sx in ((7, 1), (3, 2), (5, split_plan(max(lens), chunk).nsplit)):
+        again = _run(emu, tmp_path, cache, q, seq, pos, t=t, ct=ct, hkv=hkv, chunk=chunk, max_len=max(lens),
+                     seed=seed, sx=sx)  # fmt: skip
+        assert np.array_equal(again.view(np.uint32), got.view(np.uint32)), f"depends on the grid: {sx}"
     if chunk is not None:
         b = int(np.argmin(lens))
         alone = _run(emu, tmp_path, cache, q[b : b + 1], seq[b : b + 1], pos[b : b + 1], t=t, ct=ct, hkv=hkv,

@@ -24,7 +24,7 @@ from ninfer.cuda.loader import kernel
 
 __all__ = [
     "qk_norm_rope_kv_write", "attention", "split_plan", "SplitPlan", "group_size", "workspace_bytes",
-    "rows_per_launch", "smem_bytes", "page_shift", "SOURCES", "HEAD_DIMS", "MAX_GROUP",
+    "rows_per_launch", "split_blocks", "smem_bytes", "page_shift", "SOURCES", "HEAD_DIMS", "MAX_GROUP",
 ]  # fmt: skip
 
 _T = ("float", "bf16")
@@ -229,6 +229,20 @@ def rows_per_launch(rows: int, hq: int, d: int, plan: SplitPlan) -> int:
     return max(1, min(rows, 65535, WS_CAP // per if per else rows))
 
 
+def split_blocks(rows: int, hkv: int, nsplit: int, sms: int) -> int:
+    """gridDim.z: blocks per (KV head, row), each striding over the row's splits. About 4 per SM in all (2 resident
+    at a time) whatever ``max_len``: a decode graph sized for the pool's capacity launches no storm of blocks past
+    the rows' positions. Only the spread of the work depends on it, never a result."""
+    return max(1, min(nsplit, -(-4 * sms // (hkv * rows))))
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+
+
 def smem_bytes(d: int) -> int:
     """Dynamic shared memory of ``attention<*, *, d>`` (its layout: Q fragments, warp partials, flag)."""
     return d // 16 * 512 + ATT_NW * 8 * d * 4 + ATT_NW * 16 * 4 + 16
@@ -281,8 +295,9 @@ def attention(
     """Causal GQA attention of ``q[R, Hq, D]``: row r (sequence ``row_seq[r]``) attends positions
     ``0..row_pos[r]`` of its pages in ``page_table[B, max_pages]``. ``max_len`` bounds ``row_pos + 1``.
 
-    ``chunk`` splits the KV length into fixed chunks by absolute position (rounded up to 16): one block per
-    (split, KV head, row), the partials merged in split order in the same launch. ``None`` runs one split per row.
+    ``chunk`` splits the KV length into fixed chunks by absolute position (rounded up to 16), computed by blocks of
+    one (KV head, row) striding over its splits, the partials merged in split order in the same launch. ``None``
+    runs one split per row.
     Either way a row's result depends only on its own inputs (never on the other rows, ``max_len`` or the launch).
     An fp8 (uint8) cache reads its scales from ``k_scale``/``v_scale`` ``[num_pages, page_size, HKV]``.
     """
@@ -310,10 +325,11 @@ def attention(
         stream = cupy.cuda.get_current_stream()
         cnt = _counters(cupy.cuda.Device().id, stream.ptr).get(step * hkv * (plan.ngmax + 1))
     qk_scale = np.float32(scale * math.log2(math.e))
+    sms = _sm_count(cupy.cuda.Device().id)
     for r0 in range(0, r, step):
         n = min(step, r - r0)
         fn(
-            (plan.nsplit, hkv, n),
+            (hkv, n, split_blocks(n, hkv, plan.nsplit, sms)),
             (32 * ATT_NW,),
             (
                 q[r0 : r0 + n], k_cache, v_cache, ks, vs, page_table, row_seq[r0 : r0 + n], row_pos[r0 : r0 + n],

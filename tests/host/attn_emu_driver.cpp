@@ -1,5 +1,5 @@
 // Driver of the attention host emulation: argv = dir T C D R HQ HKV npages page_size page_shift ldpt chunk nsplit
-// ngmax qk_scale smem order_seed nseq. T: 0 float, 1 bf16; C: 0 float, 1 bf16, 2 e4m3. Reads dir/{q,kc,vc,ks,vs,pt,
+// ngmax qk_scale smem order_seed nseq sx (gridDim.z). T: 0 float, 1 bf16; C: 0 float, 1 bf16, 2 e4m3. Reads dir/{q,kc,vc,ks,vs,pt,
 // seq,pos}.bin, writes dir/o.bin; exits 7 if an arrival counter is not zero again after the launch.
 template <typename X> std::vector<X> emu_read(const std::string& path, size_t n) {
     std::vector<X> v(n);
@@ -19,7 +19,7 @@ struct EmuArgs {
     int R, HQ, HKV, nseq, npages, page_size, page_shift, chunk, nsplit, ngmax;
     long long ldpt;
     float qk_scale;
-    unsigned smem, seed;
+    unsigned smem, seed, sx;
 };
 
 template <typename T, typename C, int D> int emu_run(const EmuArgs& a) {
@@ -35,7 +35,7 @@ template <typename T, typename C, int D> int emu_run(const EmuArgs& a) {
     std::vector<float> ws_o(rh * a.nsplit * G * D + 4, NAN), ws_ml(rh * a.nsplit * G * 2 + 4, NAN);
     std::vector<float> wg_o(rh * a.ngmax * G * D + 4, NAN), wg_ml(rh * a.ngmax * G * 2 + 4, NAN);
     std::vector<int> cnt(rh * (a.ngmax + 1) + 4, 0);
-    emu_launch({(unsigned)a.nsplit, (unsigned)a.HKV, (unsigned)a.R}, ATT_THREADS, a.smem, a.seed, [&] {
+    emu_launch({(unsigned)a.HKV, (unsigned)a.R, a.sx}, ATT_THREADS, a.smem, a.seed, [&] {
         attention<T, C, D>(q.data(), kc.data(), vc.data(), ks.data(), vs.data(), pt.data(), seq.data(), pos.data(),
                            o.data(), ws_o.data(), ws_ml.data(), wg_o.data(), wg_ml.data(), cnt.data(), a.HQ, a.HKV,
                            a.page_size, a.page_shift, a.ldpt, a.chunk, a.nsplit, a.ngmax, a.qk_scale);
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
         }
         return std::fwrite(out.data(), 2, 256, stdout) == 256 ? 0 : 3;
     }
-    if (argc != 19) return 2;
+    if (argc != 20) return 2;
     EmuArgs a;
     a.dir = argv[1];
     const int t = atoi(argv[2]), c = atoi(argv[3]), D = atoi(argv[4]);
@@ -80,5 +80,6 @@ int main(int argc, char** argv) {
     a.page_size = atoi(argv[9]), a.page_shift = atoi(argv[10]), a.ldpt = atoll(argv[11]), a.chunk = atoi(argv[12]);
     a.nsplit = atoi(argv[13]), a.ngmax = atoi(argv[14]), a.qk_scale = (float)atof(argv[15]);
     a.smem = (unsigned)atoi(argv[16]), a.seed = (unsigned)atoi(argv[17]), a.nseq = atoi(argv[18]);
+    a.sx = (unsigned)atoi(argv[19]);
     return t == 0 ? emu_cache<float>(c, D, a) : emu_cache<bf16>(c, D, a);
 }
