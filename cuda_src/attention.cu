@@ -9,11 +9,12 @@
 //
 // qk_norm_rope_kv_write: q = RMSNormOff(q_raw, q_norm), k = RMSNormOff(k_raw, k_norm), partial NeoX rotation of
 //   dims [0, rot) with interleaved MRoPE axes, q to q_out, k and the raw v to the cache slots slot[t].
-// attention: softmax(q k^T * scale) v, causal by position, GQA (q head h reads kv head h / G), flash-style
-//   online fp32 softmax; split over the KV length in fixed chunks of `chunk` positions so a row's result
-//   depends only on its own position (never on the batch); attn_combine merges the splits in index order.
+// attention: softmax(q k^T * scale) v, causal by position, GQA (q head h reads kv head h / G), flash decoding on
+//   tensor cores (attn_frag.cuh): split over the KV length in fixed chunks of `chunk` positions, partials merged in
+//   a fixed order inside the same launch, so a row's result depends only on its own position (never on the batch).
 #include "common.cuh"
 #include "e4m3.cuh"
+#include "attn_frag.cuh"
 
 template <typename C> constexpr bool kScaled = false;  // the cache carries per-row scales
 template <> constexpr bool kScaled<e4m3> = true;
@@ -125,136 +126,277 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// One block per (query row, kv head, split) of ATT_W x G warps: warp (w, g) handles query head hk*G + g over the
-// w-th of ATT_W equal sub-ranges of the split's `chunk` positions; the block then merges its sub-ranges in w order
-// (the attn_combine formula), so a split's result depends only on its positions. Lane l holds dims l + 32e.
-// Within a warp, ATT_P positions at a time: their K loads and dot-product reductions are independent and overlap,
-// then the online-softmax updates run position by position in order (the same arithmetic as one at a time).
-// q: [R, HQ, D]; row r belongs to sequence row_seq[r] and sits at position row_pos[r] (attends 0..pos).
-// nsplit == 1: o [R, HQ, D] written directly; else partials ws_ml [R, HQ, nsplit, 2], ws_o [R, HQ, nsplit, D].
-#define ATT_W 4  // sub-ranges per split (warps per query head); chunk % ATT_W == 0 (checked by the wrapper)
-#define ATT_P 2  // positions in flight per warp
+// ---- split-KV attention (flash decoding) -------------------------------------------------------------------------
+// Row r's KV length is split in fixed chunks by absolute position: split s covers [s*chunk, +chunk) up to the row's
+// own position `last` (causal), so the row has ns = last/chunk + 1 splits. Block (kv head hk, row r, z) computes
+// splits z, z + gridDim.z, ... < ns for the G = HQ/HKV query heads of hk (one K/V read for G heads); gridDim.z
+// only spreads the work (the wrapper sizes it to fill the GPU, whatever max_len): a split's arithmetic does not
+// depend on which block computes it. A chunk is a whole number of 16-position tiles; warp w takes tiles w,
+// w + ATT_NW, ... of the split. Per tile: S = Q K^T for 16 positions (mma, attn_frag.cuh), one online-softmax update
+// (fp32, base 2: qk_scale = scale * log2 e), O^T += V^T P^T (mma). K and V rows of the warp's next tile (in this or
+// its next split) are in flight while the current tile computes: 16 B per lane, 8 KB of K and 8 KB of V per tile
+// and warp for bf16 at D = 256.
+// Merges, every one by att_merge in a fixed order: the block's warps (w order, shared memory); then the row's splits
+// in two levels: groups of gs = att_group(ns) consecutive splits, merged by the block that completes the group (an
+// arrival counter per group), then the groups, merged by the block that completes the last group. ns == 1 writes
+// the output directly, ng == 1 after the first level. Every decision depends only on the row's own position and
+// chunk (never on the batch, max_len, gridDim or timing), so a row's output is bitwise independent of the other
+// rows of the launch. The counters are zero between launches (each last arrival resets its own).
+// Workspaces (fp32): ws [R, HKV, nsplit] partials (G x D o, G x (m, l)), wg [R, HKV, ngmax] group partials; cnt
+// [R * HKV * ngmax] group counters then [R * HKV] row counters. q: [R, HQ, D]; o: [R, HQ, D].
+__device__ __forceinline__ int att_group(int ns) {  // smallest power of two gs with gs^2 >= ns (host: group_size)
+    int gs = 1;
+    while (gs * gs < ns) gs <<= 1;
+    return gs;
+}
 
-template <typename C, int E>
-__device__ __forceinline__ void att_step(float s, const C* __restrict__ vrow, float vs, float& m, float& l,
-                                         float acc[E], int lane) {
-    const float mn = fmaxf(m, s), corr = expf(m - mn), pw = expf(s - mn);
-    l = l * corr + pw;
-    float pv = pw;  // weight of this position's v row: pw * vs for fp8 (codes times scale)
-    if constexpr (kScaled<C>) pv *= vs;
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = fmaf(pv, to_f(vrow[lane + 32 * e]), acc[e] * corr);
-    m = mn;
+// All threads: true in the block that brought counter c to n (it resets c). As a grid barrier does: the block's
+// stores are ordered before thread 0's fence by the first barrier (fences are cumulative), and the last block reads
+// after its fence and the second barrier. The first barrier also ends every thread's reads of shared memory.
+__device__ __forceinline__ bool att_arrive(int* c, int n, int* flag) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const int last = atomicAdd(c, 1) == n - 1;
+        if (last) *c = 0, __threadfence();
+        *flag = last;
+    }
+    __syncthreads();
+    return *flag != 0;
 }
 
 template <typename T, typename C, int D>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(ATT_THREADS, 2)
     attention(const T* __restrict__ q, const C* __restrict__ k_cache, const C* __restrict__ v_cache,
               const float* __restrict__ k_scale, const float* __restrict__ v_scale,
               const int* __restrict__ page_table, const int* __restrict__ row_seq, const int* __restrict__ row_pos,
-              T* __restrict__ o, float* __restrict__ ws_ml, float* __restrict__ ws_o, int HQ, int HKV,
-              int page_size, long long ldpt, int chunk, int nsplit, float scale) {
-    constexpr int E = D / 32;
-    __shared__ float sh_ml[ATT_W * 8][2];
-    __shared__ float sh_o[ATT_W * 8][D];
-    const int r = blockIdx.x, hk = blockIdx.y, split = blockIdx.z;
-    const int G = HQ / HKV, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = warp % G, w = warp / G, hq = hk * G + g;  // blockDim.x == 32 * G * ATT_W
-    const int b = row_seq[r], last = row_pos[r], sub = chunk / ATT_W;
-    const int s0 = split * chunk, s1 = min(last + 1, s0 + chunk);
-    const int p0 = s0 + w * sub, p1 = min(s1, p0 + sub);
-    float qv[E], acc[E];
-    const T* qr = q + ((long long)r * HQ + hq) * D;
+              T* __restrict__ o, float* ws_o, float* ws_ml, float* wg_o, float* wg_ml, int* cnt, int HQ, int HKV,
+              int page_size, int page_shift, long long ldpt, int chunk, int nsplit, int ngmax, float qk_scale) {
+    constexpr int NP = D / 16, NU = D / 32, U = D >= 64 ? 8 : 4, NJ = D / (8 * U);
+    constexpr bool QSPLIT = sizeof(T) == 4, VSPLIT = sizeof(C) == 4, PRE = sizeof(C) <= 2;  // PRE: prefetch
+    extern __shared__ uint4 att_smem[];  // attention.py smem_bytes mirrors this layout
+    uint4* sq = att_smem;                                      // [NP][32] Q fragments (hi x, y; lo z, w)
+    float* so = reinterpret_cast<float*>(att_smem + NP * 32);  // [ATT_NW][8 heads][D] warp o (unnormalised)
+    float* sml = so + ATT_NW * 8 * D;                          // [ATT_NW][8][2] warp (m, l)
+    int* sflag = reinterpret_cast<int*>(sml + ATT_NW * 16);
+    const int hk = blockIdx.x, r = blockIdx.y;
+    const int G = HQ / HKV, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int last = row_pos[r], ns = last < 0 ? 1 : last / chunk + 1;
+    if ((int)blockIdx.z >= ns) return;  // no split of this row for this block (the wrapper keeps these few)
+    const int* pt = page_table + (long long)row_seq[r] * ldpt;
+    const long long orow = (long long)r * HQ + (long long)hk * G, rh = (long long)r * HKV + hk;
+    auto ntile = [&](int sp) {  // tiles of split sp up to the row's position (>= 1 for sp < ns, 0 when last < 0)
+        const int s0 = sp * chunk, pend = min(last + 1, s0 + chunk);
+        return pend > s0 ? (pend - s0 + ATT_TILE - 1) / ATT_TILE : 0;
+    };
+    auto next_base = [&](int sp, int k) {  // the warp's tile after tile k of split sp: its first position, or -1
+        if (k + ATT_NW < ntile(sp)) return sp * chunk + ATT_TILE * (k + ATT_NW);
+        const int sn = sp + (int)gridDim.z;
+        return sn < ns && warp < ntile(sn) ? sn * chunk + ATT_TILE * warp : -1;
+    };
+    auto kv_row = [&](int p) {  // (slot * HKV + hk) of position min(p, last): masked positions read valid rows
+        p = min(p, last);
+        const int pg = page_shift >= 0 ? p >> page_shift : p / page_size;
+        const int off = page_shift >= 0 ? (p & (page_size - 1)) : p % page_size;
+        return ((long long)pt[pg] * page_size + off) * HKV + hk;
+    };
+    // ---- tile registers: K rows base+g, base+8+g (chunks 4u+t); V rows base+2t+{0,1,8,9} (units g+8j) ----
+    AttRaw<C, 8> kr[PRE ? 2 : 1][PRE ? NU : 1];
+    AttRaw<C, U> vr[PRE ? 4 : 1][PRE ? NJ : 1];
+    const C* kp[2];
+    const C* vp[4];
+    float ksc[4], vsc[4];
+    auto load_k = [&](int base) {
 #pragma unroll
-    for (int e = 0; e < E; ++e) qv[e] = to_f(qr[lane + 32 * e]) * scale, acc[e] = 0.f;
-    float m = NEG_INF, l = 0.f;
-    const int* pt = page_table + b * ldpt;
-    int p = p0;
-    for (; p + ATT_P <= p1; p += ATT_P) {
-        long long srow[ATT_P];
-        float s[ATT_P];
+        for (int j = 0; j < 2; ++j) {
+            kp[j] = k_cache + kv_row(base + g + 8 * j) * D + 8 * t;
+            if constexpr (PRE)
 #pragma unroll
-        for (int j = 0; j < ATT_P; ++j) {
-            srow[j] = ((long long)pt[(p + j) / page_size] * page_size + (p + j) % page_size) * HKV + hk;
-            s[j] = 0.f;
+                for (int u = 0; u < NU; ++u) att_load(kp[j] + 32 * u, kr[j][u]);
         }
+    };
+    auto load_v = [&](int base) {
 #pragma unroll
-        for (int e = 0; e < E; ++e)
+        for (int a = 0; a < 4; ++a) {
+            const long long row = kv_row(base + 2 * t + (a & 1) + 8 * (a >> 1));
+            vp[a] = v_cache + row * D + U * g;
+            if constexpr (kScaled<C>) ksc[a] = k_scale[row], vsc[a] = v_scale[row];
+            if constexpr (PRE)
 #pragma unroll
-            for (int j = 0; j < ATT_P; ++j) s[j] = fmaf(qv[e], to_f(k_cache[srow[j] * D + lane + 32 * e]), s[j]);
-#pragma unroll
-        for (int j = 0; j < ATT_P; ++j) {
-            s[j] = warp_sum(s[j]);
-            if constexpr (kScaled<C>) s[j] *= k_scale[srow[j]];  // q . (code * ks) = (q . code) * ks
+                for (int j = 0; j < NJ; ++j) att_load(vp[a] + 8 * U * j, vr[a][j]);
         }
-#pragma unroll
-        for (int j = 0; j < ATT_P; ++j)
-            att_step<C, E>(s[j], v_cache + srow[j] * D, kScaled<C> ? v_scale[srow[j]] : 1.f, m, l, acc, lane);
+    };
+    const int z0 = blockIdx.z;
+    if (warp < ntile(z0)) load_k(z0 * chunk + ATT_TILE * warp), load_v(z0 * chunk + ATT_TILE * warp);  // before Q
+    // ---- Q fragments of the G heads (rows >= G zero), in the K chunk order ----
+    for (int e = tid; e < NP * 32; e += ATT_THREADS) {
+        const int s = e >> 5, gg = (e >> 2) & 7, dd = 8 * (4 * (s >> 1) + (e & 3)) + 4 * (s & 1);
+        uint4 f;
+        f.x = f.y = f.z = f.w = 0u;
+        if (gg < G) {
+            const T* qp = q + (orow + gg) * D + dd;
+            const float x0 = to_f(qp[0]), x1 = to_f(qp[1]), x2 = to_f(qp[2]), x3 = to_f(qp[3]);
+            att_split(x0, x1, f.x, f.z);  // bf16 q: exact in hi, lo = 0 (never used)
+            att_split(x2, x3, f.y, f.w);
+        }
+        sq[e] = f;
     }
-    for (; p < p1; ++p) {
-        const long long srow = ((long long)pt[p / page_size] * page_size + p % page_size) * HKV + hk;
-        float s = 0.f;
-#pragma unroll
-        for (int e = 0; e < E; ++e) s = fmaf(qv[e], to_f(k_cache[srow * D + lane + 32 * e]), s);
-        s = warp_sum(s);
-        if constexpr (kScaled<C>) s *= k_scale[srow];
-        att_step<C, E>(s, v_cache + srow * D, kScaled<C> ? v_scale[srow] : 1.f, m, l, acc, lane);
-    }
-    if (lane == 0) sh_ml[warp][0] = m, sh_ml[warp][1] = l;
-#pragma unroll
-    for (int e = 0; e < E; ++e) sh_o[warp][lane + 32 * e] = acc[e];
     __syncthreads();
-    if (w != 0) return;
-    // merge the ATT_W sub-ranges of query head g in w order (empty sub-ranges have m = -inf)
-    float mm = NEG_INF;
-    for (int u = 0; u < ATT_W; ++u) mm = fmaxf(mm, sh_ml[u * G + g][0]);
-    float lt = 0.f, at[E];
+    for (int split = z0; split < ns; split += gridDim.z) {
+        float acc[NP][4], m = NEG_INF, l = 0.f;  // O^T: m-tile i = dims of unit i/(U/2), heads 2t, 2t+1
 #pragma unroll
-    for (int e = 0; e < E; ++e) at[e] = 0.f;
-    for (int u = 0; u < ATT_W; ++u) {
-        const float mu = sh_ml[u * G + g][0];
-        if (mu == NEG_INF) continue;
-        const float c = expf(mu - mm);
-        lt = fmaf(sh_ml[u * G + g][1], c, lt);
+        for (int i = 0; i < NP; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+        for (int k = warp; k < ntile(split); k += ATT_NW) {
+            const int base = split * chunk + ATT_TILE * k, nxt = next_base(split, k);
+            float sa[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-        for (int e = 0; e < E; ++e) at[e] = fmaf(sh_o[u * G + g][lane + 32 * e], c, at[e]);
+            for (int u = 0; u < NU; ++u) {
+                AttPairs<C, 8> kx[2];
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    AttRaw<C, 8> raw;
+                    if constexpr (PRE) raw = kr[j][u];
+                    else att_load(kp[j] + 32 * u, raw);
+                    att_pairs(raw, kx[j]);
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const uint4 qf = sq[(2 * u + h) * 32 + lane];
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        att_mma(sa[j], qf.x, 0u, qf.y, 0u, kx[j].hi[2 * h], kx[j].hi[2 * h + 1]);
+                        if constexpr (QSPLIT) att_mma(sa[j], qf.z, 0u, qf.w, 0u, kx[j].hi[2 * h], kx[j].hi[2 * h + 1]);
+                        if constexpr (VSPLIT) att_mma(sa[j], qf.x, 0u, qf.y, 0u, kx[j].lo[2 * h], kx[j].lo[2 * h + 1]);
+                    }
+                }
+            }
+            if (PRE && nxt >= 0) load_k(nxt);  // next tile's K, in flight during softmax and PV
+            // online softmax, one update per tile: lane (g, t) holds head g at positions base + 2t + {0, 1, 8, 9}
+            float sc[4] = {sa[0][0], sa[0][1], sa[1][0], sa[1][1]}, mx = NEG_INF;
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                if constexpr (kScaled<C>) sc[a] *= ksc[a];  // q . (code * ks) = (q . code) * ks
+                sc[a] = base + 2 * t + (a & 1) + 8 * (a >> 1) > last ? NEG_INF : sc[a] * qk_scale;
+                mx = fmaxf(mx, sc[a]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(m, mx), mb = mn == NEG_INF ? 0.f : mn, corr = exp2f(m - mb);
+            float p[4];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) p[a] = exp2f(sc[a] - mb);
+            l = fmaf(l, corr, (p[0] + p[1]) + (p[2] + p[3]));
+            m = mn;
+            if constexpr (kScaled<C>)
+#pragma unroll
+                for (int a = 0; a < 4; ++a) p[a] *= vsc[a];  // P (code * vs) = (P * vs) code
+            u32 bh0, bl0, bh1, bl1;
+            att_split(p[0], p[1], bh0, bl0);
+            att_split(p[2], p[3], bh1, bl1);
+            const float ca = __shfl_sync(0xffffffffu, corr, 8 * t), cb = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                AttPairs<C, U> vx[4];
+#pragma unroll
+                for (int a = 0; a < 4; ++a) {
+                    AttRaw<C, U> raw;
+                    if constexpr (PRE) raw = vr[a][j];
+                    else att_load(vp[a] + 8 * U * j, raw);
+                    att_pairs(raw, vx[a]);
+                }
+#pragma unroll
+                for (int qq = 0; qq < U / 2; ++qq) {
+                    float (&c)[4] = acc[j * (U / 2) + qq];
+                    c[0] *= ca, c[1] *= cb, c[2] *= ca, c[3] *= cb;
+                    const u32 a0 = att_prmt(vx[0].hi[qq], vx[1].hi[qq], 0x5410u), a1 = att_prmt(vx[0].hi[qq], vx[1].hi[qq], 0x7632u);
+                    const u32 a2 = att_prmt(vx[2].hi[qq], vx[3].hi[qq], 0x5410u), a3 = att_prmt(vx[2].hi[qq], vx[3].hi[qq], 0x7632u);
+                    att_mma(c, a0, a1, a2, a3, bh0, bh1);
+                    att_mma(c, a0, a1, a2, a3, bl0, bl1);
+                    if constexpr (VSPLIT)
+                        att_mma(c, att_prmt(vx[0].lo[qq], vx[1].lo[qq], 0x5410u), att_prmt(vx[0].lo[qq], vx[1].lo[qq], 0x7632u),
+                                att_prmt(vx[2].lo[qq], vx[3].lo[qq], 0x5410u), att_prmt(vx[2].lo[qq], vx[3].lo[qq], 0x7632u),
+                                bh0, bh1);
+                }
+            }
+            if (nxt >= 0) load_v(nxt);
+            if (!PRE && nxt >= 0) load_k(nxt);
+        }
+        // ---- the warp's partial to shared memory: l summed over the quad (all four lanes get the same sum) ----
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (t == 0) sml[(warp * 8 + g) * 2] = m, sml[(warp * 8 + g) * 2 + 1] = l;
+        float* wo = so + warp * 8 * D;
+#pragma unroll
+        for (int i = 0; i < NP; ++i) {
+            const int d0 = U * (g + 8 * (i / (U / 2))) + 2 * (i % (U / 2));
+            wo[2 * t * D + d0] = acc[i][0], wo[2 * t * D + d0 + 1] = acc[i][2];
+            wo[(2 * t + 1) * D + d0] = acc[i][1], wo[(2 * t + 1) * D + d0 + 1] = acc[i][3];
+        }
+        __syncthreads();
+        // ---- merges: this thread's items tid + k ATT_THREADS = (head h, dims d..d+3), set up here (not live
+        // across the tile loop: registers) ----
+        constexpr int NI = D >= 64 ? D / 64 : 1;  // ceil(8 heads * D/4 items / ATT_THREADS)
+        const int items = G * (D / 4), GD = G * D;
+        int hh[NI], dd[NI];
+        bool ok[NI];
+#pragma unroll
+        for (int k = 0; k < NI; ++k) {
+            const int it = tid + k * ATT_THREADS;
+            ok[k] = it < items, hh[k] = ok[k] ? it / (D / 4) : 0, dd[k] = 4 * (it % (D / 4));
+        }
+        const float* pml[NI];
+        const float* po[NI];
+        AttAcc res[NI];
+        auto finish = [&]() {  // normalised output of the row's heads
+#pragma unroll
+            for (int k = 0; k < NI; ++k)
+                if (ok[k]) att_store4<T>(o + (orow + hh[k]) * D + dd[k], res[k].a, res[k].l > 0.f ? 1.f / res[k].l : 0.f);
+        };
+        auto store_part = [&](float* wo_, float* wml) {  // unnormalised partial of this block's level
+#pragma unroll
+            for (int k = 0; k < NI; ++k) {
+                if (!ok[k]) continue;
+                float4 v;
+                v.x = res[k].a[0], v.y = res[k].a[1], v.z = res[k].a[2], v.w = res[k].a[3];
+                *reinterpret_cast<float4*>(wo_ + hh[k] * D + dd[k]) = v;
+                if (dd[k] == 0) wml[2 * hh[k]] = res[k].m, wml[2 * hh[k] + 1] = res[k].l;
+            }
+        };
+        // parts in shared memory: (m, l) at sml + 2h, parts mls apart; o at so + h D + d, parts os apart
+        auto merge_smem = [&](int n, int mls, int os) {
+#pragma unroll
+            for (int k = 0; k < NI; ++k) pml[k] = sml + 2 * hh[k], po[k] = so + hh[k] * D + dd[k];
+            att_merge<NI>(pml, mls, po, os, ok, n, res);
+        };
+        // n partials (consecutive in the workspace from go/gml) in batches of ATT_NW through shared memory
+        auto merge_global = [&](const float* go, const float* gml, int n) {
+            att_merge_reset(res);
+            for (int b = 0; b < n; b += ATT_NW) {
+                const int nb = min(ATT_NW, n - b);
+                att_stage(so, go + (long long)b * GD, nb * GD, sml, gml + 2 * G * b, nb * 2 * G);
+                merge_smem(nb, 2 * G, GD);
+                __syncthreads();  // the batch is read before the next one (or the next split) overwrites it
+            }
+        };
+        att_merge_reset(res);
+        merge_smem(ATT_NW, 16, 8 * D);  // the block's warps
+        if (ns == 1) {
+            finish();
+            break;
+        }
+        const long long part = rh * nsplit + split;
+        store_part(ws_o + part * GD, ws_ml + part * 2 * G);
+        const int gs = att_group(ns), grp = split / gs, ng = (ns + gs - 1) / gs, gn = min(gs, ns - grp * gs);
+        if (!att_arrive(cnt + rh * ngmax + grp, gn, sflag)) continue;  // (its barrier ends the smem reads)
+        const long long p0 = rh * nsplit + (long long)grp * gs, gpart = rh * ngmax + grp;
+        merge_global(ws_o + p0 * GD, ws_ml + p0 * 2 * G, gn);  // the group's splits
+        if (ng == 1) {
+            finish();
+            continue;
+        }
+        store_part(wg_o + gpart * GD, wg_ml + gpart * 2 * G);
+        if (!att_arrive(cnt + (long long)gridDim.y * HKV * ngmax + rh, ng, sflag)) continue;
+        merge_global(wg_o + rh * ngmax * GD, wg_ml + rh * ngmax * 2 * G, ng);  // the row's groups
+        finish();
     }
-    const long long orow = (long long)r * HQ + hq;
-    if (nsplit == 1) {
-        const float il = lt > 0.f ? 1.f / lt : 0.f;
-#pragma unroll
-        for (int e = 0; e < E; ++e) o[orow * D + lane + 32 * e] = from_f<T>(at[e] * il);
-    } else {
-        const long long wi = orow * nsplit + split;
-        if (lane == 0) ws_ml[2 * wi] = mm, ws_ml[2 * wi + 1] = lt;
-#pragma unroll
-        for (int e = 0; e < E; ++e) ws_o[wi * D + lane + 32 * e] = at[e];
-    }
-}
-
-// Merge the nsplit partials of each (row, head) in split order. One warp per (row, head).
-template <typename T, int D>
-__global__ void attn_combine(const float* __restrict__ ws_ml, const float* __restrict__ ws_o, T* __restrict__ o,
-                             int rows_heads, int nsplit) {
-    constexpr int E = D / 32;
-    const long long rh = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (rh >= rows_heads) return;
-    float m = NEG_INF;
-    for (int s = 0; s < nsplit; ++s) m = fmaxf(m, ws_ml[2 * (rh * nsplit + s)]);
-    float l = 0.f, acc[E];
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = 0.f;
-    for (int s = 0; s < nsplit; ++s) {
-        const long long w = rh * nsplit + s;
-        const float ms = ws_ml[2 * w];
-        if (ms == NEG_INF) continue;  // empty split (beyond this row's position)
-        const float c = expf(ms - m);
-        l = fmaf(ws_ml[2 * w + 1], c, l);
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] = fmaf(ws_o[w * D + lane + 32 * e], c, acc[e]);
-    }
-    const float il = l > 0.f ? 1.f / l : 0.f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) o[rh * D + lane + 32 * e] = from_f<T>(acc[e] * il);
 }

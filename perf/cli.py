@@ -59,7 +59,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     mc = REG[MODELS[key]].config
     t0 = time.perf_counter()
     tensors = synthetic_tensors(mc, args.profile)
-    net = CudaQwen36(mc, tensors, attn_chunk=512, act_dtype=args.activations)
+    net = CudaQwen36(mc, tensors, act_dtype=args.activations)
     net.warmup()
     longest = max(
         args.prefill + [args.followup_context + args.followup_tokens, args.context + args.steps + 8]

@@ -11,7 +11,10 @@ value = ``e4m3_decode(code) * scale``, written as the reference runner's ``Paged
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,18 +22,22 @@ import numpy as np
 from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, grid_1d
 from ninfer.cuda.loader import kernel
 
-__all__ = ["qk_norm_rope_kv_write", "attention", "SOURCES", "HEAD_DIMS", "MAX_GROUP"]
+__all__ = [
+    "qk_norm_rope_kv_write", "attention", "split_plan", "SplitPlan", "group_size", "workspace_bytes",
+    "rows_per_launch", "split_blocks", "smem_bytes", "page_shift", "SOURCES", "HEAD_DIMS", "MAX_GROUP",
+]  # fmt: skip
 
 _T = ("float", "bf16")
 _C = ("float", "bf16", "e4m3")  # cache element types
 _CACHE_TYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16", np.dtype(np.uint8): "e4m3"}
 HEAD_DIMS = (32, 64, 128, 256)
-MAX_GROUP = 8  # query heads per KV head: ATT_W warps each in a block of at most 1024 threads
-ATT_W = 4  # ATT_W in attention.cu: warps per query head, each over a quarter of a split's chunk
+MAX_GROUP = 8  # query heads per KV head: the 8 columns of the tensor-core tile (attn_frag.cuh)
+ATT_NW = 4  # warps per block (attn_frag.cuh): part of the arithmetic (the block merges its warps in order)
+ATT_TILE = 16  # positions per warp step: a chunk is rounded up to a multiple of this
+WS_CAP = 256 << 20  # bytes of split partials per launch; more rows run as several launches (row-independent)
 SOURCES: dict[str, tuple[str, ...]] = {
     "attention.cu": tuple(f"qk_norm_rope_kv_write<{t}, {c}, {d}>" for t in _T for c in _C for d in HEAD_DIMS)
     + tuple(f"attention<{t}, {c}, {d}>" for t in _T for c in _C for d in HEAD_DIMS)
-    + tuple(f"attn_combine<{t}, {d}>" for t in _T for d in HEAD_DIMS)
 }
 
 
@@ -180,6 +187,96 @@ def attention_out(q: Any, out: Any) -> Any:
     return out
 
 
+@dataclass(frozen=True)
+class SplitPlan:
+    """Launch geometry of ``attention`` for a call: the chunk in positions (a multiple of ``ATT_TILE``), the splits
+    of the longest row, and the most level-1 groups any row can have (the kernel's two-level merge)."""
+
+    chunk: int
+    nsplit: int
+    ngmax: int
+
+
+def group_size(ns: int) -> int:
+    """Splits per level-1 merge group of a row with ``ns`` non-empty splits (attention.cu ``att_group``): the
+    smallest power of two ``gs`` with ``gs * gs >= ns``, so a row has ``ceil(ns / gs) <= ceil(sqrt(ns))`` groups."""
+    gs = 1
+    while gs * gs < ns:
+        gs <<= 1
+    return gs
+
+
+def split_plan(max_len: int, chunk: int | None) -> SplitPlan:
+    """``chunk=None``: one split covering ``max_len`` (rounded up to a tile)."""
+    c = max(1, max_len) if chunk is None else chunk
+    if c < 1:
+        raise KernelError(f"chunk={chunk}: must be positive")
+    c = -(-c // ATT_TILE) * ATT_TILE
+    nsplit = max(1, -(-max_len // c))
+    return SplitPlan(chunk=c, nsplit=nsplit, ngmax=math.isqrt(nsplit - 1) + 1)
+
+
+def workspace_bytes(rows: int, hq: int, d: int, plan: SplitPlan) -> int:
+    """fp32 partials of ``rows`` rows (splits and groups, o plus (m, l) per head); 0 with a single split."""
+    if plan.nsplit == 1:
+        return 0
+    return rows * hq * (plan.nsplit + plan.ngmax) * (d + 2) * 4
+
+
+def rows_per_launch(rows: int, hq: int, d: int, plan: SplitPlan) -> int:
+    """Rows of one launch: all of them unless their partials exceed ``WS_CAP`` (and at most gridDim.z)."""
+    per = workspace_bytes(1, hq, d, plan)
+    return max(1, min(rows, 65535, WS_CAP // per if per else rows))
+
+
+def split_blocks(rows: int, hkv: int, nsplit: int, sms: int) -> int:
+    """gridDim.z: blocks per (KV head, row), each striding over the row's splits. About 4 per SM in all (2 resident
+    at a time) whatever ``max_len``: a decode graph sized for the pool's capacity launches no storm of blocks past
+    the rows' positions. Only the spread of the work depends on it, never a result."""
+    return max(1, min(nsplit, -(-4 * sms // (hkv * rows))))
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+
+
+def smem_bytes(d: int) -> int:
+    """Dynamic shared memory of ``attention<*, *, d>`` (its layout: Q fragments, warp partials, flag)."""
+    return d // 16 * 512 + ATT_NW * 8 * d * 4 + ATT_NW * 16 * 4 + 16
+
+
+def page_shift(page_size: int) -> int:
+    """log2(page_size) for a power of two (the kernel shifts), else -1 (it divides)."""
+    return page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
+
+
+class _Counters:
+    """Zeroed int32 arrival counters for one (device, stream): every last arrival resets its counter, so the buffer
+    is zero again after each launch. A grown buffer is a new one; old ones stay alive for captured CUDA graphs.
+    Grown only outside stream capture (a decode graph's warm-up run allocates what its capture needs)."""
+
+    def __init__(self) -> None:
+        self._bufs: list[Any] = []
+
+    def get(self, n: int) -> Any:
+        import cupy
+
+        if not self._bufs or self._bufs[-1].size < n:
+            size = max(n, 1 << 14, 2 * (self._bufs[-1].size if self._bufs else 0))
+            mem = cupy.cuda.Memory(size * 4)  # plain cudaMalloc, outside any pool or graph
+            cupy.cuda.runtime.memset(mem.ptr, 0, size * 4)
+            self._bufs.append(cupy.ndarray((size,), np.int32, cupy.cuda.MemoryPointer(mem, 0)))
+        return self._bufs[-1]
+
+
+@functools.cache
+def _counters(device: int, stream: int) -> _Counters:
+    return _Counters()
+
+
 def attention(
     q: Any,
     k_cache: Any,
@@ -198,8 +295,10 @@ def attention(
     """Causal GQA attention of ``q[R, Hq, D]``: row r (sequence ``row_seq[r]``) attends positions
     ``0..row_pos[r]`` of its pages in ``page_table[B, max_pages]``. ``max_len`` bounds ``row_pos + 1``.
 
-    ``chunk`` splits the KV length into fixed chunks (decode: many blocks per row, merged in split order);
-    ``None`` runs one split per row (prefill). Either way a row's result depends only on its own inputs.
+    ``chunk`` splits the KV length into fixed chunks by absolute position (rounded up to 16), computed by blocks of
+    one (KV head, row) striding over its splits, the partials merged in split order in the same launch. ``None``
+    runs one split per row.
+    Either way a row's result depends only on its own inputs (never on the other rows, ``max_len`` or the launch).
     An fp8 (uint8) cache reads its scales from ``k_scale``/``v_scale`` ``[num_pages, page_size, HKV]``.
     """
     import cupy
@@ -209,43 +308,35 @@ def attention(
     if hq % hkv or hq // hkv > MAX_GROUP:
         raise KernelError(f"q: {hq} heads over {hkv} KV heads must form groups of at most {MAX_GROUP}")
     page_size = paged_rows(page_table, row_seq, row_pos, r, k_cache.shape[1], max_len)
-    chunk = max(1, max_len) if chunk is None else chunk
-    chunk = -(-chunk // ATT_W) * ATT_W  # the kernel splits a chunk into ATT_W equal sub-ranges
-    nsplit = max(1, -(-max_len // chunk))
+    plan = split_plan(max_len, chunk)
     scale = float(d) ** -0.5 if scale is None else scale
     out = attention_out(q, out)
     if r == 0:
         return out
-    ws_ml = ws_o = out  # unused when nsplit == 1
-    if nsplit > 1:
-        ws_ml = cupy.empty((r, hq, nsplit, 2), dtype=np.float32)
-        ws_o = cupy.empty((r, hq, nsplit, d), dtype=np.float32)
     fn = kernel("attention.cu", SOURCES["attention.cu"], f"attention<{t}, {c}, {d}>")
-    fn(
-        (r, hkv, nsplit),
-        (32 * (hq // hkv) * ATT_W,),
-        (
-            q,
-            k_cache,
-            v_cache,
-            ks,
-            vs,
-            page_table,
-            row_seq,
-            row_pos,
-            out,
-            ws_ml,
-            ws_o,
-            np.int32(hq),
-            np.int32(hkv),
-            np.int32(page_size),
-            np.int64(page_table.shape[1]),
-            np.int32(chunk),
-            np.int32(nsplit),
-            np.float32(scale),
-        ),
-    )
-    if nsplit > 1:
-        comb = kernel("attention.cu", SOURCES["attention.cu"], f"attn_combine<{t}, {d}>")
-        comb((grid_1d(r * hq, 8),), (256,), (ws_ml, ws_o, out, np.int32(r * hq), np.int32(nsplit)))
+    step = rows_per_launch(r, hq, d, plan)
+    nws = workspace_bytes(step, hq, d, plan) // 4
+    ws = cupy.empty(max(nws, 1), dtype=np.float32)
+    no, ng = step * hq * plan.nsplit * d, step * hq * plan.ngmax * d  # o parts, then (m, l) parts
+    ws_o, wg_o = ws[:no], ws[no : no + ng]
+    ws_ml, wg_ml = ws[no + ng : no + ng + 2 * no // d], ws[no + ng + 2 * no // d :]
+    cnt = ws  # unused with one split
+    if plan.nsplit > 1:
+        stream = cupy.cuda.get_current_stream()
+        cnt = _counters(cupy.cuda.Device().id, stream.ptr).get(step * hkv * (plan.ngmax + 1))
+    qk_scale = np.float32(scale * math.log2(math.e))
+    sms = _sm_count(cupy.cuda.Device().id)
+    for r0 in range(0, r, step):
+        n = min(step, r - r0)
+        fn(
+            (hkv, n, split_blocks(n, hkv, plan.nsplit, sms)),
+            (32 * ATT_NW,),
+            (
+                q[r0 : r0 + n], k_cache, v_cache, ks, vs, page_table, row_seq[r0 : r0 + n], row_pos[r0 : r0 + n],
+                out[r0 : r0 + n], ws_o, ws_ml, wg_o, wg_ml, cnt, np.int32(hq), np.int32(hkv),
+                np.int32(page_size), np.int32(page_shift(page_size)), np.int64(page_table.shape[1]),
+                np.int32(plan.chunk), np.int32(plan.nsplit), np.int32(plan.ngmax), qk_scale,
+            ),
+            shared_mem=smem_bytes(d),
+        )  # fmt: skip
     return out

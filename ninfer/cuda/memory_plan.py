@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ninfer.config import ModelConfig
+from ninfer.cuda.attention import rows_per_launch, split_plan, workspace_bytes
 
 __all__ = ["MemoryPlan", "plan_memory", "MemoryPlanError", "KV_HEAD_BYTES", "kv_head_bytes"]
 
@@ -114,12 +115,13 @@ def plan_memory(
         2 * len(mc.full_attention_layers) * page_size * mc.num_key_value_heads * kv_head_bytes(mc, kv_dtype)
     )
     snap = snapshot_bytes(mc, state_dtype)
-    nsplit = -(-max_context // attn_chunk)
-    attn_ws = mc.num_attention_heads * nsplit * (mc.head_dim + 2) * 4  # split partials per row
-    per_row = _widest(mc) * act_bytes + attn_ws + mc.hidden_size * 8
+    split = split_plan(max_context, attn_chunk)
+    hq, d = mc.num_attention_heads, mc.head_dim
+    per_row = _widest(mc) * act_bytes + mc.hidden_size * 8
 
-    def step(rows: int) -> int:
-        return rows * per_row + rows * mc.vocab_size * 4 * (2 if rows <= 8 else 0)
+    def step(rows: int) -> int:  # attention: split partials of one launch (capped, attention.WS_CAP)
+        attn_ws = workspace_bytes(rows_per_launch(rows, hq, d, split), hq, d, split)
+        return rows * per_row + attn_ws + rows * mc.vocab_size * 4 * (2 if rows <= 8 else 0)
 
     graph = sum(step(b) for b in range(1, lanes + 1)) if graphs else 0
     return MemoryPlan(

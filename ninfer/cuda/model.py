@@ -22,7 +22,9 @@ MoE router choices (0.98 dense, 0.93 MoE measured): a speed option that changes 
 Numerics (invariants the tests check):
 - every kernel reduces in a fixed order per row, so a row's result never depends on the other rows of a launch;
 - decode attention splits the KV length in fixed chunks (``attn_chunk``), and prefill uses the same chunks, so a
-  token's attention output does not depend on whether it ran in prefill or decode or on the graph's capacity;
+  token's attention output does not depend on whether it ran in prefill or decode or on the graph's capacity
+  (128 by default: one sequence at 8K context then fills the GPU with 256 blocks of the split kernel; see
+  perf/bench_attention_decode.py);
 - ``prefill_gemm=False`` runs prefill projections as the decode GEMV in 8-row blocks and the GDN delta rule as
   the exact token-by-token recurrence: then prefill and decode of a token agree bitwise, and prompt chunking or
   prefix reuse never changes results (slower prefill). With ``prefill_gemm=True`` prefill calls use the GEMM and
@@ -74,7 +76,7 @@ class CudaQwen36:
         kv_dtype: str = "bf16",
         prefill_gemm: bool = True,
         cuda_graph: bool = True,
-        attn_chunk: int = 512,
+        attn_chunk: int = 128,
         capacity: int = 16384,
         page_size: int = 16,
     ) -> None:

@@ -1,0 +1,153 @@
+// Host emulation of cuda_src/attention.cu's `attention` (tests/test_attention_decode_host.py): the kernel text is
+// compiled by g++ after this prelude, which maps the CUDA built-ins it uses onto std::thread: one thread per CUDA
+// thread, __syncthreads a block barrier, shuffles and mma.sync exchanges between per-warp barriers (the mma on its
+// PTX fragment layout, products summed in double), dynamic shared memory one NaN-filled global array. Blocks run
+// one after another in a shuffled order (the result must not depend on it); atomics need no locking.
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <math.h>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+using std::max;
+using std::min;
+
+#define ATT_HOST_EMU 1
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__
+#define __align__(n) alignas(n)
+#define __trap() std::abort()
+#define asm(...) std::abort()  // device-only paths (the kernel's own helpers take their #else branches)
+
+struct emu_dim3 {
+    unsigned x = 0, y = 0, z = 0;
+};
+thread_local emu_dim3 threadIdx, blockIdx;
+emu_dim3 blockDim, gridDim;
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
+constexpr int EMU_SMEM = 227 * 1024;
+uint4 att_smem[EMU_SMEM / 16];
+std::unique_ptr<std::barrier<>> emu_block_bar, emu_warp_bar[32];
+unsigned emu_xchg[1024];
+
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline float __int_as_float(int u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+
+inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp_bar[threadIdx.x >> 5]->arrive_and_wait(); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline int atomicAdd(int* p, int v) {  // blocks run one at a time, and only thread 0 of a block calls this
+    const int old = *p;
+    *p = old + v;
+    return old;
+}
+inline float __ldcg(const float* p) { return *p; }
+inline float2 __ldcg(const float2* p) { return *p; }
+inline float4 __ldcg(const float4* p) { return *p; }
+
+inline unsigned emu_exchange(unsigned v, int src) {
+    const int t = threadIdx.x, w = t >> 5;
+    emu_xchg[t] = v;
+    emu_warp_bar[w]->arrive_and_wait();
+    const unsigned r = emu_xchg[(w << 5) | (src & 31)];
+    emu_warp_bar[w]->arrive_and_wait();
+    return r;
+}
+inline float __shfl_xor_sync(unsigned, float v, int off) {
+    return __uint_as_float(emu_exchange(__float_as_uint(v), (threadIdx.x & 31) ^ off));
+}
+inline float __shfl_sync(unsigned, float v, int src) { return __uint_as_float(emu_exchange(__float_as_uint(v), src)); }
+
+// mma.m16n8k16 row.col bf16 x bf16 + f32 (PTX fragment layout, g = lane / 4, t = lane % 4).
+unsigned emu_a[32][32][4], emu_b[32][32][2];
+inline float emu_bf(unsigned h) { return __uint_as_float(h << 16); }
+inline void emu_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    emu_a[w][l][0] = a0, emu_a[w][l][1] = a1, emu_a[w][l][2] = a2, emu_a[w][l][3] = a3;
+    emu_b[w][l][0] = b0, emu_b[w][l][1] = b1;
+    emu_warp_bar[w]->arrive_and_wait();
+    float A[16][16], B[16][8];
+    for (int x = 0; x < 32; ++x) {
+        const int g = x >> 2, t = x & 3;
+        const int rr[4] = {g, g + 8, g, g + 8}, cc[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+        for (int j = 0; j < 4; ++j) {
+            A[rr[j]][cc[j]] = emu_bf(emu_a[w][x][j] & 0xffffu);
+            A[rr[j]][cc[j] + 1] = emu_bf(emu_a[w][x][j] >> 16);
+        }
+        B[2 * t][g] = emu_bf(emu_b[w][x][0] & 0xffffu), B[2 * t + 1][g] = emu_bf(emu_b[w][x][0] >> 16);
+        B[2 * t + 8][g] = emu_bf(emu_b[w][x][1] & 0xffffu), B[2 * t + 9][g] = emu_bf(emu_b[w][x][1] >> 16);
+    }
+    emu_warp_bar[w]->arrive_and_wait();
+    const int g = l >> 2, t = l & 3;
+    for (int e = 0; e < 4; ++e) {
+        const int r = g + (e >> 1) * 8, c = 2 * t + (e & 1);
+        double s = d[e];
+        for (int k = 0; k < 16; ++k) s += (double)A[r][k] * B[k][c];
+        d[e] = (float)s;
+    }
+}
+
+// Runs fn() as every thread of every block of the grid (threads of one block concurrently, blocks in the order of
+// a permutation seeded by `order_seed`).
+template <typename F> void emu_launch(emu_dim3 grid, unsigned threads, unsigned smem_bytes, unsigned order_seed, F fn) {
+    if (smem_bytes > sizeof(att_smem)) std::abort();
+    gridDim = grid;
+    blockDim = {threads, 1, 1};
+    std::vector<emu_dim3> blocks;
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) blocks.push_back({x, y, z});
+    std::mt19937 rng(order_seed);
+    std::shuffle(blocks.begin(), blocks.end(), rng);
+    for (const emu_dim3 b : blocks) {
+        std::memset(att_smem, 0xff, sizeof(att_smem));  // NaN floats: catches reads of unwritten shared memory
+        emu_block_bar = std::make_unique<std::barrier<>>(threads);
+        for (unsigned w = 0; w < threads / 32; ++w) emu_warp_bar[w] = std::make_unique<std::barrier<>>(32);
+        std::vector<std::thread> pool;
+        for (unsigned t = 0; t < threads; ++t)
+            pool.emplace_back([=] {
+                threadIdx = {t, 0, 0};
+                blockIdx = b;
+                fn();
+            });
+        for (auto& th : pool) th.join();
+    }
+}
