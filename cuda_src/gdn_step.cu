@@ -53,9 +53,10 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
         if (dyn < G::FLOATS * sizeof(float)) __trap();
     }
     const int b = blockIdx.x, j = blockIdx.y, c0 = blockIdx.z * CT, hk = j / (HV / HK);
-    const long long slot = slots[b];  // loaded with starts, not after the test below
+    // No early exit for an empty segment (t0 == t1: nothing is read past the rows, nothing stored): the slot and
+    // state loads then issue together with the starts loads instead of after a branch on them.
+    const long long slot = slots[b];
     const int t0 = starts[b], t1 = starts[b + 1];
-    if (t0 >= t1) return;  // block-uniform
     float *xs = smem, *pkv = xs + NCH, *pout = pkv + NW * CT;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = c0 + lane;
     const bool live = col < DV;
@@ -89,9 +90,14 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
     }
     const float negA = -expf(A_log[j]), dtb = dt_bias[j], qscale = 1.f / sqrtf((float)DK);
     // the next token's inputs are loaded one token ahead (exact prefill runs many tokens per block)
-    float xn[CPT], an = to_f(a[(long long)t0 * lda + j]), bn = to_f(bb[(long long)t0 * ldb + j]);
+    const bool any = t0 < t1;  // block-uniform
+    float xn[CPT], an = 0.f, bn = 0.f;
+    if (any) {
+        an = to_f(a[(long long)t0 * lda + j]);
+        bn = to_f(bb[(long long)t0 * ldb + j]);
+    }
 #pragma unroll
-    for (int u = 0; u < CPT; ++u) xn[u] = g[u] >= 0 ? to_f(qkv[(long long)t0 * ldqkv + g[u]]) : 0.f;
+    for (int u = 0; u < CPT; ++u) xn[u] = any && g[u] >= 0 ? to_f(qkv[(long long)t0 * ldqkv + g[u]]) : 0.f;
 
     for (int t = t0; t < t1; ++t) {
         float xc[CPT];
@@ -153,6 +159,7 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
             o[(long long)t * ldo + (long long)j * DV + col] = from_f<T>(os);
         }
     }
+    if (!any) return;
 #pragma unroll
     for (int r = 0; r < RPW; ++r)
         if (live) st_store(st + (long long)r * DV, s[r]);

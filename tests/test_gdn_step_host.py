@@ -60,7 +60,7 @@ def _rel(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 CASES = (  # hk, hv, dk, dv, lens, bf16 activations, bf16 state
-    (2, 4, 32, 32, [1, 3], False, False),
+    (2, 4, 32, 32, [1, 3, 0], False, False),  # an empty last segment (its start is the row count)
     (1, 3, 16, 48, [5, 0, 1], False, True),  # ratio 3, a partial second column tile, an empty segment
     (2, 4, 64, 64, [2, 4], True, True),
     (1, 2, 128, 32, [1, 1, 6], True, False),  # the 27B's head dim: 8 warps

@@ -185,6 +185,8 @@ def gdn_decode(
     if z.dtype != qkv.dtype or z.shape[0] != rows:
         raise KernelError(f"z: must be {qkv.dtype} [{rows}, {hv * dv}]")
     check_array(norm_w, "norm_w", dtype=np.float32, shape=(dv,))
+    if k["nseq"] >= 65535:  # gdn_step_post's grid rows: 1 + nseq
+        raise KernelError(f"starts: {k['nseq']} sequences in one call, at most 65534")
     if not k["nseq"]:
         return out
     _step(k, True, (qkv, conv_w, conv_state, a, b, a_log, dt_bias, state, out, starts, slots, *scalars))
