@@ -40,12 +40,8 @@ def _gdn_cases(ceiling: float, reps: int) -> list[dict[str, Any]]:
     from ninfer.cuda.gdn import gdn_decode, gdn_recurrent
 
     c = QWEN36_27B
-    hk, hv, dk, dv = (
-        c.linear_num_key_heads,
-        c.linear_num_value_heads,
-        c.linear_key_head_dim,
-        c.linear_value_head_dim,
-    )
+    hk, hv = c.linear_num_key_heads, c.linear_num_value_heads
+    dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
     ch, w = 2 * hk * dk + hv * dv, hv * dv
     rng = np.random.default_rng(0)
     f32 = np.float32
@@ -57,10 +53,8 @@ def _gdn_cases(ceiling: float, reps: int) -> list[dict[str, Any]]:
     for st_name, st_t in (("fp32", f32), ("bf16", np.uint16)):
         slot_bytes = hv * dk * dv * np.dtype(st_t).itemsize
         n_slots = POOL_BYTES // slot_bytes
-        state = cupy.zeros(
-            (n_slots, hv, dk, dv), st_t
-        )  # zeros: a steady state (the time is value-independent)
-        conv = cupy.zeros((n_slots, ch, 3), f32)
+        # zero states and conv windows: the kernels' time does not depend on the values
+        state, conv = cupy.zeros((n_slots, hv, dk, dv), st_t), cupy.zeros((n_slots, ch, 3), f32)
         for t in (1, 8):
             qkv = cupy.asarray(rng.standard_normal((t, ch)).astype(f32))
             a, b = (cupy.asarray(rng.standard_normal((t, hv)).astype(f32)) for _ in range(2))
