@@ -34,7 +34,7 @@ from ninfer.cuda import warmup; print('compiled', sum(warmup().values()), 'insta
     --timeout 200 -rf ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.txt" | grep -v PASSED | tail -40
 }
 run_bench() {
-  for b in ${BENCHES:-profile_step bench_gemm bench_gemv bench_gdn bench_attention bench_attention_decode}; do
+  for b in ${BENCHES:-profile_step bench_gemm bench_gemv bench_gdn bench_gdn_decode bench_attention bench_attention_decode}; do
     timeout ${BENCH_TIMEOUT:-90} python3 -m perf.$b 2>&1 | tee -a "$OUT/bench.txt" | tail -40
   done
 }

@@ -1,9 +1,12 @@
-"""Gated DeltaNet kernels (cuda_src/gdn.cu): causal conv with carried state (+SiLU) and the delta-rule recurrence
-with fused l2norm and gates, over packed sequences (``starts[b]..starts[b+1]`` rows, state slot ``slots[b]``).
+"""Gated DeltaNet kernels (cuda_src/gdn.cu, gdn_step.cu): causal conv with carried state (+SiLU) and the delta-rule
+recurrence with fused l2norm and gates, over packed sequences (``starts[b]..starts[b+1]`` rows, state slot
+``slots[b]``).
 
-``gdn_recurrent`` is the exact token-by-token recurrence (decode, and prefill when results must not depend on
-chunking); ``gdn_chunked`` is the chunked form (chunks of 64 tokens per sequence), equal to it within fp32 noise
-and much faster on long prompts."""
+``gdn_recurrent`` is the exact token-by-token recurrence; ``gdn_decode`` is the same recurrence fused with the
+causal conv and the gated RMSNorm (two launches instead of three, bitwise equal to ``causal_conv`` ->
+``gdn_recurrent`` -> ``gated_rmsnorm``): the model's decode and exact-prefill path, where a token's result must not
+depend on chunking. ``gdn_chunked`` is the chunked form (chunks of 64 tokens per sequence), equal to the recurrence
+within fp32 noise and much faster on long prompts."""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from ninfer.cuda.loader import kernel
 __all__ = [
     "causal_conv",
     "gdn_recurrent",
+    "gdn_decode",
+    "step_smem_bytes",
     "gdn_chunked",
     "chunk_slice",
     "chunk_smem_bytes",
@@ -29,10 +34,14 @@ _S = ("float", "bf16")
 HEAD_DIMS = (16, 32, 64, 128)  # key head dims with a compiled instance
 CHUNK = 64  # GDN_CHUNK in gdn.cu
 _SLICES = (32, 64)  # value columns per block of gdn_chunked (DVS)
+STEP_COLS = 32  # value columns per block of gdn_step (GdnStep::CT)
 SOURCES: dict[str, tuple[str, ...]] = {
     "gdn.cu": tuple(f"causal_conv<{t}, 4>" for t in _T)
-    + tuple(f"gdn_recurrent<{t}, {s}, {d}>" for t in _T for s in _S for d in HEAD_DIMS)
-    + tuple(f"gdn_chunked<{t}, {s}, {d}, {v}>" for t in _T for s in _S for d in HEAD_DIMS for v in _SLICES)
+    + tuple(f"gdn_chunked<{t}, {s}, {d}, {v}>" for t in _T for s in _S for d in HEAD_DIMS for v in _SLICES),
+    "gdn_step.cu": tuple(
+        f"gdn_step<{t}, {s}, {d}, {c}>" for t in _T for s in _S for d in HEAD_DIMS for c in ("false", "true")
+    )
+    + tuple(f"gdn_step_post<{t}>" for t in _T),
 }
 
 
@@ -104,6 +113,21 @@ def _gdn_args(
     return out, scalars, {"t": t, "st": st, "nseq": nseq, "hv": hv, "dk": dk, "dv": dv}
 
 
+def step_smem_bytes(dk: int) -> int:
+    """Dynamic shared memory of ``gdn_step<., ., dk, .>``: mirrors ``GdnStep::FLOATS`` in gdn_step.cu (the kernel
+    traps when it gets less)."""
+    return 4 * (2 * dk + STEP_COLS + 2 * (dk // 16) * STEP_COLS)
+
+
+def _step(k: dict[str, Any], conv: bool, args: tuple[Any, ...]) -> None:
+    """Launch ``gdn_step``: one block of 2·dk threads (dk/16 warps of 16 state rows) per (sequence, value head,
+    32 value columns)."""
+    name = f"gdn_step<{k['t']}, {k['st']}, {k['dk']}, {'true' if conv else 'false'}>"
+    fn = kernel("gdn_step.cu", SOURCES["gdn_step.cu"], name)
+    grid = (k["nseq"], k["hv"], -(-k["dv"] // STEP_COLS))
+    fn(grid, (2 * k["dk"],), args, shared_mem=step_smem_bytes(k["dk"]))
+
+
 def gdn_recurrent(
     qkv: Any,
     a: Any,
@@ -121,13 +145,59 @@ def gdn_recurrent(
     ``a_log, dt_bias[HV]`` float32 and state ``[S, HV, dk, dv]`` (float32 or bf16 words, updated in place).
     q and k are l2-normed and q scaled by 1/√dk inside. Returns ``o[T, HV·dv]``."""
     out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)
-    if k["nseq"]:
-        fn = kernel("gdn.cu", SOURCES["gdn.cu"], f"gdn_recurrent<{k['t']}, {k['st']}, {k['dk']}>")
-        fn(
-            (k["nseq"], k["hv"], grid_1d(k["dv"], 4)),
-            (128,),
-            (qkv, a, b, a_log, dt_bias, state, out, starts, slots, *scalars),
-        )
+    if k["nseq"]:  # no conv: a_log stands in for the conv weight and state pointers, which are never read
+        _step(k, False, (qkv, a_log, a_log, a, b, a_log, dt_bias, state, out, starts, slots, *scalars))
+    return out
+
+
+def gdn_decode(
+    qkv: Any,
+    conv_w: Any,
+    conv_state: Any,
+    a: Any,
+    b: Any,
+    a_log: Any,
+    dt_bias: Any,
+    state: Any,
+    starts: Any,
+    slots: Any,
+    z: Any,
+    norm_w: Any,
+    eps: float,
+    *,
+    n_k_heads: int,
+    out: Any = None,
+) -> Any:
+    """The GDN mixer core in two launches: the causal conv of the raw ``in_proj_qkv`` rows ``qkv`` (taps
+    ``conv_w[C, 4]``, carried raw inputs ``conv_state[S, C, 3]`` float32), the exact delta rule (arguments as
+    ``gdn_recurrent``) and the gated RMSNorm with ``z[T, HV·dv]`` (``in_proj_z`` output, same dtype) and
+    ``norm_w[dv]``. Returns ``y[T, HV·dv]`` (``out`` if given: it also holds the un-normed output in between).
+
+    Bitwise equal to ``causal_conv`` -> ``gdn_recurrent`` -> ``gated_rmsnorm``, states included. Segments of
+    several tokens run token by token (exact prefill): with a float32 state each token gives the bits of its own
+    decode call."""
+    rows, c, ldx = check_rows(qkv, "qkv")
+    check_array(conv_w, "conv_w", dtype=np.float32, shape=(c, 4))
+    check_array(conv_state, "conv_state", dtype=np.float32, shape=(None, c, 3))
+    out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)
+    hv, dv = k["hv"], k["dv"]
+    _, _, ldz = check_rows(z, "z", hv * dv)
+    if z.dtype != qkv.dtype or z.shape[0] != rows:
+        raise KernelError(f"z: must be {qkv.dtype} [{rows}, {hv * dv}]")
+    check_array(norm_w, "norm_w", dtype=np.float32, shape=(dv,))
+    if k["nseq"] >= 65535:  # gdn_step_post's grid rows: 1 + nseq
+        raise KernelError(f"starts: {k['nseq']} sequences in one call, at most 65534")
+    if not k["nseq"]:
+        return out
+    _step(k, True, (qkv, conv_w, conv_state, a, b, a_log, dt_bias, state, out, starts, slots, *scalars))
+    qkc, ldo = 2 * n_k_heads * k["dk"], scalars[-1]
+    post = kernel("gdn_step.cu", SOURCES["gdn_step.cu"], f"gdn_step_post<{k['t']}>")
+    post(
+        (max(grid_1d(rows * hv, 4), grid_1d(qkc, 128)), 1 + k["nseq"]),
+        (128,),
+        (out, z, norm_w, out, qkv, conv_state, starts, slots, np.int32(rows), np.int32(hv), np.int32(dv),
+         np.int32(qkc), np.int32(c), np.float32(eps), ldo, np.int64(ldz), ldo, np.int64(ldx)),
+    )  # fmt: skip
     return out
 
 

@@ -83,8 +83,9 @@ def attention_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
 def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
     """GDN mixer. The delta rule runs chunked (``gdn_chunked``, 64-token chunks) for prefill calls (more rows than
     sequences) when ``net.prefill_gemm``: that mode's results already depend on chunking. Decode, and prefill
-    with ``prefill_gemm=False``, run the exact recurrence, so a token's result matches its decode bitwise."""
-    from ninfer.cuda.gdn import causal_conv, gdn_chunked, gdn_recurrent
+    with ``prefill_gemm=False``, run ``gdn_decode`` (conv, exact recurrence token by token and gated norm in two
+    launches), so a token's result matches its decode bitwise."""
+    from ninfer.cuda.gdn import causal_conv, gdn_chunked, gdn_decode
     from ninfer.cuda.norm import gated_rmsnorm
 
     cfg, w = net.cfg, net.w
@@ -93,20 +94,14 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
     c = fused_splits(cfg, "linear_attn.in_proj")
     proj = linear(net, h, p + "in_proj")  # qkv | z | a | b
     qkv, z, a, b = (proj[:, c[i] : c[i + 1]] for i in range(4))
-    y = causal_conv(qkv, w[p + "conv1d.weight"], net.conv[j], m.starts, m.gslots)
-    rule = gdn_chunked if net.prefill_gemm and m.t > m.nseq else gdn_recurrent
-    o = rule(
-        y,
-        a,
-        b,
-        w[p + "A_log"],
-        w[p + "dt_bias"],
-        net.rec[j],
-        m.starts,
-        m.gslots,
-        n_k_heads=cfg.linear_num_key_heads,
-    )
-    on = gated_rmsnorm(o.reshape(m.t * hv, dv), z, w[p + "norm.weight"], cfg.rms_norm_eps)
+    rule = (a, b, w[p + "A_log"], w[p + "dt_bias"], net.rec[j], m.starts, m.gslots)
+    nk, nw, eps = cfg.linear_num_key_heads, w[p + "norm.weight"], cfg.rms_norm_eps
+    if net.prefill_gemm and m.t > m.nseq:
+        y = causal_conv(qkv, w[p + "conv1d.weight"], net.conv[j], m.starts, m.gslots)
+        o = gdn_chunked(y, *rule, n_k_heads=nk)
+        on = gated_rmsnorm(o.reshape(m.t * hv, dv), z, nw, eps)
+    else:
+        on = gdn_decode(qkv, w[p + "conv1d.weight"], net.conv[j], *rule, z, nw, eps, n_k_heads=nk)
     return linear(net, on.reshape(m.t, hv * dv), p + "out_proj.weight")
 
 

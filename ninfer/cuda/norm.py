@@ -13,18 +13,24 @@ from ninfer.cuda.loader import kernel
 __all__ = ["rmsnorm", "gated_rmsnorm", "SOURCES"]
 
 _T = ("float", "bf16")
+_B = ("true", "false")
 SOURCES: dict[str, tuple[str, ...]] = {
-    "norm.cu": tuple(
-        f"rmsnorm<{t}, {o}, {r}>" for t in _T for o in ("true", "false") for r in ("true", "false")
-    )
+    "norm.cu": tuple(f"rmsnorm<{t}, {o}, {r}, {v}>" for t in _T for o in _B for r in _B for v in _B)
     + tuple(f"gated_rmsnorm<{t}>" for t in _T)
 }
+
+
+def _aligned16(a: Any, ld: int) -> bool:
+    """Every row of ``a`` (row stride ``ld`` elements) starts on a 16-byte boundary."""
+    return a.data.ptr % 16 == 0 and (ld * a.dtype.itemsize) % 16 == 0
 
 
 def rmsnorm(x: Any, w: Any, eps: float, *, offset: bool = True, residual: Any = None, out: Any = None) -> Any:
     """``y = r·rsqrt(mean(r²)+eps)·(1+w or w)`` per row of ``x[T, H]``.
 
     With ``residual`` (float32 ``[T, H]``): first ``residual += x`` in place, then ``r = residual``.
+    One block per row, the row held in registers; 16-byte accesses when every row is 16-byte aligned and ``H`` a
+    multiple of 8, else scalar ones in the same order (the same bits either way).
     """
     import cupy
 
@@ -45,9 +51,11 @@ def rmsnorm(x: Any, w: Any, eps: float, *, offset: bool = True, residual: Any = 
         raise KernelError(f"out: must be {x.dtype} [{rows}, {h}]")
     if rows == 0:
         return out
-    name = f"rmsnorm<{t}, {'true' if offset else 'false'}, {'true' if residual is not None else 'false'}>"
-    fn = kernel("norm.cu", SOURCES["norm.cu"], name)
     res = residual if residual is not None else out  # unused pointer when not fused
+    vec = h % 8 == 0 and _aligned16(x, ldx) and _aligned16(out, ldy) and _aligned16(w, 0)
+    vec = vec and (residual is None or _aligned16(residual, ldr))
+    flags = ", ".join("true" if f else "false" for f in (offset, residual is not None, vec))
+    fn = kernel("norm.cu", SOURCES["norm.cu"], f"rmsnorm<{t}, {flags}>")
     fn(
         (rows,),
         (256,),

@@ -1,7 +1,9 @@
-// Host emulation of cuda_src/gdn.cu's gdn_chunked (tests/test_gdn_chunked_host.py): the kernel text is compiled
-// by g++ after this prelude, which maps the CUDA built-ins it uses onto std::thread: one thread per CUDA thread,
-// __syncthreads a block barrier, __shfl_xor_sync an exchange between per-warp barriers, shared memory one
-// global array. Blocks run one after another. The test appends the kernel source and the driver below it.
+// Host emulation of CUDA kernels (tests/test_gdn_chunked_host.py, test_gdn_step_host.py, test_norm_host.py): the
+// kernel text is compiled by g++ after this prelude, which maps the CUDA built-ins it uses onto std::thread: one
+// thread per CUDA thread, __syncthreads a block barrier, __shfl_xor_sync an exchange between per-warp barriers,
+// dynamic shared memory one global array (a test may redefine __shared__ as `static` for kernels with static
+// shared arrays: one copy per kernel instance, shared by its threads). Blocks run one after another. The test
+// appends the kernel source and the driver below it.
 #include <algorithm>
 #include <barrier>
 #include <cmath>
@@ -47,6 +49,14 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
     emu_warp_bar[w]->arrive_and_wait();
     return r;
 }
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline float __uint_as_float(unsigned u) {
     float f;
     std::memcpy(&f, &u, 4);

@@ -1,0 +1,210 @@
+// Exact token-by-token Gated DeltaNet recurrence (model-qwen3.6.md §4.5) with coalesced state access, optionally
+// fused with the causal conv of the token, and the fused decode epilogue (gated RMSNorm + q/k conv-state update).
+//
+// Per value head j (QK head j / ratio), state S[DK, DV] fp32 in registers (stored as S-type between calls):
+//   q, k <- l2norm (eps 1e-6), q /= sqrt(DK); beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias)
+//   S <- e^g S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
+//
+// Layout (gdn_step): one block per (sequence b, value head j, tile of CT = 32 value columns); lane l owns column
+// c0 + l, warp w the RPW = 16 state rows 16w .. 16w+15 (DK / 16 warps). A warp-wide state load is one 128-byte
+// (fp32) or 64-byte (bf16) run of a state row, every load of a thread is issued before the first use, and the
+// 27B's decode step (HV 48, DV 128) runs 192 blocks per sequence (132 SMs). S^T k and S^T q: each lane sums its
+// 16 rows in row order, then every column adds the DK / 16 warp partials in warp order through shared memory. The
+// order depends only on DK, never on the launch: a sequence's result is the same alone or with others, and a
+// token gives the same bits whether it is one of a multi-token segment (exact prefill) or a decode call of its
+// own (fp32 state; a bf16 state is rounded on store, i.e. once per call, as the reference runner rounds it).
+//
+// CONV (gdn_decode): qkv holds the raw in_proj_qkv rows; the block convolves the q and k channels of QK head hk and
+// the v channels of its tile itself (conv_token, rounded to T as causal_conv stores them, so the result equals
+// causal_conv + gdn_recurrent bitwise). The q/k channels are read by the ratio * tiles blocks of a QK head at
+// once, so none of them may write those channels' conv state: gdn_step_post does it after this launch; the v
+// channels belong to one block, which writes them back. Without CONV, qkv holds the conv output (gdn_recurrent).
+#include "gated_norm.cuh"
+#include "gdn_common.cuh"
+
+template <int DK> struct GdnStep {
+    static constexpr int RPW = 16;                   // state rows per warp
+    static constexpr int NW = DK / RPW;              // warps per block
+    static constexpr int NT = 32 * NW;               // threads per block
+    static constexpr int CT = 32;                    // value columns per block (lane = column)
+    static constexpr int NCH = 2 * DK + CT;          // channels per token: q, k of the QK head, v of the tile
+    static constexpr int CPT = (NCH + NT - 1) / NT;  // channels per thread
+    static constexpr int FLOATS = NCH + 2 * NW * CT; // shared memory: x | S^T k partials | S^T q partials
+};
+constexpr int GDN_KW = 4;  // conv taps (the wrapper checks w[C, 4])
+
+// qkv: rows [q (HK*DK) | k (HK*DK) | v (HV*DV)] (raw with CONV, convolved without); a, b: [T, HV]; o: [T, HV*DV];
+// convw [C, 4], conv_state [slots, C, 3] (only read/written with CONV).
+template <typename T, typename S, int DK, bool CONV>
+__global__ void __launch_bounds__(GdnStep<DK>::NT)
+    gdn_step(const T* __restrict__ qkv, const float* __restrict__ convw, float* __restrict__ conv_state,
+             const T* __restrict__ a, const T* __restrict__ bb, const float* __restrict__ A_log,
+             const float* __restrict__ dt_bias, S* __restrict__ state, T* __restrict__ o,
+             const int* __restrict__ starts, const int* __restrict__ slots, int HK, int HV, int DV, long long ldqkv,
+             long long lda, long long ldb, long long ldo) {
+    using G = GdnStep<DK>;
+    constexpr int RPW = G::RPW, NW = G::NW, NT = G::NT, CT = G::CT, NCH = G::NCH, CPT = G::CPT;
+    constexpr int R32 = (DK + 31) / 32;
+    static_assert(DK % RPW == 0, "DK must be a multiple of 16");
+    extern __shared__ float smem[];
+    {
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < G::FLOATS * sizeof(float)) __trap();
+    }
+    const int b = blockIdx.x, j = blockIdx.y, c0 = blockIdx.z * CT, hk = j / (HV / HK);
+    // No early exit for an empty segment (t0 == t1: nothing is read past the rows, nothing stored): the slot and
+    // state loads then issue together with the starts loads instead of after a branch on them.
+    const long long slot = slots[b];
+    const int t0 = starts[b], t1 = starts[b + 1];
+    float *xs = smem, *pkv = xs + NCH, *pout = pkv + NW * CT;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = c0 + lane;
+    const bool live = col < DV;
+    // State loads first (the longest latency, independent of everything below) and unconditional: a lane past DV
+    // reads column DV-1 and never stores; its column's sums are its own, so they reach no live lane.
+    S* st = state + ((slot * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1);
+    float s[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) s[r] = st_load(st + (long long)r * DV);
+
+    // channels of this thread: ch = tid + NT*u of [q (DK) | k (DK) | v tile (CT)] -> global channel g[u] (-1: none)
+    const int C = 2 * HK * DK + HV * DV;
+    int g[CPT];
+#pragma unroll
+    for (int u = 0; u < CPT; ++u) {
+        const int ch = tid + NT * u;
+        g[u] = ch < DK ? hk * DK + ch
+             : ch < 2 * DK ? HK * DK + hk * DK + (ch - DK)
+             : (ch < NCH && c0 + ch - 2 * DK < DV) ? 2 * HK * DK + j * DV + c0 + (ch - 2 * DK)
+                                                  : -1;
+    }
+    float win[CPT][GDN_KW - 1], wc[CPT][GDN_KW];
+    if (CONV) {
+#pragma unroll
+        for (int u = 0; u < CPT; ++u)
+#pragma unroll
+            for (int e = 0; e < GDN_KW; ++e) {
+                if (e < GDN_KW - 1) win[u][e] = g[u] >= 0 ? conv_state[(slot * C + g[u]) * (GDN_KW - 1) + e] : 0.f;
+                wc[u][e] = g[u] >= 0 ? convw[(long long)g[u] * GDN_KW + e] : 0.f;
+            }
+    }
+    const float negA = -expf(A_log[j]), dtb = dt_bias[j], qscale = 1.f / sqrtf((float)DK);
+    // the next token's inputs are loaded one token ahead (exact prefill runs many tokens per block)
+    const bool any = t0 < t1;  // block-uniform
+    float xn[CPT], an = 0.f, bn = 0.f;
+    if (any) {
+        an = to_f(a[(long long)t0 * lda + j]);
+        bn = to_f(bb[(long long)t0 * ldb + j]);
+    }
+#pragma unroll
+    for (int u = 0; u < CPT; ++u) xn[u] = any && g[u] >= 0 ? to_f(qkv[(long long)t0 * ldqkv + g[u]]) : 0.f;
+
+    for (int t = t0; t < t1; ++t) {
+        float xc[CPT];
+#pragma unroll
+        for (int u = 0; u < CPT; ++u) xc[u] = xn[u];
+        const float ac = an, bc = bn;
+        if (t + 1 < t1) {
+#pragma unroll
+            for (int u = 0; u < CPT; ++u) xn[u] = g[u] >= 0 ? to_f(qkv[(long long)(t + 1) * ldqkv + g[u]]) : 0.f;
+            an = to_f(a[(long long)(t + 1) * lda + j]);
+            bn = to_f(bb[(long long)(t + 1) * ldb + j]);
+        }
+#pragma unroll
+        for (int u = 0; u < CPT; ++u) {
+            const int ch = tid + NT * u;
+            if (ch >= NCH) continue;
+            float y = xc[u];
+            if (CONV) y = to_f(from_f<T>(conv_token<GDN_KW>(win[u], wc[u], xc[u])));  // causal_conv's rounding
+            xs[ch] = g[u] >= 0 ? y : 0.f;
+        }
+        float beta, decay;
+        gdn_gate(ac, bc, negA, dtb, beta, decay);
+        __syncthreads();  // (A) x of token t in shared memory
+        // l2 norms: every warp computes both, in the lane order of the chunked kernel's l2norm
+        float qq = 0.f, kk = 0.f;
+#pragma unroll
+        for (int r = 0; r < R32; ++r) {
+            const int d = lane + 32 * r;
+            const float qv = d < DK ? xs[d] : 0.f, kv = d < DK ? xs[DK + d] : 0.f;
+            qq = fmaf(qv, qv, qq);
+            kk = fmaf(kv, kv, kk);
+        }
+        const float qn = qscale / sqrtf(warp_sum(qq) + 1e-6f), kn = 1.f / sqrtf(warp_sum(kk) + 1e-6f);
+        const float *kw = xs + DK + warp * RPW, *qw = xs + warp * RPW;  // this warp's rows (broadcast reads)
+        float kv = 0.f;
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) {
+            s[r] *= decay;
+            kv = fmaf(s[r], kw[r] * kn, kv);
+        }
+        pkv[warp * CT + lane] = kv;
+        __syncthreads();  // (B) S^T k partials
+        float kvs = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) kvs += pkv[w * CT + lane];
+        const float delta = beta * (xs[2 * DK + lane] - kvs);
+        float out = 0.f;
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) {  // k, q re-read (not held: 32 registers fewer), the same products
+            s[r] = fmaf(kw[r] * kn, delta, s[r]);
+            out = fmaf(s[r], qw[r] * qn, out);
+        }
+        pout[warp * CT + lane] = out;
+        __syncthreads();  // (C) S^T q partials; every read of xs and pkv of token t is done
+        if (warp == 0 && live) {
+            float os = 0.f;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) os += pout[w * CT + lane];
+            o[(long long)t * ldo + (long long)j * DV + col] = from_f<T>(os);
+        }
+    }
+    if (!any) return;
+#pragma unroll
+    for (int r = 0; r < RPW; ++r)
+        if (live) st_store(st + (long long)r * DV, s[r]);
+    if (CONV) {
+#pragma unroll
+        for (int u = 0; u < CPT; ++u) {
+            const int ch = tid + NT * u;
+            if (ch >= 2 * DK && g[u] >= 0)
+#pragma unroll
+                for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(slot * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
+        }
+    }
+}
+
+// Epilogue of gdn_step<..., CONV = true>, one launch after it:
+//   blockIdx.y == 0: the gated RMSNorm of rows (t, j) = 4 * blockIdx.x + warp (t = row / HV), o -> y (y may be
+//     o: no __restrict__ on either; gated_norm_row, the same bits as gated_rmsnorm);
+//   blockIdx.y == 1 + b: the conv state of q/k channel 128 * blockIdx.x + tid of sequence b: the last KW-1 raw
+//     inputs of [old window, tokens of b] (the same values causal_conv leaves).
+template <typename T>
+__global__ void __launch_bounds__(128)
+    gdn_step_post(const T* o, const T* __restrict__ z, const float* __restrict__ nw, T* y,
+                  const T* __restrict__ x, float* __restrict__ conv_state, const int* __restrict__ starts,
+                  const int* __restrict__ slots, int rows, int HV, int DV, int QKC, int C, float eps, long long ldo,
+                  long long ldz, long long ldy, long long ldx) {
+    const int tid = threadIdx.x;
+    if (blockIdx.y == 0) {
+        const long long row = (long long)blockIdx.x * 4 + (tid >> 5);
+        if (row >= (long long)rows * HV) return;  // warp-uniform
+        const long long t = row / HV, jd = (row % HV) * DV;
+        gated_norm_row(o + t * ldo + jd, z + t * ldz + jd, nw, y + t * ldy + jd, DV, eps, tid & 31);
+        return;
+    }
+    const int b = blockIdx.y - 1, c = blockIdx.x * 128 + tid;
+    const int t0 = starts[b], t1 = starts[b + 1];
+    if (c >= QKC || t0 >= t1) return;
+    float* st = conv_state + ((long long)slots[b] * C + c) * (GDN_KW - 1);
+    float win[GDN_KW - 1];
+#pragma unroll
+    for (int e = 0; e < GDN_KW - 1; ++e) win[e] = st[e];
+    for (int t = max(t0, t1 - (GDN_KW - 1)); t < t1; ++t) {
+#pragma unroll
+        for (int e = 0; e < GDN_KW - 2; ++e) win[e] = win[e + 1];
+        win[GDN_KW - 2] = to_f(x[(long long)t * ldx + c]);
+    }
+#pragma unroll
+    for (int e = 0; e < GDN_KW - 1; ++e) st[e] = win[e];
+}

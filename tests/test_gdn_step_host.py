@@ -1,0 +1,163 @@
+"""CPU check of cuda_src/gdn_step.cu (the exact GDN recurrence, its fused conv and the decode epilogue): the kernel
+text compiled by g++ under the CUDA emulation prelude of tests/host/gdn_emu.cpp (one std::thread per CUDA thread,
+real barriers and warp exchanges, NaN-filled shared memory, NaN-poisoned outputs), driven by
+tests/host/gdn_step_driver.cpp. Without a GPU this checks the index arithmetic, the barriers, partial column tiles,
+empty segments and three invariants:
+
+- the fused path (``gdn_decode``'s two launches) matches the NumPy reference (conv, l2norm, gates, recurrence,
+  gated RMSNorm) and leaves the reference's recurrent and conv states;
+- it equals the unfused path (conv -> ``gdn_step<CONV=false>`` -> gated norm) bitwise, states included;
+- a multi-token segment (exact prefill) equals the same tokens fed as decode calls bitwise (float32 state).
+
+The GPU tests in test_cuda_ops.py check the same kernels on the device.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ninfer.cuda.loader import source_text
+from ninfer.formats import bf16_decode, bf16_encode, bf16_round
+from ninfer.reference import ops
+
+F32 = np.float32
+HOST = Path(__file__).parent / "host"
+CXX = shutil.which("g++")
+EPS = 1e-6
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if CXX is None:
+        pytest.skip("g++ not installed")
+    d = tmp_path_factory.mktemp("gdn_step_emu")
+    src = d / "emu.cpp"
+    parts = [
+        (HOST / "gdn_emu.cpp").read_text(),
+        source_text("gdn_step.cu"),
+        (HOST / "gdn_step_driver.cpp").read_text(),
+    ]
+    src.write_text("\n".join(parts))
+    exe = d / "emu"
+    cmd = [CXX, "-std=c++20", "-O2", "-pthread", "-w", "-o", str(exe), str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return exe
+
+
+def _words(x: np.ndarray, bf: bool) -> np.ndarray:
+    return bf16_encode(x) if bf else np.ascontiguousarray(x, dtype=F32)
+
+
+def _rel(got: np.ndarray, ref: np.ndarray) -> float:
+    assert np.isfinite(got).all(), f"non-finite values: {np.count_nonzero(~np.isfinite(got))}"
+    return float(np.max(np.abs(got.astype(np.float64) - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+
+
+CASES = (  # hk, hv, dk, dv, lens, bf16 activations, bf16 state
+    (2, 4, 32, 32, [1, 3, 0], False, False),  # an empty last segment (its start is the row count)
+    (1, 3, 16, 48, [5, 0, 1], False, True),  # ratio 3, a partial second column tile, an empty segment
+    (2, 4, 64, 64, [2, 4], True, True),
+    (1, 2, 128, 32, [1, 1, 6], True, False),  # the 27B's head dim: 8 warps
+    (2, 2, 16, 16, [7], False, False),  # the tiny test model's heads: half a column tile
+)
+
+
+def _run(emu: Path, d: Path, case: tuple, mode: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    hk, hv, dk, dv, lens, tb, sb = case
+    rng = np.random.default_rng(sum(lens) + dk + hv)
+    n, nseq = sum(lens), len(lens)
+    c, w = 2 * hk * dk + hv * dv, hv * dv
+
+    def rnd(*s: int, scale: float = 1.0) -> np.ndarray:
+        x = (rng.standard_normal(s) * scale).astype(F32)
+        return bf16_round(x) if tb else x
+
+    state = (rng.standard_normal((nseq + 1, hv, dk, dv)) * 0.1).astype(F32)
+    inp = {
+        "qkv": rnd(n, c),
+        "convw": (rng.standard_normal((c, 4)) * 0.5).astype(F32),
+        "conv": rng.standard_normal((nseq + 1, c, 3)).astype(F32),
+        "a": rnd(n, hv),
+        "b": rnd(n, hv),
+        "alog": rng.uniform(-2, 1, hv).astype(F32),
+        "dtb": rng.uniform(-1, 1, hv).astype(F32),
+        "state": bf16_round(state) if sb else state,
+        "starts": np.concatenate([[0], np.cumsum(lens)]).astype(np.int32),
+        "slots": (np.arange(nseq, dtype=np.int32)[::-1] + 1).copy(),  # slot 0 is never touched
+        "z": rnd(n, w, scale=2.0),
+        "normw": (1 + rng.standard_normal(dv) * 0.2).astype(F32),
+    }
+    for name, arr in inp.items():
+        bf = (tb and name in ("qkv", "a", "b", "z")) or (sb and name == "state")
+        (arr if arr.dtype == np.int32 else _words(arr, bf)).tofile(d / f"{name}.bin")
+    args = [n, hk, hv, dk, dv, nseq, nseq + 1, int(tb), int(sb), mode, EPS]
+    proc = subprocess.run([str(emu), str(d), *map(str, args)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    y = np.fromfile(d / "y.bin", dtype=np.uint16 if tb else F32).reshape(n, w)
+    st = np.fromfile(d / "state_out.bin", dtype=np.uint16 if sb else F32).reshape(state.shape)
+    cv = np.fromfile(d / "conv_out.bin", dtype=F32).reshape(inp["conv"].shape)
+    return y, st, cv, inp
+
+
+def _reference(case: tuple, inp: dict, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """gdn_block's mixer core for sequence s in NumPy: y, new recurrent state, new conv state."""
+    hk, hv, dk, dv, lens, tb, _ = case
+    z = slice(inp["starts"][s], inp["starts"][s + 1])
+    slot = inp["slots"][s]
+    y, conv = ops.conv1d_causal(inp["qkv"][z], inp["conv"][slot], inp["convw"])
+    y = ops.silu(y)
+    y = bf16_round(y) if tb else y  # the conv output is stored as an activation
+    q = ops.l2norm(y[:, : hk * dk].reshape(-1, hk, dk))
+    k = ops.l2norm(y[:, hk * dk : 2 * hk * dk].reshape(-1, hk, dk))
+    v = y[:, 2 * hk * dk :].reshape(-1, hv, dv)
+    beta, g = ops.gdn_gates(inp["a"][z], inp["b"][z], inp["alog"], inp["dtb"])
+    o, new = ops.gdn_recurrent(q, k, v, g, beta, inp["state"][slot])
+    o = bf16_round(o) if tb else o
+    out = ops.gated_rmsnorm(o, inp["normw"], inp["z"][z].reshape(-1, hv, dv), EPS)
+    return out.reshape(-1, hv * dv), new, conv
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"hk{c[0]}hv{c[1]}dk{c[2]}dv{c[3]}T{sum(c[4])}")
+def test_gdn_step_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
+    _, _, _, _, lens, tb, sb = case
+    runs = {}
+    for mode in (0, 1, 2):
+        d = tmp_path / str(mode)
+        d.mkdir()
+        runs[mode] = _run(emu, d, case, mode)
+    y, st, cv, inp = runs[0]
+    got_y = bf16_decode(y) if tb else y
+    got_s = bf16_decode(st) if sb else st
+    np.testing.assert_array_equal(st[0], _words(inp["state"][0], sb))  # slot 0 untouched
+    np.testing.assert_array_equal(cv[0], inp["conv"][0])
+    otol, stol = (1.2e-2 if tb else 1e-4), (1.2e-2 if sb else 1e-4)
+    for s in range(len(lens)):
+        ref_y, ref_s, ref_c = _reference(case, inp, s)
+        z, slot = slice(inp["starts"][s], inp["starts"][s + 1]), inp["slots"][s]
+        if lens[s]:
+            err = _rel(got_y[z], ref_y)
+            assert err <= otol, f"seq {s} (T={lens[s]}): output error {err:.2e} > {otol:.1e}"
+        err = _rel(got_s[slot], ref_s)
+        assert err <= stol, f"seq {s} (T={lens[s]}): state error {err:.2e} > {stol:.1e}"
+        np.testing.assert_array_equal(cv[slot], ref_c, err_msg=f"seq {s}: conv state")
+    # fused == unfused bitwise (output, recurrent and conv states)
+    for got, ref, what in zip(runs[0][:3], runs[1][:3], ("output", "state", "conv state"), strict=True):
+        np.testing.assert_array_equal(got, ref, err_msg=f"fused vs unfused: {what}")
+    # exact prefill == decode calls: bitwise with a float32 state (a bf16 state is rounded once per call)
+    dy, dst, dcv, _ = runs[2]
+    np.testing.assert_array_equal(dcv, cv, err_msg="prefill vs decode: conv state")
+    if not sb:
+        np.testing.assert_array_equal(dy, y, err_msg="prefill vs decode: output")
+        np.testing.assert_array_equal(dst, st, err_msg="prefill vs decode: state")
+    else:
+        got_d = bf16_decode(dy) if tb else dy
+        for s in range(len(lens)):
+            z = slice(inp["starts"][s], inp["starts"][s + 1])
+            if lens[s]:
+                assert _rel(got_d[z], _reference(case, inp, s)[0]) <= 1.2e-2

@@ -1,0 +1,98 @@
+"""CPU check of cuda_src/norm.cu's rmsnorm: the kernel text compiled by g++ under the CUDA emulation prelude of
+tests/host/gdn_emu.cpp (std::thread per CUDA thread, real barriers; ``__shared__`` as ``static``), driven by
+tests/host/norm_driver.cpp. Checks the chunk index arithmetic of the 16-byte (VEC) and scalar instances, rows in
+one and in several register rounds (H > 8192), ragged H, against the NumPy reference, and two invariants: the VEC
+and scalar instances give the same bits, and a row gives the same bits alone as inside a batch.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ninfer.cuda.loader import source_text
+from ninfer.formats import bf16_decode, bf16_encode, bf16_round
+from ninfer.reference import ops
+
+F32 = np.float32
+HOST = Path(__file__).parent / "host"
+CXX = shutil.which("g++")
+EPS = 1e-6
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if CXX is None:
+        pytest.skip("g++ not installed")
+    d = tmp_path_factory.mktemp("norm_emu")
+    src = d / "emu.cpp"
+    parts = [
+        (HOST / "gdn_emu.cpp").read_text(),
+        "#undef __shared__\n#define __shared__ static",
+        source_text("norm.cu"),
+        (HOST / "norm_driver.cpp").read_text(),
+    ]
+    src.write_text("\n".join(parts))
+    exe = d / "emu"
+    cmd = [CXX, "-std=c++20", "-O2", "-pthread", "-w", "-o", str(exe), str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return exe
+
+
+def _run(emu: Path, d: Path, x: np.ndarray, r: np.ndarray, w: np.ndarray, bf: bool, flags: tuple) -> tuple:
+    d.mkdir(exist_ok=True)
+    (bf16_encode(x) if bf else x).tofile(d / "x.bin")
+    r.tofile(d / "r.bin")
+    w.tofile(d / "w.bin")
+    offset, resid, vec = flags
+    args = [x.shape[0], x.shape[1], int(bf), int(offset), int(resid), int(vec), EPS]
+    proc = subprocess.run([str(emu), str(d), *map(str, args)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    y = np.fromfile(d / "y.bin", dtype=np.uint16 if bf else F32).reshape(x.shape)
+    return y, np.fromfile(d / "r_out.bin", dtype=F32).reshape(x.shape)
+
+
+CASES = (  # rows, H, bf16, offset, residual
+    (3, 5120, False, True, True),
+    (2, 5120, True, True, True),
+    (2, 64, False, False, False),
+    (2, 1000, True, False, True),
+    (2, 8200, False, True, True),  # two register rounds
+    (1, 20480, True, True, False),
+    (2, 1003, False, True, True),  # ragged: scalar instance only
+)
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"{c[0]}x{c[1]}{'bf16' if c[2] else 'f32'}o{c[3]:d}r{c[4]:d}"
+)
+def test_rmsnorm_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
+    rows, h, bf, offset, resid = case
+    rng = np.random.default_rng(rows * h)
+    x = (rng.standard_normal((rows, h)) * 3).astype(F32)
+    x = bf16_round(x) if bf else x
+    r = rng.standard_normal((rows, h)).astype(F32)
+    w = (rng.standard_normal(h) * 0.3).astype(F32)
+    runs = {}
+    for vec in (False, True) if h % 8 == 0 else (False,):
+        runs[vec] = _run(emu, tmp_path / f"v{vec:d}", x, r, w, bf, (offset, resid, vec))
+    y, r_out = runs[False]
+    got = bf16_decode(y) if bf else y
+    rr = ops.add_residual(r, x) if resid else x
+    ref = ops.rmsnorm_offset(rr, w, EPS) if offset else ops.rmsnorm_plain(rr, EPS) * w
+    err = float(np.max(np.abs(got.astype(np.float64) - ref)) / np.max(np.abs(ref)))
+    assert np.isfinite(got).all() and err <= (1.2e-2 if bf else 2e-5), f"error {err:.2e}"
+    np.testing.assert_array_equal(r_out, rr if resid else r)
+    if True in runs:  # 16-byte and scalar instances: same elements in the same order
+        np.testing.assert_array_equal(runs[True][0], y, err_msg="VEC vs scalar output")
+        np.testing.assert_array_equal(runs[True][1], r_out, err_msg="VEC vs scalar residual")
+    # the last row alone: the same bits as inside the batch
+    vec = h % 8 == 0
+    y1, r1 = _run(emu, tmp_path / "alone", x[-1:], r[-1:], w, bf, (offset, resid, vec))
+    np.testing.assert_array_equal(y1[0], runs[vec][0][-1], err_msg="row alone vs in a batch")
+    np.testing.assert_array_equal(r1[0], runs[vec][1][-1])
