@@ -64,7 +64,8 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[str]:
     except Exception:  # scrape must not fail because the actor is busy restarting
         actor = engine = None
     text = svc.metrics.render(actor, engine)
-    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+    # Litestar appends "; charset=utf-8" to text/* types: the header is Prometheus 0.0.4's exact content type
+    return Response(text, media_type="text/plain; version=0.0.4")
 
 
 @post("/v1/chat/completions", status_code=200)

@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 from litestar import Request
-from litestar.response import Stream
 from ninfer.actors.messages import Failed
 
 from . import anthropic as am
@@ -19,8 +18,7 @@ from . import responses_output as ro
 from .anthropic_models import CountTokens
 from .errors import ApiError
 from .protocol import Output, new_id, parse_output
-from .routes_chat import SSE_HEADERS
-from .routes_common import admit, collect, failure, output_mode, request_record, sse
+from .routes_common import admit, collect, event_stream, failure, output_mode, request_record
 from .service import Service, client_name, json_response
 
 __all__ = ["handle_messages", "handle_count_tokens", "handle_responses"]
@@ -53,9 +51,7 @@ async def handle_messages(request: Request[Any, Any, Any], svc: Service) -> Any:
     if req.stream:
         prompt = track.record.get("prompt_tokens", 0)
         b = ao.MessagesStream(mid, req.model, prompt, thinking, tools)
-        return Stream(
-            sse(b, events, track, am.AnthropicError), media_type="text/event-stream", headers=SSE_HEADERS
-        )
+        return event_stream(b, events, track, am.AnthropicError)
     text, fin = await collect(request, events, track, am.AnthropicError)
     out = parse_output(text, thinking, tools, max_name=128)
     track.tool_calls = len(out.calls)
@@ -76,7 +72,7 @@ async def handle_responses(request: Request[Any, Any, Any], svc: Service) -> Any
     thinking, tools = output_mode(greq)
     if req.stream:
         b = ro.ResponsesStream(rid, created, req, thinking, tools)
-        return Stream(sse(b, events, track, ApiError), media_type="text/event-stream", headers=SSE_HEADERS)
+        return event_stream(b, events, track, ApiError)
     text, fin = await collect(request, events, track, ApiError)
     out: Output = parse_output(text, thinking, tools)
     track.tool_calls = len(out.calls)
