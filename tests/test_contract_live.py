@@ -6,6 +6,7 @@ bodies matter, the official SDKs where their parsing is the point.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -44,3 +45,28 @@ def test_metrics_content_type_is_prometheus_text_004(server: Server) -> None:
     r = httpx.get(server.url + "/metrics", timeout=30)
     assert r.status_code == 200
     assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+
+
+# ---- 2. json_object means an object ---------------------------------------------------------------------
+def _json_object_answers(server: Server) -> list[tuple[str, str]]:
+    out = []
+    for seed in range(6):
+        body = {"model": MODEL, "messages": USER, "max_tokens": 40, "temperature": 1.0, "seed": seed,
+                "enable_thinking": False, "response_format": {"type": "json_object"}}  # fmt: skip
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        out.append((c["message"]["content"], c["finish_reason"]))
+    body = {"model": MODEL, "input": "JSON please", "max_output_tokens": 40, "temperature": 1.0,
+            "reasoning": {"effort": "none"}, "text": {"format": {"type": "json_object"}}}  # fmt: skip
+    r = httpx.post(server.url + "/v1/responses", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    out.append((r.json()["output"][-1]["content"][0]["text"], r.json()["status"]))
+    return out
+
+
+def test_json_object_is_always_an_object(server: Server) -> None:
+    for text, finish in _json_object_answers(server):
+        assert text.startswith("{"), text  # an array or a scalar was admitted before
+        if finish in ("stop", "completed"):
+            assert isinstance(json.loads(text), dict), text

@@ -48,6 +48,7 @@ SUPPORTED_KEYWORDS = frozenset(_ANNOTATIONS | _STRUCTURE)
 # No string format is admitted: in XGrammar 0.2.8 `date` admits impossible dates (11-31) and `email` can emit
 # escapes that are not JSON; none is validated after generation yet, so all are refused by name.
 SUPPORTED_FORMATS: frozenset[str] = frozenset()
+_ANY_OBJECT = {"type": "object"}  # XGrammar: any properties, any JSON values (additionalProperties unset)
 _TYPES = {"string", "number", "integer", "boolean", "null", "object", "array"}
 _MAX_DEPTH = 32
 
@@ -225,7 +226,9 @@ class GrammarCompiler:
         return self._cached("schema:" + text, build)
 
     def json_object(self) -> Any:
-        return self._cached("json", lambda: self._from_grammar(self._xgr.Grammar.builtin_json_grammar()))
+        """Any JSON object (``response_format: json_object``). XGrammar's builtin JSON grammar also admits a
+        top-level array, so this is the schema ``{"type": "object"}``: an object whose values are any JSON."""
+        return self.json_schema(_ANY_OBJECT)
 
     def tool_calls(self, tools: list[dict[str, Any]], choice: str, parallel: bool = False) -> Any:
         """Qwen XML calls (serving.md §7) of ``tools`` (OpenAI function-tool form): exactly one, or one or more
