@@ -17,7 +17,7 @@ from . import responses as rs
 from . import responses_output as ro
 from .anthropic_models import CountTokens
 from .errors import ApiError
-from .protocol import Output, new_id, parse_output
+from .protocol import Output, new_id, parse_output, reports_calls
 from .routes_common import admit, collect, event_stream, failure, output_mode, request_record
 from .service import Service, client_name, json_response
 
@@ -76,4 +76,5 @@ async def handle_responses(request: Request[Any, Any, Any], svc: Service) -> Any
     text, fin = await collect(request, events, track, ApiError)
     out: Output = parse_output(text, thinking, tools)
     track.tool_calls = len(out.calls)
-    return json_response(ro.response_body(rid, created, req, ro.output_items(out), fin))
+    called = reports_calls(fin.finish_reason, len(out.calls), out.unclosed)
+    return json_response(ro.response_body(rid, created, req, ro.output_items(out), fin, called))

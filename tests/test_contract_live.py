@@ -16,7 +16,7 @@ pytest.importorskip("ray")
 pytest.importorskip("xgrammar")
 
 from test_api_live import Server  # noqa: E402
-from test_protocols_live import MODEL, USER, live_server  # noqa: E402
+from test_protocols_live import MODEL, TOOL, USER, WEATHER, live_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +70,66 @@ def test_json_object_is_always_an_object(server: Server) -> None:
         assert text.startswith("{"), text  # an array or a scalar was admitted before
         if finish in ("stop", "completed"):
             assert isinstance(json.loads(text), dict), text
+
+
+# ---- 3. a call cut by the token limit -------------------------------------------------------------------
+def sse(server: Server, path: str, body: dict) -> list[tuple[str | None, object]]:
+    """The (event name, decoded data) frames of one raw SSE response."""
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        text = r.read().decode()
+    frames = []
+    for block in text.split("\n\n"):
+        lines = block.splitlines()
+        name = next((ln[7:] for ln in lines if ln.startswith("event: ")), None)
+        data = next((ln[6:] for ln in lines if ln.startswith("data: ")), None)
+        if data is not None:
+            frames.append((name, data if data == "[DONE]" else json.loads(data)))
+    return frames
+
+
+CUT = {"max_tokens": 14, "temperature": 0, "messages": [{"role": "user", "content": "Weather in Paris?"}]}
+
+
+def test_chat_forced_call_cut_by_the_limit_is_length_in_both_paths(server: Server) -> None:
+    for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+        body = {"model": MODEL, **CUT, "tools": [TOOL], "tool_choice": choice, "enable_thinking": False}
+        whole = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()["choices"][0]
+        assert whole["finish_reason"] == "length" and "tool_calls" not in whole["message"]
+        assert whole["message"]["content"].startswith("<tool_call>")  # the unclosed markup is content
+        chunks = [d for _, d in sse(server, "/v1/chat/completions", body) if d != "[DONE]"]
+        deltas = [c["choices"][0] for c in chunks if c["choices"]]
+        assert not any("tool_calls" in d["delta"] for d in deltas)  # no half call was streamed
+        assert deltas[-1]["finish_reason"] == "length"
+        assert "".join(d["delta"].get("content", "") for d in deltas) == whole["message"]["content"]
+
+
+def test_anthropic_forced_call_cut_by_the_limit_is_max_tokens_in_both_paths(server: Server) -> None:
+    tool = {"name": "get_weather", "input_schema": WEATHER}
+    body = {
+        "model": "m",
+        **CUT,
+        "tools": [tool],
+        "tool_choice": {"type": "any"},
+        "thinking": {"type": "disabled"},
+    }
+    whole = httpx.post(server.url + "/v1/messages", json=body, timeout=120).json()
+    assert whole["stop_reason"] == "max_tokens"
+    assert [b["type"] for b in whole["content"]] == ["text"]
+    frames = sse(server, "/v1/messages", body)
+    starts = [d["content_block"]["type"] for n, d in frames if n == "content_block_start"]
+    assert starts == ["text"]
+    text = "".join(d["delta"]["text"] for n, d in frames if n == "content_block_delta")
+    assert text == whole["content"][0]["text"] and text.startswith("<tool_call>")
+    assert next(d for n, d in frames if n == "message_delta")["delta"]["stop_reason"] == "max_tokens"
+
+
+def test_responses_forced_call_cut_by_the_limit_is_incomplete_in_both_paths(server: Server) -> None:
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER}
+    body = {"model": MODEL, "input": "Weather?", "max_output_tokens": 14, "temperature": 0, "tools": [tool],
+            "tool_choice": "required", "reasoning": {"effort": "none"}}  # fmt: skip
+    whole = httpx.post(server.url + "/v1/responses", json=body, timeout=120).json()
+    assert whole["status"] == "incomplete" and [o["type"] for o in whole["output"]] == ["message"]
+    final = sse(server, "/v1/responses", body)[-1]
+    assert final[0] == "response.incomplete"
+    assert final[1]["response"]["output"][0]["content"] == whole["output"][0]["content"]
