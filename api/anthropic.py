@@ -17,6 +17,14 @@ from ninfer.actors.messages import GenerateRequest, SamplingOptions
 from .anthropic_models import AnthropicRequest, ErrorDetail, ErrorEvent
 from .errors import ApiError
 from .protocol import check_tool, tool_grammar
+from .validation import (
+    THINKING_TYPES,
+    check_max_tokens,
+    check_one_of,
+    check_sampling,
+    check_stops,
+    check_tool_choice,
+)
 
 __all__ = [
     "AnthropicError",
@@ -50,7 +58,10 @@ def _bad(message: str, code: str | None = None) -> AnthropicError:
 _DECODER = msgspec.json.Decoder(AnthropicRequest)
 
 
-def parse_messages_request(body: bytes) -> AnthropicRequest:
+def parse_messages_request(
+    body: bytes, max_context: int, require_max_tokens: bool = True
+) -> AnthropicRequest:
+    """Decode and validate (api/validation.py's rules); ``max_tokens`` is required except for count_tokens."""
     try:
         req = _DECODER.decode(body)
     except msgspec.ValidationError as e:
@@ -61,15 +72,27 @@ def parse_messages_request(body: bytes) -> AnthropicRequest:
         raise _bad("model: must be a non-empty string")
     if not req.messages:
         raise _bad("messages: must be a non-empty array")
-    if req.max_tokens is not None and req.max_tokens <= 0:
-        raise _bad("max_tokens: must be > 0")
-    for name, lo, hi in (("temperature", 0, 2), ("top_p", 0, 1)):
-        v = getattr(req, name)
-        if v is not None and not lo <= v <= hi:
-            raise _bad(f"{name}: must be in [{lo}, {hi}]")
-    if req.top_k is not None and req.top_k < 0:
-        raise _bad("top_k: must be >= 0")
+    if req.max_tokens is None and require_max_tokens:
+        raise _bad("max_tokens: required")
+    check_max_tokens(req.max_tokens, "max_tokens", max_context, AnthropicError)
+    check_sampling({"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k}, AnthropicError)
+    check_stops(req.stop_sequences, "stop_sequences", AnthropicError)
+    _check_thinking(req.thinking)
+    tc = req.tool_choice
+    check_tool_choice(tc is not None, (tc or {}).get("type") == "none", bool(req.tools), "tool_choice",
+                      AnthropicError)  # fmt: skip
     return req
+
+
+def _check_thinking(thinking: dict[str, Any] | None) -> None:
+    if thinking is None:
+        return
+    if thinking.get("type") is None:
+        raise _bad("thinking.type: required")
+    check_one_of(thinking["type"], THINKING_TYPES, "thinking.type", AnthropicError)
+    b = thinking.get("budget_tokens")
+    if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+        raise _bad("thinking.budget_tokens: must be a positive integer")
 
 
 def _text_of(blocks: Any, where: str) -> str:
@@ -116,8 +139,8 @@ def _assistant(m: dict[str, Any], at: str) -> dict[str, Any]:
     c = m.get("content")
     if isinstance(c, str):
         return {"role": "assistant", "content": c}
-    if not isinstance(c, list):
-        raise _bad(f"{at}.content: must be a string or an array of content blocks")
+    if not isinstance(c, list) or not c:
+        raise _bad(f"{at}.content: must be a string or a non-empty array of content blocks")
     texts, thinking, calls = [], [], []
     for j, b in enumerate(c):
         t = b.get("type") if isinstance(b, dict) else None
@@ -128,6 +151,8 @@ def _assistant(m: dict[str, Any], at: str) -> dict[str, Any]:
         elif t == "redacted_thinking":
             continue
         elif t == "tool_use":
+            if not isinstance(b.get("id"), str) or not b["id"]:
+                raise _bad(f"{at}.content[{j}].id: required for a tool_use block")
             args = b.get("input") if isinstance(b.get("input"), dict) else {}
             calls.append({"id": b.get("id", ""), "type": "function",
                           "function": {"name": str(b.get("name", "")), "arguments": args}})  # fmt: skip
@@ -193,13 +218,9 @@ def to_generate_request(
 ) -> GenerateRequest:
     kwargs = dict(defaults)
     budget = None
-    if req.thinking is not None:
+    if req.thinking is not None:  # checked by parse_messages_request
         kwargs["enable_thinking"] = req.thinking.get("type") != "disabled"
-        b = req.thinking.get("budget_tokens")
-        if b is not None:
-            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-                raise _bad("thinking.budget_tokens: must be a positive integer")
-            budget = b if kwargs["enable_thinking"] else None
+        budget = req.thinking.get("budget_tokens") if kwargs["enable_thinking"] else None
     tools, grammar = _tools(req)
     sampling = SamplingOptions(
         max_tokens=req.max_tokens or max_tokens,

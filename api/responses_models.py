@@ -63,6 +63,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
+    top_logprobs: int | None = None  # refused when > 0 (api/validation.py)
 
 
 class _Typed(msgspec.Struct, kw_only=True, tag_field="type"):

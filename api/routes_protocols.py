@@ -24,8 +24,10 @@ from .service import Service, client_name, json_response
 __all__ = ["handle_messages", "handle_count_tokens", "handle_responses"]
 
 
-def _anthropic(request: Request[Any, Any, Any], svc: Service, body: bytes, rid: str) -> tuple[Any, Any]:
-    req = am.parse_messages_request(body)
+def _anthropic(
+    request: Request[Any, Any, Any], svc: Service, body: bytes, rid: str, count: bool = False
+) -> tuple[Any, Any]:
+    req = am.parse_messages_request(body, svc.limits.max_context, require_max_tokens=not count)
     greq = am.to_generate_request(
         req, rid, client_name(request, None), svc.template_defaults, svc.config.default_max_tokens
     )
@@ -33,7 +35,7 @@ def _anthropic(request: Request[Any, Any, Any], svc: Service, body: bytes, rid: 
 
 
 async def handle_count_tokens(request: Request[Any, Any, Any], svc: Service) -> Any:
-    _, greq = _anthropic(request, svc, await request.body(), new_id("count_"))
+    _, greq = _anthropic(request, svc, await request.body(), new_id("count_"), count=True)
     n = await svc.backend.count_tokens(greq)
     if isinstance(n, Failed):
         raise failure(n, am.AnthropicError)
@@ -60,7 +62,7 @@ async def handle_messages(request: Request[Any, Any, Any], svc: Service) -> Any:
 
 async def handle_responses(request: Request[Any, Any, Any], svc: Service) -> Any:
     t0 = time.perf_counter()
-    req = rs.parse_responses_request(await request.body(), svc.limits.model_id)
+    req = rs.parse_responses_request(await request.body(), svc.limits.model_id, svc.limits.max_context)
     rid = new_id("resp_")
     greq = rs.to_generate_request(
         req, rid, client_name(request, req.user), svc.template_defaults, svc.config.default_max_tokens

@@ -144,7 +144,8 @@ def test_translation_to_the_engine_request() -> None:
         stop=["", "x"],
         seed=7,
         enable_thinking=False,
-        logprobs=True,  # unknown / ignored fields are dropped
+        store=True,  # unknown / ignored fields are dropped
+        logprobs=False,  # a refused field (logprobs: true is a 400) that asks for nothing is accepted
     )
     req = parse_chat_request(raw, LIMITS)
     g = to_generate_request(req, LIMITS, "rid", "client", {"preserve_thinking": True})

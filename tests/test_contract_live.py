@@ -133,3 +133,91 @@ def test_responses_forced_call_cut_by_the_limit_is_incomplete_in_both_paths(serv
     final = sse(server, "/v1/responses", body)[-1]
     assert final[0] == "response.incomplete"
     assert final[1]["response"]["output"][0]["content"] == whole["output"][0]["content"]
+
+
+# ---- 4. one validation rule set, each protocol's own error shape ----------------------------------------
+ASSISTANT_EMPTY = [{"role": "user", "content": "a"}, {"role": "assistant"}, {"role": "user", "content": "b"}]
+TOOL_USE_NO_ID = [
+    {"role": "user", "content": "a"},
+    {"role": "assistant", "content": [{"type": "tool_use", "name": "get_weather", "input": {}}]},
+    {"role": "user", "content": "b"},
+]
+BIG_ARRAY = {"type": "array", "items": {"type": "integer"}, "minItems": 10**8}
+OPENAI_400 = [  # (path, body, param, code)
+    ("/v1/responses", {"input": "hi", "temperature": -5}, "temperature", None),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 10**12}, "max_output_tokens", "context_length_exceeded"),
+    ("/v1/responses", {"input": "hi", "reasoning": {"effort": "ultra"}}, "reasoning.effort", None),
+    ("/v1/responses", {"input": "hi", "tool_choice": "required"}, "tool_choice", None),
+    ("/v1/chat/completions", {"messages": USER, "stream_options": {"include_usage": True}}, "stream_options", None),
+    ("/v1/chat/completions", {"messages": ASSISTANT_EMPTY}, "messages[1].content", None),
+    ("/v1/chat/completions", {"messages": USER, "stop": ["x"] * 17}, "stop", None),
+    ("/v1/chat/completions",
+     {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": BIG_ARRAY}}},
+     "response_format.json_schema.schema.minItems", "invalid_schema"),
+]  # fmt: skip
+ANTHROPIC_400 = [  # (body, a word the message must name)
+    ({"max_tokens": 2**70}, "max_tokens"),
+    ({"max_tokens": None}, "max_tokens"),
+    ({"thinking": {"type": "bogus"}}, "thinking.type"),
+    ({"stop_sequences": ["s"] * 5000}, "stop_sequences"),
+    ({"temperature": -1}, "temperature"),
+    ({"messages": TOOL_USE_NO_ID}, "messages[1].content[0].id"),
+    ({"tool_choice": {"type": "auto"}}, "tool_choice"),
+    ({"messages": [*USER, {"role": "assistant", "content": []}, *USER]}, "messages[1].content"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "code"), OPENAI_400)
+def test_openai_protocols_refuse_out_of_range_fields(
+    server: Server, path: str, body: dict, param: str, code: str | None
+) -> None:
+    r = httpx.post(server.url + path, json={"model": MODEL, "max_tokens": 4, **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["param"], err["code"], err["type"]) == (param, code, "invalid_request_error"), err
+
+
+@pytest.mark.parametrize(("body", "word"), ANTHROPIC_400)
+def test_anthropic_refuses_out_of_range_fields(server: Server, body: dict, word: str) -> None:
+    payload = {"model": "m", "messages": USER, "max_tokens": 4, **body}
+    r = httpx.post(
+        server.url + "/v1/messages", json={k: v for k, v in payload.items() if v is not None}, timeout=30
+    )
+    assert r.status_code == 400, r.text
+    got = r.json()
+    assert got["type"] == "error" and got["error"]["type"] == "invalid_request_error"
+    assert word in got["error"]["message"], got
+
+
+def test_count_tokens_needs_no_max_tokens_and_server_keeps_serving(server: Server) -> None:
+    r = httpx.post(
+        server.url + "/v1/messages/count_tokens", json={"model": "m", "messages": USER}, timeout=30
+    )
+    assert r.status_code == 200 and r.json()["input_tokens"] > 0
+    r = httpx.post(
+        server.url + "/v1/messages", json={"model": "m", "messages": USER, "max_tokens": 2}, timeout=60
+    )
+    assert r.status_code == 200 and r.json()["usage"]["output_tokens"] >= 1
+
+
+# ---- 5. fields a client relies on are refused by name, not dropped ---------------------------------------
+@pytest.mark.parametrize(
+    ("path", "field", "value"),
+    [
+        ("/v1/chat/completions", "logprobs", True),
+        ("/v1/chat/completions", "top_logprobs", 3),
+        ("/v1/chat/completions", "guided_json", {"type": "object"}),
+        ("/v1/chat/completions", "guided_choice", ["a", "b"]),
+        ("/v1/responses", "top_logprobs", 2),
+    ],
+)
+def test_unsupported_fields_are_refused_by_name(server: Server, path: str, field: str, value: object) -> None:
+    body = {"model": MODEL, "messages": USER, "input": "hi", "max_tokens": 4, field: value}
+    r = httpx.post(server.url + path, json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["param"], err["code"]) == (field, "unsupported_field") and field in err["message"]
+    off = httpx.post(
+        server.url + path, json={**body, field: False if field == "logprobs" else None}, timeout=60
+    )
+    assert off.status_code == 200, off.text  # the value that asks for nothing is fine

@@ -35,6 +35,7 @@ __all__ = [
     "GrammarCompiler",
     "RequestGrammar",
     "SUPPORTED_KEYWORDS",
+    "MAX_BOUND",
 ]
 
 # The documented subset (docs/serving.md "Structured output"). Annotations are accepted and have no effect.
@@ -49,6 +50,9 @@ SUPPORTED_KEYWORDS = frozenset(_ANNOTATIONS | _STRUCTURE)
 # escapes that are not JSON; none is validated after generation yet, so all are refused by name.
 SUPPORTED_FORMATS: frozenset[str] = frozenset()
 _ANY_OBJECT = {"type": "object"}  # XGrammar: any properties, any JSON values (additionalProperties unset)
+# Largest minItems / maxItems / minLength / maxLength (and pattern repetition count) accepted: grammars with huge
+# bounds cost seconds to compile in some XGrammar versions, and no answer fits that many items or characters.
+MAX_BOUND = 100_000
 _TYPES = {"string", "number", "integer", "boolean", "null", "object", "array"}
 _MAX_DEPTH = 32
 
@@ -124,6 +128,10 @@ def _check_values(s: dict, at: str) -> None:
             v = s.get(k)
             if k in s and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise SchemaError(f"{at}.{k}: must be a non-negative integer, got {v!r}")
+            if k in s and v > MAX_BOUND:
+                raise SchemaError(
+                    f"{at}.{k}: {v} is above this server's limit of {MAX_BOUND}", path=f"{at}.{k}"
+                )
         if lo in s and hi in s and s[lo] > s[hi]:
             raise SchemaError(f"{at}: {lo} ({s[lo]}) is greater than {hi} ({s[hi]})")
     for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
