@@ -5,6 +5,7 @@ Decisions: ``input_tokens`` is the whole rendered prompt (equal to count_tokens,
 and ``cache_read_input_tokens`` is the part of it the engine reused from its prefix cache (so, unlike Anthropic's
 own API, it is included in ``input_tokens``). ``thinking.budget_tokens`` is enforced: ``</think>`` is forced once
 that many reasoning tokens were generated. ``stop_sequence`` names the stop sequence that ended the message.
+Structured output (``output_config.format``) takes the same grammar path as chat's ``response_format``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from ninfer.actors.messages import GenerateRequest, SamplingOptions
+from ninfer.actors.messages import GenerateRequest, GrammarSpec, SamplingOptions
 
 from .anthropic_models import AnthropicRequest, ErrorDetail, ErrorEvent
 from .errors import ApiError
-from .protocol import check_tool, tool_grammar
+from .protocol import check_tool, schema_grammar, tool_grammar
 from .validation import (
     THINKING_TYPES,
     check_max_tokens,
@@ -185,6 +186,29 @@ def _messages(req: AnthropicRequest) -> list[dict[str, Any]]:
     return out
 
 
+_OUTPUT_EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
+
+
+def _output_grammar(req: AnthropicRequest) -> GrammarSpec | None:
+    """Structured output: ``output_config.format`` (what the anthropic SDK sends; ``output_format`` is its older
+    top-level place) ``{"type": "json_schema", "schema": {...}}``, through the same grammar path as the others.
+    ``output_config.effort`` is checked and has no effect."""
+    cfg = req.output_config or {}
+    check_one_of(cfg.get("effort"), _OUTPUT_EFFORTS, "output_config.effort", AnthropicError)
+    fmt, where = cfg.get("format"), "output_config.format"
+    if req.output_format is not None:
+        if fmt is not None:
+            raise _bad("output_format: give either output_format or output_config.format, not both")
+        fmt, where = req.output_format, "output_format"
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise _bad(f"{where}.type: must be 'json_schema'")
+    if not isinstance(fmt.get("schema"), dict):
+        raise _bad(f"{where}.schema: required (a JSON Schema object)")
+    return schema_grammar(fmt["schema"], f"{where}.schema", AnthropicError)
+
+
 def _tools(req: AnthropicRequest) -> tuple[list[dict[str, Any]] | None, Any]:
     if not req.tools:
         return None, None
@@ -222,6 +246,9 @@ def to_generate_request(
         kwargs["enable_thinking"] = req.thinking.get("type") != "disabled"
         budget = req.thinking.get("budget_tokens") if kwargs["enable_thinking"] else None
     tools, grammar = _tools(req)
+    output = _output_grammar(req)
+    if grammar is None:  # a forced tool call wins, as in chat
+        grammar = output
     sampling = SamplingOptions(
         max_tokens=req.max_tokens or max_tokens,
         temperature=req.temperature,

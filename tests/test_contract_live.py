@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Literal
 
 import httpx
+import jsonschema
+import pydantic
 import pytest
 
 pytest.importorskip("ray")
 pytest.importorskip("xgrammar")
 
 from test_api_live import Server  # noqa: E402
-from test_protocols_live import MODEL, TOOL, USER, WEATHER, live_server  # noqa: E402
+from test_protocols_live import MODEL, TOOL, USER, WEATHER, ant, live_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +224,35 @@ def test_unsupported_fields_are_refused_by_name(server: Server, path: str, field
         server.url + path, json={**body, field: False if field == "logprobs" else None}, timeout=60
     )
     assert off.status_code == 200, off.text  # the value that asks for nothing is fine
+
+
+class Verdict(pydantic.BaseModel):  # bounded fields only: a model with random weights must be able to stop
+    ok: bool
+    unit: Literal["c", "f"]
+    level: Literal[1, 2, 3]
+
+
+def test_anthropic_structured_output(server: Server) -> None:
+    client = ant(server)
+    msgs = [{"role": "user", "content": "Weather in Paris as JSON"}]
+    fmt = {"type": "json_schema", "schema": WEATHER}
+    for temp in (0.7, 1.0):
+        r = client.messages.create(model="m", max_tokens=300, messages=msgs, extra_body={"temperature": temp},
+                                   thinking={"type": "disabled"}, output_config={"format": fmt})  # fmt: skip
+        assert r.stop_reason == "end_turn", r.content
+        jsonschema.validate(json.loads(r.content[0].text), WEATHER)
+    with client.messages.stream(model="m", max_tokens=300, messages=msgs, extra_body={"temperature": 1.0},
+                                output_config={"format": fmt}, thinking={"type": "enabled", "budget_tokens": 8}) as st:  # fmt: skip
+        final = st.get_final_message()
+    assert final.content[0].type == "thinking"
+    jsonschema.validate(json.loads(final.content[-1].text), WEATHER)  # the grammar starts after thinking
+    parsed = client.messages.parse(model="m", max_tokens=300, messages=msgs, output_format=Verdict,
+                                   thinking={"type": "disabled"})  # fmt: skip
+    assert isinstance(parsed.parsed_output, Verdict)  # the SDK's own parse of the answer
+    legacy = httpx.post(server.url + "/v1/messages", timeout=120, json={
+        "model": "m", "max_tokens": 300, "messages": msgs, "thinking": {"type": "disabled"}, "output_format": fmt})  # fmt: skip
+    jsonschema.validate(json.loads(legacy.json()["content"][0]["text"]), WEATHER)
+    bad = httpx.post(server.url + "/v1/messages", timeout=30, json={
+        "model": "m", "max_tokens": 8, "messages": msgs,
+        "output_config": {"format": {"type": "json_schema", "schema": {"type": "object", "if": {}}}}})  # fmt: skip
+    assert bad.status_code == 400 and "'if'" in bad.json()["error"]["message"]
