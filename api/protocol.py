@@ -137,9 +137,9 @@ def schema_grammar(schema: Any, param: str, err: type[ApiError]) -> GrammarSpec:
     return GrammarSpec(kind="json_schema", schema=json.dumps(schema))
 
 
-def check(schema: Any, param: str, err: type[ApiError]) -> None:
+def check(schema: Any, param: str, err: type[ApiError], patterns: bool = True) -> None:
     try:
-        check_schema(schema, param)
+        check_schema(schema, param, patterns=patterns)
     except SchemaError as e:
         code = "unsupported_schema_keyword" if e.keyword else "invalid_schema"
         raise err(400, str(e), param=e.path or param, code=code) from None
@@ -155,7 +155,7 @@ def tool_grammar(
     for t in tools:
         fn = t["function"]
         if choice in ("required", fn["name"]):
-            check(fn["parameters"], f"{param}.{fn['name']}.parameters", err)
+            check(fn["parameters"], f"{param}.{fn['name']}.parameters", err, patterns=False)
     return GrammarSpec(kind="tool_calls", tool_choice=choice, parallel=parallel)
 
 

@@ -7,7 +7,9 @@ bodies matter, the official SDKs where their parsing is the point.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import httpx
@@ -256,3 +258,39 @@ def test_anthropic_structured_output(server: Server) -> None:
         "model": "m", "max_tokens": 8, "messages": msgs,
         "output_config": {"format": {"type": "json_schema", "schema": {"type": "object", "if": {}}}}})  # fmt: skip
     assert bad.status_code == 400 and "'if'" in bad.json()["error"]["message"]
+
+
+# ---- 6. JSON Schema pattern and format -----------------------------------------------------------------
+PATTERNED = {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string", "pattern": r"^[A-Z]{2}-\d{3}$"},
+        "answer": {"type": "string", "pattern": r'^(yes|no|"maybe"|back\\slash)$'},  # JSON escapes needed
+        "tab": {"type": "string", "pattern": r"^a\tb$"},
+        "id": {"type": "string", "format": "uuid"},
+    },
+    "required": ["code", "answer", "tab", "id"],
+    "additionalProperties": False,
+}
+
+
+def test_patterns_and_formats_hold_end_to_end(server: Server) -> None:
+    def one(seed: int) -> None:
+        body = {"model": MODEL, "messages": USER, "max_tokens": 200, "temperature": 1.0, "seed": seed,
+                "enable_thinking": False,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PATTERNED}}}  # fmt: skip
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        assert c["finish_reason"] == "stop", c
+        value = json.loads(c["message"]["content"])  # strict: the escapes are JSON
+        jsonschema.validate(value, PATTERNED)  # every pattern matches (Python's re)
+        assert value["tab"] == "a\tb" and str(uuid.UUID(value["id"])) == value["id"].lower()
+
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(one, range(3)))
+    bad = {**PATTERNED, "properties": {"x": {"type": "string", "pattern": "(a)\\1"}}}
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={"model": MODEL, "messages": USER,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": bad}}})  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_schema_keyword"
+    assert r.json()["error"]["param"] == "response_format.json_schema.schema.properties.x.pattern"
