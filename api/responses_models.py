@@ -41,6 +41,7 @@ __all__ = [
     "ReasoningTextDone",
     "FunctionCallArgumentsDelta",
     "FunctionCallArgumentsDone",
+    "StreamEvent",
     "event_name",
 ]
 
@@ -239,6 +240,25 @@ class FunctionCallArgumentsDelta(_InItem, kw_only=True, tag="response.function_c
 class FunctionCallArgumentsDone(_InItem, kw_only=True, tag="response.function_call_arguments.done"):
     name: str
     arguments: str
+
+
+StreamEvent = (
+    ResponseCreated
+    | ResponseInProgress
+    | ResponseCompleted
+    | ResponseIncomplete
+    | ResponseFailed
+    | OutputItemAdded
+    | OutputItemDone
+    | ContentPartAdded
+    | ContentPartDone
+    | OutputTextDelta
+    | OutputTextDone
+    | ReasoningTextDelta
+    | ReasoningTextDone
+    | FunctionCallArgumentsDelta
+    | FunctionCallArgumentsDone
+)
 
 
 def event_name(ev: Event) -> str:

@@ -7,6 +7,7 @@ bodies matter, the official SDKs where their parsing is the point.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,12 +15,16 @@ from typing import Literal
 
 import httpx
 import jsonschema
+import msgspec
 import pydantic
 import pytest
 
 pytest.importorskip("ray")
 pytest.importorskip("xgrammar")
 
+from ninfer.api.anthropic_models import AnthropicRequest, Message  # noqa: E402
+from ninfer.api.models import ChatCompletion, ChatRequest  # noqa: E402
+from ninfer.api.responses_models import Response, ResponsesRequest  # noqa: E402
 from test_api_live import Server  # noqa: E402
 from test_protocols_live import MODEL, TOOL, USER, WEATHER, ant, live_server  # noqa: E402
 
@@ -294,3 +299,32 @@ def test_patterns_and_formats_hold_end_to_end(server: Server) -> None:
         "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": bad}}})  # fmt: skip
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_schema_keyword"
     assert r.json()["error"]["param"] == "response_format.json_schema.schema.properties.x.pattern"
+
+
+# ---- 7. the OpenAPI document ----------------------------------------------------------------------------
+def test_openapi_document_describes_the_real_models(server: Server) -> None:
+    r = httpx.get(server.url + "/openapi.json", timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+    doc = r.json()
+    assert doc["openapi"].startswith("3.") and doc["info"]["title"] == "ninfer"
+    assert set(doc["paths"]) >= {"/health", "/v1/models", "/metrics", "/v1/chat/completions", "/v1/messages",
+                                 "/v1/messages/count_tokens", "/v1/responses"}  # fmt: skip
+    schemas = doc["components"]["schemas"]
+
+    def model(path: str, where: str) -> dict:
+        op = doc["paths"][path]["post"]
+        node = op["requestBody"] if where == "request" else op["responses"]["200"]
+        return schemas[node["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]]
+
+    for path, request, response in (
+        ("/v1/chat/completions", ChatRequest, ChatCompletion),
+        ("/v1/messages", AnthropicRequest, Message),
+        ("/v1/responses", ResponsesRequest, Response),
+    ):
+        for where, struct in (("request", request), ("response", response)):
+            tag = struct.__struct_config__.tag_field  # a tagged Struct's type field
+            fields = {f.encode_name for f in msgspec.structs.fields(struct)} | ({tag} if tag else set())
+            assert set(model(path, where)["properties"]) == fields, (path, where)
+        assert "text/event-stream" in doc["paths"][path]["post"]["responses"]["200"]["content"]
+    refs = set(re.findall(r'"#/components/schemas/([^"]+)"', r.text))
+    assert refs <= set(schemas)  # every reference resolves
