@@ -79,9 +79,8 @@ def parse_messages_request(
     check_sampling({"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k}, AnthropicError)
     check_stops(req.stop_sequences, "stop_sequences", AnthropicError)
     _check_thinking(req.thinking)
-    tc = req.tool_choice
-    check_tool_choice(tc is not None, (tc or {}).get("type") == "none", bool(req.tools), "tool_choice",
-                      AnthropicError)  # fmt: skip
+    kind = req.tool_choice.get("type", "") if req.tool_choice is not None else None
+    check_tool_choice(kind, "none", bool(req.tools), "tool_choice", AnthropicError)
     return req
 
 

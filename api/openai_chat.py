@@ -90,7 +90,7 @@ def chat_tools(req: ChatRequest) -> tuple[list[dict[str, Any]] | None, GrammarSp
     """The tools rendered into the prompt and the grammar tool_choice asks for (serving.md §4, §7)."""
     choice = req.tool_choice
     if not req.tools:
-        check_tool_choice(choice is not None, choice == "none", False, "tool_choice", ApiError)
+        check_tool_choice(choice, "none", False, "tool_choice", ApiError)
         return None, None
     tools = []
     for i, t in enumerate(req.tools):

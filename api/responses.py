@@ -51,8 +51,7 @@ def parse_responses_request(body: bytes, model_id: str, max_context: int) -> Res
     check_max_tokens(req.max_output_tokens, "max_output_tokens", max_context, ApiError)
     check_sampling({"temperature": req.temperature, "top_p": req.top_p}, ApiError)
     check_one_of((req.reasoning or {}).get("effort"), EFFORTS, "reasoning.effort", ApiError)
-    tc = req.tool_choice
-    check_tool_choice(tc is not None, tc == "none", bool(req.tools), "tool_choice", ApiError)
+    check_tool_choice(req.tool_choice, "none", bool(req.tools), "tool_choice", ApiError)
     if not req.input:
         raise _bad("input: must be a non-empty string or array", "input")
     return req

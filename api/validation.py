@@ -94,11 +94,10 @@ def check_one_of(value: Any, allowed: frozenset[str], param: str, err: type[ApiE
         raise _bad(err, f"{param}: must be one of {sorted(allowed)}, got {value!r}", param)
 
 
-def check_tool_choice(
-    has_choice: bool, choice_none: bool, has_tools: bool, param: str, err: type[ApiError]
-) -> None:
-    """A tool_choice other than none needs tools (upstream's rule, for every protocol)."""
-    if has_choice and not choice_none and not has_tools:
+def check_tool_choice(choice: Any, none: Any, has_tools: bool, param: str, err: type[ApiError]) -> None:
+    """A ``choice`` other than absent or ``none`` (the protocol's value for none) needs tools (upstream's rule,
+    for every protocol)."""
+    if choice is not None and choice != none and not has_tools:
         raise _bad(err, f"{param}: requires tools", param)
 
 

@@ -106,13 +106,14 @@ class ToolCallStream:
         self._strings = string_params(tools)
         self._max_name = max_name
         self._state = "text"
-        self._all = ""  # everything pushed (a failed block's markup is released from it as text)
-        self._buf = ""  # the unconsumed tail of _all
+        # The text pushed since an origin that precedes any open block (a failed block's markup is released from
+        # it as text); the origin moves up whenever no block is open, so it holds at most the open block.
+        self._seen: list[str] = []
+        self._seen_len = 0
+        self._buf = ""  # the unconsumed tail of the text seen
         self._out: list[tuple] = []
         self._held: list[tuple] = []  # the open block's call events
-        self._block_at: int | None = (
-            None  # where the open block (and the whitespace before it) starts in _all
-        )
+        self._block_at: int | None = None  # where the open block (and the whitespace before it) starts
         self._text_started = False
         self.failed = False
         self.unclosed = False
@@ -124,7 +125,10 @@ class ToolCallStream:
 
     # ---- public -----------------------------------------------------------------------------------------
     def push(self, text: str) -> list[tuple]:
-        self._all += text
+        if self._block_at is None:  # nothing to release later: forget what was consumed
+            self._seen, self._seen_len = [self._buf], len(self._buf)
+        self._seen.append(text)
+        self._seen_len += len(text)
         self._buf += text
         while self._step():
             pass
@@ -163,13 +167,14 @@ class ToolCallStream:
         self._block_at, self._held = None, []
 
     def _consumed(self) -> int:
-        return len(self._all) - len(self._buf)
+        return self._seen_len - len(self._buf)
 
     def _fail(self) -> None:
         """Malformed markup: the open block (if any) is not a call; its markup and everything after is text."""
         self.failed = True
         if self._block_at is not None:
-            self._buf, self._held, self._block_at = self._all[self._block_at :], [], None
+            self._buf, self._held = "".join(self._seen)[self._block_at :], []
+            self._block_at = None
         self._state = "raw"
         self._raw()
 
