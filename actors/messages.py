@@ -48,7 +48,7 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 class GrammarSpec(msgspec.Struct, frozen=True, kw_only=True):
     """What constrains the answer (after ``</think>``), compiled by the actor with XGrammar:
-    ``json_object`` (any JSON object or array), ``json_schema`` (``schema``: the schema as JSON text) or
+    ``json_object`` (any JSON object), ``json_schema`` (``schema``: the schema as JSON text) or
     ``tool_calls`` (one or more Qwen XML calls of ``tools``; ``tool_choice`` "required" or a tool name)."""
 
     kind: str

@@ -5,6 +5,7 @@ Decisions: ``input_tokens`` is the whole rendered prompt (equal to count_tokens,
 and ``cache_read_input_tokens`` is the part of it the engine reused from its prefix cache (so, unlike Anthropic's
 own API, it is included in ``input_tokens``). ``thinking.budget_tokens`` is enforced: ``</think>`` is forced once
 that many reasoning tokens were generated. ``stop_sequence`` names the stop sequence that ended the message.
+Structured output (``output_config.format``) takes the same grammar path as chat's ``response_format``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,19 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from ninfer.actors.messages import GenerateRequest, SamplingOptions
+from ninfer.actors.messages import GenerateRequest, GrammarSpec, SamplingOptions
 
 from .anthropic_models import AnthropicRequest, ErrorDetail, ErrorEvent
 from .errors import ApiError
-from .protocol import check_tool, tool_grammar
+from .protocol import check_tool, schema_grammar, tool_grammar
+from .validation import (
+    THINKING_TYPES,
+    check_max_tokens,
+    check_one_of,
+    check_sampling,
+    check_stops,
+    check_tool_choice,
+)
 
 __all__ = [
     "AnthropicError",
@@ -50,7 +59,10 @@ def _bad(message: str, code: str | None = None) -> AnthropicError:
 _DECODER = msgspec.json.Decoder(AnthropicRequest)
 
 
-def parse_messages_request(body: bytes) -> AnthropicRequest:
+def parse_messages_request(
+    body: bytes, max_context: int, require_max_tokens: bool = True
+) -> AnthropicRequest:
+    """Decode and validate (api/validation.py's rules); ``max_tokens`` is required except for count_tokens."""
     try:
         req = _DECODER.decode(body)
     except msgspec.ValidationError as e:
@@ -61,15 +73,26 @@ def parse_messages_request(body: bytes) -> AnthropicRequest:
         raise _bad("model: must be a non-empty string")
     if not req.messages:
         raise _bad("messages: must be a non-empty array")
-    if req.max_tokens is not None and req.max_tokens <= 0:
-        raise _bad("max_tokens: must be > 0")
-    for name, lo, hi in (("temperature", 0, 2), ("top_p", 0, 1)):
-        v = getattr(req, name)
-        if v is not None and not lo <= v <= hi:
-            raise _bad(f"{name}: must be in [{lo}, {hi}]")
-    if req.top_k is not None and req.top_k < 0:
-        raise _bad("top_k: must be >= 0")
+    if req.max_tokens is None and require_max_tokens:
+        raise _bad("max_tokens: required")
+    check_max_tokens(req.max_tokens, "max_tokens", max_context, AnthropicError)
+    check_sampling({"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k}, AnthropicError)
+    check_stops(req.stop_sequences, "stop_sequences", AnthropicError)
+    _check_thinking(req.thinking)
+    kind = req.tool_choice.get("type", "") if req.tool_choice is not None else None
+    check_tool_choice(kind, "none", bool(req.tools), "tool_choice", AnthropicError)
     return req
+
+
+def _check_thinking(thinking: dict[str, Any] | None) -> None:
+    if thinking is None:
+        return
+    if thinking.get("type") is None:
+        raise _bad("thinking.type: required")
+    check_one_of(thinking["type"], THINKING_TYPES, "thinking.type", AnthropicError)
+    b = thinking.get("budget_tokens")
+    if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+        raise _bad("thinking.budget_tokens: must be a positive integer")
 
 
 def _text_of(blocks: Any, where: str) -> str:
@@ -116,8 +139,8 @@ def _assistant(m: dict[str, Any], at: str) -> dict[str, Any]:
     c = m.get("content")
     if isinstance(c, str):
         return {"role": "assistant", "content": c}
-    if not isinstance(c, list):
-        raise _bad(f"{at}.content: must be a string or an array of content blocks")
+    if not isinstance(c, list) or not c:
+        raise _bad(f"{at}.content: must be a string or a non-empty array of content blocks")
     texts, thinking, calls = [], [], []
     for j, b in enumerate(c):
         t = b.get("type") if isinstance(b, dict) else None
@@ -128,6 +151,8 @@ def _assistant(m: dict[str, Any], at: str) -> dict[str, Any]:
         elif t == "redacted_thinking":
             continue
         elif t == "tool_use":
+            if not isinstance(b.get("id"), str) or not b["id"]:
+                raise _bad(f"{at}.content[{j}].id: required for a tool_use block")
             args = b.get("input") if isinstance(b.get("input"), dict) else {}
             calls.append({"id": b.get("id", ""), "type": "function",
                           "function": {"name": str(b.get("name", "")), "arguments": args}})  # fmt: skip
@@ -158,6 +183,29 @@ def _messages(req: AnthropicRequest) -> list[dict[str, Any]]:
     if system:
         out.insert(0, {"role": "system", "content": "\n".join(system)})
     return out
+
+
+_OUTPUT_EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
+
+
+def _output_grammar(req: AnthropicRequest) -> GrammarSpec | None:
+    """Structured output: ``output_config.format`` (what the anthropic SDK sends; ``output_format`` is its older
+    top-level place) ``{"type": "json_schema", "schema": {...}}``, through the same grammar path as the others.
+    ``output_config.effort`` is checked and has no effect."""
+    cfg = req.output_config or {}
+    check_one_of(cfg.get("effort"), _OUTPUT_EFFORTS, "output_config.effort", AnthropicError)
+    fmt, where = cfg.get("format"), "output_config.format"
+    if req.output_format is not None:
+        if fmt is not None:
+            raise _bad("output_format: give either output_format or output_config.format, not both")
+        fmt, where = req.output_format, "output_format"
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise _bad(f"{where}.type: must be 'json_schema'")
+    if not isinstance(fmt.get("schema"), dict):
+        raise _bad(f"{where}.schema: required (a JSON Schema object)")
+    return schema_grammar(fmt["schema"], f"{where}.schema", AnthropicError)
 
 
 def _tools(req: AnthropicRequest) -> tuple[list[dict[str, Any]] | None, Any]:
@@ -193,14 +241,13 @@ def to_generate_request(
 ) -> GenerateRequest:
     kwargs = dict(defaults)
     budget = None
-    if req.thinking is not None:
+    if req.thinking is not None:  # checked by parse_messages_request
         kwargs["enable_thinking"] = req.thinking.get("type") != "disabled"
-        b = req.thinking.get("budget_tokens")
-        if b is not None:
-            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-                raise _bad("thinking.budget_tokens: must be a positive integer")
-            budget = b if kwargs["enable_thinking"] else None
+        budget = req.thinking.get("budget_tokens") if kwargs["enable_thinking"] else None
     tools, grammar = _tools(req)
+    output = _output_grammar(req)
+    if grammar is None:  # a forced tool call wins, as in chat
+        grammar = output
     sampling = SamplingOptions(
         max_tokens=req.max_tokens or max_tokens,
         temperature=req.temperature,

@@ -55,6 +55,8 @@ class AnthropicRequest(msgspec.Struct, kw_only=True):
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # {format: {type: json_schema, schema}, effort}
+    output_format: dict[str, Any] | None = None  # the older top-level form of output_config.format
 
 
 class _Typed(msgspec.Struct, kw_only=True, tag_field="type"):

@@ -35,7 +35,7 @@ from .anthropic_models import (
     event_name,
 )
 from .errors import ApiError
-from .protocol import Output, OutputParser, new_id
+from .protocol import Output, OutputParser, new_id, reports_calls
 
 __all__ = ["stop_reason", "message_body", "MessagesStream"]
 
@@ -84,7 +84,7 @@ def message_body(mid: str, model: str, out: Output, fin: Finished) -> Message:
         id=mid,
         model=model,
         content=content,
-        stop_reason=stop_reason(fin, bool(out.calls)),
+        stop_reason=stop_reason(fin, reports_calls(fin.finish_reason, len(out.calls), out.unclosed)),
         stop_sequence=_stop_sequence(fin),
         usage=_usage(fin),
     )
@@ -158,7 +158,8 @@ class MessagesStream:
         out = self._events(self._parser.finish()) + self._close()
         if not self._any:
             out += self._begin(TextBlock(text="")) + self._close()
-        delta = StopInfo(stop_reason=stop_reason(fin, self.tool_calls > 0), stop_sequence=_stop_sequence(fin))
+        called = reports_calls(fin.finish_reason, self.tool_calls, self._parser.unclosed)
+        delta = StopInfo(stop_reason=stop_reason(fin, called), stop_sequence=_stop_sequence(fin))
         out += self._ev(MessageDelta(delta=delta, usage=DeltaUsage(output_tokens=fin.completion_tokens)))
         return out + self._ev(MessageStop())
 

@@ -1,6 +1,7 @@
 """The Litestar application: routes, exception handlers and the shared service object.
 
 ``build_app`` returns the ASGI callable uvicorn serves: the gate (auth, body cap, CORS) wrapped around Litestar.
+Litestar also serves the OpenAPI document at ``/openapi.json`` (openapi.py describes the bodies).
 Everything a handler needs lives on one :class:`Service` kept in ``app.state.service``.
 """
 
@@ -17,6 +18,7 @@ from .auth import KeyRing
 from .errors import ApiError, error_json
 from .gate import Gate
 from .models import HealthStatus, ModelList, ModelObject
+from .openapi import ROUTE_DOCS, openapi_config
 from .routes_chat import handle_chat
 from .routes_protocols import handle_count_tokens, handle_messages, handle_responses
 from .service import Service, json_response, service
@@ -24,7 +26,7 @@ from .service import Service, json_response, service
 __all__ = ["build_app"]
 
 
-@get("/health")
+@get("/health", **ROUTE_DOCS["health"])
 async def health(request: Request[Any, Any, Any]) -> Response[bytes]:
     try:
         h = await service(request).backend.health()
@@ -39,12 +41,12 @@ def _model(svc: Service) -> ModelObject:
     return ModelObject(id=svc.limits.model_id, created=svc.created)
 
 
-@get("/v1/models")
+@get("/v1/models", **ROUTE_DOCS["list_models"])
 async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     return json_response(ModelList(data=[_model(service(request))]))
 
 
-@get("/v1/models/{model_id:path}")
+@get("/v1/models/{model_id:path}", **ROUTE_DOCS["get_model"])
 async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
     svc = service(request)
     if model_id.lstrip("/") != svc.limits.model_id:
@@ -54,7 +56,7 @@ async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[
     return json_response(_model(svc))
 
 
-@get("/metrics")
+@get("/metrics", **ROUTE_DOCS["metrics"])
 async def metrics(request: Request[Any, Any, Any]) -> Response[str]:
     svc = service(request)
     try:
@@ -64,25 +66,26 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[str]:
     except Exception:  # scrape must not fail because the actor is busy restarting
         actor = engine = None
     text = svc.metrics.render(actor, engine)
-    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+    # Litestar appends "; charset=utf-8" to text/* types: the header is Prometheus 0.0.4's exact content type
+    return Response(text, media_type="text/plain; version=0.0.4")
 
 
-@post("/v1/chat/completions", status_code=200)
+@post("/v1/chat/completions", status_code=200, **ROUTE_DOCS["chat"])
 async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     return await handle_chat(request, service(request))
 
 
-@post("/v1/messages", status_code=200)
+@post("/v1/messages", status_code=200, **ROUTE_DOCS["messages"])
 async def messages(request: Request[Any, Any, Any]) -> Any:
     return await handle_messages(request, service(request))
 
 
-@post("/v1/messages/count_tokens", status_code=200)
+@post("/v1/messages/count_tokens", status_code=200, **ROUTE_DOCS["count_tokens"])
 async def count_tokens(request: Request[Any, Any, Any]) -> Any:
     return await handle_count_tokens(request, service(request))
 
 
-@post("/v1/responses", status_code=200)
+@post("/v1/responses", status_code=200, **ROUTE_DOCS["responses"])
 async def responses(request: Request[Any, Any, Any]) -> Any:
     return await handle_responses(request, service(request))
 
@@ -103,6 +106,15 @@ def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response
     return _api_error(request, err)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ninfer")
+    except PackageNotFoundError:
+        return "0"
+
+
 def build_app(svc: Service, keyring: KeyRing | None) -> Gate:
     app = Litestar(
         route_handlers=[
@@ -116,7 +128,7 @@ def build_app(svc: Service, keyring: KeyRing | None) -> Gate:
             responses,
         ],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, 500: _internal_error},
-        openapi_config=None,
+        openapi_config=openapi_config(_version()),
         debug=False,
     )
     app.state.service = svc

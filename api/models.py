@@ -97,6 +97,14 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     response_format: Any = None
     user: str | None = None
     ignore_eos: bool = False  # extension (as vLLM): generate past end-of-sequence tokens, for load tests
+    # Decoded so that a client relying on them gets a 400 naming the field (api/validation.py), not silence:
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    guided_json: Any = None  # vLLM
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
 
 
 # ---- response -------------------------------------------------------------------------------------------

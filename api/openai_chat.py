@@ -7,7 +7,6 @@ openai_chat_output.py.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +16,16 @@ from ninfer.actors.messages import GenerateRequest, GrammarSpec, SamplingOptions
 from .errors import ApiError, validation_param
 from .models import ChatMessage, ChatRequest
 from .protocol import check_tool, response_grammar, salvage_arguments, tool_grammar
+from .validation import (
+    EFFORTS,
+    UNSUPPORTED_FIELDS,
+    check_max_tokens,
+    check_one_of,
+    check_sampling,
+    check_stops,
+    check_tool_choice,
+    check_unsupported,
+)
 
 __all__ = [
     "ChatLimits",
@@ -69,23 +78,19 @@ def _check_unsupported(req: ChatRequest) -> None:
         raise _bad(
             f"{param}: legacy function calling is not supported; use tools", param, "tools_not_supported"
         )
+    check_unsupported({name: getattr(req, name) for name in UNSUPPORTED_FIELDS}, ApiError)
     chat_tools(req)
     response_grammar(req.response_format)
-    if req.reasoning_effort is not None and req.reasoning_effort not in _EFFORTS:
-        raise _bad(f"reasoning_effort: must be one of {sorted(_EFFORTS)}", "reasoning_effort")
+    check_one_of(req.reasoning_effort, EFFORTS, "reasoning_effort", ApiError)
     if req.thinking_budget is not None and req.thinking_budget < 1:
         raise _bad("thinking_budget: must be a positive integer", "thinking_budget")
-
-
-_EFFORTS = {"none", "minimal", "low", "medium", "high", "xhigh"}
 
 
 def chat_tools(req: ChatRequest) -> tuple[list[dict[str, Any]] | None, GrammarSpec | None]:
     """The tools rendered into the prompt and the grammar tool_choice asks for (serving.md §4, §7)."""
     choice = req.tool_choice
     if not req.tools:
-        if choice not in (None, "none"):
-            raise _bad("tool_choice: requires tools", "tool_choice")
+        check_tool_choice(choice, "none", False, "tool_choice", ApiError)
         return None, None
     tools = []
     for i, t in enumerate(req.tools):
@@ -153,8 +158,9 @@ def _check_messages(messages: list[ChatMessage]) -> None:
             if m.role != "assistant":
                 raise _bad(f"{at}.tool_calls: only allowed for role assistant", f"{at}.tool_calls")
             _check_tool_calls(m.tool_calls, f"{at}.tool_calls")
-        elif m.content is None and m.role != "assistant":
-            raise _bad(f"{at}.content: required", f"{at}.content")
+        elif m.content is None:
+            what = "content or tool_calls" if m.role == "assistant" else "content"
+            raise _bad(f"{at}.content: {what} required", f"{at}.content")
 
 
 def _check_parts(parts: list[Any], at: str) -> None:
@@ -185,42 +191,19 @@ def _check_tool_calls(calls: list[Any], at: str) -> None:
         # call in a replayed history must not fail every later request of the session (peers.md §2.11)
 
 
-def _check_range(req: ChatRequest, name: str, lo: float, hi: float) -> None:
-    v = getattr(req, name)
-    if v is not None and not (math.isfinite(v) and lo <= v <= hi):
-        raise _bad(f"{name}: must be a finite number in [{lo:g}, {hi:g}], got {v!r}", name)
-
-
 def _check_sampling(req: ChatRequest, limits: ChatLimits) -> None:
-    for name, lo, hi in (
-        ("temperature", 0, 2),
-        ("top_p", 0, 1),
-        ("min_p", 0, 1),
-        ("presence_penalty", -2, 2),
-        ("frequency_penalty", -2, 2),
-    ):
-        _check_range(req, name, lo, hi)
-    if req.top_k is not None and req.top_k < 0:
-        raise _bad("top_k: must be >= 0", "top_k")
-    if req.seed is not None and not 0 <= req.seed < 1 << 64:
-        raise _bad("seed: must be a non-negative 64-bit integer", "seed")
+    fields = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed")
+    check_sampling({name: getattr(req, name) for name in fields}, ApiError)
     if req.logit_bias is not None and not all(k.lstrip("-").isdigit() for k in req.logit_bias):
         raise _bad("logit_bias: keys must be token ids", "logit_bias")
-    for name in ("max_completion_tokens", "max_tokens"):
-        v = getattr(req, name)
-        if v is None:
-            continue
-        if v <= 0:
-            raise _bad(f"{name}: must be > 0", name)
-        if v > limits.max_context:
-            raise _bad(
-                f"{name}: {v} exceeds the server's context length of {limits.max_context} tokens",
-                name,
-                "context_length_exceeded",
-            )
-        break  # max_completion_tokens wins when both are present
-    if isinstance(req.stop, list) and len(req.stop) > 16:
-        raise _bad("stop: at most 16 stop strings", "stop")
+    # max_completion_tokens wins when both are present
+    if req.max_completion_tokens is not None:
+        check_max_tokens(req.max_completion_tokens, "max_completion_tokens", limits.max_context, ApiError)
+    else:
+        check_max_tokens(req.max_tokens, "max_tokens", limits.max_context, ApiError)
+    check_stops(req.stop if isinstance(req.stop, list) else None, "stop", ApiError)
+    if req.stream_options is not None and not req.stream:
+        raise _bad("stream_options: only allowed when stream is true", "stream_options")
 
 
 def _message_dict(m: ChatMessage) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from .models import (
     ToolCallOut,
     Usage,
 )
-from .protocol import Output, OutputParser, new_id
+from .protocol import Output, OutputParser, new_id, reports_calls
 
 __all__ = ["new_completion_id", "finish_reason", "usage_of", "completion_body", "ChatStream"]
 
@@ -52,7 +52,7 @@ def usage_of(fin: Finished) -> Usage:
 
 def completion_body(cid: str, created: int, model: str, out: Output | str, fin: Finished) -> ChatCompletion:
     """The non-streamed body: ``reasoning_content`` only when non-empty; with tool calls, ``content`` is null
-    when empty and ``finish_reason`` is ``tool_calls``."""
+    when empty and ``finish_reason`` is ``tool_calls`` (``length`` when the limit cut a later call)."""
     out = Output(content=out) if isinstance(out, str) else out
     msg = AssistantMessage(content=out.content)
     if out.reasoning:
@@ -64,7 +64,8 @@ def completion_body(cid: str, created: int, model: str, out: Output | str, fin: 
             ToolCallOut(id=new_id("call_"), type="function", function=FunctionOut(name=n, arguments=a))
             for n, a in out.calls
         ]
-        finish = "tool_calls"
+        if reports_calls(fin.finish_reason, len(out.calls), out.unclosed):
+            finish = "tool_calls"
     return ChatCompletion(
         id=cid,
         created=created,
@@ -145,7 +146,8 @@ class ChatStream:
 
     def finish(self, fin: Finished) -> bytes:
         out = self._events(self._parser.finish())
-        reason = "tool_calls" if self.tool_calls else finish_reason(fin.finish_reason)
+        called = reports_calls(fin.finish_reason, self.tool_calls, self._parser.unclosed)
+        reason = "tool_calls" if called else finish_reason(fin.finish_reason)
         out += self._chunk(ChunkDelta(), reason)
         if self.include_usage:
             usage = ChatCompletionChunk(

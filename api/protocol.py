@@ -1,6 +1,6 @@
 """What the three protocols (chat completions, Anthropic messages, responses) share: tool and schema checks that
 build the one engine request contract (GenerateRequest's tools / grammar / thinking), and the output parser
-that turns generated text back into reasoning, answer text and tool calls (whole or streamed).
+that turns generated text back into reasoning, answer text and tool calls (one parser, whole or streamed).
 
 Output events (streaming and whole): ``("reasoning", s)``, ``("text", s)``, ``("start", i, name)``,
 ``("args", i, piece)``, ``("end", i, arguments)``. Each protocol renders them in its own shape.
@@ -18,8 +18,8 @@ from typing import Any
 from ninfer.actors.messages import GrammarSpec
 
 from ninfer.engine.grammar import SchemaError, check_schema
-from ninfer.frontend.reasoning import ReasoningStream, split_reasoning
-from ninfer.frontend.toolcalls import ToolCallStream, parse_tool_calls
+from ninfer.frontend.reasoning import ReasoningStream
+from ninfer.frontend.toolcalls import ToolCallStream
 
 from .errors import ApiError
 
@@ -27,6 +27,8 @@ __all__ = [
     "Output",
     "OutputParser",
     "parse_output",
+    "reports_calls",
+    "hit_limit",
     "check_tool",
     "schema_grammar",
     "tool_grammar",
@@ -47,24 +49,51 @@ class Output:
     reasoning: str = ""
     content: str = ""
     calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments JSON)
+    unclosed: bool = False  # the answer ended inside a call block (its markup is content, not a call)
+
+
+_LIMIT = frozenset({"output_limit", "context_capacity"})
+
+
+def reports_calls(finish_reason: str, calls: int, unclosed: bool) -> bool:
+    """Whether the finish is "tool calls" (``tool_calls`` / ``tool_use`` / a completed response): some call was
+    completed and the token limit did not cut the answer inside a later one (that is a ``length`` finish)."""
+    return calls > 0 and not (unclosed and finish_reason in _LIMIT)
+
+
+def hit_limit(finish_reason: str) -> bool:
+    return finish_reason in _LIMIT
 
 
 def parse_output(text: str, thinking: bool, tools: list[dict] | None, max_name: int = 64) -> Output:
-    """A whole generated text: the think split, then (tools active) upstream's all-or-nothing call parse."""
-    reasoning, answer = split_reasoning(text, thinking)
-    if not tools:
-        return Output(reasoning, answer)
-    parsed = parse_tool_calls(answer, tools, max_name)
-    return Output(reasoning, parsed.content, [(c.name, c.arguments) for c in parsed.calls])
+    """A whole generated text, through the parser a stream uses, so the two always report the same."""
+    parser = OutputParser(thinking, tools, max_name)
+    out, names = Output(), {}
+    for ev in parser.push(text) + parser.finish():
+        if ev[0] == "reasoning":
+            out.reasoning += ev[1]
+        elif ev[0] == "text":
+            out.content += ev[1]
+        elif ev[0] == "start":
+            names[ev[1]] = ev[2]
+        elif ev[0] == "end":
+            out.calls.append((names[ev[1]], ev[2]))
+    out.unclosed = parser.unclosed
+    return out
 
 
 class OutputParser:
-    """Streaming ``parse_output``: ``push(text)`` / ``finish()`` return output events. Reasoning streams live;
-    with tools active the answer goes through the incremental call parser (names first, then argument pieces)."""
+    """``push(text)`` / ``finish()`` return output events. Reasoning streams live; with tools active the answer
+    goes through the call parser (a call's events come out when its block closes). ``unclosed`` after
+    ``finish()``: the answer ended inside a call block."""
 
     def __init__(self, thinking: bool, tools: list[dict] | None, max_name: int = 64) -> None:
         self._think = ReasoningStream(thinking)
         self._calls = ToolCallStream(tools, max_name) if tools else None
+
+    @property
+    def unclosed(self) -> bool:
+        return self._calls is not None and self._calls.unclosed
 
     def push(self, text: str) -> list[tuple]:
         r, a = self._think.push(text)
@@ -108,9 +137,9 @@ def schema_grammar(schema: Any, param: str, err: type[ApiError]) -> GrammarSpec:
     return GrammarSpec(kind="json_schema", schema=json.dumps(schema))
 
 
-def check(schema: Any, param: str, err: type[ApiError]) -> None:
+def check(schema: Any, param: str, err: type[ApiError], patterns: bool = True) -> None:
     try:
-        check_schema(schema, param)
+        check_schema(schema, param, patterns=patterns)
     except SchemaError as e:
         code = "unsupported_schema_keyword" if e.keyword else "invalid_schema"
         raise err(400, str(e), param=e.path or param, code=code) from None
@@ -126,7 +155,7 @@ def tool_grammar(
     for t in tools:
         fn = t["function"]
         if choice in ("required", fn["name"]):
-            check(fn["parameters"], f"{param}.{fn['name']}.parameters", err)
+            check(fn["parameters"], f"{param}.{fn['name']}.parameters", err, patterns=False)
     return GrammarSpec(kind="tool_calls", tool_choice=choice, parallel=parallel)
 
 

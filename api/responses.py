@@ -11,9 +11,17 @@ from typing import Any
 import msgspec
 from ninfer.actors.messages import GenerateRequest, SamplingOptions
 
-from .errors import ApiError
+from .errors import ApiError, validation_param
 from .protocol import check_tool, response_grammar, salvage_arguments, tool_grammar
 from .responses_models import ResponsesRequest
+from .validation import (
+    EFFORTS,
+    check_max_tokens,
+    check_one_of,
+    check_sampling,
+    check_tool_choice,
+    check_unsupported,
+)
 
 __all__ = ["ResponsesRequest", "parse_responses_request", "to_generate_request"]
 
@@ -25,11 +33,12 @@ def _bad(message: str, param: str | None = None, code: str | None = None) -> Api
 _DECODER = msgspec.json.Decoder(ResponsesRequest)
 
 
-def parse_responses_request(body: bytes, model_id: str) -> ResponsesRequest:
+def parse_responses_request(body: bytes, model_id: str, max_context: int) -> ResponsesRequest:
+    """Decode and validate (api/validation.py's rules); raises ApiError naming the field."""
     try:
         req = _DECODER.decode(body)
     except msgspec.ValidationError as e:
-        raise _bad(f"invalid request: {e}") from None
+        raise _bad(f"invalid request: {e}", validation_param(e)) from None
     except msgspec.DecodeError:
         raise _bad("request body is not valid JSON") from None
     if req.model != model_id:
@@ -38,8 +47,11 @@ def parse_responses_request(body: bytes, model_id: str) -> ResponsesRequest:
         raise _bad(
             "previous_response_id: this server stores no responses; send the items", "previous_response_id"
         )
-    if req.max_output_tokens is not None and req.max_output_tokens <= 0:
-        raise _bad("max_output_tokens: must be > 0", "max_output_tokens")
+    check_unsupported({"top_logprobs": req.top_logprobs}, ApiError)
+    check_max_tokens(req.max_output_tokens, "max_output_tokens", max_context, ApiError)
+    check_sampling({"temperature": req.temperature, "top_p": req.top_p}, ApiError)
+    check_one_of((req.reasoning or {}).get("effort"), EFFORTS, "reasoning.effort", ApiError)
+    check_tool_choice(req.tool_choice, "none", bool(req.tools), "tool_choice", ApiError)
     if not req.input:
         raise _bad("input: must be a non-empty string or array", "input")
     return req
@@ -48,8 +60,8 @@ def parse_responses_request(body: bytes, model_id: str) -> ResponsesRequest:
 def _content_text(c: Any, at: str) -> str:
     if isinstance(c, str):
         return c
-    if not isinstance(c, list):
-        raise _bad(f"{at}: must be a string or an array of parts", at)
+    if not isinstance(c, list) or not c:
+        raise _bad(f"{at}: must be a string or a non-empty array of parts", at)
     parts = []
     for j, p in enumerate(c):
         t = p.get("type") if isinstance(p, dict) else None
@@ -116,9 +128,7 @@ def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
 
 
 def _tools(req: ResponsesRequest) -> tuple[list[dict[str, Any]] | None, Any]:
-    if not req.tools:
-        if req.tool_choice not in (None, "none", "auto"):
-            raise _bad("tool_choice: requires tools", "tool_choice")
+    if not req.tools:  # a tool_choice other than none was refused by parse_responses_request
         return None, None
     tools = []
     for i, t in enumerate(req.tools):

@@ -41,6 +41,7 @@ __all__ = [
     "ReasoningTextDone",
     "FunctionCallArgumentsDelta",
     "FunctionCallArgumentsDone",
+    "StreamEvent",
     "event_name",
 ]
 
@@ -63,6 +64,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
+    top_logprobs: int | None = None  # refused when > 0 (api/validation.py)
 
 
 class _Typed(msgspec.Struct, kw_only=True, tag_field="type"):
@@ -238,6 +240,25 @@ class FunctionCallArgumentsDelta(_InItem, kw_only=True, tag="response.function_c
 class FunctionCallArgumentsDone(_InItem, kw_only=True, tag="response.function_call_arguments.done"):
     name: str
     arguments: str
+
+
+StreamEvent = (
+    ResponseCreated
+    | ResponseInProgress
+    | ResponseCompleted
+    | ResponseIncomplete
+    | ResponseFailed
+    | OutputItemAdded
+    | OutputItemDone
+    | ContentPartAdded
+    | ContentPartDone
+    | OutputTextDelta
+    | OutputTextDone
+    | ReasoningTextDelta
+    | ReasoningTextDone
+    | FunctionCallArgumentsDelta
+    | FunctionCallArgumentsDone
+)
 
 
 def event_name(ev: Event) -> str:

@@ -8,7 +8,7 @@ import msgspec
 from ninfer.actors.messages import Finished
 
 from .errors import ApiError
-from .protocol import Output, OutputParser, new_id
+from .protocol import Output, OutputParser, hit_limit, new_id, reports_calls
 from .responses_models import (
     ContentPartAdded,
     ContentPartDone,
@@ -55,10 +55,10 @@ def _usage(fin: Finished) -> Usage:
     )
 
 
-def _status(fin: Finished | None) -> tuple[str, IncompleteDetails | None]:
+def _status(fin: Finished | None, called: bool) -> tuple[str, IncompleteDetails | None]:
     if fin is None:
         return "in_progress", None
-    if fin.finish_reason in ("output_limit", "context_capacity"):
+    if hit_limit(fin.finish_reason) and not called:
         return "incomplete", IncompleteDetails(reason="max_output_tokens")
     return "completed", None
 
@@ -76,9 +76,16 @@ def _call_item(fid: str, call_id: str, name: str, args: str, status: str = "comp
 
 
 def response_body(
-    rid: str, created: int, req: ResponsesRequest, output: list[OutputItem], fin: Finished | None
+    rid: str,
+    created: int,
+    req: ResponsesRequest,
+    output: list[OutputItem],
+    fin: Finished | None,
+    called: bool = False,
 ) -> Response:
-    status, incomplete = _status(fin)
+    """``called``: the answer ended with completed calls (protocol.reports_calls), so the token limit reached
+    just after them does not make the response incomplete."""
+    status, incomplete = _status(fin, called)
     return Response(
         id=rid,
         created_at=created,
@@ -197,7 +204,8 @@ class ResponsesStream:
         out = self._events(self._parser.finish()) + self._close()
         if all(isinstance(i, ReasoningItem) for i in self.items):
             out += self._begin(_message_item(new_id("msg_"), "", "in_progress")) + self._close()
-        body = response_body(self.rid, self.created, self.req, self.items, fin)
+        called = reports_calls(fin.finish_reason, self.tool_calls, self._parser.unclosed)
+        body = response_body(self.rid, self.created, self.req, self.items, fin, called)
         done = ResponseCompleted if body.status == "completed" else ResponseIncomplete
         return out + self._ev(done(response=body))
 

@@ -7,18 +7,15 @@ import time
 from typing import Any
 
 from litestar import Request
-from litestar.response import Stream
 
 from .errors import ApiError
 from .openai_chat import parse_chat_request, to_generate_request
 from .openai_chat_output import ChatStream, completion_body, new_completion_id
 from .protocol import parse_output
-from .routes_common import admit, collect, output_mode, request_record, sse
+from .routes_common import admit, collect, event_stream, output_mode, request_record
 from .service import Service, client_name, json_response
 
-__all__ = ["handle_chat", "SSE_HEADERS"]
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+__all__ = ["handle_chat"]
 
 
 async def handle_chat(request: Request[Any, Any, Any], svc: Service) -> Any:
@@ -40,7 +37,7 @@ async def handle_chat(request: Request[Any, Any, Any], svc: Service) -> Any:
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         cs = ChatStream(rid, created, req.model, include_usage, thinking, tools)
-        return Stream(sse(cs, events, track, ApiError), media_type="text/event-stream", headers=SSE_HEADERS)
+        return event_stream(cs, events, track, ApiError)
     text, fin = await collect(request, events, track, ApiError)
     out = parse_output(text, thinking, tools)
     track.tool_calls = len(out.calls)

@@ -15,12 +15,27 @@ from typing import Any, Protocol
 
 import msgspec
 from litestar import Request
+from litestar.response import Stream
 from ninfer.actors.messages import Accepted, Delta, Failed, Finished, GenerateRequest, StreamEvent
 
 from .errors import ApiError
 from .service import Service
 
-__all__ = ["Tracker", "StreamBuilder", "admit", "collect", "sse", "request_record", "failure", "output_mode"]
+__all__ = [
+    "Tracker",
+    "StreamBuilder",
+    "EventStream",
+    "SSE_HEADERS",
+    "admit",
+    "collect",
+    "sse",
+    "event_stream",
+    "request_record",
+    "failure",
+    "output_mode",
+]
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def request_record(
@@ -223,3 +238,19 @@ async def sse(
         yield b.error(err(500, "the engine stream ended without a finish event", code="internal_error"))
     finally:
         track.abandon()
+
+
+class EventStream(Stream):
+    """A Stream sent as its own media type. Litestar gives a handler's default media type (JSON, for handlers that
+    also answer JSON bodies) precedence over a returned Stream's, which sent every SSE stream as JSON."""
+
+    def to_asgi_response(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["media_type"] = self.media_type
+        return super().to_asgi_response(*args, **kwargs)
+
+
+def event_stream(
+    b: StreamBuilder, events: AsyncIterator[StreamEvent], track: Tracker, err: type[ApiError]
+) -> EventStream:
+    """The SSE response of one request: ``text/event-stream``, not cached, not buffered by proxies."""
+    return EventStream(sse(b, events, track, err), media_type="text/event-stream", headers=SSE_HEADERS)

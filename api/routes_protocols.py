@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 from litestar import Request
-from litestar.response import Stream
 from ninfer.actors.messages import Failed
 
 from . import anthropic as am
@@ -18,16 +17,17 @@ from . import responses as rs
 from . import responses_output as ro
 from .anthropic_models import CountTokens
 from .errors import ApiError
-from .protocol import Output, new_id, parse_output
-from .routes_chat import SSE_HEADERS
-from .routes_common import admit, collect, failure, output_mode, request_record, sse
+from .protocol import Output, new_id, parse_output, reports_calls
+from .routes_common import admit, collect, event_stream, failure, output_mode, request_record
 from .service import Service, client_name, json_response
 
 __all__ = ["handle_messages", "handle_count_tokens", "handle_responses"]
 
 
-def _anthropic(request: Request[Any, Any, Any], svc: Service, body: bytes, rid: str) -> tuple[Any, Any]:
-    req = am.parse_messages_request(body)
+def _anthropic(
+    request: Request[Any, Any, Any], svc: Service, body: bytes, rid: str, count: bool = False
+) -> tuple[Any, Any]:
+    req = am.parse_messages_request(body, svc.limits.max_context, require_max_tokens=not count)
     greq = am.to_generate_request(
         req, rid, client_name(request, None), svc.template_defaults, svc.config.default_max_tokens
     )
@@ -35,7 +35,7 @@ def _anthropic(request: Request[Any, Any, Any], svc: Service, body: bytes, rid: 
 
 
 async def handle_count_tokens(request: Request[Any, Any, Any], svc: Service) -> Any:
-    _, greq = _anthropic(request, svc, await request.body(), new_id("count_"))
+    _, greq = _anthropic(request, svc, await request.body(), new_id("count_"), count=True)
     n = await svc.backend.count_tokens(greq)
     if isinstance(n, Failed):
         raise failure(n, am.AnthropicError)
@@ -53,9 +53,7 @@ async def handle_messages(request: Request[Any, Any, Any], svc: Service) -> Any:
     if req.stream:
         prompt = track.record.get("prompt_tokens", 0)
         b = ao.MessagesStream(mid, req.model, prompt, thinking, tools)
-        return Stream(
-            sse(b, events, track, am.AnthropicError), media_type="text/event-stream", headers=SSE_HEADERS
-        )
+        return event_stream(b, events, track, am.AnthropicError)
     text, fin = await collect(request, events, track, am.AnthropicError)
     out = parse_output(text, thinking, tools, max_name=128)
     track.tool_calls = len(out.calls)
@@ -64,7 +62,7 @@ async def handle_messages(request: Request[Any, Any, Any], svc: Service) -> Any:
 
 async def handle_responses(request: Request[Any, Any, Any], svc: Service) -> Any:
     t0 = time.perf_counter()
-    req = rs.parse_responses_request(await request.body(), svc.limits.model_id)
+    req = rs.parse_responses_request(await request.body(), svc.limits.model_id, svc.limits.max_context)
     rid = new_id("resp_")
     greq = rs.to_generate_request(
         req, rid, client_name(request, req.user), svc.template_defaults, svc.config.default_max_tokens
@@ -76,8 +74,9 @@ async def handle_responses(request: Request[Any, Any, Any], svc: Service) -> Any
     thinking, tools = output_mode(greq)
     if req.stream:
         b = ro.ResponsesStream(rid, created, req, thinking, tools)
-        return Stream(sse(b, events, track, ApiError), media_type="text/event-stream", headers=SSE_HEADERS)
+        return event_stream(b, events, track, ApiError)
     text, fin = await collect(request, events, track, ApiError)
     out: Output = parse_output(text, thinking, tools)
     track.tool_calls = len(out.calls)
-    return json_response(ro.response_body(rid, created, req, ro.output_items(out), fin))
+    called = reports_calls(fin.finish_reason, len(out.calls), out.unclosed)
+    return json_response(ro.response_body(rid, created, req, ro.output_items(out), fin, called))

@@ -144,7 +144,8 @@ def test_translation_to_the_engine_request() -> None:
         stop=["", "x"],
         seed=7,
         enable_thinking=False,
-        logprobs=True,  # unknown / ignored fields are dropped
+        store=True,  # unknown / ignored fields are dropped
+        logprobs=False,  # a refused field (logprobs: true is a 400) that asks for nothing is accepted
     )
     req = parse_chat_request(raw, LIMITS)
     g = to_generate_request(req, LIMITS, "rid", "client", {"preserve_thinking": True})
@@ -277,3 +278,26 @@ def test_activations_flag_reaches_the_cuda_backend() -> None:
     assert actor_spec(config_from_args(a), "cuda").backend_options["act_dtype"] == "bf16"
     with pytest.raises(ServerConfigError, match="--activations"):
         ServerConfig(artifact="a.ninfer", activations="fp16")
+
+
+# ---- OpenAPI document behind the key ---------------------------------------------------------------------
+def test_openapi_document_is_behind_the_api_key() -> None:
+    import asyncio
+
+    import httpx
+    from ninfer.api.app import build_app
+    from ninfer.api.service import Service
+
+    svc = Service(config=ServerConfig(artifact="a.ninfer"), backend=None, limits=LIMITS)  # type: ignore[arg-type]
+    gate = build_app(svc, parse_keys("alice:sk-a\n"))
+
+    async def get(path: str, headers: dict[str, str]) -> httpx.Response:
+        transport = httpx.ASGITransport(app=gate)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.get(path, headers=headers)
+
+    assert asyncio.run(get("/openapi.json", {})).status_code == 401
+    assert asyncio.run(get("/openapi.json", {"x-api-key": "sk-b"})).status_code == 401
+    r = asyncio.run(get("/openapi.json", {"Authorization": "Bearer sk-a"}))
+    assert r.status_code == 200 and "/v1/chat/completions" in r.json()["paths"]
+    assert asyncio.run(get("/openapi.json/x", {})).status_code == 401

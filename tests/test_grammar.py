@@ -134,6 +134,26 @@ def test_json_object_grammar_is_strict_json(tok: Tokenizer, compiler: GrammarCom
     assert done >= 1
 
 
+def test_json_object_grammar_admits_only_objects(tok: Tokenizer, compiler: GrammarCompiler) -> None:
+    import xgrammar as xgr
+
+    m = xgr.GrammarMatcher(compiler.json_object())
+    assert not m.accept_string("[")  # XGrammar's builtin JSON grammar admits a top-level array
+    for start in ('"', "1", "t", "n", " "):
+        assert not xgr.GrammarMatcher(compiler.json_object()).accept_string(start), start
+    assert xgr.GrammarMatcher(compiler.json_object()).accept_string('{"a": [1, {"b": null}]}')
+    rng = random.Random(8)
+    for _ in range(40):  # every walk that closes is an object
+        hook = RequestGrammar(compiler.json_object(), vocab_size=VOCAB, thinking=False, think_end_id=None)
+        first = np.flatnonzero(allowed_from_mask(hook([]), VOCAB)[:1033])
+        assert {tok.decode([int(t)])[:1] for t in first} == {"{"}
+        try:
+            ids = _walk(hook, tok.eos_token_ids, rng, limit=200)
+        except AssertionError:
+            continue
+        assert isinstance(json.loads(tok.decode(ids)), dict)
+
+
 def test_rfc8259_patch_refuses_raw_control_characters(compiler: GrammarCompiler) -> None:
     import xgrammar as xgr
 
@@ -153,7 +173,10 @@ def test_rfc8259_patch_refuses_raw_control_characters(compiler: GrammarCompiler)
     [
         ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "if"),
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
-        ({"type": "string", "pattern": "^a+$"}, "pattern"),
+        (
+            {"type": "string", "pattern": "^(a)\\1$"},
+            "pattern",
+        ),  # a backreference (pattern itself is supported)
         ({"type": "string", "format": "date"}, "format"),
         ({"type": "object", "properties": {"e": {"type": "string", "format": "email"}}}, "format"),
         ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, "oneOf"),

@@ -43,6 +43,11 @@ USER = [{"role": "user", "content": "What is the weather in Paris? Reply as JSON
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from live_server(tmp_path_factory)
+
+
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server (8 lanes) on the demo artifact, joined to a local Ray this generator starts and stops."""
     from ninfer.demo import build_demo
 
     tmp = tmp_path_factory.mktemp("proto")

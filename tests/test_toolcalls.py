@@ -74,7 +74,6 @@ def test_two_calls_json_values_and_string_typed_digits() -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        ONE + "\ntrailing words",
         ONE.replace("</parameter>\n</function>", "</function>"),
         ONE.replace("<function=get_weather>", "<function=bad name>"),
         ONE.replace("</tool_call>", ""),
@@ -85,6 +84,14 @@ def test_two_calls_json_values_and_string_typed_digits() -> None:
 def test_malformed_is_whole_text_as_content(text: str) -> None:
     p = parse_tool_calls(text, TOOLS)
     assert p.calls == [] and p.content == text.strip()
+
+
+def test_text_after_complete_calls_is_content() -> None:
+    """A complete call is already streamed when trailing text comes: it stays a call, the text is content (the
+    whole-text parse is the same parser, so it agrees; upstream dropped the call)."""
+    p = parse_tool_calls(ONE + "\ntrailing words", TOOLS)
+    assert [c.name for c in p.calls] == ["get_weather"] and not p.unclosed
+    assert p.content == "I'll check.\ntrailing words"
 
 
 def test_name_length_limits() -> None:
@@ -108,18 +115,38 @@ def test_streaming_agrees_with_whole_text(text: str, seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize(
-    "cut",
+    ("cut", "unclosed"),
     [
-        "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",
-        "<tool_call>\n<function=get_weather>\n<parameter=days>\n4",
-        "<tool_call>\n<function=get_weather>\n<parameter=days>\n4\n</parameter>\nnot a tag",
-        "<tool_call>\n<function=get_weather>\n<parameter=city>\nx\n</parameter>\n</function>\n</tool_call> tail",
+        ("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", True),
+        ("<tool_call>\n<function=get_weather>\n<parameter=days>\n4", True),
+        ("<tool_call>\n<function=get_weather>\n<parameter=city>\nx\n</parameter>\n</function>\n</tool", True),
+        ("<tool_call>\n<function=get_weather>\n<parameter=days>\n4\n</parameter>\nnot a tag", False),
     ],
 )
-def test_streamed_malformed_call_still_closes_valid_json(cut: str, seed: int) -> None:
-    _, names, pieces, final = _stream(cut, random.Random(seed))
-    assert names == {0: "get_weather"}
-    assert isinstance(json.loads(pieces[0]), dict) and pieces[0] == final[0]
+def test_cut_or_malformed_block_is_never_a_call(cut: str, unclosed: bool, seed: int) -> None:
+    content, names, pieces, final = _stream("Let me see.\n\n" + cut, random.Random(seed))
+    assert names == pieces == final == {}  # nothing of the call was streamed
+    assert content == "Let me see.\n\n" + cut  # its markup is text, as the whole-text parse says
+    whole = parse_tool_calls("Let me see.\n\n" + cut, TOOLS)
+    assert whole.calls == [] and whole.content == content and whole.unclosed is unclosed
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_every_cut_agrees_and_reports_only_closed_blocks(seed: int) -> None:
+    """Each prefix of a two-call answer (a generation cut at any point): streamed in random chunks it gives the
+    whole-text parse, and exactly the calls whose </tool_call> is inside the prefix."""
+    text = "Sure.\n\n" + TWO.rstrip()
+    for n in range(len(text) + 1):
+        cut = text[:n]
+        whole = parse_tool_calls(cut, TOOLS)
+        content, names, pieces, final = _stream(cut, random.Random(seed * 1000 + n))
+        assert content == whole.content
+        assert [names[i] for i in sorted(names)] == [c.name for c in whole.calls]
+        assert [pieces[i] for i in sorted(pieces)] == [final[i] for i in sorted(final)]
+        assert [final[i] for i in sorted(final)] == [c.arguments for c in whole.calls]
+        assert len(whole.calls) == cut.count("</tool_call>")
+        for c in whole.calls:
+            assert isinstance(json.loads(c.arguments), dict)
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -2,13 +2,14 @@
 
 Three parts:
 
-* :func:`check_schema` accepts only the documented JSON Schema subset (XGrammar silently ignores keywords it does
-  not implement, so an unchecked ``if``/``then`` or ``pattern`` would look enforced and not be). It raises
-  :class:`SchemaError` naming the keyword and where it sits.
+* :func:`check_schema` (schema_subset.py) accepts only the documented JSON Schema subset (XGrammar silently
+  ignores keywords it does not implement, so an unchecked ``if``/``then`` would look enforced and not be). It
+  raises :class:`SchemaError` naming the keyword and where it sits.
 * :class:`GrammarCompiler` compiles JSON schemas, plain JSON and Qwen tool-call structural tags, cached by key.
   Every grammar goes through EBNF text that :func:`rfc8259_ebnf` patches: XGrammar 0.2.8's length-bounded string
   rule is ``[^"\\\r\n]`` (raw U+0000-U+001F admitted, escapes refused); every JSON string class gets
-  ``\0-\x1f`` excluded and bounded strings get escapes back.
+  ``\0-\x1f`` (and the surrogates) excluded and bounded strings get escapes back. ``pattern`` rules are
+  ninfer's own JSON-safe translation (json_regex.py), put in place of XGrammar's ``Regex`` rules.
 * :class:`RequestGrammar` is the engine's per-request ``token_mask`` hook. It owns the request's grammar state, not
   the lane: the reasoning phase is free (the matcher starts after ``</think>``), a thinking budget forces
   ``</think>\n\n`` once spent, then the matcher constrains the answer. Tokens are accepted lazily from the
@@ -28,6 +29,16 @@ from typing import Any
 
 import numpy as np
 
+from .json_regex import pattern_ebnf
+from .schema_subset import (
+    MAX_BOUND,
+    SUPPORTED_FORMATS,
+    SUPPORTED_KEYWORDS,
+    SchemaError,
+    check_schema,
+    with_pattern_placeholders,
+)
+
 __all__ = [
     "SchemaError",
     "check_schema",
@@ -35,137 +46,47 @@ __all__ = [
     "GrammarCompiler",
     "RequestGrammar",
     "SUPPORTED_KEYWORDS",
+    "SUPPORTED_FORMATS",
+    "MAX_BOUND",
 ]
 
-# The documented subset (docs/serving.md "Structured output"). Annotations are accepted and have no effect.
-_ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated"}
-_STRUCTURE = {
-    "type", "properties", "required", "additionalProperties", "enum", "const", "items", "minItems",
-    "maxItems", "anyOf", "$ref", "$defs", "definitions", "minLength", "maxLength", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum",
-}  # fmt: skip
-SUPPORTED_KEYWORDS = frozenset(_ANNOTATIONS | _STRUCTURE)
-# No string format is admitted: in XGrammar 0.2.8 `date` admits impossible dates (11-31) and `email` can emit
-# escapes that are not JSON; none is validated after generation yet, so all are refused by name.
-SUPPORTED_FORMATS: frozenset[str] = frozenset()
-_TYPES = {"string", "number", "integer", "boolean", "null", "object", "array"}
-_MAX_DEPTH = 32
-
-
-class SchemaError(ValueError):
-    """A schema outside the supported subset (``keyword`` set) or not a valid schema (``keyword`` None)."""
-
-    def __init__(self, message: str, keyword: str | None = None, path: str = "") -> None:
-        super().__init__(message)
-        self.keyword, self.path = keyword, path
-
-
-def check_schema(schema: Any, where: str = "schema") -> None:
-    """Raise SchemaError unless ``schema`` is a valid JSON Schema inside the supported subset."""
-    if not isinstance(schema, dict):
-        raise SchemaError(f"{where}: a JSON Schema must be an object, got {type(schema).__name__}")
-    _check(schema, where, schema, 0)
-
-
-def _check(s: Any, at: str, root: dict, depth: int) -> None:
-    if isinstance(s, bool):
-        return
-    if not isinstance(s, dict):
-        raise SchemaError(f"{at}: a subschema must be an object or a boolean, got {type(s).__name__}")
-    if depth > _MAX_DEPTH:
-        raise SchemaError(f"{at}: schema nesting deeper than {_MAX_DEPTH}")
-    for key in s:
-        if key not in SUPPORTED_KEYWORDS and key != "format":
-            raise SchemaError(
-                f"{at}: the JSON Schema keyword '{key}' is not supported by this server "
-                f"(supported: {', '.join(sorted(_STRUCTURE))})",
-                keyword=key,
-                path=at,
-            )
-    if "format" in s and s["format"] not in SUPPORTED_FORMATS:
-        raise SchemaError(
-            f"{at}: 'format: {s['format']}' is not supported by this server (its grammar constraint does not "
-            "agree with JSON Schema validation)",
-            keyword="format",
-            path=at,
-        )
-    _check_values(s, at)
-    for key in ("properties", "$defs", "definitions"):
-        if key in s:
-            if not isinstance(s[key], dict):
-                raise SchemaError(f"{at}.{key}: must be an object")
-            for name, sub in s[key].items():
-                _check(sub, f"{at}.{key}.{name}", root, depth + 1)
-    for key in ("items", "additionalProperties"):
-        if key in s:
-            _check(s[key], f"{at}.{key}", root, depth + 1)
-    if "anyOf" in s:
-        if not isinstance(s["anyOf"], list) or not s["anyOf"]:
-            raise SchemaError(f"{at}.anyOf: must be a non-empty array")
-        for i, sub in enumerate(s["anyOf"]):
-            _check(sub, f"{at}.anyOf[{i}]", root, depth + 1)
-    if "$ref" in s:
-        _resolve(s["$ref"], root, f"{at}.$ref")
-
-
-def _check_values(s: dict, at: str) -> None:
-    t = s.get("type")
-    types = t if isinstance(t, list) else [t] if t is not None else []
-    if not types and "type" in s or any(x not in _TYPES for x in types):
-        raise SchemaError(f"{at}.type: must be one of {sorted(_TYPES)} or a list of them, got {t!r}")
-    req = s.get("required", [])
-    if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
-        raise SchemaError(f"{at}.required: must be an array of property names")
-    if "enum" in s and (not isinstance(s["enum"], list) or not s["enum"]):
-        raise SchemaError(f"{at}.enum: must be a non-empty array")
-    for lo, hi in (("minItems", "maxItems"), ("minLength", "maxLength")):
-        for k in (lo, hi):
-            v = s.get(k)
-            if k in s and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise SchemaError(f"{at}.{k}: must be a non-negative integer, got {v!r}")
-        if lo in s and hi in s and s[lo] > s[hi]:
-            raise SchemaError(f"{at}: {lo} ({s[lo]}) is greater than {hi} ({s[hi]})")
-    for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        v = s.get(k)
-        if k in s and (isinstance(v, bool) or not isinstance(v, int | float)):
-            raise SchemaError(f"{at}.{k}: must be a number, got {v!r}")
-    if "minimum" in s and "maximum" in s and s["minimum"] > s["maximum"]:
-        raise SchemaError(f"{at}: minimum ({s['minimum']}) is greater than maximum ({s['maximum']})")
-
-
-def _resolve(ref: Any, root: dict, at: str) -> None:
-    if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
-        raise SchemaError(
-            f"{at}: only local references ('#/$defs/...') are supported, got {ref!r}", "$ref", at
-        )
-    node: Any = root
-    for part in ref[2:].split("/") if ref != "#" else []:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if not isinstance(node, dict) or part not in node:
-            raise SchemaError(f"{at}: reference {ref!r} does not resolve inside the schema")
-        node = node[part]
+_ANY_OBJECT = {"type": "object"}  # XGrammar: any properties, any JSON values (additionalProperties unset)
 
 
 # ---- RFC 8259 patch of XGrammar's EBNF ----------------------------------------------------------------------
 _BOUNDED_CLASS = r"[^\"\\\r\n]"  # XGrammar's per-character rule of length-bounded JSON strings
-_SAFE_CHAR = (
-    r'([^\"\\\0-\x1f] | ("\\" ([\"\\/bfnrt] | ("u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]))))'
-)
+_SAFE_CHAR = r'([^\"\\\0-\x1f\ud800-\udfff] | ("\\" ([\"\\/bfnrt] | ("u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]))))'
 _NEG_CLASS = re.compile(r"\[\^((?:\\.|[^\]\\])*)\]")
 
 
 def rfc8259_ebnf(ebnf: str) -> str:
-    """XGrammar EBNF whose JSON strings admit no raw U+0000-U+001F (RFC 8259 §7) and whose bounded strings admit
-    escapes. Negated classes that exclude the quote (JSON string characters) get ``\\0-\\x1f`` excluded too."""
+    """XGrammar EBNF whose JSON strings admit no raw U+0000-U+001F (RFC 8259 §7), no UTF-16 surrogate code points
+    (XGrammar writes them as 3-byte sequences, which are not UTF-8: RFC 8259 §8.1) and whose bounded strings admit
+    escapes. Negated classes that exclude the quote (JSON string characters) get both ranges excluded too."""
     out = ebnf.replace(_BOUNDED_CLASS, _SAFE_CHAR)
 
     def fix(m: re.Match[str]) -> str:
         body = m.group(1)
-        if '\\"' in body and "\\0-\\x1f" not in body:
-            return "[^" + body + "\\0-\\x1f]"
-        return m.group(0)
+        if '\\"' not in body:
+            return m.group(0)
+        for extra in ("\\0-\\x1f", "\\ud800-\\udfff"):
+            if extra not in body:
+                body += extra
+        return "[^" + body + "]"
 
     return _NEG_CLASS.sub(fix, out)
+
+
+_PATTERN_RULE = re.compile(r'Regex\("ninferpattern(\d+)", json_string=true\)')
+
+
+def _with_patterns(ebnf: str, patterns: list[str]) -> str:
+    """XGrammar's EBNF with each placeholder pattern rule replaced by the pattern's JSON-safe translation
+    (json_regex.pattern_ebnf); no XGrammar ``Regex`` rule may remain."""
+    out = _PATTERN_RULE.sub(lambda m: "(" + pattern_ebnf(patterns[int(m.group(1))], MAX_BOUND) + ")", ebnf)
+    if "Regex(" in out:
+        raise SchemaError("schema: a pattern was not translated", keyword="pattern")
+    return out
 
 
 # ---- compilation -----------------------------------------------------------------------------------------
@@ -205,35 +126,38 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return compiled
 
-    def _from_grammar(self, grammar: Any) -> Any:
-        safe = self._xgr.Grammar.from_ebnf(rfc8259_ebnf(str(grammar)))
-        return self._compiler.compile_grammar(safe)
+    def _compile_ebnf(self, ebnf: str) -> Any:
+        return self._compiler.compile_grammar(self._xgr.Grammar.from_ebnf(rfc8259_ebnf(ebnf)))
 
     def json_schema(self, schema: dict[str, Any]) -> Any:
         check_schema(schema)
         text = json.dumps(schema, sort_keys=True, separators=(",", ":"))
 
         def build() -> Any:
+            marked, patterns = with_pattern_placeholders(schema)
             try:
-                g = self._xgr.Grammar.from_json_schema(text, any_whitespace=False, strict_mode=True)
+                g = self._xgr.Grammar.from_json_schema(
+                    json.dumps(marked), any_whitespace=False, strict_mode=True
+                )
             except Exception as e:  # XGrammar's own refusal of a malformed schema
                 raise SchemaError(
                     f"schema: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
                 ) from None
-            return self._from_grammar(g)
+            return self._compile_ebnf(_with_patterns(str(g), patterns))
 
         return self._cached("schema:" + text, build)
 
     def json_object(self) -> Any:
-        return self._cached("json", lambda: self._from_grammar(self._xgr.Grammar.builtin_json_grammar()))
+        """Any JSON object (``response_format: json_object``). XGrammar's builtin JSON grammar also admits a
+        top-level array, so this is the schema ``{"type": "object"}``: an object whose values are any JSON."""
+        return self.json_schema(_ANY_OBJECT)
 
     def tool_calls(self, tools: list[dict[str, Any]], choice: str, parallel: bool = False) -> Any:
         """Qwen XML calls (serving.md §7) of ``tools`` (OpenAI function-tool form): exactly one, or one or more
         with ``parallel``; ``choice`` is "required" (any of them) or a tool name (that one)."""
         for t in tools:
-            check_schema(
-                t["function"].get("parameters") or {"type": "object"}, f"tools.{t['function']['name']}"
-            )
+            params = t["function"].get("parameters") or {"type": "object"}
+            check_schema(params, f"tools.{t['function']['name']}", patterns=False)
         text = json.dumps([tools, choice, parallel], sort_keys=True, separators=(",", ":"))
 
         def build() -> Any:

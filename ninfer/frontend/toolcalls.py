@@ -1,4 +1,4 @@
-"""Qwen XML tool calls (serving.md §7) in generated answers, parsed whole or while they stream.
+"""Qwen XML tool calls (serving.md §7) in generated answers, parsed whole or while they stream, by one parser.
 
 The format::
 
@@ -11,14 +11,14 @@ The format::
     </function>
     </tool_call>
 
-Whole text (:func:`parse_tool_calls`, upstream's rule): after the first ``<tool_call>`` only whitespace-separated
-well-formed blocks may follow; any violation returns the whole text as content and no calls. Streaming
-(:class:`ToolCallStream`): the name is sent as soon as ``<function=NAME>`` is complete, then the arguments as JSON
-pieces per parameter (string-typed values piece by piece as they arrive, others when their ``</parameter>`` comes),
-then ``}``. The pieces always concatenate to the arguments the whole-text parser gives for well-formed output. A
-violation after a call started closes that call's JSON (so it still parses) and streams the rest as text.
+:class:`ToolCallStream` parses an answer incrementally; :func:`parse_tool_calls` runs the same parser over a whole
+text, so a streamed answer and the same answer parsed whole agree by construction. A call is reported only once
+its block is complete and well formed (``</tool_call>`` consumed): its events (the name, then the arguments as
+JSON pieces per parameter, then the final arguments) are held until then. A block that is malformed, or that the
+answer ends inside (cut by the token limit), is never a call: its markup is text, and so is everything after a
+malformed block. Calls completed before it stay calls.
 
-Arguments: keys in the order generated (so streamed pieces can equal the final string), compact JSON. A parameter
+Arguments: keys in the order generated (so streamed pieces equal the final string), compact JSON. A parameter
 whose declared schema type is ``string`` keeps its trimmed text, so ``"123"`` stays a string; any other value is
 trimmed and read as JSON, falling back to the text (serving.md §7).
 """
@@ -52,6 +52,7 @@ class ToolCall:
 class ParsedOutput:
     content: str
     calls: list[ToolCall] = field(default_factory=list)
+    unclosed: bool = False  # the answer ended inside a call block (its markup is in content)
 
 
 def string_params(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, frozenset[str]]:
@@ -86,37 +87,36 @@ def _esc(text: str) -> str:
 def parse_tool_calls(
     text: str, tools: Sequence[Mapping[str, Any]] | None = None, max_name: int = 64
 ) -> ParsedOutput:
-    """Content and calls of a whole answer; malformed call markup gives the whole text as content."""
-    start = text.find(CALL_OPEN)
-    if start < 0:
-        return ParsedOutput(text.strip())
+    """Content and calls of a whole answer: the streaming parser over the whole text."""
     stream = ToolCallStream(tools, max_name)
-    events = stream.push(text[start:]) + stream.finish()
-    if stream.failed:
-        return ParsedOutput(text.strip())
-    args: dict[int, str] = {}
-    names: dict[int, str] = {}
-    for ev in events:
-        if ev[0] == "start":
-            names[ev[1]] = ev[2]
-        elif ev[0] == "end":
-            args[ev[1]] = ev[2]
+    events = stream.push(text) + stream.finish()
+    names = {ev[1]: ev[2] for ev in events if ev[0] == "start"}
+    args = {ev[1]: ev[2] for ev in events if ev[0] == "end"}
     calls = [ToolCall(names[i], args[i]) for i in sorted(names)]
-    return ParsedOutput(text[:start].strip(), calls)
+    return ParsedOutput("".join(ev[1] for ev in events if ev[0] == "text"), calls, stream.unclosed)
 
 
 class ToolCallStream:
     """Incremental parser of one answer. ``push(text)`` / ``finish()`` return events:
-    ``("text", s)``, ``("start", index, name)``, ``("args", index, piece)``, ``("end", index, arguments)``."""
+    ``("text", s)``, ``("start", index, name)``, ``("args", index, piece)``, ``("end", index, arguments)``.
+    The events of a call come out together once its ``</tool_call>`` is consumed. After ``finish()``,
+    ``failed`` tells whether any markup was malformed and ``unclosed`` whether the answer ended inside a block."""
 
     def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None, max_name: int = 64) -> None:
         self._strings = string_params(tools)
         self._max_name = max_name
         self._state = "text"
-        self._buf = ""
+        # The text pushed since an origin that precedes any open block (a failed block's markup is released from
+        # it as text); the origin moves up whenever no block is open, so it holds at most the open block.
+        self._seen: list[str] = []
+        self._seen_len = 0
+        self._buf = ""  # the unconsumed tail of the text seen
         self._out: list[tuple] = []
+        self._held: list[tuple] = []  # the open block's call events
+        self._block_at: int | None = None  # where the open block (and the whitespace before it) starts
         self._text_started = False
         self.failed = False
+        self.unclosed = False
         self._n = 0  # calls started
         self._args = ""  # the open call's arguments so far
         self._name = ""
@@ -125,6 +125,10 @@ class ToolCallStream:
 
     # ---- public -----------------------------------------------------------------------------------------
     def push(self, text: str) -> list[tuple]:
+        if self._block_at is None:  # nothing to release later: forget what was consumed
+            self._seen, self._seen_len = [self._buf], len(self._buf)
+        self._seen.append(text)
+        self._seen_len += len(text)
         self._buf += text
         while self._step():
             pass
@@ -134,11 +138,12 @@ class ToolCallStream:
     def finish(self) -> list[tuple]:
         if self._state == "text":
             self._text(self._buf.strip() if not self._text_started else self._buf.rstrip())
-        elif self._state not in ("between", "raw"):
+        elif self._state == "between":
+            self._text(self._buf.rstrip())  # only whitespace, or a partial "<tool_call>" that never came
+        elif self._state != "raw":
+            self.unclosed = True
             self._fail()
-        elif self._state == "raw":
-            self._text(self._buf)
-        self._buf = ""
+        self._buf = ""  # raw: the held trailing whitespace
         out, self._out = self._out, []
         return out
 
@@ -152,21 +157,32 @@ class ToolCallStream:
 
     def _emit_args(self, piece: str) -> None:
         self._args += piece
-        self._out.append(("args", self._n - 1, piece))
+        self._held.append(("args", self._n - 1, piece))
+
+    def _open_block(self, at: int) -> None:
+        self._block_at, self._held = at, []
+
+    def _close_block(self) -> None:
+        self._out += self._held
+        self._block_at, self._held = None, []
+
+    def _consumed(self) -> int:
+        return self._seen_len - len(self._buf)
 
     def _fail(self) -> None:
-        """Malformed markup: close an open call's JSON, then everything unconsumed is text."""
+        """Malformed markup: the open block (if any) is not a call; its markup and everything after is text."""
         self.failed = True
-        if self._state in ("params", "value_str", "value_json"):
-            if self._state == "value_str":
-                self._emit_args('"')
-            elif self._state == "value_json":
-                self._emit_args("null")
-            self._emit_args("{}" if self._first else "}")
-            self._out.append(("end", self._n - 1, self._args))
+        if self._block_at is not None:
+            self._buf, self._held = "".join(self._seen)[self._block_at :], []
+            self._block_at = None
         self._state = "raw"
-        self._text(self._buf)
-        self._buf = ""
+        self._raw()
+
+    def _raw(self) -> None:
+        """After malformed markup everything is text; trailing whitespace waits (the answer's end drops it)."""
+        keep = len(self._buf) - len(self._buf.rstrip())
+        self._text(self._buf[: len(self._buf) - keep])
+        self._buf = self._buf[len(self._buf) - keep :]
 
     def _expect(self, marker: str) -> int | None:
         """After leading whitespace: len consumed if ``marker`` is there, 0 to wait for more, None if not."""
@@ -178,14 +194,14 @@ class ToolCallStream:
     def _step(self) -> bool:  # noqa: C901 - one branch per state of a small machine
         st, buf = self._state, self._buf
         if st == "raw":
-            if buf:
-                self._text(buf)
-                self._buf = ""
+            self._raw()
             return False
         if st == "text":
             i = buf.find(CALL_OPEN)
             if i >= 0:
-                self._text(buf[:i].rstrip())
+                head = buf[:i].rstrip()
+                self._text(head)
+                self._open_block(self._consumed() + len(head))
                 self._buf, self._state = buf[i + len(CALL_OPEN) :], "fn"
                 return True
             keep = held_tail(buf, CALL_OPEN)
@@ -206,14 +222,14 @@ class ToolCallStream:
                 return False
             self._n += 1
             self._args, self._name, self._first = "", name, True
-            self._out.append(("start", self._n - 1, name))
+            self._held.append(("start", self._n - 1, name))
             self._buf, self._state = buf[j + 1 :], "params"
             return True
         if st == "params":
             s = buf.lstrip()
             if s.startswith(FN_CLOSE):
                 self._emit_args("{}" if self._first else "}")
-                self._out.append(("end", self._n - 1, self._args))
+                self._held.append(("end", self._n - 1, self._args))
                 self._buf, self._state = s[len(FN_CLOSE) :], "close"
                 return True
             got = self._expect(P_OPEN)
@@ -253,13 +269,17 @@ class ToolCallStream:
         return self._then(CALL_OPEN, "fn")  # between calls: only whitespace, then another call or the end
 
     def _then(self, marker: str, state: str) -> bool:
-        """Whitespace, then ``marker``: go on in ``state``; anything else is malformed."""
+        """Whitespace, then ``marker``: go on in ``state`` (closing or opening a block); else malformed."""
         got = self._expect(marker)
         if got is None:
             self._fail()
             return False
         if got:
+            if marker == CALL_OPEN:
+                self._open_block(self._consumed())
             self._buf, self._state = self._buf[got:], state
+            if marker == CALL_CLOSE:
+                self._close_block()
         return bool(got)
 
     def _string_step(self, buf: str) -> bool:

@@ -1,0 +1,109 @@
+"""The one validation rule set of the three protocols (chat completions, Anthropic messages, responses).
+
+Each check takes the field's name in the calling protocol (``param``) and that protocol's error class, so the same
+rule answers a 400 in the protocol's own shape naming the protocol's own field. The rules and their limits are
+listed in docs/serving.md ("One validation rule set").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import ApiError
+
+__all__ = [
+    "SAMPLING_RANGES",
+    "MAX_STOPS",
+    "EFFORTS",
+    "THINKING_TYPES",
+    "UNSUPPORTED_FIELDS",
+    "check_sampling",
+    "check_max_tokens",
+    "check_stops",
+    "check_one_of",
+    "check_tool_choice",
+    "check_unsupported",
+]
+
+SAMPLING_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "min_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+MAX_STOPS = 16  # stop strings / stop_sequences per request
+EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})  # "none" turns thinking off
+THINKING_TYPES = frozenset({"enabled", "disabled", "adaptive"})  # Anthropic thinking.type
+# Fields a client sends because it relies on them, which this server does not implement: refused by name instead
+# of being silently dropped (the value that asks for nothing, e.g. logprobs: false, is accepted).
+UNSUPPORTED_FIELDS: dict[str, str] = {
+    "logprobs": "token log-probabilities are not supported by this server",
+    "top_logprobs": "token log-probabilities are not supported by this server",
+    "guided_json": "vLLM guided decoding is not supported; use response_format json_schema",
+    "guided_regex": "vLLM guided decoding is not supported; use a json_schema with a pattern",
+    "guided_choice": "vLLM guided decoding is not supported; use a json_schema with an enum",
+    "guided_grammar": "vLLM guided decoding is not supported; use response_format json_schema",
+    "structured_outputs": "vLLM structured_outputs is not supported; use response_format json_schema",
+}
+
+
+def _bad(err: type[ApiError], message: str, param: str | None, code: str | None = None) -> ApiError:
+    return err(400, message, param=param, code=code)
+
+
+def check_sampling(values: Mapping[str, Any], err: type[ApiError]) -> None:
+    """Ranges of the sampling fields present (None = absent): SAMPLING_RANGES, ``top_k`` >= 0, ``seed`` an
+    unsigned 64-bit integer."""
+    for name, (lo, hi) in SAMPLING_RANGES.items():
+        v = values.get(name)
+        if v is not None and not (math.isfinite(v) and lo <= v <= hi):
+            raise _bad(err, f"{name}: must be a finite number in [{lo:g}, {hi:g}], got {v!r}", name)
+    top_k = values.get("top_k")
+    if top_k is not None and top_k < 0:
+        raise _bad(err, "top_k: must be >= 0", "top_k")
+    seed = values.get("seed")
+    if seed is not None and not 0 <= seed < 1 << 64:
+        raise _bad(err, "seed: must be a non-negative 64-bit integer", "seed")
+
+
+def check_max_tokens(value: int | None, param: str, max_context: int, err: type[ApiError]) -> None:
+    """An output budget: > 0 and no more than the server's context (``context_length_exceeded``)."""
+    if value is None:
+        return
+    if value <= 0:
+        raise _bad(err, f"{param}: must be > 0", param)
+    if value > max_context:
+        raise _bad(
+            err,
+            f"{param}: {value} exceeds the server's context length of {max_context} tokens",
+            param,
+            "context_length_exceeded",
+        )
+
+
+def check_stops(stops: Sequence[str] | None, param: str, err: type[ApiError]) -> None:
+    if stops is not None and len(stops) > MAX_STOPS:
+        raise _bad(err, f"{param}: at most {MAX_STOPS} stop strings, got {len(stops)}", param)
+
+
+def check_one_of(value: Any, allowed: frozenset[str], param: str, err: type[ApiError]) -> None:
+    if value is not None and value not in allowed:
+        raise _bad(err, f"{param}: must be one of {sorted(allowed)}, got {value!r}", param)
+
+
+def check_tool_choice(choice: Any, none: Any, has_tools: bool, param: str, err: type[ApiError]) -> None:
+    """A ``choice`` other than absent or ``none`` (the protocol's value for none) needs tools (upstream's rule,
+    for every protocol)."""
+    if choice is not None and choice != none and not has_tools:
+        raise _bad(err, f"{param}: requires tools", param)
+
+
+def check_unsupported(fields: Mapping[str, Any], err: type[ApiError]) -> None:
+    """Refuse, by name, an UNSUPPORTED_FIELDS field that asks for something (not null, false or 0)."""
+    for name, why in UNSUPPORTED_FIELDS.items():
+        v = fields.get(name)
+        if v is not None and v is not False and v != 0:
+            raise _bad(err, f"{name}: {why}", name, "unsupported_field")
