@@ -23,7 +23,9 @@ def test_v1_file_loads_and_matches_reference(tmp_path, moe: bool) -> None:
     assert m.model_id == ("qwen3.6-35b-a3b" if moe else "qwen3.6-27b")
     assert m.artifact.weight_profile == "groupwise-int" and not m.artifact.shape_registered
     ids = list(range(5, 80))
-    got = m.logits(ids)
+    # one prefill chunk, like the reference call below: BLAS row blocking (OpenBLAS 0.3.31) gives a row different
+    # bits in a 64-row and in a 75-row product, which is not what this test is about (the weights are)
+    got = m.logits(ids, prefill_chunk=len(ids))
     # the same model computed from the dequantized weights directly
     deq = {n: m.artifact.weights().get(n) for n in canon}
     net = Qwen36(cfg, DictWeights(deq))
