@@ -27,7 +27,7 @@ run_tests() {
     python3 -c "import transformers, torch, cupy; print('transformers', transformers.__version__, 'torch', torch.__version__, 'cupy', cupy.__version__)"
     python3 -c "
 import time; t = time.perf_counter()
-from ninfer.cuda import warmup; print('compiled', sum(warmup().values()), 'instances in', round(time.perf_counter() - t, 1), 's')"
+from ninfer.cuda import warmup; print('compiled', sum(warmup(workers=12).values()), 'instances in', round(time.perf_counter() - t, 1), 's')"
   } 2>&1 | tee "$OUT/compile.txt"
   NINFER_GPU_REPORT=$OUT/gpu_report.json NINFER_GPU_REPORT_MODEL=$OUT/model_report.json \
     timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -m gpu tests/test_cuda_*.py -p no:cacheprovider \
