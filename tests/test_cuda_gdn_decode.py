@@ -139,7 +139,11 @@ def test_gdn_decode(cp: Any, t: str, st: str, case: tuple) -> None:
         rows, slot = slice(p["starts"][s], p["starts"][s + 1]), p["slots"][s]
         if lens[s]:
             assert _rel(y[rows], ref_y) <= TOL[t], f"seq {s}: output {_rel(y[rows], ref_y):.2e}"
-        assert _rel(got_s[slot], ref_s) <= TOL[st], f"seq {s}: state {_rel(got_s[slot], ref_s):.2e}"
+        # bf16 activations: the conv output is rounded to bf16 (as stored), and a last-bit difference in the fp32
+        # conv/silu can flip that rounding for a value on a boundary (one bf16 ulp, 2^-8); through v and k it moves
+        # the state by ~1e-4 of its range (measured 1.8e-4 at the 27B's x8 decode on the H200)
+        tol_s = max(TOL[st], 1e-3) if tb else TOL[st]
+        assert _rel(got_s[slot], ref_s) <= tol_s, f"seq {s}: state {_rel(got_s[slot], ref_s):.2e}"
         np.testing.assert_array_equal(got_c[slot], ref_c)
     # the same through the three separate kernels: bitwise
     state, conv = _dev(cp, p["state"], sb), cp.asarray(p["conv"])
