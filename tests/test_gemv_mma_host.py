@@ -221,7 +221,7 @@ def test_gemv_mma_fragments_match_reference(driver: Path, fmt: str) -> None:
 
 def test_gemv_plan() -> None:
     """Splits depend on (format, N, K) only; every split has work, shared memory stays bounded for any K, and the
-    27B shapes put ~8 warps on each SM of a 132-SM GPU."""
+    27B shapes put ~16 warps on each SM of a 132-SM GPU."""
     for fmt in FMTS:
         for n, k in ((8, 8), (1024, 2048), (5120, 6144), (5120, 17408), (34816, 5120), (248320, 5120)):
             p = gemv_plan(fmt, n, k)
