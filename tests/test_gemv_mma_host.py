@@ -229,5 +229,7 @@ def test_gemv_plan() -> None:
             assert (p.splits - 1) * p.tiles_per < ntiles <= p.splits * p.tiles_per
             assert p.smem_bytes(8, "float") <= 120 * 1024
             assert p.blocks_x * p.rows >= n
-    assert gemv_plan("NVFP4G16_E4M3S", 5120, 6144).splits * 40 * 4 >= 2112  # warps of a narrow matrix
+    assert (
+        gemv_plan("NVFP4G16_E4M3S", 5120, 6144).splits == 48 // 4
+    )  # a narrow matrix: as many as 4-tile splits allow
     assert gemv_plan("NVFP4G16_E4M3S", 248320, 5120).splits == 1  # the LM head needs no split
