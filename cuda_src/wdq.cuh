@@ -1,0 +1,276 @@
+// Weight tiles of the Hopper prefill GEMM (gemm_sm90.cu): every stored format copied raw (cp.async) into a
+// pipeline stage, then dequantized into exact bf16 in the 128B-swizzled K-major layout wgmma reads (wgmma.cuh).
+//
+// A K tile is 64 consecutive k (k0 = 64 kt) of BN weight rows. Each format struct D provides
+//   BN      CTA columns (weight rows per tile): 256, or 128 for the group formats (their fp32 partial sums need
+//           registers of their own);
+//   DIRECT  the stored rows are bf16 already (BF16): copy() writes the swizzled operand tile itself;
+//   GPT     scale groups per K tile (0 = none: the row scale multiplies the result; 1 = Q g64; 2 = W8 g32, each
+//           group two k16 steps);
+//   BYTES   raw bytes per stage (a multiple of 1024, so stages stay 1024-aligned);
+//   copy    this thread's cp.asyncs of tile kt (rows >= nvalid zero-filled; the unpadded formats zero-fill past K,
+//           the padded ones read their own padding, whose products meet zero activations);
+//   chunk   the 8 bf16 of row r, k 8c .. 8c+7 of the tile, as one 16-byte vector (low half = lower k);
+//   gscale  group g's scale of row r (GPT > 0); row_scale(p1, p2, n) the factor applied to the fp32 result.
+// Exactness (as wfrag.cuh, see there): FP8 e4m3 bits placed in a bf16 (x 2^-120) then x 2^120; NVFP4 e2m1 bits
+// placed (x 2^-126) then x e4m3 block scale x 2^119, row scale 2^7 g; Q codes via bf16(128 + offset code) - 128 -
+// offset; W8 int8 via float. Every operand is the stored value times a power of two or a block scale, exactly.
+// Everything is __host__ __device__ (cp.async is a memcpy on the host) so tests/test_gemm_sm90_host.py runs the
+// same copy/convert code on the CPU.
+#pragma once
+#include "common.cuh"
+#include "wformat.cuh"
+#include "wfrag.cuh"
+
+#define GS_BM 128       // CTA rows: two consumer warpgroups of 64
+#define GS_BK 64        // K tile: one 128-byte swizzle row of bf16
+#define GS_THREADS 256  // two warpgroups
+#define HD __host__ __device__ __forceinline__
+
+// byte offset of 16-byte chunk c of row r in a 128B-swizzled K-major tile (layout: wgmma.cuh)
+HD int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+HD uint4 make4(u32 a, u32 b, u32 c, u32 d) {
+    uint4 v;
+    v.x = a, v.y = b, v.z = c, v.w = d;
+    return v;
+}
+
+// Nibbles 2j and 2j+1 of `w` at bits 0..3 and 16..19 (other bits junk, masked by the callers).
+struct NibblePairs {
+    u32 e, o;  // even / odd nibbles, one per byte
+    HD explicit NibblePairs(u32 w) : e(w & 0x0f0f0f0fu), o((w >> 4) & 0x0f0f0f0fu) {}
+    HD u32 operator[](int j) const { return prmt(e, o, (u32)j | ((u32)(4 + j) << 8)); }
+};
+
+struct DqBF16 {
+    static constexpr int BN = 256, GPT = 0, BYTES = BN * 128;
+    static constexpr bool DIRECT = true;
+    static HD void copy(u8* st, const u8* p0, const u8*, const u8*, int K, long long nbase, int nvalid, int kt,
+                        int tid) {
+        const int k0 = kt * GS_BK;
+#pragma unroll
+        for (int i = 0; i < (BN * 8 + GS_THREADS - 1) / GS_THREADS; ++i) {
+            const int q = tid + i * GS_THREADS;
+            if ((BN * 8) % GS_THREADS && q >= BN * 8) break;
+            const int r = q >> 3, c = q & 7;
+            const bool in = r < nvalid && k0 + 8 * c < K;
+            cp_async<16>(st + sw128(r, c), in ? p0 + ((nbase + r) * K + k0 + 8 * c) * 2 : p0, in);
+        }
+    }
+    static HD uint4 chunk(const u8* st, int r, int c, int) { return *reinterpret_cast<const uint4*>(st + sw128(r, c)); }
+    static HD float gscale(const u8*, int, int, int) { return 1.f; }
+    static HD float row_scale(const u8*, const u8*, long long) { return 1.f; }
+};
+
+template <bool ROW>
+struct DqFP8 {
+    static constexpr int BN = 256, GPT = 0, BYTES = BN * 64;
+    static constexpr bool DIRECT = false;
+    static HD void copy(u8* st, const u8* p0, const u8*, const u8*, int K, long long nbase, int nvalid, int kt,
+                        int tid) {
+        const int k0 = kt * GS_BK;
+#pragma unroll
+        for (int i = 0; i < (BN * 8 + GS_THREADS - 1) / GS_THREADS; ++i) {
+            const int q = tid + i * GS_THREADS;
+            if ((BN * 8) % GS_THREADS && q >= BN * 8) break;
+            // 8-byte pieces: FP8 rows are only 8-byte aligned
+            const int r = q >> 3, c = q & 7;
+            const bool in = r < nvalid && k0 + 8 * c < K;
+            cp_async<8>(st + r * 64 + 8 * c, in ? p0 + (nbase + r) * K + k0 + 8 * c : p0, in);
+        }
+    }
+    static HD u32 pair(u32 w, int j) {  // bytes 2j, 2j+1 of w -> bf16x2 (exact)
+        const u32 u = prmt(w, w, ((u32)(2 * j) << 4) | ((u32)(2 * j + 1) << 12));  // to bits 8..15 / 24..31
+        return bf16x2_mul((u & 0x80008000u) | ((u & 0x7f007f00u) >> 4), 0x7b807b80u);  // e4m3 2^-120, x 2^120
+    }
+    static HD uint4 chunk(const u8* st, int r, int c, int) {
+        const uint2 v = *reinterpret_cast<const uint2*>(st + r * 64 + 8 * c);
+        return make4(pair(v.x, 0), pair(v.x, 1), pair(v.y, 0), pair(v.y, 1));
+    }
+    static HD float gscale(const u8*, int, int, int) { return 1.f; }
+    static HD float row_scale(const u8* p1, const u8*, long long n) {
+        return reinterpret_cast<const float*>(p1)[ROW ? n : 0];
+    }
+};
+
+template <bool ROWG>
+struct DqNVFP4 {
+    static constexpr int BN = 256, GPT = 0, BYTES = BN * 32 + BN * 4;  // codes, then one scale word per row
+    static constexpr bool DIRECT = false;
+    static HD void copy(u8* st, const u8* p0, const u8* p1, const u8*, int K, long long nbase, int nvalid, int kt,
+                        int tid) {
+        const long long kp = kpad128(K);
+#pragma unroll
+        for (int i = 0; i < (BN * 3 + GS_THREADS - 1) / GS_THREADS; ++i) {
+            const int q = tid + i * GS_THREADS;
+            if ((BN * 3) % GS_THREADS && q >= BN * 3) break;
+            if (q < BN * 2) {  // 32 code bytes of row r: two 16-byte pieces
+                const int r = q >> 1, h = q & 1;
+                const bool in = r < nvalid;
+                cp_async<16>(st + r * 32 + 16 * h, in ? p0 + (nbase + r) * (kp / 2) + kt * 32 + 16 * h : p0, in);
+            } else {  // the 4 block scales of row r (k0 / 16 = 4 kt; row stride kp / 16 is a multiple of 8)
+                const int r = q - BN * 2;
+                const bool in = r < nvalid;
+                cp_async<4>(st + BN * 32 + r * 4, in ? p1 + (nbase + r) * (kp / 16) + kt * 4 : p1, in);
+            }
+        }
+    }
+    static HD uint4 chunk(const u8* st, int r, int c, int) {
+        const NibblePairs np(*reinterpret_cast<const u32*>(st + r * 32 + 4 * c));
+        const u32 s = FragNVFP4::scale2(st[BN * 32 + r * 4 + (c >> 1)]);  // block (k 16-wide) = c / 2
+        u32 o[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 u = np[j];
+            o[j] = bf16x2_mul(((u & 0x00070007u) << 6) | ((u & 0x00080008u) << 12), s);  // e2m1 2^-126 x s
+        }
+        return make4(o[0], o[1], o[2], o[3]);
+    }
+    static HD float gscale(const u8*, int, int, int) { return 1.f; }
+    static HD float row_scale(const u8*, const u8* p2, long long n) {
+        return 128.f * reinterpret_cast<const float*>(p2)[ROWG ? n : 0];
+    }
+};
+
+// Q{4,5,6} g64: one group per K tile (group index = row * gpr + kt, gpr = kpad / 64 even).
+template <int BITS>
+struct DqQG64 {
+    static constexpr int H = BITS == 4 ? 0 : (BITS == 5 ? 8 : 16);  // high-plane bytes per group
+    static constexpr int BN = 128, GPT = 1, BYTES = (BN * (32 + H + 4) + 1023) / 1024 * 1024;
+    static constexpr bool DIRECT = false;
+    static HD void copy(u8* st, const u8* p0, const u8* p1, const u8* p2, int K, long long nbase, int nvalid,
+                        int kt, int tid) {
+        const long long gpr = kpad128(K) / 64;
+        constexpr int PER = 2 + (H ? 1 : 0) + 1;  // pieces per row: base x2, high, scale
+#pragma unroll
+        for (int i = 0; i < (BN * PER + GS_THREADS - 1) / GS_THREADS; ++i) {
+            const int q = tid + i * GS_THREADS;
+            if ((BN * PER) % GS_THREADS && q >= BN * PER) break;
+            const int r = q / PER, pc = q % PER;
+            const bool in = r < nvalid;
+            const long long grp = (nbase + r) * gpr + kt;
+            if (pc < 2) {
+                cp_async<16>(st + r * 32 + 16 * pc, in ? p0 + grp * 32 + 16 * pc : p0, in);
+            } else if (H && pc == 2) {
+                if (H == 8) cp_async<8>(st + BN * 32 + r * 8, in ? p1 + grp * 8 : p1, in);
+                if (H == 16) cp_async<16>(st + BN * 32 + r * 16, in ? p1 + grp * 16 : p1, in);
+            } else {  // the aligned f16 pair holding this group's scale (groups 2i, 2i+1 of one row)
+                cp_async<4>(st + BN * (32 + H) + r * 4, in ? p2 + ((grp * 2) & ~3ll) : p2, in);
+            }
+        }
+    }
+    static HD uint4 chunk(const u8* st, int r, int c, int) {
+        const NibblePairs np(*reinterpret_cast<const u32*>(st + r * 32 + 4 * c));
+        u32 hb = 0;
+        if (H == 8) hb = st[BN * 32 + r * 8 + c];                                       // bit i: code i
+        if (H == 16) hb = *reinterpret_cast<const u16*>(st + BN * 32 + r * 16 + 2 * c);  // bits 2i, 2i+1: code i
+        constexpr u32 OFF = 1u << (BITS - 1), MAGIC = 0x4300u | OFF;  // bf16(128 + OFF)
+        u32 o[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            u32 u = np[j] & 0x000f000fu;
+            if (H == 8) u |= (((hb >> (2 * j)) & 1u) << 4) | (((hb >> (2 * j + 1)) & 1u) << 20);
+            if (H == 16) u |= (((hb >> (4 * j)) & 3u) << 4) | (((hb >> (4 * j + 2)) & 3u) << 20);
+            const u32 v = (u ^ (OFF | (OFF << 16))) | 0x43004300u;                           // bf16(128 + u ^ OFF)
+            o[j] = bf16x2_fma(v, 0x3f803f80u, (MAGIC | 0x8000u) | ((MAGIC | 0x8000u) << 16));  // - (128 + OFF)
+        }
+        return make4(o[0], o[1], o[2], o[3]);
+    }
+    static HD float gscale(const u8* st, int r, int, int kt) {
+        const u32 w = *reinterpret_cast<const u32*>(st + BN * (32 + H) + r * 4);
+        return hd_f16_to_f((u16)(w >> (16 * (kt & 1))));
+    }
+    static HD float row_scale(const u8*, const u8*, long long) { return 1.f; }
+};
+
+// W8 g32: two groups per K tile (k 0..31: k16 steps 0-1, k 32..63: steps 2-3); group index row * gpr + 2 kt.
+struct DqW8G32 {
+    static constexpr int BN = 128, GPT = 2, BYTES = (BN * (64 + 4) + 1023) / 1024 * 1024;
+    static constexpr bool DIRECT = false;
+    static HD void copy(u8* st, const u8* p0, const u8*, const u8* p2, int K, long long nbase, int nvalid, int kt,
+                        int tid) {
+        const long long gpr = kpad128(K) / 32;
+#pragma unroll
+        for (int i = 0; i < (BN * 5 + GS_THREADS - 1) / GS_THREADS; ++i) {
+            const int q = tid + i * GS_THREADS;
+            if ((BN * 5) % GS_THREADS && q >= BN * 5) break;
+            const int r = q / 5, pc = q % 5;
+            const bool in = r < nvalid;
+            const long long grp = (nbase + r) * gpr + 2 * kt;
+            if (pc < 4) cp_async<16>(st + r * 64 + 16 * pc, in ? p0 + grp * 32 + 16 * pc : p0, in);
+            else cp_async<4>(st + BN * 64 + r * 4, in ? p2 + grp * 2 : p2, in);  // both groups' f16 scales
+        }
+    }
+    static HD u32 pair(u32 w, int j) {
+        return pack_bf16x2((float)(int)(signed char)(w >> (16 * j)), (float)(int)(signed char)(w >> (16 * j + 8)));
+    }
+    static HD uint4 chunk(const u8* st, int r, int c, int) {
+        const uint2 v = *reinterpret_cast<const uint2*>(st + r * 64 + 8 * c);
+        return make4(pair(v.x, 0), pair(v.x, 1), pair(v.y, 0), pair(v.y, 1));
+    }
+    static HD float gscale(const u8* st, int r, int g, int) {
+        const u32 w = *reinterpret_cast<const u32*>(st + BN * 64 + r * 4);
+        return hd_f16_to_f((u16)(w >> (16 * g)));
+    }
+    static HD float row_scale(const u8*, const u8*, long long) { return 1.f; }
+};
+
+// ---- activations -------------------------------------------------------------------------------------------
+// bf16: chunk (r, c) of the A tile straight from x (rows >= mvalid and k >= K zero-filled).
+// float: the chunk's first 4 floats land in the hi tile's slot of (r, c), the last 4 in the lo tile's slot; split()
+// then rewrites the two slots in place as hi = bf16(x), lo = bf16(x - hi) (only the thread that splits a chunk
+// touches its slots, so no barrier is needed between the read and the write).
+template <typename T> struct Act;
+template <> struct Act<bf16> {
+    static constexpr bool SPLIT = false;
+    static constexpr int BYTES = GS_BM * 128;
+    static HD void copy(u8* st, const bf16* x, long long ldx, int K, int mvalid, int kt, int tid) {
+        const int k0 = kt * GS_BK;
+#pragma unroll
+        for (int i = 0; i < (GS_BM * 8 + GS_THREADS - 1) / GS_THREADS; ++i) {
+            const int q = tid + i * GS_THREADS;
+            if ((GS_BM * 8) % GS_THREADS && q >= GS_BM * 8) break;
+            const int r = q >> 3, c = q & 7;
+            const bool in = r < mvalid && k0 + 8 * c < K;
+            cp_async<16>(st + sw128(r, c), reinterpret_cast<const u8*>(in ? x + r * ldx + k0 + 8 * c : x), in);
+        }
+    }
+    static HD void split(u8*, int) {}
+};
+template <> struct Act<float> {
+    static constexpr bool SPLIT = true;
+    static constexpr int BYTES = 2 * GS_BM * 128;  // hi tile, then lo tile
+    static HD void copy(u8* st, const float* x, long long ldx, int K, int mvalid, int kt, int tid) {
+        const int k0 = kt * GS_BK;
+#pragma unroll
+        for (int i = 0; i < (GS_BM * 16 + GS_THREADS - 1) / GS_THREADS; ++i) {
+            const int q = tid + i * GS_THREADS;
+            if ((GS_BM * 16) % GS_THREADS && q >= GS_BM * 16) break;
+            const int r = q >> 4, c = (q >> 1) & 7, h = q & 1;
+            const bool in = r < mvalid && k0 + 8 * c < K;
+            cp_async<16>(st + h * GS_BM * 128 + sw128(r, c),
+                         reinterpret_cast<const u8*>(in ? x + r * ldx + k0 + 8 * c + 4 * h : x), in);
+        }
+    }
+    static HD void split(u8* st, int tid) {
+#pragma unroll
+        for (int i = 0; i < (GS_BM * 8 + GS_THREADS - 1) / GS_THREADS; ++i) {
+            const int q = tid + i * GS_THREADS;
+            if ((GS_BM * 8) % GS_THREADS && q >= GS_BM * 8) break;
+            uint4* ph = reinterpret_cast<uint4*>(st + sw128(q >> 3, q & 7));
+            uint4* pl = reinterpret_cast<uint4*>(st + GS_BM * 128 + sw128(q >> 3, q & 7));
+            const uint4 a = *ph, b = *pl;
+            const float x[8] = {f32_from_bits(a.x), f32_from_bits(a.y), f32_from_bits(a.z), f32_from_bits(a.w),
+                                f32_from_bits(b.x), f32_from_bits(b.y), f32_from_bits(b.z), f32_from_bits(b.w)};
+            u32 hi[4], lo[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                hi[j] = pack_bf16x2(x[2 * j], x[2 * j + 1]);
+                lo[j] = pack_bf16x2(x[2 * j] - bf16_val(hi[j] & 0xffffu), x[2 * j + 1] - bf16_val(hi[j] >> 16));
+            }
+            *ph = make4(hi[0], hi[1], hi[2], hi[3]);
+            *pl = make4(lo[0], lo[1], lo[2], lo[3]);
+        }
+    }
+};
