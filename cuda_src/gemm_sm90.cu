@@ -29,7 +29,6 @@
 
 #define GS_SMEM 232448  // 227 KB, the opt-in maximum: one CTA per SM, every instance launched with it
 #define GS_SMAX 6       // stages beyond 6 buy nothing (5 tiles of loads in flight)
-#define GS_GROUP_M 8    // rasterization: 8 row tiles share each weight tile while it is in L2
 
 template <typename D, typename T> struct GsCfg {
     static constexpr int BN = D::BN, NACC = BN / 2, ABYTES = Act<T>::BYTES;
@@ -87,7 +86,7 @@ __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __r
     extern __shared__ __align__(1024) u8 gs_smem_raw[];
     u8* smem = gs_smem_raw + ((1024 - (smem_u32(gs_smem_raw) & 1023)) & 1023);
     u8* conv = smem + S * C::STAGE;  // two converted weight tiles (non-DIRECT formats)
-    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, t = lane & 3;
+    const int tid = threadIdx.x, wg = tid >> 7, t = tid & 3;
     const int mvalid = min(M, GS_BM), nvalid = min(BN, N - n0), nk = (K + GS_BK - 1) / GS_BK;
 
     auto stage = [&](int kt) { return smem + (kt % S) * C::STAGE; };
@@ -97,15 +96,7 @@ __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __r
     };
     auto convert = [&](int kt) {
         Act<T>::split(stage(kt), tid);
-        if (!D::DIRECT) {
-            const u8* raw = stage(kt) + C::ABYTES;
-            u8* dst = conv + (kt & 1) * BN * 128;
-#pragma unroll
-            for (int i = 0; i < BN * 8 / GS_THREADS; ++i) {
-                const int q = tid + i * GS_THREADS, r = q >> 3, c = q & 7;
-                *reinterpret_cast<uint4*>(dst + sw128(r, c)) = D::chunk(raw, r, c, kt);
-            }
-        }
+        if (!D::DIRECT) convert_tile<D>(stage(kt) + C::ABYTES, conv + (kt & 1) * BN * 128, kt, tid);
         fence_proxy_async();
     };
     // operand addresses of tile kt for this warpgroup
@@ -152,18 +143,13 @@ __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __r
     wgmma_wait<0>();
     fence_regs(acc);
 
-    const int row = wg * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2);
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int n = n0 + 8 * j + 2 * t + e;
-            if (n >= N) continue;
-            const float s = D::row_scale(p1, p2, wbase + n);
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                if (row + 8 * h < mvalid) y[(long long)(row + 8 * h) * ldy + n] = from_f<T>(acc[4 * j + 2 * h + e] * s);
-        }
+    for (int i = 0; i < NACC; ++i) {
+        int r, c;
+        frag_rc(tid, i, r, c);
+        if (r < mvalid && n0 + c < N)
+            y[(long long)r * ldy + n0 + c] = from_f<T>(acc[i] * D::row_scale(p1, p2, wbase + n0 + c));
+    }
 }
 
 // x: [M, K] (row stride ldx), y: [M, N] (row stride ldy), K % 8 == 0 (checked by the wrapper). 1-D grid of
@@ -172,9 +158,8 @@ template <typename D, typename T>
 __global__ void __launch_bounds__(GS_THREADS, 1)
     gemm90(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
            T* __restrict__ y, int M, int N, int K, long long ldx, long long ldy) {
-    const int tn = (N + D::BN - 1) / D::BN, tm = (M + GS_BM - 1) / GS_BM, b = blockIdx.x;
-    const int per = GS_GROUP_M * tn, first = b / per * GS_GROUP_M, gs = min(GS_GROUP_M, tm - first);
-    const int mt = first + (b % per) % gs, nt = (b % per) / gs;
+    int mt, nt;
+    gs_raster(blockIdx.x, (M + GS_BM - 1) / GS_BM, (N + D::BN - 1) / D::BN, mt, nt);
     const long long m0 = (long long)mt * GS_BM;
     gs_tile<D, T>(p0, p1, p2, x + m0 * ldx, y + m0 * ldy, M - (int)m0, N, K, ldx, ldy, nt * D::BN, 0);
 }

@@ -274,3 +274,32 @@ template <> struct Act<float> {
         }
     }
 };
+
+// ---- tile bookkeeping shared by the kernel and the host test ---------------------------------------------------
+// Weight tile kt of format D, raw stage -> swizzled bf16 operand tile (non-DIRECT formats): chunk q = tid + 256 i
+// is row q / 8, k 8 (q % 8) .. +7; a warp reads 4 whole raw rows and writes 4 whole 128-byte operand rows.
+template <typename D> HD void convert_tile(const u8* raw, u8* dst, int kt, int tid) {
+    static_assert(D::BN * 8 % GS_THREADS == 0, "whole chunks per thread");
+#pragma unroll
+    for (int i = 0; i < D::BN * 8 / GS_THREADS; ++i) {
+        const int q = tid + i * GS_THREADS, r = q >> 3, c = q & 7;
+        *reinterpret_cast<uint4*>(dst + sw128(r, c)) = D::chunk(raw, r, c, kt);
+    }
+}
+
+// Accumulator register i of thread tid (m64nN wgmma per warpgroup, warpgroup tid / 128 owning rows 64 wg ..):
+// the tile row and column it holds.
+HD void frag_rc(int tid, int i, int& r, int& c) {
+    const int lane = tid & 31;
+    r = (tid >> 7) * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2) + 8 * ((i >> 1) & 1);
+    c = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+}
+
+// CTA b of the 1-D grid -> (row tile, column tile): groups of GS_GROUP_M row tiles walk the column tiles together,
+// so a weight tile is read by GS_GROUP_M row tiles while it is in L2. Every tile exactly once for b < tm * tn.
+#define GS_GROUP_M 8
+HD void gs_raster(int b, int tm, int tn, int& mt, int& nt) {
+    const int per = GS_GROUP_M * tn, first = b / per * GS_GROUP_M;
+    const int gs = tm - first < GS_GROUP_M ? tm - first : GS_GROUP_M;
+    mt = first + (b % per) % gs, nt = (b % per) / gs;
+}

@@ -36,11 +36,15 @@ def all_sources() -> dict[str, tuple[str, ...]]:
 
 
 def warmup() -> dict[str, int]:
-    """Compile every family for the current device; returns instances per source."""
-    from ninfer.cuda.loader import load_module
+    """Compile every family for the current device (architecture-specific families only where they apply);
+    returns instances per source."""
+    from ninfer.cuda.loader import compute_capability, family_supported, load_module
 
     done = {}
+    cc = compute_capability()
     for src, inst in all_sources().items():
+        if not family_supported(src, cc):
+            continue
         load_module(src, inst)
         done[src] = len(inst)
     return done
