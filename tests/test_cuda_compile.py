@@ -43,7 +43,15 @@ def _compile(src: str, instances: tuple[str, ...], tmp: Path) -> tuple[str, int,
     table = ",\n".join(f"    (void*)&{name}" for name in instances)
     unit.write_text(f"{source_text(src)}\nvoid* ninfer_instances[] = {{\n{table}\n}};\n")
     arch = target_arch(src, "90")
-    cmd = [NVCC, f"-arch=sm_{arch}", "-std=c++17", "-ftz=true", "--cubin", "-o", str(unit.with_suffix(".cubin"))]
+    cmd = [
+        NVCC,
+        f"-arch=sm_{arch}",
+        "-std=c++17",
+        "-ftz=true",
+        "--cubin",
+        "-o",
+        str(unit.with_suffix(".cubin")),
+    ]
     if arch != "90":
         cmd.append("-Xptxas=-v")  # the serialization warning is printed with the resource report
     proc = subprocess.run([*cmd, str(unit)], capture_output=True, text=True, timeout=1200)

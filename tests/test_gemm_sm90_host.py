@@ -186,7 +186,9 @@ def _host_gemm(exe: Path, fmt: str, t: str, buf: np.ndarray, offs: list[int], n:
     xs = np.zeros((m, ldx), np.float32)
     xs[:, :k] = x
     xs[:, k:] = np.nan  # the row stride's slack is never read
-    head = f"{FMTS.index(fmt)} {int(t == 'bf16')} {m} {n} {k} {ldx} {offs[0]} {offs[1]} {offs[2]} {buf.size}\n"
+    head = (
+        f"{FMTS.index(fmt)} {int(t == 'bf16')} {m} {n} {k} {ldx} {offs[0]} {offs[1]} {offs[2]} {buf.size}\n"
+    )
     proc = subprocess.run([str(exe)], input=head.encode() + buf.tobytes() + xs.tobytes(), capture_output=True,
                           timeout=600)  # fmt: skip
     assert proc.returncode == 0, f"driver exited {proc.returncode}: {proc.stderr.decode()[-2000:]}"
@@ -210,4 +212,3 @@ def test_gemm90_tiles_match_reference(driver: Path, fmt: str, t: str) -> None:
         assert np.isfinite(got).all(), f"{fmt} {t} {m}x{n}x{k}: non-finite"
         err = np.max(np.abs(got.astype(np.float64) - ref), axis=1) / np.max(np.abs(ref), axis=1)
         assert err.max() <= 2e-5, f"{fmt} {t} {m}x{n}x{k}: normalised errors per row {err.max():.2e}"
-
