@@ -6,7 +6,8 @@
 // CTA tile 128 (M) x BN (N, 256; 128 for the group-scale formats), K tile 64. 256 threads = two warpgroups, WG w
 // computing rows [64 w, 64 w + 64) x all BN columns (one m64nBNk16 wgmma per k16 step and activation half).
 // Pipeline (every thread does everything; no producer warps, see below):
-//   ring of S raw stages (S = what fits in 227 KB, <= 6): the activation tile (bf16: the swizzled operand itself;
+//   ring of S raw stages (as many as fit in 227 KB, at most 6; bf16 x: BF16 4, FP8 5, NVFP4/Q/W8 6; float x:
+//   BF16/FP8/NVFP4 3, Q4/Q5 5, Q6/W8 4): the activation tile (bf16: the swizzled operand itself;
 //   float: fp32 landing in the hi/lo operand tiles, split in place) and the weight tile (BF16: the swizzled operand
 //   itself; other formats: the stored bytes), loaded S - 1 tiles ahead with cp.async (zero-filled out of range);
 //   two converted bf16 weight tiles (double buffer) written by all 256 threads from the raw stage.
@@ -22,13 +23,15 @@
 // (|x - hi - lo| <= 2^-17 |x|) and both multiplied (hi then lo per k16 step, same accumulator). Group formats sum each
 // group into a partial accumulator (first step overwrites) and add scale * partial to acc in group order; row scales
 // multiply the result. Every output's fp32 accumulation order depends only on K: a row never depends on M, on its
-// tile or on the other rows of the launch.
+// tile or on the other rows of the launch. The group formats scale a tile's partial sums after waiting for its
+// wgmmas, so their MMAs overlap the conversion but not the scaling: partial accumulators double-buffered across
+// iterations (scaling tile kt - 1 while tile kt runs) made ptxas serialize every wgmma (C7514) and spill.
 #include "common.cuh"
 #include "wdq.cuh"
 #include "wgmma.cuh"
 
 #define GS_SMEM 232448  // 227 KB, the opt-in maximum: one CTA per SM, every instance launched with it
-#define GS_SMAX 6       // stages beyond 6 buy nothing (5 tiles of loads in flight)
+#define GS_SMAX 6       // 5 tiles of loads in flight at most (not tuned on a GPU yet)
 
 template <typename D, typename T> struct GsCfg {
     static constexpr int BN = D::BN, NACC = BN / 2, ABYTES = Act<T>::BYTES;
