@@ -11,9 +11,9 @@
 //   float: fp32 landing in the hi/lo operand tiles, split in place) and the weight tile (BF16: the swizzled operand
 //   itself; other formats: the stored bytes), loaded S - 1 tiles ahead with cp.async (zero-filled out of range);
 //   two converted bf16 weight tiles (double buffer) written by all 256 threads from the raw stage.
-//   Iteration kt: issue tile kt's wgmmas (async) | wait for tile kt-1's | cp.async wait + barrier | load tile
-//   kt + S - 1 into the slot tile kt - 1 used | convert tile kt + 1 (weights; float activations split) | proxy
-//   fence + barrier. The tensor cores run tile kt while the CUDA cores convert tile kt + 1.
+//   Iteration kt: issue tile kt's wgmmas (async) | wait for tile kt-1's | cp.async wait + barrier | convert tile
+//   kt + 1 (weights; float activations split) + proxy fence | load tile kt + S - 1 into the slot tile kt - 1 used |
+//   barrier. The tensor cores run tile kt while the CUDA cores convert tile kt + 1.
 // Why no TMA / warp specialization: CuPy does not wrap cuTensorMapEncodeTiled, and a hand-built CUtensorMap or
 // mbarrier protocol could not be tried on a GPU while this was written; cp.async into the swizzled layout is plain
 // address arithmetic that the host test (tests/test_gemm_sm90_host.py) runs on the CPU. The conversion needs every
@@ -92,10 +92,12 @@ __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __r
     const int tid = threadIdx.x, wg = tid >> 7, t = tid & 3;
     const int mvalid = min(M, GS_BM), nvalid = min(BN, N - n0), nk = (K + GS_BK - 1) / GS_BK;
 
+    const typename Act<T>::Loader al(x, ldx, mvalid, tid);
+    const typename D::Loader wl(p0, p1, p2, K, wbase + n0, nvalid, tid);
     auto stage = [&](int kt) { return smem + (kt % S) * C::STAGE; };
     auto load = [&](int kt) {
-        Act<T>::copy(stage(kt), x, ldx, K, mvalid, kt, tid);
-        D::copy(stage(kt) + C::ABYTES, p0, p1, p2, K, wbase + n0, nvalid, kt, tid);
+        al.copy(stage(kt), kt, K, x);
+        wl.copy(stage(kt) + C::ABYTES, kt, K, p0);
     };
     auto convert = [&](int kt) {
         Act<T>::split(stage(kt), tid);
@@ -132,9 +134,13 @@ __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __r
         if (kt + 1 < nk) {
             cp_async_wait<S - 3>();  // tile kt + 1 landed (this thread's copies) ...
             __syncthreads();         // ... everyone's; and every warpgroup is past tile kt - 1's wgmmas
+            // Convert before refilling: the proxy fence ending convert() compiles to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC,
+            // and if the MEMBAR waits for this thread's cp.asyncs, it should not wait for the ones just issued. (No
+            // fence is needed before rewriting what finished wgmmas read: their completion, observed through
+            // wgmma.wait_group and the barrier, orders those reads.)
+            convert(kt + 1);
             if (kt + S - 1 < nk) load(kt + S - 1);
             cp_async_commit();
-            convert(kt + 1);
             __syncthreads();
         }
         if (D::GPT) {  // tile kt's groups; the next issue overwrites the partial accumulators

@@ -8,15 +8,17 @@
 //   GPT     scale groups per K tile (0 = none: the row scale multiplies the result; 1 = Q g64; 2 = W8 g32, each
 //           group two k16 steps);
 //   BYTES   raw bytes per stage (a multiple of 1024, so stages stay 1024-aligned);
-//   copy    this thread's cp.asyncs of tile kt (rows >= nvalid zero-filled; the unpadded formats zero-fill past K,
-//           the padded ones read their own padding, whose products meet zero activations);
+//   Loader  this thread's cp.async streams (built once per CTA), copy(stage, kt, K, fb) issues tile kt's (rows
+//           >= nvalid zero-filled; the unpadded formats zero-fill past K, the padded ones read their own padding,
+//           whose products meet zero activations);
 //   chunk   the 8 bf16 of row r, k 8c .. 8c+7 of the tile, as one 16-byte vector (low half = lower k);
 //   gscale  group g's scale of row r (GPT > 0); row_scale(p1, p2, n) the factor applied to the fp32 result.
 // Exactness (as wfrag.cuh, see there): FP8 e4m3 bits placed in a bf16 (x 2^-120) then x 2^120; NVFP4 e2m1 bits
 // placed (x 2^-126) then x e4m3 block scale x 2^119, row scale 2^7 g; Q codes via bf16(128 + offset code) - 128 -
 // offset; W8 int8 via float. Every operand is the stored value times a power of two or a block scale, exactly.
 // Everything is __host__ __device__ (cp.async is a memcpy on the host) so tests/test_gemm_sm90_host.py runs the
-// same copy/convert code on the CPU.
+// same copy/convert code on the CPU. Work split: thread tid takes fixed rows and chunks of every tile, so the
+// addresses are computed once per CTA (Stream) and the swizzle phase is shared by its rows (r0 + 32 i).
 #pragma once
 #include "common.cuh"
 #include "wformat.cuh"
@@ -29,6 +31,35 @@
 
 // byte offset of 16-byte chunk c of row r in a 128B-swizzled K-major tile (layout: wgmma.cuh)
 HD int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+// One thread's cp.async stream of one plane: NI pieces of B bytes; piece i reads the row r0 + i * rstep of the plane
+// (rowbytes apart; `row` = the absolute row of piece 0) at byte `off` + (kt >> KSH) * TB and lands at stage byte
+// dst0 + i * DSTEP. Pieces whose row is out of range (i * rstep >= left), or the whole tile when kin is false, are
+// zero-filled without reading (cp.async src-size 0, source `fb`: any valid global address). Built once per CTA, so
+// the per-tile cost is an add per piece (the addresses are loop-invariant).
+template <int NI, int B, int TB, int DSTEP, int KSH = 0>
+struct Stream {
+    const u8* src;
+    long long rstride;
+    int dst0;
+    u32 ok;
+    HD void init(const void* plane, long long row, long long rowbytes, int rstep, int off, int dst, int left) {
+        src = reinterpret_cast<const u8*>(plane) + row * rowbytes + off;
+        rstride = rstep * rowbytes;
+        dst0 = dst;
+        ok = 0;
+#pragma unroll
+        for (int i = 0; i < NI; ++i) ok |= (i * rstep < left ? 1u : 0u) << i;
+    }
+    HD void copy(u8* st, int kt, bool kin, const void* fb) const {
+        const u8* s = src + (long long)(kt >> KSH) * TB;
+#pragma unroll
+        for (int i = 0; i < NI; ++i) {
+            const bool in = kin && ((ok >> i) & 1u);
+            cp_async<B>(st + dst0 + i * DSTEP, in ? s + i * rstride : reinterpret_cast<const u8*>(fb), in);
+        }
+    }
+};
 
 HD uint4 make4(u32 a, u32 b, u32 c, u32 d) {
     uint4 v;
@@ -46,18 +77,16 @@ struct NibblePairs {
 struct DqBF16 {
     static constexpr int BN = 256, GPT = 0, BYTES = BN * 128;
     static constexpr bool DIRECT = true;
-    static HD void copy(u8* st, const u8* p0, const u8*, const u8*, int K, long long nbase, int nvalid, int kt,
-                        int tid) {
-        const int k0 = kt * GS_BK;
-#pragma unroll
-        for (int i = 0; i < (BN * 8 + GS_THREADS - 1) / GS_THREADS; ++i) {
-            const int q = tid + i * GS_THREADS;
-            if ((BN * 8) % GS_THREADS && q >= BN * 8) break;
-            const int r = q >> 3, c = q & 7;
-            const bool in = r < nvalid && k0 + 8 * c < K;
-            cp_async<16>(st + sw128(r, c), in ? p0 + ((nbase + r) * K + k0 + 8 * c) * 2 : p0, in);
+    struct Loader {  // row (tid / 8) + 32 i, chunk tid % 8, straight into the swizzled operand tile
+        Stream<BN / 32, 16, 128, 4096> s;
+        int kc;
+        HD Loader(const u8* p0, const u8*, const u8*, int K, long long nbase, int nvalid, int tid) {
+            const int r0 = tid >> 3, c = tid & 7;
+            kc = 8 * c;
+            s.init(p0, nbase + r0, 2ll * K, 32, 16 * c, sw128(r0, c), nvalid - r0);
         }
-    }
+        HD void copy(u8* st, int kt, int K, const u8* fb) const { s.copy(st, kt, kt * GS_BK + kc < K, fb); }
+    };
     static HD uint4 chunk(const u8* st, int r, int c, int) { return *reinterpret_cast<const uint4*>(st + sw128(r, c)); }
     static HD float gscale(const u8*, int, int, int) { return 1.f; }
     static HD float row_scale(const u8*, const u8*, long long) { return 1.f; }
@@ -67,19 +96,16 @@ template <bool ROW>
 struct DqFP8 {
     static constexpr int BN = 256, GPT = 0, BYTES = BN * 64;
     static constexpr bool DIRECT = false;
-    static HD void copy(u8* st, const u8* p0, const u8*, const u8*, int K, long long nbase, int nvalid, int kt,
-                        int tid) {
-        const int k0 = kt * GS_BK;
-#pragma unroll
-        for (int i = 0; i < (BN * 8 + GS_THREADS - 1) / GS_THREADS; ++i) {
-            const int q = tid + i * GS_THREADS;
-            if ((BN * 8) % GS_THREADS && q >= BN * 8) break;
-            // 8-byte pieces: FP8 rows are only 8-byte aligned
-            const int r = q >> 3, c = q & 7;
-            const bool in = r < nvalid && k0 + 8 * c < K;
-            cp_async<8>(st + r * 64 + 8 * c, in ? p0 + (nbase + r) * K + k0 + 8 * c : p0, in);
+    struct Loader {  // row (tid / 8) + 32 i, 8 bytes at k 8 (tid % 8): FP8 rows are only 8-byte aligned
+        Stream<BN / 32, 8, 64, 2048> s;
+        int kc;
+        HD Loader(const u8* p0, const u8*, const u8*, int K, long long nbase, int nvalid, int tid) {
+            const int r0 = tid >> 3, c = tid & 7;
+            kc = 8 * c;
+            s.init(p0, nbase + r0, K, 32, 8 * c, r0 * 64 + 8 * c, nvalid - r0);
         }
-    }
+        HD void copy(u8* st, int kt, int K, const u8* fb) const { s.copy(st, kt, kt * GS_BK + kc < K, fb); }
+    };
     static HD u32 pair(u32 w, int j) {  // bytes 2j, 2j+1 of w -> bf16x2 (exact)
         const u32 u = prmt(w, w, ((u32)(2 * j) << 4) | ((u32)(2 * j + 1) << 12));  // to bits 8..15 / 24..31
         return bf16x2_mul((u & 0x80008000u) | ((u & 0x7f007f00u) >> 4), 0x7b807b80u);  // e4m3 2^-120, x 2^120
@@ -98,24 +124,20 @@ template <bool ROWG>
 struct DqNVFP4 {
     static constexpr int BN = 256, GPT = 0, BYTES = BN * 32 + BN * 4;  // codes, then one scale word per row
     static constexpr bool DIRECT = false;
-    static HD void copy(u8* st, const u8* p0, const u8* p1, const u8*, int K, long long nbase, int nvalid, int kt,
-                        int tid) {
-        const long long kp = kpad128(K);
-#pragma unroll
-        for (int i = 0; i < (BN * 3 + GS_THREADS - 1) / GS_THREADS; ++i) {
-            const int q = tid + i * GS_THREADS;
-            if ((BN * 3) % GS_THREADS && q >= BN * 3) break;
-            if (q < BN * 2) {  // 32 code bytes of row r: two 16-byte pieces
-                const int r = q >> 1, h = q & 1;
-                const bool in = r < nvalid;
-                cp_async<16>(st + r * 32 + 16 * h, in ? p0 + (nbase + r) * (kp / 2) + kt * 32 + 16 * h : p0, in);
-            } else {  // the 4 block scales of row r (k0 / 16 = 4 kt; row stride kp / 16 is a multiple of 8)
-                const int r = q - BN * 2;
-                const bool in = r < nvalid;
-                cp_async<4>(st + BN * 32 + r * 4, in ? p1 + (nbase + r) * (kp / 16) + kt * 4 : p1, in);
-            }
+    struct Loader {  // codes: row tid / 2 + 128 i, half tid % 2; scales: row tid (k0 / 16 = 4 kt)
+        Stream<BN / 128, 16, 32, 4096> codes;
+        Stream<1, 4, 4, 0> scales;
+        HD Loader(const u8* p0, const u8* p1, const u8*, int K, long long nbase, int nvalid, int tid) {
+            const long long kp = kpad128(K);
+            const int r0 = tid >> 1, h = tid & 1;
+            codes.init(p0, nbase + r0, kp / 2, 128, 16 * h, r0 * 32 + 16 * h, nvalid - r0);
+            scales.init(p1, nbase + tid, kp / 16, 1, 0, BN * 32 + tid * 4, nvalid - tid);
         }
-    }
+        HD void copy(u8* st, int kt, int, const u8* fb) const {
+            codes.copy(st, kt, true, fb);
+            scales.copy(st, kt, true, fb);
+        }
+    };
     static HD uint4 chunk(const u8* st, int r, int c, int) {
         const NibblePairs np(*reinterpret_cast<const u32*>(st + r * 32 + 4 * c));
         const u32 s = FragNVFP4::scale2(st[BN * 32 + r * 4 + (c >> 1)]);  // block (k 16-wide) = c / 2
@@ -139,27 +161,31 @@ struct DqQG64 {
     static constexpr int H = BITS == 4 ? 0 : (BITS == 5 ? 8 : 16);  // high-plane bytes per group
     static constexpr int BN = 128, GPT = 1, BYTES = (BN * (32 + H + 4) + 1023) / 1024 * 1024;
     static constexpr bool DIRECT = false;
-    static HD void copy(u8* st, const u8* p0, const u8* p1, const u8* p2, int K, long long nbase, int nvalid,
-                        int kt, int tid) {
-        const long long gpr = kpad128(K) / 64;
-        constexpr int PER = 2 + (H ? 1 : 0) + 1;  // pieces per row: base x2, high, scale
-#pragma unroll
-        for (int i = 0; i < (BN * PER + GS_THREADS - 1) / GS_THREADS; ++i) {
-            const int q = tid + i * GS_THREADS;
-            if ((BN * PER) % GS_THREADS && q >= BN * PER) break;
-            const int r = q / PER, pc = q % PER;
-            const bool in = r < nvalid;
-            const long long grp = (nbase + r) * gpr + kt;
-            if (pc < 2) {
-                cp_async<16>(st + r * 32 + 16 * pc, in ? p0 + grp * 32 + 16 * pc : p0, in);
-            } else if (H && pc == 2) {
-                if (H == 8) cp_async<8>(st + BN * 32 + r * 8, in ? p1 + grp * 8 : p1, in);
-                if (H == 16) cp_async<16>(st + BN * 32 + r * 16, in ? p1 + grp * 16 : p1, in);
-            } else {  // the aligned f16 pair holding this group's scale (groups 2i, 2i+1 of one row)
-                cp_async<4>(st + BN * (32 + H) + r * 4, in ? p2 + ((grp * 2) & ~3ll) : p2, in);
+    // base codes: row tid / 2, half tid % 2; warps 0-3: the row tid's high bits (Q5/Q6), warps 4-7: the row
+    // tid - 128's scale pair (the aligned f16 pair holding the group's scale: groups 2j, 2j+1 of one row, at
+    // 4 (kt / 2) past the row's first since gpr is even)
+    struct Loader {
+        Stream<1, 16, 32, 0> base;
+        Stream<1, H ? H : 8, H ? H : 8, 0> high;
+        Stream<1, 4, 4, 0, 1> scale;
+        bool hw;  // this warp copies high bits (else scales)
+        HD Loader(const u8* p0, const u8* p1, const u8* p2, int K, long long nbase, int nvalid, int tid) {
+            const long long gpr = kpad128(K) / 64;
+            const int r0 = tid >> 1, h = tid & 1, rs = tid - GS_THREADS / 2;
+            hw = tid < GS_THREADS / 2;
+            base.init(p0, nbase + r0, gpr * 32, 1, 16 * h, r0 * 32 + 16 * h, nvalid - r0);
+            high.init(p1, nbase + tid, gpr * H, 1, 0, BN * 32 + tid * H, nvalid - tid);
+            scale.init(p2, nbase + rs, gpr * 2, 1, 0, BN * (32 + H) + rs * 4, nvalid - rs);
+        }
+        HD void copy(u8* st, int kt, int, const u8* fb) const {
+            base.copy(st, kt, true, fb);
+            if (hw) {
+                if (H) high.copy(st, kt, true, fb);
+            } else {
+                scale.copy(st, kt, true, fb);
             }
         }
-    }
+    };
     static HD uint4 chunk(const u8* st, int r, int c, int) {
         const NibblePairs np(*reinterpret_cast<const u32*>(st + r * 32 + 4 * c));
         u32 hb = 0;
@@ -188,20 +214,22 @@ struct DqQG64 {
 struct DqW8G32 {
     static constexpr int BN = 128, GPT = 2, BYTES = (BN * (64 + 4) + 1023) / 1024 * 1024;
     static constexpr bool DIRECT = false;
-    static HD void copy(u8* st, const u8* p0, const u8*, const u8* p2, int K, long long nbase, int nvalid, int kt,
-                        int tid) {
-        const long long gpr = kpad128(K) / 32;
-#pragma unroll
-        for (int i = 0; i < (BN * 5 + GS_THREADS - 1) / GS_THREADS; ++i) {
-            const int q = tid + i * GS_THREADS;
-            if ((BN * 5) % GS_THREADS && q >= BN * 5) break;
-            const int r = q / 5, pc = q % 5;
-            const bool in = r < nvalid;
-            const long long grp = (nbase + r) * gpr + 2 * kt;
-            if (pc < 4) cp_async<16>(st + r * 64 + 16 * pc, in ? p0 + grp * 32 + 16 * pc : p0, in);
-            else cp_async<4>(st + BN * 64 + r * 4, in ? p2 + grp * 2 : p2, in);  // both groups' f16 scales
+    struct Loader {  // codes: row tid / 4 + 64 i, quarter tid % 4; warps 0-3: row tid's two f16 scales
+        Stream<2, 16, 64, 4096> codes;
+        Stream<1, 4, 4, 0> scales;
+        bool sw;
+        HD Loader(const u8* p0, const u8*, const u8* p2, int K, long long nbase, int nvalid, int tid) {
+            const long long gpr = kpad128(K) / 32;
+            const int r0 = tid >> 2, pc = tid & 3;
+            sw = tid < BN;
+            codes.init(p0, nbase + r0, gpr * 32, 64, 16 * pc, r0 * 64 + 16 * pc, nvalid - r0);
+            scales.init(p2, nbase + tid, gpr * 2, 1, 0, BN * 64 + tid * 4, nvalid - tid);
         }
-    }
+        HD void copy(u8* st, int kt, int, const u8* fb) const {
+            codes.copy(st, kt, true, fb);
+            if (sw) scales.copy(st, kt, true, fb);
+        }
+    };
     static HD u32 pair(u32 w, int j) {
         return pack_bf16x2((float)(int)(signed char)(w >> (16 * j)), (float)(int)(signed char)(w >> (16 * j + 8)));
     }
@@ -225,41 +253,37 @@ template <typename T> struct Act;
 template <> struct Act<bf16> {
     static constexpr bool SPLIT = false;
     static constexpr int BYTES = GS_BM * 128;
-    static HD void copy(u8* st, const bf16* x, long long ldx, int K, int mvalid, int kt, int tid) {
-        const int k0 = kt * GS_BK;
-#pragma unroll
-        for (int i = 0; i < (GS_BM * 8 + GS_THREADS - 1) / GS_THREADS; ++i) {
-            const int q = tid + i * GS_THREADS;
-            if ((GS_BM * 8) % GS_THREADS && q >= GS_BM * 8) break;
-            const int r = q >> 3, c = q & 7;
-            const bool in = r < mvalid && k0 + 8 * c < K;
-            cp_async<16>(st + sw128(r, c), reinterpret_cast<const u8*>(in ? x + r * ldx + k0 + 8 * c : x), in);
+    struct Loader {  // row tid / 8 + 32 i, chunk tid % 8
+        Stream<GS_BM / 32, 16, 128, 4096> s;
+        int kc;
+        HD Loader(const bf16* x, long long ldx, int mvalid, int tid) {
+            const int r0 = tid >> 3, c = tid & 7;
+            kc = 8 * c;
+            s.init(x, r0, 2 * ldx, 32, 16 * c, sw128(r0, c), mvalid - r0);
         }
-    }
+        HD void copy(u8* st, int kt, int K, const void* fb) const { s.copy(st, kt, kt * GS_BK + kc < K, fb); }
+    };
     static HD void split(u8*, int) {}
 };
 template <> struct Act<float> {
     static constexpr bool SPLIT = true;
     static constexpr int BYTES = 2 * GS_BM * 128;  // hi tile, then lo tile
-    static HD void copy(u8* st, const float* x, long long ldx, int K, int mvalid, int kt, int tid) {
-        const int k0 = kt * GS_BK;
-#pragma unroll
-        for (int i = 0; i < (GS_BM * 16 + GS_THREADS - 1) / GS_THREADS; ++i) {
-            const int q = tid + i * GS_THREADS;
-            if ((GS_BM * 16) % GS_THREADS && q >= GS_BM * 16) break;
-            const int r = q >> 4, c = (q >> 1) & 7, h = q & 1;
-            const bool in = r < mvalid && k0 + 8 * c < K;
-            cp_async<16>(st + h * GS_BM * 128 + sw128(r, c),
-                         reinterpret_cast<const u8*>(in ? x + r * ldx + k0 + 8 * c + 4 * h : x), in);
+    struct Loader {  // row tid / 16 + 16 i, chunk (tid / 2) % 8, half tid % 2
+        Stream<GS_BM / 16, 16, 256, 2048> s;
+        int kc;
+        HD Loader(const float* x, long long ldx, int mvalid, int tid) {
+            const int r0 = tid >> 4, c = (tid >> 1) & 7, h = tid & 1;
+            kc = 8 * c;
+            s.init(x, r0, 4 * ldx, 16, 32 * c + 16 * h, h * GS_BM * 128 + sw128(r0, c), mvalid - r0);
         }
-    }
+        HD void copy(u8* st, int kt, int K, const void* fb) const { s.copy(st, kt, kt * GS_BK + kc < K, fb); }
+    };
     static HD void split(u8* st, int tid) {
+        const int d0 = sw128(tid >> 3, tid & 7);  // chunk tid + 256 i: row tid / 8 + 32 i, same swizzle phase
 #pragma unroll
-        for (int i = 0; i < (GS_BM * 8 + GS_THREADS - 1) / GS_THREADS; ++i) {
-            const int q = tid + i * GS_THREADS;
-            if ((GS_BM * 8) % GS_THREADS && q >= GS_BM * 8) break;
-            uint4* ph = reinterpret_cast<uint4*>(st + sw128(q >> 3, q & 7));
-            uint4* pl = reinterpret_cast<uint4*>(st + GS_BM * 128 + sw128(q >> 3, q & 7));
+        for (int i = 0; i < GS_BM * 8 / GS_THREADS; ++i) {
+            uint4* ph = reinterpret_cast<uint4*>(st + d0 + 4096 * i);
+            uint4* pl = reinterpret_cast<uint4*>(st + GS_BM * 128 + d0 + 4096 * i);
             const uint4 a = *ph, b = *pl;
             const float x[8] = {f32_from_bits(a.x), f32_from_bits(a.y), f32_from_bits(a.z), f32_from_bits(a.w),
                                 f32_from_bits(b.x), f32_from_bits(b.y), f32_from_bits(b.z), f32_from_bits(b.w)};
@@ -280,11 +304,10 @@ template <> struct Act<float> {
 // is row q / 8, k 8 (q % 8) .. +7; a warp reads 4 whole raw rows and writes 4 whole 128-byte operand rows.
 template <typename D> HD void convert_tile(const u8* raw, u8* dst, int kt, int tid) {
     static_assert(D::BN * 8 % GS_THREADS == 0, "whole chunks per thread");
+    const int r0 = tid >> 3, c = tid & 7, d0 = sw128(r0, c);  // sw128(r0 + 32 i, c) = d0 + 4096 i
 #pragma unroll
-    for (int i = 0; i < D::BN * 8 / GS_THREADS; ++i) {
-        const int q = tid + i * GS_THREADS, r = q >> 3, c = q & 7;
-        *reinterpret_cast<uint4*>(dst + sw128(r, c)) = D::chunk(raw, r, c, kt);
-    }
+    for (int i = 0; i < D::BN * 8 / GS_THREADS; ++i)
+        *reinterpret_cast<uint4*>(dst + d0 + 4096 * i) = D::chunk(raw, r0 + 32 * i, c, kt);
 }
 
 // Accumulator register i of thread tid (m64nN wgmma per warpgroup, warpgroup tid / 128 owning rows 64 wg ..):

@@ -59,8 +59,10 @@ static int run(int M, int N, int K, long long ldx, const u8* base, const long lo
             std::fill(stage.begin(), stage.end(), (u8)0xff);  // bf16 0xffff / f32 0xffffffff: NaN
             std::fill(conv.begin(), conv.end(), (u8)0xff);
             for (int tid = 0; tid < GS_THREADS; ++tid) {
-                Act<T>::copy(stage.data(), x + (long long)m0 * ldx, ldx, K, mvalid, kt, tid);
-                D::copy(stage.data() + AB, p0, p1, p2, K, n0, nvalid, kt, tid);
+                const typename Act<T>::Loader al(x + (long long)m0 * ldx, ldx, mvalid, tid);
+                const typename D::Loader wl(p0, p1, p2, K, n0, nvalid, tid);
+                al.copy(stage.data(), kt, K, x);
+                wl.copy(stage.data() + AB, kt, K, p0);
             }
             for (int tid = 0; tid < GS_THREADS; ++tid) {
                 Act<T>::split(stage.data(), tid);
