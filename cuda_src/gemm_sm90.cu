@@ -101,7 +101,7 @@ __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __r
     };
     auto convert = [&](int kt) {
         Act<T>::split(stage(kt), tid);
-        if (!D::DIRECT) convert_tile<D>(stage(kt) + C::ABYTES, conv + (kt & 1) * BN * 128, kt, tid);
+        if constexpr (!D::DIRECT) convert_tile<D>(stage(kt) + C::ABYTES, conv + (kt & 1) * BN * 128, kt, tid);
         fence_proxy_async();
     };
     // operand addresses of tile kt for this warpgroup

@@ -11,7 +11,8 @@
 //   Loader  this thread's cp.async streams (built once per CTA), copy(stage, kt, K, fb) issues tile kt's (rows
 //           >= nvalid zero-filled; the unpadded formats zero-fill past K, the padded ones read their own padding,
 //           whose products meet zero activations);
-//   chunk   the 8 bf16 of row r, k 8c .. 8c+7 of the tile, as one 16-byte vector (low half = lower k);
+//   fetch   the raw bits of row r, k 8c .. 8c+7 of the tile (8 bytes), make() their 8 bf16 as one 16-byte vector
+//           (low half = lower k);
 //   gscale  group g's scale of row r (GPT > 0); row_scale(p1, p2, n) the factor applied to the fp32 result.
 // Exactness (as wfrag.cuh, see there): FP8 e4m3 bits placed in a bf16 (x 2^-120) then x 2^120; NVFP4 e2m1 bits
 // placed (x 2^-126) then x e4m3 block scale x 2^119, row scale 2^7 g; Q codes via bf16(128 + offset code) - 128 -
@@ -87,7 +88,6 @@ struct DqBF16 {
         }
         HD void copy(u8* st, int kt, int K, const u8* fb) const { s.copy(st, kt, kt * GS_BK + kc < K, fb); }
     };
-    static HD uint4 chunk(const u8* st, int r, int c, int) { return *reinterpret_cast<const uint4*>(st + sw128(r, c)); }
     static HD float gscale(const u8*, int, int, int) { return 1.f; }
     static HD float row_scale(const u8*, const u8*, long long) { return 1.f; }
 };
@@ -110,10 +110,8 @@ struct DqFP8 {
         const u32 u = prmt(w, w, ((u32)(2 * j) << 4) | ((u32)(2 * j + 1) << 12));  // to bits 8..15 / 24..31
         return bf16x2_mul((u & 0x80008000u) | ((u & 0x7f007f00u) >> 4), 0x7b807b80u);  // e4m3 2^-120, x 2^120
     }
-    static HD uint4 chunk(const u8* st, int r, int c, int) {
-        const uint2 v = *reinterpret_cast<const uint2*>(st + r * 64 + 8 * c);
-        return make4(pair(v.x, 0), pair(v.x, 1), pair(v.y, 0), pair(v.y, 1));
-    }
+    static HD uint2 fetch(const u8* st, int r, int c) { return *reinterpret_cast<const uint2*>(st + r * 64 + 8 * c); }
+    static HD uint4 make(uint2 v, int) { return make4(pair(v.x, 0), pair(v.x, 1), pair(v.y, 0), pair(v.y, 1)); }
     static HD float gscale(const u8*, int, int, int) { return 1.f; }
     static HD float row_scale(const u8* p1, const u8*, long long n) {
         return reinterpret_cast<const float*>(p1)[ROW ? n : 0];
@@ -138,9 +136,15 @@ struct DqNVFP4 {
             scales.copy(st, kt, true, fb);
         }
     };
-    static HD uint4 chunk(const u8* st, int r, int c, int) {
-        const NibblePairs np(*reinterpret_cast<const u32*>(st + r * 32 + 4 * c));
-        const u32 s = FragNVFP4::scale2(st[BN * 32 + r * 4 + (c >> 1)]);  // block (k 16-wide) = c / 2
+    static HD uint2 fetch(const u8* st, int r, int c) {  // the 8 codes, the block scale (k 16-wide: c / 2)
+        uint2 v;
+        v.x = *reinterpret_cast<const u32*>(st + r * 32 + 4 * c);
+        v.y = st[BN * 32 + r * 4 + (c >> 1)];
+        return v;
+    }
+    static HD uint4 make(uint2 v, int) {
+        const NibblePairs np(v.x);
+        const u32 s = FragNVFP4::scale2(v.y);
         u32 o[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -186,11 +190,17 @@ struct DqQG64 {
             }
         }
     };
-    static HD uint4 chunk(const u8* st, int r, int c, int) {
-        const NibblePairs np(*reinterpret_cast<const u32*>(st + r * 32 + 4 * c));
-        u32 hb = 0;
-        if (H == 8) hb = st[BN * 32 + r * 8 + c];                                       // bit i: code i
-        if (H == 16) hb = *reinterpret_cast<const u16*>(st + BN * 32 + r * 16 + 2 * c);  // bits 2i, 2i+1: code i
+    static HD uint2 fetch(const u8* st, int r, int c) {  // the 8 base nibbles, their high bits
+        uint2 v;
+        v.x = *reinterpret_cast<const u32*>(st + r * 32 + 4 * c);
+        v.y = 0;
+        if (H == 8) v.y = st[BN * 32 + r * 8 + c];                                       // bit i: code i
+        if (H == 16) v.y = *reinterpret_cast<const u16*>(st + BN * 32 + r * 16 + 2 * c);  // bits 2i, 2i+1: code i
+        return v;
+    }
+    static HD uint4 make(uint2 v, int) {
+        const NibblePairs np(v.x);
+        const u32 hb = v.y;
         constexpr u32 OFF = 1u << (BITS - 1), MAGIC = 0x4300u | OFF;  // bf16(128 + OFF)
         u32 o[4];
 #pragma unroll
@@ -233,10 +243,8 @@ struct DqW8G32 {
     static HD u32 pair(u32 w, int j) {
         return pack_bf16x2((float)(int)(signed char)(w >> (16 * j)), (float)(int)(signed char)(w >> (16 * j + 8)));
     }
-    static HD uint4 chunk(const u8* st, int r, int c, int) {
-        const uint2 v = *reinterpret_cast<const uint2*>(st + r * 64 + 8 * c);
-        return make4(pair(v.x, 0), pair(v.x, 1), pair(v.y, 0), pair(v.y, 1));
-    }
+    static HD uint2 fetch(const u8* st, int r, int c) { return *reinterpret_cast<const uint2*>(st + r * 64 + 8 * c); }
+    static HD uint4 make(uint2 v, int) { return make4(pair(v.x, 0), pair(v.x, 1), pair(v.y, 0), pair(v.y, 1)); }
     static HD float gscale(const u8* st, int r, int g, int) {
         const u32 w = *reinterpret_cast<const u32*>(st + BN * 64 + r * 4);
         return hd_f16_to_f((u16)(w >> (16 * g)));
@@ -302,12 +310,17 @@ template <> struct Act<float> {
 // ---- tile bookkeeping shared by the kernel and the host test ---------------------------------------------------
 // Weight tile kt of format D, raw stage -> swizzled bf16 operand tile (non-DIRECT formats): chunk q = tid + 256 i
 // is row q / 8, k 8 (q % 8) .. +7; a warp reads 4 whole raw rows and writes 4 whole 128-byte operand rows.
+// All raw reads first, then the conversions and stores: the stores go to another buffer than the reads, which the
+// compiler cannot prove, so interleaved it would wait for each read's latency in turn.
 template <typename D> HD void convert_tile(const u8* raw, u8* dst, int kt, int tid) {
+    constexpr int NI = D::BN * 8 / GS_THREADS;
     static_assert(D::BN * 8 % GS_THREADS == 0, "whole chunks per thread");
     const int r0 = tid >> 3, c = tid & 7, d0 = sw128(r0, c);  // sw128(r0 + 32 i, c) = d0 + 4096 i
+    uint2 v[NI];
 #pragma unroll
-    for (int i = 0; i < D::BN * 8 / GS_THREADS; ++i)
-        *reinterpret_cast<uint4*>(dst + d0 + 4096 * i) = D::chunk(raw, r0 + 32 * i, c, kt);
+    for (int i = 0; i < NI; ++i) v[i] = D::fetch(raw, r0 + 32 * i, c);
+#pragma unroll
+    for (int i = 0; i < NI; ++i) *reinterpret_cast<uint4*>(dst + d0 + 4096 * i) = D::make(v[i], kt);
 }
 
 // Accumulator register i of thread tid (m64nN wgmma per warpgroup, warpgroup tid / 128 owning rows 64 wg ..):

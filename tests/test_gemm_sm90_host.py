@@ -66,7 +66,7 @@ static int run(int M, int N, int K, long long ldx, const u8* base, const long lo
             }
             for (int tid = 0; tid < GS_THREADS; ++tid) {
                 Act<T>::split(stage.data(), tid);
-                if (!D::DIRECT) convert_tile<D>(stage.data() + AB, conv.data(), kt, tid);
+                if constexpr (!D::DIRECT) convert_tile<D>(stage.data() + AB, conv.data(), kt, tid);
             }
             const u8* bt = D::DIRECT ? stage.data() + AB : conv.data();
             for (int g = 0; g < (D::GPT ? D::GPT : 1); ++g) {
