@@ -409,6 +409,28 @@ def test_gemm_experts(cp: Any, report: list, fmt: str, t: str) -> None:
         _close(report, f"gemm_experts {fmt} {t} {n}x{k}", _host(cp, out), ref, GEMM_TOL[t])
 
 
+@pytest.mark.parametrize("fmt", ["NVFP4G16_E4M3S", "Q4G64_F16S", "BF16"])
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_gemm_mma_fallback(cp: Any, report: list, fmt: str, t: str, monkeypatch: Any) -> None:
+    """NINFER_GEMM=mma keeps the mma.sync kernel (gemm.cu, the path of non-Hopper devices) working on any GPU, and
+    both kernels agree with the reference."""
+    from ninfer.cuda.linear import gemm, gemm_experts
+
+    rng = np.random.default_rng(31)
+    m, n, k = 130, 257, 264
+    w, wf = _weight(rng, fmt, (n, k))
+    x = _inputs(rng, (m, k), t)
+    ids = np.repeat(np.arange(1, dtype=np.int32), m)
+    for mode in ("mma", "auto"):
+        monkeypatch.setenv("NINFER_GEMM", mode)
+        out = _poison(cp, (m, n), t)
+        gemm(_dev(cp, x, t), w, out)
+        _close(report, f"gemm[{mode}] {fmt} {t}", _host(cp, out), ops.linear(x, wf), GEMM_TOL[t])
+        out = _poison(cp, (m, n), t)
+        gemm_experts(_dev(cp, x, t), w, cp.asarray(ids), n, out)
+        _close(report, f"gemm_experts[{mode}] {fmt} {t}", _host(cp, out), ops.linear(x, wf), GEMM_TOL[t])
+
+
 def _rowg_weight(cp: Any, rng: np.random.Generator, n: int, k: int) -> tuple[Any, np.ndarray]:
     """NVFP4 with per-row globals (the fused projections' format): three parts of different scales fused."""
     from ninfer.cuda.fuse import concat_rows
