@@ -392,19 +392,81 @@ def test_gemm_odd_shapes_strided(cp: Any, report: list, fmt: str, t: str) -> Non
 @pytest.mark.parametrize("t", ["float", "bf16"])
 def test_gemm_experts(cp: Any, report: list, fmt: str, t: str) -> None:
     """Grouped MoE prefill GEMM: slots sorted by expert, empty experts, an expert spanning several row tiles,
-    one-row experts; every slot's row equals its expert's product."""
+    one-row experts, a K long enough to cycle the pipeline ring several times; every slot's row equals its expert's
+    product."""
     from ninfer.cuda.linear import gemm_experts
 
     rng = np.random.default_rng(17)
-    e, n, k = 7, 130, 136
-    w, wf = _weight(rng, fmt, (e, n, k))
-    counts = [0, 150, 1, 0, 64, 65, 3]  # expert 1 spans three 64-row tiles, 0 and 3 are empty
-    ids = np.repeat(np.arange(e, dtype=np.int32), counts)
-    x = _inputs(rng, (ids.size, k), t)
-    out = _poison(cp, (ids.size, n), t)
-    gemm_experts(_dev(cp, x, t), w, cp.asarray(ids), n, out)
-    ref = np.concatenate([ops.linear(x[ids == i], wf[i]) for i in range(e) if counts[i]])
-    _close(report, f"gemm_experts {fmt} {t}", _host(cp, out), ref, GEMM_TOL[t])
+    # expert 1 spans two 128-row tiles, 0 and 3 are empty; then three experts over a 1032-wide K (17 K tiles)
+    for n, k, counts in ((130, 136, [0, 150, 1, 0, 64, 65, 3]), (300, 1032, [130, 0, 257])):
+        e = len(counts)
+        w, wf = _weight(rng, fmt, (e, n, k))
+        ids = np.repeat(np.arange(e, dtype=np.int32), counts)
+        x = _inputs(rng, (ids.size, k), t)
+        out = _poison(cp, (ids.size, n), t)
+        gemm_experts(_dev(cp, x, t), w, cp.asarray(ids), n, out)
+        ref = np.concatenate([ops.linear(x[ids == i], wf[i]) for i in range(e) if counts[i]])
+        _close(report, f"gemm_experts {fmt} {t} {n}x{k}", _host(cp, out), ref, GEMM_TOL[t])
+
+
+@pytest.mark.parametrize("fmt", ["NVFP4G16_E4M3S", "Q4G64_F16S", "BF16"])
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_gemm_mma_fallback(cp: Any, report: list, fmt: str, t: str) -> None:
+    """impl="mma" keeps the mma.sync kernel (gemm.cu, the path of non-Hopper devices) working on any GPU, and
+    both kernels agree with the reference."""
+    from ninfer.cuda.linear import gemm, gemm_experts
+
+    rng = np.random.default_rng(31)
+    m, n, k = 130, 257, 264
+    w, wf = _weight(rng, fmt, (n, k))
+    x = _inputs(rng, (m, k), t)
+    ids = np.repeat(np.arange(1, dtype=np.int32), m)
+    for mode in ("mma", "auto"):
+        out = _poison(cp, (m, n), t)
+        gemm(_dev(cp, x, t), w, out, impl=mode)
+        _close(report, f"gemm[{mode}] {fmt} {t}", _host(cp, out), ops.linear(x, wf), GEMM_TOL[t])
+        out = _poison(cp, (m, n), t)
+        gemm_experts(_dev(cp, x, t), w, cp.asarray(ids), n, out, impl=mode)
+        _close(report, f"gemm_experts[{mode}] {fmt} {t}", _host(cp, out), ops.linear(x, wf), GEMM_TOL[t])
+
+
+def _rowg_weight(cp: Any, rng: np.random.Generator, n: int, k: int) -> tuple[Any, np.ndarray]:
+    """NVFP4 with per-row globals (the fused projections' format): three parts of different scales fused."""
+    from ninfer.cuda.fuse import concat_rows
+    from ninfer.cuda.weights import upload_weight
+
+    codec, parts, refs = FORMATS["NVFP4G16_E4M3S"], [], []
+    for rows, s in ((n // 2, 1.0), (n // 4, 30.0), (n - n // 2 - n // 4, 0.01)):
+        buf = codec.encode((rng.standard_normal((rows, k)) * s).astype(F32), (rows, k))
+        parts.append(upload_weight("NVFP4G16_E4M3S", (rows, k), buf))
+        refs.append(codec.decode(buf, (rows, k)))
+    fused = concat_rows(parts)
+    assert fused.fmt == "NVFP4G16_E4M3S_ROWG"
+    return fused, np.concatenate(refs)
+
+
+@pytest.mark.parametrize("fmt", (*MATRIX_FMTS, "NVFP4G16_E4M3S_ROWG"))
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_gemm_rows_independent(cp: Any, report: list, fmt: str, t: str) -> None:
+    """Three row tiles, column tiles with a partial last one, K = 2056 (33 K tiles: the pipeline ring wraps many
+    times, a tail of 8): right values, and every row bitwise equal to the same row computed alone or inside a
+    differently aligned slice of rows (its result depends only on its own activations and K)."""
+    from ninfer.cuda.linear import gemm
+
+    rng = np.random.default_rng(29)
+    m, n, k = 300, 520, 2056
+    w, wf = _rowg_weight(cp, rng, n, k) if fmt.endswith("ROWG") else _weight(rng, fmt, (n, k))
+    x = _inputs(rng, (m, k), t)
+    xd = _dev(cp, x, t)
+    out = _poison(cp, (m, n), t)
+    gemm(xd, w, out)
+    _close(report, f"gemm rows {fmt} {t} {m}x{n}x{k}", _host(cp, out), ops.linear(x, wf), GEMM_TOL[t])
+    full = cp.asnumpy(out)
+    for r in (0, 127, 128, 255, 299):
+        alone = cp.asnumpy(gemm(cp.ascontiguousarray(xd[r : r + 1]), w))
+        assert np.array_equal(alone[0], full[r]), f"{fmt} {t}: row {r} alone differs from the full launch"
+    part = cp.asnumpy(gemm(xd[100:260], w))
+    assert np.array_equal(part, full[100:260]), f"{fmt} {t}: rows 100..259 differ when launched as a slice"
 
 
 # ---- Gated DeltaNet ------------------------------------------------------------------------------------------

@@ -43,14 +43,16 @@ def _compile_one(item: tuple[str, tuple[str, ...]]) -> str:
 
 
 def warmup(workers: int = 1) -> dict[str, int]:
-    """Compile every family for the current device; returns instances per source.
+    """Compile every family for the current device (architecture-specific families only where they apply);
+    returns instances per source.
 
     ``workers > 1`` first compiles the families in that many subprocesses (NVRTC is single-threaded per module;
     the results land in CuPy's on-disk kernel cache), then loads them here from the cache: a cold start in the time
     of the largest family instead of the sum of all of them."""
-    from ninfer.cuda.loader import load_module
+    from ninfer.cuda.loader import compute_capability, family_supported, load_module
 
-    sources = all_sources()
+    cc = compute_capability()
+    sources = {src: inst for src, inst in all_sources().items() if family_supported(src, cc)}
     if workers > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor

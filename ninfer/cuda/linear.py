@@ -7,7 +7,9 @@
 - :func:`gemv_experts`: MoE decode dispatch, one (token row, expert) pair per slot; bitwise the plain gemv's rows.
 - :func:`gemm`: prefill chunks on tensor cores with exact operands: weights as bf16-exact codes times the format's
   scale (applied to the fp32 sums), bf16 activations as is, float32 activations split into two bf16 halves
-  (relative representation error <= 2^-17); fp32 accumulation in a fixed order per K.
+  (relative representation error <= 2^-17); fp32 accumulation in a fixed order per K. On compute capability 9.0
+  the wgmma kernel (cuda_src/gemm_sm90.cu, compiled for sm_90a), elsewhere mma.sync (cuda_src/gemm.cu);
+  ``impl="mma"`` forces the mma.sync kernel (A/B comparisons, the non-Hopper path).
 - :func:`gemm_experts`: MoE prefill, the rows of each expert (slots sorted by expert) as one grouped GEMM.
 - :func:`linear`: gemv for up to 8 rows, else gemm.
 """
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, grid_1d
-from ninfer.cuda.loader import kernel
+from ninfer.cuda.loader import compute_capability, kernel, target_arch
 from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "SOURCES",
     "GEMV_MAX_ROWS",
     "FRAG_STRUCTS",
+    "DQ_STRUCTS",
 ]
 
 GEMV_MAX_ROWS = 8  # the mma's N
@@ -62,6 +65,21 @@ _GV_TILE = 128  # K per tile
 # bandwidth and 2176 at 43%: the dequantization needs warps to hide its latency), keeping >= 4 tiles per split;
 # the activations are staged in double-buffered chunks of GV_CHUNK tiles, so shared memory does not grow with K.
 _GV_TARGET_WARPS, _GV_MIN_TILES, _GV_CHUNK = 2112, 4, 4
+# format id -> the Hopper GEMM's weight-tile struct (cuda_src/wdq.cuh) and its CTA columns (D::BN: the group
+# formats keep a partial accumulator beside the result, so their tiles are half as wide)
+DQ_STRUCTS = {
+    "BF16": ("DqBF16", 256),
+    "FP8E4M3_F32ROW": ("DqFP8<true>", 256),
+    "FP8E4M3_F32T": ("DqFP8<false>", 256),
+    "NVFP4G16_E4M3S": ("DqNVFP4<false>", 256),
+    "NVFP4G16_E4M3S_ROWG": ("DqNVFP4<true>", 256),
+    "Q4G64_F16S": ("DqQG64<4>", 128),
+    "Q5G64_F16S": ("DqQG64<5>", 128),
+    "Q6G64_F16S": ("DqQG64<6>", 128),
+    "W8G32_F16S": ("DqW8G32", 128),
+}
+# GS_BM, GS_THREADS, GS_SMEM in gemm_sm90.cu / wdq.cuh: every instance takes the opt-in maximum of shared memory
+_GS_BM, _GS_THREADS, _GS_SMEM = 128, 256, 232448
 _TYPES = ("float", "bf16")
 _FMTS = tuple(FORMAT_STRUCTS.values())
 SOURCES: dict[str, tuple[str, ...]] = {
@@ -69,7 +87,27 @@ SOURCES: dict[str, tuple[str, ...]] = {
         f"gemv_mma<{s}, {t}, {nb}>" for s, _, _ in FRAG_STRUCTS.values() for t in _TYPES for nb in _GV_NB
     ),
     "gemm.cu": tuple(f"{k}<{f}, {t}>" for k in ("gemm", "gemm_experts") for f in _FMTS for t in _TYPES),
+    "gemm_sm90.cu": tuple(
+        f"{k}<{d}, {t}>" for k in ("gemm90", "gemm90_experts") for d, _ in DQ_STRUCTS.values() for t in _TYPES
+    ),
 }
+
+
+def _hopper(impl: str) -> bool:
+    """The wgmma GEMM applies: ``impl`` is ``auto`` (or ``wgmma``) and the loader builds gemm_sm90.cu for sm_90a on
+    this device; ``mma`` picks the mma.sync kernel."""
+    if impl not in ("auto", "wgmma", "mma"):
+        raise KernelError(f"impl={impl!r}: one of auto, wgmma, mma")
+    return impl != "mma" and target_arch("gemm_sm90.cu", compute_capability()).endswith("a")
+
+
+def _gemm90(name: str, w: DeviceWeight, t: str) -> tuple[Any, int]:
+    """The Hopper kernel ``name`` for ``w``'s format and activation type ``t``, and its CTA columns."""
+    struct, bn = DQ_STRUCTS[w.fmt]
+    fn = kernel("gemm_sm90.cu", SOURCES["gemm_sm90.cu"], f"{name}<{struct}, {t}>")
+    if fn.max_dynamic_shared_size_bytes < _GS_SMEM:
+        fn.max_dynamic_shared_size_bytes = _GS_SMEM
+    return fn, bn
 
 
 def _prep(x: Any, w: DeviceWeight, out: Any, what: str) -> tuple[str, int, int, int]:
@@ -273,7 +311,7 @@ def gemv_experts(
     return out
 
 
-def gemm(x: Any, w: DeviceWeight, out: Any = None) -> Any:
+def gemm(x: Any, w: DeviceWeight, out: Any = None, *, impl: str = "auto") -> Any:
     """``out = x · Wᵀ`` for ``x[M, K]`` on tensor cores (exact weight operands, float32 ``x`` split into two bf16
     halves, fp32 accumulation); ``x`` and ``out`` may be row-strided views."""
     t, m, k, ldx = _prep(x, w, out, "gemm")
@@ -281,17 +319,22 @@ def gemm(x: Any, w: DeviceWeight, out: Any = None) -> Any:
     out, ldy = _out(x, out, m, n)
     if m == 0:
         return out
-    fn = kernel("gemm.cu", SOURCES["gemm.cu"], f"gemm<{w.struct}, {t}>")
     p0, p1, p2 = w.planes()
+    args = (p0, p1, p2, x, out, np.int32(m), np.int32(n), np.int32(k), np.int64(ldx), np.int64(ldy))
+    if _hopper(impl):
+        fn, bn = _gemm90("gemm90", w, t)
+        fn((grid_1d(m, _GS_BM) * grid_1d(n, bn),), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
+        return out
+    fn = kernel("gemm.cu", SOURCES["gemm.cu"], f"gemm<{w.struct}, {t}>")
     fn(
         (grid_1d(n, _GEMM_TILE), grid_1d(m, _GEMM_TILE)),
         (_GEMM_THREADS,),
-        (p0, p1, p2, x, out, np.int32(m), np.int32(n), np.int32(k), np.int64(ldx), np.int64(ldy)),
+        args,
     )
     return out
 
 
-def gemm_experts(x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None) -> Any:
+def gemm_experts(x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None, *, impl: str = "auto") -> Any:
     """MoE prefill: ``out[s] = x[s] · W_e[ids[s]]ᵀ`` for slots sorted by expert (``ids`` int32, non-decreasing),
     ``w`` the fused ``[E*n, K]`` expert weight. The tile table is built on the device (no host sync): expert e owns
     rows ``off[e] .. off[e+1]`` and ``ceil(count_e / 128)`` tiles; the grid is sized by the bound ``S/128 + E``."""
@@ -313,14 +356,15 @@ def gemm_experts(x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None) -> 
     tile_e = cupy.minimum(cupy.searchsorted(tile_end, i, side="right"), e - 1)
     tile_s0 = off[tile_e] + (i - (tile_end[tile_e] - tiles[tile_e])) * _GEMM_TILE
     ntiles = tile_end[-1:].astype(np.int32)
-    fn = kernel("gemm.cu", SOURCES["gemm.cu"], f"gemm_experts<{w.struct}, {t}>")
     p0, p1, p2 = w.planes()
-    fn(
-        (grid_1d(n, _GEMM_TILE), bound),
-        (_GEMM_THREADS,),
-        (p0, p1, p2, x, out, off, tile_e.astype(np.int32), tile_s0.astype(np.int32), ntiles, np.int32(n),
-         np.int32(k), np.int64(ldx), np.int64(ldy)),
-    )  # fmt: skip
+    args = (p0, p1, p2, x, out, off, tile_e.astype(np.int32), tile_s0.astype(np.int32), ntiles, np.int32(n),
+            np.int32(k), np.int64(ldx), np.int64(ldy))  # fmt: skip
+    if _hopper(impl):  # same 128-row tiles (GS_BM == GM_BM)
+        fn, bn = _gemm90("gemm90_experts", w, t)
+        fn((grid_1d(n, bn), bound), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
+        return out
+    fn = kernel("gemm.cu", SOURCES["gemm.cu"], f"gemm_experts<{w.struct}, {t}>")
+    fn((grid_1d(n, _GEMM_TILE), bound), (_GEMM_THREADS,), args)
     return out
 
 

@@ -1,7 +1,8 @@
 """Load-time compilation of the ``cuda_src/*.cu`` kernel families through CuPy (NVRTC).
 
 One ``cupy.RawModule`` per (source file, template instances), cached by ``functools.cache``; the architecture
-comes from the current device (``-arch=sm_90`` on the H200). Local ``#include "x.cuh"`` lines are inlined before
+comes from the current device (``-arch=sm_90`` on the H200), except for families in :data:`ARCH_SPECIFIC`, which
+use the architecture-specific target (``sm_90a``: wgmma, setmaxnreg) on the devices it names. Local ``#include "x.cuh"`` lines are inlined before
 compiling so that CuPy's on-disk cache, keyed on the source text, sees edits to the shared headers. Every family
 module lists all of its instances (``SOURCES``), and :func:`warmup` compiles them all up front so that nothing
 compiles in the middle of a request.
@@ -14,12 +15,26 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CUDA_SRC", "KernelError", "source_text", "load_module", "kernel", "compute_capability"]
+__all__ = [
+    "ARCH_SPECIFIC",
+    "CUDA_SRC",
+    "KernelError",
+    "source_text",
+    "load_module",
+    "kernel",
+    "compute_capability",
+    "family_supported",
+    "target_arch",
+]
 
 # The sources live beside the package in the repository (editable installs and the device checkout).
 CUDA_SRC = Path(__file__).resolve().parents[2] / "cuda_src"
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 OPTIONS = ("-std=c++17",)
+# family -> {compute capability: architecture-specific target}. CuPy appends its own ``-arch=sm_<cc>`` after these
+# options; NVRTC given ``-arch=sm_90a -arch=sm_90`` compiles for sm_90a (checked with NVRTC 13.0: the cubin's SASS
+# is "code for sm_90a" and wgmma assembles, while ``-arch=sm_90`` alone rejects it).
+ARCH_SPECIFIC: dict[str, dict[str, str]] = {"gemm_sm90.cu": {"90": "90a"}}
 
 
 class KernelError(ValueError):
@@ -54,6 +69,17 @@ def compute_capability() -> str:
     return str(cupy.cuda.Device().compute_capability)
 
 
+def family_supported(source: str, cc: str) -> bool:
+    """Whether family ``source`` compiles for compute capability ``cc`` (architecture-specific families only for
+    the capabilities :data:`ARCH_SPECIFIC` names)."""
+    return source not in ARCH_SPECIFIC or cc in ARCH_SPECIFIC[source]
+
+
+def target_arch(source: str, cc: str) -> str:
+    """The ``-arch=sm_<...>`` digits for family ``source`` on a device of compute capability ``cc``."""
+    return ARCH_SPECIFIC.get(source, {}).get(cc, cc)
+
+
 @functools.cache
 def load_module(source: str, name_expressions: tuple[str, ...]) -> Any:
     """Compile ``cuda_src/<source>`` for the current device with the given template instances (cached)."""
@@ -62,7 +88,7 @@ def load_module(source: str, name_expressions: tuple[str, ...]) -> Any:
     code = source_text(source)
     mod = cupy.RawModule(
         code=code,
-        options=(*OPTIONS, f"-arch=sm_{compute_capability()}"),
+        options=(*OPTIONS, f"-arch=sm_{target_arch(source, compute_capability())}"),
         name_expressions=list(name_expressions),
     )
     mod.compile()

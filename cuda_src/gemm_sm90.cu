@@ -1,0 +1,189 @@
+// Prefill matrix products on Hopper tensor cores (sm_90a): y[m, n] = sum_k x[m, k] W[n, k], x float or bf16,
+// W in any stored format; wgmma.mma_async (bf16 x bf16 -> f32, both operands in shared memory) fed by a cp.async
+// ring. The loader compiles this family with -arch=sm_90a on compute capability 9.0 (ninfer/cuda/loader.py);
+// gemm.cu (mma.sync) remains the path for other devices.
+//
+// CTA tile 128 (M) x BN (N, 256; 128 for the group-scale formats), K tile 64. 256 threads = two warpgroups, WG w
+// computing rows [64 w, 64 w + 64) x all BN columns (one m64nBNk16 wgmma per k16 step and activation half).
+// Pipeline (every thread does everything; no producer warps, see below):
+//   ring of S raw stages (as many as fit in 227 KB, at most 6; bf16 x: BF16 4, FP8 5, NVFP4/Q/W8 6; float x:
+//   BF16/FP8/NVFP4 3, Q4/Q5 5, Q6/W8 4): the activation tile (bf16: the swizzled operand itself;
+//   float: fp32 landing in the hi/lo operand tiles, split in place) and the weight tile (BF16: the swizzled operand
+//   itself; other formats: the stored bytes), loaded S - 1 tiles ahead with cp.async (zero-filled out of range);
+//   two converted bf16 weight tiles (double buffer) written by all 256 threads from the raw stage.
+//   Iteration kt: issue tile kt's wgmmas (async) | wait for tile kt-1's | cp.async wait + barrier | convert tile
+//   kt + 1 (weights; float activations split) + proxy fence | load tile kt + S - 1 into the slot tile kt - 1 used |
+//   barrier. The tensor cores run tile kt while the CUDA cores convert tile kt + 1.
+// Why no TMA / warp specialization: CuPy does not wrap cuTensorMapEncodeTiled, and a hand-built CUtensorMap or
+// mbarrier protocol could not be tried on a GPU while this was written; cp.async into the swizzled layout is plain
+// address arithmetic that the host test (tests/test_gemm_sm90_host.py) runs on the CPU. The conversion needs every
+// thread's issue slots anyway (it, not the copy, is the CUDA-core work), so a producer warp would only issue cp.async.
+//
+// Exactness and order: weight operands are exact in bf16 (wdq.cuh), bf16 x exact, float x split into hi + lo
+// (|x - hi - lo| <= 2^-17 |x|) and both multiplied (hi then lo per k16 step, same accumulator). Group formats sum each
+// group into a partial accumulator (first step overwrites) and add scale * partial to acc in group order; row scales
+// multiply the result. Every output's fp32 accumulation order depends only on K: a row never depends on M, on its
+// tile or on the other rows of the launch. The group formats scale a tile's partial sums after waiting for its
+// wgmmas, so their MMAs overlap the conversion but not the scaling: partial accumulators double-buffered across
+// iterations (scaling tile kt - 1 while tile kt runs) made ptxas serialize every wgmma (C7514) and spill.
+#include "common.cuh"
+#include "wdq.cuh"
+#include "wgmma.cuh"
+
+#define GS_SMEM 232448  // 227 KB, the opt-in maximum: one CTA per SM, every instance launched with it
+#define GS_SMAX 6       // 5 tiles of loads in flight at most (not tuned on a GPU yet)
+
+template <typename D, typename T> struct GsCfg {
+    static constexpr int BN = D::BN, NACC = BN / 2, ABYTES = Act<T>::BYTES;
+    static constexpr int STAGE = ABYTES + D::BYTES;
+    static constexpr int CONV = D::DIRECT ? 0 : 2 * BN * 128;
+    static constexpr int FIT = (GS_SMEM - 1024 - CONV) / STAGE;
+    static constexpr int S = FIT < GS_SMAX ? FIT : GS_SMAX;
+    static_assert(S >= 3, "at least three stages");
+    static_assert(STAGE % 1024 == 0 && ABYTES % 1024 == 0, "swizzled tiles need 1024-byte alignment");
+};
+
+// Issue the wgmmas of one K tile (4 k16 steps, hi then lo for float x) into d0 (GPT <= 1) or d0 / d1 (W8: steps
+// 0-1 / 2-3). acc0 = false: the first step of each group overwrites its accumulator.
+template <typename D, typename T>
+__device__ __forceinline__ void gs_issue(u32 a, u32 b, float (&d0)[D::BN / 2], float (&d1)[D::BN / 2], bool acc0) {
+    constexpr int BN = D::BN;
+    fence_regs(d0);
+    if (D::GPT == 2) fence_regs(d1);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+        float (&d)[BN / 2] = (D::GPT == 2 && ks >= 2) ? d1 : d0;
+        const int accumulate = (acc0 || (ks & (D::GPT == 2 ? 1 : 3))) ? 1 : 0;
+        Wgmma<BN>::mma(d, desc_sw128(a + 32 * ks), desc_sw128(b + 32 * ks), accumulate);
+        if (Act<T>::SPLIT) Wgmma<BN>::mma(d, desc_sw128(a + GS_BM * 128 + 32 * ks), desc_sw128(b + 32 * ks), 1);
+    }
+    wgmma_commit();
+    fence_regs(d0);
+    if (D::GPT == 2) fence_regs(d1);
+}
+
+// acc += s(column) * part for group g of tile kt (raw scales still in the tile's ring slot).
+template <typename D>
+__device__ __forceinline__ void gs_scale(float (&acc)[D::BN / 2], float (&part)[D::BN / 2], const u8* raw, int g,
+                                         int kt, int t) {
+    fence_regs(part);
+#pragma unroll
+    for (int j = 0; j < D::BN / 8; ++j) {
+        const float s0 = D::gscale(raw, 8 * j + 2 * t, g, kt), s1 = D::gscale(raw, 8 * j + 2 * t + 1, g, kt);
+        acc[4 * j + 0] = fmaf(s0, part[4 * j + 0], acc[4 * j + 0]);
+        acc[4 * j + 1] = fmaf(s1, part[4 * j + 1], acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(s0, part[4 * j + 2], acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(s1, part[4 * j + 3], acc[4 * j + 3]);
+    }
+}
+
+// One 128 x BN output tile: rows [0, min(M, 128)) of x / y (already offset to the tile's first row), columns
+// [n0, min(n0 + BN, N)), weight rows wbase + n.
+template <typename D, typename T>
+__device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __restrict__ p1,
+                                        const u8* __restrict__ p2, const T* __restrict__ x, T* __restrict__ y, int M,
+                                        int N, int K, long long ldx, long long ldy, int n0, long long wbase) {
+    typedef GsCfg<D, T> C;
+    constexpr int BN = C::BN, NACC = C::NACC, S = C::S;
+    extern __shared__ __align__(1024) u8 gs_smem_raw[];
+    u8* smem = gs_smem_raw + ((1024 - (smem_u32(gs_smem_raw) & 1023)) & 1023);
+    u8* conv = smem + S * C::STAGE;  // two converted weight tiles (non-DIRECT formats)
+    const int tid = threadIdx.x, wg = tid >> 7, t = tid & 3;
+    const int mvalid = min(M, GS_BM), nvalid = min(BN, N - n0), nk = (K + GS_BK - 1) / GS_BK;
+
+    const typename Act<T>::Loader al(x, ldx, mvalid, tid);
+    const typename D::Loader wl(p0, p1, p2, K, wbase + n0, nvalid, tid);
+    auto stage = [&](int kt) { return smem + (kt % S) * C::STAGE; };
+    auto load = [&](int kt) {
+        al.copy(stage(kt), kt, K, x);
+        wl.copy(stage(kt) + C::ABYTES, kt, K, p0);
+    };
+    auto convert = [&](int kt) {
+        Act<T>::split(stage(kt), tid);
+        if constexpr (!D::DIRECT) convert_tile<D>(stage(kt) + C::ABYTES, conv + (kt & 1) * BN * 128, kt, tid);
+        fence_proxy_async();
+    };
+    // operand addresses of tile kt for this warpgroup
+    auto a_addr = [&](int kt) { return smem_u32(stage(kt)) + wg * 64 * 128; };
+    auto b_addr = [&](int kt) {
+        return D::DIRECT ? smem_u32(stage(kt) + C::ABYTES) : smem_u32(conv + (kt & 1) * BN * 128);
+    };
+
+    float acc[NACC], p0acc[NACC], p1acc[NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) {
+        if (s < nk) load(s);
+        cp_async_commit();
+    }
+    cp_async_wait<S - 2>();
+    __syncthreads();
+    convert(0);
+    __syncthreads();
+
+    for (int kt = 0; kt < nk; ++kt) {
+        if (D::GPT == 0) {
+            gs_issue<D, T>(a_addr(kt), b_addr(kt), acc, acc, true);
+            wgmma_wait<1>();  // tile kt - 1 done: its stage and converted tile may be reused
+        } else {  // group formats: partial sums of tile kt, scaled once its wgmmas are done (below)
+            gs_issue<D, T>(a_addr(kt), b_addr(kt), p0acc, p1acc, false);
+        }
+        if (kt + 1 < nk) {
+            cp_async_wait<S - 3>();  // tile kt + 1 landed (this thread's copies) ...
+            __syncthreads();         // ... everyone's; and every warpgroup is past tile kt - 1's wgmmas
+            // Convert before refilling: the proxy fence ending convert() compiles to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC,
+            // and if the MEMBAR waits for this thread's cp.asyncs, it should not wait for the ones just issued. (No
+            // fence is needed before rewriting what finished wgmmas read: their completion, observed through
+            // wgmma.wait_group and the barrier, orders those reads.)
+            convert(kt + 1);
+            if (kt + S - 1 < nk) load(kt + S - 1);
+            cp_async_commit();
+            __syncthreads();
+        }
+        if (D::GPT) {  // tile kt's groups; the next issue overwrites the partial accumulators
+            wgmma_wait<0>();
+            gs_scale<D>(acc, p0acc, stage(kt) + C::ABYTES, 0, kt, t);
+            if (D::GPT == 2) gs_scale<D>(acc, p1acc, stage(kt) + C::ABYTES, 1, kt, t);
+        }
+    }
+    wgmma_wait<0>();
+    fence_regs(acc);
+
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) {
+        int r, c;
+        frag_rc(tid, i, r, c);
+        if (r < mvalid && n0 + c < N)
+            y[(long long)r * ldy + n0 + c] = from_f<T>(acc[i] * D::row_scale(p1, p2, wbase + n0 + c));
+    }
+}
+
+// x: [M, K] (row stride ldx), y: [M, N] (row stride ldy), K % 8 == 0 (checked by the wrapper). 1-D grid of
+// ceil(M / 128) * ceil(N / BN) tiles, rasterized in groups of GS_GROUP_M row tiles.
+template <typename D, typename T>
+__global__ void __launch_bounds__(GS_THREADS, 1)
+    gemm90(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
+           T* __restrict__ y, int M, int N, int K, long long ldx, long long ldy) {
+    int mt, nt;
+    gs_raster(blockIdx.x, (M + GS_BM - 1) / GS_BM, (N + D::BN - 1) / D::BN, mt, nt);
+    const long long m0 = (long long)mt * GS_BM;
+    gs_tile<D, T>(p0, p1, p2, x + m0 * ldx, y + m0 * ldy, M - (int)m0, N, K, ldx, ldy, nt * D::BN, 0);
+}
+
+// MoE prefill (grouped), as gemm.cu's gemm_experts: tile i (blockIdx.y) covers rows tile_s0[i] ..
+// min(tile_s0[i] + 128, off[tile_e[i] + 1]) with expert tile_e[i]'s weight rows; tiles at or beyond *ntiles exit.
+template <typename D, typename T>
+__global__ void __launch_bounds__(GS_THREADS, 1)
+    gemm90_experts(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
+                   const T* __restrict__ x, T* __restrict__ y, const int* __restrict__ off,
+                   const int* __restrict__ tile_e, const int* __restrict__ tile_s0, const int* __restrict__ ntiles,
+                   int N, int K, long long ldx, long long ldy) {
+    const int i = blockIdx.y;
+    if (i >= *ntiles) return;
+    const int e = tile_e[i], s0 = tile_s0[i], rows = min(GS_BM, off[e + 1] - s0);
+    gs_tile<D, T>(p0, p1, p2, x + (long long)s0 * ldx, y + (long long)s0 * ldy, rows, N, K, ldx, ldy,
+                  blockIdx.x * D::BN, (long long)e * N);
+}

@@ -1,0 +1,341 @@
+// Weight tiles of the Hopper prefill GEMM (gemm_sm90.cu): every stored format copied raw (cp.async) into a
+// pipeline stage, then dequantized into exact bf16 in the 128B-swizzled K-major layout wgmma reads (wgmma.cuh).
+//
+// A K tile is 64 consecutive k (k0 = 64 kt) of BN weight rows. Each format struct D provides
+//   BN      CTA columns (weight rows per tile): 256, or 128 for the group formats (their fp32 partial sums need
+//           registers of their own);
+//   DIRECT  the stored rows are bf16 already (BF16): copy() writes the swizzled operand tile itself;
+//   GPT     scale groups per K tile (0 = none: the row scale multiplies the result; 1 = Q g64; 2 = W8 g32, each
+//           group two k16 steps);
+//   BYTES   raw bytes per stage (a multiple of 1024, so stages stay 1024-aligned);
+//   Loader  this thread's cp.async streams (built once per CTA), copy(stage, kt, K, fb) issues tile kt's (rows
+//           >= nvalid zero-filled; the unpadded formats zero-fill past K, the padded ones read their own padding,
+//           whose products meet zero activations);
+//   fetch   the raw bits of row r, k 8c .. 8c+7 of the tile (8 bytes), make() their 8 bf16 as one 16-byte vector
+//           (low half = lower k);
+//   gscale  group g's scale of row r (GPT > 0); row_scale(p1, p2, n) the factor applied to the fp32 result.
+// Exactness (as wfrag.cuh, see there): FP8 e4m3 bits placed in a bf16 (x 2^-120) then x 2^120; NVFP4 e2m1 bits
+// placed (x 2^-126) then x e4m3 block scale x 2^119, row scale 2^7 g; Q codes via bf16(128 + offset code) - 128 -
+// offset; W8 int8 via float. Every operand is the stored value times a power of two or a block scale, exactly.
+// Everything is __host__ __device__ (cp.async is a memcpy on the host) so tests/test_gemm_sm90_host.py runs the
+// same copy/convert code on the CPU. Work split: thread tid takes fixed rows and chunks of every tile, so the
+// addresses are computed once per CTA (Stream) and the swizzle phase is shared by its rows (r0 + 32 i).
+#pragma once
+#include "common.cuh"
+#include "wformat.cuh"
+#include "wfrag.cuh"
+
+#define GS_BM 128       // CTA rows: two consumer warpgroups of 64
+#define GS_BK 64        // K tile: one 128-byte swizzle row of bf16
+#define GS_THREADS 256  // two warpgroups
+#define HD __host__ __device__ __forceinline__
+
+// byte offset of 16-byte chunk c of row r in a 128B-swizzled K-major tile (layout: wgmma.cuh)
+HD int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+// One thread's cp.async stream of one plane: NI pieces of B bytes; piece i reads the row r0 + i * rstep of the plane
+// (rowbytes apart; `row` = the absolute row of piece 0) at byte `off` + (kt >> KSH) * TB and lands at stage byte
+// dst0 + i * DSTEP. Pieces whose row is out of range (i * rstep >= left), or the whole tile when kin is false, are
+// zero-filled without reading (cp.async src-size 0, source `fb`: any valid global address). Built once per CTA, so
+// the per-tile cost is an add per piece (the addresses are loop-invariant).
+template <int NI, int B, int TB, int DSTEP, int KSH = 0>
+struct Stream {
+    const u8* src;
+    long long rstride;
+    int dst0;
+    u32 ok;
+    HD void init(const void* plane, long long row, long long rowbytes, int rstep, int off, int dst, int left) {
+        src = reinterpret_cast<const u8*>(plane) + row * rowbytes + off;
+        rstride = rstep * rowbytes;
+        dst0 = dst;
+        ok = 0;
+#pragma unroll
+        for (int i = 0; i < NI; ++i) ok |= (i * rstep < left ? 1u : 0u) << i;
+    }
+    HD void copy(u8* st, int kt, bool kin, const void* fb) const {
+        const u8* s = src + (long long)(kt >> KSH) * TB;
+#pragma unroll
+        for (int i = 0; i < NI; ++i) {
+            const bool in = kin && ((ok >> i) & 1u);
+            cp_async<B>(st + dst0 + i * DSTEP, in ? s + i * rstride : reinterpret_cast<const u8*>(fb), in);
+        }
+    }
+};
+
+HD uint4 make4(u32 a, u32 b, u32 c, u32 d) {
+    uint4 v;
+    v.x = a, v.y = b, v.z = c, v.w = d;
+    return v;
+}
+
+// Nibbles 2j and 2j+1 of `w` at bits 0..3 and 16..19 (other bits junk, masked by the callers).
+struct NibblePairs {
+    u32 e, o;  // even / odd nibbles, one per byte
+    HD explicit NibblePairs(u32 w) : e(w & 0x0f0f0f0fu), o((w >> 4) & 0x0f0f0f0fu) {}
+    HD u32 operator[](int j) const { return prmt(e, o, (u32)j | ((u32)(4 + j) << 8)); }
+};
+
+struct DqBF16 {
+    static constexpr int BN = 256, GPT = 0, BYTES = BN * 128;
+    static constexpr bool DIRECT = true;
+    struct Loader {  // row (tid / 8) + 32 i, chunk tid % 8, straight into the swizzled operand tile
+        Stream<BN / 32, 16, 128, 4096> s;
+        int kc;
+        HD Loader(const u8* p0, const u8*, const u8*, int K, long long nbase, int nvalid, int tid) {
+            const int r0 = tid >> 3, c = tid & 7;
+            kc = 8 * c;
+            s.init(p0, nbase + r0, 2ll * K, 32, 16 * c, sw128(r0, c), nvalid - r0);
+        }
+        HD void copy(u8* st, int kt, int K, const u8* fb) const { s.copy(st, kt, kt * GS_BK + kc < K, fb); }
+    };
+    static HD float gscale(const u8*, int, int, int) { return 1.f; }
+    static HD float row_scale(const u8*, const u8*, long long) { return 1.f; }
+};
+
+template <bool ROW>
+struct DqFP8 {
+    static constexpr int BN = 256, GPT = 0, BYTES = BN * 64;
+    static constexpr bool DIRECT = false;
+    struct Loader {  // row (tid / 8) + 32 i, 8 bytes at k 8 (tid % 8): FP8 rows are only 8-byte aligned
+        Stream<BN / 32, 8, 64, 2048> s;
+        int kc;
+        HD Loader(const u8* p0, const u8*, const u8*, int K, long long nbase, int nvalid, int tid) {
+            const int r0 = tid >> 3, c = tid & 7;
+            kc = 8 * c;
+            s.init(p0, nbase + r0, K, 32, 8 * c, r0 * 64 + 8 * c, nvalid - r0);
+        }
+        HD void copy(u8* st, int kt, int K, const u8* fb) const { s.copy(st, kt, kt * GS_BK + kc < K, fb); }
+    };
+    static HD u32 pair(u32 w, int j) {  // bytes 2j, 2j+1 of w -> bf16x2 (exact)
+        const u32 u = prmt(w, w, ((u32)(2 * j) << 4) | ((u32)(2 * j + 1) << 12));  // to bits 8..15 / 24..31
+        return bf16x2_mul((u & 0x80008000u) | ((u & 0x7f007f00u) >> 4), 0x7b807b80u);  // e4m3 2^-120, x 2^120
+    }
+    static HD uint2 fetch(const u8* st, int r, int c) { return *reinterpret_cast<const uint2*>(st + r * 64 + 8 * c); }
+    static HD uint4 make(uint2 v, int) { return make4(pair(v.x, 0), pair(v.x, 1), pair(v.y, 0), pair(v.y, 1)); }
+    static HD float gscale(const u8*, int, int, int) { return 1.f; }
+    static HD float row_scale(const u8* p1, const u8*, long long n) {
+        return reinterpret_cast<const float*>(p1)[ROW ? n : 0];
+    }
+};
+
+template <bool ROWG>
+struct DqNVFP4 {
+    static constexpr int BN = 256, GPT = 0, BYTES = BN * 32 + BN * 4;  // codes, then one scale word per row
+    static constexpr bool DIRECT = false;
+    struct Loader {  // codes: row tid / 2 + 128 i, half tid % 2; scales: row tid (k0 / 16 = 4 kt)
+        Stream<BN / 128, 16, 32, 4096> codes;
+        Stream<1, 4, 4, 0> scales;
+        HD Loader(const u8* p0, const u8* p1, const u8*, int K, long long nbase, int nvalid, int tid) {
+            const long long kp = kpad128(K);
+            const int r0 = tid >> 1, h = tid & 1;
+            codes.init(p0, nbase + r0, kp / 2, 128, 16 * h, r0 * 32 + 16 * h, nvalid - r0);
+            scales.init(p1, nbase + tid, kp / 16, 1, 0, BN * 32 + tid * 4, nvalid - tid);
+        }
+        HD void copy(u8* st, int kt, int, const u8* fb) const {
+            codes.copy(st, kt, true, fb);
+            scales.copy(st, kt, true, fb);
+        }
+    };
+    static HD uint2 fetch(const u8* st, int r, int c) {  // the 8 codes, the block scale (k 16-wide: c / 2)
+        uint2 v;
+        v.x = *reinterpret_cast<const u32*>(st + r * 32 + 4 * c);
+        v.y = st[BN * 32 + r * 4 + (c >> 1)];
+        return v;
+    }
+    static HD uint4 make(uint2 v, int) {
+        const NibblePairs np(v.x);
+        const u32 s = FragNVFP4::scale2(v.y);
+        u32 o[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 u = np[j];
+            o[j] = bf16x2_mul(((u & 0x00070007u) << 6) | ((u & 0x00080008u) << 12), s);  // e2m1 2^-126 x s
+        }
+        return make4(o[0], o[1], o[2], o[3]);
+    }
+    static HD float gscale(const u8*, int, int, int) { return 1.f; }
+    static HD float row_scale(const u8*, const u8* p2, long long n) {
+        return 128.f * reinterpret_cast<const float*>(p2)[ROWG ? n : 0];
+    }
+};
+
+// Q{4,5,6} g64: one group per K tile (group index = row * gpr + kt, gpr = kpad / 64 even).
+template <int BITS>
+struct DqQG64 {
+    static constexpr int H = BITS == 4 ? 0 : (BITS == 5 ? 8 : 16);  // high-plane bytes per group
+    static constexpr int BN = 128, GPT = 1, BYTES = (BN * (32 + H + 4) + 1023) / 1024 * 1024;
+    static constexpr bool DIRECT = false;
+    // base codes: row tid / 2, half tid % 2; warps 0-3: the row tid's high bits (Q5/Q6), warps 4-7: the row
+    // tid - 128's scale pair (the aligned f16 pair holding the group's scale: groups 2j, 2j+1 of one row, at
+    // 4 (kt / 2) past the row's first since gpr is even)
+    struct Loader {
+        Stream<1, 16, 32, 0> base;
+        Stream<1, H ? H : 8, H ? H : 8, 0> high;
+        Stream<1, 4, 4, 0, 1> scale;
+        bool hw;  // this warp copies high bits (else scales)
+        HD Loader(const u8* p0, const u8* p1, const u8* p2, int K, long long nbase, int nvalid, int tid) {
+            const long long gpr = kpad128(K) / 64;
+            const int r0 = tid >> 1, h = tid & 1, rs = tid - GS_THREADS / 2;
+            hw = tid < GS_THREADS / 2;
+            base.init(p0, nbase + r0, gpr * 32, 1, 16 * h, r0 * 32 + 16 * h, nvalid - r0);
+            high.init(p1, nbase + tid, gpr * H, 1, 0, BN * 32 + tid * H, nvalid - tid);
+            scale.init(p2, nbase + rs, gpr * 2, 1, 0, BN * (32 + H) + rs * 4, nvalid - rs);
+        }
+        HD void copy(u8* st, int kt, int, const u8* fb) const {
+            base.copy(st, kt, true, fb);
+            if (hw) {
+                if (H) high.copy(st, kt, true, fb);
+            } else {
+                scale.copy(st, kt, true, fb);
+            }
+        }
+    };
+    static HD uint2 fetch(const u8* st, int r, int c) {  // the 8 base nibbles, their high bits
+        uint2 v;
+        v.x = *reinterpret_cast<const u32*>(st + r * 32 + 4 * c);
+        v.y = 0;
+        if (H == 8) v.y = st[BN * 32 + r * 8 + c];                                       // bit i: code i
+        if (H == 16) v.y = *reinterpret_cast<const u16*>(st + BN * 32 + r * 16 + 2 * c);  // bits 2i, 2i+1: code i
+        return v;
+    }
+    static HD uint4 make(uint2 v, int) {
+        const NibblePairs np(v.x);
+        const u32 hb = v.y;
+        constexpr u32 OFF = 1u << (BITS - 1), MAGIC = 0x4300u | OFF;  // bf16(128 + OFF)
+        u32 o[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            u32 u = np[j] & 0x000f000fu;
+            if (H == 8) u |= (((hb >> (2 * j)) & 1u) << 4) | (((hb >> (2 * j + 1)) & 1u) << 20);
+            if (H == 16) u |= (((hb >> (4 * j)) & 3u) << 4) | (((hb >> (4 * j + 2)) & 3u) << 20);
+            const u32 v = (u ^ (OFF | (OFF << 16))) | 0x43004300u;                           // bf16(128 + u ^ OFF)
+            o[j] = bf16x2_fma(v, 0x3f803f80u, (MAGIC | 0x8000u) | ((MAGIC | 0x8000u) << 16));  // - (128 + OFF)
+        }
+        return make4(o[0], o[1], o[2], o[3]);
+    }
+    static HD float gscale(const u8* st, int r, int, int kt) {
+        const u32 w = *reinterpret_cast<const u32*>(st + BN * (32 + H) + r * 4);
+        return hd_f16_to_f((u16)(w >> (16 * (kt & 1))));
+    }
+    static HD float row_scale(const u8*, const u8*, long long) { return 1.f; }
+};
+
+// W8 g32: two groups per K tile (k 0..31: k16 steps 0-1, k 32..63: steps 2-3); group index row * gpr + 2 kt.
+struct DqW8G32 {
+    static constexpr int BN = 128, GPT = 2, BYTES = (BN * (64 + 4) + 1023) / 1024 * 1024;
+    static constexpr bool DIRECT = false;
+    struct Loader {  // codes: row tid / 4 + 64 i, quarter tid % 4; warps 0-3: row tid's two f16 scales
+        Stream<2, 16, 64, 4096> codes;
+        Stream<1, 4, 4, 0> scales;
+        bool sw;
+        HD Loader(const u8* p0, const u8*, const u8* p2, int K, long long nbase, int nvalid, int tid) {
+            const long long gpr = kpad128(K) / 32;
+            const int r0 = tid >> 2, pc = tid & 3;
+            sw = tid < BN;
+            codes.init(p0, nbase + r0, gpr * 32, 64, 16 * pc, r0 * 64 + 16 * pc, nvalid - r0);
+            scales.init(p2, nbase + tid, gpr * 2, 1, 0, BN * 64 + tid * 4, nvalid - tid);
+        }
+        HD void copy(u8* st, int kt, int, const u8* fb) const {
+            codes.copy(st, kt, true, fb);
+            if (sw) scales.copy(st, kt, true, fb);
+        }
+    };
+    static HD u32 pair(u32 w, int j) {
+        return pack_bf16x2((float)(int)(signed char)(w >> (16 * j)), (float)(int)(signed char)(w >> (16 * j + 8)));
+    }
+    static HD uint2 fetch(const u8* st, int r, int c) { return *reinterpret_cast<const uint2*>(st + r * 64 + 8 * c); }
+    static HD uint4 make(uint2 v, int) { return make4(pair(v.x, 0), pair(v.x, 1), pair(v.y, 0), pair(v.y, 1)); }
+    static HD float gscale(const u8* st, int r, int g, int) {
+        const u32 w = *reinterpret_cast<const u32*>(st + BN * 64 + r * 4);
+        return hd_f16_to_f((u16)(w >> (16 * g)));
+    }
+    static HD float row_scale(const u8*, const u8*, long long) { return 1.f; }
+};
+
+// ---- activations -------------------------------------------------------------------------------------------
+// bf16: chunk (r, c) of the A tile straight from x (rows >= mvalid and k >= K zero-filled).
+// float: the chunk's first 4 floats land in the hi tile's slot of (r, c), the last 4 in the lo tile's slot; split()
+// then rewrites the two slots in place as hi = bf16(x), lo = bf16(x - hi) (only the thread that splits a chunk
+// touches its slots, so no barrier is needed between the read and the write).
+template <typename T> struct Act;
+template <> struct Act<bf16> {
+    static constexpr bool SPLIT = false;
+    static constexpr int BYTES = GS_BM * 128;
+    struct Loader {  // row tid / 8 + 32 i, chunk tid % 8
+        Stream<GS_BM / 32, 16, 128, 4096> s;
+        int kc;
+        HD Loader(const bf16* x, long long ldx, int mvalid, int tid) {
+            const int r0 = tid >> 3, c = tid & 7;
+            kc = 8 * c;
+            s.init(x, r0, 2 * ldx, 32, 16 * c, sw128(r0, c), mvalid - r0);
+        }
+        HD void copy(u8* st, int kt, int K, const void* fb) const { s.copy(st, kt, kt * GS_BK + kc < K, fb); }
+    };
+    static HD void split(u8*, int) {}
+};
+template <> struct Act<float> {
+    static constexpr bool SPLIT = true;
+    static constexpr int BYTES = 2 * GS_BM * 128;  // hi tile, then lo tile
+    struct Loader {  // row tid / 16 + 16 i, chunk (tid / 2) % 8, half tid % 2
+        Stream<GS_BM / 16, 16, 256, 2048> s;
+        int kc;
+        HD Loader(const float* x, long long ldx, int mvalid, int tid) {
+            const int r0 = tid >> 4, c = (tid >> 1) & 7, h = tid & 1;
+            kc = 8 * c;
+            s.init(x, r0, 4 * ldx, 16, 32 * c + 16 * h, h * GS_BM * 128 + sw128(r0, c), mvalid - r0);
+        }
+        HD void copy(u8* st, int kt, int K, const void* fb) const { s.copy(st, kt, kt * GS_BK + kc < K, fb); }
+    };
+    static HD void split(u8* st, int tid) {
+        const int d0 = sw128(tid >> 3, tid & 7);  // chunk tid + 256 i: row tid / 8 + 32 i, same swizzle phase
+#pragma unroll
+        for (int i = 0; i < GS_BM * 8 / GS_THREADS; ++i) {
+            uint4* ph = reinterpret_cast<uint4*>(st + d0 + 4096 * i);
+            uint4* pl = reinterpret_cast<uint4*>(st + GS_BM * 128 + d0 + 4096 * i);
+            const uint4 a = *ph, b = *pl;
+            const float x[8] = {f32_from_bits(a.x), f32_from_bits(a.y), f32_from_bits(a.z), f32_from_bits(a.w),
+                                f32_from_bits(b.x), f32_from_bits(b.y), f32_from_bits(b.z), f32_from_bits(b.w)};
+            u32 hi[4], lo[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                hi[j] = pack_bf16x2(x[2 * j], x[2 * j + 1]);
+                lo[j] = pack_bf16x2(x[2 * j] - bf16_val(hi[j] & 0xffffu), x[2 * j + 1] - bf16_val(hi[j] >> 16));
+            }
+            *ph = make4(hi[0], hi[1], hi[2], hi[3]);
+            *pl = make4(lo[0], lo[1], lo[2], lo[3]);
+        }
+    }
+};
+
+// ---- tile bookkeeping shared by the kernel and the host test ---------------------------------------------------
+// Weight tile kt of format D, raw stage -> swizzled bf16 operand tile (non-DIRECT formats): chunk q = tid + 256 i
+// is row q / 8, k 8 (q % 8) .. +7; a warp reads 4 whole raw rows and writes 4 whole 128-byte operand rows.
+// All raw reads first, then the conversions and stores: the stores go to another buffer than the reads, which the
+// compiler cannot prove, so interleaved it would wait for each read's latency in turn.
+template <typename D> HD void convert_tile(const u8* raw, u8* dst, int kt, int tid) {
+    constexpr int NI = D::BN * 8 / GS_THREADS;
+    static_assert(D::BN * 8 % GS_THREADS == 0, "whole chunks per thread");
+    const int r0 = tid >> 3, c = tid & 7, d0 = sw128(r0, c);  // sw128(r0 + 32 i, c) = d0 + 4096 i
+    uint2 v[NI];
+#pragma unroll
+    for (int i = 0; i < NI; ++i) v[i] = D::fetch(raw, r0 + 32 * i, c);
+#pragma unroll
+    for (int i = 0; i < NI; ++i) *reinterpret_cast<uint4*>(dst + d0 + 4096 * i) = D::make(v[i], kt);
+}
+
+// Accumulator register i of thread tid (m64nN wgmma per warpgroup, warpgroup tid / 128 owning rows 64 wg ..):
+// the tile row and column it holds.
+HD void frag_rc(int tid, int i, int& r, int& c) {
+    const int lane = tid & 31;
+    r = (tid >> 7) * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2) + 8 * ((i >> 1) & 1);
+    c = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+}
+
+// CTA b of the 1-D grid -> (row tile, column tile): groups of GS_GROUP_M row tiles walk the column tiles together,
+// so a weight tile is read by GS_GROUP_M row tiles while it is in L2. Every tile exactly once for b < tm * tn.
+#define GS_GROUP_M 8
+HD void gs_raster(int b, int tm, int tn, int& mt, int& nt) {
+    const int per = GS_GROUP_M * tn, first = b / per * GS_GROUP_M;
+    const int gs = tm - first < GS_GROUP_M ? tm - first : GS_GROUP_M;
+    mt = first + (b % per) % gs, nt = (b % per) / gs;
+}
