@@ -9,7 +9,8 @@
 # Installs only what the image lacks (pytest and msgspec wheels from .whl-cuda/, carried by the caller).
 # CuPy's kernel cache travels between calls: .cupy-cache.tgz (carried, if present) is unpacked first and the cache
 # is packed again into $OUT/cupy-cache.tgz at the end, which saves the cold NVRTC compile (~80 s) next time.
-# Env: COMMIT (recorded with the results), PYTEST_K (-k filter), TEST_TIMEOUT, PERF_TIMEOUT, BENCHES, PERF_ARGS.
+# Env: COMMIT (recorded with the results; pass it from the machine holding the repository: a copied checkout's
+# git may report a stale HEAD), PYTEST_K (-k filter), TEST_TIMEOUT, PERF_TIMEOUT, BENCHES, PERF_ARGS.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
