@@ -66,6 +66,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     )
     pages = -(-(longest + 64) // 16)
     net.allocate(num_slots=16, num_pages=pages * 10, page_size=16, max_context=longest + 64)
+    net.warm_prefill()
     res: dict[str, Any] = {"model": MODELS[key], "profile": args.profile, "activations": args.activations}
     res["sizes"] = model_bytes(net)
     res["build_s"] = time.perf_counter() - t0

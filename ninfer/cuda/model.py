@@ -254,6 +254,20 @@ class CudaQwen36:
             )
         cupy.cuda.Device().synchronize()
 
+    def warm_prefill(self) -> None:
+        """Run one short prefill over the scratch slot and page (allocate() first), so the kernels CuPy builds
+        lazily for the prefill path (the MoE slot sort and tile table: argsort, searchsorted, cumsum, take) compile
+        at start-up, not in the first request (measured: a cold first 35B-A3B prefill of 1K tokens took 1.5 s instead
+        of 0.14 s)."""
+        assert self.pool is not None, "allocate() first"
+        slot, page = self.scratch
+        n = min(self.pool[2], 16)  # one page; more than 8 rows, so the prefill (GEMM) path
+        self.zero_slot(slot)
+        self.run([(slot, 0, n, [page])], np.zeros(n, np.int64))
+        self.logits_dev(np.zeros((1, self.cfg.hidden_size), F32))
+        self.zero_slot(slot)
+        self.stream.synchronize()
+
     def make_runner(self, model_config: ModelConfig, engine_config: Any) -> Any:
         """The engine's runner over this network (``CudaModelRunner``): the hook the engine calls."""
         from ninfer.cuda.runner import CudaModelRunner

@@ -63,6 +63,8 @@ class CudaModelRunner:
         self._len = [0] * lanes
         self._free_ckpt = list(range(lanes + n_ckpt - 1, lanes - 1, -1))
         self._ckpts: dict[int, tuple[int, int]] = {}  # checkpoint id -> (slot, length)
+        if capture:
+            net.warm_prefill()  # CuPy's lazily built prefill kernels compile now, not in the first request
         if capture and net.cuda_graph:
             self.capture_graphs()
 
