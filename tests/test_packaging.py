@@ -88,3 +88,14 @@ def test_wheel_install_reads_every_kernel_source(tmp_path: Path) -> None:
     assert got["sizes"] == {s: len(source_text(s)) for s in all_sources()}
     assert got["template"] > 0
 
+
+def test_serve_reports_why_it_cannot_be_imported(monkeypatch, capsys) -> None:
+    """A broken install (here: ninfer.api.serve fails to import) still lists `serve` and says what is wrong."""
+    from ninfer import cli
+
+    monkeypatch.setitem(sys.modules, "ninfer.api.serve", None)  # import raises ModuleNotFoundError
+    assert "serve" in cli._parser().format_help()
+    assert cli.main(["serve", "build/demo.ninfer", "--port", "9"]) == 2
+    err = capsys.readouterr().err
+    assert "ninfer serve: error: the HTTP server cannot be imported" in err
+    assert "ninfer.api.serve" in err
