@@ -14,6 +14,8 @@ from ninfer.actors.engine_actor import start_actor
 from ninfer.actors.messages import ActorInfo, ActorSpec
 
 from ninfer.artifact import open_artifact
+from ninfer.artifact.upstream import is_upstream_v1
+from ninfer.model import CUDA_ARCHITECTURES
 
 from .app import build_app
 from .auth import KeyFileError, KeyRing, load_key_file
@@ -22,22 +24,35 @@ from .openai_chat import ChatLimits
 from .reqlog import RequestLog, RequestLogError
 from .service import Service
 
-__all__ = ["serve", "resolve_backend", "actor_spec"]
+__all__ = ["serve", "resolve_backend", "visible_gpus", "actor_spec"]
 
 
 def _log(msg: str) -> None:
     print(f"ninfer serve: {msg}", file=sys.stderr, flush=True)
 
 
-def resolve_backend(backend: str) -> str:
-    if backend != "auto":
-        return backend
+def visible_gpus() -> int:
+    """CUDA devices cupy sees (0 without cupy, a driver or a device)."""
     try:
         import cupy  # noqa: PLC0415
 
-        return "cuda" if cupy.cuda.runtime.getDeviceCount() > 0 else "reference"
-    except Exception:  # no cupy, no driver, no device: all mean the NumPy reference
-        return "reference"
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no cupy, no driver, no device: all mean no GPU
+        return 0
+
+
+def resolve_backend(backend: str, arch: str | None, *, gpus: int | None = None) -> tuple[str, str]:
+    """The backend to run and why. ``auto`` is cuda when a GPU is visible (``gpus``, default: ask cupy) and the
+    CUDA backend has a target for the artifact's architecture ``arch`` (None: an upstream v1 file, which only the
+    reference loads); the NumPy reference otherwise. An explicit backend is kept as it is."""
+    if backend != "auto":
+        return backend, f"--backend {backend}"
+    if (visible_gpus() if gpus is None else gpus) < 1:
+        return "reference", "no GPU visible"
+    if arch not in CUDA_ARCHITECTURES:
+        what = "upstream v1 artifacts" if arch is None else f"architecture {arch!r}"
+        return "reference", f"a GPU is visible, but the CUDA backend has no target for {what} yet"
+    return "cuda", "a GPU is visible"
 
 
 def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
@@ -146,11 +161,14 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
         _log(f"error: {e}")
         return 2
     try:  # a clear message now rather than a failed actor creation later
-        open_artifact(cfg.artifact, verify="manifest")
+        v1 = is_upstream_v1(cfg.artifact)
+        arch = None if v1 else open_artifact(cfg.artifact, verify="manifest").model_config.arch
     except (ValueError, OSError) as e:
         _log(f"error: {e}")
         return 2
-    spec = actor_spec(cfg, resolve_backend(cfg.backend))
+    backend, why = resolve_backend(cfg.backend, arch)
+    _log(f"backend: {backend} ({why})")
+    spec = actor_spec(cfg, backend)
     _start_ray(cfg)
     handle = None
     try:

@@ -1,0 +1,26 @@
+"""`ninfer serve` options that decide how the server starts: the backend `auto` picks."""
+
+from __future__ import annotations
+
+import pytest
+from ninfer.api._runner import resolve_backend
+
+
+@pytest.mark.parametrize(
+    ("backend", "arch", "gpus", "want"),
+    [
+        ("auto", "qwen3_5", 1, "cuda"),
+        ("auto", "qwen3_5_moe", 2, "cuda"),
+        ("auto", "qwen3_5", 0, "reference"),
+        ("auto", "qwen4_exp", 1, "reference"),  # Flash-Next: no CUDA target yet
+        ("auto", None, 1, "reference"),  # an upstream v1 file: the CUDA backend does not load those
+        ("reference", "qwen3_5", 1, "reference"),
+        ("cuda", "qwen4_exp", 1, "cuda"),  # asked for explicitly: kept, and the load says why it cannot
+    ],
+)
+def test_backend_choice(backend: str, arch: str | None, gpus: int, want: str) -> None:
+    got, why = resolve_backend(backend, arch, gpus=gpus)
+    assert got == want, why
+    if backend == "auto" and gpus and want == "reference":
+        assert "no target" in why and ("qwen4_exp" in why or "v1" in why)
+
