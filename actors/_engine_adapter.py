@@ -89,10 +89,15 @@ class Loaded:
 
 
 def open_engine(spec: ActorSpec) -> Loaded:
+    art = open_artifact(spec.artifact, verify="manifest")  # resources only; the engine holds the weights
+    if not art.shape_registered and not spec.allow_unregistered_shape:
+        raise ValueError(
+            f"{spec.artifact}: the artifact's shape is not a registered {art.model_id} shape; "
+            "serve it with --allow-unregistered-shape (ActorSpec.allow_unregistered_shape)"
+        )
     engine = Engine.open(
         spec.artifact, backend=spec.backend, backend_options=spec.backend_options, **spec.engine
     )
-    art = open_artifact(spec.artifact, verify="manifest")  # resources only; the engine holds the weights
     tok = engine.tokenizer
     if tok is None:
         raise ValueError(f"{spec.artifact}: the artifact has no tokenizer; the server needs one")

@@ -169,3 +169,5 @@ class ActorSpec(msgspec.Struct, frozen=True, kw_only=True):
     template_defaults: dict[str, Any] = {}  # chat-template kwargs every request starts from
     stream_interval_s: float = 0.05  # least time between two streamed items of one request (0: per wake-up)
     blas_threads: int = 0  # BLAS/OpenMP threads for the reference backend (0: the node's CPU count)
+    # load an artifact whose shape is not a registered one (tiny test models: --allow-unregistered-shape)
+    allow_unregistered_shape: bool = False

@@ -79,6 +79,7 @@ def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
         template_defaults=template,
         stream_interval_s=cfg.stream_interval_ms / 1000,
         blas_threads=_blas_threads(),
+        allow_unregistered_shape=cfg.allow_unregistered_shape,
     )
 
 

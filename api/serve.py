@@ -62,7 +62,11 @@ def register(subparsers: Any) -> None:
         "--detached", action="store_true", help="the actor outlives this process (Python jobs keep it)"
     )
     p.add_argument("--actor-name", default="ninfer-engine")
-    p.add_argument("--allow-unregistered-shape", action="store_true")
+    p.add_argument(
+        "--allow-unregistered-shape",
+        action="store_true",
+        help="serve an artifact whose shape is not a registered one (tiny test models)",
+    )
     p.add_argument(
         "--stream-interval-ms",
         type=float,

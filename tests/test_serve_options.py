@@ -1,9 +1,13 @@
-"""`ninfer serve` options that decide how the server starts: the backend `auto` picks."""
+"""`ninfer serve` options that decide how the server starts: the backend `auto` picks and
+`--allow-unregistered-shape` reaching the actor."""
 
 from __future__ import annotations
 
 import pytest
-from ninfer.api._runner import resolve_backend
+from ninfer.api._runner import actor_spec, resolve_backend
+from ninfer.api.serve import config_from_args
+
+from ninfer.cli import _parser
 
 
 @pytest.mark.parametrize(
@@ -24,3 +28,9 @@ def test_backend_choice(backend: str, arch: str | None, gpus: int, want: str) ->
     if backend == "auto" and gpus and want == "reference":
         assert "no target" in why and ("qwen4_exp" in why or "v1" in why)
 
+
+def test_allow_unregistered_shape_reaches_the_actor() -> None:
+    a = _parser().parse_args(["serve", "a.ninfer", "--allow-unregistered-shape"])
+    assert actor_spec(config_from_args(a), "reference").allow_unregistered_shape is True
+    b = _parser().parse_args(["serve", "a.ninfer"])
+    assert actor_spec(config_from_args(b), "reference").allow_unregistered_shape is False
