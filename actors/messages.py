@@ -139,6 +139,7 @@ class ActorStats(msgspec.Struct, frozen=True, kw_only=True):
     open_streams: int
     engine_failures: int
     uptime_s: float
+    internal_errors: int = 0  # requests the actor itself failed (500 internal_error), logged in its process
     engine: dict[str, float] = {}  # the engine's own counters and gauges, flattened to numbers
 
 

@@ -147,6 +147,7 @@ class Metrics:
             ("queue_len", "ninfer_queue_length", "requests waiting for a lane"),
             ("queue_depth", "ninfer_queue_depth", "admission queue capacity"),
             ("engine_failures", "ninfer_engine_failures_total", "engine step failures"),
+            ("internal_errors", "ninfer_actor_internal_errors_total", "requests the actor failed itself"),
         ):
             if actor is not None and key in actor:
                 kind = "counter" if name.endswith("_total") else "gauge"
