@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -154,7 +155,19 @@ def _server_start_record(
     }
 
 
+def _setup_logging() -> None:
+    """The API's own log lines (5xx answers) on stderr beside the ``ninfer serve:`` ones."""
+    log = logging.getLogger("ninfer.api")
+    if not log.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("ninfer serve: %(levelname)s %(message)s"))
+        log.addHandler(h)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def serve(cfg: ServerConfig, argv: list[str]) -> int:
+    _setup_logging()
     try:
         keyring = load_key_file(cfg.api_key_file) if cfg.api_key_file else None
         reqlog = RequestLog(cfg.request_log_jsonl, artifact=cfg.artifact) if cfg.request_log_jsonl else None

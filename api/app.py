@@ -19,7 +19,7 @@ from .gate import Gate
 from .models import HealthStatus, ModelList, ModelObject
 from .routes_chat import handle_chat
 from .routes_protocols import handle_count_tokens, handle_messages, handle_responses
-from .service import Service, json_response, service
+from .service import Service, endpoint_name, json_response, service
 
 __all__ = ["build_app"]
 
@@ -87,7 +87,9 @@ async def responses(request: Request[Any, Any, Any]) -> Any:
     return await handle_responses(request, service(request))
 
 
-def _api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
+def _api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
+    if exc.status >= 500:
+        service(request).server_error(endpoint_name(request.url.path), exc)
     return Response(
         error_json(exc), status_code=exc.status, media_type="application/json", headers=exc.headers()
     )
@@ -99,8 +101,10 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
 
 
 def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    """An exception no handler expected: a 500 in the protocol's shape, logged with its traceback."""
     err = error_class(request.url.path)(500, f"internal error: {type(exc).__name__}", code="internal_error")
-    return _api_error(request, err)
+    service(request).server_error(endpoint_name(request.url.path), err, exc)
+    return Response(error_json(err), status_code=500, media_type="application/json")
 
 
 def build_app(svc: Service, keyring: KeyRing | None) -> Gate:

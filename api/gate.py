@@ -1,7 +1,8 @@
 """The ASGI gate in front of the Litestar app: CORS preflight, API-key check and the body-size cap.
 
 It runs before routing (as upstream does), so an unknown path without a key is a 401, not a 404, and an
-oversized body is refused before anything parses it.
+oversized body is refused before anything parses it. Every refusal uses the error shape of its path (Anthropic's
+under ``/v1/messages``, OpenAI's elsewhere), including a 413 found only while a chunked body is being read.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from .errors import ApiError, error_json
 
 __all__ = ["Gate", "KEY_NAME_SCOPE"]
 
-KEY_NAME_SCOPE = "ninfer.key_name"  # scope key: the name of the API key that authenticated the request
+KEY_NAME_SCOPE = "ninfer.key_name"  # scope key: who the API key that authenticated the request belongs to
 _CORS = [
     (b"access-control-allow-origin", b"*"),
     (
@@ -44,23 +45,22 @@ class Gate:
                 return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.keyring is not None and self.keyring.enabled and scope["path"] not in _OPEN_PATHS:
-            ok, name = self.keyring.check(extract_key(headers))
-            if not ok:
+            who = self.keyring.identify(extract_key(headers))
+            if who is None:
                 await _reply(send, _error(scope, 401, "missing or invalid API key", "invalid_api_key"))
                 return
-            scope[KEY_NAME_SCOPE] = name
+            scope[KEY_NAME_SCOPE] = who
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body_bytes:
-            big = self._too_large()
-            await _reply(send, _error(scope, 413, big.message, big.code))
+            await _reply(send, self._too_large(scope))
             return
-        await self.app(scope, self._counting(receive), send)
+        await self.app(scope, self._counting(scope, receive), send)
 
-    def _too_large(self) -> ApiError:
+    def _too_large(self, scope: dict[str, Any]) -> ApiError:
         mib = self.max_body_bytes >> 20
-        return ApiError(413, f"request body exceeds the {mib} MiB limit", code="request_too_large")
+        return _error(scope, 413, f"request body exceeds the {mib} MiB limit", "request_too_large")
 
-    def _counting(self, receive: Any) -> Any:
+    def _counting(self, scope: dict[str, Any], receive: Any) -> Any:
         """A receive that raises 413 once a chunked body passes the cap (Content-Length was absent or lied)."""
         seen = 0
 
@@ -70,7 +70,7 @@ class Gate:
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.max_body_bytes:
-                    raise self._too_large()
+                    raise self._too_large(scope)
             return msg
 
         return counted

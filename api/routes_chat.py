@@ -13,8 +13,8 @@ from .errors import ApiError
 from .openai_chat import parse_chat_request, to_generate_request
 from .openai_chat_output import ChatStream, completion_body, new_completion_id
 from .protocol import parse_output
-from .routes_common import admit, collect, output_mode, request_record, sse
-from .service import Service, client_name, json_response
+from .routes_common import admit, collect, output_mode, read_body, request_record, sse
+from .service import Service, client_claim, client_name, json_response
 
 __all__ = ["handle_chat", "SSE_HEADERS"]
 
@@ -23,9 +23,9 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 async def handle_chat(request: Request[Any, Any, Any], svc: Service) -> Any:
     t0 = time.perf_counter()
-    req = parse_chat_request(await request.body(), svc.limits)
+    req = parse_chat_request(await read_body(request, ApiError), svc.limits)
     rid = new_completion_id()
-    greq = to_generate_request(req, svc.limits, rid, client_name(request, req.user), svc.template_defaults)
+    greq = to_generate_request(req, svc.limits, rid, client_name(request), svc.template_defaults)
     record = request_record(
         greq,
         protocol="openai_chat_completions",
@@ -33,6 +33,7 @@ async def handle_chat(request: Request[Any, Any, Any], svc: Service) -> Any:
         stream=req.stream,
         messages=len(req.messages),
         client_max=bool(req.max_completion_tokens or req.max_tokens),
+        claim=client_claim(request, req.user),
     )
     track, events = await admit(svc, greq, record, "chat_completions", t0, ApiError)
     created = int(time.time())

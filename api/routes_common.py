@@ -18,13 +18,32 @@ from litestar import Request
 from ninfer.actors.messages import Accepted, Delta, Failed, Finished, GenerateRequest, StreamEvent
 
 from .errors import ApiError
+from .limits import MAX_JSON_DEPTH, json_depth, value_depth
 from .service import Service
 
-__all__ = ["Tracker", "StreamBuilder", "admit", "collect", "sse", "request_record", "failure", "output_mode"]
+__all__ = [
+    "Tracker",
+    "StreamBuilder",
+    "admit",
+    "collect",
+    "sse",
+    "request_record",
+    "failure",
+    "output_mode",
+    "read_body",
+    "check_depth",
+]
 
 
 def request_record(
-    greq: GenerateRequest, *, protocol: str, model: str, stream: bool, messages: int, client_max: bool
+    greq: GenerateRequest,
+    *,
+    protocol: str,
+    model: str,
+    stream: bool,
+    messages: int,
+    client_max: bool,
+    claim: str | None = None,
 ) -> dict[str, Any]:
     s = greq.sampling
     tools = greq.tools or ()
@@ -35,7 +54,8 @@ def request_record(
         "model": model,
         "stream": stream,
         "message_count": messages,
-        "client": greq.client,
+        "client": greq.client,  # who the server knows sent it (API key name, else the peer address)
+        "client_claim": claim,  # who the request says it is (user field / X-Client-Name), unverified
         "requested_output_tokens": s.max_tokens,
         "requested_output_tokens_source": "client" if client_max else "server_default",
         "tool_count": len(tools),
@@ -62,6 +82,12 @@ class Tracker:
         self.ttft: float | None = None
         self.record = {"request_id": svc.next_request_id(), **record}
         self.tool_calls = 0
+        self.completion_tokens = 0  # generated so far (what a cancelled request logs)
+
+    def delta(self, ev: Delta) -> None:
+        self.completion_tokens += len(ev.token_ids)
+        if ev.text:
+            self.first_token()
 
     def first_token(self) -> None:
         if self.ttft is None:
@@ -109,17 +135,27 @@ class Tracker:
         )
 
     def failed(self, message: str, outcome: str) -> None:
+        """Logged with what the request got before it ended: its tokens so far and the API's timings."""
         if self.done:
             return
         self.done = True
         self.svc.metrics.count_request(self.endpoint, outcome)
-        self._log("request_error", request=self.record, error={"message": message, "outcome": outcome})
+        self._log(
+            "request_error",
+            request=self.record,
+            error={"message": message, "outcome": outcome},
+            result={
+                "prompt_tokens": self.record.get("prompt_tokens"),
+                "completion_tokens": self.completion_tokens,
+            },
+            timings_seconds={"ttft": self.ttft, "total": time.perf_counter() - self.t0},
+        )
 
-    def abandon(self) -> None:
-        """The client went away (or the handler failed) before the engine finished: free the lane now."""
+    def abandon(self, message: str = "client disconnected", outcome: str = "cancelled") -> None:
+        """The client went away or the handler failed before the engine finished: free the lane now."""
         if not self.done:
             self.svc.backend.cancel(self.greq.request_id)
-            self.failed("client disconnected", "cancelled")
+            self.failed(message, outcome)
 
     def _log(self, event: str, **fields: Any) -> None:
         if self.svc.reqlog is not None:
@@ -134,6 +170,7 @@ async def admit(
     svc: Service, greq: GenerateRequest, record: dict[str, Any], endpoint: str, t0: float, err: type[ApiError]
 ) -> tuple[Tracker, AsyncIterator[StreamEvent]]:
     """Submit and wait for the actor's first event: Accepted, or a refusal raised as ``err``."""
+    check_depth(greq, err)
     events = svc.backend.generate(greq)
     first = await anext(events, None)
     if not isinstance(first, Accepted):
@@ -153,8 +190,7 @@ async def _collect(
     parts: list[str] = []
     async for ev in events:
         if isinstance(ev, Delta):
-            if ev.text:
-                track.first_token()
+            track.delta(ev)
             parts.append(ev.text)
         elif isinstance(ev, Finished):
             track.finished(ev)
@@ -199,16 +235,18 @@ class StreamBuilder(Protocol):
 async def sse(
     b: StreamBuilder, events: AsyncIterator[StreamEvent], track: Tracker, err: type[ApiError]
 ) -> AsyncIterator[bytes]:
-    """Runs inside Litestar's Stream; a client disconnect cancels this task, and ``finally`` frees the lane."""
+    """Runs inside Litestar's Stream; a client disconnect cancels this task, and ``finally`` frees the lane. Any
+    error after the start (the engine's, a bug here) ends the stream with one error event in the protocol's
+    shape; the 5xx among them are logged and counted."""
+    svc, endpoint = track.svc, track.endpoint
     try:
         yield b.start()
         async for ev in events:
             if isinstance(ev, Delta):
-                if ev.text:
-                    track.first_token()
-                    out = b.text(ev.text)
-                    if out:
-                        yield out
+                track.delta(ev)
+                out = b.text(ev.text) if ev.text else b""
+                if out:
+                    yield out
             elif isinstance(ev, Finished):
                 out = b.finish(ev)
                 track.tool_calls = getattr(b, "tool_calls", 0)
@@ -217,9 +255,43 @@ async def sse(
                 return
             elif isinstance(ev, Failed):
                 track.failed(ev.message, "error")
-                yield b.error(failure(ev, err))
+                e = failure(ev, err)
+                if e.status >= 500:
+                    svc.server_error(endpoint, e)
+                yield b.error(e)
                 return
-        track.failed("the engine stream ended without a finish event", "error")
-        yield b.error(err(500, "the engine stream ended without a finish event", code="internal_error"))
+        e = err(500, "the engine stream ended without a finish event", code="internal_error")
+        track.failed(e.message, "error")
+        svc.server_error(endpoint, e)
+        yield b.error(e)
+    except (
+        Exception
+    ) as exc:  # a bug while streaming: the client still gets an error event, the log the traceback
+        e = err(500, f"internal error: {type(exc).__name__}", code="internal_error")
+        track.abandon(e.message, "error")
+        svc.server_error(endpoint, e, exc)
+        yield b.error(e)
     finally:
         track.abandon()
+
+
+def check_depth(greq: GenerateRequest, err: type[ApiError]) -> None:
+    """The engine request nests no deeper than the body may (JSON parsed out of strings, such as tool-call
+    arguments, included): deeper ones fail Ray's pickling and the chat template."""
+    depth = value_depth((greq.messages, greq.tools, greq.template_kwargs), MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
+        raise err(400, f"the request nests more than {MAX_JSON_DEPTH} levels deep", code="nesting_too_deep")
+
+
+async def read_body(request: Request[Any, Any, Any], err: type[ApiError]) -> bytes:
+    """The request body, refused (400 ``nesting_too_deep``) when its JSON nests deeper than MAX_JSON_DEPTH:
+    deeper values break the JSON decoder, the template and Ray's pickling with a RecursionError."""
+    body = await request.body()
+    depth = json_depth(body, MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
+        raise err(
+            400,
+            f"request JSON nests {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted",
+            code="nesting_too_deep",
+        )
+    return body
