@@ -21,6 +21,7 @@ from ninfer.model import CUDA_ARCHITECTURES
 from .app import build_app
 from .auth import KeyFileError, KeyRing, load_key_file
 from .config import ServerConfig
+from .http_guard import guarded_protocol
 from .openai_chat import ChatLimits
 from .reqlog import RequestLog, RequestLogError
 from .service import Service
@@ -155,8 +156,23 @@ def _server_start_record(
     }
 
 
+def _http_server(cfg: ServerConfig, app: Any) -> uvicorn.Server:
+    """uvicorn with the connection guard (head deadline, connection cap) and its keep-alive timeout."""
+    config = uvicorn.Config(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        http=guarded_protocol(cfg.header_timeout_s, cfg.max_connections),
+        timeout_keep_alive=cfg.keep_alive_timeout_s,  # type: ignore[arg-type] - a float works
+        log_level="warning",
+        timeout_graceful_shutdown=3,
+        lifespan="on",
+    )
+    return uvicorn.Server(config)
+
+
 def _setup_logging() -> None:
-    """The API's own log lines (5xx answers) on stderr beside the ``ninfer serve:`` ones."""
+    """The API's own log lines (5xx, refused connections) on stderr beside the ``ninfer serve:`` ones."""
     log = logging.getLogger("ninfer.api")
     if not log.handlers:
         h = logging.StreamHandler(sys.stderr)
@@ -201,17 +217,7 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
         )
         if reqlog is not None:
             reqlog.write("server_start", **_server_start_record(cfg, info, keyring, argv))
-        app = build_app(svc, keyring)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=cfg.host,
-                port=cfg.port,
-                log_level="warning",
-                timeout_graceful_shutdown=3,
-                lifespan="on",
-            )
-        )
+        server = _http_server(cfg, build_app(svc, keyring))
         auth = f"bearer ({len(keyring)} keys)" if keyring else "disabled"
         _log(f"listening on http://{cfg.host}:{cfg.port} (model id: {info.model_id}, auth: {auth})")
         try:

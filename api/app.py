@@ -124,4 +124,11 @@ def build_app(svc: Service, keyring: KeyRing | None) -> Gate:
         debug=False,
     )
     app.state.service = svc
-    return Gate(app, keyring=keyring, max_body_bytes=svc.config.max_request_bytes, cors=svc.config.cors)
+    cfg = svc.config
+    return Gate(
+        app,
+        keyring=keyring,
+        max_body_bytes=cfg.max_request_bytes,
+        cors=cfg.cors,
+        body_timeout_s=cfg.body_timeout_s,
+    )

@@ -1,4 +1,5 @@
-"""The ASGI gate in front of the Litestar app: CORS preflight, API-key check and the body-size cap.
+"""The ASGI gate in front of the Litestar app: CORS preflight, API-key check, the body-size cap and the body read
+timeout.
 
 It runs before routing (as upstream does), so an unknown path without a key is a 401, not a 404, and an
 oversized body is refused before anything parses it. Every refusal uses the error shape of its path (Anthropic's
@@ -7,6 +8,7 @@ under ``/v1/messages``, OpenAI's elsewhere), including a 413 found only while a 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from .auth import KeyRing, extract_key
@@ -27,11 +29,20 @@ _OPEN_PATHS = frozenset({"/health"})
 
 
 class Gate:
-    def __init__(self, app: Any, *, keyring: KeyRing | None, max_body_bytes: int, cors: bool) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        keyring: KeyRing | None,
+        max_body_bytes: int,
+        cors: bool,
+        body_timeout_s: float | None = None,
+    ) -> None:
         self.app = app
         self.keyring = keyring
         self.max_body_bytes = max_body_bytes
         self.cors = cors
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -54,26 +65,37 @@ class Gate:
         if length.isdigit() and int(length) > self.max_body_bytes:
             await _reply(send, self._too_large(scope))
             return
-        await self.app(scope, self._counting(scope, receive), send)
+        await self.app(scope, self._reading(scope, receive), send)
 
     def _too_large(self, scope: dict[str, Any]) -> ApiError:
         mib = self.max_body_bytes >> 20
         return _error(scope, 413, f"request body exceeds the {mib} MiB limit", "request_too_large")
 
-    def _counting(self, scope: dict[str, Any], receive: Any) -> Any:
-        """A receive that raises 413 once a chunked body passes the cap (Content-Length was absent or lied)."""
+    def _reading(self, scope: dict[str, Any], receive: Any) -> Any:
+        """A receive that raises 413 once a chunked body passes the cap (Content-Length was absent or lied) and
+        408 when the next piece of the body takes longer than the body timeout."""
         seen = 0
+        body_done = False
 
-        async def counted() -> dict[str, Any]:
-            nonlocal seen
-            msg = await receive()
+        async def guarded() -> dict[str, Any]:
+            nonlocal seen, body_done
+            if body_done or self.body_timeout_s is None:
+                msg = await receive()  # after the body only the disconnect is left to wait for
+            else:
+                try:
+                    msg = await asyncio.wait_for(receive(), self.body_timeout_s)
+                except TimeoutError:
+                    raise _error(
+                        scope, 408, f"no request body data for {self.body_timeout_s:g} s", "request_timeout"
+                    ) from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
+                body_done = not msg.get("more_body", False)
                 if seen > self.max_body_bytes:
                     raise self._too_large(scope)
             return msg
 
-        return counted
+        return guarded
 
     @staticmethod
     def _with_cors(send: Any) -> Any:

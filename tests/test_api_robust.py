@@ -74,7 +74,7 @@ def _fin() -> Finished:
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    cfg = ServerConfig(artifact="a.ninfer", max_request_mib=1)
+    cfg = ServerConfig(artifact="a.ninfer", max_request_mib=1, body_timeout_s=0.3)
     backend = Scripted()
     log = RequestLog(tmp_path / "req.jsonl")
     svc = Service(config=cfg, backend=backend, limits=ChatLimits(MODEL, 4096, 16), reqlog=log)  # fmt: skip
@@ -237,6 +237,17 @@ def test_chunked_body_over_the_cap_answers_in_the_paths_shape(env) -> None:
     assert a.json()["type"] == "error" and a.json()["error"]["type"] == "request_too_large"
     o = call(env, "POST", "/v1/chat/completions", content=_chunks(2 << 20))
     assert o.status_code == 413 and o.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_stalled_body_is_a_408(env) -> None:
+    async def stalled() -> AsyncIterator[bytes]:
+        yield b'{"model": "'
+        await asyncio.sleep(2)
+        yield b'x"}'
+
+    r = call(env, "POST", "/v1/messages", content=stalled())
+    assert r.status_code == 408 and r.json()["error"]["type"] == "invalid_request_error"
+    assert "no request body data" in r.json()["error"]["message"]
 
 
 # ---- attribution ------------------------------------------------------------------------------------------
