@@ -21,6 +21,7 @@ from ninfer.model import CUDA_ARCHITECTURES
 from .app import build_app
 from .auth import KeyFileError, KeyRing, load_key_file
 from .config import ServerConfig
+from .drain import Drain, DrainingServer
 from .http_guard import guarded_protocol
 from .openai_chat import ChatLimits
 from .reqlog import RequestLog, RequestLogError
@@ -156,8 +157,9 @@ def _server_start_record(
     }
 
 
-def _http_server(cfg: ServerConfig, app: Any) -> uvicorn.Server:
-    """uvicorn with the connection guard (head deadline, connection cap) and its keep-alive timeout."""
+def _http_server(cfg: ServerConfig, app: Any, drain: Drain) -> DrainingServer:
+    """uvicorn with the connection guard (head deadline, connection cap), its keep-alive timeout and the drain
+    in front of its own shutdown (which then only has to close idle connections)."""
     config = uvicorn.Config(
         app,
         host=cfg.host,
@@ -168,11 +170,11 @@ def _http_server(cfg: ServerConfig, app: Any) -> uvicorn.Server:
         timeout_graceful_shutdown=3,
         lifespan="on",
     )
-    return uvicorn.Server(config)
+    return DrainingServer(config, drain)
 
 
 def _setup_logging() -> None:
-    """The API's own log lines (5xx, refused connections) on stderr beside the ``ninfer serve:`` ones."""
+    """The API's own log lines (5xx, drain, refused connections) on stderr beside the ``ninfer serve:`` ones."""
     log = logging.getLogger("ninfer.api")
     if not log.handlers:
         h = logging.StreamHandler(sys.stderr)
@@ -214,10 +216,11 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
             limits=limits,
             reqlog=reqlog,
             template_defaults=spec.template_defaults,  # --preserve-thinking: every request starts from these
+            drain=Drain(cfg.shutdown_grace_s),
         )
         if reqlog is not None:
             reqlog.write("server_start", **_server_start_record(cfg, info, keyring, argv))
-        server = _http_server(cfg, build_app(svc, keyring))
+        server = _http_server(cfg, build_app(svc, keyring), svc.drain)
         auth = f"bearer ({len(keyring)} keys)" if keyring else "disabled"
         _log(f"listening on http://{cfg.host}:{cfg.port} (model id: {info.model_id}, auth: {auth})")
         try:

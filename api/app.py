@@ -26,8 +26,11 @@ __all__ = ["build_app"]
 
 @get("/health")
 async def health(request: Request[Any, Any, Any]) -> Response[bytes]:
+    svc = service(request)
+    if svc.drain.draining:  # shutting down: load balancers should stop sending requests here
+        return json_response(HealthStatus(status="draining", detail="shutting down"), 503)
     try:
-        h = await service(request).backend.health()
+        h = await svc.backend.health()
     except Exception as e:  # the actor is gone or not answering: not ready
         return json_response(HealthStatus(status="unavailable", detail=type(e).__name__), 503)
     if not h.ok:
@@ -131,4 +134,6 @@ def build_app(svc: Service, keyring: KeyRing | None) -> Gate:
         max_body_bytes=cfg.max_request_bytes,
         cors=cfg.cors,
         body_timeout_s=cfg.body_timeout_s,
+        drain=svc.drain,
+        on_refusal=lambda path, err: svc.server_error(endpoint_name(path), err),
     )

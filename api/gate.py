@@ -1,5 +1,5 @@
-"""The ASGI gate in front of the Litestar app: CORS preflight, API-key check, the body-size cap and the body read
-timeout.
+"""The ASGI gate in front of the Litestar app: CORS preflight, API-key check, the body-size cap, the body read
+timeout and, while the server drains for shutdown, the refusal of new requests.
 
 It runs before routing (as upstream does), so an unknown path without a key is a 401, not a 404, and an
 oversized body is refused before anything parses it. Every refusal uses the error shape of its path (Anthropic's
@@ -9,9 +9,11 @@ under ``/v1/messages``, OpenAI's elsewhere), including a 413 found only while a 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from .auth import KeyRing, extract_key
+from .drain import Drain
 from .errors import ApiError, error_json
 
 __all__ = ["Gate", "KEY_NAME_SCOPE"]
@@ -26,6 +28,9 @@ _CORS = [
     (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
 ]
 _OPEN_PATHS = frozenset({"/health"})
+_WHILE_DRAINING = frozenset({"/health", "/metrics"})  # still answered while the server drains
+
+OnRefusal = Callable[[str, ApiError], None]  # (path, error): called for every 5xx the gate answers
 
 
 class Gate:
@@ -37,12 +42,16 @@ class Gate:
         max_body_bytes: int,
         cors: bool,
         body_timeout_s: float | None = None,
+        drain: Drain | None = None,
+        on_refusal: OnRefusal | None = None,
     ) -> None:
         self.app = app
         self.keyring = keyring
         self.max_body_bytes = max_body_bytes
         self.cors = cors
         self.body_timeout_s = body_timeout_s
+        self.drain = drain
+        self.on_refusal = on_refusal
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -54,6 +63,12 @@ class Gate:
                 await send({"type": "http.response.start", "status": 204, "headers": []})
                 await send({"type": "http.response.body", "body": b""})
                 return
+        if self.drain is not None and self.drain.draining and scope["path"] not in _WHILE_DRAINING:
+            err = _error(scope, 503, "the server is shutting down", "shutting_down", retry_after=1.0)
+            if self.on_refusal is not None:
+                self.on_refusal(scope["path"], err)
+            await _reply(send, err)
+            return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.keyring is not None and self.keyring.enabled and scope["path"] not in _OPEN_PATHS:
             who = self.keyring.identify(extract_key(headers))
@@ -65,7 +80,13 @@ class Gate:
         if length.isdigit() and int(length) > self.max_body_bytes:
             await _reply(send, self._too_large(scope))
             return
-        await self.app(scope, self._reading(scope, receive), send)
+        if self.drain is not None:
+            self.drain.inflight += 1
+        try:
+            await self.app(scope, self._reading(scope, receive), send)
+        finally:
+            if self.drain is not None:
+                self.drain.inflight -= 1
 
     def _too_large(self, scope: dict[str, Any]) -> ApiError:
         mib = self.max_body_bytes >> 20
@@ -107,14 +128,17 @@ class Gate:
         return cors_send
 
 
-def _error(scope: dict[str, Any], status: int, message: str, code: str | None) -> ApiError:
+def _error(
+    scope: dict[str, Any], status: int, message: str, code: str | None, retry_after: float | None = None
+) -> ApiError:
     from .anthropic import error_class
 
-    return error_class(scope["path"])(status, message, code=code)
+    return error_class(scope["path"])(status, message, code=code, retry_after=retry_after)
 
 
 async def _reply(send: Any, err: ApiError) -> None:
     body = error_json(err)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in err.headers().items()]
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

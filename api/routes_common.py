@@ -17,6 +17,7 @@ import msgspec
 from litestar import Request
 from ninfer.actors.messages import Accepted, Delta, Failed, Finished, GenerateRequest, StreamEvent
 
+from .drain import Drained, until_drained
 from .errors import ApiError
 from .limits import MAX_JSON_DEPTH, json_depth, value_depth
 from .service import Service
@@ -152,7 +153,8 @@ class Tracker:
         )
 
     def abandon(self, message: str = "client disconnected", outcome: str = "cancelled") -> None:
-        """The client went away or the handler failed before the engine finished: free the lane now."""
+        """The client went away, the handler failed or the server is shutting down before the engine finished:
+        free the lane now."""
         if not self.done:
             self.svc.backend.cancel(self.greq.request_id)
             self.failed(message, outcome)
@@ -184,11 +186,15 @@ async def admit(
     return track, events
 
 
+def _shutting_down(err: type[ApiError]) -> ApiError:
+    return err(503, "the server is shutting down", code="shutting_down", retry_after=1.0)
+
+
 async def _collect(
     events: AsyncIterator[StreamEvent], track: Tracker, err: type[ApiError]
 ) -> tuple[str, Finished]:
     parts: list[str] = []
-    async for ev in events:
+    async for ev in until_drained(events, track.svc.drain):
         if isinstance(ev, Delta):
             track.delta(ev)
             parts.append(ev.text)
@@ -219,7 +225,11 @@ async def collect(
         if not work.done():
             work.cancel()
             raise err(499, "client disconnected", code="client_disconnected")
-        return work.result()
+        try:
+            return work.result()
+        except Drained:
+            track.abandon("the server is shutting down", "shutting_down")
+            raise _shutting_down(err) from None
     finally:
         gone.cancel()
         track.abandon()
@@ -236,12 +246,12 @@ async def sse(
     b: StreamBuilder, events: AsyncIterator[StreamEvent], track: Tracker, err: type[ApiError]
 ) -> AsyncIterator[bytes]:
     """Runs inside Litestar's Stream; a client disconnect cancels this task, and ``finally`` frees the lane. Any
-    error after the start (the engine's, a bug here) ends the stream with one error event in the protocol's
-    shape; the 5xx among them are logged and counted."""
+    error after the start (the engine's, the server's shutdown, a bug here) ends the stream with one error event
+    in the protocol's shape; the 5xx among them are logged and counted."""
     svc, endpoint = track.svc, track.endpoint
     try:
         yield b.start()
-        async for ev in events:
+        async for ev in until_drained(events, svc.drain):
             if isinstance(ev, Delta):
                 track.delta(ev)
                 out = b.text(ev.text) if ev.text else b""
@@ -262,6 +272,11 @@ async def sse(
                 return
         e = err(500, "the engine stream ended without a finish event", code="internal_error")
         track.failed(e.message, "error")
+        svc.server_error(endpoint, e)
+        yield b.error(e)
+    except Drained:
+        track.abandon("the server is shutting down", "shutting_down")
+        e = _shutting_down(err)
         svc.server_error(endpoint, e)
         yield b.error(e)
     except (

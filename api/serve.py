@@ -78,7 +78,7 @@ def register(subparsers: Any) -> None:
 
 
 def _connection_options(p: Any) -> None:
-    g = p.add_argument_group("connections")
+    g = p.add_argument_group("connections and shutdown")
     g.add_argument(
         "--header-timeout-s",
         type=float,
@@ -93,6 +93,12 @@ def _connection_options(p: Any) -> None:
     )
     g.add_argument(
         "--max-connections", type=int, default=256, help="open connections; one more gets 503 and is closed"
+    )
+    g.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT: new requests get 503 while running ones get this long to finish",
     )
 
 
@@ -128,6 +134,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         body_timeout_s=a.body_timeout_s,
         keep_alive_timeout_s=a.keep_alive_timeout_s,
         max_connections=a.max_connections,
+        shutdown_grace_s=a.shutdown_grace_s,
     )
 
 

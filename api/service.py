@@ -13,6 +13,7 @@ from litestar import Request, Response
 from ninfer.actors.messages import ActorStats, Failed, GenerateRequest, Health, StreamEvent
 
 from .config import ServerConfig
+from .drain import Drain
 from .errors import ApiError
 from .gate import KEY_NAME_SCOPE
 from .metrics import Metrics
@@ -60,6 +61,7 @@ class Service:
     metrics: Metrics = field(default_factory=Metrics)
     template_defaults: dict[str, Any] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
+    drain: Drain = field(default_factory=lambda: Drain(30.0))
     _next_id: int = 0
 
     def next_request_id(self) -> int:
@@ -69,7 +71,7 @@ class Service:
         return self._next_id
 
     def server_error(self, endpoint: str, err: ApiError, exc: BaseException | None = None) -> None:
-        """Every 5xx answer — raised or streamed as an error event — is logged (with the
+        """Every 5xx answer — raised, streamed as an error event, or refused by the gate — is logged (with the
         traceback of ``exc`` when there is one) and counted in ``ninfer_server_errors_total``. ``endpoint`` is a
         metrics label (``endpoint_name`` of the path)."""
         self.metrics.count_server_error(endpoint, err.code or "none")

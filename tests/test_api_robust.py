@@ -1,5 +1,5 @@
 """The HTTP app in-process (ASGI, a scripted engine backend): 5xx are logged and counted, deep JSON is a 400,
-body limits answer in the path's error shape, and attribution keeps claims apart."""
+body limits answer in the path's error shape, attribution keeps claims apart, and the drain refuses new work."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from ninfer.actors.messages import (
 from ninfer.api.app import build_app
 from ninfer.api.auth import parse_keys
 from ninfer.api.config import ServerConfig
+from ninfer.api.drain import Drain
 from ninfer.api.limits import MAX_JSON_DEPTH, json_depth
 from ninfer.api.openai_chat import ChatLimits
 from ninfer.api.reqlog import RequestLog
@@ -77,7 +78,8 @@ def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
     cfg = ServerConfig(artifact="a.ninfer", max_request_mib=1, body_timeout_s=0.3)
     backend = Scripted()
     log = RequestLog(tmp_path / "req.jsonl")
-    svc = Service(config=cfg, backend=backend, limits=ChatLimits(MODEL, 4096, 16), reqlog=log)  # fmt: skip
+    svc = Service(config=cfg, backend=backend, limits=ChatLimits(MODEL, 4096, 16), reqlog=log,
+                  drain=Drain(0.2))  # fmt: skip
     keys = parse_keys("alice:sk-alice\nsk-unnamed\n")
     yield {
         "app": build_app(svc, keys),
@@ -285,3 +287,33 @@ def test_count_tokens_and_failures_are_logged_with_tokens_and_timings(env) -> No
     (err,) = [r for r in recs if r["event"] == "request_error"]
     assert err["result"] == {"prompt_tokens": 3, "completion_tokens": 2}
     assert err["timings_seconds"]["ttft"] is not None and err["timings_seconds"]["total"] > 0
+
+
+# ---- drain ------------------------------------------------------------------------------------------------
+def test_drain_refuses_new_requests_and_ends_running_ones(env) -> None:
+    svc, backend = env["svc"], env["backend"]
+    acc = Accepted(request_id="x", prompt_tokens=3, max_tokens=4, queued=False)
+    backend.script = lambda greq: [acc, Delta([5], "x"), 30.0, _fin()]  # stalls after one token
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response, httpx.Response, httpx.Response]:
+        transport = httpx.ASGITransport(app=env["app"])
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=AUTH) as c:
+            running = asyncio.ensure_future(c.post("/v1/chat/completions", json=CHAT, timeout=10))
+            await asyncio.sleep(0.2)
+            drain = asyncio.ensure_future(svc.drain.run())
+            await asyncio.sleep(0.05)
+            refused = await c.post("/v1/messages", json=MSGS)
+            health = await c.get("/health")
+            await drain
+            return refused, health, await running, await c.get("/metrics")
+
+    refused, health, running, metrics = asyncio.run(scenario())
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["type"] == "error"  # Anthropic's shape under /v1/messages
+    assert health.status_code == 503 and health.json()["status"] == "draining"
+    assert running.status_code == 503 and running.json()["error"]["code"] == "shutting_down"
+    assert backend.cancelled  # the engine request was cancelled
+    for endpoint in ("messages", "chat_completions"):  # the refusal and the ended request
+        assert f'ninfer_server_errors_total{{endpoint="{endpoint}",code="shutting_down"}} 1' in metrics.text
+    err = [r for r in records(env) if r["event"] == "request_error"]
+    assert err[-1]["error"]["outcome"] == "shutting_down" and err[-1]["result"]["completion_tokens"] == 1

@@ -1,5 +1,5 @@
-"""`ninfer serve` options that decide how the server starts: the backend `auto` picks, the connection
-settings, and `--allow-unregistered-shape` reaching the actor."""
+"""`ninfer serve` options that decide how the server starts: the backend `auto` picks, the connection and
+shutdown settings, and `--allow-unregistered-shape` reaching the actor."""
 
 from __future__ import annotations
 
@@ -30,19 +30,21 @@ def test_backend_choice(backend: str, arch: str | None, gpus: int, want: str) ->
         assert "no target" in why and ("qwen4_exp" in why or "v1" in why)
 
 
-def test_connection_flags() -> None:
+def test_connection_and_shutdown_flags() -> None:
     a = _parser().parse_args(["serve", "a.ninfer", "--header-timeout-s", "2", "--body-timeout-s", "3",
-                              "--keep-alive-timeout-s", "4", "--max-connections", "5"])  # fmt: skip
+                              "--keep-alive-timeout-s", "4", "--max-connections", "5",
+                              "--shutdown-grace-s", "6"])  # fmt: skip
     cfg = config_from_args(a)
     assert (cfg.header_timeout_s, cfg.body_timeout_s, cfg.keep_alive_timeout_s) == (2, 3, 4)
-    assert cfg.max_connections == 5
+    assert (cfg.max_connections, cfg.shutdown_grace_s) == (5, 6)
     d = config_from_args(_parser().parse_args(["serve", "a.ninfer"]))
-    assert (d.header_timeout_s, d.body_timeout_s, d.max_connections) == (10, 30, 256)
+    assert (d.header_timeout_s, d.body_timeout_s, d.max_connections, d.shutdown_grace_s) == (10, 30, 256, 30)
     for kw, flag in (
         ({"header_timeout_s": 0}, "--header-timeout-s"),
         ({"body_timeout_s": -1}, "--body-timeout-s"),
         ({"keep_alive_timeout_s": 0}, "--keep-alive-timeout-s"),
         ({"max_connections": 0}, "--max-connections"),
+        ({"shutdown_grace_s": -1}, "--shutdown-grace-s"),
     ):
         with pytest.raises(ServerConfigError, match=flag):
             ServerConfig(artifact="a.ninfer", **kw)  # type: ignore[arg-type]
