@@ -1,5 +1,5 @@
 // Gated DeltaNet: causal depthwise conv with carried state, and the delta-rule recurrence over one or many
-// tokens (model-qwen3.6.md §4). Sequences are packed: tokens starts[b] .. starts[b+1]-1 of the activation
+// tokens (docs/model-math.md §4). Sequences are packed: tokens starts[b] .. starts[b+1]-1 of the activation
 // rows belong to sequence b, whose state lives in pool slot slots[b].
 #include "common.cuh"
 

@@ -7,7 +7,7 @@ Weights are random bytes of each format's exact encoded size and plane layout (t
 depend on the values; encoding a 248320 x 5120 matrix on the host would cost minutes). Each case is timed with
 CUDA events around one launch, after warm-up, median of ``repeats``. Bytes = the weight's encoded bytes (all
 planes) + activations read + outputs written; the MoE case counts the selected experts' bytes only. The copy
-ceiling is a cupy device-to-device copy of a 1 GiB buffer, counted as bytes read + written (as hardware.md).
+ceiling is a cupy device-to-device copy of a 1 GiB buffer, counted as bytes read + written.
 """
 
 from __future__ import annotations

@@ -228,7 +228,7 @@ class GrammarCompiler:
         return self._cached("json", lambda: self._from_grammar(self._xgr.Grammar.builtin_json_grammar()))
 
     def tool_calls(self, tools: list[dict[str, Any]], choice: str, parallel: bool = False) -> Any:
-        """Qwen XML calls (serving.md §7) of ``tools`` (OpenAI function-tool form): exactly one, or one or more
+        """Qwen XML calls (docs/protocols.md §7) of ``tools`` (OpenAI function-tool form): exactly one, or one or more
         with ``parallel``; ``choice`` is "required" (any of them) or a tool name (that one)."""
         for t in tools:
             check_schema(

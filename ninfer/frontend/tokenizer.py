@@ -15,7 +15,7 @@ import tokenizers
 
 __all__ = ["Tokenizer", "TokenizerError", "EOS_TOKENS"]
 
-# The stop tokens of the Qwen3.6 family in preference order (serving.md §8: 248046 and 248044).
+# The stop tokens of the Qwen3.6 family in preference order (docs/protocols.md §8: 248046 and 248044).
 EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 # tokenizer_config.json keys that name one special token each; the chat template sees them as variables.
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -43,7 +43,7 @@ def _token_content(value: Any, key: str) -> str | None:
 def _add_config_tokens(hf: tokenizers.Tokenizer, decoder: Mapping[str, Any]) -> None:
     """Add tokens that tokenizer_config.json's ``added_tokens_decoder`` declares but tokenizer.json lacks.
 
-    transformers does the same on load (artifact.md §1: the real model's ids 248070-76 come from there). Each must
+    transformers does the same on load (docs/formats.md §1: the real model's ids 248070-76 come from there). Each must
     land on its declared id, so they are added in id order and must extend the vocabulary contiguously.
     """
     for key in sorted(decoder, key=int):
