@@ -1,39 +1,28 @@
-"""Request limits checked on the raw body before it is decoded."""
+"""How deeply a request may nest, checked on what was decoded (cheap: only containers are visited).
+
+Real requests stay far below the limit (a tool schema inside a chat request is ~15 levels); from about 200
+levels on, the chat template and Ray's pickling of the engine request fail with a RecursionError, and from about
+1,000 the JSON decoder itself does.
+"""
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
+import msgspec
 
-__all__ = ["MAX_JSON_DEPTH", "json_depth", "value_depth"]
+from .errors import ApiError
 
-# Deepest JSON nesting accepted in a request body. Real requests stay far below it (a tool schema inside a chat
-# request is ~15 levels); around 200 levels the JSON decoder, the chat template and Ray's pickling of the engine
-# request each fail with a RecursionError.
+__all__ = ["MAX_JSON_DEPTH", "value_depth", "check_depth", "nesting_guard"]
+
 MAX_JSON_DEPTH = 64
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_OPEN, _CLOSE = b"[{", b"]}"
-
-
-def json_depth(body: bytes, limit: int | None = None) -> int:
-    """How deep the arrays and objects of a JSON text nest (brackets inside strings do not count). With
-    ``limit``, a body with no more than ``limit`` opening brackets in all is not scanned: their count (at least
-    the depth, at most ``limit``) is returned."""
-    opens = body.count(b"[") + body.count(b"{")
-    if limit is not None and opens <= limit:
-        return opens
-    a = np.frombuffer(_STRING.sub(b'""', body), dtype=np.uint8)
-    steps = (a == _OPEN[0]).astype(np.int32) + (a == _OPEN[1]) - (a == _CLOSE[0]) - (a == _CLOSE[1])
-    return int(np.cumsum(steps).max(initial=0))
 
 
 def value_depth(value: Any, limit: int) -> int:
-    """How deep the lists, tuples and dicts of a decoded value nest (counting stops once past ``limit``).
-
-    The raw body's depth misses JSON inside strings that the translation parses (tool-call arguments), so the
-    engine request is measured again before it is sent."""
+    """How deep the dicts, lists, tuples and msgspec Structs of ``value`` nest (iterative; counting stops once
+    past ``limit``)."""
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
@@ -42,6 +31,8 @@ def value_depth(value: Any, limit: int) -> int:
             items: Any = v.values()
         elif isinstance(v, list | tuple):
             items = v
+        elif isinstance(v, msgspec.Struct):
+            items = [getattr(v, f) for f in v.__struct_fields__]
         else:
             continue
         deepest = max(deepest, depth)
@@ -49,3 +40,20 @@ def value_depth(value: Any, limit: int) -> int:
             break
         stack.extend((x, depth + 1) for x in items)
     return deepest
+
+
+def check_depth(value: Any, err: type[ApiError], what: str = "the request") -> None:
+    """400 ``nesting_too_deep`` when ``value`` nests deeper than MAX_JSON_DEPTH."""
+    if value_depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise err(400, f"{what} nests more than {MAX_JSON_DEPTH} levels deep", code="nesting_too_deep")
+
+
+@contextmanager
+def nesting_guard(err: type[ApiError]) -> Iterator[None]:
+    """Decoding and translating a request: one nested past Python's recursion limit is a 400, not a 500."""
+    try:
+        yield
+    except RecursionError:
+        raise err(
+            400, f"the request nests more than {MAX_JSON_DEPTH} levels deep", code="nesting_too_deep"
+        ) from None

@@ -10,10 +10,11 @@ from litestar import Request
 from litestar.response import Stream
 
 from .errors import ApiError
+from .limits import check_depth, nesting_guard
 from .openai_chat import parse_chat_request, to_generate_request
 from .openai_chat_output import ChatStream, completion_body, new_completion_id
 from .protocol import parse_output
-from .routes_common import admit, collect, output_mode, read_body, request_record, sse
+from .routes_common import admit, collect, output_mode, request_record, sse
 from .service import Service, client_claim, client_name, json_response
 
 __all__ = ["handle_chat", "SSE_HEADERS"]
@@ -23,9 +24,12 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 async def handle_chat(request: Request[Any, Any, Any], svc: Service) -> Any:
     t0 = time.perf_counter()
-    req = parse_chat_request(await read_body(request, ApiError), svc.limits)
+    body = await request.body()
     rid = new_completion_id()
-    greq = to_generate_request(req, svc.limits, rid, client_name(request), svc.template_defaults)
+    with nesting_guard(ApiError):
+        req = parse_chat_request(body, svc.limits)
+        check_depth(req, ApiError)
+        greq = to_generate_request(req, svc.limits, rid, client_name(request), svc.template_defaults)
     record = request_record(
         greq,
         protocol="openai_chat_completions",

@@ -19,7 +19,7 @@ from ninfer.actors.messages import Accepted, Delta, Failed, Finished, GenerateRe
 
 from .drain import Drained, until_drained
 from .errors import ApiError
-from .limits import MAX_JSON_DEPTH, json_depth, value_depth
+from .limits import check_depth
 from .service import Service
 
 __all__ = [
@@ -31,8 +31,6 @@ __all__ = [
     "request_record",
     "failure",
     "output_mode",
-    "read_body",
-    "check_depth",
 ]
 
 
@@ -171,7 +169,8 @@ def failure(ev: Failed, err: type[ApiError] = ApiError) -> ApiError:
 async def admit(
     svc: Service, greq: GenerateRequest, record: dict[str, Any], endpoint: str, t0: float, err: type[ApiError]
 ) -> tuple[Tracker, AsyncIterator[StreamEvent]]:
-    """Submit and wait for the actor's first event: Accepted, or a refusal raised as ``err``."""
+    """Submit and wait for the actor's first event: Accepted, or a refusal raised as ``err``. The engine request
+    is measured again: JSON parsed out of strings (tool-call arguments) may nest deeper than the body did."""
     check_depth(greq, err)
     events = svc.backend.generate(greq)
     first = await anext(events, None)
@@ -288,25 +287,3 @@ async def sse(
         yield b.error(e)
     finally:
         track.abandon()
-
-
-def check_depth(greq: GenerateRequest, err: type[ApiError]) -> None:
-    """The engine request nests no deeper than the body may (JSON parsed out of strings, such as tool-call
-    arguments, included): deeper ones fail Ray's pickling and the chat template."""
-    depth = value_depth((greq.messages, greq.tools, greq.template_kwargs), MAX_JSON_DEPTH)
-    if depth > MAX_JSON_DEPTH:
-        raise err(400, f"the request nests more than {MAX_JSON_DEPTH} levels deep", code="nesting_too_deep")
-
-
-async def read_body(request: Request[Any, Any, Any], err: type[ApiError]) -> bytes:
-    """The request body, refused (400 ``nesting_too_deep``) when its JSON nests deeper than MAX_JSON_DEPTH:
-    deeper values break the JSON decoder, the template and Ray's pickling with a RecursionError."""
-    body = await request.body()
-    depth = json_depth(body, MAX_JSON_DEPTH)
-    if depth > MAX_JSON_DEPTH:
-        raise err(
-            400,
-            f"request JSON nests {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted",
-            code="nesting_too_deep",
-        )
-    return body

@@ -18,26 +18,29 @@ from . import responses as rs
 from . import responses_output as ro
 from .anthropic_models import CountTokens
 from .errors import ApiError
+from .limits import check_depth, nesting_guard
 from .protocol import Output, new_id, parse_output
 from .routes_chat import SSE_HEADERS
-from .routes_common import admit, check_depth, collect, failure, output_mode, read_body, request_record, sse
+from .routes_common import admit, collect, failure, output_mode, request_record, sse
 from .service import Service, client_claim, client_name, json_response
 
 __all__ = ["handle_messages", "handle_count_tokens", "handle_responses"]
 
 
 def _anthropic(request: Request[Any, Any, Any], svc: Service, body: bytes, rid: str) -> tuple[Any, Any]:
-    req = am.parse_messages_request(body)
-    greq = am.to_generate_request(
-        req, rid, client_name(request), svc.template_defaults, svc.config.default_max_tokens
-    )
+    with nesting_guard(am.AnthropicError):
+        req = am.parse_messages_request(body)
+        check_depth(req, am.AnthropicError)
+        greq = am.to_generate_request(
+            req, rid, client_name(request), svc.template_defaults, svc.config.default_max_tokens
+        )
     return req, greq
 
 
 async def handle_count_tokens(request: Request[Any, Any, Any], svc: Service) -> Any:
     """Counted on the actor's prompt worker (no model run); logged as a ``count_tokens`` record."""
     t0 = time.perf_counter()
-    req, greq = _anthropic(request, svc, await read_body(request, am.AnthropicError), new_id("count_"))
+    req, greq = _anthropic(request, svc, await request.body(), new_id("count_"))
     check_depth(greq, am.AnthropicError)
     n = await svc.backend.count_tokens(greq)
     rec = {"request_id": svc.next_request_id(), "engine_request_id": greq.request_id,
@@ -59,7 +62,7 @@ async def handle_count_tokens(request: Request[Any, Any, Any], svc: Service) -> 
 async def handle_messages(request: Request[Any, Any, Any], svc: Service) -> Any:
     t0 = time.perf_counter()
     mid = new_id("msg_")
-    req, greq = _anthropic(request, svc, await read_body(request, am.AnthropicError), mid)
+    req, greq = _anthropic(request, svc, await request.body(), mid)
     record = request_record(greq, protocol="anthropic_messages", model=req.model, stream=req.stream,
                             messages=len(req.messages), client_max=req.max_tokens is not None,
                             claim=client_claim(request, None))  # fmt: skip
@@ -79,11 +82,14 @@ async def handle_messages(request: Request[Any, Any, Any], svc: Service) -> Any:
 
 async def handle_responses(request: Request[Any, Any, Any], svc: Service) -> Any:
     t0 = time.perf_counter()
-    req = rs.parse_responses_request(await read_body(request, ApiError), svc.limits.model_id)
+    body = await request.body()
     rid = new_id("resp_")
-    greq = rs.to_generate_request(
-        req, rid, client_name(request), svc.template_defaults, svc.config.default_max_tokens
-    )
+    with nesting_guard(ApiError):
+        req = rs.parse_responses_request(body, svc.limits.model_id)
+        check_depth(req, ApiError)
+        greq = rs.to_generate_request(
+            req, rid, client_name(request), svc.template_defaults, svc.config.default_max_tokens
+        )
     record = request_record(greq, protocol="openai_responses", model=req.model, stream=req.stream,
                             messages=len(greq.messages or ()), client_max=req.max_output_tokens is not None,
                             claim=client_claim(request, req.user))  # fmt: skip

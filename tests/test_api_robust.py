@@ -26,7 +26,7 @@ from ninfer.api.app import build_app
 from ninfer.api.auth import parse_keys
 from ninfer.api.config import ServerConfig
 from ninfer.api.drain import Drain
-from ninfer.api.limits import MAX_JSON_DEPTH, json_depth
+from ninfer.api.limits import MAX_JSON_DEPTH, value_depth
 from ninfer.api.openai_chat import ChatLimits
 from ninfer.api.reqlog import RequestLog
 from ninfer.api.service import Service
@@ -187,7 +187,7 @@ DEEP = [
         "/v1/messages",
         _body({**MSGS, "tools": [{"name": "f", "input_schema": "@"}]}, "input_schema", _schema(400)),
     ),
-    ("/v1/messages/count_tokens", _body({**MSGS, "metadata": "@"}, "metadata", _list(900))),
+    ("/v1/messages/count_tokens", _body({**MSGS, "metadata": {"x": "@"}}, "x", _list(900))),
     (
         "/v1/responses",
         _body(
@@ -215,11 +215,14 @@ def test_deep_json_is_a_400_in_the_protocols_shape(env, path: str, raw: str) -> 
     assert env["backend"].requests == []  # refused before it reached the engine
 
 
-def test_json_depth_ignores_brackets_in_strings() -> None:
-    assert json_depth(b'{"a": "[[[[{{{{", "b": [[1], {"c": "]]]"}]}') == 3
-    assert json_depth(b'"\\"[[["') == 0
-    body = ("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)).encode()
-    assert json_depth(body, MAX_JSON_DEPTH) == MAX_JSON_DEPTH + 1
+def test_value_depth_counts_containers_and_structs() -> None:
+    assert value_depth({"a": "[[[[{{{{", "b": [[1], {"c": "]]]"}]}, 100) == 3  # strings are not containers
+    assert value_depth(Failed(code="x", message="y"), 100) == 1
+    deep: Any = []
+    for _ in range(MAX_JSON_DEPTH + 5):
+        deep = [deep]
+    assert value_depth(deep, MAX_JSON_DEPTH) == MAX_JSON_DEPTH + 1  # stops counting past the limit
+    assert value_depth(("x", 1, None), 5) == 1 and value_depth("x", 5) == 0
 
 
 # ---- body limits in the path's shape ---------------------------------------------------------------------
