@@ -66,20 +66,22 @@ class Drain:
 async def until_drained(events: AsyncIterator[T], drain: Drain) -> AsyncIterator[T]:
     """``events``, until the drain's grace period ends: then raises ``Drained`` (and closes ``events``)."""
     stop = asyncio.ensure_future(drain.expired.wait())
+    nxt: asyncio.Future[T] | None = None
     try:
         while True:
-            nxt: asyncio.Future[T] = asyncio.ensure_future(anext(events))
+            nxt = asyncio.ensure_future(anext(events))
             await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not nxt.done():
-                nxt.cancel()
                 raise Drained
             try:
                 ev = nxt.result()
             except StopAsyncIteration:
                 return
             yield ev
-    finally:
+    finally:  # drained, or the consumer left (client gone): never leave the pending read behind
         stop.cancel()
+        if nxt is not None and not nxt.done():
+            nxt.cancel()
 
 
 class DrainingServer(uvicorn.Server):
