@@ -2,7 +2,8 @@
 requests, slow or idle connections, forged control tokens, attribution, and a shutdown with requests running.
 
 Server R: two keys (one named, one not), a request log, a 1 MiB body cap and short connection timeouts. Server
-B: no auth, a 32768-token context (so a ~1 MB prompt is tokenized before it is refused). Both join the Ray
+B: no auth, a 32768-token context (so a ~1 MB prompt is tokenized before it is refused), at most 16 connections.
+Both join the Ray
 instance this module starts. The drain test starts its own server and stops it.
 """
 
@@ -45,8 +46,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
                          "--request-log-jsonl", str(tmp / "req.jsonl"), "--max-request-mib", "1",
                          "--header-timeout-s", "1", "--body-timeout-s", "1", "--keep-alive-timeout-s", "1",
                          "--max-connections", "12"], address, artifact, tmp)  # fmt: skip
-        b = Server("b", ["--max-context", "32768", "--kv-capacity", "32768", "--max-concurrency", "2"],
-                   address, artifact, tmp)  # fmt: skip
+        b = Server("b", ["--max-context", "32768", "--kv-capacity", "32768", "--max-concurrency", "2",
+                         "--max-connections", "16"], address, artifact, tmp)  # fmt: skip
         r.wait_ready()
         b.wait_ready()
         yield {"r": r, "b": b, "address": address, "artifact": artifact, "tmp": tmp, "log": tmp / "req.jsonl"}
@@ -76,11 +77,14 @@ def test_large_prompts_stall_neither_health_nor_streams(stack: dict) -> None:
         done.set()
 
     results: dict[str, httpx.Response] = {}
+    took: dict[str, float] = {}
 
     def big(name: str, mb: float) -> None:
         content = "lorem ipsum dolor sit amet " * int(mb * 1e6 / 27)
         body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 2}
-        results[name] = httpx.post(b.url + "/v1/chat/completions", json=body, timeout=120)
+        t0 = time.perf_counter()
+        results[name] = httpx.post(b.url + "/v1/chat/completions", json=body, timeout=300)
+        took[name] = time.perf_counter() - t0
 
     threads = [threading.Thread(target=stream)]
     threads += [threading.Thread(target=big, args=(n, mb)) for n, mb in (("5mb", 5), ("1mb", 1), ("1mb'", 1))]
@@ -102,9 +106,12 @@ def test_large_prompts_stall_neither_health_nor_streams(stack: dict) -> None:
         assert resp.json()["error"]["code"] == "context_length_exceeded"
     assert "characters" in results["5mb"].json()["error"]["message"]  # refused before tokenizing
     assert "characters" not in results["1mb"].json()["error"]["message"]  # tokenized, then refused
-    assert max(health) < 1.0, max(health)  # the engine process's loop never froze (~6 s before)
+    # Tokenizing 1 MB takes ~1 s of CPU; inline it froze the engine process that long (5 MB: ~6 s). The bounds
+    # scale with how long the tokenized request took, so a machine loaded by other work does not fail the test.
+    slow = min(took["1mb"], took["1mb'"])
+    assert max(health) < max(1.0, slow / 2), (max(health), took)
     gaps = [y - x for x, y in zip(arrivals, arrivals[1:], strict=False)]
-    assert max(gaps) < 1.5, max(gaps)
+    assert max(gaps) < max(1.5, slow / 2), (max(gaps), took)
 
 
 # ---- 2. bad input is a 400, never a silent 5xx ---------------------------------------------------------------
@@ -172,29 +179,27 @@ def test_slow_heads_stalled_bodies_and_idle_connections_are_closed(stack: dict) 
     idle = [_connect(r, b"") for _ in range(3)]  # never send anything
     stalled = [_connect(r, head + b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"mo")
                for _ in range(3)]  # fmt: skip
-    t0 = time.monotonic()
-    for s in halves + idle:
-        closed, got = _closed_within(s, 6)
+    for s in halves + idle:  # 1 s timeouts; generous waits for a loaded machine (before: never closed)
+        closed, got = _closed_within(s, 20)
         assert closed and got == b"", got
     for s in stalled:
-        closed, got = _closed_within(s, 6)
+        closed, got = _closed_within(s, 20)
         assert closed and got.startswith(b"HTTP/1.1 408"), got[:200]
         assert b'"code":"request_timeout"' in got
-    assert time.monotonic() - t0 < 8
     assert httpx.get(r.url + "/v1/models", headers=ALICE).status_code == 200  # and it still serves
 
 
 def test_connections_beyond_the_cap_get_503(stack: dict) -> None:
-    r = stack["r"]
-    held = [_connect(r, b"") for _ in range(12)]
-    time.sleep(0.2)
-    extra = _connect(r, b"")
-    closed, got = _closed_within(extra, 3)
+    b = stack["b"]  # --max-connections 16, default 10 s head deadline
+    held = [_connect(b, b"") for _ in range(16)]
+    time.sleep(0.3)
+    extra = _connect(b, b"")
+    closed, got = _closed_within(extra, 5)
     assert closed and got.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in got, got[:200]
     for s in held:
         s.close()
-    time.sleep(0.3)
-    assert httpx.get(r.url + "/v1/models", headers=ALICE).status_code == 200
+    time.sleep(0.5)
+    assert httpx.get(b.url + "/health", timeout=30).status_code == 200
 
 
 # ---- 4. forged control tokens ----------------------------------------------------------------------------------
@@ -269,7 +274,7 @@ def test_cancelled_requests_and_count_tokens_are_logged(stack: dict) -> None:
 # ---- 5. SIGTERM drains ----------------------------------------------------------------------------------------
 def test_sigterm_drains_running_requests_and_refuses_new_ones(stack: dict) -> None:
     tmp: Path = stack["tmp"]
-    d = Server("d", ["--max-context", "4096", "--kv-capacity", "32768", "--shutdown-grace-s", "3",
+    d = Server("d", ["--max-context", "4096", "--kv-capacity", "32768", "--shutdown-grace-s", "8",
                      "--request-log-jsonl", str(tmp / "drain.jsonl")], stack["address"], stack["artifact"], tmp)  # fmt: skip
     frames: dict[str, list[str]] = {"short": [], "long": []}
     started = {k: threading.Event() for k in frames}
@@ -284,8 +289,8 @@ def test_sigterm_drains_running_requests_and_refuses_new_ones(stack: dict) -> No
 
     try:
         d.wait_ready()
-        threads = [threading.Thread(target=stream, args=("long", 3500)),
-                   threading.Thread(target=stream, args=("short", 40))]  # fmt: skip
+        threads = [threading.Thread(target=stream, args=("long", 4000)),
+                   threading.Thread(target=stream, args=("short", 16))]  # fmt: skip
         threads[0].start()
         started["long"].wait(30)
         threads[1].start()
@@ -299,8 +304,8 @@ def test_sigterm_drains_running_requests_and_refuses_new_ones(stack: dict) -> No
         metrics = httpx.get(d.url + "/metrics").text
         assert 'ninfer_server_errors_total{endpoint="chat_completions",code="shutting_down"} 1' in metrics
         for t in threads:
-            t.join(30)
-        assert d.proc.wait(30) == 0
+            t.join(60)
+        assert d.proc.wait(60) == 0
     finally:
         log = d.log()
         d.stop()
@@ -311,4 +316,4 @@ def test_sigterm_drains_running_requests_and_refuses_new_ones(stack: dict) -> No
     errors = [json.loads(x) for x in (tmp / "drain.jsonl").read_text().splitlines()]
     ended = [e for e in errors if e["event"] == "request_error"]
     assert ended and ended[0]["error"]["outcome"] == "shutting_down"
-    assert ended[0]["result"]["completion_tokens"] > 0 and ended[0]["timings_seconds"]["total"] > 3
+    assert ended[0]["result"]["completion_tokens"] > 0 and ended[0]["timings_seconds"]["total"] > 8
