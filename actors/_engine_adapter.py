@@ -20,6 +20,8 @@ from ninfer.engine.core import Finish, QueueFull, RequestError, SamplingParams, 
 from ninfer.engine.engine import Engine
 from ninfer.engine.grammar import GrammarCompiler, RequestGrammar, SchemaError
 from ninfer.frontend import ChatTemplate, TemplateError
+from ninfer.frontend.chat_template import RESERVED_VARIABLES
+from ninfer.frontend.prompt import input_chars, min_tokens
 
 from .messages import ActorInfo, ActorSpec, Delta, Failed, Finished, GenerateRequest, SamplingOptions, Timings
 
@@ -89,10 +91,15 @@ class Loaded:
 
 
 def open_engine(spec: ActorSpec) -> Loaded:
+    art = open_artifact(spec.artifact, verify="manifest")  # resources only; the engine holds the weights
+    if not art.shape_registered and not spec.allow_unregistered_shape:
+        raise ValueError(
+            f"{spec.artifact}: the artifact's shape is not a registered {art.model_id} shape; "
+            "serve it with --allow-unregistered-shape (ActorSpec.allow_unregistered_shape)"
+        )
     engine = Engine.open(
         spec.artifact, backend=spec.backend, backend_options=spec.backend_options, **spec.engine
     )
-    art = open_artifact(spec.artifact, verify="manifest")  # resources only; the engine holds the weights
     tok = engine.tokenizer
     if tok is None:
         raise ValueError(f"{spec.artifact}: the artifact has no tokenizer; the server needs one")
@@ -116,11 +123,14 @@ def open_engine(spec: ActorSpec) -> Loaded:
 
 
 def count_prompt(ld: Loaded, req: GenerateRequest) -> int:
-    """Prompt tokens of ``req`` as rendered (no context check; nothing runs on the model)."""
+    """Prompt tokens of ``req`` as rendered (nothing runs on the model). No context check, except that a request
+    whose text alone is far over the context is refused before it is tokenized (as in ``prompt_ids``)."""
     return len(_render_ids(ld, req))
 
 
 def prompt_ids(ld: Loaded, req: GenerateRequest) -> list[int]:
+    """The request's prompt: checked against the context by its size in characters first (so an oversized body
+    costs no tokenizing), then by its tokens. Slow for a long prompt: call it off the event loop."""
     ids = _render_ids(ld, req)
     if len(ids) >= ld.max_context:
         raise PromptError(
@@ -135,20 +145,34 @@ def _render_ids(ld: Loaded, req: GenerateRequest) -> list[int]:
         ids = list(req.prompt_ids)
         if not ids:
             raise PromptError("prompt_ids: must be non-empty", param="prompt_ids")
-    else:
-        if ld.template is None:
-            raise PromptError("this artifact has no chat template; send prompt_ids", code="no_chat_template")
-        try:
-            text = ld.template.render(
-                list(req.messages or ()),
-                tools=list(req.tools) if req.tools else None,
-                add_generation_prompt=True,
-                **req.template_kwargs,
-            )
-        except TemplateError as e:
-            raise PromptError(f"messages: {e}", code="invalid_messages") from None
-        ids = ld.tokenizer.encode(text, add_special_tokens=False)
-    return ids
+        return ids
+    if ld.template is None:
+        raise PromptError("this artifact has no chat template; send prompt_ids", code="no_chat_template")
+    clash = sorted(RESERVED_VARIABLES.intersection(req.template_kwargs))
+    if clash:
+        raise PromptError(
+            f"chat_template_kwargs.{clash[0]}: the server sets this template variable from the request itself",
+            param=f"chat_template_kwargs.{clash[0]}",
+        )
+    chars = input_chars(req.messages, req.tools, req.template_kwargs)
+    least = min_tokens(chars, ld.tokenizer)
+    if least >= ld.max_context:
+        raise PromptError(
+            f"the prompt has {chars} characters, at least {least} tokens; this server's context is "
+            f"{ld.max_context} tokens",
+            code="context_length_exceeded",
+        )
+    try:
+        return ld.template.render_ids(
+            list(req.messages or ()),
+            tools=list(req.tools) if req.tools else None,
+            add_generation_prompt=True,
+            **req.template_kwargs,
+        )
+    except TemplateError as e:
+        raise PromptError(f"messages: {e}", code="invalid_messages") from None
+    except RecursionError:  # the API refuses deep JSON first; a Python job's request may still be one
+        raise PromptError("messages: nested too deeply to render", code="nesting_too_deep") from None
 
 
 def thinking_on(ld: Loaded, req: GenerateRequest) -> bool:

@@ -13,10 +13,12 @@ own concurrency group, on another thread, so they answer while generation runs.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgspec
@@ -39,6 +41,7 @@ from .messages import (
 __all__ = ["EngineActor", "actor_options", "start_actor", "CTL_GROUP", "GEN_GROUP"]
 
 CTL_GROUP = "ctl"
+_LOG = logging.getLogger("ninfer.actor")
 _ENC = msgspec.msgpack.Encoder().encode
 GEN_GROUP = "gen"
 
@@ -51,6 +54,8 @@ class EngineActor:
         self._lock = threading.Lock()  # guards _handles and _failures (gen and ctl threads)
         self._handles: dict[str, Any] = {}
         self._failures = 0
+        self._internal_errors = 0  # requests the actor failed itself (a bug), not the engine
+        self._prompts = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ninfer-prompt")
 
     # ---- generation ---------------------------------------------------------------------------------
     @ray.method(num_returns="streaming", concurrency_group=GEN_GROUP)
@@ -60,13 +65,16 @@ class EngineActor:
         ld = self._engine
         loop = asyncio.get_running_loop()
         try:
-            ids = adapter.prompt_ids(ld, req)
-            # grammar compilation can take a while on a real vocabulary: off the event loop
+            # rendering, tokenizing (a long prompt takes seconds) and compiling a grammar: off the event loop
+            ids = await loop.run_in_executor(self._prompts, adapter.prompt_ids, ld, req)
             mask = None
             if req.grammar is not None or req.thinking_budget is not None:
                 mask = await loop.run_in_executor(None, adapter.token_mask, ld, req)
         except adapter.PromptError as e:
             yield _ENC(Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param))
+            return
+        except Exception as e:  # a bug, not the client's fault: logged and counted, never a silent Ray error
+            yield _ENC(self._internal_error("generate", req, e))
             return
         wake = _Wake(loop)
         thinking = adapter.thinking_on(ld, req)
@@ -125,16 +133,25 @@ class EngineActor:
     @ray.method(concurrency_group=CTL_GROUP)
     async def count_tokens(self, req: GenerateRequest) -> int | Failed:
         """Prompt tokens of ``req`` as ``generate`` would render it (nothing runs on the model)."""
+        loop = asyncio.get_running_loop()
         try:
-            return adapter.count_prompt(self._engine, req)
+            return await loop.run_in_executor(self._prompts, adapter.count_prompt, self._engine, req)
         except adapter.PromptError as e:
             return Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param)
+        except Exception as e:
+            return self._internal_error("count_tokens", req, e)
+
+    def _internal_error(self, where: str, req: GenerateRequest, e: Exception) -> Failed:
+        _LOG.exception("%s of request %s failed", where, req.request_id)
+        with self._lock:
+            self._internal_errors += 1
+        return Failed(code="internal_error", message=f"internal error: {type(e).__name__}", status=500)
 
     @ray.method(concurrency_group=CTL_GROUP)
     async def stats(self) -> ActorStats:
         eng = adapter.engine_stats(self._engine)
         with self._lock:
-            open_streams, failures = len(self._handles), self._failures
+            open_streams, failures, internal = len(self._handles), self._failures, self._internal_errors
         return ActorStats(
             lanes_total=int(eng["lanes_total"]),
             lanes_busy=int(eng["lanes_busy"]),
@@ -142,6 +159,7 @@ class EngineActor:
             queue_depth=int(eng["queue_depth"]),
             open_streams=open_streams,
             engine_failures=failures,
+            internal_errors=internal,
             uptime_s=time.monotonic() - self._t0,
             engine=eng,
         )
@@ -157,6 +175,7 @@ class EngineActor:
 
     @ray.method(concurrency_group=CTL_GROUP)
     async def shutdown(self) -> None:
+        self._prompts.shutdown(wait=False, cancel_futures=True)
         adapter.close(self._engine)
 
 

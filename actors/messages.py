@@ -139,6 +139,7 @@ class ActorStats(msgspec.Struct, frozen=True, kw_only=True):
     open_streams: int
     engine_failures: int
     uptime_s: float
+    internal_errors: int = 0  # requests the actor itself failed (500 internal_error), logged in its process
     engine: dict[str, float] = {}  # the engine's own counters and gauges, flattened to numbers
 
 
@@ -169,3 +170,5 @@ class ActorSpec(msgspec.Struct, frozen=True, kw_only=True):
     template_defaults: dict[str, Any] = {}  # chat-template kwargs every request starts from
     stream_interval_s: float = 0.05  # least time between two streamed items of one request (0: per wake-up)
     blas_threads: int = 0  # BLAS/OpenMP threads for the reference backend (0: the node's CPU count)
+    # load an artifact whose shape is not a registered one (tiny test models: --allow-unregistered-shape)
+    allow_unregistered_shape: bool = False

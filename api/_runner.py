@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -14,30 +15,47 @@ from ninfer.actors.engine_actor import start_actor
 from ninfer.actors.messages import ActorInfo, ActorSpec
 
 from ninfer.artifact import open_artifact
+from ninfer.artifact.upstream import is_upstream_v1
+from ninfer.model import CUDA_ARCHITECTURES
 
 from .app import build_app
 from .auth import KeyFileError, KeyRing, load_key_file
 from .config import ServerConfig
+from .drain import Drain, DrainingServer
+from .http_guard import guarded_protocol
 from .openai_chat import ChatLimits
 from .reqlog import RequestLog, RequestLogError
 from .service import Service
 
-__all__ = ["serve", "resolve_backend", "actor_spec"]
+__all__ = ["serve", "resolve_backend", "visible_gpus", "actor_spec"]
 
 
 def _log(msg: str) -> None:
     print(f"ninfer serve: {msg}", file=sys.stderr, flush=True)
 
 
-def resolve_backend(backend: str) -> str:
-    if backend != "auto":
-        return backend
+def visible_gpus() -> int:
+    """CUDA devices cupy sees (0 without cupy, a driver or a device)."""
     try:
         import cupy  # noqa: PLC0415
 
-        return "cuda" if cupy.cuda.runtime.getDeviceCount() > 0 else "reference"
-    except Exception:  # no cupy, no driver, no device: all mean the NumPy reference
-        return "reference"
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no cupy, no driver, no device: all mean no GPU
+        return 0
+
+
+def resolve_backend(backend: str, arch: str | None, *, gpus: int | None = None) -> tuple[str, str]:
+    """The backend to run and why. ``auto`` is cuda when a GPU is visible (``gpus``, default: ask cupy) and the
+    CUDA backend has a target for the artifact's architecture ``arch`` (None: an upstream v1 file, which only the
+    reference loads); the NumPy reference otherwise. An explicit backend is kept as it is."""
+    if backend != "auto":
+        return backend, f"--backend {backend}"
+    if (visible_gpus() if gpus is None else gpus) < 1:
+        return "reference", "no GPU visible"
+    if arch not in CUDA_ARCHITECTURES:
+        what = "upstream v1 artifacts" if arch is None else f"architecture {arch!r}"
+        return "reference", f"a GPU is visible, but the CUDA backend has no target for {what} yet"
+    return "cuda", "a GPU is visible"
 
 
 def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
@@ -64,6 +82,7 @@ def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
         template_defaults=template,
         stream_interval_s=cfg.stream_interval_ms / 1000,
         blas_threads=_blas_threads(),
+        allow_unregistered_shape=cfg.allow_unregistered_shape,
     )
 
 
@@ -138,7 +157,35 @@ def _server_start_record(
     }
 
 
+def _http_server(cfg: ServerConfig, app: Any, drain: Drain) -> DrainingServer:
+    """uvicorn with the connection guard (head deadline, connection cap), its keep-alive timeout and the drain
+    in front of its own shutdown (which then only has to close idle connections)."""
+    config = uvicorn.Config(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        http=guarded_protocol(cfg.header_timeout_s, cfg.max_connections),
+        timeout_keep_alive=cfg.keep_alive_timeout_s,  # type: ignore[arg-type] - a float works
+        log_level="warning",
+        timeout_graceful_shutdown=3,
+        lifespan="on",
+    )
+    return DrainingServer(config, drain)
+
+
+def _setup_logging() -> None:
+    """The API's own log lines (5xx, drain, refused connections) on stderr beside the ``ninfer serve:`` ones."""
+    log = logging.getLogger("ninfer.api")
+    if not log.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("ninfer serve: %(levelname)s %(message)s"))
+        log.addHandler(h)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def serve(cfg: ServerConfig, argv: list[str]) -> int:
+    _setup_logging()
     try:
         keyring = load_key_file(cfg.api_key_file) if cfg.api_key_file else None
         reqlog = RequestLog(cfg.request_log_jsonl, artifact=cfg.artifact) if cfg.request_log_jsonl else None
@@ -146,11 +193,14 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
         _log(f"error: {e}")
         return 2
     try:  # a clear message now rather than a failed actor creation later
-        open_artifact(cfg.artifact, verify="manifest")
+        v1 = is_upstream_v1(cfg.artifact)
+        arch = None if v1 else open_artifact(cfg.artifact, verify="manifest").model_config.arch
     except (ValueError, OSError) as e:
         _log(f"error: {e}")
         return 2
-    spec = actor_spec(cfg, resolve_backend(cfg.backend))
+    backend, why = resolve_backend(cfg.backend, arch)
+    _log(f"backend: {backend} ({why})")
+    spec = actor_spec(cfg, backend)
     _start_ray(cfg)
     handle = None
     try:
@@ -166,20 +216,11 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
             limits=limits,
             reqlog=reqlog,
             template_defaults=spec.template_defaults,  # --preserve-thinking: every request starts from these
+            drain=Drain(cfg.shutdown_grace_s),
         )
         if reqlog is not None:
             reqlog.write("server_start", **_server_start_record(cfg, info, keyring, argv))
-        app = build_app(svc, keyring)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=cfg.host,
-                port=cfg.port,
-                log_level="warning",
-                timeout_graceful_shutdown=3,
-                lifespan="on",
-            )
-        )
+        server = _http_server(cfg, build_app(svc, keyring), svc.drain)
         auth = f"bearer ({len(keyring)} keys)" if keyring else "disabled"
         _log(f"listening on http://{cfg.host}:{cfg.port} (model id: {info.model_id}, auth: {auth})")
         try:

@@ -1,4 +1,4 @@
-"""Anthropic Messages (serving.md §5): request validation and translation to the engine request. The models are
+"""Anthropic Messages (docs/protocols.md §5): request validation and translation to the engine request. The models are
 anthropic_models.py; the response body and SSE events are anthropic_output.py.
 
 Decisions: ``input_tokens`` is the whole rendered prompt (equal to count_tokens, as upstream's smoke test checks)
@@ -48,7 +48,7 @@ class AnthropicError(ApiError):
 
 
 def error_class(path: str) -> type[ApiError]:
-    """Anthropic's error shape under /v1/messages, OpenAI's elsewhere (serving.md §3)."""
+    """Anthropic's error shape under /v1/messages, OpenAI's elsewhere (docs/protocols.md §3)."""
     return AnthropicError if path.startswith("/v1/messages") else ApiError
 
 
@@ -115,7 +115,7 @@ def _text_of(blocks: Any, where: str) -> str:
 
 
 def _user(m: dict[str, Any], at: str) -> list[dict[str, Any]]:
-    """Each tool_result becomes its own tool turn, placed before the message's user text (serving.md §5)."""
+    """Each tool_result becomes its own tool turn, placed before the message's user text (docs/protocols.md §5)."""
     c = m.get("content")
     if isinstance(c, str):
         return [{"role": "user", "content": c}]

@@ -1,4 +1,4 @@
-"""msgspec models of the Anthropic Messages request, response body and SSE event payloads (serving.md §5).
+"""msgspec models of the Anthropic Messages request, response body and SSE event payloads (docs/protocols.md §5).
 
 Response-side types carry their ``type`` as a msgspec tag (always encoded, first), so a content block, a delta
 or an event is one Struct per shape. The SSE ``event:`` name of a stream event is its tag (:func:`event_name`).

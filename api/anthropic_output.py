@@ -1,4 +1,4 @@
-"""Anthropic Messages output (serving.md §5): the non-streamed message body and the SSE events of a streamed
+"""Anthropic Messages output (docs/protocols.md §5): the non-streamed message body and the SSE events of a streamed
 one, built from anthropic_models.py. ``stop_sequence`` names the stop sequence that ended the message;
 ``cache_read_input_tokens`` is part of ``input_tokens`` (see anthropic.py)."""
 

@@ -21,15 +21,18 @@ from .models import HealthStatus, ModelList, ModelObject
 from .openapi import ROUTE_DOCS, openapi_config
 from .routes_chat import handle_chat
 from .routes_protocols import handle_count_tokens, handle_messages, handle_responses
-from .service import Service, json_response, service
+from .service import Service, endpoint_name, json_response, service
 
 __all__ = ["build_app"]
 
 
 @get("/health", **ROUTE_DOCS["health"])
 async def health(request: Request[Any, Any, Any]) -> Response[bytes]:
+    svc = service(request)
+    if svc.drain.draining:  # shutting down: load balancers should stop sending requests here
+        return json_response(HealthStatus(status="draining", detail="shutting down"), 503)
     try:
-        h = await service(request).backend.health()
+        h = await svc.backend.health()
     except Exception as e:  # the actor is gone or not answering: not ready
         return json_response(HealthStatus(status="unavailable", detail=type(e).__name__), 503)
     if not h.ok:
@@ -90,7 +93,9 @@ async def responses(request: Request[Any, Any, Any]) -> Any:
     return await handle_responses(request, service(request))
 
 
-def _api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
+def _api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
+    if exc.status >= 500:
+        service(request).server_error(endpoint_name(request.url.path), exc)
     return Response(
         error_json(exc), status_code=exc.status, media_type="application/json", headers=exc.headers()
     )
@@ -102,8 +107,10 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
 
 
 def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    """An exception no handler expected: a 500 in the protocol's shape, logged with its traceback."""
     err = error_class(request.url.path)(500, f"internal error: {type(exc).__name__}", code="internal_error")
-    return _api_error(request, err)
+    service(request).server_error(endpoint_name(request.url.path), err, exc)
+    return Response(error_json(err), status_code=500, media_type="application/json")
 
 
 def _version() -> str:
@@ -132,4 +139,13 @@ def build_app(svc: Service, keyring: KeyRing | None) -> Gate:
         debug=False,
     )
     app.state.service = svc
-    return Gate(app, keyring=keyring, max_body_bytes=svc.config.max_request_bytes, cors=svc.config.cors)
+    cfg = svc.config
+    return Gate(
+        app,
+        keyring=keyring,
+        max_body_bytes=cfg.max_request_bytes,
+        cors=cfg.cors,
+        body_timeout_s=cfg.body_timeout_s,
+        drain=svc.drain,
+        on_refusal=lambda path, err: svc.server_error(endpoint_name(path), err),
+    )

@@ -47,6 +47,18 @@ class KeyRing:
                 ok, name = True, key_name
         return ok, name
 
+    def identify(self, presented: str | None) -> str | None:
+        """Who a valid key belongs to: its name, or ``key#N`` for an unnamed key (N: its place among the keys
+        of the file, from 1); None for an invalid key. Constant time like ``check``."""
+        if presented is None:
+            return None
+        digest = hashlib.sha256(presented.encode("utf-8", "surrogateescape")).digest()
+        who = None
+        for i, (key_digest, key_name) in enumerate(self._entries, 1):
+            if hmac.compare_digest(digest, key_digest):
+                who = key_name or f"key#{i}"
+        return who
+
 
 def parse_keys(text: str, source: str = "api key file") -> KeyRing:
     entries: list[tuple[bytes, str]] = []

@@ -45,6 +45,13 @@ class ServerConfig:
     ray_namespace: str = RAY_NAMESPACE
     allow_unregistered_shape: bool = False
     stream_interval_ms: float = 50.0  # least time between two streamed actor items of one request
+    header_timeout_s: float = (
+        10.0  # a request head must be complete this long after it started (or the connection)
+    )
+    body_timeout_s: float = 30.0  # most time between two pieces of a request body (408 after it)
+    keep_alive_timeout_s: float = 5.0  # an idle kept-alive connection is closed after this long
+    max_connections: int = 256  # open connections; one more is answered 503 and closed
+    shutdown_grace_s: float = 30.0  # on SIGTERM: time running requests get to finish before they are ended
 
     def __post_init__(self) -> None:
         def positive(flag: str, v: int | None) -> None:
@@ -78,6 +85,18 @@ class ServerConfig:
             raise ServerConfigError(
                 f"--stream-interval-ms: must be in 0..1000, got {self.stream_interval_ms}"
             )
+        for flag, v, hi in (
+            ("--header-timeout-s", self.header_timeout_s, 3600),
+            ("--body-timeout-s", self.body_timeout_s, 3600),
+            ("--keep-alive-timeout-s", self.keep_alive_timeout_s, 3600),
+        ):
+            if not 0 < v <= hi:
+                raise ServerConfigError(f"{flag}: must be in (0, {hi}] seconds, got {v}")
+        if not 0 <= self.shutdown_grace_s <= 3600:
+            raise ServerConfigError(
+                f"--shutdown-grace-s: must be in 0..3600 seconds, got {self.shutdown_grace_s}"
+            )
+        positive("--max-connections", self.max_connections)
         if self.model_id is not None and not self.model_id.strip():
             raise ServerConfigError("--model-id: must be non-empty")
         if not self.actor_name:

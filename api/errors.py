@@ -1,7 +1,7 @@
 """API errors and the OpenAI error body.
 
 Every failure the API reports is an :class:`ApiError`; one exception handler turns it into
-``{"error": {"message", "type", "param", "code"}}`` (serving.md §3), so no handler builds error bodies itself.
+``{"error": {"message", "type", "param", "code"}}`` (docs/protocols.md §3), so no handler builds error bodies itself.
 """
 
 from __future__ import annotations

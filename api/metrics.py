@@ -83,6 +83,7 @@ class Metrics:
         self.latency = Histogram(LATENCY_BUCKETS)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.requests: dict[tuple[str, str], int] = {}  # (endpoint, outcome) -> count
+        self.server_errors: dict[tuple[str, str], int] = {}  # (endpoint, code) -> 5xx answers
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.completion_tokens = 0
@@ -90,6 +91,10 @@ class Metrics:
     def count_request(self, endpoint: str, outcome: str) -> None:
         key = (endpoint, outcome)
         self.requests[key] = self.requests.get(key, 0) + 1
+
+    def count_server_error(self, endpoint: str, code: str) -> None:
+        key = (endpoint, code)
+        self.server_errors[key] = self.server_errors.get(key, 0) + 1
 
     def observe_done(
         self, *, latency_s: float, ttft_s: float | None, prompt: int, cached: int, completion: int
@@ -125,6 +130,16 @@ class Metrics:
             for (e, o), n in sorted(self.requests.items())
         ]
         series("ninfer_requests_total", "counter", "requests by endpoint and outcome", rows)
+        rows = [
+            f"ninfer_server_errors_total{_labels({'endpoint': e, 'code': c})} {n}"
+            for (e, c), n in sorted(self.server_errors.items())
+        ]
+        series(
+            "ninfer_server_errors_total",
+            "counter",
+            "5xx answers and stream errors by endpoint and code",
+            rows,
+        )
         for name, v, h in (
             ("ninfer_prompt_tokens_total", self.prompt_tokens, "prompt tokens of completed requests"),
             (
@@ -147,6 +162,7 @@ class Metrics:
             ("queue_len", "ninfer_queue_length", "requests waiting for a lane"),
             ("queue_depth", "ninfer_queue_depth", "admission queue capacity"),
             ("engine_failures", "ninfer_engine_failures_total", "engine step failures"),
+            ("internal_errors", "ninfer_actor_internal_errors_total", "requests the actor failed itself"),
         ):
             if actor is not None and key in actor:
                 kind = "counter" if name.endswith("_total") else "gauge"

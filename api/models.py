@@ -1,4 +1,4 @@
-"""msgspec models of the OpenAI Chat Completions request and response bodies (serving.md §4), the model list
+"""msgspec models of the OpenAI Chat Completions request and response bodies (docs/protocols.md §4), the model list
 and the health body.
 
 Request fields are decoded leniently where the spec says "ignored" (unknown fields are dropped) and strictly
@@ -91,7 +91,7 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     function_call: Any = None
     enable_thinking: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    reasoning_effort: str | None = None  # "none" turns thinking off (serving.md §8 [EXT])
+    reasoning_effort: str | None = None  # "none" turns thinking off (docs/protocols.md §8)
     thinking_budget: int | None = None  # extension: force </think> after this many reasoning tokens
     parallel_tool_calls: bool | None = None
     response_format: Any = None

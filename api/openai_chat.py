@@ -1,6 +1,6 @@
 """OpenAI Chat Completions: request validation and translation to the actor's GenerateRequest.
 
-Pure functions (no I/O), so every rule of serving.md §4 is testable without a server. Each rejection is an
+Pure functions (no I/O), so every rule of docs/protocols.md §4 is testable without a server. Each rejection is an
 ApiError naming the offending field in ``param``. The response side (bodies, SSE frames) is
 openai_chat_output.py.
 """
@@ -87,7 +87,7 @@ def _check_unsupported(req: ChatRequest) -> None:
 
 
 def chat_tools(req: ChatRequest) -> tuple[list[dict[str, Any]] | None, GrammarSpec | None]:
-    """The tools rendered into the prompt and the grammar tool_choice asks for (serving.md §4, §7)."""
+    """The tools rendered into the prompt and the grammar tool_choice asks for (docs/protocols.md §4, §7)."""
     choice = req.tool_choice
     if not req.tools:
         check_tool_choice(choice, "none", False, "tool_choice", ApiError)
@@ -188,7 +188,7 @@ def _check_tool_calls(calls: list[Any], at: str) -> None:
         if c.type != "function":
             raise _bad(f"{at}[{j}].type: must be 'function'", f"{at}[{j}].type")
         # arguments that are not a JSON object are salvaged, not refused (protocol.salvage_arguments): one bad
-        # call in a replayed history must not fail every later request of the session (peers.md §2.11)
+        # call in a replayed history must not fail every later request of the session (agents replay history)
 
 
 def _check_sampling(req: ChatRequest, limits: ChatLimits) -> None:

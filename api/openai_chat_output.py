@@ -1,4 +1,4 @@
-"""OpenAI Chat Completions output (serving.md §4): the non-streamed body and the SSE frames of a streamed one,
+"""OpenAI Chat Completions output (docs/protocols.md §4): the non-streamed body and the SSE frames of a streamed one,
 built from the msgspec models in models.py. Pure functions and a per-request builder; no I/O."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def completion_body(cid: str, created: int, model: str, out: Output | str, fin: 
 
 
 class ChatStream:
-    """Builds the SSE frames of one streamed completion in the order of serving.md §4: role chunk, reasoning
+    """Builds the SSE frames of one streamed completion in the order of docs/protocols.md §4: role chunk, reasoning
     chunks, content chunks, tool-call fragments (first per call: index, id, type, name, empty arguments; then
     index + argument pieces), finish chunk, usage chunk (include_usage only; every earlier chunk then carries
     ``usage: null``), ``[DONE]``. An error after the start is a ``data: {"error": ...}`` frame and no ``[DONE]``."""

@@ -1,4 +1,4 @@
-"""The request JSONL log (serving.md §9, schema_version 2, extended): written by one background thread.
+"""The request JSONL log (docs/protocols.md §9, schema_version 2, extended): written by one background thread.
 
 The request path only puts a dict on a queue. The writer appends one JSON line per record and flushes it; after a
 write failure logging turns itself off and says so once on stderr. Records carry token counts, timings and client

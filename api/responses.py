@@ -1,4 +1,4 @@
-"""OpenAI Responses (serving.md §6): request validation and translation to the engine request. The models are
+"""OpenAI Responses (docs/protocols.md §6): request validation and translation to the engine request. The models are
 responses_models.py; the response object and SSE events are responses_output.py.
 
 Nothing is stored: ``store`` is accepted and ignored, ``previous_response_id`` is a 400 (send the items instead).

@@ -1,4 +1,4 @@
-"""msgspec models of the OpenAI Responses request, response object and SSE event payloads (serving.md §6).
+"""msgspec models of the OpenAI Responses request, response object and SSE event payloads (docs/protocols.md §6).
 
 Output items, content parts and events carry their ``type`` as a msgspec tag (always encoded, first). Every
 event has a ``sequence_number``, set by the stream as it encodes the event; the SSE ``event:`` name is the tag

@@ -1,5 +1,5 @@
-"""OpenAI Responses output (serving.md §6): the response object and the SSE events of a streamed one, built from
-responses_models.py. Streamed items and the final ``response.completed`` carry the same ids (peers.md §2.13);
+"""OpenAI Responses output (docs/protocols.md §6): the response object and the SSE events of a streamed one, built from
+responses_models.py. Streamed items and the final ``response.completed`` carry the same ids (clients match them);
 every event has a ``sequence_number``; there is no ``[DONE]``."""
 
 from __future__ import annotations

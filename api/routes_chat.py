@@ -9,20 +9,24 @@ from typing import Any
 from litestar import Request
 
 from .errors import ApiError
+from .limits import check_depth, nesting_guard
 from .openai_chat import parse_chat_request, to_generate_request
 from .openai_chat_output import ChatStream, completion_body, new_completion_id
 from .protocol import parse_output
 from .routes_common import admit, collect, event_stream, output_mode, request_record
-from .service import Service, client_name, json_response
+from .service import Service, client_claim, client_name, json_response
 
 __all__ = ["handle_chat"]
 
 
 async def handle_chat(request: Request[Any, Any, Any], svc: Service) -> Any:
     t0 = time.perf_counter()
-    req = parse_chat_request(await request.body(), svc.limits)
+    body = await request.body()
     rid = new_completion_id()
-    greq = to_generate_request(req, svc.limits, rid, client_name(request, req.user), svc.template_defaults)
+    with nesting_guard(ApiError):
+        req = parse_chat_request(body, svc.limits)
+        check_depth(req, ApiError)
+        greq = to_generate_request(req, svc.limits, rid, client_name(request), svc.template_defaults)
     record = request_record(
         greq,
         protocol="openai_chat_completions",
@@ -30,6 +34,7 @@ async def handle_chat(request: Request[Any, Any, Any], svc: Service) -> Any:
         stream=req.stream,
         messages=len(req.messages),
         client_max=bool(req.max_completion_tokens or req.max_tokens),
+        claim=client_claim(request, req.user),
     )
     track, events = await admit(svc, greq, record, "chat_completions", t0, ApiError)
     created = int(time.time())

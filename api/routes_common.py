@@ -18,7 +18,9 @@ from litestar import Request
 from litestar.response import Stream
 from ninfer.actors.messages import Accepted, Delta, Failed, Finished, GenerateRequest, StreamEvent
 
+from .drain import Drained, until_drained
 from .errors import ApiError
+from .limits import check_depth
 from .service import Service
 
 __all__ = [
@@ -39,7 +41,14 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def request_record(
-    greq: GenerateRequest, *, protocol: str, model: str, stream: bool, messages: int, client_max: bool
+    greq: GenerateRequest,
+    *,
+    protocol: str,
+    model: str,
+    stream: bool,
+    messages: int,
+    client_max: bool,
+    claim: str | None = None,
 ) -> dict[str, Any]:
     s = greq.sampling
     tools = greq.tools or ()
@@ -50,7 +59,8 @@ def request_record(
         "model": model,
         "stream": stream,
         "message_count": messages,
-        "client": greq.client,
+        "client": greq.client,  # who the server knows sent it (API key name, else the peer address)
+        "client_claim": claim,  # who the request says it is (user field / X-Client-Name), unverified
         "requested_output_tokens": s.max_tokens,
         "requested_output_tokens_source": "client" if client_max else "server_default",
         "tool_count": len(tools),
@@ -77,6 +87,12 @@ class Tracker:
         self.ttft: float | None = None
         self.record = {"request_id": svc.next_request_id(), **record}
         self.tool_calls = 0
+        self.completion_tokens = 0  # generated so far (what a cancelled request logs)
+
+    def delta(self, ev: Delta) -> None:
+        self.completion_tokens += len(ev.token_ids)
+        if ev.text:
+            self.first_token()
 
     def first_token(self) -> None:
         if self.ttft is None:
@@ -124,17 +140,28 @@ class Tracker:
         )
 
     def failed(self, message: str, outcome: str) -> None:
+        """Logged with what the request got before it ended: its tokens so far and the API's timings."""
         if self.done:
             return
         self.done = True
         self.svc.metrics.count_request(self.endpoint, outcome)
-        self._log("request_error", request=self.record, error={"message": message, "outcome": outcome})
+        self._log(
+            "request_error",
+            request=self.record,
+            error={"message": message, "outcome": outcome},
+            result={
+                "prompt_tokens": self.record.get("prompt_tokens"),
+                "completion_tokens": self.completion_tokens,
+            },
+            timings_seconds={"ttft": self.ttft, "total": time.perf_counter() - self.t0},
+        )
 
-    def abandon(self) -> None:
-        """The client went away (or the handler failed) before the engine finished: free the lane now."""
+    def abandon(self, message: str = "client disconnected", outcome: str = "cancelled") -> None:
+        """The client went away, the handler failed or the server is shutting down before the engine finished:
+        free the lane now."""
         if not self.done:
             self.svc.backend.cancel(self.greq.request_id)
-            self.failed("client disconnected", "cancelled")
+            self.failed(message, outcome)
 
     def _log(self, event: str, **fields: Any) -> None:
         if self.svc.reqlog is not None:
@@ -148,7 +175,9 @@ def failure(ev: Failed, err: type[ApiError] = ApiError) -> ApiError:
 async def admit(
     svc: Service, greq: GenerateRequest, record: dict[str, Any], endpoint: str, t0: float, err: type[ApiError]
 ) -> tuple[Tracker, AsyncIterator[StreamEvent]]:
-    """Submit and wait for the actor's first event: Accepted, or a refusal raised as ``err``."""
+    """Submit and wait for the actor's first event: Accepted, or a refusal raised as ``err``. The engine request
+    is measured again: JSON parsed out of strings (tool-call arguments) may nest deeper than the body did."""
+    check_depth(greq, err)
     events = svc.backend.generate(greq)
     first = await anext(events, None)
     if not isinstance(first, Accepted):
@@ -162,14 +191,17 @@ async def admit(
     return track, events
 
 
+def _shutting_down(err: type[ApiError]) -> ApiError:
+    return err(503, "the server is shutting down", code="shutting_down", retry_after=1.0)
+
+
 async def _collect(
     events: AsyncIterator[StreamEvent], track: Tracker, err: type[ApiError]
 ) -> tuple[str, Finished]:
     parts: list[str] = []
-    async for ev in events:
+    async for ev in until_drained(events, track.svc.drain):
         if isinstance(ev, Delta):
-            if ev.text:
-                track.first_token()
+            track.delta(ev)
             parts.append(ev.text)
         elif isinstance(ev, Finished):
             track.finished(ev)
@@ -198,7 +230,11 @@ async def collect(
         if not work.done():
             work.cancel()
             raise err(499, "client disconnected", code="client_disconnected")
-        return work.result()
+        try:
+            return work.result()
+        except Drained:
+            track.abandon("the server is shutting down", "shutting_down")
+            raise _shutting_down(err) from None
     finally:
         gone.cancel()
         track.abandon()
@@ -214,16 +250,18 @@ class StreamBuilder(Protocol):
 async def sse(
     b: StreamBuilder, events: AsyncIterator[StreamEvent], track: Tracker, err: type[ApiError]
 ) -> AsyncIterator[bytes]:
-    """Runs inside Litestar's Stream; a client disconnect cancels this task, and ``finally`` frees the lane."""
+    """Runs inside Litestar's Stream; a client disconnect cancels this task, and ``finally`` frees the lane. Any
+    error after the start (the engine's, the server's shutdown, a bug here) ends the stream with one error event
+    in the protocol's shape; the 5xx among them are logged and counted."""
+    svc, endpoint = track.svc, track.endpoint
     try:
         yield b.start()
-        async for ev in events:
+        async for ev in until_drained(events, svc.drain):
             if isinstance(ev, Delta):
-                if ev.text:
-                    track.first_token()
-                    out = b.text(ev.text)
-                    if out:
-                        yield out
+                track.delta(ev)
+                out = b.text(ev.text) if ev.text else b""
+                if out:
+                    yield out
             elif isinstance(ev, Finished):
                 out = b.finish(ev)
                 track.tool_calls = getattr(b, "tool_calls", 0)
@@ -232,10 +270,27 @@ async def sse(
                 return
             elif isinstance(ev, Failed):
                 track.failed(ev.message, "error")
-                yield b.error(failure(ev, err))
+                e = failure(ev, err)
+                if e.status >= 500:
+                    svc.server_error(endpoint, e)
+                yield b.error(e)
                 return
-        track.failed("the engine stream ended without a finish event", "error")
-        yield b.error(err(500, "the engine stream ended without a finish event", code="internal_error"))
+        e = err(500, "the engine stream ended without a finish event", code="internal_error")
+        track.failed(e.message, "error")
+        svc.server_error(endpoint, e)
+        yield b.error(e)
+    except Drained:
+        track.abandon("the server is shutting down", "shutting_down")
+        e = _shutting_down(err)
+        svc.server_error(endpoint, e)
+        yield b.error(e)
+    except (
+        Exception
+    ) as exc:  # a bug while streaming: the client still gets an error event, the log the traceback
+        e = err(500, f"internal error: {type(exc).__name__}", code="internal_error")
+        track.abandon(e.message, "error")
+        svc.server_error(endpoint, e, exc)
+        yield b.error(e)
     finally:
         track.abandon()
 

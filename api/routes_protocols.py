@@ -17,9 +17,10 @@ from . import responses as rs
 from . import responses_output as ro
 from .anthropic_models import CountTokens
 from .errors import ApiError
+from .limits import check_depth, nesting_guard
 from .protocol import Output, new_id, parse_output, reports_calls
 from .routes_common import admit, collect, event_stream, failure, output_mode, request_record
-from .service import Service, client_name, json_response
+from .service import Service, client_claim, client_name, json_response
 
 __all__ = ["handle_messages", "handle_count_tokens", "handle_responses"]
 
@@ -27,18 +28,34 @@ __all__ = ["handle_messages", "handle_count_tokens", "handle_responses"]
 def _anthropic(
     request: Request[Any, Any, Any], svc: Service, body: bytes, rid: str, count: bool = False
 ) -> tuple[Any, Any]:
-    req = am.parse_messages_request(body, svc.limits.max_context, require_max_tokens=not count)
-    greq = am.to_generate_request(
-        req, rid, client_name(request, None), svc.template_defaults, svc.config.default_max_tokens
-    )
+    with nesting_guard(am.AnthropicError):
+        req = am.parse_messages_request(body, svc.limits.max_context, require_max_tokens=not count)
+        check_depth(req, am.AnthropicError)
+        greq = am.to_generate_request(
+            req, rid, client_name(request), svc.template_defaults, svc.config.default_max_tokens
+        )
     return req, greq
 
 
 async def handle_count_tokens(request: Request[Any, Any, Any], svc: Service) -> Any:
-    _, greq = _anthropic(request, svc, await request.body(), new_id("count_"), count=True)
+    """Counted on the actor's prompt worker (no model run); logged as a ``count_tokens`` record."""
+    t0 = time.perf_counter()
+    req, greq = _anthropic(request, svc, await request.body(), new_id("count_"), count=True)
+    check_depth(greq, am.AnthropicError)
     n = await svc.backend.count_tokens(greq)
+    rec = {"request_id": svc.next_request_id(), "engine_request_id": greq.request_id,
+           "protocol": "anthropic_count_tokens", "model": req.model, "message_count": len(req.messages),
+           "client": greq.client, "client_claim": client_claim(request, None)}  # fmt: skip
+    seconds = {"total": time.perf_counter() - t0}
     if isinstance(n, Failed):
+        svc.metrics.count_request("count_tokens", "error")
+        if svc.reqlog is not None:
+            svc.reqlog.write("count_tokens", request=rec, error={"message": n.message, "code": n.code},
+                             timings_seconds=seconds)  # fmt: skip
         raise failure(n, am.AnthropicError)
+    svc.metrics.count_request("count_tokens", "ok")
+    if svc.reqlog is not None:
+        svc.reqlog.write("count_tokens", request=rec, result={"input_tokens": n}, timings_seconds=seconds)
     return json_response(CountTokens(input_tokens=n))
 
 
@@ -47,7 +64,8 @@ async def handle_messages(request: Request[Any, Any, Any], svc: Service) -> Any:
     mid = new_id("msg_")
     req, greq = _anthropic(request, svc, await request.body(), mid)
     record = request_record(greq, protocol="anthropic_messages", model=req.model, stream=req.stream,
-                            messages=len(req.messages), client_max=req.max_tokens is not None)  # fmt: skip
+                            messages=len(req.messages), client_max=req.max_tokens is not None,
+                            claim=client_claim(request, None))  # fmt: skip
     track, events = await admit(svc, greq, record, "messages", t0, am.AnthropicError)
     thinking, tools = output_mode(greq)
     if req.stream:
@@ -62,13 +80,17 @@ async def handle_messages(request: Request[Any, Any, Any], svc: Service) -> Any:
 
 async def handle_responses(request: Request[Any, Any, Any], svc: Service) -> Any:
     t0 = time.perf_counter()
-    req = rs.parse_responses_request(await request.body(), svc.limits.model_id, svc.limits.max_context)
+    body = await request.body()
     rid = new_id("resp_")
-    greq = rs.to_generate_request(
-        req, rid, client_name(request, req.user), svc.template_defaults, svc.config.default_max_tokens
-    )
+    with nesting_guard(ApiError):
+        req = rs.parse_responses_request(body, svc.limits.model_id, svc.limits.max_context)
+        check_depth(req, ApiError)
+        greq = rs.to_generate_request(
+            req, rid, client_name(request), svc.template_defaults, svc.config.default_max_tokens
+        )
     record = request_record(greq, protocol="openai_responses", model=req.model, stream=req.stream,
-                            messages=len(greq.messages or ()), client_max=req.max_output_tokens is not None)  # fmt: skip
+                            messages=len(greq.messages or ()), client_max=req.max_output_tokens is not None,
+                            claim=client_claim(request, req.user))  # fmt: skip
     track, events = await admit(svc, greq, record, "responses", t0, ApiError)
     created = int(time.time())
     thinking, tools = output_mode(greq)

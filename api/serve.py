@@ -62,14 +62,44 @@ def register(subparsers: Any) -> None:
         "--detached", action="store_true", help="the actor outlives this process (Python jobs keep it)"
     )
     p.add_argument("--actor-name", default="ninfer-engine")
-    p.add_argument("--allow-unregistered-shape", action="store_true")
+    p.add_argument(
+        "--allow-unregistered-shape",
+        action="store_true",
+        help="serve an artifact whose shape is not a registered one (tiny test models)",
+    )
     p.add_argument(
         "--stream-interval-ms",
         type=float,
         default=50.0,
         help="least time between two streamed items of a request",
     )
+    _connection_options(p)
     p.set_defaults(func=run_serve)
+
+
+def _connection_options(p: Any) -> None:
+    g = p.add_argument_group("connections and shutdown")
+    g.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=10.0,
+        help="a request head must be complete this long after it (or the connection) started; else closed",
+    )
+    g.add_argument(
+        "--body-timeout-s", type=float, default=30.0, help="most time between two pieces of a body (then 408)"
+    )
+    g.add_argument(
+        "--keep-alive-timeout-s", type=float, default=5.0, help="an idle kept-alive connection is closed"
+    )
+    g.add_argument(
+        "--max-connections", type=int, default=256, help="open connections; one more gets 503 and is closed"
+    )
+    g.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT: new requests get 503 while running ones get this long to finish",
+    )
 
 
 def config_from_args(a: argparse.Namespace) -> ServerConfig:
@@ -100,6 +130,11 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         actor_name=a.actor_name,
         allow_unregistered_shape=a.allow_unregistered_shape,
         stream_interval_ms=a.stream_interval_ms,
+        header_timeout_s=a.header_timeout_s,
+        body_timeout_s=a.body_timeout_s,
+        keep_alive_timeout_s=a.keep_alive_timeout_s,
+        max_connections=a.max_connections,
+        shutdown_grace_s=a.shutdown_grace_s,
     )
 
 

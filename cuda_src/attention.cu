@@ -1,4 +1,4 @@
-// Gated full attention over a paged KV cache (model-qwen3.6.md §3).
+// Gated full attention over a paged KV cache (docs/model-math.md §3).
 //
 // Paged cache, per layer: k_cache, v_cache [num_pages, page_size, HKV, D] (type C); a token at position p of
 // sequence b lives in page page_table[b * ldpt + p / page_size], offset p % page_size.

@@ -1,4 +1,4 @@
-// Causal prefill attention on tensor cores (flash-attention-2 style), bf16 paged KV cache (model-qwen3.6.md §3).
+// Causal prefill attention on tensor cores (flash-attention-2 style), bf16 paged KV cache (docs/model-math.md §3).
 //
 // Same semantics as attention.cu `attention`: q [R, HQ, D] (float or bf16), k_cache/v_cache [pages, page_size,
 // HKV, D] bf16; row r (sequence row_seq[r]) attends positions 0..row_pos[r]; q head h reads KV head h / (HQ/HKV);

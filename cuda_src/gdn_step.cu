@@ -1,4 +1,4 @@
-// Exact token-by-token Gated DeltaNet recurrence (model-qwen3.6.md §4.5) with coalesced state access, optionally
+// Exact token-by-token Gated DeltaNet recurrence (docs/model-math.md §4.5) with coalesced state access, optionally
 // fused with the causal conv of the token, and the fused decode epilogue (gated RMSNorm + q/k conv-state update).
 //
 // Per value head j (QK head j / ratio), state S[DK, DV] fp32 in registers (stored as S-type between calls):

@@ -1,4 +1,4 @@
-// RMS norms, fp32 math, rounded once on store (model-qwen3.6.md §2).
+// RMS norms, fp32 math, rounded once on store (docs/model-math.md §2).
 //
 // rmsnorm: optionally fused with the residual add (resid <- resid + x, in place, fp32), then
 //   y = r * rsqrt(mean(r^2) + eps) * (OFFSET ? 1 + w : w)

@@ -1,4 +1,4 @@
-// MoE router (model-qwen3.6.md §5): p = softmax_fp32(logits) over all E experts, top-k by probability with ties
+// MoE router (docs/model-math.md §5): p = softmax_fp32(logits) over all E experts, top-k by probability with ties
 // to the lower expert id (a stable sort), weights renormalised over the selected k: w = p_sel / sum(p_sel).
 // One warp per token; lane l holds experts l, l + 32, ... (E <= 32 * MAXE). Selection order is best first.
 // NaN logits (a NaN probability) rank below every number and are still selectable, so every id written is a real

@@ -11,7 +11,7 @@
 // over which the scale is constant: 0 = the whole row (applied once after the K loop), else 32 or 64 (applied per
 // 32-wide K tile, which never straddles a group).
 //
-// Planes (byte offsets computed on the host, artifact.md §2/§5/§6):
+// Planes (byte offsets computed on the host, docs/formats.md §2/§5/§6):
 //   BF16            p0 = u16 [N, K]
 //   FP8E4M3_F32ROW  p0 = e4m3 codes [N, K], p1 = f32 row scales [N]
 //   FP8E4M3_F32T    p0 = e4m3 codes [N, K], p1 = one f32 scale

@@ -194,11 +194,24 @@ def _parser() -> argparse.ArgumentParser:
 
     try:
         from ninfer.api.serve import register
-    except ImportError:
-        pass
+    except ImportError as e:  # a broken install: say why instead of dropping the subcommand
+        _register_unavailable_serve(sub, e)
     else:
         register(sub)
     return p
+
+
+def _register_unavailable_serve(sub: Any, error: ImportError) -> None:
+    """``ninfer serve`` when ``ninfer.api`` cannot be imported: listed, and running it prints the import error."""
+    reason = f"{type(error).__name__}: {error}"
+    s = sub.add_parser("serve", help=f"serve an artifact over HTTP (unavailable here: {reason})")
+    s.add_argument("args", nargs=argparse.REMAINDER)
+
+    def unavailable(_: argparse.Namespace) -> int:
+        print(f"ninfer serve: error: the HTTP server cannot be imported: {reason}", file=sys.stderr)
+        return 2
+
+    s.set_defaults(func=unavailable)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -44,8 +44,11 @@ def random_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def build_demo(path: str | os.PathLike[str], seed: int = 0, profile: str = "bf16") -> str:
-    """Write the demo artifact to ``path`` and return the path."""
+def build_demo(
+    path: str | os.PathLike[str], seed: int = 0, profile: str = "bf16", *, shape_registered: bool = True
+) -> str:
+    """Write the demo artifact to ``path`` and return the path (``shape_registered=False``: marked as an
+    unregistered shape, as ``ninfer convert --allow-unregistered-shape`` marks tiny checkpoints)."""
     from ninfer.frontend.demo_tokenizer import demo_frontend_resources
 
     res = demo_frontend_resources()
@@ -67,7 +70,7 @@ def build_demo(path: str | os.PathLike[str], seed: int = 0, profile: str = "bf16
         model_id="ninfer-demo",
         weight_profile=profile,
         config=cfg,
-        shape_registered=True,
+        shape_registered=shape_registered,
         load_tensor=weights.__getitem__,
         resources=res,
         provenance=dict(tool="ninfer demo", seed=seed),

@@ -13,9 +13,11 @@ from ninfer.artifact import Artifact, open_artifact
 from ninfer.config import ModelConfig
 from ninfer.flash_next.config import FlashNextConfig
 
-__all__ = ["Model", "load", "BackendError"]
+__all__ = ["Model", "load", "BackendError", "CUDA_ARCHITECTURES"]
 
 DEFAULT_PREFILL_CHUNK = 64
+# Architectures the CUDA backend has kernels for; every other one (Flash-Next's qwen4_exp) runs on the reference.
+CUDA_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
 
 
 class BackendError(RuntimeError):
@@ -165,7 +167,7 @@ def load(
 
 
 def _cuda_net(art: Any, options: dict[str, Any]) -> Any:
-    if art.model_config.arch not in ("qwen3_5", "qwen3_5_moe"):
+    if art.model_config.arch not in CUDA_ARCHITECTURES:
         raise BackendError(f"the CUDA backend has no kernels for architecture {art.model_config.arch!r} yet")
     if getattr(art, "manifest", None) is None:
         raise BackendError(

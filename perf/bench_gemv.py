@@ -8,7 +8,7 @@ depend on the values; encoding a 248320 x 5120 matrix on the host would cost min
 of launches over enough copies of the weight to exceed the L2 four times (so every launch reads device memory),
 timed per launch, median of ``repeats`` replays: a decode step replays its GEMVs the same way. Bytes = the weight's encoded bytes (all
 planes) + activations read + outputs written; the MoE case counts the selected experts' bytes only. The copy
-ceiling is a cupy device-to-device copy of a 1 GiB buffer, counted as bytes read + written (as hardware.md).
+ceiling is a cupy device-to-device copy of a 1 GiB buffer, counted as bytes read + written.
 """
 
 from __future__ import annotations

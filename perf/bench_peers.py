@@ -71,7 +71,7 @@ def graph_seconds(fns: list[Any], reps: int = 10) -> float:
 
 
 def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
-    """Device-to-device copy, bytes read + written per second (hardware.md's convention)."""
+    """Device-to-device copy, bytes read + written per second (the convention of every ceiling here)."""
     import cupy
 
     a = cupy.ones(nbytes, dtype=cupy.uint8)

@@ -2,7 +2,7 @@
 
     ninfer-perf --quick --out perf/results          # 27B and 35B-A3B at nvfp4, ~5 minutes on an H200
 
-Rooflines (hardware.md): decode is memory bound, bytes per step = matrix weights read once (MoE: the expected
+Rooflines: decode is memory bound, bytes per step = matrix weights read once (MoE: the expected
 distinct experts of the step's tokens) + GDN state read and written + KV read, at the measured copy bandwidth;
 prefill is compute bound, FLOPs = 2 x active matrix parameters + causal attention, at the measured cuBLAS bf16
 GEMM rate. Every figure is reported with its fraction of the roofline.

@@ -1,4 +1,4 @@
-"""Tiny random transformers Qwen3.5/3.6 checkpoints: the parity oracle of model-qwen3.6.md §9.
+"""Tiny random transformers Qwen3.5/3.6 checkpoints: the parity oracle of docs/model-math.md §9.
 
     model, hf_cfg = make_tiny_hf("dense" | "moe", seed, **overrides)
     save_tiny_hf(path, "moe", seed)                   # save_pretrained (safetensors) into path

@@ -152,7 +152,7 @@ def hf_greedy(model: Any, ids: np.ndarray, n: int) -> list[int]:
 
 
 def real_hf_config() -> dict[str, Any]:
-    """The text config of Qwen/Qwen3.8-Flash-Next as flash-next.md §1 gives it (VLM wrapper, 'full_attention')."""
+    """The text config of Qwen/Qwen3.8-Flash-Next as docs/flash-next.md §1 gives it (VLM wrapper, 'full_attention')."""
     text = dict(
         model_type="qwen4_exp_text", vocab_size=248320, hidden_size=2560, num_hidden_layers=48,
         full_attention_interval=4, rms_norm_eps=1e-6, hidden_act="silu", tie_word_embeddings=False,

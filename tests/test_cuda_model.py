@@ -390,7 +390,7 @@ def test_memory_plan_matches_spec_sizes() -> None:
         max_context=65536, prefill_chunk=512, attn_chunk=512, kv_dtype="bf16", state_dtype="fp32",
         act_bytes=2, graphs=True,
     )  # fmt: skip
-    assert plan.kv_pool == 4097 * 16 * 64 * 1024  # 64 KiB of bf16 K+V per token (model-qwen3.6.md §4)
+    assert plan.kv_pool == 4097 * 16 * 64 * 1024  # 64 KiB of bf16 K+V per token (docs/model-math.md §4)
     assert plan.total == sum(v for k, v in plan.as_dict().items() if k not in ("free", "total"))
     plan.check()
     with pytest.raises(MemoryError, match="does not fit"):

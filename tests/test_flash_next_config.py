@@ -26,7 +26,7 @@ def test_real_config_derived_values(real: FlashNextConfig) -> None:
 
 
 def test_real_ngram_constants(real: FlashNextConfig) -> None:
-    """flash-next.md §7: the 16 primes, offsets, padded row count and the seed-1234 multipliers."""
+    """docs/flash-next.md §7: the 16 primes, offsets, padded row count and the seed-1234 multipliers."""
     sizes = real.ngram_head_sizes(0)
     assert sizes[:3] == (20000003, 20000023, 20000033) and sizes[-1] == 20000171 and len(sizes) == 16
     offs = real.ngram_head_offsets(0)

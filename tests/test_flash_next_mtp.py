@@ -1,4 +1,4 @@
-"""The MTP head (flash-next.md §8) against an independent float64 NumPy computation written here from the spec.
+"""The MTP head (docs/flash-next.md §8) against an independent float64 NumPy computation written here from the spec.
 
 transformers has no qwen4_exp MTP forward, so the oracle below re-derives everything in fp64 from the formulas
 (fused input, HC mix/combine, one QSA layer with its indexer and block selection, MoE, final mixer) without

@@ -1,4 +1,4 @@
-"""Unit tests of the Flash-Next ops against direct fp64 formulas (flash-next.md §3, §4, §6, §7)."""
+"""Unit tests of the Flash-Next ops against direct fp64 formulas (docs/flash-next.md §3, §4, §6, §7)."""
 
 from __future__ import annotations
 

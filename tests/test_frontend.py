@@ -172,7 +172,7 @@ def test_environment_features_match_transformers(demo):
     )
 
 
-# -- chat template: what the demo template renders (serving.md §7) ------------------------------------------------
+# -- chat template: what the demo template renders (docs/protocols.md §7) ------------------------------------------------
 def test_generation_prompt_thinking_on_and_off(demo):
     _, ct, _ = demo
     msgs = [{"role": "user", "content": "hey"}]

@@ -1,4 +1,4 @@
-"""MTP head (model-qwen3.6.md §6) vs an independent fp64 NumPy computation written here from the spec.
+"""MTP head (docs/model-math.md §6) vs an independent fp64 NumPy computation written here from the spec.
 
 Nothing below the ``Qwen36`` call uses ``ninfer.reference``: norms, the interleaved q/gate split, interleaved
 MRoPE, causal GQA, SwiGLU and the MoE router are re-derived in float64 with plain loops where that is clearer.

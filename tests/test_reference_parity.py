@@ -1,4 +1,4 @@
-"""Reference model vs transformers on tiny random checkpoints (model-qwen3.6.md §9; issue 2 acceptance).
+"""Reference model vs transformers on tiny random checkpoints (docs/model-math.md §9; issue 2 acceptance).
 
 Tolerance: max-abs error over max-abs logit ≤ 1e-4. Both sides are fp32; the floor is ~3e-5 to 6e-5 and is the
 same size as transformers-fp32 vs transformers-fp64. MoE configs are chosen (seed, init range) so that no router

@@ -83,7 +83,7 @@ def test_quantized_round_trip_matches_dequantized_parents(tmp_path, moe):
                 np.testing.assert_array_equal(got, orig)
             elif entry.format == "BF16":
                 np.testing.assert_array_equal(got, bf16_round(orig))
-            else:  # group-int: half a step (artifact.md §2 scales are normal f16 here)
+            else:  # group-int: half a step (docs/formats.md §2 scales are normal f16 here)
                 fmt = FORMATS[entry.format]
                 s = fmt.views(art.raw(name), entry.shape)["scale"].astype(np.float32)
                 per = np.repeat(s, fmt.group, axis=1)[:, : orig.shape[-1]]

@@ -1,4 +1,4 @@
-"""Test-only writer of small upstream v1 ``.ninfer`` files (artifact.md §1-3) from canonical HF-shaped weights.
+"""Test-only writer of small upstream v1 ``.ninfer`` files (docs/formats.md §1-3) from canonical HF-shaped weights.
 
 Written from the documented layout, independently of ``ninfer.artifact.v1``: ``fuse`` builds the upstream fused
 parents (naming per the v1 table's assumption), ``assign_*`` gives each parent its format like §3, and
@@ -24,7 +24,7 @@ Parents = list[tuple[str, np.ndarray]]
 
 
 def tiny_config(moe: bool) -> ModelConfig:
-    """model-qwen3.6.md §9 sizes: 4 layers (lin, lin, lin, full), GQA 4/2 x 32, GDN 2 key / 6 (MoE: 4) value heads."""
+    """docs/model-math.md §9 sizes: 4 layers (lin, lin, lin, full), GQA 4/2 x 32, GDN 2 key / 6 (MoE: 4) value heads."""
     common: dict[str, Any] = dict(
         vocab_size=256,
         hidden_size=64,

@@ -1,4 +1,4 @@
-"""The ``.ninfer`` container (artifact.md §6): 128-byte header, sorted compact JSON manifest, 256-byte aligned
+"""The ``.ninfer`` container (docs/formats.md §6): 128-byte header, sorted compact JSON manifest, 256-byte aligned
 blobs readable with ``numpy.memmap``.
 
 Header (little-endian):

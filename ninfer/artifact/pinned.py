@@ -94,7 +94,7 @@ DEMO = ModelConfig(
 )
 
 
-# Qwen3.8-Flash-Next (flash-next.md §1: every value from the checkpoint config, not transformers' defaults).
+# Qwen3.8-Flash-Next (docs/flash-next.md §1: every value from the checkpoint config, not transformers' defaults).
 QWEN38_FLASH_NEXT = FlashNextConfig(
     vocab_size=248320,
     hidden_size=2560,

@@ -82,7 +82,7 @@ def _fp8(name: str, shape: tuple[int, ...]) -> str:
 
 
 def _groupwise_int(name: str, shape: tuple[int, ...]) -> str:
-    """Per-role group-int assignment modelled on upstream's qwen3_6 recipes (artifact.md §3).
+    """Per-role group-int assignment modelled on upstream's qwen3_6 recipes (docs/formats.md §3).
 
     Upstream fuses rows ([q,k,gate,v], [q,k,v,z]); we keep HF tensors, so each HF tensor takes the format of
     the upstream role that holds most of its rows.

@@ -1,4 +1,4 @@
-"""Strict reader of the upstream v1 ``.ninfer`` container (artifact.md §1-3), and its canonical-name view.
+"""Strict reader of the upstream v1 ``.ninfer`` container (docs/formats.md §1-3), and its canonical-name view.
 
 ```
 [0,16)   b"NINFER\\0\\x01" | u64 LE json_bytes (> 0)
@@ -10,7 +10,7 @@ the payload with one read-only ``numpy.memmap``. An unregistered ``model_id`` op
 but ``canonical_weights()`` refuses it. Every failure is a ``V1FormatError`` naming the object/member at fault.
 
 Upstream tensor names are not in the spec: ``V1_LAYER_PARENTS`` / ``V1_GLOBALS`` below are OUR ASSUMPTION of
-upstream naming, built from the roles and fused row orders of artifact.md §3.
+upstream naming, built from the roles and fused row orders of docs/formats.md §3.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ V1_LAYOUTS = {"contiguous-le-v1": (_DIRECT, 0, 16, 256), "row-split-k128-v1": (_
 _TENSOR_MEMBERS = ("name", "kind", "shape", "format", "layout", "offset", "bytes")
 _RESOURCE_MEMBERS = ("name", "kind", "encoding", "offset", "bytes")
 
-# ---- upstream naming (OUR ASSUMPTION; artifact.md §3 documents roles and row orders, not names) -----------
+# ---- upstream naming (OUR ASSUMPTION; docs/formats.md §3 documents roles and row orders, not names) -----------
 # Layer tensors are "{L}{role}" with L = "text.layers.{i}." (canonical "layers.{i}.") or "mtp.layers.{j}."
 # (canonical "mtp.layers.{j}."). Each fused parent lists its row segments in order; a segment's row count
 # comes from _segment_rows (single-segment parents: all rows). Both the 27B split parents ([q,k] + [gate,v],

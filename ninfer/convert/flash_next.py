@@ -1,4 +1,4 @@
-"""The qwen4_exp checkpoint reader of ``ninfer convert`` (flash-next.md §10, names: ``ninfer.flash_next.names``).
+"""The qwen4_exp checkpoint reader of ``ninfer convert`` (docs/flash-next.md §10, names: ``ninfer.flash_next.names``).
 
 - the n-gram table arrives as ``split_ngram_parts`` shards; ``get`` returns a lazy ``ShardRows`` over them (a
   ``RowSource``: the writer reads it in row chunks, never the whole 100 GB table);
@@ -109,7 +109,7 @@ class FlashNextCheckpoint:
         return self.ckpt.stacked(self._expert_names(name))
 
     def check(self) -> None:
-        """The checkpoint's derived n-gram buffers must hold what the config implies (flash-next.md §7)."""
+        """The checkpoint's derived n-gram buffers must hold what the config implies (docs/flash-next.md §7)."""
         for canonical, hf_name in sorted(self.buffers.items()):
             try:
                 want = expected_buffer(self.cfg, canonical)

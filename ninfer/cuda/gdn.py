@@ -226,7 +226,7 @@ def gdn_chunked(
     n_k_heads: int,
     out: Any = None,
 ) -> Any:
-    """``gdn_recurrent`` in the chunked form (model-qwen3.6.md §4.6, reference ``ops.gdn_chunked``): same
+    """``gdn_recurrent`` in the chunked form (docs/model-math.md §4.6, reference ``ops.gdn_chunked``): same
     arguments, checks, result and state update within fp32 noise. Each sequence runs in chunks of 64 tokens
     counted from its first row in this call, so results depend (at fp32 noise) on how a prompt is split."""
     out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import functools
 import re
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "ARCH_SPECIFIC",
     "CUDA_SRC",
+    "SOURCE_PACKAGE",
     "KernelError",
     "source_text",
     "load_module",
@@ -27,8 +30,11 @@ __all__ = [
     "target_arch",
 ]
 
-# The sources live beside the package in the repository (editable installs and the device checkout).
-CUDA_SRC = Path(__file__).resolve().parents[2] / "cuda_src"
+# The sources are the package data of ``ninfer.cuda_src`` (pyproject maps it to the repository's cuda_src/), found
+# through importlib.resources so that editable installs, wheels and the device checkout all read the same files.
+SOURCE_PACKAGE = "ninfer.cuda_src"
+# A real directory for every install that is not zipped (nvcc -I in the host tests).
+CUDA_SRC = Path(str(resources.files(SOURCE_PACKAGE)))
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 OPTIONS = ("-std=c++17",)
 # family -> {compute capability: architecture-specific target}. CuPy appends its own ``-arch=sm_<cc>`` after these
@@ -44,11 +50,12 @@ class KernelError(ValueError):
 def source_text(name: str) -> str:
     """The source of ``cuda_src/<name>`` with its local includes inlined (each header once)."""
     seen: set[str] = set()
+    root: Traversable = resources.files(SOURCE_PACKAGE)
 
     def expand(fname: str) -> str:
-        path = CUDA_SRC / fname
+        path = root.joinpath(fname)
         if not path.is_file():
-            raise FileNotFoundError(f"CUDA source {path} does not exist")
+            raise FileNotFoundError(f"CUDA source {fname} is not in the {SOURCE_PACKAGE} package ({root})")
 
         def sub(m: re.Match[str]) -> str:
             inc = m.group(1)
@@ -57,7 +64,7 @@ def source_text(name: str) -> str:
             seen.add(inc)
             return f"// ---- {inc} ----\n{expand(inc)}\n// ---- end {inc} ----"
 
-        return _INCLUDE.sub(sub, path.read_text()).replace("#pragma once", "")
+        return _INCLUDE.sub(sub, path.read_text(encoding="utf-8")).replace("#pragma once", "")
 
     return expand(name)
 

@@ -1,4 +1,4 @@
-"""Mixer and FFN blocks of ``CudaQwen36`` (model-qwen3.6.md §3–§5), as compositions of the kernel wrappers.
+"""Mixer and FFN blocks of ``CudaQwen36`` (docs/model-math.md §3–§5), as compositions of the kernel wrappers.
 
 Each block takes the normed activation ``h[T, H]`` (bf16 words or float32) and the call's ``Meta`` and returns the
 block output in the same dtype; state (KV pages, GDN conv/recurrent slots) is updated in place on the device.

@@ -153,7 +153,7 @@ class GrammarCompiler:
         return self.json_schema(_ANY_OBJECT)
 
     def tool_calls(self, tools: list[dict[str, Any]], choice: str, parallel: bool = False) -> Any:
-        """Qwen XML calls (serving.md §7) of ``tools`` (OpenAI function-tool form): exactly one, or one or more
+        """Qwen XML calls (docs/protocols.md §7) of ``tools`` (OpenAI function-tool form): exactly one, or one or more
         with ``parallel``; ``choice`` is "required" (any of them) or a tool name (that one)."""
         for t in tools:
             params = t["function"].get("parameters") or {"type": "object"}

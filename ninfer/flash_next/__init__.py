@@ -1,6 +1,6 @@
 """Qwen3.8-Flash-Next (``qwen4_exp``): config, reference model, per-sequence state, tensor names, weight profiles.
 
-Spec: /work/shared/spec/flash-next.md; state and reuse rules: docs/flash-next-state.md.
+Spec: docs/flash-next.md; state and reuse rules: docs/flash-next-state.md.
 
 The exports are resolved lazily (PEP 562) so that ``ninfer.flash_next.config`` / ``.quant`` can be imported by
 the artifact registry without pulling in the reference model (which itself imports the artifact package).

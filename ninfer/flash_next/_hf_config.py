@@ -1,4 +1,4 @@
-"""HF ``config.json`` -> FlashNextConfig (flash-next.md §1): field mapping and the checks HF itself makes."""
+"""HF ``config.json`` -> FlashNextConfig (docs/flash-next.md §1): field mapping and the checks HF itself makes."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Built once from an HF ``config.json`` dict (``from_hf``) or a stored copy (``from_dict``), validated in
 ``__post_init__`` and passed down. Field names follow HF ``Qwen4ExpTextConfig``; every value comes from the
-checkpoint config, since transformers' defaults are not this model (flash-next.md §1).
+checkpoint config, since transformers' defaults are not this model (docs/flash-next.md §1).
 
 Layer kinds are normalised to ``"linear_attention"`` (GDN) and ``"qsa"``: the checkpoint writes
 ``full_attention`` and transformers ``indexed_attention`` for the same QSA layers (there is no dense path, §2).

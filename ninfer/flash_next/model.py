@@ -8,7 +8,7 @@ logits = model.lm_head(h)                   # [T, V]
 h, streams = model.forward_streams(ids, s)  # also the pre-mixer 4-stream state [T, S·D] (the MTP input)
 snap = state.snapshot_gdn(); state.restore_gdn(snap)
 ```
-Layer i: [PLE] -> Mix_attn -> GDN | QSA -> Combine -> Mix_mlp -> MoE -> Combine (flash-next.md §3); no norms
+Layer i: [PLE] -> Mix_attn -> GDN | QSA -> Combine -> Mix_mlp -> MoE -> Combine (docs/flash-next.md §3); no norms
 outside the hyper-connections; the final mixer collapses the 4 streams straight into lm_head.
 
 N-gram rows are read through ``weights.get_rows(name, row_ids) -> float32 [n, row_dim]`` when the source offers

@@ -1,7 +1,7 @@
 """qwen4_exp tensor names: HF checkpoint name -> canonical name, and the canonical inventory with shapes.
 
 Canonical names drop the ``model.`` / ``model.language_model.`` prefix (docs/contracts.md); ``lm_head.weight`` and
-``mtp.*`` sit at the root already. Special cases (flash-next.md §7, §10):
+``mtp.*`` sit at the root already. Special cases (docs/flash-next.md §7, §10):
 - the n-gram table arrives as ``split_ngram_parts`` shards ``...ngram_embedding.shard_{k}.weight``, concatenated
   along rows in k order into ONE canonical table ``layers.{i}.ple.ple_embedding.ngram_embedding.weight``;
 - the three i64 buffers ``layer_multipliers``, ``ngram_heads_vocab_sizes``, ``ngram_heads_offsets`` are derived

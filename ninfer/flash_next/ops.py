@@ -1,6 +1,6 @@
 """fp32 NumPy ops that Qwen3.8-Flash-Next adds to the Qwen3.6 set, one function per future CUDA kernel.
 
-Formulas follow /work/shared/spec/flash-next.md (section numbers below). Ops whose math is identical to Qwen3.6
+Formulas follow docs/flash-next.md (section numbers below). Ops whose math is identical to Qwen3.6
 (linear, RMSNormOff, RoPE, GDN conv/recurrence/chunked, MoE routing and experts) are reused from
 ``ninfer.reference.ops`` by the model; only the variants live here. The n-gram hashing is in ``ops_ngram``.
 
@@ -138,7 +138,7 @@ def qsa_select_blocks(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices (ascending) of the ``k`` best blocks; among equal scores the LOWEST block index wins.
 
     This tie rule is ours: transformers uses torch.topk, whose choice among ties is undocumented, and zero scores
-    (all heads' dots <= 0) are common enough that the rule changes outputs (flash-next.md §4).
+    (all heads' dots <= 0) are common enough that the rule changes outputs (docs/flash-next.md §4).
     """
     if k >= scores.shape[0]:
         return np.arange(scores.shape[0])

@@ -1,4 +1,4 @@
-"""PLE n-gram hashing (flash-next.md §7): token history -> n-gram table row ids, one kernel's worth of math.
+"""PLE n-gram hashing (docs/flash-next.md §7): token history -> n-gram table row ids, one kernel's worth of math.
 
 Per token p and shift k (0..n-1): t_k(p) = id(p-k), but the pad id (EOS) if p-k is before the sequence or any of
 positions p-k..p-1 holds EOS, so n-grams never cross an EOS. Order-m mix (m = 2..n) = XOR over k<m of t_k·mult_k;

@@ -1,13 +1,13 @@
 """Weight profiles of qwen3.8-flash-next: the format of every canonical tensor, and the n-gram table's layout.
 
-Profiles (product.md):
+Profiles (docs/formats.md §6):
 - ``bf16``: every tensor BF16 except GDN ``A_log``/``dt_bias`` (FP32); the n-gram table is BF16 ``[rows, D]``.
   For tiny checkpoints whose values are bf16-exact this is lossless (the parity tests rely on that).
 - ``mixed-nvfp4-fp8-ple-int4`` (the real model, one H200):
   - NVFP4G16_E4M3S: the trunk's routed experts (``experts.gate_up_proj/down_proj``, about 96% of the parameters
     outside the table) and the large projections: GDN ``in_proj_qkv``, ``in_proj_z``, ``out_proj``; QSA
     ``q_proj``, ``o_proj``; PLE ``key_proj``, ``value_proj``.
-  - FP8E4M3_F32ROW: the whole MTP head's matrices (flash-next.md: the official FP8 release keeps MTP in FP8; the
+  - FP8E4M3_F32ROW: the whole MTP head's matrices (the official FP8 release keeps MTP in FP8; the
     draft quality is acceptance-critical), ``embed_tokens``, ``lm_head``, QSA ``k_proj``/``v_proj``, the indexer
     ``index_qk_proj`` (block selection is sensitive), shared experts, HC ``input_mix_weight_down/up``.
   - BF16: norms, router ``mlp.gate``, ``shared_expert_gate``, HC ``block_inject_weight``, GDN ``in_proj_a/b``

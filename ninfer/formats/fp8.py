@@ -4,7 +4,7 @@ E4M3 (e4m3fn): sign, 4-bit exponent (bias 7), 3-bit mantissa; no inf; ``S.1111.1
 2^-6, min subnormal 2^-9. ``e4m3_encode`` rounds to nearest, ties to even, saturates finite and infinite
 magnitudes to 448 and maps NaN to the NaN code of its sign.
 
-Formats (our identities, artifact.md §6; rows = ``prod(shape[:-1])``, rank >= 2):
+Formats (our identities, docs/formats.md §6; rows = ``prod(shape[:-1])``, rank >= 2):
 - ``FP8E4M3_F32ROW``, layout ``fp8-rows-v1``: u8 codes ``[N, K]`` @0, f32 LE row scales ``[N]`` @
   ``align_up(N*K, 256)``. ``scale = amax_row / 448`` (f32), ``code = e4m3(x / scale)``, ``w = e4m3(code)*scale``.
   An all-zero row has scale 0 and zero codes.

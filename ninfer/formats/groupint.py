@@ -1,6 +1,6 @@
 """Group-int formats ``Q4G64_F16S Q5G64_F16S Q6G64_F16S W8G32_F16S``, layout ``row-split-k128-v1``.
 
-artifact.md §2. Codes are signed (two's complement, no zero point); each group of G columns of a row has one
+docs/formats.md §2. Codes are signed (two's complement, no zero point); each group of G columns of a row has one
 IEEE binary16 multiplier: ``w[n, k] = f32(scale[n, k // G]) * f32(q[n, k])``.
 
 Encoder ``MAXABS_F16_RECIP_RNE_V1`` per group: ``amax = max|x|``; zero -> scale +0, codes 0; else

@@ -1,4 +1,4 @@
-"""E2M1 codec and ``NVFP4G16_E4M3S`` (layout ``nvfp4-rows-k128-v1``), artifact.md §5 and §6.
+"""E2M1 codec and ``NVFP4G16_E4M3S`` (layout ``nvfp4-rows-k128-v1``), docs/formats.md §5 and §6.
 
 E2M1: sign, 2-bit exponent (bias 1), 1-bit mantissa; magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}; code 8 is -0;
 rounding is RNE on this grid, saturating at 6 (ModelOpt's thresholds .25/.75/1.25/1.75/2.5/3.5/5 with ties at

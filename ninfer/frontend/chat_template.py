@@ -25,8 +25,16 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .tokenizer import Tokenizer
 
-__all__ = ["ChatTemplate", "TemplateError", "parse_tool_call_arguments"]
+__all__ = [
+    "ChatTemplate",
+    "TemplateError",
+    "RESERVED_VARIABLES",
+    "check_variables",
+    "parse_tool_call_arguments",
+]
 
+# Template variables render() takes as its own arguments: a caller's extra variables may not reuse them.
+RESERVED_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 # Names a message's reasoning may come under; the first is the one chat templates read (transformers' order).
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
@@ -152,6 +160,13 @@ def _prepare_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     return prepared
 
 
+def check_variables(variables: Mapping[str, Any]) -> None:
+    """Refuse extra template variables that would collide with ``render``'s own arguments."""
+    clash = sorted(RESERVED_VARIABLES.intersection(variables))
+    if clash:
+        raise TemplateError(f"template variable {clash[0]!r} is set by the renderer and cannot be passed")
+
+
 def parse_tool_call_arguments(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Copy of ``messages`` whose assistant tool calls carry ``arguments`` as objects, not JSON strings.
 
@@ -241,8 +256,12 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         **kwargs: Any,
     ) -> list[int]:
-        """Token ids of ``render(...)`` (encoded without added BOS/EOS, as transformers does)."""
+        """Token ids of ``render(...)`` (encoded without added BOS/EOS, as transformers does), except that text in
+        the messages, tools and variables that spells a control token (``<|im_end|>``) is tokenized as text: only
+        the template's own markup yields control tokens (``ninfer.frontend.prompt``)."""
         if self.tokenizer is None:
             raise TemplateError("render_ids() needs a ChatTemplate built with a tokenizer")
-        text = self.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        check_variables(kwargs)
+        from .prompt import encode_chat  # noqa: PLC0415 - prompt builds on this module
+
+        return encode_chat(self, messages, tools, add_generation_prompt, **kwargs)

@@ -1,7 +1,7 @@
 """The ``<think>`` channel: split generated text into reasoning and answer, whole or while it streams.
 
 With thinking on, the prompt ends inside ``<think>\\n``, so decoding starts in the reasoning channel; the first
-``</think>`` switches to the answer, whose leading whitespace is dropped (serving.md §7). Reasoning is trimmed at
+``</think>`` switches to the answer, whose leading whitespace is dropped (docs/protocols.md §7). Reasoning is trimmed at
 both ends, as the chat template trims it when the turn is replayed. With thinking off the prompt already closed
 the block and everything is answer. Streaming holds back only what might still change: a partial ``</think>`` and
 trailing whitespace of the reasoning, so the streamed pieces concatenate to exactly the whole-text split.

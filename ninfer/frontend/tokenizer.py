@@ -15,7 +15,7 @@ import tokenizers
 
 __all__ = ["Tokenizer", "TokenizerError", "EOS_TOKENS"]
 
-# The stop tokens of the Qwen3.6 family in preference order (serving.md §8: 248046 and 248044).
+# The stop tokens of the Qwen3.6 family in preference order (docs/protocols.md §8: 248046 and 248044).
 EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 # tokenizer_config.json keys that name one special token each; the chat template sees them as variables.
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -43,7 +43,7 @@ def _token_content(value: Any, key: str) -> str | None:
 def _add_config_tokens(hf: tokenizers.Tokenizer, decoder: Mapping[str, Any]) -> None:
     """Add tokens that tokenizer_config.json's ``added_tokens_decoder`` declares but tokenizer.json lacks.
 
-    transformers does the same on load (artifact.md §1: the real model's ids 248070-76 come from there). Each must
+    transformers does the same on load (docs/formats.md §1: the real model's ids 248070-76 come from there). Each must
     land on its declared id, so they are added in id order and must extend the vocabulary contiguously.
     """
     for key in sorted(decoder, key=int):
@@ -76,6 +76,11 @@ class Tokenizer:
         added = hf.get_added_tokens_decoder()  # id -> AddedToken
         self._added: dict[int, str] = {i: t.content for i, t in sorted(added.items())}
         self._special_ids = frozenset(i for i, t in added.items() if t.special)
+        self._control = {t.content: (i, t.lstrip, t.rstrip) for i, t in sorted(added.items()) if t.special}
+        # the same tokenizer with special-token text read as text (non-special added tokens still match)
+        self._text_hf = tokenizers.Tokenizer.from_str(hf.to_str())
+        self._text_hf.encode_special_tokens = True
+        self._max_token_chars: int | None = None
         # The id domain: Qwen's ids are contiguous, so this is max id + 1 (248077 for the real model).
         self._vocab_size = max([hf.get_vocab_size(with_added_tokens=True), *(i + 1 for i in added)])
         self._special_tokens: dict[str, str] = {}
@@ -133,10 +138,24 @@ class Tokenizer:
 
     # -- ids <-> text -------------------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of ``text``. Special-token text inside ``text`` becomes the special id (HF default)."""
+        """Token ids of ``text``. Special-token text inside ``text`` becomes the special id (HF default).
+
+        Runs through ``encode_batch``, which releases the GIL while it works (measured with tokenizers 0.23:
+        a plain ``encode`` of a 2 MB text held it for the whole 2.5 s in some threads), so a long prompt
+        tokenized on a worker thread does not stall the other threads of the process."""
+        return self._encode(self._hf, text, add_special_tokens)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of ``text`` read as plain text: special-token text (``<|im_end|>``) is split like any other
+        text instead of becoming the control token. Added tokens that are not special (``<think>``) still match."""
+        return self._encode(self._text_hf, text, False)
+
+    @staticmethod
+    def _encode(hf: tokenizers.Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
         if not isinstance(text, str):
             raise TokenizerError(f"encode() needs a str, got {type(text).__name__}")
-        return self._hf.encode(text, add_special_tokens=add_special_tokens).ids
+        (enc,) = hf.encode_batch([text], add_special_tokens=add_special_tokens)
+        return enc.ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids``; invalid UTF-8 (a cut multi-byte character) decodes to U+FFFD like HF does."""
@@ -162,6 +181,21 @@ class Tokenizer:
     def special_ids(self) -> frozenset[int]:
         """Ids of added tokens marked special (removed by ``skip_special_tokens``)."""
         return self._special_ids
+
+    @property
+    def control_tokens(self) -> dict[str, tuple[int, bool, bool]]:
+        """Special added tokens (``<|im_start|>``, ...): text -> (id, lstrip, rstrip)."""
+        return dict(self._control)
+
+    @property
+    def max_token_chars(self) -> int:
+        """Most characters one token stands for (the longest vocabulary entry; a byte-level entry has one
+        character per byte, so this bounds the decoded text too). A text of N characters has at least
+        N / max_token_chars tokens, up to normalization (see ``ninfer.frontend.prompt``)."""
+        if self._max_token_chars is None:
+            vocab = self._hf.get_vocab(with_added_tokens=True)
+            self._max_token_chars = max([1, *map(len, vocab), *map(len, self._added.values())])
+        return self._max_token_chars
 
     @property
     def added_tokens(self) -> dict[int, str]:

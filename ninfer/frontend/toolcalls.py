@@ -1,4 +1,4 @@
-"""Qwen XML tool calls (serving.md §7) in generated answers, parsed whole or while they stream, by one parser.
+"""Qwen XML tool calls (docs/protocols.md §7) in generated answers, parsed whole or while they stream, by one parser.
 
 The format::
 
@@ -20,7 +20,7 @@ malformed block. Calls completed before it stay calls.
 
 Arguments: keys in the order generated (so streamed pieces equal the final string), compact JSON. A parameter
 whose declared schema type is ``string`` keeps its trimmed text, so ``"123"`` stays a string; any other value is
-trimmed and read as JSON, falling back to the text (serving.md §7).
+trimmed and read as JSON, falling back to the text (docs/protocols.md §7).
 """
 
 from __future__ import annotations

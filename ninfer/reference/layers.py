@@ -1,4 +1,4 @@
-"""Decoder-layer building blocks of the Qwen3.6 family, composed from ``ops`` (model-qwen3.6.md §2–§5).
+"""Decoder-layer building blocks of the Qwen3.6 family, composed from ``ops`` (docs/model-math.md §2–§5).
 
 A call processes the rows of several independent sequences at once: ``segments`` lists, for each sequence, its
 ``SequenceState`` and the slice of rows that belong to it (contiguous, in order). Row-wise work (projections,

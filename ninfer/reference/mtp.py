@@ -1,4 +1,4 @@
-"""MTP draft head of the Qwen3.6 family (model-qwen3.6.md §6), composed from ``ops`` and ``layers``.
+"""MTP draft head of the Qwen3.6 family (docs/model-math.md §6), composed from ``ops`` and ``layers``.
 
     u = mtp.fc([RMSNormOff(embed(x_{t+1}), pre_fc_norm_embedding) ‖ RMSNormOff(h_t, pre_fc_norm_hidden)])
     u = decoder layer mtp.layers.0 (gated full attention + the model's FFN), own 1-layer KV cache

@@ -1,7 +1,7 @@
 """fp32 NumPy ops of the Qwen3.6 family, one function per kernel the CUDA backend implements one for one.
 
 Every function takes and returns plain arrays (float32 activations, HF-layout weights ``[out, in]``); none holds
-state or knows about the model. Formulas follow /work/shared/spec/model-qwen3.6.md (section numbers below).
+state or knows about the model. Formulas follow docs/model-math.md (section numbers below).
 
 Row independence (measured decision): ``linear`` multiplies each row on its own (a stack of 1-row products, which
 NumPy sends to BLAS gemv one row at a time). A plain ``x @ w.T`` picks gemm for several rows and gemv for one, and

@@ -1,4 +1,4 @@
-"""fp32 NumPy ops of the Gated DeltaNet mixer (model-qwen3.6.md §4), re-exported by ``ops``.
+"""fp32 NumPy ops of the Gated DeltaNet mixer (docs/model-math.md §4), re-exported by ``ops``.
 
 Shapes: q, k ``[T,HK,dk]``; v ``[T,HV,dv]``; g, beta ``[T,HV]``; recurrent state ``S[HV,dk,dv]`` (FLA layout).
 V head j reads QK head j // (HV/HK). q and k arrive l2-normed (``l2norm``); the 1/√dk query scale is applied

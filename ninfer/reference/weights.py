@@ -74,7 +74,7 @@ def expected_shapes(cfg: ModelConfig, *, mtp: bool | None = None) -> dict[str, t
 
 
 def mtp_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The MTP head's tensors (model-qwen3.6.md §6, §8): one full-attention decoder layer plus fc and norms."""
+    """The MTP head's tensors (docs/model-math.md §6, §8): one full-attention decoder layer plus fc and norms."""
     return {k: v for k, v in expected_shapes(cfg, mtp=True).items() if k.startswith("mtp.")}
 
 

@@ -1,0 +1,57 @@
+"""`ninfer serve` options that decide how the server starts: the backend `auto` picks, the connection and
+shutdown settings, and `--allow-unregistered-shape` reaching the actor."""
+
+from __future__ import annotations
+
+import pytest
+from ninfer.api._runner import actor_spec, resolve_backend
+from ninfer.api.config import ServerConfig, ServerConfigError
+from ninfer.api.serve import config_from_args
+
+from ninfer.cli import _parser
+
+
+@pytest.mark.parametrize(
+    ("backend", "arch", "gpus", "want"),
+    [
+        ("auto", "qwen3_5", 1, "cuda"),
+        ("auto", "qwen3_5_moe", 2, "cuda"),
+        ("auto", "qwen3_5", 0, "reference"),
+        ("auto", "qwen4_exp", 1, "reference"),  # Flash-Next: no CUDA target yet
+        ("auto", None, 1, "reference"),  # an upstream v1 file: the CUDA backend does not load those
+        ("reference", "qwen3_5", 1, "reference"),
+        ("cuda", "qwen4_exp", 1, "cuda"),  # asked for explicitly: kept, and the load says why it cannot
+    ],
+)
+def test_backend_choice(backend: str, arch: str | None, gpus: int, want: str) -> None:
+    got, why = resolve_backend(backend, arch, gpus=gpus)
+    assert got == want, why
+    if backend == "auto" and gpus and want == "reference":
+        assert "no target" in why and ("qwen4_exp" in why or "v1" in why)
+
+
+def test_connection_and_shutdown_flags() -> None:
+    a = _parser().parse_args(["serve", "a.ninfer", "--header-timeout-s", "2", "--body-timeout-s", "3",
+                              "--keep-alive-timeout-s", "4", "--max-connections", "5",
+                              "--shutdown-grace-s", "6"])  # fmt: skip
+    cfg = config_from_args(a)
+    assert (cfg.header_timeout_s, cfg.body_timeout_s, cfg.keep_alive_timeout_s) == (2, 3, 4)
+    assert (cfg.max_connections, cfg.shutdown_grace_s) == (5, 6)
+    d = config_from_args(_parser().parse_args(["serve", "a.ninfer"]))
+    assert (d.header_timeout_s, d.body_timeout_s, d.max_connections, d.shutdown_grace_s) == (10, 30, 256, 30)
+    for kw, flag in (
+        ({"header_timeout_s": 0}, "--header-timeout-s"),
+        ({"body_timeout_s": -1}, "--body-timeout-s"),
+        ({"keep_alive_timeout_s": 0}, "--keep-alive-timeout-s"),
+        ({"max_connections": 0}, "--max-connections"),
+        ({"shutdown_grace_s": -1}, "--shutdown-grace-s"),
+    ):
+        with pytest.raises(ServerConfigError, match=flag):
+            ServerConfig(artifact="a.ninfer", **kw)  # type: ignore[arg-type]
+
+
+def test_allow_unregistered_shape_reaches_the_actor() -> None:
+    a = _parser().parse_args(["serve", "a.ninfer", "--allow-unregistered-shape"])
+    assert actor_spec(config_from_args(a), "reference").allow_unregistered_shape is True
+    b = _parser().parse_args(["serve", "a.ninfer"])
+    assert actor_spec(config_from_args(b), "reference").allow_unregistered_shape is False
