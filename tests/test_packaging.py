@@ -99,3 +99,22 @@ def test_serve_reports_why_it_cannot_be_imported(monkeypatch, capsys) -> None:
     err = capsys.readouterr().err
     assert "ninfer serve: error: the HTTP server cannot be imported" in err
     assert "ninfer.api.serve" in err
+
+
+def test_a_checkout_on_pythonpath_reads_the_kernel_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without an install there is no ``ninfer.cuda_src`` package (the GPU machine runs the repository from
+    PYTHONPATH): the loader falls back to the checkout's cuda_src/ beside ninfer/."""
+    from importlib import resources
+
+    from ninfer.cuda import all_sources, loader
+
+    real = resources.files
+
+    def files(pkg: str) -> object:
+        if pkg == loader.SOURCE_PACKAGE:
+            raise ModuleNotFoundError(pkg)
+        return real(pkg)
+
+    monkeypatch.setattr(loader.resources, "files", files)
+    for src in all_sources():
+        assert "__global__" in loader.source_text(src), src

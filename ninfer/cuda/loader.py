@@ -31,10 +31,21 @@ __all__ = [
 ]
 
 # The sources are the package data of ``ninfer.cuda_src`` (pyproject maps it to the repository's cuda_src/), found
-# through importlib.resources so that editable installs, wheels and the device checkout all read the same files.
+# through importlib.resources so that editable installs and wheels read the same files. A checkout used without
+# installing (the repository root on PYTHONPATH, as on the GPU test machine) has no such package: there the
+# sources are the repository's cuda_src/ beside ninfer/.
 SOURCE_PACKAGE = "ninfer.cuda_src"
+
+
+def _sources_root() -> Traversable:
+    try:
+        return resources.files(SOURCE_PACKAGE)
+    except ModuleNotFoundError:
+        return resources.files("ninfer").joinpath("..", "cuda_src")
+
+
 # A real directory for every install that is not zipped (nvcc -I in the host tests).
-CUDA_SRC = Path(str(resources.files(SOURCE_PACKAGE)))
+CUDA_SRC = Path(str(_sources_root())).resolve()
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 OPTIONS = ("-std=c++17",)
 # family -> {compute capability: architecture-specific target}. CuPy appends its own ``-arch=sm_<cc>`` after these
@@ -50,7 +61,7 @@ class KernelError(ValueError):
 def source_text(name: str) -> str:
     """The source of ``cuda_src/<name>`` with its local includes inlined (each header once)."""
     seen: set[str] = set()
-    root: Traversable = resources.files(SOURCE_PACKAGE)
+    root = _sources_root()
 
     def expand(fname: str) -> str:
         path = root.joinpath(fname)
