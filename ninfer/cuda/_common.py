@@ -7,6 +7,7 @@ strides up front and raises :class:`KernelError` naming the argument, never a la
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +15,16 @@ import numpy as np
 
 from ninfer.cuda.loader import KernelError
 
-__all__ = ["KernelError", "act_type", "check_array", "check_rows", "dev_int32", "grid_1d", "ACT_DTYPES"]
+__all__ = [
+    "KernelError",
+    "act_type",
+    "arrival_counters",
+    "check_array",
+    "check_rows",
+    "dev_int32",
+    "grid_1d",
+    "ACT_DTYPES",
+]
 
 # activation dtype -> C++ type name used in the template instances
 ACT_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}
@@ -84,3 +94,36 @@ def dev_int32(a: Any, name: str, n: int | None = None) -> Any:
 
 def grid_1d(n: int, per_block: int) -> int:
     return max(1, (n + per_block - 1) // per_block)
+
+
+class _Counters:
+    """Zeroed int32 arrival counters for one (device, stream), shared by the kernels that merge partial results in
+    the launch (the split-K GEMV, split-KV attention): the last arrival resets its counter, so the buffer is zero
+    again after every launch, and launches on one stream never overlap. A grown buffer is a new one; the old ones
+    stay alive because a captured CUDA graph may still point at them. Grown only outside stream capture (a decode
+    graph's warm-up run allocates what its capture needs)."""
+
+    def __init__(self) -> None:
+        self._bufs: list[Any] = []
+
+    def get(self, n: int) -> Any:
+        import cupy
+
+        if not self._bufs or self._bufs[-1].size < n:
+            size = max(n, 1 << 16, 2 * (self._bufs[-1].size if self._bufs else 0))
+            mem = cupy.cuda.Memory(size * 4)  # plain cudaMalloc, outside any pool or graph
+            cupy.cuda.runtime.memset(mem.ptr, 0, size * 4)
+            self._bufs.append(cupy.ndarray((size,), np.int32, cupy.cuda.MemoryPointer(mem, 0)))
+        return self._bufs[-1]
+
+
+@functools.cache
+def _counters(device: int, stream: int) -> _Counters:
+    return _Counters()
+
+
+def arrival_counters(n: int) -> Any:
+    """At least ``n`` zeroed int32 arrival counters for the current device and stream (see ``_Counters``)."""
+    import cupy
+
+    return _counters(cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr).get(n)

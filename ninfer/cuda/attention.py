@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, grid_1d
+from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
 from ninfer.cuda.loader import kernel
 
 __all__ = [
@@ -253,30 +253,6 @@ def page_shift(page_size: int) -> int:
     return page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
 
 
-class _Counters:
-    """Zeroed int32 arrival counters for one (device, stream): every last arrival resets its counter, so the buffer
-    is zero again after each launch. A grown buffer is a new one; old ones stay alive for captured CUDA graphs.
-    Grown only outside stream capture (a decode graph's warm-up run allocates what its capture needs)."""
-
-    def __init__(self) -> None:
-        self._bufs: list[Any] = []
-
-    def get(self, n: int) -> Any:
-        import cupy
-
-        if not self._bufs or self._bufs[-1].size < n:
-            size = max(n, 1 << 14, 2 * (self._bufs[-1].size if self._bufs else 0))
-            mem = cupy.cuda.Memory(size * 4)  # plain cudaMalloc, outside any pool or graph
-            cupy.cuda.runtime.memset(mem.ptr, 0, size * 4)
-            self._bufs.append(cupy.ndarray((size,), np.int32, cupy.cuda.MemoryPointer(mem, 0)))
-        return self._bufs[-1]
-
-
-@functools.cache
-def _counters(device: int, stream: int) -> _Counters:
-    return _Counters()
-
-
 def attention(
     q: Any,
     k_cache: Any,
@@ -322,8 +298,7 @@ def attention(
     ws_ml, wg_ml = ws[no + ng : no + ng + 2 * no // d], ws[no + ng + 2 * no // d :]
     cnt = ws  # unused with one split
     if plan.nsplit > 1:
-        stream = cupy.cuda.get_current_stream()
-        cnt = _counters(cupy.cuda.Device().id, stream.ptr).get(step * hkv * (plan.ngmax + 1))
+        cnt = arrival_counters(step * hkv * (plan.ngmax + 1))
     qk_scale = np.float32(scale * math.log2(math.e))
     sms = _sm_count(cupy.cuda.Device().id)
     for r0 in range(0, r, step):

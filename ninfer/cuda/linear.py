@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, grid_1d
+from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
 from ninfer.cuda.loader import compute_capability, kernel, target_arch
 from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight
 
@@ -164,31 +164,6 @@ def gemv_plan(fmt: str, n: int, k: int) -> GemvPlan:
     )
 
 
-class _Counters:
-    """Zeroed int32 arrival counters of the split-K GEMV for one (device, stream): the last block of a row block
-    resets its entry, so the buffer is zero again after every launch. A grown buffer is a new one; the old ones
-    stay alive because a captured CUDA graph may still point at them. Grown only outside stream capture (decode
-    graphs need at most one entry per row block, allocated by the warm-up run before capture)."""
-
-    def __init__(self) -> None:
-        self._bufs: list[Any] = []
-
-    def get(self, n: int) -> Any:
-        import cupy
-
-        if not self._bufs or self._bufs[-1].size < n:
-            size = max(n, 1 << 16, 2 * (self._bufs[-1].size if self._bufs else 0))
-            mem = cupy.cuda.Memory(size * 4)  # plain cudaMalloc, outside any pool or graph
-            cupy.cuda.runtime.memset(mem.ptr, 0, size * 4)
-            self._bufs.append(cupy.ndarray((size,), np.int32, cupy.cuda.MemoryPointer(mem, 0)))
-        return self._bufs[-1]
-
-
-@functools.cache
-def _counters(device: int, stream: int) -> _Counters:
-    return _Counters()
-
-
 @dataclass(frozen=True, slots=True)
 class _Input:
     """The GEMV's activation operand: ``x`` rows of stride ``ldx`` read from column 0, optionally transformed while
@@ -243,8 +218,7 @@ def _gemv_launch(
     gz = lanes if ids is not None else -(-lanes // nb)
     if plan.splits > 1:
         ws = cupy.empty(gz * plan.blocks_x * plan.splits * plan.rows * 8, dtype=np.float32)
-        stream = cupy.cuda.get_current_stream()
-        cnt = _counters(cupy.cuda.Device().id, stream.ptr).get(gz * plan.blocks_x)
+        cnt = arrival_counters(gz * plan.blocks_x)
     else:
         ws = cnt = cupy.empty(0, dtype=np.int32)
     null = cupy.empty(0, dtype=np.int32)

@@ -121,19 +121,11 @@ class _Staging:
                      for n, (s, d) in shapes.items()}  # fmt: skip
 
     def upload(self, values: dict[str, Any], stream: Any) -> None:
+        import cupy
+
         for name, v in values.items():
             self.host[name][...] = v
-        cupy_rt().memcpyAsync(self.dev.data.ptr, self.host_ptr, self.size, 1, stream.ptr)
-
-    @property
-    def host_ptr(self) -> int:
-        return self._pinned.ptr
-
-
-def cupy_rt() -> Any:
-    import cupy
-
-    return cupy.cuda.runtime
+        cupy.cuda.runtime.memcpyAsync(self.dev.data.ptr, self._pinned.ptr, self.size, 1, stream.ptr)
 
 
 class GraphSet:
