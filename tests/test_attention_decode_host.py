@@ -9,44 +9,29 @@ GPU tests (tests/test_cuda_attention_decode.py) check the same kernel on the dev
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from host_emu import build_emulator
 
 from ninfer.artifact.registry import MODELS
 from ninfer.cuda.attention import group_size, page_shift, smem_bytes, split_blocks, split_plan
-from ninfer.cuda.loader import source_text
 from ninfer.engine.model_runner import PagedKVStore
 from ninfer.formats import bf16_decode, bf16_encode, bf16_round
 from ninfer.formats.fp8 import e4m3_table
 from ninfer.reference import ops
 
 F32 = np.float32
-HOST = Path(__file__).parent / "host"
-CXX = shutil.which("g++")
 CACHE_CODES = {"float": 0, "bf16": 1, "e4m3": 2}  # the driver's C argument
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if CXX is None:
-        pytest.skip("g++ not installed")
-    d = tmp_path_factory.mktemp("attn_emu")
-    src = d / "emu.cpp"
-    parts = [
-        (HOST / "attn_emu.cpp").read_text(),
-        source_text("attention.cu"),
-        (HOST / "attn_emu_driver.cpp").read_text(),
-    ]
-    src.write_text("\n".join(parts))
-    exe = d / "emu"
-    cmd = [CXX, "-std=c++20", "-O2", "-pthread", "-w", "-o", str(exe), str(src)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return exe
+    return build_emulator(
+        tmp_path_factory, "attn_emu", ["attn_emu.cpp", "attention.cu", "attn_emu_driver.cpp"], timeout=900
+    )
 
 
 def _cache(rng: np.random.Generator, lens: list[int], hkv: int, d: int, ct: str, page: int) -> dict:

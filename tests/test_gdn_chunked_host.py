@@ -8,49 +8,23 @@ test_cuda_ops.py check the same kernel on the device.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from host_emu import build_emulator, rel_error, words
 
 from ninfer.cuda.gdn import chunk_slice, chunk_smem_bytes
-from ninfer.cuda.loader import source_text
-from ninfer.formats import bf16_decode, bf16_encode, bf16_round
+from ninfer.formats import bf16_decode, bf16_round
 from ninfer.reference import ops
 
 F32 = np.float32
-HOST = Path(__file__).parent / "host"
-CXX = shutil.which("g++")
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if CXX is None:
-        pytest.skip("g++ not installed")
-    d = tmp_path_factory.mktemp("gdn_emu")
-    src = d / "emu.cpp"
-    parts = [
-        (HOST / "gdn_emu.cpp").read_text(),
-        source_text("gdn.cu"),
-        (HOST / "gdn_emu_driver.cpp").read_text(),
-    ]
-    src.write_text("\n".join(parts))
-    exe = d / "emu"
-    cmd = [CXX, "-std=c++20", "-O2", "-pthread", "-w", "-o", str(exe), str(src)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return exe
-
-
-def _words(x: np.ndarray, bf: bool) -> np.ndarray:
-    return bf16_encode(x) if bf else np.ascontiguousarray(x, dtype=F32)
-
-
-def _rel(got: np.ndarray, ref: np.ndarray) -> float:
-    assert np.isfinite(got).all(), f"non-finite values: {np.count_nonzero(~np.isfinite(got))}"
-    return float(np.max(np.abs(got.astype(np.float64) - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+    return build_emulator(tmp_path_factory, "gdn_emu", ["gdn_emu.cpp", "gdn.cu", "gdn_emu_driver.cpp"])
 
 
 CASES = (  # hk, hv, dk, dv, lens, bf16 activations, bf16 state
@@ -75,8 +49,8 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
     state = bf16_round(state) if sb else state
     starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     slots = (np.arange(nseq, dtype=np.int32)[::-1] + 1).copy()  # slot 0 is never touched
-    files = {"qkv": _words(qkv, tb), "a": _words(a, tb), "b": _words(b, tb), "alog": a_log, "dtb": dt_bias,
-             "state": _words(state, sb), "starts": starts, "slots": slots}  # fmt: skip
+    files = {"qkv": words(qkv, tb), "a": words(a, tb), "b": words(b, tb), "alog": a_log, "dtb": dt_bias,
+             "state": words(state, sb), "starts": starts, "slots": slots}  # fmt: skip
     for name, arr in files.items():
         arr.tofile(tmp_path / f"{name}.bin")
     dvs = chunk_slice(dv)
@@ -99,7 +73,7 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
         beta, g = ops.gdn_gates(a[z], b[z], a_log, dt_bias)
         o, new = ops.gdn_recurrent(q, k, v, g, beta, state[slots[s]])
         if lens[s]:
-            err = _rel(got_o[z], o.reshape(lens[s], hv * dv))
+            err = rel_error(got_o[z], o.reshape(lens[s], hv * dv))
             assert err <= otol, f"seq {s} (T={lens[s]}): output error {err:.2e} > {otol:.1e}"
-        err = _rel(got_s[slots[s]], new)
+        err = rel_error(got_s[slots[s]], new)
         assert err <= stol, f"seq {s} (T={lens[s]}): state error {err:.2e} > {stol:.1e}"

@@ -14,49 +14,25 @@ The GPU tests in test_cuda_ops.py check the same kernels on the device.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from host_emu import build_emulator, rel_error, words
 
-from ninfer.cuda.loader import source_text
-from ninfer.formats import bf16_decode, bf16_encode, bf16_round
+from ninfer.formats import bf16_decode, bf16_round
 from ninfer.reference import ops
 
 F32 = np.float32
-HOST = Path(__file__).parent / "host"
-CXX = shutil.which("g++")
 EPS = 1e-6
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if CXX is None:
-        pytest.skip("g++ not installed")
-    d = tmp_path_factory.mktemp("gdn_step_emu")
-    src = d / "emu.cpp"
-    parts = [
-        (HOST / "gdn_emu.cpp").read_text(),
-        source_text("gdn_step.cu"),
-        (HOST / "gdn_step_driver.cpp").read_text(),
-    ]
-    src.write_text("\n".join(parts))
-    exe = d / "emu"
-    cmd = [CXX, "-std=c++20", "-O2", "-pthread", "-w", "-o", str(exe), str(src)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return exe
-
-
-def _words(x: np.ndarray, bf: bool) -> np.ndarray:
-    return bf16_encode(x) if bf else np.ascontiguousarray(x, dtype=F32)
-
-
-def _rel(got: np.ndarray, ref: np.ndarray) -> float:
-    assert np.isfinite(got).all(), f"non-finite values: {np.count_nonzero(~np.isfinite(got))}"
-    return float(np.max(np.abs(got.astype(np.float64) - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+    return build_emulator(
+        tmp_path_factory, "gdn_step_emu", ["gdn_emu.cpp", "gdn_step.cu", "gdn_step_driver.cpp"]
+    )
 
 
 CASES = (  # hk, hv, dk, dv, lens, bf16 activations, bf16 state
@@ -95,7 +71,7 @@ def _run(emu: Path, d: Path, case: tuple, mode: int) -> tuple[np.ndarray, np.nda
     }
     for name, arr in inp.items():
         bf = (tb and name in ("qkv", "a", "b", "z")) or (sb and name == "state")
-        (arr if arr.dtype == np.int32 else _words(arr, bf)).tofile(d / f"{name}.bin")
+        (arr if arr.dtype == np.int32 else words(arr, bf)).tofile(d / f"{name}.bin")
     args = [n, hk, hv, dk, dv, nseq, nseq + 1, int(tb), int(sb), mode, EPS]
     proc = subprocess.run([str(emu), str(d), *map(str, args)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
@@ -134,16 +110,16 @@ def test_gdn_step_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
     y, st, cv, inp = runs[0]
     got_y = bf16_decode(y) if tb else y
     got_s = bf16_decode(st) if sb else st
-    np.testing.assert_array_equal(st[0], _words(inp["state"][0], sb))  # slot 0 untouched
+    np.testing.assert_array_equal(st[0], words(inp["state"][0], sb))  # slot 0 untouched
     np.testing.assert_array_equal(cv[0], inp["conv"][0])
     otol, stol = (1.2e-2 if tb else 1e-4), (1.2e-2 if sb else 1e-4)
     for s in range(len(lens)):
         ref_y, ref_s, ref_c = _reference(case, inp, s)
         z, slot = slice(inp["starts"][s], inp["starts"][s + 1]), inp["slots"][s]
         if lens[s]:
-            err = _rel(got_y[z], ref_y)
+            err = rel_error(got_y[z], ref_y)
             assert err <= otol, f"seq {s} (T={lens[s]}): output error {err:.2e} > {otol:.1e}"
-        err = _rel(got_s[slot], ref_s)
+        err = rel_error(got_s[slot], ref_s)
         assert err <= stol, f"seq {s} (T={lens[s]}): state error {err:.2e} > {stol:.1e}"
         np.testing.assert_array_equal(cv[slot], ref_c, err_msg=f"seq {s}: conv state")
     # fused == unfused bitwise (output, recurrent and conv states)
@@ -160,4 +136,4 @@ def test_gdn_step_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
         for s in range(len(lens)):
             z = slice(inp["starts"][s], inp["starts"][s + 1])
             if lens[s]:
-                assert _rel(got_d[z], _reference(case, inp, s)[0]) <= 1.2e-2
+                assert rel_error(got_d[z], _reference(case, inp, s)[0]) <= 1.2e-2

@@ -7,41 +7,27 @@ and scalar instances give the same bits, and a row gives the same bits alone as 
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from host_emu import build_emulator
 
-from ninfer.cuda.loader import source_text
 from ninfer.formats import bf16_decode, bf16_encode, bf16_round
 from ninfer.reference import ops
 
 F32 = np.float32
-HOST = Path(__file__).parent / "host"
-CXX = shutil.which("g++")
 EPS = 1e-6
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if CXX is None:
-        pytest.skip("g++ not installed")
-    d = tmp_path_factory.mktemp("norm_emu")
-    src = d / "emu.cpp"
-    parts = [
-        (HOST / "gdn_emu.cpp").read_text(),
-        "#undef __shared__\n#define __shared__ static",
-        source_text("norm.cu"),
-        (HOST / "norm_driver.cpp").read_text(),
-    ]
-    src.write_text("\n".join(parts))
-    exe = d / "emu"
-    cmd = [CXX, "-std=c++20", "-O2", "-pthread", "-w", "-o", str(exe), str(src)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return exe
+    return build_emulator(
+        tmp_path_factory,
+        "norm_emu",
+        ["gdn_emu.cpp", "#undef __shared__\n#define __shared__ static", "norm.cu", "norm_driver.cpp"],
+    )
 
 
 def _run(emu: Path, d: Path, x: np.ndarray, r: np.ndarray, w: np.ndarray, bf: bool, flags: tuple) -> tuple:
