@@ -53,24 +53,19 @@ def _random_weight(fmt: str, shape: tuple[int, ...]) -> Any:
     """A DeviceWeight of random bytes with the format's real plane offsets."""
     import cupy
 
-    from ninfer.cuda.weights import PLANES, DeviceWeight
+    from ninfer.cuda.weights import DeviceWeight, plane_offsets
     from ninfer.formats import get_format
 
-    codec = get_format(fmt)
-    size = codec.encoded_size(shape)
-    offs = [0, 0, 0]
-    if fmt in PLANES:
-        host = np.zeros(size, dtype=np.uint8)  # untouched pages: only the view offsets are read
-        views = codec.views(host, shape)  # type: ignore[attr-defined]
-        for i, name in enumerate(PLANES[fmt]):
-            v = views[name]
-            offs[i] = v.ctypes.data - host.ctypes.data if v.size else 0
+    size = get_format(fmt).encoded_size(shape)
+    offs = plane_offsets(
+        fmt, shape, np.zeros(size, dtype=np.uint8)
+    )  # untouched pages: only addresses are read
     data = cupy.zeros(size, dtype=np.uint8)
     whole = (
         size // 4 * 4
     )  # random float32 bit patterns: one byte of device memory per byte (no int64 temporary)
     data[:whole].view(np.float32)[...] = cupy.random.random(whole // 4, dtype=np.float32)
-    return DeviceWeight(fmt, tuple(shape), data, (offs[0], offs[1], offs[2]))
+    return DeviceWeight(fmt, tuple(shape), data, offs)
 
 
 def bench(

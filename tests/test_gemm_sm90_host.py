@@ -19,7 +19,7 @@ import pytest
 
 from ninfer.cuda.linear import DQ_STRUCTS
 from ninfer.cuda.loader import CUDA_SRC
-from ninfer.cuda.weights import PLANES
+from ninfer.cuda.weights import plane_offsets
 from ninfer.formats import FORMATS, bf16_round
 from ninfer.reference import ops
 
@@ -154,13 +154,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _planes(fmt: str, buf: np.ndarray, shape: tuple[int, int]) -> list[int]:
-    offs = [0, 0, 0]
-    if fmt in PLANES:
-        views = FORMATS[fmt].views(buf, shape)  # type: ignore[attr-defined]
-        for i, name in enumerate(PLANES[fmt]):
-            v = views[name]
-            offs[i] = v.ctypes.data - buf.ctypes.data if v.size else 0
-    return offs
+    return list(plane_offsets(fmt, shape, buf))
 
 
 def _weight(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.ndarray, list[int], np.ndarray]:

@@ -17,7 +17,7 @@ import pytest
 
 from ninfer.cuda.linear import FRAG_STRUCTS, gemv_plan
 from ninfer.cuda.loader import CUDA_SRC
-from ninfer.cuda.weights import PLANES
+from ninfer.cuda.weights import plane_offsets
 from ninfer.formats import FORMATS
 from ninfer.reference import ops
 
@@ -180,12 +180,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _host_gemv(exe: Path, fmt: str, buf: np.ndarray, shape: tuple[int, int], x: np.ndarray) -> np.ndarray:
     n, k = shape
-    offs = [0, 0, 0]
-    if fmt in PLANES:
-        views = FORMATS[fmt].views(buf, shape)  # type: ignore[attr-defined]
-        for i, name in enumerate(PLANES[fmt]):
-            v = views[name]
-            offs[i] = v.ctypes.data - buf.ctypes.data if v.size else 0
+    offs = plane_offsets(fmt, shape, buf)
     plan = gemv_plan(fmt, n, k)
     head = (
         f"{FMTS.index(fmt)} {n} {k} {x.shape[0]} {plan.splits} {plan.tiles_per} {offs[0]} {offs[1]} {offs[2]} "

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from ninfer.config import ModelConfig
-from ninfer.cuda.weights import FORMAT_STRUCTS, PLANES, DeviceWeight
-from ninfer.formats import FORMATS, get_format
+from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight, plane_offsets
+from ninfer.formats import FORMATS
 from ninfer.reference.weights import WeightSource, expected_shapes
 
 __all__ = [
@@ -42,18 +42,6 @@ def _vector(cfg: ModelConfig, name: str, x: np.ndarray) -> Any:
     if name.endswith("conv1d.weight"):
         x = x.reshape(x.shape[0], x.shape[-1])  # [C, 1, K] -> [C, K]
     return cupy.asarray(np.ascontiguousarray(x))
-
-
-def plane_offsets(fmt: str, shape: tuple[int, ...], buf: np.ndarray) -> tuple[int, int, int]:
-    """Byte offsets of planes p0, p1, p2 inside one encoded tensor (from the codec's own views)."""
-    offs = [0, 0, 0]
-    if fmt in PLANES:
-        views = get_format(fmt).views(buf, shape)  # type: ignore[attr-defined]
-        base = buf.ctypes.data
-        for i, plane in enumerate(PLANES[fmt]):
-            v = views[plane]
-            offs[i] = v.ctypes.data - base if v.size else 0
-    return offs[0], offs[1], offs[2]
 
 
 def _progress(total: int, show: bool) -> Any:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ninfer.cuda.loader import KernelError
 
-__all__ = ["DeviceWeight", "upload_weight", "FORMAT_STRUCTS", "PLANES"]
+__all__ = ["DeviceWeight", "upload_weight", "plane_offsets", "FORMAT_STRUCTS", "PLANES"]
 
 # format id -> C++ reader struct in wformat.cuh
 FORMAT_STRUCTS = {
@@ -82,11 +82,18 @@ def upload_weight(fmt: str, shape: tuple[int, ...], encoded: np.ndarray) -> Devi
     buf = np.ascontiguousarray(np.asarray(encoded).reshape(-1).view(np.uint8))
     if buf.size != codec.encoded_size(shape):
         raise KernelError(f"{fmt} {list(shape)}: needs {codec.encoded_size(shape)} bytes, got {buf.size}")
+    return DeviceWeight(fmt=fmt, shape=shape, data=cupy.asarray(buf), offsets=plane_offsets(fmt, shape, buf))
+
+
+def plane_offsets(fmt: str, shape: tuple[int, ...], buf: np.ndarray) -> tuple[int, int, int]:
+    """Byte offsets of planes p0, p1, p2 inside one encoded tensor ``buf`` (from the codec's own views; only the
+    views' addresses are read, so ``buf`` may be any host buffer of the encoded size)."""
+    from ninfer.formats import get_format
+
     offs = [0, 0, 0]
     if fmt in PLANES:
-        views = codec.views(buf, shape)  # type: ignore[attr-defined]
-        base = buf.ctypes.data
-        for i, name in enumerate(PLANES[fmt]):
-            v = views[name]
-            offs[i] = v.ctypes.data - base if v.size else 0
-    return DeviceWeight(fmt=fmt, shape=shape, data=cupy.asarray(buf), offsets=(offs[0], offs[1], offs[2]))
+        views = get_format(fmt).views(buf, shape)  # type: ignore[attr-defined]
+        for i, plane in enumerate(PLANES[fmt]):
+            v = views[plane]
+            offs[i] = v.ctypes.data - buf.ctypes.data if v.size else 0
+    return offs[0], offs[1], offs[2]
