@@ -13,14 +13,12 @@ import random
 import jsonschema
 import numpy as np
 import pytest
-import tokenizers
 
 pytest.importorskip("xgrammar")
 
 from ninfer.engine.grammar import GrammarCompiler, RequestGrammar, SchemaError, check_schema, rfc8259_ebnf
 from ninfer.engine.sampler import allowed_from_mask
 from ninfer.frontend import Tokenizer
-from ninfer.frontend.demo_tokenizer import demo_frontend_resources
 
 VOCAB = 1152  # the demo model's padded logits rows (more than the tokenizer's 1033 ids)
 
@@ -68,19 +66,6 @@ SCHEMAS: list[dict] = [
      "required": ["lvl", "score"], "title": "Rating", "description": "annotations are accepted"},
     {"type": "object", "properties": {"e": {"type": "string", "enum": ["a\tb", "c\"d", "e\\f"]}}, "required": ["e"]},
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    res = demo_frontend_resources()
-    return Tokenizer(
-        tokenizers.Tokenizer.from_str(res["tokenizer"].decode()), json.loads(res["tokenizer_config"])
-    )
-
-
-@pytest.fixture(scope="module")
-def compiler(tok: Tokenizer) -> GrammarCompiler:
-    return GrammarCompiler(tok.hf, VOCAB, tok.eos_token_ids)
 
 
 def _walk(

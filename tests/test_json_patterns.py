@@ -13,7 +13,6 @@ import uuid
 
 import jsonschema
 import pytest
-import tokenizers
 
 pytest.importorskip("xgrammar")
 
@@ -22,7 +21,6 @@ from test_grammar import VOCAB, _walk  # noqa: E402
 from ninfer.engine.grammar import GrammarCompiler, RequestGrammar, SchemaError, check_schema  # noqa: E402
 from ninfer.engine.json_regex import pattern_ebnf  # noqa: E402
 from ninfer.frontend import Tokenizer  # noqa: E402
-from ninfer.frontend.demo_tokenizer import demo_frontend_resources  # noqa: E402
 
 PATTERNS = [
     r"^[a-z]+\d{2}$",
@@ -45,19 +43,6 @@ PATTERNS = [
     r"[\]\-^]{1,3}",
     r"^\u00e9[\u4e00-\u4e0f]{1,2}$",
 ]
-
-
-@pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    res = demo_frontend_resources()
-    return Tokenizer(
-        tokenizers.Tokenizer.from_str(res["tokenizer"].decode()), json.loads(res["tokenizer_config"])
-    )
-
-
-@pytest.fixture(scope="module")
-def compiler(tok: Tokenizer) -> GrammarCompiler:
-    return GrammarCompiler(tok.hf, VOCAB, tok.eos_token_ids)
 
 
 def _values(compiler: GrammarCompiler, tok: Tokenizer, schema: dict, n: int, seed: int) -> list:
