@@ -216,12 +216,11 @@ def _gemv_launch(
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     gz = lanes if ids is not None else -(-lanes // nb)
+    null = cupy.empty(0, dtype=np.int32)  # pointer arguments the launch never reads
+    ws = cnt = null
     if plan.splits > 1:
         ws = cupy.empty(gz * plan.blocks_x * plan.splits * plan.rows * 8, dtype=np.float32)
         cnt = arrival_counters(gz * plan.blocks_x)
-    else:
-        ws = cnt = cupy.empty(0, dtype=np.int32)
-    null = cupy.empty(0, dtype=np.int32)
     p0, p1, p2 = w.planes()
     fn(
         (plan.blocks_x, plan.splits, gz),
