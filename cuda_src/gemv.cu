@@ -7,12 +7,12 @@
 // (float x as hi + lo halves: two mma per step).
 //
 // Block: GV_WARPS warps, each MT m-tiles of 16 rows (F::MT), so GV_WARPS * MT * 16 rows per block; grid
-// (row blocks, splits, lane blocks | expert slots). Split s covers K-tiles [s * tiles_per, (s + 1) * tiles_per) of
-// 128; with several splits each block writes its fp32 partials to `ws` and the last block of a row block to
-// arrive (a counter in `cnt`, reset by that block) adds them in split order. Per output element the arithmetic is
-// a fixed sequence (tiles in order, 8 steps per tile, hi then lo, splits in order), and an mma column depends only
-// on its own lane's activations, so a lane's result is bitwise independent of the other lanes, of NB and of the
-// number of rows in the launch. The host picks `splits` from (format, N, K) only (linear.py, gemv_plan).
+// (row blocks, splits, lane blocks | expert slots). Split s of S covers K-tiles [s * T / S, (s + 1) * T / S) of the
+// T 128-wide tiles (balanced); with several splits each block writes its fp32 partials to `ws` and the last block
+// of a row block to arrive (a counter in `cnt`, reset by that block) adds them in split order. Per output element
+// the arithmetic is a fixed sequence (tiles in order, 8 steps per tile, hi then lo, splits in order), and an mma
+// column depends only on its own lane's activations, so a lane's result is bitwise independent of the other lanes,
+// of NB and of the number of rows in the launch. The host picks `splits` from (format, N, K) only (linear.py, gemv_plan).
 
 #include "common.cuh"
 #include "wfrag.cuh"
@@ -20,6 +20,7 @@
 #define GV_WARPS 4
 #define GV_STAGES 4  // per-warp weight pipeline depth: 3 K-tiles in flight while one is computed
 #define GV_CHUNK 4   // K-tiles of activations staged per block barrier (double-buffered)
+#define GV_MIN_BLOCKS 4  // resident blocks per SM the registers are budgeted for (launch bounds)
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
@@ -171,11 +172,11 @@ __device__ __forceinline__ void gv_tile(const u32* sm, int tl, const typename F:
 // Dynamic shared memory: two activation chunk buffers (2 * GV_CHUNK * 8 * NB * 4 * FW * 4 bytes), then per warp
 // GV_STAGES stages of F::VECS * 512 bytes of weights (gemv_plan in linear.py computes the same sizes).
 template <typename F, typename T, int NB>
-__global__ void __launch_bounds__(GV_WARPS * 32, 4)
+__global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     gemv_mma(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
              const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ y, const int* __restrict__ ids,
              const int* __restrict__ xrow, float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows,
-             long long ldx, long long ldx2, long long ldy, long long row0, int tiles_per, int experts, int xf,
+             long long ldx, long long ldx2, long long ldy, long long row0, int experts, int xf,
              int gd) {
     extern __shared__ __align__(16) u32 gv_sm[];
     __shared__ int gv_last;
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, 4)
         nb = min(NB, nrows - z * NB);
     }
     const T *xb = x + xr0 * ldx, *x2b = x2 + xr0 * ldx2;
-    const int ntiles = (K + 127) / 128, kt0 = split * tiles_per, nt = max(0, min(ntiles, kt0 + tiles_per) - kt0);
+    const int ntiles = (K + 127) / 128, kt0 = split * ntiles / splits, nt = (split + 1) * ntiles / splits - kt0;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = blockIdx.x * ROWS + warp * MT * 16;
     long long wr[MT][2];

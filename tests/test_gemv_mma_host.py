@@ -55,9 +55,9 @@ static void mma(float d[32][4], const u32 a[32][4], const u32 b[32][2]) {
     }
 }
 
-// stdin: fmt N K nrows splits tiles_per off0 off1 off2 nbytes, weight bytes, nrows*K float32 x; stdout: y.
+// stdin: fmt N K nrows splits off0 off1 off2 nbytes, weight bytes, nrows*K float32 x; stdout: y.
 template <typename F>
-static void run(int N, int K, int nrows, int splits, int tiles_per, const u8* base, const long long off[3],
+static void run(int N, int K, int nrows, int splits, const u8* base, const long long off[3],
                 const float* x, float* y) {
     const u8 *p0 = base + off[0], *p1 = base + off[1], *p2 = base + off[2];
     const int ntiles = (K + 127) / 128;
@@ -67,7 +67,7 @@ static void run(int N, int K, int nrows, int splits, int tiles_per, const u8* ba
             std::vector<float> tot(16 * 8, 0.f);
             for (int sp = 0; sp < splits; ++sp) {
                 float acc[32][4] = {};
-                for (int kt = sp * tiles_per; kt < (sp + 1) * tiles_per && kt < ntiles; ++kt) {
+                for (int kt = sp * ntiles / splits; kt < (sp + 1) * ntiles / splits; ++kt) {
                     u32 hi[8][8][4][2] = {}, lo[8][8][4][2] = {};  // [step][lane][t][b0|b1]
                     for (int g = 0; g < nb; ++g)
                         for (int cc = 0; cc < 16; ++cc) {
@@ -140,10 +140,10 @@ static void run(int N, int K, int nrows, int splits, int tiles_per, const u8* ba
 }
 
 int main() {
-    int fmt, N, K, nrows, splits, tiles_per;
+    int fmt, N, K, nrows, splits;
     long long off[3], nbytes;
-    if (scanf("%d %d %d %d %d %d %lld %lld %lld %lld", &fmt, &N, &K, &nrows, &splits, &tiles_per, &off[0], &off[1],
-              &off[2], &nbytes) != 10)
+    if (scanf("%d %d %d %d %d %lld %lld %lld %lld", &fmt, &N, &K, &nrows, &splits, &off[0], &off[1],
+              &off[2], &nbytes) != 9)
         return 2;
     getchar();
     std::vector<u8> w(nbytes + 64);
@@ -166,7 +166,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("nvcc not installed")
     d = tmp_path_factory.mktemp("gemv_mma_host")
     cases = "\n".join(
-        f"        case {i}: run<{FRAG_STRUCTS[f][0]}>(N, K, nrows, splits, tiles_per, w.data(), off, x.data(),"
+        f"        case {i}: run<{FRAG_STRUCTS[f][0]}>(N, K, nrows, splits, w.data(), off, x.data(),"
         " y.data()); break;"
         for i, f in enumerate(FMTS)
     )
@@ -182,10 +182,7 @@ def _host_gemv(exe: Path, fmt: str, buf: np.ndarray, shape: tuple[int, int], x: 
     n, k = shape
     offs = plane_offsets(fmt, shape, buf)
     plan = gemv_plan(fmt, n, k)
-    head = (
-        f"{FMTS.index(fmt)} {n} {k} {x.shape[0]} {plan.splits} {plan.tiles_per} {offs[0]} {offs[1]} {offs[2]} "
-        f"{buf.size}\n"
-    )
+    head = f"{FMTS.index(fmt)} {n} {k} {x.shape[0]} {plan.splits} {offs[0]} {offs[1]} {offs[2]} {buf.size}\n"
     stdin = head.encode() + buf.tobytes() + np.ascontiguousarray(x, dtype=np.float32).tobytes()
     proc = subprocess.run([str(exe)], input=stdin, capture_output=True, timeout=300)
     assert proc.returncode == 0, f"driver exited {proc.returncode}: {proc.stderr.decode()[-2000:]}"
@@ -215,13 +212,17 @@ def test_gemv_mma_fragments_match_reference(driver: Path, fmt: str) -> None:
 
 
 def test_gemv_plan() -> None:
-    """Splits depend on (format, N, K) only; every split has work, shared memory stays bounded for any K, and the
-    27B shapes put ~16 warps on each SM of a 132-SM GPU."""
+    """Splits depend on (format, N, K) only; they partition the K-tiles evenly with >= 4 tiles each, shared memory
+    stays bounded for any K, and a split grid stays within about one wave of a 132-SM GPU."""
     for fmt in FMTS:
         for n, k in ((8, 8), (1024, 2048), (5120, 6144), (5120, 17408), (34816, 5120), (248320, 5120)):
             p = gemv_plan(fmt, n, k)
             ntiles = -(-k // 128)
-            assert (p.splits - 1) * p.tiles_per < ntiles <= p.splits * p.tiles_per
+            assert p.ntiles == ntiles and [i for s in range(p.splits) for i in p.tiles(s)] == list(
+                range(ntiles)
+            )
+            assert all(len(p.tiles(s)) >= 4 for s in range(p.splits)) or p.splits == 1
+            assert p.blocks_x * p.splits <= 554 or p.splits == 1  # about one wave of 4 blocks per SM
             assert p.smem_bytes(8, "float") <= 120 * 1024
             assert p.blocks_x * p.rows >= n
     assert (

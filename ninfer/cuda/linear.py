@@ -60,11 +60,14 @@ _GV_WARPS, _GV_THREADS, _GV_STAGES = 4, 128, 4  # GV_WARPS, GV_STAGES in gemv.cu
 _GV_NB = (1, 8)  # lane-block instances: one activation row, or up to 8 (same arithmetic per row)
 _GV_TILE = 128  # K per tile
 # Splits are picked from (format, N, K) only, never from the GPU or the number of rows, so results are the same
-# on every device and for every batch. K is split across blocks to give every matrix enough warps (~16 per SM of a
-# 132-SM H200, 4 blocks of 4: measured on the 27B's NVFP4 gate|up at one row, 1088 warps ran at 36% of the copy
-# bandwidth and 2176 at 43%: the dequantization needs warps to hide its latency), keeping >= 4 tiles per split;
-# the activations are staged in double-buffered chunks of GV_CHUNK tiles, so shared memory does not grow with K.
-_GV_TARGET_WARPS, _GV_MIN_TILES, _GV_CHUNK = 2112, 4, 4
+# on every device and for every batch. K is split across blocks to give every matrix about one wave of blocks on a
+# 132-SM H200 (4 resident blocks of 4 warps per SM: 528; the dequantization needs ~16 warps per SM to hide its
+# latency), keeping >= 4 tiles per split; split s of S takes tiles [s T / S, (s + 1) T / S). Measured (H200, NVFP4,
+# one row, perf/bench_gemv.py): a grid 6% over one wave (560 blocks, the down projection) ran 8% slower than 520,
+# while 3% over (544, gate|up) beat the half-empty single split by 13%, hence the 5% allowance; fewer than 4 tiles
+# per split was slower on every shape. The activations are staged in double-buffered chunks of GV_CHUNK tiles, so
+# shared memory does not grow with K.
+_GV_WAVE_BLOCKS, _GV_MIN_TILES, _GV_CHUNK = 554, 4, 4  # 1.05 x 528
 # format id -> the Hopper GEMM's weight-tile struct (cuda_src/wdq.cuh) and its CTA columns (D::BN: the group
 # formats keep a partial accumulator beside the result, so their tiles are half as wide)
 DQ_STRUCTS = {
@@ -135,14 +138,18 @@ def _out(x: Any, out: Any, rows: int, n: int) -> tuple[Any, int]:
 
 @dataclass(frozen=True, slots=True)
 class GemvPlan:
-    """Launch geometry of the tensor-core GEMV for one (format, N, K): ``rows`` weight rows per block, ``splits``
-    K-splits of ``tiles_per`` 128-wide tiles each (``blocks_x`` row blocks)."""
+    """Launch geometry of the tensor-core GEMV for one (format, N, K): ``rows`` weight rows per block,
+    ``blocks_x`` row blocks, ``splits`` balanced K-splits of the ``ntiles`` 128-wide tiles."""
 
     rows: int
     blocks_x: int
     splits: int
-    tiles_per: int
+    ntiles: int
     stage_bytes: int  # one warp's pipeline stage of weights
+
+    def tiles(self, split: int) -> range:
+        """The K-tiles of ``split`` (gemv.cu: [s T / S, (s + 1) T / S))."""
+        return range(split * self.ntiles // self.splits, (split + 1) * self.ntiles // self.splits)
 
     def smem_bytes(self, nb: int, t: str) -> int:
         """Two activation chunk buffers (per tile 8 steps x nb lanes x 4 threads x 8|16 bytes), then GV_STAGES
@@ -157,11 +164,8 @@ def gemv_plan(fmt: str, n: int, k: int) -> GemvPlan:
     _, mt, vecs = FRAG_STRUCTS[fmt]
     rows = _GV_WARPS * mt * 16
     ntiles, bx = -(-k // _GV_TILE), -(-n // rows)
-    splits = max(1, min(-(-_GV_TARGET_WARPS // (bx * _GV_WARPS)), ntiles // _GV_MIN_TILES))
-    tiles_per = -(-ntiles // splits)
-    return GemvPlan(
-        rows=rows, blocks_x=bx, splits=-(-ntiles // tiles_per), tiles_per=tiles_per, stage_bytes=vecs * 512
-    )
+    splits = max(1, min(_GV_WAVE_BLOCKS // bx, ntiles // _GV_MIN_TILES))
+    return GemvPlan(rows=rows, blocks_x=bx, splits=splits, ntiles=ntiles, stage_bytes=vecs * 512)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,17 +226,12 @@ def _gemv_launch(
         ws = cupy.empty(gz * plan.blocks_x * plan.splits * plan.rows * 8, dtype=np.float32)
         cnt = arrival_counters(gz * plan.blocks_x)
     p0, p1, p2 = w.planes()
-    fn(
-        (plan.blocks_x, plan.splits, gz),
-        (_GV_THREADS,),
-        (
-            p0, p1, p2, a.x, a.x if a.x2 is None else a.x2, out, null if ids is None else ids,
-            null if xrow is None else xrow, ws, cnt, np.int32(n), np.int32(k), np.int32(lanes), np.int64(a.ldx),
-            np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(plan.tiles_per), np.int32(ids is not None),
-            np.int32(a.xf), np.int32(a.gd),
-        ),
-        shared_mem=smem,
+    args = (
+        p0, p1, p2, a.x, a.x if a.x2 is None else a.x2, out, null if ids is None else ids,
+        null if xrow is None else xrow, ws, cnt, np.int32(n), np.int32(k), np.int32(lanes), np.int64(a.ldx),
+        np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(ids is not None), np.int32(a.xf), np.int32(a.gd),
     )  # fmt: skip
+    fn((plan.blocks_x, plan.splits, gz), (_GV_THREADS,), args, shared_mem=smem)
 
 
 def gemv(

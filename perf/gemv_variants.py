@@ -1,0 +1,122 @@
+"""Decode GEMV design experiments (GPU): the same graph timing as perf/bench_gemv.py for variants of the kernel's
+launch plan and source, compiled side by side in one process so their ratios come from one run::
+
+    PYTHONPATH=. python -m perf.gemv_variants --variants base,ceil,tiled --formats NVFP4G16_E4M3S,BF16
+
+Variants (a variant changes only what its name says; results are timings, not numbers to trust for correctness):
+  base      the kernel and plan as they are
+  ceil      the previous plan: ceil(2112 warps / row blocks) splits (up to a 10% partial second wave)
+  mint2     at least 2 K-tiles per split instead of 4 (more splits for small matrices)
+  stages3   GV_STAGES 3 and 5 resident blocks per SM (registers capped at 102)
+  tiled     NVFP4 codes and scales read as if stored in 16-row x 128-k tiles of 1 KiB (the values read are wrong:
+            this measures what a tiled layout would gain in DRAM locality before repacking for it)
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import numpy as np
+
+from .bench_gemv import SHAPES, _copies, _experts, _random_weight
+from .bench_peers import copy_bandwidth, graph_seconds
+
+__all__ = ["main"]
+
+_TILED = (
+    ("p0 + row * (kp / 2) + (k0 + 32 * t) / 2", "p0 + ((row >> 4) * (kp / 128) + k0 / 128) * 1024 + (row & 15) * 64 + 16 * t"),
+    ("p1 + row * (kp / 16) + k0 / 16 + 4 * (t >> 1)", "p1 + ((row >> 4) * (kp / 128) + k0 / 128) * 128 + (row & 15) * 8 + 4 * (t >> 1)"),
+)  # fmt: skip
+_SHAPES = ("attn q|gate", "attn o", "gdn qkv|z", "mlp gate|up", "mlp down", "lm_head")
+
+
+def _plan(lin: Any, variant: str) -> Any:
+    base = lin.gemv_plan.__wrapped__
+
+    def plan(fmt: str, n: int, k: int) -> Any:
+        p = base(fmt, n, k)
+        if variant == "ceil":
+            s = max(1, min(-(-2112 // (p.blocks_x * 4)), p.ntiles // 4))
+        elif variant == "mint2":
+            s = max(1, min(554 // p.blocks_x, p.ntiles // 2))
+        else:
+            return p
+        return lin.GemvPlan(
+            rows=p.rows, blocks_x=p.blocks_x, splits=s, ntiles=p.ntiles, stage_bytes=p.stage_bytes
+        )
+
+    return plan
+
+
+def _source(loader: Any, original: Any, variant: str) -> Any:
+    def src(name: str) -> str:
+        s = original(name)
+        if name != "gemv.cu":
+            return s
+        if variant == "stages3":
+            s = s.replace("#define GV_STAGES 4", "#define GV_STAGES 3")
+            s = s.replace("#define GV_MIN_BLOCKS 4", "#define GV_MIN_BLOCKS 5")
+        if variant == "tiled":
+            for a, b in _TILED:
+                if a not in s:
+                    raise SystemExit("tiled: FragNVFP4::copy changed; update perf/gemv_variants.py")
+                s = s.replace(a, b)
+        return s
+
+    return src
+
+
+def main(argv: list[str] | None = None) -> None:
+    import cupy
+
+    import ninfer.cuda.linear as lin
+    import ninfer.cuda.loader as loader
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", default="base,ceil,tiled")
+    ap.add_argument("--formats", default="NVFP4G16_E4M3S")
+    a = ap.parse_args(argv)
+    fmts = a.formats.split(",")
+    # only the float instances of the formats asked for: each variant recompiles the family
+    lin.SOURCES["gemv.cu"] = tuple(
+        n
+        for n in lin.SOURCES["gemv.cu"]
+        if ", float," in n and any(lin.FRAG_STRUCTS[f][0] + "," in n for f in fmts)
+    )
+    original, plan0, stages0 = loader.source_text, lin.gemv_plan, lin._GV_STAGES
+    ceiling = copy_bandwidth(1 << 30, 10)
+    print(f"copy ceiling (read + write): {ceiling / 1e9:.0f} GB/s; us and fraction of copy per case")
+    rng = np.random.default_rng(0)
+    for fmt in fmts:
+        weights = {}
+        for name in _SHAPES:
+            w0 = _random_weight(fmt, SHAPES[name])
+            weights[name] = [w0] + [
+                _random_weight(fmt, SHAPES[name]) for _ in range(_copies(w0.data.nbytes) - 1)
+            ]
+        for v in a.variants.split(","):
+            loader.source_text = _source(loader, original, v)
+            loader.load_module.cache_clear()
+            lin._GV_STAGES = 3 if v == "stages3" else stages0
+            lin.gemv_plan = _plan(lin, v)
+            cells = []
+            for name in _SHAPES:
+                ws, (n, k) = weights[name], SHAPES[name]
+                for b in (1, 8):
+                    x = cupy.asarray(rng.standard_normal((b, k)).astype(np.float32))
+                    out = cupy.empty((b, n), dtype=np.float32)
+                    t = graph_seconds([lambda x=x, out=out, w=w: lin.gemv(x, w, out) for w in ws], 10)
+                    frac = (ws[0].data.nbytes + x.nbytes + out.nbytes) / t / ceiling
+                    cells.append(f"{name} x{b} {t * 1e6:.1f} {frac:.2f}")
+            e = _experts(fmt, 10, ceiling, rng, lin.gemv_experts)
+            cells.append(f"moe x8 {e['us']:.1f} {e['of_copy']:.2f}")
+            print(f"{fmt} {v:8s} | " + " | ".join(cells), flush=True)
+        del weights
+        cupy.get_default_memory_pool().free_all_blocks()
+    loader.source_text, lin.gemv_plan, lin._GV_STAGES = original, plan0, stages0
+    loader.load_module.cache_clear()
+
+
+if __name__ == "__main__":
+    main()
