@@ -10,6 +10,9 @@ Variants (a variant changes only what its name says; results are timings, not nu
   stages3   GV_STAGES 3 and 5 resident blocks per SM (registers capped at 102)
   tiled     NVFP4 codes and scales read as if stored in 16-row x 128-k tiles of 1 KiB (the values read are wrong:
             this measures what a tiled layout would gain in DRAM locality before repacking for it)
+  bits      NVFP4 pairs extracted as from a repacked bit layout (pairs 0-2 of a word: one shift and one mask;
+            pair 3: three shifted fields), again timing only
+  tiledbits both
 """
 
 from __future__ import annotations
@@ -28,12 +31,17 @@ _TILED = (
     ("p0 + row * (kp / 2) + (k0 + 32 * t) / 2", "p0 + ((row >> 4) * (kp / 128) + k0 / 128) * 1024 + (row & 15) * 64 + 16 * t"),
     ("p1 + row * (kp / 16) + k0 / 16 + 4 * (t >> 1)", "p1 + ((row >> 4) * (kp / 128) + k0 / 128) * 128 + (row & 15) * 8 + 4 * (t >> 1)"),
 )  # fmt: skip
+_PAIR = (
+    """        const u32 u = word4(p.c, w) >> (4 * i);  // nibble i at bits 0..3, nibble i + 4 at 16..19
+        const u32 v = ((u & 0x00070007u) << 6) | ((u & 0x00080008u) << 12);  // e2m1 * 2^-126""",
+    """        const u32 q = word4(p.c, w);
+        const u32 v = i == 0 ? q & 0x81C081C0u : i == 1 ? (q << 3) & 0x81C081C0u : i == 2 ? (q << 6) & 0x81C081C0u
+            : ((q >> 4) & 0x00C000C0u) | ((q >> 5) & 0x01000100u) | ((q << 1) & 0x80008000u);""",
+)
 _SHAPES = ("attn q|gate", "attn o", "gdn qkv|z", "mlp gate|up", "mlp down", "lm_head")
 
 
-def _plan(lin: Any, variant: str) -> Any:
-    base = lin.gemv_plan.__wrapped__
-
+def _plan(lin: Any, base: Any, variant: str) -> Any:
     def plan(fmt: str, n: int, k: int) -> Any:
         p = base(fmt, n, k)
         if variant == "ceil":
@@ -57,10 +65,11 @@ def _source(loader: Any, original: Any, variant: str) -> Any:
         if variant == "stages3":
             s = s.replace("#define GV_STAGES 4", "#define GV_STAGES 3")
             s = s.replace("#define GV_MIN_BLOCKS 4", "#define GV_MIN_BLOCKS 5")
-        if variant == "tiled":
-            for a, b in _TILED:
+        patches = (_TILED if "tiled" in variant else ()) + ((_PAIR,) if "bits" in variant else ())
+        if patches:
+            for a, b in patches:
                 if a not in s:
-                    raise SystemExit("tiled: FragNVFP4::copy changed; update perf/gemv_variants.py")
+                    raise SystemExit(f"{variant}: FragNVFP4 changed; update perf/gemv_variants.py")
                 s = s.replace(a, b)
         return s
 
@@ -99,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
             loader.source_text = _source(loader, original, v)
             loader.load_module.cache_clear()
             lin._GV_STAGES = 3 if v == "stages3" else stages0
-            lin.gemv_plan = _plan(lin, v)
+            lin.gemv_plan = _plan(lin, plan0.__wrapped__, v)
             cells = []
             for name in _SHAPES:
                 ws, (n, k) = weights[name], SHAPES[name]
