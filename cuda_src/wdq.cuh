@@ -34,11 +34,11 @@
 HD int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
 // One thread's cp.async stream of one plane: NI pieces of B bytes; piece i reads the row r0 + i * rstep of the plane
-// (rowbytes apart; `row` = the absolute row of piece 0) at byte `off` + (kt >> KSH) * TB and lands at stage byte
-// dst0 + i * DSTEP. Pieces whose row is out of range (i * rstep >= left), or the whole tile when kin is false, are
+// (rowbytes apart; `row` = the absolute row of piece 0) at byte `off` + (kt >> KSH) * TB + (kt mod 2^KSH) * SUB and
+// lands at stage byte dst0 + i * DSTEP. Pieces whose row is out of range (i * rstep >= left), or the whole tile when kin is false, are
 // zero-filled without reading (cp.async src-size 0, source `fb`: any valid global address). Built once per CTA, so
 // the per-tile cost is an add per piece (the addresses are loop-invariant).
-template <int NI, int B, int TB, int DSTEP, int KSH = 0>
+template <int NI, int B, int TB, int DSTEP, int KSH = 0, int SUB = 0>
 struct Stream {
     const u8* src;
     long long rstride;
@@ -53,7 +53,7 @@ struct Stream {
         for (int i = 0; i < NI; ++i) ok |= (i * rstep < left ? 1u : 0u) << i;
     }
     HD void copy(u8* st, int kt, bool kin, const void* fb) const {
-        const u8* s = src + (long long)(kt >> KSH) * TB;
+        const u8* s = src + (long long)(kt >> KSH) * TB + (kt & ((1 << KSH) - 1)) * SUB;
 #pragma unroll
         for (int i = 0; i < NI; ++i) {
             const bool in = kin && ((ok >> i) & 1u);
@@ -122,36 +122,36 @@ template <bool ROWG>
 struct DqNVFP4 {
     static constexpr int BN = 256, GPT = 0, BYTES = BN * 32 + BN * 4;  // codes, then one scale word per row
     static constexpr bool DIRECT = false;
-    struct Loader {  // codes: row tid / 2 + 128 i, half tid % 2; scales: row tid (k0 / 16 = 4 kt)
-        Stream<BN / 128, 16, 32, 4096> codes;
-        Stream<1, 4, 4, 0> scales;
+    // codes: row tid / 2 + 128 i, half tid % 2; scales: row tid. The device layout (wformat.cuh nv4_codes) keeps a
+    // row's 64 code bytes and 8 scale bytes of a 128-wide K tile together: GEMM tile kt (64 k) is half kt % 2 of
+    // layout tile kt / 2, and rows 128 apart are 128 natural rows' bytes apart (groups of 16 rows).
+    struct Loader {
+        Stream<BN / 128, 16, 1024, 4096, 1, 32> codes;
+        Stream<1, 4, 128, 0, 1, 4> scales;
         HD Loader(const u8* p0, const u8* p1, const u8*, int K, long long nbase, int nvalid, int tid) {
-            const long long kp = kpad128(K);
-            const int r0 = tid >> 1, h = tid & 1;
-            codes.init(p0, nbase + r0, kp / 2, 128, 16 * h, r0 * 32 + 16 * h, nvalid - r0);
-            scales.init(p1, nbase + tid, kp / 16, 1, 0, BN * 32 + tid * 4, nvalid - tid);
+            const long long kp = kpad128(K), rc = nbase + (tid >> 1), rs = nbase + tid;
+            const int h = tid & 1;
+            codes.init(p0, rc & ~15LL, kp / 2, 128, (int)(rc & 15) * 64 + 16 * h, (tid >> 1) * 32 + 16 * h,
+                       nvalid - (tid >> 1));
+            scales.init(p1, rs & ~15LL, kp / 16, 1, (int)(rs & 15) * 8, BN * 32 + tid * 4, nvalid - tid);
         }
         HD void copy(u8* st, int kt, int, const u8* fb) const {
             codes.copy(st, kt, true, fb);
             scales.copy(st, kt, true, fb);
         }
     };
-    static HD uint2 fetch(const u8* st, int r, int c) {  // the 8 codes, the block scale (k 16-wide: c / 2)
+    static HD uint2 fetch(const u8* st, int r, int c) {  // the 8 codes (a device word), the block scale (c / 2)
         uint2 v;
         v.x = *reinterpret_cast<const u32*>(st + r * 32 + 4 * c);
         v.y = st[BN * 32 + r * 4 + (c >> 1)];
         return v;
     }
     static HD uint4 make(uint2 v, int) {
-        const NibblePairs np(v.x);
+        // pairs (c_i, c_i+4) as the word gives them, scaled, then regrouped into adjacent k: (c0 c1) (c2 c3) ...
         const u32 s = FragNVFP4::scale2(v.y);
-        u32 o[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const u32 u = np[j];
-            o[j] = bf16x2_mul(((u & 0x00070007u) << 6) | ((u & 0x00080008u) << 12), s);  // e2m1 2^-126 x s
-        }
-        return make4(o[0], o[1], o[2], o[3]);
+        const u32 a = bf16x2_mul(nv4_pair(v.x, 0), s), b = bf16x2_mul(nv4_pair(v.x, 1), s);
+        const u32 c = bf16x2_mul(nv4_pair(v.x, 2), s), d = bf16x2_mul(nv4_pair(v.x, 3), s);
+        return make4(prmt(a, b, 0x5410u), prmt(c, d, 0x5410u), prmt(a, b, 0x7632u), prmt(c, d, 0x7632u));
     }
     static HD float gscale(const u8*, int, int, int) { return 1.f; }
     static HD float row_scale(const u8*, const u8* p2, long long n) {

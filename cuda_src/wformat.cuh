@@ -15,7 +15,7 @@
 //   BF16            p0 = u16 [N, K]
 //   FP8E4M3_F32ROW  p0 = e4m3 codes [N, K], p1 = f32 row scales [N]
 //   FP8E4M3_F32T    p0 = e4m3 codes [N, K], p1 = one f32 scale
-//   NVFP4G16_E4M3S  p0 = packed e2m1 [N, Kp/2] (even column low nibble), p1 = e4m3 block scales [N, Kp/16],
+//   NVFP4G16_E4M3S  p0 = e2m1 codes, p1 = e4m3 block scales (one per 16 k), both in the device layout below;
 //                   p2 = f32 global g; Kp = align_up(K, 128); w = e2m1 * f32(s_b * g) as ninfer.formats decodes
 //   Q{4,5,6}G64     p0 = base nibbles [N, gpr*32], p1 = high-bit plane [N, gpr*H], p2 = f16 scales [N, gpr];
 //                   gpr = Kp/64, H = 0/8/16; code = sign-extended (nibble | high << 4)
@@ -53,6 +53,32 @@ __host__ __device__ __forceinline__ float e4m3_hi_scaled(u32 t) {
 #define WF_P127 1.7014118346046923e38f  // 2^127
 
 __host__ __device__ __forceinline__ long long kpad128(int K) { return ((long long)K + 127) / 128 * 128; }
+
+// ---- NVFP4 device layout (ninfer/cuda/nvfp4_layout.py) ------------------------------------------------------
+// Rows in groups of 16, each group stored K-tile by K-tile (128 k: 64 code bytes, 8 scale bytes per row): byte
+// offset of the code byte holding column k (k even) of row n, and of the scale byte of k's 16-wide block.
+__host__ __device__ __forceinline__ long long nv4_codes(long long n, long long kp, int k) {
+    return (n & ~15LL) * (kp / 2) + (long long)(k >> 7) * 1024 + (n & 15) * 64 + ((k & 127) >> 1);
+}
+__host__ __device__ __forceinline__ long long nv4_scales(long long n, long long kp, int k) {
+    return (n & ~15LL) * (kp / 16) + (long long)(k >> 7) * 128 + (n & 15) * 8 + ((k & 127) >> 4);
+}
+
+// Codes c_i (low half) and c_(i+4) (high half) of a device word as bf16 bit patterns of e2m1 * 2^-126: magnitude
+// bits at 6..8, sign at 15 (0.5 lands on a bf16 subnormal). Pairs 0-2 sit one shift away from that position, pair
+// 3 takes the word's remaining bits (nvfp4_layout.POS).
+__host__ __device__ __forceinline__ u32 nv4_pair(u32 q, int i) {
+    if (i == 0) return q & 0x81C081C0u;
+    if (i == 1) return (q << 3) & 0x81C081C0u;
+    if (i == 2) return (q << 6) & 0x81C081C0u;
+    return ((q >> 4) & 0x00C000C0u) | ((q >> 5) & 0x01000100u) | ((q << 1) & 0x80008000u);
+}
+
+// The e2m1 code (sign << 3 | magnitude) of column j (0..7) of a device word.
+__host__ __device__ __forceinline__ u32 nv4_code(u32 q, int j) {
+    const u32 v = nv4_pair(q, j & 3) >> (16 * (j >> 2));
+    return ((v >> 6) & 7u) | ((v >> 12) & 8u);
+}
 
 struct FmtBF16 {
     static constexpr int SGROUP = 0;
@@ -119,10 +145,10 @@ struct FmtNVFP4 {
     static __device__ __forceinline__ void load8v(const u8* p0, const u8* p1, const u8*, int K, long long n,
                                                   int k0, float w[8]) {
         const long long kp = kpad128(K);
-        const u32 c = *reinterpret_cast<const u32*>(p0 + n * (kp / 2) + k0 / 2);
-        const float d = e4m3_to_f(p1[n * (kp / 16) + k0 / 16]);
+        const u32 c = *reinterpret_cast<const u32*>(p0 + nv4_codes(n, kp, k0));
+        const float d = e4m3_to_f(p1[nv4_scales(n, kp, k0)]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) w[i] = e2m1_to_f((c >> (4 * i)) & 0xfu) * d;
+        for (int i = 0; i < 8; ++i) w[i] = e2m1_to_f(nv4_code(c, i)) * d;
     }
     static __device__ __forceinline__ float scale(const u8*, const u8*, const u8* p2, int, long long, int) {
         return *reinterpret_cast<const float*>(p2);
@@ -130,10 +156,10 @@ struct FmtNVFP4 {
     static __device__ __forceinline__ void load8(const u8* p0, const u8* p1, const u8* p2, int K, long long n,
                                                  int k0, float w[8]) {
         const long long kp = kpad128(K);
-        const u32 c = *reinterpret_cast<const u32*>(p0 + n * (kp / 2) + k0 / 2);
-        const float d = e4m3_to_f(p1[n * (kp / 16) + k0 / 16]) * *reinterpret_cast<const float*>(p2);
+        const u32 c = *reinterpret_cast<const u32*>(p0 + nv4_codes(n, kp, k0));
+        const float d = e4m3_to_f(p1[nv4_scales(n, kp, k0)]) * *reinterpret_cast<const float*>(p2);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) w[i] = e2m1_to_f((c >> (4 * i)) & 0xfu) * d;
+        for (int i = 0; i < 8; ++i) w[i] = e2m1_to_f(nv4_code(c, i)) * d;
     }
 };
 
@@ -146,10 +172,10 @@ struct FmtNVFP4RowG : FmtNVFP4 {
     static __device__ __forceinline__ void load8(const u8* p0, const u8* p1, const u8* p2, int K, long long n,
                                                  int k0, float w[8]) {
         const long long kp = kpad128(K);
-        const u32 c = *reinterpret_cast<const u32*>(p0 + n * (kp / 2) + k0 / 2);
-        const float d = e4m3_to_f(p1[n * (kp / 16) + k0 / 16]) * reinterpret_cast<const float*>(p2)[n];
+        const u32 c = *reinterpret_cast<const u32*>(p0 + nv4_codes(n, kp, k0));
+        const float d = e4m3_to_f(p1[nv4_scales(n, kp, k0)]) * reinterpret_cast<const float*>(p2)[n];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) w[i] = e2m1_to_f((c >> (4 * i)) & 0xfu) * d;
+        for (int i = 0; i < 8; ++i) w[i] = e2m1_to_f(nv4_code(c, i)) * d;
     }
 };
 

@@ -11,8 +11,9 @@
 // Exactness: every weight operand is the stored value times a power of two or a per-block factor, exact in bf16:
 //   BF16   as stored;
 //   FP8    e4m3 bits placed in a bf16 (value * 2^-120, subnormal for e4m3 subnormals), times 2^120 (bf16 mul);
-//   NVFP4  e2m1 bits placed in a bf16 (value * 2^-126, subnormal for 0.5), times the e4m3 block scale * 2^119
-//          (bf16 mul; e2m1 * e4m3 has <= 6 significant bits): operand = value * block * 2^-7; row scale 2^7 * g;
+//   NVFP4  e2m1 bits placed in a bf16 (value * 2^-126, subnormal for 0.5; the device layout's words put each pair
+//          one shift away, wformat.cuh nv4_pair), times the e4m3 block scale * 2^119 (bf16 mul; e2m1 * e4m3 has <= 6
+//          significant bits): operand = value * block * 2^-7; row scale 2^7 * g;
 //   Q4/5/6 integer codes (|q| <= 32) as bf16 via 128 + offset-binary code; the f16 group scale multiplies the fp32
 //          partial sum of the group's steps (GROUP = 4 steps = the 64-wide group);
 //   W8     int8 codes (exact in bf16); f16 scale per 32-wide group (GROUP = 2 steps).
@@ -201,7 +202,7 @@ struct FragFP8 : KMapQuad {
 struct FragNVFP4 : KMap32 {
     static constexpr int MT = 2, GROUP = 0;
     struct Raw {
-        uint4 c;  // 32 e2m1 codes, low nibble first
+        uint4 c;  // 32 e2m1 codes: 4 device-layout words of 8 consecutive k
         u32 sc;   // the two e4m3 block scales (words 0-1, words 2-3)
     };
     struct Prep {
@@ -215,10 +216,10 @@ struct FragNVFP4 : KMap32 {
 #pragma unroll
         for (int r = 0; r < 2 * MT; ++r) {
             const long long row = n[r >> 1][r & 1];
-            cp_async<16>(gv_vec(st, r, lane), p0 + row * (kp / 2) + (k0 + 32 * t) / 2, true);
-            // the 4-byte word holding this lane's two scale bytes (k0 / 16 and the row stride are multiples of 8),
+            cp_async<16>(gv_vec(st, r, lane), p0 + nv4_codes(row, kp, k0 + 32 * t), true);
+            // the 4-byte word holding this lane's two scale bytes (a row's 8 scale bytes of a tile are 8-aligned),
             // lane-contiguous per row so the warp's 4-byte accesses hit 32 distinct banks
-            cp_async<4>(st + 2 * MT * 512 + (32 * r + lane) * 4, p1 + row * (kp / 16) + k0 / 16 + 4 * (t >> 1), true);
+            cp_async<4>(st + 2 * MT * 512 + (32 * r + lane) * 4, p1 + nv4_scales(row, kp, k0) + 4 * (t >> 1), true);
         }
     }
     static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int t, Raw& raw) {
@@ -237,9 +238,7 @@ struct FragNVFP4 : KMap32 {
         p.s1 = scale2((r.sc >> 8) & 0xffu);
     }
     static __host__ __device__ __forceinline__ u32 pair(const Prep& p, int w, int i) {
-        const u32 u = word4(p.c, w) >> (4 * i);  // nibble i at bits 0..3, nibble i + 4 at 16..19
-        const u32 v = ((u & 0x00070007u) << 6) | ((u & 0x00080008u) << 12);  // e2m1 * 2^-126
-        return bf16x2_mul(v, w < 2 ? p.s0 : p.s1);
+        return bf16x2_mul(nv4_pair(word4(p.c, w), i), w < 2 ? p.s0 : p.s1);  // e2m1 * 2^-126 * s * 2^119
     }
     static __host__ __device__ __forceinline__ float gscale(const Prep&, int) { return 1.f; }
     static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8* p2, long long) {

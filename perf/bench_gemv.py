@@ -53,6 +53,7 @@ def _random_weight(fmt: str, shape: tuple[int, ...]) -> Any:
     """A DeviceWeight of random bytes with the format's real plane offsets."""
     import cupy
 
+    from ninfer.cuda.nvfp4_layout import to_device_layout
     from ninfer.cuda.weights import DeviceWeight, plane_offsets
     from ninfer.formats import get_format
 
@@ -65,7 +66,7 @@ def _random_weight(fmt: str, shape: tuple[int, ...]) -> Any:
         size // 4 * 4
     )  # random float32 bit patterns: one byte of device memory per byte (no int64 temporary)
     data[:whole].view(np.float32)[...] = cupy.random.random(whole // 4, dtype=np.float32)
-    return DeviceWeight(fmt, tuple(shape), data, offs)
+    return to_device_layout(DeviceWeight(fmt, tuple(shape), data, offs))
 
 
 def bench(

@@ -14,6 +14,7 @@ import numpy as np
 
 from ninfer.config import ModelConfig
 from ninfer.cuda.model_weights import is_vector, plane_offsets
+from ninfer.cuda.nvfp4_layout import to_device_layout
 from ninfer.cuda.weights import PLANES, DeviceWeight
 from ninfer.formats import get_format
 from ninfer.reference.weights import expected_shapes
@@ -63,7 +64,7 @@ def random_weight(fmt: str, shape: tuple[int, ...], rs: Any, std: float) -> Devi
         elif name == "codes" and fmt.startswith("FP8"):
             data[off : off + nbytes] &= 0xBF  # exponent <= 7: no NaN codes, |code| < 2
     del k
-    return DeviceWeight(fmt, shape, data, offs)
+    return to_device_layout(DeviceWeight(fmt, shape, data, offs))
 
 
 def _vector(cfg: ModelConfig, name: str, shape: tuple[int, ...], rs: Any) -> Any:

@@ -9,6 +9,7 @@ import pytest
 
 from ninfer.artifact.registry import MODELS
 from ninfer.cuda.fuse import FUSED, ROWG, concat_rows, fuse_projections, fused_splits, missing_tensors
+from ninfer.cuda.nvfp4_layout import to_device_layout, to_natural_layout
 from ninfer.cuda.weights import DeviceWeight
 from ninfer.formats import FORMATS
 from ninfer.formats.fp8 import e4m3_decode
@@ -27,10 +28,12 @@ def _part(
         codec.encode((rng.standard_normal((rows, k)) * scale).astype(np.float32), (rows, k))
     )
     buf = buf.reshape(-1).view(np.uint8)
-    return DeviceWeight(fmt, (rows, k), buf, plane_offsets(fmt, (rows, k), buf)), codec.decode(buf, (rows, k))
+    w = to_device_layout(DeviceWeight(fmt, (rows, k), buf, plane_offsets(fmt, (rows, k), buf)))
+    return w, codec.decode(buf, (rows, k))
 
 
 def _decode(w: DeviceWeight) -> np.ndarray:
+    w = to_natural_layout(w)  # NVFP4 weights live in the device layout (nvfp4_layout.py)
     if w.fmt != ROWG:
         return FORMATS[w.fmt].decode(w.data, w.shape)
     n, k = w.shape

@@ -19,7 +19,8 @@ import pytest
 
 from ninfer.cuda.linear import DQ_STRUCTS
 from ninfer.cuda.loader import CUDA_SRC
-from ninfer.cuda.weights import plane_offsets
+from ninfer.cuda.nvfp4_layout import to_device_layout
+from ninfer.cuda.weights import DeviceWeight, plane_offsets
 from ninfer.formats import FORMATS, bf16_round
 from ninfer.reference import ops
 
@@ -167,6 +168,9 @@ def _weight(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.ndar
     buf = np.ascontiguousarray(codec.encode(wf32, (n, k)).reshape(-1).view(np.uint8))
     wdec = codec.decode(buf, (n, k))
     offs = _planes(base, buf, (n, k))
+    if base.startswith("NVFP4"):  # the kernels read the device layout (ninfer/cuda/nvfp4_layout.py)
+        w = to_device_layout(DeviceWeight(base, (n, k), buf, (offs[0], offs[1], offs[2])))
+        buf, offs = w.data, list(w.offsets)
     if fmt != base:
         g = float(np.frombuffer(buf[offs[2] : offs[2] + 4].tobytes(), np.float32)[0])
         rows = (2.0 ** rng.integers(-3, 4, size=n)).astype(np.float32) * g  # per-row globals

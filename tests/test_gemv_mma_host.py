@@ -17,7 +17,8 @@ import pytest
 
 from ninfer.cuda.linear import FRAG_STRUCTS, gemv_plan
 from ninfer.cuda.loader import CUDA_SRC
-from ninfer.cuda.weights import plane_offsets
+from ninfer.cuda.nvfp4_layout import to_device_layout
+from ninfer.cuda.weights import DeviceWeight, plane_offsets
 from ninfer.formats import FORMATS
 from ninfer.reference import ops
 
@@ -181,6 +182,9 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _host_gemv(exe: Path, fmt: str, buf: np.ndarray, shape: tuple[int, int], x: np.ndarray) -> np.ndarray:
     n, k = shape
     offs = plane_offsets(fmt, shape, buf)
+    if fmt.startswith("NVFP4"):  # the kernels read the device layout (ninfer/cuda/nvfp4_layout.py)
+        w = to_device_layout(DeviceWeight(fmt, shape, buf, offs))
+        buf, offs = w.data, w.offsets
     plan = gemv_plan(fmt, n, k)
     head = f"{FMTS.index(fmt)} {n} {k} {x.shape[0]} {plan.splits} {offs[0]} {offs[1]} {offs[2]} {buf.size}\n"
     stdin = head.encode() + buf.tobytes() + np.ascontiguousarray(x, dtype=np.float32).tobytes()

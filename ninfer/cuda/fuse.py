@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.config import ModelConfig
+from ninfer.cuda.nvfp4_layout import to_device_layout, to_natural_layout
 from ninfer.cuda.weights import PLANES, DeviceWeight
 from ninfer.formats import get_format
 
@@ -91,7 +92,14 @@ def _f32_rows(xp: Any, parts: Sequence[DeviceWeight], plane: str) -> Any:
 
 
 def concat_rows(parts: Sequence[DeviceWeight]) -> DeviceWeight:
-    """One weight whose rows are the parts' rows in order (same format and width; see the module docstring)."""
+    """One weight whose rows are the parts' rows in order (same format and width; see the module docstring).
+    NVFP4 parts are in the device layout (nvfp4_layout.py): joined as natural rows, then laid out again."""
+    if parts and parts[0].fmt.startswith("NVFP4"):
+        return to_device_layout(_concat_natural([to_natural_layout(p) for p in parts]))
+    return _concat_natural(parts)
+
+
+def _concat_natural(parts: Sequence[DeviceWeight]) -> DeviceWeight:
     fmt, k = parts[0].fmt, parts[0].cols
     if any(p.cols != k or len(p.shape) != 2 for p in parts):
         raise ValueError(f"concat_rows: parts must be 2-D with {k} columns")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.config import ModelConfig
+from ninfer.cuda.nvfp4_layout import to_device_layout
 from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight, plane_offsets
 from ninfer.formats import FORMATS
 from ninfer.reference.weights import WeightSource, expected_shapes
@@ -88,7 +89,9 @@ def upload_artifact(art: Any, *, progress: bool = True) -> dict[str, Any]:
                     stage[:n] = raw[off : off + n]
                     cupy.cuda.runtime.memcpyAsync(dev.data.ptr + off, stage.ctypes.data, n, 1, stream.ptr)
                     stream.synchronize()  # the staging buffer is refilled next
-                out[name] = DeviceWeight(fmt, shape, dev, plane_offsets(fmt, shape, np.asarray(raw)))
+                out[name] = to_device_layout(
+                    DeviceWeight(fmt, shape, dev, plane_offsets(fmt, shape, np.asarray(raw)))
+                )
             bar.update(int(info["nbytes"]))
     finally:
         bar.close()

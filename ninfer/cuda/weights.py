@@ -1,8 +1,9 @@
 """Weights on the device in their stored format: the encoded bytes of one tensor plus its plane offsets.
 
-The bytes are uploaded verbatim (exactly ``ninfer.formats`` encodings / artifact blobs), and the kernels
-dequantize in place (cuda_src/wformat.cuh). Plane offsets come from the format's own ``views`` so they always agree
-with the codec.
+The bytes are uploaded verbatim (exactly ``ninfer.formats`` encodings / artifact blobs), except NVFP4's two planes,
+which are rearranged once into the device layout (ninfer/cuda/nvfp4_layout.py), and the kernels dequantize in
+place (cuda_src/wformat.cuh). Plane offsets come from the format's own ``views`` so they always agree with the
+codec.
 """
 
 from __future__ import annotations
@@ -82,7 +83,10 @@ def upload_weight(fmt: str, shape: tuple[int, ...], encoded: np.ndarray) -> Devi
     buf = np.ascontiguousarray(np.asarray(encoded).reshape(-1).view(np.uint8))
     if buf.size != codec.encoded_size(shape):
         raise KernelError(f"{fmt} {list(shape)}: needs {codec.encoded_size(shape)} bytes, got {buf.size}")
-    return DeviceWeight(fmt=fmt, shape=shape, data=cupy.asarray(buf), offsets=plane_offsets(fmt, shape, buf))
+    from ninfer.cuda.nvfp4_layout import to_device_layout
+
+    w = DeviceWeight(fmt=fmt, shape=shape, data=cupy.asarray(buf), offsets=plane_offsets(fmt, shape, buf))
+    return to_device_layout(w)
 
 
 def plane_offsets(fmt: str, shape: tuple[int, ...], buf: np.ndarray) -> tuple[int, int, int]:
