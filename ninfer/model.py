@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from ninfer.artifact import Artifact, open_artifact
 from ninfer.config import ModelConfig
 from ninfer.flash_next.config import FlashNextConfig
+
+if TYPE_CHECKING:
+    from ninfer.engine.batch import ModelRunner
+    from ninfer.engine.config import EngineConfig
 
 __all__ = ["Model", "load", "BackendError", "CUDA_ARCHITECTURES"]
 
@@ -50,6 +54,16 @@ class Model:
     def token_limit(self) -> int:
         """Ids at or above this are padded vocabulary rows the tokenizer never produces; never sampled."""
         return self.tokenizer.vocab_size if self.tokenizer is not None else self.config.vocab_size
+
+    def runner(self, engine_config: EngineConfig) -> ModelRunner:
+        """The engine's runner for this model's backend (ninfer/engine/batch.py's contract)."""
+        if self.backend == "cuda":
+            from ninfer.cuda.runner import CudaModelRunner
+
+            return CudaModelRunner(self.net, self.config, engine_config)
+        from ninfer.engine.model_runner import ReferenceRunner
+
+        return ReferenceRunner(self.net, self.config, engine_config)
 
     def logits(self, token_ids: Sequence[int], prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
         """Logits [T, V] float32 for every position, through chunked prefill and the carried state."""

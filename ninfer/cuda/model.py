@@ -268,12 +268,6 @@ class CudaQwen36:
         self.zero_slot(slot)
         self.stream.synchronize()
 
-    def make_runner(self, model_config: ModelConfig, engine_config: Any) -> Any:
-        """The engine's runner over this network (``CudaModelRunner``): the hook the engine calls."""
-        from ninfer.cuda.runner import CudaModelRunner
-
-        return CudaModelRunner(self, model_config, engine_config)
-
     # ---- the network ------------------------------------------------------------------------------------
     def body(self, ids: Any, m: Meta) -> Any:
         import cupy

@@ -1,4 +1,4 @@
-"""Shared vocabulary of the engine: requests, sampling parameters, events, usage, the step plan, errors.
+"""Shared vocabulary of the engine: requests, sampling parameters, events, usage, errors.
 
 Every other engine module depends on this one; it depends on nothing in the engine. Messages that cross the Ray
 or HTTP boundary (events, usage, metrics, stats, sampling parameters) are msgspec Structs; per-token messages are
@@ -31,9 +31,6 @@ __all__ = [
     "EngineStats",
     "Request",
     "RequestStatus",
-    "LaneSetup",
-    "LaneWork",
-    "Batch",
 ]
 
 
@@ -221,40 +218,3 @@ class Request:
     @property
     def num_generated(self) -> int:
         return len(self.tokens) - self.prompt_len
-
-
-# ---- the step plan: the scheduler's contract with the model runner -----------------------------------------
-@dataclass(slots=True)
-class LaneSetup:
-    """Prepare a lane for a newly admitted request (applied before any work of the step)."""
-
-    lane: int
-    pages: list[int]  # page table for the request's whole reservation; page i holds positions i*P..i*P+P-1
-    restore: int | None  # checkpoint id whose GDN state the lane resumes from; None: zero state
-    length: int  # tokens already in the lane after the restore (0 without one)
-    copy_page: tuple[int, int, int] | None  # (src, dst, n): copy positions 0..n-1 of page src into dst
-
-
-@dataclass(slots=True)
-class LaneWork:
-    """Tokens one lane computes in this step."""
-
-    lane: int
-    start: int  # position of token_ids[0]; equals the lane's length before the step
-    token_ids: list[int]
-    prefill: bool  # prompt tokens (one forward call per lane) vs generated tokens (batched decode)
-    sample: bool  # return logits of the last position for sampling
-    save_checkpoint: int | None  # snapshot the lane's GDN state after this work under this checkpoint id
-
-
-@dataclass(slots=True)
-class Batch:
-    """Everything the model runner does in one step, in this order: setups, page copies, work, frees."""
-
-    setups: list[LaneSetup] = field(default_factory=list)
-    work: list[LaneWork] = field(default_factory=list)
-    free_checkpoints: list[int] = field(default_factory=list)  # checkpoint ids to release after the work
-
-    @property
-    def empty(self) -> bool:
-        return not (self.setups or self.work or self.free_checkpoints)

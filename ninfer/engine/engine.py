@@ -11,8 +11,9 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .batch import ModelRunner
 from .config import EngineConfig, EngineConfigError
 from .core import (
     EngineClosed,
@@ -27,13 +28,15 @@ from .core import (
 )
 from .handle import Handle
 from .kv_pool import PagePool
-from .model_runner import ModelRunner
 from .output import Outputs
 from .prefix_cache import PrefixCache
-from .sampler import NOT_COMPUTED, MaskWorker
+from .sampler import MaskWorker
 from .scheduler import Scheduler
 from .stop import TextStream
 from .turns import TurnMarker
+
+if TYPE_CHECKING:
+    from ninfer.model import Model
 
 __all__ = ["Engine"]
 
@@ -41,7 +44,7 @@ __all__ = ["Engine"]
 class Engine:
     def __init__(
         self,
-        net: Any,
+        runner: ModelRunner,
         model_config: Any,
         tokenizer: Any | None,
         cfg: EngineConfig,
@@ -55,10 +58,7 @@ class Engine:
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._token_limit = token_limit
         self._turns = turns  # chat-format knowledge: where the next turn's prompt will part (turns.py)
-        # a backend network may bring its own runner over device memory (the CUDA backend does); the
-        # reference network runs under the host ModelRunner
-        make_runner = getattr(net, "make_runner", None)
-        self._runner = make_runner(model_config, cfg) if make_runner else ModelRunner(net, model_config, cfg)
+        self._runner = runner  # the only part that touches the model (batch.py's contract)
         self._pool = PagePool(cfg.num_pages)
         cache = None
         if cfg.prefix_reuse:
@@ -105,27 +105,22 @@ class Engine:
 
     @classmethod
     def from_model(
-        cls, model: Any, tokenizer: Any | None = None, *, background: bool = True, **config: Any
+        cls, model: Model, tokenizer: Any | None = None, *, background: bool = True, **config: Any
     ) -> Engine:
-        """An engine over a loaded ``ninfer.model.Model`` or a bare network (``ninfer.reference.Qwen36``)."""
+        """An engine over a loaded ``ninfer.model.Model`` (its backend's runner); ``config`` is the
+        ``EngineConfig``."""
         try:
             cfg = EngineConfig(**config)
         except TypeError as e:
             raise EngineConfigError(f"unknown engine setting: {e}") from None
-        if hasattr(model, "net"):  # a loaded Model
-            net, mc, eos, limit = model.net, model.config, model.eos_token_ids, model.token_limit
-            tokenizer = tokenizer if tokenizer is not None else model.tokenizer
-        else:
-            net, mc = model, getattr(model, "cfg", None) or model.config
-            eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ()) or mc.eos_token_ids
-            limit = getattr(tokenizer, "vocab_size", None)
+        tokenizer = tokenizer if tokenizer is not None else model.tokenizer
         return cls(
-            net,
-            mc,
+            model.runner(cfg),
+            model.config,
             tokenizer,
             cfg,
-            eos_token_ids=eos,
-            token_limit=limit,
+            eos_token_ids=model.eos_token_ids,
+            token_limit=model.token_limit,
             turns=TurnMarker.from_tokenizer(tokenizer) if tokenizer is not None else None,
             background=background,
         )
@@ -252,7 +247,7 @@ class Engine:
                 return False
             masks = self._masks.start(reqs)  # grammar masks on the CPU while the model step runs
             try:
-                logits = self._runner.execute(batch)  # the only call that touches the model
+                self._runner.execute(batch)  # the only call that runs the model
             except Exception as e:  # noqa: BLE001 - fail the running requests, keep serving
                 masks.result()
                 with self._cv:
@@ -262,11 +257,13 @@ class Engine:
             ready = masks.result()
             with self._cv:
                 self._sched.after_run(batch)  # computed tokens catch up; checkpoints published; retire
-                if getattr(self._runner, "device_sampling", False):  # the rows stayed on the runner's device
-                    self._out.accept_device(self._runner, reqs, logits, ready)
+                rows, specs = self._out.sample_requests(reqs, ready, self._runner.vocab_size)
+                try:  # sample with the grammar masks: tokens back (the one sampler, batch.py)
+                    toks = self._runner.sample(rows, specs, self._token_limit) if rows else []
+                except Exception as e:  # noqa: BLE001 - a failing sampler fails this step's requests only
+                    self._out.fail(reqs, rows, f"sampling failed: {type(e).__name__}: {e}")
                 else:
-                    for req, row in zip(reqs, logits, strict=True):  # sample, detok, stops, delta
-                        self._out.accept(req, row, ready.get(req.id, NOT_COMPUTED))
+                    self._out.accept(reqs, rows, toks)  # detok, stops, deltas
                 self._out.emit_finished()
                 self._steps += 1
             return True

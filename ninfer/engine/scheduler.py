@@ -18,8 +18,9 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from .batch import Batch, LaneSetup, LaneWork
 from .config import EngineConfig
-from .core import Batch, FinishReason, LaneSetup, LaneWork, Request, RequestStatus
+from .core import FinishReason, Request, RequestStatus
 from .kv_pool import PagePool
 from .prefix_cache import Match, PrefixCache
 
