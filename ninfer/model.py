@@ -16,6 +16,7 @@ from ninfer.flash_next.config import FlashNextConfig
 if TYPE_CHECKING:
     from ninfer.engine.batch import ModelRunner
     from ninfer.engine.config import EngineConfig
+    from ninfer.engine.core import Completion
 
 __all__ = ["Model", "load", "BackendError", "CUDA_ARCHITECTURES"]
 
@@ -86,42 +87,52 @@ class Model:
         top_p: float = 1.0,
         seed: int | None = None,
         stop_token_ids: Sequence[int] | None = None,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefill_chunk: int | None = None,
+        **engine: Any,
     ) -> list[int]:
-        """Prefill the prompt in chunks, then decode one token at a time with the recurrent state."""
-        ids = _as_ids(token_ids, self.config.vocab_size)
-        stops = set(self.eos_token_ids if stop_token_ids is None else stop_token_ids)
-        rng = np.random.default_rng(seed)
-        state = self.net.new_state()
-        for i in range(0, len(ids), prefill_chunk):
-            h = self.net.forward(ids[i : i + prefill_chunk], state)
-        out: list[int] = []
-        for _ in range(max_new_tokens):
-            logits = self.net.lm_head(h[-1:])[0, : self.token_limit].astype(np.float64)
-            tok = int(np.argmax(logits)) if greedy else _sample(logits, temperature, top_k, top_p, rng)
-            out.append(tok)
-            if tok in stops:
-                break
-            h = self.net.forward(np.array([tok], dtype=np.int64), state)
-        return out
+        """The generated ids (a stop token included), through a one-lane engine driven in this thread: the same
+        runner, sampler and stop rules as the server, so a seeded call gives the server's tokens for the same
+        prompt, settings and seed. ``stop_token_ids``: None stops at the model's end-of-sequence ids, a list
+        replaces them. ``engine``: other ``EngineConfig`` settings (the server's defaults otherwise)."""
+        return self.complete(
+            token_ids, max_new_tokens, greedy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            stop_token_ids=stop_token_ids, prefill_chunk=prefill_chunk, **engine,
+        ).token_ids  # fmt: skip
 
+    def complete(
+        self,
+        token_ids: Sequence[int],
+        max_new_tokens: int,
+        greedy: bool = True,
+        *,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        prefill_chunk: int | None = None,
+        **engine: Any,
+    ) -> Completion:
+        """``generate``'s engine ``Completion`` (token ids, text, finish reason, usage)."""
+        from ninfer.engine import Engine
 
-def _sample(
-    logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator
-) -> int:
-    z = logits / max(temperature, 1e-6)
-    if top_k > 0:
-        z[z < np.sort(z)[-min(top_k, z.size)]] = -np.inf
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    if top_p < 1.0:
-        order = np.argsort(-p, kind="stable")
-        keep = np.cumsum(p[order]) - p[order] < top_p
-        mask = np.zeros_like(p, dtype=bool)
-        mask[order[keep]] = True
-        p = np.where(mask, p, 0.0)
-        p /= p.sum()
-    return int(rng.choice(p.size, p=p))
+        ids = [int(t) for t in _as_ids(token_ids, self.config.vocab_size)]
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: must be a positive integer, got {max_new_tokens!r}")
+        cfg: dict[str, Any] = {"max_concurrency": 1, "queue_depth": 0, "prefix_reuse": False}
+        cfg["max_context"] = len(ids) + max_new_tokens
+        if prefill_chunk is not None:
+            cfg["prefill_chunk"] = prefill_chunk
+        cfg.update(engine)
+        page = cfg.get("page_size", 16)
+        cfg.setdefault("kv_capacity", -(-cfg["max_context"] // page) * page)  # one request's whole context
+        sampling: dict[str, Any] = {"temperature": 0.0} if greedy else {"temperature": temperature}
+        if not greedy:
+            sampling.update(top_k=top_k, top_p=top_p, seed=seed)
+        if stop_token_ids is not None:
+            sampling.update(stop_token_ids=tuple(stop_token_ids), ignore_eos=True)
+        with Engine.from_model(self, background=False, **cfg) as eng:
+            return eng.submit(ids, max_tokens=max_new_tokens, **sampling).result()
 
 
 def _as_ids(token_ids: Sequence[int], vocab: int) -> np.ndarray:

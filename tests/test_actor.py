@@ -176,3 +176,32 @@ def test_stop_strings_apply_to_the_answer_not_the_reasoning(actor: EngineActor) 
         reason = stopped[-1].finish_reason  # type: ignore[attr-defined]
         # random weights never close the think block: with thinking on the whole text is reasoning
         assert reason == ("output_limit" if thinking else "stop_string"), (thinking, reason)
+
+
+@pytest.mark.parametrize(
+    "flags,sampling",
+    [
+        (["--greedy"], {"temperature": 0.0}),
+        (["--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "7"],
+         {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 7}),
+        (["--temperature", "1.3", "--seed", "123"], {"temperature": 1.3, "top_k": 0, "top_p": 1.0, "seed": 123}),
+    ],
+)  # fmt: skip
+def test_ninfer_generate_gives_the_servers_tokens(
+    actor: EngineActor, artifact: str, capsys: pytest.CaptureFixture[str], flags: list[str], sampling: dict
+) -> None:
+    """One sampler: ``ninfer generate`` (Model.generate through a one-lane engine in its own thread) and the
+    server's actor give the same tokens for the same prompt, settings and seed."""
+    import json
+
+    from ninfer import cli
+
+    prompt = (5, 17, 99, 250, 3, 8, 41)
+    argv = ["generate", artifact, "--prompt-ids", ",".join(map(str, prompt)), "--max-new", "20", "--json"]
+    assert cli.main(argv + flags) == 0
+    got = json.loads(capsys.readouterr().out)["token_ids"]
+    s = SamplingOptions(max_tokens=20, min_p=0.0, **sampling)  # every field the artifact has a default for
+    evs = asyncio.run(collect(actor, GenerateRequest(request_id="cli", prompt_ids=prompt, sampling=s)))
+    assert isinstance(evs[-1], Finished)
+    served = [t for e in evs if isinstance(e, Delta) for t in e.token_ids]
+    assert len(got) >= 1 and got == served
