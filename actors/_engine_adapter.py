@@ -1,7 +1,7 @@
 """Every name the actor uses from the engine and the frontend, in one place.
 
-The actor speaks its own messages (actors/messages.py); this module translates them to and from the engine's
-(ninfer.engine) and renders chat messages with the artifact's template. Request fields left unset take the
+The actor's requests (actors/messages.py) become engine requests here, and chat messages are rendered with the
+artifact's template; the engine's events go back to the caller as they are. Request fields left unset take the
 artifact's generation defaults (its ``generation_config`` resource), then the engine's.
 """
 
@@ -16,14 +16,15 @@ from typing import Any
 import msgspec
 
 from ninfer.artifact import open_artifact
-from ninfer.engine.core import Finish, QueueFull, RequestError, SamplingParams, TokenDelta
+from ninfer.engine.core import QueueFull, RequestError, SamplingParams
 from ninfer.engine.engine import Engine
 from ninfer.engine.grammar import GrammarCompiler, RequestGrammar, SchemaError
+from ninfer.engine.handle import Handle
 from ninfer.frontend import ChatTemplate, TemplateError
 from ninfer.frontend.chat_template import RESERVED_VARIABLES
 from ninfer.frontend.prompt import input_chars, min_tokens
 
-from .messages import ActorInfo, ActorSpec, Delta, Failed, Finished, GenerateRequest, SamplingOptions, Timings
+from .messages import ActorInfo, ActorSpec, GenerateRequest, SamplingOptions
 
 __all__ = [
     "Loaded",
@@ -35,8 +36,6 @@ __all__ = [
     "count_prompt",
     "token_mask",
     "submit",
-    "convert",
-    "cancel",
     "engine_stats",
     "engine_alive",
     "engine_info",
@@ -240,57 +239,16 @@ def submit(
     on_event: Callable[[Any], None],
     mask: RequestGrammar | None = None,
     thinking: bool = False,
-) -> tuple[Any, int, bool]:
-    """Returns (handle, output budget, queued). ``on_event`` gets every engine event, on the engine's thread.
-    With ``thinking`` the generation starts in the reasoning channel: stop strings apply after ``</think>``.
-    Raises QueueFull, or RequestRejected for a request the engine can never run."""
-    st = ld.engine.stats()
-    queued = st.lanes_busy >= st.lanes_total or st.queue_length > 0
+) -> Handle:
+    """The engine's handle; ``handle.accepted`` carries the budget the engine clamped. ``on_event`` gets every
+    engine event, on the engine's thread. With ``thinking`` the generation starts in the reasoning channel: stop
+    strings apply after ``</think>`` and the reasoning tokens are counted up to it. Raises QueueFull, or
+    RequestRejected for a request the engine can never run."""
     params = _params(ld, s, ld.think_end_id if thinking else None)
     try:
-        handle = ld.engine.submit_params(ids, params, token_mask=mask, on_event=on_event)
+        return ld.engine.submit_params(ids, params, token_mask=mask, on_event=on_event)
     except RequestError as e:
         raise RequestRejected(str(e), param=str(e).split(":", 1)[0] or None) from None
-    return handle, min(params.max_tokens, ld.max_context - len(ids)), queued
-
-
-def convert(ev: Any) -> list[Delta | Finished | Failed]:
-    """One engine event as actor messages: a TokenDelta is a Delta; a Finish is its held-back text (if any)
-    followed by Finished, or by Failed when the engine failed the request."""
-    if isinstance(ev, TokenDelta):
-        return [Delta(list(ev.token_ids), ev.text)]
-    if not isinstance(ev, Finish):
-        raise TypeError(f"unexpected engine event {type(ev).__name__}")
-    out: list[Delta | Finished | Failed] = [Delta([], ev.text)] if ev.text else []
-    if ev.reason == "error":
-        out.append(
-            Failed(code="engine_error", message=ev.error or "the engine failed this request", status=500)
-        )
-        return out
-    m = ev.metrics
-    timings = Timings(
-        queue_s=m.queue_wait_s,
-        prefill_s=m.prefill_s,
-        decode_s=m.decode_s,
-        ttft_s=m.ttft_s,
-        total_s=m.queue_wait_s + m.prefill_s + m.decode_s,
-    )
-    u = ev.usage
-    out.append(
-        Finished(
-            finish_reason=str(ev.reason),
-            prompt_tokens=u.prompt_tokens,
-            cached_tokens=u.cached_tokens,
-            completion_tokens=u.completion_tokens,
-            timings=timings,
-            stop_string=ev.stop_string,
-        )
-    )
-    return out
-
-
-def cancel(handle: Any) -> None:
-    handle.cancel()
 
 
 def engine_stats(ld: Loaded) -> dict[str, float]:

@@ -1,9 +1,11 @@
 """Messages that cross the Ray boundary between the engine actor and its callers (the API, Python jobs).
 
-Requests are frozen keyword-only Structs. A generation streams a tagged union of events:
-``Accepted`` once (or ``Failed`` instead, e.g. a full queue), then ``Delta`` items — each one coalesces every
-token the engine produced since the previous item, so Ray's per-item cost (~0.6 ms on a 2-core machine) is paid
-per engine step at most, never per token — then exactly one ``Finished`` or ``Failed``.
+Requests are frozen keyword-only Structs. A generation streams the engine's own events (ninfer.engine.core), as
+the engine made them: ``Accepted`` once (or ``Failed`` instead: a refusal before the engine ran anything, e.g. a
+full queue or a bad prompt), then ``TokenDelta`` items — each one every token the engine produced since the
+previous item (coalesced once, by ``Handle.poll``), so Ray's per-item cost (~0.6 ms on a 2-core machine) is paid
+per engine step at most, never per token — then exactly one ``Finish`` (its ``text`` is the held-back tail; a
+``Finish`` whose reason is ``error`` is the engine failing the request: ``engine_failure``).
 """
 
 from __future__ import annotations
@@ -12,17 +14,19 @@ from typing import Any
 
 import msgspec
 
+from ninfer.engine.core import Accepted, Finish, TokenDelta
+
 __all__ = [
     "SamplingOptions",
     "GrammarSpec",
     "GenerateRequest",
     "Accepted",
-    "Delta",
-    "Finished",
+    "TokenDelta",
+    "Finish",
     "Failed",
     "StreamEvent",
     "decode_event",
-    "Timings",
+    "engine_failure",
     "ActorStats",
     "ActorInfo",
     "Health",
@@ -81,39 +85,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("GenerateRequest: give exactly one of prompt_ids and messages")
 
 
-class Accepted(msgspec.Struct, frozen=True, kw_only=True, tag="accepted"):
-    request_id: str
-    prompt_tokens: int
-    max_tokens: int
-    queued: bool  # False when a lane was free at submit time
-
-
-class Delta(msgspec.Struct, frozen=True, gc=False, tag="delta"):
-    token_ids: list[int]
-    text: str
-
-
-class Timings(msgspec.Struct, frozen=True, kw_only=True):
-    queue_s: float = 0.0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    ttft_s: float = 0.0
-    total_s: float = 0.0
-
-
-class Finished(msgspec.Struct, frozen=True, kw_only=True, tag="finished"):
-    finish_reason: str  # the engine's internal reason (stop_token, stop_string, output_limit, ...)
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    timings: Timings = Timings()
-    lane: int | None = None
-    stop_string: str | None = None  # the request stop string that ended the text (finish_reason stop_string)
-    reasoning_tokens: int = 0  # generated tokens up to and including </think> (thinking requests)
-
-
-class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
-    """``status`` is the HTTP status the API should answer with (429 queue full, 400 bad prompt, 500 engine)."""
+class Failed(msgspec.Struct, frozen=True, kw_only=True, array_like=True, tag="failed"):
+    """A refusal or failure; ``status`` is the HTTP status the API should answer with (429 queue full, 400 bad
+    prompt, 500 engine)."""
 
     code: str
     message: str
@@ -122,8 +96,15 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
     retry_after: float | None = None
 
 
-StreamEvent = Accepted | Delta | Finished | Failed
+StreamEvent = Accepted | TokenDelta | Finish | Failed
 _EVENT_DECODER = msgspec.msgpack.Decoder(StreamEvent)
+
+
+def engine_failure(fin: Finish) -> Failed | None:
+    """The ``Failed`` a ``Finish`` stands for when the engine failed the request (reason ``error``), else None."""
+    if fin.reason != "error":
+        return None
+    return Failed(code="engine_error", message=fin.error or "the engine failed this request", status=500)
 
 
 def decode_event(raw: bytes) -> StreamEvent:

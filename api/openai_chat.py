@@ -239,7 +239,7 @@ def to_generate_request(
     if grammar is None:
         grammar = fmt
     sampling = SamplingOptions(
-        max_tokens=min(max_tokens, limits.max_context),
+        max_tokens=max_tokens,  # the engine clamps it, once, to what the context leaves (Accepted.max_tokens)
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=req.top_k,

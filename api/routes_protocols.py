@@ -100,5 +100,5 @@ async def handle_responses(request: Request[Any, Any, Any], svc: Service) -> Any
     text, fin = await collect(request, events, track, ApiError)
     out: Output = parse_output(text, thinking, tools)
     track.tool_calls = len(out.calls)
-    called = reports_calls(fin.finish_reason, len(out.calls), out.unclosed)
+    called = reports_calls(fin.reason, len(out.calls), out.unclosed)
     return json_response(ro.response_body(rid, created, req, ro.output_items(out), fin, called))

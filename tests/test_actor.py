@@ -13,12 +13,13 @@ from ninfer.actors.engine_actor import EngineActor
 from ninfer.actors.messages import (
     Accepted,
     ActorSpec,
-    Delta,
     Failed,
-    Finished,
+    Finish,
     GenerateRequest,
     SamplingOptions,
+    TokenDelta,
     decode_event,
+    engine_failure,
 )
 
 USER = ({"role": "user", "content": "hello there"},)
@@ -63,15 +64,15 @@ def test_stream_shape_and_coalescing(actor: EngineActor) -> None:
     slow = asyncio.run(collect(actor, req("slow", 24), delay=0.03))  # a slow consumer gets bigger items
     for evs in (fast, slow):
         assert isinstance(evs[0], Accepted) and evs[0].max_tokens == 24
-        assert isinstance(evs[-1], Finished) and evs[-1].finish_reason == "output_limit"
-        deltas = [e for e in evs if isinstance(e, Delta)]
-        assert sum(len(d.token_ids) for d in deltas) == 24 == evs[-1].completion_tokens
-    fast_ids = [t for e in fast if isinstance(e, Delta) for t in e.token_ids]
-    slow_ids = [t for e in slow if isinstance(e, Delta) for t in e.token_ids]
+        assert isinstance(evs[-1], Finish) and evs[-1].reason == "output_limit"
+        deltas = [e for e in evs if isinstance(e, TokenDelta)]
+        assert sum(len(d.token_ids) for d in deltas) == 24 == evs[-1].usage.completion_tokens
+    fast_ids = [t for e in fast if isinstance(e, TokenDelta) for t in e.token_ids]
+    slow_ids = [t for e in slow if isinstance(e, TokenDelta) for t in e.token_ids]
     assert fast_ids == slow_ids  # greedy: same tokens however they are chunked
-    assert len([e for e in slow if isinstance(e, Delta)]) < 24 / 2
-    assert "".join(e.text for e in fast if isinstance(e, Delta)) == "".join(
-        e.text for e in slow if isinstance(e, Delta)
+    assert len([e for e in slow if isinstance(e, TokenDelta)]) < 24 / 2
+    assert "".join(e.text for e in fast if isinstance(e, TokenDelta)) == "".join(
+        e.text for e in slow if isinstance(e, TokenDelta)
     )
 
 
@@ -82,7 +83,7 @@ def test_token_id_prompts_and_prompt_errors(actor: EngineActor) -> None:
             GenerateRequest(request_id="ids", prompt_ids=(1, 2, 3), sampling=SamplingOptions(max_tokens=3)),
         )
     )
-    assert isinstance(evs[0], Accepted) and evs[0].prompt_tokens == 3 and isinstance(evs[-1], Finished)
+    assert isinstance(evs[0], Accepted) and evs[0].prompt_tokens == 3 and isinstance(evs[-1], Finish)
     long = ({"role": "user", "content": "lorem ipsum dolor " * 400},)
     (ev,) = asyncio.run(collect(actor, req("long", messages=long)))
     assert isinstance(ev, Failed) and (ev.status, ev.code, ev.param) == (
@@ -110,10 +111,10 @@ def test_queue_full_and_cancel_free_the_lane(artifact: str) -> None:
         refused, rest = asyncio.run(scenario())
         assert len(refused) == 1 and isinstance(refused[0], Failed)
         assert (refused[0].status, refused[0].code, refused[0].retry_after) == (429, "queue_full", 1.0)
-        assert isinstance(rest[-1], Finished) and rest[-1].finish_reason == "cancelled"
+        assert isinstance(rest[-1], Finish) and rest[-1].reason == "cancelled"
         st = asyncio.run(a.stats())
         assert (st.lanes_busy, st.open_streams) == (0, 0)
-        assert isinstance(asyncio.run(collect(a, req("after", 2)))[-1], Finished)
+        assert isinstance(asyncio.run(collect(a, req("after", 2)))[-1], Finish)
     finally:
         asyncio.run(a.shutdown())
 
@@ -149,16 +150,18 @@ def test_engine_failure_fails_requests_and_the_actor_keeps_serving(actor: Engine
         evs = asyncio.run(collect(actor, req("victim", 50)))
     finally:
         runner.execute = real
-    assert isinstance(evs[-1], Failed) and evs[-1].code == "engine_error" and evs[-1].status == 500
-    assert "injected device fault" in evs[-1].message
+    assert isinstance(evs[-1], Finish) and evs[-1].reason == "error"  # the engine's event, as it is
+    failed = engine_failure(evs[-1])
+    assert failed is not None and failed.code == "engine_error" and failed.status == 500
+    assert "injected device fault" in failed.message
     assert (asyncio.run(actor.stats())).engine_failures == 1
     assert asyncio.run(actor.health()).ok
     after = asyncio.run(collect(actor, req("survivor", 4)))
-    assert isinstance(after[-1], Finished) and after[-1].completion_tokens == 4
+    assert isinstance(after[-1], Finish) and after[-1].usage.completion_tokens == 4
 
 
 def _text(evs: list[object]) -> str:
-    return "".join(e.text for e in evs if isinstance(e, Delta | Finished) and getattr(e, "text", ""))
+    return "".join(e.text for e in evs if isinstance(e, TokenDelta | Finish) and getattr(e, "text", ""))
 
 
 def test_stop_strings_apply_to_the_answer_not_the_reasoning(actor: EngineActor) -> None:
@@ -173,7 +176,7 @@ def test_stop_strings_apply_to_the_answer_not_the_reasoning(actor: EngineActor) 
         text = _text(run((), thinking))
         assert len(text) > 8
         stopped = run((text[3:7],), thinking)
-        reason = stopped[-1].finish_reason  # type: ignore[attr-defined]
+        reason = stopped[-1].reason  # type: ignore[attr-defined]
         # random weights never close the think block: with thinking on the whole text is reasoning
         assert reason == ("output_limit" if thinking else "stop_string"), (thinking, reason)
 
@@ -202,6 +205,6 @@ def test_ninfer_generate_gives_the_servers_tokens(
     got = json.loads(capsys.readouterr().out)["token_ids"]
     s = SamplingOptions(max_tokens=20, min_p=0.0, **sampling)  # every field the artifact has a default for
     evs = asyncio.run(collect(actor, GenerateRequest(request_id="cli", prompt_ids=prompt, sampling=s)))
-    assert isinstance(evs[-1], Finished)
-    served = [t for e in evs if isinstance(e, Delta) for t in e.token_ids]
+    assert isinstance(evs[-1], Finish)
+    served = [t for e in evs if isinstance(e, TokenDelta) for t in e.token_ids]
     assert len(got) >= 1 and got == served

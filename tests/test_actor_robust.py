@@ -15,7 +15,7 @@ from ninfer.actors.messages import (
     Accepted,
     ActorSpec,
     Failed,
-    Finished,
+    Finish,
     GenerateRequest,
     SamplingOptions,
     decode_event,
@@ -101,7 +101,7 @@ def test_a_bug_in_prompt_preparation_is_a_counted_500(actor: EngineActor, monkey
     assert asyncio.run(actor.stats()).internal_errors == before + 2
     monkeypatch.undo()
     evs = asyncio.run(_events(actor, req("after")))
-    assert isinstance(evs[0], Accepted) and isinstance(evs[-1], Finished)
+    assert isinstance(evs[0], Accepted) and isinstance(evs[-1], Finish)
 
 
 def test_unregistered_shape_needs_the_flag(tmp_path) -> None:
@@ -115,6 +115,6 @@ def test_unregistered_shape_needs_the_flag(tmp_path) -> None:
         ActorSpec(artifact=path, backend="reference", engine=engine, allow_unregistered_shape=True)
     )
     try:
-        assert isinstance(asyncio.run(_events(a, req("ok")))[-1], Finished)
+        assert isinstance(asyncio.run(_events(a, req("ok")))[-1], Finish)
     finally:
         asyncio.run(a.shutdown())

@@ -7,7 +7,7 @@ import time
 
 import msgspec
 import pytest
-from ninfer.actors.messages import Finished, Timings
+from conftest import finish_event
 from ninfer.api.auth import KeyFileError, extract_key, parse_keys
 from ninfer.api.config import ServerConfig, ServerConfigError
 from ninfer.api.errors import ApiError
@@ -157,9 +157,7 @@ def test_translation_to_the_engine_request() -> None:
 
 
 # ---- SSE framing ----------------------------------------------------------------------------------------
-FIN = Finished(
-    finish_reason="output_limit", prompt_tokens=10, cached_tokens=4, completion_tokens=3, timings=Timings()
-)
+FIN = finish_event("output_limit", 10, 4, 3)
 
 
 def frames(raw: bytes) -> list[object]:

@@ -1,8 +1,9 @@
 """Shared vocabulary of the engine: requests, sampling parameters, events, usage, errors.
 
 Every other engine module depends on this one; it depends on nothing in the engine. Messages that cross the Ray
-or HTTP boundary (events, usage, metrics, stats, sampling parameters) are msgspec Structs; per-token messages are
-``array_like`` and ``gc=False`` so a step's deltas serialize cheaply.
+or HTTP boundary (events, usage, metrics, stats, sampling parameters) are msgspec Structs; the request's events
+(``Accepted``, ``TokenDelta``, ``Finish``) are the one vocabulary from the engine to the API: the actor sends them
+as they are. They are tagged, ``array_like`` and ``gc=False`` so a step's deltas serialize cheaply.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "TokenMask",
     "Usage",
     "RequestMetrics",
+    "Accepted",
     "TokenDelta",
     "Finish",
     "Event",
@@ -106,6 +108,9 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     cached_tokens: int  # prompt tokens reused from the prefix cache (not computed again)
     completion_tokens: int  # generated ids, including a stop token
+    # generated ids up to and including the first ``stop_after_token_id`` (``</think>``: the reasoning of a
+    # thinking request; all of them if it never came); 0 without a ``stop_after_token_id``
+    reasoning_tokens: int = 0
 
 
 class RequestMetrics(msgspec.Struct, frozen=True, kw_only=True):
@@ -117,6 +122,17 @@ class RequestMetrics(msgspec.Struct, frozen=True, kw_only=True):
     cached_tokens: int
     completion_tokens: int
     finish_reason: str
+    lane: int = -1  # the lane it ran in (-1: it never got one)
+
+
+class Accepted(msgspec.Struct, array_like=True, gc=False, tag=True):
+    """A request the engine took (``Handle.accepted``): its prompt, the output budget it runs with (``max_tokens``
+    clamped once, here, to what the context leaves) and whether it waits for a lane."""
+
+    request_id: int
+    prompt_tokens: int
+    max_tokens: int
+    queued: bool
 
 
 class TokenDelta(msgspec.Struct, array_like=True, gc=False, tag=True):

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 from .batch import ModelRunner
 from .config import EngineConfig, EngineConfigError
 from .core import (
+    Accepted,
     EngineClosed,
     EngineStats,
     Event,
     FinishReason,
-    QueueFull,
     Request,
     RequestError,
+    RequestStatus,
     SamplingParams,
     TokenMask,
 )
@@ -203,13 +204,12 @@ class Engine:
                 marks=self._marks(prompt, checkpoint_at),
                 t_submit=time.monotonic(),
             )
-            handle = Handle(self, rid, on_event)
+            self._sched.add(req)  # admitted at once when a lane and KV capacity are free; else QueueFull
+            accepted = Accepted(rid, len(prompt), req.budget, req.status is RequestStatus.WAITING)
+            handle = Handle(
+                accepted, lambda: self.cancel(rid), None if self.background else self._drive, on_event
+            )
             self._out.add(req, handle, text, stop_ids)
-            self._sched.add(req)  # admitted at once when a lane and KV capacity are free
-            if len(self._sched.waiting) > self.config.queue_depth:
-                self._sched.waiting.pop()
-                self._out.drop(rid)
-                raise QueueFull(f"{self.config.queue_depth} requests already wait (queue_depth)")
             self._cv.notify_all()
         return handle
 

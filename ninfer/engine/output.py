@@ -36,9 +36,6 @@ class Outputs:
     def add(self, req: Request, handle: Handle, text: TextStream, stop_ids: frozenset[int]) -> None:
         self._live[req.id] = _Live(req, handle, text, stop_ids)
 
-    def drop(self, request_id: int) -> None:
-        del self._live[request_id]
-
     def __contains__(self, request_id: int) -> bool:
         return request_id in self._live
 
