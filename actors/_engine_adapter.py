@@ -7,6 +7,7 @@ artifact's generation defaults (its ``generation_config`` resource), then the en
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Callable
@@ -15,16 +16,16 @@ from typing import Any
 
 import msgspec
 
+from ninfer import model as models
 from ninfer.artifact import open_artifact
 from ninfer.engine.core import QueueFull, RequestError, SamplingParams
-from ninfer.engine.engine import Engine
 from ninfer.engine.grammar import GrammarCompiler, RequestGrammar, SchemaError
 from ninfer.engine.handle import Handle
 from ninfer.frontend import ChatTemplate, TemplateError
 from ninfer.frontend.chat_template import RESERVED_VARIABLES
 from ninfer.frontend.prompt import input_chars, min_tokens
 
-from .messages import ActorInfo, ActorSpec, GenerateRequest, SamplingOptions
+from .messages import ActorInfo, ActorSpec, GenerateRequest
 
 __all__ = [
     "Loaded",
@@ -42,6 +43,7 @@ __all__ = [
     "close",
 ]
 
+# the generation_config keys that are sampling defaults (SamplingParams fields of the same name)
 _DEFAULT_KEYS = (
     "temperature",
     "top_p",
@@ -96,8 +98,8 @@ def open_engine(spec: ActorSpec) -> Loaded:
             f"{spec.artifact}: the artifact's shape is not a registered {art.model_id} shape; "
             "serve it with --allow-unregistered-shape (ActorSpec.allow_unregistered_shape)"
         )
-    engine = Engine.open(
-        spec.artifact, backend=spec.backend, backend_options=spec.backend_options, **spec.engine
+    engine = models.open_engine(
+        spec.artifact, spec.backend, config=spec.engine, backend_options=spec.backend_options
     )
     tok = engine.tokenizer
     if tok is None:
@@ -219,23 +221,21 @@ def token_mask(ld: Loaded, req: GenerateRequest) -> RequestGrammar | None:
     )
 
 
-def _params(ld: Loaded, s: SamplingOptions, stop_after: int | None = None) -> SamplingParams:
+def _params(ld: Loaded, s: Any, stop_after: int | None = None) -> SamplingParams:
+    """The engine's parameters: the request's set fields over the artifact's generation defaults (over the
+    engine's own defaults)."""
     kw: dict[str, Any] = dict(ld.defaults)
-    for k in _DEFAULT_KEYS:
-        v = getattr(s, k)
-        if v is not None:
-            kw[k] = v
-    if s.max_tokens is not None:
-        kw["max_tokens"] = s.max_tokens
-    return SamplingParams(
-        seed=s.seed, stop=tuple(s.stop), ignore_eos=s.ignore_eos, stop_after_token_id=stop_after, **kw
-    )
+    kw.update({k: v for k, v in msgspec.structs.asdict(s).items() if v is not None})
+    for k in ("stop", "stop_token_ids"):
+        if k in kw:
+            kw[k] = tuple(kw[k])
+    return SamplingParams(stop_after_token_id=stop_after, **kw)
 
 
 def submit(
     ld: Loaded,
     ids: list[int],
-    s: SamplingOptions,
+    s: Any,
     on_event: Callable[[Any], None],
     mask: RequestGrammar | None = None,
     thinking: bool = False,
@@ -274,7 +274,7 @@ def engine_info(ld: Loaded) -> ActorInfo:
         max_concurrency=cfg.max_concurrency,
         queue_depth=cfg.queue_depth,
         prefix_reuse=cfg.prefix_reuse,
-        engine_config=dict(ld.spec.engine),
+        engine_config=dataclasses.asdict(cfg),
     )
 
 

@@ -71,7 +71,11 @@ def _request(
         messages=None if messages is None else tuple(dict(m) for m in messages),
         template_kwargs=template,
         sampling=SamplingOptions(
-            **{k: (tuple(v) if k == "stop" else v) for k, v in sampling.items() if v is not None}
+            **{
+                k: (tuple(v) if k in ("stop", "stop_token_ids") else v)
+                for k, v in sampling.items()
+                if v is not None
+            }
         ),
         client="python-job",
     )
@@ -84,8 +88,8 @@ def _died(e: Exception) -> Failed:
 
 
 class EngineClient:
-    """Blocking client. Sampling keywords are SamplingOptions fields (max_tokens, temperature, top_p, top_k,
-    min_p, presence_penalty, frequency_penalty, repetition_penalty, seed, stop, ignore_eos)."""
+    """Blocking client. Sampling keywords are SamplingOptions fields: the engine's ``SamplingParams`` (max_tokens,
+    temperature, top_p, top_k, min_p, penalties, seed, stop, stop_token_ids, ignore_eos)."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle

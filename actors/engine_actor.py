@@ -208,8 +208,7 @@ class _Wake:
 def actor_options(spec: ActorSpec, *, name: str, namespace: str, detached: bool) -> dict[str, Any]:
     """Ray options: a GPU for the CUDA backend, none for the reference; the gen group is sized so that a burst
     beyond lanes + queue still reaches ``generate`` at once and gets its 429 instead of waiting in Ray."""
-    lanes = int(spec.engine.get("max_concurrency", 4))
-    depth = int(spec.engine.get("queue_depth", 8))
+    lanes, depth = spec.engine.max_concurrency, spec.engine.queue_depth
     opts: dict[str, Any] = {
         "name": name,
         "namespace": namespace,

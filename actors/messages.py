@@ -14,7 +14,8 @@ from typing import Any
 
 import msgspec
 
-from ninfer.engine.core import Accepted, Finish, TokenDelta
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.core import Accepted, Finish, SamplingParams, TokenDelta
 
 __all__ = [
     "SamplingOptions",
@@ -34,20 +35,19 @@ __all__ = [
 ]
 
 
-class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-request sampling; ``None`` means the engine's / artifact's default."""
-
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False  # keep generating past end-of-sequence tokens (benchmarks, load tests)
+# Per-request sampling: every ``SamplingParams`` field (the engine's, written once) as optional, ``None`` meaning the
+# artifact's generation default, then the engine's. ``stop_after_token_id`` is the actor's to set (thinking).
+SamplingOptions = msgspec.defstruct(
+    "SamplingOptions",
+    [
+        (f.name, f.type | None, None)
+        for f in msgspec.structs.fields(SamplingParams)
+        if f.name != "stop_after_token_id"
+    ],
+    frozen=True,
+    kw_only=True,
+    module=__name__,
+)
 
 
 class GrammarSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -132,7 +132,7 @@ class ActorInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_concurrency: int
     queue_depth: int
     prefix_reuse: bool
-    engine_config: dict[str, Any] = {}
+    engine_config: dict[str, Any] = {}  # the EngineConfig, as a dict (logs, the server-start record)
 
 
 class Health(msgspec.Struct, frozen=True, kw_only=True):
@@ -146,7 +146,7 @@ class ActorSpec(msgspec.Struct, frozen=True, kw_only=True):
     artifact: str
     backend: str  # "reference" | "cuda"
     model_id: str | None = None  # None: the artifact's model identity
-    engine: dict[str, Any] = {}  # keyword arguments of ninfer.engine.Engine.open
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)  # the engine's settings, typed
     backend_options: dict[str, Any] = {}  # backend options (CUDA: cuda_graph, ...), see ninfer.load
     template_defaults: dict[str, Any] = {}  # chat-template kwargs every request starts from
     stream_interval_s: float = 0.05  # least time between two streamed items of one request (0: per wake-up)

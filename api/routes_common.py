@@ -71,7 +71,7 @@ def request_record(
         "has_tool_history": any(m.get("role") == "tool" or m.get("tool_calls") for m in greq.messages or ()),
         "enable_thinking": greq.template_kwargs.get("enable_thinking", True),
         "thinking_budget": greq.thinking_budget,
-        "sampling": msgspec.structs.asdict(s) | {"stop": len(s.stop)},
+        "sampling": msgspec.structs.asdict(s) | {"stop": len(s.stop or ())},
     }
 
 

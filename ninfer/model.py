@@ -14,11 +14,12 @@ from ninfer.config import ModelConfig
 from ninfer.flash_next.config import FlashNextConfig
 
 if TYPE_CHECKING:
+    from ninfer.engine import Engine
     from ninfer.engine.batch import ModelRunner
     from ninfer.engine.config import EngineConfig
     from ninfer.engine.core import Completion
 
-__all__ = ["Model", "load", "BackendError", "CUDA_ARCHITECTURES"]
+__all__ = ["Model", "load", "open_engine", "BackendError", "CUDA_ARCHITECTURES"]
 
 DEFAULT_PREFILL_CHUNK = 64
 # Architectures the CUDA backend has kernels for; every other one (Flash-Next's qwen4_exp) runs on the reference.
@@ -189,6 +190,23 @@ def load(
     if backend == "cuda":
         return Model(art, _cuda_net(art, backend_options or {}), backend)
     raise ValueError(f"backend: unknown backend {backend!r} (reference, cuda)")
+
+
+def open_engine(
+    path: str | os.PathLike[str],
+    backend: Literal["reference", "cuda"] = "reference",
+    *,
+    config: EngineConfig | None = None,
+    background: bool = True,
+    backend_options: dict[str, Any] | None = None,
+    **settings: Any,
+) -> Engine:
+    """Load the artifact at ``path`` on ``backend`` (with ``backend_options``, e.g. CUDA's ``cuda_graph``) and
+    start an engine over it, with ``config`` or the ``EngineConfig`` of ``settings``."""
+    from ninfer.engine import Engine
+
+    model = load(path, backend=backend, backend_options=backend_options)
+    return Engine.from_model(model, config=config, background=background, **settings)
 
 
 def _cuda_net(art: Any, options: dict[str, Any]) -> Any:

@@ -32,10 +32,10 @@ ENGINE = {"max_concurrency": 4, "queue_depth": 32, "max_context": 512, "kv_capac
 
 
 def engine_outputs(art: str, backend: str) -> dict[str, Any]:
-    from ninfer.engine import Engine
+    from ninfer.model import open_engine
 
     out: dict[str, Any] = {}
-    with Engine.open(art, backend=backend, **ENGINE) as eng:
+    with open_engine(art, backend=backend, **ENGINE) as eng:
         tok = eng.tokenizer
         prompts = [tok.encode(p) for p in PROMPTS]
         for mode in ("solo", "batched"):

@@ -22,6 +22,8 @@ from ninfer.actors.messages import (
     engine_failure,
 )
 
+from ninfer.engine import EngineConfig
+
 USER = ({"role": "user", "content": "hello there"},)
 
 
@@ -35,7 +37,7 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> str:
 def make(artifact: str, **engine: object) -> EngineActor:
     base = {"max_concurrency": 2, "queue_depth": 2, "max_context": 512, "kv_capacity": 4096}
     base.update(engine)
-    return EngineActor(ActorSpec(artifact=artifact, backend="reference", engine=base))
+    return EngineActor(ActorSpec(artifact=artifact, backend="reference", engine=EngineConfig(**base)))
 
 
 @pytest.fixture

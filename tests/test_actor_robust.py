@@ -21,6 +21,8 @@ from ninfer.actors.messages import (
     decode_event,
 )
 
+from ninfer.engine import EngineConfig
+
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> str:
@@ -31,7 +33,7 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def actor(artifact: str) -> Iterator[EngineActor]:
-    engine = {"max_concurrency": 2, "queue_depth": 2, "max_context": 32768, "kv_capacity": 32768}
+    engine = EngineConfig(max_concurrency=2, queue_depth=2, max_context=32768, kv_capacity=32768)
     a = EngineActor(ActorSpec(artifact=artifact, backend="reference", engine=engine))
     yield a
     asyncio.run(a.shutdown())
@@ -108,7 +110,7 @@ def test_unregistered_shape_needs_the_flag(tmp_path) -> None:
     from ninfer.demo import build_demo
 
     path = build_demo(tmp_path / "tiny.ninfer", shape_registered=False)
-    engine = {"max_concurrency": 1, "queue_depth": 0, "max_context": 256, "kv_capacity": 256}
+    engine = EngineConfig(max_concurrency=1, queue_depth=0, max_context=256, kv_capacity=256)
     with pytest.raises(ValueError, match="--allow-unregistered-shape"):
         EngineActor(ActorSpec(artifact=path, backend="reference", engine=engine))
     a = EngineActor(

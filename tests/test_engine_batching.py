@@ -8,6 +8,7 @@ import msgspec
 import numpy as np
 import pytest
 
+import ninfer
 from ninfer.demo import build_demo
 from ninfer.engine import Engine, Finish, QueueFull, RequestError, TokenDelta
 from ninfer.model import load
@@ -204,7 +205,7 @@ def test_kv_and_state_dtypes_run_and_threads_submit(model) -> None:  # noqa: ANN
 
 
 def test_open_from_path_and_bad_requests(demo_path: str) -> None:
-    with Engine.open(
+    with ninfer.open_engine(
         demo_path, backend="reference", max_concurrency=2, queue_depth=2, max_context=128, kv_capacity=1024
     ) as eng:
         assert eng.tokenizer is not None

@@ -6,7 +6,6 @@ while it plans and while it turns logits into tokens and events, never while the
 
 from __future__ import annotations
 
-import os
 import secrets
 import threading
 import time
@@ -86,32 +85,23 @@ class Engine:
             self._thread = threading.Thread(target=self._loop, name="ninfer-engine", daemon=True)
             self._thread.start()
 
-    # ---- construction -----------------------------------------------------------------------------------
-    @classmethod
-    def open(
-        cls,
-        path: str | os.PathLike[str],
-        backend: str = "reference",
-        *,
-        background: bool = True,
-        backend_options: dict[str, Any] | None = None,
-        **config: Any,
-    ) -> Engine:
-        """Load the artifact at ``path`` on ``backend`` (with ``backend_options``, e.g. CUDA's ``cuda_graph``)
-        and start an engine over it; ``config`` is the ``EngineConfig``."""
-        from ninfer.model import load
-
-        model = load(path, backend=backend, backend_options=backend_options)  # type: ignore[arg-type]
-        return cls.from_model(model, background=background, **config)
-
+    # ---- construction ----------------------------------------------------------------------------------
     @classmethod
     def from_model(
-        cls, model: Model, tokenizer: Any | None = None, *, background: bool = True, **config: Any
+        cls,
+        model: Model,
+        tokenizer: Any | None = None,
+        *,
+        config: EngineConfig | None = None,
+        background: bool = True,
+        **settings: Any,
     ) -> Engine:
-        """An engine over a loaded ``ninfer.model.Model`` (its backend's runner); ``config`` is the
-        ``EngineConfig``."""
+        """An engine over a loaded ``ninfer.model.Model`` (its backend's runner), with ``config`` or the
+        ``EngineConfig`` of ``settings`` (``ninfer.model.open_engine`` loads an artifact and does this)."""
+        if config is not None and settings:
+            raise EngineConfigError("give an EngineConfig or its settings, not both")
         try:
-            cfg = EngineConfig(**config)
+            cfg = config if config is not None else EngineConfig(**settings)
         except TypeError as e:
             raise EngineConfigError(f"unknown engine setting: {e}") from None
         tokenizer = tokenizer if tokenizer is not None else model.tokenizer
