@@ -14,9 +14,9 @@ from ninfer.actors.client import AsyncEngineClient, EngineClient, GenerationErro
 from ninfer.actors.engine_actor import start_actor
 from ninfer.actors.messages import ActorInfo, ActorSpec
 
+from ninfer.architectures import CUDA_ARCHITECTURES
 from ninfer.artifact import open_artifact
 from ninfer.artifact.upstream import is_upstream_v1
-from ninfer.model import CUDA_ARCHITECTURES
 
 from .app import build_app
 from .auth import KeyFileError, KeyRing, load_key_file

@@ -19,11 +19,9 @@ if TYPE_CHECKING:
     from ninfer.engine.config import EngineConfig
     from ninfer.engine.core import Completion
 
-__all__ = ["Model", "load", "open_engine", "BackendError", "CUDA_ARCHITECTURES"]
+__all__ = ["Model", "load", "open_engine", "BackendError"]
 
 DEFAULT_PREFILL_CHUNK = 64
-# Architectures the CUDA backend has kernels for; every other one (Flash-Next's qwen4_exp) runs on the reference.
-CUDA_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
 
 
 class BackendError(RuntimeError):
@@ -183,10 +181,9 @@ def load(
         else open_artifact(path, verify=verify)
     )
     if backend == "reference":
-        from ninfer.artifact.registry import architecture
+        from ninfer.architectures import reference_network
 
-        net = architecture(art.model_config.arch).build_reference(art.model_config, art.weights())
-        return Model(art, net, backend)
+        return Model(art, reference_network(art.model_config, art.weights()), backend)
     if backend == "cuda":
         return Model(art, _cuda_net(art, backend_options or {}), backend)
     raise ValueError(f"backend: unknown backend {backend!r} (reference, cuda)")
@@ -210,6 +207,8 @@ def open_engine(
 
 
 def _cuda_net(art: Any, options: dict[str, Any]) -> Any:
+    from ninfer.architectures import CUDA_ARCHITECTURES
+
     if art.model_config.arch not in CUDA_ARCHITECTURES:
         raise BackendError(f"the CUDA backend has no kernels for architecture {art.model_config.arch!r} yet")
     if getattr(art, "manifest", None) is None:

@@ -42,11 +42,11 @@ from typing import Any
 
 import numpy as np
 
+from ninfer.artifact.inventory import expected_shapes, lm_head_name
 from ninfer.config import ModelConfig
 from ninfer.cuda._glue import glue
 from ninfer.cuda.fuse import fuse_projections, missing_tensors
 from ninfer.cuda.model_graph import GraphSet, Meta, host_meta
-from ninfer.reference.weights import expected_shapes, lm_head_name
 
 __all__ = ["CudaQwen36", "CudaState", "load_cuda"]
 
