@@ -36,7 +36,7 @@ from .anthropic_models import (
     event_name,
 )
 from .errors import ApiError
-from .protocol import Output, OutputParser, new_id, reports_calls
+from .protocol_shared import Output, OutputParser, new_id, reports_calls
 
 __all__ = ["stop_reason", "message_body", "MessagesStream"]
 

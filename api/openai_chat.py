@@ -14,8 +14,8 @@ import msgspec
 from ninfer.actors.messages import GenerateRequest, GrammarSpec, SamplingOptions
 
 from .errors import ApiError, validation_param
-from .models import ChatMessage, ChatRequest
-from .protocol import check_tool, response_grammar, salvage_arguments, tool_grammar
+from .openai_chat_models import ChatMessage, ChatRequest
+from .protocol_shared import check_tool, response_grammar, salvage_arguments, tool_grammar
 from .validation import (
     EFFORTS,
     UNSUPPORTED_FIELDS,

@@ -11,7 +11,7 @@ import msgspec
 from ninfer.engine.core import Finish
 
 from .errors import ApiError
-from .models import (
+from .openai_chat_models import (
     AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
@@ -24,7 +24,7 @@ from .models import (
     ToolCallOut,
     Usage,
 )
-from .protocol import Output, OutputParser, new_id, reports_calls
+from .protocol_shared import Output, OutputParser, new_id, reports_calls
 
 __all__ = ["new_completion_id", "finish_reason", "usage_of", "completion_body", "ChatStream"]
 

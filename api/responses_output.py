@@ -9,7 +9,7 @@ import msgspec
 from ninfer.engine.core import Finish
 
 from .errors import ApiError
-from .protocol import Output, OutputParser, hit_limit, new_id, reports_calls
+from .protocol_shared import Output, OutputParser, hit_limit, new_id, reports_calls
 from .responses_models import (
     ContentPartAdded,
     ContentPartDone,

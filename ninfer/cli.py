@@ -193,7 +193,7 @@ def _parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_cmd_generate)
 
     try:
-        from ninfer.api.serve import register
+        from ninfer.api.cli import register
     except ImportError as e:  # a broken install: say why instead of dropping the subcommand
         _register_unavailable_serve(sub, e)
     else:

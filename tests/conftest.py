@@ -58,6 +58,6 @@ def compiler(tok: Any) -> Any:
     """A GrammarCompiler over ``tok`` with the demo model's padded logits rows (test_grammar.VOCAB)."""
     from test_grammar import VOCAB
 
-    from ninfer.engine.grammar import GrammarCompiler
+    from ninfer.frontend.grammar import GrammarCompiler
 
     return GrammarCompiler(tok.hf, VOCAB, tok.eos_token_ids)

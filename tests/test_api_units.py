@@ -266,7 +266,7 @@ def test_request_log_lines_and_refusals(tmp_path) -> None:
 
 
 def test_no_cuda_graph_is_a_backend_option_not_an_engine_option() -> None:
-    from ninfer.api._runner import actor_spec
+    from ninfer.api.server import actor_spec
 
     from ninfer.engine import EngineConfig
 
@@ -278,8 +278,8 @@ def test_no_cuda_graph_is_a_backend_option_not_an_engine_option() -> None:
 
 
 def test_activations_flag_reaches_the_cuda_backend() -> None:
-    from ninfer.api._runner import actor_spec
-    from ninfer.api.serve import config_from_args
+    from ninfer.api.cli import config_from_args
+    from ninfer.api.server import actor_spec
 
     from ninfer.cli import _parser
 

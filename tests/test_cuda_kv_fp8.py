@@ -350,7 +350,7 @@ def _tiny_pair(kind: str, **opts: Any) -> tuple[Any, Any, Any]:
 
     from ninfer.config import ModelConfig
     from ninfer.cuda.model import CudaQwen36
-    from ninfer.cuda.model_weights import encode_weights, upload_encoded
+    from ninfer.cuda.upload import encode_weights, upload_encoded
     from ninfer.demo import random_weights
     from ninfer.formats import FORMATS
     from ninfer.reference import DictWeights, Qwen36

@@ -51,7 +51,7 @@ def _err(got: np.ndarray, ref: np.ndarray) -> float:
 def _pair(cfg: ModelConfig, weights: Any, fmt: str, **opts: Any) -> tuple[Any, Any]:
     """(CUDA net, reference net) over the same encoded weights (the reference sees them dequantized)."""
     from ninfer.cuda.model import CudaQwen36
-    from ninfer.cuda.model_weights import encode_weights, upload_encoded
+    from ninfer.cuda.upload import encode_weights, upload_encoded
     from ninfer.formats import FORMATS
 
     enc = encode_weights(cfg, weights, fmt)
@@ -145,7 +145,7 @@ def test_tiny_logits_vs_reference_and_transformers(kind: str, mode: str, report:
 @functools.cache
 def _mid_reference(kind: str) -> tuple[ModelConfig, dict, np.ndarray, np.ndarray]:
     """(config, NVFP4 encodings, token ids, reference logits: 300-token prefill then 20 decode steps)."""
-    from ninfer.cuda.model_weights import encode_weights
+    from ninfer.cuda.upload import encode_weights
     from ninfer.formats import FORMATS
 
     cfg = _mid_config(kind)
@@ -170,7 +170,7 @@ TOP1_FLOOR = {("dense", "fp32"): 0.99, ("moe", "fp32"): 0.99, ("dense", "bf16"):
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_midsize_top1_agreement(kind: str, mode: str, report: dict) -> None:
     from ninfer.cuda.model import CudaQwen36
-    from ninfer.cuda.model_weights import upload_encoded
+    from ninfer.cuda.upload import upload_encoded
 
     cfg, enc, ids, want = _mid_reference(kind)
     act = mode.split("-")[0]
@@ -192,7 +192,7 @@ def test_midsize_top1_agreement(kind: str, mode: str, report: dict) -> None:
 def moe_net() -> Any:
     pytest.importorskip("cupy")
     from ninfer.cuda.model import CudaQwen36
-    from ninfer.cuda.model_weights import upload_encoded
+    from ninfer.cuda.upload import upload_encoded
 
     cfg, enc, _, _ = _mid_reference("moe")
     return CudaQwen36(cfg, upload_encoded(cfg, enc))

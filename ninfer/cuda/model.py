@@ -342,7 +342,7 @@ def load_cuda(artifact: Any, **opts: Any) -> CudaQwen36:
     ``opts``: ``act_dtype``, ``state_dtype``, ``kv_dtype``, ``prefill_gemm``, ``cuda_graph``, ``attn_chunk``,
     ``capacity``, ``page_size`` (see ``CudaQwen36``) and ``progress`` (upload bar, default on)."""
     from ninfer.artifact import open_artifact
-    from ninfer.cuda.model_weights import upload_artifact
+    from ninfer.cuda.upload import upload_artifact
 
     progress = opts.pop("progress", True)
     art = open_artifact(artifact, verify="manifest") if isinstance(artifact, str | os.PathLike) else artifact

@@ -20,7 +20,7 @@ import numpy as np
 
 from ninfer.config import ModelConfig
 from ninfer.cuda.memory_plan import MemoryPlan, plan_memory, snapshot_bytes
-from ninfer.cuda.model_weights import tensor_bytes
+from ninfer.cuda.upload import tensor_bytes
 from ninfer.engine.batch import Batch, SampleRequest
 from ninfer.engine.sampler import sample_host
 

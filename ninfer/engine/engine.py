@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ninfer.frontend.turns import TurnMarker
+
 from .batch import ModelRunner
 from .config import EngineConfig, EngineConfigError
 from .core import (
@@ -33,7 +35,6 @@ from .prefix_cache import PrefixCache
 from .sampler import MaskWorker
 from .scheduler import Scheduler
 from .stop import TextStream
-from .turns import TurnMarker
 
 if TYPE_CHECKING:
     from ninfer.model import Model
@@ -57,7 +58,9 @@ class Engine:
         self.config, self.model_config, self.tokenizer = cfg, model_config, tokenizer
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._token_limit = token_limit
-        self._turns = turns  # chat-format knowledge: where the next turn's prompt will part (turns.py)
+        self._turns = (
+            turns  # where the next turn's prompt will part (chat-format knowledge: frontend/turns.py)
+        )
         self._runner = runner  # the only part that touches the model (batch.py's contract)
         self._pool = PagePool(cfg.num_pages)
         cache = None
@@ -136,7 +139,7 @@ class Engine:
         penalties, stop_token_ids, ignore_eos). ``token_mask``: the grammar hook (see ``core.TokenMask``).
         ``on_event``: called from the engine thread with every event as it is produced.
         ``checkpoint_at``: prompt positions where the next turn's prompt may part from this one (reserved
-        checkpoints); default: found from the chat format (``turns.py``).
+        checkpoints); default: found from the chat format (``ninfer/frontend/turns.py``).
         """
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         try:

@@ -168,6 +168,6 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ServerConfigError, ValueError) as e:  # ArtifactError is a ValueError
         print(f"ninfer serve: error: {e}", file=sys.stderr)
         return 2
-    from ._runner import serve  # noqa: PLC0415 - ray/litestar load only when serving
+    from .server import serve  # noqa: PLC0415 - ray/litestar load only when serving
 
     return serve(cfg, argv=list(sys.argv))

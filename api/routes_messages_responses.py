@@ -18,7 +18,7 @@ from . import responses_output as ro
 from .anthropic_models import CountTokens
 from .errors import ApiError
 from .limits import check_depth, nesting_guard
-from .protocol import Output, new_id, parse_output, reports_calls
+from .protocol_shared import Output, new_id, parse_output, reports_calls
 from .routes_common import admit, collect, event_stream, failure, output_mode, request_record
 from .service import Service, client_claim, client_name, json_response
 
