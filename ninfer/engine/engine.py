@@ -58,9 +58,7 @@ class Engine:
         self.config, self.model_config, self.tokenizer = cfg, model_config, tokenizer
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._token_limit = token_limit
-        self._turns = (
-            turns  # where the next turn's prompt will part (chat-format knowledge: frontend/turns.py)
-        )
+        self._turns = turns  # where the next turn's prompt parts (chat-format knowledge, frontend/turns.py)
         self._runner = runner  # the only part that touches the model (batch.py's contract)
         self._pool = PagePool(cfg.num_pages)
         cache = None
