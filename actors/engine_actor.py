@@ -3,10 +3,11 @@
 Threads: the engine runs its own step loop. For each request it calls back (on its thread) with every event,
 which wakes the request's ``generate`` generator on the actor's event loop only while that generator waits;
 the generator drains everything since its last item (``handle.poll()``: consecutive deltas merged into one
-``TokenDelta``) and forwards the engine's events as they are, at most one wake-up per ``stream_interval_s``. Measured decision: each Ray item costs ~0.15-0.6 ms of Python in this
-process, and that time is taken from the GIL the engine's step loop needs. On the demo model (8 lanes, ~5 ms
-steps, H200 host, 16 cores) the stack cost 25% of engine-alone throughput at 20 ms and 9% at 50 ms, hence the
-50 ms default (the first token is never delayed). Control methods (cancel, stats, health, info) run in their
+``TokenDelta``) and forwards the engine's events as they are, at most one wake-up per ``stream_interval_s``.
+Measured decision: each Ray item costs ~0.15-0.6 ms of Python in this process, and that time is taken from the
+GIL the engine's step loop needs. On the demo model (8 lanes, ~5 ms steps, H200 host, 16 cores, reference
+backend) the stack cost 25% of engine-alone throughput at 20 ms and 9% at 50 ms, hence the 50 ms default (the
+first token is never delayed, and neither is the last: the request's ``Finish`` ends the pause). Control methods (cancel, stats, health, info) run in their
 own concurrency group, on another thread, so they answer while generation runs.
 """
 
@@ -89,7 +90,7 @@ class EngineActor:
                 # 1/interval however short the engine's steps are; the first token is not delayed
                 pause = last + interval - loop.time()
                 if pause > 0:
-                    await asyncio.sleep(pause)
+                    await wake.pause(pause)  # cut short by the request's Finish: the end is not delayed
                 events = await wake.events(handle)  # the engine's events, consecutive deltas merged
                 last = loop.time()
                 for ev in events:
@@ -168,22 +169,34 @@ class EngineActor:
 class _Wake:
     """Wake-ups from the engine thread, only while the request's generator actually waits for events.
 
-    While the generator sleeps out its interval nothing is scheduled on the loop, so a request costs the actor's
-    event loop (and the GIL the engine thread needs) at most one wake-up per interval, not one per token.
+    While the generator sleeps out its interval only the request's ``Finish`` is scheduled on the loop (it ends
+    the pause: a request's last item is never held back by the interval), so a request costs the actor's event
+    loop (and the GIL the engine thread needs) at most one wake-up per interval, not one per token.
     The handle queues events before calling ``on_event``, so the re-poll after raising ``waiting`` cannot miss
     one: an event pushed before it is seen by the poll, an event pushed after it schedules a wake-up.
     """
 
-    __slots__ = ("loop", "event", "waiting", "scheduled")
+    __slots__ = ("loop", "event", "finished", "waiting", "scheduled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop, self.event = loop, asyncio.Event()
+        self.loop, self.event, self.finished = loop, asyncio.Event(), asyncio.Event()
         self.waiting = self.scheduled = False
 
-    def on_event(self, _ev: Any) -> None:  # engine thread
+    def on_event(self, ev: Any) -> None:  # engine thread
+        if isinstance(ev, Finish):
+            self.loop.call_soon_threadsafe(self.finished.set)
         if self.waiting and not self.scheduled:
             self.scheduled = True
             self.loop.call_soon_threadsafe(self._woken)
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less if the request finishes meanwhile."""
+        if self.finished.is_set():
+            return
+        try:
+            await asyncio.wait_for(self.finished.wait(), seconds)
+        except TimeoutError:
+            pass
 
     def _woken(self) -> None:
         self.scheduled = False

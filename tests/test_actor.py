@@ -210,3 +210,22 @@ def test_ninfer_generate_gives_the_servers_tokens(
     assert isinstance(evs[-1], Finish)
     served = [t for e in evs if isinstance(e, TokenDelta) for t in e.token_ids]
     assert len(got) >= 1 and got == served
+
+
+def test_the_finish_is_not_held_back_by_the_stream_interval(artifact: str) -> None:
+    """Items are at most one per ``stream_interval_s``, but a request's last items (its Finish) go out as soon as
+    the engine finishes it: a short request ends long before one interval has passed."""
+    import time
+
+    cfg = EngineConfig(max_concurrency=1, queue_depth=1, max_context=512, kv_capacity=4096)
+    a = EngineActor(ActorSpec(artifact=artifact, backend="reference", engine=cfg, stream_interval_s=2.0))
+    try:
+        asyncio.run(collect(a, req("warm", 2)))
+        t0 = time.perf_counter()
+        evs = asyncio.run(collect(a, req("short", 4)))
+        took = time.perf_counter() - t0
+    finally:
+        asyncio.run(a.shutdown())
+    assert isinstance(evs[-1], Finish) and evs[-1].usage.completion_tokens == 4
+    assert len([e for e in evs if isinstance(e, TokenDelta)]) >= 1
+    assert took < 1.0, f"the stream took {took:.2f} s: the Finish waited for the 2 s interval"
