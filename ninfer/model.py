@@ -15,9 +15,8 @@ from ninfer.flash_next.config import FlashNextConfig
 
 if TYPE_CHECKING:
     from ninfer.engine import Engine
-    from ninfer.engine.batch import ModelRunner
     from ninfer.engine.config import EngineConfig
-    from ninfer.engine.core import Completion
+    from ninfer.engine.core import Completion, ModelRunner
 
 __all__ = ["Model", "load", "open_engine", "BackendError"]
 
@@ -56,7 +55,7 @@ class Model:
         return self.tokenizer.vocab_size if self.tokenizer is not None else self.config.vocab_size
 
     def runner(self, engine_config: EngineConfig) -> ModelRunner:
-        """The engine's runner for this model's backend (ninfer/engine/batch.py's contract)."""
+        """The engine's runner for this model's backend (ninfer/engine/core.py's contract)."""
         if self.backend == "cuda":
             from ninfer.cuda.runner import CudaModelRunner
 

@@ -197,7 +197,7 @@ def test_kernel_algorithm_on_host_matches_numpy(host_sampler: Path, v: int) -> N
 def test_engine_samples_through_the_runner(
     name: str, kw: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Every token the engine accepts comes from ``runner.sample`` (the runner contract, engine/batch.py): one
+    """Every token the engine accepts comes from ``runner.sample`` (the runner contract, engine/core.py): one
     ``SampleRequest`` per listed row, masks packed to int32 words, and the rows' tokens are ``sample``'s."""
     import test_engine_batching
 

@@ -1,4 +1,4 @@
-"""``CudaModelRunner``: the engine's runner contract (ninfer/engine/batch.py) over device memory.
+"""``CudaModelRunner``: the engine's runner contract (ninfer/engine/core.py) over device memory.
 
 - Lane ``l`` computes in GDN state slot ``l``; checkpoints live in slots ``lanes ..`` of the same pool (a save or
   a restore is one device copy per GDN layer); KV pages are the engine's page ids in the device page pool.
@@ -21,7 +21,7 @@ import numpy as np
 from ninfer.config import ModelConfig
 from ninfer.cuda.memory_plan import MemoryPlan, plan_memory, snapshot_bytes
 from ninfer.cuda.upload import tensor_bytes
-from ninfer.engine.batch import Batch, SampleRequest
+from ninfer.engine.core import Batch, SampleRequest
 from ninfer.engine.sampler import sample_host
 
 __all__ = ["CudaModelRunner"]

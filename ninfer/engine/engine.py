@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from ninfer.frontend.turns import TurnMarker
 
-from .batch import ModelRunner
 from .config import EngineConfig, EngineConfigError
 from .core import (
     Accepted,
@@ -22,6 +21,7 @@ from .core import (
     EngineStats,
     Event,
     FinishReason,
+    ModelRunner,
     Request,
     RequestError,
     RequestStatus,
@@ -59,7 +59,7 @@ class Engine:
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._token_limit = token_limit
         self._turns = turns  # where the next turn's prompt parts (chat-format knowledge, frontend/turns.py)
-        self._runner = runner  # the only part that touches the model (batch.py's contract)
+        self._runner = runner  # the only part that touches the model (core.py's contract)
         self._pool = PagePool(cfg.num_pages)
         cache = None
         if cfg.prefix_reuse:
@@ -249,7 +249,7 @@ class Engine:
             with self._cv:
                 self._sched.after_run(batch)  # computed tokens catch up; checkpoints published; retire
                 rows, specs = self._out.sample_requests(reqs, ready, self._runner.vocab_size)
-                try:  # sample with the grammar masks: tokens back (the one sampler, batch.py)
+                try:  # sample with the grammar masks: tokens back (the one sampler, core.py)
                     toks = self._runner.sample(rows, specs, self._token_limit) if rows else []
                 except Exception as e:  # noqa: BLE001 - a failing sampler fails this step's requests only
                     self._out.fail(reqs, rows, f"sampling failed: {type(e).__name__}: {e}")

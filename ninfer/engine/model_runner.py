@@ -1,4 +1,4 @@
-"""``ReferenceRunner``: the runner contract (batch.py) over the NumPy reference network and host memory.
+"""``ReferenceRunner``: the runner contract (core.py) over the NumPy reference network and host memory.
 
 - ``ReferenceRunner(net, model_config, engine_config)``; ``snapshot_bytes`` (one GDN checkpoint in the configured
   state dtype) and ``vocab_size`` are known after construction.
@@ -33,8 +33,8 @@ import numpy as np
 from ninfer.config import ModelConfig
 from ninfer.formats import bf16_decode, bf16_encode, bf16_round, e4m3_decode, e4m3_encode
 
-from .batch import Batch, LaneSetup, SampleRequest
 from .config import EngineConfig
+from .core import Batch, LaneSetup, SampleRequest
 from .sampler import sample_host
 
 __all__ = ["ReferenceRunner", "PagedKVStore", "PagedKV", "PagedKVIndex", "snapshot_nbytes"]

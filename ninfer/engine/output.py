@@ -7,8 +7,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .batch import SampleRequest
-from .core import Finish, FinishReason, Request, TokenDelta
+from .core import Finish, FinishReason, Request, SampleRequest, TokenDelta
 from .handle import Handle, completion_of
 from .sampler import NOT_COMPUTED, MaskError, packed_mask, resolve_mask
 from .scheduler import Scheduler

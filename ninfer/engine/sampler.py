@@ -44,8 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from .batch import SampleRequest
-from .core import SamplingParams, TokenMask
+from .core import SampleRequest, SamplingParams, TokenMask
 
 __all__ = [
     "sample",
@@ -192,7 +191,7 @@ def sample(
 
 def sample_host(logits: np.ndarray, reqs: Sequence[SampleRequest], token_limit: int | None) -> list[int]:
     """``sample`` for each row of host ``logits[len(reqs), V]`` (-1 where nothing is allowed): a runner's
-    ``sample`` on the CPU (batch.py)."""
+    ``sample`` on the CPU (core.py)."""
     out = []
     for row, r in zip(logits, reqs, strict=True):
         try:

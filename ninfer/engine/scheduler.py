@@ -18,9 +18,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from .batch import Batch, LaneSetup, LaneWork
 from .config import EngineConfig
-from .core import FinishReason, QueueFull, Request, RequestStatus
+from .core import Batch, FinishReason, LaneSetup, LaneWork, QueueFull, Request, RequestStatus
 from .kv_pool import PagePool
 from .prefix_cache import Match, PrefixCache
 
