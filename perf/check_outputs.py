@@ -5,7 +5,8 @@
 A refactor that must not change behaviour runs this before and after and compares: the engine's tokens, texts and
 finish reasons for a fixed set of requests (greedy and seeded, every sampling knob, stop strings, batched and
 solo, prefix reuse on a second turn), and what ``Model.generate`` gives for the same prompts.
-Without ARTIFACT the demo artifact is built in a temporary directory.
+Without ARTIFACT the demo artifact is built in a temporary directory. The script runs on older trees too (copy it
+into one to record its outputs).
 """
 
 from __future__ import annotations
@@ -32,7 +33,12 @@ ENGINE = {"max_concurrency": 4, "queue_depth": 32, "max_context": 512, "kv_capac
 
 
 def engine_outputs(art: str, backend: str) -> dict[str, Any]:
-    from ninfer.model import open_engine
+    try:
+        from ninfer.model import open_engine
+    except ImportError:  # a tree from before ninfer.open_engine (to record the "before" side of a change)
+        from ninfer.engine import Engine
+
+        open_engine = Engine.open
 
     out: dict[str, Any] = {}
     with open_engine(art, backend=backend, **ENGINE) as eng:
