@@ -66,7 +66,7 @@ class Model:
 
     def logits(self, token_ids: Sequence[int], prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
         """Logits [T, V] float32 for every position, through chunked prefill and the carried state."""
-        ids = _as_ids(token_ids, self.config.vocab_size)
+        ids = self.config.token_ids(token_ids)
         state = self.net.new_state()
         out = [
             self.net.lm_head(self.net.forward(ids[i : i + prefill_chunk], state))
@@ -114,7 +114,7 @@ class Model:
         """``generate``'s engine ``Completion`` (token ids, text, finish reason, usage)."""
         from ninfer.engine import Engine
 
-        ids = [int(t) for t in _as_ids(token_ids, self.config.vocab_size)]
+        ids = self.config.token_ids(token_ids).tolist()
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: must be a positive integer, got {max_new_tokens!r}")
         cfg: dict[str, Any] = {"max_concurrency": 1, "queue_depth": 0, "prefix_reuse": False}
@@ -131,15 +131,6 @@ class Model:
             sampling.update(stop_token_ids=tuple(stop_token_ids), ignore_eos=True)
         with Engine.from_model(self, background=False, **cfg) as eng:
             return eng.submit(ids, max_tokens=max_new_tokens, **sampling).result()
-
-
-def _as_ids(token_ids: Sequence[int], vocab: int) -> np.ndarray:
-    ids = np.asarray(list(token_ids), dtype=np.int64)
-    if ids.ndim != 1 or ids.size == 0:
-        raise ValueError("token_ids: expected a non-empty sequence of token ids")
-    if ids.min() < 0 or ids.max() >= vocab:
-        raise ValueError(f"token_ids: ids must be in 0..{vocab - 1}")
-    return ids
 
 
 def _tokenizer(art: Artifact) -> Any:

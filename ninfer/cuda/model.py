@@ -188,7 +188,7 @@ class CudaQwen36:
 
     def forward(self, token_ids: Sequence[int] | np.ndarray, state: CudaState, positions: Any = None) -> Any:
         """Append ``token_ids[T]`` at ``state.length``; returns the final-normed hidden ``[T, H]`` float32."""
-        ids = _ids(token_ids, self.cfg.vocab_size)
+        ids = self.cfg.token_ids(token_ids).astype(np.int32)
         self._grow(state, state.length + ids.size)
         h = self.run([(state.slot, state.length, ids.size, state.pages)], ids, positions)
         state.length += ids.size
@@ -196,7 +196,7 @@ class CudaQwen36:
 
     def forward_batch(self, token_ids: Sequence[int] | np.ndarray, states: Sequence[CudaState]) -> Any:
         """One token for each of B <= 8 sequences; row b is bitwise ``forward([ids[b]], states[b])``."""
-        ids = _ids(token_ids, self.cfg.vocab_size)
+        ids = self.cfg.token_ids(token_ids).astype(np.int32)
         if ids.size != len(states) or len({id(s) for s in states}) != len(states):
             raise ValueError("forward_batch: one token id per distinct state")
         for s in states:
@@ -325,15 +325,6 @@ class CudaQwen36:
         with self.stream:
             out = cupy.asnumpy(self.logits_dev(h), stream=self.stream)
         return out
-
-
-def _ids(token_ids: Sequence[int] | np.ndarray, vocab: int) -> np.ndarray:
-    ids = np.asarray(token_ids)
-    if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"token_ids: expected a non-empty 1-D integer sequence, got shape {list(ids.shape)}")
-    if ids.min() < 0 or ids.max() >= vocab:
-        raise ValueError(f"token_ids: ids must be in 0..{vocab - 1}")
-    return ids.astype(np.int32)
 
 
 def load_cuda(artifact: Any, **opts: Any) -> CudaQwen36:

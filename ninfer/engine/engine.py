@@ -210,14 +210,10 @@ class Engine:
         return self._turns.marks(prompt) if self._turns is not None else ()
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
-        ids = [int(t) for t in prompt_ids]
-        if not ids:
-            raise RequestError("prompt_ids: the prompt is empty")
-        vocab = self.model_config.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise RequestError(f"prompt_ids: token id {bad} is outside the vocabulary (0..{vocab - 1})")
-        return ids
+        try:
+            return self.model_config.token_ids(list(prompt_ids), "prompt_ids").tolist()
+        except (ValueError, OverflowError) as e:  # OverflowError: an id beyond int64
+            raise RequestError(str(e) if isinstance(e, ValueError) else f"prompt_ids: {e}") from None
 
     def cancel(self, request_id: int) -> None:
         """Stop a request at the next step (its lane and reservation are freed then)."""
