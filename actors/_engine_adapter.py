@@ -1,12 +1,13 @@
 """Every name the actor uses from the engine and the frontend, in one place.
 
-The actor speaks its own messages (actors/messages.py); this module translates them to and from the engine's
-(ninfer.engine) and renders chat messages with the artifact's template. Request fields left unset take the
+The actor's requests (actors/messages.py) become engine requests here, and chat messages are rendered with the
+artifact's template; the engine's events go back to the caller as they are. Request fields left unset take the
 artifact's generation defaults (its ``generation_config`` resource), then the engine's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Callable
@@ -15,15 +16,16 @@ from typing import Any
 
 import msgspec
 
+from ninfer import model as models
 from ninfer.artifact import open_artifact
-from ninfer.engine.core import Finish, QueueFull, RequestError, SamplingParams, TokenDelta
-from ninfer.engine.engine import Engine
-from ninfer.engine.grammar import GrammarCompiler, RequestGrammar, SchemaError
+from ninfer.engine.core import QueueFull, RequestError, SamplingParams
+from ninfer.engine.handle import Handle
 from ninfer.frontend import ChatTemplate, TemplateError
 from ninfer.frontend.chat_template import RESERVED_VARIABLES
+from ninfer.frontend.grammar import GrammarCompiler, RequestGrammar, SchemaError
 from ninfer.frontend.prompt import input_chars, min_tokens
 
-from .messages import ActorInfo, ActorSpec, Delta, Failed, Finished, GenerateRequest, SamplingOptions, Timings
+from .messages import ActorInfo, ActorSpec, GenerateRequest
 
 __all__ = [
     "Loaded",
@@ -35,14 +37,13 @@ __all__ = [
     "count_prompt",
     "token_mask",
     "submit",
-    "convert",
-    "cancel",
     "engine_stats",
     "engine_alive",
     "engine_info",
     "close",
 ]
 
+# the generation_config keys that are sampling defaults (SamplingParams fields of the same name)
 _DEFAULT_KEYS = (
     "temperature",
     "top_p",
@@ -97,8 +98,8 @@ def open_engine(spec: ActorSpec) -> Loaded:
             f"{spec.artifact}: the artifact's shape is not a registered {art.model_id} shape; "
             "serve it with --allow-unregistered-shape (ActorSpec.allow_unregistered_shape)"
         )
-    engine = Engine.open(
-        spec.artifact, backend=spec.backend, backend_options=spec.backend_options, **spec.engine
+    engine = models.open_engine(
+        spec.artifact, spec.backend, config=spec.engine, backend_options=spec.backend_options
     )
     tok = engine.tokenizer
     if tok is None:
@@ -220,77 +221,34 @@ def token_mask(ld: Loaded, req: GenerateRequest) -> RequestGrammar | None:
     )
 
 
-def _params(ld: Loaded, s: SamplingOptions, stop_after: int | None = None) -> SamplingParams:
+def _params(ld: Loaded, s: Any, stop_after: int | None = None) -> SamplingParams:
+    """The engine's parameters: the request's set fields over the artifact's generation defaults (over the
+    engine's own defaults)."""
     kw: dict[str, Any] = dict(ld.defaults)
-    for k in _DEFAULT_KEYS:
-        v = getattr(s, k)
-        if v is not None:
-            kw[k] = v
-    if s.max_tokens is not None:
-        kw["max_tokens"] = s.max_tokens
-    return SamplingParams(
-        seed=s.seed, stop=tuple(s.stop), ignore_eos=s.ignore_eos, stop_after_token_id=stop_after, **kw
-    )
+    kw.update({k: v for k, v in msgspec.structs.asdict(s).items() if v is not None})
+    for k in ("stop", "stop_token_ids"):
+        if k in kw:
+            kw[k] = tuple(kw[k])
+    return SamplingParams(stop_after_token_id=stop_after, **kw)
 
 
 def submit(
     ld: Loaded,
     ids: list[int],
-    s: SamplingOptions,
+    s: Any,
     on_event: Callable[[Any], None],
     mask: RequestGrammar | None = None,
     thinking: bool = False,
-) -> tuple[Any, int, bool]:
-    """Returns (handle, output budget, queued). ``on_event`` gets every engine event, on the engine's thread.
-    With ``thinking`` the generation starts in the reasoning channel: stop strings apply after ``</think>``.
-    Raises QueueFull, or RequestRejected for a request the engine can never run."""
-    st = ld.engine.stats()
-    queued = st.lanes_busy >= st.lanes_total or st.queue_length > 0
+) -> Handle:
+    """The engine's handle; ``handle.accepted`` carries the budget the engine clamped. ``on_event`` gets every
+    engine event, on the engine's thread. With ``thinking`` the generation starts in the reasoning channel: stop
+    strings apply after ``</think>`` and the reasoning tokens are counted up to it. Raises QueueFull, or
+    RequestRejected for a request the engine can never run."""
     params = _params(ld, s, ld.think_end_id if thinking else None)
     try:
-        handle = ld.engine.submit_params(ids, params, token_mask=mask, on_event=on_event)
+        return ld.engine.submit_params(ids, params, token_mask=mask, on_event=on_event)
     except RequestError as e:
         raise RequestRejected(str(e), param=str(e).split(":", 1)[0] or None) from None
-    return handle, min(params.max_tokens, ld.max_context - len(ids)), queued
-
-
-def convert(ev: Any) -> list[Delta | Finished | Failed]:
-    """One engine event as actor messages: a TokenDelta is a Delta; a Finish is its held-back text (if any)
-    followed by Finished, or by Failed when the engine failed the request."""
-    if isinstance(ev, TokenDelta):
-        return [Delta(list(ev.token_ids), ev.text)]
-    if not isinstance(ev, Finish):
-        raise TypeError(f"unexpected engine event {type(ev).__name__}")
-    out: list[Delta | Finished | Failed] = [Delta([], ev.text)] if ev.text else []
-    if ev.reason == "error":
-        out.append(
-            Failed(code="engine_error", message=ev.error or "the engine failed this request", status=500)
-        )
-        return out
-    m = ev.metrics
-    timings = Timings(
-        queue_s=m.queue_wait_s,
-        prefill_s=m.prefill_s,
-        decode_s=m.decode_s,
-        ttft_s=m.ttft_s,
-        total_s=m.queue_wait_s + m.prefill_s + m.decode_s,
-    )
-    u = ev.usage
-    out.append(
-        Finished(
-            finish_reason=str(ev.reason),
-            prompt_tokens=u.prompt_tokens,
-            cached_tokens=u.cached_tokens,
-            completion_tokens=u.completion_tokens,
-            timings=timings,
-            stop_string=ev.stop_string,
-        )
-    )
-    return out
-
-
-def cancel(handle: Any) -> None:
-    handle.cancel()
 
 
 def engine_stats(ld: Loaded) -> dict[str, float]:
@@ -316,7 +274,7 @@ def engine_info(ld: Loaded) -> ActorInfo:
         max_concurrency=cfg.max_concurrency,
         queue_depth=cfg.queue_depth,
         prefix_reuse=cfg.prefix_reuse,
-        engine_config=dict(ld.spec.engine),
+        engine_config=dataclasses.asdict(cfg),
     )
 
 

@@ -5,7 +5,7 @@ From any job on the cluster::
     from ninfer.actors import connect
     client = connect()                          # the actor named "ninfer-engine" in namespace "ninfer"
     for ev in client.stream_chat([{"role": "user", "content": "hi"}], max_tokens=32):
-        print(ev.text, end="")
+        print(ev.text, end="")                  # TokenDelta items, then the Finish (its text: the tail)
     print(client.chat([{"role": "user", "content": "hi"}], max_tokens=8).usage)
 """
 
@@ -19,17 +19,18 @@ import msgspec
 import ray
 from ray.exceptions import RayError
 
+from ninfer.engine.core import Finish, TokenDelta
+
 from .messages import (
     ActorInfo,
     ActorStats,
-    Delta,
     Failed,
-    Finished,
     GenerateRequest,
     Health,
     SamplingOptions,
     StreamEvent,
     decode_event,
+    engine_failure,
 )
 
 __all__ = ["connect", "EngineClient", "AsyncEngineClient", "GenerationError", "Result", "DEFAULT_ACTOR_NAME"]
@@ -50,11 +51,11 @@ class Result(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     text: str
     token_ids: list[int]
-    finish: Finished
+    finish: Finish
 
     @property
     def finish_reason(self) -> str:
-        return self.finish.finish_reason
+        return self.finish.reason
 
 
 def _request(
@@ -70,7 +71,11 @@ def _request(
         messages=None if messages is None else tuple(dict(m) for m in messages),
         template_kwargs=template,
         sampling=SamplingOptions(
-            **{k: (tuple(v) if k == "stop" else v) for k, v in sampling.items() if v is not None}
+            **{
+                k: (tuple(v) if k in ("stop", "stop_token_ids") else v)
+                for k, v in sampling.items()
+                if v is not None
+            }
         ),
         client="python-job",
     )
@@ -83,13 +88,13 @@ def _died(e: Exception) -> Failed:
 
 
 class EngineClient:
-    """Blocking client. Sampling keywords are SamplingOptions fields (max_tokens, temperature, top_p, top_k,
-    min_p, presence_penalty, frequency_penalty, repetition_penalty, seed, stop, ignore_eos)."""
+    """Blocking client. Sampling keywords are SamplingOptions fields: the engine's ``SamplingParams`` (max_tokens,
+    temperature, top_p, top_k, min_p, penalties, seed, stop, stop_token_ids, ignore_eos)."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    def stream(self, prompt_ids: Sequence[int], **sampling: Any) -> Iterator[Delta | Finished]:
+    def stream(self, prompt_ids: Sequence[int], **sampling: Any) -> Iterator[TokenDelta | Finish]:
         return self._stream(_request(prompt_ids=prompt_ids, messages=None, template={}, **sampling))
 
     def stream_chat(
@@ -98,7 +103,7 @@ class EngineClient:
         *,
         template_kwargs: dict[str, Any] | None = None,
         **sampling: Any,
-    ) -> Iterator[Delta | Finished]:
+    ) -> Iterator[TokenDelta | Finish]:
         return self._stream(
             _request(prompt_ids=None, messages=messages, template=template_kwargs or {}, **sampling)
         )
@@ -129,17 +134,20 @@ class EngineClient:
     def cancel(self, request_id: str) -> bool:
         return ray.get(self.handle.cancel.remote(request_id))
 
-    def _stream(self, req: GenerateRequest) -> Iterator[Delta | Finished]:
-        """Yields Delta items, then the Finished event; raises GenerationError on a refusal or failure."""
+    def _stream(self, req: GenerateRequest) -> Iterator[TokenDelta | Finish]:
+        """Yields TokenDelta items, then the Finish event (whose ``text`` is the held-back tail); raises
+        GenerationError on a refusal or failure."""
         done = False
         try:
             for ref in self.handle.generate.remote(req):
                 ev = decode_event(ray.get(ref))
-                if isinstance(ev, Failed):
-                    raise GenerationError(ev)
-                if isinstance(ev, Delta | Finished):
+                failed = engine_failure(ev) if isinstance(ev, Finish) else ev
+                if isinstance(failed, Failed):
+                    done = True
+                    raise GenerationError(failed)
+                if isinstance(ev, TokenDelta | Finish):
                     yield ev
-                done = isinstance(ev, Finished)
+                done = isinstance(ev, Finish)
         except RayError as e:
             raise GenerationError(_died(e)) from e
         finally:
@@ -150,10 +158,9 @@ class EngineClient:
         ids: list[int] = []
         text: list[str] = []
         for ev in self._stream(req):
-            if isinstance(ev, Delta):
-                ids += ev.token_ids
-                text.append(ev.text)
-            else:
+            ids += ev.token_ids if isinstance(ev, TokenDelta) else []
+            text.append(ev.text)
+            if isinstance(ev, Finish):
                 return Result(request_id=req.request_id, text="".join(text), token_ids=ids, finish=ev)
         raise GenerationError(Failed(code="engine_error", message="the stream ended without a finish event"))
 

@@ -2,11 +2,12 @@
 
 Threads: the engine runs its own step loop. For each request it calls back (on its thread) with every event,
 which wakes the request's ``generate`` generator on the actor's event loop only while that generator waits;
-the generator drains everything since its last item (``handle.poll()``) into one ``Delta`` and yields at most
-one item per ``stream_interval_s``. Measured decision: each Ray item costs ~0.15-0.6 ms of Python in this
-process, and that time is taken from the GIL the engine's step loop needs. On the demo model (8 lanes, ~5 ms
-steps, H200 host, 16 cores) the stack cost 25% of engine-alone throughput at 20 ms and 9% at 50 ms, hence the
-50 ms default (the first token is never delayed). Control methods (cancel, stats, health, info) run in their
+the generator drains everything since its last item (``handle.poll()``: consecutive deltas merged into one
+``TokenDelta``) and forwards the engine's events as they are, at most one wake-up per ``stream_interval_s``.
+Measured decision: each Ray item costs ~0.15-0.6 ms of Python in this process, and that time is taken from the
+GIL the engine's step loop needs. On the demo model (8 lanes, ~5 ms steps, H200 host, 16 cores, reference
+backend) the stack cost 25% of engine-alone throughput at 20 ms and 9% at 50 ms, hence the 50 ms default (the
+first token is never delayed, and neither is the last: the request's ``Finish`` ends the pause). Control methods (cancel, stats, health, info) run in their
 own concurrency group, on another thread, so they answer while generation runs.
 """
 
@@ -24,19 +25,10 @@ from typing import Any
 import msgspec
 import ray
 
+from ninfer.engine.core import Finish
+
 from . import _engine_adapter as adapter
-from .messages import (
-    Accepted,
-    ActorInfo,
-    ActorSpec,
-    ActorStats,
-    Delta,
-    Failed,
-    Finished,
-    GenerateRequest,
-    Health,
-    StreamEvent,
-)
+from .messages import ActorInfo, ActorSpec, ActorStats, Failed, GenerateRequest, Health
 
 __all__ = ["EngineActor", "actor_options", "start_actor", "CTL_GROUP", "GEN_GROUP"]
 
@@ -77,11 +69,11 @@ class EngineActor:
             yield _ENC(self._internal_error("generate", req, e))
             return
         wake = _Wake(loop)
-        thinking = adapter.thinking_on(ld, req)
-        think = _ThinkCount(ld.think_end_id if thinking else None)
         try:
             with self._lock:
-                handle, budget, queued = adapter.submit(ld, ids, req.sampling, wake.on_event, mask, thinking)
+                handle = adapter.submit(
+                    ld, ids, req.sampling, wake.on_event, mask, adapter.thinking_on(ld, req)
+                )
                 self._handles[req.request_id] = handle
         except adapter.QueueFull as e:
             yield _ENC(Failed(code="queue_full", message=str(e), status=429, retry_after=1.0))
@@ -91,34 +83,29 @@ class EngineActor:
             return
         finished = False
         try:
-            yield _ENC(
-                Accepted(request_id=req.request_id, prompt_tokens=len(ids), max_tokens=budget, queued=queued)
-            )
+            yield _ENC(handle.accepted)  # the engine's budget: max_tokens clamped once, by the engine
             interval, last = self._spec.stream_interval_s, -1e9
             while not finished:
                 # at most one item per interval: bounds Ray items (and SSE frames downstream) per stream to
                 # 1/interval however short the engine's steps are; the first token is not delayed
                 pause = last + interval - loop.time()
                 if pause > 0:
-                    await asyncio.sleep(pause)
-                raw = await wake.events(handle)
+                    await wake.pause(pause)  # cut short by the request's Finish: the end is not delayed
+                events = await wake.events(handle)  # the engine's events, consecutive deltas merged
                 last = loop.time()
-                for ev in _coalesce(item for r in raw for item in adapter.convert(r)):
-                    finished = finished or isinstance(ev, Finished | Failed)
-                    if isinstance(ev, Delta):
-                        think.push(ev.token_ids)
-                    elif isinstance(ev, Finished) and think.count:
-                        ev = msgspec.structs.replace(ev, reasoning_tokens=think.count)
-                    if isinstance(ev, Failed):
-                        with self._lock:
-                            self._failures += 1
+                for ev in events:
+                    if isinstance(ev, Finish):
+                        finished = True
+                        if ev.reason == "error":
+                            with self._lock:
+                                self._failures += 1
                     yield _ENC(ev)
         finally:
             # the consumer may vanish (client disconnect drops the generator): never leave the lane busy
             with self._lock:
                 self._handles.pop(req.request_id, None)
             if not finished:
-                adapter.cancel(handle)
+                handle.cancel()
 
     # ---- control ------------------------------------------------------------------------------------
     @ray.method(concurrency_group=CTL_GROUP)
@@ -127,7 +114,7 @@ class EngineActor:
             handle = self._handles.get(request_id)
         if handle is None:
             return False
-        adapter.cancel(handle)
+        handle.cancel()
         return True
 
     @ray.method(concurrency_group=CTL_GROUP)
@@ -182,22 +169,34 @@ class EngineActor:
 class _Wake:
     """Wake-ups from the engine thread, only while the request's generator actually waits for events.
 
-    While the generator sleeps out its interval nothing is scheduled on the loop, so a request costs the actor's
-    event loop (and the GIL the engine thread needs) at most one wake-up per interval, not one per token.
+    While the generator sleeps out its interval only the request's ``Finish`` is scheduled on the loop (it ends
+    the pause: a request's last item is never held back by the interval), so a request costs the actor's event
+    loop (and the GIL the engine thread needs) at most one wake-up per interval, not one per token.
     The handle queues events before calling ``on_event``, so the re-poll after raising ``waiting`` cannot miss
     one: an event pushed before it is seen by the poll, an event pushed after it schedules a wake-up.
     """
 
-    __slots__ = ("loop", "event", "waiting", "scheduled")
+    __slots__ = ("loop", "event", "finished", "waiting", "scheduled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop, self.event = loop, asyncio.Event()
+        self.loop, self.event, self.finished = loop, asyncio.Event(), asyncio.Event()
         self.waiting = self.scheduled = False
 
-    def on_event(self, _ev: Any) -> None:  # engine thread
+    def on_event(self, ev: Any) -> None:  # engine thread
+        if isinstance(ev, Finish):
+            self.loop.call_soon_threadsafe(self.finished.set)
         if self.waiting and not self.scheduled:
             self.scheduled = True
             self.loop.call_soon_threadsafe(self._woken)
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less if the request finishes meanwhile."""
+        if self.finished.is_set():
+            return
+        try:
+            await asyncio.wait_for(self.finished.wait(), seconds)
+        except TimeoutError:
+            pass
 
     def _woken(self) -> None:
         self.scheduled = False
@@ -219,40 +218,10 @@ class _Wake:
                 return got
 
 
-class _ThinkCount:
-    """Generated tokens up to and including the first ``</think>`` (reasoning tokens of a thinking request)."""
-
-    __slots__ = ("end", "count", "done")
-
-    def __init__(self, end: int | None) -> None:
-        self.end, self.count, self.done = end, 0, end is None
-
-    def push(self, ids: list[int]) -> None:
-        if self.done:
-            return
-        for t in ids:
-            self.count += 1
-            if t == self.end:
-                self.done = True
-                return
-
-
-def _coalesce(events: Any) -> list[StreamEvent]:
-    """Merge consecutive Deltas: one Ray item per wake-up, however many steps ran since the last one."""
-    out: list[StreamEvent] = []
-    for ev in events:
-        if isinstance(ev, Delta) and out and isinstance(out[-1], Delta):
-            out[-1] = Delta(out[-1].token_ids + ev.token_ids, out[-1].text + ev.text)
-        else:
-            out.append(ev)
-    return out
-
-
 def actor_options(spec: ActorSpec, *, name: str, namespace: str, detached: bool) -> dict[str, Any]:
     """Ray options: a GPU for the CUDA backend, none for the reference; the gen group is sized so that a burst
     beyond lanes + queue still reaches ``generate`` at once and gets its 429 instead of waiting in Ray."""
-    lanes = int(spec.engine.get("max_concurrency", 4))
-    depth = int(spec.engine.get("queue_depth", 8))
+    lanes, depth = spec.engine.max_concurrency, spec.engine.queue_depth
     opts: dict[str, Any] = {
         "name": name,
         "namespace": namespace,

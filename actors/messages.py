@@ -1,9 +1,11 @@
 """Messages that cross the Ray boundary between the engine actor and its callers (the API, Python jobs).
 
-Requests are frozen keyword-only Structs. A generation streams a tagged union of events:
-``Accepted`` once (or ``Failed`` instead, e.g. a full queue), then ``Delta`` items — each one coalesces every
-token the engine produced since the previous item, so Ray's per-item cost (~0.6 ms on a 2-core machine) is paid
-per engine step at most, never per token — then exactly one ``Finished`` or ``Failed``.
+Requests are frozen keyword-only Structs. A generation streams the engine's own events (ninfer.engine.core), as
+the engine made them: ``Accepted`` once (or ``Failed`` instead: a refusal before the engine ran anything, e.g. a
+full queue or a bad prompt), then ``TokenDelta`` items — each one every token the engine produced since the
+previous item (coalesced once, by ``Handle.poll``), so Ray's per-item cost (~0.6 ms on a 2-core machine) is paid
+per engine step at most, never per token — then exactly one ``Finish`` (its ``text`` is the held-back tail; a
+``Finish`` whose reason is ``error`` is the engine failing the request: ``engine_failure``).
 """
 
 from __future__ import annotations
@@ -12,17 +14,20 @@ from typing import Any
 
 import msgspec
 
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.core import Accepted, Finish, SamplingParams, TokenDelta
+
 __all__ = [
     "SamplingOptions",
     "GrammarSpec",
     "GenerateRequest",
     "Accepted",
-    "Delta",
-    "Finished",
+    "TokenDelta",
+    "Finish",
     "Failed",
     "StreamEvent",
     "decode_event",
-    "Timings",
+    "engine_failure",
     "ActorStats",
     "ActorInfo",
     "Health",
@@ -30,20 +35,19 @@ __all__ = [
 ]
 
 
-class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-request sampling; ``None`` means the engine's / artifact's default."""
-
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False  # keep generating past end-of-sequence tokens (benchmarks, load tests)
+# Per-request sampling: every ``SamplingParams`` field (the engine's, written once) as optional, ``None`` meaning the
+# artifact's generation default, then the engine's. ``stop_after_token_id`` is the actor's to set (thinking).
+SamplingOptions = msgspec.defstruct(
+    "SamplingOptions",
+    [
+        (f.name, f.type | None, None)
+        for f in msgspec.structs.fields(SamplingParams)
+        if f.name != "stop_after_token_id"
+    ],
+    frozen=True,
+    kw_only=True,
+    module=__name__,
+)
 
 
 class GrammarSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,39 +85,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("GenerateRequest: give exactly one of prompt_ids and messages")
 
 
-class Accepted(msgspec.Struct, frozen=True, kw_only=True, tag="accepted"):
-    request_id: str
-    prompt_tokens: int
-    max_tokens: int
-    queued: bool  # False when a lane was free at submit time
-
-
-class Delta(msgspec.Struct, frozen=True, gc=False, tag="delta"):
-    token_ids: list[int]
-    text: str
-
-
-class Timings(msgspec.Struct, frozen=True, kw_only=True):
-    queue_s: float = 0.0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    ttft_s: float = 0.0
-    total_s: float = 0.0
-
-
-class Finished(msgspec.Struct, frozen=True, kw_only=True, tag="finished"):
-    finish_reason: str  # the engine's internal reason (stop_token, stop_string, output_limit, ...)
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    timings: Timings = Timings()
-    lane: int | None = None
-    stop_string: str | None = None  # the request stop string that ended the text (finish_reason stop_string)
-    reasoning_tokens: int = 0  # generated tokens up to and including </think> (thinking requests)
-
-
-class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
-    """``status`` is the HTTP status the API should answer with (429 queue full, 400 bad prompt, 500 engine)."""
+class Failed(msgspec.Struct, frozen=True, kw_only=True, array_like=True, tag="failed"):
+    """A refusal or failure; ``status`` is the HTTP status the API should answer with (429 queue full, 400 bad
+    prompt, 500 engine)."""
 
     code: str
     message: str
@@ -122,8 +96,15 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag="failed"):
     retry_after: float | None = None
 
 
-StreamEvent = Accepted | Delta | Finished | Failed
+StreamEvent = Accepted | TokenDelta | Finish | Failed
 _EVENT_DECODER = msgspec.msgpack.Decoder(StreamEvent)
+
+
+def engine_failure(fin: Finish) -> Failed | None:
+    """The ``Failed`` a ``Finish`` stands for when the engine failed the request (reason ``error``), else None."""
+    if fin.reason != "error":
+        return None
+    return Failed(code="engine_error", message=fin.error or "the engine failed this request", status=500)
 
 
 def decode_event(raw: bytes) -> StreamEvent:
@@ -151,7 +132,7 @@ class ActorInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_concurrency: int
     queue_depth: int
     prefix_reuse: bool
-    engine_config: dict[str, Any] = {}
+    engine_config: dict[str, Any] = {}  # the EngineConfig, as a dict (logs, the server-start record)
 
 
 class Health(msgspec.Struct, frozen=True, kw_only=True):
@@ -165,7 +146,7 @@ class ActorSpec(msgspec.Struct, frozen=True, kw_only=True):
     artifact: str
     backend: str  # "reference" | "cuda"
     model_id: str | None = None  # None: the artifact's model identity
-    engine: dict[str, Any] = {}  # keyword arguments of ninfer.engine.Engine.open
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)  # the engine's settings, typed
     backend_options: dict[str, Any] = {}  # backend options (CUDA: cuda_graph, ...), see ninfer.load
     template_defaults: dict[str, Any] = {}  # chat-template kwargs every request starts from
     stream_interval_s: float = 0.05  # least time between two streamed items of one request (0: per wake-up)

@@ -17,7 +17,7 @@ from ninfer.actors.messages import GenerateRequest, GrammarSpec, SamplingOptions
 
 from .anthropic_models import AnthropicRequest, ErrorDetail, ErrorEvent
 from .errors import ApiError
-from .protocol import check_tool, schema_grammar, tool_grammar
+from .protocol_shared import check_tool, schema_grammar, tool_grammar
 from .validation import (
     THINKING_TYPES,
     check_max_tokens,

@@ -8,7 +8,8 @@ import json
 from typing import Any
 
 import msgspec
-from ninfer.actors.messages import Finished
+
+from ninfer.engine.core import Finish
 
 from .anthropic import AnthropicError
 from .anthropic_models import (
@@ -35,28 +36,28 @@ from .anthropic_models import (
     event_name,
 )
 from .errors import ApiError
-from .protocol import Output, OutputParser, new_id, reports_calls
+from .protocol_shared import Output, OutputParser, new_id, reports_calls
 
 __all__ = ["stop_reason", "message_body", "MessagesStream"]
 
 
-def stop_reason(fin: Finished, calls: bool) -> str:
+def stop_reason(fin: Finish, calls: bool) -> str:
     if calls:
         return "tool_use"
-    if fin.finish_reason in ("output_limit", "context_capacity"):
+    if fin.reason in ("output_limit", "context_capacity"):
         return "max_tokens"
-    return "stop_sequence" if fin.finish_reason == "stop_string" else "end_turn"
+    return "stop_sequence" if fin.reason == "stop_string" else "end_turn"
 
 
-def _stop_sequence(fin: Finished) -> str | None:
-    return fin.stop_string if fin.finish_reason == "stop_string" else None
+def _stop_sequence(fin: Finish) -> str | None:
+    return fin.stop_string if fin.reason == "stop_string" else None
 
 
-def _usage(fin: Finished) -> Usage:
+def _usage(fin: Finish) -> Usage:
     return Usage(
-        input_tokens=fin.prompt_tokens,
-        output_tokens=fin.completion_tokens,
-        cache_read_input_tokens=fin.cached_tokens,
+        input_tokens=fin.usage.prompt_tokens,
+        output_tokens=fin.usage.completion_tokens,
+        cache_read_input_tokens=fin.usage.cached_tokens,
         cache_creation_input_tokens=0,
     )
 
@@ -69,7 +70,7 @@ def _input(arguments: str) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-def message_body(mid: str, model: str, out: Output, fin: Finished) -> Message:
+def message_body(mid: str, model: str, out: Output, fin: Finish) -> Message:
     """Blocks in order thinking, text, tool_use; a message with none of them has one empty text block."""
     content: list[ContentBlock] = []
     if out.reasoning:
@@ -84,7 +85,7 @@ def message_body(mid: str, model: str, out: Output, fin: Finished) -> Message:
         id=mid,
         model=model,
         content=content,
-        stop_reason=stop_reason(fin, reports_calls(fin.finish_reason, len(out.calls), out.unclosed)),
+        stop_reason=stop_reason(fin, reports_calls(fin.reason, len(out.calls), out.unclosed)),
         stop_sequence=_stop_sequence(fin),
         usage=_usage(fin),
     )
@@ -154,13 +155,15 @@ class MessagesStream:
                 out += self._close()
         return out
 
-    def finish(self, fin: Finished) -> bytes:
+    def finish(self, fin: Finish) -> bytes:
         out = self._events(self._parser.finish()) + self._close()
         if not self._any:
             out += self._begin(TextBlock(text="")) + self._close()
-        called = reports_calls(fin.finish_reason, self.tool_calls, self._parser.unclosed)
+        called = reports_calls(fin.reason, self.tool_calls, self._parser.unclosed)
         delta = StopInfo(stop_reason=stop_reason(fin, called), stop_sequence=_stop_sequence(fin))
-        out += self._ev(MessageDelta(delta=delta, usage=DeltaUsage(output_tokens=fin.completion_tokens)))
+        out += self._ev(
+            MessageDelta(delta=delta, usage=DeltaUsage(output_tokens=fin.usage.completion_tokens))
+        )
         return out + self._ev(MessageStop())
 
     def error(self, err: ApiError) -> bytes:

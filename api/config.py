@@ -2,18 +2,36 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["ServerConfig", "ServerConfigError", "BACKENDS", "KV_DTYPES", "GDN_STATE_DTYPES"]
+from ninfer.engine.config import GDN_STATE_DTYPES, KV_DTYPES, EngineConfig, EngineConfigError
+
+__all__ = ["ServerConfig", "ServerConfigError", "BACKENDS", "KV_DTYPES", "GDN_STATE_DTYPES", "engine_config"]
 
 BACKENDS = ("auto", "reference", "cuda")
-KV_DTYPES = ("bf16", "fp8")
-GDN_STATE_DTYPES = ("fp32", "bf16")
 RAY_NAMESPACE = "ninfer"
+SERVER_QUEUE_DEPTH = 16  # the server's default admission queue (the engine's own default is 8)
 
 
 class ServerConfigError(ValueError):
     """An invalid server option; the message names the flag."""
+
+
+def engine_config(**settings: Any) -> EngineConfig:
+    """The ``EngineConfig`` of ``ninfer serve``'s engine flags (None: the engine's default), its errors naming
+    the flag (``max_concurrency`` -> ``--max-concurrency``)."""
+    kw = {k: v for k, v in settings.items() if v is not None}
+    kw.setdefault("queue_depth", SERVER_QUEUE_DEPTH)
+    try:
+        return EngineConfig(**kw)
+    except EngineConfigError as e:
+        name, _, rest = str(e).partition(":")
+        raise ServerConfigError(f"--{name.replace('_', '-')}:{rest}") from None
+
+
+def _default_engine() -> EngineConfig:
+    return engine_config()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -22,13 +40,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8010
     model_id: str | None = None  # None: the artifact's model identity
-    max_context: int | None = None  # None: the engine's default
-    kv_capacity: int | None = None
-    max_concurrency: int = 4
-    queue_depth: int = 16
-    kv_dtype: str = "bf16"
-    gdn_state_dtype: str = "fp32"
-    prefill_chunk: int | None = None
+    engine: EngineConfig = field(default_factory=_default_engine)  # the engine's settings, the one source
     preserve_thinking: bool = False
     default_max_tokens: int = 8192
     api_key_file: str | None = None
@@ -36,7 +48,6 @@ class ServerConfig:
     backend: str = "auto"
     cuda_graph: bool = True
     activations: str = "fp32"  # CUDA activation dtype: fp32 (exact operands) or bf16 (opt-in, faster prefill)
-    prefix_reuse: bool = True
     cors: bool = False
     max_request_mib: int = 384
     ray_address: str | None = None
@@ -60,27 +71,12 @@ class ServerConfig:
 
         if not 1 <= self.port <= 65535:
             raise ServerConfigError(f"--port: must be in 1..65535, got {self.port}")
-        if not 1 <= self.max_concurrency <= 8:
-            raise ServerConfigError(f"--max-concurrency: must be in 1..8, got {self.max_concurrency}")
-        if self.queue_depth < 0:
-            raise ServerConfigError(f"--queue-depth: must be >= 0, got {self.queue_depth}")
         if self.activations not in ("fp32", "bf16"):
             raise ServerConfigError(f"--activations: fp32 or bf16, got {self.activations!r}")
-        positive("--max-context", self.max_context)
-        positive("--kv-capacity", self.kv_capacity)
-        positive("--prefill-chunk", self.prefill_chunk)
         positive("--default-max-tokens", self.default_max_tokens)
         positive("--max-request-mib", self.max_request_mib)
         if self.backend not in BACKENDS:
             raise ServerConfigError(f"--backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.kv_dtype not in KV_DTYPES:
-            raise ServerConfigError(
-                f"--kv-dtype: must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}"
-            )
-        if self.gdn_state_dtype not in GDN_STATE_DTYPES:
-            raise ServerConfigError(
-                f"--gdn-state-dtype: must be one of {', '.join(GDN_STATE_DTYPES)}, got {self.gdn_state_dtype!r}"
-            )
         if not 0 <= self.stream_interval_ms <= 1000:
             raise ServerConfigError(
                 f"--stream-interval-ms: must be in 0..1000, got {self.stream_interval_ms}"

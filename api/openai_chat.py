@@ -14,8 +14,8 @@ import msgspec
 from ninfer.actors.messages import GenerateRequest, GrammarSpec, SamplingOptions
 
 from .errors import ApiError, validation_param
-from .models import ChatMessage, ChatRequest
-from .protocol import check_tool, response_grammar, salvage_arguments, tool_grammar
+from .openai_chat_models import ChatMessage, ChatRequest
+from .protocol_shared import check_tool, response_grammar, salvage_arguments, tool_grammar
 from .validation import (
     EFFORTS,
     UNSUPPORTED_FIELDS,
@@ -239,7 +239,7 @@ def to_generate_request(
     if grammar is None:
         grammar = fmt
     sampling = SamplingOptions(
-        max_tokens=min(max_tokens, limits.max_context),
+        max_tokens=max_tokens,  # the engine clamps it, once, to what the context leaves (Accepted.max_tokens)
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=req.top_k,

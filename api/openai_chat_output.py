@@ -7,10 +7,11 @@ import secrets
 from typing import Any
 
 import msgspec
-from ninfer.actors.messages import Finished
+
+from ninfer.engine.core import Finish
 
 from .errors import ApiError
-from .models import (
+from .openai_chat_models import (
     AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
@@ -23,7 +24,7 @@ from .models import (
     ToolCallOut,
     Usage,
 )
-from .protocol import Output, OutputParser, new_id, reports_calls
+from .protocol_shared import Output, OutputParser, new_id, reports_calls
 
 __all__ = ["new_completion_id", "finish_reason", "usage_of", "completion_body", "ChatStream"]
 
@@ -38,33 +39,33 @@ def finish_reason(internal: str) -> str:
     return _FINISH.get(internal, "stop")
 
 
-def usage_of(fin: Finished) -> Usage:
+def usage_of(fin: Finish) -> Usage:
     return Usage(
-        prompt_tokens=fin.prompt_tokens,
-        completion_tokens=fin.completion_tokens,
-        total_tokens=fin.prompt_tokens + fin.completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=fin.cached_tokens),
-        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=fin.reasoning_tokens)
-        if fin.reasoning_tokens
+        prompt_tokens=fin.usage.prompt_tokens,
+        completion_tokens=fin.usage.completion_tokens,
+        total_tokens=fin.usage.prompt_tokens + fin.usage.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=fin.usage.cached_tokens),
+        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=fin.usage.reasoning_tokens)
+        if fin.usage.reasoning_tokens
         else msgspec.UNSET,
     )
 
 
-def completion_body(cid: str, created: int, model: str, out: Output | str, fin: Finished) -> ChatCompletion:
+def completion_body(cid: str, created: int, model: str, out: Output | str, fin: Finish) -> ChatCompletion:
     """The non-streamed body: ``reasoning_content`` only when non-empty; with tool calls, ``content`` is null
     when empty and ``finish_reason`` is ``tool_calls`` (``length`` when the limit cut a later call)."""
     out = Output(content=out) if isinstance(out, str) else out
     msg = AssistantMessage(content=out.content)
     if out.reasoning:
         msg.reasoning_content = out.reasoning
-    finish = finish_reason(fin.finish_reason)
+    finish = finish_reason(fin.reason)
     if out.calls:
         msg.content = out.content or None
         msg.tool_calls = [
             ToolCallOut(id=new_id("call_"), type="function", function=FunctionOut(name=n, arguments=a))
             for n, a in out.calls
         ]
-        if reports_calls(fin.finish_reason, len(out.calls), out.unclosed):
+        if reports_calls(fin.reason, len(out.calls), out.unclosed):
             finish = "tool_calls"
     return ChatCompletion(
         id=cid,
@@ -144,10 +145,10 @@ class ChatStream:
                 )
         return out
 
-    def finish(self, fin: Finished) -> bytes:
+    def finish(self, fin: Finish) -> bytes:
         out = self._events(self._parser.finish())
-        called = reports_calls(fin.finish_reason, self.tool_calls, self._parser.unclosed)
-        reason = "tool_calls" if called else finish_reason(fin.finish_reason)
+        called = reports_calls(fin.reason, self.tool_calls, self._parser.unclosed)
+        reason = "tool_calls" if called else finish_reason(fin.reason)
         out += self._chunk(ChunkDelta(), reason)
         if self.include_usage:
             usage = ChatCompletionChunk(

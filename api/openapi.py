@@ -26,7 +26,14 @@ from litestar.openapi.spec import (
 from . import responses_models as rm
 from .anthropic_models import AnthropicRequest, CountTokens, ErrorEvent, Message, StreamEvent
 from .errors import ErrorBody
-from .models import ChatCompletion, ChatCompletionChunk, ChatRequest, HealthStatus, ModelList, ModelObject
+from .openai_chat_models import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatRequest,
+    HealthStatus,
+    ModelList,
+    ModelObject,
+)
 
 __all__ = ["openapi_config", "operation", "ROUTE_DOCS", "ERRORS"]
 

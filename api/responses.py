@@ -12,7 +12,7 @@ import msgspec
 from ninfer.actors.messages import GenerateRequest, SamplingOptions
 
 from .errors import ApiError, validation_param
-from .protocol import check_tool, response_grammar, salvage_arguments, tool_grammar
+from .protocol_shared import check_tool, response_grammar, salvage_arguments, tool_grammar
 from .responses_models import ResponsesRequest
 from .validation import (
     EFFORTS,

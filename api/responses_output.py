@@ -5,10 +5,11 @@ every event has a ``sequence_number``; there is no ``[DONE]``."""
 from __future__ import annotations
 
 import msgspec
-from ninfer.actors.messages import Finished
+
+from ninfer.engine.core import Finish
 
 from .errors import ApiError
-from .protocol import Output, OutputParser, hit_limit, new_id, reports_calls
+from .protocol_shared import Output, OutputParser, hit_limit, new_id, reports_calls
 from .responses_models import (
     ContentPartAdded,
     ContentPartDone,
@@ -45,20 +46,20 @@ from .responses_models import (
 __all__ = ["response_body", "output_items", "ResponsesStream"]
 
 
-def _usage(fin: Finished) -> Usage:
+def _usage(fin: Finish) -> Usage:
     return Usage(
-        input_tokens=fin.prompt_tokens,
-        input_tokens_details=InputTokensDetails(cached_tokens=fin.cached_tokens),
-        output_tokens=fin.completion_tokens,
-        output_tokens_details=OutputTokensDetails(reasoning_tokens=fin.reasoning_tokens),
-        total_tokens=fin.prompt_tokens + fin.completion_tokens,
+        input_tokens=fin.usage.prompt_tokens,
+        input_tokens_details=InputTokensDetails(cached_tokens=fin.usage.cached_tokens),
+        output_tokens=fin.usage.completion_tokens,
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=fin.usage.reasoning_tokens),
+        total_tokens=fin.usage.prompt_tokens + fin.usage.completion_tokens,
     )
 
 
-def _status(fin: Finished | None, called: bool) -> tuple[str, IncompleteDetails | None]:
+def _status(fin: Finish | None, called: bool) -> tuple[str, IncompleteDetails | None]:
     if fin is None:
         return "in_progress", None
-    if hit_limit(fin.finish_reason) and not called:
+    if hit_limit(fin.reason) and not called:
         return "incomplete", IncompleteDetails(reason="max_output_tokens")
     return "completed", None
 
@@ -80,7 +81,7 @@ def response_body(
     created: int,
     req: ResponsesRequest,
     output: list[OutputItem],
-    fin: Finished | None,
+    fin: Finish | None,
     called: bool = False,
 ) -> Response:
     """``called``: the answer ended with completed calls (protocol.reports_calls), so the token limit reached
@@ -200,11 +201,11 @@ class ResponsesStream:
                 out += self._close()
         return out
 
-    def finish(self, fin: Finished) -> bytes:
+    def finish(self, fin: Finish) -> bytes:
         out = self._events(self._parser.finish()) + self._close()
         if all(isinstance(i, ReasoningItem) for i in self.items):
             out += self._begin(_message_item(new_id("msg_"), "", "in_progress")) + self._close()
-        called = reports_calls(fin.finish_reason, self.tool_calls, self._parser.unclosed)
+        called = reports_calls(fin.reason, self.tool_calls, self._parser.unclosed)
         body = response_body(self.rid, self.created, self.req, self.items, fin, called)
         done = ResponseCompleted if body.status == "completed" else ResponseIncomplete
         return out + self._ev(done(response=body))

@@ -12,7 +12,7 @@ from .errors import ApiError
 from .limits import check_depth, nesting_guard
 from .openai_chat import parse_chat_request, to_generate_request
 from .openai_chat_output import ChatStream, completion_body, new_completion_id
-from .protocol import parse_output
+from .protocol_shared import parse_output
 from .routes_common import admit, collect, event_stream, output_mode, request_record
 from .service import Service, client_claim, client_name, json_response
 

@@ -16,7 +16,9 @@ from typing import Any, Protocol
 import msgspec
 from litestar import Request
 from litestar.response import Stream
-from ninfer.actors.messages import Accepted, Delta, Failed, Finished, GenerateRequest, StreamEvent
+from ninfer.actors.messages import Failed, GenerateRequest, StreamEvent, engine_failure
+
+from ninfer.engine.core import Accepted, Finish, TokenDelta
 
 from .drain import Drained, until_drained
 from .errors import ApiError
@@ -69,7 +71,7 @@ def request_record(
         "has_tool_history": any(m.get("role") == "tool" or m.get("tool_calls") for m in greq.messages or ()),
         "enable_thinking": greq.template_kwargs.get("enable_thinking", True),
         "thinking_budget": greq.thinking_budget,
-        "sampling": msgspec.structs.asdict(s) | {"stop": len(s.stop)},
+        "sampling": msgspec.structs.asdict(s) | {"stop": len(s.stop or ())},
     }
 
 
@@ -89,7 +91,7 @@ class Tracker:
         self.tool_calls = 0
         self.completion_tokens = 0  # generated so far (what a cancelled request logs)
 
-    def delta(self, ev: Delta) -> None:
+    def delta(self, ev: TokenDelta) -> None:
         self.completion_tokens += len(ev.token_ids)
         if ev.text:
             self.first_token()
@@ -103,40 +105,40 @@ class Tracker:
         self.record["queued"] = ev.queued
         self._log("request_start", request=self.record)
 
-    def finished(self, fin: Finished) -> None:
+    def finished(self, fin: Finish) -> None:
         self.done = True
         total = time.perf_counter() - self.t0
-        t = fin.timings
+        t, u = fin.metrics, fin.usage
         self._log(
             "request_done",
             request=self.record,
             result={
-                "finish_reason": fin.finish_reason,
-                "prompt_tokens": fin.prompt_tokens,
-                "completion_tokens": fin.completion_tokens,
-                "reasoning_tokens": fin.reasoning_tokens,
-                "cached_tokens": fin.cached_tokens,
-                "prefix_cache_hit_tokens": fin.cached_tokens,
+                "finish_reason": fin.reason,
+                "prompt_tokens": u.prompt_tokens,
+                "completion_tokens": u.completion_tokens,
+                "reasoning_tokens": u.reasoning_tokens,
+                "cached_tokens": u.cached_tokens,
+                "prefix_cache_hit_tokens": u.cached_tokens,
                 "tool_call_count": self.tool_calls,
-                "lane": fin.lane,
+                "lane": t.lane if t.lane >= 0 else None,
             },
             timings_seconds={
-                "queue": t.queue_s,
+                "queue": t.queue_wait_s,
                 "prefill": t.prefill_s,
                 "decode": t.decode_s,
                 "engine_ttft": t.ttft_s,
-                "engine_total": t.total_s,
+                "engine_total": t.queue_wait_s + t.prefill_s + t.decode_s,
                 "ttft": self.ttft,
                 "total": total,
             },
         )
-        self.svc.metrics.count_request(self.endpoint, fin.finish_reason)
+        self.svc.metrics.count_request(self.endpoint, fin.reason)
         self.svc.metrics.observe_done(
             latency_s=total,
             ttft_s=self.ttft,
-            prompt=fin.prompt_tokens,
-            cached=fin.cached_tokens,
-            completion=fin.completion_tokens,
+            prompt=u.prompt_tokens,
+            cached=u.cached_tokens,
+            completion=u.completion_tokens,
         )
 
     def failed(self, message: str, outcome: str) -> None:
@@ -168,6 +170,11 @@ class Tracker:
             self.svc.reqlog.write(event, **fields)
 
 
+def _failed_or(ev: StreamEvent) -> StreamEvent:
+    """A ``Finish`` whose reason is ``error`` as the ``Failed`` it stands for; any other event as it is."""
+    return (engine_failure(ev) or ev) if isinstance(ev, Finish) else ev
+
+
 def failure(ev: Failed, err: type[ApiError] = ApiError) -> ApiError:
     return err(ev.status, ev.message, code=ev.code, param=ev.param, retry_after=ev.retry_after)
 
@@ -197,15 +204,18 @@ def _shutting_down(err: type[ApiError]) -> ApiError:
 
 async def _collect(
     events: AsyncIterator[StreamEvent], track: Tracker, err: type[ApiError]
-) -> tuple[str, Finished]:
+) -> tuple[str, Finish]:
     parts: list[str] = []
-    async for ev in until_drained(events, track.svc.drain):
-        if isinstance(ev, Delta):
+    async for item in until_drained(events, track.svc.drain):
+        ev = _failed_or(item)
+        if isinstance(ev, TokenDelta):
             track.delta(ev)
             parts.append(ev.text)
-        elif isinstance(ev, Finished):
+        elif isinstance(ev, Finish):
+            if ev.text:  # the held-back tail
+                track.first_token()
             track.finished(ev)
-            return "".join(parts), ev
+            return "".join(parts) + ev.text, ev
         elif isinstance(ev, Failed):
             track.failed(ev.message, "error")
             raise failure(ev, err)
@@ -221,7 +231,7 @@ async def _disconnected(request: Request[Any, Any, Any]) -> None:
 
 async def collect(
     request: Request[Any, Any, Any], events: AsyncIterator[StreamEvent], track: Tracker, err: type[ApiError]
-) -> tuple[str, Finished]:
+) -> tuple[str, Finish]:
     """The whole generated text and the finish event; a client that hangs up cancels the request."""
     work = asyncio.ensure_future(_collect(events, track, err))
     gone = asyncio.ensure_future(_disconnected(request))
@@ -243,7 +253,7 @@ async def collect(
 class StreamBuilder(Protocol):
     def start(self) -> bytes: ...
     def text(self, text: str) -> bytes: ...
-    def finish(self, fin: Finished) -> bytes: ...
+    def finish(self, fin: Finish) -> bytes: ...
     def error(self, err: ApiError) -> bytes: ...
 
 
@@ -256,14 +266,17 @@ async def sse(
     svc, endpoint = track.svc, track.endpoint
     try:
         yield b.start()
-        async for ev in until_drained(events, svc.drain):
-            if isinstance(ev, Delta):
+        async for item in until_drained(events, svc.drain):
+            ev = _failed_or(item)
+            if isinstance(ev, TokenDelta):
                 track.delta(ev)
                 out = b.text(ev.text) if ev.text else b""
                 if out:
                     yield out
-            elif isinstance(ev, Finished):
-                out = b.finish(ev)
+            elif isinstance(ev, Finish):
+                if ev.text:  # the held-back tail comes before the finish
+                    track.first_token()
+                out = (b.text(ev.text) if ev.text else b"") + b.finish(ev)
                 track.tool_calls = getattr(b, "tool_calls", 0)
                 track.finished(ev)
                 yield out

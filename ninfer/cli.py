@@ -121,17 +121,17 @@ def _cmd_generate(a: argparse.Namespace) -> int:
     model = load(a.artifact, backend=a.backend)
     ids = _prompt_ids(a, model)
     t0 = time.perf_counter()
-    out = model.generate(
+    c = model.complete(  # the server's engine, runner and sampler: a seeded run gives the server's tokens
         ids, a.max_new, greedy=a.greedy, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed
     )
     dt = time.perf_counter() - t0
-    eos = out[-1] in model.eos_token_ids if out else False
+    out = list(c.token_ids)
     text = model.tokenizer.decode(out, skip_special_tokens=True) if model.tokenizer else None
     result = dict(
         prompt_tokens=len(ids),
         token_ids=out,
         text=text,
-        finish_reason="stop" if eos else "length",
+        finish_reason="stop" if c.finish_reason == "stop_token" else "length",
         seconds=round(dt, 4),
     )
     if a.json:
@@ -193,7 +193,7 @@ def _parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_cmd_generate)
 
     try:
-        from ninfer.api.serve import register
+        from ninfer.api.cli import register
     except ImportError as e:  # a broken install: say why instead of dropping the subcommand
         _register_unavailable_serve(sub, e)
     else:

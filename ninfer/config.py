@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 __all__ = ["ModelConfig", "HybridDims", "ConfigError", "ARCHITECTURES"]
 
 # transformers model_type of the text model -> our architecture name
@@ -56,6 +58,25 @@ class HybridDims:
     linear_num_value_heads: int
     linear_key_head_dim: int
     linear_value_head_dim: int
+
+    vocab_size: int
+
+    def token_ids(self, ids: Any, what: str = "token_ids") -> np.ndarray:
+        """``ids`` as a non-empty 1-D int64 array of ids in ``0..vocab_size-1``, or a ``ValueError`` that names
+        ``what`` and the first bad id: the one token-id check of every entry point (the engine, ``Model``, the
+        reference and CUDA networks)."""
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(
+                f"{what}: expected a non-empty 1-D sequence of integer ids, got {arr.dtype}{list(arr.shape)}"
+            )
+        out = arr.astype(np.int64, copy=False)
+        bad = (out < 0) | (out >= self.vocab_size)
+        if bad.any():
+            raise ValueError(
+                f"{what}: token id {int(out[bad][0])} is outside the vocabulary [0, {self.vocab_size})"
+            )
+        return out
 
     @property
     def rotary_dim(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -13,11 +13,14 @@ from ninfer.artifact import Artifact, open_artifact
 from ninfer.config import ModelConfig
 from ninfer.flash_next.config import FlashNextConfig
 
-__all__ = ["Model", "load", "BackendError", "CUDA_ARCHITECTURES"]
+if TYPE_CHECKING:
+    from ninfer.engine import Engine
+    from ninfer.engine.config import EngineConfig
+    from ninfer.engine.core import Completion, ModelRunner
+
+__all__ = ["Model", "load", "open_engine", "BackendError"]
 
 DEFAULT_PREFILL_CHUNK = 64
-# Architectures the CUDA backend has kernels for; every other one (Flash-Next's qwen4_exp) runs on the reference.
-CUDA_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
 
 
 class BackendError(RuntimeError):
@@ -51,9 +54,19 @@ class Model:
         """Ids at or above this are padded vocabulary rows the tokenizer never produces; never sampled."""
         return self.tokenizer.vocab_size if self.tokenizer is not None else self.config.vocab_size
 
+    def runner(self, engine_config: EngineConfig) -> ModelRunner:
+        """The engine's runner for this model's backend (ninfer/engine/core.py's contract)."""
+        if self.backend == "cuda":
+            from ninfer.cuda.runner import CudaModelRunner
+
+            return CudaModelRunner(self.net, self.config, engine_config)
+        from ninfer.engine.model_runner import ReferenceRunner
+
+        return ReferenceRunner(self.net, self.config, engine_config)
+
     def logits(self, token_ids: Sequence[int], prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
         """Logits [T, V] float32 for every position, through chunked prefill and the carried state."""
-        ids = _as_ids(token_ids, self.config.vocab_size)
+        ids = self.config.token_ids(token_ids)
         state = self.net.new_state()
         out = [
             self.net.lm_head(self.net.forward(ids[i : i + prefill_chunk], state))
@@ -72,51 +85,52 @@ class Model:
         top_p: float = 1.0,
         seed: int | None = None,
         stop_token_ids: Sequence[int] | None = None,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefill_chunk: int | None = None,
+        **engine: Any,
     ) -> list[int]:
-        """Prefill the prompt in chunks, then decode one token at a time with the recurrent state."""
-        ids = _as_ids(token_ids, self.config.vocab_size)
-        stops = set(self.eos_token_ids if stop_token_ids is None else stop_token_ids)
-        rng = np.random.default_rng(seed)
-        state = self.net.new_state()
-        for i in range(0, len(ids), prefill_chunk):
-            h = self.net.forward(ids[i : i + prefill_chunk], state)
-        out: list[int] = []
-        for _ in range(max_new_tokens):
-            logits = self.net.lm_head(h[-1:])[0, : self.token_limit].astype(np.float64)
-            tok = int(np.argmax(logits)) if greedy else _sample(logits, temperature, top_k, top_p, rng)
-            out.append(tok)
-            if tok in stops:
-                break
-            h = self.net.forward(np.array([tok], dtype=np.int64), state)
-        return out
+        """The generated ids (a stop token included), through a one-lane engine driven in this thread: the same
+        runner, sampler and stop rules as the server, so a seeded call gives the server's tokens for the same
+        prompt, settings and seed. ``stop_token_ids``: None stops at the model's end-of-sequence ids, a list
+        replaces them. ``engine``: other ``EngineConfig`` settings (the server's defaults otherwise)."""
+        return self.complete(
+            token_ids, max_new_tokens, greedy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            stop_token_ids=stop_token_ids, prefill_chunk=prefill_chunk, **engine,
+        ).token_ids  # fmt: skip
 
+    def complete(
+        self,
+        token_ids: Sequence[int],
+        max_new_tokens: int,
+        greedy: bool = True,
+        *,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        prefill_chunk: int | None = None,
+        **engine: Any,
+    ) -> Completion:
+        """``generate``'s engine ``Completion`` (token ids, text, finish reason, usage)."""
+        from ninfer.engine import Engine
 
-def _sample(
-    logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator
-) -> int:
-    z = logits / max(temperature, 1e-6)
-    if top_k > 0:
-        z[z < np.sort(z)[-min(top_k, z.size)]] = -np.inf
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    if top_p < 1.0:
-        order = np.argsort(-p, kind="stable")
-        keep = np.cumsum(p[order]) - p[order] < top_p
-        mask = np.zeros_like(p, dtype=bool)
-        mask[order[keep]] = True
-        p = np.where(mask, p, 0.0)
-        p /= p.sum()
-    return int(rng.choice(p.size, p=p))
-
-
-def _as_ids(token_ids: Sequence[int], vocab: int) -> np.ndarray:
-    ids = np.asarray(list(token_ids), dtype=np.int64)
-    if ids.ndim != 1 or ids.size == 0:
-        raise ValueError("token_ids: expected a non-empty sequence of token ids")
-    if ids.min() < 0 or ids.max() >= vocab:
-        raise ValueError(f"token_ids: ids must be in 0..{vocab - 1}")
-    return ids
+        ids = self.config.token_ids(token_ids).tolist()
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: must be a positive integer, got {max_new_tokens!r}")
+        cfg: dict[str, Any] = {"max_concurrency": 1, "queue_depth": 0, "prefix_reuse": False}
+        cfg["max_context"] = len(ids) + max_new_tokens
+        if prefill_chunk is not None:
+            cfg["prefill_chunk"] = prefill_chunk
+        cfg.update(engine)
+        page = cfg.get("page_size", 16)
+        cfg.setdefault("kv_capacity", -(-cfg["max_context"] // page) * page)  # one request's whole context
+        sampling: dict[str, Any] = {"temperature": 0.0} if greedy else {"temperature": temperature}
+        if not greedy:
+            sampling.update(top_k=top_k, top_p=top_p, seed=seed)
+        if stop_token_ids is not None:
+            sampling.update(stop_token_ids=tuple(stop_token_ids), ignore_eos=True)
+        with Engine.from_model(self, background=False, **cfg) as eng:
+            return eng.submit(ids, max_tokens=max_new_tokens, **sampling).result()
 
 
 def _tokenizer(art: Artifact) -> Any:
@@ -157,16 +171,34 @@ def load(
         else open_artifact(path, verify=verify)
     )
     if backend == "reference":
-        from ninfer.artifact.registry import architecture
+        from ninfer.architectures import reference_network
 
-        net = architecture(art.model_config.arch).build_reference(art.model_config, art.weights())
-        return Model(art, net, backend)
+        return Model(art, reference_network(art.model_config, art.weights()), backend)
     if backend == "cuda":
         return Model(art, _cuda_net(art, backend_options or {}), backend)
     raise ValueError(f"backend: unknown backend {backend!r} (reference, cuda)")
 
 
+def open_engine(
+    path: str | os.PathLike[str],
+    backend: Literal["reference", "cuda"] = "reference",
+    *,
+    config: EngineConfig | None = None,
+    background: bool = True,
+    backend_options: dict[str, Any] | None = None,
+    **settings: Any,
+) -> Engine:
+    """Load the artifact at ``path`` on ``backend`` (with ``backend_options``, e.g. CUDA's ``cuda_graph``) and
+    start an engine over it, with ``config`` or the ``EngineConfig`` of ``settings``."""
+    from ninfer.engine import Engine
+
+    model = load(path, backend=backend, backend_options=backend_options)
+    return Engine.from_model(model, config=config, background=background, **settings)
+
+
 def _cuda_net(art: Any, options: dict[str, Any]) -> Any:
+    from ninfer.architectures import CUDA_ARCHITECTURES
+
     if art.model_config.arch not in CUDA_ARCHITECTURES:
         raise BackendError(f"the CUDA backend has no kernels for architecture {art.model_config.arch!r} yet")
     if getattr(art, "manifest", None) is None:

@@ -59,7 +59,7 @@ def _round(eng: Any, prompts: list[list[int]], tokens: int, make_mask: Any) -> t
 def main(argv: list[str] | None = None) -> int:
     from ninfer.demo import build_demo
     from ninfer.engine import Engine
-    from ninfer.engine.grammar import GrammarCompiler, RequestGrammar
+    from ninfer.frontend.grammar import GrammarCompiler, RequestGrammar
     from ninfer.model import load
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

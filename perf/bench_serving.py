@@ -1,10 +1,12 @@
 """Throughput of N concurrent streams through HTTP + Ray + the actor, against the engine alone, in one run.
 
-    python -m ninfer.perf.bench_serving [ARTIFACT] [--streams 8] [--max-tokens 256] [--rounds 3]
+    python -m ninfer.perf.bench_serving [ARTIFACT] [--backend reference|cuda] [--streams 8] [--max-tokens 256]
+        [--rounds 3] [-o result.json]
 
 Both sides run the same greedy requests (ignore_eos, so every stream generates exactly --max-tokens) with the
-same engine settings. The engine side submits straight to ``Engine`` in this process; the stack side starts
-``ninfer serve`` (local Ray) and streams with httpx. Rounds alternate between the two; medians are reported.
+same engine settings on the same backend. The engine side submits straight to an ``Engine`` in this process; the
+stack side starts ``ninfer serve`` (local Ray) and streams with httpx. Rounds alternate between the two, so the
+two engines (both resident, on one GPU with ``--backend cuda``) never run at once; medians are reported.
 """
 
 from __future__ import annotations
@@ -65,16 +67,18 @@ def free_port() -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("artifact", nargs="?")
+    p.add_argument("--backend", default="reference", choices=["reference", "cuda"])
+    p.add_argument("-o", "--output", help="also write the result JSON here")
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--serve-flag", action="append", default=[], help="extra `ninfer serve` flag (repeatable)")
     a = p.parse_args()
     from ninfer.demo import build_demo
-    from ninfer.engine.engine import Engine
+    from ninfer.model import open_engine
 
     art = a.artifact or build_demo(os.path.join(tempfile.mkdtemp(), "demo.ninfer"))
-    eng = Engine.open(art, backend="reference", **ENGINE)
+    eng = open_engine(art, backend=a.backend, **ENGINE)
     port = free_port()
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
     srv = subprocess.Popen(
@@ -85,7 +89,7 @@ def main() -> int:
             "serve",
             art,
             "--backend",
-            "reference",
+            a.backend,
             f"--port={port}",
             *flags,
             *a.serve_flag,
@@ -110,17 +114,20 @@ def main() -> int:
             e_tps.append(engine_round(eng, prompts, a.max_tokens))
             s_tps.append(asyncio.run(stack_round(url, model, a.streams, a.max_tokens)))
         e, s = statistics.median(e_tps), statistics.median(s_tps)
-        print(
-            json.dumps(
-                {
-                    "streams": a.streams,
-                    "max_tokens": a.max_tokens,
-                    "engine_tok_s": e_tps,
-                    "stack_tok_s": s_tps,
-                    "cpus": os.cpu_count(),
-                }
-            )
-        )
+        result = {
+            "backend": a.backend,
+            "streams": a.streams,
+            "max_tokens": a.max_tokens,
+            "engine_tok_s": e_tps,
+            "stack_tok_s": s_tps,
+            "stack_cost": round(1 - s / e, 4),
+            "serve_flags": a.serve_flag,
+            "cpus": os.cpu_count(),
+        }
+        print(json.dumps(result))
+        if a.output:
+            with open(a.output, "w", encoding="utf-8") as f:
+                json.dump(result, f, indent=1)
         print(
             f"{a.streams} streams x {a.max_tokens} tokens: engine alone {e:.0f} tok/s, "
             f"HTTP+Ray {s:.0f} tok/s, stack cost {100 * (1 - s / e):.1f}%"

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ninfer.config import ModelConfig
-from ninfer.cuda.model_weights import is_vector, plane_offsets
 from ninfer.cuda.nvfp4_layout import to_device_layout
+from ninfer.cuda.upload import is_vector, plane_offsets
 from ninfer.cuda.weights import PLANES, DeviceWeight
 from ninfer.formats import get_format
 from ninfer.reference.weights import expected_shapes

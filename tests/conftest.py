@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from ninfer.engine.core import Finish, RequestMetrics, Usage
+
 
 @functools.cache
 def _gpu_available() -> bool:
@@ -25,6 +27,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def finish_event(reason: str, prompt: int, cached: int, completion: int, text: str = "") -> Finish:
+    """An engine ``Finish`` as the actor forwards it (zero timings)."""
+    usage = Usage(prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion)
+    metrics = RequestMetrics(queue_wait_s=0.0, prefill_s=0.0, decode_s=0.0, ttft_s=0.0, prompt_tokens=prompt,
+                             cached_tokens=cached, completion_tokens=completion, finish_reason=reason)  # fmt: skip
+    return Finish(0, reason, usage, metrics, text)
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +58,6 @@ def compiler(tok: Any) -> Any:
     """A GrammarCompiler over ``tok`` with the demo model's padded logits rows (test_grammar.VOCAB)."""
     from test_grammar import VOCAB
 
-    from ninfer.engine.grammar import GrammarCompiler
+    from ninfer.frontend.grammar import GrammarCompiler
 
     return GrammarCompiler(tok.hf, VOCAB, tok.eos_token_ids)

@@ -13,13 +13,16 @@ from ninfer.actors.engine_actor import EngineActor
 from ninfer.actors.messages import (
     Accepted,
     ActorSpec,
-    Delta,
     Failed,
-    Finished,
+    Finish,
     GenerateRequest,
     SamplingOptions,
+    TokenDelta,
     decode_event,
+    engine_failure,
 )
+
+from ninfer.engine import EngineConfig
 
 USER = ({"role": "user", "content": "hello there"},)
 
@@ -34,7 +37,7 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> str:
 def make(artifact: str, **engine: object) -> EngineActor:
     base = {"max_concurrency": 2, "queue_depth": 2, "max_context": 512, "kv_capacity": 4096}
     base.update(engine)
-    return EngineActor(ActorSpec(artifact=artifact, backend="reference", engine=base))
+    return EngineActor(ActorSpec(artifact=artifact, backend="reference", engine=EngineConfig(**base)))
 
 
 @pytest.fixture
@@ -63,15 +66,15 @@ def test_stream_shape_and_coalescing(actor: EngineActor) -> None:
     slow = asyncio.run(collect(actor, req("slow", 24), delay=0.03))  # a slow consumer gets bigger items
     for evs in (fast, slow):
         assert isinstance(evs[0], Accepted) and evs[0].max_tokens == 24
-        assert isinstance(evs[-1], Finished) and evs[-1].finish_reason == "output_limit"
-        deltas = [e for e in evs if isinstance(e, Delta)]
-        assert sum(len(d.token_ids) for d in deltas) == 24 == evs[-1].completion_tokens
-    fast_ids = [t for e in fast if isinstance(e, Delta) for t in e.token_ids]
-    slow_ids = [t for e in slow if isinstance(e, Delta) for t in e.token_ids]
+        assert isinstance(evs[-1], Finish) and evs[-1].reason == "output_limit"
+        deltas = [e for e in evs if isinstance(e, TokenDelta)]
+        assert sum(len(d.token_ids) for d in deltas) == 24 == evs[-1].usage.completion_tokens
+    fast_ids = [t for e in fast if isinstance(e, TokenDelta) for t in e.token_ids]
+    slow_ids = [t for e in slow if isinstance(e, TokenDelta) for t in e.token_ids]
     assert fast_ids == slow_ids  # greedy: same tokens however they are chunked
-    assert len([e for e in slow if isinstance(e, Delta)]) < 24 / 2
-    assert "".join(e.text for e in fast if isinstance(e, Delta)) == "".join(
-        e.text for e in slow if isinstance(e, Delta)
+    assert len([e for e in slow if isinstance(e, TokenDelta)]) < 24 / 2
+    assert "".join(e.text for e in fast if isinstance(e, TokenDelta)) == "".join(
+        e.text for e in slow if isinstance(e, TokenDelta)
     )
 
 
@@ -82,7 +85,7 @@ def test_token_id_prompts_and_prompt_errors(actor: EngineActor) -> None:
             GenerateRequest(request_id="ids", prompt_ids=(1, 2, 3), sampling=SamplingOptions(max_tokens=3)),
         )
     )
-    assert isinstance(evs[0], Accepted) and evs[0].prompt_tokens == 3 and isinstance(evs[-1], Finished)
+    assert isinstance(evs[0], Accepted) and evs[0].prompt_tokens == 3 and isinstance(evs[-1], Finish)
     long = ({"role": "user", "content": "lorem ipsum dolor " * 400},)
     (ev,) = asyncio.run(collect(actor, req("long", messages=long)))
     assert isinstance(ev, Failed) and (ev.status, ev.code, ev.param) == (
@@ -110,10 +113,10 @@ def test_queue_full_and_cancel_free_the_lane(artifact: str) -> None:
         refused, rest = asyncio.run(scenario())
         assert len(refused) == 1 and isinstance(refused[0], Failed)
         assert (refused[0].status, refused[0].code, refused[0].retry_after) == (429, "queue_full", 1.0)
-        assert isinstance(rest[-1], Finished) and rest[-1].finish_reason == "cancelled"
+        assert isinstance(rest[-1], Finish) and rest[-1].reason == "cancelled"
         st = asyncio.run(a.stats())
         assert (st.lanes_busy, st.open_streams) == (0, 0)
-        assert isinstance(asyncio.run(collect(a, req("after", 2)))[-1], Finished)
+        assert isinstance(asyncio.run(collect(a, req("after", 2)))[-1], Finish)
     finally:
         asyncio.run(a.shutdown())
 
@@ -149,16 +152,18 @@ def test_engine_failure_fails_requests_and_the_actor_keeps_serving(actor: Engine
         evs = asyncio.run(collect(actor, req("victim", 50)))
     finally:
         runner.execute = real
-    assert isinstance(evs[-1], Failed) and evs[-1].code == "engine_error" and evs[-1].status == 500
-    assert "injected device fault" in evs[-1].message
+    assert isinstance(evs[-1], Finish) and evs[-1].reason == "error"  # the engine's event, as it is
+    failed = engine_failure(evs[-1])
+    assert failed is not None and failed.code == "engine_error" and failed.status == 500
+    assert "injected device fault" in failed.message
     assert (asyncio.run(actor.stats())).engine_failures == 1
     assert asyncio.run(actor.health()).ok
     after = asyncio.run(collect(actor, req("survivor", 4)))
-    assert isinstance(after[-1], Finished) and after[-1].completion_tokens == 4
+    assert isinstance(after[-1], Finish) and after[-1].usage.completion_tokens == 4
 
 
 def _text(evs: list[object]) -> str:
-    return "".join(e.text for e in evs if isinstance(e, Delta | Finished) and getattr(e, "text", ""))
+    return "".join(e.text for e in evs if isinstance(e, TokenDelta | Finish) and getattr(e, "text", ""))
 
 
 def test_stop_strings_apply_to_the_answer_not_the_reasoning(actor: EngineActor) -> None:
@@ -173,6 +178,54 @@ def test_stop_strings_apply_to_the_answer_not_the_reasoning(actor: EngineActor) 
         text = _text(run((), thinking))
         assert len(text) > 8
         stopped = run((text[3:7],), thinking)
-        reason = stopped[-1].finish_reason  # type: ignore[attr-defined]
+        reason = stopped[-1].reason  # type: ignore[attr-defined]
         # random weights never close the think block: with thinking on the whole text is reasoning
         assert reason == ("output_limit" if thinking else "stop_string"), (thinking, reason)
+
+
+@pytest.mark.parametrize(
+    "flags,sampling",
+    [
+        (["--greedy"], {"temperature": 0.0}),
+        (["--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "7"],
+         {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 7}),
+        (["--temperature", "1.3", "--seed", "123"], {"temperature": 1.3, "top_k": 0, "top_p": 1.0, "seed": 123}),
+    ],
+)  # fmt: skip
+def test_ninfer_generate_gives_the_servers_tokens(
+    actor: EngineActor, artifact: str, capsys: pytest.CaptureFixture[str], flags: list[str], sampling: dict
+) -> None:
+    """One sampler: ``ninfer generate`` (Model.generate through a one-lane engine in its own thread) and the
+    server's actor give the same tokens for the same prompt, settings and seed."""
+    import json
+
+    from ninfer import cli
+
+    prompt = (5, 17, 99, 250, 3, 8, 41)
+    argv = ["generate", artifact, "--prompt-ids", ",".join(map(str, prompt)), "--max-new", "20", "--json"]
+    assert cli.main(argv + flags) == 0
+    got = json.loads(capsys.readouterr().out)["token_ids"]
+    s = SamplingOptions(max_tokens=20, min_p=0.0, **sampling)  # every field the artifact has a default for
+    evs = asyncio.run(collect(actor, GenerateRequest(request_id="cli", prompt_ids=prompt, sampling=s)))
+    assert isinstance(evs[-1], Finish)
+    served = [t for e in evs if isinstance(e, TokenDelta) for t in e.token_ids]
+    assert len(got) >= 1 and got == served
+
+
+def test_the_finish_is_not_held_back_by_the_stream_interval(artifact: str) -> None:
+    """Items are at most one per ``stream_interval_s``, but a request's last items (its Finish) go out as soon as
+    the engine finishes it: a short request ends long before one interval has passed."""
+    import time
+
+    cfg = EngineConfig(max_concurrency=1, queue_depth=1, max_context=512, kv_capacity=4096)
+    a = EngineActor(ActorSpec(artifact=artifact, backend="reference", engine=cfg, stream_interval_s=2.0))
+    try:
+        asyncio.run(collect(a, req("warm", 2)))
+        t0 = time.perf_counter()
+        evs = asyncio.run(collect(a, req("short", 4)))
+        took = time.perf_counter() - t0
+    finally:
+        asyncio.run(a.shutdown())
+    assert isinstance(evs[-1], Finish) and evs[-1].usage.completion_tokens == 4
+    assert len([e for e in evs if isinstance(e, TokenDelta)]) >= 1
+    assert took < 1.0, f"the stream took {took:.2f} s: the Finish waited for the 2 s interval"

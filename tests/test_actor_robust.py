@@ -15,11 +15,13 @@ from ninfer.actors.messages import (
     Accepted,
     ActorSpec,
     Failed,
-    Finished,
+    Finish,
     GenerateRequest,
     SamplingOptions,
     decode_event,
 )
+
+from ninfer.engine import EngineConfig
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,7 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def actor(artifact: str) -> Iterator[EngineActor]:
-    engine = {"max_concurrency": 2, "queue_depth": 2, "max_context": 32768, "kv_capacity": 32768}
+    engine = EngineConfig(max_concurrency=2, queue_depth=2, max_context=32768, kv_capacity=32768)
     a = EngineActor(ActorSpec(artifact=artifact, backend="reference", engine=engine))
     yield a
     asyncio.run(a.shutdown())
@@ -101,20 +103,20 @@ def test_a_bug_in_prompt_preparation_is_a_counted_500(actor: EngineActor, monkey
     assert asyncio.run(actor.stats()).internal_errors == before + 2
     monkeypatch.undo()
     evs = asyncio.run(_events(actor, req("after")))
-    assert isinstance(evs[0], Accepted) and isinstance(evs[-1], Finished)
+    assert isinstance(evs[0], Accepted) and isinstance(evs[-1], Finish)
 
 
 def test_unregistered_shape_needs_the_flag(tmp_path) -> None:
     from ninfer.demo import build_demo
 
     path = build_demo(tmp_path / "tiny.ninfer", shape_registered=False)
-    engine = {"max_concurrency": 1, "queue_depth": 0, "max_context": 256, "kv_capacity": 256}
+    engine = EngineConfig(max_concurrency=1, queue_depth=0, max_context=256, kv_capacity=256)
     with pytest.raises(ValueError, match="--allow-unregistered-shape"):
         EngineActor(ActorSpec(artifact=path, backend="reference", engine=engine))
     a = EngineActor(
         ActorSpec(artifact=path, backend="reference", engine=engine, allow_unregistered_shape=True)
     )
     try:
-        assert isinstance(asyncio.run(_events(a, req("ok")))[-1], Finished)
+        assert isinstance(asyncio.run(_events(a, req("ok")))[-1], Finish)
     finally:
         asyncio.run(a.shutdown())

@@ -324,12 +324,12 @@ def test_python_job_streams_through_the_actor(stack: dict) -> None:
     assert "model: ninfer-demo" in out.stdout
     assert "[finish: " in out.stdout and "token ids: [" in out.stdout
     # and from this process, which is itself a Ray driver on the same cluster
-    from ninfer.actors import Delta, Finished, connect
+    from ninfer.actors import Finish, TokenDelta, connect
 
     client = connect(a.actor)
     events = list(client.stream_chat(USER, max_tokens=6, temperature=0, ignore_eos=True))
-    assert isinstance(events[-1], Finished) and events[-1].completion_tokens == 6
-    assert sum(len(e.token_ids) for e in events if isinstance(e, Delta)) == 6
+    assert isinstance(events[-1], Finish) and events[-1].usage.completion_tokens == 6
+    assert sum(len(e.token_ids) for e in events if isinstance(e, TokenDelta)) == 6
     st = client.stats()
     assert st.lanes_total == 4 and st.queue_depth == 8
 

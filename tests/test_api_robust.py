@@ -12,16 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
-from ninfer.actors.messages import (
-    Accepted,
-    ActorStats,
-    Delta,
-    Failed,
-    Finished,
-    GenerateRequest,
-    Health,
-    StreamEvent,
-)
+from conftest import finish_event
+from ninfer.actors.messages import ActorStats, Failed, GenerateRequest, Health, StreamEvent
 from ninfer.api.app import build_app
 from ninfer.api.auth import parse_keys
 from ninfer.api.config import ServerConfig
@@ -30,6 +22,8 @@ from ninfer.api.limits import MAX_JSON_DEPTH, value_depth
 from ninfer.api.openai_chat import ChatLimits
 from ninfer.api.reqlog import RequestLog
 from ninfer.api.service import Service
+
+from ninfer.engine.core import Accepted, TokenDelta
 
 MODEL = "ninfer-demo"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -42,8 +36,8 @@ class Scripted:
     def __init__(self) -> None:
         self.requests: list[GenerateRequest] = []
         self.cancelled: list[str] = []
-        self.script: Any = lambda greq: [Accepted(request_id=greq.request_id, prompt_tokens=3, max_tokens=4,
-                                                  queued=False), Delta([5], "x"), _fin()]  # fmt: skip
+        self.script: Any = lambda greq: [Accepted(request_id=0, prompt_tokens=3, max_tokens=4, queued=False),
+                                      TokenDelta(0, [5], "x"), _fin()]  # fmt: skip
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         self.requests.append(req)
@@ -69,8 +63,8 @@ class Scripted:
         return 7
 
 
-def _fin() -> Finished:
-    return Finished(finish_reason="output_limit", prompt_tokens=3, cached_tokens=0, completion_tokens=1)
+def _fin() -> Any:
+    return finish_event("output_limit", 3, 0, 1)
 
 
 @pytest.fixture
@@ -133,10 +127,10 @@ def test_engine_failures_before_and_during_a_stream_are_counted(env, caplog) -> 
     env["backend"].script = lambda greq: [gone]
     with caplog.at_level(logging.ERROR, logger="ninfer.api"):
         r = call(env, "POST", "/v1/chat/completions", json=CHAT)
-        acc = Accepted(request_id="x", prompt_tokens=3, max_tokens=4, queued=False)
+        acc = Accepted(request_id=0, prompt_tokens=3, max_tokens=4, queued=False)
         env["backend"].script = lambda greq: [
             acc,
-            Delta([5], "x"),
+            TokenDelta(0, [5], "x"),
             Failed(code="engine_error", message="bad"),
         ]
         s = call(env, "POST", "/v1/chat/completions", json={**CHAT, "stream": True})
@@ -276,10 +270,10 @@ def test_client_names_come_from_keys_and_claims_are_logged_apart(env) -> None:
 # ---- cancelled requests and count_tokens are logged ------------------------------------------------------
 def test_count_tokens_and_failures_are_logged_with_tokens_and_timings(env) -> None:
     assert call(env, "POST", "/v1/messages/count_tokens", json=MSGS).json() == {"input_tokens": 7}
-    acc = Accepted(request_id="x", prompt_tokens=3, max_tokens=4, queued=False)
+    acc = Accepted(request_id=0, prompt_tokens=3, max_tokens=4, queued=False)
     env["backend"].script = lambda greq: [
         acc,
-        Delta([5, 6], "ab"),
+        TokenDelta(0, [5, 6], "ab"),
         Failed(code="engine_error", message="bad"),
     ]
     call(env, "POST", "/v1/chat/completions", json=CHAT)
@@ -295,8 +289,8 @@ def test_count_tokens_and_failures_are_logged_with_tokens_and_timings(env) -> No
 # ---- drain ------------------------------------------------------------------------------------------------
 def test_drain_refuses_new_requests_and_ends_running_ones(env) -> None:
     svc, backend = env["svc"], env["backend"]
-    acc = Accepted(request_id="x", prompt_tokens=3, max_tokens=4, queued=False)
-    backend.script = lambda greq: [acc, Delta([5], "x"), 30.0, _fin()]  # stalls after one token
+    acc = Accepted(request_id=0, prompt_tokens=3, max_tokens=4, queued=False)
+    backend.script = lambda greq: [acc, TokenDelta(0, [5], "x"), 30.0, _fin()]  # stalls after one token
 
     async def scenario() -> tuple[httpx.Response, httpx.Response, httpx.Response, httpx.Response]:
         transport = httpx.ASGITransport(app=env["app"])

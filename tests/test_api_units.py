@@ -7,7 +7,7 @@ import time
 
 import msgspec
 import pytest
-from ninfer.actors.messages import Finished, Timings
+from conftest import finish_event
 from ninfer.api.auth import KeyFileError, extract_key, parse_keys
 from ninfer.api.config import ServerConfig, ServerConfigError
 from ninfer.api.errors import ApiError
@@ -55,13 +55,24 @@ def test_extract_key_bearer_then_x_api_key() -> None:
         ({"max_context": -1}, "--max-context"),
         ({"backend": "tpu"}, "--backend"),
         ({"queue_depth": -1}, "--queue-depth"),
+        ({"max_context": 65536}, "--kv-capacity"),  # the engine's own cross-check, named by its flag
     ],
 )
 def test_server_config_names_the_flag(kw: dict[str, object], flag: str) -> None:
+    """Engine flags are checked by EngineConfig (the one source of engine settings), errors named by flag."""
+    from ninfer.api.config import engine_config
+
+    engine = {
+        k: kw.pop(k) for k in list(kw) if k in ("max_concurrency", "kv_dtype", "max_context", "queue_depth")
+    }
     with pytest.raises(ServerConfigError, match=flag):
-        ServerConfig(artifact="a.ninfer", **kw)  # type: ignore[arg-type]
+        ServerConfig(artifact="a.ninfer", engine=engine_config(**engine), **kw)  # type: ignore[arg-type]
     cfg = ServerConfig(artifact="a.ninfer")
     assert (cfg.host, cfg.port, cfg.max_request_bytes) == ("127.0.0.1", 8010, 384 << 20)
+    assert (cfg.engine.queue_depth, cfg.engine.max_concurrency) == (
+        16,
+        4,
+    )  # the server's queue, the engine's lanes
 
 
 # ---- request validation ---------------------------------------------------------------------------------
@@ -157,9 +168,7 @@ def test_translation_to_the_engine_request() -> None:
 
 
 # ---- SSE framing ----------------------------------------------------------------------------------------
-FIN = Finished(
-    finish_reason="output_limit", prompt_tokens=10, cached_tokens=4, completion_tokens=3, timings=Timings()
-)
+FIN = finish_event("output_limit", 10, 4, 3)
 
 
 def frames(raw: bytes) -> list[object]:
@@ -257,20 +266,20 @@ def test_request_log_lines_and_refusals(tmp_path) -> None:
 
 
 def test_no_cuda_graph_is_a_backend_option_not_an_engine_option() -> None:
-    from ninfer.api._runner import actor_spec
+    from ninfer.api.server import actor_spec
 
     from ninfer.engine import EngineConfig
 
     cfg = ServerConfig(artifact="a.ninfer", cuda_graph=False)
     spec = actor_spec(cfg, "cuda")
     assert spec.backend_options == {"cuda_graph": False, "act_dtype": "fp32"}
-    EngineConfig(**spec.engine)  # every engine key is an EngineConfig field
+    assert isinstance(spec.engine, EngineConfig) and spec.engine is cfg.engine  # carried typed, as it is
     assert actor_spec(cfg, "reference").backend_options == {}
 
 
 def test_activations_flag_reaches_the_cuda_backend() -> None:
-    from ninfer.api._runner import actor_spec
-    from ninfer.api.serve import config_from_args
+    from ninfer.api.cli import config_from_args
+    from ninfer.api.server import actor_spec
 
     from ninfer.cli import _parser
 

@@ -23,7 +23,7 @@ pytest.importorskip("ray")
 pytest.importorskip("xgrammar")
 
 from ninfer.api.anthropic_models import AnthropicRequest, Message  # noqa: E402
-from ninfer.api.models import ChatCompletion, ChatRequest  # noqa: E402
+from ninfer.api.openai_chat_models import ChatCompletion, ChatRequest  # noqa: E402
 from ninfer.api.responses_models import Response, ResponsesRequest  # noqa: E402
 from test_api_live import Server  # noqa: E402
 from test_protocols_live import MODEL, TOOL, USER, WEATHER, ant, live_server  # noqa: E402

@@ -350,7 +350,7 @@ def _tiny_pair(kind: str, **opts: Any) -> tuple[Any, Any, Any]:
 
     from ninfer.config import ModelConfig
     from ninfer.cuda.model import CudaQwen36
-    from ninfer.cuda.model_weights import encode_weights, upload_encoded
+    from ninfer.cuda.upload import encode_weights, upload_encoded
     from ninfer.demo import random_weights
     from ninfer.formats import FORMATS
     from ninfer.reference import DictWeights, Qwen36
@@ -396,20 +396,6 @@ def test_tiny_fp8_kv_vs_reference_fp8_store(kind: str) -> None:
     assert np.array_equal(eager, got), "graph and eager decode differ with an fp8 cache"
 
 
-@pytest.fixture
-def cuda_engine_runner(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Route Engine construction to the network's own runner (``net.make_runner``), as tests/test_cuda_model.py."""
-    import ninfer.engine.engine as eng_mod
-
-    ref_runner = eng_mod.ModelRunner
-
-    def factory(net: Any, mc: Any, cfg: Any) -> Any:
-        make = getattr(net, "make_runner", None)
-        return make(mc, cfg) if make is not None else ref_runner(net, mc, cfg)
-
-    monkeypatch.setattr(eng_mod, "ModelRunner", factory)
-
-
 def _sessions(eng: Any, prompts: list[list[int]]) -> list[list[int]]:
     """A first turn per prompt, then a second turn that resumes from the first's retained prefix (its boundary
     page is copied: codes and scales)."""
@@ -422,9 +408,7 @@ def _sessions(eng: Any, prompts: list[list[int]]) -> list[list[int]]:
 
 
 @gpu
-def test_engine_fp8_kv_on_cuda_runner_matches_reference_engine(
-    tmp_path: Path, cuda_engine_runner: None
-) -> None:
+def test_engine_fp8_kv_on_cuda_runner_matches_reference_engine(tmp_path: Path) -> None:
     """The demo model through the engine with kv_dtype fp8: the CUDA runner (graphs captured, pages copied on
     reuse) gives the reference runner's greedy tokens. On the reference, every sampled row's top-1 margin (over the
     tokenizer's ids) is >= 2.5e-3 of its largest logit: over twice the CUDA/reference logit difference."""
@@ -443,6 +427,7 @@ def test_engine_fp8_kv_on_cuda_runner_matches_reference_engine(
         want = _sessions(eng, prompts)
     model = load(path)
     model.net = load_cuda(path, act_dtype="fp32", prefill_gemm=False, progress=False)
+    model.backend = "cuda"  # the engine takes the backend's runner (Model.runner)
     with Engine.from_model(model, kv_dtype="fp8", **kw) as eng:
         runner = eng._runner
         assert isinstance(runner, CudaModelRunner) and sorted(runner.net.graphs.captured) == [1, 2]

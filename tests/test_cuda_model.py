@@ -51,7 +51,7 @@ def _err(got: np.ndarray, ref: np.ndarray) -> float:
 def _pair(cfg: ModelConfig, weights: Any, fmt: str, **opts: Any) -> tuple[Any, Any]:
     """(CUDA net, reference net) over the same encoded weights (the reference sees them dequantized)."""
     from ninfer.cuda.model import CudaQwen36
-    from ninfer.cuda.model_weights import encode_weights, upload_encoded
+    from ninfer.cuda.upload import encode_weights, upload_encoded
     from ninfer.formats import FORMATS
 
     enc = encode_weights(cfg, weights, fmt)
@@ -145,7 +145,7 @@ def test_tiny_logits_vs_reference_and_transformers(kind: str, mode: str, report:
 @functools.cache
 def _mid_reference(kind: str) -> tuple[ModelConfig, dict, np.ndarray, np.ndarray]:
     """(config, NVFP4 encodings, token ids, reference logits: 300-token prefill then 20 decode steps)."""
-    from ninfer.cuda.model_weights import encode_weights
+    from ninfer.cuda.upload import encode_weights
     from ninfer.formats import FORMATS
 
     cfg = _mid_config(kind)
@@ -170,7 +170,7 @@ TOP1_FLOOR = {("dense", "fp32"): 0.99, ("moe", "fp32"): 0.99, ("dense", "bf16"):
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_midsize_top1_agreement(kind: str, mode: str, report: dict) -> None:
     from ninfer.cuda.model import CudaQwen36
-    from ninfer.cuda.model_weights import upload_encoded
+    from ninfer.cuda.upload import upload_encoded
 
     cfg, enc, ids, want = _mid_reference(kind)
     act = mode.split("-")[0]
@@ -192,7 +192,7 @@ def test_midsize_top1_agreement(kind: str, mode: str, report: dict) -> None:
 def moe_net() -> Any:
     pytest.importorskip("cupy")
     from ninfer.cuda.model import CudaQwen36
-    from ninfer.cuda.model_weights import upload_encoded
+    from ninfer.cuda.upload import upload_encoded
 
     cfg, enc, _, _ = _mid_reference("moe")
     return CudaQwen36(cfg, upload_encoded(cfg, enc))
@@ -243,21 +243,8 @@ def cuda_models(tmp_path_factory: pytest.TempPathFactory) -> Any:
     a, b = load(path), load(path)
     a.net = load_cuda(path, prefill_gemm=False, progress=False)  # bitwise prefill == decode: reuse exact
     b.net = CudaQwen36(a.config, a.net.w, prefill_gemm=False)
+    a.backend = b.backend = "cuda"  # the engine takes the backend's runner (Model.runner)
     return a, b
-
-
-@pytest.fixture
-def cuda_engine_runner(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Route Engine construction to the network's own runner (the hook the engine needs: ``net.make_runner``)."""
-    import ninfer.engine.engine as eng_mod
-
-    ref_runner = eng_mod.ModelRunner
-
-    def factory(net: Any, mc: Any, cfg: Any) -> Any:
-        make = getattr(net, "make_runner", None)
-        return make(mc, cfg) if make is not None else ref_runner(net, mc, cfg)
-
-    monkeypatch.setattr(eng_mod, "ModelRunner", factory)
 
 
 BATCHING = [
@@ -279,7 +266,7 @@ REUSE = [
 
 @gpu
 @pytest.mark.parametrize("name,kw", BATCHING, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BATCHING)])
-def test_engine_batching_on_cuda(name: str, kw: dict, cuda_models: Any, cuda_engine_runner: None) -> None:
+def test_engine_batching_on_cuda(name: str, kw: dict, cuda_models: Any) -> None:
     import test_engine_batching
 
     getattr(test_engine_batching, name)(cuda_models[0], **kw)
@@ -287,7 +274,7 @@ def test_engine_batching_on_cuda(name: str, kw: dict, cuda_models: Any, cuda_eng
 
 @gpu
 @pytest.mark.parametrize("name", REUSE)
-def test_engine_reuse_on_cuda(name: str, cuda_models: Any, cuda_engine_runner: None) -> None:
+def test_engine_reuse_on_cuda(name: str, cuda_models: Any) -> None:
     import test_engine_reuse
 
     from ninfer.engine import Engine
@@ -299,7 +286,7 @@ def test_engine_reuse_on_cuda(name: str, cuda_models: Any, cuda_engine_runner: N
 
 
 @gpu
-def test_runner_reports_memory_plan(cuda_models: Any, cuda_engine_runner: None) -> None:
+def test_runner_reports_memory_plan(cuda_models: Any) -> None:
     from ninfer.engine import Engine
 
     with Engine.from_model(cuda_models[0], max_context=512, kv_capacity=2048, max_concurrency=2) as eng:
@@ -314,7 +301,7 @@ def test_runner_reports_memory_plan(cuda_models: Any, cuda_engine_runner: None) 
 
 @gpu
 def test_engine_device_sampling_matches_cpu_sampler(
-    cuda_models: Any, cuda_engine_runner: None, monkeypatch: pytest.MonkeyPatch
+    cuda_models: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every row the CUDA runner samples on the device gets the NumPy sampler's token for the same logits and
     inputs, and the same requests with device sampling off (the CPU sampler) generate the same tokens."""
@@ -327,11 +314,10 @@ def test_engine_device_sampling_matches_cpu_sampler(
     seen: list[tuple[np.ndarray, list, Any, list[int]]] = []
     device_sample = CudaModelRunner.sample
 
-    def spy(self: Any, logits: Any, reqs: Any, token_limit: Any) -> list[int]:
-        toks = device_sample(self, logits, reqs, token_limit)
-        seen.append(
-            (cupy.asnumpy(logits), [r._replace(counts=dict(r.counts)) for r in reqs], token_limit, toks)
-        )
+    def spy(self: Any, rows: Any, reqs: Any, token_limit: Any) -> list[int]:
+        toks = device_sample(self, rows, reqs, token_limit)
+        logits = cupy.asnumpy(self._logits[list(rows)])
+        seen.append((logits, [r._replace(counts=dict(r.counts)) for r in reqs], token_limit, toks))
         return toks
 
     monkeypatch.setattr(CudaModelRunner, "sample", spy)

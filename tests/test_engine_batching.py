@@ -8,6 +8,7 @@ import msgspec
 import numpy as np
 import pytest
 
+import ninfer
 from ninfer.demo import build_demo
 from ninfer.engine import Engine, Finish, QueueFull, RequestError, TokenDelta
 from ninfer.model import load
@@ -204,7 +205,7 @@ def test_kv_and_state_dtypes_run_and_threads_submit(model) -> None:  # noqa: ANN
 
 
 def test_open_from_path_and_bad_requests(demo_path: str) -> None:
-    with Engine.open(
+    with ninfer.open_engine(
         demo_path, backend="reference", max_concurrency=2, queue_depth=2, max_context=128, kv_capacity=1024
     ) as eng:
         assert eng.tokenizer is not None
@@ -271,3 +272,24 @@ def test_model_failure_fails_running_requests_and_engine_recovers(model) -> None
         st.lanes_busy == 0 and st.kv_pages_active == 0 and st.checkpoint_bytes <= st.checkpoint_budget_bytes
     )
     eng.close()
+
+
+def test_accepted_budget_queued_flag_and_reasoning_tokens(model) -> None:  # noqa: ANN001
+    """``Handle.accepted`` is where max_tokens is clamped (once, to what the context leaves); ``queued`` says
+    whether the request waits for a lane; ``Usage.reasoning_tokens`` counts up to ``stop_after_token_id``."""
+    with _engine(model, max_concurrency=1, queue_depth=2, max_context=64, kv_capacity=1024) as eng:
+        first = eng.submit(list(range(1, 41)), max_tokens=100, ignore_eos=True)
+        second = eng.submit([1, 2, 3], max_tokens=5, ignore_eos=True)
+        assert (first.accepted.prompt_tokens, first.accepted.max_tokens, first.accepted.queued) == (
+            40,
+            24,
+            False,
+        )
+        assert (second.accepted.max_tokens, second.accepted.queued) == (5, True)
+        assert first.result().finish_reason == "context_capacity" and len(first.result().token_ids) == 24
+        done = second.result()
+        mark = done.token_ids[2]  # a generated id: the reasoning ends at its first occurrence
+        third = eng.submit([1, 2, 3], max_tokens=5, ignore_eos=True, stop_after_token_id=mark).result()
+        assert third.token_ids == done.token_ids  # greedy: the same tokens
+        assert third.usage.reasoning_tokens == done.token_ids.index(mark) + 1
+        assert done.usage.reasoning_tokens == 0 and third.metrics.lane == 0

@@ -21,7 +21,7 @@ FMTS = ("BF16", "FP8E4M3_F32ROW", "FP8E4M3_F32T", "NVFP4G16_E4M3S", "Q4G64_F16S"
 def _part(
     rng: np.random.Generator, fmt: str, rows: int, k: int, scale: float
 ) -> tuple[DeviceWeight, np.ndarray]:
-    from ninfer.cuda.model_weights import plane_offsets
+    from ninfer.cuda.upload import plane_offsets
 
     codec = FORMATS[fmt]
     buf = np.ascontiguousarray(
@@ -78,7 +78,7 @@ def test_fuse_projections_replaces_the_parts(model: str, monkeypatch: pytest.Mon
     """Every layer's group becomes one weight whose rows match the split table; nothing else changes (the
     concatenation itself is stubbed: real-size bytes would not fit here)."""
     import ninfer.cuda.fuse as fuse
-    from ninfer.cuda.model_weights import is_vector
+    from ninfer.cuda.upload import is_vector
     from ninfer.reference.weights import expected_shapes
 
     def stub(parts: list) -> DeviceWeight:

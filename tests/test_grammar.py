@@ -16,9 +16,9 @@ import pytest
 
 pytest.importorskip("xgrammar")
 
-from ninfer.engine.grammar import GrammarCompiler, RequestGrammar, SchemaError, check_schema, rfc8259_ebnf
 from ninfer.engine.sampler import allowed_from_mask
 from ninfer.frontend import Tokenizer
+from ninfer.frontend.grammar import GrammarCompiler, RequestGrammar, SchemaError, check_schema, rfc8259_ebnf
 
 VOCAB = 1152  # the demo model's padded logits rows (more than the tokenizer's 1033 ids)
 

@@ -18,9 +18,9 @@ pytest.importorskip("xgrammar")
 
 from test_grammar import VOCAB, _walk  # noqa: E402
 
-from ninfer.engine.grammar import GrammarCompiler, RequestGrammar, SchemaError, check_schema  # noqa: E402
-from ninfer.engine.json_regex import pattern_ebnf  # noqa: E402
 from ninfer.frontend import Tokenizer  # noqa: E402
+from ninfer.frontend.grammar import GrammarCompiler, RequestGrammar, SchemaError, check_schema  # noqa: E402
+from ninfer.frontend.json_regex import pattern_ebnf  # noqa: E402
 
 PATTERNS = [
     r"^[a-z]+\d{2}$",

@@ -90,15 +90,15 @@ def test_wheel_install_reads_every_kernel_source(tmp_path: Path) -> None:
 
 
 def test_serve_reports_why_it_cannot_be_imported(monkeypatch, capsys) -> None:
-    """A broken install (here: ninfer.api.serve fails to import) still lists `serve` and says what is wrong."""
+    """A broken install (here: ninfer.api.cli fails to import) still lists `serve` and says what is wrong."""
     from ninfer import cli
 
-    monkeypatch.setitem(sys.modules, "ninfer.api.serve", None)  # import raises ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "ninfer.api.cli", None)  # import raises ModuleNotFoundError
     assert "serve" in cli._parser().format_help()
     assert cli.main(["serve", "build/demo.ninfer", "--port", "9"]) == 2
     err = capsys.readouterr().err
     assert "ninfer serve: error: the HTTP server cannot be imported" in err
-    assert "ninfer.api.serve" in err
+    assert "ninfer.api.cli" in err
 
 
 def test_a_checkout_on_pythonpath_reads_the_kernel_sources(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -185,31 +185,7 @@ def test_kernel_algorithm_on_host_matches_numpy(host_sampler: Path, v: int) -> N
     assert got == want
 
 
-# ---- the engine's device-sampling path (runner.sample), driven by a host runner ---------------------------------
-class _HostSamplingRunner:
-    """The reference runner with ``device_sampling``: ``sample`` computes the contract's function with NumPy, so
-    the engine's device path (masks packed, failures per request, rows, positions, counts) runs on the CPU."""
-
-    device_sampling = True
-
-    def __init__(self, inner: object, calls: list[int]) -> None:
-        self._inner, self.calls = inner, calls
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
-
-    def sample(self, logits: np.ndarray, reqs: list, token_limit: int | None) -> list[int]:
-        self.calls.append(len(reqs))
-        out = []
-        for row, r in zip(logits, reqs, strict=True):
-            try:
-                out.append(sample(row, r.params, seed=r.seed, position=r.position, counts=r.counts,
-                                  token_limit=token_limit, mask=r.mask))  # fmt: skip
-            except MaskError:
-                out.append(-1)
-        return out
-
-
+# ---- the engine's one sampling path (runner.sample) ------------------------------------------------------------
 @pytest.mark.parametrize(
     "name,kw",
     [
@@ -218,18 +194,34 @@ class _HostSamplingRunner:
         ("test_penalties_and_seeds_in_the_engine", {}),
     ],
 )
-def test_engine_device_sampling_path(
+def test_engine_samples_through_the_runner(
     name: str, kw: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """Every token the engine accepts comes from ``runner.sample`` (the runner contract, engine/core.py): one
+    ``SampleRequest`` per listed row, masks packed to int32 words, and the rows' tokens are ``sample``'s."""
     import test_engine_batching
 
-    import ninfer.engine.engine as eng_mod
     from ninfer.demo import build_demo
+    from ninfer.engine.model_runner import ReferenceRunner
     from ninfer.model import load
 
     calls: list[int] = []
-    ref_runner = eng_mod.ModelRunner
-    monkeypatch.setattr(eng_mod, "ModelRunner", lambda *a: _HostSamplingRunner(ref_runner(*a), calls))
+    inner = ReferenceRunner.sample
+
+    def spy(self: ReferenceRunner, rows: list[int], reqs: list, token_limit: int | None) -> list[int]:
+        calls.append(len(reqs))
+        assert len(rows) == len(reqs) and all(r.mask is None or r.mask.dtype == np.int32 for r in reqs)
+        toks = inner(self, rows, reqs, token_limit)
+        for row, r, tok in zip(self._logits[rows], reqs, toks, strict=True):
+            try:
+                want = sample(row, r.params, seed=r.seed, position=r.position, counts=r.counts,
+                              token_limit=token_limit, mask=r.mask)  # fmt: skip
+            except MaskError:
+                want = -1
+            assert tok == want
+        return toks
+
+    monkeypatch.setattr(ReferenceRunner, "sample", spy)
     model = load(build_demo(tmp_path / "demo.ninfer"))
     getattr(test_engine_batching, name)(model, **kw)
     assert calls and max(calls) >= 1, "the engine must sample through runner.sample"

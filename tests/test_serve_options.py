@@ -4,9 +4,9 @@ shutdown settings, and `--allow-unregistered-shape` reaching the actor."""
 from __future__ import annotations
 
 import pytest
-from ninfer.api._runner import actor_spec, resolve_backend
+from ninfer.api.cli import config_from_args
 from ninfer.api.config import ServerConfig, ServerConfigError
-from ninfer.api.serve import config_from_args
+from ninfer.api.server import actor_spec, resolve_backend
 
 from ninfer.cli import _parser
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ninfer.actors import DEFAULT_ACTOR_NAME, connect
+from ninfer.actors import DEFAULT_ACTOR_NAME, Finish, connect
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,13 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     for ev in client.stream_chat(
         [{"role": "user", "content": "Say hello."}], max_tokens=a.max_tokens, temperature=0.0
     ):
-        if hasattr(ev, "text"):  # Delta: text that became final since the previous item (and its token ids)
-            print(ev.text, end="", flush=True)
-            pieces += 1
-        else:  # Finished: the last event, with the usage
+        print(ev.text, end="", flush=True)  # text that became final since the previous item
+        pieces += 1
+        if isinstance(ev, Finish):  # the last event (its text: the held-back tail), with the usage
+            u = ev.usage
             print(
-                f"\n[finish: {ev.finish_reason}, prompt {ev.prompt_tokens}, cached {ev.cached_tokens}, "
-                f"completion {ev.completion_tokens}, {pieces} stream items]"
+                f"\n[finish: {ev.reason}, prompt {u.prompt_tokens}, cached {u.cached_tokens}, "
+                f"completion {u.completion_tokens}, {pieces} stream items]"
             )
 
     result = client.generate([1, 2, 3, 4], max_tokens=4, temperature=0.0)

@@ -11,13 +11,14 @@ the reader as its binder check (nothing missing, nothing extra, every shape and 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from ninfer.config import ModelConfig
 
-__all__ = ["expected_inventory", "TensorPlan", "RowReader"]
+__all__ = ["expected_inventory", "expected_shapes", "lm_head_name", "TensorPlan", "RowReader"]
 
 Shape = tuple[int, ...]
 # (encoded bytes of the whole tensor, possibly a memory map; logical row ids) -> float32 rows [n, K_logical]
@@ -117,3 +118,16 @@ def expected_inventory(c: ModelConfig) -> dict[str, Shape]:
     if c.mtp_num_hidden_layers:
         inv["mtp.norm.weight"] = (h,)
     return inv
+
+
+def expected_shapes(cfg: ModelConfig, *, mtp: bool | None = None) -> dict[str, Shape]:
+    """Every canonical tensor name of the text model -> its HF shape (the inventory's table); ``mtp`` adds the MTP
+    head's tensors (default: when ``cfg.mtp_num_hidden_layers > 0``). Every backend names tensors by it."""
+    with_mtp = cfg.mtp_num_hidden_layers > 0 if mtp is None else mtp
+    layers = max(1, cfg.mtp_num_hidden_layers) if with_mtp else 0
+    return expected_inventory(replace(cfg, mtp_num_hidden_layers=layers))
+
+
+def lm_head_name(cfg: Any) -> str:
+    """The tensor the LM head multiplies by: ``embed_tokens.weight`` for a tied model."""
+    return "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"

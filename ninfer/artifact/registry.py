@@ -4,10 +4,12 @@ An artifact binds exactly one registered ``model_id`` and one of that model's we
 identity pins its config; a checkpoint of a registered architecture at another size (the tiny test models) is
 accepted only when converted with ``--allow-unregistered-shape`` and is then marked ``shape_registered: false``.
 
-Each architecture (the manifest's ``architecture``) has one ``Architecture`` adapter in ``ARCHITECTURES``: how to
-read its config (from a manifest or an HF ``config.json``), its tensor plan for a weight profile (name -> stored
-shape and format), the reference network to build and the converter's checkpoint reader. The reader, writer,
-converter and ``ninfer.load`` dispatch through it and hold no per-architecture code.
+Each architecture (the manifest's ``architecture``) has one ``Architecture`` adapter in ``ARCHITECTURES`` with what
+the artifact layer needs to know of it: how to read its config (from a manifest or an HF ``config.json``) and its
+tensor plan for a weight profile (name -> stored shape and format). The reader, writer and converter dispatch
+through it and hold no per-architecture code. What is built from an architecture above this layer is kept there:
+its reference network and backends in ``ninfer.architectures``, its checkpoint reader in the converter; both
+import this module, never the reverse.
 
 A weight profile is a pure function of (config, profile), so the converter and the verifier agree on every
 tensor's format by construction.
@@ -180,7 +182,7 @@ MODELS: dict[str, ModelIdentity] = {
 
 @dataclass(frozen=True, slots=True)
 class Architecture:
-    """Everything the artifact layer, the converter and ``ninfer.load`` need to know about one architecture."""
+    """What the artifact layer and the converter need to know about one architecture."""
 
     name: str  # the manifest's ``architecture`` and the config's ``arch``
     model_types: tuple[str, ...]  # HF ``model_type`` values (text model and VLM wrapper)
@@ -189,8 +191,6 @@ class Architecture:
     # (HF config.json, the checkpoint's eos ids from generation_config/config/tokenizer) -> config
     config_from_hf: Callable[[dict[str, Any], tuple[int, ...]], AnyConfig]
     plan: Callable[[Any, str], dict[str, TensorPlan]]  # (config, profile) -> name -> TensorPlan
-    build_reference: Callable[[Any, Any], Any]  # (config, WeightSource) -> the NumPy reference network
-    checkpoint: Callable[[Any, Any], Any]  # (SafetensorsDir, config) -> the converter's tensor source
 
 
 def _qwen36_from_hf(hf: dict[str, Any], eos: tuple[int, ...]) -> ModelConfig:
@@ -200,18 +200,6 @@ def _qwen36_from_hf(hf: dict[str, Any], eos: tuple[int, ...]) -> ModelConfig:
 
 def _qwen36_plan(cfg: ModelConfig, profile: str) -> dict[str, TensorPlan]:
     return {n: TensorPlan(s, profile_format(profile, n, s), s) for n, s in expected_inventory(cfg).items()}
-
-
-def _qwen36_reference(cfg: ModelConfig, weights: Any) -> Any:
-    from ninfer.reference import Qwen36
-
-    return Qwen36(cfg, weights)
-
-
-def _qwen36_checkpoint(ckpt: Any, cfg: ModelConfig) -> Any:
-    from ninfer.convert.hf import Qwen36Checkpoint
-
-    return Qwen36Checkpoint(ckpt, cfg)
 
 
 def _flash_from_hf(hf: dict[str, Any], eos: tuple[int, ...]) -> FlashNextConfig:
@@ -230,24 +218,10 @@ def _flash_plan(cfg: FlashNextConfig, profile: str) -> dict[str, TensorPlan]:
         raise RegistryError(str(e)) from None
 
 
-def _flash_reference(cfg: FlashNextConfig, weights: Any) -> Any:
-    from ninfer.flash_next.model import FlashNext
-
-    return FlashNext(cfg, weights)
-
-
-def _flash_checkpoint(ckpt: Any, cfg: FlashNextConfig) -> Any:
-    from ninfer.convert.flash_next import FlashNextCheckpoint
-
-    return FlashNextCheckpoint(ckpt, cfg)
-
-
 _QWEN36 = dict(
     config_from_dict=ModelConfig.from_dict,
     config_from_hf=_qwen36_from_hf,
     plan=_qwen36_plan,
-    build_reference=_qwen36_reference,
-    checkpoint=_qwen36_checkpoint,
 )
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
@@ -266,8 +240,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             config_from_dict=FlashNextConfig.from_dict,
             config_from_hf=_flash_from_hf,
             plan=_flash_plan,
-            build_reference=_flash_reference,
-            checkpoint=_flash_checkpoint,
         ),
     )
 }

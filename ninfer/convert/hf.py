@@ -33,6 +33,7 @@ from ninfer.artifact.registry import (
 )
 from ninfer.artifact.rows import take_rows
 from ninfer.config import ConfigError, ModelConfig
+from ninfer.convert.flash_next import FlashNextCheckpoint
 from ninfer.convert.safetensors_io import CheckpointError, SafetensorsDir
 from ninfer.formats import FORMATS
 
@@ -105,6 +106,14 @@ class Qwen36Checkpoint:
 
     def check(self) -> None:
         """Nothing derived to compare in a Qwen3.5/3.6 checkpoint."""
+
+
+# each architecture's checkpoint reader: (SafetensorsDir, config) -> the converter's tensor source
+CHECKPOINT_READERS: dict[str, Any] = {
+    "qwen3_5": Qwen36Checkpoint,
+    "qwen3_5_moe": Qwen36Checkpoint,
+    "qwen4_exp": FlashNextCheckpoint,
+}
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
@@ -206,7 +215,7 @@ def convert(
     try:
         arch = architecture_for_hf(hf)
         cfg = arch.config_from_hf(hf, _eos_ids(hf, gen, res))
-        src = arch.checkpoint(SafetensorsDir(hf_dir), cfg)
+        src = CHECKPOINT_READERS[arch.name](SafetensorsDir(hf_dir), cfg)
         if not any(c.startswith("mtp.") for c in src.names()):
             cfg = replace(cfg, mtp_num_hidden_layers=0)
         mid, registered = _select_identity(cfg, model_id, allow_unregistered_shape)

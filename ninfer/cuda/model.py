@@ -42,11 +42,11 @@ from typing import Any
 
 import numpy as np
 
+from ninfer.artifact.inventory import expected_shapes, lm_head_name
 from ninfer.config import ModelConfig
 from ninfer.cuda._glue import glue
 from ninfer.cuda.fuse import fuse_projections, missing_tensors
 from ninfer.cuda.model_graph import GraphSet, Meta, host_meta
-from ninfer.reference.weights import expected_shapes, lm_head_name
 
 __all__ = ["CudaQwen36", "CudaState", "load_cuda"]
 
@@ -188,7 +188,7 @@ class CudaQwen36:
 
     def forward(self, token_ids: Sequence[int] | np.ndarray, state: CudaState, positions: Any = None) -> Any:
         """Append ``token_ids[T]`` at ``state.length``; returns the final-normed hidden ``[T, H]`` float32."""
-        ids = _ids(token_ids, self.cfg.vocab_size)
+        ids = self.cfg.token_ids(token_ids).astype(np.int32)
         self._grow(state, state.length + ids.size)
         h = self.run([(state.slot, state.length, ids.size, state.pages)], ids, positions)
         state.length += ids.size
@@ -196,7 +196,7 @@ class CudaQwen36:
 
     def forward_batch(self, token_ids: Sequence[int] | np.ndarray, states: Sequence[CudaState]) -> Any:
         """One token for each of B <= 8 sequences; row b is bitwise ``forward([ids[b]], states[b])``."""
-        ids = _ids(token_ids, self.cfg.vocab_size)
+        ids = self.cfg.token_ids(token_ids).astype(np.int32)
         if ids.size != len(states) or len({id(s) for s in states}) != len(states):
             raise ValueError("forward_batch: one token id per distinct state")
         for s in states:
@@ -268,12 +268,6 @@ class CudaQwen36:
         self.zero_slot(slot)
         self.stream.synchronize()
 
-    def make_runner(self, model_config: ModelConfig, engine_config: Any) -> Any:
-        """The engine's runner over this network (``CudaModelRunner``): the hook the engine calls."""
-        from ninfer.cuda.runner import CudaModelRunner
-
-        return CudaModelRunner(self, model_config, engine_config)
-
     # ---- the network ------------------------------------------------------------------------------------
     def body(self, ids: Any, m: Meta) -> Any:
         import cupy
@@ -333,22 +327,13 @@ class CudaQwen36:
         return out
 
 
-def _ids(token_ids: Sequence[int] | np.ndarray, vocab: int) -> np.ndarray:
-    ids = np.asarray(token_ids)
-    if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"token_ids: expected a non-empty 1-D integer sequence, got shape {list(ids.shape)}")
-    if ids.min() < 0 or ids.max() >= vocab:
-        raise ValueError(f"token_ids: ids must be in 0..{vocab - 1}")
-    return ids.astype(np.int32)
-
-
 def load_cuda(artifact: Any, **opts: Any) -> CudaQwen36:
     """Upload an artifact (path or opened ``Artifact``) to the GPU as a ``CudaQwen36``.
 
     ``opts``: ``act_dtype``, ``state_dtype``, ``kv_dtype``, ``prefill_gemm``, ``cuda_graph``, ``attn_chunk``,
     ``capacity``, ``page_size`` (see ``CudaQwen36``) and ``progress`` (upload bar, default on)."""
     from ninfer.artifact import open_artifact
-    from ninfer.cuda.model_weights import upload_artifact
+    from ninfer.cuda.upload import upload_artifact
 
     progress = opts.pop("progress", True)
     art = open_artifact(artifact, verify="manifest") if isinstance(artifact, str | os.PathLike) else artifact

@@ -1,13 +1,13 @@
-"""``CudaModelRunner``: the engine's model-runner contract (ninfer/engine/model_runner.py) over device memory.
+"""``CudaModelRunner``: the engine's runner contract (ninfer/engine/core.py) over device memory.
 
 - Lane ``l`` computes in GDN state slot ``l``; checkpoints live in slots ``lanes ..`` of the same pool (a save or
   a restore is one device copy per GDN layer); KV pages are the engine's page ids in the device page pool.
 - Prefill lanes run one eager forward each; decode lanes run together as one replay of the CUDA graph captured
   for that lane count (``cuda_graph=False`` on the network: the same kernels launched eagerly).
-- Sampling on the device (``device_sampling``, on by default): ``execute`` keeps the sampled rows on the device
-  and the engine asks ``sample`` for their tokens (``ninfer.cuda.sampling.sample_requests``, the same function
-  as the CPU sampler). With ``device_sampling = False`` the rows come back to the host as one float32 array and
-  the engine samples on the CPU.
+- ``execute`` keeps the sampled rows' logits on the device; ``sample`` draws their tokens there
+  (``ninfer.cuda.sampling.sample_requests``, the same function as the host sampler). ``device_sampling = False``
+  (a runner setting, for tests and diagnosis) copies the rows to the host and samples them with the host
+  sampler instead: the same tokens.
 - The device-memory plan is computed and checked before the pools are allocated (``self.plan``).
 """
 
@@ -20,15 +20,15 @@ import numpy as np
 
 from ninfer.config import ModelConfig
 from ninfer.cuda.memory_plan import MemoryPlan, plan_memory, snapshot_bytes
-from ninfer.cuda.model_weights import tensor_bytes
-from ninfer.engine.sampler import SampleRequest
+from ninfer.cuda.upload import tensor_bytes
+from ninfer.engine.core import Batch, SampleRequest
+from ninfer.engine.sampler import sample_host
 
 __all__ = ["CudaModelRunner"]
 
 
 class CudaModelRunner:
-    # the engine calls ``sample`` on the rows ``execute`` returns (engine/model_runner.py); False: CPU sampling
-    device_sampling = True
+    device_sampling = True  # False: ``sample`` copies the rows to the host and uses the host sampler
 
     def __init__(self, net: Any, model_config: ModelConfig, cfg: Any, *, capture: bool = True) -> None:
         import cupy
@@ -62,6 +62,7 @@ class CudaModelRunner:
         self._pages: list[list[int]] = [[] for _ in range(lanes)]
         self._len = [0] * lanes
         self._free_ckpt = list(range(lanes + n_ckpt - 1, lanes - 1, -1))
+        self._logits: Any = None  # the last step's sampled rows, on the device [n, V] float32
         self._ckpts: dict[int, tuple[int, int]] = {}  # checkpoint id -> (slot, length)
         if capture:
             net.warm_prefill()  # CuPy's lazily built prefill kernels compile now, not in the first request
@@ -80,7 +81,7 @@ class CudaModelRunner:
         return len(self._ckpts)
 
     # ---- one engine step --------------------------------------------------------------------------------
-    def execute(self, batch: Any) -> Any:
+    def execute(self, batch: Batch) -> None:
         import cupy
 
         net = self.net
@@ -109,19 +110,28 @@ class CudaModelRunner:
             if slot is not None:
                 self._free_ckpt.append(slot[0])
         sampled = [rows[w.lane] for w in batch.work if w.sample]
-        if not sampled:
-            return np.zeros((0, self.vocab_size), np.float32)
-        with net.stream:
-            out = cupy.concatenate(sampled, axis=0)
-            return out if self.device_sampling else cupy.asnumpy(out, stream=net.stream)
+        self._logits = None
+        if sampled:
+            with net.stream:
+                self._logits = cupy.concatenate(sampled, axis=0)
 
-    def sample(self, logits: Any, reqs: Sequence[SampleRequest], token_limit: int | None) -> list[int]:
-        """Token ids of the device rows ``execute`` returned, one ``SampleRequest`` per row (-1: nothing
+    def sample(
+        self, rows: Sequence[int], reqs: Sequence[SampleRequest], token_limit: int | None
+    ) -> list[int]:
+        """Token ids of rows ``rows`` of the last ``execute``, one ``SampleRequest`` per row (-1: nothing
         allowed)."""
+        import cupy
+
         from ninfer.cuda.sampling import sample_requests
 
+        if not rows:
+            return []
+        assert self._logits is not None, "sample() before execute() kept any rows"
         with self.net.stream:
-            return sample_requests(logits, reqs, token_limit)
+            x = self._logits if len(rows) == self._logits.shape[0] else self._logits[list(rows)]
+            if not self.device_sampling:
+                return sample_host(cupy.asnumpy(x, stream=self.net.stream), reqs, token_limit)
+            return sample_requests(x, reqs, token_limit)
 
     # ---- lanes and checkpoints --------------------------------------------------------------------------
     def _at(self, w: Any) -> int:

@@ -1,7 +1,8 @@
 """The engine: lanes, bounded FIFO admission, chunked prefill, paged KV, prefix reuse with GDN checkpoints.
 
 ```python
-eng = Engine.open(path, backend="reference", max_concurrency=4, queue_depth=8, prefix_reuse=True)
+eng = ninfer.open_engine(path, backend="reference", max_concurrency=4, queue_depth=8, prefix_reuse=True)
+# or Engine.from_model(ninfer.load(path), max_concurrency=4, ...)
 h = eng.submit(prompt_ids, max_tokens=16, temperature=0.0, seed=None, stop=None)   # raises QueueFull
 c = h.result()          # c.token_ids, c.text, c.finish_reason, c.usage.{prompt,cached,completion}_tokens
 for ev in h.stream(): ...   # TokenDelta ... then Finish

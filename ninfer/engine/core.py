@@ -1,15 +1,18 @@
-"""Shared vocabulary of the engine: requests, sampling parameters, events, usage, the step plan, errors.
+"""Shared vocabulary of the engine: requests, sampling parameters, events, usage, errors, the step plan and the
+typed runner contract (the ``ModelRunner`` Protocol beside the batch types).
 
 Every other engine module depends on this one; it depends on nothing in the engine. Messages that cross the Ray
-or HTTP boundary (events, usage, metrics, stats, sampling parameters) are msgspec Structs; per-token messages are
-``array_like`` and ``gc=False`` so a step's deltas serialize cheaply.
+or HTTP boundary (events, usage, metrics, stats, sampling parameters) are msgspec Structs; the request's events
+(``Accepted``, ``TokenDelta``, ``Finish``) are the one vocabulary from the engine to the API: the actor sends them
+as they are. They are tagged, ``array_like`` and ``gc=False`` so a step's deltas serialize cheaply.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import msgspec
 import numpy as np
@@ -24,6 +27,7 @@ __all__ = [
     "TokenMask",
     "Usage",
     "RequestMetrics",
+    "Accepted",
     "TokenDelta",
     "Finish",
     "Event",
@@ -34,6 +38,8 @@ __all__ = [
     "LaneSetup",
     "LaneWork",
     "Batch",
+    "SampleRequest",
+    "ModelRunner",
 ]
 
 
@@ -109,6 +115,9 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     cached_tokens: int  # prompt tokens reused from the prefix cache (not computed again)
     completion_tokens: int  # generated ids, including a stop token
+    # generated ids up to and including the first ``stop_after_token_id`` (``</think>``: the reasoning of a
+    # thinking request; all of them if it never came); 0 without a ``stop_after_token_id``
+    reasoning_tokens: int = 0
 
 
 class RequestMetrics(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,6 +129,17 @@ class RequestMetrics(msgspec.Struct, frozen=True, kw_only=True):
     cached_tokens: int
     completion_tokens: int
     finish_reason: str
+    lane: int = -1  # the lane it ran in (-1: it never got one)
+
+
+class Accepted(msgspec.Struct, array_like=True, gc=False, tag=True):
+    """A request the engine took (``Handle.accepted``): its prompt, the output budget it runs with (``max_tokens``
+    clamped once, here, to what the context leaves) and whether it waits for a lane."""
+
+    request_id: int
+    prompt_tokens: int
+    max_tokens: int
+    queued: bool
 
 
 class TokenDelta(msgspec.Struct, array_like=True, gc=False, tag=True):
@@ -223,7 +243,25 @@ class Request:
         return len(self.tokens) - self.prompt_len
 
 
-# ---- the step plan: the scheduler's contract with the model runner -----------------------------------------
+# ---- the step plan and the runner contract ----------------------------------------------------------------
+# The step plan and the runner contract: what the scheduler hands a model runner, and what comes back.
+#
+# One step is two calls, in this order, from the engine's step thread:
+#
+# 1. ``runner.execute(batch)``: apply ``batch.setups`` (page table, GDN restore or zero state, the boundary page
+#    copy), run every ``LaneWork`` (prefill lanes one forward call each, decode lanes in one batched call),
+#    snapshot the GDN state of work that asks for it, then release ``batch.free_checkpoints``. The runner keeps
+#    the logits of the work items with ``sample=True``: row ``i`` is the ``i``-th such item in batch order.
+# 2. ``runner.sample(rows, reqs, token_limit)``: the token of each listed row of that step, one ``SampleRequest``
+#    per row, by the one sampler (``sampler.py``: exact integer mass, counter-based randomness); -1 where nothing
+#    is allowed. The grammar masks in ``reqs`` were computed on the CPU while ``execute`` ran.
+#
+# Invariants every runner keeps: a lane's result never depends on which other lanes share the step (batch
+# invariance); ``snapshot_bytes`` (one stored GDN checkpoint) and ``vocab_size`` are known after construction and
+# never change. The reference runner (``model_runner.py``) and the CUDA runner (``ninfer.cuda.runner``) are the two
+# implementations; nothing else touches the model.
+
+
 @dataclass(slots=True)
 class LaneSetup:
     """Prepare a lane for a newly admitted request (applied before any work of the step)."""
@@ -243,7 +281,7 @@ class LaneWork:
     start: int  # position of token_ids[0]; equals the lane's length before the step
     token_ids: list[int]
     prefill: bool  # prompt tokens (one forward call per lane) vs generated tokens (batched decode)
-    sample: bool  # return logits of the last position for sampling
+    sample: bool  # keep logits of the last position for sampling
     save_checkpoint: int | None  # snapshot the lane's GDN state after this work under this checkpoint id
 
 
@@ -258,3 +296,34 @@ class Batch:
     @property
     def empty(self) -> bool:
         return not (self.setups or self.work or self.free_checkpoints)
+
+
+class SampleRequest(NamedTuple):
+    """One row's sampling inputs. ``position``: the sequence position of the token drawn (the counter of the
+    request's random stream); ``counts``: generated id -> occurrences (penalties); ``mask``: the packed int32
+    bitmask ``[ceil(V/32)]`` of allowed ids (``sampler.packed_mask``) or None for no mask."""
+
+    params: SamplingParams
+    seed: int
+    position: int
+    counts: Mapping[int, int]
+    mask: np.ndarray | None
+
+
+@runtime_checkable
+class ModelRunner(Protocol):
+    """The engine's only seam to the model and its memory (KV pages, GDN state and checkpoints)."""
+
+    snapshot_bytes: int
+    vocab_size: int
+
+    def execute(self, batch: Batch) -> None:
+        """Run one step's plan; keep the logits of its sampled work items for ``sample``."""
+        ...
+
+    def sample(
+        self, rows: Sequence[int], reqs: Sequence[SampleRequest], token_limit: int | None
+    ) -> list[int]:
+        """Tokens of rows ``rows`` of the last ``execute`` (one ``SampleRequest`` each; -1: nothing allowed).
+        Ids at or above ``token_limit`` are never drawn."""
+        ...

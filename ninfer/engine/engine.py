@@ -6,34 +6,38 @@ while it plans and while it turns logits into tokens and events, never while the
 
 from __future__ import annotations
 
-import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ninfer.frontend.turns import TurnMarker
 
 from .config import EngineConfig, EngineConfigError
 from .core import (
+    Accepted,
     EngineClosed,
     EngineStats,
     Event,
     FinishReason,
-    QueueFull,
+    ModelRunner,
     Request,
     RequestError,
+    RequestStatus,
     SamplingParams,
     TokenMask,
 )
 from .handle import Handle
 from .kv_pool import PagePool
-from .model_runner import ModelRunner
 from .output import Outputs
 from .prefix_cache import PrefixCache
-from .sampler import NOT_COMPUTED, MaskWorker
+from .sampler import MaskWorker
 from .scheduler import Scheduler
 from .stop import TextStream
-from .turns import TurnMarker
+
+if TYPE_CHECKING:
+    from ninfer.model import Model
 
 __all__ = ["Engine"]
 
@@ -41,7 +45,7 @@ __all__ = ["Engine"]
 class Engine:
     def __init__(
         self,
-        net: Any,
+        runner: ModelRunner,
         model_config: Any,
         tokenizer: Any | None,
         cfg: EngineConfig,
@@ -54,11 +58,8 @@ class Engine:
         self.config, self.model_config, self.tokenizer = cfg, model_config, tokenizer
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._token_limit = token_limit
-        self._turns = turns  # chat-format knowledge: where the next turn's prompt will part (turns.py)
-        # a backend network may bring its own runner over device memory (the CUDA backend does); the
-        # reference network runs under the host ModelRunner
-        make_runner = getattr(net, "make_runner", None)
-        self._runner = make_runner(model_config, cfg) if make_runner else ModelRunner(net, model_config, cfg)
+        self._turns = turns  # where the next turn's prompt parts (chat-format knowledge, frontend/turns.py)
+        self._runner = runner  # the only part that touches the model (core.py's contract)
         self._pool = PagePool(cfg.num_pages)
         cache = None
         if cfg.prefix_reuse:
@@ -85,47 +86,33 @@ class Engine:
             self._thread = threading.Thread(target=self._loop, name="ninfer-engine", daemon=True)
             self._thread.start()
 
-    # ---- construction -----------------------------------------------------------------------------------
-    @classmethod
-    def open(
-        cls,
-        path: str | os.PathLike[str],
-        backend: str = "reference",
-        *,
-        background: bool = True,
-        backend_options: dict[str, Any] | None = None,
-        **config: Any,
-    ) -> Engine:
-        """Load the artifact at ``path`` on ``backend`` (with ``backend_options``, e.g. CUDA's ``cuda_graph``)
-        and start an engine over it; ``config`` is the ``EngineConfig``."""
-        from ninfer.model import load
-
-        model = load(path, backend=backend, backend_options=backend_options)  # type: ignore[arg-type]
-        return cls.from_model(model, background=background, **config)
-
+    # ---- construction ----------------------------------------------------------------------------------
     @classmethod
     def from_model(
-        cls, model: Any, tokenizer: Any | None = None, *, background: bool = True, **config: Any
+        cls,
+        model: Model,
+        tokenizer: Any | None = None,
+        *,
+        config: EngineConfig | None = None,
+        background: bool = True,
+        **settings: Any,
     ) -> Engine:
-        """An engine over a loaded ``ninfer.model.Model`` or a bare network (``ninfer.reference.Qwen36``)."""
+        """An engine over a loaded ``ninfer.model.Model`` (its backend's runner), with ``config`` or the
+        ``EngineConfig`` of ``settings`` (``ninfer.model.open_engine`` loads an artifact and does this)."""
+        if config is not None and settings:
+            raise EngineConfigError("give an EngineConfig or its settings, not both")
         try:
-            cfg = EngineConfig(**config)
+            cfg = config if config is not None else EngineConfig(**settings)
         except TypeError as e:
             raise EngineConfigError(f"unknown engine setting: {e}") from None
-        if hasattr(model, "net"):  # a loaded Model
-            net, mc, eos, limit = model.net, model.config, model.eos_token_ids, model.token_limit
-            tokenizer = tokenizer if tokenizer is not None else model.tokenizer
-        else:
-            net, mc = model, getattr(model, "cfg", None) or model.config
-            eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ()) or mc.eos_token_ids
-            limit = getattr(tokenizer, "vocab_size", None)
+        tokenizer = tokenizer if tokenizer is not None else model.tokenizer
         return cls(
-            net,
-            mc,
+            model.runner(cfg),
+            model.config,
             tokenizer,
             cfg,
-            eos_token_ids=eos,
-            token_limit=limit,
+            eos_token_ids=model.eos_token_ids,
+            token_limit=model.token_limit,
             turns=TurnMarker.from_tokenizer(tokenizer) if tokenizer is not None else None,
             background=background,
         )
@@ -150,7 +137,7 @@ class Engine:
         penalties, stop_token_ids, ignore_eos). ``token_mask``: the grammar hook (see ``core.TokenMask``).
         ``on_event``: called from the engine thread with every event as it is produced.
         ``checkpoint_at``: prompt positions where the next turn's prompt may part from this one (reserved
-        checkpoints); default: found from the chat format (``turns.py``).
+        checkpoints); default: found from the chat format (``ninfer/frontend/turns.py``).
         """
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         try:
@@ -208,13 +195,12 @@ class Engine:
                 marks=self._marks(prompt, checkpoint_at),
                 t_submit=time.monotonic(),
             )
-            handle = Handle(self, rid, on_event)
+            self._sched.add(req)  # admitted at once when a lane and KV capacity are free; else QueueFull
+            accepted = Accepted(rid, len(prompt), req.budget, req.status is RequestStatus.WAITING)
+            handle = Handle(
+                accepted, lambda: self.cancel(rid), None if self.background else self._drive, on_event
+            )
             self._out.add(req, handle, text, stop_ids)
-            self._sched.add(req)  # admitted at once when a lane and KV capacity are free
-            if len(self._sched.waiting) > self.config.queue_depth:
-                self._sched.waiting.pop()
-                self._out.drop(rid)
-                raise QueueFull(f"{self.config.queue_depth} requests already wait (queue_depth)")
             self._cv.notify_all()
         return handle
 
@@ -224,14 +210,10 @@ class Engine:
         return self._turns.marks(prompt) if self._turns is not None else ()
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
-        ids = [int(t) for t in prompt_ids]
-        if not ids:
-            raise RequestError("prompt_ids: the prompt is empty")
-        vocab = self.model_config.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise RequestError(f"prompt_ids: token id {bad} is outside the vocabulary (0..{vocab - 1})")
-        return ids
+        try:
+            return self.model_config.token_ids(list(prompt_ids), "prompt_ids").tolist()
+        except (ValueError, OverflowError) as e:  # OverflowError: an id beyond int64
+            raise RequestError(str(e) if isinstance(e, ValueError) else f"prompt_ids: {e}") from None
 
     def cancel(self, request_id: int) -> None:
         """Stop a request at the next step (its lane and reservation are freed then)."""
@@ -252,7 +234,7 @@ class Engine:
                 return False
             masks = self._masks.start(reqs)  # grammar masks on the CPU while the model step runs
             try:
-                logits = self._runner.execute(batch)  # the only call that touches the model
+                self._runner.execute(batch)  # the only call that runs the model
             except Exception as e:  # noqa: BLE001 - fail the running requests, keep serving
                 masks.result()
                 with self._cv:
@@ -262,11 +244,13 @@ class Engine:
             ready = masks.result()
             with self._cv:
                 self._sched.after_run(batch)  # computed tokens catch up; checkpoints published; retire
-                if getattr(self._runner, "device_sampling", False):  # the rows stayed on the runner's device
-                    self._out.accept_device(self._runner, reqs, logits, ready)
+                rows, specs = self._out.sample_requests(reqs, ready, self._runner.vocab_size)
+                try:  # sample with the grammar masks: tokens back (the one sampler, core.py)
+                    toks = self._runner.sample(rows, specs, self._token_limit) if rows else []
+                except Exception as e:  # noqa: BLE001 - a failing sampler fails this step's requests only
+                    self._out.fail(reqs, rows, f"sampling failed: {type(e).__name__}: {e}")
                 else:
-                    for req, row in zip(reqs, logits, strict=True):  # sample, detok, stops, delta
-                        self._out.accept(req, row, ready.get(req.id, NOT_COMPUTED))
+                    self._out.accept(reqs, rows, toks)  # detok, stops, deltas
                 self._out.emit_finished()
                 self._steps += 1
             return True

@@ -5,14 +5,10 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
-from .core import Completion, Event, Finish, Request, RequestMetrics, TokenDelta, Usage
+from .core import Accepted, Completion, Event, Finish, Request, RequestMetrics, TokenDelta, Usage
 
-if TYPE_CHECKING:
-    from .engine import Engine
-
-__all__ = ["Handle", "coalesce", "completion_of"]
+__all__ = ["Handle", "coalesce", "completion_of", "reasoning_tokens"]
 
 
 def coalesce(events: list[Event]) -> list[Event]:
@@ -27,9 +23,21 @@ def coalesce(events: list[Event]) -> list[Event]:
     return out
 
 
+def reasoning_tokens(req: Request) -> int:
+    """Generated ids up to and including the first ``stop_after_token_id`` (all of them if it never came)."""
+    end = req.params.stop_after_token_id
+    if end is None:
+        return 0
+    gen = req.generated
+    return gen.index(end) + 1 if end in gen else len(gen)
+
+
 def completion_of(req: Request, text: str, stop_string: str | None) -> Completion:
     usage = Usage(
-        prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens, completion_tokens=req.num_generated
+        prompt_tokens=req.prompt_len,
+        cached_tokens=req.cached_tokens,
+        completion_tokens=req.num_generated,
+        reasoning_tokens=reasoning_tokens(req),
     )
     admitted, first = req.t_admit or req.t_finish, req.t_first or req.t_finish
     metrics = RequestMetrics(
@@ -41,6 +49,7 @@ def completion_of(req: Request, text: str, stop_string: str | None) -> Completio
         cached_tokens=req.cached_tokens,
         completion_tokens=req.num_generated,
         finish_reason=str(req.finish_reason),
+        lane=req.lane,
     )
     return Completion(
         request_id=req.id,
@@ -55,9 +64,18 @@ def completion_of(req: Request, text: str, stop_string: str | None) -> Completio
 
 
 class Handle:
-    def __init__(self, engine: Engine, request_id: int, on_event: Callable[[Event], None] | None) -> None:
-        self.request_id = request_id
-        self._engine, self._on_event = engine, on_event
+    """``cancel``: stops the request at the engine's next step. ``drive``: for an engine without a step thread,
+    runs steps in the caller's thread until its argument returns True (None: a step thread runs them)."""
+
+    def __init__(
+        self,
+        accepted: Accepted,
+        cancel: Callable[[], None],
+        drive: Callable[[Callable[[], bool]], None] | None,
+        on_event: Callable[[Event], None] | None,
+    ) -> None:
+        self.request_id, self.accepted = accepted.request_id, accepted
+        self._cancel, self._drive, self._on_event = cancel, drive, on_event
         self._events: deque[Event] = deque()
         self._cv = threading.Condition()
         self._completion: Completion | None = None
@@ -85,7 +103,7 @@ class Handle:
 
     def cancel(self) -> None:
         """Stop the request at the next step; its lane and KV reservation are freed then."""
-        self._engine.cancel(self.request_id)
+        self._cancel()
 
     def poll(self) -> list[Event]:
         """Every event produced since the last call, consecutive deltas merged; never blocks."""
@@ -102,8 +120,8 @@ class Handle:
                 return
 
     def _next(self, timeout: float | None) -> Event:
-        if not self._engine.background:
-            self._engine._drive(lambda: bool(self._events))
+        if self._drive is not None:
+            self._drive(lambda: bool(self._events))
         with self._cv:
             if not self._cv.wait_for(lambda: bool(self._events), timeout):
                 raise TimeoutError(f"request {self.request_id}: no event within {timeout} s")
@@ -111,8 +129,8 @@ class Handle:
 
     def result(self, timeout: float | None = None) -> Completion:
         """Wait for the request to finish and return its completion."""
-        if not self._engine.background:
-            self._engine._drive(lambda: self.done)
+        if self._drive is not None:
+            self._drive(lambda: self.done)
         with self._cv:
             if not self._cv.wait_for(lambda: self._completion is not None, timeout):
                 raise TimeoutError(f"request {self.request_id}: not finished within {timeout} s")

@@ -1,16 +1,9 @@
-"""The model runner: the only engine part that touches the model and its memory (KV pages, GDN state).
+"""``ReferenceRunner``: the runner contract (core.py) over the NumPy reference network and host memory.
 
-Contract (the CUDA backend implements the same, against device memory):
-
-- ``ModelRunner(net, model_config, engine_config)``; ``snapshot_bytes`` (one GDN checkpoint in the configured
+- ``ReferenceRunner(net, model_config, engine_config)``; ``snapshot_bytes`` (one GDN checkpoint in the configured
   state dtype) and ``vocab_size`` are known after construction.
-- ``execute(batch) -> logits[n, V] float32``: apply ``batch.setups`` (page table, GDN restore or zero state, the
-  boundary page copy), run every ``LaneWork`` (prefill lanes one forward call each, decode lanes in one batched
-  call), snapshot the GDN state of work that asks for it, then release ``batch.free_checkpoints``. Rows of the
-  result are the work items with ``sample=True``, in batch order.
-- Optional device sampling: a runner whose ``device_sampling`` is true may return rows that stay on its device,
-  and then provides ``sample(rows, reqs: list[SampleRequest], token_limit) -> list[int]`` (-1: nothing allowed),
-  the same function as ``sampler.sample`` (docs/contracts.md). This runner samples on the CPU.
+- ``execute(batch)`` runs prefill lanes one forward call each and decode lanes in one batched call, and keeps the
+  sampled rows' float32 logits; ``sample`` draws from them with the host sampler (``sampler.sample_host``).
 - A lane's result never depends on which other lanes share the step: prefill lanes run alone, decode rows are
   bitwise equal to solo calls (the reference's ``forward_batch`` guarantees it) and ``lm_head`` runs per row.
 
@@ -32,6 +25,7 @@ blocks complete before the resume point, and a lane never writes a block key int
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,9 +34,10 @@ from ninfer.config import ModelConfig
 from ninfer.formats import bf16_decode, bf16_encode, bf16_round, e4m3_decode, e4m3_encode
 
 from .config import EngineConfig
-from .core import Batch, LaneSetup
+from .core import Batch, LaneSetup, SampleRequest
+from .sampler import sample_host
 
-__all__ = ["ModelRunner", "PagedKVStore", "PagedKV", "PagedKVIndex", "snapshot_nbytes"]
+__all__ = ["ReferenceRunner", "PagedKVStore", "PagedKV", "PagedKVIndex", "snapshot_nbytes"]
 
 
 class PagedKVStore:
@@ -157,7 +152,7 @@ def snapshot_nbytes(snap: Any) -> int:
     return int(getattr(snap, "nbytes", 0))  # e.g. an index-key store; plain ints (the length) hold nothing
 
 
-class ModelRunner:
+class ReferenceRunner:
     def __init__(self, net: Any, model_config: ModelConfig, cfg: EngineConfig) -> None:
         self.net, self.mc, self.cfg = net, model_config, cfg
         self.store = PagedKVStore(model_config, cfg.num_pages, cfg.page_size, cfg.kv_dtype)
@@ -167,12 +162,13 @@ class ModelRunner:
         self._ckpts: dict[int, Any] = {}  # checkpoint id -> stored snapshot
         self.snapshot_bytes = snapshot_nbytes(self._stored(self._new_state([]).snapshot_gdn()))
         self.vocab_size = model_config.vocab_size
+        self._logits = np.zeros((0, self.vocab_size), np.float32)  # the last step's sampled rows
 
     @property
     def num_checkpoints(self) -> int:
         return len(self._ckpts)
 
-    def execute(self, batch: Batch) -> np.ndarray:
+    def execute(self, batch: Batch) -> None:
         for s in batch.setups:
             self._setup(s)
         rows: dict[int, np.ndarray] = {}
@@ -195,9 +191,16 @@ class ModelRunner:
         out = [self.net.lm_head(rows[w.lane][None, :])[0] for w in batch.work if w.sample]
         for cid in batch.free_checkpoints:
             self._ckpts.pop(cid, None)
-        if not out:
-            return np.zeros((0, self.vocab_size), np.float32)
-        return np.stack(out).astype(np.float32, copy=False)
+        self._logits = (
+            np.stack(out).astype(np.float32, copy=False)
+            if out
+            else np.zeros((0, self.vocab_size), np.float32)
+        )
+
+    def sample(
+        self, rows: Sequence[int], reqs: Sequence[SampleRequest], token_limit: int | None
+    ) -> list[int]:
+        return sample_host(self._logits[list(rows)], reqs, token_limit)
 
     # ---- lanes and checkpoints --------------------------------------------------------------------------
     def _new_state(self, pages: list[int]) -> Any:

@@ -1,4 +1,5 @@
-"""``Outputs``: sampled logits in, tokens and events out (per-request text, stop checks, finish events)."""
+"""``Outputs``: the runner's sampling inputs out, its tokens in; events out (per-request text, stop checks,
+finish events)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
-from .core import Finish, FinishReason, Request, TokenDelta
+from .core import Finish, FinishReason, Request, SampleRequest, TokenDelta
 from .handle import Handle, completion_of
-from .sampler import NOT_COMPUTED, MaskError, SampleRequest, packed_mask, resolve_mask, sample
+from .sampler import NOT_COMPUTED, MaskError, packed_mask, resolve_mask
 from .scheduler import Scheduler
 from .stop import TextStream
 
@@ -36,58 +35,38 @@ class Outputs:
     def add(self, req: Request, handle: Handle, text: TextStream, stop_ids: frozenset[int]) -> None:
         self._live[req.id] = _Live(req, handle, text, stop_ids)
 
-    def drop(self, request_id: int) -> None:
-        del self._live[request_id]
-
     def __contains__(self, request_id: int) -> bool:
         return request_id in self._live
 
     def __iter__(self) -> Iterator[int]:
         return iter(list(self._live))
 
-    def accept(self, req: Request, logits: np.ndarray, mask: Any = NOT_COMPUTED) -> None:
-        """Sample ``req``'s next token on the CPU, stream it, and finish the request if it stops here. ``mask``:
-        its token mask computed during the model step (``sampler.compute_mask``)."""
-        try:
-            tok = sample(
-                logits,
-                req.params,
-                seed=req.seed,
-                position=len(req.tokens),
-                counts=req.counts,
-                generated=req.generated,
-                token_mask=req.token_mask,
-                token_limit=self._token_limit,
-                mask=mask,
-            )
-        except MaskError as e:
-            self._sched.finish(req, FinishReason.ERROR, str(e))
-            return
-        self._push(req, tok)
-
-    def accept_device(self, runner: Any, reqs: list[Request], logits: Any, masks: dict[int, Any]) -> None:
-        """``accept`` for every sampled row at once, sampled by a runner with ``device_sampling``: the same
-        function (``sampler`` docstring) on the rows that stayed on its device. A request whose mask hook failed
-        or allows nothing fails alone, as on the CPU path."""
+    def sample_requests(
+        self, reqs: list[Request], masks: dict[int, Any], vocab: int
+    ) -> tuple[list[int], list[SampleRequest]]:
+        """The runner's sampling inputs for this step's sampled ``reqs`` (``masks``: the hooks' results computed
+        during the step): the rows to sample and one ``SampleRequest`` each. A request whose mask hook failed or
+        gave a malformed mask is failed here, alone."""
         rows: list[int] = []
         specs: list[SampleRequest] = []
         for i, req in enumerate(reqs):
             try:
                 mask = resolve_mask(masks.get(req.id, NOT_COMPUTED), req.token_mask, req.generated)
-                words = packed_mask(mask, logits.shape[1])
+                words = packed_mask(mask, vocab)
             except MaskError as e:
                 self._sched.finish(req, FinishReason.ERROR, str(e))
                 continue
             rows.append(i)
             specs.append(SampleRequest(req.params, req.seed, len(req.tokens), req.counts, words))
-        if not rows:
-            return
-        try:
-            toks = runner.sample(logits if len(rows) == len(reqs) else logits[rows], specs, self._token_limit)
-        except Exception as e:  # noqa: BLE001 - a failing device sampler fails this step's requests only
-            for i in rows:
-                self._sched.finish(reqs[i], FinishReason.ERROR, f"sampling failed: {type(e).__name__}: {e}")
-            return
+        return rows, specs
+
+    def fail(self, reqs: list[Request], rows: list[int], message: str) -> None:
+        """The runner's sampling failed: exactly the requests of ``rows`` fail (the engine keeps serving)."""
+        for i in rows:
+            self._sched.finish(reqs[i], FinishReason.ERROR, message)
+
+    def accept(self, reqs: list[Request], rows: list[int], toks: list[int]) -> None:
+        """The one accept path: the runner's token for each sampled row (-1: the mask allowed nothing)."""
         for i, tok in zip(rows, toks, strict=True):
             if tok < 0:
                 self._sched.finish(reqs[i], FinishReason.ERROR, "token mask allows no token")

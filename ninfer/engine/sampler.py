@@ -40,11 +40,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from .core import SamplingParams, TokenMask
+from .core import SampleRequest, SamplingParams, TokenMask
 
 __all__ = [
     "sample",
@@ -57,6 +57,7 @@ __all__ = [
     "NOT_COMPUTED",
     "MaskWorker",
     "SampleRequest",
+    "sample_host",
     "packed_mask",
     "sort_keys",
 ]
@@ -188,23 +189,26 @@ def sample(
     return int(ids[order[min(i, keep - 1)]])
 
 
+def sample_host(logits: np.ndarray, reqs: Sequence[SampleRequest], token_limit: int | None) -> list[int]:
+    """``sample`` for each row of host ``logits[len(reqs), V]`` (-1 where nothing is allowed): a runner's
+    ``sample`` on the CPU (core.py)."""
+    out = []
+    for row, r in zip(logits, reqs, strict=True):
+        try:
+            tok = sample(row, r.params, seed=r.seed, position=r.position, counts=r.counts,
+                         token_limit=token_limit, mask=r.mask)  # fmt: skip
+        except MaskError:
+            tok = -1
+        out.append(tok)
+    return out
+
+
 def sort_keys(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The uint64 order keys of float32 logits ``x`` at ``ids``: descending key = descending x, then ascending
     id (``-0`` is taken as ``+0``; NaN never reaches here)."""
     b = (np.asarray(x, np.float32) + np.float32(0.0)).view(np.uint32)  # -0 + 0 = +0
     hi = np.where(b >> 31, ~b, b | np.uint32(0x80000000)).astype(np.uint64)  # mapped in 32 bits, widened once
     return (hi << np.uint64(32)) | (np.uint64(0xFFFFFFFF) - ids.astype(np.uint64))
-
-
-class SampleRequest(NamedTuple):
-    """One row's inputs for a runner that samples on its device (``runner.sample``): the same function as
-    ``sample``. ``mask``: the packed int32 bitmask ``[ceil(V/32)]`` (``packed_mask``) or None."""
-
-    params: SamplingParams
-    seed: int
-    position: int
-    counts: Mapping[int, int]
-    mask: np.ndarray | None
 
 
 def packed_mask(mask: Any, vocab: int) -> np.ndarray | None:

@@ -19,7 +19,7 @@ import time
 from collections import deque
 
 from .config import EngineConfig
-from .core import Batch, FinishReason, LaneSetup, LaneWork, Request, RequestStatus
+from .core import Batch, FinishReason, LaneSetup, LaneWork, QueueFull, Request, RequestStatus
 from .kv_pool import PagePool
 from .prefix_cache import Match, PrefixCache
 
@@ -41,9 +41,14 @@ class Scheduler:
 
     # ---- requests in and out ----------------------------------------------------------------------------
     def add(self, req: Request) -> None:
-        """Queue ``req`` and admit what fits now (so only requests that really wait count as queued)."""
+        """Queue ``req`` and admit what fits now (so only requests that really wait count as queued). Raises
+        ``QueueFull``, with nothing changed, when ``queue_depth`` requests already wait."""
         self.waiting.append(req)
         self._admit()
+        if len(self.waiting) > self.cfg.queue_depth:
+            assert self.waiting[-1] is req  # FIFO: only the newest can be over the depth
+            self.waiting.pop()
+            raise QueueFull(f"{self.cfg.queue_depth} requests already wait (queue_depth)")
 
     def cancel(self, request_id: int) -> None:
         self._cancelled.add(request_id)

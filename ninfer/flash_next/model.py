@@ -35,7 +35,6 @@ from ninfer.flash_next.ops_ngram import (
 from ninfer.flash_next.state import FlashNextState
 from ninfer.reference import ops
 from ninfer.reference.kv import KVCache
-from ninfer.reference.qwen36 import _token_ids
 from ninfer.reference.weights import CachedWeights, WeightError, WeightSource, lm_head_name
 
 __all__ = ["FlashNext", "MTP_ATTN_IDX"]
@@ -123,11 +122,7 @@ class FlashNext:
 
     # ---- forward --------------------------------------------------------------------------------------------
     def _check_ids(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        ids = _token_ids(token_ids)
-        if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
-            bad = int(ids[(ids < 0) | (ids >= self.cfg.vocab_size)][0])
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.cfg.vocab_size})")
-        return ids
+        return self.cfg.token_ids(token_ids)
 
     def _hc(self, prefix: str, h: np.ndarray, inject: bool) -> tuple[np.ndarray, np.ndarray | None]:
         w = self.w

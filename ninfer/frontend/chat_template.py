@@ -11,7 +11,6 @@ special tokens (``bos_token``, ``eos_token``, ...) are template variables that e
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -20,9 +19,9 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
-import msgspec
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .prompt import encode_chat, plain_data
 from .tokenizer import Tokenizer
 
 __all__ = [
@@ -114,41 +113,13 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
-def _plain(value: Any) -> Any:
-    """Rebuild ``value`` from JSON types only (transformers' ``_plain_template_data``); anything else becomes an
-    inert ``"<TypeName>"`` placeholder so that no object with dangerous methods reaches the sandbox."""
-    if value is None or type(value) in (str, int, float, bool):
-        return value
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, int):
-        return int.__int__(value)
-    if isinstance(value, float):
-        return float.__float__(value)
-    if isinstance(value, Mapping):
-        return {_plain(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_plain(v) for v in value)
-    if hasattr(value, "item") and type(value).__module__ == "numpy":  # numpy scalar
-        return _plain(value.item())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, msgspec.Struct):  # wire names, UNSET fields omitted
-        return _plain(msgspec.to_builtins(value))
-    if callable(getattr(value, "model_dump", None)):  # pydantic (e.g. OpenAI SDK messages)
-        return _plain(value.model_dump())
-    return f"<{type(value).__name__}>"
-
-
 def _prepare_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
         raise TemplateError(f"messages must be a list of message objects, got {type(messages).__name__}")
     if len(messages) == 0:
         raise TemplateError("messages is empty: a conversation needs at least one message")
     prepared = []
-    for i, message in enumerate(_plain(list(messages))):
+    for i, message in enumerate(plain_data(list(messages))):
         if not isinstance(message, dict):
             raise TemplateError(f"messages[{i}] must be an object with a 'role', got {message!r}")
         # Drop None values: APIs send content=None / tool_calls=None, which templates handle only as missing keys.
@@ -235,12 +206,12 @@ class ChatTemplate:
                 if not isinstance(tool, Mapping):
                     raise TemplateError(f"tools[{j}] must be a JSON-schema object, got {type(tool).__name__}")
         special = self.tokenizer.special_tokens_map if self.tokenizer is not None else {}
-        variables = _plain({**special, **kwargs})
+        variables = plain_data({**special, **kwargs})
         try:
             return self._template.render(
                 messages=chat,
-                tools=_plain(list(tools)) if tools is not None else None,
-                documents=_plain(list(documents)) if documents is not None else None,
+                tools=plain_data(list(tools)) if tools is not None else None,
+                documents=plain_data(list(documents)) if documents is not None else None,
                 add_generation_prompt=add_generation_prompt,
                 **variables,
             )
@@ -262,6 +233,4 @@ class ChatTemplate:
         if self.tokenizer is None:
             raise TemplateError("render_ids() needs a ChatTemplate built with a tokenizer")
         check_variables(kwargs)
-        from .prompt import encode_chat  # noqa: PLC0415 - prompt builds on this module
-
         return encode_chat(self, messages, tools, add_generation_prompt, **kwargs)

@@ -21,21 +21,51 @@ code points into one), so a request over ``max_context`` times that many charact
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .chat_template import _plain
+import msgspec
+
 from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from .chat_template import ChatTemplate
 
-__all__ = ["encode_chat", "input_chars", "min_tokens", "NORMALIZATION_SLACK"]
+__all__ = ["encode_chat", "plain_data", "input_chars", "min_tokens", "NORMALIZATION_SLACK"]
 
 NORMALIZATION_SLACK = 4
 _PUA_FIRST, _PUA_LAST = 0xF0000, 0xFFFFD  # Supplementary Private Use Area-A
 _PUA = re.compile("[\U000f0000-\U000ffffd]")
+
+
+def plain_data(value: Any) -> Any:
+    """Rebuild ``value`` from JSON types only (transformers' ``_plain_template_data``); anything else becomes an
+    inert ``"<TypeName>"`` placeholder so that no object with dangerous methods reaches the sandbox."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, Mapping):
+        return {plain_data(k): plain_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain_data(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(plain_data(v) for v in value)
+    if hasattr(value, "item") and type(value).__module__ == "numpy":  # numpy scalar
+        return plain_data(value.item())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, msgspec.Struct):  # wire names, UNSET fields omitted
+        return plain_data(msgspec.to_builtins(value))
+    if callable(getattr(value, "model_dump", None)):  # pydantic (e.g. OpenAI SDK messages)
+        return plain_data(value.model_dump())
+    return f"<{type(value).__name__}>"
 
 
 def _strings(value: Any) -> Any:
@@ -98,7 +128,7 @@ def encode_chat(
         return tok.encode(template.render(messages, tools, add_generation_prompt, **kwargs))
     texts = sorted(control, key=len, reverse=True)  # longest first: no token's text is cut by a shorter one
     any_control = re.compile("|".join(map(re.escape, texts)))
-    inputs = _plain([list(messages), list(tools) if tools is not None else None, kwargs])
+    inputs = plain_data([list(messages), list(tools) if tools is not None else None, kwargs])
     if not any(any_control.search(s) for s in _strings(inputs)):  # the usual case: the tokenizer as it is
         return tok.encode(template.render(messages, tools, add_generation_prompt, **kwargs))
     messages, tools, kwargs = inputs

@@ -32,15 +32,6 @@ def text_positions(start: int, length: int) -> np.ndarray:
     return np.broadcast_to(np.arange(start, start + length, dtype=np.int64), (3, length))
 
 
-def _token_ids(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-    ids = np.asarray(token_ids)
-    if ids.ndim != 1 or ids.size == 0:
-        raise ValueError(f"token_ids: expected a non-empty 1-D sequence of ids, got shape {list(ids.shape)}")
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"token_ids: expected integer ids, got dtype {ids.dtype}")
-    return ids.astype(np.int64, copy=False)
-
-
 def _positions(positions: np.ndarray | None, start: int, t: int) -> np.ndarray:
     if positions is None:
         return text_positions(start, t)
@@ -83,7 +74,7 @@ class Qwen36:
 
         ``positions``: optional MRoPE ids ``[3,T]`` (default: text positions state.length..).
         """
-        ids = _token_ids(token_ids)
+        ids = self.cfg.token_ids(token_ids)
         pos = _positions(positions, state.length, ids.shape[0])
         return self._run(ids, [(state, slice(0, ids.shape[0]))], pos)
 
@@ -95,7 +86,7 @@ class Qwen36:
         Row b is bitwise ``forward([token_ids[b]], states[b])``: projections, norms and FFN run batched but
         row-independently (``ops`` module docstring), the stateful parts run per sequence.
         """
-        ids = _token_ids(token_ids)
+        ids = self.cfg.token_ids(token_ids)
         if len(states) != ids.shape[0]:
             raise ValueError(f"forward_batch: {ids.shape[0]} token ids for {len(states)} states")
         if len({id(s) for s in states}) != len(states):
@@ -130,7 +121,7 @@ class Qwen36:
         mtp_state: SequenceState,
     ) -> np.ndarray:
         """MTP output ``d[T,H]`` (after mtp.norm): the hidden a further draft step feeds back in."""
-        ids = _token_ids(next_token_ids)
+        ids = self.cfg.token_ids(next_token_ids)
         pos = _positions(positions, mtp_state.length, ids.shape[0])
         return mtp_hidden(self.weights, self.cfg, hidden_final, ids, pos, mtp_state)
 

@@ -8,16 +8,15 @@ Canonical names are the HF names without the ``model.`` / ``model.language_model
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from ninfer.artifact.inventory import expected_inventory
+from ninfer.artifact.inventory import expected_shapes, lm_head_name  # re-exported: the reference names them
 from ninfer.config import ModelConfig
 
 if TYPE_CHECKING:
-    from ninfer.flash_next.config import FlashNextConfig
+    pass
 
 __all__ = ["WeightSource", "DictWeights", "CachedWeights", "WeightError", "expected_shapes", "lm_head_name"]
 
@@ -56,21 +55,6 @@ class DictWeights:
 
     def __len__(self) -> int:
         return len(self._t)
-
-
-def lm_head_name(cfg: ModelConfig | FlashNextConfig) -> str:
-    """The tensor the LM head multiplies by: ``embed_tokens.weight`` for a tied model."""
-    return "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-
-
-def expected_shapes(cfg: ModelConfig, *, mtp: bool | None = None) -> dict[str, tuple[int, ...]]:
-    """Every canonical tensor name of the text model -> its HF shape (the artifact inventory's table).
-
-    ``mtp`` adds the MTP head's tensors (default: when ``cfg.mtp_num_hidden_layers > 0``).
-    """
-    with_mtp = cfg.mtp_num_hidden_layers > 0 if mtp is None else mtp
-    layers = max(1, cfg.mtp_num_hidden_layers) if with_mtp else 0
-    return expected_inventory(replace(cfg, mtp_num_hidden_layers=layers))
 
 
 def mtp_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

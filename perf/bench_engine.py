@@ -1,6 +1,6 @@
 """Small engine measurement on the demo model: prefix reuse over a 6-turn session, and steps/s.
 
-    python -m ninfer.engine.measure [--artifact PATH]
+    python -m ninfer.perf.bench_engine [--artifact PATH]
 
 Builds the demo artifact in a temporary directory unless one is given. Prints one JSON object.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .engine import Engine
+from ninfer.engine import Engine
 
 _USER = "<|im_end|>\n<|im_start|>user\nAnd then, question {k}?<|im_end|>\n<|im_start|>assistant\n<think>\n"
 

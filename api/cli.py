@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from .config import BACKENDS, GDN_STATE_DTYPES, KV_DTYPES, ServerConfig, ServerConfigError
+from .config import BACKENDS, GDN_STATE_DTYPES, KV_DTYPES, ServerConfig, ServerConfigError, engine_config
 
 __all__ = ["register", "run_serve", "config_from_args"]
 
@@ -33,10 +33,15 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--kv-capacity", type=int, default=None, help="KV tokens shared by requests and retained prefixes"
     )
-    p.add_argument("--max-concurrency", type=int, default=4, help="requests that run at once (1..8)")
-    p.add_argument("--queue-depth", type=int, default=16, help="requests that may wait; beyond it: HTTP 429")
-    p.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES)
-    p.add_argument("--gdn-state-dtype", default="fp32", choices=GDN_STATE_DTYPES)
+    p.add_argument("--max-concurrency", type=int, default=None, help="requests that run at once (1..8)")
+    p.add_argument(
+        "--queue-depth",
+        type=int,
+        default=None,
+        help="requests that may wait (default 16); beyond it: HTTP 429",
+    )
+    p.add_argument("--kv-dtype", default=None, choices=KV_DTYPES)
+    p.add_argument("--gdn-state-dtype", default=None, choices=GDN_STATE_DTYPES)
     p.add_argument("--prefill-chunk", type=int, default=None)
     p.add_argument(
         "--preserve-thinking", action="store_true", help="keep earlier turns' thinking in the prompt"
@@ -108,13 +113,16 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         host=a.host,
         port=a.port,
         model_id=a.model_id,
-        max_context=a.max_context,
-        kv_capacity=a.kv_capacity,
-        max_concurrency=a.max_concurrency,
-        queue_depth=a.queue_depth,
-        kv_dtype=a.kv_dtype,
-        gdn_state_dtype=a.gdn_state_dtype,
-        prefill_chunk=a.prefill_chunk,
+        engine=engine_config(  # unset flags: the engine's defaults (EngineConfig, the one source)
+            max_context=a.max_context,
+            kv_capacity=a.kv_capacity,
+            max_concurrency=a.max_concurrency,
+            queue_depth=a.queue_depth,
+            kv_dtype=a.kv_dtype,
+            gdn_state_dtype=a.gdn_state_dtype,
+            prefill_chunk=a.prefill_chunk,
+            prefix_reuse=False if a.no_prefix_reuse else None,
+        ),
         preserve_thinking=a.preserve_thinking,
         default_max_tokens=a.default_max_tokens,
         api_key_file=a.api_key_file,
@@ -122,7 +130,6 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         backend=a.backend,
         cuda_graph=not a.no_cuda_graph,
         activations=a.activations,
-        prefix_reuse=not a.no_prefix_reuse,
         cors=a.cors,
         max_request_mib=a.max_request_mib,
         ray_address=a.ray_address,
@@ -161,6 +168,6 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ServerConfigError, ValueError) as e:  # ArtifactError is a ValueError
         print(f"ninfer serve: error: {e}", file=sys.stderr)
         return 2
-    from ._runner import serve  # noqa: PLC0415 - ray/litestar load only when serving
+    from .server import serve  # noqa: PLC0415 - ray/litestar load only when serving
 
     return serve(cfg, argv=list(sys.argv))

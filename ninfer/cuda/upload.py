@@ -9,15 +9,18 @@ bar), :func:`encode_weights` + :func:`upload_encoded` (a ``WeightSource`` encode
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ninfer.artifact.inventory import expected_shapes
 from ninfer.config import ModelConfig
 from ninfer.cuda.nvfp4_layout import to_device_layout
 from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight, plane_offsets
 from ninfer.formats import FORMATS
-from ninfer.reference.weights import WeightSource, expected_shapes
+
+if TYPE_CHECKING:
+    from ninfer.reference.weights import WeightSource  # a Protocol: any name -> float32 array source
 
 __all__ = [
     "is_vector",

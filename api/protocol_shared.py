@@ -17,7 +17,7 @@ from typing import Any
 
 from ninfer.actors.messages import GrammarSpec
 
-from ninfer.engine.grammar import SchemaError, check_schema
+from ninfer.frontend.grammar import SchemaError, check_schema
 from ninfer.frontend.reasoning import ReasoningStream
 from ninfer.frontend.toolcalls import ToolCallStream
 

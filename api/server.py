@@ -14,9 +14,9 @@ from ninfer.actors.client import AsyncEngineClient, EngineClient, GenerationErro
 from ninfer.actors.engine_actor import start_actor
 from ninfer.actors.messages import ActorInfo, ActorSpec
 
+from ninfer.architectures import CUDA_ARCHITECTURES
 from ninfer.artifact import open_artifact
 from ninfer.artifact.upstream import is_upstream_v1
-from ninfer.model import CUDA_ARCHITECTURES
 
 from .app import build_app
 from .auth import KeyFileError, KeyRing, load_key_file
@@ -59,16 +59,6 @@ def resolve_backend(backend: str, arch: str | None, *, gpus: int | None = None) 
 
 
 def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
-    engine: dict[str, Any] = {
-        "max_concurrency": cfg.max_concurrency,
-        "queue_depth": cfg.queue_depth,
-        "kv_dtype": cfg.kv_dtype,
-        "gdn_state_dtype": cfg.gdn_state_dtype,
-        "prefix_reuse": cfg.prefix_reuse,
-    }
-    for key in ("max_context", "kv_capacity", "prefill_chunk"):
-        if getattr(cfg, key) is not None:
-            engine[key] = getattr(cfg, key)
     options: dict[str, object] = {}
     if backend == "cuda":
         options = {"cuda_graph": cfg.cuda_graph, "act_dtype": cfg.activations}
@@ -77,7 +67,7 @@ def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
         artifact=os.path.abspath(cfg.artifact),
         backend=backend,
         model_id=cfg.model_id,
-        engine=engine,
+        engine=cfg.engine,
         backend_options=options,
         template_defaults=template,
         stream_interval_s=cfg.stream_interval_ms / 1000,

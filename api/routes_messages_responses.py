@@ -18,7 +18,7 @@ from . import responses_output as ro
 from .anthropic_models import CountTokens
 from .errors import ApiError
 from .limits import check_depth, nesting_guard
-from .protocol import Output, new_id, parse_output, reports_calls
+from .protocol_shared import Output, new_id, parse_output, reports_calls
 from .routes_common import admit, collect, event_stream, failure, output_mode, request_record
 from .service import Service, client_claim, client_name, json_response
 
@@ -100,5 +100,5 @@ async def handle_responses(request: Request[Any, Any, Any], svc: Service) -> Any
     text, fin = await collect(request, events, track, ApiError)
     out: Output = parse_output(text, thinking, tools)
     track.tool_calls = len(out.calls)
-    called = reports_calls(fin.finish_reason, len(out.calls), out.unclosed)
+    called = reports_calls(fin.reason, len(out.calls), out.unclosed)
     return json_response(ro.response_body(rid, created, req, ro.output_items(out), fin, called))
