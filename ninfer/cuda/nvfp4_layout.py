@@ -20,6 +20,7 @@ keep the natural one. Array code here is generic over numpy and cupy (``xp``) so
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -104,8 +105,6 @@ def _xp(a: Any) -> Any:
 def _rebuild(w: Any, to_device: bool) -> Any:
     """``w`` (an NVFP4 or NVFP4 row-global DeviceWeight) with its code and scale planes converted; planes are
     laid out codes, scales, global (the codec's order) at their new sizes."""
-    from ninfer.cuda.weights import DeviceWeight
-
     xp, rows, data = _xp(w.data), w.rows, w.data
     kp = -(-w.cols // TILE) * TILE
     r_in = rows if to_device else padded_rows(rows)
@@ -117,7 +116,7 @@ def _rebuild(w: Any, to_device: bool) -> Any:
     pc, ps = xp.zeros(-c.size % 256, dtype=np.uint8), xp.zeros(-s.size % 256, dtype=np.uint8)
     out = xp.concatenate([c, pc, s, ps, data[o2:]])
     o1n = int(c.size + pc.size)
-    return DeviceWeight(w.fmt, w.shape, out, (0, o1n, o1n + int(s.size + ps.size)))
+    return dataclasses.replace(w, data=out, offsets=(0, o1n, o1n + int(s.size + ps.size)))
 
 
 def to_device_layout(w: Any) -> Any:
