@@ -74,7 +74,8 @@ def test_every_fixture_is_replayed_and_found_in_the_server_log(report) -> None:
         assert r["log"]["event"] == "request_done"
         assert r["usage_matches_log"] is True, r
         assert r["log"]["completion_tokens"] == o["completion_tokens"] > 0
-        assert r["ttft_s"] is not None and 0 < r["ttft_s"] <= o["t_done"]
+        if o["text"] or o["reasoning"] or o["tool_calls"]:  # a reply of one stop token has no first output
+            assert r["ttft_s"] is not None and 0 < r["ttft_s"] <= o["t_done"]
         ids.add(r["log"]["request_id"])
     assert len(ids) == len(records)  # one distinct log record per request
     s = data["summary"]

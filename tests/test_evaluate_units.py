@@ -246,3 +246,12 @@ def test_report_verdicts() -> None:
 def test_run_options_are_checked(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field.split("_")[0]):
         RunOptions(url="u", fixtures="f", **{field: value})
+
+
+def test_the_api_key_is_sent_but_never_reported() -> None:
+    from ninfer.evaluate.runner import _headers
+
+    opts = RunOptions(url="http://x", fixtures="fx", api_key="sk-secret-123")
+    assert _headers(opts.api_key)["Authorization"] == "Bearer sk-secret-123"
+    rep = build_report(opts, [_record("a", Outcome())], [], started_unix=0)
+    assert "sk-secret" not in json.dumps(rep.data) + rep.markdown + repr(opts)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -43,7 +43,8 @@ class RunOptions:
     repeat: int = 1
     seed: int | None = None
     """Seed of chat requests that bring none (+ the repetition index); other protocols have no seed field."""
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    """Sent as a bearer token; never written to the report or printed."""
     timeout_s: float = 300.0
     log_wait_s: float = 10.0
     """How long to wait for the log writer to catch up after the last response."""
