@@ -161,12 +161,15 @@ def _markdown(data: dict[str, Any], records: list[Record], joined: bool) -> str:
                      "finish", "log", "checks"], rows)  # fmt: skip
     lines += _session_table(data["sessions"])
     if joined:
-        rows = [[r.fixture, str(r.repeat), str(r.log.request_id), _f(r.log.queue_s, 1e3),
-                 _f(r.log.prefill_s, 1e3), _f(r.log.engine_ttft_s, 1e3), _f(r.log.decode_s, 1e3),
-                 _i(r.log.lane), str(r.log.finish_reason)] for r in records if r.log is not None]  # fmt: skip
-        lines += ["## Server timings (request log)", ""]
-        lines += _table(["fixture", "rep", "log id", "queue ms", "prefill ms", "engine TTFT ms", "decode ms",
-                         "lane", "engine finish"], rows)  # fmt: skip
+        rows = [[r.fixture, str(r.repeat), str(r.log.request_id), _f(r.log.server_ttft_s, 1e3),
+                 _f(r.log.queue_s, 1e3), _f(r.log.prefill_s, 1e3), _f(r.log.engine_ttft_s, 1e3),
+                 _f(r.log.decode_s, 1e3), _i(r.log.lane), str(r.log.finish_reason)]
+                for r in records if r.log is not None]  # fmt: skip
+        lines += ["## Server timings (request log)", "",
+                  "Server TTFT runs from the HTTP handler's start (prompt rendering and grammar compilation "
+                  "included); engine TTFT from the engine's submit.", ""]  # fmt: skip
+        lines += _table(["fixture", "rep", "log id", "server TTFT ms", "queue ms", "prefill ms", "engine TTFT ms",
+                         "decode ms", "lane", "engine finish"], rows)  # fmt: skip
     failed = [[r.fixture, str(r.repeat), c.kind, c.detail] for r in records for c in r.checks if not c.passed]
     lines += ["## Failed checks", ""] + (_table(["fixture", "rep", "check", "why"], failed) if failed else
                                          ["None.", ""])  # fmt: skip
