@@ -1,4 +1,4 @@
-"""The ``ninfer`` command line: convert, inspect, verify, demo, generate, serve."""
+"""The ``ninfer`` command line: convert, inspect, verify, demo, generate, serve, perplexity, bench-corpus."""
 
 from __future__ import annotations
 
@@ -191,6 +191,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", default="reference", choices=["reference", "cuda"])
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=_cmd_generate)
+
+    from ninfer.evaluate.cli import register as register_evaluation
+
+    register_evaluation(sub)
 
     try:
         from ninfer.api.cli import register
