@@ -317,6 +317,7 @@ def engine_info(ld: Loaded) -> ActorInfo:
         queue_depth=cfg.queue_depth,
         prefix_reuse=cfg.prefix_reuse,
         engine_config=dict(ld.spec.engine),
+        memory_plan=ld.engine.memory_plan(),
     )
 
 

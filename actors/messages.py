@@ -152,6 +152,7 @@ class ActorInfo(msgspec.Struct, frozen=True, kw_only=True):
     queue_depth: int
     prefix_reuse: bool
     engine_config: dict[str, Any] = {}
+    memory_plan: dict[str, int] = {}  # the device-memory plan in bytes by part; empty on the reference backend
 
 
 class Health(msgspec.Struct, frozen=True, kw_only=True):
