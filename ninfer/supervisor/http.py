@@ -46,6 +46,14 @@ def _state(request: Request[Any, Any, Any]) -> Any:
     return request.app.state
 
 
+def _query_num(request: Request[Any, Any, Any], name: str, default: float) -> float:
+    raw = request.query_params.get(name)
+    try:
+        return default if raw is None else float(raw)
+    except ValueError:
+        raise ApiError(400, f"query parameter {name!r} must be a number", "invalid_request") from None
+
+
 def _admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     digest: bytes | None = connection.app.state.admin_digest
     if digest is None:
@@ -137,21 +145,23 @@ def put_config(request: Request[Any, Any, Any], data: Any) -> Response[bytes]:
 
 
 @get("/api/requests", guards=[_admin_guard])
-async def requests_(request: Request[Any, Any, Any], limit: int = 100) -> Response[bytes]:
-    return _json(_state(request).reqlog.snapshot(max(1, min(limit, 500))))
+async def requests_(request: Request[Any, Any, Any]) -> Response[bytes]:
+    limit = _query_num(request, "limit", 100)
+    return _json(_state(request).reqlog.snapshot(int(max(1, min(limit, 500)))))
 
 
 @get("/api/metrics", guards=[_admin_guard])
-async def metrics(request: Request[Any, Any, Any], since: float = 0.0) -> Response[bytes]:
-    return _json({"samples": _state(request).sampler.series(since)})
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    return _json({"samples": _state(request).sampler.series(_query_num(request, "since", 0.0))})
 
 
 @get("/api/engine/log", guards=[_admin_guard], sync_to_thread=True)
-def engine_log(request: Request[Any, Any, Any], lines: int = 50) -> Response[bytes]:
+def engine_log(request: Request[Any, Any, Any]) -> Response[bytes]:
     from .process import tail_lines
 
     sup: Supervisor = _state(request).supervisor
-    return _json({"lines": tail_lines(sup.engine_log, max(1, min(lines, 500)))})
+    lines = int(max(1, min(_query_num(request, "lines", 50), 500)))
+    return _json({"lines": tail_lines(sup.engine_log, lines)})
 
 
 def _api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
