@@ -217,3 +217,43 @@ def test_admin_key_guards_every_api_route_but_not_the_page(art: str, tmp_path: P
         everything = "".join(client.get(p, headers=ok).text for p in ("/api/status", "/api/config"))
         assert "sk-engine-secret" not in everything and "engine-keys" in everything
         assert client.post("/api/engine/fly", headers=ok).status_code == 404
+        r = client.post("/api/switch", headers=ok, content=b"{nope")
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+        assert client.post("/api/switch", headers=ok, json={"preset": "zz"}).status_code == 404
+        r = client.put("/api/config", headers=ok, json={"presets": "x"})
+        assert r.status_code == 400 and r.json()["error"]["field"] == "presets"
+        assert client.get("/api/requests?limit=x", headers=ok).status_code == 400
+
+
+def test_preflight_checks_the_memory_estimate_against_free_memory_less_the_reserve(
+    art: str, tmp_path: Path
+) -> None:
+    from ninfer.supervisor.catalog import PresetRefused, estimate_plan, preflight
+    from ninfer.supervisor.gpu import GpuStatus
+
+    cfg = parse_config({"presets": [{"name": "a", "artifact": art, "args": ["--backend", "cuda"]}],
+                        "engine": {"memory_reserve_gib": 1}}, tmp_path)  # fmt: skip
+    preset, eng = cfg.presets[0], cfg.engine
+
+    def gpu(free: int) -> GpuStatus:
+        return GpuStatus(available=True, name="fake", total_bytes=free * 2, used_bytes=free, free_bytes=free)
+
+    ok = preflight(preset, eng, gpu(8 << 30), 0, "manifest")
+    assert ok.backend == "cuda" and ok.estimate_bytes and ok.available_bytes == 7 << 30
+    need = ok.estimate_bytes
+    from ninfer.api.serve import config_from_args
+    from ninfer.artifact import open_artifact
+    from ninfer.cli import _parser
+
+    sc = config_from_args(_parser().parse_args(["serve", art, "--backend", "cuda", "--kv-capacity", "65536"]))
+    assert estimate_plan(open_artifact(art, verify="manifest"), sc) > need  # a bigger KV pool needs more
+    fits = need + (1 << 30)  # exactly enough with the reserve kept
+    assert preflight(preset, eng, gpu(fits), 0, "manifest").estimate_bytes == need
+    with pytest.raises(PresetRefused, match="does not fit in GPU memory.*reserve"):
+        preflight(preset, eng, gpu(fits - 1), 0, "manifest")
+    # what the resident engine holds comes back at the switch
+    assert preflight(preset, eng, gpu(fits - (1 << 20)), 1 << 20, "manifest").estimate_bytes == need
+    ref = parse_config(
+        {"presets": [{"name": "r", "artifact": art, "args": ["--backend", "reference"]}]}, tmp_path
+    )
+    assert preflight(ref.presets[0], ref.engine, gpu(0), 0, "full").estimate_bytes is None  # no device plan

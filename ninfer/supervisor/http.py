@@ -9,6 +9,7 @@ file, never its contents.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import os
@@ -78,8 +79,8 @@ async def index() -> Response[bytes]:
 
 
 @get("/assets/{name:str}", include_in_schema=False)
-async def asset(name: str) -> Response[bytes]:
-    return _asset(name)
+async def asset(request: Request[Any, Any, Any]) -> Response[bytes]:
+    return _asset(request.path_params["name"])
 
 
 @get("/api/status", guards=[_admin_guard])
@@ -106,15 +107,28 @@ async def status(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 
 @post("/api/engine/{op:str}", guards=[_admin_guard], status_code=202)
-async def engine_op(request: Request[Any, Any, Any], op: str) -> Response[bytes]:
+async def engine_op(request: Request[Any, Any, Any]) -> Response[bytes]:
+    op = request.path_params["op"]
     if op not in ("start", "stop", "restart"):
         raise ApiError(404, f"no engine operation {op!r} (start, stop, restart)", "not_found")
     _state(request).supervisor.submit(op)
     return _json({"accepted": op}, 202)
 
 
-@post("/api/switch", guards=[_admin_guard], status_code=202, sync_to_thread=True)
-def switch(request: Request[Any, Any, Any], data: dict[str, Any]) -> Response[bytes]:
+async def _body(request: Request[Any, Any, Any]) -> Any:
+    try:
+        return msgspec.json.decode(await request.body())
+    except msgspec.DecodeError as e:
+        raise ApiError(400, f"the body is not JSON: {e}", "invalid_request") from None
+
+
+@post("/api/switch", guards=[_admin_guard], status_code=202)
+async def switch(request: Request[Any, Any, Any]) -> Response[bytes]:
+    data = await _body(request)
+    return await asyncio.to_thread(_switch, request, data)  # the preflight reads (and hashes) the artifact
+
+
+def _switch(request: Request[Any, Any, Any], data: Any) -> Response[bytes]:
     name = data.get("preset") if isinstance(data, dict) else None
     if not isinstance(name, str):
         raise ApiError(400, 'body must be {"preset": NAME}', "invalid_request")
@@ -133,8 +147,13 @@ async def get_config(request: Request[Any, Any, Any]) -> Response[bytes]:
     return _json(_state(request).supervisor.cfg.to_dict())
 
 
-@put("/api/config", guards=[_admin_guard], sync_to_thread=True)
-def put_config(request: Request[Any, Any, Any], data: Any) -> Response[bytes]:
+@put("/api/config", guards=[_admin_guard])
+async def put_config(request: Request[Any, Any, Any]) -> Response[bytes]:
+    data = await _body(request)
+    return await asyncio.to_thread(_put_config, request, data)  # validation opens the artifacts
+
+
+def _put_config(request: Request[Any, Any, Any], data: Any) -> Response[bytes]:
     sup: Supervisor = _state(request).supervisor
     try:
         cfg, backup = sup.put_config(data)
