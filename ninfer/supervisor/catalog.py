@@ -1,10 +1,10 @@
 """The model catalog: a preset's ``ninfer serve`` command line, and the checks a preset passes before it may
 replace the running engine (preflight).
 
-Preflight, in order: the preset's options parse as serve options; the artifact opens and verifies (every blob
-hashed with ``preflight_verify = "full"``) and has a registered shape unless the preset allows otherwise; and —
-when the engine would run on the GPU — the estimated device-memory plan fits in the free GPU memory plus what
-the resident engine would give back, less the reserve. A preset that fails is refused with the reason; the
+Preflight, in order: the preset's options parse as serve options and make a valid engine configuration; the
+artifact opens and verifies (every blob hashed with ``preflight_verify = "full"``) and has a registered shape
+unless the preset allows otherwise; and — when the engine would run on the GPU — the estimated device-memory
+plan fits in the free GPU memory plus what the resident engine would give back, less the reserve. A preset that fails is refused with the reason; the
 running engine is not touched.
 """
 
@@ -84,14 +84,20 @@ def serve_argv(preset: Preset, engine: EngineSettings, request_log: str) -> list
     return argv
 
 
+def engine_config(server_cfg: Any) -> Any:
+    """The EngineConfig the engine would run with (EngineConfigError, a ValueError, if it cannot work)."""
+    from ninfer.api._runner import actor_spec  # the one mapping of serve options to engine settings
+    from ninfer.engine.config import EngineConfig
+
+    return EngineConfig(**actor_spec(server_cfg, "cuda").engine)
+
+
 def estimate_plan(art: Any, server_cfg: Any) -> int:
     """The CUDA runner's device-memory plan total for this artifact and serve configuration (bytes), computed
     the way the runner computes it at start-up, with the manifest's tensor bytes as the weights."""
-    from ninfer.api._runner import actor_spec
     from ninfer.cuda.memory_plan import plan_memory, snapshot_bytes
-    from ninfer.engine.config import EngineConfig
 
-    ec = EngineConfig(**actor_spec(server_cfg, "cuda").engine)
+    ec = engine_config(server_cfg)
     mc = art.model_config
     snap = snapshot_bytes(mc, ec.gdn_state_dtype)
     n_ckpt = (ec.checkpoint_budget(snap) // snap + ec.max_concurrency) if ec.prefix_reuse else 0
@@ -127,6 +133,7 @@ def preflight(
 
     try:
         server_cfg = config_from_args(_parse((*engine.args, *preset.args), preset.artifact))
+        engine_config(server_cfg)
     except ValueError as e:
         raise PresetRefused(f"preset {preset.name!r}: invalid serve options: {e}") from None
     try:

@@ -71,6 +71,7 @@ class Supervisor:
         self.health = "down"
         self.model_id: str | None = None
         self.crash_count = self.restart_count = self._in_a_row = 0
+        self._fallback: str | None = None  # the preset a switch replaced, until the new one has come up
         self.last_error: str | None = None
         self.last_exit_code: int | None = None
         self.next_restart_at: float | None = None
@@ -106,8 +107,11 @@ class Supervisor:
         resident = self.gpu.process_bytes(proc.pids()) if proc is not None else 0
         check = preflight(preset, cfg.engine, self.gpu.status(), resident, cfg.preflight_verify)
         with self._lock:
+            previous = self.cfg.active
             self.cfg = self.cfg.with_active(name)
             save_config(self.config_path, self.cfg)
+            if proc is not None and previous != name:  # back to it if the new preset cannot start
+                self._fallback = previous
         self.submit("switch")
         return check
 
@@ -280,6 +284,7 @@ class Supervisor:
             self.health, self.model_id = health, model_id
             if health == "ok" and self.state == "starting":
                 self.state, self.ready_at = "running", time.time()
+                self._fallback = None
             stable = (
                 self.ready_at is not None and time.time() - self.ready_at > self.cfg.restart.stable_after_s
             )
@@ -289,7 +294,7 @@ class Supervisor:
     def _crashed(self, proc: EngineProcess, why: str, code: int | None) -> None:
         out = " | ".join(line.strip() for line in tail_lines(proc.log_path, 4) if line.strip())
         with self._lock:
-            if self._proc is not proc:
+            if self._proc is not proc or self._stopping:  # an exit that a stop asked for is no crash
                 return
             self._proc = None
             self._pid_file.unlink(missing_ok=True)
@@ -299,6 +304,15 @@ class Supervisor:
             self.last_error = f"{why}; last output: {out[-600:]}" if out else why
             r = self.cfg.restart
             delay = min(r.backoff_max_s, r.backoff_initial_s * 2 ** (self._in_a_row - 1))
+            if self._fallback is not None and self.state == "starting":
+                # a switched-to preset that passed the preflight but cannot start: the previous one comes
+                # back at once rather than leave the service down
+                self.last_error = (
+                    f"preset {proc.preset!r} did not start ({self.last_error}); back to {self._fallback!r}"
+                )
+                self.cfg = self.cfg.with_active(self._fallback)
+                save_config(self.config_path, self.cfg)
+                self._fallback, self._in_a_row, delay = None, 0, 0.0
             self.state, self.health, self.model_id = "backoff", "down", None
             self.next_restart_at = time.monotonic() + delay if self.desired else None
             if not self.desired:
