@@ -138,3 +138,21 @@ def test_a_switch_to_a_preset_that_cannot_start_falls_back(make: Callable[..., l
     assert (
         st["active_preset"] == "other" and json.loads(Path(sup.config_path).read_text())["active"] == "other"
     )
+
+
+def test_a_saved_configuration_applies_at_the_next_restart(make: Callable[..., lifecycle.Supervisor]) -> None:
+    sup = make(active="good")
+    st = _until(sup, lambda s: s["state"] == "running")
+    assert st["restart_to_apply"] is False
+    data = sup.cfg.to_dict()
+    old_port, new_port = data["engine"]["port"], _free_port()
+    data["engine"]["port"] = new_port
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr("ninfer.supervisor.catalog.check_preset_args", lambda *a: None)
+        sup.put_config(data)
+    time.sleep(2.5)  # a health probe or two: still the running engine's address, still healthy
+    st = sup.status()
+    assert st["restart_to_apply"] is True and st["url"].endswith(f":{old_port}") and st["health"] == "ok"
+    sup.submit("restart")
+    st = _until(sup, lambda s: s["state"] == "running" and s["url"].endswith(f":{new_port}"))
+    assert st["restart_to_apply"] is False and st["crash_count"] == 0

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from .catalog import Preflight, preflight, serve_argv
-from .config import SupervisorConfig, parse_config, save_config
+from .config import EngineSettings, SupervisorConfig, parse_config, save_config
 from .gpu import GpuProbe
 from .process import EngineProcess, kill_session, session_pids, tail_lines
 
@@ -62,9 +62,11 @@ class Supervisor:
         self.engine_log = self.state_dir / "engine.log"
         self._pid_file = self.state_dir / "engine.pid"
         self._lock = threading.RLock()
-        self._ops: queue.Queue[tuple[str, Any] | None] = queue.Queue()
+        self._ops: queue.Queue[str | None] = queue.Queue()
         self._closed = threading.Event()
         self._proc: EngineProcess | None = None
+        self._engine: EngineSettings = cfg.engine  # what the current (or last) engine was started with
+        self._started: tuple[EngineSettings, Any] | None = None  # (engine settings, preset) of that start
         self._stopping = False
         self.desired = False
         self.state = "stopped"
@@ -92,10 +94,10 @@ class Supervisor:
         if self.cfg.autostart:
             self.submit("start")
 
-    def submit(self, op: str, arg: Any = None) -> None:
+    def submit(self, op: str) -> None:
         if op not in ("start", "stop", "restart", "switch", "respawn"):
             raise ValueError(f"unknown operation {op!r}")
-        self._ops.put((op, arg))
+        self._ops.put(op)
 
     def switch(self, name: str) -> Preflight:
         """Check preset ``name`` (PresetRefused if it fails: nothing changes), make it the active preset in the
@@ -129,7 +131,7 @@ class Supervisor:
         with self._lock:
             if self._proc is None or self.state not in ("running", "stopping"):
                 return None
-            e = self.cfg.engine
+            e = self._engine
         key = first_key(e.api_key_file)
         return f"http://{e.host}:{e.port}", ({"authorization": f"Bearer {key}"} if key else {})
 
@@ -145,7 +147,10 @@ class Supervisor:
                 "pid": p.pid if p else None,
                 "health": self.health,
                 "model_id": self.model_id,
-                "url": f"http://{self.cfg.engine.host}:{self.cfg.engine.port}",
+                "url": f"http://{self._engine.host}:{self._engine.port}",
+                # the saved configuration differs from what the engine was started with
+                "restart_to_apply": p is not None
+                and self._started != (self.cfg.engine, self.cfg.preset(self.cfg.active)),
                 "started_at": p.started if p else None,
                 "ready_at": self.ready_at,
                 "crash_count": self.crash_count,
@@ -167,10 +172,9 @@ class Supervisor:
     # ---- the worker: one operation at a time --------------------------------------------------------------
     def _work(self) -> None:
         while True:
-            item = self._ops.get()
-            if item is None:
+            op = self._ops.get()
+            if op is None:
                 return
-            op, _ = item
             try:
                 self._run(op)
             except Exception as e:  # an operation's failure is shown, never the end of the supervisor
@@ -204,6 +208,8 @@ class Supervisor:
             os.replace(self.request_log, self.request_log.with_name(self.request_log.name + ".1"))
         argv = serve_argv(preset, cfg.engine, str(self.request_log))
         self._proc = EngineProcess(argv, self.engine_log, preset.name)
+        self._engine = cfg.engine  # a saved config applies at the next start: until then, probe this one
+        self._started = (cfg.engine, preset)
         self._pid_file.write_text(str(self._proc.pid))
         self.state, self.health, self.model_id = "starting", "starting", None
         self.next_restart_at = self.ready_at = None
@@ -218,7 +224,7 @@ class Supervisor:
                 return
             self._stopping = True
             self.state, self.health = "stopping", "draining"
-        code = proc.stop(self.cfg.engine.shutdown_grace_s)
+        code = proc.stop(self._engine.shutdown_grace_s)
         with self._lock:
             self._proc, self._stopping = None, False
             self.last_exit_code = code
@@ -263,7 +269,7 @@ class Supervisor:
             self._probe(proc)
 
     def _probe(self, proc: EngineProcess) -> None:
-        e = self.cfg.engine
+        e = self._engine
         url = f"http://{e.host}:{e.port}"
         key = first_key(e.api_key_file)
         try:

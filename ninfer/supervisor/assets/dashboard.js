@@ -111,6 +111,7 @@ function renderStatus(s) {
     ["up since", clock(e.ready_at)], ["crashes", e.crash_count], ["restarts", e.restart_count],
     ["last exit code", e.last_exit_code], ["last error", e.last_error || "none"],
   ];
+  if (e.restart_to_apply) rows.push(["configuration", "saved changes apply at the next restart"]);
   $("engine-table").innerHTML = rows.map(([k, v]) => `<tr><td>${k}</td><td id="engine-${k.replace(/ /g, "-")}">${esc(v)}</td></tr>`).join("");
   const gpu = s.gpu, mem = s.memory;
   const plan = mem.plan || {};
