@@ -246,7 +246,9 @@ def test_preflight_checks_the_memory_estimate_against_free_memory_less_the_reser
     from ninfer.cli import _parser
 
     sc = config_from_args(_parser().parse_args(["serve", art, "--backend", "cuda", "--kv-capacity", "65536"]))
-    assert estimate_plan(open_artifact(art, verify="manifest"), sc) > need  # a bigger KV pool needs more
+    assert (
+        estimate_plan(open_artifact(art, verify="manifest"), sc).total > need
+    )  # a bigger KV pool needs more
     fits = need + (1 << 30)  # exactly enough with the reserve kept
     assert preflight(preset, eng, gpu(fits), 0, "manifest").estimate_bytes == need
     with pytest.raises(PresetRefused, match="does not fit in GPU memory.*reserve"):
@@ -257,3 +259,28 @@ def test_preflight_checks_the_memory_estimate_against_free_memory_less_the_reser
         {"presets": [{"name": "r", "artifact": art, "args": ["--backend", "reference"]}]}, tmp_path
     )
     assert preflight(ref.presets[0], ref.engine, gpu(0), 0, "full").estimate_bytes is None  # no device plan
+
+
+@pytest.mark.gpu
+def test_nvml_sees_the_gpu_and_the_estimate_is_the_runners_plan(art: str) -> None:
+    """On a GPU: NVML reports the device and this process's memory, and the preflight's estimate has the CUDA
+    runner's own plan parts for the same settings (weights: at least what was uploaded)."""
+    from ninfer.api.serve import config_from_args
+    from ninfer.artifact import open_artifact
+    from ninfer.cli import _parser
+    from ninfer.engine import Engine
+    from ninfer.model import load
+    from ninfer.supervisor.catalog import estimate_plan
+
+    st = GpuProbe().status()
+    assert st.available and st.name and st.total_bytes > st.free_bytes > 0, st
+    flags = ["--max-context", "1024", "--kv-capacity", "8192", "--max-concurrency", "2"]
+    sc = config_from_args(_parser().parse_args(["serve", art, "--backend", "cuda", *flags]))
+    est = estimate_plan(open_artifact(art, verify="manifest"), sc)
+    model = load(art, backend="cuda", backend_options={"cuda_graph": True, "act_dtype": "fp32"})
+    with Engine.from_model(model, max_context=1024, kv_capacity=8192, max_concurrency=2) as eng:
+        plan = eng.memory_plan()
+        assert GpuProbe().process_bytes([os.getpid()]) > 0
+    for part in ("kv_pool", "gdn_lanes", "checkpoints", "workspace", "graph_pools"):
+        assert getattr(est, part) == plan[part], part
+    assert est.weights >= plan["weights"] > 0

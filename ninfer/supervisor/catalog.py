@@ -92,9 +92,10 @@ def engine_config(server_cfg: Any) -> Any:
     return EngineConfig(**actor_spec(server_cfg, "cuda").engine)
 
 
-def estimate_plan(art: Any, server_cfg: Any) -> int:
-    """The CUDA runner's device-memory plan total for this artifact and serve configuration (bytes), computed
-    the way the runner computes it at start-up, with the manifest's tensor bytes as the weights."""
+def estimate_plan(art: Any, server_cfg: Any) -> Any:
+    """The CUDA runner's device-memory plan (a ``MemoryPlan``) for this artifact and serve configuration,
+    computed the way the runner computes it at start-up, with the manifest's tensor bytes as the weights (every
+    tensor of the file: never less than what is uploaded)."""
     from ninfer.cuda.memory_plan import plan_memory, snapshot_bytes
 
     ec = engine_config(server_cfg)
@@ -108,7 +109,7 @@ def estimate_plan(art: Any, server_cfg: Any) -> int:
         kv_dtype=ec.kv_dtype, state_dtype=ec.gdn_state_dtype, act_bytes=2 if server_cfg.activations == "bf16" else 4,
         graphs=server_cfg.cuda_graph,
     )  # fmt: skip
-    return plan.total
+    return plan
 
 
 def _open(preset: Preset, server_cfg: Any, verify: str) -> tuple[Any, str]:
@@ -148,7 +149,7 @@ def preflight(
             preset.name, model_id, verified, backend, None, None, f"no GPU memory plan ({backend})"
         )
     reserve = int(engine.memory_reserve_gib * GIB)
-    need = estimate_plan(art, server_cfg)
+    need = estimate_plan(art, server_cfg).total
     avail = gpu.free_bytes + resident_bytes - reserve
     line = (f"estimate {need / GIB:.2f} GiB of {avail / GIB:.2f} GiB available ({gpu.free_bytes / GIB:.2f} free + "
             f"{resident_bytes / GIB:.2f} held by the resident engine - {reserve / GIB:.2f} reserve)")  # fmt: skip
