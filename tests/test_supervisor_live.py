@@ -359,7 +359,7 @@ def test_graceful_stop_drains_then_stops(sup: Sup) -> None:
             break
         time.sleep(0.05)
     t.join(60)
-    assert result["status"] == 200 and chunks[-1] == "data: [DONE]" or "data: [DONE]" in chunks, chunks[-3:]
+    assert result["status"] == 200 and "data: [DONE]" in chunks, chunks[-3:]  # it finished within the grace
     assert refused is not None and refused.headers.get("retry-after"), (
         "no 503 with Retry-After while draining"
     )
