@@ -152,7 +152,8 @@ class ActorInfo(msgspec.Struct, frozen=True, kw_only=True):
     queue_depth: int
     prefix_reuse: bool
     engine_config: dict[str, Any] = {}
-    memory_plan: dict[str, int] = {}  # the device-memory plan in bytes by part; empty on the reference backend
+    # the device-memory plan in bytes by part; empty on the reference backend
+    memory_plan: dict[str, int] = {}
 
 
 class Health(msgspec.Struct, frozen=True, kw_only=True):

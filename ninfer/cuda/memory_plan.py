@@ -37,7 +37,8 @@ class MemoryPlan:
     workspace: int
     graph_pools: int
     free: int  # device memory free before the plan (after the weights were uploaded: weights counted in it)
-    reserve: int = 0  # bytes that must stay free for other programs (``--memory-reserve-gib``): not ours to plan
+    # bytes that must stay free for other programs (``--memory-reserve-gib``): not ours to plan
+    reserve: int = 0
 
     @property
     def total(self) -> int:
