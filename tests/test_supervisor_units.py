@@ -242,6 +242,7 @@ def test_preflight_checks_the_memory_estimate_against_free_memory_less_the_reser
     assert ok.backend == "cuda" and ok.estimate_bytes and ok.available_bytes == 7 << 30
     need = ok.estimate_bytes
     from ninfer.api.serve import config_from_args
+
     from ninfer.artifact import open_artifact
     from ninfer.cli import _parser
 
@@ -266,6 +267,7 @@ def test_nvml_sees_the_gpu_and_the_estimate_is_the_runners_plan(art: str) -> Non
     """On a GPU: NVML reports the device and this process's memory, and the preflight's estimate has the CUDA
     runner's own plan parts for the same settings (weights: at least what was uploaded)."""
     from ninfer.api.serve import config_from_args
+
     from ninfer.artifact import open_artifact
     from ninfer.cli import _parser
     from ninfer.engine import Engine
@@ -284,3 +286,21 @@ def test_nvml_sees_the_gpu_and_the_estimate_is_the_runners_plan(art: str) -> Non
     for part in ("kv_pool", "gdn_lanes", "checkpoints", "workspace", "graph_pools"):
         assert getattr(est, part) == plan[part], part
     assert est.weights >= plan["weights"] > 0
+
+
+def test_cli_install_writes_the_unit_and_refuses_a_bad_config(
+    art: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ninfer.cli import main
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    save_config(tmp_path / "c.json", parse_config(_cfg(art), tmp_path))
+    assert main(["supervisor", "install", "--user", "--config", str(tmp_path / "c.json"), "--no-enable"]) == 0
+    unit = (tmp_path / "xdg" / "systemd" / "user" / UNIT_NAME).read_text()
+    assert f"--config {tmp_path / 'c.json'} --host 127.0.0.1 --port 8099" in unit
+    (tmp_path / "bad.json").write_text(json.dumps({"presets": []}))
+    assert (
+        main(["supervisor", "install", "--user", "--config", str(tmp_path / "bad.json"), "--no-enable"]) == 2
+    )
+    assert "presets: must be a non-empty list" in capsys.readouterr().err
+    assert main(["supervisor"]) == 2

@@ -68,7 +68,7 @@ def check_preset_args(args: tuple[str, ...], where: str) -> None:
     except ValueError as e:
         raise ConfigError(where, f"not valid serve options: {e}") from None
     for dest, flag in MANAGED_FLAGS.items():
-        if getattr(ns, dest) != getattr(defaults, dest):
+        if getattr(ns, dest, None) != getattr(defaults, dest, None):
             raise ConfigError(where, f"{flag} is set by the supervisor (engine settings), not by a preset")
 
 
