@@ -275,6 +275,7 @@ def engine_info(ld: Loaded) -> ActorInfo:
         queue_depth=cfg.queue_depth,
         prefix_reuse=cfg.prefix_reuse,
         engine_config=dataclasses.asdict(cfg),
+        memory_plan=ld.engine.memory_plan(),
     )
 
 

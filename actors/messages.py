@@ -133,6 +133,8 @@ class ActorInfo(msgspec.Struct, frozen=True, kw_only=True):
     queue_depth: int
     prefix_reuse: bool
     engine_config: dict[str, Any] = {}  # the EngineConfig, as a dict (logs, the server-start record)
+    # the device-memory plan in bytes by part; empty on the reference backend
+    memory_plan: dict[str, int] = {}
 
 
 class Health(msgspec.Struct, frozen=True, kw_only=True):

@@ -58,6 +58,12 @@ def register(subparsers: Any) -> None:
         help="CUDA activation dtype; bf16 prefills faster but rounds what the model computes",
     )
     p.add_argument("--no-prefix-reuse", action="store_true")
+    p.add_argument(
+        "--memory-reserve-gib",
+        type=float,
+        default=0.0,
+        help="GPU memory (GiB) the CUDA memory plan leaves free for the desktop and other programs",
+    )
     p.add_argument("--cors", action="store_true")
     p.add_argument(
         "--max-request-mib", type=int, default=384, help="request body cap, checked before parsing"
@@ -142,6 +148,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         keep_alive_timeout_s=a.keep_alive_timeout_s,
         max_connections=a.max_connections,
         shutdown_grace_s=a.shutdown_grace_s,
+        memory_reserve_gib=a.memory_reserve_gib,
     )
 
 

@@ -63,6 +63,7 @@ class ServerConfig:
     keep_alive_timeout_s: float = 5.0  # an idle kept-alive connection is closed after this long
     max_connections: int = 256  # open connections; one more is answered 503 and closed
     shutdown_grace_s: float = 30.0  # on SIGTERM: time running requests get to finish before they are ended
+    memory_reserve_gib: float = 0.0  # GPU memory the CUDA memory plan leaves free for other programs
 
     def __post_init__(self) -> None:
         def positive(flag: str, v: int | None) -> None:
@@ -93,6 +94,10 @@ class ServerConfig:
                 f"--shutdown-grace-s: must be in 0..3600 seconds, got {self.shutdown_grace_s}"
             )
         positive("--max-connections", self.max_connections)
+        if not 0 <= self.memory_reserve_gib <= 1024:
+            raise ServerConfigError(
+                f"--memory-reserve-gib: must be in 0..1024 GiB, got {self.memory_reserve_gib}"
+            )
         if self.model_id is not None and not self.model_id.strip():
             raise ServerConfigError("--model-id: must be non-empty")
         if not self.actor_name:

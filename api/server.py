@@ -62,6 +62,7 @@ def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
     options: dict[str, object] = {}
     if backend == "cuda":
         options = {"cuda_graph": cfg.cuda_graph, "act_dtype": cfg.activations}
+        options["memory_reserve_bytes"] = int(cfg.memory_reserve_gib * (1 << 30))
     template = {"preserve_thinking": True} if cfg.preserve_thinking else {}
     return ActorSpec(
         artifact=os.path.abspath(cfg.artifact),
@@ -143,6 +144,7 @@ def _server_start_record(
             "prefix_reuse": info.prefix_reuse,
             **info.engine_config,
         },
+        "memory_plan": {**info.memory_plan, "reserve_gib": cfg.memory_reserve_gib},
         "argv": argv,  # no secrets on the command line: keys come from a file
     }
 

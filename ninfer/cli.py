@@ -202,6 +202,9 @@ def _parser() -> argparse.ArgumentParser:
         _register_unavailable_serve(sub, e)
     else:
         register(sub)
+    from ninfer.supervisor.cli import register as register_supervisor
+
+    register_supervisor(sub)
     return p
 
 

@@ -297,6 +297,29 @@ def test_runner_reports_memory_plan(cuda_models: Any) -> None:
         )
         assert sorted(runner.net.graphs.captured) == [1, 2]
         assert "device memory plan" in plan.report()
+        assert eng.memory_plan() == plan.as_dict() and plan.reserve == 0
+
+
+@gpu
+def test_runner_honours_the_memory_reserve(cuda_models: Any, cuda_engine_runner: None) -> None:
+    """``--memory-reserve-gib``'s bytes reach the runner's plan: a reserve larger than the free memory makes the
+    engine refuse to start with a MemoryPlanError naming the reserve; a small one is recorded in the plan."""
+    import cupy
+
+    from ninfer.cuda.memory_plan import MemoryPlanError
+    from ninfer.engine import Engine
+
+    net = cuda_models[0].net
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    try:
+        net.memory_reserve_bytes = 1 << 20
+        with Engine.from_model(cuda_models[0], max_context=512, kv_capacity=2048, max_concurrency=1) as eng:
+            assert eng.memory_plan()["reserve"] == 1 << 20
+        net.memory_reserve_bytes = free + (1 << 30)
+        with pytest.raises(MemoryPlanError, match="reserve"):
+            Engine.from_model(cuda_models[0], max_context=512, kv_capacity=2048, max_concurrency=1)
+    finally:
+        net.memory_reserve_bytes = 0
 
 
 @gpu
@@ -381,6 +404,23 @@ def test_memory_plan_matches_spec_sizes() -> None:
     plan.check()
     with pytest.raises(MemoryError, match="does not fit"):
         plan_memory(mc, weights=14 << 30, free=20 << 30, **_PLAN_KW).check()
+
+
+def test_memory_plan_leaves_the_reserve_free() -> None:
+    """A plan that fits the free memory fails once a reserve for other programs is taken off it, and the
+    report says so."""
+    from ninfer.artifact.registry import MODELS
+
+    mc = MODELS["qwen3.6-27b"].config
+    kw = dict(_PLAN_KW, num_pages=4096)
+    fits = plan_memory(mc, weights=14 << 30, free=40 << 30, **kw)
+    fits.check()
+    assert fits.reserve == 0 and fits.available == 40 << 30
+    spare = fits.available - fits.total  # what the plan leaves over
+    tight = plan_memory(mc, weights=14 << 30, free=40 << 30, reserve=spare + (1 << 30), **kw)
+    assert tight.total == fits.total and tight.as_dict()["reserve"] == spare + (1 << 30)
+    with pytest.raises(MemoryError, match="less a reserve"):
+        tight.check()
 
 
 _PLAN_KW = dict(

@@ -55,3 +55,14 @@ def test_allow_unregistered_shape_reaches_the_actor() -> None:
     assert actor_spec(config_from_args(a), "reference").allow_unregistered_shape is True
     b = _parser().parse_args(["serve", "a.ninfer"])
     assert actor_spec(config_from_args(b), "reference").allow_unregistered_shape is False
+
+
+def test_memory_reserve_reaches_the_cuda_memory_plan() -> None:
+    a = _parser().parse_args(["serve", "a.ninfer", "--memory-reserve-gib", "1.5"])
+    cfg = config_from_args(a)
+    assert cfg.memory_reserve_gib == 1.5
+    assert actor_spec(cfg, "cuda").backend_options["memory_reserve_bytes"] == 3 << 29
+    assert "memory_reserve_bytes" not in actor_spec(cfg, "reference").backend_options  # no device plan there
+    assert config_from_args(_parser().parse_args(["serve", "a.ninfer"])).memory_reserve_gib == 0
+    with pytest.raises(ServerConfigError, match="--memory-reserve-gib"):
+        ServerConfig(artifact="a.ninfer", memory_reserve_gib=-1)

@@ -6,6 +6,8 @@ GDN state slots for the lanes and for checkpoints (plus one scratch slot), the p
 one ``prefill_chunk`` forward, the largest layer alive at once, an estimate, plus the device sampler's
 per-lane vocabulary buffers), and the CUDA-graph pools (one decode
 step's temporaries per lane count, an estimate; the runner reports the measured size after capture).
+A reserve (``ninfer serve --memory-reserve-gib``) is taken off the free memory before the plan is checked, so the
+desktop and other programs keep that much.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class MemoryPlan:
     workspace: int
     graph_pools: int
     free: int  # device memory free before the plan (after the weights were uploaded: weights counted in it)
+    # bytes that must stay free for other programs (``--memory-reserve-gib``): not ours to plan
+    reserve: int = 0
 
     @property
     def total(self) -> int:
@@ -53,10 +57,18 @@ class MemoryPlan:
     def report(self) -> str:
         parts = ("weights", "kv_pool", "gdn_lanes", "checkpoints", "workspace", "graph_pools")
         body = ", ".join(f"{p} {getattr(self, p) / GIB:.2f}" for p in parts)
-        return f"device memory plan (GiB): {body}; total {self.total / GIB:.2f} of {self.free / GIB:.2f} available"
+        avail = f"{self.available / GIB:.2f} available"
+        if self.reserve:
+            avail += f" ({self.free / GIB:.2f} free less a reserve of {self.reserve / GIB:.2f})"
+        return f"device memory plan (GiB): {body}; total {self.total / GIB:.2f} of {avail}"
+
+    @property
+    def available(self) -> int:
+        """What the plan may use: the free memory less the reserve kept for other programs."""
+        return self.free - self.reserve
 
     def check(self) -> None:
-        if self.total - self.weights > (self.free - self.weights) * (1 - HEADROOM):
+        if self.total - self.weights > (self.available - self.weights) * (1 - HEADROOM):
             raise MemoryPlanError(
                 f"{self.report()}: does not fit; lower kv_capacity, max_concurrency, prefill_chunk or the "
                 "checkpoint budget"
@@ -108,6 +120,7 @@ def plan_memory(
     state_dtype: str,
     act_bytes: int,
     graphs: bool,
+    reserve: int = 0,
 ) -> MemoryPlan:
     if kv_dtype not in KV_HEAD_BYTES:
         raise ValueError(f"kv_dtype: one of {tuple(KV_HEAD_BYTES)}, got {kv_dtype!r}")
@@ -132,4 +145,5 @@ def plan_memory(
         workspace=step(prefill_chunk) + mc.vocab_size * 4 * 8 + lanes * mc.vocab_size * SAMPLER_BYTES_PER_ID,
         graph_pools=graph,
         free=free,
+        reserve=reserve,
     )

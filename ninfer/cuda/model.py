@@ -79,6 +79,7 @@ class CudaQwen36:
         attn_chunk: int = 256,
         capacity: int = 16384,
         page_size: int = 16,
+        memory_reserve_bytes: int = 0,
     ) -> None:
         import cupy
 
@@ -99,6 +100,9 @@ class CudaQwen36:
         self.state_dtype, self.kv_dtype = state_dtype, kv_dtype
         self.prefill_gemm, self.cuda_graph, self.attn_chunk = prefill_gemm, cuda_graph, attn_chunk
         self._default_pool = (capacity, page_size)
+        if memory_reserve_bytes < 0:
+            raise ValueError(f"memory_reserve_bytes: must be >= 0, got {memory_reserve_bytes}")
+        self.memory_reserve_bytes = memory_reserve_bytes  # left free by the runner's memory plan
         self._mix = [cfg.layer_types[:i].count(kind) for i, kind in enumerate(cfg.layer_types)]
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.graphs = GraphSet(self)

@@ -51,6 +51,7 @@ class CudaModelRunner:
             num_pages=cfg.num_pages, page_size=cfg.page_size, max_context=cfg.max_context,
             prefill_chunk=cfg.prefill_chunk, attn_chunk=net.attn_chunk, kv_dtype=cfg.kv_dtype,
             state_dtype=cfg.gdn_state_dtype, act_bytes=net.act.itemsize, graphs=net.cuda_graph,
+            reserve=net.memory_reserve_bytes,
         )  # fmt: skip
         self.plan.check()
         net.allocate(

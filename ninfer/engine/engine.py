@@ -275,6 +275,12 @@ class Engine:
     def background(self) -> bool:
         return self._thread is not None
 
+    def memory_plan(self) -> dict[str, int]:
+        """The runner's device-memory plan in bytes by part (weights, kv_pool, ..., reserve, total); empty for
+        a runner that plans no device memory (the reference backend)."""
+        plan = getattr(self._runner, "plan", None)
+        return plan.as_dict() if plan is not None else {}
+
     def stats(self) -> EngineStats:
         with self._cv:
             held = self._cache.held_pages() if self._cache is not None else set()

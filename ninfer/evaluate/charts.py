@@ -14,6 +14,14 @@ if TYPE_CHECKING:
 __all__ = ["plot_fixtures", "plot_cache_hits"]
 
 
+def token_counts(r: Record) -> tuple[int | None, int | None, int | None]:
+    """(prompt, cached, completion): the log's where joined, else the stream's."""
+    o, j = r.outcome, r.log
+    if j is not None and j.prompt_tokens is not None:
+        return j.prompt_tokens, j.cached_tokens, j.completion_tokens
+    return o.prompt_tokens, o.cached_tokens, o.completion_tokens
+
+
 def _pyplot():  # type: ignore[no-untyped-def]
     import matplotlib
 
@@ -64,8 +72,6 @@ def plot_fixtures(records: list[Record], path: Path) -> Path:
 def plot_cache_hits(records: list[Record], path: Path) -> Path:
     """Cached/prompt tokens per turn, one line per multi-turn (session, repetition); single requests have no
     earlier turn to reuse and are left out."""
-    from .report import token_counts
-
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     series: dict[tuple[str, int], list[tuple[int, float]]] = {}

@@ -16,14 +16,22 @@ Every check yields passed true or false with a short reason; a request that fail
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
-from .fixtures import Check
 from .stream import Outcome
 
 __all__ = ["CheckResult", "evaluate", "check_supported", "response_schema", "tool_schemas", "stop_strings"]
+
+
+CheckKind = Literal["valid_json", "json_schema", "tool_called", "stop_respected", "reasoning"]
+
+
+class Check(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    kind: CheckKind
+    schema: dict[str, Any] | None = None  # json_schema: overrides the body's own response schema
+    name: str | None = None  # tool_called: the tool expected (default: any tool the body declares)
 
 
 class CheckResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -20,19 +20,13 @@ from typing import Any, Literal
 
 import msgspec
 
-__all__ = ["Check", "Fixture", "Session", "FixtureError", "load_corpus"]
+from .checks import Check, check_supported
 
-CheckKind = Literal["valid_json", "json_schema", "tool_called", "stop_respected", "reasoning"]
+__all__ = ["Check", "Fixture", "Session", "FixtureError", "load_corpus"]
 
 
 class FixtureError(ValueError):
     """A fixture file or directory that cannot be replayed, with its path."""
-
-
-class Check(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    kind: CheckKind
-    schema: dict[str, Any] | None = None  # json_schema: overrides the body's own response schema
-    name: str | None = None  # tool_called: the tool expected (default: any tool the body declares)
 
 
 class _File(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -64,8 +58,6 @@ def _load_file(path: Path, name: str, session: str, turn: int) -> Fixture:
         raise FixtureError(f"{path}: {e}") from None
     if "stream" in f.body and f.body["stream"] is not True:
         raise FixtureError(f"{path}: body.stream: the runner always streams; leave it out")
-    from .checks import check_supported
-
     for c in f.checks:
         why = check_supported(c, f.protocol, f.body)
         if why is not None:

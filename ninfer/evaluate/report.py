@@ -16,18 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from .charts import token_counts
+
 if TYPE_CHECKING:
     from .runner import Record, RunOptions
 
 __all__ = ["Report", "build_report", "token_counts"]
-
-
-def token_counts(r: Record) -> tuple[int | None, int | None, int | None]:
-    """(prompt, cached, completion): the log's where joined, else the stream's."""
-    o, j = r.outcome, r.log
-    if j is not None and j.prompt_tokens is not None:
-        return j.prompt_tokens, j.cached_tokens, j.completion_tokens
-    return o.prompt_tokens, o.cached_tokens, o.completion_tokens
 
 
 def _hit(r: Record) -> float | None:
