@@ -15,7 +15,6 @@ from ninfer.actors.engine_actor import start_actor
 from ninfer.actors.messages import ActorInfo, ActorSpec
 
 from ninfer.artifact import open_artifact
-from ninfer.artifact.upstream import is_upstream_v1
 from ninfer.model import CUDA_ARCHITECTURES
 
 from .app import build_app
@@ -193,8 +192,7 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
         _log(f"error: {e}")
         return 2
     try:  # a clear message now rather than a failed actor creation later
-        v1 = is_upstream_v1(cfg.artifact)
-        arch = None if v1 else open_artifact(cfg.artifact, verify="manifest").model_config.arch
+        arch = open_artifact(cfg.artifact, verify="manifest").model_config.arch
     except (ValueError, OSError) as e:
         _log(f"error: {e}")
         return 2
