@@ -19,7 +19,9 @@ from ninfer.config import ModelConfig
 from ninfer.reference.weights import expected_shapes
 
 MODEL = {False: "qwen3.6-27b", True: "qwen3.6-35b-a3b"}
-FRONTEND = {name: f"{{'resource': '{name}'}}".encode() for name in RESOURCE_NAMES}
+FRONTEND = {name: f'{{"resource": "{name}"}}'.encode() for name in RESOURCE_NAMES}
+# what a loaded model can use: no tokenizer (the tiny vocabularies have none), so no chat template either
+NO_TOKENIZER = {n: b for n, b in FRONTEND.items() if "tokenizer" not in n}
 DRAFT_ROWS = 32
 
 
@@ -159,5 +161,5 @@ def write_tiny(
     vals = upstream_values(cfg, w) if values is None else values
     inv = inventory(cfg, bf16) if tensors is None else tensors
     mid = model_id or MODEL[cfg.is_moe]
-    res = FRONTEND if resources is None else resources
+    res = NO_TOKENIZER if resources is None else resources
     return write_v1(path, mid, inv, lambda t: vals[t.name], res, edit=edit)

@@ -66,7 +66,8 @@ class UpstreamArtifact:
         try:
             self.binding = bind(self.v1.objects, cfg)
         except V1FormatError as e:
-            raise V1FormatError(f"{self.path}: {e}") from None
+            against = f"the pinned {self.model_id} shape" if config is None else "the given config"
+            raise V1FormatError(f"{self.path}: {e} (checked against {against})") from None
         self.model_config = cfg
         self.architecture = ident.arch
         self.shape_registered = config is None or not shape_diff(ident.config, config)
