@@ -5,6 +5,7 @@ exactly our reference run on the dequantized weights."""
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -126,3 +127,32 @@ def test_draft_ids_outside_the_vocabulary_fail_verification(tmp_path) -> None:
     art = ninfer.load(tmp_path / "d.ninfer", upstream_config=cfg).artifact
     with pytest.raises(ValueError, match="draft head token ids"):
         art.verify_blobs()
+
+
+def test_inspect_and_verify_give_the_verdict_serve_acts_on(tmp_path, monkeypatch, capsys) -> None:
+    from ninfer import cli
+    from ninfer.artifact import registry
+
+    cfg = w.tiny_config(True)
+    path = tmp_path / "up.ninfer"
+    w.write_tiny(path, cfg, w.random_canonical(cfg, 2))
+    assert cli.main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "upstream v1" in out and "not servable" in out and "pinned qwen3.6-35b-a3b shape" in out
+    assert cli.main(["verify", str(path)]) != 0
+    assert "pinned qwen3.6-35b-a3b shape" in capsys.readouterr().err
+    # with the tiny shape pinned, the same file binds: inspect lists every component, verify decodes everything
+    ident = registry.MODELS["qwen3.6-35b-a3b"]
+    monkeypatch.setitem(registry.MODELS, "qwen3.6-35b-a3b", replace(ident, config=cfg))
+    assert cli.main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "servable" in out and "not servable" not in out
+    for group in ("text", "mtp", "draft_head", "vision", "dflash"):
+        assert group in out
+    assert cli.main(["inspect", "--json", str(path)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["verdict"] == "servable" and len(info["groups"]["dflash"]) == 19
+    assert cli.main(["verify", str(path)]) == 0
+    assert "OK" in capsys.readouterr().out
+    art = open_artifact(path, verify="manifest")
+    assert art.shape_registered and art.model_id == "qwen3.6-35b-a3b"
