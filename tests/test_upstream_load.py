@@ -156,3 +156,44 @@ def test_inspect_and_verify_give_the_verdict_serve_acts_on(tmp_path, monkeypatch
     assert "OK" in capsys.readouterr().out
     art = open_artifact(path, verify="manifest")
     assert art.shape_registered and art.model_id == "qwen3.6-35b-a3b"
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_cuda_upload_plan_on_the_host(tmp_path, moe: bool) -> None:
+    """What the CUDA loader does with a v1 file, on NumPy: every matrix's bytes as ``raw`` gives them, fused per
+    ``cuda.fuse`` (widened, or as runs): each fused weight decodes to the reference's weights in fused row order."""
+    from ninfer.cuda.fuse import FUSED, FusedRuns, fuse_projections
+    from ninfer.cuda.model_weights import is_vector
+    from ninfer.cuda.weights import DeviceWeight, plane_offsets
+
+    cfg = w.tiny_config(moe)
+    path = tmp_path / "up.ninfer"
+    w.write_tiny(path, cfg, w.random_canonical(cfg, 5))
+    art = ninfer.load(path, upstream_config=cfg).artifact
+    tensors = {}
+    for name, shape in expected_shapes(cfg, mtp=False).items():
+        if not is_vector(name):
+            info = art.tensor_info(name)
+            raw = np.ascontiguousarray(art.raw(name))
+            tensors[name] = DeviceWeight(
+                info["format"], tuple(shape), raw, plane_offsets(info["format"], tuple(shape), raw)
+            )
+    fused = fuse_projections(cfg, tensors)
+    kinds = set()
+    for i in range(cfg.num_hidden_layers):
+        for fname, parts in FUSED.items():
+            key = f"layers.{i}.{fname}"
+            if key not in fused:
+                continue
+            want = np.concatenate([art.tensor(f"layers.{i}.{p}").reshape(-1, cfg.hidden_size) for p in parts])
+            wt = fused[key]
+            runs = wt.runs if isinstance(wt, FusedRuns) else (wt,)
+            got = np.concatenate([FORMATS[r.fmt].decode(r.data, r.shape) for r in runs])
+            np.testing.assert_array_equal(got, want, err_msg=key)
+            kinds.add((fname, tuple(r.fmt for r in runs)))
+    if not moe:
+        assert ("self_attn.qkvg_proj", ("Q5G64_F16S",)) in kinds
+        assert ("linear_attn.in_proj", ("Q5G64_F16S", "BF16")) in kinds
+        assert ("mlp.gate_up_proj", ("Q4G64_F16S",)) in kinds
+    else:
+        assert ("linear_attn.in_proj", ("W8G32_F16S", "BF16")) in kinds
