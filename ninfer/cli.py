@@ -48,10 +48,7 @@ def _inspect_v1(path: str, as_json: bool) -> int:
     except ValueError as e:
         art, verdict, groups = None, f"not servable: {e}", {}
     if as_json:
-        objects = [
-            dict(vars(o)) if hasattr(o, "__dict__") else {k: getattr(o, k) for k in o.__slots__}
-            for o in c.objects
-        ]
+        objects = [{k: v for k, v in dataclasses.asdict(o).items() if v is not None} for o in c.objects]
         info = {
             "container": "upstream-v1",
             "model_id": c.model_id,

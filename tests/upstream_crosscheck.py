@@ -60,7 +60,7 @@ def _inventories(up: Path) -> None:
             for t in ours
         ]
         assert mine == theirs, (
-            f"{key}: inventories differ at {next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)}"
+            f"{key}: inventories differ at {next(i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b)}"
         )
         specs = [uc.ResourceSpec(n, "raw-bytes-v1", sizes[n]) for n in RESOURCE_NAMES]
         specs += [uc.TensorSpec(s.name, tuple(s.shape), s.format, s.layout) for s in mod.TENSOR_SPECS]
@@ -113,7 +113,7 @@ def _bytes(tmp: Path) -> None:
         uc.write_artifact(theirs, w.MODEL[moe], entries)
         a, b = ours.read_bytes(), theirs.read_bytes()
         assert a == b, f"moe={moe}: files differ (sizes {len(a)} / {len(b)}) first at byte " + str(
-            next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         )
         print(f"moe={moe}: {len(inv)} tensors, {len(a):,} bytes identical to upstream's writer")
 
