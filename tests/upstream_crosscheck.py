@@ -94,7 +94,7 @@ def _bytes(tmp: Path) -> None:
         values = w.upstream_values(cfg, canon)
         values = {n: (v if v.dtype == np.int32 else bf16_round(v)) for n, v in values.items()}
         ours = tmp / f"ours_{moe}.ninfer"
-        w.write_tiny(ours, cfg, canon, values=values)
+        w.write_tiny(ours, cfg, canon, values=values, resources=w.FRONTEND)
         inv = w.inventory(cfg)
         entries = [(uc.ResourceSpec(n, "raw-bytes-v1", len(b)), b) for n, b in w.FRONTEND.items()]
         for t in inv:
