@@ -213,3 +213,24 @@ def test_perf_v1_synthetic_files_are_valid(tmp_path) -> None:
     for name in ("embed_tokens.weight", "layers.0.mlp.down_proj.weight", "layers.3.self_attn.o_proj.weight"):
         assert up.tensor_info(name)["format"] == ours.tensor_info(name)["format"]
         assert np.isfinite(up.tensor(name)).all() and np.isfinite(ours.tensor(name)).all()
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_v1_mtp_layer_feeds_the_mtp_head(tmp_path, moe: bool) -> None:
+    """The MTP objects of a v1 file (its single [q; k; gate; v] attention parent, W8) drive the reference MTP head
+    exactly as the checkpoint's MTP tensors would (BF16 file: every value exact)."""
+    from ninfer.formats import bf16_round
+
+    cfg = w.tiny_config(moe)
+    canon = w.random_canonical(cfg, 8)
+    path = tmp_path / "up.ninfer"
+    w.write_tiny(path, cfg, canon, bf16=True)
+    net = ninfer.load(path, upstream_config=cfg).net
+    assert net.has_mtp
+    want_w = {n: (x if n.endswith(("A_log", "dt_bias")) else bf16_round(x)) for n, x in canon.items()}
+    ref = Qwen36(cfg, DictWeights(want_w))
+    ids = np.arange(3, 20)
+    h = net.forward(ids, net.new_state())
+    np.testing.assert_array_equal(h, ref.forward(ids, ref.new_state()))
+    got = net.mtp_forward(h[:-1], ids[1:], None, net.new_mtp_state())
+    np.testing.assert_array_equal(got, ref.mtp_forward(h[:-1], ids[1:], None, ref.new_mtp_state()))
