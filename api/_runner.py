@@ -45,8 +45,9 @@ def visible_gpus() -> int:
 
 def resolve_backend(backend: str, arch: str | None, *, gpus: int | None = None) -> tuple[str, str]:
     """The backend to run and why. ``auto`` is cuda when a GPU is visible (``gpus``, default: ask cupy) and the
-    CUDA backend has a target for the artifact's architecture ``arch`` (None: an upstream v1 file, which only the
-    reference loads); the NumPy reference otherwise. An explicit backend is kept as it is."""
+    CUDA backend has a target for the artifact's architecture ``arch`` (upstream v1 files give theirs too, as
+    ``serve`` reads it through ``open_artifact``); the NumPy reference otherwise. An explicit backend is kept as it
+    is."""
     if backend != "auto":
         return backend, f"--backend {backend}"
     if (visible_gpus() if gpus is None else gpus) < 1:

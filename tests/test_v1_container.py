@@ -355,3 +355,15 @@ def test_illegal_w8_code_is_refused_on_decode(tmp_path):
             bad.decode(name)
     with pytest.raises(ValueError, match="illegal code 0x80"):
         UpstreamArtifact(path, cfg).verify_blobs()
+
+
+def test_negative_scale_fails_verification(tmp_path):
+    path, cfg, w = _write(tmp_path, False)
+    art = UpstreamArtifact(path, cfg)
+    o = art.v1.entry("text/layers/0/mlp/down")
+    geo = FORMATS[o.format].geometry(o.shape)
+    data = bytearray(path.read_bytes())
+    data[art.v1.payload_offset + o.offset + geo["sc"] + 1] |= 0x80  # sign bit of the first scale
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="'text/layers/0/mlp/down' has a negative or non-finite group scale"):
+        UpstreamArtifact(path, cfg).verify_blobs()
