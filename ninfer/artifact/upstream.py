@@ -72,14 +72,15 @@ class UpstreamArtifact:
         self.architecture = ident.arch
         self.shape_registered = config is None or not shape_diff(ident.config, config)
         self.groups = self.binding.groups
+        from ninfer.reference.weights import expected_shapes
+
+        self._shapes = expected_shapes(cfg, mtp=True)
         self._info = {name: self._plan_info(name, r) for name, r in self.binding.recipes.items()}
         self.plan = {n: TensorPlan(i["shape"], i["format"], i["shape"]) for n, i in self._info.items()}
 
     # ---- canonical tensors -------------------------------------------------------------------------------------
     def _plan_info(self, name: str, r: Recipe) -> dict[str, Any]:
-        from ninfer.reference.weights import expected_shapes
-
-        shape = tuple(expected_shapes(self.model_config, mtp=True)[name])
+        shape = tuple(self._shapes[name])
         fmts = [self.v1.entry(s.parent).format for s in r.segments]
         fmt = fmts[0] if len(set(fmts)) == 1 or r.how == "conv" else widest(fmts)
         if (
@@ -112,6 +113,11 @@ class UpstreamArtifact:
         raw = self.v1.raw(parent)
         if rows.size == codec.rows_cols(o.shape)[0] and (rows == np.arange(rows.size)).all():
             sub, shape = raw, o.shape
+        elif rows.size and rows[-1] - rows[0] + 1 == rows.size:  # one range: plane slices, not a gather
+            shape = (int(rows.size), o.shape[-1])
+            sub = np.zeros(codec.encoded_size(shape), np.uint8)
+            for dst, src in zip(row_planes(codec, sub, shape), row_planes(codec, raw, o.shape), strict=True):
+                dst[:] = src[rows[0] : rows[-1] + 1]
         else:
             shape = (int(rows.size), o.shape[-1])
             sub = take_rows(codec, raw, o.shape, rows)
