@@ -367,3 +367,31 @@ def test_negative_scale_fails_verification(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="'text/layers/0/mlp/down' has a negative or non-finite group scale"):
         UpstreamArtifact(path, cfg).verify_blobs()
+
+
+@pytest.mark.parametrize("model", ["qwen3.6-27b", "qwen3.6-35b-a3b"])
+def test_real_inventories_bind_to_the_pinned_configs(model):
+    """Upstream's real inventories (the writer's, equal to upstream's: tests/upstream_crosscheck.py) bind to the
+    pinned configs: every canonical tensor of the text model and MTP head is provided, every object claimed."""
+    from ninfer.artifact.registry import MODELS
+    from ninfer.artifact.v1_binding import bind
+    from ninfer.artifact.v1_container import V1Object
+    from ninfer.artifact.v1_writer import DFlashShape, VisionShape, v1_inventory
+
+    cfg = MODELS[model].config
+    moe = cfg.is_moe
+    inv = v1_inventory(
+        cfg,
+        draft_rows=131072,
+        vision=VisionShape(hidden=1152, mlp=4304, depth=27, positions=2304, patch=1536),
+        dflash=DFlashShape(layers=6, features=8, heads=32, kv_heads=8, head_dim=128, mlp=6144),
+        q6_routed_down=(34, 38, 39),
+    )
+    assert len(inv) == (934 if moe else 1118)
+    objects = [V1Object(t.name, "tensor", 0, 1, t.shape, t.format, "x") for t in inv]
+    b = bind(objects, cfg)
+    assert set(b.recipes) == set(expected_shapes(cfg, mtp=True))
+    counts = {g: len(n) for g, n in b.groups.items()}
+    assert counts["vision"] == 333 and counts["draft_head"] == 2
+    assert counts["mtp"] == (15 if moe else 12) and counts["dflash"] == (51 if moe else 0)
+    assert sum(counts.values()) == len(inv)
