@@ -156,10 +156,7 @@ def check_artifact(cfg: ServerConfig) -> None:
     """Refuse, before Ray starts, an artifact that cannot be served: damaged, unregistered, or of an
     unregistered shape (tiny test checkpoints) without ``--allow-unregistered-shape``."""
     from ninfer.artifact import open_artifact
-    from ninfer.artifact.upstream import is_upstream_v1
 
-    if is_upstream_v1(cfg.artifact):
-        return
     art = open_artifact(cfg.artifact, verify="manifest")
     if not art.shape_registered and not cfg.allow_unregistered_shape:
         raise ServerConfigError(

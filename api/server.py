@@ -16,7 +16,6 @@ from ninfer.actors.messages import ActorInfo, ActorSpec
 
 from ninfer.architectures import CUDA_ARCHITECTURES
 from ninfer.artifact import open_artifact
-from ninfer.artifact.upstream import is_upstream_v1
 
 from .app import build_app
 from .auth import KeyFileError, KeyRing, load_key_file
@@ -46,8 +45,9 @@ def visible_gpus() -> int:
 
 def resolve_backend(backend: str, arch: str | None, *, gpus: int | None = None) -> tuple[str, str]:
     """The backend to run and why. ``auto`` is cuda when a GPU is visible (``gpus``, default: ask cupy) and the
-    CUDA backend has a target for the artifact's architecture ``arch`` (None: an upstream v1 file, which only the
-    reference loads); the NumPy reference otherwise. An explicit backend is kept as it is."""
+    CUDA backend has a target for the artifact's architecture ``arch`` (upstream v1 files give theirs too, as
+    ``serve`` reads it through ``open_artifact``); the NumPy reference otherwise. An explicit backend is kept as it
+    is."""
     if backend != "auto":
         return backend, f"--backend {backend}"
     if (visible_gpus() if gpus is None else gpus) < 1:
@@ -185,8 +185,7 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
         _log(f"error: {e}")
         return 2
     try:  # a clear message now rather than a failed actor creation later
-        v1 = is_upstream_v1(cfg.artifact)
-        arch = None if v1 else open_artifact(cfg.artifact, verify="manifest").model_config.arch
+        arch = open_artifact(cfg.artifact, verify="manifest").model_config.arch
     except (ValueError, OSError) as e:
         _log(f"error: {e}")
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -34,28 +35,68 @@ def _cmd_convert(a: argparse.Namespace) -> int:
     return 0
 
 
-def _open_any(path: str, verify: str) -> Any:
-    with open(path, "rb") as f:
-        magic = f.read(8)
-    if magic[:6] == b"NINFER":
-        from ninfer.artifact.v1 import V1Artifact
+def _inspect_v1(path: str, as_json: bool) -> int:
+    """An upstream v1 file: its components and the verdict ``serve`` acts on (a file that does not bind is listed
+    with the reason it cannot be served)."""
+    from ninfer.artifact.upstream import UpstreamArtifact
+    from ninfer.artifact.v1_container import V1Container
 
-        return V1Artifact.open(path)
-    from ninfer.artifact import open_artifact
-
-    return open_artifact(path, verify=verify)  # type: ignore[arg-type]
+    c = V1Container.open(path)
+    try:
+        art: Any = UpstreamArtifact(path)
+        verdict, groups = "servable", art.groups
+    except ValueError as e:
+        art, verdict, groups = None, f"not servable: {e}", {}
+    if as_json:
+        objects = [{k: v for k, v in dataclasses.asdict(o).items() if v is not None} for o in c.objects]
+        info = {
+            "container": "upstream-v1",
+            "model_id": c.model_id,
+            "weight_profile": "groupwise-int",
+            "verdict": verdict,
+            "groups": {g: list(n) for g, n in groups.items()},
+            "objects": objects,
+        }
+        print(json.dumps(info, indent=2, default=list))
+        return 0
+    by_fmt: dict[str, list[int]] = {}
+    for o in c.objects:
+        by_fmt.setdefault(o.format or o.kind, []).append(o.bytes)
+    print(path)
+    print(f"  container    upstream v1 ({len(c.objects)} objects, payload at {c.payload_offset})")
+    print(f"  model        {c.model_id}" + (f" ({art.architecture})" if art is not None else ""))
+    print("  profile      groupwise-int")
+    print(f"  verdict      {verdict}")
+    if art is not None:
+        cfg = art.model_config
+        print(
+            f"  shape        hidden {cfg.hidden_size}, layers {cfg.num_hidden_layers} "
+            f"({len(cfg.linear_attention_layers)} GDN + {len(cfg.full_attention_layers)} attention), vocab {cfg.vocab_size}"
+            + (f", experts {cfg.num_experts} top-{cfg.num_experts_per_tok}" if cfg.is_moe else "")
+        )
+        used = {
+            "text": "served",
+            "mtp": "served (MTP drafts)",
+            "draft_head": "kept",
+            "vision": "kept",
+            "dflash": "kept",
+        }
+        for g, names in groups.items():
+            size = sum(c.entry(n).bytes for n in names)
+            print(f"    {g:<12} {len(names):>5} objects {size:>16,} bytes  {used[g] if names else 'absent'}")
+    for fmt, sizes in sorted(by_fmt.items()):
+        print(f"    {fmt:<16} {len(sizes):>5} objects {sum(sizes):>16,} bytes")
+    print("  resources    " + ", ".join(f"{n} ({c.entry(n).bytes:,} B)" for n in c.resource_names()))
+    return 0
 
 
 def _cmd_inspect(a: argparse.Namespace) -> int:
-    art = _open_any(a.artifact, "manifest")
-    if not hasattr(art, "manifest"):  # upstream v1 container
-        info = {"container": "upstream-v1", "model_id": art.model_id, "objects": art.objects}
-        print(
-            json.dumps(info, indent=2)
-            if a.json
-            else f"upstream v1 artifact: {art.model_id}, {len(art.objects)} objects"
-        )
-        return 0
+    from ninfer.artifact import open_artifact
+    from ninfer.artifact.v1_container import is_v1_file
+
+    if is_v1_file(a.artifact):
+        return _inspect_v1(a.artifact, a.json)
+    art = open_artifact(a.artifact, verify="manifest")
     m = art.manifest
     if a.json:
         print(json.dumps(m, indent=2, sort_keys=True))
@@ -83,10 +124,16 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:
+    """The checks ``serve`` acts on, plus every payload: hashes (ours) or a full decode (upstream v1)."""
+    from ninfer.artifact import open_artifact
+
     t0 = time.perf_counter()
-    art = _open_any(a.artifact, "full")
-    n = len(art.manifest["tensors"]) if hasattr(art, "manifest") else len(art.objects)
-    print(f"OK {a.artifact}: {art.model_id}, {n} tensors checked in {time.perf_counter() - t0:.2f}s")
+    art = open_artifact(a.artifact, verify="full")
+    if art.manifest is None:  # upstream v1
+        n, what = len(art.v1.objects), "upstream v1 objects bound and decoded"
+    else:
+        n, what = len(art.manifest["tensors"]), "tensors checked"
+    print(f"OK {a.artifact}: {art.model_id}, {n} {what} in {time.perf_counter() - t0:.2f}s")
     return 0
 
 

@@ -167,7 +167,7 @@ def load(
 
     art: Any = (
         UpstreamArtifact(path, upstream_config)
-        if is_upstream_v1(path)
+        if upstream_config is not None and is_upstream_v1(path)
         else open_artifact(path, verify=verify)
     )
     if backend == "reference":
@@ -201,10 +201,6 @@ def _cuda_net(art: Any, options: dict[str, Any]) -> Any:
 
     if art.model_config.arch not in CUDA_ARCHITECTURES:
         raise BackendError(f"the CUDA backend has no kernels for architecture {art.model_config.arch!r} yet")
-    if getattr(art, "manifest", None) is None:
-        raise BackendError(
-            "the CUDA backend loads .ninfer artifacts; upstream v1 files run on the reference backend"
-        )
     try:
         import cupy
 

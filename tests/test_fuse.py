@@ -67,6 +67,34 @@ def test_nvfp4_parts_with_one_global_stay_nvfp4() -> None:
     np.testing.assert_array_equal(_decode(fused), np.concatenate([da, da]))
 
 
+@pytest.mark.parametrize(
+    "fmts", [("Q4G64_F16S", "Q5G64_F16S", "Q4G64_F16S"), ("Q6G64_F16S", "Q4G64_F16S", "W8G32_F16S")]
+)
+def test_mixed_group_int_parts_are_widened_exactly(fmts: tuple[str, ...]) -> None:
+    rng = np.random.default_rng(8)
+    parts = [_part(rng, f, r, 200, s) for f, r, s in zip(fmts, (5, 7, 3), (1.0, 0.02, 30.0), strict=True)]
+    fused = concat_rows([p for p, _ in parts])
+    assert fused.fmt == max(fmts, key=("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S").index)
+    np.testing.assert_array_equal(_decode(fused), np.concatenate([d for _, d in parts]))
+
+
+def test_unjoinable_parts_fuse_as_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GDN in-projections q|k|v (Q4), z (Q5), a, b (BF16): one widened Q5 run and one BF16 run."""
+    import ninfer.cuda.fuse as fuse
+
+    rng = np.random.default_rng(9)
+    parts = [
+        _part(rng, f, r, 64, 1.0) for f, r in (("Q4G64_F16S", 6), ("Q5G64_F16S", 4), ("BF16", 2), ("BF16", 2))
+    ]
+    runs = fuse._fuse([p for p, _ in parts])
+    assert isinstance(runs, fuse.FusedRuns) and runs.cols == (0, 10, 14)
+    assert [r.fmt for r in runs.runs] == ["Q5G64_F16S", "BF16"] and runs.nbytes == sum(
+        r.data.nbytes for r in runs.runs
+    )
+    np.testing.assert_array_equal(_decode(runs.runs[0]), np.concatenate([parts[0][1], parts[1][1]]))
+    np.testing.assert_array_equal(_decode(runs.runs[1]), np.concatenate([parts[2][1], parts[3][1]]))
+
+
 def test_mixed_formats_are_refused() -> None:
     rng = np.random.default_rng(5)
     with pytest.raises(ValueError, match="mixed formats"):

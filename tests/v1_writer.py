@@ -1,26 +1,28 @@
-"""Test-only writer of small upstream v1 ``.ninfer`` files (docs/formats.md §1-3) from canonical HF-shaped weights.
+"""Tiny upstream v1 files for the tests: upstream's recipes applied to canonical HF-shaped weights, framed by
+``ninfer.artifact.v1_writer`` (upstream's object order, formats and byte layout).
 
-Written from the documented layout, independently of ``ninfer.artifact.v1``: ``fuse`` builds the upstream fused
-parents (naming per the v1 table's assumption), ``assign_*`` gives each parent its format like §3, and
-``write_v1`` frames them (resources first, tensors 256-aligned, payload at align_up(16+J, 4096), truncated at the
-last object's end). ``edit`` lets a test corrupt the JSON directory after planning.
+``upstream_values`` is written from upstream's recipe rules (docs/upstream-v1.md §6), independently of the reader's
+binding (``ninfer.artifact.v1_binding``): q_proj de-interleaved per head into query and gate, fused parents
+concatenated in upstream's order, the GDN conv stored tap-major, a_log/dt_bias widened to FP32, the draft head
+gathered from lm_head rows.
 """
 
 from __future__ import annotations
 
-import json
-import struct
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ninfer.artifact.v1_writer import RESOURCE_NAMES, V1Tensor, v1_inventory, write_v1
 from ninfer.config import ModelConfig
-from ninfer.formats import FORMATS
 from ninfer.reference.weights import expected_shapes
 
-Parents = list[tuple[str, np.ndarray]]
+MODEL = {False: "qwen3.6-27b", True: "qwen3.6-35b-a3b"}
+FRONTEND = {name: f'{{"resource": "{name}"}}'.encode() for name in RESOURCE_NAMES}
+# what a loaded model can use: no tokenizer (the tiny vocabularies have none), so no chat template either
+NO_TOKENIZER = {n: b for n, b in FRONTEND.items() if "tokenizer" not in n}
+DRAFT_ROWS = 32
 
 
 def tiny_config(moe: bool) -> ModelConfig:
@@ -60,203 +62,104 @@ def random_canonical(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
     }
 
 
-def _layer(
-    cfg: ModelConfig, w: dict[str, np.ndarray], src: str, dst: str, full: bool, split: bool
-) -> Parents:
-    """One decoder layer's parents. ``split``: the 27B text-layer form ([q,k]+[gate,v], [q,k]+[v,z], a and b)."""
+def _layer(cfg: ModelConfig, w: dict[str, np.ndarray], src: str, dst: str, full: bool, split: bool) -> dict:
     g = lambda n: w[src + n]  # noqa: E731
-    out: Parents = [(dst + "input_norm", g("input_layernorm.weight"))]
+    out = {
+        dst + "input_norm": g("input_layernorm.weight"),
+        dst + "post_attention_norm": g("post_attention_layernorm.weight"),
+    }
     if full:
         hq, d, h = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
-        qg = g("self_attn.q_proj.weight").reshape(hq, 2, d, h)
-        q, gate = qg[:, 0].reshape(hq * d, h), qg[:, 1].reshape(hq * d, h)
+        qg = g("self_attn.q_proj.weight").reshape(hq, 2 * d, h)
+        q, gate = qg[:, :d].reshape(hq * d, h), qg[:, d:].reshape(hq * d, h)
         k, v = g("self_attn.k_proj.weight"), g("self_attn.v_proj.weight")
+        a = dst + "attention/"
         if split:
-            out += [
-                (dst + "attn.query_key", np.concatenate([q, k])),
-                (dst + "attn.gate_value", np.concatenate([gate, v])),
-            ]
+            out[a + "query_key"], out[a + "gate_value"] = np.concatenate([q, k]), np.concatenate([gate, v])
         else:
-            out.append((dst + "attn.query_key_gate_value", np.concatenate([q, k, gate, v])))
-        out += [
-            (dst + f"attn.{n}", g(f"self_attn.{m}.weight"))
-            for n, m in (("output", "o_proj"), ("q_norm", "q_norm"), ("k_norm", "k_norm"))
-        ]
+            out[a + "query_key_gate_value"] = np.concatenate([q, k, gate, v])
+        out[a + "query_norm"], out[a + "key_norm"] = (
+            g("self_attn.q_norm.weight"),
+            g("self_attn.k_norm.weight"),
+        )
+        out[a + "output"] = g("self_attn.o_proj.weight")
     else:
-        qkv, z = g("linear_attn.in_proj_qkv.weight"), g("linear_attn.in_proj_z.weight")
-        a, b = g("linear_attn.in_proj_a.weight"), g("linear_attn.in_proj_b.weight")
+        la, gd = "linear_attn.", dst + "gdn/"
+        qkv, z = g(la + "in_proj_qkv.weight"), g(la + "in_proj_z.weight")
+        a, b = g(la + "in_proj_a.weight"), g(la + "in_proj_b.weight")
         if split:
             kd2 = 2 * cfg.gdn_key_dim
-            out += [(dst + "gdn.query_key", qkv[:kd2]), (dst + "gdn.value_z", np.concatenate([qkv[kd2:], z]))]
-            out += [(dst + "gdn.a_projection", a), (dst + "gdn.b_projection", b)]
+            out[gd + "query_key"], out[gd + "value_z"] = qkv[:kd2], np.concatenate([qkv[kd2:], z])
+            out[gd + "a_projection"], out[gd + "b_projection"] = a, b
         else:
-            out += [
-                (dst + "gdn.query_key_value_z", np.concatenate([qkv, z])),
-                (dst + "gdn.a_b_projection", np.concatenate([a, b])),
-            ]
-        conv = g("linear_attn.conv1d.weight")  # [C, 1, K] -> tap-major [K, C]
-        out.append((dst + "gdn.conv", np.ascontiguousarray(conv[:, 0, :].T)))
-        out += [
-            (dst + f"gdn.{n}", g(f"linear_attn.{m}"))
-            for n, m in (
-                ("a_log", "A_log"),
-                ("dt_bias", "dt_bias"),
-                ("norm", "norm.weight"),
-                ("output", "out_proj.weight"),
-            )
-        ]
-    out.append((dst + "post_attention_norm", g("post_attention_layernorm.weight")))
+            out[gd + "query_key_value_z"] = np.concatenate([qkv, z])
+            out[gd + "a_b_projection"] = np.concatenate([a, b])
+        out[gd + "convolution"] = np.ascontiguousarray(g(la + "conv1d.weight")[:, 0, :].T)  # [C,1,T] -> [T,C]
+        out[gd + "a_log"], out[gd + "dt_bias"] = g(la + "A_log"), g(la + "dt_bias")
+        out[gd + "norm"], out[gd + "output"] = g(la + "norm.weight"), g(la + "out_proj.weight")
+    m = "mlp."
     if cfg.is_moe:
         e, i, h = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
-        out.append(
-            (
-                dst + "moe.router_shared_gate",
-                np.concatenate([g("mlp.gate.weight"), g("mlp.shared_expert_gate.weight")]),
-            )
+        mo, se = dst + "moe/", m + "shared_expert."
+        out[mo + "router_shared_gate"] = np.concatenate(
+            [g(m + "gate.weight"), g(m + "shared_expert_gate.weight")]
         )
-        out.append((dst + "moe.routed_gate_up", g("mlp.experts.gate_up_proj").reshape(e * 2 * i, h)))
-        out.append((dst + "moe.routed_down", g("mlp.experts.down_proj").reshape(e * h, i)))
-        se = "mlp.shared_expert."
-        out.append(
-            (
-                dst + "moe.shared_gate_up",
-                np.concatenate([g(se + "gate_proj.weight"), g(se + "up_proj.weight")]),
-            )
-        )
-        out.append((dst + "moe.shared_down", g(se + "down_proj.weight")))
+        out[mo + "routed_gate_up"] = g(m + "experts.gate_up_proj").reshape(e * 2 * i, h)
+        out[mo + "routed_down"] = g(m + "experts.down_proj").reshape(e * h, i)
+        out[mo + "shared_gate_up"] = np.concatenate([g(se + "gate_proj.weight"), g(se + "up_proj.weight")])
+        out[mo + "shared_down"] = g(se + "down_proj.weight")
     else:
-        out.append(
-            (dst + "mlp.gate_up", np.concatenate([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")]))
-        )
-        out.append((dst + "mlp.down", g("mlp.down_proj.weight")))
+        out[dst + "mlp/gate_up"] = np.concatenate([g(m + "gate_proj.weight"), g(m + "up_proj.weight")])
+        out[dst + "mlp/down"] = g(m + "down_proj.weight")
     return out
 
 
-def fuse(cfg: ModelConfig, w: dict[str, np.ndarray], *, split: bool) -> Parents:
-    """Canonical HF tensors -> upstream v1 parents (a bijection of elements), in upstream write order."""
-    out: Parents = [("text.embedding", w["embed_tokens.weight"])]
+def upstream_values(cfg: ModelConfig, w: dict[str, np.ndarray], seed: int = 1) -> dict[str, np.ndarray]:
+    """Every v1 object of ``v1_inventory(cfg)`` as values: text and MTP from the canonical weights ``w``, the
+    draft head gathered from lm_head rows, vision and DFlash random."""
+    out = {"text/token_embedding": w["embed_tokens.weight"]}
     for i, kind in enumerate(cfg.layer_types):
-        out += _layer(cfg, w, f"layers.{i}.", f"text.layers.{i}.", kind == "full_attention", split)
-    out += [("text.final_norm", w["norm.weight"]), ("text.lm_head", w["lm_head.weight"])]
-    if cfg.mtp_num_hidden_layers:
-        out += [
-            (f"mtp.{n}", w[f"mtp.{n}.weight"])
-            for n in ("fc", "pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")
-        ]
-        out += _layer(cfg, w, "mtp.layers.0.", "mtp.layers.0.", True, False)
-    return out
-
-
-def extras(cfg: ModelConfig, seed: int) -> Parents:
-    """Tensors outside the text model (the reader lists them as ignored)."""
+        out.update(
+            _layer(cfg, w, f"layers.{i}.", f"text/layers/{i}/", kind == "full_attention", not cfg.is_moe)
+        )
+    out["text/final_norm"], out["text/output_head"] = w["norm.weight"], w["lm_head.weight"]
     rng = np.random.default_rng(seed)
-    h = cfg.hidden_size
-    return [
-        ("vision.patch_embedding", rng.standard_normal((96, 48)).astype(np.float32)),
-        ("draft_head.weight", rng.standard_normal((32, h)).astype(np.float32)),
-        ("draft_head.token_ids", rng.permutation(cfg.vocab_size)[:32].astype(np.int32)),
-    ]
-
-
-def assign_bf16(name: str, arr: np.ndarray) -> str:
-    if arr.dtype.kind == "i":
-        return "I32"
-    return "FP32" if name.endswith(("a_log", "dt_bias")) else "BF16"
-
-
-def assign_27b(name: str, arr: np.ndarray) -> str:
-    """§3 qwen3.6-27b: Q6 embedding/lm_head, Q4 query_key/gate_up/draft, Q5 gate_value/outputs/value_z/down,
-    W8 MTP matrices, BF16 norms/conv/a/b, FP32 a_log/dt_bias."""
-    if arr.ndim < 2 or name.endswith(("conv", "a_projection", "b_projection")) or arr.dtype.kind == "i":
-        return assign_bf16(name, arr)
-    if name.startswith("mtp."):
-        return "W8G32_F16S"
-    if name in ("text.embedding", "text.lm_head", "vision.patch_embedding"):
-        return "Q6G64_F16S"
-    if name.endswith(("query_key", "gate_up")) or name.startswith("draft_head"):
-        return "Q4G64_F16S"
-    return "Q5G64_F16S"
-
-
-def assign_35b(name: str, arr: np.ndarray) -> str:
-    """§3 qwen3.6-35b-a3b: W8 most matrices, Q6 lm_head (+ routed_down of layer 1 here), Q4 routed gate_up,
-    Q5 routed down, BF16 router_shared_gate/a_b/conv/norms, FP32 a_log/dt_bias."""
-    if (
-        arr.ndim < 2
-        or name.endswith(("conv", "a_b_projection", "router_shared_gate"))
-        or arr.dtype.kind == "i"
-    ):
-        return assign_bf16(name, arr)
-    if name.startswith("mtp."):
-        return "W8G32_F16S"
-    if name in ("text.lm_head", "text.layers.1.moe.routed_down", "vision.patch_embedding"):
-        return "Q6G64_F16S"
-    if name.endswith("routed_gate_up") or name.startswith("draft_head"):
-        return "Q4G64_F16S"
-    return "Q5G64_F16S" if name.endswith("routed_down") else "W8G32_F16S"
-
-
-def encode_parents(parents: Parents, assign: Callable[[str, np.ndarray], str]) -> list[dict[str, Any]]:
-    """Each parent encoded per ``assign``: dicts with name, format, layout, shape, data (uint8)."""
-    out = []
-    for name, arr in parents:
-        fmt = FORMATS[assign(name, arr)]
-        out.append(
-            dict(name=name, format=fmt.id, layout=fmt.layout, shape=list(arr.shape), data=fmt.encode(arr))
-        )
+    ids = rng.permutation(cfg.vocab_size)[:DRAFT_ROWS].astype(np.int32)
+    out["text/draft_head"], out["text/draft_head_token_ids"] = w["lm_head.weight"][ids], ids
+    if cfg.mtp_num_hidden_layers:
+        out["mtp/input_projection"] = w["mtp.fc.weight"]
+        out["mtp/embedding_norm"] = w["mtp.pre_fc_norm_embedding.weight"]
+        out["mtp/hidden_norm"] = w["mtp.pre_fc_norm_hidden.weight"]
+        out.update(_layer(cfg, w, "mtp.layers.0.", "mtp/layer/", True, False))
+        out["mtp/final_norm"] = w["mtp.norm.weight"]
+    for t in v1_inventory(cfg, draft_rows=DRAFT_ROWS):
+        if t.name not in out:  # vision, DFlash
+            out[t.name] = (rng.standard_normal(t.shape) * 0.1).astype(np.float32)
     return out
 
 
-FRONTEND = {
-    "frontend/tokenizer.json": b'{"version":"1.0"}',
-    "frontend/chat_template.jinja": b"{{ messages }}",
-}
+def inventory(cfg: ModelConfig, bf16: bool = False) -> list[V1Tensor]:
+    """Upstream's inventory; ``bf16``: every grouped format replaced by BF16 (exact round trips)."""
+    inv = v1_inventory(cfg, draft_rows=DRAFT_ROWS, q6_routed_down=(1,))
+    if bf16:
+        inv = [V1Tensor(t.name, t.shape, "BF16" if t.format.endswith("_F16S") else t.format) for t in inv]
+    return inv
 
 
-def write_v1(
+def write_tiny(
     path: Path,
-    model_id: str,
-    tensors: list[dict[str, Any]],
-    resources: dict[str, bytes] | None = None,
+    cfg: ModelConfig,
+    w: dict[str, np.ndarray],
+    model_id: str | None = None,
     *,
-    edit: Callable[[dict[str, Any]], None] | None = None,
+    bf16: bool = False,
+    resources: dict[str, bytes] | None = None,
+    tensors: list[V1Tensor] | None = None,
+    values: dict[str, np.ndarray] | None = None,
+    edit: Any = None,
 ) -> dict[str, Any]:
-    """Write a v1 file; returns the (possibly edited) directory that was written."""
-    res = FRONTEND if resources is None else resources
-    objects: list[dict[str, Any]] = []
-    blobs: list[tuple[int, bytes]] = []
-    cursor = 0
-    for name, data in res.items():  # resources first, alignment 1
-        objects.append(
-            dict(name=name, kind="resource", encoding="raw-bytes-v1", offset=cursor, bytes=len(data))
-        )
-        blobs.append((cursor, data))
-        cursor += len(data)
-    for t in tensors:
-        cursor = (cursor + 255) // 256 * 256
-        data = t["data"].tobytes()
-        objects.append(
-            dict(
-                name=t["name"],
-                kind="tensor",
-                shape=t["shape"],
-                format=t["format"],
-                layout=t["layout"],
-                offset=cursor,
-                bytes=len(data),
-            )
-        )
-        blobs.append((cursor, data))
-        cursor += len(data)
-    directory: dict[str, Any] = {"model_id": model_id, "objects": objects}
-    if edit is not None:
-        edit(directory)
-    text = json.dumps(directory, separators=(",", ":")).encode()
-    payload = (16 + len(text) + 4095) // 4096 * 4096
-    buf = bytearray(payload + cursor)
-    buf[:16] = b"NINFER\x00\x01" + struct.pack("<Q", len(text))
-    buf[16 : 16 + len(text)] = text
-    for off, data in blobs:
-        buf[payload + off : payload + off + len(data)] = data
-    Path(path).write_bytes(bytes(buf))
-    return directory
+    vals = upstream_values(cfg, w) if values is None else values
+    inv = inventory(cfg, bf16) if tensors is None else tensors
+    mid = model_id or MODEL[cfg.is_moe]
+    res = NO_TOKENIZER if resources is None else resources
+    return write_v1(path, mid, inv, lambda t: vals[t.name], res, edit=edit)

@@ -302,8 +302,15 @@ class ArtifactWeights:
 
 
 def open_artifact(path: str | os.PathLike[str], verify: Literal["full", "manifest"] = "full") -> Artifact:
-    """Open and check an artifact. ``verify="full"`` also hashes every blob."""
+    """Open and check an artifact. ``verify="full"`` also hashes every blob. An upstream v1 file (``NINFER``
+    magic) opens as an ``UpstreamArtifact`` with the same interface (``verify="full"`` decodes every object)."""
     path = os.fspath(path)
+    from ninfer.artifact.v1_container import is_v1_file
+
+    if is_v1_file(path):
+        from ninfer.artifact.upstream import open_upstream
+
+        return open_upstream(path, verify)  # type: ignore[return-value]
     try:
         size = os.path.getsize(path)
     except OSError as e:

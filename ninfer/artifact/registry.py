@@ -79,6 +79,13 @@ def _nvfp4(name: str, shape: tuple[int, ...]) -> str:
     return _fixed_format(name, shape) or "NVFP4G16_E4M3S"
 
 
+def _nvfp4_bf16_embeddings(name: str, shape: tuple[int, ...]) -> str:
+    """NVFP4 with the input embedding and the output head kept BF16 (Qwen3.8-27B OrcaRouter)."""
+    if name in ("embed_tokens.weight", "lm_head.weight"):
+        return "BF16"
+    return _nvfp4(name, shape)
+
+
 def _fp8(name: str, shape: tuple[int, ...]) -> str:
     return _fixed_format(name, shape) or "FP8E4M3_F32ROW"
 
@@ -107,6 +114,7 @@ PROFILES: dict[str, Callable[[str, tuple[int, ...]], str]] = {
     "nvfp4": _nvfp4,
     "groupwise-int": _groupwise_int,
     "fp8": _fp8,
+    "nvfp4-bf16-embeddings": _nvfp4_bf16_embeddings,
 }
 
 
@@ -158,6 +166,13 @@ MODELS: dict[str, ModelIdentity] = {
             QWEN36_27B,
             ("nvfp4", "groupwise-int"),
             "Qwen3.8-27B: same body as Qwen3.6-27B",
+        ),
+        ModelIdentity(
+            "qwen3.8-27b-orcarouter",
+            "qwen3_5",
+            QWEN36_27B,
+            ("nvfp4-bf16-embeddings",),
+            "Qwen3.8-27B OrcaRouter: NVFP4 body, BF16 embeddings and output head",
         ),
         ModelIdentity(
             "qwen3.8-flash-next",
@@ -278,12 +293,20 @@ def identity_for_arch(arch: str) -> ModelIdentity:
     return MODELS[architecture(arch).family]
 
 
+def matching_identities(cfg: AnyConfig) -> list[ModelIdentity]:
+    """Every registered identity whose pinned config equals ``cfg`` in every model dimension (several identities
+    share one body: qwen3.6-27b, qwen3.8-27b and its OrcaRouter variant)."""
+    return [
+        m
+        for m in MODELS.values()
+        if m.model_id != "ninfer-demo" and m.arch == cfg.arch and _same_shape(m.config, cfg)
+    ]
+
+
 def match_identity(cfg: AnyConfig) -> ModelIdentity | None:
-    """The registered identity whose pinned config equals ``cfg`` in every model dimension, if any."""
-    for m in MODELS.values():
-        if m.model_id != "ninfer-demo" and m.arch == cfg.arch and _same_shape(m.config, cfg):
-            return m
-    return None
+    """The registered identity whose pinned config equals ``cfg``, if exactly one does."""
+    found = matching_identities(cfg)
+    return found[0] if len(found) == 1 else None
 
 
 _CHECKPOINT_FIELDS = ("eos_token_ids", "mtp_num_hidden_layers")  # describe the checkpoint, not the shape

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -27,7 +28,7 @@ from ninfer.artifact.registry import (
     architecture_for_hf,
     identity,
     identity_for_arch,
-    match_identity,
+    matching_identities,
     shape_diff,
     tensor_plan,
 )
@@ -157,21 +158,78 @@ def _eos_ids(hf: dict[str, Any], gen: dict[str, Any] | None, res: dict[str, byte
     return ()
 
 
-def _select_identity(cfg: AnyConfig, model_id: str | None, allow_unregistered: bool) -> tuple[str, bool]:
+def checkpoint_names(hf_dir: str, hf: dict[str, Any]) -> list[str]:
+    """The names a checkpoint gives itself: ``_name_or_path`` / ``name_or_path`` of config.json and the model
+    card's (README.md front matter) ``model_name`` and ``base_model`` entries."""
+    names = [hf[k] for k in ("_name_or_path", "name_or_path") if isinstance(hf.get(k), str) and hf[k]]
+    card = os.path.join(hf_dir, "README.md")
+    if os.path.exists(card):
+        with open(card, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+        if lines and lines[0].strip() == "---":
+            key = None
+            for line in lines[1:]:
+                if line.strip() == "---":
+                    break
+                m = re.match(r"^([A-Za-z_]+):\s*(.*)$", line)
+                if m:
+                    key, value = m.group(1), m.group(2).strip().strip("'\"")
+                    if key in ("model_name", "base_model") and value:
+                        names.append(value)
+                elif key == "base_model" and line.strip().startswith("- "):
+                    names.append(line.strip()[2:].strip().strip("'\""))
+    return names
+
+
+def _compact(s: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", s.lower())
+
+
+def named_identities(names: Sequence[str]) -> list[str]:
+    """Registered identities the names designate: for each name (its last path part), the longest model id that
+    starts it, compared without case or punctuation (``Qwen/Qwen3.8-27B-Instruct`` -> ``qwen3.8-27b``)."""
+    found: list[str] = []
+    for name in names:
+        tail = _compact(name.rsplit("/", 1)[-1])
+        hits = [m for m in MODELS if m != "ninfer-demo" and tail.startswith(_compact(m))]
+        if hits:
+            best = max(hits, key=len)
+            if best not in found:
+                found.append(best)
+    return found
+
+
+def _select_identity(
+    cfg: AnyConfig, model_id: str | None, allow_unregistered: bool, names: Sequence[str] = ()
+) -> tuple[str, bool]:
+    """The identity to bind: ``model_id`` if given; else the one identity whose pinned shape matches ``cfg``,
+    narrowed by the names the checkpoint gives itself when several share that shape (an error if that does not
+    leave exactly one: never a silent first match)."""
     if model_id is not None:
         ident = identity(model_id)
-        found = match_identity(cfg)
-        same = found is not None and found.config == ident.config
+        same = ident.arch == cfg.arch and not shape_diff(ident.config, cfg)
         if not same and not allow_unregistered:
             raise ConversionError(
                 f"config does not match the pinned shape of {model_id!r}; "
                 "pass --allow-unregistered-shape to convert a checkpoint of another size"
             )
         return model_id, same
-    ident = match_identity(cfg)
-    if ident is not None:
-        return ident.model_id, True
-    family = identity_for_arch(cfg.arch)
+    shaped = [m.model_id for m in matching_identities(cfg)]
+    named = named_identities(names)
+    if shaped:
+        picked = [m for m in shaped if m in named] if named else shaped
+        if len(picked) == 1:
+            return picked[0], True
+        why = (
+            f"it names itself {', '.join(named)}, which its shape does not fit"
+            if named and not picked
+            else "the checkpoint does not say which"
+        )
+        raise ConversionError(
+            f"the checkpoint's shape matches {', '.join(shaped)} and {why}; pass --model-id to choose"
+        )
+    same_arch = [n for n in named if identity(n).arch == cfg.arch]
+    family = identity(same_arch[0]) if len(same_arch) == 1 else identity_for_arch(cfg.arch)
     if not allow_unregistered:
         raise ConversionError(
             f"config matches no registered model identity (closest: {family.model_id}, differs in "
@@ -218,7 +276,8 @@ def convert(
         src = CHECKPOINT_READERS[arch.name](SafetensorsDir(hf_dir), cfg)
         if not any(c.startswith("mtp.") for c in src.names()):
             cfg = replace(cfg, mtp_num_hidden_layers=0)
-        mid, registered = _select_identity(cfg, model_id, allow_unregistered_shape)
+        names = checkpoint_names(hf_dir, hf)
+        mid, registered = _select_identity(cfg, model_id, allow_unregistered_shape, names)
         plan = tensor_plan(mid, cfg, profile)
     except (ConfigError, CheckpointError) as e:
         raise ConversionError(f"{hf_dir}: {e}") from None

@@ -13,11 +13,17 @@ stay independent of the batch. Formats keep their encoding; scales that were per
 FP8 tensor-scaled parts become one row-scaled FP8 weight, NVFP4 parts with different global scales one
 ``NVFP4G16_E4M3S_ROWG`` weight (an f32 global per row; device only, cuda_src/wformat.cuh and wfrag.cuh).
 The parts are dropped from the tensor dict, so fusing costs no memory beyond one layer's copy while it runs.
+
+Parts of different group-int formats (Q4 q|k next to Q5 v) are first widened to the widest of them, value for value
+(``formats.groupint.widen_planes``, on the device). Parts that no format holds exactly together (BF16 a|b next to
+quantized q|k|v|z) are fused per run of joinable parts into a ``FusedRuns``: one product per run, written into the
+columns of one output (``model_layers.linear``), so the model still sees one product.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,8 +32,9 @@ from ninfer.config import ModelConfig
 from ninfer.cuda.nvfp4_layout import to_device_layout, to_natural_layout
 from ninfer.cuda.weights import PLANES, DeviceWeight
 from ninfer.formats import get_format
+from ninfer.formats.groupint import widen_planes, widest
 
-__all__ = ["FUSED", "ROWG", "concat_rows", "fuse_projections", "fused_splits", "missing_tensors"]
+__all__ = ["FUSED", "ROWG", "FusedRuns", "concat_rows", "fuse_projections", "fused_splits", "missing_tensors"]
 
 ROWG = "NVFP4G16_E4M3S_ROWG"
 
@@ -91,9 +98,48 @@ def _f32_rows(xp: Any, parts: Sequence[DeviceWeight], plane: str) -> Any:
     return xp.concatenate(out)
 
 
+@dataclass(frozen=True, slots=True)
+class FusedRuns:
+    """A fused projection stored as consecutive runs of rows in different formats: ``runs[i]`` gives output
+    columns ``[cols[i], cols[i + 1])``."""
+
+    runs: tuple[DeviceWeight, ...]
+    cols: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(r.data.nbytes for r in self.runs))
+
+
+def widen_weight(w: DeviceWeight, fmt: str) -> DeviceWeight:
+    """``w`` re-packed into the wider group-int format ``fmt``, every value kept (on ``w``'s device)."""
+    if w.fmt == fmt:
+        return w
+    xp, shape = _xp(w.data), (w.rows, w.cols)
+    src, dst = _planes(w.fmt, shape), _planes(fmt, shape)
+    sv = [w.data[off : off + size] for off, size in (src[n] for n in ("base", "high", "scale"))]
+    base = sv[0].reshape(w.rows, -1)
+    high = sv[1].reshape(w.rows, -1) if sv[1].size else xp.zeros((w.rows, 0), np.uint8)
+    planes = widen_planes(xp, w.fmt, fmt, base, high, sv[2].view(np.float16).reshape(w.rows, -1))
+    data = xp.zeros(max(off + size for off, size in dst.values()), dtype=np.uint8)
+    for name, plane in zip(("base", "high", "scale"), planes, strict=True):
+        off, size = dst[name]
+        data[off : off + size] = xp.ascontiguousarray(plane).reshape(-1).view(np.uint8)
+    return DeviceWeight(fmt, shape, data, (dst["base"][0], dst["high"][0], dst["scale"][0]))
+
+
+def _joinable(parts: Sequence[DeviceWeight]) -> bool:
+    fmts = {p.fmt for p in parts}
+    return (
+        len({"FP8E4M3_F32ROW" if f == "FP8E4M3_F32T" else f for f in fmts}) == 1
+        or widest(list(fmts)) is not None
+    )
+
+
 def concat_rows(parts: Sequence[DeviceWeight]) -> DeviceWeight:
-    """One weight whose rows are the parts' rows in order (same format and width; see the module docstring).
-    NVFP4 parts are in the device layout (nvfp4_layout.py): joined as natural rows, then laid out again."""
+    """One weight whose rows are the parts' rows in order (same width; one format, or group-int formats that are
+    widened to the widest; see the module docstring). NVFP4 parts are in the device layout (nvfp4_layout.py):
+    joined as natural rows, then laid out again."""
     if parts and parts[0].fmt.startswith("NVFP4"):
         return to_device_layout(_concat_natural([to_natural_layout(p) for p in parts]))
     return _concat_natural(parts)
@@ -103,6 +149,10 @@ def _concat_natural(parts: Sequence[DeviceWeight]) -> DeviceWeight:
     fmt, k = parts[0].fmt, parts[0].cols
     if any(p.cols != k or len(p.shape) != 2 for p in parts):
         raise ValueError(f"concat_rows: parts must be 2-D with {k} columns")
+    wide = widest([p.fmt for p in parts])
+    if wide is not None and any(p.fmt != wide for p in parts):
+        parts = [widen_weight(p, wide) for p in parts]
+        fmt = wide
     base = {"FP8E4M3_F32T": "FP8E4M3_F32ROW"}
     if len({base.get(p.fmt, p.fmt) for p in parts}) != 1 or fmt == ROWG:
         raise ValueError(f"concat_rows: mixed formats {[p.fmt for p in parts]}")
@@ -144,8 +194,22 @@ def fuse_projections(cfg: ModelConfig, tensors: Mapping[str, Any]) -> dict[str, 
         for fused, names in FUSED.items():
             keys = [f"layers.{i}.{n}" for n in names]
             if all(isinstance(out.get(key), DeviceWeight) for key in keys):
-                out[f"layers.{i}.{fused}"] = concat_rows([out.pop(key) for key in keys])
+                out[f"layers.{i}.{fused}"] = _fuse([out.pop(key) for key in keys])
     return out
+
+
+def _fuse(parts: list[DeviceWeight]) -> DeviceWeight | FusedRuns:
+    """``concat_rows`` of the parts, or, when no format holds them all, of each run of joinable parts."""
+    if _joinable(parts):
+        return concat_rows(parts)
+    runs: list[list[DeviceWeight]] = [[parts[0]]]
+    for p in parts[1:]:
+        if _joinable([*runs[-1], p]):
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    fused = tuple(concat_rows(r) if len(r) > 1 else r[0] for r in runs)
+    return FusedRuns(fused, tuple(int(c) for c in np.cumsum([0, *(w.rows for w in fused)])))
 
 
 def missing_tensors(cfg: ModelConfig, tensors: Mapping[str, Any], expected: Sequence[str]) -> list[str]:

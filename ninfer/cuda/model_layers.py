@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda.fuse import fused_splits
+from ninfer.cuda.fuse import FusedRuns, fused_splits
 from ninfer.cuda.model_graph import Meta
 
 __all__ = ["linear", "attention_block", "gdn_block", "ffn_block"]
@@ -38,11 +38,26 @@ def linear(
     row bitwise its decode result. ``swiglu`` (``x`` = [gate | up]) and ``gate=(qg, head_dim)`` apply the SwiGLU or
     the attention output gate to the input first: fused into the GEMV's staging, a separate kernel before the
     GEMM."""
+    w = net.w[name]
+    if isinstance(w, FusedRuns):  # runs of different formats: one product each, into its columns of ``out``
+        if swiglu or gate is not None:
+            raise ValueError(f"{name}: a fused weight of several formats takes no input transform")
+        import cupy
+
+        out = cupy.empty((x.shape[0], w.cols[-1]), dtype=x.dtype) if out is None else out
+        for run, a, b in zip(w.runs, w.cols, w.cols[1:], strict=False):
+            _product(net, x, run, out[:, a:b], exact)
+        return out
+    return _product(net, x, w, out, exact, swiglu=swiglu, gate=gate)
+
+
+def _product(
+    net: Any, x: Any, w: Any, out: Any, exact: bool, *, swiglu: bool = False, gate: Any = None
+) -> Any:
     from ninfer.cuda.activation import sigmoid_gate
     from ninfer.cuda.activation import swiglu as swiglu_kernel
     from ninfer.cuda.linear import gemm, gemv
 
-    w = net.w[name]
     if not _gemm(
         net, x.shape[0], exact
     ):  # more than 8 rows: 8-row blocks, each row bitwise its decode result

@@ -29,7 +29,16 @@ import numpy as np
 
 from .common import CHUNK_ELEMS, Buffer, Format, FormatError, align_up, padded_row_chunks
 
-__all__ = ["GroupIntFormat", "f16_rne", "quantize_groups", "GROUPINT"]
+__all__ = [
+    "GroupIntFormat",
+    "f16_rne",
+    "quantize_groups",
+    "GROUPINT",
+    "WIDTH_ORDER",
+    "widest",
+    "widen",
+    "widen_planes",
+]
 
 ROW_SPLIT = "row-split-k128-v1"
 ENCODER = "MAXABS_F16_RECIP_RNE_V1"
@@ -163,3 +172,72 @@ GROUPINT = (
     GroupIntFormat("Q6G64_F16S", bits=6, group=64, qmax=31, qmin=-32, high_bytes=16),
     GroupIntFormat("W8G32_F16S", bits=8, group=32, qmax=127, qmin=-127, high_bytes=0),
 )
+
+
+# ---- lossless widening --------------------------------------------------------------------------------------
+# Every code of a format fits the codes of each later one, and a 64-wide group is two 32-wide groups with the same
+# scale, so re-packing a tensor into a later format keeps every decoded value bit for bit.
+WIDTH_ORDER = ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S")
+_BY_ID = {f.id: f for f in GROUPINT}
+
+
+def widest(format_ids: Sequence[str]) -> str | None:
+    """The latest of ``format_ids`` in ``WIDTH_ORDER`` (all must be group-int formats), else None."""
+    if not format_ids or any(f not in _BY_ID for f in format_ids):
+        return None
+    return max(format_ids, key=WIDTH_ORDER.index)
+
+
+def _lane_codes(xp: object, fmt: GroupIntFormat, base: object, high: object) -> object:
+    """Signed codes int16 ``[N, lanes]`` of one tensor's base/high planes (``xp``: numpy or cupy)."""
+    n = base.shape[0]  # type: ignore[attr-defined]
+    if fmt.bits == 8:
+        return base.view(xp.int8).astype(xp.int16)  # type: ignore[attr-defined]
+    u = xp.empty((n, base.shape[1] * 2), dtype=xp.int16)  # type: ignore[attr-defined]
+    u[:, 0::2] = base & 0xF
+    u[:, 1::2] = base >> 4
+    if fmt.bits > 4:
+        per = 8 // (fmt.bits - 4)  # lanes per high byte: 8 (Q5) or 4 (Q6)
+        width = fmt.bits - 4
+        shifts = xp.arange(per, dtype=xp.uint8) * width  # type: ignore[attr-defined]
+        hb = (high[:, :, None] >> shifts) & ((1 << width) - 1)  # type: ignore[index]
+        u |= hb.reshape(n, -1).astype(xp.int16) << 4  # type: ignore[attr-defined]
+    return u - ((u >> (fmt.bits - 1)) << fmt.bits)
+
+
+def widen_planes(
+    xp: object, src: str, dst: str, base: object, high: object, scale: object
+) -> tuple[object, object, object]:
+    """Planes of format ``dst`` holding exactly the values of a ``src`` tensor's planes (``views()`` shapes:
+    base u8 ``[N, gpr*32]``, high u8 ``[N, gpr*H]``, scale f16 ``[N, gpr]``); ``dst`` must not come before
+    ``src`` in ``WIDTH_ORDER``. Works on numpy or cupy planes (``xp``)."""
+    fs, fd = _BY_ID[src], _BY_ID[dst]
+    if WIDTH_ORDER.index(dst) < WIDTH_ORDER.index(src):
+        raise FormatError(f"cannot widen {src} to the narrower {dst}")
+    q = _lane_codes(xp, fs, base, high)
+    n = q.shape[0]  # type: ignore[attr-defined]
+    if fd.group != fs.group:  # 64-wide groups split in two 32-wide groups of the same scale
+        scale = xp.repeat(scale, fs.group // fd.group, axis=1)  # type: ignore[attr-defined]
+    if fd.bits == 8:
+        return q.astype(xp.int8).view(xp.uint8), xp.zeros((n, 0), xp.uint8), scale  # type: ignore[attr-defined]
+    u = (q & ((1 << fd.bits) - 1)).astype(xp.uint8)  # type: ignore[attr-defined]
+    out_base = (u[:, 0::2] & 0xF) | ((u[:, 1::2] & 0xF) << 4)
+    hb = u >> 4
+    if fd.bits == 4:
+        return out_base, xp.zeros((n, 0), xp.uint8), scale  # type: ignore[attr-defined]
+    width = fd.bits - 4
+    per = 8 // width
+    shifts = xp.arange(per, dtype=xp.uint8) * width  # type: ignore[attr-defined]
+    out_high = (hb.reshape(n, -1, per) << shifts).sum(axis=2, dtype=xp.uint8)  # type: ignore[attr-defined]
+    return out_base, out_high, scale
+
+
+def widen(buf: Buffer, shape: Sequence[int], src: str, dst: str) -> np.ndarray:
+    """The ``dst`` encoding (1-D uint8) of a ``src``-encoded tensor of ``shape``, value for value."""
+    if src == dst:
+        return _BY_ID[src].as_bytes(buf, shape).copy()
+    v = _BY_ID[src].views(buf, shape)
+    out = np.zeros(_BY_ID[dst].encoded_size(shape), np.uint8)
+    d = _BY_ID[dst].views(out, shape)
+    d["base"][:], d["high"][:], d["scale"][:] = widen_planes(np, src, dst, v["base"], v["high"], v["scale"])
+    return out

@@ -69,7 +69,7 @@ def estimate_plan(art: Any, server_cfg: Any) -> Any:
     mc = art.model_config
     snap = snapshot_bytes(mc, ec.gdn_state_dtype)
     n_ckpt = (ec.checkpoint_budget(snap) // snap + ec.max_concurrency) if ec.prefix_reuse else 0
-    weights = sum(int(t["nbytes"]) for t in art.manifest["tensors"])
+    weights = sum(int(art.tensor_info(n)["nbytes"]) for n in art.tensor_names())
     plan = plan_memory(
         mc, weights=weights, free=0, lanes=ec.max_concurrency, checkpoints=n_ckpt, num_pages=ec.num_pages,
         page_size=ec.page_size, max_context=ec.max_context, prefill_chunk=ec.prefill_chunk, attn_chunk=256,
@@ -84,10 +84,8 @@ def _open(preset: Preset, server_cfg: Any, verify: str) -> tuple[Any, str]:
     from ninfer.artifact import open_artifact
     from ninfer.artifact.upstream import is_upstream_v1
 
-    if is_upstream_v1(preset.artifact):
-        from ninfer.artifact.v1 import V1Artifact
-
-        return V1Artifact.open(preset.artifact), "upstream-v1"
+    if is_upstream_v1(preset.artifact):  # served as it is (bound by upstream's names)
+        return open_artifact(preset.artifact, verify=verify), "upstream-v1"  # type: ignore[arg-type]
     check_artifact(server_cfg)  # registered shape (or --allow-unregistered-shape)
     return open_artifact(preset.artifact, verify=verify), verify  # type: ignore[arg-type]
 
