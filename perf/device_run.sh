@@ -6,11 +6,12 @@
 #   bench   the kernel micro-benchmarks and the per-kernel profile (perf/bench_*.py, perf/profile_step.py)
 #   perf    `ninfer-perf --quick` (27B and 35B-A3B at nvfp4, transformers column)
 # e.g. `bash perf/device_run.sh tests bench`
-# Installs only what the image lacks (pytest and msgspec wheels from .whl-cuda/, carried by the caller).
+# Installs only what the image lacks (pytest and msgspec wheels from .whl-cuda/, the API stack from .whl/, both
+# carried by the caller).
 # CuPy's kernel cache travels between calls: .cupy-cache.tgz (carried, if present) is unpacked first and the cache
 # is packed again into $OUT/cupy-cache.tgz at the end, which saves the cold NVRTC compile (~80 s) next time.
 # Env: COMMIT (recorded with the results; pass it from the machine holding the repository: a copied checkout's
-# git may report a stale HEAD), PYTEST_K (-k filter), TEST_TIMEOUT, PERF_TIMEOUT, BENCHES, PERF_ARGS.
+# git may report a stale HEAD), PYTEST_K (-k filter), TEST_FILES (default tests/test_cuda_*.py), TEST_TIMEOUT, PERF_TIMEOUT, BENCHES, PERF_ARGS.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -23,6 +24,12 @@ for need in "pytest:pytest pluggy iniconfig packaging pygments" "msgspec:msgspec
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-$mod $whls \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site-$mod
 done
+# The API stack the image lacks (ray, litestar, uvicorn, xgrammar, ...: ../shared/tools/device-wheels.sh prepares
+# .whl/, carried by the caller), for the live-server and serving runs.
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-api .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site-api
+fi
 run_tests() {
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python3 -c "import transformers, torch, cupy; print('transformers', transformers.__version__, 'torch', torch.__version__, 'cupy', cupy.__version__)"
@@ -31,7 +38,7 @@ import time; t = time.perf_counter()
 from ninfer.cuda import warmup; print('compiled', sum(warmup(workers=12).values()), 'instances in', round(time.perf_counter() - t, 1), 's')"
   } 2>&1 | tee "$OUT/compile.txt"
   NINFER_GPU_REPORT=$OUT/gpu_report.json NINFER_GPU_REPORT_MODEL=$OUT/model_report.json \
-    timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -m gpu tests/test_cuda_*.py -p no:cacheprovider \
+    timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -m gpu ${TEST_FILES:-tests/test_cuda_*.py} -p no:cacheprovider \
     --timeout 200 -rf ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.txt" | grep -v PASSED | tail -40
 }
 run_bench() {
