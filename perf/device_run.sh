@@ -39,7 +39,7 @@ from ninfer.cuda import warmup; print('compiled', sum(warmup(workers=12).values(
   } 2>&1 | tee "$OUT/compile.txt"
   NINFER_GPU_REPORT=$OUT/gpu_report.json NINFER_GPU_REPORT_MODEL=$OUT/model_report.json \
     timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -m gpu ${TEST_FILES:-tests/test_cuda_*.py} -p no:cacheprovider \
-    --timeout 200 -rf ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.txt" | grep -v PASSED | tail -40
+    --timeout 200 -rf --continue-on-collection-errors ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.txt" | grep -v PASSED | tail -40
 }
 run_bench() {
   for b in ${BENCHES:-profile_step bench_gemm bench_gemv bench_gdn bench_gdn_decode bench_attention bench_attention_decode}; do
