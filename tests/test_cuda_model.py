@@ -301,7 +301,7 @@ def test_runner_reports_memory_plan(cuda_models: Any) -> None:
 
 
 @gpu
-def test_runner_honours_the_memory_reserve(cuda_models: Any, cuda_engine_runner: None) -> None:
+def test_runner_honours_the_memory_reserve(cuda_models: Any) -> None:
     """``--memory-reserve-gib``'s bytes reach the runner's plan: a reserve larger than the free memory makes the
     engine refuse to start with a MemoryPlanError naming the reserve; a small one is recorded in the plan."""
     import cupy
