@@ -145,7 +145,7 @@ def measure(
     path: Path, lanes: list[int], context: int, steps: int, log: Callable[[str], None]
 ) -> dict[str, Any]:
     import cupy
-    from ninfer.cuda.model_weights import tensor_bytes, upload_artifact
+    from ninfer.cuda.upload import tensor_bytes, upload_artifact
 
     from ninfer.artifact import open_artifact
     from ninfer.cuda.model import CudaQwen36
