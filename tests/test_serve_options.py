@@ -63,6 +63,8 @@ def test_memory_reserve_reaches_the_cuda_memory_plan() -> None:
     assert cfg.memory_reserve_gib == 1.5
     assert actor_spec(cfg, "cuda").backend_options["memory_reserve_bytes"] == 3 << 29
     assert "memory_reserve_bytes" not in actor_spec(cfg, "reference").backend_options  # no device plan there
-    assert config_from_args(_parser().parse_args(["serve", "a.ninfer"])).memory_reserve_gib == 0
+    none = config_from_args(_parser().parse_args(["serve", "a.ninfer"]))
+    assert none.memory_reserve_gib == 0
+    assert "memory_reserve_bytes" not in actor_spec(none, "cuda").backend_options  # options as before
     with pytest.raises(ServerConfigError, match="--memory-reserve-gib"):
         ServerConfig(artifact="a.ninfer", memory_reserve_gib=-1)
