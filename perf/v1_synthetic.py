@@ -145,10 +145,10 @@ def measure(
     path: Path, lanes: list[int], context: int, steps: int, log: Callable[[str], None]
 ) -> dict[str, Any]:
     import cupy
-    from ninfer.cuda.upload import tensor_bytes, upload_artifact
 
     from ninfer.artifact import open_artifact
     from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.upload import tensor_bytes, upload_artifact
 
     from .bench_model import bench_decode
 

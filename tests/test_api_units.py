@@ -272,7 +272,7 @@ def test_no_cuda_graph_is_a_backend_option_not_an_engine_option() -> None:
 
     cfg = ServerConfig(artifact="a.ninfer", cuda_graph=False)
     spec = actor_spec(cfg, "cuda")
-    assert spec.backend_options == {"cuda_graph": False, "act_dtype": "fp32", "memory_reserve_bytes": 0}
+    assert spec.backend_options == {"cuda_graph": False, "act_dtype": "fp32"}
     assert isinstance(spec.engine, EngineConfig) and spec.engine is cfg.engine  # carried typed, as it is
     assert actor_spec(cfg, "reference").backend_options == {}
 

@@ -162,9 +162,8 @@ def test_inspect_and_verify_give_the_verdict_serve_acts_on(tmp_path, monkeypatch
 def test_cuda_upload_plan_on_the_host(tmp_path, moe: bool) -> None:
     """What the CUDA loader does with a v1 file, on NumPy: every matrix's bytes as ``raw`` gives them, fused per
     ``cuda.fuse`` (widened, or as runs): each fused weight decodes to the reference's weights in fused row order."""
-    from ninfer.cuda.upload import is_vector
-
     from ninfer.cuda.fuse import FUSED, FusedRuns, fuse_projections
+    from ninfer.cuda.upload import is_vector
     from ninfer.cuda.weights import DeviceWeight, plane_offsets
 
     cfg = w.tiny_config(moe)
