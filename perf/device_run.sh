@@ -24,7 +24,7 @@ for need in "pytest:pytest pluggy iniconfig packaging pygments" "msgspec:msgspec
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-$mod $whls \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site-$mod
 done
-# The API stack the image lacks (ray, litestar, uvicorn, xgrammar, ...: ../shared/tools/device-wheels.sh prepares
+# The API stack the image lacks (ray, litestar, uvicorn, xgrammar, ...: the device tooling's wheel script prepares
 # .whl/, carried by the caller), for the live-server and serving runs.
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-api .whl/*.whl \
