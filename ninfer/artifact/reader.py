@@ -18,6 +18,7 @@ from ninfer.artifact.container import BLOB_ALIGN, ArtifactError, content_digest,
 from ninfer.artifact.inventory import TensorPlan
 from ninfer.artifact.registry import AnyConfig, RegistryError, architecture, check_config, tensor_plan
 from ninfer.artifact.rows import gather_rows, is_row_local
+from ninfer.artifact.weights import ArtifactWeights
 from ninfer.config import ConfigError
 from ninfer.formats import FORMATS, FormatError
 
@@ -270,35 +271,6 @@ class Artifact:
             os.close(fd)
         if content_digest(self.manifest) != self.digest:
             raise ArtifactError(f"{self.path}: manifest digest does not match its blob digests")
-
-
-class ArtifactWeights:
-    """WeightSource over an artifact: float32 tensors in the model's shape, dequantized once and cached.
-
-    ``get_rows`` serves rows without decoding the tensor: host-rows tensors (the n-gram tables) are only ever
-    read this way, from their own mapped region, and are never cached whole.
-    """
-
-    def __init__(self, art: Artifact) -> None:
-        self._art = art
-        self._cache: dict[str, np.ndarray] = {}
-
-    def get(self, name: str) -> np.ndarray:
-        if name not in self._cache:
-            self._cache[name] = self._art.tensor(name)
-        return self._cache[name]
-
-    def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
-        """Rows ``[n, K]`` float32 of a 2-D tensor (embedding and n-gram gathers)."""
-        if name in self._cache:
-            return self._cache[name][np.asarray(rows, np.int64)]
-        return self._art.rows(name, rows)
-
-    def names(self) -> list[str]:
-        return self._art.tensor_names()
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._art._tensors
 
 
 def open_artifact(path: str | os.PathLike[str], verify: Literal["full", "manifest"] = "full") -> Artifact:

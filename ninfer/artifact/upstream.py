@@ -27,6 +27,7 @@ from ninfer.artifact.registry import identity, shape_diff
 from ninfer.artifact.rows import gather_rows, row_planes, take_rows
 from ninfer.artifact.v1_binding import V1_MODEL_IDS, Recipe, bind
 from ninfer.artifact.v1_container import V1Container, V1FormatError, is_v1_file
+from ninfer.artifact.weights import ArtifactWeights
 from ninfer.artifact.writer import RESOURCE_FILES
 from ninfer.config import ModelConfig
 from ninfer.formats import FORMATS
@@ -168,8 +169,8 @@ class UpstreamArtifact:
         got = gather_rows(FORMATS[info["format"]], self.raw(name), tuple(info["shape"]), uniq)
         return got[inverse.reshape(-1)]
 
-    def weights(self) -> UpstreamWeights:
-        return UpstreamWeights(self)
+    def weights(self) -> ArtifactWeights:
+        return ArtifactWeights(self)
 
     # ---- resources and checks ----------------------------------------------------------------------------------
     def resource(self, role: str) -> bytes | None:
@@ -201,30 +202,6 @@ class UpstreamArtifact:
             ids = self.v1.decode("text/draft_head_token_ids")
             if np.unique(ids).size != ids.size or ids.min() < 0 or ids.max() >= self.model_config.vocab_size:
                 raise ArtifactError(f"{self.path}: draft head token ids are not unique ids of the vocabulary")
-
-
-class UpstreamWeights:
-    """WeightSource over an ``UpstreamArtifact``: float32 canonical tensors, decoded once and cached."""
-
-    def __init__(self, art: UpstreamArtifact) -> None:
-        self._art = art
-        self._cache: dict[str, np.ndarray] = {}
-
-    def get(self, name: str) -> np.ndarray:
-        if name not in self._cache:
-            self._cache[name] = self._art.tensor(name)
-        return self._cache[name]
-
-    def get_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
-        if name in self._cache:
-            return self._cache[name][np.asarray(rows, np.int64)]
-        return self._art.rows(name, rows)
-
-    def names(self) -> list[str]:
-        return self._art.tensor_names()
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._art._info
 
 
 def open_upstream(
