@@ -18,6 +18,7 @@ from ninfer.cuda.loader import KernelError
 __all__ = [
     "KernelError",
     "act_type",
+    "array_module",
     "arrival_counters",
     "check_array",
     "check_rows",
@@ -127,3 +128,11 @@ def arrival_counters(n: int) -> Any:
     import cupy
 
     return _counters(cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr).get(n)
+
+
+def array_module(a: Any) -> Any:
+    """numpy or cupy, whichever holds ``a`` (cupy only if something already imported it: host code stays CPU-only)."""
+    import sys
+
+    cupy = sys.modules.get("cupy")
+    return cupy.get_array_module(a) if cupy is not None else np

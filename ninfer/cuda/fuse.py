@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.config import ModelConfig
+from ninfer.cuda._common import array_module
 from ninfer.cuda.nvfp4_layout import to_device_layout, to_natural_layout
 from ninfer.cuda.weights import PLANES, DeviceWeight
 from ninfer.formats import get_format
@@ -81,13 +82,6 @@ def _planes(fmt: str, shape: tuple[int, int]) -> dict[str, tuple[int, int]]:
     return {n: (views[n].ctypes.data - host.ctypes.data, views[n].nbytes) for n in PLANES[fmt]}
 
 
-def _xp(a: Any) -> Any:
-    import sys
-
-    cupy = sys.modules.get("cupy")
-    return cupy.get_array_module(a) if cupy is not None else np
-
-
 def _f32_rows(xp: Any, parts: Sequence[DeviceWeight], plane: str) -> Any:
     """The parts' per-row f32 scales of ``plane`` (a per-tensor scalar repeated over the part's rows)."""
     out = []
@@ -115,7 +109,7 @@ def widen_weight(w: DeviceWeight, fmt: str) -> DeviceWeight:
     """``w`` re-packed into the wider group-int format ``fmt``, every value kept (on ``w``'s device)."""
     if w.fmt == fmt:
         return w
-    xp, shape = _xp(w.data), (w.rows, w.cols)
+    xp, shape = array_module(w.data), (w.rows, w.cols)
     src, dst = _planes(w.fmt, shape), _planes(fmt, shape)
     sv = [w.data[off : off + size] for off, size in (src[n] for n in ("base", "high", "scale"))]
     base = sv[0].reshape(w.rows, -1)
@@ -156,7 +150,7 @@ def _concat_natural(parts: Sequence[DeviceWeight]) -> DeviceWeight:
     base = {"FP8E4M3_F32T": "FP8E4M3_F32ROW"}
     if len({base.get(p.fmt, p.fmt) for p in parts}) != 1 or fmt == ROWG:
         raise ValueError(f"concat_rows: mixed formats {[p.fmt for p in parts]}")
-    xp, n = _xp(parts[0].data), sum(p.rows for p in parts)
+    xp, n = array_module(parts[0].data), sum(p.rows for p in parts)
     out_fmt = base.get(fmt, fmt)
     row_global = None
     if out_fmt == "NVFP4G16_E4M3S":

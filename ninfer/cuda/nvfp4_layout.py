@@ -25,7 +25,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["POS", "device_planes", "natural_planes", "padded_rows", "to_device_layout", "to_natural_layout"]
+from ninfer.cuda._common import array_module
+
+__all__ = [
+    "POS",
+    "array_module",
+    "device_planes",
+    "natural_planes",
+    "padded_rows",
+    "to_device_layout",
+    "to_natural_layout",
+]
 
 GROUP, TILE = 16, 128
 # pair i -> bit positions (in the low half) of its code's magnitude bits m, e0, e1 and its sign; the high half's
@@ -95,17 +105,10 @@ def natural_planes(xp: Any, codes: Any, scales: Any, rows: int) -> tuple[Any, An
     return _tile(xp, words, rows, TILE // 2, True), _tile(xp, scales, rows, TILE // 16, True)
 
 
-def _xp(a: Any) -> Any:
-    import sys
-
-    cupy = sys.modules.get("cupy")
-    return cupy.get_array_module(a) if cupy is not None else np
-
-
 def _rebuild(w: Any, to_device: bool) -> Any:
     """``w`` (an NVFP4 or NVFP4 row-global DeviceWeight) with its code and scale planes converted; planes are
     laid out codes, scales, global (the codec's order) at their new sizes."""
-    xp, rows, data = _xp(w.data), w.rows, w.data
+    xp, rows, data = array_module(w.data), w.rows, w.data
     kp = -(-w.cols // TILE) * TILE
     r_in = rows if to_device else padded_rows(rows)
     o0, o1, o2 = w.offsets
