@@ -41,7 +41,7 @@ def _plan(lin: Any, base: Any, variant: str) -> Any:
     return plan
 
 
-def _source(loader: Any, original: Any, variant: str) -> Any:
+def _source(original: Any, variant: str) -> Any:
     def src(name: str) -> str:
         s = original(name)
         if name != "gemv.cu":
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
                 _random_weight(fmt, SHAPES[name]) for _ in range(_copies(w0.data.nbytes) - 1)
             ]
         for v in a.variants.split(","):
-            loader.source_text = _source(loader, original, v)
+            loader.source_text = _source(original, v)
             loader.load_module.cache_clear()
             lin._GV_STAGES = 3 if v == "stages3" else stages0
             lin.gemv_plan = _plan(lin, plan0.__wrapped__, v)

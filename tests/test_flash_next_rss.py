@@ -29,6 +29,7 @@ from hf_tiny_flash import random_weights, tiny_hf_config
 from ninfer.artifact import write_artifact
 from ninfer.flash_next import FlashNextConfig
 from ninfer.flash_next.names import ngram_table_name
+from perf.v1_synthetic import drop_page_cache
 
 pytestmark = pytest.mark.skipif(
     not (sys.platform.startswith("linux") and hasattr(os, "posix_fadvise")), reason="Linux page-cache control"
@@ -82,15 +83,6 @@ class LazyTable:
         return self._block[(np.arange(a, b) * 40503) & 0xFFFF]
 
 
-def _drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _run(path: Path, verify: str) -> dict:
     """Run ``RUN`` in a fresh interpreter. Linux carries ru_maxrss across execve, and a child forked from this
     (large) test process starts from a copy of its memory, so the interpreter is forked by a small shell
@@ -118,7 +110,7 @@ def test_ngram_region_is_read_through_the_map(tmp_path: Path) -> None:
             table_kib > 500_000 and os.path.getsize(path) // 1024 < table_kib + 1024
         )  # the table is the file
 
-        _drop_cache(path)
+        drop_page_cache(path)
         cold = _run(path, "manifest")
         cached = cold.pop("cached")
         print(f"\ncold cache: RSS {cold} KiB vs table {table_kib} KiB")
