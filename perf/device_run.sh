@@ -26,9 +26,10 @@ for need in "pytest:pytest pluggy iniconfig packaging pygments" "msgspec:msgspec
 done
 # The API stack the image lacks (ray, litestar, uvicorn, xgrammar, ...: the device tooling's wheel script prepares
 # .whl/, carried by the caller), for the live-server and serving runs.
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-api .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site-api
+if ls .whl/*.whl >/dev/null 2>&1; then  # once per machine: later calls find the installed copy
+  [ -d /tmp/site-api ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --target /tmp/site-api .whl/*.whl
+  export PYTHONPATH=$PYTHONPATH:/tmp/site-api
 fi
 run_tests() {
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
