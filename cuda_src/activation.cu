@@ -9,6 +9,7 @@
 template <typename T>
 __global__ void swiglu(const T* __restrict__ gu, T* __restrict__ out, int rows, int I, long long ldg,
                        long long ldo) {
+    pdl_trigger();
     const long long n = (long long)rows * I;
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x) {
         const long long r = e / I, i = e % I;
@@ -20,6 +21,7 @@ __global__ void swiglu(const T* __restrict__ gu, T* __restrict__ out, int rows, 
 template <typename T>
 __global__ void sigmoid_gate(const T* __restrict__ x, const T* __restrict__ gate, T* __restrict__ out, int rows,
                              int heads, int D, long long ldx, long long gsr, long long gsh, long long ldo) {
+    pdl_trigger();
     const long long width = (long long)heads * D, n = rows * width;
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x) {
         const long long r = e / width, c = e % width, h = c / D, d = c % D;

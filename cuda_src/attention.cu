@@ -73,6 +73,7 @@ __global__ void __launch_bounds__(256)
                           C* __restrict__ v_cache, float* __restrict__ k_scale, float* __restrict__ v_scale,
                           int T_, int HQ, int HKV, int rot, int sec1, int sec2, int interleaved, float theta,
                           float eps, long long ldq, long long ldqh, long long ldk, long long ldv) {
+    pdl_trigger();
     __shared__ float buf[8][D];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long rowid = (long long)blockIdx.x * 8 + warp;
@@ -172,6 +173,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
               const int* __restrict__ page_table, const int* __restrict__ row_seq, const int* __restrict__ row_pos,
               T* __restrict__ o, float* ws_o, float* ws_ml, float* wg_o, float* wg_ml, int* cnt, int HQ, int HKV,
               int page_size, int page_shift, long long ldpt, int chunk, int nsplit, int ngmax, float qk_scale) {
+    pdl_trigger();
     constexpr int NP = D / 16, NU = D / 32, U = D >= 64 ? 8 : 4, NJ = D / (8 * U);
     constexpr bool QSPLIT = sizeof(T) == 4, VSPLIT = sizeof(C) == 4, PRE = sizeof(C) <= 2;  // PRE: prefetch
     extern __shared__ uint4 att_smem[];  // attention.py smem_bytes mirrors this layout

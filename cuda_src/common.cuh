@@ -148,3 +148,19 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.f + expf(-x)); }
+
+// ---- programmatic dependent launch (ninfer/cuda/launch.py) ----------------------------------------------------
+// pdl_trigger: the kernels launched after this one with the PDL attribute may start (they still wait for this
+// grid's completion in pdl_wait before touching its data); a no-op when nothing is launched that way. pdl_wait:
+// returns once the grids this launch depends on have completed and their writes are visible (a no-op for a
+// kernel launched without the attribute).
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}

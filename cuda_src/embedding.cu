@@ -8,6 +8,7 @@
 template <typename F, typename T>
 __global__ void embed(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
                       const int* __restrict__ ids, T* __restrict__ out, int V, int H, long long ldo) {
+    pdl_trigger();
     const int t = blockIdx.x;
     const int id = ids[t];
     T* o = out + (long long)t * ldo;

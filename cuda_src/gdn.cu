@@ -11,6 +11,7 @@ template <typename T, int KW>
 __global__ void causal_conv(const T* __restrict__ x, const float* __restrict__ w, float* __restrict__ state,
                             T* __restrict__ y, const int* __restrict__ starts, const int* __restrict__ slots, int C,
                             long long ldx, long long ldy) {
+    pdl_trigger();
     const int c = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
     if (c >= C) return;
     float* st = state + ((long long)slots[b] * C + c) * (KW - 1);
@@ -181,6 +182,7 @@ __global__ void __launch_bounds__(256)
                 const float* __restrict__ A_log, const float* __restrict__ dt_bias, S* __restrict__ state,
                 T* __restrict__ o, const int* __restrict__ starts, const int* __restrict__ slots, int HK, int HV,
                 int DV, long long ldqkv, long long lda, long long ldb, long long ldo) {
+    pdl_trigger();
     constexpr int C = GDN_CHUNK, NT = 256;
     using L = GdnChunkSmem<DK, DVS>;
     constexpr int KST = L::KST, SST = L::SST, VST = L::VST, MST = L::MST;

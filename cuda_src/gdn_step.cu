@@ -42,6 +42,7 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
              const float* __restrict__ dt_bias, S* __restrict__ state, T* __restrict__ o,
              const int* __restrict__ starts, const int* __restrict__ slots, int HK, int HV, int DV, long long ldqkv,
              long long lda, long long ldb, long long ldo) {
+    pdl_trigger();
     using G = GdnStep<DK>;
     constexpr int RPW = G::RPW, NW = G::NW, NT = G::NT, CT = G::CT, NCH = G::NCH, CPT = G::CPT;
     constexpr int R32 = (DK + 31) / 32;
@@ -185,6 +186,7 @@ __global__ void __launch_bounds__(128)
                   const T* __restrict__ x, float* __restrict__ conv_state, const int* __restrict__ starts,
                   const int* __restrict__ slots, int rows, int HV, int DV, int QKC, int C, float eps, long long ldo,
                   long long ldz, long long ldy, long long ldx) {
+    pdl_trigger();
     const int tid = threadIdx.x;
     if (blockIdx.y == 0) {
         const long long row = (long long)blockIdx.x * 4 + (tid >> 5);

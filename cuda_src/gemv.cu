@@ -19,7 +19,8 @@
 
 #define GV_WARPS 4
 #define GV_STAGES 4  // per-warp weight pipeline depth: 3 K-tiles in flight while one is computed
-#define GV_CHUNK 4   // K-tiles of activations staged per block barrier (double-buffered)
+#define GV_CHUNK 4    // K-tiles of activations staged per block barrier (double-buffered), 2-8 lanes
+#define GV_CHUNK1 16  // the same for one lane: 4x fewer barriers (a split of <= 16 tiles stages once)
 #define GV_MIN_BLOCKS 4  // resident blocks per SM the registers are budgeted for (launch bounds)
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -75,8 +76,11 @@ __device__ __forceinline__ void gv_load8(const T* p, const T* p2, int xf, int k,
 // hi b1[, lo b0, lo b1]). A thread owns items (8 consecutive activations of one lane) threadIdx.x + j * 128;
 // their global loads are issued a chunk ahead (gv_fetch, into registers) and converted and stored after the
 // current chunk's math (gv_put), so their latency hides behind the weights' stream.
+template <int NB> struct GvChunk {
+    static constexpr int V = NB == 1 ? GV_CHUNK1 : GV_CHUNK;
+};
 template <int NB> struct GvItems {
-    static constexpr int N = (NB * GV_CHUNK * 16 + GV_WARPS * 32 - 1) / (GV_WARPS * 32);
+    static constexpr int N = (NB * GvChunk<NB>::V * 16 + GV_WARPS * 32 - 1) / (GV_WARPS * 32);
 };
 
 template <typename F, typename T, int NB>
@@ -85,8 +89,8 @@ __device__ __forceinline__ void gv_fetch(float (&v)[GvItems<NB>::N][8], const T*
 #pragma unroll
     for (int j = 0; j < GvItems<NB>::N; ++j) {
         const int item = threadIdx.x + j * GV_WARPS * 32, g = item % NB, tl = item / NB >> 4, cc = item / NB & 15;
-        const int tile = c * GV_CHUNK + tl, k = (kt0 + tile) * 128 + 8 * cc;
-        const bool in = item < NB * GV_CHUNK * 16 && g < nb && tile < nt && k < K;
+        const int tile = c * GvChunk<NB>::V + tl, k = (kt0 + tile) * 128 + 8 * cc;
+        const bool in = item < NB * GvChunk<NB>::V * 16 && g < nb && tile < nt && k < K;
         const long long gg = in ? g : 0;
         gv_load8<T>(xb + gg * ldx, x2b + gg * ldx2, xf, in ? k : 0, gd, in, v[j]);
     }
@@ -99,7 +103,7 @@ __device__ __forceinline__ void gv_put(const float (&v)[GvItems<NB>::N][8], u32*
 #pragma unroll
     for (int j = 0; j < GvItems<NB>::N; ++j) {
         const int item = threadIdx.x + j * GV_WARPS * 32, g = item % NB, tl = item / NB >> 4, cc = item / NB & 15;
-        if (item >= NB * GV_CHUNK * 16) break;
+        if (item >= NB * GvChunk<NB>::V * 16) break;
         int t, w;
         F::chunk(cc, t, w);
         u32 hi[4], lo[4];
@@ -130,18 +134,18 @@ __device__ __forceinline__ void gv_tile(const u32* sm, int tl, const typename F:
         F::prep(raw[mt][1], p[mt][1]);
     }
     float tmp[MT][4];
+    // mma columns g >= NB (never stored) read lane NB - 1's fragments: no predicate, no zeroing per step
+    const int gb = g < NB ? g : NB - 1;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-        u32 b[4] = {0u, 0u, 0u, 0u};
-        if (g < NB) {
-            const u32* f = sm + ((size_t)((tl * 8 + s) * NB + g) * 4 + t) * FW;
-            if (SPLIT) {
-                const uint4 v = *reinterpret_cast<const uint4*>(f);
-                b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
-            } else {
-                const uint2 v = *reinterpret_cast<const uint2*>(f);
-                b[0] = v.x, b[1] = v.y;
-            }
+        u32 b[4];
+        const u32* f = sm + ((size_t)((tl * 8 + s) * NB + gb) * 4 + t) * FW;
+        if (SPLIT) {
+            const uint4 v = *reinterpret_cast<const uint4*>(f);
+            b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
+        } else {
+            const uint2 v = *reinterpret_cast<const uint2*>(f);
+            b[0] = v.x, b[1] = v.y, b[2] = b[3] = 0u;
         }
         const int w = s >> 1, i = 2 * (s & 1);
 #pragma unroll
@@ -178,6 +182,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
              const int* __restrict__ xrow, float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows,
              long long ldx, long long ldx2, long long ldy, long long row0, int experts, int xf,
              int gd) {
+    pdl_trigger();
     extern __shared__ __align__(16) u32 gv_sm[];
     __shared__ int gv_last;
     constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16, STAGE = F::VECS * 512;
@@ -186,6 +191,9 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     long long wbase, xr0;
     T* yb;
     int nb;
+    // launched with PDL (ninfer/cuda/launch.py): nothing an earlier kernel writes is read before pdl_wait. Expert
+    // launches need the router's ids for their rows; the others issue their first weight tiles, then wait.
+    if (experts) pdl_wait();
     if (experts) {
         wbase = (long long)ids[z] * N, xr0 = xrow[z], yb = y + (long long)z * ldy, nb = 1;
     } else {
@@ -203,13 +211,15 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
         wr[mt][1] = wbase + min(r0 + mt * 16 + g + 8, N - 1);
     }
     // weights: a per-warp ring of GV_STAGES tiles, GV_STAGES - 1 of them in flight ahead of the math
-    constexpr int ACT = GV_CHUNK * 8 * NB * 4 * FW;  // u32 words of one activation chunk buffer
+    constexpr int ACT = GvChunk<NB>::V * 8 * NB * 4 * FW;  // u32 words of one activation chunk buffer
     u8* wsm = reinterpret_cast<u8*>(gv_sm + 2 * ACT) + warp * GV_STAGES * STAGE;
+    typename F::Src src = F::src(p0, p1, p2, K, wr, kt0 * 128, t);
 #pragma unroll
     for (int s = 0; s < GV_STAGES - 1; ++s) {
-        if (s < nt) F::copy(wsm + s * STAGE, lane, p0, p1, p2, K, wr, (kt0 + s) * 128, t);
+        if (s < nt) F::copy_next(wsm + s * STAGE, lane, src, t);
         cp_async_commit();
     }
+    if (!experts) pdl_wait();
     float xv[GvItems<NB>::N][8];
     gv_fetch<F, T, NB>(xv, xb, x2b, ldx, ldx2, xf, gd, nb, K, kt0, nt, 0);
     gv_put<F, T, NB>(xv, gv_sm);
@@ -217,13 +227,13 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     float acc[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
-    const int nchunks = (nt + GV_CHUNK - 1) / GV_CHUNK;
+    const int nchunks = (nt + GvChunk<NB>::V - 1) / GvChunk<NB>::V;
     for (int c = 0; c < nchunks; ++c) {
         if (c + 1 < nchunks) gv_fetch<F, T, NB>(xv, xb, x2b, ldx, ldx2, xf, gd, nb, K, kt0, nt, c + 1);
         const u32* act = gv_sm + (c & 1) * ACT;
 #pragma unroll 1
-        for (int tl = 0; tl < GV_CHUNK; ++tl) {
-            const int i = c * GV_CHUNK + tl;
+        for (int tl = 0; tl < GvChunk<NB>::V; ++tl) {
+            const int i = c * GvChunk<NB>::V + tl;
             if (i >= nt) break;
             cp_async_wait<GV_STAGES - 2>();  // this lane's copies of tile i have landed
             typename F::Raw raw[MT][2];
@@ -235,8 +245,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
             }
             // refill the stage read one iteration ago (its values are consumed: no lane reads it again)
             if (i + GV_STAGES - 1 < nt)
-                F::copy(wsm + ((i + GV_STAGES - 1) % GV_STAGES) * STAGE, lane, p0, p1, p2, K, wr,
-                        (kt0 + i + GV_STAGES - 1) * 128, t);
+                F::copy_next(wsm + ((i + GV_STAGES - 1) % GV_STAGES) * STAGE, lane, src, t);
             cp_async_commit();
             gv_tile<F, T, NB>(act, tl, raw, acc);
         }
@@ -260,9 +269,13 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) part[(warp * MT * 16 + mt * 16 + g + (e >> 1) * 8) * 8 + 2 * t + (e & 1)] = acc[mt][e];
-    __threadfence();
+    // one fence, after the barrier: thread 0's release covers the block's partials (cumulativity), ~4% of the
+    // 1-row GEMV's warp stalls were the per-thread fences
     __syncthreads();
-    if (threadIdx.x == 0) gv_last = atomicAdd(cnt + tile, 1) == splits - 1;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        gv_last = atomicAdd(cnt + tile, 1) == splits - 1;
+    }
     __syncthreads();
     if (!gv_last) return;
     __threadfence();

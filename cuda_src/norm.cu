@@ -116,6 +116,7 @@ template <typename T, bool OFFSET, bool RESID, bool VEC>
 __global__ void __launch_bounds__(RMS_NT)
     rmsnorm(const T* __restrict__ x, float* resid, const float* __restrict__ w, T* __restrict__ y,
             int H, float eps, long long ldx, long long ldr, long long ldy) {
+    pdl_trigger();
     __shared__ float scratch[32];
     const long long row = blockIdx.x;
     const T* xr = x + row * ldx;
@@ -151,6 +152,7 @@ __global__ void __launch_bounds__(256)
     gated_rmsnorm(const T* __restrict__ o, const T* __restrict__ z, const float* __restrict__ w,
                   T* __restrict__ y, int rows, int D, float eps, long long ldo, long long ldz, long long ldy,
                   int zheads) {
+    pdl_trigger();
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
     const T* zrow = z + (row / zheads) * ldz + (row % zheads) * D;

@@ -100,8 +100,8 @@ __host__ __device__ __forceinline__ const u8* gv_vec(const u8* st, int v, int la
 template <int B>
 __host__ __device__ __forceinline__ void cp_async(u8* dst, const u8* src, bool in) {
 #ifdef __CUDA_ARCH__
-    u32 s;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(dst));
+    // the builtin (not a cvta in inline asm) lets the compiler fold the stage's base and the slot offsets
+    const u32 s = (u32)__cvta_generic_to_shared(dst);
     if (B == 16)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(in ? 16 : 0) : "memory");
     else
@@ -111,6 +111,30 @@ __host__ __device__ __forceinline__ void cp_async(u8* dst, const u8* src, bool i
     for (int i = 0; i < B; ++i) dst[i] = in ? src[i] : 0;
 #endif
 }
+
+// ---- weight sources ------------------------------------------------------------------------------------------
+// A warp's view of its rows for the whole launch: F::src(...) once (rows and the split's first k), then
+// F::copy_next(st, lane, src, t) fills a stage with the next K-tile (tiles in order) and advances `src`. The
+// generic source (GV_ROWS_SRC) keeps the rows and recomputes each tile's addresses in F::copy; a format may keep
+// per-row pointers instead (FragNVFP4: one 64-bit add per row and plane and tile instead of the layout's index
+// arithmetic).
+template <int MT> struct GvRows {
+    const u8 *p0, *p1, *p2;
+    int K, k0;
+    long long n[MT][2];
+};
+#define GV_ROWS_SRC(SELF)                                                                                        \
+    typedef GvRows<MT> Src;                                                                                      \
+    static __host__ __device__ __forceinline__ Src src(const u8* p0, const u8* p1, const u8* p2, int K,          \
+                                                       const long long (&n)[MT][2], int k0, int) {               \
+        Src s{p0, p1, p2, K, k0, {}};                                                                            \
+        for (int mt = 0; mt < MT; ++mt) s.n[mt][0] = n[mt][0], s.n[mt][1] = n[mt][1];                           \
+        return s;                                                                                                \
+    }                                                                                                            \
+    static __host__ __device__ __forceinline__ void copy_next(u8* st, int lane, Src& s, int t) {                \
+        SELF::copy(st, lane, s.p0, s.p1, s.p2, s.K, s.n, s.k0, t);                                               \
+        s.k0 += 128;                                                                                             \
+    }
 
 // ---- formats ---------------------------------------------------------------------------------------------------
 // Each: MT (16-row m-tiles per warp), GROUP (steps per accumulator scale; 0 = none), kofs(t, w), chunk(cc, t, w)
@@ -134,6 +158,7 @@ struct KMapQuad {
 
 struct FragBF16 : KMapQuad {
     static constexpr int MT = 1, GROUP = 0;
+    GV_ROWS_SRC(FragBF16)
     struct Raw {
         uint4 v[4];
     };
@@ -165,6 +190,7 @@ struct FragBF16 : KMapQuad {
 template <bool ROW>
 struct FragFP8 : KMapQuad {
     static constexpr int MT = 2, GROUP = 0;
+    GV_ROWS_SRC(FragFP8)
     struct Raw {
         uint2 v[4];
     };
@@ -209,7 +235,7 @@ struct FragNVFP4 : KMap32 {
         uint4 c;
         u32 s0, s1;  // bf16x2 of block scale * 2^119 (both halves)
     };
-    static constexpr int VECS = 2 * MT + 1;  // codes per row, then the rows' scale words (4 x 32 lanes x 4 bytes)
+    static constexpr int VECS = 2 * MT + (MT + 1) / 2;  // codes per row, then the rows' scale words (32 lanes x 4 B)
     static __host__ __device__ __forceinline__ void copy(u8* st, int lane, const u8* p0, const u8* p1, const u8*,
                                                          int K, const long long (&n)[MT][2], int k0, int t) {
         const long long kp = kpad128(K);
@@ -222,20 +248,54 @@ struct FragNVFP4 : KMap32 {
             cp_async<4>(st + 2 * MT * 512 + (32 * r + lane) * 4, p1 + nv4_scales(row, kp, k0) + 4 * (t >> 1), true);
         }
     }
+    // per row: its codes and scale word at the split's first tile; tile i is 1024 (codes) / 128 (scales) bytes on
+    struct Src {
+        const u8* c[2 * MT];
+        const u8* s[2 * MT];
+    };
+    static __host__ __device__ __forceinline__ Src src(const u8* p0, const u8* p1, const u8*, int K,
+                                                       const long long (&n)[MT][2], int k0, int t) {
+        const long long kp = kpad128(K);
+        Src s;
+#pragma unroll
+        for (int r = 0; r < 2 * MT; ++r) {
+            s.c[r] = p0 + nv4_codes(n[r >> 1][r & 1], kp, k0 + 32 * t);
+            s.s[r] = p1 + nv4_scales(n[r >> 1][r & 1], kp, k0) + 4 * (t >> 1);
+        }
+        return s;
+    }
+    static __host__ __device__ __forceinline__ void copy_next(u8* st, int lane, Src& s, int) {
+#pragma unroll
+        for (int r = 0; r < 2 * MT; ++r) {
+            cp_async<16>(gv_vec(st, r, lane), s.c[r], true);
+            cp_async<4>(st + 2 * MT * 512 + (32 * r + lane) * 4, s.s[r], true);
+            s.c[r] += 1024, s.s[r] += 128;
+        }
+    }
     static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int t, Raw& raw) {
         raw.c = *reinterpret_cast<const uint4*>(gv_vec(st, 2 * mt + r, lane));
         const u32 w = *reinterpret_cast<const u32*>(st + 2 * MT * 512 + (32 * (2 * mt + r) + lane) * 4);
         raw.sc = (w >> (16 * (t & 1))) & 0xffffu;
     }
+    // Both block scales b0 (bits 0-7 of sc) and b1 (bits 8-15) as bf16x2 of scale * 2^119: the e4m3 bits without
+    // the sign placed in a bf16 (value * 2^-120, e4m3 subnormals on bf16 subnormals, as FragFP8), then * 2^120 and
+    // * 2^119 (bf16 muls, exact: results <= 448 * 2^119 < 2^128). The scales are nonnegative on the device
+    // (nvfp4_layout.py folds a negative scale's sign into its block's codes).
+    static __host__ __device__ __forceinline__ u32 scale_up(u32 placed) {
+        return bf16x2_mul(bf16x2_mul(placed, 0x7B807B80u), 0x7B007B00u);  // * 2^120 * 2^119
+    }
+    static __host__ __device__ __forceinline__ void scales2(u32 sc, u32& s0, u32& s1) {
+        const u32 y = sc * 0x00010001u;  // b0 b1 b0 b1
+        s0 = scale_up((y << 4) & 0x07F007F0u);
+        s1 = scale_up((y >> 4) & 0x07F007F0u);
+    }
+    // one scale byte (wdq.cuh's NVFP4 dequantization for the prefill GEMM)
     static __host__ __device__ __forceinline__ u32 scale2(u32 code) {
-        // e4m3 * 2^-120 (bit placement, subnormals exact) * 2^127 * 2^112 = e4m3 * 2^119 (normal, < 2^128)
-        const float s = mul_keep_denorm(mul_keep_denorm(e4m3_hi_scaled(code << 24), WF_P127), 5.192296858534828e33f);
-        return pack_bf16x2(s, s);
+        return scale_up(((code * 0x00010001u) << 4) & 0x07F007F0u);
     }
     static __host__ __device__ __forceinline__ void prep(const Raw& r, Prep& p) {
         p.c = r.c;
-        p.s0 = scale2(r.sc & 0xffu);
-        p.s1 = scale2((r.sc >> 8) & 0xffu);
+        scales2(r.sc, p.s0, p.s1);
     }
     static __host__ __device__ __forceinline__ u32 pair(const Prep& p, int w, int i) {
         return bf16x2_mul(nv4_pair(word4(p.c, w), i), w < 2 ? p.s0 : p.s1);  // e2m1 * 2^-126 * s * 2^119
@@ -258,6 +318,7 @@ struct FragNVFP4RowG : FragNVFP4 {
 template <int BITS>
 struct FragQG64 {
     static constexpr int MT = 2, GROUP = 4, H = BITS == 4 ? 0 : (BITS == 5 ? 8 : 16);
+    GV_ROWS_SRC(FragQG64)
     static __host__ __device__ __forceinline__ int kofs(int t, int w) { return 64 * (w >> 1) + 16 * t + 8 * (w & 1); }
     static __host__ __device__ __forceinline__ void chunk(int cc, int& t, int& w) {
         t = (cc & 7) >> 1, w = 2 * (cc >> 3) + (cc & 1);
@@ -328,6 +389,7 @@ struct FragQG64 {
 // W8, 32-wide groups: thread t owns k [8t, 8t + 8) of each of the tile's four groups (word w = group w, GROUP = 2).
 struct FragW8G32 : KMapQuad {
     static constexpr int MT = 2, GROUP = 2;
+    GV_ROWS_SRC(FragW8G32)
     struct Raw {
         uint2 v[4];
         u32 sc[2];  // f16 scales of the four groups

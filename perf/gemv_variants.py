@@ -8,11 +8,17 @@ Variants (a variant changes only what its name says; results are timings, not nu
   ceil      the previous plan: ceil(2112 warps / row blocks) splits (up to a 10% partial second wave)
   mint2     at least 2 K-tiles per split instead of 4 (more splits for small matrices)
   stages3   GV_STAGES 3 and 5 resident blocks per SM (registers capped at 102)
+  occ5      5 resident blocks per SM (registers capped at 102) and a wave of 5 * 132 blocks (+5%)
+  chunk4    one-lane activations staged per 4 tiles (GV_CHUNK1 4) instead of 16
+  nopdl     launched without programmatic dependent launch (a plain CuPy launch)
+  dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +36,8 @@ def _plan(lin: Any, base: Any, variant: str) -> Any:
         p = base(fmt, n, k)
         if variant == "ceil":
             s = max(1, min(-(-2112 // (p.blocks_x * 4)), p.ntiles // 4))
+        elif variant == "occ5":
+            s = max(1, min(693 // p.blocks_x, p.ntiles // 4))
         elif variant == "mint2":
             s = max(1, min(554 // p.blocks_x, p.ntiles // 2))
         else:
@@ -41,11 +49,35 @@ def _plan(lin: Any, base: Any, variant: str) -> Any:
     return plan
 
 
+def _dir_source(root: Path, name: str) -> str:
+    """``name`` from ``root`` with its local includes inlined once (as loader.source_text does)."""
+    from ninfer.cuda.loader import _INCLUDE
+
+    seen: set[str] = set()
+
+    def expand(fname: str) -> str:
+        def sub(m: re.Match[str]) -> str:
+            if m.group(1) in seen:
+                return ""
+            seen.add(m.group(1))
+            return expand(m.group(1))
+
+        return _INCLUDE.sub(sub, (root / fname).read_text(encoding="utf-8")).replace("#pragma once", "")
+
+    return expand(name)
+
+
 def _source(original: Any, variant: str) -> Any:
     def src(name: str) -> str:
+        if variant.startswith("dir="):
+            return _dir_source(Path(variant[4:]), name)
         s = original(name)
         if name != "gemv.cu":
             return s
+        if variant == "chunk4":
+            s = s.replace("#define GV_CHUNK1 16", "#define GV_CHUNK1 4")
+        if variant == "occ5":
+            s = s.replace("#define GV_MIN_BLOCKS 4", "#define GV_MIN_BLOCKS 5")
         if variant == "stages3":
             s = s.replace("#define GV_STAGES 4", "#define GV_STAGES 3")
             s = s.replace("#define GV_MIN_BLOCKS 4", "#define GV_MIN_BLOCKS 5")
@@ -86,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
             loader.source_text = _source(original, v)
             loader.load_module.cache_clear()
             lin._GV_STAGES = 3 if v == "stages3" else stages0
+            lin._GV_PDL = v != "nopdl" and not v.startswith("dir=")
             lin.gemv_plan = _plan(lin, plan0.__wrapped__, v)
             cells = []
             for name in _SHAPES:

@@ -1,6 +1,6 @@
 """The tensor-core GEMV's fragment readers (cuda_src/wfrag.cuh, ``__host__ __device__``) compiled for the host
 with nvcc and driven as ``gemv_mma`` drives them: activations staged per word (``F::chunk``, ``stage_pairs``),
-weight pairs per step (``F::load``/``prep``/``pair``), and each ``mma.m16n8k16`` emulated on its documented
+weight pairs per step (``F::src``/``copy_next``/``prep``/``pair``), and each ``mma.m16n8k16`` emulated on its documented
 fragment layout (A rows g/g+8 x k 2t..2t+1 / 2t+8..2t+9, B k x column g, D rows x columns 2t, 2t+1). Checks the
 K permutation, the bit-placement dequantization, the scales and the tails against the NumPy reference without a
 GPU (skipped without nvcc). The device's own instructions are checked by tests/test_cuda_ops.py on a GPU.
@@ -95,7 +95,8 @@ static void run(int N, int K, int nrows, int splits, const u8* base, const long 
                                 const int row = mw + mt * 16 + (l >> 2) + 8 * r;
                                 rows[mt][r] = row < N ? row : N - 1;
                             }
-                        F::copy(stage.data(), l, p0, p1, p2, K, rows, kt * 128, l & 3);
+                        typename F::Src src = F::src(p0, p1, p2, K, rows, kt * 128, l & 3);
+                        F::copy_next(stage.data(), l, src, l & 3);
                     }
                     typename F::Prep pr[32][2];
                     for (int l = 0; l < 32; ++l)

@@ -30,7 +30,7 @@ def test_layout_is_a_bijection_with_the_kernels_addresses(rows: int) -> None:
     rng = np.random.default_rng(rows)
     kp = 384
     codes = rng.integers(0, 256, rows * kp // 2, dtype=np.uint8)
-    scales = rng.integers(0, 256, rows * kp // 16, dtype=np.uint8)
+    scales = rng.integers(0, 128, rows * kp // 16, dtype=np.uint8)  # nonnegative: a permutation
     dc, ds = device_planes(np, codes, scales, rows)
     assert dc.size == padded_rows(rows) * kp // 2 and ds.size == padded_rows(rows) * kp // 16
     nc, ns = natural_planes(np, dc, ds, rows)
@@ -75,3 +75,26 @@ def test_device_weight_round_trip_keeps_the_codec_bytes() -> None:
     np.testing.assert_array_equal(back.data, buf)
     assert back.offsets == plane_offsets("NVFP4G16_E4M3S", shape, buf)
     np.testing.assert_array_equal(codec.decode(back.data, shape), codec.decode(buf, shape))
+
+
+def test_negative_scales_fold_into_the_codes_exactly() -> None:
+    """A block scale with its sign bit set: on the device the scale is |s| and the block's 16 codes change sign, so
+    every decoded weight (code * scale) is unchanged, -0 scales included."""
+    from ninfer.formats.fp8 import e4m3_decode
+    from ninfer.formats.nvfp4 import e2m1_decode
+
+    rng = np.random.default_rng(3)
+    rows, kp = 5, 256
+    codes = rng.integers(0, 256, rows * kp // 2, dtype=np.uint8)
+    scales = rng.integers(0, 256, rows * kp // 16, dtype=np.uint8)
+    scales[:4] = (0x80, 0x00, 0x81, 0xB8)
+    dc, ds = device_planes(np, codes, scales, rows)
+    assert not (ds & 0x80).any()
+    nc, ns = natural_planes(np, dc, ds, rows)
+
+    def values(c: np.ndarray, s: np.ndarray) -> np.ndarray:
+        nib = np.stack([c & 15, c >> 4], axis=-1).reshape(-1)
+        return e2m1_decode(nib).reshape(-1, 16) * e4m3_decode(s)[:, None]
+
+    np.testing.assert_array_equal(values(nc, ns), values(codes, scales))
+    assert (ns == scales & 0x7F).all()

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
+from ninfer.cuda.launch import capturing, launch_pdl
 from ninfer.cuda.loader import compute_capability, kernel, target_arch
 from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight
 
@@ -67,7 +68,11 @@ _GV_TILE = 128  # K per tile
 # while 3% over (544, gate|up) beat the half-empty single split by 13%, hence the 5% allowance; fewer than 4 tiles
 # per split was slower on every shape. The activations are staged in double-buffered chunks of GV_CHUNK tiles, so
 # shared memory does not grow with K.
-_GV_WAVE_BLOCKS, _GV_MIN_TILES, _GV_CHUNK = 554, 4, 4  # 1.05 x 528
+_GV_WAVE_BLOCKS, _GV_MIN_TILES, _GV_CHUNK, _GV_CHUNK1 = 554, 4, 4, 16  # 1.05 x 528; GV_CHUNK, GV_CHUNK1
+# Decode GEMVs captured into CUDA graphs are launched with programmatic dependent launch (ninfer/cuda/launch.py): a
+# GEMV's blocks start streaming their weights while the kernel before it finishes (measured on the H200 with
+# perf/gemv_variants.py: 1-row NVFP4 GEMVs 4-15% faster in a chain; 27B decode x1 110 -> 120 tok/s).
+_GV_PDL = True
 # format id -> the Hopper GEMM's weight-tile struct (cuda_src/wdq.cuh) and its CTA columns (D::BN: the group
 # formats keep a partial accumulator beside the result, so their tiles are half as wide)
 DQ_STRUCTS = {
@@ -154,7 +159,8 @@ class GemvPlan:
     def smem_bytes(self, nb: int, t: str) -> int:
         """Two activation chunk buffers (per tile 8 steps x nb lanes x 4 threads x 8|16 bytes), then GV_STAGES
         weight stages per warp."""
-        act = 2 * _GV_CHUNK * 8 * nb * 4 * (16 if t == "float" else 8)
+        chunk = _GV_CHUNK1 if nb == 1 else _GV_CHUNK
+        act = 2 * chunk * 8 * nb * 4 * (16 if t == "float" else 8)
         return act + _GV_WARPS * _GV_STAGES * self.stage_bytes
 
 
@@ -231,7 +237,10 @@ def _gemv_launch(
         null if xrow is None else xrow, ws, cnt, np.int32(n), np.int32(k), np.int32(lanes), np.int64(a.ldx),
         np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(ids is not None), np.int32(a.xf), np.int32(a.gd),
     )  # fmt: skip
-    fn((plan.blocks_x, plan.splits, gz), (_GV_THREADS,), args, shared_mem=smem)
+    if _GV_PDL and capturing():  # gemv.cu waits (pdl_wait) before reading anything an earlier kernel writes
+        launch_pdl(fn, (plan.blocks_x, plan.splits, gz), (_GV_THREADS,), args, smem)
+    else:
+        fn((plan.blocks_x, plan.splits, gz), (_GV_THREADS,), args, shared_mem=smem)
 
 
 def gemv(
