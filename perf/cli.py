@@ -128,6 +128,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--prefill", default=None, help="comma list of prompt lengths ('' for none)")
     p.add_argument("--lanes", default="1,2,4,8", help="comma list of decode lane counts ('' for none)")
+    p.add_argument(
+        "--no-pdl", dest="pdl", action="store_false", help="decode GEMVs without PDL (to measure it)"
+    )
     a = p.parse_args(argv)
     default = [1024, 8192] if a.quick else [1024, 8192, 32768]
     a.prefill = default if a.prefill is None else [int(v) for v in a.prefill.split(",") if v]
@@ -137,10 +140,18 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
+def _set_pdl(on: bool) -> None:
+    """A measurement knob (a module switch read at launch; the server always runs the default, on)."""
+    import ninfer.cuda.linear as linear
+
+    linear._GV_PDL = on
+
+
 def main(argv: list[str] | None = None) -> int:
     import cupy
 
     args = _args(argv)
+    _set_pdl(args.pdl)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
