@@ -4,11 +4,13 @@
 // NaN logits (a NaN probability) rank below every number and are still selectable, so every id written is a real
 // expert in [0, E) and the k ids are distinct (K <= E): the expert kernels never index outside the weight. A row
 // that had to select a NaN expert gets NaN weights, so the failure shows in the output instead of hiding.
+// shared >= 0: the slot list continues after the rows * K routed ids with one id `shared` per row (the MoE shared
+// expert stored as expert E of the same weight, ninfer/cuda/fuse.py), so one expert launch runs both.
 #include "common.cuh"
 
 template <typename T, int MAXE>
 __global__ void moe_route(const T* __restrict__ logits, int* __restrict__ ids, float* __restrict__ weights,
-                          int rows, int E, int K, long long ld) {
+                          int rows, int E, int K, long long ld, int shared) {
     pdl_trigger();
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -56,6 +58,7 @@ __global__ void moe_route(const T* __restrict__ logits, int* __restrict__ ids, f
         sel_sum += fmaxf(bv, 0.f);
         if (lane == j) sel_p = bv, sel_id = bi;
     }
+    if (shared >= 0 && lane == 0) ids[(long long)rows * K + row] = shared;
     if (lane < K) {
         ids[row * K + lane] = sel_id;
         weights[row * K + lane] = bad ? __int_as_float(0x7fc00000) : sel_p / sel_sum;

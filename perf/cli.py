@@ -58,8 +58,9 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
 
     mc = REG[MODELS[key]].config
     t0 = time.perf_counter()
-    tensors = synthetic_tensors(mc, args.profile)
-    net = CudaQwen36(mc, tensors, act_dtype=args.activations)
+    net = CudaQwen36(
+        mc, synthetic_tensors(mc, args.profile), act_dtype=args.activations
+    )  # fused: parts freed
     net.warmup()
     longest = max(
         args.prefill + [args.followup_context + args.followup_tokens, args.context + args.steps + 8]
@@ -104,7 +105,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     res["decode_eager_1"] = r
     log(f"{key}: eager decode x1: {r['tok_s']:.1f} tok/s")
     res["graph_pool_bytes"] = net.graphs.pool_bytes()
-    del net, tensors
+    del net
     gc.collect()
     cupy.get_default_memory_pool().free_all_blocks()
     if args.transformers:

@@ -751,6 +751,11 @@ def test_moe_route(cp: Any, report: list, e: int, k: int) -> None:
         "top-k ids (ties to the lower id) differ"
     )
     _close(report, f"router E={e} k={k}", cp.asnumpy(w), ref_w, 1e-6)
+    # with the shared expert's slot (fuse.append_shared_expert): the routed ids row-major, then e once per row
+    ids2, w2 = moe_route(cp.asarray(logits), k, shared=e)
+    assert ids2.shape == (33 * (k + 1),)
+    assert np.array_equal(cp.asnumpy(ids2[: 33 * k]).reshape(33, k), cp.asnumpy(ids))
+    assert (cp.asnumpy(ids2[33 * k :]) == e).all() and np.array_equal(cp.asnumpy(w2), cp.asnumpy(w))
 
 
 @pytest.mark.parametrize("e,k", [(8, 2), (64, 4), (256, 8)])

@@ -140,3 +140,49 @@ def test_missing_tensors_counts_fused_parts_as_present() -> None:
     names = ["layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight", "norm.weight"]
     fused = {"layers.0.self_attn.qkvg_proj": 1, "norm.weight": 1}
     assert missing_tensors(cfg, fused, names) == ["layers.0.mlp.down_proj.weight"]
+
+
+@pytest.mark.parametrize("fmt", ("BF16", "NVFP4G16_E4M3S", "FP8E4M3_F32T"))
+def test_shared_expert_is_appended_as_the_last_expert(fmt: str) -> None:
+    """fuse.append_shared_expert: routed experts [E, N, K] and the shared expert [N, K] become [E + 1, N, K]
+    decoding to the experts in order then the shared expert; a dict already extended is left alone; a shared
+    expert of another width or a format that cannot join stays separate."""
+    from types import SimpleNamespace
+
+    from ninfer.cuda.fuse import append_shared_expert
+
+    rng = np.random.default_rng(5)
+    cfg = SimpleNamespace(num_experts=3)
+    e, inter, hid = 3, 16, 128
+    ex_gu = _part(rng, fmt, e * inter * 2, hid, 1.0)  # one stored tensor per projection, as in an artifact
+    ex_dn = _part(rng, fmt, e * hid, inter * 2, 0.5)
+    sh_gu, sh_dn = _part(rng, fmt, inter * 2, hid, 3.0), _part(rng, fmt, hid, inter * 2, 0.1)
+
+    def experts(part: tuple) -> DeviceWeight:
+        w = part[0]
+        return DeviceWeight(w.fmt, (e, w.rows // e, w.cols), w.data, w.offsets)
+
+    tensors = {
+        "layers.0.mlp.experts.gate_up_proj": experts(ex_gu),
+        "layers.0.mlp.experts.down_proj": experts(ex_dn),
+        "layers.0.mlp.shared_expert.gate_up_proj": sh_gu[0],
+        "layers.0.mlp.shared_expert.down_proj.weight": sh_dn[0],
+    }
+    assert append_shared_expert(cfg, tensors, 0)  # type: ignore[arg-type]
+    for name, ex, sh in (("gate_up_proj", ex_gu, sh_gu), ("down_proj", ex_dn, sh_dn)):
+        w = tensors[f"layers.0.mlp.experts.{name}"]
+        assert w.shape == (e + 1, *sh[0].shape)
+        flat = DeviceWeight(w.fmt, (w.rows, w.cols), w.data, w.offsets)
+        ref = np.concatenate([ex[1], sh[1]])
+        np.testing.assert_array_equal(_decode(flat), ref)
+    before = dict(tensors)
+    assert append_shared_expert(cfg, tensors, 0)  # type: ignore[arg-type]
+    assert all(tensors[k] is before[k] for k in before)
+    narrow = {
+        "layers.0.mlp.experts.gate_up_proj": experts(ex_gu),
+        "layers.0.mlp.experts.down_proj": experts(ex_dn),
+        "layers.0.mlp.shared_expert.gate_up_proj": _part(rng, fmt, inter, hid, 1.0)[0],
+        "layers.0.mlp.shared_expert.down_proj.weight": sh_dn[0],
+    }
+    assert not append_shared_expert(cfg, narrow, 0)  # type: ignore[arg-type]
+    assert narrow["layers.0.mlp.experts.gate_up_proj"].shape[0] == e

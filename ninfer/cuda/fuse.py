@@ -14,6 +14,11 @@ FP8 tensor-scaled parts become one row-scaled FP8 weight, NVFP4 parts with diffe
 ``NVFP4G16_E4M3S_ROWG`` weight (an f32 global per row; device only, cuda_src/wformat.cuh and wfrag.cuh).
 The parts are dropped from the tensor dict, so fusing costs no memory beyond one layer's copy while it runs.
 
+MoE: the shared expert is also appended to the routed experts as expert E (``append_shared_expert``), when its
+width equals an expert's and one format holds both, so decode runs routed and shared experts in one launch per
+projection (the router lists the shared slot after the routed ones, cuda_src/router.cu); the standalone shared
+weights stay for the prefill GEMM.
+
 Parts of different group-int formats (Q4 q|k next to Q5 v) are first widened to the widest of them, value for value
 (``formats.groupint.widen_planes``, on the device). Parts that no format holds exactly together (BF16 a|b next to
 quantized q|k|v|z) are fused per run of joinable parts into a ``FusedRuns``: one product per run, written into the
@@ -22,6 +27,7 @@ columns of one output (``model_layers.linear``), so the model still sees one pro
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +41,16 @@ from ninfer.cuda.weights import PLANES, DeviceWeight
 from ninfer.formats import get_format
 from ninfer.formats.groupint import widen_planes, widest
 
-__all__ = ["FUSED", "ROWG", "FusedRuns", "concat_rows", "fuse_projections", "fused_splits", "missing_tensors"]
+__all__ = [
+    "FUSED",
+    "ROWG",
+    "FusedRuns",
+    "append_shared_expert",
+    "concat_rows",
+    "fuse_projections",
+    "fused_splits",
+    "missing_tensors",
+]
 
 ROWG = "NVFP4G16_E4M3S_ROWG"
 
@@ -182,14 +197,50 @@ def _concat_natural(parts: Sequence[DeviceWeight]) -> DeviceWeight:
 
 
 def fuse_projections(cfg: ModelConfig, tensors: Mapping[str, Any]) -> dict[str, Any]:
-    """A new tensor dict with every fusable group of every layer replaced by its fused weight (``FUSED``)."""
+    """A new tensor dict with every fusable group of every layer replaced by its fused weight (``FUSED``), and the
+    MoE shared expert appended to the routed experts where it can be (``append_shared_expert``)."""
     out = dict(tensors)
     for i in range(cfg.num_hidden_layers):
         for fused, names in FUSED.items():
             keys = [f"layers.{i}.{n}" for n in names]
             if all(isinstance(out.get(key), DeviceWeight) for key in keys):
                 out[f"layers.{i}.{fused}"] = _fuse([out.pop(key) for key in keys])
+        append_shared_expert(cfg, out, i)
     return out
+
+
+# (routed experts [E, N, K], the shared expert's [N, K]) per projection
+_SHARED_SLOT = (
+    ("mlp.experts.gate_up_proj", "mlp.shared_expert.gate_up_proj"),
+    ("mlp.experts.down_proj", "mlp.shared_expert.down_proj.weight"),
+)
+
+
+def append_shared_expert(cfg: ModelConfig, tensors: dict[str, Any], layer: int) -> bool:
+    """Layer ``layer``'s routed expert weights replaced in ``tensors`` by ``[E + 1, N, K]`` weights whose expert E is
+    the shared expert (rows kept as stored: its products are bitwise the standalone ones). Only when every
+    projection's shared weight has an expert's shape and joins the experts' format; returns whether it did (also
+    true when an earlier call did)."""
+    pairs = [
+        (tensors.get(f"layers.{layer}.{e}"), tensors.get(f"layers.{layer}.{s}")) for e, s in _SHARED_SLOT
+    ]
+    ok = all(
+        isinstance(e, DeviceWeight)
+        and isinstance(s, DeviceWeight)
+        and len(e.shape) == 3
+        and e.shape[1:] == s.shape
+        for e, s in pairs
+    )
+    if not ok:
+        return False
+    if all(e.shape[0] == cfg.num_experts + 1 for e, _ in pairs):
+        return True  # a shared dict this function already extended
+    if not all(e.shape[0] == cfg.num_experts and _joinable([e, s]) for e, s in pairs):
+        return False
+    for (name, _), (e, s) in zip(_SHARED_SLOT, pairs, strict=True):
+        joined = concat_rows([dataclasses.replace(e, shape=(e.rows, e.cols)), s])
+        tensors[f"layers.{layer}.{name}"] = dataclasses.replace(joined, shape=(e.shape[0] + 1, *e.shape[1:]))
+    return True
 
 
 def _fuse(parts: list[DeviceWeight]) -> DeviceWeight | FusedRuns:

@@ -153,28 +153,40 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta) -> Any:
         cfg.num_experts,
     )
     rg = linear(net, net.widen(h), p + "router_gates", exact=True)  # router logits | shared-expert gate, fp32
-    eid, ew = moe_route(rg[:, :e], k)
+    gemm = t > 8 and net.prefill_gemm  # grouped tensor-core GEMM over each expert's sorted rows
+    # the shared expert as expert e of the routed weights (fuse.append_shared_expert): its t slots follow the
+    # routed t * k in the same expert launches, and its outputs are dn[n:] (bitwise the standalone products)
+    shared = not gemm and w[p + "experts.gate_up_proj"].shape[0] == e + 1
+    eid, ew = moe_route(rg[:, :e], k, shared=e if shared else None)
     flat, n = eid.reshape(-1), t * k
-    slot = net.const_i32(("slot", n), np.arange(n))
+    ns = n + (t if shared else 0)
+    slot = net.const_i32(("slot", ns), np.arange(ns))
+    tail = np.arange(t) if shared else np.arange(0)
     if t > 8:  # prefill: visit slots grouped by expert so the expert's weights stay in L2
-        order = cupy.argsort(flat).astype(np.int32)
+        order = cupy.argsort(flat[:n]).astype(np.int32)
         ids, xrow = flat[order], order // np.int32(k)
+        if shared:
+            ids, xrow = (
+                cupy.concatenate([ids, flat[n:]]),
+                cupy.concatenate([xrow, cupy.asarray(tail, np.int32)]),
+            )
         where = cupy.empty(n, np.int32)
-        where[order] = slot
+        where[order] = slot[:n]
     else:
-        ids, xrow, where = flat, net.const_i32(("xrow", n, k), np.arange(n) // k), slot
-    if t > 8 and net.prefill_gemm:  # grouped tensor-core GEMM over each expert's sorted rows
+        xr = np.concatenate([np.arange(n) // k, tail])
+        ids, xrow, where = flat, net.const_i32(("xrow", ns, k, shared), xr), slot[:n]
+    if gemm:
         from ninfer.cuda.linear import gemm_experts
 
         gu = gemm_experts(cupy.take(h, xrow, axis=0), w[p + "experts.gate_up_proj"], ids, 2 * inter)
         dn = gemm_experts(swiglu(gu), w[p + "experts.down_proj"], ids, hid)
     else:
-        gu = cupy.empty((n, 2 * inter), dtype=h.dtype)
+        gu = cupy.empty((ns, 2 * inter), dtype=h.dtype)
         _experts(h, w[p + "experts.gate_up_proj"], ids, xrow, 2 * inter, gu)
-        dn = cupy.empty((n, hid), dtype=h.dtype)
+        dn = cupy.empty((ns, hid), dtype=h.dtype)
         _experts(gu, w[p + "experts.down_proj"], ids, slot, hid, dn, swiglu=True)
     sp = p + "shared_expert."
-    sh = _swiglu_ffn(net, h, sp + "gate_up_proj", sp + "down_proj.weight")
+    sh = dn[n:] if shared else _swiglu_ffn(net, h, sp + "gate_up_proj", sp + "down_proj.weight")
     y = cupy.empty((t, hid), dtype=h.dtype)
     sg = rg.reshape(-1)[e:]  # column e of the fused router product [t, e + 1]: element t * (e + 1)
     glue()["combine"](dn, where, ew, sh, sg, np.int32(k), np.int64(hid), np.int64(e + 1), y)
