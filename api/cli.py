@@ -52,6 +52,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="auto: cuda when a GPU is present")
     p.add_argument("--no-cuda-graph", action="store_true")
     p.add_argument(
+        "--null-step-ms",
+        type=float,
+        default=1.5,
+        help="--backend null (benchmarks of the stack): the time of one engine step; no model runs",
+    )
+    p.add_argument(
         "--activations",
         default="fp32",
         choices=("fp32", "bf16"),
@@ -149,6 +155,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         max_connections=a.max_connections,
         shutdown_grace_s=a.shutdown_grace_s,
         memory_reserve_gib=a.memory_reserve_gib,
+        null_step_ms=a.null_step_ms,
     )
 
 

@@ -9,7 +9,7 @@ from ninfer.engine.config import GDN_STATE_DTYPES, KV_DTYPES, EngineConfig, Engi
 
 __all__ = ["ServerConfig", "ServerConfigError", "BACKENDS", "KV_DTYPES", "GDN_STATE_DTYPES", "engine_config"]
 
-BACKENDS = ("auto", "reference", "cuda")
+BACKENDS = ("auto", "reference", "cuda", "null")  # null: no model, tokens at a fixed step time (benchmarks)
 RAY_NAMESPACE = "ninfer"
 SERVER_QUEUE_DEPTH = 16  # the server's default admission queue (the engine's own default is 8)
 
@@ -64,6 +64,7 @@ class ServerConfig:
     max_connections: int = 256  # open connections; one more is answered 503 and closed
     shutdown_grace_s: float = 30.0  # on SIGTERM: time running requests get to finish before they are ended
     memory_reserve_gib: float = 0.0  # GPU memory the CUDA memory plan leaves free for other programs
+    null_step_ms: float = 1.5  # --backend null: the time of one engine step (no model runs)
 
     def __post_init__(self) -> None:
         def positive(flag: str, v: int | None) -> None:
@@ -98,6 +99,8 @@ class ServerConfig:
             raise ServerConfigError(
                 f"--memory-reserve-gib: must be in 0..1024 GiB, got {self.memory_reserve_gib}"
             )
+        if not 0 <= self.null_step_ms <= 1000:
+            raise ServerConfigError(f"--null-step-ms: must be in 0..1000, got {self.null_step_ms}")
         if self.model_id is not None and not self.model_id.strip():
             raise ServerConfigError("--model-id: must be non-empty")
         if not self.actor_name:

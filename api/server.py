@@ -64,6 +64,8 @@ def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
         options = {"cuda_graph": cfg.cuda_graph, "act_dtype": cfg.activations}
         if cfg.memory_reserve_gib:  # GPU memory the runner's plan leaves to other programs
             options["memory_reserve_bytes"] = int(cfg.memory_reserve_gib * (1 << 30))
+    elif backend == "null":
+        options = {"step_s": cfg.null_step_ms / 1000}
     template = {"preserve_thinking": True} if cfg.preserve_thinking else {}
     return ActorSpec(
         artifact=os.path.abspath(cfg.artifact),

@@ -1,12 +1,16 @@
 """Throughput of N concurrent streams through HTTP + Ray + the actor, against the engine alone, in one run.
 
-    python -m ninfer.perf.bench_serving [ARTIFACT] [--backend reference|cuda] [--streams 8] [--max-tokens 256]
-        [--rounds 3] [-o result.json]
+    python -m ninfer.perf.bench_serving [ARTIFACT] [--backend reference|cuda|null] [--streams 8]
+        [--max-tokens 256] [--rounds 3] [--null-step-ms 1.5] [-o result.json]
 
 Both sides run the same greedy requests (ignore_eos, so every stream generates exactly --max-tokens) with the
 same engine settings on the same backend. The engine side submits straight to an ``Engine`` in this process; the
 stack side starts ``ninfer serve`` (local Ray) and streams with httpx. Rounds alternate between the two, so the
 two engines (both resident, on one GPU with ``--backend cuda``) never run at once; medians are reported.
+
+``--backend null`` runs no model (``ninfer/engine/null_runner.py``): each engine step takes ``--null-step-ms``
+(1.5 ms: 8 lanes at ~5,500 tok/s, the demo model's engine on the H200) and emits text tokens, so the stack's cost
+at a GPU's token rate is measured on any machine.
 """
 
 from __future__ import annotations
@@ -67,7 +71,8 @@ def free_port() -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("artifact", nargs="?")
-    p.add_argument("--backend", default="reference", choices=["reference", "cuda"])
+    p.add_argument("--backend", default="reference", choices=["reference", "cuda", "null"])
+    p.add_argument("--null-step-ms", type=float, default=1.5, help="--backend null: one engine step's time")
     p.add_argument("-o", "--output", help="also write the result JSON here")
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=256)
@@ -78,9 +83,12 @@ def main() -> int:
     from ninfer.model import open_engine
 
     art = a.artifact or build_demo(os.path.join(tempfile.mkdtemp(), "demo.ninfer"))
-    eng = open_engine(art, backend=a.backend, **ENGINE)
+    options = {"step_s": a.null_step_ms / 1000} if a.backend == "null" else None
+    eng = open_engine(art, backend=a.backend, backend_options=options, **ENGINE)
     port = free_port()
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
+    if a.backend == "null":
+        flags.append(f"--null-step-ms={a.null_step_ms}")
     srv = subprocess.Popen(
         [
             sys.executable,
@@ -122,6 +130,7 @@ def main() -> int:
             "stack_tok_s": s_tps,
             "stack_cost": round(1 - s / e, 4),
             "serve_flags": a.serve_flag,
+            "null_step_ms": a.null_step_ms if a.backend == "null" else None,
             "cpus": os.cpu_count(),
         }
         print(json.dumps(result))
