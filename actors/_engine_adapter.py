@@ -34,6 +34,7 @@ __all__ = [
     "RequestRejected",
     "open_engine",
     "prompt_ids",
+    "renders_quickly",
     "count_prompt",
     "token_mask",
     "submit",
@@ -127,6 +128,19 @@ def count_prompt(ld: Loaded, req: GenerateRequest) -> int:
     """Prompt tokens of ``req`` as rendered (nothing runs on the model). No context check, except that a request
     whose text alone is far over the context is refused before it is tokenized (as in ``prompt_ids``)."""
     return len(_render_ids(ld, req))
+
+
+INLINE_PROMPT_CHARS = (
+    16384  # a prompt this small renders on the actor's event loop (well under a millisecond)
+)
+
+
+def renders_quickly(req: GenerateRequest) -> bool:
+    """Whether the request's prompt is small enough to render and tokenize on the event loop: no thread hop (two
+    GIL hand-overs and a wake-up) for the usual request; a long prompt (seconds to tokenize) goes to a thread."""
+    if req.prompt_ids is not None:
+        return True  # no rendering: the ids are checked and copied
+    return req.tools is None and input_chars(req.messages, req.template_kwargs) <= INLINE_PROMPT_CHARS
 
 
 def prompt_ids(ld: Loaded, req: GenerateRequest) -> list[int]:

@@ -29,7 +29,7 @@ from .messages import (
     Health,
     SamplingOptions,
     StreamEvent,
-    decode_event,
+    decode_events,
     engine_failure,
 )
 
@@ -140,14 +140,14 @@ class EngineClient:
         done = False
         try:
             for ref in self.handle.generate.remote(req):
-                ev = decode_event(ray.get(ref))
-                failed = engine_failure(ev) if isinstance(ev, Finish) else ev
-                if isinstance(failed, Failed):
-                    done = True
-                    raise GenerationError(failed)
-                if isinstance(ev, TokenDelta | Finish):
-                    yield ev
-                done = isinstance(ev, Finish)
+                for ev in decode_events(ray.get(ref)):
+                    failed = engine_failure(ev) if isinstance(ev, Finish) else ev
+                    if isinstance(failed, Failed):
+                        done = True
+                        raise GenerationError(failed)
+                    if isinstance(ev, TokenDelta | Finish):
+                        yield ev
+                    done = isinstance(ev, Finish)
         except RayError as e:
             raise GenerationError(_died(e)) from e
         finally:
@@ -174,7 +174,8 @@ class AsyncEngineClient:
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         try:
             async for ref in self.handle.generate.remote(req):
-                yield decode_event(await ref)
+                for ev in decode_events(await ref):
+                    yield ev
         except RayError as e:
             yield _died(e)
 

@@ -52,21 +52,25 @@ class EngineActor:
     # ---- generation ---------------------------------------------------------------------------------
     @ray.method(num_returns="streaming", concurrency_group=GEN_GROUP)
     async def generate(self, req: GenerateRequest) -> AsyncIterator[bytes]:
-        """Streams msgpack-encoded StreamEvents (decode with ``messages.decode_event``): bytes cross Ray
-        without pickling a class, which measurably cuts the per-item cost that shares the engine's GIL."""
+        """Streams msgpack-encoded lists of StreamEvents (decode with ``messages.decode_events``): bytes cross
+        Ray without pickling a class, and each item carries every event since the previous one, which cuts the
+        per-item cost (Ray's, paid in this process, on the GIL the engine's step loop needs)."""
         ld = self._engine
         loop = asyncio.get_running_loop()
         try:
-            # rendering, tokenizing (a long prompt takes seconds) and compiling a grammar: off the event loop
-            ids = await loop.run_in_executor(self._prompts, adapter.prompt_ids, ld, req)
+            # rendering and tokenizing a long prompt (seconds) and compiling a grammar: off the event loop
+            if adapter.renders_quickly(req):
+                ids = adapter.prompt_ids(ld, req)
+            else:
+                ids = await loop.run_in_executor(self._prompts, adapter.prompt_ids, ld, req)
             mask = None
             if req.grammar is not None or req.thinking_budget is not None:
                 mask = await loop.run_in_executor(None, adapter.token_mask, ld, req)
         except adapter.PromptError as e:
-            yield _ENC(Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param))
+            yield _ENC([Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param)])
             return
         except Exception as e:  # a bug, not the client's fault: logged and counted, never a silent Ray error
-            yield _ENC(self._internal_error("generate", req, e))
+            yield _ENC([self._internal_error("generate", req, e)])
             return
         wake = _Wake(loop)
         try:
@@ -76,30 +80,36 @@ class EngineActor:
                 )
                 self._handles[req.request_id] = handle
         except adapter.QueueFull as e:
-            yield _ENC(Failed(code="queue_full", message=str(e), status=429, retry_after=1.0))
+            yield _ENC([Failed(code="queue_full", message=str(e), status=429, retry_after=1.0)])
             return
         except adapter.RequestRejected as e:
-            yield _ENC(Failed(code=e.code or "invalid_request", message=str(e), status=400, param=e.param))
+            yield _ENC([Failed(code=e.code or "invalid_request", message=str(e), status=400, param=e.param)])
             return
-        finished = False
+        finished, interval = False, self._spec.stream_interval_s
         try:
-            yield _ENC(handle.accepted)  # the engine's budget: max_tokens clamped once, by the engine
-            interval, last = self._spec.stream_interval_s, -1e9
-            while not finished:
-                # at most one item per interval: bounds Ray items (and SSE frames downstream) per stream to
-                # 1/interval however short the engine's steps are; the first token is not delayed
-                pause = last + interval - loop.time()
-                if pause > 0:
-                    await wake.pause(pause)  # cut short by the request's Finish: the end is not delayed
-                events = await wake.events(handle)  # the engine's events, consecutive deltas merged
-                last = loop.time()
-                for ev in events:
+            # the engine's budget (max_tokens clamped once, by the engine), with the first token when it comes
+            # within an interval (one Ray item less; a queued request's Accepted goes at once)
+            items = [handle.accepted]
+            if not handle.accepted.queued:
+                items += await wake.events(handle, timeout=interval)
+            last = loop.time() if len(items) > 1 else -1e9
+            while True:
+                for ev in items:
                     if isinstance(ev, Finish):
                         finished = True
                         if ev.reason == "error":
                             with self._lock:
                                 self._failures += 1
-                    yield _ENC(ev)
+                yield _ENC(items)  # one Ray item: every event since the last one, consecutive deltas merged
+                if finished:
+                    break
+                # at most one item per interval: bounds Ray items (and SSE frames downstream) per stream to
+                # 1/interval however short the engine's steps are; the first token is not delayed
+                pause = last + interval - loop.time()
+                if pause > 0:
+                    await wake.pause(pause)  # cut short by the request's Finish: the end is not delayed
+                items = await wake.events(handle)
+                last = loop.time()
         finally:
             # the consumer may vanish (client disconnect drops the generator): never leave the lane busy
             with self._lock:
@@ -171,51 +181,76 @@ class _Wake:
 
     While the generator sleeps out its interval only the request's ``Finish`` is scheduled on the loop (it ends
     the pause: a request's last item is never held back by the interval), so a request costs the actor's event
-    loop (and the GIL the engine thread needs) at most one wake-up per interval, not one per token.
+    loop (and the GIL the engine thread needs) at most one wake-up per interval, not one per token. A wait is one
+    plain future (resolved by the engine's wake-up, the request's ``Finish`` or the interval's timer): no task, no
+    ``wait_for`` per item.
     The handle queues events before calling ``on_event``, so the re-poll after raising ``waiting`` cannot miss
     one: an event pushed before it is seen by the poll, an event pushed after it schedules a wake-up.
     """
 
-    __slots__ = ("loop", "event", "finished", "waiting", "scheduled")
+    __slots__ = ("loop", "finished", "waiting", "scheduled", "_events", "_pause")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop, self.event, self.finished = loop, asyncio.Event(), asyncio.Event()
-        self.waiting = self.scheduled = False
+        self.loop = loop
+        self.finished = self.waiting = self.scheduled = False
+        self._events: asyncio.Future[None] | None = None  # resolved by an event (while waiting) or the Finish
+        self._pause: asyncio.Future[None] | None = None  # resolved by the interval's timer or the Finish
 
     def on_event(self, ev: Any) -> None:  # engine thread
         if isinstance(ev, Finish):
-            self.loop.call_soon_threadsafe(self.finished.set)
-        if self.waiting and not self.scheduled:
+            self.finished = True
+            self.loop.call_soon_threadsafe(self._finished)
+        elif self.waiting and not self.scheduled:
             self.scheduled = True
             self.loop.call_soon_threadsafe(self._woken)
 
-    async def pause(self, seconds: float) -> None:
-        """Sleep ``seconds``, or less if the request finishes meanwhile."""
-        if self.finished.is_set():
-            return
-        try:
-            await asyncio.wait_for(self.finished.wait(), seconds)
-        except TimeoutError:
-            pass
+    def _finished(self) -> None:
+        for fut in (self._events, self._pause):
+            _resolve(fut)
 
     def _woken(self) -> None:
         self.scheduled = False
-        self.event.set()
+        _resolve(self._events)
 
-    async def events(self, handle: Any) -> list[Any]:
-        """Every engine event since the last call, waiting for at least one."""
+    async def pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less if the request finishes meanwhile."""
+        if self.finished:
+            return
+        self._pause = fut = self.loop.create_future()
+        timer = self.loop.call_later(seconds, _resolve, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            self._pause = None
+
+    async def events(self, handle: Any, timeout: float | None = None) -> list[Any]:
+        """Every engine event since the last call, waiting for at least one (at most ``timeout`` seconds: then
+        possibly none)."""
         while True:
             got = handle.poll()
             if got:
                 return got
+            self._events = fut = self.loop.create_future()
             self.waiting = True
             got = handle.poll()
+            timer = None
             if not got:
-                await self.event.wait()
-                self.event.clear()
+                if timeout is not None:
+                    timer = self.loop.call_later(timeout, _resolve, fut)
+                await fut
             self.waiting = False
+            self._events = None
+            if timer is not None:
+                timer.cancel()
+                return got or handle.poll()
             if got:
                 return got
+
+
+def _resolve(fut: asyncio.Future[None] | None) -> None:
+    if fut is not None and not fut.done():
+        fut.set_result(None)
 
 
 def actor_options(spec: ActorSpec, *, name: str, namespace: str, detached: bool) -> dict[str, Any]:

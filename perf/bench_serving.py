@@ -38,6 +38,45 @@ def engine_round(eng: object, prompts: list[list[int]], max_tokens: int) -> floa
     return n / (time.perf_counter() - t0)
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def tree_cpu(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) of process ``root`` and its descendants, by part: ``api`` (the serve process
+    itself: HTTP and the Ray client), ``actor`` (the engine actor: the engine and the actor's event loop) and
+    ``ray`` (Ray's daemons and idle workers). Empty where /proc is not readable."""
+    procs: dict[int, tuple[int, float, str]] = {}
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                stat = f.read().decode("latin-1")
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().decode("latin-1")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        procs[int(d)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK, cmd)
+    out: dict[str, float] = {}
+    todo, seen = [root], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen or pid not in procs:
+            continue
+        seen.add(pid)
+        _, cpu, cmd = procs[pid]
+        part = "api" if pid == root else "actor" if cmd.startswith("ray::EngineActor") else "ray"
+        out[part] = out.get(part, 0.0) + cpu
+        todo += [p for p, (ppid, _, _) in procs.items() if ppid == pid]
+    return out
+
+
+def cpu_per_token(before: dict[str, float], after: dict[str, float], tokens: int) -> dict[str, float]:
+    """Microseconds of CPU per generated token, by part, between two ``tree_cpu`` readings."""
+    return {k: round(1e6 * (after.get(k, 0.0) - before.get(k, 0.0)) / tokens, 1) for k in after}
+
+
 async def stack_round(url: str, model: str, n: int, max_tokens: int) -> float:
     async def one(client: httpx.AsyncClient, i: int) -> int:
         body = {
@@ -117,11 +156,17 @@ def main() -> int:
         prompts = [tok.encode(f"stream {i}: tell me a story") for i in range(a.streams)]
         engine_round(eng, prompts, 8)  # warm-up both sides
         asyncio.run(stack_round(url, model, a.streams, 8))
-        e_tps, s_tps = [], []
+        e_tps, s_tps, e_cpu, s_cpu = [], [], [], []
+        tokens = a.streams * a.max_tokens
         for _ in range(a.rounds):
+            c0 = time.process_time()
             e_tps.append(engine_round(eng, prompts, a.max_tokens))
+            e_cpu.append(round(1e6 * (time.process_time() - c0) / tokens, 1))
+            c1 = tree_cpu(srv.pid)
             s_tps.append(asyncio.run(stack_round(url, model, a.streams, a.max_tokens)))
+            s_cpu.append(cpu_per_token(c1, tree_cpu(srv.pid), tokens))
         e, s = statistics.median(e_tps), statistics.median(s_tps)
+        parts = {k: statistics.median(c.get(k, 0.0) for c in s_cpu) for k in s_cpu[0]} if s_cpu[0] else {}
         result = {
             "backend": a.backend,
             "streams": a.streams,
@@ -129,6 +174,9 @@ def main() -> int:
             "engine_tok_s": e_tps,
             "stack_tok_s": s_tps,
             "stack_cost": round(1 - s / e, 4),
+            # CPU microseconds per token: the engine alone (this process), the stack's processes by part
+            "engine_cpu_us_per_token": e_cpu,
+            "stack_cpu_us_per_token": s_cpu,
             "serve_flags": a.serve_flag,
             "null_step_ms": a.null_step_ms if a.backend == "null" else None,
             "cpus": os.cpu_count(),
@@ -141,6 +189,13 @@ def main() -> int:
             f"{a.streams} streams x {a.max_tokens} tokens: engine alone {e:.0f} tok/s, "
             f"HTTP+Ray {s:.0f} tok/s, stack cost {100 * (1 - s / e):.1f}%"
         )
+        if parts:
+            total, eng_us = sum(parts.values()), statistics.median(e_cpu)
+            print(
+                f"CPU per token (median): engine alone {eng_us:.1f} us; stack {total:.1f} us = "
+                + ", ".join(f"{k} {v:.1f}" for k, v in sorted(parts.items()))
+                + f"; the stack's own: {total - eng_us:.1f} us"
+            )
     finally:
         srv.terminate()
         srv.wait(30)

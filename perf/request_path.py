@@ -67,13 +67,15 @@ class _Direct:
     """The API's engine backend with the actor called in this process (Ray's place)."""
 
     def __init__(self, actor: Any) -> None:
-        from ninfer.actors.messages import decode_event
+        from ninfer.actors import messages
 
-        self.actor, self.decode = actor, decode_event
+        self.actor = actor
+        self.decode = getattr(messages, "decode_events", None) or (lambda raw: [messages.decode_event(raw)])
 
     async def generate(self, req: Any) -> Any:
         async for raw in self.actor.generate(req):
-            yield self.decode(raw)
+            for ev in self.decode(raw):
+                yield ev
 
     def cancel(self, request_id: str) -> None:
         pass
