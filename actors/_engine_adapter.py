@@ -19,7 +19,7 @@ import msgspec
 from ninfer import model as models
 from ninfer.artifact import open_artifact
 from ninfer.engine.core import QueueFull, RequestError, SamplingParams
-from ninfer.engine.handle import Handle
+from ninfer.engine.output import Handle
 from ninfer.frontend import ChatTemplate, TemplateError
 from ninfer.frontend.chat_template import RESERVED_VARIABLES
 from ninfer.frontend.grammar import GrammarCompiler, RequestGrammar, SchemaError

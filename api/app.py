@@ -19,8 +19,7 @@ from .errors import ApiError, error_json
 from .gate import Gate
 from .openai_chat_models import HealthStatus, ModelList, ModelObject
 from .openapi import ROUTE_DOCS, openapi_config
-from .routes_chat import handle_chat
-from .routes_messages_responses import handle_count_tokens, handle_messages, handle_responses
+from .routes import handle_chat, handle_count_tokens, handle_messages, handle_responses
 from .service import Service, endpoint_name, json_response, service
 
 __all__ = ["build_app"]

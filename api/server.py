@@ -20,7 +20,7 @@ from ninfer.artifact import open_artifact
 from .app import build_app
 from .auth import KeyFileError, KeyRing, load_key_file
 from .config import ServerConfig
-from .drain import Drain, DrainingServer
+from .gate import Drain, DrainingServer
 from .http_guard import guarded_protocol
 from .openai_chat import ChatLimits
 from .reqlog import RequestLog, RequestLogError

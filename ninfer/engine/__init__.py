@@ -27,7 +27,7 @@ from .core import (
     Usage,
 )
 from .engine import Engine
-from .handle import Handle, coalesce
+from .output import Handle, coalesce
 
 __all__ = [
     "Engine",
