@@ -19,7 +19,7 @@ import msgspec
 from ninfer import model as models
 from ninfer.artifact import open_artifact
 from ninfer.engine.core import QueueFull, RequestError, SamplingParams
-from ninfer.engine.output import Handle
+from ninfer.engine.handle import Handle
 from ninfer.frontend import ChatTemplate, TemplateError
 from ninfer.frontend.chat_template import RESERVED_VARIABLES
 from ninfer.frontend.grammar import GrammarCompiler, RequestGrammar, SchemaError
@@ -130,19 +130,6 @@ def count_prompt(ld: Loaded, req: GenerateRequest) -> int:
     return len(_render_ids(ld, req))
 
 
-INLINE_PROMPT_CHARS = (
-    16384  # a prompt this small renders on the actor's event loop (well under a millisecond)
-)
-
-
-def renders_quickly(req: GenerateRequest) -> bool:
-    """Whether the request's prompt is small enough to render and tokenize on the event loop: no thread hop (two
-    GIL hand-overs and a wake-up) for the usual request; a long prompt (seconds to tokenize) goes to a thread."""
-    if req.prompt_ids is not None:
-        return True  # no rendering: the ids are checked and copied
-    return req.tools is None and input_chars(req.messages, req.template_kwargs) <= INLINE_PROMPT_CHARS
-
-
 def prompt_ids(ld: Loaded, req: GenerateRequest) -> list[int]:
     """The request's prompt: checked against the context by its size in characters first (so an oversized body
     costs no tokenizing), then by its tokens. Slow for a long prompt: call it off the event loop."""
@@ -153,6 +140,18 @@ def prompt_ids(ld: Loaded, req: GenerateRequest) -> list[int]:
             code="context_length_exceeded",
         )
     return ids
+
+
+# a prompt this small renders on the actor's event loop (well under a millisecond)
+INLINE_PROMPT_CHARS = 16384
+
+
+def renders_quickly(req: GenerateRequest) -> bool:
+    """Whether the request's prompt is small enough to render and tokenize on the event loop: no thread hop (two
+    GIL hand-overs and a wake-up) for the usual request; a long prompt (seconds to tokenize) goes to a thread."""
+    if req.prompt_ids is not None:
+        return True  # no rendering: the ids are checked and copied
+    return req.tools is None and input_chars(req.messages, req.template_kwargs) <= INLINE_PROMPT_CHARS
 
 
 def _render_ids(ld: Loaded, req: GenerateRequest) -> list[int]:

@@ -140,6 +140,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         api_key_file=a.api_key_file,
         request_log_jsonl=a.request_log_jsonl,
         backend=a.backend,
+        null_step_ms=a.null_step_ms,
         cuda_graph=not a.no_cuda_graph,
         activations=a.activations,
         cors=a.cors,
@@ -155,7 +156,6 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         max_connections=a.max_connections,
         shutdown_grace_s=a.shutdown_grace_s,
         memory_reserve_gib=a.memory_reserve_gib,
-        null_step_ms=a.null_step_ms,
     )
 
 

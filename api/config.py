@@ -46,6 +46,7 @@ class ServerConfig:
     api_key_file: str | None = None
     request_log_jsonl: str | None = None
     backend: str = "auto"
+    null_step_ms: float = 1.5  # --backend null: the time of one engine step (no model runs)
     cuda_graph: bool = True
     activations: str = "fp32"  # CUDA activation dtype: fp32 (exact operands) or bf16 (opt-in, faster prefill)
     cors: bool = False
@@ -64,7 +65,6 @@ class ServerConfig:
     max_connections: int = 256  # open connections; one more is answered 503 and closed
     shutdown_grace_s: float = 30.0  # on SIGTERM: time running requests get to finish before they are ended
     memory_reserve_gib: float = 0.0  # GPU memory the CUDA memory plan leaves free for other programs
-    null_step_ms: float = 1.5  # --backend null: the time of one engine step (no model runs)
 
     def __post_init__(self) -> None:
         def positive(flag: str, v: int | None) -> None:
@@ -79,6 +79,8 @@ class ServerConfig:
         positive("--max-request-mib", self.max_request_mib)
         if self.backend not in BACKENDS:
             raise ServerConfigError(f"--backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if not 0 <= self.null_step_ms <= 1000:
+            raise ServerConfigError(f"--null-step-ms: must be in 0..1000, got {self.null_step_ms}")
         if not 0 <= self.stream_interval_ms <= 1000:
             raise ServerConfigError(
                 f"--stream-interval-ms: must be in 0..1000, got {self.stream_interval_ms}"
@@ -99,8 +101,6 @@ class ServerConfig:
             raise ServerConfigError(
                 f"--memory-reserve-gib: must be in 0..1024 GiB, got {self.memory_reserve_gib}"
             )
-        if not 0 <= self.null_step_ms <= 1000:
-            raise ServerConfigError(f"--null-step-ms: must be in 0..1000, got {self.null_step_ms}")
         if self.model_id is not None and not self.model_id.strip():
             raise ServerConfigError("--model-id: must be non-empty")
         if not self.actor_name:

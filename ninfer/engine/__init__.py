@@ -27,7 +27,7 @@ from .core import (
     Usage,
 )
 from .engine import Engine
-from .output import Handle, coalesce
+from .handle import Handle, coalesce
 
 __all__ = [
     "Engine",

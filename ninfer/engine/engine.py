@@ -28,8 +28,9 @@ from .core import (
     SamplingParams,
     TokenMask,
 )
+from .handle import Handle
 from .kv_pool import PagePool
-from .output import Handle, Outputs
+from .output import Outputs
 from .prefix_cache import PrefixCache
 from .sampler import MaskWorker
 from .scheduler import Scheduler
