@@ -29,6 +29,7 @@ __all__ = [
     "Failed",
     "StreamEvent",
     "decode_events",
+    "decode_batch",
     "engine_failure",
     "ActorStats",
     "ActorInfo",
@@ -100,6 +101,7 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, array_like=True, tag="fa
 
 StreamEvent = Accepted | TokenDelta | Finish | Failed
 _EVENTS_DECODER = msgspec.msgpack.Decoder(list[StreamEvent])
+_BATCH_DECODER = msgspec.msgpack.Decoder(list[tuple[str, list[StreamEvent]]])
 
 
 def engine_failure(fin: Finish) -> Failed | None:
@@ -112,6 +114,11 @@ def engine_failure(fin: Finish) -> Failed | None:
 def decode_events(raw: bytes) -> list[StreamEvent]:
     """One item of ``EngineActor.generate`` (msgpack bytes): the events it carries, in order."""
     return _EVENTS_DECODER.decode(raw)
+
+
+def decode_batch(raw: bytes) -> list[tuple[str, list[StreamEvent]]]:
+    """One item of ``EngineActor.subscribe``: ``(request_id, events)`` for each request with new events."""
+    return _BATCH_DECODER.decode(raw)
 
 
 class ActorStats(msgspec.Struct, frozen=True, kw_only=True):

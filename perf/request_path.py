@@ -63,31 +63,32 @@ def _roots() -> dict[str, str]:
     return out
 
 
-class _Direct:
-    """The API's engine backend with the actor called in this process (Ray's place)."""
+class _Remote:
+    """The actor called in this process with Ray's calling convention (``actor.method.remote(...)``): what the
+    API's ``AsyncEngineClient`` calls, without Ray between (its two process boundaries are counted, not traced)."""
 
     def __init__(self, actor: Any) -> None:
-        from ninfer.actors import messages
-
         self.actor = actor
-        self.decode = getattr(messages, "decode_events", None) or (lambda raw: [messages.decode_event(raw)])
 
-    async def generate(self, req: Any) -> Any:
-        async for raw in self.actor.generate(req):
-            for ev in self.decode(raw):
-                yield ev
+    def __getattr__(self, name: str) -> Any:
+        import inspect
+        from types import SimpleNamespace
 
-    def cancel(self, request_id: str) -> None:
-        pass
+        fn = getattr(self.actor, name)
+        if inspect.isasyncgenfunction(fn):
 
-    async def stats(self) -> Any:
-        return await self.actor.stats()
+            async def items(*args: Any) -> Any:
+                async for item in fn(*args):
+                    yield asyncio.sleep(0, result=item)  # an ObjectRef: awaited for the item
 
-    async def health(self) -> Any:
-        return await self.actor.health()
+            return SimpleNamespace(remote=items)
+        return SimpleNamespace(remote=fn)
 
-    async def count_tokens(self, req: Any) -> Any:
-        return await self.actor.count_tokens(req)
+
+def _backend(actor: Any) -> Any:
+    from ninfer.actors.client import AsyncEngineClient
+
+    return AsyncEngineClient(_Remote(actor))
 
 
 def _actor(artifact: str) -> Any:
@@ -110,7 +111,7 @@ def _app(actor: Any) -> Any:
     from ninfer.api.service import Service
 
     limits = ChatLimits(model_id="ninfer-demo", max_context=512, default_max_tokens=64)
-    svc = Service(config=ServerConfig(artifact="demo.ninfer"), backend=_Direct(actor), limits=limits)
+    svc = Service(config=ServerConfig(artifact="demo.ninfer"), backend=_backend(actor), limits=limits)
     return build_app(svc, None)
 
 

@@ -259,3 +259,28 @@ def test_items_carry_the_accepted_with_the_first_token_and_the_last_delta_with_t
         evs = [e for item in its for e in item]
         n = sum(len(e.token_ids) for e in evs if isinstance(e, TokenDelta))
         assert isinstance(evs[-1], Finish) and n == evs[-1].usage.completion_tokens
+
+
+def test_the_apis_requests_share_one_event_stream(actor: EngineActor) -> None:
+    """The API's client opens each request with ``open`` and gets every request's events on one ``subscribe``
+    stream: the same events, tokens and refusals as ``generate``, in fewer items."""
+    from ninfer.actors.client import AsyncEngineClient
+    from ninfer.perf.request_path import _Remote
+
+    client = AsyncEngineClient(_Remote(actor))
+
+    async def one(r: GenerateRequest) -> list[object]:
+        return [ev async for ev in client.generate(r)]
+
+    async def scenario() -> list[list[object]]:
+        return list(await asyncio.gather(*(one(req(f"m{i}", 12)) for i in range(3))))
+
+    outs = asyncio.run(scenario())
+    solo = asyncio.run(collect(actor, req("solo", 12)))
+    ids = [t for e in solo if isinstance(e, TokenDelta) for t in e.token_ids]
+    for evs in outs:
+        assert isinstance(evs[0], Accepted) and isinstance(evs[-1], Finish) and evs[-1].reason == "output_limit"
+        assert [t for e in evs if isinstance(e, TokenDelta) for t in e.token_ids] == ids  # greedy, same prompt
+    bad = asyncio.run(one(GenerateRequest(request_id="bad", prompt_ids=(10**9,))))
+    assert len(bad) == 1 and isinstance(bad[0], Failed) and bad[0].status == 400
+    assert asyncio.run(actor.stats()).open_streams == 0
