@@ -279,8 +279,12 @@ def test_the_apis_requests_share_one_event_stream(actor: EngineActor) -> None:
     solo = asyncio.run(collect(actor, req("solo", 12)))
     ids = [t for e in solo if isinstance(e, TokenDelta) for t in e.token_ids]
     for evs in outs:
-        assert isinstance(evs[0], Accepted) and isinstance(evs[-1], Finish) and evs[-1].reason == "output_limit"
-        assert [t for e in evs if isinstance(e, TokenDelta) for t in e.token_ids] == ids  # greedy, same prompt
+        assert (
+            isinstance(evs[0], Accepted) and isinstance(evs[-1], Finish) and evs[-1].reason == "output_limit"
+        )
+        assert [
+            t for e in evs if isinstance(e, TokenDelta) for t in e.token_ids
+        ] == ids  # greedy, same prompt
     bad = asyncio.run(one(GenerateRequest(request_id="bad", prompt_ids=(10**9,))))
     assert len(bad) == 1 and isinstance(bad[0], Failed) and bad[0].status == 400
     assert asyncio.run(actor.stats()).open_streams == 0
