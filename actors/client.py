@@ -222,23 +222,25 @@ class AsyncEngineClient:
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         stream = self._stream()
         q = stream.register(req.request_id)
+        ended = False
         try:
             try:
                 first = decode_events(await self.handle.open.remote(req, stream.id))
             except RayError as e:
+                ended = True
                 yield _died(e)
                 return
+            ended = not (first and isinstance(first[-1], Accepted))
             for ev in first:
                 yield ev
-            if not (first and isinstance(first[-1], Accepted)):
-                return
-            while True:
+            while not ended:
                 ev = await q.get()
+                ended = isinstance(ev, Finish | Failed)
                 yield ev
-                if isinstance(ev, Finish | Failed):
-                    return
         finally:
             stream.queues.pop(req.request_id, None)
+            if not ended:  # the consumer left before the end: free the lane (as a dropped Ray stream does)
+                self.cancel(req.request_id)
 
     def cancel(self, request_id: str) -> None:
         self.handle.cancel.remote(request_id)  # fire and forget: callers may be inside a cancelled scope

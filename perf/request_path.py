@@ -82,7 +82,9 @@ class _Remote:
                     yield asyncio.sleep(0, result=item)  # an ObjectRef: awaited for the item
 
             return SimpleNamespace(remote=items)
-        return SimpleNamespace(remote=fn)
+        return SimpleNamespace(
+            remote=lambda *args: asyncio.ensure_future(fn(*args))
+        )  # runs even if not awaited
 
 
 def _backend(actor: Any) -> Any:

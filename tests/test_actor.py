@@ -288,3 +288,23 @@ def test_the_apis_requests_share_one_event_stream(actor: EngineActor) -> None:
     bad = asyncio.run(one(GenerateRequest(request_id="bad", prompt_ids=(10**9,))))
     assert len(bad) == 1 and isinstance(bad[0], Failed) and bad[0].status == 400
     assert asyncio.run(actor.stats()).open_streams == 0
+
+
+def test_a_consumer_that_leaves_the_event_stream_frees_its_lane(actor: EngineActor) -> None:
+    from ninfer.actors.client import AsyncEngineClient
+    from ninfer.perf.request_path import _Remote
+
+    client = AsyncEngineClient(_Remote(actor))
+
+    async def scenario() -> None:
+        gen = client.generate(req("left", 400))
+        assert isinstance(await anext(gen), Accepted)
+        await anext(gen)
+        await gen.aclose()  # the API's handler went away without a cancel of its own
+        for _ in range(100):
+            if (await actor.stats()).lanes_busy == 0:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("lane still busy 1 s after the consumer left")
+
+    asyncio.run(scenario())
