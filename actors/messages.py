@@ -4,10 +4,13 @@ Requests are frozen keyword-only Structs. A generation streams the engine's own 
 the engine made them: ``Accepted`` once (or ``Failed`` instead: a refusal before the engine ran anything, e.g. a
 full queue or a bad prompt), then ``TokenDelta`` events — each one every token the engine produced since the
 previous item (coalesced once, by ``Handle.poll``) — then exactly one ``Finish`` (its ``text`` is the held-back
-tail; a ``Finish`` whose reason is ``error`` is the engine failing the request: ``engine_failure``). Each Ray item
-is a msgpack list of the events since the previous item (``decode_events``): ``Accepted`` with the first token,
-the last delta with the ``Finish``; Ray's per-item cost (~1 ms of CPU on a 2-core machine, on each side) is paid
-at most once per stream interval, never per token.
+tail; a ``Finish`` whose reason is ``error`` is the engine failing the request: ``engine_failure``).
+
+On the wire every item is msgpack: ``EngineActor.generate`` (one request) streams lists of events
+(``decode_events``); ``EngineActor.open`` returns ``[Accepted]`` or ``[Failed]`` and ``EngineActor.subscribe``
+(every request one caller opened) streams lists of ``(request_id, events)`` (``decode_batch``). Ray's per-item
+cost (~1 ms of CPU on a 2-core machine, on each side) is paid at most once per stream interval, never per token,
+and on ``subscribe`` once for all of a caller's streams.
 """
 
 from __future__ import annotations
