@@ -11,6 +11,7 @@ From any job on the cluster::
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -19,7 +20,7 @@ import msgspec
 import ray
 from ray.exceptions import RayError
 
-from ninfer.engine.core import Finish, TokenDelta
+from ninfer.engine.core import Accepted, Finish, TokenDelta
 
 from .messages import (
     ActorInfo,
@@ -29,7 +30,8 @@ from .messages import (
     Health,
     SamplingOptions,
     StreamEvent,
-    decode_event,
+    decode_batch,
+    decode_events,
     engine_failure,
 )
 
@@ -140,14 +142,14 @@ class EngineClient:
         done = False
         try:
             for ref in self.handle.generate.remote(req):
-                ev = decode_event(ray.get(ref))
-                failed = engine_failure(ev) if isinstance(ev, Finish) else ev
-                if isinstance(failed, Failed):
-                    done = True
-                    raise GenerationError(failed)
-                if isinstance(ev, TokenDelta | Finish):
-                    yield ev
-                done = isinstance(ev, Finish)
+                for ev in decode_events(ray.get(ref)):
+                    failed = engine_failure(ev) if isinstance(ev, Finish) else ev
+                    if isinstance(failed, Failed):
+                        done = True
+                        raise GenerationError(failed)
+                    if isinstance(ev, TokenDelta | Finish):
+                        yield ev
+                    done = isinstance(ev, Finish)
         except RayError as e:
             raise GenerationError(_died(e)) from e
         finally:
@@ -165,18 +167,80 @@ class EngineClient:
         raise GenerationError(Failed(code="engine_error", message="the stream ended without a finish event"))
 
 
+class _Events:
+    """The caller's end of ``EngineActor.subscribe``: one Ray stream, its items routed to each request's queue.
+    On a Ray error (the actor died) every open request gets ``Failed(engine_unavailable, 503)``."""
+
+    def __init__(self, handle: Any) -> None:
+        self.id = uuid.uuid4().hex
+        self.loop = asyncio.get_running_loop()
+        self.queues: dict[str, asyncio.Queue[StreamEvent]] = {}
+        self.failed: Failed | None = None
+        self.task = asyncio.ensure_future(self._run(handle))
+
+    async def _run(self, handle: Any) -> None:
+        try:
+            async for ref in handle.subscribe.remote(self.id):
+                for rid, events in decode_batch(await ref):
+                    q = self.queues.get(rid)
+                    if q is not None:
+                        for ev in events:
+                            q.put_nowait(ev)
+            self.failed = Failed(
+                code="engine_unavailable", message="the engine's event stream ended", status=503
+            )
+        except RayError as e:
+            self.failed = _died(e)
+        except asyncio.CancelledError:
+            self.failed = Failed(code="engine_unavailable", message="the client was closed", status=503)
+            raise
+        finally:
+            for q in self.queues.values():
+                q.put_nowait(self.failed or _died(RuntimeError("event stream ended")))
+
+    def register(self, request_id: str) -> asyncio.Queue[StreamEvent]:
+        q: asyncio.Queue[StreamEvent] = asyncio.Queue()
+        self.queues[request_id] = q
+        return q
+
+
 class AsyncEngineClient:
-    """The API's view of the actor (implements ninfer.api.service.EngineBackend)."""
+    """The API's view of the actor (implements ninfer.api.service.EngineBackend). Requests are opened one Ray
+    call each (``EngineActor.open``); their events all come on one ``subscribe`` stream per client, so N streams
+    cost the actor one Ray item per stream interval instead of N."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
+        self._events: _Events | None = None
+
+    def _stream(self) -> _Events:
+        ev = self._events
+        if ev is None or ev.failed is not None or ev.task.done() or ev.loop is not asyncio.get_running_loop():
+            ev = self._events = _Events(self.handle)
+        return ev
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
+        stream = self._stream()
+        q = stream.register(req.request_id)
+        ended = False
         try:
-            async for ref in self.handle.generate.remote(req):
-                yield decode_event(await ref)
-        except RayError as e:
-            yield _died(e)
+            try:
+                first = decode_events(await self.handle.open.remote(req, stream.id))
+            except RayError as e:
+                ended = True
+                yield _died(e)
+                return
+            ended = not (first and isinstance(first[-1], Accepted))
+            for ev in first:
+                yield ev
+            while not ended:
+                ev = await q.get()
+                ended = isinstance(ev, Finish | Failed)
+                yield ev
+        finally:
+            stream.queues.pop(req.request_id, None)
+            if not ended:  # the consumer left before the end: free the lane (as a dropped Ray stream does)
+                self.cancel(req.request_id)
 
     def cancel(self, request_id: str) -> None:
         self.handle.cancel.remote(request_id)  # fire and forget: callers may be inside a cancelled scope

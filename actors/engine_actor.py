@@ -1,14 +1,14 @@
 """The engine actor: one per GPU, owning the resident model, its lanes and its admission queue.
 
 Threads: the engine runs its own step loop. For each request it calls back (on its thread) with every event,
-which wakes the request's ``generate`` generator on the actor's event loop only while that generator waits;
-the generator drains everything since its last item (``handle.poll()``: consecutive deltas merged into one
-``TokenDelta``) and forwards the engine's events as they are, at most one wake-up per ``stream_interval_s``.
-Measured decision: each Ray item costs ~0.15-0.6 ms of Python in this process, and that time is taken from the
-GIL the engine's step loop needs. On the demo model (8 lanes, ~5 ms steps, H200 host, 16 cores, reference
-backend) the stack cost 25% of engine-alone throughput at 20 ms and 9% at 50 ms, hence the 50 ms default (the
-first token is never delayed, and neither is the last: the request's ``Finish`` ends the pause). Control methods (cancel, stats, health, info) run in their
-own concurrency group, on another thread, so they answer while generation runs.
+which wakes the actor's event loop only while something there waits for that event (actors/streaming.py); the
+loop drains everything since the last item (``handle.poll()``: consecutive deltas merged into one ``TokenDelta``)
+and forwards the engine's events as they are, at most one Ray item per ``stream_interval_s`` (the first token and
+the ``Finish`` are never delayed). The API opens requests with ``open`` and receives all of their events on one
+``subscribe`` stream (one item per interval for every stream together); Python jobs use ``generate``, one stream
+per request. Measured decision: each Ray item costs ~0.15-1 ms of CPU in this process, taken from the GIL the
+engine's step loop needs (docs/serving.md). Control methods (cancel, stats, health, info) run in their own
+concurrency group, on another thread, so they answer while generation runs.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ninfer.engine.core import Finish
 
 from . import _engine_adapter as adapter
 from .messages import ActorInfo, ActorSpec, ActorStats, Failed, GenerateRequest, Health
+from .streaming import Subscription, Wake
 
 __all__ = ["EngineActor", "actor_options", "start_actor", "CTL_GROUP", "GEN_GROUP"]
 
@@ -48,64 +49,119 @@ class EngineActor:
         self._failures = 0
         self._internal_errors = 0  # requests the actor failed itself (a bug), not the engine
         self._prompts = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ninfer-prompt")
+        self._subs: dict[str, Subscription] = {}  # the callers' multiplexed streams (gen group's loop only)
+        self._closed_subs: set[str] = set()
 
     # ---- generation ---------------------------------------------------------------------------------
-    @ray.method(num_returns="streaming", concurrency_group=GEN_GROUP)
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[bytes]:
-        """Streams msgpack-encoded StreamEvents (decode with ``messages.decode_event``): bytes cross Ray
-        without pickling a class, which measurably cuts the per-item cost that shares the engine's GIL."""
+    async def _start(self, req: GenerateRequest, on_event: Any) -> Any:
+        """Render, check and submit ``req`` (engine callback ``on_event``): its engine handle, or the ``Failed``
+        that refuses it."""
         ld = self._engine
         loop = asyncio.get_running_loop()
         try:
-            # rendering, tokenizing (a long prompt takes seconds) and compiling a grammar: off the event loop
-            ids = await loop.run_in_executor(self._prompts, adapter.prompt_ids, ld, req)
+            # rendering and tokenizing a long prompt (seconds) and compiling a grammar: off the event loop
+            if adapter.renders_quickly(req):
+                ids = adapter.prompt_ids(ld, req)
+            else:
+                ids = await loop.run_in_executor(self._prompts, adapter.prompt_ids, ld, req)
             mask = None
             if req.grammar is not None or req.thinking_budget is not None:
                 mask = await loop.run_in_executor(None, adapter.token_mask, ld, req)
         except adapter.PromptError as e:
-            yield _ENC(Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param))
-            return
+            return Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param)
         except Exception as e:  # a bug, not the client's fault: logged and counted, never a silent Ray error
-            yield _ENC(self._internal_error("generate", req, e))
-            return
-        wake = _Wake(loop)
+            return self._internal_error("generate", req, e)
         try:
             with self._lock:
-                handle = adapter.submit(
-                    ld, ids, req.sampling, wake.on_event, mask, adapter.thinking_on(ld, req)
-                )
+                handle = adapter.submit(ld, ids, req.sampling, on_event, mask, adapter.thinking_on(ld, req))
                 self._handles[req.request_id] = handle
         except adapter.QueueFull as e:
-            yield _ENC(Failed(code="queue_full", message=str(e), status=429, retry_after=1.0))
-            return
+            return Failed(code="queue_full", message=str(e), status=429, retry_after=1.0)
         except adapter.RequestRejected as e:
-            yield _ENC(Failed(code=e.code or "invalid_request", message=str(e), status=400, param=e.param))
+            return Failed(code=e.code or "invalid_request", message=str(e), status=400, param=e.param)
+        return handle
+
+    def _finished(self, request_id: str, fin: Finish) -> None:
+        with self._lock:
+            self._handles.pop(request_id, None)
+            if fin.reason == "error":
+                self._failures += 1
+
+    @ray.method(num_returns="streaming", concurrency_group=GEN_GROUP)
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[bytes]:
+        """One request's stream (Python jobs): msgpack-encoded lists of StreamEvents (``messages.decode_events``),
+        each every event since the previous item; ``Accepted`` comes with the first token when that comes within
+        an interval (a queued request's ``Accepted`` goes at once), the last delta with the ``Finish``."""
+        loop = asyncio.get_running_loop()
+        wake = Wake(loop)
+        handle = await self._start(req, wake.on_event)
+        if isinstance(handle, Failed):
+            yield _ENC([handle])
             return
-        finished = False
+        finished, interval = False, self._spec.stream_interval_s
         try:
-            yield _ENC(handle.accepted)  # the engine's budget: max_tokens clamped once, by the engine
-            interval, last = self._spec.stream_interval_s, -1e9
-            while not finished:
-                # at most one item per interval: bounds Ray items (and SSE frames downstream) per stream to
-                # 1/interval however short the engine's steps are; the first token is not delayed
-                pause = last + interval - loop.time()
-                if pause > 0:
-                    await wake.pause(pause)  # cut short by the request's Finish: the end is not delayed
-                events = await wake.events(handle)  # the engine's events, consecutive deltas merged
+            items = [handle.accepted]  # the engine's budget: max_tokens clamped once, by the engine
+            if not handle.accepted.queued:
+                items += await wake.events(handle, timeout=interval)
+            last = loop.time() if len(items) > 1 else -1e9
+            while True:
+                if isinstance(items[-1], Finish):
+                    finished = True
+                    self._finished(req.request_id, items[-1])
+                yield _ENC(items)  # one Ray item: every event since the last one, consecutive deltas merged
+                if finished:
+                    break
+                pause = last + interval - loop.time()  # at most one item per interval; the first token and
+                if pause > 0:  # the Finish are not delayed (the Finish ends the pause)
+                    await wake.pause(pause)
+                items = await wake.events(handle)
                 last = loop.time()
-                for ev in events:
-                    if isinstance(ev, Finish):
-                        finished = True
-                        if ev.reason == "error":
-                            with self._lock:
-                                self._failures += 1
-                    yield _ENC(ev)
         finally:
             # the consumer may vanish (client disconnect drops the generator): never leave the lane busy
             with self._lock:
                 self._handles.pop(req.request_id, None)
             if not finished:
                 handle.cancel()
+
+    def _subscription(self, sub_id: str) -> Subscription:
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            sub = self._subs[sub_id] = Subscription(asyncio.get_running_loop(), self._finished)
+        return sub
+
+    @ray.method(num_returns="streaming", concurrency_group=GEN_GROUP)
+    async def subscribe(self, sub_id: str) -> AsyncIterator[bytes]:
+        """The events of every request the caller opens (``open``) under ``sub_id``: msgpack-encoded lists of
+        ``(request_id, events)`` (``messages.decode_batch``), at most one item per stream interval for all of
+        them (a first token or a ``Finish`` is never held back). Ends (and cancels what is left) when the caller
+        goes away."""
+        sub = self._subscription(sub_id)
+        try:
+            async for batch in sub.batches(self._spec.stream_interval_s):
+                yield _ENC(batch)
+        finally:
+            self._subs.pop(sub_id, None)
+            self._closed_subs.add(sub_id)
+            with self._lock:
+                for rid in sub.handles:
+                    self._handles.pop(rid, None)
+            sub.close()
+
+    @ray.method(concurrency_group=GEN_GROUP)
+    async def open(self, req: GenerateRequest, sub_id: str) -> bytes:
+        """Admit ``req``; its events follow on the caller's ``subscribe(sub_id)`` stream. Returns the msgpack list
+        ``[Accepted]`` (the engine's budget) or ``[Failed]``."""
+        if sub_id in self._closed_subs:
+            return _ENC(
+                [Failed(code="engine_unavailable", message="the caller's event stream is closed", status=503)]
+            )
+        sub = self._subscription(sub_id)
+        handle = await self._start(req, sub.watch(req.request_id))
+        if isinstance(handle, Failed):
+            sub.fresh.discard(req.request_id)
+            return _ENC([handle])
+        sub.add(req.request_id, handle)
+        return _ENC([handle.accepted])
 
     # ---- control ------------------------------------------------------------------------------------
     @ray.method(concurrency_group=CTL_GROUP)
@@ -164,58 +220,6 @@ class EngineActor:
     async def shutdown(self) -> None:
         self._prompts.shutdown(wait=False, cancel_futures=True)
         adapter.close(self._engine)
-
-
-class _Wake:
-    """Wake-ups from the engine thread, only while the request's generator actually waits for events.
-
-    While the generator sleeps out its interval only the request's ``Finish`` is scheduled on the loop (it ends
-    the pause: a request's last item is never held back by the interval), so a request costs the actor's event
-    loop (and the GIL the engine thread needs) at most one wake-up per interval, not one per token.
-    The handle queues events before calling ``on_event``, so the re-poll after raising ``waiting`` cannot miss
-    one: an event pushed before it is seen by the poll, an event pushed after it schedules a wake-up.
-    """
-
-    __slots__ = ("loop", "event", "finished", "waiting", "scheduled")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop, self.event, self.finished = loop, asyncio.Event(), asyncio.Event()
-        self.waiting = self.scheduled = False
-
-    def on_event(self, ev: Any) -> None:  # engine thread
-        if isinstance(ev, Finish):
-            self.loop.call_soon_threadsafe(self.finished.set)
-        if self.waiting and not self.scheduled:
-            self.scheduled = True
-            self.loop.call_soon_threadsafe(self._woken)
-
-    async def pause(self, seconds: float) -> None:
-        """Sleep ``seconds``, or less if the request finishes meanwhile."""
-        if self.finished.is_set():
-            return
-        try:
-            await asyncio.wait_for(self.finished.wait(), seconds)
-        except TimeoutError:
-            pass
-
-    def _woken(self) -> None:
-        self.scheduled = False
-        self.event.set()
-
-    async def events(self, handle: Any) -> list[Any]:
-        """Every engine event since the last call, waiting for at least one."""
-        while True:
-            got = handle.poll()
-            if got:
-                return got
-            self.waiting = True
-            got = handle.poll()
-            if not got:
-                await self.event.wait()
-                self.event.clear()
-            self.waiting = False
-            if got:
-                return got
 
 
 def actor_options(spec: ActorSpec, *, name: str, namespace: str, detached: bool) -> dict[str, Any]:

@@ -2,10 +2,15 @@
 
 Requests are frozen keyword-only Structs. A generation streams the engine's own events (ninfer.engine.core), as
 the engine made them: ``Accepted`` once (or ``Failed`` instead: a refusal before the engine ran anything, e.g. a
-full queue or a bad prompt), then ``TokenDelta`` items — each one every token the engine produced since the
-previous item (coalesced once, by ``Handle.poll``), so Ray's per-item cost (~0.6 ms on a 2-core machine) is paid
-per engine step at most, never per token — then exactly one ``Finish`` (its ``text`` is the held-back tail; a
-``Finish`` whose reason is ``error`` is the engine failing the request: ``engine_failure``).
+full queue or a bad prompt), then ``TokenDelta`` events — each one every token the engine produced since the
+previous item (coalesced once, by ``Handle.poll``) — then exactly one ``Finish`` (its ``text`` is the held-back
+tail; a ``Finish`` whose reason is ``error`` is the engine failing the request: ``engine_failure``).
+
+On the wire every item is msgpack: ``EngineActor.generate`` (one request) streams lists of events
+(``decode_events``); ``EngineActor.open`` returns ``[Accepted]`` or ``[Failed]`` and ``EngineActor.subscribe``
+(every request one caller opened) streams lists of ``(request_id, events)`` (``decode_batch``). Ray's per-item
+cost (~1 ms of CPU on a 2-core machine, on each side) is paid at most once per stream interval, never per token,
+and on ``subscribe`` once for all of a caller's streams.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ __all__ = [
     "Finish",
     "Failed",
     "StreamEvent",
-    "decode_event",
+    "decode_events",
+    "decode_batch",
     "engine_failure",
     "ActorStats",
     "ActorInfo",
@@ -97,7 +103,8 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, array_like=True, tag="fa
 
 
 StreamEvent = Accepted | TokenDelta | Finish | Failed
-_EVENT_DECODER = msgspec.msgpack.Decoder(StreamEvent)
+_EVENTS_DECODER = msgspec.msgpack.Decoder(list[StreamEvent])
+_BATCH_DECODER = msgspec.msgpack.Decoder(list[tuple[str, list[StreamEvent]]])
 
 
 def engine_failure(fin: Finish) -> Failed | None:
@@ -107,9 +114,14 @@ def engine_failure(fin: Finish) -> Failed | None:
     return Failed(code="engine_error", message=fin.error or "the engine failed this request", status=500)
 
 
-def decode_event(raw: bytes) -> StreamEvent:
-    """One item of ``EngineActor.generate`` (msgpack bytes) as its event Struct."""
-    return _EVENT_DECODER.decode(raw)
+def decode_events(raw: bytes) -> list[StreamEvent]:
+    """One item of ``EngineActor.generate`` (msgpack bytes): the events it carries, in order."""
+    return _EVENTS_DECODER.decode(raw)
+
+
+def decode_batch(raw: bytes) -> list[tuple[str, list[StreamEvent]]]:
+    """One item of ``EngineActor.subscribe``: ``(request_id, events)`` for each request with new events."""
+    return _BATCH_DECODER.decode(raw)
 
 
 class ActorStats(msgspec.Struct, frozen=True, kw_only=True):

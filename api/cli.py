@@ -52,6 +52,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="auto: cuda when a GPU is present")
     p.add_argument("--no-cuda-graph", action="store_true")
     p.add_argument(
+        "--null-step-ms",
+        type=float,
+        default=1.5,
+        help="--backend null (benchmarks of the stack): the time of one engine step; no model runs",
+    )
+    p.add_argument(
         "--activations",
         default="fp32",
         choices=("fp32", "bf16"),
@@ -134,6 +140,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         api_key_file=a.api_key_file,
         request_log_jsonl=a.request_log_jsonl,
         backend=a.backend,
+        null_step_ms=a.null_step_ms,
         cuda_graph=not a.no_cuda_graph,
         activations=a.activations,
         cors=a.cors,

@@ -9,7 +9,7 @@ from ninfer.engine.config import GDN_STATE_DTYPES, KV_DTYPES, EngineConfig, Engi
 
 __all__ = ["ServerConfig", "ServerConfigError", "BACKENDS", "KV_DTYPES", "GDN_STATE_DTYPES", "engine_config"]
 
-BACKENDS = ("auto", "reference", "cuda")
+BACKENDS = ("auto", "reference", "cuda", "null")  # null: no model, tokens at a fixed step time (benchmarks)
 RAY_NAMESPACE = "ninfer"
 SERVER_QUEUE_DEPTH = 16  # the server's default admission queue (the engine's own default is 8)
 
@@ -46,6 +46,7 @@ class ServerConfig:
     api_key_file: str | None = None
     request_log_jsonl: str | None = None
     backend: str = "auto"
+    null_step_ms: float = 1.5  # --backend null: the time of one engine step (no model runs)
     cuda_graph: bool = True
     activations: str = "fp32"  # CUDA activation dtype: fp32 (exact operands) or bf16 (opt-in, faster prefill)
     cors: bool = False
@@ -78,6 +79,8 @@ class ServerConfig:
         positive("--max-request-mib", self.max_request_mib)
         if self.backend not in BACKENDS:
             raise ServerConfigError(f"--backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if not 0 <= self.null_step_ms <= 1000:
+            raise ServerConfigError(f"--null-step-ms: must be in 0..1000, got {self.null_step_ms}")
         if not 0 <= self.stream_interval_ms <= 1000:
             raise ServerConfigError(
                 f"--stream-interval-ms: must be in 0..1000, got {self.stream_interval_ms}"

@@ -20,10 +20,10 @@ from ninfer.actors.messages import Failed, GenerateRequest, StreamEvent, engine_
 
 from ninfer.engine.core import Accepted, Finish, TokenDelta
 
-from .drain import Drained, until_drained
 from .errors import ApiError
-from .limits import check_depth
+from .gate import Drained, until_drained
 from .service import Service
+from .validation import check_depth
 
 __all__ = [
     "Tracker",

@@ -20,7 +20,7 @@ from ninfer.artifact import open_artifact
 from .app import build_app
 from .auth import KeyFileError, KeyRing, load_key_file
 from .config import ServerConfig
-from .drain import Drain, DrainingServer
+from .gate import Drain, DrainingServer
 from .http_guard import guarded_protocol
 from .openai_chat import ChatLimits
 from .reqlog import RequestLog, RequestLogError
@@ -64,6 +64,8 @@ def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
         options = {"cuda_graph": cfg.cuda_graph, "act_dtype": cfg.activations}
         if cfg.memory_reserve_gib:  # GPU memory the runner's plan leaves to other programs
             options["memory_reserve_bytes"] = int(cfg.memory_reserve_gib * (1 << 30))
+    elif backend == "null":
+        options = {"step_s": cfg.null_step_ms / 1000}
     template = {"preserve_thinking": True} if cfg.preserve_thinking else {}
     return ActorSpec(
         artifact=os.path.abspath(cfg.artifact),

@@ -13,9 +13,8 @@ from litestar import Request, Response
 from ninfer.actors.messages import ActorStats, Failed, GenerateRequest, Health, StreamEvent
 
 from .config import ServerConfig
-from .drain import Drain
 from .errors import ApiError
-from .gate import KEY_NAME_SCOPE
+from .gate import KEY_NAME_SCOPE, Drain
 from .metrics import Metrics
 from .openai_chat import ChatLimits
 from .reqlog import RequestLog

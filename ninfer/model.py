@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 __all__ = ["Model", "load", "open_engine", "BackendError"]
 
 DEFAULT_PREFILL_CHUNK = 64
+# what the null backend's runner emits, token by token (ordinary text: detokenization does its usual work)
+_NULL_TEXT = (
+    "Once upon a time a small engine served many streams, one token at a time, and every token crossed the "
+    "actor, Ray and HTTP before a reader saw it. "
+)
 
 
 class BackendError(RuntimeError):
@@ -60,6 +65,11 @@ class Model:
             from ninfer.cuda.runner import CudaModelRunner
 
             return CudaModelRunner(self.net, self.config, engine_config)
+        if self.backend == "null":
+            from ninfer.engine.null_runner import NullRunner
+
+            pool = self.tokenizer.encode(_NULL_TEXT, add_special_tokens=False) if self.tokenizer else [0]
+            return NullRunner(self.config.vocab_size, pool, **self.net)
         from ninfer.engine.model_runner import ReferenceRunner
 
         return ReferenceRunner(self.net, self.config, engine_config)
@@ -154,7 +164,7 @@ def _chat_template(art: Artifact, tokenizer: Any) -> Any:
 
 def load(
     path: str | os.PathLike[str],
-    backend: Literal["reference", "cuda"] = "reference",
+    backend: Literal["reference", "cuda", "null"] = "reference",
     *,
     verify: Literal["full", "manifest"] = "full",
     upstream_config: ModelConfig | None = None,
@@ -162,7 +172,9 @@ def load(
 ) -> Model:
     """Open, check and load an artifact on ``backend``. Upstream v1 files load too; they carry no config, so
     their identity's pinned config is used unless ``upstream_config`` gives another (small test files).
-    ``backend_options`` go to the backend (CUDA: ``ninfer.cuda.model.load_cuda``'s options)."""
+    ``backend_options`` go to the backend (CUDA: ``ninfer.cuda.model.load_cuda``'s options). The ``null``
+    backend loads no weights: its runner emits text tokens at a fixed step time (``step_s``, its one option),
+    for measuring the engine and the serving stack without a model (``ninfer/engine/null_runner.py``)."""
     from ninfer.artifact.upstream import UpstreamArtifact, is_upstream_v1
 
     art: Any = (
@@ -176,12 +188,17 @@ def load(
         return Model(art, reference_network(art.model_config, art.weights()), backend)
     if backend == "cuda":
         return Model(art, _cuda_net(art, backend_options or {}), backend)
-    raise ValueError(f"backend: unknown backend {backend!r} (reference, cuda)")
+    if backend == "null":
+        unknown = set(backend_options or {}) - {"step_s"}
+        if unknown:
+            raise ValueError(f"backend_options: the null backend takes only step_s, got {sorted(unknown)}")
+        return Model(art, dict(backend_options or {}), backend)
+    raise ValueError(f"backend: unknown backend {backend!r} (reference, cuda, null)")
 
 
 def open_engine(
     path: str | os.PathLike[str],
-    backend: Literal["reference", "cuda"] = "reference",
+    backend: Literal["reference", "cuda", "null"] = "reference",
     *,
     config: EngineConfig | None = None,
     background: bool = True,

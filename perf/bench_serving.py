@@ -1,12 +1,16 @@
 """Throughput of N concurrent streams through HTTP + Ray + the actor, against the engine alone, in one run.
 
-    python -m ninfer.perf.bench_serving [ARTIFACT] [--backend reference|cuda] [--streams 8] [--max-tokens 256]
-        [--rounds 3] [-o result.json]
+    python -m ninfer.perf.bench_serving [ARTIFACT] [--backend reference|cuda|null] [--streams 8]
+        [--max-tokens 256] [--rounds 3] [--null-step-ms 1.5] [-o result.json]
 
 Both sides run the same greedy requests (ignore_eos, so every stream generates exactly --max-tokens) with the
 same engine settings on the same backend. The engine side submits straight to an ``Engine`` in this process; the
 stack side starts ``ninfer serve`` (local Ray) and streams with httpx. Rounds alternate between the two, so the
 two engines (both resident, on one GPU with ``--backend cuda``) never run at once; medians are reported.
+
+``--backend null`` runs no model (``ninfer/engine/null_runner.py``): each engine step takes ``--null-step-ms``
+(1.5 ms: 8 lanes at ~5,500 tok/s, the demo model's engine on the H200) and emits text tokens, so the stack's cost
+at a GPU's token rate is measured on any machine.
 """
 
 from __future__ import annotations
@@ -32,6 +36,45 @@ def engine_round(eng: object, prompts: list[list[int]], max_tokens: int) -> floa
     handles = [eng.submit(p, max_tokens=max_tokens, temperature=0.0, ignore_eos=True) for p in prompts]  # type: ignore[attr-defined]
     n = sum(h.result().usage.completion_tokens for h in handles)
     return n / (time.perf_counter() - t0)
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def tree_cpu(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) of process ``root`` and its descendants, by part: ``api`` (the serve process
+    itself: HTTP and the Ray client), ``actor`` (the engine actor: the engine and the actor's event loop) and
+    ``ray`` (Ray's daemons and idle workers). Empty where /proc is not readable."""
+    procs: dict[int, tuple[int, float, str]] = {}
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                stat = f.read().decode("latin-1")
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().decode("latin-1")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        procs[int(d)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK, cmd)
+    out: dict[str, float] = {}
+    todo, seen = [root], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen or pid not in procs:
+            continue
+        seen.add(pid)
+        _, cpu, cmd = procs[pid]
+        part = "api" if pid == root else "actor" if cmd.startswith("ray::EngineActor") else "ray"
+        out[part] = out.get(part, 0.0) + cpu
+        todo += [p for p, (ppid, _, _) in procs.items() if ppid == pid]
+    return out
+
+
+def cpu_per_token(before: dict[str, float], after: dict[str, float], tokens: int) -> dict[str, float]:
+    """Microseconds of CPU per generated token, by part, between two ``tree_cpu`` readings."""
+    return {k: round(1e6 * (after.get(k, 0.0) - before.get(k, 0.0)) / tokens, 1) for k in after}
 
 
 async def stack_round(url: str, model: str, n: int, max_tokens: int) -> float:
@@ -67,7 +110,8 @@ def free_port() -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("artifact", nargs="?")
-    p.add_argument("--backend", default="reference", choices=["reference", "cuda"])
+    p.add_argument("--backend", default="reference", choices=["reference", "cuda", "null"])
+    p.add_argument("--null-step-ms", type=float, default=1.5, help="--backend null: one engine step's time")
     p.add_argument("-o", "--output", help="also write the result JSON here")
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=256)
@@ -78,9 +122,12 @@ def main() -> int:
     from ninfer.model import open_engine
 
     art = a.artifact or build_demo(os.path.join(tempfile.mkdtemp(), "demo.ninfer"))
-    eng = open_engine(art, backend=a.backend, **ENGINE)
+    options = {"step_s": a.null_step_ms / 1000} if a.backend == "null" else None
+    eng = open_engine(art, backend=a.backend, backend_options=options, **ENGINE)
     port = free_port()
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
+    if a.backend == "null":
+        flags.append(f"--null-step-ms={a.null_step_ms}")
     srv = subprocess.Popen(
         [
             sys.executable,
@@ -109,11 +156,17 @@ def main() -> int:
         prompts = [tok.encode(f"stream {i}: tell me a story") for i in range(a.streams)]
         engine_round(eng, prompts, 8)  # warm-up both sides
         asyncio.run(stack_round(url, model, a.streams, 8))
-        e_tps, s_tps = [], []
+        e_tps, s_tps, e_cpu, s_cpu = [], [], [], []
+        tokens = a.streams * a.max_tokens
         for _ in range(a.rounds):
+            c0 = time.process_time()
             e_tps.append(engine_round(eng, prompts, a.max_tokens))
+            e_cpu.append(round(1e6 * (time.process_time() - c0) / tokens, 1))
+            c1 = tree_cpu(srv.pid)
             s_tps.append(asyncio.run(stack_round(url, model, a.streams, a.max_tokens)))
+            s_cpu.append(cpu_per_token(c1, tree_cpu(srv.pid), tokens))
         e, s = statistics.median(e_tps), statistics.median(s_tps)
+        parts = {k: statistics.median(c.get(k, 0.0) for c in s_cpu) for k in s_cpu[0]} if s_cpu[0] else {}
         result = {
             "backend": a.backend,
             "streams": a.streams,
@@ -121,7 +174,11 @@ def main() -> int:
             "engine_tok_s": e_tps,
             "stack_tok_s": s_tps,
             "stack_cost": round(1 - s / e, 4),
+            # CPU microseconds per token: the engine alone (this process), the stack's processes by part
+            "engine_cpu_us_per_token": e_cpu,
+            "stack_cpu_us_per_token": s_cpu,
             "serve_flags": a.serve_flag,
+            "null_step_ms": a.null_step_ms if a.backend == "null" else None,
             "cpus": os.cpu_count(),
         }
         print(json.dumps(result))
@@ -132,6 +189,13 @@ def main() -> int:
             f"{a.streams} streams x {a.max_tokens} tokens: engine alone {e:.0f} tok/s, "
             f"HTTP+Ray {s:.0f} tok/s, stack cost {100 * (1 - s / e):.1f}%"
         )
+        if parts:
+            total, eng_us = sum(parts.values()), statistics.median(e_cpu)
+            print(
+                f"CPU per token (median): engine alone {eng_us:.1f} us; stack {total:.1f} us = "
+                + ", ".join(f"{k} {v:.1f}" for k, v in sorted(parts.items()))
+                + f"; the stack's own: {total - eng_us:.1f} us"
+            )
     finally:
         srv.terminate()
         srv.wait(30)

@@ -18,7 +18,7 @@ from ninfer.actors.messages import (
     GenerateRequest,
     SamplingOptions,
     TokenDelta,
-    decode_event,
+    decode_events,
     engine_failure,
 )
 
@@ -55,7 +55,7 @@ def req(rid: str, max_tokens: int = 8, **kw: object) -> GenerateRequest:
 async def collect(a: EngineActor, r: GenerateRequest, delay: float = 0.0) -> list[object]:
     out = []
     async for raw in a.generate(r):
-        out.append(decode_event(raw))
+        out.extend(decode_events(raw))
         if delay:
             await asyncio.sleep(delay)
     return out
@@ -102,11 +102,11 @@ def test_queue_full_and_cancel_free_the_lane(artifact: str) -> None:
 
     async def scenario() -> tuple[list[object], list[object]]:
         first = a.generate(req("long", 400))
-        assert isinstance(decode_event(await anext(first)), Accepted)
+        assert isinstance(decode_events(await anext(first))[0], Accepted)
         refused = await collect(a, req("second"))
         assert (await a.stats()).lanes_busy == 1
         assert await a.cancel("long")
-        rest = [decode_event(ev) async for ev in first]
+        rest = [ev async for raw in first for ev in decode_events(raw)]
         return refused, rest
 
     try:
@@ -229,3 +229,82 @@ def test_the_finish_is_not_held_back_by_the_stream_interval(artifact: str) -> No
     assert isinstance(evs[-1], Finish) and evs[-1].usage.completion_tokens == 4
     assert len([e for e in evs if isinstance(e, TokenDelta)]) >= 1
     assert took < 1.0, f"the stream took {took:.2f} s: the Finish waited for the 2 s interval"
+
+
+def test_items_carry_the_accepted_with_the_first_token_and_the_last_delta_with_the_finish(
+    artifact: str,
+) -> None:
+    """Fewer Ray items: the first item is ``Accepted`` plus the first token (when it comes within an interval),
+    the last one the final delta plus the ``Finish``; a queued request's ``Accepted`` goes alone, at once."""
+    cfg = EngineConfig(max_concurrency=1, queue_depth=1, max_context=512, kv_capacity=4096)
+    opts = {"step_s": 0.002}  # the interval's pause ends only with the Finish: then every event is in
+    a = EngineActor(
+        ActorSpec(artifact=artifact, backend="null", engine=cfg, backend_options=opts, stream_interval_s=1.0)
+    )
+
+    async def items(gen: object) -> list[list[object]]:
+        return [decode_events(raw) async for raw in gen]  # type: ignore[attr-defined]
+
+    async def scenario() -> tuple[list[list[object]], list[list[object]]]:
+        return tuple(await asyncio.gather(items(a.generate(req("a", 40))), items(a.generate(req("b", 4)))))  # type: ignore[return-value]
+
+    try:
+        first, queued = asyncio.run(scenario())
+    finally:
+        asyncio.run(a.shutdown())
+    assert [type(e) for e in first[0]] == [Accepted, TokenDelta] and not first[0][0].queued
+    assert [[type(e) for e in item] for item in first[1:]] == [[TokenDelta, Finish]]
+    assert [type(e) for e in queued[0]] == [Accepted] and queued[0][0].queued
+    for its in (first, queued):
+        evs = [e for item in its for e in item]
+        n = sum(len(e.token_ids) for e in evs if isinstance(e, TokenDelta))
+        assert isinstance(evs[-1], Finish) and n == evs[-1].usage.completion_tokens
+
+
+def test_the_apis_requests_share_one_event_stream(actor: EngineActor) -> None:
+    """The API's client opens each request with ``open`` and gets every request's events on one ``subscribe``
+    stream: the same events, tokens and refusals as ``generate``, in fewer items."""
+    from ninfer.actors.client import AsyncEngineClient
+    from ninfer.perf.request_path import _Remote
+
+    client = AsyncEngineClient(_Remote(actor))
+
+    async def one(r: GenerateRequest) -> list[object]:
+        return [ev async for ev in client.generate(r)]
+
+    async def scenario() -> list[list[object]]:
+        return list(await asyncio.gather(*(one(req(f"m{i}", 12)) for i in range(3))))
+
+    outs = asyncio.run(scenario())
+    solo = asyncio.run(collect(actor, req("solo", 12)))
+    ids = [t for e in solo if isinstance(e, TokenDelta) for t in e.token_ids]
+    for evs in outs:
+        assert (
+            isinstance(evs[0], Accepted) and isinstance(evs[-1], Finish) and evs[-1].reason == "output_limit"
+        )
+        assert [
+            t for e in evs if isinstance(e, TokenDelta) for t in e.token_ids
+        ] == ids  # greedy, same prompt
+    bad = asyncio.run(one(GenerateRequest(request_id="bad", prompt_ids=(10**9,))))
+    assert len(bad) == 1 and isinstance(bad[0], Failed) and bad[0].status == 400
+    assert asyncio.run(actor.stats()).open_streams == 0
+
+
+def test_a_consumer_that_leaves_the_event_stream_frees_its_lane(actor: EngineActor) -> None:
+    from ninfer.actors.client import AsyncEngineClient
+    from ninfer.perf.request_path import _Remote
+
+    client = AsyncEngineClient(_Remote(actor))
+
+    async def scenario() -> None:
+        gen = client.generate(req("left", 400))
+        assert isinstance(await anext(gen), Accepted)
+        await anext(gen)
+        await gen.aclose()  # the API's handler went away without a cancel of its own
+        for _ in range(100):
+            if (await actor.stats()).lanes_busy == 0:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("lane still busy 1 s after the consumer left")
+
+    asyncio.run(scenario())

@@ -18,7 +18,7 @@ from ninfer.actors.messages import (
     Finish,
     GenerateRequest,
     SamplingOptions,
-    decode_event,
+    decode_events,
 )
 
 from ninfer.engine import EngineConfig
@@ -46,7 +46,7 @@ def req(rid: str, content: str = "hello", **kw: object) -> GenerateRequest:
 
 
 async def _events(a: EngineActor, r: GenerateRequest) -> list[object]:
-    return [decode_event(raw) async for raw in a.generate(r)]
+    return [ev async for raw in a.generate(r) for ev in decode_events(raw)]
 
 
 def test_long_prompt_is_prepared_off_the_event_loop(actor: EngineActor) -> None:

@@ -17,11 +17,11 @@ from ninfer.actors.messages import ActorStats, Failed, GenerateRequest, Health, 
 from ninfer.api.app import build_app
 from ninfer.api.auth import parse_keys
 from ninfer.api.config import ServerConfig
-from ninfer.api.drain import Drain
-from ninfer.api.limits import MAX_JSON_DEPTH, value_depth
+from ninfer.api.gate import Drain
 from ninfer.api.openai_chat import ChatLimits
 from ninfer.api.reqlog import RequestLog
 from ninfer.api.service import Service
+from ninfer.api.validation import MAX_JSON_DEPTH, value_depth
 
 from ninfer.engine.core import Accepted, TokenDelta
 

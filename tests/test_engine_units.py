@@ -208,3 +208,23 @@ def test_masks_and_token_limit() -> None:
 def test_config_names_the_bad_field(kw: dict, field: str) -> None:
     with pytest.raises(EngineConfigError, match=field):
         EngineConfig(**kw)
+
+
+def test_null_runner_emits_the_same_text_tokens_at_its_step_time(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The null backend (benchmarks of the stack): no weights, a fixed step time, tokens that are a function of
+    the request's seed and position only, so both sides of a benchmark get the same output."""
+    import time
+
+    from ninfer.demo import build_demo
+    from ninfer.model import load, open_engine
+
+    art = build_demo(tmp_path / "demo.ninfer")
+    with pytest.raises(ValueError, match="step_s"):
+        load(art, backend="null", backend_options={"cuda_graph": True})
+    with open_engine(art, backend="null", backend_options={"step_s": 0.005}, max_concurrency=2) as eng:
+        t0 = time.perf_counter()
+        a, b = (eng.submit([1, 2, 3], max_tokens=8, ignore_eos=True, seed=7) for _ in range(2))
+        ra, rb = a.result(), b.result()
+        took = time.perf_counter() - t0
+    assert ra.token_ids == rb.token_ids and len(ra.token_ids) == 8 and ra.text.strip()
+    assert took >= 8 * 0.005  # one step per token, each at least step_s

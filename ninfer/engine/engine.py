@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ninfer.frontend.turns import TurnMarker
+from ninfer.frontend.prompt import TurnMarker
 
 from .config import EngineConfig, EngineConfigError
 from .core import (
@@ -58,7 +58,7 @@ class Engine:
         self.config, self.model_config, self.tokenizer = cfg, model_config, tokenizer
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._token_limit = token_limit
-        self._turns = turns  # where the next turn's prompt parts (chat-format knowledge, frontend/turns.py)
+        self._turns = turns  # where the next turn's prompt parts (chat-format knowledge, frontend/prompt.py)
         self._runner = runner  # the only part that touches the model (core.py's contract)
         self._pool = PagePool(cfg.num_pages)
         cache = None
@@ -137,7 +137,7 @@ class Engine:
         penalties, stop_token_ids, ignore_eos). ``token_mask``: the grammar hook (see ``core.TokenMask``).
         ``on_event``: called from the engine thread with every event as it is produced.
         ``checkpoint_at``: prompt positions where the next turn's prompt may part from this one (reserved
-        checkpoints); default: found from the chat format (``ninfer/frontend/turns.py``).
+        checkpoints); default: found from the chat format (``ninfer/frontend/prompt.py``).
         """
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         try:

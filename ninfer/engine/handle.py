@@ -14,13 +14,25 @@ __all__ = ["Handle", "coalesce", "completion_of", "reasoning_tokens"]
 def coalesce(events: list[Event]) -> list[Event]:
     """Merge runs of consecutive token deltas into one delta each (fewer messages across Ray/HTTP)."""
     out: list[Event] = []
+    run: list[TokenDelta] = []
     for ev in events:
-        prev = out[-1] if out else None
-        if isinstance(ev, TokenDelta) and isinstance(prev, TokenDelta):
-            out[-1] = TokenDelta(ev.request_id, prev.token_ids + ev.token_ids, prev.text + ev.text)
-        else:
-            out.append(ev)
+        if isinstance(ev, TokenDelta):
+            run.append(ev)
+            continue
+        if run:
+            out.append(_merged(run))
+            run = []
+        out.append(ev)
+    if run:
+        out.append(_merged(run))
     return out
+
+
+def _merged(run: list[TokenDelta]) -> TokenDelta:
+    if len(run) == 1:
+        return run[0]
+    ids = [t for ev in run for t in ev.token_ids]
+    return TokenDelta(run[0].request_id, ids, "".join(ev.text for ev in run))
 
 
 def reasoning_tokens(req: Request) -> int:

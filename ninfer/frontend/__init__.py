@@ -1,8 +1,7 @@
 """Frontend: tokenizer, chat template and incremental detokenizer (HF tokenizers + jinja2, no torch)."""
 
 from .chat_template import ChatTemplate, TemplateError, parse_tool_call_arguments
-from .detok import IncrementalDetokenizer
-from .tokenizer import Tokenizer, TokenizerError
+from .tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerError
 
 __all__ = [
     "ChatTemplate",
