@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import pytest
 from hf_tiny import save_tiny_hf
+from ninfer.api.cli import check_artifact, config_from_args
+from ninfer.api.config import ServerConfigError
 
+from ninfer.cli import _parser
 from ninfer.convert.hf import convert
 from ninfer.engine import Engine, EngineConfig, EngineConfigError
 from ninfer.engine.scripted_draft import ScriptedDrafts, replay_script
@@ -44,7 +47,9 @@ def _generate(eng: Engine, prompts: list[list[int]], **kw) -> list:  # noqa: ANN
 
 
 def _plain(model, lanes: int, max_tokens: int = 20, **kw):  # noqa: ANN001, ANN003, ANN201
-    return _generate(_engine(model, max_concurrency=lanes), PROMPTS, max_tokens=max_tokens, ignore_eos=True, **kw)
+    return _generate(
+        _engine(model, max_concurrency=lanes), PROMPTS, max_tokens=max_tokens, ignore_eos=True, **kw
+    )
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
@@ -117,7 +122,25 @@ def test_config_and_weights_checks(tiny, tmp_path) -> None:
         EngineConfig(spec="dflash")
     assert EngineConfig(spec="mtp").num_draft == 3 and EngineConfig().num_draft == 0
     save_tiny_hf(tmp_path / "hf", "dense", 1)
-    convert(str(tmp_path / "hf"), str(tmp_path / "m.ninfer"), "bf16", allow_unregistered_shape=True, progress=False)
+    convert(
+        str(tmp_path / "hf"),
+        str(tmp_path / "m.ninfer"),
+        "bf16",
+        allow_unregistered_shape=True,
+        progress=False,
+    )
     plain = load(str(tmp_path / "m.ninfer"))
     with pytest.raises(EngineConfigError, match="MTP weights"):
         plain.runner(EngineConfig(spec="mtp", draft_tokens=2))
+    # `ninfer serve`: the flags reach EngineConfig; bad values and an artifact without MTP weights are refused
+    a = _parser().parse_args(["serve", str(tmp_path / "m.ninfer"), "--spec", "mtp", "--draft-tokens", "4"])
+    cfg = config_from_args(a)
+    assert (cfg.engine.spec, cfg.engine.num_draft) == ("mtp", 4)
+    with pytest.raises(ServerConfigError, match="MTP weights"):
+        check_artifact(cfg)
+    for argv, flag in (
+        (["--draft-tokens", "2"], "--draft-tokens"),
+        (["--spec", "mtp", "--draft-tokens", "9"], "--draft-tokens"),
+    ):
+        with pytest.raises(ServerConfigError, match=flag):
+            config_from_args(_parser().parse_args(["serve", "x.ninfer", *argv]))

@@ -56,7 +56,9 @@ def test_verifier_emits_the_target_distribution(same: bool) -> None:
         drafts = []
         for i in range(k):  # each draft from the draft row with the request's draft stream
             d = draft_request(reqs[i])
-            drafts.append(sample(draft[i], params, seed=d.seed, position=d.position, counts=d.counts, mask=None))
+            drafts.append(
+                sample(draft[i], params, seed=d.seed, position=d.position, counts=d.counts, mask=None)
+            )
         out = verify_lane(target, draft, drafts, reqs, None)
         first[out[0]] += 1
         accepted += out[0] == drafts[0]
@@ -163,7 +165,9 @@ def test_chat_paths_same_tokens(demo, thinking: bool) -> None:
                  token_limit=demo.token_limit, turns=TurnMarker.from_tokenizer(demo.tokenizer))  # fmt: skip
     forced = _session(demo, eng, thinking)
     assert _key(forced) == _key(plain)
-    assert sum(c.usage.speculative.accepted for _, c in forced) > sum(len(c.token_ids) for _, c in forced) // 3
+    assert (
+        sum(c.usage.speculative.accepted for _, c in forced) > sum(len(c.token_ids) for _, c in forced) // 3
+    )
     assert any(k[3] for k in _key(spec))  # later turns resumed from the prefix cache
     assert plain[-1][1].finish_reason == "stop_string"
     answer = plain[1][1].text.split("</think>")[-1].lstrip()

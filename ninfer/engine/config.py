@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EngineConfig", "EngineConfigError", "KV_DTYPES", "GDN_STATE_DTYPES", "SPEC_MODES", "MAX_DRAFT_TOKENS"]
+__all__ = [
+    "EngineConfig",
+    "EngineConfigError",
+    "KV_DTYPES",
+    "GDN_STATE_DTYPES",
+    "SPEC_MODES",
+    "MAX_DRAFT_TOKENS",
+]
 
 KV_DTYPES = ("bf16", "fp8")
 GDN_STATE_DTYPES = ("fp32", "bf16")

@@ -129,7 +129,9 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     # generated ids up to and including the first ``stop_after_token_id`` (``</think>``: the reasoning of a
     # thinking request; all of them if it never came); 0 without a ``stop_after_token_id``
     reasoning_tokens: int = 0
-    speculative: SpeculativeUsage | None = None  # an extension object; None when the engine does not speculate
+    speculative: SpeculativeUsage | None = (
+        None  # an extension object; None when the engine does not speculate
+    )
 
 
 class RequestMetrics(msgspec.Struct, frozen=True, kw_only=True):
@@ -209,6 +211,9 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     evicted_checkpoints: int
     steps: int
     requests_finished: int
+    spec_rounds: int = 0  # speculative verify rounds (``EngineConfig.spec``)
+    spec_drafted: int = 0  # draft tokens proposed
+    spec_accepted: int = 0  # drafts accepted and emitted
 
 
 # ---- the engine's own request record (never leaves the engine) --------------------------------------------

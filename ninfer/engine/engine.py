@@ -325,6 +325,9 @@ class Engine:
                 evicted_checkpoints=c.evicted_checkpoints if c else 0,
                 steps=self._steps,
                 requests_finished=self._out.finished,
+                spec_rounds=self._spec.rounds if self._spec else 0,
+                spec_drafted=self._spec.drafted if self._spec else 0,
+                spec_accepted=self._spec.accepted if self._spec else 0,
             )
 
     def close(self) -> None:

@@ -315,6 +315,8 @@ def _check_spec(net: Any, mc: ModelConfig, cfg: EngineConfig) -> None:
     if cfg.num_draft == 0:
         return
     if mc.arch not in ("qwen3_5", "qwen3_5_moe"):
-        raise EngineConfigError(f"spec: MTP drafting is implemented for Qwen3.6-family targets, not {mc.arch}")
+        raise EngineConfigError(
+            f"spec: MTP drafting is implemented for Qwen3.6-family targets, not {mc.arch}"
+        )
     if not getattr(net, "has_mtp", False):
         raise EngineConfigError("spec: 'mtp' needs an artifact with MTP weights (mtp.*); this one has none")

@@ -36,7 +36,9 @@ class ScriptedDrafts:
         self.inner.draft(lanes)
         self._forced = [self.script(list(dl.tokens)) for dl in lanes]
 
-    def sample(self, rows: Sequence[int], reqs: Sequence[SampleRequest], token_limit: int | None) -> list[int]:
+    def sample(
+        self, rows: Sequence[int], reqs: Sequence[SampleRequest], token_limit: int | None
+    ) -> list[int]:
         toks = self.inner.sample(rows, reqs, token_limit)
         forced, self._forced = self._forced, None
         if forced is None:

@@ -44,9 +44,7 @@ def _dist(row: np.ndarray, r: SampleRequest, token_limit: int | None) -> tuple[n
     return distribution(row, r.params, counts=r.counts, token_limit=token_limit, mask=r.mask)
 
 
-def _residual(
-    p: tuple[np.ndarray, np.ndarray], q: tuple[np.ndarray, np.ndarray], r: SampleRequest
-) -> int:
+def _residual(p: tuple[np.ndarray, np.ndarray], q: tuple[np.ndarray, np.ndarray], r: SampleRequest) -> int:
     """Draw from ``max(0, P·ΣQ − Q·ΣP)`` over ``P``'s kept ids (in the sampler's order), exactly."""
     (pid, pm), (qid, qm) = p, q
     sp, sq = int(pm.sum(dtype=np.uint64)), int(qm.sum(dtype=np.uint64))
@@ -68,7 +66,9 @@ def sample_from(ids: np.ndarray, masses: np.ndarray, r: SampleRequest) -> int:
     return int(ids[bisect.bisect_right(cum, t)])
 
 
-def _accepts(p: tuple[np.ndarray, np.ndarray], q: tuple[np.ndarray, np.ndarray], d: int, r: SampleRequest) -> bool:
+def _accepts(
+    p: tuple[np.ndarray, np.ndarray], q: tuple[np.ndarray, np.ndarray], d: int, r: SampleRequest
+) -> bool:
     (pid, pm), (qid, qm) = p, q
     pd = int(pm[pid == d].sum(dtype=np.uint64))
     qd = int(qm[qid == d].sum(dtype=np.uint64))

@@ -66,7 +66,9 @@ class Speculator:
             live = [r for r in live if not r.done]
         rounds = [r for r in rounds if r.drafts]
         for r in rounds:
-            while len(r.reqs) <= len(r.drafts):  # the bonus row's inputs when drafting stopped at a stop token
+            while len(r.reqs) <= len(
+                r.drafts
+            ):  # the bonus row's inputs when drafting stopped at a stop token
                 self._row(r, vocab, must=False)
             del r.reqs[len(r.drafts) + 1 :]
             r.work.token_ids = [r.work.token_ids[0], *r.drafts]

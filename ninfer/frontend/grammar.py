@@ -204,7 +204,9 @@ class RequestGrammar:
         self._queue: list[int] = []
         self._think_n = 0
         self._seen = 0
-        self._toks: list[int] = []  # the generated tokens seen (speculative rounds roll back to a common prefix)
+        self._toks: list[
+            int
+        ] = []  # the generated tokens seen (speculative rounds roll back to a common prefix)
         self._answer_at = 0 if not self._thinking else -1  # position where the answer phase began
         self._matcher = None
         if self._phase == "answer":
@@ -224,7 +226,9 @@ class RequestGrammar:
     def __call__(self, generated: Sequence[int]) -> np.ndarray | None:
         n = len(generated)
         common = self._common(generated)
-        if common < self._seen:  # fewer tokens, or the same count but other ones (a speculative round's drafts)
+        if (
+            common < self._seen
+        ):  # fewer tokens, or the same count but other ones (a speculative round's drafts)
             self._rollback(common)
         for pos in range(self._seen, n):
             self._advance(int(generated[pos]), pos)
