@@ -184,11 +184,13 @@ def _concat_natural(parts: Sequence[DeviceWeight]) -> DeviceWeight:
 def fuse_projections(cfg: ModelConfig, tensors: Mapping[str, Any]) -> dict[str, Any]:
     """A new tensor dict with every fusable group of every layer replaced by its fused weight (``FUSED``)."""
     out = dict(tensors)
-    for i in range(cfg.num_hidden_layers):
+    prefixes = [f"layers.{i}." for i in range(cfg.num_hidden_layers)]
+    prefixes += [f"mtp.layers.{j}." for j in range(cfg.mtp_num_hidden_layers)]  # the MTP head's layer
+    for p in prefixes:
         for fused, names in FUSED.items():
-            keys = [f"layers.{i}.{n}" for n in names]
+            keys = [f"{p}{n}" for n in names]
             if all(isinstance(out.get(key), DeviceWeight) for key in keys):
-                out[f"layers.{i}.{fused}"] = _fuse([out.pop(key) for key in keys])
+                out[f"{p}{fused}"] = _fuse([out.pop(key) for key in keys])
     return out
 
 

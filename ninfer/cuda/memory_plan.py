@@ -121,11 +121,16 @@ def plan_memory(
     act_bytes: int,
     graphs: bool,
     reserve: int = 0,
+    extra_kv_planes: int = 0,
 ) -> MemoryPlan:
     if kv_dtype not in KV_HEAD_BYTES:
         raise ValueError(f"kv_dtype: one of {tuple(KV_HEAD_BYTES)}, got {kv_dtype!r}")
     per_page = (
-        2 * len(mc.full_attention_layers) * page_size * mc.num_key_value_heads * kv_head_bytes(mc, kv_dtype)
+        2
+        * (len(mc.full_attention_layers) + extra_kv_planes)  # extra: the MTP head's layer (speculation)
+        * page_size
+        * mc.num_key_value_heads
+        * kv_head_bytes(mc, kv_dtype)
     )
     snap = snapshot_bytes(mc, state_dtype)
     split = split_plan(max_context, attn_chunk)
