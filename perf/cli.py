@@ -58,7 +58,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
 
     mc = REG[MODELS[key]].config
     t0 = time.perf_counter()
-    tensors = synthetic_tensors(mc, args.profile)
+    tensors = synthetic_tensors(mc, args.profile, mtp=args.spec > 0)
     net = CudaQwen36(mc, tensors, act_dtype=args.activations)
     net.warmup()
     longest = max(
@@ -104,6 +104,15 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     res["decode_eager_1"] = r
     log(f"{key}: eager decode x1: {r['tok_s']:.1f} tok/s")
     res["graph_pool_bytes"] = net.graphs.pool_bytes()
+    if args.spec:  # MTP speculation at forced acceptance: acceptance, tokens per round (perf/bench_spec.py)
+        from .bench_spec import bench_forced
+
+        res["spec"] = [
+            r for lanes in (1, 8) for r in bench_forced(net, mc, lanes, args.spec, [100, 80, 50], 64)
+        ]
+        for r in res["spec"]:
+            log(f"{key}: spec k={r['k']} x{r['lanes']} accept {r['accept_pct']}: {r['tok_s']:.1f} tok/s, "
+                f"{r['tokens_per_round']:.2f} tokens/round")  # fmt: skip
     del net, tensors
     gc.collect()
     cupy.get_default_memory_pool().free_all_blocks()
@@ -128,6 +137,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--prefill", default=None, help="comma list of prompt lengths ('' for none)")
     p.add_argument("--lanes", default="1,2,4,8", help="comma list of decode lane counts ('' for none)")
+    p.add_argument(
+        "--spec", type=int, default=0, help="also measure MTP speculation with this many draft tokens (1..5)"
+    )
     a = p.parse_args(argv)
     default = [1024, 8192] if a.quick else [1024, 8192, 32768]
     a.prefill = default if a.prefill is None else [int(v) for v in a.prefill.split(",") if v]

@@ -46,10 +46,16 @@ def _generate(eng: Engine, prompts: list[list[int]], **kw) -> list:  # noqa: ANN
         return [h.result(timeout=300) for h in hs]
 
 
-def _plain(model, lanes: int, max_tokens: int = 20, **kw):  # noqa: ANN001, ANN003, ANN201
-    return _generate(
-        _engine(model, max_concurrency=lanes), PROMPTS, max_tokens=max_tokens, ignore_eos=True, **kw
-    )
+_PLAIN: dict = {}
+
+
+def _plain(model, lanes: int, max_tokens: int = 20):  # noqa: ANN001, ANN201
+    """Greedy outputs without drafts (kept per model, lane count and length: the tests' oracle)."""
+    key = (id(model), lanes, max_tokens)
+    if key not in _PLAIN:
+        eng = _engine(model, max_concurrency=lanes)
+        _PLAIN[key] = _generate(eng, PROMPTS, max_tokens=max_tokens, ignore_eos=True)
+    return _PLAIN[key]
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
