@@ -59,6 +59,7 @@ class CudaModelRunner:
             prefill_chunk=cfg.prefill_chunk, attn_chunk=net.attn_chunk, kv_dtype=cfg.kv_dtype,
             state_dtype=cfg.gdn_state_dtype, act_bytes=net.act.itemsize, graphs=net.cuda_graph,
             reserve=net.memory_reserve_bytes, extra_kv_planes=int(spec),
+            verify_rows=cfg.num_draft + 1 if spec else 0,
         )  # fmt: skip
         self.plan.check()
         net.allocate(

@@ -8,6 +8,9 @@ lane's GDN state, for ``CudaModelRunner``.
 - Verify: one eager forward over ``[last token, d_1..d_m]`` of every verified lane with ``prefill_gemm`` off
   (the GEMV in 8-row blocks, the decode attention kernel and the exact GDN recurrence ``gdn_decode``), so every
   position's hidden and logits are bitwise those of its decode step (fp32 GDN state).
+- CUDA graphs: with ``net.cuda_graph`` the verify forward of ``b`` lanes with ``k+1`` positions each replays a
+  graph captured for ``(b, k+1)`` (``VerifyGraphs``; the runner's memory plan counts them); rounds cut short (fewer
+  drafts) and a capture that fails run eagerly with the same kernels.
 - Rollback by replay: before the round the lane's GDN slot is copied to the lane's spare slot; the forward keeps
   each GDN layer's inputs (``in_proj`` qkv, z, a, b rows: a few KiB per position and layer); ``commit`` to fewer
   than all positions copies the spare slot back and re-runs ``gdn_decode`` over the kept rows of every GDN layer
@@ -24,7 +27,7 @@ import numpy as np
 from ninfer.engine.core import DraftLane, SampleRequest
 from ninfer.engine.spec_verify import verify_lane
 
-__all__ = ["CudaSpec", "mtp_hidden"]
+__all__ = ["CudaSpec", "VerifyGraphs", "mtp_hidden"]
 
 F32 = np.float32
 
@@ -62,6 +65,82 @@ def mtp_hidden(
         return rmsnorm(res, w["mtp.norm.weight"], eps)
 
 
+class VerifyGraphs:
+    """Verify-forward graphs of one network, one per (lanes, positions per lane), captured on first use with
+    ``prefill_gemm`` off and the GDN inputs kept (their buffers are the graph's, valid until its next replay)."""
+
+    def __init__(self, net: Any) -> None:
+        self.net = net
+        self._graphs: dict[tuple[int, int], Any] = {}
+        self._failed: set[tuple[int, int]] = set()
+
+    def run(
+        self, ids: np.ndarray, segs: Sequence[tuple[int, int, int, list[int]]]
+    ) -> tuple[Any, Any, dict] | None:
+        """(hidden, logits, GDN inputs) of the verify forward by replay; None where no graph serves it."""
+        from ninfer.cuda.model_graph import _FIELDS, host_meta
+
+        n = {s[2] for s in segs}
+        key = (len(segs), n.pop())
+        if n or key in self._failed:
+            return None
+        net = self.net
+        g = self._graphs.get(key) or self._capture(*key)
+        if g is None:
+            return None
+        hm = host_meta(segs, net.pool[2], net.pool[3])
+        g["staging"].upload({"ids": np.asarray(ids, np.int32), **{k: hm[k] for k in _FIELDS}}, net.stream)
+        g["graph"].launch(net.stream)
+        net.stream.synchronize()
+        return g["h"], g["logits"], g["cap"]
+
+    def _capture(self, b: int, n: int) -> Any:
+        import cupy
+
+        from ninfer.cuda.model_graph import _FIELDS, Meta, _Staging, host_meta
+
+        net = self.net
+        slot, page = net.scratch
+        ps, max_pages = net.pool[2], net.pool[3]
+        hm = host_meta([(slot, 0, n, [page])] * b, ps, max_pages)
+        net.zero_slot(slot)
+        pool = cupy.cuda.MemoryPool()
+        gemm, net.prefill_gemm = net.prefill_gemm, False
+        try:
+            with net.stream, cupy.cuda.using_allocator(pool.malloc):
+                shapes = {"ids": ((b * n,), np.int32), **{k: (hm[k].shape, hm[k].dtype) for k in _FIELDS}}
+                staging = _Staging(shapes)
+                staging.upload({"ids": np.zeros(b * n, np.int32), **{k: hm[k] for k in _FIELDS}}, net.stream)
+                v = staging.views
+                meta = Meta(
+                    t=b * n,
+                    nseq=b,
+                    max_len=max_pages * ps,
+                    chunk=net.attn_chunk,
+                    **{k: v[k] for k in _FIELDS},
+                )
+                net.gdn_capture = {}
+                net.logits_dev(net.body(v["ids"], meta))  # warm-up: kernels loaded, the private pool filled
+                net.stream.synchronize()
+                cap = net.gdn_capture = {}
+                net.stream.begin_capture()
+                try:
+                    h = net.body(v["ids"], meta)
+                    logits = net.logits_dev(h)
+                finally:
+                    graph = net.stream.end_capture()
+                graph.upload(net.stream)
+            net.stream.synchronize()
+        except Exception:  # noqa: BLE001 - e.g. a kernel that cannot be captured: this shape runs eagerly
+            self._failed.add((b, n))
+            return None
+        finally:
+            net.prefill_gemm, net.gdn_capture = gemm, None
+        g = {"graph": graph, "pool": pool, "staging": staging, "h": h, "logits": logits, "cap": cap}
+        self._graphs[(b, n)] = g
+        return g
+
+
 class _Lane:
     __slots__ = ("base", "length", "pending", "chain", "rows")
 
@@ -79,6 +158,7 @@ class CudaSpec:
 
     def __init__(self, net: Any, lanes: int, spare_base: int) -> None:
         self.net, self.spare_base = net, spare_base
+        self.graphs = VerifyGraphs(net) if net.cuda_graph else None
         self._lanes: list[_Lane | None] = [None] * lanes
         self._pages: list[list[int]] = [[] for _ in range(lanes)]
         self._verify: dict[int, tuple[int, int, Any, Any]] = {}  # lane -> (start, first row, hidden, logits)
@@ -99,7 +179,8 @@ class CudaSpec:
         if token_ids is None or held > 1 or (held == 0 and hidden.shape[0] < 2):
             ln.pending.append(hidden)
             return
-        rows = cupy.concatenate([*ln.pending, hidden[:-1]], axis=0) if held else hidden[:-1]
+        with self.net.stream:  # every device operation on the network's (non-blocking) stream
+            rows = cupy.concatenate([*ln.pending, hidden[:-1]], axis=0) if held else hidden[:-1]
         ids = list(token_ids) if held else list(token_ids[1:])
         mtp_hidden(self.net, rows, np.asarray(ids, np.int32), [(lane, ln.base, len(ids), self._pages[lane])])
         ln.base += len(ids)
@@ -117,7 +198,8 @@ class CudaSpec:
             computed = ln.base + sum(int(x.shape[0]) for x in ln.pending)
             if len(dl.tokens) == computed + 1:  # first step of a round: catch up with the computed tokens
                 ln.length, ln.rows, ln.chain = ln.base, [], None
-                h = cupy.concatenate(ln.pending, axis=0) if len(ln.pending) > 1 else ln.pending[0]
+                with self.net.stream:
+                    h = cupy.concatenate(ln.pending, axis=0) if len(ln.pending) > 1 else ln.pending[0]
                 tok = list(dl.tokens[ln.base + 1 : computed + 1])
                 ln.base, ln.pending = computed, []
             else:
@@ -129,7 +211,9 @@ class CudaSpec:
             ln.length += len(tok)
             total += len(tok)
             last.append(total - 1)
-        d = mtp_hidden(self.net, cupy.concatenate(hid, axis=0), np.asarray(ids, np.int32), segs)
+        with self.net.stream:
+            hid_all = cupy.concatenate(hid, axis=0)
+        d = mtp_hidden(self.net, hid_all, np.asarray(ids, np.int32), segs)
         with self.net.stream:
             idx = cupy.asarray(np.asarray(last, np.int64))
             chain = d[idx]
@@ -152,13 +236,17 @@ class CudaSpec:
             ids.extend(w.token_ids)
             self._rows_of[w.lane] = (row, len(w.token_ids))
             row += len(w.token_ids)
-        gemm, net.prefill_gemm = net.prefill_gemm, False  # every row bitwise its decode step
-        net.gdn_capture = self._capture = {}
-        try:
-            h = net.run(segs, np.asarray(ids, np.int32))
-        finally:
-            net.prefill_gemm, net.gdn_capture = gemm, None
-        logits = net.logits_dev(h)
+        got = self.graphs.run(np.asarray(ids, np.int32), segs) if self.graphs is not None else None
+        if got is not None:
+            h, logits, self._capture = got
+        else:
+            gemm, net.prefill_gemm = net.prefill_gemm, False  # every row bitwise its decode step
+            net.gdn_capture = self._capture = {}
+            try:
+                h = net.run(segs, np.asarray(ids, np.int32))
+            finally:
+                net.prefill_gemm, net.gdn_capture = gemm, None
+            logits = net.logits_dev(h)
         for w in work:
             r, n = self._rows_of[w.lane]
             self._verify[w.lane] = (w.start, r, h[r : r + n], logits[r : r + n])
@@ -207,7 +295,8 @@ class CudaSpec:
             self._replay(lane, r, kept)
         ln = self._lane(lane)
         ln.length, ln.chain, ln.rows = ln.base, None, []
-        ln.pending = [hidden[:kept]] if kept else []
+        with self.net.stream:  # a copy: a verify graph's buffer is rewritten by its next replay
+            ln.pending = [hidden[:kept].copy()] if kept else []
         return length
 
     def _replay(self, lane: int, row: int, kept: int) -> None:
