@@ -9,7 +9,7 @@ lane's GDN state, for ``CudaModelRunner``.
   (the GEMV in 8-row blocks, the decode attention kernel and the exact GDN recurrence ``gdn_decode``), so every
   position's hidden and logits are bitwise those of its decode step (fp32 GDN state).
 - CUDA graphs: with ``net.cuda_graph`` the verify forward of ``b`` lanes with ``k+1`` positions each replays a
-  graph captured for ``(b, k+1)`` (``VerifyGraphs``; the runner's memory plan counts them); rounds cut short (fewer
+  graph captured for ``(b, k+1)`` (``spec_graphs.VerifyGraphs``; the runner's memory plan counts them); rounds cut short (fewer
   drafts) and a capture that fails run eagerly with the same kernels.
 - Rollback by replay: before the round the lane's GDN slot is copied to the lane's spare slot; the forward keeps
   each GDN layer's inputs (``in_proj`` qkv, z, a, b rows: a few KiB per position and layer); ``commit`` to fewer
@@ -27,7 +27,7 @@ import numpy as np
 from ninfer.engine.core import DraftLane, SampleRequest
 from ninfer.engine.spec_verify import verify_lane
 
-__all__ = ["CudaSpec", "VerifyGraphs", "mtp_hidden"]
+__all__ = ["CudaSpec", "mtp_hidden"]
 
 F32 = np.float32
 
@@ -65,82 +65,6 @@ def mtp_hidden(
         return rmsnorm(res, w["mtp.norm.weight"], eps)
 
 
-class VerifyGraphs:
-    """Verify-forward graphs of one network, one per (lanes, positions per lane), captured on first use with
-    ``prefill_gemm`` off and the GDN inputs kept (their buffers are the graph's, valid until its next replay)."""
-
-    def __init__(self, net: Any) -> None:
-        self.net = net
-        self._graphs: dict[tuple[int, int], Any] = {}
-        self._failed: set[tuple[int, int]] = set()
-
-    def run(
-        self, ids: np.ndarray, segs: Sequence[tuple[int, int, int, list[int]]]
-    ) -> tuple[Any, Any, dict] | None:
-        """(hidden, logits, GDN inputs) of the verify forward by replay; None where no graph serves it."""
-        from ninfer.cuda.model_graph import _FIELDS, host_meta
-
-        n = {s[2] for s in segs}
-        key = (len(segs), n.pop())
-        if n or key in self._failed:
-            return None
-        net = self.net
-        g = self._graphs.get(key) or self._capture(*key)
-        if g is None:
-            return None
-        hm = host_meta(segs, net.pool[2], net.pool[3])
-        g["staging"].upload({"ids": np.asarray(ids, np.int32), **{k: hm[k] for k in _FIELDS}}, net.stream)
-        g["graph"].launch(net.stream)
-        net.stream.synchronize()
-        return g["h"], g["logits"], g["cap"]
-
-    def _capture(self, b: int, n: int) -> Any:
-        import cupy
-
-        from ninfer.cuda.model_graph import _FIELDS, Meta, _Staging, host_meta
-
-        net = self.net
-        slot, page = net.scratch
-        ps, max_pages = net.pool[2], net.pool[3]
-        hm = host_meta([(slot, 0, n, [page])] * b, ps, max_pages)
-        net.zero_slot(slot)
-        pool = cupy.cuda.MemoryPool()
-        gemm, net.prefill_gemm = net.prefill_gemm, False
-        try:
-            with net.stream, cupy.cuda.using_allocator(pool.malloc):
-                shapes = {"ids": ((b * n,), np.int32), **{k: (hm[k].shape, hm[k].dtype) for k in _FIELDS}}
-                staging = _Staging(shapes)
-                staging.upload({"ids": np.zeros(b * n, np.int32), **{k: hm[k] for k in _FIELDS}}, net.stream)
-                v = staging.views
-                meta = Meta(
-                    t=b * n,
-                    nseq=b,
-                    max_len=max_pages * ps,
-                    chunk=net.attn_chunk,
-                    **{k: v[k] for k in _FIELDS},
-                )
-                net.gdn_capture = {}
-                net.logits_dev(net.body(v["ids"], meta))  # warm-up: kernels loaded, the private pool filled
-                net.stream.synchronize()
-                cap = net.gdn_capture = {}
-                net.stream.begin_capture()
-                try:
-                    h = net.body(v["ids"], meta)
-                    logits = net.logits_dev(h)
-                finally:
-                    graph = net.stream.end_capture()
-                graph.upload(net.stream)
-            net.stream.synchronize()
-        except Exception:  # noqa: BLE001 - e.g. a kernel that cannot be captured: this shape runs eagerly
-            self._failed.add((b, n))
-            return None
-        finally:
-            net.prefill_gemm, net.gdn_capture = gemm, None
-        g = {"graph": graph, "pool": pool, "staging": staging, "h": h, "logits": logits, "cap": cap}
-        self._graphs[(b, n)] = g
-        return g
-
-
 class _Lane:
     __slots__ = ("base", "length", "pending", "chain", "rows")
 
@@ -158,6 +82,8 @@ class CudaSpec:
 
     def __init__(self, net: Any, lanes: int, spare_base: int) -> None:
         self.net, self.spare_base = net, spare_base
+        from ninfer.cuda.spec_graphs import VerifyGraphs
+
         self.graphs = VerifyGraphs(net) if net.cuda_graph else None
         self._lanes: list[_Lane | None] = [None] * lanes
         self._pages: list[list[int]] = [[] for _ in range(lanes)]
