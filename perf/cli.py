@@ -131,15 +131,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="1K/8K prefill, 8K-context decode, 8K follow-up")
     p.add_argument("--models", default="27b,35b", help="comma list of 27b, 35b")
     p.add_argument("--profile", default="nvfp4", help="nvfp4, q4, w8 or bf16")
+    p.add_argument(
+        "--spec", type=int, default=0, help="also measure MTP speculation with this many draft tokens (1..5)"
+    )
     p.add_argument("--out", default="perf/results", help="directory for the JSON and PNG")
     p.add_argument("--commit", default="unknown", help="commit id recorded with the results")
     p.add_argument("--activations", default="fp32", choices=("fp32", "bf16"), help="CUDA activation dtype")
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--prefill", default=None, help="comma list of prompt lengths ('' for none)")
     p.add_argument("--lanes", default="1,2,4,8", help="comma list of decode lane counts ('' for none)")
-    p.add_argument(
-        "--spec", type=int, default=0, help="also measure MTP speculation with this many draft tokens (1..5)"
-    )
     a = p.parse_args(argv)
     default = [1024, 8192] if a.quick else [1024, 8192, 32768]
     a.prefill = default if a.prefill is None else [int(v) for v in a.prefill.split(",") if v]
