@@ -11,7 +11,15 @@ import argparse
 import sys
 from typing import Any
 
-from .config import BACKENDS, GDN_STATE_DTYPES, KV_DTYPES, ServerConfig, ServerConfigError, engine_config
+from .config import (
+    BACKENDS,
+    GDN_STATE_DTYPES,
+    KV_DTYPES,
+    SPEC_MODES,
+    ServerConfig,
+    ServerConfigError,
+    engine_config,
+)
 
 __all__ = ["register", "run_serve", "config_from_args"]
 
@@ -43,6 +51,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--kv-dtype", default=None, choices=KV_DTYPES)
     p.add_argument("--gdn-state-dtype", default=None, choices=GDN_STATE_DTYPES)
     p.add_argument("--prefill-chunk", type=int, default=None)
+    p.add_argument(
+        "--spec", default=None, choices=SPEC_MODES, help="speculative decoding: mtp drafts with the MTP head"
+    )
+    p.add_argument(
+        "--draft-tokens", type=int, default=None, help="draft tokens per round with --spec mtp (1..5)"
+    )
     p.add_argument(
         "--preserve-thinking", action="store_true", help="keep earlier turns' thinking in the prompt"
     )
@@ -134,6 +148,8 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
             gdn_state_dtype=a.gdn_state_dtype,
             prefill_chunk=a.prefill_chunk,
             prefix_reuse=False if a.no_prefix_reuse else None,
+            spec=a.spec,
+            draft_tokens=a.draft_tokens,
         ),
         preserve_thinking=a.preserve_thinking,
         default_max_tokens=a.default_max_tokens,
@@ -165,6 +181,10 @@ def check_artifact(cfg: ServerConfig) -> None:
     from ninfer.artifact import open_artifact
 
     art = open_artifact(cfg.artifact, verify="manifest")
+    if cfg.engine.spec == "mtp" and not getattr(art.model_config, "mtp_num_hidden_layers", 0):
+        raise ServerConfigError(
+            f"--spec mtp: {cfg.artifact} carries no MTP weights (mtp.*); serve it without --spec"
+        )
     if not art.shape_registered and not cfg.allow_unregistered_shape:
         raise ServerConfigError(
             f"{cfg.artifact}: the artifact's shape is not a registered {art.model_id} shape; "

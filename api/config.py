@@ -5,9 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ninfer.engine.config import GDN_STATE_DTYPES, KV_DTYPES, EngineConfig, EngineConfigError
+from ninfer.engine.config import GDN_STATE_DTYPES, KV_DTYPES, SPEC_MODES, EngineConfig, EngineConfigError
 
-__all__ = ["ServerConfig", "ServerConfigError", "BACKENDS", "KV_DTYPES", "GDN_STATE_DTYPES", "engine_config"]
+__all__ = [
+    "ServerConfig",
+    "ServerConfigError",
+    "BACKENDS",
+    "KV_DTYPES",
+    "GDN_STATE_DTYPES",
+    "SPEC_MODES",
+    "engine_config",
+]
 
 BACKENDS = ("auto", "reference", "cuda", "null")  # null: no model, tokens at a fixed step time (benchmarks)
 RAY_NAMESPACE = "ninfer"

@@ -75,6 +75,9 @@ _ENGINE_COUNTERS = {
     "evicted_checkpoints": ("ninfer_evicted_checkpoints_total", "checkpoints evicted"),
     "steps": ("ninfer_engine_steps_total", "engine steps"),
     "requests_finished": ("ninfer_engine_requests_finished_total", "requests the engine finished"),
+    "spec_rounds": ("ninfer_spec_rounds_total", "speculative verify rounds"),
+    "spec_drafted": ("ninfer_spec_drafted_tokens_total", "MTP draft tokens proposed"),
+    "spec_accepted": ("ninfer_spec_accepted_tokens_total", "MTP draft tokens accepted"),
 }
 
 

@@ -12,6 +12,8 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from ninfer.engine.core import SpeculativeUsage
+
 __all__ = [
     "ContentPart",
     "ToolCallFunction",
@@ -122,6 +124,7 @@ class Usage(msgspec.Struct, kw_only=True):
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
     completion_tokens_details: CompletionTokensDetails | UnsetType = UNSET
+    speculative: SpeculativeUsage | UnsetType = UNSET  # extension: drafted/accepted/rounds with --spec mtp
 
 
 class FunctionOut(msgspec.Struct, kw_only=True, omit_defaults=True):

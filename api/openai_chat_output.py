@@ -48,6 +48,7 @@ def usage_of(fin: Finish) -> Usage:
         completion_tokens_details=CompletionTokensDetails(reasoning_tokens=fin.usage.reasoning_tokens)
         if fin.usage.reasoning_tokens
         else msgspec.UNSET,
+        speculative=fin.usage.speculative if fin.usage.speculative is not None else msgspec.UNSET,
     )
 
 

@@ -121,6 +121,7 @@ class Tracker:
                 "prefix_cache_hit_tokens": u.cached_tokens,
                 "tool_call_count": self.tool_calls,
                 "lane": t.lane if t.lane >= 0 else None,
+                "speculative": msgspec.to_builtins(u.speculative),
             },
             timings_seconds={
                 "queue": t.queue_wait_s,

@@ -58,9 +58,9 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
 
     mc = REG[MODELS[key]].config
     t0 = time.perf_counter()
-    net = CudaQwen36(
-        mc, synthetic_tensors(mc, args.profile), act_dtype=args.activations
-    )  # fused: parts freed
+    tensors = synthetic_tensors(mc, args.profile, mtp=args.spec > 0)
+    net = CudaQwen36(mc, tensors, act_dtype=args.activations)
+    del tensors  # the model holds the fused weights; the unfused parts are freed
     net.warmup()
     longest = max(
         args.prefill + [args.followup_context + args.followup_tokens, args.context + args.steps + 8]
@@ -105,6 +105,15 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     res["decode_eager_1"] = r
     log(f"{key}: eager decode x1: {r['tok_s']:.1f} tok/s")
     res["graph_pool_bytes"] = net.graphs.pool_bytes()
+    if args.spec:  # MTP speculation at forced acceptance: acceptance, tokens per round (perf/bench_spec.py)
+        from .bench_spec import bench_forced
+
+        res["spec"] = [
+            r for lanes in (1, 8) for r in bench_forced(net, mc, lanes, args.spec, [100, 80, 50], 64)
+        ]
+        for r in res["spec"]:
+            log(f"{key}: spec k={r['k']} x{r['lanes']} accept {r['accept_pct']}: {r['tok_s']:.1f} tok/s, "
+                f"{r['tokens_per_round']:.2f} tokens/round")  # fmt: skip
     del net
     gc.collect()
     cupy.get_default_memory_pool().free_all_blocks()
@@ -123,6 +132,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="1K/8K prefill, 8K-context decode, 8K follow-up")
     p.add_argument("--models", default="27b,35b", help="comma list of 27b, 35b")
     p.add_argument("--profile", default="nvfp4", help="nvfp4, q4, w8 or bf16")
+    p.add_argument(
+        "--spec", type=int, default=0, help="also measure MTP speculation with this many draft tokens (1..5)"
+    )
     p.add_argument("--out", default="perf/results", help="directory for the JSON and PNG")
     p.add_argument("--commit", default="unknown", help="commit id recorded with the results")
     p.add_argument("--activations", default="fp32", choices=("fp32", "bf16"), help="CUDA activation dtype")

@@ -79,14 +79,16 @@ def _vector(cfg: ModelConfig, name: str, shape: tuple[int, ...], rs: Any) -> Any
     return (0.1 * rs.standard_normal(shape)).astype(np.float32)  # offset norms (zero-centred), dt_bias
 
 
-def synthetic_tensors(cfg: ModelConfig, profile: str = "nvfp4", seed: int = 0) -> dict[str, Any]:
-    """Device tensors of the whole text model in ``profile`` (``PROFILES``)."""
+def synthetic_tensors(
+    cfg: ModelConfig, profile: str = "nvfp4", seed: int = 0, *, mtp: bool = False
+) -> dict[str, Any]:
+    """Device tensors of the whole text model in ``profile`` (``PROFILES``); ``mtp``: also the MTP head's."""
     import cupy
 
     fmt = PROFILES.get(profile, profile)
     rs = cupy.random.RandomState(seed)
     out: dict[str, Any] = {}
-    for name, shape in expected_shapes(cfg, mtp=False).items():
+    for name, shape in expected_shapes(cfg, mtp=mtp).items():
         if is_vector(name):
             out[name] = _vector(cfg, name, tuple(shape), rs)
         else:

@@ -2,6 +2,7 @@
 
     model, hf_cfg = make_tiny_hf("dense" | "moe", seed, **overrides)
     save_tiny_hf(path, "moe", seed)                   # save_pretrained (safetensors) into path
+    save_tiny_hf(path, "dense", seed, mtp=True)       # ... plus a random MTP head (mtp.safetensors)
     tensors = canonical_state_dict(model)             # {canonical name: float32 array}
 
 The models are fp32, eval, eager attention and eager experts. Every ``*norm.weight`` is perturbed away from its
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["tiny_config_kwargs", "make_tiny_hf", "save_tiny_hf", "canonical_state_dict"]
+__all__ = ["tiny_config_kwargs", "make_tiny_hf", "save_tiny_hf", "add_tiny_mtp", "canonical_state_dict"]
 
 _COMMON: dict[str, Any] = dict(
     vocab_size=256,
@@ -101,12 +102,48 @@ def make_tiny_hf(kind: str = "dense", seed: int = 0, **overrides: Any) -> tuple[
 
 
 def save_tiny_hf(
-    path: str | Path, kind: str = "dense", seed: int = 0, **overrides: Any
+    path: str | Path, kind: str = "dense", seed: int = 0, *, mtp: bool = False, **overrides: Any
 ) -> tuple[Any, dict[str, Any]]:
-    """``make_tiny_hf`` then ``save_pretrained(path)`` as safetensors (no tokenizer); returns the same pair."""
+    """``make_tiny_hf`` then ``save_pretrained(path)`` as safetensors (no tokenizer); returns the same pair.
+    ``mtp``: also write a random MTP head (``add_tiny_mtp``), as the Qwen3.6 checkpoints carry one."""
     model, hf_cfg = make_tiny_hf(kind, seed, **overrides)
     model.save_pretrained(str(path), safe_serialization=True)
+    if mtp:
+        add_tiny_mtp(path, seed)
     return model, hf_cfg
+
+
+def add_tiny_mtp(path: str | Path, seed: int = 0) -> None:
+    """Add a random MTP head to a saved tiny checkpoint the way upstream checkpoints store it (HF ignores it):
+    ``mtp.safetensors`` with ``mtp.{fc,pre_fc_norm_embedding,pre_fc_norm_hidden,norm}.weight`` and
+    ``mtp.layers.0.*`` named like the checkpoint's first full-attention layer (MoE experts per expert), and
+    ``mtp_num_hidden_layers: 1`` in config.json. Values: seeded noise at the scale of the copied tensors."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    path = Path(path)
+    cfg = json.loads((path / "config.json").read_text())
+    full = cfg["layer_types"].index("full_attention")
+    src: dict[str, np.ndarray] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        src.update(load_file(str(f)))
+    rng = np.random.default_rng(seed + 17)
+    out: dict[str, np.ndarray] = {}
+    prefix = next(p for p in ("model.language_model.", "model.") if any(k.startswith(p) for k in src))
+    layer = f"{prefix}layers.{full}."
+    h = int(cfg["hidden_size"])
+    for name, x in src.items():
+        if name.startswith(layer):
+            scale = float(np.std(x)) or 0.1
+            y = rng.standard_normal(x.shape) * (0.3 if name.endswith("norm.weight") else scale)
+            out["mtp.layers.0." + name[len(layer) :]] = y.astype(np.float32)
+    out["mtp.fc.weight"] = (rng.standard_normal((h, 2 * h)) / np.sqrt(2 * h)).astype(np.float32)
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        out[f"mtp.{n}.weight"] = (0.3 * rng.standard_normal(h)).astype(np.float32)
+    save_file(out, str(path / "mtp.safetensors"))
+    cfg["mtp_num_hidden_layers"] = 1
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
 def canonical_state_dict(model: Any) -> dict[str, np.ndarray]:

@@ -168,7 +168,7 @@ def test_shared_expert_is_appended_as_the_last_expert(fmt: str) -> None:
         "layers.0.mlp.shared_expert.gate_up_proj": sh_gu[0],
         "layers.0.mlp.shared_expert.down_proj.weight": sh_dn[0],
     }
-    assert append_shared_expert(cfg, tensors, 0)  # type: ignore[arg-type]
+    assert append_shared_expert(cfg, tensors, "layers.0.")  # type: ignore[arg-type]
     for name, ex, sh in (("gate_up_proj", ex_gu, sh_gu), ("down_proj", ex_dn, sh_dn)):
         w = tensors[f"layers.0.mlp.experts.{name}"]
         assert w.shape == (e + 1, *sh[0].shape)
@@ -176,7 +176,7 @@ def test_shared_expert_is_appended_as_the_last_expert(fmt: str) -> None:
         ref = np.concatenate([ex[1], sh[1]])
         np.testing.assert_array_equal(_decode(flat), ref)
     before = dict(tensors)
-    assert append_shared_expert(cfg, tensors, 0)  # type: ignore[arg-type]
+    assert append_shared_expert(cfg, tensors, "layers.0.")  # type: ignore[arg-type]
     assert all(tensors[k] is before[k] for k in before)
     narrow = {
         "layers.0.mlp.experts.gate_up_proj": experts(ex_gu),
@@ -184,5 +184,5 @@ def test_shared_expert_is_appended_as_the_last_expert(fmt: str) -> None:
         "layers.0.mlp.shared_expert.gate_up_proj": _part(rng, fmt, inter, hid, 1.0)[0],
         "layers.0.mlp.shared_expert.down_proj.weight": sh_dn[0],
     }
-    assert not append_shared_expert(cfg, narrow, 0)  # type: ignore[arg-type]
+    assert not append_shared_expert(cfg, narrow, "layers.0.")  # type: ignore[arg-type]
     assert narrow["layers.0.mlp.experts.gate_up_proj"].shape[0] == e

@@ -200,12 +200,14 @@ def fuse_projections(cfg: ModelConfig, tensors: Mapping[str, Any]) -> dict[str, 
     """A new tensor dict with every fusable group of every layer replaced by its fused weight (``FUSED``), and the
     MoE shared expert appended to the routed experts where it can be (``append_shared_expert``)."""
     out = dict(tensors)
-    for i in range(cfg.num_hidden_layers):
+    prefixes = [f"layers.{i}." for i in range(cfg.num_hidden_layers)]
+    prefixes += [f"mtp.layers.{j}." for j in range(cfg.mtp_num_hidden_layers)]  # the MTP head's layer
+    for p in prefixes:
         for fused, names in FUSED.items():
-            keys = [f"layers.{i}.{n}" for n in names]
+            keys = [f"{p}{n}" for n in names]
             if all(isinstance(out.get(key), DeviceWeight) for key in keys):
-                out[f"layers.{i}.{fused}"] = _fuse([out.pop(key) for key in keys])
-        append_shared_expert(cfg, out, i)
+                out[f"{p}{fused}"] = _fuse([out.pop(key) for key in keys])
+        append_shared_expert(cfg, out, p)
     return out
 
 
@@ -216,14 +218,12 @@ _SHARED_SLOT = (
 )
 
 
-def append_shared_expert(cfg: ModelConfig, tensors: dict[str, Any], layer: int) -> bool:
-    """Layer ``layer``'s routed expert weights replaced in ``tensors`` by ``[E + 1, N, K]`` weights whose expert E is
-    the shared expert (rows kept as stored: its products are bitwise the standalone ones). Only when every
-    projection's shared weight has an expert's shape and joins the experts' format; returns whether it did (also
-    true when an earlier call did)."""
-    pairs = [
-        (tensors.get(f"layers.{layer}.{e}"), tensors.get(f"layers.{layer}.{s}")) for e, s in _SHARED_SLOT
-    ]
+def append_shared_expert(cfg: ModelConfig, tensors: dict[str, Any], prefix: str) -> bool:
+    """The routed expert weights of the layer whose names start with ``prefix`` (``layers.3.``) replaced in
+    ``tensors`` by ``[E + 1, N, K]`` weights whose expert E is the shared expert (rows kept as stored: its products
+    are bitwise the standalone ones). Only when every projection's shared weight has an expert's shape and joins the
+    experts' format; returns whether it did (also true when an earlier call did)."""
+    pairs = [(tensors.get(f"{prefix}{e}"), tensors.get(f"{prefix}{s}")) for e, s in _SHARED_SLOT]
     ok = all(
         isinstance(e, DeviceWeight)
         and isinstance(s, DeviceWeight)
@@ -239,7 +239,7 @@ def append_shared_expert(cfg: ModelConfig, tensors: dict[str, Any], layer: int) 
         return False
     for (name, _), (e, s) in zip(_SHARED_SLOT, pairs, strict=True):
         joined = concat_rows([dataclasses.replace(e, shape=(e.rows, e.cols)), s])
-        tensors[f"layers.{layer}.{name}"] = dataclasses.replace(joined, shape=(e.shape[0] + 1, *e.shape[1:]))
+        tensors[f"{prefix}{name}"] = dataclasses.replace(joined, shape=(e.shape[0] + 1, *e.shape[1:]))
     return True
 
 

@@ -121,11 +121,17 @@ def plan_memory(
     act_bytes: int,
     graphs: bool,
     reserve: int = 0,
+    extra_kv_planes: int = 0,
+    verify_rows: int = 0,
 ) -> MemoryPlan:
     if kv_dtype not in KV_HEAD_BYTES:
         raise ValueError(f"kv_dtype: one of {tuple(KV_HEAD_BYTES)}, got {kv_dtype!r}")
     per_page = (
-        2 * len(mc.full_attention_layers) * page_size * mc.num_key_value_heads * kv_head_bytes(mc, kv_dtype)
+        2
+        * (len(mc.full_attention_layers) + extra_kv_planes)  # extra: the MTP head's layer (speculation)
+        * page_size
+        * mc.num_key_value_heads
+        * kv_head_bytes(mc, kv_dtype)
     )
     snap = snapshot_bytes(mc, state_dtype)
     split = split_plan(max_context, attn_chunk)
@@ -137,6 +143,8 @@ def plan_memory(
         return rows * per_row + attn_ws + rows * mc.vocab_size * 4 * (2 if rows <= 8 else 0)
 
     graph = sum(step(b) for b in range(1, lanes + 1)) if graphs else 0
+    if graphs and verify_rows:  # speculation: one verify graph per lane count, verify_rows rows per lane
+        graph += sum(step(b * verify_rows) + b * verify_rows * mc.vocab_size * 4 for b in range(1, lanes + 1))
     return MemoryPlan(
         weights=weights,
         kv_pool=(num_pages + 1) * per_page,

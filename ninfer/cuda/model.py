@@ -111,11 +111,17 @@ class CudaQwen36:
         self.ks: list[Any] = []  # fp8 KV scales per attention layer (empty for bf16/fp32 KV)
         self.vs: list[Any] = []
         self.pool: tuple[int, int, int, int] | None = None  # slots, pages, page_size, max_pages
+        self.gdn_capture: dict[int, Any] | None = (
+            None  # set by a verify round: GDN layer -> its inputs (replay)
+        )
         cupy.cuda.Device().synchronize()  # uploads on other streams are complete before this stream reads them
 
     # ---- memory --------------------------------------------------------------------------------------------
-    def allocate(self, *, num_slots: int, num_pages: int, page_size: int, max_context: int) -> None:
-        """(Re)allocate the KV pages and GDN state slots (zeroed); drops captured graphs and standalone states."""
+    def allocate(
+        self, *, num_slots: int, num_pages: int, page_size: int, max_context: int, extra_kv: int = 0
+    ) -> None:
+        """(Re)allocate the KV pages and GDN state slots (zeroed); drops captured graphs and standalone states.
+        ``extra_kv``: KV planes after the model's attention layers (1: the MTP head's, for speculation)."""
         import cupy
 
         cfg = self.cfg
@@ -123,7 +129,7 @@ class CudaQwen36:
         self.kc = self.vc = self.ks = self.vs = self.conv = self.rec = []
         kvt = KV_DTYPES[self.kv_dtype]
         kv_shape = (num_pages + 1, page_size, cfg.num_key_value_heads, cfg.head_dim)
-        n_attn, n_gdn = len(cfg.full_attention_layers), len(cfg.linear_attention_layers)
+        n_attn, n_gdn = len(cfg.full_attention_layers) + extra_kv, len(cfg.linear_attention_layers)
         self.kc = [cupy.zeros(kv_shape, kvt) for _ in range(n_attn)]
         self.vc = [cupy.zeros(kv_shape, kvt) for _ in range(n_attn)]
         if self.kv_dtype == "fp8":

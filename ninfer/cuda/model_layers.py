@@ -109,6 +109,10 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
     c = fused_splits(cfg, "linear_attn.in_proj")
     proj = linear(net, h, p + "in_proj")  # qkv | z | a | b
     qkv, z, a, b = (proj[:, c[i] : c[i + 1]] for i in range(4))
+    if (
+        getattr(net, "gdn_capture", None) is not None
+    ):  # a speculative verify round keeps the inputs to replay the kept prefix
+        net.gdn_capture[j] = (qkv, z, a, b)
     rule = (a, b, w[p + "A_log"], w[p + "dt_bias"], net.rec[j], m.starts, m.gslots)
     nk, nw, eps = cfg.linear_num_key_heads, w[p + "norm.weight"], cfg.rms_norm_eps
     if net.prefill_gemm and m.t > m.nseq:

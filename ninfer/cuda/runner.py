@@ -21,7 +21,8 @@ import numpy as np
 from ninfer.config import ModelConfig
 from ninfer.cuda.memory_plan import MemoryPlan, plan_memory, snapshot_bytes
 from ninfer.cuda.upload import tensor_bytes
-from ninfer.engine.core import Batch, SampleRequest
+from ninfer.engine.config import EngineConfigError
+from ninfer.engine.core import Batch, DraftLane, SampleRequest
 from ninfer.engine.sampler import sample_host
 
 __all__ = ["CudaModelRunner"]
@@ -43,23 +44,34 @@ class CudaModelRunner:
         lanes = cfg.max_concurrency
         n_ckpt = cfg.checkpoint_budget(self.snapshot_bytes) // self.snapshot_bytes if cfg.prefix_reuse else 0
         n_ckpt += lanes if cfg.prefix_reuse else 0  # a step saves before it frees: room for one save per lane
+        spec = cfg.num_draft > 0
+        if spec and "mtp.fc.weight" not in net.w:
+            raise EngineConfigError(
+                "spec: 'mtp' needs an artifact with MTP weights (mtp.*); this one has none"
+            )
+        spare = lanes if spec else 0  # speculation: one spare GDN slot per lane (the pre-round state)
         net.allocate(num_slots=1, num_pages=1, page_size=cfg.page_size, max_context=cfg.page_size)  # free old
         free, _ = cupy.cuda.runtime.memGetInfo()
         weights = tensor_bytes(net.w)
         self.plan: MemoryPlan = plan_memory(
-            model_config, weights=weights, free=free + weights, lanes=lanes, checkpoints=n_ckpt,
+            model_config, weights=weights, free=free + weights, lanes=lanes, checkpoints=n_ckpt + spare,
             num_pages=cfg.num_pages, page_size=cfg.page_size, max_context=cfg.max_context,
             prefill_chunk=cfg.prefill_chunk, attn_chunk=net.attn_chunk, kv_dtype=cfg.kv_dtype,
             state_dtype=cfg.gdn_state_dtype, act_bytes=net.act.itemsize, graphs=net.cuda_graph,
-            reserve=net.memory_reserve_bytes,
+            reserve=net.memory_reserve_bytes, extra_kv_planes=int(spec),
+            verify_rows=cfg.num_draft + 1 if spec else 0,
         )  # fmt: skip
         self.plan.check()
         net.allocate(
-            num_slots=lanes + n_ckpt,
+            num_slots=lanes + n_ckpt + spare,
             num_pages=cfg.num_pages,
             page_size=cfg.page_size,
             max_context=cfg.max_context,
+            extra_kv=int(spec),
         )
+        from ninfer.cuda.spec import CudaSpec
+
+        self._spec = CudaSpec(net, lanes, lanes + n_ckpt) if spec else None
         self._pages: list[list[int]] = [[] for _ in range(lanes)]
         self._len = [0] * lanes
         self._free_ckpt = list(range(lanes + n_ckpt - 1, lanes - 1, -1))
@@ -92,15 +104,23 @@ class CudaModelRunner:
         for w in batch.work:
             if w.prefill:
                 h = net.run([(w.lane, self._at(w), len(w.token_ids), self._pages[w.lane])], w.token_ids)
+                self._record(w.lane, w.start, h, w.token_ids)
                 self._len[w.lane] += len(w.token_ids)
                 if w.sample:
                     rows[w.lane] = net.logits_dev(h[-1:])
-        decode = [w for w in batch.work if not w.prefill]
+        verify = [w for w in batch.work if w.verify]
+        if verify:
+            assert self._spec is not None, "verify work without spec"
+            self._spec.forward(verify, self._len)
+            for w in verify:
+                self._len[w.lane] += len(w.token_ids)
+        decode = [w for w in batch.work if not w.prefill and not w.verify]
         if decode:
             assert all(len(w.token_ids) == 1 for w in decode), "decode work is one token per lane"
             lanes = [(w.lane, self._at(w), self._pages[w.lane]) for w in decode]
-            _, logits = net.decode(np.asarray([w.token_ids[0] for w in decode]), lanes)
+            h, logits = net.decode(np.asarray([w.token_ids[0] for w in decode]), lanes)
             for i, w in enumerate(decode):
+                self._record(w.lane, w.start, h[i : i + 1])
                 self._len[w.lane] += 1
                 rows[w.lane] = logits[i : i + 1]
         for w in batch.work:
@@ -134,6 +154,29 @@ class CudaModelRunner:
                 return sample_host(cupy.asnumpy(x, stream=self.net.stream), reqs, token_limit)
             return sample_requests(x, reqs, token_limit)
 
+    # ---- speculative rounds (ninfer/cuda/spec.py) --------------------------------------------------------
+    def draft(self, lanes: Sequence[DraftLane]) -> None:
+        assert self._spec is not None, "draft() without spec"
+        self._logits = self._spec.draft(lanes)
+
+    def verify(
+        self,
+        lanes: Sequence[int],
+        drafts: Sequence[Sequence[int]],
+        reqs: Sequence[Sequence[SampleRequest]],
+        token_limit: int | None,
+    ) -> list[list[int]]:
+        assert self._spec is not None, "verify() without spec"
+        return self._spec.verify(lanes, drafts, reqs, token_limit)
+
+    def commit(self, lane: int, length: int) -> None:
+        assert self._spec is not None, "commit() without spec"
+        self._len[lane] = self._spec.commit(lane, length)
+
+    def _record(self, lane: int, start: int, h: Any, token_ids: Sequence[int] | None = None) -> None:
+        if self._spec is not None:
+            self._spec.record(lane, start, h, token_ids)
+
     # ---- lanes and checkpoints --------------------------------------------------------------------------
     def _at(self, w: Any) -> int:
         if self._len[w.lane] != w.start:
@@ -153,6 +196,8 @@ class CudaModelRunner:
         else:
             self.net.zero_slot(s.lane)
         self._len[s.lane] = s.length
+        if self._spec is not None:
+            self._spec.setup(s.lane, s.pages, s.length)
 
     def _save(self, lane: int, cid: int) -> None:
         if cid in self._ckpts:

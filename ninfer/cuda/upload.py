@@ -65,13 +65,14 @@ def _progress(total: int, show: bool) -> Any:
 
 
 def upload_artifact(art: Any, *, progress: bool = True) -> dict[str, Any]:
-    """Every text-model tensor of an opened artifact on the device. Matrix blobs are copied verbatim from the
+    """Every text-model tensor (and the MTP head's, when the artifact carries one) of an opened artifact on the
+    device. Matrix blobs are copied verbatim from the
     memory map through one pinned staging buffer (page-in, then an async copy); unsupported matrix formats
     (FP32) are re-encoded as BF16."""
     import cupy
 
     cfg = art.model_config
-    names = list(expected_shapes(cfg, mtp=False))
+    names = list(expected_shapes(cfg, mtp=getattr(cfg, "mtp_num_hidden_layers", 0) > 0))
     bar = _progress(sum(int(art.tensor_info(n)["nbytes"]) for n in names), progress)
     mem = cupy.cuda.alloc_pinned_memory(STAGE_BYTES)
     stage = np.frombuffer(mem, np.uint8, STAGE_BYTES)

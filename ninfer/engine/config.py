@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EngineConfig", "EngineConfigError", "KV_DTYPES", "GDN_STATE_DTYPES"]
+__all__ = [
+    "EngineConfig",
+    "EngineConfigError",
+    "KV_DTYPES",
+    "GDN_STATE_DTYPES",
+    "SPEC_MODES",
+    "MAX_DRAFT_TOKENS",
+]
 
 KV_DTYPES = ("bf16", "fp8")
 GDN_STATE_DTYPES = ("fp32", "bf16")
+SPEC_MODES = ("none", "mtp")
+MAX_DRAFT_TOKENS = 5  # the most any target allows (Qwen3.6/3.8); a runner may allow fewer (Flash-Next: 4)
 
 
 class EngineConfigError(ValueError):
@@ -42,6 +51,10 @@ class EngineConfig:
     """Most recently active sequences whose latest end-of-prompt/end-of-generation checkpoints are reserved."""
     seed: int | None = None
     """Seed for sampled requests that bring none; None draws a fresh random seed per request."""
+    spec: str = "none"
+    """Speculative decoding: ``none``, or ``mtp`` (the artifact's MTP head drafts, the target verifies)."""
+    draft_tokens: int = 0
+    """Draft tokens per round with ``spec="mtp"`` (1..5; 0: the default 3); must stay 0 without ``spec``."""
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -81,8 +94,27 @@ class EngineConfig:
             )
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
             raise EngineConfigError(f"seed: must be an integer in 0..2^64-1 or None, got {self.seed!r}")
+        self._check_spec()
+
+    def _check_spec(self) -> None:
+        if self.spec not in SPEC_MODES:
+            raise EngineConfigError(f"spec: must be one of {SPEC_MODES}, got {self.spec!r}")
+        k = self.draft_tokens
+        if not isinstance(k, int) or isinstance(k, bool):
+            raise EngineConfigError(f"draft_tokens: must be an integer, got {k!r}")
+        if self.spec == "none" and k != 0:
+            raise EngineConfigError("draft_tokens: needs spec='mtp' (--spec mtp)")
+        if self.spec != "none" and not 0 <= k <= MAX_DRAFT_TOKENS:
+            raise EngineConfigError(f"draft_tokens: must be in 1..{MAX_DRAFT_TOKENS}, got {k}")
 
     # ---- derived values -------------------------------------------------------------------------------
+    @property
+    def num_draft(self) -> int:
+        """Draft tokens per speculative round (0: no speculation)."""
+        if self.spec == "none":
+            return 0
+        return self.draft_tokens or 3
+
     @property
     def num_pages(self) -> int:
         """Pages in the pool (kv_capacity rounded down to whole pages)."""

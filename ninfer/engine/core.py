@@ -26,6 +26,7 @@ __all__ = [
     "SamplingParams",
     "TokenMask",
     "Usage",
+    "SpeculativeUsage",
     "RequestMetrics",
     "Accepted",
     "TokenDelta",
@@ -39,6 +40,7 @@ __all__ = [
     "LaneWork",
     "Batch",
     "SampleRequest",
+    "DraftLane",
     "ModelRunner",
 ]
 
@@ -111,6 +113,15 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # ---- events and results -----------------------------------------------------------------------------------
+class SpeculativeUsage(msgspec.Struct, frozen=True, kw_only=True):
+    """A request's speculative decoding (``--spec mtp``): draft tokens proposed, drafts accepted (and emitted),
+    verify rounds. Tokens per round = 1 + accepted / rounds (a round emits its accepted drafts and one more)."""
+
+    drafted: int
+    accepted: int
+    rounds: int
+
+
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     cached_tokens: int  # prompt tokens reused from the prefix cache (not computed again)
@@ -118,6 +129,9 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     # generated ids up to and including the first ``stop_after_token_id`` (``</think>``: the reasoning of a
     # thinking request; all of them if it never came); 0 without a ``stop_after_token_id``
     reasoning_tokens: int = 0
+    speculative: SpeculativeUsage | None = (
+        None  # an extension object; None when the engine does not speculate
+    )
 
 
 class RequestMetrics(msgspec.Struct, frozen=True, kw_only=True):
@@ -197,6 +211,9 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     evicted_checkpoints: int
     steps: int
     requests_finished: int
+    spec_rounds: int = 0  # speculative verify rounds (``EngineConfig.spec``)
+    spec_drafted: int = 0  # draft tokens proposed
+    spec_accepted: int = 0  # drafts accepted and emitted
 
 
 # ---- the engine's own request record (never leaves the engine) --------------------------------------------
@@ -229,6 +246,10 @@ class Request:
     counts: dict[int, int] = field(default_factory=dict)  # generated id -> occurrences (penalties)
     resumed_reservation: int | None = None  # reservation of the sequence this request continues
     checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (position, node id) published
+    speculative: bool = False  # the engine drafts for it (``EngineConfig.spec``); counters below
+    spec_drafted: int = 0
+    spec_accepted: int = 0
+    spec_rounds: int = 0
     t_submit: float = 0.0
     t_admit: float = 0.0
     t_first: float = 0.0
@@ -283,6 +304,9 @@ class LaneWork:
     prefill: bool  # prompt tokens (one forward call per lane) vs generated tokens (batched decode)
     sample: bool  # keep logits of the last position for sampling
     save_checkpoint: int | None  # snapshot the lane's GDN state after this work under this checkpoint id
+    # a speculative round (decode work ``[last token, d_1..d_m]``): the runner keeps every position's logits for
+    # ``verify`` and the lane's state after every position for ``commit``; ``sample`` is False for it
+    verify: bool = False
 
 
 @dataclass(slots=True)
@@ -310,6 +334,15 @@ class SampleRequest(NamedTuple):
     mask: np.ndarray | None
 
 
+@dataclass(slots=True)
+class DraftLane:
+    """One lane's draft step: ``tokens`` are the request's tokens (prompt, generated, then the drafts of this
+    round so far); the runner feeds its draft head the rows it has not seen and keeps one draft logits row."""
+
+    lane: int
+    tokens: Sequence[int]
+
+
 @runtime_checkable
 class ModelRunner(Protocol):
     """The engine's only seam to the model and its memory (KV pages, GDN state and checkpoints)."""
@@ -326,4 +359,26 @@ class ModelRunner(Protocol):
     ) -> list[int]:
         """Tokens of rows ``rows`` of the last ``execute`` (one ``SampleRequest`` each; -1: nothing allowed).
         Ids at or above ``token_limit`` are never drawn."""
+        ...
+
+    def draft(self, lanes: Sequence[DraftLane]) -> None:
+        """One draft step of the MTP head for each of ``lanes``: the first of a round catches the head up with
+        the lane's computed tokens, the next ones chain from the previous draft (``tokens[-1]``). Keeps one
+        logits row per lane (row ``i``: ``lanes[i]``) for ``sample``, and every step's row for ``verify``."""
+        ...
+
+    def verify(
+        self,
+        lanes: Sequence[int],
+        drafts: Sequence[Sequence[int]],
+        reqs: Sequence[Sequence[SampleRequest]],
+        token_limit: int | None,
+    ) -> list[list[int]]:
+        """The tokens each verified lane's round emits (``spec_verify.verify_lane``) from the last ``execute``'s
+        verify rows and this round's draft rows; ``reqs[i]``: one ``SampleRequest`` per verified position."""
+        ...
+
+    def commit(self, lane: int, length: int) -> None:
+        """After a verify round: the lane keeps the state of its first ``length`` tokens (the KV of later
+        positions is dropped, the GDN state is the one after position ``length - 1``)."""
         ...

@@ -34,6 +34,7 @@ from .output import Outputs
 from .prefix_cache import PrefixCache
 from .sampler import MaskWorker
 from .scheduler import Scheduler
+from .speculative import Speculator
 from .stop import TextStream
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ class Engine:
         self._step_lock = threading.Lock()
         self._out = Outputs(self._sched, token_limit)
         self._masks = MaskWorker()
+        self._spec = Speculator(runner, cfg.num_draft, token_limit, self._out) if cfg.num_draft else None
         self._next_id = 1
         self._closed = False
         self._steps = 0
@@ -194,6 +196,7 @@ class Engine:
                 token_mask=token_mask,
                 marks=self._marks(prompt, checkpoint_at),
                 t_submit=time.monotonic(),
+                speculative=self._spec is not None,
             )
             self._sched.add(req)  # admitted at once when a lane and KV capacity are free; else QueueFull
             accepted = Accepted(rid, len(prompt), req.budget, req.status is RequestStatus.WAITING)
@@ -229,21 +232,31 @@ class Engine:
             with self._cv:
                 batch = self._sched.schedule()  # cancellations, FIFO admission, each lane's next tokens
                 self._out.emit_finished()
-                reqs = [self._sched.lanes[w.lane] for w in batch.work if w.sample]
+                owners = {w.lane: self._sched.lanes[w.lane] for w in batch.work}
             if batch.empty:
                 return False
+            try:  # speculation: drafts turn decode work into verify rounds (speculative.py)
+                rounds = self._spec.draft(batch, owners) if self._spec is not None else []
+            except Exception as e:  # noqa: BLE001 - fail the running requests, keep serving
+                self._fail_step(batch, e)
+                return True
+            reqs = [owners[w.lane] for w in batch.work if w.sample]
             masks = self._masks.start(reqs)  # grammar masks on the CPU while the model step runs
             try:
                 self._runner.execute(batch)  # the only call that runs the model
             except Exception as e:  # noqa: BLE001 - fail the running requests, keep serving
                 masks.result()
-                with self._cv:
-                    self._sched.abort(batch, f"model step failed: {type(e).__name__}: {e}")
-                    self._out.emit_finished()
+                self._fail_step(batch, e)
                 return True
             ready = masks.result()
             with self._cv:
-                self._sched.after_run(batch)  # computed tokens catch up; checkpoints published; retire
+                try:
+                    committed = self._spec.settle(rounds) if rounds else None  # verify, emit, roll back
+                except Exception as e:  # noqa: BLE001 - fail the running requests, keep serving
+                    self._sched.abort(batch, f"verification failed: {type(e).__name__}: {e}")
+                    self._out.emit_finished()
+                    return True
+                self._sched.after_run(batch, committed)  # computed tokens catch up; checkpoints; retire
                 rows, specs = self._out.sample_requests(reqs, ready, self._runner.vocab_size)
                 try:  # sample with the grammar masks: tokens back (the one sampler, core.py)
                     toks = self._runner.sample(rows, specs, self._token_limit) if rows else []
@@ -254,6 +267,11 @@ class Engine:
                 self._out.emit_finished()
                 self._steps += 1
             return True
+
+    def _fail_step(self, batch: Any, e: Exception) -> None:
+        with self._cv:
+            self._sched.abort(batch, f"model step failed: {type(e).__name__}: {e}")
+            self._out.emit_finished()
 
     def _loop(self) -> None:
         while True:
@@ -307,6 +325,9 @@ class Engine:
                 evicted_checkpoints=c.evicted_checkpoints if c else 0,
                 steps=self._steps,
                 requests_finished=self._out.finished,
+                spec_rounds=self._spec.rounds if self._spec else 0,
+                spec_drafted=self._spec.drafted if self._spec else 0,
+                spec_accepted=self._spec.accepted if self._spec else 0,
             )
 
     def close(self) -> None:

@@ -6,7 +6,17 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from .core import Accepted, Completion, Event, Finish, Request, RequestMetrics, TokenDelta, Usage
+from .core import (
+    Accepted,
+    Completion,
+    Event,
+    Finish,
+    Request,
+    RequestMetrics,
+    SpeculativeUsage,
+    TokenDelta,
+    Usage,
+)
 
 __all__ = ["Handle", "coalesce", "completion_of", "reasoning_tokens"]
 
@@ -50,6 +60,11 @@ def completion_of(req: Request, text: str, stop_string: str | None) -> Completio
         cached_tokens=req.cached_tokens,
         completion_tokens=req.num_generated,
         reasoning_tokens=reasoning_tokens(req),
+        speculative=SpeculativeUsage(
+            drafted=req.spec_drafted, accepted=req.spec_accepted, rounds=req.spec_rounds
+        )
+        if req.speculative
+        else None,
     )
     admitted, first = req.t_admit or req.t_finish, req.t_first or req.t_finish
     metrics = RequestMetrics(

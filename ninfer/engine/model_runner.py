@@ -33,9 +33,11 @@ import numpy as np
 from ninfer.config import ModelConfig
 from ninfer.formats import bf16_decode, bf16_encode, bf16_round, e4m3_decode, e4m3_encode
 
-from .config import EngineConfig
-from .core import Batch, LaneSetup, SampleRequest
+from .config import EngineConfig, EngineConfigError
+from .core import Batch, DraftLane, LaneSetup, LaneWork, SampleRequest
+from .reference_draft import ReferenceDrafter
 from .sampler import sample_host
+from .spec_verify import verify_lane
 
 __all__ = ["ReferenceRunner", "PagedKVStore", "PagedKV", "PagedKVIndex", "snapshot_nbytes"]
 
@@ -44,8 +46,8 @@ class PagedKVStore:
     """K/V of every full-attention layer: ``[num_pages, page_size, Hkv, D]`` in the storage format; with an indexer
     also the pooled index keys ``[num_pages, page_size, Dix]`` as bf16 words (one used slot per block)."""
 
-    def __init__(self, mc: Any, num_pages: int, page_size: int, dtype: str) -> None:
-        n_attn = len(mc.full_attention_layers)
+    def __init__(self, mc: Any, num_pages: int, page_size: int, dtype: str, extra_planes: int = 0) -> None:
+        n_attn = len(mc.full_attention_layers) + extra_planes  # extra: the MTP head's layer (last plane)
         shape = (num_pages, page_size, mc.num_key_value_heads, mc.head_dim)
         self.page_size, self.fp8 = page_size, dtype == "fp8"
         word = np.uint8 if self.fp8 else np.uint16
@@ -155,7 +157,12 @@ def snapshot_nbytes(snap: Any) -> int:
 class ReferenceRunner:
     def __init__(self, net: Any, model_config: ModelConfig, cfg: EngineConfig) -> None:
         self.net, self.mc, self.cfg = net, model_config, cfg
-        self.store = PagedKVStore(model_config, cfg.num_pages, cfg.page_size, cfg.kv_dtype)
+        _check_spec(net, model_config, cfg)
+        spec = cfg.num_draft > 0
+        self.store = PagedKVStore(model_config, cfg.num_pages, cfg.page_size, cfg.kv_dtype, int(spec))
+        n_planes = len(self.store.k)
+        self._drafter = ReferenceDrafter(net, self.store, n_planes - 1, cfg.max_concurrency) if spec else None
+        self._verify: dict[int, tuple[int, np.ndarray, list[Any], list[np.ndarray]]] = {}
         self._view = PagedKVIndex if self.store.index else PagedKV
         self._bf16_state = cfg.gdn_state_dtype == "bf16"
         self._states: list[Any] = [None] * cfg.max_concurrency
@@ -172,18 +179,24 @@ class ReferenceRunner:
         for s in batch.setups:
             self._setup(s)
         rows: dict[int, np.ndarray] = {}
+        self._verify = {}
         for w in batch.work:
             if w.prefill:
                 h = self.net.forward(np.asarray(w.token_ids, np.int64), self._lane_state(w.lane, w.start))
                 self._round_state(w.lane)
+                self._record(w.lane, w.start, h)
                 rows[w.lane] = h[-1]
-        decode = [w for w in batch.work if not w.prefill]
+        decode = [w for w in batch.work if not w.prefill and not w.verify]
+        verify = [w for w in batch.work if w.verify]
+        if verify:
+            self._run_verify(verify, rows)
         if decode:
             ids = np.asarray([w.token_ids[0] for w in decode], np.int64)
             assert all(len(w.token_ids) == 1 for w in decode), "decode work is one token per lane"
             h = self.net.forward_batch(ids, [self._lane_state(w.lane, w.start) for w in decode])
             for i, w in enumerate(decode):
                 self._round_state(w.lane)
+                self._record(w.lane, w.start, h[i : i + 1])
                 rows[w.lane] = h[i]
         for w in batch.work:
             if w.save_checkpoint is not None:
@@ -201,6 +214,55 @@ class ReferenceRunner:
         self, rows: Sequence[int], reqs: Sequence[SampleRequest], token_limit: int | None
     ) -> list[int]:
         return sample_host(self._logits[list(rows)], reqs, token_limit)
+
+    # ---- speculative rounds (docs/speculative.md) -------------------------------------------------------
+    def draft(self, lanes: Sequence[DraftLane]) -> None:
+        assert self._drafter is not None, "draft() without spec"
+        self._logits = self._drafter.draft(lanes)
+
+    def verify(
+        self,
+        lanes: Sequence[int],
+        drafts: Sequence[Sequence[int]],
+        reqs: Sequence[Sequence[SampleRequest]],
+        token_limit: int | None,
+    ) -> list[list[int]]:
+        assert self._drafter is not None, "verify() without spec"
+        out = []
+        for lane, d, r in zip(lanes, drafts, reqs, strict=True):
+            _, target, _, _ = self._verify[lane]
+            out.append(verify_lane(target, self._drafter.rows(lane, len(d)), d, r, token_limit))
+        return out
+
+    def commit(self, lane: int, length: int) -> None:
+        assert self._drafter is not None, "commit() without spec"
+        start, _, snaps, hiddens = self._verify.pop(lane)
+        kept = length - start
+        assert 0 <= kept < len(snaps), f"lane {lane}: commit to {length} outside the round from {start}"
+        self._states[lane].restore_gdn(snaps[kept])  # snaps[j]: after j verified positions
+        self._drafter.commit(lane, start, hiddens[:kept])
+
+    def _run_verify(self, work: list[LaneWork], rows: dict[int, np.ndarray]) -> None:
+        """The verify rounds: position ``j`` of every lane in one batched call (bitwise one decode step per
+        position), the lane's state snapshotted after each; every position's logits kept."""
+        snaps = {w.lane: [self._states[w.lane].snapshot_gdn()] for w in work}
+        hid: dict[int, list[np.ndarray]] = {w.lane: [] for w in work}
+        for j in range(max(len(w.token_ids) for w in work)):
+            now = [w for w in work if len(w.token_ids) > j]
+            ids = np.asarray([w.token_ids[j] for w in now], np.int64)
+            h = self.net.forward_batch(ids, [self._lane_state(w.lane, w.start + j) for w in now])
+            for i, w in enumerate(now):
+                self._round_state(w.lane)
+                snaps[w.lane].append(self._states[w.lane].snapshot_gdn())
+                hid[w.lane].append(h[i])
+        for w in work:
+            logits = np.stack([self.net.lm_head(x[None, :])[0] for x in hid[w.lane]]).astype(np.float32)
+            self._verify[w.lane] = (w.start, logits, snaps[w.lane], hid[w.lane])
+            rows[w.lane] = hid[w.lane][-1]
+
+    def _record(self, lane: int, start: int, h: np.ndarray) -> None:
+        if self._drafter is not None:
+            self._drafter.record(lane, start, h)
 
     # ---- lanes and checkpoints --------------------------------------------------------------------------
     def _new_state(self, pages: list[int]) -> Any:
@@ -223,6 +285,8 @@ class ReferenceRunner:
             assert snap.length == s.length, "checkpoint length disagrees with the planned resume point"
             state.restore_gdn(self._loaded(snap))
         self._states[s.lane] = state
+        if self._drafter is not None:
+            self._drafter.setup(s.lane, s.pages, s.length)
 
     def _round_state(self, lane: int) -> None:
         if self._bf16_state:
@@ -244,3 +308,15 @@ class ReferenceRunner:
         return dataclasses.replace(
             snap, conv=tuple(bf16_decode(c) for c in snap.conv), rec=tuple(bf16_decode(r) for r in snap.rec)
         )
+
+
+def _check_spec(net: Any, mc: ModelConfig, cfg: EngineConfig) -> None:
+    """``spec="mtp"`` needs the artifact's MTP head and a target whose drafting this runner implements."""
+    if cfg.num_draft == 0:
+        return
+    if mc.arch not in ("qwen3_5", "qwen3_5_moe"):
+        raise EngineConfigError(
+            f"spec: MTP drafting is implemented for Qwen3.6-family targets, not {mc.arch}"
+        )
+    if not getattr(net, "has_mtp", False):
+        raise EngineConfigError("spec: 'mtp' needs an artifact with MTP weights (mtp.*); this one has none")

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .core import Finish, FinishReason, Request, SampleRequest, TokenDelta
+from .core import Finish, FinishReason, Request, RequestStatus, SampleRequest, TokenDelta
 from .handle import Handle, completion_of
 from .sampler import NOT_COMPUTED, MaskError, packed_mask, resolve_mask
 from .scheduler import Scheduler
@@ -72,6 +72,23 @@ class Outputs:
                 self._sched.finish(reqs[i], FinishReason.ERROR, "token mask allows no token")
             else:
                 self._push(reqs[i], tok)
+
+    def stop_ids(self, request_id: int) -> frozenset[int]:
+        return self._live[request_id].stop_ids
+
+    def accept_round(self, req: Request, toks: list[int]) -> int:
+        """A speculative round's tokens, in order, until the request stops (a stop token or string, its budget,
+        -1: nothing allowed); nothing after the stop is pushed. Returns how many were pushed."""
+        n = 0
+        for tok in toks:
+            if req.status is not RequestStatus.RUNNING:
+                break
+            if tok < 0:
+                self._sched.finish(req, FinishReason.ERROR, "token mask allows no token")
+                break
+            self._push(req, tok)
+            n += 1
+        return n
 
     def _push(self, req: Request, tok: int) -> None:
         """Append a sampled token, stream it, and finish the request if it stops here."""

@@ -48,7 +48,10 @@ from .core import SampleRequest, SamplingParams, TokenMask
 
 __all__ = [
     "sample",
+    "distribution",
     "uniform",
+    "uniform_bits",
+    "stream_seed",
     "MaskError",
     "apply_penalties",
     "allowed_from_mask",
@@ -77,9 +80,19 @@ def _mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def uniform_bits(seed: int, position: int) -> int:
+    """The 53-bit integer behind ``uniform(seed, position)`` (= ``uniform_bits / 2^53``)."""
+    return _mix64(_mix64(seed & _M64) ^ (position & _M64)) >> 11
+
+
 def uniform(seed: int, position: int) -> float:
     """The request's uniform in [0, 1) for the token at ``position``."""
-    return (_mix64(_mix64(seed & _M64) ^ (position & _M64)) >> 11) * (1.0 / (1 << 53))
+    return uniform_bits(seed, position) * (1.0 / (1 << 53))
+
+
+def stream_seed(seed: int, stream: int) -> int:
+    """The key of an independent counter stream of a request (speculative drafting and acceptance)."""
+    return _mix64((seed ^ stream) & _M64)
 
 
 def apply_penalties(logits: np.ndarray, counts: Mapping[int, int], p: SamplingParams) -> np.ndarray:
@@ -135,6 +148,54 @@ def resolve_mask(mask: Any, token_mask: TokenMask | None, generated: Sequence[in
     return mask
 
 
+def distribution(
+    logits: np.ndarray,
+    p: SamplingParams,
+    *,
+    counts: Mapping[int, int],
+    token_limit: int | None = None,
+    mask: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Steps 1-7 of the module's definition: the kept ids in the sampler's order and their integer masses
+    (uint64). Greedy (``temperature <= 0``): the allowed argmax alone, mass 1. ``mask``: a resolved mask (or None).
+    Raises ``MaskError`` when nothing is allowed. Speculative verification (``speculate_host``) compares these
+    exact masses for the draft and the target."""
+    x = apply_penalties(np.asarray(logits, np.float32), counts, p)
+    allowed = ~np.isnan(x)
+    if token_limit is not None and token_limit < x.shape[0]:
+        allowed[max(token_limit, 0) :] = False
+    if mask is not None:
+        allowed &= allowed_from_mask(mask, x.shape[0])
+    ids = np.flatnonzero(allowed)
+    if ids.size == 0:
+        raise MaskError("token mask allows no token")
+    xa = x[ids]
+    m = xa.max()
+    if p.temperature <= 0.0:
+        return ids[np.argmax(xa == m)][None], np.ones(1, np.uint64)  # the first (lowest) id holding the max
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp((xa.astype(np.float64) - np.float64(m)) / float(p.temperature))
+    e[xa == m] = 1.0  # also where m is infinite (inf - inf is NaN)
+    q = np.floor(e * _ONE).astype(np.uint64)
+    cand = q > 0
+    if p.min_p > 0.0:
+        cand &= e >= p.min_p
+    ids, xa, q = ids[cand], xa[cand], q[cand]  # only the candidates are sorted: cheap on peaked rows
+    keys = sort_keys(xa, ids)  # distinct (the id is in them): any sort gives the same order
+    order = np.arange(keys.size)
+    if 0 < p.top_k < keys.size:  # the first top_k only: partition, then sort those
+        order = np.argpartition(keys, keys.size - p.top_k)[-p.top_k :]
+    order = order[np.argsort(keys[order])[::-1]]
+    q = q[order]
+    keep = q.size
+    if p.top_p < 1.0:
+        csum = np.cumsum(q, dtype=np.uint64)  # exact: the total stays below 2^64
+        total = int(csum[-1])
+        target = min(max(math.ceil(p.top_p * float(total)), 1), total)
+        keep = int(np.searchsorted(csum, np.uint64(target), side="left")) + 1
+    return ids[order[:keep]], q[:keep]
+
+
 def sample(
     logits: np.ndarray,
     p: SamplingParams,
@@ -150,43 +211,14 @@ def sample(
     """Pick the token at ``position`` from ``logits`` [V] (the module's definition). ``token_limit``: ids at or
     above it are never picked. ``mask`` is the hook's result computed ahead (``compute_mask``); else ``token_mask``
     is called here."""
-    x = apply_penalties(np.asarray(logits, np.float32), counts, p)
-    allowed = ~np.isnan(x)
-    if token_limit is not None and token_limit < x.shape[0]:
-        allowed[max(token_limit, 0) :] = False
     mask = resolve_mask(mask, token_mask, generated)
-    if mask is not None:
-        allowed &= allowed_from_mask(mask, x.shape[0])
-    ids = np.flatnonzero(allowed)
-    if ids.size == 0:
-        raise MaskError("token mask allows no token")
-    xa = x[ids]
-    m = xa.max()
+    ids, q = distribution(logits, p, counts=counts, token_limit=token_limit, mask=mask)
     if p.temperature <= 0.0:
-        return int(ids[np.argmax(xa == m)])  # the first (lowest) id holding the maximum
-    with np.errstate(invalid="ignore", over="ignore"):
-        e = np.exp((xa.astype(np.float64) - np.float64(m)) / float(p.temperature))
-    e[xa == m] = 1.0  # also where m is infinite (inf - inf is NaN)
-    q = np.floor(e * _ONE).astype(np.uint64)
-    cand = q > 0
-    if p.min_p > 0.0:
-        cand &= e >= p.min_p
-    ids, xa, q = ids[cand], xa[cand], q[cand]  # only the candidates are sorted: cheap on peaked rows
-    keys = sort_keys(xa, ids)  # distinct (the id is in them): any sort gives the same order
-    order = np.arange(keys.size)
-    if 0 < p.top_k < keys.size:  # the first top_k only: partition, then sort those
-        order = np.argpartition(keys, keys.size - p.top_k)[-p.top_k :]
-    order = order[np.argsort(keys[order])[::-1]]
-    q = q[order]
-    csum = np.cumsum(q, dtype=np.uint64)  # exact: the total stays below 2^64
-    keep = csum.size
-    if p.top_p < 1.0:
-        total = int(csum[-1])
-        target = min(max(math.ceil(p.top_p * float(total)), 1), total)
-        keep = int(np.searchsorted(csum, np.uint64(target), side="left")) + 1
-    t = math.floor(uniform(seed, position) * float(int(csum[keep - 1])))
-    i = int(np.searchsorted(csum[:keep], np.uint64(t), side="right"))  # first cumulative mass > t
-    return int(ids[order[min(i, keep - 1)]])
+        return int(ids[0])
+    csum = np.cumsum(q, dtype=np.uint64)
+    t = math.floor(uniform(seed, position) * float(int(csum[-1])))
+    i = int(np.searchsorted(csum, np.uint64(t), side="right"))  # first cumulative mass > t
+    return int(ids[min(i, ids.size - 1)])
 
 
 def sample_host(logits: np.ndarray, reqs: Sequence[SampleRequest], token_limit: int | None) -> list[int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 
 from .config import EngineConfig
 from .core import Batch, FinishReason, LaneSetup, LaneWork, QueueFull, Request, RequestStatus
@@ -213,13 +214,17 @@ class Scheduler:
             self.finish(req, FinishReason.ERROR, message)
 
     # ---- after the runner -------------------------------------------------------------------------------
-    def after_run(self, batch: Batch) -> None:
-        """Advance token accounting, publish the checkpoints just taken, retire requests that are done."""
+    def after_run(self, batch: Batch, committed: Mapping[int, int] | None = None) -> None:
+        """Advance token accounting, publish the checkpoints just taken, retire requests that are done.
+        ``committed``: lane -> tokens the lane kept after its verify round (speculation)."""
         self.pool.decref([s.copy_page[0] for s in batch.setups if s.copy_page is not None])
         for w in batch.work:
             req = self.lanes[w.lane]
+            if w.verify and req is None:  # stopped inside its round and retired at once
+                continue
             assert req is not None and req.num_computed == w.start
-            req.num_computed = end = w.start + len(w.token_ids)
+            end = committed[w.lane] if w.verify and committed is not None else w.start + len(w.token_ids)
+            req.num_computed = end
             if w.prefill:
                 self.prefill_tokens += len(w.token_ids)
             if w.save_checkpoint is not None:

@@ -204,6 +204,9 @@ class RequestGrammar:
         self._queue: list[int] = []
         self._think_n = 0
         self._seen = 0
+        self._toks: list[
+            int
+        ] = []  # the generated tokens seen (speculative rounds roll back to a common prefix)
         self._answer_at = 0 if not self._thinking else -1  # position where the answer phase began
         self._matcher = None
         if self._phase == "answer":
@@ -222,17 +225,33 @@ class RequestGrammar:
 
     def __call__(self, generated: Sequence[int]) -> np.ndarray | None:
         n = len(generated)
-        if n < self._seen:
-            self._rollback(n)
+        common = self._common(generated)
+        if (
+            common < self._seen
+        ):  # fewer tokens, or the same count but other ones (a speculative round's drafts)
+            self._rollback(common)
         for pos in range(self._seen, n):
             self._advance(int(generated[pos]), pos)
-        self._seen = n
+            self._toks.append(int(generated[pos]))
+            self._seen = pos + 1
         return self._mask()
+
+    def _common(self, generated: Sequence[int]) -> int:
+        """Length of the common prefix of ``generated`` and the tokens seen (only the tail can differ)."""
+        c = min(len(generated), self._seen)
+        if list(generated[:c]) == self._toks[:c]:
+            return c
+        return next(i for i in range(c) if int(generated[i]) != self._toks[i])
 
     def _rollback(self, n: int) -> None:
         if self._phase == "answer" and n >= self._answer_at and self._matcher is not None:
             self._matcher.rollback(self._seen - n)
             self._seen = n
+            del self._toks[n:]
+        elif (self._phase == "answer" and n >= self._answer_at) or self._phase == "think":
+            self._think_n -= (self._seen - n) if self._phase == "think" else 0  # every think token counted
+            self._seen = n
+            del self._toks[n:]
         else:  # back before the answer began: the caller replays from the start (rare; only speculative rounds)
             self._reset()
 

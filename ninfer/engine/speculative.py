@@ -1,0 +1,127 @@
+"""``Speculator``: the engine's side of MTP speculative decoding (docs/speculative.md).
+
+Per step, for every decode lane that may speculate (a running request, no checkpoint due at this step, at least
+two tokens of budget left): draft ``m <= k`` tokens with the runner's MTP head, each sampled by the one sampler
+from the request's draft stream under the same ``SampleRequest`` the target row will get (penalty counts with the
+drafts so far, the grammar mask after them, the same position); the decode work becomes a verify round
+``[last token, d_1..d_m]``. After the runner's ``execute``: ``runner.verify`` gives the tokens the round emits,
+``Outputs.accept_round`` pushes them until the request stops, and ``runner.commit`` keeps the lane's state up to
+the last pushed token (which stays uncomputed, like every freshly sampled token).
+
+Drafting stops early at a stop token, where a mask cannot be computed or allows nothing, and at the budget, so a
+round never computes a position beyond the request's reservation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .core import Batch, DraftLane, LaneWork, ModelRunner, Request, RequestStatus, SampleRequest
+from .output import Outputs
+from .sampler import MaskError, compute_mask, packed_mask, resolve_mask
+from .spec_verify import draft_request
+
+__all__ = ["Speculator"]
+
+
+@dataclass(slots=True)
+class _Round:
+    work: LaneWork
+    req: Request
+    most: int  # drafts this round may hold
+    drafts: list[int] = field(default_factory=list)
+    reqs: list[SampleRequest] = field(default_factory=list)  # row i: the inputs after drafts[:i]
+    done: bool = False
+
+
+class Speculator:
+    def __init__(self, runner: ModelRunner, k: int, token_limit: int | None, outputs: Outputs) -> None:
+        self._runner, self.k, self._token_limit, self._out = runner, k, token_limit, outputs
+        self.rounds = 0
+        self.drafted = 0
+        self.accepted = 0
+
+    # ---- before the model step --------------------------------------------------------------------------
+    def draft(self, batch: Batch, owners: Mapping[int, Request]) -> list[_Round]:
+        """Draft for the eligible decode lanes of ``batch`` and turn their work into verify rounds."""
+        rounds = [_Round(w, owners[w.lane], self._most(w, owners[w.lane])) for w in batch.work]
+        rounds = [r for r in rounds if r.most > 0 and self._row(r)]
+        vocab = self._runner.vocab_size
+        live = rounds
+        while live:
+            self._runner.draft([DraftLane(r.work.lane, r.req.tokens + r.drafts) for r in live])
+            specs = [draft_request(r.reqs[-1]) for r in live]
+            toks = self._runner.sample(range(len(live)), specs, self._token_limit)
+            for r, tok in zip(live, toks, strict=True):
+                if tok < 0:
+                    r.done = True
+                    continue
+                r.drafts.append(tok)
+                stop = tok in self._out.stop_ids(r.req.id)
+                r.done = stop or len(r.drafts) >= r.most or not self._row(r, vocab, must=False)
+            live = [r for r in live if not r.done]
+        rounds = [r for r in rounds if r.drafts]
+        for r in rounds:
+            while len(r.reqs) <= len(
+                r.drafts
+            ):  # the bonus row's inputs when drafting stopped at a stop token
+                self._row(r, vocab, must=False)
+            del r.reqs[len(r.drafts) + 1 :]
+            r.work.token_ids = [r.work.token_ids[0], *r.drafts]
+            r.work.sample, r.work.verify = False, True
+        return rounds
+
+    def _most(self, w: LaneWork, req: Request) -> int:
+        eligible = not w.prefill and w.sample and w.save_checkpoint is None and len(w.token_ids) == 1
+        if not eligible or req.status is not RequestStatus.RUNNING:
+            return 0
+        return max(0, min(self.k, req.budget - req.num_generated - 1))
+
+    def _row(self, r: _Round, vocab: int | None = None, *, must: bool = True) -> bool:
+        """Append the sampling inputs of the row after ``r.drafts``. A mask that fails: False when ``must``
+        (the round's first row: the lane decodes without drafts and fails there as usual); otherwise the row
+        allows nothing (it fails the request only if verification reaches it) and drafting stops."""
+        req, gen = r.req, r.req.generated + r.drafts
+        vocab = self._runner.vocab_size if vocab is None else vocab
+        counts = dict(req.counts)
+        for t in r.drafts:
+            counts[t] = counts.get(t, 0) + 1
+        ok = True
+        try:
+            words = packed_mask(resolve_mask(_mask(req, gen), req.token_mask, gen), vocab)
+        except MaskError:
+            if must:
+                return False
+            words, ok = np.zeros(-(-vocab // 32), np.int32), False
+        r.reqs.append(SampleRequest(req.params, req.seed, len(req.tokens) + len(r.drafts), counts, words))
+        return ok
+
+    # ---- after the model step ---------------------------------------------------------------------------
+    def settle(self, rounds: Sequence[_Round]) -> dict[int, int]:
+        """Verify, emit and commit every round; returns lane -> tokens the lane keeps (for ``after_run``)."""
+        lanes = [r.work.lane for r in rounds]
+        emitted = self._runner.verify(lanes, [r.drafts for r in rounds], [r.reqs for r in rounds],
+                                      self._token_limit)  # fmt: skip
+        committed: dict[int, int] = {}
+        for r, toks in zip(rounds, emitted, strict=True):
+            accepted = 0
+            while accepted < len(r.drafts) and toks[accepted] == r.drafts[accepted]:
+                accepted += 1
+            pushed = self._out.accept_round(r.req, toks)
+            committed[r.work.lane] = r.work.start + pushed
+            self._runner.commit(r.work.lane, r.work.start + pushed)
+            r.req.spec_rounds += 1
+            r.req.spec_drafted += len(r.drafts)
+            r.req.spec_accepted += min(accepted, pushed)
+            self.rounds += 1
+            self.drafted += len(r.drafts)
+            self.accepted += min(accepted, pushed)
+        return committed
+
+
+def _mask(req: Request, gen: list[int]) -> Any:
+    return compute_mask(req.token_mask, gen) if req.token_mask is not None else None

@@ -1,0 +1,217 @@
+"""MTP speculative decoding on synthetic real-shape artifacts (27B, 35B-A3B; random weights with an MTP head).
+
+    python -m perf.bench_spec [--models 27b 35b] [--lanes 1 8] [--ks 1 2 3 4 5] [--out DIR]
+
+Random weights give near-zero real acceptance, so this measures the machinery:
+
+- ``rounds``: at each lane count, one decode step (the captured graph) against one speculative round at
+  k = 1..5, split into drafting (k MTP steps and their samples), the verify forward (k+1 positions per lane) with
+  verification, and the commit (GDN replay of a half-accepted round).
+- ``forced``: engine tokens/s with a draft source that replays the target's own greedy tokens (100% acceptance)
+  or makes every position wrong where ``(pos*37) % 100 >= pct`` (80%, 50%), against the engine without drafts,
+  and the tokens per round.
+
+Prints a table and writes ``bench_spec.json`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+MODELS = {"27b": "qwen3.6-27b", "35b": "qwen3.6-35b-a3b"}
+
+
+def _sync() -> None:
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+
+
+def build(key: str, profile: str, activations: str) -> tuple[Any, Any]:
+    from ninfer.artifact.registry import MODELS as REG
+    from ninfer.cuda.model import CudaQwen36
+
+    from .synthetic import synthetic_tensors
+
+    mc = REG[MODELS[key]].config
+    net = CudaQwen36(mc, synthetic_tensors(mc, profile, mtp=True), act_dtype=activations)
+    net.warmup()
+    return mc, net
+
+
+def _runner(net: Any, mc: Any, lanes: int, k: int, context: int) -> tuple[Any, Any]:
+    from ninfer.cuda.runner import CudaModelRunner
+    from ninfer.engine import EngineConfig
+
+    spec = dict(spec="mtp", draft_tokens=k) if k else {}
+    cfg = EngineConfig(max_concurrency=lanes, max_context=context + 256, kv_capacity=lanes * (context + 288),
+                       prefix_reuse=False, prefill_chunk=1024, **spec)  # fmt: skip
+    return CudaModelRunner(net, mc, cfg), cfg
+
+
+def bench_rounds(
+    net: Any, mc: Any, lanes: int, ks: list[int], context: int, reps: int
+) -> list[dict[str, Any]]:
+    """Decode step vs speculative round costs at ``lanes`` lanes sitting at ``context``."""
+    from ninfer.engine.core import Batch, DraftLane, LaneSetup, LaneWork, SampleRequest, SamplingParams
+
+    greedy = SamplingParams(max_tokens=1 << 20, temperature=0.0)
+    out = []
+    runner, cfg = _runner(net, mc, lanes, max(ks), context)
+    per = cfg.pages_for(context + 256)
+    rng = np.random.default_rng(0)
+    toks = [list(rng.integers(0, mc.vocab_size, context + 1)) for _ in range(lanes)]
+    setups = [
+        LaneSetup(lane, list(range(lane * per, (lane + 1) * per)), None, 0, None) for lane in range(lanes)
+    ]
+    runner.execute(Batch(setups=setups, work=[LaneWork(lane, 0, toks[lane][:context], True, True, None)
+                                              for lane in range(lanes)]))  # fmt: skip
+    pos = context
+    seq = [t[:context] for t in toks]  # the computed tokens of each lane; t[-1] is fed next, every time
+    nxt = [t[-1] for t in toks]
+
+    def reqs(n: int) -> list[SampleRequest]:
+        return [SampleRequest(greedy, 0, pos + i, {}, None) for i in range(n)]
+
+    def decode_step() -> None:
+        nonlocal pos
+        runner.execute(
+            Batch(work=[LaneWork(lane, pos, [nxt[lane]], False, True, None) for lane in range(lanes)])
+        )
+        runner.sample(range(lanes), reqs(1) * lanes, None)
+        for lane in range(lanes):
+            seq[lane].append(nxt[lane])
+        pos += 1
+
+    decode_step()  # graph capture
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        decode_step()
+    _sync()
+    step_ms = (time.perf_counter() - t0) / reps * 1e3
+    out.append(
+        {"lanes": lanes, "k": 0, "round_ms": step_ms, "draft_ms": 0.0, "verify_ms": step_ms, "commit_ms": 0.0}
+    )
+    for k in ks:
+        t = {"draft": 0.0, "verify": 0.0, "commit": 0.0}
+        for _ in range(reps):
+            seqs = [seq[lane] + [nxt[lane]] for lane in range(lanes)]
+            drafts: list[list[int]] = [[] for _ in range(lanes)]
+            _sync()
+            t0 = time.perf_counter()
+            for _ in range(k):
+                runner.draft([DraftLane(lane, seqs[lane] + drafts[lane]) for lane in range(lanes)])
+                for lane, d in enumerate(runner.sample(range(lanes), reqs(1) * lanes, None)):
+                    drafts[lane].append(max(d, 0))
+            _sync()
+            t1 = time.perf_counter()
+            work = [LaneWork(lane, pos, [seqs[lane][-1], *drafts[lane]], False, False, None, verify=True)
+                    for lane in range(lanes)]  # fmt: skip
+            runner.execute(Batch(work=work))
+            runner.verify(list(range(lanes)), drafts, [reqs(k + 1)] * lanes, None)
+            _sync()
+            t2 = time.perf_counter()
+            keep = 1 + k // 2  # a half-accepted round: the GDN replay runs
+            for lane in range(lanes):
+                runner.commit(lane, pos + keep)
+                seq[lane] += ([nxt[lane]] + drafts[lane])[:keep]
+            _sync()
+            t3 = time.perf_counter()
+            pos += keep
+            t["draft"] += t1 - t0
+            t["verify"] += t2 - t1
+            t["commit"] += t3 - t2
+        row = {f"{n}_ms": v / reps * 1e3 for n, v in t.items()}
+        row.update(lanes=lanes, k=k, round_ms=sum(row.values()))
+        row["round_vs_step"] = row["round_ms"] / step_ms
+        out.append(row)
+    return out
+
+
+def bench_forced(net: Any, mc: Any, lanes: int, k: int, pcts: list[int], tokens: int) -> list[dict[str, Any]]:
+    """Engine tokens/s without drafts and with replayed drafts at each acceptance percentage."""
+    from ninfer.engine import Engine
+    from ninfer.engine.scripted_draft import ScriptedDrafts, replay_script
+
+    rng = np.random.default_rng(1)
+    prompts = [list(map(int, rng.integers(0, mc.vocab_size, 64))) for _ in range(lanes)]
+
+    def run(kk: int, wrap: Any = None) -> tuple[list[Any], float]:
+        runner, cfg = _runner(net, mc, lanes, kk, 64 + tokens)
+        runner = wrap(runner) if wrap is not None else runner
+        with Engine(runner, mc, None, cfg, token_limit=mc.vocab_size) as eng:
+            eng.submit(prompts[0], max_tokens=4, ignore_eos=True).result()  # warm-up
+            t0 = time.perf_counter()
+            hs = [eng.submit(p, max_tokens=tokens, ignore_eos=True) for p in prompts]
+            res = [h.result() for h in hs]
+            return res, time.perf_counter() - t0
+
+    base, dt = run(0)
+    rows = [
+        {"lanes": lanes, "k": 0, "accept_pct": None, "tok_s": lanes * tokens / dt, "tokens_per_round": 1.0}
+    ]
+    refs = {tuple(p): p + c.token_ids for p, c in zip(prompts, base, strict=True)}
+    for pct in pcts:
+        res, dt = run(k, lambda r, pct=pct: ScriptedDrafts(r, replay_script(refs, pct, mc.vocab_size)))
+        same = all(a.token_ids == b.token_ids for a, b in zip(base, res, strict=True))
+        sp = [c.usage.speculative for c in res]
+        rounds, acc, drafted = (sum(getattr(s, f) for s in sp) for f in ("rounds", "accepted", "drafted"))
+        rows.append({"lanes": lanes, "k": k, "accept_pct": pct, "tok_s": lanes * tokens / dt,
+                     "speedup": rows[0]["tok_s"] and (lanes * tokens / dt) / rows[0]["tok_s"],
+                     "acceptance": acc / max(drafted, 1), "tokens_per_round": 1 + acc / max(rounds, 1),
+                     "same_tokens": same})  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", default=["27b", "35b"], choices=list(MODELS))
+    ap.add_argument("--profile", default="nvfp4")
+    ap.add_argument("--activations", default="bf16", choices=("fp32", "bf16"))
+    ap.add_argument("--lanes", nargs="+", type=int, default=[1, 8])
+    ap.add_argument("--ks", nargs="+", type=int, default=[1, 2, 3, 4, 5])
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--forced-k", type=int, default=3)
+    ap.add_argument("--forced-tokens", type=int, default=128)
+    ap.add_argument("--pcts", nargs="+", type=int, default=[100, 80, 50])
+    ap.add_argument("--out", default="perf/results/bench_spec")
+    a = ap.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    result: dict[str, Any] = {"args": vars(a), "models": {}}
+    for key in a.models:
+        mc, net = build(key, a.profile, a.activations)
+        res: dict[str, Any] = {"rounds": [], "forced": []}
+        for lanes in a.lanes:
+            res["rounds"] += bench_rounds(net, mc, lanes, a.ks, a.context, a.reps)
+            res["forced"] += bench_forced(net, mc, lanes, a.forced_k, a.pcts, a.forced_tokens)
+        result["models"][key] = res
+        print(f"\n{key} ({a.profile}, {a.activations} activations): round cost vs one decode step")
+        print(
+            f"{'lanes':>5} {'k':>2} {'draft ms':>9} {'verify ms':>10} {'commit ms':>10} {'round ms':>9} {'x step':>7}"
+        )
+        for r in res["rounds"]:
+            print(f"{r['lanes']:>5} {r['k']:>2} {r['draft_ms']:>9.2f} {r['verify_ms']:>10.2f} {r['commit_ms']:>10.2f} "
+                  f"{r['round_ms']:>9.2f} {r.get('round_vs_step', 1.0):>7.2f}")  # fmt: skip
+        print(f"\n{key}: tokens/s at forced acceptance (k={a.forced_k})")
+        print(f"{'lanes':>5} {'accept%':>8} {'tok/s':>9} {'speedup':>8} {'tok/round':>10} {'same':>5}")
+        for r in res["forced"]:
+            print(f"{r['lanes']:>5} {str(r['accept_pct'] or '-'):>8} {r['tok_s']:>9.1f} {r.get('speedup', 1.0):>8.2f} "
+                  f"{r['tokens_per_round']:>10.2f} {str(r.get('same_tokens', '-')):>5}")  # fmt: skip
+        del net
+    path = os.path.join(a.out, "bench_spec.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
