@@ -36,7 +36,9 @@ STAGE_BYTES = 64 << 20  # pinned staging buffer: large enough to reach full PCIe
 
 def is_vector(name: str) -> bool:
     """Tensors the kernels read as float32 (norms, GDN gate parameters, conv taps), not as a weight matrix."""
-    return name.endswith(("norm.weight", "A_log", "dt_bias", "conv1d.weight"))
+    return name.endswith(
+        ("norm.weight", "norm_embedding.weight", "norm_hidden.weight", "A_log", "dt_bias", "conv1d.weight")
+    )  # the MTP head's pre-fc norms end in _embedding / _hidden
 
 
 def _vector(cfg: ModelConfig, name: str, x: np.ndarray) -> Any:
