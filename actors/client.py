@@ -32,6 +32,7 @@ from .messages import (
     decode_event,
     engine_failure,
 )
+from .routing import RouteState
 
 __all__ = ["connect", "EngineClient", "AsyncEngineClient", "GenerationError", "Result", "DEFAULT_ACTOR_NAME"]
 
@@ -192,6 +193,9 @@ class AsyncEngineClient:
 
     async def info(self) -> ActorInfo:
         return await self.handle.info.remote()
+
+    async def route_state(self, block_tokens: int, since: int) -> RouteState:
+        return await self.handle.route_state.remote(block_tokens, since)
 
 
 def connect(

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
+from msgspec import UNSET
 
 from .anthropic import error_class
 from .auth import KeyRing
@@ -19,6 +20,7 @@ from .errors import ApiError, error_json
 from .gate import Gate
 from .openai_chat_models import HealthStatus, ModelList, ModelObject
 from .openapi import ROUTE_DOCS, openapi_config
+from .replica_metrics import replica_metrics
 from .routes_chat import handle_chat
 from .routes_messages_responses import handle_count_tokens, handle_messages, handle_responses
 from .service import Service, endpoint_name, json_response, service
@@ -35,9 +37,10 @@ async def health(request: Request[Any, Any, Any]) -> Response[bytes]:
         h = await svc.backend.health()
     except Exception as e:  # the actor is gone or not answering: not ready
         return json_response(HealthStatus(status="unavailable", detail=type(e).__name__), 503)
+    replicas = h.replicas or UNSET  # behind the router: every replica's status
     if not h.ok:
-        return json_response(HealthStatus(status="unavailable", detail=h.detail), 503)
-    return json_response(HealthStatus(status="ok"))
+        return json_response(HealthStatus(status="unavailable", detail=h.detail, replicas=replicas), 503)
+    return json_response(HealthStatus(status="ok", detail=h.detail or UNSET, replicas=replicas))
 
 
 def _model(svc: Service) -> ModelObject:
@@ -69,6 +72,8 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[str]:
     except Exception:  # scrape must not fail because the actor is busy restarting
         actor = engine = None
     text = svc.metrics.render(actor, engine)
+    if svc.replicas is not None:  # per-replica series and the router's counters
+        text += replica_metrics(svc.replicas)
     # Litestar appends "; charset=utf-8" to text/* types: the header is Prometheus 0.0.4's exact content type
     return Response(text, media_type="text/plain; version=0.0.4")
 

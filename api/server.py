@@ -13,6 +13,7 @@ import uvicorn
 from ninfer.actors.client import AsyncEngineClient, EngineClient, GenerationError
 from ninfer.actors.engine_actor import start_actor
 from ninfer.actors.messages import ActorInfo, ActorSpec
+from ninfer.actors.router import ReplicaRouter
 
 from ninfer.architectures import CUDA_ARCHITECTURES
 from ninfer.artifact import open_artifact
@@ -23,6 +24,7 @@ from .config import ServerConfig
 from .drain import Drain, DrainingServer
 from .http_guard import guarded_protocol
 from .openai_chat import ChatLimits
+from .replicas import start_router
 from .reqlog import RequestLog, RequestLogError
 from .service import Service
 
@@ -110,6 +112,20 @@ def _start_actor(cfg: ServerConfig, spec: ActorSpec) -> Any:
     return handle
 
 
+def _start_engines(
+    cfg: ServerConfig, spec: ActorSpec
+) -> tuple[Any, ReplicaRouter | None, list[Any], ActorInfo]:
+    """The API's engine backend: the one actor, or with ``--replicas`` the router over the replicas
+    (api/replicas.py); then the router (or None), the actor handles and the (first) actor's info."""
+    if cfg.replicas is not None:
+        router, handles, info = start_router(cfg, spec, _warm_up)
+        return router, router, handles, info
+    handle = _start_actor(cfg, spec)
+    info: ActorInfo = ray.get(handle.info.remote())
+    _warm_up(handle)
+    return AsyncEngineClient(handle), None, [handle], info
+
+
 def _warm_up(handle: Any) -> None:
     _log("warming up")
     try:
@@ -134,6 +150,7 @@ def _server_start_record(
             "request_log_jsonl": cfg.request_log_jsonl,
             "default_output_tokens": cfg.default_max_tokens,
             "actor_name": cfg.actor_name,
+            "replicas": cfg.replicas,
             "detached": cfg.detached,
         },
         "artifact": {"path": os.path.abspath(cfg.artifact), "size_bytes": size},
@@ -194,21 +211,20 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
     _log(f"backend: {backend} ({why})")
     spec = actor_spec(cfg, backend)
     _start_ray(cfg)
-    handle = None
+    handles: list[Any] = []
     try:
-        handle = _start_actor(cfg, spec)
-        info: ActorInfo = ray.get(handle.info.remote())
-        _warm_up(handle)
+        backend_, router, handles, info = _start_engines(cfg, spec)
         limits = ChatLimits(
             model_id=info.model_id, max_context=info.max_context, default_max_tokens=cfg.default_max_tokens
         )
         svc = Service(
             config=cfg,
-            backend=AsyncEngineClient(handle),
+            backend=backend_,
             limits=limits,
             reqlog=reqlog,
             template_defaults=spec.template_defaults,  # --preserve-thinking: every request starts from these
             drain=Drain(cfg.shutdown_grace_s),
+            replicas=router,
         )
         if reqlog is not None:
             reqlog.write("server_start", **_server_start_record(cfg, info, keyring, argv))
@@ -227,6 +243,7 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
         _log("shutting down")
         if reqlog is not None:
             reqlog.close()
-        if handle is not None and not cfg.detached:
-            ray.kill(handle, no_restart=True)
+        if not cfg.detached:
+            for h in handles:
+                ray.kill(h, no_restart=True)
         ray.shutdown()

@@ -32,6 +32,7 @@ from .handle import Handle
 from .kv_pool import PagePool
 from .output import Outputs
 from .prefix_cache import PrefixCache
+from .prefix_digest import PrefixDigest
 from .sampler import MaskWorker
 from .scheduler import Scheduler
 from .stop import TextStream
@@ -73,6 +74,7 @@ class Engine:
                 self._pool, cfg.page_size, self._runner.snapshot_bytes, budget, cfg.reserved_sequences
             )
         self._cache = cache
+        self._digests: dict[int, PrefixDigest] = {}  # by block size: what a replica reports to its router
         self._sched = Scheduler(cfg, self._pool, cache)
         self._cv = threading.Condition(threading.RLock())
         self._step_lock = threading.Lock()
@@ -308,6 +310,17 @@ class Engine:
                 steps=self._steps,
                 requests_finished=self._out.finished,
             )
+
+    def retained_blocks(self, block_tokens: int) -> tuple[int, tuple[int, ...]]:
+        """(version, hashes): the chained block hashes of every retained prefix (prefix_digest.py); the version
+        changes when the set may have. Empty without prefix reuse."""
+        with self._cv:
+            if self._cache is None:
+                return 0, ()
+            digest = self._digests.get(block_tokens)
+            if digest is None:
+                digest = self._digests[block_tokens] = PrefixDigest(block_tokens)
+            return digest.update(self._cache.root)
 
     def close(self) -> None:
         """Cancel what is left, stop the step loop and wait for it."""
