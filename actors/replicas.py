@@ -129,7 +129,7 @@ class RoutedEngineClient(EngineClient):
                 v.down()
         self._polled = time.monotonic()
 
-    def _order(self, req: GenerateRequest) -> list[ReplicaView]:
+    def _order(self, req: GenerateRequest) -> tuple[list[ReplicaView], list[int]]:
         self._refresh()
         r = rank(self.views, [], self.cfg)
         blocks: list[int] | Failed = []
@@ -137,10 +137,10 @@ class RoutedEngineClient(EngineClient):
             blocks = ray.get(r.order[0].client.prompt_blocks.remote(req, self.cfg.block_tokens))
         if isinstance(blocks, Failed):
             raise GenerationError(blocks)
-        return rank(self.views, blocks, self.cfg).order
+        return rank(self.views, blocks, self.cfg).order, blocks
 
     def _stream(self, req: GenerateRequest) -> Iterator[TokenDelta | Finish]:
-        order = self._order(req)
+        order, blocks = self._order(req)
         if not order:
             raise GenerationError(Failed(code="no_replica", message="no engine replica is up", status=503))
         for k, view in enumerate(order):
@@ -154,6 +154,7 @@ class RoutedEngineClient(EngineClient):
             except StopIteration:
                 return
             view.routed += 1
+            view.remember(blocks, self.cfg.recent_ttl_s, time.monotonic())
             yield first
             yield from it
             return

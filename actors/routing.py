@@ -1,10 +1,10 @@
 """The routing policy of several engine replicas behind one endpoint (docs/replicas.md), without Ray or asyncio.
 
-Each replica reports (``RouteState``, polled by the router) the block hashes of the prefixes its engine retains
-(ninfer/engine/prefix_digest.py) and its load. For a request the router hashes the blocks of its rendered prompt
+Each replica reports (``RouteState``, polled by the router) its load and, for every resume point (GDN checkpoint)
+of the prefixes its engine retains, the chain hash of the last full block before it (ninfer/engine/prefix_digest.py). For a request the router hashes the blocks of its rendered prompt
 the same way and ranks the replicas that are up:
 
-1. affinity: the replica holding the longest run of the prompt's leading blocks (ties: the least loaded),
+1. affinity: the replica that can resume the prompt deepest (ties: the least loaded),
    unless it is full, or all its lanes are busy while another replica has a free lane (the request would wait
    there but could start at once elsewhere), or it has more than ``max_imbalance`` requests more than the least
    loaded replica. A prefix that only one replica holds so far (a shared system prompt) does attract new
@@ -92,22 +92,24 @@ class ReplicaView:
         return self.load >= self.capacity
 
     def matched(self, blocks: list[int], now: float) -> int:
-        """How many of ``blocks``' leading blocks this replica holds (reported, or routed there recently)."""
-        n = 0
-        for h in blocks:
+        """How many of ``blocks``' leading blocks lie under a resume point this replica holds (reported, or
+        routed there recently): the deepest block whose chain hash it has (a chain hash implies its prefix)."""
+        for k in range(len(blocks), 0, -1):
+            h = blocks[k - 1]
+            if h in self.hashes:
+                return k
             exp = self.recent.get(h)
-            if h not in self.hashes and (exp is None or exp < now):
-                break
-            n += 1
-        return n
+            if exp is not None and exp >= now:
+                return k
+        return 0
 
     def remember(self, blocks: list[int], ttl: float, now: float) -> None:
-        """Count a routed prompt's blocks for this replica until a report can include them."""
+        """A routed prompt's end (its last two blocks: the next turn may re-render the prompt's last tokens) is a
+        resume point there once it ran: counted until a report can include it."""
         if len(self.recent) > 65536:  # bound the memory of an idle replica's stale entries
             self.recent = {h: e for h, e in self.recent.items() if e >= now}
-        exp = now + ttl
-        for h in blocks:
-            self.recent[h] = exp
+        for h in blocks[-2:]:
+            self.recent[h] = now + ttl
 
     def apply(self, st: RouteState) -> bool:
         """Take a poll's answer; True when the replica came back (it was down, or restarted meanwhile)."""

@@ -312,8 +312,9 @@ class Engine:
             )
 
     def retained_blocks(self, block_tokens: int) -> tuple[int, tuple[int, ...]]:
-        """(version, hashes): the chained block hashes of every retained prefix (prefix_digest.py); the version
-        changes when the set may have. Empty without prefix reuse."""
+        """(version, hashes): for every resume point (checkpoint) of the retained prefixes, the chain hash of the
+        last full block before it (prefix_digest.py); the version changes with the set. Empty without prefix
+        reuse."""
         with self._cv:
             if self._cache is None:
                 return 0, ()

@@ -5,10 +5,13 @@ block's tokens, so equal hashes mean equal prefixes (up to a 64-bit collision, w
 wrong answer: the engine matches tokens itself). The hash is CPython's tuple-of-ints hash, which is not salted per
 process (``PYTHONHASHSEED`` only salts str and bytes), so the API process and every replica compute the same values.
 
-``PrefixDigest`` walks the prefix cache's radix tree and hashes every full block on a retained path. Every leaf
-of the tree holds a GDN checkpoint (prefix_cache.py's invariant), so every block on it lies under a usable resume
-point. Per node it keeps the hashes it computed, valid while the node's span and its parent's chain state are the
-ones it saw, so a walk over an unchanged tree hashes nothing again.
+``PrefixDigest`` walks the prefix cache's radix tree and reports, for every GDN checkpoint (a point a request can
+resume from), the chain hash of the last full block at or before it. A prompt whose block ``k`` has one of those
+hashes shares its first ``k`` blocks with a retained path that has a resume point at or after them, so the router
+estimates the reusable prefix by the deepest such block. The estimate can be high by less than a block (the prompt
+may leave the path between the block's end and the checkpoint); the engine finds the exact resume point itself.
+Per node the walk keeps the chain state it computed, valid while the node's span and its parent's chain state
+are the ones it saw, so a walk over an unchanged tree hashes nothing again.
 """
 
 from __future__ import annotations
@@ -40,21 +43,21 @@ def _extend(carry: _Carry, tokens: Sequence[int], block: int) -> tuple[list[int]
 
 
 class PrefixDigest:
-    """The block hashes of a ``PrefixCache`` tree, recomputed only where the tree changed. Call ``update`` under
-    the lock that guards the cache."""
+    """The checkpoint-anchored block hashes of a ``PrefixCache`` tree, recomputed only where the tree changed.
+    Call ``update`` under the lock that guards the cache."""
 
     def __init__(self, block: int) -> None:
         if block < 1:
             raise ValueError(f"block: must be positive, got {block}")
         self.block = block
-        self.version = 0  # bumped whenever the set of hashes may have changed
-        self._memo: dict[int, tuple[_Carry, int, int, list[int], _Carry]] = {}
-        self._hashes: tuple[int, ...] = ()
+        self.version = 0  # bumped whenever the set of hashes changed
+        self._memo: dict[int, tuple[_Carry, int, int, _Carry]] = {}
+        self._hashes: frozenset[int] = frozenset()
 
     def update(self, root: Any) -> tuple[int, tuple[int, ...]]:
         """(version, hashes) of the tree under ``root`` (a prefix_cache ``Node``)."""
-        memo: dict[int, tuple[_Carry, int, int, list[int], _Carry]] = {}
-        changed = False
+        memo: dict[int, tuple[_Carry, int, int, _Carry]] = {}
+        anchors: set[int] = set()
         stack: list[tuple[Any, _Carry]] = [(c, _ROOT) for c in root.children.values()]
         while stack:
             node, carry = stack.pop()
@@ -62,13 +65,14 @@ class PrefixDigest:
             if got is not None and got[0] is carry and got[1] == node.start and got[2] == len(node.tokens):
                 entry = got
             else:
-                hashes, out = _extend(carry, node.tokens, self.block)
-                entry = (carry, node.start, len(node.tokens), hashes, out)
-                changed = True
+                entry = (carry, node.start, len(node.tokens), _extend(carry, node.tokens, self.block)[1])
             memo[node.id] = entry
-            stack.extend((c, entry[4]) for c in node.children.values())
-        if changed or len(memo) != len(self._memo):
-            self.version += 1
-            self._hashes = tuple(h for e in memo.values() for h in e[3])
+            out = entry[3]
+            if node.ckpt is not None and node.end >= self.block:
+                anchors.add(out[0])
+            stack.extend((c, out) for c in node.children.values())
         self._memo = memo
-        return self.version, self._hashes
+        if anchors != self._hashes:
+            self.version += 1
+            self._hashes = frozenset(anchors)
+        return self.version, tuple(self._hashes)
