@@ -11,7 +11,7 @@ from typing import Any
 import ray
 import uvicorn
 from ninfer.actors.client import AsyncEngineClient, EngineClient, GenerationError
-from ninfer.actors.engine_actor import start_actor
+from ninfer.actors.engine_actor import EngineActor, start_actor
 from ninfer.actors.messages import ActorInfo, ActorSpec
 from ninfer.actors.router import ReplicaRouter
 
@@ -97,7 +97,7 @@ def _start_ray(cfg: ServerConfig) -> None:
         ray.init(namespace=cfg.ray_namespace, include_dashboard=False, log_to_driver=True)
 
 
-def _start_actor(cfg: ServerConfig, spec: ActorSpec) -> Any:
+def _start_actor(cfg: ServerConfig, spec: ActorSpec, actor_cls: type) -> Any:
     if cfg.detached:
         try:
             handle = ray.get_actor(cfg.actor_name, namespace=cfg.ray_namespace)
@@ -107,20 +107,22 @@ def _start_actor(cfg: ServerConfig, spec: ActorSpec) -> Any:
             pass
     _log(f"loading {cfg.artifact} on the {spec.backend} backend (actor {cfg.actor_name!r})")
     t0 = time.perf_counter()
-    handle = start_actor(spec, name=cfg.actor_name, namespace=cfg.ray_namespace, detached=cfg.detached)
+    handle = start_actor(
+        spec, name=cfg.actor_name, namespace=cfg.ray_namespace, detached=cfg.detached, actor_cls=actor_cls
+    )
     _log(f"model loaded in {time.perf_counter() - t0:.1f} s")
     return handle
 
 
 def _start_engines(
-    cfg: ServerConfig, spec: ActorSpec
+    cfg: ServerConfig, spec: ActorSpec, actor_cls: type
 ) -> tuple[Any, ReplicaRouter | None, list[Any], ActorInfo]:
     """The API's engine backend: the one actor, or with ``--replicas`` the router over the replicas
     (api/replicas.py); then the router (or None), the actor handles and the (first) actor's info."""
     if cfg.replicas is not None:
-        router, handles, info = start_router(cfg, spec, _warm_up)
+        router, handles, info = start_router(cfg, spec, _warm_up, actor_cls)
         return router, router, handles, info
-    handle = _start_actor(cfg, spec)
+    handle = _start_actor(cfg, spec, actor_cls)
     info: ActorInfo = ray.get(handle.info.remote())
     _warm_up(handle)
     return AsyncEngineClient(handle), None, [handle], info
@@ -194,7 +196,9 @@ def _setup_logging() -> None:
         log.propagate = False
 
 
-def serve(cfg: ServerConfig, argv: list[str]) -> int:
+def serve(cfg: ServerConfig, argv: list[str], actor_cls: type = EngineActor) -> int:
+    """Serve until SIGINT/SIGTERM. ``actor_cls``: the engine actors' class (perf/bench_replicas.py
+    passes a subclass that loads synthetic weights)."""
     _setup_logging()
     try:
         keyring = load_key_file(cfg.api_key_file) if cfg.api_key_file else None
@@ -213,7 +217,7 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
     _start_ray(cfg)
     handles: list[Any] = []
     try:
-        backend_, router, handles, info = _start_engines(cfg, spec)
+        backend_, router, handles, info = _start_engines(cfg, spec, actor_cls)
         limits = ChatLimits(
             model_id=info.model_id, max_context=info.max_context, default_max_tokens=cfg.default_max_tokens
         )
