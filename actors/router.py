@@ -62,7 +62,7 @@ class ReplicaRouter:
         self.counters = RouterCounters()
         self._where: dict[str, ReplicaView] = {}  # request id -> replica, while it runs
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ninfer-route")
-        self._poller: asyncio.Task[None] | None = None
+        self._pollers: list[asyncio.Task[None]] = []
 
     # ---- the engine backend -------------------------------------------------------------------------------
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
@@ -72,12 +72,10 @@ class ReplicaRouter:
         r = rank(self.views, blocks, self.cfg)
         refusal: Failed | None = None
         for view in r.order:
-            events = view.client.generate(req)
-            first = await anext(events, None)
+            first, events = await self._submit(view, req)
             if isinstance(first, Accepted):
                 self._accepted(view, r, blocks, refusal)
                 break
-            await events.aclose()
             if not (
                 isinstance(first, Failed) and (first.status == 429 or first.code == "engine_unavailable")
             ):
@@ -92,7 +90,6 @@ class ReplicaRouter:
         else:
             yield self._refused(refusal)
             return
-        view.inflight += 1
         self._where[req.request_id] = view
         finished = False
         try:
@@ -108,6 +105,25 @@ class ReplicaRouter:
             if not finished:  # the caller went away: free the lane there
                 view.client.cancel(req.request_id)
                 await events.aclose()
+
+    async def _submit(
+        self, view: ReplicaView, req: GenerateRequest
+    ) -> tuple[Any, AsyncIterator[StreamEvent]]:
+        """Send ``req`` to ``view`` and wait for its first event. The request counts in the replica's load from
+        now on (so a burst of requests ranked before any is accepted spreads), and stops counting unless it was
+        accepted."""
+        view.inflight += 1
+        events = view.client.generate(req)
+        first = None
+        try:
+            first = await anext(events, None)
+        finally:
+            if not isinstance(first, Accepted):
+                view.inflight -= 1
+                if first is None:  # cancelled (the client left) or cut off: the replica may have taken it
+                    view.client.cancel(req.request_id)
+                await events.aclose()
+        return first, events
 
     def _refused(self, refusal: Failed | None) -> Failed:
         if refusal is not None and refusal.status == 429:
@@ -166,12 +182,16 @@ class ReplicaRouter:
 
     # ---- polling -------------------------------------------------------------------------------------------
     def _ensure_poller(self) -> None:
-        if self._poller is None or self._poller.done():
-            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+        if not self._pollers or any(t.done() for t in self._pollers):
+            for t in self._pollers:
+                t.cancel()
+            loop = asyncio.get_running_loop()
+            self._pollers = [loop.create_task(self._poll_forever(v)) for v in self.views]
 
-    async def _poll_forever(self) -> None:
+    async def _poll_forever(self, view: ReplicaView) -> None:
+        """One loop per replica: a silent one (probe timeout) delays no other replica's poll."""
         while True:
-            await asyncio.gather(*(self._poll(v) for v in self.views))
+            await self._poll(view)
             await asyncio.sleep(self.cfg.poll_interval_s)
 
     async def _poll(self, view: ReplicaView) -> None:
@@ -191,6 +211,6 @@ class ReplicaRouter:
             _LOG.error("replica %s left the rotation: %s", view.name, why)
 
     async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
+        for t in self._pollers:
+            t.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)

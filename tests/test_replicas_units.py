@@ -134,6 +134,7 @@ class FakeReplica:
         if self.full:
             yield Failed(code="queue_full", message="full", status=429, retry_after=1.0)
             return
+        await asyncio.sleep(0.01)  # the engine takes a moment to accept
         yield Accepted(0, 3, 8, False)
         yield TokenDelta(0, [1, 2], self.name)
         if self.die_mid:
@@ -163,7 +164,8 @@ def _run(router: ReplicaRouter, rid: str = "r1") -> list[Any]:
     async def go() -> list[Any]:
         req = GenerateRequest(request_id=rid, prompt_ids=(1, 2, 3))
         out = [ev async for ev in router.generate(req)]
-        router._poller.cancel()  # the next asyncio.run starts another
+        for t in router._pollers:  # the next asyncio.run starts others
+            t.cancel()
         return out
 
     return asyncio.run(go())
@@ -212,3 +214,18 @@ def test_a_consumer_that_stops_early_cancels_on_its_replica() -> None:
 
     asyncio.run(go())
     assert reps[0].cancelled == ["r9"] and router.views[0].inflight == 0
+
+
+def test_a_burst_ranked_before_any_acceptance_spreads() -> None:
+    reps = [FakeReplica("a"), FakeReplica("b"), FakeReplica("c")]
+    router = _router(reps)
+
+    async def go() -> None:
+        async def collect(i: int) -> list[Any]:
+            return [ev async for ev in router.generate(GenerateRequest(request_id=f"r{i}", prompt_ids=(1,)))]
+
+        await asyncio.gather(*(collect(i) for i in range(6)))
+        await router.close()
+
+    asyncio.run(go())
+    assert [len(r.calls) for r in reps] == [2, 2, 2]
