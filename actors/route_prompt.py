@@ -44,12 +44,16 @@ class PromptBlocks:
             template = ChatTemplate(src.decode("utf-8"), tok)
         return cls(template, block_tokens, max_chars=16 * max_context)
 
+    def size(self, req: GenerateRequest) -> int:
+        """The prompt's size in tokens or message characters: what rendering and hashing it costs."""
+        if req.prompt_ids is not None:
+            return len(req.prompt_ids)
+        return sum(len(str(m.get("content", ""))) for m in req.messages or ()) + len(str(req.tools or ""))
+
     def __call__(self, req: GenerateRequest) -> list[int]:
         if req.prompt_ids is not None:
             return chain_hashes(req.prompt_ids, self.block)
-        if self.template is None:
-            return []
-        if sum(len(str(m.get("content", ""))) for m in req.messages or ()) > self.max_chars:
+        if self.template is None or self.size(req) > self.max_chars:
             return []
         try:
             ids = self.template.render_ids(

@@ -14,19 +14,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ninfer.engine.core import Accepted, Finish
 
 from .messages import ActorStats, Failed, GenerateRequest, Health, StreamEvent
 from .routing import ReplicaView, RouterConfig, merge_stats, rank
 
-__all__ = ["ReplicaRouter", "RouterCounters"]
+__all__ = ["ReplicaRouter", "RouterCounters", "PromptKey"]
 
 _LOG = logging.getLogger("ninfer.api")
+INLINE_PROMPT = 2048  # prompts up to this many characters (or token ids) are keyed on the event loop itself
+
+
+class PromptKey(Protocol):
+    """A request's prompt block hashes (actors/route_prompt.py's ``PromptBlocks``) and what computing them costs."""
+
+    def __call__(self, req: GenerateRequest) -> list[int]: ...
+    def size(self, req: GenerateRequest) -> int: ...
 
 
 @dataclass(slots=True)
@@ -50,7 +58,7 @@ class ReplicaRouter:
         clients: list[Any],
         lanes_queue: list[tuple[int, int]],
         cfg: RouterConfig,
-        blocks: Callable[[GenerateRequest], list[int]],
+        blocks: PromptKey,
         names: list[str] | None = None,
     ) -> None:
         names = names or [str(i) for i in range(len(clients))]
@@ -67,8 +75,12 @@ class ReplicaRouter:
     # ---- the engine backend -------------------------------------------------------------------------------
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         self._ensure_poller()
-        loop = asyncio.get_running_loop()
-        blocks = await loop.run_in_executor(self._pool, self._blocks, req)  # render + tokenize: off the loop
+        if (
+            self._blocks.size(req) <= INLINE_PROMPT
+        ):  # well under a millisecond: cheaper here than a hop to a thread and back
+            blocks = self._blocks(req)
+        else:  # render + tokenize a long prompt off the event loop
+            blocks = await asyncio.get_running_loop().run_in_executor(self._pool, self._blocks, req)
         r = rank(self.views, blocks, self.cfg)
         refusal: Failed | None = None
         for view in r.order:

@@ -156,8 +156,16 @@ class FakeReplica:
         return Health(ok=True)
 
 
+class NoKey:
+    def __call__(self, req: GenerateRequest) -> list[int]:
+        return []
+
+    def size(self, req: GenerateRequest) -> int:
+        return 0
+
+
 def _router(reps: list[FakeReplica]) -> ReplicaRouter:
-    return ReplicaRouter(reps, [(2, 2)] * len(reps), RouterConfig(block_tokens=B), lambda req: [])
+    return ReplicaRouter(reps, [(2, 2)] * len(reps), RouterConfig(block_tokens=B), NoKey())
 
 
 def _run(router: ReplicaRouter, rid: str = "r1") -> list[Any]:
