@@ -3,7 +3,7 @@ a full replica's requests going elsewhere, 429 only when all are full, and a rep
 
 One Ray instance (this process's) and one server serve every test; the test process also joins as a Python job
 (pinned clients fill a replica's lane and queue; the kill goes through Ray). Each replica has 1 lane and a queue
-of 1, so two pinned requests make it full.
+of 1, so two pinned requests make it full (long ones: 16000 tokens, so that they outlast the test).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
         server = Server(
             "rep",
             ["--replicas", "3", "--max-concurrency", "1", "--queue-depth", "1", "--route-poll-ms", "100",
-             "--preserve-thinking", "--max-context", "4096", "--kv-capacity", "16384"],
+             "--preserve-thinking", "--max-context", "16384", "--kv-capacity", "65536"],
             address,
             artifact,
             tmp,
@@ -126,7 +126,8 @@ class Hold:
         from ninfer.actors import GenerationError
 
         try:
-            for _ in self.client.stream([1, 2, 3, 4], max_tokens=3500, ignore_eos=True):
+            # as long as the context allows: the holds must outlast the test on a fast machine too
+            for _ in self.client.stream([1, 2, 3, 4], max_tokens=16000, ignore_eos=True):
                 self.started.set()
                 if self.done.is_set():
                     break  # closing the stream cancels the request
@@ -141,13 +142,14 @@ class Hold:
 
 
 def _fill(url: str, actor: str, replica: int) -> list[Hold]:
-    holds = [Hold(actor, replica), Hold(actor, replica)]  # its lane and its queue
-    assert holds[0].started.wait(30)
+    holds = [Hold(actor, replica)]  # its lane, then its queue
+    assert holds[0].started.wait(30) and holds[0].error is None, holds[0].error
+    holds.append(Hold(actor, replica))
     queue = f'ninfer_replica_queue_length{{replica="{replica}"}}'
     deadline = time.monotonic() + 30
     while metric(url, queue) < 1 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert metric(url, queue) == 1, f"replica {replica}'s queue did not fill"
+    assert metric(url, queue) == 1, f"replica {replica}'s queue did not fill: {[h.error for h in holds]}"
     time.sleep(0.3)  # a router poll (every 100 ms) sees it full
     return holds
 
@@ -202,8 +204,9 @@ def test_killing_a_replica_mid_stream_fails_its_stream_and_it_comes_back(stack: 
     ray.kill(ray.get_actor(f"{actor}-{victim}", namespace="ninfer"), no_restart=False)
     t.join(30)
     assert not t.is_alive(), "the stream hung after its replica died"
-    err = json.loads(lines[-1].removeprefix("data: "))
-    assert err["error"]["code"] == "engine_unavailable", lines[-3:]
+    errors = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: {") and '"error"' in ln]
+    assert errors and errors[-1]["error"]["code"] == "engine_unavailable", lines[-3:]
+    assert not any('"finish_reason":"' in ln for ln in lines), "the stream finished instead of failing"
     # new requests go to the survivors while the victim is away (each one checked against its restart count)
     for i in range(4):
         r, rep = chat(url, [{"role": "user", "content": f"after the kill {i}"}])
