@@ -14,6 +14,7 @@ from .messages import (
     StreamEvent,
     TokenDelta,
 )
+from .replicas import RoutedEngineClient, connect_replicas
 
 __all__ = [
     "DEFAULT_ACTOR_NAME",
@@ -33,4 +34,6 @@ __all__ = [
     "StreamEvent",
     "TokenDelta",
     "connect",
+    "connect_replicas",
+    "RoutedEngineClient",
 ]

@@ -20,12 +20,14 @@ from ninfer import model as models
 from ninfer.artifact import open_artifact
 from ninfer.engine.core import QueueFull, RequestError, SamplingParams
 from ninfer.engine.handle import Handle
+from ninfer.engine.prefix_digest import chain_hashes
 from ninfer.frontend import ChatTemplate, TemplateError
 from ninfer.frontend.chat_template import RESERVED_VARIABLES
 from ninfer.frontend.grammar import GrammarCompiler, RequestGrammar, SchemaError
 from ninfer.frontend.prompt import input_chars, min_tokens
 
 from .messages import ActorInfo, ActorSpec, GenerateRequest
+from .routing import RouteState
 
 __all__ = [
     "Loaded",
@@ -42,6 +44,9 @@ __all__ = [
     "engine_alive",
     "engine_info",
     "close",
+    "chain_hashes",
+    "count_prompt_ids",
+    "route_state",
 ]
 
 # the generation_config keys that are sampling defaults (SamplingParams fields of the same name)
@@ -128,6 +133,11 @@ def count_prompt(ld: Loaded, req: GenerateRequest) -> int:
     """Prompt tokens of ``req`` as rendered (nothing runs on the model). No context check, except that a request
     whose text alone is far over the context is refused before it is tokenized (as in ``prompt_ids``)."""
     return len(_render_ids(ld, req))
+
+
+def count_prompt_ids(ld: Loaded, req: GenerateRequest) -> list[int]:
+    """The prompt ``count_prompt`` counts (no context check beyond the size in characters)."""
+    return _render_ids(ld, req)
 
 
 def prompt_ids(ld: Loaded, req: GenerateRequest) -> list[int]:
@@ -289,6 +299,21 @@ def engine_info(ld: Loaded) -> ActorInfo:
         prefix_reuse=cfg.prefix_reuse,
         engine_config=dataclasses.asdict(cfg),
         memory_plan=ld.engine.memory_plan(),
+    )
+
+
+def route_state(ld: Loaded, epoch: str, block_tokens: int, since: int) -> RouteState:
+    """The engine's load and retained-prefix block hashes (None when still those of version ``since``)."""
+    version, hashes = ld.engine.retained_blocks(block_tokens)
+    st = ld.engine.stats()
+    return RouteState(
+        epoch=epoch,
+        version=version,
+        hashes=None if version == since else hashes,
+        lanes_total=st.lanes_total,
+        lanes_busy=st.lanes_busy,
+        queue_len=st.queue_length,
+        queue_depth=st.queue_depth,
     )
 
 

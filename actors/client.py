@@ -34,6 +34,7 @@ from .messages import (
     decode_events,
     engine_failure,
 )
+from .routing import RouteState
 
 __all__ = ["connect", "EngineClient", "AsyncEngineClient", "GenerationError", "Result", "DEFAULT_ACTOR_NAME"]
 
@@ -256,6 +257,9 @@ class AsyncEngineClient:
 
     async def info(self) -> ActorInfo:
         return await self.handle.info.remote()
+
+    async def route_state(self, block_tokens: int, since: int) -> RouteState:
+        return await self.handle.route_state.remote(block_tokens, since)
 
 
 def connect(

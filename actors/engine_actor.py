@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -29,6 +30,7 @@ from ninfer.engine.core import Finish
 
 from . import _engine_adapter as adapter
 from .messages import ActorInfo, ActorSpec, ActorStats, Failed, GenerateRequest, Health
+from .routing import RouteState
 from .streaming import Subscription, Wake
 
 __all__ = ["EngineActor", "actor_options", "start_actor", "CTL_GROUP", "GEN_GROUP"]
@@ -40,10 +42,13 @@ GEN_GROUP = "gen"
 
 
 class EngineActor:
+    _open_engine = staticmethod(adapter.open_engine)  # a subclass may load the model otherwise (perf/)
+
     def __init__(self, spec: ActorSpec) -> None:
         self._spec = spec
         self._t0 = time.monotonic()
-        self._engine = adapter.open_engine(spec)
+        self._epoch = uuid.uuid4().hex  # a restarted actor is a new epoch: the router forgets its prefixes
+        self._engine = self._open_engine(spec)
         self._lock = threading.Lock()  # guards _handles and _failures (gen and ctl threads)
         self._handles: dict[str, Any] = {}
         self._failures = 0
@@ -208,6 +213,22 @@ class EngineActor:
         )
 
     @ray.method(concurrency_group=CTL_GROUP)
+    async def route_state(self, block_tokens: int, since: int) -> RouteState:
+        """What a router needs (actors/routing.py): load, and the retained prefixes' block hashes unless they
+        are still those of version ``since``."""
+        return adapter.route_state(self._engine, self._epoch, block_tokens, since)
+
+    @ray.method(concurrency_group=CTL_GROUP)
+    async def prompt_blocks(self, req: GenerateRequest, block_tokens: int) -> list[int] | Failed:
+        """The block hashes of ``req``'s rendered prompt (a Python job routes with them: it has no tokenizer)."""
+        loop = asyncio.get_running_loop()
+        try:
+            ids = await loop.run_in_executor(self._prompts, adapter.count_prompt_ids, self._engine, req)
+        except adapter.PromptError as e:
+            return Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param)
+        return adapter.chain_hashes(ids, block_tokens)
+
+    @ray.method(concurrency_group=CTL_GROUP)
     async def health(self) -> Health:
         ok, detail = adapter.engine_alive(self._engine)
         return Health(ok=ok, detail=detail)
@@ -247,13 +268,24 @@ def actor_options(spec: ActorSpec, *, name: str, namespace: str, detached: bool)
     return opts
 
 
-def start_actor(spec: ActorSpec, *, name: str, namespace: str, detached: bool = False) -> Any:
-    """Create the named actor (Ray must be initialised) and return its handle once the engine is loaded."""
+def start_actor(
+    spec: ActorSpec,
+    *,
+    name: str,
+    namespace: str,
+    detached: bool = False,
+    wait: bool = True,
+    actor_cls: type = EngineActor,
+) -> Any:
+    """Create the named actor (Ray must be initialised) and return its handle, once the engine is loaded unless
+    ``wait`` is false. ``actor_cls``: an ``EngineActor`` subclass (perf/ loads synthetic weights with one)."""
     opts = actor_options(spec, name=name, namespace=namespace, detached=detached)
     cls = ray.remote(concurrency_groups=opts.pop("concurrency_groups"))(
-        EngineActor
+        actor_cls
     )  # not settable in .options()
     handle = cls.options(**opts).remote(spec)
+    if not wait:
+        return handle
     try:
         ray.get(
             handle.health.remote()

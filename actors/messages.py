@@ -152,6 +152,7 @@ class ActorInfo(msgspec.Struct, frozen=True, kw_only=True):
 class Health(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool
     detail: str = ""
+    replicas: dict[str, str] = {}  # behind a router: each replica's status ("ok", "unavailable") by name
 
 
 class ActorSpec(msgspec.Struct, frozen=True, kw_only=True):

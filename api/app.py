@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
+from msgspec import UNSET
 from ninfer.actors.messages import Failed
 
 from . import anthropic as am
@@ -34,6 +35,7 @@ from .openai_chat_models import HealthStatus, ModelList, ModelObject
 from .openai_chat_output import ChatStream, completion_body, new_completion_id
 from .openapi import ROUTE_DOCS, openapi_config
 from .protocol_shared import Output, new_id, parse_output, reports_calls
+from .replica_metrics import replica_metrics
 from .routes_common import admit, collect, event_stream, failure, output_mode, request_record
 from .service import Service, client_claim, client_name, endpoint_name, json_response, service
 from .validation import check_depth, nesting_guard
@@ -50,9 +52,10 @@ async def health(request: Request[Any, Any, Any]) -> Response[bytes]:
         h = await svc.backend.health()
     except Exception as e:  # the actor is gone or not answering: not ready
         return json_response(HealthStatus(status="unavailable", detail=type(e).__name__), 503)
+    replicas = h.replicas or UNSET  # behind the router: every replica's status
     if not h.ok:
-        return json_response(HealthStatus(status="unavailable", detail=h.detail), 503)
-    return json_response(HealthStatus(status="ok"))
+        return json_response(HealthStatus(status="unavailable", detail=h.detail, replicas=replicas), 503)
+    return json_response(HealthStatus(status="ok", detail=h.detail or UNSET, replicas=replicas))
 
 
 def _model(svc: Service) -> ModelObject:
@@ -84,6 +87,8 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[str]:
     except Exception:  # scrape must not fail because the actor is busy restarting
         actor = engine = None
     text = svc.metrics.render(actor, engine)
+    if svc.replicas is not None:  # per-replica series and the router's counters
+        text += replica_metrics(svc.replicas)
     # Litestar appends "; charset=utf-8" to text/* types: the header is Prometheus 0.0.4's exact content type
     return Response(text, media_type="text/plain; version=0.0.4")
 

@@ -94,6 +94,19 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--actor-name", default="ninfer-engine")
     p.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="run N engine actors (one GPU each on CUDA) behind a prefix-affinity router; "
+        "actors are named ACTOR-NAME-0.. (default: one actor, no router)",
+    )
+    p.add_argument(
+        "--route-poll-ms",
+        type=float,
+        default=500.0,
+        help="with --replicas: how often the router reads each replica's load and retained prefixes",
+    )
+    p.add_argument(
         "--allow-unregistered-shape",
         action="store_true",
         help="serve an artifact whose shape is not a registered one (tiny test models)",
@@ -172,6 +185,8 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         max_connections=a.max_connections,
         shutdown_grace_s=a.shutdown_grace_s,
         memory_reserve_gib=a.memory_reserve_gib,
+        replicas=a.replicas,
+        route_poll_ms=a.route_poll_ms,
     )
 
 

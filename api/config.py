@@ -73,6 +73,8 @@ class ServerConfig:
     max_connections: int = 256  # open connections; one more is answered 503 and closed
     shutdown_grace_s: float = 30.0  # on SIGTERM: time running requests get to finish before they are ended
     memory_reserve_gib: float = 0.0  # GPU memory the CUDA memory plan leaves free for other programs
+    replicas: int | None = None  # None: one actor, no router; N: N replica actors behind the router
+    route_poll_ms: float = 500.0  # how often the router reads each replica's load and retained prefixes
 
     def __post_init__(self) -> None:
         def positive(flag: str, v: int | None) -> None:
@@ -109,6 +111,10 @@ class ServerConfig:
             raise ServerConfigError(
                 f"--memory-reserve-gib: must be in 0..1024 GiB, got {self.memory_reserve_gib}"
             )
+        if self.replicas is not None and (not isinstance(self.replicas, int) or not 1 <= self.replicas <= 64):
+            raise ServerConfigError(f"--replicas: must be in 1..64, got {self.replicas!r}")
+        if not 10 <= self.route_poll_ms <= 60000:
+            raise ServerConfigError(f"--route-poll-ms: must be in 10..60000, got {self.route_poll_ms}")
         if self.model_id is not None and not self.model_id.strip():
             raise ServerConfigError("--model-id: must be non-empty")
         if not self.actor_name:

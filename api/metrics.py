@@ -11,7 +11,7 @@ import bisect
 import math
 from collections.abc import Iterable, Mapping
 
-__all__ = ["Histogram", "Metrics", "LATENCY_BUCKETS", "TTFT_BUCKETS"]
+__all__ = ["Histogram", "Metrics", "LATENCY_BUCKETS", "TTFT_BUCKETS", "format_value", "format_labels"]
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -28,6 +28,10 @@ def _labels(labels: Mapping[str, str]) -> str:
         return ""
     esc = (str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for v in labels.values())
     return "{" + ",".join(f'{k}="{v}"' for k, v in zip(labels, esc, strict=True)) + "}"
+
+
+format_value = _fmt  # for other series written in this format (api/replicas.py)
+format_labels = _labels
 
 
 class Histogram:

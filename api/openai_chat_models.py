@@ -204,3 +204,4 @@ class HealthStatus(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     status: str
     detail: str | UnsetType = UNSET
+    replicas: dict[str, str] | UnsetType = UNSET  # with --replicas: each replica's status by name

@@ -11,8 +11,9 @@ from typing import Any
 import ray
 import uvicorn
 from ninfer.actors.client import AsyncEngineClient, EngineClient, GenerationError
-from ninfer.actors.engine_actor import start_actor
+from ninfer.actors.engine_actor import EngineActor, start_actor
 from ninfer.actors.messages import ActorInfo, ActorSpec
+from ninfer.actors.router import ReplicaRouter
 
 from ninfer.architectures import CUDA_ARCHITECTURES
 from ninfer.artifact import open_artifact
@@ -23,6 +24,7 @@ from .config import ServerConfig
 from .gate import Drain, DrainingServer
 from .http_guard import guarded_protocol
 from .openai_chat import ChatLimits
+from .replicas import start_router
 from .reqlog import RequestLog, RequestLogError
 from .service import Service
 
@@ -97,7 +99,7 @@ def _start_ray(cfg: ServerConfig) -> None:
         ray.init(namespace=cfg.ray_namespace, include_dashboard=False, log_to_driver=True)
 
 
-def _start_actor(cfg: ServerConfig, spec: ActorSpec) -> Any:
+def _start_actor(cfg: ServerConfig, spec: ActorSpec, actor_cls: type) -> Any:
     if cfg.detached:
         try:
             handle = ray.get_actor(cfg.actor_name, namespace=cfg.ray_namespace)
@@ -107,9 +109,25 @@ def _start_actor(cfg: ServerConfig, spec: ActorSpec) -> Any:
             pass
     _log(f"loading {cfg.artifact} on the {spec.backend} backend (actor {cfg.actor_name!r})")
     t0 = time.perf_counter()
-    handle = start_actor(spec, name=cfg.actor_name, namespace=cfg.ray_namespace, detached=cfg.detached)
+    handle = start_actor(
+        spec, name=cfg.actor_name, namespace=cfg.ray_namespace, detached=cfg.detached, actor_cls=actor_cls
+    )
     _log(f"model loaded in {time.perf_counter() - t0:.1f} s")
     return handle
+
+
+def _start_engines(
+    cfg: ServerConfig, spec: ActorSpec, actor_cls: type
+) -> tuple[Any, ReplicaRouter | None, list[Any], ActorInfo]:
+    """The API's engine backend: the one actor, or with ``--replicas`` the router over the replicas
+    (api/replicas.py); then the router (or None), the actor handles and the (first) actor's info."""
+    if cfg.replicas is not None:
+        router, handles, info = start_router(cfg, spec, _warm_up, actor_cls)
+        return router, router, handles, info
+    handle = _start_actor(cfg, spec, actor_cls)
+    info: ActorInfo = ray.get(handle.info.remote())
+    _warm_up(handle)
+    return AsyncEngineClient(handle), None, [handle], info
 
 
 def _warm_up(handle: Any) -> None:
@@ -136,6 +154,7 @@ def _server_start_record(
             "request_log_jsonl": cfg.request_log_jsonl,
             "default_output_tokens": cfg.default_max_tokens,
             "actor_name": cfg.actor_name,
+            "replicas": cfg.replicas,
             "detached": cfg.detached,
         },
         "artifact": {"path": os.path.abspath(cfg.artifact), "size_bytes": size},
@@ -179,7 +198,9 @@ def _setup_logging() -> None:
         log.propagate = False
 
 
-def serve(cfg: ServerConfig, argv: list[str]) -> int:
+def serve(cfg: ServerConfig, argv: list[str], actor_cls: type = EngineActor) -> int:
+    """Serve until SIGINT/SIGTERM. ``actor_cls``: the engine actors' class (perf/bench_replicas.py
+    passes a subclass that loads synthetic weights)."""
     _setup_logging()
     try:
         keyring = load_key_file(cfg.api_key_file) if cfg.api_key_file else None
@@ -196,21 +217,20 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
     _log(f"backend: {backend} ({why})")
     spec = actor_spec(cfg, backend)
     _start_ray(cfg)
-    handle = None
+    handles: list[Any] = []
     try:
-        handle = _start_actor(cfg, spec)
-        info: ActorInfo = ray.get(handle.info.remote())
-        _warm_up(handle)
+        backend_, router, handles, info = _start_engines(cfg, spec, actor_cls)
         limits = ChatLimits(
             model_id=info.model_id, max_context=info.max_context, default_max_tokens=cfg.default_max_tokens
         )
         svc = Service(
             config=cfg,
-            backend=AsyncEngineClient(handle),
+            backend=backend_,
             limits=limits,
             reqlog=reqlog,
             template_defaults=spec.template_defaults,  # --preserve-thinking: every request starts from these
             drain=Drain(cfg.shutdown_grace_s),
+            replicas=router,
         )
         if reqlog is not None:
             reqlog.write("server_start", **_server_start_record(cfg, info, keyring, argv))
@@ -229,6 +249,7 @@ def serve(cfg: ServerConfig, argv: list[str]) -> int:
         _log("shutting down")
         if reqlog is not None:
             reqlog.close()
-        if handle is not None and not cfg.detached:
-            ray.kill(handle, no_restart=True)
+        if not cfg.detached:
+            for h in handles:
+                ray.kill(h, no_restart=True)
         ray.shutdown()

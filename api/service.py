@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 from litestar import Request, Response
@@ -18,6 +18,9 @@ from .gate import KEY_NAME_SCOPE, Drain
 from .metrics import Metrics
 from .openai_chat import ChatLimits
 from .reqlog import RequestLog
+
+if TYPE_CHECKING:
+    from ninfer.actors.router import ReplicaRouter
 
 __all__ = [
     "EngineBackend",
@@ -61,6 +64,7 @@ class Service:
     template_defaults: dict[str, Any] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
     drain: Drain = field(default_factory=lambda: Drain(30.0))
+    replicas: ReplicaRouter | None = None  # --replicas: the router (also the backend), for its metrics
     _next_id: int = 0
 
     def next_request_id(self) -> int:

@@ -5,6 +5,7 @@
 #           NumPy reference, the CUDA model vs reference/transformers, the engine on CUDA)
 #   bench   the kernel micro-benchmarks and the per-kernel profile (perf/bench_*.py, perf/profile_step.py)
 #   perf    `ninfer-perf --quick` (27B and 35B-A3B at nvfp4, transformers column)
+#   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
 # Installs only what the image lacks (pytest and msgspec wheels from .whl-cuda/, the API stack from .whl/, both
 # carried by the caller).
@@ -60,6 +61,12 @@ run_profile() {  # per-kernel profile of one graph-replayed decode step (Nsight 
 run_perf() {
   timeout ${PERF_TIMEOUT:-540} python3 -m perf.cli --quick --out "$OUT/results" --commit "${COMMIT:-unknown}" \
     ${PERF_ARGS:-} 2>&1 | tee "$OUT/perf.txt"
+}
+run_replicas() {  # issue 20 (two GPUs: nvidia-h200-x2): 16 agent sessions x 5 turns, 2 replicas vs 1, synthetic 27B
+  timeout ${REPLICAS_TIMEOUT:-560} python3 -m perf.bench_replicas sessions --synthetic qwen3.6-27b --profile nvfp4 \
+    --backend cuda --replicas 2 --sessions 16 --turns 5 --max-tokens ${REPLICAS_MAX_TOKENS:-256} \
+    --serve-flag=--max-context=16384 --serve-flag=--kv-capacity=262144 --out "$OUT/results" \
+    ${REPLICAS_ARGS:-} 2>&1 | tee "$OUT/replicas.txt" | tail -20
 }
 for phase in "${@:-tests}"; do
   "run_$phase"

@@ -32,6 +32,7 @@ from .handle import Handle
 from .kv_pool import PagePool
 from .output import Outputs
 from .prefix_cache import PrefixCache
+from .prefix_digest import PrefixDigest
 from .sampler import MaskWorker
 from .scheduler import Scheduler
 from .speculative import Speculator
@@ -74,6 +75,7 @@ class Engine:
                 self._pool, cfg.page_size, self._runner.snapshot_bytes, budget, cfg.reserved_sequences
             )
         self._cache = cache
+        self._digests: dict[int, PrefixDigest] = {}  # by block size: what a replica reports to its router
         self._sched = Scheduler(cfg, self._pool, cache)
         self._cv = threading.Condition(threading.RLock())
         self._step_lock = threading.Lock()
@@ -329,6 +331,18 @@ class Engine:
                 spec_drafted=self._spec.drafted if self._spec else 0,
                 spec_accepted=self._spec.accepted if self._spec else 0,
             )
+
+    def retained_blocks(self, block_tokens: int) -> tuple[int, tuple[int, ...]]:
+        """(version, hashes): for every resume point (checkpoint) of the retained prefixes, the chain hash of the
+        last full block before it (prefix_digest.py); the version changes with the set. Empty without prefix
+        reuse."""
+        with self._cv:
+            if self._cache is None:
+                return 0, ()
+            digest = self._digests.get(block_tokens)
+            if digest is None:
+                digest = self._digests[block_tokens] = PrefixDigest(block_tokens)
+            return digest.update(self._cache.root)
 
     def close(self) -> None:
         """Cancel what is left, stop the step loop and wait for it."""
