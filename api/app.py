@@ -212,18 +212,6 @@ async def responses(request: Request[Any, Any, Any]) -> Any:
     return json_response(ro.response_body(rid, created, req, ro.output_items(out), fin, called))
 
 
-def _anthropic(
-    request: Request[Any, Any, Any], svc: Service, body: bytes, rid: str, count: bool = False
-) -> tuple[Any, Any]:
-    with nesting_guard(am.AnthropicError):
-        req = am.parse_messages_request(body, svc.limits.max_context, require_max_tokens=not count)
-        check_depth(req, am.AnthropicError)
-        greq = am.to_generate_request(
-            req, rid, client_name(request), svc.template_defaults, svc.config.default_max_tokens
-        )
-    return req, greq
-
-
 def _api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
     if exc.status >= 500:
         service(request).server_error(endpoint_name(request.url.path), exc)
