@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EngineConfig", "EngineConfigError", "KV_DTYPES", "GDN_STATE_DTYPES"]
+__all__ = [
+    "EngineConfig",
+    "EngineConfigError",
+    "auto_host_cache_bytes",
+    "KV_DTYPES",
+    "GDN_STATE_DTYPES",
+    "HOST_CACHE_CAP_GIB",
+]
 
 KV_DTYPES = ("bf16", "fp8")
 GDN_STATE_DTYPES = ("fp32", "bf16")
+HOST_CACHE_CAP_GIB = 64.0  # the automatic host tier takes half the available host memory, at most this
+GIB = 1 << 30
 
 
 class EngineConfigError(ValueError):
@@ -42,6 +51,11 @@ class EngineConfig:
     """Most recently active sequences whose latest end-of-prompt/end-of-generation checkpoints are reserved."""
     seed: int | None = None
     """Seed for sampled requests that bring none; None draws a fresh random seed per request."""
+    host_cache_gib: float | None = None
+    """Host tier for retained prefixes (docs/tiering.md), GiB; 0: none; None: the backend's default (CUDA:
+    half the available host memory, at most ``HOST_CACHE_CAP_GIB``; the reference backend: none)."""
+    tier_checksum: bool = False
+    """Check every restore from the host tier bitwise against what was spilled (debug and tests; slower)."""
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -79,6 +93,9 @@ class EngineConfig:
             raise EngineConfigError(
                 f"checkpoint_budget_bytes: must be a non-negative integer or None, got {b!r}"
             )
+        h = self.host_cache_gib
+        if h is not None and (isinstance(h, bool) or not isinstance(h, int | float) or not 0 <= h <= 1 << 20):
+            raise EngineConfigError(f"host_cache_gib: must be a number of GiB >= 0 or None (auto), got {h!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
             raise EngineConfigError(f"seed: must be an integer in 0..2^64-1 or None, got {self.seed!r}")
 
@@ -97,3 +114,22 @@ class EngineConfig:
         if self.checkpoint_budget_bytes is not None:
             return self.checkpoint_budget_bytes
         return (16 + 2 * self.max_concurrency) * snapshot_bytes
+
+    def host_tier(self, page_bytes: int, snapshot_bytes: int, auto_bytes: int) -> int:
+        """Pages of ``page_bytes`` in the host tier (KV pages and GDN checkpoints share them): ``host_cache_gib``,
+        or ``auto_bytes`` when it is None; 0 without prefix reuse or when it cannot hold one checkpoint and one
+        page."""
+        total = auto_bytes if self.host_cache_gib is None else int(self.host_cache_gib * GIB)
+        n = total // page_bytes if self.prefix_reuse and total > 0 else 0
+        return n if n > -(-snapshot_bytes // page_bytes) else 0
+
+
+def auto_host_cache_bytes() -> int:
+    """The automatic host tier: half the host memory available now, at most ``HOST_CACHE_CAP_GIB``."""
+    import os
+
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
+    return int(min(avail // 2, HOST_CACHE_CAP_GIB * GIB))

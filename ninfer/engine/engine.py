@@ -35,6 +35,7 @@ from .prefix_cache import PrefixCache
 from .sampler import MaskWorker
 from .scheduler import Scheduler
 from .stop import TextStream
+from .tiering import TieredCache
 
 if TYPE_CHECKING:
     from ninfer.model import Model
@@ -69,9 +70,10 @@ class Engine:
                     f"checkpoint_budget_bytes: {budget} bytes hold fewer than 2 GDN checkpoints of "
                     f"{self._runner.snapshot_bytes} bytes; raise it or disable prefix_reuse"
                 )
-            cache = PrefixCache(
-                self._pool, cfg.page_size, self._runner.snapshot_bytes, budget, cfg.reserved_sequences
-            )
+            args = (self._pool, cfg.page_size, self._runner.snapshot_bytes, budget, cfg.reserved_sequences)
+            cache = PrefixCache(*args)
+            if runner.host_pages:  # the host tier (docs/tiering.md)
+                cache = TieredCache(*args, host_pages=runner.host_pages, page_bytes=runner.page_bytes)
         self._cache = cache
         self._sched = Scheduler(cfg, self._pool, cache)
         self._cv = threading.Condition(threading.RLock())
@@ -231,7 +233,7 @@ class Engine:
                 self._out.emit_finished()
                 reqs = [self._sched.lanes[w.lane] for w in batch.work if w.sample]
             if batch.empty:
-                return False
+                return self._wait_restores()
             masks = self._masks.start(reqs)  # grammar masks on the CPU while the model step runs
             try:
                 self._runner.execute(batch)  # the only call that runs the model
@@ -244,6 +246,8 @@ class Engine:
             ready = masks.result()
             with self._cv:
                 self._sched.after_run(batch)  # computed tokens catch up; checkpoints published; retire
+                if isinstance(self._cache, TieredCache):  # host-tier restores now on the device
+                    self._sched.restored(self._runner.copies_done(False))
                 rows, specs = self._out.sample_requests(reqs, ready, self._runner.vocab_size)
                 try:  # sample with the grammar masks: tokens back (the one sampler, core.py)
                     toks = self._runner.sample(rows, specs, self._token_limit) if rows else []
@@ -254,6 +258,15 @@ class Engine:
                 self._out.emit_finished()
                 self._steps += 1
             return True
+
+    def _wait_restores(self) -> bool:
+        """Nothing to run but a restore from the host tier in flight: wait for it (False: nothing in flight)."""
+        if not self._sched.restoring:
+            return False
+        done = self._runner.copies_done(True)
+        with self._cv:
+            self._sched.restored(done)
+        return True
 
     def _loop(self) -> None:
         while True:
@@ -286,6 +299,8 @@ class Engine:
             held = self._cache.held_pages() if self._cache is not None else set()
             active = {p for pages in self._sched.lane_pages for p in pages}
             c = self._cache
+            t = c if isinstance(c, TieredCache) else None
+            s = self._sched
             return EngineStats(
                 lanes_total=self.config.max_concurrency,
                 lanes_busy=len(self._sched.running),
@@ -307,6 +322,16 @@ class Engine:
                 evicted_checkpoints=c.evicted_checkpoints if c else 0,
                 steps=self._steps,
                 requests_finished=self._out.finished,
+                device_hit_tokens=s.prefix_hit_tokens - s.host_hit_tokens,
+                host_hit_tokens=s.host_hit_tokens,
+                host_restores=t.num_restores if t else 0,
+                restore_bytes=t.restore_bytes if t else 0,
+                restore_seconds=s.restore_seconds,
+                spills=t.num_spills if t else 0,
+                spill_bytes=t.spill_bytes if t else 0,
+                host_evictions=t.host_evictions if t else 0,
+                host_pages_total=t.host_pool.num_pages if t else 0,
+                host_pages_free=t.host_pool.free if t else 0,
             )
 
     def close(self) -> None:

@@ -38,6 +38,7 @@ def completion_of(req: Request, text: str, stop_string: str | None) -> Completio
         cached_tokens=req.cached_tokens,
         completion_tokens=req.num_generated,
         reasoning_tokens=reasoning_tokens(req),
+        host_cached_tokens=req.host_cached_tokens,
     )
     admitted, first = req.t_admit or req.t_finish, req.t_first or req.t_finish
     metrics = RequestMetrics(
@@ -50,6 +51,9 @@ def completion_of(req: Request, text: str, stop_string: str | None) -> Completio
         completion_tokens=req.num_generated,
         finish_reason=str(req.finish_reason),
         lane=req.lane,
+        host_cached_tokens=req.host_cached_tokens,
+        restore_bytes=req.restore_bytes,
+        restore_s=req.restore_s,
     )
     return Completion(
         request_id=req.id,
