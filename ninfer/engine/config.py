@@ -15,7 +15,7 @@ __all__ = [
 
 KV_DTYPES = ("bf16", "fp8")
 GDN_STATE_DTYPES = ("fp32", "bf16")
-HOST_CACHE_CAP_GIB = 64.0  # the automatic host tier takes half the available host memory, at most this
+HOST_CACHE_CAP_GIB = 32.0  # the automatic host tier takes half the available host memory, at most this
 GIB = 1 << 30
 
 
