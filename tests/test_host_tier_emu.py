@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from ninfer.cuda.host_tier import STAGE_PAGES, HostTier, page_runs
+from ninfer.cuda.host_tier import HostTier, page_runs, stage_pages
 from ninfer.engine.core import TierCopy
 
 
@@ -114,11 +114,12 @@ def test_page_runs() -> None:
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-def test_spill_then_restore_elsewhere_is_bitwise(fake, fp8: bool) -> None:  # noqa: ANN001
+def test_spill_then_restore_elsewhere_is_bitwise(fake, fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     net, page_bytes = _net(fp8)
+    monkeypatch.setattr("ninfer.cuda.host_tier.STAGE_BYTES", 16 * page_bytes)
     tier = HostTier(net, 90, page_bytes, checksum=True)
     ckpt_pages = -(-sum(int(a[0].nbytes) for a in net.conv + net.rec) // page_bytes)
-    n = STAGE_PAGES + 5  # two staging chunks
+    n = stage_pages(page_bytes) + 5  # two staging chunks
     dev_pages = list(range(n))
     host_pages = [*range(20, 20 + n - 3), 5, 7, 6]  # runs and scattered pages
     host_ckpt = [88 - i for i in range(ckpt_pages)]  # the checkpoint bytes across non-consecutive host pages

@@ -6,8 +6,9 @@ as stored on the device); a GDN checkpoint takes ``ceil(snapshot_bytes / page_by
 bytes of its slot in every conv then every recurrent state array in order.
 
 Copies run on ``self.stream`` (a non-blocking copy stream): KV pages go through a device staging buffer of
-``STAGE_PAGES`` pages (a gather or scatter kernel per layer array, then one ``cudaMemcpyAsync`` per run of
-consecutive host pages), a checkpoint slot straight between its arrays and the host pages. Each spill or restore
+``stage_pages(page_bytes)`` pages, about ``STAGE_BYTES`` (a gather or scatter kernel per layer array and chunk,
+then one ``cudaMemcpyAsync`` per run of consecutive host pages: few launches, so issuing a 32K-token restore
+costs the step thread little), a checkpoint slot straight between its arrays and the host pages. Each spill or restore
 records an event; until it has passed, the compute stream waits on it before it touches any page or checkpoint
 slot the copy reads or writes (``guard``: new lanes' pages, saves into reused slots). Decode of running lanes
 touches neither, so it runs while a restore is in flight; the restoring lane itself is set up only after
@@ -27,11 +28,16 @@ import numpy as np
 
 from ninfer.engine.core import TierCopy
 
-__all__ = ["HostTier", "STAGE_PAGES", "page_runs"]
+__all__ = ["HostTier", "STAGE_BYTES", "stage_pages", "page_runs"]
 
-STAGE_PAGES = 64  # device staging of the page copies (64 MiB for the 27B's 1 MiB pages, bf16 KV)
+STAGE_BYTES = 256 << 20  # device staging of the page copies: 256 pages of the 27B's 1 MiB (bf16 KV)
 D2H, H2D = 2, 1  # cudaMemcpyKind
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def stage_pages(page_bytes: int) -> int:
+    """Pages in the staging buffer: about ``STAGE_BYTES``, 1..1024."""
+    return max(1, min(STAGE_BYTES // page_bytes, 1024))
 
 
 def page_runs(ids: Sequence[int]) -> Iterator[tuple[int, int, int]]:
@@ -70,7 +76,8 @@ class HostTier:
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
         self.page_bytes, self.checksum = page_bytes, checksum
         self.host = cupyx.empty_pinned((host_pages, page_bytes), np.uint8)
-        self.stage = cupy.empty((STAGE_PAGES, page_bytes), np.uint8)
+        self.chunk = stage_pages(page_bytes)
+        self.stage = cupy.empty((self.chunk, page_bytes), np.uint8)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._flights: list[_Flight] = []
         self._digests: dict[tuple[str, int], int] = {}
@@ -83,8 +90,8 @@ class HostTier:
     def spill(self, c: TierCopy, slot: int | None) -> None:
         """Device pages (and checkpoint ``slot``) of ``c`` to its host pages, on the copy stream."""
         with self.stream:
-            for a in range(0, len(c.device_pages), STAGE_PAGES):
-                dp, hp = c.device_pages[a : a + STAGE_PAGES], c.host_pages[a : a + STAGE_PAGES]
+            for a in range(0, len(c.device_pages), self.chunk):
+                dp, hp = c.device_pages[a : a + self.chunk], c.host_pages[a : a + self.chunk]
                 self._gather(dp)
                 if self.checksum:
                     self._record("page", hp, self._row_digests(len(dp)))
@@ -107,9 +114,9 @@ class HostTier:
         with self.stream:
             start = self.stream.record()
             for c, slot in zip(copies, slots, strict=True):
-                for a in range(0, len(c.device_pages), STAGE_PAGES):
-                    self._rows(c.host_pages[a : a + STAGE_PAGES], H2D)
-                    self._scatter(c.device_pages[a : a + STAGE_PAGES])
+                for a in range(0, len(c.device_pages), self.chunk):
+                    self._rows(c.host_pages[a : a + self.chunk], H2D)
+                    self._scatter(c.device_pages[a : a + self.chunk])
                 if c.host_ckpt:
                     assert slot is not None
                     self._slot_copy(slot, c.host_ckpt, H2D)
@@ -209,8 +216,8 @@ class HostTier:
 
     def _verify(self, c: TierCopy, slot: int | None) -> None:
         with self.stream:
-            for a in range(0, len(c.device_pages), STAGE_PAGES):
-                dp, hp = c.device_pages[a : a + STAGE_PAGES], c.host_pages[a : a + STAGE_PAGES]
+            for a in range(0, len(c.device_pages), self.chunk):
+                dp, hp = c.device_pages[a : a + self.chunk], c.host_pages[a : a + self.chunk]
                 self._gather(dp)
                 for p, h, d in zip(dp, hp, self._row_digests(len(dp)), strict=True):
                     if d != self._digests["page", h]:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from ninfer.config import ModelConfig
 from ninfer.cuda.attention import rows_per_launch, split_plan, workspace_bytes
-from ninfer.cuda.host_tier import STAGE_PAGES
+from ninfer.cuda.host_tier import stage_pages
 
 __all__ = ["MemoryPlan", "plan_memory", "MemoryPlanError", "KV_HEAD_BYTES", "kv_head_bytes", "kv_page_bytes"]
 
@@ -152,7 +152,9 @@ def plan_memory(
         workspace=step(prefill_chunk)
         + mc.vocab_size * 4 * 8
         + lanes * mc.vocab_size * SAMPLER_BYTES_PER_ID
-        + (2 * STAGE_PAGES * per_page if host_tier else 0),  # staging, and the gather/scatter temporaries
+        + (
+            2 * stage_pages(per_page) * per_page if host_tier else 0
+        ),  # staging, and the gather/scatter temporaries
         graph_pools=graph,
         free=free,
         reserve=reserve,

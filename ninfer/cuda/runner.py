@@ -99,9 +99,8 @@ class CudaModelRunner:
         import cupy
 
         net = self.net
-        self._copies(batch)  # host tier: started on the copy stream
         rows: dict[int, Any] = {}  # lane -> device logits row [1, V]
-        decode = [w for w in batch.work if not w.prefill]  # first: it touches no memory of a copy in flight
+        decode = [w for w in batch.work if not w.prefill]  # first: it touches no memory of a host-tier copy
         if decode:
             assert all(len(w.token_ids) == 1 for w in decode), "decode work is one token per lane"
             lanes = [(w.lane, self._at(w), self._pages[w.lane]) for w in decode]
@@ -109,6 +108,9 @@ class CudaModelRunner:
             for i, w in enumerate(decode):
                 self._len[w.lane] += 1
                 rows[w.lane] = logits[i : i + 1]
+        self._copies(
+            batch
+        )  # host tier: issued after the decode, run on the copy stream while the step goes on
         for s in batch.setups:
             self._setup(s)
         for w in batch.work:
