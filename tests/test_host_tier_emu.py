@@ -113,10 +113,24 @@ def test_page_runs() -> None:
     assert list(page_runs([])) == []
 
 
+def test_pinned_arena_grows_by_segments(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    net, page_bytes = _net(False)
+    monkeypatch.setattr("ninfer.cuda.host_tier.SEGMENT_BYTES", 8 * page_bytes)
+    tier = HostTier(net, 20, page_bytes)
+    assert tier.host_bytes == 0
+    tier.row(3)
+    assert tier.host_bytes == 8 * page_bytes
+    tier.row(17)
+    assert tier.host_bytes == 20 * page_bytes  # three segments, the last one short
+    with pytest.raises(IndexError):
+        tier.row(20)
+
+
 @pytest.mark.parametrize("fp8", [False, True])
 def test_spill_then_restore_elsewhere_is_bitwise(fake, fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     net, page_bytes = _net(fp8)
     monkeypatch.setattr("ninfer.cuda.host_tier.STAGE_BYTES", 16 * page_bytes)
+    monkeypatch.setattr("ninfer.cuda.host_tier.SEGMENT_BYTES", 30 * page_bytes)  # runs cross segments
     tier = HostTier(net, 90, page_bytes, checksum=True)
     ckpt_pages = -(-sum(int(a[0].nbytes) for a in net.conv + net.rec) // page_bytes)
     n = stage_pages(page_bytes) + 5  # two staging chunks
@@ -139,7 +153,7 @@ def test_spill_then_restore_elsewhere_is_bitwise(fake, fp8: bool, monkeypatch: p
     tier.guard({new_pages[0]}, set())
     assert net.stream.waited == 0  # both copies have completed: nothing to wait for
     # the checksum catches a host page that changed between the spill and the restore
-    tier.host[host_pages[3], 5] ^= 1
+    tier.row(host_pages[3])[5] ^= 1
     with pytest.raises(RuntimeError, match="differs"):
         tier.restore([TierCopy(8, new_pages, host_pages, 12, host_ckpt)], [4], 8)
 

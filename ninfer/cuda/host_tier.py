@@ -1,6 +1,7 @@
 """``HostTier``: the CUDA runner's host tier (docs/tiering.md) in pinned host memory, moved on its own stream.
 
-Layout: one pinned arena ``[host_pages, page_bytes]``. A host page holds one KV page of every attention layer,
+Layout: a pinned arena ``[host_pages, page_bytes]``, allocated in ``SEGMENT_BYTES`` segments as the page ids in
+use reach them (the engine hands out low ids first), so a tier that never fills pins only what it used. A host page holds one KV page of every attention layer,
 page-major (the K pages of every layer, then V, then the fp8 scales, each ``page_size x KV heads x head_dim``
 as stored on the device); a GDN checkpoint takes ``ceil(snapshot_bytes / page_bytes)`` host pages, holding the
 bytes of its slot in every conv then every recurrent state array in order.
@@ -31,6 +32,7 @@ from ninfer.engine.core import TierCopy
 __all__ = ["HostTier", "STAGE_BYTES", "stage_pages", "page_runs"]
 
 STAGE_BYTES = 256 << 20  # device staging of the page copies: 256 pages of the 27B's 1 MiB (bf16 KV)
+SEGMENT_BYTES = 1 << 30  # the pinned arena grows by this much
 D2H, H2D = 2, 1  # cudaMemcpyKind
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -74,8 +76,10 @@ class HostTier:
                 f"host tier: a KV page takes {sum(sizes)} bytes on the device, planned {page_bytes}"
             )
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
-        self.page_bytes, self.checksum = page_bytes, checksum
-        self.host = cupyx.empty_pinned((host_pages, page_bytes), np.uint8)
+        self.page_bytes, self.checksum, self.host_pages = page_bytes, checksum, host_pages
+        self.seg_pages = max(1, SEGMENT_BYTES // page_bytes)
+        self._segments: list[np.ndarray] = []  # pinned [seg_pages, page_bytes] each
+        self._pinned = cupyx.empty_pinned
         self.chunk = stage_pages(page_bytes)
         self.stage = cupy.empty((self.chunk, page_bytes), np.uint8)
         self.stream = cupy.cuda.Stream(non_blocking=True)
@@ -84,7 +88,25 @@ class HostTier:
 
     @property
     def host_bytes(self) -> int:
-        return int(self.host.nbytes)
+        """Pinned bytes allocated so far."""
+        return sum(int(s.nbytes) for s in self._segments)
+
+    def row(self, host_id: int) -> np.ndarray:
+        """Host page ``host_id`` (a view of the pinned arena)."""
+        self._reach(host_id)
+        seg, i = divmod(host_id, self.seg_pages)
+        return self._segments[seg][i]
+
+    def _reach(self, host_id: int) -> None:
+        if not 0 <= host_id < self.host_pages:
+            raise IndexError(f"host page {host_id} outside the tier's {self.host_pages}")
+        while len(self._segments) <= host_id // self.seg_pages:
+            first = len(self._segments) * self.seg_pages
+            n = min(self.seg_pages, self.host_pages - first)
+            self._segments.append(self._pinned((n, self.page_bytes), np.uint8))
+
+    def _ptr(self, host_id: int) -> int:
+        return int(self.row(host_id).ctypes.data)
 
     # ---- copies ---------------------------------------------------------------------------------------------
     def spill(self, c: TierCopy, slot: int | None) -> None:
@@ -170,12 +192,14 @@ class HostTier:
             a[idx] = block.view(a.dtype).reshape((n, *a.shape[1:]))
 
     def _rows(self, host_ids: Sequence[int], kind: int) -> None:
-        """Staging rows 0.. <-> host pages ``host_ids``, one memcpy per run of consecutive host pages."""
+        """Staging rows 0.. <-> host pages ``host_ids``, one memcpy per run of consecutive host pages (within a
+        segment)."""
         import cupy
 
-        pb, base, stage = self.page_bytes, self.host.ctypes.data, self.stage.data.ptr
-        for i, first, n in page_runs(list(host_ids)):
-            dev, host = stage + i * pb, base + first * pb
+        pb, stage, sp = self.page_bytes, self.stage.data.ptr, self.seg_pages
+        ids = list(host_ids)
+        for i, _, n in page_runs([h + (h // sp) * 2 for h in ids]):  # a gap between segments ends a run
+            dev, host = stage + i * pb, self._ptr(ids[i])
             dst, src = (host, dev) if kind == D2H else (dev, host)
             cupy.cuda.runtime.memcpyAsync(dst, src, n * pb, kind, self.stream.ptr)
 
@@ -183,13 +207,13 @@ class HostTier:
         """Checkpoint slot ``slot`` of every GDN array <-> the byte stream of host pages ``host_ids``."""
         import cupy
 
-        pb, base, pos = self.page_bytes, self.host.ctypes.data, 0
+        pb, pos = self.page_bytes, 0
         for arr in self.slot_arrays:
             ptr, left = arr[slot].data.ptr, int(arr[slot].nbytes)
             while left:
                 row, off = divmod(pos, pb)
                 n = min(left, pb - off)
-                host = base + host_ids[row] * pb + off
+                host = self._ptr(host_ids[row]) + off
                 dst, src = (host, ptr) if kind == D2H else (ptr, host)
                 cupy.cuda.runtime.memcpyAsync(dst, src, n, kind, self.stream.ptr)
                 ptr, pos, left = ptr + n, pos + n, left - n

@@ -74,7 +74,7 @@ def estimate_plan(art: Any, server_cfg: Any) -> Any:
         mc, weights=weights, free=0, lanes=ec.max_concurrency, checkpoints=n_ckpt, num_pages=ec.num_pages,
         page_size=ec.page_size, max_context=ec.max_context, prefill_chunk=ec.prefill_chunk, attn_chunk=256,
         kv_dtype=ec.kv_dtype, state_dtype=ec.gdn_state_dtype, act_bytes=2 if server_cfg.activations == "bf16" else 4,
-        graphs=server_cfg.cuda_graph,
+        graphs=server_cfg.cuda_graph, host_tier=ec.prefix_reuse and ec.host_cache_gib != 0,
     )  # fmt: skip
     return plan
 
