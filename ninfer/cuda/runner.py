@@ -138,20 +138,26 @@ class CudaModelRunner:
         return self.tier.done(wait) if self.tier is not None else []
 
     def _copies(self, batch: Batch) -> None:
-        if not (batch.spills or batch.restores):
+        if not batch.copies:
             return
         assert self.tier is not None, "a host-tier copy without a host tier"
-        for c in batch.spills:
-            slot = None
-            if c.host_ckpt:
-                slot, length = self._ckpts[c.device_ckpt]  # released with the step's free_checkpoints
-                self._host_len[c.host_ckpt[0]] = length
-            self.tier.spill(c, slot)
-        tickets: dict[int, list[TierCopy]] = {}
-        for c in batch.restores:
-            tickets.setdefault(c.ticket, []).append(c)
-        for ticket, copies in tickets.items():
-            self.tier.restore(copies, [self._restore_slot(c) for c in copies], ticket)
+        i = 0
+        while i < len(batch.copies):  # in planned order; a restore's copies (one ticket) are consecutive
+            c = batch.copies[i]
+            if not c.ticket:
+                slot = None
+                if c.host_ckpt:
+                    slot, length = self._ckpts[c.device_ckpt]  # released with the step's free_checkpoints
+                    self._host_len[c.host_ckpt[0]] = length
+                self.tier.spill(c, slot)
+                i += 1
+                continue
+            j = i
+            while j < len(batch.copies) and batch.copies[j].ticket == c.ticket:
+                j += 1
+            group = batch.copies[i:j]
+            self.tier.restore(group, [self._restore_slot(x) for x in group], c.ticket)
+            i = j
 
     def _restore_slot(self, c: TierCopy) -> int | None:
         if not c.host_ckpt:

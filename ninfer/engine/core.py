@@ -270,8 +270,8 @@ class Request:
 #
 # One step is two calls, in this order, from the engine's step thread:
 #
-# 1. ``runner.execute(batch)``: start ``batch.spills`` and ``batch.restores`` (host-tier copies; a restore may
-#    complete in a later step, ``copies_done`` says when), apply ``batch.setups`` (page table, GDN restore or
+# 1. ``runner.execute(batch)``: start ``batch.copies`` in their order (host-tier spills and restores; a restore
+#    may complete in a later step, ``copies_done`` says when), apply ``batch.setups`` (page table, GDN restore or
 #    zero state, the boundary page copy), run every ``LaneWork`` (prefill lanes one forward call each, decode lanes in one batched call),
 #    snapshot the GDN state of work that asks for it, then release ``batch.free_checkpoints``. The runner keeps
 #    the logits of the work items with ``sample=True``: row ``i`` is the ``i``-th such item in batch order.
@@ -320,7 +320,9 @@ class TierCopy:
     orders its writes after the copy) and releases the device checkpoint id of a spill in ``free_checkpoints``.
     """
 
-    ticket: int  # restores: reported back by ``copies_done`` when the data is on the device; spills: 0
+    ticket: (
+        int  # a restore's (> 0), reported back by ``copies_done`` when the data is on the device; 0: a spill
+    )
     device_pages: list[int]
     host_pages: list[int]
     device_ckpt: int | None = None
@@ -329,17 +331,19 @@ class TierCopy:
 
 @dataclass(slots=True)
 class Batch:
-    """Everything the model runner does in one step, in this order: spills, restores, setups, work, frees."""
+    """Everything the model runner does in one step: host-tier copies, setups, work, frees (a runner may run decode
+    work before the copies start, since decode touches no memory a copy uses)."""
 
     setups: list[LaneSetup] = field(default_factory=list)
     work: list[LaneWork] = field(default_factory=list)
     free_checkpoints: list[int] = field(default_factory=list)  # checkpoint ids to release after the work
-    spills: list[TierCopy] = field(default_factory=list)  # device -> host, before anything else of the step
-    restores: list[TierCopy] = field(default_factory=list)  # host -> device, after the spills
+    # host-tier spills and restores in the order they were planned (a node restored and spilled again in one
+    # step, or pages freed by a spill and restored into, are only right in that order)
+    copies: list[TierCopy] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not (self.setups or self.work or self.free_checkpoints or self.spills or self.restores)
+        return not (self.setups or self.work or self.free_checkpoints or self.copies)
 
 
 class SampleRequest(NamedTuple):

@@ -218,10 +218,8 @@ class ReferenceRunner:
         return len(self._ckpts)
 
     def execute(self, batch: Batch) -> None:
-        for c in batch.spills:
-            self._spill(c)
-        for c in batch.restores:
-            self._restore(c)
+        for c in batch.copies:  # host tier, in planned order
+            self._restore(c) if c.ticket else self._spill(c)
         for s in batch.setups:
             self._setup(s)
         rows: dict[int, np.ndarray] = {}

@@ -158,6 +158,12 @@ class PrefixCache:
         """Protect ``node``'s root path from eviction (``d=-1`` undoes it), e.g. while it is being restored."""
         self._add_protect(node, d)
 
+    def hold(self, node: Node, d: int = 1) -> None:
+        """Keep ``node``'s checkpoint and root path as a reservation would (``d=-1`` undoes it): a request placed
+        on it whose lane is set up later (after a restore from the host tier) finds them there."""
+        node.reserved += d
+        self._add_protect(node, d)
+
     def touch(self, node: Node) -> None:
         self._tick += 1
         node.ckpt_used = self._tick

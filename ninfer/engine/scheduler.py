@@ -21,7 +21,7 @@ from collections import deque
 from .config import EngineConfig
 from .core import Batch, FinishReason, LaneSetup, LaneWork, QueueFull, Request, RequestStatus
 from .kv_pool import PagePool
-from .prefix_cache import Match, PrefixCache
+from .prefix_cache import Match, Node, PrefixCache
 from .tiering import Restore, TieredCache
 
 __all__ = ["Scheduler"]
@@ -37,8 +37,10 @@ class Scheduler:
         self._cancelled: set[int] = set()
         self._reservation: dict[int, int] = {}  # request id -> its own reservation (end-of-prompt onwards)
         self._setups: list[LaneSetup] = []  # admitted since the last plan; the runner applies them first
-        # admitted with a restore from the host tier in flight: ticket -> (request, its setup, held back)
-        self._restoring: dict[int, tuple[Request, LaneSetup]] = {}
+        # admitted with a restore from the host tier in flight: ticket -> (request, its setup held back, the node
+        # it resumes from, held in the cache until the setup is out)
+        self._restoring: dict[int, tuple[Request, LaneSetup, Node]] = {}
+        self._held: dict[int, Node] = {}  # ticket -> that node, between placement and admission
         self.prefix_hit_tokens = 0
         self.host_hit_tokens = 0
         self.prefill_tokens = 0
@@ -81,9 +83,14 @@ class Scheduler:
             self._retire(req)
 
     def _retire(self, req: Request) -> None:
-        held = [s for t, (r, s) in self._restoring.items() if r is req]
-        self._restoring = {t: (r, s) for t, (r, s) in self._restoring.items() if r is not req}
-        for s in [s for s in self._setups if s.lane == req.lane] + held:  # admitted but never run
+        held = [(s, n) for r, s, n in self._restoring.values() if r is req]
+        self._restoring = {t: e for t, e in self._restoring.items() if e[0] is not req}
+        for _, node in held:
+            assert self.cache is not None
+            self.cache.hold(node, -1)
+        for s in [s for s in self._setups if s.lane == req.lane] + [
+            s for s, _ in held
+        ]:  # admitted, never run
             if s in self._setups:
                 self._setups.remove(s)
             if s.copy_page is not None:
@@ -112,7 +119,7 @@ class Scheduler:
         if self.cache is not None:
             batch.free_checkpoints, self.cache.freed_checkpoints = self.cache.freed_checkpoints, []
         if isinstance(self.cache, TieredCache):
-            batch.spills, batch.restores = self.cache.drain()
+            batch.copies = self.cache.drain()
         return batch
 
     def restored(self, done: list[tuple[int, float]]) -> None:
@@ -122,8 +129,9 @@ class Scheduler:
             self.cache.restored(ticket)
             self.restore_seconds += secs
             entry = self._restoring.pop(ticket, None)
-            if entry is not None:
-                req, setup = entry
+            if entry is not None:  # its checkpoint is freed, if at all, after the next step's setups
+                req, setup, node = entry
+                self.cache.hold(node, -1)
                 req.restore, req.restore_s = None, secs
                 self._setups.append(setup)
 
@@ -151,7 +159,7 @@ class Scheduler:
             self.prefix_hit_tokens += setup.length
             self.host_hit_tokens += req.host_cached_tokens
             if req.restore is not None:  # the lane waits until the copy is on the device
-                self._restoring[req.restore] = (req, setup)
+                self._restoring[req.restore] = (req, setup, self._held.pop(req.restore))
             else:
                 self._setups.append(setup)
 
@@ -194,6 +202,8 @@ class Scheduler:
                 self._reservation[req.id] = self.cache.extend_reservation(self._reservation.get(req.id), node)
         copy = (boundary[0], fresh[0], c % P) if boundary else None
         if restore is not None:
+            self.cache.hold(m.node)
+            self._held[restore.ticket] = m.node
             req.restore, req.host_cached_tokens, req.restore_bytes = (
                 restore.ticket,
                 restore.tokens,
@@ -272,7 +282,7 @@ class Scheduler:
         if isinstance(
             self.cache, TieredCache
         ):  # copies that may never complete: their host ids are free again
-            for ticket in {r.ticket for r in batch.restores}:
+            for ticket in {c.ticket for c in batch.copies if c.ticket}:
                 self.restored([(ticket, 0.0)])
         for req in self.running:
             self.finish(req, FinishReason.ERROR, message)

@@ -56,8 +56,7 @@ class TieredCache(PrefixCache):
         self.host_pool = PagePool(host_pages)
         self.page_bytes = page_bytes
         self.ckpt_pages = -(-checkpoint_bytes // page_bytes)  # host pages one checkpoint takes
-        self.spills: list[TierCopy] = []  # planned since the scheduler last drained them
-        self.restores: list[TierCopy] = []
+        self.copies: list[TierCopy] = []  # spills and restores planned since the scheduler last drained them
         self._held: dict[int, list[int]] = {}  # restore ticket -> the host pages it reads
         self._next_ticket = 1
         self.num_spills = self.spill_bytes = self.host_evictions = 0
@@ -90,7 +89,7 @@ class TieredCache(PrefixCache):
             return
         hp = self.host_pool.alloc(n_pages)
         hc = self.host_pool.alloc(self.ckpt_pages) if n_ckpt else None
-        self.spills.append(TierCopy(0, list(node.pages), hp, node.ckpt, hc or []))
+        self.copies.append(TierCopy(0, list(node.pages), hp, node.ckpt, hc or []))
         self.pool.decref(node.pages)
         if node.ckpt is not None:
             self._free_ckpt(node.ckpt)  # released by the runner after the step's spills read it
@@ -195,7 +194,7 @@ class TieredCache(PrefixCache):
             ):  # no device room for this intermediate checkpoint: drop it
                 self.host_pool.decref(n.hckpt)
             dp = self.pool.alloc(len(n.hpages))
-            self.restores.append(TierCopy(ticket, dp, list(n.hpages), cid, hc or []))
+            self.copies.append(TierCopy(ticket, dp, list(n.hpages), cid, hc or []))
             held += n.hpages + (hc or [])
             nbytes += len(dp) * self.page_bytes + (self.checkpoint_bytes if hc is not None else 0)
             n.pages, n.ckpt, n.hpages, n.hckpt = dp, cid, [], None
@@ -209,8 +208,7 @@ class TieredCache(PrefixCache):
         """The runner finished restore ``ticket``: the host ids it read are free again."""
         self.host_pool.decref(self._held.pop(ticket, []))
 
-    def drain(self) -> tuple[list[TierCopy], list[TierCopy]]:
-        """The spills and restores planned since the last call (for the next batch)."""
-        out = (self.spills, self.restores)
-        self.spills, self.restores = [], []
+    def drain(self) -> list[TierCopy]:
+        """The spills and restores planned since the last call, in order (for the next batch)."""
+        out, self.copies = self.copies, []
         return out
