@@ -120,3 +120,32 @@ def test_restore_overlaps_another_lanes_decode(demo: Path) -> None:
     finally:
         eng.close()
         plain.close()
+
+
+@gpu
+def test_interleaved_sessions_on_two_lanes(demo: Path) -> None:
+    """Every session's turn submitted at once on two lanes (restores in flight while the other lane runs, nodes
+    restored and spilled again): outputs equal the CUDA engine's without reuse, every restore bitwise."""
+    plain = _engine(demo, **BASE, kv_capacity=1024, max_concurrency=1, prefix_reuse=False)
+    tok = plain.tokenizer
+    eng = _engine(
+        demo, **BASE, max_concurrency=2, kv_capacity=448, queue_depth=10, checkpoint_budget_bytes=8 * 58368,
+        tier_checksum=True, host_cache_gib=4e6 / (1 << 30),
+    )  # fmt: skip
+    try:
+        ctx = [_opening(tok, s) for s in range(10)]
+        hits = 0
+        for turn in range(3):
+            handles = [eng.submit(c, max_tokens=GEN, ignore_eos=True, checkpoint_at=()) for c in ctx]
+            for s, h in enumerate(handles):
+                c = h.result(timeout=300)
+                assert c.finish_reason == "output_limit", c.error
+                want = plain.submit(ctx[s], max_tokens=GEN, ignore_eos=True).result(timeout=300)
+                assert c.token_ids == want.token_ids, (turn, s)
+                hits += c.usage.host_cached_tokens > 0
+                ctx[s] = ctx[s] + c.token_ids + _tool(tok, turn)
+            eng._cache.check()
+        assert hits >= 10 and eng.stats().host_restores >= hits
+    finally:
+        eng.close()
+        plain.close()
