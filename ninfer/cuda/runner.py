@@ -108,9 +108,8 @@ class CudaModelRunner:
             for i, w in enumerate(decode):
                 self._len[w.lane] += 1
                 rows[w.lane] = logits[i : i + 1]
-        self._copies(
-            batch
-        )  # host tier: issued after the decode, run on the copy stream while the step goes on
+        # host tier: issued after the decode, they run on the copy stream while the rest of the step goes on
+        self._copies(batch)
         for s in batch.setups:
             self._setup(s)
         for w in batch.work:
