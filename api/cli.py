@@ -63,7 +63,7 @@ def register(subparsers: Any) -> None:
         type=float,
         default=None,
         help="host memory (GiB) for retained prefixes spilled from the GPU (docs/tiering.md); 0: none; "
-        "default: half the available host memory, at most 32 GiB (CUDA), none (reference)",
+        "default: half the available host memory, at most 32 GiB and 16x the device pool (CUDA), none (reference)",
     )
     p.add_argument(
         "--memory-reserve-gib",

@@ -86,6 +86,8 @@ def test_config_host_tier_size() -> None:
     kw = dict(max_context=1024, kv_capacity=1024, page_size=16)
     assert EngineConfig(**kw, host_cache_gib=0).host_tier(100, 150, 10**6) == 0
     assert EngineConfig(**kw).host_tier(100, 150, 128_000) == 1280  # None: the backend's automatic size
+    device = 64 * 100 + EngineConfig(**kw).checkpoint_budget(150)  # ... at most 16 times the device pool
+    assert EngineConfig(**kw).host_tier(100, 150, 10**9) == 16 * device // 100
     assert EngineConfig(**kw, host_cache_gib=1).host_tier(1 << 20, 150, 0) == 1024
     assert EngineConfig(**kw, prefix_reuse=False).host_tier(100, 150, 128_000) == 0
     assert EngineConfig(**kw).host_tier(100, 150, 200) == 0  # not one checkpoint and one page

@@ -16,6 +16,7 @@ __all__ = [
 KV_DTYPES = ("bf16", "fp8")
 GDN_STATE_DTYPES = ("fp32", "bf16")
 HOST_CACHE_CAP_GIB = 32.0  # the automatic host tier takes half the available host memory, at most this
+HOST_CACHE_DEVICE_MULTIPLE = 16  # ... and at most this many times the device pool (KV pages and checkpoints)
 GIB = 1 << 30
 
 
@@ -53,7 +54,8 @@ class EngineConfig:
     """Seed for sampled requests that bring none; None draws a fresh random seed per request."""
     host_cache_gib: float | None = None
     """Host tier for retained prefixes (docs/tiering.md), GiB; 0: none; None: the backend's default (CUDA:
-    half the available host memory, at most ``HOST_CACHE_CAP_GIB``; the reference backend: none)."""
+    half the available host memory, at most ``HOST_CACHE_CAP_GIB`` and ``HOST_CACHE_DEVICE_MULTIPLE`` times the
+    device pool; the reference backend: none)."""
     tier_checksum: bool = False
     """Check every restore from the host tier bitwise against what was spilled (debug and tests; slower)."""
 
@@ -117,9 +119,11 @@ class EngineConfig:
 
     def host_tier(self, page_bytes: int, snapshot_bytes: int, auto_bytes: int) -> int:
         """Pages of ``page_bytes`` in the host tier (KV pages and GDN checkpoints share them): ``host_cache_gib``,
-        or ``auto_bytes`` when it is None; 0 without prefix reuse or when it cannot hold one checkpoint and one
-        page."""
-        total = auto_bytes if self.host_cache_gib is None else int(self.host_cache_gib * GIB)
+        or ``auto_bytes`` (at most ``HOST_CACHE_DEVICE_MULTIPLE`` times the device pool) when it is None; 0
+        without prefix reuse or when it cannot hold one checkpoint and one page."""
+        device = self.num_pages * page_bytes + self.checkpoint_budget(snapshot_bytes)
+        auto = min(auto_bytes, HOST_CACHE_DEVICE_MULTIPLE * device)
+        total = auto if self.host_cache_gib is None else int(self.host_cache_gib * GIB)
         n = total // page_bytes if self.prefix_reuse and total > 0 else 0
         return n if n > -(-snapshot_bytes // page_bytes) else 0
 
