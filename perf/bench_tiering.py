@@ -107,6 +107,7 @@ def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
         t = _timed_steps(eng, 1)[0]
         if restoring:
             during.append(t)
+    dec.cancel()  # its budget only had to outlast the restore
     _drive(eng, [dec])
     c2 = turn.result()
     m = c2.metrics
