@@ -218,3 +218,24 @@ def test_interleaved_sessions_on_two_lanes(model, oracle) -> None:  # noqa: ANN0
     st = eng.stats()
     eng.close()
     assert hits >= SESSIONS and st.host_restores >= hits and st.spills > 0
+
+
+def test_cancel_while_restoring_keeps_the_restored_prefix(model, oracle) -> None:  # noqa: ANN001
+    kw = dict(BASE, kv_capacity=2 * 192, checkpoint_budget_bytes=6 * 58368, queue_depth=2, tier_checksum=True)
+    eng = Engine.from_model(model, **kw, host_cache_gib=4e6 / (1 << 30), background=False)
+    ctx = _opening(model, 0)
+    _, nxt = _turn(eng, oracle, model, ctx, 0)
+    for s in (1, 2, 3):  # push session 0 to the host
+        _turn(eng, oracle, model, _opening(model, s), 0)
+    h = eng.submit(nxt, max_tokens=GEN, ignore_eos=True, checkpoint_at=())
+    assert eng._sched.restoring
+    h.cancel()
+    assert h.result().finish_reason == "cancelled"
+    assert not eng._sched.restoring and not eng._sched._held
+    eng._cache.check()
+    again = eng.submit(nxt, max_tokens=GEN, ignore_eos=True, checkpoint_at=()).result()
+    assert again.token_ids == oracle(nxt)
+    assert (
+        again.usage.cached_tokens == len(ctx) + GEN and again.usage.host_cached_tokens == 0
+    )  # restored before
+    eng.close()

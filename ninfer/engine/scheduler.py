@@ -83,16 +83,14 @@ class Scheduler:
             self._retire(req)
 
     def _retire(self, req: Request) -> None:
-        held = [(s, n) for r, s, n in self._restoring.values() if r is req]
-        self._restoring = {t: e for t, e in self._restoring.items() if e[0] is not req}
-        for _, node in held:
+        unrun = [s for s in self._setups if s.lane == req.lane]  # admitted but never run
+        self._setups = [s for s in self._setups if s.lane != req.lane]
+        for ticket in [t for t, (r, _, _) in self._restoring.items() if r is req]:  # its restore is in flight
+            _, setup, node = self._restoring.pop(ticket)
             assert self.cache is not None
             self.cache.hold(node, -1)
-        for s in [s for s in self._setups if s.lane == req.lane] + [
-            s for s, _ in held
-        ]:  # admitted, never run
-            if s in self._setups:
-                self._setups.remove(s)
+            unrun.append(setup)
+        for s in unrun:
             if s.copy_page is not None:
                 self.pool.decref([s.copy_page[0]])
         if req.lane >= 0:
