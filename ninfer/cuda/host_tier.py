@@ -37,6 +37,11 @@ D2H, H2D = 2, 1  # cudaMemcpyKind
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
+def _words(x: Any) -> Any:
+    """A contiguous byte array as 32-bit words where its length allows (a quarter of the digest's temporaries)."""
+    return x.view(np.uint32) if x.shape[-1] % 4 == 0 else x
+
+
 def stage_pages(page_bytes: int) -> int:
     """Pages in the staging buffer: about ``STAGE_BYTES``, 1..1024."""
     return max(1, min(STAGE_BYTES // page_bytes, 1024))
@@ -222,7 +227,7 @@ class HostTier:
     def _row_digests(self, n: int) -> list[int]:
         import cupy
 
-        w = self.stage[:n].astype(cupy.uint64)
+        w = _words(self.stage[:n]).astype(cupy.uint64)
         mult = cupy.arange(1, w.shape[1] + 1, dtype=cupy.uint64) * _MIX
         return [int(x) for x in cupy.asnumpy((w * mult).sum(axis=1), stream=self.stream)]
 
@@ -230,7 +235,7 @@ class HostTier:
         import cupy
 
         flat = cupy.concatenate([a[slot].reshape(-1).view(np.uint8) for a in self.slot_arrays])
-        w = flat.astype(cupy.uint64)
+        w = _words(flat).astype(cupy.uint64)
         mult = cupy.arange(1, w.size + 1, dtype=cupy.uint64) * _MIX
         return int((w * mult).sum().get(stream=self.stream))
 
