@@ -79,6 +79,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--no-prefix-reuse", action="store_true")
     p.add_argument(
+        "--host-cache-gib",
+        type=float,
+        default=None,
+        help="host memory (GiB) for retained prefixes spilled from the GPU (docs/tiering.md); 0: none; "
+        "default: half the available host memory, at most 32 GiB and 16x the device pool (CUDA), none (reference)",
+    )
+    p.add_argument(
         "--memory-reserve-gib",
         type=float,
         default=0.0,
@@ -163,6 +170,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
             prefix_reuse=False if a.no_prefix_reuse else None,
             spec=a.spec,
             draft_tokens=a.draft_tokens,
+            host_cache_gib=a.host_cache_gib,
         ),
         preserve_thinking=a.preserve_thinking,
         default_max_tokens=a.default_max_tokens,

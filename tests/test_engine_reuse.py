@@ -147,7 +147,8 @@ def test_pressure_ten_interleaved_sessions(model, plain) -> None:  # noqa: ANN00
     eng.close()
     # every computed position is a distinct history token: together they did not fit in the pool
     assert stats.prefill_tokens + stats.decode_tokens > stats.kv_pages_total * stats.page_size
-    assert stats.evicted_nodes > 0 and stats.evicted_checkpoints > 0
+    # dropped, or (the CUDA runner's default host tier, tests/test_cuda_model.py) moved to the host tier
+    assert (stats.evicted_nodes > 0 and stats.evicted_checkpoints > 0) or stats.spills > 0
     assert stats.checkpoint_bytes <= stats.checkpoint_budget_bytes and stats.reserved_sequences == n
 
 

@@ -68,3 +68,11 @@ def test_memory_reserve_reaches_the_cuda_memory_plan() -> None:
     assert "memory_reserve_bytes" not in actor_spec(none, "cuda").backend_options  # options as before
     with pytest.raises(ServerConfigError, match="--memory-reserve-gib"):
         ServerConfig(artifact="a.ninfer", memory_reserve_gib=-1)
+
+
+def test_host_cache_gib_reaches_the_engine_config() -> None:
+    a = _parser().parse_args(["serve", "a.ninfer", "--host-cache-gib", "12"])
+    assert config_from_args(a).engine.host_cache_gib == 12
+    assert config_from_args(_parser().parse_args(["serve", "a.ninfer"])).engine.host_cache_gib is None  # auto
+    with pytest.raises(ServerConfigError, match="--host-cache-gib"):
+        config_from_args(_parser().parse_args(["serve", "a.ninfer", "--host-cache-gib", "-1"]))

@@ -4,7 +4,7 @@ Parts: weights (as uploaded), the KV page pool (every full-attention layer, K an
 pages also hold one float32 scale per token and KV head),
 GDN state slots for the lanes and for checkpoints (plus one scratch slot), the prefill workspace (temporaries of
 one ``prefill_chunk`` forward, the largest layer alive at once, an estimate, plus the device sampler's
-per-lane vocabulary buffers), and the CUDA-graph pools (one decode
+per-lane vocabulary buffers, and the host tier's staging pages when it has one), and the CUDA-graph pools (one decode
 step's temporaries per lane count, an estimate; the runner reports the measured size after capture).
 A reserve (``ninfer serve --memory-reserve-gib``) is taken off the free memory before the plan is checked, so the
 desktop and other programs keep that much.
@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass
 
 from ninfer.config import ModelConfig
 from ninfer.cuda.attention import rows_per_launch, split_plan, workspace_bytes
+from ninfer.cuda.host_tier import stage_pages
 
-__all__ = ["MemoryPlan", "plan_memory", "MemoryPlanError", "KV_HEAD_BYTES", "kv_head_bytes"]
+__all__ = ["MemoryPlan", "plan_memory", "MemoryPlanError", "KV_HEAD_BYTES", "kv_head_bytes", "kv_page_bytes"]
 
 GIB = float(1 << 30)
 HEADROOM = 0.04  # fraction of free memory left for the CUDA context, cuBLAS and allocator fragmentation
@@ -85,6 +86,13 @@ def kv_head_bytes(mc: ModelConfig, kv_dtype: str) -> int:
     return mc.head_dim * elem + scale
 
 
+def kv_page_bytes(mc: ModelConfig, page_size: int, kv_dtype: str, extra_planes: int = 0) -> int:
+    """One KV page of every full-attention layer, K and V (fp8: with their scales), as the device stores it;
+    ``extra_planes``: KV planes after the model's layers (1: the MTP head's layer, with speculation)."""
+    planes = len(mc.full_attention_layers) + extra_planes
+    return 2 * planes * page_size * mc.num_key_value_heads * kv_head_bytes(mc, kv_dtype)
+
+
 def snapshot_bytes(mc: ModelConfig, state_dtype: str) -> int:
     """One GDN checkpoint on the device: fp32 conv windows plus the recurrent state in ``state_dtype``."""
     conv = mc.gdn_conv_channels * (mc.linear_conv_kernel_dim - 1) * 4
@@ -123,16 +131,11 @@ def plan_memory(
     reserve: int = 0,
     extra_kv_planes: int = 0,
     verify_rows: int = 0,
+    host_tier: bool = False,
 ) -> MemoryPlan:
     if kv_dtype not in KV_HEAD_BYTES:
         raise ValueError(f"kv_dtype: one of {tuple(KV_HEAD_BYTES)}, got {kv_dtype!r}")
-    per_page = (
-        2
-        * (len(mc.full_attention_layers) + extra_kv_planes)  # extra: the MTP head's layer (speculation)
-        * page_size
-        * mc.num_key_value_heads
-        * kv_head_bytes(mc, kv_dtype)
-    )
+    per_page = kv_page_bytes(mc, page_size, kv_dtype, extra_kv_planes)
     snap = snapshot_bytes(mc, state_dtype)
     split = split_plan(max_context, attn_chunk)
     hq, d = mc.num_attention_heads, mc.head_dim
@@ -150,7 +153,12 @@ def plan_memory(
         kv_pool=(num_pages + 1) * per_page,
         gdn_lanes=(lanes + 1) * snap,
         checkpoints=checkpoints * snap,
-        workspace=step(prefill_chunk) + mc.vocab_size * 4 * 8 + lanes * mc.vocab_size * SAMPLER_BYTES_PER_ID,
+        workspace=step(prefill_chunk)
+        + mc.vocab_size * 4 * 8
+        + lanes * mc.vocab_size * SAMPLER_BYTES_PER_ID
+        + (
+            2 * stage_pages(per_page) * per_page if host_tier else 0
+        ),  # staging, and the gather/scatter temporaries
         graph_pools=graph,
         free=free,
         reserve=reserve,

@@ -9,6 +9,11 @@
   (a runner setting, for tests and diagnosis) copies the rows to the host and samples them with the host
   sampler instead: the same tokens.
 - The device-memory plan is computed and checked before the pools are allocated (``self.plan``).
+- The host tier (docs/tiering.md, ``ninfer.cuda.host_tier``): pinned host pages and a copy stream. A step runs
+  the running lanes' verify rounds and decode first (they touch no memory a copy uses), then starts its spills
+  and restores on the copy stream, then sets up new lanes, prefills and saves checkpoints while they go, the
+  compute stream waiting on a copy only where it touches that copy's pages or slots. A restoring lane is set up
+  in a later step, once ``copies_done`` reported it.
 """
 
 from __future__ import annotations
@@ -19,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from ninfer.config import ModelConfig
-from ninfer.cuda.memory_plan import MemoryPlan, plan_memory, snapshot_bytes
+from ninfer.cuda.memory_plan import MemoryPlan, kv_page_bytes, plan_memory, snapshot_bytes
 from ninfer.cuda.upload import tensor_bytes
-from ninfer.engine.config import EngineConfigError
-from ninfer.engine.core import Batch, DraftLane, SampleRequest
+from ninfer.engine.config import EngineConfigError, auto_host_cache_bytes
+from ninfer.engine.core import Batch, DraftLane, SampleRequest, TierCopy
 from ninfer.engine.sampler import sample_host
 
 __all__ = ["CudaModelRunner"]
@@ -50,6 +55,9 @@ class CudaModelRunner:
                 "spec: 'mtp' needs an artifact with MTP weights (mtp.*); this one has none"
             )
         spare = lanes if spec else 0  # speculation: one spare GDN slot per lane (the pre-round state)
+        # the host tier's unit: one KV page of every plane the pool holds (the MTP head's too, with speculation)
+        self.page_bytes = kv_page_bytes(model_config, cfg.page_size, cfg.kv_dtype, int(spec))
+        self.host_pages = cfg.host_tier(self.page_bytes, self.snapshot_bytes, auto_host_cache_bytes())
         net.allocate(num_slots=1, num_pages=1, page_size=cfg.page_size, max_context=cfg.page_size)  # free old
         free, _ = cupy.cuda.runtime.memGetInfo()
         weights = tensor_bytes(net.w)
@@ -59,7 +67,7 @@ class CudaModelRunner:
             prefill_chunk=cfg.prefill_chunk, attn_chunk=net.attn_chunk, kv_dtype=cfg.kv_dtype,
             state_dtype=cfg.gdn_state_dtype, act_bytes=net.act.itemsize, graphs=net.cuda_graph,
             reserve=net.memory_reserve_bytes, extra_kv_planes=int(spec),
-            verify_rows=cfg.num_draft + 1 if spec else 0,
+            verify_rows=cfg.num_draft + 1 if spec else 0, host_tier=self.host_pages > 0,
         )  # fmt: skip
         self.plan.check()
         net.allocate(
@@ -77,6 +85,12 @@ class CudaModelRunner:
         self._free_ckpt = list(range(lanes + n_ckpt - 1, lanes - 1, -1))
         self._logits: Any = None  # the last step's sampled rows, on the device [n, V] float32
         self._ckpts: dict[int, tuple[int, int]] = {}  # checkpoint id -> (slot, length)
+        self.tier: Any = None
+        self._host_len: dict[int, int] = {}  # first host page of a spilled checkpoint -> its length
+        if self.host_pages:
+            from ninfer.cuda.host_tier import HostTier
+
+            self.tier = HostTier(net, self.host_pages, self.page_bytes, checksum=cfg.tier_checksum)
         if capture:
             net.warm_prefill()  # CuPy's lazily built prefill kernels compile now, not in the first request
         if capture and net.cuda_graph:
@@ -98,16 +112,8 @@ class CudaModelRunner:
         import cupy
 
         net = self.net
-        for s in batch.setups:
-            self._setup(s)
         rows: dict[int, Any] = {}  # lane -> device logits row [1, V]
-        for w in batch.work:
-            if w.prefill:
-                h = net.run([(w.lane, self._at(w), len(w.token_ids), self._pages[w.lane])], w.token_ids)
-                self._record(w.lane, w.start, h, w.token_ids)
-                self._len[w.lane] += len(w.token_ids)
-                if w.sample:
-                    rows[w.lane] = net.logits_dev(h[-1:])
+        # first the lanes already running (decode, verify rounds): they touch no memory of a host-tier copy
         verify = [w for w in batch.work if w.verify]
         if verify:
             assert self._spec is not None, "verify work without spec"
@@ -123,6 +129,17 @@ class CudaModelRunner:
                 self._record(w.lane, w.start, h[i : i + 1])
                 self._len[w.lane] += 1
                 rows[w.lane] = logits[i : i + 1]
+        # host tier: issued after the decode, they run on the copy stream while the rest of the step goes on
+        self._copies(batch)
+        for s in batch.setups:
+            self._setup(s)
+        for w in batch.work:
+            if w.prefill:
+                h = net.run([(w.lane, self._at(w), len(w.token_ids), self._pages[w.lane])], w.token_ids)
+                self._record(w.lane, w.start, h, w.token_ids)
+                self._len[w.lane] += len(w.token_ids)
+                if w.sample:
+                    rows[w.lane] = net.logits_dev(h[-1:])
         for w in batch.work:
             if w.save_checkpoint is not None:
                 self._save(w.lane, w.save_checkpoint)
@@ -135,6 +152,51 @@ class CudaModelRunner:
         if sampled:
             with net.stream:
                 self._logits = cupy.concatenate(sampled, axis=0)
+        net.stream.synchronize()  # nothing of this step is pending when the copy stream reuses what it freed
+
+    def copies_done(self, wait: bool) -> list[tuple[int, float]]:
+        """Restores now on the device: (ticket, seconds between its events on the copy stream)."""
+        return self.tier.done(wait) if self.tier is not None else []
+
+    def _copies(self, batch: Batch) -> None:
+        if not batch.copies:
+            return
+        assert self.tier is not None, "a host-tier copy without a host tier"
+        i = 0
+        while i < len(batch.copies):  # in planned order; a restore's copies (one ticket) are consecutive
+            c = batch.copies[i]
+            if not c.ticket:
+                slot = None
+                if c.host_ckpt:
+                    slot, length = self._ckpts[c.device_ckpt]  # released with the step's free_checkpoints
+                    self._host_len[c.host_ckpt[0]] = length
+                self.tier.spill(c, slot)
+                i += 1
+                continue
+            j = i
+            while j < len(batch.copies) and batch.copies[j].ticket == c.ticket:
+                j += 1
+            group = batch.copies[i:j]
+            self.tier.restore(group, [self._restore_slot(x) for x in group], c.ticket)
+            i = j
+
+    def _restore_slot(self, c: TierCopy) -> int | None:
+        if not c.host_ckpt:
+            return None
+        slot = self._take_slot(guard=False)  # the copy stream orders it after any spill that read the slot
+        self._ckpts[c.device_ckpt] = (slot, self._host_len.pop(c.host_ckpt[0]))
+        return slot
+
+    def _take_slot(self, guard: bool = True) -> int:
+        if not self._free_ckpt:
+            raise RuntimeError(
+                f"no free GDN checkpoint slot on the device ({len(self._ckpts)} held); the engine's checkpoint "
+                "budget and the runner's slots disagree"
+            )
+        slot = self._free_ckpt.pop()
+        if guard and self.tier is not None:
+            self.tier.guard(set(), {slot})  # a spill in flight may still read it
+        return slot
 
     def sample(
         self, rows: Sequence[int], reqs: Sequence[SampleRequest], token_limit: int | None
@@ -186,6 +248,12 @@ class CudaModelRunner:
         return w.start
 
     def _setup(self, s: Any) -> None:
+        if (
+            self.tier is not None
+        ):  # fresh pages may still be read by a spill; a restore may still write shared ones
+            src = {s.copy_page[0]} if s.copy_page is not None else set()
+            slot = {self._ckpts[s.restore][0]} if s.restore is not None else set()
+            self.tier.guard(set(s.pages) | src, slot)
         if s.copy_page is not None:
             self.net.copy_page(*s.copy_page)
         self._pages[s.lane] = list(s.pages)
@@ -202,11 +270,6 @@ class CudaModelRunner:
     def _save(self, lane: int, cid: int) -> None:
         if cid in self._ckpts:
             self._free_ckpt.append(self._ckpts.pop(cid)[0])
-        if not self._free_ckpt:
-            raise RuntimeError(
-                f"no free GDN checkpoint slot on the device ({len(self._ckpts)} held); the engine's checkpoint "
-                "budget and the runner's slots disagree"
-            )
-        slot = self._free_ckpt.pop()
+        slot = self._take_slot()
         self.net.copy_slot(lane, slot)
         self._ckpts[cid] = (slot, self._len[lane])

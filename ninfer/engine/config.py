@@ -11,12 +11,17 @@ __all__ = [
     "GDN_STATE_DTYPES",
     "SPEC_MODES",
     "MAX_DRAFT_TOKENS",
+    "auto_host_cache_bytes",
+    "HOST_CACHE_CAP_GIB",
 ]
 
 KV_DTYPES = ("bf16", "fp8")
 GDN_STATE_DTYPES = ("fp32", "bf16")
 SPEC_MODES = ("none", "mtp")
 MAX_DRAFT_TOKENS = 5  # the most any target allows (Qwen3.6/3.8); a runner may allow fewer (Flash-Next: 4)
+HOST_CACHE_CAP_GIB = 32.0  # the automatic host tier takes half the available host memory, at most this
+HOST_CACHE_DEVICE_MULTIPLE = 16  # ... and at most this many times the device pool (KV pages and checkpoints)
+GIB = 1 << 30
 
 
 class EngineConfigError(ValueError):
@@ -55,6 +60,12 @@ class EngineConfig:
     """Speculative decoding: ``none``, or ``mtp`` (the artifact's MTP head drafts, the target verifies)."""
     draft_tokens: int = 0
     """Draft tokens per round with ``spec="mtp"`` (1..5; 0: the default 3); must stay 0 without ``spec``."""
+    host_cache_gib: float | None = None
+    """Host tier for retained prefixes (docs/tiering.md), GiB; 0: none; None: the backend's default (CUDA:
+    half the available host memory, at most ``HOST_CACHE_CAP_GIB`` and ``HOST_CACHE_DEVICE_MULTIPLE`` times the
+    device pool; the reference backend: none)."""
+    tier_checksum: bool = False
+    """Check every restore from the host tier bitwise against what was spilled (debug and tests; slower)."""
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -92,6 +103,9 @@ class EngineConfig:
             raise EngineConfigError(
                 f"checkpoint_budget_bytes: must be a non-negative integer or None, got {b!r}"
             )
+        h = self.host_cache_gib
+        if h is not None and (isinstance(h, bool) or not isinstance(h, int | float) or not 0 <= h <= 1 << 20):
+            raise EngineConfigError(f"host_cache_gib: must be a number of GiB >= 0 or None (auto), got {h!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
             raise EngineConfigError(f"seed: must be an integer in 0..2^64-1 or None, got {self.seed!r}")
         self._check_spec()
@@ -129,3 +143,24 @@ class EngineConfig:
         if self.checkpoint_budget_bytes is not None:
             return self.checkpoint_budget_bytes
         return (16 + 2 * self.max_concurrency) * snapshot_bytes
+
+    def host_tier(self, page_bytes: int, snapshot_bytes: int, auto_bytes: int) -> int:
+        """Pages of ``page_bytes`` in the host tier (KV pages and GDN checkpoints share them): ``host_cache_gib``,
+        or ``auto_bytes`` (at most ``HOST_CACHE_DEVICE_MULTIPLE`` times the device pool) when it is None; 0
+        without prefix reuse or when it cannot hold one checkpoint and one page."""
+        device = self.num_pages * page_bytes + self.checkpoint_budget(snapshot_bytes)
+        auto = min(auto_bytes, HOST_CACHE_DEVICE_MULTIPLE * device)
+        total = auto if self.host_cache_gib is None else int(self.host_cache_gib * GIB)
+        n = total // page_bytes if self.prefix_reuse and total > 0 else 0
+        return n if n > -(-snapshot_bytes // page_bytes) else 0
+
+
+def auto_host_cache_bytes() -> int:
+    """The automatic host tier: half the host memory available now, at most ``HOST_CACHE_CAP_GIB``."""
+    import os
+
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
+    return int(min(avail // 2, HOST_CACHE_CAP_GIB * GIB))

@@ -41,6 +41,7 @@ __all__ = [
     "Batch",
     "SampleRequest",
     "DraftLane",
+    "TierCopy",
     "ModelRunner",
 ]
 
@@ -124,7 +125,7 @@ class SpeculativeUsage(msgspec.Struct, frozen=True, kw_only=True):
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
-    cached_tokens: int  # prompt tokens reused from the prefix cache (not computed again)
+    cached_tokens: int  # prompt tokens reused from the prefix cache (not computed again), both tiers
     completion_tokens: int  # generated ids, including a stop token
     # generated ids up to and including the first ``stop_after_token_id`` (``</think>``: the reasoning of a
     # thinking request; all of them if it never came); 0 without a ``stop_after_token_id``
@@ -132,6 +133,7 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     speculative: SpeculativeUsage | None = (
         None  # an extension object; None when the engine does not speculate
     )
+    host_cached_tokens: int = 0  # of ``cached_tokens``, those restored from the host tier (docs/tiering.md)
 
 
 class RequestMetrics(msgspec.Struct, frozen=True, kw_only=True):
@@ -144,6 +146,9 @@ class RequestMetrics(msgspec.Struct, frozen=True, kw_only=True):
     completion_tokens: int
     finish_reason: str
     lane: int = -1  # the lane it ran in (-1: it never got one)
+    host_cached_tokens: int = 0  # of ``cached_tokens``, those restored from the host tier
+    restore_bytes: int = 0  # bytes copied host -> device for them (KV pages and GDN checkpoints)
+    restore_s: float = 0.0  # the copy's time (on the GPU: between events on the copy stream)
 
 
 class Accepted(msgspec.Struct, array_like=True, gc=False, tag=True):
@@ -214,6 +219,17 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     spec_rounds: int = 0  # speculative verify rounds (``EngineConfig.spec``)
     spec_drafted: int = 0  # draft tokens proposed
     spec_accepted: int = 0  # drafts accepted and emitted
+    # the host tier (docs/tiering.md); all 0 without one
+    device_hit_tokens: int = 0  # prompt tokens reused from prefixes resident on the device
+    host_hit_tokens: int = 0  # prompt tokens reused from prefixes restored from the host tier
+    host_restores: int = 0  # prefixes restored host -> device
+    restore_bytes: int = 0
+    restore_seconds: float = 0.0
+    spills: int = 0  # prefix nodes moved device -> host instead of being dropped
+    spill_bytes: int = 0
+    host_evictions: int = 0  # prefix nodes dropped from the host tier (LRU)
+    host_pages_total: int = 0  # host-tier pages of one KV page's bytes (KV pages and checkpoints share them)
+    host_pages_free: int = 0
 
 
 # ---- the engine's own request record (never leaves the engine) --------------------------------------------
@@ -240,6 +256,12 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_computed: int = 0  # tokens whose KV and GDN state are in the lane
     cached_tokens: int = 0
+    host_cached_tokens: int = 0  # of ``cached_tokens``, restored from the host tier
+    restore: int | None = (
+        None  # ticket of the host -> device copy it waits for (its lane runs nothing until then)
+    )
+    restore_bytes: int = 0
+    restore_s: float = 0.0
     lane: int = -1
     finish_reason: FinishReason | None = None
     error: str | None = None
@@ -269,8 +291,9 @@ class Request:
 #
 # One step is two calls, in this order, from the engine's step thread:
 #
-# 1. ``runner.execute(batch)``: apply ``batch.setups`` (page table, GDN restore or zero state, the boundary page
-#    copy), run every ``LaneWork`` (prefill lanes one forward call each, decode lanes in one batched call),
+# 1. ``runner.execute(batch)``: start ``batch.copies`` in their order (host-tier spills and restores; a restore
+#    may complete in a later step, ``copies_done`` says when), apply ``batch.setups`` (page table, GDN restore or
+#    zero state, the boundary page copy), run every ``LaneWork`` (prefill lanes one forward call each, decode lanes in one batched call),
 #    snapshot the GDN state of work that asks for it, then release ``batch.free_checkpoints``. The runner keeps
 #    the logits of the work items with ``sample=True``: row ``i`` is the ``i``-th such item in batch order.
 # 2. ``runner.sample(rows, reqs, token_limit)``: the token of each listed row of that step, one ``SampleRequest``
@@ -310,16 +333,41 @@ class LaneWork:
 
 
 @dataclass(slots=True)
+class TierCopy:
+    """One prefix node's move between the device pool and the host tier (docs/tiering.md).
+
+    A spill copies device pages ``device_pages[i]`` into host pages ``host_pages[i]`` (whole pages) and the GDN
+    checkpoint ``device_ckpt`` into the host pages ``host_ckpt`` (a checkpoint takes ``ceil(snapshot_bytes /
+    page_bytes)`` host pages, its bytes in order); a restore copies the other way into device pages and a device
+    checkpoint id that the scheduler just allocated. The scheduler has already released the
+    source ids of a spill (the device pages may be handed to another request in the same step; the runner
+    orders its writes after the copy) and releases the device checkpoint id of a spill in ``free_checkpoints``.
+    """
+
+    ticket: (
+        int  # a restore's (> 0), reported back by ``copies_done`` when the data is on the device; 0: a spill
+    )
+    device_pages: list[int]
+    host_pages: list[int]
+    device_ckpt: int | None = None
+    host_ckpt: list[int] = field(default_factory=list)  # empty: no checkpoint moves
+
+
+@dataclass(slots=True)
 class Batch:
-    """Everything the model runner does in one step, in this order: setups, page copies, work, frees."""
+    """Everything the model runner does in one step: host-tier copies, setups, work, frees (a runner may run decode
+    work before the copies start, since decode touches no memory a copy uses)."""
 
     setups: list[LaneSetup] = field(default_factory=list)
     work: list[LaneWork] = field(default_factory=list)
     free_checkpoints: list[int] = field(default_factory=list)  # checkpoint ids to release after the work
+    # host-tier spills and restores in the order they were planned (a node restored and spilled again in one
+    # step, or pages freed by a spill and restored into, are only right in that order)
+    copies: list[TierCopy] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not (self.setups or self.work or self.free_checkpoints)
+        return not (self.setups or self.work or self.free_checkpoints or self.copies)
 
 
 class SampleRequest(NamedTuple):
@@ -349,6 +397,8 @@ class ModelRunner(Protocol):
 
     snapshot_bytes: int
     vocab_size: int
+    page_bytes: int  # one KV page of every attention layer, as stored: the unit of the host tier
+    host_pages: int  # pages of ``page_bytes`` in the host tier (0: none); a checkpoint takes several
 
     def execute(self, batch: Batch) -> None:
         """Run one step's plan; keep the logits of its sampled work items for ``sample``."""
@@ -381,4 +431,9 @@ class ModelRunner(Protocol):
     def commit(self, lane: int, length: int) -> None:
         """After a verify round: the lane keeps the state of its first ``length`` tokens (the KV of later
         positions is dropped, the GDN state is the one after position ``length - 1``)."""
+        ...
+
+    def copies_done(self, wait: bool) -> list[tuple[int, float]]:
+        """Restores (``TierCopy.ticket``) whose data is now on the device, each with the copy's seconds; each
+        ticket is reported once. ``wait``: block until at least one restore in flight completes (if any is)."""
         ...

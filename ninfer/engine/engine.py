@@ -37,6 +37,7 @@ from .sampler import MaskWorker
 from .scheduler import Scheduler
 from .speculative import Speculator
 from .stop import TextStream
+from .tiering import TieredCache
 
 if TYPE_CHECKING:
     from ninfer.model import Model
@@ -71,9 +72,10 @@ class Engine:
                     f"checkpoint_budget_bytes: {budget} bytes hold fewer than 2 GDN checkpoints of "
                     f"{self._runner.snapshot_bytes} bytes; raise it or disable prefix_reuse"
                 )
-            cache = PrefixCache(
-                self._pool, cfg.page_size, self._runner.snapshot_bytes, budget, cfg.reserved_sequences
-            )
+            args = (self._pool, cfg.page_size, self._runner.snapshot_bytes, budget, cfg.reserved_sequences)
+            cache = PrefixCache(*args)
+            if runner.host_pages:  # the host tier (docs/tiering.md)
+                cache = TieredCache(*args, host_pages=runner.host_pages, page_bytes=runner.page_bytes)
         self._cache = cache
         self._digests: dict[int, PrefixDigest] = {}  # by block size: what a replica reports to its router
         self._sched = Scheduler(cfg, self._pool, cache)
@@ -236,7 +238,7 @@ class Engine:
                 self._out.emit_finished()
                 owners = {w.lane: self._sched.lanes[w.lane] for w in batch.work}
             if batch.empty:
-                return False
+                return self._wait_restores()
             try:  # speculation: drafts turn decode work into verify rounds (speculative.py)
                 rounds = self._spec.draft(batch, owners) if self._spec is not None else []
             except Exception as e:  # noqa: BLE001 - fail the running requests, keep serving
@@ -259,6 +261,8 @@ class Engine:
                     self._out.emit_finished()
                     return True
                 self._sched.after_run(batch, committed)  # computed tokens catch up; checkpoints; retire
+                if isinstance(self._cache, TieredCache):  # host-tier restores now on the device
+                    self._sched.restored(self._runner.copies_done(False))
                 rows, specs = self._out.sample_requests(reqs, ready, self._runner.vocab_size)
                 try:  # sample with the grammar masks: tokens back (the one sampler, core.py)
                     toks = self._runner.sample(rows, specs, self._token_limit) if rows else []
@@ -274,6 +278,15 @@ class Engine:
         with self._cv:
             self._sched.abort(batch, f"model step failed: {type(e).__name__}: {e}")
             self._out.emit_finished()
+
+    def _wait_restores(self) -> bool:
+        """Nothing to run but a restore from the host tier in flight: wait for it (False: nothing in flight)."""
+        if not self._sched.restoring:
+            return False
+        done = self._runner.copies_done(True)
+        with self._cv:
+            self._sched.restored(done)
+        return True
 
     def _loop(self) -> None:
         while True:
@@ -306,6 +319,8 @@ class Engine:
             held = self._cache.held_pages() if self._cache is not None else set()
             active = {p for pages in self._sched.lane_pages for p in pages}
             c = self._cache
+            t = c if isinstance(c, TieredCache) else None
+            s = self._sched
             return EngineStats(
                 lanes_total=self.config.max_concurrency,
                 lanes_busy=len(self._sched.running),
@@ -330,6 +345,16 @@ class Engine:
                 spec_rounds=self._spec.rounds if self._spec else 0,
                 spec_drafted=self._spec.drafted if self._spec else 0,
                 spec_accepted=self._spec.accepted if self._spec else 0,
+                device_hit_tokens=s.prefix_hit_tokens - s.host_hit_tokens,
+                host_hit_tokens=s.host_hit_tokens,
+                host_restores=t.num_restores if t else 0,
+                restore_bytes=t.restore_bytes if t else 0,
+                restore_seconds=s.restore_seconds,
+                spills=t.num_spills if t else 0,
+                spill_bytes=t.spill_bytes if t else 0,
+                host_evictions=t.host_evictions if t else 0,
+                host_pages_total=t.host_pool.num_pages if t else 0,
+                host_pages_free=t.host_pool.free if t else 0,
             )
 
     def retained_blocks(self, block_tokens: int) -> tuple[int, tuple[int, ...]]:

@@ -65,6 +65,7 @@ def completion_of(req: Request, text: str, stop_string: str | None) -> Completio
         )
         if req.speculative
         else None,
+        host_cached_tokens=req.host_cached_tokens,
     )
     admitted, first = req.t_admit or req.t_finish, req.t_first or req.t_finish
     metrics = RequestMetrics(
@@ -77,6 +78,9 @@ def completion_of(req: Request, text: str, stop_string: str | None) -> Completio
         completion_tokens=req.num_generated,
         finish_reason=str(req.finish_reason),
         lane=req.lane,
+        host_cached_tokens=req.host_cached_tokens,
+        restore_bytes=req.restore_bytes,
+        restore_s=req.restore_s,
     )
     return Completion(
         request_id=req.id,

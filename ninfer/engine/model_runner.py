@@ -24,7 +24,10 @@ blocks complete before the resume point, and a lane never writes a block key int
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import hashlib
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,7 +37,7 @@ from ninfer.config import ModelConfig
 from ninfer.formats import bf16_decode, bf16_encode, bf16_round, e4m3_decode, e4m3_encode
 
 from .config import EngineConfig, EngineConfigError
-from .core import Batch, DraftLane, LaneSetup, LaneWork, SampleRequest
+from .core import Batch, DraftLane, LaneSetup, LaneWork, SampleRequest, TierCopy
 from .reference_draft import ReferenceDrafter
 from .sampler import sample_host
 from .spec_verify import verify_lane
@@ -108,10 +111,24 @@ class PagedKVStore:
         pg, slot = self._block_slots(pages, np.arange(n_blocks))
         return bf16_decode(self.index[layer][pg, slot])
 
+    def _arrays(self) -> list[np.ndarray]:
+        return [a for arrs in (self.k, self.v, self.k_scale, self.v_scale, self.index) for a in arrs]
+
     def copy(self, src: int, dst: int, n: int) -> None:
-        for arrs in (self.k, self.v, self.k_scale, self.v_scale, self.index):
-            for a in arrs:
-                a[dst, :n] = a[src, :n]
+        for a in self._arrays():
+            a[dst, :n] = a[src, :n]
+
+    def move(self, other: PagedKVStore, src: list[int], dst: list[int]) -> None:
+        """Copy whole pages ``src`` of this store into pages ``dst`` of ``other`` (the same layout)."""
+        for a, b in zip(self._arrays(), other._arrays(), strict=True):
+            b[dst] = a[src]
+
+    def digest(self, page: int) -> bytes:
+        """A hash of one page's contents in every layer (the host tier's restore check)."""
+        h = hashlib.blake2b(digest_size=16)
+        for a in self._arrays():
+            h.update(a[page].tobytes())
+        return h.digest()
 
 
 class PagedKV:
@@ -143,6 +160,27 @@ class PagedKVIndex(PagedKV):
         return self._store.read_index(self._pages, attn_idx, n_blocks)
 
 
+def _snapshot_digest(snap: Any) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+
+    def walk(x: Any) -> None:
+        if isinstance(x, np.ndarray):
+            h.update(x.tobytes())
+        elif isinstance(x, tuple | list):
+            for y in x:
+                walk(y)
+        elif dataclasses.is_dataclass(x):
+            for f in dataclasses.fields(x):
+                walk(getattr(x, f.name))
+        elif isinstance(x, int | float | str | bytes | None):
+            h.update(repr(x).encode())
+        else:  # e.g. an index-key store: its attributes
+            walk(list(vars(x).values()) if hasattr(x, "__dict__") else repr(x))
+
+    walk(snap)
+    return h.digest()
+
+
 def snapshot_nbytes(snap: Any) -> int:
     """Bytes a (stored) snapshot holds: its arrays, walked through dataclass fields, tuples and ``nbytes``."""
     if isinstance(snap, np.ndarray):
@@ -169,6 +207,17 @@ class ReferenceRunner:
         self._ckpts: dict[int, Any] = {}  # checkpoint id -> stored snapshot
         self.snapshot_bytes = snapshot_nbytes(self._stored(self._new_state([]).snapshot_gdn()))
         self.vocab_size = model_config.vocab_size
+        # the host tier (docs/tiering.md): a plain second store, so the tiering logic runs in CI; off by default
+        self.page_bytes = self.store.bytes_per_token * cfg.page_size
+        self.host_pages = cfg.host_tier(self.page_bytes, self.snapshot_bytes, 0)
+        self.host_store = (
+            PagedKVStore(model_config, self.host_pages, cfg.page_size, cfg.kv_dtype, int(spec))
+            if self.host_pages
+            else None
+        )
+        self._host_ckpts: dict[int, Any] = {}
+        self._digests: dict[tuple[str, int], bytes] = {}  # tier_checksum: ("page"|"ckpt", host id) -> digest
+        self._done: list[tuple[int, float]] = []
         self._logits = np.zeros((0, self.vocab_size), np.float32)  # the last step's sampled rows
 
     @property
@@ -176,6 +225,8 @@ class ReferenceRunner:
         return len(self._ckpts)
 
     def execute(self, batch: Batch) -> None:
+        for c in batch.copies:  # host tier, in planned order
+            self._restore(c) if c.ticket else self._spill(c)
         for s in batch.setups:
             self._setup(s)
         rows: dict[int, np.ndarray] = {}
@@ -263,6 +314,49 @@ class ReferenceRunner:
     def _record(self, lane: int, start: int, h: np.ndarray) -> None:
         if self._drafter is not None:
             self._drafter.record(lane, start, h)
+
+    def copies_done(self, wait: bool) -> list[tuple[int, float]]:
+        """Restores are synchronous here: every ticket of the last ``execute`` is done."""
+        done, self._done = self._done, []
+        return done
+
+    # ---- the host tier ----------------------------------------------------------------------------------
+    def _spill(self, c: TierCopy) -> None:
+        assert self.host_store is not None
+        self.store.move(self.host_store, c.device_pages, c.host_pages)
+        if c.host_ckpt:  # the snapshot object stands for the bytes of its host pages
+            self._host_ckpts[c.host_ckpt[0]] = copy.deepcopy(self._ckpts[c.device_ckpt])
+        if self.cfg.tier_checksum:
+            for p in c.host_pages:
+                self._digests["page", p] = self.host_store.digest(p)
+            if c.host_ckpt:
+                self._digests["ckpt", c.host_ckpt[0]] = _snapshot_digest(self._host_ckpts[c.host_ckpt[0]])
+
+    def _restore(self, c: TierCopy) -> None:
+        assert self.host_store is not None
+        t0 = time.perf_counter()
+        self.host_store.move(self.store, c.host_pages, c.device_pages)
+        if c.host_ckpt:
+            self._ckpts[c.device_ckpt] = copy.deepcopy(self._host_ckpts[c.host_ckpt[0]])
+        if self.cfg.tier_checksum:
+            self._check_restore(c)
+        secs = time.perf_counter() - t0
+        if self._done and self._done[-1][0] == c.ticket:  # one restore may be several nodes' copies
+            secs += self._done.pop()[1]
+        self._done.append((c.ticket, secs))
+
+    def _check_restore(self, c: TierCopy) -> None:
+        """``tier_checksum``: the restored pages and checkpoint are bitwise what was spilled."""
+        for hp, dp in zip(c.host_pages, c.device_pages, strict=True):
+            if self.store.digest(dp) != self._digests["page", hp]:
+                raise RuntimeError(
+                    f"host tier: page {dp} restored from host page {hp} differs from the spill"
+                )
+        if (
+            c.host_ckpt
+            and _snapshot_digest(self._ckpts[c.device_ckpt]) != self._digests["ckpt", c.host_ckpt[0]]
+        ):
+            raise RuntimeError(f"host tier: checkpoint {c.device_ckpt} differs from the spill")
 
     # ---- lanes and checkpoints --------------------------------------------------------------------------
     def _new_state(self, pages: list[int]) -> Any:

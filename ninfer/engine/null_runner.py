@@ -23,6 +23,8 @@ DEFAULT_STEP_S = 0.0015  # ~8 lanes at ~5,500 tok/s: the demo model's engine on 
 
 class NullRunner:
     snapshot_bytes = 1  # a checkpoint holds nothing; the byte budget still counts them
+    page_bytes = 1
+    host_pages = 0  # no host tier (docs/tiering.md): nothing to spill
     vocab_size: int
 
     def __init__(self, vocab_size: int, token_pool: Sequence[int], step_s: float = DEFAULT_STEP_S) -> None:
@@ -43,3 +45,6 @@ class NullRunner:
     ) -> list[int]:
         n = len(self._pool)
         return [self._pool[(r.seed + r.position) % n] for r in reqs]
+
+    def copies_done(self, wait: bool) -> list[tuple[int, float]]:
+        return []  # no host tier, no restores

@@ -38,6 +38,9 @@ class Node:
         "last_used",
         "reserved",
         "protect",
+        "hpages",
+        "hckpt",
+        "ckpt_used",
     )
 
     def __init__(
@@ -49,18 +52,36 @@ class Node:
         self.last_used = 0
         self.reserved = 0  # reservations on this node's checkpoint
         self.protect = 0  # reservations in this subtree, this node included
+        # host tier (tiering.py): a node whose KV was spilled holds host page ids here and no device pages, and its
+        # checkpoint (if any) in the host pages ``hckpt`` (``ckpt`` None)
+        self.hpages: list[int] = []
+        self.hckpt: list[int] | None = None
+        self.ckpt_used = (
+            0  # tick its checkpoint was last published or resumed from (not raised by descendants)
+        )
 
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
+
+    @property
+    def on_host(self) -> bool:
+        return bool(self.hpages)
+
+    @property
+    def has_ckpt(self) -> bool:
+        return self.ckpt is not None or self.hckpt is not None
 
 
 @dataclass(frozen=True, slots=True)
 class Match:
     node: Node  # deepest usable checkpoint node on the prompt's path
     length: int  # tokens covered (node.end): the resume point
-    ckpt: int  # checkpoint id at ``length``
-    pages: list[int]  # page table of positions 0..length-1 (the last page may be partly used)
+    ckpt: int  # checkpoint id at ``length`` (-1 while ``host``)
+    pages: list[
+        int
+    ]  # page table of positions 0..length-1 (the last page may be partly used; empty while ``host``)
+    host: bool = False  # part of the path is in the host tier: restore it first (``TieredCache.restore``)
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -112,10 +133,12 @@ class PrefixCache:
     def lookup(self, tokens: list[int], limit: int) -> Match | None:
         """Deepest checkpoint on ``tokens``' path at a position <= ``limit``; None if there is none."""
         path = self._path(tokens, limit)
-        best = max((k for k, n in enumerate(path) if n.ckpt is not None), default=-1)
+        best = max((k for k, n in enumerate(path) if n.has_ckpt), default=-1)
         if best < 0:
             return None
         path = path[: best + 1]
+        if path[-1].on_host:  # the host part is a suffix of the path (a host node's subtree is on the host)
+            return Match(path[-1], path[-1].end, -1, [], host=True)
         pages: list[int] = []
         for n in path:  # a child's first page supersedes its parent's boundary page
             if n.start % self.P and pages:
@@ -131,8 +154,19 @@ class PrefixCache:
         node = path[-1] if path else None
         return node if node is not None and node.end == pos and node.ckpt is not None else None
 
+    def pin(self, node: Node, d: int = 1) -> None:
+        """Protect ``node``'s root path from eviction (``d=-1`` undoes it), e.g. while it is being restored."""
+        self._add_protect(node, d)
+
+    def hold(self, node: Node, d: int = 1) -> None:
+        """Keep ``node``'s checkpoint and root path as a reservation would (``d=-1`` undoes it): a request placed
+        on it whose lane is set up later (after a restore from the host tier) finds them there."""
+        node.reserved += d
+        self._add_protect(node, d)
+
     def touch(self, node: Node) -> None:
         self._tick += 1
+        node.ckpt_used = self._tick
         n: Node | None = node
         while n is not None:
             n.last_used = self._tick
@@ -147,7 +181,7 @@ class PrefixCache:
         """
         node, i = self.root, 0
         while i < pos:
-            child = node.children.get(tokens[i])
+            child = self._publish_child(node, tokens[i])
             if child is None:
                 break
             n = _common(child.tokens, tokens[i:pos])
@@ -165,6 +199,10 @@ class PrefixCache:
             self._free_ckpt(ckpt)
         self.touch(node)
         return node
+
+    def _publish_child(self, node: Node, token: int) -> Node | None:
+        """The child of ``node`` that a publish walks into (the tiered cache drops a host child there)."""
+        return node.children.get(token)
 
     def _new_node(self, parent: Node, start: int, tokens: list[int], pages: list[int]) -> Node:
         node = Node(self._next_node, parent, start, tokens, pages)
@@ -243,18 +281,22 @@ class PrefixCache:
         """Remove a leaf and then every ancestor that became a checkpoint-less leaf."""
         while node is not self.root and not node.children:
             assert node.protect == 0 and node.parent is not None
-            if node.ckpt is not None:
-                self._free_ckpt(node.ckpt)
-                node.ckpt = None
-                self.evicted_checkpoints += 1
-            self.pool.decref(node.pages)
+            self._release(node)
             del node.parent.children[node.tokens[0]]
             del self._nodes[node.id]
             self.evicted_nodes += 1
             parent = node.parent
-            if parent.ckpt is not None:
+            if parent.has_ckpt:
                 break
             node = parent
+
+    def _release(self, node: Node) -> None:
+        """Give back what a node being removed holds on the device (the tiered cache adds the host tier)."""
+        if node.ckpt is not None:
+            self._free_ckpt(node.ckpt)
+            node.ckpt = None
+            self.evicted_checkpoints += 1
+        self.pool.decref(node.pages)
 
     def freeable_pages(self) -> int:
         """Pages that evicting every unreserved node would return to the pool."""
@@ -268,10 +310,14 @@ class PrefixCache:
         if self.pool.free + self.freeable_pages() < n:
             return False
         while self.pool.free < n:
-            leaf = self._lru(lambda x: not x.children and x.protect == 0)
-            assert leaf is not None, "freeable pages were counted but no leaf is evictable"
-            self._remove(leaf)
+            self._evict_lru()
         return True
+
+    def _evict_lru(self) -> None:
+        """Evict the least recently used unreserved leaf (the tiered cache spills it to the host instead)."""
+        leaf = self._lru(lambda x: not x.children and x.protect == 0)
+        assert leaf is not None, "freeable pages were counted but no leaf is evictable"
+        self._remove(leaf)
 
     # ---- reservations -----------------------------------------------------------------------------------
     def reserve(self, nodes: list[Node]) -> int:
@@ -344,8 +390,14 @@ class PrefixCache:
         """Verify the invariants (tests)."""
         for n in self._nodes.values():
             assert n.parent is not None and n.parent.children.get(n.tokens[0]) is n
-            assert len(n.pages) == (n.end - 1) // self.P - n.start // self.P + 1
-            assert n.children or n.ckpt is not None, f"leaf {n.id} without checkpoint"
+            held = n.hpages if n.on_host else n.pages
+            assert len(held) == (n.end - 1) // self.P - n.start // self.P + 1
+            assert not (n.on_host and (n.pages or n.ckpt is not None)), f"node {n.id} in both tiers"
+            assert n.hckpt is None or n.on_host, f"node {n.id}: a host checkpoint on a device node"
+            assert n.children or n.has_ckpt, f"leaf {n.id} without checkpoint"
+            assert not n.on_host or all(c.on_host for c in n.children.values()), (
+                f"host node {n.id}: device child"
+            )
             assert n.protect == n.reserved + sum(c.protect for c in n.children.values())
             for c in n.children.values():
                 assert c.start == n.end

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from .config import EngineConfig
 from .core import Batch, FinishReason, LaneSetup, LaneWork, QueueFull, Request, RequestStatus
 from .kv_pool import PagePool
-from .prefix_cache import Match, PrefixCache
+from .prefix_cache import Match, Node, PrefixCache
+from .tiering import Restore, TieredCache
 
 __all__ = ["Scheduler"]
 
@@ -37,8 +38,14 @@ class Scheduler:
         self._cancelled: set[int] = set()
         self._reservation: dict[int, int] = {}  # request id -> its own reservation (end-of-prompt onwards)
         self._setups: list[LaneSetup] = []  # admitted since the last plan; the runner applies them first
+        # admitted with a restore from the host tier in flight: ticket -> (request, its setup held back, the node
+        # it resumes from, held in the cache until the setup is out)
+        self._restoring: dict[int, tuple[Request, LaneSetup, Node]] = {}
+        self._held: dict[int, Node] = {}  # ticket -> that node, between placement and admission
         self.prefix_hit_tokens = 0
+        self.host_hit_tokens = 0
         self.prefill_tokens = 0
+        self.restore_seconds = 0.0
 
     # ---- requests in and out ----------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -62,6 +69,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self._cancelled or any(r is not None for r in self.lanes))
 
+    @property
+    def restoring(self) -> bool:
+        """A restore from the host tier is in flight (some admitted request waits for it)."""
+        return bool(self._restoring)
+
     def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
         """Stop generating. With prefix reuse the last token is still computed (next step) before retiring."""
         req.finish_reason, req.error = reason, error
@@ -72,8 +84,14 @@ class Scheduler:
             self._retire(req)
 
     def _retire(self, req: Request) -> None:
-        for s in [s for s in self._setups if s.lane == req.lane]:  # admitted but never run
-            self._setups.remove(s)
+        unrun = [s for s in self._setups if s.lane == req.lane]  # admitted but never run
+        self._setups = [s for s in self._setups if s.lane != req.lane]
+        for ticket in [t for t, (r, _, _) in self._restoring.items() if r is req]:  # its restore is in flight
+            _, setup, node = self._restoring.pop(ticket)
+            assert self.cache is not None
+            self.cache.hold(node, -1)
+            unrun.append(setup)
+        for s in unrun:
             if s.copy_page is not None:
                 self.pool.decref([s.copy_page[0]])
         if req.lane >= 0:
@@ -99,7 +117,22 @@ class Scheduler:
         self._plan(batch)
         if self.cache is not None:
             batch.free_checkpoints, self.cache.freed_checkpoints = self.cache.freed_checkpoints, []
+        if isinstance(self.cache, TieredCache):
+            batch.copies = self.cache.drain()
         return batch
+
+    def restored(self, done: list[tuple[int, float]]) -> None:
+        """Restores the runner finished (ticket, seconds): their requests' lanes are set up in the next step."""
+        for ticket, secs in done:
+            assert isinstance(self.cache, TieredCache)
+            self.cache.restored(ticket)
+            self.restore_seconds += secs
+            entry = self._restoring.pop(ticket, None)
+            if entry is not None:  # its checkpoint is freed, if at all, after the next step's setups
+                req, setup, node = entry
+                self.cache.hold(node, -1)
+                req.restore, req.restore_s = None, secs
+                self._setups.append(setup)
 
     def _apply_cancels(self) -> None:
         if not self._cancelled:
@@ -123,7 +156,11 @@ class Scheduler:
             req.num_computed = req.cached_tokens = setup.length
             self.lanes[setup.lane], self.lane_pages[setup.lane] = req, setup.pages
             self.prefix_hit_tokens += setup.length
-            self._setups.append(setup)
+            self.host_hit_tokens += req.host_cached_tokens
+            if req.restore is not None:  # the lane waits until the copy is on the device
+                self._restoring[req.restore] = (req, setup, self._held.pop(req.restore))
+            else:
+                self._setups.append(setup)
 
     def _place(self, req: Request, lane: int) -> LaneSetup | None:
         """Pages (and a checkpoint to resume from) for ``req``; None if it must wait."""
@@ -139,6 +176,12 @@ class Scheduler:
 
     def _try_place(self, req: Request, lane: int, total: int, m: Match | None) -> LaneSetup | None:
         P = self.cfg.page_size
+        restore: Restore | None = None
+        if m is not None and m.host:
+            got = self._restore(req, total, m)
+            if got is None:
+                return None
+            m, restore = got
         c = m.length if m is not None else 0
         shared = m.pages[: c // P] if m is not None else []
         boundary = [m.pages[c // P]] if m is not None and c % P else []
@@ -157,7 +200,32 @@ class Scheduler:
             if node is not None:
                 self._reservation[req.id] = self.cache.extend_reservation(self._reservation.get(req.id), node)
         copy = (boundary[0], fresh[0], c % P) if boundary else None
+        if restore is not None:
+            self.cache.hold(m.node)
+            self._held[restore.ticket] = m.node
+            req.restore, req.host_cached_tokens, req.restore_bytes = (
+                restore.ticket,
+                restore.tokens,
+                restore.bytes,
+            )
         return LaneSetup(lane, shared + fresh, m.ckpt, c, copy)
+
+    def _restore(self, req: Request, total: int, m: Match) -> tuple[Match, Restore] | None:
+        """Bring ``m``'s host part back to the device, with room for the request too; None if it cannot be."""
+        cache = self.cache
+        assert isinstance(cache, TieredCache)
+        cache.pin(m.node)  # nothing below may spill or drop the path being restored
+        try:
+            if not self._make_room(cache.restore_pages(m) + total - m.length // self.cfg.page_size):
+                return None
+            restore = cache.restore(m)
+        finally:
+            cache.pin(m.node, -1)
+        if restore is None:
+            return None
+        again = cache.lookup(req.tokens[: req.prompt_len], req.prompt_len - 1)
+        assert again is not None and again.node is m.node and not again.host
+        return again, restore
 
     def _make_room(self, n: int) -> bool:
         if self.pool.free >= n:
@@ -178,7 +246,7 @@ class Scheduler:
         budget = self.cfg.prefill_chunk
         for req in sorted(self.running, key=lambda r: r.id):  # admission order
             start, known = req.num_computed, len(req.tokens)
-            if start >= known:
+            if start >= known or req.restore is not None:
                 continue
             prefill = start < req.prompt_len
             if prefill:  # a lane's chunks never depend on other lanes: batch invariance
@@ -210,6 +278,11 @@ class Scheduler:
         for w in batch.work:
             if w.save_checkpoint is not None and self.cache is not None:
                 self.cache.discard_checkpoint(w.save_checkpoint)
+        if isinstance(
+            self.cache, TieredCache
+        ):  # copies that may never complete: their host ids are free again
+            for ticket in {c.ticket for c in batch.copies if c.ticket}:
+                self.restored([(ticket, 0.0)])
         for req in self.running:
             self.finish(req, FinishReason.ERROR, message)
 

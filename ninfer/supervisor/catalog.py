@@ -69,12 +69,17 @@ def estimate_plan(art: Any, server_cfg: Any) -> Any:
     mc = art.model_config
     snap = snapshot_bytes(mc, ec.gdn_state_dtype)
     n_ckpt = (ec.checkpoint_budget(snap) // snap + ec.max_concurrency) if ec.prefix_reuse else 0
+    k = (
+        ec.num_draft
+    )  # speculation: a spare GDN slot per lane, the MTP KV plane, verify graphs (as the runner)
+    n_ckpt += ec.max_concurrency if k else 0
     weights = sum(int(art.tensor_info(n)["nbytes"]) for n in art.tensor_names())
     plan = plan_memory(
         mc, weights=weights, free=0, lanes=ec.max_concurrency, checkpoints=n_ckpt, num_pages=ec.num_pages,
         page_size=ec.page_size, max_context=ec.max_context, prefill_chunk=ec.prefill_chunk, attn_chunk=256,
         kv_dtype=ec.kv_dtype, state_dtype=ec.gdn_state_dtype, act_bytes=2 if server_cfg.activations == "bf16" else 4,
-        graphs=server_cfg.cuda_graph,
+        graphs=server_cfg.cuda_graph, extra_kv_planes=int(k > 0), verify_rows=k + 1 if k else 0,
+        host_tier=ec.prefix_reuse and ec.host_cache_gib != 0,
     )  # fmt: skip
     return plan
 

@@ -1,0 +1,255 @@
+"""``HostTier``: the CUDA runner's host tier (docs/tiering.md) in pinned host memory, moved on its own stream.
+
+Layout: a pinned arena ``[host_pages, page_bytes]``, allocated in ``SEGMENT_BYTES`` segments as the page ids in
+use reach them (the engine hands out low ids first), so a tier that never fills pins only what it used. A host page holds one KV page of every attention layer (with speculation also the MTP head's plane),
+page-major (the K pages of every layer, then V, then the fp8 scales, each ``page_size x KV heads x head_dim``
+as stored on the device); a GDN checkpoint takes ``ceil(snapshot_bytes / page_bytes)`` host pages, holding the
+bytes of its slot in every conv then every recurrent state array in order.
+
+Copies run on ``self.stream`` (a non-blocking copy stream): KV pages go through a device staging buffer of
+``stage_pages(page_bytes)`` pages, about ``STAGE_BYTES`` (a gather or scatter kernel per layer array and chunk,
+then one ``cudaMemcpyAsync`` per run of consecutive host pages: few launches, so issuing a 32K-token restore
+costs the step thread little), a checkpoint slot straight between its arrays and the host pages. Each spill or restore
+records an event; until it has passed, the compute stream waits on it before it touches any page or checkpoint
+slot the copy reads or writes (``guard``: new lanes' pages, saves into reused slots). Decode of running lanes
+touches neither, so it runs while a restore is in flight; the restoring lane itself is set up only after
+``done`` reported its ticket (the scheduler holds it back).
+
+``checksum``: each spilled page and checkpoint gets a position-weighted 64-bit sum of its device bytes, and every
+restore is checked against it once its copy is complete (synchronously: debug and tests only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ninfer.engine.core import TierCopy
+
+__all__ = ["HostTier", "STAGE_BYTES", "stage_pages", "page_runs"]
+
+STAGE_BYTES = 256 << 20  # device staging of the page copies: 256 pages of the 27B's 1 MiB (bf16 KV)
+SEGMENT_BYTES = 1 << 30  # the pinned arena grows by this much
+D2H, H2D = 2, 1  # cudaMemcpyKind
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _words(x: Any) -> Any:
+    """A contiguous byte array as 32-bit words where its length allows (a quarter of the digest's temporaries)."""
+    return x.view(np.uint32) if x.shape[-1] % 4 == 0 else x
+
+
+def stage_pages(page_bytes: int) -> int:
+    """Pages in the staging buffer: about ``STAGE_BYTES``, 1..1024."""
+    return max(1, min(STAGE_BYTES // page_bytes, 1024))
+
+
+def page_runs(ids: Sequence[int]) -> Iterator[tuple[int, int, int]]:
+    """(index into ``ids``, first id, length) of each run of consecutive ids."""
+    i = 0
+    while i < len(ids):
+        j = i + 1
+        while j < len(ids) and ids[j] == ids[j - 1] + 1:
+            j += 1
+        yield i, ids[i], j - i
+        i = j
+
+
+@dataclass(eq=False, slots=True)
+class _Flight:
+    end: Any  # cupy Event recorded after the copy
+    start: Any | None  # restores: the event before it (the copy's time)
+    pages: set[int]
+    slots: set[int]
+    ticket: int  # 0: a spill
+
+
+class HostTier:
+    def __init__(self, net: Any, host_pages: int, page_bytes: int, *, checksum: bool = False) -> None:
+        import cupy
+        import cupyx
+
+        self.net = net
+        self.page_arrays = list(net.kc) + list(net.vc) + list(net.ks) + list(net.vs)
+        self.slot_arrays = list(net.conv) + list(net.rec)
+        sizes = [int(a[0].nbytes) for a in self.page_arrays]
+        if sum(sizes) != page_bytes:
+            raise ValueError(
+                f"host tier: a KV page takes {sum(sizes)} bytes on the device, planned {page_bytes}"
+            )
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
+        self.page_bytes, self.checksum, self.host_pages = page_bytes, checksum, host_pages
+        self.seg_pages = max(1, SEGMENT_BYTES // page_bytes)
+        self._segments: list[np.ndarray] = []  # pinned [seg_pages, page_bytes] each
+        self._pinned = cupyx.empty_pinned
+        self.chunk = stage_pages(page_bytes)
+        self.stage = cupy.empty((self.chunk, page_bytes), np.uint8)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._flights: list[_Flight] = []
+        self._digests: dict[tuple[str, int], int] = {}
+
+    @property
+    def host_bytes(self) -> int:
+        """Pinned bytes allocated so far."""
+        return sum(int(s.nbytes) for s in self._segments)
+
+    def row(self, host_id: int) -> np.ndarray:
+        """Host page ``host_id`` (a view of the pinned arena)."""
+        self._reach(host_id)
+        seg, i = divmod(host_id, self.seg_pages)
+        return self._segments[seg][i]
+
+    def _reach(self, host_id: int) -> None:
+        if not 0 <= host_id < self.host_pages:
+            raise IndexError(f"host page {host_id} outside the tier's {self.host_pages}")
+        while len(self._segments) <= host_id // self.seg_pages:
+            first = len(self._segments) * self.seg_pages
+            n = min(self.seg_pages, self.host_pages - first)
+            self._segments.append(self._pinned((n, self.page_bytes), np.uint8))
+
+    def _ptr(self, host_id: int) -> int:
+        return int(self.row(host_id).ctypes.data)
+
+    # ---- copies ---------------------------------------------------------------------------------------------
+    def spill(self, c: TierCopy, slot: int | None) -> None:
+        """Device pages (and checkpoint ``slot``) of ``c`` to its host pages, on the copy stream."""
+        with self.stream:
+            for a in range(0, len(c.device_pages), self.chunk):
+                dp, hp = c.device_pages[a : a + self.chunk], c.host_pages[a : a + self.chunk]
+                self._gather(dp)
+                if self.checksum:
+                    self._record("page", hp, self._row_digests(len(dp)))
+                self._rows(hp, D2H)
+            if c.host_ckpt:
+                assert slot is not None
+                if self.checksum:
+                    self._digests["ckpt", c.host_ckpt[0]] = self._slot_digest(slot)
+                self._slot_copy(slot, c.host_ckpt, D2H)
+            end = self.stream.record()
+        self._flights.append(
+            _Flight(end, None, set(c.device_pages), {slot} if slot is not None else set(), 0)
+        )
+        if self.checksum:
+            self.stream.synchronize()  # debug: the spill is complete before any lane writes again
+
+    def restore(self, copies: Sequence[TierCopy], slots: Sequence[int | None], ticket: int) -> None:
+        """One restore (its copies, each into its device pages and checkpoint slot), on the copy stream."""
+        pages: set[int] = set()
+        with self.stream:
+            start = self.stream.record()
+            for c, slot in zip(copies, slots, strict=True):
+                for a in range(0, len(c.device_pages), self.chunk):
+                    self._rows(c.host_pages[a : a + self.chunk], H2D)
+                    self._scatter(c.device_pages[a : a + self.chunk])
+                if c.host_ckpt:
+                    assert slot is not None
+                    self._slot_copy(slot, c.host_ckpt, H2D)
+                pages |= set(c.device_pages)
+            end = self.stream.record()
+        self._flights.append(_Flight(end, start, pages, {s for s in slots if s is not None}, ticket))
+        if self.checksum:
+            self.stream.synchronize()
+            for c, slot in zip(copies, slots, strict=True):
+                self._verify(c, slot)
+
+    def guard(self, pages: set[int], slots: set[int]) -> None:
+        """The compute stream waits for every copy in flight that reads or writes these pages or slots."""
+        self._prune()
+        for f in self._flights:
+            if f.pages & pages or f.slots & slots:
+                self.net.stream.wait_event(f.end)
+
+    def done(self, wait: bool) -> list[tuple[int, float]]:
+        """Restores complete since the last call: (ticket, seconds between its events on the copy stream)."""
+        import cupy
+
+        pending = [f for f in self._flights if f.ticket]
+        if wait and pending and not any(f.end.done for f in pending):
+            pending[0].end.synchronize()
+        out = []
+        for f in pending:
+            if f.end.done:
+                out.append((f.ticket, cupy.cuda.get_elapsed_time(f.start, f.end) * 1e-3))
+                self._flights.remove(f)
+        self._prune()
+        return out
+
+    def _prune(self) -> None:
+        self._flights = [f for f in self._flights if f.ticket or not f.end.done]
+
+    # ---- pieces ---------------------------------------------------------------------------------------------
+    def _gather(self, pages: Sequence[int]) -> None:
+        import cupy
+
+        n, idx = len(pages), cupy.asarray(np.asarray(pages, np.int64))
+        for a, lo, hi in zip(self.page_arrays, self.offsets, self.offsets[1:], strict=False):
+            self.stage[:n, lo:hi] = a[idx].reshape(n, -1).view(np.uint8)
+
+    def _scatter(self, pages: Sequence[int]) -> None:
+        import cupy
+
+        n, idx = len(pages), cupy.asarray(np.asarray(pages, np.int64))
+        for a, lo, hi in zip(self.page_arrays, self.offsets, self.offsets[1:], strict=False):
+            block = cupy.ascontiguousarray(self.stage[:n, lo:hi])
+            a[idx] = block.view(a.dtype).reshape((n, *a.shape[1:]))
+
+    def _rows(self, host_ids: Sequence[int], kind: int) -> None:
+        """Staging rows 0.. <-> host pages ``host_ids``, one memcpy per run of consecutive host pages (within a
+        segment)."""
+        import cupy
+
+        pb, stage, sp = self.page_bytes, self.stage.data.ptr, self.seg_pages
+        ids = list(host_ids)
+        for i, _, n in page_runs([h + (h // sp) * 2 for h in ids]):  # a gap between segments ends a run
+            dev, host = stage + i * pb, self._ptr(ids[i])
+            dst, src = (host, dev) if kind == D2H else (dev, host)
+            cupy.cuda.runtime.memcpyAsync(dst, src, n * pb, kind, self.stream.ptr)
+
+    def _slot_copy(self, slot: int, host_ids: Sequence[int], kind: int) -> None:
+        """Checkpoint slot ``slot`` of every GDN array <-> the byte stream of host pages ``host_ids``."""
+        import cupy
+
+        pb, pos = self.page_bytes, 0
+        for arr in self.slot_arrays:
+            ptr, left = arr[slot].data.ptr, int(arr[slot].nbytes)
+            while left:
+                row, off = divmod(pos, pb)
+                n = min(left, pb - off)
+                host = self._ptr(host_ids[row]) + off
+                dst, src = (host, ptr) if kind == D2H else (ptr, host)
+                cupy.cuda.runtime.memcpyAsync(dst, src, n, kind, self.stream.ptr)
+                ptr, pos, left = ptr + n, pos + n, left - n
+
+    # ---- checksum (debug) -----------------------------------------------------------------------------------
+    def _row_digests(self, n: int) -> list[int]:
+        import cupy
+
+        w = _words(self.stage[:n]).astype(cupy.uint64)
+        mult = cupy.arange(1, w.shape[1] + 1, dtype=cupy.uint64) * _MIX
+        return [int(x) for x in cupy.asnumpy((w * mult).sum(axis=1), stream=self.stream)]
+
+    def _slot_digest(self, slot: int) -> int:
+        import cupy
+
+        flat = cupy.concatenate([a[slot].reshape(-1).view(np.uint8) for a in self.slot_arrays])
+        w = _words(flat).astype(cupy.uint64)
+        mult = cupy.arange(1, w.size + 1, dtype=cupy.uint64) * _MIX
+        return int((w * mult).sum().get(stream=self.stream))
+
+    def _record(self, kind: str, host_ids: Sequence[int], digests: list[int]) -> None:
+        for h, d in zip(host_ids, digests, strict=True):
+            self._digests[kind, h] = d
+
+    def _verify(self, c: TierCopy, slot: int | None) -> None:
+        with self.stream:
+            for a in range(0, len(c.device_pages), self.chunk):
+                dp, hp = c.device_pages[a : a + self.chunk], c.host_pages[a : a + self.chunk]
+                self._gather(dp)
+                for p, h, d in zip(dp, hp, self._row_digests(len(dp)), strict=True):
+                    if d != self._digests["page", h]:
+                        raise RuntimeError(f"host tier: device page {p} restored from host page {h} differs")
+            if c.host_ckpt and self._slot_digest(slot) != self._digests["ckpt", c.host_ckpt[0]]:
+                raise RuntimeError(f"host tier: checkpoint slot {slot} restored from the host differs")

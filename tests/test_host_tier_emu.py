@@ -1,0 +1,172 @@
+"""``ninfer.cuda.host_tier.HostTier``'s byte plumbing on the CPU: CuPy replaced by NumPy arrays whose
+``data.ptr`` is their address and ``cudaMemcpyAsync`` by ``memmove``, so page offsets, runs of host pages, the
+checkpoint byte stream across host pages and the debug checksum are checked without a GPU (the GPU test,
+tests/test_cuda_tiering.py, runs the real copies)."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from ninfer.cuda.host_tier import HostTier, page_runs, stage_pages
+from ninfer.engine.core import TierCopy
+
+
+class Dev(np.ndarray):
+    """A "device" array: NumPy with CuPy's ``data.ptr`` and ``get``."""
+
+    @property
+    def data(self):  # noqa: ANN201
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+    def get(self, stream=None):  # noqa: ANN001, ANN201
+        return np.asarray(self)
+
+
+class _Event:
+    done = True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _Stream:
+    ptr = 0
+
+    def __init__(self, non_blocking: bool = False) -> None:
+        self.waited = 0
+
+    def __enter__(self):  # noqa: ANN204
+        return self
+
+    def __exit__(self, *a: object) -> None:
+        pass
+
+    def record(self) -> _Event:
+        return _Event()
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_event(self, ev: _Event) -> None:
+        self.waited += 1
+
+
+def _dev(x: np.ndarray) -> Dev:
+    return np.ascontiguousarray(x).view(Dev)
+
+
+def _fake_cupy() -> types.ModuleType:
+    cp = types.ModuleType("cupy")
+    cp.asarray = lambda x, dtype=None: _dev(np.asarray(x, dtype))
+    cp.empty = lambda shape, dtype: _dev(np.empty(shape, dtype))
+    cp.ascontiguousarray = lambda x: _dev(np.array(x))
+    cp.concatenate = lambda xs: _dev(np.concatenate([np.asarray(x) for x in xs]))
+    cp.arange = lambda *a, dtype=None: _dev(np.arange(*a, dtype=dtype))
+    cp.asnumpy = lambda x, stream=None: np.asarray(x)
+    cp.uint64 = np.uint64
+    runtime = types.SimpleNamespace(memcpyAsync=lambda dst, src, n, kind, stream: ctypes.memmove(dst, src, n))
+    cp.cuda = types.SimpleNamespace(Stream=_Stream, runtime=runtime, get_elapsed_time=lambda a, b: 1.5)
+    cpx = types.ModuleType("cupyx")
+    cpx.empty_pinned = lambda shape, dtype: np.zeros(shape, dtype)
+    return cp, cpx
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    cp, cpx = _fake_cupy()
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setitem(sys.modules, "cupyx", cpx)
+    return cp
+
+
+def _net(fp8: bool, pages: int = 80, slots: int = 6):  # noqa: ANN202
+    rng = np.random.default_rng(3)
+    P, H, D = 4, 2, 8
+    word = np.uint8 if fp8 else np.uint16
+
+    def kv() -> Dev:
+        return _dev(rng.integers(0, 250, (pages + 1, P, H, D)).astype(word))
+
+    net = types.SimpleNamespace(stream=_Stream())
+    net.kc, net.vc = [kv(), kv()], [kv(), kv()]
+    net.ks = [_dev(rng.random((pages + 1, P, H), np.float32)) for _ in range(2)] if fp8 else []
+    net.vs = [_dev(rng.random((pages + 1, P, H), np.float32)) for _ in range(2)] if fp8 else []
+    net.conv = [_dev(rng.random((slots + 1, 6, 3), np.float32)) for _ in range(3)]
+    net.rec = [_dev(rng.random((slots + 1, 2, 4, 4), np.float32)) for _ in range(3)]
+    page_bytes = sum(int(a[0].nbytes) for a in net.kc + net.vc + net.ks + net.vs)
+    return net, page_bytes
+
+
+def _snapshot(net, pages: list[int], slot: int) -> list[np.ndarray]:  # noqa: ANN001
+    return [np.array(a[pages]) for a in net.kc + net.vc + net.ks + net.vs] + [
+        np.array(a[slot]) for a in net.conv + net.rec
+    ]
+
+
+def test_page_runs() -> None:
+    assert list(page_runs([3, 4, 5, 9, 1, 2])) == [(0, 3, 3), (3, 9, 1), (4, 1, 2)]
+    assert list(page_runs([])) == []
+
+
+def test_pinned_arena_grows_by_segments(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    net, page_bytes = _net(False)
+    monkeypatch.setattr("ninfer.cuda.host_tier.SEGMENT_BYTES", 8 * page_bytes)
+    tier = HostTier(net, 20, page_bytes)
+    assert tier.host_bytes == 0
+    tier.row(3)
+    assert tier.host_bytes == 8 * page_bytes
+    tier.row(17)
+    assert tier.host_bytes == 20 * page_bytes  # three segments, the last one short
+    with pytest.raises(IndexError):
+        tier.row(20)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_spill_then_restore_elsewhere_is_bitwise(fake, fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    net, page_bytes = _net(fp8)
+    monkeypatch.setattr("ninfer.cuda.host_tier.STAGE_BYTES", 16 * page_bytes)
+    monkeypatch.setattr("ninfer.cuda.host_tier.SEGMENT_BYTES", 30 * page_bytes)  # runs cross segments
+    tier = HostTier(net, 90, page_bytes, checksum=True)
+    ckpt_pages = -(-sum(int(a[0].nbytes) for a in net.conv + net.rec) // page_bytes)
+    n = stage_pages(page_bytes) + 5  # two staging chunks
+    dev_pages = list(range(n))
+    host_pages = [*range(20, 20 + n - 3), 5, 7, 6]  # runs and scattered pages
+    host_ckpt = [88 - i for i in range(ckpt_pages)]  # the checkpoint bytes across non-consecutive host pages
+    before = _snapshot(net, dev_pages, 2)
+    tier.spill(TierCopy(0, dev_pages, host_pages, 11, host_ckpt), 2)
+    for a in net.kc + net.vc + net.ks + net.vs + net.conv + net.rec:  # the device memory is reused meanwhile
+        a[...] = 0
+    new_pages = [p + 5 for p in dev_pages][::-1]  # restored into other pages, reversed, another slot
+    tier.restore([TierCopy(7, new_pages, host_pages, 12, host_ckpt)], [4], 7)
+    after = _snapshot(net, new_pages, 4)
+    for b, a in zip(before, after[: len(before)], strict=True):
+        if b.ndim and b.shape[0] == n:  # page arrays: restored page i holds spilled page i
+            np.testing.assert_array_equal(a, b)
+    for b, a in zip(before[-6:], after[-6:], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert tier.done(False) == [(7, 1.5e-3)] and tier.done(True) == []
+    tier.guard({new_pages[0]}, set())
+    assert net.stream.waited == 0  # both copies have completed: nothing to wait for
+    # the checksum catches a host page that changed between the spill and the restore
+    tier.row(host_pages[3])[5] ^= 1
+    with pytest.raises(RuntimeError, match="differs"):
+        tier.restore([TierCopy(8, new_pages, host_pages, 12, host_ckpt)], [4], 8)
+
+
+def test_guard_waits_only_for_overlapping_copies(fake) -> None:  # noqa: ANN001
+    net, page_bytes = _net(False)
+    tier = HostTier(net, 20, page_bytes)
+    _Event.done = False
+    try:
+        tier.spill(TierCopy(0, [1, 2], [0, 1]), None)
+        tier.guard({3, 4}, {0})
+        assert net.stream.waited == 0
+        tier.guard({2}, set())
+        assert net.stream.waited == 1
+    finally:
+        _Event.done = True
