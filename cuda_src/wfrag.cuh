@@ -138,8 +138,8 @@ template <int MT> struct GvRows {
 
 // ---- formats ---------------------------------------------------------------------------------------------------
 // Each: MT (16-row m-tiles per warp), GROUP (steps per accumulator scale; 0 = none), kofs(t, w), chunk(cc, t, w)
-// (the inverse: the word at k offset 8 cc of a tile), VECS + copy (cp.async of the lane's rows n[mt][r] of one
-// tile into its stage slots) + read (one row's bits back into a Raw), Prep + prep (per-tile conversions),
+// (the inverse: the word at k offset 8 cc of a tile), VECS + Src/src/copy_next (cp.async of the lane's rows of
+// the next tile into its stage slots; GV_ROWS_SRC builds them on a per-tile copy(..., rows n[mt][r], k0, t)) + read (one row's bits back into a Raw), Prep + prep (per-tile conversions),
 // pair(p, w, i) (bf16x2 of the word's weights i and i + 4), gscale(p, h) (group h's scale when GROUP > 0) and
 // row_scale(p1, p2, n) (applied to the fp32 result).
 
@@ -236,18 +236,6 @@ struct FragNVFP4 : KMap32 {
         u32 s0, s1;  // bf16x2 of block scale * 2^119 (both halves)
     };
     static constexpr int VECS = 2 * MT + (MT + 1) / 2;  // codes per row, then the rows' scale words (32 lanes x 4 B)
-    static __host__ __device__ __forceinline__ void copy(u8* st, int lane, const u8* p0, const u8* p1, const u8*,
-                                                         int K, const long long (&n)[MT][2], int k0, int t) {
-        const long long kp = kpad128(K);
-#pragma unroll
-        for (int r = 0; r < 2 * MT; ++r) {
-            const long long row = n[r >> 1][r & 1];
-            cp_async<16>(gv_vec(st, r, lane), p0 + nv4_codes(row, kp, k0 + 32 * t), true);
-            // the 4-byte word holding this lane's two scale bytes (a row's 8 scale bytes of a tile are 8-aligned),
-            // lane-contiguous per row so the warp's 4-byte accesses hit 32 distinct banks
-            cp_async<4>(st + 2 * MT * 512 + (32 * r + lane) * 4, p1 + nv4_scales(row, kp, k0) + 4 * (t >> 1), true);
-        }
-    }
     // per row: its codes and scale word at the split's first tile; tile i is 1024 (codes) / 128 (scales) bytes on
     struct Src {
         const u8* c[2 * MT];
@@ -268,6 +256,8 @@ struct FragNVFP4 : KMap32 {
 #pragma unroll
         for (int r = 0; r < 2 * MT; ++r) {
             cp_async<16>(gv_vec(st, r, lane), s.c[r], true);
+            // the 4-byte word holding this lane's two scale bytes (a row's 8 scale bytes of a tile are 8-aligned),
+            // lane-contiguous per row so the warp's 4-byte accesses hit 32 distinct banks
             cp_async<4>(st + 2 * MT * 512 + (32 * r + lane) * 4, s.s[r], true);
             s.c[r] += 1024, s.s[r] += 128;
         }

@@ -165,19 +165,18 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta) -> Any:
     flat, n = eid.reshape(-1), t * k
     ns = n + (t if shared else 0)
     slot = net.const_i32(("slot", ns), np.arange(ns))
-    tail = np.arange(t) if shared else np.arange(0)
     if t > 8:  # prefill: visit slots grouped by expert so the expert's weights stay in L2
         order = cupy.argsort(flat[:n]).astype(np.int32)
         ids, xrow = flat[order], order // np.int32(k)
         if shared:
             ids, xrow = (
                 cupy.concatenate([ids, flat[n:]]),
-                cupy.concatenate([xrow, cupy.asarray(tail, np.int32)]),
+                cupy.concatenate([xrow, cupy.arange(t, dtype=np.int32)]),
             )
         where = cupy.empty(n, np.int32)
         where[order] = slot[:n]
     else:
-        xr = np.concatenate([np.arange(n) // k, tail])
+        xr = np.concatenate([np.arange(n) // k, np.arange(t if shared else 0)])
         ids, xrow, where = flat, net.const_i32(("xrow", ns, k, shared), xr), slot[:n]
     if gemm:
         from ninfer.cuda.linear import gemm_experts

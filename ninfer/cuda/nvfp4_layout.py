@@ -93,16 +93,15 @@ def _tile(xp: Any, plane: Any, rows: int, tb: int, inverse: bool) -> Any:
     return xp.ascontiguousarray(full.reshape(pr // GROUP, GROUP, nt, tb).transpose(0, 2, 1, 3)).reshape(-1)
 
 
-def _fold_scale_signs(xp: Any, codes: Any, scales: Any) -> tuple[Any, Any]:
+def _fold_scale_signs(codes: Any, scales: Any) -> tuple[Any, Any]:
     """A negative block scale's sign moved into its 16 codes (value-exact: (-c) * |s| = c * s), so the device's
     scales are nonnegative (the decode GEMV places the scale's 7 magnitude bits only, cuda_src/wfrag.cuh). Quantizers
     write nonnegative scales: this only ever changes hostile or hand-made planes."""
     neg = (scales & np.uint8(0x80)) != 0
     if not bool(neg.any()):
         return codes, scales
-    flip = neg.astype(np.uint8) * np.uint8(
-        0x88
-    )  # both nibbles' sign bits of each of the block's 8 code bytes
+    # both nibbles' sign bits of each of the block's 8 code bytes
+    flip = neg.astype(np.uint8) * np.uint8(0x88)
     codes = (codes.reshape(-1, 8) ^ flip[:, None]).reshape(-1)
     return codes, scales & np.uint8(0x7F)
 
@@ -110,7 +109,7 @@ def _fold_scale_signs(xp: Any, codes: Any, scales: Any) -> tuple[Any, Any]:
 def device_planes(xp: Any, codes: Any, scales: Any, rows: int) -> tuple[Any, Any]:
     """Natural code and scale planes (flat uint8) of ``rows`` rows -> the device layout (flat, padded); negative
     block scales are folded into their codes (:func:`_fold_scale_signs`), everything else is a permutation."""
-    codes, scales = _fold_scale_signs(xp, codes, scales)
+    codes, scales = _fold_scale_signs(codes, scales)
     words = _tile(xp, codes, rows, TILE // 2, False).view(np.uint32)
     return _permute_words(xp, words, _FWD).view(np.uint8), _tile(xp, scales, rows, TILE // 16, False)
 
