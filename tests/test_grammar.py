@@ -266,3 +266,35 @@ def test_tool_call_structural_tag_walk(tok: Tokenizer, compiler: GrammarCompiler
         for call in parsed.calls:
             assert call.name == "get_weather"
             jsonschema.validate(json.loads(call.arguments), params)
+
+
+def test_a_forced_tool_call_is_bounded_even_for_a_model_that_loves_whitespace(
+    tok: Tokenizer, compiler: GrammarCompiler
+) -> None:
+    """A walk that takes a whitespace-only token whenever the grammar allows one (a weak sampled model's blank
+    lines) still closes the call: each gap admits at most TOOL_CALL_WHITESPACE characters."""
+    from ninfer.frontend.grammar import TOOL_CALL_WHITESPACE
+
+    params = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 6}, "metric": {"type": "boolean"}},
+    }
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params}}]
+    blank = [i for i in range(1033) if (s := tok.decode([i])) and not s.strip()]
+    assert blank, "the tokenizer has whitespace-only tokens"
+    hook = RequestGrammar(
+        compiler.tool_calls(tools, "get_weather"), vocab_size=VOCAB, thinking=False, think_end_id=None
+    )
+    rng, gen, spaces = random.Random(5), [], 0
+    for _ in range(400):
+        ok = allowed_from_mask(hook(gen), VOCAB)
+        ok[1033:] = False
+        ws = [i for i in blank if ok[i]]
+        t = ws[0] if ws else int(rng.choice(np.flatnonzero(ok)))
+        if t in tok.eos_token_ids:
+            break
+        spaces += bool(ws)
+        gen.append(t)
+    else:
+        raise AssertionError("the call never closed: " + repr(tok.decode(gen)[:200]))
+    assert spaces <= 6 * TOOL_CALL_WHITESPACE, repr(tok.decode(gen))

@@ -51,6 +51,10 @@ __all__ = [
 ]
 
 _ANY_OBJECT = {"type": "object"}  # XGrammar: any properties, any JSON values (additionalProperties unset)
+# Whitespace characters admitted at each gap of a Qwen XML tool call (XGrammar's default is unbounded). The chat
+# template writes one "\n" per gap; an unbounded gap let a sampled weak model spend a whole max_tokens budget on
+# blank lines inside a forced call (finish "length", no call), so the call's length is bounded by its schema.
+TOOL_CALL_WHITESPACE = 4
 
 
 # ---- RFC 8259 patch of XGrammar's EBNF ----------------------------------------------------------------------
@@ -167,9 +171,20 @@ class GrammarCompiler:
             st = self._xgr.get_model_structural_tag(
                 "qwen_3_5", tools=tools, tool_choice=tc, reasoning=False, parallel_tool_calls=parallel
             )
+            _bound_whitespace(st.format, TOOL_CALL_WHITESPACE)
             return self._compiler.compile_structural_tag(st)
 
         return self._cached("tools:" + text, build)
+
+
+def _bound_whitespace(fmt: Any, limit: int) -> None:
+    """Sets ``max_whitespace_cnt`` on every JSON-schema format inside an XGrammar structural-tag format tree."""
+    if hasattr(fmt, "max_whitespace_cnt"):
+        fmt.max_whitespace_cnt = limit
+    for name in ("content", "elements", "tags"):
+        child = getattr(fmt, name, None)
+        for sub in child if isinstance(child, list) else [child] if child is not None else []:
+            _bound_whitespace(sub, limit)
 
 
 # ---- the per-request hook --------------------------------------------------------------------------------
