@@ -11,6 +11,8 @@
 // scalar instance visits the same elements in the same order, so both give the same bits.
 // Measured before (H200, graph-replayed decode of the 27B): the scalar two-pass kernel took 18 us per 5120 row.
 //
+// moe_combine_rmsnorm: the MoE combine (weighted expert rows + gated shared expert) fused in front of rmsnorm<RESID>.
+//
 // gated_rmsnorm (GDN output norm, plain weight): per head of width D,
 //   y = (o * rsqrt(mean(o^2) + eps)) * w * silu(z); one warp per (token, head) row (gated_norm.cuh).
 #include "gated_norm.cuh"
@@ -139,6 +141,82 @@ __global__ void __launch_bounds__(RMS_NT)
                 ld8<VEC>(rr + 8 * c, H - 8 * c, v[u]);
             else
                 ld8<VEC>(xr + 8 * c, H - 8 * c, v[u]);
+        }
+        rms_out<T, OFFSET, VEC>(yr, w, H, nch, base, v, inv);
+    }
+}
+
+// moe_combine_rmsnorm: the MoE combine fused into the next residual add + RMS norm (one launch, not two; the
+// 35B-A3B decode step ran 40 combine launches). Per element, in this order, fp32 fmaf from 0:
+//   c = sum_{j < k} ew[t, j] * dn[where[t, j], :]  (routed experts in rank order)  + sigmoid(sg[t]) * sh[t, :]
+// rounded to T (what the standalone combine stored), then exactly rmsnorm<RESID = true>(c): the same bits as the
+// combine kernel followed by rmsnorm (tests/test_cuda_ops.py checks it bitwise).
+template <typename T, bool VEC>
+__device__ __forceinline__ void combine8(const T* dn, const int* wh, const float* ew, float gate, const T* shr,
+                                         int k, long long H, int c8, int n, float (&v)[8]) {
+    float acc[8], d[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+    for (int j = 0; j < k; ++j) {
+        ld8<VEC>(dn + (long long)wh[j] * H + c8, n, d);
+        const float wj = ew[j];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = fmaf(wj, d[e], acc[e]);
+    }
+    ld8<VEC>(shr + c8, n, d);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        acc[e] = fmaf(gate, d[e], acc[e]);
+        v[e] = to_f(from_f<T>(acc[e]));  // T = float: acc itself
+    }
+}
+
+template <typename T, bool OFFSET, bool VEC>
+__global__ void __launch_bounds__(RMS_NT)
+    moe_combine_rmsnorm(const T* __restrict__ dn, const int* __restrict__ where, const float* __restrict__ ew,
+                        const T* __restrict__ sh, const float* __restrict__ sg, int k, long long ldsh,
+                        long long ldsg, float* resid, const float* __restrict__ w, T* __restrict__ y, int H,
+                        float eps, long long ldr, long long ldy) {
+    pdl_trigger();
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    const int* wh = where + row * k;
+    const float* er = ew + row * k;
+    const T* shr = sh + row * ldsh;
+    float* rr = resid + row * ldr;
+    T* yr = y + row * ldy;
+    const float gate = sigmoidf_(sg[row * ldsg]);
+    const int nch = (H + 7) / 8, step = RMS_NV * RMS_NT;
+    float v[RMS_NV][8], ss = 0.f;
+    for (int base = 0; base < nch; base += step) {
+        float r[RMS_NV][8];
+#pragma unroll
+        for (int u = 0; u < RMS_NV; ++u) {
+            const int c = base + threadIdx.x + u * RMS_NT;
+            if (c < nch) ld8<VEC>(rr + 8 * c, H - 8 * c, r[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < RMS_NV; ++u) {
+            const int c = base + threadIdx.x + u * RMS_NT;
+            if (c >= nch) continue;
+            combine8<T, VEC>(dn, wh, er, gate, shr, k, H, 8 * c, H - 8 * c, v[u]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[u][e] += r[u][e];  // x + r, as rmsnorm<RESID>
+            st8<VEC>(rr + 8 * c, H - 8 * c, v[u]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) ss = fmaf(v[u][e], v[u][e], ss);
+        }
+    }
+    const float inv = 1.f / sqrtf(block_sum(ss, scratch) / (float)H + eps);
+    if (nch <= step) {
+        rms_out<T, OFFSET, VEC>(yr, w, H, nch, 0, v, inv);
+        return;
+    }
+    for (int base = 0; base < nch; base += step) {  // re-read the residual, which holds c + r
+#pragma unroll
+        for (int u = 0; u < RMS_NV; ++u) {
+            const int c = base + threadIdx.x + u * RMS_NT;
+            if (c < nch) ld8<VEC>(rr + 8 * c, H - 8 * c, v[u]);
         }
         rms_out<T, OFFSET, VEC>(yr, w, H, nch, base, v, inv);
     }

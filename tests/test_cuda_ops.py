@@ -135,6 +135,39 @@ def test_rmsnorm(cp: Any, report: list, t: str, offset: bool, fused: bool) -> No
 
 
 @pytest.mark.parametrize("t", ["float", "bf16"])
+@pytest.mark.parametrize("offset", [True, False])
+def test_moe_combine_rmsnorm(cp: Any, report: list, t: str, offset: bool) -> None:
+    """The MoE combine fused into the residual add + norm: bitwise the two kernels it replaces, and the reference."""
+    from ninfer.cuda.model_layers import combine
+    from ninfer.cuda.norm import MoeCombine, moe_combine_rmsnorm, rmsnorm
+
+    rng = np.random.default_rng(12)
+    # 1000 with a shared-expert stride of 1003: the scalar instance; 9000 > 8192: the row re-read from the residual
+    for rows, h, k, ldsh in ((1, 64, 8, 64), (3, 1000, 4, 1003), (5, 5120, 8, 5120), (2, 9000, 2, 9000)):
+        slots = rows * k + 3
+        dn = _inputs(rng, (slots, h), t)
+        where = rng.permutation(slots)[: rows * k].reshape(rows, k).astype(np.int32)
+        ew = rng.random((rows, k)).astype(F32)
+        sh_full = _inputs(rng, (rows, ldsh), t)
+        sh = sh_full[:, :h]
+        rg = rng.standard_normal((rows, 5)).astype(F32)  # the gate is column 4 of a [rows, 5] product
+        w = (rng.standard_normal(h) * 0.3).astype(F32)
+        res = rng.standard_normal((rows, h)).astype(F32)
+        c = MoeCombine(_dev(cp, dn, t), cp.asarray(where), cp.asarray(ew), _dev(cp, sh_full, t)[:, :h],
+                       cp.asarray(rg).reshape(-1)[4:], 5)  # fmt: skip
+        got_res, want_res = cp.asarray(res), cp.asarray(res)
+        got = moe_combine_rmsnorm(c, cp.asarray(w), 1e-6, residual=got_res, offset=offset)
+        want = rmsnorm(combine(c), cp.asarray(w), 1e-6, residual=want_res, offset=offset)
+        assert cp.array_equal(got_res, want_res) and cp.array_equal(got, want), f"{t} {rows}x{h}: not bitwise"
+        gate = 1 / (1 + np.exp(-rg[:, 4:5].astype(np.float64)))
+        y = np.einsum("tk,tkh->th", ew.astype(np.float64), dn[where].astype(np.float64)) + gate * sh
+        y = bf16_round(y.astype(F32)) if t == "bf16" else y.astype(F32)
+        r = ops.add_residual(res, y)
+        ref = ops.rmsnorm_offset(r, w, 1e-6) if offset else ops.rmsnorm_plain(r, 1e-6) * w
+        _close(report, f"moe_combine_rmsnorm off={offset} {t} {rows}x{h} k={k}", _host(cp, got), ref, TOL[t])
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
 def test_gated_rmsnorm(cp: Any, report: list, t: str) -> None:
     from ninfer.cuda.norm import gated_rmsnorm
 

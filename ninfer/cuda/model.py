@@ -283,24 +283,32 @@ class CudaQwen36:
         import cupy
 
         from ninfer.cuda.embedding import embed
-        from ninfer.cuda.model_layers import attention_block, ffn_block, gdn_block
-        from ninfer.cuda.norm import rmsnorm
+        from ninfer.cuda.model_layers import attention_block, combine, ffn_block, gdn_block
+        from ninfer.cuda.norm import MoeCombine, moe_combine_rmsnorm, rmsnorm
+
+        def add_norm(x: Any, weight: Any) -> Any:  # res += x (an MoE layer's combine fused in), then its norm
+            if isinstance(x, MoeCombine):
+                return moe_combine_rmsnorm(x, weight, eps, residual=res)
+            return rmsnorm(x, weight, eps, residual=res)
 
         cfg, w, eps = self.cfg, self.w, self.cfg.rms_norm_eps
         x = embed(w["embed_tokens.weight"], ids, dtype=self.act)
         res = cupy.zeros((m.t, cfg.hidden_size), F32)
         for i, kind in enumerate(cfg.layer_types):
             p = f"layers.{i}."
-            h = rmsnorm(x, w[p + "input_layernorm.weight"], eps, residual=res)
+            h = add_norm(x, w[p + "input_layernorm.weight"])
             block = gdn_block if kind == "linear_attention" else attention_block
             mixed = block(self, p, h, m, self._mix[i])
             h = rmsnorm(mixed, w[p + "post_attention_layernorm.weight"], eps, residual=res)
-            x = ffn_block(self, p, h, m)
+            x = ffn_block(self, p, h, m, defer_combine=True)
+        if isinstance(x, MoeCombine) and self.act == F32:  # == res += x; rmsnorm(res): x + r either way round
+            return moe_combine_rmsnorm(x, w["norm.weight"], eps, residual=res)
+        x = combine(x) if isinstance(x, MoeCombine) else x
         if self.act == np.uint16:
             glue()["add"](x, res)
         else:
             res += x
-        return rmsnorm(res, w["norm.weight"], eps)
+        return rmsnorm(res, w["norm.weight"], eps)  # float32 out whatever the activation dtype
 
     def const_i32(self, key: tuple[Any, ...], values: np.ndarray) -> Any:
         """A device int32 constant cached under ``key`` (e.g. the MoE slot tables of a decode batch): made on first

@@ -12,8 +12,9 @@ import numpy as np
 
 from ninfer.cuda.fuse import FusedRuns, fused_splits
 from ninfer.cuda.model_graph import Meta
+from ninfer.cuda.norm import MoeCombine
 
-__all__ = ["linear", "attention_block", "gdn_block", "ffn_block"]
+__all__ = ["linear", "attention_block", "gdn_block", "ffn_block", "combine"]
 
 _SLOTS_PER_LAUNCH = 65535  # gridDim.y limit of gemv_experts
 
@@ -137,12 +138,12 @@ def _experts(x: Any, w: Any, ids: Any, xrow: Any, n: int, out: Any, *, swiglu: b
         gemv_experts(x, w, ids[s0:s1], xrow[s0:s1], n, out[s0:s1], swiglu=swiglu)
 
 
-def ffn_block(net: Any, p: str, h: Any, m: Meta) -> Any:
+def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False) -> Any:
     """Dense SwiGLU, or routed experts + gated shared expert. The router runs in fp32 (float32 input, exact
-    GEMV) so that expert choice sees the reference's logits up to accumulation order."""
+    GEMV) so that expert choice sees the reference's logits up to accumulation order. ``defer_combine``: an MoE
+    layer returns its uncombined parts (``norm.MoeCombine``) for the next norm to combine in the same launch."""
     import cupy
 
-    from ninfer.cuda._glue import glue
     from ninfer.cuda.activation import swiglu
     from ninfer.cuda.router import moe_route
 
@@ -190,7 +191,18 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta) -> Any:
         _experts(gu, w[p + "experts.down_proj"], ids, slot, hid, dn, swiglu=True)
     sp = p + "shared_expert."
     sh = dn[n:] if shared else _swiglu_ffn(net, h, sp + "gate_up_proj", sp + "down_proj.weight")
-    y = cupy.empty((t, hid), dtype=h.dtype)
     sg = rg.reshape(-1)[e:]  # column e of the fused router product [t, e + 1]: element t * (e + 1)
-    glue()["combine"](dn, where, ew, sh, sg, np.int32(k), np.int64(hid), np.int64(e + 1), y)
+    c = MoeCombine(dn, where.reshape(t, k), ew, sh, sg, e + 1)
+    return c if defer_combine else combine(c)
+
+
+def combine(c: MoeCombine) -> Any:
+    """An MoE layer's output ``[T, H]`` from its parts (the standalone combine kernel)."""
+    import cupy
+
+    from ninfer.cuda._glue import glue
+
+    (t, k), hid = c.where.shape, c.dn.shape[1]
+    y = cupy.empty((t, hid), dtype=c.dn.dtype)
+    glue()["combine"](c.dn, c.where, c.ew, c.sh, c.sg, np.int32(k), np.int64(hid), np.int64(c.ldsg), y)
     return y

@@ -3,21 +3,42 @@ and the GDN gated norm. Norm weights are float32 device vectors; math is fp32, r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, grid_1d
 from ninfer.cuda.loader import kernel
 
-__all__ = ["rmsnorm", "gated_rmsnorm", "SOURCES"]
+__all__ = ["rmsnorm", "gated_rmsnorm", "MoeCombine", "moe_combine_rmsnorm", "SOURCES"]
 
 _T = ("float", "bf16")
 _B = ("true", "false")
 SOURCES: dict[str, tuple[str, ...]] = {
     "norm.cu": tuple(f"rmsnorm<{t}, {o}, {r}, {v}>" for t in _T for o in _B for r in _B for v in _B)
     + tuple(f"gated_rmsnorm<{t}>" for t in _T)
+    + tuple(f"moe_combine_rmsnorm<{t}, {o}, {v}>" for t in _T for o in _B for v in _B)
 }
+
+
+class MoeCombine(NamedTuple):
+    """An MoE layer's output not yet combined (the combine runs inside the next norm: ``moe_combine_rmsnorm``).
+
+    Row ``t``'s value is ``sum_j ew[t, j] * dn[where[t, j]] + sigmoid(sg[t * ldsg]) * sh[t]``, fp32 in that order,
+    rounded to the activation dtype. ``dn``: ``[slots, H]`` contiguous expert outputs; ``where``/``ew``: int32 /
+    float32 ``[T, k]``; ``sh``: ``[T, H]`` shared-expert output (any row stride); ``sg``: float32 1-D gate logits,
+    row ``t`` at ``t * ldsg``."""
+
+    dn: Any
+    where: Any
+    ew: Any
+    sh: Any
+    sg: Any
+    ldsg: int
+
+    @property
+    def rows(self) -> int:
+        return int(self.where.shape[0])
 
 
 def _aligned16(a: Any, ld: int) -> bool:
@@ -103,4 +124,44 @@ def gated_rmsnorm(o: Any, z: Any, w: Any, eps: float, out: Any = None) -> Any:
                 np.int32(zheads),
             ),
         )
+    return out
+
+
+def moe_combine_rmsnorm(
+    c: MoeCombine, w: Any, eps: float, *, residual: Any, offset: bool = True, out: Any = None
+) -> Any:
+    """``residual += combine(c)`` in place, then ``rmsnorm(residual)`` (``offset``: ``1+w``): one launch with the same
+    bits as the combine kernel followed by ``rmsnorm(..., residual=residual)``."""
+    import cupy
+
+    t = act_type(c.dn, "dn")
+    slots, h, lddn = check_rows(c.dn, "dn")
+    rows, k = c.rows, int(c.where.shape[1]) if c.where.ndim == 2 else -1
+    if lddn != h:
+        raise KernelError(f"dn: rows must be contiguous (row stride {lddn}, width {h})")
+    check_array(c.where, "where", dtype=np.int32, shape=(rows, k))
+    check_array(c.ew, "ew", dtype=np.float32, shape=(rows, k))
+    srows, _, ldsh = check_rows(c.sh, "sh", h)
+    if c.sh.dtype != c.dn.dtype or srows != rows:
+        raise KernelError(f"sh: must be {c.dn.dtype} [{rows}, {h}]")
+    if c.sg.ndim != 1 or c.sg.dtype != np.float32 or (rows and c.sg.shape[0] <= (rows - 1) * c.ldsg):
+        raise KernelError(f"sg: must be float32 1-D holding {rows} gates {c.ldsg} apart")
+    check_array(w, "w", dtype=np.float32, shape=(h,))
+    _, _, ldr = check_rows(residual, "residual", h)
+    if residual.dtype != np.float32 or residual.shape[0] != rows:
+        raise KernelError(f"residual: must be float32 [{rows}, {h}]")
+    if out is None:
+        out = cupy.empty((rows, h), dtype=c.dn.dtype)
+    _, _, ldy = check_rows(out, "out", h)
+    if out.dtype != c.dn.dtype or out.shape[0] != rows:
+        raise KernelError(f"out: must be {c.dn.dtype} [{rows}, {h}]")
+    if rows == 0:
+        return out
+    vec = h % 8 == 0 and all(
+        _aligned16(a, ld) for a, ld in ((c.dn, h), (c.sh, ldsh), (residual, ldr), (out, ldy))
+    )
+    vec = vec and _aligned16(w, 0)
+    fn = kernel("norm.cu", SOURCES["norm.cu"], f"moe_combine_rmsnorm<{t}, {_B[not offset]}, {_B[not vec]}>")
+    args = (c.dn, c.where, c.ew, c.sh, c.sg, np.int32(k), np.int64(ldsh), np.int64(c.ldsg), residual, w, out)
+    fn((rows,), (256,), (*args, np.int32(h), np.float32(eps), np.int64(ldr), np.int64(ldy)))
     return out
