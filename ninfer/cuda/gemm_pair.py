@@ -53,11 +53,11 @@ PAIR_INSTANCES: tuple[str, ...] = (
 # Rows from which a float32 GEMM takes the pair mode. Below one full 128-row tile the GEMM is one partial wave of
 # M-independent tiles while the pre-passes cost fixed memory traffic (dequant: read the stored bytes and write 2 per
 # weight, ~N*K*2.6 B at ~3.5 TB/s, e.g. 65 us for the 17408 x 5120 MLP up projection; the pair GEMM then reads 2 B
-# per weight instead of 0.56). Estimated from the H200 figures (perf/results/bench_kernels.txt, 20761f5): the
-# in-loop kernel spends ~3.7 us per CTA and K tile with float x, pure copy + wgmma ~2 us, so a single wave already
-# saves ~1.7 us x K/64, more than the dequant pass for N below ~36k. 128 keeps a margin (not measured below 2048
-# rows; `python -m perf.bench_gemm --rows 128,512` compares both paths there). Results are bitwise the same on
-# either side.
+# per weight instead of 0.56). Estimated from the H200 figures (perf/results/bench_kernels.txt, 20761f5): with
+# float x the in-loop kernel spends ~3.4 us per CTA and K tile (NVFP4, 161 TFLOP/s over 132 SMs), copy + wgmma at
+# the bf16 path's tensor rate ~2 us, so even a single wave saves ~1.4 us x K/64, more than the dequant pass costs
+# for N below ~30k. 128 keeps a margin (not measured below 2048 rows; `python -m perf.bench_gemm --rows 128,512`
+# compares both paths there). Results are bitwise the same on either side.
 PAIR_MIN_ROWS = 128
 _BM, _BN, _THREADS, _SMEM = 128, 256, 256, 232448  # GS_BM, DqBF16::BN, GS_THREADS, GS_SMEM
 # Scratch caps (bytes): the bf16 weight copy (the 27B's largest fused projection, gate|up 34816 x 5120, is 340 MiB;
