@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(GS_THREADS, 1)
     if (i >= *ntiles) return;
     const int e = tile_e[i], s0 = tile_s0[i], rows = min(GS_BM, off[e + 1] - s0);
     gs_tile<D, Act<T>, T>(p0, p1, p2, x + (long long)s0 * ldx, y + (long long)s0 * ldy, rows, N, K, ldx, ldy,
-                  blockIdx.x * D::BN, (long long)e * N);
+                          blockIdx.x * D::BN, (long long)e * N);
 }
 
 // ---- pair mode: float activations split once per GEMM, foldable weights dequantized once per GEMM --------------
