@@ -19,6 +19,22 @@
 // address arithmetic that the host test (tests/test_gemm_sm90_host.py) runs on the CPU. The conversion needs every
 // thread's issue slots anyway (it, not the copy, is the CUDA-core work), so a producer warp would only issue cp.async.
 //
+// Pair mode (gemm90_pair; ninfer/cuda/gemm_pair.py dispatches float x of >= 128 rows to it): with float x the
+// in-loop conversion above is the bottleneck, not the tensor cores. Per K tile and SM the wgmmas read ~160 KB of
+// shared memory (each warpgroup its A tile and the whole B tile, twice with hi / lo) and the copies write 64 KB; the
+// split adds a 32 KB read and write of the activation tile, a weight conversion the raw read and the 32 KB operand
+// write, which by this estimate puts shared memory above its ~128 B/clock while the tensor pipe idles (H200: float x
+// 150-190 TFLOP/s against 478-585 for bf16 x with BF16 weights). So the conversions move out of the loop, each
+// once per GEMM: split_hilo writes hi / lo [M, K] with the very split8 of the in-loop split, and for the formats
+// whose operand values are the stored weight times a power of two (BF16: as stored; FP8: e4m3 codes; NVFP4: e2m1 x
+// e4m3 block scale x 2^-7; exact in bf16, see DqFolded in wdq.cuh) dequant90 writes the operand rows once into a
+// bf16 scratch with the format's own make(). The pair kernel then cp.asyncs hi, lo and the bf16 weight rows
+// straight into the swizzled operand tiles (ActPair, DqBF16's loader) and issues hi then lo per k16 step as above:
+// the same operands in the same MMA order and the same epilogue (the format's row scale), so its result is bitwise
+// gemm90<D, float>'s, and the main loop is copies and wgmmas only (3 stages of 64 KB). The pre-passes are
+// memory-bound (split: 8 bytes per activation, dequant: ~2.6 per weight), a few % of a 2K-row GEMM. The group-int
+// formats (Q4/5/6, W8: f16 group scales on partial sums, not foldable) keep the in-loop kernel.
+//
 // Exactness and order: weight operands are exact in bf16 (wdq.cuh), bf16 x exact, float x split into hi + lo
 // (|x - hi - lo| <= 2^-17 |x|) and both multiplied (hi then lo per k16 step, same accumulator). Group formats sum each
 // group into a partial accumulator (first step overwrites) and add scale * partial to acc in group order; row scales
@@ -33,19 +49,20 @@
 #define GS_SMEM 232448  // 227 KB, the opt-in maximum: one CTA per SM, every instance launched with it
 #define GS_SMAX 6       // 5 tiles of loads in flight at most (not tuned on a GPU yet)
 
-template <typename D, typename T> struct GsCfg {
-    static constexpr int BN = D::BN, NACC = BN / 2, ABYTES = Act<T>::BYTES;
+template <typename D, typename A> struct GsCfg {
+    static constexpr int BN = D::BN, NACC = BN / 2, ABYTES = A::BYTES;
     static constexpr int STAGE = ABYTES + D::BYTES;
     static constexpr int CONV = D::DIRECT ? 0 : 2 * BN * 128;
     static constexpr int FIT = (GS_SMEM - 1024 - CONV) / STAGE;
     static constexpr int S = FIT < GS_SMAX ? FIT : GS_SMAX;
     static_assert(S >= 3, "at least three stages");
+    static_assert(1024 + CONV + S * STAGE <= GS_SMEM, "shared memory: 227 KB at most");
     static_assert(STAGE % 1024 == 0 && ABYTES % 1024 == 0, "swizzled tiles need 1024-byte alignment");
 };
 
-// Issue the wgmmas of one K tile (4 k16 steps, hi then lo for float x) into d0 (GPT <= 1) or d0 / d1 (W8: steps
-// 0-1 / 2-3). acc0 = false: the first step of each group overwrites its accumulator.
-template <typename D, typename T>
+// Issue the wgmmas of one K tile (4 k16 steps, hi then lo for float x and pairs) into d0 (GPT <= 1) or d0 / d1
+// (W8: steps 0-1 / 2-3). acc0 = false: the first step of each group overwrites its accumulator.
+template <typename D, typename A>
 __device__ __forceinline__ void gs_issue(u32 a, u32 b, float (&d0)[D::BN / 2], float (&d1)[D::BN / 2], bool acc0) {
     constexpr int BN = D::BN;
     fence_regs(d0);
@@ -56,7 +73,7 @@ __device__ __forceinline__ void gs_issue(u32 a, u32 b, float (&d0)[D::BN / 2], f
         float (&d)[BN / 2] = (D::GPT == 2 && ks >= 2) ? d1 : d0;
         const int accumulate = (acc0 || (ks & (D::GPT == 2 ? 1 : 3))) ? 1 : 0;
         Wgmma<BN>::mma(d, desc_sw128(a + 32 * ks), desc_sw128(b + 32 * ks), accumulate);
-        if (Act<T>::SPLIT) Wgmma<BN>::mma(d, desc_sw128(a + GS_BM * 128 + 32 * ks), desc_sw128(b + 32 * ks), 1);
+        if (A::SPLIT) Wgmma<BN>::mma(d, desc_sw128(a + GS_BM * 128 + 32 * ks), desc_sw128(b + 32 * ks), 1);
     }
     wgmma_commit();
     fence_regs(d0);
@@ -79,12 +96,12 @@ __device__ __forceinline__ void gs_scale(float (&acc)[D::BN / 2], float (&part)[
 }
 
 // One 128 x BN output tile: rows [0, min(M, 128)) of x / y (already offset to the tile's first row), columns
-// [n0, min(n0 + BN, N)), weight rows wbase + n.
-template <typename D, typename T>
+// [n0, min(n0 + BN, N)), weight rows wbase + n. A: the activation operand (Act<T> or ActPair), TY: the output type.
+template <typename D, typename A, typename TY>
 __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __restrict__ p1,
-                                        const u8* __restrict__ p2, const T* __restrict__ x, T* __restrict__ y, int M,
+                                        const u8* __restrict__ p2, typename A::Src x, TY* __restrict__ y, int M,
                                         int N, int K, long long ldx, long long ldy, int n0, long long wbase) {
-    typedef GsCfg<D, T> C;
+    typedef GsCfg<D, A> C;
     constexpr int BN = C::BN, NACC = C::NACC, S = C::S;
     extern __shared__ __align__(1024) u8 gs_smem_raw[];
     u8* smem = gs_smem_raw + ((1024 - (smem_u32(gs_smem_raw) & 1023)) & 1023);
@@ -92,15 +109,15 @@ __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __r
     const int tid = threadIdx.x, wg = tid >> 7, t = tid & 3;
     const int mvalid = min(M, GS_BM), nvalid = min(BN, N - n0), nk = (K + GS_BK - 1) / GS_BK;
 
-    const typename Act<T>::Loader al(x, ldx, mvalid, tid);
+    const typename A::Loader al(x, ldx, mvalid, tid);
     const typename D::Loader wl(p0, p1, p2, K, wbase + n0, nvalid, tid);
     auto stage = [&](int kt) { return smem + (kt % S) * C::STAGE; };
     auto load = [&](int kt) {
-        al.copy(stage(kt), kt, K, x);
+        al.copy(stage(kt), kt, K, p0);  // p0: any valid address for the zero-filled copies
         wl.copy(stage(kt) + C::ABYTES, kt, K, p0);
     };
     auto convert = [&](int kt) {
-        Act<T>::split(stage(kt), tid);
+        A::split(stage(kt), tid);
         if constexpr (!D::DIRECT) convert_tile<D>(stage(kt) + C::ABYTES, conv + (kt & 1) * BN * 128, kt, tid);
         fence_proxy_async();
     };
@@ -126,10 +143,10 @@ __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __r
 
     for (int kt = 0; kt < nk; ++kt) {
         if (D::GPT == 0) {
-            gs_issue<D, T>(a_addr(kt), b_addr(kt), acc, acc, true);
+            gs_issue<D, A>(a_addr(kt), b_addr(kt), acc, acc, true);
             wgmma_wait<1>();  // tile kt - 1 done: its stage and converted tile may be reused
         } else {  // group formats: partial sums of tile kt, scaled once its wgmmas are done (below)
-            gs_issue<D, T>(a_addr(kt), b_addr(kt), p0acc, p1acc, false);
+            gs_issue<D, A>(a_addr(kt), b_addr(kt), p0acc, p1acc, false);
         }
         if (kt + 1 < nk) {
             cp_async_wait<S - 3>();  // tile kt + 1 landed (this thread's copies) ...
@@ -157,7 +174,7 @@ __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __r
         int r, c;
         frag_rc(tid, i, r, c);
         if (r < mvalid && n0 + c < N)
-            y[(long long)r * ldy + n0 + c] = from_f<T>(acc[i] * D::row_scale(p1, p2, wbase + n0 + c));
+            y[(long long)r * ldy + n0 + c] = from_f<TY>(acc[i] * D::row_scale(p1, p2, wbase + n0 + c));
     }
 }
 
@@ -170,7 +187,7 @@ __global__ void __launch_bounds__(GS_THREADS, 1)
     int mt, nt;
     gs_raster(blockIdx.x, (M + GS_BM - 1) / GS_BM, (N + D::BN - 1) / D::BN, mt, nt);
     const long long m0 = (long long)mt * GS_BM;
-    gs_tile<D, T>(p0, p1, p2, x + m0 * ldx, y + m0 * ldy, M - (int)m0, N, K, ldx, ldy, nt * D::BN, 0);
+    gs_tile<D, Act<T>, T>(p0, p1, p2, x + m0 * ldx, y + m0 * ldy, M - (int)m0, N, K, ldx, ldy, nt * D::BN, 0);
 }
 
 // MoE prefill (grouped), as gemm.cu's gemm_experts: tile i (blockIdx.y) covers rows tile_s0[i] ..
@@ -184,6 +201,60 @@ __global__ void __launch_bounds__(GS_THREADS, 1)
     const int i = blockIdx.y;
     if (i >= *ntiles) return;
     const int e = tile_e[i], s0 = tile_s0[i], rows = min(GS_BM, off[e + 1] - s0);
-    gs_tile<D, T>(p0, p1, p2, x + (long long)s0 * ldx, y + (long long)s0 * ldy, rows, N, K, ldx, ldy,
-                  blockIdx.x * D::BN, (long long)e * N);
+    gs_tile<D, Act<T>, T>(p0, p1, p2, x + (long long)s0 * ldx, y + (long long)s0 * ldy, rows, N, K, ldx, ldy,
+                          blockIdx.x * D::BN, (long long)e * N);
+}
+
+// ---- pair mode: float activations split once per GEMM, foldable weights dequantized once per GEMM --------------
+// y[m, n] = sum_k (hi[m, k] + lo[m, k]) W[n, k] * row_scale(n): hi / lo bf16 [M, K] (row stride ldx) from
+// split_hilo, W the bf16 operand rows (BF16 weights, or a dequant90 scratch of a folded format: D = DqFolded<F>,
+// p1 / p2 the stored format's planes for its row scale). Same tiles, stages, MMA order and epilogue as gemm90<D,
+// float> (whose stage holds exactly these hi / lo and operand tiles after its in-loop conversion), so the result is
+// bitwise gemm90's; the main loop is cp.async + wgmma only.
+template <typename D>
+__global__ void __launch_bounds__(GS_THREADS, 1)
+    gemm90_pair(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
+                const bf16* __restrict__ xhi, const bf16* __restrict__ xlo, float* __restrict__ y, int M, int N,
+                int K, long long ldx, long long ldy) {
+    static_assert(D::DIRECT, "pair mode reads bf16 weight rows");
+    int mt, nt;
+    gs_raster(blockIdx.x, (M + GS_BM - 1) / GS_BM, (N + D::BN - 1) / D::BN, mt, nt);
+    const long long m0 = (long long)mt * GS_BM;
+    gs_tile<D, ActPair, float>(p0, p1, p2, PairX{xhi, xlo} + m0 * ldx, y + m0 * ldy, M - (int)m0, N, K, ldx, ldy,
+                               nt * D::BN, 0);
+}
+
+// x [M, K] (row stride ldx, K % 8 == 0) -> hi, lo [M, K] (row stride K), split8 per 8 consecutive k; one thread per
+// 8 k of a row.
+__global__ void __launch_bounds__(256) split_hilo(const float* __restrict__ x, bf16* __restrict__ hi,
+                                                  bf16* __restrict__ lo, int M, int K, long long ldx) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x, per = K / 8;
+    if (i >= (long long)M * per) return;
+    const long long r = i / per, k = 8 * (i % per);
+    float v[8];
+    load8x(x + r * ldx + k, v);
+    uint4 h, l;
+    split8(v, h, l);
+    *reinterpret_cast<uint4*>(hi + r * K + k) = h;
+    *reinterpret_cast<uint4*>(lo + r * K + k) = l;
+}
+
+// Weight rows [nb, nb + rows) of format D -> w [rows, K] bf16 operand values (row scale not applied): CTA
+// (blockIdx.x, blockIdx.y) = K tile, BN-row tile; the raw tile through D's loader (as in gs_tile), then
+// dequant_tile. Memory-bound: ~(stored bytes + 2) per weight.
+template <typename D>
+__global__ void __launch_bounds__(GS_THREADS)
+    dequant90(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, bf16* __restrict__ w,
+              int rows, int K, long long nb) {
+    static_assert(!D::DIRECT && D::GPT == 0, "only formats without group scales fold into bf16");
+    static_assert(D::BYTES <= 48 * 1024, "static shared memory");
+    __shared__ __align__(1024) u8 raw[D::BYTES];
+    const int kt = blockIdx.x, r0 = blockIdx.y * D::BN, tid = threadIdx.x;
+    const int nvalid = min(D::BN, rows - r0);
+    const typename D::Loader wl(p0, p1, p2, K, nb + r0, nvalid, tid);
+    wl.copy(raw, kt, K, p0);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    dequant_tile<D>(raw, w + (long long)r0 * K, K, nvalid, kt, tid);
 }

@@ -252,6 +252,36 @@ struct DqW8G32 {
     static HD float row_scale(const u8*, const u8*, long long) { return 1.f; }
 };
 
+// ---- exact folding: the operand tile once per GEMM instead of once per CTA and K tile --------------------------
+// A format whose make() writes the stored weight times a fixed per-format power of two (FP8: the e4m3 value; NVFP4:
+// e2m1 x e4m3 block scale x 2^-7, at most 2 x 4 = 6 significant bits, magnitudes 2^-17 .. 21: normal bf16) has an
+// operand tile that is a pure function of the weight: dequant90 writes it once into a bf16 [N, K] scratch
+// (dequant_tile, the same make()), and the pair GEMM reads that scratch as BF16 weights (DqFolded: DqBF16's copy
+// straight into the swizzled tile) with the format's row scale in the epilogue, unchanged. The group-int formats
+// are not foldable: code x f16 group scale needs up to 8 + 11 significant bits, so their scale stays on the fp32
+// partial sums (tests/test_gemm_pair_host.py enumerates every code x scale of the folded formats).
+template <typename F> struct DqFolded : DqBF16 {
+    static_assert(!F::DIRECT && F::GPT == 0, "only formats without group scales fold into bf16");
+    static HD float row_scale(const u8* p1, const u8* p2, long long n) { return F::row_scale(p1, p2, n); }
+};
+
+// The float activation split of every GEMM path (in place in the stage, Act<float>::split; once per GEMM,
+// split_hilo): hi = bf16(x) rounded to nearest even, lo = bf16(x - hi), 8 consecutive k as bf16x2 words (low half
+// = lower k). For 2^e <= |x| < 2^(e+1): |x - hi| <= 2^(e-8), and x - hi is exact in fp32 (a multiple of x's last
+// bit below 2^(e-7)); lo rounds it to 8 significant bits, which is exact when |x - hi| = 2^(e-8) and else errs by
+// at most 2^(e-9-8): |x - hi - lo| <= 2^-17 |x|. (Under -ftz a difference below 2^-126 flushes to zero: an absolute
+// error < 2^-126, for |x| < 2^-118 only.)
+HD void split8(const float x[8], uint4& hi, uint4& lo) {
+    u32 h[4], l[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        h[j] = pack_bf16x2(x[2 * j], x[2 * j + 1]);
+        l[j] = pack_bf16x2(x[2 * j] - bf16_val(h[j] & 0xffffu), x[2 * j + 1] - bf16_val(h[j] >> 16));
+    }
+    hi = make4(h[0], h[1], h[2], h[3]);
+    lo = make4(l[0], l[1], l[2], l[3]);
+}
+
 // ---- activations -------------------------------------------------------------------------------------------
 // bf16: chunk (r, c) of the A tile straight from x (rows >= mvalid and k >= K zero-filled).
 // float: the chunk's first 4 floats land in the hi tile's slot of (r, c), the last 4 in the lo tile's slot; split()
@@ -259,6 +289,7 @@ struct DqW8G32 {
 // touches its slots, so no barrier is needed between the read and the write).
 template <typename T> struct Act;
 template <> struct Act<bf16> {
+    typedef const bf16* Src;
     static constexpr bool SPLIT = false;
     static constexpr int BYTES = GS_BM * 128;
     struct Loader {  // row tid / 8 + 32 i, chunk tid % 8
@@ -274,6 +305,7 @@ template <> struct Act<bf16> {
     static HD void split(u8*, int) {}
 };
 template <> struct Act<float> {
+    typedef const float* Src;
     static constexpr bool SPLIT = true;
     static constexpr int BYTES = 2 * GS_BM * 128;  // hi tile, then lo tile
     struct Loader {  // row tid / 16 + 16 i, chunk (tid / 2) % 8, half tid % 2
@@ -295,16 +327,39 @@ template <> struct Act<float> {
             const uint4 a = *ph, b = *pl;
             const float x[8] = {f32_from_bits(a.x), f32_from_bits(a.y), f32_from_bits(a.z), f32_from_bits(a.w),
                                 f32_from_bits(b.x), f32_from_bits(b.y), f32_from_bits(b.z), f32_from_bits(b.w)};
-            u32 hi[4], lo[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                hi[j] = pack_bf16x2(x[2 * j], x[2 * j + 1]);
-                lo[j] = pack_bf16x2(x[2 * j] - bf16_val(hi[j] & 0xffffu), x[2 * j + 1] - bf16_val(hi[j] >> 16));
-            }
-            *ph = make4(hi[0], hi[1], hi[2], hi[3]);
-            *pl = make4(lo[0], lo[1], lo[2], lo[3]);
+            split8(x, *ph, *pl);
         }
     }
+};
+
+// Pre-split float activations (the "pair" mode, gemm90_pair): hi and lo as two bf16 [M, K] arrays of the same row
+// stride (split_hilo wrote them with split8), each copied like bf16 x straight into its swizzled operand tile (hi
+// tile, then lo tile, as Act<float> leaves them after split()), so the main loop does no conversion.
+struct PairX {
+    const bf16* hi;
+    const bf16* lo;
+};
+HD PairX operator+(PairX p, long long o) { return PairX{p.hi + o, p.lo + o}; }
+struct ActPair {
+    typedef PairX Src;
+    static constexpr bool SPLIT = true;  // two MMAs per k16 step, as Act<float>
+    static constexpr int BYTES = 2 * GS_BM * 128;
+    struct Loader {  // row tid / 8 + 32 i, chunk tid % 8, of each half
+        Stream<GS_BM / 32, 16, 128, 4096> h, l;
+        int kc;
+        HD Loader(PairX x, long long ldx, int mvalid, int tid) {
+            const int r0 = tid >> 3, c = tid & 7;
+            kc = 8 * c;
+            h.init(x.hi, r0, 2 * ldx, 32, 16 * c, sw128(r0, c), mvalid - r0);
+            l.init(x.lo, r0, 2 * ldx, 32, 16 * c, GS_BM * 128 + sw128(r0, c), mvalid - r0);
+        }
+        HD void copy(u8* st, int kt, int K, const void* fb) const {
+            const bool kin = kt * GS_BK + kc < K;
+            h.copy(st, kt, kin, fb);
+            l.copy(st, kt, kin, fb);
+        }
+    };
+    static HD void split(u8*, int) {}
 };
 
 // ---- tile bookkeeping shared by the kernel and the host test ---------------------------------------------------
@@ -321,6 +376,20 @@ template <typename D> HD void convert_tile(const u8* raw, u8* dst, int kt, int t
     for (int i = 0; i < NI; ++i) v[i] = D::fetch(raw, r0 + 32 * i, c);
 #pragma unroll
     for (int i = 0; i < NI; ++i) *reinterpret_cast<uint4*>(dst + d0 + 4096 * i) = D::make(v[i], kt);
+}
+
+// Weight tile kt of format D, raw stage -> bf16 rows in global memory: w (the tile's first row) [nvalid, K] with row
+// stride K; the same chunks and make() as convert_tile (so the scratch holds the operand tile's values, unswizzled);
+// chunks at k >= K (the padded formats' padding) are not written.
+template <typename D> HD void dequant_tile(const u8* raw, bf16* w, int K, int nvalid, int kt, int tid) {
+    constexpr int NI = D::BN * 8 / GS_THREADS;
+    const int r0 = tid >> 3, c = tid & 7, k = kt * GS_BK + 8 * c;
+    if (k >= K) return;
+#pragma unroll
+    for (int i = 0; i < NI; ++i) {
+        const int r = r0 + 32 * i;
+        if (r < nvalid) *reinterpret_cast<uint4*>(w + (long long)r * K + k) = D::make(D::fetch(raw, r, c), kt);
+    }
 }
 
 // Accumulator register i of thread tid (m64nN wgmma per warpgroup, warpgroup tid / 128 owning rows 64 wg ..):

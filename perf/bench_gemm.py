@@ -1,14 +1,22 @@
-"""Prefill GEMM (``ninfer.cuda.linear.gemm``: the wgmma kernel on an H200, cuda_src/gemm_sm90.cu) against cuBLAS
+"""Prefill GEMM (``ninfer.cuda.linear.gemm``: the wgmma kernels on an H200, cuda_src/gemm_sm90.cu) against cuBLAS
 bf16 (torch) on the 27B projection shapes, measured in the same run.
 
     python -m perf.bench_gemm                      # on a GPU; prints a table, returns the rows
+    python -m perf.bench_gemm --out DIR            # also writes DIR/bench_gemm.json
     python -m perf.bench_gemm --impl mma           # the mma.sync kernel (cuda_src/gemm.cu) instead
+    python -m perf.bench_gemm --rows 128,512       # other row counts (the pair mode's threshold region)
 
 NVFP4, BF16, FP8 (row scales) and Q4 weights (random codes generated on the device, perf/synthetic.py), M = 2048
-and 8192 rows, bf16 and float32 activations. FLOP/s counts 2·M·N·K; float32 activations run two MMAs per k-step
-(exact hi/lo split), so their ceiling is half of cuBLAS's: the ``vs ceiling`` column is the fraction of cuBLAS for
-bf16 and of half of cuBLAS for float32. CUDA-event timing, median of repeats after a warm-up (about 40 s warm on
-an H200; the first run also compiles the gemm_sm90.cu family, ~2 min, unless CuPy's cache has it).
+and 8192 rows. Paths per (format, shape, M): ``bf16`` activations; ``fp32`` activations through the in-loop kernel
+(``impl="wgmma"``: split and dequantization by the CUDA cores every K tile); ``pair``: fp32 activations in the
+pair mode (``impl="pair"``, ninfer/cuda/gemm_pair.py: split and, for FP8 / NVFP4, dequantization once per call,
+both included in the time; BF16, FP8 and NVFP4 only). The pair kernel's main loop is the same for every format,
+so a format's pair time minus BF16's is its dequantization pass. FLOP/s counts 2·M·N·K; float32 activations run
+two MMAs per k-step (exact hi/lo split), so their ceiling is half of cuBLAS's: the ``vs ceiling`` column is the
+fraction of cuBLAS for bf16 and of half of cuBLAS for float32; ``vs fp32`` is the pair mode's speedup over the
+in-loop kernel. CUDA-event timing, median of repeats after a warm-up (about 60 s warm on an H200; the first run
+also compiles the gemm_sm90.cu family, ~2 min, unless CuPy's cache has it: give perf/device_run.sh
+BENCH_TIMEOUT=400).
 """
 
 from __future__ import annotations
@@ -47,6 +55,18 @@ def _cublas(m: int, n: int, k: int) -> float:
     return start.elapsed_time(end) * 1e-3 / 10
 
 
+def _paths(fmt: str, impl: str) -> tuple[tuple[str, str, str], ...]:
+    """(label, activation dtype, impl) of the paths measured for ``fmt``."""
+    from ninfer.cuda.gemm_pair import PAIR_STRUCTS
+
+    if impl == "mma":
+        return (("bf16", "bf16", "mma"), ("fp32", "fp32", "mma"))
+    paths = [("bf16", "bf16", impl), ("fp32", "fp32", "wgmma")]
+    if fmt in PAIR_STRUCTS:
+        paths.append(("pair", "fp32", "pair"))
+    return tuple(paths)
+
+
 def main(
     rows: tuple[int, ...] = ROWS, fmts: tuple[str, ...] = FORMATS, reps: int = 5, impl: str = "auto"
 ) -> list[dict[str, Any]]:
@@ -64,34 +84,52 @@ def main(
             w = random_weight(fmt, (n, k), rs, 0.02)
             for m in rows:
                 xf = rs.standard_normal((m, k), dtype=np.float32)
-                for act, x in (("bf16", (xf.view(np.uint32) >> 16).astype(np.uint16)), ("fp32", xf)):
+                xs = {"bf16": (xf.view(np.uint32) >> 16).astype(np.uint16), "fp32": xf}
+                inloop = None
+                for label, act, how in _paths(fmt, impl):
+                    x = xs[act]
                     out = cupy.empty((m, n), dtype=x.dtype)
-                    t = event_seconds(lambda x=x, out=out, w=w: gemm(x, w, out, impl=impl), reps=reps)
+                    t = event_seconds(lambda x=x, out=out, w=w, how=how: gemm(x, w, out, impl=how), reps=reps)
                     fl, tc = 2 * m * n * k, ref[(m, n, k)]
+                    inloop = t if label == "fp32" else inloop
                     out_rows.append({
-                        "shape": name, "m": m, "n": n, "k": k, "fmt": fmt, "act": act, "s": t,
+                        "shape": name, "m": m, "n": n, "k": k, "fmt": fmt, "act": label, "impl": how, "s": t,
                         "tflops": fl / t / 1e12, "cublas_tflops": fl / tc / 1e12, "frac_cublas": tc / t,
                         "frac_ceiling": tc / t * (2 if act == "fp32" else 1),
+                        "vs_fp32": inloop / t if label == "pair" and inloop else None,
                     })  # fmt: skip
-                del out
+                    del out
             del w
+    _print(out_rows)
+    return out_rows
+
+
+def _print(out_rows: list[dict[str, Any]]) -> None:
     print(
-        f"{'gemm':26s} {'format':15s} {'act':4s} {'TFLOP/s':>8s} {'cuBLAS':>8s} {'ratio':>6s} {'vs ceiling':>10s}"
+        f"{'gemm':26s} {'format':15s} {'act':4s} {'TFLOP/s':>8s} {'cuBLAS':>8s} {'ratio':>6s} {'vs ceiling':>10s} "
+        f"{'vs fp32':>7s}"
     )
     for r in out_rows:
+        sp = f"{r['vs_fp32']:6.2f}x" if r["vs_fp32"] else ""
         print(
             f"{r['shape']:8s} {r['m']:5d}x{r['n']:5d}x{r['k']:<5d} {r['fmt']:15s} {r['act']:4s} {r['tflops']:8.1f} "
-            f"{r['cublas_tflops']:8.1f} {r['frac_cublas']:6.1%} {r['frac_ceiling']:10.1%}"
+            f"{r['cublas_tflops']:8.1f} {r['frac_cublas']:6.1%} {r['frac_ceiling']:10.1%} {sp:>7s}"
         )
-    return out_rows
 
 
 if __name__ == "__main__":
     import argparse
+    import json
+    from pathlib import Path
 
     ap = argparse.ArgumentParser(prog="python -m perf.bench_gemm")
-    ap.add_argument("--impl", default="auto", choices=("auto", "wgmma", "mma"))
+    ap.add_argument("--impl", default="auto", choices=("auto", "wgmma", "mma"), help="the bf16 path's kernel")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)))
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None, help="directory for bench_gemm.json")
     a = ap.parse_args()
-    main(tuple(int(v) for v in a.rows.split(",")), tuple(a.formats.split(",")), impl=a.impl)
+    res = main(tuple(int(v) for v in a.rows.split(",")), tuple(a.formats.split(",")), a.reps, impl=a.impl)
+    if a.out is not None:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "bench_gemm.json").write_text(json.dumps(res, indent=1))

@@ -8,8 +8,11 @@
 - :func:`gemm`: prefill chunks on tensor cores with exact operands: weights as bf16-exact codes times the format's
   scale (applied to the fp32 sums), bf16 activations as is, float32 activations split into two bf16 halves
   (relative representation error <= 2^-17); fp32 accumulation in a fixed order per K. On compute capability 9.0
-  the wgmma kernel (cuda_src/gemm_sm90.cu, compiled for sm_90a), elsewhere mma.sync (cuda_src/gemm.cu);
-  ``impl="mma"`` forces the mma.sync kernel (A/B comparisons, the non-Hopper path).
+  the wgmma kernel (cuda_src/gemm_sm90.cu, compiled for sm_90a), elsewhere mma.sync (cuda_src/gemm.cu). On
+  Hopper, float32 ``x`` of at least ``PAIR_MIN_ROWS`` rows against BF16, FP8 or NVFP4 weights takes the pair mode
+  (ninfer/cuda/gemm_pair.py: split and weight dequantization once per GEMM, a copy + wgmma main loop), bitwise
+  the in-loop kernel's result. ``impl``: ``auto`` (that dispatch), ``wgmma`` (the in-loop kernel, A/B
+  comparisons), ``pair`` (pair mode at any row count), ``mma`` (the mma.sync kernel, the non-Hopper path).
 - :func:`gemm_experts`: MoE prefill, the rows of each expert (slots sorted by expert) as one grouped GEMM.
 - :func:`linear`: gemv for up to 8 rows, else gemm.
 """
@@ -23,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
+from ninfer.cuda.gemm_pair import PAIR_INSTANCES, PAIR_MIN_ROWS, gemm_pair, pair_foldable
 from ninfer.cuda.launch import capturing, launch_pdl
 from ninfer.cuda.loader import compute_capability, kernel, target_arch
 from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight
@@ -39,6 +43,8 @@ __all__ = [
     "GEMV_MAX_ROWS",
     "FRAG_STRUCTS",
     "DQ_STRUCTS",
+    "PAIR_MIN_ROWS",
+    "GEMM_IMPLS",
 ]
 
 GEMV_MAX_ROWS = 8  # the mma's N
@@ -95,24 +101,52 @@ SOURCES: dict[str, tuple[str, ...]] = {
         f"gemv_mma<{s}, {t}, {nb}>" for s, _, _ in FRAG_STRUCTS.values() for t in _TYPES for nb in _GV_NB
     ),
     "gemm.cu": tuple(f"{k}<{f}, {t}>" for k in ("gemm", "gemm_experts") for f in _FMTS for t in _TYPES),
-    "gemm_sm90.cu": tuple(
-        f"{k}<{d}, {t}>" for k in ("gemm90", "gemm90_experts") for d, _ in DQ_STRUCTS.values() for t in _TYPES
+    "gemm_sm90.cu": (
+        *(
+            f"{k}<{d}, {t}>"
+            for k in ("gemm90", "gemm90_experts")
+            for d, _ in DQ_STRUCTS.values()
+            for t in _TYPES
+        ),
+        *PAIR_INSTANCES,
     ),
 }
 
 
+GEMM_IMPLS = ("auto", "wgmma", "pair", "mma")
+
+
 def _hopper(impl: str) -> bool:
-    """The wgmma GEMM applies: ``impl`` is ``auto`` (or ``wgmma``) and the loader builds gemm_sm90.cu for sm_90a on
-    this device; ``mma`` picks the mma.sync kernel."""
-    if impl not in ("auto", "wgmma", "mma"):
-        raise KernelError(f"impl={impl!r}: one of auto, wgmma, mma")
+    """The wgmma GEMM applies: ``impl`` is not ``mma`` and the loader builds gemm_sm90.cu for sm_90a on this
+    device."""
+    if impl not in GEMM_IMPLS:
+        raise KernelError(f"impl={impl!r}: one of {', '.join(GEMM_IMPLS)}")
     return impl != "mma" and target_arch("gemm_sm90.cu", compute_capability()).endswith("a")
+
+
+def _sm90_kernel(name: str) -> Any:
+    return kernel("gemm_sm90.cu", SOURCES["gemm_sm90.cu"], name)
+
+
+def _use_pair(impl: str, fmt: str, t: str, m: int) -> bool:
+    """Pair mode for this Hopper GEMM: forced (``pair``; an error where it cannot apply), or under ``auto`` for
+    float32 x of at least PAIR_MIN_ROWS rows and a foldable format, outside graph capture (the pair scratch is
+    reallocated when a larger GEMM comes; prefill runs eagerly, captured decode takes the GEMV)."""
+    if impl == "pair":
+        if not pair_foldable(fmt, t):
+            raise KernelError(
+                f"gemm: impl='pair' needs float32 x and BF16, FP8 or NVFP4 weights (got {t}, {fmt})"
+            )
+        if capturing():
+            raise KernelError("gemm: impl='pair' cannot be captured into a CUDA graph")
+        return True
+    return impl == "auto" and m >= PAIR_MIN_ROWS and pair_foldable(fmt, t) and not capturing()
 
 
 def _gemm90(name: str, w: DeviceWeight, t: str) -> tuple[Any, int]:
     """The Hopper kernel ``name`` for ``w``'s format and activation type ``t``, and its CTA columns."""
     struct, bn = DQ_STRUCTS[w.fmt]
-    fn = kernel("gemm_sm90.cu", SOURCES["gemm_sm90.cu"], f"{name}<{struct}, {t}>")
+    fn = _sm90_kernel(f"{name}<{struct}, {t}>")
     if fn.max_dynamic_shared_size_bytes < _GS_SMEM:
         fn.max_dynamic_shared_size_bytes = _GS_SMEM
     return fn, bn
@@ -294,7 +328,8 @@ def gemv_experts(
 
 def gemm(x: Any, w: DeviceWeight, out: Any = None, *, impl: str = "auto") -> Any:
     """``out = x · Wᵀ`` for ``x[M, K]`` on tensor cores (exact weight operands, float32 ``x`` split into two bf16
-    halves, fp32 accumulation); ``x`` and ``out`` may be row-strided views."""
+    halves, fp32 accumulation); ``x`` and ``out`` may be row-strided views. ``impl``: see the module docstring
+    (every Hopper choice gives bitwise the same result)."""
     t, m, k, ldx = _prep(x, w, out, "gemm")
     n = w.rows
     out, ldy = _out(x, out, m, n)
@@ -302,7 +337,15 @@ def gemm(x: Any, w: DeviceWeight, out: Any = None, *, impl: str = "auto") -> Any
         return out
     p0, p1, p2 = w.planes()
     args = (p0, p1, p2, x, out, np.int32(m), np.int32(n), np.int32(k), np.int64(ldx), np.int64(ldy))
-    if _hopper(impl):
+    hopper = _hopper(impl)
+    if impl == "pair" and not hopper:
+        raise KernelError(
+            "gemm: impl='pair' needs the sm_90a wgmma kernels (a compute capability 9.0 device)"
+        )
+    if hopper:
+        if _use_pair(impl, w.fmt, t, m):
+            gemm_pair(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel)
+            return out
         fn, bn = _gemm90("gemm90", w, t)
         fn((grid_1d(m, _GS_BM) * grid_1d(n, bn),), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
         return out
@@ -321,6 +364,8 @@ def gemm_experts(x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None, *, 
     rows ``off[e] .. off[e+1]`` and ``ceil(count_e / 128)`` tiles; the grid is sized by the bound ``S/128 + E``."""
     import cupy
 
+    if impl == "pair":
+        raise KernelError("gemm_experts: no pair mode (auto, wgmma or mma)")
     t, m, k, ldx = _prep(x, w, out, "gemm_experts")
     check_array(ids, "ids", dtype=np.int32, shape=(m,))
     if n <= 0 or w.rows % n:

@@ -3,7 +3,8 @@
 Parts: weights (as uploaded), the KV page pool (every full-attention layer, K and V, plus one scratch page; fp8
 pages also hold one float32 scale per token and KV head),
 GDN state slots for the lanes and for checkpoints (plus one scratch slot), the prefill workspace (temporaries of
-one ``prefill_chunk`` forward, the largest layer alive at once, an estimate, plus the device sampler's
+one ``prefill_chunk`` forward, the largest layer alive at once, an estimate, the prefill GEMM's pair-mode scratch,
+plus the device sampler's
 per-lane vocabulary buffers, and the host tier's staging pages when it has one), and the CUDA-graph pools (one decode
 step's temporaries per lane count, an estimate; the runner reports the measured size after capture).
 A reserve (``ninfer serve --memory-reserve-gib``) is taken off the free memory before the plan is checked, so the
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 from ninfer.config import ModelConfig
 from ninfer.cuda.attention import rows_per_launch, split_plan, workspace_bytes
+from ninfer.cuda.gemm_pair import pair_scratch_bytes
 from ninfer.cuda.host_tier import stage_pages
 
 __all__ = ["MemoryPlan", "plan_memory", "MemoryPlanError", "KV_HEAD_BYTES", "kv_head_bytes", "kv_page_bytes"]
@@ -100,6 +102,17 @@ def snapshot_bytes(mc: ModelConfig, state_dtype: str) -> int:
     return len(mc.linear_attention_layers) * (conv + rec * (2 if state_dtype == "bf16" else 4))
 
 
+def _gemm_scratch(mc: ModelConfig, rows: int) -> int:
+    """The Hopper prefill GEMM's pair-mode scratch (ninfer/cuda/gemm_pair.py): bf16 hi / lo of the widest GEMM
+    input and a bf16 copy of the largest (fused) projection, both capped there."""
+    k_max = max(mc.hidden_size, mc.num_attention_heads * mc.head_dim, mc.gdn_value_dim, mc.intermediate_size,
+                mc.shared_expert_intermediate_size)  # fmt: skip
+    qkv = 2 * (mc.num_attention_heads + mc.num_key_value_heads) * mc.head_dim
+    gdn = mc.gdn_conv_channels + mc.gdn_value_dim + 2 * mc.linear_num_value_heads
+    n_max = max(2 * mc.intermediate_size, 2 * mc.shared_expert_intermediate_size, qkv, gdn)
+    return pair_scratch_bytes(rows, k_max, n_max * mc.hidden_size)
+
+
 def _widest(mc: ModelConfig) -> int:
     """Widest per-token activation a layer keeps alive at once (elements)."""
     attn = 2 * mc.num_attention_heads * mc.head_dim * 2 + 2 * mc.num_key_value_heads * mc.head_dim
@@ -154,6 +167,7 @@ def plan_memory(
         gdn_lanes=(lanes + 1) * snap,
         checkpoints=checkpoints * snap,
         workspace=step(prefill_chunk)
+        + _gemm_scratch(mc, prefill_chunk)
         + mc.vocab_size * 4 * 8
         + lanes * mc.vocab_size * SAMPLER_BYTES_PER_ID
         + (

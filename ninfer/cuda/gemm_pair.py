@@ -1,0 +1,160 @@
+"""The Hopper prefill GEMM's pair mode (cuda_src/gemm_sm90.cu ``gemm90_pair``): float32 activations split once per
+GEMM into bf16 hi / lo arrays (``split_hilo``), weights of the exactly foldable formats dequantized once per GEMM
+into a bf16 scratch (``dequant90``), then a main loop of cp.async copies and wgmma only (docs/cuda.md, "Prefill
+GEMM on Hopper").
+
+The result is bitwise the in-loop kernel's (``gemm90<D, float>``): the same split (split8), the same operand values
+(the format's own make()), the same tiles, MMA order and epilogue. So the row threshold below only moves time, never
+values: a row's result depends only on K, on either side of it.
+
+Used by :func:`ninfer.cuda.linear.gemm`; the kernels come from its compiled gemm_sm90.cu module (``kernel_of``), so
+this module does not import linear (no cycle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ninfer.cuda._common import grid_1d
+
+__all__ = [
+    "PAIR_STRUCTS",
+    "PAIR_INSTANCES",
+    "PAIR_MIN_ROWS",
+    "pair_foldable",
+    "pair_scratch_bytes",
+    "gemm_pair",
+    "release_scratch",
+]
+
+# format id -> (the pair kernel's weight struct in cuda_src/wdq.cuh, the dequant90 struct or None). Only formats
+# whose operand tile is the stored weight times a fixed power of two (FP8: e4m3 codes, NVFP4: e2m1 x e4m3 block
+# scale x 2^-7; both exact in bf16, tests/test_gemm_pair_host.py enumerates them) fold; their per-row or per-tensor
+# fp32 factors stay in the epilogue. The group-int formats (code x f16 group scale: up to 19 significant bits) keep
+# the in-loop kernel.
+PAIR_STRUCTS: dict[str, tuple[str, str | None]] = {
+    "BF16": ("DqBF16", None),
+    "FP8E4M3_F32ROW": ("DqFolded<DqFP8<true>>", "DqFP8<true>"),
+    "FP8E4M3_F32T": ("DqFolded<DqFP8<false>>", "DqFP8<false>"),
+    "NVFP4G16_E4M3S": ("DqFolded<DqNVFP4<false>>", "DqNVFP4<false>"),
+    "NVFP4G16_E4M3S_ROWG": ("DqFolded<DqNVFP4<true>>", "DqNVFP4<true>"),
+}
+# the plane holding one fp32 factor per weight row (offset with the weight's row chunk), if any
+_ROW_PLANE = {"FP8E4M3_F32ROW": 1, "NVFP4G16_E4M3S_ROWG": 2}
+PAIR_INSTANCES: tuple[str, ...] = (
+    *(f"gemm90_pair<{s}>" for s, _ in PAIR_STRUCTS.values()),
+    *(f"dequant90<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),
+    "split_hilo",
+)
+
+# Rows from which a float32 GEMM takes the pair mode. Below one full 128-row tile the GEMM is one partial wave of
+# M-independent tiles while the pre-passes cost fixed memory traffic (dequant: read the stored bytes and write 2 per
+# weight, ~N*K*2.6 B at ~3.5 TB/s, e.g. 65 us for the 17408 x 5120 MLP up projection; the pair GEMM then reads 2 B
+# per weight instead of 0.56). Estimated from the H200 figures (perf/results/bench_kernels.txt, 20761f5): with
+# float x the in-loop kernel spends ~3.4 us per CTA and K tile (NVFP4, 161 TFLOP/s over 132 SMs), copy + wgmma at
+# the bf16 path's tensor rate ~2 us, so even a single wave saves ~1.4 us x K/64, more than the dequant pass costs
+# for N below ~30k. 128 keeps a margin (not measured below 2048 rows; `python -m perf.bench_gemm --rows 128,512`
+# compares both paths there). Results are bitwise the same on either side.
+PAIR_MIN_ROWS = 128
+_BM, _BN, _THREADS, _SMEM = 128, 256, 256, 232448  # GS_BM, DqBF16::BN, GS_THREADS, GS_SMEM
+# Scratch caps (bytes): the bf16 weight copy (the 27B's largest fused projection, gate|up 34816 x 5120, is 340 MiB;
+# larger weights run in row chunks of the cap) and the hi / lo activations (4 B per element: 8192 rows of the 27B's
+# 17408-wide down projection input are 544 MiB; more rows run in row chunks). Row independence makes any chunking
+# bitwise equal to one launch.
+_W_CAP, _X_CAP = 384 << 20, 640 << 20
+_SPLIT_THREADS = 256
+# (device, stream, kind) -> grow-only uint16 buffer: sized by the largest call so far (at most the caps above), then
+# reused without allocating; one per stream, so GEMMs on different streams never share one.
+_SCRATCH: dict[tuple[int, int, str], Any] = {}
+
+
+def pair_foldable(fmt: str, t: str) -> bool:
+    """Whether a GEMM of float ``t`` activations against format ``fmt`` can take the pair mode."""
+    return t == "float" and fmt in PAIR_STRUCTS
+
+
+def _chunks(total: int, cap: int, unit: int) -> int:
+    """Balanced chunk length (a multiple of ``unit``) covering ``total`` with chunks of at most ``cap``."""
+    cap = max(unit, cap // unit * unit)
+    per = -(-total // -(-total // cap))  # ceil(total / number of chunks)
+    return min(cap, -(-per // unit) * unit)
+
+
+def _plan(fmt: str, m: int, n: int, k: int) -> tuple[int, int]:
+    """(activation rows per chunk, weight rows per chunk)."""
+    mx = _chunks(m, _X_CAP // (4 * k), _BM)
+    nw = n if PAIR_STRUCTS[fmt][1] is None else _chunks(n, _W_CAP // (2 * k), _BN)
+    return min(mx, m), min(nw, n)
+
+
+def pair_scratch_bytes(rows: int, k_max: int, weight_max: int) -> int:
+    """Upper bound of the pair scratch after GEMMs of at most ``rows`` rows, ``k_max`` columns and ``weight_max``
+    weight elements (the memory plan's prefill workspace): hi / lo of one row chunk, one weight chunk."""
+    if rows < PAIR_MIN_ROWS:
+        return 0
+    act = min(4 * rows * k_max, max(_X_CAP, 4 * _BM * k_max))
+    return act + min(2 * weight_max, max(_W_CAP, 2 * _BN * k_max))
+
+
+def _scratch(kind: str, elems: int) -> Any:
+    import cupy
+
+    key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr, kind)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.size < elems:
+        _SCRATCH.pop(key, None)  # the pool reuses the old block (stream-ordered) for the new one
+        buf = _SCRATCH[key] = cupy.empty(elems, dtype=np.uint16)
+    return buf[:elems]
+
+
+def release_scratch() -> None:
+    """Drop the cached scratch buffers (tests, or to give the memory back to the pool)."""
+    _SCRATCH.clear()
+
+
+def gemm_pair(
+    x: Any, w: Any, out: Any, dims: tuple[int, int, int, int, int], kernel_of: Callable[[str], Any]
+) -> None:
+    """``out = x · Wᵀ`` in pair mode. ``dims`` = (M, N, K, ldx, ldy) as checked by linear.gemm; ``x`` float32,
+    ``w.fmt`` in :data:`PAIR_STRUCTS`; ``kernel_of(name)`` the compiled gemm_sm90.cu instance. Not for graph
+    capture (the scratch may be reallocated between calls; linear.gemm keeps captured GEMMs on the in-loop kernel).
+    """
+    m, n, k, _, ldy = dims
+    wstruct, dq = PAIR_STRUCTS[w.fmt]
+    mx, nw = _plan(w.fmt, m, n, k)
+    planes = list(w.planes())
+    fn = kernel_of(f"gemm90_pair<{wstruct}>")
+    if fn.max_dynamic_shared_size_bytes < _SMEM:
+        fn.max_dynamic_shared_size_bytes = _SMEM
+    split = kernel_of("split_hilo")
+    dqfn = kernel_of(f"dequant90<{dq}>") if dq is not None else None
+    wbuf = _scratch("w", nw * k) if dq is not None else None
+    xbuf = _scratch("x", 2 * mx * k)
+
+    def weight_chunk(n0: int, rows: int) -> list[Any]:
+        """Planes of weight rows [n0, n0 + rows) as the pair kernel reads them (the scratch filled for them)."""
+        if dqfn is None:  # BF16: the stored rows themselves (one chunk)
+            return planes
+        dqfn((grid_1d(k, 64), grid_1d(rows, _BN)), (_THREADS,), (*planes, wbuf, np.int32(rows), np.int32(k),
+             np.int64(n0)))  # fmt: skip
+        p = [wbuf, *planes[1:]]
+        if w.fmt in _ROW_PLANE:
+            p[_ROW_PLANE[w.fmt]] = planes[_ROW_PLANE[w.fmt]][4 * n0 :]
+        return p
+
+    whole = weight_chunk(0, n) if nw == n else None
+    for m0 in range(0, m, mx):
+        rows = min(mx, m - m0)
+        hi, lo = xbuf[: rows * k], xbuf[rows * k : 2 * rows * k]
+        split((grid_1d(rows * (k // 8), _SPLIT_THREADS),), (_SPLIT_THREADS,),
+              (x[m0 : m0 + rows], hi, lo, np.int32(rows), np.int32(k), np.int64(dims[3])))  # fmt: skip
+        for n0 in range(0, n, nw):
+            cols = min(nw, n - n0)
+            p0, p1, p2 = whole if whole is not None else weight_chunk(n0, cols)
+            y = out[m0 : m0 + rows, n0 : n0 + cols]
+            fn((grid_1d(rows, _BM) * grid_1d(cols, _BN),), (_THREADS,),
+               (p0, p1, p2, hi, lo, y, np.int32(rows), np.int32(cols), np.int32(k), np.int64(k), np.int64(ldy)),
+               shared_mem=_SMEM)  # fmt: skip

@@ -1,0 +1,107 @@
+"""The pair mode's host orchestration (ninfer/cuda/gemm_pair.py) without a GPU: the three kernels emulated in NumPy
+on the arrays the wrapper passes (views in place of device pointers), so the chunk loops, the scratch slices, the
+per-row scale plane offsets, the output views and the launch geometry are checked against the reference with and
+without chunking. The kernels themselves: tests/test_gemm_pair_host.py (CPU) and tests/test_cuda_gemm_pair.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ninfer.cuda.gemm_pair as gp
+from ninfer.cuda.weights import DeviceWeight, plane_offsets
+from ninfer.formats import FORMATS, bf16_decode
+from ninfer.formats.fp8 import e4m3_decode
+from ninfer.reference import ops
+
+
+def _rne(x: np.ndarray) -> np.ndarray:
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+class _Kernel:
+    """A launch of one emulated kernel: checks the geometry, then runs ``body`` on the arguments."""
+
+    def __init__(self, name: str, log: list[tuple[str, tuple[int, ...]]]) -> None:
+        self.name, self.log, self.max_dynamic_shared_size_bytes = name, log, 0
+
+    def __call__(
+        self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], **kw: Any
+    ) -> None:
+        self.log.append((self.name, grid))
+        assert block == (256,)
+        getattr(self, "_" + self.name.split("<")[0])(grid, args, **kw)
+
+    def _split_hilo(self, grid: tuple[int, ...], a: tuple[Any, ...]) -> None:
+        x, hi, lo, m, k, ldx = a[0], a[1], a[2], int(a[3]), int(a[4]), int(a[5])
+        assert grid[0] * 256 >= m * k // 8 and x.shape == (m, k) and ldx == x.strides[0] // 4
+        h = _rne(x)
+        hi[:] = h.reshape(-1)
+        lo[:] = _rne(x - bf16_decode(h)).reshape(-1)
+
+    def _dequant90(
+        self, grid: tuple[int, ...], a: tuple[Any, ...]
+    ) -> None:  # FP8 codes [N, K] -> bf16 values
+        p0, w, rows, k, n0 = a[0], a[3], int(a[4]), int(a[5]), int(a[6])
+        assert grid == (-(-k // 64), -(-rows // 256))
+        w[: rows * k] = _rne(e4m3_decode(p0[n0 * k : (n0 + rows) * k]))
+
+    def _gemm90_pair(self, grid: tuple[int, ...], a: tuple[Any, ...], shared_mem: int) -> None:
+        p0, p1, hi, lo, y = a[0], a[1], a[3], a[4], a[5]
+        rows, cols, k, ldx = int(a[6]), int(a[7]), int(a[8]), int(a[9])
+        assert shared_mem == 232448 and grid == (-(-rows // 128) * -(-cols // 256),) and ldx == k
+        assert y.shape == (rows, cols) and hi.size == lo.size == rows * k
+        w = bf16_decode(np.asarray(p0).view(np.uint16)[: cols * k]).reshape(cols, k).astype(np.float64)
+        x = bf16_decode(hi).reshape(rows, k).astype(np.float64) + bf16_decode(lo).reshape(rows, k)
+        scale = np.frombuffer(p1[: 4 * cols].tobytes(), np.float32) if self.name.find("FP8") > 0 else 1.0
+        y[...] = (x @ w.T) * scale
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, ...]]]:
+    monkeypatch.setattr(gp, "_scratch", lambda kind, n: np.full(n, 0xFFFF, np.uint16))
+    return []
+
+
+@pytest.mark.parametrize("fmt", ["FP8E4M3_F32ROW", "BF16"])
+@pytest.mark.parametrize("caps", [None, (2 * 256, 4 * 128)])
+def test_pair_orchestration(fake: list, monkeypatch: pytest.MonkeyPatch, fmt: str, caps: Any) -> None:
+    rng = np.random.default_rng(3)
+    m, n, k = 300, 700, 136
+    if caps:  # 256-row weight chunks and 128-row activation chunks
+        monkeypatch.setattr(gp, "_W_CAP", caps[0] * k)
+        monkeypatch.setattr(gp, "_X_CAP", caps[1] * k)
+    codec = FORMATS[fmt]
+    buf = np.ascontiguousarray(
+        codec.encode(rng.standard_normal((n, k)).astype(np.float32), (n, k)).view(np.uint8)
+    )
+    w = DeviceWeight(fmt, (n, k), buf.reshape(-1), tuple(plane_offsets(fmt, (n, k), buf)))
+    wf = codec.decode(buf, (n, k))
+    xs = np.full((m, k + 8), np.nan, np.float32)
+    xs[:, :k] = rng.standard_normal((m, k))
+    x = xs[:, :k]
+    out = np.full((m, n + 5), np.nan, np.float32)
+    gp.gemm_pair(x, w, out[:, 2 : 2 + n], (m, n, k, k + 8, n + 5), lambda name: _Kernel(name, fake))
+    assert np.isnan(out[:, :2]).all() and np.isnan(out[:, 2 + n :]).all()
+    got = out[:, 2 : 2 + n]
+    ref = ops.linear(x, wf)
+    assert np.allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    names = [nm.split("<")[0] for nm, _ in fake]
+    mchunks, nchunks = (3, 3) if caps else (1, 1)
+    assert names.count("split_hilo") == mchunks and names.count("gemm90_pair") == mchunks * (
+        nchunks if fmt != "BF16" else 1
+    )
+    deq = names.count("dequant90")
+    assert deq == (0 if fmt == "BF16" else (1 if nchunks == 1 else mchunks * nchunks))
+
+
+def test_pair_scratch_bound() -> None:
+    """The memory plan's bound covers what a GEMM's plan takes, chunked or not."""
+    for m, n, k in ((128, 34816, 5120), (8192, 5120, 17408), (8192, 34816, 5120), (30000, 248320, 5120)):
+        mx, nw = gp._plan("NVFP4G16_E4M3S", m, n, k)
+        assert 4 * mx * k + 2 * nw * k <= gp.pair_scratch_bytes(m, k, n * k)
+    assert gp.pair_scratch_bytes(gp.PAIR_MIN_ROWS - 1, 5120, 10**8) == 0
