@@ -76,11 +76,22 @@ def _fake_cupy() -> types.ModuleType:
     return cp, cpx
 
 
+def _tier_pages(grid, block, args) -> None:  # noqa: ANN001
+    """cuda_src/tier_copy.cu's ``tier_pages`` with memmove: staging row i <-> page idx[i] of every table array."""
+    stage, table, idx, page_bytes, to_stage = args
+    assert grid[1:] == (len(idx), len(table)) and block == (256,)
+    for i, p in enumerate(np.asarray(idx).tolist()):
+        for base, size, off in np.asarray(table).tolist():
+            dev, row = base + p * size, stage.ctypes.data + i * int(page_bytes) + off
+            ctypes.memmove(*((row, dev) if to_stage else (dev, row)), size)
+
+
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     cp, cpx = _fake_cupy()
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setitem(sys.modules, "cupyx", cpx)
+    monkeypatch.setattr(HostTier, "_kernel", lambda self: _tier_pages)
     return cp
 
 
@@ -124,6 +135,10 @@ def test_pinned_arena_grows_by_segments(fake, monkeypatch: pytest.MonkeyPatch) -
     assert tier.host_bytes == 20 * page_bytes  # three segments, the last one short
     with pytest.raises(IndexError):
         tier.row(20)
+    eager = HostTier(
+        net, 20, page_bytes, eager=True
+    )  # the runner's: everything pinned up front, none in a step
+    assert eager.host_bytes == 20 * page_bytes
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -170,3 +185,35 @@ def test_guard_waits_only_for_overlapping_copies(fake) -> None:  # noqa: ANN001
         assert net.stream.waited == 1
     finally:
         _Event.done = True
+
+
+def test_reads_wait_only_for_restores_and_busy_slots(fake) -> None:  # noqa: ANN001
+    """What the compute stream only reads waits for restores (writers), not for a spill that reads it too; a save
+    can see which slots a copy in flight still touches."""
+    net, page_bytes = _net(False)
+    tier = HostTier(net, 40, page_bytes)
+    ckpt_pages = -(-sum(int(a[0].nbytes) for a in net.conv + net.rec) // page_bytes)
+    _Event.done = False
+    try:
+        tier.spill(TierCopy(0, [1, 2], [0, 1], 3, list(range(2, 2 + ckpt_pages))), 5)
+        assert tier.busy_slots() == {5}
+        tier.guard({1}, {5}, writes_only=True)
+        assert net.stream.waited == 0
+        tier.restore([TierCopy(9, [6], [0])], [None], 9)
+        tier.guard({6}, set(), writes_only=True)
+        assert net.stream.waited == 1
+    finally:
+        _Event.done = True
+    assert tier.busy_slots() == set()
+
+
+def test_checkpoint_copy_is_one_memcpy_per_array_and_run(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    net, page_bytes = _net(False)
+    calls: list[int] = []
+    memmove = fake.cuda.runtime.memcpyAsync
+    fake.cuda.runtime.memcpyAsync = lambda d, s, n, k, st: (calls.append(n), memmove(d, s, n, k, st))
+    tier = HostTier(net, 40, page_bytes)
+    ckpt_pages = -(-sum(int(a[0].nbytes) for a in net.conv + net.rec) // page_bytes)
+    assert ckpt_pages > 1
+    tier.spill(TierCopy(0, [], [], 3, list(range(10, 10 + ckpt_pages))), 2)  # consecutive host pages
+    assert len(calls) == len(net.conv + net.rec)
