@@ -70,7 +70,10 @@ def _fake_cupy() -> types.ModuleType:
     cp.asnumpy = lambda x, stream=None: np.asarray(x)
     cp.uint64 = np.uint64
     runtime = types.SimpleNamespace(memcpyAsync=lambda dst, src, n, kind, stream: ctypes.memmove(dst, src, n))
-    cp.cuda = types.SimpleNamespace(Stream=_Stream, runtime=runtime, get_elapsed_time=lambda a, b: 1.5)
+    device = types.SimpleNamespace(synchronize=lambda: None)
+    cp.cuda = types.SimpleNamespace(
+        Stream=_Stream, runtime=runtime, get_elapsed_time=lambda a, b: 1.5, Device=lambda: device
+    )
     cpx = types.ModuleType("cupyx")
     cpx.empty_pinned = lambda shape, dtype: np.zeros(shape, dtype)
     return cp, cpx

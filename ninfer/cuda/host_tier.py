@@ -124,8 +124,11 @@ class HostTier:
     def warmup(self) -> None:
         """Compile and load the copy kernels now (and the checksum's), not in the first step that spills: page 0 of
         every array goes to the staging buffer and back (bytes unchanged)."""
+        import cupy
+
         if not self.page_arrays:
             return
+        cupy.cuda.Device().synchronize()  # whatever filled the arrays (other streams) is done
         with self.stream:
             self._gather([0])
             self._scatter([0])
