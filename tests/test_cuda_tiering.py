@@ -42,16 +42,20 @@ extern "C" __global__ void hold(const volatile int* flag, long long max_cycles) 
 
 
 def _hold(stream: Any, seconds: float) -> Any:
-    """Hold ``stream`` until the returned pinned flag is set to 1 (read by one spinning thread through unified
-    addressing), or ``seconds`` at most, so that a step that waits on the stream fails instead of hanging."""
-    import cupy
-    import cupyx
+    """Hold ``stream`` until the returned flag (an int32 in mapped pinned memory: with unified addressing the
+    kernel reads it at its host address) is set to 1, or ``seconds`` at most, so that a step that waits on the
+    stream fails instead of hanging."""
+    import ctypes
 
-    flag = cupyx.empty_pinned((1,), np.int32)
-    flag[0] = 0
-    khz = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["clockRate"]
+    import cupy
+
+    rt = cupy.cuda.runtime
+    ptr = rt.hostAlloc(64, rt.hostAllocMapped)
+    flag = ctypes.c_int32.from_address(ptr)
+    flag.value = 0
+    khz = rt.getDeviceProperties(cupy.cuda.Device().id)["clockRate"]
     with stream:
-        cupy.RawKernel(HOLD, "hold")((1,), (1,), (np.uint64(flag.ctypes.data), np.int64(khz * 1e3 * seconds)))
+        cupy.RawKernel(HOLD, "hold")((1,), (1,), (np.uint64(ptr), np.int64(khz * 1e3 * seconds)))
     return flag
 
 
@@ -330,7 +334,7 @@ def test_restore_in_flight_never_blocks_another_lanes_decode(demo: Path) -> None
             eng.step()
             during.append(time.perf_counter() - t0)
             assert eng._sched.restoring
-        flag[0] = 1  # release the copy stream
+        flag.value = 1  # release the copy stream
         assert max(during) < 1.0, during  # a step that waited on the copy stream would take the 10 s
         assert lane0.num_generated - gen0 == len(during)  # lane 0 decoded in every one of them
         assert waits and not any(waits)  # completion polled, never waited for, while lane 0 ran
