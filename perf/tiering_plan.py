@@ -76,7 +76,7 @@ def device_plan(mc: Any, settings: dict[str, Any], act_bytes: int = 4) -> Any:
     )  # fmt: skip
 
 
-def copy_plan(mc: Any, settings: dict[str, Any], context: int, new: int) -> dict[str, Any]:
+def copy_plan(mc: Any, settings: dict[str, Any], context: int, new: int, decode: int) -> dict[str, Any]:
     """The bench's sequence on ``PlanRunner``: which steps copy which host pages, and which pinned segments the
     turn's step reaches for the first time (a segment pinned lazily inside that step stalls it)."""
     import numpy as np
@@ -97,7 +97,7 @@ def copy_plan(mc: Any, settings: dict[str, Any], context: int, new: int) -> dict
         while not h.done:
             eng.step()
     before = len(runner.steps)
-    dec = eng.submit(ids(64), max_tokens=8, ignore_eos=True)
+    dec = eng.submit(ids(64), max_tokens=decode, ignore_eos=True)
     eng.step()
     turn = eng.submit(prefix + [1] + ids(new), max_tokens=2, ignore_eos=True, checkpoint_at=())
     while not turn.done:
@@ -106,7 +106,9 @@ def copy_plan(mc: Any, settings: dict[str, Any], context: int, new: int) -> dict
     eng.step()
     earlier = {h // SEGMENT_PAGES for s in runner.steps[:before] for h in s["spill_host_pages"]}
     turn_steps = runner.steps[before + 1 :]
-    first = next(s for s in turn_steps if s["restore_host_pages"])
+    first = next((s for s in turn_steps if s["restore_host_pages"]), None)
+    if first is None:
+        raise RuntimeError(f"{context} tokens: the next turn did not restore from the host tier")
     reached = {h // SEGMENT_PAGES for h in first["spill_host_pages"]}
     eng.close()
     return {

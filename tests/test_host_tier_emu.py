@@ -95,6 +95,8 @@ def fake(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setitem(sys.modules, "cupyx", cpx)
     monkeypatch.setattr(HostTier, "_kernel", lambda self: _tier_pages)
+    monkeypatch.setattr("ninfer.cuda.pinned_arena.cuda_pinned", lambda n: (np.zeros(n, np.uint8), None))
+    monkeypatch.setattr("ninfer.cuda.pinned_arena.cuda_free", lambda h: None)
     return cp
 
 
@@ -220,3 +222,39 @@ def test_checkpoint_copy_is_one_memcpy_per_array_and_run(fake, monkeypatch: pyte
     assert ckpt_pages > 1
     tier.spill(TierCopy(0, [], [], 3, list(range(10, 10 + ckpt_pages))), 2)  # consecutive host pages
     assert len(calls) == len(net.conv + net.rec)
+
+
+def test_pinned_arena_pins_ahead_in_the_background() -> None:
+    """The runner's arena: segments pinned by a thread ahead of the highest page a spill reached, so a copy
+    finds its pages pinned and waits for nothing; one that outruns the thread pins (and counts) what it needs."""
+    import threading
+
+    from ninfer.cuda.pinned_arena import PinnedArena
+
+    gate, calls, freed = threading.Event(), [], []
+
+    def alloc(n: int) -> tuple[np.ndarray, int]:
+        gate.wait(5)
+        calls.append(threading.current_thread().name)
+        return np.zeros(n, np.uint8), len(calls)
+
+    arena = PinnedArena(50, 16, 8, alloc, freed.append, ahead=2)  # 7 segments, the last one short
+    assert arena.nbytes == 0  # the thread waits at the gate: nothing pinned in the caller
+    gate.set()
+    arena.join()
+    assert len(arena.segments) == 2 and set(calls) == {"host-tier-pin"} and arena.wait_seconds == 0
+    arena.row(15)[:] = 7  # inside the pinned part: no pinning here
+    assert len(calls) == 2
+    arena.prefetch(17)  # a spill reached segment 2: keep 3 and 4 pinned too
+    arena.join()
+    assert len(arena.segments) == 5 and arena.wait_seconds == 0
+    arena.row(49)  # outran the thread: pinned here, counted
+    assert len(arena.segments) == 7 and arena.segments[-1].shape == (2, 16) and arena.wait_seconds > 0
+    assert int(arena.row(15)[0]) == 7
+    with pytest.raises(IndexError):
+        arena.row(50)
+    del arena
+    import gc
+
+    gc.collect()
+    assert sorted(freed) == list(range(1, 8))  # every segment released with the arena

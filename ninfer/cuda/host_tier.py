@@ -1,10 +1,10 @@
 """``HostTier``: the CUDA runner's host tier (docs/tiering.md) in pinned host memory, moved on its own stream.
 
-Layout: a pinned arena ``[host_pages, page_bytes]`` in ``SEGMENT_BYTES`` segments. ``eager`` (the runner's
-choice) pins them all when the tier is made: pinning takes the host thread about 0.3 s per GiB (measured on the
-H200: growing the arena by one 1 GiB segment inside a step stalled the other lanes' decode by 477 ms), so it
-never happens on the step path. Without ``eager`` (tests) a segment is pinned when the page ids in use first reach
-it. A host page holds one KV page of every attention layer (with speculation also the MTP head's plane),
+Layout: a pinned arena ``[host_pages, page_bytes]`` in ``SEGMENT_BYTES`` segments (``ninfer.cuda.pinned_arena``).
+Pinning takes about 0.3 s per GiB (on the H200, one 1 GiB segment pinned inside a step stalled the other lanes'
+decode by 477 ms), so with ``ahead_bytes`` (the runner's choice) a background thread keeps that much pinned past
+the highest host page a spill has reached, and no step pins; ``eager`` pins everything at once; with neither
+(tests) a segment is pinned when a copy first reaches it. A host page holds one KV page of every attention layer (with speculation also the MTP head's plane),
 page-major (the K pages of every layer, then V, then the fp8 scales, each ``page_size x KV heads x head_dim``
 as stored on the device); a GDN checkpoint takes ``ceil(snapshot_bytes / page_bytes)`` host pages, holding the
 bytes of its slot in every conv then every recurrent state array in order.
@@ -37,14 +37,19 @@ from typing import Any
 
 import numpy as np
 
+from ninfer.cuda import pinned_arena
+from ninfer.cuda.pinned_arena import PinnedArena
 from ninfer.engine.core import TierCopy
 
-__all__ = ["HostTier", "SOURCES", "STAGE_BYTES", "stage_pages", "page_runs"]
+__all__ = ["AHEAD_BYTES", "HostTier", "SOURCES", "STAGE_BYTES", "stage_pages", "page_runs"]
 
 SOURCES: dict[str, tuple[str, ...]] = {"tier_copy.cu": ("tier_pages",)}
 
 STAGE_BYTES = 256 << 20  # device staging of the page copies: 256 pages of the 27B's 1 MiB (bf16 KV)
 SEGMENT_BYTES = 1 << 30  # the pinned arena grows by this much
+AHEAD_BYTES = (
+    4 << 30
+)  # the runner's tier keeps this much pinned past the highest host page used (in the background)
 D2H, H2D = 2, 1  # cudaMemcpyKind
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -81,10 +86,16 @@ class _Flight:
 
 class HostTier:
     def __init__(
-        self, net: Any, host_pages: int, page_bytes: int, *, checksum: bool = False, eager: bool = False
+        self,
+        net: Any,
+        host_pages: int,
+        page_bytes: int,
+        *,
+        checksum: bool = False,
+        eager: bool = False,
+        ahead_bytes: int = 0,
     ) -> None:
         import cupy
-        import cupyx
 
         self.net = net
         self.page_arrays = list(net.kc) + list(net.vc) + list(net.ks) + list(net.vs)
@@ -97,8 +108,15 @@ class HostTier:
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
         self.page_bytes, self.checksum, self.host_pages = page_bytes, checksum, host_pages
         self.seg_pages = max(1, SEGMENT_BYTES // page_bytes)
-        self._segments: list[np.ndarray] = []  # pinned [seg_pages, page_bytes] each
-        self._pinned = cupyx.empty_pinned
+        ahead = -(-ahead_bytes // (self.seg_pages * page_bytes))
+        self.arena = PinnedArena(
+            host_pages,
+            page_bytes,
+            self.seg_pages,
+            pinned_arena.cuda_pinned,
+            pinned_arena.cuda_free,
+            ahead=ahead,
+        )
         self.chunk = stage_pages(page_bytes)
         self.stage = cupy.empty((self.chunk, page_bytes), np.uint8)
         self.stream = cupy.cuda.Stream(non_blocking=True)
@@ -106,10 +124,9 @@ class HostTier:
         self._digests: dict[tuple[str, int], int] = {}
         self._table = cupy.asarray(self._page_table(sizes))
         self._grid_x = max(1, min(8, -(-max(sizes, default=1) // (256 * 16))))
-        self.pin_seconds = 0.0  # host time spent pinning segments (all of it at start with ``eager``)
         self.issue_seconds = 0.0  # host time spent issuing spills and restores (the step thread's share)
-        if eager and host_pages:
-            self._reach(host_pages - 1)
+        if eager:
+            self.arena.pin_all()
         self.warmup()
 
     def _page_table(self, sizes: list[int]) -> np.ndarray:
@@ -140,25 +157,16 @@ class HostTier:
     @property
     def host_bytes(self) -> int:
         """Pinned bytes allocated so far."""
-        return sum(int(s.nbytes) for s in self._segments)
+        return self.arena.nbytes
+
+    @property
+    def pin_seconds(self) -> float:
+        """Time the copies (the step thread) spent pinning host memory themselves: 0 when pinned ahead."""
+        return self.arena.wait_seconds
 
     def row(self, host_id: int) -> np.ndarray:
         """Host page ``host_id`` (a view of the pinned arena)."""
-        self._reach(host_id)
-        seg, i = divmod(host_id, self.seg_pages)
-        return self._segments[seg][i]
-
-    def _reach(self, host_id: int) -> None:
-        if not 0 <= host_id < self.host_pages:
-            raise IndexError(f"host page {host_id} outside the tier's {self.host_pages}")
-        if len(self._segments) > host_id // self.seg_pages:
-            return
-        t0 = time.perf_counter()
-        while len(self._segments) <= host_id // self.seg_pages:
-            first = len(self._segments) * self.seg_pages
-            n = min(self.seg_pages, self.host_pages - first)
-            self._segments.append(self._pinned((n, self.page_bytes), np.uint8))
-        self.pin_seconds += time.perf_counter() - t0
+        return self.arena.row(host_id)
 
     def _ptr(self, host_id: int) -> int:
         return int(self.row(host_id).ctypes.data)
@@ -183,6 +191,9 @@ class HostTier:
         self._flights.append(
             _Flight(end, None, set(c.device_pages), {slot} if slot is not None else set(), 0)
         )
+        self.arena.prefetch(
+            max(c.host_pages + c.host_ckpt, default=-1)
+        )  # the next spills' room, pinned meanwhile
         self.issue_seconds += time.perf_counter() - t0
         if self.checksum:
             self.stream.synchronize()  # debug: the spill is complete before any lane writes again

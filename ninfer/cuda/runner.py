@@ -90,11 +90,11 @@ class CudaModelRunner:
         self.tier: Any = None
         self._host_len: dict[int, int] = {}  # first host page of a spilled checkpoint -> its length
         if self.host_pages:
-            from ninfer.cuda.host_tier import HostTier
+            from ninfer.cuda.host_tier import AHEAD_BYTES, HostTier
 
-            # eager: the whole arena is pinned now, never inside a step (docs/tiering.md "The runners")
+            # pinned ahead of use by a background thread, never inside a step (docs/tiering.md "The runners")
             self.tier = HostTier(
-                net, self.host_pages, self.page_bytes, checksum=cfg.tier_checksum, eager=True
+                net, self.host_pages, self.page_bytes, checksum=cfg.tier_checksum, ahead_bytes=AHEAD_BYTES
             )
         if capture:
             net.warm_prefill()  # CuPy's lazily built prefill kernels compile now, not in the first request
