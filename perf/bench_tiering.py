@@ -76,6 +76,16 @@ def _step(eng: Any, rec: _Recorder) -> dict[str, Any]:
     return dict(ms=(time.perf_counter() - t0) * 1e3, restoring=restoring, **rec.last)
 
 
+def _pin_probe(eng: Any, rec: _Recorder, arena: Any) -> list[float]:
+    """Lane 0's step times while the background thread pins one more segment (does ``cudaHostAlloc`` in another
+    thread slow the step thread?); empty when the tier is all pinned."""
+    arena.grow_to(len(arena.segments) + 1)
+    out = []
+    while arena.pinning and len(out) < 10000:
+        out.append(_step(eng, rec)["ms"])
+    return out
+
+
 def classify(steps: list[dict[str, Any]], base_ms: float) -> dict[str, Any]:
     """The turn's steps: restore steps (copy issued or in flight, the turn computing nothing) and prefill steps."""
     restore = [s for s in steps if (s.get("restores") or s["restoring"]) and not s.get("prefill_tokens")]
@@ -126,9 +136,12 @@ def run_size(net: Any, mc: Any, args: argparse.Namespace, size: int, log: Any) -
     dec = eng.submit(ids(64), max_tokens=args.decode_steps, ignore_eos=True)
     while not dec.done and eng._sched.lanes[0] is not None and eng._sched.lanes[0].num_generated < 4:
         eng.step()
-    runner.tier.arena.join()  # pinning ahead of the spills (started after the prefix's spill) is long done in use
-    res.update(host_pinned_bytes=runner.tier.host_bytes, host_pin_background_s=runner.tier.arena.pin_seconds)
+    t0 = time.perf_counter()
+    runner.tier.arena.join()  # pinning ahead of the spills (started after the prefix's spill): done in practice
+    res.update(pin_join_wait_s=time.perf_counter() - t0, host_pin_background_s=runner.tier.arena.pin_seconds)
     base = [_step(eng, rec)["ms"] for _ in range(16)]
+    res["steps_while_pinning_ms"] = _pin_probe(eng, rec, runner.tier.arena)
+    res["host_pinned_bytes"] = runner.tier.host_bytes
     turn = eng.submit(prefix + c1.token_ids + ids(args.new), max_tokens=4, ignore_eos=True, checkpoint_at=())
     steps: list[dict[str, Any]] = []
     while not turn.done and sum(s.get("prefill_tokens", 0) for s in steps) < args.new and len(steps) < 10000:
@@ -169,6 +182,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{r['issue_ms']:.2f} / {r['pin_ms_in_steps']:.2f}",
             f"{r['max_prefill_step_ms']:.1f} ({r['prefill_steps']})",
             f"{r['two_lane_step_ms']:.2f}",
+            f"{max(r['steps_while_pinning_ms'], default=0.0):.2f} ({len(r['steps_while_pinning_ms'])})",
         ]
 
     names = [
@@ -185,6 +199,7 @@ def table(results: list[dict[str, Any]]) -> str:
         "copy issue / pin ms in steps",
         "turn prefill step ms (n)",
         "two-lane decode step ms",
+        "longest step, 1 GiB pinning beside (n)",
     ]
     cols = [col(r) for r in results]
     w = max(len(n) for n in names)

@@ -239,6 +239,7 @@ def test_pinned_arena_pins_ahead_in_the_background() -> None:
         return np.zeros(n, np.uint8), len(calls)
 
     arena = PinnedArena(50, 16, 8, alloc, freed.append, ahead=2)  # 7 segments, the last one short
+    arena.prefetch(-1)
     assert arena.nbytes == 0  # the thread waits at the gate: nothing pinned in the caller
     gate.set()
     arena.join()

@@ -5,7 +5,8 @@ inside an engine step.
 The engine hands out low host page ids first, so the ids in use grow from 0: the arena keeps ``ahead`` segments
 pinned beyond the highest id a copy has reached (``prefetch``, called after each spill is issued). A copy that
 outruns the thread pins what it needs itself (``wait_seconds`` counts the time the caller spent there: a stall, 0
-in steady state). ``pin_all`` pins everything at once (tests). Segments are allocated with ``alloc(nbytes) ->
+in steady state); ``prefetch(-1)`` starts it (the runner: once its CUDA graphs are captured, so that no
+``cudaHostAlloc`` runs beside a capture). ``pin_all`` pins everything at once (tests). Segments are allocated with ``alloc(nbytes) ->
 (uint8 array of nbytes, handle)`` and released with ``free(handle)`` when the arena is collected.
 
 On the GPU the segments come from ``cudaHostAlloc`` directly (``cuda_pinned``), not through CuPy's pinned-memory
@@ -73,8 +74,6 @@ class PinnedArena:
         self.wait_seconds = 0.0  # time callers of ``row`` spent pinning or waiting for the thread
         fin = weakref.finalize(self, _release, free, self._handles)
         fin.atexit = False  # at exit the process's memory goes anyway (and CUDA may be gone)
-        if ahead:
-            self.prefetch(-1)
 
     @property
     def nbytes(self) -> int:
@@ -93,12 +92,20 @@ class PinnedArena:
 
     def prefetch(self, host_id: int) -> None:
         """Keep ``ahead`` segments pinned past ``host_id``'s (in the background)."""
-        want = min(self.num_segments, (host_id // self.seg_pages if host_id >= 0 else -1) + 1 + self.ahead)
-        self._target = max(self._target, want)
-        if len(self.segments) >= self._target or (self._thread is not None and self._thread.is_alive()):
+        self.grow_to((host_id // self.seg_pages if host_id >= 0 else -1) + 1 + self.ahead)
+
+    def grow_to(self, n: int) -> None:
+        """Pin up to ``n`` segments in the background."""
+        self._target = max(self._target, min(self.num_segments, n))
+        if len(self.segments) >= self._target or self.pinning:
             return
         self._thread = threading.Thread(target=self._fill, name="host-tier-pin", daemon=True)
         self._thread.start()
+
+    @property
+    def pinning(self) -> bool:
+        """The background thread is at work."""
+        return self._thread is not None and self._thread.is_alive()
 
     def pin_all(self) -> None:
         self._grow(self.num_segments)

@@ -100,6 +100,8 @@ class CudaModelRunner:
             net.warm_prefill()  # CuPy's lazily built prefill kernels compile now, not in the first request
         if capture and net.cuda_graph:
             self.capture_graphs()
+        if self.tier is not None:
+            self.tier.arena.prefetch(-1)  # the first segments, in the background
 
     def capture_graphs(self) -> int:
         """Capture the decode graph of every lane count now (warm-up); returns their private pools' bytes."""
