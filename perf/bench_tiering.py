@@ -1,24 +1,30 @@
 """The host tier on the GPU (docs/tiering.md): restoring a long prefix from pinned host memory against recomputing
 it, and what a restore costs another lane's decode. Synthetic weights at the 27B's shape (perf/synthetic.py).
 
-    python -m perf.bench_tiering --out perf/results              # 32K-token prefix, about 5 minutes on an H200
-    python -m perf.bench_tiering --context 8192 --out /tmp/t     # quicker
+    python -m perf.bench_tiering --out perf/results                    # 8K and 32K prefixes, about 5 minutes
+    python -m perf.bench_tiering --sizes 8192 --out /tmp/t             # one size, quicker
+    python -m perf.bench_tiering --plan                                # no GPU: the copy and memory plans
 
-One engine on the CUDA runner, two lanes, driven step by step in this thread (``background=False``):
-1. the prefix: a ``--context``-token prompt, one token generated (its prefill time is the recompute cost);
+One network, then per size one engine on the CUDA runner, two lanes, driven step by step in this thread:
+1. the prefix: a ``size``-token prompt, one token generated (its prefill time is the recompute cost);
 2. a filler prompt of half that length takes the device pool, so the prefix (KV pages and checkpoints) spills to
    the host tier;
 3. a short request decodes in lane 0; its step times before anything else happens are the baseline;
 4. the next turn of the prefix (the whole prefix plus ``--new`` tokens) restores it from the host while lane 0
    keeps decoding: the restore's bytes and copy time (events on the copy stream), the effective GB/s, the turn's
-   time to first token, and lane 0's step times while the restore is in flight (the stall: the longest of them
-   less the baseline median).
-Targets (the issue): restore >= 30x faster than recompute; no step of lane 0 longer than two baseline steps.
+   time to first token, and every step from the submission to the turn's first token, each classified:
+   - restore steps: the restore is issued or in flight and the turn computes nothing (its lane waits for the
+     copy). The stall is the longest of them less the baseline median, in baseline steps; target <= 1.
+   - prefill steps: the turn's new tokens prefill beside lane 0's decode. That is prefill interference, which
+     any admitted request causes (``--new`` tokens here), not the restore's: reported apart, never in the stall.
+Each step also reports the host time spent issuing copies (``issue_ms``) and pinning host memory (``pin_ms``: 0
+when the background thread pinned ahead of the spills, ``ninfer/cuda/pinned_arena.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -27,122 +33,181 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["main", "run"]
+__all__ = ["main", "run_size", "classify"]
 
 
-def _engine(args: argparse.Namespace) -> Any:
-    from ninfer.artifact.registry import MODELS as REG
-    from ninfer.cuda.model import CudaQwen36
-    from ninfer.cuda.runner import CudaModelRunner
-    from ninfer.engine import Engine, EngineConfig
-
-    from .cli import MODELS
-    from .synthetic import synthetic_tensors
-
-    mc = REG[MODELS[args.model]].config
-    net = CudaQwen36(mc, synthetic_tensors(mc, args.profile), act_dtype=args.activations)
-    net.warmup()
-    cfg = EngineConfig(**_settings(args))
-    runner = CudaModelRunner(net, mc, cfg)
-    return Engine(runner, mc, None, cfg, background=False), mc
-
-
-def _settings(args: argparse.Namespace) -> dict[str, Any]:
+def _settings(args: argparse.Namespace, size: int) -> dict[str, Any]:
     """The engine: room for the prefix and half of it again; the prefix one node (checkpoint stride = its length)
     so the filler spills it whole; one reserved sequence, so the decoding lane's releases the filler's and the
     next turn can spill the filler to make room for the restore while that lane runs."""
     return dict(
-        max_concurrency=2, queue_depth=4, max_context=args.context + args.new + 64, reserved_sequences=1,
-        kv_capacity=args.context + args.context // 2, prefill_chunk=args.chunk,
-        checkpoint_stride=args.stride or args.context + 64, host_cache_gib=args.host_gib,
-        tier_checksum=args.checksum,
+        max_concurrency=2, queue_depth=4, max_context=size + args.new + 64, reserved_sequences=1,
+        kv_capacity=size + size // 2, prefill_chunk=args.chunk,
+        checkpoint_stride=args.stride or size + 64, host_cache_gib=args.host_gib, tier_checksum=args.checksum,
     )  # fmt: skip
 
 
-def _drive(eng: Any, handles: list[Any]) -> None:
-    while not all(h.done for h in handles):
-        eng.step()
+class _Recorder:
+    """Wraps the runner's ``execute``: what each batch held and the host time its copies took."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner, self.inner, self.last = runner, runner.execute, {}
+        runner.execute = self
+
+    def __call__(self, batch: Any) -> None:
+        tier = self.runner.tier
+        issue0, pin0 = tier.issue_seconds, tier.pin_seconds
+        self.inner(batch)
+        self.last = dict(
+            decode=sum(1 for w in batch.work if not w.prefill),
+            prefill_tokens=sum(len(w.token_ids) for w in batch.work if w.prefill),
+            spills=sum(1 for c in batch.copies if not c.ticket),
+            restores=len({c.ticket for c in batch.copies if c.ticket}),
+            issue_ms=(tier.issue_seconds - issue0) * 1e3,
+            pin_ms=(tier.pin_seconds - pin0) * 1e3,
+        )
 
 
-def _timed_steps(eng: Any, n: int) -> list[float]:
+def _step(eng: Any, rec: _Recorder) -> dict[str, Any]:
+    restoring = eng._sched.restoring
+    rec.last = {}
+    t0 = time.perf_counter()
+    eng.step()
+    return dict(ms=(time.perf_counter() - t0) * 1e3, restoring=restoring, **rec.last)
+
+
+def _pin_probe(eng: Any, rec: _Recorder, arena: Any) -> list[float]:
+    """Lane 0's step times while the background thread pins one more segment (does ``cudaHostAlloc`` in another
+    thread slow the step thread?); empty when the tier is all pinned."""
+    arena.grow_to(len(arena.segments) + 1)
     out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        eng.step()
-        out.append(time.perf_counter() - t0)
+    while arena.pinning and len(out) < 10000:
+        out.append(_step(eng, rec)["ms"])
     return out
 
 
-def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
-    eng, mc = _engine(args)
-    rng = np.random.default_rng(0)
+def classify(steps: list[dict[str, Any]], base_ms: float) -> dict[str, Any]:
+    """The turn's steps: restore steps (copy issued or in flight, the turn computing nothing) and prefill steps."""
+    restore = [s for s in steps if (s.get("restores") or s["restoring"]) and not s.get("prefill_tokens")]
+    prefill = [s for s in steps if s.get("prefill_tokens")]
+    worst = max((s["ms"] for s in restore), default=0.0)
+    return dict(
+        steps_during_restore=len(restore),
+        max_step_during_restore_ms=worst,
+        stall_ms=max(0.0, worst - base_ms),
+        stall_steps=max(0.0, worst - base_ms) / base_ms,
+        prefill_steps=len(prefill),
+        max_prefill_step_ms=max((s["ms"] for s in prefill), default=0.0),
+        issue_ms=sum(s.get("issue_ms", 0.0) for s in steps),
+        pin_ms_in_steps=sum(s.get("pin_ms", 0.0) for s in steps),
+    )
+
+
+def run_size(net: Any, mc: Any, args: argparse.Namespace, size: int, log: Any) -> dict[str, Any]:
+    from ninfer.cuda.runner import CudaModelRunner
+    from ninfer.engine import Engine, EngineConfig
+
+    cfg = EngineConfig(**_settings(args, size))
+    t0 = time.perf_counter()
+    runner = CudaModelRunner(net, mc, cfg)
+    res: dict[str, Any] = dict(context=size, new=args.new, runner_start_s=time.perf_counter() - t0)
+    runner.tier.arena.join()  # the first segments are pinned in the background (measured apart)
+    res.update(memory_plan=runner.plan.report(), page_bytes=runner.page_bytes)
+    res.update(host_pages=runner.host_pages, snapshot_bytes=runner.snapshot_bytes)
+    log(res["memory_plan"])
+    eng = Engine(runner, mc, None, cfg, background=False)
+    rec = _Recorder(runner)
+    rng = np.random.default_rng(size)
     ids = lambda n: rng.integers(0, mc.vocab_size, n).tolist()  # noqa: E731
-    prefix = ids(args.context)
-    res: dict[str, Any] = {
-        "model": args.model,
-        "profile": args.profile,
-        "context": args.context,
-        "new": args.new,
-    }
-    res["host_pages"], res["page_bytes"] = eng._runner.host_pages, eng._runner.page_bytes
-    res["snapshot_bytes"] = eng._runner.snapshot_bytes
-    first = eng.submit(prefix, max_tokens=1, ignore_eos=True, checkpoint_at=())
-    _drive(eng, [first])
-    c1 = first.result()
+    prefix = ids(size)
+
+    def drive(h: Any) -> Any:
+        while not h.done:
+            eng.step()
+        return h.result()
+
+    c1 = drive(eng.submit(prefix, max_tokens=1, ignore_eos=True, checkpoint_at=()))
     res["recompute_s"] = c1.metrics.prefill_s
-    log(f"prefix of {args.context} tokens computed in {c1.metrics.prefill_s:.2f} s")
-    filler = eng.submit(ids(args.context // 2), max_tokens=1, ignore_eos=True, checkpoint_at=())
-    _drive(eng, [filler])
+    log(f"{size}: prefix computed in {c1.metrics.prefill_s:.2f} s")
+    drive(eng.submit(ids(size // 2), max_tokens=1, ignore_eos=True, checkpoint_at=()))
     st = eng.stats()
-    res["spills"], res["spill_bytes"] = st.spills, st.spill_bytes
-    log(f"filler pushed it to the host: {st.spills} spills, {st.spill_bytes / 1e9:.2f} GB")
+    res.update(spills=st.spills, spill_bytes=st.spill_bytes)
+    log(f"{size}: the filler pushed it to the host: {st.spills} spills, {st.spill_bytes / 1e9:.2f} GB")
     dec = eng.submit(ids(64), max_tokens=args.decode_steps, ignore_eos=True)
     while not dec.done and eng._sched.lanes[0] is not None and eng._sched.lanes[0].num_generated < 4:
         eng.step()
-    base = _timed_steps(eng, 16)
+    t0 = time.perf_counter()
+    runner.tier.arena.join()  # pinning ahead of the spills (started after the prefix's spill): done in practice
+    res.update(pin_join_wait_s=time.perf_counter() - t0, host_pin_background_s=runner.tier.arena.pin_seconds)
+    base = [_step(eng, rec)["ms"] for _ in range(16)]
+    res["steps_while_pinning_ms"] = _pin_probe(eng, rec, runner.tier.arena)
+    res["host_pinned_bytes"] = runner.tier.host_bytes
     turn = eng.submit(prefix + c1.token_ids + ids(args.new), max_tokens=4, ignore_eos=True, checkpoint_at=())
-    during: list[float] = []
-    while not turn.done:
-        restoring = eng._sched.restoring or not during
-        t = _timed_steps(eng, 1)[0]
-        if restoring:
-            during.append(t)
-    dec.cancel()  # its budget only had to outlast the restore
-    _drive(eng, [dec])
-    c2 = turn.result()
+    steps: list[dict[str, Any]] = []
+    while not turn.done and sum(s.get("prefill_tokens", 0) for s in steps) < args.new and len(steps) < 10000:
+        steps.append(_step(eng, rec))  # until the turn's new tokens have run (its first token)
+    tail = [_step(eng, rec) for _ in range(4)]  # two lanes decoding (for reference)
+    dec.cancel()
+    c2 = drive(turn)
+    drive(dec)
     m = c2.metrics
-    res["turn_metrics"] = {f: getattr(m, f) for f in m.__struct_fields__}
     median = statistics.median(base)
-    if not m.host_cached_tokens or m.queue_wait_s > 10 * median:
-        log(f"warning: the turn did not restore while lane 0 decoded as planned: {res['turn_metrics']}")
+    res["turn_metrics"] = {f: getattr(m, f) for f in m.__struct_fields__}
+    if not m.host_cached_tokens:
+        log(f"warning: the turn did not restore from the host: {res['turn_metrics']}")
     res.update(
         restore_s=m.restore_s, restore_bytes=m.restore_bytes, host_cached_tokens=m.host_cached_tokens,
         restore_GBps=m.restore_bytes / m.restore_s / 1e9 if m.restore_s else 0.0,
         speedup=res["recompute_s"] / m.restore_s if m.restore_s else 0.0,
-        ttft_turn_s=m.ttft_s, ttft_recompute_s=c1.metrics.ttft_s,
-        decode_step_ms=median * 1e3, steps_during_restore=len(during),
-        max_step_during_restore_ms=max(during) * 1e3, stall_ms=(max(during) - median) * 1e3,
-        stall_steps=(max(during) - median) / median,
+        ttft_turn_s=m.ttft_s, ttft_recompute_s=c1.metrics.ttft_s, decode_step_ms=median,
+        two_lane_step_ms=statistics.median(s["ms"] for s in tail), steps=steps, **classify(steps, median),
     )  # fmt: skip
     eng.close()
     return res
 
 
-def table(r: dict[str, Any]) -> str:
-    rows = [
-        ("prefix tokens (restored)", f"{r['context']} ({r['host_cached_tokens']})"),
-        ("recompute (prefill) s", f"{r['recompute_s']:.3f}"),
-        ("restore s", f"{r['restore_s']:.4f}"),
-        ("restore bytes", f"{r['restore_bytes'] / 1e9:.3f} GB"),
-        ("restore GB/s", f"{r['restore_GBps']:.1f}"),
-        ("restore speedup", f"{r['speedup']:.0f}x (target >= 30x)"),
-        ("TTFT next turn / first turn", f"{r['ttft_turn_s']:.3f} / {r['ttft_recompute_s']:.3f} s"),
-        ("lane-0 decode step (median)", f"{r['decode_step_ms']:.2f} ms"),
-        ("longest step while restoring", f"{r['max_step_during_restore_ms']:.2f} ms ({r['steps_during_restore']} steps)"),
-        ("stall", f"{r['stall_ms']:.2f} ms = {r['stall_steps']:.2f} steps (target <= 1)"),
-    ]  # fmt: skip
-    w = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+def table(results: list[dict[str, Any]]) -> str:
+    def col(r: dict[str, Any]) -> list[str]:
+        return [
+            f"{r['context']} ({r['host_cached_tokens']})",
+            f"{r['recompute_s']:.3f}",
+            f"{r['restore_s'] * 1e3:.1f}",
+            f"{r['restore_bytes'] / 1e9:.3f}",
+            f"{r['restore_GBps']:.1f}",
+            f"{r['speedup']:.0f}x",
+            f"{r['ttft_turn_s']:.3f} / {r['ttft_recompute_s']:.3f}",
+            f"{r['decode_step_ms']:.2f}",
+            f"{r['max_step_during_restore_ms']:.2f} ({r['steps_during_restore']})",
+            f"{r['stall_ms']:.2f} = {r['stall_steps']:.2f} steps",
+            f"{r['issue_ms']:.2f} / {r['pin_ms_in_steps']:.2f}",
+            f"{r['max_prefill_step_ms']:.1f} ({r['prefill_steps']})",
+            f"{r['two_lane_step_ms']:.2f}",
+            f"{max(r['steps_while_pinning_ms'], default=0.0):.2f} ({len(r['steps_while_pinning_ms'])})",
+        ]
+
+    names = [
+        "prefix tokens (restored)",
+        "recompute (prefill) s",
+        "restore ms (copy stream)",
+        "restore GB",
+        "restore GB/s",
+        "speedup (target >= 30x)",
+        "TTFT next turn / first, s",
+        "lane-0 decode step ms",
+        "longest restore step ms (n)",
+        "stall (target <= 1 step)",
+        "copy issue / pin ms in steps",
+        "turn prefill step ms (n)",
+        "two-lane decode step ms",
+        "longest step, 1 GiB pinning beside (n)",
+    ]
+    cols = [col(r) for r in results]
+    w = max(len(n) for n in names)
+    widths = [max(len(c[i]) for i in range(len(names))) for c in cols]
+    return "\n".join(
+        f"{n:<{w}}  " + "  ".join(f"{c[i]:>{cw}}" for c, cw in zip(cols, widths, strict=True))
+        for i, n in enumerate(names)
+    )
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -150,21 +215,55 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="27b", help="27b or 35b (perf/cli.py MODELS)")
     p.add_argument("--profile", default="nvfp4", help="nvfp4, q4, w8 or bf16")
     p.add_argument("--activations", default="fp32", choices=("fp32", "bf16"))
-    p.add_argument("--context", type=int, default=32768, help="prefix tokens restored")
+    p.add_argument("--sizes", default="8192,32768", help="prefix tokens restored, comma-separated")
     p.add_argument("--new", type=int, default=64, help="new tokens of the next turn")
     p.add_argument("--chunk", type=int, default=2048, help="prefill chunk")
     p.add_argument("--stride", type=int, default=0, help="checkpoint stride (0: past the prefix)")
-    p.add_argument("--decode-steps", type=int, default=2000, help="budget of the decoding lane")
+    p.add_argument(
+        "--decode-steps",
+        type=int,
+        default=2000,
+        help="budget of the decoding lane (its pages are taken at admission)",
+    )
     p.add_argument("--host-gib", type=float, default=16.0, help="host tier size")
     p.add_argument("--checksum", action="store_true", help="tier_checksum (slower: debug)")
+    p.add_argument("--plan", action="store_true", help="no GPU: print the copy and device-memory plans")
     p.add_argument("--out", default="perf/results", help="directory for the JSON and the table")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--sizes: comma-separated token counts, got {args.sizes!r}")
+    if not args.sizes or min(args.sizes) < 256:
+        p.error("--sizes: at least one size of 256 tokens or more")
+    return args
+
+
+def _plan(args: argparse.Namespace, mc: Any) -> int:
+    from .tiering_plan import copy_plan, device_plan
+
+    for size in args.sizes:
+        st = _settings(args, size)
+        print(f"{size} tokens: {device_plan(mc, st).report()} (weights estimated)")
+        print(f"{size} tokens: {json.dumps(copy_plan(mc, st, size, args.new, args.decode_steps))}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    import cupy
+    from ninfer.artifact.registry import MODELS as REG
+
+    from .cli import MODELS
 
     args = _args(argv)
+    mc = REG[MODELS[args.model]].config
+    if args.plan:
+        return _plan(args, mc)
+    import cupy
+
+    from ninfer.cuda.model import CudaQwen36
+
+    from .synthetic import synthetic_tensors
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -173,11 +272,18 @@ def main(argv: list[str] | None = None) -> int:
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    res = {"device": name, "date": time.strftime("%Y-%m-%d %H:%M:%S"), **run(args, log)}
-    text = table(res)
+    net = CudaQwen36(mc, synthetic_tensors(mc, args.profile), act_dtype=args.activations)
+    net.warmup()
+    head = dict(device=name, date=time.strftime("%Y-%m-%d %H:%M:%S"), model=args.model, profile=args.profile)
+    results = []
+    for size in sorted(args.sizes):
+        results.append({**head, **run_size(net, mc, args, size, log)})
+        gc.collect()
+        cupy.get_default_memory_pool().free_all_blocks()  # the next runner plans from the free memory
+        (out / "bench_tiering.json").write_text(json.dumps(results, indent=1))
+    text = table(results)
     print(text, flush=True)
-    (out / "bench_tiering.json").write_text(json.dumps(res, indent=1))
-    (out / "bench_tiering.txt").write_text(text + "\n")
+    (out / "bench_tiering.txt").write_text(f"{name} {head['date']} {args.model} {args.profile}\n{text}\n")
     log(f"wrote {out / 'bench_tiering.json'}")
     return 0
 

@@ -9,18 +9,54 @@ prompt chunking and resume points never change results):
 - two lanes: one session restores while another lane decodes; the restore's ticket comes back and its lane runs
   only after it; the copy's time is reported;
 - with MTP speculation (docs/speculative.md): the head's KV plane is part of every spilled and restored page,
-  verify rounds run while restores are in flight, outputs equal the engine's without reuse and without drafts.
+  verify rounds run while restores are in flight, outputs equal the engine's without reuse and without drafts;
+- the copy kernel (cuda_src/tier_copy.cu) and the pinned arena on their own: pages and a checkpoint slot of
+  every dtype spilled and restored elsewhere, bitwise;
+- a restore held in flight (a kernel queued first on the copy stream waits for a host flag): the other lane
+  keeps decoding, no step waits for the copy (completion only polled), outputs bitwise those without reuse;
+- checkpoint slots under repeated spill and restore with tight checkpoint budgets on one and two lanes (at
+  fa50d21 these ran out: "no free GDN checkpoint slot"; tests/test_tiering_slots.py checks the bookkeeping on
+  the CPU).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 gpu = pytest.mark.gpu
 GEN = 8
+
+
+HOLD = r"""
+extern "C" __global__ void hold(const volatile int* flag, long long max_cycles) {
+    const long long t0 = clock64();
+    while (*flag == 0 && clock64() - t0 < max_cycles) {
+    }
+}
+"""
+
+
+def _hold(stream: Any, seconds: float) -> Any:
+    """Hold ``stream`` until the returned flag (an int32 in mapped pinned memory: with unified addressing the
+    kernel reads it at its host address) is set to 1, or ``seconds`` at most, so that a step that waits on the
+    stream fails instead of hanging."""
+    import ctypes
+
+    import cupy
+
+    rt = cupy.cuda.runtime
+    ptr = rt.hostAlloc(64, rt.hostAllocMapped)
+    flag = ctypes.c_int32.from_address(ptr)
+    flag.value = 0
+    khz = rt.getDeviceProperties(cupy.cuda.Device().id)["clockRate"]
+    with stream:
+        cupy.RawKernel(HOLD, "hold")((1,), (1,), (np.uint64(ptr), np.int64(khz * 1e3 * seconds)))
+    return flag
 
 
 def _engine(path: Path, **kw: Any) -> Any:
@@ -195,6 +231,155 @@ def test_sessions_with_speculation_on_two_lanes(demo: Path) -> None:
             eng._cache.check()
         st = eng.stats()
         assert hits >= 10 and st.host_restores >= hits and st.spec_accepted > 0
+    finally:
+        eng.close()
+        plain.close()
+
+
+@gpu
+@pytest.mark.parametrize("fp8", [False, True])
+def test_tier_pages_kernel_and_pinned_arena_bitwise(fp8: bool) -> None:
+    """Pages of every array (bf16 words or fp8 bytes with float32 scales) and a checkpoint slot spilled from
+    scattered device pages to scattered host pages across segments, then restored into other pages and another
+    slot: bitwise, with the checksum on and off; the arena is pinned at start with ``eager``."""
+    cupy = pytest.importorskip("cupy")
+    import types
+
+    from ninfer.cuda import host_tier
+    from ninfer.cuda.host_tier import HostTier
+    from ninfer.engine.core import TierCopy
+
+    rng = np.random.default_rng(5)
+    pages, P, H, D, slots = 700, 16, 4, 64, 6
+    word = np.uint8 if fp8 else np.uint16
+
+    def arr(shape: tuple[int, ...], dtype: Any) -> Any:
+        return cupy.asarray(rng.integers(0, 255, shape).astype(dtype))
+
+    net = types.SimpleNamespace(stream=cupy.cuda.Stream(non_blocking=True))
+    net.kc = [arr((pages, P, H, D), word) for _ in range(3)]
+    net.vc = [arr((pages, P, H, D), word) for _ in range(3)]
+    net.ks = [cupy.asarray(rng.random((pages, P, H), np.float32)) for _ in range(3)] if fp8 else []
+    net.vs = [cupy.asarray(rng.random((pages, P, H), np.float32)) for _ in range(3)] if fp8 else []
+    net.conv = [cupy.asarray(rng.random((slots, 96, 3), np.float32)) for _ in range(4)]
+    net.rec = [cupy.asarray(rng.random((slots, 4, 32, 32), np.float32)) for _ in range(4)]
+    page_bytes = sum(int(a[0].nbytes) for a in net.kc + net.vc + net.ks + net.vs)
+    ckpt_pages = -(-sum(int(a[0].nbytes) for a in net.conv + net.rec) // page_bytes)
+    cupy.cuda.Device().synchronize()
+    old = host_tier.SEGMENT_BYTES, host_tier.STAGE_BYTES
+    host_tier.SEGMENT_BYTES = 100 * page_bytes  # runs of host pages cross segments
+    host_tier.STAGE_BYTES = 64 * page_bytes  # several staging chunks
+    try:
+        for checksum in (False, True):
+            tier = HostTier(net, 400, page_bytes, checksum=checksum, eager=True)
+            assert tier.host_bytes == 400 * page_bytes and tier.chunk == 64
+            host = [*range(50, 250), *range(49, 9, -1)]  # runs across segments, then single pages
+            dev = [int(p) for p in rng.permutation(pages)[: len(host)]]
+            hc = [399 - 3 * i for i in range(ckpt_pages)]  # the checkpoint over scattered host pages
+            before = [cupy.asnumpy(a[cupy.asarray(dev)]) for a in tier.page_arrays]
+            slot_before = [cupy.asnumpy(a[2]) for a in tier.slot_arrays]
+            tier.spill(TierCopy(0, dev, host, 1, hc), 2)
+            tier.stream.synchronize()
+            for a in tier.page_arrays + tier.slot_arrays:
+                a.fill(0)
+            cupy.cuda.Device().synchronize()  # the fills ran on the default stream, the copies do not wait for it
+            new = [int(p) for p in rng.permutation(pages)[: len(dev)]]
+            tier.restore([TierCopy(5, new, host, 2, hc)], [4], 5)
+            got = tier.done(True)
+            assert [t for t, _ in got] == [5] and got[0][1] > 0
+            for b, a in zip(before, tier.page_arrays, strict=True):
+                assert np.array_equal(b, cupy.asnumpy(a[cupy.asarray(new)]))
+            for b, a in zip(slot_before, tier.slot_arrays, strict=True):
+                assert np.array_equal(b, cupy.asnumpy(a[4]))
+            for k, a in enumerate(tier.page_arrays):  # the contents back for the next round
+                a[cupy.asarray(dev)] = cupy.asarray(before[k])
+            for k, a in enumerate(tier.slot_arrays):
+                a[2] = cupy.asarray(slot_before[k])
+            cupy.cuda.Device().synchronize()
+    finally:
+        host_tier.SEGMENT_BYTES, host_tier.STAGE_BYTES = old
+
+
+@gpu
+def test_restore_in_flight_never_blocks_another_lanes_decode(demo: Path) -> None:
+    """A restore held in flight (a kernel queued first on the copy stream waits for a host flag): lane 0 keeps
+    decoding one token per step meanwhile, no step waits for the copy stream (completion is only polled), the
+    restored lane starts only after the copy, and both outputs are bitwise those of the engine without reuse."""
+    kw = dict(BASE, max_concurrency=2, kv_capacity=512, host_cache_gib=0.25)
+    plain = _engine(demo, **dict(BASE, max_concurrency=1, kv_capacity=1024, prefix_reuse=False))
+    eng = _engine(demo, **kw, background=False)
+    try:
+        tok, tier = eng.tokenizer, eng._runner.tier
+        waits: list[bool] = []
+        done = tier.done
+        tier.done = lambda wait: (waits.append(wait), done(wait))[1]
+        a, b = _opening(tok, 1), _opening(tok, 2)
+        first = eng.submit(a, max_tokens=GEN, ignore_eos=True, checkpoint_at=()).result(timeout=300)
+        for s in range(3, 9):  # other sessions push session 1 out of the device pool
+            eng.submit(_opening(tok, s), max_tokens=GEN, ignore_eos=True).result(timeout=300)
+        assert eng.stats().spills > 0
+        budget = BASE["max_context"] - len(b) - 1
+        long = eng.submit(b, max_tokens=budget, ignore_eos=True)
+        for _ in range(4):
+            eng.step()
+        lane0 = next(r for r in eng._sched.lanes if r is not None)
+        waits.clear()
+        flag = _hold(tier.stream, 10.0)  # the restore's copies queue behind it
+        nxt = a + first.token_ids + _tool(tok, 0)
+        turn = eng.submit(nxt, max_tokens=GEN, ignore_eos=True, checkpoint_at=())
+        assert eng._sched.restoring, "the next turn did not restore from the host"
+        gen0, during = lane0.num_generated, []
+        for _ in range(8):  # the copy cannot complete: every step must still run lane 0 at its own pace
+            t0 = time.perf_counter()
+            eng.step()
+            during.append(time.perf_counter() - t0)
+            assert eng._sched.restoring
+        flag.value = 1  # release the copy stream
+        assert max(during) < 1.0, during  # a step that waited on the copy stream would take the 10 s
+        assert lane0.num_generated - gen0 == len(during)  # lane 0 decoded in every one of them
+        assert waits and not any(waits)  # completion polled, never waited for, while lane 0 ran
+        while eng._sched.restoring:
+            eng.step()
+        c, d = turn.result(timeout=300), long.result(timeout=300)
+        assert c.usage.host_cached_tokens > 0 and c.metrics.restore_s > 0
+        assert c.token_ids == plain.submit(nxt, max_tokens=GEN, ignore_eos=True).result(timeout=300).token_ids
+        assert (
+            d.token_ids == plain.submit(b, max_tokens=budget, ignore_eos=True).result(timeout=300).token_ids
+        )
+    finally:
+        eng.close()
+        plain.close()
+
+
+@gpu
+@pytest.mark.parametrize(("lanes", "budget"), [(1, 3), (1, 6), (2, 3), (2, 8)])
+def test_checkpoint_slots_never_run_out_under_repeated_spill_and_restore(
+    demo: Path, lanes: int, budget: int
+) -> None:
+    """Every session's turn submitted at once, four turns, a checkpoint budget of a few snapshots: spills,
+    restores, drops and saves in the same steps never exhaust the runner's slots; outputs equal no reuse."""
+    plain = _engine(demo, **BASE, kv_capacity=1024, max_concurrency=1, prefix_reuse=False)
+    tok = plain.tokenizer
+    eng = _engine(
+        demo, **BASE, max_concurrency=lanes, kv_capacity=448, queue_depth=10, tier_checksum=True,
+        checkpoint_budget_bytes=budget * 58368, host_cache_gib=4e6 / (1 << 30),
+    )  # fmt: skip
+    try:
+        assert eng._runner.snapshot_bytes == 58368
+        ctx = [_opening(tok, s) for s in range(10)]
+        hits = 0
+        for turn in range(4):
+            handles = [eng.submit(c, max_tokens=GEN, ignore_eos=True, checkpoint_at=()) for c in ctx]
+            for s, h in enumerate(handles):
+                c = h.result(timeout=300)
+                assert c.finish_reason == "output_limit", c.error
+                want = plain.submit(ctx[s], max_tokens=GEN, ignore_eos=True).result(timeout=300)
+                assert c.token_ids == want.token_ids, (turn, s)
+                hits += c.usage.host_cached_tokens > 0
+                ctx[s] = ctx[s] + c.token_ids + _tool(tok, turn)
+            eng._cache.check()
+            assert eng._runner.num_checkpoints <= budget
+        assert hits >= 10 and eng.stats().host_restores >= hits
     finally:
         eng.close()
         plain.close()

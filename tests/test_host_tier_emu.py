@@ -70,10 +70,23 @@ def _fake_cupy() -> types.ModuleType:
     cp.asnumpy = lambda x, stream=None: np.asarray(x)
     cp.uint64 = np.uint64
     runtime = types.SimpleNamespace(memcpyAsync=lambda dst, src, n, kind, stream: ctypes.memmove(dst, src, n))
-    cp.cuda = types.SimpleNamespace(Stream=_Stream, runtime=runtime, get_elapsed_time=lambda a, b: 1.5)
+    device = types.SimpleNamespace(synchronize=lambda: None)
+    cp.cuda = types.SimpleNamespace(
+        Stream=_Stream, runtime=runtime, get_elapsed_time=lambda a, b: 1.5, Device=lambda: device
+    )
     cpx = types.ModuleType("cupyx")
     cpx.empty_pinned = lambda shape, dtype: np.zeros(shape, dtype)
     return cp, cpx
+
+
+def _tier_pages(grid, block, args) -> None:  # noqa: ANN001
+    """cuda_src/tier_copy.cu's ``tier_pages`` with memmove: staging row i <-> page idx[i] of every table array."""
+    stage, table, idx, page_bytes, to_stage = args
+    assert grid[1:] == (len(idx), len(table)) and block == (256,)
+    for i, p in enumerate(np.asarray(idx).tolist()):
+        for base, size, off in np.asarray(table).tolist():
+            dev, row = base + p * size, stage.ctypes.data + i * int(page_bytes) + off
+            ctypes.memmove(*((row, dev) if to_stage else (dev, row)), size)
 
 
 @pytest.fixture
@@ -81,6 +94,9 @@ def fake(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     cp, cpx = _fake_cupy()
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setitem(sys.modules, "cupyx", cpx)
+    monkeypatch.setattr(HostTier, "_kernel", lambda self: _tier_pages)
+    monkeypatch.setattr("ninfer.cuda.pinned_arena.cuda_pinned", lambda n: (np.zeros(n, np.uint8), None))
+    monkeypatch.setattr("ninfer.cuda.pinned_arena.cuda_free", lambda h: None)
     return cp
 
 
@@ -124,6 +140,10 @@ def test_pinned_arena_grows_by_segments(fake, monkeypatch: pytest.MonkeyPatch) -
     assert tier.host_bytes == 20 * page_bytes  # three segments, the last one short
     with pytest.raises(IndexError):
         tier.row(20)
+    eager = HostTier(
+        net, 20, page_bytes, eager=True
+    )  # the runner's: everything pinned up front, none in a step
+    assert eager.host_bytes == 20 * page_bytes
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -170,3 +190,72 @@ def test_guard_waits_only_for_overlapping_copies(fake) -> None:  # noqa: ANN001
         assert net.stream.waited == 1
     finally:
         _Event.done = True
+
+
+def test_reads_wait_only_for_restores_and_busy_slots(fake) -> None:  # noqa: ANN001
+    """What the compute stream only reads waits for restores (writers), not for a spill that reads it too; a save
+    can see which slots a copy in flight still touches."""
+    net, page_bytes = _net(False)
+    tier = HostTier(net, 40, page_bytes)
+    ckpt_pages = -(-sum(int(a[0].nbytes) for a in net.conv + net.rec) // page_bytes)
+    _Event.done = False
+    try:
+        tier.spill(TierCopy(0, [1, 2], [0, 1], 3, list(range(2, 2 + ckpt_pages))), 5)
+        assert tier.busy_slots() == {5}
+        tier.guard({1}, {5}, writes_only=True)
+        assert net.stream.waited == 0
+        tier.restore([TierCopy(9, [6], [0])], [None], 9)
+        tier.guard({6}, set(), writes_only=True)
+        assert net.stream.waited == 1
+    finally:
+        _Event.done = True
+    assert tier.busy_slots() == set()
+
+
+def test_checkpoint_copy_is_one_memcpy_per_array_and_run(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    net, page_bytes = _net(False)
+    calls: list[int] = []
+    memmove = fake.cuda.runtime.memcpyAsync
+    fake.cuda.runtime.memcpyAsync = lambda d, s, n, k, st: (calls.append(n), memmove(d, s, n, k, st))
+    tier = HostTier(net, 40, page_bytes)
+    ckpt_pages = -(-sum(int(a[0].nbytes) for a in net.conv + net.rec) // page_bytes)
+    assert ckpt_pages > 1
+    tier.spill(TierCopy(0, [], [], 3, list(range(10, 10 + ckpt_pages))), 2)  # consecutive host pages
+    assert len(calls) == len(net.conv + net.rec)
+
+
+def test_pinned_arena_pins_ahead_in_the_background() -> None:
+    """The runner's arena: segments pinned by a thread ahead of the highest page a spill reached, so a copy
+    finds its pages pinned and waits for nothing; one that outruns the thread pins (and counts) what it needs."""
+    import threading
+
+    from ninfer.cuda.pinned_arena import PinnedArena
+
+    gate, calls, freed = threading.Event(), [], []
+
+    def alloc(n: int) -> tuple[np.ndarray, int]:
+        gate.wait(5)
+        calls.append(threading.current_thread().name)
+        return np.zeros(n, np.uint8), len(calls)
+
+    arena = PinnedArena(50, 16, 8, alloc, freed.append, ahead=2)  # 7 segments, the last one short
+    arena.prefetch(-1)
+    assert arena.nbytes == 0  # the thread waits at the gate: nothing pinned in the caller
+    gate.set()
+    arena.join()
+    assert len(arena.segments) == 2 and set(calls) == {"host-tier-pin"} and arena.wait_seconds == 0
+    arena.row(15)[:] = 7  # inside the pinned part: no pinning here
+    assert len(calls) == 2
+    arena.prefetch(17)  # a spill reached segment 2: keep 3 and 4 pinned too
+    arena.join()
+    assert len(arena.segments) == 5 and arena.wait_seconds == 0
+    arena.row(49)  # outran the thread: pinned here, counted
+    assert len(arena.segments) == 7 and arena.segments[-1].shape == (2, 16) and arena.wait_seconds > 0
+    assert int(arena.row(15)[0]) == 7
+    with pytest.raises(IndexError):
+        arena.row(50)
+    del arena
+    import gc
+
+    gc.collect()
+    assert sorted(freed) == list(range(1, 8))  # every segment released with the arena

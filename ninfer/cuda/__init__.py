@@ -21,6 +21,7 @@ FAMILY_MODULES = (
     "ninfer.cuda.attention_prefill",
     "ninfer.cuda.router",
     "ninfer.cuda.sampling",
+    "ninfer.cuda.host_tier",
 )
 
 

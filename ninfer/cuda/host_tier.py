@@ -1,15 +1,20 @@
 """``HostTier``: the CUDA runner's host tier (docs/tiering.md) in pinned host memory, moved on its own stream.
 
-Layout: a pinned arena ``[host_pages, page_bytes]``, allocated in ``SEGMENT_BYTES`` segments as the page ids in
-use reach them (the engine hands out low ids first), so a tier that never fills pins only what it used. A host page holds one KV page of every attention layer (with speculation also the MTP head's plane),
+Layout: a pinned arena ``[host_pages, page_bytes]`` in ``SEGMENT_BYTES`` segments (``ninfer.cuda.pinned_arena``).
+Pinning takes about 0.3 s per GiB (on the H200, one 1 GiB segment pinned inside a step stalled the other lanes'
+decode by 477 ms), so with ``ahead_bytes`` (the runner's choice) a background thread keeps that much pinned past
+the highest host page a spill has reached, and no step pins; ``eager`` pins everything at once; with neither
+(tests) a segment is pinned when a copy first reaches it. A host page holds one KV page of every attention layer (with speculation also the MTP head's plane),
 page-major (the K pages of every layer, then V, then the fp8 scales, each ``page_size x KV heads x head_dim``
 as stored on the device); a GDN checkpoint takes ``ceil(snapshot_bytes / page_bytes)`` host pages, holding the
 bytes of its slot in every conv then every recurrent state array in order.
 
 Copies run on ``self.stream`` (a non-blocking copy stream): KV pages go through a device staging buffer of
-``stage_pages(page_bytes)`` pages, about ``STAGE_BYTES`` (a gather or scatter kernel per layer array and chunk,
-then one ``cudaMemcpyAsync`` per run of consecutive host pages: few launches, so issuing a 32K-token restore
-costs the step thread little), a checkpoint slot straight between its arrays and the host pages. Each spill or restore
+``stage_pages(page_bytes)`` pages, about ``STAGE_BYTES`` (one ``tier_pages`` launch per chunk moves the chunk's
+pages of every layer array, cuda_src/tier_copy.cu, then one ``cudaMemcpyAsync`` per run of consecutive host
+pages: a 32K-token restore is about ten launches and copies, so issuing it costs the step thread well under a
+decode step), a checkpoint slot straight between its arrays and the host pages (one copy per array and run of
+consecutive host pages). The kernel is compiled when the tier is made (``warmup``), never inside a step. Each spill or restore
 records an event; until it has passed, the compute stream waits on it before it touches any page or checkpoint
 slot the copy reads or writes (``guard``: new lanes' pages, saves into reused slots). Decode of running lanes
 touches neither, so it runs while a restore is in flight; the restoring lane itself is set up only after
@@ -17,22 +22,34 @@ touches neither, so it runs while a restore is in flight; the restoring lane its
 
 ``checksum``: each spilled page and checkpoint gets a position-weighted 64-bit sum of its device bytes, and every
 restore is checked against it once its copy is complete (synchronously: debug and tests only).
+
+Nothing here blocks the host on the GPU outside checksum mode: completion is polled through events (``done``
+with ``wait=False``), and ``busy_slots`` lets the runner take checkpoint slots no copy in flight touches, so a save
+never makes the compute stream wait for the copy stream.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ninfer.cuda import pinned_arena
+from ninfer.cuda.pinned_arena import PinnedArena
 from ninfer.engine.core import TierCopy
 
-__all__ = ["HostTier", "STAGE_BYTES", "stage_pages", "page_runs"]
+__all__ = ["AHEAD_BYTES", "HostTier", "SOURCES", "STAGE_BYTES", "stage_pages", "page_runs"]
+
+SOURCES: dict[str, tuple[str, ...]] = {"tier_copy.cu": ("tier_pages",)}
 
 STAGE_BYTES = 256 << 20  # device staging of the page copies: 256 pages of the 27B's 1 MiB (bf16 KV)
 SEGMENT_BYTES = 1 << 30  # the pinned arena grows by this much
+AHEAD_BYTES = (
+    4 << 30
+)  # the runner's tier keeps this much pinned past the highest host page used (in the background)
 D2H, H2D = 2, 1  # cudaMemcpyKind
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -68,9 +85,17 @@ class _Flight:
 
 
 class HostTier:
-    def __init__(self, net: Any, host_pages: int, page_bytes: int, *, checksum: bool = False) -> None:
+    def __init__(
+        self,
+        net: Any,
+        host_pages: int,
+        page_bytes: int,
+        *,
+        checksum: bool = False,
+        eager: bool = False,
+        ahead_bytes: int = 0,
+    ) -> None:
         import cupy
-        import cupyx
 
         self.net = net
         self.page_arrays = list(net.kc) + list(net.vc) + list(net.ks) + list(net.vs)
@@ -83,32 +108,65 @@ class HostTier:
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
         self.page_bytes, self.checksum, self.host_pages = page_bytes, checksum, host_pages
         self.seg_pages = max(1, SEGMENT_BYTES // page_bytes)
-        self._segments: list[np.ndarray] = []  # pinned [seg_pages, page_bytes] each
-        self._pinned = cupyx.empty_pinned
+        ahead = -(-ahead_bytes // (self.seg_pages * page_bytes))
+        self.arena = PinnedArena(
+            host_pages,
+            page_bytes,
+            self.seg_pages,
+            pinned_arena.cuda_pinned,
+            pinned_arena.cuda_free,
+            ahead=ahead,
+        )
         self.chunk = stage_pages(page_bytes)
         self.stage = cupy.empty((self.chunk, page_bytes), np.uint8)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._flights: list[_Flight] = []
         self._digests: dict[tuple[str, int], int] = {}
+        self._table = cupy.asarray(self._page_table(sizes))
+        self._grid_x = max(1, min(8, -(-max(sizes, default=1) // (256 * 16))))
+        self.issue_seconds = 0.0  # host time spent issuing spills and restores (the step thread's share)
+        if eager:
+            self.arena.pin_all()
+        self.warmup()
+
+    def _page_table(self, sizes: list[int]) -> np.ndarray:
+        """``tier_pages``' table: (base address, bytes of one page, offset in a staging row) per page array."""
+        rows = []
+        for a, size, off in zip(self.page_arrays, sizes, self.offsets, strict=False):
+            if not a.flags.c_contiguous:
+                raise ValueError("host tier: the KV page arrays must be contiguous with pages on axis 0")
+            rows.append((int(a.data.ptr), size, off))
+        return np.asarray(rows, np.int64).reshape(-1, 3)
+
+    def warmup(self) -> None:
+        """Compile and load the copy kernels now (and the checksum's), not in the first step that spills: page 0 of
+        every array goes to the staging buffer and back (bytes unchanged)."""
+        import cupy
+
+        if not self.page_arrays:
+            return
+        cupy.cuda.Device().synchronize()  # whatever filled the arrays (other streams) is done
+        with self.stream:
+            self._gather([0])
+            self._scatter([0])
+            if self.checksum:
+                self._row_digests(2)
+                self._slot_digest(0)
+        self.stream.synchronize()
 
     @property
     def host_bytes(self) -> int:
         """Pinned bytes allocated so far."""
-        return sum(int(s.nbytes) for s in self._segments)
+        return self.arena.nbytes
+
+    @property
+    def pin_seconds(self) -> float:
+        """Time the copies (the step thread) spent pinning host memory themselves: 0 when pinned ahead."""
+        return self.arena.wait_seconds
 
     def row(self, host_id: int) -> np.ndarray:
         """Host page ``host_id`` (a view of the pinned arena)."""
-        self._reach(host_id)
-        seg, i = divmod(host_id, self.seg_pages)
-        return self._segments[seg][i]
-
-    def _reach(self, host_id: int) -> None:
-        if not 0 <= host_id < self.host_pages:
-            raise IndexError(f"host page {host_id} outside the tier's {self.host_pages}")
-        while len(self._segments) <= host_id // self.seg_pages:
-            first = len(self._segments) * self.seg_pages
-            n = min(self.seg_pages, self.host_pages - first)
-            self._segments.append(self._pinned((n, self.page_bytes), np.uint8))
+        return self.arena.row(host_id)
 
     def _ptr(self, host_id: int) -> int:
         return int(self.row(host_id).ctypes.data)
@@ -116,6 +174,7 @@ class HostTier:
     # ---- copies ---------------------------------------------------------------------------------------------
     def spill(self, c: TierCopy, slot: int | None) -> None:
         """Device pages (and checkpoint ``slot``) of ``c`` to its host pages, on the copy stream."""
+        t0 = time.perf_counter()
         with self.stream:
             for a in range(0, len(c.device_pages), self.chunk):
                 dp, hp = c.device_pages[a : a + self.chunk], c.host_pages[a : a + self.chunk]
@@ -132,11 +191,16 @@ class HostTier:
         self._flights.append(
             _Flight(end, None, set(c.device_pages), {slot} if slot is not None else set(), 0)
         )
+        self.arena.prefetch(
+            max(c.host_pages + c.host_ckpt, default=-1)
+        )  # the next spills' room, pinned meanwhile
+        self.issue_seconds += time.perf_counter() - t0
         if self.checksum:
             self.stream.synchronize()  # debug: the spill is complete before any lane writes again
 
     def restore(self, copies: Sequence[TierCopy], slots: Sequence[int | None], ticket: int) -> None:
         """One restore (its copies, each into its device pages and checkpoint slot), on the copy stream."""
+        t0 = time.perf_counter()
         pages: set[int] = set()
         with self.stream:
             start = self.stream.record()
@@ -150,20 +214,28 @@ class HostTier:
                 pages |= set(c.device_pages)
             end = self.stream.record()
         self._flights.append(_Flight(end, start, pages, {s for s in slots if s is not None}, ticket))
+        self.issue_seconds += time.perf_counter() - t0
         if self.checksum:
             self.stream.synchronize()
             for c, slot in zip(copies, slots, strict=True):
                 self._verify(c, slot)
 
-    def guard(self, pages: set[int], slots: set[int]) -> None:
-        """The compute stream waits for every copy in flight that reads or writes these pages or slots."""
+    def guard(self, pages: set[int], slots: set[int], writes_only: bool = False) -> None:
+        """The compute stream waits for every copy in flight that reads or writes these pages or slots
+        (``writes_only``: that writes them, i.e. restores; for what the compute stream only reads)."""
         self._prune()
         for f in self._flights:
-            if f.pages & pages or f.slots & slots:
+            if (f.ticket or not writes_only) and (f.pages & pages or f.slots & slots):
                 self.net.stream.wait_event(f.end)
 
+    def busy_slots(self) -> set[int]:
+        """Checkpoint slots a copy in flight still reads or writes."""
+        self._prune()
+        return {s for f in self._flights if not f.end.done for s in f.slots}
+
     def done(self, wait: bool) -> list[tuple[int, float]]:
-        """Restores complete since the last call: (ticket, seconds between its events on the copy stream)."""
+        """Restores complete since the last call: (ticket, seconds between its events on the copy stream).
+        ``wait=False`` (the step path) only polls the events."""
         import cupy
 
         pending = [f for f in self._flights if f.ticket]
@@ -181,20 +253,25 @@ class HostTier:
         self._flights = [f for f in self._flights if f.ticket or not f.end.done]
 
     # ---- pieces ---------------------------------------------------------------------------------------------
-    def _gather(self, pages: Sequence[int]) -> None:
+    def _kernel(self) -> Any:
+        from ninfer.cuda.loader import kernel
+
+        return kernel("tier_copy.cu", SOURCES["tier_copy.cu"], "tier_pages")
+
+    def _pages(self, pages: Sequence[int], to_stage: bool) -> None:
+        """Device pages ``pages`` of every page array <-> staging rows 0.. (one launch, on the current stream)."""
         import cupy
 
-        n, idx = len(pages), cupy.asarray(np.asarray(pages, np.int64))
-        for a, lo, hi in zip(self.page_arrays, self.offsets, self.offsets[1:], strict=False):
-            self.stage[:n, lo:hi] = a[idx].reshape(n, -1).view(np.uint8)
+        idx = cupy.asarray(np.asarray(pages, np.int32))  # through CuPy's pinned staging: asynchronous
+        grid = (self._grid_x, len(pages), len(self.page_arrays))
+        args = (self.stage, self._table, idx, np.int64(self.page_bytes), np.int32(to_stage))
+        self._kernel()(grid, (256,), args)
+
+    def _gather(self, pages: Sequence[int]) -> None:
+        self._pages(pages, True)
 
     def _scatter(self, pages: Sequence[int]) -> None:
-        import cupy
-
-        n, idx = len(pages), cupy.asarray(np.asarray(pages, np.int64))
-        for a, lo, hi in zip(self.page_arrays, self.offsets, self.offsets[1:], strict=False):
-            block = cupy.ascontiguousarray(self.stage[:n, lo:hi])
-            a[idx] = block.view(a.dtype).reshape((n, *a.shape[1:]))
+        self._pages(pages, False)
 
     def _rows(self, host_ids: Sequence[int], kind: int) -> None:
         """Staging rows 0.. <-> host pages ``host_ids``, one memcpy per run of consecutive host pages (within a
@@ -209,15 +286,23 @@ class HostTier:
             cupy.cuda.runtime.memcpyAsync(dst, src, n * pb, kind, self.stream.ptr)
 
     def _slot_copy(self, slot: int, host_ids: Sequence[int], kind: int) -> None:
-        """Checkpoint slot ``slot`` of every GDN array <-> the byte stream of host pages ``host_ids``."""
+        """Checkpoint slot ``slot`` of every GDN array <-> the byte stream of host pages ``host_ids`` (one copy per
+        array and run of consecutive host pages of one segment)."""
         import cupy
 
-        pb, pos = self.page_bytes, 0
+        pb, sp, pos = self.page_bytes, self.seg_pages, 0
         for arr in self.slot_arrays:
             ptr, left = arr[slot].data.ptr, int(arr[slot].nbytes)
             while left:
                 row, off = divmod(pos, pb)
-                n = min(left, pb - off)
+                run = 1
+                while (
+                    row + run < len(host_ids)
+                    and host_ids[row + run] == host_ids[row] + run
+                    and (host_ids[row] + run) % sp
+                ):
+                    run += 1
+                n = min(left, run * pb - off)
                 host = self._ptr(host_ids[row]) + off
                 dst, src = (host, ptr) if kind == D2H else (ptr, host)
                 cupy.cuda.runtime.memcpyAsync(dst, src, n, kind, self.stream.ptr)

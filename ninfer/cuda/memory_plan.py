@@ -172,7 +172,7 @@ def plan_memory(
         + lanes * mc.vocab_size * SAMPLER_BYTES_PER_ID
         + (
             2 * stage_pages(per_page) * per_page if host_tier else 0
-        ),  # staging, and the gather/scatter temporaries
+        ),  # the host tier's staging, and room for its checksum's temporaries (debug)
         graph_pools=graph,
         free=free,
         reserve=reserve,

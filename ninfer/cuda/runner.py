@@ -13,7 +13,9 @@
   the running lanes' verify rounds and decode first (they touch no memory a copy uses), then starts its spills
   and restores on the copy stream, then sets up new lanes, prefills and saves checkpoints while they go, the
   compute stream waiting on a copy only where it touches that copy's pages or slots. A restoring lane is set up
-  in a later step, once ``copies_done`` reported it.
+  in a later step, once ``copies_done`` reported it (events polled, never a blocking wait on the step path).
+- Checkpoint slots: ``ninfer.cuda.ckpt_slots.CheckpointSlots`` (a freed id's slot is reused within the step
+  where that is safe, so restores and saves never find the slots taken by ids the same step released).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.config import ModelConfig
+from ninfer.cuda.ckpt_slots import CheckpointSlots
 from ninfer.cuda.memory_plan import MemoryPlan, kv_page_bytes, plan_memory, snapshot_bytes
 from ninfer.cuda.upload import tensor_bytes
 from ninfer.engine.config import EngineConfigError, auto_host_cache_bytes
@@ -82,19 +85,23 @@ class CudaModelRunner:
         self._spec = CudaSpec(net, lanes, lanes + n_ckpt) if spec else None
         self._pages: list[list[int]] = [[] for _ in range(lanes)]
         self._len = [0] * lanes
-        self._free_ckpt = list(range(lanes + n_ckpt - 1, lanes - 1, -1))
+        self._slots = CheckpointSlots(range(lanes, lanes + n_ckpt))
         self._logits: Any = None  # the last step's sampled rows, on the device [n, V] float32
-        self._ckpts: dict[int, tuple[int, int]] = {}  # checkpoint id -> (slot, length)
         self.tier: Any = None
         self._host_len: dict[int, int] = {}  # first host page of a spilled checkpoint -> its length
         if self.host_pages:
-            from ninfer.cuda.host_tier import HostTier
+            from ninfer.cuda.host_tier import AHEAD_BYTES, HostTier
 
-            self.tier = HostTier(net, self.host_pages, self.page_bytes, checksum=cfg.tier_checksum)
+            # pinned ahead of use by a background thread, never inside a step (docs/tiering.md "The runners")
+            self.tier = HostTier(
+                net, self.host_pages, self.page_bytes, checksum=cfg.tier_checksum, ahead_bytes=AHEAD_BYTES
+            )
         if capture:
             net.warm_prefill()  # CuPy's lazily built prefill kernels compile now, not in the first request
         if capture and net.cuda_graph:
             self.capture_graphs()
+        if self.tier is not None:
+            self.tier.arena.prefetch(-1)  # the first segments, in the background
 
     def capture_graphs(self) -> int:
         """Capture the decode graph of every lane count now (warm-up); returns their private pools' bytes."""
@@ -105,7 +112,7 @@ class CudaModelRunner:
 
     @property
     def num_checkpoints(self) -> int:
-        return len(self._ckpts)
+        return len(self._slots)
 
     # ---- one engine step --------------------------------------------------------------------------------
     def execute(self, batch: Batch) -> None:
@@ -129,10 +136,15 @@ class CudaModelRunner:
                 self._record(w.lane, w.start, h[i : i + 1])
                 self._len[w.lane] += 1
                 rows[w.lane] = logits[i : i + 1]
+        saves = [w.save_checkpoint for w in batch.work if w.save_checkpoint is not None]
+        spilled = [c.device_ckpt for c in batch.copies if not c.ticket and c.host_ckpt]
+        setup_reads = [s.restore for s in batch.setups if s.restore is not None]
+        self._slots.begin(batch.free_checkpoints, spilled, setup_reads, saves)
         # host tier: issued after the decode, they run on the copy stream while the rest of the step goes on
         self._copies(batch)
         for s in batch.setups:
             self._setup(s)
+        self._slots.after_setups()
         for w in batch.work:
             if w.prefill:
                 h = net.run([(w.lane, self._at(w), len(w.token_ids), self._pages[w.lane])], w.token_ids)
@@ -143,10 +155,7 @@ class CudaModelRunner:
         for w in batch.work:
             if w.save_checkpoint is not None:
                 self._save(w.lane, w.save_checkpoint)
-        for cid in batch.free_checkpoints:
-            slot = self._ckpts.pop(cid, None)
-            if slot is not None:
-                self._free_ckpt.append(slot[0])
+        self._slots.end()
         sampled = [rows[w.lane] for w in batch.work if w.sample]
         self._logits = None
         if sampled:
@@ -162,23 +171,17 @@ class CudaModelRunner:
         if not batch.copies:
             return
         assert self.tier is not None, "a host-tier copy without a host tier"
-        freed = set(batch.free_checkpoints)
         i = 0
         while i < len(batch.copies):  # in planned order; a restore's copies (one ticket) are consecutive
             c = batch.copies[i]
             if not c.ticket:
                 slot = None
                 if c.host_ckpt:
-                    slot, length = self._ckpts[c.device_ckpt]
+                    slot, length = self._slots.held[c.device_ckpt]
                     self._host_len[c.host_ckpt[0]] = length
                 self.tier.spill(c, slot)
-                if slot is not None and c.device_ckpt in freed:
-                    # the slot is free as soon as its spill is issued: a restore later in this step writes it on
-                    # the same copy stream (after the spill's read), a save guards it (measured on the H200: with
-                    # the release at the end of the step, a full budget spilling and restoring in one step ran
-                    # out of slots)
-                    del self._ckpts[c.device_ckpt]
-                    self._free_ckpt.append(slot)
+                if slot is not None:  # a restore later in this step writes it on the same copy stream
+                    self._slots.spilled(c.device_ckpt)
                 i += 1
                 continue
             j = i
@@ -191,20 +194,8 @@ class CudaModelRunner:
     def _restore_slot(self, c: TierCopy) -> int | None:
         if not c.host_ckpt:
             return None
-        slot = self._take_slot(guard=False)  # the copy stream orders it after any spill that read the slot
-        self._ckpts[c.device_ckpt] = (slot, self._host_len.pop(c.host_ckpt[0]))
-        return slot
-
-    def _take_slot(self, guard: bool = True) -> int:
-        if not self._free_ckpt:
-            raise RuntimeError(
-                f"no free GDN checkpoint slot on the device ({len(self._ckpts)} held); the engine's checkpoint "
-                "budget and the runner's slots disagree"
-            )
-        slot = self._free_ckpt.pop()
-        if guard and self.tier is not None:
-            self.tier.guard(set(), {slot})  # a spill in flight may still read it
-        return slot
+        # the copy stream orders it after any spill that read the slot
+        return self._slots.take(c.device_ckpt, self._host_len.pop(c.host_ckpt[0]))
 
     def sample(
         self, rows: Sequence[int], reqs: Sequence[SampleRequest], token_limit: int | None
@@ -256,17 +247,20 @@ class CudaModelRunner:
         return w.start
 
     def _setup(self, s: Any) -> None:
-        if (
-            self.tier is not None
-        ):  # fresh pages may still be read by a spill; a restore may still write shared ones
+        if self.tier is not None:
+            # the pages the lane writes (from its resume point on) wait for any copy that reads or writes them (a
+            # spill of the page's previous owner); what it only reads waits for restores alone, not for a spill
+            # that reads it too (the engine may spill, in the same step, the checkpoint a setup resumes from)
+            cut = s.length // self.cfg.page_size
             src = {s.copy_page[0]} if s.copy_page is not None else set()
-            slot = {self._ckpts[s.restore][0]} if s.restore is not None else set()
-            self.tier.guard(set(s.pages) | src, slot)
+            slot = {self._slots.slot(s.restore)} if s.restore is not None else set()
+            self.tier.guard(set(s.pages[cut:]), set())
+            self.tier.guard(set(s.pages[:cut]) | src, slot, writes_only=True)
         if s.copy_page is not None:
             self.net.copy_page(*s.copy_page)
         self._pages[s.lane] = list(s.pages)
         if s.restore is not None:
-            slot, length = self._ckpts[s.restore]
+            slot, length = self._slots.held[s.restore]
             assert length == s.length, "checkpoint length disagrees with the planned resume point"
             self.net.copy_slot(slot, s.lane)
         else:
@@ -276,8 +270,9 @@ class CudaModelRunner:
             self._spec.setup(s.lane, s.pages, s.length)
 
     def _save(self, lane: int, cid: int) -> None:
-        if cid in self._ckpts:
-            self._free_ckpt.append(self._ckpts.pop(cid)[0])
-        slot = self._take_slot()
+        # a slot no copy in flight touches where there is one, so the compute stream rarely waits on the copy stream
+        busy = self.tier.busy_slots() if self.tier is not None else set()
+        slot = self._slots.take(cid, self._len[lane], avoid=busy)
+        if slot in busy:
+            self.tier.guard(set(), {slot})  # a spill in flight still reads it
         self.net.copy_slot(lane, slot)
-        self._ckpts[cid] = (slot, self._len[lane])
