@@ -78,7 +78,9 @@ def _run(
         inp["conv"] = np.concatenate([inp["conv"], np.zeros((extra, c, 3), F32)])
         inp["snap"] = (nseq + 1 + np.concatenate([[0], np.cumsum(lens)[:-1]])).astype(np.int32)
     if keep is not None:
-        rows = np.concatenate([np.arange(s0, s0 + min(n_, keep)) for s0, n_ in zip(inp["starts"], lens)])
+        rows = np.concatenate(
+            [np.arange(s0, s0 + min(n_, keep)) for s0, n_ in zip(inp["starts"], lens, strict=False)]
+        )
         for name in ("qkv", "a", "b", "z"):
             inp[name] = inp[name][rows.astype(np.int64)]
         lens = [min(n_, keep) for n_ in lens]
