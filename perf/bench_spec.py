@@ -11,7 +11,7 @@ Random weights give near-zero real acceptance, so this measures the machinery:
   ``--spec-path replay``). One untimed round per k first captures its graphs, as the decode step's warm-up does.
 - ``forced``: engine tokens/s with a draft source that replays the target's own greedy tokens (100% acceptance)
   or makes every position wrong where ``(pos*37) % 100 >= pct`` (80%, 50%), against the engine without drafts,
-  and the tokens per round.
+  and the tokens per round (after an untimed warm-up request on every lane).
 
 Prints a table and writes ``bench_spec.json`` under ``--out``.
 """
@@ -161,7 +161,9 @@ def bench_forced(net: Any, mc: Any, lanes: int, k: int, pcts: list[int], tokens:
         runner, cfg = _runner(net, mc, lanes, kk, 64 + tokens)
         runner = wrap(runner) if wrap is not None else runner
         with Engine(runner, mc, None, cfg, token_limit=mc.vocab_size) as eng:
-            eng.submit(prompts[0], max_tokens=4, ignore_eos=True).result()  # warm-up
+            # warm-up at every lane: the (lanes, k) verify and draft graphs are captured before the timed run
+            for h in [eng.submit(p, max_tokens=8, ignore_eos=True) for p in prompts]:
+                h.result()
             t0 = time.perf_counter()
             hs = [eng.submit(p, max_tokens=tokens, ignore_eos=True) for p in prompts]
             res = [h.result() for h in hs]
