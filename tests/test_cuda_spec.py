@@ -229,3 +229,59 @@ def test_cuda_snapshot_commit_equals_replay(cuda_model: Any, k: int) -> None:
         for r in (snap, replay):
             r.execute(Batch(work=[LaneWork(lane, start + kept, [nxt], False, True, None)]))
         np.testing.assert_array_equal(logits(snap), logits(replay), err_msg=f"kept={kept}: next decode step")
+
+
+@gpu
+@pytest.mark.parametrize(
+    "case", [(2, 6, 64, 96, [1, 5, 0, 3]), (16, 48, 128, 128, [4, 4])], ids=["ragged", "27b"]
+)
+def test_cuda_gdn_decode_snapshots(case: tuple) -> None:
+    """``gdn_decode(snap=...)`` (the verify's rollback): outputs and final states are bitwise those without
+    snapshots, and the snapshot before token i of a sequence is bitwise the state (recurrent and conv) that a call
+    over its first i tokens leaves."""
+    cp = pytest.importorskip("cupy")
+    from ninfer.cuda.gdn import gdn_decode
+
+    hk, hv, dk, dv, lens = case
+    rng = np.random.default_rng(7)
+    n, nseq, c = sum(lens), len(lens), 2 * hk * dk + hv * dv
+    base = nseq + 1  # slot 0 unused, sequence s in slot s + 1, snapshots after
+    state0 = (rng.standard_normal((base + n, hv, dk, dv)) * 0.1).astype(np.float32)
+    conv0 = rng.standard_normal((base + n, c, 3)).astype(np.float32)
+    x = {k: rng.standard_normal(s).astype(np.float32) for k, s in
+         (("qkv", (n, c)), ("a", (n, hv)), ("b", (n, hv)), ("z", (n, hv * dv)))}  # fmt: skip
+    convw, normw = (rng.standard_normal((c, 4)) * 0.5).astype(np.float32), np.ones(dv, np.float32)
+    alog, dtb = rng.uniform(-2, 1, hv).astype(np.float32), rng.uniform(-1, 1, hv).astype(np.float32)
+    starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    slots = np.arange(1, base, dtype=np.int32)
+    snap = (base + starts[:-1]).astype(np.int32)
+
+    def call(keep: int | None, with_snap: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        k = [n_ if keep is None else min(n_, keep) for n_ in lens]
+        rows = np.concatenate([np.arange(s0, s0 + m) for s0, m in zip(starts, k, strict=False)]).astype(
+            np.int64
+        )
+        st, cv = cp.asarray(state0), cp.asarray(conv0)
+        y = gdn_decode(
+            cp.asarray(x["qkv"][rows]), cp.asarray(convw), cv, cp.asarray(x["a"][rows]), cp.asarray(x["b"][rows]),
+            cp.asarray(alog), cp.asarray(dtb), st, cp.asarray(np.concatenate([[0], np.cumsum(k)]).astype(np.int32)),
+            cp.asarray(slots), cp.asarray(x["z"][rows]), cp.asarray(normw), 1e-6, n_k_heads=hk,
+            snap=cp.asarray(snap) if with_snap else None,
+        )  # fmt: skip
+        return cp.asnumpy(y), cp.asnumpy(st), cp.asnumpy(cv)
+
+    y0, st0, cv0 = call(None, False)
+    y1, st1, cv1 = call(None, True)
+    np.testing.assert_array_equal(y1, y0, err_msg="snapshots change the output")
+    np.testing.assert_array_equal(st1[:base], st0[:base], err_msg="snapshots change the state")
+    np.testing.assert_array_equal(cv1[:base], cv0[:base], err_msg="snapshots change the conv state")
+    for i in range(max(lens)):
+        _, sti, cvi = call(i, False) if i else (None, state0, conv0)
+        for s in range(nseq):
+            if i < lens[s]:
+                np.testing.assert_array_equal(
+                    st1[snap[s] + i], sti[slots[s]], err_msg=f"seq {s} token {i}: state"
+                )
+                np.testing.assert_array_equal(
+                    cv1[snap[s] + i], cvi[slots[s]], err_msg=f"seq {s} token {i}: conv"
+                )
