@@ -14,6 +14,11 @@
 // token gives the same bits whether it is one of a multi-token segment (exact prefill) or a decode call of its
 // own (fp32 state; a bf16 state is rounded on store, i.e. once per call, as the reference runner rounds it).
 //
+// SNAPSHOTS (nsnap != 0, speculative verify, docs/speculative.md): before token t of sequence b the block stores the
+// state it holds (the state after tokens t0..t-1) into state slot snap[b] + (t - t0), and with CONV the conv window
+// of its v channels likewise (gdn_step_post stores the q/k channels'). Stores only: the arithmetic, and so every
+// output and the final state, is the same bits with or without them.
+//
 // CONV (gdn_decode): qkv holds the raw in_proj_qkv rows; the block convolves the q and k channels of QK head hk and
 // the v channels of its tile itself (conv_token, rounded to T as causal_conv stores them, so the result equals
 // causal_conv + gdn_recurrent bitwise). The q/k channels are read by the ratio * tiles blocks of a QK head at
@@ -41,7 +46,7 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
              const T* __restrict__ a, const T* __restrict__ bb, const float* __restrict__ A_log,
              const float* __restrict__ dt_bias, S* __restrict__ state, T* __restrict__ o,
              const int* __restrict__ starts, const int* __restrict__ slots, int HK, int HV, int DV, long long ldqkv,
-             long long lda, long long ldb, long long ldo) {
+             long long lda, long long ldb, long long ldo, const int* __restrict__ snap, int nsnap) {
     pdl_trigger();
     using G = GdnStep<DK>;
     constexpr int RPW = G::RPW, NW = G::NW, NT = G::NT, CT = G::CT, NCH = G::NCH, CPT = G::CPT;
@@ -101,6 +106,22 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
     for (int u = 0; u < CPT; ++u) xn[u] = any && g[u] >= 0 ? to_f(qkv[(long long)t0 * ldqkv + g[u]]) : 0.f;
 
     for (int t = t0; t < t1; ++t) {
+        if (nsnap) {  // snapshot: the state before token t into slot snap[b] + (t - t0) (block-uniform branch)
+            const long long ss = (long long)snap[b] + (t - t0);
+            S* sp = state + ((ss * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1);
+#pragma unroll
+            for (int r = 0; r < RPW; ++r)
+                if (live) st_store(sp + (long long)r * DV, s[r]);
+            if (CONV) {  // the v channels of this tile (the q/k channels: gdn_step_post)
+#pragma unroll
+                for (int u = 0; u < CPT; ++u) {
+                    const int ch = tid + NT * u;
+                    if (ch >= 2 * DK && g[u] >= 0)
+#pragma unroll
+                        for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(ss * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
+                }
+            }
+        }
         float xc[CPT];
 #pragma unroll
         for (int u = 0; u < CPT; ++u) xc[u] = xn[u];
@@ -179,13 +200,14 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
 //   blockIdx.y == 0: the gated RMSNorm of rows (t, j) = 4 * blockIdx.x + warp (t = row / HV), o -> y (y may be
 //     o: no __restrict__ on either; gated_norm_row, the same bits as gated_rmsnorm);
 //   blockIdx.y == 1 + b: the conv state of q/k channel 128 * blockIdx.x + tid of sequence b: the last KW-1 raw
-//     inputs of [old window, tokens of b] (the same values causal_conv leaves).
+//     inputs of [old window, tokens of b] (the same values causal_conv leaves); with nsnap, also the window before
+//     each token t of b into slot snap[b] + (t - t0), as gdn_step snapshots the v channels.
 template <typename T>
 __global__ void __launch_bounds__(128)
     gdn_step_post(const T* o, const T* __restrict__ z, const float* __restrict__ nw, T* y,
                   const T* __restrict__ x, float* __restrict__ conv_state, const int* __restrict__ starts,
                   const int* __restrict__ slots, int rows, int HV, int DV, int QKC, int C, float eps, long long ldo,
-                  long long ldz, long long ldy, long long ldx) {
+                  long long ldz, long long ldy, long long ldx, const int* __restrict__ snap, int nsnap) {
     pdl_trigger();
     const int tid = threadIdx.x;
     if (blockIdx.y == 0) {
@@ -202,7 +224,12 @@ __global__ void __launch_bounds__(128)
     float win[GDN_KW - 1];
 #pragma unroll
     for (int e = 0; e < GDN_KW - 1; ++e) win[e] = st[e];
-    for (int t = max(t0, t1 - (GDN_KW - 1)); t < t1; ++t) {
+    for (int t = nsnap ? t0 : max(t0, t1 - (GDN_KW - 1)); t < t1; ++t) {
+        if (nsnap) {  // snapshot: the window before token t into slot snap[b] + (t - t0)
+            float* sp = conv_state + ((long long)(snap[b] + (t - t0)) * C + c) * (GDN_KW - 1);
+#pragma unroll
+            for (int e = 0; e < GDN_KW - 1; ++e) sp[e] = win[e];
+        }
 #pragma unroll
         for (int e = 0; e < GDN_KW - 2; ++e) win[e] = win[e + 1];
         win[GDN_KW - 2] = to_f(x[(long long)t * ldx + c]);

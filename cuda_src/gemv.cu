@@ -181,13 +181,17 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
              const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ y, const int* __restrict__ ids,
              const int* __restrict__ xrow, float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows,
              long long ldx, long long ldx2, long long ldy, long long row0, int experts, int xf,
-             int gd) {
+             int gd, int zin) {
     pdl_trigger();
     extern __shared__ __align__(16) u32 gv_sm[];
     __shared__ int gv_last;
     constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16, STAGE = F::VECS * 512;
     constexpr int FW = GvIsFloat<T>::v ? 4 : 2;
-    const int z = blockIdx.z, split = blockIdx.y, splits = gridDim.y;
+    // zin > 0 (dense launches of several lane blocks): the grid is (blocks_x * zin, splits, 1) with block x =
+    // bx * zin + z, so the zin lane blocks of one weight tile run side by side and all but one read it from L2 (one
+    // pass over the weights instead of zin). The same blocks, the same arithmetic: every row's bits are unchanged.
+    const int z = zin ? blockIdx.x % zin : blockIdx.z, split = blockIdx.y, splits = gridDim.y;
+    const int bx = zin ? blockIdx.x / zin : blockIdx.x, gx = zin ? gridDim.x / zin : gridDim.x;
     long long wbase, xr0;
     T* yb;
     int nb;
@@ -203,7 +207,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     const T *xb = x + xr0 * ldx, *x2b = x2 + xr0 * ldx2;
     const int ntiles = (K + 127) / 128, kt0 = split * ntiles / splits, nt = (split + 1) * ntiles / splits - kt0;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = blockIdx.x * ROWS + warp * MT * 16;
+    const int r0 = bx * ROWS + warp * MT * 16;
     long long wr[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -263,7 +267,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
             }
         return;
     }
-    const long long tile = (long long)z * gridDim.x + blockIdx.x;
+    const long long tile = (long long)z * gx + bx;
     float* part = ws + (tile * splits + split) * (ROWS * 8);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -281,7 +285,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     __threadfence();
     const float* base = ws + tile * splits * (ROWS * 8);
     for (int i = threadIdx.x; i < ROWS * NB; i += blockDim.x) {
-        const int rl = i / NB, b = i % NB, n = blockIdx.x * ROWS + rl;
+        const int rl = i / NB, b = i % NB, n = bx * ROWS + rl;
         float s = 0.f;
         for (int sp = 0; sp < splits; ++sp) s += __ldcg(base + (long long)sp * ROWS * 8 + rl * 8 + b);
         if (n < N && b < nb) yb[(long long)b * ldy + n] = from_f<T>(s * F::row_scale(p1, p2, wbase + n));

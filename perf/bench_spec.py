@@ -1,15 +1,17 @@
 """MTP speculative decoding on synthetic real-shape artifacts (27B, 35B-A3B; random weights with an MTP head).
 
-    python -m perf.bench_spec [--models 27b 35b] [--lanes 1 8] [--ks 1 2 3 4 5] [--out DIR]
+    python -m perf.bench_spec [--models 27b 35b] [--lanes 1 8] [--ks 1 2 3 4 5] [--spec-path snapshot|replay]
+                              [--out DIR]
 
 Random weights give near-zero real acceptance, so this measures the machinery:
 
 - ``rounds``: at each lane count, one decode step (the captured graph) against one speculative round at
   k = 1..5, split into drafting (k MTP steps and their samples), the verify forward (k+1 positions per lane) with
-  verification, and the commit (GDN replay of a half-accepted round).
+  verification, and the commit of a half-accepted round (a snapshot copy, or the GDN replay with
+  ``--spec-path replay``). One untimed round per k first captures its graphs, as the decode step's warm-up does.
 - ``forced``: engine tokens/s with a draft source that replays the target's own greedy tokens (100% acceptance)
   or makes every position wrong where ``(pos*37) % 100 >= pct`` (80%, 50%), against the engine without drafts,
-  and the tokens per round.
+  and the tokens per round (after an untimed warm-up request on every lane).
 
 Prints a table and writes ``bench_spec.json`` under ``--out``.
 """
@@ -45,6 +47,13 @@ def build(key: str, profile: str, activations: str) -> tuple[Any, Any]:
     return mc, net
 
 
+SNAPSHOTS = {
+    "snapshot": True,
+    "replay": False,
+}  # --spec-path: the CUDA runner's GDN rollback (docs/speculative.md)
+_PATH = {"snapshots": True}
+
+
 def _runner(net: Any, mc: Any, lanes: int, k: int, context: int) -> tuple[Any, Any]:
     from ninfer.cuda.runner import CudaModelRunner
     from ninfer.engine import EngineConfig
@@ -52,7 +61,7 @@ def _runner(net: Any, mc: Any, lanes: int, k: int, context: int) -> tuple[Any, A
     spec = dict(spec="mtp", draft_tokens=k) if k else {}
     cfg = EngineConfig(max_concurrency=lanes, max_context=context + 256, kv_capacity=lanes * (context + 288),
                        prefix_reuse=False, prefill_chunk=1024, **spec)  # fmt: skip
-    return CudaModelRunner(net, mc, cfg), cfg
+    return CudaModelRunner(net, mc, cfg, spec_snapshots=_PATH["snapshots"]), cfg
 
 
 def bench_rounds(
@@ -99,35 +108,40 @@ def bench_rounds(
     out.append(
         {"lanes": lanes, "k": 0, "round_ms": step_ms, "draft_ms": 0.0, "verify_ms": step_ms, "commit_ms": 0.0}
     )
+
+    def spec_round(k: int) -> tuple[float, float, float]:
+        nonlocal pos
+        seqs = [seq[lane] + [nxt[lane]] for lane in range(lanes)]
+        drafts: list[list[int]] = [[] for _ in range(lanes)]
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(k):
+            runner.draft([DraftLane(lane, seqs[lane] + drafts[lane]) for lane in range(lanes)])
+            for lane, d in enumerate(runner.sample(range(lanes), reqs(1) * lanes, None)):
+                drafts[lane].append(max(d, 0))
+        _sync()
+        t1 = time.perf_counter()
+        work = [LaneWork(lane, pos, [seqs[lane][-1], *drafts[lane]], False, False, None, verify=True)
+                for lane in range(lanes)]  # fmt: skip
+        runner.execute(Batch(work=work))
+        runner.verify(list(range(lanes)), drafts, [reqs(k + 1)] * lanes, None)
+        _sync()
+        t2 = time.perf_counter()
+        keep = 1 + k // 2  # a half-accepted round: the GDN replay runs
+        for lane in range(lanes):
+            runner.commit(lane, pos + keep)
+            seq[lane] += ([nxt[lane]] + drafts[lane])[:keep]
+        _sync()
+        t3 = time.perf_counter()
+        pos += keep
+        return t1 - t0, t2 - t1, t3 - t2
+
     for k in ks:
         t = {"draft": 0.0, "verify": 0.0, "commit": 0.0}
+        spec_round(k)  # untimed, like the decode step's: captures the (lanes, k) verify and draft graphs
         for _ in range(reps):
-            seqs = [seq[lane] + [nxt[lane]] for lane in range(lanes)]
-            drafts: list[list[int]] = [[] for _ in range(lanes)]
-            _sync()
-            t0 = time.perf_counter()
-            for _ in range(k):
-                runner.draft([DraftLane(lane, seqs[lane] + drafts[lane]) for lane in range(lanes)])
-                for lane, d in enumerate(runner.sample(range(lanes), reqs(1) * lanes, None)):
-                    drafts[lane].append(max(d, 0))
-            _sync()
-            t1 = time.perf_counter()
-            work = [LaneWork(lane, pos, [seqs[lane][-1], *drafts[lane]], False, False, None, verify=True)
-                    for lane in range(lanes)]  # fmt: skip
-            runner.execute(Batch(work=work))
-            runner.verify(list(range(lanes)), drafts, [reqs(k + 1)] * lanes, None)
-            _sync()
-            t2 = time.perf_counter()
-            keep = 1 + k // 2  # a half-accepted round: the GDN replay runs
-            for lane in range(lanes):
-                runner.commit(lane, pos + keep)
-                seq[lane] += ([nxt[lane]] + drafts[lane])[:keep]
-            _sync()
-            t3 = time.perf_counter()
-            pos += keep
-            t["draft"] += t1 - t0
-            t["verify"] += t2 - t1
-            t["commit"] += t3 - t2
+            for name, dt in zip(t, spec_round(k), strict=True):
+                t[name] += dt
         row = {f"{n}_ms": v / reps * 1e3 for n, v in t.items()}
         row.update(lanes=lanes, k=k, round_ms=sum(row.values()))
         row["round_vs_step"] = row["round_ms"] / step_ms
@@ -147,7 +161,9 @@ def bench_forced(net: Any, mc: Any, lanes: int, k: int, pcts: list[int], tokens:
         runner, cfg = _runner(net, mc, lanes, kk, 64 + tokens)
         runner = wrap(runner) if wrap is not None else runner
         with Engine(runner, mc, None, cfg, token_limit=mc.vocab_size) as eng:
-            eng.submit(prompts[0], max_tokens=4, ignore_eos=True).result()  # warm-up
+            # warm-up at every lane: the (lanes, k) verify and draft graphs are captured before the timed run
+            for h in [eng.submit(p, max_tokens=8, ignore_eos=True) for p in prompts]:
+                h.result()
             t0 = time.perf_counter()
             hs = [eng.submit(p, max_tokens=tokens, ignore_eos=True) for p in prompts]
             res = [h.result() for h in hs]
@@ -182,8 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forced-k", type=int, default=3)
     ap.add_argument("--forced-tokens", type=int, default=128)
     ap.add_argument("--pcts", nargs="+", type=int, default=[100, 80, 50])
+    ap.add_argument("--spec-path", default="snapshot", choices=list(SNAPSHOTS),
+                    help="GDN rollback: snapshots + graphed drafts (default) or the earlier replay path")  # fmt: skip
     ap.add_argument("--out", default="perf/results/bench_spec")
     a = ap.parse_args(argv)
+    _PATH["snapshots"] = SNAPSHOTS[a.spec_path]
     os.makedirs(a.out, exist_ok=True)
     result: dict[str, Any] = {"args": vars(a), "models": {}}
     for key in a.models:
@@ -193,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
             res["rounds"] += bench_rounds(net, mc, lanes, a.ks, a.context, a.reps)
             res["forced"] += bench_forced(net, mc, lanes, a.forced_k, a.pcts, a.forced_tokens)
         result["models"][key] = res
-        print(f"\n{key} ({a.profile}, {a.activations} activations): round cost vs one decode step")
+        print(
+            f"\n{key} ({a.profile}, {a.activations} activations, {a.spec_path}): round cost vs one decode step"
+        )
         print(
             f"{'lanes':>5} {'k':>2} {'draft ms':>9} {'verify ms':>10} {'commit ms':>10} {'round ms':>9} {'x step':>7}"
         )

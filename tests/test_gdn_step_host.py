@@ -44,7 +44,11 @@ CASES = (  # hk, hv, dk, dv, lens, bf16 activations, bf16 state
 )
 
 
-def _run(emu: Path, d: Path, case: tuple, mode: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+def _run(
+    emu: Path, d: Path, case: tuple, mode: int, extra: int = 0, keep: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """``extra`` zero state slots after the case's (snapshot room); ``keep``: only the first ``keep`` tokens of
+    every sequence (the same inputs otherwise)."""
     hk, hv, dk, dv, lens, tb, sb = case
     rng = np.random.default_rng(sum(lens) + dk + hv)
     n, nseq = sum(lens), len(lens)
@@ -69,14 +73,27 @@ def _run(emu: Path, d: Path, case: tuple, mode: int) -> tuple[np.ndarray, np.nda
         "z": rnd(n, w, scale=2.0),
         "normw": (1 + rng.standard_normal(dv) * 0.2).astype(F32),
     }
+    if extra:
+        inp["state"] = np.concatenate([inp["state"], np.zeros((extra, *state.shape[1:]), F32)])
+        inp["conv"] = np.concatenate([inp["conv"], np.zeros((extra, c, 3), F32)])
+        inp["snap"] = (nseq + 1 + np.concatenate([[0], np.cumsum(lens)[:-1]])).astype(np.int32)
+    if keep is not None:
+        rows = np.concatenate(
+            [np.arange(s0, s0 + min(n_, keep)) for s0, n_ in zip(inp["starts"], lens, strict=False)]
+        )
+        for name in ("qkv", "a", "b", "z"):
+            inp[name] = inp[name][rows.astype(np.int64)]
+        lens = [min(n_, keep) for n_ in lens]
+        inp["starts"] = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        n = sum(lens)
     for name, arr in inp.items():
         bf = (tb and name in ("qkv", "a", "b", "z")) or (sb and name == "state")
         (arr if arr.dtype == np.int32 else words(arr, bf)).tofile(d / f"{name}.bin")
-    args = [n, hk, hv, dk, dv, nseq, nseq + 1, int(tb), int(sb), mode, EPS]
+    args = [n, hk, hv, dk, dv, nseq, nseq + 1 + extra, int(tb), int(sb), mode, EPS]
     proc = subprocess.run([str(emu), str(d), *map(str, args)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
     y = np.fromfile(d / "y.bin", dtype=np.uint16 if tb else F32).reshape(n, w)
-    st = np.fromfile(d / "state_out.bin", dtype=np.uint16 if sb else F32).reshape(state.shape)
+    st = np.fromfile(d / "state_out.bin", dtype=np.uint16 if sb else F32).reshape(inp["state"].shape)
     cv = np.fromfile(d / "conv_out.bin", dtype=F32).reshape(inp["conv"].shape)
     return y, st, cv, inp
 
@@ -137,3 +154,32 @@ def test_gdn_step_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
             z = slice(inp["starts"][s], inp["starts"][s + 1])
             if lens[s]:
                 assert rel_error(got_d[z], _reference(case, inp, s)[0]) <= 1.2e-2
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"hk{c[0]}hv{c[1]}dk{c[2]}dv{c[3]}T{sum(c[4])}")
+def test_gdn_step_snapshots_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
+    """Snapshots (the speculative verify's rollback, docs/speculative.md): with ``snap`` the outputs and final
+    states are bitwise those without, and the snapshot before token i of a sequence is bitwise the state (recurrent
+    and conv) that a call over its first i tokens leaves."""
+    lens = case[4]
+    extra = sum(lens)
+    runs = {}
+    for mode in (0, 3):
+        d = tmp_path / f"m{mode}"
+        d.mkdir()
+        runs[mode] = _run(emu, d, case, mode, extra)
+    inp = runs[3][3]
+    base = len(lens) + 1
+    for got, ref, what in zip(runs[3][:3], runs[0][:3], ("output", "state", "conv state"), strict=True):
+        part = slice(None) if what == "output" else slice(0, base)
+        np.testing.assert_array_equal(got[part], ref[part], err_msg=f"snapshots change the {what}")
+    np.testing.assert_array_equal(runs[0][1][base:], 0 * runs[0][1][base:], err_msg="slots past the case's")
+    for i in range(max(lens)):
+        d = tmp_path / f"keep{i}"
+        d.mkdir()
+        _, st, cv, _ = _run(emu, d, case, 0, extra, keep=i)
+        for s in range(len(lens)):
+            if i < lens[s]:
+                slot, at = inp["slots"][s], inp["snap"][s] + i
+                np.testing.assert_array_equal(runs[3][1][at], st[slot], err_msg=f"seq {s} token {i}: state")
+                np.testing.assert_array_equal(runs[3][2][at], cv[slot], err_msg=f"seq {s} token {i}: conv")

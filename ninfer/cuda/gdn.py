@@ -146,7 +146,8 @@ def gdn_recurrent(
     q and k are l2-normed and q scaled by 1/√dk inside. Returns ``o[T, HV·dv]``."""
     out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)
     if k["nseq"]:  # no conv: a_log stands in for the conv weight and state pointers, which are never read
-        _step(k, False, (qkv, a_log, a_log, a, b, a_log, dt_bias, state, out, starts, slots, *scalars))
+        _step(k, False, (qkv, a_log, a_log, a, b, a_log, dt_bias, state, out, starts, slots, *scalars,
+                         slots, np.int32(0)))  # fmt: skip
     return out
 
 
@@ -167,6 +168,7 @@ def gdn_decode(
     *,
     n_k_heads: int,
     out: Any = None,
+    snap: Any = None,
 ) -> Any:
     """The GDN mixer core in two launches: the causal conv of the raw ``in_proj_qkv`` rows ``qkv`` (taps
     ``conv_w[C, 4]``, carried raw inputs ``conv_state[S, C, 3]`` float32), the exact delta rule (arguments as
@@ -175,7 +177,12 @@ def gdn_decode(
 
     Bitwise equal to ``causal_conv`` -> ``gdn_recurrent`` -> ``gated_rmsnorm``, states included. Segments of
     several tokens run token by token (exact prefill): with a float32 state each token gives the bits of its own
-    decode call."""
+    decode call.
+
+    ``snap[nseq]`` int32 (speculative verify): before each token ``t`` of sequence ``b`` the recurrent and conv
+    states are also stored into state slot ``snap[b] + (t - starts[b])`` (slots of the same ``state`` and
+    ``conv_state`` arrays, distinct from every ``slots`` entry), i.e. the state after the tokens before ``t``. Stores
+    only: outputs and the final states are the same bits as without ``snap``."""
     rows, c, ldx = check_rows(qkv, "qkv")
     check_array(conv_w, "conv_w", dtype=np.float32, shape=(c, 4))
     check_array(conv_state, "conv_state", dtype=np.float32, shape=(None, c, 3))
@@ -187,16 +194,19 @@ def gdn_decode(
     check_array(norm_w, "norm_w", dtype=np.float32, shape=(dv,))
     if k["nseq"] >= 65535:  # gdn_step_post's grid rows: 1 + nseq
         raise KernelError(f"starts: {k['nseq']} sequences in one call, at most 65534")
+    if snap is not None:
+        check_array(snap, "snap", dtype=np.int32, shape=(k["nseq"],))
     if not k["nseq"]:
         return out
-    _step(k, True, (qkv, conv_w, conv_state, a, b, a_log, dt_bias, state, out, starts, slots, *scalars))
+    sn = (slots, np.int32(0)) if snap is None else (snap, np.int32(1))
+    _step(k, True, (qkv, conv_w, conv_state, a, b, a_log, dt_bias, state, out, starts, slots, *scalars, *sn))
     qkc, ldo = 2 * n_k_heads * k["dk"], scalars[-1]
     post = kernel("gdn_step.cu", SOURCES["gdn_step.cu"], f"gdn_step_post<{k['t']}>")
     post(
         (max(grid_1d(rows * hv, 4), grid_1d(qkc, 128)), 1 + k["nseq"]),
         (128,),
         (out, z, norm_w, out, qkv, conv_state, starts, slots, np.int32(rows), np.int32(hv), np.int32(dv),
-         np.int32(qkc), np.int32(c), np.float32(eps), ldo, np.int64(ldz), ldo, np.int64(ldx)),
+         np.int32(qkc), np.int32(c), np.float32(eps), ldo, np.int64(ldz), ldo, np.int64(ldx), *sn),
     )  # fmt: skip
     return out
 

@@ -260,6 +260,7 @@ def _gemv_launch(
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     gz = lanes if ids is not None else -(-lanes // nb)
+    zin = gz if ids is None and gz > 1 and plan.blocks_x * gz < 2**31 else 0
     null = cupy.empty(0, dtype=np.int32)  # pointer arguments the launch never reads
     ws = cnt = null
     if plan.splits > 1:
@@ -270,11 +271,14 @@ def _gemv_launch(
         p0, p1, p2, a.x, a.x if a.x2 is None else a.x2, out, null if ids is None else ids,
         null if xrow is None else xrow, ws, cnt, np.int32(n), np.int32(k), np.int32(lanes), np.int64(a.ldx),
         np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(ids is not None), np.int32(a.xf), np.int32(a.gd),
+        np.int32(zin),
     )  # fmt: skip
+    # several lane blocks of a dense product: lane blocks innermost (zin), one pass over the weights through L2
+    grid = (plan.blocks_x * gz, plan.splits, 1) if zin else (plan.blocks_x, plan.splits, gz)
     if _GV_PDL and capturing():  # gemv.cu waits (pdl_wait) before reading anything an earlier kernel writes
-        launch_pdl(fn, (plan.blocks_x, plan.splits, gz), (_GV_THREADS,), args, smem)
+        launch_pdl(fn, grid, (_GV_THREADS,), args, smem)
     else:
-        fn((plan.blocks_x, plan.splits, gz), (_GV_THREADS,), args, shared_mem=smem)
+        fn(grid, (_GV_THREADS,), args, shared_mem=smem)
 
 
 def gemv(

@@ -161,6 +161,11 @@ def plan_memory(
     graph = sum(step(b) for b in range(1, lanes + 1)) if graphs else 0
     if graphs and verify_rows:  # speculation: one verify graph per lane count, verify_rows rows per lane
         graph += sum(step(b * verify_rows) + b * verify_rows * mc.vocab_size * 4 for b in range(1, lanes + 1))
+        # draft-step graphs (ninfer/cuda/spec_graphs.py): one per (b lanes, t rows), b <= t <= 8; logits [b, V] each
+        # plus about t rows of one layer's temporaries (bounded by step(t) / layers, counted as step(t) / 8)
+        graph += sum(
+            b * mc.vocab_size * 4 + step(t) // 8 for b in range(1, min(lanes, 8) + 1) for t in range(b, 9)
+        )
     return MemoryPlan(
         weights=weights,
         kv_pool=(num_pages + 1) * per_page,

@@ -111,6 +111,9 @@ class CudaQwen36:
         self.ks: list[Any] = []  # fp8 KV scales per attention layer (empty for bf16/fp32 KV)
         self.vs: list[Any] = []
         self.pool: tuple[int, int, int, int] | None = None  # slots, pages, page_size, max_pages
+        # GDN conv / recurrent states [layers, slots + 1, ...] (``conv``, ``rec``: their per-layer views)
+        self.conv_all: Any = None
+        self.rec_all: Any = None
         self.gdn_capture: dict[int, Any] | None = (
             None  # set by a verify round: GDN layer -> its inputs (replay)
         )
@@ -127,6 +130,7 @@ class CudaQwen36:
         cfg = self.cfg
         self.graphs.clear()
         self.kc = self.vc = self.ks = self.vs = self.conv = self.rec = []
+        self.conv_all = self.rec_all = None
         kvt = KV_DTYPES[self.kv_dtype]
         kv_shape = (num_pages + 1, page_size, cfg.num_key_value_heads, cfg.head_dim)
         n_attn, n_gdn = len(cfg.full_attention_layers) + extra_kv, len(cfg.linear_attention_layers)
@@ -138,8 +142,9 @@ class CudaQwen36:
         conv = (num_slots + 1, cfg.gdn_conv_channels, cfg.linear_conv_kernel_dim - 1)
         rec = (num_slots + 1, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
         rect = np.uint16 if self.state_dtype == "bf16" else F32
-        self.conv = [cupy.zeros(conv, F32) for _ in range(n_gdn)]
-        self.rec = [cupy.zeros(rec, rect) for _ in range(n_gdn)]
+        # one array per kind, a view per layer: a slot copy or zero fill is one launch per kind, not per layer
+        self.conv_all, self.rec_all = cupy.zeros((n_gdn, *conv), F32), cupy.zeros((n_gdn, *rec), rect)
+        self.conv, self.rec = list(self.conv_all), list(self.rec_all)
         self.pool = (num_slots, num_pages, page_size, -(-max_context // page_size))
         self._free_slots, self._free_pages = list(range(num_slots)), list(range(num_pages))
         cupy.cuda.Device().synchronize()  # the zero fills ran on the current stream, not on self.stream
@@ -152,15 +157,13 @@ class CudaQwen36:
 
     def copy_slot(self, src: int, dst: int) -> None:
         with self.stream:
-            for c, r in zip(self.conv, self.rec, strict=True):
-                c[dst] = c[src]
-                r[dst] = r[src]
+            self.conv_all[:, dst] = self.conv_all[:, src]
+            self.rec_all[:, dst] = self.rec_all[:, src]
 
     def zero_slot(self, slot: int) -> None:
         with self.stream:
-            for c, r in zip(self.conv, self.rec, strict=True):
-                c[slot] = 0
-                r[slot] = 0
+            self.conv_all[:, slot] = 0
+            self.rec_all[:, slot] = 0
 
     def copy_page(self, src: int, dst: int, n: int) -> None:
         with self.stream:

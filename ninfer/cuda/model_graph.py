@@ -74,6 +74,9 @@ class Meta:
     row_pos: Any
     starts: Any
     gslots: Any
+    snap: Any = (
+        None  # speculative verify: GDN snapshot slot of each sequence's first token (gdn_decode's ``snap``)
+    )
 
     @classmethod
     def from_host(cls, hm: dict[str, Any], chunk: int) -> Meta:

@@ -117,11 +117,15 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
     rule = (a, b, w[p + "A_log"], w[p + "dt_bias"], net.rec[j], m.starts, m.gslots)
     nk, nw, eps = cfg.linear_num_key_heads, w[p + "norm.weight"], cfg.rms_norm_eps
     if net.prefill_gemm and m.t > m.nseq:
+        if m.snap is not None:
+            raise ValueError("GDN snapshots need the exact recurrence (prefill_gemm off)")
         y = causal_conv(qkv, w[p + "conv1d.weight"], net.conv[j], m.starts, m.gslots)
         o = gdn_chunked(y, *rule, n_k_heads=nk)
         on = gated_rmsnorm(o.reshape(m.t * hv, dv), z, nw, eps)
     else:
-        on = gdn_decode(qkv, w[p + "conv1d.weight"], net.conv[j], *rule, z, nw, eps, n_k_heads=nk)
+        on = gdn_decode(
+            qkv, w[p + "conv1d.weight"], net.conv[j], *rule, z, nw, eps, n_k_heads=nk, snap=m.snap
+        )
     return linear(net, on.reshape(m.t, hv * dv), p + "out_proj.weight")
 
 

@@ -38,8 +38,19 @@ __all__ = ["CudaModelRunner"]
 
 class CudaModelRunner:
     device_sampling = True  # False: ``sample`` copies the rows to the host and uses the host sampler
+    # speculation's GDN rollback (docs/speculative.md): True, per-position snapshots written by the verify forward
+    # (commit = one slot copy) and graphed draft steps; False, the pre-round copy and the replay of the kept rows
+    spec_snapshots = True
 
-    def __init__(self, net: Any, model_config: ModelConfig, cfg: Any, *, capture: bool = True) -> None:
+    def __init__(
+        self,
+        net: Any,
+        model_config: ModelConfig,
+        cfg: Any,
+        *,
+        capture: bool = True,
+        spec_snapshots: bool | None = None,
+    ) -> None:
         import cupy
 
         if cfg.kv_dtype not in ("bf16", "fp8"):
@@ -57,7 +68,10 @@ class CudaModelRunner:
             raise EngineConfigError(
                 "spec: 'mtp' needs an artifact with MTP weights (mtp.*); this one has none"
             )
-        spare = lanes if spec else 0  # speculation: one spare GDN slot per lane (the pre-round state)
+        if spec_snapshots is not None:
+            self.spec_snapshots = spec_snapshots
+        # speculation: k + 1 snapshot slots per lane, or one spare slot per lane (the pre-round state)
+        spare = (lanes * (cfg.num_draft + 1) if self.spec_snapshots else lanes) if spec else 0
         # the host tier's unit: one KV page of every plane the pool holds (the MTP head's too, with speculation)
         self.page_bytes = kv_page_bytes(model_config, cfg.page_size, cfg.kv_dtype, int(spec))
         self.host_pages = cfg.host_tier(self.page_bytes, self.snapshot_bytes, auto_host_cache_bytes())
@@ -82,7 +96,9 @@ class CudaModelRunner:
         )
         from ninfer.cuda.spec import CudaSpec
 
-        self._spec = CudaSpec(net, lanes, lanes + n_ckpt) if spec else None
+        self._spec = (
+            CudaSpec(net, lanes, lanes + n_ckpt, cfg.num_draft, self.spec_snapshots) if spec else None
+        )
         self._pages: list[list[int]] = [[] for _ in range(lanes)]
         self._len = [0] * lanes
         self._slots = CheckpointSlots(range(lanes, lanes + n_ckpt))

@@ -5,16 +5,22 @@ lane's GDN state, for ``CudaModelRunner``.
   the extra plane ``len(full_attention_layers)`` of the device page pool (allocated with ``extra_kv=1``), through
   the lane's page table. Bookkeeping per lane as the reference (``ninfer/engine/reference_draft.py``): ``base``,
   pending target hiddens, the chain of a round, its draft logits rows.
-- Verify: one eager forward over ``[last token, d_1..d_m]`` of every verified lane with ``prefill_gemm`` off
-  (the GEMV in 8-row blocks, the decode attention kernel and the exact GDN recurrence ``gdn_decode``), so every
-  position's hidden and logits are bitwise those of its decode step (fp32 GDN state).
-- CUDA graphs: with ``net.cuda_graph`` the verify forward of ``b`` lanes with ``k+1`` positions each replays a
-  graph captured for ``(b, k+1)`` (``spec_graphs.VerifyGraphs``; the runner's memory plan counts them); rounds cut short (fewer
-  drafts) and a capture that fails run eagerly with the same kernels.
-- Rollback by replay: before the round the lane's GDN slot is copied to the lane's spare slot; the forward keeps
-  each GDN layer's inputs (``in_proj`` qkv, z, a, b rows: a few KiB per position and layer); ``commit`` to fewer
-  than all positions copies the spare slot back and re-runs ``gdn_decode`` over the kept rows of every GDN layer
-  (state traffic only, no weight reads). KV of rejected positions is left behind the lane's length.
+- Verify: one forward over ``[last token, d_1..d_m]`` of every verified lane with ``prefill_gemm`` off (the GEMV
+  in 8-row blocks, the decode attention kernel and the exact GDN recurrence ``gdn_decode``), so every position's
+  hidden and logits are bitwise those of its decode step (fp32 GDN state). With ``net.cuda_graph`` it replays a
+  graph captured for ``(b, k+1)`` (``spec_graphs.VerifyGraphs``; the runner's memory plan counts them); a round cut
+  short (fewer drafts) or a capture that fails runs eagerly with the same kernels.
+- Rollback by snapshots (``snapshots``, the default): lane ``l`` owns the GDN slots ``snap_slot(l) ..`` (``k + 1``);
+  the verify's ``gdn_decode`` stores the lane's recurrent and conv state before each position ``i`` into slot
+  ``snap_slot(l) + i`` (stores only: the arithmetic is unchanged), so ``commit`` to ``kept < m + 1`` positions is
+  one slot copy of snapshot ``kept``, bitwise the state a replay of the kept rows leaves. Draft steps of up to 8
+  rows replay ``spec_graphs.DraftGraphs``.
+- Rollback by replay (``snapshots=False``, the earlier path, kept selectable): before the round the lane's GDN slot
+  is copied to the lane's spare slot; the forward keeps each GDN layer's inputs (``in_proj`` qkv, z, a, b rows);
+  ``commit`` to fewer than all positions copies the spare slot back and re-runs ``gdn_decode`` over the kept rows
+  of every GDN layer. Draft steps run eagerly.
+- KV of rejected positions is left behind the lane's length.
+- Greedy verification samples every greedy lane's rows in one device call (one host synchronization per round).
 """
 
 from __future__ import annotations
@@ -24,45 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from ninfer.cuda.mtp import mtp_body, mtp_hidden
 from ninfer.engine.core import DraftLane, SampleRequest
 from ninfer.engine.spec_verify import verify_lane
 
-__all__ = ["CudaSpec", "mtp_hidden"]
-
-F32 = np.float32
-
-
-def mtp_hidden(
-    net: Any, hidden: Any, ids: np.ndarray, segs: Sequence[tuple[int, int, int, list[int]]]
-) -> Any:
-    """MTP outputs ``d[T, H]`` float32 (after ``mtp.norm``) for target hiddens ``[T, H]`` and next tokens ``ids``;
-    ``segs``: packed ``(slot, start, n, pages)``, ``start`` the position of the segment's first hidden."""
-    import cupy
-
-    from ninfer.cuda.embedding import embed
-    from ninfer.cuda.model_graph import Meta, host_meta
-    from ninfer.cuda.model_layers import attention_block, ffn_block, linear
-    from ninfer.cuda.norm import rmsnorm
-
-    cfg, w, eps = net.cfg, net.w, net.cfg.rms_norm_eps
-    p, j = "mtp.layers.0.", len(cfg.full_attention_layers)
-    with net.stream:
-        m = Meta.from_host(host_meta(segs, net.pool[2], net.pool[3]), net.attn_chunk)
-        e = rmsnorm(
-            embed(w["embed_tokens.weight"], m.ids_from(ids), dtype=F32),
-            w["mtp.pre_fc_norm_embedding.weight"],
-            eps,
-        )
-        hn = rmsnorm(cupy.ascontiguousarray(hidden, dtype=F32), w["mtp.pre_fc_norm_hidden.weight"], eps)
-        u = linear(
-            net, cupy.ascontiguousarray(cupy.concatenate([e, hn], axis=1)), "mtp.fc.weight", exact=True
-        )
-        res = cupy.zeros((m.t, cfg.hidden_size), F32)
-        h = rmsnorm(u, w[p + "input_layernorm.weight"], eps, residual=res)
-        mixed = attention_block(net, p, h, m, j)
-        h = rmsnorm(mixed, w[p + "post_attention_layernorm.weight"], eps, residual=res)
-        res += ffn_block(net, p, h, m)
-        return rmsnorm(res, w["mtp.norm.weight"], eps)
+__all__ = ["CudaSpec", "mtp_hidden", "mtp_body"]
 
 
 class _Lane:
@@ -78,18 +50,26 @@ class _Lane:
 
 
 class CudaSpec:
-    """The runner's speculative state; ``spare(lane)`` is the lane's GDN slot for the pre-round copy."""
+    """The runner's speculative state. ``snapshots`` (``k`` drafts at most): lane ``l``'s GDN snapshot slots are
+    ``spare_base + l * (k + 1) ..`` (one per verified position); else ``spare_base + l`` is the lane's spare slot for
+    the pre-round copy of the replay rollback."""
 
-    def __init__(self, net: Any, lanes: int, spare_base: int) -> None:
-        self.net, self.spare_base = net, spare_base
-        from ninfer.cuda.spec_graphs import VerifyGraphs
+    def __init__(self, net: Any, lanes: int, spare_base: int, k: int = 0, snapshots: bool = False) -> None:
+        self.net, self.spare_base, self.snapshots, self.k = net, spare_base, snapshots, k
+        from ninfer.cuda.spec_graphs import DraftGraphs, VerifyGraphs
 
-        self.graphs = VerifyGraphs(net) if net.cuda_graph else None
+        warm = [self.snap_slot(lane) for lane in range(lanes)] if snapshots else []
+        self.graphs = VerifyGraphs(net, snapshots, warm) if net.cuda_graph else None
+        self.drafts = DraftGraphs(net) if net.cuda_graph and snapshots else None
         self._lanes: list[_Lane | None] = [None] * lanes
         self._pages: list[list[int]] = [[] for _ in range(lanes)]
         self._verify: dict[int, tuple[int, int, Any, Any]] = {}  # lane -> (start, first row, hidden, logits)
         self._capture: dict[int, Any] = {}
         self._rows_of: dict[int, tuple[int, int]] = {}  # lane -> (first row, rows) in the verify forward
+
+    def snap_slot(self, lane: int) -> int:
+        """The lane's first GDN snapshot slot (snapshots: the state before the round's first position)."""
+        return self.spare_base + lane * (self.k + 1)
 
     def setup(self, lane: int, pages: list[int], length: int) -> None:
         self._lanes[lane], self._pages[lane] = _Lane(length), list(pages)
@@ -115,35 +95,41 @@ class CudaSpec:
 
     # ---- drafting -----------------------------------------------------------------------------------------
     def draft(self, lanes: Sequence[DraftLane]) -> Any:
-        """One draft step for every lane in one packed MTP call; returns the logits rows ``[len(lanes), V]``."""
+        """One draft step for every lane in one packed MTP call (a graph replay for up to 8 rows with
+        ``snapshots``); returns the logits rows ``[len(lanes), V]``."""
         import cupy
 
-        hid, ids, segs, last, total = [], [], [], [], 0
+        hid: list[Any] = []
+        ids, segs, last, total = [], [], [], 0
         for dl in lanes:
             ln = self._lane(dl.lane)
             computed = ln.base + sum(int(x.shape[0]) for x in ln.pending)
             if len(dl.tokens) == computed + 1:  # first step of a round: catch up with the computed tokens
                 ln.length, ln.rows, ln.chain = ln.base, [], None
-                with self.net.stream:
-                    h = cupy.concatenate(ln.pending, axis=0) if len(ln.pending) > 1 else ln.pending[0]
+                hid.extend(ln.pending)
                 tok = list(dl.tokens[ln.base + 1 : computed + 1])
+                assert tok, f"lane {dl.lane}: no computed row to draft from"
                 ln.base, ln.pending = computed, []
             else:
                 assert ln.chain is not None and len(dl.tokens) == computed + 1 + len(ln.rows)
-                h, tok = ln.chain, [int(dl.tokens[-1])]
+                hid.append(ln.chain)
+                tok = [int(dl.tokens[-1])]
             segs.append((dl.lane, ln.length, len(tok), self._pages[dl.lane]))
-            hid.append(h)
             ids.extend(tok)
             ln.length += len(tok)
             total += len(tok)
             last.append(total - 1)
-        with self.net.stream:
-            hid_all = cupy.concatenate(hid, axis=0)
-        d = mtp_hidden(self.net, hid_all, np.asarray(ids, np.int32), segs)
-        with self.net.stream:
-            idx = cupy.asarray(np.asarray(last, np.int64))
-            chain = d[idx]
-            logits = self.net.logits_dev(chain)
+        ids_np = np.asarray(ids, np.int32)
+        got = self.drafts.run(hid, ids_np, segs, last) if self.drafts is not None else None
+        if got is not None:
+            chain, logits = got
+        else:
+            with self.net.stream:
+                hid_all = cupy.concatenate(hid, axis=0) if len(hid) > 1 else hid[0]
+            d = mtp_hidden(self.net, hid_all, ids_np, segs)
+            with self.net.stream:
+                chain = d[cupy.asarray(np.asarray(last, np.int64))]
+                logits = self.net.logits_dev(chain)
         for i, dl in enumerate(lanes):
             ln = self._lane(dl.lane)
             ln.chain = chain[i : i + 1]
@@ -152,30 +138,50 @@ class CudaSpec:
 
     # ---- verification -------------------------------------------------------------------------------------
     def forward(self, work: Sequence[Any], lane_len: Sequence[int]) -> None:
-        """The verify forward of ``work`` (``LaneWork`` with ``verify``); keeps hiddens, logits and GDN inputs."""
+        """The verify forward of ``work`` (``LaneWork`` with ``verify``); keeps hiddens and logits, and the GDN
+        snapshots (``snapshots``) or the pre-round copy and the GDN inputs (replay)."""
         net = self.net
-        segs, ids, row = [], [], 0
+        segs, ids, snap, row = [], [], [], 0
         for w in work:
             assert lane_len[w.lane] == w.start
-            net.copy_slot(w.lane, self.spare_base + w.lane)  # the pre-round GDN state
+            assert len(w.token_ids) <= self.k + 1 or not self.snapshots, (
+                "more verify rows than snapshot slots"
+            )
+            if not self.snapshots:
+                net.copy_slot(w.lane, self.spare_base + w.lane)  # the pre-round GDN state
             segs.append((w.lane, w.start, len(w.token_ids), self._pages[w.lane]))
+            snap.append(self.snap_slot(w.lane))
             ids.extend(w.token_ids)
             self._rows_of[w.lane] = (row, len(w.token_ids))
             row += len(w.token_ids)
-        got = self.graphs.run(np.asarray(ids, np.int32), segs) if self.graphs is not None else None
+        ids_np = np.asarray(ids, np.int32)
+        got = self.graphs.run(ids_np, segs, snap) if self.graphs is not None else None
         if got is not None:
             h, logits, self._capture = got
         else:
-            gemm, net.prefill_gemm = net.prefill_gemm, False  # every row bitwise its decode step
-            net.gdn_capture = self._capture = {}
-            try:
-                h = net.run(segs, np.asarray(ids, np.int32))
-            finally:
-                net.prefill_gemm, net.gdn_capture = gemm, None
+            h = self._eager(segs, ids_np, snap if self.snapshots else None)
             logits = net.logits_dev(h)
         for w in work:
             r, n = self._rows_of[w.lane]
             self._verify[w.lane] = (w.start, r, h[r : r + n], logits[r : r + n])
+
+    def _eager(self, segs: Sequence[Any], ids: np.ndarray, snap: Sequence[int] | None) -> Any:
+        """The verify forward launched eagerly with the decode kernels (every row bitwise its decode step)."""
+        import cupy
+
+        from ninfer.cuda.model_graph import Meta, host_meta
+
+        net = self.net
+        gemm, net.prefill_gemm = net.prefill_gemm, False
+        net.gdn_capture = self._capture = {} if snap is None else None
+        try:
+            with net.stream:
+                m = Meta.from_host(host_meta(segs, net.pool[2], net.pool[3]), net.attn_chunk)
+                m.snap = None if snap is None else cupy.asarray(np.asarray(snap, np.int32))
+                return net.body(m.ids_from(ids), m)
+        finally:
+            net.prefill_gemm, net.gdn_capture = gemm, None
+            self._capture = self._capture or {}
 
     def verify(
         self,
@@ -184,40 +190,51 @@ class CudaSpec:
         reqs: Sequence[Sequence[SampleRequest]],
         token_limit: int | None,
     ) -> list[list[int]]:
-        """Greedy lanes: targets drawn on the device by the sampler, compared on the host; sampled lanes: their
-        target and draft rows copied to the host for ``verify_lane``."""
+        """Greedy lanes: targets drawn on the device by the sampler (one call for every greedy lane of the round),
+        compared on the host; sampled lanes: their target and draft rows copied to the host for ``verify_lane``."""
         import cupy
 
         from ninfer.cuda.sampling import sample_requests
 
+        greedy = [i for i, r in enumerate(reqs) if all(x.params.temperature <= 0.0 for x in r)]
+        targets: dict[int, list[int]] = {}
+        if greedy:
+            with self.net.stream:
+                rows = [self._verify[lanes[i]][3] for i in greedy]
+                x = cupy.concatenate(rows, axis=0) if len(rows) > 1 else rows[0]
+                t = sample_requests(x, [q for i in greedy for q in reqs[i]], token_limit)
+            at = 0
+            for i in greedy:
+                targets[i], at = t[at : at + len(reqs[i])], at + len(reqs[i])
         out: list[list[int]] = []
-        for lane, d, r in zip(lanes, drafts, reqs, strict=True):
-            _, _, _, logits = self._verify[lane]
-            if all(x.params.temperature <= 0.0 for x in r):
-                with self.net.stream:
-                    t = sample_requests(logits, list(r), token_limit)
+        for i, (lane, d, r) in enumerate(zip(lanes, drafts, reqs, strict=True)):
+            if i in targets:
                 res: list[int] = []
-                for i, tok in enumerate(t):
+                for j, tok in enumerate(targets[i]):
                     res.append(tok)
-                    if tok < 0 or i == len(d) or tok != d[i]:
+                    if tok < 0 or j == len(d) or tok != d[j]:
                         break
                 out.append(res)
                 continue
-            rows = self._lane(lane).rows[: len(d)]
+            logits = self._verify[lane][3]
+            rows_d = self._lane(lane).rows[: len(d)]
             with self.net.stream:
                 target = cupy.asnumpy(logits, stream=self.net.stream)
-                draft = cupy.asnumpy(cupy.concatenate(rows, axis=0), stream=self.net.stream)
+                draft = cupy.asnumpy(cupy.concatenate(rows_d, axis=0), stream=self.net.stream)
             out.append(verify_lane(target, draft, d, r, token_limit))
         return out
 
     def commit(self, lane: int, length: int) -> int:
-        """Keep the lane's first ``length`` tokens; returns the lane's new length. Replays the GDN recurrence
-        over the kept rows from the pre-round copy unless every position is kept."""
+        """Keep the lane's first ``length`` tokens; returns the lane's new length. Unless every position is kept:
+        copies snapshot ``kept`` to the lane's slot (``snapshots``), or replays the GDN recurrence over the kept
+        rows from the pre-round copy."""
         start, r, hidden, _ = self._verify.pop(lane)
         kept = length - start
         n = self._rows_of.pop(lane)[1]
         assert 0 <= kept <= n
-        if kept < n:
+        if kept < n and self.snapshots:
+            self.net.copy_slot(self.snap_slot(lane) + kept, lane)  # the state before position `kept`
+        elif kept < n:
             self._replay(lane, r, kept)
         ln = self._lane(lane)
         ln.length, ln.chain, ln.rows = ln.base, None, []

@@ -1,9 +1,16 @@
-"""``VerifyGraphs``: CUDA graphs of the speculative verify forward (docs/speculative.md, ``ninfer/cuda/spec.py``).
+"""CUDA graphs of a speculative round (docs/speculative.md, ``ninfer/cuda/spec.py``): ``VerifyGraphs`` for the verify
+forward, ``DraftGraphs`` for one step of the MTP head.
 
-One graph per (lanes, positions per lane), captured on first use like the decode graphs (``model_graph.GraphSet``):
-static ``Meta`` buffers filled by one staging upload, a private memory pool, ``prefill_gemm`` off so every row is
-its decode step's bits. The GDN layers' inputs of the captured forward are the graph's own buffers (valid until
-its next replay): the runner's rollback replays from them in the same step.
+Both are captured on first use like the decode graphs (``model_graph.GraphSet``): static ``Meta`` buffers filled by
+one staging upload, a private memory pool, ``prefill_gemm`` off so every row is its decode step's bits.
+
+- Verify, one graph per (lanes, positions per lane). With snapshots (``snap``) the static ``Meta`` carries each
+  lane's first snapshot slot and the GDN recurrence stores the state before every position there (the rollback is a
+  slot copy); without, the GDN layers' inputs of the captured forward are kept (the graph's own buffers, valid until
+  its next replay) for the rollback by replay.
+- Draft, one graph per (lanes, rows) for up to 8 rows (one GEMV weight pass; more rows run eagerly): the head's
+  forward over the rows (static hidden buffer filled by one device copy), the pick of each lane's last row and its
+  logits. Bitwise the eager ``mtp_hidden`` step: up to 8 rows both run the GEMV and the decode attention kernel.
 """
 
 from __future__ import annotations
@@ -13,70 +20,101 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["VerifyGraphs"]
+__all__ = ["VerifyGraphs", "DraftGraphs", "DRAFT_GRAPH_ROWS"]
+
+DRAFT_GRAPH_ROWS = 8  # draft steps over more rows run eagerly (at most 36 small graphs: lanes <= rows <= 8)
+
+Seg = tuple[int, int, int, list[int]]
+
+
+def _staging(
+    net: Any,
+    segs: Sequence[Seg],
+    extra: dict[str, tuple[tuple[int, ...], Any]],
+    init: dict[str, Any] | None = None,
+) -> tuple[Any, Any]:
+    """(staging, Meta over its views) for a capture over ``segs``; ``extra`` named buffers join the staging (zeros,
+    or their values in ``init``)."""
+    from ninfer.cuda.model_graph import _FIELDS, Meta, _Staging, host_meta
+
+    ps, max_pages = net.pool[2], net.pool[3]
+    hm = host_meta(segs, ps, max_pages)
+    t = int(hm["row_pos"].size)
+    shapes = {"ids": ((t,), np.int32), **{k: (hm[k].shape, hm[k].dtype) for k in _FIELDS}, **extra}
+    staging = _Staging(shapes)
+    zeros = {k: np.zeros(s, d) if k not in (init or {}) else init[k] for k, (s, d) in extra.items()}
+    staging.upload({"ids": np.zeros(t, np.int32), **{k: hm[k] for k in _FIELDS}, **zeros}, net.stream)
+    v = staging.views
+    meta = Meta(
+        t=t, nseq=len(segs), max_len=max_pages * ps, chunk=net.attn_chunk, **{k: v[k] for k in _FIELDS}
+    )
+    return staging, meta
+
+
+def _upload(net: Any, g: dict[str, Any], ids: np.ndarray, segs: Sequence[Seg], **extra: np.ndarray) -> None:
+    """Fill the graph's static inputs: one asynchronous copy from its pinned buffer, which is rewritten only once
+    the previous copy from it is done."""
+    from ninfer.cuda.model_graph import _FIELDS, host_meta
+
+    hm = host_meta(segs, net.pool[2], net.pool[3])
+    if g.get("uploaded") is not None:
+        g["uploaded"].synchronize()
+    g["staging"].upload(
+        {"ids": np.asarray(ids, np.int32), **{k: hm[k] for k in _FIELDS}, **extra}, net.stream
+    )
+    g["uploaded"] = net.stream.record()
 
 
 class VerifyGraphs:
     """Verify-forward graphs of one network, one per (lanes, positions per lane), captured on first use with
-    ``prefill_gemm`` off and the GDN inputs kept (their buffers are the graph's, valid until its next replay)."""
+    ``prefill_gemm`` off. ``snapshots``: ``run`` takes each lane's first snapshot slot (``snap``); else the GDN
+    inputs are kept (their buffers are the graph's, valid until its next replay)."""
 
-    def __init__(self, net: Any) -> None:
-        self.net = net
+    def __init__(self, net: Any, snapshots: bool = False, warm_snap: Sequence[int] = ()) -> None:
+        self.net, self.snapshots = net, snapshots
+        self._warm_snap = list(warm_snap)  # snapshot slots the warm-up run may write (lane i: warm_snap[i])
         self._graphs: dict[tuple[int, int], Any] = {}
         self._failed: set[tuple[int, int]] = set()
 
     def run(
-        self, ids: np.ndarray, segs: Sequence[tuple[int, int, int, list[int]]]
+        self, ids: np.ndarray, segs: Sequence[Seg], snap: Sequence[int] | None = None
     ) -> tuple[Any, Any, dict] | None:
-        """(hidden, logits, GDN inputs) of the verify forward by replay; None where no graph serves it."""
-        from ninfer.cuda.model_graph import _FIELDS, host_meta
-
+        """(hidden, logits, GDN inputs) of the verify forward by replay (launched, not synchronized); None where no
+        graph serves it."""
         n = {s[2] for s in segs}
         key = (len(segs), n.pop())
         if n or key in self._failed:
             return None
-        net = self.net
         g = self._graphs.get(key) or self._capture(*key)
         if g is None:
             return None
-        hm = host_meta(segs, net.pool[2], net.pool[3])
-        g["staging"].upload({"ids": np.asarray(ids, np.int32), **{k: hm[k] for k in _FIELDS}}, net.stream)
-        g["graph"].launch(net.stream)
-        net.stream.synchronize()
+        extra = {"snap": np.asarray(snap, np.int32)} if self.snapshots else {}
+        _upload(self.net, g, ids, segs, **extra)
+        g["graph"].launch(self.net.stream)
         return g["h"], g["logits"], g["cap"]
 
     def _capture(self, b: int, n: int) -> Any:
         import cupy
 
-        from ninfer.cuda.model_graph import _FIELDS, Meta, _Staging, host_meta
-
         net = self.net
         slot, page = net.scratch
-        ps, max_pages = net.pool[2], net.pool[3]
-        hm = host_meta([(slot, 0, n, [page])] * b, ps, max_pages)
         net.zero_slot(slot)
         pool = cupy.cuda.MemoryPool()
         gemm, net.prefill_gemm = net.prefill_gemm, False
         try:
             with net.stream, cupy.cuda.using_allocator(pool.malloc):
-                shapes = {"ids": ((b * n,), np.int32), **{k: (hm[k].shape, hm[k].dtype) for k in _FIELDS}}
-                staging = _Staging(shapes)
-                staging.upload({"ids": np.zeros(b * n, np.int32), **{k: hm[k] for k in _FIELDS}}, net.stream)
-                v = staging.views
-                meta = Meta(
-                    t=b * n,
-                    nseq=b,
-                    max_len=max_pages * ps,
-                    chunk=net.attn_chunk,
-                    **{k: v[k] for k in _FIELDS},
-                )
-                net.gdn_capture = {}
-                net.logits_dev(net.body(v["ids"], meta))  # warm-up: kernels loaded, the private pool filled
+                extra = {"snap": ((b,), np.int32)} if self.snapshots else {}
+                init = {"snap": np.asarray(self._warm_snap[:b], np.int32)}  # warm-up stores: unused slots
+                staging, meta = _staging(net, [(slot, 0, n, [page])] * b, extra, init)
+                meta.snap = staging.views["snap"] if self.snapshots else None
+                ids = staging.views["ids"]
+                net.gdn_capture = None if self.snapshots else {}
+                net.logits_dev(net.body(ids, meta))  # warm-up: kernels loaded, the private pool filled
                 net.stream.synchronize()
-                cap = net.gdn_capture = {}
+                cap = net.gdn_capture = None if self.snapshots else {}
                 net.stream.begin_capture()
                 try:
-                    h = net.body(v["ids"], meta)
+                    h = net.body(ids, meta)
                     logits = net.logits_dev(h)
                 finally:
                     graph = net.stream.end_capture()
@@ -87,6 +125,82 @@ class VerifyGraphs:
             return None
         finally:
             net.prefill_gemm, net.gdn_capture = gemm, None
-        g = {"graph": graph, "pool": pool, "staging": staging, "h": h, "logits": logits, "cap": cap}
+        g = {"graph": graph, "pool": pool, "staging": staging, "h": h, "logits": logits, "cap": cap or {}}
         self._graphs[(b, n)] = g
+        return g
+
+
+class DraftGraphs:
+    """One MTP head step per (lanes, rows <= ``DRAFT_GRAPH_ROWS``), captured on first use."""
+
+    def __init__(self, net: Any) -> None:
+        self.net = net
+        self._graphs: dict[tuple[int, int], Any] = {}
+        self._failed: set[tuple[int, int]] = set()
+
+    def run(
+        self, hidden: Sequence[Any], ids: np.ndarray, segs: Sequence[Seg], last: Sequence[int]
+    ) -> tuple[Any, Any] | None:
+        """(chain ``[b, H]``, logits ``[b, V]``) of one head step over the rows ``hidden`` (device arrays, in
+        order) and token ids ``ids``: copies, launched and not synchronized; None where no graph serves it."""
+        import cupy
+
+        key = (len(segs), int(np.asarray(ids).size))
+        if key[1] > DRAFT_GRAPH_ROWS or key in self._failed:
+            return None
+        g = self._graphs.get(key) or self._capture(*key)
+        if g is None:
+            return None
+        net = self.net
+        with net.stream:
+            cupy.concatenate([cupy.asarray(x, dtype=np.float32) for x in hidden], axis=0, out=g["hidden"])
+        _upload(net, g, ids, segs, last=np.asarray(last, np.int64))
+        g["graph"].launch(net.stream)
+        with net.stream:  # the buffers are rewritten by the next replay (the next step of the round)
+            return g["chain"].copy(), g["logits"].copy()
+
+    def _capture(self, b: int, t: int) -> Any:
+        import cupy
+
+        from ninfer.cuda.mtp import mtp_body
+
+        net, cfg = self.net, self.net.cfg
+        slot, page = net.scratch
+        pages = [page] * net.pool[3]
+        segs = [(slot, 0, t - b + 1, pages)] + [(slot, 0, 1, pages)] * (b - 1)
+        pool = cupy.cuda.MemoryPool()
+        gemm, net.prefill_gemm = net.prefill_gemm, False
+        try:
+            with net.stream, cupy.cuda.using_allocator(pool.malloc):
+                staging, meta = _staging(net, segs, {"last": ((b,), np.int64)})
+                hidden = cupy.zeros((t, cfg.hidden_size), np.float32)
+                ids, last = staging.views["ids"], staging.views["last"]
+
+                def step() -> tuple[Any, Any]:
+                    chain = cupy.take(mtp_body(net, hidden, ids, meta), last, axis=0)
+                    return chain, net.logits_dev(chain)
+
+                step()  # warm-up: kernels loaded, the private pool filled
+                net.stream.synchronize()
+                net.stream.begin_capture()
+                try:
+                    chain, logits = step()
+                finally:
+                    graph = net.stream.end_capture()
+                graph.upload(net.stream)
+            net.stream.synchronize()
+        except Exception:  # noqa: BLE001 - a step that cannot be captured runs eagerly
+            self._failed.add((b, t))
+            return None
+        finally:
+            net.prefill_gemm = gemm
+        g = {
+            "graph": graph,
+            "pool": pool,
+            "staging": staging,
+            "hidden": hidden,
+            "chain": chain,
+            "logits": logits,
+        }
+        self._graphs[(b, t)] = g
         return g

@@ -5,6 +5,7 @@
 //                     gated norm per row (gated_norm_row, gated_rmsnorm's row function)
 //   mode 2 (decode):  mode 0 one token per sequence per call (step i runs the i-th token of every sequence that
 //                     has one), the way decode calls see the tokens
+//   mode 3 (snapshots): mode 0 with snapshots into the slots of dir/snap.bin (one int32 per sequence)
 // Reads dir/{qkv,convw,conv,a,b,alog,dtb,state,starts,slots,z,normw}.bin, writes dir/{y,state_out,conv_out}.bin.
 template <typename X> std::vector<X> emu_read(const std::string& path, size_t n) {
     std::vector<X> v(n);
@@ -29,18 +30,19 @@ struct StepShape {
 template <typename T, typename S, int DK>
 void emu_fused(const StepShape& sh, int rows, const std::vector<int>& starts, const std::vector<int>& slots,
                const T* qkv, const float* convw, float* conv, const T* a, const T* b, const float* alog,
-               const float* dtb, S* state, const T* z, const float* normw, T* y) {
+               const float* dtb, S* state, const T* z, const float* normw, T* y, const int* snap = nullptr) {
     using G = GdnStep<DK>;
-    const int nseq = (int)slots.size(), qkc = 2 * sh.HK * DK;
+    const int nseq = (int)slots.size(), qkc = 2 * sh.HK * DK, nsnap = snap != nullptr;
+    if (!snap) snap = slots.data();
     emu_launch({(unsigned)nseq, (unsigned)sh.HV, (unsigned)((sh.DV + G::CT - 1) / G::CT)}, G::NT,
                G::FLOATS * 4, [&] {
                    gdn_step<T, S, DK, true>(qkv, convw, conv, a, b, alog, dtb, state, y, starts.data(),
-                                            slots.data(), sh.HK, sh.HV, sh.DV, sh.C, sh.HV, sh.HV, sh.W);
+                                            slots.data(), sh.HK, sh.HV, sh.DV, sh.C, sh.HV, sh.HV, sh.W, snap, nsnap);
                });
     const unsigned gx = (unsigned)std::max((rows * sh.HV + 3) / 4, (qkc + 127) / 128);
     emu_launch({gx, (unsigned)(1 + nseq), 1}, 128, 0, [&] {
         gdn_step_post<T>(y, z, normw, y, qkv, conv, starts.data(), slots.data(), rows, sh.HV, sh.DV, qkc, (int)sh.C,
-                         sh.eps, sh.W, sh.W, sh.W, sh.C);
+                         sh.eps, sh.W, sh.W, sh.W, sh.C, snap, nsnap);
     });
 }
 
@@ -63,7 +65,8 @@ void emu_unfused(const StepShape& sh, int rows, const std::vector<int>& starts, 
     emu_launch({(unsigned)nseq, (unsigned)sh.HV, (unsigned)((sh.DV + G::CT - 1) / G::CT)}, G::NT,
                G::FLOATS * 4, [&] {
                    gdn_step<T, S, DK, false>(yc.data(), alog, (float*)alog, a, b, alog, dtb, state, y, starts.data(),
-                                             slots.data(), sh.HK, sh.HV, sh.DV, sh.C, sh.HV, sh.HV, sh.W);
+                                             slots.data(), sh.HK, sh.HV, sh.DV, sh.C, sh.HV, sh.HV, sh.W,
+                                             slots.data(), 0);
                });
     const int nrows = rows * sh.HV;
     emu_launch({(unsigned)((nrows + 7) / 8), 1, 1}, 256, 0, [&] {  // gated_rmsnorm's launch
@@ -87,9 +90,12 @@ void emu_run(const std::string& dir, int T_, const StepShape& sh, int nseq, int 
     auto normw = emu_read<float>(dir + "/normw.bin", sh.DV);
     std::vector<T> y((size_t)T_ * sh.W);
     std::memset((void*)y.data(), 0xff, y.size() * sizeof(T));  // NaN poison (both float and bf16 words)
-    if (mode == 0)
+    if (mode == 0 || mode == 3) {
+        std::vector<int> snap = mode == 3 ? emu_read<int>(dir + "/snap.bin", nseq) : std::vector<int>();
         emu_fused<T, S, DK>(sh, T_, starts, slots, qkv.data(), convw.data(), conv.data(), a.data(), b.data(),
-                            alog.data(), dtb.data(), state.data(), z.data(), normw.data(), y.data());
+                            alog.data(), dtb.data(), state.data(), z.data(), normw.data(), y.data(),
+                            mode == 3 ? snap.data() : nullptr);
+    }
     else if (mode == 1)
         emu_unfused<T, S, DK>(sh, T_, starts, slots, qkv.data(), convw.data(), conv.data(), a.data(), b.data(),
                               alog.data(), dtb.data(), state.data(), z.data(), normw.data(), y.data());
