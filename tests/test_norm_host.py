@@ -1,4 +1,4 @@
-"""CPU check of cuda_src/norm.cu's rmsnorm: the kernel text compiled by g++ under the CUDA emulation prelude of
+"""CPU check of cuda_src/norm.cu's rmsnorm (and moe_combine_rmsnorm, bitwise the combine followed by rmsnorm): the kernel text compiled by g++ under the CUDA emulation prelude of
 tests/host/gdn_emu.cpp (std::thread per CUDA thread, real barriers; ``__shared__`` as ``static``), driven by
 tests/host/norm_driver.cpp. Checks the chunk index arithmetic of the 16-byte (VEC) and scalar instances, rows in
 one and in several register rounds (H > 8192), ragged H, against the NumPy reference, and two invariants: the VEC
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from host_emu import build_emulator
+from host_emu import build_emulator, words
 
 from ninfer.formats import bf16_decode, bf16_encode, bf16_round
 from ninfer.reference import ops
@@ -82,3 +82,64 @@ def test_rmsnorm_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
     y1, r1 = _run(emu, tmp_path / "alone", x[-1:], r[-1:], w, bf, (offset, resid, vec))
     np.testing.assert_array_equal(y1[0], runs[vec][0][-1], err_msg="row alone vs in a batch")
     np.testing.assert_array_equal(r1[0], runs[vec][1][-1])
+
+
+@pytest.fixture(scope="module")
+def emu_combine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_emulator(
+        tmp_path_factory,
+        "norm_combine_emu",
+        ["gdn_emu.cpp", "#undef __shared__\n#define __shared__ static", "norm.cu", "norm_combine_driver.cpp"],
+    )
+
+
+COMBINE_CASES = (  # rows, H, k, bf16, offset
+    (3, 2048, 8, False, True),
+    (2, 2048, 8, True, True),
+    (2, 1003, 4, False, False),  # ragged: scalar instance only
+    (2, 8200, 2, True, True),  # two register rounds: the output re-reads the residual
+)
+
+
+@pytest.mark.parametrize(
+    "case", COMBINE_CASES, ids=lambda c: f"{c[0]}x{c[1]}k{c[2]}{'bf16' if c[3] else 'f32'}o{c[4]:d}"
+)
+def test_moe_combine_rmsnorm_emulated(emu_combine: Path, tmp_path: Path, case: tuple) -> None:
+    """The MoE combine fused into the residual add + norm gives the bits of the combine followed by rmsnorm<RESID>
+    (both instances), and the reference within the dtype's tolerance."""
+    rows, h, k, bf, offset = case
+    rng = np.random.default_rng(rows * h + k)
+    slots = rows * k + rows
+    dn = (rng.standard_normal((slots, h)) * 2).astype(F32)
+    sh = rng.standard_normal((rows, h)).astype(F32)
+    dn, sh = (bf16_round(dn), bf16_round(sh)) if bf else (dn, sh)
+    where = rng.permutation(slots)[: rows * k].reshape(rows, k).astype(np.int32)
+    ew, sg = rng.random((rows, k)).astype(F32), rng.standard_normal(rows).astype(F32)
+    r, w = rng.standard_normal((rows, h)).astype(F32), (rng.standard_normal(h) * 0.3).astype(F32)
+    for vec in (False, True) if h % 8 == 0 else (False,):
+        d = tmp_path / f"v{vec:d}"
+        d.mkdir()
+        for name, a in (("dn", words(dn, bf)), ("sh", words(sh, bf)), ("where", where), ("ew", ew), ("sg", sg),
+                        ("r", r), ("w", w)):  # fmt: skip
+            a.tofile(d / f"{name}.bin")
+        args = [rows, h, k, slots, int(bf), int(offset), int(vec), EPS]
+        proc = subprocess.run(
+            [str(emu_combine), str(d), *map(str, args)], capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
+        out = {
+            n: np.fromfile(d / f"{n}.bin", dtype=np.uint16 if bf and n[0] == "y" else F32).reshape(rows, h)
+            for n in ("y1", "r1", "y2", "r2")
+        }
+        np.testing.assert_array_equal(out["y2"], out["y1"], err_msg="fused vs combine + rmsnorm: output")
+        np.testing.assert_array_equal(out["r2"], out["r1"], err_msg="fused vs combine + rmsnorm: residual")
+    gate = 1 / (1 + np.exp(-sg.astype(np.float64)))[:, None]
+    y = np.einsum("tk,tkh->th", ew.astype(np.float64), dn[where].astype(np.float64)) + gate * sh
+    y = bf16_round(y.astype(F32)) if bf else y.astype(F32)
+    rr = ops.add_residual(r, y)
+    ref = ops.rmsnorm_offset(rr, w, EPS) if offset else ops.rmsnorm_plain(rr, EPS) * w
+    got = bf16_decode(out["y2"]) if bf else out["y2"]
+    err = float(np.max(np.abs(got.astype(np.float64) - ref)) / np.max(np.abs(ref)))
+    assert np.isfinite(got).all() and err <= (1.2e-2 if bf else 2e-5), f"error {err:.2e}"
+    # bf16: the kernel rounds its fp32 sum, the reference a float64 one: one bf16 step apart at a tie
+    np.testing.assert_allclose(out["r2"], rr, rtol=1e-5, atol=float(np.abs(y).max()) * 2**-8 if bf else 1e-5)
