@@ -1,8 +1,9 @@
-"""CPU check of cuda_src/norm.cu's rmsnorm (and moe_combine_rmsnorm: bitwise the combine followed by rmsnorm): the
-kernel text compiled by g++ under the CUDA emulation prelude of tests/host/gdn_emu.cpp (std::thread per CUDA thread, real barriers; ``__shared__`` as ``static``), driven by
-tests/host/norm_driver.cpp. Checks the chunk index arithmetic of the 16-byte (VEC) and scalar instances, rows in
-one and in several register rounds (H > 8192), ragged H, against the NumPy reference, and two invariants: the VEC
-and scalar instances give the same bits, and a row gives the same bits alone as inside a batch.
+"""CPU check of cuda_src/norm.cu's rmsnorm and moe_combine_rmsnorm: the kernel text compiled by g++ under the CUDA
+emulation prelude of tests/host/gdn_emu.cpp (std::thread per CUDA thread, real barriers; ``__shared__`` as
+``static``), driven by tests/host/norm_driver.cpp and norm_combine_driver.cpp. Checks the chunk index arithmetic of
+the 16-byte (VEC) and scalar instances, rows in one and in several register rounds (H > 8192), ragged H, against the
+NumPy reference, and invariants: the VEC and scalar instances give the same bits, a row gives the same bits alone as
+inside a batch, and the fused MoE combine gives the bits of the combine followed by rmsnorm.
 """
 
 from __future__ import annotations
