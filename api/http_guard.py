@@ -67,8 +67,7 @@ def guarded_protocol(head_timeout_s: float, max_connections: int, base: type[Any
         def send_400_response(self, msg: str) -> None:
             """What the HTTP parser could not read (a bad request line, header or Content-Length): uvicorn's
             own answer is a text/plain 400; this one is JSON in the OpenAI error shape (the path, and with it
-            the protocol, is unknown), and the connection closes as before."""
-            _LOG.info("malformed HTTP request: %s", msg)
+            the protocol, is unknown), and the connection closes as before (uvicorn has logged the warning)."""
             self.transport.write(BAD_REQUEST_RESPONSE)
             self.transport.close()
 
