@@ -343,3 +343,19 @@ def test_a_burst_past_the_queue_is_refused_in_shape_and_nothing_accepted_is_lost
         else:
             assert json.loads(r)["type"] in _LAST[path], r
     assert _idle(server)
+
+
+def test_model_listing_serves_both_sdks(server: Server) -> None:
+    """GET /v1/models is also Anthropic's path: its SDK read type, display_name and created_at as None."""
+    import anthropic
+    import openai
+
+    a = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0)
+    page = a.models.list()
+    m = page.data[0]
+    assert (m.id, m.type, m.display_name) == (MODEL, "model", MODEL) and m.created_at.year >= 2024
+    assert page.has_more is False and page.first_id == page.last_id == MODEL
+    assert a.models.retrieve(MODEL).created_at == m.created_at
+    o = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    om = o.models.retrieve(MODEL)
+    assert (om.id, om.object, om.owned_by) == (MODEL, "model", "ninfer") and om.created > 0
