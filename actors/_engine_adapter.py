@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -231,9 +232,9 @@ def token_mask(ld: Loaded, req: GenerateRequest) -> RequestGrammar | None:
                 )
         except SchemaError as e:
             code = "unsupported_schema_keyword" if e.keyword else "invalid_schema"
-            raise PromptError(str(e), code=code, param="schema") from None
+            raise PromptError(_client_text(str(e)), code=code, param="schema") from None
         except (ValueError, RuntimeError) as e:  # XGrammar's own refusals (e.g. an unsatisfiable schema)
-            raise PromptError(f"schema: {e}", code="invalid_schema", param="schema") from None
+            raise PromptError(_client_text(f"schema: {e}"), code="invalid_schema", param="schema") from None
     return RequestGrammar(
         compiled,
         vocab_size=ld.vocab_size,
@@ -242,6 +243,17 @@ def token_mask(ld: Loaded, req: GenerateRequest) -> RequestGrammar | None:
         after_think_ids=ld.after_think_ids,
         budget=budget,
     )
+
+
+# XGrammar's C++ log prefix, "[22:22:19] /project/cpp/json_schema_converter.cc:3562: ": a time and a build path
+_XGR_PREFIX = re.compile(r"\[\d{1,2}:\d{2}:\d{2}\] \S+?:\d+: ")
+
+
+def _client_text(message: str) -> str:
+    """A refusal's message as the client sees it: XGrammar's log prefix (the time, a source path of its build)
+    removed, first line only."""
+    lines = _XGR_PREFIX.sub("", message).strip().splitlines()
+    return lines[0] if lines else message
 
 
 def _params(ld: Loaded, s: Any, stop_after: int | None = None) -> SamplingParams:

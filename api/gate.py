@@ -96,6 +96,10 @@ class Gate:
         if length.isdigit() and int(length) > self.max_body_bytes:
             await _reply(send, self._too_large(scope))
             return
+        if scope["method"] == "HEAD":
+            # HEAD is GET without a body (RFC 9110 §9.3.2): health probes and `curl -I` use it. The copy keeps
+            # uvicorn's own scope saying HEAD, so uvicorn drops the body bytes and keeps the headers.
+            scope = {**scope, "method": "GET"}
         if self.drain is not None:
             self.drain.inflight += 1
         try:

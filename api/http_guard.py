@@ -8,7 +8,8 @@ protocol class (whichever ``http="auto"`` picks: h11 or httptools; both keep the
 
 - a head deadline: from the moment a connection waits for a request head (connection made, or the first byte of
   the next head on a kept-alive connection) it has ``head_timeout_s`` to complete it, else it is closed;
-- a connection cap: a connection beyond ``max_connections`` gets ``503`` with ``Retry-After`` and is closed.
+- a connection cap: a connection beyond ``max_connections`` gets ``503`` with ``Retry-After`` and is closed;
+- a request the HTTP parser cannot read gets a JSON ``400`` in the OpenAI error shape instead of uvicorn's text.
 
 A body that stops arriving is the gate's business (api/gate.py: ``--body-timeout-s`` between two pieces).
 """
@@ -21,13 +22,18 @@ from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-__all__ = ["guarded_protocol", "BUSY_RESPONSE"]
+__all__ = ["guarded_protocol", "BUSY_RESPONSE", "BAD_REQUEST_RESPONSE"]
 
 _LOG = logging.getLogger("ninfer.api")
 _BUSY_BODY = b'{"error":{"message":"too many open connections","type":"internal_error","param":null,"code":"server_busy"}}'
 BUSY_RESPONSE = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
     b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
+_BAD_BODY = b'{"error":{"message":"malformed HTTP request","type":"invalid_request_error","param":null,"code":"bad_http_request"}}'
+BAD_REQUEST_RESPONSE = (
+    b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_BAD_BODY), _BAD_BODY)
 )
 
 
@@ -57,6 +63,13 @@ def guarded_protocol(head_timeout_s: float, max_connections: int, base: type[Any
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            """What the HTTP parser could not read (a bad request line, header or Content-Length): uvicorn's
+            own answer is a text/plain 400; this one is JSON in the OpenAI error shape (the path, and with it
+            the protocol, is unknown), and the connection closes as before (uvicorn has logged the warning)."""
+            self.transport.write(BAD_REQUEST_RESPONSE)
+            self.transport.close()
 
         def _waiting_for_head(self) -> bool:
             return self.cycle is None or self.cycle.response_complete

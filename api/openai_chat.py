@@ -150,8 +150,7 @@ def _check_messages(messages: list[ChatMessage]) -> None:
         if m.role == "tool":
             if not m.tool_call_id:
                 raise _bad(f"{at}.tool_call_id: required for role tool", f"{at}.tool_call_id")
-            if not isinstance(m.content, str):
-                raise _bad(f"{at}.content: must be a string for role tool", f"{at}.content")
+            # content: a string or text parts (the SDK's type; the parts are checked above and joined)
         elif m.tool_call_id is not None:
             raise _bad(f"{at}.tool_call_id: only allowed for role tool", f"{at}.tool_call_id")
         if m.tool_calls is not None:

@@ -7,6 +7,7 @@ where it names a type, so a wrong type fails in msgspec with the field path, whi
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Literal
 
 import msgspec
@@ -188,15 +189,36 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True):
 
 
 class ModelObject(msgspec.Struct, kw_only=True):
+    """OpenAI's model object (``id, object, created, owned_by``) plus the fields of Anthropic's (``type,
+    display_name, created_at``): the two APIs share the path, and each SDK ignores the other's fields."""
+
     id: str
     created: int
     object: Literal["model"] = "model"
     owned_by: str = "ninfer"
+    type: Literal["model"] = "model"
+    display_name: str = ""
+    created_at: str = ""  # RFC 3339
+
+    def __post_init__(self) -> None:
+        self.display_name = self.display_name or self.id
+        if not self.created_at:
+            stamp = datetime.datetime.fromtimestamp(self.created, datetime.UTC)
+            self.created_at = stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ModelList(msgspec.Struct, kw_only=True):
+    """OpenAI's list, with Anthropic's paging fields (one page: ``has_more`` false)."""
+
     data: list[ModelObject]
     object: Literal["list"] = "list"
+    has_more: bool = False
+    first_id: str | None = None
+    last_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.data and self.first_id is None:
+            self.first_id, self.last_id = self.data[0].id, self.data[-1].id
 
 
 class HealthStatus(msgspec.Struct, kw_only=True, omit_defaults=True):

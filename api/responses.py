@@ -1,7 +1,8 @@
 """OpenAI Responses (docs/protocols.md §6): request validation and translation to the engine request. The models are
 responses_models.py; the response object and SSE events are responses_output.py.
 
-Nothing is stored: ``store`` is accepted and ignored, ``previous_response_id`` is a 400 (send the items instead).
+Nothing is stored: ``store`` is accepted and ignored; ``previous_response_id``, ``conversation`` and ``prompt`` (which
+point at stored state) are a 400 (send the items instead).
 """
 
 from __future__ import annotations
@@ -47,6 +48,13 @@ def parse_responses_request(body: bytes, model_id: str, max_context: int) -> Res
         raise _bad(
             "previous_response_id: this server stores no responses; send the items", "previous_response_id"
         )
+    # Both name state the server would have to hold; ignoring them would answer without that context.
+    if req.conversation is not None:
+        raise _bad("conversation: this server stores no conversations; send the items", "conversation",
+                   "unsupported_field")  # fmt: skip
+    if req.prompt is not None:
+        raise _bad("prompt: this server stores no prompt templates; send instructions and input", "prompt",
+                   "unsupported_field")  # fmt: skip
     check_unsupported({"top_logprobs": req.top_logprobs}, ApiError)
     check_max_tokens(req.max_output_tokens, "max_output_tokens", max_context, ApiError)
     check_sampling({"temperature": req.temperature, "top_p": req.top_p}, ApiError)

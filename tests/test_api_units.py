@@ -310,3 +310,37 @@ def test_openapi_document_is_behind_the_api_key() -> None:
     r = asyncio.run(get("/openapi.json", {"Authorization": "Bearer sk-a"}))
     assert r.status_code == 200 and "/v1/chat/completions" in r.json()["paths"]
     assert asyncio.run(get("/openapi.json/x", {})).status_code == 401
+
+
+# ---- hostile-client audit (tests/test_hostile_live.py has the live side) ------------------------------------
+def test_tool_message_text_parts_join_like_other_roles() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": parts}]  # fmt: skip
+    req = parse_chat_request(body(messages=msgs), LIMITS)
+    greq = to_generate_request(req, LIMITS, "r", "c", {})
+    assert greq.messages[2] == {"role": "tool", "content": "a\nb", "tool_call_id": "c1"}
+    with pytest.raises(ApiError) as ei:  # still only text
+        parse_chat_request(
+            body(messages=[*msgs[:2], {**msgs[2], "content": [{"type": "input_audio"}]}]), LIMITS
+        )
+    assert ei.value.code == "modality_not_supported"
+
+
+@pytest.mark.parametrize("field", ["previous_response_id", "conversation", "prompt"])
+def test_responses_refuses_stored_state(field: str) -> None:
+    from ninfer.api.responses import parse_responses_request
+
+    raw = json.dumps({"model": "m", "input": "hi", field: "x" if field != "prompt" else {"id": "p"}}).encode()
+    with pytest.raises(ApiError) as ei:
+        parse_responses_request(raw, "m", 64)
+    assert ei.value.status == 400 and ei.value.param == field
+
+
+def test_xgrammar_log_prefix_is_not_sent_to_clients() -> None:
+    from ninfer.actors._engine_adapter import _client_text
+
+    raw = "schema: [22:22:19] /project/cpp/json_schema_converter.cc:3562: Circular $ref chain: #/$defs/n\nmore\n"
+    assert _client_text(raw) == "schema: Circular $ref chain: #/$defs/n"
+    assert _client_text("schema: type: must be a string") == "schema: type: must be a string"
