@@ -45,15 +45,13 @@ def cuda_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 
 def _run(model: Any, lanes: int, wrap: Any = None, **kw: Any) -> list[Any]:
-    from ninfer.engine import Engine, EngineConfig
+    from engines import engine_over
+
+    from ninfer.engine import EngineConfig
 
     sampling = kw.pop("sampling", {})
     cfg = EngineConfig(max_context=256, kv_capacity=8192, max_concurrency=lanes, queue_depth=16, **kw)
-    runner = model.runner(cfg)
-    runner = wrap(runner) if wrap is not None else runner
-    eng = Engine(runner, model.config, model.tokenizer, cfg, eos_token_ids=model.eos_token_ids,
-                 token_limit=model.token_limit)  # fmt: skip
-    with eng:
+    with engine_over(model, cfg, wrap) as eng:
         hs = [eng.submit(p, max_tokens=24, ignore_eos=True, **sampling) for p in PROMPTS]
         return [h.result(timeout=600) for h in hs]
 
