@@ -162,23 +162,15 @@ class CudaModelRunner:
         if not batch.copies:
             return
         assert self.tier is not None, "a host-tier copy without a host tier"
-        freed = set(batch.free_checkpoints)
         i = 0
         while i < len(batch.copies):  # in planned order; a restore's copies (one ticket) are consecutive
             c = batch.copies[i]
             if not c.ticket:
                 slot = None
                 if c.host_ckpt:
-                    slot, length = self._ckpts[c.device_ckpt]
+                    slot, length = self._ckpts[c.device_ckpt]  # released with the step's free_checkpoints
                     self._host_len[c.host_ckpt[0]] = length
                 self.tier.spill(c, slot)
-                if slot is not None and c.device_ckpt in freed:
-                    # the slot is free as soon as its spill is issued: a restore later in this step writes it on
-                    # the same copy stream (after the spill's read), a save guards it (measured on the H200: with
-                    # the release at the end of the step, a full budget spilling and restoring in one step ran
-                    # out of slots)
-                    del self._ckpts[c.device_ckpt]
-                    self._free_ckpt.append(slot)
                 i += 1
                 continue
             j = i
