@@ -32,6 +32,13 @@ def _bad(message: str, param: str | None = None, code: str | None = None) -> Api
 
 
 _DECODER = msgspec.json.Decoder(ResponsesRequest)
+# Fields naming state the server would have to hold (it stores nothing): a 400, since ignoring them would answer
+# without that context. (field, why, error code)
+_STORED_STATE = (
+    ("previous_response_id", "this server stores no responses; send the items", None),
+    ("conversation", "this server stores no conversations; send the items", "unsupported_field"),
+    ("prompt", "this server stores no prompt templates; send instructions and input", "unsupported_field"),
+)
 
 
 def parse_responses_request(body: bytes, model_id: str, max_context: int) -> ResponsesRequest:
@@ -44,17 +51,9 @@ def parse_responses_request(body: bytes, model_id: str, max_context: int) -> Res
         raise _bad("request body is not valid JSON") from None
     if req.model != model_id:
         raise ApiError(404, f"The model '{req.model}' does not exist", param="model", code="model_not_found")
-    if req.previous_response_id is not None:
-        raise _bad(
-            "previous_response_id: this server stores no responses; send the items", "previous_response_id"
-        )
-    # Both name state the server would have to hold; ignoring them would answer without that context.
-    if req.conversation is not None:
-        raise _bad("conversation: this server stores no conversations; send the items", "conversation",
-                   "unsupported_field")  # fmt: skip
-    if req.prompt is not None:
-        raise _bad("prompt: this server stores no prompt templates; send instructions and input", "prompt",
-                   "unsupported_field")  # fmt: skip
+    for name, why, code in _STORED_STATE:
+        if getattr(req, name) is not None:
+            raise _bad(f"{name}: {why}", name, code)
     check_unsupported({"top_logprobs": req.top_logprobs}, ApiError)
     check_max_tokens(req.max_output_tokens, "max_output_tokens", max_context, ApiError)
     check_sampling({"temperature": req.temperature, "top_p": req.top_p}, ApiError)

@@ -47,20 +47,22 @@ def cuda_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 
 def _run(model: Any, lanes: int, wrap: Any = None, **kw: Any) -> list[Any]:
-    from ninfer.engine import Engine, EngineConfig
+    from engines import engine_over
+
+    from ninfer.engine import EngineConfig
 
     sampling = kw.pop("sampling", {})
     turns, seen = kw.pop("turns", 1), kw.pop("seen", None)
     cfg = EngineConfig(max_context=256, kv_capacity=8192, max_concurrency=lanes, queue_depth=16, **kw)
-    runner = model.runner(cfg)
-    if seen is not None:
-        seen.append(runner)
-    runner = wrap(runner) if wrap is not None else runner
-    eng = Engine(runner, model.config, model.tokenizer, cfg, eos_token_ids=model.eos_token_ids,
-                 token_limit=model.token_limit)  # fmt: skip
+
+    def wrapped(runner: Any) -> Any:
+        if seen is not None:
+            seen.append(runner)
+        return wrap(runner) if wrap is not None else runner
+
     out: list[Any] = []
     prompts = PROMPTS
-    with eng:
+    with engine_over(model, cfg, wrapped) as eng:
         for _ in range(turns):  # a later turn extends the previous one's prompt and output (prefix reuse)
             hs = [eng.submit(p, max_tokens=24, ignore_eos=True, **sampling) for p in prompts]
             res = [h.result(timeout=600) for h in hs]

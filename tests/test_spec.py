@@ -9,6 +9,7 @@ GDN and MTP state at every acceptance length.
 from __future__ import annotations
 
 import pytest
+from engines import engine_over
 from hf_tiny import save_tiny_hf
 from ninfer.api.cli import check_artifact, config_from_args
 from ninfer.api.config import ServerConfigError
@@ -32,12 +33,7 @@ def tiny(request, tmp_path_factory):  # noqa: ANN001, ANN201
 
 
 def _engine(model, runner_wrap=None, **kw) -> Engine:  # noqa: ANN001
-    cfg = EngineConfig(**{**BASE, **kw})
-    runner = model.runner(cfg)
-    if runner_wrap is not None:
-        runner = runner_wrap(runner)
-    return Engine(runner, model.config, model.tokenizer, cfg, eos_token_ids=model.eos_token_ids,
-                  token_limit=model.token_limit)  # fmt: skip
+    return engine_over(model, EngineConfig(**{**BASE, **kw}), runner_wrap)
 
 
 def _generate(eng: Engine, prompts: list[list[int]], **kw) -> list:  # noqa: ANN003

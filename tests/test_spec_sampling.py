@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from engines import engine_over
 from hf_tiny import save_tiny_hf
 
 from ninfer.convert.hf import convert
@@ -160,9 +161,10 @@ def test_chat_paths_same_tokens(demo, thinking: bool) -> None:
     assert _key(spec) == _key(plain)
     refs = {tuple(ids): ids + c.token_ids for ids, c in plain}
     cfg = EngineConfig(spec="mtp", draft_tokens=4, **kw)
-    runner = ScriptedDrafts(demo.runner(cfg), replay_script(refs, 80, demo.config.vocab_size))
-    eng = Engine(runner, demo.config, demo.tokenizer, cfg, eos_token_ids=demo.eos_token_ids,
-                 token_limit=demo.token_limit, turns=TurnMarker.from_tokenizer(demo.tokenizer))  # fmt: skip
+    script = replay_script(refs, 80, demo.config.vocab_size)
+    eng = engine_over(
+        demo, cfg, lambda r: ScriptedDrafts(r, script), turns=TurnMarker.from_tokenizer(demo.tokenizer)
+    )
     forced = _session(demo, eng, thinking)
     assert _key(forced) == _key(plain)
     assert (

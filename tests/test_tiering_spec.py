@@ -5,6 +5,7 @@ other requests wait for their restores, and every output equals the output witho
 from __future__ import annotations
 
 import pytest
+from engines import engine_over
 
 from ninfer.demo import build_demo
 from ninfer.engine import Engine, EngineConfig
@@ -30,12 +31,7 @@ def _opening(model, s: int) -> list[int]:  # noqa: ANN001
 
 
 def _engine(model, runner_wrap=None, **kw) -> Engine:  # noqa: ANN001
-    cfg = EngineConfig(**{**BASE, **kw})
-    runner = model.runner(cfg)
-    if runner_wrap is not None:
-        runner = runner_wrap(runner)
-    return Engine(runner, model.config, model.tokenizer, cfg, eos_token_ids=model.eos_token_ids,
-                  token_limit=model.token_limit)  # fmt: skip
+    return engine_over(model, EngineConfig(**{**BASE, **kw}), runner_wrap)
 
 
 def test_host_tier_page_holds_the_mtp_plane(model) -> None:  # noqa: ANN001
