@@ -327,6 +327,7 @@ def test_restore_in_flight_never_blocks_another_lanes_decode(demo: Path) -> None
         flag = _hold(tier.stream, 10.0)  # the restore's copies queue behind it
         nxt = a + first.token_ids + _tool(tok, 0)
         turn = eng.submit(nxt, max_tokens=GEN, ignore_eos=True, checkpoint_at=())
+        eng.step()  # admission (inside the step's schedule) issues the restore behind the held flag
         assert eng._sched.restoring, "the next turn did not restore from the host"
         gen0, during = lane0.num_generated, []
         for _ in range(8):  # the copy cannot complete: every step must still run lane 0 at its own pace
