@@ -17,8 +17,9 @@ One network, then per size one engine on the CUDA runner, two lanes, driven step
      copy). The stall is the longest of them less the baseline median, in baseline steps; target <= 1.
    - prefill steps: the turn's new tokens prefill beside lane 0's decode. That is prefill interference, which
      any admitted request causes (``--new`` tokens here), not the restore's: reported apart, never in the stall.
-Each step also reports the host time spent issuing copies (``issue_ms``) and pinning host memory (``pin_ms``: 0
-when the background thread pinned ahead of the spills, ``ninfer/cuda/pinned_arena.py``).
+Each step also reports the host time spent issuing copies (``issue_ms``: the tier queues them and issues them
+while the GPU runs the step, ``ninfer/cuda/host_tier.py``) and pinning host memory (``pin_ms``: 0, the runner pins
+the whole tier at start-up; the table gives that time).
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def _step(eng: Any, rec: _Recorder) -> dict[str, Any]:
 
 
 def _pin_probe(eng: Any, rec: _Recorder, arena: Any) -> list[float]:
-    """Lane 0's step times while the background thread pins one more segment (does ``cudaHostAlloc`` in another
-    thread slow the step thread?); empty when the tier is all pinned."""
+    """Lane 0's step times while a background thread pins one more segment (a tier pinned ahead by a thread: at
+    105c1fb a step beside a 1 GiB ``cudaHostAlloc`` took 620 ms); empty when the tier is all pinned (the runner's)."""
     arena.grow_to(len(arena.segments) + 1)
     out = []
     while arena.pinning and len(out) < 10000:
@@ -111,7 +112,7 @@ def run_size(net: Any, mc: Any, args: argparse.Namespace, size: int, log: Any) -
     t0 = time.perf_counter()
     runner = CudaModelRunner(net, mc, cfg)
     res: dict[str, Any] = dict(context=size, new=args.new, runner_start_s=time.perf_counter() - t0)
-    runner.tier.arena.join()  # the first segments are pinned in the background (measured apart)
+    runner.tier.arena.join()  # (the runner pins the whole tier when it is made: nothing in the background)
     res.update(memory_plan=runner.plan.report(), page_bytes=runner.page_bytes)
     res.update(host_pages=runner.host_pages, snapshot_bytes=runner.snapshot_bytes)
     log(res["memory_plan"])
@@ -137,8 +138,8 @@ def run_size(net: Any, mc: Any, args: argparse.Namespace, size: int, log: Any) -
     while not dec.done and eng._sched.lanes[0] is not None and eng._sched.lanes[0].num_generated < 4:
         eng.step()
     t0 = time.perf_counter()
-    runner.tier.arena.join()  # pinning ahead of the spills (started after the prefix's spill): done in practice
-    res.update(pin_join_wait_s=time.perf_counter() - t0, host_pin_background_s=runner.tier.arena.pin_seconds)
+    runner.tier.arena.join()
+    res.update(pin_join_wait_s=time.perf_counter() - t0, host_pin_s=runner.tier.arena.pin_seconds)
     base = [_step(eng, rec)["ms"] for _ in range(16)]
     res["steps_while_pinning_ms"] = _pin_probe(eng, rec, runner.tier.arena)
     res["host_pinned_bytes"] = runner.tier.host_bytes
@@ -182,7 +183,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{r['issue_ms']:.2f} / {r['pin_ms_in_steps']:.2f}",
             f"{r['max_prefill_step_ms']:.1f} ({r['prefill_steps']})",
             f"{r['two_lane_step_ms']:.2f}",
-            f"{max(r['steps_while_pinning_ms'], default=0.0):.2f} ({len(r['steps_while_pinning_ms'])})",
+            f"{r['host_pin_s']:.2f} ({r['host_pinned_bytes'] / (1 << 30):.0f} GiB)",
         ]
 
     names = [
@@ -199,7 +200,7 @@ def table(results: list[dict[str, Any]]) -> str:
         "copy issue / pin ms in steps",
         "turn prefill step ms (n)",
         "two-lane decode step ms",
-        "longest step, 1 GiB pinning beside (n)",
+        "host tier pinned at start-up s (size)",
     ]
     cols = [col(r) for r in results]
     w = max(len(n) for n in names)

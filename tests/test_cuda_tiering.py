@@ -279,6 +279,7 @@ def test_tier_pages_kernel_and_pinned_arena_bitwise(fp8: bool) -> None:
             before = [cupy.asnumpy(a[cupy.asarray(dev)]) for a in tier.page_arrays]
             slot_before = [cupy.asnumpy(a[2]) for a in tier.slot_arrays]
             tier.spill(TierCopy(0, dev, host, 1, hc), 2)
+            tier.flush()  # queued until pumped (the runner pumps in its steps)
             tier.stream.synchronize()
             for a in tier.page_arrays + tier.slot_arrays:
                 a.fill(0)

@@ -221,7 +221,44 @@ def test_checkpoint_copy_is_one_memcpy_per_array_and_run(fake, monkeypatch: pyte
     ckpt_pages = -(-sum(int(a[0].nbytes) for a in net.conv + net.rec) // page_bytes)
     assert ckpt_pages > 1
     tier.spill(TierCopy(0, [], [], 3, list(range(10, 10 + ckpt_pages))), 2)  # consecutive host pages
-    assert len(calls) == len(net.conv + net.rec)
+    assert calls == [] and tier.queued  # queued: issued by pump (or a guard)
+    tier.flush()
+    assert len(calls) == len(net.conv + net.rec) and not tier.queued
+
+
+def test_pump_issues_in_order_beside_the_step_and_guards_issue_what_they_touch(
+    fake, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001
+    """Queued copies go out in FIFO order: ``pump`` issues at least one op and goes on only while the compute
+    stream is busy; a guard issues the queue up to the last flight touching what it guards (never a later one);
+    ``done(True)`` issues a queued restore before it waits; ``busy_slots`` counts queued flights."""
+    net, page_bytes = _net(False)
+    monkeypatch.setattr("ninfer.cuda.host_tier.OP_PAGES", 2)
+    monkeypatch.setattr("ninfer.cuda.host_tier.MIN_ISSUE_S", 0.0)
+    tier = HostTier(net, 40, page_bytes)
+    before = _snapshot(net, [1, 2, 3, 4, 5], 2)
+    issued: list[int] = []
+    memmove = fake.cuda.runtime.memcpyAsync
+    fake.cuda.runtime.memcpyAsync = lambda d, s, n, k, st: (issued.append(n), memmove(d, s, n, k, st))
+    tier.spill(TierCopy(0, [1, 2, 3, 4, 5], [0, 1, 2, 3, 4]), None)  # 3 ops of <= 2 pages
+    tier.spill(TierCopy(0, [6], [5]), None)
+    tier.restore([TierCopy(4, [7, 8], [0, 1])], [None], 4)
+    assert tier.queued and issued == [] and tier.busy_slots() == set()
+    tier.pump(lambda: False)  # the GPU is idle: the minimum, at least one op
+    first = len(issued)
+    assert first == 1 and tier.queued  # one run of host pages: one memcpy
+    tier.guard({6}, set())  # the second spill: issued with everything before it, the restore stays queued
+    assert len(tier._queue) == 1 and tier._queue[0].ticket == 4 and net.stream.waited == 0  # events done
+    assert tier.done(False) == []  # the restore is not issued yet
+    got = tier.done(True)
+    assert [t for t, _ in got] == [4] and not tier.queued
+    for b, a in zip(before, net.kc + net.vc, strict=False):  # spilled pages 1, 2 came back as pages 7, 8
+        assert np.array_equal(b[:2], np.asarray(a[[7, 8]]))
+    tier.spill(TierCopy(0, [], [], 3, [30, 31, 32]), 5)
+    assert tier.busy_slots() == {5}  # queued, not issued
+    n = len(issued)
+    tier.pump(lambda: True)  # the step still runs: everything goes out (well under MAX_ISSUE_S)
+    assert not tier.queued and len(issued) > n
 
 
 def test_pinned_arena_pins_ahead_in_the_background() -> None:

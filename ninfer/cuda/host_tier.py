@@ -1,37 +1,41 @@
 """``HostTier``: the CUDA runner's host tier (docs/tiering.md) in pinned host memory, moved on its own stream.
 
 Layout: a pinned arena ``[host_pages, page_bytes]`` in ``SEGMENT_BYTES`` segments (``ninfer.cuda.pinned_arena``).
-Pinning takes about 0.3 s per GiB (on the H200, one 1 GiB segment pinned inside a step stalled the other lanes'
-decode by 477 ms), so with ``ahead_bytes`` (the runner's choice) a background thread keeps that much pinned past
-the highest host page a spill has reached, and no step pins; ``eager`` pins everything at once; with neither
-(tests) a segment is pinned when a copy first reaches it. A host page holds one KV page of every attention layer (with speculation also the MTP head's plane),
-page-major (the K pages of every layer, then V, then the fp8 scales, each ``page_size x KV heads x head_dim``
-as stored on the device); a GDN checkpoint takes ``ceil(snapshot_bytes / page_bytes)`` host pages, holding the
-bytes of its slot in every conv then every recurrent state array in order.
+Pinning takes 0.4-0.6 s per GiB and a ``cudaHostAlloc`` stalls the step thread for its whole duration even from
+another thread (H200, 105c1fb: a step beside a 1 GiB pin took 620 ms), so the runner pins the whole tier when it
+is made (``eager``); with ``ahead_bytes`` a background thread pins ahead of the spills instead, and with neither
+(tests) a segment is pinned when a copy first reaches it. A host page holds one KV page of every attention layer
+(with speculation also the MTP head's plane), page-major (the K pages of every layer, then V, then the fp8
+scales, each ``page_size x KV heads x head_dim`` as stored on the device); a GDN checkpoint takes
+``ceil(snapshot_bytes / page_bytes)`` host pages, holding the bytes of its slot in every conv then every recurrent
+state array in order.
 
-Copies run on ``self.stream`` (a non-blocking copy stream): KV pages go through a device staging buffer of
-``stage_pages(page_bytes)`` pages, about ``STAGE_BYTES`` (one ``tier_pages`` launch per chunk moves the chunk's
-pages of every layer array, cuda_src/tier_copy.cu, then one ``cudaMemcpyAsync`` per run of consecutive host
-pages: a 32K-token restore is about ten launches and copies, so issuing it costs the step thread well under a
-decode step), a checkpoint slot straight between its arrays and the host pages (one copy per array and run of
-consecutive host pages). The kernel is compiled when the tier is made (``warmup``), never inside a step. Each spill or restore
-records an event; until it has passed, the compute stream waits on it before it touches any page or checkpoint
-slot the copy reads or writes (``guard``: new lanes' pages, saves into reused slots). Decode of running lanes
-touches neither, so it runs while a restore is in flight; the restoring lane itself is set up only after
-``done`` reported its ticket (the scheduler holds it back).
+Copies run on ``self.stream`` (a non-blocking copy stream). ``spill`` and ``restore`` only queue them as small ops
+(``OP_PAGES`` KV pages through the device staging buffer: an index upload, one ``tier_pages`` launch moving those
+pages of every layer array, cuda_src/tier_copy.cu, and one ``cudaMemcpyAsync`` per run of consecutive host pages;
+or one checkpoint array's slot straight to/from its host pages). ``pump``, called by the runner once a step's
+work is launched, issues them in order while the GPU runs that step: issuing an 8K restore took 10.5 ms of host
+time, which inside one step stalled the other lanes' decode by 1.3 steps (105c1fb). ``guard`` issues at once
+every queued op that touches what the compute stream is about to use. The kernel is compiled when the tier is
+made (``warmup``), never inside a step. Each spill or restore records an event after its last op; until it has
+passed, the compute stream waits on it before it touches any page or checkpoint slot the copy reads or writes
+(``guard``: new lanes' pages, saves into reused slots). Decode of running lanes touches neither, so it runs while
+a restore is queued or in flight; the restoring lane itself is set up only after ``done`` reported its ticket
+(the scheduler holds it back).
 
 ``checksum``: each spilled page and checkpoint gets a position-weighted 64-bit sum of its device bytes, and every
-restore is checked against it once its copy is complete (synchronously: debug and tests only).
+restore is checked against it once its copy is complete (issued at once and synchronously: debug and tests only).
 
 Nothing here blocks the host on the GPU outside checksum mode: completion is polled through events (``done``
-with ``wait=False``), and ``busy_slots`` lets the runner take checkpoint slots no copy in flight touches, so a save
-never makes the compute stream wait for the copy stream.
+with ``wait=False``), and ``busy_slots`` lets the runner take checkpoint slots no copy queued or in flight
+touches, so a save never makes the compute stream wait for the copy stream.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,15 +45,15 @@ from ninfer.cuda import pinned_arena
 from ninfer.cuda.pinned_arena import PinnedArena
 from ninfer.engine.core import TierCopy
 
-__all__ = ["AHEAD_BYTES", "HostTier", "SOURCES", "STAGE_BYTES", "stage_pages", "page_runs"]
+__all__ = ["HostTier", "SOURCES", "STAGE_BYTES", "stage_pages", "page_runs"]
 
 SOURCES: dict[str, tuple[str, ...]] = {"tier_copy.cu": ("tier_pages",)}
 
 STAGE_BYTES = 256 << 20  # device staging of the page copies: 256 pages of the 27B's 1 MiB (bf16 KV)
 SEGMENT_BYTES = 1 << 30  # the pinned arena grows by this much
-AHEAD_BYTES = (
-    4 << 30
-)  # the runner's tier keeps this much pinned past the highest host page used (in the background)
+OP_PAGES = 64  # KV pages per queued copy op (one index upload, one tier_pages launch, a memcpy per host run)
+MIN_ISSUE_S = 0.5e-3  # pump: issued per step even when the compute stream is already idle (progress)
+MAX_ISSUE_S = 50e-3  # pump: at most this much host time per step
 D2H, H2D = 2, 1  # cudaMemcpyKind
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -77,11 +81,12 @@ def page_runs(ids: Sequence[int]) -> Iterator[tuple[int, int, int]]:
 
 @dataclass(eq=False, slots=True)
 class _Flight:
-    end: Any  # cupy Event recorded after the copy
-    start: Any | None  # restores: the event before it (the copy's time)
     pages: set[int]
     slots: set[int]
     ticket: int  # 0: a spill
+    ops: deque[Callable[[], None]]  # not issued yet, in order (each a few launches or copies)
+    end: Any = None  # cupy Event recorded after the last op (None: still queued)
+    start: Any | None = None  # restores: the event before the first op (the copy's time)
 
 
 class HostTier:
@@ -118,9 +123,11 @@ class HostTier:
             ahead=ahead,
         )
         self.chunk = stage_pages(page_bytes)
+        self.op_pages = min(self.chunk, OP_PAGES)  # a queued op's pages (its staging rows: 0..)
         self.stage = cupy.empty((self.chunk, page_bytes), np.uint8)
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        self._flights: list[_Flight] = []
+        self._flights: list[_Flight] = []  # issued, not yet known complete
+        self._queue: deque[_Flight] = deque()  # enqueued, not fully issued (FIFO: the copy stream's order)
         self._digests: dict[tuple[str, int], int] = {}
         self._table = cupy.asarray(self._page_table(sizes))
         self._grid_x = max(1, min(8, -(-max(sizes, default=1) // (256 * 16))))
@@ -173,56 +180,100 @@ class HostTier:
 
     # ---- copies ---------------------------------------------------------------------------------------------
     def spill(self, c: TierCopy, slot: int | None) -> None:
-        """Device pages (and checkpoint ``slot``) of ``c`` to its host pages, on the copy stream."""
-        t0 = time.perf_counter()
-        with self.stream:
-            for a in range(0, len(c.device_pages), self.chunk):
-                dp, hp = c.device_pages[a : a + self.chunk], c.host_pages[a : a + self.chunk]
-                self._gather(dp)
-                if self.checksum:
-                    self._record("page", hp, self._row_digests(len(dp)))
-                self._rows(hp, D2H)
-            if c.host_ckpt:
-                assert slot is not None
-                if self.checksum:
-                    self._digests["ckpt", c.host_ckpt[0]] = self._slot_digest(slot)
-                self._slot_copy(slot, c.host_ckpt, D2H)
-            end = self.stream.record()
-        self._flights.append(
-            _Flight(end, None, set(c.device_pages), {slot} if slot is not None else set(), 0)
-        )
+        """Queue the copy of device pages (and checkpoint ``slot``) of ``c`` to its host pages (see ``pump``)."""
+        ops: deque[Callable[[], None]] = deque()
+        for a in range(0, len(c.device_pages), self.op_pages):
+            dp, hp = c.device_pages[a : a + self.op_pages], c.host_pages[a : a + self.op_pages]
+            ops.append(lambda dp=dp, hp=hp: self._spill_pages(dp, hp))
+        if c.host_ckpt:
+            assert slot is not None
+            if self.checksum:
+                ops.append(
+                    lambda: self._digests.__setitem__(("ckpt", c.host_ckpt[0]), self._slot_digest(slot))
+                )
+            ops.extend(self._slot_ops(slot, c.host_ckpt, D2H))
+        self._enqueue(_Flight(set(c.device_pages), {slot} if slot is not None else set(), 0, ops))
         self.arena.prefetch(
             max(c.host_pages + c.host_ckpt, default=-1)
-        )  # the next spills' room, pinned meanwhile
-        self.issue_seconds += time.perf_counter() - t0
+        )  # the next spills' room, if not pinned
         if self.checksum:
+            self.flush()
             self.stream.synchronize()  # debug: the spill is complete before any lane writes again
 
     def restore(self, copies: Sequence[TierCopy], slots: Sequence[int | None], ticket: int) -> None:
-        """One restore (its copies, each into its device pages and checkpoint slot), on the copy stream."""
-        t0 = time.perf_counter()
+        """Queue one restore (its copies, each into its device pages and checkpoint slot); ``done`` reports
+        ``ticket`` once it is on the device."""
+        ops: deque[Callable[[], None]] = deque()
         pages: set[int] = set()
-        with self.stream:
-            start = self.stream.record()
-            for c, slot in zip(copies, slots, strict=True):
-                for a in range(0, len(c.device_pages), self.chunk):
-                    self._rows(c.host_pages[a : a + self.chunk], H2D)
-                    self._scatter(c.device_pages[a : a + self.chunk])
-                if c.host_ckpt:
-                    assert slot is not None
-                    self._slot_copy(slot, c.host_ckpt, H2D)
-                pages |= set(c.device_pages)
-            end = self.stream.record()
-        self._flights.append(_Flight(end, start, pages, {s for s in slots if s is not None}, ticket))
-        self.issue_seconds += time.perf_counter() - t0
+        for c, slot in zip(copies, slots, strict=True):
+            for a in range(0, len(c.device_pages), self.op_pages):
+                dp, hp = c.device_pages[a : a + self.op_pages], c.host_pages[a : a + self.op_pages]
+                ops.append(lambda dp=dp, hp=hp: (self._rows(hp, H2D), self._scatter(dp)))
+            if c.host_ckpt:
+                assert slot is not None
+                ops.extend(self._slot_ops(slot, c.host_ckpt, H2D))
+            pages |= set(c.device_pages)
+        self._enqueue(_Flight(pages, {s for s in slots if s is not None}, ticket, ops))
         if self.checksum:
+            self.flush()
             self.stream.synchronize()
             for c, slot in zip(copies, slots, strict=True):
                 self._verify(c, slot)
 
+    def _spill_pages(self, dp: Sequence[int], hp: Sequence[int]) -> None:
+        self._gather(dp)
+        if self.checksum:
+            self._record("page", hp, self._row_digests(len(dp)))
+        self._rows(hp, D2H)
+
+    def _enqueue(self, f: _Flight) -> None:
+        if not f.ops:
+            f.ops.append(lambda: None)  # an empty copy still gets its events
+        self._queue.append(f)
+
+    def pump(self, busy: Callable[[], bool] | None = None) -> None:
+        """Issue queued copy ops on the copy stream, in order: one op and at least ``MIN_ISSUE_S`` of host time, then on
+        while ``busy()`` (the compute stream still runs the step: issuing then costs the step nothing), at most
+        ``MAX_ISSUE_S``; ``busy=None``: everything. Called by the runner once the step's work is launched, so
+        a long restore is issued beside the steps instead of stalling one (docs/tiering.md)."""
+        t0, n = time.perf_counter(), 0
+        with self.stream:
+            while self._queue:
+                if busy is not None and n:  # at least one op per call
+                    spent = time.perf_counter() - t0
+                    if spent >= MAX_ISSUE_S or (spent >= MIN_ISSUE_S and not busy()):
+                        break
+                f = self._queue[0]
+                if f.start is None and f.ticket:
+                    f.start = self.stream.record()
+                f.ops.popleft()()
+                n += 1
+                if not f.ops:
+                    f.end = self.stream.record()
+                    self._flights.append(self._queue.popleft())
+        self.issue_seconds += time.perf_counter() - t0
+
+    def flush(self, upto: _Flight | None = None) -> None:
+        """Issue every queued op (up to and including flight ``upto``'s)."""
+        if upto is None:
+            self.pump()
+            return
+        while upto in self._queue:
+            self.pump(lambda: False)
+
+    @property
+    def queued(self) -> bool:
+        """Copy ops enqueued and not issued yet."""
+        return bool(self._queue)
+
     def guard(self, pages: set[int], slots: set[int], writes_only: bool = False) -> None:
         """The compute stream waits for every copy in flight that reads or writes these pages or slots
         (``writes_only``: that writes them, i.e. restores; for what the compute stream only reads)."""
+        hit = [
+            f for f in self._queue if (f.ticket or not writes_only) and (f.pages & pages or f.slots & slots)
+        ]
+        if hit:
+            self.flush(hit[-1])  # its ops (and every earlier flight's: the stream's order) are issued now
         self._prune()
         for f in self._flights:
             if (f.ticket or not writes_only) and (f.pages & pages or f.slots & slots):
@@ -231,13 +282,15 @@ class HostTier:
     def busy_slots(self) -> set[int]:
         """Checkpoint slots a copy in flight still reads or writes."""
         self._prune()
-        return {s for f in self._flights if not f.end.done for s in f.slots}
+        return {s for f in [*self._flights, *self._queue] if f.end is None or not f.end.done for s in f.slots}
 
     def done(self, wait: bool) -> list[tuple[int, float]]:
         """Restores complete since the last call: (ticket, seconds between its events on the copy stream).
         ``wait=False`` (the step path) only polls the events."""
         import cupy
 
+        if wait and any(f.ticket for f in self._queue):
+            self.flush()
         pending = [f for f in self._flights if f.ticket]
         if wait and pending and not any(f.end.done for f in pending):
             pending[0].end.synchronize()
@@ -285,28 +338,34 @@ class HostTier:
             dst, src = (host, dev) if kind == D2H else (dev, host)
             cupy.cuda.runtime.memcpyAsync(dst, src, n * pb, kind, self.stream.ptr)
 
-    def _slot_copy(self, slot: int, host_ids: Sequence[int], kind: int) -> None:
-        """Checkpoint slot ``slot`` of every GDN array <-> the byte stream of host pages ``host_ids`` (one copy per
-        array and run of consecutive host pages of one segment)."""
+    def _slot_ops(self, slot: int, host_ids: Sequence[int], kind: int) -> list[Callable[[], None]]:
+        """Checkpoint slot ``slot`` of every GDN array <-> the byte stream of host pages ``host_ids``: one op per
+        array (one copy per run of consecutive host pages of one segment)."""
+        ops, pos = [], 0
+        for arr in self.slot_arrays:
+            ops.append(lambda arr=arr, pos=pos: self._slot_array(arr, slot, pos, host_ids, kind))
+            pos += int(arr[slot].nbytes)
+        return ops
+
+    def _slot_array(self, arr: Any, slot: int, pos: int, host_ids: Sequence[int], kind: int) -> None:
         import cupy
 
-        pb, sp, pos = self.page_bytes, self.seg_pages, 0
-        for arr in self.slot_arrays:
-            ptr, left = arr[slot].data.ptr, int(arr[slot].nbytes)
-            while left:
-                row, off = divmod(pos, pb)
-                run = 1
-                while (
-                    row + run < len(host_ids)
-                    and host_ids[row + run] == host_ids[row] + run
-                    and (host_ids[row] + run) % sp
-                ):
-                    run += 1
-                n = min(left, run * pb - off)
-                host = self._ptr(host_ids[row]) + off
-                dst, src = (host, ptr) if kind == D2H else (ptr, host)
-                cupy.cuda.runtime.memcpyAsync(dst, src, n, kind, self.stream.ptr)
-                ptr, pos, left = ptr + n, pos + n, left - n
+        pb, sp = self.page_bytes, self.seg_pages
+        ptr, left = arr[slot].data.ptr, int(arr[slot].nbytes)
+        while left:
+            row, off = divmod(pos, pb)
+            run = 1
+            while (
+                row + run < len(host_ids)
+                and host_ids[row + run] == host_ids[row] + run
+                and (host_ids[row] + run) % sp
+            ):
+                run += 1
+            n = min(left, run * pb - off)
+            host = self._ptr(host_ids[row]) + off
+            dst, src = (host, ptr) if kind == D2H else (ptr, host)
+            cupy.cuda.runtime.memcpyAsync(dst, src, n, kind, self.stream.ptr)
+            ptr, pos, left = ptr + n, pos + n, left - n
 
     # ---- checksum (debug) -----------------------------------------------------------------------------------
     def _row_digests(self, n: int) -> list[int]:

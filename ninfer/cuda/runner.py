@@ -106,18 +106,17 @@ class CudaModelRunner:
         self.tier: Any = None
         self._host_len: dict[int, int] = {}  # first host page of a spilled checkpoint -> its length
         if self.host_pages:
-            from ninfer.cuda.host_tier import AHEAD_BYTES, HostTier
+            from ninfer.cuda.host_tier import HostTier
 
-            # pinned ahead of use by a background thread, never inside a step (docs/tiering.md "The runners")
+            # all pinned now, at start-up: a cudaHostAlloc beside the steps (even in another thread) stalled the
+            # step thread for its whole duration on the H200 (620 ms per GiB; docs/tiering.md "The runners")
             self.tier = HostTier(
-                net, self.host_pages, self.page_bytes, checksum=cfg.tier_checksum, ahead_bytes=AHEAD_BYTES
+                net, self.host_pages, self.page_bytes, checksum=cfg.tier_checksum, eager=True
             )
         if capture:
             net.warm_prefill()  # CuPy's lazily built prefill kernels compile now, not in the first request
         if capture and net.cuda_graph:
             self.capture_graphs()
-        if self.tier is not None:
-            self.tier.arena.prefetch(-1)  # the first segments, in the background
 
     def capture_graphs(self) -> int:
         """Capture the decode graph of every lane count now (warm-up); returns their private pools' bytes."""
@@ -156,7 +155,7 @@ class CudaModelRunner:
         spilled = [c.device_ckpt for c in batch.copies if not c.ticket and c.host_ckpt]
         setup_reads = [s.restore for s in batch.setups if s.restore is not None]
         self._slots.begin(batch.free_checkpoints, spilled, setup_reads, saves)
-        # host tier: issued after the decode, they run on the copy stream while the rest of the step goes on
+        # host tier: queued here (issued by pump below, or earlier where a setup or save guards what they touch)
         self._copies(batch)
         for s in batch.setups:
             self._setup(s)
@@ -177,6 +176,10 @@ class CudaModelRunner:
         if sampled:
             with net.stream:
                 self._logits = cupy.concatenate(sampled, axis=0)
+        if (
+            self.tier is not None and self.tier.queued
+        ):  # host-tier copies issued while the step runs on the GPU
+            self.tier.pump(lambda: not net.stream.done)
         net.stream.synchronize()  # nothing of this step is pending when the copy stream reuses what it freed
 
     def copies_done(self, wait: bool) -> list[tuple[int, float]]:
