@@ -19,7 +19,7 @@
 
 #define GV_WARPS 4
 #define GV_STAGES 4  // per-warp weight pipeline depth: 3 K-tiles in flight while one is computed
-#define GV_CHUNK 4    // K-tiles of activations staged per block barrier (double-buffered), 2-8 lanes
+#define GV_CHUNK 2    // K-tiles of activations staged per block barrier (double-buffered), 2-8 lanes
 #define GV_CHUNK1 16  // the same for one lane: 4x fewer barriers (a split of <= 16 tiles stages once)
 #define GV_MIN_BLOCKS 4  // resident blocks per SM the registers are budgeted for (launch bounds)
 
@@ -184,7 +184,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
              int gd, int zin) {
     pdl_trigger();
     extern __shared__ __align__(16) u32 gv_sm[];
-    __shared__ int gv_last;
     constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16, STAGE = F::VECS * 512;
     constexpr int FW = GvIsFloat<T>::v ? 4 : 2;
     // zin > 0 (dense launches of several lane blocks): the grid is (blocks_x * zin, splits, 1) with block x =
@@ -276,12 +275,15 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     // one fence, after the barrier: thread 0's release covers the block's partials (cumulativity), ~4% of the
     // 1-row GEMV's warp stalls were the per-thread fences
     __syncthreads();
+    // the last-block flag in the first activation word: every read of the activation buffers ended before the main
+    // loop's last barrier (a static __shared__ int here made a block 16 bytes too large for 4 per SM)
+    volatile int* last = reinterpret_cast<volatile int*>(gv_sm);
     if (threadIdx.x == 0) {
         __threadfence();
-        gv_last = atomicAdd(cnt + tile, 1) == splits - 1;
+        *last = atomicAdd(cnt + tile, 1) == splits - 1;
     }
     __syncthreads();
-    if (!gv_last) return;
+    if (!*last) return;
     __threadfence();
     const float* base = ws + tile * splits * (ROWS * 8);
     for (int i = threadIdx.x; i < ROWS * NB; i += blockDim.x) {

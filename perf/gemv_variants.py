@@ -10,6 +10,9 @@ Variants (a variant changes only what its name says; results are timings, not nu
   stages3   GV_STAGES 3 and 5 resident blocks per SM (registers capped at 102)
   occ5      5 resident blocks per SM (registers capped at 102) and a wave of 5 * 132 blocks (+5%)
   chunk4    one-lane activations staged per 4 tiles (GV_CHUNK1 4) instead of 16
+  chunk4n   2-8 lanes staged per 4 tiles (GV_CHUNK 4, before 2026-12-02: 72 KB blocks for NVFP4, 3 per SM)
+  static    the last-block flag as a static __shared__ int (before 2026-12-02: the 1-lane NVFP4 block 4 bytes
+            over a quarter of the SM's shared memory)
   nopdl     launched without programmatic dependent launch (a plain CuPy launch)
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
 """
@@ -76,6 +79,17 @@ def _source(original: Any, variant: str) -> Any:
             return s
         if variant == "chunk4":
             s = s.replace("#define GV_CHUNK1 16", "#define GV_CHUNK1 4")
+        if variant == "chunk4n":
+            s = s.replace("#define GV_CHUNK 2 ", "#define GV_CHUNK 4 ")
+        if variant == "static":
+            s = s.replace(
+                "extern __shared__ __align__(16) u32 gv_sm[];",
+                "extern __shared__ __align__(16) u32 gv_sm[];\n    __shared__ int gv_flag;",
+            )
+            s = s.replace(
+                "volatile int* last = reinterpret_cast<volatile int*>(gv_sm);",
+                "volatile int* last = &gv_flag;",
+            )
         if variant == "occ5":
             s = s.replace("#define GV_MIN_BLOCKS 4", "#define GV_MIN_BLOCKS 5")
         if variant == "stages3":
@@ -84,6 +98,30 @@ def _source(original: Any, variant: str) -> Any:
         return s
 
     return src
+
+
+def _occupancy(lin: Any, fmt: str) -> str:
+    """Blocks of each float instance (1 and 8 lanes) the CUDA occupancy calculator fits on one SM, with the
+    dynamic shared memory the wrapper launches it with (mlp gate|up's plan), and its registers."""
+    import cupy
+
+    from ninfer.cuda.loader import kernel
+
+    out = []
+    plan = lin.gemv_plan(fmt, *SHAPES["mlp gate|up"])
+    for nb in lin._GV_NB:
+        fn = kernel("gemv.cu", lin.SOURCES["gemv.cu"], f"gemv_mma<{lin.FRAG_STRUCTS[fmt][0]}, float, {nb}>")
+        smem = plan.smem_bytes(nb, "float")
+        if fn.max_dynamic_shared_size_bytes < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+        try:
+            n = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                fn.kernel.ptr, lin._GV_THREADS, smem
+            )
+        except Exception as e:  # noqa: BLE001 - a report line, not a result
+            n = f"? ({type(e).__name__}: {e})"
+        out.append(f"x{nb}: {n} ({smem} B dynamic, {fn.shared_size_bytes} B static, {fn.num_regs} regs)")
+    return ", ".join(out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         for n in lin.SOURCES["gemv.cu"]
         if ", float," in n and any(lin.FRAG_STRUCTS[f][0] + "," in n for f in fmts)
     )
-    original, plan0, stages0 = loader.source_text, lin.gemv_plan, lin._GV_STAGES
+    original, plan0, stages0, chunk0 = loader.source_text, lin.gemv_plan, lin._GV_STAGES, lin._GV_CHUNK
     ceiling = copy_bandwidth(1 << 30, 10)
     print(f"copy ceiling (read + write): {ceiling / 1e9:.0f} GB/s; us and fraction of copy per case")
     rng = np.random.default_rng(0)
@@ -118,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
             loader.source_text = _source(original, v)
             loader.load_module.cache_clear()
             lin._GV_STAGES = 3 if v == "stages3" else stages0
+            lin._GV_CHUNK = 4 if v == "chunk4n" else chunk0
             lin._GV_PDL = v != "nopdl" and not v.startswith("dir=")
             lin.gemv_plan = _plan(lin, plan0.__wrapped__, v)
             cells = []
@@ -132,9 +171,10 @@ def main(argv: list[str] | None = None) -> None:
             e = _experts(fmt, 10, ceiling, rng, lin.gemv_experts)
             cells.append(f"moe x8 {e['us']:.1f} {e['of_copy']:.2f}")
             print(f"{fmt} {v:8s} | " + " | ".join(cells), flush=True)
+            print(f"{fmt} {v:8s} | resident blocks per SM: {_occupancy(lin, fmt)}", flush=True)
         del weights
         cupy.get_default_memory_pool().free_all_blocks()
-    loader.source_text, lin.gemv_plan, lin._GV_STAGES = original, plan0, stages0
+    loader.source_text, lin.gemv_plan, lin._GV_STAGES, lin._GV_CHUNK = original, plan0, stages0, chunk0
     loader.load_module.cache_clear()
 
 

@@ -74,7 +74,10 @@ _GV_TILE = 128  # K per tile
 # while 3% over (544, gate|up) beat the half-empty single split by 13%, hence the 5% allowance; fewer than 4 tiles
 # per split was slower on every shape. The activations are staged in double-buffered chunks of GV_CHUNK tiles, so
 # shared memory does not grow with K.
-_GV_WAVE_BLOCKS, _GV_MIN_TILES, _GV_CHUNK, _GV_CHUNK1 = 554, 4, 4, 16  # 1.05 x 528; GV_CHUNK, GV_CHUNK1
+# 2-8 lanes stage 2 tiles per chunk (8 KB per buffer of float activations): with 4 their 72 KB block left room
+# for 3 blocks per SM, not 4 (228 KB per SM, 1 KB of it reserved per block), like the 1-lane NVFP4 block did with
+# a 4-byte static flag beside its 56 KB (gemv.cu now keeps it in the dynamic buffer).
+_GV_WAVE_BLOCKS, _GV_MIN_TILES, _GV_CHUNK, _GV_CHUNK1 = 554, 4, 2, 16  # 1.05 x 528; GV_CHUNK, GV_CHUNK1
 # Decode GEMVs captured into CUDA graphs are launched with programmatic dependent launch (ninfer/cuda/launch.py): a
 # GEMV's blocks start streaming their weights while the kernel before it finishes (measured on the H200 with
 # perf/gemv_variants.py: 1-row NVFP4 GEMVs 4-15% faster in a chain; 27B decode x1 110 -> 120 tok/s).
