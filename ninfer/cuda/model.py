@@ -232,10 +232,16 @@ class CudaQwen36:
         return h
 
     def decode(
-        self, ids: np.ndarray, lanes: Sequence[tuple[int, int, list[int]]], *, logits: bool = True
+        self,
+        ids: np.ndarray,
+        lanes: Sequence[tuple[int, int, list[int]]],
+        *,
+        logits: bool = True,
+        sync: bool = True,
     ) -> tuple[Any, Any]:
         """One token per lane ``(slot, start, pages)``: hidden ``[B, H]`` and (optionally) logits ``[B, V]``,
-        by CUDA-graph replay when ``cuda_graph`` is set, else eagerly with the same kernels."""
+        by CUDA-graph replay when ``cuda_graph`` is set, else eagerly with the same kernels. ``sync=False``: the
+        caller synchronizes ``self.stream`` before the next decode (the graph's pinned inputs are reused then)."""
         segs = [(slot, start, 1, pages) for slot, start, pages in lanes]
         if self.cuda_graph:
             h, lg = self.graphs.replay(np.asarray(ids), segs)
@@ -245,7 +251,8 @@ class CudaQwen36:
         else:
             h = self.run(segs, np.asarray(ids))
             lg = self.logits_dev(h) if logits else None
-        self.stream.synchronize()
+        if sync:
+            self.stream.synchronize()
         return h, lg
 
     def warmup(self) -> None:

@@ -146,7 +146,8 @@ class CudaModelRunner:
         if decode:
             assert all(len(w.token_ids) == 1 for w in decode), "decode work is one token per lane"
             lanes = [(w.lane, self._at(w), self._pages[w.lane]) for w in decode]
-            h, logits = net.decode(np.asarray([w.token_ids[0] for w in decode]), lanes)
+            # not synchronized: the host-tier copies are issued while it runs (pump, below), the step ends synchronized
+            h, logits = net.decode(np.asarray([w.token_ids[0] for w in decode]), lanes, sync=False)
             for i, w in enumerate(decode):
                 self._record(w.lane, w.start, h[i : i + 1])
                 self._len[w.lane] += 1
