@@ -33,9 +33,14 @@ GEN = 8
 
 
 HOLD = r"""
-extern "C" __global__ void hold(const volatile int* flag, long long max_cycles) {
-    const long long t0 = clock64();
-    while (*flag == 0 && clock64() - t0 < max_cycles) {
+__device__ unsigned long long now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+extern "C" __global__ void hold(const volatile int* flag, unsigned long long max_ns) {
+    const unsigned long long t0 = now_ns();
+    while (*flag == 0 && now_ns() - t0 < max_ns) {
     }
 }
 """
@@ -53,9 +58,8 @@ def _hold(stream: Any, seconds: float) -> Any:
     ptr = rt.hostAlloc(64, rt.hostAllocMapped)
     flag = ctypes.c_int32.from_address(ptr)
     flag.value = 0
-    khz = rt.getDeviceProperties(cupy.cuda.Device().id)["clockRate"]
-    with stream:
-        cupy.RawKernel(HOLD, "hold")((1,), (1,), (np.uint64(ptr), np.int64(khz * 1e3 * seconds)))
+    with stream:  # bounded by the global timer (ns): cudaDeviceProp's clockRate is gone in CUDA 13
+        cupy.RawKernel(HOLD, "hold")((1,), (1,), (np.uint64(ptr), np.uint64(seconds * 1e9)))
     return flag
 
 
