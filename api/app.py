@@ -265,6 +265,7 @@ def build_app(svc: Service, keyring: KeyRing | None) -> Gate:
         ],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, 500: _internal_error},
         openapi_config=openapi_config(_version()),
+        request_max_body_size=None,  # the gate's --max-request-mib is the one cap (Litestar's own is 10 MB)
         debug=False,
     )
     app.state.service = svc
