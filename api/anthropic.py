@@ -36,14 +36,22 @@ __all__ = [
 ]
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}  # fmt: skip
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                504: "timeout_error", 529: "overloaded_error"}  # fmt: skip
+# Refusals because the server is full (not because of the client): Anthropic answers those 529 overloaded_error
+# (its 429 means "your account hit a rate limit"); the SDKs retry both, honouring Retry-After (docs/protocols.md §3)
+OVERLOADED_CODES = frozenset({"queue_full", "server_busy"})
 
 
 class AnthropicError(ApiError):
-    """An ApiError whose body has the Anthropic shape ``{"type": "error", "error": {"type", "message"}}``."""
+    """An ApiError whose body has the Anthropic shape ``{"type": "error", "error": {"type", "message"}}``; a
+    refusal for a full server (``OVERLOADED_CODES``) is a 529 ``overloaded_error``, as Anthropic's own."""
+
+    def __init__(self, status: int, message: str, **kw: Any) -> None:
+        super().__init__(529 if kw.get("code") in OVERLOADED_CODES else status, message, **kw)
 
     def body(self) -> ErrorEvent:  # type: ignore[override]
-        kind = "api_error" if self.status >= 500 else _ERROR_TYPES.get(self.status, "invalid_request_error")
+        kind = _ERROR_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
         return ErrorEvent(error=ErrorDetail(type=kind, message=self.message))
 
 

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import msgspec
-from litestar import Litestar, Request, Response, get, post
+from litestar import Litestar, Request, Response, get, post, route
 from litestar.exceptions import HTTPException
 from msgspec import UNSET
 from ninfer.actors.messages import Failed
@@ -212,8 +212,17 @@ async def responses(request: Request[Any, Any, Any]) -> Any:
     return json_response(ro.response_body(rid, created, req, ro.output_items(out), fin, called))
 
 
+@route("/v1/responses/{rest:path}", http_method=["GET", "POST", "DELETE"], include_in_schema=False)
+async def stored_response(rest: str) -> None:
+    """Retrieve, cancel, delete or list the input items of a stored response: nothing is stored (``store`` is
+    accepted and ignored, ``background`` refused), so each is a 404 that says so."""
+    rid = rest.strip("/").split("/")[0]
+    raise ApiError(404, f"Response with id '{rid}' not found: this server stores no responses",
+                   param="response_id", code="response_not_found")  # fmt: skip
+
+
 def _api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
-    if exc.status >= 500:
+    if exc.status >= 500 and exc.code not in am.OVERLOADED_CODES:  # a full queue is a refusal, not a fault
         service(request).server_error(endpoint_name(request.url.path), exc)
     return Response(
         error_json(exc), status_code=exc.status, media_type="application/json", headers=exc.headers()
@@ -252,9 +261,11 @@ def build_app(svc: Service, keyring: KeyRing | None) -> Gate:
             messages,
             count_tokens,
             responses,
+            stored_response,
         ],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, 500: _internal_error},
         openapi_config=openapi_config(_version()),
+        request_max_body_size=None,  # the gate's --max-request-mib is the one cap (Litestar's own is 10 MB)
         debug=False,
     )
     app.state.service = svc
@@ -265,6 +276,7 @@ def build_app(svc: Service, keyring: KeyRing | None) -> Gate:
         max_body_bytes=cfg.max_request_bytes,
         cors=cfg.cors,
         body_timeout_s=cfg.body_timeout_s,
+        body_deadline_s=cfg.body_deadline_s,
         drain=svc.drain,
         on_refusal=lambda path, err: svc.server_error(endpoint_name(path), err),
     )

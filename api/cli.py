@@ -140,6 +140,12 @@ def _connection_options(p: Any) -> None:
         "--body-timeout-s", type=float, default=30.0, help="most time between two pieces of a body (then 408)"
     )
     g.add_argument(
+        "--body-deadline-s",
+        type=float,
+        default=60.0,
+        help="the whole body must arrive this long after the head was complete (then 408)",
+    )
+    g.add_argument(
         "--keep-alive-timeout-s", type=float, default=5.0, help="an idle kept-alive connection is closed"
     )
     g.add_argument(
@@ -189,6 +195,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         stream_interval_ms=a.stream_interval_ms,
         header_timeout_s=a.header_timeout_s,
         body_timeout_s=a.body_timeout_s,
+        body_deadline_s=a.body_deadline_s,
         keep_alive_timeout_s=a.keep_alive_timeout_s,
         max_connections=a.max_connections,
         shutdown_grace_s=a.shutdown_grace_s,

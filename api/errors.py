@@ -53,9 +53,12 @@ class ApiError(Exception):
         )
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after is None:
-            return {}
-        return {"Retry-After": str(max(1, int(round(self.retry_after))))}
+        out = {}
+        if self.retry_after is not None:
+            out["Retry-After"] = str(max(1, int(round(self.retry_after))))
+        if self.status == 408:  # the body never arrived: what is left of it is not read (RFC 9110 §15.5.9)
+            out["Connection"] = "close"
+        return out
 
 
 def error_json(err: ApiError) -> bytes:

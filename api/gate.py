@@ -1,5 +1,5 @@
 """The ASGI gate in front of the Litestar app: CORS preflight, API-key check, the body-size cap, the body read
-timeout and, while the server drains for shutdown, the refusal of new requests.
+timeout and deadline and, while the server drains for shutdown, the refusal of new requests.
 
 It runs before routing (as upstream does), so an unknown path without a key is a 401, not a 404, and an
 oversized body is refused before anything parses it. Every refusal uses the error shape of its path (Anthropic's
@@ -58,6 +58,7 @@ class Gate:
         max_body_bytes: int,
         cors: bool,
         body_timeout_s: float | None = None,
+        body_deadline_s: float | None = None,
         drain: Drain | None = None,
         on_refusal: OnRefusal | None = None,
     ) -> None:
@@ -66,6 +67,7 @@ class Gate:
         self.max_body_bytes = max_body_bytes
         self.cors = cors
         self.body_timeout_s = body_timeout_s
+        self.body_deadline_s = body_deadline_s
         self.drain = drain
         self.on_refusal = on_refusal
 
@@ -114,21 +116,23 @@ class Gate:
 
     def _reading(self, scope: dict[str, Any], receive: Any) -> Any:
         """A receive that raises 413 once a chunked body passes the cap (Content-Length was absent or lied) and
-        408 when the next piece of the body takes longer than the body timeout."""
+        408 when the next piece of the body takes longer than the body timeout, or the whole body longer than
+        the body deadline (counted from now: the head is complete). A 408 closes the connection."""
         seen = 0
         body_done = False
+        loop = asyncio.get_running_loop()
+        deadline = None if self.body_deadline_s is None else loop.time() + self.body_deadline_s
 
         async def guarded() -> dict[str, Any]:
             nonlocal seen, body_done
-            if body_done or self.body_timeout_s is None:
+            wait = _min_or_none(self.body_timeout_s, None if deadline is None else deadline - loop.time())
+            if body_done or wait is None:
                 msg = await receive()  # after the body only the disconnect is left to wait for
             else:
                 try:
-                    msg = await asyncio.wait_for(receive(), self.body_timeout_s)
+                    msg = await asyncio.wait_for(receive(), max(wait, 0.0))
                 except TimeoutError:
-                    raise _error(
-                        scope, 408, f"no request body data for {self.body_timeout_s:g} s", "request_timeout"
-                    ) from None
+                    raise self._timed_out(scope, deadline is not None and loop.time() >= deadline) from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 body_done = not msg.get("more_body", False)
@@ -138,6 +142,13 @@ class Gate:
 
         return guarded
 
+    def _timed_out(self, scope: dict[str, Any], whole: bool) -> ApiError:
+        if whole:
+            what = f"the request body did not arrive within {self.body_deadline_s:g} s"
+        else:
+            what = f"no request body data for {self.body_timeout_s:g} s"
+        return _error(scope, 408, what, "request_timeout")
+
     @staticmethod
     def _with_cors(send: Any) -> Any:
         async def cors_send(msg: dict[str, Any]) -> None:
@@ -146,6 +157,11 @@ class Gate:
             await send(msg)
 
         return cors_send
+
+
+def _min_or_none(*values: float | None) -> float | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
 
 
 def _error(

@@ -59,7 +59,13 @@ _REFS, _COMPONENTS = msgspec.json.schema_components(list(_MODELS.values()), ref_
 _SCHEMA = dict(zip(_MODELS, _REFS, strict=True))  # model name -> its schema (a $ref, or a union of $refs)
 
 ERRORS = {400: "invalid request", 401: "missing or invalid API key", 404: "model not found",
-          413: "request too large", 429: "admission queue full (Retry-After)", 500: "internal error"}  # fmt: skip
+          408: "request body too slow (--body-timeout-s, --body-deadline-s)", 413: "request too large",
+          429: "admission queue full (Retry-After)", 500: "internal error",
+          503: "too many connections or shutting down (Retry-After)"}  # fmt: skip
+# Anthropic's own status for an overloaded service: a full queue and the connection cap (docs/protocols.md §3)
+_ANTHROPIC_ERRORS = {**{k: v for k, v in ERRORS.items() if k not in (429, 503)},
+                     503: "shutting down (Retry-After)",
+                     529: "overloaded: admission queue full or too many connections (Retry-After)"}  # fmt: skip
 _GET_ERRORS = {401: ERRORS[401], 404: ERRORS[404]}
 _SSE = "text/event-stream"  # its model is the data of each event
 
@@ -125,14 +131,14 @@ ROUTE_DOCS: dict[str, dict[str, Any]] = {  # keyword arguments of each route's d
         {"application/json": "Message", _SSE: "MessagesStreamEvent"},
         request="AnthropicRequest",
         error="ErrorEvent",
-        errors=ERRORS,
+        errors=_ANTHROPIC_ERRORS,
     ),
     "count_tokens": _route(
         "countTokens",
         {"application/json": "CountTokens"},
         request="AnthropicRequest",
         error="ErrorEvent",
-        errors=ERRORS,
+        errors=_ANTHROPIC_ERRORS,
     ),
     "responses": _route(
         "createResponse",

@@ -1,8 +1,9 @@
 """OpenAI Responses (docs/protocols.md §6): request validation and translation to the engine request. The models are
 responses_models.py; the response object and SSE events are responses_output.py.
 
-Nothing is stored: ``store`` is accepted and ignored; ``previous_response_id``, ``conversation`` and ``prompt`` (which
-point at stored state) are a 400 (send the items instead).
+Nothing is stored: ``store`` is accepted and ignored (the answer is complete; only a later retrieval, which the
+server answers 404, tells the difference); ``previous_response_id``, ``conversation`` and ``prompt`` (which point at
+stored state) and ``background: true`` (whose result is polled from a stored response) are a 400.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ def _bad(message: str, param: str | None = None, code: str | None = None) -> Api
 
 
 _DECODER = msgspec.json.Decoder(ResponsesRequest)
-# Fields naming state the server would have to hold (it stores nothing): a 400, since ignoring them would answer
-# without that context. (field, why, error code)
+# Fields that need state the server would have to hold (it stores nothing): a 400 when set (null and false are
+# not), since ignoring them would answer without that context, or in the foreground. (field, why, error code)
 _STORED_STATE = (
     ("previous_response_id", "this server stores no responses; send the items", None),
     ("conversation", "this server stores no conversations; send the items", "unsupported_field"),
     ("prompt", "this server stores no prompt templates; send instructions and input", "unsupported_field"),
-)
+    ("background", "this server stores no responses to poll; send the request without it (stream "
+     "long ones)", "unsupported_field"),
+)  # fmt: skip
 
 
 def parse_responses_request(body: bytes, model_id: str, max_context: int) -> ResponsesRequest:
@@ -52,7 +55,7 @@ def parse_responses_request(body: bytes, model_id: str, max_context: int) -> Res
     if req.model != model_id:
         raise ApiError(404, f"The model '{req.model}' does not exist", param="model", code="model_not_found")
     for name, why, code in _STORED_STATE:
-        if getattr(req, name) is not None:
+        if getattr(req, name) not in (None, False):
             raise _bad(f"{name}: {why}", name, code)
     check_unsupported({"top_logprobs": req.top_logprobs}, ApiError)
     check_max_tokens(req.max_output_tokens, "max_output_tokens", max_context, ApiError)

@@ -238,6 +238,46 @@ def test_chunked_body_over_the_cap_answers_in_the_paths_shape(env) -> None:
     assert o.status_code == 413 and o.json()["error"]["code"] == "request_too_large"
 
 
+def test_the_configured_body_cap_is_the_only_one(tmp_path: Path) -> None:
+    """Litestar's own 10 MB cap refused bodies under --max-request-mib with a bare "Request Entity Too Large"."""
+    cfg = ServerConfig(artifact="a.ninfer", max_request_mib=16)
+    svc = Service(config=cfg, backend=Scripted(), limits=ChatLimits(MODEL, 4096, 16), reqlog=None,
+                  drain=Drain(0.2))  # fmt: skip
+    env = {"app": build_app(svc, parse_keys("alice:sk-alice\n"))}
+    body = json.dumps({**MSGS, "pad": "x" * (12 << 20)}).encode()
+    for path in ("/v1/messages", "/v1/chat/completions"):
+        r = call(env, "POST", path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text[:300]
+    r = call(
+        env,
+        "POST",
+        "/v1/messages",
+        content=body + b" " * (5 << 20),
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 413 and "16 MiB" in r.json()["error"]["message"]
+
+
+def test_a_slow_body_is_a_408_at_the_body_deadline(tmp_path: Path) -> None:
+    """Every piece within the per-read timeout, the whole past the deadline: 408, and the connection closes."""
+    cfg = ServerConfig(artifact="a.ninfer", body_timeout_s=0.5, body_deadline_s=1.0)
+    svc = Service(config=cfg, backend=Scripted(), limits=ChatLimits(MODEL, 4096, 16), reqlog=None,
+                  drain=Drain(0.2))  # fmt: skip
+    env = {"app": build_app(svc, parse_keys("alice:sk-alice\n"))}
+
+    async def trickle() -> AsyncIterator[bytes]:
+        yield b'{"model": "'
+        for _ in range(20):
+            await asyncio.sleep(0.2)
+            yield b"x"
+        yield b'"}'
+
+    for path in ("/v1/messages", "/v1/responses"):
+        r = call(env, "POST", path, content=trickle())
+        assert r.status_code == 408 and r.headers["connection"] == "close", r.text
+        assert "did not arrive within 1 s" in r.text
+
+
 def test_a_stalled_body_is_a_408(env) -> None:
     async def stalled() -> AsyncIterator[bytes]:
         yield b'{"model": "'

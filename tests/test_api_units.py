@@ -328,14 +328,38 @@ def test_tool_message_text_parts_join_like_other_roles() -> None:
     assert ei.value.code == "modality_not_supported"
 
 
-@pytest.mark.parametrize("field", ["previous_response_id", "conversation", "prompt"])
-def test_responses_refuses_stored_state(field: str) -> None:
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("previous_response_id", "x"), ("conversation", "x"), ("prompt", {"id": "p"}), ("background", True)],
+)
+def test_responses_refuses_stored_state(field: str, value: object) -> None:
     from ninfer.api.responses import parse_responses_request
 
-    raw = json.dumps({"model": "m", "input": "hi", field: "x" if field != "prompt" else {"id": "p"}}).encode()
+    raw = json.dumps({"model": "m", "input": "hi", field: value}).encode()
     with pytest.raises(ApiError) as ei:
         parse_responses_request(raw, "m", 64)
     assert ei.value.status == 400 and ei.value.param == field
+    ok = {"model": "m", "input": "hi", "background": False, "store": True, "previous_response_id": None}
+    assert parse_responses_request(json.dumps(ok).encode(), "m", 64).store is True
+
+
+def test_early_answers_take_the_shape_of_the_request_lines_path() -> None:
+    from ninfer.api.http_guard import error_response, request_path
+
+    assert request_path(b"POST /v1/messages?beta=true HTTP/1.1\r\nHost: x") == "/v1/messages"
+    assert request_path(b"POST /v1/messages HTTP/1.1") is None  # the line is not complete yet
+    assert request_path(b"\x16\x03\x01 TLS hello\r\n") is None and request_path(b"GET * HTTP/1.1\r\n") is None
+    for path, status, shape in (("/v1/messages/count_tokens", 529, "overloaded_error"), ("/v1/responses", 503, None),
+                                (None, 503, None)):  # fmt: skip
+        raw = error_response(path, 503, "too many open connections", "server_busy", 1.0)
+        head, _, body = raw.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        assert lines[0].startswith(f"HTTP/1.1 {status} ") and "retry-after: 1" in lines
+        assert "connection: close" in lines and f"content-length: {len(body)}" in lines
+        err = json.loads(body)["error"]
+        assert err["type"] == shape if shape else err["code"] == "server_busy"
+    raw = error_response("/v1/messages", 408, "slow", "request_timeout")
+    assert raw.lower().count(b"connection: close") == 1
 
 
 def test_xgrammar_log_prefix_is_not_sent_to_clients() -> None:

@@ -105,34 +105,65 @@ def test_head_is_get_without_a_body(server: Server) -> None:
     assert httpx.head(server.url + CHAT, headers=AUTH).status_code == 405  # POST-only routes stay POST-only
 
 
+@pytest.mark.parametrize("path", [CHAT, MSGS])
 @pytest.mark.parametrize(
     "head",
     [b"Content-Length: -5", b"Content-Length: 99999999999999999999999", b"Bad Header Name: x"],
     ids=["negative-length", "absurd-length", "bad-header"],
 )
-def test_unparseable_http_is_a_json_400(server: Server, head: bytes) -> None:
-    """uvicorn answered these with a text/plain 400; a JSON client then failed on the body, not the status."""
-    out = _raw(server, b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n\r\n{}")
+def test_unparseable_http_is_a_json_400(server: Server, head: bytes, path: str) -> None:
+    """uvicorn answered these with a text/plain 400; a JSON client then failed on the body, not the status.
+    The request line still names the path, and with it the protocol's error shape (it was OpenAI's on both)."""
+    out = _raw(server, b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n\r\n{}")
     status, _, rest = out.partition(b"\r\n")
     headers, _, body = rest.partition(b"\r\n\r\n")
     assert status.startswith(b"HTTP/1.1 400"), out[:200]
     assert b"content-type: application/json" in headers.lower()
-    err = json.loads(body)["error"]
-    assert err["code"] == "bad_http_request" and err["type"] == "invalid_request_error"
+    r = httpx.Response(400, headers={"content-type": "application/json"}, content=body)
+    err = _shape(path, r)
+    assert err["type"] == "invalid_request_error" and "malformed HTTP request" in err["message"]
+    if path == CHAT:
+        assert err["code"] == "bad_http_request"
     assert httpx.get(server.url + "/health").status_code == 200
 
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("conversation", "conv_1"), ("conversation", {"id": "conv_1"}), ("prompt", {"id": "p"})],
+    [
+        ("conversation", "conv_1"),
+        ("conversation", {"id": "conv_1"}),
+        ("prompt", {"id": "p"}),
+        ("background", True),
+    ],
 )
 def test_responses_refuses_fields_that_need_stored_state(server: Server, field: str, value: Any) -> None:
-    """Like previous_response_id: ignoring them answered without the stored context the client meant."""
+    """Like previous_response_id: ignoring them answered without the stored context the client meant (and
+    ``background: true``, whose result is polled from a stored response, ran in the foreground)."""
     body = {"model": MODEL, "input": "hi", "max_output_tokens": 2, field: value}
     r = httpx.post(server.url + RESP, json=body, headers=AUTH, timeout=30)
     assert r.status_code == 400, r.text
     err = _shape(RESP, r)
     assert err["param"] == field and err["code"] == "unsupported_field"
+
+
+def test_responses_store_is_answered_and_nothing_is_kept(server: Server) -> None:
+    """OpenAI stores responses by default (``store`` true): the answer is complete without storing it, so
+    ``store`` is accepted; retrieving, cancelling or deleting a response is a 404 that says nothing is stored
+    (it was Litestar's bare "Not Found"); ``background`` true is refused through the SDK too."""
+    import openai
+
+    o = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    for store in (True, False):
+        r = o.responses.create(model=MODEL, input="hi", max_output_tokens=2, store=store)
+        assert r.status in ("completed", "incomplete") and r.id.startswith("resp_")
+    assert o.responses.create(model=MODEL, input="hi", max_output_tokens=2, background=False).id
+    with pytest.raises(openai.BadRequestError) as bad:
+        o.responses.create(model=MODEL, input="hi", max_output_tokens=2, background=True)
+    assert bad.value.param == "background" and "background" in bad.value.message
+    for call in (o.responses.retrieve, o.responses.cancel, o.responses.delete, o.responses.input_items.list):
+        with pytest.raises(openai.NotFoundError) as nf:
+            call(r.id)
+        assert nf.value.code == "response_not_found" and "stores no responses" in nf.value.message, call
 
 
 def test_tool_message_content_may_be_text_parts(server: Server) -> None:
@@ -321,7 +352,8 @@ def test_a_burst_past_the_queue_is_refused_in_shape_and_nothing_accepted_is_lost
         body["max_output_tokens" if path == RESP else "max_tokens"] = 64
         with httpx.stream("POST", server.url + path, json=body, headers=AUTH, timeout=120) as r:
             raw = r.read()
-        if r.status_code == 429:
+        if r.status_code in (429, 529):  # a full queue: Anthropic's overloaded_error is a 529
+            assert r.status_code == (529 if path == MSGS else 429), raw[:300]
             assert r.headers["retry-after"] and _shape(path, r)
             return 429, None
         assert r.status_code == 200, raw[:300]

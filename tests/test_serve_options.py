@@ -33,15 +33,19 @@ def test_backend_choice(backend: str, arch: str | None, gpus: int, want: str) ->
 def test_connection_and_shutdown_flags() -> None:
     a = _parser().parse_args(["serve", "a.ninfer", "--header-timeout-s", "2", "--body-timeout-s", "3",
                               "--keep-alive-timeout-s", "4", "--max-connections", "5",
-                              "--shutdown-grace-s", "6"])  # fmt: skip
+                              "--shutdown-grace-s", "6", "--body-deadline-s", "7"])  # fmt: skip
     cfg = config_from_args(a)
     assert (cfg.header_timeout_s, cfg.body_timeout_s, cfg.keep_alive_timeout_s) == (2, 3, 4)
+    assert cfg.body_deadline_s == 7
     assert (cfg.max_connections, cfg.shutdown_grace_s) == (5, 6)
     d = config_from_args(_parser().parse_args(["serve", "a.ninfer"]))
     assert (d.header_timeout_s, d.body_timeout_s, d.max_connections, d.shutdown_grace_s) == (10, 30, 256, 30)
+    assert d.body_deadline_s == 60
     for kw, flag in (
         ({"header_timeout_s": 0}, "--header-timeout-s"),
         ({"body_timeout_s": -1}, "--body-timeout-s"),
+        ({"body_deadline_s": 0}, "--body-deadline-s"),
+        ({"body_deadline_s": 1e9}, "--body-deadline-s"),
         ({"keep_alive_timeout_s": 0}, "--keep-alive-timeout-s"),
         ({"max_connections": 0}, "--max-connections"),
         ({"shutdown_grace_s": -1}, "--shutdown-grace-s"),
