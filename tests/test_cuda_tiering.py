@@ -58,7 +58,7 @@ def _hold(stream: Any, seconds: float) -> Any:
     ptr = rt.hostAlloc(64, rt.hostAllocMapped)
     flag = ctypes.c_int32.from_address(ptr)
     flag.value = 0
-    with stream:  # bounded by the global timer (ns): cudaDeviceProp's clockRate is gone in CUDA 13
+    with stream:  # bounded by the global timer (ns), whatever the SM clock
         cupy.RawKernel(HOLD, "hold")((1,), (1,), (np.uint64(ptr), np.uint64(seconds * 1e9)))
     return flag
 
