@@ -239,6 +239,37 @@ def test_chunk_order(include_usage: bool) -> None:
     assert got[-1] == "[DONE]" and len(got) == (6 if include_usage else 5)
 
 
+@pytest.mark.parametrize("model", ["m", 'q"\\\u2028', "x\x00ninfer-text\x00y"])
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_text_frames_are_the_chunks_bytes(model: str, include_usage: bool) -> None:
+    """A content or reasoning frame, written between pre-encoded bytes, is byte for byte the chunk Struct's
+    encoding, whatever the text (escapes, control characters, non-ASCII) or the model name."""
+    from ninfer.api.openai_chat_models import ChatCompletionChunk, ChunkChoice, ChunkDelta
+
+    cs = ChatStream("chatcmpl-1", 1796000000, model, include_usage)
+    enc = msgspec.json.Encoder()
+    for text in [
+        "he",
+        "",
+        'a "quote" \\ \n\t\x01',
+        "\u00e9\u4e2d\U0001f600",
+        "</think>",
+        "\x00ninfer-text\x00",
+    ]:
+        for kind, delta in (
+            ("text", ChunkDelta(content=text)),
+            ("reasoning", ChunkDelta(reasoning_content=text)),
+        ):
+            chunk = ChatCompletionChunk(
+                id="chatcmpl-1",
+                created=1796000000,
+                model=model,
+                choices=[ChunkChoice(index=0, delta=delta)],
+                usage=None if include_usage else msgspec.UNSET,
+            )
+            assert cs._text(kind, text) == b"data: " + enc.encode(chunk) + b"\n\n"
+
+
 def test_error_frame_has_no_done() -> None:
     cs = ChatStream("c", 1, "m", False)
     got = frames(cs.error(ApiError(500, "boom", code="engine_error")))
