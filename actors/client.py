@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 import ray
-from ray.exceptions import RayError
+from ray.exceptions import GetTimeoutError, RayError
 
 from ninfer.engine.core import Accepted, Finish, TokenDelta
 
@@ -219,7 +219,7 @@ class _Events:
     async def _run(self, handle: Any) -> None:
         try:
             async for ref in handle.subscribe.remote(self.id):
-                for rid, events in decode_batch(await ref):
+                for rid, events in decode_batch(await _item(ref)):
                     q = self.queues.get(rid)
                     if q is not None:
                         for ev in events:
@@ -240,6 +240,17 @@ class _Events:
         q: asyncio.Queue[StreamEvent] = asyncio.Queue()
         self.queues[request_id] = q
         return q
+
+
+async def _item(ref: Any) -> bytes:
+    """A streaming generator's item: its ref comes once the item is reported (a small one inline), so it is read
+    at once (~0.2 ms of CPU less than awaiting it, which hops through a thread); awaited if it is not there."""
+    if isinstance(ref, ray.ObjectRef):
+        try:
+            return ray.get(ref, timeout=0)
+        except GetTimeoutError:
+            pass
+    return await ref
 
 
 def _settle(batch: _Opening, got: Any) -> None:
