@@ -35,6 +35,7 @@ from .messages import (
     decode_opened,
     encode_requests,
     engine_failure,
+    opens_quickly,
 )
 from .routing import RouteState
 
@@ -179,7 +180,9 @@ class _Events:
 
     ``open`` gathers the requests opened in one turn of the event loop (a burst of clients) into one
     ``EngineActor.open`` call: one Ray call (~0.5-1 ms of CPU here on each side) for the burst, not one per
-    request, and no added wait (it goes at the end of the turn that opened the first)."""
+    request, and no added wait (it goes at the end of the turn that opened the first). Only requests the actor
+    admits on its loop share a call (``messages.opens_quickly``): one whose prompt renders on a thread or whose
+    grammar compiles goes alone, so that it never holds up the others' answers."""
 
     def __init__(self, handle: Any) -> None:
         self.id = uuid.uuid4().hex
@@ -194,13 +197,21 @@ class _Events:
     def open(self, req: GenerateRequest) -> asyncio.Future[list[StreamEvent]]:
         """``req``'s first events (``[Accepted]`` or ``[Failed]``), from the next ``EngineActor.open`` call."""
         fut: asyncio.Future[list[StreamEvent]] = self.loop.create_future()
+        if not opens_quickly(
+            req
+        ):  # a long prompt, tools, a grammar: its call alone (its answer may take long)
+            self._send([(req, fut)])
+            return fut
         self._opening.append((req, fut))
         if len(self._opening) == 1:
-            self.loop.call_soon(self._send)
+            self.loop.call_soon(self._send_opening)
         return fut
 
-    def _send(self) -> None:
+    def _send_opening(self) -> None:
         batch, self._opening = self._opening, []
+        self._send(batch)
+
+    def _send(self, batch: _Opening) -> None:
         try:
             ref = self.handle.open.remote(encode_requests([r for r, _ in batch]), self.id)
         except Exception as e:  # Ray itself refused the call (shut down): every request of it fails

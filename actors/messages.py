@@ -23,6 +23,7 @@ import msgspec
 
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.core import Accepted, Finish, SamplingParams, TokenDelta
+from ninfer.frontend.prompt import input_chars
 
 __all__ = [
     "SamplingOptions",
@@ -38,6 +39,9 @@ __all__ = [
     "encode_requests",
     "decode_requests",
     "decode_opened",
+    "INLINE_PROMPT_CHARS",
+    "renders_quickly",
+    "opens_quickly",
     "engine_failure",
     "ActorStats",
     "ActorInfo",
@@ -130,6 +134,25 @@ def decode_events(raw: bytes) -> list[StreamEvent]:
 def decode_batch(raw: bytes) -> list[tuple[str, list[StreamEvent]]]:
     """One item of ``EngineActor.subscribe``: ``(request_id, events)`` for each request with new events."""
     return _BATCH_DECODER.decode(raw)
+
+
+# a prompt this small renders and tokenizes on the actor's event loop (well under a millisecond)
+INLINE_PROMPT_CHARS = 16384
+
+
+def renders_quickly(req: GenerateRequest) -> bool:
+    """Whether the request's prompt is small enough to render and tokenize on the actor's event loop: no thread hop
+    (two GIL hand-overs and a wake-up) for the usual request; a long prompt (seconds to tokenize) goes to a thread."""
+    if req.prompt_ids is not None:
+        return True  # no rendering: the ids are checked and copied
+    return req.tools is None and input_chars(req.messages, req.template_kwargs) <= INLINE_PROMPT_CHARS
+
+
+def opens_quickly(req: GenerateRequest) -> bool:
+    """Whether the actor admits ``req`` without leaving its event loop: a prompt that renders quickly and no grammar
+    or thinking budget to compile. Only such requests share an ``open`` call (the call's answer waits for all of
+    its requests); any other goes alone."""
+    return req.grammar is None and req.thinking_budget is None and renders_quickly(req)
 
 
 def encode_requests(reqs: list[GenerateRequest]) -> bytes | list[GenerateRequest]:

@@ -296,7 +296,8 @@ def test_the_apis_requests_share_one_event_stream(actor: EngineActor) -> None:
 
 def test_requests_opened_in_one_loop_turn_share_one_open_call(actor: EngineActor) -> None:
     """A burst's requests cross as one ``open`` call (msgpack bytes), answered in order, one refusal among them
-    its own; a lone request later is a call of its own; every request still gets its whole stream."""
+    its own; a prompt that renders on a thread goes alone (its answer would hold up the others'); a lone request
+    later is a call of its own; every request still gets its whole stream."""
     from ninfer.actors.client import AsyncEngineClient
     from ninfer.perf.request_path import _Remote
 
@@ -315,13 +316,20 @@ def test_requests_opened_in_one_loop_turn_share_one_open_call(actor: EngineActor
         return [ev async for ev in client.generate(r)]
 
     async def scenario() -> tuple[list[list[object]], list[object]]:
-        burst = [req("b0", 6), GenerateRequest(request_id="bad", prompt_ids=(10**9,)), req("b1", 6)]
+        long = req("long", 6, messages=({"role": "user", "content": "word " * 4000},))
+        burst = [req("b0", 6), GenerateRequest(request_id="bad", prompt_ids=(10**9,)), req("b1", 6), long]
         outs = list(await asyncio.gather(*(one(r) for r in burst)))
         return outs, await one(req("alone", 6))
 
     outs, alone = asyncio.run(scenario())
-    assert len(calls) == 2 and all(isinstance(c, bytes) for c in calls)  # the burst, then the lone request
-    assert [len(decode_requests(c)) for c in calls] == [3, 1]  # type: ignore[arg-type]
+    assert all(isinstance(c, bytes) for c in calls)
+    # the long prompt at once and alone, the rest of the burst at the end of the loop's turn, then the lone one
+    assert [[r.request_id for r in decode_requests(c)] for c in calls] == [
+        ["long"],
+        ["b0", "bad", "b1"],
+        ["alone"],
+    ]  # type: ignore[arg-type]
+    assert isinstance(outs[3][-1], Failed) and outs[3][-1].code == "context_length_exceeded"
     for evs in (outs[0], outs[2], alone):
         assert isinstance(evs[0], Accepted) and isinstance(evs[-1], Finish)
         assert sum(len(e.token_ids) for e in evs if isinstance(e, TokenDelta)) == 6
