@@ -27,7 +27,7 @@ from ninfer.frontend.chat_template import RESERVED_VARIABLES
 from ninfer.frontend.grammar import GrammarCompiler, RequestGrammar, SchemaError
 from ninfer.frontend.prompt import input_chars, min_tokens
 
-from .messages import ActorInfo, ActorSpec, GenerateRequest
+from .messages import ActorInfo, ActorSpec, GenerateRequest, renders_quickly
 from .routing import RouteState
 
 __all__ = [
@@ -151,18 +151,6 @@ def prompt_ids(ld: Loaded, req: GenerateRequest) -> list[int]:
             code="context_length_exceeded",
         )
     return ids
-
-
-# a prompt this small renders on the actor's event loop (well under a millisecond)
-INLINE_PROMPT_CHARS = 16384
-
-
-def renders_quickly(req: GenerateRequest) -> bool:
-    """Whether the request's prompt is small enough to render and tokenize on the event loop: no thread hop (two
-    GIL hand-overs and a wake-up) for the usual request; a long prompt (seconds to tokenize) goes to a thread."""
-    if req.prompt_ids is not None:
-        return True  # no rendering: the ids are checked and copied
-    return req.tools is None and input_chars(req.messages, req.template_kwargs) <= INLINE_PROMPT_CHARS
 
 
 def _render_ids(ld: Loaded, req: GenerateRequest) -> list[int]:

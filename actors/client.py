@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 import ray
-from ray.exceptions import RayError
+from ray.exceptions import GetTimeoutError, RayError
 
 from ninfer.engine.core import Accepted, Finish, TokenDelta
 
@@ -32,7 +32,10 @@ from .messages import (
     StreamEvent,
     decode_batch,
     decode_events,
+    decode_opened,
+    encode_requests,
     engine_failure,
+    opens_quickly,
 )
 from .routing import RouteState
 
@@ -168,21 +171,66 @@ class EngineClient:
         raise GenerationError(Failed(code="engine_error", message="the stream ended without a finish event"))
 
 
+_Opening = list[tuple[GenerateRequest, "asyncio.Future[list[StreamEvent]]"]]  # requests and their answers
+
+
 class _Events:
     """The caller's end of ``EngineActor.subscribe``: one Ray stream, its items routed to each request's queue.
-    On a Ray error (the actor died) every open request gets ``Failed(engine_unavailable, 503)``."""
+    On a Ray error (the actor died) every open request gets ``Failed(engine_unavailable, 503)``.
+
+    ``open`` gathers the requests opened in one turn of the event loop (a burst of clients) into one
+    ``EngineActor.open`` call: one Ray call (~0.5-1 ms of CPU here on each side) for the burst, not one per
+    request, and no added wait (it goes at the end of the turn that opened the first). Only requests the actor
+    admits on its loop share a call (``messages.opens_quickly``): one whose prompt renders on a thread or whose
+    grammar compiles goes alone, so that it never holds up the others' answers."""
 
     def __init__(self, handle: Any) -> None:
         self.id = uuid.uuid4().hex
+        self.handle = handle
         self.loop = asyncio.get_running_loop()
         self.queues: dict[str, asyncio.Queue[StreamEvent]] = {}
         self.failed: Failed | None = None
+        self._opening: _Opening = []
+        self._answers: set[asyncio.Future[None]] = set()  # the open calls in flight (held: not collected)
         self.task = asyncio.ensure_future(self._run(handle))
+
+    def open(self, req: GenerateRequest) -> asyncio.Future[list[StreamEvent]]:
+        """``req``'s first events (``[Accepted]`` or ``[Failed]``), from the next ``EngineActor.open`` call."""
+        fut: asyncio.Future[list[StreamEvent]] = self.loop.create_future()
+        if not opens_quickly(
+            req
+        ):  # a long prompt, tools, a grammar: its call alone (its answer may take long)
+            self._send([(req, fut)])
+            return fut
+        self._opening.append((req, fut))
+        if len(self._opening) == 1:
+            self.loop.call_soon(self._send_opening)
+        return fut
+
+    def _send_opening(self) -> None:
+        batch, self._opening = self._opening, []
+        self._send(batch)
+
+    def _send(self, batch: _Opening) -> None:
+        try:
+            ref = self.handle.open.remote(encode_requests([r for r, _ in batch]), self.id)
+        except Exception as e:  # Ray itself refused the call (shut down): every request of it fails
+            _settle(batch, e)
+            return
+        answer = asyncio.ensure_future(self._answer(ref, batch))
+        self._answers.add(answer)
+        answer.add_done_callback(self._answers.discard)
+
+    async def _answer(self, ref: Any, batch: _Opening) -> None:
+        try:
+            _settle(batch, decode_opened(await ref))
+        except Exception as e:  # RayError: the actor died; anything else: a malformed answer
+            _settle(batch, e)
 
     async def _run(self, handle: Any) -> None:
         try:
             async for ref in handle.subscribe.remote(self.id):
-                for rid, events in decode_batch(await ref):
+                for rid, events in decode_batch(await _item(ref)):
                     q = self.queues.get(rid)
                     if q is not None:
                         for ev in events:
@@ -205,10 +253,35 @@ class _Events:
         return q
 
 
+async def _item(ref: Any) -> bytes:
+    """A streaming generator's item: its ref comes once the item is reported (a small one inline), so it is read
+    at once (~0.2 ms of CPU less than awaiting it, which hops through a thread); awaited if it is not there."""
+    if isinstance(ref, ray.ObjectRef):
+        try:
+            return ray.get(ref, timeout=0)
+        except GetTimeoutError:
+            pass
+    return await ref
+
+
+def _settle(batch: _Opening, got: Any) -> None:
+    """Each request's answer from ``got`` (the decoded answer of an open call, or the exception it raised)."""
+    for i, (_, fut) in enumerate(batch):
+        if fut.done():  # the consumer left meanwhile
+            continue
+        if isinstance(got, list) and i < len(got):
+            fut.set_result(got[i])
+        elif isinstance(got, RayError):
+            fut.set_result([_died(got)])
+        else:
+            why = f"{type(got).__name__}" if isinstance(got, Exception) else "no answer for this request"
+            fut.set_result([Failed(code="internal_error", message=f"open: {why}", status=500)])
+
+
 class AsyncEngineClient:
-    """The API's view of the actor (implements ninfer.api.service.EngineBackend). Requests are opened one Ray
-    call each (``EngineActor.open``); their events all come on one ``subscribe`` stream per client, so N streams
-    cost the actor one Ray item per stream interval instead of N."""
+    """The API's view of the actor (implements ninfer.api.service.EngineBackend). The requests opened in one turn
+    of the event loop share one Ray call (``EngineActor.open``); their events all come on one ``subscribe`` stream
+    per client, so N streams cost the actor one Ray item per stream interval instead of N."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
@@ -225,12 +298,7 @@ class AsyncEngineClient:
         q = stream.register(req.request_id)
         ended = False
         try:
-            try:
-                first = decode_events(await self.handle.open.remote(req, stream.id))
-            except RayError as e:
-                ended = True
-                yield _died(e)
-                return
+            first = await stream.open(req)
             ended = not (first and isinstance(first[-1], Accepted))
             for ev in first:
                 yield ev

@@ -29,7 +29,7 @@ import ray
 from ninfer.engine.core import Finish
 
 from . import _engine_adapter as adapter
-from .messages import ActorInfo, ActorSpec, ActorStats, Failed, GenerateRequest, Health
+from .messages import ActorInfo, ActorSpec, ActorStats, Failed, GenerateRequest, Health, decode_requests
 from .routing import RouteState
 from .streaming import Subscription, Wake
 
@@ -153,20 +153,35 @@ class EngineActor:
             sub.close()
 
     @ray.method(concurrency_group=GEN_GROUP)
-    async def open(self, req: GenerateRequest, sub_id: str) -> bytes:
-        """Admit ``req``; its events follow on the caller's ``subscribe(sub_id)`` stream. Returns the msgpack list
-        ``[Accepted]`` (the engine's budget) or ``[Failed]``."""
+    async def open(self, reqs: bytes | list[GenerateRequest], sub_id: str) -> bytes:
+        """Admit the requests of ``reqs`` (``messages.encode_requests``: what the caller opened in one turn of its
+        event loop, one Ray call), in order; their events follow on the caller's ``subscribe(sub_id)`` stream.
+        Returns, msgpack-encoded, for each request ``[Accepted]`` (the engine's budget) or ``[Failed]``."""
+        try:
+            batch = decode_requests(reqs)
+        except (msgspec.DecodeError, TypeError) as e:  # the caller's bug: one refusal for the whole call
+            return _ENC([[Failed(code="invalid_request", message=f"open: {e}", status=400)]])
         if sub_id in self._closed_subs:
-            return _ENC(
-                [Failed(code="engine_unavailable", message="the caller's event stream is closed", status=503)]
+            closed = Failed(
+                code="engine_unavailable", message="the caller's event stream is closed", status=503
             )
+            return _ENC([[closed] for _ in batch])
         sub = self._subscription(sub_id)
-        handle = await self._start(req, sub.watch(req.request_id))
+        if len(batch) == 1:
+            return _ENC([await self._open_one(sub, batch[0])])
+        # a long prompt renders on a thread: the others are not held up by it (quick ones submit in order)
+        return _ENC(await asyncio.gather(*(self._open_one(sub, req) for req in batch)))
+
+    async def _open_one(self, sub: Subscription, req: GenerateRequest) -> list[Any]:
+        try:  # one request's failure is its own: never the batch's
+            handle = await self._start(req, sub.watch(req.request_id))
+        except Exception as e:
+            handle = self._internal_error("open", req, e)
         if isinstance(handle, Failed):
             sub.fresh.discard(req.request_id)
-            return _ENC([handle])
+            return [handle]
         sub.add(req.request_id, handle)
-        return _ENC([handle.accepted])
+        return [handle.accepted]
 
     # ---- control ------------------------------------------------------------------------------------
     @ray.method(concurrency_group=CTL_GROUP)

@@ -29,6 +29,7 @@ from .protocol_shared import Output, OutputParser, new_id, reports_calls
 __all__ = ["new_completion_id", "finish_reason", "usage_of", "completion_body", "ChatStream"]
 
 _FINISH = {"output_limit": "length", "context_capacity": "length", "length": "length"}
+_MARK = "\x00ninfer-text\x00"  # where a delta's text goes in a pre-encoded frame
 
 
 def new_completion_id() -> str:
@@ -83,7 +84,7 @@ class ChatStream:
     index + argument pieces), finish chunk, usage chunk (include_usage only; every earlier chunk then carries
     ``usage: null``), ``[DONE]``. An error after the start is a ``data: {"error": ...}`` frame and no ``[DONE]``."""
 
-    __slots__ = ("cid", "created", "model", "include_usage", "_enc", "_parser", "tool_calls")
+    __slots__ = ("cid", "created", "model", "include_usage", "_enc", "_parser", "tool_calls", "_text_frames")
 
     def __init__(
         self,
@@ -98,9 +99,26 @@ class ChatStream:
         self._enc = msgspec.json.Encoder()
         self._parser = OutputParser(thinking, tools)
         self.tool_calls = 0
+        # the frames of a content / reasoning delta, cut around the text: each one is then one string encoded
+        # between two fixed byte strings, not three Structs built and encoded (the same bytes: test_api_units)
+        self._text_frames = {
+            "text": self._cut(ChunkDelta(content=_MARK)),
+            "reasoning": self._cut(ChunkDelta(reasoning_content=_MARK)),
+        }
+
+    def _cut(self, delta: ChunkDelta) -> tuple[bytes, bytes] | None:
+        parts = self._chunk(delta).split(self._enc.encode(_MARK))
+        return (parts[0], parts[1]) if len(parts) == 2 else None  # None: the model name holds the mark
 
     def _frame(self, obj: Any) -> bytes:
         return b"data: " + self._enc.encode(obj) + b"\n\n"
+
+    def _text(self, kind: str, text: str) -> bytes:
+        cut = self._text_frames[kind]
+        if cut is None:
+            delta = ChunkDelta(content=text) if kind == "text" else ChunkDelta(reasoning_content=text)
+            return self._chunk(delta)
+        return cut[0] + self._enc.encode(text) + cut[1]
 
     def _chunk(self, delta: ChunkDelta, finish: str | None = None) -> bytes:
         chunk = ChatCompletionChunk(
@@ -118,7 +136,7 @@ class ChatStream:
     start = role
 
     def content(self, text: str) -> bytes:
-        return self._chunk(ChunkDelta(content=text))
+        return self._text("text", text)
 
     def text(self, text: str) -> bytes:
         return self._events(self._parser.push(text))
@@ -127,10 +145,8 @@ class ChatStream:
         out = b""
         for ev in events:
             kind = ev[0]
-            if kind == "reasoning":
-                out += self._chunk(ChunkDelta(reasoning_content=ev[1]))
-            elif kind == "text":
-                out += self.content(ev[1])
+            if kind == "reasoning" or kind == "text":
+                out += self._text(kind, ev[1])
             elif kind == "start":
                 self.tool_calls += 1
                 call = ToolCallOut(

@@ -18,7 +18,11 @@ from ninfer.actors.messages import (
     GenerateRequest,
     SamplingOptions,
     TokenDelta,
+    decode_batch,
     decode_events,
+    decode_opened,
+    decode_requests,
+    encode_requests,
     engine_failure,
 )
 
@@ -288,6 +292,72 @@ def test_the_apis_requests_share_one_event_stream(actor: EngineActor) -> None:
     bad = asyncio.run(one(GenerateRequest(request_id="bad", prompt_ids=(10**9,))))
     assert len(bad) == 1 and isinstance(bad[0], Failed) and bad[0].status == 400
     assert asyncio.run(actor.stats()).open_streams == 0
+
+
+def test_requests_opened_in_one_loop_turn_share_one_open_call(actor: EngineActor) -> None:
+    """A burst's requests cross as one ``open`` call (msgpack bytes), answered in order, one refusal among them
+    its own; a prompt that renders on a thread goes alone (its answer would hold up the others'); a lone request
+    later is a call of its own; every request still gets its whole stream."""
+    from ninfer.actors.client import AsyncEngineClient
+    from ninfer.perf.request_path import _Remote
+
+    calls: list[object] = []
+
+    class Counting(_Remote):
+        def __getattr__(self, name: str) -> object:
+            method = super().__getattr__(name)
+            if name != "open":
+                return method
+            return type(method)(remote=lambda raw, sub: (calls.append(raw), method.remote(raw, sub))[1])
+
+    client = AsyncEngineClient(Counting(actor))
+
+    async def one(r: GenerateRequest) -> list[object]:
+        return [ev async for ev in client.generate(r)]
+
+    async def scenario() -> tuple[list[list[object]], list[object]]:
+        long = req("long", 6, messages=({"role": "user", "content": "word " * 4000},))
+        burst = [req("b0", 6), GenerateRequest(request_id="bad", prompt_ids=(10**9,)), req("b1", 6), long]
+        outs = list(await asyncio.gather(*(one(r) for r in burst)))
+        return outs, await one(req("alone", 6))
+
+    outs, alone = asyncio.run(scenario())
+    assert all(isinstance(c, bytes) for c in calls)
+    # the long prompt at once and alone, the rest of the burst at the end of the loop's turn, then the lone one
+    assert [[r.request_id for r in decode_requests(c)] for c in calls] == [
+        ["long"],
+        ["b0", "bad", "b1"],
+        ["alone"],
+    ]  # type: ignore[arg-type]
+    assert isinstance(outs[3][-1], Failed) and outs[3][-1].code == "context_length_exceeded"
+    for evs in (outs[0], outs[2], alone):
+        assert isinstance(evs[0], Accepted) and isinstance(evs[-1], Finish)
+        assert sum(len(e.token_ids) for e in evs if isinstance(e, TokenDelta)) == 6
+    assert len(outs[1]) == 1 and isinstance(outs[1][0], Failed) and outs[1][0].status == 400
+    assert asyncio.run(actor.stats()).open_streams == 0
+
+
+def test_open_takes_a_request_that_msgpack_cannot_carry(actor: EngineActor) -> None:
+    """An integer beyond 64 bits in a JSON value (a template variable here) does not fit msgpack: that call
+    carries the requests themselves (Ray pickles them) and they run as any other."""
+    big = req("big", 4, template_kwargs={"note": 2**70})
+    raw = encode_requests([big])
+    assert raw == [big]
+    sub = "s-big"
+
+    async def scenario() -> list[list[object]]:
+        events = actor.subscribe(sub)
+        got = decode_opened(await actor.open(raw, sub))
+        async for item in events:
+            if any(isinstance(e, Finish) for _, evs in decode_batch(item) for e in evs):
+                break
+        await events.aclose()
+        return got
+
+    got = asyncio.run(scenario())
+    assert len(got) == 1 and isinstance(got[0][0], Accepted)
+    bad = decode_opened(asyncio.run(actor.open(b"\x93not a request list", "s-bad")))
+    assert isinstance(bad[0][0], Failed) and bad[0][0].code == "invalid_request"
 
 
 def test_a_consumer_that_leaves_the_event_stream_frees_its_lane(actor: EngineActor) -> None:

@@ -167,6 +167,43 @@ def test_translation_to_the_engine_request() -> None:
     assert g2.sampling.max_tokens == 16  # the server default
 
 
+def test_engine_requests_cross_ray_as_msgpack_unchanged() -> None:
+    """What the API builds (tools, tool history, a grammar, template variables) survives ``open``'s msgpack
+    encoding exactly: the actor renders the same prompt as from the Struct itself."""
+    from ninfer.actors.messages import decode_requests, encode_requests
+    from ninfer.api import anthropic as am
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": [1, 2.5, null]}'}}
+    raw = body(
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "q"}]},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        ],
+        tools=[tool],
+        tool_choice="required",
+        temperature=0.5,
+        stop="x",
+        chat_template_kwargs={"deep": {"list": [1, {"k": True}], "f": 1.25}},
+    )
+    chat = to_generate_request(
+        parse_chat_request(raw, LIMITS), LIMITS, "rid", "client", {"enable_thinking": False}
+    )
+    anth = am.parse_messages_request(
+        json.dumps(
+            {"model": "m", "max_tokens": 8, "system": "s", "messages": [{"role": "user", "content": "hi"}]}
+        ),
+        64,
+        require_max_tokens=True,
+    )
+    anthropic = am.to_generate_request(anth, "rid2", "client", {}, 16)
+    reqs = [chat, anthropic]
+    wire = encode_requests(reqs)
+    assert isinstance(wire, bytes) and decode_requests(wire) == reqs
+    assert chat.grammar is not None and chat.tools and chat.messages and len(chat.messages) == 3
+
+
 # ---- SSE framing ----------------------------------------------------------------------------------------
 FIN = finish_event("output_limit", 10, 4, 3)
 
@@ -200,6 +237,37 @@ def test_chunk_order(include_usage: bool) -> None:
             "prompt_tokens_details": {"cached_tokens": 4},
         }
     assert got[-1] == "[DONE]" and len(got) == (6 if include_usage else 5)
+
+
+@pytest.mark.parametrize("model", ["m", 'q"\\\u2028', "x\x00ninfer-text\x00y"])
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_text_frames_are_the_chunks_bytes(model: str, include_usage: bool) -> None:
+    """A content or reasoning frame, written between pre-encoded bytes, is byte for byte the chunk Struct's
+    encoding, whatever the text (escapes, control characters, non-ASCII) or the model name."""
+    from ninfer.api.openai_chat_models import ChatCompletionChunk, ChunkChoice, ChunkDelta
+
+    cs = ChatStream("chatcmpl-1", 1796000000, model, include_usage)
+    enc = msgspec.json.Encoder()
+    for text in [
+        "he",
+        "",
+        'a "quote" \\ \n\t\x01',
+        "\u00e9\u4e2d\U0001f600",
+        "</think>",
+        "\x00ninfer-text\x00",
+    ]:
+        for kind, delta in (
+            ("text", ChunkDelta(content=text)),
+            ("reasoning", ChunkDelta(reasoning_content=text)),
+        ):
+            chunk = ChatCompletionChunk(
+                id="chatcmpl-1",
+                created=1796000000,
+                model=model,
+                choices=[ChunkChoice(index=0, delta=delta)],
+                usage=None if include_usage else msgspec.UNSET,
+            )
+            assert cs._text(kind, text) == b"data: " + enc.encode(chunk) + b"\n\n"
 
 
 def test_error_frame_has_no_done() -> None:
