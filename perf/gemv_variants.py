@@ -7,6 +7,8 @@ Variants (a variant changes only what its name says; results are timings, not nu
   base      the kernel and plan as they are
   ceil      the previous plan: ceil(2112 warps / row blocks) splits (up to a 10% partial second wave)
   mint2     at least 2 K-tiles per split instead of 4 (more splits for small matrices)
+  wave528   grids of at most 528 blocks (4 per SM x 132, no 5% allowance: the allowance was measured while the
+            blocks fitted only 3 per SM, see docs/cuda.md "Occupancy"; gate|up's 544 blocks leave a tail)
   stages3   GV_STAGES 3 and 5 resident blocks per SM (registers capped at 102)
   occ5      5 resident blocks per SM (registers capped at 102) and a wave of 5 * 132 blocks (+5%)
   chunk4    one-lane activations staged per 4 tiles (GV_CHUNK1 4) instead of 16
@@ -43,6 +45,8 @@ def _plan(lin: Any, base: Any, variant: str) -> Any:
             s = max(1, min(693 // p.blocks_x, p.ntiles // 4))
         elif variant == "mint2":
             s = max(1, min(554 // p.blocks_x, p.ntiles // 2))
+        elif variant == "wave528":
+            s = max(1, min(528 // p.blocks_x, p.ntiles // 4))
         else:
             return p
         return lin.GemvPlan(
