@@ -72,8 +72,9 @@ _GV_TILE = 128  # K per tile
 # latency), keeping >= 4 tiles per split; split s of S takes tiles [s T / S, (s + 1) T / S). Measured (H200, NVFP4,
 # one row, perf/bench_gemv.py): a grid 6% over one wave (560 blocks, the down projection) ran 8% slower than 520,
 # while 3% over (544, gate|up) beat the half-empty single split by 13%, hence the 5% allowance; fewer than 4 tiles
-# per split was slower on every shape. The activations are staged in double-buffered chunks of GV_CHUNK tiles, so
-# shared memory does not grow with K.
+# per split was slower on every shape. Those timings were taken while the 1-lane NVFP4 block fitted only 3 per SM
+# (see below): the allowance is to be measured again (`perf/gemv_variants.py --variants base,wave528`). The
+# activations are staged in double-buffered chunks of GV_CHUNK tiles, so shared memory does not grow with K.
 # 2-8 lanes stage 2 tiles per chunk (8 KB per buffer of float activations): with 4 their 72 KB block left room
 # for 3 blocks per SM, not 4 (228 KB per SM, 1 KB of it reserved per block), like the 1-lane NVFP4 block did with
 # a 4-byte static flag beside its 56 KB (gemv.cu now keeps it in the dynamic buffer).
