@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
             cells = []
             for name in _SHAPES:
                 ws, (n, k) = weights[name], SHAPES[name]
-                for b in (1, 8):
+                for b in (1, 4, 8):
                     x = cupy.asarray(rng.standard_normal((b, k)).astype(np.float32))
                     out = cupy.empty((b, n), dtype=np.float32)
                     t = graph_seconds([lambda x=x, out=out, w=w: lin.gemv(x, w, out) for w in ws], 10)
