@@ -4,9 +4,8 @@ recurrence with fused l2norm and gates, over packed sequences (``starts[b]..star
 
 ``gdn_recurrent`` is the exact token-by-token recurrence; ``gdn_decode`` is the same recurrence fused with the
 causal conv and the gated RMSNorm (one launch instead of three: the last arriving blocks run the epilogue; bitwise
-equal to ``causal_conv`` ->
-``gdn_recurrent`` -> ``gated_rmsnorm``): the model's decode and exact-prefill path, where a token's result must not
-depend on chunking. ``gdn_chunked`` is the chunked form (chunks of 64 tokens per sequence), equal to the recurrence
+equal to ``causal_conv`` -> ``gdn_recurrent`` -> ``gated_rmsnorm``): the model's decode and exact-prefill path,
+where a token's result must not depend on chunking. ``gdn_chunked`` is the chunked form (chunks of 64 tokens per sequence), equal to the recurrence
 within fp32 noise and much faster on long prompts."""
 
 from __future__ import annotations
