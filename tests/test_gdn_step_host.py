@@ -127,7 +127,9 @@ def test_gdn_step_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
         d.mkdir()
         runs[mode] = _run(emu, d, case, mode)
     for one, two in ((10, 0), (12, 2)):  # gdn_decode's single launch == the two launches, bitwise
-        for got, ref, what in zip(runs[one][:3], runs[two][:3], ("output", "state", "conv state"), strict=True):
+        for got, ref, what in zip(
+            runs[one][:3], runs[two][:3], ("output", "state", "conv state"), strict=True
+        ):
             np.testing.assert_array_equal(got, ref, err_msg=f"mode {one} (one launch) vs {two}: {what}")
     y, st, cv, inp = runs[0]
     got_y = bf16_decode(y) if tb else y
