@@ -77,16 +77,6 @@ def _step(eng: Any, rec: _Recorder) -> dict[str, Any]:
     return dict(ms=(time.perf_counter() - t0) * 1e3, restoring=restoring, **rec.last)
 
 
-def _pin_probe(eng: Any, rec: _Recorder, arena: Any) -> list[float]:
-    """Lane 0's step times while a background thread pins one more segment (a tier pinned ahead by a thread: at
-    105c1fb a step beside a 1 GiB ``cudaHostAlloc`` took 620 ms); empty when the tier is all pinned (the runner's)."""
-    arena.grow_to(len(arena.segments) + 1)
-    out = []
-    while arena.pinning and len(out) < 10000:
-        out.append(_step(eng, rec)["ms"])
-    return out
-
-
 def classify(steps: list[dict[str, Any]], base_ms: float) -> dict[str, Any]:
     """The turn's steps: restore steps (copy issued or in flight, the turn computing nothing) and prefill steps."""
     restore = [s for s in steps if (s.get("restores") or s["restoring"]) and not s.get("prefill_tokens")]
@@ -112,7 +102,6 @@ def run_size(net: Any, mc: Any, args: argparse.Namespace, size: int, log: Any) -
     t0 = time.perf_counter()
     runner = CudaModelRunner(net, mc, cfg)
     res: dict[str, Any] = dict(context=size, new=args.new, runner_start_s=time.perf_counter() - t0)
-    runner.tier.arena.join()  # (the runner pins the whole tier when it is made: nothing in the background)
     res.update(memory_plan=runner.plan.report(), page_bytes=runner.page_bytes)
     res.update(host_pages=runner.host_pages, snapshot_bytes=runner.snapshot_bytes)
     log(res["memory_plan"])
@@ -137,11 +126,8 @@ def run_size(net: Any, mc: Any, args: argparse.Namespace, size: int, log: Any) -
     dec = eng.submit(ids(64), max_tokens=args.decode_steps, ignore_eos=True)
     while not dec.done and eng._sched.lanes[0] is not None and eng._sched.lanes[0].num_generated < 4:
         eng.step()
-    t0 = time.perf_counter()
-    runner.tier.arena.join()
-    res.update(pin_join_wait_s=time.perf_counter() - t0, host_pin_s=runner.tier.arena.pin_seconds)
+    res["host_pin_s"] = runner.tier.arena.pin_seconds  # the whole tier, pinned when the runner was made
     base = [_step(eng, rec)["ms"] for _ in range(16)]
-    res["steps_while_pinning_ms"] = _pin_probe(eng, rec, runner.tier.arena)
     res["host_pinned_bytes"] = runner.tier.host_bytes
     turn = eng.submit(prefix + c1.token_ids + ids(args.new), max_tokens=4, ignore_eos=True, checkpoint_at=())
     steps: list[dict[str, Any]] = []

@@ -261,36 +261,32 @@ def test_pump_issues_in_order_beside_the_step_and_guards_issue_what_they_touch(
     assert not tier.queued and len(issued) > n
 
 
-def test_pinned_arena_pins_ahead_in_the_background() -> None:
-    """The runner's arena: segments pinned by a thread ahead of the highest page a spill reached, so a copy
-    finds its pages pinned and waits for nothing; one that outruns the thread pins (and counts) what it needs."""
-    import threading
-
+def test_pinned_arena_pins_lazily_or_all_at_once() -> None:
+    """Without ``pin_all`` a segment is pinned when a page of it is first reached (counted as the caller's
+    wait); ``pin_all`` (the runner's) pins every segment up front, so copies then wait for nothing; the last
+    segment is short; out-of-range pages are refused; the segments are freed with the arena."""
     from ninfer.cuda.pinned_arena import PinnedArena
 
-    gate, calls, freed = threading.Event(), [], []
+    calls, freed = [], []
 
     def alloc(n: int) -> tuple[np.ndarray, int]:
-        gate.wait(5)
-        calls.append(threading.current_thread().name)
+        calls.append(n)
         return np.zeros(n, np.uint8), len(calls)
 
-    arena = PinnedArena(50, 16, 8, alloc, freed.append, ahead=2)  # 7 segments, the last one short
-    arena.prefetch(-1)
-    assert arena.nbytes == 0  # the thread waits at the gate: nothing pinned in the caller
-    gate.set()
-    arena.join()
-    assert len(arena.segments) == 2 and set(calls) == {"host-tier-pin"} and arena.wait_seconds == 0
-    arena.row(15)[:] = 7  # inside the pinned part: no pinning here
-    assert len(calls) == 2
-    arena.prefetch(17)  # a spill reached segment 2: keep 3 and 4 pinned too
-    arena.join()
-    assert len(arena.segments) == 5 and arena.wait_seconds == 0
-    arena.row(49)  # outran the thread: pinned here, counted
-    assert len(arena.segments) == 7 and arena.segments[-1].shape == (2, 16) and arena.wait_seconds > 0
+    arena = PinnedArena(50, 16, 8, alloc, freed.append)  # 7 segments, the last one short
+    assert arena.nbytes == 0
+    arena.row(15)[:] = 7  # segments 0 and 1, pinned here, counted
+    assert len(arena.segments) == 2 and arena.wait_seconds > 0
+    arena.row(49)
+    assert len(arena.segments) == 7 and arena.segments[-1].shape == (2, 16)
     assert int(arena.row(15)[0]) == 7
     with pytest.raises(IndexError):
         arena.row(50)
+    eager = PinnedArena(50, 16, 8, lambda n: (np.zeros(n, np.uint8), None))
+    eager.pin_all()
+    assert len(eager.segments) == 7 and eager.nbytes == 50 * 16
+    eager.row(49)
+    assert eager.wait_seconds == 0
     del arena
     import gc
 

@@ -21,7 +21,21 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from test_api_live import Server  # noqa: E402
-from test_hostile_live import _BASE, AUTH, CHAT, KEY, MODEL, MSGS, RESP, USER, _idle, _metric, _shape  # noqa: E402
+from test_hostile_live import (  # noqa: E402
+    _BASE,
+    AUTH,
+    CHAT,
+    KEY,
+    MODEL,
+    MSGS,
+    RESP,
+    USER,
+    _idle,
+    _metric,
+    _open,
+    _raw,
+    _shape,
+)
 
 CAP = 12  # --max-connections
 HEAD_S, READ_S, BODY_S = 2.0, 2.0, 4.0  # --header-timeout-s, --body-timeout-s, --body-deadline-s
@@ -123,12 +137,7 @@ def test_a_trickled_head_is_closed_at_the_head_deadline(server: Server) -> None:
 def _request(s: Server, path: str, body: dict[str, Any]) -> bytes:
     """One request on a fresh connection; everything the server sends until it closes."""
     data = json.dumps(body).encode()
-    with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
-        c.sendall(_head(path, len(data)) + data)
-        out = b""
-        while chunk := c.recv(65536):
-            out += chunk
-    return out
+    return _raw(s, _head(path, len(data)) + data)
 
 
 def test_connections_past_the_cap_are_refused_in_the_paths_protocol(server: Server) -> None:
@@ -169,10 +178,7 @@ def test_connections_past_the_cap_are_refused_in_the_paths_protocol(server: Serv
 
 
 def _open_stream(s: Server) -> socket.socket:
-    body = json.dumps({**_BASE[CHAT], "max_tokens": 3000, "ignore_eos": True, "stream": True}).encode()
-    c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
-    c.sendall(_head(CHAT, len(body)) + body)
-    return c
+    return _open(s, CHAT, {**_BASE[CHAT], "max_tokens": 3000, "ignore_eos": True, "stream": True})
 
 
 def test_a_full_queue_is_anthropic_overloaded_and_its_sdk_retries_after_retry_after(server: Server) -> None:

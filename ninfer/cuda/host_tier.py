@@ -3,8 +3,7 @@
 Layout: a pinned arena ``[host_pages, page_bytes]`` in ``SEGMENT_BYTES`` segments (``ninfer.cuda.pinned_arena``).
 Pinning takes 0.4-0.6 s per GiB and a ``cudaHostAlloc`` stalls the step thread for its whole duration even from
 another thread (H200, 105c1fb: a step beside a 1 GiB pin took 620 ms), so the runner pins the whole tier when it
-is made (``eager``); with ``ahead_bytes`` a background thread pins ahead of the spills instead, and with neither
-(tests) a segment is pinned when a copy first reaches it. A host page holds one KV page of every attention layer
+is made (``eager``); without it (tests) a segment is pinned when a copy first reaches it. A host page holds one KV page of every attention layer
 (with speculation also the MTP head's plane), page-major (the K pages of every layer, then V, then the fp8
 scales, each ``page_size x KV heads x head_dim`` as stored on the device); a GDN checkpoint takes
 ``ceil(snapshot_bytes / page_bytes)`` host pages, holding the bytes of its slot in every conv then every recurrent
@@ -98,7 +97,6 @@ class HostTier:
         *,
         checksum: bool = False,
         eager: bool = False,
-        ahead_bytes: int = 0,
     ) -> None:
         import cupy
 
@@ -113,14 +111,8 @@ class HostTier:
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
         self.page_bytes, self.checksum, self.host_pages = page_bytes, checksum, host_pages
         self.seg_pages = max(1, SEGMENT_BYTES // page_bytes)
-        ahead = -(-ahead_bytes // (self.seg_pages * page_bytes))
         self.arena = PinnedArena(
-            host_pages,
-            page_bytes,
-            self.seg_pages,
-            pinned_arena.cuda_pinned,
-            pinned_arena.cuda_free,
-            ahead=ahead,
+            host_pages, page_bytes, self.seg_pages, pinned_arena.cuda_pinned, pinned_arena.cuda_free
         )
         self.chunk = stage_pages(page_bytes)
         self.op_pages = min(self.chunk, OP_PAGES)  # a queued op's pages (its staging rows: 0..)
@@ -168,7 +160,7 @@ class HostTier:
 
     @property
     def pin_seconds(self) -> float:
-        """Time the copies (the step thread) spent pinning host memory themselves: 0 when pinned ahead."""
+        """Time the copies (the step thread) spent pinning host memory themselves: 0 when pinned at start-up."""
         return self.arena.wait_seconds
 
     def row(self, host_id: int) -> np.ndarray:
@@ -193,9 +185,6 @@ class HostTier:
                 )
             ops.extend(self._slot_ops(slot, c.host_ckpt, D2H))
         self._enqueue(_Flight(set(c.device_pages), {slot} if slot is not None else set(), 0, ops))
-        self.arena.prefetch(
-            max(c.host_pages + c.host_ckpt, default=-1)
-        )  # the next spills' room, if not pinned
         if self.checksum:
             self.flush()
             self.stream.synchronize()  # debug: the spill is complete before any lane writes again

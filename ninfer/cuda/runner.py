@@ -177,9 +177,8 @@ class CudaModelRunner:
         if sampled:
             with net.stream:
                 self._logits = cupy.concatenate(sampled, axis=0)
-        if (
-            self.tier is not None and self.tier.queued
-        ):  # host-tier copies issued while the step runs on the GPU
+        # host-tier copies issued while the step runs on the GPU
+        if self.tier is not None and self.tier.queued:
             self.tier.pump(lambda: not net.stream.done)
         net.stream.synchronize()  # nothing of this step is pending when the copy stream reuses what it freed
 
