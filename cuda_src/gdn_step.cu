@@ -19,6 +19,13 @@
 // of its v channels likewise (gdn_step_post stores the q/k channels'). Stores only: the arithmetic, and so every
 // output and the final state, is the same bits with or without them.
 //
+// POST (CONV and cnt != null: gdn_decode's single launch): gdn_step_post's epilogue runs in this launch. The last
+// of a value head's column tiles to arrive (a counter per (sequence, value head)) applies the gated RMSNorm to the
+// head's rows of the sequence, o -> y (gated_norm_row, one warp per row); the last of a QK head's readers (a
+// counter per (sequence, QK head)) stores the q/k conv windows it holds, the same values gdn_step_post recomputes
+// from the raw inputs; with snapshots, the QK head's first reader (j % ratio == 0, tile 0) stores the q/k windows
+// before each token. o has no __restrict__: y may be o (in place, as gdn_decode runs it).
+//
 // CONV (gdn_decode): qkv holds the raw in_proj_qkv rows; the block convolves the q and k channels of QK head hk and
 // the v channels of its tile itself (conv_token, rounded to T as causal_conv stores them, so the result equals
 // causal_conv + gdn_recurrent bitwise). The q/k channels are read by the ratio * tiles blocks of a QK head at
@@ -44,9 +51,11 @@ template <typename T, typename S, int DK, bool CONV>
 __global__ void __launch_bounds__(GdnStep<DK>::NT)
     gdn_step(const T* __restrict__ qkv, const float* __restrict__ convw, float* __restrict__ conv_state,
              const T* __restrict__ a, const T* __restrict__ bb, const float* __restrict__ A_log,
-             const float* __restrict__ dt_bias, S* __restrict__ state, T* __restrict__ o,
+             const float* __restrict__ dt_bias, S* __restrict__ state, T* o,
              const int* __restrict__ starts, const int* __restrict__ slots, int HK, int HV, int DV, long long ldqkv,
-             long long lda, long long ldb, long long ldo, const int* __restrict__ snap, int nsnap) {
+             long long lda, long long ldb, long long ldo, const int* __restrict__ snap, int nsnap,
+             int* __restrict__ cnt, const T* __restrict__ z, const float* __restrict__ nw, T* y, long long ldz,
+             long long ldy, float eps) {
     pdl_trigger();
     using G = GdnStep<DK>;
     constexpr int RPW = G::RPW, NW = G::NW, NT = G::NT, CT = G::CT, NCH = G::NCH, CPT = G::CPT;
@@ -59,6 +68,9 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
         if (dyn < G::FLOATS * sizeof(float)) __trap();
     }
     const int b = blockIdx.x, j = blockIdx.y, c0 = blockIdx.z * CT, hk = j / (HV / HK);
+    // POST (CONV with cnt): the epilogue runs here (see the end); the first reader of QK head hk snapshots its q/k
+    // conv windows (any one block may: nothing in this launch reads the snapshot slots)
+    const bool post = CONV && cnt != nullptr, qk_snap = post && j % (HV / HK) == 0 && blockIdx.z == 0;
     // No early exit for an empty segment (t0 == t1: nothing is read past the rows, nothing stored): the slot and
     // state loads then issue together with the starts loads instead of after a branch on them.
     const long long slot = slots[b];
@@ -112,11 +124,11 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
 #pragma unroll
             for (int r = 0; r < RPW; ++r)
                 if (live) st_store(sp + (long long)r * DV, s[r]);
-            if (CONV) {  // the v channels of this tile (the q/k channels: gdn_step_post)
+            if (CONV) {  // the v channels of this tile (the q/k channels: gdn_step_post, or qk_snap's block)
 #pragma unroll
                 for (int u = 0; u < CPT; ++u) {
                     const int ch = tid + NT * u;
-                    if (ch >= 2 * DK && g[u] >= 0)
+                    if ((ch >= 2 * DK || qk_snap) && ch < NCH && g[u] >= 0)
 #pragma unroll
                         for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(ss * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
                 }
@@ -181,7 +193,7 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
             o[(long long)t * ldo + (long long)j * DV + col] = from_f<T>(os);
         }
     }
-    if (!any) return;
+    if (!any) return;  // block-uniform, and the same for every block of sequence b: its counters stay untouched
 #pragma unroll
     for (int r = 0; r < RPW; ++r)
         if (live) st_store(st + (long long)r * DV, s[r]);
@@ -193,6 +205,37 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
 #pragma unroll
                 for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(slot * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
         }
+    }
+    if (!post) return;
+    // The decode epilogue in this launch (gdn_step_post's work, the same bits): the last of the value head's
+    // column tiles to arrive norms the head's rows, the last of the QK head's readers stores its q/k conv windows.
+    // Every block arrives (after its own o, state and v-window stores), then the counters reset themselves.
+    int* const gs_last = reinterpret_cast<int*>(smem);  // x's first words: every read of x ended at barrier (C)
+    int* const cnt_o = cnt + (long long)b * (HV + HK) + j;        // gridDim.z tiles write o(j)
+    int* const cnt_qk = cnt + (long long)b * (HV + HK) + HV + hk;  // (HV / HK) * gridDim.z blocks read q/k(hk)
+    __syncthreads();
+    if (tid == 0) {
+        __threadfence();  // this block's stores before its arrival
+        gs_last[0] = atomicAdd(cnt_o, 1) == (int)gridDim.z - 1;
+        gs_last[1] = atomicAdd(cnt_qk, 1) == (HV / HK) * (int)gridDim.z - 1;
+    }
+    __syncthreads();
+    if (gs_last[0]) {
+        __threadfence();  // the other tiles' o stores, seen after their arrivals
+        for (int t = t0 + warp; t < t1; t += NW)  // one warp per row, as gdn_step_post
+            gated_norm_row(o + (long long)t * ldo + (long long)j * DV, z + (long long)t * ldz + (long long)j * DV, nw,
+                           y + (long long)t * ldy + (long long)j * DV, DV, eps, lane);
+        if (tid == 0) *cnt_o = 0;
+    }
+    if (gs_last[1]) {  // every reader of these conv windows has read them (they arrived after their reads)
+#pragma unroll
+        for (int u = 0; u < CPT; ++u) {
+            const int ch = tid + NT * u;
+            if (ch < 2 * DK)
+#pragma unroll
+                for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(slot * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
+        }
+        if (tid == 0) *cnt_qk = 0;
     }
 }
 

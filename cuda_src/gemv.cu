@@ -19,7 +19,8 @@
 
 #define GV_WARPS 4
 #define GV_STAGES 4  // per-warp weight pipeline depth: 3 K-tiles in flight while one is computed
-#define GV_CHUNK 2    // K-tiles of activations staged per block barrier (double-buffered), 2-8 lanes
+#define GV_CHUNK 2    // K-tiles of activations staged per block barrier (double-buffered), 5-8 lanes
+#define GV_CHUNK4 4   // the same for 2-4 lanes (the 4-lane instance: half the 8-lane staging, same shared memory)
 #define GV_CHUNK1 16  // the same for one lane: 4x fewer barriers (a split of <= 16 tiles stages once)
 #define GV_MIN_BLOCKS 4  // resident blocks per SM the registers are budgeted for (launch bounds)
 
@@ -77,7 +78,7 @@ __device__ __forceinline__ void gv_load8(const T* p, const T* p2, int xf, int k,
 // their global loads are issued a chunk ahead (gv_fetch, into registers) and converted and stored after the
 // current chunk's math (gv_put), so their latency hides behind the weights' stream.
 template <int NB> struct GvChunk {
-    static constexpr int V = NB == 1 ? GV_CHUNK1 : GV_CHUNK;
+    static constexpr int V = NB == 1 ? GV_CHUNK1 : (NB <= 4 ? GV_CHUNK4 : GV_CHUNK);
 };
 template <int NB> struct GvItems {
     static constexpr int N = (NB * GvChunk<NB>::V * 16 + GV_WARPS * 32 - 1) / (GV_WARPS * 32);

@@ -70,7 +70,7 @@ def _random_weight(fmt: str, shape: tuple[int, ...]) -> Any:
 
 
 def bench(
-    formats: tuple[str, ...] = DEFAULT_FORMATS, rows: tuple[int, ...] = (1, 8), repeats: int = 20
+    formats: tuple[str, ...] = DEFAULT_FORMATS, rows: tuple[int, ...] = (1, 4, 8), repeats: int = 20
 ) -> dict:
     """Every (format, shape, rows) case plus one MoE expert dispatch; returns the copy ceiling and the cases."""
     import cupy

@@ -16,6 +16,9 @@ Variants (a variant changes only what its name says; results are timings, not nu
   static    the last-block flag as a static __shared__ int (before 2026-12-02: the 1-lane NVFP4 block 4 bytes
             over a quarter of the SM's shared memory)
   nopdl     launched without programmatic dependent launch (a plain CuPy launch)
+  nomul     diagnostic (wrong results): NVFP4 pairs without the block-scale multiply (its cost)
+  nodq      diagnostic (wrong results): NVFP4 pairs as the raw code words (the whole dequantization's cost: the
+            kernel's streaming + mma ceiling)
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
 """
 
@@ -74,6 +77,12 @@ def _dir_source(root: Path, name: str) -> str:
     return expand(name)
 
 
+def _must_replace(s: str, old: str, new: str) -> str:
+    if old not in s:
+        raise SystemExit(f"gemv_variants: {old!r} not in the source")
+    return s.replace(old, new)
+
+
 def _source(original: Any, variant: str) -> Any:
     def src(name: str) -> str:
         if variant.startswith("dir="):
@@ -94,6 +103,11 @@ def _source(original: Any, variant: str) -> Any:
                 "volatile int* last = reinterpret_cast<volatile int*>(gv_sm);",
                 "volatile int* last = &gv_flag;",
             )
+        nv4 = "return bf16x2_mul(nv4_pair(word4(p.c, w), i), w < 2 ? p.s0 : p.s1);"
+        if variant == "nomul":
+            s = _must_replace(s, nv4, "return nv4_pair(word4(p.c, w), i) ^ (w < 2 ? p.s0 : p.s1);")
+        if variant == "nodq":
+            s = _must_replace(s, nv4, "return word4(p.c, w) ^ (u32)i;")
         if variant == "occ5":
             s = s.replace("#define GV_MIN_BLOCKS 4", "#define GV_MIN_BLOCKS 5")
         if variant == "stages3":
@@ -166,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
             cells = []
             for name in _SHAPES:
                 ws, (n, k) = weights[name], SHAPES[name]
-                for b in (1, 8):
+                for b in (1, 4, 8):
                     x = cupy.asarray(rng.standard_normal((b, k)).astype(np.float32))
                     out = cupy.empty((b, n), dtype=np.float32)
                     t = graph_seconds([lambda x=x, out=out, w=w: lin.gemv(x, w, out) for w in ws], 10)

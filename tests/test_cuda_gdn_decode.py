@@ -83,7 +83,7 @@ def _problem(rng: np.random.Generator, case: tuple, tb: bool, sb: bool) -> dict[
 
 
 def _decode(
-    cp: Any, p: dict, hk: int, tb: bool, sb: bool, rows: Any = None, seqs: Any = None
+    cp: Any, p: dict, hk: int, tb: bool, sb: bool, rows: Any = None, seqs: Any = None, fused: bool = True
 ) -> dict[str, Any]:
     """One ``gdn_decode`` call on the device states ``p['dev']`` (fresh copies of the host states on first use):
     every row of every sequence, or one row (``rows[i]``) for each sequence ``seqs[i]``. Returns the arrays."""
@@ -99,7 +99,7 @@ def _decode(
     gdn_decode(_dev(cp, p["qkv"][rows], tb), cp.asarray(p["convw"]), d["conv"], _dev(cp, p["a"][rows], tb),
                _dev(cp, p["b"][rows], tb), cp.asarray(p["alog"]), cp.asarray(p["dtb"]), d["state"], starts,
                cp.asarray(p["slots"][seqs]), _dev(cp, p["z"][rows], tb), cp.asarray(p["normw"]), EPS,
-               n_k_heads=hk, out=out)  # fmt: skip
+               n_k_heads=hk, out=out, fused=fused)  # fmt: skip
     return {"y": out, **d}
 
 
@@ -157,6 +157,12 @@ def test_gdn_decode(cp: Any, t: str, st: str, case: tuple) -> None:
     np.testing.assert_array_equal(cp.asnumpy(r["y"]), cp.asnumpy(on).reshape(n, hv * dv), "fused vs unfused")
     np.testing.assert_array_equal(cp.asnumpy(r["state"]), cp.asnumpy(state), "fused vs unfused: state")
     np.testing.assert_array_equal(cp.asnumpy(r["conv"]), cp.asnumpy(conv), "fused vs unfused: conv state")
+    # the epilogue in gdn_step (one launch, the default) == gdn_step + gdn_step_post, bitwise
+    two = _decode(cp, {k: v for k, v in p.items() if k != "dev"}, hk, tb, sb, fused=False)
+    for name in ("y", "state", "conv"):
+        np.testing.assert_array_equal(
+            cp.asnumpy(r[name]), cp.asnumpy(two[name]), f"one launch vs two: {name}"
+        )
 
 
 @pytest.mark.parametrize("t", ["float", "bf16"])

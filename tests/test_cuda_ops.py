@@ -211,7 +211,7 @@ def test_gemv(cp: Any, report: list, fmt: str, t: str) -> None:
     rng = np.random.default_rng(5)
     for n, k in ((64, 64), (300, 1000), (512, 5120)):
         w, wf = _weight(rng, fmt, (n, k))
-        for b in (1, 3, 8):
+        for b in (1, 3, 4, 5, 8):  # the 1-, 4- and 8-row instances
             x = _inputs(rng, (b, k), t)
             out = _poison(cp, (b, n), t)
             gemv(_dev(cp, x, t), w, out)
@@ -220,7 +220,8 @@ def test_gemv(cp: Any, report: list, fmt: str, t: str) -> None:
 
 @pytest.mark.parametrize("fmt", MATRIX_FMTS)
 def test_gemv_rows_independent_of_batch(cp: Any, fmt: str) -> None:
-    """A row computed alone is bitwise the row computed among 8 (fixed reduction order)."""
+    """A row computed alone, among 2-7 or among 8 (the 1-, 4- and 8-row instances) has the same bits (fixed
+    reduction order)."""
     from ninfer.cuda.linear import gemv
 
     rng = np.random.default_rng(6)
@@ -233,8 +234,9 @@ def test_gemv_rows_independent_of_batch(cp: Any, fmt: str) -> None:
         for b in range(8):
             alone = cp.asnumpy(gemv(cp.ascontiguousarray(x[b : b + 1]), w))
             assert np.array_equal(alone[0], full[b]), f"{fmt} {t}: row {b} differs alone vs batch of 8"
-        part = cp.asnumpy(gemv(cp.ascontiguousarray(x[:3]), w))
-        assert np.array_equal(part, full[:3])
+        for m in (2, 3, 4, 5, 7):  # the 4-row instance (2-4 rows) and the 8-row one: the same bits per row
+            part = cp.asnumpy(gemv(cp.ascontiguousarray(x[:m]), w))
+            assert np.array_equal(part, full[:m]), f"{fmt} {t}: {m} rows differ from the batch of 8"
 
 
 # K off every chunk width (8 | K; K % 16 == 8 for FP8's guarded half; K % 128 != 0 for the padded formats), N off

@@ -4,6 +4,8 @@ real barriers and warp exchanges, NaN-filled shared memory, NaN-poisoned outputs
 tests/host/gdn_step_driver.cpp. Without a GPU this checks the index arithmetic, the barriers, partial column tiles,
 empty segments and three invariants:
 
+- gdn_decode's single launch (the epilogue in gdn_step, last-arrival counters) equals its two-launch form
+  (gdn_step + gdn_step_post) bitwise, with and without snapshots;
 - the fused path (``gdn_decode``'s two launches) matches the NumPy reference (conv, l2norm, gates, recurrence,
   gated RMSNorm) and leaves the reference's recurrent and conv states;
 - it equals the unfused path (conv -> ``gdn_step<CONV=false>`` -> gated norm) bitwise, states included;
@@ -120,10 +122,15 @@ def _reference(case: tuple, inp: dict, s: int) -> tuple[np.ndarray, np.ndarray, 
 def test_gdn_step_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
     _, _, _, _, lens, tb, sb = case
     runs = {}
-    for mode in (0, 1, 2):
+    for mode in (0, 1, 2, 10, 12):
         d = tmp_path / str(mode)
         d.mkdir()
         runs[mode] = _run(emu, d, case, mode)
+    for one, two in ((10, 0), (12, 2)):  # gdn_decode's single launch == the two launches, bitwise
+        for got, ref, what in zip(
+            runs[one][:3], runs[two][:3], ("output", "state", "conv state"), strict=True
+        ):
+            np.testing.assert_array_equal(got, ref, err_msg=f"mode {one} (one launch) vs {two}: {what}")
     y, st, cv, inp = runs[0]
     got_y = bf16_decode(y) if tb else y
     got_s = bf16_decode(st) if sb else st
@@ -164,10 +171,12 @@ def test_gdn_step_snapshots_emulated(emu: Path, tmp_path: Path, case: tuple) -> 
     lens = case[4]
     extra = sum(lens)
     runs = {}
-    for mode in (0, 3):
+    for mode in (0, 3, 13):
         d = tmp_path / f"m{mode}"
         d.mkdir()
         runs[mode] = _run(emu, d, case, mode, extra)
+    for got, ref, what in zip(runs[13][:3], runs[3][:3], ("output", "state", "conv state"), strict=True):
+        np.testing.assert_array_equal(got, ref, err_msg=f"snapshots, one launch vs two: {what}")
     inp = runs[3][3]
     base = len(lens) + 1
     for got, ref, what in zip(runs[3][:3], runs[0][:3], ("output", "state", "conv state"), strict=True):

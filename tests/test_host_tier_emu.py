@@ -233,7 +233,7 @@ def test_pump_issues_in_order_beside_the_step_and_guards_issue_what_they_touch(
     stream is busy; a guard issues the queue up to the last flight touching what it guards (never a later one);
     ``done(True)`` issues a queued restore before it waits; ``busy_slots`` counts queued flights."""
     net, page_bytes = _net(False)
-    monkeypatch.setattr("ninfer.cuda.host_tier.OP_PAGES", 2)
+    monkeypatch.setattr("ninfer.cuda.host_tier.STAGE_BYTES", 2 * page_bytes)
     monkeypatch.setattr("ninfer.cuda.host_tier.MIN_ISSUE_S", 0.0)
     tier = HostTier(net, 40, page_bytes)
     before = _snapshot(net, [1, 2, 3, 4, 5], 2)

@@ -3,9 +3,9 @@ recurrence with fused l2norm and gates, over packed sequences (``starts[b]..star
 ``slots[b]``).
 
 ``gdn_recurrent`` is the exact token-by-token recurrence; ``gdn_decode`` is the same recurrence fused with the
-causal conv and the gated RMSNorm (two launches instead of three, bitwise equal to ``causal_conv`` ->
-``gdn_recurrent`` -> ``gated_rmsnorm``): the model's decode and exact-prefill path, where a token's result must not
-depend on chunking. ``gdn_chunked`` is the chunked form (chunks of 64 tokens per sequence), equal to the recurrence
+causal conv and the gated RMSNorm (one launch instead of three: the last arriving blocks run the epilogue; bitwise
+equal to ``causal_conv`` -> ``gdn_recurrent`` -> ``gated_rmsnorm``): the model's decode and exact-prefill path,
+where a token's result must not depend on chunking. ``gdn_chunked`` is the chunked form (chunks of 64 tokens per sequence), equal to the recurrence
 within fp32 noise and much faster on long prompts."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, grid_1d
+from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
 from ninfer.cuda.loader import kernel
 
 __all__ = [
@@ -119,6 +119,10 @@ def step_smem_bytes(dk: int) -> int:
     return 4 * (2 * dk + STEP_COLS + 2 * (dk // 16) * STEP_COLS)
 
 
+# gdn_step's epilogue arguments when it has none (cnt, z, nw, y: null pointers; ldz, ldy, eps)
+_NO_POST = (np.uint64(0), np.uint64(0), np.uint64(0), np.uint64(0), np.int64(0), np.int64(0), np.float32(0))
+
+
 def _step(k: dict[str, Any], conv: bool, args: tuple[Any, ...]) -> None:
     """Launch ``gdn_step``: one block of 2·dk threads (dk/16 warps of 16 state rows) per (sequence, value head,
     32 value columns)."""
@@ -147,7 +151,7 @@ def gdn_recurrent(
     out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)
     if k["nseq"]:  # no conv: a_log stands in for the conv weight and state pointers, which are never read
         _step(k, False, (qkv, a_log, a_log, a, b, a_log, dt_bias, state, out, starts, slots, *scalars,
-                         slots, np.int32(0)))  # fmt: skip
+                         slots, np.int32(0), *_NO_POST))  # fmt: skip
     return out
 
 
@@ -169,9 +173,10 @@ def gdn_decode(
     n_k_heads: int,
     out: Any = None,
     snap: Any = None,
+    fused: bool = True,
 ) -> Any:
-    """The GDN mixer core in two launches: the causal conv of the raw ``in_proj_qkv`` rows ``qkv`` (taps
-    ``conv_w[C, 4]``, carried raw inputs ``conv_state[S, C, 3]`` float32), the exact delta rule (arguments as
+    """The GDN mixer core in one launch (``fused=False``: two, the epilogue in ``gdn_step_post``; the same bits):
+    the causal conv of the raw ``in_proj_qkv`` rows ``qkv`` (taps ``conv_w[C, 4]``, carried raw inputs ``conv_state[S, C, 3]`` float32), the exact delta rule (arguments as
     ``gdn_recurrent``) and the gated RMSNorm with ``z[T, HV·dv]`` (``in_proj_z`` output, same dtype) and
     ``norm_w[dv]``. Returns ``y[T, HV·dv]`` (``out`` if given: it also holds the un-normed output in between).
 
@@ -199,8 +204,13 @@ def gdn_decode(
     if not k["nseq"]:
         return out
     sn = (slots, np.int32(0)) if snap is None else (snap, np.int32(1))
-    _step(k, True, (qkv, conv_w, conv_state, a, b, a_log, dt_bias, state, out, starts, slots, *scalars, *sn))
     qkc, ldo = 2 * n_k_heads * k["dk"], scalars[-1]
+    head = (qkv, conv_w, conv_state, a, b, a_log, dt_bias, state, out, starts, slots, *scalars, *sn)
+    if fused:  # the epilogue by the last arriving blocks (counters per sequence and value / QK head)
+        cnt = arrival_counters(k["nseq"] * (hv + n_k_heads))
+        _step(k, True, (*head, cnt, z, norm_w, out, np.int64(ldz), ldo, np.float32(eps)))
+        return out
+    _step(k, True, (*head, *_NO_POST))
     post = kernel("gdn_step.cu", SOURCES["gdn_step.cu"], f"gdn_step_post<{k['t']}>")
     post(
         (max(grid_1d(rows * hv, 4), grid_1d(qkc, 128)), 1 + k["nseq"]),

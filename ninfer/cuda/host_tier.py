@@ -10,7 +10,7 @@ scales, each ``page_size x KV heads x head_dim`` as stored on the device); a GDN
 state array in order.
 
 Copies run on ``self.stream`` (a non-blocking copy stream). ``spill`` and ``restore`` only queue them as small ops
-(``OP_PAGES`` KV pages through the device staging buffer: an index upload, one ``tier_pages`` launch moving those
+(a staging buffer of ``STAGE_BYTES`` per op: an index upload, one ``tier_pages`` launch moving those
 pages of every layer array, cuda_src/tier_copy.cu, and one ``cudaMemcpyAsync`` per run of consecutive host pages;
 or one checkpoint array's slot straight to/from its host pages). ``pump``, called by the runner once a step's
 work is launched, issues them in order while the GPU runs that step: issuing an 8K restore took 10.5 ms of host
@@ -48,9 +48,10 @@ __all__ = ["HostTier", "SOURCES", "STAGE_BYTES", "stage_pages", "page_runs"]
 
 SOURCES: dict[str, tuple[str, ...]] = {"tier_copy.cu": ("tier_pages",)}
 
-STAGE_BYTES = 256 << 20  # device staging of the page copies: 256 pages of the 27B's 1 MiB (bf16 KV)
+# device staging of the page copies, and a queued op's pages: 64 pages of the 27B's 1 MiB (bf16 KV), the op size
+# measured at bf08816 (a 256 MiB buffer was allocated then, three quarters of it never used by the ops)
+STAGE_BYTES = 64 << 20
 SEGMENT_BYTES = 1 << 30  # the pinned arena grows by this much
-OP_PAGES = 64  # KV pages per queued copy op (one index upload, one tier_pages launch, a memcpy per host run)
 MIN_ISSUE_S = 0.5e-3  # pump: issued per step even when the compute stream is already idle (progress)
 MAX_ISSUE_S = 50e-3  # pump: at most this much host time per step
 D2H, H2D = 2, 1  # cudaMemcpyKind
@@ -115,7 +116,6 @@ class HostTier:
             host_pages, page_bytes, self.seg_pages, pinned_arena.cuda_pinned, pinned_arena.cuda_free
         )
         self.chunk = stage_pages(page_bytes)
-        self.op_pages = min(self.chunk, OP_PAGES)  # a queued op's pages (its staging rows: 0..)
         self.stage = cupy.empty((self.chunk, page_bytes), np.uint8)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._flights: list[_Flight] = []  # issued, not yet known complete
@@ -174,8 +174,8 @@ class HostTier:
     def spill(self, c: TierCopy, slot: int | None) -> None:
         """Queue the copy of device pages (and checkpoint ``slot``) of ``c`` to its host pages (see ``pump``)."""
         ops: deque[Callable[[], None]] = deque()
-        for a in range(0, len(c.device_pages), self.op_pages):
-            dp, hp = c.device_pages[a : a + self.op_pages], c.host_pages[a : a + self.op_pages]
+        for a in range(0, len(c.device_pages), self.chunk):
+            dp, hp = c.device_pages[a : a + self.chunk], c.host_pages[a : a + self.chunk]
             ops.append(lambda dp=dp, hp=hp: self._spill_pages(dp, hp))
         if c.host_ckpt:
             assert slot is not None
@@ -195,8 +195,8 @@ class HostTier:
         ops: deque[Callable[[], None]] = deque()
         pages: set[int] = set()
         for c, slot in zip(copies, slots, strict=True):
-            for a in range(0, len(c.device_pages), self.op_pages):
-                dp, hp = c.device_pages[a : a + self.op_pages], c.host_pages[a : a + self.op_pages]
+            for a in range(0, len(c.device_pages), self.chunk):
+                dp, hp = c.device_pages[a : a + self.chunk], c.host_pages[a : a + self.chunk]
                 ops.append(lambda dp=dp, hp=hp: (self._rows(hp, H2D), self._scatter(dp)))
             if c.host_ckpt:
                 assert slot is not None

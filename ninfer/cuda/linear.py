@@ -64,7 +64,11 @@ FRAG_STRUCTS = {
     "W8G32_F16S": ("FragW8G32", 2, 10),
 }
 _GV_WARPS, _GV_THREADS, _GV_STAGES = 4, 128, 4  # GV_WARPS, GV_STAGES in gemv.cu
-_GV_NB = (1, 8)  # lane-block instances: one activation row, or up to 8 (same arithmetic per row)
+# lane-block instances: one activation row, up to 4, up to 8 (same arithmetic per row: a row's bits never depend on
+# the instance). The 4-row one stages half the 8-row one's activations per tile; the staging is what made 2-8 rows
+# cost up to 1.45x one row (float activations: split, converted and stored per block), so 2-4 rows (a speculative
+# verify of k = 3 at one lane, 2-4 lanes of decode) run it.
+_GV_NB = (1, 4, 8)
 _GV_TILE = 128  # K per tile
 # Splits are picked from (format, N, K) only, never from the GPU or the number of rows, so results are the same
 # on every device and for every batch. K is split across blocks to give every matrix about one wave of blocks on a
@@ -78,7 +82,7 @@ _GV_TILE = 128  # K per tile
 # 2-8 lanes stage 2 tiles per chunk (8 KB per buffer of float activations): with 4 their 72 KB block left room
 # for 3 blocks per SM, not 4 (228 KB per SM, 1 KB of it reserved per block), like the 1-lane NVFP4 block did with
 # a 4-byte static flag beside its 56 KB (gemv.cu now keeps it in the dynamic buffer).
-_GV_WAVE_BLOCKS, _GV_MIN_TILES, _GV_CHUNK, _GV_CHUNK1 = 554, 4, 2, 16  # 1.05 x 528; GV_CHUNK, GV_CHUNK1
+_GV_WAVE_BLOCKS, _GV_MIN_TILES, _GV_CHUNK, _GV_CHUNK4, _GV_CHUNK1 = 554, 4, 2, 4, 16  # 1.05 x 528; gemv.cu's
 # Decode GEMVs captured into CUDA graphs are launched with programmatic dependent launch (ninfer/cuda/launch.py): a
 # GEMV's blocks start streaming their weights while the kernel before it finishes (measured on the H200 with
 # perf/gemv_variants.py: 1-row NVFP4 GEMVs 4-15% faster in a chain; 27B decode x1 110 -> 120 tok/s).
@@ -197,7 +201,7 @@ class GemvPlan:
     def smem_bytes(self, nb: int, t: str) -> int:
         """Two activation chunk buffers (per tile 8 steps x nb lanes x 4 threads x 8|16 bytes), then GV_STAGES
         weight stages per warp."""
-        chunk = _GV_CHUNK1 if nb == 1 else _GV_CHUNK
+        chunk = _GV_CHUNK1 if nb == 1 else (_GV_CHUNK4 if nb <= 4 else _GV_CHUNK)
         act = 2 * chunk * 8 * nb * 4 * (16 if t == "float" else 8)
         return act + _GV_WARPS * _GV_STAGES * self.stage_bytes
 
@@ -296,7 +300,8 @@ def gemv(
     gate: tuple[Any, int] | None = None,
 ) -> Any:
     """``out[b] = x[b] · W[row0 : row0+n]ᵀ`` for ``x[B, K]``; ``n`` defaults to all rows of ``w``. Decode takes
-    B <= 8; more rows run as 8-row blocks of one launch, each row bitwise its decode result.
+    B <= 8 (the 1-, 4- or 8-row instance); more rows run as 8-row blocks of one launch, each row bitwise its decode
+    result.
 
     Fused input steps (bitwise the product of the standalone kernel's output, activation.py): ``swiglu``: ``x`` is
     a ``[B, 2K]`` [gate | up] row and the product's input is ``silu(gate) * up``; ``gate=(qg, head_dim)``: the
@@ -309,7 +314,9 @@ def gemv(
     if row0 < 0 or n <= 0 or row0 + n > w.rows:
         raise KernelError(f"gemv: rows [{row0}, {row0 + n}) outside the weight's {w.rows} rows")
     out, ldy = _out(x, out, b, n)
-    nb = 1 if b == 1 else GEMV_MAX_ROWS
+    nb = (
+        next(c for c in _GV_NB if b <= c) if b <= GEMV_MAX_ROWS else GEMV_MAX_ROWS
+    )  # 1 | 2-4 | 5-8, blocks of 8
     _gemv_launch(a, w, out, b, ldy, ids=None, xrow=None, n=n, row0=row0, nb=nb, t=t)
     return out
 

@@ -5,6 +5,7 @@
 // shared arrays: one copy per kernel instance, shared by its threads). Blocks run one after another. The test
 // appends the kernel source and the driver below it.
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdio>
@@ -41,6 +42,8 @@ std::unique_ptr<std::barrier<>> emu_block_bar, emu_warp_bar[32];
 float emu_xchg[1024];
 
 inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 inline float __shfl_xor_sync(unsigned, float v, int off) {
     const int t = threadIdx.x, w = t >> 5, l = t & 31;
     emu_xchg[t] = v;

@@ -6,6 +6,8 @@
 //   mode 2 (decode):  mode 0 one token per sequence per call (step i runs the i-th token of every sequence that
 //                     has one), the way decode calls see the tokens
 //   mode 3 (snapshots): mode 0 with snapshots into the slots of dir/snap.bin (one int32 per sequence)
+//   mode 10 + m (m = 0, 2, 3): mode m with gdn_decode's single launch (the epilogue in gdn_step, counters that
+//                     must be zero again afterwards) instead of gdn_step + gdn_step_post
 // Reads dir/{qkv,convw,conv,a,b,alog,dtb,state,starts,slots,z,normw}.bin, writes dir/{y,state_out,conv_out}.bin.
 template <typename X> std::vector<X> emu_read(const std::string& path, size_t n) {
     std::vector<X> v(n);
@@ -26,7 +28,10 @@ struct StepShape {
     float eps;
 };
 
-// gdn_decode's two launches over packed rows (row stride = width, as contiguous cupy arrays).
+bool emu_one_launch = false;  // modes 10+
+
+// gdn_decode's launches over packed rows (row stride = width, as contiguous cupy arrays): one (the epilogue in
+// gdn_step) with emu_one_launch, else gdn_step and gdn_step_post.
 template <typename T, typename S, int DK>
 void emu_fused(const StepShape& sh, int rows, const std::vector<int>& starts, const std::vector<int>& slots,
                const T* qkv, const float* convw, float* conv, const T* a, const T* b, const float* alog,
@@ -34,11 +39,23 @@ void emu_fused(const StepShape& sh, int rows, const std::vector<int>& starts, co
     using G = GdnStep<DK>;
     const int nseq = (int)slots.size(), qkc = 2 * sh.HK * DK, nsnap = snap != nullptr;
     if (!snap) snap = slots.data();
-    emu_launch({(unsigned)nseq, (unsigned)sh.HV, (unsigned)((sh.DV + G::CT - 1) / G::CT)}, G::NT,
-               G::FLOATS * 4, [&] {
-                   gdn_step<T, S, DK, true>(qkv, convw, conv, a, b, alog, dtb, state, y, starts.data(),
-                                            slots.data(), sh.HK, sh.HV, sh.DV, sh.C, sh.HV, sh.HV, sh.W, snap, nsnap);
-               });
+    const emu_dim3 grid{(unsigned)nseq, (unsigned)sh.HV, (unsigned)((sh.DV + G::CT - 1) / G::CT)};
+    if (emu_one_launch) {
+        std::vector<int> cnt((size_t)nseq * (sh.HV + sh.HK), 0);
+        emu_launch(grid, G::NT, G::FLOATS * 4, [&] {
+            gdn_step<T, S, DK, true>(qkv, convw, conv, a, b, alog, dtb, state, y, starts.data(), slots.data(), sh.HK,
+                                     sh.HV, sh.DV, sh.C, sh.HV, sh.HV, sh.W, snap, nsnap, cnt.data(), z, normw, y,
+                                     sh.W, sh.W, sh.eps);
+        });
+        for (int c : cnt)
+            if (c) std::abort();  // the last arrivals reset every counter
+        return;
+    }
+    emu_launch(grid, G::NT, G::FLOATS * 4, [&] {
+        gdn_step<T, S, DK, true>(qkv, convw, conv, a, b, alog, dtb, state, y, starts.data(), slots.data(), sh.HK,
+                                 sh.HV, sh.DV, sh.C, sh.HV, sh.HV, sh.W, snap, nsnap, nullptr, nullptr, nullptr,
+                                 nullptr, 0, 0, 0.f);
+    });
     const unsigned gx = (unsigned)std::max((rows * sh.HV + 3) / 4, (qkc + 127) / 128);
     emu_launch({gx, (unsigned)(1 + nseq), 1}, 128, 0, [&] {
         gdn_step_post<T>(y, z, normw, y, qkv, conv, starts.data(), slots.data(), rows, sh.HV, sh.DV, qkc, (int)sh.C,
@@ -66,7 +83,7 @@ void emu_unfused(const StepShape& sh, int rows, const std::vector<int>& starts, 
                G::FLOATS * 4, [&] {
                    gdn_step<T, S, DK, false>(yc.data(), alog, (float*)alog, a, b, alog, dtb, state, y, starts.data(),
                                              slots.data(), sh.HK, sh.HV, sh.DV, sh.C, sh.HV, sh.HV, sh.W,
-                                             slots.data(), 0);
+                                             slots.data(), 0, nullptr, nullptr, nullptr, nullptr, 0, 0, 0.f);
                });
     const int nrows = rows * sh.HV;
     emu_launch({(unsigned)((nrows + 7) / 8), 1, 1}, 256, 0, [&] {  // gated_rmsnorm's launch
@@ -128,7 +145,8 @@ void emu_run(const std::string& dir, int T_, const StepShape& sh, int nseq, int 
 
 template <typename T, typename S> void emu_dispatch(char** v) {
     const int T_ = atoi(v[2]), HK = atoi(v[3]), HV = atoi(v[4]), DK = atoi(v[5]), DV = atoi(v[6]);
-    const int nseq = atoi(v[7]), nslots = atoi(v[8]), mode = atoi(v[11]);
+    const int nseq = atoi(v[7]), nslots = atoi(v[8]), mode = atoi(v[11]) % 10;
+    emu_one_launch = atoi(v[11]) >= 10;
     const StepShape sh{HK, HV, DV, 2LL * HK * DK + (long long)HV * DV, (long long)HV * DV, (float)atof(v[12])};
 #define EMU_CASE(dk) \
     if (DK == dk) return emu_run<T, S, dk>(v[1], T_, sh, nseq, nslots, mode);
