@@ -17,6 +17,11 @@ Variants (a variant changes only what its name says; results are timings, not nu
             over a quarter of the SM's shared memory)
   nopdl     launched without programmatic dependent launch (a plain CuPy launch)
   nomul     diagnostic (wrong results): NVFP4 pairs without the block-scale multiply (its cost)
+  nored     diagnostic (wrong results): every split writes its partial as the result (no last-block reduction:
+            what the split-K tail costs)
+  nowait    diagnostic: no griddepcontrol.wait (the next GEMV does not wait for the previous one: what the
+            kernel boundary costs in a PDL chain; the inputs never change here, so the timing is meaningful)
+  guN       mlp gate|up (N = 34816) split N ways (e.g. gu3, gu5, gu8: more, smaller blocks than one 544-block wave)
   nodq      diagnostic (wrong results): NVFP4 pairs as the raw code words (the whole dequantization's cost: the
             kernel's streaming + mma ceiling)
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
@@ -48,6 +53,10 @@ def _plan(lin: Any, base: Any, variant: str) -> Any:
             s = max(1, min(693 // p.blocks_x, p.ntiles // 4))
         elif variant == "mint2":
             s = max(1, min(554 // p.blocks_x, p.ntiles // 2))
+        elif variant.startswith("gu") and variant[2:].isdigit():
+            if n != 34816:
+                return p
+            s = int(variant[2:])
         elif variant == "wave528":
             s = max(1, min(528 // p.blocks_x, p.ntiles // 4))
         else:
@@ -108,6 +117,10 @@ def _source(original: Any, variant: str) -> Any:
             s = _must_replace(s, nv4, "return nv4_pair(word4(p.c, w), i) ^ (w < 2 ? p.s0 : p.s1);")
         if variant == "nodq":
             s = _must_replace(s, nv4, "return word4(p.c, w) ^ (u32)i;")
+        if variant == "nored":
+            s = _must_replace(s, "if (splits == 1) {", "if (true) {")
+        if variant == "nowait":
+            s = _must_replace(s, "if (!experts) pdl_wait();", "")
         if variant == "occ5":
             s = s.replace("#define GV_MIN_BLOCKS 4", "#define GV_MIN_BLOCKS 5")
         if variant == "stages3":
