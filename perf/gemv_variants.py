@@ -42,6 +42,8 @@ from .bench_peers import copy_bandwidth, graph_seconds
 __all__ = ["main"]
 
 _SHAPES = ("attn q|gate", "attn o", "gdn qkv|z", "mlp gate|up", "mlp down", "lm_head")
+# the 35B-A3B's dense decode products (hidden 2048): latency-bound sizes (1-14 MB at NVFP4)
+SHAPES_35B = {"35b gdn in": (12352, 2048), "35b gdn out": (2048, 4096), "35b attn qkvg": (9216, 2048)}
 
 
 def _plan(lin: Any, base: Any, variant: str) -> Any:
@@ -164,7 +166,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default="base,ceil,stages3")
     ap.add_argument("--formats", default="NVFP4G16_E4M3S")
+    ap.add_argument("--small", action="store_true", help="the 35B-A3B's shapes instead of the 27B's")
+    ap.add_argument("--rows", default="1,4,8", help="activation rows per case")
     a = ap.parse_args(argv)
+    shapes = SHAPES_35B if a.small else {n: SHAPES[n] for n in _SHAPES}
+    rows = tuple(int(r) for r in a.rows.split(","))
     fmts = a.formats.split(",")
     # only the float instances of the formats asked for: each variant recompiles the family
     lin.SOURCES["gemv.cu"] = tuple(
@@ -178,11 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng(0)
     for fmt in fmts:
         weights = {}
-        for name in _SHAPES:
-            w0 = _random_weight(fmt, SHAPES[name])
-            weights[name] = [w0] + [
-                _random_weight(fmt, SHAPES[name]) for _ in range(_copies(w0.data.nbytes) - 1)
-            ]
+        for name, shape in shapes.items():
+            w0 = _random_weight(fmt, shape)
+            weights[name] = [w0] + [_random_weight(fmt, shape) for _ in range(_copies(w0.data.nbytes) - 1)]
         for v in a.variants.split(","):
             loader.source_text = _source(original, v)
             loader.load_module.cache_clear()
@@ -191,9 +195,9 @@ def main(argv: list[str] | None = None) -> None:
             lin._GV_PDL = v != "nopdl" and not v.startswith("dir=")
             lin.gemv_plan = _plan(lin, plan0.__wrapped__, v)
             cells = []
-            for name in _SHAPES:
-                ws, (n, k) = weights[name], SHAPES[name]
-                for b in (1, 4, 8):
+            for name, (n, k) in shapes.items():
+                ws = weights[name]
+                for b in rows:
                     x = cupy.asarray(rng.standard_normal((b, k)).astype(np.float32))
                     out = cupy.empty((b, n), dtype=np.float32)
                     t = graph_seconds([lambda x=x, out=out, w=w: lin.gemv(x, w, out) for w in ws], 10)
