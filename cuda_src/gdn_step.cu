@@ -73,11 +73,22 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
     const bool post = CONV && cnt != nullptr, qk_snap = post && j % (HV / HK) == 0 && blockIdx.z == 0;
     // No early exit for an empty segment (t0 == t1: nothing is read past the rows, nothing stored): the slot and
     // state loads then issue together with the starts loads instead of after a branch on them.
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = c0 + lane;
+    const bool live = col < DV;
+    // Launched with PDL inside decode graphs (ninfer/cuda/gdn.py): while the kernel ahead (the in-projection GEMV)
+    // ends, lane r < 16 of each warp hints its state row r (this block's 32 columns: 128 bytes) into the L2, then
+    // every read below waits for it. A hint never changes a value (the L2 is coherent), so the slot read for it
+    // needs no ordering; the loads that count come after pdl_wait.
+#ifdef __CUDA_ARCH__
+    if (lane < RPW) {
+        const S* hint = state + (((long long)slots[b] * HV + j) * DK + warp * RPW + lane) * (long long)DV + min(c0, DV - 1);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(hint));
+    }
+#endif
+    pdl_wait();
     const long long slot = slots[b];
     const int t0 = starts[b], t1 = starts[b + 1];
     float *xs = smem, *pkv = xs + NCH, *pout = pkv + NW * CT;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = c0 + lane;
-    const bool live = col < DV;
     // State loads first (the longest latency, independent of everything below) and unconditional: a lane past DV
     // reads column DV-1 and never stores; its column's sums are its own, so they reach no live lane.
     S* st = state + ((slot * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1);

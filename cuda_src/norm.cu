@@ -119,6 +119,7 @@ __global__ void __launch_bounds__(RMS_NT)
     rmsnorm(const T* __restrict__ x, float* resid, const float* __restrict__ w, T* __restrict__ y,
             int H, float eps, long long ldx, long long ldr, long long ldy) {
     pdl_trigger();
+    pdl_wait();  // launched with PDL inside decode graphs: resident before the kernel ahead ends, nothing read before
     __shared__ float scratch[32];
     const long long row = blockIdx.x;
     const T* xr = x + row * ldx;
@@ -178,6 +179,7 @@ __global__ void __launch_bounds__(RMS_NT)
                         long long ldsg, float* resid, const float* __restrict__ w, T* __restrict__ y, int H,
                         float eps, long long ldr, long long ldy) {
     pdl_trigger();
+    pdl_wait();  // as rmsnorm
     __shared__ float scratch[32];
     const long long row = blockIdx.x;
     const int* wh = where + row * k;

@@ -30,11 +30,17 @@ def test_arguments_become_the_parameter_types() -> None:
         class data:  # noqa: N801 - a CuPy array's .data.ptr
             ptr = 0xDEAD0000
 
-    a = [_c_arg(x) for x in (Buf(), np.int32(-3), np.int64(1 << 40), np.float32(0.5), np.uint32(7))]
+    a = [
+        _c_arg(x)
+        for x in (Buf(), np.int32(-3), np.int64(1 << 40), np.float32(0.5), np.uint32(7), np.uint64(0))
+    ]
     assert isinstance(a[0], ctypes.c_void_p) and a[0].value == 0xDEAD0000
     assert isinstance(a[1], ctypes.c_int32) and a[1].value == -3
     assert isinstance(a[2], ctypes.c_int64) and a[2].value == 1 << 40
     assert isinstance(a[3], ctypes.c_float) and a[3].value == 0.5
     assert isinstance(a[4], ctypes.c_uint32) and a[4].value == 7
+    assert (
+        isinstance(a[5], ctypes.c_uint64) and a[5].value == 0
+    )  # gdn_step's null pointers without an epilogue
     with pytest.raises(KernelError):
         _c_arg(3)  # a Python int has no fixed width: the wrappers pass NumPy scalars

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
+from ninfer.cuda.launch import launch
 from ninfer.cuda.loader import kernel
 
 __all__ = [
@@ -129,7 +130,7 @@ def _step(k: dict[str, Any], conv: bool, args: tuple[Any, ...]) -> None:
     name = f"gdn_step<{k['t']}, {k['st']}, {k['dk']}, {'true' if conv else 'false'}>"
     fn = kernel("gdn_step.cu", SOURCES["gdn_step.cu"], name)
     grid = (k["nseq"], k["hv"], -(-k["dv"] // STEP_COLS))
-    fn(grid, (2 * k["dk"],), args, shared_mem=step_smem_bytes(k["dk"]))
+    launch(fn, grid, (2 * k["dk"],), args, step_smem_bytes(k["dk"]))  # gdn_step.cu waits (pdl_wait) first
 
 
 def gdn_recurrent(

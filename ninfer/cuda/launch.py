@@ -22,7 +22,7 @@ import numpy as np
 
 from ninfer.cuda.loader import KernelError
 
-__all__ = ["capturing", "launch_pdl"]
+__all__ = ["capturing", "launch", "launch_pdl"]
 
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 
@@ -59,6 +59,7 @@ _SCALARS = {
     np.int32: ctypes.c_int32,
     np.int64: ctypes.c_int64,
     np.uint32: ctypes.c_uint32,
+    np.uint64: ctypes.c_uint64,
     np.float32: ctypes.c_float,
 }
 
@@ -107,3 +108,14 @@ def launch_pdl(
     rc = _driver()(ctypes.byref(cfg), func, params, None)
     if rc != 0:
         raise KernelError(f"cuLaunchKernelEx failed with CUresult {rc}")
+
+
+def launch(
+    fn: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], shared_mem: int = 0
+) -> None:
+    """A kernel that calls ``pdl_wait`` before its first dependent access: with PDL while a graph is being captured
+    (decode steps), a plain CuPy launch otherwise (eager launches gain nothing from it, see ``capturing``)."""
+    if capturing():
+        launch_pdl(fn, grid, block, args, shared_mem)
+    else:
+        fn(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)

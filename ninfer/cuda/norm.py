@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, grid_1d
+from ninfer.cuda.launch import launch
 from ninfer.cuda.loader import kernel
 
 __all__ = ["rmsnorm", "gated_rmsnorm", "MoeCombine", "moe_combine_rmsnorm", "SOURCES"]
@@ -77,7 +78,8 @@ def rmsnorm(x: Any, w: Any, eps: float, *, offset: bool = True, residual: Any = 
     vec = vec and (residual is None or _aligned16(residual, ldr))
     flags = ", ".join("true" if f else "false" for f in (offset, residual is not None, vec))
     fn = kernel("norm.cu", SOURCES["norm.cu"], f"rmsnorm<{t}, {flags}>")
-    fn(
+    launch(  # norm.cu waits (pdl_wait) before its first read
+        fn,
         (rows,),
         (256,),
         (x, res, w, out, np.int32(h), np.float32(eps), np.int64(ldx), np.int64(ldr), np.int64(ldy)),
@@ -163,5 +165,5 @@ def moe_combine_rmsnorm(
     vec = vec and _aligned16(w, 0)
     fn = kernel("norm.cu", SOURCES["norm.cu"], f"moe_combine_rmsnorm<{t}, {_B[not offset]}, {_B[not vec]}>")
     args = (c.dn, c.where, c.ew, c.sh, c.sg, np.int32(k), np.int64(ldsh), np.int64(c.ldsg), residual, w, out)
-    fn((rows,), (256,), (*args, np.int32(h), np.float32(eps), np.int64(ldr), np.int64(ldy)))
+    launch(fn, (rows,), (256,), (*args, np.int32(h), np.float32(eps), np.int64(ldr), np.int64(ldy)))
     return out
