@@ -74,6 +74,7 @@ __global__ void __launch_bounds__(256)
                           int T_, int HQ, int HKV, int rot, int sec1, int sec2, int interleaved, float theta,
                           float eps, long long ldq, long long ldqh, long long ldk, long long ldv) {
     pdl_trigger();
+    pdl_wait();  // launched with PDL inside decode graphs (ninfer/cuda/attention.py): nothing read before
     __shared__ float buf[8][D];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long rowid = (long long)blockIdx.x * 8 + warp;
@@ -174,6 +175,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
               T* __restrict__ o, float* ws_o, float* ws_ml, float* wg_o, float* wg_ml, int* cnt, int HQ, int HKV,
               int page_size, int page_shift, long long ldpt, int chunk, int nsplit, int ngmax, float qk_scale) {
     pdl_trigger();
+    pdl_wait();  // as qk_norm_rope_kv_write
     constexpr int NP = D / 16, NU = D / 32, U = D >= 64 ? 8 : 4, NJ = D / (8 * U);
     constexpr bool QSPLIT = sizeof(T) == 4, VSPLIT = sizeof(C) == 4, PRE = sizeof(C) <= 2;  // PRE: prefetch
     extern __shared__ uint4 att_smem[];  // attention.py smem_bytes mirrors this layout

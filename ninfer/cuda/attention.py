@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
+from ninfer.cuda.launch import launch
 from ninfer.cuda.loader import kernel
 
 __all__ = [
@@ -119,7 +120,8 @@ def qk_norm_rope_kv_write(
     n_rows = rows * (heads + kv_heads)
     if n_rows:
         fn = kernel("attention.cu", SOURCES["attention.cu"], f"qk_norm_rope_kv_write<{t}, {c}, {d}>")
-        fn(
+        launch(  # attention.cu waits (pdl_wait) before its first read
+            fn,
             (grid_1d(n_rows, 8),),
             (256,),
             (
@@ -303,7 +305,8 @@ def attention(
     sms = _sm_count(cupy.cuda.Device().id)
     for r0 in range(0, r, step):
         n = min(step, r - r0)
-        fn(
+        launch(
+            fn,
             (hkv, n, split_blocks(n, hkv, plan.nsplit, sms)),
             (32 * ATT_NW,),
             (
@@ -312,6 +315,6 @@ def attention(
                 np.int32(page_size), np.int32(page_shift(page_size)), np.int64(page_table.shape[1]),
                 np.int32(plan.chunk), np.int32(plan.nsplit), np.int32(plan.ngmax), qk_scale,
             ),
-            shared_mem=smem_bytes(d),
+            smem_bytes(d),
         )  # fmt: skip
     return out
