@@ -12,6 +12,7 @@ template <typename T, int MAXE>
 __global__ void moe_route(const T* __restrict__ logits, int* __restrict__ ids, float* __restrict__ weights,
                           int rows, int E, int K, long long ld, int shared) {
     pdl_trigger();
+    pdl_wait();  // launched with PDL inside decode graphs (ninfer/cuda/router.py): nothing read before
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;

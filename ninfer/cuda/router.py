@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.cuda._common import KernelError, act_type, check_rows, grid_1d
+from ninfer.cuda.launch import launch
 from ninfer.cuda.loader import kernel
 
 __all__ = ["moe_route", "SOURCES", "MAX_EXPERTS"]
@@ -37,7 +38,8 @@ def moe_route(logits: Any, top_k: int, shared: int | None = None) -> tuple[Any, 
     if rows:
         fn = kernel("router.cu", SOURCES["router.cu"], f"moe_route<{t}, 8>")
         sh = np.int32(-1 if shared is None else shared)
-        fn(
+        launch(  # router.cu waits (pdl_wait) before its first read
+            fn,
             (grid_1d(rows, 4),),
             (128,),
             (logits, ids, weights, np.int32(rows), np.int32(e), np.int32(top_k), np.int64(ld), sh),
