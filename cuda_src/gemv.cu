@@ -23,7 +23,6 @@
 #define GV_CHUNK4 4   // the same for 2-4 lanes (the 4-lane instance: half the 8-lane staging, same shared memory)
 #define GV_CHUNK1 16  // the same for one lane: 4x fewer barriers (a split of <= 16 tiles stages once)
 #define GV_MIN_BLOCKS 4  // resident blocks per SM the registers are budgeted for (launch bounds)
-#define GV_PF 4          // K-tiles per block hinted into the L2 before the PDL wait (beyond the GV_STAGES - 1 copied)
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
@@ -224,13 +223,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
         if (s < nt) F::copy_next(wsm + s * STAGE, lane, src, t);
         cp_async_commit();
     }
-    if (!experts) {
-        // while this launch waits for the kernel before it (its tail and the grid's completion: 2-5 us per
-        // GEMV boundary on the H200, perf/results/device_run_d82349e.txt "nowait"), the DRAM streams the next
-        // GV_PF tiles of this block's weights into the L2
-        if (nt > GV_STAGES - 1) F::prefetch(src, lane, min(GV_PF, nt - (GV_STAGES - 1)), N - r0);
-        pdl_wait();
-    }
+    if (!experts) pdl_wait();
     float xv[GvItems<NB>::N][8];
     gv_fetch<F, T, NB>(xv, xb, x2b, ldx, ldx2, xf, gd, nb, K, kt0, nt, 0);
     gv_put<F, T, NB>(xv, gv_sm);

@@ -112,18 +112,6 @@ __host__ __device__ __forceinline__ void cp_async(u8* dst, const u8* src, bool i
 #endif
 }
 
-// Hint: bring global bytes [p, p + bytes) into the L2 (one bulk prefetch; no data lands in the SM, nothing waits
-// for it, and it never changes a result). Only the 16-byte units wholly inside the range are asked for (the
-// instruction's alignment rule), so a hint never reaches outside the caller's bytes. No-op on the host.
-__host__ __device__ __forceinline__ void prefetch_l2(const u8* p, long long bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned long long a = ((unsigned long long)p + 15) & ~15ull, e = ((unsigned long long)p + bytes) & ~15ull;
-    if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((u32)(e - a)) : "memory");
-#else
-    (void)p, (void)bytes;
-#endif
-}
-
 // ---- weight sources ------------------------------------------------------------------------------------------
 // A warp's view of its rows for the whole launch: F::src(...) once (rows and the split's first k), then
 // F::copy_next(st, lane, src, t) fills a stage with the next K-tile (tiles in order) and advances `src`. The
@@ -146,11 +134,6 @@ template <int MT> struct GvRows {
     static __host__ __device__ __forceinline__ void copy_next(u8* st, int lane, Src& s, int t) {                \
         SELF::copy(st, lane, s.p0, s.p1, s.p2, s.K, s.n, s.k0, t);                                               \
         s.k0 += 128;                                                                                             \
-    }                                                                                                            \
-    static __host__ __device__ __forceinline__ void prefetch(const Src& s, int lane, int tiles, int) {          \
-        if (lane & 3) return; /* one lane of a quad: its rows g and g + 8 (clamped to N - 1) */                  \
-        for (int mt = 0; mt < MT; ++mt)                                                                          \
-            for (int r = 0; r < 2; ++r) SELF::prefetch_row(s.p0, s.K, s.n[mt][r], s.k0, tiles);                 \
     }
 
 // ---- formats ---------------------------------------------------------------------------------------------------
@@ -158,9 +141,7 @@ template <int MT> struct GvRows {
 // (the inverse: the word at k offset 8 cc of a tile), VECS + Src/src/copy_next (cp.async of the lane's rows of
 // the next tile into its stage slots; GV_ROWS_SRC builds them on a per-tile copy(..., rows n[mt][r], k0, t)) + read (one row's bits back into a Raw), Prep + prep (per-tile conversions),
 // pair(p, w, i) (bf16x2 of the word's weights i and i + 4), gscale(p, h) (group h's scale when GROUP > 0) and
-// row_scale(p1, p2, n) (applied to the fp32 result), prefetch(src, lane, tiles, rows) (an L2 hint for the next `tiles`
-// tiles after those copied so far, of the warp's m-tiles that start below `rows` = N - the warp's first row;
-// GV_ROWS_SRC formats give prefetch_row, a no-op where the planes are not simple rows).
+// row_scale(p1, p2, n) (applied to the fp32 result).
 
 struct KMap32 {  // thread t owns k [32t, 32t + 32) of the tile (one 16-byte load of 4-bit codes)
     static __host__ __device__ __forceinline__ int kofs(int t, int w) { return 32 * t + 8 * w; }
@@ -204,10 +185,6 @@ struct FragBF16 : KMapQuad {
     }
     static __host__ __device__ __forceinline__ float gscale(const Prep&, int) { return 1.f; }
     static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8*, long long) { return 1.f; }
-    static __host__ __device__ __forceinline__ void prefetch_row(const u8* p0, int K, long long n, int k0, int tiles) {
-        const int k1 = k0 + 128 * tiles < K ? k0 + 128 * tiles : K;
-        if (k1 > k0) prefetch_l2(p0 + (n * K + k0) * 2, 2ll * (k1 - k0));
-    }
 };
 
 template <bool ROW>
@@ -245,10 +222,6 @@ struct FragFP8 : KMapQuad {
     static __host__ __device__ __forceinline__ float gscale(const Prep&, int) { return 1.f; }
     static __host__ __device__ __forceinline__ float row_scale(const u8* p1, const u8*, long long n) {
         return reinterpret_cast<const float*>(p1)[ROW ? n : 0];
-    }
-    static __host__ __device__ __forceinline__ void prefetch_row(const u8* p0, int K, long long n, int k0, int tiles) {
-        const int k1 = k0 + 128 * tiles < K ? k0 + 128 * tiles : K;
-        if (k1 > k0) prefetch_l2(p0 + n * K + k0, k1 - k0);
     }
 };
 
@@ -320,19 +293,6 @@ struct FragNVFP4 : KMap32 {
     static __host__ __device__ __forceinline__ float gscale(const Prep&, int) { return 1.f; }
     static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8* p2, long long) {
         return 128.f * *reinterpret_cast<const float*>(p2);
-    }
-    // The lane holding row 0 of a 16-row group (g = 0, t = 0) hints the group's next `tiles` tiles: its codes
-    // (1024 bytes per tile) and scales (128) are each one contiguous run in the device layout, from the current
-    // tile on (src's row-0 pointers sit at the group's tile start: warps start on 16-row boundaries, and an
-    // m-tile wholly past N, whose rows are clamped to N - 1, is skipped).
-    static __host__ __device__ __forceinline__ void prefetch(const Src& s, int lane, int tiles, int rows) {
-        if (lane != 0) return;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            if (16 * mt >= rows) break;
-            prefetch_l2(s.c[2 * mt], 1024ll * tiles);
-            prefetch_l2(s.s[2 * mt], 128ll * tiles);
-        }
     }
 };
 
@@ -414,8 +374,6 @@ struct FragQG64 {
     }
     static __host__ __device__ __forceinline__ float gscale(const Prep& p, int h) { return h ? p.g1 : p.g0; }
     static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8*, long long) { return 1.f; }
-    // grouped planes (codes, scales) per row: no L2 hint yet
-    static __host__ __device__ __forceinline__ void prefetch_row(const u8*, int, long long, int, int) {}
 };
 
 // W8, 32-wide groups: thread t owns k [8t, 8t + 8) of each of the tile's four groups (word w = group w, GROUP = 2).
@@ -464,8 +422,6 @@ struct FragW8G32 : KMapQuad {
         return h == 0 ? p.g[0] : h == 1 ? p.g[1] : h == 2 ? p.g[2] : p.g[3];
     }
     static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8*, long long) { return 1.f; }
-    // grouped planes (codes, scales) per row: no L2 hint yet
-    static __host__ __device__ __forceinline__ void prefetch_row(const u8*, int, long long, int, int) {}
 };
 
 // ---- activations -----------------------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ Variants (a variant changes only what its name says; results are timings, not nu
             what the split-K tail costs)
   nowait    diagnostic: no griddepcontrol.wait (the next GEMV does not wait for the previous one: what the
             kernel boundary costs in a PDL chain; the inputs never change here, so the timing is meaningful)
-  pfN       GV_PF = N: K-tiles per block hinted into the L2 before the PDL wait (pf0 = no hint, as before)
   guN       mlp gate|up (N = 34816) split N ways (e.g. gu3, gu5, gu8: more, smaller blocks than one 544-block wave)
   nodq      diagnostic (wrong results): NVFP4 pairs as the raw code words (the whole dequantization's cost: the
             kernel's streaming + mma ceiling)
@@ -120,8 +119,6 @@ def _source(original: Any, variant: str) -> Any:
             s = _must_replace(s, nv4, "return nv4_pair(word4(p.c, w), i) ^ (w < 2 ? p.s0 : p.s1);")
         if variant == "nodq":
             s = _must_replace(s, nv4, "return word4(p.c, w) ^ (u32)i;")
-        if variant.startswith("pf") and variant[2:].isdigit():
-            s = _must_replace(s, "#define GV_PF 4 ", f"#define GV_PF {int(variant[2:])} ")
         if variant == "nored":
             s = _must_replace(s, "if (splits == 1) {", "if (true) {")
         if variant == "nowait":
