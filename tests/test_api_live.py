@@ -1,4 +1,6 @@
 """End-to-end: live `ninfer serve` processes on the demo artifact (reference backend) joined to one local Ray.
+``NINFER_LIVE_BACKEND=cuda`` starts every live server of the tests importing ``Server`` on the CUDA backend instead
+(the device run; the default is what CI runs).
 
 Server A: two API keys, a request log, 4 lanes. Server B: no auth, 1 lane and a queue of 1 (admission tests).
 Both join the Ray instance this test process starts, so one Ray start serves every test and tear-down is ours.
@@ -26,6 +28,7 @@ ray = pytest.importorskip("ray")
 REPO = Path(__file__).resolve().parents[1]
 KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-9876543210"}
 SECRET_PROMPT = "zebra-quokka-prompt-text"
+BACKEND = os.environ.get("NINFER_LIVE_BACKEND", "reference")
 
 
 def _free_port() -> int:
@@ -49,7 +52,7 @@ class Server:
             "--port",
             str(self.port),
             "--backend",
-            "reference",
+            BACKEND,
         ]
         cmd += ["--ray-address", address, "--actor-name", self.actor, *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.stderr, cwd=REPO)
