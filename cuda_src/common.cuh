@@ -164,3 +164,17 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+// Arrival on a counter shared by the blocks of a grid: atomically p += v at GPU scope with release semantics for
+// what this thread has observed (a __syncthreads() before it extends that to the whole block's writes) and acquire
+// semantics for what the earlier arrivals released (a __syncthreads() after it extends that to the block's later
+// reads): the one-instruction form of __threadfence(); atomicAdd(); __threadfence() (CUTLASS's semaphore pattern).
+__host__ __device__ __forceinline__ int arrive_acq_rel(int* p, int v) {
+#ifdef __CUDA_ARCH__
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+#else
+    return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+#endif
+}

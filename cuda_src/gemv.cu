@@ -273,19 +273,16 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) part[(warp * MT * 16 + mt * 16 + g + (e >> 1) * 8) * 8 + 2 * t + (e & 1)] = acc[mt][e];
-    // one fence, after the barrier: thread 0's release covers the block's partials (cumulativity), ~4% of the
-    // 1-row GEMV's warp stalls were the per-thread fences
+    // one arrival per block, after the barrier: thread 0's acq_rel atomic releases the block's partials
+    // (cumulativity through the barrier) and, in the last block, acquires the others' (extended to its threads by
+    // the barrier after it): no separate fences (~4% of the 1-row GEMV's warp stalls were per-thread fences)
     __syncthreads();
     // the last-block flag in the first activation word: every read of the activation buffers ended before the main
     // loop's last barrier (a static __shared__ int here made a block 16 bytes too large for 4 per SM)
     volatile int* last = reinterpret_cast<volatile int*>(gv_sm);
-    if (threadIdx.x == 0) {
-        __threadfence();
-        *last = atomicAdd(cnt + tile, 1) == splits - 1;
-    }
+    if (threadIdx.x == 0) *last = arrive_acq_rel(cnt + tile, 1) == splits - 1;
     __syncthreads();
     if (!*last) return;
-    __threadfence();
     const float* base = ws + tile * splits * (ROWS * 8);
     for (int i = threadIdx.x; i < ROWS * NB; i += blockDim.x) {
         const int rl = i / NB, b = i % NB, n = bx * ROWS + rl;

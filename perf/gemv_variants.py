@@ -22,6 +22,8 @@ Variants (a variant changes only what its name says; results are timings, not nu
   nowait    diagnostic: no griddepcontrol.wait (the next GEMV does not wait for the previous one: what the
             kernel boundary costs in a PDL chain; the inputs never change here, so the timing is meaningful)
   guN       mlp gate|up (N = 34816) split N ways (e.g. gu3, gu5, gu8: more, smaller blocks than one 544-block wave)
+  fence     the split-K arrival as __threadfence + atomicAdd + __threadfence in the last block (before 2026-12-02;
+            now one acq_rel atomic)
   nodq      diagnostic (wrong results): NVFP4 pairs as the raw code words (the whole dequantization's cost: the
             kernel's streaming + mma ceiling)
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
@@ -119,6 +121,14 @@ def _source(original: Any, variant: str) -> Any:
             s = _must_replace(s, nv4, "return nv4_pair(word4(p.c, w), i) ^ (w < 2 ? p.s0 : p.s1);")
         if variant == "nodq":
             s = _must_replace(s, nv4, "return word4(p.c, w) ^ (u32)i;")
+        if variant == "fence":
+            s = _must_replace(
+                s,
+                "if (threadIdx.x == 0) *last = arrive_acq_rel(cnt + tile, 1) == splits - 1;\n    __syncthreads();\n"
+                "    if (!*last) return;\n",
+                "if (threadIdx.x == 0) {\n        __threadfence();\n        *last = atomicAdd(cnt + tile, 1) == splits - 1;\n"
+                "    }\n    __syncthreads();\n    if (!*last) return;\n    __threadfence();\n",
+            )
         if variant == "nored":
             s = _must_replace(s, "if (splits == 1) {", "if (true) {")
         if variant == "nowait":
