@@ -7,8 +7,8 @@ Variants (a variant changes only what its name says; results are timings, not nu
   base      the kernel and plan as they are
   ceil      the previous plan: ceil(2112 warps / row blocks) splits (up to a 10% partial second wave)
   mint2     at least 2 K-tiles per split instead of 4 (more splits for small matrices)
-  wave528   grids of at most 528 blocks (4 per SM x 132, no 5% allowance: the allowance was measured while the
-            blocks fitted only 3 per SM, see docs/cuda.md "Occupancy"; gate|up's 544 blocks leave a tail)
+  wave528   grids of at most 528 blocks, no multi-wave rule (gate|up: 272 blocks)
+  wave554   the plan before 2026-12-02: one wave with a 5% allowance (gate|up: 2 splits, 544 blocks)
   stages3   GV_STAGES 3 and 5 resident blocks per SM (registers capped at 102)
   occ5      5 resident blocks per SM (registers capped at 102) and a wave of 5 * 132 blocks (+5%)
   chunk4    one-lane activations staged per 4 tiles (GV_CHUNK1 4) instead of 16
@@ -61,8 +61,8 @@ def _plan(lin: Any, base: Any, variant: str) -> Any:
             if n != 34816:
                 return p
             s = int(variant[2:])
-        elif variant == "wave528":
-            s = max(1, min(528 // p.blocks_x, p.ntiles // 4))
+        elif variant in ("wave528", "wave554"):
+            s = max(1, min(int(variant[4:]) // p.blocks_x, p.ntiles // 4))
         else:
             return p
         return lin.GemvPlan(

@@ -75,14 +75,21 @@ _GV_TILE = 128  # K per tile
 # 132-SM H200 (4 resident blocks of 4 warps per SM: 528; the dequantization needs ~16 warps per SM to hide its
 # latency), keeping >= 4 tiles per split; split s of S takes tiles [s T / S, (s + 1) T / S). Measured (H200, NVFP4,
 # one row, perf/bench_gemv.py): a grid 6% over one wave (560 blocks, the down projection) ran 8% slower than 520,
-# while 3% over (544, gate|up) beat the half-empty single split by 13%, hence the 5% allowance; fewer than 4 tiles
-# per split was slower on every shape. Those timings were taken while the 1-lane NVFP4 block fitted only 3 per SM
-# (see below): the allowance is to be measured again (`perf/gemv_variants.py --variants base,wave528`). The
+# while 3% over (544, gate|up) beat the half-empty single split by 13%, hence a 5% allowance then; fewer than 4
+# tiles per split was slower on every shape. Those timings were taken while the 1-lane NVFP4 block fitted only 3 per
+# SM (see below); with 4 per SM, gate|up does better still as several waves (below), and no other shape of the 27B
+# or the 35B-A3B used the allowance, so a wave is now exactly 528 blocks. The
 # activations are staged in double-buffered chunks of GV_CHUNK tiles, so shared memory does not grow with K.
 # 2-8 lanes stage 2 tiles per chunk (8 KB per buffer of float activations): with 4 their 72 KB block left room
 # for 3 blocks per SM, not 4 (228 KB per SM, 1 KB of it reserved per block), like the 1-lane NVFP4 block did with
 # a 4-byte static flag beside its 56 KB (gemv.cu now keeps it in the dynamic buffer).
-_GV_WAVE_BLOCKS, _GV_MIN_TILES, _GV_CHUNK, _GV_CHUNK4, _GV_CHUNK1 = 554, 4, 2, 4, 16  # 1.05 x 528; gemv.cu's
+_GV_WAVE_BLOCKS, _GV_MIN_TILES, _GV_CHUNK, _GV_CHUNK4, _GV_CHUNK1 = 528, 4, 2, 4, 16  # 4 x 132; gemv.cu's
+# A grid that one wave would fill to less than 3/4 (a wide matrix whose row blocks alone are more than half a wave)
+# takes splits of _GV_MULTI_TILES tiles instead, when that makes at least two waves: measured on the H200 at d82349e
+# (perf/gemv_variants.py gu3/gu5/gu8, perf/results/device_run_d82349e.txt), the 27B gate|up (272 row blocks) at one
+# row took 44.0 us as 2 splits (544 blocks: 16 of them a second wave; 1 split, 272 blocks: 55.2 us), 41.4 as 3,
+# 40.6 as 5 (8 tiles each), 42.8 as 8. It is the only 27B or 35B-A3B shape the rule changes.
+_GV_WAVE_FILL, _GV_MULTI_TILES = 0.75, 8
 # Decode GEMVs captured into CUDA graphs are launched with programmatic dependent launch (ninfer/cuda/launch.py): a
 # GEMV's blocks start streaming their weights while the kernel before it finishes (measured on the H200 with
 # perf/gemv_variants.py: 1-row NVFP4 GEMVs 4-15% faster in a chain; 27B decode x1 110 -> 120 tok/s).
@@ -213,6 +220,9 @@ def gemv_plan(fmt: str, n: int, k: int) -> GemvPlan:
     rows = _GV_WARPS * mt * 16
     ntiles, bx = -(-k // _GV_TILE), -(-n // rows)
     splits = max(1, min(_GV_WAVE_BLOCKS // bx, ntiles // _GV_MIN_TILES))
+    many = ntiles // _GV_MULTI_TILES
+    if bx * splits < _GV_WAVE_FILL * _GV_WAVE_BLOCKS and bx * many >= 2 * _GV_WAVE_BLOCKS:
+        splits = many  # one wave would leave SMs idle: several waves of small blocks balance themselves
     return GemvPlan(rows=rows, blocks_x=bx, splits=splits, ntiles=ntiles, stage_bytes=vecs * 512)
 
 
