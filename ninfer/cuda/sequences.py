@@ -99,7 +99,8 @@ class SeqTable:
 
     def share(self, dst: int, src: int) -> None:
         """The empty sequence ``dst`` takes (references to) the pages of ``src`` and its length: a kept prefix. A
-        partly filled last page is shared too, so ``src`` must not be read past its length afterwards."""
+        partly filled last page is shared too: once one of them appends, the other must not (both would write the
+        positions past the shared length)."""
         if self.pages(dst) or self.length(dst):
             raise ValueError(f"share: sequence {dst} is not empty")
         self.pool.incref(self.pages(src))
