@@ -92,6 +92,7 @@ def _run(label: str, fn: Any) -> dict[str, float]:
 def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
     from ninfer.artifact.registry import MODELS as REG
     from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.sequences import Sequences
 
     from .cli import MODELS
     from .synthetic import synthetic_tensors
@@ -100,22 +101,18 @@ def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
     net = CudaQwen36(mc, synthetic_tensors(mc, a.profile), act_dtype=a.activations, cuda_graph=False)
     net.warmup()
     pages = -(-(a.context + a.chunk + 64) // 16)
-    net.allocate(num_slots=4, num_pages=pages * 2, page_size=16, max_context=a.context + a.chunk + 64)
-    st = net.new_state()
-    net._grow(st, a.context + 8)
-    st.length = a.context
+    seqs = Sequences(net, slots=4, pages=pages * 2, page_size=16, context=a.context + a.chunk + 64)
+    st = seqs.new()
+    seqs.reserve(st, a.context + 8)
+    lane = (seqs.slot(st), a.context, seqs.pages(st))
     ids = np.zeros(1, np.int64)
-    res = {
-        "decode_1": _run(
-            f"{key} decode x1 @{a.context}", lambda: net.decode(ids, [(st.slot, a.context, st.pages)])
-        )
-    }
-    pre = net.new_state()
+    res = {"decode_1": _run(f"{key} decode x1 @{a.context}", lambda: net.decode(ids, [lane]))}
+    pre = seqs.new()
     chunk = np.random.default_rng(0).integers(0, mc.vocab_size, a.chunk)
 
     def prefill() -> None:
-        pre.length = 0
-        net.forward(chunk, pre)
+        seqs.seek(pre, 0)
+        seqs.forward(pre, chunk)
 
     res["prefill_chunk"] = _run(f"{key} prefill {a.chunk} @0", prefill)
     return res
