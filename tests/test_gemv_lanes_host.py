@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from host_emu import build_emulator, words
+from moe_lanes_model import routing, table_model
 
 from ninfer.cuda.linear import gemv_plan
 from ninfer.cuda.loader import source_text
@@ -49,37 +50,6 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     parts = ["attn_emu.cpp", PRELUDE, source_text("gemv.cu"), table, "gemv_lanes_driver.cpp"]
     return build_emulator(tmp_path_factory, "gemv_lanes_emu", parts, timeout=900)
-
-
-def _routing(
-    rng: np.random.Generator, t: int, k: int, e: int, shared: bool
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """(ids, xrow, experts) as ffn_block builds them: routed pairs sorted by expert (skewed choices: some experts
-    get many rows, some none), then the shared expert's id e once per token."""
-    p = np.exp(rng.standard_normal(e) * 1.5)
-    flat = np.stack([rng.choice(e, k, replace=False, p=p / p.sum()) for _ in range(t)]).reshape(-1)
-    order = np.argsort(flat, kind="stable").astype(np.int32)
-    ids, xrow = flat[order].astype(np.int32), (order // k).astype(np.int32)
-    if shared:
-        ids = np.concatenate([ids, np.full(t, e, np.int32)])
-        xrow = np.concatenate([xrow, np.arange(t, dtype=np.int32)])
-    return ids, xrow, e + int(shared)
-
-
-def _table_model(ids: np.ndarray, xrow: np.ndarray, experts: int, nb: int) -> tuple[np.ndarray, ...]:
-    """The slot table as moe_lanes.cu documents it."""
-    z = slot_bound(ids.size, experts, nb)
-    sid = np.full(z, -1, np.int32)
-    tx, ts = np.full((z, 2, nb), -1, np.int32), np.full((z, 2, nb), -1, np.int32)
-    at = 0
-    for ex in range(experts):
-        pairs = np.flatnonzero(ids == ex)
-        for j in range(0, pairs.size, nb):
-            g = pairs[j : j + nb]
-            sid[at], tx[at, 0, : g.size], tx[at, 1, : g.size] = ex, xrow[g], g
-            ts[at, 0, : g.size] = ts[at, 1, : g.size] = g
-            at += 1
-    return sid, tx.reshape(-1), ts.reshape(-1)
 
 
 def _write(d: Path, **arrays: np.ndarray) -> None:
@@ -115,9 +85,9 @@ def test_slot_table_matches_model(emu: Path, tmp_path: Path, case: tuple) -> Non
     (several slots each), one expert, fewer pairs than lanes: the device table is the model's, every routed pair is
     in exactly one lane, and the bound covers the slots."""
     t, k, e, shared, nb = case
-    ids, xrow, experts = _routing(np.random.default_rng(t * 7 + e), t, k, e, shared)
+    ids, xrow, experts = routing(np.random.default_rng(t * 7 + e), t, k, e, shared)
     got = _table(emu, tmp_path, ids, xrow, experts, nb)
-    want = _table_model(ids, xrow, experts, nb)
+    want = table_model(ids, xrow, experts, nb)
     for name, g, w in zip(("sid", "tx", "ts"), got, want, strict=True):
         assert np.array_equal(g, w), f"{name} differs from the model"
     outs = got[1].reshape(-1, 2, nb)[:, 1]
@@ -140,7 +110,7 @@ GEMV_CASES = [
 def test_lanes_gemv_bitwise_one_lane_and_reference(emu: Path, tmp_path: Path, case: tuple) -> None:
     fmt, t, nb, n, k, tokens, top, e, shared, swiglu = case
     rng = np.random.default_rng(n * 31 + k)
-    ids, xrow, experts = _routing(rng, tokens, top, e, shared)
+    ids, xrow, experts = routing(rng, tokens, top, e, shared)
     s = ids.size
     codec = FORMATS[fmt]
     shape = (experts * n, k)
