@@ -153,3 +153,20 @@ def test_lanes_gemv_bitwise_one_lane_and_reference(emu: Path, tmp_path: Path, ca
     )
     err = np.max(np.abs(got.astype(np.float64) - ref)) / np.max(np.abs(ref))
     assert err <= (1.2e-2 if t == "bf16" else 2e-5), f"{case}: normalised error {err:.3e}"
+
+
+def test_switch_points_and_bounds() -> None:
+    """The 35B-A3B (256 experts, top 8): chunks of up to 1024 tokens take the lanes (4 lanes below 64 tokens), 2048
+    the grouped GEMM; the slot bound covers any spread of the pairs; the split partials stay per launch."""
+    from ninfer.cuda.moe_lanes import SLOTS_PER_LAUNCH, lanes_nb, lanes_workspace_bytes, use_lanes
+
+    e, k = 256, 8
+    assert use_lanes(256 * k, e) and use_lanes(1024 * k, e) and not use_lanes(1025 * k, e)
+    assert lanes_nb(64 * k, e) == 4 and lanes_nb(65 * k, e) == 8
+    rng = np.random.default_rng(0)
+    for s, ex, nb in ((2304, 257, 8), (9, 3, 4), (100, 1, 8), (7, 50, 4)):
+        counts = rng.multinomial(s, rng.dirichlet(np.full(ex, 0.3)))
+        assert sum(-(-c // nb) for c in counts) <= slot_bound(s, ex, nb)
+    # the 35B's gate|up: 8 row blocks x 4 splits of [128 rows x 8 lanes] fp32 per slot (NVFP4; others no larger)
+    assert lanes_workspace_bytes(1024, 2048, 10**6) == SLOTS_PER_LAUNCH * 8 * 4 * 128 * 8 * 4
+    assert lanes_workspace_bytes(2048, 512, 10) == 0  # the down projection (4 K-tiles) has no split

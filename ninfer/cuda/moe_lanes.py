@@ -8,7 +8,7 @@ for its 1..NB rows (the rows are the mma's N columns: free), so its cost does no
 
 The switch (:data:`LANES_MAX_AVG_ROWS`) compares the two per expert of c rows. Lanes: ceil(c / 8) slots, each about
 one pass over the expert's weights at the GEMV's dequantization rate (27B gate|up, 4 rows, NVFP4 on the H200 at
-d82349e: 178 M weights in 50.6 us, 3.5 G weights/us; the 35B expert's gate|up + down is 3.1 M weights, so
+d82349e: 178 M weights in 50.6 us, 3.5 M weights/us; the 35B expert's gate|up + down is 3.1 M weights, so
 ~0.9 us per slot, ~1 us allowing the 8-lane staging). Grouped GEMM: ceil(c / 128) tiles; the same run measured
 gemm_experts at 74.9 ms for a 256-token chunk = 1.87 ms per layer over ~272 tile rows (256 experts with a partial
 tile + 16), ~6.9 us per tile row for both projections. Per expert the lanes win while ceil(c / 8) x 1.0 < 6.9,
