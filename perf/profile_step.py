@@ -3,7 +3,7 @@
     python -m perf.profile_step --model 27b          # on a GPU: eager decode at 8K context, a 2048-token prefill
 
 Each public function of the family modules (``ninfer.cuda.FAMILY_MODULES``) that launches a kernel is wrapped for the duration of the
-run; a call's time is the event interval around its launches on the current stream. Work outside the wrappers
+run (``gemv``, ``gemv_experts`` and the MoE prefill's ``gemv_expert_lanes`` / ``expert_lanes`` included); a call's time is the event interval around its launches on the current stream. Work outside the wrappers
 (cupy element-wise glue, sorting, host-side scheduling gaps) shows as ``other`` = wall time - the sum. Decode is
 eager here (no CUDA graph), so ``other`` includes launch overhead that graph replay removes.
 """
@@ -52,7 +52,8 @@ def profile() -> Iterator[dict[str, list]]:
         mod = importlib.import_module(modname)
         for name in getattr(mod, "__all__", ()):
             fn = getattr(mod, name)
-            if inspect.isfunction(fn) and "kernel(" in inspect.getsource(fn):  # launchers, not helpers
+            src = inspect.getsource(fn) if inspect.isfunction(fn) else ""
+            if "kernel(" in src or "_gemv_launch(" in src:  # launchers (the GEMVs too), not helpers
                 saved.append((mod, name, fn))
                 setattr(mod, name, wrap(mod, name, fn))
     try:
