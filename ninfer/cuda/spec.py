@@ -71,6 +71,26 @@ class CudaSpec:
         """The lane's first GDN snapshot slot (snapshots: the state before the round's first position)."""
         return self.spare_base + lane * (self.k + 1)
 
+    def capture(self, lanes: int) -> int:
+        """Capture now every graph a round over ``lanes`` lanes can replay: the verify forward at 2..k+1 positions
+        per lane (fewer than k+1 where drafting stops early) and the draft steps of ``lanes`` .. 8 rows (a round's
+        first step covers each lane's kept rows). Otherwise each is captured on first use, in the middle of a
+        request. Returns the graphs captured so far."""
+        if self.graphs is not None:
+            for n in range(2, self.k + 2):
+                self.graphs.ensure(lanes, n)
+        if self.drafts is not None:
+            from ninfer.cuda.spec_graphs import DRAFT_GRAPH_ROWS
+
+            for t in range(lanes, min(DRAFT_GRAPH_ROWS, lanes * (self.k + 1)) + 1):
+                self.drafts.ensure(lanes, t)
+        return self.captures
+
+    @property
+    def captures(self) -> int:
+        """Verify and draft graphs captured so far."""
+        return sum(g.captures for g in (self.graphs, self.drafts) if g is not None)
+
     def setup(self, lane: int, pages: list[int], length: int) -> None:
         self._lanes[lane], self._pages[lane] = _Lane(length), list(pages)
 
