@@ -6,12 +6,16 @@
 Random weights give near-zero real acceptance, so this measures the machinery:
 
 - ``rounds``: at each lane count, one decode step (the captured graph) against one speculative round at
-  k = 1..5, split into drafting (k MTP steps and their samples), the verify forward (k+1 positions per lane) with
-  verification, and the commit of a half-accepted round (a snapshot copy, or the GDN replay with
-  ``--spec-path replay``). One untimed round per k first captures its graphs, as the decode step's warm-up does.
+  k = 1..5, split into drafting (k MTP steps and their samples, step by step; its first step apart), the verify
+  forward (k+1 positions per lane) and its verification, and the commit of a half-accepted round (a snapshot copy,
+  or the GDN replay with ``--spec-path replay``); then the same rounds drafted by ``draft_chain`` (one host
+  synchronization, ``draft_chain_ms`` and ``round_chain_ms``). Every verify and draft graph of the lane count is
+  captured before anything is timed (``capture_spec_graphs``).
 - ``forced``: engine tokens/s with a draft source that replays the target's own greedy tokens (100% acceptance)
   or makes every position wrong where ``(pos*37) % 100 >= pct`` (80%, 50%), against the engine without drafts,
-  and the tokens per round (after an untimed warm-up request on every lane).
+  and the tokens per round (after the spec graphs' capture and an untimed warm-up request on every lane;
+  ``timed_captures`` counts graph captures in the timed run, 0 expected), with each step's or round's wall time
+  split into the runner's calls (``calls_ms``, with their synchronizations) and the rest (``other_ms``).
 
 Prints a table and writes ``bench_spec.json`` under ``--out``.
 """
@@ -113,13 +117,20 @@ def bench_rounds(
         {"lanes": lanes, "k": 0, "round_ms": step_ms, "draft_ms": 0.0, "verify_ms": step_ms, "commit_ms": 0.0}
     )
 
-    def spec_round(k: int) -> dict[str, float]:
+    def spec_round(k: int, chain: bool = False) -> dict[str, float]:
+        """One round; ``chain``: drafted by ``draft_chain`` (one synchronization) instead of the step loop."""
         nonlocal pos
         seqs = [seq[lane] + [nxt[lane]] for lane in range(lanes)]
         drafts: list[list[int]] = [[] for _ in range(lanes)]
         _sync()
         t = [time.perf_counter()]
-        for _ in range(k):
+        if chain:
+            got = runner.draft_chain(
+                [DraftLane(lane, seqs[lane]) for lane in range(lanes)], [reqs(k)] * lanes, None
+            )
+            drafts = [[max(d, 0) for d in g] for g in got]
+            t.append(t[0])
+        for _ in range(0 if chain else k):
             runner.draft([DraftLane(lane, seqs[lane] + drafts[lane]) for lane in range(lanes)])
             for lane, d in enumerate(runner.sample(range(lanes), reqs(1) * lanes, None)):
                 drafts[lane].append(max(d, 0))
@@ -145,13 +156,20 @@ def bench_rounds(
 
     for k in ks:
         tot: dict[str, float] = {}
-        spec_round(k)  # untimed, like the decode step's: captures the (lanes, k) verify and draft graphs
+        spec_round(k)  # untimed, like the decode step's (the graphs are captured above)
         for _ in range(reps):
             for name, dt in spec_round(k).items():
                 tot[name] = tot.get(name, 0.0) + dt
+        chained = 0.0
+        for _ in range(reps):  # the same rounds drafted by draft_chain
+            r = spec_round(k, chain=True)
+            chained += r["draft"] + r["verify"] + r["commit"]
+            tot["draft_chain"] = tot.get("draft_chain", 0.0) + r["draft"]
         row = {f"{n}_ms": v / reps * 1e3 for n, v in tot.items()}
         row.update(lanes=lanes, k=k, round_ms=row["draft_ms"] + row["verify_ms"] + row["commit_ms"])
         row["round_vs_step"] = row["round_ms"] / step_ms
+        row["round_chain_ms"] = chained / reps * 1e3
+        row["round_chain_vs_step"] = row["round_chain_ms"] / step_ms
         out.append(row)
     return out
 
@@ -280,13 +298,14 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\n{key} ({a.profile}, {a.activations} activations, {a.spec_path}): round cost vs one decode step"
         )
-        print(f"{'lanes':>5} {'k':>2} {'draft ms':>9} {'1st step':>9} {'verify ms':>10} {'forward':>8} {'sample':>7} "
-              f"{'commit ms':>10} {'round ms':>9} {'x step':>7}")  # fmt: skip
+        print(f"{'lanes':>5} {'k':>2} {'draft ms':>9} {'1st step':>9} {'chained':>8} {'verify ms':>10} {'forward':>8} "
+              f"{'sample':>7} {'commit ms':>10} {'round ms':>9} {'x step':>7} {'chained':>8}")  # fmt: skip
         for r in res["rounds"]:
             print(f"{r['lanes']:>5} {r['k']:>2} {r['draft_ms']:>9.2f} {r.get('draft_first_ms', 0.0):>9.2f} "
-                  f"{r['verify_ms']:>10.2f} {r.get('verify_forward_ms', r['verify_ms']):>8.2f} "
-                  f"{r.get('verify_sample_ms', 0.0):>7.2f} {r['commit_ms']:>10.2f} {r['round_ms']:>9.2f} "
-                  f"{r.get('round_vs_step', 1.0):>7.2f}")  # fmt: skip
+                  f"{r.get('draft_chain_ms', 0.0):>8.2f} {r['verify_ms']:>10.2f} "
+                  f"{r.get('verify_forward_ms', r['verify_ms']):>8.2f} {r.get('verify_sample_ms', 0.0):>7.2f} "
+                  f"{r['commit_ms']:>10.2f} {r['round_ms']:>9.2f} {r.get('round_vs_step', 1.0):>7.2f} "
+                  f"{r.get('round_chain_vs_step', 1.0):>8.2f}")  # fmt: skip
         print(f"\n{key}: tokens/s at forced acceptance (k={a.forced_k})")
         print(
             f"{'lanes':>5} {'accept%':>8} {'tok/s':>9} {'speedup':>8} {'tok/round':>10} {'same':>5} {'captures':>9}"

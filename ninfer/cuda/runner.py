@@ -249,6 +249,19 @@ class CudaModelRunner:
         assert self._spec is not None, "draft() without spec"
         self._logits = self._spec.draft(lanes)
 
+    def draft_chain(
+        self,
+        lanes: Sequence[DraftLane],
+        reqs: Sequence[Sequence[SampleRequest]],
+        token_limit: int | None,
+        forced: Sequence[Sequence[int]] | None = None,
+    ) -> list[list[int]]:
+        """A round's draft steps with one host synchronization (``CudaSpec.draft_chain``; the engine's contract:
+        ``speculative.chain_by_steps``)."""
+        assert self._spec is not None, "draft_chain() without spec"
+        toks, self._logits = self._spec.draft_chain(lanes, reqs, token_limit, forced)
+        return toks
+
     def verify(
         self,
         lanes: Sequence[int],

@@ -155,24 +155,31 @@ class DraftGraphs:
         return key in self._graphs or self._capture(b, t) is not None
 
     def run(
-        self, hidden: Sequence[Any], ids: np.ndarray, segs: Sequence[Seg], last: Sequence[int]
+        self, hidden: Sequence[Any], ids: Any, segs: Sequence[Seg], last: Sequence[int]
     ) -> tuple[Any, Any] | None:
         """(chain ``[b, H]``, logits ``[b, V]``) of one head step over the rows ``hidden`` (device arrays, in
-        order) and token ids ``ids``: copies, launched and not synchronized; None where no graph serves it."""
+        order) and token ids ``ids`` (host, or an int32 device array: copied into the graph's ids after the
+        staging upload, in stream order): copies, launched and not synchronized; None where no graph serves it."""
         import cupy
 
-        key = (len(segs), int(np.asarray(ids).size))
+        key = (len(segs), int(ids.size))
         if key[1] > DRAFT_GRAPH_ROWS or key in self._failed:
             return None
         g = self._graphs.get(key) or self._capture(*key)
         if g is None:
             return None
         net = self.net
+        on_device = not isinstance(ids, np.ndarray)
         with net.stream:
             cupy.concatenate([cupy.asarray(x, dtype=np.float32) for x in hidden], axis=0, out=g["hidden"])
-        _upload(net, g, ids, segs, last=np.asarray(last, np.int64))
-        g["graph"].launch(net.stream)
-        with net.stream:  # the buffers are rewritten by the next replay (the next step of the round)
+        _upload(
+            net, g, np.zeros(key[1], np.int32) if on_device else ids, segs, last=np.asarray(last, np.int64)
+        )
+        with net.stream:
+            if on_device:
+                g["staging"].views["ids"][...] = ids
+            g["graph"].launch(net.stream)
+            # the buffers are rewritten by the next replay (the next step of the round)
             return g["chain"].copy(), g["logits"].copy()
 
     def _capture(self, b: int, t: int) -> Any:
