@@ -234,6 +234,38 @@ def test_cuda_snapshot_commit_equals_replay(cuda_model: Any, k: int) -> None:
 
 
 @gpu
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
+def test_cuda_copy_slot_pitched(cuda_model: Any, state_dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``copy_slot`` (one pitched device copy per kind: the speculative commit, checkpoint saves and restores)
+    copies every layer's state of one slot bitwise and touches no other slot; so does its elementwise fallback."""
+    import cupy
+
+    from ninfer.cuda import model as cuda_model_mod
+    from ninfer.cuda.model import load_cuda
+
+    net = load_cuda(cuda_model[1], progress=False)
+    net.state_dtype = state_dtype
+    net.allocate(num_slots=5, num_pages=4, page_size=16, max_context=64)
+    rng = np.random.default_rng(3)
+    for a in (net.conv_all, net.rec_all):
+        bits = rng.integers(0, 1 << 15, a.shape) if a.dtype == np.uint16 else rng.standard_normal(a.shape)
+        a[...] = cupy.asarray(bits.astype(a.dtype))
+    cupy.cuda.Device().synchronize()
+    for src, dst, pitch in ((1, 3, None), (4, 0, 0)):  # pitch 0: the limit forces the fallback
+        if pitch is not None:
+            monkeypatch.setattr(cuda_model_mod, "_max_pitch", lambda pitch=pitch: pitch)
+        want = [cupy.asnumpy(a) for a in (net.conv_all, net.rec_all)]
+        for w in want:
+            w[:, dst] = w[:, src]
+        net.copy_slot(src, dst)
+        net.stream.synchronize()
+        for w, a in zip(want, (net.conv_all, net.rec_all), strict=True):
+            np.testing.assert_array_equal(
+                cupy.asnumpy(a), w, err_msg=f"copy_slot({src}, {dst}) pitch limit {pitch}"
+            )
+
+
+@gpu
 @pytest.mark.parametrize("snapshots", [True, False], ids=["graphed", "eager"])
 def test_cuda_draft_chain_equals_steps(cuda_model: Any, snapshots: bool) -> None:
     """``draft_chain`` (each draft sampled on the device and fed to the next step there, one synchronization)

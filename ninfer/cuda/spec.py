@@ -166,11 +166,10 @@ class CudaSpec:
                 toks.append(sample_requests_dev(logits, [r[s] for r in reqs], token_limit))
                 if s + 1 == steps:
                     break
-                nxt = (
-                    np.asarray([f[s] for f in forced], np.int32)
-                    if forced is not None
-                    else cupy.maximum(toks[-1], 0)
-                )
+                if forced is not None:
+                    nxt = np.asarray([f[s] for f in forced], np.int32)
+                else:  # int32 like the sampler's ids; a -1 (nothing allowed) feeds token 0
+                    nxt = cupy.maximum(toks[-1], 0).astype(np.int32, copy=False)
             logits = self._next(ids, nxt)
         with self.net.stream:  # the one synchronization of the drafting
             got = cupy.asnumpy(cupy.stack(toks, axis=1), stream=self.net.stream).tolist()

@@ -6,8 +6,9 @@ real), but the ``sample`` that follows each ``draft`` returns ``script(tokens)``
 head's own draft (None: keep the head's). ``draft_chain`` (a round at once, ``speculative.chain_by_steps``) gives
 the scripted tokens of the whole round to the wrapped runner's ``draft_chain`` as ``forced`` (its drafting and
 sampling still run, one synchronization a round); where the script leaves a token to the head, or the runner has
-no ``draft_chain``, it drafts step by step through ``draft`` and ``sample`` above. With ``replay_script`` the drafts are the target's own greedy tokens,
-wrong at a chosen rate: the acceptance of greedy requests is then what the script decides.
+no ``draft_chain``, it drafts step by step through ``draft`` and ``sample`` above. With ``replay_script`` the
+drafts are the target's own greedy tokens, wrong at a chosen rate: the acceptance of greedy requests is then what
+the script decides.
 """
 
 from __future__ import annotations
