@@ -38,6 +38,7 @@ Numerics (invariants the tests check):
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -149,9 +150,10 @@ class CudaQwen36:
         return self.pool[0], self.pool[1]
 
     def copy_slot(self, src: int, dst: int) -> None:
-        with self.stream:
-            self.conv_all[:, dst] = self.conv_all[:, src]
-            self.rec_all[:, dst] = self.rec_all[:, src]
+        """GDN state slot ``src`` -> ``dst``, every layer: one pitched copy per kind (the bench's speculative
+        commit, a strided elementwise copy, took ~0.4 ms per 27B slot of 157 MB)."""
+        for a in (self.conv_all, self.rec_all):
+            _copy_slot(a, src, dst, self.stream)
 
     def zero_slot(self, slot: int) -> None:
         with self.stream:
@@ -297,6 +299,35 @@ class CudaQwen36:
         with self.stream:
             out = cupy.asnumpy(self.logits_dev(h), stream=self.stream)
         return out
+
+
+def _copy_slot(a: Any, src: int, dst: int, stream: Any) -> None:
+    """``a[:, dst] = a[:, src]`` on ``stream`` for a C-contiguous ``[layers, slots, ...]`` array: one
+    ``cudaMemcpy2DAsync`` (a row per layer, the layer stride as pitch), the same bytes as the elementwise copy,
+    which is the fallback where the pitch exceeds the device's limit."""
+    import cupy
+
+    rt = cupy.cuda.runtime
+    if src == dst or not a.size:
+        return
+    pitch, width = a.strides[0], a.strides[1]
+    if a.flags.c_contiguous and pitch <= _max_pitch():
+        base = a.data.ptr
+        kind = rt.memcpyDeviceToDevice
+        rt.memcpy2DAsync(
+            base + dst * width, pitch, base + src * width, pitch, width, a.shape[0], kind, stream.ptr
+        )
+        return
+    with stream:
+        a[:, dst] = a[:, src]
+
+
+@functools.cache
+def _max_pitch() -> int:
+    import cupy
+
+    rt = cupy.cuda.runtime
+    return int(rt.deviceGetAttribute(rt.cudaDevAttrMaxPitch, cupy.cuda.Device().id))
 
 
 def load_cuda(artifact: Any, **opts: Any) -> CudaQwen36:
