@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from moe_lanes_model import routing, table_model
 
+from ninfer.cuda.sequences import Sequences
 from ninfer.formats import FORMATS, bf16_decode, bf16_encode, bf16_round
 from ninfer.reference import ops
 
@@ -175,19 +176,23 @@ def lanes_spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def test_moe_prefill_through_lanes_matches_reference(cp: Any, lanes_spy: list[int], monkeypatch: Any) -> None:
-    """Chunks of 40 tokens (5 rows per expert on average: 8 lanes) and 12 (1.5: 4 lanes), then 4 decode steps,
+    """Chunks of 40 tokens (5 rows per expert on average: 8 lanes) and 12 (1.5: 4 lanes with the 4-lane switch at 2
+    rows, so both instances run on this 64-expert model), then 4 decode steps,
     against the NumPy reference; the same with the lanes switched off (grouped GEMM) for scale."""
     import ninfer.cuda.model_layers as layers
+    import ninfer.cuda.moe_lanes as ml
 
+    monkeypatch.setattr(ml, "LANES_NB4_MAX_AVG_ROWS", 2)
     cfg, weights = _moe35_like()
     net, ref = _net(cfg, weights)
     ids = np.random.default_rng(4).integers(0, cfg.vocab_size, 56)
     want = ref.lm_head(ref.forward(ids, ref.new_state()))
 
     def run() -> np.ndarray:
-        st = net.new_state()
-        got = [net.lm_head(net.forward(ids[a:b], st)) for a, b in ((0, 40), (40, 52))]
-        got += [net.lm_head(net.forward_batch(ids[i : i + 1], [st])) for i in range(52, 56)]
+        seqs = Sequences(net, slots=1, context=64)
+        st = seqs.new()
+        got = [net.lm_head(seqs.forward(st, ids[a:b])) for a, b in ((0, 40), (40, 52))]
+        got += [net.lm_head(seqs.forward_batch(ids[i : i + 1], [st])) for i in range(52, 56)]
         return np.concatenate(got)
 
     def err(got: np.ndarray) -> float:
@@ -210,8 +215,9 @@ def test_exact_mode_prefill_is_decode_bitwise(cp: Any, lanes_spy: list[int]) -> 
     cfg, weights = _moe35_like()
     net, _ = _net(cfg, weights, prefill_gemm=False)
     ids = np.random.default_rng(6).integers(0, cfg.vocab_size, 24)
-    chunk = net.lm_head(net.forward(ids, net.new_state()))
+    seqs = Sequences(net, slots=2, context=32)
+    chunk = net.lm_head(seqs.forward(seqs.new(), ids))
     assert lanes_spy, "the exact-mode chunk did not take the expert lanes"
-    st = net.new_state()
-    steps = np.concatenate([net.lm_head(net.forward(ids[i : i + 1], st)) for i in range(24)])
+    st = seqs.new()
+    steps = np.concatenate([net.lm_head(seqs.forward(st, ids[i : i + 1])) for i in range(24)])
     assert np.array_equal(chunk, steps), f"max |diff| {np.max(np.abs(chunk - steps)):.3e}"

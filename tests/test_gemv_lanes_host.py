@@ -156,13 +156,13 @@ def test_lanes_gemv_bitwise_one_lane_and_reference(emu: Path, tmp_path: Path, ca
 
 
 def test_switch_points_and_bounds() -> None:
-    """The 35B-A3B (256 experts, top 8): chunks of up to 1024 tokens take the lanes (4 lanes below 64 tokens), 2048
+    """The 35B-A3B (256 experts, top 8): chunks of up to 256 tokens take the lanes (4 lanes up to 32 tokens), 257
     the grouped GEMM; the slot bound covers any spread of the pairs; the split partials stay per launch."""
     from ninfer.cuda.moe_lanes import SLOTS_PER_LAUNCH, lanes_nb, lanes_workspace_bytes, use_lanes
 
     e, k = 256, 8
-    assert use_lanes(256 * k, e) and use_lanes(1024 * k, e) and not use_lanes(1025 * k, e)
-    assert lanes_nb(64 * k, e) == 4 and lanes_nb(65 * k, e) == 8
+    assert use_lanes(16 * k, e) and use_lanes(256 * k, e) and not use_lanes(257 * k, e)
+    assert lanes_nb(32 * k, e) == 4 and lanes_nb(33 * k, e) == 8
     rng = np.random.default_rng(0)
     for s, ex, nb in ((2304, 257, 8), (9, 3, 4), (100, 1, 8), (7, 50, 4)):
         counts = rng.multinomial(s, rng.dirichlet(np.full(ex, 0.3)))

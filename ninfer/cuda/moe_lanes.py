@@ -14,13 +14,18 @@ gemm_experts at 74.9 ms for a 256-token chunk = 1.87 ms per layer over ~272 tile
 tile + 16), ~6.9 us per tile row for both projections. Per expert the lanes win while ceil(c / 8) x 1.0 < 6.9,
 i.e. up to ~48 rows, and lose by up to 2x once an expert fills whole tiles. Routing is uneven (a few hot experts
 hold several times the average), which favours the GEMM on those, so the switch on the chunk's average sits below
-the per-expert crossover: 32 rows per expert on average, chunks of up to 1024 tokens on the 35B-A3B. The lead
-measures the crossover with ``python -m perf.bench_moe_lanes``; move the constant to what it shows.
+the per-expert crossover. Measured on the H200 at cedd073 (``python -m perf.bench_moe_lanes``,
+perf/results/bench_moe_lanes.json, ms per layer, grouped GEMM / 8 lanes): 256 tokens 2.10 / 0.65, 512 2.09 / 0.97,
+1024 2.15 / 1.60, 2048 2.33 / 2.85. But the whole 35B-A3B prefill of one 1024-token chunk (``ninfer-perf``, same
+run) was slower through the lanes than through the GEMM the run before (8,140 against 10,806 tok/s; not explained,
+the benchmark times the two expert products alone), while the 256-token follow-up turn gained (80 -> 71 ms). So
+the switch sits at what the model-level runs showed: 8 rows per expert on average, chunks of up to 256 tokens on the
+35B-A3B.
 
 Lanes per slot (:data:`LANES_NB4_MAX_AVG_ROWS`): the 4-lane instance stages half the 8-lane one's activations per
-K-tile; below about 2 rows per expert on average most hit experts hold 1-4 rows, so 4 lanes fill the same number
-of slots for less staging; above, 8 lanes save slots (at 4 rows on average, 4 lanes need ~1.37 slots per hit expert,
-8 lanes ~1.03).
+K-tile; with about one row per expert on average most hit experts hold 1-4 rows, so 4 lanes fill the same number
+of slots for less staging; above, 8 lanes save slots. Measured (same run): 16 tokens (0.5 rows per expert) 4 lanes
+0.383 ms / 8 lanes 0.392; 64 tokens (2 rows) 0.440 / 0.432.
 
 Results: each row is bitwise its decode result (``gemv_experts``: the same lane arithmetic and K splits), so
 prefill through the lanes equals decode exactly for the expert products, and the exact mode (``prefill_gemm`` off)
@@ -52,8 +57,8 @@ __all__ = [
 ]
 
 SOURCES: dict[str, tuple[str, ...]] = {"moe_lanes.cu": tuple(f"gemv_lanes_table<{nb}>" for nb in (4, 8))}
-LANES_MAX_AVG_ROWS = 32  # routed rows per expert, on average, up to which prefill takes the lanes (see above)
-LANES_NB4_MAX_AVG_ROWS = 2  # ... and up to which a slot has 4 lanes instead of 8
+LANES_MAX_AVG_ROWS = 8  # routed rows per expert, on average, up to which prefill takes the lanes (see above)
+LANES_NB4_MAX_AVG_ROWS = 1  # ... and up to which a slot has 4 lanes instead of 8
 # Slots per GEMV launch: bounds the K-split partials (gemv.cu writes one [rows, 8] fp32 block per row block and split
 # of every slot: 131 KB per slot on the 35B's gate|up, so 134 MB for 1024 slots; the launches reuse it in turn).
 # 1024 slots of 32 blocks are ~60 waves of an H200: the launch boundaries cost no measurable tail.
