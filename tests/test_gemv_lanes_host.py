@@ -48,7 +48,7 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
         source_text("moe_lanes.cu"),
         flags=re.S,
     )
-    parts = ["attn_emu.cpp", PRELUDE, source_text("gemv.cu"), table, "gemv_lanes_driver.cpp"]
+    parts = ["attn_emu.cpp", PRELUDE, source_text("gemv.cu"), table, "emu_io.cpp", "gemv_lanes_driver.cpp"]
     return build_emulator(tmp_path_factory, "gemv_lanes_emu", parts, timeout=900)
 
 

@@ -7,19 +7,6 @@
 // dir/x.bin (xrows x ldx activations, xrows from dir/xrows.bin); writes dir/{sid,tx,ts}.bin (the table) and
 // dir/{lanes,one}.bin: y[S, N] by the lanes launch and by the one-lane expert launch (slot s = pair s).
 // Exits 7 if a split arrival counter is not zero again after a launch.
-template <typename X> std::vector<X> emu_read(const std::string& path, size_t n) {
-    std::vector<X> v(n);
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f || std::fread(v.data(), sizeof(X), n, f) != n) std::abort();
-    std::fclose(f);
-    return v;
-}
-template <typename X> void emu_write(const std::string& path, const std::vector<X>& v) {
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (!f || std::fwrite(v.data(), sizeof(X), v.size(), f) != v.size()) std::abort();
-    std::fclose(f);
-}
-
 // emu_launch with the GEMV's and the table's dynamic shared memory poisoned per block (NaN floats, -1 ints)
 template <typename Fn> void gv_launch(emu_dim3 grid, unsigned threads, unsigned seed, Fn fn) {
     gridDim = grid;
