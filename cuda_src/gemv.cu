@@ -13,6 +13,13 @@
 // the arithmetic is a fixed sequence (tiles in order, 8 steps per tile, hi then lo, splits in order), and an mma
 // column depends only on its own lane's activations, so a lane's result is bitwise independent of the other lanes,
 // of NB and of the number of rows in the launch. The host picks `splits` from (format, N, K) only (linear.py, gemv_plan).
+//
+// Expert modes (`experts`): 1, MoE decode: slot z = one activation row xrow[z] against expert ids[z]'s weights (one
+// lane, output row z); 2, expert lanes (MoE prefill of short chunks): slot z = up to NB rows routed to expert ids[z]
+// (-1: an empty slot, the block exits), lane g reading activation row xrow[z*2NB + g] and writing output row
+// xrow[z*2NB + NB + g] (-1 past the slot's rows; a slot's lanes are filled from 0). A lane's arithmetic is the same
+// fixed sequence, so every row of mode 2 is bitwise its mode-1 result (same expert, same splits): the invariant above
+// covers the lanes of a slot too. The table comes from gemv_lanes_table (moe_lanes.cu) without a host sync.
 
 #include "common.cuh"
 #include "wfrag.cuh"
@@ -24,20 +31,31 @@
 #define GV_CHUNK1 16  // the same for one lane: 4x fewer barriers (a split of <= 16 tiles stages once)
 #define GV_MIN_BLOCKS 4  // resident blocks per SM the registers are budgeted for (launch bounds)
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// (host emulation, tests/test_gemv_lanes_host.py: the copies are synchronous and the mma is emu_mma)
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
 template <int N> __device__ __forceinline__ void cp_async_wait() {
+#ifdef __CUDA_ARCH__
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
 }
 
 template <typename T> struct GvIsFloat { static constexpr bool v = false; };
 template <> struct GvIsFloat<float> { static constexpr bool v = true; };
 
 __device__ __forceinline__ void mma_bf16_16816(float d[4], const u32 a[4], u32 b0, u32 b1) {
+#ifdef __CUDA_ARCH__
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#elif defined(GV_HOST_EMU)
+    emu_mma(*reinterpret_cast<float(*)[4]>(d), a[0], a[1], a[2], a[3], b0, b1);
+#endif
 }
 
 // The activation prologue (xf, uniform per launch) the GEMV applies while staging, so the elementwise kernel before it disappears:
@@ -84,16 +102,18 @@ template <int NB> struct GvItems {
     static constexpr int N = (NB * GvChunk<NB>::V * 16 + GV_WARPS * 32 - 1) / (GV_WARPS * 32);
 };
 
+// Row addressing: every item of a thread belongs to lane threadIdx.x % NB (GV_WARPS * 32 % NB == 0), so the kernel
+// resolves that lane's row once (xl, x2l: its activation row and x2 row; read only where the lane is in).
 template <typename F, typename T, int NB>
-__device__ __forceinline__ void gv_fetch(float (&v)[GvItems<NB>::N][8], const T* xb, const T* x2b, long long ldx,
-                                         long long ldx2, int xf, int gd, int nb, int K, int kt0, int nt, int c) {
+__device__ __forceinline__ void gv_fetch(float (&v)[GvItems<NB>::N][8], const T* xl, const T* x2l, int xf, int gd,
+                                         int nb, int K, int kt0, int nt, int c) {
+    static_assert(GV_WARPS * 32 % NB == 0, "a thread stages one lane");
 #pragma unroll
     for (int j = 0; j < GvItems<NB>::N; ++j) {
         const int item = threadIdx.x + j * GV_WARPS * 32, g = item % NB, tl = item / NB >> 4, cc = item / NB & 15;
         const int tile = c * GvChunk<NB>::V + tl, k = (kt0 + tile) * 128 + 8 * cc;
         const bool in = item < NB * GvChunk<NB>::V * 16 && g < nb && tile < nt && k < K;
-        const long long gg = in ? g : 0;
-        gv_load8<T>(xb + gg * ldx, x2b + gg * ldx2, xf, in ? k : 0, gd, in, v[j]);
+        gv_load8<T>(xl, x2l, xf, in ? k : 0, gd, in, v[j]);
     }
 }
 
@@ -172,8 +192,15 @@ __device__ __forceinline__ void gv_tile(const u32* sm, int tl, const typename F:
     }
 }
 
+// Output row of lane b: the slot table's (expert lanes, lt != nullptr; yb = y) or row b of the lane block at yb.
+template <typename T>
+__device__ __forceinline__ T* gv_yrow(T* yb, const int* lt, int nb_max, int b, long long ldy) {
+    return yb + (long long)(lt ? lt[nb_max + b] : b) * ldy;
+}
+
 // experts == 0: lane block z takes activation rows z*NB .. (nrows of them in the launch), weight rows row0 ..;
-// experts != 0: expert slot z: activation row xrow[z], weight rows ids[z] * N .., one lane.
+// experts == 1: expert slot z: activation row xrow[z], weight rows ids[z] * N .., one lane;
+// experts == 2: expert lanes: slot z's rows from its table xrow[z*2NB ..] (header), weight rows ids[z] * N ...
 // Dynamic shared memory: two activation chunk buffers (2 * GV_CHUNK * 8 * NB * 4 * FW * 4 bytes), then per warp
 // GV_STAGES stages of F::VECS * 512 bytes of weights (gemv_plan in linear.py computes the same sizes).
 template <typename F, typename T, int NB>
@@ -198,13 +225,25 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     // launched with PDL (ninfer/cuda/launch.py): nothing an earlier kernel writes is read before pdl_wait. Expert
     // launches need the router's ids for their rows; the others issue their first weight tiles, then wait.
     if (experts) pdl_wait();
-    if (experts) {
+    const int* lt = nullptr;  // expert lanes: this slot's row table (lane inputs, then lane outputs)
+    if (experts == 2) {
+        const int e = ids[z];
+        if (e < 0) return;  // a slot past the table's filled ones (the launch is sized by an upper bound)
+        lt = xrow + (long long)z * 2 * NB;
+        nb = 0;
+#pragma unroll
+        for (int g = 0; g < NB; ++g) nb += lt[g] >= 0;
+        wbase = (long long)e * N, xr0 = 0, yb = y;
+    } else if (experts) {
         wbase = (long long)ids[z] * N, xr0 = xrow[z], yb = y + (long long)z * ldy, nb = 1;
     } else {
         wbase = row0, xr0 = (long long)z * NB, yb = y + (long long)z * NB * ldy;
         nb = min(NB, nrows - z * NB);
     }
-    const T *xb = x + xr0 * ldx, *x2b = x2 + xr0 * ldx2;
+    // the row this thread stages (its lane gl; only read while gl < nb)
+    const int gl = threadIdx.x % NB;
+    const long long xr = lt ? (gl < nb ? lt[gl] : 0) : xr0 + gl;
+    const T *xl = x + xr * ldx, *x2l = x2 + xr * ldx2;
     const int ntiles = (K + 127) / 128, kt0 = split * ntiles / splits, nt = (split + 1) * ntiles / splits - kt0;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = bx * ROWS + warp * MT * 16;
@@ -225,7 +264,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     }
     if (!experts) pdl_wait();
     float xv[GvItems<NB>::N][8];
-    gv_fetch<F, T, NB>(xv, xb, x2b, ldx, ldx2, xf, gd, nb, K, kt0, nt, 0);
+    gv_fetch<F, T, NB>(xv, xl, x2l, xf, gd, nb, K, kt0, nt, 0);
     gv_put<F, T, NB>(xv, gv_sm);
     __syncthreads();
     float acc[MT][4];
@@ -233,7 +272,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
     const int nchunks = (nt + GvChunk<NB>::V - 1) / GvChunk<NB>::V;
     for (int c = 0; c < nchunks; ++c) {
-        if (c + 1 < nchunks) gv_fetch<F, T, NB>(xv, xb, x2b, ldx, ldx2, xf, gd, nb, K, kt0, nt, c + 1);
+        if (c + 1 < nchunks) gv_fetch<F, T, NB>(xv, xl, x2l, xf, gd, nb, K, kt0, nt, c + 1);
         const u32* act = gv_sm + (c & 1) * ACT;
 #pragma unroll 1
         for (int tl = 0; tl < GvChunk<NB>::V; ++tl) {
@@ -263,7 +302,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int n = r0 + mt * 16 + g + (e >> 1) * 8, b = 2 * t + (e & 1);
-                if (n < N && b < nb) yb[(long long)b * ldy + n] = from_f<T>(acc[mt][e] * F::row_scale(p1, p2, wbase + n));
+                if (n < N && b < nb) gv_yrow(yb, lt, NB, b, ldy)[n] = from_f<T>(acc[mt][e] * F::row_scale(p1, p2, wbase + n));
             }
         return;
     }
@@ -288,7 +327,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
         const int rl = i / NB, b = i % NB, n = bx * ROWS + rl;
         float s = 0.f;
         for (int sp = 0; sp < splits; ++sp) s += __ldcg(base + (long long)sp * ROWS * 8 + rl * 8 + b);
-        if (n < N && b < nb) yb[(long long)b * ldy + n] = from_f<T>(s * F::row_scale(p1, p2, wbase + n));
+        if (n < N && b < nb) gv_yrow(yb, lt, NB, b, ldy)[n] = from_f<T>(s * F::row_scale(p1, p2, wbase + n));
     }
     if (threadIdx.x == 0) cnt[tile] = 0;
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -77,12 +77,23 @@ class Model:
     def logits(self, token_ids: Sequence[int], prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
         """Logits [T, V] float32 for every position, through chunked prefill and the carried state."""
         ids = self.config.token_ids(token_ids)
-        state = self.net.new_state()
-        out = [
-            self.net.lm_head(self.net.forward(ids[i : i + prefill_chunk], state))
-            for i in range(0, len(ids), prefill_chunk)
-        ]
+        feed = self.open_sequence(len(ids))
+        out = [self.net.lm_head(feed(ids[i : i + prefill_chunk])) for i in range(0, len(ids), prefill_chunk)]
         return np.concatenate(out, axis=0).astype(np.float32, copy=False)
+
+    def open_sequence(self, max_tokens: int) -> Callable[[np.ndarray], Any]:
+        """A fresh sequence of up to ``max_tokens`` tokens, outside any engine: a function that appends token ids
+        and returns their final-normed hidden rows (``self.net.lm_head`` turns them into logits). On the CUDA
+        backend it allocates the network's pools for one sequence (``ninfer.cuda.sequences.Sequences``), which
+        drops any engine runner's pools on the same network: not while an engine over this model is open."""
+        if self.backend == "cuda":
+            from ninfer.cuda.sequences import Sequences
+
+            seqs = Sequences(self.net, slots=1, context=max(1, max_tokens))
+            sid = seqs.new()
+            return lambda ids: seqs.forward(sid, ids)
+        state = self.net.new_state()
+        return lambda ids: self.net.forward(ids, state)
 
     def generate(
         self,

@@ -1,5 +1,6 @@
 """Model-level measurements of ``CudaQwen36``: prefill and TTFT, decode at several lane counts with a long
-context, and a follow-up agent turn that resumes from a GDN checkpoint with the KV prefix kept.
+context, and a follow-up agent turn that resumes from a GDN checkpoint with the KV prefix kept. The sequences are
+integer ids of a ``ninfer.cuda.sequences.Sequences`` over the network's pools (the caller sizes it).
 
 Decode lanes get a KV reservation of ``context`` positions whose contents are left at zero: a decode step's cost
 does not depend on the values, and filling 8 lanes x 8K tokens by prefill would cost more device time than the
@@ -41,15 +42,16 @@ def model_bytes(net: Any) -> dict[str, int]:
     return out
 
 
-def bench_prefill(net: Any, n_tokens: int, chunk: int, seed: int = 0) -> tuple[dict[str, float], Any]:
+def bench_prefill(seqs: Any, n_tokens: int, chunk: int, seed: int = 0) -> tuple[dict[str, float], int]:
     """Prefill ``n_tokens`` random ids in chunks of ``chunk`` on a fresh sequence; TTFT adds the last row's logits.
-    Returns the figures and the sequence state (a follow-up turn can resume from it)."""
+    Returns the figures and the sequence's id (a follow-up turn can resume from it; the caller frees it)."""
+    net = seqs.net
     ids = np.random.default_rng(seed).integers(0, net.cfg.vocab_size, n_tokens)
-    state = net.new_state()
+    sid = seqs.new()
     _sync()
     t0 = time.perf_counter()
     for a in range(0, n_tokens, chunk):
-        h = net.forward(ids[a : a + chunk], state)
+        h = seqs.forward(sid, ids[a : a + chunk])
     t1 = time.perf_counter()
     net.logits_dev(h[-1:])
     _sync()
@@ -61,21 +63,23 @@ def bench_prefill(net: Any, n_tokens: int, chunk: int, seed: int = 0) -> tuple[d
         "ttft_s": t2 - t0,
         "tok_s": n_tokens / (t1 - t0),
     }
-    return fig, state
+    return fig, sid
 
 
-def bench_decode(net: Any, lanes: int, context: int, steps: int, *, graph: bool = True) -> dict[str, float]:
+def bench_decode(seqs: Any, lanes: int, context: int, steps: int, *, graph: bool = True) -> dict[str, float]:
     """``steps`` decode steps of ``lanes`` sequences sitting at position ``context`` (logits included)."""
+    net = seqs.net
     saved = net.cuda_graph
     net.cuda_graph = graph
-    states = [net.new_state() for _ in range(lanes)]
-    for s in states:
-        net._grow(s, context + steps + 2)
-        s.length = context
+    sids = [seqs.new() for _ in range(lanes)]
+    for s in sids:
+        seqs.reserve(s, context + steps + 2)
+        seqs.seek(s, context)
+    held = [(seqs.slot(s), seqs.pages(s)) for s in sids]
     ids = np.zeros(lanes, np.int64)
 
     def step(i: int) -> None:
-        net.decode(ids, [(s.slot, context + i, s.pages) for s in states], logits=True)
+        net.decode(ids, [(slot, context + i, pages) for slot, pages in held], logits=True)
 
     try:
         t0 = time.perf_counter()
@@ -88,38 +92,39 @@ def bench_decode(net: Any, lanes: int, context: int, steps: int, *, graph: bool 
         dt = (time.perf_counter() - t0) / steps
     finally:
         net.cuda_graph = saved
+        for s in sids:
+            seqs.free(s)
     return {
         "lanes": lanes, "context": context, "graph": graph, "step_ms": dt * 1e3,
         "tok_s": lanes / dt, "first_step_s": capture_s,
     }  # fmt: skip
 
 
-def bench_followup(net: Any, first: Any, new_tokens: int, repeats: int = 3) -> dict[str, float]:
-    """An agent's next turn after the prompt held by ``first`` (KV pages kept, GDN state checkpointed into another
-    slot), with ``new_tokens`` more: one state copy plus the new tokens instead of the whole prompt again.
+def bench_followup(seqs: Any, first: int, new_tokens: int, repeats: int = 3) -> dict[str, float]:
+    """An agent's next turn after the prompt held by sequence ``first`` (KV pages kept, GDN state checkpointed into
+    another slot), with ``new_tokens`` more: one state copy plus the new tokens instead of the whole prompt again.
 
     The turn runs ``repeats`` times from the same checkpoint: ``ttft_reuse_first_s`` is the process's first forward
     of that many rows (allocations, first launches of its kernel instances), ``ttft_reuse_s`` the median of the
     others (a server that has served turns before)."""
-    context = first.length
+    net = seqs.net
+    context = seqs.length(first)
     ids = np.random.default_rng(5).integers(0, net.cfg.vocab_size, new_tokens)
-    ckpt = net.new_state()
-    net.copy_slot(first.slot, ckpt.slot)
-    nxt = net.new_state()
+    ckpt = seqs.new()
+    net.copy_slot(seqs.slot(first), seqs.slot(ckpt))
     times = []
     for _ in range(max(2, repeats)):
+        nxt = seqs.new()
         _sync()
         t0 = time.perf_counter()
-        nxt.pages = list(
-            first.pages
-        )  # the prefix pages are shared (the finalizer of ``nxt`` frees none of them)
-        nxt.length = context
-        net.copy_slot(ckpt.slot, nxt.slot)
-        h = net.forward(ids, nxt)
+        seqs.share(nxt, first)  # the prefix pages are shared (reference-counted)
+        net.copy_slot(seqs.slot(ckpt), seqs.slot(nxt))
+        h = seqs.forward(nxt, ids)
         net.logits_dev(h[-1:])
         _sync()
         times.append(time.perf_counter() - t0)
-        net._free_pages.extend(nxt.pages[len(first.pages) :])  # the turn's own pages back to the pool
+        seqs.free(nxt)  # the turn's own pages back to the pool; the prefix stays with ``first``
+    seqs.free(ckpt)
     return {
         "context": context,
         "new_tokens": new_tokens,

@@ -6,12 +6,16 @@
 Random weights give near-zero real acceptance, so this measures the machinery:
 
 - ``rounds``: at each lane count, one decode step (the captured graph) against one speculative round at
-  k = 1..5, split into drafting (k MTP steps and their samples), the verify forward (k+1 positions per lane) with
-  verification, and the commit of a half-accepted round (a snapshot copy, or the GDN replay with
-  ``--spec-path replay``). One untimed round per k first captures its graphs, as the decode step's warm-up does.
+  k = 1..5, split into drafting (k MTP steps and their samples, step by step; its first step apart), the verify
+  forward (k+1 positions per lane) and its verification, and the commit of a half-accepted round (a snapshot copy,
+  or the GDN replay with ``--spec-path replay``); then the same rounds drafted by ``draft_chain`` (one host
+  synchronization, ``draft_chain_ms`` and ``round_chain_ms``). Every verify and draft graph of the lane count is
+  captured before anything is timed (``capture_spec_graphs``).
 - ``forced``: engine tokens/s with a draft source that replays the target's own greedy tokens (100% acceptance)
   or makes every position wrong where ``(pos*37) % 100 >= pct`` (80%, 50%), against the engine without drafts,
-  and the tokens per round (after an untimed warm-up request on every lane).
+  and the tokens per round (after the spec graphs' capture and an untimed warm-up request on every lane;
+  ``timed_captures`` counts graph captures in the timed run, 0 expected), with each step's or round's wall time
+  split into the runner's calls (``calls_ms``, with their synchronizations) and the rest (``other_ms``).
 
 Prints a table and writes ``bench_spec.json`` under ``--out``.
 """
@@ -99,6 +103,10 @@ def bench_rounds(
         pos += 1
 
     decode_step()  # graph capture
+    # every verify and draft-step graph of this lane count now: a round's first draft step covers the rows kept
+    # by the previous round, a shape the untimed round below does not reach (it follows the decode steps); a
+    # capture in the timed rounds (~1 per 10 rounds before) is a one-time cost, not a round's
+    runner.capture_spec_graphs(lanes)
     _sync()
     t0 = time.perf_counter()
     for _ in range(reps):
@@ -109,21 +117,30 @@ def bench_rounds(
         {"lanes": lanes, "k": 0, "round_ms": step_ms, "draft_ms": 0.0, "verify_ms": step_ms, "commit_ms": 0.0}
     )
 
-    def spec_round(k: int) -> tuple[float, float, float]:
+    def spec_round(k: int, chain: bool = False) -> dict[str, float]:
+        """One round; ``chain``: drafted by ``draft_chain`` (one synchronization) instead of the step loop."""
         nonlocal pos
         seqs = [seq[lane] + [nxt[lane]] for lane in range(lanes)]
         drafts: list[list[int]] = [[] for _ in range(lanes)]
         _sync()
-        t0 = time.perf_counter()
-        for _ in range(k):
+        t = [time.perf_counter()]
+        if chain:
+            got = runner.draft_chain(
+                [DraftLane(lane, seqs[lane]) for lane in range(lanes)], [reqs(k)] * lanes, None
+            )
+            drafts = [[max(d, 0) for d in g] for g in got]
+            t.append(t[0])
+        for _ in range(0 if chain else k):
             runner.draft([DraftLane(lane, seqs[lane] + drafts[lane]) for lane in range(lanes)])
             for lane, d in enumerate(runner.sample(range(lanes), reqs(1) * lanes, None)):
                 drafts[lane].append(max(d, 0))
+            t.append(time.perf_counter())  # each step ends synchronized (its sample)
         _sync()
         t1 = time.perf_counter()
         work = [LaneWork(lane, pos, [seqs[lane][-1], *drafts[lane]], False, False, None, verify=True)
                 for lane in range(lanes)]  # fmt: skip
-        runner.execute(Batch(work=work))
+        runner.execute(Batch(work=work))  # ends synchronized
+        t1f = time.perf_counter()
         runner.verify(list(range(lanes)), drafts, [reqs(k + 1)] * lanes, None)
         _sync()
         t2 = time.perf_counter()
@@ -134,19 +151,53 @@ def bench_rounds(
         _sync()
         t3 = time.perf_counter()
         pos += keep
-        return t1 - t0, t2 - t1, t3 - t2
+        return {"draft": t1 - t[0], "verify": t2 - t1, "commit": t3 - t2, "draft_first": t[1] - t[0],
+                "verify_forward": t1f - t1, "verify_sample": t2 - t1f}  # fmt: skip
 
     for k in ks:
-        t = {"draft": 0.0, "verify": 0.0, "commit": 0.0}
-        spec_round(k)  # untimed, like the decode step's: captures the (lanes, k) verify and draft graphs
+        tot: dict[str, float] = {}
+        spec_round(k)  # untimed, like the decode step's (the graphs are captured above)
         for _ in range(reps):
-            for name, dt in zip(t, spec_round(k), strict=True):
-                t[name] += dt
-        row = {f"{n}_ms": v / reps * 1e3 for n, v in t.items()}
-        row.update(lanes=lanes, k=k, round_ms=sum(row.values()))
+            for name, dt in spec_round(k).items():
+                tot[name] = tot.get(name, 0.0) + dt
+        chained = 0.0
+        for _ in range(reps):  # the same rounds drafted by draft_chain
+            r = spec_round(k, chain=True)
+            chained += r["draft"] + r["verify"] + r["commit"]
+            tot["draft_chain"] = tot.get("draft_chain", 0.0) + r["draft"]
+        row = {f"{n}_ms": v / reps * 1e3 for n, v in tot.items()}
+        row.update(lanes=lanes, k=k, round_ms=row["draft_ms"] + row["verify_ms"] + row["commit_ms"])
         row["round_vs_step"] = row["round_ms"] / step_ms
+        row["round_chain_ms"] = chained / reps * 1e3
+        row["round_chain_vs_step"] = row["round_chain_ms"] / step_ms
         out.append(row)
     return out
+
+
+class _Timed:
+    """A pass-through runner adding up the wall time of its calls (with the synchronizations they do themselves)
+    while ``on``: a forced run's round split into runner calls and the engine's own host work around them."""
+
+    CALLS = ("execute", "draft", "draft_chain", "sample", "verify", "commit")
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.on = inner, False
+        self.ms = dict.fromkeys(self.CALLS, 0.0)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name not in self.CALLS:
+            return attr
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return attr(*a, **kw)
+            finally:
+                if self.on:
+                    self.ms[name] += (time.perf_counter() - t0) * 1e3
+
+        return timed
 
 
 def bench_forced(net: Any, mc: Any, lanes: int, k: int, pcts: list[int], tokens: int) -> list[dict[str, Any]]:
@@ -156,22 +207,53 @@ def bench_forced(net: Any, mc: Any, lanes: int, k: int, pcts: list[int], tokens:
 
     rng = np.random.default_rng(1)
     prompts = [list(map(int, rng.integers(0, mc.vocab_size, 64))) for _ in range(lanes)]
+    timed_captures = [0]
+    calls: dict[str, float] = {}
 
     def run(kk: int, wrap: Any = None) -> tuple[list[Any], float]:
-        runner, cfg = _runner(net, mc, lanes, kk, 64 + tokens)
-        runner = wrap(runner) if wrap is not None else runner
+        inner, cfg = _runner(net, mc, lanes, kk, 64 + tokens)
+        # every verify (k+1 down to 2 positions) and draft-step graph of this lane count, before the timed run: a
+        # round that keeps fewer tokens, or is cut short at the budget, replays a shape the warm-up request may
+        # not reach, and its capture (an eager forward and the capture, tens of ms on the 27B) is a one-time cost
+        inner.capture_spec_graphs(lanes)
+        timed = _Timed(inner)
+        runner = wrap(timed) if wrap is not None else timed
         with Engine(runner, mc, None, cfg, token_limit=mc.vocab_size) as eng:
-            # warm-up at every lane: the (lanes, k) verify and draft graphs are captured before the timed run
-            for h in [eng.submit(p, max_tokens=8, ignore_eos=True) for p in prompts]:
+            for h in [eng.submit(p, max_tokens=8, ignore_eos=True) for p in prompts]:  # warm-up at every lane
                 h.result()
+            captured = inner.spec_graph_captures
+            timed.on = True
             t0 = time.perf_counter()
             hs = [eng.submit(p, max_tokens=tokens, ignore_eos=True) for p in prompts]
             res = [h.result() for h in hs]
-            return res, time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            timed.on = False
+            timed_captures[0] = (
+                inner.spec_graph_captures - captured
+            )  # 0 expected: nothing captured while timed
+            calls.clear()
+            calls.update(timed.ms)
+            return res, dt
+
+    def split(steps: int, dt: float) -> dict[str, Any]:
+        """Per step (round): wall ms, ms in each runner call, and the rest (the engine's own work, the prefill)."""
+        per = {n: v / steps for n, v in calls.items() if v}
+        return {
+            "step_ms": dt * 1e3 / steps,
+            "calls_ms": per,
+            "other_ms": dt * 1e3 / steps - sum(per.values()),
+        }
 
     base, dt = run(0)
     rows = [
-        {"lanes": lanes, "k": 0, "accept_pct": None, "tok_s": lanes * tokens / dt, "tokens_per_round": 1.0}
+        {
+            "lanes": lanes,
+            "k": 0,
+            "accept_pct": None,
+            "tok_s": lanes * tokens / dt,
+            "tokens_per_round": 1.0,
+            **split(tokens - 1, dt),
+        }  # fmt: skip
     ]
     refs = {tuple(p): p + c.token_ids for p, c in zip(prompts, base, strict=True)}
     for pct in pcts:
@@ -182,7 +264,8 @@ def bench_forced(net: Any, mc: Any, lanes: int, k: int, pcts: list[int], tokens:
         rows.append({"lanes": lanes, "k": k, "accept_pct": pct, "tok_s": lanes * tokens / dt,
                      "speedup": rows[0]["tok_s"] and (lanes * tokens / dt) / rows[0]["tok_s"],
                      "acceptance": acc / max(drafted, 1), "tokens_per_round": 1 + acc / max(rounds, 1),
-                     "same_tokens": same})  # fmt: skip
+                     "same_tokens": same, "timed_captures": timed_captures[0],
+                     **split(max(rounds // lanes, 1), dt)})  # fmt: skip
     return rows
 
 
@@ -215,17 +298,28 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\n{key} ({a.profile}, {a.activations} activations, {a.spec_path}): round cost vs one decode step"
         )
-        print(
-            f"{'lanes':>5} {'k':>2} {'draft ms':>9} {'verify ms':>10} {'commit ms':>10} {'round ms':>9} {'x step':>7}"
-        )
+        print(f"{'lanes':>5} {'k':>2} {'draft ms':>9} {'1st step':>9} {'chained':>8} {'verify ms':>10} {'forward':>8} "
+              f"{'sample':>7} {'commit ms':>10} {'round ms':>9} {'x step':>7} {'chained':>8}")  # fmt: skip
         for r in res["rounds"]:
-            print(f"{r['lanes']:>5} {r['k']:>2} {r['draft_ms']:>9.2f} {r['verify_ms']:>10.2f} {r['commit_ms']:>10.2f} "
-                  f"{r['round_ms']:>9.2f} {r.get('round_vs_step', 1.0):>7.2f}")  # fmt: skip
+            print(f"{r['lanes']:>5} {r['k']:>2} {r['draft_ms']:>9.2f} {r.get('draft_first_ms', 0.0):>9.2f} "
+                  f"{r.get('draft_chain_ms', 0.0):>8.2f} {r['verify_ms']:>10.2f} "
+                  f"{r.get('verify_forward_ms', r['verify_ms']):>8.2f} {r.get('verify_sample_ms', 0.0):>7.2f} "
+                  f"{r['commit_ms']:>10.2f} {r['round_ms']:>9.2f} {r.get('round_vs_step', 1.0):>7.2f} "
+                  f"{r.get('round_chain_vs_step', 1.0):>8.2f}")  # fmt: skip
         print(f"\n{key}: tokens/s at forced acceptance (k={a.forced_k})")
-        print(f"{'lanes':>5} {'accept%':>8} {'tok/s':>9} {'speedup':>8} {'tok/round':>10} {'same':>5}")
+        print(
+            f"{'lanes':>5} {'accept%':>8} {'tok/s':>9} {'speedup':>8} {'tok/round':>10} {'same':>5} {'captures':>9}"
+        )
         for r in res["forced"]:
             print(f"{r['lanes']:>5} {str(r['accept_pct'] or '-'):>8} {r['tok_s']:>9.1f} {r.get('speedup', 1.0):>8.2f} "
-                  f"{r['tokens_per_round']:>10.2f} {str(r.get('same_tokens', '-')):>5}")  # fmt: skip
+                  f"{r['tokens_per_round']:>10.2f} {str(r.get('same_tokens', '-')):>5} "
+                  f"{str(r.get('timed_captures', '-')):>9}")  # fmt: skip
+        print(f"\n{key}: wall ms per step (k=0) or round in the forced runs: the runner's calls and the rest")
+        for r in res["forced"]:
+            c = " ".join(f"{n} {v:.2f}" for n, v in r["calls_ms"].items())
+            print(
+                f"{r['lanes']:>5} {str(r['accept_pct'] or '-'):>8} {r['step_ms']:>7.2f} = {c} + other {r['other_ms']:.2f}"
+            )
         del net
     path = os.path.join(a.out, "bench_spec.json")
     with open(path, "w") as f:

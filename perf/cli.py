@@ -53,6 +53,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
 
     from ninfer.artifact.registry import MODELS as REG
     from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.sequences import Sequences
 
     from .synthetic import synthetic_tensors
 
@@ -66,7 +67,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
         args.prefill + [args.followup_context + args.followup_tokens, args.context + args.steps + 8]
     )
     pages = -(-(longest + 64) // 16)
-    net.allocate(num_slots=16, num_pages=pages * 10, page_size=16, max_context=longest + 64)
+    seqs = Sequences(net, slots=16, pages=pages * 10, page_size=16, context=longest + 64)
     net.warm_prefill()
     res: dict[str, Any] = {"model": MODELS[key], "profile": args.profile, "activations": args.activations}
     res["sizes"] = model_bytes(net)
@@ -75,8 +76,11 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     res["prefill"] = []
     keep = None
     for n in args.prefill:
-        r, state = bench_prefill(net, n, args.chunk)
-        keep = state if n == args.followup_context else keep
+        r, sid = bench_prefill(seqs, n, args.chunk)
+        if n == args.followup_context and keep is None:
+            keep = sid  # the follow-up turn resumes from it
+        else:
+            seqs.free(sid)
         rf = rooflines(mc, res["sizes"], ceil["copy_Bps"], ceil["gemm_flops"], 1, n)
         r["flops_per_s"] = r["tok_s"] * rf["flops_per_token"] + _attn_flops(mc, n) / r["prefill_s"]
         r["frac_gemm"] = r["flops_per_s"] / ceil["gemm_flops"]
@@ -84,24 +88,23 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
         log(
             f"{key}: prefill {n}: {r['tok_s']:.0f} tok/s ({r['frac_gemm']:.1%} of cuBLAS), TTFT {r['ttft_s']:.3f} s"
         )
-        del state
     if keep is not None:
-        fu = bench_followup(net, keep, args.followup_tokens)
+        fu = bench_followup(seqs, keep, args.followup_tokens)
         full = next(p for p in res["prefill"] if p["tokens"] == args.followup_context)
         fu["ttft_recompute_est_s"] = full["ttft_s"] * (fu["context"] + fu["new_tokens"]) / fu["context"]
         res["followup"] = fu
         log(f"{key}: follow-up turn {fu}")
-        del keep
+        seqs.free(keep)
     res["decode"] = []
     for lanes in args.lanes:
-        r = bench_decode(net, lanes, args.context, args.steps)
+        r = bench_decode(seqs, lanes, args.context, args.steps)
         rf = rooflines(mc, res["sizes"], ceil["copy_Bps"], ceil["gemm_flops"], lanes, args.context)
         r.update(roofline_tok_s=rf["decode_tok_s"], frac_roofline=r["tok_s"] / rf["decode_tok_s"])
         res["decode"].append(r)
         log(
             f"{key}: decode x{lanes} @{args.context}: {r['tok_s']:.1f} tok/s = {r['frac_roofline']:.1%} of roofline"
         )
-    r = bench_decode(net, 1, args.context, 3, graph=False)
+    r = bench_decode(seqs, 1, args.context, 3, graph=False)
     res["decode_eager_1"] = r
     log(f"{key}: eager decode x1: {r['tok_s']:.1f} tok/s")
     res["graph_pool_bytes"] = net.graphs.pool_bytes()

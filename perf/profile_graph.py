@@ -30,6 +30,7 @@ def _step(a: argparse.Namespace) -> None:
 
     from ninfer.artifact.registry import MODELS as REG
     from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.sequences import Sequences
 
     from .cli import MODELS
     from .synthetic import synthetic_tensors
@@ -38,19 +39,18 @@ def _step(a: argparse.Namespace) -> None:
     net = CudaQwen36(mc, synthetic_tensors(mc, a.profile), act_dtype=a.activations)
     net.warmup()
     cap = a.context + 64
-    net.allocate(
-        num_slots=a.lanes + 1, num_pages=(-(-cap // 16)) * (a.lanes + 1), page_size=16, max_context=cap
-    )
-    states = [net.new_state() for _ in range(a.lanes)]
-    for s in states:
-        net._grow(s, a.context + 8)
-        s.length = a.context
+    seqs = Sequences(net, slots=a.lanes + 1, pages=(-(-cap // 16)) * (a.lanes + 1), page_size=16, context=cap)
+    held = []
+    for _ in range(a.lanes):
+        s = seqs.new()
+        seqs.reserve(s, a.context + 8)
+        held.append((seqs.slot(s), seqs.pages(s)))
     ids = np.zeros(a.lanes, np.int64)
     for i in range(3):  # capture, then warm replays
-        net.decode(ids, [(s.slot, a.context + i, s.pages) for s in states])
+        net.decode(ids, [(slot, a.context + i, pages) for slot, pages in held])
     cupy.cuda.Device().synchronize()
     cupy.cuda.profiler.start()
-    net.decode(ids, [(s.slot, a.context + 3, s.pages) for s in states])
+    net.decode(ids, [(slot, a.context + 3, pages) for slot, pages in held])
     cupy.cuda.Device().synchronize()
     cupy.cuda.profiler.stop()
 

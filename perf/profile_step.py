@@ -3,7 +3,7 @@
     python -m perf.profile_step --model 27b          # on a GPU: eager decode at 8K context, a 2048-token prefill
 
 Each public function of the family modules (``ninfer.cuda.FAMILY_MODULES``) that launches a kernel is wrapped for the duration of the
-run; a call's time is the event interval around its launches on the current stream. Work outside the wrappers
+run (``gemv``, ``gemv_experts`` and the MoE prefill's ``gemv_expert_lanes`` / ``expert_lanes`` included); a call's time is the event interval around its launches on the current stream. Work outside the wrappers
 (cupy element-wise glue, sorting, host-side scheduling gaps) shows as ``other`` = wall time - the sum. Decode is
 eager here (no CUDA graph), so ``other`` includes launch overhead that graph replay removes.
 """
@@ -52,7 +52,8 @@ def profile() -> Iterator[dict[str, list]]:
         mod = importlib.import_module(modname)
         for name in getattr(mod, "__all__", ()):
             fn = getattr(mod, name)
-            if inspect.isfunction(fn) and "kernel(" in inspect.getsource(fn):  # launchers, not helpers
+            src = inspect.getsource(fn) if inspect.isfunction(fn) else ""
+            if "kernel(" in src or "_gemv_launch(" in src:  # launchers (the GEMVs too), not helpers
                 saved.append((mod, name, fn))
                 setattr(mod, name, wrap(mod, name, fn))
     try:
@@ -92,6 +93,7 @@ def _run(label: str, fn: Any) -> dict[str, float]:
 def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
     from ninfer.artifact.registry import MODELS as REG
     from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.sequences import Sequences
 
     from .cli import MODELS
     from .synthetic import synthetic_tensors
@@ -100,22 +102,18 @@ def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
     net = CudaQwen36(mc, synthetic_tensors(mc, a.profile), act_dtype=a.activations, cuda_graph=False)
     net.warmup()
     pages = -(-(a.context + a.chunk + 64) // 16)
-    net.allocate(num_slots=4, num_pages=pages * 2, page_size=16, max_context=a.context + a.chunk + 64)
-    st = net.new_state()
-    net._grow(st, a.context + 8)
-    st.length = a.context
+    seqs = Sequences(net, slots=4, pages=pages * 2, page_size=16, context=a.context + a.chunk + 64)
+    st = seqs.new()
+    seqs.reserve(st, a.context + 8)
+    lane = (seqs.slot(st), a.context, seqs.pages(st))
     ids = np.zeros(1, np.int64)
-    res = {
-        "decode_1": _run(
-            f"{key} decode x1 @{a.context}", lambda: net.decode(ids, [(st.slot, a.context, st.pages)])
-        )
-    }
-    pre = net.new_state()
+    res = {"decode_1": _run(f"{key} decode x1 @{a.context}", lambda: net.decode(ids, [lane]))}
+    pre = seqs.new()
     chunk = np.random.default_rng(0).integers(0, mc.vocab_size, a.chunk)
 
     def prefill() -> None:
-        pre.length = 0
-        net.forward(chunk, pre)
+        seqs.seek(pre, 0)
+        seqs.forward(pre, chunk)
 
     res["prefill_chunk"] = _run(f"{key} prefill {a.chunk} @0", prefill)
     return res

@@ -148,6 +148,7 @@ def measure(
 
     from ninfer.artifact import open_artifact
     from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.sequences import Sequences
     from ninfer.cuda.upload import tensor_bytes, upload_artifact
 
     from .bench_model import bench_decode
@@ -182,19 +183,16 @@ def measure(
     net.warmup()
     longest = context + steps + 64
     pages = -(-longest // 16)
-    net.allocate(
-        num_slots=max(lanes) + 1, num_pages=pages * (max(lanes) + 1), page_size=16, max_context=longest
-    )
+    seqs = Sequences(net, slots=max(lanes) + 1, pages=pages * (max(lanes) + 1), page_size=16, context=longest)
     res["decode"] = []
     for n in lanes:
-        r = bench_decode(net, n, context, steps)
+        r = bench_decode(seqs, n, context, steps)
         res["decode"].append(r)
         log(f"{path.name}: decode x{n} @{context}: {r['tok_s']:.1f} tok/s ({r['step_ms']:.2f} ms/step)")
     ids = np.zeros(1, np.int64)
-    state = net.new_state()
-    logits = net.lm_head(net.forward(ids, state))
+    logits = net.lm_head(seqs.forward(seqs.new(), ids))
     res["logits_finite"] = bool(np.isfinite(logits).all())
-    del net, state, art
+    del net, seqs, art
     gc.collect()
     cupy.get_default_memory_pool().free_all_blocks()
     return res

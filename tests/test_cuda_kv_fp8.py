@@ -363,11 +363,20 @@ def _tiny_pair(kind: str, **opts: Any) -> tuple[Any, Any, Any]:
     return cfg, CudaQwen36(cfg, upload_encoded(cfg, enc), **opts), ref
 
 
-def _chunks(net: Any, state: Any, ids: np.ndarray) -> np.ndarray:
+def _chunks(lm_head: Any, forward: Any, step: Any, ids: np.ndarray) -> np.ndarray:
     """Chunked prefill (5, 32, 3 rows) then one decode step per remaining id; logits of every row."""
-    got = [net.lm_head(net.forward(ids[a:b], state)) for a, b in ((0, 5), (5, 37), (37, 40))]
-    got += [net.lm_head(net.forward_batch(ids[i : i + 1], [state])) for i in range(40, ids.size)]
+    got = [lm_head(forward(ids[a:b])) for a, b in ((0, 5), (5, 37), (37, 40))]
+    got += [lm_head(step(ids[i : i + 1])) for i in range(40, ids.size)]
     return np.concatenate(got)
+
+
+def _cuda_chunks(net: Any, ids: np.ndarray) -> np.ndarray:
+    """``_chunks`` on one sequence over fresh pools of ``net`` (8 slots, 16K positions, 2048 pages of 16)."""
+    from ninfer.cuda.sequences import Sequences
+
+    seqs = Sequences(net, slots=8, context=16384, pages=2048, page_size=16)
+    s = seqs.new()
+    return _chunks(net.lm_head, lambda x: seqs.forward(s, x), lambda x: seqs.forward_batch(x, [s]), ids)
 
 
 def _err(got: np.ndarray, ref: np.ndarray) -> float:
@@ -385,14 +394,15 @@ def test_tiny_fp8_kv_vs_reference_fp8_store(kind: str) -> None:
 
     cfg, net, ref = _tiny_pair(kind, act_dtype="fp32", prefill_gemm=False, kv_dtype="fp8")
     ids = np.random.default_rng(1).integers(0, cfg.vocab_size, 48)
-    got = _chunks(net, net.new_state(), ids)
+    got = _cuda_chunks(net, ids)
     assert net.kc[0].dtype == np.uint8 and net.ks[0].shape == net.kc[0].shape[:3]
     pages = list(range(4))
-    want = _chunks(ref, ref.new_state(kv=PagedKV(PagedKVStore(cfg, 4, 16, "fp8"), pages)), ids)
+    state = ref.new_state(kv=PagedKV(PagedKVStore(cfg, 4, 16, "fp8"), pages))
+    want = _chunks(ref.lm_head, lambda x: ref.forward(x, state), lambda x: ref.forward_batch(x, [state]), ids)
     err = _err(got, want)
     assert err <= TOL_FP8, f"{kind}: logits differ from the fp8-KV reference by {err:.3e}"
     net.cuda_graph = False
-    eager = _chunks(net, net.new_state(), ids)
+    eager = _cuda_chunks(net, ids)
     assert np.array_equal(eager, got), "graph and eager decode differ with an fp8 cache"
 
 

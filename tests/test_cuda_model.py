@@ -59,6 +59,14 @@ def _pair(cfg: ModelConfig, weights: Any, fmt: str, **opts: Any) -> tuple[Any, A
     return CudaQwen36(cfg, upload_encoded(cfg, enc), **opts), Qwen36(cfg, DictWeights(deq))
 
 
+def _sequences(net: Any) -> Any:
+    """Sequences over fresh pools of ``net``, sized as the network's own standalone pool was (8 slots, 16K
+    positions each, 2048 pages of 16)."""
+    from ninfer.cuda.sequences import Sequences
+
+    return Sequences(net, slots=8, context=16384, pages=2048, page_size=16)
+
+
 def _mid_config(kind: str) -> ModelConfig:
     base = dict(
         vocab_size=4096, hidden_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
@@ -119,9 +127,10 @@ def test_tiny_logits_vs_reference_and_transformers(kind: str, mode: str, report:
     ids = np.random.default_rng(1).integers(0, cfg.vocab_size, 48)
     act = mode.split("-")[0]
     net, ref = _pair(cfg, DictWeights(weights), "BF16", act_dtype=act, prefill_gemm=not mode.endswith("gemv"))
-    state = net.new_state()
-    got = [net.lm_head(net.forward(ids[a:b], state)) for a, b in ((0, 5), (5, 37), (37, 40))]
-    got += [net.lm_head(net.forward_batch(ids[i : i + 1], [state])) for i in range(40, 48)]  # decode steps
+    seqs = _sequences(net)
+    s = seqs.new()
+    got = [net.lm_head(seqs.forward(s, ids[a:b])) for a, b in ((0, 5), (5, 37), (37, 40))]
+    got += [net.lm_head(seqs.forward_batch(ids[i : i + 1], [s])) for i in range(40, 48)]  # decode steps
     got = np.concatenate(got)
     tol_ref, tol_hf = (TOL_REF[act], TOL_HF[act]) if act == "fp32" else (TOL_TINY_BF16, TOL_TINY_BF16)
     src = "hf" if hf is not None else "random"
@@ -175,9 +184,10 @@ def test_midsize_top1_agreement(kind: str, mode: str, report: dict) -> None:
     cfg, enc, ids, want = _mid_reference(kind)
     act = mode.split("-")[0]
     net = CudaQwen36(cfg, upload_encoded(cfg, enc), act_dtype=act, prefill_gemm=not mode.endswith("gemv"))
-    state = net.new_state()
-    got = [net.lm_head(net.forward(ids[:300], state))]
-    got += [net.lm_head(net.forward_batch(ids[i : i + 1], [state])) for i in range(300, 320)]
+    seqs = _sequences(net)
+    s = seqs.new()
+    got = [net.lm_head(seqs.forward(s, ids[:300]))]
+    got += [net.lm_head(seqs.forward_batch(ids[i : i + 1], [s])) for i in range(300, 320)]
     got = np.concatenate(got)
     agree = float(np.mean(got.argmax(-1) == want.argmax(-1)))
     report[f"mid-{kind}-{mode}"] = {"top1": agree, "err": _err(got, want)}
@@ -189,44 +199,47 @@ def test_midsize_top1_agreement(kind: str, mode: str, report: dict) -> None:
 
 # ---- graphs, batch invariance ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def moe_net() -> Any:
+def moe_seqs() -> Any:
+    """Sequences over the mid-size MoE network (one set of pools and graphs for the module)."""
     pytest.importorskip("cupy")
     from ninfer.cuda.model import CudaQwen36
     from ninfer.cuda.upload import upload_encoded
 
     cfg, enc, _, _ = _mid_reference("moe")
-    return CudaQwen36(cfg, upload_encoded(cfg, enc))
+    return _sequences(CudaQwen36(cfg, upload_encoded(cfg, enc)))
 
 
-def _greedy(net: Any, prompts: list[np.ndarray], steps: int) -> tuple[list[list[int]], np.ndarray]:
-    states = [net.new_state() for _ in prompts]
-    last = np.stack([net.lm_head(net.forward(p, s)[-1:])[0] for p, s in zip(prompts, states, strict=True)])
+def _greedy(seqs: Any, prompts: list[np.ndarray], steps: int) -> tuple[list[list[int]], np.ndarray]:
+    net, sids = seqs.net, [seqs.new() for _ in prompts]
+    last = np.stack([net.lm_head(seqs.forward(s, p)[-1:])[0] for p, s in zip(prompts, sids, strict=True)])
     toks, logits = [], []
     for _ in range(steps):
         nxt = last.argmax(-1)
         toks.append(nxt.tolist())
-        last = net.lm_head(net.forward_batch(nxt, states))
+        last = net.lm_head(seqs.forward_batch(nxt, sids))
         logits.append(last)
+    for s in sids:
+        seqs.free(s)
     return [list(t) for t in zip(*toks, strict=True)], np.stack(logits)
 
 
 @gpu
-def test_graph_and_eager_decode_bitwise_equal(moe_net: Any) -> None:
+def test_graph_and_eager_decode_bitwise_equal(moe_seqs: Any) -> None:
     prompts = [np.random.default_rng(i).integers(0, 4096, 40 + 9 * i) for i in range(3)]
-    moe_net.cuda_graph = True
-    t_graph, l_graph = _greedy(moe_net, prompts, 16)
-    moe_net.cuda_graph = False
-    t_eager, l_eager = _greedy(moe_net, prompts, 16)
-    moe_net.cuda_graph = True
+    moe_seqs.net.cuda_graph = True
+    t_graph, l_graph = _greedy(moe_seqs, prompts, 16)
+    moe_seqs.net.cuda_graph = False
+    t_eager, l_eager = _greedy(moe_seqs, prompts, 16)
+    moe_seqs.net.cuda_graph = True
     assert t_graph == t_eager
     assert np.array_equal(l_graph, l_eager)
 
 
 @gpu
-def test_greedy_identical_at_1_and_8_lanes(moe_net: Any) -> None:
+def test_greedy_identical_at_1_and_8_lanes(moe_seqs: Any) -> None:
     prompts = [np.random.default_rng(10 + i).integers(0, 4096, 20 + 13 * i) for i in range(8)]
-    batched, _ = _greedy(moe_net, prompts, 12)
-    solo = [_greedy(moe_net, [p], 12)[0][0] for p in prompts]
+    batched, _ = _greedy(moe_seqs, prompts, 12)
+    solo = [_greedy(moe_seqs, [p], 12)[0][0] for p in prompts]
     assert batched == solo
 
 

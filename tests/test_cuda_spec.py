@@ -234,6 +234,110 @@ def test_cuda_snapshot_commit_equals_replay(cuda_model: Any, k: int) -> None:
 
 
 @gpu
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
+def test_cuda_copy_slot_pitched(cuda_model: Any, state_dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``copy_slot`` (one pitched device copy per kind: the speculative commit, checkpoint saves and restores)
+    copies every layer's state of one slot bitwise and touches no other slot; so does its elementwise fallback."""
+    import cupy
+
+    from ninfer.cuda import model as cuda_model_mod
+    from ninfer.cuda.model import load_cuda
+
+    net = load_cuda(cuda_model[1], progress=False)
+    net.state_dtype = state_dtype
+    net.allocate(num_slots=5, num_pages=4, page_size=16, max_context=64)
+    rng = np.random.default_rng(3)
+    for a in (net.conv_all, net.rec_all):
+        bits = rng.integers(0, 1 << 15, a.shape) if a.dtype == np.uint16 else rng.standard_normal(a.shape)
+        a[...] = cupy.asarray(bits.astype(a.dtype))
+    cupy.cuda.Device().synchronize()
+    for src, dst, pitch in ((1, 3, None), (4, 0, 0)):  # pitch 0: the limit forces the fallback
+        if pitch is not None:
+            monkeypatch.setattr(cuda_model_mod, "_max_pitch", lambda pitch=pitch: pitch)
+        want = [cupy.asnumpy(a) for a in (net.conv_all, net.rec_all)]
+        for w in want:
+            w[:, dst] = w[:, src]
+        net.copy_slot(src, dst)
+        net.stream.synchronize()
+        for w, a in zip(want, (net.conv_all, net.rec_all), strict=True):
+            np.testing.assert_array_equal(
+                cupy.asnumpy(a), w, err_msg=f"copy_slot({src}, {dst}) pitch limit {pitch}"
+            )
+
+
+@gpu
+@pytest.mark.parametrize("snapshots", [True, False], ids=["graphed", "eager"])
+def test_cuda_draft_chain_equals_steps(cuda_model: Any, snapshots: bool) -> None:
+    """``draft_chain`` (each draft sampled on the device and fed to the next step there, one synchronization)
+    drafts the tokens and the draft logits rows of the ``draft`` / ``sample`` loop bitwise, at 3 lanes with greedy
+    and sampled rows, through the draft graphs (snapshot path) and eagerly (replay path); with ``forced`` tokens
+    it feeds and returns those. After ``capture_spec_graphs`` no round captures a graph."""
+    import cupy
+
+    from ninfer.cuda.model import load_cuda
+    from ninfer.cuda.runner import CudaModelRunner
+    from ninfer.engine import EngineConfig
+    from ninfer.engine.core import Batch, DraftLane, LaneSetup, LaneWork, SampleRequest, SamplingParams
+    from ninfer.engine.spec_verify import draft_request
+
+    model, path = cuda_model
+    k, lanes, prompts = 4, [0, 2, 3], PROMPTS[:3]
+    cfg = EngineConfig(max_context=256, kv_capacity=2048, max_concurrency=4, prefix_reuse=False, spec="mtp",
+                       draft_tokens=k)  # fmt: skip
+    chain, steps = (
+        CudaModelRunner(load_cuda(path, progress=False), model.config, cfg, spec_snapshots=snapshots)
+        for _ in "ab"
+    )
+    captured = chain.capture_spec_graphs(len(lanes))
+    assert captured > 0
+    params = [SamplingParams(max_tokens=1 << 20), SamplingParams(max_tokens=1 << 20, temperature=0.8, top_k=20),
+              SamplingParams(max_tokens=1 << 20, temperature=1.0)]  # fmt: skip
+
+    def req(i: int, pos: int) -> SampleRequest:
+        return SampleRequest(params[i], 1000 + i, pos, {}, None)
+
+    firsts = []
+    for r in (chain, steps):
+        r.execute(Batch(setups=[LaneSetup(ln, list(range(16 * ln, 16 * ln + 16)), None, 0, None) for ln in lanes],
+                        work=[LaneWork(ln, 0, p, True, True, None) for ln, p in zip(lanes, prompts, strict=True)]))  # fmt: skip
+        firsts.append(r.sample(range(3), [req(i, len(p)) for i, p in enumerate(prompts)], None))
+    assert firsts[0] == firsts[1]
+    seqs = [[*p, t] for p, t in zip(prompts, firsts[0], strict=True)]
+
+    def rows(r: Any) -> list[np.ndarray]:
+        return [cupy.asnumpy(cupy.concatenate(r._spec._lane(ln).rows, axis=0)) for ln in lanes]  # noqa: SLF001
+
+    def loop(r: Any, reqs: list[list[SampleRequest]], forced: Any = None) -> list[list[int]]:
+        toks: list[list[int]] = [[] for _ in lanes]
+        for s in range(k):
+            fed = toks if forced is None else [f[:s] for f in forced]
+            r.draft([DraftLane(ln, [*q, *t]) for ln, q, t in zip(lanes, seqs, fed, strict=True)])
+            for t, x in zip(toks, r.sample(range(3), [q[s] for q in reqs], None), strict=True):
+                t.append(max(x, 0))
+        return toks
+
+    for rnd in range(2):  # round 1: the head's own drafts; round 2: forced drafts
+        reqs = [[draft_request(req(i, len(q) + s)) for s in range(k)] for i, q in enumerate(seqs)]
+        forced = [[(7 * i + 3 * s + 1) % 50 for s in range(k)] for i in range(3)] if rnd else None
+        got = chain.draft_chain([DraftLane(ln, q) for ln, q in zip(lanes, seqs, strict=True)], reqs, None,
+                                forced=forced)  # fmt: skip
+        want = loop(steps, reqs, forced)
+        assert got == (forced if rnd else want)
+        for a, b in zip(rows(chain), rows(steps), strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"round {rnd}: draft logits rows, chain vs steps")
+        for r in (chain, steps):  # verify [last, drafts] and keep two positions
+            r.execute(Batch(work=[LaneWork(ln, len(q) - 1, [q[-1], *d], False, False, None, verify=True)
+                                  for ln, q, d in zip(lanes, seqs, got, strict=True)]))  # fmt: skip
+            r.verify(
+                lanes, got, [[req(i, len(q) + s) for s in range(k + 1)] for i, q in enumerate(seqs)], None
+            )
+            for ln, q in zip(lanes, seqs, strict=True):
+                r.commit(ln, len(q) + 1)
+        seqs = [[*q, d[0], 5] for q, d in zip(seqs, got, strict=True)]
+    assert chain.spec_graph_captures == captured, "a round captured a graph after capture_spec_graphs"
+
+
+@gpu
 @pytest.mark.parametrize(
     "case", [(2, 6, 64, 96, [1, 5, 0, 3]), (16, 48, 128, 128, [4, 4])], ids=["ragged", "27b"]
 )

@@ -33,7 +33,7 @@ EPS = 1e-6
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_emulator(
-        tmp_path_factory, "gdn_step_emu", ["gdn_emu.cpp", "gdn_step.cu", "gdn_step_driver.cpp"]
+        tmp_path_factory, "gdn_step_emu", ["gdn_emu.cpp", "gdn_step.cu", "emu_io.cpp", "gdn_step_driver.cpp"]
     )
 
 

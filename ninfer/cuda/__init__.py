@@ -20,6 +20,7 @@ FAMILY_MODULES = (
     "ninfer.cuda.attention",
     "ninfer.cuda.attention_prefill",
     "ninfer.cuda.router",
+    "ninfer.cuda.moe_lanes",
     "ninfer.cuda.sampling",
     "ninfer.cuda.host_tier",
 )

@@ -5,6 +5,8 @@
   representation error <= 2^-18), fp32 accumulation in a fixed order; each row's result is bitwise the same
   whatever the number of rows in the launch (an mma column depends only on its own activations).
 - :func:`gemv_experts`: MoE decode dispatch, one (token row, expert) pair per slot; bitwise the plain gemv's rows.
+- :func:`gemv_expert_lanes`: MoE prefill of short chunks, up to 4 or 8 rows of one expert per slot from a device
+  slot table (ninfer/cuda/moe_lanes.py); every row bitwise its :func:`gemv_experts` result.
 - :func:`gemm`: prefill chunks on tensor cores with exact operands: weights as bf16-exact codes times the format's
   scale (applied to the fp32 sums), bf16 activations as is, float32 activations split into two bf16 halves
   (relative representation error <= 2^-17); fp32 accumulation in a fixed order per K. On compute capability 9.0
@@ -34,6 +36,7 @@ from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight
 __all__ = [
     "gemv",
     "gemv_experts",
+    "gemv_expert_lanes",
     "gemv_plan",
     "GemvPlan",
     "gemm",
@@ -267,7 +270,7 @@ def _input(
 
 def _gemv_launch(
     a: _Input, w: DeviceWeight, out: Any, lanes: int, ldy: int, *, ids: Any, xrow: Any, n: int, row0: int,
-    nb: int, t: str,
+    nb: int, t: str, table: bool = False,
 ) -> None:  # fmt: skip
     import cupy
 
@@ -288,7 +291,8 @@ def _gemv_launch(
     args = (
         p0, p1, p2, a.x, a.x if a.x2 is None else a.x2, out, null if ids is None else ids,
         null if xrow is None else xrow, ws, cnt, np.int32(n), np.int32(k), np.int32(lanes), np.int64(a.ldx),
-        np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(ids is not None), np.int32(a.xf), np.int32(a.gd),
+        np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(2 if table else ids is not None), np.int32(a.xf),
+        np.int32(a.gd),
         np.int32(zin),
     )  # fmt: skip
     # several lane blocks of a dense product: lane blocks innermost (zin), one pass over the weights through L2
@@ -348,6 +352,34 @@ def gemv_experts(
     if slots == 0:
         return out
     _gemv_launch(a, w, out, slots, ldy, ids=ids, xrow=xrow, n=n, row0=0, nb=1, t=t)
+    return out
+
+
+def gemv_expert_lanes(
+    x: Any, w: DeviceWeight, sid: Any, table: Any, n: int, out: Any, *, nb: int, swiglu: bool = False
+) -> Any:
+    """MoE prefill, expert lanes (gemv.cu, experts == 2): slot ``z`` multiplies up to ``nb`` (4 or 8) rows by expert
+    ``sid[z]`` (-1: an empty slot), lane ``g`` reading ``x[table[z, 0, g]]`` and writing ``out[table[z, 1, g]]``
+    (-1 past the slot's rows); ``table`` int32 ``[Z * 2 * nb]`` from ``moe_lanes.expert_lanes``, whose rows must lie
+    inside ``x`` and ``out`` (device data: not checked here). ``swiglu`` as in :func:`gemv`. Each row is bitwise
+    its :func:`gemv_experts` product."""
+    t, _, a = _input(x, w, "gemv_expert_lanes", swiglu, None)
+    if nb not in (4, 8):
+        raise KernelError(f"gemv_expert_lanes: nb={nb}; the 4- or 8-lane instance")
+    check_array(sid, "sid", dtype=np.int32, shape=(None,))
+    slots = sid.shape[0]
+    check_array(table, "table", dtype=np.int32, shape=(slots * 2 * nb,))
+    if n <= 0 or w.rows % n:
+        raise KernelError(
+            f"gemv_expert_lanes: weight rows {w.rows} are not a whole number of experts of {n} rows"
+        )
+    if slots > 65535:
+        raise KernelError(f"gemv_expert_lanes: {slots} slots; take at most 65535 per launch")
+    if out is None or out.dtype != x.dtype:
+        raise KernelError(f"gemv_expert_lanes: out must be a {x.dtype} array addressed by the table")
+    _, _, ldy = check_rows(out, "out", n)
+    if slots:
+        _gemv_launch(a, w, out, slots, ldy, ids=sid, xrow=table, n=n, row0=0, nb=nb, t=t, table=True)
     return out
 
 

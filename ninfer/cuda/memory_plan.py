@@ -3,7 +3,8 @@
 Parts: weights (as uploaded), the KV page pool (every full-attention layer, K and V, plus one scratch page; fp8
 pages also hold one float32 scale per token and KV head),
 GDN state slots for the lanes and for checkpoints (plus one scratch slot), the prefill workspace (temporaries of
-one ``prefill_chunk`` forward, the largest layer alive at once, an estimate, the prefill GEMM's pair-mode scratch,
+one ``prefill_chunk`` forward, the largest layer alive at once, an estimate, the prefill GEMM's pair-mode scratch and
+the MoE expert lanes' split partials,
 plus the device sampler's
 per-lane vocabulary buffers, and the host tier's staging pages when it has one), and the CUDA-graph pools (one decode
 step's temporaries per lane count, an estimate; the runner reports the measured size after capture).
@@ -19,6 +20,7 @@ from ninfer.config import ModelConfig
 from ninfer.cuda.attention import rows_per_launch, split_plan, workspace_bytes
 from ninfer.cuda.gemm_pair import pair_scratch_bytes
 from ninfer.cuda.host_tier import stage_pages
+from ninfer.cuda.moe_lanes import lanes_workspace_bytes, slot_bound
 
 __all__ = ["MemoryPlan", "plan_memory", "MemoryPlanError", "KV_HEAD_BYTES", "kv_head_bytes", "kv_page_bytes"]
 
@@ -113,6 +115,19 @@ def _gemm_scratch(mc: ModelConfig, rows: int) -> int:
     return pair_scratch_bytes(rows, k_max, n_max * mc.hidden_size)
 
 
+def _lanes_scratch(mc: ModelConfig, rows: int) -> int:
+    """The MoE expert lanes' K-split partials (ninfer/cuda/moe_lanes.py: one launch of at most SLOTS_PER_LAUNCH
+    slots alive at a time) for a chunk of ``rows`` tokens, shared expert included."""
+    if not mc.is_moe:
+        return 0
+    k, e, inter = mc.num_experts_per_tok, mc.num_experts + 1, mc.moe_intermediate_size
+    slots = slot_bound(rows * (k + 1), e, 4)
+    return max(
+        lanes_workspace_bytes(2 * inter, mc.hidden_size, slots),
+        lanes_workspace_bytes(mc.hidden_size, inter, slots),
+    )
+
+
 def _widest(mc: ModelConfig) -> int:
     """Widest per-token activation a layer keeps alive at once (elements)."""
     attn = 2 * mc.num_attention_heads * mc.head_dim * 2 + 2 * mc.num_key_value_heads * mc.head_dim
@@ -173,6 +188,7 @@ def plan_memory(
         checkpoints=checkpoints * snap,
         workspace=step(prefill_chunk)
         + _gemm_scratch(mc, prefill_chunk)
+        + _lanes_scratch(mc, prefill_chunk)
         + mc.vocab_size * 4 * 8
         + lanes * mc.vocab_size * SAMPLER_BYTES_PER_ID
         + (

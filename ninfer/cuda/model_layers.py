@@ -12,6 +12,7 @@ import numpy as np
 
 from ninfer.cuda.fuse import FusedRuns, fused_splits
 from ninfer.cuda.model_graph import Meta
+from ninfer.cuda.moe_lanes import lanes_nb, use_lanes
 from ninfer.cuda.norm import MoeCombine
 
 __all__ = ["linear", "attention_block", "gdn_block", "ffn_block", "combine"]
@@ -142,6 +143,23 @@ def _experts(x: Any, w: Any, ids: Any, xrow: Any, n: int, out: Any, *, swiglu: b
         gemv_experts(x, w, ids[s0:s1], xrow[s0:s1], n, out[s0:s1], swiglu=swiglu)
 
 
+def _lanes(net: Any, h: Any, p: str, ids: Any, xrow: Any, ns: int, experts: int, nb: int) -> tuple[Any, Any]:
+    """(gate|up, down) products of every sorted (token, expert) pair through the expert lanes (moe_lanes.py): one
+    slot table, then each projection in launches of up to SLOTS_PER_LAUNCH slots; the down projection applies the
+    SwiGLU while staging, as in decode."""
+    import cupy
+
+    from ninfer.cuda.moe_lanes import expert_lanes, expert_lanes_product
+
+    inter, hid = net.cfg.moe_intermediate_size, net.cfg.hidden_size
+    table = expert_lanes(ids, xrow, experts, nb)
+    gu = cupy.empty((ns, 2 * inter), dtype=h.dtype)
+    expert_lanes_product(h, net.w[p + "experts.gate_up_proj"], table, 2 * inter, gu, gate_up=True)
+    dn = cupy.empty((ns, hid), dtype=h.dtype)
+    expert_lanes_product(gu, net.w[p + "experts.down_proj"], table, hid, dn, gate_up=False, swiglu=True)
+    return gu, dn
+
+
 def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False) -> Any:
     """Dense SwiGLU, or routed experts + gated shared expert. The router runs in fp32 (float32 input, exact
     GEMV) so that expert choice sees the reference's logits up to accumulation order. ``defer_combine``: an MoE
@@ -162,7 +180,10 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False)
         cfg.num_experts,
     )
     rg = linear(net, net.widen(h), p + "router_gates", exact=True)  # router logits | shared-expert gate, fp32
-    gemm = t > 8 and net.prefill_gemm  # grouped tensor-core GEMM over each expert's sorted rows
+    gemm = t > 8 and net.prefill_gemm  # tensor-core GEMMs (the shared expert; routed experts unless lanes)
+    # expert lanes (moe_lanes.py): up to 8 rows of one expert per GEMV slot, for chunks whose experts get few rows
+    # each (bitwise the decode products, so also every multi-row chunk of the exact mode)
+    lanes = t > 8 and (not net.prefill_gemm or use_lanes(t * k, e))
     # the shared expert as expert e of the routed weights (fuse.append_shared_expert): its t slots follow the
     # routed t * k in the same expert launches, and its outputs are dn[n:] (bitwise the standalone products)
     shared = not gemm and w[p + "experts.gate_up_proj"].shape[0] == e + 1
@@ -183,7 +204,9 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False)
     else:
         xr = np.concatenate([np.arange(n) // k, np.arange(t if shared else 0)])
         ids, xrow, where = flat, net.const_i32(("xrow", ns, k, shared), xr), slot[:n]
-    if gemm:
+    if lanes:
+        gu, dn = _lanes(net, h, p, ids, xrow, ns, e + int(shared), lanes_nb(t * k, e))
+    elif gemm:
         from ninfer.cuda.linear import gemm_experts
 
         gu = gemm_experts(cupy.take(h, xrow, axis=0), w[p + "experts.gate_up_proj"], ids, 2 * inter)

@@ -14,16 +14,15 @@ __all__ = ["mtp_hidden", "mtp_body"]
 F32 = np.float32
 
 
-def mtp_hidden(
-    net: Any, hidden: Any, ids: np.ndarray, segs: Sequence[tuple[int, int, int, list[int]]]
-) -> Any:
-    """MTP outputs ``d[T, H]`` float32 (after ``mtp.norm``) for target hiddens ``[T, H]`` and next tokens ``ids``;
-    ``segs``: packed ``(slot, start, n, pages)``, ``start`` the position of the segment's first hidden."""
+def mtp_hidden(net: Any, hidden: Any, ids: Any, segs: Sequence[tuple[int, int, int, list[int]]]) -> Any:
+    """MTP outputs ``d[T, H]`` float32 (after ``mtp.norm``) for target hiddens ``[T, H]`` and next tokens ``ids``
+    (host, or an int32 device array); ``segs``: packed ``(slot, start, n, pages)``, ``start`` the position of the
+    segment's first hidden."""
     from ninfer.cuda.model_graph import Meta, host_meta
 
     with net.stream:
         m = Meta.from_host(host_meta(segs, net.pool[2], net.pool[3]), net.attn_chunk)
-        return mtp_body(net, hidden, m.ids_from(ids), m)
+        return mtp_body(net, hidden, m.ids_from(ids) if isinstance(ids, np.ndarray) else ids, m)
 
 
 def mtp_body(net: Any, hidden: Any, ids: Any, m: Any) -> Any:

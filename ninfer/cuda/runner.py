@@ -125,6 +125,16 @@ class CudaModelRunner:
                 self.net.graphs.capture(b)
         return self.net.graphs.pool_bytes()
 
+    def capture_spec_graphs(self, lanes: int) -> int:
+        """Capture the speculative verify and draft-step graphs of rounds over ``lanes`` lanes now (a warm-up, as
+        ``capture_graphs`` for decode); returns the spec graphs captured so far (0 without speculation)."""
+        return self._spec.capture(lanes) if self._spec is not None else 0
+
+    @property
+    def spec_graph_captures(self) -> int:
+        """Speculative graphs captured so far (a capture in a timed region is a one-time cost, not a round's)."""
+        return self._spec.captures if self._spec is not None else 0
+
     @property
     def num_checkpoints(self) -> int:
         return len(self._slots)
@@ -238,6 +248,19 @@ class CudaModelRunner:
     def draft(self, lanes: Sequence[DraftLane]) -> None:
         assert self._spec is not None, "draft() without spec"
         self._logits = self._spec.draft(lanes)
+
+    def draft_chain(
+        self,
+        lanes: Sequence[DraftLane],
+        reqs: Sequence[Sequence[SampleRequest]],
+        token_limit: int | None,
+        forced: Sequence[Sequence[int]] | None = None,
+    ) -> list[list[int]]:
+        """A round's draft steps with one host synchronization (``CudaSpec.draft_chain``; the engine's contract:
+        ``speculative.chain_by_steps``)."""
+        assert self._spec is not None, "draft_chain() without spec"
+        toks, self._logits = self._spec.draft_chain(lanes, reqs, token_limit, forced)
+        return toks
 
     def verify(
         self,

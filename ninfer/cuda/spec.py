@@ -71,6 +71,26 @@ class CudaSpec:
         """The lane's first GDN snapshot slot (snapshots: the state before the round's first position)."""
         return self.spare_base + lane * (self.k + 1)
 
+    def capture(self, lanes: int) -> int:
+        """Capture now every graph a round over ``lanes`` lanes can replay: the verify forward at 2..k+1 positions
+        per lane (fewer than k+1 where drafting stops early) and the draft steps of ``lanes`` .. 8 rows (a round's
+        first step covers each lane's kept rows). Otherwise each is captured on first use, in the middle of a
+        request. Returns the graphs captured so far."""
+        if self.graphs is not None:
+            for n in range(2, self.k + 2):
+                self.graphs.ensure(lanes, n)
+        if self.drafts is not None:
+            from ninfer.cuda.spec_graphs import DRAFT_GRAPH_ROWS
+
+            for t in range(lanes, min(DRAFT_GRAPH_ROWS, lanes * (self.k + 1)) + 1):
+                self.drafts.ensure(lanes, t)
+        return self.captures
+
+    @property
+    def captures(self) -> int:
+        """Verify and draft graphs captured so far."""
+        return sum(g.captures for g in (self.graphs, self.drafts) if g is not None)
+
     def setup(self, lane: int, pages: list[int], length: int) -> None:
         self._lanes[lane], self._pages[lane] = _Lane(length), list(pages)
 
@@ -97,8 +117,6 @@ class CudaSpec:
     def draft(self, lanes: Sequence[DraftLane]) -> Any:
         """One draft step for every lane in one packed MTP call (a graph replay for up to 8 rows with
         ``snapshots``); returns the logits rows ``[len(lanes), V]``."""
-        import cupy
-
         hid: list[Any] = []
         ids, segs, last, total = [], [], [], 0
         for dl in lanes:
@@ -119,19 +137,73 @@ class CudaSpec:
             ln.length += len(tok)
             total += len(tok)
             last.append(total - 1)
-        ids_np = np.asarray(ids, np.int32)
-        got = self.drafts.run(hid, ids_np, segs, last) if self.drafts is not None else None
+        return self._step([dl.lane for dl in lanes], hid, np.asarray(ids, np.int32), segs, last)
+
+    def draft_chain(
+        self,
+        lanes: Sequence[DraftLane],
+        reqs: Sequence[Sequence[SampleRequest]],
+        token_limit: int | None,
+        forced: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[list[list[int]], Any]:
+        """A round's ``len(reqs[i])`` draft steps with one host synchronization: ``lanes`` as for the first
+        ``draft`` step; step ``s`` of lane ``i`` is sampled on the device with ``reqs[i][s]`` and its token is the
+        next step's input there (``forced``: these host tokens are fed and returned instead; the sampler still
+        runs). The requests must not depend on the drafts (no grammar mask, no penalties: the caller's rule).
+        Bitwise the ``draft`` / ``sample`` loop (the same graphs or eager steps, the same sampler). A row that
+        allows nothing (-1) feeds token 0 on: the caller drops the drafts from there. Returns (tokens per lane,
+        the last step's logits)."""
+        import cupy
+
+        from ninfer.cuda.sampling import sample_requests_dev
+
+        steps, ids = len(reqs[0]), [dl.lane for dl in lanes]
+        assert steps >= 1 and all(len(r) == steps for r in reqs), "every lane drafts the same number of steps"
+        logits = self.draft(lanes)
+        toks = []
+        for s in range(steps):
+            with self.net.stream:
+                toks.append(sample_requests_dev(logits, [r[s] for r in reqs], token_limit))
+                if s + 1 == steps:
+                    break
+                if forced is not None:
+                    nxt = np.asarray([f[s] for f in forced], np.int32)
+                else:  # int32 like the sampler's ids; a -1 (nothing allowed) feeds token 0
+                    nxt = cupy.maximum(toks[-1], 0).astype(np.int32, copy=False)
+            logits = self._next(ids, nxt)
+        with self.net.stream:  # the one synchronization of the drafting
+            got = cupy.asnumpy(cupy.stack(toks, axis=1), stream=self.net.stream).tolist()
+        return ([[int(t) for t in f] for f in forced] if forced is not None else got), logits
+
+    def _next(self, lanes: Sequence[int], ids: Any) -> Any:
+        """A later draft step of ``lanes`` (one row each: the previous step's chain row and token ``ids``, host
+        or device), as ``draft`` does it from host tokens."""
+        hid, segs = [], []
+        for lane in lanes:
+            ln = self._lane(lane)
+            assert ln.chain is not None, f"lane {lane}: a later draft step before the first"
+            hid.append(ln.chain)
+            segs.append((lane, ln.length, 1, self._pages[lane]))
+            ln.length += 1
+        return self._step(lanes, hid, ids, segs, list(range(len(lanes))))
+
+    def _step(self, lanes: Sequence[int], hid: list[Any], ids: Any, segs: list[Any], last: list[int]) -> Any:
+        """One packed head step (a graph replay for up to 8 rows with ``snapshots``, else eager); keeps each
+        lane's chain row and draft logits row; returns the logits ``[len(lanes), V]``."""
+        import cupy
+
+        got = self.drafts.run(hid, ids, segs, last) if self.drafts is not None else None
         if got is not None:
             chain, logits = got
         else:
             with self.net.stream:
                 hid_all = cupy.concatenate(hid, axis=0) if len(hid) > 1 else hid[0]
-            d = mtp_hidden(self.net, hid_all, ids_np, segs)
+            d = mtp_hidden(self.net, hid_all, ids, segs)
             with self.net.stream:
                 chain = d[cupy.asarray(np.asarray(last, np.int64))]
                 logits = self.net.logits_dev(chain)
-        for i, dl in enumerate(lanes):
-            ln = self._lane(dl.lane)
+        for i, lane in enumerate(lanes):
+            ln = self._lane(lane)
             ln.chain = chain[i : i + 1]
             ln.rows.append(logits[i : i + 1])
         return logits

@@ -75,6 +75,13 @@ class VerifyGraphs:
         self._warm_snap = list(warm_snap)  # snapshot slots the warm-up run may write (lane i: warm_snap[i])
         self._graphs: dict[tuple[int, int], Any] = {}
         self._failed: set[tuple[int, int]] = set()
+        self.captures = 0  # graphs captured so far (a capture costs a warm-up forward and the capture itself)
+
+    def ensure(self, b: int, n: int) -> bool:
+        """Capture the graph of ``b`` lanes and ``n`` positions per lane now unless it exists (False: it cannot
+        be captured; that shape runs eagerly)."""
+        key = (b, n)
+        return key not in self._failed and (key in self._graphs or self._capture(b, n) is not None)
 
     def run(
         self, ids: np.ndarray, segs: Sequence[Seg], snap: Sequence[int] | None = None
@@ -97,6 +104,7 @@ class VerifyGraphs:
         import cupy
 
         net = self.net
+        self.captures += 1
         slot, page = net.scratch
         net.zero_slot(slot)
         pool = cupy.cuda.MemoryPool()
@@ -137,26 +145,41 @@ class DraftGraphs:
         self.net = net
         self._graphs: dict[tuple[int, int], Any] = {}
         self._failed: set[tuple[int, int]] = set()
+        self.captures = 0
+
+    def ensure(self, b: int, t: int) -> bool:
+        """Capture the step of ``b`` lanes over ``t`` rows now unless it exists (False: it runs eagerly)."""
+        key = (b, t)
+        if t > DRAFT_GRAPH_ROWS or key in self._failed:
+            return False
+        return key in self._graphs or self._capture(b, t) is not None
 
     def run(
-        self, hidden: Sequence[Any], ids: np.ndarray, segs: Sequence[Seg], last: Sequence[int]
+        self, hidden: Sequence[Any], ids: Any, segs: Sequence[Seg], last: Sequence[int]
     ) -> tuple[Any, Any] | None:
         """(chain ``[b, H]``, logits ``[b, V]``) of one head step over the rows ``hidden`` (device arrays, in
-        order) and token ids ``ids``: copies, launched and not synchronized; None where no graph serves it."""
+        order) and token ids ``ids`` (host, or an int32 device array: copied into the graph's ids after the
+        staging upload, in stream order): copies, launched and not synchronized; None where no graph serves it."""
         import cupy
 
-        key = (len(segs), int(np.asarray(ids).size))
+        key = (len(segs), int(ids.size))
         if key[1] > DRAFT_GRAPH_ROWS or key in self._failed:
             return None
         g = self._graphs.get(key) or self._capture(*key)
         if g is None:
             return None
         net = self.net
+        on_device = not isinstance(ids, np.ndarray)
         with net.stream:
             cupy.concatenate([cupy.asarray(x, dtype=np.float32) for x in hidden], axis=0, out=g["hidden"])
-        _upload(net, g, ids, segs, last=np.asarray(last, np.int64))
-        g["graph"].launch(net.stream)
-        with net.stream:  # the buffers are rewritten by the next replay (the next step of the round)
+        _upload(
+            net, g, np.zeros(key[1], np.int32) if on_device else ids, segs, last=np.asarray(last, np.int64)
+        )
+        with net.stream:
+            if on_device:
+                g["staging"].views["ids"][...] = ids
+            g["graph"].launch(net.stream)
+            # the buffers are rewritten by the next replay (the next step of the round)
             return g["chain"].copy(), g["logits"].copy()
 
     def _capture(self, b: int, t: int) -> Any:
@@ -165,6 +188,7 @@ class DraftGraphs:
         from ninfer.cuda.mtp import mtp_body
 
         net, cfg = self.net, self.net.cfg
+        self.captures += 1
         slot, page = net.scratch
         pages = [page] * net.pool[3]
         segs = [(slot, 0, t - b + 1, pages)] + [(slot, 0, 1, pages)] * (b - 1)

@@ -414,7 +414,9 @@ class ModelRunner(Protocol):
     def draft(self, lanes: Sequence[DraftLane]) -> None:
         """One draft step of the MTP head for each of ``lanes``: the first of a round catches the head up with
         the lane's computed tokens, the next ones chain from the previous draft (``tokens[-1]``). Keeps one
-        logits row per lane (row ``i``: ``lanes[i]``) for ``sample``, and every step's row for ``verify``."""
+        logits row per lane (row ``i``: ``lanes[i]``) for ``sample``, and every step's row for ``verify``.
+        A runner may also offer ``draft_chain`` (``speculative.chain_by_steps`` defines it): a round's draft
+        steps at once, each sampled and fed to the next without the host (CUDA: one synchronization a round)."""
         ...
 
     def verify(

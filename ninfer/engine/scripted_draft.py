@@ -3,8 +3,12 @@
 
 It wraps a runner and passes everything through; the runner's MTP head still runs (its state and cost stay
 real), but the ``sample`` that follows each ``draft`` returns ``script(tokens)`` for every lane instead of the
-head's own draft (None: keep the head's). With ``replay_script`` the drafts are the target's own greedy tokens,
-wrong at a chosen rate: the acceptance of greedy requests is then what the script decides.
+head's own draft (None: keep the head's). ``draft_chain`` (a round at once, ``speculative.chain_by_steps``) gives
+the scripted tokens of the whole round to the wrapped runner's ``draft_chain`` as ``forced`` (its drafting and
+sampling still run, one synchronization a round); where the script leaves a token to the head, or the runner has
+no ``draft_chain``, it drafts step by step through ``draft`` and ``sample`` above. With ``replay_script`` the
+drafts are the target's own greedy tokens, wrong at a chosen rate: the acceptance of greedy requests is then what
+the script decides.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .core import Batch, DraftLane, SampleRequest
+from .speculative import chain_by_steps
 
 __all__ = ["ScriptedDrafts", "replay_script"]
 
@@ -44,6 +49,24 @@ class ScriptedDrafts:
         if forced is None:
             return toks
         return [t if forced[r] is None else int(forced[r]) for r, t in zip(rows, toks, strict=True)]  # type: ignore[arg-type]
+
+    def draft_chain(
+        self, lanes: Sequence[DraftLane], reqs: Sequence[Sequence[SampleRequest]], token_limit: int | None
+    ) -> list[list[int]]:
+        forced: list[list[int]] = []
+        for dl, r in zip(lanes, reqs, strict=True):
+            toks: list[int] = list(dl.tokens)
+            for _ in r:
+                t = self.script(toks)
+                if t is None:
+                    break
+                toks.append(int(t))
+            forced.append(toks[len(dl.tokens) :])
+        inner = getattr(self.inner, "draft_chain", None)
+        if inner is None or any(len(f) < len(r) for f, r in zip(forced, reqs, strict=True)):
+            return chain_by_steps(self, lanes, reqs, token_limit)
+        self._forced = None
+        return inner(lanes, reqs, token_limit, forced=forced)
 
     def verify(
         self,

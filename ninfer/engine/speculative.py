@@ -10,6 +10,12 @@ the last pushed token (which stays uncomputed, like every freshly sampled token)
 
 Drafting stops early at a stop token, where a mask cannot be computed or allows nothing, and at the budget, so a
 round never computes a position beyond the request's reservation.
+
+Where no row of the round depends on the drafts (no grammar mask, no penalties: every draft's ``SampleRequest`` is
+known before drafting) and every lane drafts the same number of tokens, a runner with ``draft_chain`` drafts the
+round at once (the CUDA runner samples on the device and feeds each draft to the next step there: one host
+synchronization per round instead of one per draft); the drafts after a stop token or a -1 are dropped here, so
+the round is the one the step-by-step loop builds.
 """
 
 from __future__ import annotations
@@ -20,12 +26,45 @@ from typing import Any
 
 import numpy as np
 
-from .core import Batch, DraftLane, LaneWork, ModelRunner, Request, RequestStatus, SampleRequest
+from .core import (
+    Batch,
+    DraftLane,
+    LaneWork,
+    ModelRunner,
+    Request,
+    RequestStatus,
+    SampleRequest,
+    SamplingParams,
+)
 from .output import Outputs
 from .sampler import MaskError, compute_mask, packed_mask, resolve_mask
 from .spec_verify import draft_request
 
-__all__ = ["Speculator"]
+__all__ = ["Speculator", "chain_by_steps"]
+
+
+def chain_by_steps(
+    runner: Any, lanes: Sequence[DraftLane], reqs: Sequence[Sequence[SampleRequest]], token_limit: int | None
+) -> list[list[int]]:
+    """``draft_chain``'s definition by ``draft`` and ``sample``: ``len(reqs[i])`` draft steps of every lane (the
+    same count for all), step ``s`` sampled with ``reqs[i][s]`` and appended to the lane's tokens for the next
+    (a -1, nothing allowed, as token 0: the caller drops the drafts from a -1 on). ``lanes``: the first step's."""
+    toks: list[list[int]] = [[] for _ in lanes]
+    for s in range(len(reqs[0]) if reqs else 0):
+        runner.draft(
+            [
+                DraftLane(dl.lane, [*dl.tokens, *(max(t, 0) for t in ts)])
+                for dl, ts in zip(lanes, toks, strict=True)
+            ]
+        )
+        got = runner.sample(range(len(lanes)), [r[s] for r in reqs], token_limit)
+        for ts, t in zip(toks, got, strict=True):
+            ts.append(int(t))
+    return toks
+
+
+def _penalized(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
 @dataclass(slots=True)
@@ -51,19 +90,11 @@ class Speculator:
         rounds = [_Round(w, owners[w.lane], self._most(w, owners[w.lane])) for w in batch.work]
         rounds = [r for r in rounds if r.most > 0 and self._row(r)]
         vocab = self._runner.vocab_size
-        live = rounds
-        while live:
-            self._runner.draft([DraftLane(r.work.lane, r.req.tokens + r.drafts) for r in live])
-            specs = [draft_request(r.reqs[-1]) for r in live]
-            toks = self._runner.sample(range(len(live)), specs, self._token_limit)
-            for r, tok in zip(live, toks, strict=True):
-                if tok < 0:
-                    r.done = True
-                    continue
-                r.drafts.append(tok)
-                stop = tok in self._out.stop_ids(r.req.id)
-                r.done = stop or len(r.drafts) >= r.most or not self._row(r, vocab, must=False)
-            live = [r for r in live if not r.done]
+        chain = getattr(self._runner, "draft_chain", None)
+        if chain is not None and self._chainable(rounds):
+            self._draft_chained(rounds, chain, vocab)
+        else:
+            self._draft_steps(rounds, vocab)
         rounds = [r for r in rounds if r.drafts]
         for r in rounds:
             while len(r.reqs) <= len(
@@ -74,6 +105,47 @@ class Speculator:
             r.work.token_ids = [r.work.token_ids[0], *r.drafts]
             r.work.sample, r.work.verify = False, True
         return rounds
+
+    def _draft_steps(self, rounds: list[_Round], vocab: int) -> None:
+        """Draft step by step: each draft sampled with the inputs after the drafts before it."""
+        live = rounds
+        while live:
+            self._runner.draft([DraftLane(r.work.lane, r.req.tokens + r.drafts) for r in live])
+            specs = [draft_request(r.reqs[-1]) for r in live]
+            toks = self._runner.sample(range(len(live)), specs, self._token_limit)
+            for r, tok in zip(live, toks, strict=True):
+                self._take(r, tok, vocab)
+            live = [r for r in live if not r.done]
+
+    def _take(self, r: _Round, tok: int, vocab: int) -> None:
+        """The next draft of ``r`` (-1: nothing allowed); marks the round done where drafting stops."""
+        if tok < 0:
+            r.done = True
+            return
+        r.drafts.append(tok)
+        stop = tok in self._out.stop_ids(r.req.id)
+        r.done = stop or len(r.drafts) >= r.most or not self._row(r, vocab, must=False)
+
+    @staticmethod
+    def _chainable(rounds: Sequence[_Round]) -> bool:
+        """Every draft's inputs are known before drafting: no grammar mask, no penalties (their counts), the same
+        number of drafts in every round."""
+        return bool(rounds) and all(
+            r.req.token_mask is None and r.reqs[0].mask is None and not _penalized(r.req.params)
+            and r.most == rounds[0].most for r in rounds
+        )  # fmt: skip
+
+    def _draft_chained(self, rounds: list[_Round], chain: Any, vocab: int) -> None:
+        """The round at once by the runner's ``draft_chain``; then the drafts are taken as ``_draft_steps``
+        takes them (so drafts after a stop token or a -1 are dropped)."""
+        reqs = [[draft_request(r.reqs[0]._replace(position=r.reqs[0].position + s)) for s in range(r.most)]
+                for r in rounds]  # fmt: skip
+        got = chain([DraftLane(r.work.lane, r.req.tokens) for r in rounds], reqs, self._token_limit)
+        for r, toks in zip(rounds, got, strict=True):
+            for tok in toks:
+                self._take(r, int(tok), vocab)
+                if r.done:
+                    break
 
     def _most(self, w: LaneWork, req: Request) -> int:
         eligible = not w.prefill and w.sample and w.save_checkpoint is None and len(w.token_ids) == 1

@@ -4,10 +4,10 @@ Windows follow the transformers recipe: window k covers tokens ``[k·S, min(k·S
 stride, 1 ≤ S ≤ N) and scores only the tokens that no earlier window scored; the first token of a window is never
 scored (nothing predicts it), so with ``S == N`` the first token of every window goes unscored, exactly as
 transformers' shifted loss with ``labels[:-trg_len] = -100`` does. Each window starts from an empty state (the
-GDN recurrence cannot drop its oldest tokens) and is prefilled in chunks of ``prefill_chunk`` tokens, the same
-``forward``-with-carried-state path the engine's prefill and ``Model.logits`` use; logits are computed only for
-the rows that predict scored tokens, ``LOGIT_ROWS`` rows at a time, so memory stays bounded by
-``LOGIT_ROWS × vocab`` whatever the window length. The sum is accumulated in float64.
+GDN recurrence cannot drop its oldest tokens: ``Model.open_sequence``) and is prefilled in chunks of
+``prefill_chunk`` tokens, the same forward-with-carried-state path the engine's prefill and ``Model.logits`` use;
+logits are computed only for the rows that predict scored tokens, ``LOGIT_ROWS`` rows at a time, so memory stays
+bounded by ``LOGIT_ROWS × vocab`` whatever the window length. The sum is accumulated in float64.
 """
 
 from __future__ import annotations
@@ -76,14 +76,15 @@ def _log_probs_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return z[np.arange(z.shape[0]), targets] - lse
 
 
-def window_nll(net: Any, ids: np.ndarray, w: Window, prefill_chunk: int) -> float:
-    """Summed NLL (nats) of tokens ``w.first_target .. w.end-1`` given the window's tokens before each."""
-    state = net.new_state()
+def window_nll(model: Any, ids: np.ndarray, w: Window, prefill_chunk: int) -> float:
+    """Summed NLL (nats) of tokens ``w.first_target .. w.end-1`` given the window's tokens before each, under
+    ``model`` (a ``ninfer.model.Model``: a fresh sequence of its backend per window)."""
+    net, feed = model.net, model.open_sequence(w.end - w.begin)
     first_row = w.first_target - 1 - w.begin  # row of the window whose logits predict the first target
     total = 0.0
     for c0 in range(w.begin, w.end, prefill_chunk):
         c1 = min(c0 + prefill_chunk, w.end)
-        h = net.forward(ids[c0:c1], state)
+        h = feed(ids[c0:c1])
         # rows r (window-relative) in this chunk that predict a scored token: r >= first_row, r + 1 < window len
         lo = max(first_row, c0 - w.begin)
         hi = min(c1 - w.begin, w.end - w.begin - 1)
@@ -117,7 +118,7 @@ def perplexity(
     t0 = time.perf_counter()
     nll, scored, computed = 0.0, 0, 0
     for w in plan:
-        nll += window_nll(model.net, ids, w, prefill_chunk)
+        nll += window_nll(model, ids, w, prefill_chunk)
         scored += w.end - w.first_target
         computed += w.end - w.begin
         if progress is not None:

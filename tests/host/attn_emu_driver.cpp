@@ -1,19 +1,6 @@
 // Driver of the attention host emulation: argv = dir T C D R HQ HKV npages page_size page_shift ldpt chunk nsplit
 // ngmax qk_scale smem order_seed nseq sx (gridDim.z). T: 0 float, 1 bf16; C: 0 float, 1 bf16, 2 e4m3. Reads dir/{q,kc,vc,ks,vs,pt,
 // seq,pos}.bin, writes dir/o.bin; exits 7 if an arrival counter is not zero again after the launch.
-template <typename X> std::vector<X> emu_read(const std::string& path, size_t n) {
-    std::vector<X> v(n);
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f || std::fread(v.data(), sizeof(X), n, f) != n) std::abort();
-    std::fclose(f);
-    return v;
-}
-template <typename X> void emu_write(const std::string& path, const std::vector<X>& v) {
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (!f || std::fwrite(v.data(), sizeof(X), v.size(), f) != v.size()) std::abort();
-    std::fclose(f);
-}
-
 struct EmuArgs {
     std::string dir;
     int R, HQ, HKV, nseq, npages, page_size, page_shift, chunk, nsplit, ngmax;

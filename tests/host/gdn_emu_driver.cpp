@@ -1,18 +1,5 @@
 // Driver of the gdn_chunked host emulation: argv = dir T HK HV DK DV nseq nslots act_bf16 state_bf16 DVS smem.
 // Reads dir/{qkv,a,b,alog,dtb,state,starts,slots}.bin, writes dir/o.bin and dir/state_out.bin.
-template <typename X> std::vector<X> emu_read(const std::string& path, size_t n) {
-    std::vector<X> v(n);
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f || std::fread(v.data(), sizeof(X), n, f) != n) std::abort();
-    std::fclose(f);
-    return v;
-}
-template <typename X> void emu_write(const std::string& path, const std::vector<X>& v) {
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (!f || std::fwrite(v.data(), sizeof(X), v.size(), f) != v.size()) std::abort();
-    std::fclose(f);
-}
-
 template <typename T, typename S, int DK, int DVS>
 void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, int nslots, unsigned smem_bytes) {
     const long long width = 2LL * HK * DK + (long long)HV * DV;

@@ -9,19 +9,6 @@
 //   mode 10 + m (m = 0, 2, 3): mode m with gdn_decode's single launch (the epilogue in gdn_step, counters that
 //                     must be zero again afterwards) instead of gdn_step + gdn_step_post
 // Reads dir/{qkv,convw,conv,a,b,alog,dtb,state,starts,slots,z,normw}.bin, writes dir/{y,state_out,conv_out}.bin.
-template <typename X> std::vector<X> emu_read(const std::string& path, size_t n) {
-    std::vector<X> v(n);
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f || std::fread(v.data(), sizeof(X), n, f) != n) std::abort();
-    std::fclose(f);
-    return v;
-}
-template <typename X> void emu_write(const std::string& path, const std::vector<X>& v) {
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (!f || std::fwrite(v.data(), sizeof(X), v.size(), f) != v.size()) std::abort();
-    std::fclose(f);
-}
-
 struct StepShape {
     int HK, HV, DV;
     long long C, W;  // conv channels = qkv row width, value width HV*DV

@@ -4,19 +4,6 @@
 // dir/{y2,r2}.bin and the pair it replaces (the standalone combine, as ninfer/cuda/_glue.py computes it, then
 // rmsnorm<RESID>): dir/{y1,r1}.bin.
 #include <cstdio>
-template <typename X> std::vector<X> emu_read(const std::string& path, size_t n) {
-    std::vector<X> v(n);
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f || std::fread(v.data(), sizeof(X), n, f) != n) std::abort();
-    std::fclose(f);
-    return v;
-}
-template <typename X> void emu_write(const std::string& path, const std::vector<X>& v) {
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (!f || std::fwrite(v.data(), sizeof(X), v.size(), f) != v.size()) std::abort();
-    std::fclose(f);
-}
-
 template <typename T, bool OFFSET, bool VEC>
 void emu_run(const std::string& dir, int rows, int H, int k, int slots, float eps) {
     const size_t n = (size_t)rows * H;

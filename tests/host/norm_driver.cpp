@@ -2,19 +2,6 @@
 // argv = dir rows H bf16 offset resid vec eps; reads dir/{x,r,w}.bin (x in the activation type, r and w float32,
 // rows contiguous), writes dir/{y,r_out}.bin.
 #include <cstdio>
-template <typename X> std::vector<X> emu_read(const std::string& path, size_t n) {
-    std::vector<X> v(n);
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f || std::fread(v.data(), sizeof(X), n, f) != n) std::abort();
-    std::fclose(f);
-    return v;
-}
-template <typename X> void emu_write(const std::string& path, const std::vector<X>& v) {
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (!f || std::fwrite(v.data(), sizeof(X), v.size(), f) != v.size()) std::abort();
-    std::fclose(f);
-}
-
 template <typename T, bool OFFSET, bool RESID, bool VEC>
 void emu_run(const std::string& dir, int rows, int H, float eps) {
     auto x = emu_read<T>(dir + "/x.bin", (size_t)rows * H);

@@ -1,0 +1,116 @@
+// Driver of the expert-lanes host emulation (tests/test_gemv_lanes_host.py), appended after attn_emu.cpp (CUDA
+// built-ins on std::thread, emu_mma), cuda_src/gemv.cu (GV_HOST_EMU) and cuda_src/moe_lanes.cu.
+// argv = dir fmt T NB N K splits S E xf tab seed table_only
+//   fmt: 0 BF16, 1 NVFP4, 2 FP8 row; T: 0 float, 1 bf16; NB: 4 | 8; xf: 0 plain, 1 SwiGLU (x rows are [gate | up]);
+//   tab: 0 the tx table (x by token row), 1 ts (x by pair row); table_only: build the table and stop.
+// Reads dir/{ids,xrow}.bin (S int32 each, sorted by expert), dir/w.bin + dir/woff.bin (3 int64 plane offsets),
+// dir/x.bin (xrows x ldx activations, xrows from dir/xrows.bin); writes dir/{sid,tx,ts}.bin (the table) and
+// dir/{lanes,one}.bin: y[S, N] by the lanes launch and by the one-lane expert launch (slot s = pair s).
+// Exits 7 if a split arrival counter is not zero again after a launch.
+// emu_launch with the GEMV's and the table's dynamic shared memory poisoned per block (NaN floats, -1 ints)
+template <typename Fn> void gv_launch(emu_dim3 grid, unsigned threads, unsigned seed, Fn fn) {
+    gridDim = grid;
+    blockDim = {threads, 1, 1};
+    std::vector<emu_dim3> blocks;
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) blocks.push_back({x, y, z});
+    std::mt19937 rng(seed);
+    std::shuffle(blocks.begin(), blocks.end(), rng);
+    for (const emu_dim3 b : blocks) {
+        std::memset(gv_sm, 0xff, sizeof(gv_sm));
+        std::memset(ml_sm, 0xff, sizeof(ml_sm));
+        emu_block_bar = std::make_unique<std::barrier<>>(threads);
+        for (unsigned w = 0; w < threads / 32; ++w) emu_warp_bar[w] = std::make_unique<std::barrier<>>(32);
+        std::vector<std::thread> pool;
+        for (unsigned t = 0; t < threads; ++t)
+            pool.emplace_back([=] {
+                threadIdx = {t, 0, 0};
+                blockIdx = b;
+                fn();
+            });
+        for (auto& th : pool) th.join();
+    }
+}
+
+struct GvArgs {
+    std::string dir;
+    int NB, N, K, splits, S, E, xf, tab, Z, xrows;
+    unsigned seed;
+    long long ldx;
+};
+
+template <typename F, typename T, int NB>
+int gv_run(const GvArgs& a, const std::vector<u8>& w, const long long off[3], const std::vector<T>& x,
+           const std::vector<int>& ids, const std::vector<int>& sel, int experts, int gz, std::vector<T>& y) {
+    const u8 *p0 = w.data() + off[0], *p1 = w.data() + off[1], *p2 = w.data() + off[2];
+    constexpr int ROWS = GV_WARPS * F::MT * 16;
+    const int bx = (a.N + ROWS - 1) / ROWS;
+    std::vector<float> ws((size_t)gz * bx * a.splits * ROWS * 8 + 8, NAN);
+    std::vector<int> cnt((size_t)gz * bx + 1, 0);
+    const long long K = a.K, ldx2 = a.ldx;
+    const T* x2 = x.data() + (a.xf == 1 ? K : 0);
+    gv_launch({(unsigned)bx, (unsigned)a.splits, (unsigned)gz}, GV_WARPS * 32, a.seed, [&] {
+        gemv_mma<F, T, NB>(p0, p1, p2, x.data(), x2, y.data(), ids.data(), sel.data(), ws.data(), cnt.data(), a.N,
+                           a.K, 0, a.ldx, ldx2, a.N, 0, experts, a.xf, 8, 0);
+    });
+    for (int c : cnt)
+        if (c != 0) return 7;
+    return 0;
+}
+
+template <typename F, typename T, int NB> int gv_case(const GvArgs& a, bool table_only) {
+    auto ids = emu_read<int>(a.dir + "/ids.bin", a.S), xrow = emu_read<int>(a.dir + "/xrow.bin", a.S);
+    std::vector<int> sid(a.Z, -7), tx((size_t)a.Z * 2 * NB, -7), ts((size_t)a.Z * 2 * NB, -7);
+    gv_launch({1, 1, 1}, 1024, a.seed, [&] {
+        gemv_lanes_table<NB>(ids.data(), xrow.data(), a.S, a.E, a.Z, sid.data(), tx.data(), ts.data());
+    });
+    emu_write(a.dir + "/sid.bin", sid);
+    emu_write(a.dir + "/tx.bin", tx);
+    emu_write(a.dir + "/ts.bin", ts);
+    if (table_only) return 0;
+    auto wsz = emu_read<long long>(a.dir + "/wsize.bin", 1)[0];
+    auto w = emu_read<u8>(a.dir + "/w.bin", (size_t)wsz);
+    w.resize(w.size() + 64);
+    auto offv = emu_read<long long>(a.dir + "/woff.bin", 3);
+    const long long off[3] = {offv[0], offv[1], offv[2]};
+    auto x = emu_read<T>(a.dir + "/x.bin", (size_t)a.xrows * a.ldx);
+    std::vector<T> lanes((size_t)a.S * a.N), one((size_t)a.S * a.N);
+    std::memset((void*)lanes.data(), 0xff, lanes.size() * sizeof(T));  // NaN poison (float and bf16 words)
+    std::memset((void*)one.data(), 0xff, one.size() * sizeof(T));
+    int rc = gv_run<F, T, NB>(a, w, off, x, sid, a.tab ? ts : tx, 2, a.Z, lanes);
+    if (rc) return rc;
+    // one lane per pair: activation row xrow[s] (tx) or s (ts), output row s
+    std::vector<int> rows(a.S);
+    for (int s = 0; s < a.S; ++s) rows[s] = a.tab ? s : xrow[s];
+    rc = gv_run<F, T, 1>(a, w, off, x, ids, rows, 1, a.S, one);
+    if (rc) return rc;
+    emu_write(a.dir + "/lanes.bin", lanes);
+    emu_write(a.dir + "/one.bin", one);
+    return 0;
+}
+
+template <typename F, typename T> int gv_nb(const GvArgs& a, bool t) {
+    return a.NB == 4 ? gv_case<F, T, 4>(a, t) : gv_case<F, T, 8>(a, t);
+}
+template <typename F> int gv_t(int tt, const GvArgs& a, bool t) {
+    return tt ? gv_nb<F, bf16>(a, t) : gv_nb<F, float>(a, t);
+}
+
+int main(int argc, char** argv) {
+    if (argc != 14) return 2;
+    GvArgs a;
+    a.dir = argv[1];
+    const int fmt = atoi(argv[2]), tt = atoi(argv[3]);
+    a.NB = atoi(argv[4]), a.N = atoi(argv[5]), a.K = atoi(argv[6]), a.splits = atoi(argv[7]), a.S = atoi(argv[8]);
+    a.E = atoi(argv[9]), a.xf = atoi(argv[10]), a.tab = atoi(argv[11]), a.seed = (unsigned)atoi(argv[12]);
+    const bool table_only = atoi(argv[13]) != 0;
+    auto zx = emu_read<long long>(a.dir + "/dims.bin", 3);  // Z, activation rows, ldx
+    a.Z = (int)zx[0], a.xrows = (int)zx[1], a.ldx = zx[2];
+    switch (fmt) {
+        case 0: return gv_t<FragBF16>(tt, a, table_only);
+        case 1: return gv_t<FragNVFP4>(tt, a, table_only);
+        case 2: return gv_t<FragFP8<true>>(tt, a, table_only);
+    }
+    return 5;
+}

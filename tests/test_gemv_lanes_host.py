@@ -1,0 +1,172 @@
+"""CPU check of the MoE expert lanes: cuda_src/moe_lanes.cu's slot table and cuda_src/gemv.cu's ``experts == 2`` mode,
+the kernel text compiled by g++ under the CUDA emulation prelude of tests/host/attn_emu.cpp (std::thread per CUDA
+thread, block and warp barriers, mma.sync on its PTX fragment layout; gemv.cu's GV_HOST_EMU branches: synchronous
+copies, emu_mma), driven by tests/host/gemv_lanes_driver.cpp with NaN-poisoned shared memory, workspaces and
+outputs and blocks in a shuffled order. Checks the table against a NumPy model (every routed pair in exactly one
+lane, slots in expert order, the launch bound), and the lanes GEMV (4 and 8 lanes, K splits, the SwiGLU prologue,
+float and bf16 activations) bitwise against the one-lane expert GEMV per row and against the NumPy reference.
+The GPU tests (tests/test_cuda_moe_lanes.py) check the same kernels on the device.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from host_emu import build_emulator, words
+from moe_lanes_model import routing, table_model
+
+from ninfer.cuda.linear import gemv_plan
+from ninfer.cuda.loader import source_text
+from ninfer.cuda.moe_lanes import slot_bound
+from ninfer.cuda.nvfp4_layout import to_device_layout
+from ninfer.cuda.weights import DeviceWeight, plane_offsets
+from ninfer.formats import FORMATS, bf16_decode, bf16_round
+from ninfer.reference import ops
+
+F32 = np.float32
+FMTS = ("BF16", "NVFP4G16_E4M3S", "FP8E4M3_F32ROW")  # the driver's fmt codes 0, 1, 2
+PRELUDE = """#define GV_HOST_EMU 1
+#undef __align__
+#define __align__(n)  // a block-scope extern cannot carry alignas; gv_sm below is aligned, bf16 is 2-aligned anyway
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+alignas(16) unsigned gv_sm[227 * 1024 / 4];
+int ml_sm[4096];
+"""
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # moe_lanes.cu after gemv.cu in one unit: drop its second copy of common.cuh
+    table = re.sub(
+        r"// ---- common\.cuh ----.*?// ---- end common\.cuh ----",
+        "",
+        source_text("moe_lanes.cu"),
+        flags=re.S,
+    )
+    parts = ["attn_emu.cpp", PRELUDE, source_text("gemv.cu"), table, "emu_io.cpp", "gemv_lanes_driver.cpp"]
+    return build_emulator(tmp_path_factory, "gemv_lanes_emu", parts, timeout=900)
+
+
+def _write(d: Path, **arrays: np.ndarray) -> None:
+    for name, a in arrays.items():
+        np.ascontiguousarray(a).tofile(d / f"{name}.bin")
+
+
+def _table(
+    emu: Path, d: Path, ids: np.ndarray, xrow: np.ndarray, experts: int, nb: int
+) -> tuple[np.ndarray, ...]:
+    z = slot_bound(ids.size, experts, nb)
+    _write(d, ids=ids, xrow=xrow, dims=np.array([z, 0, 0], np.int64))
+    args = [d, 0, 0, nb, 16, 8, 1, ids.size, experts, 0, 0, 1, 1]
+    proc = subprocess.run([str(emu), *map(str, args)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    return tuple(np.fromfile(d / f"{n}.bin", dtype=np.int32) for n in ("sid", "tx", "ts"))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (256, 8, 256, True, 8),
+        (64, 8, 256, True, 4),
+        (40, 3, 5, False, 8),
+        (9, 1, 1, False, 4),
+        (8, 1, 3, True, 8),
+        (33, 4, 16, False, 4),
+    ],  # fmt: skip
+    ids=lambda c: f"t{c[0]}k{c[1]}e{c[2]}{'s' if c[3] else ''}nb{c[4]}",
+)
+def test_slot_table_matches_model(emu: Path, tmp_path: Path, case: tuple) -> None:
+    """The 35B-A3B's 256-token chunk (256 experts + shared, 8 lanes), a 4-lane chunk, few experts with many rows
+    (several slots each), one expert, fewer pairs than lanes: the device table is the model's, every routed pair is
+    in exactly one lane, and the bound covers the slots."""
+    t, k, e, shared, nb = case
+    ids, xrow, experts = routing(np.random.default_rng(t * 7 + e), t, k, e, shared)
+    got = _table(emu, tmp_path, ids, xrow, experts, nb)
+    want = table_model(ids, xrow, experts, nb)
+    for name, g, w in zip(("sid", "tx", "ts"), got, want, strict=True):
+        assert np.array_equal(g, w), f"{name} differs from the model"
+    outs = got[1].reshape(-1, 2, nb)[:, 1]
+    assert np.array_equal(np.sort(outs[outs >= 0]), np.arange(ids.size)), "a pair is missing or doubled"
+    assert (got[0] >= 0).sum() == sum(-(-np.count_nonzero(ids == x) // nb) for x in range(experts))
+
+
+# fmt, activation type, lanes, N, K, tokens, top-k, experts, shared, SwiGLU (down projection: x by pair row)
+GEMV_CASES = [
+    ("NVFP4G16_E4M3S", "float", 8, 40, 1032, 12, 3, 4, True, False),  # 2 K splits, slots of 1..8 lanes
+    ("NVFP4G16_E4M3S", "bf16", 4, 24, 264, 10, 2, 3, False, True),
+    ("BF16", "float", 4, 70, 520, 9, 2, 3, True, True),  # 70 rows: two row blocks, the second partial
+    ("FP8E4M3_F32ROW", "bf16", 8, 33, 256, 11, 2, 2, False, False),
+]
+
+
+@pytest.mark.parametrize(
+    "case", GEMV_CASES, ids=lambda c: f"{c[0]}-{c[1]}-nb{c[2]}-{'swiglu' if c[9] else 'plain'}"
+)
+def test_lanes_gemv_bitwise_one_lane_and_reference(emu: Path, tmp_path: Path, case: tuple) -> None:
+    fmt, t, nb, n, k, tokens, top, e, shared, swiglu = case
+    rng = np.random.default_rng(n * 31 + k)
+    ids, xrow, experts = routing(rng, tokens, top, e, shared)
+    s = ids.size
+    codec = FORMATS[fmt]
+    shape = (experts * n, k)
+    buf = np.ascontiguousarray(
+        codec.encode((rng.standard_normal(shape) * 0.5).astype(F32), shape).reshape(-1)
+    )
+    buf = buf.view(np.uint8)
+    wdec = codec.decode(buf, shape)
+    offs = plane_offsets(fmt, shape, buf)
+    if fmt.startswith("NVFP4"):  # the kernels read the device layout (ninfer/cuda/nvfp4_layout.py)
+        dw = to_device_layout(DeviceWeight(fmt, shape, buf, offs))
+        buf, offs = dw.data, dw.offsets
+    xrows = s if swiglu else tokens  # the down projection reads pair rows, gate|up token rows
+    width = 2 * k if swiglu else k
+    x = (rng.standard_normal((xrows, width)) * 2).astype(F32)
+    x = bf16_round(x) if t == "bf16" else x
+    z = slot_bound(s, experts, nb)
+    _write(tmp_path, ids=ids, xrow=xrow, dims=np.array([z, xrows, width], np.int64), w=buf,
+           wsize=np.array([buf.size], np.int64), woff=np.array(offs, np.int64), x=words(x, t == "bf16"))  # fmt: skip
+    splits = gemv_plan(fmt, n, k).splits
+    args = [tmp_path, FMTS.index(fmt), int(t == "bf16"), nb, n, k, splits, s, experts, int(swiglu), int(swiglu),
+            3, 0]  # fmt: skip
+    proc = subprocess.run([str(emu), *map(str, args)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode != 7, "a split arrival counter is not zero after the launch"
+    assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    dt = np.uint16 if t == "bf16" else F32
+    lanes, one = (np.fromfile(tmp_path / f"{name}.bin", dtype=dt).reshape(s, n) for name in ("lanes", "one"))
+    assert np.array_equal(lanes.view(np.uint8), one.view(np.uint8)), (
+        "a lane differs from its one-lane product"
+    )
+    got = bf16_decode(lanes) if t == "bf16" else lanes
+    assert np.isfinite(got).all(), "an output row was not written"
+    xin = x
+    if swiglu:
+        xin = ops.swiglu(x[:, :k], x[:, k:])
+        xin = bf16_round(xin) if t == "bf16" else xin  # the prologue rounds as the standalone kernel stores
+    rows = np.arange(s) if swiglu else xrow
+    ref = np.stack(
+        [ops.linear(xin[r : r + 1], wdec[i * n : (i + 1) * n])[0] for i, r in zip(ids, rows, strict=True)]
+    )
+    err = np.max(np.abs(got.astype(np.float64) - ref)) / np.max(np.abs(ref))
+    assert err <= (1.2e-2 if t == "bf16" else 2e-5), f"{case}: normalised error {err:.3e}"
+
+
+def test_switch_points_and_bounds() -> None:
+    """The 35B-A3B (256 experts, top 8): chunks of up to 256 tokens take the lanes (4 lanes up to 32 tokens), 257
+    the grouped GEMM; the slot bound covers any spread of the pairs; the split partials stay per launch."""
+    from ninfer.cuda.moe_lanes import SLOTS_PER_LAUNCH, lanes_nb, lanes_workspace_bytes, use_lanes
+
+    e, k = 256, 8
+    assert use_lanes(16 * k, e) and use_lanes(256 * k, e) and not use_lanes(257 * k, e)
+    assert lanes_nb(32 * k, e) == 4 and lanes_nb(33 * k, e) == 8
+    rng = np.random.default_rng(0)
+    for s, ex, nb in ((2304, 257, 8), (9, 3, 4), (100, 1, 8), (7, 50, 4)):
+        counts = rng.multinomial(s, rng.dirichlet(np.full(ex, 0.3)))
+        assert sum(-(-c // nb) for c in counts) <= slot_bound(s, ex, nb)
+    # the 35B's gate|up: 8 row blocks x 4 splits of [128 rows x 8 lanes] fp32 per slot (NVFP4; others no larger)
+    assert lanes_workspace_bytes(1024, 2048, 10**6) == SLOTS_PER_LAUNCH * 8 * 4 * 128 * 8 * 4
+    assert lanes_workspace_bytes(2048, 512, 10) == 0  # the down projection (4 K-tiles) has no split
