@@ -30,7 +30,10 @@ CACHE_CODES = {"float": 0, "bf16": 1, "e4m3": 2}  # the driver's C argument
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_emulator(
-        tmp_path_factory, "attn_emu", ["attn_emu.cpp", "attention.cu", "emu_io.cpp", "attn_emu_driver.cpp"], timeout=900
+        tmp_path_factory,
+        "attn_emu",
+        ["attn_emu.cpp", "attention.cu", "emu_io.cpp", "attn_emu_driver.cpp"],
+        timeout=900,
     )
 
 

@@ -24,7 +24,9 @@ F32 = np.float32
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_emulator(tmp_path_factory, "gdn_emu", ["gdn_emu.cpp", "gdn.cu", "emu_io.cpp", "gdn_emu_driver.cpp"])
+    return build_emulator(
+        tmp_path_factory, "gdn_emu", ["gdn_emu.cpp", "gdn.cu", "emu_io.cpp", "gdn_emu_driver.cpp"]
+    )
 
 
 CASES = (  # hk, hv, dk, dv, lens, bf16 activations, bf16 state

@@ -27,7 +27,13 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_emulator(
         tmp_path_factory,
         "norm_emu",
-        ["gdn_emu.cpp", "#undef __shared__\n#define __shared__ static", "norm.cu", "emu_io.cpp", "norm_driver.cpp"],
+        [
+            "gdn_emu.cpp",
+            "#undef __shared__\n#define __shared__ static",
+            "norm.cu",
+            "emu_io.cpp",
+            "norm_driver.cpp",
+        ],
     )
 
 
@@ -90,7 +96,13 @@ def emu_combine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_emulator(
         tmp_path_factory,
         "norm_combine_emu",
-        ["gdn_emu.cpp", "#undef __shared__\n#define __shared__ static", "norm.cu", "emu_io.cpp", "norm_combine_driver.cpp"],
+        [
+            "gdn_emu.cpp",
+            "#undef __shared__\n#define __shared__ static",
+            "norm.cu",
+            "emu_io.cpp",
+            "norm_combine_driver.cpp",
+        ],
     )
 
 
