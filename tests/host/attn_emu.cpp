@@ -126,9 +126,8 @@ inline void emu_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsign
 }
 
 // Runs fn() as every thread of every block of the grid (threads of one block concurrently, blocks in the order of
-// a permutation seeded by `order_seed`).
-template <typename F> void emu_launch(emu_dim3 grid, unsigned threads, unsigned smem_bytes, unsigned order_seed, F fn) {
-    if (smem_bytes > sizeof(att_smem)) std::abort();
+// a permutation seeded by `order_seed`), after poison() (the block's fresh shared memory) before each block.
+template <typename P, typename F> void emu_launch_poisoned(emu_dim3 grid, unsigned threads, unsigned order_seed, P poison, F fn) {
     gridDim = grid;
     blockDim = {threads, 1, 1};
     std::vector<emu_dim3> blocks;
@@ -138,7 +137,7 @@ template <typename F> void emu_launch(emu_dim3 grid, unsigned threads, unsigned 
     std::mt19937 rng(order_seed);
     std::shuffle(blocks.begin(), blocks.end(), rng);
     for (const emu_dim3 b : blocks) {
-        std::memset(att_smem, 0xff, sizeof(att_smem));  // NaN floats: catches reads of unwritten shared memory
+        poison();
         emu_block_bar = std::make_unique<std::barrier<>>(threads);
         for (unsigned w = 0; w < threads / 32; ++w) emu_warp_bar[w] = std::make_unique<std::barrier<>>(32);
         std::vector<std::thread> pool;
@@ -150,4 +149,10 @@ template <typename F> void emu_launch(emu_dim3 grid, unsigned threads, unsigned 
             });
         for (auto& th : pool) th.join();
     }
+}
+
+// The attention kernels' launch: att_smem poisoned per block (NaN floats: catches reads of unwritten shared memory).
+template <typename F> void emu_launch(emu_dim3 grid, unsigned threads, unsigned smem_bytes, unsigned order_seed, F fn) {
+    if (smem_bytes > sizeof(att_smem)) std::abort();
+    emu_launch_poisoned(grid, threads, order_seed, [] { std::memset(att_smem, 0xff, sizeof(att_smem)); }, fn);
 }

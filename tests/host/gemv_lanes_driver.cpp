@@ -9,28 +9,10 @@
 // Exits 7 if a split arrival counter is not zero again after a launch.
 // emu_launch with the GEMV's and the table's dynamic shared memory poisoned per block (NaN floats, -1 ints)
 template <typename Fn> void gv_launch(emu_dim3 grid, unsigned threads, unsigned seed, Fn fn) {
-    gridDim = grid;
-    blockDim = {threads, 1, 1};
-    std::vector<emu_dim3> blocks;
-    for (unsigned z = 0; z < grid.z; ++z)
-        for (unsigned y = 0; y < grid.y; ++y)
-            for (unsigned x = 0; x < grid.x; ++x) blocks.push_back({x, y, z});
-    std::mt19937 rng(seed);
-    std::shuffle(blocks.begin(), blocks.end(), rng);
-    for (const emu_dim3 b : blocks) {
+    emu_launch_poisoned(grid, threads, seed, [] {
         std::memset(gv_sm, 0xff, sizeof(gv_sm));
         std::memset(ml_sm, 0xff, sizeof(ml_sm));
-        emu_block_bar = std::make_unique<std::barrier<>>(threads);
-        for (unsigned w = 0; w < threads / 32; ++w) emu_warp_bar[w] = std::make_unique<std::barrier<>>(32);
-        std::vector<std::thread> pool;
-        for (unsigned t = 0; t < threads; ++t)
-            pool.emplace_back([=] {
-                threadIdx = {t, 0, 0};
-                blockIdx = b;
-                fn();
-            });
-        for (auto& th : pool) th.join();
-    }
+    }, fn);
 }
 
 struct GvArgs {
