@@ -9,6 +9,7 @@ Both join the Ray instance this test process starts, so one Ray start serves eve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -85,6 +86,25 @@ class Server:
                 self.proc.wait(5)
         self.stderr.close()
         return self.proc.returncode
+
+
+@contextlib.contextmanager
+def demo_server(tmp: Path, name: str, args: list[str]) -> Iterator[Server]:
+    """One live server named ``name`` with ``args`` on a fresh demo artifact in ``tmp``, joined to a local Ray
+    started here; stopped (exit code 0 asserted) and Ray shut down on exit."""
+    from ninfer.demo import build_demo
+
+    artifact = build_demo(tmp / "demo.ninfer")
+    ray.init(num_cpus=4, include_dashboard=False, namespace="ninfer", log_to_driver=False)
+    s = None
+    try:
+        s = Server(name, args, ray.get_runtime_context().gcs_address, str(artifact), tmp)
+        s.wait_ready()
+        yield s
+    finally:
+        code = s.stop() if s is not None else 0
+        ray.shutdown()
+    assert code == 0
 
 
 @pytest.fixture(scope="module")

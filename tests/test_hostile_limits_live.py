@@ -20,7 +20,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from test_api_live import Server  # noqa: E402
+from test_api_live import Server, demo_server  # noqa: E402
 from test_hostile_live import (  # noqa: E402
     _BASE,
     AUTH,
@@ -44,25 +44,14 @@ HEAD_S, READ_S, BODY_S = 2.0, 2.0, 4.0  # --header-timeout-s, --body-timeout-s, 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One lane, a queue of one, short head/body deadlines, a small connection cap and an API key."""
-    from ninfer.demo import build_demo
-
     tmp = tmp_path_factory.mktemp("hostile-limits")
-    artifact = build_demo(tmp / "demo.ninfer")
     (tmp / "keys.txt").write_text(f"tester:{KEY}\n")
-    ray.init(num_cpus=4, include_dashboard=False, namespace="ninfer", log_to_driver=False)
-    s = None
-    try:
-        args = ["--max-context", "4096", "--kv-capacity", "32768", "--max-concurrency", "1", "--queue-depth", "1",
-                "--max-request-mib", "1", "--header-timeout-s", str(HEAD_S), "--body-timeout-s", str(READ_S),
-                "--body-deadline-s", str(BODY_S), "--max-connections", str(CAP),
-                "--api-key-file", str(tmp / "keys.txt")]  # fmt: skip
-        s = Server("hostile-limits", args, ray.get_runtime_context().gcs_address, str(artifact), tmp)
-        s.wait_ready()
+    args = ["--max-context", "4096", "--kv-capacity", "32768", "--max-concurrency", "1", "--queue-depth", "1",
+            "--max-request-mib", "1", "--header-timeout-s", str(HEAD_S), "--body-timeout-s", str(READ_S),
+            "--body-deadline-s", str(BODY_S), "--max-connections", str(CAP),
+            "--api-key-file", str(tmp / "keys.txt")]  # fmt: skip
+    with demo_server(tmp, "hostile-limits", args) as s:
         yield s
-    finally:
-        code = s.stop() if s is not None else 0
-        ray.shutdown()
-    assert code == 0
 
 
 def _parse(raw: bytes) -> tuple[int, dict[str, str], bytes]:

@@ -23,7 +23,7 @@ import pytest
 ray = pytest.importorskip("ray")
 pytest.importorskip("xgrammar")
 
-from test_api_live import Server  # noqa: E402
+from test_api_live import Server, demo_server  # noqa: E402
 
 MODEL = "ninfer-demo"
 KEY = "sk-hostile-7d1f0c2a9b"
@@ -35,25 +35,14 @@ USER = [{"role": "user", "content": "hi"}]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """2 lanes, a queue of 2, a 1 MiB body cap, short head/body deadlines and an API key."""
-    from ninfer.demo import build_demo
-
     tmp = tmp_path_factory.mktemp("hostile")
-    artifact = build_demo(tmp / "demo.ninfer")
     (tmp / "keys.txt").write_text(f"tester:{KEY}\n")
-    ray.init(num_cpus=4, include_dashboard=False, namespace="ninfer", log_to_driver=False)
-    s = None
-    try:
-        args = ["--max-context", "4096", "--kv-capacity", "32768", "--max-concurrency", "2", "--queue-depth",
-                "2", "--max-request-mib", "1", "--header-timeout-s", "2", "--body-timeout-s", "2",
-                "--api-key-file", str(tmp / "keys.txt"), "--request-log-jsonl", str(tmp / "req.jsonl")]  # fmt: skip
-        s = Server("hostile", args, ray.get_runtime_context().gcs_address, str(artifact), tmp)
-        s.wait_ready()
+    args = ["--max-context", "4096", "--kv-capacity", "32768", "--max-concurrency", "2", "--queue-depth",
+            "2", "--max-request-mib", "1", "--header-timeout-s", "2", "--body-timeout-s", "2",
+            "--api-key-file", str(tmp / "keys.txt"), "--request-log-jsonl", str(tmp / "req.jsonl")]  # fmt: skip
+    with demo_server(tmp, "hostile", args) as s:
         yield s
         assert KEY not in s.log() and KEY not in (tmp / "req.jsonl").read_text()  # keys are never logged
-    finally:
-        code = s.stop() if s is not None else 0
-        ray.shutdown()
-    assert code == 0
 
 
 def _raw(s: Server, data: bytes, timeout: float = 10) -> bytes:

@@ -20,7 +20,7 @@ import pytest
 ray = pytest.importorskip("ray")
 pytest.importorskip("xgrammar")
 
-from test_api_live import Server  # noqa: E402 - the live-server helper of the serving tests
+from test_api_live import Server, demo_server  # noqa: E402 - the live-server helper of the serving tests
 from test_grammar import SCHEMAS  # noqa: E402
 
 MODEL = "ninfer-demo"
@@ -48,36 +48,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One server (8 lanes) on the demo artifact, joined to a local Ray this generator starts and stops."""
-    from ninfer.demo import build_demo
-
-    tmp = tmp_path_factory.mktemp("proto")
-    artifact = build_demo(tmp / "demo.ninfer")
-    ray.init(num_cpus=4, include_dashboard=False, namespace="ninfer", log_to_driver=False)
-    address = ray.get_runtime_context().gcs_address
-    s = None
-    try:
-        s = Server(
-            "proto",
-            [
-                "--max-context",
-                "4096",
-                "--kv-capacity",
-                "32768",
-                "--max-concurrency",
-                "8",
-                "--queue-depth",
-                "32",
-            ],
-            address,
-            str(artifact),
-            tmp,
-        )
-        s.wait_ready()
+    args = [
+        "--max-context",
+        "4096",
+        "--kv-capacity",
+        "32768",
+        "--max-concurrency",
+        "8",
+        "--queue-depth",
+        "32",
+    ]
+    with demo_server(tmp_path_factory.mktemp("proto"), "proto", args) as s:
         yield s
-    finally:
-        code = s.stop() if s is not None else 0
-        ray.shutdown()
-    assert code == 0
 
 
 def oai(s: Server) -> openai.OpenAI:
