@@ -13,6 +13,8 @@
 // the arithmetic is a fixed sequence (tiles in order, 8 steps per tile, hi then lo, splits in order), and an mma
 // column depends only on its own lane's activations, so a lane's result is bitwise independent of the other lanes,
 // of NB and of the number of rows in the launch. The host picks `splits` from (format, N, K) only (linear.py, gemv_plan).
+// Dense launches cut the work stream-K instead (`sk` blocks, gv_piece below): the same fixed sequence per element,
+// with the row block's pieces in block order in place of the splits.
 //
 // Expert modes (`experts`): 1, MoE decode: slot z = one activation row xrow[z] against expert ids[z]'s weights (one
 // lane, output row z); 2, expert lanes (MoE prefill of short chunks): slot z = up to NB rows routed to expert ids[z]
@@ -198,6 +200,153 @@ __device__ __forceinline__ T* gv_yrow(T* yb, const int* lt, int nb_max, int b, l
     return yb + (long long)(lt ? lt[nb_max + b] : b) * ldy;
 }
 
+// The block's work as pieces: piece (r, kt0, nt) = row block r, K-tiles [kt0, kt0 + nt). Split mode (sk == 0):
+// one piece, row block bx, split s of S. Stream-K mode (sk > 0, dense launches): the R x T (row block, K-tile)
+// units in row-major order cut into sk equal ranges, block b taking units [b U / sk, (b + 1) U / sk) (U = R T), so
+// every block streams the same bytes and the launch is one wave with no tail (measured: the split mode's last
+// partial wave and per-block ramp cost 5-15 us per mid-size GEMV). A row block's pieces come from the blocks bf..bl
+// whose ranges meet it; piece (b, r) writes its partials at slot b + r (unique: a later block's row blocks are
+// never earlier), and the last to arrive adds them in block order. The cut depends on (N, K, sk) only (sk from
+// gemv_plan), so the arithmetic per output element is still a fixed sequence independent of the lanes.
+struct GvPiece {
+    int r, kt0, nt;
+    int pos, first, count;  // partial slot of this piece, of the row block's first piece, pieces of the row block
+    int ctr;                // the row block's arrival counter
+};
+
+__device__ __forceinline__ GvPiece gv_piece(long long u, long long u1, int T, int R, int b, int sk, int z, int split,
+                                            int splits) {
+    GvPiece p;
+    p.r = (int)(u / T), p.kt0 = (int)(u % T);
+    const long long end = min(u1, (long long)(p.r + 1) * T);
+    p.nt = (int)(end - u);
+    p.ctr = z * R + p.r;
+    if (sk) {  // the blocks holding units r T and (r + 1) T - 1 (sk <= U: every range is non-empty)
+        const long long U = (long long)R * T, base = (long long)z * (sk + R);
+        const long long lo = (long long)p.r * T, hi = lo + T;
+        const int f = (int)(((lo + 1) * sk - 1) / U), l = (int)((hi * sk - 1) / U);
+        p.pos = (int)(base + b + p.r), p.first = (int)(base + f + p.r), p.count = l - f + 1;
+    } else {
+        const long long tile = (long long)z * R + p.r;
+        p.pos = (int)(tile * splits + split), p.first = (int)(tile * splits), p.count = splits;
+    }
+    return p;
+}
+
+// This warp's rows of the piece starting at row r0 of the launch: its cp.async sources at K-tile kt0.
+template <typename F>
+__device__ __forceinline__ typename F::Src gv_rows_src(const u8* p0, const u8* p1, const u8* p2, int N, int K,
+                                                       long long wbase, int r0, int kt0, int t) {
+    const int g = (threadIdx.x & 31) >> 2;
+    long long wr[F::MT][2];
+#pragma unroll
+    for (int mt = 0; mt < F::MT; ++mt) {
+        wr[mt][0] = wbase + min(r0 + mt * 16 + g, N - 1);
+        wr[mt][1] = wbase + min(r0 + mt * 16 + g + 8, N - 1);
+    }
+    return F::src(p0, p1, p2, K, wr, kt0 * 128, t);
+}
+
+// The first GV_STAGES - 1 tiles of a piece of nt tiles into the warp's ring (one commit group each).
+template <typename F>
+__device__ __forceinline__ void gv_prologue(u8* wsm, int lane, typename F::Src& src, int t, int nt) {
+#pragma unroll
+    for (int s = 0; s < GV_STAGES - 1; ++s) {
+        if (s < nt) F::copy_next(wsm + s * F::VECS * 512, lane, src, t);
+        cp_async_commit();
+    }
+}
+
+// One piece's products (its prologue issued): activations staged per chunk, weights through the ring. Ends with
+// a block barrier after every read of the ring and the activation buffers.
+template <typename F, typename T, int NB>
+__device__ __forceinline__ void gv_piece_main(u32* sm, u8* wsm, int lane, typename F::Src& src, int t, const T* xl,
+                                              const T* x2l, int xf, int gd, int nb, int K, int kt0, int nt,
+                                              float (&acc)[F::MT][4]) {
+    constexpr int MT = F::MT, STAGE = F::VECS * 512, FW = GvIsFloat<T>::v ? 4 : 2;
+    constexpr int ACT = GvChunk<NB>::V * 8 * NB * 4 * FW;
+    float xv[GvItems<NB>::N][8];
+    gv_fetch<F, T, NB>(xv, xl, x2l, xf, gd, nb, K, kt0, nt, 0);
+    gv_put<F, T, NB>(xv, sm);
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+    const int nchunks = (nt + GvChunk<NB>::V - 1) / GvChunk<NB>::V;
+    for (int c = 0; c < nchunks; ++c) {
+        if (c + 1 < nchunks) gv_fetch<F, T, NB>(xv, xl, x2l, xf, gd, nb, K, kt0, nt, c + 1);
+        const u32* act = sm + (c & 1) * ACT;
+#pragma unroll 1
+        for (int tl = 0; tl < GvChunk<NB>::V; ++tl) {
+            const int i = c * GvChunk<NB>::V + tl;
+            if (i >= nt) break;
+            cp_async_wait<GV_STAGES - 2>();  // this lane's copies of tile i have landed
+            typename F::Raw raw[MT][2];
+            const u8* st = wsm + (i % GV_STAGES) * STAGE;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                F::read(st, lane, mt, 0, t, raw[mt][0]);
+                F::read(st, lane, mt, 1, t, raw[mt][1]);
+            }
+            // refill the stage read one iteration ago (its values are consumed: no lane reads it again)
+            if (i + GV_STAGES - 1 < nt) F::copy_next(wsm + ((i + GV_STAGES - 1) % GV_STAGES) * STAGE, lane, src, t);
+            cp_async_commit();
+            gv_tile<F, T, NB>(act, tl, raw, acc);
+        }
+        // the other buffer was last read in chunk c - 1, before the previous barrier
+        if (c + 1 < nchunks) gv_put<F, T, NB>(xv, sm + ((c + 1) & 1) * ACT);
+        __syncthreads();
+    }
+}
+
+// A piece's results: the whole row block (count == 1) straight to y; else its partials to slot pos, and the last
+// of the row block's pieces to arrive adds them in order and resets the counter. `more`: another piece follows
+// in this block (the activation buffer's first word, used for the last-block flag, is free again on return).
+template <typename F, typename T, int NB>
+__device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], const GvPiece& pc, T* yb, const int* lt,
+                                         long long ldy, float* ws, int* cnt, const u8* p1, const u8* p2,
+                                         long long wbase, int N, int nb, bool more) {
+    constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = pc.r * ROWS + warp * MT * 16;
+    if (pc.count == 1) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int n = r0 + mt * 16 + g + (e >> 1) * 8, b = 2 * t + (e & 1);
+                if (n < N && b < nb) gv_yrow(yb, lt, NB, b, ldy)[n] = from_f<T>(acc[mt][e] * F::row_scale(p1, p2, wbase + n));
+            }
+        return;
+    }
+    float* part = ws + (long long)pc.pos * (ROWS * 8);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[(warp * MT * 16 + mt * 16 + g + (e >> 1) * 8) * 8 + 2 * t + (e & 1)] = acc[mt][e];
+    // one arrival per block, after the barrier: thread 0's acq_rel atomic releases the block's partials
+    // (cumulativity through the barrier) and, in the last block, acquires the others' (extended to its threads by
+    // the barrier after it): no separate fences (~4% of the 1-row GEMV's warp stalls were per-thread fences)
+    __syncthreads();
+    // the last-block flag in the first activation word: every read of the activation buffers ended before the main
+    // loop's last barrier (a static __shared__ int here made a block 16 bytes too large for 4 per SM)
+    volatile int* last = reinterpret_cast<volatile int*>(sm);
+    if (threadIdx.x == 0) *last = arrive_acq_rel(cnt + pc.ctr, 1) == pc.count - 1;
+    __syncthreads();
+    const bool mine = *last;
+    if (more) __syncthreads();  // every thread has read the flag before the next piece stages over it
+    if (!mine) return;
+    const float* base = ws + (long long)pc.first * (ROWS * 8);
+    for (int i = threadIdx.x; i < ROWS * NB; i += blockDim.x) {
+        const int rl = i / NB, b = i % NB, n = pc.r * ROWS + rl;
+        float s = 0.f;
+        // unrolled so the pieces' loads are in flight together (the sum stays in piece order)
+#pragma unroll 8
+        for (int sp = 0; sp < pc.count; ++sp) s += __ldcg(base + (long long)sp * ROWS * 8 + rl * 8 + b);
+        if (n < N && b < nb) gv_yrow(yb, lt, NB, b, ldy)[n] = from_f<T>(s * F::row_scale(p1, p2, wbase + n));
+    }
+    if (threadIdx.x == 0) cnt[pc.ctr] = 0;
+}
+
 // experts == 0: lane block z takes activation rows z*NB .. (nrows of them in the launch), weight rows row0 ..;
 // experts == 1: expert slot z: activation row xrow[z], weight rows ids[z] * N .., one lane;
 // experts == 2: expert lanes: slot z's rows from its table xrow[z*2NB ..] (header), weight rows ids[z] * N ...
@@ -209,7 +358,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
              const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ y, const int* __restrict__ ids,
              const int* __restrict__ xrow, float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows,
              long long ldx, long long ldx2, long long ldy, long long row0, int experts, int xf,
-             int gd, int zin) {
+             int gd, int zin, int sk) {
     pdl_trigger();
     extern __shared__ __align__(16) u32 gv_sm[];
     constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16, STAGE = F::VECS * 512;
@@ -218,7 +367,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     // bx * zin + z, so the zin lane blocks of one weight tile run side by side and all but one read it from L2 (one
     // pass over the weights instead of zin). The same blocks, the same arithmetic: every row's bits are unchanged.
     const int z = zin ? blockIdx.x % zin : blockIdx.z, split = blockIdx.y, splits = gridDim.y;
-    const int bx = zin ? blockIdx.x / zin : blockIdx.x, gx = zin ? gridDim.x / zin : gridDim.x;
+    const int bx = zin ? blockIdx.x / zin : blockIdx.x;
     long long wbase, xr0;
     T* yb;
     int nb;
@@ -244,90 +393,38 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     const int gl = threadIdx.x % NB;
     const long long xr = lt ? (gl < nb ? lt[gl] : 0) : xr0 + gl;
     const T *xl = x + xr * ldx, *x2l = x2 + xr * ldx2;
-    const int ntiles = (K + 127) / 128, kt0 = split * ntiles / splits, nt = (split + 1) * ntiles / splits - kt0;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = bx * ROWS + warp * MT * 16;
-    long long wr[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        wr[mt][0] = wbase + min(r0 + mt * 16 + g, N - 1);
-        wr[mt][1] = wbase + min(r0 + mt * 16 + g + 8, N - 1);
+    const int T_ = (K + 127) / 128, R = (N + ROWS - 1) / ROWS;
+    long long u, u1;  // this block's units [u, u1) of the row-major (row block, K-tile) grid
+    if (sk) {
+        const long long U = (long long)R * T_;
+        u = bx * U / sk, u1 = (bx + 1) * U / sk;
+    } else {
+        u = (long long)bx * T_ + split * T_ / splits, u1 = (long long)bx * T_ + (split + 1) * T_ / splits;
     }
+    if (u >= u1) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     // weights: a per-warp ring of GV_STAGES tiles, GV_STAGES - 1 of them in flight ahead of the math
     constexpr int ACT = GvChunk<NB>::V * 8 * NB * 4 * FW;  // u32 words of one activation chunk buffer
     u8* wsm = reinterpret_cast<u8*>(gv_sm + 2 * ACT) + warp * GV_STAGES * STAGE;
-    typename F::Src src = F::src(p0, p1, p2, K, wr, kt0 * 128, t);
-#pragma unroll
-    for (int s = 0; s < GV_STAGES - 1; ++s) {
-        if (s < nt) F::copy_next(wsm + s * STAGE, lane, src, t);
-        cp_async_commit();
-    }
+    GvPiece pc = gv_piece(u, u1, T_, R, bx, sk, z, split, splits);
+    typename F::Src src = gv_rows_src<F>(p0, p1, p2, N, K, wbase, pc.r * ROWS + warp * MT * 16, pc.kt0, t);
+    gv_prologue<F>(wsm, lane, src, t, pc.nt);
     if (!experts) pdl_wait();
-    float xv[GvItems<NB>::N][8];
-    gv_fetch<F, T, NB>(xv, xl, x2l, xf, gd, nb, K, kt0, nt, 0);
-    gv_put<F, T, NB>(xv, gv_sm);
-    __syncthreads();
-    float acc[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
-    const int nchunks = (nt + GvChunk<NB>::V - 1) / GvChunk<NB>::V;
-    for (int c = 0; c < nchunks; ++c) {
-        if (c + 1 < nchunks) gv_fetch<F, T, NB>(xv, xl, x2l, xf, gd, nb, K, kt0, nt, c + 1);
-        const u32* act = gv_sm + (c & 1) * ACT;
-#pragma unroll 1
-        for (int tl = 0; tl < GvChunk<NB>::V; ++tl) {
-            const int i = c * GvChunk<NB>::V + tl;
-            if (i >= nt) break;
-            cp_async_wait<GV_STAGES - 2>();  // this lane's copies of tile i have landed
-            typename F::Raw raw[MT][2];
-            const u8* st = wsm + (i % GV_STAGES) * STAGE;
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                F::read(st, lane, mt, 0, t, raw[mt][0]);
-                F::read(st, lane, mt, 1, t, raw[mt][1]);
-            }
-            // refill the stage read one iteration ago (its values are consumed: no lane reads it again)
-            if (i + GV_STAGES - 1 < nt)
-                F::copy_next(wsm + ((i + GV_STAGES - 1) % GV_STAGES) * STAGE, lane, src, t);
-            cp_async_commit();
-            gv_tile<F, T, NB>(act, tl, raw, acc);
+    for (;;) {
+        float acc[MT][4];
+        gv_piece_main<F, T, NB>(gv_sm, wsm, lane, src, t, xl, x2l, xf, gd, nb, K, pc.kt0, pc.nt, acc);
+        // the next piece's first weight tiles go out before this one's epilogue (the ring is drained: every read of
+        // it ended before the main loop's last barrier)
+        const long long un = (long long)pc.r * T_ + pc.kt0 + pc.nt;
+        const bool more = un < u1;
+        GvPiece nx = pc;
+        if (more) {
+            nx = gv_piece(un, u1, T_, R, bx, sk, z, split, splits);
+            src = gv_rows_src<F>(p0, p1, p2, N, K, wbase, nx.r * ROWS + warp * MT * 16, nx.kt0, t);
+            gv_prologue<F>(wsm, lane, src, t, nx.nt);
         }
-        // the other buffer was last read in chunk c - 1, before the previous barrier
-        if (c + 1 < nchunks) gv_put<F, T, NB>(xv, gv_sm + ((c + 1) & 1) * ACT);
-        __syncthreads();
+        gv_store<F, T, NB>(gv_sm, acc, pc, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, more);
+        if (!more) return;
+        pc = nx;
     }
-    if (splits == 1) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int n = r0 + mt * 16 + g + (e >> 1) * 8, b = 2 * t + (e & 1);
-                if (n < N && b < nb) gv_yrow(yb, lt, NB, b, ldy)[n] = from_f<T>(acc[mt][e] * F::row_scale(p1, p2, wbase + n));
-            }
-        return;
-    }
-    const long long tile = (long long)z * gx + bx;
-    float* part = ws + (tile * splits + split) * (ROWS * 8);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) part[(warp * MT * 16 + mt * 16 + g + (e >> 1) * 8) * 8 + 2 * t + (e & 1)] = acc[mt][e];
-    // one arrival per block, after the barrier: thread 0's acq_rel atomic releases the block's partials
-    // (cumulativity through the barrier) and, in the last block, acquires the others' (extended to its threads by
-    // the barrier after it): no separate fences (~4% of the 1-row GEMV's warp stalls were per-thread fences)
-    __syncthreads();
-    // the last-block flag in the first activation word: every read of the activation buffers ended before the main
-    // loop's last barrier (a static __shared__ int here made a block 16 bytes too large for 4 per SM)
-    volatile int* last = reinterpret_cast<volatile int*>(gv_sm);
-    if (threadIdx.x == 0) *last = arrive_acq_rel(cnt + tile, 1) == splits - 1;
-    __syncthreads();
-    if (!*last) return;
-    const float* base = ws + tile * splits * (ROWS * 8);
-    for (int i = threadIdx.x; i < ROWS * NB; i += blockDim.x) {
-        const int rl = i / NB, b = i % NB, n = bx * ROWS + rl;
-        float s = 0.f;
-        for (int sp = 0; sp < splits; ++sp) s += __ldcg(base + (long long)sp * ROWS * 8 + rl * 8 + b);
-        if (n < N && b < nb) gv_yrow(yb, lt, NB, b, ldy)[n] = from_f<T>(s * F::row_scale(p1, p2, wbase + n));
-    }
-    if (threadIdx.x == 0) cnt[tile] = 0;
 }
