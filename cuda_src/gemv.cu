@@ -336,13 +336,28 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
     if (more) __syncthreads();  // every thread has read the flag before the next piece stages over it
     if (!mine) return;
     const float* base = ws + (long long)pc.first * (ROWS * 8);
-    for (int i = threadIdx.x; i < ROWS * NB; i += blockDim.x) {
-        const int rl = i / NB, b = i % NB, n = pc.r * ROWS + rl;
-        float s = 0.f;
-        // unrolled so the pieces' loads are in flight together (the sum stays in piece order)
-#pragma unroll 8
-        for (int sp = 0; sp < pc.count; ++sp) s += __ldcg(base + (long long)sp * ROWS * 8 + rl * 8 + b);
-        if (n < N && b < nb) gv_yrow(yb, lt, NB, b, ldy)[n] = from_f<T>(s * F::row_scale(p1, p2, wbase + n));
+    // 2-8 lanes: 4 lanes per 16-byte load, the pieces' loads unrolled so they are in flight together (the sum
+    // stays in piece order). Measured (H200, perf/gemv_variants.py nored): with one float per load the 4- and
+    // 8-lane reductions cost 4-11 us per GEMV (L2 round trips one after another in the last block).
+    constexpr int V = NB >= 4 ? 4 : 1;
+    for (int i = threadIdx.x; i < ROWS * NB / V; i += blockDim.x) {
+        const int rl = i / (NB / V), b0 = i % (NB / V) * V, n = pc.r * ROWS + rl;
+        float s[V] = {};
+#pragma unroll 16
+        for (int sp = 0; sp < pc.count; ++sp) {
+            const float* q = base + (long long)sp * ROWS * 8 + rl * 8 + b0;
+            if constexpr (V == 4) {
+                const float4 v = __ldcg(reinterpret_cast<const float4*>(q));
+                s[0] += v.x, s[1] += v.y, s[2] += v.z, s[3] += v.w;
+            } else {
+                s[0] += __ldcg(q);
+            }
+        }
+        if (n >= N) continue;
+        const float rs = F::row_scale(p1, p2, wbase + n);
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+            if (b0 + j < nb) gv_yrow(yb, lt, NB, b0 + j, ldy)[n] = from_f<T>(s[j] * rs);
     }
     if (threadIdx.x == 0) cnt[pc.ctr] = 0;
 }

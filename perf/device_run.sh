@@ -5,6 +5,8 @@
 #           NumPy reference, the CUDA model vs reference/transformers, the engine on CUDA)
 #   bench   the kernel micro-benchmarks and the per-kernel profile (perf/bench_*.py, perf/profile_step.py)
 #   perf    `ninfer-perf --quick` (27B and 35B-A3B at nvfp4, transformers column)
+#   serving perf/bench_serving.py --backend cuda (stack cost) and the live-server tests on the CUDA backend
+#   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
 # Installs only what the image lacks (pytest and msgspec wheels from .whl-cuda/, the API stack from .whl/, both
@@ -27,11 +29,21 @@ for need in "pytest:pytest pluggy iniconfig packaging pygments" "msgspec:msgspec
 done
 # The API stack the image lacks (ray, litestar, uvicorn, xgrammar, ...: the device tooling's wheel script prepares
 # .whl/, carried by the caller), for the live-server and serving runs.
-if ls .whl/*.whl >/dev/null 2>&1; then  # once per machine: later calls find the installed copy
+# WHL_DIR: where they are (default .whl; a copy without the test-only faker/polyfactory lets it travel beside the
+# kernel cache within one call's carry).
+WHL_DIR=${WHL_DIR:-.whl}
+if ls $WHL_DIR/*.whl >/dev/null 2>&1; then  # once per machine: later calls find the installed copy
   [ -d /tmp/site-api ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-    --target /tmp/site-api .whl/*.whl
+    --target /tmp/site-api $WHL_DIR/*.whl
   export PYTHONPATH=$PYTHONPATH:/tmp/site-api
 fi
+run_setup() { :; }  # the installs above only (for the caller's own commands after it)
+run_serving() {  # issue 12: the stack's cost on this GPU, then the live-server tests on the CUDA backend
+  timeout ${SERVING_TIMEOUT:-240} python3 -m perf.bench_serving --backend cuda --rounds ${SERVING_ROUNDS:-5} \
+    -o "$OUT/bench_serving_cuda.json" 2>&1 | tee "$OUT/serving.txt" | tail -3
+  NINFER_LIVE_BACKEND=cuda timeout ${LIVE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rf \
+    tests/test_api_live.py tests/test_protocols_live.py tests/test_contract_live.py 2>&1 | tee "$OUT/live.txt" | tail -15
+}
 run_tests() {
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python3 -c "import transformers, torch, cupy; print('transformers', transformers.__version__, 'torch', torch.__version__, 'cupy', cupy.__version__)"

@@ -93,10 +93,13 @@ _GV_WAVE_BLOCKS, _GV_MIN_TILES, _GV_CHUNK, _GV_CHUNK4, _GV_CHUNK1 = 528, 4, 2, 4
 # row took 44.0 us as 2 splits (544 blocks: 16 of them a second wave; 1 split, 272 blocks: 55.2 us), 41.4 as 3,
 # 40.6 as 5 (8 tiles each), 42.8 as 8. It is the only 27B or 35B-A3B shape the rule changes.
 _GV_WAVE_FILL, _GV_MULTI_TILES = 0.75, 8
-# Dense launches (no expert ids) run stream-K instead (gemv.cu: sk blocks per lane block, each taking an equal run
-# of the row-major (row block, K-tile) units): one wave of equal blocks, no partial last wave, whatever the shape;
-# at least _GV_MIN_TILES tiles per block, as for the splits. Expert launches keep the splits (their grid is per slot).
-_GV_STREAMK = True
+# Stream-K (gemv.cu: sk blocks per lane block, each an equal run of the row-major (row block, K-tile) units, at
+# least _GV_MIN_TILES each): one wave of equal blocks whatever the shape. Measured against the splits on the H200 at
+# 7fefbde (perf/gemv_variants.py base vs splits, 27B NVFP4): only gate|up gained (39.9 vs 41.2 us at one row); the
+# pieces that cross row blocks restart the activation staging and the pipeline, which cost more than the partial
+# wave saved (gdn qkv|z 22.3 vs 19.9 us at one row, 43.7 vs 33.8 at eight; lm_head 236 vs 224). So dense launches
+# keep the splits; the mode stays selectable (gemv_variants skN) and is tested (tests/test_gemv_lanes_host.py).
+_GV_STREAMK = False
 # Decode GEMVs captured into CUDA graphs are launched with programmatic dependent launch (ninfer/cuda/launch.py): a
 # GEMV's blocks start streaming their weights while the kernel before it finishes (measured on the H200 with
 # perf/gemv_variants.py: 1-row NVFP4 GEMVs 4-15% faster in a chain; 27B decode x1 110 -> 120 tok/s).
@@ -236,8 +239,7 @@ def gemv_plan(fmt: str, n: int, k: int) -> GemvPlan:
     many = ntiles // _GV_MULTI_TILES
     if bx * splits < _GV_WAVE_FILL * _GV_WAVE_BLOCKS and bx * many >= 2 * _GV_WAVE_BLOCKS:
         splits = many  # one wave would leave SMs idle: several waves of small blocks balance themselves
-    sk = min(_GV_WAVE_BLOCKS, bx * ntiles // _GV_MIN_TILES) if _GV_STREAMK else 0
-    sk = max(sk, 1) if _GV_STREAMK else 0
+    sk = max(1, min(_GV_WAVE_BLOCKS, bx * ntiles // _GV_MIN_TILES)) if _GV_STREAMK else 0
     return GemvPlan(rows=rows, blocks_x=bx, splits=splits, ntiles=ntiles, stage_bytes=vecs * 512, streamk=sk)
 
 
