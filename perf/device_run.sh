@@ -37,6 +37,19 @@ if ls $WHL_DIR/*.whl >/dev/null 2>&1; then  # once per machine: later calls find
     --target /tmp/site-api $WHL_DIR/*.whl
   export PYTHONPATH=$PYTHONPATH:/tmp/site-api
 fi
+# The official SDKs the live-server tests drive (openai, anthropic and their few wheels: .whl-sdk/, carried by the
+# caller: `pip download --no-deps --only-binary=:all: --python-version 3.12 ... openai anthropic jiter distro
+# docstring-parser`).
+if ls .whl-sdk/*.whl >/dev/null 2>&1; then
+  [ -d /tmp/site-sdk ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --target /tmp/site-sdk .whl-sdk/*.whl
+  export PYTHONPATH=$PYTHONPATH:/tmp/site-sdk
+fi
+# The package's other top-level folders under their import names (pyproject's package-dir: ninfer.api is api/,
+# ...), as the editable install maps them, for the server processes started from this copy.
+python3 -c "import ninfer.api" 2>/dev/null || for d in api actors perf cuda_src; do
+  [ -e ninfer/$d ] || ln -s ../$d ninfer/$d
+done
 run_setup() { :; }  # the installs above only (for the caller's own commands after it)
 run_serving() {  # issue 12: the stack's cost on this GPU, then the live-server tests on the CUDA backend
   timeout ${SERVING_TIMEOUT:-240} python3 -m perf.bench_serving --backend cuda --rounds ${SERVING_ROUNDS:-5} \
