@@ -1,7 +1,7 @@
 """MTP speculative decoding on synthetic real-shape artifacts (27B, 35B-A3B; random weights with an MTP head).
 
     python -m perf.bench_spec [--models 27b 35b] [--lanes 1 8] [--ks 1 2 3 4 5] [--spec-path snapshot|replay]
-                              [--out DIR]
+                              [--sync-calls] [--skip-rounds] [--out DIR]
 
 Random weights give near-zero real acceptance, so this measures the machinery:
 
@@ -9,15 +9,22 @@ Random weights give near-zero real acceptance, so this measures the machinery:
   k = 1..5, split into drafting (k MTP steps and their samples, step by step; its first step apart), the verify
   forward (k+1 positions per lane) and its verification, and the commit of a half-accepted round (a snapshot copy,
   or the GDN replay with ``--spec-path replay``); then the same rounds drafted by ``draft_chain`` (one host
-  synchronization, ``draft_chain_ms`` and ``round_chain_ms``). Every verify and draft graph of the lane count is
-  captured before anything is timed (``capture_spec_graphs``).
+  synchronization, ``draft_chain_ms`` and ``round_chain_ms``; the first chained round untimed, its draft time
+  ``draft_chain_first_ms``). Every verify and draft graph of the lane count is captured before anything is timed
+  (``capture_spec_graphs``); ``per_round`` counts the verify forwards and draft steps by graph or eagerly.
 - ``forced``: engine tokens/s with a draft source that replays the target's own greedy tokens (100% acceptance)
   or makes every position wrong where ``(pos*37) % 100 >= pct`` (80%, 50%), against the engine without drafts,
   and the tokens per round (after the spec graphs' capture and an untimed warm-up request on every lane;
-  ``timed_captures`` counts graph captures in the timed run, 0 expected), with each step's or round's wall time
-  split into the runner's calls (``calls_ms``, with their synchronizations) and the rest (``other_ms``).
+  ``timed_captures`` counts graph captures in the timed run, 0 expected). ``tok_s`` is end to end (from the submit:
+  the prompt's prefill and first token included, ``prefill_ms``), ``decode_tok_s`` from the step that gave every
+  lane its first token (the rate the issue's 2x is about; ``decode_speedup``). Each decode step's or round's wall
+  time is split into the runner's calls (``calls_ms``, ``calls_per_step``) and the rest (``other_ms``: the engine's
+  own host work); the prefill phase's calls apart (``prefill_calls_ms``). ``--sync-calls`` runs them again with
+  the device synchronized before (``presync``) and after each call, so each call's time is its own work: without
+  it a call's time is what the engine waits for in it (a verify-only ``execute`` only launches; its forward is
+  waited for in ``verify``).
 
-Prints a table and writes ``bench_spec.json`` under ``--out``.
+Prints the tables and writes ``bench_spec.json`` under ``--out``.
 """
 
 from __future__ import annotations
