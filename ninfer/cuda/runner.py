@@ -115,6 +115,8 @@ class CudaModelRunner:
             )
         if capture:
             net.warm_prefill()  # CuPy's lazily built prefill kernels compile now, not in the first request
+            if self._spec is not None:
+                self._spec.warm_chain()  # and those of draft_chain's device feed, not in the first round
         if capture and net.cuda_graph:
             self.capture_graphs()
 
