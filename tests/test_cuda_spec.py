@@ -213,6 +213,7 @@ def test_cuda_snapshot_commit_equals_replay(cuda_model: Any, k: int) -> None:
         got = []
         for r in (snap, replay):
             r.execute(Batch(work=[LaneWork(lane, start, row, False, False, None, verify=True)]))
+            r.net.stream.synchronize()  # a verify-only step is left running (its ``verify`` synchronizes)
             got.append(cupy.asnumpy(r._spec._verify[lane][3]))  # noqa: SLF001
             r.verify([lane], [drafts], [[req(start + i)[0] for i in range(k + 1)]], None)
         np.testing.assert_array_equal(got[0], got[1], err_msg="verify logits: snapshot vs replay path")

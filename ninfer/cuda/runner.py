@@ -115,6 +115,8 @@ class CudaModelRunner:
             )
         if capture:
             net.warm_prefill()  # CuPy's lazily built prefill kernels compile now, not in the first request
+            if self._spec is not None:
+                self._spec.warm_chain()  # and those of draft_chain's device feed, not in the first round
         if capture and net.cuda_graph:
             self.capture_graphs()
 
@@ -134,6 +136,12 @@ class CudaModelRunner:
     def spec_graph_captures(self) -> int:
         """Speculative graphs captured so far (a capture in a timed region is a one-time cost, not a round's)."""
         return self._spec.captures if self._spec is not None else 0
+
+    @property
+    def spec_counts(self) -> dict[str, int]:
+        """Verify forwards and draft steps so far, by graph replay or eager (``CudaSpec.counts``; empty without
+        speculation)."""
+        return dict(self._spec.counts) if self._spec is not None else {}
 
     @property
     def num_checkpoints(self) -> int:
@@ -190,7 +198,22 @@ class CudaModelRunner:
         # host-tier copies issued while the step runs on the GPU
         if self.tier is not None and self.tier.queued:
             self.tier.pump(lambda: not net.stream.done)
+        if self._verify_only(batch):
+            # a step of verify rounds alone is left running: the engine's ``verify`` right after it launches the
+            # round's sampling behind the forward and synchronizes once (its token ids' copy back), so the host
+            # prepares the sampling while the GPU verifies instead of after it (docs/speculative.md)
+            return
         net.stream.synchronize()  # nothing of this step is pending when the copy stream reuses what it freed
+
+    def _verify_only(self, batch: Batch) -> bool:
+        """Only verify rounds: no setup, host-tier copy, checkpoint, prefill, decode or sampled row (nothing a copy
+        stream or the host reads before the round's ``verify`` synchronizes)."""
+        return (
+            bool(batch.work)
+            and all(w.verify and w.save_checkpoint is None for w in batch.work)
+            and not (batch.setups or batch.copies or batch.free_checkpoints)
+            and (self.tier is None or not self.tier.queued)
+        )
 
     def copies_done(self, wait: bool) -> list[tuple[int, float]]:
         """Restores now on the device: (ticket, seconds between its events on the copy stream)."""

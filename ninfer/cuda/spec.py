@@ -66,6 +66,9 @@ class CudaSpec:
         self._verify: dict[int, tuple[int, int, Any, Any]] = {}  # lane -> (start, first row, hidden, logits)
         self._capture: dict[int, Any] = {}
         self._rows_of: dict[int, tuple[int, int]] = {}  # lane -> (first row, rows) in the verify forward
+        # how each verify forward and draft step ran: by graph replay or eagerly (an eager 27B verify forward costs
+        # its ~1,000 launches from Python; the benchmark reports these per round, docs/speculative.md)
+        self.counts = dict.fromkeys(("verify_graph", "verify_eager", "draft_graph", "draft_eager"), 0)
 
     def snap_slot(self, lane: int) -> int:
         """The lane's first GDN snapshot slot (snapshots: the state before the round's first position)."""
@@ -84,7 +87,22 @@ class CudaSpec:
 
             for t in range(lanes, min(DRAFT_GRAPH_ROWS, lanes * (self.k + 1)) + 1):
                 self.drafts.ensure(lanes, t)
+        self.warm_chain()
         return self.captures
+
+    def warm_chain(self) -> None:
+        """Build now the CuPy kernels only ``draft_chain``'s device feed uses (the clamp of a sampled id, its copy
+        into a graph's ids, the stack of the steps' ids): built lazily, they cost the first chained round of k >= 2
+        ~100 ms on a fresh machine (the H200 rounds table's 12.3 ms ``draft_chain_ms`` at k = 3 at cedd073: one
+        compile over its 10 timed rounds)."""
+        import cupy
+
+        with self.net.stream:
+            ids = cupy.zeros(2, np.int32)
+            nxt = cupy.maximum(ids, 0).astype(np.int32, copy=False)
+            cupy.empty(2, np.int32)[...] = nxt
+            cupy.stack([ids, nxt], axis=1)
+        self.net.stream.synchronize()
 
     @property
     def captures(self) -> int:
@@ -193,6 +211,7 @@ class CudaSpec:
         import cupy
 
         got = self.drafts.run(hid, ids, segs, last) if self.drafts is not None else None
+        self.counts["draft_eager" if got is None else "draft_graph"] += 1
         if got is not None:
             chain, logits = got
         else:
@@ -228,6 +247,7 @@ class CudaSpec:
             row += len(w.token_ids)
         ids_np = np.asarray(ids, np.int32)
         got = self.graphs.run(ids_np, segs, snap) if self.graphs is not None else None
+        self.counts["verify_eager" if got is None else "verify_graph"] += 1
         if got is not None:
             h, logits, self._capture = got
         else:

@@ -8,7 +8,7 @@ the scripted tokens of the whole round to the wrapped runner's ``draft_chain`` a
 sampling still run, one synchronization a round); where the script leaves a token to the head, or the runner has
 no ``draft_chain``, it drafts step by step through ``draft`` and ``sample`` above. With ``replay_script`` the
 drafts are the target's own greedy tokens, wrong at a chosen rate: the acceptance of greedy requests is then what
-the script decides.
+the script decides (a round keeps its script past its first miss, so it stays one ``draft_chain``).
 """
 
 from __future__ import annotations
@@ -84,8 +84,16 @@ class ScriptedDrafts:
 def replay_script(refs: Mapping[tuple[int, ...], Sequence[int]], accept_pct: int, vocab: int) -> Script:
     """Drafts from reference sequences (prompt -> prompt + the target's greedy continuation, keyed by the
     prompt): the next reference token while the request follows its reference, made wrong (``+1 mod vocab``)
-    at the positions where ``(position * 37) % 100 >= accept_pct`` — a fixed pattern, so runs repeat."""
+    at the positions where ``(position * 37) % 100 >= accept_pct`` — a fixed pattern, so runs repeat.
+
+    Tokens that leave the reference only by wrong drafts of its own (this round's, past the rejection) are still
+    followed: a round whose first drafts miss stays scripted to its end (one ``draft_chain``, as real drafting)
+    instead of falling back to the head, step by step, for its last drafts; verification stops at the first miss,
+    so what follows it is never accepted either way."""
     by_len = sorted({len(p) for p in refs}, reverse=True)
+
+    def wrong(i: int) -> bool:
+        return (i * 37) % 100 >= accept_pct
 
     def script(tokens: list[int]) -> int | None:
         for n in by_len:
@@ -93,10 +101,15 @@ def replay_script(refs: Mapping[tuple[int, ...], Sequence[int]], accept_pct: int
             if ref is None:
                 continue
             pos = len(tokens)
-            if pos >= len(ref) or list(ref[:pos]) != tokens:
+            if pos >= len(ref):
+                return None
+            if list(ref[:pos]) != tokens and not all(
+                t == r or (wrong(i) and t == (int(r) + 1) % vocab)
+                for i, (t, r) in enumerate(zip(tokens[n:], ref[n:pos], strict=True), n)
+            ):
                 return None
             tok = int(ref[pos])
-            return tok if (pos * 37) % 100 < accept_pct else (tok + 1) % vocab
+            return (tok + 1) % vocab if wrong(pos) else tok
         return None
 
     return script

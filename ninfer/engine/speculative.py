@@ -157,18 +157,22 @@ class Speculator:
         """Append the sampling inputs of the row after ``r.drafts``. A mask that fails: False when ``must``
         (the round's first row: the lane decodes without drafts and fails there as usual); otherwise the row
         allows nothing (it fails the request only if verification reaches it) and drafting stops."""
-        req, gen = r.req, r.req.generated + r.drafts
+        req = r.req
         vocab = self._runner.vocab_size if vocab is None else vocab
-        counts = dict(req.counts)
-        for t in r.drafts:
-            counts[t] = counts.get(t, 0) + 1
-        ok = True
-        try:
-            words = packed_mask(resolve_mask(_mask(req, gen), req.token_mask, gen), vocab)
-        except MaskError:
-            if must:
-                return False
-            words, ok = np.zeros(-(-vocab // 32), np.int32), False
+        counts = req.counts  # used by penalties alone: a copy with the drafts only where they apply
+        if r.drafts and _penalized(req.params):
+            counts = dict(req.counts)
+            for t in r.drafts:
+                counts[t] = counts.get(t, 0) + 1
+        ok, words = True, None
+        if req.token_mask is not None:  # without a hook there is no mask (the generated list is not built)
+            gen = req.generated + r.drafts
+            try:
+                words = packed_mask(resolve_mask(_mask(req, gen), req.token_mask, gen), vocab)
+            except MaskError:
+                if must:
+                    return False
+                words, ok = np.zeros(-(-vocab // 32), np.int32), False
         r.reqs.append(SampleRequest(req.params, req.seed, len(req.tokens) + len(r.drafts), counts, words))
         return ok
 
