@@ -343,7 +343,7 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
     for (int i = threadIdx.x; i < ROWS * NB / V; i += blockDim.x) {
         const int rl = i / (NB / V), b0 = i % (NB / V) * V, n = pc.r * ROWS + rl;
         float s[V] = {};
-#pragma unroll 16
+#pragma unroll (V == 4 ? 16 : 4)
         for (int sp = 0; sp < pc.count; ++sp) {
             const float* q = base + (long long)sp * ROWS * 8 + rl * 8 + b0;
             if constexpr (V == 4) {

@@ -39,11 +39,11 @@ if ls $WHL_DIR/*.whl >/dev/null 2>&1; then  # once per machine: later calls find
 fi
 # The official SDKs the live-server tests drive (openai, anthropic and their few wheels: .whl-sdk/, carried by the
 # caller: `pip download --no-deps --only-binary=:all: --python-version 3.12 ... openai anthropic jiter distro
-# docstring-parser`).
+# docstring-parser httpx2 httpcore2 truststore opentelemetry-api anyio idna h11 importlib-metadata zipp typing_extensions`).
 if ls .whl-sdk/*.whl >/dev/null 2>&1; then
-  [ -d /tmp/site-sdk ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-    --target /tmp/site-sdk .whl-sdk/*.whl
   export PYTHONPATH=$PYTHONPATH:/tmp/site-sdk
+  python3 -c "import openai, anthropic" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --upgrade --target /tmp/site-sdk .whl-sdk/*.whl
 fi
 # The package's other top-level folders under their import names (pyproject's package-dir: ninfer.api is api/,
 # ...), as the editable install maps them, for the server processes started from this copy.
