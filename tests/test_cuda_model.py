@@ -48,6 +48,19 @@ def _err(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - ref)) / np.max(np.abs(ref)))
 
 
+def _mean_kl(got: np.ndarray, ref: np.ndarray) -> float:
+    """Mean over positions of KL(softmax(ref) || softmax(got)) in nats (float64): the fidelity cost issue 14 asks
+    to report for bf16 activations beside the top-1 agreement."""
+
+    def logp(z: np.ndarray) -> np.ndarray:
+        z = z.astype(np.float64)
+        z = z - z.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+    lr, lg = logp(ref), logp(got)
+    return float(np.mean(np.sum(np.exp(lr) * (lr - lg), axis=-1)))
+
+
 def _pair(cfg: ModelConfig, weights: Any, fmt: str, **opts: Any) -> tuple[Any, Any]:
     """(CUDA net, reference net) over the same encoded weights (the reference sees them dequantized)."""
     from ninfer.cuda.model import CudaQwen36
@@ -190,7 +203,7 @@ def test_midsize_top1_agreement(kind: str, mode: str, report: dict) -> None:
     got += [net.lm_head(seqs.forward_batch(ids[i : i + 1], [s])) for i in range(300, 320)]
     got = np.concatenate(got)
     agree = float(np.mean(got.argmax(-1) == want.argmax(-1)))
-    report[f"mid-{kind}-{mode}"] = {"top1": agree, "err": _err(got, want)}
+    report[f"mid-{kind}-{mode}"] = {"top1": agree, "err": _err(got, want), "kl": _mean_kl(got, want)}
     floor = TOP1_FLOOR[kind, act]
     assert agree >= floor, (
         f"{kind}/{mode}: top-1 agreement {agree:.3f} < {floor} (max err {_err(got, want):.3e})"
