@@ -139,12 +139,15 @@ def sample_rows(
     return out
 
 
-def argmax_rows(logits: Any, mask: Any = None, limit: int | None = None, *, chunk: int = ARGMAX_CHUNK) -> Any:
+def argmax_rows(
+    logits: Any, mask: Any = None, limit: int | None = None, *, chunk: int = ARGMAX_CHUNK, out: Any = None
+) -> Any:
     """``sample_rows``' token for ``temperature <= 0`` on every row, bitwise (the largest allowed float32 logit of
     ``logits[B, V]``, the lowest id on ties, ``-0 == +0``, NaN banned; ``mask`` and ``limit`` as there; -1 where
     nothing is allowed): int32 ``[B]``. Each row's ids are split over ``ceil(limit / chunk)`` blocks and merged in
     the launch (the last block to arrive), so a launch's shape depends on (B, V, limit, chunk) only and it needs no
-    host synchronization (capturable in a CUDA graph; its workspaces are this device's and stream's, kept)."""
+    host synchronization (capturable in a CUDA graph; its workspaces are this device's and stream's, kept; ``out``:
+    an int32 ``[B]`` to write, e.g. a graph's fixed output)."""
     import cupy
 
     if np.dtype(logits.dtype) != np.float32:
@@ -160,7 +163,9 @@ def argmax_rows(logits: Any, mask: Any = None, limit: int | None = None, *, chun
         ldm = mask.shape[1]
     lim = v if limit is None else max(0, min(int(limit), v))
     splits = max(1, -(-lim // chunk))
-    out = cupy.empty((rows,), dtype=np.int32)
+    if out is None:
+        out = cupy.empty((rows,), dtype=np.int32)
+    check_array(out, "out", dtype=np.int32, shape=(rows,))
     if rows:
         dev, stream = cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr
         part, cnt = _partials(dev, stream).get(rows * splits), arrival_counters(rows)
