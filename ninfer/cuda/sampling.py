@@ -169,12 +169,18 @@ def argmax_rows(
     if rows:
         dev, stream = cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr
         part, cnt = _partials(dev, stream).get(rows * splits), arrival_counters(rows)
-        fn = kernel("sampling.cu", SOURCES["sampling.cu"], "argmax_split")
+        fn = _argmax_split(dev)
         null = np.uint64(0)  # a null pointer: no mask
         fn((splits, rows), (_ARGMAX_THREADS,), (logits, np.int64(ld), mask if mask is not None else null,
                                                 np.int64(ldm), np.int32(v), np.int32(lim), np.int32(chunk), part,
                                                 cnt, out))  # fmt: skip
     return out
+
+
+@functools.cache
+def _argmax_split(device: int) -> Any:
+    """The ``argmax_split`` kernel, looked up once per device instead of once per call."""
+    return kernel("sampling.cu", SOURCES["sampling.cu"], "argmax_split")
 
 
 class _Partials:
