@@ -279,16 +279,17 @@ __global__ void __launch_bounds__(ARGMAX_NT)
     u64 best = 0;
     for (int i = (int)lo + threadIdx.x; i < hi; i += ARGMAX_NT * ARGMAX_UNROLL) {
         float v[ARGMAX_UNROLL];
+        int w[ARGMAX_UNROLL];  // the mask words, loaded with the logits (all allowed without a mask)
 #pragma unroll
         for (int u = 0; u < ARGMAX_UNROLL; ++u) {
             const int j = i + u * ARGMAX_NT;
             v[u] = j < hi ? x[j] : 0.f;
+            w[u] = m && j < hi ? m[j >> 5] : -1;
         }
 #pragma unroll
         for (int u = 0; u < ARGMAX_UNROLL; ++u) {
             const int j = i + u * ARGMAX_NT;
-            if (j >= hi || v[u] != v[u]) continue;  // past the slice, or NaN: banned
-            if (m && !((m[j >> 5] >> (j & 31)) & 1)) continue;
+            if (j >= hi || v[u] != v[u] || !((w[u] >> (j & 31)) & 1)) continue;  // past the slice, NaN, masked
             const u64 k = sort_key(v[u], j);
             best = k > best ? k : best;
         }
