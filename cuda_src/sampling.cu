@@ -8,6 +8,7 @@
 //   ninfer.engine.sampler.uniform (53-bit double), so a GPU sampler draws exactly what the CPU one draws.
 // apply_penalties_rows + sample_rows: the engine's sampler (its definition is the docstring of
 //   ninfer/engine/sampler.py) computed on the device, token for token the same as the NumPy oracle.
+// argmax_split: sample_rows' greedy pick (temperature <= 0) with the vocabulary split over many blocks per row.
 #include "common.cuh"
 
 template <typename T>
@@ -249,4 +250,65 @@ __global__ void __launch_bounds__(1024)
     const u64 r = draw_target(counter_u(seeds[row], positions[row]), S2);
     const u64 key = radix_select(ws, n, x, lo, r, true, hist, group, sh);
     if (threadIdx.x == 0) out[row] = key_id(key);
+}
+
+// ---- greedy rows: split-vocabulary argmax --------------------------------------------------------------------
+// sample_rows' pick for temperature <= 0 (step 3 of the definition): the largest allowed sort key, i.e. the largest
+// allowed x, the lowest id on ties, -0 == +0, NaN / masked / ids >= limit banned, -1 when nothing is allowed.
+// sample_rows streams a row through one block (one SM: ~0.2 ms for 248K fp32 logits); here grid (splits, rows):
+// block s of a row reduces ids [s * chunk, min((s + 1) * chunk, lim)) to its largest key in part[row * splits + s]
+// (0: nothing allowed there), and the row's last block to arrive on cnt[row] (thread 0's acq_rel atomic releases
+// the block's partial and acquires the others') takes their max, writes out[row] and resets the counter, so cnt is
+// zero again after every launch (CUDA graph replays need no memset; no host synchronization). The max of distinct
+// keys (the id is in them) does not depend on the order of the reductions: bitwise sample_rows' greedy token.
+constexpr int ARGMAX_NT = 256;     // threads per block
+constexpr int ARGMAX_UNROLL = 8;   // independent loads per thread in flight
+
+__global__ void __launch_bounds__(ARGMAX_NT)
+    argmax_split(const float* __restrict__ logits, long long ld, const int* __restrict__ mask, long long ldm, int V,
+                 int limit, int chunk, u64* __restrict__ part, int* __restrict__ cnt, int* __restrict__ out) {
+    __shared__ u64 scratch[32];
+    __shared__ int last;
+    const long long row = blockIdx.y;
+    const int splits = gridDim.x;
+    const float* x = logits + row * ld;
+    const int* m = mask ? mask + row * ldm : nullptr;
+    const int lim = limit < V ? limit : V;
+    const long long lo = (long long)blockIdx.x * chunk;
+    const int hi = lo + chunk < lim ? (int)(lo + chunk) : lim;
+    u64 best = 0;
+    for (int i = (int)lo + threadIdx.x; i < hi; i += ARGMAX_NT * ARGMAX_UNROLL) {
+        float v[ARGMAX_UNROLL];
+        int w[ARGMAX_UNROLL];  // the mask words, loaded with the logits (all allowed without a mask)
+#pragma unroll
+        for (int u = 0; u < ARGMAX_UNROLL; ++u) {
+            const int j = i + u * ARGMAX_NT;
+            v[u] = j < hi ? x[j] : 0.f;
+            w[u] = m && j < hi ? m[j >> 5] : -1;
+        }
+#pragma unroll
+        for (int u = 0; u < ARGMAX_UNROLL; ++u) {
+            const int j = i + u * ARGMAX_NT;
+            if (j >= hi || v[u] != v[u] || !((w[u] >> (j & 31)) & 1)) continue;  // past the slice, NaN, masked
+            const u64 k = sort_key(v[u], j);
+            best = k > best ? k : best;
+        }
+    }
+    best = block_max_u64(best, scratch);
+    if (threadIdx.x == 0) {
+        part[row * splits + blockIdx.x] = best;
+        last = arrive_acq_rel(cnt + row, 1) == splits - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    u64 b = 0;
+    for (int s = threadIdx.x; s < splits; s += ARGMAX_NT) {
+        const u64 p = __ldcg(part + row * splits + s);
+        b = p > b ? p : b;
+    }
+    b = block_max_u64(b, scratch);
+    if (threadIdx.x == 0) {
+        out[row] = b == 0 ? -1 : key_id(b);
+        cnt[row] = 0;
+    }
 }

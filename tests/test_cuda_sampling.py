@@ -162,3 +162,96 @@ def test_sample_rows_checks_arguments(cp: Any) -> None:
         sample_rows(x, f, k, f, f, u[:1], u)
     with pytest.raises(KernelError, match="mask"):
         sample_rows(x, f, k, f, f, u, u, cp.zeros((2, 3), np.int32))
+
+
+# ---- greedy rows: argmax_rows (the split-vocabulary argmax) --------------------------------------------------
+def _greedy_case(rng: np.random.Generator, n: int, v: int) -> tuple[np.ndarray, list[SampleRequest]]:
+    """Rows with ties, -0/+0, NaN and infinities (tests/test_argmax_split_host.py's), greedy requests with
+    ignored sampling knobs, penalties on some rows and masks on odd rows (row 3: nothing allowed)."""
+    from test_argmax_split_host import greedy_requests, greedy_rows
+
+    x = greedy_rows(rng, n, v)
+    reqs = [SampleRequest(p, int(rng.integers(0, 2**63)), int(rng.integers(0, 2**20)), c, m)
+            for p, c, m in greedy_requests(rng, n, v, masked=True)]  # fmt: skip
+    return x, reqs
+
+
+def _first_max(r: np.ndarray) -> int:
+    """NumPy's greedy pick of one row: the lowest id holding the largest non-NaN value (-0 == +0)."""
+    with np.errstate(invalid="ignore"):
+        return int(np.flatnonzero(r == np.nanmax(r))[0])
+
+
+@pytest.mark.parametrize("v", [777, 5000, 248320])
+@pytest.mark.parametrize("n", [1, 8])
+def test_argmax_rows_matches_the_sampler(cp: Any, v: int, n: int) -> None:
+    """argmax_rows against the NumPy sampler at temperature 0 and against sample_rows' greedy pick, bitwise, for
+    several chunk sizes, twice on the same workspaces (the arrival counters reset themselves)."""
+    from ninfer.cuda.sampling import argmax_rows, sample_requests, sample_rows
+
+    rng = np.random.default_rng([v, n])
+    x, reqs = _greedy_case(rng, n, v)
+    for limit in (None, v - 37):
+        want = [_cpu(x[i], r, limit) for i, r in enumerate(reqs)]
+        dev = cp.asarray(x)
+        got = sample_requests(dev, reqs, limit)  # the engine's path: penalties, masks, then argmax_rows
+        assert got == want, f"sample_requests: got {got}, want {want}"
+        assert np.array_equal(cp.asnumpy(dev), x, equal_nan=True), "the caller's logits must stay unchanged"
+        pen = np.stack([apply_penalties(x[i], r.counts, r.params) for i, r in enumerate(reqs)])
+        words = np.stack([r.mask if r.mask is not None else np.full(-(-v // 32), -1, np.int32) for r in reqs])
+        pd, md = cp.asarray(pen), cp.asarray(words)
+        col = lambda a, dt: cp.asarray(np.asarray(a, dt))  # noqa: E731
+        general = cp.asnumpy(sample_rows(pd, col([0.0] * n, np.float64), col([3] * n, np.int32),
+                                         col([0.5] * n, np.float64), col([0.1] * n, np.float64),
+                                         col([1] * n, np.uint64), col([2] * n, np.uint64), md, limit))  # fmt: skip
+        assert general.tolist() == want, "sample_rows' greedy pick"
+        for chunk in (2048, 256, 100003):
+            for _ in range(2):
+                assert cp.asnumpy(argmax_rows(pd, md, limit, chunk=chunk)).tolist() == want, f"chunk {chunk}"
+        plain = [_first_max(r) for r in pen]
+        assert cp.asnumpy(argmax_rows(pd)).tolist() == plain, "no mask, no limit: NumPy's argmax"
+
+
+def test_argmax_rows_graph_and_strided_rows(cp: Any) -> None:
+    """Captured in a CUDA graph and replayed on new logits; rows of a wider array (a row stride) and a slice."""
+    from ninfer.cuda.sampling import argmax_rows
+
+    rng = np.random.default_rng(11)
+    n, v = 8, 248320
+    x, _ = _greedy_case(rng, n, v)
+    dev = cp.asarray(x)
+    out = cp.full((n,), -2, np.int32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()
+    with stream:
+        argmax_rows(dev, out=out)  # warm-up outside the capture: compiles, sizes the workspaces
+        stream.synchronize()
+        stream.begin_capture()
+        argmax_rows(dev, out=out)
+        graph = stream.end_capture()
+        for _ in range(3):
+            x2, _ = _greedy_case(rng, n, v)
+            dev.set(x2)
+            out.fill(-2)
+            graph.launch(stream)
+            stream.synchronize()
+            want = [_first_max(r) for r in x2]
+            assert cp.asnumpy(out).tolist() == want, "graph replay"
+    wide = cp.asarray(np.pad(x, ((0, 0), (0, 64)), constant_values=np.float32(1e30)))[:, :v]
+    want = [_first_max(r) for r in x]
+    assert cp.asnumpy(argmax_rows(wide)).tolist() == want, "row stride"
+    assert cp.asnumpy(argmax_rows(cp.asarray(x)[3:5])).tolist() == want[3:5], "a slice of rows"
+
+
+def test_argmax_rows_checks_arguments(cp: Any) -> None:
+    from ninfer.cuda.sampling import KernelError, argmax_rows
+
+    x = cp.zeros((2, 64), F32)
+    with pytest.raises(KernelError, match="logits"):
+        argmax_rows(x.astype(np.float64))
+    with pytest.raises(KernelError, match="mask"):
+        argmax_rows(x, cp.zeros((2, 3), np.int32))
+    with pytest.raises(KernelError, match="chunk"):
+        argmax_rows(x, chunk=0)
+    with pytest.raises(KernelError, match="out"):
+        argmax_rows(x, out=cp.zeros(3, np.int32))

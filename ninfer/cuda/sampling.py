@@ -2,19 +2,22 @@
 defines it) on device rows, plus its building blocks, masked greedy argmax and the counter-based uniform.
 
 ``apply_penalties_rows`` penalizes a device copy of the rows in place; ``sample_rows`` picks one token per row
-(one block per row, exact integer histograms); ``sample_requests`` does both for the engine's ``SampleRequest``
-list. Each row's token is the NumPy ``sample`` token for the same inputs (see the sampler docstring for the one
-ulp of ``exp`` the two may differ by).
+(one block per row, exact integer histograms); ``argmax_rows`` is its greedy pick (temperature <= 0) with each
+row's vocabulary split over many blocks; ``sample_requests`` does these for the engine's ``SampleRequest`` list
+(an all-greedy list through ``argmax_rows``: no per-row parameters to upload, no workspace of ``[B, V]``). Each
+row's token is the NumPy ``sample`` token for the same inputs (see the sampler docstring for the one ulp of ``exp``
+the two may differ by).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, grid_1d
+from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
 from ninfer.cuda.loader import kernel
 
 __all__ = [
@@ -22,6 +25,7 @@ __all__ = [
     "counter_uniform",
     "apply_penalties_rows",
     "sample_rows",
+    "argmax_rows",
     "sample_requests",
     "sample_requests_dev",
     "SOURCES",
@@ -29,10 +33,13 @@ __all__ = [
 
 SOURCES: dict[str, tuple[str, ...]] = {
     "sampling.cu": tuple(f"argmax_masked<{t}>" for t in ("float", "bf16"))
-    + ("counter_uniform", "apply_penalties_rows", "sample_rows")
+    + ("counter_uniform", "apply_penalties_rows", "sample_rows", "argmax_split")
 }
 MAX_VOCAB = 1 << 20  # workspace entries pack the id in 20 bits; the mass sum stays below 2^64
 _THREADS = 1024  # sample_rows: one block of 1024 threads per row
+_ARGMAX_THREADS = 256  # argmax_split: ARGMAX_NT
+# argmax_rows: ids per block (ARGMAX_NT x ARGMAX_UNROLL: each thread's loads all in flight at once)
+ARGMAX_CHUNK = 2048
 
 
 def argmax_masked(logits: Any, mask: Any = None, *, limit: int | None = None) -> Any:
@@ -132,6 +139,73 @@ def sample_rows(
     return out
 
 
+def argmax_rows(
+    logits: Any, mask: Any = None, limit: int | None = None, *, chunk: int = ARGMAX_CHUNK, out: Any = None
+) -> Any:
+    """``sample_rows``' token for ``temperature <= 0`` on every row, bitwise (the largest allowed float32 logit of
+    ``logits[B, V]``, the lowest id on ties, ``-0 == +0``, NaN banned; ``mask`` and ``limit`` as there; -1 where
+    nothing is allowed): int32 ``[B]``. Each row's ids are split over ``ceil(limit / chunk)`` blocks and merged in
+    the launch (the last block to arrive), so a launch's shape depends on (B, V, limit, chunk) only and it needs no
+    host synchronization (capturable in a CUDA graph; its workspaces are this device's and stream's, kept; ``out``:
+    an int32 ``[B]`` to write, e.g. a graph's fixed output)."""
+    import cupy
+
+    if np.dtype(logits.dtype) != np.float32:
+        raise KernelError(f"logits: dtype must be float32, got {logits.dtype}")
+    rows, v, ld = check_rows(logits, "logits")
+    if rows > 65535:
+        raise KernelError(f"logits: {rows} rows; argmax_rows takes at most 65535")
+    if chunk < 1:
+        raise KernelError(f"chunk must be positive, got {chunk}")
+    ldm = 0
+    if mask is not None:
+        check_array(mask, "mask", dtype=np.int32, shape=(rows, -(-v // 32)))
+        ldm = mask.shape[1]
+    lim = v if limit is None else max(0, min(int(limit), v))
+    splits = max(1, -(-lim // chunk))
+    if out is None:
+        out = cupy.empty((rows,), dtype=np.int32)
+    check_array(out, "out", dtype=np.int32, shape=(rows,))
+    if rows:
+        dev, stream = cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr
+        part, cnt = _partials(dev, stream).get(rows * splits), arrival_counters(rows)
+        fn = _argmax_split(dev)
+        null = np.uint64(0)  # a null pointer: no mask
+        fn((splits, rows), (_ARGMAX_THREADS,), (logits, np.int64(ld), mask if mask is not None else null,
+                                                np.int64(ldm), np.int32(v), np.int32(lim), np.int32(chunk), part,
+                                                cnt, out))  # fmt: skip
+    return out
+
+
+@functools.cache
+def _argmax_split(device: int) -> Any:
+    """The ``argmax_split`` kernel, looked up once per device instead of once per call."""
+    return kernel("sampling.cu", SOURCES["sampling.cu"], "argmax_split")
+
+
+class _Partials:
+    """``argmax_split``'s per-block partial keys for one (device, stream): written and read within a launch, and
+    launches on one stream never overlap, so one buffer serves them all. A grown buffer is a new one; the old ones
+    stay alive (a captured CUDA graph may still point at them). Grown only outside stream capture."""
+
+    def __init__(self) -> None:
+        self._bufs: list[Any] = []
+
+    def get(self, n: int) -> Any:
+        import cupy
+
+        if not self._bufs or self._bufs[-1].size < n:
+            self._bufs.append(
+                cupy.empty(max(n, 1 << 12, 2 * (self._bufs[-1].size if self._bufs else 0)), np.uint64)
+            )
+        return self._bufs[-1]
+
+
+@functools.cache
+def _partials(device: int, stream: int) -> _Partials:
+    return _Partials()
+
+
 def _penalized(p: Any) -> bool:
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
@@ -175,7 +249,8 @@ def _columns(reqs: Sequence[Any]) -> dict[str, Any]:
 
 def sample_requests_dev(logits: Any, reqs: Sequence[Any], token_limit: int | None) -> Any:
     """``sample_requests`` left on the device: the rows' token ids ``[len(reqs)]`` int32 (-1: nothing allowed),
-    launched on the current stream and not synchronized."""
+    launched on the current stream and not synchronized. Greedy rows alone (every ``temperature <= 0``): through
+    ``argmax_rows``, the same tokens without the sampling parameters' upload."""
     import cupy
 
     rows, v, _ = check_rows(logits, "logits")
@@ -183,33 +258,53 @@ def sample_requests_dev(logits: Any, reqs: Sequence[Any], token_limit: int | Non
         raise KernelError(f"logits: {rows} rows for {len(reqs)} requests")
     if not rows:
         return cupy.empty((0,), np.int32)
-    params = [r.params for r in reqs]
-    # rows whose penalties are neutral are left as they are (x / 1, x * 1, x - 0: the same bits), as on the CPU
-    width = max((len(r.counts) for r in reqs if _penalized(r.params)), default=0)
-    x = logits
-    if width:
-        ids = np.full((rows, width), -1, np.int32)
-        cnt = np.zeros((rows, width), np.int32)
-        for i, r in enumerate(reqs):
-            if _penalized(r.params):
-                ids[i, : len(r.counts)] = list(r.counts.keys())
-                cnt[i, : len(r.counts)] = list(r.counts.values())
-        x = logits.copy()
-        apply_penalties_rows(
-            x, cupy.asarray(ids), cupy.asarray(cnt),
-            *(cupy.asarray(np.array([getattr(p, f) for p in params], np.float32))
-              for f in ("repetition_penalty", "frequency_penalty", "presence_penalty")),
-        )  # fmt: skip
-    mask = None
-    if any(r.mask is not None for r in reqs):
-        words = np.full((rows, -(-v // 32)), -1, np.int32)  # all allowed
-        for i, r in enumerate(reqs):
-            if r.mask is not None:
-                words[i] = r.mask
-        mask = cupy.asarray(words)
+    x = _penalize(logits, reqs)
+    mask = _mask(reqs, v)
+    if all(
+        r.params.temperature <= 0.0 for r in reqs
+    ):  # sample_rows would stop at its greedy pick on every row
+        return argmax_rows(x, mask, token_limit)
     c = _columns(reqs)
     return sample_rows(x, c["temperature"], c["top_k"], c["top_p"], c["min_p"], c["seeds"], c["positions"],
                        mask, token_limit)  # fmt: skip
+
+
+def _penalize(logits: Any, reqs: Sequence[Any]) -> Any:
+    """``logits``, or a penalized copy when a row has penalties; rows whose penalties are neutral are left as they
+    are (x / 1, x * 1, x - 0: the same bits), as on the CPU."""
+    import cupy
+
+    width = max((len(r.counts) for r in reqs if _penalized(r.params)), default=0)
+    if not width:
+        return logits
+    rows = len(reqs)
+    params = [r.params for r in reqs]
+    ids = np.full((rows, width), -1, np.int32)
+    cnt = np.zeros((rows, width), np.int32)
+    for i, r in enumerate(reqs):
+        if _penalized(r.params):
+            ids[i, : len(r.counts)] = list(r.counts.keys())
+            cnt[i, : len(r.counts)] = list(r.counts.values())
+    x = logits.copy()
+    apply_penalties_rows(
+        x, cupy.asarray(ids), cupy.asarray(cnt),
+        *(cupy.asarray(np.array([getattr(p, f) for p in params], np.float32))
+          for f in ("repetition_penalty", "frequency_penalty", "presence_penalty")),
+    )  # fmt: skip
+    return x
+
+
+def _mask(reqs: Sequence[Any], v: int) -> Any:
+    """The rows' packed masks on the device ``[B, ceil(V/32)]`` (all allowed where a row has none), or None."""
+    import cupy
+
+    if all(r.mask is None for r in reqs):
+        return None
+    words = np.full((len(reqs), -(-v // 32)), -1, np.int32)  # all allowed
+    for i, r in enumerate(reqs):
+        if r.mask is not None:
+            words[i] = r.mask
+    return cupy.asarray(words)
 
 
 def sample_requests(logits: Any, reqs: Sequence[Any], token_limit: int | None) -> list[int]:
