@@ -264,9 +264,8 @@ async def until_drained(events: AsyncIterator[T], drain: Drain) -> AsyncIterator
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
-                if (
-                    wait.cancelled and task is not None and task.uncancel() == 0
-                ):  # the drain's, not the caller's
+                # the drain's cancellation becomes Drained; the caller's own (client gone) stays a cancellation
+                if wait.cancelled and task is not None and task.uncancel() == 0:
                     raise Drained from None
                 raise
             finally:
