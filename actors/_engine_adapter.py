@@ -12,6 +12,7 @@ import json
 import re
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -272,6 +273,11 @@ def submit(
         return ld.engine.submit_params(ids, params, token_mask=mask, on_event=on_event)
     except RequestError as e:
         raise RequestRejected(str(e), param=str(e).split(":", 1)[0] or None) from None
+
+
+def admitting(ld: Loaded) -> AbstractContextManager[Any]:
+    """Held around several ``submit`` calls: the engine's next step admits them all (none starts alone)."""
+    return ld.engine.admitting()
 
 
 def engine_stats(ld: Loaded) -> dict[str, float]:

@@ -29,7 +29,16 @@ import ray
 from ninfer.engine.core import Finish
 
 from . import _engine_adapter as adapter
-from .messages import ActorInfo, ActorSpec, ActorStats, Failed, GenerateRequest, Health, decode_requests
+from .messages import (
+    ActorInfo,
+    ActorSpec,
+    ActorStats,
+    Failed,
+    GenerateRequest,
+    Health,
+    decode_requests,
+    opens_quickly,
+)
 from .routing import RouteState
 from .streaming import Subscription, Wake
 
@@ -73,12 +82,18 @@ class EngineActor:
             if req.grammar is not None or req.thinking_budget is not None:
                 mask = await loop.run_in_executor(None, adapter.token_mask, ld, req)
         except adapter.PromptError as e:
-            return Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param)
+            return _prompt_failed(e)
         except Exception as e:  # a bug, not the client's fault: logged and counted, never a silent Ray error
             return self._internal_error("generate", req, e)
+        return self._submit(req, ids, mask, on_event)
+
+    def _submit(self, req: GenerateRequest, ids: list[int], mask: Any, on_event: Any) -> Any:
+        """Submit rendered ``req``: its engine handle, or the ``Failed`` that refuses it."""
         try:
             with self._lock:
-                handle = adapter.submit(ld, ids, req.sampling, on_event, mask, adapter.thinking_on(ld, req))
+                handle = adapter.submit(
+                    self._engine, ids, req.sampling, on_event, mask, adapter.thinking_on(self._engine, req)
+                )
                 self._handles[req.request_id] = handle
         except adapter.QueueFull as e:
             return Failed(code="queue_full", message=str(e), status=429, retry_after=1.0)
@@ -169,14 +184,53 @@ class EngineActor:
         sub = self._subscription(sub_id)
         if len(batch) == 1:
             return _ENC([await self._open_one(sub, batch[0])])
-        # a long prompt renders on a thread: the others are not held up by it (quick ones submit in order)
-        return _ENC(await asyncio.gather(*(self._open_one(sub, req) for req in batch)))
+        # the quick ones are rendered first, then admitted together (one engine step prefills them all, their
+        # first tokens and their ends come in the same steps: fewer steps and fewer items); a long prompt renders
+        # on a thread and a grammar compiles there: the others are not held up by it
+        quick = [i for i, req in enumerate(batch) if opens_quickly(req)]
+        answers: list[Any] = [None] * len(batch)
+        for i, ans in zip(quick, self._open_together(sub, [batch[i] for i in quick]), strict=True):
+            answers[i] = ans
+        rest = [i for i in range(len(batch)) if answers[i] is None]
+        for i, ans in zip(
+            rest, await asyncio.gather(*(self._open_one(sub, batch[i]) for i in rest)), strict=True
+        ):
+            answers[i] = ans
+        return _ENC(answers)
 
     async def _open_one(self, sub: Subscription, req: GenerateRequest) -> list[Any]:
         try:  # one request's failure is its own: never the batch's
             handle = await self._start(req, sub.watch(req.request_id))
         except Exception as e:
             handle = self._internal_error("open", req, e)
+        return self._opened(sub, req, handle)
+
+    def _open_together(self, sub: Subscription, reqs: list[GenerateRequest]) -> list[list[Any]]:
+        """Open requests that render quickly and compile nothing: every prompt rendered first, then all submitted
+        while the engine's admission is held, so that its next step admits them all."""
+        ld = self._engine
+        ready: list[Any] = []
+        for req in reqs:
+            try:
+                ready.append(adapter.prompt_ids(ld, req))
+            except adapter.PromptError as e:
+                ready.append(_prompt_failed(e))
+            except Exception as e:
+                ready.append(self._internal_error("open", req, e))
+        with adapter.admitting(ld):
+            return [self._admit(sub, req, ids) for req, ids in zip(reqs, ready, strict=True)]
+
+    def _admit(self, sub: Subscription, req: GenerateRequest, ids: Any) -> list[Any]:
+        if isinstance(ids, Failed):
+            return [ids]
+        try:  # one request's failure is its own: never the batch's
+            handle = self._submit(req, ids, None, sub.watch(req.request_id))
+        except Exception as e:
+            handle = self._internal_error("open", req, e)
+        return self._opened(sub, req, handle)
+
+    @staticmethod
+    def _opened(sub: Subscription, req: GenerateRequest, handle: Any) -> list[Any]:
         if isinstance(handle, Failed):
             sub.fresh.discard(req.request_id)
             return [handle]
@@ -200,7 +254,7 @@ class EngineActor:
         try:
             return await loop.run_in_executor(self._prompts, adapter.count_prompt, self._engine, req)
         except adapter.PromptError as e:
-            return Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param)
+            return _prompt_failed(e)
         except Exception as e:
             return self._internal_error("count_tokens", req, e)
 
@@ -240,7 +294,7 @@ class EngineActor:
         try:
             ids = await loop.run_in_executor(self._prompts, adapter.count_prompt_ids, self._engine, req)
         except adapter.PromptError as e:
-            return Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param)
+            return _prompt_failed(e)
         return adapter.chain_hashes(ids, block_tokens)
 
     @ray.method(concurrency_group=CTL_GROUP)
@@ -256,6 +310,10 @@ class EngineActor:
     async def shutdown(self) -> None:
         self._prompts.shutdown(wait=False, cancel_futures=True)
         adapter.close(self._engine)
+
+
+def _prompt_failed(e: adapter.PromptError) -> Failed:
+    return Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param)
 
 
 def actor_options(spec: ActorSpec, *, name: str, namespace: str, detached: bool) -> dict[str, Any]:

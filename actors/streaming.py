@@ -153,17 +153,19 @@ class Subscription:
 
     def _collect(self) -> list[tuple[str, list[Any]]]:
         out = []
+        fresh = self.fresh
         for rid, handle in list(self.handles.items()):
             evs = handle.poll()
             if not evs:
                 continue
             out.append((rid, evs))
-            if any(isinstance(ev, TokenDelta) for ev in evs):
-                self.fresh.discard(rid)
-            if isinstance(evs[-1], Finish):
+            last = evs[-1]
+            if isinstance(last, Finish):
                 del self.handles[rid]
-                self.fresh.discard(rid)
-                self.on_finish(rid, evs[-1])
+                fresh.discard(rid)
+                self.on_finish(rid, last)
+            elif rid in fresh and any(isinstance(ev, TokenDelta) for ev in evs):
+                fresh.discard(rid)
         return out
 
     async def batches(self, interval: float) -> Any:

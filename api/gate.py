@@ -197,12 +197,19 @@ class Drain:
         self.draining = False
         self.inflight = 0
         self._expired: asyncio.Event | None = None
+        self._waits: set[_Wait] = set()  # the streams' reads in progress (until_drained), ended at expiry
 
     @property
     def expired(self) -> asyncio.Event:
         if self._expired is None:
             self._expired = asyncio.Event()
         return self._expired
+
+    def expire(self) -> None:
+        """The grace period is over: every running stream's read ends with ``Drained`` (``until_drained``)."""
+        self.expired.set()
+        for wait in list(self._waits):
+            wait.end()
 
     async def run(self) -> None:
         """Refuse new requests, wait for the running ones (at most the grace period), then end the rest."""
@@ -214,32 +221,62 @@ class Drain:
             await asyncio.sleep(0.05)
         if self.inflight:
             _LOG.warning("grace period over: ending %d running requests with an error", self.inflight)
-            self.expired.set()
+            self.expire()
             settle = loop.time() + _SETTLE_S
             while self.inflight and loop.time() < settle:
                 await asyncio.sleep(0.05)
         _LOG.warning("drained")
 
 
+class _Wait:
+    """One stream's read: cancelled at the drain's expiry while it waits (its task then raises ``Drained``)."""
+
+    __slots__ = ("task", "ended", "cancelled")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[Any] | None = None  # the task awaiting the next event (None between reads)
+        self.ended = self.cancelled = False
+
+    def end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            if self.task is not None:
+                self.cancelled = True
+                self.task.cancel()
+
+
 async def until_drained(events: AsyncIterator[T], drain: Drain) -> AsyncIterator[T]:
-    """``events``, until the drain's grace period ends: then raises ``Drained`` (and closes ``events``)."""
-    stop = asyncio.ensure_future(drain.expired.wait())
-    nxt: asyncio.Future[T] | None = None
+    """``events``, until the drain's grace period ends: then raises ``Drained`` (and closes ``events``). Each event
+    is awaited in the consumer's own task (no task and no ``asyncio.wait`` per event): the drain's expiry cancels
+    that await, and the cancellation becomes ``Drained`` here."""
+    wait = _Wait()
+    if drain.expired.is_set():
+        raise Drained
+    drain._waits.add(wait)
+    it = aiter(events)
     try:
         while True:
-            nxt = asyncio.ensure_future(anext(events))
-            await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
-            if not nxt.done():
+            if wait.ended:
                 raise Drained
+            wait.task = task = asyncio.current_task()
             try:
-                ev = nxt.result()
+                ev = await anext(it)
             except StopAsyncIteration:
                 return
+            except asyncio.CancelledError:
+                # the drain's cancellation becomes Drained; the caller's own (client gone) stays a cancellation
+                if wait.cancelled and task is not None and task.uncancel() == 0:
+                    raise Drained from None
+                raise
+            finally:
+                wait.task = None
+            if wait.ended:  # ended while the event was on its way (or the stream swallowed the cancellation)
+                if wait.cancelled and task is not None:
+                    task.uncancel()
+                raise Drained
             yield ev
-    finally:  # drained, or the consumer left (client gone): never leave the pending read behind
-        stop.cancel()
-        if nxt is not None and not nxt.done():
-            nxt.cancel()
+    finally:
+        drain._waits.discard(wait)
 
 
 class DrainingServer(uvicorn.Server):

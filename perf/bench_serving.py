@@ -41,10 +41,14 @@ def engine_round(eng: object, prompts: list[list[int]], max_tokens: int) -> floa
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def tree_cpu(root: int) -> dict[str, float]:
-    """CPU seconds (user + system) of process ``root`` and its descendants, by part: ``api`` (the serve process
-    itself: HTTP and the Ray client), ``actor`` (the engine actor: the engine and the actor's event loop) and
-    ``ray`` (Ray's daemons and idle workers). Empty where /proc is not readable."""
+def _stat_cpu(stat: str) -> tuple[int, float]:
+    """The parent id and CPU seconds (user + system) of a /proc ``stat`` line."""
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _tree(root: int) -> dict[int, tuple[float, str]]:
+    """Process ``root`` and its descendants: CPU seconds and command line of each. Empty without /proc."""
     procs: dict[int, tuple[int, float, str]] = {}
     for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if not d.isdigit():
@@ -56,20 +60,55 @@ def tree_cpu(root: int) -> dict[str, float]:
                 cmd = f.read().decode("latin-1")
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        procs[int(d)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK, cmd)
-    out: dict[str, float] = {}
-    todo, seen = [root], set()
+        procs[int(d)] = (*_stat_cpu(stat), cmd)
+    out: dict[int, tuple[float, str]] = {}
+    todo = [root]
     while todo:
         pid = todo.pop()
-        if pid in seen or pid not in procs:
+        if pid in out or pid not in procs:
             continue
-        seen.add(pid)
-        _, cpu, cmd = procs[pid]
-        part = "api" if pid == root else "actor" if cmd.startswith("ray::EngineActor") else "ray"
-        out[part] = out.get(part, 0.0) + cpu
+        out[pid] = procs[pid][1:]
         todo += [p for p, (ppid, _, _) in procs.items() if ppid == pid]
     return out
+
+
+def tree_cpu(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) of process ``root`` and its descendants, by part: ``api`` (the serve process
+    itself: HTTP and the Ray client), ``actor`` (the engine actor: the engine and the actor's event loop) and
+    ``ray`` (Ray's daemons and idle workers). Empty where /proc is not readable."""
+    out: dict[str, float] = {}
+    for pid, (cpu, cmd) in _tree(root).items():
+        part = "api" if pid == root else "actor" if cmd.startswith("ray::EngineActor") else "ray"
+        out[part] = out.get(part, 0.0) + cpu
+    return out
+
+
+def actor_threads(root: int) -> dict[int, float]:
+    """CPU seconds of each thread of the engine actor under ``root``, by thread id."""
+    out: dict[int, float] = {}
+    for pid, (_, cmd) in _tree(root).items():
+        if not cmd.startswith("ray::EngineActor"):
+            continue
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    out[int(tid)] = _stat_cpu(f.read().decode("latin-1"))[1]
+            except OSError:
+                continue
+    return out
+
+
+def engine_thread_split(before: dict[int, float], after: dict[int, float], tokens: int) -> dict[str, float]:
+    """The actor's CPU per token (microseconds) split into its busiest thread (the engine's step loop) and all
+    the others (its event loop, Ray's threads): the others are what the stack adds beside the engine in its
+    process."""
+    deltas = sorted((after[t] - before.get(t, 0.0) for t in after), reverse=True)
+    if not deltas:
+        return {}
+    return {
+        "engine_thread": round(1e6 * deltas[0] / tokens, 1),
+        "other_threads": round(1e6 * sum(deltas[1:]) / tokens, 1),
+    }
 
 
 def cpu_per_token(before: dict[str, float], after: dict[str, float], tokens: int) -> dict[str, float]:
@@ -156,15 +195,22 @@ def main() -> int:
         prompts = [tok.encode(f"stream {i}: tell me a story") for i in range(a.streams)]
         engine_round(eng, prompts, 8)  # warm-up both sides
         asyncio.run(stack_round(url, model, a.streams, 8))
-        e_tps, s_tps, e_cpu, s_cpu = [], [], [], []
+        e_tps, s_tps, e_cpu, s_cpu, a_split = [], [], [], [], []
+        # CPU seconds over all rounds together (one clock tick is ~5 us a token in one round of 2048 tokens)
+        e_total, s_total = 0.0, {}
         tokens = a.streams * a.max_tokens
         for _ in range(a.rounds):
             c0 = time.process_time()
             e_tps.append(engine_round(eng, prompts, a.max_tokens))
+            e_total += time.process_time() - c0
             e_cpu.append(round(1e6 * (time.process_time() - c0) / tokens, 1))
-            c1 = tree_cpu(srv.pid)
+            c1, t1 = tree_cpu(srv.pid), actor_threads(srv.pid)
             s_tps.append(asyncio.run(stack_round(url, model, a.streams, a.max_tokens)))
-            s_cpu.append(cpu_per_token(c1, tree_cpu(srv.pid), tokens))
+            c2, t2 = tree_cpu(srv.pid), actor_threads(srv.pid)
+            s_cpu.append(cpu_per_token(c1, c2, tokens))
+            a_split.append(engine_thread_split(t1, t2, tokens))
+            for k in c2:
+                s_total[k] = s_total.get(k, 0.0) + c2[k] - c1.get(k, 0.0)
         e, s = statistics.median(e_tps), statistics.median(s_tps)
         parts = {k: statistics.median(c.get(k, 0.0) for c in s_cpu) for k in s_cpu[0]} if s_cpu[0] else {}
         result = {
@@ -177,6 +223,13 @@ def main() -> int:
             # CPU microseconds per token: the engine alone (this process), the stack's processes by part
             "engine_cpu_us_per_token": e_cpu,
             "stack_cpu_us_per_token": s_cpu,
+            # the same over all rounds together (finer than one round's clock ticks)
+            "engine_cpu_us_per_token_all": round(1e6 * e_total / (tokens * a.rounds), 1),
+            "stack_cpu_us_per_token_all": {
+                k: round(1e6 * v / (tokens * a.rounds), 1) for k, v in s_total.items()
+            },
+            # the actor's CPU per token: its engine thread, and its other threads (what the stack adds beside it)
+            "actor_cpu_us_per_token_split": a_split,
             "serve_flags": a.serve_flag,
             "null_step_ms": a.null_step_ms if a.backend == "null" else None,
             "cpus": os.cpu_count(),
@@ -195,6 +248,18 @@ def main() -> int:
                 f"CPU per token (median): engine alone {eng_us:.1f} us; stack {total:.1f} us = "
                 + ", ".join(f"{k} {v:.1f}" for k, v in sorted(parts.items()))
                 + f"; the stack's own: {total - eng_us:.1f} us"
+            )
+            all_eng, all_parts = e_total * 1e6 / (tokens * a.rounds), result["stack_cpu_us_per_token_all"]
+            print(
+                f"CPU per token (all rounds): engine alone {all_eng:.1f} us; stack {sum(all_parts.values()):.1f} us = "
+                + ", ".join(f"{k} {v:.1f}" for k, v in sorted(all_parts.items()))
+                + f"; the stack's own: {sum(all_parts.values()) - all_eng:.1f} us"
+            )
+        if a_split and a_split[0]:
+            avg = {k: statistics.fmean(x.get(k, 0.0) for x in a_split) for k in a_split[0]}
+            print(
+                f"actor CPU per token (all rounds): engine thread {avg['engine_thread']:.1f} us, "
+                f"its other threads {avg['other_threads']:.1f} us"
             )
     finally:
         srv.terminate()

@@ -53,7 +53,7 @@ done
 run_setup() { :; }  # the installs above only (for the caller's own commands after it)
 run_serving() {  # issue 12: the stack's cost on this GPU, then the live-server tests on the CUDA backend
   timeout ${SERVING_TIMEOUT:-240} python3 -m perf.bench_serving --backend cuda --rounds ${SERVING_ROUNDS:-5} \
-    -o "$OUT/bench_serving_cuda.json" 2>&1 | tee "$OUT/serving.txt" | tail -3
+    -o "$OUT/bench_serving_cuda.json" 2>&1 | tee "$OUT/serving.txt" | tail -4
   NINFER_LIVE_BACKEND=cuda timeout ${LIVE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rf \
     tests/test_api_live.py tests/test_protocols_live.py tests/test_contract_live.py 2>&1 | tee "$OUT/live.txt" | tail -15
 }

@@ -10,6 +10,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from ninfer.frontend.prompt import TurnMarker
@@ -210,6 +211,10 @@ class Engine:
             self._out.add(req, handle, text, stop_ids)
             self._cv.notify_all()
         return handle
+
+    def admitting(self) -> AbstractContextManager[Any]:
+        """The admission lock (reentrant): requests submitted while it is held are all scheduled by one step."""
+        return self._cv
 
     def _marks(self, prompt: list[int], explicit: Sequence[int] | None) -> tuple[int, ...]:
         if explicit is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from .core import (
     Accepted,
@@ -21,7 +21,7 @@ from .core import (
 __all__ = ["Handle", "coalesce", "completion_of", "reasoning_tokens"]
 
 
-def coalesce(events: list[Event]) -> list[Event]:
+def coalesce(events: Iterable[Event]) -> list[Event]:
     """Merge runs of consecutive token deltas into one delta each (fewer messages across Ray/HTTP)."""
     out: list[Event] = []
     run: list[TokenDelta] = []
@@ -41,8 +41,10 @@ def coalesce(events: list[Event]) -> list[Event]:
 def _merged(run: list[TokenDelta]) -> TokenDelta:
     if len(run) == 1:
         return run[0]
-    ids = [t for ev in run for t in ev.token_ids]
-    return TokenDelta(run[0].request_id, ids, "".join(ev.text for ev in run))
+    ids: list[int] = []
+    for ev in run:
+        ids += ev.token_ids
+    return TokenDelta(run[0].request_id, ids, "".join([ev.text for ev in run]))
 
 
 def reasoning_tokens(req: Request) -> int:
@@ -139,7 +141,9 @@ class Handle:
     def poll(self) -> list[Event]:
         """Every event produced since the last call, consecutive deltas merged; never blocks."""
         with self._cv:
-            out, self._events = list(self._events), deque()
+            if not self._events:
+                return []
+            out, self._events = self._events, deque()
         return coalesce(out)
 
     def stream(self, timeout: float | None = None) -> Iterator[Event]:
