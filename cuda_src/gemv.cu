@@ -13,8 +13,6 @@
 // the arithmetic is a fixed sequence (tiles in order, 8 steps per tile, hi then lo, splits in order), and an mma
 // column depends only on its own lane's activations, so a lane's result is bitwise independent of the other lanes,
 // of NB and of the number of rows in the launch. The host picks `splits` from (format, N, K) only (linear.py, gemv_plan).
-// Dense launches cut the work stream-K instead (`sk` blocks, gv_piece below): the same fixed sequence per element,
-// with the row block's pieces in block order in place of the splits.
 //
 // Expert modes (`experts`): 1, MoE decode: slot z = one activation row xrow[z] against expert ids[z]'s weights (one
 // lane, output row z); 2, expert lanes (MoE prefill of short chunks): slot z = up to NB rows routed to expert ids[z]
@@ -200,40 +198,7 @@ __device__ __forceinline__ T* gv_yrow(T* yb, const int* lt, int nb_max, int b, l
     return yb + (long long)(lt ? lt[nb_max + b] : b) * ldy;
 }
 
-// The block's work as pieces: piece (r, kt0, nt) = row block r, K-tiles [kt0, kt0 + nt). Split mode (sk == 0):
-// one piece, row block bx, split s of S. Stream-K mode (sk > 0, dense launches): the R x T (row block, K-tile)
-// units in row-major order cut into sk equal ranges, block b taking units [b U / sk, (b + 1) U / sk) (U = R T), so
-// every block streams the same bytes and the launch is one wave with no tail (measured: the split mode's last
-// partial wave and per-block ramp cost 5-15 us per mid-size GEMV). A row block's pieces come from the blocks bf..bl
-// whose ranges meet it; piece (b, r) writes its partials at slot b + r (unique: a later block's row blocks are
-// never earlier), and the last to arrive adds them in block order. The cut depends on (N, K, sk) only (sk from
-// gemv_plan), so the arithmetic per output element is still a fixed sequence independent of the lanes.
-struct GvPiece {
-    int r, kt0, nt;
-    int pos, first, count;  // partial slot of this piece, of the row block's first piece, pieces of the row block
-    int ctr;                // the row block's arrival counter
-};
-
-__device__ __forceinline__ GvPiece gv_piece(long long u, long long u1, int T, int R, int b, int sk, int z, int split,
-                                            int splits) {
-    GvPiece p;
-    p.r = (int)(u / T), p.kt0 = (int)(u % T);
-    const long long end = min(u1, (long long)(p.r + 1) * T);
-    p.nt = (int)(end - u);
-    p.ctr = z * R + p.r;
-    if (sk) {  // the blocks holding units r T and (r + 1) T - 1 (sk <= U: every range is non-empty)
-        const long long U = (long long)R * T, base = (long long)z * (sk + R);
-        const long long lo = (long long)p.r * T, hi = lo + T;
-        const int f = (int)(((lo + 1) * sk - 1) / U), l = (int)((hi * sk - 1) / U);
-        p.pos = (int)(base + b + p.r), p.first = (int)(base + f + p.r), p.count = l - f + 1;
-    } else {
-        const long long tile = (long long)z * R + p.r;
-        p.pos = (int)(tile * splits + split), p.first = (int)(tile * splits), p.count = splits;
-    }
-    return p;
-}
-
-// This warp's rows of the piece starting at row r0 of the launch: its cp.async sources at K-tile kt0.
+// This warp's rows of the block starting at row r0 of the launch: its cp.async sources at K-tile kt0.
 template <typename F>
 __device__ __forceinline__ typename F::Src gv_rows_src(const u8* p0, const u8* p1, const u8* p2, int N, int K,
                                                        long long wbase, int r0, int kt0, int t) {
@@ -247,7 +212,7 @@ __device__ __forceinline__ typename F::Src gv_rows_src(const u8* p0, const u8* p
     return F::src(p0, p1, p2, K, wr, kt0 * 128, t);
 }
 
-// The first GV_STAGES - 1 tiles of a piece of nt tiles into the warp's ring (one commit group each).
+// The first GV_STAGES - 1 of the block's nt tiles into the warp's ring (one commit group each).
 template <typename F>
 __device__ __forceinline__ void gv_prologue(u8* wsm, int lane, typename F::Src& src, int t, int nt) {
 #pragma unroll
@@ -257,10 +222,10 @@ __device__ __forceinline__ void gv_prologue(u8* wsm, int lane, typename F::Src& 
     }
 }
 
-// One piece's products (its prologue issued): activations staged per chunk, weights through the ring. Ends with
+// The block's products (its prologue issued): activations staged per chunk, weights through the ring. Ends with
 // a block barrier after every read of the ring and the activation buffers.
 template <typename F, typename T, int NB>
-__device__ __forceinline__ void gv_piece_main(u32* sm, u8* wsm, int lane, typename F::Src& src, int t, const T* xl,
+__device__ __forceinline__ void gv_products(u32* sm, u8* wsm, int lane, typename F::Src& src, int t, const T* xl,
                                               const T* x2l, int xf, int gd, int nb, int K, int kt0, int nt,
                                               float (&acc)[F::MT][4]) {
     constexpr int MT = F::MT, STAGE = F::VECS * 512, FW = GvIsFloat<T>::v ? 4 : 2;
@@ -298,17 +263,16 @@ __device__ __forceinline__ void gv_piece_main(u32* sm, u8* wsm, int lane, typena
     }
 }
 
-// A piece's results: the whole row block (count == 1) straight to y; else its partials to slot pos, and the last
-// of the row block's pieces to arrive adds them in order and resets the counter. `more`: another piece follows
-// in this block (the activation buffer's first word, used for the last-block flag, is free again on return).
+// The block's results: with one split straight to y; else its partials to slot (tile, split), and the last of the
+// row block's splits to arrive adds them in split order and resets the tile's counter.
 template <typename F, typename T, int NB>
-__device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], const GvPiece& pc, T* yb, const int* lt,
-                                         long long ldy, float* ws, int* cnt, const u8* p1, const u8* p2,
-                                         long long wbase, int N, int nb, bool more) {
+__device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], int bx, long long tile, int split,
+                                         int splits, T* yb, const int* lt, long long ldy, float* ws, int* cnt,
+                                         const u8* p1, const u8* p2, long long wbase, int N, int nb) {
     constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = pc.r * ROWS + warp * MT * 16;
-    if (pc.count == 1) {
+    const int r0 = bx * ROWS + warp * MT * 16;
+    if (splits == 1) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -318,7 +282,7 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
             }
         return;
     }
-    float* part = ws + (long long)pc.pos * (ROWS * 8);
+    float* part = ws + (tile * splits + split) * (ROWS * 8);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -330,21 +294,19 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
     // the last-block flag in the first activation word: every read of the activation buffers ended before the main
     // loop's last barrier (a static __shared__ int here made a block 16 bytes too large for 4 per SM)
     volatile int* last = reinterpret_cast<volatile int*>(sm);
-    if (threadIdx.x == 0) *last = arrive_acq_rel(cnt + pc.ctr, 1) == pc.count - 1;
+    if (threadIdx.x == 0) *last = arrive_acq_rel(cnt + tile, 1) == splits - 1;
     __syncthreads();
-    const bool mine = *last;
-    if (more) __syncthreads();  // every thread has read the flag before the next piece stages over it
-    if (!mine) return;
-    const float* base = ws + (long long)pc.first * (ROWS * 8);
-    // 2-8 lanes: 4 lanes per 16-byte load, the pieces' loads unrolled so they are in flight together (the sum
-    // stays in piece order). Measured (H200, perf/gemv_variants.py nored): with one float per load the 4- and
+    if (!*last) return;
+    const float* base = ws + tile * splits * (ROWS * 8);
+    // 2-8 lanes: 4 lanes per 16-byte load, the splits' loads unrolled so they are in flight together (the sum
+    // stays in split order). Measured (H200, perf/gemv_variants.py nored): with one float per load the 4- and
     // 8-lane reductions cost 4-11 us per GEMV (L2 round trips one after another in the last block).
     constexpr int V = NB >= 4 ? 4 : 1;
     for (int i = threadIdx.x; i < ROWS * NB / V; i += blockDim.x) {
-        const int rl = i / (NB / V), b0 = i % (NB / V) * V, n = pc.r * ROWS + rl;
+        const int rl = i / (NB / V), b0 = i % (NB / V) * V, n = bx * ROWS + rl;
         float s[V] = {};
 #pragma unroll (V == 4 ? 16 : 4)
-        for (int sp = 0; sp < pc.count; ++sp) {
+        for (int sp = 0; sp < splits; ++sp) {
             const float* q = base + (long long)sp * ROWS * 8 + rl * 8 + b0;
             if constexpr (V == 4) {
                 const float4 v = __ldcg(reinterpret_cast<const float4*>(q));
@@ -359,7 +321,7 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
         for (int j = 0; j < V; ++j)
             if (b0 + j < nb) gv_yrow(yb, lt, NB, b0 + j, ldy)[n] = from_f<T>(s[j] * rs);
     }
-    if (threadIdx.x == 0) cnt[pc.ctr] = 0;
+    if (threadIdx.x == 0) cnt[tile] = 0;
 }
 
 // experts == 0: lane block z takes activation rows z*NB .. (nrows of them in the launch), weight rows row0 ..;
@@ -373,7 +335,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
              const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ y, const int* __restrict__ ids,
              const int* __restrict__ xrow, float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows,
              long long ldx, long long ldx2, long long ldy, long long row0, int experts, int xf,
-             int gd, int zin, int sk) {
+             int gd, int zin) {
     pdl_trigger();
     extern __shared__ __align__(16) u32 gv_sm[];
     constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16, STAGE = F::VECS * 512;
@@ -408,38 +370,16 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     const int gl = threadIdx.x % NB;
     const long long xr = lt ? (gl < nb ? lt[gl] : 0) : xr0 + gl;
     const T *xl = x + xr * ldx, *x2l = x2 + xr * ldx2;
-    const int T_ = (K + 127) / 128, R = (N + ROWS - 1) / ROWS;
-    long long u, u1;  // this block's units [u, u1) of the row-major (row block, K-tile) grid
-    if (sk) {
-        const long long U = (long long)R * T_;
-        u = bx * U / sk, u1 = (bx + 1) * U / sk;
-    } else {
-        u = (long long)bx * T_ + split * T_ / splits, u1 = (long long)bx * T_ + (split + 1) * T_ / splits;
-    }
-    if (u >= u1) return;
+    const int ntiles = (K + 127) / 128, kt0 = split * ntiles / splits, nt = (split + 1) * ntiles / splits - kt0;
+    const long long tile = (long long)z * ((N + ROWS - 1) / ROWS) + bx;  // (lane block | slot, row block)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     // weights: a per-warp ring of GV_STAGES tiles, GV_STAGES - 1 of them in flight ahead of the math
     constexpr int ACT = GvChunk<NB>::V * 8 * NB * 4 * FW;  // u32 words of one activation chunk buffer
     u8* wsm = reinterpret_cast<u8*>(gv_sm + 2 * ACT) + warp * GV_STAGES * STAGE;
-    GvPiece pc = gv_piece(u, u1, T_, R, bx, sk, z, split, splits);
-    typename F::Src src = gv_rows_src<F>(p0, p1, p2, N, K, wbase, pc.r * ROWS + warp * MT * 16, pc.kt0, t);
-    gv_prologue<F>(wsm, lane, src, t, pc.nt);
+    typename F::Src src = gv_rows_src<F>(p0, p1, p2, N, K, wbase, bx * ROWS + warp * MT * 16, kt0, t);
+    gv_prologue<F>(wsm, lane, src, t, nt);
     if (!experts) pdl_wait();
-    for (;;) {
-        float acc[MT][4];
-        gv_piece_main<F, T, NB>(gv_sm, wsm, lane, src, t, xl, x2l, xf, gd, nb, K, pc.kt0, pc.nt, acc);
-        // the next piece's first weight tiles go out before this one's epilogue (the ring is drained: every read of
-        // it ended before the main loop's last barrier)
-        const long long un = (long long)pc.r * T_ + pc.kt0 + pc.nt;
-        const bool more = un < u1;
-        GvPiece nx = pc;
-        if (more) {
-            nx = gv_piece(un, u1, T_, R, bx, sk, z, split, splits);
-            src = gv_rows_src<F>(p0, p1, p2, N, K, wbase, nx.r * ROWS + warp * MT * 16, nx.kt0, t);
-            gv_prologue<F>(wsm, lane, src, t, nx.nt);
-        }
-        gv_store<F, T, NB>(gv_sm, acc, pc, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, more);
-        if (!more) return;
-        pc = nx;
-    }
+    float acc[MT][4];
+    gv_products<F, T, NB>(gv_sm, wsm, lane, src, t, xl, x2l, xf, gd, nb, K, kt0, nt, acc);
+    gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb);
 }

@@ -17,10 +17,8 @@ Variants (a variant changes only what its name says; results are timings, not nu
             over a quarter of the SM's shared memory)
   nopdl     launched without programmatic dependent launch (a plain CuPy launch)
   nomul     diagnostic (wrong results): NVFP4 pairs without the block-scale multiply (its cost)
-  nored     diagnostic (wrong results): every split or stream-K piece writes its partial as the result (no
-            last-block reduction: what the split-K tail costs)
-  splits    dense launches on the K-splits (the plan before 2026-12-02) instead of stream-K
-  skN       stream-K over N blocks per lane block (e.g. sk264, sk1056; base: 528)
+  nored     diagnostic (wrong results): every split writes its partial as the result (no last-block reduction:
+            what the split-K tail costs)
   nowait    diagnostic: no griddepcontrol.wait (the next GEMV does not wait for the previous one: what the
             kernel boundary costs in a PDL chain; the inputs never change here, so the timing is meaningful)
   guN       mlp gate|up (N = 34816) split N ways (e.g. gu3, gu5, gu8: more, smaller blocks than one 544-block wave)
@@ -34,7 +32,6 @@ Variants (a variant changes only what its name says; results are timings, not nu
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -54,10 +51,6 @@ SHAPES_35B = {"35b gdn in": (12352, 2048), "35b gdn out": (2048, 4096), "35b att
 def _plan(lin: Any, base: Any, variant: str) -> Any:
     def plan(fmt: str, n: int, k: int) -> Any:
         p = base(fmt, n, k)
-        if variant == "splits":  # dense launches on the K-splits instead of stream-K
-            return dataclasses.replace(p, streamk=0)
-        if variant.startswith("sk") and variant[2:].isdigit():  # stream-K over this many blocks
-            return dataclasses.replace(p, streamk=max(1, min(int(variant[2:]), p.blocks_x * p.ntiles // 4)))
         if variant == "ceil":
             s = max(1, min(-(-2112 // (p.blocks_x * 4)), p.ntiles // 4))
         elif variant == "occ5":
@@ -131,12 +124,12 @@ def _source(original: Any, variant: str) -> Any:
         if variant == "fence":
             s = _must_replace(
                 s,
-                "if (threadIdx.x == 0) *last = arrive_acq_rel(cnt + pc.ctr, 1) == pc.count - 1;\n",
-                "if (threadIdx.x == 0) {\n        __threadfence();\n        *last = atomicAdd(cnt + pc.ctr, 1) == pc.count - 1;\n"
+                "if (threadIdx.x == 0) *last = arrive_acq_rel(cnt + tile, 1) == splits - 1;\n",
+                "if (threadIdx.x == 0) {\n        __threadfence();\n        *last = atomicAdd(cnt + tile, 1) == splits - 1;\n"
                 "        __threadfence();\n    }\n",
             )
         if variant == "nored":
-            s = _must_replace(s, "if (pc.count == 1) {", "if (true) {")
+            s = _must_replace(s, "if (splits == 1) {", "if (true) {")
         if variant == "nowait":
             s = _must_replace(s, "if (!experts) pdl_wait();", "")
         if variant == "occ5":

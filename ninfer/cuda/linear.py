@@ -93,13 +93,10 @@ _GV_WAVE_BLOCKS, _GV_MIN_TILES, _GV_CHUNK, _GV_CHUNK4, _GV_CHUNK1 = 528, 4, 2, 4
 # row took 44.0 us as 2 splits (544 blocks: 16 of them a second wave; 1 split, 272 blocks: 55.2 us), 41.4 as 3,
 # 40.6 as 5 (8 tiles each), 42.8 as 8. It is the only 27B or 35B-A3B shape the rule changes.
 _GV_WAVE_FILL, _GV_MULTI_TILES = 0.75, 8
-# Stream-K (gemv.cu: sk blocks per lane block, each an equal run of the row-major (row block, K-tile) units, at
-# least _GV_MIN_TILES each): one wave of equal blocks whatever the shape. Measured against the splits on the H200 at
-# 7fefbde (perf/gemv_variants.py base vs splits, 27B NVFP4): only gate|up gained (39.9 vs 41.2 us at one row); the
-# pieces that cross row blocks restart the activation staging and the pipeline, which cost more than the partial
-# wave saved (gdn qkv|z 22.3 vs 19.9 us at one row, 43.7 vs 33.8 at eight; lm_head 236 vs 224). So dense launches
-# keep the splits; the mode stays selectable (gemv_variants skN) and is tested (tests/test_gemv_lanes_host.py).
-_GV_STREAMK = False
+# Stream-K (one wave of equal blocks over the row-major (row block, K-tile) units) was tried instead of the splits
+# and removed: on the H200 at 7fefbde (perf/gemv_variants.py, 27B NVFP4) only gate|up gained (39.9 vs 41.2 us at
+# one row); a block's pieces crossing row blocks restart the activation staging and the pipeline, which cost more
+# than the partial wave saved (gdn qkv|z 22.3 vs 19.9 us at one row, 43.7 vs 33.8 at eight; lm_head 236 vs 224).
 # Decode GEMVs captured into CUDA graphs are launched with programmatic dependent launch (ninfer/cuda/launch.py): a
 # GEMV's blocks start streaming their weights while the kernel before it finishes (measured on the H200 with
 # perf/gemv_variants.py: 1-row NVFP4 GEMVs 4-15% faster in a chain; 27B decode x1 110 -> 120 tok/s).
@@ -210,12 +207,6 @@ class GemvPlan:
     splits: int
     ntiles: int
     stage_bytes: int  # one warp's pipeline stage of weights
-    streamk: int = 0  # dense launches: stream-K blocks per lane block (0: the splits)
-
-    def units(self, block: int) -> range:
-        """Stream-K block ``block``'s (row block, K-tile) units, row-major (gemv.cu: [b U / sk, (b + 1) U / sk))."""
-        u = self.blocks_x * self.ntiles
-        return range(block * u // self.streamk, (block + 1) * u // self.streamk)
 
     def tiles(self, split: int) -> range:
         """The K-tiles of ``split`` (gemv.cu: [s T / S, (s + 1) T / S))."""
@@ -239,8 +230,7 @@ def gemv_plan(fmt: str, n: int, k: int) -> GemvPlan:
     many = ntiles // _GV_MULTI_TILES
     if bx * splits < _GV_WAVE_FILL * _GV_WAVE_BLOCKS and bx * many >= 2 * _GV_WAVE_BLOCKS:
         splits = many  # one wave would leave SMs idle: several waves of small blocks balance themselves
-    sk = max(1, min(_GV_WAVE_BLOCKS, bx * ntiles // _GV_MIN_TILES)) if _GV_STREAMK else 0
-    return GemvPlan(rows=rows, blocks_x=bx, splits=splits, ntiles=ntiles, stage_bytes=vecs * 512, streamk=sk)
+    return GemvPlan(rows=rows, blocks_x=bx, splits=splits, ntiles=ntiles, stage_bytes=vecs * 512)
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,12 +288,8 @@ def _gemv_launch(
     zin = gz if ids is None and gz > 1 and plan.blocks_x * gz < 2**31 else 0
     null = cupy.empty(0, dtype=np.int32)  # pointer arguments the launch never reads
     ws = cnt = null
-    sk = plan.streamk if ids is None else 0
-    slots = (
-        gz * (sk + plan.blocks_x) if sk else gz * plan.blocks_x * plan.splits
-    )  # partial slots (gemv.cu gv_piece)
-    if sk > 1 or (not sk and plan.splits > 1):
-        ws = cupy.empty(slots * plan.rows * 8, dtype=np.float32)
+    if plan.splits > 1:
+        ws = cupy.empty(gz * plan.blocks_x * plan.splits * plan.rows * 8, dtype=np.float32)
         cnt = arrival_counters(gz * plan.blocks_x)
     p0, p1, p2 = w.planes()
     args = (
@@ -311,11 +297,10 @@ def _gemv_launch(
         null if xrow is None else xrow, ws, cnt, np.int32(n), np.int32(k), np.int32(lanes), np.int64(a.ldx),
         np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(2 if table else ids is not None), np.int32(a.xf),
         np.int32(a.gd),
-        np.int32(zin), np.int32(sk),
+        np.int32(zin),
     )  # fmt: skip
     # several lane blocks of a dense product: lane blocks innermost (zin), one pass over the weights through L2
-    gx, gy = (sk, 1) if sk else (plan.blocks_x, plan.splits)
-    grid = (gx * gz, gy, 1) if zin else (gx, gy, gz)
+    grid = (plan.blocks_x * gz, plan.splits, 1) if zin else (plan.blocks_x, plan.splits, gz)
     if _GV_PDL and capturing():  # gemv.cu waits (pdl_wait) before reading anything an earlier kernel writes
         launch_pdl(fn, grid, (_GV_THREADS,), args, smem)
     else:

@@ -34,7 +34,7 @@ int gv_run(const GvArgs& a, const std::vector<u8>& w, const long long off[3], co
     const T* x2 = x.data() + (a.xf == 1 ? K : 0);
     gv_launch({(unsigned)bx, (unsigned)a.splits, (unsigned)gz}, GV_WARPS * 32, a.seed, [&] {
         gemv_mma<F, T, NB>(p0, p1, p2, x.data(), x2, y.data(), ids.data(), sel.data(), ws.data(), cnt.data(), a.N,
-                           a.K, 0, a.ldx, ldx2, a.N, 0, experts, a.xf, 8, 0, 0);
+                           a.K, 0, a.ldx, ldx2, a.N, 0, experts, a.xf, 8, 0);
     });
     for (int c : cnt)
         if (c != 0) return 7;
@@ -79,23 +79,22 @@ template <typename F> int gv_t(int tt, const GvArgs& a, bool t) {
     return tt ? gv_nb<F, bf16>(a, t) : gv_nb<F, float>(a, t);
 }
 
-// Dense mode (argv: dense dir fmt T N K splits sk rows seed): rows activation rows x[rows, K] (dir/x.bin) against
-// W (dir/w.bin, woff.bin); writes dir/{split,sk8,sk1}.bin: y[rows, N] by the K-split launch (sk 0, 8-lane blocks),
-// by stream-K over sk blocks with 8-lane blocks side by side (zin) and by stream-K one lane per block (zin).
+// Dense mode (argv: dense dir fmt T N K splits rows seed): rows activation rows x[rows, K] (dir/x.bin) against
+// W (dir/w.bin, woff.bin); writes dir/{lanes8,lanes1}.bin: y[rows, N] by the K-split launch with 8-lane blocks and
+// with one lane per block (several lane blocks side by side: zin).
 // Exits 7 if an arrival counter is not zero again after a launch.
 template <typename F, typename T, int NB>
 int gv_dense(const std::vector<u8>& w, const long long off[3], const std::vector<T>& x, int N, int K, int rows,
-             int splits, int sk, unsigned seed, std::vector<T>& y) {
+             int splits, unsigned seed, std::vector<T>& y) {
     const u8 *p0 = w.data() + off[0], *p1 = w.data() + off[1], *p2 = w.data() + off[2];
     constexpr int ROWS = GV_WARPS * F::MT * 16;
     const int R = (N + ROWS - 1) / ROWS, gz = (rows + NB - 1) / NB, zin = gz > 1 ? gz : 0;
-    std::vector<float> ws((size_t)gz * (sk ? sk + R : R * splits) * ROWS * 8 + 8, NAN);
+    std::vector<float> ws((size_t)gz * R * splits * ROWS * 8 + 8, NAN);
     std::vector<int> cnt((size_t)gz * R + 1, 0);
-    const emu_dim3 grid = sk ? emu_dim3{(unsigned)(sk * (zin ? zin : 1)), 1u, 1u}
-                             : emu_dim3{(unsigned)(R * (zin ? zin : 1)), (unsigned)splits, 1u};
+    const emu_dim3 grid{(unsigned)(R * (zin ? zin : 1)), (unsigned)splits, 1u};
     gv_launch(grid, GV_WARPS * 32, seed, [&] {
         gemv_mma<F, T, NB>(p0, p1, p2, x.data(), x.data(), y.data(), nullptr, nullptr, ws.data(), cnt.data(), N, K,
-                           rows, K, K, N, 0, 0, 0, 8, zin, sk);
+                           rows, K, K, N, 0, 0, 0, 8, zin);
     });
     for (int c : cnt)
         if (c != 0) return 7;
@@ -104,23 +103,21 @@ int gv_dense(const std::vector<u8>& w, const long long off[3], const std::vector
 
 template <typename F, typename T> int gv_dense_case(char** argv) {
     const std::string dir = argv[2];
-    const int N = atoi(argv[5]), K = atoi(argv[6]), splits = atoi(argv[7]), sk = atoi(argv[8]), rows = atoi(argv[9]);
-    const unsigned seed = (unsigned)atoi(argv[10]);
+    const int N = atoi(argv[5]), K = atoi(argv[6]), splits = atoi(argv[7]), rows = atoi(argv[8]);
+    const unsigned seed = (unsigned)atoi(argv[9]);
     auto wsz = emu_read<long long>(dir + "/wsize.bin", 1)[0];
     auto w = emu_read<u8>(dir + "/w.bin", (size_t)wsz);
     w.resize(w.size() + 64);
     auto offv = emu_read<long long>(dir + "/woff.bin", 3);
     const long long off[3] = {offv[0], offv[1], offv[2]};
     auto x = emu_read<T>(dir + "/x.bin", (size_t)rows * K);
-    std::vector<T> split((size_t)rows * N), sk8((size_t)rows * N), sk1((size_t)rows * N);
-    for (auto* v : {&split, &sk8, &sk1}) std::memset((void*)v->data(), 0xff, v->size() * sizeof(T));
-    int rc = gv_dense<F, T, 8>(w, off, x, N, K, rows, splits, 0, seed, split);
-    if (!rc) rc = gv_dense<F, T, 8>(w, off, x, N, K, rows, splits, sk, seed + 1, sk8);
-    if (!rc) rc = gv_dense<F, T, 1>(w, off, x, N, K, rows, splits, sk, seed + 2, sk1);
+    std::vector<T> lanes8((size_t)rows * N), lanes1((size_t)rows * N);
+    for (auto* v : {&lanes8, &lanes1}) std::memset((void*)v->data(), 0xff, v->size() * sizeof(T));
+    int rc = gv_dense<F, T, 8>(w, off, x, N, K, rows, splits, seed, lanes8);
+    if (!rc) rc = gv_dense<F, T, 1>(w, off, x, N, K, rows, splits, seed + 1, lanes1);
     if (rc) return rc;
-    emu_write(dir + "/split.bin", split);
-    emu_write(dir + "/sk8.bin", sk8);
-    emu_write(dir + "/sk1.bin", sk1);
+    emu_write(dir + "/lanes8.bin", lanes8);
+    emu_write(dir + "/lanes1.bin", lanes1);
     return 0;
 }
 template <typename F> int gv_dense_t(int tt, char** argv) {
@@ -128,7 +125,7 @@ template <typename F> int gv_dense_t(int tt, char** argv) {
 }
 
 int main(int argc, char** argv) {
-    if (argc == 11 && std::string(argv[1]) == "dense") {
+    if (argc == 10 && std::string(argv[1]) == "dense") {
         const int fmt = atoi(argv[3]), tt = atoi(argv[4]);
         switch (fmt) {
             case 0: return gv_dense_t<FragBF16>(tt, argv);
