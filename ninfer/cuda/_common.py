@@ -20,6 +20,7 @@ __all__ = [
     "act_type",
     "array_module",
     "arrival_counters",
+    "stream_buffer",
     "check_array",
     "check_rows",
     "dev_int32",
@@ -97,14 +98,16 @@ def grid_1d(n: int, per_block: int) -> int:
     return max(1, (n + per_block - 1) // per_block)
 
 
-class _Counters:
-    """Zeroed int32 arrival counters for one (device, stream), shared by the kernels that merge partial results in
-    the launch (the split-K GEMV, split-KV attention): the last arrival resets its counter, so the buffer is zero
-    again after every launch, and launches on one stream never overlap. A grown buffer is a new one; the old ones
-    stay alive because a captured CUDA graph may still point at them. Grown only outside stream capture (a decode
-    graph's warm-up run allocates what its capture needs)."""
+class _StreamBuffer:
+    """A zero-initialised device buffer of one dtype for one (device, stream), shared by the launches that merge
+    partial results in the launch: the arrival counters of the split-K GEMV, split-KV attention and the split argmax
+    (int32; the last arrival resets its counter, so the buffer is zero again after every launch) and their partials
+    (written and read within a launch). Launches on one stream never overlap, so one buffer serves them all. A grown
+    buffer is a new one; the old ones stay alive because a captured CUDA graph may still point at them. Grown only
+    outside stream capture (a decode graph's warm-up run allocates what its capture needs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: np.dtype) -> None:
+        self._dtype = dtype
         self._bufs: list[Any] = []
 
     def get(self, n: int) -> Any:
@@ -112,22 +115,30 @@ class _Counters:
 
         if not self._bufs or self._bufs[-1].size < n:
             size = max(n, 1 << 16, 2 * (self._bufs[-1].size if self._bufs else 0))
-            mem = cupy.cuda.Memory(size * 4)  # plain cudaMalloc, outside any pool or graph
-            cupy.cuda.runtime.memset(mem.ptr, 0, size * 4)
-            self._bufs.append(cupy.ndarray((size,), np.int32, cupy.cuda.MemoryPointer(mem, 0)))
+            nbytes = size * self._dtype.itemsize
+            mem = cupy.cuda.Memory(nbytes)  # plain cudaMalloc, outside any pool or graph
+            cupy.cuda.runtime.memset(mem.ptr, 0, nbytes)
+            self._bufs.append(cupy.ndarray((size,), self._dtype, cupy.cuda.MemoryPointer(mem, 0)))
         return self._bufs[-1]
 
 
 @functools.cache
-def _counters(device: int, stream: int) -> _Counters:
-    return _Counters()
+def _stream_buffer(device: int, stream: int, dtype: str) -> _StreamBuffer:
+    return _StreamBuffer(np.dtype(dtype))
+
+
+def stream_buffer(n: int, dtype: Any) -> Any:
+    """At least ``n`` elements of this device's and stream's shared ``dtype`` buffer (see ``_StreamBuffer``)."""
+    import cupy
+
+    return _stream_buffer(cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr, np.dtype(dtype).str).get(
+        n
+    )
 
 
 def arrival_counters(n: int) -> Any:
-    """At least ``n`` zeroed int32 arrival counters for the current device and stream (see ``_Counters``)."""
-    import cupy
-
-    return _counters(cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr).get(n)
+    """At least ``n`` zeroed int32 arrival counters for the current device and stream (see ``_StreamBuffer``)."""
+    return stream_buffer(n, np.int32)
 
 
 def array_module(a: Any) -> Any:

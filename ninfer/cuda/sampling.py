@@ -17,7 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
+from ninfer.cuda._common import (
+    KernelError,
+    act_type,
+    arrival_counters,
+    check_array,
+    check_rows,
+    grid_1d,
+    stream_buffer,
+)
 from ninfer.cuda.loader import kernel
 
 __all__ = [
@@ -167,9 +175,8 @@ def argmax_rows(
         out = cupy.empty((rows,), dtype=np.int32)
     check_array(out, "out", dtype=np.int32, shape=(rows,))
     if rows:
-        dev, stream = cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr
-        part, cnt = _partials(dev, stream).get(rows * splits), arrival_counters(rows)
-        fn = _argmax_split(dev)
+        part, cnt = stream_buffer(rows * splits, np.uint64), arrival_counters(rows)
+        fn = _argmax_split(cupy.cuda.Device().id)
         null = np.uint64(0)  # a null pointer: no mask
         fn((splits, rows), (_ARGMAX_THREADS,), (logits, np.int64(ld), mask if mask is not None else null,
                                                 np.int64(ldm), np.int32(v), np.int32(lim), np.int32(chunk), part,
@@ -181,29 +188,6 @@ def argmax_rows(
 def _argmax_split(device: int) -> Any:
     """The ``argmax_split`` kernel, looked up once per device instead of once per call."""
     return kernel("sampling.cu", SOURCES["sampling.cu"], "argmax_split")
-
-
-class _Partials:
-    """``argmax_split``'s per-block partial keys for one (device, stream): written and read within a launch, and
-    launches on one stream never overlap, so one buffer serves them all. A grown buffer is a new one; the old ones
-    stay alive (a captured CUDA graph may still point at them). Grown only outside stream capture."""
-
-    def __init__(self) -> None:
-        self._bufs: list[Any] = []
-
-    def get(self, n: int) -> Any:
-        import cupy
-
-        if not self._bufs or self._bufs[-1].size < n:
-            self._bufs.append(
-                cupy.empty(max(n, 1 << 12, 2 * (self._bufs[-1].size if self._bufs else 0)), np.uint64)
-            )
-        return self._bufs[-1]
-
-
-@functools.cache
-def _partials(device: int, stream: int) -> _Partials:
-    return _Partials()
 
 
 def _penalized(p: Any) -> bool:
