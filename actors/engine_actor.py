@@ -317,13 +317,13 @@ def _prompt_failed(e: adapter.PromptError) -> Failed:
 
 
 def actor_options(spec: ActorSpec, *, name: str, namespace: str, detached: bool) -> dict[str, Any]:
-    """Ray options: a GPU for the CUDA backend, none for the reference; the gen group is sized so that a burst
+    """Ray options: a GPU (or the ``gpu_share`` of one) for the CUDA backend, none for the reference; the gen group is sized so that a burst
     beyond lanes + queue still reaches ``generate`` at once and gets its 429 instead of waiting in Ray."""
     lanes, depth = spec.engine.max_concurrency, spec.engine.queue_depth
     opts: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
-        "num_gpus": 1 if spec.backend == "cuda" else 0,
+        "num_gpus": spec.gpu_share if spec.backend == "cuda" else 0,
         "num_cpus": 0,
         "max_restarts": -1,
         "max_task_retries": 0,

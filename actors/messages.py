@@ -215,6 +215,7 @@ class ActorSpec(msgspec.Struct, frozen=True, kw_only=True):
     backend_options: dict[str, Any] = {}  # backend options (CUDA: cuda_graph, ...), see ninfer.load
     template_defaults: dict[str, Any] = {}  # chat-template kwargs every request starts from
     stream_interval_s: float = 0.05  # least time between two streamed items of one request (0: per wake-up)
+    gpu_share: float = 1.0  # CUDA: the fraction of one GPU asked of Ray (--gpu-share, ServerConfig checks it)
     blas_threads: int = 0  # BLAS/OpenMP threads for the reference backend (0: the node's CPU count)
     # load an artifact whose shape is not a registered one (tiny test models: --allow-unregistered-shape)
     allow_unregistered_shape: bool = False

@@ -91,6 +91,13 @@ def register(subparsers: Any) -> None:
         default=0.0,
         help="GPU memory (GiB) the CUDA memory plan leaves free for the desktop and other programs",
     )
+    p.add_argument(
+        "--gpu-share",
+        type=float,
+        default=1.0,
+        help="the fraction of one GPU the engine actor asks Ray for (CUDA backend; default 1: the whole GPU). "
+        "Below 1, several servers may share a GPU: give each a --kv-capacity or --memory-reserve-gib that fits",
+    )
     p.add_argument("--cors", action="store_true")
     p.add_argument(
         "--max-request-mib", type=int, default=384, help="request body cap, checked before parsing"
@@ -200,6 +207,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         max_connections=a.max_connections,
         shutdown_grace_s=a.shutdown_grace_s,
         memory_reserve_gib=a.memory_reserve_gib,
+        gpu_share=a.gpu_share,
         replicas=a.replicas,
         route_poll_ms=a.route_poll_ms,
     )

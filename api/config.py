@@ -74,6 +74,7 @@ class ServerConfig:
     max_connections: int = 256  # open connections; one more is answered 503 and closed
     shutdown_grace_s: float = 30.0  # on SIGTERM: time running requests get to finish before they are ended
     memory_reserve_gib: float = 0.0  # GPU memory the CUDA memory plan leaves free for other programs
+    gpu_share: float = 1.0  # the fraction of a GPU the actor asks Ray for (CUDA): < 1 lets servers share one
     replicas: int | None = None  # None: one actor, no router; N: N replica actors behind the router
     route_poll_ms: float = 500.0  # how often the router reads each replica's load and retained prefixes
 
@@ -113,6 +114,8 @@ class ServerConfig:
             raise ServerConfigError(
                 f"--memory-reserve-gib: must be in 0..1024 GiB, got {self.memory_reserve_gib}"
             )
+        if not 0 < self.gpu_share <= 1:
+            raise ServerConfigError(f"--gpu-share: must be in (0, 1], got {self.gpu_share}")
         if self.replicas is not None and (not isinstance(self.replicas, int) or not 1 <= self.replicas <= 64):
             raise ServerConfigError(f"--replicas: must be in 1..64, got {self.replicas!r}")
         if not 10 <= self.route_poll_ms <= 60000:

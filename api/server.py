@@ -77,6 +77,7 @@ def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
         backend_options=options,
         template_defaults=template,
         stream_interval_s=cfg.stream_interval_ms / 1000,
+        gpu_share=cfg.gpu_share,
         blas_threads=_blas_threads(),
         allow_unregistered_shape=cfg.allow_unregistered_shape,
     )

@@ -56,6 +56,8 @@ class Server:
             BACKEND,
         ]
         cmd += ["--ray-address", address, "--actor-name", self.actor, *args]
+        if BACKEND == "cuda":  # a fixture may run two servers at once: each asks Ray for a share of one GPU
+            cmd += ["--gpu-share", "0.25"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.stderr, cwd=REPO)
 
     def wait_ready(self, timeout: float = 120) -> None:

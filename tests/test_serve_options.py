@@ -74,6 +74,22 @@ def test_memory_reserve_reaches_the_cuda_memory_plan() -> None:
         ServerConfig(artifact="a.ninfer", memory_reserve_gib=-1)
 
 
+def test_gpu_share_reaches_the_actors_ray_options() -> None:
+    from ninfer.actors.engine_actor import actor_options
+
+    cfg = config_from_args(_parser().parse_args(["serve", "a.ninfer", "--gpu-share", "0.25"]))
+
+    def gpus(c: ServerConfig, backend: str) -> float:
+        return actor_options(actor_spec(c, backend), name="x", namespace="n", detached=False)["num_gpus"]
+
+    assert gpus(cfg, "cuda") == 0.25
+    assert gpus(cfg, "reference") == 0
+    assert gpus(config_from_args(_parser().parse_args(["serve", "a.ninfer"])), "cuda") == 1
+    for bad in (0, -0.5, 1.5):
+        with pytest.raises(ServerConfigError, match="--gpu-share"):
+            ServerConfig(artifact="a.ninfer", gpu_share=bad)
+
+
 def test_host_cache_gib_reaches_the_engine_config() -> None:
     a = _parser().parse_args(["serve", "a.ninfer", "--host-cache-gib", "12"])
     assert config_from_args(a).engine.host_cache_gib == 12
