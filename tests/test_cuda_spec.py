@@ -289,8 +289,14 @@ def test_cuda_draft_chain_equals_steps(cuda_model: Any, snapshots: bool) -> None
         CudaModelRunner(load_cuda(path, progress=False), model.config, cfg, spec_snapshots=snapshots)
         for _ in "ab"
     )
+    before = chain.spec_graph_captures
     captured = chain.capture_spec_graphs(len(lanes))
-    assert captured > 0
+    # the runner captured every spec graph of every lane count at construction, within the plan's graph pools
+    assert captured == before > 0
+    verify = 4 * k  # (b lanes, n rows per lane) for b = 1..4, n = 2..k+1
+    drafts = sum(min(8, b * (k + 1)) - b + 1 for b in range(1, 5)) if snapshots else 0
+    assert captured == verify + drafts
+    assert chain.graph_pool_bytes() <= chain.plan.graph_pools
     params = [SamplingParams(max_tokens=1 << 20), SamplingParams(max_tokens=1 << 20, temperature=0.8, top_k=20),
               SamplingParams(max_tokens=1 << 20, temperature=1.0)]  # fmt: skip
 

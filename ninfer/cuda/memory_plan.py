@@ -174,8 +174,12 @@ def plan_memory(
         return rows * per_row + attn_ws + rows * mc.vocab_size * 4 * (2 if rows <= 8 else 0)
 
     graph = sum(step(b) for b in range(1, lanes + 1)) if graphs else 0
-    if graphs and verify_rows:  # speculation: one verify graph per lane count, verify_rows rows per lane
-        graph += sum(step(b * verify_rows) + b * verify_rows * mc.vocab_size * 4 for b in range(1, lanes + 1))
+    if graphs and verify_rows:  # speculation: a verify graph per (b lanes, n = 2..verify_rows rows per lane)
+        graph += sum(
+            step(b * n) + b * n * mc.vocab_size * 4
+            for b in range(1, lanes + 1)
+            for n in range(2, verify_rows + 1)
+        )
         # draft-step graphs (ninfer/cuda/spec_graphs.py): one per (b lanes, t rows), b <= t <= 8; logits [b, V] each
         # plus about t rows of one layer's temporaries (bounded by step(t) / layers, counted as step(t) / 8)
         graph += sum(

@@ -119,6 +119,8 @@ class CudaModelRunner:
                 self._spec.warm_chain()  # and those of draft_chain's device feed, not in the first round
         if capture and net.cuda_graph:
             self.capture_graphs()
+            for b in range(1, lanes + 1):  # and every speculative graph, so no request's round pays a capture
+                self.capture_spec_graphs(b)
 
     def capture_graphs(self) -> int:
         """Capture the decode graph of every lane count now (warm-up); returns their private pools' bytes."""
@@ -131,6 +133,11 @@ class CudaModelRunner:
         """Capture the speculative verify and draft-step graphs of rounds over ``lanes`` lanes now (a warm-up, as
         ``capture_graphs`` for decode); returns the spec graphs captured so far (0 without speculation)."""
         return self._spec.capture(lanes) if self._spec is not None else 0
+
+    def graph_pool_bytes(self) -> int:
+        """What every captured graph's private pool holds now (decode, verify, draft): the plan's ``graph_pools``
+        bounds it."""
+        return self.net.graphs.pool_bytes() + (self._spec.pool_bytes() if self._spec is not None else 0)
 
     @property
     def spec_graph_captures(self) -> int:

@@ -104,6 +104,10 @@ class CudaSpec:
             cupy.stack([ids, nxt], axis=1)
         self.net.stream.synchronize()
 
+    def pool_bytes(self) -> int:
+        """The private memory pools' bytes of the verify and draft graphs captured so far."""
+        return sum(g.pool_bytes() for g in (self.graphs, self.drafts) if g is not None)
+
     @property
     def captures(self) -> int:
         """Verify and draft graphs captured so far."""

@@ -77,6 +77,10 @@ class VerifyGraphs:
         self._failed: set[tuple[int, int]] = set()
         self.captures = 0  # graphs captured so far (a capture costs a warm-up forward and the capture itself)
 
+    def pool_bytes(self) -> int:
+        """The private memory pools' bytes of the graphs captured so far."""
+        return int(sum(g["pool"].total_bytes() for g in self._graphs.values()))
+
     def ensure(self, b: int, n: int) -> bool:
         """Capture the graph of ``b`` lanes and ``n`` positions per lane now unless it exists (False: it cannot
         be captured; that shape runs eagerly)."""
@@ -146,6 +150,10 @@ class DraftGraphs:
         self._graphs: dict[tuple[int, int], Any] = {}
         self._failed: set[tuple[int, int]] = set()
         self.captures = 0
+
+    def pool_bytes(self) -> int:
+        """The private memory pools' bytes of the graphs captured so far."""
+        return int(sum(g["pool"].total_bytes() for g in self._graphs.values()))
 
     def ensure(self, b: int, t: int) -> bool:
         """Capture the step of ``b`` lanes over ``t`` rows now unless it exists (False: it runs eagerly)."""
