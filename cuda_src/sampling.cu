@@ -9,6 +9,8 @@
 // apply_penalties_rows + sample_rows: the engine's sampler (its definition is the docstring of
 //   ninfer/engine/sampler.py) computed on the device, token for token the same as the NumPy oracle.
 // argmax_split: sample_rows' greedy pick (temperature <= 0) with the vocabulary split over many blocks per row.
+// split_max / split_hist / split_gather / split_resolve (sample_split.cuh): sample_rows' function with each row's
+//   vocabulary split over many blocks; sample_rows itself stays as the one-block-per-row baseline.
 #include "common.cuh"
 
 template <typename T>
@@ -312,3 +314,5 @@ __global__ void __launch_bounds__(ARGMAX_NT)
         cnt[row] = 0;
     }
 }
+
+#include "sample_split.cuh"
