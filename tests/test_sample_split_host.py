@@ -25,7 +25,12 @@ from ninfer.engine.core import SamplingParams
 from ninfer.engine.sampler import MaskError, distribution, packed_mask, sample
 
 F32 = np.float32
-TEMPS, TOPKS, TOPPS, MINPS = (0.3, 0.6, 1.0, 1.5), (0, 1, 20, 50, 1024, 5000), (1.0, 0.95, 0.5, 1e-9), (0.0, 0.05)
+TEMPS, TOPKS, TOPPS, MINPS = (
+    (0.3, 0.6, 1.0, 1.5),
+    (0, 1, 20, 50, 1024, 5000),
+    (1.0, 0.95, 0.5, 1e-9),
+    (0.0, 0.05),
+)
 COMBOS = list(itertools.product(TEMPS, TOPKS, TOPPS, MINPS))
 KINDS = ("flat", "peaked", "ties", "equal", "inf")
 
@@ -108,7 +113,9 @@ def run_emu(emu: Path, d: Path, x: np.ndarray, params: list, masks: np.ndarray |
     return out, np.fromfile(d / "zero.bin", np.uint64), np.fromfile(d / "cnt.bin", np.int32), st
 
 
-def drawn_prefix_mass(x: np.ndarray, p: SamplingParams, mask: np.ndarray | None, limit: int | None, tok: int) -> int:
+def drawn_prefix_mass(
+    x: np.ndarray, p: SamplingParams, mask: np.ndarray | None, limit: int | None, tok: int
+) -> int:
     """The exact cumulative mass of the kept distribution up to and including ``tok`` (the kernel's last state)."""
     ids, q = distribution(x, p, counts={}, token_limit=limit, mask=mask)
     return int(np.cumsum(q, dtype=np.uint64)[int(np.flatnonzero(ids == tok)[0])])
@@ -130,7 +137,9 @@ def test_split_sampler_emulated(emu: Path, tmp_path: Path, case: int) -> None:
     limit = v - 97 if case % 4 == 2 else None
     x, params, masks = make_case(rng, rows, v, masked)
     seeds, pos = rng.integers(0, 2**63, rows, dtype=np.uint64), rng.integers(0, 2**30, rows, dtype=np.uint64)
-    out, zero, cnt, st = run_emu(emu, tmp_path, x, params, masks, seeds, pos, v if limit is None else limit, sizes)
+    out, zero, cnt, st = run_emu(
+        emu, tmp_path, x, params, masks, seeds, pos, v if limit is None else limit, sizes
+    )
     want = want_tokens(x, params, masks, seeds, pos, limit)
     bad = [(i, params[i], out[0, i], want[i]) for i in range(rows) if out[0, i] != want[i]]
     assert not bad, f"{len(bad)} rows differ from the NumPy sampler: {bad}"

@@ -124,6 +124,7 @@ def sample_rows(
     chunk: int = SPLIT_CHUNK,
     bins: int = SPLIT_NB,
     cap: int = SPLIT_CAP,
+    out: Any = None,
 ) -> Any:
     """Token ids ``[B]`` (int32) of float32 ``logits[B, V]`` (already penalized) by the sampler's definition:
     float64 ``temperature``, ``top_p``, ``min_p``, int32 ``top_k``, uint64 ``seeds`` and ``positions``, all
@@ -134,7 +135,8 @@ def sample_rows(
     ``bins`` bins and at most ``cap`` of them sorted per round (cuda_src/sample_split.cuh): a fixed sequence of
     launches with no host synchronization (capturable in a CUDA graph), on this device's and stream's
     workspaces. ``split=False``: the one-block-per-row kernel (the baseline; a uint64 ``[B, V]`` workspace per
-    call). Both give the same tokens; ``chunk``, ``bins`` and ``cap`` change the speed only (tests shrink them)."""
+    call). Both give the same tokens; ``chunk``, ``bins`` and ``cap`` change the speed only (tests shrink them).
+    ``out``: an int32 ``[B]`` to write (e.g. a graph's fixed output; every row is written)."""
     import cupy
 
     if np.dtype(logits.dtype) != np.float32:
@@ -153,8 +155,12 @@ def sample_rows(
     if mask is not None:
         check_array(mask, "mask", dtype=np.int32, shape=(rows, -(-v // 32)))
         ldm = mask.shape[1]
+    if rows > 65535:
+        raise KernelError(f"logits: {rows} rows; sample_rows takes at most 65535")
     limit = v if limit is None else max(0, min(int(limit), v))
-    out = cupy.full((rows,), -2, dtype=np.int32)
+    if out is None:
+        out = cupy.full((rows,), -2, dtype=np.int32)
+    check_array(out, "out", dtype=np.int32, shape=(rows,))
     if not rows:
         return out
     null = np.uint64(0)  # a null pointer: no mask
@@ -191,7 +197,17 @@ def _split_launches(
     st, pre, part, ws = (buf[at[i] : at[i + 1]] for i in range(4))
     cnt = arrival_counters(rows)
     fns = _split_kernels(cupy.cuda.Device().id)
-    head = (x, np.int64(ld), mask, np.int64(ldm), np.int32(lim), np.int32(chunk), temperature, min_p, np.int32(nb))
+    head = (
+        x,
+        np.int64(ld),
+        mask,
+        np.int64(ldm),
+        np.int32(lim),
+        np.int32(chunk),
+        temperature,
+        min_p,
+        np.int32(nb),
+    )
     grid, nt, rt = (splits, rows), (_SPLIT_THREADS,), (_RESOLVE_THREADS,)
     fns["split_max"](grid, nt, (*head, part, cnt, st, out))
     fns["split_hist"](grid, nt, (*head, st, zero, np.int64(zs)))
