@@ -13,7 +13,7 @@
 //   split_max     (splits, rows): the row's largest allowed key and smallest allowed x; the last block to arrive
 //                 writes the row's state (the bin scale), or the answer for greedy rows and rows with nothing
 //                 allowed.
-//   split_hist    (splits, rows): each candidate's (count, q) added to its bin (shared, then global atomics).
+//   split_hist    (splits / 4, rows): each candidate's (count, q) added to its bin (shared, then global atomics).
 //   split_resolve (rows) with plan = 1: the bins' prefix sums (and the histogram zeroed for the next launch), then
 //                 the stages as far as the prefix sums answer them; a stage that needs a bin's order asks for the
 //                 bins [b0, b] (b0 as low as keeps them within cap candidates: later stages only move up the order,

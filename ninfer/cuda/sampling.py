@@ -2,7 +2,8 @@
 defines it) on device rows, plus its building blocks, masked greedy argmax and the counter-based uniform.
 
 ``apply_penalties_rows`` penalizes a device copy of the rows in place; ``sample_rows`` picks one token per row
-(one block per row, exact integer histograms); ``argmax_rows`` is its greedy pick (temperature <= 0) with each
+(each row over many blocks: exact integer histograms over bins of the logits, then an exact sort of only the bins
+the cuts land in; docs/cuda.md); ``argmax_rows`` is its greedy pick (temperature <= 0) with each
 row's vocabulary split over many blocks; ``sample_requests`` does these for the engine's ``SampleRequest`` list
 (an all-greedy list through ``argmax_rows``: no per-row parameters to upload, no workspace of ``[B, V]``). Each
 row's token is the NumPy ``sample`` token for the same inputs (see the sampler docstring for the one ulp of ``exp``
@@ -49,8 +50,9 @@ _THREADS = 1024  # sample_rows: one block of 1024 threads per row
 _ARGMAX_THREADS = 256  # argmax_split: ARGMAX_NT
 # argmax_rows: ids per block (ARGMAX_NT x ARGMAX_UNROLL: each thread's loads all in flight at once)
 ARGMAX_CHUNK = 2048
-# sample_rows' split path (sample_split.cuh): ids per block, bins per row, the longest list sorted in shared memory
-SPLIT_CHUNK, SPLIT_NB, SPLIT_CAP = 2048, 2048, 2048
+# sample_rows' split path (sample_split.cuh): ids per block, bins per row, the longest list sorted in shared memory;
+# the histogram's blocks take HIST_SPAN chunks each (fewer blocks: fewer global atomics on the row's bins)
+SPLIT_CHUNK, SPLIT_NB, SPLIT_CAP, HIST_SPAN = 2048, 2048, 2048, 4
 _SPLIT_THREADS, _RESOLVE_THREADS, _ST_STRIDE = 256, 1024, 8
 
 
@@ -210,7 +212,9 @@ def _split_launches(
     )
     grid, nt, rt = (splits, rows), (_SPLIT_THREADS,), (_RESOLVE_THREADS,)
     fns["split_max"](grid, nt, (*head, part, cnt, st, out))
-    fns["split_hist"](grid, nt, (*head, st, zero, np.int64(zs)))
+    hchunk = chunk * HIST_SPAN
+    hhead = (*head[:5], np.int32(hchunk), *head[6:])
+    fns["split_hist"]((max(1, -(-lim // hchunk)), rows), nt, (*hhead, st, zero, np.int64(zs)))
     tail = (top_k, top_p, seeds, positions, np.int32(nb), np.int32(cap))
     after = (st, zero, np.int64(zs), pre, ws, np.int64(ldw), out)
     fns["split_resolve"]((rows,), rt, (x, np.int64(ld), *tail, np.int32(1), *after))

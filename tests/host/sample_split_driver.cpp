@@ -36,8 +36,9 @@ int main(int argc, char** argv) {
         emu_launch_poisoned(grid, SPLIT_NT, seed++, [] {}, [&] {
             split_max(x.data(), V, m, words, lim, chunk, T.data(), mp.data(), nb, part.data(), cnt.data(), st.data(), o);
         });
-        emu_launch_poisoned(grid, SPLIT_NT, seed++, [] {}, [&] {
-            split_hist(x.data(), V, m, words, lim, chunk, T.data(), mp.data(), nb, st.data(), zero.data(), zs);
+        const int hchunk = chunk * 4, hsplits = lim > 0 ? (lim + hchunk - 1) / hchunk : 1;  // sampling.HIST_SPAN
+        emu_launch_poisoned({(unsigned)hsplits, (unsigned)rows, 1}, SPLIT_NT, seed++, [] {}, [&] {
+            split_hist(x.data(), V, m, words, lim, hchunk, T.data(), mp.data(), nb, st.data(), zero.data(), zs);
         });
         for (int round = 0; round < 4; ++round) {
             if (round)
