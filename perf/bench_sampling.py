@@ -13,7 +13,9 @@ of strong ones). Per case and row count:
 - ``host_ms``: the same call's work before its synchronization (``sample_requests_dev``: the launches returned, the
   GPU possibly still running): mean wall time;
 - ``kernel_ms``: the sampling launches alone, CUDA events around ``reps`` calls back to back, per call (the
-  one-block kernel: ``reps / 10`` calls, and no call_ms / host_ms: it is the baseline, not the runner's path).
+  one-block kernel: ``reps / 10`` calls, and no call_ms / host_ms: it is the baseline, not the runner's path);
+- ``graph_ms`` (split path): the same launches captured in a CUDA graph, per replay: the device's time without
+  the host's launch overhead (the split path is nine launches).
 
 Cases: ``greedy_before`` (temperature 0 rows through the per-row parameter upload and the one-block kernel),
 ``greedy`` (``argmax_rows``), then ``<params>/<logits>/<split|block>`` for the parameter sets ``qwen`` (temperature
@@ -67,12 +69,12 @@ def _logits(rng: np.random.Generator, n: int, vocab: int, kind: str) -> np.ndarr
 
 
 def _before_dev(x: Any, reqs: list[Any], limit: int | None) -> Any:
-    """The greedy rows' path before ``argmax_rows``: the rows' columns uploaded, then ``sample_rows``."""
+    """The greedy rows' path before ``argmax_rows``: the rows' columns uploaded, then the one-block kernel."""
     from ninfer.cuda.sampling import _columns, sample_rows
 
     c = _columns(reqs)
     return sample_rows(x, c["temperature"], c["top_k"], c["top_p"], c["min_p"], c["seeds"], c["positions"],
-                       None, limit)  # fmt: skip
+                       None, limit, split=False)  # fmt: skip
 
 
 def _mean_s(fn: Any, reps: int) -> float:
@@ -103,6 +105,31 @@ def _kernel_s(launch: Any, reps: int) -> float:
     return cupy.cuda.get_elapsed_time(start, end) / 1e3 / reps
 
 
+def _graph_s(launch: Any, reps: int) -> float | str:
+    """Per replay of ``launch`` captured in a CUDA graph (the device's time alone, no launch overhead), or the
+    capture's error as a string."""
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    try:
+        with stream:
+            launch()  # outside the capture: sizes this stream's workspaces
+            stream.synchronize()
+            stream.begin_capture()
+            launch()
+            graph = stream.end_capture()
+            graph.launch(stream)
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            for _ in range(reps):
+                graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+    except Exception as e:  # noqa: BLE001 - reported in the table, the other cases still run
+        return f"{type(e).__name__}: {e}"
+    return cupy.cuda.get_elapsed_time(start, end) / 1e3 / reps
+
+
 def _case(x: Any, name: str, reps: int) -> dict[str, Any]:
     """One case: ``greedy_before``, ``greedy`` or ``<params>/<logits>/<split|block>``."""
     import cupy
@@ -129,6 +156,12 @@ def _case(x: Any, name: str, reps: int) -> dict[str, Any]:
     res["host_ms"] = 1e3 * _mean_s(lambda: dev(x, reqs, None), reps)
     res["kernel_ms"] = 1e3 * _kernel_s(launch, reps)
     res["ids"] = cupy.asnumpy(dev(x, reqs, None)).tolist()
+    if not block and name != "greedy":  # the split path
+        out = cupy.empty((n,), np.int32)
+        g = _graph_s(lambda: sample_rows(x, *cols, out=out), reps)
+        res["graph_ms"] = 1e3 * g if isinstance(g, float) else g
+        if isinstance(g, float):
+            assert cupy.asnumpy(out).tolist() == res["ids"], f"{name}: the graph's ids differ"
     return res
 
 
@@ -165,10 +198,15 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     res = bench_sampling(args.rows, args.vocab, args.reps)
     print(f"device sampling, vocab {args.vocab} (mean per call; kernel: per launch, back to back)")
-    print(f"{'case':20s} {'rows':>4s} {'call_ms':>8s} {'host_ms':>8s} {'kernel_ms':>9s}")
-    ms = lambda v: f"{v:8.3f}" if v is not None else f"{'-':>8s}"  # noqa: E731
+    print(f"{'case':20s} {'rows':>4s} {'call_ms':>8s} {'host_ms':>8s} {'kernel_ms':>9s} {'graph_ms':>8s}")
+    ms = lambda v: f"{v:8.3f}" if isinstance(v, float) else f"{'-':>8s}"  # noqa: E731
     for r in res:
-        print(f"{r['case']:20s} {r['rows']:4d} {ms(r['call_ms'])} {ms(r['host_ms'])} {r['kernel_ms']:9.4f}")
+        g = r.get("graph_ms")
+        print(
+            f"{r['case']:20s} {r['rows']:4d} {ms(r['call_ms'])} {ms(r['host_ms'])} {r['kernel_ms']:9.4f} {ms(g)}"
+        )
+        if isinstance(g, str):
+            print(f"  graph capture failed: {g}")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         rows = [{k: v for k, v in r.items() if k != "ids"} for r in res]
