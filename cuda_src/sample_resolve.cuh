@@ -1,4 +1,4 @@
-// split_resolve: one block per row (see sample_split.cuh). pre: per row the bins' exclusive prefix sums, counts
+// resolve_row: the last block of a row in split_hist (plan = 1) and split_gather (plan = 0); see sample_split.cuh. pre: per row the bins' exclusive prefix sums, counts
 // Cc[nb + 1] then masses Cm[nb + 1] (Cc[b] = candidates in bins < b). The sorted list (plan = 0) holds bins
 // [b0, b1]; its j-th entry's cumulative weight from the top of the order is Cx[b0] + its prefix within the list.
 
@@ -9,12 +9,12 @@ __device__ void find_prefix_bin(const u64* Cx, int nb, u64 w, int* out) {
 }
 
 // Loads the gathered list (nl <= cap entries of ws), sorts it by descending key, masses to inclusive prefix sums.
-__device__ void load_sorted(const u64* ws, int nl, const float* x, u64* keys, u64* w) {
+__device__ void load_sorted(const u64* ws, int nl, const float* x, u64* keys, u64* w, u64* tmp) {
     int P = 1;
     while (P < nl) P <<= 1;
     for (int j = threadIdx.x; j < P; j += blockDim.x) {
         if (j < nl) {
-            const u64 e = ws[j];
+            const u64 e = __ldcg(ws + j);
             keys[j] = sort_key(x[ws_id(e)], ws_id(e));
             w[j] = ws_mass(e);
         } else {
@@ -23,22 +23,17 @@ __device__ void load_sorted(const u64* ws, int nl, const float* x, u64* keys, u6
     }
     __syncthreads();
     bitonic_desc(keys, w, P);
-    block_scan_u64(w, P);
+    block_scan_u64(w, P, tmp);
 }
 
-__global__ void __launch_bounds__(SPLIT_RT)
-    split_resolve(const float* __restrict__ logits, long long ld, const int* __restrict__ topk,
-                  const double* __restrict__ topp, const u64* __restrict__ seeds, const u64* __restrict__ positions,
-                  int nb, int cap, int plan, u64* __restrict__ st, u64* __restrict__ zero, long long zs,
-                  u64* __restrict__ pre_all, u64* __restrict__ ws_all, long long ldw, int* __restrict__ out) {
-    __shared__ u64 keys[SPLIT_CAP_MAX], w[SPLIT_CAP_MAX];
-    __shared__ u64 hist[256], group[32], sh[2], scratch[32];
+__device__ void resolve_row(SPLIT_ARGS, int plan, u64* smem) {
+    u64 *keys = smem, *w = smem + SPLIT_CAP_MAX, *hist = w + SPLIT_CAP_MAX, *group = hist + 256;
+    u64 *scratch = group + 32, *sh = scratch + 32;
     __shared__ u64 s_w, s_mass;
     __shared__ int s_stage, s_wm, s_bin, s_j, s_b0;
-    const long long row = blockIdx.x;
+    const long long row = blockIdx.y;
     const int tid = threadIdx.x;
     u64* s = st + row * ST_STRIDE;
-    if (s[ST_STAGE] >= 3) return;
     const float* x = logits + row * ld;
     u64* z = zero + row * zs;
     u64* Cc = pre_all + row * 2 * (nb + 1);
@@ -46,19 +41,19 @@ __global__ void __launch_bounds__(SPLIT_RT)
     const u64* ws = ws_all + row * ldw;
     long long b0 = -1, b1 = -1, nl = -1;  // the list's bins and length (-1: no list)
     if (plan) {  // the bins' prefix sums; the histogram zeroed for the next launch
-        for (int b = tid; b < nb; b += blockDim.x) keys[b] = z[b], w[b] = z[nb + b], z[b] = 0, z[nb + b] = 0;
+        for (int b = tid; b < nb; b += blockDim.x)
+            keys[b] = __ldcg(z + b), w[b] = __ldcg(z + nb + b), z[b] = 0, z[nb + b] = 0;
         __syncthreads();
-        block_scan_u64(keys, nb);
-        block_scan_u64(w, nb);
+        block_scan_u64(keys, nb, hist);
+        block_scan_u64(w, nb, hist);
         for (int b = tid; b <= nb; b += blockDim.x) Cc[b] = b ? keys[b - 1] : 0, Cm[b] = b ? w[b - 1] : 0;
         if (tid == 0) s_mass = w[nb - 1];
     } else {
         b0 = (long long)s[ST_B0], b1 = (long long)s[ST_B1];
-        if (b0 < 0) return;
-        nl = (long long)z[2 * nb];
+        nl = (long long)__ldcg(z + 2 * nb);
         __syncthreads();
         if (tid == 0) z[2 * nb] = 0, s_mass = s[ST_MASS];
-        if (nl <= cap) load_sorted(ws, (int)nl, x, keys, w);
+        if (nl <= cap) load_sorted(ws, (int)nl, x, keys, w, hist);
     }
     if (tid == 0) s_stage = (int)s[ST_STAGE];
     __syncthreads();

@@ -10,24 +10,29 @@
 // cap (ties, a flat bin), searched by sample_rows' radix selection over the gathered list.
 //
 // Launches (all grids fixed by (rows, V, chunk); per row, nothing depends on other rows or the launch size):
-//   split_max     (splits, rows): the row's largest allowed key and smallest allowed x; the last block to arrive
-//                 writes the row's state (the bin scale), or the answer for greedy rows and rows with nothing
-//                 allowed.
-//   split_hist    (splits / 4, rows): each candidate's (count, q) added to its bin (shared, then global atomics).
-//   split_resolve (rows) with plan = 1: the bins' prefix sums (and the histogram zeroed for the next launch), then
-//                 the stages as far as the prefix sums answer them; a stage that needs a bin's order asks for the
-//                 bins [b0, b] (b0 as low as keeps them within cap candidates: later stages only move up the order,
-//                 so they often land in the same list).
-//   split_gather  (splits, rows): the asked bins' candidates appended to the row's list (a self-resetting count).
-//   split_resolve (rows) with plan = 0: sorts the list and answers the stages it holds, or asks again.
-// Each resolve answers at least the stage it asked for, so three (gather, resolve) rounds finish every row; a row
-// that is done returns at once in the later launches.
+//   split_max    (splits, rows): the row's largest allowed key and smallest allowed x; the last block to arrive
+//                writes the row's state (the bin scale), or the answer for greedy rows and rows with nothing
+//                allowed.
+//   split_hist   (splits / 4, rows): each candidate's (count, q) added to its bin (shared, then global atomics);
+//                the row's last block to arrive plans (resolve_row, plan = 1): the bins' prefix sums (the
+//                histogram zeroed for the next launch), then the stages as far as the prefix sums answer them; a
+//                stage that needs a bin's order asks for the bins [b0, b] (b0 as low as keeps them within cap
+//                candidates: later stages only move up the order, so they often land in the same list).
+//   split_gather (splits, rows) x 3: the asked bins' candidates appended to the row's list (a self-resetting
+//                count); the row's last block to arrive sorts the list and answers the stages it holds, or asks
+//                again (resolve_row, plan = 0).
+// Each round answers at least the stage it asked for, so three rounds finish every row; a row that is done
+// returns at once in the later launches. Arrival counters are reset by the last block, as in argmax_split; a
+// block's global writes are fenced by every thread before thread 0 arrives, and the last block reads them
+// through L2 (__ldcg).
 
 constexpr int SPLIT_NT = 256;        // threads of split_max / split_hist / split_gather
 constexpr int SPLIT_CHUNK_MAX = 2048;  // ids per block at most (split_gather's shared list)
 constexpr int SPLIT_NB_MAX = 2048;   // bins at most
-constexpr int SPLIT_CAP_MAX = 2048;  // sorted list at most (split_resolve's shared memory)
-constexpr int SPLIT_RT = 1024;       // threads of split_resolve
+constexpr int SPLIT_CAP_MAX = 2048;  // sorted list at most (resolve_row's shared memory)
+// shared memory of split_hist / split_gather (u64 words): the sorted list's keys and masses, then 256 words for the
+// scans' partials and the radix histogram, 32 + 32 + 2 for its groups, reductions and answer
+constexpr int SPLIT_SMEM = 2 * SPLIT_CAP_MAX + 256 + 66;
 constexpr int ST_STRIDE = 8;         // u64 state words per row: see enum
 enum { ST_BEST = 0, ST_SCALE = 1, ST_STAGE = 2, ST_B0 = 3, ST_B1 = 4, ST_MASS = 5 };
 // stage: 0 top-k, 1 top-p, 2 the draw, 3 done. ST_MASS: the mass of the kept prefix so far (all candidates until a
@@ -138,13 +143,35 @@ HD u64 candidate_mass(float v, float mx, double T, double mp) {
     return q == 0 || (mp > 0.0 && e < mp) ? 0 : q;
 }
 
+// The argument list of split_hist and split_gather (the last block resolves the row).
+#define SPLIT_ARGS                                                                                                 \
+    const float *__restrict__ logits, long long ld, const int *__restrict__ mask, long long ldm, int limit,        \
+        int chunk, const double *__restrict__ temp, const double *__restrict__ minp, int nb,                       \
+        const int *__restrict__ topk, const double *__restrict__ topp, const u64 *__restrict__ seeds,              \
+        const u64 *__restrict__ positions, int cap, int *__restrict__ cnt, u64 *__restrict__ st,                   \
+        u64 *__restrict__ zero, long long zs, u64 *__restrict__ pre_all, u64 *__restrict__ ws_all, long long ldw,  \
+        int *__restrict__ out
+
+__device__ void resolve_row(SPLIT_ARGS, int plan, u64* smem);
+
+// After a block's global writes (every thread): whether it is the row's last block to arrive (then the counter is
+// reset for the next launch and the other blocks' writes are visible through L2).
+__device__ bool last_to_arrive(int* cnt, long long row, int* flag) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) *flag = arrive_acq_rel(cnt + row, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    const bool last = *flag;
+    if (last && threadIdx.x == 0) cnt[row] = 0;
+    return last;
+}
+
 // zero: per row [nb counts | nb masses | list count] (stride zs), zero between launches.
-__global__ void __launch_bounds__(SPLIT_NT)
-    split_hist(const float* __restrict__ logits, long long ld, const int* __restrict__ mask, long long ldm, int limit,
-               int chunk, const double* __restrict__ temp, const double* __restrict__ minp, int nb,
-               const u64* __restrict__ st, u64* __restrict__ zero, long long zs) {
-    __shared__ u32 hc[SPLIT_NB_MAX];
-    __shared__ u64 hm[SPLIT_NB_MAX];
+__global__ void __launch_bounds__(SPLIT_NT) split_hist(SPLIT_ARGS) {
+    __shared__ u64 smem[SPLIT_SMEM];
+    __shared__ int flag;
+    u64* hm = smem;
+    u32* hc = (u32*)(smem + SPLIT_NB_MAX);
     const long long row = blockIdx.y;
     const u64* s = st + row * ST_STRIDE;
     if (s[ST_STAGE] >= 3) return;
@@ -169,17 +196,19 @@ __global__ void __launch_bounds__(SPLIT_NT)
     u64* z = zero + row * zs;
     for (int b = threadIdx.x; b < nb; b += SPLIT_NT)
         if (hc[b]) atomicAdd(&z[b], (u64)hc[b]), atomicAdd(&z[nb + b], hm[b]);
+    if (!last_to_arrive(cnt, row, &flag)) return;
+    resolve_row(logits, ld, mask, ldm, limit, chunk, temp, minp, nb, topk, topp, seeds, positions, cap, cnt, st, zero,
+                zs, pre_all, ws_all, ldw, out, 1, smem);
 }
 
-// The candidates of bins [ST_B0, ST_B1] appended to the row's list ws (workspace entries, as sample_rows').
-__global__ void __launch_bounds__(SPLIT_NT)
-    split_gather(const float* __restrict__ logits, long long ld, const int* __restrict__ mask, long long ldm,
-                 int limit, int chunk, const double* __restrict__ temp, const double* __restrict__ minp, int nb,
-                 const u64* __restrict__ st, u64* __restrict__ zero, long long zs, u64* __restrict__ ws_all,
-                 long long ldw) {
-    __shared__ u64 list[SPLIT_CHUNK_MAX];
+// The candidates of bins [ST_B0, ST_B1] appended to the row's list ws (workspace entries, as sample_rows'); the
+// row's last block resolves.
+__global__ void __launch_bounds__(SPLIT_NT) split_gather(SPLIT_ARGS) {
+    __shared__ u64 smem[SPLIT_SMEM];
     __shared__ u32 n;
     __shared__ u64 base;
+    __shared__ int flag;
+    u64* list = smem;  // SPLIT_CHUNK_MAX entries
     const long long row = blockIdx.y;
     const u64* s = st + row * ST_STRIDE;
     const long long b0 = (long long)s[ST_B0], b1 = (long long)s[ST_B1];
@@ -205,18 +234,29 @@ __global__ void __launch_bounds__(SPLIT_NT)
     __syncthreads();
     u64* ws = ws_all + row * ldw;
     for (u32 j = threadIdx.x; j < n; j += SPLIT_NT) ws[base + j] = list[j];
+    if (!last_to_arrive(cnt, row, &flag)) return;
+    resolve_row(logits, ld, mask, ldm, limit, chunk, temp, minp, nb, topk, topp, seeds, positions, cap, cnt, st, zero,
+                zs, pre_all, ws_all, ldw, out, 0, smem);
 }
 
-// Inclusive prefix sums of a[0, L) in place (L <= 2 * blockDim.x), Hillis-Steele.
-__device__ void block_scan_u64(u64* a, int L) {
-    const int i0 = threadIdx.x, i1 = threadIdx.x + blockDim.x;
-    for (int off = 1; off < L; off <<= 1) {
-        const u64 v0 = i0 < L && i0 >= off ? a[i0 - off] : 0, v1 = i1 < L && i1 >= off ? a[i1 - off] : 0;
+// Inclusive prefix sums of a[0, L) in place: each thread sums a contiguous segment, the blockDim.x (<= 256)
+// segment sums are scanned in tmp (Hillis-Steele), then each segment is rewritten from its offset.
+__device__ void block_scan_u64(u64* a, int L, u64* tmp) {
+    const int t = threadIdx.x, per = (L + blockDim.x - 1) / blockDim.x, s0 = t * per;
+    const int s1 = s0 + per < L ? s0 + per : L;
+    u64 sum = 0;
+    for (int i = s0; i < s1; ++i) sum += a[i];
+    tmp[t] = sum;
+    __syncthreads();
+    for (int off = 1; off < (int)blockDim.x; off <<= 1) {
+        const u64 v = t >= off ? tmp[t - off] : 0;
         __syncthreads();
-        if (i0 < L) a[i0] += v0;
-        if (i1 < L) a[i1] += v1;
+        tmp[t] += v;
         __syncthreads();
     }
+    u64 run = t ? tmp[t - 1] : 0;
+    for (int i = s0; i < s1; ++i) run += a[i], a[i] = run;
+    __syncthreads();
 }
 
 // keys[0, P) descending with their masses (P a power of two; keys distinct but the zero padding).

@@ -126,7 +126,7 @@ __device__ u64 kept_mass(const u64* ws, int n, const float* x, u64 lo, u64* acc)
     __syncthreads();
     u64 s = 0;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const u64 w = ws[j];
+        const u64 w = __ldcg(ws + j);  // L2: the split path reads lists other blocks wrote
         if (sort_key(x[ws_id(w)], ws_id(w)) >= lo) s += ws_mass(w);
     }
     atomicAdd(acc, s);
@@ -172,7 +172,7 @@ __device__ u64 radix_select(const u64* ws, int n, const float* x, u64 lo, u64 r,
         for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
         __syncthreads();
         for (int j = threadIdx.x; j < n; j += blockDim.x) {
-            const u64 w = ws[j];
+            const u64 w = __ldcg(ws + j);
             const u64 key = sort_key(x[ws_id(w)], ws_id(w));
             if (key < lo || (shift < 56 && (key >> (shift + 8)) != (prefix >> (shift + 8)))) continue;
             atomicAdd(&hist[(key >> shift) & 255u], mass ? ws_mass(w) : 1ull);

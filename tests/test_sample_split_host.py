@@ -96,7 +96,7 @@ def want_tokens(x: np.ndarray, params: list, masks: np.ndarray | None, seeds: np
 
 
 def run_emu(emu: Path, d: Path, x: np.ndarray, params: list, masks: np.ndarray | None, seeds: np.ndarray,
-            pos: np.ndarray, limit: int, sizes: tuple[int, int, int, int], launches: int = 2) -> tuple:  # fmt: skip
+            pos: np.ndarray, limit: int, sizes: tuple[int, int, int], launches: int = 2) -> tuple:  # fmt: skip
     d.mkdir(parents=True, exist_ok=True)
     x.tofile(d / "x.bin")
     if masks is not None:
@@ -121,10 +121,10 @@ def drawn_prefix_mass(
     return int(np.cumsum(q, dtype=np.uint64)[int(np.flatnonzero(ids == tok)[0])])
 
 
-SIZES = (  # chunk, bins, cap, resolve threads
-    (1024, 256, 256, 128),  # one gather round for most rows
-    (512, 32, 64, 64),  # coarse bins, small lists: several rounds
-    (2048, 4, 16, 32),  # a bin over the cap on nearly every row: the radix fallback
+SIZES = (  # chunk, bins, cap
+    (1024, 256, 256),  # one gather round for most rows
+    (512, 32, 64),  # coarse bins, small lists: several rounds
+    (2048, 4, 16),  # a bin over the cap on nearly every row: the radix fallback
 )
 
 

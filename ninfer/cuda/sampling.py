@@ -43,7 +43,7 @@ __all__ = [
 SOURCES: dict[str, tuple[str, ...]] = {
     "sampling.cu": tuple(f"argmax_masked<{t}>" for t in ("float", "bf16"))
     + ("counter_uniform", "apply_penalties_rows", "sample_rows", "argmax_split")
-    + ("split_max", "split_hist", "split_gather", "split_resolve")
+    + ("split_max", "split_hist", "split_gather")
 }
 MAX_VOCAB = 1 << 20  # workspace entries pack the id in 20 bits; the mass sum stays below 2^64
 _THREADS = 1024  # sample_rows: one block of 1024 threads per row
@@ -53,7 +53,7 @@ ARGMAX_CHUNK = 2048
 # sample_rows' split path (sample_split.cuh): ids per block, bins per row, the longest list sorted in shared memory;
 # the histogram's blocks take HIST_SPAN chunks each (fewer blocks: fewer global atomics on the row's bins)
 SPLIT_CHUNK, SPLIT_NB, SPLIT_CAP, HIST_SPAN = 2048, 2048, 2048, 4
-_SPLIT_THREADS, _RESOLVE_THREADS, _ST_STRIDE = 256, 1024, 8
+_SPLIT_THREADS, _ST_STRIDE = 256, 8
 
 
 def argmax_masked(logits: Any, mask: Any = None, *, limit: int | None = None) -> Any:
@@ -182,8 +182,8 @@ def sample_rows(
 def _split_launches(
     x: Any, ld: int, mask: Any, ldm: int, lim: int, cols: tuple, sizes: tuple[int, int, int], out: Any
 ) -> None:
-    """The split path's launches (cuda_src/sample_split.cuh): max, histogram, plan, then three (gather, resolve)
-    rounds. Workspaces: ``zero`` (histograms and list counts, zero again after every launch sequence), the
+    """The split path's launches (cuda_src/sample_split.cuh): max, histogram (its last block per row plans), then
+    three gather rounds (their last block per row resolves). Workspaces: ``zero`` (histograms and list counts, zero again after every launch sequence), the
     per-row state, prefix sums, partials and lists, and the shared arrival counters."""
     import cupy
 
@@ -199,34 +199,22 @@ def _split_launches(
     st, pre, part, ws = (buf[at[i] : at[i + 1]] for i in range(4))
     cnt = arrival_counters(rows)
     fns = _split_kernels(cupy.cuda.Device().id)
-    head = (
-        x,
-        np.int64(ld),
-        mask,
-        np.int64(ldm),
-        np.int32(lim),
-        np.int32(chunk),
-        temperature,
-        min_p,
-        np.int32(nb),
-    )
-    grid, nt, rt = (splits, rows), (_SPLIT_THREADS,), (_RESOLVE_THREADS,)
+    i32, i64 = np.int32, np.int64
+    head = (x, i64(ld), mask, i64(ldm), i32(lim), i32(chunk), temperature, min_p, i32(nb))
+    rest = (top_k, top_p, seeds, positions, i32(cap), cnt, st, zero, i64(zs), pre, ws, i64(ldw), out)
+    grid, nt = (splits, rows), (_SPLIT_THREADS,)
     fns["split_max"](grid, nt, (*head, part, cnt, st, out))
     hchunk = chunk * HIST_SPAN
-    hhead = (*head[:5], np.int32(hchunk), *head[6:])
-    fns["split_hist"]((max(1, -(-lim // hchunk)), rows), nt, (*hhead, st, zero, np.int64(zs)))
-    tail = (top_k, top_p, seeds, positions, np.int32(nb), np.int32(cap))
-    after = (st, zero, np.int64(zs), pre, ws, np.int64(ldw), out)
-    fns["split_resolve"]((rows,), rt, (x, np.int64(ld), *tail, np.int32(1), *after))
+    hist_head = (*head[:5], i32(hchunk), *head[6:])
+    fns["split_hist"]((max(1, -(-lim // hchunk)), rows), nt, (*hist_head, *rest))
     for _ in range(3):
-        fns["split_gather"](grid, nt, (*head, st, zero, np.int64(zs), ws, np.int64(ldw)))
-        fns["split_resolve"]((rows,), rt, (x, np.int64(ld), *tail, np.int32(0), *after))
+        fns["split_gather"](grid, nt, (*head, *rest))
 
 
 @functools.cache
 def _split_kernels(device: int) -> dict[str, Any]:
     """The split path's kernels, looked up once per device."""
-    names = ("split_max", "split_hist", "split_gather", "split_resolve")
+    names = ("split_max", "split_hist", "split_gather")
     return {n: kernel("sampling.cu", SOURCES["sampling.cu"], n) for n in names}
 
 

@@ -1,18 +1,20 @@
 // Driver of the split sampler's host emulation (tests/test_sample_split_host.py), appended after
 // tests/host/attn_emu.cpp, the test's prelude and cuda_src/sampling.cu. argv = dir rows V limit chunk bins cap
-// resolve_threads has_mask launches. Reads dir/x.bin (float32 [rows, V]), dir/mask.bin (int32 [rows, ceil(V/32)])
-// if has_mask, dir/params.bin (per row float64 T, top_p, min_p; then int32 top_k [rows]; uint64 seeds [rows],
-// positions [rows]). Runs sample_rows' split launch sequence `launches` times on the same workspaces (blocks in a
-// different shuffled order each; state, prefix sums, partials and lists poisoned before each); writes dir/out.bin
-// (int32 [launches, rows], poisoned -2 before each), dir/zero.bin (the must-be-zero workspace after the last),
-// dir/cnt.bin (the arrival counters after the last) and dir/st.bin (the rows' state words after the last).
+// has_mask launches. Reads dir/x.bin (float32 [rows, V]), dir/mask.bin (int32 [rows, ceil(V/32)]) if has_mask,
+// dir/params.bin (per row float64 T, top_p, min_p), dir/topk.bin (int32 [rows]), dir/seedpos.bin (uint64 seeds
+// [rows] then positions [rows]). Runs sample_rows' split launch sequence (ninfer.cuda.sampling._split_launches)
+// `launches` times on the same workspaces (blocks in a different shuffled order each; state, prefix sums,
+// partials and lists poisoned before each); writes dir/out.bin (int32 [launches, rows], poisoned -2 before each),
+// dir/zero.bin (the must-be-zero workspace after the last), dir/cnt.bin (the arrival counters after the last) and
+// dir/st.bin (the rows' state words after the last).
 int main(int argc, char** argv) {
-    if (argc != 11) return 2;
+    if (argc != 10) return 2;
     const std::string dir = argv[1];
     const int rows = atoi(argv[2]), V = atoi(argv[3]), limit = atoi(argv[4]), chunk = atoi(argv[5]);
-    const int nb = atoi(argv[6]), cap = atoi(argv[7]), rt = atoi(argv[8]), has_mask = atoi(argv[9]);
-    const int launches = atoi(argv[10]), words = (V + 31) / 32;
-    const int lim = limit < V ? limit : V, splits = lim > 0 ? (lim + chunk - 1) / chunk : 1, ldw = lim > 1 ? lim : 1;
+    const int nb = atoi(argv[6]), cap = atoi(argv[7]), has_mask = atoi(argv[8]), launches = atoi(argv[9]);
+    const int words = (V + 31) / 32, lim = limit < V ? limit : V, ldw = lim > 1 ? lim : 1;
+    const int splits = lim > 0 ? (lim + chunk - 1) / chunk : 1;
+    const int hchunk = chunk * 4, hsplits = lim > 0 ? (lim + hchunk - 1) / hchunk : 1;  // sampling.HIST_SPAN
     const long long zs = 2 * nb + 1;
     auto x = emu_read<float>(dir + "/x.bin", (size_t)rows * V);
     std::vector<int> mask;
@@ -31,26 +33,21 @@ int main(int argc, char** argv) {
         for (auto* v : {&st, &pre, &part, &ws}) std::memset(v->data(), 0x5a, v->size() * sizeof(u64));
         int* o = out.data() + (size_t)l * rows;
         for (int r = 0; r < rows; ++r) o[r] = -2;
-        const emu_dim3 grid{(unsigned)splits, (unsigned)rows, 1}, rgrid{(unsigned)rows, 1, 1};
+        const emu_dim3 grid{(unsigned)splits, (unsigned)rows, 1}, hgrid{(unsigned)hsplits, (unsigned)rows, 1};
         unsigned seed = 1000u + 17u * l;
         emu_launch_poisoned(grid, SPLIT_NT, seed++, [] {}, [&] {
             split_max(x.data(), V, m, words, lim, chunk, T.data(), mp.data(), nb, part.data(), cnt.data(), st.data(), o);
         });
-        const int hchunk = chunk * 4, hsplits = lim > 0 ? (lim + hchunk - 1) / hchunk : 1;  // sampling.HIST_SPAN
-        emu_launch_poisoned({(unsigned)hsplits, (unsigned)rows, 1}, SPLIT_NT, seed++, [] {}, [&] {
-            split_hist(x.data(), V, m, words, lim, hchunk, T.data(), mp.data(), nb, st.data(), zero.data(), zs);
+        emu_launch_poisoned(hgrid, SPLIT_NT, seed++, [] {}, [&] {
+            split_hist(x.data(), V, m, words, lim, hchunk, T.data(), mp.data(), nb, k.data(), tp.data(), seeds.data(),
+                       pos.data(), cap, cnt.data(), st.data(), zero.data(), zs, pre.data(), ws.data(), ldw, o);
         });
-        for (int round = 0; round < 4; ++round) {
-            if (round)
-                emu_launch_poisoned(grid, SPLIT_NT, seed++, [] {}, [&] {
-                    split_gather(x.data(), V, m, words, lim, chunk, T.data(), mp.data(), nb, st.data(), zero.data(), zs,
-                                 ws.data(), ldw);
-                });
-            emu_launch_poisoned(rgrid, rt, seed++, [] {}, [&] {
-                split_resolve(x.data(), V, k.data(), tp.data(), seeds.data(), pos.data(), nb, cap, round == 0, st.data(),
-                              zero.data(), zs, pre.data(), ws.data(), ldw, o);
+        for (int round = 0; round < 3; ++round)
+            emu_launch_poisoned(grid, SPLIT_NT, seed++, [] {}, [&] {
+                split_gather(x.data(), V, m, words, lim, chunk, T.data(), mp.data(), nb, k.data(), tp.data(),
+                             seeds.data(), pos.data(), cap, cnt.data(), st.data(), zero.data(), zs, pre.data(),
+                             ws.data(), ldw, o);
             });
-        }
     }
     emu_write(dir + "/out.bin", out);
     emu_write(dir + "/zero.bin", zero);
