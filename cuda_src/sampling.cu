@@ -9,7 +9,7 @@
 // apply_penalties_rows + sample_rows: the engine's sampler (its definition is the docstring of
 //   ninfer/engine/sampler.py) computed on the device, token for token the same as the NumPy oracle.
 // argmax_split: sample_rows' greedy pick (temperature <= 0) with the vocabulary split over many blocks per row.
-// split_max / split_hist / split_gather / split_resolve (sample_split.cuh): sample_rows' function with each row's
+// split_max / split_hist / split_gather (sample_split.cuh): sample_rows' function with each row's
 //   vocabulary split over many blocks; sample_rows itself stays as the one-block-per-row baseline.
 #include "common.cuh"
 

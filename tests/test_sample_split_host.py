@@ -1,13 +1,14 @@
-"""CPU check of sample_rows' split path (cuda_src/sample_split.cuh: split_max, split_hist, split_gather,
-split_resolve): the kernel text compiled by g++ under the CUDA emulation prelude of tests/host/attn_emu.cpp
-(std::thread per CUDA thread, block and warp barriers, blocks in a shuffled order), driven by
-tests/host/sample_split_driver.cpp with the launch sequence of ``ninfer.cuda.sampling._split_launches``. Every
+"""CPU check of sample_rows' split path (cuda_src/sample_split.cuh: split_max, split_hist, split_gather and
+their last blocks' resolve_row): the kernel text compiled by g++ under the CUDA emulation prelude of
+tests/host/attn_emu.cpp (std::thread per CUDA thread, block and warp barriers, blocks in a shuffled order), driven
+by tests/host/sample_split_driver.cpp with the launch sequence of ``ninfer.cuda.sampling._split_launches``. Every
 row's token must be the NumPy sampler's (``ninfer.engine.sampler.sample``, -1 for ``MaskError``) over temperatures
 0.3-1.5 (and greedy), top-k 0/1/20/50/1024/5000, top-p 1/0.95/0.5/tiny, min-p 0/0.05, masks, a token limit, NaN
-and infinities, ties, all-equal rows, peaked LM-like rows and flat random ones; two launches on the same workspaces
-(the histograms, list counts and arrival counters must be zero again after each); small bin counts and sort caps
-that force several gather rounds and the radix fallback for a bin larger than the cap; and a row alone gives the
-token it gives in a batch. The GPU tests (tests/test_cuda_sampling.py) run the same kernels on the device.
+and infinities, ties, all-equal rows, peaked LM-like rows and flat random ones, and the kernel's last state must
+hold the exact cumulative mass the draw ended on; two launches on the same workspaces in the first cases (the
+histograms, list counts and arrival counters must be zero again after each); small bin counts and sort caps that
+force several gather rounds and the radix fallback for a bin larger than the cap; and a row alone gives the token
+it gives in a batch. The GPU tests (tests/test_cuda_sampling.py) run the same kernels on the device.
 """
 
 from __future__ import annotations
