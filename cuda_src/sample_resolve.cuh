@@ -26,6 +26,63 @@ __device__ void load_sorted(const u64* ws, int nl, const float* x, u64* keys, u6
     block_scan_u64(w, P, tmp);
 }
 
+// From stage on, the next stage that cuts and its weight *wt (a count for top-k: *wm = 0, else a mass), given the
+// kept mass S so far and the n candidates; a stage that cuts nothing is passed (the kept set stays as it is).
+HD int next_cut(int stage, u64 S, u64 n, int k, double tp, double u, u64* wt, int* wm) {
+    *wm = 1;
+    if (stage == 0) {
+        if (k > 0 && (u64)k < n) {
+            *wt = (u64)k, *wm = 0;
+            return 0;
+        }
+        stage = 1;
+    }
+    if (stage == 1) {
+        if (tp < 1.0) {
+            *wt = top_p_target(tp, S);
+            return 1;
+        }
+        stage = 2;
+    }
+    *wt = draw_target(u, S);
+    return 2;
+}
+
+// plan: the bins' exclusive prefix sums Cc, Cm from the histogram (zeroed for the next launch); the total mass.
+__device__ u64 plan_prefix(u64* z, int nb, u64* Cc, u64* Cm, u64* keys, u64* w, u64* tmp) {
+    for (int b = threadIdx.x; b < nb; b += blockDim.x)
+        keys[b] = __ldcg(z + b), w[b] = __ldcg(z + nb + b), z[b] = 0, z[nb + b] = 0;
+    __syncthreads();
+    block_scan_u64(keys, nb, tmp);
+    block_scan_u64(w, nb, tmp);
+    for (int b = threadIdx.x; b <= nb; b += blockDim.x) Cc[b] = b ? keys[b - 1] : 0, Cm[b] = b ? w[b - 1] : 0;
+    return w[nb - 1];
+}
+
+// The bins to gather for a cut in bin b: [b0, b], b0 as low as keeps them within cap candidates (b alone if it
+// holds more). The condition is monotone in b0, so exactly one thread finds the first b0 that meets it.
+__device__ int ask_bins(const u64* Cc, long long b, int cap, int* s_b0) {
+    if (threadIdx.x == 0) *s_b0 = (int)b;
+    __syncthreads();
+    for (long long c = threadIdx.x; c <= b; c += blockDim.x)
+        if (Cc[b + 1] - Cc[c] <= (u64)cap && (c == 0 || Cc[b + 1] - Cc[c - 1] > (u64)cap)) *s_b0 = (int)c;
+    __syncthreads();
+    return *s_b0;
+}
+
+// The sorted list's index of a cut's weight wt (base: the weight above the list): direct for a count, the one j
+// with base + w[j - 1] < wt <= base + w[j] for a mass.
+__device__ int list_index(const u64* w, int nl, u64 base, u64 wt, int wm, int* s_j) {
+    if (!wm) {
+        if (threadIdx.x == 0) *s_j = (int)(wt - base - 1);
+    } else {
+        for (int j = threadIdx.x; j < nl; j += blockDim.x)
+            if (base + (j ? w[j - 1] : 0) < wt && wt <= base + w[j]) *s_j = j;
+    }
+    __syncthreads();
+    return *s_j;
+}
+
 __device__ void resolve_row(SPLIT_ARGS, int plan, u64* smem) {
     u64 *keys = smem, *w = smem + SPLIT_CAP_MAX, *hist = w + SPLIT_CAP_MAX, *group = hist + 256;
     u64 *scratch = group + 32, *sh = scratch + 32;
@@ -40,14 +97,9 @@ __device__ void resolve_row(SPLIT_ARGS, int plan, u64* smem) {
     u64* Cm = Cc + nb + 1;
     const u64* ws = ws_all + row * ldw;
     long long b0 = -1, b1 = -1, nl = -1;  // the list's bins and length (-1: no list)
-    if (plan) {  // the bins' prefix sums; the histogram zeroed for the next launch
-        for (int b = tid; b < nb; b += blockDim.x)
-            keys[b] = __ldcg(z + b), w[b] = __ldcg(z + nb + b), z[b] = 0, z[nb + b] = 0;
-        __syncthreads();
-        block_scan_u64(keys, nb, hist);
-        block_scan_u64(w, nb, hist);
-        for (int b = tid; b <= nb; b += blockDim.x) Cc[b] = b ? keys[b - 1] : 0, Cm[b] = b ? w[b - 1] : 0;
-        if (tid == 0) s_mass = w[nb - 1];
+    if (plan) {
+        const u64 total = plan_prefix(z, nb, Cc, Cm, keys, w, hist);
+        if (tid == 0) s_mass = total;
     } else {
         b0 = (long long)s[ST_B0], b1 = (long long)s[ST_B1];
         nl = (long long)__ldcg(z + 2 * nb);
@@ -58,29 +110,12 @@ __device__ void resolve_row(SPLIT_ARGS, int plan, u64* smem) {
     if (tid == 0) s_stage = (int)s[ST_STAGE];
     __syncthreads();
     for (;;) {
-        if (tid == 0) {  // the next stage that cuts: its weight (a count for top-k, else a mass)
-            int stage = s_stage, wm = 1;
-            u64 wt = 0;
-            for (;;) {
-                if (stage == 0) {
-                    const int k = topk[row];
-                    if (k > 0 && (u64)k < Cc[nb]) {
-                        wt = (u64)k, wm = 0;
-                        break;
-                    }
-                    stage = 1;  // no cut: the kept mass stays all of it
-                } else if (stage == 1) {
-                    if (topp[row] < 1.0) {
-                        wt = top_p_target(topp[row], s_mass);
-                        break;
-                    }
-                    stage = 2;
-                } else {
-                    wt = draw_target(counter_u(seeds[row], positions[row]), s_mass);
-                    break;
-                }
-            }
-            s_stage = stage, s_w = wt, s_wm = wm, s_bin = -1;
+        if (tid == 0) {
+            u64 wt;
+            int wm;
+            const double u = counter_u(seeds[row], positions[row]);
+            s_stage = next_cut(s_stage, s_mass, Cc[nb], topk[row], topp[row], u, &wt, &wm);
+            s_w = wt, s_wm = wm, s_bin = -1;
         }
         __syncthreads();
         const u64 wt = s_w;
@@ -89,41 +124,28 @@ __device__ void resolve_row(SPLIT_ARGS, int plan, u64* smem) {
         find_prefix_bin(Cx, nb, wt, &s_bin);
         __syncthreads();
         const long long b = s_bin;
-        if (nl >= 0 && b0 <= b && b <= b1) {  // in the list: the exact position
-            u64 key, kept;
-            if (nl <= cap) {
-                const u64 base = Cx[b0];
-                if (!wm) {
-                    if (tid == 0) s_j = (int)(wt - base - 1);
-                } else {
-                    for (int j = tid; j < nl; j += blockDim.x)
-                        if (base + (j ? w[j - 1] : 0) < wt && wt <= base + w[j]) s_j = j;
-                }
-                __syncthreads();
-                key = keys[s_j], kept = Cm[b0] + w[s_j];
-            } else {  // one bin of more than cap candidates: radix selection over the list
-                key = radix_select(ws, (int)nl, x, 0, wt - Cx[b0], wm != 0, hist, group, sh);
-                kept = Cm[b0] + kept_mass(ws, (int)nl, x, key, scratch);
-            }
-            if (tid == 0) {
-                s_mass = kept;
-                if (s_stage == 2) out[row] = key_id(key);
-                s_stage += 1;
-            }
-            __syncthreads();
-            const bool done = s_stage == 3;
-            __syncthreads();
-            if (done) break;
-            continue;
+        if (nl < 0 || b < b0 || b > b1) {  // not in the list: ask for it
+            const int a = ask_bins(Cc, b, cap, &s_b0);
+            if (tid == 0) s[ST_B0] = (u64)(long long)a, s[ST_B1] = (u64)b;
+            break;
         }
-        // not in the list: ask for bins [b0', b], b0' as low as keeps them within cap candidates
-        if (tid == 0) s_b0 = (int)b;
+        u64 key, kept;  // in the list: the exact position
+        if (nl <= cap) {
+            const int j = list_index(w, (int)nl, Cx[b0], wt, wm, &s_j);
+            key = keys[j], kept = Cm[b0] + w[j];
+        } else {  // one bin of more than cap candidates: radix selection over the list
+            key = radix_select(ws, (int)nl, x, 0, wt - Cx[b0], wm != 0, hist, group, sh);
+            kept = Cm[b0] + kept_mass(ws, (int)nl, x, key, scratch);
+        }
+        if (tid == 0) {
+            s_mass = kept;
+            if (s_stage == 2) out[row] = key_id(key);
+            s_stage += 1;
+        }
         __syncthreads();
-        for (long long c = tid; c <= b; c += blockDim.x)
-            if (Cc[b + 1] - Cc[c] <= (u64)cap && (c == 0 || Cc[b + 1] - Cc[c - 1] > (u64)cap)) s_b0 = (int)c;
+        const bool done = s_stage == 3;
         __syncthreads();
-        if (tid == 0) s[ST_B0] = (u64)(long long)s_b0, s[ST_B1] = (u64)b;
-        break;
+        if (done) break;
     }
     if (tid == 0) {
         s[ST_STAGE] = (u64)s_stage, s[ST_MASS] = s_mass;
