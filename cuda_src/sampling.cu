@@ -9,6 +9,8 @@
 // apply_penalties_rows + sample_rows: the engine's sampler (its definition is the docstring of
 //   ninfer/engine/sampler.py) computed on the device, token for token the same as the NumPy oracle.
 // argmax_split: sample_rows' greedy pick (temperature <= 0) with the vocabulary split over many blocks per row.
+// split_max / split_hist / split_gather (sample_split.cuh): sample_rows' function with each row's
+//   vocabulary split over many blocks; sample_rows itself stays as the one-block-per-row baseline.
 #include "common.cuh"
 
 template <typename T>
@@ -124,7 +126,7 @@ __device__ u64 kept_mass(const u64* ws, int n, const float* x, u64 lo, u64* acc)
     __syncthreads();
     u64 s = 0;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const u64 w = ws[j];
+        const u64 w = __ldcg(ws + j);  // L2: the split path reads lists other blocks wrote
         if (sort_key(x[ws_id(w)], ws_id(w)) >= lo) s += ws_mass(w);
     }
     atomicAdd(acc, s);
@@ -170,7 +172,7 @@ __device__ u64 radix_select(const u64* ws, int n, const float* x, u64 lo, u64 r,
         for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
         __syncthreads();
         for (int j = threadIdx.x; j < n; j += blockDim.x) {
-            const u64 w = ws[j];
+            const u64 w = __ldcg(ws + j);
             const u64 key = sort_key(x[ws_id(w)], ws_id(w));
             if (key < lo || (shift < 56 && (key >> (shift + 8)) != (prefix >> (shift + 8)))) continue;
             atomicAdd(&hist[(key >> shift) & 255u], mass ? ws_mass(w) : 1ull);
@@ -312,3 +314,5 @@ __global__ void __launch_bounds__(ARGMAX_NT)
         cnt[row] = 0;
     }
 }
+
+#include "sample_split.cuh"

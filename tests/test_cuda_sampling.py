@@ -162,6 +162,114 @@ def test_sample_rows_checks_arguments(cp: Any) -> None:
         sample_rows(x, f, k, f, f, u[:1], u)
     with pytest.raises(KernelError, match="mask"):
         sample_rows(x, f, k, f, f, u, u, cp.zeros((2, 3), np.int32))
+    for kw in ({"chunk": 0}, {"chunk": 4096}, {"bins": 0}, {"bins": 4096}, {"cap": 0}, {"cap": 4096}):
+        with pytest.raises(KernelError, match=next(iter(kw))):
+            sample_rows(x, f, k, f, f, u, u, **kw)
+    with pytest.raises(KernelError, match="out"):
+        sample_rows(x, f, k, f, f, u, u, out=cp.zeros(3, np.int32))
+
+
+# ---- sampled rows: sample_rows' split path against the one-block kernel and NumPy ----------------------------
+SPLIT_COMBOS = [(t, k, tp, mp) for t in (0.3, 0.6, 1.0, 1.5) for k in (0, 1, 20, 50, 1024, 5000)
+                for tp in (1.0, 0.95, 0.5, 1e-9) for mp in (0.0, 0.05)]  # fmt: skip
+
+
+def _split_case(rng: np.random.Generator, n: int, v: int, kind: str, first: int) -> tuple:
+    """Rows of a kind and params: SPLIT_COMBOS from ``first`` on (cyclically), the last row greedy."""
+    x = _rows(rng, n, v, kind)
+    combos = [SPLIT_COMBOS[(first + i) % len(SPLIT_COMBOS)] for i in range(n)]
+    params = [SamplingParams(temperature=t, top_k=k, top_p=tp, min_p=mp) for t, k, tp, mp in combos]
+    params[-1] = SamplingParams(temperature=0.0, top_k=20)
+    seeds = rng.integers(0, 2**63, n, dtype=np.uint64)
+    pos = rng.integers(0, 2**30, n, dtype=np.uint64)
+    return x, params, seeds, pos
+
+
+def _sample_rows(cp: Any, x: Any, params: list, seeds: np.ndarray, pos: np.ndarray, **kw: Any) -> list[int]:
+    from ninfer.cuda.sampling import sample_rows
+
+    col = lambda a, dt: cp.asarray(np.asarray(a, dt))  # noqa: E731
+    got = sample_rows(x, col([p.temperature for p in params], np.float64), col([p.top_k for p in params], np.int32),
+                      col([p.top_p for p in params], np.float64), col([p.min_p for p in params], np.float64),
+                      cp.asarray(seeds), cp.asarray(pos), **kw)  # fmt: skip
+    return cp.asnumpy(got).tolist()
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked", "ties"])
+def test_split_matches_numpy_and_the_one_block_kernel(cp: Any, kind: str) -> None:
+    """Every SPLIT_COMBOS parameter set on 248K-id rows of each kind: the split path (default sizes, and coarse
+    bins with a small sort cap: several gather rounds and the radix fallback) gives the NumPy sampler's token and
+    the one-block kernel's, twice on the same workspaces, in batches of 1, 4, 8 and 32 rows."""
+    rng = np.random.default_rng([len(kind), 3])
+    v, first = 248320, 0
+    for n in (1, 4, 8, 32, 32, 32, 32, 32, 32):
+        x, params, seeds, pos = _split_case(rng, n, v, kind, first)
+        first += n - 1
+        want = [
+            sample(x[i], p, seed=int(seeds[i]), position=int(pos[i]), counts={}) for i, p in enumerate(params)
+        ]
+        dev = cp.asarray(x)
+        for kw in ({}, {}, {"bins": 16, "cap": 64, "chunk": 1000}, {"split": False}):
+            got = _sample_rows(cp, dev, params, seeds, pos, **kw)
+            bad = [(i, params[i], got[i], want[i]) for i in range(n) if got[i] != want[i]]
+            assert not bad, f"{kw}: {len(bad)} of {n} rows differ from the NumPy sampler, e.g. {bad[:3]}"
+    assert first >= len(SPLIT_COMBOS), "every parameter set ran"
+
+
+def test_split_masks_limits_and_batch_invariance(cp: Any) -> None:
+    """Masks (one allowing nothing), a token limit, penalized rows through sample_requests, and each row alone
+    gives its token in the batch."""
+    from ninfer.cuda.sampling import sample_requests
+
+    rng = np.random.default_rng(21)
+    v, n = 248320, 8
+    x = _rows(rng, n, v, "peaked")
+    x[1::2] = _rows(rng, n // 2, v, "flat")
+    reqs = _requests(rng, n, v, masked=True)
+    reqs[3] = SampleRequest(SamplingParams(temperature=0.6, top_k=20, top_p=0.95), 9, 9, {},
+                            packed_mask(np.zeros(v, bool), v))  # fmt: skip
+    limit = v - 1000
+    want = [_cpu(x[i], r, limit) for i, r in enumerate(reqs)]
+    assert want[3] == -1
+    assert sample_requests(cp.asarray(x), reqs, limit) == want
+    for i in range(n):
+        alone = sample_requests(cp.asarray(x[i : i + 1]), reqs[i : i + 1], limit)
+        assert alone == want[i : i + 1], f"row {i}"
+
+
+def test_split_graph_replay(cp: Any) -> None:
+    """sample_rows' split path captured in a CUDA graph (fixed output) and replayed on new logits and seeds."""
+    from ninfer.cuda.sampling import sample_rows
+
+    rng = np.random.default_rng(12)
+    n, v = 8, 248320
+    x, params, seeds, pos = _split_case(rng, n, v, "flat", 40)
+    col = lambda a, dt: cp.asarray(np.asarray(a, dt))  # noqa: E731
+    cols = [col([p.temperature for p in params], np.float64), col([p.top_k for p in params], np.int32),
+            col([p.top_p for p in params], np.float64), col([p.min_p for p in params], np.float64)]  # fmt: skip
+    dev, sd, ps = cp.asarray(x), cp.asarray(seeds), cp.asarray(pos)
+    out = cp.full((n,), -2, np.int32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()
+    with stream:
+        # warm-up outside the capture: compiles, sizes the workspaces
+        sample_rows(dev, *cols, sd, ps, out=out)
+        stream.synchronize()
+        stream.begin_capture()
+        sample_rows(dev, *cols, sd, ps, out=out)
+        graph = stream.end_capture()
+        for kind in ("peaked", "flat", "ties"):
+            x2 = _rows(rng, n, v, kind)
+            s2, p2 = rng.integers(0, 2**63, n, dtype=np.uint64), rng.integers(0, 2**30, n, dtype=np.uint64)
+            dev.set(x2), sd.set(s2), ps.set(p2)
+            out.fill(-2)
+            graph.launch(stream)
+            stream.synchronize()
+            want = [
+                sample(x2[i], p, seed=int(s2[i]), position=int(p2[i]), counts={})
+                for i, p in enumerate(params)
+            ]
+            assert cp.asnumpy(out).tolist() == want, f"graph replay on {kind} rows"
 
 
 # ---- greedy rows: argmax_rows (the split-vocabulary argmax) --------------------------------------------------

@@ -123,17 +123,17 @@ class _StreamBuffer:
 
 
 @functools.cache
-def _stream_buffer(device: int, stream: int, dtype: str) -> _StreamBuffer:
+def _stream_buffer(device: int, stream: int, dtype: str, tag: str) -> _StreamBuffer:
     return _StreamBuffer(np.dtype(dtype))
 
 
-def stream_buffer(n: int, dtype: Any) -> Any:
-    """At least ``n`` elements of this device's and stream's shared ``dtype`` buffer (see ``_StreamBuffer``)."""
+def stream_buffer(n: int, dtype: Any, tag: str = "") -> Any:
+    """At least ``n`` elements of this device's and stream's shared ``dtype`` buffer (see ``_StreamBuffer``);
+    ``tag`` names a separate buffer, for state that must survive other kernels' launches between its own."""
     import cupy
 
-    return _stream_buffer(cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr, np.dtype(dtype).str).get(
-        n
-    )
+    dev, stream = cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr
+    return _stream_buffer(dev, stream, np.dtype(dtype).str, tag).get(n)
 
 
 def arrival_counters(n: int) -> Any:

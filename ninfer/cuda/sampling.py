@@ -2,7 +2,8 @@
 defines it) on device rows, plus its building blocks, masked greedy argmax and the counter-based uniform.
 
 ``apply_penalties_rows`` penalizes a device copy of the rows in place; ``sample_rows`` picks one token per row
-(one block per row, exact integer histograms); ``argmax_rows`` is its greedy pick (temperature <= 0) with each
+(each row over many blocks: exact integer histograms over bins of the logits, then an exact sort of only the bins
+the cuts land in; docs/cuda.md); ``argmax_rows`` is its greedy pick (temperature <= 0) with each
 row's vocabulary split over many blocks; ``sample_requests`` does these for the engine's ``SampleRequest`` list
 (an all-greedy list through ``argmax_rows``: no per-row parameters to upload, no workspace of ``[B, V]``). Each
 row's token is the NumPy ``sample`` token for the same inputs (see the sampler docstring for the one ulp of ``exp``
@@ -42,12 +43,17 @@ __all__ = [
 SOURCES: dict[str, tuple[str, ...]] = {
     "sampling.cu": tuple(f"argmax_masked<{t}>" for t in ("float", "bf16"))
     + ("counter_uniform", "apply_penalties_rows", "sample_rows", "argmax_split")
+    + ("split_max", "split_hist", "split_gather")
 }
 MAX_VOCAB = 1 << 20  # workspace entries pack the id in 20 bits; the mass sum stays below 2^64
 _THREADS = 1024  # sample_rows: one block of 1024 threads per row
 _ARGMAX_THREADS = 256  # argmax_split: ARGMAX_NT
 # argmax_rows: ids per block (ARGMAX_NT x ARGMAX_UNROLL: each thread's loads all in flight at once)
 ARGMAX_CHUNK = 2048
+# sample_rows' split path (sample_split.cuh): ids per block, bins per row, the longest list sorted in shared memory;
+# the histogram's blocks take HIST_SPAN chunks each (fewer blocks: fewer global atomics on the row's bins)
+SPLIT_CHUNK, SPLIT_NB, SPLIT_CAP, HIST_SPAN = 2048, 2048, 2048, 4
+_SPLIT_THREADS, _ST_STRIDE = 256, 8
 
 
 def argmax_masked(logits: Any, mask: Any = None, *, limit: int | None = None) -> Any:
@@ -115,11 +121,24 @@ def sample_rows(
     positions: Any,
     mask: Any = None,
     limit: int | None = None,
+    *,
+    split: bool = True,
+    chunk: int = SPLIT_CHUNK,
+    bins: int = SPLIT_NB,
+    cap: int = SPLIT_CAP,
+    out: Any = None,
 ) -> Any:
     """Token ids ``[B]`` (int32) of float32 ``logits[B, V]`` (already penalized) by the sampler's definition:
     float64 ``temperature``, ``top_p``, ``min_p``, int32 ``top_k``, uint64 ``seeds`` and ``positions``, all
     ``[B]``; ``mask``: packed int32 bitmask ``[B, ceil(V/32)]`` or None; ids >= ``limit`` are banned. -1 where
-    nothing is allowed. Uses a uint64 ``[B, V]`` workspace."""
+    nothing is allowed.
+
+    ``split`` (the default): each row's ids over ``ceil(limit / chunk)`` blocks, the candidates binned into
+    ``bins`` bins and at most ``cap`` of them sorted per round (cuda_src/sample_split.cuh): a fixed sequence of
+    launches with no host synchronization (capturable in a CUDA graph), on this device's and stream's
+    workspaces. ``split=False``: the one-block-per-row kernel (the baseline; a uint64 ``[B, V]`` workspace per
+    call). Both give the same tokens; ``chunk``, ``bins`` and ``cap`` change the speed only (tests shrink them).
+    ``out``: an int32 ``[B]`` to write (e.g. a graph's fixed output; every row is written)."""
     import cupy
 
     if np.dtype(logits.dtype) != np.float32:
@@ -131,20 +150,72 @@ def sample_rows(
                         ("top_p", top_p, np.float64), ("min_p", min_p, np.float64),
                         ("seeds", seeds, np.uint64), ("positions", positions, np.uint64)):  # fmt: skip
         check_array(a, name, dtype=dt, shape=(rows,))
+    for name, val, hi in (("chunk", chunk, SPLIT_CHUNK), ("bins", bins, SPLIT_NB), ("cap", cap, SPLIT_CAP)):
+        if not 1 <= val <= hi:
+            raise KernelError(f"{name} must be in [1, {hi}], got {val}")
     ldm = 0
     if mask is not None:
         check_array(mask, "mask", dtype=np.int32, shape=(rows, -(-v // 32)))
         ldm = mask.shape[1]
+    if rows > 65535:
+        raise KernelError(f"logits: {rows} rows; sample_rows takes at most 65535")
     limit = v if limit is None else max(0, min(int(limit), v))
-    out = cupy.full((rows,), -2, dtype=np.int32)
-    if rows:
+    if out is None:
+        out = cupy.full((rows,), -2, dtype=np.int32)
+    check_array(out, "out", dtype=np.int32, shape=(rows,))
+    if not rows:
+        return out
+    null = np.uint64(0)  # a null pointer: no mask
+    m = mask if mask is not None else null
+    if not split:
         ws = cupy.empty((rows, v), dtype=np.uint64)
         fn = kernel("sampling.cu", SOURCES["sampling.cu"], "sample_rows")
-        null = np.uint64(0)  # a null pointer: no mask
-        fn((rows,), (_THREADS,), (logits, np.int64(ld), mask if mask is not None else null, np.int64(ldm),
-                                  np.int32(v), np.int32(limit), temperature, top_k, top_p, min_p, seeds,
-                                  positions, ws, np.int64(v), out))  # fmt: skip
+        fn((rows,), (_THREADS,), (logits, np.int64(ld), m, np.int64(ldm), np.int32(v), np.int32(limit),
+                                  temperature, top_k, top_p, min_p, seeds, positions, ws, np.int64(v),
+                                  out))  # fmt: skip
+        return out
+    _split_launches(logits, ld, m, ldm, limit, (temperature, top_k, top_p, min_p, seeds, positions),
+                    (chunk, bins, cap), out)  # fmt: skip
     return out
+
+
+def _split_launches(
+    x: Any, ld: int, mask: Any, ldm: int, lim: int, cols: tuple, sizes: tuple[int, int, int], out: Any
+) -> None:
+    """The split path's launches (cuda_src/sample_split.cuh): max, histogram (its last block per row plans), then
+    three gather rounds (their last block per row resolves). Workspaces: ``zero`` (histograms and list counts, zero again after every launch sequence), the
+    per-row state, prefix sums, partials and lists, and the shared arrival counters."""
+    import cupy
+
+    temperature, top_k, top_p, min_p, seeds, positions = cols
+    chunk, nb, cap = sizes
+    rows = out.shape[0]
+    splits = max(1, -(-lim // chunk))
+    zs, ldw = 2 * nb + 1, max(lim, 1)
+    zero = stream_buffer(rows * zs, np.uint64, tag="sample_zero")
+    sizes_ws = (rows * _ST_STRIDE, rows * 2 * (nb + 1), rows * splits * 2, rows * ldw)
+    buf = stream_buffer(sum(sizes_ws), np.uint64, tag="sample_ws")
+    at = np.cumsum((0,) + sizes_ws)
+    st, pre, part, ws = (buf[at[i] : at[i + 1]] for i in range(4))
+    cnt = arrival_counters(rows)
+    fns = _split_kernels(cupy.cuda.Device().id)
+    i32, i64 = np.int32, np.int64
+    head = (x, i64(ld), mask, i64(ldm), i32(lim), i32(chunk), temperature, min_p, i32(nb))
+    rest = (top_k, top_p, seeds, positions, i32(cap), cnt, st, zero, i64(zs), pre, ws, i64(ldw), out)
+    grid, nt = (splits, rows), (_SPLIT_THREADS,)
+    fns["split_max"](grid, nt, (*head, part, cnt, st, out))
+    hchunk = chunk * HIST_SPAN
+    hist_head = (*head[:5], i32(hchunk), *head[6:])
+    fns["split_hist"]((max(1, -(-lim // hchunk)), rows), nt, (*hist_head, *rest))
+    for _ in range(3):
+        fns["split_gather"](grid, nt, (*head, *rest))
+
+
+@functools.cache
+def _split_kernels(device: int) -> dict[str, Any]:
+    """The split path's kernels, looked up once per device."""
+    names = ("split_max", "split_hist", "split_gather")
+    return {n: kernel("sampling.cu", SOURCES["sampling.cu"], n) for n in names}
 
 
 def argmax_rows(
