@@ -290,7 +290,7 @@ struct GvFold {
 };
 
 template <typename T> __device__ __forceinline__ float gv_fold_r(float x, float* q) {
-    const float r = to_f(from_f<T>(x)) + *q;
+    const float r = __fadd_rn(to_f(from_f<T>(x)), *q);  // x rounded first, never contracted into an fma
     *q = r;
     return r;
 }
@@ -460,7 +460,15 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     float inv = 0.f;  // folded norm: this thread's lane's 1 / rms, the partials added in row-block order
     if (norm && gl < nb) {
         float ss = 0.f;
-        for (int p = 0; p < npart; ++p) ss += part[p * ldp + xr];
+        int p = 0;
+        for (; p + 8 <= npart; p += 8) {  // 8 loads in flight, then their adds in order
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = part[(p + j) * ldp + xr];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ss += v[j];
+        }
+        for (; p < npart; ++p) ss += part[p * ldp + xr];
         inv = 1.f / sqrtf(ss / (float)K + eps);  // norm.cu's expression (H = K)
     }
     float acc[MT][4];

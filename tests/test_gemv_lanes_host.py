@@ -34,6 +34,7 @@ PRELUDE = """#define GV_HOST_EMU 1
 #define __align__(n)  // a block-scope extern cannot carry alignas; gv_sm below is aligned, bf16 is 2-aligned anyway
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 alignas(16) unsigned gv_sm[227 * 1024 / 4];
 int ml_sm[4096];
 """
