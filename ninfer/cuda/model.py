@@ -257,15 +257,16 @@ class CudaQwen36:
         x = embed(w["embed_tokens.weight"], ids, dtype=self.act)
         res = cupy.zeros((m.t, cfg.hidden_size), F32)
         fold = res if fold_rows(self, m.t) else None  # the output projections add into res (GEMVs only)
-        last = len(cfg.layer_types) - 1
         for i, kind in enumerate(cfg.layer_types):
             p = f"layers.{i}."
             h = add_norm(x, w[p + "input_layernorm.weight"])
             block = gdn_block if kind == "linear_attention" else attention_block
             mixed = block(self, p, h, m, self._mix[i], resid=fold)
             h = add_norm(mixed, w[p + "post_attention_layernorm.weight"])
-            down = fold if i < last and not cfg.is_moe else None  # the final norm stays standalone
+            down = None if cfg.is_moe else fold  # an MoE output is combined into the next norm instead
             x = ffn_block(self, p, h, m, defer_combine=True, resid=down)
+        if isinstance(x, Folded):  # res holds the last layer's output already; the final norm is materialized
+            return rmsnorm(res, w["norm.weight"], eps)
         if isinstance(x, MoeCombine) and self.act == F32:  # == res += x; rmsnorm(res): x + r either way round
             return moe_combine_rmsnorm(x, w["norm.weight"], eps, residual=res)
         x = combine(x) if isinstance(x, MoeCombine) else x
