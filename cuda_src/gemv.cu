@@ -329,6 +329,7 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
     const int r0 = bx * ROWS + warp * MT * 16;
     // folding: the block's r after the activation words (the main loop's reads of them ended at its last barrier;
     // the split path's flag is word 0); 32 + ROWS * 8 <= 2 * ACT words for every instance
+    static_assert(32 + ROWS * 8 <= 2 * GvChunk<NB>::V * 8 * NB * 4 * (GvIsFloat<T>::v ? 4 : 2), "sr fits");
     float* sr = reinterpret_cast<float*>(sm) + 32;
     float* rb = reinterpret_cast<float*>(yb);
     if (splits == 1) {
