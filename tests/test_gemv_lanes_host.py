@@ -306,3 +306,19 @@ def test_norm_fold_producer_and_consumer(emu: Path, tmp_path: Path, case: tuple)
     got = bf16_decode(out["y8"]) if t == "bf16" else out["y8"]
     err = np.max(np.abs(got.astype(np.float64) - ref)) / np.max(np.abs(ref))
     assert err <= (1.2e-2 if t == "bf16" else 2e-5), f"consumer: normalised error {err:.3e}"
+
+
+def test_fold_rows_rule() -> None:
+    """Norms fold where every product of a call is a GEMV with float32 activations: decode, and any call in the
+    exact mode; not for GEMM prefill, bf16 activations or with folding off."""
+    from types import SimpleNamespace
+
+    from ninfer.cuda.model_layers import fold_rows
+
+    def net(**kw: object) -> SimpleNamespace:
+        return SimpleNamespace(**({"fold_norms": True, "act": np.dtype(F32), "prefill_gemm": True} | kw))
+
+    assert fold_rows(net(), 1) and fold_rows(net(), 8) and not fold_rows(net(), 9)
+    assert fold_rows(net(prefill_gemm=False), 300)
+    assert not fold_rows(net(act=np.dtype(np.uint16)), 1)
+    assert not fold_rows(net(fold_norms=False), 1)
