@@ -64,18 +64,34 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const u32 a[4], u32 b
 //               swiglu, same expression);
 //   GV_GATE     x[k] * sigmoid(x2[(k / gd) * 2 gd + k % gd]): the attention output times its gate read in place
 //               from the q|gate projection (activation.cu's sigmoid_gate, same expression).
+//   GV_NORM     r[k] * inv * (1 + w[k]) (GV_NORMW: * w[k]), the residual add + RMS norm folded into the GEMV
+//               (docs/cuda.md, "Norm folding"): x is the float32 residual r (row stride ldx, in floats), x2 the
+//               float32 norm weight w, and inv = 1 / sqrt(ss / K + eps) with ss the sum over p = 0 .. npart - 1,
+//               in that order, of the producer's partial sums of squares part[p * ldp + row] (see gv_fold_ss);
+//               the expression of norm.cu's rms_out, every block of the launch computing the same inv.
 // bf16 activations round the transformed value to bf16 as the standalone kernels store it, so a fused product is
-// bitwise the product of the standalone kernel's output.
+// bitwise the product of the standalone kernel's output (the norm modes: up to the order of the sum of squares).
 #define GV_PLAIN 0
 #define GV_SWIGLU 1
 #define GV_GATE 2
+#define GV_NORM 3
+#define GV_NORMW 4
 
 // 8 activations of one lane as floats (zero past K; K % 8 == 0 so a word is all in or all out); k is the column.
 template <typename T>
-__device__ __forceinline__ void gv_load8(const T* p, const T* p2, int xf, int k, int gd, bool in, float v[8]) {
+__device__ __forceinline__ void gv_load8(const T* p, const T* p2, int xf, int k, int gd, float inv, bool in,
+                                         float v[8]) {
     if (!in) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = 0.f;
+        return;
+    }
+    if (xf >= GV_NORM) {  // p: the lane's float32 residual row, p2: the norm weight
+        float g[8];
+        load8x(reinterpret_cast<const float*>(p) + k, v);
+        load8x(reinterpret_cast<const float*>(p2) + k, g);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = to_f(from_f<T>(v[j] * inv * (xf == GV_NORM ? 1.f + g[j] : g[j])));
         return;
     }
     load8x(p + k, v);
@@ -106,14 +122,14 @@ template <int NB> struct GvItems {
 // resolves that lane's row once (xl, x2l: its activation row and x2 row; read only where the lane is in).
 template <typename F, typename T, int NB>
 __device__ __forceinline__ void gv_fetch(float (&v)[GvItems<NB>::N][8], const T* xl, const T* x2l, int xf, int gd,
-                                         int nb, int K, int kt0, int nt, int c) {
+                                         float inv, int nb, int K, int kt0, int nt, int c) {
     static_assert(GV_WARPS * 32 % NB == 0, "a thread stages one lane");
 #pragma unroll
     for (int j = 0; j < GvItems<NB>::N; ++j) {
         const int item = threadIdx.x + j * GV_WARPS * 32, g = item % NB, tl = item / NB >> 4, cc = item / NB & 15;
         const int tile = c * GvChunk<NB>::V + tl, k = (kt0 + tile) * 128 + 8 * cc;
         const bool in = item < NB * GvChunk<NB>::V * 16 && g < nb && tile < nt && k < K;
-        gv_load8<T>(xl, x2l, xf, in ? k : 0, gd, in, v[j]);
+        gv_load8<T>(xl, x2l, xf, in ? k : 0, gd, inv, in, v[j]);
     }
 }
 
@@ -226,19 +242,19 @@ __device__ __forceinline__ void gv_prologue(u8* wsm, int lane, typename F::Src& 
 // a block barrier after every read of the ring and the activation buffers.
 template <typename F, typename T, int NB>
 __device__ __forceinline__ void gv_products(u32* sm, u8* wsm, int lane, typename F::Src& src, int t, const T* xl,
-                                              const T* x2l, int xf, int gd, int nb, int K, int kt0, int nt,
-                                              float (&acc)[F::MT][4]) {
+                                              const T* x2l, int xf, int gd, float inv, int nb, int K, int kt0,
+                                              int nt, float (&acc)[F::MT][4]) {
     constexpr int MT = F::MT, STAGE = F::VECS * 512, FW = GvIsFloat<T>::v ? 4 : 2;
     constexpr int ACT = GvChunk<NB>::V * 8 * NB * 4 * FW;
     float xv[GvItems<NB>::N][8];
-    gv_fetch<F, T, NB>(xv, xl, x2l, xf, gd, nb, K, kt0, nt, 0);
+    gv_fetch<F, T, NB>(xv, xl, x2l, xf, gd, inv, nb, K, kt0, nt, 0);
     gv_put<F, T, NB>(xv, sm);
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
     const int nchunks = (nt + GvChunk<NB>::V - 1) / GvChunk<NB>::V;
     for (int c = 0; c < nchunks; ++c) {
-        if (c + 1 < nchunks) gv_fetch<F, T, NB>(xv, xl, x2l, xf, gd, nb, K, kt0, nt, c + 1);
+        if (c + 1 < nchunks) gv_fetch<F, T, NB>(xv, xl, x2l, xf, gd, inv, nb, K, kt0, nt, c + 1);
         const u32* act = sm + (c & 1) * ACT;
 #pragma unroll 1
         for (int tl = 0; tl < GvChunk<NB>::V; ++tl) {
@@ -263,23 +279,73 @@ __device__ __forceinline__ void gv_products(u32* sm, u8* wsm, int lane, typename
     }
 }
 
+// Norm folding, producer side (fold != 0, dense launches): the output y is the float32 residual, and each output
+// x (rounded to T, as a stored activation) is added to it in place: r = x + y[b, n], what norm.cu's rmsnorm<RESID>
+// stores. The block keeps its r in shared memory (sr, [ROWS][8]) for gv_fold_ss.
+struct GvFold {
+    int on;             // 0: plain store
+    float* part;        // partial sums of squares [row blocks][ldp]
+    long long ldp;      // its row stride: the activation rows of the launch
+    long long prow;     // this lane block's first activation row
+};
+
+template <typename T> __device__ __forceinline__ float gv_fold_r(float x, float* q) {
+    const float r = __fadd_rn(to_f(from_f<T>(x)), *q);  // x rounded first, never contracted into an fma
+    *q = r;
+    return r;
+}
+
+// The block's sum of squares of r over its rows, per lane: warp w takes lanes w, w + GV_WARPS, ...; thread l of the
+// warp adds rows l, l + 32, l + 64, ... (fmaf from 0, rows past N left out), then a butterfly over the 32 threads
+// (a + b == b + a: every thread ends with the same bits). A fixed order whatever the launch: a lane's partial
+// depends only on its own r. Written to part[bx * ldp + prow + b].
+template <int NB, int ROWS>
+__device__ __forceinline__ void gv_fold_ss(const float* sr, int bx, int N, int nb, const GvFold& fo) {
+    __syncthreads();  // every r of the block is in sr
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int b = warp; b < NB; b += GV_WARPS) {  // uniform per warp
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < ROWS / 32; ++i) {
+            const int rl = i * 32 + lane;
+            if (b < nb && bx * ROWS + rl < N) s = fmaf(sr[rl * 8 + b], sr[rl * 8 + b], s);
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0 && b < nb) fo.part[bx * fo.ldp + fo.prow + b] = s;
+    }
+}
+
 // The block's results: with one split straight to y; else its partials to slot (tile, split), and the last of the
-// row block's splits to arrive adds them in split order and resets the tile's counter.
+// row block's splits to arrive adds them in split order and resets the tile's counter. Folding (fo.on): y is the
+// float32 residual, row b at rb + b * ldy (see GvFold).
 template <typename F, typename T, int NB>
 __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], int bx, long long tile, int split,
                                          int splits, T* yb, const int* lt, long long ldy, float* ws, int* cnt,
-                                         const u8* p1, const u8* p2, long long wbase, int N, int nb) {
+                                         const u8* p1, const u8* p2, long long wbase, int N, int nb,
+                                         const GvFold& fo) {
     constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = bx * ROWS + warp * MT * 16;
+    // folding: the block's r after the activation words (the main loop's reads of them ended at its last barrier;
+    // the split path's flag is word 0); 32 + ROWS * 8 <= 2 * ACT words for every instance
+    static_assert(32 + ROWS * 8 <= 2 * GvChunk<NB>::V * 8 * NB * 4 * (GvIsFloat<T>::v ? 4 : 2), "sr fits");
+    float* sr = reinterpret_cast<float*>(sm) + 32;
+    float* rb = reinterpret_cast<float*>(yb);
     if (splits == 1) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int n = r0 + mt * 16 + g + (e >> 1) * 8, b = 2 * t + (e & 1);
-                if (n < N && b < nb) gv_yrow(yb, lt, NB, b, ldy)[n] = from_f<T>(acc[mt][e] * F::row_scale(p1, p2, wbase + n));
+                if (n >= N || b >= nb) continue;
+                const float v = acc[mt][e] * F::row_scale(p1, p2, wbase + n);
+                if (fo.on)
+                    sr[(n - bx * ROWS) * 8 + b] = gv_fold_r<T>(v, rb + b * ldy + n);
+                else
+                    gv_yrow(yb, lt, NB, b, ldy)[n] = from_f<T>(v);
             }
+        if (fo.on) gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
         return;
     }
     float* part = ws + (tile * splits + split) * (ROWS * 8);
@@ -318,13 +384,23 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
         if (n >= N) continue;
         const float rs = F::row_scale(p1, p2, wbase + n);
 #pragma unroll
-        for (int j = 0; j < V; ++j)
-            if (b0 + j < nb) gv_yrow(yb, lt, NB, b0 + j, ldy)[n] = from_f<T>(s[j] * rs);
+        for (int j = 0; j < V; ++j) {
+            if (b0 + j >= nb) continue;
+            if (fo.on)
+                sr[rl * 8 + b0 + j] = gv_fold_r<T>(s[j] * rs, rb + (b0 + j) * ldy + n);
+            else
+                gv_yrow(yb, lt, NB, b0 + j, ldy)[n] = from_f<T>(s[j] * rs);
+        }
     }
+    if (fo.on) gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
     if (threadIdx.x == 0) cnt[tile] = 0;
 }
 
 // experts == 0: lane block z takes activation rows z*NB .. (nrows of them in the launch), weight rows row0 ..;
+// Norm folding (docs/cuda.md): xf GV_NORM | GV_NORMW stages the RMS-normed residual (x: float32 residual, x2: norm
+// weight, part/ldp/npart/eps: the producer's partial sums of squares; any experts mode: a lane's partials are
+// those of its activation row); fold = 1 (experts == 0 only) makes y the float32 residual, updated in place, and
+// writes this launch's partials to part [row blocks][ldp = nrows].
 // experts == 1: expert slot z: activation row xrow[z], weight rows ids[z] * N .., one lane;
 // experts == 2: expert lanes: slot z's rows from its table xrow[z*2NB ..] (header), weight rows ids[z] * N ...
 // Dynamic shared memory: two activation chunk buffers (2 * GV_CHUNK * 8 * NB * 4 * FW * 4 bytes), then per warp
@@ -335,7 +411,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
              const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ y, const int* __restrict__ ids,
              const int* __restrict__ xrow, float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows,
              long long ldx, long long ldx2, long long ldy, long long row0, int experts, int xf,
-             int gd, int zin) {
+             int gd, int zin, float* __restrict__ part, long long ldp, int npart, float eps, int fold) {
     pdl_trigger();
     extern __shared__ __align__(16) u32 gv_sm[];
     constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16, STAGE = F::VECS * 512;
@@ -363,13 +439,16 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     } else if (experts) {
         wbase = (long long)ids[z] * N, xr0 = xrow[z], yb = y + (long long)z * ldy, nb = 1;
     } else {
-        wbase = row0, xr0 = (long long)z * NB, yb = y + (long long)z * NB * ldy;
+        wbase = row0, xr0 = (long long)z * NB;
+        yb = fold ? reinterpret_cast<T*>(reinterpret_cast<float*>(y) + xr0 * ldy) : y + xr0 * ldy;
         nb = min(NB, nrows - z * NB);
     }
     // the row this thread stages (its lane gl; only read while gl < nb)
     const int gl = threadIdx.x % NB;
     const long long xr = lt ? (gl < nb ? lt[gl] : 0) : xr0 + gl;
-    const T *xl = x + xr * ldx, *x2l = x2 + xr * ldx2;
+    const bool norm = xf >= GV_NORM;  // x: the float32 residual (row stride in floats); x2: the weight, one row
+    const T* xl = norm ? reinterpret_cast<const T*>(reinterpret_cast<const float*>(x) + xr * ldx) : x + xr * ldx;
+    const T* x2l = norm ? x2 : x2 + xr * ldx2;
     const int ntiles = (K + 127) / 128, kt0 = split * ntiles / splits, nt = (split + 1) * ntiles / splits - kt0;
     const long long tile = (long long)z * ((N + ROWS - 1) / ROWS) + bx;  // (lane block | slot, row block)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
@@ -379,7 +458,22 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     typename F::Src src = gv_rows_src<F>(p0, p1, p2, N, K, wbase, bx * ROWS + warp * MT * 16, kt0, t);
     gv_prologue<F>(wsm, lane, src, t, nt);
     if (!experts) pdl_wait();
+    float inv = 0.f;  // folded norm: this thread's lane's 1 / rms, the partials added in row-block order
+    if (norm && gl < nb) {
+        float ss = 0.f;
+        int p = 0;
+        for (; p + 8 <= npart; p += 8) {  // 8 loads in flight, then their adds in order
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = part[(p + j) * ldp + xr];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ss += v[j];
+        }
+        for (; p < npart; ++p) ss += part[p * ldp + xr];
+        inv = 1.f / sqrtf(ss / (float)K + eps);  // norm.cu's expression (H = K)
+    }
     float acc[MT][4];
-    gv_products<F, T, NB>(gv_sm, wsm, lane, src, t, xl, x2l, xf, gd, nb, K, kt0, nt, acc);
-    gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb);
+    gv_products<F, T, NB>(gv_sm, wsm, lane, src, t, xl, x2l, xf, gd, inv, nb, K, kt0, nt, acc);
+    const GvFold fo{fold, part, ldp, xr0};
+    gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);
 }

@@ -1,6 +1,7 @@
 """Where a step's GPU time goes: every kernel wrapper of the ``ninfer.cuda`` families timed with CUDA events.
 
     python -m perf.profile_step --model 27b          # on a GPU: eager decode at 8K context, a 2048-token prefill
+    python -m perf.profile_step --fold both          # decode with the norms folded into the GEMVs and without
 
 Each public function of the family modules (``ninfer.cuda.FAMILY_MODULES``) that launches a kernel is wrapped for the duration of the
 run (``gemv``, ``gemv_experts`` and the MoE prefill's ``gemv_expert_lanes`` / ``expert_lanes`` included); a call's time is the event interval around its launches on the current stream. Work outside the wrappers
@@ -107,7 +108,12 @@ def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
     seqs.reserve(st, a.context + 8)
     lane = (seqs.slot(st), a.context, seqs.pages(st))
     ids = np.zeros(1, np.int64)
-    res = {"decode_1": _run(f"{key} decode x1 @{a.context}", lambda: net.decode(ids, [lane]))}
+    res = {}
+    for fold in {"on": (True,), "off": (False,), "both": (False, True)}[a.fold]:
+        net.fold_norms = fold  # docs/cuda.md, "Norm folding"
+        name = "decode_1" if a.fold != "both" else f"decode_1_fold_{'on' if fold else 'off'}"
+        res[name] = _run(f"{key} decode x1 @{a.context} fold={fold}", lambda: net.decode(ids, [lane]))
+    net.fold_norms = True
     pre = seqs.new()
     chunk = np.random.default_rng(0).integers(0, mc.vocab_size, a.chunk)
 
@@ -126,6 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--activations", default="fp32")
     p.add_argument("--context", type=int, default=8192)
     p.add_argument("--chunk", type=int, default=2048)
+    p.add_argument("--fold", choices=("on", "off", "both"), default="on", help="decode with norm folding")
     a = p.parse_args(argv)
     return {key: _profile_model(key, a) for key in a.model.split(",")}
 

@@ -34,6 +34,7 @@ PRELUDE = """#define GV_HOST_EMU 1
 #define __align__(n)  // a block-scope extern cannot carry alignas; gv_sm below is aligned, bf16 is 2-aligned anyway
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 alignas(16) unsigned gv_sm[227 * 1024 / 4];
 int ml_sm[4096];
 """
@@ -219,3 +220,105 @@ def test_dense_lanes_match_one_lane_and_reference(emu: Path, tmp_path: Path, cas
         assert np.isfinite(got).all(), f"{name}: an output was not written"
         err = np.max(np.abs(got.astype(np.float64) - ref)) / np.max(np.abs(ref))
         assert err <= (1.2e-2 if t == "bf16" else 2e-5), f"{name} {case}: normalised error {err:.3e}"
+
+
+def _weight(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """(kernel bytes, decoded float weight, plane offsets) of a random [n, k] weight of ``fmt``."""
+    codec = FORMATS[fmt]
+    buf = np.ascontiguousarray(
+        codec.encode((rng.standard_normal((n, k)) * 0.5).astype(F32), (n, k)).reshape(-1)
+    ).view(np.uint8)
+    wdec = codec.decode(buf, (n, k))
+    offs = plane_offsets(fmt, (n, k), buf)
+    if fmt.startswith("NVFP4"):
+        dw = to_device_layout(DeviceWeight(fmt, (n, k), buf, offs))
+        buf, offs = dw.data, dw.offsets
+    return buf, wdec, list(offs)
+
+
+# producer fmt, activation type, N (hidden), K, rows, producer splits, consumer N2, consumer splits, offset
+FOLD_CASES = [
+    (
+        "NVFP4G16_E4M3S",
+        "float",
+        300,
+        1032,
+        10,
+        2,
+        200,
+        1,
+        True,
+    ),  # 3 row blocks (last partial), two lane blocks
+    ("BF16", "float", 136, 256, 3, 1, 300, 2, False),  # 64-row blocks, no producer split; a split consumer
+    ("FP8E4M3_F32ROW", "bf16", 264, 384, 8, 3, 100, 2, True),
+]
+
+
+@pytest.mark.parametrize(
+    "case", FOLD_CASES, ids=lambda c: f"{c[0]}-{c[1]}-n{c[2]}-r{c[4]}-s{c[5]}{c[7]}-{'off' if c[8] else 'w'}"
+)
+def test_norm_fold_producer_and_consumer(emu: Path, tmp_path: Path, case: tuple) -> None:
+    """Norm folding (gemv.cu GvFold / GV_NORM): the producer's residual update and partial sums of squares, and the
+    consumer's product of the normed residual: 8 lanes per block bitwise one lane, the expert-slot consumer (rows
+    by xrow, in reverse) bitwise the dense one, and all against NumPy (rmsnorm of the updated residual)."""
+    fmt, t, n, k, rows, s1, n2, s2, offset = case
+    rng = np.random.default_rng(n * 13 + k)
+    buf, wdec, offs = _weight(rng, fmt, n, k)
+    buf2, wdec2, offs2 = _weight(rng, "NVFP4G16_E4M3S", n2, n)
+    x = (rng.standard_normal((rows, k)) * 0.5).astype(F32)
+    x = bf16_round(x) if t == "bf16" else x
+    res0 = (rng.standard_normal((rows, n)) * 3).astype(F32)
+    nw = (rng.standard_normal(n) * 0.3).astype(F32)
+    eps = 1e-6
+    _write(tmp_path, w=buf, wsize=np.array([buf.size], np.int64), woff=np.array(offs, np.int64),
+           w2=buf2, w2size=np.array([buf2.size], np.int64), w2off=np.array(offs2, np.int64),
+           x=words(x, t == "bf16"), res=res0, nw=nw)  # fmt: skip
+    assert gemv_plan(fmt, n, k).blocks_x == -(-n // (64 if fmt == "BF16" else 128))
+    args = ["fold", tmp_path, FMTS.index(fmt), int(t == "bf16"), n, k, s1, rows, 3, n2, s2, int(offset), eps]
+    proc = subprocess.run([str(emu), *map(str, args)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode != 7, "an arrival counter is not zero after the launch"
+    assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    dt = np.uint16 if t == "bf16" else F32
+    rb = 64 if fmt == "BF16" else 128
+    nblk = -(-n // rb)
+    out = {m: np.fromfile(tmp_path / f"{m}.bin", dtype=F32) for m in ("res8", "res1", "part8", "part1")}
+    out |= {m: np.fromfile(tmp_path / f"{m}.bin", dtype=dt).reshape(rows, n2) for m in ("y8", "y1", "ye")}
+    for m in ("res", "part", "y"):
+        assert np.array_equal(out[m + "8"].view(np.uint8), out[m + "1"].view(np.uint8)), (
+            f"{m}: 8 lanes != one"
+        )
+    ye = out["ye"][::-1]  # slot s read row rows - 1 - s
+    assert np.array_equal(ye.view(np.uint8), out["y8"].view(np.uint8)), "expert slots != dense consumer"
+    prod = ops.linear(x, wdec)
+    prod = bf16_round(prod.astype(F32)) if t == "bf16" else prod
+    res = res0.astype(np.float64) + prod
+    got_res = out["res8"].reshape(rows, n)
+    assert np.max(np.abs(got_res - res)) / np.max(np.abs(res)) <= 1e-5, "residual update"
+    pad = np.zeros((rows, nblk * rb))
+    pad[:, :n] = res
+    part = (pad.reshape(rows, nblk, rb) ** 2).sum(axis=2).T  # [row blocks, rows]
+    got_part = out["part8"].reshape(nblk, rows)
+    assert np.max(np.abs(got_part - part) / part) <= 1e-5, "partial sums of squares"
+    inv = 1.0 / np.sqrt(part.sum(axis=0) / n + eps)
+    h = got_res * inv[:, None] * ((1.0 + nw) if offset else nw)
+    h = bf16_round(h.astype(F32)) if t == "bf16" else h
+    ref = ops.linear(h.astype(F32), wdec2)
+    got = bf16_decode(out["y8"]) if t == "bf16" else out["y8"]
+    err = np.max(np.abs(got.astype(np.float64) - ref)) / np.max(np.abs(ref))
+    assert err <= (1.2e-2 if t == "bf16" else 2e-5), f"consumer: normalised error {err:.3e}"
+
+
+def test_fold_rows_rule() -> None:
+    """Norms fold where every product of a call is a GEMV with float32 activations: decode, and any call in the
+    exact mode; not for GEMM prefill, bf16 activations or with folding off."""
+    from types import SimpleNamespace
+
+    from ninfer.cuda.model_layers import fold_rows
+
+    def net(**kw: object) -> SimpleNamespace:
+        return SimpleNamespace(**({"fold_norms": True, "act": np.dtype(F32), "prefill_gemm": True} | kw))
+
+    assert fold_rows(net(), 1) and fold_rows(net(), 8) and not fold_rows(net(), 9)
+    assert fold_rows(net(prefill_gemm=False), 300)
+    assert not fold_rows(net(act=np.dtype(np.uint16)), 1)
+    assert not fold_rows(net(fold_norms=False), 1)

@@ -31,6 +31,7 @@ from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_a
 from ninfer.cuda.gemm_pair import PAIR_INSTANCES, PAIR_MIN_ROWS, gemm_pair, pair_foldable
 from ninfer.cuda.launch import capturing, launch_pdl
 from ninfer.cuda.loader import compute_capability, kernel, target_arch
+from ninfer.cuda.norm import Normed
 from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight
 
 __all__ = [
@@ -237,7 +238,8 @@ def gemv_plan(fmt: str, n: int, k: int) -> GemvPlan:
 class _Input:
     """The GEMV's activation operand: ``x`` rows of stride ``ldx`` read from column 0, optionally transformed while
     staging (gemv.cu: 0 plain, 1 SwiGLU with the up half at ``x2``, 2 output gate read from ``x2`` per head of
-    ``gd`` columns)."""
+    ``gd`` columns, 3|4 folded RMS norm: ``x`` the float32 residual, ``x2`` the norm weight, ``part`` the
+    producer's ``npart`` partial sums of squares per row, row stride ``ldp``)."""
 
     x: Any
     ldx: int
@@ -245,6 +247,23 @@ class _Input:
     x2: Any = None
     ldx2: int = 0
     gd: int = 8
+    part: Any = None
+    ldp: int = 0
+    npart: int = 0
+    eps: float = 0.0
+
+
+def _normed(h: Normed, k: int, what: str) -> tuple[str, int, _Input]:
+    """The operand of a GEMV reading a folded norm (float32 only)."""
+    m, _, ldr = check_rows(h.res, "residual", k, vec8=True)
+    if h.res.dtype != np.float32:
+        raise KernelError(f"{what}: a folded norm's residual must be float32, got {h.res.dtype}")
+    check_array(h.w, "norm weight", dtype=np.float32, shape=(k,))
+    check_array(h.part, "partials", dtype=np.float32, shape=(None, m))  # [producer row blocks, rows]
+    if h.part.shape[0] < 1:
+        raise KernelError(f"{what}: partials of no row block")
+    a = _Input(h.res, ldr, 3 if h.offset else 4, h.w, 0, 8, h.part, m, int(h.part.shape[0]), float(h.eps))
+    return "float", m, a
 
 
 def _input(
@@ -253,10 +272,14 @@ def _input(
     """(activation type, rows, operand) of a GEMV input; checks shapes, dtypes and alignment."""
     if not isinstance(w, DeviceWeight):
         raise KernelError(f"{what}: w must be a DeviceWeight, got {type(w).__name__}")
-    t = act_type(x, "x")
     k = w.cols
     if k % 8:
         raise KernelError(f"{what}: K={k} must be a multiple of 8")
+    if isinstance(x, Normed):
+        if swiglu or gate is not None:
+            raise KernelError(f"{what}: a folded norm takes no other input transform")
+        return _normed(x, k, what)
+    t = act_type(x, "x")
     if swiglu:
         m, _, ldx = check_rows(x, "x", 2 * k, vec8=True)
         return t, m, _Input(x, ldx, 1, x[:, k:], ldx, 8)
@@ -274,7 +297,7 @@ def _input(
 
 def _gemv_launch(
     a: _Input, w: DeviceWeight, out: Any, lanes: int, ldy: int, *, ids: Any, xrow: Any, n: int, row0: int,
-    nb: int, t: str, table: bool = False,
+    nb: int, t: str, table: bool = False, fold: Any = None,
 ) -> None:  # fmt: skip
     import cupy
 
@@ -292,12 +315,14 @@ def _gemv_launch(
         ws = cupy.empty(gz * plan.blocks_x * plan.splits * plan.rows * 8, dtype=np.float32)
         cnt = arrival_counters(gz * plan.blocks_x)
     p0, p1, p2 = w.planes()
+    part = fold if fold is not None else (a.part if a.part is not None else null)
+    ldp = lanes if fold is not None else a.ldp
     args = (
         p0, p1, p2, a.x, a.x if a.x2 is None else a.x2, out, null if ids is None else ids,
         null if xrow is None else xrow, ws, cnt, np.int32(n), np.int32(k), np.int32(lanes), np.int64(a.ldx),
         np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(2 if table else ids is not None), np.int32(a.xf),
-        np.int32(a.gd),
-        np.int32(zin),
+        np.int32(a.gd), np.int32(zin), part, np.int64(ldp), np.int32(a.npart), np.float32(a.eps),
+        np.int32(fold is not None),
     )  # fmt: skip
     # several lane blocks of a dense product: lane blocks innermost (zin), one pass over the weights through L2
     grid = (plan.blocks_x * gz, plan.splits, 1) if zin else (plan.blocks_x, plan.splits, gz)
@@ -316,6 +341,7 @@ def gemv(
     n: int | None = None,
     swiglu: bool = False,
     gate: tuple[Any, int] | None = None,
+    fold: Any = None,
 ) -> Any:
     """``out[b] = x[b] · W[row0 : row0+n]ᵀ`` for ``x[B, K]``; ``n`` defaults to all rows of ``w``. Decode takes
     B <= 8 (the 1-, 4- or 8-row instance); more rows run as 8-row blocks of one launch, each row bitwise its decode
@@ -324,19 +350,35 @@ def gemv(
     Fused input steps (bitwise the product of the standalone kernel's output, activation.py): ``swiglu``: ``x`` is
     a ``[B, 2K]`` [gate | up] row and the product's input is ``silu(gate) * up``; ``gate=(qg, head_dim)``: the
     input is ``x * sigmoid(gate)`` with the gate read from the q|gate projection ``qg[B, 2K]`` ([query | gate] per
-    head)."""
+    head). ``x`` a ``norm.Normed``: the input is that folded RMS norm (docs/cuda.md, "Norm folding").
+
+    ``fold`` (norm folding, producer side; float32 only, all rows of ``w``): ``out`` is the float32 residual
+    ``[B, N]`` and receives ``out += x · Wᵀ`` in place; ``fold`` (float32 ``[gemv_plan(...).blocks_x, B]``) receives
+    each row block's sum of squares of the updated residual per row, for the next GEMV's ``Normed`` input."""
     t, b, a = _input(x, w, "gemv", swiglu, gate)
     n = w.rows - row0 if n is None else n
     if not (1 <= b <= GEMV_MAX_ROWS * 65535):
         raise KernelError(f"gemv: x has {b} rows; take 1..{GEMV_MAX_ROWS * 65535}")
     if row0 < 0 or n <= 0 or row0 + n > w.rows:
         raise KernelError(f"gemv: rows [{row0}, {row0 + n}) outside the weight's {w.rows} rows")
+    if fold is not None:
+        _check_fold(fold, out, t, w, b, n)
     out, ldy = _out(x, out, b, n)
     nb = (
         next(c for c in _GV_NB if b <= c) if b <= GEMV_MAX_ROWS else GEMV_MAX_ROWS
     )  # 1 | 2-4 | 5-8, blocks of 8
-    _gemv_launch(a, w, out, b, ldy, ids=None, xrow=None, n=n, row0=row0, nb=nb, t=t)
+    _gemv_launch(a, w, out, b, ldy, ids=None, xrow=None, n=n, row0=row0, nb=nb, t=t, fold=fold)
     return out
+
+
+def _check_fold(part: Any, out: Any, t: str, w: DeviceWeight, b: int, n: int) -> None:
+    """The producer side of norm folding: float32 activations, the whole weight, ``out`` the float32 residual and
+    ``part`` one float32 partial per (row block, row)."""
+    if t != "float" or n != w.rows:
+        raise KernelError("gemv: fold takes float32 activations and all rows of the weight")
+    if out is None or out.dtype != np.float32:
+        raise KernelError("gemv: fold needs out, the float32 residual [B, N]")
+    check_array(part, "fold", dtype=np.float32, shape=(gemv_plan(w.fmt, n, w.cols).blocks_x, b))
 
 
 def gemv_experts(

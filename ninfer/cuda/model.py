@@ -72,6 +72,7 @@ class CudaQwen36:
         cuda_graph: bool = True,
         attn_chunk: int = 256,
         memory_reserve_bytes: int = 0,
+        fold_norms: bool = True,
     ) -> None:
         import cupy
 
@@ -91,6 +92,9 @@ class CudaQwen36:
         self.act = np.dtype(np.uint16 if act_dtype == "bf16" else F32)
         self.state_dtype, self.kv_dtype = state_dtype, kv_dtype
         self.prefill_gemm, self.cuda_graph, self.attn_chunk = prefill_gemm, cuda_graph, attn_chunk
+        # residual + RMS norms folded into the neighbouring GEMVs where every product is a GEMV (decode, exact
+        # prefill; docs/cuda.md "Norm folding"); a perf or test comparison flips it and clears the graphs
+        self.fold_norms = bool(fold_norms)
         if memory_reserve_bytes < 0:
             raise ValueError(f"memory_reserve_bytes: must be >= 0, got {memory_reserve_bytes}")
         self.memory_reserve_bytes = memory_reserve_bytes  # left free by the runner's memory plan
@@ -239,10 +243,12 @@ class CudaQwen36:
         import cupy
 
         from ninfer.cuda.embedding import embed
-        from ninfer.cuda.model_layers import attention_block, combine, ffn_block, gdn_block
-        from ninfer.cuda.norm import MoeCombine, moe_combine_rmsnorm, rmsnorm
+        from ninfer.cuda.model_layers import attention_block, combine, ffn_block, fold_rows, gdn_block
+        from ninfer.cuda.norm import Folded, MoeCombine, Normed, moe_combine_rmsnorm, rmsnorm
 
         def add_norm(x: Any, weight: Any) -> Any:  # res += x (an MoE layer's combine fused in), then its norm
+            if isinstance(x, Folded):  # the producing GEMV added x into res: the consumers normalize
+                return Normed(res, x.part, weight, eps)
             if isinstance(x, MoeCombine):
                 return moe_combine_rmsnorm(x, weight, eps, residual=res)
             return rmsnorm(x, weight, eps, residual=res)
@@ -250,13 +256,17 @@ class CudaQwen36:
         cfg, w, eps = self.cfg, self.w, self.cfg.rms_norm_eps
         x = embed(w["embed_tokens.weight"], ids, dtype=self.act)
         res = cupy.zeros((m.t, cfg.hidden_size), F32)
+        fold = res if fold_rows(self, m.t) else None  # the output projections add into res (GEMVs only)
         for i, kind in enumerate(cfg.layer_types):
             p = f"layers.{i}."
             h = add_norm(x, w[p + "input_layernorm.weight"])
             block = gdn_block if kind == "linear_attention" else attention_block
-            mixed = block(self, p, h, m, self._mix[i])
-            h = rmsnorm(mixed, w[p + "post_attention_layernorm.weight"], eps, residual=res)
-            x = ffn_block(self, p, h, m, defer_combine=True)
+            mixed = block(self, p, h, m, self._mix[i], resid=fold)
+            h = add_norm(mixed, w[p + "post_attention_layernorm.weight"])
+            down = None if cfg.is_moe else fold  # an MoE output is combined into the next norm instead
+            x = ffn_block(self, p, h, m, defer_combine=True, resid=down)
+        if isinstance(x, Folded):  # res holds the last layer's output already; the final norm is materialized
+            return rmsnorm(res, w["norm.weight"], eps)
         if isinstance(x, MoeCombine) and self.act == F32:  # == res += x; rmsnorm(res): x + r either way round
             return moe_combine_rmsnorm(x, w["norm.weight"], eps, residual=res)
         x = combine(x) if isinstance(x, MoeCombine) else x

@@ -145,6 +145,11 @@ class GraphSet:
     def captured(self) -> list[int]:
         return sorted(self._graphs)
 
+    def graph(self, b: int) -> Any:
+        """The captured ``b``-lane ``cupy.cuda.graph.Graph`` (None when not captured): for inspection (perf/)."""
+        g = self._graphs.get(b)
+        return None if g is None else g.graph
+
     def pool_bytes(self) -> int:
         return int(sum(g.pool.total_bytes() for g in self._graphs.values()))
 

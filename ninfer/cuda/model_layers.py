@@ -1,7 +1,10 @@
 """Mixer and FFN blocks of ``CudaQwen36`` (docs/model-math.md §3–§5), as compositions of the kernel wrappers.
 
-Each block takes the normed activation ``h[T, H]`` (bf16 words or float32) and the call's ``Meta`` and returns the
-block output in the same dtype; state (KV pages, GDN conv/recurrent slots) is updated in place on the device.
+Each block takes the normed activation ``h[T, H]`` (bf16 words or float32, or a folded ``norm.Normed`` that only
+GEMVs read) and the call's ``Meta`` and returns the block output in the same dtype; state (KV pages, GDN
+conv/recurrent slots) is updated in place on the device. With ``resid`` (norm folding, docs/cuda.md) the block's
+output projection adds its result into that float32 residual instead and returns ``norm.Folded`` (the partial sums
+of squares the next norm needs).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import numpy as np
 from ninfer.cuda.fuse import FusedRuns, fused_splits
 from ninfer.cuda.model_graph import Meta
 from ninfer.cuda.moe_lanes import lanes_nb, use_lanes
-from ninfer.cuda.norm import MoeCombine
+from ninfer.cuda.norm import Folded, MoeCombine, Normed
 
 __all__ = ["linear", "attention_block", "gdn_block", "ffn_block", "combine"]
 
@@ -34,13 +37,19 @@ def linear(
     exact: bool = False,
     swiglu: bool = False,
     gate: Any = None,
+    resid: Any = None,
 ) -> Any:
     """``x · Wᵀ``: GEMV for up to 8 rows; above, tensor-core GEMM (exact weight operands; float32 ``x`` split into
     two bf16 halves), or (``exact`` or ``prefill_gemm=False``) the decode GEMV in 8-row blocks, which gives every
     row bitwise its decode result. ``swiglu`` (``x`` = [gate | up]) and ``gate=(qg, head_dim)`` apply the SwiGLU or
     the attention output gate to the input first: fused into the GEMV's staging, a separate kernel before the
-    GEMM."""
+    GEMM. ``resid``: the GEMV adds the product into that float32 residual and returns ``Folded`` (norm folding;
+    GEMV calls only: the caller folds only where ``fold_rows`` allows)."""
     w = net.w[name]
+    if isinstance(x, Normed) and _gemm(net, x.shape[0], exact):
+        raise ValueError(f"{name}: a folded norm feeds GEMVs only")
+    if resid is not None:
+        return _fold_product(net, x, w, name, resid, swiglu=swiglu, gate=gate)
     if isinstance(w, FusedRuns):  # runs of different formats: one product each, into its columns of ``out``
         if swiglu or gate is not None:
             raise ValueError(f"{name}: a fused weight of several formats takes no input transform")
@@ -51,6 +60,24 @@ def linear(
             _product(net, x, run, out[:, a:b], exact)
         return out
     return _product(net, x, w, out, exact, swiglu=swiglu, gate=gate)
+
+
+def fold_rows(net: Any, t: int) -> bool:
+    """Whether a call of ``t`` rows folds the residual + RMS norms into its GEMVs: ``net.fold_norms``, float32
+    activations, and every product of the call a GEMV (decode, and the exact prefill mode)."""
+    return bool(getattr(net, "fold_norms", False)) and net.act == np.float32 and not _gemm(net, t)
+
+
+def _fold_product(net: Any, x: Any, w: Any, name: str, resid: Any, **xf: Any) -> Folded:
+    import cupy
+
+    from ninfer.cuda.linear import gemv, gemv_plan
+
+    if isinstance(w, FusedRuns) or _gemm(net, x.shape[0]):
+        raise ValueError(f"{name}: only a single-format GEMV folds the residual add")
+    part = cupy.empty((gemv_plan(w.fmt, w.rows, w.cols).blocks_x, x.shape[0]), dtype=np.float32)
+    gemv(x, w, resid, fold=part, **xf)
+    return Folded(part)
 
 
 def _product(
@@ -71,7 +98,7 @@ def _product(
     return gemm(x, w, out)
 
 
-def attention_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
+def attention_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None) -> Any:
     from ninfer.cuda.attention import attention, qk_norm_rope_kv_write
     from ninfer.cuda.attention_prefill import attention_prefill
 
@@ -94,10 +121,10 @@ def attention_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
             q, net.kc[j], net.vc[j], m.page_table, m.row_seq, m.row_pos, max_len=m.max_len, chunk=m.chunk,
             **scales,
         )  # fmt: skip
-    return linear(net, o.reshape(m.t, hq * d), p + "self_attn.o_proj.weight", gate=(qg, d))
+    return linear(net, o.reshape(m.t, hq * d), p + "self_attn.o_proj.weight", gate=(qg, d), resid=resid)
 
 
-def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
+def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None) -> Any:
     """GDN mixer. The delta rule runs chunked (``gdn_chunked``, 64-token chunks) for prefill calls (more rows than
     sequences) when ``net.prefill_gemm``: that mode's results already depend on chunking. Decode, and prefill
     with ``prefill_gemm=False``, run ``gdn_decode`` (conv, exact recurrence token by token and gated norm in two
@@ -127,12 +154,11 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int) -> Any:
         on = gdn_decode(
             qkv, w[p + "conv1d.weight"], net.conv[j], *rule, z, nw, eps, n_k_heads=nk, snap=m.snap
         )
-    return linear(net, on.reshape(m.t, hv * dv), p + "out_proj.weight")
+    return linear(net, on.reshape(m.t, hv * dv), p + "out_proj.weight", resid=resid)
 
 
-def _swiglu_ffn(net: Any, h: Any, gate_up: str, down: str) -> Any:
-
-    return linear(net, linear(net, h, gate_up), down, swiglu=True)
+def _swiglu_ffn(net: Any, h: Any, gate_up: str, down: str, resid: Any = None) -> Any:
+    return linear(net, linear(net, h, gate_up), down, swiglu=True, resid=resid)
 
 
 def _experts(x: Any, w: Any, ids: Any, xrow: Any, n: int, out: Any, *, swiglu: bool = False) -> None:
@@ -160,10 +186,11 @@ def _lanes(net: Any, h: Any, p: str, ids: Any, xrow: Any, ns: int, experts: int,
     return gu, dn
 
 
-def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False) -> Any:
+def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False, resid: Any = None) -> Any:
     """Dense SwiGLU, or routed experts + gated shared expert. The router runs in fp32 (float32 input, exact
     GEMV) so that expert choice sees the reference's logits up to accumulation order. ``defer_combine``: an MoE
-    layer returns its uncombined parts (``norm.MoeCombine``) for the next norm to combine in the same launch."""
+    layer returns its uncombined parts (``norm.MoeCombine``) for the next norm to combine in the same launch.
+    ``resid``: dense layers only (the down projection folds the residual add)."""
     import cupy
 
     from ninfer.cuda.activation import swiglu
@@ -171,7 +198,9 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False)
 
     cfg, w, p = net.cfg, net.w, p + "mlp."
     if not cfg.is_moe:
-        return _swiglu_ffn(net, h, p + "gate_up_proj", p + "down_proj.weight")
+        return _swiglu_ffn(net, h, p + "gate_up_proj", p + "down_proj.weight", resid)
+    if resid is not None:
+        raise ValueError("ffn_block: an MoE layer's output is combined into the next norm, not folded")
     t, k, inter, hid, e = (
         m.t,
         cfg.num_experts_per_tok,

@@ -11,7 +11,7 @@ from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, 
 from ninfer.cuda.launch import launch
 from ninfer.cuda.loader import kernel
 
-__all__ = ["rmsnorm", "gated_rmsnorm", "MoeCombine", "moe_combine_rmsnorm", "SOURCES"]
+__all__ = ["rmsnorm", "gated_rmsnorm", "MoeCombine", "moe_combine_rmsnorm", "Folded", "Normed", "SOURCES"]
 
 _T = ("float", "bf16")
 _B = ("true", "false")
@@ -40,6 +40,39 @@ class MoeCombine(NamedTuple):
     @property
     def rows(self) -> int:
         return int(self.where.shape[0])
+
+
+class Folded(NamedTuple):
+    """A block output that its producing GEMV already added into the residual (norm folding, docs/cuda.md): only
+    the producer's partial sums of squares remain, float32 ``[row blocks, T]`` (``part[p, t]``: the squares of row
+    ``t``'s residual over the producer's row block ``p``)."""
+
+    part: Any
+
+
+class Normed(NamedTuple):
+    """``rmsnorm(res, w, eps, offset=offset)`` not materialized: the consuming GEMVs stage it from the residual
+    ``res`` (float32 ``[T, H]``, already holding ``x + r``) and the producer's partials ``part`` (``Folded``), each
+    block recomputing ``1 / rms`` per row from the partials in row-block order (gemv.cu, ``GV_NORM``). Stands for a
+    float32 ``[T, H]`` activation (``shape``, ``dtype``) wherever only GEMVs read it."""
+
+    res: Any
+    part: Any
+    w: Any
+    eps: float
+    offset: bool = True
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.res.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+    def materialize(self) -> Any:
+        """The normed rows as an array (the standalone norm without the residual add; tests and fallbacks)."""
+        return rmsnorm(self.res, self.w, self.eps, offset=self.offset)
 
 
 def _aligned16(a: Any, ld: int) -> bool:

@@ -34,7 +34,7 @@ int gv_run(const GvArgs& a, const std::vector<u8>& w, const long long off[3], co
     const T* x2 = x.data() + (a.xf == 1 ? K : 0);
     gv_launch({(unsigned)bx, (unsigned)a.splits, (unsigned)gz}, GV_WARPS * 32, a.seed, [&] {
         gemv_mma<F, T, NB>(p0, p1, p2, x.data(), x2, y.data(), ids.data(), sel.data(), ws.data(), cnt.data(), a.N,
-                           a.K, 0, a.ldx, ldx2, a.N, 0, experts, a.xf, 8, 0);
+                           a.K, 0, a.ldx, ldx2, a.N, 0, experts, a.xf, 8, 0, nullptr, 0, 0, 0.f, 0);
     });
     for (int c : cnt)
         if (c != 0) return 7;
@@ -94,7 +94,7 @@ int gv_dense(const std::vector<u8>& w, const long long off[3], const std::vector
     const emu_dim3 grid{(unsigned)(R * (zin ? zin : 1)), (unsigned)splits, 1u};
     gv_launch(grid, GV_WARPS * 32, seed, [&] {
         gemv_mma<F, T, NB>(p0, p1, p2, x.data(), x.data(), y.data(), nullptr, nullptr, ws.data(), cnt.data(), N, K,
-                           rows, K, K, N, 0, 0, 0, 8, zin);
+                           rows, K, K, N, 0, 0, 0, 8, zin, nullptr, 0, 0, 0.f, 0);
     });
     for (int c : cnt)
         if (c != 0) return 7;
@@ -124,7 +124,106 @@ template <typename F> int gv_dense_t(int tt, char** argv) {
     return tt ? gv_dense_case<F, bf16>(argv) : gv_dense_case<F, float>(argv);
 }
 
+// Fold mode (argv: fold dir fmt T N K splits rows seed N2 splits2 offset eps): norm folding. The producer
+// res[rows, N] += x[rows, K] . W1^T (dir/x.bin, w.bin, woff.bin; dir/res.bin the residual before) with its partial
+// sums of squares part[row blocks, rows]; then the consumer y[rows, N2] = rmsnorm(res, nw) . W2^T (dir/w2.bin,
+// woff2.bin, nw.bin: [N] norm weight) from those partials; and the consumer again as the one-lane expert launch
+// (experts == 1, expert 0 = W2) over the rows in reverse (slot s: row rows - 1 - s). Everything with 8-lane blocks
+// and with one lane per block; writes dir/{res8,part8,y8,res1,part1,y1,ye}.bin.
+template <typename F, typename F2, typename T, int NB>
+int gv_fold_run(const std::vector<u8>& w1, const long long o1[3], const std::vector<u8>& w2, const long long o2[3],
+                const std::vector<T>& x, const std::vector<float>& nw, std::vector<float>& res,
+                std::vector<float>& part, std::vector<T>& y, int N, int K, int rows, int s1, int N2, int s2,
+                int xf, float eps, unsigned seed) {
+    constexpr int R1 = GV_WARPS * F::MT * 16, R2 = GV_WARPS * F2::MT * 16;
+    const int P = (N + R1 - 1) / R1, B2 = (N2 + R2 - 1) / R2, gz = (rows + NB - 1) / NB, zin = gz > 1 ? gz : 0;
+    std::vector<float> ws((size_t)gz * (P * s1 + B2 * s2) * 128 * 8 + 8, NAN);
+    std::vector<int> cnt((size_t)gz * (P + B2) + 1, 0);
+    gv_launch({(unsigned)(P * (zin ? zin : 1)), (unsigned)s1, 1u}, GV_WARPS * 32, seed, [&] {
+        gemv_mma<F, T, NB>(w1.data() + o1[0], w1.data() + o1[1], w1.data() + o1[2], x.data(), x.data(),
+                           reinterpret_cast<T*>(res.data()), nullptr, nullptr, ws.data(), cnt.data(), N, K, rows,
+                           K, K, N, 0, 0, 0, 8, zin, part.data(), rows, 0, 0.f, 1);
+    });
+    const T* r = reinterpret_cast<const T*>(res.data());
+    const T* g = reinterpret_cast<const T*>(nw.data());
+    gv_launch({(unsigned)(B2 * (zin ? zin : 1)), (unsigned)s2, 1u}, GV_WARPS * 32, seed + 3, [&] {
+        gemv_mma<F2, T, NB>(w2.data() + o2[0], w2.data() + o2[1], w2.data() + o2[2], r, g, y.data(), nullptr,
+                            nullptr, ws.data(), cnt.data(), N2, N, rows, N, 0, N2, 0, 0, xf, 8, zin, part.data(),
+                            rows, P, eps, 0);
+    });
+    for (int c : cnt)
+        if (c != 0) return 7;
+    return 0;
+}
+
+template <typename F, typename T> int gv_fold_case(char** argv) {
+    using F2 = FragNVFP4;  // the consumer's format (dir/w2.bin is NVFP4 in the device layout)
+    const std::string dir = argv[2];
+    const int N = atoi(argv[5]), K = atoi(argv[6]), s1 = atoi(argv[7]), rows = atoi(argv[8]);
+    const unsigned seed = (unsigned)atoi(argv[9]);
+    const int N2 = atoi(argv[10]), s2 = atoi(argv[11]), xf = atoi(argv[12]) ? GV_NORM : GV_NORMW;
+    const float eps = (float)atof(argv[13]);
+    auto load_w = [&](const std::string& n, long long off[3]) {
+        auto wsz = emu_read<long long>(dir + "/" + n + "size.bin", 1)[0];
+        auto w = emu_read<u8>(dir + "/" + n + ".bin", (size_t)wsz);
+        w.resize(w.size() + 64);
+        auto o = emu_read<long long>(dir + "/" + n + "off.bin", 3);
+        for (int i = 0; i < 3; ++i) off[i] = o[i];
+        return w;
+    };
+    long long o1[3], o2[3];
+    auto w1 = load_w("w", o1), w2 = load_w("w2", o2);
+    auto x = emu_read<T>(dir + "/x.bin", (size_t)rows * K);
+    auto res0 = emu_read<float>(dir + "/res.bin", (size_t)rows * N);
+    auto nw = emu_read<float>(dir + "/nw.bin", (size_t)N);
+    constexpr int R1 = GV_WARPS * F::MT * 16;
+    const int P = (N + R1 - 1) / R1;
+    std::vector<float> res8(res0), res1(res0), part8((size_t)P * rows, NAN), part1((size_t)P * rows, NAN);
+    std::vector<T> y8((size_t)rows * N2), y1((size_t)rows * N2), ye((size_t)rows * N2);
+    for (auto* v : {&y8, &y1, &ye}) std::memset((void*)v->data(), 0xff, v->size() * sizeof(T));
+    int rc = gv_fold_run<F, F2, T, 8>(w1, o1, w2, o2, x, nw, res8, part8, y8, N, K, rows, s1, N2, s2, xf, eps, seed);
+    if (!rc)
+        rc = gv_fold_run<F, F2, T, 1>(w1, o1, w2, o2, x, nw, res1, part1, y1, N, K, rows, s1, N2, s2, xf, eps,
+                                      seed + 1);
+    if (rc) return rc;
+    // the consumer as expert slots (experts == 1): slot s reads row rows - 1 - s of the residual and its partials
+    std::vector<int> ids(rows, 0), xrow(rows);
+    for (int s = 0; s < rows; ++s) xrow[s] = rows - 1 - s;
+    constexpr int R2 = GV_WARPS * F2::MT * 16;
+    const int B2 = (N2 + R2 - 1) / R2;
+    std::vector<float> ws((size_t)rows * B2 * s2 * R2 * 8 + 8, NAN);
+    std::vector<int> cnt((size_t)rows * B2 + 1, 0);
+    gv_launch({(unsigned)B2, (unsigned)s2, (unsigned)rows}, GV_WARPS * 32, seed + 5, [&] {
+        gemv_mma<F2, T, 1>(w2.data() + o2[0], w2.data() + o2[1], w2.data() + o2[2],
+                           reinterpret_cast<const T*>(res8.data()), reinterpret_cast<const T*>(nw.data()), ye.data(),
+                           ids.data(), xrow.data(), ws.data(), cnt.data(), N2, N, 0, N, 0, N2, 0, 1, xf, 8, 0,
+                           part8.data(), rows, P, eps, 0);
+    });
+    for (int c : cnt)
+        if (c != 0) return 7;
+    emu_write(dir + "/res8.bin", res8);
+    emu_write(dir + "/part8.bin", part8);
+    emu_write(dir + "/y8.bin", y8);
+    emu_write(dir + "/res1.bin", res1);
+    emu_write(dir + "/part1.bin", part1);
+    emu_write(dir + "/y1.bin", y1);
+    emu_write(dir + "/ye.bin", ye);
+    return 0;
+}
+template <typename F> int gv_fold_t(int tt, char** argv) {
+    return tt ? gv_fold_case<F, bf16>(argv) : gv_fold_case<F, float>(argv);
+}
+
 int main(int argc, char** argv) {
+    if (argc == 14 && std::string(argv[1]) == "fold") {
+        const int fmt = atoi(argv[3]), tt = atoi(argv[4]);
+        switch (fmt) {
+            case 0: return gv_fold_t<FragBF16>(tt, argv);
+            case 1: return gv_fold_t<FragNVFP4>(tt, argv);
+            case 2: return gv_fold_t<FragFP8<true>>(tt, argv);
+        }
+        return 5;
+    }
     if (argc == 10 && std::string(argv[1]) == "dense") {
         const int fmt = atoi(argv[3]), tt = atoi(argv[4]);
         switch (fmt) {

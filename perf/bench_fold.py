@@ -1,0 +1,118 @@
+"""Decode with and without norm folding (docs/cuda.md, "Norm folding"), in one run on the same network.
+
+    python -m perf.bench_fold --out perf/results          # 27B and 35B-A3B synthetic nvfp4, 1 and 8 lanes
+
+For each model and lane count, the graph-replayed decode step (logits included) with ``fold_norms`` off, then on
+(the graphs recaptured between), and the captured graph's node count by type (cuGraphGetNodes /
+cuGraphNodeGetType through the driver API): a step's kernel count before and after. Prints a table and writes
+``bench_fold.json`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+from pathlib import Path
+from typing import Any
+
+from .bench_model import bench_decode
+
+__all__ = ["main", "graph_node_types"]
+
+# CUgraphNodeType (cuda.h)
+_NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
+               7: "event_record", 10: "mem_alloc", 11: "mem_free"}  # fmt: skip
+
+
+def graph_node_types(graph: Any) -> dict[str, int]:
+    """Node counts by type of a ``cupy.cuda.graph.Graph`` (its cudaGraph_t is the driver's CUgraph)."""
+    cu = ctypes.CDLL("libcuda.so.1")
+    h, n = ctypes.c_void_p(graph.graph), ctypes.c_size_t(0)
+    if cu.cuGraphGetNodes(h, None, ctypes.byref(n)) != 0:
+        raise RuntimeError("cuGraphGetNodes failed")
+    nodes = (ctypes.c_void_p * n.value)()
+    if cu.cuGraphGetNodes(h, nodes, ctypes.byref(n)) != 0:
+        raise RuntimeError("cuGraphGetNodes failed")
+    out: dict[str, int] = {"total": int(n.value)}
+    t = ctypes.c_int(0)
+    for node in nodes:
+        if cu.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(t)) != 0:
+            raise RuntimeError("cuGraphNodeGetType failed")
+        name = _NODE_TYPES.get(t.value, f"type{t.value}")
+        out[name] = out.get(name, 0) + 1
+    return out
+
+
+def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:
+    from ninfer.artifact.registry import MODELS as REG
+    from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.sequences import Sequences
+
+    from .cli import MODELS
+    from .synthetic import synthetic_tensors
+
+    mc = REG[MODELS[key]].config
+    net = CudaQwen36(mc, synthetic_tensors(mc, a.profile), act_dtype="fp32")
+    net.warmup()
+    cap = a.context + a.steps + 64
+    lanes = [int(x) for x in a.lanes.split(",")]
+    seqs = Sequences(
+        net, slots=max(lanes) + 1, pages=-(-cap // 16) * (max(lanes) + 1), page_size=16, context=cap
+    )
+    rows = []
+    for fold in (False, True):
+        net.fold_norms = fold
+        net.graphs.clear()
+        for n in lanes:
+            r = bench_decode(seqs, n, a.context, a.steps)
+            r |= {"model": key, "fold": fold, "nodes": graph_node_types(net.graphs.graph(n))}
+            rows.append(r)
+            print(
+                f"{key} fold={fold!s:5} x{n}: {r['step_ms']:.3f} ms/step {r['tok_s']:.1f} tok/s  {r['nodes']}"
+            )
+    net.graphs.clear()
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | lanes | step ms (unfolded) | step ms (folded) | speed-up | kernels unfolded -> folded |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if r["fold"]:
+            continue
+        f = next(x for x in rows if x["fold"] and x["model"] == r["model"] and x["lanes"] == r["lanes"])
+        lines.append(
+            f"| {r['model']} | {r['lanes']} | {r['step_ms']:.3f} | {f['step_ms']:.3f} | "
+            f"{r['step_ms'] / f['step_ms']:.3f}x | {r['nodes'].get('kernel')} -> {f['nodes'].get('kernel')} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    p = argparse.ArgumentParser(prog="python -m perf.bench_fold")
+    p.add_argument("--model", default="27b,35b")
+    p.add_argument("--profile", default="nvfp4")
+    p.add_argument("--context", type=int, default=8192)
+    p.add_argument("--lanes", default="1,8")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--out", default=None, help="directory for bench_fold.json")
+    a = p.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    for key in a.model.split(","):
+        rows += _model(key, a)
+        gc.collect()
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+    print(_table(rows))
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench_fold.json").write_text(json.dumps({"args": vars(a), "rows": rows}, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
