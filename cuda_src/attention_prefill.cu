@@ -43,10 +43,18 @@ __device__ __forceinline__ u32 ap_pack(float lo, float hi) {
 }
 
 // hi = bf16(x) (both halves), lo = bf16(x - hi): x = hi + lo up to 2^-17 |x|.
+// On the device one cvt.rn.bf16x2.f32 per pair (round to nearest even, subnormals kept: the same bits as
+// f_to_bf16_bits for every non-NaN input; a NaN stays a NaN), the host emulation the bit arithmetic.
 __device__ __forceinline__ void ap_split2(float x0, float x1, u32& hi, u32& lo) {
+#ifdef __CUDA_ARCH__
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x1), "f"(x0));
+    const float r0 = x0 - __uint_as_float(hi << 16), r1 = x1 - __uint_as_float(hi & 0xffff0000u);
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(r1), "f"(r0));
+#else
     const u16 h0 = f_to_bf16_bits(x0), h1 = f_to_bf16_bits(x1);
     hi = (u32)h0 | ((u32)h1 << 16);
     lo = ap_pack(x0 - bf16_bits_to_f(h0), x1 - bf16_bits_to_f(h1));
+#endif
 }
 
 __device__ __forceinline__ void ap_mma(float c[4], const u32 a[4], u32 b0, u32 b1) {

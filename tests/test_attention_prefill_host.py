@@ -27,7 +27,13 @@ VARIANT = {"gqa": 0, "head": 1}
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    parts = ["attn_emu.cpp", "attn_prefill_emu.cpp", "attention_prefill.cu", "emu_io.cpp", "attn_prefill_driver.cpp"]
+    parts = [
+        "attn_emu.cpp",
+        "attn_prefill_emu.cpp",
+        "attention_prefill.cu",
+        "emu_io.cpp",
+        "attn_prefill_driver.cpp",
+    ]
     return build_emulator(tmp_path_factory, "attn_prefill_emu", parts, timeout=900)
 
 
@@ -72,7 +78,9 @@ def test_gqa_emulated_matches_reference_and_one_head_kernel(emu: Path, tmp_path:
     got = _run(emu, tmp_path, pr, t)
     err = _err(got, pr["ref"])
     assert err <= TOL[t], f"normalised max error {err:.3e} > {TOL[t]:.1e}"
-    assert _same(_run(emu, tmp_path, pr, t, variant="head"), got), "the GQA kernel's bits differ from the one-head's"
+    assert _same(_run(emu, tmp_path, pr, t, variant="head"), got), (
+        "the GQA kernel's bits differ from the one-head's"
+    )
     assert _same(_run(emu, tmp_path, pr, t, seed=9), got), "the block order changed results"
 
 
@@ -86,6 +94,8 @@ def test_gqa_emulated_rows_independent(emu: Path, tmp_path: Path, t: str) -> Non
     perm = rng.permutation(full.shape[0])
     assert _same(_run(emu, tmp_path, pr, t, perm), full[perm]), "row order changed results"
     seq1 = np.arange(40, 65)
-    assert _same(_run(emu, tmp_path, pr, t, seq1), full[seq1]), "sequence alone differs from the packed launch"
+    assert _same(_run(emu, tmp_path, pr, t, seq1), full[seq1]), (
+        "sequence alone differs from the packed launch"
+    )
     for chunk in (np.arange(0, 17), np.arange(17, 33), np.arange(33, 40), np.array([38])):
         assert _same(_run(emu, tmp_path, pr, t, chunk), full[chunk]), f"chunk {chunk[0]}..{chunk[-1]} differs"
