@@ -1,71 +1,93 @@
-"""Prefill attention micro-benchmark (GPU): tensor-core ``attention_prefill`` vs the warp-per-head ``attention``.
+"""Prefill attention micro-benchmark (GPU): the GQA tensor-core kernel against the earlier one-head kernel.
 
-27B attention shape (24 query heads, 4 KV heads, head_dim 256, bf16 paged cache of 16-token pages), one sequence
-prefilled from position 0 at 1K and 8K tokens, float32 and bf16 q. Timed with CUDA events (median of the reps
-after a warm-up); TFLOP/s counts the causal FLOPs 4·HQ·D·T²/2, and ``frac_gemm`` compares with a torch bf16
-8192³ GEMM measured in the same run. ``python -m perf.bench_attention`` (PYTHONPATH=.) prints one line per
-case and returns the results as a dict.
+    python -m perf.bench_attention                 # on a GPU; prints a table, returns the results
+    python -m perf.bench_attention --out DIR       # also writes DIR/bench_attention.json
+    python -m perf.bench_attention --lengths 2048,8192 --q float,bf16
+
+``ninfer.cuda.attention_prefill`` with ``variant="gqa"`` (a KV head's query heads in one block, cp.async
+double-buffered K/V tiles, ldmatrix) and ``variant="head"`` (one query head per block), on the attention shapes of
+the 27B (24 query heads, 4 KV heads, head dim 256) and the 35B-A3B (16 query heads, 2 KV heads, head dim 256):
+one sequence prefilled from position 0 over a bf16 paged cache of 16-token pages in a shuffled page order. Timed
+with CUDA events (median of the repeats after a warm-up); TFLOP/s counts the causal FLOPs once, 4·HQ·D·T²/2
+(float q runs twice the MMAs of that: q and P split into bf16 halves), and ``frac_gemm`` compares with a torch
+bf16 8192³ GEMM measured in the same run. ``bitwise`` says whether the two kernels' outputs are identical (they
+compute the same arithmetic per row).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .bench_peers import event_seconds, gemm_bf16
 
-HQ, HKV, D, PAGE = 24, 4, 256, 16
+SHAPES = {"27B": (24, 4, 256), "35B-A3B": (16, 2, 256)}  # (HQ, HKV, D)
+LENGTHS = (2048, 8192, 32768)
+PAGE = 16
 
 
-def _case(t_len: int, qt: str, rng: np.random.Generator) -> dict[str, Any]:
+def _case(model: str, t_len: int, qt: str, rng: np.random.Generator, reps: int) -> dict[str, Any]:
     import cupy
 
-    from ninfer.cuda.attention import attention
     from ninfer.cuda.attention_prefill import attention_prefill
     from ninfer.formats import bf16_encode
 
+    hq, hkv, d = SHAPES[model]
     pages = -(-t_len // PAGE)
-    kc = cupy.asarray(bf16_encode(rng.standard_normal((pages, PAGE, HKV, D)).astype(np.float32)))
-    vc = cupy.asarray(bf16_encode(rng.standard_normal((pages, PAGE, HKV, D)).astype(np.float32)))
-    q = rng.standard_normal((t_len, HQ, D)).astype(np.float32)
+    kc = cupy.asarray(bf16_encode(rng.standard_normal((pages, PAGE, hkv, d)).astype(np.float32)))
+    vc = cupy.asarray(bf16_encode(rng.standard_normal((pages, PAGE, hkv, d)).astype(np.float32)))
+    q = rng.standard_normal((t_len, hq, d)).astype(np.float32)
     qd = cupy.asarray(bf16_encode(q) if qt == "bf16" else q)
     table = cupy.asarray(rng.permutation(pages).astype(np.int32)[None])
     row_seq = cupy.zeros(t_len, dtype=np.int32)
     row_pos = cupy.arange(t_len, dtype=np.int32)
     args = (qd, kc, vc, table, row_seq, row_pos)
-    new_ms = 1e3 * event_seconds(lambda: attention_prefill(*args, max_len=t_len), 10)
-    old_ms = 1e3 * event_seconds(lambda: attention(*args, max_len=t_len), 3 if t_len > 2048 else 10)
-    a, b = attention_prefill(*args, max_len=t_len), attention(*args, max_len=t_len)
-    if qt == "bf16":
-        a, b = a.view(cupy.uint16).astype(cupy.uint32) << 16, b.view(cupy.uint16).astype(cupy.uint32) << 16
-        a, b = a.view(cupy.float32), b.view(cupy.float32)
-    diff = float(cupy.max(cupy.abs(a - b)) / cupy.max(cupy.abs(b)))
-    flops = 4 * HQ * D * t_len**2 / 2
-    return {"T": t_len, "q": qt, "new_ms": new_ms, "old_ms": old_ms, "speedup": old_ms / new_ms,
-            "new_tflops": flops / (new_ms * 1e-3) / 1e12, "old_tflops": flops / (old_ms * 1e-3) / 1e12,
-            "max_rel_diff": diff}  # fmt: skip
+    outs, ms = {}, {}
+    for v in ("gqa", "head"):
+        outs[v] = cupy.empty_like(qd)
+        ms[v] = 1e3 * event_seconds(
+            lambda v=v: attention_prefill(*args, max_len=t_len, out=outs[v], variant=v), reps
+        )
+    flops = 4 * hq * d * t_len**2 / 2
+    same = bool(cupy.array_equal(outs["gqa"].view(cupy.uint8), outs["head"].view(cupy.uint8)))
+    return {"model": model, "HQ": hq, "HKV": hkv, "D": d, "T": t_len, "q": qt, "new_ms": ms["gqa"],
+            "old_ms": ms["head"], "new_tflops": flops / (ms["gqa"] * 1e-3) / 1e12,
+            "old_tflops": flops / (ms["head"] * 1e-3) / 1e12, "speedup": ms["head"] / ms["gqa"], "bitwise": same}  # fmt: skip
 
 
-def main() -> dict[str, Any]:
+def main(
+    lengths: tuple[int, ...] = LENGTHS, qtypes: tuple[str, ...] = ("float",), reps: int = 5
+) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     gemm = gemm_bf16()["flops"] / 1e12
     print(f"torch bf16 GEMM 8192^3: {gemm:.0f} TFLOP/s")
+    print(f"{'model':8s} {'T':>6s} {'q':5s} {'old ms':>9s} {'old TF/s':>9s} {'new ms':>9s} {'new TF/s':>9s} "
+          f"{'speedup':>8s} {'new/GEMM':>9s} bitwise")  # fmt: skip
     cases = []
-    for t_len in (1024, 8192):
-        for qt in ("float", "bf16"):
-            c = _case(t_len, qt, rng)
-            c["frac_gemm"] = c["new_tflops"] / gemm
-            cases.append(c)
-            print(f"attention T={t_len} q={qt} HQ={HQ} HKV={HKV} D={D}: tensor-core {c['new_ms']:.2f} ms "
-                  f"({c['new_tflops']:.1f} TFLOP/s, {c['frac_gemm']:.1%} of GEMM) vs warp kernel "
-                  f"{c['old_ms']:.2f} ms ({c['old_tflops']:.2f} TFLOP/s): {c['speedup']:.1f}x; "
-                  f"max rel diff {c['max_rel_diff']:.1e}")  # fmt: skip
-    res = {"gemm_tflops": gemm, "cases": cases}
-    print(json.dumps(res))
-    return res
+    for model in SHAPES:
+        for t_len in lengths:
+            for qt in qtypes:
+                c = _case(model, t_len, qt, rng, reps if t_len < 32768 else max(2, reps // 2))
+                c["frac_gemm"] = c["new_tflops"] / gemm
+                cases.append(c)
+                print(f"{model:8s} {t_len:6d} {qt:5s} {c['old_ms']:9.2f} {c['old_tflops']:9.1f} {c['new_ms']:9.2f} "
+                      f"{c['new_tflops']:9.1f} {c['speedup']:7.2f}x {c['frac_gemm']:9.1%} {c['bitwise']}")  # fmt: skip
+    return {"gemm_tflops": gemm, "cases": cases}
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m perf.bench_attention")
+    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    ap.add_argument("--q", default="float", help="q dtypes, comma-separated: float, bf16")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None, help="directory for bench_attention.json")
+    a = ap.parse_args()
+    res = main(tuple(int(v) for v in a.lengths.split(",")), tuple(a.q.split(",")), a.reps)
+    if a.out is not None:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "bench_attention.json").write_text(json.dumps(res, indent=1))

@@ -3,7 +3,9 @@
 GPU tests (marked ``gpu``): fresh random inputs, several shapes (head dims 32-256, GQA groups 1-8, page sizes
 16/64, lengths 1-1100, several sequences packed with different start positions, i.e. chunks that continue a
 prefix), float32 and bf16 q, outputs poisoned with NaN and cache slots past each sequence's end poisoned with NaN
-(the kernel must never read them). CPU test: a NumPy mirror of the kernel's block/segment/tile loop (which rows
+(the kernel must never read them). Both kernels (``variant="gqa"``: a KV head's query heads in one block;
+``variant="head"``: one query head per block) against the reference and against each other bitwise (the same
+arithmetic per row), and a row's bits against its batch, its block and the prompt's chunking. CPU test: a NumPy mirror of the kernel's block/segment/tile loop (which rows
 form a segment, which KV tiles are visited, which keys each row keeps) checked against the reference.
 """
 
@@ -31,6 +33,8 @@ CASES = (
     (24, 4, 256, 64, [1000, 0], [100, 17]),
     (2, 1, 256, 16, [0], [1100]),
     (4, 2, 32, 16, [3, 0], [40, 1]),
+    (16, 2, 256, 16, [0, 300], [700, 40]),  # the 35B-A3B's heads
+    (24, 4, 256, 16, [0], [600]),  # the 27B's heads
 )
 
 
@@ -85,7 +89,9 @@ def _err(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
 
 
-def _run(cp: Any, pr: dict[str, Any], t: str, rows: np.ndarray | None = None) -> np.ndarray:
+def _run(
+    cp: Any, pr: dict[str, Any], t: str, rows: np.ndarray | None = None, variant: str = "gqa"
+) -> np.ndarray:
     from ninfer.cuda.attention_prefill import attention_prefill
 
     rows = np.arange(pr["q"].shape[0]) if rows is None else rows
@@ -94,7 +100,7 @@ def _run(cp: Any, pr: dict[str, Any], t: str, rows: np.ndarray | None = None) ->
     out = cp.full(q.shape, BF16_NAN, dtype=np.uint16) if t == "bf16" else cp.full(q.shape, np.nan, dtype=F32)
     attention_prefill(qd, cp.asarray(pr["kc"]), cp.asarray(pr["vc"]), cp.asarray(pr["table"]),
                       cp.asarray(pr["row_seq"][rows]), cp.asarray(pr["row_pos"][rows]), max_len=pr["max_len"],
-                      out=out)  # fmt: skip
+                      out=out, variant=variant)  # fmt: skip
     h = cp.asnumpy(out)
     return bf16_decode(h) if t == "bf16" else h
 
@@ -103,11 +109,17 @@ def _run(cp: Any, pr: dict[str, Any], t: str, rows: np.ndarray | None = None) ->
 @pytest.mark.parametrize("t", ["float", "bf16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"hq{c[0]}-hkv{c[1]}-d{c[2]}-p{c[3]}-n{sum(c[5])}")
 def test_prefill_matches_reference(t: str, case: tuple) -> None:
+    """Both kernels against the reference, and bitwise against each other."""
     cp = pytest.importorskip("cupy")
     pr = _problem(np.random.default_rng([CASES.index(case), t == "bf16"]), case, t)
     got = _run(cp, pr, t)
     err = _err(got, pr["ref"])
     assert err <= TOL[t], f"normalised max error {err:.3e} > {TOL[t]:.1e}"
+    old = _run(cp, pr, t, variant="head")
+    assert _err(old, pr["ref"]) <= TOL[t]
+    assert np.array_equal(got.view(np.uint32), old.view(np.uint32)), (
+        f"GQA and one-head kernels differ: max |diff| {np.max(np.abs(got - old)):.3e}"
+    )
 
 
 @pytest.mark.gpu
@@ -123,6 +135,29 @@ def test_prefill_rows_independent_of_batch(t: str) -> None:
     seq1 = np.arange(70, 200)
     assert np.array_equal(_run(cp, pr, t, seq1), full[seq1]), "sequence alone differs from the packed launch"
     assert np.array_equal(_run(cp, pr, t, seq1[-1:]), full[seq1[-1:]]), "single row differs"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", ["float", "bf16"])
+@pytest.mark.parametrize("shape", [(24, 4, 256), (16, 2, 256)], ids=["27B", "35B-A3B"])
+def test_prefill_rows_independent_of_chunking(t: str, shape: tuple) -> None:
+    """The models' head shapes: a prompt prefilled in one launch, in uneven chunks (each chunk a launch of its own
+    rows, continuing the cached prefix), and packed with another sequence gives every row the same bits."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(77)
+    pr = _problem(rng, (*shape, 16, [0, 0], [333, 50]), t)
+    full = _run(cp, pr, t)
+    seq0 = np.arange(333)
+    alone = _run(cp, pr, t, seq0)
+    assert np.array_equal(alone.view(np.uint32), full[seq0].view(np.uint32)), "packing with another sequence"
+    for lo, hi in ((0, 1), (1, 37), (37, 200), (200, 333), (150, 151)):
+        rows = np.arange(lo, hi)
+        got = _run(cp, pr, t, rows)
+        assert np.array_equal(got.view(np.uint32), full[rows].view(np.uint32)), (
+            f"chunk {lo}..{hi - 1} differs"
+        )
+    rev = seq0[::-1].copy()
+    assert np.array_equal(_run(cp, pr, t, rev).view(np.uint32), full[rev].view(np.uint32)), "reversed rows"
 
 
 @pytest.mark.gpu
@@ -142,6 +177,8 @@ def test_prefill_rejects_bad_arguments() -> None:
         attention_prefill(q, kc, kc, table, ids, ids, max_len=33)
     with pytest.raises(KernelError, match="KV heads"):
         attention_prefill(cp.zeros((4, 3, 64), dtype=F32), kc, kc, table, ids, ids, max_len=4)
+    with pytest.raises(KernelError, match="variant"):
+        attention_prefill(q, kc, kc, table, ids, ids, max_len=4, variant="fast")
 
 
 # ---- CPU: the kernel's tiling loop mirrored in NumPy ----------------------------------------------------------

@@ -5,6 +5,11 @@ sequence ``row_seq[r]`` attends positions ``0..row_pos[r]``, GQA, fp32 online so
 exact operands on ``mma.sync`` (float q split into two bf16 halves, the probabilities likewise). Every row's result
 depends only on its own inputs (fixed reduction order over KV tiles in ascending order), but it is not bitwise the
 decode kernel's: the exact mode (``prefill_gemm=False``) keeps :func:`attention` for prefill.
+
+Two kernels, the same arithmetic per row (bitwise the same outputs): ``variant="gqa"`` (the default) packs a KV
+head's query heads into one block (the K/V tiles loaded once per group, double-buffered by ``cp.async``,
+fragments by ``ldmatrix``); ``variant="head"`` is the earlier one-query-head-per-block kernel, kept for
+comparison (perf/bench_attention.py). docs/cuda.md gives the arithmetic of both.
 """
 
 from __future__ import annotations
@@ -17,13 +22,26 @@ from ninfer.cuda._common import KernelError, check_array
 from ninfer.cuda.attention import HEAD_DIMS, attention_out, paged_query, paged_rows
 from ninfer.cuda.loader import kernel
 
-__all__ = ["attention_prefill", "SOURCES", "HEAD_DIMS", "BLOCK_ROWS", "block_keys", "smem_bytes"]
+__all__ = [
+    "attention_prefill",
+    "SOURCES",
+    "HEAD_DIMS",
+    "BLOCK_ROWS",
+    "GQA_SLOTS",
+    "VARIANTS",
+    "block_keys",
+    "gqa_rows",
+    "smem_bytes",
+]
 
 _T = ("float", "bf16")
-BLOCK_ROWS = 64  # query rows per block (AP_BM)
-_THREADS = 128
+BLOCK_ROWS = 64  # query rows per block of the one-head kernel (AP_BM)
+GQA_SLOTS = 128  # (row, query head) slots per block of the GQA kernel (AG_SLOTS)
+VARIANTS = ("gqa", "head")
+_THREADS = {"gqa": 256, "head": 128}
+_NAMES = {"gqa": "attention_prefill_gqa", "head": "attention_prefill"}
 SOURCES: dict[str, tuple[str, ...]] = {
-    "attention_prefill.cu": tuple(f"attention_prefill<{t}, {d}>" for t in _T for d in HEAD_DIMS)
+    "attention_prefill.cu": tuple(f"{n}<{t}, {d}>" for n in _NAMES.values() for t in _T for d in HEAD_DIMS)
 }
 
 
@@ -32,11 +50,19 @@ def block_keys(d: int) -> int:
     return 32 if d == 256 else 64
 
 
-def smem_bytes(d: int, t: str) -> int:
-    """Dynamic shared memory of one block: Qh (+ Ql for float q) [64][D+8], Ks and Vs [BN][D+8], bf16 words."""
-    ld = d + 8
-    q_rows = BLOCK_ROWS * (2 if t == "float" else 1)
-    return 2 * ld * (q_rows + 2 * block_keys(d))
+def gqa_rows(group: int) -> int:
+    """Query rows per block of the GQA kernel: 128 (row, head) slots over ``group`` heads per KV head."""
+    return GQA_SLOTS // group
+
+
+def smem_bytes(d: int, t: str, variant: str = "gqa") -> int:
+    """Dynamic shared memory of one block, bf16 words of rows padded to D+8. One-head kernel: Qh (+ Ql for float
+    q) [64][D+8], Ks and Vs [BN][D+8]. GQA kernel: Qh (+ Ql) [128][D+8], Ks and Vs [2][BN][D+8], then the rows'
+    sequence and position (2 x 128 int32)."""
+    ld, halves = d + 8, 2 if t == "float" else 1
+    if variant == "head":
+        return 2 * ld * (BLOCK_ROWS * halves + 2 * block_keys(d))
+    return 2 * ld * (GQA_SLOTS * halves + 4 * block_keys(d)) + 8 * GQA_SLOTS
 
 
 def _check_aligned(a: Any, name: str) -> None:
@@ -57,10 +83,14 @@ def attention_prefill(
     max_len: int,
     scale: float | None = None,
     out: Any = None,
+    variant: str = "gqa",
 ) -> Any:
     """Causal GQA attention of ``q[R, Hq, D]`` (float32 or bf16 words) over bf16 (uint16) caches: row r
     (sequence ``row_seq[r]``) attends positions ``0..row_pos[r]`` of its pages in ``page_table[B, max_pages]``;
-    ``max_len`` bounds ``row_pos + 1``. Rows of several sequences may share a launch (any order)."""
+    ``max_len`` bounds ``row_pos + 1``. Rows of several sequences may share a launch (any order). ``variant``:
+    ``"gqa"`` (query heads of a KV head in one block) or ``"head"`` (the earlier one-head blocks); same bits."""
+    if variant not in VARIANTS:
+        raise KernelError(f"variant: {variant!r} is not one of {VARIANTS}")
 
     t, (r, hq, d), hkv = paged_query(q, k_cache)
     check_array(k_cache, "k_cache", dtype=np.uint16, shape=(None, None, hkv, d))
@@ -74,13 +104,21 @@ def attention_prefill(
         _check_aligned(a, name)
     if r == 0:
         return out
-    fn = kernel("attention_prefill.cu", SOURCES["attention_prefill.cu"], f"attention_prefill<{t}, {d}>")
-    smem = smem_bytes(d, t)
+    group = hq // hkv
+    if group > GQA_SLOTS:  # more heads per KV head than a block's slots: one head per block
+        variant = "head"
+    name = f"{_NAMES[variant]}<{t}, {d}>"
+    fn = kernel("attention_prefill.cu", SOURCES["attention_prefill.cu"], name)
+    smem = smem_bytes(d, t, variant)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
+    if variant == "gqa":
+        grid = (-(-r // gqa_rows(group)), hkv)
+    else:
+        grid = (-(-r // BLOCK_ROWS), hq)
     fn(
-        (-(-r // BLOCK_ROWS), hq),
-        (_THREADS,),
+        grid,
+        (_THREADS[variant],),
         (
             q,
             k_cache,

@@ -1,0 +1,119 @@
+// Shared pieces of the prefill-attention kernels (attention_prefill.cu, attention_prefill_head.cuh): tile
+// sizes, the exact hi/lo split, mma.sync m16n8k16 and ldmatrix on their PTX fragment layouts, cp.async, and the
+// per-thread online-softmax state. Every asm has a host path (tests/host/attn_prefill_emu.cpp emulates the
+// warp-collective ones), so tests/test_attention_prefill_host.py compiles the kernels for the CPU.
+#pragma once
+#include "common.cuh"
+
+template <int D> struct ApCfg {
+    static constexpr int BN = D == 256 ? 32 : 64;  // D=256: keeps S + O accumulators within 255 registers
+    static constexpr int LD = D + 8;
+};
+template <typename T> struct ApSplit {
+    static constexpr bool value = false;
+};
+template <> struct ApSplit<float> {
+    static constexpr bool value = true;
+};
+
+__device__ __forceinline__ u32 ap_pack(float lo, float hi) {
+    return (u32)f_to_bf16_bits(lo) | ((u32)f_to_bf16_bits(hi) << 16);
+}
+
+// hi = bf16(x) (both halves), lo = bf16(x - hi): x = hi + lo up to 2^-17 |x|.
+// On the device one cvt.rn.bf16x2.f32 per pair (round to nearest even, subnormals kept: the same bits as
+// f_to_bf16_bits for every non-NaN input; a NaN stays a NaN), the host emulation the bit arithmetic.
+__device__ __forceinline__ void ap_split2(float x0, float x1, u32& hi, u32& lo) {
+#ifdef __CUDA_ARCH__
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x1), "f"(x0));
+    const float r0 = x0 - __uint_as_float(hi << 16), r1 = x1 - __uint_as_float(hi & 0xffff0000u);
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(r1), "f"(r0));
+#else
+    const u16 h0 = f_to_bf16_bits(x0), h1 = f_to_bf16_bits(x1);
+    hi = (u32)h0 | ((u32)h1 << 16);
+    lo = ap_pack(x0 - bf16_bits_to_f(h0), x1 - bf16_bits_to_f(h1));
+#endif
+}
+
+__device__ __forceinline__ void ap_mma(float c[4], const u32 a[4], u32 b0, u32 b1) {
+#ifdef __CUDA_ARCH__
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#elif defined(ATT_HOST_EMU)
+    emu_mma(*reinterpret_cast<float(*)[4]>(c), a[0], a[1], a[2], a[3], b0, b1);
+#endif
+}
+
+// Four 8x8 bf16 matrices, transposed: thread (g = lane/4, t = lane%4) gets rows 2t, 2t+1 of column g of matrix i
+// in r[i]; lanes 8i..8i+7 give matrix i's row addresses (16-byte aligned).
+__device__ __forceinline__ void ap_ldsm_x4_trans(u32 r[4], const u16* p) {
+#ifdef __CUDA_ARCH__
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#elif defined(ATT_HOST_EMU)
+    emu_ldsm(r, p, true);
+#endif
+}
+
+// Four 8x8 bf16 matrices: thread (g, t) gets columns 2t, 2t+1 of row g of matrix i in r[i] (lanes 8i..8i+7 give
+// matrix i's row addresses): an A fragment of 16 rows (matrices: rows 0-7 / 8-15 x k 0-7 / 8-15) or two B
+// fragments of K rows (keys as columns of B).
+__device__ __forceinline__ void ap_ldsm_x4(u32 r[4], const u16* p) {
+#ifdef __CUDA_ARCH__
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#elif defined(ATT_HOST_EMU)
+    emu_ldsm(r, p, false);
+#endif
+}
+
+// 16 bytes global -> shared without registers, zero-filled when !ok (src is then not read; it must still be a
+// valid address). Synchronous in the host emulation.
+__device__ __forceinline__ void ap_cp16(u16* dst, const void* src, bool ok) {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((u32)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(ok ? 16 : 0)
+                 : "memory");
+#else
+    if (ok) {
+        __builtin_memcpy(dst, src, 16);
+    } else {
+        __builtin_memset(dst, 0, 16);
+    }
+#endif
+}
+__device__ __forceinline__ void ap_cp_commit() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ap_cp_wait_all() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void ap_load8(const float* p, float v[8]) {
+    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void ap_load8(const bf16* p, float v[8]) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[2 * j] = bf16_bits_to_f(w[j] & 0xffffu), v[2 * j + 1] = bf16_bits_to_f(w[j] >> 16);
+}
+
+// Online-softmax state of one thread: its two rows (g and g + 8 of the warp's 16) and their O fragments.
+template <int D> struct ApRows {
+    float acc[D / 8][4];  // O fragment f: rows g (elements 0, 1) and g + 8 (2, 3), columns 8f + 2t + (e & 1)
+    float m[2], l[2];     // running max (scaled scores) and this thread's partial sum of p
+    int lim[2];           // last key the row attends (-1: row not in the current segment)
+};
