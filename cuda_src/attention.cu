@@ -142,12 +142,14 @@ __global__ void __launch_bounds__(256)
 // PV, each behind a page-table read (a dependent round trip the warp waits for). P = 1 reads the page table two
 // tiles ahead (lane l holds the page of position base + l % 16, shuffled to the lanes that need it), issues the
 // next tile's K chunk u right after the current tile's chunk u went into its mma (and V unit j after PV unit j), and
-// sums S in two independent mma chains (even and odd 16-dim steps, added at the end). Neither changes which
-// positions a warp takes; P and NW are fixed per (shapes, variant), never per launch.
+// sums S in two independent mma chains (even and odd 16-dim steps, added at the end); P = 2 is P = 1 with the
+// one-level merge below. None of this changes which positions a warp takes; P and NW are fixed per (shapes,
+// variant), never per launch.
 // Merges, every one by att_merge in a fixed order: the block's warps (w order, shared memory); then the row's splits
 // in two levels: groups of gs = att_group(ns) consecutive splits, merged by the block that completes the group (an
 // arrival counter per group), then the groups, merged by the block that completes the last group. ns == 1 writes
-// the output directly, ng == 1 after the first level. Every decision depends only on the row's own position and
+// the output directly, ng == 1 after the first level. P = 2 merges in one level (gs = ns: the block that completes
+// the row merges all its splits, batches of NW/2 partials double-buffered in shared memory). Every decision depends only on the row's own position and
 // chunk (never on the batch, max_len, gridDim or timing), so a row's output is bitwise independent of the other
 // rows of the launch. The counters are zero between launches (each last arrival resets its own).
 // Workspaces (fp32): ws [R, HKV, nsplit] partials (G x D o, G x (m, l)), wg [R, HKV, ngmax] group partials; cnt
@@ -310,15 +312,15 @@ __global__ void __launch_bounds__(32 * NW, NW <= 4 ? 2 : 1)
         for (int i = 0; i < NP; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
         for (int k = warp; k < ntile(split); k += NW) {
             const int base = split * chunk + ATT_TILE * k, nxt = next_base(split, k);
-            if constexpr (P == 1)
+            if constexpr (P >= 1)
                 if (nxt >= 0) {  // the next tile's rows from its pages (read a tile ago); the pages after it
                     next_rows(nxt);
                     const int b2 = next_base2(split, k);
                     if (b2 >= 0) pgn = tile_page(b2);
                 }
-            float sa[P == 1 ? 2 : 1][2][4];  // P = 1: two chains (16-dim steps of even / odd h)
+            float sa[P >= 1 ? 2 : 1][2][4];  // P = 1: two chains (16-dim steps of even / odd h)
 #pragma unroll
-            for (int c = 0; c < (P == 1 ? 2 : 1); ++c)
+            for (int c = 0; c < (P >= 1 ? 2 : 1); ++c)
 #pragma unroll
                 for (int j = 0; j < 2; ++j) sa[c][j][0] = sa[c][j][1] = sa[c][j][2] = sa[c][j][3] = 0.f;
 #pragma unroll
@@ -334,8 +336,8 @@ __global__ void __launch_bounds__(32 * NW, NW <= 4 ? 2 : 1)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const uint4 qf = sq[(2 * u + h) * 32 + lane];
-                    float (&s0)[4] = sa[P == 1 ? h : 0][0];
-                    float (&s1)[4] = sa[P == 1 ? h : 0][1];
+                    float (&s0)[4] = sa[P >= 1 ? h : 0][0];
+                    float (&s1)[4] = sa[P >= 1 ? h : 0][1];
 #pragma unroll
                     for (int j = 0; j < 2; ++j) {
                         float (&s)[4] = j ? s1 : s0;
@@ -344,10 +346,12 @@ __global__ void __launch_bounds__(32 * NW, NW <= 4 ? 2 : 1)
                         if constexpr (VSPLIT) att_mma(s, qf.x, 0u, qf.y, 0u, kx[j].lo[2 * h], kx[j].lo[2 * h + 1]);
                     }
                 }
-                if constexpr (P == 1 && PRE)
-                    if (nxt >= 0)  // the next tile's chunk u into the registers chunk u just left
+                if constexpr (P >= 1 && PRE) {
+                    if (nxt >= 0) {  // the next tile's chunk u into the registers chunk u just left
 #pragma unroll
                         for (int j = 0; j < 2; ++j) att_load(nkp[j] + 32 * u, kr[j][u]);
+                    }
+                }
             }
             if constexpr (P == 0)
                 if (PRE && nxt >= 0) load_k(nxt);  // next tile's K, in flight during softmax and PV
@@ -356,7 +360,7 @@ __global__ void __launch_bounds__(32 * NW, NW <= 4 ? 2 : 1)
 #pragma unroll
             for (int a = 0; a < 4; ++a) {
                 const int j = a >> 1, e = a & 1;
-                sc[a] = P == 1 ? sa[0][j][e] + sa[P == 1 ? 1 : 0][j][e] : sa[0][j][e];
+                sc[a] = P >= 1 ? sa[0][j][e] + sa[P >= 1 ? 1 : 0][j][e] : sa[0][j][e];
             }
 #pragma unroll
             for (int a = 0; a < 4; ++a) {
@@ -389,10 +393,12 @@ __global__ void __launch_bounds__(32 * NW, NW <= 4 ? 2 : 1)
                     else att_load(vp[a] + 8 * U * j, raw);
                     att_pairs(raw, vx[a]);
                 }
-                if constexpr (P == 1 && PRE)
-                    if (nxt >= 0)  // the next tile's unit j into the registers unit j just left
+                if constexpr (P >= 1 && PRE) {
+                    if (nxt >= 0) {  // the next tile's unit j into the registers unit j just left
 #pragma unroll
                         for (int a = 0; a < 4; ++a) att_load(nvp[a] + 8 * U * j, vr[a][j]);
+                    }
+                }
 #pragma unroll
                 for (int qq = 0; qq < U / 2; ++qq) {
                     float (&c)[4] = acc[j * (U / 2) + qq];
@@ -476,6 +482,38 @@ __global__ void __launch_bounds__(32 * NW, NW <= 4 ? 2 : 1)
                 __syncthreads();  // the batch is read before the next one (or the next split) overwrites it
             }
         };
+        // P = 2: n partials in batches of NW/2 through the two halves of shared memory, the next batch's copies
+        // in flight while this one merges (its (m, l): one value per thread, loaded a batch ahead)
+        auto merge_stream = [&](const float* go, const float* gml, int n) {
+            constexpr int HB = NW / 2;
+            static_assert(NT >= HB * 16, "one (m, l) value per thread and batch");
+            att_merge_reset(res);
+            auto issue = [&](int b) {  // batch b's o into half (b / HB) % 2; returns this thread's (m, l) value
+                float v = 0.f;
+                if (b < n) {
+                    const int nb = min(HB, n - b);
+                    float* dst = so + ((b / HB) & 1) * HB * 8 * D;
+                    for (int e = 4 * tid; e < nb * GD; e += 4 * NT) att_cp16(dst + e, go + (long long)b * GD + e);
+                    if (tid < nb * 2 * G) v = __ldcg(gml + 2 * G * b + tid);
+                }
+                att_cp_commit();  // (an empty group past the end keeps the wait count uniform)
+                return v;
+            };
+            float mv = issue(0);
+            for (int b = 0; b < n; b += HB) {
+                const float mn = issue(b + HB);
+                const int nb = min(HB, n - b), hf = (b / HB) & 1;
+                if (tid < nb * 2 * G) sml[hf * HB * 16 + tid] = mv;
+                att_cp_wait1();
+                __syncthreads();  // batch b in shared memory
+#pragma unroll
+                for (int k = 0; k < NI; ++k)
+                    pml[k] = sml + hf * HB * 16 + 2 * hh[k], po[k] = so + hf * HB * 8 * D + hh[k] * D + dd[k];
+                att_merge<NI>(pml, 2 * G, po, GD, ok, nb, res);
+                __syncthreads();  // batch b read before batch b + 2 HB overwrites its half
+                mv = mn;
+            }
+        };
         att_merge_reset(res);
         merge_smem(NW, 16, 8 * D);  // the block's warps
         if (ns == 1) {
@@ -484,10 +522,12 @@ __global__ void __launch_bounds__(32 * NW, NW <= 4 ? 2 : 1)
         }
         const long long part = rh * nsplit + split;
         store_part(ws_o + part * GD, ws_ml + part * 2 * G);
-        const int gs = att_group(ns), grp = split / gs, ng = (ns + gs - 1) / gs, gn = min(gs, ns - grp * gs);
+        const int gs = P == 2 ? ns : att_group(ns), grp = split / gs, ng = (ns + gs - 1) / gs;
+        const int gn = min(gs, ns - grp * gs);
         if (!att_arrive(cnt + rh * ngmax + grp, gn, sflag)) continue;  // (its barrier ends the smem reads)
         const long long p0 = rh * nsplit + (long long)grp * gs, gpart = rh * ngmax + grp;
-        merge_global(ws_o + p0 * GD, ws_ml + p0 * 2 * G, gn);  // the group's splits
+        if constexpr (P == 2) merge_stream(ws_o + p0 * GD, ws_ml + p0 * 2 * G, gn);  // all the row's splits
+        else merge_global(ws_o + p0 * GD, ws_ml + p0 * 2 * G, gn);                  // the group's splits
         if (ng == 1) {
             finish();
             continue;

@@ -183,6 +183,18 @@ __device__ __forceinline__ void att_cp_wait() {
 #endif
 }
 
+__device__ __forceinline__ void att_cp_commit() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void att_cp_wait1() {  // all but the newest committed group have landed
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
+}
+
 // Copies nf floats (a multiple of 4, 16-byte aligned) of o and nm floats of (m, l) into shared memory, all threads.
 __device__ __forceinline__ void att_stage(float* so, const float* go, int nf, float* sml, const float* gml, int nm) {
     for (int e = 4 * (int)threadIdx.x; e < nf; e += 4 * (int)blockDim.x) att_cp16(so + e, go + e);

@@ -43,7 +43,8 @@ class Variant:
     """Kernel configuration of ``attention``: ``nw`` warps per block (part of the arithmetic: which positions a warp
     takes and the order the block merges its warps) and the load pipeline ``pipe`` (0: next tile's K after S and V
     after PV, each behind a page-table read; 1: page table two tiles ahead, next tile's loads issued chunk by chunk
-    as the current tile's leave the registers, S in two mma chains). docs/cuda.md "Decode attention"."""
+    as the current tile's leave the registers, S in two mma chains; 2: as 1, and the row's splits merged in one level
+    by the last block to finish, its staging double-buffered). docs/cuda.md "Decode attention"."""
 
     nw: int
     pipe: int
@@ -53,8 +54,14 @@ class Variant:
 
 
 # Fixed per name (never chosen per launch: a row's bits depend on the variant). "base" is the kernel before the
-# pipelined loads (kept for perf/bench_attention_decode.py's side-by-side), "pipe4" the pipeline at 4 warps.
-VARIANTS: dict[str, Variant] = {"base": Variant(4, 0), "pipe4": Variant(4, 1), "pipe8": Variant(8, 1)}
+# pipelined loads (kept for perf/bench_attention_decode.py's side-by-side), "pipe4" the pipeline at 4 warps,
+# "pipe8m1" the single-level merge.
+VARIANTS: dict[str, Variant] = {
+    "base": Variant(4, 0),
+    "pipe4": Variant(4, 1),
+    "pipe8": Variant(8, 1),
+    "pipe8m1": Variant(8, 2),
+}
 DEFAULT_VARIANT = "pipe8"
 SOURCES: dict[str, tuple[str, ...]] = {
     "attention.cu": tuple(f"qk_norm_rope_kv_write<{t}, {c}, {d}>" for t in _T for c in _C for d in HEAD_DIMS)

@@ -48,6 +48,7 @@ template <typename T, typename C> int emu_variant(int D, const EmuArgs& a) {  //
     if (a.nw == 4 && a.pipe == 0) return emu_dims<T, C, 4, 0>(D, a);
     if (a.nw == 4 && a.pipe == 1) return emu_dims<T, C, 4, 1>(D, a);
     if (a.nw == 8 && a.pipe == 1) return emu_dims<T, C, 8, 1>(D, a);
+    if (a.nw == 8 && a.pipe == 2) return emu_dims<T, C, 8, 2>(D, a);
     return 6;
 }
 
