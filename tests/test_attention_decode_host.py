@@ -220,3 +220,20 @@ def test_split_plan_bounds_every_row() -> None:
             for ns in range(1, plan.nsplit + 1):
                 gs = group_size(ns)
                 assert -(-ns // gs) <= plan.ngmax and gs * gs >= ns and (gs == 1 or (gs // 2) ** 2 < ns)
+
+
+def test_variants_fit_the_sm() -> None:
+    """Every variant's block fits an SM (threads, the 227 KB shared-memory opt-in limit at every head dim), the
+    default variant's instances are the ones the family compiles up front, and gridDim.z keeps about 16 warps per
+    SM over the launch (one sequence at 8K: one block per split)."""
+    from ninfer.cuda.attention import HEAD_DIMS, SOURCES
+
+    for var in VARIANTS.values():
+        assert 32 * var.nw <= 1024 and var.pipe in (0, 1, 2)
+        for d in HEAD_DIMS:
+            assert smem_bytes(d, var.nw) <= 227 * 1024
+    want = {VARIANTS[DEFAULT_VARIANT].instance(t, c, d) for t in ("float", "bf16") for c in ("float", "bf16", "e4m3")
+            for d in HEAD_DIMS}  # fmt: skip
+    assert want <= set(SOURCES["attention.cu"])
+    assert split_blocks(1, 4, 32, 132, 8) == 32 and split_blocks(1, 4, 128, 132, 8) == 66
+    assert split_blocks(8, 4, 32, 132, 8) == 9 and split_blocks(1, 4, 128, 132, 4) == 128
