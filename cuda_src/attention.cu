@@ -133,15 +133,23 @@ __global__ void __launch_bounds__(256)
 // own position `last` (causal), so the row has ns = last/chunk + 1 splits. Block (kv head hk, row r, z) computes
 // splits z, z + gridDim.z, ... < ns for the G = HQ/HKV query heads of hk (one K/V read for G heads); gridDim.z
 // only spreads the work (the wrapper sizes it to fill the GPU, whatever max_len): a split's arithmetic does not
-// depend on which block computes it. A chunk is a whole number of 16-position tiles; warp w takes tiles w,
-// w + ATT_NW, ... of the split. Per tile: S = Q K^T for 16 positions (mma, attn_frag.cuh), one online-softmax update
-// (fp32, base 2: qk_scale = scale * log2 e), O^T += V^T P^T (mma). K and V rows of the warp's next tile (in this or
-// its next split) are in flight while the current tile computes: 16 B per lane, 8 KB of K and 8 KB of V per tile
-// and warp for bf16 at D = 256.
+// depend on which block computes it. A chunk is a whole number of 16-position tiles; warp w of the NW warps takes
+// tiles w, w + NW, ... of the split. Per tile: S = Q K^T for 16 positions (mma, attn_frag.cuh), one online-softmax
+// update (fp32, base 2: qk_scale = scale * log2 e), O^T += V^T P^T (mma). The K and V rows of the warp's next tile
+// (in this or its next split) are in flight while the current tile computes: 16 B per lane, 8 KB of K and 8 KB of V
+// per tile and warp for bf16 at D = 256.
+// Pipelines (template P, docs/cuda.md "Decode attention"): P = 0 issues the next tile's K after S and its V after
+// PV, each behind a page-table read (a dependent round trip the warp waits for). P = 1 reads the page table two
+// tiles ahead (lane l holds the page of position base + l % 16, shuffled to the lanes that need it), issues the
+// next tile's K chunk u right after the current tile's chunk u went into its mma (and V unit j after PV unit j), and
+// sums S in two independent mma chains (even and odd 16-dim steps, added at the end); P = 2 is P = 1 with the
+// one-level merge below. None of this changes which positions a warp takes; P and NW are fixed per (shapes,
+// variant), never per launch.
 // Merges, every one by att_merge in a fixed order: the block's warps (w order, shared memory); then the row's splits
 // in two levels: groups of gs = att_group(ns) consecutive splits, merged by the block that completes the group (an
 // arrival counter per group), then the groups, merged by the block that completes the last group. ns == 1 writes
-// the output directly, ng == 1 after the first level. Every decision depends only on the row's own position and
+// the output directly, ng == 1 after the first level. P = 2 merges in one level (gs = ns: the block that completes
+// the row merges all its splits, batches of NW/2 partials double-buffered in shared memory). Every decision depends only on the row's own position and
 // chunk (never on the batch, max_len, gridDim or timing), so a row's output is bitwise independent of the other
 // rows of the launch. The counters are zero between launches (each last arrival resets its own).
 // Workspaces (fp32): ws [R, HKV, nsplit] partials (G x D o, G x (m, l)), wg [R, HKV, ngmax] group partials; cnt
@@ -167,8 +175,8 @@ __device__ __forceinline__ bool att_arrive(int* c, int n, int* flag) {
     return *flag != 0;
 }
 
-template <typename T, typename C, int D>
-__global__ void __launch_bounds__(ATT_THREADS, 2)
+template <typename T, typename C, int D, int NW, int P>
+__global__ void __launch_bounds__(32 * NW, NW <= 4 ? 2 : 1)
     attention(const T* __restrict__ q, const C* __restrict__ k_cache, const C* __restrict__ v_cache,
               const float* __restrict__ k_scale, const float* __restrict__ v_scale,
               const int* __restrict__ page_table, const int* __restrict__ row_seq, const int* __restrict__ row_pos,
@@ -176,13 +184,13 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
               int page_size, int page_shift, long long ldpt, int chunk, int nsplit, int ngmax, float qk_scale) {
     pdl_trigger();
     pdl_wait();  // as qk_norm_rope_kv_write
-    constexpr int NP = D / 16, NU = D / 32, U = D >= 64 ? 8 : 4, NJ = D / (8 * U);
+    constexpr int NT = 32 * NW, NP = D / 16, NU = D / 32, U = D >= 64 ? 8 : 4, NJ = D / (8 * U);
     constexpr bool QSPLIT = sizeof(T) == 4, VSPLIT = sizeof(C) == 4, PRE = sizeof(C) <= 2;  // PRE: prefetch
     extern __shared__ uint4 att_smem[];  // attention.py smem_bytes mirrors this layout
     uint4* sq = att_smem;                                      // [NP][32] Q fragments (hi x, y; lo z, w)
-    float* so = reinterpret_cast<float*>(att_smem + NP * 32);  // [ATT_NW][8 heads][D] warp o (unnormalised)
-    float* sml = so + ATT_NW * 8 * D;                          // [ATT_NW][8][2] warp (m, l)
-    int* sflag = reinterpret_cast<int*>(sml + ATT_NW * 16);
+    float* so = reinterpret_cast<float*>(att_smem + NP * 32);  // [NW][8 heads][D] warp o (unnormalised)
+    float* sml = so + NW * 8 * D;                              // [NW][8][2] warp (m, l)
+    int* sflag = reinterpret_cast<int*>(sml + NW * 16);
     const int hk = blockIdx.x, r = blockIdx.y;
     const int G = HQ / HKV, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int last = row_pos[r], ns = last < 0 ? 1 : last / chunk + 1;
@@ -194,15 +202,27 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
         return pend > s0 ? (pend - s0 + ATT_TILE - 1) / ATT_TILE : 0;
     };
     auto next_base = [&](int sp, int k) {  // the warp's tile after tile k of split sp: its first position, or -1
-        if (k + ATT_NW < ntile(sp)) return sp * chunk + ATT_TILE * (k + ATT_NW);
+        if (k + NW < ntile(sp)) return sp * chunk + ATT_TILE * (k + NW);
         const int sn = sp + (int)gridDim.z;
         return sn < ns && warp < ntile(sn) ? sn * chunk + ATT_TILE * warp : -1;
     };
+    auto next_base2 = [&](int sp, int k) {  // the tile after next_base(sp, k), or -1
+        if (k + NW < ntile(sp)) return next_base(sp, k + NW);
+        const int sn = sp + (int)gridDim.z;
+        return sn < ns && warp < ntile(sn) ? next_base(sn, warp) : -1;
+    };
+    auto pidx = [&](int p) { return page_shift >= 0 ? p >> page_shift : p / page_size; };
+    auto poff = [&](int p) { return page_shift >= 0 ? (p & (page_size - 1)) : p % page_size; };
     auto kv_row = [&](int p) {  // (slot * HKV + hk) of position min(p, last): masked positions read valid rows
         p = min(p, last);
-        const int pg = page_shift >= 0 ? p >> page_shift : p / page_size;
-        const int off = page_shift >= 0 ? (p & (page_size - 1)) : p % page_size;
-        return ((long long)pt[pg] * page_size + off) * HKV + hk;
+        return ((long long)pt[pidx(p)] * page_size + poff(p)) * HKV + hk;
+    };
+    // P = 1: lane l's page of position min(base + l % 16, last) (base <= last: a tile with positions)
+    auto tile_page = [&](int base) { return pt[pidx(min(base + (lane & 15), last))]; };
+    auto tile_row = [&](int pgl, int base, int p) {  // row of position p of the tile at base; all lanes (shuffle)
+        p = min(p, last);
+        const int pg = __shfl_sync(0xffffffffu, pgl, p - base);
+        return ((long long)pg * page_size + poff(p)) * HKV + hk;
     };
     // ---- tile registers: K rows base+g, base+8+g (chunks 4u+t); V rows base+2t+{0,1,8,9} (units g+8j) ----
     AttRaw<C, 8> kr[PRE ? 2 : 1][PRE ? NU : 1];
@@ -230,10 +250,50 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
                 for (int j = 0; j < NJ; ++j) att_load(vp[a] + 8 * U * j, vr[a][j]);
         }
     };
+    // P = 1 state: the next tile's K/V pointers (nkp, nvp) and scales (nks, nvs), the page after that (pgn)
+    const C* nkp[2];
+    const C* nvp[4];
+    float nks[4], nvs[4];
+    int pgn = 0;
+    auto next_rows = [&](int base) {  // from pgn (the pages of the tile at base): nkp, nvp, nks, nvs
+#pragma unroll
+        for (int j = 0; j < 2; ++j) nkp[j] = k_cache + tile_row(pgn, base, base + g + 8 * j) * D + 8 * t;
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            const long long row = tile_row(pgn, base, base + 2 * t + (a & 1) + 8 * (a >> 1));
+            nvp[a] = v_cache + row * D + U * g;
+            if constexpr (kScaled<C>) nks[a] = k_scale[row], nvs[a] = v_scale[row];
+        }
+    };
     const int z0 = blockIdx.z;
-    if (warp < ntile(z0)) load_k(z0 * chunk + ATT_TILE * warp), load_v(z0 * chunk + ATT_TILE * warp);  // before Q
+    if (warp < ntile(z0)) {  // the first tile's K and V before Q (and, P = 1, the second tile's pages)
+        const int b0 = z0 * chunk + ATT_TILE * warp;
+        if constexpr (P == 0) {
+            load_k(b0), load_v(b0);
+        } else {
+            pgn = tile_page(b0);
+            next_rows(b0);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                kp[j] = nkp[j];
+                if constexpr (PRE)
+#pragma unroll
+                    for (int u = 0; u < NU; ++u) att_load(kp[j] + 32 * u, kr[j][u]);
+            }
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                vp[a] = nvp[a];
+                if constexpr (kScaled<C>) ksc[a] = nks[a], vsc[a] = nvs[a];
+                if constexpr (PRE)
+#pragma unroll
+                    for (int j = 0; j < NJ; ++j) att_load(vp[a] + 8 * U * j, vr[a][j]);
+            }
+            const int b1 = next_base(z0, warp);
+            if (b1 >= 0) pgn = tile_page(b1);
+        }
+    }
     // ---- Q fragments of the G heads (rows >= G zero), in the K chunk order ----
-    for (int e = tid; e < NP * 32; e += ATT_THREADS) {
+    for (int e = tid; e < NP * 32; e += NT) {
         const int s = e >> 5, gg = (e >> 2) & 7, dd = 8 * (4 * (s >> 1) + (e & 3)) + 4 * (s & 1);
         uint4 f;
         f.x = f.y = f.z = f.w = 0u;
@@ -250,9 +310,19 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
         float acc[NP][4], m = NEG_INF, l = 0.f;  // O^T: m-tile i = dims of unit i/(U/2), heads 2t, 2t+1
 #pragma unroll
         for (int i = 0; i < NP; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-        for (int k = warp; k < ntile(split); k += ATT_NW) {
+        for (int k = warp; k < ntile(split); k += NW) {
             const int base = split * chunk + ATT_TILE * k, nxt = next_base(split, k);
-            float sa[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            if constexpr (P >= 1)
+                if (nxt >= 0) {  // the next tile's rows from its pages (read a tile ago); the pages after it
+                    next_rows(nxt);
+                    const int b2 = next_base2(split, k);
+                    if (b2 >= 0) pgn = tile_page(b2);
+                }
+            float sa[P >= 1 ? 2 : 1][2][4];  // P = 1: two chains (16-dim steps of even / odd h)
+#pragma unroll
+            for (int c = 0; c < (P >= 1 ? 2 : 1); ++c)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) sa[c][j][0] = sa[c][j][1] = sa[c][j][2] = sa[c][j][3] = 0.f;
 #pragma unroll
             for (int u = 0; u < NU; ++u) {
                 AttPairs<C, 8> kx[2];
@@ -266,17 +336,32 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const uint4 qf = sq[(2 * u + h) * 32 + lane];
+                    float (&s0)[4] = sa[P >= 1 ? h : 0][0];
+                    float (&s1)[4] = sa[P >= 1 ? h : 0][1];
 #pragma unroll
                     for (int j = 0; j < 2; ++j) {
-                        att_mma(sa[j], qf.x, 0u, qf.y, 0u, kx[j].hi[2 * h], kx[j].hi[2 * h + 1]);
-                        if constexpr (QSPLIT) att_mma(sa[j], qf.z, 0u, qf.w, 0u, kx[j].hi[2 * h], kx[j].hi[2 * h + 1]);
-                        if constexpr (VSPLIT) att_mma(sa[j], qf.x, 0u, qf.y, 0u, kx[j].lo[2 * h], kx[j].lo[2 * h + 1]);
+                        float (&s)[4] = j ? s1 : s0;
+                        att_mma(s, qf.x, 0u, qf.y, 0u, kx[j].hi[2 * h], kx[j].hi[2 * h + 1]);
+                        if constexpr (QSPLIT) att_mma(s, qf.z, 0u, qf.w, 0u, kx[j].hi[2 * h], kx[j].hi[2 * h + 1]);
+                        if constexpr (VSPLIT) att_mma(s, qf.x, 0u, qf.y, 0u, kx[j].lo[2 * h], kx[j].lo[2 * h + 1]);
+                    }
+                }
+                if constexpr (P >= 1 && PRE) {
+                    if (nxt >= 0) {  // the next tile's chunk u into the registers chunk u just left
+#pragma unroll
+                        for (int j = 0; j < 2; ++j) att_load(nkp[j] + 32 * u, kr[j][u]);
                     }
                 }
             }
-            if (PRE && nxt >= 0) load_k(nxt);  // next tile's K, in flight during softmax and PV
+            if constexpr (P == 0)
+                if (PRE && nxt >= 0) load_k(nxt);  // next tile's K, in flight during softmax and PV
             // online softmax, one update per tile: lane (g, t) holds head g at positions base + 2t + {0, 1, 8, 9}
-            float sc[4] = {sa[0][0], sa[0][1], sa[1][0], sa[1][1]}, mx = NEG_INF;
+            float sc[4], mx = NEG_INF;
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                const int j = a >> 1, e = a & 1;
+                sc[a] = P >= 1 ? sa[0][j][e] + sa[P >= 1 ? 1 : 0][j][e] : sa[0][j][e];
+            }
 #pragma unroll
             for (int a = 0; a < 4; ++a) {
                 if constexpr (kScaled<C>) sc[a] *= ksc[a];  // q . (code * ks) = (q . code) * ks
@@ -308,6 +393,12 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
                     else att_load(vp[a] + 8 * U * j, raw);
                     att_pairs(raw, vx[a]);
                 }
+                if constexpr (P >= 1 && PRE) {
+                    if (nxt >= 0) {  // the next tile's unit j into the registers unit j just left
+#pragma unroll
+                        for (int a = 0; a < 4; ++a) att_load(nvp[a] + 8 * U * j, vr[a][j]);
+                    }
+                }
 #pragma unroll
                 for (int qq = 0; qq < U / 2; ++qq) {
                     float (&c)[4] = acc[j * (U / 2) + qq];
@@ -322,8 +413,17 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
                                 bh0, bh1);
                 }
             }
-            if (nxt >= 0) load_v(nxt);
-            if (!PRE && nxt >= 0) load_k(nxt);
+            if constexpr (P == 0) {
+                if (nxt >= 0) load_v(nxt);
+                if (!PRE && nxt >= 0) load_k(nxt);
+            } else if (nxt >= 0) {  // the next tile becomes the current one (its loads are in flight)
+#pragma unroll
+                for (int a = 0; a < 4; ++a) {
+                    vp[a] = nvp[a];
+                    if constexpr (kScaled<C>) ksc[a] = nks[a], vsc[a] = nvs[a];
+                }
+                kp[0] = nkp[0], kp[1] = nkp[1];
+            }
         }
         // ---- the warp's partial to shared memory: l summed over the quad (all four lanes get the same sum) ----
         l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -337,15 +437,15 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
             wo[(2 * t + 1) * D + d0] = acc[i][1], wo[(2 * t + 1) * D + d0 + 1] = acc[i][3];
         }
         __syncthreads();
-        // ---- merges: this thread's items tid + k ATT_THREADS = (head h, dims d..d+3), set up here (not live
-        // across the tile loop: registers) ----
-        constexpr int NI = D >= 64 ? D / 64 : 1;  // ceil(8 heads * D/4 items / ATT_THREADS)
+        // ---- merges: this thread's items tid + k NT = (head h, dims d..d+3), set up here (not live across the
+        // tile loop: registers) ----
+        constexpr int NI = 2 * D > NT ? 2 * D / NT : 1;  // ceil(8 heads * D/4 items / NT)
         const int items = G * (D / 4), GD = G * D;
         int hh[NI], dd[NI];
         bool ok[NI];
 #pragma unroll
         for (int k = 0; k < NI; ++k) {
-            const int it = tid + k * ATT_THREADS;
+            const int it = tid + k * NT;
             ok[k] = it < items, hh[k] = ok[k] ? it / (D / 4) : 0, dd[k] = 4 * (it % (D / 4));
         }
         const float* pml[NI];
@@ -372,28 +472,62 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
             for (int k = 0; k < NI; ++k) pml[k] = sml + 2 * hh[k], po[k] = so + hh[k] * D + dd[k];
             att_merge<NI>(pml, mls, po, os, ok, n, res);
         };
-        // n partials (consecutive in the workspace from go/gml) in batches of ATT_NW through shared memory
+        // n partials (consecutive in the workspace from go/gml) in batches of NW through shared memory
         auto merge_global = [&](const float* go, const float* gml, int n) {
             att_merge_reset(res);
-            for (int b = 0; b < n; b += ATT_NW) {
-                const int nb = min(ATT_NW, n - b);
+            for (int b = 0; b < n; b += NW) {
+                const int nb = min(NW, n - b);
                 att_stage(so, go + (long long)b * GD, nb * GD, sml, gml + 2 * G * b, nb * 2 * G);
                 merge_smem(nb, 2 * G, GD);
                 __syncthreads();  // the batch is read before the next one (or the next split) overwrites it
             }
         };
+        // P = 2: n partials in batches of NW/2 through the two halves of shared memory, the next batch's copies
+        // in flight while this one merges (its (m, l): one value per thread, loaded a batch ahead)
+        auto merge_stream = [&](const float* go, const float* gml, int n) {
+            constexpr int HB = NW / 2;
+            static_assert(NT >= HB * 16, "one (m, l) value per thread and batch");
+            att_merge_reset(res);
+            auto issue = [&](int b) {  // batch b's o into half (b / HB) % 2; returns this thread's (m, l) value
+                float v = 0.f;
+                if (b < n) {
+                    const int nb = min(HB, n - b);
+                    float* dst = so + ((b / HB) & 1) * HB * 8 * D;
+                    for (int e = 4 * tid; e < nb * GD; e += 4 * NT) att_cp16(dst + e, go + (long long)b * GD + e);
+                    if (tid < nb * 2 * G) v = __ldcg(gml + 2 * G * b + tid);
+                }
+                att_cp_commit();  // (an empty group past the end keeps the wait count uniform)
+                return v;
+            };
+            float mv = issue(0);
+            for (int b = 0; b < n; b += HB) {
+                const float mn = issue(b + HB);
+                const int nb = min(HB, n - b), hf = (b / HB) & 1;
+                if (tid < nb * 2 * G) sml[hf * HB * 16 + tid] = mv;
+                att_cp_wait1();
+                __syncthreads();  // batch b in shared memory
+#pragma unroll
+                for (int k = 0; k < NI; ++k)
+                    pml[k] = sml + hf * HB * 16 + 2 * hh[k], po[k] = so + hf * HB * 8 * D + hh[k] * D + dd[k];
+                att_merge<NI>(pml, 2 * G, po, GD, ok, nb, res);
+                __syncthreads();  // batch b read before batch b + 2 HB overwrites its half
+                mv = mn;
+            }
+        };
         att_merge_reset(res);
-        merge_smem(ATT_NW, 16, 8 * D);  // the block's warps
+        merge_smem(NW, 16, 8 * D);  // the block's warps
         if (ns == 1) {
             finish();
             break;
         }
         const long long part = rh * nsplit + split;
         store_part(ws_o + part * GD, ws_ml + part * 2 * G);
-        const int gs = att_group(ns), grp = split / gs, ng = (ns + gs - 1) / gs, gn = min(gs, ns - grp * gs);
+        const int gs = P == 2 ? ns : att_group(ns), grp = split / gs, ng = (ns + gs - 1) / gs;
+        const int gn = min(gs, ns - grp * gs);
         if (!att_arrive(cnt + rh * ngmax + grp, gn, sflag)) continue;  // (its barrier ends the smem reads)
         const long long p0 = rh * nsplit + (long long)grp * gs, gpart = rh * ngmax + grp;
-        merge_global(ws_o + p0 * GD, ws_ml + p0 * 2 * G, gn);  // the group's splits
+        if constexpr (P == 2) merge_stream(ws_o + p0 * GD, ws_ml + p0 * 2 * G, gn);  // all the row's splits
+        else merge_global(ws_o + p0 * GD, ws_ml + p0 * 2 * G, gn);                  // the group's splits
         if (ng == 1) {
             finish();
             continue;

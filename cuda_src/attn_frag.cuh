@@ -21,9 +21,7 @@
 #include "common.cuh"
 #include "e4m3.cuh"
 
-#define ATT_NW 4        // warps per block; part of the arithmetic (the block merges its warps in this order)
-#define ATT_THREADS 128  // 32 * ATT_NW
-#define ATT_TILE 16     // positions per warp step; a chunk is a whole number of tiles
+#define ATT_TILE 16  // positions per warp step; a chunk is a whole number of tiles
 
 __device__ __forceinline__ u32 att_rne(float f) {  // float -> bf16 bits, round to nearest even
     u32 u = f32_bits(f);
@@ -182,6 +180,18 @@ __device__ __forceinline__ void att_cp16(float* dst, const float* src) {
 __device__ __forceinline__ void att_cp_wait() {
 #ifdef __CUDA_ARCH__
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void att_cp_commit() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void att_cp_wait1() {  // all but the newest committed group have landed
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
 #endif
 }
 

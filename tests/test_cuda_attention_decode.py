@@ -213,3 +213,39 @@ def test_attention_graph_replay_and_row_batches(cp: Any, monkeypatch: pytest.Mon
     assert att.rows_per_launch(n, 24, 256, att.split_plan(4000, 128)) == 7
     split = cp.asnumpy(_run(cp, c, rows_q, rs, rp, "float", max_len=4000, chunk=128))
     assert np.array_equal(_bits(split), _bits(one)), "row batches changed bits"
+
+
+@pytest.mark.parametrize("ct", ["bf16", "fp8"])
+@pytest.mark.parametrize("shape", [(24, 4), (16, 2)], ids=["27B", "35B-A3B"])
+def test_attention_variants_at_model_shapes(cp: Any, shape: tuple[int, int], ct: str) -> None:
+    """Every kernel variant (``VARIANTS``: the benchmark's side-by-side) at the two models' attention shapes with
+    the default 256-position chunk: 8 sequences around chunk boundaries (1 to 9 splits, two merge levels) vs the
+    reference; each row alone and the batch at a graph's capacity give the batch's bits; prefill rows across a
+    chunk boundary equal their decode rows."""
+    from ninfer.cuda.attention import VARIANTS
+
+    hq, hkv = shape
+    rng = np.random.default_rng(35 + hq)
+    lens = [2100, 1, 256, 257, 16, 17, 513, 40]
+    c = _cache(cp, rng, lens, hkv, 256, ct, 16)
+    q = rng.standard_normal((8, hq, 256)).astype(F32)
+    seq, pos = np.arange(8, dtype=np.int32), np.array(lens, np.int32) - 1
+    ref = _ref(c, q, seq, pos)
+    pre_seq, pre_pos = np.zeros(24, np.int32), np.arange(244, 268, dtype=np.int32)
+    for v in VARIANTS:
+        full = cp.asnumpy(_run(cp, c, q, seq, pos, "float", max_len=2100, chunk=256, variant=v))
+        _close(f"{v} {ct} hq={hq}", full, ref, TOL["float"])
+        cap = cp.asnumpy(
+            _run(cp, c, q, seq, pos, "float", max_len=c["table"].shape[1] * 16, chunk=256, variant=v)
+        )
+        assert np.array_equal(_bits(cap), _bits(full)), f"{v}: max_len changed bits"
+        for b in (0, 1, 3, 6):
+            one = cp.asnumpy(_run(cp, c, q[b : b + 1], seq[b : b + 1], pos[b : b + 1], "float", max_len=lens[b],
+                                  chunk=256, variant=v))  # fmt: skip
+            assert np.array_equal(_bits(one[0]), _bits(full[b])), f"{v}: row {b} depends on the batch"
+        qp = q[:1].repeat(24, axis=0)
+        pre = cp.asnumpy(_run(cp, c, qp, pre_seq, pre_pos, "float", max_len=268, chunk=256, variant=v))
+        for i in (0, 11, 12, 23):  # positions 244, 255, 256, 267
+            one = cp.asnumpy(_run(cp, c, qp[:1], pre_seq[:1], pre_pos[i : i + 1], "float", max_len=int(pre_pos[i]) + 1,
+                                  chunk=256, variant=v))  # fmt: skip
+            assert np.array_equal(_bits(one[0]), _bits(pre[i])), f"{v}: prefill row {i} != its decode"

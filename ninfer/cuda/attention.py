@@ -25,7 +25,8 @@ from ninfer.cuda.loader import kernel
 
 __all__ = [
     "qk_norm_rope_kv_write", "attention", "split_plan", "SplitPlan", "group_size", "workspace_bytes",
-    "rows_per_launch", "split_blocks", "smem_bytes", "page_shift", "SOURCES", "HEAD_DIMS", "MAX_GROUP",
+    "rows_per_launch", "split_blocks", "smem_bytes", "page_shift", "SOURCES", "HEAD_DIMS", "MAX_GROUP", "VARIANTS",
+    "DEFAULT_VARIANT", "Variant",
 ]  # fmt: skip
 
 _T = ("float", "bf16")
@@ -33,12 +34,38 @@ _C = ("float", "bf16", "e4m3")  # cache element types
 _CACHE_TYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16", np.dtype(np.uint8): "e4m3"}
 HEAD_DIMS = (32, 64, 128, 256)
 MAX_GROUP = 8  # query heads per KV head: the 8 columns of the tensor-core tile (attn_frag.cuh)
-ATT_NW = 4  # warps per block (attn_frag.cuh): part of the arithmetic (the block merges its warps in order)
 ATT_TILE = 16  # positions per warp step: a chunk is rounded up to a multiple of this
 WS_CAP = 256 << 20  # bytes of split partials per launch; more rows run as several launches (row-independent)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Kernel configuration of ``attention``: ``nw`` warps per block (part of the arithmetic: which positions a warp
+    takes and the order the block merges its warps) and the load pipeline ``pipe`` (0: next tile's K after S and V
+    after PV, each behind a page-table read; 1: page table two tiles ahead, next tile's loads issued chunk by chunk
+    as the current tile's leave the registers, S in two mma chains; 2: as 1, and the row's splits merged in one level
+    by the last block to finish, its staging double-buffered). docs/cuda.md "Decode attention"."""
+
+    nw: int
+    pipe: int
+
+    def instance(self, t: str, c: str, d: int) -> str:
+        return f"attention<{t}, {c}, {d}, {self.nw}, {self.pipe}>"
+
+
+# Fixed per name (never chosen per launch: a row's bits depend on the variant). "base" is the kernel before the
+# pipelined loads (kept for perf/bench_attention_decode.py's side-by-side), "pipe4" the pipeline at 4 warps,
+# "pipe8m1" the single-level merge.
+VARIANTS: dict[str, Variant] = {
+    "base": Variant(4, 0),
+    "pipe4": Variant(4, 1),
+    "pipe8": Variant(8, 1),
+    "pipe8m1": Variant(8, 2),
+}
+DEFAULT_VARIANT = "pipe8"
 SOURCES: dict[str, tuple[str, ...]] = {
     "attention.cu": tuple(f"qk_norm_rope_kv_write<{t}, {c}, {d}>" for t in _T for c in _C for d in HEAD_DIMS)
-    + tuple(f"attention<{t}, {c}, {d}>" for t in _T for c in _C for d in HEAD_DIMS)
+    + tuple(VARIANTS[DEFAULT_VARIANT].instance(t, c, d) for t in _T for c in _C for d in HEAD_DIMS)
 }
 
 
@@ -231,11 +258,12 @@ def rows_per_launch(rows: int, hq: int, d: int, plan: SplitPlan) -> int:
     return max(1, min(rows, 65535, WS_CAP // per if per else rows))
 
 
-def split_blocks(rows: int, hkv: int, nsplit: int, sms: int) -> int:
-    """gridDim.z: blocks per (KV head, row), each striding over the row's splits. About 4 per SM in all (2 resident
-    at a time) whatever ``max_len``: a decode graph sized for the pool's capacity launches no storm of blocks past
-    the rows' positions. Only the spread of the work depends on it, never a result."""
-    return max(1, min(nsplit, -(-4 * sms // (hkv * rows))))
+def split_blocks(rows: int, hkv: int, nsplit: int, sms: int, nw: int = 4) -> int:
+    """gridDim.z: blocks per (KV head, row), each striding over the row's splits. About 16 warps per SM in all (8
+    resident at a time: 2 blocks of 4 warps or one of 8) whatever ``max_len``: a decode graph sized for the pool's
+    capacity launches no storm of blocks past the rows' positions. Only the spread of the work depends on it, never
+    a result."""
+    return max(1, min(nsplit, -(-16 * sms // (nw * hkv * rows))))
 
 
 @functools.cache
@@ -245,9 +273,9 @@ def _sm_count(device: int) -> int:
     return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
 
 
-def smem_bytes(d: int) -> int:
-    """Dynamic shared memory of ``attention<*, *, d>`` (its layout: Q fragments, warp partials, flag)."""
-    return d // 16 * 512 + ATT_NW * 8 * d * 4 + ATT_NW * 16 * 4 + 16
+def smem_bytes(d: int, nw: int = 4) -> int:
+    """Dynamic shared memory of ``attention<*, *, d, nw, *>`` (its layout: Q fragments, warp partials, flag)."""
+    return d // 16 * 512 + nw * 8 * d * 4 + nw * 16 * 4 + 16
 
 
 def page_shift(page_size: int) -> int:
@@ -269,6 +297,7 @@ def attention(
     out: Any = None,
     k_scale: Any = None,
     v_scale: Any = None,
+    variant: str = DEFAULT_VARIANT,
 ) -> Any:
     """Causal GQA attention of ``q[R, Hq, D]``: row r (sequence ``row_seq[r]``) attends positions
     ``0..row_pos[r]`` of its pages in ``page_table[B, max_pages]``. ``max_len`` bounds ``row_pos + 1``.
@@ -278,9 +307,13 @@ def attention(
     runs one split per row.
     Either way a row's result depends only on its own inputs (never on the other rows, ``max_len`` or the launch).
     An fp8 (uint8) cache reads its scales from ``k_scale``/``v_scale`` ``[num_pages, page_size, HKV]``.
+    ``variant`` names the kernel configuration (``VARIANTS``; the others than the default are for benchmarks).
     """
     import cupy
 
+    if variant not in VARIANTS:
+        raise KernelError(f"variant={variant!r}: one of {', '.join(VARIANTS)}")
+    var = VARIANTS[variant]
     t, (r, hq, d), hkv = paged_query(q, k_cache)
     c, ks, vs = _cache_type(k_cache, v_cache, hkv, d, k_scale, v_scale)
     if hq % hkv or hq // hkv > MAX_GROUP:
@@ -291,7 +324,11 @@ def attention(
     out = attention_out(q, out)
     if r == 0:
         return out
-    fn = kernel("attention.cu", SOURCES["attention.cu"], f"attention<{t}, {c}, {d}>")
+    name = var.instance(t, c, d)
+    fn = kernel("attention.cu", SOURCES["attention.cu"] if variant == DEFAULT_VARIANT else (name,), name)
+    smem = smem_bytes(d, var.nw)
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
     step = rows_per_launch(r, hq, d, plan)
     nws = workspace_bytes(step, hq, d, plan) // 4
     ws = cupy.empty(max(nws, 1), dtype=np.float32)
@@ -307,14 +344,14 @@ def attention(
         n = min(step, r - r0)
         launch(
             fn,
-            (hkv, n, split_blocks(n, hkv, plan.nsplit, sms)),
-            (32 * ATT_NW,),
+            (hkv, n, split_blocks(n, hkv, plan.nsplit, sms, var.nw)),
+            (32 * var.nw,),
             (
                 q[r0 : r0 + n], k_cache, v_cache, ks, vs, page_table, row_seq[r0 : r0 + n], row_pos[r0 : r0 + n],
                 out[r0 : r0 + n], ws_o, ws_ml, wg_o, wg_ml, cnt, np.int32(hq), np.int32(hkv),
                 np.int32(page_size), np.int32(page_shift(page_size)), np.int64(page_table.shape[1]),
                 np.int32(plan.chunk), np.int32(plan.nsplit), np.int32(plan.ngmax), qk_scale,
             ),
-            smem_bytes(d),
+            smem,
         )  # fmt: skip
     return out

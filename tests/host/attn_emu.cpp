@@ -95,6 +95,7 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
     return __uint_as_float(emu_exchange(__float_as_uint(v), (threadIdx.x & 31) ^ off));
 }
 inline float __shfl_sync(unsigned, float v, int src) { return __uint_as_float(emu_exchange(__float_as_uint(v), src)); }
+inline int __shfl_sync(unsigned, int v, int src) { return (int)emu_exchange((unsigned)v, src); }
 
 // mma.m16n8k16 row.col bf16 x bf16 + f32 (PTX fragment layout, g = lane / 4, t = lane % 4).
 unsigned emu_a[32][32][4], emu_b[32][32][2];

@@ -1,5 +1,5 @@
 // Driver of the attention host emulation: argv = dir T C D R HQ HKV npages page_size page_shift ldpt chunk nsplit
-// ngmax qk_scale smem order_seed nseq sx (gridDim.z). T: 0 float, 1 bf16; C: 0 float, 1 bf16, 2 e4m3. Reads dir/{q,kc,vc,ks,vs,pt,
+// ngmax qk_scale smem order_seed nseq sx (gridDim.z) nw pipe (the kernel's NW and P). T: 0 float, 1 bf16; C: 0 float, 1 bf16, 2 e4m3. Reads dir/{q,kc,vc,ks,vs,pt,
 // seq,pos}.bin, writes dir/o.bin; exits 7 if an arrival counter is not zero again after the launch.
 struct EmuArgs {
     std::string dir;
@@ -7,9 +7,10 @@ struct EmuArgs {
     long long ldpt;
     float qk_scale;
     unsigned smem, seed, sx;
+    int nw, pipe;
 };
 
-template <typename T, typename C, int D> int emu_run(const EmuArgs& a) {
+template <typename T, typename C, int D, int NW, int P> int emu_run(const EmuArgs& a) {
     const size_t cache = (size_t)a.npages * a.page_size * a.HKV, G = a.HQ / a.HKV;
     auto q = emu_read<T>(a.dir + "/q.bin", (size_t)a.R * a.HQ * D);
     auto kc = emu_read<C>(a.dir + "/kc.bin", cache * D), vc = emu_read<C>(a.dir + "/vc.bin", cache * D);
@@ -22,8 +23,8 @@ template <typename T, typename C, int D> int emu_run(const EmuArgs& a) {
     std::vector<float> ws_o(rh * a.nsplit * G * D + 4, NAN), ws_ml(rh * a.nsplit * G * 2 + 4, NAN);
     std::vector<float> wg_o(rh * a.ngmax * G * D + 4, NAN), wg_ml(rh * a.ngmax * G * 2 + 4, NAN);
     std::vector<int> cnt(rh * (a.ngmax + 1) + 4, 0);
-    emu_launch({(unsigned)a.HKV, (unsigned)a.R, a.sx}, ATT_THREADS, a.smem, a.seed, [&] {
-        attention<T, C, D>(q.data(), kc.data(), vc.data(), ks.data(), vs.data(), pt.data(), seq.data(), pos.data(),
+    emu_launch({(unsigned)a.HKV, (unsigned)a.R, a.sx}, 32 * NW, a.smem, a.seed, [&] {
+        attention<T, C, D, NW, P>(q.data(), kc.data(), vc.data(), ks.data(), vs.data(), pt.data(), seq.data(), pos.data(),
                            o.data(), ws_o.data(), ws_ml.data(), wg_o.data(), wg_ml.data(), cnt.data(), a.HQ, a.HKV,
                            a.page_size, a.page_shift, a.ldpt, a.chunk, a.nsplit, a.ngmax, a.qk_scale);
     });
@@ -33,20 +34,28 @@ template <typename T, typename C, int D> int emu_run(const EmuArgs& a) {
     return 0;
 }
 
-template <typename T, typename C> int emu_dims(int D, const EmuArgs& a) {
+template <typename T, typename C, int NW, int P> int emu_dims(int D, const EmuArgs& a) {
     switch (D) {
-        case 32: return emu_run<T, C, 32>(a);
-        case 64: return emu_run<T, C, 64>(a);
-        case 128: return emu_run<T, C, 128>(a);
-        case 256: return emu_run<T, C, 256>(a);
+        case 32: return emu_run<T, C, 32, NW, P>(a);
+        case 64: return emu_run<T, C, 64, NW, P>(a);
+        case 128: return emu_run<T, C, 128, NW, P>(a);
+        case 256: return emu_run<T, C, 256, NW, P>(a);
     }
     return 5;
 }
 
+template <typename T, typename C> int emu_variant(int D, const EmuArgs& a) {  // the wrapper's VARIANTS
+    if (a.nw == 4 && a.pipe == 0) return emu_dims<T, C, 4, 0>(D, a);
+    if (a.nw == 4 && a.pipe == 1) return emu_dims<T, C, 4, 1>(D, a);
+    if (a.nw == 8 && a.pipe == 1) return emu_dims<T, C, 8, 1>(D, a);
+    if (a.nw == 8 && a.pipe == 2) return emu_dims<T, C, 8, 2>(D, a);
+    return 6;
+}
+
 template <typename T> int emu_cache(int c, int D, const EmuArgs& a) {
-    if (c == 0) return emu_dims<T, float>(D, a);
-    if (c == 1) return emu_dims<T, bf16>(D, a);
-    return emu_dims<T, e4m3>(D, a);
+    if (c == 0) return emu_variant<T, float>(D, a);
+    if (c == 1) return emu_variant<T, bf16>(D, a);
+    return emu_variant<T, e4m3>(D, a);
 }
 
 int main(int argc, char** argv) {
@@ -59,7 +68,7 @@ int main(int argc, char** argv) {
         }
         return std::fwrite(out.data(), 2, 256, stdout) == 256 ? 0 : 3;
     }
-    if (argc != 20) return 2;
+    if (argc != 22) return 2;
     EmuArgs a;
     a.dir = argv[1];
     const int t = atoi(argv[2]), c = atoi(argv[3]), D = atoi(argv[4]);
@@ -67,6 +76,6 @@ int main(int argc, char** argv) {
     a.page_size = atoi(argv[9]), a.page_shift = atoi(argv[10]), a.ldpt = atoll(argv[11]), a.chunk = atoi(argv[12]);
     a.nsplit = atoi(argv[13]), a.ngmax = atoi(argv[14]), a.qk_scale = (float)atof(argv[15]);
     a.smem = (unsigned)atoi(argv[16]), a.seed = (unsigned)atoi(argv[17]), a.nseq = atoi(argv[18]);
-    a.sx = (unsigned)atoi(argv[19]);
+    a.sx = (unsigned)atoi(argv[19]), a.nw = atoi(argv[20]), a.pipe = atoi(argv[21]);
     return t == 0 ? emu_cache<float>(c, D, a) : emu_cache<bf16>(c, D, a);
 }
