@@ -62,7 +62,7 @@ VARIANTS: dict[str, Variant] = {
     "pipe8": Variant(8, 1),
     "pipe8m1": Variant(8, 2),
 }
-DEFAULT_VARIANT = "pipe8"
+DEFAULT_VARIANT = "pipe4"
 SOURCES: dict[str, tuple[str, ...]] = {
     "attention.cu": tuple(f"qk_norm_rope_kv_write<{t}, {c}, {d}>" for t in _T for c in _C for d in HEAD_DIMS)
     + tuple(VARIANTS[DEFAULT_VARIANT].instance(t, c, d) for t in _T for c in _C for d in HEAD_DIMS)

@@ -84,6 +84,9 @@ class MemoryPlan:
 KV_HEAD_BYTES = {"bf16": (2, 0), "fp32": (4, 0), "fp8": (1, 4)}  # fp8: e4m3 codes + one float32 scale
 
 
+GRAPH_LAYER_SLACK = 16 << 10  # bytes of small buffers per layer in a graph's pool (see plan_memory)
+
+
 def kv_head_bytes(mc: ModelConfig, kv_dtype: str) -> int:
     """Bytes of one token's K (or V) row of one KV head in the device cache, scale included."""
     elem, scale = KV_HEAD_BYTES[kv_dtype]
@@ -173,17 +176,24 @@ def plan_memory(
         attn_ws = workspace_bytes(rows_per_launch(rows, hq, d, split), hq, d, split)
         return rows * per_row + attn_ws + rows * mc.vocab_size * 4 * (2 if rows <= 8 else 0)
 
-    graph = sum(step(b) for b in range(1, lanes + 1)) if graphs else 0
+    # every graph's pool also holds its launches' small buffers (split-K / arrival partials, the folded norms' sums
+    # of squares, routing tables), each rounded up to CuPy's 512-byte unit: up to ~9 KB a graph more than the terms
+    # above on a tiny 4-layer MoE model's 43 spec and decode graphs on the H200 (tests/test_cuda_spec.py at e919d69),
+    # ~2.2 KB a layer: GRAPH_LAYER_SLACK counts 16 KB a layer (the 27B: ~1 MB a graph)
+    slack = GRAPH_LAYER_SLACK * mc.num_hidden_layers
+    graph = sum(step(b) + slack for b in range(1, lanes + 1)) if graphs else 0
     if graphs and verify_rows:  # speculation: a verify graph per (b lanes, n = 2..verify_rows rows per lane)
         graph += sum(
-            step(b * n) + b * n * mc.vocab_size * 4
+            step(b * n) + b * n * mc.vocab_size * 4 + slack
             for b in range(1, lanes + 1)
             for n in range(2, verify_rows + 1)
         )
         # draft-step graphs (ninfer/cuda/spec_graphs.py): one per (b lanes, t rows), b <= t <= 8; logits [b, V] each
         # plus about t rows of one layer's temporaries (bounded by step(t) / layers, counted as step(t) / 8)
         graph += sum(
-            b * mc.vocab_size * 4 + step(t) // 8 for b in range(1, min(lanes, 8) + 1) for t in range(b, 9)
+            b * mc.vocab_size * 4 + step(t) // 8 + slack
+            for b in range(1, min(lanes, 8) + 1)
+            for t in range(b, 9)
         )
     return MemoryPlan(
         weights=weights,
