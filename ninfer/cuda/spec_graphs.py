@@ -1,8 +1,9 @@
 """CUDA graphs of a speculative round (docs/speculative.md, ``ninfer/cuda/spec.py``): ``VerifyGraphs`` for the verify
 forward, ``DraftGraphs`` for one step of the MTP head.
 
-Both are captured on first use like the decode graphs (``model_graph.GraphSet``): static ``Meta`` buffers filled by
-one staging upload, a private memory pool, ``prefill_gemm`` off so every row is its decode step's bits.
+Both are captured at start-up by the runner (on first use outside it), like the decode graphs
+(``model_graph.GraphSet``): static ``Meta`` buffers filled by one staging upload, a private memory pool,
+``prefill_gemm`` off so every row is its decode step's bits.
 
 - Verify, one graph per (lanes, positions per lane). With snapshots (``snap``) the static ``Meta`` carries each
   lane's first snapshot slot and the GDN recurrence stores the state before every position there (the rollback is a
@@ -66,7 +67,7 @@ def _upload(net: Any, g: dict[str, Any], ids: np.ndarray, segs: Sequence[Seg], *
 
 
 class VerifyGraphs:
-    """Verify-forward graphs of one network, one per (lanes, positions per lane), captured on first use with
+    """Verify-forward graphs of one network, one per (lanes, positions per lane), captured by ``ensure`` or on first use, with
     ``prefill_gemm`` off. ``snapshots``: ``run`` takes each lane's first snapshot slot (``snap``); else the GDN
     inputs are kept (their buffers are the graph's, valid until its next replay)."""
 
@@ -143,7 +144,7 @@ class VerifyGraphs:
 
 
 class DraftGraphs:
-    """One MTP head step per (lanes, rows <= ``DRAFT_GRAPH_ROWS``), captured on first use."""
+    """One MTP head step per (lanes, rows <= ``DRAFT_GRAPH_ROWS``), captured by ``ensure`` or on first use."""
 
     def __init__(self, net: Any) -> None:
         self.net = net
