@@ -465,8 +465,6 @@ def gemm_experts(x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None, *, 
     """MoE prefill: ``out[s] = x[s] · W_e[ids[s]]ᵀ`` for slots sorted by expert (``ids`` int32, non-decreasing),
     ``w`` the fused ``[E*n, K]`` expert weight. The tile table is built on the device (no host sync): expert e owns
     rows ``off[e] .. off[e+1]`` and ``ceil(count_e / 128)`` tiles; the grid is sized by the bound ``S/128 + E``."""
-    import cupy
-
     if impl == "pair":
         raise KernelError("gemm_experts: no pair mode (auto, wgmma or mma)")
     t, m, k, ldx = _prep(x, w, out, "gemm_experts")
@@ -477,17 +475,10 @@ def gemm_experts(x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None, *, 
     if m == 0:
         return out
     e = w.rows // n
-    off = cupy.searchsorted(ids, cupy.arange(e + 1, dtype=np.int32), side="left").astype(np.int32)
-    tiles = (off[1:] - off[:-1] + _GEMM_TILE - 1) // _GEMM_TILE
-    tile_end = cupy.cumsum(tiles)
-    bound = -(-m // _GEMM_TILE) + e
-    i = cupy.arange(bound, dtype=tile_end.dtype)
-    tile_e = cupy.minimum(cupy.searchsorted(tile_end, i, side="right"), e - 1)
-    tile_s0 = off[tile_e] + (i - (tile_end[tile_e] - tiles[tile_e])) * _GEMM_TILE
-    ntiles = tile_end[-1:].astype(np.int32)
+    off, tile_e, tile_s0, ntiles, bound = expert_tiles(ids, e)
     p0, p1, p2 = w.planes()
-    args = (p0, p1, p2, x, out, off, tile_e.astype(np.int32), tile_s0.astype(np.int32), ntiles, np.int32(n),
-            np.int32(k), np.int64(ldx), np.int64(ldy))  # fmt: skip
+    args = (p0, p1, p2, x, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k), np.int64(ldx),
+            np.int64(ldy))  # fmt: skip
     if _hopper(impl):  # same 128-row tiles (GS_BM == GM_BM)
         fn, bn = _gemm90("gemm90_experts", w, t)
         fn((grid_1d(n, bn), bound), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
@@ -495,6 +486,24 @@ def gemm_experts(x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None, *, 
     fn = kernel("gemm.cu", SOURCES["gemm.cu"], f"gemm_experts<{w.struct}, {t}>")
     fn((grid_1d(n, _GEMM_TILE), bound), (_GEMM_THREADS,), args)
     return out
+
+
+def expert_tiles(ids: Any, e: int) -> tuple[Any, Any, Any, Any, int]:
+    """The grouped expert GEMM's tile table for slots sorted by expert (``ids`` int32 on the device, non-decreasing;
+    ``e`` experts), built on the device without a host sync: (row offset per expert [e + 1], expert and first slot
+    of each of the ``bound`` = ceil(S / 128) + e tiles, the tile count [1], bound). CuPy builds the kernels behind
+    it lazily; ``CudaQwen36.warm_prefill`` calls it so that they compile at start-up (cold: ~1.5 s in the first
+    long 35B-A3B prefill)."""
+    import cupy
+
+    off = cupy.searchsorted(ids, cupy.arange(e + 1, dtype=np.int32), side="left").astype(np.int32)
+    tiles = (off[1:] - off[:-1] + _GEMM_TILE - 1) // _GEMM_TILE
+    tile_end = cupy.cumsum(tiles)
+    bound = -(-ids.shape[0] // _GEMM_TILE) + e
+    i = cupy.arange(bound, dtype=tile_end.dtype)
+    tile_e = cupy.minimum(cupy.searchsorted(tile_end, i, side="right"), e - 1)
+    tile_s0 = off[tile_e] + (i - (tile_end[tile_e] - tiles[tile_e])) * _GEMM_TILE
+    return off, tile_e.astype(np.int32), tile_s0.astype(np.int32), tile_end[-1:].astype(np.int32), bound
 
 
 def linear(x: Any, w: DeviceWeight, out: Any = None) -> Any:

@@ -228,13 +228,22 @@ class CudaQwen36:
         """Run one short prefill over the scratch slot and page (allocate() first), so the kernels CuPy builds
         lazily for the prefill path (the MoE slot sort and tile table: argsort, searchsorted, cumsum, take) compile
         at start-up, not in the first request (measured: a cold first 35B-A3B prefill of 1K tokens took 1.5 s instead
-        of 0.14 s)."""
+        of 0.14 s). That prefill is short, so an MoE model's chunk takes the expert lanes: the grouped GEMM's tile
+        table (``linear.expert_tiles``) is built once more on its own (the 35B-A3B's first 8K prefill of a run took
+        2.3 s instead of ~0.75 at e919d69, the lanes having become the short chunks' path)."""
+        import cupy
+
         assert self.pool is not None, "allocate() first"
         slot, page = self.scratch
         n = min(self.pool[2], 16)  # one page; more than 8 rows, so the prefill (GEMM) path
         self.zero_slot(slot)
         self.run([(slot, 0, n, [page])], np.zeros(n, np.int64))
         self.logits_dev(np.zeros((1, self.cfg.hidden_size), F32))
+        if self.cfg.is_moe:  # the short prefill took the expert lanes: the grouped GEMM's tile table here
+            from ninfer.cuda.linear import expert_tiles
+
+            with self.stream:
+                expert_tiles(cupy.zeros(n, np.int32), self.cfg.num_experts)
         self.zero_slot(slot)
         self.stream.synchronize()
 
