@@ -32,18 +32,7 @@ __device__ __forceinline__ void ag_stage_q(const T* q, int nrows, int HQ, int G,
     constexpr int LD = ApCfg<D>::LD;
     for (int c = threadIdx.x; c < AG_SLOTS * D / 8; c += blockDim.x) {
         const int m = c / (D / 8), d = (c % (D / 8)) * 8, r = m / G;
-        float v[8];
-        if (r < nrows) {
-            ap_load8(q + ((long long)(r0 + r) * HQ + hk * G + m % G) * D + d, v);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = 0.f;
-        }
-        u32 h[4], l[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) ap_split2(v[2 * j], v[2 * j + 1], h[j], l[j]);
-        *reinterpret_cast<uint4*>(Qh + m * LD + d) = make_uint4(h[0], h[1], h[2], h[3]);
-        if (ApSplit<T>::value) *reinterpret_cast<uint4*>(Ql + m * LD + d) = make_uint4(l[0], l[1], l[2], l[3]);
+        ap_stage_q8(r < nrows ? q + ((long long)(r0 + r) * HQ + hk * G + m % G) * D + d : nullptr, Qh, Ql, m * LD + d);
     }
 }
 

@@ -111,6 +111,24 @@ __device__ __forceinline__ void ap_load8(const bf16* p, float v[8]) {
     for (int j = 0; j < 4; ++j) v[2 * j] = bf16_bits_to_f(w[j] & 0xffffu), v[2 * j + 1] = bf16_bits_to_f(w[j] >> 16);
 }
 
+// 8 elements of a Q row at src (nullptr: a row past the launch, staged as zeros) into Qh / Ql at off: bf16 hi, and
+// for float q the lo halves (x = hi + lo), as 16-byte stores. Both prefill kernels stage Q through this.
+template <typename T>
+__device__ __forceinline__ void ap_stage_q8(const T* src, u16* Qh, u16* Ql, int off) {
+    float v[8];
+    if (src) {
+        ap_load8(src, v);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = 0.f;
+    }
+    u32 h[4], l[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ap_split2(v[2 * j], v[2 * j + 1], h[j], l[j]);
+    *reinterpret_cast<uint4*>(Qh + off) = make_uint4(h[0], h[1], h[2], h[3]);
+    if (ApSplit<T>::value) *reinterpret_cast<uint4*>(Ql + off) = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
 // Online-softmax state of one thread: its two rows (g and g + 8 of the warp's 16) and their O fragments.
 template <int D> struct ApRows {
     float acc[D / 8][4];  // O fragment f: rows g (elements 0, 1) and g + 8 (2, 3), columns 8f + 2t + (e & 1)

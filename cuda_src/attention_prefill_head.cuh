@@ -27,18 +27,7 @@ __device__ __forceinline__ void ap_stage_q(const T* q, int R, int HQ, int hq, in
     constexpr int LD = ApCfg<D>::LD;
     for (int c = threadIdx.x; c < AP_BM * D / 8; c += blockDim.x) {
         const int r = c / (D / 8), d = (c % (D / 8)) * 8;
-        float v[8];
-        if (r0 + r < R) {
-            ap_load8(q + ((long long)(r0 + r) * HQ + hq) * D + d, v);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = 0.f;
-        }
-        u32 h[4], l[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) ap_split2(v[2 * j], v[2 * j + 1], h[j], l[j]);
-        *reinterpret_cast<uint4*>(Qh + r * LD + d) = make_uint4(h[0], h[1], h[2], h[3]);
-        if (ApSplit<T>::value) *reinterpret_cast<uint4*>(Ql + r * LD + d) = make_uint4(l[0], l[1], l[2], l[3]);
+        ap_stage_q8(r0 + r < R ? q + ((long long)(r0 + r) * HQ + hq) * D + d : nullptr, Qh, Ql, r * LD + d);
     }
 }
 
