@@ -1,7 +1,10 @@
-// Driver of the gdn_chunked host emulation: argv = dir T HK HV DK DV nseq nslots act_bf16 state_bf16 DVS smem.
-// Reads dir/{qkv,a,b,alog,dtb,state,starts,slots}.bin, writes dir/o.bin and dir/state_out.bin.
-template <typename T, typename S, int DK, int DVS>
-void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, int nslots, unsigned smem_bytes) {
+// Driver of the two-pass gdn_chunked host emulation (cuda_src/gdn_chunk.cu): argv = dir T HK HV DK DV nseq nslots
+// act_bf16 state_bf16 prep_smem state_smem. Reads dir/{qkv,a,b,alog,dtb,state,starts,slots}.bin, runs
+// gdn_chunk_prep then gdn_chunk_state over a NaN-filled scratch (as ninfer/cuda/gdn.py lays it out), writes
+// dir/o.bin and dir/state_out.bin.
+template <typename T, typename S, int DK>
+void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, int nslots, unsigned prep_smem,
+             unsigned state_smem) {
     const long long width = 2LL * HK * DK + (long long)HV * DV;
     auto qkv = emu_read<T>(dir + "/qkv.bin", T_ * width);
     auto a = emu_read<T>(dir + "/a.bin", (size_t)T_ * HV), b = emu_read<T>(dir + "/b.bin", (size_t)T_ * HV);
@@ -10,9 +13,17 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
     auto starts = emu_read<int>(dir + "/starts.bin", nseq + 1), slots = emu_read<int>(dir + "/slots.bin", nseq);
     std::vector<T> o((size_t)T_ * HV * DV);
     std::memset((void*)o.data(), 0xff, o.size() * sizeof(T));  // NaN poison (both float and bf16 words)
-    emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + DVS - 1) / DVS)}, 256, smem_bytes, [&] {
-        gdn_chunked<T, S, DK, DVS>(qkv.data(), a.data(), b.data(), alog.data(), dtb.data(), state.data(), o.data(),
-                                   starts.data(), slots.data(), HK, HV, DV, width, HV, HV, (long long)HV * DV);
+    const float nan = __uint_as_float(0x7fc00000u);
+    std::vector<float> qk((size_t)T_ * HK * 2 * DK, nan), w((size_t)T_ * HV * DK, nan);
+    std::vector<float> am((size_t)T_ * HV * GC_CHUNK, nan), u((size_t)T_ * HV * DV, nan), g((size_t)T_ * HV, nan);
+    emu_launch({(unsigned)(T_ / GC_CHUNK + nseq), (unsigned)HV, 1}, 256, prep_smem, [&] {
+        gdn_chunk_prep<T, DK>(qkv.data(), a.data(), b.data(), alog.data(), dtb.data(), qk.data(), w.data(),
+                              am.data(), u.data(), g.data(), starts.data(), nseq, HK, HV, DV, width, HV, HV);
+    });
+    constexpr int DVS = GdnStateSmem<DK>::DVS;
+    emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + DVS - 1) / DVS)}, 128, state_smem, [&] {
+        gdn_chunk_state<T, S, DK>(qk.data(), w.data(), am.data(), u.data(), g.data(), state.data(), o.data(),
+                                  starts.data(), slots.data(), HK, HV, DV, (long long)HV * DV);
     });
     emu_write(dir + "/o.bin", o);
     emu_write(dir + "/state_out.bin", state);
@@ -20,11 +31,11 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
 
 template <typename T, typename S> void emu_dispatch(char** v) {
     const int T_ = atoi(v[2]), HK = atoi(v[3]), HV = atoi(v[4]), DK = atoi(v[5]), DV = atoi(v[6]);
-    const int nseq = atoi(v[7]), nslots = atoi(v[8]), DVS = atoi(v[11]);
-    const unsigned sm = (unsigned)atoi(v[12]);
-#define EMU_CASE(dk, dvs) \
-    if (DK == dk && DVS == dvs) return emu_run<T, S, dk, dvs>(v[1], T_, HK, HV, DV, nseq, nslots, sm);
-    EMU_CASE(16, 32) EMU_CASE(32, 32) EMU_CASE(32, 64) EMU_CASE(64, 32) EMU_CASE(64, 64) EMU_CASE(128, 64)
+    const int nseq = atoi(v[7]), nslots = atoi(v[8]);
+    const unsigned ps = (unsigned)atoi(v[11]), ss = (unsigned)atoi(v[12]);
+#define EMU_CASE(dk) \
+    if (DK == dk) return emu_run<T, S, dk>(v[1], T_, HK, HV, DV, nseq, nslots, ps, ss);
+    EMU_CASE(16) EMU_CASE(32) EMU_CASE(64) EMU_CASE(128)
     std::abort();
 }
 
