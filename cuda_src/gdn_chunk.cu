@@ -69,23 +69,24 @@ __device__ __forceinline__ void gc_lower_attn(const float* Ks, const float* Qs, 
     }
 }
 
-// (I + L) X = R for one column held in registers: rows in order, each a sum over the earlier rows in order.
+// (I + L) X = R for one column held in registers, rows in order: row i subtracts Σ_{j<i} L_ij x_j, summed as four
+// partial sums over j mod 4 (each in order of j), added as (p0 + p1) + (p2 + p3): a fixed order, four chains.
 template <int DK>
 __device__ __forceinline__ void gc_solve(const float* Lm, float (&x)[GC_CHUNK], int n) {
     using L = GdnPrepSmem<DK>;
 #pragma unroll
     for (int i = 1; i < GC_CHUNK; ++i) {
         if (i >= n) break;
-        float p = 0.f;
+        float p0 = 0.f, p1 = 0.f, p2 = 0.f, p3 = 0.f;
 #pragma unroll
         for (int j4 = 0; j4 < i; j4 += 4) {
             const float4 l = *reinterpret_cast<const float4*>(Lm + i * L::MST + j4);
-            p = fmaf(l.x, x[j4], p);
-            if (j4 + 1 < i) p = fmaf(l.y, x[j4 + 1], p);
-            if (j4 + 2 < i) p = fmaf(l.z, x[j4 + 2], p);
-            if (j4 + 3 < i) p = fmaf(l.w, x[j4 + 3], p);
+            p0 = fmaf(l.x, x[j4], p0);
+            if (j4 + 1 < i) p1 = fmaf(l.y, x[j4 + 1], p1);
+            if (j4 + 2 < i) p2 = fmaf(l.z, x[j4 + 2], p2);
+            if (j4 + 3 < i) p3 = fmaf(l.w, x[j4 + 3], p3);
         }
-        x[i] -= p;
+        x[i] -= (p0 + p1) + (p2 + p3);
     }
 }
 
