@@ -36,7 +36,7 @@ CASES = (  # hk, hv, dk, dv, lens, bf16 activations, bf16 state
     (1, 3, 64, 64, [200], True, True),
     (2, 4, 128, 128, [70, 2], True, False),
     (1, 2, 16, 16, [66, 9], False, False),  # the tiny test model's heads
-    (2, 4, 32, 40, [260, 0, 1, 129], False, False),  # > 3 chunks among several sequences; dv not a multiple of 16
+    (2, 4, 32, 40, [260, 0, 1, 129], False, False),  # > 3 chunks, several sequences, dv not a multiple of 16
 )
 
 

@@ -52,7 +52,9 @@ SOURCES: dict[str, tuple[str, ...]] = {
 }
 # the one-pass kernel gdn_chunked in gdn.cu (one block per sequence slice walks all chunks): a benchmark variant
 # only (gdn_chunked(variant="serial")), compiled on first use, not at warm-up
-SERIAL_SOURCES = tuple(f"gdn_chunked<{t}, {s}, {d}, {v}>" for t in _T for s in _S for d in HEAD_DIMS for v in _SLICES)
+SERIAL_SOURCES = tuple(
+    f"gdn_chunked<{t}, {s}, {d}, {v}>" for t in _T for s in _S for d in HEAD_DIMS for v in _SLICES
+)
 
 
 def _seqs(starts: Any, slots: Any, rows: int, n_slots: int) -> int:
