@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(256)
     using L = GdnPrepSmem<DK>;
     constexpr int KST = L::KST;
     static_assert(DK % 16 == 0, "tile shapes");
-    extern __shared__ float smem[];
+    extern __shared__ float smem[];  // dynamic: starts 16-byte aligned (no static shared memory)
     {
         unsigned dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -200,28 +200,30 @@ __global__ void __launch_bounds__(256)
 }
 
 // Pass 2 shared memory, in floats (the wrapper's state_smem_bytes mirrors it; the kernel traps on a mismatch).
-template <int DK> struct GdnStateSmem {
-    static constexpr int DVS = 16;            // value columns per block
-    static constexpr int SST = DVS + 8;       // state rows: the 4 rows a warp writes on distinct banks
-    static constexpr int KST = DK + 4;        // q, w / k rows: float4-aligned, a warp's 4 rows on distinct banks
-    static constexpr int MST = GC_CHUNK + 1;  // A rows
-    static constexpr int VST = DVS + 8;       // U / V' rows
+// DVS value columns per block (16 or 32; 8·DVS threads). A column's arithmetic does not depend on DVS: the same
+// bits for either.
+template <int DK, int DVS> struct GdnStateSmem {
+    static_assert(DVS == 16 || DVS == 32, "value slice");
+    static constexpr int SST = DVS == 16 ? 24 : 48;  // state rows: the rows a warp writes on distinct banks
+    static constexpr int KST = DK + 4;               // q, w / k rows: float4-aligned, a warp's rows on distinct banks
+    static constexpr int MST = GC_CHUNK + 1;         // A rows
+    static constexpr int VST = SST;                  // U / V' rows
     static constexpr int FLOATS = DK * SST + 2 * GC_CHUNK * KST + GC_CHUNK * MST + GC_CHUNK * VST + 2 * GC_CHUNK;
 };
 
-// One block of 128 threads per (sequence, value head, DVS value columns). Thread (ti, tj) = (tid / 8, tid % 8)
-// owns chunk rows ti + 16r (r < 4) and columns tj + 8c (c < 2), and state rows ti + 16r (r < DK/16).
-template <typename T, typename S, int DK>
-__global__ void __launch_bounds__(128)
+// One block of 8·DVS threads per (sequence, value head, DVS value columns). Thread (ti, tj) = (tid / H, tid % H),
+// H = DVS / 2, owns chunk rows ti + 16r (r < 4) and columns tj + Hc (c < 2), and state rows ti + 16r (r < DK/16).
+template <typename T, typename S, int DK, int DVS>
+__global__ void __launch_bounds__(8 * DVS)
     gdn_chunk_state(const float* __restrict__ qk_s, const float* __restrict__ w_s, const float* __restrict__ a_s,
                     const float* __restrict__ u_s, const float* __restrict__ g_s, S* __restrict__ state,
                     T* __restrict__ o, const int* __restrict__ starts, const int* __restrict__ slots, int HK,
                     int HV, int DV, long long ldo) {
     pdl_trigger();
-    constexpr int C = GC_CHUNK, NT = 128, D4 = DK / 4, RD = DK / 16;
-    using L = GdnStateSmem<DK>;
-    constexpr int DVS = L::DVS, SST = L::SST, KST = L::KST, MST = L::MST, VST = L::VST;
-    extern __shared__ float smem[];
+    constexpr int C = GC_CHUNK, NT = 8 * DVS, H = DVS / 2, D4 = DK / 4, RD = DK / 16;
+    using L = GdnStateSmem<DK, DVS>;
+    constexpr int SST = L::SST, KST = L::KST, MST = L::MST, VST = L::VST;
+    extern __shared__ float smem[];  // dynamic: starts 16-byte aligned (no static shared memory)
     {
         unsigned dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -229,7 +231,7 @@ __global__ void __launch_bounds__(128)
     }
     float *Ss = smem, *Qb = Ss + DK * SST, *Wb = Qb + C * KST, *Am = Wb + C * KST, *Vs = Am + C * MST;
     float *eg = Vs + C * VST, *tail = eg + C;
-    const int tid = threadIdx.x, ti = tid >> 3, tj = tid & 7;
+    const int tid = threadIdx.x, ti = tid / H, tj = tid % H;
     const int j = blockIdx.y, b = blockIdx.x, hk = j / (HV / HK), c0 = blockIdx.z * DVS;
     S* st = state + (((long long)slots[b] * HV + j) * DK) * DV + c0;
     for (int e = tid; e < DK * DVS; e += NT) {
@@ -273,7 +275,7 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
             for (int u = 0; u < 4; ++u)
 #pragma unroll
-                for (int c = 0; c < 2; ++c) s[u][c] = Ss[(d + u) * SST + tj + 8 * c];
+                for (int c = 0; c < 2; ++c) s[u][c] = Ss[(d + u) * SST + tj + H * c];
 #pragma unroll
             for (int r = 0; r < 4; ++r)
 #pragma unroll
@@ -293,7 +295,7 @@ __global__ void __launch_bounds__(128)
             for (int c = 0; c < 2; ++c) {
                 out[r][c] = 0.f;
                 if (i < n) {
-                    float* v = Vs + i * VST + tj + 8 * c;
+                    float* v = Vs + i * VST + tj + H * c;
                     *v -= ws[r][c];
                     out[r][c] = qs[r][c] * eg[i];
                 }
@@ -317,7 +319,7 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
             for (int r = 0; r < 4; ++r) av[r] = Am[(ti + 16 * r) * MST + jj];
 #pragma unroll
-            for (int c = 0; c < 2; ++c) vv[c] = Vs[jj * VST + tj + 8 * c];
+            for (int c = 0; c < 2; ++c) vv[c] = Vs[jj * VST + tj + H * c];
 #pragma unroll
             for (int r = 0; r < 4; ++r)
 #pragma unroll
@@ -328,7 +330,7 @@ __global__ void __launch_bounds__(128)
             const int i = ti + 16 * r;
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-                const int col = c0 + tj + 8 * c;
+                const int col = c0 + tj + H * c;
                 if (i < n && col < DV) o[(long long)(t0 + i) * ldo + (long long)j * DV + col] = from_f<T>(out[r][c]);
             }
         }
@@ -339,7 +341,7 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
             for (int r = 0; r < RD; ++r) kt[r] = Wb[i * KST + ti + 16 * r];
 #pragma unroll
-            for (int c = 0; c < 2; ++c) vv[c] = Vs[i * VST + tj + 8 * c];
+            for (int c = 0; c < 2; ++c) vv[c] = Vs[i * VST + tj + H * c];
 #pragma unroll
             for (int r = 0; r < RD; ++r)
 #pragma unroll
@@ -350,7 +352,7 @@ __global__ void __launch_bounds__(128)
         for (int r = 0; r < RD; ++r)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-                float* s = Ss + (ti + 16 * r) * SST + tj + 8 * c;
+                float* s = Ss + (ti + 16 * r) * SST + tj + H * c;
                 *s = fmaf(*s, elast, acc[r][c]);
             }
     }

@@ -3,8 +3,9 @@
 under a prelude that emulates the CUDA built-ins it uses with std::thread (tests/host/gdn_emu.cpp: one thread per
 CUDA thread, block and warp barriers, NaN-filled shared memory, NaN-poisoned output), run on fresh random inputs
 and compared with the NumPy token-by-token recurrence. This checks the kernels' index arithmetic, barriers, ragged
-chunks, the chunk-to-block map over several sequences, column slices and the wrapper's shared-memory sizes (the
-kernels trap on too little) without a GPU; the GPU tests in test_cuda_ops.py check the same kernels on the device.
+chunks, the chunk-to-block map over several sequences, column slices (16 and 32 columns per state-pass block: the
+same bits) and the wrapper's shared-memory sizes (the kernels trap on too little) without a GPU; the GPU tests in
+test_cuda_ops.py check the same kernels on the device.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
              "state": words(state, sb), "starts": starts, "slots": slots}  # fmt: skip
     for name, arr in files.items():
         arr.tofile(tmp_path / f"{name}.bin")
-    args = [n, hk, hv, dk, dv, nseq, nseq + 1, int(tb), int(sb), prep_smem_bytes(dk), state_smem_bytes(dk)]
+    smem = [prep_smem_bytes(dk), state_smem_bytes(dk, 16), state_smem_bytes(dk, 32)]
+    args = [n, hk, hv, dk, dv, nseq, nseq + 1, int(tb), int(sb), *smem]
     proc = subprocess.run(
         [str(emu), str(tmp_path), *map(str, args)], capture_output=True, text=True, timeout=600
     )
@@ -66,6 +68,11 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
     s_raw = np.fromfile(tmp_path / "state_out.bin", dtype=np.uint16 if sb else F32).reshape(state.shape)
     got_o = bf16_decode(o_raw) if tb else o_raw
     got_s = bf16_decode(s_raw) if sb else s_raw
+    # 32 value columns per state-pass block: the same bits as 16
+    assert np.array_equal(np.fromfile(tmp_path / "o32.bin", dtype=o_raw.dtype).reshape(o_raw.shape), o_raw)
+    assert np.array_equal(
+        np.fromfile(tmp_path / "state32.bin", dtype=s_raw.dtype).reshape(s_raw.shape), s_raw
+    )
     np.testing.assert_array_equal(got_s[0], state[0])
     otol, stol = (1.2e-2 if tb else 1e-4), (1.2e-2 if sb else 1e-4)
     for s in range(nseq):

@@ -11,6 +11,7 @@ gdn_chunk.cu), the chunk-parallel intra-chunk work into a float32 scratch, then 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ __all__ = [
     "chunk_scratch_bytes",
     "prep_smem_bytes",
     "state_smem_bytes",
+    "state_cols",
     "SOURCES",
     "HEAD_DIMS",
 ]
@@ -39,12 +41,14 @@ _S = ("float", "bf16")
 HEAD_DIMS = (16, 32, 64, 128)  # key head dims with a compiled instance
 CHUNK = 64  # GDN_CHUNK in gdn.cu
 _SLICES = (32, 64)  # value columns per block of the serial variant gdn_chunked in gdn.cu (DVS)
-STATE_COLS = 16  # value columns per block of gdn_chunk_state (GdnStateSmem::DVS)
+STATE_COLS = (16, 32)  # value columns per block of gdn_chunk_state (its DVS; the same bits for either)
 STEP_COLS = 32  # value columns per block of gdn_step (GdnStep::CT)
 SOURCES: dict[str, tuple[str, ...]] = {
     "gdn.cu": tuple(f"causal_conv<{t}, 4>" for t in _T),
     "gdn_chunk.cu": tuple(f"gdn_chunk_prep<{t}, {d}>" for t in _T for d in HEAD_DIMS)
-    + tuple(f"gdn_chunk_state<{t}, {s}, {d}>" for t in _T for s in _S for d in HEAD_DIMS),
+    + tuple(
+        f"gdn_chunk_state<{t}, {s}, {d}, {c}>" for t in _T for s in _S for d in HEAD_DIMS for c in STATE_COLS
+    ),
     "gdn_step.cu": tuple(
         f"gdn_step<{t}, {s}, {d}, {c}>" for t in _T for s in _S for d in HEAD_DIMS for c in ("false", "true")
     )
@@ -251,10 +255,24 @@ def prep_smem_bytes(dk: int) -> int:
     return 4 * (2 * CHUNK * (dk + 1) + CHUNK * (CHUNK + 4) + 3 * CHUNK)
 
 
-def state_smem_bytes(dk: int) -> int:
-    """Dynamic shared memory of ``gdn_chunk_state<., ., dk>``: mirrors ``GdnStateSmem::FLOATS`` in gdn_chunk.cu."""
-    sst = vst = STATE_COLS + 8
+def state_smem_bytes(dk: int, cols: int) -> int:
+    """Dynamic shared memory of ``gdn_chunk_state<., ., dk, cols>``: mirrors ``GdnStateSmem::FLOATS`` in
+    gdn_chunk.cu."""
+    sst = vst = 24 if cols == 16 else 48
     return 4 * (dk * sst + 2 * CHUNK * (dk + 4) + CHUNK * (CHUNK + 1) + CHUNK * vst + 2 * CHUNK)
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+
+
+def state_cols(nseq: int, hv: int, dv: int, sms: int) -> int:
+    """Value columns per state-pass block: 32 (half the scratch reads per column) when that still gives at least
+    two blocks per SM, else 16 (one long sequence of 32-48 heads fills the GPU). Results do not depend on it."""
+    return 32 if nseq * hv * -(-dv // 32) >= 2 * sms else 16
 
 
 def _scratch_parts(rows: int, hk: int, hv: int, dk: int, dv: int) -> tuple[int, ...]:
@@ -282,6 +300,7 @@ def gdn_chunked(
     n_k_heads: int,
     out: Any = None,
     variant: str = "two_pass",
+    cols: int | None = None,
 ) -> Any:
     """``gdn_recurrent`` in the chunked form (docs/model-math.md §4.6, reference ``ops.gdn_chunked``): same
     arguments, checks, result and state update within fp32 noise. Each sequence runs in chunks of 64 tokens
@@ -289,8 +308,9 @@ def gdn_chunked(
 
     Two launches over a scratch of ``chunk_scratch_bytes`` (allocated per call from CuPy's pool):
     ``gdn_chunk_prep``, one block per (chunk, value head), and ``gdn_chunk_state``, one block per (sequence,
-    value head, 16 value columns) walking the chunks in order. ``variant="serial"``: the older one-pass kernel
-    (one block per sequence slice does all of each chunk's work; benchmarks only)."""
+    value head, ``cols`` = 16 or 32 value columns, by default ``state_cols``) walking the chunks in order.
+    ``variant="serial"``: the older one-pass kernel (one block per sequence slice does all of each chunk's work;
+    benchmarks only)."""
     import cupy
 
     out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)
@@ -301,19 +321,23 @@ def gdn_chunked(
         return out
     if variant != "two_pass":
         raise KernelError(f"variant: 'two_pass' or 'serial', got {variant!r}")
-    rows, (hk, hv, dv, ldq, lda, ldb, ldo) = qkv.shape[0], scalars
+    hk_, hv_, dv_, ldq, lda, ldb, ldo = scalars  # the kernels' int32 / int64 arguments
+    rows, hv, dv = qkv.shape[0], k["hv"], k["dv"]
     dk, t, nseq = k["dk"], k["t"], k["nseq"]
+    cols = cols or state_cols(nseq, hv, dv, _sm_count(cupy.cuda.Device().id))
+    if cols not in STATE_COLS:
+        raise KernelError(f"cols: one of {STATE_COLS}, got {cols}")
     parts = _scratch_parts(rows, n_k_heads, hv, dk, dv)
     buf = cupy.empty(max(sum(parts), 1), dtype=np.float32)
     offs = np.cumsum((0, *parts))
     qk_s, w_s, a_s, u_s, g_s = (buf[offs[i] : offs[i + 1]] for i in range(5))
     prep = kernel("gdn_chunk.cu", SOURCES["gdn_chunk.cu"], f"gdn_chunk_prep<{t}, {dk}>")
     _launch_smem(prep, (rows // CHUNK + nseq, hv), 256, prep_smem_bytes(dk),
-                 (qkv, a, b, a_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, np.int32(nseq), hk, hv, dv,
+                 (qkv, a, b, a_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, np.int32(nseq), hk_, hv_, dv_,
                   ldq, lda, ldb))  # fmt: skip
-    st = kernel("gdn_chunk.cu", SOURCES["gdn_chunk.cu"], f"gdn_chunk_state<{t}, {k['st']}, {dk}>")
-    _launch_smem(st, (nseq, hv, -(-dv // STATE_COLS)), 128, state_smem_bytes(dk),
-                 (qk_s, w_s, a_s, u_s, g_s, state, out, starts, slots, hk, hv, dv, ldo))  # fmt: skip
+    st = kernel("gdn_chunk.cu", SOURCES["gdn_chunk.cu"], f"gdn_chunk_state<{t}, {k['st']}, {dk}, {cols}>")
+    _launch_smem(st, (nseq, hv, -(-dv // cols)), 8 * cols, state_smem_bytes(dk, cols),
+                 (qk_s, w_s, a_s, u_s, g_s, state, out, starts, slots, hk_, hv_, dv_, ldo))  # fmt: skip
     return out
 
 
