@@ -206,13 +206,14 @@ template <int DK, int DVS> struct GdnStateSmem {
     static_assert(DVS == 16 || DVS == 32, "value slice");
     static constexpr int SST = DVS == 16 ? 24 : 48;  // state rows: the rows a warp writes on distinct banks
     static constexpr int KST = DK + 4;               // q, w / k rows: float4-aligned, a warp's rows on distinct banks
-    static constexpr int MST = GC_CHUNK + 1;         // A rows
+    static constexpr int MST = GC_CHUNK + 4;         // A rows (float4-aligned, a warp's rows on distinct banks)
     static constexpr int VST = SST;                  // U / V' rows
     static constexpr int FLOATS = DK * SST + 2 * GC_CHUNK * KST + GC_CHUNK * MST + GC_CHUNK * VST + 2 * GC_CHUNK;
 };
 
 // One block of 8·DVS threads per (sequence, value head, DVS value columns). Thread (ti, tj) = (tid / H, tid % H),
-// H = DVS / 2, owns chunk rows ti + 16r (r < 4) and columns tj + Hc (c < 2), and state rows ti + 16r (r < DK/16).
+// H = DVS / 2, owns chunk rows ti + 16r (r < 4) and columns tj + Hc (c < 2), and state rows ti·RD + r (r < RD =
+// DK/16) in the update.
 template <typename T, typename S, int DK, int DVS>
 __global__ void __launch_bounds__(8 * DVS)
     gdn_chunk_state(const float* __restrict__ qk_s, const float* __restrict__ w_s, const float* __restrict__ a_s,
@@ -250,8 +251,11 @@ __global__ void __launch_bounds__(8 * DVS)
             *reinterpret_cast<float4*>(Wb + i * KST + d) =
                 *reinterpret_cast<const float4*>(w_s + (t * HV + j) * DK + d);
         }
-        for (int e = tid; e < n * C; e += NT)
-            Am[(e / C) * MST + e % C] = a_s[((long long)(t0 + e / C) * HV + j) * C + e % C];
+        for (int e = tid; e < n * (C / 4); e += NT) {
+            const int i = e / (C / 4), c = 4 * (e % (C / 4));
+            *reinterpret_cast<float4*>(Am + i * MST + c) =
+                *reinterpret_cast<const float4*>(a_s + ((long long)(t0 + i) * HV + j) * C + c);
+        }
         for (int e = tid; e < n * DVS; e += NT) {
             const int i = e / DVS, c = e % DVS;
             Vs[i * VST + c] = (c0 + c < DV) ? u_s[((long long)(t0 + i) * HV + j) * DV + c0 + c] : 0.f;
@@ -286,18 +290,20 @@ __global__ void __launch_bounds__(8 * DVS)
                                fmaf(q4[r].y, s[1][c], fmaf(q4[r].x, s[0][c], qs[r][c]))));
                 }
         }
-        // V' = U − W S in place (each thread rewrites only its own entries); out = e^γ Q S
+        // V' = U − W S in place (each thread rewrites only its own entries; rows >= n zero); out = e^γ Q S
         float out[4][2];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
             const int i = ti + 16 * r;
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
+                float* v = Vs + i * VST + tj + H * c;
                 out[r][c] = 0.f;
                 if (i < n) {
-                    float* v = Vs + i * VST + tj + H * c;
                     *v -= ws[r][c];
                     out[r][c] = qs[r][c] * eg[i];
+                } else {
+                    *v = 0.f;
                 }
             }
         }
@@ -313,17 +319,23 @@ __global__ void __launch_bounds__(8 * DVS)
             *reinterpret_cast<float4*>(Wb + i * KST + d) = k;
         }
         __syncthreads();
-        // out += A V' (A is zero above the diagonal), written out for the chunk's rows
-        for (int jj = 0; jj < n; ++jj) {
-            float av[4], vv[2];
+        // out += A V' over j in order (A is zero above the diagonal; the terms past n, up to a multiple of 4, are
+        // 0 · 0), written out for the chunk's rows
+        for (int jj = 0; jj < n; jj += 4) {
+            float4 av[4];
+            float vv[4][2];
 #pragma unroll
-            for (int r = 0; r < 4; ++r) av[r] = Am[(ti + 16 * r) * MST + jj];
+            for (int r = 0; r < 4; ++r) av[r] = *reinterpret_cast<const float4*>(Am + (ti + 16 * r) * MST + jj);
 #pragma unroll
-            for (int c = 0; c < 2; ++c) vv[c] = Vs[jj * VST + tj + H * c];
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) vv[u][c] = Vs[(jj + u) * VST + tj + H * c];
 #pragma unroll
             for (int r = 0; r < 4; ++r)
 #pragma unroll
-                for (int c = 0; c < 2; ++c) out[r][c] = fmaf(av[r], vv[c], out[r][c]);
+                for (int c = 0; c < 2; ++c)
+                    out[r][c] = fmaf(av[r].w, vv[3][c],
+                                     fmaf(av[r].z, vv[2][c], fmaf(av[r].y, vv[1][c], fmaf(av[r].x, vv[0][c], out[r][c]))));
         }
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -338,8 +350,19 @@ __global__ void __launch_bounds__(8 * DVS)
         float acc[RD][2] = {};
         for (int i = 0; i < n; ++i) {
             float kt[RD], vv[2];
+            if constexpr (RD % 4 == 0) {
 #pragma unroll
-            for (int r = 0; r < RD; ++r) kt[r] = Wb[i * KST + ti + 16 * r];
+                for (int r = 0; r < RD; r += 4) {
+                    const float4 k4 = *reinterpret_cast<const float4*>(Wb + i * KST + ti * RD + r);
+                    kt[r] = k4.x;
+                    kt[r + 1] = k4.y;
+                    kt[r + 2] = k4.z;
+                    kt[r + 3] = k4.w;
+                }
+            } else {
+#pragma unroll
+                for (int r = 0; r < RD; ++r) kt[r] = Wb[i * KST + ti * RD + r];
+            }
 #pragma unroll
             for (int c = 0; c < 2; ++c) vv[c] = Vs[i * VST + tj + H * c];
 #pragma unroll
@@ -352,7 +375,7 @@ __global__ void __launch_bounds__(8 * DVS)
         for (int r = 0; r < RD; ++r)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-                float* s = Ss + (ti + 16 * r) * SST + tj + H * c;
+                float* s = Ss + (ti * RD + r) * SST + tj + H * c;
                 *s = fmaf(*s, elast, acc[r][c]);
             }
     }

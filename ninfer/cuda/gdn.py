@@ -259,7 +259,7 @@ def state_smem_bytes(dk: int, cols: int) -> int:
     """Dynamic shared memory of ``gdn_chunk_state<., ., dk, cols>``: mirrors ``GdnStateSmem::FLOATS`` in
     gdn_chunk.cu."""
     sst = vst = 24 if cols == 16 else 48
-    return 4 * (dk * sst + 2 * CHUNK * (dk + 4) + CHUNK * (CHUNK + 1) + CHUNK * vst + 2 * CHUNK)
+    return 4 * (dk * sst + 2 * CHUNK * (dk + 4) + CHUNK * (CHUNK + 4) + CHUNK * vst + 2 * CHUNK)
 
 
 @functools.cache
