@@ -22,7 +22,7 @@ constexpr int GC_CHUNK = 64;
 
 // Pass 1 shared memory, in floats (the wrapper's prep_smem_bytes mirrors it; the kernel traps on a mismatch).
 template <int DK> struct GdnPrepSmem {
-    static constexpr int KST = DK + 1;        // q, k rows (the 16 rows a warp reads on distinct banks)
+    static constexpr int KST = DK + 4;        // q, k rows (float4-aligned: the products read 4 key dims at once)
     static constexpr int MST = GC_CHUNK + 4;  // L rows (float4-aligned for the solve's broadcast reads)
     static constexpr int FLOATS = 2 * GC_CHUNK * KST + GC_CHUNK * MST + 3 * GC_CHUNK;
 };
@@ -35,20 +35,22 @@ __device__ __forceinline__ void gc_lower_attn(const float* Ks, const float* Qs, 
                                               int tj) {
     using L = GdnPrepSmem<DK>;
     float kk[4][4] = {}, qk[4][4] = {};
-    for (int d = 0; d < DK; ++d) {
-        float ki[4], qi[4], kj[4];
+    for (int d = 0; d < DK; d += 4) {  // key dims in order
+        float4 ki[4], qi[4], kj[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-            ki[r] = Ks[(ti + 16 * r) * L::KST + d];
-            qi[r] = Qs[(ti + 16 * r) * L::KST + d];
-            kj[r] = Ks[(tj + 16 * r) * L::KST + d];
+            ki[r] = *reinterpret_cast<const float4*>(Ks + (ti + 16 * r) * L::KST + d);
+            qi[r] = *reinterpret_cast<const float4*>(Qs + (ti + 16 * r) * L::KST + d);
+            kj[r] = *reinterpret_cast<const float4*>(Ks + (tj + 16 * r) * L::KST + d);
         }
 #pragma unroll
         for (int r = 0; r < 4; ++r)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-                kk[r][c] = fmaf(ki[r], kj[c], kk[r][c]);
-                qk[r][c] = fmaf(qi[r], kj[c], qk[r][c]);
+                kk[r][c] = fmaf(ki[r].w, kj[c].w,
+                                fmaf(ki[r].z, kj[c].z, fmaf(ki[r].y, kj[c].y, fmaf(ki[r].x, kj[c].x, kk[r][c]))));
+                qk[r][c] = fmaf(qi[r].w, kj[c].w,
+                                fmaf(qi[r].z, kj[c].z, fmaf(qi[r].y, kj[c].y, fmaf(qi[r].x, kj[c].x, qk[r][c]))));
             }
     }
 #pragma unroll

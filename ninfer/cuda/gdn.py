@@ -252,7 +252,7 @@ def chunk_slice(dv: int) -> int:
 def prep_smem_bytes(dk: int) -> int:
     """Dynamic shared memory of ``gdn_chunk_prep<., dk>``: mirrors ``GdnPrepSmem::FLOATS`` in gdn_chunk.cu (the
     kernel traps when it gets less; tests/test_gdn_chunked_host.py runs it with this size)."""
-    return 4 * (2 * CHUNK * (dk + 1) + CHUNK * (CHUNK + 4) + 3 * CHUNK)
+    return 4 * (2 * CHUNK * (dk + 4) + CHUNK * (CHUNK + 4) + 3 * CHUNK)
 
 
 def state_smem_bytes(dk: int, cols: int) -> int:
