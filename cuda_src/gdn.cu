@@ -1,5 +1,5 @@
-// Gated DeltaNet: causal depthwise conv with carried state, and the one-pass chunked delta rule (a benchmark
-// variant of gdn_chunk.cu's two passes) for prefill (docs/model-math.md §4). Sequences are packed: tokens starts[b] .. starts[b+1]-1 of the activation rows belong to
+// Gated DeltaNet: causal depthwise conv with carried state, and the chunked delta rule for prefill
+// (docs/model-math.md §4). Sequences are packed: tokens starts[b] .. starts[b+1]-1 of the activation rows belong to
 // sequence b, whose state lives in pool slot slots[b]. The exact token-by-token recurrence (decode, exact prefill)
 // and the fused decode step are in gdn_step.cu.
 #include "gdn_common.cuh"
