@@ -77,6 +77,12 @@ def register(subparsers: Any) -> None:
         choices=("fp32", "bf16"),
         help="CUDA activation dtype; bf16 prefills faster but rounds what the model computes",
     )
+    p.add_argument(
+        "--prefill-inputs",
+        default="exact",
+        choices=("exact", "fp16"),
+        help="CUDA prefill GEMM inputs (fp32 activations): exact (two MMAs) or fp16 (rounded per row, one MMA)",
+    )
     p.add_argument("--no-prefix-reuse", action="store_true")
     p.add_argument(
         "--host-cache-gib",
@@ -193,6 +199,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         null_step_ms=a.null_step_ms,
         cuda_graph=not a.no_cuda_graph,
         activations=a.activations,
+        prefill_inputs=a.prefill_inputs,
         cors=a.cors,
         max_request_mib=a.max_request_mib,
         ray_address=a.ray_address,

@@ -57,6 +57,9 @@ class ServerConfig:
     null_step_ms: float = 1.5  # --backend null: the time of one engine step (no model runs)
     cuda_graph: bool = True
     activations: str = "fp32"  # CUDA activation dtype: fp32 (exact operands) or bf16 (opt-in, faster prefill)
+    prefill_inputs: str = (
+        "exact"  # CUDA prefill GEMM inputs with fp32 activations: exact (hi + lo) or fp16 (per row)
+    )
     cors: bool = False
     max_request_mib: int = 384
     ray_address: str | None = None
@@ -87,6 +90,8 @@ class ServerConfig:
             raise ServerConfigError(f"--port: must be in 1..65535, got {self.port}")
         if self.activations not in ("fp32", "bf16"):
             raise ServerConfigError(f"--activations: fp32 or bf16, got {self.activations!r}")
+        if self.prefill_inputs not in ("exact", "fp16"):
+            raise ServerConfigError(f"--prefill-inputs: exact or fp16, got {self.prefill_inputs!r}")
         positive("--default-max-tokens", self.default_max_tokens)
         positive("--max-request-mib", self.max_request_mib)
         if self.backend not in BACKENDS:

@@ -63,7 +63,11 @@ def resolve_backend(backend: str, arch: str | None, *, gpus: int | None = None) 
 def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
     options: dict[str, object] = {}
     if backend == "cuda":
-        options = {"cuda_graph": cfg.cuda_graph, "act_dtype": cfg.activations}
+        options = {
+            "cuda_graph": cfg.cuda_graph,
+            "act_dtype": cfg.activations,
+            "prefill_inputs": cfg.prefill_inputs,
+        }
         if cfg.memory_reserve_gib:  # GPU memory the runner's plan leaves to other programs
             options["memory_reserve_bytes"] = int(cfg.memory_reserve_gib * (1 << 30))
     elif backend == "null":

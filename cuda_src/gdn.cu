@@ -6,24 +6,72 @@
 
 // y[t, c] = silu(sum_{j<KW} w[c, j] * x_{t-KW+1+j}[c]); history before the first token comes from
 // state[slot, c, 0..KW-2] (oldest first, raw pre-conv inputs) and is updated to the last KW-1 raw inputs.
-// One thread per channel; tokens of a sequence in order.
+// Thread = (channel, tile of CONV_TILE packed rows): every token's window is its own raw inputs, so tiles run in
+// parallel and each output is the same expression on the same values as a token-by-token pass (bitwise). State
+// ownership, which makes the in-place update race-free: the tokens s .. s+KW-2 of a sequence starting at s (the only
+// ones whose window reaches into the carried state) belong to the tile holding s, even where they spill past its
+// end; that thread alone reads the old state and writes the new one (after all its reads). A sequence shorter than
+// KW-1 mixes old state and its tokens into the new state, as the sequential form does; an empty one is untouched.
+// Measured (H200, 35B-A3B, one 8192-token prompt): one thread per channel walking all tokens took 3.6 ms a layer
+// (64 blocks, one dependent load per token); see docs/cuda.md.
+constexpr int CONV_TILE = 64;
+
+// raw input u of the sequence starting at s: x for u >= s, else the carried state (oldest first)
+template <typename T, int KW>
+__device__ __forceinline__ float conv_raw(const T* x, long long ldx, int c, const float* st, int s, int u) {
+    return u >= s ? to_f(x[(long long)u * ldx + c]) : st[KW - 1 + u - s];
+}
+
 template <typename T, int KW>
 __global__ void causal_conv(const T* __restrict__ x, const float* __restrict__ w, float* __restrict__ state,
                             T* __restrict__ y, const int* __restrict__ starts, const int* __restrict__ slots, int C,
-                            long long ldx, long long ldy) {
+                            long long ldx, long long ldy, int nseq) {
     pdl_trigger();
-    const int c = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
-    if (c >= C) return;
-    float* st = state + ((long long)slots[b] * C + c) * (KW - 1);
-    float win[KW - 1], wc[KW];
-#pragma unroll
-    for (int j = 0; j < KW - 1; ++j) win[j] = st[j];
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int t0 = blockIdx.y * CONV_TILE, t1 = min(t0 + CONV_TILE, starts[nseq]);
+    if (c >= C || t0 >= t1) return;
+    // the sequence holding t0: the last b with starts[b] <= t0 (never an empty one: its successor starts there too)
+    int lo = 0, hi = nseq - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (starts[mid] <= t0)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    int b = lo;
+    float wc[KW];
 #pragma unroll
     for (int j = 0; j < KW; ++j) wc[j] = w[c * KW + j];
-    for (int t = starts[b]; t < starts[b + 1]; ++t)
-        y[t * ldy + c] = from_f<T>(conv_token<KW>(win, wc, to_f(x[t * ldx + c])));
+    for (; b < nseq && starts[b] < t1; ++b) {
+        const int s = starts[b], e = starts[b + 1];
+        if (e == s) continue;
+        const bool owner = s >= t0;  // this tile holds the sequence's first token: it owns the state
+        const int ta = owner ? s : max(t0, s + KW - 1);
+        const int tb = owner ? max(min(e, t1), min(e, s + KW - 1)) : min(e, t1);
+        float* st = state + ((long long)slots[b] * C + c) * (KW - 1);
+        float win[KW - 1], ns[KW - 1];
 #pragma unroll
-    for (int j = 0; j < KW - 1; ++j) st[j] = win[j];
+        for (int j = 0; j < KW - 1; ++j) win[j] = conv_raw<T, KW>(x, ldx, c, st, s, ta - (KW - 1) + j);
+        if (owner) {
+#pragma unroll
+            for (int j = 0; j < KW - 1; ++j) ns[j] = conv_raw<T, KW>(x, ldx, c, st, s, e - (KW - 1) + j);
+        }
+        int t = ta;
+        for (; t + 8 <= tb; t += 8) {  // 8 independent loads in flight, then the dependent taps
+            float xv[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) xv[i] = to_f(x[(long long)(t + i) * ldx + c]);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) y[(long long)(t + i) * ldy + c] = from_f<T>(conv_token<KW>(win, wc, xv[i]));
+        }
+        for (; t < tb; ++t)
+            y[(long long)t * ldy + c] = from_f<T>(conv_token<KW>(win, wc, to_f(x[(long long)t * ldx + c])));
+        if (owner) {
+#pragma unroll
+            for (int j = 0; j < KW - 1; ++j) st[j] = ns[j];
+        }
+    }
 }
 
 // ---- chunked prefill form (§4.6; reference ops_gdn.gdn_chunked / _chunk), one pass --------------------------------

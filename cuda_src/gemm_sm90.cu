@@ -72,7 +72,7 @@ __device__ __forceinline__ void gs_issue(u32 a, u32 b, float (&d0)[D::BN / 2], f
     for (int ks = 0; ks < 4; ++ks) {
         float (&d)[BN / 2] = (D::GPT == 2 && ks >= 2) ? d1 : d0;
         const int accumulate = (acc0 || (ks & (D::GPT == 2 ? 1 : 3))) ? 1 : 0;
-        Wgmma<BN>::mma(d, desc_sw128(a + 32 * ks), desc_sw128(b + 32 * ks), accumulate);
+        Wgmma<BN, A::F16>::mma(d, desc_sw128(a + 32 * ks), desc_sw128(b + 32 * ks), accumulate);
         if (A::SPLIT) Wgmma<BN>::mma(d, desc_sw128(a + GS_BM * 128 + 32 * ks), desc_sw128(b + 32 * ks), 1);
     }
     wgmma_commit();
@@ -96,11 +96,13 @@ __device__ __forceinline__ void gs_scale(float (&acc)[D::BN / 2], float (&part)[
 }
 
 // One 128 x BN output tile: rows [0, min(M, 128)) of x / y (already offset to the tile's first row), columns
-// [n0, min(n0 + BN, N)), weight rows wbase + n. A: the activation operand (Act<T> or ActPair), TY: the output type.
+// [n0, min(n0 + BN, N)), weight rows wbase + n. A: the activation operand (Act<T>, ActPair or ActF16), TY: the
+// output type; rowf (fp16 mode): a power of two per row of the tile, multiplying its results.
 template <typename D, typename A, typename TY>
 __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __restrict__ p1,
                                         const u8* __restrict__ p2, typename A::Src x, TY* __restrict__ y, int M,
-                                        int N, int K, long long ldx, long long ldy, int n0, long long wbase) {
+                                        int N, int K, long long ldx, long long ldy, int n0, long long wbase,
+                                        const float* __restrict__ rowf = nullptr) {
     typedef GsCfg<D, A> C;
     constexpr int BN = C::BN, NACC = C::NACC, S = C::S;
     extern __shared__ __align__(1024) u8 gs_smem_raw[];
@@ -173,8 +175,10 @@ __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __r
     for (int i = 0; i < NACC; ++i) {
         int r, c;
         frag_rc(tid, i, r, c);
-        if (r < mvalid && n0 + c < N)
-            y[(long long)r * ldy + n0 + c] = from_f<TY>(acc[i] * D::row_scale(p1, p2, wbase + n0 + c));
+        if (r < mvalid && n0 + c < N) {
+            const float v = acc[i] * D::row_scale(p1, p2, wbase + n0 + c);
+            y[(long long)r * ldy + n0 + c] = from_f<TY>(rowf ? v * rowf[r] : v);
+        }
     }
 }
 
@@ -241,8 +245,9 @@ __global__ void __launch_bounds__(256) split_hilo(const float* __restrict__ x, b
 
 // Weight rows [nb, nb + rows) of format D -> w [rows, K] bf16 operand values (row scale not applied): CTA
 // (blockIdx.x, blockIdx.y) = K tile, BN-row tile; the raw tile through D's loader (as in gs_tile), then
-// dequant_tile. Memory-bound: ~(stored bytes + 2) per weight.
-template <typename D>
+// dequant_tile. Memory-bound: ~(stored bytes + 2) per weight. F16: the same values as fp16 words (the fp16 mode
+// below; exact for the folded formats, bf16x8_to_f16).
+template <typename D, bool F16 = false>
 __global__ void __launch_bounds__(GS_THREADS)
     dequant90(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, bf16* __restrict__ w,
               int rows, int K, long long nb) {
@@ -256,5 +261,61 @@ __global__ void __launch_bounds__(GS_THREADS)
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    dequant_tile<D>(raw, w + (long long)r0 * K, K, nvalid, kt, tid);
+    dequant_tile<D, F16>(raw, w + (long long)r0 * K, K, nvalid, kt, tid);
 }
+
+// ---- fp16 mode: float activations rounded once per GEMM to fp16 with a power-of-two scale per row --------------
+// (docs/cuda.md, "Prefill GEMM inputs"). One MMA per k16 step instead of the pair's two: the activations lose what
+// fp16 cannot hold (11 significant bits of every value above 2^-14 of the row's largest; perf/fidelity_prefill.py
+// measures the cost), the weights of the folded formats stay exact (bf16x8_to_f16). A row's result depends only on
+// its own values and K, as in every other mode.
+// y[m, n] = (sum_k xh[m, k] W[n, k]) * row_scale(n) * rowf[m]: xh, rowf from split_f16row, W the fp16 operand rows
+// from dequant90<F, true>; the pair kernel's tiles, stages and MMA order otherwise.
+template <typename D>
+__global__ void __launch_bounds__(GS_THREADS, 1)
+    gemm90_f16(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
+               const bf16* __restrict__ xh, const float* __restrict__ rowf, float* __restrict__ y, int M, int N, int K,
+               long long ldx, long long ldy) {
+    static_assert(D::DIRECT, "fp16 mode reads operand rows");
+    int mt, nt;
+    gs_raster(blockIdx.x, (M + GS_BM - 1) / GS_BM, (N + D::BN - 1) / D::BN, mt, nt);
+    const long long m0 = (long long)mt * GS_BM;
+    gs_tile<D, ActF16, float>(p0, p1, p2, xh + m0 * ldx, y + m0 * ldy, M - (int)m0, N, K, ldx, ldy, nt * D::BN, 0,
+                              rowf + m0);
+}
+
+// x [M, K] (row stride ldx, K % 8 == 0) -> xh [M, K] fp16 words (row stride K) = x * 2^k rounded to nearest even,
+// rowf[m] = 2^-k (f16row_scale of the row's largest |x|). One block per row: the row's max (exact: max is order-free),
+// then its 8-k chunks.
+__global__ void __launch_bounds__(256) split_f16row(const float* __restrict__ x, bf16* __restrict__ xh,
+                                                    float* __restrict__ rowf, int M, int K, long long ldx) {
+    __shared__ float wmax[8];
+    const int r = blockIdx.x, tid = threadIdx.x;
+    const float* xr = x + (long long)r * ldx;
+    float m = 0.f;
+    for (int k = 8 * tid; k < K; k += 8 * 256) {
+        float v[8];
+        load8x(xr + k, v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[j]));
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((tid & 31) == 0) wmax[tid >> 5] = m;
+    __syncthreads();
+    m = wmax[0];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) m = fmaxf(m, wmax[w]);
+    float inv;
+    const float s = f16row_scale(m, inv);
+    if (tid == 0) rowf[r] = inv;
+    for (int k = 8 * tid; k < K; k += 8 * 256) {
+        float v[8];
+        load8x(xr + k, v);
+        u32 o[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o[j] = f16_rne_bits(v[2 * j] * s) | f16_rne_bits(v[2 * j + 1] * s) << 16;
+        *reinterpret_cast<uint4*>(xh + (long long)r * K + k) = make4(o[0], o[1], o[2], o[3]);
+    }
+}
+

@@ -290,7 +290,7 @@ HD void split8(const float x[8], uint4& hi, uint4& lo) {
 template <typename T> struct Act;
 template <> struct Act<bf16> {
     typedef const bf16* Src;
-    static constexpr bool SPLIT = false;
+    static constexpr bool SPLIT = false, F16 = false;
     static constexpr int BYTES = GS_BM * 128;
     struct Loader {  // row tid / 8 + 32 i, chunk tid % 8
         Stream<GS_BM / 32, 16, 128, 4096> s;
@@ -306,7 +306,7 @@ template <> struct Act<bf16> {
 };
 template <> struct Act<float> {
     typedef const float* Src;
-    static constexpr bool SPLIT = true;
+    static constexpr bool SPLIT = true, F16 = false;
     static constexpr int BYTES = 2 * GS_BM * 128;  // hi tile, then lo tile
     struct Loader {  // row tid / 16 + 16 i, chunk (tid / 2) % 8, half tid % 2
         Stream<GS_BM / 16, 16, 256, 2048> s;
@@ -342,7 +342,7 @@ struct PairX {
 HD PairX operator+(PairX p, long long o) { return PairX{p.hi + o, p.lo + o}; }
 struct ActPair {
     typedef PairX Src;
-    static constexpr bool SPLIT = true;  // two MMAs per k16 step, as Act<float>
+    static constexpr bool SPLIT = true, F16 = false;  // two MMAs per k16 step, as Act<float>
     static constexpr int BYTES = 2 * GS_BM * 128;
     struct Loader {  // row tid / 8 + 32 i, chunk tid % 8, of each half
         Stream<GS_BM / 32, 16, 128, 4096> h, l;
@@ -361,6 +361,62 @@ struct ActPair {
     };
     static HD void split(u8*, int) {}
 };
+
+// fp16 mode (gemm90_f16): the activation rows as fp16 words from split_f16row, loaded exactly as bf16 words are
+// (16-bit words; only the MMA's operand type differs), one MMA per k16 step.
+struct ActF16 : Act<bf16> {
+    static constexpr bool F16 = true;
+};
+
+// float -> fp16 bits, rounded to nearest even (subnormals kept, >= 65520 to inf, NaN quiet): the device's
+// cvt.rn.f16.f32, and the same rule in software for the host tests.
+HD u32 f16_rne_bits(float f) {
+#ifdef __CUDA_ARCH__
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+#else
+    const u32 x = f32_bits(f);
+    const u32 sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u);
+    if (ax >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520
+    if (ax <= 0x33000000u) return sign;            // <= 2^-25 (the tie rounds to even: 0)
+    const int e = (int)(ax >> 23) - 127;
+    if (e >= -14) {  // normal: 10 of the 23 fraction bits, the rest rounded (a carry moves into the exponent)
+        const u32 m = ax & 0x7fffffu, rem = m & 0x1fffu;
+        u32 h = ((u32)(e + 15) << 10) | (m >> 13);
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+        return sign | h;
+    }
+    const int sh = -e - 1;  // subnormal: units of 2^-24; e in [-25, -15]
+    const u32 m = (ax & 0x7fffffu) | 0x800000u, half = 1u << (sh - 1), rem = m & ((1u << sh) - 1u);
+    u32 h = m >> sh;
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return sign | h;
+#endif
+}
+
+// 8 bf16 operand values -> the same 8 values as fp16 words (exact for every folded format: NVFP4 operands are
+// e2m1 x e4m3 x 2^-7, multiples of 2^-17 below 22; FP8 e4m3 codes are multiples of 2^-9 below 449).
+HD uint4 bf16x8_to_f16(uint4 v) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+    u32 o[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = f16_rne_bits(bf16_val(w[j] & 0xffffu)) | f16_rne_bits(bf16_val(w[j] >> 16)) << 16;
+    return make4(o[0], o[1], o[2], o[3]);
+}
+
+// The fp16 mode's row scale (split_f16row and its NumPy twin ninfer.reference.ops.round_fp16_rows): for the row's
+// largest |x| with float exponent field E, k = clamp(141 - E, -126, 126), so that max |x| 2^k lies in [2^14, 2^15)
+// (below fp16's 65504; fp16 keeps 11 significant bits of every value above 2^-14 of it) and both 2^k and 2^-k are
+// normal floats. Returns 2^k; the GEMM multiplies the row's products by 2^-k (exact: powers of two).
+HD float f16row_scale(float amax, float& inv) {
+    const u32 b = f32_bits(amax);
+    int k = 141 - (int)((b >> 23) & 0xffu);
+    k = k < -126 ? -126 : (k > 126 ? 126 : k);
+    inv = f32_from_bits((u32)(127 - k) << 23);
+    return f32_from_bits((u32)(127 + k) << 23);
+}
 
 // ---- tile bookkeeping shared by the kernel and the host test ---------------------------------------------------
 // Weight tile kt of format D, raw stage -> swizzled bf16 operand tile (non-DIRECT formats): chunk q = tid + 256 i
@@ -381,14 +437,18 @@ template <typename D> HD void convert_tile(const u8* raw, u8* dst, int kt, int t
 // Weight tile kt of format D, raw stage -> bf16 rows in global memory: w (the tile's first row) [nvalid, K] with row
 // stride K; the same chunks and make() as convert_tile (so the scratch holds the operand tile's values, unswizzled);
 // chunks at k >= K (the padded formats' padding) are not written.
-template <typename D> HD void dequant_tile(const u8* raw, bf16* w, int K, int nvalid, int kt, int tid) {
+// F16: the same values as fp16 words (bf16x8_to_f16, exact for the folded formats).
+template <typename D, bool F16 = false>
+HD void dequant_tile(const u8* raw, bf16* w, int K, int nvalid, int kt, int tid) {
     constexpr int NI = D::BN * 8 / GS_THREADS;
     const int r0 = tid >> 3, c = tid & 7, k = kt * GS_BK + 8 * c;
     if (k >= K) return;
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
         const int r = r0 + 32 * i;
-        if (r < nvalid) *reinterpret_cast<uint4*>(w + (long long)r * K + k) = D::make(D::fetch(raw, r, c), kt);
+        if (r >= nvalid) continue;
+        const uint4 v = D::make(D::fetch(raw, r, c), kt);
+        *reinterpret_cast<uint4*>(w + (long long)r * K + k) = F16 ? bf16x8_to_f16(v) : v;
     }
 }
 

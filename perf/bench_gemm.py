@@ -11,7 +11,9 @@ and 8192 rows. Paths per (format, shape, M): ``bf16`` activations; ``fp32`` acti
 (``impl="wgmma"``: split and dequantization by the CUDA cores every K tile); ``pair``: fp32 activations in the
 pair mode (``impl="pair"``, ninfer/cuda/gemm_pair.py: split and, for FP8 / NVFP4, dequantization once per call,
 both included in the time; BF16, FP8 and NVFP4 only). The pair kernel's main loop is the same for every format,
-so a format's pair time minus BF16's is its dequantization pass. FLOP/s counts 2·M·N·K; float32 activations run
+so a format's pair time minus BF16's is its dequantization pass; ``f16``: fp32 activations in the fp16 mode
+(``inputs="fp16"``: each row rounded to fp16 under a power-of-two scale, one MMA per product; FP8 / NVFP4 only,
+ceiling = cuBLAS). FLOP/s counts 2·M·N·K; float32 activations run
 two MMAs per k-step (exact hi/lo split), so their ceiling is half of cuBLAS's: the ``vs ceiling`` column is the
 fraction of cuBLAS for bf16 and of half of cuBLAS for float32; ``vs fp32`` is the pair mode's speedup over the
 in-loop kernel. CUDA-event timing, median of repeats after a warm-up (about 60 s warm on an H200; the first run
@@ -55,15 +57,17 @@ def _cublas(m: int, n: int, k: int) -> float:
     return start.elapsed_time(end) * 1e-3 / 10
 
 
-def _paths(fmt: str, impl: str) -> tuple[tuple[str, str, str], ...]:
-    """(label, activation dtype, impl) of the paths measured for ``fmt``."""
-    from ninfer.cuda.gemm_pair import PAIR_STRUCTS
+def _paths(fmt: str, impl: str) -> tuple[tuple[str, str, str, str], ...]:
+    """(label, activation dtype, impl, inputs) of the paths measured for ``fmt``."""
+    from ninfer.cuda.gemm_pair import PAIR_STRUCTS, f16_foldable
 
     if impl == "mma":
-        return (("bf16", "bf16", "mma"), ("fp32", "fp32", "mma"))
-    paths = [("bf16", "bf16", impl), ("fp32", "fp32", "wgmma")]
+        return (("bf16", "bf16", "mma", "exact"), ("fp32", "fp32", "mma", "exact"))
+    paths = [("bf16", "bf16", impl, "exact"), ("fp32", "fp32", "wgmma", "exact")]
     if fmt in PAIR_STRUCTS:
-        paths.append(("pair", "fp32", "pair"))
+        paths.append(("pair", "fp32", "pair", "exact"))
+    if f16_foldable(fmt):  # fp32 activations rounded to fp16 per row: one MMA per product
+        paths.append(("f16", "fp32", "pair", "fp16"))
     return tuple(paths)
 
 
@@ -86,17 +90,20 @@ def main(
                 xf = rs.standard_normal((m, k), dtype=np.float32)
                 xs = {"bf16": (xf.view(np.uint32) >> 16).astype(np.uint16), "fp32": xf}
                 inloop = None
-                for label, act, how in _paths(fmt, impl):
+                for label, act, how, inp in _paths(fmt, impl):
                     x = xs[act]
                     out = cupy.empty((m, n), dtype=x.dtype)
-                    t = event_seconds(lambda x=x, out=out, w=w, how=how: gemm(x, w, out, impl=how), reps=reps)
+                    t = event_seconds(
+                        lambda x=x, out=out, w=w, how=how, inp=inp: gemm(x, w, out, impl=how, inputs=inp),
+                        reps=reps,
+                    )
                     fl, tc = 2 * m * n * k, ref[(m, n, k)]
                     inloop = t if label == "fp32" else inloop
                     out_rows.append({
                         "shape": name, "m": m, "n": n, "k": k, "fmt": fmt, "act": label, "impl": how, "s": t,
                         "tflops": fl / t / 1e12, "cublas_tflops": fl / tc / 1e12, "frac_cublas": tc / t,
-                        "frac_ceiling": tc / t * (2 if act == "fp32" else 1),
-                        "vs_fp32": inloop / t if label == "pair" and inloop else None,
+                        "frac_ceiling": tc / t * (2 if act == "fp32" and label != "f16" else 1),
+                        "vs_fp32": inloop / t if label in ("pair", "f16") and inloop else None,
                     })  # fmt: skip
                     del out
             del w

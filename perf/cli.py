@@ -60,7 +60,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     mc = REG[MODELS[key]].config
     t0 = time.perf_counter()
     tensors = synthetic_tensors(mc, args.profile, mtp=args.spec > 0)
-    net = CudaQwen36(mc, tensors, act_dtype=args.activations)
+    net = CudaQwen36(mc, tensors, act_dtype=args.activations, prefill_inputs=args.prefill_inputs)
     del tensors  # the model holds the fused weights; the unfused parts are freed
     net.warmup()
     longest = max(
@@ -70,6 +70,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     seqs = Sequences(net, slots=16, pages=pages * 10, page_size=16, context=longest + 64)
     net.warm_prefill()
     res: dict[str, Any] = {"model": MODELS[key], "profile": args.profile, "activations": args.activations}
+    res["prefill_chunk"], res["prefill_inputs"] = args.chunk, args.prefill_inputs
     res["sizes"] = model_bytes(net)
     res["build_s"] = time.perf_counter() - t0
     log(f"{key}: built in {res['build_s']:.1f} s, {res['sizes']['matrix_bytes'] / 1e9:.2f} GB of matrices")
@@ -141,17 +142,33 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="perf/results", help="directory for the JSON and PNG")
     p.add_argument("--commit", default="unknown", help="commit id recorded with the results")
     p.add_argument("--activations", default="fp32", choices=("fp32", "bf16"), help="CUDA activation dtype")
+    p.add_argument(
+        "--prefill-inputs",
+        default="exact",
+        choices=("exact", "fp16"),
+        help="CUDA prefill GEMM inputs (fp32 activations)",
+    )
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--prefill", default=None, help="comma list of prompt lengths ('' for none)")
     p.add_argument("--lanes", default="1,2,4,8", help="comma list of decode lane counts ('' for none)")
     p.add_argument(
         "--no-pdl", dest="pdl", action="store_false", help="decode GEMVs without PDL (to measure it)"
     )
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=None,
+        help="prefill chunk (default: the server's, EngineConfig.prefill_chunk)",
+    )
     a = p.parse_args(argv)
     default = [1024, 8192] if a.quick else [1024, 8192, 32768]
     a.prefill = default if a.prefill is None else [int(v) for v in a.prefill.split(",") if v]
     a.lanes = [int(v) for v in a.lanes.split(",") if v]
-    a.chunk, a.context, a.steps = 2048, 8192, 16 if a.quick else 64
+    if a.chunk is None:
+        from ninfer.engine.config import EngineConfig
+
+        a.chunk = EngineConfig().prefill_chunk
+    a.context, a.steps = 8192, 16 if a.quick else 64
     a.followup_context, a.followup_tokens = (8192 if a.quick else 32768), 256
     return a
 

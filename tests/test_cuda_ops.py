@@ -516,7 +516,7 @@ def test_causal_conv(cp: Any, report: list, t: str) -> None:
     from ninfer.cuda.gdn import causal_conv
 
     rng = np.random.default_rng(9)
-    for c, lens in ((96, [1, 7]), (1024, [5, 1, 2])):
+    for c, lens in ((96, [1, 7]), (1024, [5, 1, 2]), (1100, [62, 3, 200, 0, 1, 130])):  # token tiles of 64
         x = _inputs(rng, (sum(lens), c), t)
         w = (rng.standard_normal((c, 4)) * 0.5).astype(F32)
         state = rng.standard_normal((len(lens), c, 3)).astype(F32)

@@ -39,7 +39,8 @@ __all__ = [
 _T = ("float", "bf16")
 _S = ("float", "bf16")
 HEAD_DIMS = (16, 32, 64, 128)  # key head dims with a compiled instance
-CHUNK = 64  # GDN_CHUNK in gdn.cu
+CHUNK = 64  # GDN_CHUNK in gdn.cu, GC_CHUNK in gdn_chunk.cu
+CONV_TILE = 64  # CONV_TILE in gdn.cu: packed rows per causal_conv thread
 _SLICES = (32, 64)  # value columns per block of the serial variant gdn_chunked in gdn.cu (DVS)
 STATE_COLS = (16, 32)  # value columns per block of gdn_chunk_state (its DVS; the same bits for either)
 STEP_COLS = 32  # value columns per block of gdn_step (GdnStep::CT)
@@ -72,7 +73,8 @@ def _seqs(starts: Any, slots: Any, rows: int, n_slots: int) -> int:
 
 def causal_conv(x: Any, w: Any, state: Any, starts: Any, slots: Any, out: Any = None) -> Any:
     """``silu(depthwise causal conv)`` of ``x[T, C]`` with ``w[C, 4]`` (tap 3 = current token) and carried raw
-    inputs ``state[S, C, 3]`` (float32, updated in place for the slots used)."""
+    inputs ``state[S, C, 3]`` (float32, updated in place for the slots used). ``out`` must not overlap ``x``: the
+    kernel's token tiles run in parallel and read their predecessors' raw inputs."""
     import cupy
 
     t = act_type(x, "x")
@@ -83,12 +85,14 @@ def causal_conv(x: Any, w: Any, state: Any, starts: Any, slots: Any, out: Any = 
     if out is None:
         out = cupy.empty((rows, c), dtype=x.dtype)
     _, _, ldy = check_rows(out, "out", c)
-    if nseq:
+    if cupy.may_share_memory(out, x):
+        raise KernelError("causal_conv: out overlaps x (the token tiles read earlier rows of x)")
+    if nseq and rows:
         fn = kernel("gdn.cu", SOURCES["gdn.cu"], f"causal_conv<{t}, 4>")
         fn(
-            (grid_1d(c, 128), nseq),
+            (grid_1d(c, 128), -(-rows // CONV_TILE)),
             (128,),
-            (x, w, state, out, starts, slots, np.int32(c), np.int64(ldx), np.int64(ldy)),
+            (x, w, state, out, starts, slots, np.int32(c), np.int64(ldx), np.int64(ldy), np.int32(nseq)),
         )
     return out
 

@@ -25,6 +25,7 @@ __all__ = [
     "PAIR_INSTANCES",
     "PAIR_MIN_ROWS",
     "pair_foldable",
+    "f16_foldable",
     "pair_scratch_bytes",
     "gemm_pair",
     "release_scratch",
@@ -48,6 +49,11 @@ PAIR_INSTANCES: tuple[str, ...] = (
     *(f"gemm90_pair<{s}>" for s, _ in PAIR_STRUCTS.values()),
     *(f"dequant90<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),
     "split_hilo",
+    # fp16 mode (``inputs="fp16"``): the folded formats only (their operand values are exact in fp16; BF16 weights
+    # are not, and keep the pair mode)
+    *(f"gemm90_f16<{s}>" for s, d in PAIR_STRUCTS.values() if d is not None),
+    *(f"dequant90<{d}, true>" for _, d in PAIR_STRUCTS.values() if d is not None),
+    "split_f16row",
 )
 
 # Rows from which a float32 GEMM takes the pair mode. Below one full 128-row tile the GEMM is one partial wave of
@@ -74,6 +80,11 @@ _SCRATCH: dict[tuple[int, int, str], Any] = {}
 def pair_foldable(fmt: str, t: str) -> bool:
     """Whether a GEMM of float ``t`` activations against format ``fmt`` can take the pair mode."""
     return t == "float" and fmt in PAIR_STRUCTS
+
+
+def f16_foldable(fmt: str) -> bool:
+    """Whether format ``fmt`` has the fp16 mode (``inputs="fp16"``): its operand values are exact in fp16."""
+    return fmt in PAIR_STRUCTS and PAIR_STRUCTS[fmt][1] is not None
 
 
 def _chunks(total: int, cap: int, unit: int) -> int:
@@ -116,23 +127,34 @@ def release_scratch() -> None:
 
 
 def gemm_pair(
-    x: Any, w: Any, out: Any, dims: tuple[int, int, int, int, int], kernel_of: Callable[[str], Any]
+    x: Any,
+    w: Any,
+    out: Any,
+    dims: tuple[int, int, int, int, int],
+    kernel_of: Callable[[str], Any],
+    *,
+    f16: bool = False,
 ) -> None:
     """``out = x · Wᵀ`` in pair mode. ``dims`` = (M, N, K, ldx, ldy) as checked by linear.gemm; ``x`` float32,
     ``w.fmt`` in :data:`PAIR_STRUCTS`; ``kernel_of(name)`` the compiled gemm_sm90.cu instance. Not for graph
     capture (the scratch may be reallocated between calls; linear.gemm keeps captured GEMMs on the in-loop kernel).
-    """
+
+    ``f16`` (``f16_foldable`` formats): the fp16 mode instead, one MMA per product: each row of ``x`` scaled by a
+    power of two and rounded to fp16 (``split_f16row``; ``ninfer.reference.ops.round_fp16_rows`` is its NumPy
+    twin), the weights as exact fp16 operands, the row's power of two undone in the epilogue."""
     m, n, k, _, ldy = dims
     wstruct, dq = PAIR_STRUCTS[w.fmt]
+    if f16 and dq is None:
+        raise ValueError(f"gemm_pair: {w.fmt} has no fp16 mode (its operand values are not exact in fp16)")
     mx, nw = _plan(w.fmt, m, n, k)
     planes = list(w.planes())
-    fn = kernel_of(f"gemm90_pair<{wstruct}>")
+    fn = kernel_of(f"gemm90_f16<{wstruct}>" if f16 else f"gemm90_pair<{wstruct}>")
     if fn.max_dynamic_shared_size_bytes < _SMEM:
         fn.max_dynamic_shared_size_bytes = _SMEM
-    split = kernel_of("split_hilo")
-    dqfn = kernel_of(f"dequant90<{dq}>") if dq is not None else None
+    split = kernel_of("split_f16row" if f16 else "split_hilo")
+    dqfn = kernel_of(f"dequant90<{dq}, true>" if f16 else f"dequant90<{dq}>") if dq is not None else None
     wbuf = _scratch("w", nw * k) if dq is not None else None
-    xbuf = _scratch("x", 2 * mx * k)
+    xbuf = _scratch("x", mx * k + 2 * mx if f16 else 2 * mx * k)  # f16: the rows, then their float factors
 
     def weight_chunk(n0: int, rows: int) -> list[Any]:
         """Planes of weight rows [n0, n0 + rows) as the pair kernel reads them (the scratch filled for them)."""
@@ -148,13 +170,18 @@ def gemm_pair(
     whole = weight_chunk(0, n) if nw == n else None
     for m0 in range(0, m, mx):
         rows = min(mx, m - m0)
-        hi, lo = xbuf[: rows * k], xbuf[rows * k : 2 * rows * k]
-        split((grid_1d(rows * (k // 8), _SPLIT_THREADS),), (_SPLIT_THREADS,),
-              (x[m0 : m0 + rows], hi, lo, np.int32(rows), np.int32(k), np.int64(dims[3])))  # fmt: skip
+        if f16:  # xh: the rows' fp16 words, then one float factor per row (16-byte aligned: K % 8 == 0)
+            xa, xb = xbuf[: rows * k], xbuf[rows * k : rows * k + 2 * rows].view(np.float32)
+            split((rows,), (_SPLIT_THREADS,),
+                  (x[m0 : m0 + rows], xa, xb, np.int32(rows), np.int32(k), np.int64(dims[3])))  # fmt: skip
+        else:  # hi, lo
+            xa, xb = xbuf[: rows * k], xbuf[rows * k : 2 * rows * k]
+            split((grid_1d(rows * (k // 8), _SPLIT_THREADS),), (_SPLIT_THREADS,),
+                  (x[m0 : m0 + rows], xa, xb, np.int32(rows), np.int32(k), np.int64(dims[3])))  # fmt: skip
         for n0 in range(0, n, nw):
             cols = min(nw, n - n0)
             p0, p1, p2 = whole if whole is not None else weight_chunk(n0, cols)
             y = out[m0 : m0 + rows, n0 : n0 + cols]
             fn((grid_1d(rows, _BM) * grid_1d(cols, _BN),), (_THREADS,),
-               (p0, p1, p2, hi, lo, y, np.int32(rows), np.int32(cols), np.int32(k), np.int64(k), np.int64(ldy)),
+               (p0, p1, p2, xa, xb, y, np.int32(rows), np.int32(cols), np.int32(k), np.int64(k), np.int64(ldy)),
                shared_mem=_SMEM)  # fmt: skip

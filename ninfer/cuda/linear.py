@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
-from ninfer.cuda.gemm_pair import PAIR_INSTANCES, PAIR_MIN_ROWS, gemm_pair, pair_foldable
+from ninfer.cuda.gemm_pair import PAIR_INSTANCES, PAIR_MIN_ROWS, f16_foldable, gemm_pair, pair_foldable
 from ninfer.cuda.launch import capturing, launch_pdl
 from ninfer.cuda.loader import compute_capability, kernel, target_arch
 from ninfer.cuda.norm import Normed
@@ -41,6 +41,7 @@ __all__ = [
     "gemv_plan",
     "GemvPlan",
     "gemm",
+    "GEMM_INPUTS",
     "gemm_experts",
     "linear",
     "SOURCES",
@@ -429,10 +430,18 @@ def gemv_expert_lanes(
     return out
 
 
-def gemm(x: Any, w: DeviceWeight, out: Any = None, *, impl: str = "auto") -> Any:
+GEMM_INPUTS = ("exact", "fp16")
+
+
+def gemm(x: Any, w: DeviceWeight, out: Any = None, *, impl: str = "auto", inputs: str = "exact") -> Any:
     """``out = x · Wᵀ`` for ``x[M, K]`` on tensor cores (exact weight operands, float32 ``x`` split into two bf16
     halves, fp32 accumulation); ``x`` and ``out`` may be row-strided views. ``impl``: see the module docstring
-    (every Hopper choice gives bitwise the same result)."""
+    (every Hopper choice gives bitwise the same result). ``inputs="fp16"``: where the pair mode would run and the
+    format's operands are exact in fp16 (FP8, NVFP4), the fp16 mode instead (gemm_pair.py: each float32 row scaled
+    by a power of two and rounded to fp16, one MMA per product); every other GEMM stays exact. The choice depends
+    only on the format and M, never on other rows' values."""
+    if inputs not in GEMM_INPUTS:
+        raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
     t, m, k, ldx = _prep(x, w, out, "gemm")
     n = w.rows
     out, ldy = _out(x, out, m, n)
@@ -447,7 +456,8 @@ def gemm(x: Any, w: DeviceWeight, out: Any = None, *, impl: str = "auto") -> Any
         )
     if hopper:
         if _use_pair(impl, w.fmt, t, m):
-            gemm_pair(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel)
+            f16 = inputs == "fp16" and f16_foldable(w.fmt)
+            gemm_pair(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel, f16=f16)
             return out
         fn, bn = _gemm90("gemm90", w, t)
         fn((grid_1d(m, _GS_BM) * grid_1d(n, bn),), (_GS_THREADS,), args, shared_mem=_GS_SMEM)

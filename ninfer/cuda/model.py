@@ -73,6 +73,7 @@ class CudaQwen36:
         attn_chunk: int = 256,
         memory_reserve_bytes: int = 0,
         fold_norms: bool = True,
+        prefill_inputs: str = "exact",
     ) -> None:
         import cupy
 
@@ -92,6 +93,13 @@ class CudaQwen36:
         self.act = np.dtype(np.uint16 if act_dtype == "bf16" else F32)
         self.state_dtype, self.kv_dtype = state_dtype, kv_dtype
         self.prefill_gemm, self.cuda_graph, self.attn_chunk = prefill_gemm, cuda_graph, attn_chunk
+        # float32 prefill GEMM inputs: "exact" (bf16 hi + lo, two MMAs) or "fp16" (one MMA per product, each row
+        # rounded to fp16 under a power-of-two scale; docs/cuda.md "Prefill GEMM inputs"); decode never changes
+        from ninfer.cuda.linear import GEMM_INPUTS
+
+        if prefill_inputs not in GEMM_INPUTS:
+            raise ValueError(f"prefill_inputs: one of {GEMM_INPUTS}, got {prefill_inputs!r}")
+        self.prefill_inputs = prefill_inputs
         # residual + RMS norms folded into the neighbouring GEMVs where every product is a GEMV (decode, exact
         # prefill; docs/cuda.md "Norm folding"); a perf or test comparison flips it and clears the graphs
         self.fold_norms = bool(fold_norms)
@@ -353,7 +361,7 @@ def load_cuda(artifact: Any, **opts: Any) -> CudaQwen36:
     """Upload an artifact (path or opened ``Artifact``) to the GPU as a ``CudaQwen36``.
 
     ``opts``: ``act_dtype``, ``state_dtype``, ``kv_dtype``, ``prefill_gemm``, ``cuda_graph``, ``attn_chunk``,
-    ``memory_reserve_bytes`` (see ``CudaQwen36``) and ``progress`` (upload bar, default on)."""
+    ``memory_reserve_bytes``, ``prefill_inputs`` (see ``CudaQwen36``) and ``progress`` (upload bar, default on)."""
     from ninfer.artifact import open_artifact
     from ninfer.cuda.upload import upload_artifact
 

@@ -99,6 +99,21 @@ def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.matmul(x[..., None, :], np.ascontiguousarray(w).T)[..., 0, :]
 
 
+def round_fp16_rows(x: np.ndarray) -> np.ndarray:
+    """The CUDA prefill GEMM's fp16 inputs (``prefill_inputs="fp16"``, docs/cuda.md "Prefill GEMM inputs"): each
+    row of ``x`` times 2^k, with k = clamp(141 - E, -126, 126) for E the float32 exponent field of the row's largest
+    |x| (so that it lands in [2^14, 2^15)), rounded to fp16 (nearest even), times 2^-k. Exactly what the kernel
+    multiplies, as float32."""
+    x = np.ascontiguousarray(x, dtype=F32)
+    amax = np.max(np.abs(x), axis=-1, keepdims=True) if x.shape[-1] else np.zeros(x.shape[:-1] + (1,), F32)
+    e = ((amax.view(np.uint32) >> 23) & 0xFF).astype(np.int32)
+    k = np.clip(141 - e, -126, 126)
+    s = ((127 + k).astype(np.uint32) << 23).view(F32)
+    inv = ((127 - k).astype(np.uint32) << 23).view(F32)
+    with np.errstate(over="ignore", under="ignore"):
+        return ((x * s).astype(np.float16).astype(F32) * inv).astype(F32)
+
+
 # ---- gated attention (§3) ----------------------------------------------------------------------------------
 def split_q_gate(qg: np.ndarray, n_heads: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
     """``q_proj`` output ``[T, Hq·2D]`` -> query, gate ``[T,Hq,D]`` each: every head holds [query D | gate D]."""

@@ -1,0 +1,143 @@
+"""What rounding the prefill GEMMs' float32 inputs would cost, measured on the NumPy reference (no GPU).
+
+    python -m perf.fidelity_prefill --out perf/results
+
+Today a prefill GEMM multiplies float32 activations as a bf16 hi + lo pair (two MMAs per product, error <= 2^-17 of
+each input): exact up to fp32 summation order, and the reason prefill runs at half the tensor rate. One MMA needs
+one 16-bit operand per input; candidates, each applied to every linear's input in the prompt's forward (more than 8
+rows: the GEMM path; decode rows and the LM head row stay exact, as the GEMVs keep them):
+
+  ``bf16``       round to bf16 (8 significant bits, error <= 2^-9);
+  ``fp16-row``   scale each row by the power of two that brings its largest |value| into [2^14, 2^15), round to
+                 fp16 (11 significant bits for every value above 2^-14 of the row's largest), scale back
+                 (``ninfer.reference.ops.round_fp16_rows``, the CUDA fp16 mode's NumPy twin): the weights of the
+                 folded formats (NVFP4: e2m1 x e4m3 x 2^-7, FP8 e4m3) are exact in fp16 too.
+
+On the mid-size random models of tests/test_cuda_model.py (dense and MoE, NVFP4 weights, 300-token prompt then 20
+teacher-forced decode steps), each candidate is compared with the exact reference: teacher-forced top-1 agreement
+and mean KL(exact || candidate) over the 320 positions. Random tiny models have flat, near-tied logits (and, in the
+MoE, near-tied router scores), so these are pessimistic for a trained model; they rank the candidates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ROUNDINGS", "main"]
+
+F32 = np.float32
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    from ninfer.formats import bf16_round
+
+    return bf16_round(np.asarray(x, F32))
+
+
+def _fp16_row(x: np.ndarray) -> np.ndarray:
+    from ninfer.reference.ops import round_fp16_rows
+
+    return round_fp16_rows(x)
+
+
+ROUNDINGS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"bf16": _bf16, "fp16-row": _fp16_row}
+
+
+@contextlib.contextmanager
+def _rounded_gemm_inputs(fn: Callable[[np.ndarray], np.ndarray]) -> Iterator[None]:
+    """Every ``ops.linear`` of more than 8 rows rounds its input with ``fn``; the LM head stays exact."""
+    from ninfer.reference import ops
+
+    linear, lm_head = ops.linear, ops.lm_head
+
+    def rounded(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        rows = int(np.prod(x.shape[:-1]))
+        return linear(fn(x) if rows > 8 else x, w)
+
+    ops.linear = rounded
+    ops.lm_head = lambda h, w: linear(h, w)
+    try:
+        yield
+    finally:
+        ops.linear, ops.lm_head = linear, lm_head
+
+
+def _logits(ref: Any, ids: np.ndarray, prompt: int) -> np.ndarray:
+    st = ref.new_state()
+    out = [ref.lm_head(ref.forward(ids[:prompt], st))]
+    out += [ref.lm_head(ref.forward(ids[i : i + 1], st)) for i in range(prompt, len(ids))]
+    return np.concatenate(out).astype(np.float64)
+
+
+def _kl(ref: np.ndarray, got: np.ndarray) -> float:
+    def logp(z: np.ndarray) -> np.ndarray:
+        z = z - z.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+    lr, lg = logp(ref), logp(got)
+    return float(np.mean(np.sum(np.exp(lr) * (lr - lg), axis=-1)))
+
+
+def _mid(kind: str) -> tuple[Any, Any]:
+    """The mid-size model of tests/test_cuda_model.py (its config and NVFP4-decoded weights, seed 7)."""
+    from ninfer.config import ModelConfig
+    from ninfer.cuda.upload import encode_weights
+    from ninfer.demo import random_weights
+    from ninfer.formats import FORMATS
+    from ninfer.reference import DictWeights, Qwen36
+
+    base = dict(
+        vocab_size=4096, hidden_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+        head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=128,
+        linear_value_head_dim=128, partial_rotary_factor=0.25, mrope_section=(6, 5, 5),
+        layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(8)),
+    )  # fmt: skip
+    if kind == "dense":
+        cfg = ModelConfig(arch="qwen3_5", intermediate_size=2816, **base)
+    else:
+        cfg = ModelConfig(
+            arch="qwen3_5_moe", num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256,
+            shared_expert_intermediate_size=512, **base,
+        )  # fmt: skip
+    enc = encode_weights(cfg, DictWeights(random_weights(cfg, seed=7)), "NVFP4G16_E4M3S")
+    return cfg, Qwen36(cfg, DictWeights({n: FORMATS[f].decode(b, s) for n, (f, s, b) in enc.items()}))
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    p = argparse.ArgumentParser(prog="python -m perf.fidelity_prefill")
+    p.add_argument("--kinds", default="dense,moe")
+    p.add_argument("--roundings", default=",".join(ROUNDINGS))
+    p.add_argument("--prompt", type=int, default=300)
+    p.add_argument("--decode", type=int, default=20)
+    p.add_argument("--out", default=None, help="directory for fidelity_prefill.json")
+    a = p.parse_args(argv)
+    rows = []
+    for kind in a.kinds.split(","):
+        cfg, ref = _mid(kind)
+        ids = np.random.default_rng(2).integers(0, cfg.vocab_size, a.prompt + a.decode)
+        exact = _logits(ref, ids, a.prompt)
+        for name in a.roundings.split(","):
+            with _rounded_gemm_inputs(ROUNDINGS[name]):
+                got = _logits(ref, ids, a.prompt)
+            r = {"kind": kind, "rounding": name, "positions": len(ids),
+                 "top1": float(np.mean(got.argmax(-1) == exact.argmax(-1))), "kl": _kl(exact, got),
+                 "max_err": float(np.max(np.abs(got - exact)) / np.max(np.abs(exact)))}  # fmt: skip
+            rows.append(r)
+            print(
+                f"{kind:5} {name:9} top-1 {r['top1']:.3f}  mean KL {r['kl']:.2e}  max err {r['max_err']:.2e}"
+            )
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "fidelity_prefill.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The Hopper prefill GEMM's fp16 mode (``gemm(..., inputs="fp16")``; ninfer/cuda/gemm_pair.py, cuda_src/gemm_sm90.cu
+gemm90_f16, split_f16row, dequant90<D, true>) on the device: fresh random inputs against NumPy with the same input
+rounding (``ninfer.reference.ops.round_fp16_rows``) at the fp32-accumulation tolerance, every format that has the
+mode, strided views, ragged tiles, chunked scratch, row independence (a row's bits depend only on its own values
+and K), and the formats and sizes that stay exact (bitwise the ``inputs="exact"`` result). Skipped without an
+sm_90a device.
+
+    python -m pytest -m gpu tests/test_cuda_gemm_f16.py
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from test_cuda_gemm_pair import SHAPES, TOL, _err, _weight
+
+from ninfer.reference import ops
+
+pytestmark = pytest.mark.gpu
+
+F32 = np.float32
+F16_FMTS = ("FP8E4M3_F32ROW", "FP8E4M3_F32T", "NVFP4G16_E4M3S", "NVFP4G16_E4M3S_ROWG")
+
+
+@pytest.fixture
+def cp() -> Any:
+    cupy = pytest.importorskip("cupy")
+    from ninfer.cuda.loader import compute_capability, target_arch
+
+    if not target_arch("gemm_sm90.cu", compute_capability()).endswith("a"):
+        pytest.skip("the fp16 mode needs the sm_90a wgmma kernels (compute capability 9.0)")
+    return cupy
+
+
+def _x(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
+    x = (rng.standard_normal((m, k)) * 4).astype(F32)
+    x[0, : min(8, k)] = [0, 1e-30, -1e-30, 1e20, -7e3, 2.0**-60, 0.5, -0.25][: min(8, k)]
+    x[1 % m] *= 1e-25  # a tiny row: the clamped scale
+    x[2 % m] *= 3e5  # a row above fp16's range before scaling
+    return x
+
+
+@pytest.mark.parametrize("fmt", F16_FMTS)
+def test_f16_matches_rounded_reference(cp: Any, fmt: str) -> None:
+    from ninfer.cuda.linear import gemm
+
+    rng = np.random.default_rng(61)
+    for m, n, k in SHAPES:
+        w, wf = _weight(rng, fmt, n, k)
+        x = _x(rng, m, k)
+        xbuf = cp.zeros((m, k + 24), dtype=F32)
+        xbuf[:, 8 : 8 + k] = cp.asarray(x)
+        buf = cp.full((m, n + 11), np.nan, dtype=F32)
+        gemm(xbuf[:, 8 : 8 + k], w, buf[:, 3 : 3 + n], inputs="fp16")
+        got = cp.asnumpy(buf)
+        assert np.isnan(got[:, :3]).all() and np.isnan(got[:, 3 + n :]).all(), (
+            f"{fmt} {m}x{n}x{k}: wrote outside"
+        )
+        got = got[:, 3 : 3 + n]
+        err = _err(got, ops.linear(ops.round_fp16_rows(x), wf))
+        assert err <= TOL, f"{fmt} {m}x{n}x{k}: normalised max error {err:.2e} against the rounded inputs"
+        for r in range(m):  # per row too: the tiny and huge rows are not hidden by the others' scale
+            ref = ops.linear(ops.round_fp16_rows(x[r : r + 1]), wf)
+            assert _err(got[r : r + 1], ref) <= TOL, f"{fmt} {m}x{n}x{k}: row {r}"
+        exact = cp.asnumpy(gemm(cp.asarray(x), w))
+        assert not np.array_equal(exact, got), f"{fmt}: fp16 mode gave the exact result (not taken?)"
+
+
+@pytest.mark.parametrize("fmt", ("NVFP4G16_E4M3S", "FP8E4M3_F32ROW"))
+def test_f16_rows_independent_and_chunked(cp: Any, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ninfer.cuda.gemm_pair as gp
+    from ninfer.cuda.linear import gemm
+
+    rng = np.random.default_rng(63)
+    m, n, k = 300, 700, 1032
+    w, _ = _weight(rng, fmt, n, k)
+    xd = cp.asarray(_x(rng, m, k))
+    full = cp.asnumpy(gemm(xd, w, inputs="fp16"))
+    for r in (0, 1, 2, 127, 128, 299):
+        alone = cp.asnumpy(gemm(cp.ascontiguousarray(xd[r : r + 1]), w, impl="pair", inputs="fp16"))
+        assert np.array_equal(alone[0], full[r]), f"{fmt}: row {r} alone differs from the full launch"
+    for a, b in ((100, 260), (1, 129), (170, 300)):
+        part = cp.asnumpy(gemm(xd[a:b], w, inputs="fp16"))
+        assert np.array_equal(part, full[a:b]), f"{fmt}: rows {a}..{b - 1} differ when launched as a slice"
+    monkeypatch.setattr(gp, "_W_CAP", 2 * 256 * k)
+    monkeypatch.setattr(gp, "_X_CAP", 4 * 128 * k)
+    chunked = cp.asnumpy(gemm(xd, w, inputs="fp16"))
+    assert np.array_equal(chunked, full), f"{fmt}: chunked scratch changed the result"
+
+
+def test_f16_stays_exact_where_it_does_not_apply(cp: Any) -> None:
+    """BF16 and group-int weights, and GEMMs below PAIR_MIN_ROWS under auto: bitwise the exact result."""
+    from ninfer.cuda.gemm_pair import PAIR_MIN_ROWS
+    from ninfer.cuda.linear import gemm
+
+    rng = np.random.default_rng(65)
+    for fmt, m in (("BF16", 300), ("Q4G64_F16S", 300), ("NVFP4G16_E4M3S", PAIR_MIN_ROWS - 1)):
+        w, _ = _weight(rng, fmt, 260, 256)
+        xd = cp.asarray(_x(rng, m, 256))
+        a, b = cp.asnumpy(gemm(xd, w, inputs="fp16")), cp.asnumpy(gemm(xd, w))
+        assert np.array_equal(a, b), f"{fmt} M={m}: inputs='fp16' changed a GEMM it must leave exact"

@@ -1,0 +1,153 @@
+"""The Hopper GEMM's fp16 mode on the CPU (no GPU): why its weights stay exact and that its activation rounding is
+the NumPy twin's, bit for bit.
+
+- NumPy: every NVFP4 operand value (e2m1 x e4m3 block scale x 2^-7) and every finite FP8 code is exactly an fp16,
+  so ``dequant90<D, true>`` changes no weight; BF16 weights are not (why they keep the pair mode).
+- cuda_src/wdq.cuh compiled for the host with nvcc: ``f16_rne_bits`` (the host twin of the device's
+  cvt.rn.f16.f32) against NumPy's float32 -> float16 on random bit patterns, ties, subnormals and the overflow
+  edge; ``f16row_scale`` + ``f16_rne_bits`` as ``split_f16row`` applies them against
+  ``ninfer.reference.ops.round_fp16_rows``; ``bf16x8_to_f16`` of every NVFP4 ``make()`` output.
+tests/test_cuda_gemm_f16.py checks the kernels on the device.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ninfer.cuda.loader import CUDA_SRC
+from ninfer.formats import bf16_decode
+from ninfer.formats.fp8 import e4m3_table
+from ninfer.formats.nvfp4 import E2M1_VALUES
+from ninfer.reference.ops import round_fp16_rows
+
+NVCC = shutil.which("nvcc")
+F32 = np.float32
+
+
+def _f16_exact(v: np.ndarray) -> np.ndarray:
+    v = np.asarray(v, np.float64)
+    with np.errstate(over="ignore"):
+        return v.astype(np.float16).astype(np.float64) == v
+
+
+def test_folded_operands_are_exact_in_fp16() -> None:
+    s = e4m3_table()[:127].astype(np.float64)
+    prod = E2M1_VALUES.astype(np.float64)[:, None] * s[None, :] * 2.0**-7
+    assert _f16_exact(prod).all(), "NVFP4 operand values"
+    v = e4m3_table()
+    assert _f16_exact(v[np.isfinite(v)]).all(), "FP8 codes"
+    assert not _f16_exact(np.array([2.0**-20, 1e5, 1 + 2.0**-7 + 2.0**-11])).all(), "bf16 values need not fit"
+
+
+DRIVER = r"""
+#include <cstdio>
+#include <cstring>
+#include <vector>
+#include "wdq.cuh"
+
+int main(int argc, char** argv) {
+    const char mode = argv[1][0];
+    int n, k;
+    if (scanf("%d %d", &n, &k) != 2) return 2;
+    getchar();
+    if (mode == 'r') {  // f16_rne_bits of n floats
+        std::vector<float> x(n);
+        if (fread(x.data(), 4, n, stdin) != (size_t)n) return 3;
+        for (float f : x) {
+            const u16 h = (u16)f16_rne_bits(f);
+            fwrite(&h, 2, 1, stdout);
+        }
+        return 0;
+    }
+    if (mode == 's') {  // split_f16row's arithmetic on n rows of k: the fp16 words, then the factors
+        std::vector<float> x((size_t)n * k), inv(n);
+        if (fread(x.data(), 4, x.size(), stdin) != x.size()) return 3;
+        for (int r = 0; r < n; ++r) {
+            float m = 0.f;
+            for (int j = 0; j < k; ++j) m = fmaxf(m, fabsf(x[(size_t)r * k + j]));
+            const float s = f16row_scale(m, inv[r]);
+            for (int j = 0; j < k; ++j) {
+                const u16 h = (u16)f16_rne_bits(x[(size_t)r * k + j] * s);
+                fwrite(&h, 2, 1, stdout);
+            }
+        }
+        fwrite(inv.data(), 4, n, stdout);
+        return 0;
+    }
+    for (u32 w = 0; w < (u32)n; ++w)  // bf16x8_to_f16 of NVFP4 make(): words w * 0x01010101 x scale codes
+        for (u32 s = 0; s < 127; ++s) {
+            uint2 v;
+            v.x = w * 0x01010101u, v.y = s;
+            const uint4 b = DqNVFP4<false>::make(v, 0), h = bf16x8_to_f16(b);
+            fwrite(&b, 16, 1, stdout);
+            fwrite(&h, 16, 1, stdout);
+        }
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if NVCC is None:
+        pytest.skip("nvcc not installed")
+    d = tmp_path_factory.mktemp("gemm_f16_host")
+    (d / "driver.cu").write_text(DRIVER)
+    exe = d / "driver"
+    cmd = [NVCC, "-std=c++17", "-O2", "-I", str(CUDA_SRC), "-o", str(exe), str(d / "driver.cu")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return exe
+
+
+def _run(driver: Path, mode: str, n: int, k: int, data: bytes) -> bytes:
+    proc = subprocess.run(
+        [str(driver), mode], input=f"{n} {k}\n".encode() + data, capture_output=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    return proc.stdout
+
+
+def test_f16_rne_matches_numpy(driver: Path) -> None:
+    rng = np.random.default_rng(3)
+    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    edges = np.array([0.0, -0.0, 2.0**-25, 2.0**-25 * 1.5, 2.0**-24, 2.0**-14, 2.0**-14 * (1 - 2.0**-11), 65504,
+                      65519.99, 65520, 1e30, np.inf, -np.inf, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 2049, 2051, 1e-40],
+                     F32)  # fmt: skip
+    x = np.concatenate([bits.view(F32), edges, rng.standard_normal(20_000).astype(F32) * 100])
+    x = x[~np.isnan(x)]
+    got = np.frombuffer(_run(driver, "r", x.size, 0, x.tobytes()), np.uint16)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).view(np.uint16)
+    assert np.array_equal(got, want), f"{np.count_nonzero(got != want)} conversions differ"
+
+
+def test_row_rounding_matches_reference(driver: Path) -> None:
+    rng = np.random.default_rng(4)
+    n, k = 9, 136
+    x = (rng.standard_normal((n, k)) * 3).astype(F32)
+    x[1] *= 1e-30  # a tiny row: the scale clamps at 2^126
+    x[2] *= 3e4  # above fp16's range before scaling
+    x[3] = 0.0
+    x[4, :5] = [1e-20, -(2.0**-60), 7e3, -(1 + 3 * 2.0**-12), 2.0**-14]  # values far below the row's largest
+    x[5] *= 1e30
+    out = _run(driver, "s", n, k, x.tobytes())
+    h = np.frombuffer(out[: 2 * n * k], np.float16).reshape(n, k).astype(F32)
+    inv = np.frombuffer(out[2 * n * k :], F32)
+    assert np.isfinite(h).all() and (np.abs(h) < 2.0**15).all()
+    assert np.array_equal(h * inv[:, None], round_fp16_rows(x)), "kernel rounding != round_fp16_rows"
+    err = np.abs(round_fp16_rows(x).astype(np.float64) - x) / np.maximum(
+        np.abs(x).max(-1, keepdims=True), 1e-38
+    )
+    assert (err <= 2.0**-11).all()
+
+
+def test_bf16_to_f16_of_every_nvfp4_operand(driver: Path) -> None:
+    out = np.frombuffer(_run(driver, "m", 256, 0, b""), np.uint16).reshape(-1, 2, 8)
+    b, h = bf16_decode(out[:, 0]), out[:, 1].view(np.float16).astype(F32)
+    assert np.array_equal(b, h), "fp16 operand != bf16 operand"
