@@ -268,6 +268,21 @@ __global__ void __launch_bounds__(8 * DVS)
             tail[tid] = expf(gl - gi);
         }
         __syncthreads();
+#ifdef __CUDA_ARCH__
+        if (t0 + C < t_end) {  // hint the next chunk's scratch rows into the L2 while this one computes (no values)
+            constexpr int LQ = DK / 16, LW = DK >= 32 ? DK / 32 : 1, PER = LQ + LW + 3;  // 128-byte lines per row
+            const int nn = min(C, t_end - t0 - C);
+            for (int e = tid; e < nn * PER; e += NT) {
+                const int i = e / PER, l = e % PER;
+                const long long t = t0 + C + i;
+                const float* p = l < LQ             ? qk_s + (t * HK + hk) * 2 * DK + 32 * l
+                                 : l < LQ + LW      ? w_s + (t * HV + j) * DK + 32 * (l - LQ)
+                                 : l < LQ + LW + 2  ? a_s + (t * HV + j) * C + 32 * (l - LQ - LW)
+                                                    : u_s + (t * HV + j) * DV + c0;
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+            }
+        }
+#endif
         // W S and Q S over the key dim in order (rows >= n are computed from stale rows and never used)
         float ws[4][2] = {}, qs[4][2] = {};
         for (int d = 0; d < DK; d += 4) {
