@@ -6,8 +6,9 @@
 //   L = strict_lower(diag(β) K Kᵀ ⊙ D);  A = lower(Q Kᵀ ⊙ D)
 //   [U | W] = (I + L)⁻¹ [diag(β) V | diag(β) K ⊙ e^γ]          (one forward substitution per column)
 //   V' = U − W S;  O = diag(e^γ) Q S + A V';  S ← e^{γ_n} S + (diag(e^{γ_n−γ}) K)ᵀ V'
-// Pass 1 (gdn_chunk_prep): one block per (chunk of any sequence, value head) computes everything that does not
-// depend on S (normed Q, K per key head, W, U, A, γ) into a float32 scratch indexed by token row. Pass 2
+// Pass 1 (gdn_chunk_prep): one block per (chunk of any sequence, key head) computes everything that does not
+// depend on S (normed Q, K and their products once per key head; then per value head of its group: L, A, W, U, γ)
+// into a float32 scratch indexed by token row. Pass 2
 // (gdn_chunk_state): one block per (sequence, value head, GdnStateSmem::DVS value columns) walks the sequence's
 // chunks in order with its state slice on chip. Every sum runs in a fixed order over the sequence's own tokens:
 // results of a row never depend on the other sequences of the call or on the launch shape.
@@ -16,26 +17,25 @@
 constexpr int GC_CHUNK = 64;
 
 // Scratch rows (float32, indexed by the token's row t in the call; row-major within a row):
-//   qk [t][HK][2·DK]  normed q (scaled by 1/√DK) then normed k, written by the first value head of each key head
+//   qk [t][HK][2·DK]  normed q (scaled by 1/√DK) then normed k
 //   w  [t][HV][DK]    W;   a [t][HV][GC_CHUNK]  row of A (zero above the diagonal and past the chunk)
 //   u  [t][HV][DV]    U;   g [t][HV]            γ (cumsum of the gate logs within the chunk)
 
 // Pass 1 shared memory, in floats (the wrapper's prep_smem_bytes mirrors it; the kernel traps on a mismatch).
 template <int DK> struct GdnPrepSmem {
     static constexpr int KST = DK + 4;        // q, k rows (float4-aligned: the products read 4 key dims at once)
-    static constexpr int MST = GC_CHUNK + 4;  // L rows (float4-aligned for the solve's broadcast reads)
-    static constexpr int FLOATS = 2 * GC_CHUNK * KST + GC_CHUNK * MST + 3 * GC_CHUNK;
+    static constexpr int MST = GC_CHUNK + 4;  // L and product rows (float4-aligned for the solve's broadcast reads)
+    static constexpr int FLOATS = 2 * GC_CHUNK * KST + 3 * GC_CHUNK * MST + 3 * GC_CHUNK;
 };
 
-// L into shared memory, A straight to its scratch rows. Thread (ti, tj) of a 16x16 grid owns rows ti + 16r and
-// columns tj + 16c (r, c < 4); masked before exp, so the exponent is never positive.
+// The key head's products k_i·k_j and q_i·k_j (key dims in order) into KKr, QKr. Thread (ti, tj) of a 16x16 grid
+// owns rows ti + 16r and columns tj + 16c (r, c < 4) here and in gc_lower_attn: only it reads its entries back.
 template <int DK>
-__device__ __forceinline__ void gc_lower_attn(const float* Ks, const float* Qs, float* Lm, float* a_out,
-                                              long long a_ld, const float* gam, const float* beta, int n, int ti,
-                                              int tj) {
+__device__ __forceinline__ void gc_products(const float* Ks, const float* Qs, float* KKr, float* QKr, int ti,
+                                            int tj) {
     using L = GdnPrepSmem<DK>;
     float kk[4][4] = {}, qk[4][4] = {};
-    for (int d = 0; d < DK; d += 4) {  // key dims in order
+    for (int d = 0; d < DK; d += 4) {
         float4 ki[4], qi[4], kj[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -54,6 +54,23 @@ __device__ __forceinline__ void gc_lower_attn(const float* Ks, const float* Qs, 
             }
     }
 #pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            KKr[(ti + 16 * r) * L::MST + tj + 16 * c] = kk[r][c];
+            QKr[(ti + 16 * r) * L::MST + tj + 16 * c] = qk[r][c];
+        }
+}
+
+// One value head's L (into shared memory) and A (straight to its scratch rows) from the products:
+// L_ij = β_i (k_i·k_j) D_ij for j < i, A_ij = (q_i·k_j) D_ij for j ≤ i, zero elsewhere; masked before exp, so the
+// exponent is never positive. Same thread tiles as gc_products.
+template <int DK>
+__device__ __forceinline__ void gc_lower_attn(const float* KKr, const float* QKr, float* Lm, float* a_out,
+                                              long long a_ld, const float* gam, const float* beta, int n, int ti,
+                                              int tj) {
+    using L = GdnPrepSmem<DK>;
+#pragma unroll
     for (int r = 0; r < 4; ++r) {
         const int i = ti + 16 * r;
 #pragma unroll
@@ -62,8 +79,8 @@ __device__ __forceinline__ void gc_lower_attn(const float* Ks, const float* Qs, 
             float l = 0.f, at = 0.f;
             if (i < n && jj <= i) {
                 const float dec = expf(gam[i] - gam[jj]);
-                at = qk[r][c] * dec;
-                if (jj < i) l = beta[i] * kk[r][c] * dec;
+                at = QKr[i * L::MST + jj] * dec;
+                if (jj < i) l = beta[i] * KKr[i * L::MST + jj] * dec;
             }
             Lm[i * L::MST + jj] = l;
             if (i < n) a_out[i * a_ld + jj] = at;
@@ -122,26 +139,20 @@ __global__ void __launch_bounds__(256)
         x -= nc;
     }
     if (t0 < 0) return;
-    float *Ks = smem, *Qs = Ks + C * KST, *Lm = Qs + C * KST, *gam = Lm + C * L::MST, *beta = gam + C;
-    float* eg = beta + C;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int j = blockIdx.y, ratio = HV / HK, hk = j / ratio;
-    const float negA = -expf(A_log[j]), dtb = dt_bias[j], qscale = 1.f / sqrtf((float)DK);
+    float *Ks = smem, *Qs = Ks + C * KST, *Lm = Qs + C * KST, *KKr = Lm + C * L::MST, *QKr = KKr + C * L::MST;
+    float *gam = QKr + C * L::MST, *beta = gam + C, *eg = beta + C;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, ti = tid >> 4, tj = tid & 15;
+    const int hk = blockIdx.y, ratio = HV / HK;
+    const float qscale = 1.f / sqrtf((float)DK);
     const long long qoff = (long long)hk * DK, koff = (long long)HK * DK + hk * DK;
-    const long long voff = 2LL * HK * DK + (long long)j * DV;
     for (int e = tid; e < n * DK; e += NT) {
         const int i = e / DK, d = e % DK;
         const T* row = qkv + (long long)(t0 + i) * ldqkv;
         Qs[i * KST + d] = to_f(row[qoff + d]);
         Ks[i * KST + d] = to_f(row[koff + d]);
     }
-    if (tid < n) {
-        const long long t = t0 + tid;
-        beta[tid] = sigmoidf_(to_f(bb[t * ldb + j]));
-        gam[tid] = negA * softplus_(to_f(a[t * lda + j]) + dtb);  // g_t = log of gdn_recurrent's decay
-    }
     __syncthreads();
-    // l2norm (the recurrence's lane order and scales), one warp per row; γ = cumsum(g) in token order
+    // l2norm (the recurrence's lane order and scales), one warp per row
     for (int i = warp; i < n; i += NT / 32) {
         float qq = 0.f, kk = 0.f;
 #pragma unroll
@@ -161,43 +172,53 @@ __global__ void __launch_bounds__(256)
             }
         }
     }
-    if (tid == NT - 1) {
-        float acc = 0.f;
-        for (int i = 0; i < n; ++i) gam[i] = acc += gam[i];
-    }
     __syncthreads();
-    if (tid < n) {
-        eg[tid] = expf(gam[tid]);
-        g_s[(long long)(t0 + tid) * HV + j] = gam[tid];
+    for (int e = tid; e < n * DK; e += NT) {  // the key head's normed rows for the state pass
+        const int i = e / DK, d = e % DK;
+        float* row = qk_s + ((long long)(t0 + i) * HK + hk) * 2 * DK;
+        row[d] = Qs[i * KST + d];
+        row[DK + d] = Ks[i * KST + d];
     }
-    if (j % ratio == 0)  // the key head's normed rows, once per key head
-        for (int e = tid; e < n * DK; e += NT) {
-            const int i = e / DK, d = e % DK;
-            float* row = qk_s + ((long long)(t0 + i) * HK + hk) * 2 * DK;
-            row[d] = Qs[i * KST + d];
-            row[DK + d] = Ks[i * KST + d];
+    gc_products<DK>(Ks, Qs, KKr, QKr, ti, tj);  // once for the key head's value heads
+    for (int j = hk * ratio; j < (hk + 1) * ratio; ++j) {
+        __syncthreads();  // the previous value head's solve is done with L and the gates
+        if (tid < n) {
+            const long long t = t0 + tid;
+            beta[tid] = sigmoidf_(to_f(bb[t * ldb + j]));
+            gam[tid] = -expf(A_log[j]) * softplus_(to_f(a[t * lda + j]) + dt_bias[j]);  // gdn_recurrent's log-decay
         }
-    gc_lower_attn<DK>(Ks, Qs, Lm, a_s + ((long long)t0 * HV + j) * C, (long long)HV * C, gam, beta, n, tid >> 4,
-                      tid & 15);
-    __syncthreads();
-    // [U | W] column by column: column col < DV is U's (right-hand side β v), the others W's ((β k) e^γ)
-    for (int col = tid; col < DV + DK; col += NT) {
-        const bool isv = col < DV;
-        float xr[C];
-#pragma unroll
-        for (int i = 0; i < C; ++i) {
-            xr[i] = 0.f;
-            if (i < n)
-                xr[i] = isv ? to_f(qkv[(long long)(t0 + i) * ldqkv + voff + col]) * beta[i]
-                            : Ks[i * KST + col - DV] * beta[i] * eg[i];
+        __syncthreads();
+        if (tid == NT - 1) {  // γ = cumsum(g) in token order
+            float acc = 0.f;
+            for (int i = 0; i < n; ++i) gam[i] = acc += gam[i];
         }
-        gc_solve<DK>(Lm, xr, n);
-        float* dst = isv ? u_s + (long long)t0 * HV * DV + (long long)j * DV + col
-                         : w_s + (long long)t0 * HV * DK + (long long)j * DK + col - DV;
-        const long long ld = (long long)HV * (isv ? DV : DK);
+        __syncthreads();
+        if (tid < n) {
+            eg[tid] = expf(gam[tid]);
+            g_s[(long long)(t0 + tid) * HV + j] = gam[tid];
+        }
+        gc_lower_attn<DK>(KKr, QKr, Lm, a_s + ((long long)t0 * HV + j) * C, (long long)HV * C, gam, beta, n, ti, tj);
+        __syncthreads();
+        // [U | W] column by column: column col < DV is U's (right-hand side β v), the others W's ((β k) e^γ)
+        const long long voff = 2LL * HK * DK + (long long)j * DV;
+        for (int col = tid; col < DV + DK; col += NT) {
+            const bool isv = col < DV;
+            float xr[C];
 #pragma unroll
-        for (int i = 0; i < C; ++i)
-            if (i < n) dst[i * ld] = xr[i];
+            for (int i = 0; i < C; ++i) {
+                xr[i] = 0.f;
+                if (i < n)
+                    xr[i] = isv ? to_f(qkv[(long long)(t0 + i) * ldqkv + voff + col]) * beta[i]
+                                : Ks[i * KST + col - DV] * beta[i] * eg[i];
+            }
+            gc_solve<DK>(Lm, xr, n);
+            float* dst = isv ? u_s + (long long)t0 * HV * DV + (long long)j * DV + col
+                             : w_s + (long long)t0 * HV * DK + (long long)j * DK + col - DV;
+            const long long ld = (long long)HV * (isv ? DV : DK);
+#pragma unroll
+            for (int i = 0; i < C; ++i)
+                if (i < n) dst[i * ld] = xr[i];
+        }
     }
 }
 

@@ -256,7 +256,7 @@ def chunk_slice(dv: int) -> int:
 def prep_smem_bytes(dk: int) -> int:
     """Dynamic shared memory of ``gdn_chunk_prep<., dk>``: mirrors ``GdnPrepSmem::FLOATS`` in gdn_chunk.cu (the
     kernel traps when it gets less; tests/test_gdn_chunked_host.py runs it with this size)."""
-    return 4 * (2 * CHUNK * (dk + 4) + CHUNK * (CHUNK + 4) + 3 * CHUNK)
+    return 4 * (2 * CHUNK * (dk + 4) + 3 * CHUNK * (CHUNK + 4) + 3 * CHUNK)
 
 
 def state_smem_bytes(dk: int, cols: int) -> int:
@@ -311,7 +311,7 @@ def gdn_chunked(
     counted from its first row in this call, so results depend (at fp32 noise) on how a prompt is split.
 
     Two launches over a scratch of ``chunk_scratch_bytes`` (allocated per call from CuPy's pool):
-    ``gdn_chunk_prep``, one block per (chunk, value head), and ``gdn_chunk_state``, one block per (sequence,
+    ``gdn_chunk_prep``, one block per (chunk, key head), and ``gdn_chunk_state``, one block per (sequence,
     value head, ``cols`` = 16 or 32 value columns, by default ``state_cols``) walking the chunks in order.
     ``variant="serial"``: the older one-pass kernel (one block per sequence slice does all of each chunk's work;
     benchmarks only)."""
@@ -336,7 +336,7 @@ def gdn_chunked(
     offs = np.cumsum((0, *parts))
     qk_s, w_s, a_s, u_s, g_s = (buf[offs[i] : offs[i + 1]] for i in range(5))
     prep = kernel("gdn_chunk.cu", SOURCES["gdn_chunk.cu"], f"gdn_chunk_prep<{t}, {dk}>")
-    _launch_smem(prep, (rows // CHUNK + nseq, hv), 256, prep_smem_bytes(dk),
+    _launch_smem(prep, (rows // CHUNK + nseq, n_k_heads), 256, prep_smem_bytes(dk),
                  (qkv, a, b, a_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, np.int32(nseq), hk_, hv_, dv_,
                   ldq, lda, ldb))  # fmt: skip
     st = kernel("gdn_chunk.cu", SOURCES["gdn_chunk.cu"], f"gdn_chunk_state<{t}, {k['st']}, {dk}, {cols}>")

@@ -17,7 +17,7 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
     const float nan = __uint_as_float(0x7fc00000u);
     std::vector<float> qk((size_t)T_ * HK * 2 * DK, nan), w((size_t)T_ * HV * DK, nan);
     std::vector<float> am((size_t)T_ * HV * GC_CHUNK, nan), u((size_t)T_ * HV * DV, nan), g((size_t)T_ * HV, nan);
-    emu_launch({(unsigned)(T_ / GC_CHUNK + nseq), (unsigned)HV, 1}, 256, prep_smem, [&] {
+    emu_launch({(unsigned)(T_ / GC_CHUNK + nseq), (unsigned)HK, 1}, 256, prep_smem, [&] {
         gdn_chunk_prep<T, DK>(qkv.data(), a.data(), b.data(), alog.data(), dtb.data(), qk.data(), w.data(),
                               am.data(), u.data(), g.data(), starts.data(), nseq, HK, HV, DV, width, HV, HV);
     });
