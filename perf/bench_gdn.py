@@ -68,11 +68,14 @@ def bench_gdn(
         fig[f"{name}_ms"] = 1e3 * event_seconds(
             lambda fn=fn, kw=kw, state=state, o=o: fn(qkv, a, b, a_log, dt_bias, state, starts, slots,
                                                       n_k_heads=hk, out=o, **kw), reps)  # fmt: skip
+    for name in ("cols16", "cols32"):  # the two launches of one call, each between its own events
+        split = _split_ms(lambda c=int(name[4:]): gdn_chunked(qkv, a, b, a_log, dt_bias, state, starts, slots,
+                                                             n_k_heads=hk, out=o, cols=c))  # fmt: skip
+        fig[f"{name}_prep_ms"], fig[f"{name}_state_ms"] = split
     auto = state_cols(len(lens), hv, d, _sm_count(cupy.cuda.Device().id))
     fig["auto_cols"], fig["two_pass_ms"] = auto, fig[f"cols{auto}_ms"]
-    if (
-        act == "float"
-    ):  # 16 or 32 columns per state-pass block: the same bits; against the one-pass kernel: noise
+    # 16 or 32 columns per state-pass block: the same bits; against the one-pass kernel: fp32 noise
+    if act == "float":
         ref = outs["serial"]
         fig["cols_bitwise_equal"] = bool(np.array_equal(outs["cols16"], outs["cols32"]))
         fig["two_pass_vs_serial"] = float(
@@ -80,6 +83,35 @@ def bench_gdn(
         )
     fig["speedup"] = fig["serial_ms"] / fig["two_pass_ms"]
     return fig
+
+
+def _split_ms(call: Any) -> tuple[float, float]:
+    """Milliseconds of gdn_chunk_prep and gdn_chunk_state in one ``call()`` (median of 3): ``_launch_smem`` wrapped
+    with CUDA events."""
+    import statistics
+
+    import cupy
+
+    import ninfer.cuda.gdn as gdn
+
+    orig, times = gdn._launch_smem, []
+
+    def timed(*args: Any) -> None:
+        s, e = cupy.cuda.Event(), cupy.cuda.Event()
+        s.record()
+        orig(*args)
+        e.record()
+        times.append((s, e))
+
+    gdn._launch_smem = timed
+    try:
+        for _ in range(3):
+            call()
+    finally:
+        gdn._launch_smem = orig
+    cupy.cuda.Device().synchronize()
+    ms = [cupy.cuda.get_elapsed_time(s, e) for s, e in times]
+    return statistics.median(ms[0::2]), statistics.median(ms[1::2])
 
 
 def main(
@@ -96,7 +128,8 @@ def main(
                    if "two_pass_vs_serial" in r else "")  # fmt: skip
             print(f"gdn_chunked {model} hk={r['hk']} hv={r['hv']} {batch:7s} act={act} state={state}: two_pass "
                   f"{r['two_pass_ms']:7.3f} ms (cols16 {r['cols16_ms']:7.3f}, cols32 {r['cols32_ms']:7.3f}, auto "
-                  f"{r['auto_cols']})  serial {r['serial_ms']:7.3f} ms  (x{r['speedup']:.2f}){rec}{err}  "
+                  f"{r['auto_cols']}; prep {r['cols16_prep_ms']:.3f} + state {r['cols16_state_ms']:.3f} / "
+                  f"{r['cols32_state_ms']:.3f})  serial {r['serial_ms']:7.3f} ms  (x{r['speedup']:.2f}){rec}{err}  "
                   f"scratch {r['scratch_mb']:.0f} MB", flush=True)  # fmt: skip
     if out:
         path = Path(out)
