@@ -317,20 +317,20 @@ def gdn_chunked(
     benchmarks only)."""
     import cupy
 
+    if variant not in ("two_pass", "serial"):
+        raise KernelError(f"variant: 'two_pass' or 'serial', got {variant!r}")
+    if cols not in (None, *STATE_COLS):
+        raise KernelError(f"cols: one of {STATE_COLS}, got {cols}")
     out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)
     if not k["nseq"]:
         return out
     if variant == "serial":
         _serial(k, (qkv, a, b, a_log, dt_bias, state, out, starts, slots, *scalars))
         return out
-    if variant != "two_pass":
-        raise KernelError(f"variant: 'two_pass' or 'serial', got {variant!r}")
     hk_, hv_, dv_, ldq, lda, ldb, ldo = scalars  # the kernels' int32 / int64 arguments
     rows, hv, dv = qkv.shape[0], k["hv"], k["dv"]
     dk, t, nseq = k["dk"], k["t"], k["nseq"]
     cols = cols or state_cols(nseq, hv, dv, _sm_count(cupy.cuda.Device().id))
-    if cols not in STATE_COLS:
-        raise KernelError(f"cols: one of {STATE_COLS}, got {cols}")
     parts = _scratch_parts(rows, n_k_heads, hv, dk, dv)
     buf = cupy.empty(max(sum(parts), 1), dtype=np.float32)
     offs = np.cumsum((0, *parts))
