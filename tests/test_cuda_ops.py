@@ -601,9 +601,11 @@ GDN_CHUNKED_CASES = (
 
 @pytest.mark.parametrize("t", ["float", "bf16"])
 @pytest.mark.parametrize("st", ["float", "bf16"])
-def test_gdn_chunked(cp: Any, report: list, t: str, st: str) -> None:
-    """Chunked kernel against the NumPy token-by-token recurrence (outputs and carried state), then one decode
-    step of the exact recurrent kernel from the chunked state."""
+@pytest.mark.parametrize("cols", [None, 32])
+def test_gdn_chunked(cp: Any, report: list, t: str, st: str, cols: int | None) -> None:
+    """Chunked kernels against the NumPy token-by-token recurrence (outputs and carried state), then one decode
+    step of the exact recurrent kernel from the chunked state. ``cols``: the state pass's value columns per block
+    (None: the wrapper's choice, 16 at these sizes)."""
     from ninfer.cuda.gdn import gdn_chunked, gdn_recurrent
 
     rng = np.random.default_rng(11)
@@ -618,7 +620,7 @@ def test_gdn_chunked(cp: Any, report: list, t: str, st: str) -> None:
         out = _poison(cp, (n, hv * dv), t)
         dev = [_dev(cp, x, t) for x in (qkv, a, b)]
         gdn_chunked(dev[0][:n], dev[1][:n], dev[2][:n], cp.asarray(c["a_log"]), cp.asarray(c["dt_bias"]),
-                    state_d, starts, slots, n_k_heads=hk, out=out)  # fmt: skip
+                    state_d, starts, slots, n_k_heads=hk, out=out, cols=cols)  # fmt: skip
         got, got_state, slot_of = _host(cp, out), _host(cp, state_d), cp.asnumpy(slots)
         # decode: row n + s is sequence s's next token, run by the exact kernel from the chunked state
         dstarts = cp.arange(len(lens) + 1, dtype=np.int32)
@@ -629,13 +631,47 @@ def test_gdn_chunked(cp: Any, report: list, t: str, st: str) -> None:
         for s in range(len(lens)):
             rows = list(range(sts[s], sts[s + 1])) + [n + s]
             o, new = _gdn_ref(qkv[rows], a[rows], b[rows], c, state[slot_of[s]], hk, dk)
-            name = f"gdn_chunked {t} state={st} hk={hk} hv={hv} dk={dk} dv={dv} T={lens[s]}"
+            name = f"gdn_chunked {t} state={st} cols={cols} hk={hk} hv={hv} dk={dk} dv={dv} T={lens[s]}"
             _close(report, name, got[sts[s] : sts[s + 1]], o[:-1], 1e-4 if t == "float" else TOL[t])
             stol = 1e-4 if st == "float" else TOL["bf16"]
             _, mid = _gdn_ref(qkv[rows[:-1]], a[rows[:-1]], b[rows[:-1]], c, state[slot_of[s]], hk, dk)
             _close(report, name + " state", got_state[slot_of[s]], mid, stol)
             dtol = 1e-4 if t == "float" and st == "float" else TOL["bf16"]
             _close(report, name + " decode", dgot[s : s + 1], o[-1:], dtol)
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_gdn_chunked_real_heads(cp: Any, report: list, t: str) -> None:
+    """The two-pass chunked kernels at a real head shape (dk = dv = 128, 16 key heads, 32 value heads) on one
+    2100-token sequence (33 chunks, a ragged tail) and two short ones, against the NumPy recurrence; then batch
+    invariance: the long sequence alone gives the same bits as inside the batch (on the H200 the wrapper's state
+    pass takes 16 value columns per block alone and 32 in the batch: that too must not change a bit)."""
+    from ninfer.cuda.gdn import gdn_chunked
+
+    rng = np.random.default_rng(21)
+    hk, hv, dk, dv, lens = 16, 32, 128, 128, [2100, 37, 1]
+    n, width = sum(lens), 2 * hk * dk + hv * dv
+    qkv, a, b = _inputs(rng, (n, width), t), _inputs(rng, (n, hv), t), _inputs(rng, (n, hv), t)
+    c = _gdn_case(rng, "float", hv, dk, dv, len(lens))
+    starts, slots, sts = _packed(cp, lens)
+    dev = [_dev(cp, x, t) for x in (qkv, a, b)]
+    gates = (cp.asarray(c["a_log"]), cp.asarray(c["dt_bias"]))
+    state_d, out = cp.asarray(c["state"]), _poison(cp, (n, hv * dv), t)
+    gdn_chunked(*dev, *gates, state_d, starts, slots, n_k_heads=hk, out=out)
+    got, got_state, slot_of = _host(cp, out), _host(cp, state_d), cp.asnumpy(slots)
+    for s in range(len(lens)):
+        z = slice(sts[s], sts[s + 1])
+        o, new = _gdn_ref(qkv[z], a[z], b[z], c, c["state"][slot_of[s]], hk, dk)
+        name = f"gdn_chunked real heads {t} hk={hk} hv={hv} d={dk} T={lens[s]}"
+        _close(report, name, got[z], o, 1e-4 if t == "float" else TOL[t])
+        _close(report, name + " state", got_state[slot_of[s]], new, 1e-4)
+    # the long sequence alone (slot 0 of a fresh state copy): bitwise the batch's rows and state
+    one = cp.asarray(c["state"][slot_of[0]][None])
+    out1 = _poison(cp, (lens[0], hv * dv), t)
+    gdn_chunked(*(x[: lens[0]] for x in dev), *gates, one, cp.asarray(np.array([0, lens[0]], np.int32)),
+                cp.zeros(1, np.int32), n_k_heads=hk, out=out1)  # fmt: skip
+    assert np.array_equal(_host(cp, out1), got[: lens[0]]), "batch invariance: outputs differ"
+    assert np.array_equal(_host(cp, one)[0], got_state[slot_of[0]]), "batch invariance: states differ"
 
 
 # ---- attention -----------------------------------------------------------------------------------------------

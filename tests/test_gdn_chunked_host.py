@@ -1,9 +1,11 @@
-"""CPU check of the ``gdn_chunked`` CUDA kernel itself: cuda_src/gdn.cu compiled by g++ under a prelude that
-emulates the CUDA built-ins it uses with std::thread (tests/host/gdn_emu.cpp: one thread per CUDA thread, block
-and warp barriers, NaN-filled shared memory, NaN-poisoned output), run on fresh random inputs and compared with
-the NumPy token-by-token recurrence. This checks the kernel's index arithmetic, barriers, ragged chunks, column
-slices and the wrapper's shared-memory size (the kernel traps on too little) without a GPU; the GPU tests in
-test_cuda_ops.py check the same kernel on the device.
+"""CPU check of the ``gdn_chunked`` CUDA kernels themselves: cuda_src/gdn_chunk.cu (the chunk-parallel pass
+``gdn_chunk_prep`` and the sequential state pass ``gdn_chunk_state`` over a NaN-filled scratch) compiled by g++
+under a prelude that emulates the CUDA built-ins it uses with std::thread (tests/host/gdn_emu.cpp: one thread per
+CUDA thread, block and warp barriers, NaN-filled shared memory, NaN-poisoned output), run on fresh random inputs
+and compared with the NumPy token-by-token recurrence. This checks the kernels' index arithmetic, barriers, ragged
+chunks, the chunk-to-block map over several sequences, column slices (16 and 32 columns per state-pass block: the
+same bits) and the wrapper's shared-memory sizes (the kernels trap on too little) without a GPU; the GPU tests in
+test_cuda_ops.py check the same kernels on the device.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 from host_emu import build_emulator, rel_error, words
 
-from ninfer.cuda.gdn import chunk_slice, chunk_smem_bytes
+from ninfer.cuda.gdn import prep_smem_bytes, state_smem_bytes
 from ninfer.formats import bf16_decode, bf16_round
 from ninfer.reference import ops
 
@@ -25,7 +27,7 @@ F32 = np.float32
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_emulator(
-        tmp_path_factory, "gdn_emu", ["gdn_emu.cpp", "gdn.cu", "emu_io.cpp", "gdn_emu_driver.cpp"]
+        tmp_path_factory, "gdn_emu", ["gdn_emu.cpp", "gdn_chunk.cu", "emu_io.cpp", "gdn_emu_driver.cpp"]
     )
 
 
@@ -34,7 +36,8 @@ CASES = (  # hk, hv, dk, dv, lens, bf16 activations, bf16 state
     (1, 2, 64, 96, [130, 0, 3], False, True),
     (1, 3, 64, 64, [200], True, True),
     (2, 4, 128, 128, [70, 2], True, False),
-    (1, 2, 16, 16, [66, 9], False, False),  # the tiny test model's heads: dv below the 32-column slice
+    (1, 2, 16, 16, [66, 9], False, False),  # the tiny test model's heads
+    (2, 4, 32, 40, [260, 0, 1, 129], False, False),  # > 3 chunks, several sequences, dv not a multiple of 16
 )
 
 
@@ -55,8 +58,8 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
              "state": words(state, sb), "starts": starts, "slots": slots}  # fmt: skip
     for name, arr in files.items():
         arr.tofile(tmp_path / f"{name}.bin")
-    dvs = chunk_slice(dv)
-    args = [n, hk, hv, dk, dv, nseq, nseq + 1, int(tb), int(sb), dvs, chunk_smem_bytes(dk, dvs)]
+    smem = [prep_smem_bytes(dk), state_smem_bytes(dk, 16), state_smem_bytes(dk, 32)]
+    args = [n, hk, hv, dk, dv, nseq, nseq + 1, int(tb), int(sb), *smem]
     proc = subprocess.run(
         [str(emu), str(tmp_path), *map(str, args)], capture_output=True, text=True, timeout=600
     )
@@ -65,6 +68,11 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
     s_raw = np.fromfile(tmp_path / "state_out.bin", dtype=np.uint16 if sb else F32).reshape(state.shape)
     got_o = bf16_decode(o_raw) if tb else o_raw
     got_s = bf16_decode(s_raw) if sb else s_raw
+    # 32 value columns per state-pass block: the same bits as 16
+    assert np.array_equal(np.fromfile(tmp_path / "o32.bin", dtype=o_raw.dtype).reshape(o_raw.shape), o_raw)
+    assert np.array_equal(
+        np.fromfile(tmp_path / "state32.bin", dtype=s_raw.dtype).reshape(s_raw.shape), s_raw
+    )
     np.testing.assert_array_equal(got_s[0], state[0])
     otol, stol = (1.2e-2 if tb else 1e-4), (1.2e-2 if sb else 1e-4)
     for s in range(nseq):

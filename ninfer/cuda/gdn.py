@@ -5,11 +5,13 @@ recurrence with fused l2norm and gates, over packed sequences (``starts[b]..star
 ``gdn_recurrent`` is the exact token-by-token recurrence; ``gdn_decode`` is the same recurrence fused with the
 causal conv and the gated RMSNorm (one launch instead of three: the last arriving blocks run the epilogue; bitwise
 equal to ``causal_conv`` -> ``gdn_recurrent`` -> ``gated_rmsnorm``): the model's decode and exact-prefill path,
-where a token's result must not depend on chunking. ``gdn_chunked`` is the chunked form (chunks of 64 tokens per sequence), equal to the recurrence
-within fp32 noise and much faster on long prompts."""
+where a token's result must not depend on chunking. ``gdn_chunked`` is the chunked form (chunks of 64 tokens per
+sequence), equal to the recurrence within fp32 noise and much faster on long prompts: two passes (cuda_src/
+gdn_chunk.cu), the chunk-parallel intra-chunk work into a float32 scratch, then a short sequential state pass."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,10 @@ __all__ = [
     "gdn_chunked",
     "chunk_slice",
     "chunk_smem_bytes",
+    "chunk_scratch_bytes",
+    "prep_smem_bytes",
+    "state_smem_bytes",
+    "state_cols",
     "SOURCES",
     "HEAD_DIMS",
 ]
@@ -33,18 +39,27 @@ __all__ = [
 _T = ("float", "bf16")
 _S = ("float", "bf16")
 HEAD_DIMS = (16, 32, 64, 128)  # key head dims with a compiled instance
-CHUNK = 64  # GDN_CHUNK in gdn.cu
+CHUNK = 64  # GDN_CHUNK in gdn.cu, GC_CHUNK in gdn_chunk.cu
 CONV_TILE = 64  # CONV_TILE in gdn.cu: packed rows per causal_conv thread
-_SLICES = (32, 64)  # value columns per block of gdn_chunked (DVS)
+_SLICES = (32, 64)  # value columns per block of the serial variant gdn_chunked in gdn.cu (DVS)
+STATE_COLS = (16, 32)  # value columns per block of gdn_chunk_state (its DVS; the same bits for either)
 STEP_COLS = 32  # value columns per block of gdn_step (GdnStep::CT)
 SOURCES: dict[str, tuple[str, ...]] = {
-    "gdn.cu": tuple(f"causal_conv<{t}, 4>" for t in _T)
-    + tuple(f"gdn_chunked<{t}, {s}, {d}, {v}>" for t in _T for s in _S for d in HEAD_DIMS for v in _SLICES),
+    "gdn.cu": tuple(f"causal_conv<{t}, 4>" for t in _T),
+    "gdn_chunk.cu": tuple(f"gdn_chunk_prep<{t}, {d}>" for t in _T for d in HEAD_DIMS)
+    + tuple(
+        f"gdn_chunk_state<{t}, {s}, {d}, {c}>" for t in _T for s in _S for d in HEAD_DIMS for c in STATE_COLS
+    ),
     "gdn_step.cu": tuple(
         f"gdn_step<{t}, {s}, {d}, {c}>" for t in _T for s in _S for d in HEAD_DIMS for c in ("false", "true")
     )
     + tuple(f"gdn_step_post<{t}>" for t in _T),
 }
+# the one-pass kernel gdn_chunked in gdn.cu (one block per sequence slice walks all chunks): a benchmark variant
+# only (gdn_chunked(variant="serial")), compiled on first use, not at warm-up
+SERIAL_SOURCES = tuple(
+    f"gdn_chunked<{t}, {s}, {d}, {v}>" for t in _T for s in _S for d in HEAD_DIMS for v in _SLICES
+)
 
 
 def _seqs(starts: Any, slots: Any, rows: int, n_slots: int) -> int:
@@ -227,15 +242,53 @@ def gdn_decode(
 
 
 def chunk_smem_bytes(dk: int, dvs: int) -> int:
-    """Dynamic shared memory of ``gdn_chunked<., ., dk, dvs>``: mirrors ``GdnChunkSmem::FLOATS`` in gdn.cu (the
-    kernel traps when it gets less; tests/test_gdn_chunked_host.py runs it with this size)."""
+    """Dynamic shared memory of the serial variant ``gdn_chunked<., ., dk, dvs>`` (gdn.cu): mirrors
+    ``GdnChunkSmem::FLOATS`` there (the kernel traps when it gets less)."""
     kst, sst, vst, mst = dk + 1, dvs + 16, dvs + dvs // 8, CHUNK + 1
     return 4 * (2 * CHUNK * kst + dk * sst + CHUNK * vst + 2 * CHUNK * mst + 4 * CHUNK)
 
 
 def chunk_slice(dv: int) -> int:
-    """Value columns per block (DVS): 64 (fewer key-side recomputations) unless the head has at most 32."""
+    """Value columns per block of the serial variant (DVS): 64 unless the head has at most 32."""
     return 32 if dv <= 32 else 64
+
+
+def prep_smem_bytes(dk: int) -> int:
+    """Dynamic shared memory of ``gdn_chunk_prep<., dk>``: mirrors ``GdnPrepSmem::FLOATS`` in gdn_chunk.cu (the
+    kernel traps when it gets less; tests/test_gdn_chunked_host.py runs it with this size)."""
+    return 4 * (2 * CHUNK * (dk + 4) + 3 * CHUNK * (CHUNK + 4) + 3 * CHUNK)
+
+
+def state_smem_bytes(dk: int, cols: int) -> int:
+    """Dynamic shared memory of ``gdn_chunk_state<., ., dk, cols>``: mirrors ``GdnStateSmem::FLOATS`` in
+    gdn_chunk.cu."""
+    sst = vst = 24 if cols == 16 else 48
+    return 4 * (dk * sst + 2 * CHUNK * (dk + 4) + CHUNK * (CHUNK + 4) + CHUNK * vst + 2 * CHUNK)
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+
+
+def state_cols(nseq: int, hv: int, dv: int, sms: int) -> int:
+    """Value columns per state-pass block: 32 (half the scratch reads per column) when that still gives at least
+    two blocks per SM, else 16 (one long sequence of 32-48 heads fills the GPU). Results do not depend on it."""
+    return 32 if nseq * hv * -(-dv // 32) >= 2 * sms else 16
+
+
+def _scratch_parts(rows: int, hk: int, hv: int, dk: int, dv: int) -> tuple[int, ...]:
+    """Floats of the scratch sections in order (qk, w, a, u, g; gdn_chunk.cu's layout): every section but the
+    last two starts 16-byte aligned (the state pass reads qk and w rows as float4)."""
+    return (rows * hk * 2 * dk, rows * hv * dk, rows * hv * CHUNK, rows * hv * dv, rows * hv)
+
+
+def chunk_scratch_bytes(rows: int, hk: int, hv: int, dk: int, dv: int) -> int:
+    """Device scratch of one ``gdn_chunked`` call over ``rows`` tokens (float32, freed back to CuPy's pool after
+    the call): 4·rows·(2·hk·dk + hv·(dk + 64 + dv + 1)) bytes, ~640 MB for 8192 rows of the 27B's heads."""
+    return 4 * sum(_scratch_parts(rows, hk, hv, dk, dv))
 
 
 def gdn_chunked(
@@ -250,21 +303,56 @@ def gdn_chunked(
     *,
     n_k_heads: int,
     out: Any = None,
+    variant: str = "two_pass",
+    cols: int | None = None,
 ) -> Any:
     """``gdn_recurrent`` in the chunked form (docs/model-math.md §4.6, reference ``ops.gdn_chunked``): same
     arguments, checks, result and state update within fp32 noise. Each sequence runs in chunks of 64 tokens
-    counted from its first row in this call, so results depend (at fp32 noise) on how a prompt is split."""
+    counted from its first row in this call, so results depend (at fp32 noise) on how a prompt is split.
+
+    Two launches over a scratch of ``chunk_scratch_bytes`` (allocated per call from CuPy's pool):
+    ``gdn_chunk_prep``, one block per (chunk, key head), and ``gdn_chunk_state``, one block per (sequence,
+    value head, ``cols`` = 16 or 32 value columns, by default ``state_cols``) walking the chunks in order.
+    ``variant="serial"``: the older one-pass kernel (one block per sequence slice does all of each chunk's work;
+    benchmarks only)."""
+    import cupy
+
+    if variant not in ("two_pass", "serial"):
+        raise KernelError(f"variant: 'two_pass' or 'serial', got {variant!r}")
+    if cols not in (None, *STATE_COLS):
+        raise KernelError(f"cols: one of {STATE_COLS}, got {cols}")
     out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)
-    if k["nseq"]:
-        dvs = chunk_slice(k["dv"])
-        smem = chunk_smem_bytes(k["dk"], dvs)
-        fn = kernel("gdn.cu", SOURCES["gdn.cu"], f"gdn_chunked<{k['t']}, {k['st']}, {k['dk']}, {dvs}>")
-        if fn.max_dynamic_shared_size_bytes < smem:
-            fn.max_dynamic_shared_size_bytes = smem
-        fn(
-            (k["nseq"], k["hv"], -(-k["dv"] // dvs)),
-            (256,),
-            (qkv, a, b, a_log, dt_bias, state, out, starts, slots, *scalars),
-            shared_mem=smem,
-        )
+    if not k["nseq"]:
+        return out
+    if variant == "serial":
+        _serial(k, (qkv, a, b, a_log, dt_bias, state, out, starts, slots, *scalars))
+        return out
+    hk_, hv_, dv_, ldq, lda, ldb, ldo = scalars  # the kernels' int32 / int64 arguments
+    rows, hv, dv = qkv.shape[0], k["hv"], k["dv"]
+    dk, t, nseq = k["dk"], k["t"], k["nseq"]
+    cols = cols or state_cols(nseq, hv, dv, _sm_count(cupy.cuda.Device().id))
+    parts = _scratch_parts(rows, n_k_heads, hv, dk, dv)
+    buf = cupy.empty(max(sum(parts), 1), dtype=np.float32)
+    offs = np.cumsum((0, *parts))
+    qk_s, w_s, a_s, u_s, g_s = (buf[offs[i] : offs[i + 1]] for i in range(5))
+    prep = kernel("gdn_chunk.cu", SOURCES["gdn_chunk.cu"], f"gdn_chunk_prep<{t}, {dk}>")
+    _launch_smem(prep, (rows // CHUNK + nseq, n_k_heads), 256, prep_smem_bytes(dk),
+                 (qkv, a, b, a_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, np.int32(nseq), hk_, hv_, dv_,
+                  ldq, lda, ldb))  # fmt: skip
+    st = kernel("gdn_chunk.cu", SOURCES["gdn_chunk.cu"], f"gdn_chunk_state<{t}, {k['st']}, {dk}, {cols}>")
+    _launch_smem(st, (nseq, hv, -(-dv // cols)), 8 * cols, state_smem_bytes(dk, cols),
+                 (qk_s, w_s, a_s, u_s, g_s, state, out, starts, slots, hk_, hv_, dv_, ldo))  # fmt: skip
     return out
+
+
+def _launch_smem(fn: Any, grid: tuple[int, ...], threads: int, smem: int, args: tuple[Any, ...]) -> None:
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    fn(grid, (threads,), args, shared_mem=smem)
+
+
+def _serial(k: dict[str, Any], args: tuple[Any, ...]) -> None:
+    """The one-pass variant (gdn.cu's gdn_chunked): one block of 256 threads per (sequence, value head, slice)."""
+    dvs = chunk_slice(k["dv"])
+    fn = kernel("gdn.cu", SERIAL_SOURCES, f"gdn_chunked<{k['t']}, {k['st']}, {k['dk']}, {dvs}>")
+    _launch_smem(fn, (k["nseq"], k["hv"], -(-k["dv"] // dvs)), 256, chunk_smem_bytes(k["dk"], dvs), args)

@@ -3,8 +3,8 @@
 Parts: weights (as uploaded), the KV page pool (every full-attention layer, K and V, plus one scratch page; fp8
 pages also hold one float32 scale per token and KV head),
 GDN state slots for the lanes and for checkpoints (plus one scratch slot), the prefill workspace (temporaries of
-one ``prefill_chunk`` forward, the largest layer alive at once, an estimate, the prefill GEMM's pair-mode scratch and
-the MoE expert lanes' split partials,
+one ``prefill_chunk`` forward, the largest layer alive at once, an estimate, the prefill GEMM's pair-mode scratch,
+the chunked GDN rule's scratch and the MoE expert lanes' split partials,
 plus the device sampler's
 per-lane vocabulary buffers, and the host tier's staging pages when it has one), and the CUDA-graph pools (one decode
 step's temporaries per lane count, an estimate; the runner reports the measured size after capture).
@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 from ninfer.config import ModelConfig
 from ninfer.cuda.attention import rows_per_launch, split_plan, workspace_bytes
+from ninfer.cuda.gdn import chunk_scratch_bytes
 from ninfer.cuda.gemm_pair import pair_scratch_bytes
 from ninfer.cuda.host_tier import stage_pages
 from ninfer.cuda.moe_lanes import lanes_workspace_bytes, slot_bound
@@ -118,6 +119,15 @@ def _gemm_scratch(mc: ModelConfig, rows: int) -> int:
     return pair_scratch_bytes(rows, k_max, n_max * mc.hidden_size)
 
 
+def _gdn_scratch(mc: ModelConfig, rows: int) -> int:
+    """The chunked delta rule's float32 scratch of one GDN layer's call (ninfer/cuda/gdn.py, freed to the pool
+    after the call): W, U, A rows and gates per value head, normed q / k per key head."""
+    if not mc.linear_attention_layers:
+        return 0
+    return chunk_scratch_bytes(rows, mc.linear_num_key_heads, mc.linear_num_value_heads, mc.linear_key_head_dim,
+                               mc.linear_value_head_dim)  # fmt: skip
+
+
 def _lanes_scratch(mc: ModelConfig, rows: int) -> int:
     """The MoE expert lanes' K-split partials (ninfer/cuda/moe_lanes.py: one launch of at most SLOTS_PER_LAUNCH
     slots alive at a time) for a chunk of ``rows`` tokens, shared expert included."""
@@ -202,6 +212,7 @@ def plan_memory(
         checkpoints=checkpoints * snap,
         workspace=step(prefill_chunk)
         + _gemm_scratch(mc, prefill_chunk)
+        + _gdn_scratch(mc, prefill_chunk)
         + _lanes_scratch(mc, prefill_chunk)
         + mc.vocab_size * 4 * 8
         + lanes * mc.vocab_size * SAMPLER_BYTES_PER_ID

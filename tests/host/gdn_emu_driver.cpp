@@ -1,7 +1,11 @@
-// Driver of the gdn_chunked host emulation: argv = dir T HK HV DK DV nseq nslots act_bf16 state_bf16 DVS smem.
-// Reads dir/{qkv,a,b,alog,dtb,state,starts,slots}.bin, writes dir/o.bin and dir/state_out.bin.
-template <typename T, typename S, int DK, int DVS>
-void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, int nslots, unsigned smem_bytes) {
+// Driver of the two-pass gdn_chunked host emulation (cuda_src/gdn_chunk.cu): argv = dir T HK HV DK DV nseq nslots
+// act_bf16 state_bf16 prep_smem state16_smem state32_smem. Reads dir/{qkv,a,b,alog,dtb,state,starts,slots}.bin,
+// runs gdn_chunk_prep over a NaN-filled scratch (as ninfer/cuda/gdn.py lays it out), then gdn_chunk_state with 16
+// value columns per block (writes dir/o.bin, dir/state_out.bin) and, from the same scratch and initial state, with
+// 32 (dir/o32.bin, dir/state32.bin).
+template <typename T, typename S, int DK>
+void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, int nslots, unsigned prep_smem,
+             unsigned smem16, unsigned smem32) {
     const long long width = 2LL * HK * DK + (long long)HV * DV;
     auto qkv = emu_read<T>(dir + "/qkv.bin", T_ * width);
     auto a = emu_read<T>(dir + "/a.bin", (size_t)T_ * HV), b = emu_read<T>(dir + "/b.bin", (size_t)T_ * HV);
@@ -10,26 +14,41 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
     auto starts = emu_read<int>(dir + "/starts.bin", nseq + 1), slots = emu_read<int>(dir + "/slots.bin", nseq);
     std::vector<T> o((size_t)T_ * HV * DV);
     std::memset((void*)o.data(), 0xff, o.size() * sizeof(T));  // NaN poison (both float and bf16 words)
-    emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + DVS - 1) / DVS)}, 256, smem_bytes, [&] {
-        gdn_chunked<T, S, DK, DVS>(qkv.data(), a.data(), b.data(), alog.data(), dtb.data(), state.data(), o.data(),
-                                   starts.data(), slots.data(), HK, HV, DV, width, HV, HV, (long long)HV * DV);
+    const float nan = __uint_as_float(0x7fc00000u);
+    std::vector<float> qk((size_t)T_ * HK * 2 * DK, nan), w((size_t)T_ * HV * DK, nan);
+    std::vector<float> am((size_t)T_ * HV * GC_CHUNK, nan), u((size_t)T_ * HV * DV, nan), g((size_t)T_ * HV, nan);
+    emu_launch({(unsigned)(T_ / GC_CHUNK + nseq), (unsigned)HK, 1}, 256, prep_smem, [&] {
+        gdn_chunk_prep<T, DK>(qkv.data(), a.data(), b.data(), alog.data(), dtb.data(), qk.data(), w.data(),
+                              am.data(), u.data(), g.data(), starts.data(), nseq, HK, HV, DV, width, HV, HV);
+    });
+    std::vector<T> o32(o);
+    std::vector<S> state32(state);
+    emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + 15) / 16)}, 128, smem16, [&] {
+        gdn_chunk_state<T, S, DK, 16>(qk.data(), w.data(), am.data(), u.data(), g.data(), state.data(), o.data(),
+                                      starts.data(), slots.data(), HK, HV, DV, (long long)HV * DV);
+    });
+    emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + 31) / 32)}, 256, smem32, [&] {
+        gdn_chunk_state<T, S, DK, 32>(qk.data(), w.data(), am.data(), u.data(), g.data(), state32.data(),
+                                      o32.data(), starts.data(), slots.data(), HK, HV, DV, (long long)HV * DV);
     });
     emu_write(dir + "/o.bin", o);
     emu_write(dir + "/state_out.bin", state);
+    emu_write(dir + "/o32.bin", o32);
+    emu_write(dir + "/state32.bin", state32);
 }
 
 template <typename T, typename S> void emu_dispatch(char** v) {
     const int T_ = atoi(v[2]), HK = atoi(v[3]), HV = atoi(v[4]), DK = atoi(v[5]), DV = atoi(v[6]);
-    const int nseq = atoi(v[7]), nslots = atoi(v[8]), DVS = atoi(v[11]);
-    const unsigned sm = (unsigned)atoi(v[12]);
-#define EMU_CASE(dk, dvs) \
-    if (DK == dk && DVS == dvs) return emu_run<T, S, dk, dvs>(v[1], T_, HK, HV, DV, nseq, nslots, sm);
-    EMU_CASE(16, 32) EMU_CASE(32, 32) EMU_CASE(32, 64) EMU_CASE(64, 32) EMU_CASE(64, 64) EMU_CASE(128, 64)
+    const int nseq = atoi(v[7]), nslots = atoi(v[8]);
+    const unsigned ps = (unsigned)atoi(v[11]), s16 = (unsigned)atoi(v[12]), s32 = (unsigned)atoi(v[13]);
+#define EMU_CASE(dk) \
+    if (DK == dk) return emu_run<T, S, dk>(v[1], T_, HK, HV, DV, nseq, nslots, ps, s16, s32);
+    EMU_CASE(16) EMU_CASE(32) EMU_CASE(64) EMU_CASE(128)
     std::abort();
 }
 
 int main(int argc, char** argv) {
-    if (argc != 13) return 2;
+    if (argc != 14) return 2;
     if (atoi(argv[9])) {
         if (atoi(argv[10])) emu_dispatch<bf16, bf16>(argv); else emu_dispatch<bf16, float>(argv);
     } else {
