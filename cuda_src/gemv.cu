@@ -173,10 +173,12 @@ __device__ __forceinline__ void gv_tile(const u32* sm, int tl, const typename F:
     float tmp[MT][4];
     // mma columns g >= NB (never stored) read lane NB - 1's fragments: no predicate, no zeroing per step
     const int gb = g < NB ? g : NB - 1;
+    // the thread's fragment of step 0; step s is s * NB * 4 * FW words on (an immediate offset per step)
+    const u32* f0 = sm + ((size_t)(tl * 8 * NB + gb) * 4 + t) * FW;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
         u32 b[4];
-        const u32* f = sm + ((size_t)((tl * 8 + s) * NB + gb) * 4 + t) * FW;
+        const u32* f = f0 + s * NB * 4 * FW;
         if (SPLIT) {
             const uint4 v = *reinterpret_cast<const uint4*>(f);
             b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
