@@ -260,11 +260,13 @@ __host__ __device__ __forceinline__ u32 gv_nv4_pair(u32 q, int i) {
 }
 
 // one shared-memory byte at p + O, zero-extended (inline PTX: the compiler would merge a lane's two adjacent scale
-// bytes into one 16-bit load and split it with two PRMTs on the integer pipe; O an immediate so the address folds)
+// bytes into one 16-bit load and split it with two PRMTs on the integer pipe; O an immediate so the address folds).
+// volatile: the compiler does not see the asm read memory, and it must stay between the cp.async.wait_group that
+// lands the byte and the cp.async that refills the stage (both volatile asm, kept in order with it).
 template <int O> __host__ __device__ __forceinline__ u32 gv_lds_u8(const u8* p) {
 #ifdef __CUDA_ARCH__
     u32 v;
-    asm("ld.shared.u8 %0, [%1+%2];" : "=r"(v) : "r"((u32)__cvta_generic_to_shared(p)), "n"(O));
+    asm volatile("ld.shared.u8 %0, [%1+%2];" : "=r"(v) : "r"((u32)__cvta_generic_to_shared(p)), "n"(O));
     return v;
 #else
     return p[O];
