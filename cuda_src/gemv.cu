@@ -173,10 +173,12 @@ __device__ __forceinline__ void gv_tile(const u32* sm, int tl, const typename F:
     float tmp[MT][4];
     // mma columns g >= NB (never stored) read lane NB - 1's fragments: no predicate, no zeroing per step
     const int gb = g < NB ? g : NB - 1;
+    // the thread's fragment of step 0; step s is s * NB * 4 * FW words on (an immediate offset per step)
+    const u32* f0 = sm + ((size_t)(tl * 8 * NB + gb) * 4 + t) * FW;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
         u32 b[4];
-        const u32* f = sm + ((size_t)((tl * 8 + s) * NB + gb) * 4 + t) * FW;
+        const u32* f = f0 + s * NB * 4 * FW;
         if (SPLIT) {
             const uint4 v = *reinterpret_cast<const uint4*>(f);
             b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
@@ -252,24 +254,25 @@ __device__ __forceinline__ void gv_products(u32* sm, u8* wsm, int lane, typename
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
-    const int nchunks = (nt + GvChunk<NB>::V - 1) / GvChunk<NB>::V;
+    const int nchunks = (nt + GvChunk<NB>::V - 1) / GvChunk<NB>::V, nt_refill = nt - (GV_STAGES - 1);
+    u8* fill = wsm + (GV_STAGES - 1) * STAGE;  // the stage read one tile ago (tile i - 1 mod GV_STAGES)
     for (int c = 0; c < nchunks; ++c) {
         if (c + 1 < nchunks) gv_fetch<F, T, NB>(xv, xl, x2l, xf, gd, inv, nb, K, kt0, nt, c + 1);
         const u32* act = sm + (c & 1) * ACT;
 #pragma unroll 1
-        for (int tl = 0; tl < GvChunk<NB>::V; ++tl) {
+        for (int tl = 0, tend = min(GvChunk<NB>::V, nt - c * GvChunk<NB>::V); tl < tend; ++tl) {
             const int i = c * GvChunk<NB>::V + tl;
-            if (i >= nt) break;
             cp_async_wait<GV_STAGES - 2>();  // this lane's copies of tile i have landed
             typename F::Raw raw[MT][2];
-            const u8* st = wsm + (i % GV_STAGES) * STAGE;
+            u8* const st = wsm + (i % GV_STAGES) * STAGE;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 F::read(st, lane, mt, 0, t, raw[mt][0]);
                 F::read(st, lane, mt, 1, t, raw[mt][1]);
             }
             // refill the stage read one iteration ago (its values are consumed: no lane reads it again)
-            if (i + GV_STAGES - 1 < nt) F::copy_next(wsm + ((i + GV_STAGES - 1) % GV_STAGES) * STAGE, lane, src, t);
+            if (i < nt_refill) F::copy_next(fill, lane, src, t);
+            fill = st;
             cp_async_commit();
             gv_tile<F, T, NB>(act, tl, raw, acc);
         }

@@ -225,11 +225,59 @@ struct FragFP8 : KMapQuad {
     }
 };
 
+// ---- NVFP4 pair decoding of the GEMV (docs/cuda.md, "Decode GEMV on tensor cores": the instruction diet) --------
+// The same bits as wformat.cuh nv4_pair (tests/test_gemv_nv4_host.py), arranged for Hopper's pipes: the integer
+// (ALU) pipe issues LOP3/SHF/IADD3/MOV/PRMT at half rate and was the decode's limit, while IMAD runs on the FMA pipe
+// next to the bf16 multiplies. So every left shift is a multiply by a power of two, and ptxas emits it as an IMAD
+// only if it cannot see the constant (it turns a known power of two back into SHF), hence the factors come from
+// constant memory (gv_k); the masks stay LOP3 (one per pair, three for pair 3). GV_NV4_MULHI (timing variant,
+// perf/gemv_variants.py) also takes pair 3's right shift as the high word of a product (IMAD.HI).
+#ifdef __CUDACC__
+__constant__ u32 gv_k[4] = {2u, 8u, 64u, 1u << 27};  // q << 1, << 3, << 6; hi(q * 2^27) = q >> 5
+#endif
+template <int J> __host__ __device__ __forceinline__ u32 gv_kmul(u32 x) {
+#ifdef __CUDA_ARCH__
+    return x * gv_k[J];
+#else
+    constexpr u32 k[3] = {2u, 8u, 64u};
+    return x * k[J];
+#endif
+}
+__host__ __device__ __forceinline__ u32 gv_shr5(u32 x) {
+#if defined(__CUDA_ARCH__) && defined(GV_NV4_MULHI)
+    return __umulhi(x, gv_k[3]);
+#else
+    return x >> 5;
+#endif
+}
+__host__ __device__ __forceinline__ u32 gv_nv4_pair(u32 q, int i) {
+    if (i == 0) return q & 0x81C081C0u;
+    if (i == 1) return gv_kmul<1>(q) & 0x81C081C0u;
+    if (i == 2) return gv_kmul<2>(q) & 0x81C081C0u;
+    // pair 3: bits 10, 11 -> 6, 7 (as (q >> 5) << 1), 13 -> 8, 14 -> 15 (and + 16)
+    const u32 y = gv_shr5(q);
+    return (gv_kmul<0>(y) & 0x00C000C0u) | (y & 0x01000100u) | (gv_kmul<0>(q) & 0x80008000u);
+}
+
+// one shared-memory byte at p + O, zero-extended (inline PTX: the compiler would merge a lane's two adjacent scale
+// bytes into one 16-bit load and split it with two PRMTs on the integer pipe; O an immediate so the address folds).
+// volatile: the compiler does not see the asm read memory, and it must stay between the cp.async.wait_group that
+// lands the byte and the cp.async that refills the stage (both volatile asm, kept in order with it).
+template <int O> __host__ __device__ __forceinline__ u32 gv_lds_u8(const u8* p) {
+#ifdef __CUDA_ARCH__
+    u32 v;
+    asm volatile("ld.shared.u8 %0, [%1+%2];" : "=r"(v) : "r"((u32)__cvta_generic_to_shared(p)), "n"(O));
+    return v;
+#else
+    return p[O];
+#endif
+}
+
 struct FragNVFP4 : KMap32 {
     static constexpr int MT = 2, GROUP = 0;
     struct Raw {
-        uint4 c;  // 32 e2m1 codes: 4 device-layout words of 8 consecutive k
-        u32 sc;   // the two e4m3 block scales (words 0-1, words 2-3)
+        uint4 c;     // 32 e2m1 codes: 4 device-layout words of 8 consecutive k
+        u32 b0, b1;  // the two e4m3 block scales (words 0-1, words 2-3)
     };
     struct Prep {
         uint4 c;
@@ -264,20 +312,24 @@ struct FragNVFP4 : KMap32 {
     }
     static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int t, Raw& raw) {
         raw.c = *reinterpret_cast<const uint4*>(gv_vec(st, 2 * mt + r, lane));
-        const u32 w = *reinterpret_cast<const u32*>(st + 2 * MT * 512 + (32 * (2 * mt + r) + lane) * 4);
-        raw.sc = (w >> (16 * (t & 1))) & 0xffffu;
+        // bytes 2 (t & 1) + {0, 1} of the lane's scale word of row 2 mt + r, one byte load each (immediate
+        // offsets per row; the bytes need no shift or mask on the integer pipe)
+        static_assert(MT == 2, "one case per row");
+        const u8* b = st + 2 * MT * 512 + lane * 4 + 2 * (t & 1);
+        switch (2 * mt + r) {
+            case 0: raw.b0 = gv_lds_u8<0>(b), raw.b1 = gv_lds_u8<1>(b); break;
+            case 1: raw.b0 = gv_lds_u8<128>(b), raw.b1 = gv_lds_u8<129>(b); break;
+            case 2: raw.b0 = gv_lds_u8<256>(b), raw.b1 = gv_lds_u8<257>(b); break;
+            default: raw.b0 = gv_lds_u8<384>(b), raw.b1 = gv_lds_u8<385>(b); break;
+        }
     }
-    // Both block scales b0 (bits 0-7 of sc) and b1 (bits 8-15) as bf16x2 of scale * 2^119: the e4m3 bits without
-    // the sign placed in a bf16 (value * 2^-120, e4m3 subnormals on bf16 subnormals, as FragFP8), then * 2^120 and
-    // * 2^119 (bf16 muls, exact: results <= 448 * 2^119 < 2^128). The scales are nonnegative on the device
-    // (nvfp4_layout.py folds a negative scale's sign into its block's codes).
+    // A block scale as bf16x2 of scale * 2^119: the e4m3 bits without the sign placed in a bf16 (value * 2^-120,
+    // e4m3 subnormals on bf16 subnormals, as FragFP8), then * 2^120 and * 2^119 (bf16 muls, exact: results
+    // <= 448 * 2^119 < 2^128). The scales are nonnegative on the device (nvfp4_layout.py folds a negative scale's
+    // sign into its block's codes), so prep places a scale byte b as b * 0x00100010 (bits 4-10 and 20-26, one IMAD;
+    // bit 7 is zero) instead of masking it.
     static __host__ __device__ __forceinline__ u32 scale_up(u32 placed) {
         return bf16x2_mul(bf16x2_mul(placed, 0x7B807B80u), 0x7B007B00u);  // * 2^120 * 2^119
-    }
-    static __host__ __device__ __forceinline__ void scales2(u32 sc, u32& s0, u32& s1) {
-        const u32 y = sc * 0x00010001u;  // b0 b1 b0 b1
-        s0 = scale_up((y << 4) & 0x07F007F0u);
-        s1 = scale_up((y >> 4) & 0x07F007F0u);
     }
     // one scale byte (wdq.cuh's NVFP4 dequantization for the prefill GEMM)
     static __host__ __device__ __forceinline__ u32 scale2(u32 code) {
@@ -285,10 +337,11 @@ struct FragNVFP4 : KMap32 {
     }
     static __host__ __device__ __forceinline__ void prep(const Raw& r, Prep& p) {
         p.c = r.c;
-        scales2(r.sc, p.s0, p.s1);
+        p.s0 = scale_up(r.b0 * 0x00100010u);
+        p.s1 = scale_up(r.b1 * 0x00100010u);
     }
     static __host__ __device__ __forceinline__ u32 pair(const Prep& p, int w, int i) {
-        return bf16x2_mul(nv4_pair(word4(p.c, w), i), w < 2 ? p.s0 : p.s1);  // e2m1 * 2^-126 * s * 2^119
+        return bf16x2_mul(gv_nv4_pair(word4(p.c, w), i), w < 2 ? p.s0 : p.s1);  // e2m1 * 2^-126 * s * 2^119
     }
     static __host__ __device__ __forceinline__ float gscale(const Prep&, int) { return 1.f; }
     static __host__ __device__ __forceinline__ float row_scale(const u8*, const u8* p2, long long) {

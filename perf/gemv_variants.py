@@ -27,6 +27,11 @@ Variants (a variant changes only what its name says; results are timings, not nu
   nodq      diagnostic (wrong results): NVFP4 pairs as the raw code words (the whole dequantization's cost: the
             kernel's streaming + mma ceiling)
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
+  olddq     the NVFP4 decode and tile loop before the integer-pipe diet (2026-12-02, docs/cuda.md "Decode GEMV on
+            tensor cores"): plain shifts (ptxas: SHF), the lane's scale word shifted and masked, stage and
+            fragment addresses from the tile index; same results, more integer-pipe instructions
+  mulhi     GV_NV4_MULHI: pair 3's right shift as the high word of a product (IMAD.HI on the FMA pipe instead of SHF
+            on the integer pipe; same results)
 """
 
 from __future__ import annotations
@@ -96,6 +101,47 @@ def _must_replace(s: str, old: str, new: str) -> str:
     return s.replace(old, new)
 
 
+# olddq: (new text, the text before the diet) in gemv.cu as loader.source_text inlines wfrag.cuh into it
+_OLDDQ = (
+    (
+        "return bf16x2_mul(gv_nv4_pair(word4(p.c, w), i), w < 2 ? p.s0 : p.s1);",
+        "return bf16x2_mul(nv4_pair(word4(p.c, w), i), w < 2 ? p.s0 : p.s1);",
+    ),
+    (
+        """        switch (2 * mt + r) {
+            case 0: raw.b0 = gv_lds_u8<0>(b), raw.b1 = gv_lds_u8<1>(b); break;
+            case 1: raw.b0 = gv_lds_u8<128>(b), raw.b1 = gv_lds_u8<129>(b); break;
+            case 2: raw.b0 = gv_lds_u8<256>(b), raw.b1 = gv_lds_u8<257>(b); break;
+            default: raw.b0 = gv_lds_u8<384>(b), raw.b1 = gv_lds_u8<385>(b); break;
+        }""",
+        """        (void)b;
+        const u32 w = *reinterpret_cast<const u32*>(st + 2 * MT * 512 + (32 * (2 * mt + r) + lane) * 4);
+        raw.b0 = raw.b1 = (w >> (16 * (t & 1))) & 0xffffu;""",
+    ),
+    (
+        """        p.s0 = scale_up(r.b0 * 0x00100010u);
+        p.s1 = scale_up(r.b1 * 0x00100010u);""",
+        """        const u32 y = r.b0 * 0x00010001u;
+        p.s0 = scale_up((y << 4) & 0x07F007F0u);
+        p.s1 = scale_up((y >> 4) & 0x07F007F0u);""",
+    ),
+    (
+        "const u32* f = f0 + s * NB * 4 * FW;",
+        "const u32* f = sm + ((size_t)((tl * 8 + s) * NB + gb) * 4 + t) * FW;",
+    ),
+    (
+        "for (int tl = 0, tend = min(GvChunk<NB>::V, nt - c * GvChunk<NB>::V); tl < tend; ++tl) {\n"
+        "            const int i = c * GvChunk<NB>::V + tl;\n",
+        "for (int tl = 0; tl < GvChunk<NB>::V; ++tl) {\n"
+        "            const int i = c * GvChunk<NB>::V + tl;\n            if (i >= nt) break;\n",
+    ),
+    (
+        "if (i < nt_refill) F::copy_next(fill, lane, src, t);\n            fill = st;",
+        "if (i + GV_STAGES - 1 < nt) F::copy_next(wsm + ((i + GV_STAGES - 1) % GV_STAGES) * STAGE, lane, src, t);",
+    ),
+)
+
+
 def _source(original: Any, variant: str) -> Any:
     def src(name: str) -> str:
         if variant.startswith("dir="):
@@ -116,9 +162,14 @@ def _source(original: Any, variant: str) -> Any:
                 "volatile int* last = reinterpret_cast<volatile int*>(gv_sm);",
                 "volatile int* last = &gv_flag;",
             )
-        nv4 = "return bf16x2_mul(nv4_pair(word4(p.c, w), i), w < 2 ? p.s0 : p.s1);"
+        nv4 = "return bf16x2_mul(gv_nv4_pair(word4(p.c, w), i), w < 2 ? p.s0 : p.s1);"
         if variant == "nomul":
-            s = _must_replace(s, nv4, "return nv4_pair(word4(p.c, w), i) ^ (w < 2 ? p.s0 : p.s1);")
+            s = _must_replace(s, nv4, "return gv_nv4_pair(word4(p.c, w), i) ^ (w < 2 ? p.s0 : p.s1);")
+        if variant == "olddq":
+            for new, old in _OLDDQ:
+                s = _must_replace(s, new, old)
+        if variant == "mulhi":
+            s = "#define GV_NV4_MULHI 1\n" + s
         if variant == "nodq":
             s = _must_replace(s, nv4, "return word4(p.c, w) ^ (u32)i;")
         if variant == "fence":
