@@ -33,9 +33,9 @@ def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:
     mc = REG[MODELS[key]].config
     net = CudaQwen36(mc, synthetic_tensors(mc, a.profile), act_dtype=a.activations, cuda_graph=False)
     net.warmup()
-    net.warm_prefill()
     pages = -(-(a.tokens + 64) // 16)
     seqs = Sequences(net, slots=4, pages=pages * 2, page_size=16, context=a.tokens + 64)
+    net.warm_prefill()  # after the pools exist (Sequences allocates them)
     rows = []
     for inputs in a.inputs.split(","):
         net.prefill_inputs = inputs

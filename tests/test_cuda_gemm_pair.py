@@ -142,7 +142,9 @@ def test_pair_dispatch_and_scratch_reuse(cp: Any, monkeypatch: pytest.MonkeyPatc
 
     calls: list[str] = []
     real = lin.gemm_pair
-    monkeypatch.setattr(lin, "gemm_pair", lambda x, w, *a: (calls.append(w.fmt), real(x, w, *a))[1])
+    monkeypatch.setattr(
+        lin, "gemm_pair", lambda x, w, *a, **kw: (calls.append(w.fmt), real(x, w, *a, **kw))[1]
+    )
     rng = np.random.default_rng(53)
     k, n = 256, 300
     ws = {f: _weight(rng, f, n, k)[0] for f in ("NVFP4G16_E4M3S", "Q4G64_F16S")}

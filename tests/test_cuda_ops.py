@@ -528,7 +528,8 @@ def test_causal_conv(cp: Any, report: list, t: str) -> None:
         slot_of = cp.asnumpy(slots)
         for b in range(len(lens)):
             y, new = ops.conv1d_causal(x[st[b] : st[b + 1]], state[slot_of[b]], w)
-            _close(report, f"conv {t} C={c} seq{b}", got[st[b] : st[b + 1]], ops.silu(y), TOL[t])
+            if st[b + 1] > st[b]:  # an empty sequence has no output, only its (unchanged) state
+                _close(report, f"conv {t} C={c} seq{b}", got[st[b] : st[b + 1]], ops.silu(y), TOL[t])
             _close(report, f"conv state C={c} seq{b}", got_state[slot_of[b]], new, 0.0)
 
 
