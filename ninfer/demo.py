@@ -17,9 +17,27 @@ from ninfer.artifact.inventory import expected_inventory
 from ninfer.artifact.registry import MODELS
 from ninfer.config import ModelConfig
 
-__all__ = ["build_demo", "random_weights", "DEMO_GENERATION_CONFIG"]
+__all__ = ["build_demo", "random_weights", "midsize_config", "DEMO_GENERATION_CONFIG"]
 
 DEMO_GENERATION_CONFIG = {"temperature": 0.7, "top_p": 0.9, "top_k": 20}
+
+
+def midsize_config(kind: str) -> ModelConfig:
+    """The mid-size random models of the fidelity checks (tests/test_cuda_model.py, perf/fidelity_prefill.py):
+    hidden 1024, 8 layers (every fourth full attention), vocab 4096; ``kind`` ``dense`` or ``moe`` (16 experts,
+    top 4, a shared expert)."""
+    base = dict(
+        vocab_size=4096, hidden_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+        head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=128,
+        linear_value_head_dim=128, partial_rotary_factor=0.25, mrope_section=(6, 5, 5),
+        layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(8)),
+    )  # fmt: skip
+    if kind == "dense":
+        return ModelConfig(arch="qwen3_5", intermediate_size=2816, **base)
+    return ModelConfig(
+        arch="qwen3_5_moe", num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256,
+        shared_expert_intermediate_size=512, **base,
+    )  # fmt: skip
 
 
 def random_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:

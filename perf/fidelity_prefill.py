@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from ninfer.evaluate.perplexity import mean_kl
+
 __all__ = ["ROUNDINGS", "main"]
 
 F32 = np.float32
@@ -76,36 +78,14 @@ def _logits(ref: Any, ids: np.ndarray, prompt: int) -> np.ndarray:
     return np.concatenate(out).astype(np.float64)
 
 
-def _kl(ref: np.ndarray, got: np.ndarray) -> float:
-    def logp(z: np.ndarray) -> np.ndarray:
-        z = z - z.max(-1, keepdims=True)
-        return z - np.log(np.exp(z).sum(-1, keepdims=True))
-
-    lr, lg = logp(ref), logp(got)
-    return float(np.mean(np.sum(np.exp(lr) * (lr - lg), axis=-1)))
-
-
 def _mid(kind: str) -> tuple[Any, Any]:
     """The mid-size model of tests/test_cuda_model.py (its config and NVFP4-decoded weights, seed 7)."""
-    from ninfer.config import ModelConfig
     from ninfer.cuda.upload import encode_weights
-    from ninfer.demo import random_weights
+    from ninfer.demo import midsize_config, random_weights
     from ninfer.formats import FORMATS
     from ninfer.reference import DictWeights, Qwen36
 
-    base = dict(
-        vocab_size=4096, hidden_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
-        head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=128,
-        linear_value_head_dim=128, partial_rotary_factor=0.25, mrope_section=(6, 5, 5),
-        layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(8)),
-    )  # fmt: skip
-    if kind == "dense":
-        cfg = ModelConfig(arch="qwen3_5", intermediate_size=2816, **base)
-    else:
-        cfg = ModelConfig(
-            arch="qwen3_5_moe", num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256,
-            shared_expert_intermediate_size=512, **base,
-        )  # fmt: skip
+    cfg = midsize_config(kind)
     enc = encode_weights(cfg, DictWeights(random_weights(cfg, seed=7)), "NVFP4G16_E4M3S")
     return cfg, Qwen36(cfg, DictWeights({n: FORMATS[f].decode(b, s) for n, (f, s, b) in enc.items()}))
 
@@ -127,7 +107,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             with _rounded_gemm_inputs(ROUNDINGS[name]):
                 got = _logits(ref, ids, a.prompt)
             r = {"kind": kind, "rounding": name, "positions": len(ids),
-                 "top1": float(np.mean(got.argmax(-1) == exact.argmax(-1))), "kl": _kl(exact, got),
+                 "top1": float(np.mean(got.argmax(-1) == exact.argmax(-1))), "kl": mean_kl(exact, got),
                  "max_err": float(np.max(np.abs(got - exact)) / np.max(np.abs(exact)))}  # fmt: skip
             rows.append(r)
             print(

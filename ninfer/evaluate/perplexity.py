@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-__all__ = ["Window", "PerplexityResult", "windows", "window_nll", "perplexity", "LOGIT_ROWS"]
+__all__ = ["Window", "PerplexityResult", "windows", "window_nll", "perplexity", "mean_kl", "LOGIT_ROWS"]
 
 LOGIT_ROWS = 128
 """Rows of logits materialized at once (a [128, V] float32 block: 127 MB at the real 248K vocabulary)."""
@@ -74,6 +74,19 @@ def _log_probs_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     m = z.max(axis=1, keepdims=True)
     lse = m[:, 0] + np.log(np.exp(z - m).sum(axis=1))
     return z[np.arange(z.shape[0]), targets] - lse
+
+
+def mean_kl(ref: np.ndarray, got: np.ndarray) -> float:
+    """Mean over rows of KL(softmax(ref) || softmax(got)) in nats (float64): what a change of arithmetic costs
+    against reference logits (tests/test_cuda_model.py, perf/fidelity_prefill.py)."""
+
+    def logp(z: np.ndarray) -> np.ndarray:
+        z = z.astype(np.float64)
+        z = z - z.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+    lr, lg = logp(ref), logp(got)
+    return float(np.mean(np.sum(np.exp(lr) * (lr - lg), axis=-1)))
 
 
 def window_nll(model: Any, ids: np.ndarray, w: Window, prefill_chunk: int) -> float:
