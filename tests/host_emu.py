@@ -13,10 +13,11 @@ import pytest
 from ninfer.cuda.loader import source_text
 from ninfer.formats import bf16_encode
 
-__all__ = ["CXX", "HOST", "build_emulator", "rel_error", "words"]
+__all__ = ["CXX", "HOST", "NVCC", "build_emulator", "build_nvcc_driver", "rel_error", "words"]
 
 HOST = Path(__file__).parent / "host"
 CXX = shutil.which("g++")
+NVCC = shutil.which("nvcc")
 
 
 def build_emulator(
@@ -41,6 +42,24 @@ def build_emulator(
     cmd = [CXX, "-std=c++20", "-O2", "-pthread", "-w", "-o", str(exe), str(src)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return exe
+
+
+def build_nvcc_driver(
+    tmp_path_factory: pytest.TempPathFactory, name: str, text: str, timeout: int = 900
+) -> Path:
+    """Compile a host program that includes cuda_src headers (``text``, one .cu file) with nvcc for the CPU; skips
+    without nvcc."""
+    from ninfer.cuda.loader import CUDA_SRC
+
+    if NVCC is None:
+        pytest.skip("nvcc not installed")
+    d = tmp_path_factory.mktemp(name)
+    (d / "driver.cu").write_text(text)
+    exe = d / "driver"
+    cmd = [NVCC, "-std=c++17", "-O2", "-I", str(CUDA_SRC), "-o", str(exe), str(d / "driver.cu")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     return exe
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from host_emu import build_nvcc_driver
 
-from ninfer.cuda.loader import CUDA_SRC
 from ninfer.formats import bf16_decode
 from ninfer.formats.fp8 import e4m3_table
 from ninfer.formats.nvfp4 import E2M1_VALUES
@@ -94,15 +94,7 @@ int main(int argc, char** argv) {
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if NVCC is None:
-        pytest.skip("nvcc not installed")
-    d = tmp_path_factory.mktemp("gemm_f16_host")
-    (d / "driver.cu").write_text(DRIVER)
-    exe = d / "driver"
-    cmd = [NVCC, "-std=c++17", "-O2", "-I", str(CUDA_SRC), "-o", str(exe), str(d / "driver.cu")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return exe
+    return build_nvcc_driver(tmp_path_factory, "gemm_f16_host", DRIVER)
 
 
 def _run(driver: Path, mode: str, n: int, k: int, data: bytes) -> bytes:

@@ -14,8 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from ninfer.cuda.loader import CUDA_SRC
+from host_emu import build_nvcc_driver
 
 NVCC = shutil.which("nvcc")
 
@@ -75,15 +74,7 @@ int main() {
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if NVCC is None:
-        pytest.skip("nvcc not installed")
-    d = tmp_path_factory.mktemp("gemv_nv4_host")
-    (d / "driver.cu").write_text(DRIVER)
-    exe = d / "driver"
-    cmd = [NVCC, "-std=c++17", "-O2", "-I", str(CUDA_SRC), "-o", str(exe), str(d / "driver.cu")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return exe
+    return build_nvcc_driver(tmp_path_factory, "gemv_nv4_host", DRIVER)
 
 
 def test_gemv_nvfp4_decode_is_bitwise_the_reference_formulas(driver: Path) -> None:
