@@ -95,7 +95,7 @@ def _product(
         x = swiglu_kernel(x)
     elif gate is not None:
         x = sigmoid_gate(x, gate[0], x.shape[1] // gate[1], gate[1])
-    return gemm(x, w, out, inputs=getattr(net, "prefill_inputs", "exact"))
+    return gemm(x, w, out, inputs=net.prefill_inputs)
 
 
 def attention_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None) -> Any:
