@@ -79,7 +79,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--prefill-inputs",
-        default="exact",
+        default="fp16",
         choices=("exact", "fp16"),
         help="CUDA prefill GEMM inputs (fp32 activations): exact (two MMAs) or fp16 (rounded per row, one MMA)",
     )

@@ -57,9 +57,7 @@ class ServerConfig:
     null_step_ms: float = 1.5  # --backend null: the time of one engine step (no model runs)
     cuda_graph: bool = True
     activations: str = "fp32"  # CUDA activation dtype: fp32 (exact operands) or bf16 (opt-in, faster prefill)
-    prefill_inputs: str = (
-        "exact"  # CUDA prefill GEMM inputs with fp32 activations: exact (hi + lo) or fp16 (per row)
-    )
+    prefill_inputs: str = "fp16"  # CUDA prefill GEMM inputs with fp32 activations: fp16 (per row) or exact
     cors: bool = False
     max_request_mib: int = 384
     ray_address: str | None = None

@@ -340,7 +340,7 @@ def test_no_cuda_graph_is_a_backend_option_not_an_engine_option() -> None:
 
     cfg = ServerConfig(artifact="a.ninfer", cuda_graph=False)
     spec = actor_spec(cfg, "cuda")
-    assert spec.backend_options == {"cuda_graph": False, "act_dtype": "fp32", "prefill_inputs": "exact"}
+    assert spec.backend_options == {"cuda_graph": False, "act_dtype": "fp32", "prefill_inputs": "fp16"}
     assert isinstance(spec.engine, EngineConfig) and spec.engine is cfg.engine  # carried typed, as it is
     assert actor_spec(cfg, "reference").backend_options == {}
 
@@ -363,9 +363,9 @@ def test_prefill_inputs_flag_reaches_the_cuda_backend() -> None:
 
     from ninfer.cli import _parser
 
-    a = _parser().parse_args(["serve", "a.ninfer", "--prefill-inputs", "fp16"])
-    assert actor_spec(config_from_args(a), "cuda").backend_options["prefill_inputs"] == "fp16"
-    assert _parser().parse_args(["serve", "a.ninfer"]).prefill_inputs == "exact"
+    a = _parser().parse_args(["serve", "a.ninfer", "--prefill-inputs", "exact"])
+    assert actor_spec(config_from_args(a), "cuda").backend_options["prefill_inputs"] == "exact"
+    assert _parser().parse_args(["serve", "a.ninfer"]).prefill_inputs == "fp16"
     with pytest.raises(ServerConfigError, match="--prefill-inputs"):
         ServerConfig(artifact="a.ninfer", prefill_inputs="bf16")
 

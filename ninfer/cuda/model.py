@@ -73,7 +73,7 @@ class CudaQwen36:
         attn_chunk: int = 256,
         memory_reserve_bytes: int = 0,
         fold_norms: bool = True,
-        prefill_inputs: str = "exact",
+        prefill_inputs: str = "fp16",
     ) -> None:
         import cupy
 
