@@ -120,7 +120,8 @@ __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __r
     };
     auto convert = [&](int kt) {
         A::split(stage(kt), tid);
-        if constexpr (!D::DIRECT) convert_tile<D>(stage(kt) + C::ABYTES, conv + (kt & 1) * BN * 128, kt, tid);
+        if constexpr (!D::DIRECT)
+            convert_tile<D, A::F16>(stage(kt) + C::ABYTES, conv + (kt & 1) * BN * 128, kt, tid);
         fence_proxy_async();
     };
     // operand addresses of tile kt for this warpgroup
@@ -277,6 +278,25 @@ __global__ void __launch_bounds__(GS_THREADS, 1)
                const bf16* __restrict__ xh, const float* __restrict__ rowf, float* __restrict__ y, int M, int N, int K,
                long long ldx, long long ldy) {
     static_assert(D::DIRECT, "fp16 mode reads operand rows");
+    int mt, nt;
+    gs_raster(blockIdx.x, (M + GS_BM - 1) / GS_BM, (N + D::BN - 1) / D::BN, mt, nt);
+    const long long m0 = (long long)mt * GS_BM;
+    gs_tile<D, ActF16, float>(p0, p1, p2, xh + m0 * ldx, y + m0 * ldy, M - (int)m0, N, K, ldx, ldy, nt * D::BN, 0,
+                              rowf + m0);
+}
+
+// The fp16 mode with the weights converted in the main loop (gs_tile's convert_tile<D, true>, every thread) instead
+// of once per GEMM into a scratch: for chunks of few rows (a follow-up turn's 256 tokens: two row tiles), where the
+// dequant pass's traffic (stored bytes + 2 B written + 2 B read back per weight) is not spread over many row tiles.
+// D: the stored format (DqNVFP4, DqFP8); the operand tile is byte for byte the one gemm90_f16<DqFolded<D>> copies
+// from dequant90<D, true>'s scratch (tests/test_gemm_pair_host.py), with the same MMA order and epilogue, so the
+// result is bitwise gemm90_f16's: the row threshold in gemm_pair.py moves time, never values.
+template <typename D>
+__global__ void __launch_bounds__(GS_THREADS, 1)
+    gemm90_f16il(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
+                 const bf16* __restrict__ xh, const float* __restrict__ rowf, float* __restrict__ y, int M, int N,
+                 int K, long long ldx, long long ldy) {
+    static_assert(!D::DIRECT && D::GPT == 0, "the folded formats: operand values exact in fp16");
     int mt, nt;
     gs_raster(blockIdx.x, (M + GS_BM - 1) / GS_BM, (N + D::BN - 1) / D::BN, mt, nt);
     const long long m0 = (long long)mt * GS_BM;

@@ -423,7 +423,9 @@ HD float f16row_scale(float amax, float& inv) {
 // is row q / 8, k 8 (q % 8) .. +7; a warp reads 4 whole raw rows and writes 4 whole 128-byte operand rows.
 // All raw reads first, then the conversions and stores: the stores go to another buffer than the reads, which the
 // compiler cannot prove, so interleaved it would wait for each read's latency in turn.
-template <typename D> HD void convert_tile(const u8* raw, u8* dst, int kt, int tid) {
+// F16 (the fp16 mode's in-loop kernel, gemm90_f16il): the same values as fp16 words (bf16x8_to_f16), exactly what
+// dequant_tile<D, true> writes to the scratch the pair-layout fp16 kernel reads.
+template <typename D, bool F16 = false> HD void convert_tile(const u8* raw, u8* dst, int kt, int tid) {
     constexpr int NI = D::BN * 8 / GS_THREADS;
     static_assert(D::BN * 8 % GS_THREADS == 0, "whole chunks per thread");
     const int r0 = tid >> 3, c = tid & 7, d0 = sw128(r0, c);  // sw128(r0 + 32 i, c) = d0 + 4096 i
@@ -431,7 +433,10 @@ template <typename D> HD void convert_tile(const u8* raw, u8* dst, int kt, int t
 #pragma unroll
     for (int i = 0; i < NI; ++i) v[i] = D::fetch(raw, r0 + 32 * i, c);
 #pragma unroll
-    for (int i = 0; i < NI; ++i) *reinterpret_cast<uint4*>(dst + d0 + 4096 * i) = D::make(v[i], kt);
+    for (int i = 0; i < NI; ++i) {
+        const uint4 b = D::make(v[i], kt);
+        *reinterpret_cast<uint4*>(dst + d0 + 4096 * i) = F16 ? bf16x8_to_f16(b) : b;
+    }
 }
 
 // Weight tile kt of format D, raw stage -> bf16 rows in global memory: w (the tile's first row) [nvalid, K] with row

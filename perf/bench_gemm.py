@@ -13,7 +13,8 @@ pair mode (``impl="pair"``, ninfer/cuda/gemm_pair.py: split and, for FP8 / NVFP4
 both included in the time; BF16, FP8 and NVFP4 only). The pair kernel's main loop is the same for every format,
 so a format's pair time minus BF16's is its dequantization pass; ``f16``: fp32 activations in the fp16 mode
 (``inputs="fp16"``: each row rounded to fp16 under a power-of-two scale, one MMA per product; FP8 / NVFP4 only,
-ceiling = cuBLAS). FLOP/s counts 2·M·N·K; float32 activations run
+ceiling = cuBLAS) with the weights dequantized once into the fp16 scratch; ``f16il``: the same with the weights
+converted in the main loop (``impl="wgmma"``, the short chunks' kernel; bitwise the ``f16`` result). FLOP/s counts 2·M·N·K; float32 activations run
 two MMAs per k-step (exact hi/lo split), so their ceiling is half of cuBLAS's: the ``vs ceiling`` column is the
 fraction of cuBLAS for bf16 and of half of cuBLAS for float32; ``vs fp32`` is the pair mode's speedup over the
 in-loop kernel. CUDA-event timing, median of repeats after a warm-up (about 60 s warm on an H200; the first run
@@ -67,7 +68,8 @@ def _paths(fmt: str, impl: str) -> tuple[tuple[str, str, str, str], ...]:
     if fmt in PAIR_STRUCTS:
         paths.append(("pair", "fp32", "pair", "exact"))
     if f16_foldable(fmt):  # fp32 activations rounded to fp16 per row: one MMA per product
-        paths.append(("f16", "fp32", "pair", "fp16"))
+        paths.append(("f16", "fp32", "pair", "fp16"))  # weights dequantized once into the fp16 scratch
+        paths.append(("f16il", "fp32", "wgmma", "fp16"))  # weights converted in the main loop (short chunks)
     return tuple(paths)
 
 

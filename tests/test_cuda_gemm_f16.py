@@ -101,3 +101,31 @@ def test_f16_stays_exact_where_it_does_not_apply(cp: Any) -> None:
         xd = cp.asarray(_x(rng, m, 256))
         a, b = cp.asnumpy(gemm(xd, w, inputs="fp16")), cp.asnumpy(gemm(xd, w))
         assert np.array_equal(a, b), f"{fmt} M={m}: inputs='fp16' changed a GEMM it must leave exact"
+
+
+@pytest.mark.parametrize("fmt", F16_FMTS)
+def test_f16_in_loop_kernel_equals_scratch_kernel(cp: Any, fmt: str) -> None:
+    """gemm90_f16il (weights converted in the main loop; ``impl="wgmma"``, and ``auto`` below F16_INLOOP_ROWS) is
+    bitwise gemm90_f16 over the dequant90 scratch (``impl="pair"``): the same fp16 operands, MMA order and
+    epilogue, so the row threshold never changes a value."""
+    from ninfer.cuda.gemm_pair import F16_INLOOP_ROWS
+    from ninfer.cuda.linear import gemm
+
+    rng = np.random.default_rng(67)
+    for m, n, k in (
+        (128, 256, 64),
+        (200, 300, 200),
+        (F16_INLOOP_ROWS - 1, 517, 1032),
+        (F16_INLOOP_ROWS + 3, 260, 136),
+    ):
+        w, _ = _weight(rng, fmt, n, k)
+        xd = cp.asarray(_x(rng, m, k))
+        inloop = cp.asnumpy(gemm(xd, w, impl="wgmma", inputs="fp16"))
+        scratch = cp.asnumpy(gemm(xd, w, impl="pair", inputs="fp16"))
+        auto = cp.asnumpy(gemm(xd, w, inputs="fp16"))
+        assert np.array_equal(inloop, scratch), f"{fmt} {m}x{n}x{k}: in-loop != scratch kernel"
+        assert np.array_equal(auto, scratch), f"{fmt} {m}x{n}x{k}: auto != scratch kernel"
+        exact = cp.asnumpy(gemm(xd, w, impl="wgmma"))
+        assert not np.array_equal(exact, inloop), (
+            f"{fmt}: impl='wgmma' with fp16 inputs gave the exact result"
+        )

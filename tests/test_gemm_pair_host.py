@@ -9,7 +9,9 @@ the operand tiles the pair kernel copies, bitwise against the in-loop kernel's.
   thread by thread, then for every CTA tile and K tile the stage gemm90<D, float> builds (fp32 copy, in-place split,
   convert_tile) against the one gemm90_pair<DqFolded<D>> copies (ActPair from hi / lo, DqBF16's loader from the
   scratch), byte for byte: the same operands in the same order make the GPU results bitwise equal
-  (tests/test_cuda_gemm_pair.py checks that on the device).
+  (tests/test_cuda_gemm_pair.py checks that on the device). The fp16 mode likewise: the weight tile
+  gemm90_f16il<D> converts in its main loop (convert_tile<D, true>) against the one gemm90_f16<DqFolded<D>> copies
+  from dequant90<D, true>'s scratch (tests/test_cuda_gemm_f16.py compares the two kernels' results on the device).
 """
 
 from __future__ import annotations
@@ -139,9 +141,26 @@ static int run(int M, int N, int K, long long ldx, const u8* base, const long lo
                     dequant_tile<D>(raw.data(), w.data() + (size_t)r0 * K, K, nvalid, kt, tid);
             }
     }
+    // the fp16 mode: dequant90<D, true>'s scratch (read by gemm90_f16<DqFolded<D>> through DqBF16's loader) and
+    // convert_tile<D, true> (gemm90_f16il<D>'s in-loop conversion) must give the same operand tiles
+    std::vector<bf16> w16((size_t)N * K);
+    for (auto& b : w16) b.bits = 0xffff;
+    if constexpr (FOLD) {
+        std::vector<u8> raw(D::BYTES);
+        for (int kt = 0; kt < nk; ++kt)
+            for (int r0 = 0; r0 < N; r0 += BN) {
+                const int nvalid = N - r0 < BN ? N - r0 : BN;
+                std::fill(raw.begin(), raw.end(), (u8)0xff);
+                for (int tid = 0; tid < GS_THREADS; ++tid)
+                    typename D::Loader(p0, p1, p2, K, r0, nvalid, tid).copy(raw.data(), kt, K, p0);
+                for (int tid = 0; tid < GS_THREADS; ++tid)
+                    dequant_tile<D, true>(raw.data(), w16.data() + (size_t)r0 * K, K, nvalid, kt, tid);
+            }
+    }
     const u8* wp = FOLD ? reinterpret_cast<const u8*>(w.data()) : p0;
+    const u8* wp16 = reinterpret_cast<const u8*>(w16.data());
     constexpr int AO = Act<float>::BYTES, AP = ActPair::BYTES;
-    std::vector<u8> so(AO + D::BYTES), conv(BN * 128), sp(AP + P::BYTES);
+    std::vector<u8> so(AO + D::BYTES), conv(BN * 128), sp(AP + P::BYTES), conv16(BN * 128), sp16(P::BYTES);
     for (int m0 = 0; m0 < M; m0 += GS_BM)
         for (int n0 = 0; n0 < N; n0 += BN) {
             const int mvalid = M - m0 < GS_BM ? M - m0 : GS_BM, nvalid = N - n0 < BN ? N - n0 : BN;
@@ -163,6 +182,16 @@ static int run(int M, int N, int K, long long ldx, const u8* base, const long lo
                 }
                 if (AO != AP || memcmp(so.data(), sp.data(), AO)) return 20;  // hi, lo operand tiles
                 if (memcmp(FOLD ? conv.data() : so.data() + AO, sp.data() + AP, BN * 128)) return 21;  // weights
+                if constexpr (FOLD) {  // fp16 mode: in-loop conversion == the fp16 scratch's copy
+                    std::fill(conv16.begin(), conv16.end(), (u8)0xff);
+                    std::fill(sp16.begin(), sp16.end(), (u8)0xfe);
+                    for (int tid = 0; tid < GS_THREADS; ++tid) {
+                        typename P::Loader(wp16, p1, p2, K, n0, nvalid, tid).copy(sp16.data(), kt, K, p0);
+                        convert_tile<D, true>(so.data() + AO, conv16.data(), kt, tid);
+                    }
+                    if (memcmp(conv16.data(), sp16.data(), BN * 128)) return 23;
+                    if (!memcmp(conv16.data(), conv.data(), BN * 128) && nvalid > 0) return 24;  // really fp16 words
+                }
             }
             for (int c = 0; c < nvalid; ++c)
                 if (P::row_scale(p1, p2, n0 + c) != D::row_scale(p1, p2, n0 + c)) return 22;

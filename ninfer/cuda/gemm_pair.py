@@ -24,6 +24,7 @@ __all__ = [
     "PAIR_STRUCTS",
     "PAIR_INSTANCES",
     "PAIR_MIN_ROWS",
+    "F16_INLOOP_ROWS",
     "pair_foldable",
     "f16_foldable",
     "pair_scratch_bytes",
@@ -53,6 +54,7 @@ PAIR_INSTANCES: tuple[str, ...] = (
     # are not, and keep the pair mode)
     *(f"gemm90_f16<{s}>" for s, d in PAIR_STRUCTS.values() if d is not None),
     *(f"dequant90<{d}, true>" for _, d in PAIR_STRUCTS.values() if d is not None),
+    *(f"gemm90_f16il<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),  # the in-loop fp16 kernel
     "split_f16row",
 )
 
@@ -65,6 +67,14 @@ PAIR_INSTANCES: tuple[str, ...] = (
 # for N below ~30k. 128 keeps a margin (not measured below 2048 rows; `python -m perf.bench_gemm --rows 128,512`
 # compares both paths there). Results are bitwise the same on either side.
 PAIR_MIN_ROWS = 128
+# Below this many rows the fp16 mode converts the weights inside the GEMM's main loop (gemm90_f16il: every CTA
+# converts its tiles, as the in-loop kernels do) instead of once per GEMM into the fp16 scratch: the dequant pass
+# moves ~4.6 B per weight (stored bytes read, 2 B written, 2 B read back) whatever M is, which at a follow-up turn's
+# 256 rows is ~30% of the NVFP4 gate|up GEMM's time and all of a narrow one's grid-starved margin (estimated from
+# the H200 figures in docs/cuda.md: dequant ~65 us for the 17408 x 5120 x 2 MLP up projection, 256 x 34816 x 5120
+# at ~400 TFLOP/s ~230 us). Not measured on a GPU yet (`python -m perf.bench_gemm --rows 256,512,1024` times both
+# sides); both sides give bitwise the same result (tests/test_gemm_pair_host.py, tests/test_cuda_gemm_f16.py).
+F16_INLOOP_ROWS = 512
 _BM, _BN, _THREADS, _SMEM = 128, 256, 256, 232448  # GS_BM, DqBF16::BN, GS_THREADS, GS_SMEM
 # Scratch caps (bytes): the bf16 weight copy (the 27B's largest fused projection, gate|up 34816 x 5120, is 340 MiB;
 # larger weights run in row chunks of the cap) and the hi / lo activations (4 B per element: 8192 rows of the 27B's
@@ -134,6 +144,7 @@ def gemm_pair(
     kernel_of: Callable[[str], Any],
     *,
     f16: bool = False,
+    inloop: bool | None = None,
 ) -> None:
     """``out = x · Wᵀ`` in pair mode. ``dims`` = (M, N, K, ldx, ldy) as checked by linear.gemm; ``x`` float32,
     ``w.fmt`` in :data:`PAIR_STRUCTS`; ``kernel_of(name)`` the compiled gemm_sm90.cu instance. Not for graph
@@ -141,24 +152,36 @@ def gemm_pair(
 
     ``f16`` (``f16_foldable`` formats): the fp16 mode instead, one MMA per product: each row of ``x`` scaled by a
     power of two and rounded to fp16 (``split_f16row``; ``ninfer.reference.ops.round_fp16_rows`` is its NumPy
-    twin), the weights as exact fp16 operands, the row's power of two undone in the epilogue."""
+    twin), the weights as exact fp16 operands, the row's power of two undone in the epilogue. ``inloop`` (fp16
+    mode): the weights converted inside the main loop (``gemm90_f16il``) rather than once into the scratch;
+    ``None`` decides by rows (:data:`F16_INLOOP_ROWS`). Bitwise the same result either way."""
     m, n, k, _, ldy = dims
     wstruct, dq = PAIR_STRUCTS[w.fmt]
     if f16 and dq is None:
         raise ValueError(f"gemm_pair: {w.fmt} has no fp16 mode (its operand values are not exact in fp16)")
+    if not f16 and inloop:
+        raise ValueError("gemm_pair: inloop is the fp16 mode's choice")
+    inloop = f16 and (m < F16_INLOOP_ROWS if inloop is None else inloop)
     mx, nw = _plan(w.fmt, m, n, k)
+    if inloop:
+        nw = n  # the stored planes, read whole: no weight scratch
     planes = list(w.planes())
-    fn = kernel_of(f"gemm90_f16<{wstruct}>" if f16 else f"gemm90_pair<{wstruct}>")
+    if inloop:
+        fn = kernel_of(f"gemm90_f16il<{dq}>")
+    else:
+        fn = kernel_of(f"gemm90_f16<{wstruct}>" if f16 else f"gemm90_pair<{wstruct}>")
     if fn.max_dynamic_shared_size_bytes < _SMEM:
         fn.max_dynamic_shared_size_bytes = _SMEM
     split = kernel_of("split_f16row" if f16 else "split_hilo")
-    dqfn = kernel_of(f"dequant90<{dq}, true>" if f16 else f"dequant90<{dq}>") if dq is not None else None
-    wbuf = _scratch("w", nw * k) if dq is not None else None
+    dqfn = None
+    if dq is not None and not inloop:
+        dqfn = kernel_of(f"dequant90<{dq}, true>" if f16 else f"dequant90<{dq}>")
+    wbuf = _scratch("w", nw * k) if dqfn is not None else None
     xbuf = _scratch("x", mx * k + 2 * mx if f16 else 2 * mx * k)  # f16: the rows, then their float factors
 
     def weight_chunk(n0: int, rows: int) -> list[Any]:
         """Planes of weight rows [n0, n0 + rows) as the pair kernel reads them (the scratch filled for them)."""
-        if dqfn is None:  # BF16: the stored rows themselves (one chunk)
+        if dqfn is None:  # BF16, or the in-loop fp16 kernel: the stored rows themselves (one chunk)
             return planes
         dqfn((grid_1d(k, 64), grid_1d(rows, _BN)), (_THREADS,), (*planes, wbuf, np.int32(rows), np.int32(k),
              np.int64(n0)))  # fmt: skip

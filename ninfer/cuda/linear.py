@@ -439,7 +439,8 @@ def gemm(x: Any, w: DeviceWeight, out: Any = None, *, impl: str = "auto", inputs
     (every Hopper choice gives bitwise the same result). ``inputs="fp16"``: where the pair mode would run and the
     format's operands are exact in fp16 (FP8, NVFP4), the fp16 mode instead (gemm_pair.py: each float32 row scaled
     by a power of two and rounded to fp16, one MMA per product); every other GEMM stays exact. The choice depends
-    only on the format and M, never on other rows' values."""
+    only on the format and M, never on other rows' values. In the fp16 mode ``impl="pair"`` forces the weight
+    scratch and ``impl="wgmma"`` the in-loop conversion (``auto`` picks by rows; the same bits either way)."""
     if inputs not in GEMM_INPUTS:
         raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
     t, m, k, ldx = _prep(x, w, out, "gemm")
@@ -455,9 +456,22 @@ def gemm(x: Any, w: DeviceWeight, out: Any = None, *, impl: str = "auto", inputs
             "gemm: impl='pair' needs the sm_90a wgmma kernels (a compute capability 9.0 device)"
         )
     if hopper:
-        if _use_pair(impl, w.fmt, t, m):
-            f16 = inputs == "fp16" and f16_foldable(w.fmt)
-            gemm_pair(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel, f16=f16)
+        f16 = inputs == "fp16" and f16_foldable(w.fmt)
+        if _use_pair(
+            impl, w.fmt, t, m
+        ):  # auto: the fp16 mode picks its kernel by rows; pair: the scratch layout
+            gemm_pair(
+                x,
+                w,
+                out,
+                (m, n, k, ldx, ldy),
+                _sm90_kernel,
+                f16=f16,
+                inloop=None if impl == "auto" else False,
+            )
+            return out
+        if f16 and impl == "wgmma" and _use_pair("auto", w.fmt, t, m):  # the fp16 mode's in-loop kernel
+            gemm_pair(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel, f16=True, inloop=True)
             return out
         fn, bn = _gemm90("gemm90", w, t)
         fn((grid_1d(m, _GS_BM) * grid_1d(n, bn),), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
