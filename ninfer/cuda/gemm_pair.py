@@ -68,13 +68,15 @@ PAIR_INSTANCES: tuple[str, ...] = (
 # compares both paths there). Results are bitwise the same on either side.
 PAIR_MIN_ROWS = 128
 # Below this many rows the fp16 mode converts the weights inside the GEMM's main loop (gemm90_f16il: every CTA
-# converts its tiles, as the in-loop kernels do) instead of once per GEMM into the fp16 scratch: the dequant pass
-# moves ~4.6 B per weight (stored bytes read, 2 B written, 2 B read back) whatever M is, which at a follow-up turn's
-# 256 rows is ~30% of the NVFP4 gate|up GEMM's time and all of a narrow one's grid-starved margin (estimated from
-# the H200 figures in docs/cuda.md: dequant ~65 us for the 17408 x 5120 x 2 MLP up projection, 256 x 34816 x 5120
-# at ~400 TFLOP/s ~230 us). Not measured on a GPU yet (`python -m perf.bench_gemm --rows 256,512,1024` times both
-# sides); both sides give bitwise the same result (tests/test_gemm_pair_host.py, tests/test_cuda_gemm_f16.py).
-F16_INLOOP_ROWS = 512
+# converts its own tiles, as the in-loop kernels do) instead of once per GEMM into the fp16 scratch. The dequant pass
+# moves ~4.6 B per weight (stored bytes read, 2 B written, 2 B read back) whatever M is; the in-loop conversion costs
+# CUDA-core time per row tile. Estimated from the H200 figures in docs/cuda.md (not measured on a GPU yet): the
+# NVFP4 17408 x 2 x 5120 MLP up projection's dequant pass ~65 us; its scratch GEMM loop ~480 TFLOP/s, the in-loop
+# kernel (bf16 x) ~375: break-even near 384 rows for that widest matrix, and the narrow ones (N = 5120: 40 CTAs at
+# 256 rows, far from a wave either way) gain at any row count below it. `python -m perf.bench_gemm --rows
+# 256,384,512` times both sides (f16 / f16il); both give bitwise the same result (tests/test_gemm_pair_host.py,
+# tests/test_cuda_gemm_f16.py), so the threshold moves time, never values.
+F16_INLOOP_ROWS = 384
 _BM, _BN, _THREADS, _SMEM = 128, 256, 256, 232448  # GS_BM, DqBF16::BN, GS_THREADS, GS_SMEM
 # Scratch caps (bytes): the bf16 weight copy (the 27B's largest fused projection, gate|up 34816 x 5120, is 340 MiB;
 # larger weights run in row chunks of the cap) and the hi / lo activations (4 B per element: 8192 rows of the 27B's
