@@ -100,10 +100,19 @@ def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
     from .synthetic import synthetic_tensors
 
     mc = REG[MODELS[key]].config
+    t0 = time.perf_counter()
+
+    def mark(what: str) -> None:  # a run stopped by its time limit still shows how far it got
+        print(f"[{time.perf_counter() - t0:7.1f} s] {key}: {what}", flush=True)
+
+    mark("building")
     net = CudaQwen36(mc, synthetic_tensors(mc, a.profile), act_dtype=a.activations, cuda_graph=False)
+    mark("built")
     net.warmup()
+    mark("warm")
     pages = -(-(a.context + a.chunk + 64) // 16)
     seqs = Sequences(net, slots=4, pages=pages * 2, page_size=16, context=a.context + a.chunk + 64)
+    mark("allocated")
     st = seqs.new()
     seqs.reserve(st, a.context + 8)
     lane = (seqs.slot(st), a.context, seqs.pages(st))
