@@ -2,6 +2,7 @@
 
     python -m perf.profile_step --model 27b          # on a GPU: eager decode at 8K context, a 2048-token prefill
     python -m perf.profile_step --fold both          # decode with the norms folded into the GEMVs and without
+    python -m perf.profile_step --chunk 256 --prefill-at 8192   # a follow-up turn's chunk after an 8K prefix
 
 Each public function of the family modules (``ninfer.cuda.FAMILY_MODULES``) that launches a kernel is wrapped for the duration of the
 run (``gemv``, ``gemv_experts`` and the MoE prefill's ``gemv_expert_lanes`` / ``expert_lanes`` included); a call's time is the event interval around its launches on the current stream. Work outside the wrappers
@@ -110,8 +111,10 @@ def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
     mark("built")
     net.warmup()
     mark("warm")
-    pages = -(-(a.context + a.chunk + 64) // 16)
-    seqs = Sequences(net, slots=4, pages=pages * 2, page_size=16, context=a.context + a.chunk + 64)
+    pages = -(-(max(a.context, a.prefill_at) + a.chunk + 64) // 16)
+    seqs = Sequences(
+        net, slots=4, pages=pages * 2, page_size=16, context=max(a.context, a.prefill_at) + a.chunk + 64
+    )
     mark("allocated")
     st = seqs.new()
     seqs.reserve(st, a.context + 8)
@@ -126,11 +129,13 @@ def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
     pre = seqs.new()
     chunk = np.random.default_rng(0).integers(0, mc.vocab_size, a.chunk)
 
-    def prefill() -> None:
-        seqs.seek(pre, 0)
+    seqs.reserve(pre, a.prefill_at + a.chunk)
+
+    def prefill() -> None:  # at prefill_at: a follow-up turn's chunk over a kept prefix (its KV values unset)
+        seqs.seek(pre, a.prefill_at)
         seqs.forward(pre, chunk)
 
-    res["prefill_chunk"] = _run(f"{key} prefill {a.chunk} @0", prefill)
+    res["prefill_chunk"] = _run(f"{key} prefill {a.chunk} @{a.prefill_at}", prefill)
     return res
 
 
@@ -141,6 +146,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--activations", default="fp32")
     p.add_argument("--context", type=int, default=8192)
     p.add_argument("--chunk", type=int, default=2048)
+    p.add_argument(
+        "--prefill-at",
+        type=int,
+        default=0,
+        help="the chunk's first position (e.g. 8192 with --chunk 256: a follow-up)",
+    )
     p.add_argument("--fold", choices=("on", "off", "both"), default="on", help="decode with norm folding")
     a = p.parse_args(argv)
     return {key: _profile_model(key, a) for key in a.model.split(",")}
