@@ -304,6 +304,23 @@ __global__ void __launch_bounds__(GS_THREADS, 1)
                               rowf + m0);
 }
 
+// The fp16 mode of the MoE prefill GEMM: gemm90_experts over split_f16row's rows (the expert-sorted slots' inputs)
+// with the weights converted in the main loop as gemm90_f16il does; y[s, n] = (sum_k xh[s, k] W_e[n, k]) *
+// row_scale(e N + n) * rowf[s]. A slot's result depends only on its own row, its expert and K.
+template <typename D>
+__global__ void __launch_bounds__(GS_THREADS, 1)
+    gemm90_experts_f16(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
+                       const bf16* __restrict__ xh, const float* __restrict__ rowf, float* __restrict__ y,
+                       const int* __restrict__ off, const int* __restrict__ tile_e, const int* __restrict__ tile_s0,
+                       const int* __restrict__ ntiles, int N, int K, long long ldx, long long ldy) {
+    static_assert(!D::DIRECT && D::GPT == 0, "the folded formats: operand values exact in fp16");
+    const int i = blockIdx.y;
+    if (i >= *ntiles) return;
+    const int e = tile_e[i], s0 = tile_s0[i], rows = min(GS_BM, off[e + 1] - s0);
+    gs_tile<D, ActF16, float>(p0, p1, p2, xh + (long long)s0 * ldx, y + (long long)s0 * ldy, rows, N, K, ldx, ldy,
+                              blockIdx.x * D::BN, (long long)e * N, rowf + s0);
+}
+
 // x [M, K] (row stride ldx, K % 8 == 0) -> xh [M, K] fp16 words (row stride K) = x * 2^k rounded to nearest even,
 // rowf[m] = 2^-k (f16row_scale of the row's largest |x|). One block per row: the row's max (exact: max is order-free),
 // then its 8-k chunks.

@@ -129,3 +129,32 @@ def test_f16_in_loop_kernel_equals_scratch_kernel(cp: Any, fmt: str) -> None:
         assert not np.array_equal(exact, inloop), (
             f"{fmt}: impl='wgmma' with fp16 inputs gave the exact result"
         )
+
+
+@pytest.mark.parametrize("fmt", ("NVFP4G16_E4M3S", "FP8E4M3_F32ROW", "FP8E4M3_F32T"))
+def test_f16_experts_match_rounded_reference(cp: Any, fmt: str) -> None:
+    """The MoE prefill GEMM's fp16 mode (gemm90_experts_f16): every slot's row rounded under its own scale, against
+    its expert's product in NumPy with the same rounding; empty experts, an expert over two row tiles, one-row
+    experts; a slot alone gives its bits in the full launch; the exact mode differs."""
+    from test_cuda_ops import _weight as _experts_weight
+
+    from ninfer.cuda.linear import gemm_experts
+
+    rng = np.random.default_rng(69)
+    for n, k, counts in ((130, 136, [0, 150, 1, 0, 64, 65, 3]), (300, 1032, [130, 0, 257])):
+        e = len(counts)
+        w, wf = _experts_weight(rng, fmt, (e, n, k))
+        ids = np.repeat(np.arange(e, dtype=np.int32), counts)
+        x = _x(rng, ids.size, k)
+        out = cp.full((ids.size, n), np.nan, dtype=F32)
+        gemm_experts(cp.asarray(x), w, cp.asarray(ids), n, out, inputs="fp16")
+        got = cp.asnumpy(out)
+        xr = ops.round_fp16_rows(x)
+        for s in range(ids.size):  # per row: the tiny and huge rows are not hidden by the others' scale
+            ref = ops.linear(xr[s : s + 1], wf[ids[s]])
+            assert _err(got[s : s + 1], ref) <= TOL, f"{fmt} {n}x{k}: slot {s} (expert {ids[s]})"
+        for s in (0, int(counts[0]), ids.size - 1):
+            alone = gemm_experts(cp.asarray(x[s : s + 1]), w, cp.asarray(ids[s : s + 1]), n, inputs="fp16")
+            assert np.array_equal(cp.asnumpy(alone)[0], got[s]), f"{fmt}: slot {s} alone differs"
+        exact = cp.asnumpy(gemm_experts(cp.asarray(x), w, cp.asarray(ids), n))
+        assert not np.array_equal(exact, got), f"{fmt}: inputs='fp16' gave the exact result (not taken?)"

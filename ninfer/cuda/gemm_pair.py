@@ -29,6 +29,7 @@ __all__ = [
     "f16_foldable",
     "pair_scratch_bytes",
     "gemm_pair",
+    "f16_rows",
     "release_scratch",
 ]
 
@@ -55,6 +56,7 @@ PAIR_INSTANCES: tuple[str, ...] = (
     *(f"gemm90_f16<{s}>" for s, d in PAIR_STRUCTS.values() if d is not None),
     *(f"dequant90<{d}, true>" for _, d in PAIR_STRUCTS.values() if d is not None),
     *(f"gemm90_f16il<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),  # the in-loop fp16 kernel
+    *(f"gemm90_experts_f16<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),  # the MoE prefill's
     "split_f16row",
 )
 
@@ -136,6 +138,17 @@ def _scratch(kind: str, elems: int) -> Any:
 def release_scratch() -> None:
     """Drop the cached scratch buffers (tests, or to give the memory back to the pool)."""
     _SCRATCH.clear()
+
+
+def f16_rows(x: Any, ldx: int, kernel_of: Callable[[str], Any]) -> tuple[Any, Any]:
+    """The fp16 mode's activation rows for a kernel that reads them itself (the MoE prefill GEMM): ``split_f16row``
+    of float32 ``x[M, K]`` (row stride ``ldx``, M > 0) into the scratch, as (fp16 words ``[M, K]`` as uint16, one
+    float32 factor per row). Not for graph capture (the scratch may be reallocated)."""
+    m, k = x.shape
+    buf = _scratch("x", m * k + 2 * m)
+    xh, rowf = buf[: m * k], buf[m * k : m * k + 2 * m].view(np.float32)
+    kernel_of("split_f16row")((m,), (_SPLIT_THREADS,), (x, xh, rowf, np.int32(m), np.int32(k), np.int64(ldx)))
+    return xh, rowf
 
 
 def gemm_pair(

@@ -28,7 +28,15 @@ from typing import Any
 import numpy as np
 
 from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
-from ninfer.cuda.gemm_pair import PAIR_INSTANCES, PAIR_MIN_ROWS, f16_foldable, gemm_pair, pair_foldable
+from ninfer.cuda.gemm_pair import (
+    PAIR_INSTANCES,
+    PAIR_MIN_ROWS,
+    PAIR_STRUCTS,
+    f16_foldable,
+    f16_rows,
+    gemm_pair,
+    pair_foldable,
+)
 from ninfer.cuda.launch import capturing, launch_pdl
 from ninfer.cuda.loader import compute_capability, kernel, target_arch
 from ninfer.cuda.norm import Normed
@@ -438,8 +446,8 @@ def gemm(x: Any, w: DeviceWeight, out: Any = None, *, impl: str = "auto", inputs
     halves, fp32 accumulation); ``x`` and ``out`` may be row-strided views. ``impl``: see the module docstring
     (every Hopper choice gives bitwise the same result). ``inputs="fp16"``: where the pair mode would run and the
     format's operands are exact in fp16 (FP8, NVFP4), the fp16 mode instead (gemm_pair.py: each float32 row scaled
-    by a power of two and rounded to fp16, one MMA per product); every other GEMM stays exact. The choice depends
-    only on the format and M, never on other rows' values. In the fp16 mode ``impl="pair"`` forces the weight
+    by a power of two and rounded to fp16, one MMA per product; gemm_experts likewise); every other GEMM stays
+    exact. The choice depends only on the format and M, never on other rows' values. In the fp16 mode ``impl="pair"`` forces the weight
     scratch and ``impl="wgmma"`` the in-loop conversion (``auto`` picks by rows; the same bits either way)."""
     if inputs not in GEMM_INPUTS:
         raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
@@ -485,12 +493,18 @@ def gemm(x: Any, w: DeviceWeight, out: Any = None, *, impl: str = "auto", inputs
     return out
 
 
-def gemm_experts(x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None, *, impl: str = "auto") -> Any:
+def gemm_experts(
+    x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None, *, impl: str = "auto", inputs: str = "exact"
+) -> Any:
     """MoE prefill: ``out[s] = x[s] · W_e[ids[s]]ᵀ`` for slots sorted by expert (``ids`` int32, non-decreasing),
     ``w`` the fused ``[E*n, K]`` expert weight. The tile table is built on the device (no host sync): expert e owns
-    rows ``off[e] .. off[e+1]`` and ``ceil(count_e / 128)`` tiles; the grid is sized by the bound ``S/128 + E``."""
+    rows ``off[e] .. off[e+1]`` and ``ceil(count_e / 128)`` tiles; the grid is sized by the bound ``S/128 + E``.
+    ``inputs="fp16"`` (float32 ``x``, FP8 / NVFP4 weights, Hopper, outside graph capture): each slot's row rounded
+    to fp16 under a power-of-two scale as :func:`gemm` does (``gemm90_experts_f16``); otherwise exact."""
     if impl == "pair":
         raise KernelError("gemm_experts: no pair mode (auto, wgmma or mma)")
+    if inputs not in GEMM_INPUTS:
+        raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
     t, m, k, ldx = _prep(x, w, out, "gemm_experts")
     check_array(ids, "ids", dtype=np.int32, shape=(m,))
     if n <= 0 or w.rows % n:
@@ -503,6 +517,15 @@ def gemm_experts(x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None, *, 
     p0, p1, p2 = w.planes()
     args = (p0, p1, p2, x, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k), np.int64(ldx),
             np.int64(ldy))  # fmt: skip
+    if _hopper(impl) and inputs == "fp16" and t == "float" and f16_foldable(w.fmt) and not capturing():
+        xh, rowf = f16_rows(x, ldx, _sm90_kernel)
+        fn = _sm90_kernel(f"gemm90_experts_f16<{PAIR_STRUCTS[w.fmt][1]}>")
+        if fn.max_dynamic_shared_size_bytes < _GS_SMEM:
+            fn.max_dynamic_shared_size_bytes = _GS_SMEM
+        args = (p0, p1, p2, xh, rowf, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k), np.int64(k),
+                np.int64(ldy))  # fmt: skip
+        fn((grid_1d(n, DQ_STRUCTS[w.fmt][1]), bound), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
+        return out
     if _hopper(impl):  # same 128-row tiles (GS_BM == GM_BM)
         fn, bn = _gemm90("gemm90_experts", w, t)
         fn((grid_1d(n, bn), bound), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
