@@ -28,7 +28,15 @@ from typing import Any
 import numpy as np
 
 from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
-from ninfer.cuda.gemm_pair import PAIR_INSTANCES, PAIR_MIN_ROWS, f16_foldable, gemm_pair, pair_foldable
+from ninfer.cuda.gemm_pair import (
+    F16_VARIANTS,
+    PAIR_INSTANCES,
+    PAIR_MIN_ROWS,
+    WS_INSTANCES,
+    f16_foldable,
+    gemm_pair,
+    pair_foldable,
+)
 from ninfer.cuda.launch import capturing, launch_pdl
 from ninfer.cuda.loader import compute_capability, kernel, target_arch
 from ninfer.cuda.norm import Normed
@@ -134,6 +142,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
         ),
         *PAIR_INSTANCES,
     ),
+    "gemm_sm90_ws.cu": WS_INSTANCES,
 }
 
 
@@ -149,7 +158,8 @@ def _hopper(impl: str) -> bool:
 
 
 def _sm90_kernel(name: str) -> Any:
-    return kernel("gemm_sm90.cu", SOURCES["gemm_sm90.cu"], name)
+    src = "gemm_sm90_ws.cu" if name.startswith("gemm90_f16_ws<") else "gemm_sm90.cu"
+    return kernel(src, SOURCES[src], name)
 
 
 def _use_pair(impl: str, fmt: str, t: str, m: int) -> bool:
@@ -433,16 +443,29 @@ def gemv_expert_lanes(
 GEMM_INPUTS = ("exact", "fp16")
 
 
-def gemm(x: Any, w: DeviceWeight, out: Any = None, *, impl: str = "auto", inputs: str = "exact") -> Any:
+def gemm(
+    x: Any,
+    w: DeviceWeight,
+    out: Any = None,
+    *,
+    impl: str = "auto",
+    inputs: str = "exact",
+    variant: str = "cp",
+) -> Any:
     """``out = x · Wᵀ`` for ``x[M, K]`` on tensor cores (exact weight operands, float32 ``x`` split into two bf16
     halves, fp32 accumulation); ``x`` and ``out`` may be row-strided views. ``impl``: see the module docstring
     (every Hopper choice gives bitwise the same result). ``inputs="fp16"``: where the pair mode would run and the
     format's operands are exact in fp16 (FP8, NVFP4), the fp16 mode instead (gemm_pair.py: each float32 row scaled
     by a power of two and rounded to fp16, one MMA per product); every other GEMM stays exact. The choice depends
     only on the format and M, never on other rows' values. In the fp16 mode ``impl="pair"`` forces the weight
-    scratch and ``impl="wgmma"`` the in-loop conversion (``auto`` picks by rows; the same bits either way)."""
+    scratch and ``impl="wgmma"`` the in-loop conversion (``auto`` picks by rows; the same bits either way).
+    ``variant`` (gemm_pair.F16_VARIANTS): the fp16 scratch kernel's main loop, ``cp`` (cp.async, the default) or
+    ``ws`` (TMA + warp specialization, cuda_src/gemm_sm90_ws.cu), bitwise the same; GEMMs that do not run the fp16
+    scratch kernel ignore it."""
     if inputs not in GEMM_INPUTS:
         raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
+    if variant not in F16_VARIANTS:
+        raise KernelError(f"variant={variant!r}: one of {', '.join(F16_VARIANTS)}")
     t, m, k, ldx = _prep(x, w, out, "gemm")
     n = w.rows
     out, ldy = _out(x, out, m, n)
@@ -468,6 +491,7 @@ def gemm(x: Any, w: DeviceWeight, out: Any = None, *, impl: str = "auto", inputs
                 _sm90_kernel,
                 f16=f16,
                 inloop=None if impl == "auto" else False,
+                variant=variant if f16 else "cp",
             )
             return out
         if f16 and impl == "wgmma" and _use_pair("auto", w.fmt, t, m):  # the fp16 mode's in-loop kernel
