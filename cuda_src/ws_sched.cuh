@@ -43,9 +43,18 @@ struct WsRing {
     HD void next() { ++it; }
 };
 
+// The loops call the policy's members, __device__ in the kernel and host-only in the host test (whose instances never
+// reach device code): nvcc's check of host calls from __host__ __device__ templates is off for them.
+#if defined(__CUDACC__) && !defined(__CUDACC_RTC__)
+#define WS_HD_TEMPLATE _Pragma("nv_exec_check_disable")
+#else
+#define WS_HD_TEMPLATE
+#endif
+
 // Producer (one thread): for each K tile of each of the CTA's output tiles, wait until the slot is free, then fill
 // it (arm full[s] with the stage's bytes and issue the A and B box copies).
 //   o.wait_empty(s, parity), o.fill(s, kt, mt, nt)
+WS_HD_TEMPLATE
 template <typename O> HD void ws_produce(O& o, const WsSched& sc, int cta, int grid) {
     WsRing r;
     for (int b = cta; b < sc.ntiles; b += grid) {
@@ -62,6 +71,7 @@ template <typename O> HD void ws_produce(O& o, const WsSched& sc, int cta, int g
 // wgmmas (async), retire the previous K tile's wgmmas and release that slot; after the last K tile retire all and
 // release, then the epilogue (registers -> global) while the producer already fills the next tile's slots.
 //   o.zero(), o.wait_full(s, parity), o.mma(s), o.retire_prev(), o.retire_all(), o.release(s), o.epilogue(mt, nt)
+WS_HD_TEMPLATE
 template <typename O> HD void ws_consume(O& o, const WsSched& sc, int cta, int grid) {
     WsRing r;
     for (int b = cta; b < sc.ntiles; b += grid) {
