@@ -33,20 +33,37 @@ def _line(p: MapParams) -> str:
     return f"{p.dims[0]} {p.dims[1]} {p.strides[0]} {p.box[0]} {p.box[1]} {p.swizzle}\n"
 
 
-def _run(driver: Path, m: int, n: int, k: int, grid: int, seed: int, swizzle: int = SWIZZLE_128B):
+def _run(
+    driver: Path, m: int, n: int, k: int, grid: int, seed: int, slow: int = 0, swizzle: int = SWIZZLE_128B
+) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = rng.integers(-3, 4, (m, k)).astype(np.float16)
     w = rng.integers(-3, 4, (n, k)).astype(np.float16)
     rowf = (2.0 ** rng.integers(-3, 4, m)).astype(np.float32)
     ma, mb = map_params(m, k, k, BM), map_params(n, k, k, BN)
     ma, mb = ma._replace(swizzle=swizzle), mb._replace(swizzle=swizzle)
-    head = f"{m} {n} {k} {grid} {seed}\n" + _line(ma) + _line(mb)
+    head = f"{m} {n} {k} {grid} {seed} {slow}\n" + _line(ma) + _line(mb)
     data = head.encode() + x.view(np.uint16).tobytes() + w.view(np.uint16).tobytes() + rowf.tobytes()
     proc = subprocess.run([str(driver)], input=data, capture_output=True, timeout=600)
     assert proc.returncode == 0, f"driver exited {proc.returncode}: {proc.stderr.decode()[-2000:]}"
     got = np.frombuffer(proc.stdout, np.float32).reshape(m, n)
     want = (x.astype(np.float64) @ w.astype(np.float64).T * rowf[:, None]).astype(np.float32)
     return got, want
+
+
+def test_constants_agree() -> None:
+    """The Python launch's constants are the kernel's (ws_sched.cuh, gemm_sm90_ws.cu)."""
+    import re
+
+    from ninfer.cuda import gemm_pair as gp
+    from ninfer.cuda.loader import CUDA_SRC
+
+    text = (CUDA_SRC / "ws_sched.cuh").read_text() + (CUDA_SRC / "gemm_sm90_ws.cu").read_text()
+    defs = dict(re.findall(r"^#define (WS_\w+) (\d+)", text, re.MULTILINE))
+    assert int(defs["WS_THREADS"]) == gp._WS_THREADS and int(defs["WS_BN"]) == gp._WS_BN == BN
+    assert int(defs["WS_SMEM"]) == gp._SMEM
+    need = 1024 + int(defs["WS_STAGES"]) * (BM + BN) * 128 + 16 * int(defs["WS_STAGES"])
+    assert need <= gp._SMEM, "ring + barriers + alignment slack fit the opt-in shared memory"
 
 
 def test_map_params() -> None:

@@ -9,7 +9,8 @@
 //   - a slot is refilled only after both consumer warpgroups released every earlier fill of it;
 //   - a consumer passing full[s] sees exactly the fill it waits for, and the slot holds the tile / K tile it expects;
 //   - every output element is written exactly once (tile order: every tile once, ragged edges clipped).
-// stdin: M N K G seed, then per operand (A, B) "dims0 dims1 stride box0 box1 swizzle", then xh [M*K] u16, w [N*K]
+// stdin: M N K G seed slow (1: consumers sleep in every mma, the producer always waits for a release; 2: the
+// producer sleeps in every fill, the consumers always wait for the bytes; 0: random jitter only), then per operand (A, B) "dims0 dims1 stride box0 box1 swizzle", then xh [M*K] u16, w [N*K]
 // u16, rowf [M] f32. stdout: y [M*N] f32. Exit 20+ on a violated invariant (message on stderr).
 #include <chrono>
 #include <condition_variable>
@@ -87,7 +88,8 @@ struct World {
     std::vector<int> written;
 };
 
-static void jitter(std::mt19937& rng) {
+static void jitter(std::mt19937& rng, bool slow) {
+    if (slow) std::this_thread::sleep_for(std::chrono::microseconds(30));
     const int r = (int)(rng() % 8);
     if (r == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
     else if (r < 4) std::this_thread::yield();
@@ -127,6 +129,7 @@ struct HostProducer {
     Cta& c;
     World& wd;
     std::mt19937 rng;
+    bool slow;
     void wait_empty(int s, u32 parity) { c.empty[s].wait(parity); }
     void fill(int s, int kt, int mt, int nt) {
         {
@@ -140,10 +143,10 @@ struct HostProducer {
         c.full[s].arrive(WS_STAGE_BYTES);  // arrive.expect_tx; the copies complete the bytes later
         u8* slot = c.ring.data() + (size_t)s * WS_STAGE_BYTES;
         std::memset(slot, 0xff, WS_STAGE_BYTES);  // NaN words: a byte the box copies miss poisons the result
-        jitter(rng);
+        jitter(rng, slow);
         const long long a = tma_box(slot, wd.ma, wd.xh, kt * GS_BK, mt * GS_BM);
         c.full[s].complete_tx(a);
-        jitter(rng);
+        jitter(rng, false);
         c.full[s].complete_tx(tma_box(slot + WS_A_BYTES, wd.mb, wd.w, kt * GS_BK, nt * WS_BN));
     }
 };
@@ -153,6 +156,7 @@ struct HostConsumer {
     World& wd;
     int wg;
     std::mt19937 rng;
+    bool slow;
     std::vector<float> acc = std::vector<float>(64 * WS_BN);
     std::vector<int> seen;  // (mt, nt, kt) of every slot consumed in the current output tile
     void zero() { std::fill(acc.begin(), acc.end(), 0.f), seen.clear(); }
@@ -166,7 +170,7 @@ struct HostConsumer {
     }
     void mma(int s) {  // the four k16 wgmmas of the slot, in order, one fp32 accumulator per output
         const u32 a = (u32)s * WS_STAGE_BYTES + wg * 64 * 128, b = (u32)s * WS_STAGE_BYTES + WS_A_BYTES;
-        jitter(rng);
+        jitter(rng, slow);
         for (int ks = 0; ks < 4; ++ks)
             for (int r = 0; r < 64; ++r)
                 for (int n = 0; n < WS_BN; ++n) {
@@ -215,9 +219,9 @@ static void read_map(Map& m) {
 
 int main() {
     World wd;
-    int G;
+    int G, slow;
     unsigned seed;
-    if (scanf("%d %d %d %d %u", &wd.M, &wd.N, &wd.K, &G, &seed) != 5) return 2;
+    if (scanf("%d %d %d %d %u %d", &wd.M, &wd.N, &wd.K, &G, &seed, &slow) != 6) return 2;
     read_map(wd.ma);
     read_map(wd.mb);
     getchar();
@@ -231,12 +235,12 @@ int main() {
     std::vector<std::thread> th;
     for (int cta = 0; cta < G; ++cta) {
         th.emplace_back([&, cta] {
-            HostProducer p{ctas[cta], wd, std::mt19937(seed * 977 + cta)};
+            HostProducer p{ctas[cta], wd, std::mt19937(seed * 977 + cta), slow == 2};
             ws_produce(p, sc, cta, G);
         });
         for (int wg = 0; wg < 2; ++wg)
             th.emplace_back([&, cta, wg] {
-                HostConsumer c{ctas[cta], wd, wg, std::mt19937(seed * 131 + 7 * cta + wg)};
+                HostConsumer c{ctas[cta], wd, wg, std::mt19937(seed * 131 + 7 * cta + wg), slow == 1};
                 ws_consume(c, sc, cta, G);
             });
     }
