@@ -112,8 +112,27 @@ template <typename D> struct WsConsumer {
     __device__ void release(int s) const {
         if ((ctid & 31) == 0) mbar_arrive(sm.bar_empty(s));
     }
-    __device__ void epilogue(int mt, int nt) const {  // gs_tile's epilogue, element for element
+    // gs_tile's epilogue, element for element: v = acc * row_scale(column) * rowf[row]. Registers 4j + 2h and
+    // 4j + 2h + 1 hold columns c, c + 1 (c even) of one row, stored as one float2 where y's rows allow it (8-byte
+    // aligned base, even ldy and N: then n0 + c < N implies n0 + c + 1 < N); the values are the same either way.
+    __device__ void epilogue(int mt, int nt) const {
         const int m0 = mt * GS_BM, n0 = nt * WS_BN, mvalid = min(M - m0, GS_BM);
+        const bool pairs = ((reinterpret_cast<size_t>(y) & 7) | ((size_t)ldy & 1) | ((size_t)N & 1)) == 0;
+        if (pairs) {
+#pragma unroll
+            for (int i = 0; i < WS_BN / 2; i += 2) {
+                int r, c;
+                frag_rc(ctid, i, r, c);
+                if (r < mvalid && n0 + c < N) {
+                    const float f = rowf[m0 + r];
+                    float2 v;
+                    v.x = acc[i] * D::row_scale(p1, p2, n0 + c) * f;
+                    v.y = acc[i + 1] * D::row_scale(p1, p2, n0 + c + 1) * f;
+                    *reinterpret_cast<float2*>(y + (long long)(m0 + r) * ldy + n0 + c) = v;
+                }
+            }
+            return;
+        }
 #pragma unroll
         for (int i = 0; i < WS_BN / 2; ++i) {
             int r, c;

@@ -22,14 +22,15 @@ from ninfer.reference import ops
 pytestmark = pytest.mark.gpu
 
 F32 = np.float32
-# (M, N, K): one row; N below 8; M, N, K off the 128 x 256 x 64 tiles; K wrapping the 4-slot ring many times;
+# (M, N, K), each into a strided, misaligned output view (the scalar epilogue) and a contiguous one (float2 stores
+# where N is even): one row; N below 8; M, N, K off the 128 x 256 x 64 tiles; K wrapping the 4-slot ring many times;
 # 9 x 17 = 153 and 16 x 20 = 320 tiles on 132 SMs (CTAs walk several tiles, the ring running on across them)
-SHAPES = ((1, 300, 64), (128, 6, 8), (129, 300, 200), (257, 1000, 512), (300, 520, 2056), (1100, 4100, 264),
-          (2048, 5120, 1024))  # fmt: skip
+SHAPES = ((1, 300, 64), (128, 6, 8), (129, 300, 200), (130, 257, 136), (257, 1000, 512), (300, 520, 2056),
+          (1100, 4100, 264), (2048, 5120, 1024))  # fmt: skip
 
 
 @pytest.fixture
-def cp(monkeypatch: pytest.MonkeyPatch) -> Any:
+def cp() -> Any:
     cupy = pytest.importorskip("cupy")
     from ninfer.cuda.loader import compute_capability, target_arch
 
@@ -75,9 +76,11 @@ def test_ws_bitwise_cp_and_reference(cp: Any, ws_calls: list[int], fmt: str) -> 
         )
         got = got[:, 3 : 3 + n]
         old = cp.asnumpy(gemm(xv, w, impl="pair", inputs="fp16", variant="cp"))
-        assert np.array_equal(got.view(np.uint32), old.view(np.uint32)), (
-            f"{fmt} {m}x{n}x{k}: ws differs from cp in {np.count_nonzero(got != old)} outputs"
-        )
+        dense = cp.asnumpy(gemm(xv, w, impl="pair", inputs="fp16", variant="ws"))
+        for name, mine in (("strided out", got), ("contiguous out", dense)):
+            assert np.array_equal(mine.view(np.uint32), old.view(np.uint32)), (
+                f"{fmt} {m}x{n}x{k} {name}: ws differs from cp in {np.count_nonzero(mine != old)} outputs"
+            )
         if m * n * k <= 300 * 520 * 2056:  # the NumPy reference of the largest shapes takes too long
             err = _err(got, ops.linear(ops.round_fp16_rows(x), wf))
             assert err <= TOL, f"{fmt} {m}x{n}x{k}: normalised max error {err:.2e} against the rounded inputs"
