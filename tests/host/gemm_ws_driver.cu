@@ -8,7 +8,8 @@
 // descriptors rather than against a shared helper. Random delays shake the interleavings; invariants asserted:
 //   - a slot is refilled only after both consumer warpgroups released every earlier fill of it;
 //   - a consumer passing full[s] sees exactly the fill it waits for, and the slot holds the tile / K tile it expects;
-//   - every output element is written exactly once (tile order: every tile once, ragged edges clipped).
+//   - every output element is written exactly once (tile order: every tile once, ragged edges clipped);
+//   - the descriptor addressing equals wdq.cuh's sw128 (the layout the cp.async kernels write).
 // stdin: M N K G seed slow (1: consumers sleep in every mma, the producer always waits for a release; 2: the
 // producer sleeps in every fill, the consumers always wait for the bytes; 0: random jitter only), then per operand (A, B) "dims0 dims1 stride box0 box1 swizzle", then xh [M*K] u16, w [N*K]
 // u16, rowf [M] f32. stdout: y [M*N] f32. Exit 20+ on a violated invariant (message on stderr).
@@ -111,11 +112,13 @@ static long long tma_box(u8* dst, const Map& m, const std::vector<u16>& g, int c
 
 // the 16-bit word at k16 step ks, row r, k kk of the SW128 K-major tile whose descriptor starts at `start` (the
 // ring offset of the tile, 1024-aligned, + 32 ks): as the hardware resolves desc_sw128
+static u32 desc_addr(u32 start, int r, int kk) {
+    const u32 a = start + 128 * r + 2 * kk;
+    return a ^ (((a >> 7) & 7) << 4);
+}
 static u16 desc_word(const u8* ring, u32 start, int r, int kk) {
-    u32 a = start + 128 * r + 2 * kk;
-    a ^= ((a >> 7) & 7) << 4;
     u16 v;
-    memcpy(&v, ring + a, 2);
+    memcpy(&v, ring + desc_addr(start, r, kk), 2);
     return v;
 }
 
@@ -218,6 +221,12 @@ static void read_map(Map& m) {
 }
 
 int main() {
+    // the descriptor addressing above is the layout the cp.async kernels write (wdq.cuh sw128), for every row a B
+    // tile has and every k of a K tile
+    for (int r = 0; r < WS_BN; ++r)
+        for (int k = 0; k < GS_BK; ++k)
+            if ((int)desc_addr(32 * (k / 16), r, k % 16) != sw128(r, k / 8) + 2 * (k % 8))
+                FAIL(29, "descriptor address of (%d, %d) != sw128", r, k);
     World wd;
     int G, slow;
     unsigned seed;
