@@ -76,6 +76,20 @@ def test_map_params() -> None:
             map_params(*bad)
 
 
+def test_tensor_map_buffer_is_passed_by_value() -> None:
+    """The 128-byte map sits 64-byte aligned in its buffer, and launch_ex hands the driver its address as the
+    parameter's value (not a device pointer)."""
+    import ctypes
+
+    from ninfer.cuda.launch import _c_arg
+    from ninfer.cuda.tensor_map import TensorMap
+
+    for _ in range(8):
+        tm = TensorMap()
+        assert ctypes.addressof(tm.arg) % 64 == 0 and ctypes.sizeof(tm.arg) == 128
+        assert _c_arg(tm.arg) is tm.arg
+
+
 # (M, N, K, persistent CTAs): a single element; one exact tile; ragged M / N / K on several tiles with fewer CTAs than
 # tiles (each CTA walks several output tiles, its ring running on across them); K of 17 K tiles wraps the 4-slot ring
 # four times per tile; more CTAs than tiles (idle CTAs)
