@@ -94,31 +94,41 @@ def test_ws_chunked_scratch_and_rows(cp: Any, ws_calls: list[int], monkeypatch: 
     m, n, k = 300, 700, 1032
     w, _ = _weight(rng, "NVFP4G16_E4M3S", n, k)
     xd = cp.asarray(_x(rng, m, k))
-    full = cp.asnumpy(gemm(xd, w, inputs="fp16", variant="ws"))
+    full = cp.asnumpy(gemm(xd, w, impl="pair", inputs="fp16", variant="ws"))
     assert ws_calls, "the ws kernel did not run"
-    assert np.array_equal(full, cp.asnumpy(gemm(xd, w, inputs="fp16", variant="cp")))
+    assert np.array_equal(full, cp.asnumpy(gemm(xd, w, impl="pair", inputs="fp16", variant="cp")))
     for a, b in ((100, 260), (1, 129)):
         part = cp.asnumpy(gemm(xd[a:b], w, impl="pair", inputs="fp16", variant="ws"))
         assert np.array_equal(part, full[a:b]), f"rows {a}..{b - 1} differ when launched as a slice"
     monkeypatch.setattr(gp, "_W_CAP", 2 * 256 * k)
     monkeypatch.setattr(gp, "_X_CAP", 4 * 128 * k)
-    chunked = cp.asnumpy(gemm(xd, w, inputs="fp16", variant="ws"))
+    chunked = cp.asnumpy(gemm(xd, w, impl="pair", inputs="fp16", variant="ws"))
     assert np.array_equal(chunked, full), "chunked scratch changed the result"
 
 
-def test_ws_variant_outside_the_fp16_mode(cp: Any, ws_calls: list[int]) -> None:
-    """linear.gemm ignores the variant where the fp16 mode does not run (exact inputs, BF16 weights); gemm_pair
-    refuses ws outside the fp16 mode."""
-    from ninfer.cuda.gemm_pair import gemm_pair
+def test_ws_dispatch(cp: Any, ws_calls: list[int]) -> None:
+    """Under auto the ws kernel replaces the fp16 scratch kernel (from F16_INLOOP_ROWS rows) and nothing else: the
+    short chunks' in-loop kernel, exact inputs and BF16 weights ignore the variant (bitwise the default's result);
+    gemm_pair refuses ws outside the fp16 mode."""
+    from ninfer.cuda.gemm_pair import F16_INLOOP_ROWS, gemm_pair
     from ninfer.cuda.linear import KernelError, _sm90_kernel, gemm
 
     rng = np.random.default_rng(75)
-    for fmt, inputs in (("NVFP4G16_E4M3S", "exact"), ("BF16", "fp16")):
+    w, _ = _weight(rng, "NVFP4G16_E4M3S", 260, 256)
+    xd = cp.asarray(_x(rng, F16_INLOOP_ROWS + 5, 256))
+    a = cp.asnumpy(gemm(xd, w, inputs="fp16", variant="ws"))
+    assert len(ws_calls) == 1, "auto at F16_INLOOP_ROWS rows and above: the ws kernel"
+    assert np.array_equal(a, cp.asnumpy(gemm(xd, w, inputs="fp16")))
+    for fmt, inputs, m in (
+        ("NVFP4G16_E4M3S", "fp16", 300),
+        ("NVFP4G16_E4M3S", "exact", 400),
+        ("BF16", "fp16", 400),
+    ):
         w, _ = _weight(rng, fmt, 260, 256)
-        xd = cp.asarray(_x(rng, 300, 256))
+        xd = cp.asarray(_x(rng, m, 256))
         a, b = cp.asnumpy(gemm(xd, w, inputs=inputs, variant="ws")), cp.asnumpy(gemm(xd, w, inputs=inputs))
-        assert np.array_equal(a, b), f"{fmt} {inputs}: variant='ws' changed a GEMM outside the fp16 mode"
-    assert not ws_calls
-    out = cp.empty((300, 260), dtype=F32)
-    with pytest.raises(KernelError):
-        gemm_pair(xd, w, out, (300, 260, 256, 256, 260), _sm90_kernel, f16=False, variant="ws")
+        assert np.array_equal(a, b), f"{fmt} {inputs} M={m}: variant='ws' changed the result"
+    assert len(ws_calls) == 1, "the in-loop kernel, exact inputs and BF16 weights do not take the ws kernel"
+    out = cp.empty((400, 260), dtype=F32)
+    with pytest.raises(KernelError):  # BF16 weights, exact pair mode
+        gemm_pair(xd, w, out, (400, 260, 256, 256, 260), _sm90_kernel, f16=False, variant="ws")
