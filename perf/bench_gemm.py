@@ -5,6 +5,7 @@ bf16 (torch) on the 27B projection shapes, measured in the same run.
     python -m perf.bench_gemm --out DIR            # also writes DIR/bench_gemm.json
     python -m perf.bench_gemm --impl mma           # the mma.sync kernel (cuda_src/gemm.cu) instead
     python -m perf.bench_gemm --rows 128,512       # other row counts (the pair mode's threshold region)
+    python -m perf.bench_gemm --formats NVFP4G16_E4M3S --paths bf16,f16,f16ws   # the fp16 scratch kernel's loops
 
 NVFP4, BF16, FP8 (row scales) and Q4 weights (random codes generated on the device, perf/synthetic.py), M = 2048
 and 8192 rows. Paths per (format, shape, M): ``bf16`` activations; ``fp32`` activations through the in-loop kernel
@@ -14,12 +15,14 @@ both included in the time; BF16, FP8 and NVFP4 only). The pair kernel's main loo
 so a format's pair time minus BF16's is its dequantization pass; ``f16``: fp32 activations in the fp16 mode
 (``inputs="fp16"``: each row rounded to fp16 under a power-of-two scale, one MMA per product; FP8 / NVFP4 only,
 ceiling = cuBLAS) with the weights dequantized once into the fp16 scratch; ``f16il``: the same with the weights
-converted in the main loop (``impl="wgmma"``, the short chunks' kernel; bitwise the ``f16`` result). FLOP/s counts 2·M·N·K; float32 activations run
-two MMAs per k-step (exact hi/lo split), so their ceiling is half of cuBLAS's: the ``vs ceiling`` column is the
-fraction of cuBLAS for bf16 and of half of cuBLAS for float32; ``vs fp32`` is the pair mode's speedup over the
-in-loop kernel. CUDA-event timing, median of repeats after a warm-up (about 60 s warm on an H200; the first run
-also compiles the gemm_sm90.cu family, ~2 min, unless CuPy's cache has it: give perf/device_run.sh
-BENCH_TIMEOUT=400).
+converted in the main loop (``impl="wgmma"``, the short chunks' kernel; bitwise the ``f16`` result); ``f16ws``:
+``f16`` with the warp-specialized TMA main loop (``variant="ws"``, cuda_src/gemm_sm90_ws.cu; bitwise the ``f16``
+result). FLOP/s counts 2·M·N·K; float32 activations run two MMAs per k-step (exact hi/lo split), so their ceiling
+is half of cuBLAS's: the ``vs ceiling`` column is the fraction of cuBLAS for bf16 and the fp16 mode, and of half
+of cuBLAS for the exact float32 paths; ``vs`` (JSON ``vs_fp32``) is the speedup of pair, f16 and f16il over the
+in-loop kernel, and of f16ws over f16. CUDA-event timing, median of repeats after a warm-up (about 60 s warm on an
+H200; the first run also compiles the gemm_sm90.cu and gemm_sm90_ws.cu families, ~2 min, unless CuPy's cache has
+them: give perf/device_run.sh BENCH_TIMEOUT=400).
 """
 
 from __future__ import annotations
@@ -58,24 +61,42 @@ def _cublas(m: int, n: int, k: int) -> float:
     return start.elapsed_time(end) * 1e-3 / 10
 
 
-def _paths(fmt: str, impl: str) -> tuple[tuple[str, str, str, str], ...]:
-    """(label, activation dtype, impl, inputs) of the paths measured for ``fmt``."""
+def _paths(fmt: str, impl: str) -> tuple[tuple[str, str, str, str, str], ...]:
+    """(label, activation dtype, impl, inputs, fp16-mode variant) of the paths measured for ``fmt``."""
     from ninfer.cuda.gemm_pair import PAIR_STRUCTS, f16_foldable
 
     if impl == "mma":
-        return (("bf16", "bf16", "mma", "exact"), ("fp32", "fp32", "mma", "exact"))
-    paths = [("bf16", "bf16", impl, "exact"), ("fp32", "fp32", "wgmma", "exact")]
+        return (("bf16", "bf16", "mma", "exact", "cp"), ("fp32", "fp32", "mma", "exact", "cp"))
+    paths = [("bf16", "bf16", impl, "exact", "cp"), ("fp32", "fp32", "wgmma", "exact", "cp")]
     if fmt in PAIR_STRUCTS:
-        paths.append(("pair", "fp32", "pair", "exact"))
+        paths.append(("pair", "fp32", "pair", "exact", "cp"))
     if f16_foldable(fmt):  # fp32 activations rounded to fp16 per row: one MMA per product
-        paths.append(("f16", "fp32", "pair", "fp16"))  # weights dequantized once into the fp16 scratch
-        paths.append(("f16il", "fp32", "wgmma", "fp16"))  # weights converted in the main loop (short chunks)
+        paths.append(("f16", "fp32", "pair", "fp16", "cp"))  # weights dequantized once into the fp16 scratch
+        paths.append(
+            ("f16il", "fp32", "wgmma", "fp16", "cp")
+        )  # weights converted in the main loop (short chunks)
+        paths.append(
+            ("f16ws", "fp32", "pair", "fp16", "ws")
+        )  # the scratch kernel's TMA / warp-specialized loop
     return tuple(paths)
 
 
+_BASE = {
+    "pair": "fp32",
+    "f16": "fp32",
+    "f16il": "fp32",
+    "f16ws": "f16",
+}  # what each ``vs`` column compares with
+
+
 def main(
-    rows: tuple[int, ...] = ROWS, fmts: tuple[str, ...] = FORMATS, reps: int = 5, impl: str = "auto"
+    rows: tuple[int, ...] = ROWS,
+    fmts: tuple[str, ...] = FORMATS,
+    reps: int = 5,
+    impl: str = "auto",
+    only: tuple[str, ...] | None = None,
 ) -> list[dict[str, Any]]:
+    """Time the paths (``only``: these labels) of every format, shape and row count; print and return the rows."""
     import cupy
 
     from ninfer.cuda.linear import gemm
@@ -91,21 +112,26 @@ def main(
             for m in rows:
                 xf = rs.standard_normal((m, k), dtype=np.float32)
                 xs = {"bf16": (xf.view(np.uint32) >> 16).astype(np.uint16), "fp32": xf}
-                inloop = None
-                for label, act, how, inp in _paths(fmt, impl):
+                times: dict[str, float] = {}
+                for label, act, how, inp, var in _paths(fmt, impl):
+                    if only is not None and label not in only:
+                        continue
                     x = xs[act]
                     out = cupy.empty((m, n), dtype=x.dtype)
                     t = event_seconds(
-                        lambda x=x, out=out, w=w, how=how, inp=inp: gemm(x, w, out, impl=how, inputs=inp),
+                        lambda x=x, out=out, w=w, how=how, inp=inp, var=var: gemm(
+                            x, w, out, impl=how, inputs=inp, variant=var
+                        ),
                         reps=reps,
                     )
                     fl, tc = 2 * m * n * k, ref[(m, n, k)]
-                    inloop = t if label == "fp32" else inloop
+                    times[label] = t
+                    base = times.get(_BASE.get(label, ""))
                     out_rows.append({
                         "shape": name, "m": m, "n": n, "k": k, "fmt": fmt, "act": label, "impl": how, "s": t,
                         "tflops": fl / t / 1e12, "cublas_tflops": fl / tc / 1e12, "frac_cublas": tc / t,
-                        "frac_ceiling": tc / t * (2 if act == "fp32" and label != "f16" else 1),
-                        "vs_fp32": inloop / t if label in ("pair", "f16") and inloop else None,
+                        "frac_ceiling": tc / t * (2 if act == "fp32" and inp != "fp16" else 1),
+                        "vs_fp32": base / t if base else None,
                     })  # fmt: skip
                     del out
             del w
@@ -115,13 +141,13 @@ def main(
 
 def _print(out_rows: list[dict[str, Any]]) -> None:
     print(
-        f"{'gemm':26s} {'format':15s} {'act':4s} {'TFLOP/s':>8s} {'cuBLAS':>8s} {'ratio':>6s} {'vs ceiling':>10s} "
-        f"{'vs fp32':>7s}"
+        f"{'gemm':26s} {'format':15s} {'act':5s} {'TFLOP/s':>8s} {'cuBLAS':>8s} {'ratio':>6s} {'vs ceiling':>10s} "
+        f"{'vs':>7s}"
     )
     for r in out_rows:
         sp = f"{r['vs_fp32']:6.2f}x" if r["vs_fp32"] else ""
         print(
-            f"{r['shape']:8s} {r['m']:5d}x{r['n']:5d}x{r['k']:<5d} {r['fmt']:15s} {r['act']:4s} {r['tflops']:8.1f} "
+            f"{r['shape']:8s} {r['m']:5d}x{r['n']:5d}x{r['k']:<5d} {r['fmt']:15s} {r['act']:5s} {r['tflops']:8.1f} "
             f"{r['cublas_tflops']:8.1f} {r['frac_cublas']:6.1%} {r['frac_ceiling']:10.1%} {sp:>7s}"
         )
 
@@ -136,9 +162,11 @@ if __name__ == "__main__":
     ap.add_argument("--rows", default=",".join(map(str, ROWS)))
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--paths", default=None, help="only these paths (bf16,fp32,pair,f16,f16il,f16ws)")
     ap.add_argument("--out", type=Path, default=None, help="directory for bench_gemm.json")
     a = ap.parse_args()
-    res = main(tuple(int(v) for v in a.rows.split(",")), tuple(a.formats.split(",")), a.reps, impl=a.impl)
+    paths = tuple(a.paths.split(",")) if a.paths else None
+    res = main(tuple(int(v) for v in a.rows.split(",")), tuple(a.formats.split(",")), a.reps, a.impl, paths)
     if a.out is not None:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "bench_gemm.json").write_text(json.dumps(res, indent=1))

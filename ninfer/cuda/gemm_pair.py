@@ -13,16 +13,21 @@ this module does not import linear (no cycle).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import grid_1d
+from ninfer.cuda._common import KernelError, grid_1d
+from ninfer.cuda.launch import launch_ex
+from ninfer.cuda.tensor_map import encode, map_params
 
 __all__ = [
     "PAIR_STRUCTS",
     "PAIR_INSTANCES",
+    "WS_INSTANCES",
+    "F16_VARIANTS",
     "PAIR_MIN_ROWS",
     "F16_INLOOP_ROWS",
     "pair_foldable",
@@ -59,6 +64,15 @@ PAIR_INSTANCES: tuple[str, ...] = (
     *(f"gemm90_experts_f16<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),  # the MoE prefill's
     "split_f16row",
 )
+# The fp16 mode's scratch kernel (``variant``): "cp" gemm90_f16 (cp.async ring, every thread copies and computes;
+# the default), "ws" gemm90_f16_ws (cuda_src/gemm_sm90_ws.cu: TMA ring, producer warpgroup, persistent CTAs),
+# bitwise the same results. The in-loop kernel of short chunks (gemm90_f16il) has no ws variant. The default moves
+# to "ws" only after it is measured on the H200 (perf/bench_gemm.py).
+F16_VARIANTS = ("cp", "ws")
+WS_INSTANCES: tuple[str, ...] = tuple(
+    f"gemm90_f16_ws<{s}>" for s, d in PAIR_STRUCTS.values() if d is not None
+)
+_WS_THREADS, _WS_BN = 384, 256  # WS_THREADS, WS_BN in cuda_src/ws_sched.cuh
 
 # Rows from which a float32 GEMM takes the pair mode. Below one full 128-row tile the GEMM is one partial wave of
 # M-independent tiles while the pre-passes cost fixed memory traffic (dequant: read the stored bytes and write 2 per
@@ -160,6 +174,7 @@ def gemm_pair(
     *,
     f16: bool = False,
     inloop: bool | None = None,
+    variant: str = "cp",
 ) -> None:
     """``out = x · Wᵀ`` in pair mode. ``dims`` = (M, N, K, ldx, ldy) as checked by linear.gemm; ``x`` float32,
     ``w.fmt`` in :data:`PAIR_STRUCTS`; ``kernel_of(name)`` the compiled gemm_sm90.cu instance. Not for graph
@@ -169,7 +184,8 @@ def gemm_pair(
     power of two and rounded to fp16 (``split_f16row``; ``ninfer.reference.ops.round_fp16_rows`` is its NumPy
     twin), the weights as exact fp16 operands, the row's power of two undone in the epilogue. ``inloop`` (fp16
     mode): the weights converted inside the main loop (``gemm90_f16il``) rather than once into the scratch;
-    ``None`` decides by rows (:data:`F16_INLOOP_ROWS`). Bitwise the same result either way."""
+    ``None`` decides by rows (:data:`F16_INLOOP_ROWS`). ``variant`` (:data:`F16_VARIANTS`, fp16 mode): the scratch
+    kernel's main loop (the in-loop kernel has one). Bitwise the same result every way."""
     m, n, k, _, ldy = dims
     wstruct, dq = PAIR_STRUCTS[w.fmt]
     if f16 and dq is None:
@@ -177,6 +193,11 @@ def gemm_pair(
     if not f16 and inloop:
         raise ValueError("gemm_pair: inloop is the fp16 mode's choice")
     inloop = f16 and (m < F16_INLOOP_ROWS if inloop is None else inloop)
+    if variant not in F16_VARIANTS or (variant != "cp" and not f16):
+        raise KernelError(
+            f"gemm_pair: variant={variant!r} (one of {F16_VARIANTS}; 'ws' in the fp16 mode only)"
+        )
+    ws = variant == "ws" and not inloop
     mx, nw = _plan(w.fmt, m, n, k)
     if inloop:
         nw = n  # the stored planes, read whole: no weight scratch
@@ -184,7 +205,7 @@ def gemm_pair(
     if inloop:
         fn = kernel_of(f"gemm90_f16il<{dq}>")
     else:
-        fn = kernel_of(f"gemm90_f16<{wstruct}>" if f16 else f"gemm90_pair<{wstruct}>")
+        fn = kernel_of(f"gemm90_f16{'_ws' if ws else ''}<{wstruct}>" if f16 else f"gemm90_pair<{wstruct}>")
     if fn.max_dynamic_shared_size_bytes < _SMEM:
         fn.max_dynamic_shared_size_bytes = _SMEM
     split = kernel_of("split_f16row" if f16 else "split_hilo")
@@ -220,6 +241,34 @@ def gemm_pair(
             cols = min(nw, n - n0)
             p0, p1, p2 = whole if whole is not None else weight_chunk(n0, cols)
             y = out[m0 : m0 + rows, n0 : n0 + cols]
+            if ws:
+                launch_ws(fn, xa, xb, (p0, p1, p2), y, (rows, cols, k, ldy))
+                continue
             fn((grid_1d(rows, _BM) * grid_1d(cols, _BN),), (_THREADS,),
                (p0, p1, p2, xa, xb, y, np.int32(rows), np.int32(cols), np.int32(k), np.int64(k), np.int64(ldy)),
                shared_mem=_SMEM)  # fmt: skip
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+
+
+def launch_ws(
+    fn: Any, xh: Any, rowf: Any, planes: tuple[Any, Any, Any], y: Any, dims: tuple[int, int, int, int]
+) -> None:
+    """gemm90_f16_ws on fp16 rows ``xh`` [M, K] (row stride K), their factors ``rowf``, fp16 weight rows
+    ``planes[0]`` [N, K] (row stride K) with the format's row-scale planes, into ``y`` (row stride ``ldy``);
+    ``dims`` = (M, N, K, ldy). A persistent grid of one CTA per SM at most (the result does not depend on it)."""
+    import cupy
+
+    m, n, k, ldy = dims
+    p0, p1, p2 = planes
+    ma = encode(xh.data.ptr, map_params(m, k, k, _BM))
+    mb = encode(p0.data.ptr, map_params(n, k, k, _WS_BN))
+    tiles = grid_1d(m, _BM) * grid_1d(n, _WS_BN)
+    grid = min(tiles, _sm_count(cupy.cuda.Device().id))
+    args = (ma.arg, mb.arg, p1, p2, rowf, y, np.int32(m), np.int32(n), np.int32(k), np.int64(ldy))
+    launch_ex(fn, (grid,), (_WS_THREADS,), args, shared_mem=_SMEM)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ninfer.cuda.loader import KernelError
 
-__all__ = ["capturing", "launch", "launch_pdl"]
+__all__ = ["capturing", "launch", "launch_ex", "launch_pdl"]
 
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 
@@ -70,6 +70,8 @@ def _c_arg(a: Any) -> Any:
     ct = _SCALARS.get(type(a))
     if ct is not None:
         return ct(a)
+    if isinstance(a, ctypes.Array):  # a by-value struct parameter (tensor_map.TensorMap.arg): its bytes as is
+        return a
     ptr = getattr(getattr(a, "data", None), "ptr", None)
     if ptr is None:
         raise KernelError(f"launch_pdl: unsupported kernel argument {type(a).__name__}")
@@ -89,6 +91,21 @@ def launch_pdl(
 ) -> None:
     """``fn(grid, block, args, shared_mem=...)`` on the current CuPy stream with the programmatic-serialization
     attribute. Arguments: CuPy arrays (device pointers) and NumPy scalars of the kernel's parameter types."""
+    launch_ex(fn, grid, block, args, shared_mem, pdl=True)
+
+
+def launch_ex(
+    fn: Any,
+    grid: Sequence[int],
+    block: Sequence[int],
+    args: Sequence[Any],
+    shared_mem: int = 0,
+    *,
+    pdl: bool = False,
+) -> None:
+    """``cuLaunchKernelEx`` on the current CuPy stream, with the PDL attribute only if ``pdl``. Arguments as
+    :func:`launch_pdl`, plus ctypes arrays passed by value (a ``__grid_constant__`` struct parameter such as a
+    ``CUtensorMap``: the driver copies the parameter's size from the array's address)."""
     import cupy
 
     cargs = [_c_arg(a) for a in args]
@@ -101,8 +118,8 @@ def launch_pdl(
         (ctypes.c_uint * 3)(*b),
         shared_mem,
         cupy.cuda.get_current_stream().ptr,
-        ctypes.pointer(attr),
-        1,
+        ctypes.pointer(attr) if pdl else None,
+        1 if pdl else 0,
     )
     func = getattr(fn, "kernel", fn).ptr  # a RawKernel's CUfunction (compiled and loaded on first use)
     rc = _driver()(ctypes.byref(cfg), func, params, None)

@@ -29,9 +29,11 @@ import numpy as np
 
 from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
 from ninfer.cuda.gemm_pair import (
+    F16_VARIANTS,
     PAIR_INSTANCES,
     PAIR_MIN_ROWS,
     PAIR_STRUCTS,
+    WS_INSTANCES,
     f16_foldable,
     f16_rows,
     gemm_pair,
@@ -142,6 +144,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
         ),
         *PAIR_INSTANCES,
     ),
+    "gemm_sm90_ws.cu": WS_INSTANCES,
 }
 
 
@@ -157,7 +160,8 @@ def _hopper(impl: str) -> bool:
 
 
 def _sm90_kernel(name: str) -> Any:
-    return kernel("gemm_sm90.cu", SOURCES["gemm_sm90.cu"], name)
+    src = "gemm_sm90_ws.cu" if name.startswith("gemm90_f16_ws<") else "gemm_sm90.cu"
+    return kernel(src, SOURCES[src], name)
 
 
 def _use_pair(impl: str, fmt: str, t: str, m: int) -> bool:
@@ -441,16 +445,29 @@ def gemv_expert_lanes(
 GEMM_INPUTS = ("exact", "fp16")
 
 
-def gemm(x: Any, w: DeviceWeight, out: Any = None, *, impl: str = "auto", inputs: str = "exact") -> Any:
+def gemm(
+    x: Any,
+    w: DeviceWeight,
+    out: Any = None,
+    *,
+    impl: str = "auto",
+    inputs: str = "exact",
+    variant: str = "cp",
+) -> Any:
     """``out = x · Wᵀ`` for ``x[M, K]`` on tensor cores (exact weight operands, float32 ``x`` split into two bf16
     halves, fp32 accumulation); ``x`` and ``out`` may be row-strided views. ``impl``: see the module docstring
     (every Hopper choice gives bitwise the same result). ``inputs="fp16"``: where the pair mode would run and the
     format's operands are exact in fp16 (FP8, NVFP4), the fp16 mode instead (gemm_pair.py: each float32 row scaled
     by a power of two and rounded to fp16, one MMA per product; gemm_experts likewise); every other GEMM stays
-    exact. The choice depends only on the format and M, never on other rows' values. In the fp16 mode ``impl="pair"`` forces the weight
-    scratch and ``impl="wgmma"`` the in-loop conversion (``auto`` picks by rows; the same bits either way)."""
+    exact. The choice depends only on the format and M, never on other rows' values. In the fp16 mode
+    ``impl="pair"`` forces the weight scratch and ``impl="wgmma"`` the in-loop conversion (``auto`` picks by rows;
+    the same bits either way). ``variant`` (gemm_pair.F16_VARIANTS): the fp16 scratch kernel's main loop, ``cp``
+    (cp.async, the default) or ``ws`` (TMA + warp specialization, cuda_src/gemm_sm90_ws.cu), bitwise the same;
+    GEMMs that do not run the fp16 scratch kernel ignore it."""
     if inputs not in GEMM_INPUTS:
         raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
+    if variant not in F16_VARIANTS:
+        raise KernelError(f"variant={variant!r}: one of {', '.join(F16_VARIANTS)}")
     t, m, k, ldx = _prep(x, w, out, "gemm")
     n = w.rows
     out, ldy = _out(x, out, m, n)
@@ -465,18 +482,11 @@ def gemm(x: Any, w: DeviceWeight, out: Any = None, *, impl: str = "auto", inputs
         )
     if hopper:
         f16 = inputs == "fp16" and f16_foldable(w.fmt)
-        if _use_pair(
-            impl, w.fmt, t, m
-        ):  # auto: the fp16 mode picks its kernel by rows; pair: the scratch layout
-            gemm_pair(
-                x,
-                w,
-                out,
-                (m, n, k, ldx, ldy),
-                _sm90_kernel,
-                f16=f16,
-                inloop=None if impl == "auto" else False,
-            )
+        # auto: the fp16 mode picks its kernel by rows (in-loop for short chunks); pair: the scratch layout
+        if _use_pair(impl, w.fmt, t, m):
+            inloop = None if impl == "auto" else False
+            dims = (m, n, k, ldx, ldy)
+            gemm_pair(x, w, out, dims, _sm90_kernel, f16=f16, inloop=inloop, variant=variant if f16 else "cp")
             return out
         if f16 and impl == "wgmma" and _use_pair("auto", w.fmt, t, m):  # the fp16 mode's in-loop kernel
             gemm_pair(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel, f16=True, inloop=True)

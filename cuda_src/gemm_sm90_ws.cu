@@ -1,0 +1,186 @@
+// The fp16-mode prefill GEMM, warp-specialized (sm_90a): gemm90_f16_ws<D> computes exactly what gemm_sm90.cu's
+// gemm90_f16<D> computes, y[m, n] = (sum_k xh[m, k] W[n, k]) * row_scale(n) * rowf[m] with xh, rowf from
+// split_f16row and W the fp16 operand rows from dequant90<F, true>, with a different main loop:
+//   - TMA (cp.async.bulk.tensor.2d, 128B swizzle) copies the A box (64 k x 128 rows of xh) and the B box (64 k x 256
+//     rows of W) of one K tile into a WS_STAGES-slot ring guarded by full / empty mbarriers (ws_sched.cuh);
+//   - warpgroup 0 is the producer: setmaxnreg.dec to 40 registers, one thread issues every TMA, the rest exit;
+//   - warpgroups 1 and 2 consume: setmaxnreg.inc to 232, each owns 64 rows x 256 columns (128 fp32 accumulators),
+//     per K tile four m64n256k16 f16 wgmmas (k16 steps 0..3) on the slot's descriptors;
+//   - persistent: grid = min(tiles, SMs), CTA c walks tiles c, c + G, ... (gs_raster order), so the producer fills
+//     the next tile's slots while the consumers run the epilogue of the current one.
+// Bitwise contract with gemm90_f16: the same operand values (TMA's zero fill out of bounds = the cp.async zero fill
+// at rows >= M, N and k >= K), the same instruction (m64n256k16.f32.f16.f16, scale-d 1 on zeroed accumulators), the
+// same k16 order over K into one accumulator per output, and the same epilogue expression. Which CTA computes a
+// tile, the grid size and the ring depth change no value. tests/test_cuda_gemm_ws.py checks it on the device;
+// tests/test_gemm_ws_host.py runs ws_sched.cuh's loops, the tensor maps (ninfer/cuda/tensor_map.py) and the
+// descriptor addresses on the CPU.
+// NOT yet measured on a GPU: speed (the goal is the ~70-80% of cuBLAS that TMA + warp specialization reaches in
+// public Hopper kernels, against gemm90_f16's 55%), the ring depth, the register split, the L2 promotion.
+#include "common.cuh"
+#include "wdq.cuh"
+#include "wgmma.cuh"
+#include "ws_sched.cuh"
+
+#define WS_SMEM 232448  // the opt-in maximum, as every gemm_sm90.cu instance: one CTA per SM
+
+// CUtensorMap (cuda.h): 128 opaque bytes, 64-byte aligned, encoded on the host (ninfer/cuda/tensor_map.py).
+struct __align__(64) NiTensorMap {
+    u64 opaque[16];
+};
+
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// box at (c0 = k, c1 = row) of a 2-D tensor map -> shared memory at dst; completes `bytes` on bar
+__device__ __forceinline__ void tma_load_2d(u32 dst, const NiTensorMap* map, int c0, int c1, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+        "[%4];\n" ::"r"(dst),
+        "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+template <int R> __device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R> __device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+
+// Shared memory: 1024-aligned ring (slot s at ring + s * WS_STAGE_BYTES: A tile, then B tile), then full[S], empty[S].
+struct WsSmem {
+    u32 ring, full, empty;
+    __device__ u32 bar_full(int s) const { return full + 8 * s; }
+    __device__ u32 bar_empty(int s) const { return empty + 8 * s; }
+    __device__ u32 a(int s) const { return ring + s * WS_STAGE_BYTES; }
+    __device__ u32 b(int s) const { return ring + s * WS_STAGE_BYTES + WS_A_BYTES; }
+};
+
+struct WsProducer {
+    WsSmem sm;
+    const NiTensorMap *ma, *mb;
+    __device__ void wait_empty(int s, u32 parity) const { mbar_wait(sm.bar_empty(s), parity); }
+    __device__ void fill(int s, int kt, int mt, int nt) const {
+        mbar_expect_tx(sm.bar_full(s), WS_STAGE_BYTES);
+        tma_load_2d(sm.a(s), ma, kt * GS_BK, mt * GS_BM, sm.bar_full(s));
+        tma_load_2d(sm.b(s), mb, kt * GS_BK, nt * WS_BN, sm.bar_full(s));
+    }
+};
+
+template <typename D> struct WsConsumer {
+    float (&acc)[WS_BN / 2];
+    WsSmem sm;
+    int ctid;  // 0 .. 255: thread of the two consumer warpgroups (warpgroup ctid / 128 owns rows 64 (ctid / 128) ..)
+    const u8 *p1, *p2;
+    const float* rowf;
+    float* y;
+    int M, N;
+    long long ldy;
+
+    __device__ void zero() {
+#pragma unroll
+        for (int i = 0; i < WS_BN / 2; ++i) acc[i] = 0.f;
+    }
+    __device__ void wait_full(int s, u32 parity) const { mbar_wait(sm.bar_full(s), parity); }
+    __device__ void mma(int s) {  // gs_issue<D, ActF16> of gemm_sm90.cu: the same four wgmmas in the same order
+        const u32 a = sm.a(s) + (ctid >> 7) * 64 * 128, b = sm.b(s);
+        fence_regs(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) Wgmma<WS_BN, true>::mma(acc, desc_sw128(a + 32 * ks), desc_sw128(b + 32 * ks), 1);
+        wgmma_commit();
+        fence_regs(acc);
+    }
+    __device__ void retire_prev() { wgmma_wait<1>(); fence_regs(acc); }
+    __device__ void retire_all() { wgmma_wait<0>(); fence_regs(acc); }
+    __device__ void release(int s) const {
+        if ((ctid & 31) == 0) mbar_arrive(sm.bar_empty(s));
+    }
+    // gs_tile's epilogue, element for element: v = acc * row_scale(column) * rowf[row]. Registers 4j + 2h and
+    // 4j + 2h + 1 hold columns c, c + 1 (c even) of one row, stored as one float2 where y's rows allow it (8-byte
+    // aligned base, even ldy and N: then n0 + c < N implies n0 + c + 1 < N); the values are the same either way.
+    __device__ void epilogue(int mt, int nt) const {
+        const int m0 = mt * GS_BM, n0 = nt * WS_BN, mvalid = min(M - m0, GS_BM);
+        const bool pairs = ((reinterpret_cast<size_t>(y) & 7) | ((size_t)ldy & 1) | ((size_t)N & 1)) == 0;
+        if (pairs) {
+#pragma unroll
+            for (int i = 0; i < WS_BN / 2; i += 2) {
+                int r, c;
+                frag_rc(ctid, i, r, c);
+                if (r < mvalid && n0 + c < N) {
+                    const float f = rowf[m0 + r];
+                    float2 v;
+                    v.x = acc[i] * D::row_scale(p1, p2, n0 + c) * f;
+                    v.y = acc[i + 1] * D::row_scale(p1, p2, n0 + c + 1) * f;
+                    *reinterpret_cast<float2*>(y + (long long)(m0 + r) * ldy + n0 + c) = v;
+                }
+            }
+            return;
+        }
+#pragma unroll
+        for (int i = 0; i < WS_BN / 2; ++i) {
+            int r, c;
+            frag_rc(ctid, i, r, c);
+            if (r < mvalid && n0 + c < N) {
+                const float v = acc[i] * D::row_scale(p1, p2, n0 + c);
+                y[(long long)(m0 + r) * ldy + n0 + c] = v * rowf[m0 + r];
+            }
+        }
+    }
+};
+#endif  // __CUDA_ARCH__
+
+// ma: xh [M, K] fp16 (box 64 x 128), mb: W [N, K] fp16 (box 64 x 256), both 128B-swizzled with zero fill
+// (tensor_map.py); p1 / p2: the stored format's planes for row_scale (as gemm90_f16); y [M, N] row stride ldy.
+template <typename D>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    gemm90_f16_ws(const __grid_constant__ NiTensorMap ma, const __grid_constant__ NiTensorMap mb,
+                  const u8* __restrict__ p1, const u8* __restrict__ p2, const float* __restrict__ rowf,
+                  float* __restrict__ y, int M, int N, int K, long long ldy) {
+#ifdef __CUDA_ARCH__
+    static_assert(D::DIRECT && D::BN == WS_BN, "fp16 mode: 256 operand rows per tile");
+    extern __shared__ __align__(1024) u8 ws_smem_raw[];
+    const u32 base = smem_u32(ws_smem_raw), ring = base + ((1024 - (base & 1023)) & 1023);
+    const WsSmem sm{ring, ring + WS_STAGES * WS_STAGE_BYTES, ring + WS_STAGES * WS_STAGE_BYTES + 8 * WS_STAGES};
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int s = 0; s < WS_STAGES; ++s) {
+            mbar_init(sm.bar_full(s), 1);  // the producer's arrive.expect_tx (+ the TMA's transaction bytes)
+            mbar_init(sm.bar_empty(s), WS_CONSUMER_WARPS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const WsSched sc(M, N, K);
+    if (tid < 128) {  // producer warpgroup
+        setmaxnreg_dec<40>();
+        if (tid == 0) {
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&ma)) : "memory");
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&mb)) : "memory");
+            WsProducer pr{sm, &ma, &mb};
+            ws_produce(pr, sc, blockIdx.x, gridDim.x);
+        }
+    } else {
+        setmaxnreg_inc<232>();
+        float acc[WS_BN / 2];
+        WsConsumer<D> co{acc, sm, tid - 128, p1, p2, rowf, y, M, N, ldy};
+        ws_consume(co, sc, blockIdx.x, gridDim.x);
+    }
+#endif
+}

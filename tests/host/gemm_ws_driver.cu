@@ -1,0 +1,261 @@
+// Host emulation of gemm90_f16_ws (cuda_src/gemm_sm90_ws.cu) for tests/test_gemm_ws_host.py: the very loops of
+// ws_sched.cuh (ws_produce, ws_consume), one std::thread per role of every CTA (a producer, two consumer
+// warpgroups), against emulated mbarriers (phase / pending arrivals / transaction bytes, try_wait.parity as PTX
+// defines it) and an emulated TMA that copies a box from the tensor-map parameters the Python side encodes
+// (ninfer/cuda/tensor_map.map_params) into the ring with the 128B swizzle applied to the shared-memory offset. The
+// consumers read their operands the way the wgmma descriptors address them (desc_sw128: 1024-aligned tiles, k16 step
+// at +32 bytes, the hardware XOR of address bits [4:7) with [7:10)), so the tensor maps are checked against the
+// descriptors rather than against a shared helper. Random delays shake the interleavings; invariants asserted:
+//   - a slot is refilled only after both consumer warpgroups released every earlier fill of it;
+//   - a consumer passing full[s] sees exactly the fill it waits for, and the slot holds the tile / K tile it expects;
+//   - every output element is written exactly once (tile order: every tile once, ragged edges clipped);
+//   - the descriptor addressing equals wdq.cuh's sw128 (the layout the cp.async kernels write).
+// stdin: M N K G seed slow (1: consumers sleep in every mma, the producer always waits for a release; 2: the
+// producer sleeps in every fill, the consumers always wait for the bytes; 0: random jitter only), then per operand (A, B) "dims0 dims1 stride box0 box1 swizzle", then xh [M*K] u16, w [N*K]
+// u16, rowf [M] f32. stdout: y [M*N] f32. Exit 20+ on a violated invariant (message on stderr).
+#include <chrono>
+#include <condition_variable>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "ws_sched.cuh"
+
+#define FAIL(code, ...)                   \
+    do {                                  \
+        fprintf(stderr, __VA_ARGS__);     \
+        fprintf(stderr, "\n");            \
+        std::exit(code);                  \
+    } while (0)
+
+struct EmuBar {  // one mbarrier: phase counter, pending arrivals, outstanding transaction bytes
+    std::mutex mu;
+    std::condition_variable cv;
+    u32 phase = 0;
+    int count = 1, pending = 1;
+    long long tx = 0;
+    void init(int c) { count = pending = c; }
+    void maybe_complete() {  // caller holds mu
+        if (pending == 0 && tx == 0) {
+            ++phase, pending = count;
+            cv.notify_all();
+        }
+    }
+    void arrive(long long expect = 0) {
+        std::lock_guard<std::mutex> g(mu);
+        if (pending <= 0) FAIL(20, "arrive on a barrier with no pending arrivals");
+        tx += expect, --pending;
+        maybe_complete();
+    }
+    void complete_tx(long long bytes) {
+        std::lock_guard<std::mutex> g(mu);
+        tx -= bytes;
+        if (tx < 0) FAIL(21, "transaction count below zero");
+        maybe_complete();
+    }
+    void wait(u32 parity) {  // try_wait.parity loop: done once the phase of this parity has completed
+        std::unique_lock<std::mutex> g(mu);
+        if (!cv.wait_for(g, std::chrono::seconds(20), [&] { return (phase & 1u) != parity; }))
+            FAIL(22, "deadlock: waited 20 s for parity %u", parity);
+    }
+};
+
+struct Map {  // the tensor-map parameters as encoded
+    long long dims0, dims1, stride, box0, box1;
+    int swizzle;
+};
+
+struct Cta {
+    EmuBar full[WS_STAGES], empty[WS_STAGES];
+    std::vector<u8> ring = std::vector<u8>((size_t)WS_STAGES * WS_STAGE_BYTES);
+    std::mutex mu;  // guards the slot bookkeeping below
+    int fills[WS_STAGES] = {}, reads[2][WS_STAGES] = {}, rels[2][WS_STAGES] = {};
+    int tag[WS_STAGES][3];  // (mt, nt, kt) of the slot's last fill
+    Cta() {
+        for (int s = 0; s < WS_STAGES; ++s) full[s].init(1), empty[s].init(WS_CONSUMER_WARPS);
+    }
+};
+
+struct World {
+    int M, N, K;
+    Map ma, mb;
+    std::vector<u16> xh, w;
+    std::vector<float> rowf, y;
+    std::vector<int> written;
+};
+
+static void jitter(std::mt19937& rng, bool slow) {
+    if (slow) std::this_thread::sleep_for(std::chrono::microseconds(30));
+    const int r = (int)(rng() % 8);
+    if (r == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
+    else if (r < 4) std::this_thread::yield();
+}
+
+// TMA tile mode, 2-D: box element (i, j) <- global (c0 + i, c1 + j) (zero out of bounds), stored at box offset
+// 2 (j box0 + i), with the 128B swizzle (bits [4:7) ^= bits [7:10)) on that offset (the slot is 1024-aligned).
+static long long tma_box(u8* dst, const Map& m, const std::vector<u16>& g, int c0, int c1) {
+    for (long long j = 0; j < m.box1; ++j)
+        for (long long i = 0; i < m.box0; ++i) {
+            const long long gi = c0 + i, gj = c1 + j;
+            const u16 v = (gi < m.dims0 && gj < m.dims1) ? g[(size_t)(gj * (m.stride / 2) + gi)] : (u16)0;
+            long long off = 2 * (j * m.box0 + i);
+            if (m.swizzle == 3) off ^= ((off >> 7) & 7) << 4;
+            memcpy(dst + off, &v, 2);
+        }
+    return 2 * m.box0 * m.box1;
+}
+
+// the 16-bit word at k16 step ks, row r, k kk of the SW128 K-major tile whose descriptor starts at `start` (the
+// ring offset of the tile, 1024-aligned, + 32 ks): as the hardware resolves desc_sw128
+static u32 desc_addr(u32 start, int r, int kk) {
+    const u32 a = start + 128 * r + 2 * kk;
+    return a ^ (((a >> 7) & 7) << 4);
+}
+static u16 desc_word(const u8* ring, u32 start, int r, int kk) {
+    u16 v;
+    memcpy(&v, ring + desc_addr(start, r, kk), 2);
+    return v;
+}
+
+static float f16_to_f32(u16 h) {  // exact
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const float v = e == 0 ? std::ldexp((float)m, -24) : std::ldexp((float)(m | 1024), e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+struct HostProducer {
+    Cta& c;
+    World& wd;
+    std::mt19937 rng;
+    bool slow;
+    void wait_empty(int s, u32 parity) { c.empty[s].wait(parity); }
+    void fill(int s, int kt, int mt, int nt) {
+        {
+            std::lock_guard<std::mutex> g(c.mu);
+            for (int h = 0; h < 2; ++h)
+                if (c.rels[h][s] != c.fills[s])
+                    FAIL(23, "slot %d refilled before warpgroup %d released fill %d", s, h, c.fills[s]);
+            c.fills[s] += 1;
+            c.tag[s][0] = mt, c.tag[s][1] = nt, c.tag[s][2] = kt;
+        }
+        c.full[s].arrive(WS_STAGE_BYTES);  // arrive.expect_tx; the copies complete the bytes later
+        u8* slot = c.ring.data() + (size_t)s * WS_STAGE_BYTES;
+        std::memset(slot, 0xff, WS_STAGE_BYTES);  // NaN words: a byte the box copies miss poisons the result
+        jitter(rng, slow);
+        const long long a = tma_box(slot, wd.ma, wd.xh, kt * GS_BK, mt * GS_BM);
+        c.full[s].complete_tx(a);
+        jitter(rng, false);
+        c.full[s].complete_tx(tma_box(slot + WS_A_BYTES, wd.mb, wd.w, kt * GS_BK, nt * WS_BN));
+    }
+};
+
+struct HostConsumer {
+    Cta& c;
+    World& wd;
+    int wg;
+    std::mt19937 rng;
+    bool slow;
+    std::vector<float> acc = std::vector<float>(64 * WS_BN);
+    std::vector<int> seen;  // (mt, nt, kt) of every slot consumed in the current output tile
+    void zero() { std::fill(acc.begin(), acc.end(), 0.f), seen.clear(); }
+    void wait_full(int s, u32 parity) {
+        c.full[s].wait(parity);
+        std::lock_guard<std::mutex> g(c.mu);
+        if (c.fills[s] != c.reads[wg][s] + 1)
+            FAIL(24, "warpgroup %d passed full[%d] at fill %d, expected fill %d", wg, s, c.fills[s], c.reads[wg][s] + 1);
+        c.reads[wg][s] += 1;
+        seen.insert(seen.end(), c.tag[s], c.tag[s] + 3);
+    }
+    void mma(int s) {  // the four k16 wgmmas of the slot, in order, one fp32 accumulator per output
+        const u32 a = (u32)s * WS_STAGE_BYTES + wg * 64 * 128, b = (u32)s * WS_STAGE_BYTES + WS_A_BYTES;
+        jitter(rng, slow);
+        for (int ks = 0; ks < 4; ++ks)
+            for (int r = 0; r < 64; ++r)
+                for (int n = 0; n < WS_BN; ++n) {
+                    float sum = 0.f;  // integer-valued test data: exact in any order
+                    for (int kk = 0; kk < 16; ++kk)
+                        sum += f16_to_f32(desc_word(c.ring.data(), a + 32 * ks, r, kk)) *
+                               f16_to_f32(desc_word(c.ring.data(), b + 32 * ks, n, kk));
+                    acc[r * WS_BN + n] += sum;
+                }
+    }
+    void retire_prev() {}
+    void retire_all() {}
+    void release(int s) {
+        {
+            std::lock_guard<std::mutex> g(c.mu);
+            c.rels[wg][s] += 1;
+        }
+        for (int w = 0; w < WS_CONSUMER_WARPS / 2; ++w) c.empty[s].arrive();  // lane 0 of each of the 4 warps
+    }
+    void epilogue(int mt, int nt) {
+        const int nk = (wd.K + GS_BK - 1) / GS_BK;
+        if ((int)seen.size() != 3 * nk) FAIL(25, "tile (%d, %d): %zu K tiles consumed", mt, nt, seen.size() / 3);
+        for (int kt = 0; kt < nk; ++kt)
+            if (seen[3 * kt] != mt || seen[3 * kt + 1] != nt || seen[3 * kt + 2] != kt)
+                FAIL(26, "tile (%d, %d) K tile %d read the fill of (%d, %d, %d)", mt, nt, kt, seen[3 * kt],
+                     seen[3 * kt + 1], seen[3 * kt + 2]);
+        const int m0 = mt * GS_BM, n0 = nt * WS_BN;
+        for (int ct = wg * 128; ct < wg * 128 + 128; ++ct)  // through the fragment map, as the device epilogue
+            for (int i = 0; i < WS_BN / 2; ++i) {
+                int r, cc;
+                frag_rc(ct, i, r, cc);
+                if (r / 64 != wg) FAIL(27, "fragment row %d outside warpgroup %d", r, wg);
+                if (m0 + r < wd.M && n0 + cc < wd.N) {
+                    const size_t o = (size_t)(m0 + r) * wd.N + n0 + cc;
+                    wd.y[o] = acc[(r - 64 * wg) * WS_BN + cc] * wd.rowf[m0 + r];
+                    wd.written[o] += 1;  // tiles are disjoint: no two threads share an element
+                }
+            }
+    }
+};
+
+static void read_map(Map& m) {
+    if (scanf("%lld %lld %lld %lld %lld %d", &m.dims0, &m.dims1, &m.stride, &m.box0, &m.box1, &m.swizzle) != 6)
+        std::exit(2);
+}
+
+int main() {
+    // the descriptor addressing above is the layout the cp.async kernels write (wdq.cuh sw128), for every row a B
+    // tile has and every k of a K tile
+    for (int r = 0; r < WS_BN; ++r)
+        for (int k = 0; k < GS_BK; ++k)
+            if ((int)desc_addr(32 * (k / 16), r, k % 16) != sw128(r, k / 8) + 2 * (k % 8))
+                FAIL(29, "descriptor address of (%d, %d) != sw128", r, k);
+    World wd;
+    int G, slow;
+    unsigned seed;
+    if (scanf("%d %d %d %d %u %d", &wd.M, &wd.N, &wd.K, &G, &seed, &slow) != 6) return 2;
+    read_map(wd.ma);
+    read_map(wd.mb);
+    getchar();
+    wd.xh.resize((size_t)wd.M * wd.K), wd.w.resize((size_t)wd.N * wd.K), wd.rowf.resize(wd.M);
+    wd.y.assign((size_t)wd.M * wd.N, 0.f), wd.written.assign((size_t)wd.M * wd.N, 0);
+    if (fread(wd.xh.data(), 2, wd.xh.size(), stdin) != wd.xh.size()) return 3;
+    if (fread(wd.w.data(), 2, wd.w.size(), stdin) != wd.w.size()) return 3;
+    if (fread(wd.rowf.data(), 4, wd.rowf.size(), stdin) != wd.rowf.size()) return 3;
+    const WsSched sc(wd.M, wd.N, wd.K);
+    std::vector<Cta> ctas(G);
+    std::vector<std::thread> th;
+    for (int cta = 0; cta < G; ++cta) {
+        th.emplace_back([&, cta] {
+            HostProducer p{ctas[cta], wd, std::mt19937(seed * 977 + cta), slow == 2};
+            ws_produce(p, sc, cta, G);
+        });
+        for (int wg = 0; wg < 2; ++wg)
+            th.emplace_back([&, cta, wg] {
+                HostConsumer c{ctas[cta], wd, wg, std::mt19937(seed * 131 + 7 * cta + wg), slow == 1};
+                ws_consume(c, sc, cta, G);
+            });
+    }
+    for (auto& t : th) t.join();
+    for (size_t i = 0; i < wd.written.size(); ++i)
+        if (wd.written[i] != 1) FAIL(28, "output %zu written %d times", i, wd.written[i]);
+    fwrite(wd.y.data(), 4, wd.y.size(), stdout);
+    return 0;
+}

@@ -1,0 +1,111 @@
+"""The warp-specialized fp16 GEMM (cuda_src/gemm_sm90_ws.cu, ws_sched.cuh; ninfer/cuda/tensor_map.py) on the CPU.
+
+tests/host/gemm_ws_driver.cu runs ws_sched.cuh's producer / consumer loops (the device kernel's own code) in one
+std::thread per role of every persistent CTA against emulated mbarriers and an emulated TMA box copy built from
+``map_params`` (dims, row stride, box, 128B swizzle), with the consumers reading their operands at the wgmma
+descriptors' addresses. Integer-valued fp16 data make every fp32 sum exact, so the result must equal NumPy's bit for
+bit: a misplaced, stale, missing or doubled element shows. The driver itself asserts the ring's invariants (no slot
+refilled before both warpgroups released it, each consumer sees the fill it waits for, every output written once).
+The device instructions (TMA, mbarrier, setmaxnreg) are checked by tests/test_cuda_gemm_ws.py on an H200.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from host_emu import HOST, build_nvcc_driver
+
+from ninfer.cuda.loader import KernelError
+from ninfer.cuda.tensor_map import BOX_K, SWIZZLE_128B, MapParams, map_params
+
+BM, BN = 128, 256
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_nvcc_driver(tmp_path_factory, "gemm_ws_host", (HOST / "gemm_ws_driver.cu").read_text())
+
+
+def _line(p: MapParams) -> str:
+    return f"{p.dims[0]} {p.dims[1]} {p.strides[0]} {p.box[0]} {p.box[1]} {p.swizzle}\n"
+
+
+def _run(
+    driver: Path, m: int, n: int, k: int, grid: int, seed: int, slow: int = 0, swizzle: int = SWIZZLE_128B
+) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-3, 4, (m, k)).astype(np.float16)
+    w = rng.integers(-3, 4, (n, k)).astype(np.float16)
+    rowf = (2.0 ** rng.integers(-3, 4, m)).astype(np.float32)
+    ma, mb = map_params(m, k, k, BM), map_params(n, k, k, BN)
+    ma, mb = ma._replace(swizzle=swizzle), mb._replace(swizzle=swizzle)
+    head = f"{m} {n} {k} {grid} {seed} {slow}\n" + _line(ma) + _line(mb)
+    data = head.encode() + x.view(np.uint16).tobytes() + w.view(np.uint16).tobytes() + rowf.tobytes()
+    proc = subprocess.run([str(driver)], input=data, capture_output=True, timeout=600)
+    assert proc.returncode == 0, f"driver exited {proc.returncode}: {proc.stderr.decode()[-2000:]}"
+    got = np.frombuffer(proc.stdout, np.float32).reshape(m, n)
+    want = (x.astype(np.float64) @ w.astype(np.float64).T * rowf[:, None]).astype(np.float32)
+    return got, want
+
+
+def test_constants_agree() -> None:
+    """The Python launch's constants are the kernel's (ws_sched.cuh, gemm_sm90_ws.cu)."""
+    import re
+
+    from ninfer.cuda import gemm_pair as gp
+    from ninfer.cuda.loader import CUDA_SRC
+
+    text = (CUDA_SRC / "ws_sched.cuh").read_text() + (CUDA_SRC / "gemm_sm90_ws.cu").read_text()
+    defs = dict(re.findall(r"^#define (WS_\w+) (\d+)", text, re.MULTILINE))
+    assert int(defs["WS_THREADS"]) == gp._WS_THREADS and int(defs["WS_BN"]) == gp._WS_BN == BN
+    assert int(defs["WS_SMEM"]) == gp._SMEM
+    need = 1024 + int(defs["WS_STAGES"]) * (BM + BN) * 128 + 16 * int(defs["WS_STAGES"])
+    assert need <= gp._SMEM, "ring + barriers + alignment slack fit the opt-in shared memory"
+
+
+def test_map_params() -> None:
+    p = map_params(300, 1032, 1032, BM)
+    assert p == MapParams((1032, 300), (2064,), (BOX_K, BM), (1, 1), SWIZZLE_128B)
+    assert BOX_K * 2 == 128, "one box row = one 128-byte swizzle row (GS_BK fp16 words)"
+    assert map_params(5, 8, 16, BN).strides == (32,)
+    for bad in ((0, 8, 8, BM), (4, 8, 4, BM), (4, 12, 12, BM), (4, 8, 8, 257)):
+        with pytest.raises(KernelError):
+            map_params(*bad)
+
+
+def test_tensor_map_buffer_is_passed_by_value() -> None:
+    """The 128-byte map sits 64-byte aligned in its buffer, and launch_ex hands the driver its address as the
+    parameter's value (not a device pointer)."""
+    import ctypes
+
+    from ninfer.cuda.launch import _c_arg
+    from ninfer.cuda.tensor_map import TensorMap
+
+    for _ in range(8):
+        tm = TensorMap()
+        assert ctypes.addressof(tm.arg) % 64 == 0 and ctypes.sizeof(tm.arg) == 128
+        assert _c_arg(tm.arg) is tm.arg
+
+
+# (M, N, K, persistent CTAs): a single element; one exact tile; ragged M / N / K on several tiles with fewer CTAs than
+# tiles (each CTA walks several output tiles, its ring running on across them); K of 17 K tiles wraps the 4-slot ring
+# four times per tile; more CTAs than tiles (idle CTAs)
+SHAPES = ((1, 1, 8, 1), (128, 256, 64, 1), (129, 257, 72, 3), (300, 520, 1032, 4), (70, 600, 136, 7))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_ws_schedule_and_layout_match_numpy(driver: Path, shape: tuple[int, int, int, int]) -> None:
+    for seed in (1, 2):
+        got, want = _run(driver, *shape, seed=seed)
+        assert np.array_equal(got, want), (
+            f"{shape} seed {seed}: {np.count_nonzero(got != want)} outputs differ"
+        )
+
+
+def test_ws_wrong_swizzle_is_caught(driver: Path) -> None:
+    """The check can fail: tensor maps without the swizzle put the chunks where the descriptors do not look."""
+    got, want = _run(driver, 129, 257, 72, 2, seed=3, swizzle=0)
+    assert not np.array_equal(got, want)
