@@ -6,13 +6,15 @@
 #   bench   the kernel micro-benchmarks and the per-kernel profile (perf/bench_*.py, perf/profile_step.py)
 #   perf    `ninfer-perf --quick` (27B and 35B-A3B at nvfp4, transformers column)
 #   serving perf/bench_serving.py --backend cuda (stack cost) and the live-server tests on the CUDA backend
+#   spec    perf/bench_spec.py at forced acceptance (27B, 1 lane, k = 3)
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
 # Installs only what the image lacks (pytest and msgspec wheels from .whl-cuda/, the API stack from .whl/, both
 # carried by the caller).
 # CuPy's kernel cache travels between calls: .cupy-cache.tgz (carried, if present) is unpacked first and the cache
-# is packed again into $OUT/cupy-cache.tgz at the end, which saves the cold NVRTC compile (~80 s) next time.
+# is packed again into $OUT/cupy-cache.tgz.part-* at the end (15 MiB parts: the tool returns files of at most
+# 16 MiB), which saves the cold NVRTC compile (~70 s for the 347 instances at 4eb6bda) next time.
 # Env: COMMIT (recorded with the results; pass it from the machine holding the repository: a copied checkout's
 # git may report a stale HEAD), PYTEST_K (-k filter), TEST_FILES (default tests/test_cuda_*.py), TEST_TIMEOUT, PERF_TIMEOUT, BENCHES, PERF_ARGS.
 set -uo pipefail
@@ -65,7 +67,7 @@ import time; t = time.perf_counter()
 from ninfer.cuda import warmup; print('compiled', sum(warmup(workers=12).values()), 'instances in', round(time.perf_counter() - t, 1), 's')"
   } 2>&1 | tee "$OUT/compile.txt"
   NINFER_GPU_REPORT=$OUT/gpu_report.json NINFER_GPU_REPORT_MODEL=$OUT/model_report.json \
-    timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -m gpu ${TEST_FILES:-tests/test_cuda_*.py} -p no:cacheprovider \
+    timeout ${TEST_TIMEOUT:-480} python3 -m pytest -q -m gpu ${TEST_FILES:-tests/test_cuda_*.py} -p no:cacheprovider \
     --timeout 200 -rf --continue-on-collection-errors ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.txt" | grep -v PASSED | tail -40
 }
 run_bench() {
@@ -93,7 +95,14 @@ run_replicas() {  # issue 20 (two GPUs: nvidia-h200-x2): 16 agent sessions x 5 t
     --serve-flag=--max-context=16384 --serve-flag=--kv-capacity=262144 --out "$OUT/results" \
     ${REPLICAS_ARGS:-} 2>&1 | tee "$OUT/replicas.txt" | tail -20
 }
+run_spec() {  # issue 15: MTP at forced acceptance, 27B, 1 lane, k = 3 (--skip-rounds: the rounds table alone
+  # printed nothing within 280 s at 4eb6bda)
+  timeout ${SPEC_TIMEOUT:-420} python3 -m perf.bench_spec --models 27b --activations fp32 --lanes 1 --ks 3 \
+    --pcts 100 80 --skip-rounds --out "$OUT/results" 2>&1 | tee "$OUT/spec.txt" | tail -20
+}
 for phase in "${@:-tests}"; do
   "run_$phase"
 done
-tar czf "$OUT/cupy-cache.tgz" .cupy-cache 2>/dev/null
+# The cache comes back in parts of at most 15 MiB (the tool returns files of at most 16 MiB): `cat
+# cupy-cache.tgz.part-* > .cupy-cache.tgz` here, then carry .cupy-cache.tgz in the next call.
+tar czf /tmp/cupy-cache.tgz .cupy-cache 2>/dev/null && split -b 15M /tmp/cupy-cache.tgz "$OUT/cupy-cache.tgz.part-"
