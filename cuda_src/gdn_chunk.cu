@@ -423,3 +423,7 @@ __global__ void __launch_bounds__(8 * DVS)
         if (c0 + c < DV) st_store(st + (long long)d * DV + c, Ss[d * SST + c]);
     }
 }
+
+// Pass 2 on tensor cores (gdn_chunked(variant="mma")): gdn_chunk_state_mma, the same pass with its products as
+// 3xTF32 mma.sync.
+#include "gdn_state_mma.cuh"

@@ -1,11 +1,12 @@
 // Driver of the two-pass gdn_chunked host emulation (cuda_src/gdn_chunk.cu): argv = dir T HK HV DK DV nseq nslots
-// act_bf16 state_bf16 prep_smem state16_smem state32_smem. Reads dir/{qkv,a,b,alog,dtb,state,starts,slots}.bin,
-// runs gdn_chunk_prep over a NaN-filled scratch (as ninfer/cuda/gdn.py lays it out), then gdn_chunk_state with 16
-// value columns per block (writes dir/o.bin, dir/state_out.bin) and, from the same scratch and initial state, with
-// 32 (dir/o32.bin, dir/state32.bin).
+// act_bf16 state_bf16 prep_smem state16_smem state32_smem mma16_smem mma32_smem. Reads
+// dir/{qkv,a,b,alog,dtb,state,starts,slots}.bin, runs gdn_chunk_prep over a NaN-filled scratch (as
+// ninfer/cuda/gdn.py lays it out), then from the same scratch and initial state: gdn_chunk_state with 16 value
+// columns per block (writes dir/o.bin, dir/state_out.bin) and with 32 (dir/o32.bin, dir/state32.bin), and
+// gdn_chunk_state_mma with 16 (dir/o_mma16.bin, dir/state_mma16.bin) and 32 (dir/o_mma32.bin, dir/state_mma32.bin).
 template <typename T, typename S, int DK>
 void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, int nslots, unsigned prep_smem,
-             unsigned smem16, unsigned smem32) {
+             unsigned smem16, unsigned smem32, unsigned mma16, unsigned mma32) {
     const long long width = 2LL * HK * DK + (long long)HV * DV;
     auto qkv = emu_read<T>(dir + "/qkv.bin", T_ * width);
     auto a = emu_read<T>(dir + "/a.bin", (size_t)T_ * HV), b = emu_read<T>(dir + "/b.bin", (size_t)T_ * HV);
@@ -21,8 +22,16 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
         gdn_chunk_prep<T, DK>(qkv.data(), a.data(), b.data(), alog.data(), dtb.data(), qk.data(), w.data(),
                               am.data(), u.data(), g.data(), starts.data(), nseq, HK, HV, DV, width, HV, HV);
     });
-    std::vector<T> o32(o);
-    std::vector<S> state32(state);
+    std::vector<T> o32(o), om16(o), om32(o);
+    std::vector<S> state32(state), sm16(state), sm32(state);
+    emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + 15) / 16)}, 128, mma16, [&] {
+        gdn_chunk_state_mma<T, S, DK, 16>(qk.data(), w.data(), am.data(), u.data(), g.data(), sm16.data(),
+                                          om16.data(), starts.data(), slots.data(), HK, HV, DV, (long long)HV * DV);
+    });
+    emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + 31) / 32)}, 128, mma32, [&] {
+        gdn_chunk_state_mma<T, S, DK, 32>(qk.data(), w.data(), am.data(), u.data(), g.data(), sm32.data(),
+                                          om32.data(), starts.data(), slots.data(), HK, HV, DV, (long long)HV * DV);
+    });
     emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + 15) / 16)}, 128, smem16, [&] {
         gdn_chunk_state<T, S, DK, 16>(qk.data(), w.data(), am.data(), u.data(), g.data(), state.data(), o.data(),
                                       starts.data(), slots.data(), HK, HV, DV, (long long)HV * DV);
@@ -35,20 +44,25 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
     emu_write(dir + "/state_out.bin", state);
     emu_write(dir + "/o32.bin", o32);
     emu_write(dir + "/state32.bin", state32);
+    emu_write(dir + "/o_mma16.bin", om16);
+    emu_write(dir + "/state_mma16.bin", sm16);
+    emu_write(dir + "/o_mma32.bin", om32);
+    emu_write(dir + "/state_mma32.bin", sm32);
 }
 
 template <typename T, typename S> void emu_dispatch(char** v) {
     const int T_ = atoi(v[2]), HK = atoi(v[3]), HV = atoi(v[4]), DK = atoi(v[5]), DV = atoi(v[6]);
     const int nseq = atoi(v[7]), nslots = atoi(v[8]);
     const unsigned ps = (unsigned)atoi(v[11]), s16 = (unsigned)atoi(v[12]), s32 = (unsigned)atoi(v[13]);
+    const unsigned m16 = (unsigned)atoi(v[14]), m32 = (unsigned)atoi(v[15]);
 #define EMU_CASE(dk) \
-    if (DK == dk) return emu_run<T, S, dk>(v[1], T_, HK, HV, DV, nseq, nslots, ps, s16, s32);
+    if (DK == dk) return emu_run<T, S, dk>(v[1], T_, HK, HV, DV, nseq, nslots, ps, s16, s32, m16, m32);
     EMU_CASE(16) EMU_CASE(32) EMU_CASE(64) EMU_CASE(128)
     std::abort();
 }
 
 int main(int argc, char** argv) {
-    if (argc != 14) return 2;
+    if (argc != 16) return 2;
     if (atoi(argv[9])) {
         if (atoi(argv[10])) emu_dispatch<bf16, bf16>(argv); else emu_dispatch<bf16, float>(argv);
     } else {
