@@ -280,7 +280,7 @@ def state_smem_bytes(dk: int, cols: int) -> int:
 def state_mma_smem_bytes(dk: int, cols: int) -> int:
     """Dynamic shared memory of ``gdn_chunk_state_mma<., ., dk, cols>``: mirrors ``GdnStateMmaSmem::FLOATS`` in
     gdn_state_mma.cuh (the state and V' as split B fragments, the gates of two chunks): 2·cols·(dk + 64) + 256
-    floats, 49.7 KB at dk = 128 and 32 columns."""
+    floats, 50.2 KB at dk = 128 and 32 columns."""
     return 4 * (2 * cols * (dk + CHUNK) + 4 * CHUNK)
 
 
