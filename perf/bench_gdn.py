@@ -1,5 +1,5 @@
-"""GDN chunked prefill on the GPU: ``gdn_chunked`` (two passes, cuda_src/gdn_chunk.cu) with each state pass
-(``variant="mma"``: 3xTF32 mma.sync, ``"fp32"``: fp32 FMAs; each with 16 and with 32 value columns per block, and
+"""GDN chunked prefill on the GPU: ``gdn_chunked`` (two passes, cuda_src/gdn_chunk.cu) in each variant
+(``variant="mma"``: both passes' products as 3xTF32 mma.sync, ``"fp32"``: on fp32 FMAs; each with 16 and with 32 value columns per block, and
 the size ``state_cols`` picks) beside the one-pass variant (``variant="serial"``, gdn.cu) and optionally the exact
 ``gdn_recurrent``, at the Qwen3.6 GDN shapes (35B-A3B: 16 key / 32 value heads, 27B: 16 / 48, dk = dv = 128) for
 one 8192-token sequence and 8 sequences of 1024 tokens. Times are CUDA-event medians over a few launches after a

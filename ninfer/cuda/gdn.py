@@ -46,16 +46,25 @@ CHUNK = 64  # GDN_CHUNK in gdn.cu, GC_CHUNK in gdn_chunk.cu
 CONV_TILE = 64  # CONV_TILE in gdn.cu: packed rows per causal_conv thread
 _SLICES = (32, 64)  # value columns per block of the serial variant gdn_chunked in gdn.cu (DVS)
 STATE_COLS = (16, 32)  # value columns per block of gdn_chunk_state (its DVS; the same bits for either)
-# the state pass of gdn_chunked: "mma" gdn_chunk_state_mma (products as 3xTF32 mma.sync), "fp32" gdn_chunk_state
-# (fp32 FMAs on the CUDA cores); "serial" is the older one-pass kernel of gdn.cu (benchmarks only)
+# the two-pass gdn_chunked's kernels: "mma" gdn_chunk_prep<., ., true> (K Kᵀ, Q Kᵀ) and gdn_chunk_state_mma (W S,
+# Q S, A V', the state update) with their products as 3xTF32 mma.sync; "fp32" gdn_chunk_prep<., ., false> and
+# gdn_chunk_state on fp32 FMAs; "serial" is the older one-pass kernel of gdn.cu (benchmarks only)
 STATE_VARIANTS = {"mma": "gdn_chunk_state_mma", "fp32": "gdn_chunk_state"}
 DEFAULT_VARIANT = "mma"
+
+
+def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str, str]:
+    """The (prep, state) kernel instances of a two-pass variant."""
+    mma = "true" if variant == "mma" else "false"
+    return f"gdn_chunk_prep<{t}, {dk}, {mma}>", f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}>"
+
+
 STEP_COLS = 32  # value columns per block of gdn_step (GdnStep::CT)
 SOURCES: dict[str, tuple[str, ...]] = {
     "gdn.cu": tuple(f"causal_conv<{t}, 4>" for t in _T),
-    "gdn_chunk.cu": tuple(f"gdn_chunk_prep<{t}, {d}>" for t in _T for d in HEAD_DIMS)
+    "gdn_chunk.cu": tuple(_chunk_names(DEFAULT_VARIANT, t, "float", d, 16)[0] for t in _T for d in HEAD_DIMS)
     + tuple(
-        f"{STATE_VARIANTS[DEFAULT_VARIANT]}<{t}, {s}, {d}, {c}>"
+        _chunk_names(DEFAULT_VARIANT, t, s, d, c)[1]
         for t in _T
         for s in _S
         for d in HEAD_DIMS
@@ -265,7 +274,7 @@ def chunk_slice(dv: int) -> int:
 
 
 def prep_smem_bytes(dk: int) -> int:
-    """Dynamic shared memory of ``gdn_chunk_prep<., dk>``: mirrors ``GdnPrepSmem::FLOATS`` in gdn_chunk.cu (the
+    """Dynamic shared memory of ``gdn_chunk_prep<., dk, .>``: mirrors ``GdnPrepSmem::FLOATS`` in gdn_chunk.cu (the
     kernel traps when it gets less; tests/test_gdn_chunked_host.py runs it with this size)."""
     return 4 * (2 * CHUNK * (dk + 4) + 3 * CHUNK * (CHUNK + 4) + 3 * CHUNK)
 
@@ -330,8 +339,9 @@ def gdn_chunked(
 
     Two launches over a scratch of ``chunk_scratch_bytes`` (allocated per call from CuPy's pool):
     ``gdn_chunk_prep``, one block per (chunk, key head), and the state pass, one block per (sequence, value head,
-    ``cols`` = 16 or 32 value columns, by default ``state_cols``) walking the chunks in order: ``variant="mma"``
-    ``gdn_chunk_state_mma`` (its products as 3xTF32 mma.sync), ``"fp32"`` ``gdn_chunk_state`` (fp32 FMAs);
+    ``cols`` = 16 or 32 value columns, by default ``state_cols``) walking the chunks in order. ``variant="mma"``:
+    both passes' products as 3xTF32 mma.sync (``gdn_chunk_state_mma``); ``"fp32"``: on fp32 FMAs
+    (``gdn_chunk_state``);
     ``"serial"``: the older one-pass kernel (one block per sequence slice does all of each chunk's work;
     benchmarks only). The variant other than ``DEFAULT_VARIANT`` is compiled on first use."""
     import cupy
@@ -354,12 +364,13 @@ def gdn_chunked(
     buf = cupy.empty(max(sum(parts), 1), dtype=np.float32)
     offs = np.cumsum((0, *parts))
     qk_s, w_s, a_s, u_s, g_s = (buf[offs[i] : offs[i + 1]] for i in range(5))
-    prep = kernel("gdn_chunk.cu", SOURCES["gdn_chunk.cu"], f"gdn_chunk_prep<{t}, {dk}>")
+    names = _chunk_names(variant, t, k["st"], dk, cols)
+    inst = SOURCES["gdn_chunk.cu"] if variant == DEFAULT_VARIANT else names
+    prep = kernel("gdn_chunk.cu", inst, names[0])
     _launch_smem(prep, (rows // CHUNK + nseq, n_k_heads), 256, prep_smem_bytes(dk),
                  (qkv, a, b, a_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, np.int32(nseq), hk_, hv_, dv_,
                   ldq, lda, ldb))  # fmt: skip
-    name = f"{STATE_VARIANTS[variant]}<{t}, {k['st']}, {dk}, {cols}>"
-    st = kernel("gdn_chunk.cu", SOURCES["gdn_chunk.cu"] if variant == DEFAULT_VARIANT else (name,), name)
+    st = kernel("gdn_chunk.cu", inst, names[1])
     threads, smem = (
         (128, state_mma_smem_bytes(dk, cols)) if variant == "mma" else (8 * cols, state_smem_bytes(dk, cols))
     )
