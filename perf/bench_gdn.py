@@ -1,10 +1,11 @@
 """GDN chunked prefill on the GPU: ``gdn_chunked`` (two passes, cuda_src/gdn_chunk.cu) in each variant
-(``variant="mma"``: both passes' products as 3xTF32 mma.sync, ``"fp32"``: on fp32 FMAs; each with 16 and with 32 value columns per block, and
-the size ``state_cols`` picks) beside the one-pass variant (``variant="serial"``, gdn.cu) and optionally the exact
-``gdn_recurrent``, at the Qwen3.6 GDN shapes (35B-A3B: 16 key / 32 value heads, 27B: 16 / 48, dk = dv = 128) for
-one 8192-token sequence and 8 sequences of 1024 tokens. Times are CUDA-event medians over a few launches after a
-warm-up (each launch continues the state: the cost does not depend on the values), with each two-pass call split
-into its prep and state launches; the variants' outputs are compared too (max error / max |ref|).
+(``variant="mma"``: both passes' products as 3xTF32 mma.sync, ``"fp32"``: on fp32 FMAs; each with 16 and with 32
+value columns per state-pass block, and the size ``state_cols`` picks) beside the one-pass variant
+(``variant="serial"``, gdn.cu) and optionally the exact ``gdn_recurrent``, at the Qwen3.6 GDN shapes (35B-A3B: 16
+key / 32 value heads, 27B: 16 / 48, dk = dv = 128) for one 8192-token sequence and 8 sequences of 1024 tokens.
+Times are CUDA-event medians over a few launches after a warm-up (each launch continues the state: the cost does
+not depend on the values), with each two-pass call split into its prep and state launches; the variants' outputs
+are compared too (max error / max |ref|).
 
     python -m perf.bench_gdn [--out DIR] [--act float|bf16] [--state float|bf16] [--recurrent] [--reps 5]
         [--models 27b,35b] [--batches 1x8192,8x1024]
