@@ -11,8 +11,12 @@
 // into a float32 scratch indexed by token row. Pass 2
 // (gdn_chunk_state): one block per (sequence, value head, GdnStateSmem::DVS value columns) walks the sequence's
 // chunks in order with its state slice on chip. Every sum runs in a fixed order over the sequence's own tokens:
-// results of a row never depend on the other sequences of the call or on the launch shape.
+// results of a row never depend on the other sequences of the call or on the launch shape. Each pass comes in two
+// forms, the products on fp32 FMAs (gdn_chunk_prep<., ., false>, gdn_chunk_state: gdn_chunked(variant="fp32")) or
+// as 3xTF32 mma.sync (tf32_frag.cuh: gdn_chunk_prep<., ., true>, gdn_chunk_state_mma in gdn_state_mma.cuh:
+// variant="mma"); the prep's solve is the same in both.
 #include "gdn_common.cuh"
+#include "tf32_frag.cuh"
 
 constexpr int GC_CHUNK = 64;
 
@@ -62,6 +66,49 @@ __device__ __forceinline__ void gc_products(const float* Ks, const float* Qs, fl
         }
 }
 
+// The same products as 3xTF32 mma.sync (tf32_frag.cuh; gdn_chunk_prep<., ., true>): warp w computes rows 16(w/2)
+// .. +15 by columns 32(w%2) .. +31 of both, k over the key dims in 16-blocks in order (step s takes dim 16kb + 4t +
+// 2s in slot t, the next in slot t + 4: one float4 per row and block), into KKr, QKr for gc_lower_attn (the
+// caller's barrier sits between). 8 warps.
+template <int DK>
+__device__ __forceinline__ void gc_products_mma(const float* Ks, const float* Qs, float* KKr, float* QKr, int warp,
+                                                int lane) {
+    using L = GdnPrepSmem<DK>;
+    const int g = lane >> 2, t = lane & 3, r0 = 16 * (warp >> 1) + g, n0 = 32 * (warp & 1);
+    float kk[4][4] = {}, qk[4][4] = {};
+#pragma unroll 2
+    for (int kb = 0; kb < DK / 16; ++kb) {
+        const int d = 16 * kb + 4 * t;
+        const float4 k0 = *reinterpret_cast<const float4*>(Ks + r0 * L::KST + d);
+        const float4 k1 = *reinterpret_cast<const float4*>(Ks + (r0 + 8) * L::KST + d);
+        const float4 q0 = *reinterpret_cast<const float4*>(Qs + r0 * L::KST + d);
+        const float4 q1 = *reinterpret_cast<const float4*>(Qs + (r0 + 8) * L::KST + d);
+        const Tf32A ak[2] = {tf32_a(k0.x, k1.x, k0.y, k1.y), tf32_a(k0.z, k1.z, k0.w, k1.w)};
+        const Tf32A aq[2] = {tf32_a(q0.x, q1.x, q0.y, q1.y), tf32_a(q0.z, q1.z, q0.w, q1.w)};
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {  // B = Kᵀ: column g of tile nt is k row n0 + 8nt + g
+            const float4 kb4 = *reinterpret_cast<const float4*>(Ks + (n0 + 8 * nt + g) * L::KST + d);
+            const float b[4] = {kb4.x, kb4.y, kb4.z, kb4.w};
+            float bh[4], bl[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) tf32_split(b[e], bh[e], bl[e]);
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+                tf32_mma3(kk[nt], ak[s], bh[2 * s], bh[2 * s + 1], bl[2 * s], bl[2 * s + 1]);
+                tf32_mma3(qk[nt], aq[s], bh[2 * s], bh[2 * s + 1], bl[2 * s], bl[2 * s + 1]);
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+        const int c = n0 + 8 * nt + 2 * t;
+        *reinterpret_cast<float2*>(KKr + r0 * L::MST + c) = make_float2(kk[nt][0], kk[nt][1]);
+        *reinterpret_cast<float2*>(KKr + (r0 + 8) * L::MST + c) = make_float2(kk[nt][2], kk[nt][3]);
+        *reinterpret_cast<float2*>(QKr + r0 * L::MST + c) = make_float2(qk[nt][0], qk[nt][1]);
+        *reinterpret_cast<float2*>(QKr + (r0 + 8) * L::MST + c) = make_float2(qk[nt][2], qk[nt][3]);
+    }
+}
+
 // One value head's L (into shared memory) and A (straight to its scratch rows) from the products:
 // L_ij = β_i (k_i·k_j) D_ij for j < i, A_ij = (q_i·k_j) D_ij for j ≤ i, zero elsewhere; masked before exp, so the
 // exponent is never positive. Same thread tiles as gc_products.
@@ -109,7 +156,8 @@ __device__ __forceinline__ void gc_solve(const float* Lm, float (&x)[GC_CHUNK], 
     }
 }
 
-template <typename T, int DK>
+// MMA: the products K Kᵀ, Q Kᵀ as 3xTF32 mma.sync (gc_products_mma) instead of fp32 FMAs (gc_products)
+template <typename T, int DK, bool MMA>
 __global__ void __launch_bounds__(256)
     gdn_chunk_prep(const T* __restrict__ qkv, const T* __restrict__ a, const T* __restrict__ bb,
                    const float* __restrict__ A_log, const float* __restrict__ dt_bias, float* __restrict__ qk_s,
@@ -179,7 +227,10 @@ __global__ void __launch_bounds__(256)
         row[d] = Qs[i * KST + d];
         row[DK + d] = Ks[i * KST + d];
     }
-    gc_products<DK>(Ks, Qs, KKr, QKr, ti, tj);  // once for the key head's value heads
+    if constexpr (MMA)  // once for the key head's value heads
+        gc_products_mma<DK>(Ks, Qs, KKr, QKr, warp, lane);
+    else
+        gc_products<DK>(Ks, Qs, KKr, QKr, ti, tj);
     for (int j = hk * ratio; j < (hk + 1) * ratio; ++j) {
         __syncthreads();  // the previous value head's solve is done with L and the gates
         if (tid < n) {
@@ -423,3 +474,7 @@ __global__ void __launch_bounds__(8 * DVS)
         if (c0 + c < DV) st_store(st + (long long)d * DV + c, Ss[d * SST + c]);
     }
 }
+
+// Pass 2 on tensor cores (gdn_chunked(variant="mma")): gdn_chunk_state_mma, the same pass with its products as
+// 3xTF32 mma.sync.
+#include "gdn_state_mma.cuh"

@@ -1,11 +1,14 @@
-"""GDN chunked prefill on the GPU: ``gdn_chunked`` (two passes, cuda_src/gdn_chunk.cu; the state pass with 16 and
-with 32 value columns per block, and the size ``state_cols`` picks) beside its one-pass variant
+"""GDN chunked prefill on the GPU: ``gdn_chunked`` (two passes, cuda_src/gdn_chunk.cu) in each variant
+(``variant="mma"``: both passes' products as 3xTF32 mma.sync, ``"fp32"``: on fp32 FMAs; each with 16 and with 32
+value columns per state-pass block, and the size ``state_cols`` picks) beside the one-pass variant
 (``variant="serial"``, gdn.cu) and optionally the exact ``gdn_recurrent``, at the Qwen3.6 GDN shapes (35B-A3B: 16
 key / 32 value heads, 27B: 16 / 48, dk = dv = 128) for one 8192-token sequence and 8 sequences of 1024 tokens.
 Times are CUDA-event medians over a few launches after a warm-up (each launch continues the state: the cost does
-not depend on the values); the two chunked variants' outputs are compared too (max error / max |ref|).
+not depend on the values), with each two-pass call split into its prep and state launches; the variants' outputs
+are compared too (max error / max |ref|).
 
     python -m perf.bench_gdn [--out DIR] [--act float|bf16] [--state float|bf16] [--recurrent] [--reps 5]
+        [--models 27b,35b] [--batches 1x8192,8x1024]
 
 prints one line per (model, batch) and writes ``bench_gdn.json`` under DIR (default: stdout only).
 """
@@ -25,6 +28,7 @@ __all__ = ["bench_gdn", "main"]
 
 SHAPES = {"35b": (16, 32), "27b": (16, 48)}  # (key heads, value heads), dk = dv = 128
 BATCHES = {"1x8192": [8192], "8x1024": [1024] * 8}
+VARIANTS = ("mma", "fp32")  # gdn_chunked's state passes (ninfer.cuda.gdn.STATE_VARIANTS)
 
 
 def bench_gdn(
@@ -58,7 +62,8 @@ def bench_gdn(
     fig: dict[str, Any] = {"model": model, "hk": hk, "hv": hv, "d": d, "lens": lens, "act": act,
                            "state": state_dtype, "scratch_mb": chunk_scratch_bytes(t, hk, hv, d, d) / 2**20}  # fmt: skip
     outs = {}
-    runs = [("cols16", dict(cols=16)), ("cols32", dict(cols=32)), ("serial", dict(variant="serial"))]
+    runs = [(f"{v}{c}", dict(variant=v, cols=c)) for v in VARIANTS for c in (16, 32)]
+    runs += [("serial", dict(variant="serial"))]
     for name, kw in runs + ([("recurrent", {})] if recurrent else []):
         fn = gdn_chunked if kw else gdn_recurrent
         state = cupy.asarray(bf16_encode(s0) if st_t == np.uint16 else s0)
@@ -68,20 +73,24 @@ def bench_gdn(
         fig[f"{name}_ms"] = 1e3 * event_seconds(
             lambda fn=fn, kw=kw, state=state, o=o: fn(qkv, a, b, a_log, dt_bias, state, starts, slots,
                                                       n_k_heads=hk, out=o, **kw), reps)  # fmt: skip
-    for name in ("cols16", "cols32"):  # the two launches of one call, each between its own events
-        split = _split_ms(lambda c=int(name[4:]): gdn_chunked(qkv, a, b, a_log, dt_bias, state, starts, slots,
-                                                             n_k_heads=hk, out=o, cols=c))  # fmt: skip
+    for name, kw in runs[:-1]:  # the two launches of one call, each between its own events
+        split = _split_ms(lambda kw=kw: gdn_chunked(qkv, a, b, a_log, dt_bias, state, starts, slots,
+                                                    n_k_heads=hk, out=o, **kw))  # fmt: skip
         fig[f"{name}_prep_ms"], fig[f"{name}_state_ms"] = split
     auto = state_cols(len(lens), hv, d, _sm_count(cupy.cuda.Device().id))
-    fig["auto_cols"], fig["two_pass_ms"] = auto, fig[f"cols{auto}_ms"]
+    fig["auto_cols"] = auto
+    for v in VARIANTS:
+        fig[f"{v}_ms"] = fig[f"{v}{auto}_ms"]
     # 16 or 32 columns per state-pass block: the same bits; against the one-pass kernel: fp32 noise
     if act == "float":
         ref = outs["serial"]
-        fig["cols_bitwise_equal"] = bool(np.array_equal(outs["cols16"], outs["cols32"]))
-        fig["two_pass_vs_serial"] = float(
-            np.max(np.abs(outs["cols16"] - ref)) / max(np.max(np.abs(ref)), 1e-30)
-        )
-    fig["speedup"] = fig["serial_ms"] / fig["two_pass_ms"]
+        for v in VARIANTS:
+            fig[f"{v}_cols_bitwise_equal"] = bool(np.array_equal(outs[f"{v}16"], outs[f"{v}32"]))
+            fig[f"{v}_vs_serial"] = float(
+                np.max(np.abs(outs[f"{v}16"] - ref)) / max(np.max(np.abs(ref)), 1e-30)
+            )
+    fig["speedup"] = fig["serial_ms"] / fig["mma_ms"]
+    fig["state_speedup"] = fig[f"fp32{auto}_state_ms"] / fig[f"mma{auto}_state_ms"]
     return fig
 
 
@@ -115,22 +124,16 @@ def _split_ms(call: Any) -> tuple[float, float]:
 
 
 def main(
-    out: str | None = None, act: str = "float", state: str = "float", reps: int = 5, recurrent: bool = False
-) -> dict[str, Any]:
+    out: str | None = None, act: str = "float", state: str = "float", reps: int = 5, recurrent: bool = False,
+    models: tuple[str, ...] = tuple(SHAPES), batches: tuple[str, ...] = tuple(BATCHES),
+) -> dict[str, Any]:  # fmt: skip
     res: dict[str, Any] = {"runs": []}
-    for model in SHAPES:
-        for batch, lens in BATCHES.items():
-            r = bench_gdn(model, lens, act, state, reps, recurrent)
+    for model in models:
+        for batch in batches:
+            r = bench_gdn(model, BATCHES[batch], act, state, reps, recurrent)
             r["batch"] = batch
             res["runs"].append(r)
-            rec = f"  recurrent {r['recurrent_ms']:8.3f} ms" if recurrent else ""
-            err = (f"  |two_pass-serial| {r['two_pass_vs_serial']:.1e} 16≡32 {r['cols_bitwise_equal']}"
-                   if "two_pass_vs_serial" in r else "")  # fmt: skip
-            print(f"gdn_chunked {model} hk={r['hk']} hv={r['hv']} {batch:7s} act={act} state={state}: two_pass "
-                  f"{r['two_pass_ms']:7.3f} ms (cols16 {r['cols16_ms']:7.3f}, cols32 {r['cols32_ms']:7.3f}, auto "
-                  f"{r['auto_cols']}; prep {r['cols16_prep_ms']:.3f} + state {r['cols16_state_ms']:.3f} / "
-                  f"{r['cols32_state_ms']:.3f})  serial {r['serial_ms']:7.3f} ms  (x{r['speedup']:.2f}){rec}{err}  "
-                  f"scratch {r['scratch_mb']:.0f} MB", flush=True)  # fmt: skip
+            print(_line(r, act, state), flush=True)
     if out:
         path = Path(out)
         path.mkdir(parents=True, exist_ok=True)
@@ -141,6 +144,26 @@ def main(
     return res
 
 
+def _line(r: dict[str, Any], act: str, state: str) -> str:
+    """One run as a line: per state pass the call (at the auto column count), its state launch at 16 / 32 columns,
+    then the shared prep launch, the serial kernel and the errors against it."""
+    parts = []
+    for v in VARIANTS:
+        err = (
+            f", vs serial {r[f'{v}_vs_serial']:.1e} 16≡32 {r[f'{v}_cols_bitwise_equal']}"
+            if f"{v}_vs_serial" in r
+            else ""
+        )
+        parts.append(
+            f"{v} {r[f'{v}_ms']:7.3f} ms (state {r[f'{v}16_state_ms']:.3f} / {r[f'{v}32_state_ms']:.3f}{err})"
+        )
+    rec = f"  recurrent {r['recurrent_ms']:8.3f} ms" if "recurrent_ms" in r else ""
+    return (f"gdn_chunked {r['model']} hk={r['hk']} hv={r['hv']} {r['batch']:7s} act={act} state={state} auto cols "
+            f"{r['auto_cols']}: " + "  ".join(parts) + f"  prep {r['mma16_prep_ms']:.3f}  serial {r['serial_ms']:7.3f} "
+            f"ms (mma x{r['speedup']:.2f}; state pass mma x{r['state_speedup']:.2f}){rec}  scratch "
+            f"{r['scratch_mb']:.0f} MB")  # fmt: skip
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="directory for bench_gdn.json")
@@ -148,5 +171,7 @@ if __name__ == "__main__":
     ap.add_argument("--state", default="float", choices=("float", "bf16"))
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--recurrent", action="store_true", help="also time the exact token-by-token kernel")
+    ap.add_argument("--models", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
+    ap.add_argument("--batches", default=",".join(BATCHES), help=f"comma-separated, of {', '.join(BATCHES)}")
     a = ap.parse_args()
-    main(a.out, a.act, a.state, a.reps, a.recurrent)
+    main(a.out, a.act, a.state, a.reps, a.recurrent, tuple(a.models.split(",")), tuple(a.batches.split(",")))

@@ -603,10 +603,12 @@ GDN_CHUNKED_CASES = (
 @pytest.mark.parametrize("t", ["float", "bf16"])
 @pytest.mark.parametrize("st", ["float", "bf16"])
 @pytest.mark.parametrize("cols", [None, 32])
-def test_gdn_chunked(cp: Any, report: list, t: str, st: str, cols: int | None) -> None:
+@pytest.mark.parametrize("variant", ["mma", "fp32"])
+def test_gdn_chunked(cp: Any, report: list, t: str, st: str, cols: int | None, variant: str) -> None:
     """Chunked kernels against the NumPy token-by-token recurrence (outputs and carried state), then one decode
     step of the exact recurrent kernel from the chunked state. ``cols``: the state pass's value columns per block
-    (None: the wrapper's choice, 16 at these sizes)."""
+    (None: the wrapper's choice, 16 at these sizes); ``variant``: the state pass on 3xTF32 mma.sync or fp32 FMAs
+    (the same tolerances)."""
     from ninfer.cuda.gdn import gdn_chunked, gdn_recurrent
 
     rng = np.random.default_rng(11)
@@ -621,7 +623,7 @@ def test_gdn_chunked(cp: Any, report: list, t: str, st: str, cols: int | None) -
         out = _poison(cp, (n, hv * dv), t)
         dev = [_dev(cp, x, t) for x in (qkv, a, b)]
         gdn_chunked(dev[0][:n], dev[1][:n], dev[2][:n], cp.asarray(c["a_log"]), cp.asarray(c["dt_bias"]),
-                    state_d, starts, slots, n_k_heads=hk, out=out, cols=cols)  # fmt: skip
+                    state_d, starts, slots, n_k_heads=hk, out=out, cols=cols, variant=variant)  # fmt: skip
         got, got_state, slot_of = _host(cp, out), _host(cp, state_d), cp.asnumpy(slots)
         # decode: row n + s is sequence s's next token, run by the exact kernel from the chunked state
         dstarts = cp.arange(len(lens) + 1, dtype=np.int32)
@@ -632,7 +634,7 @@ def test_gdn_chunked(cp: Any, report: list, t: str, st: str, cols: int | None) -
         for s in range(len(lens)):
             rows = list(range(sts[s], sts[s + 1])) + [n + s]
             o, new = _gdn_ref(qkv[rows], a[rows], b[rows], c, state[slot_of[s]], hk, dk)
-            name = f"gdn_chunked {t} state={st} cols={cols} hk={hk} hv={hv} dk={dk} dv={dv} T={lens[s]}"
+            name = f"gdn_chunked {variant} {t} state={st} cols={cols} hk={hk} hv={hv} dk={dk} dv={dv} T={lens[s]}"
             _close(report, name, got[sts[s] : sts[s + 1]], o[:-1], 1e-4 if t == "float" else TOL[t])
             stol = 1e-4 if st == "float" else TOL["bf16"]
             _, mid = _gdn_ref(qkv[rows[:-1]], a[rows[:-1]], b[rows[:-1]], c, state[slot_of[s]], hk, dk)
@@ -642,11 +644,13 @@ def test_gdn_chunked(cp: Any, report: list, t: str, st: str, cols: int | None) -
 
 
 @pytest.mark.parametrize("t", ["float", "bf16"])
-def test_gdn_chunked_real_heads(cp: Any, report: list, t: str) -> None:
-    """The two-pass chunked kernels at a real head shape (dk = dv = 128, 16 key heads, 32 value heads) on one
-    2100-token sequence (33 chunks, a ragged tail) and two short ones, against the NumPy recurrence; then batch
-    invariance: the long sequence alone gives the same bits as inside the batch (on the H200 the wrapper's state
-    pass takes 16 value columns per block alone and 32 in the batch: that too must not change a bit)."""
+@pytest.mark.parametrize("variant", ["mma", "fp32"])
+def test_gdn_chunked_real_heads(cp: Any, report: list, t: str, variant: str) -> None:
+    """The two-pass chunked kernels (either state pass) at a real head shape (dk = dv = 128, 16 key heads, 32
+    value heads) on one 2100-token sequence (33 chunks, a ragged tail) and two short ones, against the NumPy
+    recurrence; then batch invariance: the long sequence alone gives the same bits as inside the batch (on the
+    H200 the wrapper's state pass takes 16 value columns per block alone and 32 in the batch: that too must not
+    change a bit)."""
     from ninfer.cuda.gdn import gdn_chunked
 
     rng = np.random.default_rng(21)
@@ -658,19 +662,19 @@ def test_gdn_chunked_real_heads(cp: Any, report: list, t: str) -> None:
     dev = [_dev(cp, x, t) for x in (qkv, a, b)]
     gates = (cp.asarray(c["a_log"]), cp.asarray(c["dt_bias"]))
     state_d, out = cp.asarray(c["state"]), _poison(cp, (n, hv * dv), t)
-    gdn_chunked(*dev, *gates, state_d, starts, slots, n_k_heads=hk, out=out)
+    gdn_chunked(*dev, *gates, state_d, starts, slots, n_k_heads=hk, out=out, variant=variant)
     got, got_state, slot_of = _host(cp, out), _host(cp, state_d), cp.asnumpy(slots)
     for s in range(len(lens)):
         z = slice(sts[s], sts[s + 1])
         o, new = _gdn_ref(qkv[z], a[z], b[z], c, c["state"][slot_of[s]], hk, dk)
-        name = f"gdn_chunked real heads {t} hk={hk} hv={hv} d={dk} T={lens[s]}"
+        name = f"gdn_chunked real heads {variant} {t} hk={hk} hv={hv} d={dk} T={lens[s]}"
         _close(report, name, got[z], o, 1e-4 if t == "float" else TOL[t])
         _close(report, name + " state", got_state[slot_of[s]], new, 1e-4)
     # the long sequence alone (slot 0 of a fresh state copy): bitwise the batch's rows and state
     one = cp.asarray(c["state"][slot_of[0]][None])
     out1 = _poison(cp, (lens[0], hv * dv), t)
     gdn_chunked(*(x[: lens[0]] for x in dev), *gates, one, cp.asarray(np.array([0, lens[0]], np.int32)),
-                cp.zeros(1, np.int32), n_k_heads=hk, out=out1)  # fmt: skip
+                cp.zeros(1, np.int32), n_k_heads=hk, out=out1, variant=variant)  # fmt: skip
     assert np.array_equal(_host(cp, out1), got[: lens[0]]), "batch invariance: outputs differ"
     assert np.array_equal(_host(cp, one)[0], got_state[slot_of[0]]), "batch invariance: states differ"
 

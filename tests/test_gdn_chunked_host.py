@@ -1,11 +1,14 @@
 """CPU check of the ``gdn_chunked`` CUDA kernels themselves: cuda_src/gdn_chunk.cu (the chunk-parallel pass
-``gdn_chunk_prep`` and the sequential state pass ``gdn_chunk_state`` over a NaN-filled scratch) compiled by g++
+``gdn_chunk_prep`` and both variants of the sequential state pass over a NaN-filled scratch: ``gdn_chunk_state``
+on fp32 FMAs and ``gdn_chunk_state_mma`` on emulated 3xTF32 mma.sync) compiled by g++
 under a prelude that emulates the CUDA built-ins it uses with std::thread (tests/host/gdn_emu.cpp: one thread per
 CUDA thread, block and warp barriers, NaN-filled shared memory, NaN-poisoned output), run on fresh random inputs
 and compared with the NumPy token-by-token recurrence. This checks the kernels' index arithmetic, barriers, ragged
 chunks, the chunk-to-block map over several sequences, column slices (16 and 32 columns per state-pass block: the
-same bits) and the wrapper's shared-memory sizes (the kernels trap on too little) without a GPU; the GPU tests in
-test_cuda_ops.py check the same kernels on the device.
+same bits, in each variant), the mma variant's fragment layouts and hi/lo split (the emulated mma reads only the
+operands' tf32 bits: 1xTF32 products fail these tolerances, 6e-4 against 1e-4) and the wrapper's shared-memory
+sizes (the kernels trap on too little) without a GPU; the GPU tests in test_cuda_ops.py check the same kernels on
+the device.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 import pytest
 from host_emu import build_emulator, rel_error, words
 
-from ninfer.cuda.gdn import prep_smem_bytes, state_smem_bytes
+from ninfer.cuda.gdn import prep_smem_bytes, state_mma_smem_bytes, state_smem_bytes
 from ninfer.formats import bf16_decode, bf16_round
 from ninfer.reference import ops
 
@@ -59,23 +62,37 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
     for name, arr in files.items():
         arr.tofile(tmp_path / f"{name}.bin")
     smem = [prep_smem_bytes(dk), state_smem_bytes(dk, 16), state_smem_bytes(dk, 32)]
+    smem += [state_mma_smem_bytes(dk, 16), state_mma_smem_bytes(dk, 32)]
     args = [n, hk, hv, dk, dv, nseq, nseq + 1, int(tb), int(sb), *smem]
     proc = subprocess.run(
         [str(emu), str(tmp_path), *map(str, args)], capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
-    o_raw = np.fromfile(tmp_path / "o.bin", dtype=np.uint16 if tb else F32).reshape(n, hv * dv)
-    s_raw = np.fromfile(tmp_path / "state_out.bin", dtype=np.uint16 if sb else F32).reshape(state.shape)
-    got_o = bf16_decode(o_raw) if tb else o_raw
-    got_s = bf16_decode(s_raw) if sb else s_raw
-    # 32 value columns per state-pass block: the same bits as 16
-    assert np.array_equal(np.fromfile(tmp_path / "o32.bin", dtype=o_raw.dtype).reshape(o_raw.shape), o_raw)
-    assert np.array_equal(
-        np.fromfile(tmp_path / "state32.bin", dtype=s_raw.dtype).reshape(s_raw.shape), s_raw
-    )
-    np.testing.assert_array_equal(got_s[0], state[0])
     otol, stol = (1.2e-2 if tb else 1e-4), (1.2e-2 if sb else 1e-4)
-    for s in range(nseq):
+    for o_name, s_name, o32_name, s32_name in (
+        ("o.bin", "state_out.bin", "o32.bin", "state32.bin"),  # fp32 FMAs
+        ("o_mma16.bin", "state_mma16.bin", "o_mma32.bin", "state_mma32.bin"),  # 3xTF32 mma
+    ):
+        o_raw = np.fromfile(tmp_path / o_name, dtype=np.uint16 if tb else F32).reshape(n, hv * dv)
+        s_raw = np.fromfile(tmp_path / s_name, dtype=np.uint16 if sb else F32).reshape(state.shape)
+        # 32 value columns per state-pass block: the same bits as 16
+        assert np.array_equal(np.fromfile(tmp_path / o32_name, dtype=o_raw.dtype).reshape(o_raw.shape), o_raw)
+        assert np.array_equal(np.fromfile(tmp_path / s32_name, dtype=s_raw.dtype).reshape(s_raw.shape), s_raw)
+        got_o = bf16_decode(o_raw) if tb else o_raw
+        got_s = bf16_decode(s_raw) if sb else s_raw
+        np.testing.assert_array_equal(got_s[0], state[0])
+        _check(got_o, got_s, qkv, a, b, a_log, dt_bias, state, starts, slots, case, (otol, stol), o_name)
+
+
+def _check(
+    got_o: np.ndarray, got_s: np.ndarray, qkv: np.ndarray, a: np.ndarray, b: np.ndarray, a_log: np.ndarray,
+    dt_bias: np.ndarray, state: np.ndarray, starts: np.ndarray, slots: np.ndarray, case: tuple,
+    tols: tuple[float, float], what: str,
+) -> None:  # fmt: skip
+    """Outputs and states of every sequence against the NumPy token-by-token recurrence."""
+    hk, hv, dk, dv, lens = case[:5]
+    otol, stol = tols
+    for s in range(len(lens)):
         z = slice(starts[s], starts[s + 1])
         q = ops.l2norm(qkv[z, : hk * dk].reshape(-1, hk, dk))
         k = ops.l2norm(qkv[z, hk * dk : 2 * hk * dk].reshape(-1, hk, dk))
@@ -84,6 +101,6 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
         o, new = ops.gdn_recurrent(q, k, v, g, beta, state[slots[s]])
         if lens[s]:
             err = rel_error(got_o[z], o.reshape(lens[s], hv * dv))
-            assert err <= otol, f"seq {s} (T={lens[s]}): output error {err:.2e} > {otol:.1e}"
+            assert err <= otol, f"{what} seq {s} (T={lens[s]}): output error {err:.2e} > {otol:.1e}"
         err = rel_error(got_s[slots[s]], new)
-        assert err <= stol, f"seq {s} (T={lens[s]}): state error {err:.2e} > {stol:.1e}"
+        assert err <= stol, f"{what} seq {s} (T={lens[s]}): state error {err:.2e} > {stol:.1e}"

@@ -31,7 +31,10 @@ __all__ = [
     "chunk_scratch_bytes",
     "prep_smem_bytes",
     "state_smem_bytes",
+    "state_mma_smem_bytes",
     "state_cols",
+    "STATE_VARIANTS",
+    "DEFAULT_VARIANT",
     "SOURCES",
     "HEAD_DIMS",
 ]
@@ -43,12 +46,29 @@ CHUNK = 64  # GDN_CHUNK in gdn.cu, GC_CHUNK in gdn_chunk.cu
 CONV_TILE = 64  # CONV_TILE in gdn.cu: packed rows per causal_conv thread
 _SLICES = (32, 64)  # value columns per block of the serial variant gdn_chunked in gdn.cu (DVS)
 STATE_COLS = (16, 32)  # value columns per block of gdn_chunk_state (its DVS; the same bits for either)
+# the two-pass gdn_chunked's kernels: "mma" gdn_chunk_prep<., ., true> (K Kᵀ, Q Kᵀ) and gdn_chunk_state_mma (W S,
+# Q S, A V', the state update) with their products as 3xTF32 mma.sync; "fp32" gdn_chunk_prep<., ., false> and
+# gdn_chunk_state on fp32 FMAs; "serial" is the older one-pass kernel of gdn.cu (benchmarks only)
+STATE_VARIANTS = {"mma": "gdn_chunk_state_mma", "fp32": "gdn_chunk_state"}
+DEFAULT_VARIANT = "mma"
+
+
+def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str, str]:
+    """The (prep, state) kernel instances of a two-pass variant."""
+    mma = "true" if variant == "mma" else "false"
+    return f"gdn_chunk_prep<{t}, {dk}, {mma}>", f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}>"
+
+
 STEP_COLS = 32  # value columns per block of gdn_step (GdnStep::CT)
 SOURCES: dict[str, tuple[str, ...]] = {
     "gdn.cu": tuple(f"causal_conv<{t}, 4>" for t in _T),
-    "gdn_chunk.cu": tuple(f"gdn_chunk_prep<{t}, {d}>" for t in _T for d in HEAD_DIMS)
+    "gdn_chunk.cu": tuple(_chunk_names(DEFAULT_VARIANT, t, "float", d, 16)[0] for t in _T for d in HEAD_DIMS)
     + tuple(
-        f"gdn_chunk_state<{t}, {s}, {d}, {c}>" for t in _T for s in _S for d in HEAD_DIMS for c in STATE_COLS
+        _chunk_names(DEFAULT_VARIANT, t, s, d, c)[1]
+        for t in _T
+        for s in _S
+        for d in HEAD_DIMS
+        for c in STATE_COLS
     ),
     "gdn_step.cu": tuple(
         f"gdn_step<{t}, {s}, {d}, {c}>" for t in _T for s in _S for d in HEAD_DIMS for c in ("false", "true")
@@ -254,7 +274,7 @@ def chunk_slice(dv: int) -> int:
 
 
 def prep_smem_bytes(dk: int) -> int:
-    """Dynamic shared memory of ``gdn_chunk_prep<., dk>``: mirrors ``GdnPrepSmem::FLOATS`` in gdn_chunk.cu (the
+    """Dynamic shared memory of ``gdn_chunk_prep<., dk, .>``: mirrors ``GdnPrepSmem::FLOATS`` in gdn_chunk.cu (the
     kernel traps when it gets less; tests/test_gdn_chunked_host.py runs it with this size)."""
     return 4 * (2 * CHUNK * (dk + 4) + 3 * CHUNK * (CHUNK + 4) + 3 * CHUNK)
 
@@ -264,6 +284,13 @@ def state_smem_bytes(dk: int, cols: int) -> int:
     gdn_chunk.cu."""
     sst = vst = 24 if cols == 16 else 48
     return 4 * (dk * sst + 2 * CHUNK * (dk + 4) + CHUNK * (CHUNK + 4) + CHUNK * vst + 2 * CHUNK)
+
+
+def state_mma_smem_bytes(dk: int, cols: int) -> int:
+    """Dynamic shared memory of ``gdn_chunk_state_mma<., ., dk, cols>``: mirrors ``GdnStateMmaSmem::FLOATS`` in
+    gdn_state_mma.cuh (the state and V' as split B fragments, the gates of two chunks): 2·cols·(dk + 64) + 256
+    floats, 50.2 KB at dk = 128 and 32 columns."""
+    return 4 * (2 * cols * (dk + CHUNK) + 4 * CHUNK)
 
 
 @functools.cache
@@ -303,7 +330,7 @@ def gdn_chunked(
     *,
     n_k_heads: int,
     out: Any = None,
-    variant: str = "two_pass",
+    variant: str = DEFAULT_VARIANT,
     cols: int | None = None,
 ) -> Any:
     """``gdn_recurrent`` in the chunked form (docs/model-math.md §4.6, reference ``ops.gdn_chunked``): same
@@ -311,14 +338,16 @@ def gdn_chunked(
     counted from its first row in this call, so results depend (at fp32 noise) on how a prompt is split.
 
     Two launches over a scratch of ``chunk_scratch_bytes`` (allocated per call from CuPy's pool):
-    ``gdn_chunk_prep``, one block per (chunk, key head), and ``gdn_chunk_state``, one block per (sequence,
-    value head, ``cols`` = 16 or 32 value columns, by default ``state_cols``) walking the chunks in order.
-    ``variant="serial"``: the older one-pass kernel (one block per sequence slice does all of each chunk's work;
-    benchmarks only)."""
+    ``gdn_chunk_prep``, one block per (chunk, key head), and the state pass, one block per (sequence, value head,
+    ``cols`` = 16 or 32 value columns, by default ``state_cols``) walking the chunks in order. ``variant="mma"``:
+    both passes' products as 3xTF32 mma.sync (``gdn_chunk_state_mma``); ``"fp32"``: on fp32 FMAs
+    (``gdn_chunk_state``);
+    ``"serial"``: the older one-pass kernel (one block per sequence slice does all of each chunk's work;
+    benchmarks only). The variant other than ``DEFAULT_VARIANT`` is compiled on first use."""
     import cupy
 
-    if variant not in ("two_pass", "serial"):
-        raise KernelError(f"variant: 'two_pass' or 'serial', got {variant!r}")
+    if variant not in (*STATE_VARIANTS, "serial"):
+        raise KernelError(f"variant: one of {(*STATE_VARIANTS, 'serial')}, got {variant!r}")
     if cols not in (None, *STATE_COLS):
         raise KernelError(f"cols: one of {STATE_COLS}, got {cols}")
     out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)
@@ -335,12 +364,17 @@ def gdn_chunked(
     buf = cupy.empty(max(sum(parts), 1), dtype=np.float32)
     offs = np.cumsum((0, *parts))
     qk_s, w_s, a_s, u_s, g_s = (buf[offs[i] : offs[i + 1]] for i in range(5))
-    prep = kernel("gdn_chunk.cu", SOURCES["gdn_chunk.cu"], f"gdn_chunk_prep<{t}, {dk}>")
+    names = _chunk_names(variant, t, k["st"], dk, cols)
+    inst = SOURCES["gdn_chunk.cu"] if variant == DEFAULT_VARIANT else names
+    prep = kernel("gdn_chunk.cu", inst, names[0])
     _launch_smem(prep, (rows // CHUNK + nseq, n_k_heads), 256, prep_smem_bytes(dk),
                  (qkv, a, b, a_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, np.int32(nseq), hk_, hv_, dv_,
                   ldq, lda, ldb))  # fmt: skip
-    st = kernel("gdn_chunk.cu", SOURCES["gdn_chunk.cu"], f"gdn_chunk_state<{t}, {k['st']}, {dk}, {cols}>")
-    _launch_smem(st, (nseq, hv, -(-dv // cols)), 8 * cols, state_smem_bytes(dk, cols),
+    st = kernel("gdn_chunk.cu", inst, names[1])
+    threads, smem = (
+        (128, state_mma_smem_bytes(dk, cols)) if variant == "mma" else (8 * cols, state_smem_bytes(dk, cols))
+    )
+    _launch_smem(st, (nseq, hv, -(-dv // cols)), threads, smem,
                  (qk_s, w_s, a_s, u_s, g_s, state, out, starts, slots, hk_, hv_, dv_, ldo))  # fmt: skip
     return out
 

@@ -23,7 +23,7 @@ using std::min;
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__
 #define __align__(n) alignas(n)
 #define __trap() std::abort()
@@ -52,6 +52,10 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
     emu_warp_bar[w]->arrive_and_wait();
     return r;
 }
+struct alignas(8) float2 {
+    float x, y;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
 struct alignas(16) float4 {
     float x, y, z, w;
 };
@@ -74,6 +78,32 @@ inline unsigned __float_as_uint(float f) {
     unsigned u;
     std::memcpy(&u, &f, 4);
     return u;
+}
+
+// mma.m16n8k8 row.col tf32 x tf32 + f32 (PTX fragment layout, g = lane / 4, t = lane % 4; tf32_frag.cuh): the
+// operands' low 13 bits are ignored, as by the tensor cores; the 8 products and d are summed exactly (double) and
+// rounded once. One warp barrier per call: the lanes' fragments go to one of two buffers by call parity (a buffer
+// is rewritten only after every lane has passed the next call's barrier, i.e. finished reading it).
+#define GDN_HOST_EMU 1
+float emu_tf_a[2][32][32][4], emu_tf_b[2][32][32][2];
+thread_local unsigned emu_tf_calls;
+inline double emu_tf32(float x) { return (double)__uint_as_float(__float_as_uint(x) & 0xffffe000u); }
+inline void emu_mma_tf32(float (&d)[4], float a0, float a1, float a2, float a3, float b0, float b1) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, p = emu_tf_calls++ & 1;
+    float* a = emu_tf_a[p][w][l];
+    a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3;
+    emu_tf_b[p][w][l][0] = b0, emu_tf_b[p][w][l][1] = b1;
+    emu_warp_bar[w]->arrive_and_wait();
+    const int g = l >> 2, t = l & 3;
+    for (int e = 0; e < 4; ++e) {
+        const int r = g + (e >> 1) * 8, c = 2 * t + (e & 1);  // C element e: row r, column c
+        double s = d[e];
+        for (int k = 0; k < 8; ++k) {  // A[r][k] from lane (r % 8, k % 4) reg (r / 8) + 2 (k / 4); B[k][c] likewise
+            const double av = emu_tf32(emu_tf_a[p][w][4 * (r & 7) + (k & 3)][(r >> 3) + 2 * (k >> 2)]);
+            s += av * emu_tf32(emu_tf_b[p][w][4 * c + (k & 3)][k >> 2]);
+        }
+        d[e] = (float)s;
+    }
 }
 
 // Runs fn() as every thread of every block of the grid (threads of one block concurrently).

@@ -1,11 +1,13 @@
 // Driver of the two-pass gdn_chunked host emulation (cuda_src/gdn_chunk.cu): argv = dir T HK HV DK DV nseq nslots
-// act_bf16 state_bf16 prep_smem state16_smem state32_smem. Reads dir/{qkv,a,b,alog,dtb,state,starts,slots}.bin,
-// runs gdn_chunk_prep over a NaN-filled scratch (as ninfer/cuda/gdn.py lays it out), then gdn_chunk_state with 16
-// value columns per block (writes dir/o.bin, dir/state_out.bin) and, from the same scratch and initial state, with
-// 32 (dir/o32.bin, dir/state32.bin).
+// act_bf16 state_bf16 prep_smem state16_smem state32_smem mma16_smem mma32_smem. Reads
+// dir/{qkv,a,b,alog,dtb,state,starts,slots}.bin, runs gdn_chunk_prep over a NaN-filled scratch (as
+// ninfer/cuda/gdn.py lays it out) once per variant, then from the same initial state: gdn_chunk_state with 16
+// value columns per block (writes dir/o.bin, dir/state_out.bin) and with 32 (dir/o32.bin, dir/state32.bin) from
+// gdn_chunk_prep<., ., false>'s scratch (variant "fp32"), and gdn_chunk_state_mma with 16 (dir/o_mma16.bin,
+// dir/state_mma16.bin) and 32 (dir/o_mma32.bin, dir/state_mma32.bin) from gdn_chunk_prep<., ., true>'s ("mma").
 template <typename T, typename S, int DK>
 void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, int nslots, unsigned prep_smem,
-             unsigned smem16, unsigned smem32) {
+             unsigned smem16, unsigned smem32, unsigned mma16, unsigned mma32) {
     const long long width = 2LL * HK * DK + (long long)HV * DV;
     auto qkv = emu_read<T>(dir + "/qkv.bin", T_ * width);
     auto a = emu_read<T>(dir + "/a.bin", (size_t)T_ * HV), b = emu_read<T>(dir + "/b.bin", (size_t)T_ * HV);
@@ -15,40 +17,66 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
     std::vector<T> o((size_t)T_ * HV * DV);
     std::memset((void*)o.data(), 0xff, o.size() * sizeof(T));  // NaN poison (both float and bf16 words)
     const float nan = __uint_as_float(0x7fc00000u);
-    std::vector<float> qk((size_t)T_ * HK * 2 * DK, nan), w((size_t)T_ * HV * DK, nan);
-    std::vector<float> am((size_t)T_ * HV * GC_CHUNK, nan), u((size_t)T_ * HV * DV, nan), g((size_t)T_ * HV, nan);
-    emu_launch({(unsigned)(T_ / GC_CHUNK + nseq), (unsigned)HK, 1}, 256, prep_smem, [&] {
-        gdn_chunk_prep<T, DK>(qkv.data(), a.data(), b.data(), alog.data(), dtb.data(), qk.data(), w.data(),
-                              am.data(), u.data(), g.data(), starts.data(), nseq, HK, HV, DV, width, HV, HV);
+    struct Scratch {
+        std::vector<float> qk, w, am, u, g;
+    };
+    auto prep = [&]<bool MMA>() {  // a NaN-filled scratch, filled by gdn_chunk_prep<T, DK, MMA>
+        Scratch x{std::vector<float>((size_t)T_ * HK * 2 * DK, nan), std::vector<float>((size_t)T_ * HV * DK, nan),
+                  std::vector<float>((size_t)T_ * HV * GC_CHUNK, nan), std::vector<float>((size_t)T_ * HV * DV, nan),
+                  std::vector<float>((size_t)T_ * HV, nan)};
+        emu_launch({(unsigned)(T_ / GC_CHUNK + nseq), (unsigned)HK, 1}, 256, prep_smem, [&] {
+            gdn_chunk_prep<T, DK, MMA>(qkv.data(), a.data(), b.data(), alog.data(), dtb.data(), x.qk.data(),
+                                       x.w.data(), x.am.data(), x.u.data(), x.g.data(), starts.data(), nseq, HK, HV,
+                                       DV, width, HV, HV);
+        });
+        return x;
+    };
+    const Scratch fp = prep.template operator()<false>(), mm = prep.template operator()<true>();
+    std::vector<T> o32(o), om16(o), om32(o);
+    std::vector<S> state32(state), sm16(state), sm32(state);
+    emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + 15) / 16)}, 128, mma16, [&] {
+        gdn_chunk_state_mma<T, S, DK, 16>(mm.qk.data(), mm.w.data(), mm.am.data(), mm.u.data(), mm.g.data(),
+                                          sm16.data(), om16.data(), starts.data(), slots.data(), HK, HV, DV,
+                                          (long long)HV * DV);
     });
-    std::vector<T> o32(o);
-    std::vector<S> state32(state);
+    emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + 31) / 32)}, 128, mma32, [&] {
+        gdn_chunk_state_mma<T, S, DK, 32>(mm.qk.data(), mm.w.data(), mm.am.data(), mm.u.data(), mm.g.data(),
+                                          sm32.data(), om32.data(), starts.data(), slots.data(), HK, HV, DV,
+                                          (long long)HV * DV);
+    });
     emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + 15) / 16)}, 128, smem16, [&] {
-        gdn_chunk_state<T, S, DK, 16>(qk.data(), w.data(), am.data(), u.data(), g.data(), state.data(), o.data(),
-                                      starts.data(), slots.data(), HK, HV, DV, (long long)HV * DV);
+        gdn_chunk_state<T, S, DK, 16>(fp.qk.data(), fp.w.data(), fp.am.data(), fp.u.data(), fp.g.data(),
+                                      state.data(), o.data(), starts.data(), slots.data(), HK, HV, DV,
+                                      (long long)HV * DV);
     });
     emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + 31) / 32)}, 256, smem32, [&] {
-        gdn_chunk_state<T, S, DK, 32>(qk.data(), w.data(), am.data(), u.data(), g.data(), state32.data(),
-                                      o32.data(), starts.data(), slots.data(), HK, HV, DV, (long long)HV * DV);
+        gdn_chunk_state<T, S, DK, 32>(fp.qk.data(), fp.w.data(), fp.am.data(), fp.u.data(), fp.g.data(),
+                                      state32.data(), o32.data(), starts.data(), slots.data(), HK, HV, DV,
+                                      (long long)HV * DV);
     });
     emu_write(dir + "/o.bin", o);
     emu_write(dir + "/state_out.bin", state);
     emu_write(dir + "/o32.bin", o32);
     emu_write(dir + "/state32.bin", state32);
+    emu_write(dir + "/o_mma16.bin", om16);
+    emu_write(dir + "/state_mma16.bin", sm16);
+    emu_write(dir + "/o_mma32.bin", om32);
+    emu_write(dir + "/state_mma32.bin", sm32);
 }
 
 template <typename T, typename S> void emu_dispatch(char** v) {
     const int T_ = atoi(v[2]), HK = atoi(v[3]), HV = atoi(v[4]), DK = atoi(v[5]), DV = atoi(v[6]);
     const int nseq = atoi(v[7]), nslots = atoi(v[8]);
     const unsigned ps = (unsigned)atoi(v[11]), s16 = (unsigned)atoi(v[12]), s32 = (unsigned)atoi(v[13]);
+    const unsigned m16 = (unsigned)atoi(v[14]), m32 = (unsigned)atoi(v[15]);
 #define EMU_CASE(dk) \
-    if (DK == dk) return emu_run<T, S, dk>(v[1], T_, HK, HV, DV, nseq, nslots, ps, s16, s32);
+    if (DK == dk) return emu_run<T, S, dk>(v[1], T_, HK, HV, DV, nseq, nslots, ps, s16, s32, m16, m32);
     EMU_CASE(16) EMU_CASE(32) EMU_CASE(64) EMU_CASE(128)
     std::abort();
 }
 
 int main(int argc, char** argv) {
-    if (argc != 14) return 2;
+    if (argc != 16) return 2;
     if (atoi(argv[9])) {
         if (atoi(argv[10])) emu_dispatch<bf16, bf16>(argv); else emu_dispatch<bf16, float>(argv);
     } else {

@@ -1,0 +1,273 @@
+// gdn_chunk_state on tensor cores (gdn_chunked(variant="mma")): the same pass, arguments, scratch and results
+// within fp32 noise, its four products W S, Q S, A V' and (diag(tail) K)ᵀ V' as 3xTF32 mma.sync (tf32_frag.cuh).
+// Included by gdn_chunk.cu (GC_CHUNK, the scratch layout).
+//
+// One block of 4 warps per (sequence, value head, DVS value columns); warp w owns chunk rows 16w .. 16w+15 of V',
+// the output and the A V' product, and a fixed set of state tiles (gsm_tiles) whose fp32 values live in its
+// registers for the whole sequence. C-fragment rows g / g+8 of a 16-row tile stand for rows 2g / 2g+1 of it (chunk
+// rows for V' and the output, key dims for the state), so a thread's pairs of A-operand values and of B-fragment
+// entries are adjacent in memory. Every k-sum runs over 16-blocks in order, each as two 8-steps (step s takes k =
+// 16kb + 4t + 2s in slot t and the next k in slot t + 4), each step as lo·hi, hi·lo, hi·hi: an output element's
+// arithmetic depends on nothing but its row, its column and the chunk's length (DVS and the other sequences of the
+// call change no bit). A V' skips the 16-blocks above the warp's rows and past the chunk (A and V' are zero there).
+//
+// Shared memory holds S and V' only, as ready B fragments [16-block][step][8-column tile][lane][b0 hi, b1 hi,
+// b0 lo, b1 lo] (one conflict-free 16-byte load per fragment), and e^γ, e^{γ_n−γ} of the current and the next
+// chunk. W, Q, A, U and K are read from the scratch straight into registers (the next chunk's rows are hinted into
+// the L2 while one computes). Not yet measured on a GPU.
+#pragma once
+#include "tf32_frag.cuh"
+
+template <int DK, int DVS> struct GdnStateMmaSmem {
+    static_assert(DVS == 16 || DVS == 32, "value slice");
+    static constexpr int NTN = DVS / 8;                      // 8-column tiles
+    static constexpr int SF = 2 * DK * DVS;                   // state fragments (hi and lo)
+    static constexpr int VF = 2 * GC_CHUNK * DVS;             // V' fragments
+    static constexpr int FLOATS = SF + VF + 4 * GC_CHUNK;     // + e^γ and tails of two chunks
+    // state tiles per warp: MW 16-row tiles from mt0 = (w / WPM)·MW by NW 8-column tiles from nt0 = (w % WPM)·NW
+    static constexpr int MT = DK / 16, WPM = MT >= 4 ? 1 : 4 / MT, MW = MT >= 4 ? MT / 4 : 1;
+    static constexpr int NW = NTN / WPM > 0 ? NTN / WPM : 1;
+};
+
+// Float offset of B-operand entry (k, n) in a fragment array with NTN column tiles (the hi word; lo at +2). Rows
+// k and k + 1 (k even) share one 16-byte slot: hi(k), hi(k+1), lo(k), lo(k+1).
+template <int NTN> __device__ __forceinline__ int gsm_frag(int k, int n) {
+    const int kb = k >> 4, r = k & 15;
+    return ((((kb * 2 + ((r >> 1) & 1)) * NTN + (n >> 3)) * 32 + 4 * (n & 7) + (r >> 2)) << 2) + (r & 1);
+}
+
+// Entries (k, n) = x and (k + 1, n) = y, k even, split and stored as one fragment slot
+template <int NTN> __device__ __forceinline__ void gsm_put(float* frag, int k, int n, float x, float y) {
+    float xh, xl, yh, yl;
+    tf32_split(x, xh, xl);
+    tf32_split(y, yh, yl);
+    *reinterpret_cast<float4*>(frag + gsm_frag<NTN>(k, n)) = make_float4(xh, yh, xl, yl);
+}
+
+__device__ __forceinline__ float4 gsm_ld4(const float* p, bool ok) {
+    return ok ? *reinterpret_cast<const float4*>(p) : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// ws += W S and qs += Q S for the warp's chunk rows r0, r0 + 1 (C rows g, g+8; rows past the chunk read as zero)
+template <int DK, int DVS>
+__device__ __forceinline__ void gsm_ws_qs(const float* wr0, const float* wr1, const float* qr0, const float* qr1,
+                                          bool v0, bool v1, const float* Sf, float (&ws)[DVS / 8][4],
+                                          float (&qs)[DVS / 8][4], int lane) {
+    constexpr int NTN = DVS / 8;
+    const int t = lane & 3;
+#pragma unroll
+    for (int kb = 0; kb < DK / 16; ++kb) {
+        const int d = 16 * kb + 4 * t;
+        const float4 w0 = gsm_ld4(wr0 + d, v0), w1 = gsm_ld4(wr1 + d, v1);
+        const float4 q0 = gsm_ld4(qr0 + d, v0), q1 = gsm_ld4(qr1 + d, v1);
+        const Tf32A aw[2] = {tf32_a(w0.x, w1.x, w0.y, w1.y), tf32_a(w0.z, w1.z, w0.w, w1.w)};
+        const Tf32A aq[2] = {tf32_a(q0.x, q1.x, q0.y, q1.y), tf32_a(q0.z, q1.z, q0.w, q1.w)};
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int nt = 0; nt < NTN; ++nt) {
+                const float4 b = *reinterpret_cast<const float4*>(Sf + (((kb * 2 + s) * NTN + nt) * 32 + lane) * 4);
+                tf32_mma3(ws[nt], aw[s], b.x, b.y, b.z, b.w);
+                tf32_mma3(qs[nt], aq[s], b.x, b.y, b.z, b.w);
+            }
+    }
+}
+
+// out += A V' over the 16-blocks kb <= w that start inside the chunk (A rows ar0, ar1 = chunk rows r0, r0 + 1)
+template <int DVS>
+__device__ __forceinline__ void gsm_attn(const float* ar0, const float* ar1, bool v0, bool v1, const float* Vf,
+                                         float (&out)[DVS / 8][4], int w, int n, int lane) {
+    constexpr int NTN = DVS / 8;
+    const int t = lane & 3;
+#pragma unroll
+    for (int kb = 0; kb < GC_CHUNK / 16; ++kb) {
+        if (kb > w || 16 * kb >= n) break;
+        const float4 x0 = gsm_ld4(ar0 + 16 * kb + 4 * t, v0), x1 = gsm_ld4(ar1 + 16 * kb + 4 * t, v1);
+        const Tf32A a[2] = {tf32_a(x0.x, x1.x, x0.y, x1.y), tf32_a(x0.z, x1.z, x0.w, x1.w)};
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int nt = 0; nt < NTN; ++nt) {
+                const float4 b = *reinterpret_cast<const float4*>(Vf + (((kb * 2 + s) * NTN + nt) * 32 + lane) * 4);
+                tf32_mma3(out[nt], a[s], b.x, b.y, b.z, b.w);
+            }
+    }
+}
+
+// acc += (diag(tail) K)ᵀ V' for the warp's state tiles: A = Kᵀ (rows: key dims 16mt + 2g, +1; k: the chunk's
+// tokens, zero past n), k rows read from the scratch qk section (kr: the chunk's first row's k, row stride ldk)
+template <int DK, int DVS>
+__device__ __forceinline__ void gsm_update(const float* kr, long long ldk, const float* tail, const float* Vf,
+                                           float (&acc)[GdnStateMmaSmem<DK, DVS>::MW][GdnStateMmaSmem<DK, DVS>::NW][4],
+                                           int mt0, int nt0, int n, int lane) {
+    using L = GdnStateMmaSmem<DK, DVS>;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kb = 0; kb < GC_CHUNK / 16; ++kb) {
+        if (16 * kb >= n) break;
+        float2 k2[L::MW][4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = 16 * kb + 4 * t + u;
+            const float tl = i < n ? tail[i] : 0.f;
+#pragma unroll
+            for (int mi = 0; mi < L::MW; ++mi) {
+                float2 k = make_float2(0.f, 0.f);
+                if (i < n) k = *reinterpret_cast<const float2*>(kr + i * ldk + 16 * (mt0 + mi) + 2 * g);
+                k2[mi][u] = make_float2(k.x * tl, k.y * tl);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int mi = 0; mi < L::MW; ++mi) {
+                const Tf32A a = tf32_a(k2[mi][2 * s].x, k2[mi][2 * s].y, k2[mi][2 * s + 1].x, k2[mi][2 * s + 1].y);
+#pragma unroll
+                for (int ni = 0; ni < L::NW; ++ni) {
+                    const float4 b =
+                        *reinterpret_cast<const float4*>(Vf + (((kb * 2 + s) * L::NTN + nt0 + ni) * 32 + lane) * 4);
+                    tf32_mma3(acc[mi][ni], a, b.x, b.y, b.z, b.w);
+                }
+            }
+    }
+}
+
+// e^γ and the tails e^{γ_n−γ} of the chunk at t0 (n tokens) into eg, tail (threads tid < n)
+__device__ __forceinline__ void gsm_gates(const float* g_s, int HV, int j, int t0, int n, float* eg, float* tail,
+                                          int tid) {
+    if (tid < n) {
+        const float gi = g_s[(long long)(t0 + tid) * HV + j], gl = g_s[(long long)(t0 + n - 1) * HV + j];
+        eg[tid] = expf(gi);
+        tail[tid] = expf(gl - gi);
+    }
+}
+
+// ptxas (nvcc 13.0, sm_90a): 136 registers at DK = 128 with 16 columns, 177 with 32; 94-156 for the smaller heads;
+// no spills. A minimum of 3 blocks per SM only at DK = 16 (the tiny test model's heads: without it 8 bytes spill);
+// elsewhere none (0): with 3 the larger heads spill, with 1 they take 255 registers and spill too.
+template <typename T, typename S, int DK, int DVS>
+__global__ void __launch_bounds__(128, DK == 16 ? 3 : 0)
+    gdn_chunk_state_mma(const float* __restrict__ qk_s, const float* __restrict__ w_s, const float* __restrict__ a_s,
+                        const float* __restrict__ u_s, const float* __restrict__ g_s, S* __restrict__ state,
+                        T* __restrict__ o, const int* __restrict__ starts, const int* __restrict__ slots, int HK,
+                        int HV, int DV, long long ldo) {
+    pdl_trigger();
+    constexpr int C = GC_CHUNK;
+    using L = GdnStateMmaSmem<DK, DVS>;
+    constexpr int NTN = L::NTN, MW = L::MW, NW = L::NW;
+    extern __shared__ float smem[];  // dynamic: starts 16-byte aligned (no static shared memory)
+    {
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < L::FLOATS * sizeof(float)) __trap();
+    }
+    float *Sf = smem, *Vf = Sf + L::SF, *gate = Vf + L::VF;  // gate: [chunk parity][e^γ (C), tail (C)]
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int j = blockIdx.y, b = blockIdx.x, hk = j / (HV / HK), c0 = blockIdx.z * DVS;
+    const int mt0 = (w / L::WPM) * MW, nt0 = (w % L::WPM) * NW;
+    const bool owns = nt0 < NTN;  // DK = 16 with 16 columns: two warps own no state tile
+    S* st = state + (((long long)slots[b] * HV + j) * DK) * DV + c0;
+    float sreg[MW][NW][4];  // the warp's state tiles: rows 16mt + 2g (c0, c1) and + 1 (c2, c3), columns 8nt + 2t, + 1
+#pragma unroll
+    for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NW; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int d = 16 * (mt0 + mi) + 2 * g + (e >> 1), c = 8 * (nt0 + ni) + 2 * t + (e & 1);
+                sreg[mi][ni][e] = owns && c0 + c < DV ? st_load(st + (long long)d * DV + c) : 0.f;
+            }
+    const int t_beg = starts[b], t_end = starts[b + 1];
+    const long long ldq = 2LL * HK * DK;  // qk scratch row stride
+    if (owns)
+#pragma unroll
+        for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < NW; ++ni) {
+                const int d = 16 * (mt0 + mi) + 2 * g, c = 8 * (nt0 + ni) + 2 * t;
+                gsm_put<NTN>(Sf, d, c, sreg[mi][ni][0], sreg[mi][ni][2]);
+                gsm_put<NTN>(Sf, d, c + 1, sreg[mi][ni][1], sreg[mi][ni][3]);
+            }
+    if (t_beg < t_end) gsm_gates(g_s, HV, j, t_beg, min(C, t_end - t_beg), gate, gate + C, tid);
+    int par = 0;
+    for (int t0 = t_beg; t0 < t_end; t0 += C, par ^= 1) {
+        const int n = min(C, t_end - t0), r0 = 16 * w + 2 * g;  // the thread's chunk rows r0, r0 + 1
+        const bool v0 = r0 < n, v1 = r0 + 1 < n;
+        const float *eg = gate + 2 * C * par, *tail = eg + C;
+        __syncthreads();  // S fragments and this chunk's gates written; last chunk's readers of V' done
+#ifdef __CUDA_ARCH__
+        if (t0 + C < t_end) {  // hint the next chunk's scratch rows into the L2 (no values)
+            constexpr int LQ = DK / 16, LW = DK >= 32 ? DK / 32 : 1, PER = LQ + LW + 3;  // 128-byte lines per row
+            const int nn = min(C, t_end - t0 - C);
+            for (int e = tid; e < nn * PER; e += 128) {
+                const int i = e / PER, l = e % PER;
+                const long long tt = t0 + C + i;
+                const float* p = l < LQ            ? qk_s + (tt * HK + hk) * 2 * DK + 32 * l
+                                 : l < LQ + LW     ? w_s + (tt * HV + j) * DK + 32 * (l - LQ)
+                                 : l < LQ + LW + 2 ? a_s + (tt * HV + j) * C + 32 * (l - LQ - LW)
+                                                   : u_s + (tt * HV + j) * DV + c0;
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+            }
+        }
+#endif
+        // rows past the chunk are neither read nor used: their pointers stay at row 0 of the chunk
+        const long long q0 = (long long)(t0 + (v0 ? r0 : 0)), q1 = (long long)(t0 + (v1 ? r0 + 1 : 0));
+        float ws[NTN][4] = {}, out[NTN][4] = {};
+        gsm_ws_qs<DK, DVS>(w_s + (q0 * HV + j) * DK, w_s + (q1 * HV + j) * DK, qk_s + (q0 * HK + hk) * 2 * DK,
+                           qk_s + (q1 * HK + hk) * 2 * DK, v0, v1, Sf, ws, out, lane);
+        // V' = U − W S (zero past the chunk and past DV) into its fragments; out = e^γ Q S
+        const float e0 = v0 ? eg[r0] : 0.f, e1 = v1 ? eg[r0 + 1] : 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NTN; ++nt) {
+            float vp[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int c = 8 * nt + 2 * t + (e & 1);
+                const bool ok = (e >> 1 ? v1 : v0) && c0 + c < DV;
+                vp[e] = ok ? u_s[((e >> 1 ? q1 : q0) * HV + j) * DV + c0 + c] - ws[nt][e] : 0.f;
+                out[nt][e] *= e >> 1 ? e1 : e0;
+            }
+            gsm_put<NTN>(Vf, r0, 8 * nt + 2 * t, vp[0], vp[2]);
+            gsm_put<NTN>(Vf, r0, 8 * nt + 2 * t + 1, vp[1], vp[3]);
+        }
+        __syncthreads();  // V' complete; S fragments read by all
+        gsm_attn<DVS>(a_s + (q0 * HV + j) * C, a_s + (q1 * HV + j) * C, v0, v1, Vf, out, w, n, lane);
+#pragma unroll
+        for (int nt = 0; nt < NTN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int c = c0 + 8 * nt + 2 * t + (e & 1);
+                if ((e >> 1 ? v1 : v0) && c < DV)
+                    o[(e >> 1 ? q1 : q0) * ldo + (long long)j * DV + c] = from_f<T>(out[nt][e]);
+            }
+        // S ← e^{γ_n} S + (diag(tail) K)ᵀ V', back into the fragments for the next chunk
+        if (owns) {
+            float acc[MW][NW][4] = {};
+            gsm_update<DK, DVS>(qk_s + ((long long)t0 * HK + hk) * 2 * DK + DK, ldq, tail, Vf, acc, mt0, nt0, n,
+                                lane);
+            const float elast = eg[n - 1];
+#pragma unroll
+            for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < NW; ++ni) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) sreg[mi][ni][e] = fmaf(sreg[mi][ni][e], elast, acc[mi][ni][e]);
+                    const int d = 16 * (mt0 + mi) + 2 * g, c = 8 * (nt0 + ni) + 2 * t;
+                    gsm_put<NTN>(Sf, d, c, sreg[mi][ni][0], sreg[mi][ni][2]);
+                    gsm_put<NTN>(Sf, d, c + 1, sreg[mi][ni][1], sreg[mi][ni][3]);
+                }
+        }
+        if (t0 + C < t_end) gsm_gates(g_s, HV, j, t0 + C, min(C, t_end - t0 - C), gate + 2 * C * (par ^ 1),
+                                      gate + 2 * C * (par ^ 1) + C, tid);
+    }
+    if (owns)
+#pragma unroll
+        for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < NW; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int d = 16 * (mt0 + mi) + 2 * g + (e >> 1), c = 8 * (nt0 + ni) + 2 * t + (e & 1);
+                    if (c0 + c < DV) st_store(st + (long long)d * DV + c, sreg[mi][ni][e]);
+                }
+}
