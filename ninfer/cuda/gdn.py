@@ -50,7 +50,9 @@ STATE_COLS = (16, 32)  # value columns per block of gdn_chunk_state (its DVS; th
 # Q S, A V', the state update) with their products as 3xTF32 mma.sync; "fp32" gdn_chunk_prep<., ., false> and
 # gdn_chunk_state on fp32 FMAs; "serial" is the older one-pass kernel of gdn.cu (benchmarks only)
 STATE_VARIANTS = {"mma": "gdn_chunk_state_mma", "fp32": "gdn_chunk_state"}
-DEFAULT_VARIANT = "mma"
+# "fp32" until the mma variant has run on a GPU (its tests: tests/test_cuda_ops.py -k gdn, both variants; its speed:
+# perf/bench_gdn.py); then "mma" if it is correct and faster (docs/cuda.md, the GDN chunked prefill)
+DEFAULT_VARIANT = "fp32"
 
 
 def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str, str]:
