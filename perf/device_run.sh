@@ -72,7 +72,7 @@ from ninfer.cuda import warmup; print('compiled', sum(warmup(workers=12).values(
 }
 run_bench() {
   for b in ${BENCHES:-profile_step bench_gemm bench_gemv bench_gdn bench_gdn_decode bench_attention bench_attention_decode}; do
-    timeout ${BENCH_TIMEOUT:-90} python3 -m perf.$b 2>&1 | tee -a "$OUT/bench.txt" | tail -40
+    timeout ${BENCH_TIMEOUT:-300} python3 -m perf.$b 2>&1 | tee -a "$OUT/bench.txt" | tail -40
   done
 }
 run_profile() {  # per-kernel profile of one graph-replayed decode step (Nsight Compute), PROFILES="27b:1 35b:1"
