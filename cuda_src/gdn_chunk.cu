@@ -276,6 +276,28 @@ __global__ void __launch_bounds__(256)
 // Pass 2 shared memory, in floats (the wrapper's state_smem_bytes mirrors it; the kernel traps on a mismatch).
 // DVS value columns per block (16 or 32; 8·DVS threads). A column's arithmetic does not depend on DVS: the same
 // bits for either.
+// Both state passes: hint the next chunk's scratch rows (normed q|k of key head hk; W, A and U of value head j, U
+// from column c0) into the L2 while this chunk computes; reads no values. Threads tid, tid + nthreads, ...
+template <int DK>
+__device__ __forceinline__ void gc_hint_next_chunk(const float* qk_s, const float* w_s, const float* a_s,
+                                                   const float* u_s, int t0, int t_end, int hk, int j, int HK,
+                                                   int HV, int DV, int c0, int tid, int nthreads) {
+#ifdef __CUDA_ARCH__
+    constexpr int C = GC_CHUNK, LQ = DK / 16, LW = DK >= 32 ? DK / 32 : 1, PER = LQ + LW + 3;  // 128-byte lines/row
+    if (t0 + C >= t_end) return;
+    const int nn = min(C, t_end - t0 - C);
+    for (int e = tid; e < nn * PER; e += nthreads) {
+        const int i = e / PER, l = e % PER;
+        const long long t = t0 + C + i;
+        const float* p = l < LQ             ? qk_s + (t * HK + hk) * 2 * DK + 32 * l
+                         : l < LQ + LW      ? w_s + (t * HV + j) * DK + 32 * (l - LQ)
+                         : l < LQ + LW + 2  ? a_s + (t * HV + j) * C + 32 * (l - LQ - LW)
+                                            : u_s + (t * HV + j) * DV + c0;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+#endif
+}
+
 template <int DK, int DVS> struct GdnStateSmem {
     static_assert(DVS == 16 || DVS == 32, "value slice");
     static constexpr int SST = DVS == 16 ? 24 : 48;  // state rows: the rows a warp writes on distinct banks
@@ -340,21 +362,7 @@ __global__ void __launch_bounds__(8 * DVS)
             tail[tid] = expf(gl - gi);
         }
         __syncthreads();
-#ifdef __CUDA_ARCH__
-        if (t0 + C < t_end) {  // hint the next chunk's scratch rows into the L2 while this one computes (no values)
-            constexpr int LQ = DK / 16, LW = DK >= 32 ? DK / 32 : 1, PER = LQ + LW + 3;  // 128-byte lines per row
-            const int nn = min(C, t_end - t0 - C);
-            for (int e = tid; e < nn * PER; e += NT) {
-                const int i = e / PER, l = e % PER;
-                const long long t = t0 + C + i;
-                const float* p = l < LQ             ? qk_s + (t * HK + hk) * 2 * DK + 32 * l
-                                 : l < LQ + LW      ? w_s + (t * HV + j) * DK + 32 * (l - LQ)
-                                 : l < LQ + LW + 2  ? a_s + (t * HV + j) * C + 32 * (l - LQ - LW)
-                                                    : u_s + (t * HV + j) * DV + c0;
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-            }
-        }
-#endif
+        gc_hint_next_chunk<DK>(qk_s, w_s, a_s, u_s, t0, t_end, hk, j, HK, HV, DV, c0, tid, NT);
         // W S and Q S over the key dim in order (rows >= n are computed from stale rows and never used)
         float ws[4][2] = {}, qs[4][2] = {};
         for (int d = 0; d < DK; d += 4) {

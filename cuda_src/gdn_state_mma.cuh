@@ -195,21 +195,7 @@ __global__ void __launch_bounds__(128, DK == 16 ? 3 : 0)
         const bool v0 = r0 < n, v1 = r0 + 1 < n;
         const float *eg = gate + 2 * C * par, *tail = eg + C;
         __syncthreads();  // S fragments and this chunk's gates written; last chunk's readers of V' done
-#ifdef __CUDA_ARCH__
-        if (t0 + C < t_end) {  // hint the next chunk's scratch rows into the L2 (no values)
-            constexpr int LQ = DK / 16, LW = DK >= 32 ? DK / 32 : 1, PER = LQ + LW + 3;  // 128-byte lines per row
-            const int nn = min(C, t_end - t0 - C);
-            for (int e = tid; e < nn * PER; e += 128) {
-                const int i = e / PER, l = e % PER;
-                const long long tt = t0 + C + i;
-                const float* p = l < LQ            ? qk_s + (tt * HK + hk) * 2 * DK + 32 * l
-                                 : l < LQ + LW     ? w_s + (tt * HV + j) * DK + 32 * (l - LQ)
-                                 : l < LQ + LW + 2 ? a_s + (tt * HV + j) * C + 32 * (l - LQ - LW)
-                                                   : u_s + (tt * HV + j) * DV + c0;
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-            }
-        }
-#endif
+        gc_hint_next_chunk<DK>(qk_s, w_s, a_s, u_s, t0, t_end, hk, j, HK, HV, DV, c0, tid, 128);
         // rows past the chunk are neither read nor used: their pointers stay at row 0 of the chunk
         const long long q0 = (long long)(t0 + (v0 ? r0 : 0)), q1 = (long long)(t0 + (v1 ? r0 + 1 : 0));
         float ws[NTN][4] = {}, out[NTN][4] = {};

@@ -197,17 +197,28 @@ __global__ void __launch_bounds__(GS_THREADS, 1)
 
 // MoE prefill (grouped), as gemm.cu's gemm_experts: tile i (blockIdx.y) covers rows tile_s0[i] ..
 // min(tile_s0[i] + 128, off[tile_e[i] + 1]) with expert tile_e[i]'s weight rows; tiles at or beyond *ntiles exit.
+// One CTA of either expert kernel: its tile of the table (rowf: the fp16 mode's per-row factors, or null).
+template <typename D, typename A, typename TY>
+__device__ __forceinline__ void gs_expert_tile(const u8* __restrict__ p0, const u8* __restrict__ p1,
+                                               const u8* __restrict__ p2, typename A::Src x, TY* __restrict__ y,
+                                               const int* __restrict__ off, const int* __restrict__ tile_e,
+                                               const int* __restrict__ tile_s0, const int* __restrict__ ntiles,
+                                               int N, int K, long long ldx, long long ldy,
+                                               const float* __restrict__ rowf) {
+    const int i = blockIdx.y;
+    if (i >= *ntiles) return;
+    const int e = tile_e[i], s0 = tile_s0[i], rows = min(GS_BM, off[e + 1] - s0);
+    gs_tile<D, A, TY>(p0, p1, p2, x + (long long)s0 * ldx, y + (long long)s0 * ldy, rows, N, K, ldx, ldy,
+                      blockIdx.x * D::BN, (long long)e * N, rowf ? rowf + s0 : nullptr);
+}
+
 template <typename D, typename T>
 __global__ void __launch_bounds__(GS_THREADS, 1)
     gemm90_experts(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
                    const T* __restrict__ x, T* __restrict__ y, const int* __restrict__ off,
                    const int* __restrict__ tile_e, const int* __restrict__ tile_s0, const int* __restrict__ ntiles,
                    int N, int K, long long ldx, long long ldy) {
-    const int i = blockIdx.y;
-    if (i >= *ntiles) return;
-    const int e = tile_e[i], s0 = tile_s0[i], rows = min(GS_BM, off[e + 1] - s0);
-    gs_tile<D, Act<T>, T>(p0, p1, p2, x + (long long)s0 * ldx, y + (long long)s0 * ldy, rows, N, K, ldx, ldy,
-                          blockIdx.x * D::BN, (long long)e * N);
+    gs_expert_tile<D, Act<T>, T>(p0, p1, p2, x, y, off, tile_e, tile_s0, ntiles, N, K, ldx, ldy, nullptr);
 }
 
 // ---- pair mode: float activations split once per GEMM, foldable weights dequantized once per GEMM --------------
@@ -314,11 +325,7 @@ __global__ void __launch_bounds__(GS_THREADS, 1)
                        const int* __restrict__ off, const int* __restrict__ tile_e, const int* __restrict__ tile_s0,
                        const int* __restrict__ ntiles, int N, int K, long long ldx, long long ldy) {
     static_assert(!D::DIRECT && D::GPT == 0, "the folded formats: operand values exact in fp16");
-    const int i = blockIdx.y;
-    if (i >= *ntiles) return;
-    const int e = tile_e[i], s0 = tile_s0[i], rows = min(GS_BM, off[e + 1] - s0);
-    gs_tile<D, ActF16, float>(p0, p1, p2, xh + (long long)s0 * ldx, y + (long long)s0 * ldy, rows, N, K, ldx, ldy,
-                              blockIdx.x * D::BN, (long long)e * N, rowf + s0);
+    gs_expert_tile<D, ActF16, float>(p0, p1, p2, xh, y, off, tile_e, tile_s0, ntiles, N, K, ldx, ldy, rowf);
 }
 
 // x [M, K] (row stride ldx, K % 8 == 0) -> xh [M, K] fp16 words (row stride K) = x * 2^k rounded to nearest even,

@@ -69,3 +69,14 @@ def test_all_sources_compile_for_sm90(tmp_path: Path) -> None:
         results = list(pool.map(lambda kv: _compile(kv[0], kv[1], tmp_path), sources.items()))
     failed = [f"{src} (rc={rc}):\n{log[-3000:]}" for src, rc, log in results if rc != 0]
     assert not failed, "nvcc failed:\n" + "\n".join(failed)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_other_gdn_state_variant_compiles(tmp_path: Path) -> None:
+    """The two-pass GDN variant that is not the default (compiled on first use, so not in all_sources)."""
+    from ninfer.cuda.gdn import DEFAULT_VARIANT, STATE_VARIANTS, chunk_instances
+
+    for v in STATE_VARIANTS:
+        if v != DEFAULT_VARIANT:
+            src, rc, log = _compile("gdn_chunk.cu", chunk_instances(v), tmp_path)
+            assert rc == 0, f"gdn_chunk.cu variant {v} (rc={rc}):\n{log[-3000:]}"

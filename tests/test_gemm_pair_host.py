@@ -110,6 +110,21 @@ static int makes() {
     return 0;
 }
 
+// dequant90<D, F16>: CTA (kt, row tile) of the stored weight [N, K] -> the operand scratch w [N, K]
+template <typename D, bool F16>
+static void dequant90_emu(const u8* p0, const u8* p1, const u8* p2, int N, int K, bf16* w) {
+    std::vector<u8> raw(D::BYTES);
+    for (int kt = 0; kt < (K + GS_BK - 1) / GS_BK; ++kt)
+        for (int r0 = 0; r0 < N; r0 += D::BN) {
+            const int nvalid = N - r0 < D::BN ? N - r0 : D::BN;
+            std::fill(raw.begin(), raw.end(), (u8)0xff);
+            for (int tid = 0; tid < GS_THREADS; ++tid)
+                typename D::Loader(p0, p1, p2, K, r0, nvalid, tid).copy(raw.data(), kt, K, p0);
+            for (int tid = 0; tid < GS_THREADS; ++tid)
+                dequant_tile<D, F16>(raw.data(), w + (size_t)r0 * K, K, nvalid, kt, tid);
+        }
+}
+
 // mode 1: stdin: M N K ldx off0 off1 off2 nbytes, weight bytes, M*ldx float32 x; stdout: hi, lo [M, K], scratch [N, K]
 // (u16). Returns 20+ if a tile differs between the in-loop and the pair path.
 template <typename D>
@@ -129,33 +144,13 @@ static int run(int M, int N, int K, long long ldx, const u8* base, const long lo
             memcpy(&lo[(size_t)r * K + k], &l, 16);
         }
     const int nk = (K + GS_BK - 1) / GS_BK, BN = D::BN;
-    if constexpr (FOLD) {  // dequant90: CTA (kt, row tile)
-        std::vector<u8> raw(D::BYTES);
-        for (int kt = 0; kt < nk; ++kt)
-            for (int r0 = 0; r0 < N; r0 += BN) {
-                const int nvalid = N - r0 < BN ? N - r0 : BN;
-                std::fill(raw.begin(), raw.end(), (u8)0xff);
-                for (int tid = 0; tid < GS_THREADS; ++tid)
-                    typename D::Loader(p0, p1, p2, K, r0, nvalid, tid).copy(raw.data(), kt, K, p0);
-                for (int tid = 0; tid < GS_THREADS; ++tid)
-                    dequant_tile<D>(raw.data(), w.data() + (size_t)r0 * K, K, nvalid, kt, tid);
-            }
-    }
     // the fp16 mode: dequant90<D, true>'s scratch (read by gemm90_f16<DqFolded<D>> through DqBF16's loader) and
     // convert_tile<D, true> (gemm90_f16il<D>'s in-loop conversion) must give the same operand tiles
     std::vector<bf16> w16((size_t)N * K);
     for (auto& b : w16) b.bits = 0xffff;
     if constexpr (FOLD) {
-        std::vector<u8> raw(D::BYTES);
-        for (int kt = 0; kt < nk; ++kt)
-            for (int r0 = 0; r0 < N; r0 += BN) {
-                const int nvalid = N - r0 < BN ? N - r0 : BN;
-                std::fill(raw.begin(), raw.end(), (u8)0xff);
-                for (int tid = 0; tid < GS_THREADS; ++tid)
-                    typename D::Loader(p0, p1, p2, K, r0, nvalid, tid).copy(raw.data(), kt, K, p0);
-                for (int tid = 0; tid < GS_THREADS; ++tid)
-                    dequant_tile<D, true>(raw.data(), w16.data() + (size_t)r0 * K, K, nvalid, kt, tid);
-            }
+        dequant90_emu<D, false>(p0, p1, p2, N, K, w.data());
+        dequant90_emu<D, true>(p0, p1, p2, N, K, w16.data());
     }
     const u8* wp = FOLD ? reinterpret_cast<const u8*>(w.data()) : p0;
     const u8* wp16 = reinterpret_cast<const u8*>(w16.data());

@@ -61,17 +61,20 @@ def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str
     return f"gdn_chunk_prep<{t}, {dk}, {mma}>", f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}>"
 
 
+def chunk_instances(variant: str) -> tuple[str, ...]:
+    """Every gdn_chunk.cu instance of a two-pass variant (the default's are compiled at warm-up, the other's on
+    first use; tests/test_cuda_compile.py compiles both)."""
+    prep = tuple(_chunk_names(variant, t, "float", d, 16)[0] for t in _T for d in HEAD_DIMS)
+    state = tuple(
+        _chunk_names(variant, t, s, d, c)[1] for t in _T for s in _S for d in HEAD_DIMS for c in STATE_COLS
+    )
+    return prep + state
+
+
 STEP_COLS = 32  # value columns per block of gdn_step (GdnStep::CT)
 SOURCES: dict[str, tuple[str, ...]] = {
     "gdn.cu": tuple(f"causal_conv<{t}, 4>" for t in _T),
-    "gdn_chunk.cu": tuple(_chunk_names(DEFAULT_VARIANT, t, "float", d, 16)[0] for t in _T for d in HEAD_DIMS)
-    + tuple(
-        _chunk_names(DEFAULT_VARIANT, t, s, d, c)[1]
-        for t in _T
-        for s in _S
-        for d in HEAD_DIMS
-        for c in STATE_COLS
-    ),
+    "gdn_chunk.cu": chunk_instances(DEFAULT_VARIANT),
     "gdn_step.cu": tuple(
         f"gdn_step<{t}, {s}, {d}, {c}>" for t in _T for s in _S for d in HEAD_DIMS for c in ("false", "true")
     )
@@ -367,7 +370,7 @@ def gdn_chunked(
     offs = np.cumsum((0, *parts))
     qk_s, w_s, a_s, u_s, g_s = (buf[offs[i] : offs[i + 1]] for i in range(5))
     names = _chunk_names(variant, t, k["st"], dk, cols)
-    inst = SOURCES["gdn_chunk.cu"] if variant == DEFAULT_VARIANT else names
+    inst = chunk_instances(variant)  # the default's are SOURCES["gdn_chunk.cu"]: compiled at warm-up
     prep = kernel("gdn_chunk.cu", inst, names[0])
     _launch_smem(prep, (rows // CHUNK + nseq, n_k_heads), 256, prep_smem_bytes(dk),
                  (qkv, a, b, a_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, np.int32(nseq), hk_, hv_, dv_,
