@@ -183,16 +183,27 @@ __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __r
     }
 }
 
+// One CTA of a dense GEMM: its (row tile, column tile) of the 1-D grid in gs_raster order (rowf: the fp16 mode's
+// per-row factors, or null).
+template <typename D, typename A, typename TY>
+__device__ __forceinline__ void gs_dense_tile(const u8* __restrict__ p0, const u8* __restrict__ p1,
+                                              const u8* __restrict__ p2, typename A::Src x, TY* __restrict__ y,
+                                              int M, int N, int K, long long ldx, long long ldy,
+                                              const float* __restrict__ rowf) {
+    int mt, nt;
+    gs_raster(blockIdx.x, (M + GS_BM - 1) / GS_BM, (N + D::BN - 1) / D::BN, mt, nt);
+    const long long m0 = (long long)mt * GS_BM;
+    gs_tile<D, A, TY>(p0, p1, p2, x + m0 * ldx, y + m0 * ldy, M - (int)m0, N, K, ldx, ldy, nt * D::BN, 0,
+                      rowf ? rowf + m0 : nullptr);
+}
+
 // x: [M, K] (row stride ldx), y: [M, N] (row stride ldy), K % 8 == 0 (checked by the wrapper). 1-D grid of
 // ceil(M / 128) * ceil(N / BN) tiles, rasterized in groups of GS_GROUP_M row tiles.
 template <typename D, typename T>
 __global__ void __launch_bounds__(GS_THREADS, 1)
     gemm90(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
            T* __restrict__ y, int M, int N, int K, long long ldx, long long ldy) {
-    int mt, nt;
-    gs_raster(blockIdx.x, (M + GS_BM - 1) / GS_BM, (N + D::BN - 1) / D::BN, mt, nt);
-    const long long m0 = (long long)mt * GS_BM;
-    gs_tile<D, Act<T>, T>(p0, p1, p2, x + m0 * ldx, y + m0 * ldy, M - (int)m0, N, K, ldx, ldy, nt * D::BN, 0);
+    gs_dense_tile<D, Act<T>, T>(p0, p1, p2, x, y, M, N, K, ldx, ldy, nullptr);
 }
 
 // MoE prefill (grouped), as gemm.cu's gemm_experts: tile i (blockIdx.y) covers rows tile_s0[i] ..
@@ -233,11 +244,7 @@ __global__ void __launch_bounds__(GS_THREADS, 1)
                 const bf16* __restrict__ xhi, const bf16* __restrict__ xlo, float* __restrict__ y, int M, int N,
                 int K, long long ldx, long long ldy) {
     static_assert(D::DIRECT, "pair mode reads bf16 weight rows");
-    int mt, nt;
-    gs_raster(blockIdx.x, (M + GS_BM - 1) / GS_BM, (N + D::BN - 1) / D::BN, mt, nt);
-    const long long m0 = (long long)mt * GS_BM;
-    gs_tile<D, ActPair, float>(p0, p1, p2, PairX{xhi, xlo} + m0 * ldx, y + m0 * ldy, M - (int)m0, N, K, ldx, ldy,
-                               nt * D::BN, 0);
+    gs_dense_tile<D, ActPair, float>(p0, p1, p2, PairX{xhi, xlo}, y, M, N, K, ldx, ldy, nullptr);
 }
 
 // x [M, K] (row stride ldx, K % 8 == 0) -> hi, lo [M, K] (row stride K), split8 per 8 consecutive k; one thread per
@@ -289,11 +296,7 @@ __global__ void __launch_bounds__(GS_THREADS, 1)
                const bf16* __restrict__ xh, const float* __restrict__ rowf, float* __restrict__ y, int M, int N, int K,
                long long ldx, long long ldy) {
     static_assert(D::DIRECT, "fp16 mode reads operand rows");
-    int mt, nt;
-    gs_raster(blockIdx.x, (M + GS_BM - 1) / GS_BM, (N + D::BN - 1) / D::BN, mt, nt);
-    const long long m0 = (long long)mt * GS_BM;
-    gs_tile<D, ActF16, float>(p0, p1, p2, xh + m0 * ldx, y + m0 * ldy, M - (int)m0, N, K, ldx, ldy, nt * D::BN, 0,
-                              rowf + m0);
+    gs_dense_tile<D, ActF16, float>(p0, p1, p2, xh, y, M, N, K, ldx, ldy, rowf);
 }
 
 // The fp16 mode with the weights converted in the main loop (gs_tile's convert_tile<D, true>, every thread) instead
@@ -308,11 +311,7 @@ __global__ void __launch_bounds__(GS_THREADS, 1)
                  const bf16* __restrict__ xh, const float* __restrict__ rowf, float* __restrict__ y, int M, int N,
                  int K, long long ldx, long long ldy) {
     static_assert(!D::DIRECT && D::GPT == 0, "the folded formats: operand values exact in fp16");
-    int mt, nt;
-    gs_raster(blockIdx.x, (M + GS_BM - 1) / GS_BM, (N + D::BN - 1) / D::BN, mt, nt);
-    const long long m0 = (long long)mt * GS_BM;
-    gs_tile<D, ActF16, float>(p0, p1, p2, xh + m0 * ldx, y + m0 * ldy, M - (int)m0, N, K, ldx, ldy, nt * D::BN, 0,
-                              rowf + m0);
+    gs_dense_tile<D, ActF16, float>(p0, p1, p2, xh, y, M, N, K, ldx, ldy, rowf);
 }
 
 // The fp16 mode of the MoE prefill GEMM: gemm90_experts over split_f16row's rows (the expert-sorted slots' inputs)
