@@ -1,4 +1,4 @@
-"""Prefill GEMM (``ninfer.cuda.linear.gemm``: the wgmma kernels on an H200, cuda_src/gemm_sm90.cu) against cuBLAS
+"""Prefill GEMM (``ninfer.cuda.gemm.gemm``: the wgmma kernels on an H200, cuda_src/gemm_sm90.cu) against cuBLAS
 bf16 (torch) on the 27B projection shapes, measured in the same run.
 
     python -m perf.bench_gemm                      # on a GPU; prints a table, returns the rows
@@ -99,7 +99,7 @@ def main(
     """Time the paths (``only``: these labels) of every format, shape and row count; print and return the rows."""
     import cupy
 
-    from ninfer.cuda.linear import gemm
+    from ninfer.cuda.gemm import gemm
 
     from .synthetic import random_weight
 

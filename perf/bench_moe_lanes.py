@@ -61,7 +61,7 @@ def _case(t: int, w: tuple[Any, Any], repeats: int, skew: float, rng: np.random.
     import cupy
 
     from ninfer.cuda.activation import swiglu
-    from ninfer.cuda.linear import gemm_experts
+    from ninfer.cuda.gemm import gemm_experts
     from ninfer.cuda.moe_lanes import expert_lanes, expert_lanes_product, lanes_nb, use_lanes
 
     c = QWEN36_35B_A3B

@@ -44,7 +44,7 @@ def _x(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
 
 @pytest.mark.parametrize("fmt", F16_FMTS)
 def test_f16_matches_rounded_reference(cp: Any, fmt: str) -> None:
-    from ninfer.cuda.linear import gemm
+    from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(61)
     for m, n, k in SHAPES:
@@ -71,7 +71,7 @@ def test_f16_matches_rounded_reference(cp: Any, fmt: str) -> None:
 @pytest.mark.parametrize("fmt", ("NVFP4G16_E4M3S", "FP8E4M3_F32ROW"))
 def test_f16_rows_independent_and_chunked(cp: Any, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import ninfer.cuda.gemm_pair as gp
-    from ninfer.cuda.linear import gemm
+    from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(63)
     m, n, k = 300, 700, 1032
@@ -92,8 +92,8 @@ def test_f16_rows_independent_and_chunked(cp: Any, fmt: str, monkeypatch: pytest
 
 def test_f16_stays_exact_where_it_does_not_apply(cp: Any) -> None:
     """BF16 and group-int weights, and GEMMs below PAIR_MIN_ROWS under auto: bitwise the exact result."""
+    from ninfer.cuda.gemm import gemm
     from ninfer.cuda.gemm_pair import PAIR_MIN_ROWS
-    from ninfer.cuda.linear import gemm
 
     rng = np.random.default_rng(65)
     for fmt, m in (("BF16", 300), ("Q4G64_F16S", 300), ("NVFP4G16_E4M3S", PAIR_MIN_ROWS - 1)):
@@ -108,8 +108,8 @@ def test_f16_in_loop_kernel_equals_scratch_kernel(cp: Any, fmt: str) -> None:
     """gemm90_f16il (weights converted in the main loop; ``impl="wgmma"``, and ``auto`` below F16_INLOOP_ROWS) is
     bitwise gemm90_f16 over the dequant90 scratch (``impl="pair"``): the same fp16 operands, MMA order and
     epilogue, so the row threshold never changes a value."""
+    from ninfer.cuda.gemm import gemm
     from ninfer.cuda.gemm_pair import F16_INLOOP_ROWS
-    from ninfer.cuda.linear import gemm
 
     rng = np.random.default_rng(67)
     for m, n, k in (
@@ -138,7 +138,7 @@ def test_f16_experts_match_rounded_reference(cp: Any, fmt: str) -> None:
     experts; a slot alone gives its bits in the full launch; the exact mode differs."""
     from test_cuda_ops import _weight as _experts_weight
 
-    from ninfer.cuda.linear import gemm_experts
+    from ninfer.cuda.gemm import gemm_experts
 
     rng = np.random.default_rng(69)
     for n, k, counts in ((130, 136, [0, 150, 1, 0, 64, 65, 3]), (300, 1032, [130, 0, 257])):

@@ -66,7 +66,7 @@ def _err(got: np.ndarray, ref: np.ndarray) -> float:
 @pytest.mark.parametrize("fmt", FOLDABLE)
 def test_pair_matches_reference_and_in_loop(cp: Any, fmt: str) -> None:
     """Strided x / out views: right values, nothing written outside the view, and bitwise the in-loop kernel."""
-    from ninfer.cuda.linear import gemm
+    from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(41)
     for m, n, k in SHAPES:
@@ -95,7 +95,7 @@ def test_pair_matches_reference_and_in_loop(cp: Any, fmt: str) -> None:
 def test_pair_rows_independent(cp: Any, fmt: str) -> None:
     """A row's result is bitwise the same alone (1 row: the in-loop kernel under auto, pair when forced), inside a
     differently aligned slice, and in the full launch."""
-    from ninfer.cuda.linear import gemm
+    from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(43)
     m, n, k = 300, 520, 1032
@@ -119,7 +119,7 @@ def test_pair_chunked_scratch(cp: Any, fmt: str, monkeypatch: pytest.MonkeyPatch
     """Scratch caps small enough for several weight-row and activation-row chunks (the per-row scale planes offset
     per chunk): bitwise the unchunked result."""
     import ninfer.cuda.gemm_pair as gp
-    from ninfer.cuda.linear import gemm
+    from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(47)
     m, n, k = 300, 700, 264
@@ -136,8 +136,8 @@ def test_pair_chunked_scratch(cp: Any, fmt: str, monkeypatch: pytest.MonkeyPatch
 def test_pair_dispatch_and_scratch_reuse(cp: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """auto takes the pair mode exactly for float32 x of >= PAIR_MIN_ROWS rows and a foldable format; repeated
     GEMMs reuse the scratch (no new allocation); impl='pair' refuses what it cannot do."""
+    import ninfer.cuda.gemm as lin
     import ninfer.cuda.gemm_pair as gp
-    import ninfer.cuda.linear as lin
     from ninfer.cuda._common import KernelError
 
     calls: list[str] = []

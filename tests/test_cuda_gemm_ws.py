@@ -57,7 +57,7 @@ def ws_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 @pytest.mark.parametrize("fmt", F16_FMTS)
 def test_ws_bitwise_cp_and_reference(cp: Any, ws_calls: list[int], fmt: str) -> None:
-    from ninfer.cuda.linear import gemm
+    from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(71)
     for m, n, k in SHAPES:
@@ -88,7 +88,7 @@ def test_ws_bitwise_cp_and_reference(cp: Any, ws_calls: list[int], fmt: str) -> 
 
 def test_ws_chunked_scratch_and_rows(cp: Any, ws_calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     import ninfer.cuda.gemm_pair as gp
-    from ninfer.cuda.linear import gemm
+    from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(73)
     m, n, k = 300, 700, 1032
@@ -110,8 +110,9 @@ def test_ws_dispatch(cp: Any, ws_calls: list[int]) -> None:
     """Under auto the ws kernel replaces the fp16 scratch kernel (from F16_INLOOP_ROWS rows) and nothing else: the
     short chunks' in-loop kernel, exact inputs and BF16 weights ignore the variant (bitwise the default's result);
     gemm_pair refuses ws outside the fp16 mode."""
+    from ninfer.cuda.gemm import _sm90_kernel, gemm
     from ninfer.cuda.gemm_pair import F16_INLOOP_ROWS, gemm_pair
-    from ninfer.cuda.linear import KernelError, _sm90_kernel, gemm
+    from ninfer.cuda.linear import KernelError
 
     rng = np.random.default_rng(75)
     w, _ = _weight(rng, "NVFP4G16_E4M3S", 260, 256)

@@ -349,7 +349,8 @@ def test_fused_projection_equals_its_parts(cp: Any, fmt: str) -> None:
     tensor scales row scales) gives each part's columns bitwise as the part's own GEMV (all of them one row block
     here, so the GEMV splits K alike), and its GEMM matches the reference."""
     from ninfer.cuda.fuse import concat_rows
-    from ninfer.cuda.linear import gemm, gemv
+    from ninfer.cuda.gemm import gemm
+    from ninfer.cuda.linear import gemv
 
     rng = np.random.default_rng(23)
     k = 1000
@@ -383,7 +384,7 @@ GEMM_TOL = {"float": 5e-5, "bf16": TOL["bf16"]}
 @pytest.mark.parametrize("fmt", MATRIX_FMTS)
 @pytest.mark.parametrize("t", ["float", "bf16"])
 def test_gemm(cp: Any, report: list, fmt: str, t: str) -> None:
-    from ninfer.cuda.linear import gemm
+    from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(8)
     for m, n, k in ((9, 64, 64), (100, 200, 136), (257, 1000, 512)):
@@ -404,7 +405,7 @@ ODD_GEMM_SHAPES = ((1, 6, 8), (32, 6, 64), (33, 96, 72), (65, 130, 200), (130, 2
 def test_gemm_odd_shapes_strided(cp: Any, report: list, fmt: str, t: str) -> None:
     """Row-strided x and out views (as the model's fused gate|up buffer): right values inside, nothing written
     outside the view, and rows equal to the same product computed alone (no dependence on the row tile)."""
-    from ninfer.cuda.linear import gemm
+    from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(16)
     for m, n, k in ODD_GEMM_SHAPES:
@@ -429,7 +430,7 @@ def test_gemm_experts(cp: Any, report: list, fmt: str, t: str) -> None:
     """Grouped MoE prefill GEMM: slots sorted by expert, empty experts, an expert spanning several row tiles,
     one-row experts, a K long enough to cycle the pipeline ring several times; every slot's row equals its expert's
     product."""
-    from ninfer.cuda.linear import gemm_experts
+    from ninfer.cuda.gemm import gemm_experts
 
     rng = np.random.default_rng(17)
     # expert 1 spans two 128-row tiles, 0 and 3 are empty; then three experts over a 1032-wide K (17 K tiles)
@@ -449,7 +450,7 @@ def test_gemm_experts(cp: Any, report: list, fmt: str, t: str) -> None:
 def test_gemm_mma_fallback(cp: Any, report: list, fmt: str, t: str) -> None:
     """impl="mma" keeps the mma.sync kernel (gemm.cu, the path of non-Hopper devices) working on any GPU, and
     both kernels agree with the reference."""
-    from ninfer.cuda.linear import gemm, gemm_experts
+    from ninfer.cuda.gemm import gemm, gemm_experts
 
     rng = np.random.default_rng(31)
     m, n, k = 130, 257, 264
@@ -486,7 +487,7 @@ def test_gemm_rows_independent(cp: Any, report: list, fmt: str, t: str) -> None:
     """Three row tiles, column tiles with a partial last one, K = 2056 (33 K tiles: the pipeline ring wraps many
     times, a tail of 8): right values, and every row bitwise equal to the same row computed alone or inside a
     differently aligned slice of rows (its result depends only on its own activations and K)."""
-    from ninfer.cuda.linear import gemm
+    from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(29)
     m, n, k = 300, 520, 2056

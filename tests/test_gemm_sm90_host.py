@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ninfer.cuda.linear import DQ_STRUCTS
+from ninfer.cuda.gemm import DQ_STRUCTS
 from ninfer.cuda.loader import CUDA_SRC
 from ninfer.cuda.nvfp4_layout import to_device_layout
 from ninfer.cuda.weights import DeviceWeight, plane_offsets

@@ -16,6 +16,7 @@ FAMILY_MODULES = (
     "ninfer.cuda.norm",
     "ninfer.cuda.activation",
     "ninfer.cuda.linear",
+    "ninfer.cuda.gemm",
     "ninfer.cuda.gdn",
     "ninfer.cuda.attention",
     "ninfer.cuda.attention_prefill",

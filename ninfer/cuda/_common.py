@@ -26,6 +26,8 @@ __all__ = [
     "dev_int32",
     "grid_1d",
     "ACT_DTYPES",
+    "matrix_args",
+    "matrix_out",
 ]
 
 # activation dtype -> C++ type name used in the template instances
@@ -147,3 +149,30 @@ def array_module(a: Any) -> Any:
 
     cupy = sys.modules.get("cupy")
     return cupy.get_array_module(a) if cupy is not None else np
+
+
+def matrix_args(x: Any, w: Any, out: Any, what: str) -> tuple[str, int, int, int]:
+    """A product's activations ``x[M, K]`` (float32 or bf16, row stride a multiple of 8) against a DeviceWeight
+    of K columns (K % 8 == 0): (activation type, M, K, row stride). The weight is recognised by its planes and
+    columns (importing ninfer.cuda.weights here would close an import cycle through nvfp4_layout)."""
+    if not (hasattr(w, "planes") and hasattr(w, "cols")):
+        raise KernelError(f"{what}: w must be a DeviceWeight, got {type(w).__name__}")
+    t = act_type(x, "x")
+    m, k, ldx = check_rows(x, "x", w.cols, vec8=True)
+    if k % 8:
+        raise KernelError(f"{what}: K={k} must be a multiple of 8")
+    return t, m, k, ldx
+
+
+def matrix_out(x: Any, out: Any, rows: int, n: int) -> tuple[Any, int]:
+    """The output ``[rows, n]`` of ``x``'s dtype (allocated when ``out`` is None, else checked) and its row stride."""
+    import cupy
+
+    if out is None:
+        out = cupy.empty((rows, n), dtype=x.dtype)
+    if out.dtype != x.dtype:
+        raise KernelError(f"out: dtype {out.dtype} differs from x ({x.dtype})")
+    _, _, ld = check_rows(out, "out", n)
+    if out.shape[0] != rows:
+        raise KernelError(f"out: needs {rows} rows, got {out.shape[0]}")
+    return out, ld

@@ -7,8 +7,8 @@ The result is bitwise the in-loop kernel's (``gemm90<D, float>``): the same spli
 (the format's own make()), the same tiles, MMA order and epilogue. So the row threshold below only moves time, never
 values: a row's result depends only on K, on either side of it.
 
-Used by :func:`ninfer.cuda.linear.gemm`; the kernels come from its compiled gemm_sm90.cu module (``kernel_of``), so
-this module does not import linear (no cycle).
+Used by :func:`ninfer.cuda.gemm.gemm`; the kernels come from its compiled gemm_sm90.cu module (``kernel_of``), so
+this module does not import gemm (no cycle).
 """
 
 from __future__ import annotations
@@ -176,9 +176,9 @@ def gemm_pair(
     inloop: bool | None = None,
     variant: str = "cp",
 ) -> None:
-    """``out = x · Wᵀ`` in pair mode. ``dims`` = (M, N, K, ldx, ldy) as checked by linear.gemm; ``x`` float32,
+    """``out = x · Wᵀ`` in pair mode. ``dims`` = (M, N, K, ldx, ldy) as checked by gemm.gemm; ``x`` float32,
     ``w.fmt`` in :data:`PAIR_STRUCTS`; ``kernel_of(name)`` the compiled gemm_sm90.cu instance. Not for graph
-    capture (the scratch may be reallocated between calls; linear.gemm keeps captured GEMMs on the in-loop kernel).
+    capture (the scratch may be reallocated between calls; gemm.gemm keeps captured GEMMs on the in-loop kernel).
 
     ``f16`` (``f16_foldable`` formats): the fp16 mode instead, one MMA per product: each row of ``x`` scaled by a
     power of two and rounded to fp16 (``split_f16row``; ``ninfer.reference.ops.round_fp16_rows`` is its NumPy

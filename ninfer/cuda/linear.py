@@ -1,4 +1,5 @@
-"""Matrix products ``y = x · Wᵀ`` against stored-format weights (cuda_src/gemv.cu, cuda_src/gemm.cu).
+"""Decode matrix products ``y = x · Wᵀ`` against stored-format weights (cuda_src/gemv.cu); the prefill GEMMs are
+ninfer/cuda/gemm.py's.
 
 - :func:`gemv`: decode, 1..8 activation rows on tensor cores (``mma.sync``, the rows as the 8 columns): weights
   dequantized in registers into exact bf16 operands, float32 activations split into two bf16 halves (relative
@@ -7,16 +8,7 @@
 - :func:`gemv_experts`: MoE decode dispatch, one (token row, expert) pair per slot; bitwise the plain gemv's rows.
 - :func:`gemv_expert_lanes`: MoE prefill of short chunks, up to 4 or 8 rows of one expert per slot from a device
   slot table (ninfer/cuda/moe_lanes.py); every row bitwise its :func:`gemv_experts` result.
-- :func:`gemm`: prefill chunks on tensor cores with exact operands: weights as bf16-exact codes times the format's
-  scale (applied to the fp32 sums), bf16 activations as is, float32 activations split into two bf16 halves
-  (relative representation error <= 2^-17); fp32 accumulation in a fixed order per K. On compute capability 9.0
-  the wgmma kernel (cuda_src/gemm_sm90.cu, compiled for sm_90a), elsewhere mma.sync (cuda_src/gemm.cu). On
-  Hopper, float32 ``x`` of at least ``PAIR_MIN_ROWS`` rows against BF16, FP8 or NVFP4 weights takes the pair mode
-  (ninfer/cuda/gemm_pair.py: split and weight dequantization once per GEMM, a copy + wgmma main loop), bitwise
-  the in-loop kernel's result. ``impl``: ``auto`` (that dispatch), ``wgmma`` (the in-loop kernel, A/B
-  comparisons), ``pair`` (pair mode at any row count), ``mma`` (the mma.sync kernel, the non-Hopper path).
-- :func:`gemm_experts`: MoE prefill, the rows of each expert (slots sorted by expert) as one grouped GEMM.
-- :func:`linear`: gemv for up to 8 rows, else gemm.
+- :func:`linear`: gemv for up to 8 rows, else :func:`ninfer.cuda.gemm.gemm`.
 """
 
 from __future__ import annotations
@@ -27,22 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
-from ninfer.cuda.gemm_pair import (
-    F16_VARIANTS,
-    PAIR_INSTANCES,
-    PAIR_MIN_ROWS,
-    PAIR_STRUCTS,
-    WS_INSTANCES,
-    f16_foldable,
-    f16_rows,
-    gemm_pair,
-    pair_foldable,
+from ninfer.cuda._common import (
+    KernelError,
+    act_type,
+    arrival_counters,
+    check_array,
+    check_rows,
+    matrix_out,
 )
+from ninfer.cuda.gemm import gemm
 from ninfer.cuda.launch import capturing, launch_pdl
-from ninfer.cuda.loader import compute_capability, kernel, target_arch
+from ninfer.cuda.loader import kernel
 from ninfer.cuda.norm import Normed
-from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight
+from ninfer.cuda.weights import DeviceWeight
 
 __all__ = [
     "gemv",
@@ -50,20 +39,13 @@ __all__ = [
     "gemv_expert_lanes",
     "gemv_plan",
     "GemvPlan",
-    "gemm",
-    "GEMM_INPUTS",
-    "gemm_experts",
     "linear",
     "SOURCES",
     "GEMV_MAX_ROWS",
     "FRAG_STRUCTS",
-    "DQ_STRUCTS",
-    "PAIR_MIN_ROWS",
-    "GEMM_IMPLS",
 ]
 
 GEMV_MAX_ROWS = 8  # the mma's N
-_GEMM_TILE, _GEMM_THREADS = 128, 256  # GM_BM = GM_BN and GM_THREADS in gemm.cu
 
 # format id -> the tensor-core GEMV's fragment reader (cuda_src/wfrag.cuh), its 16-row m-tiles per warp (F::MT)
 # and its 16-byte shared-memory vectors per lane and pipeline stage (F::VECS)
@@ -113,102 +95,12 @@ _GV_WAVE_FILL, _GV_MULTI_TILES = 0.75, 8
 # GEMV's blocks start streaming their weights while the kernel before it finishes (measured on the H200 with
 # perf/gemv_variants.py: 1-row NVFP4 GEMVs 4-15% faster in a chain; 27B decode x1 110 -> 120 tok/s).
 _GV_PDL = True
-# format id -> the Hopper GEMM's weight-tile struct (cuda_src/wdq.cuh) and its CTA columns (D::BN: the group
-# formats keep a partial accumulator beside the result, so their tiles are half as wide)
-DQ_STRUCTS = {
-    "BF16": ("DqBF16", 256),
-    "FP8E4M3_F32ROW": ("DqFP8<true>", 256),
-    "FP8E4M3_F32T": ("DqFP8<false>", 256),
-    "NVFP4G16_E4M3S": ("DqNVFP4<false>", 256),
-    "NVFP4G16_E4M3S_ROWG": ("DqNVFP4<true>", 256),
-    "Q4G64_F16S": ("DqQG64<4>", 128),
-    "Q5G64_F16S": ("DqQG64<5>", 128),
-    "Q6G64_F16S": ("DqQG64<6>", 128),
-    "W8G32_F16S": ("DqW8G32", 128),
-}
-# GS_BM, GS_THREADS, GS_SMEM in gemm_sm90.cu / wdq.cuh: every instance takes the opt-in maximum of shared memory
-_GS_BM, _GS_THREADS, _GS_SMEM = 128, 256, 232448
 _TYPES = ("float", "bf16")
-_FMTS = tuple(FORMAT_STRUCTS.values())
 SOURCES: dict[str, tuple[str, ...]] = {
     "gemv.cu": tuple(
         f"gemv_mma<{s}, {t}, {nb}>" for s, _, _ in FRAG_STRUCTS.values() for t in _TYPES for nb in _GV_NB
     ),
-    "gemm.cu": tuple(f"{k}<{f}, {t}>" for k in ("gemm", "gemm_experts") for f in _FMTS for t in _TYPES),
-    "gemm_sm90.cu": (
-        *(
-            f"{k}<{d}, {t}>"
-            for k in ("gemm90", "gemm90_experts")
-            for d, _ in DQ_STRUCTS.values()
-            for t in _TYPES
-        ),
-        *PAIR_INSTANCES,
-    ),
-    "gemm_sm90_ws.cu": WS_INSTANCES,
 }
-
-
-GEMM_IMPLS = ("auto", "wgmma", "pair", "mma")
-
-
-def _hopper(impl: str) -> bool:
-    """The wgmma GEMM applies: ``impl`` is not ``mma`` and the loader builds gemm_sm90.cu for sm_90a on this
-    device."""
-    if impl not in GEMM_IMPLS:
-        raise KernelError(f"impl={impl!r}: one of {', '.join(GEMM_IMPLS)}")
-    return impl != "mma" and target_arch("gemm_sm90.cu", compute_capability()).endswith("a")
-
-
-def _sm90_kernel(name: str) -> Any:
-    src = "gemm_sm90_ws.cu" if name.startswith("gemm90_f16_ws<") else "gemm_sm90.cu"
-    return kernel(src, SOURCES[src], name)
-
-
-def _use_pair(impl: str, fmt: str, t: str, m: int) -> bool:
-    """Pair mode for this Hopper GEMM: forced (``pair``; an error where it cannot apply), or under ``auto`` for
-    float32 x of at least PAIR_MIN_ROWS rows and a foldable format, outside graph capture (the pair scratch is
-    reallocated when a larger GEMM comes; prefill runs eagerly, captured decode takes the GEMV)."""
-    if impl == "pair":
-        if not pair_foldable(fmt, t):
-            raise KernelError(
-                f"gemm: impl='pair' needs float32 x and BF16, FP8 or NVFP4 weights (got {t}, {fmt})"
-            )
-        if capturing():
-            raise KernelError("gemm: impl='pair' cannot be captured into a CUDA graph")
-        return True
-    return impl == "auto" and m >= PAIR_MIN_ROWS and pair_foldable(fmt, t) and not capturing()
-
-
-def _gemm90(name: str, w: DeviceWeight, t: str) -> tuple[Any, int]:
-    """The Hopper kernel ``name`` for ``w``'s format and activation type ``t``, and its CTA columns."""
-    struct, bn = DQ_STRUCTS[w.fmt]
-    fn = _sm90_kernel(f"{name}<{struct}, {t}>")
-    if fn.max_dynamic_shared_size_bytes < _GS_SMEM:
-        fn.max_dynamic_shared_size_bytes = _GS_SMEM
-    return fn, bn
-
-
-def _prep(x: Any, w: DeviceWeight, out: Any, what: str) -> tuple[str, int, int, int]:
-    if not isinstance(w, DeviceWeight):
-        raise KernelError(f"{what}: w must be a DeviceWeight, got {type(w).__name__}")
-    t = act_type(x, "x")
-    m, k, ldx = check_rows(x, "x", w.cols, vec8=True)
-    if k % 8:
-        raise KernelError(f"{what}: K={k} must be a multiple of 8")
-    return t, m, k, ldx
-
-
-def _out(x: Any, out: Any, rows: int, n: int) -> tuple[Any, int]:
-    import cupy
-
-    if out is None:
-        out = cupy.empty((rows, n), dtype=x.dtype)
-    if out.dtype != x.dtype:
-        raise KernelError(f"out: dtype {out.dtype} differs from x ({x.dtype})")
-    _, _, ld = check_rows(out, "out", n)
-    if out.shape[0] != rows:
-        raise KernelError(f"out: needs {rows} rows, got {out.shape[0]}")
-    return out, ld
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +268,7 @@ def gemv(
         raise KernelError(f"gemv: rows [{row0}, {row0 + n}) outside the weight's {w.rows} rows")
     if fold is not None:
         _check_fold(fold, out, t, w, b, n)
-    out, ldy = _out(x, out, b, n)
+    out, ldy = matrix_out(x, out, b, n)
     nb = (
         next(c for c in _GV_NB if b <= c) if b <= GEMV_MAX_ROWS else GEMV_MAX_ROWS
     )  # 1 | 2-4 | 5-8, blocks of 8
@@ -407,7 +299,7 @@ def gemv_experts(
         raise KernelError(f"gemv_experts: weight rows {w.rows} are not a whole number of experts of {n} rows")
     if slots > 65535:
         raise KernelError(f"gemv_experts: {slots} slots; take at most 65535 per launch")
-    out, ldy = _out(x, out, slots, n)
+    out, ldy = matrix_out(x, out, slots, n)
     if slots == 0:
         return out
     _gemv_launch(a, w, out, slots, ldy, ids=ids, xrow=xrow, n=n, row0=0, nb=1, t=t)
@@ -440,127 +332,6 @@ def gemv_expert_lanes(
     if slots:
         _gemv_launch(a, w, out, slots, ldy, ids=sid, xrow=table, n=n, row0=0, nb=nb, t=t, table=True)
     return out
-
-
-GEMM_INPUTS = ("exact", "fp16")
-
-
-def gemm(
-    x: Any,
-    w: DeviceWeight,
-    out: Any = None,
-    *,
-    impl: str = "auto",
-    inputs: str = "exact",
-    variant: str = "cp",
-) -> Any:
-    """``out = x · Wᵀ`` for ``x[M, K]`` on tensor cores (exact weight operands, float32 ``x`` split into two bf16
-    halves, fp32 accumulation); ``x`` and ``out`` may be row-strided views. ``impl``: see the module docstring
-    (every Hopper choice gives bitwise the same result). ``inputs="fp16"``: where the pair mode would run and the
-    format's operands are exact in fp16 (FP8, NVFP4), the fp16 mode instead (gemm_pair.py: each float32 row scaled
-    by a power of two and rounded to fp16, one MMA per product; gemm_experts likewise); every other GEMM stays
-    exact. The choice depends only on the format and M, never on other rows' values. In the fp16 mode
-    ``impl="pair"`` forces the weight scratch and ``impl="wgmma"`` the in-loop conversion (``auto`` picks by rows;
-    the same bits either way). ``variant`` (gemm_pair.F16_VARIANTS): the fp16 scratch kernel's main loop, ``cp``
-    (cp.async, the default) or ``ws`` (TMA + warp specialization, cuda_src/gemm_sm90_ws.cu), bitwise the same;
-    GEMMs that do not run the fp16 scratch kernel ignore it."""
-    if inputs not in GEMM_INPUTS:
-        raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
-    if variant not in F16_VARIANTS:
-        raise KernelError(f"variant={variant!r}: one of {', '.join(F16_VARIANTS)}")
-    t, m, k, ldx = _prep(x, w, out, "gemm")
-    n = w.rows
-    out, ldy = _out(x, out, m, n)
-    if m == 0:
-        return out
-    p0, p1, p2 = w.planes()
-    args = (p0, p1, p2, x, out, np.int32(m), np.int32(n), np.int32(k), np.int64(ldx), np.int64(ldy))
-    hopper = _hopper(impl)
-    if impl == "pair" and not hopper:
-        raise KernelError(
-            "gemm: impl='pair' needs the sm_90a wgmma kernels (a compute capability 9.0 device)"
-        )
-    if hopper:
-        f16 = inputs == "fp16" and f16_foldable(w.fmt)
-        # auto: the fp16 mode picks its kernel by rows (in-loop for short chunks); pair: the scratch layout
-        if _use_pair(impl, w.fmt, t, m):
-            inloop = None if impl == "auto" else False
-            dims = (m, n, k, ldx, ldy)
-            gemm_pair(x, w, out, dims, _sm90_kernel, f16=f16, inloop=inloop, variant=variant if f16 else "cp")
-            return out
-        if f16 and impl == "wgmma" and _use_pair("auto", w.fmt, t, m):  # the fp16 mode's in-loop kernel
-            gemm_pair(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel, f16=True, inloop=True)
-            return out
-        fn, bn = _gemm90("gemm90", w, t)
-        fn((grid_1d(m, _GS_BM) * grid_1d(n, bn),), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
-        return out
-    fn = kernel("gemm.cu", SOURCES["gemm.cu"], f"gemm<{w.struct}, {t}>")
-    fn(
-        (grid_1d(n, _GEMM_TILE), grid_1d(m, _GEMM_TILE)),
-        (_GEMM_THREADS,),
-        args,
-    )
-    return out
-
-
-def gemm_experts(
-    x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None, *, impl: str = "auto", inputs: str = "exact"
-) -> Any:
-    """MoE prefill: ``out[s] = x[s] · W_e[ids[s]]ᵀ`` for slots sorted by expert (``ids`` int32, non-decreasing),
-    ``w`` the fused ``[E*n, K]`` expert weight. The tile table is built on the device (no host sync): expert e owns
-    rows ``off[e] .. off[e+1]`` and ``ceil(count_e / 128)`` tiles; the grid is sized by the bound ``S/128 + E``.
-    ``inputs="fp16"`` (float32 ``x``, FP8 / NVFP4 weights, Hopper, outside graph capture): each slot's row rounded
-    to fp16 under a power-of-two scale as :func:`gemm` does (``gemm90_experts_f16``); otherwise exact."""
-    if impl == "pair":
-        raise KernelError("gemm_experts: no pair mode (auto, wgmma or mma)")
-    if inputs not in GEMM_INPUTS:
-        raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
-    t, m, k, ldx = _prep(x, w, out, "gemm_experts")
-    check_array(ids, "ids", dtype=np.int32, shape=(m,))
-    if n <= 0 or w.rows % n:
-        raise KernelError(f"gemm_experts: weight rows {w.rows} are not a whole number of experts of {n} rows")
-    out, ldy = _out(x, out, m, n)
-    if m == 0:
-        return out
-    e = w.rows // n
-    off, tile_e, tile_s0, ntiles, bound = expert_tiles(ids, e)
-    p0, p1, p2 = w.planes()
-    args = (p0, p1, p2, x, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k), np.int64(ldx),
-            np.int64(ldy))  # fmt: skip
-    if _hopper(impl) and inputs == "fp16" and t == "float" and f16_foldable(w.fmt) and not capturing():
-        xh, rowf = f16_rows(x, ldx, _sm90_kernel)
-        fn = _sm90_kernel(f"gemm90_experts_f16<{PAIR_STRUCTS[w.fmt][1]}>")
-        if fn.max_dynamic_shared_size_bytes < _GS_SMEM:
-            fn.max_dynamic_shared_size_bytes = _GS_SMEM
-        args = (p0, p1, p2, xh, rowf, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k), np.int64(k),
-                np.int64(ldy))  # fmt: skip
-        fn((grid_1d(n, DQ_STRUCTS[w.fmt][1]), bound), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
-        return out
-    if _hopper(impl):  # same 128-row tiles (GS_BM == GM_BM)
-        fn, bn = _gemm90("gemm90_experts", w, t)
-        fn((grid_1d(n, bn), bound), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
-        return out
-    fn = kernel("gemm.cu", SOURCES["gemm.cu"], f"gemm_experts<{w.struct}, {t}>")
-    fn((grid_1d(n, _GEMM_TILE), bound), (_GEMM_THREADS,), args)
-    return out
-
-
-def expert_tiles(ids: Any, e: int) -> tuple[Any, Any, Any, Any, int]:
-    """The grouped expert GEMM's tile table for slots sorted by expert (``ids`` int32 on the device, non-decreasing;
-    ``e`` experts), built on the device without a host sync: (row offset per expert [e + 1], expert and first slot
-    of each of the ``bound`` = ceil(S / 128) + e tiles, the tile count [1], bound). CuPy builds the kernels behind
-    it lazily; ``CudaQwen36.warm_prefill`` calls it so that they compile at start-up (cold: ~1.5 s in the first
-    long 35B-A3B prefill)."""
-    import cupy
-
-    off = cupy.searchsorted(ids, cupy.arange(e + 1, dtype=np.int32), side="left").astype(np.int32)
-    tiles = (off[1:] - off[:-1] + _GEMM_TILE - 1) // _GEMM_TILE
-    tile_end = cupy.cumsum(tiles)
-    bound = -(-ids.shape[0] // _GEMM_TILE) + e
-    i = cupy.arange(bound, dtype=tile_end.dtype)
-    tile_e = cupy.minimum(cupy.searchsorted(tile_end, i, side="right"), e - 1)
-    tile_s0 = off[tile_e] + (i - (tile_end[tile_e] - tiles[tile_e])) * _GEMM_TILE
-    return off, tile_e.astype(np.int32), tile_s0.astype(np.int32), tile_end[-1:].astype(np.int32), bound
 
 
 def linear(x: Any, w: DeviceWeight, out: Any = None) -> Any:

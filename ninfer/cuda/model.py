@@ -95,7 +95,7 @@ class CudaQwen36:
         self.prefill_gemm, self.cuda_graph, self.attn_chunk = prefill_gemm, cuda_graph, attn_chunk
         # float32 prefill GEMM inputs: "exact" (bf16 hi + lo, two MMAs) or "fp16" (one MMA per product, each row
         # rounded to fp16 under a power-of-two scale; docs/cuda.md "Prefill GEMM inputs"); decode never changes
-        from ninfer.cuda.linear import GEMM_INPUTS
+        from ninfer.cuda.gemm import GEMM_INPUTS
 
         if prefill_inputs not in GEMM_INPUTS:
             raise ValueError(f"prefill_inputs: one of {GEMM_INPUTS}, got {prefill_inputs!r}")
@@ -237,7 +237,7 @@ class CudaQwen36:
         lazily for the prefill path (the MoE slot sort and tile table: argsort, searchsorted, cumsum, take) compile
         at start-up, not in the first request (measured: a cold first 35B-A3B prefill of 1K tokens took 1.5 s instead
         of 0.14 s). That prefill is short, so an MoE model's chunk takes the expert lanes: the grouped GEMM's tile
-        table (``linear.expert_tiles``) is built once more on its own (the 35B-A3B's first 8K prefill of a run took
+        table (``gemm.expert_tiles``) is built once more on its own (the 35B-A3B's first 8K prefill of a run took
         2.3 s instead of ~0.75 at e919d69, the lanes having become the short chunks' path)."""
         import cupy
 
@@ -248,7 +248,7 @@ class CudaQwen36:
         self.run([(slot, 0, n, [page])], np.zeros(n, np.int64))
         self.logits_dev(np.zeros((1, self.cfg.hidden_size), F32))
         if self.cfg.is_moe:  # the short prefill took the expert lanes: the grouped GEMM's tile table here
-            from ninfer.cuda.linear import expert_tiles
+            from ninfer.cuda.gemm import expert_tiles
 
             with self.stream:
                 expert_tiles(cupy.zeros(n, np.int32), self.cfg.num_experts)

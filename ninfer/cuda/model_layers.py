@@ -85,7 +85,8 @@ def _product(
 ) -> Any:
     from ninfer.cuda.activation import sigmoid_gate
     from ninfer.cuda.activation import swiglu as swiglu_kernel
-    from ninfer.cuda.linear import gemm, gemv
+    from ninfer.cuda.gemm import gemm
+    from ninfer.cuda.linear import gemv
 
     if not _gemm(
         net, x.shape[0], exact
@@ -236,7 +237,7 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
     if lanes:
         gu, dn = _lanes(net, h, p, ids, xrow, ns, e + int(shared), lanes_nb(t * k, e))
     elif gemm:
-        from ninfer.cuda.linear import gemm_experts
+        from ninfer.cuda.gemm import gemm_experts
 
         # exact inputs until gemm_experts(inputs="fp16") has run on a GPU (its test: tests/test_cuda_gemm_f16.py;
         # then pass net.prefill_inputs here and re-measure the MoE fidelity, docs/cuda.md "Prefill GEMM inputs")
