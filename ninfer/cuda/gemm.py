@@ -78,6 +78,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
     ),
     "gemm_sm90_ws.cu": WS_INSTANCES,
 }
+# the warp-specialized fp16 main loop is opt-in (variant="ws") until it has run on a GPU: compiled on first use
+FIRST_USE = frozenset({"gemm_sm90_ws.cu"})
 
 
 GEMM_IMPLS = ("auto", "wgmma", "pair", "mma")
