@@ -208,12 +208,12 @@ def gemm_pair(
         fn = kernel_of(f"gemm90_f16{'_ws' if ws else ''}<{wstruct}>" if f16 else f"gemm90_pair<{wstruct}>")
     if fn.max_dynamic_shared_size_bytes < _SMEM:
         fn.max_dynamic_shared_size_bytes = _SMEM
-    split = kernel_of("split_f16row" if f16 else "split_hilo")
+    split = None if f16 else kernel_of("split_hilo")
     dqfn = None
     if dq is not None and not inloop:
         dqfn = kernel_of(f"dequant90<{dq}, true>" if f16 else f"dequant90<{dq}>")
     wbuf = _scratch("w", nw * k) if dqfn is not None else None
-    xbuf = _scratch("x", mx * k + 2 * mx if f16 else 2 * mx * k)  # f16: the rows, then their float factors
+    xbuf = None if f16 else _scratch("x", 2 * mx * k)  # hi, lo (the fp16 rows: f16_rows, the same scratch)
 
     def weight_chunk(n0: int, rows: int) -> list[Any]:
         """Planes of weight rows [n0, n0 + rows) as the pair kernel reads them (the scratch filled for them)."""
@@ -229,10 +229,8 @@ def gemm_pair(
     whole = weight_chunk(0, n) if nw == n else None
     for m0 in range(0, m, mx):
         rows = min(mx, m - m0)
-        if f16:  # xh: the rows' fp16 words, then one float factor per row (16-byte aligned: K % 8 == 0)
-            xa, xb = xbuf[: rows * k], xbuf[rows * k : rows * k + 2 * rows].view(np.float32)
-            split((rows,), (_SPLIT_THREADS,),
-                  (x[m0 : m0 + rows], xa, xb, np.int32(rows), np.int32(k), np.int64(dims[3])))  # fmt: skip
+        if f16:  # xh: the rows' fp16 words, then one float factor per row
+            xa, xb = f16_rows(x[m0 : m0 + rows], dims[3], kernel_of)
         else:  # hi, lo
             xa, xb = xbuf[: rows * k], xbuf[rows * k : 2 * rows * k]
             split((grid_1d(rows * (k // 8), _SPLIT_THREADS),), (_SPLIT_THREADS,),

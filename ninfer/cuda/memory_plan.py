@@ -116,12 +116,7 @@ def _gemm_scratch(mc: ModelConfig, rows: int) -> int:
     qkv = 2 * (mc.num_attention_heads + mc.num_key_value_heads) * mc.head_dim
     gdn = mc.gdn_conv_channels + mc.gdn_value_dim + 2 * mc.linear_num_value_heads
     n_max = max(2 * mc.intermediate_size, 2 * mc.shared_expert_intermediate_size, qkv, gdn)
-    scratch = pair_scratch_bytes(rows, k_max, n_max * mc.hidden_size)
-    if (
-        mc.is_moe
-    ):  # the fp16 mode's routed slots (gemm_pair.f16_rows, the same activation scratch): fp16 rows + factor
-        scratch += 2 * rows * mc.num_experts_per_tok * (mc.hidden_size + 2)
-    return scratch
+    return pair_scratch_bytes(rows, k_max, n_max * mc.hidden_size)
 
 
 def _gdn_scratch(mc: ModelConfig, rows: int) -> int:

@@ -240,7 +240,8 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
         from ninfer.cuda.gemm import gemm_experts
 
         # exact inputs until gemm_experts(inputs="fp16") has run on a GPU (its test: tests/test_cuda_gemm_f16.py;
-        # then pass net.prefill_inputs here and re-measure the MoE fidelity, docs/cuda.md "Prefill GEMM inputs")
+        # then pass net.prefill_inputs here, count the routed slots' fp16 rows in memory_plan._gemm_scratch
+        # (2 * rows * top-k * (hidden + 2) bytes of the same scratch) and re-measure the MoE fidelity)
         gu = gemm_experts(cupy.take(h, xrow, axis=0), w[p + "experts.gate_up_proj"], ids, 2 * inter)
         dn = gemm_experts(swiglu(gu), w[p + "experts.down_proj"], ids, hid)
     else:
