@@ -72,12 +72,8 @@ def _paths(fmt: str, impl: str) -> tuple[tuple[str, str, str, str, str], ...]:
         paths.append(("pair", "fp32", "pair", "exact", "cp"))
     if f16_foldable(fmt):  # fp32 activations rounded to fp16 per row: one MMA per product
         paths.append(("f16", "fp32", "pair", "fp16", "cp"))  # weights dequantized once into the fp16 scratch
-        paths.append(
-            ("f16il", "fp32", "wgmma", "fp16", "cp")
-        )  # weights converted in the main loop (short chunks)
-        paths.append(
-            ("f16ws", "fp32", "pair", "fp16", "ws")
-        )  # the scratch kernel's TMA / warp-specialized loop
+        # weights converted in the main loop (short chunks); the scratch kernel's TMA / warp-specialized loop
+        paths += [("f16il", "fp32", "wgmma", "fp16", "cp"), ("f16ws", "fp32", "pair", "fp16", "ws")]
     return tuple(paths)
 
 

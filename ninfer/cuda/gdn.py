@@ -61,6 +61,7 @@ def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str
     return f"gdn_chunk_prep<{t}, {dk}, {mma}>", f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}>"
 
 
+@functools.cache  # looked up on every chunked call: built once per variant
 def chunk_instances(variant: str) -> tuple[str, ...]:
     """Every gdn_chunk.cu instance of a two-pass variant (the default's are compiled at warm-up, the other's on
     first use; tests/test_cuda_compile.py compiles both)."""
