@@ -60,9 +60,11 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     mc = REG[MODELS[key]].config
     t0 = time.perf_counter()
     phases: dict[str, float] = {}  # where the build's time goes (the 27B's took ~190 s on a fresh machine)
+    mark = [t0]
 
-    def phase(name: str) -> None:
-        phases[name] = round(time.perf_counter() - t0 - sum(phases.values()), 2)
+    def phase(name: str) -> None:  # the time since the previous phase ended
+        now = time.perf_counter()
+        phases[name], mark[0] = round(now - mark[0], 2), now
 
     tensors = synthetic_tensors(mc, args.profile, mtp=args.spec > 0)
     phase("tensors")
