@@ -105,18 +105,18 @@ def test_f16_stays_exact_where_it_does_not_apply(cp: Any) -> None:
 
 @pytest.mark.parametrize("fmt", F16_FMTS)
 def test_f16_in_loop_kernel_equals_scratch_kernel(cp: Any, fmt: str) -> None:
-    """gemm90_f16il (weights converted in the main loop; ``impl="wgmma"``, and ``auto`` below F16_INLOOP_ROWS) is
-    bitwise gemm90_f16 over the dequant90 scratch (``impl="pair"``): the same fp16 operands, MMA order and
-    epilogue, so the row threshold never changes a value."""
+    """gemm90_f16il (weights converted in the main loop; ``impl="wgmma"``) is bitwise gemm90_f16 over the dequant90
+    scratch (``impl="pair"``, and ``auto``) on both sides of the ws kernel's row threshold: the same fp16 operands,
+    MMA order and epilogue, so the kernel choice never changes a value."""
     from ninfer.cuda.gemm import gemm
-    from ninfer.cuda.gemm_pair import F16_INLOOP_ROWS
+    from ninfer.cuda.gemm_pair import F16_WS_ROWS
 
     rng = np.random.default_rng(67)
     for m, n, k in (
         (128, 256, 64),
         (200, 300, 200),
-        (F16_INLOOP_ROWS - 1, 517, 1032),
-        (F16_INLOOP_ROWS + 3, 260, 136),
+        (F16_WS_ROWS - 1, 517, 1032),
+        (F16_WS_ROWS + 3, 260, 136),
     ):
         w, _ = _weight(rng, fmt, n, k)
         xd = cp.asarray(_x(rng, m, k))

@@ -107,29 +107,37 @@ def test_ws_chunked_scratch_and_rows(cp: Any, ws_calls: list[int], monkeypatch: 
 
 
 def test_ws_dispatch(cp: Any, ws_calls: list[int]) -> None:
-    """Under auto the ws kernel replaces the fp16 scratch kernel (from F16_INLOOP_ROWS rows) and nothing else: the
-    short chunks' in-loop kernel, exact inputs and BF16 weights ignore the variant (bitwise the default's result);
-    gemm_pair refuses ws outside the fp16 mode."""
+    """``variant="auto"`` (the default) takes the ws kernel for fp16-mode scratch GEMMs from F16_WS_ROWS rows and
+    the cp.async kernel below, bitwise the same; ``cp`` and ``ws`` force either; the in-loop kernel
+    (``impl="wgmma"``), exact inputs and BF16 weights ignore the variant; gemm_pair refuses ws outside the fp16
+    mode."""
     from ninfer.cuda.gemm import _sm90_kernel, gemm
-    from ninfer.cuda.gemm_pair import F16_INLOOP_ROWS, gemm_pair
+    from ninfer.cuda.gemm_pair import F16_WS_ROWS, gemm_pair
     from ninfer.cuda.linear import KernelError
 
     rng = np.random.default_rng(75)
     w, _ = _weight(rng, "NVFP4G16_E4M3S", 260, 256)
-    xd = cp.asarray(_x(rng, F16_INLOOP_ROWS + 5, 256))
-    a = cp.asnumpy(gemm(xd, w, inputs="fp16", variant="ws"))
-    assert len(ws_calls) == 1, "auto at F16_INLOOP_ROWS rows and above: the ws kernel"
-    assert np.array_equal(a, cp.asnumpy(gemm(xd, w, inputs="fp16")))
-    for fmt, inputs, m in (
-        ("NVFP4G16_E4M3S", "fp16", 300),
-        ("NVFP4G16_E4M3S", "exact", 400),
-        ("BF16", "fp16", 400),
+    xd = cp.asarray(_x(rng, F16_WS_ROWS + 5, 256))
+    auto = cp.asnumpy(gemm(xd, w, inputs="fp16"))
+    assert len(ws_calls) == 1, "auto at F16_WS_ROWS rows and above: the ws kernel"
+    assert np.array_equal(auto, cp.asnumpy(gemm(xd, w, inputs="fp16", variant="cp")))
+    assert len(ws_calls) == 1, "variant='cp' forces the cp.async kernel"
+    xs = cp.asarray(_x(rng, F16_WS_ROWS - 1, 256))
+    short = cp.asnumpy(gemm(xs, w, inputs="fp16"))
+    assert len(ws_calls) == 1, "auto below F16_WS_ROWS rows: the cp.async kernel"
+    assert np.array_equal(short, cp.asnumpy(gemm(xs, w, inputs="fp16", variant="ws")))
+    assert len(ws_calls) == 2, "variant='ws' forces the ws kernel"
+    for fmt, inputs, impl, m in (
+        ("NVFP4G16_E4M3S", "fp16", "wgmma", 400),
+        ("NVFP4G16_E4M3S", "exact", "auto", 400),
+        ("BF16", "fp16", "auto", 400),
     ):
         w, _ = _weight(rng, fmt, 260, 256)
         xd = cp.asarray(_x(rng, m, 256))
-        a, b = cp.asnumpy(gemm(xd, w, inputs=inputs, variant="ws")), cp.asnumpy(gemm(xd, w, inputs=inputs))
-        assert np.array_equal(a, b), f"{fmt} {inputs} M={m}: variant='ws' changed the result"
-    assert len(ws_calls) == 1, "the in-loop kernel, exact inputs and BF16 weights do not take the ws kernel"
+        a = cp.asnumpy(gemm(xd, w, impl=impl, inputs=inputs, variant="ws"))
+        b = cp.asnumpy(gemm(xd, w, impl=impl, inputs=inputs, variant="cp"))
+        assert np.array_equal(a, b), f"{fmt} {inputs} {impl} M={m}: variant='ws' changed the result"
+    assert len(ws_calls) == 2, "the in-loop kernel, exact inputs and BF16 weights do not take the ws kernel"
     out = cp.empty((400, 260), dtype=F32)
     with pytest.raises(KernelError):  # BF16 weights, exact pair mode
         gemm_pair(xd, w, out, (400, 260, 256, 256, 260), _sm90_kernel, f16=False, variant="ws")

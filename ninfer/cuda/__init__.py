@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["FAMILY_MODULES", "all_sources", "first_use_sources", "warmup"]
+__all__ = ["FAMILY_MODULES", "all_sources", "warmup"]
 
 FAMILY_MODULES = (
     "ninfer.cuda.embedding",
@@ -38,14 +38,6 @@ def all_sources() -> dict[str, tuple[str, ...]]:
     return out
 
 
-def first_use_sources() -> frozenset[str]:
-    """Families of opt-in kernel variants (a module's ``FIRST_USE``): declared in ``all_sources`` (the CI compile
-    check builds them) but left out of :func:`warmup`, compiled when a caller first asks for the variant."""
-    return frozenset(
-        src for name in FAMILY_MODULES for src in getattr(importlib.import_module(name), "FIRST_USE", ())
-    )
-
-
 def _compile_one(item: tuple[str, tuple[str, ...]]) -> str:
     from ninfer.cuda.loader import load_module
 
@@ -54,8 +46,8 @@ def _compile_one(item: tuple[str, tuple[str, ...]]) -> str:
 
 
 def warmup(workers: int = 1) -> dict[str, int]:
-    """Compile every family for the current device (architecture-specific families only where they apply; opt-in
-    variants' families, :func:`first_use_sources`, on first use); returns instances per source.
+    """Compile every family for the current device (architecture-specific families only where they apply);
+    returns instances per source.
 
     ``workers > 1`` first compiles the families in that many subprocesses (NVRTC is single-threaded per module;
     the results land in CuPy's on-disk kernel cache), then loads them here from the cache: a cold start in the time
@@ -63,10 +55,7 @@ def warmup(workers: int = 1) -> dict[str, int]:
     from ninfer.cuda.loader import compute_capability, family_supported, load_module
 
     cc = compute_capability()
-    later = first_use_sources()
-    sources = {
-        src: inst for src, inst in all_sources().items() if family_supported(src, cc) and src not in later
-    }
+    sources = {src: inst for src, inst in all_sources().items() if family_supported(src, cc)}
     if workers > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor

@@ -78,8 +78,6 @@ SOURCES: dict[str, tuple[str, ...]] = {
     ),
     "gemm_sm90_ws.cu": WS_INSTANCES,
 }
-# the warp-specialized fp16 main loop is opt-in (variant="ws") until it has run on a GPU: compiled on first use
-FIRST_USE = frozenset({"gemm_sm90_ws.cu"})
 
 
 GEMM_IMPLS = ("auto", "wgmma", "pair", "mma")
@@ -132,7 +130,7 @@ def gemm(
     *,
     impl: str = "auto",
     inputs: str = "exact",
-    variant: str = "cp",
+    variant: str = "auto",
 ) -> Any:
     """``out = x · Wᵀ`` for ``x[M, K]`` on tensor cores (exact weight operands, float32 ``x`` split into two bf16
     halves, fp32 accumulation); ``x`` and ``out`` may be row-strided views. ``impl``: see the module docstring
@@ -140,10 +138,10 @@ def gemm(
     format's operands are exact in fp16 (FP8, NVFP4), the fp16 mode instead (gemm_pair.py: each float32 row scaled
     by a power of two and rounded to fp16, one MMA per product; gemm_experts likewise); every other GEMM stays
     exact. The choice depends only on the format and M, never on other rows' values. In the fp16 mode
-    ``impl="pair"`` forces the weight scratch and ``impl="wgmma"`` the in-loop conversion (``auto`` picks by rows;
-    the same bits either way). ``variant`` (gemm_pair.F16_VARIANTS): the fp16 scratch kernel's main loop, ``cp``
-    (cp.async, the default) or ``ws`` (TMA + warp specialization, cuda_src/gemm_sm90_ws.cu), bitwise the same;
-    GEMMs that do not run the fp16 scratch kernel ignore it."""
+    ``impl="wgmma"`` takes the in-loop weight conversion instead of the scratch (the same bits, slower: gemm_pair).
+    ``variant`` (gemm_pair.F16_VARIANTS): the fp16 scratch kernel's main loop, ``cp`` (cp.async), ``ws`` (TMA +
+    warp specialization, cuda_src/gemm_sm90_ws.cu) or ``auto`` (by rows, the default), bitwise the same; GEMMs
+    that do not run the fp16 scratch kernel ignore it."""
     if inputs not in GEMM_INPUTS:
         raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
     if variant not in F16_VARIANTS:
@@ -162,11 +160,9 @@ def gemm(
         )
     if hopper:
         f16 = inputs == "fp16" and f16_foldable(w.fmt)
-        # auto: the fp16 mode picks its kernel by rows (in-loop for short chunks); pair: the scratch layout
         if _use_pair(impl, w.fmt, t, m):
-            inloop = None if impl == "auto" else False
             dims = (m, n, k, ldx, ldy)
-            gemm_pair(x, w, out, dims, _sm90_kernel, f16=f16, inloop=inloop, variant=variant if f16 else "cp")
+            gemm_pair(x, w, out, dims, _sm90_kernel, f16=f16, variant=variant if f16 else "cp")
             return out
         if f16 and impl == "wgmma" and _use_pair("auto", w.fmt, t, m):  # the fp16 mode's in-loop kernel
             gemm_pair(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel, f16=True, inloop=True)

@@ -29,7 +29,7 @@ __all__ = [
     "WS_INSTANCES",
     "F16_VARIANTS",
     "PAIR_MIN_ROWS",
-    "F16_INLOOP_ROWS",
+    "F16_WS_ROWS",
     "pair_foldable",
     "f16_foldable",
     "pair_scratch_bytes",
@@ -64,11 +64,14 @@ PAIR_INSTANCES: tuple[str, ...] = (
     *(f"gemm90_experts_f16<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),  # the MoE prefill's
     "split_f16row",
 )
-# The fp16 mode's scratch kernel (``variant``): "cp" gemm90_f16 (cp.async ring, every thread copies and computes;
-# the default), "ws" gemm90_f16_ws (cuda_src/gemm_sm90_ws.cu: TMA ring, producer warpgroup, persistent CTAs),
-# bitwise the same results. The in-loop kernel of short chunks (gemm90_f16il) has no ws variant. The default moves
-# to "ws" only after it is measured on the H200 (perf/bench_gemm.py).
-F16_VARIANTS = ("cp", "ws")
+# The fp16 mode's scratch kernel (``variant``): "cp" gemm90_f16 (cp.async ring, every thread copies and computes),
+# "ws" gemm90_f16_ws (cuda_src/gemm_sm90_ws.cu: TMA ring, producer warpgroup, persistent CTAs), bitwise the same
+# results; "auto" (the default) picks by rows. Measured on the H200 at 855128a (perf/results/bench_gemm_855128a.txt,
+# NVFP4, the 27B's projections): ws / cp at 2048 rows 1.14-1.31x, at 8192 1.24-1.33x (ws 82-95% of cuBLAS bf16);
+# at 384-512 rows 0.95-1.18x (the wide MLP projections gain, o_proj and the GDN qkv lose up to 5%); at 256 rows
+# 0.86-1.12x. From F16_WS_ROWS rows the MLP projections' gain outweighs the narrow ones' loss.
+F16_VARIANTS = ("auto", "cp", "ws")
+F16_WS_ROWS = 384
 WS_INSTANCES: tuple[str, ...] = tuple(
     f"gemm90_f16_ws<{s}>" for s, d in PAIR_STRUCTS.values() if d is not None
 )
@@ -83,16 +86,11 @@ _WS_THREADS, _WS_BN = 384, 256  # WS_THREADS, WS_BN in cuda_src/ws_sched.cuh
 # for N below ~30k. 128 keeps a margin (not measured below 2048 rows; `python -m perf.bench_gemm --rows 128,512`
 # compares both paths there). Results are bitwise the same on either side.
 PAIR_MIN_ROWS = 128
-# Below this many rows the fp16 mode converts the weights inside the GEMM's main loop (gemm90_f16il: every CTA
-# converts its own tiles, as the in-loop kernels do) instead of once per GEMM into the fp16 scratch. The dequant pass
-# moves ~4.6 B per weight (stored bytes read, 2 B written, 2 B read back) whatever M is; the in-loop conversion costs
-# CUDA-core time per row tile. Estimated from the H200 figures in docs/cuda.md (not measured on a GPU yet): the
-# NVFP4 17408 x 2 x 5120 MLP up projection's dequant pass ~65 us; its scratch GEMM loop ~480 TFLOP/s, the in-loop
-# kernel (bf16 x) ~375: break-even near 384 rows for that widest matrix, and the narrow ones (N = 5120: 40 CTAs at
-# 256 rows, far from a wave either way) gain at any row count below it. `python -m perf.bench_gemm --rows
-# 256,384,512` times both sides (f16 / f16il); both give bitwise the same result (tests/test_gemm_pair_host.py,
-# tests/test_cuda_gemm_f16.py), so the threshold moves time, never values.
-F16_INLOOP_ROWS = 384
+# The fp16 mode's in-loop kernel (gemm90_f16il: every CTA converts its own weight tiles in the main loop instead of
+# one dequant pass into the fp16 scratch) is bitwise the scratch kernel but slower at every row count measured on the
+# H200 at 855128a (perf/results/bench_gemm_855128a.txt, NVFP4, the 27B's projections: 0.89-1.02x of the scratch
+# path at 256 rows, 0.74-0.82x at 2048-8192): the conversion's CUDA-core work per row tile costs more than the dequant
+# pass's ~4.6 B per weight. It runs only where asked for (``inloop=True``; gemm.gemm's ``impl="wgmma"``).
 _BM, _BN, _THREADS, _SMEM = 128, 256, 256, 232448  # GS_BM, DqBF16::BN, GS_THREADS, GS_SMEM
 # Scratch caps (bytes): the bf16 weight copy (the 27B's largest fused projection, gate|up 34816 x 5120, is 340 MiB;
 # larger weights run in row chunks of the cap) and the hi / lo activations (4 B per element: 8192 rows of the 27B's
@@ -173,8 +171,8 @@ def gemm_pair(
     kernel_of: Callable[[str], Any],
     *,
     f16: bool = False,
-    inloop: bool | None = None,
-    variant: str = "cp",
+    inloop: bool = False,
+    variant: str = "auto",
 ) -> None:
     """``out = x · Wᵀ`` in pair mode. ``dims`` = (M, N, K, ldx, ldy) as checked by gemm.gemm; ``x`` float32,
     ``w.fmt`` in :data:`PAIR_STRUCTS`; ``kernel_of(name)`` the compiled gemm_sm90.cu instance. Not for graph
@@ -183,21 +181,20 @@ def gemm_pair(
     ``f16`` (``f16_foldable`` formats): the fp16 mode instead, one MMA per product: each row of ``x`` scaled by a
     power of two and rounded to fp16 (``split_f16row``; ``ninfer.reference.ops.round_fp16_rows`` is its NumPy
     twin), the weights as exact fp16 operands, the row's power of two undone in the epilogue. ``inloop`` (fp16
-    mode): the weights converted inside the main loop (``gemm90_f16il``) rather than once into the scratch;
-    ``None`` decides by rows (:data:`F16_INLOOP_ROWS`). ``variant`` (:data:`F16_VARIANTS`, fp16 mode): the scratch
-    kernel's main loop (the in-loop kernel has one). Bitwise the same result every way."""
+    mode): the weights converted inside the main loop (``gemm90_f16il``) rather than once into the scratch.
+    ``variant`` (:data:`F16_VARIANTS`, fp16 mode): the scratch kernel's main loop, ``auto`` by rows
+    (:data:`F16_WS_ROWS`; the in-loop kernel has one loop). Bitwise the same result every way."""
     m, n, k, _, ldy = dims
     wstruct, dq = PAIR_STRUCTS[w.fmt]
     if f16 and dq is None:
         raise ValueError(f"gemm_pair: {w.fmt} has no fp16 mode (its operand values are not exact in fp16)")
     if not f16 and inloop:
         raise ValueError("gemm_pair: inloop is the fp16 mode's choice")
-    inloop = f16 and (m < F16_INLOOP_ROWS if inloop is None else inloop)
-    if variant not in F16_VARIANTS or (variant != "cp" and not f16):
+    if variant not in F16_VARIANTS or (variant == "ws" and not f16):
         raise KernelError(
             f"gemm_pair: variant={variant!r} (one of {F16_VARIANTS}; 'ws' in the fp16 mode only)"
         )
-    ws = variant == "ws" and not inloop
+    ws = f16 and not inloop and (variant == "ws" or (variant == "auto" and m >= F16_WS_ROWS))
     mx, nw = _plan(w.fmt, m, n, k)
     if inloop:
         nw = n  # the stored planes, read whole: no weight scratch
