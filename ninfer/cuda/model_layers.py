@@ -239,11 +239,14 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
     elif gemm:
         from ninfer.cuda.gemm import gemm_experts
 
-        # exact inputs until gemm_experts(inputs="fp16") has run on a GPU (its test: tests/test_cuda_gemm_f16.py;
-        # then pass net.prefill_inputs here, count the routed slots' fp16 rows in memory_plan._gemm_scratch
-        # (2 * rows * top-k * (hidden + 2) bytes of the same scratch) and re-measure the MoE fidelity)
-        gu = gemm_experts(cupy.take(h, xrow, axis=0), w[p + "experts.gate_up_proj"], ids, 2 * inter)
-        dn = gemm_experts(swiglu(gu), w[p + "experts.down_proj"], ids, hid)
+        # the prefill GEMM inputs' mode (fp16 by default: each slot's row rounded under its own power-of-two scale,
+        # tests/test_cuda_gemm_f16.py; the NumPy emulation with the experts so rounded, perf/fidelity_prefill.py,
+        # agrees on 0.997 of the mid-size MoE's positions); the rows' scratch: memory_plan._gemm_scratch
+        mode = net.prefill_inputs
+        gu = gemm_experts(
+            cupy.take(h, xrow, axis=0), w[p + "experts.gate_up_proj"], ids, 2 * inter, inputs=mode
+        )
+        dn = gemm_experts(swiglu(gu), w[p + "experts.down_proj"], ids, hid, inputs=mode)
     else:
         gu = cupy.empty((ns, 2 * inter), dtype=h.dtype)
         _experts(h, w[p + "experts.gate_up_proj"], ids, xrow, 2 * inter, gu)
