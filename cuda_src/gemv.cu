@@ -408,13 +408,64 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
 // experts == 2: expert lanes: slot z's rows from its table xrow[z*2NB ..] (header), weight rows ids[z] * N ...
 // Dynamic shared memory: two activation chunk buffers (2 * GV_CHUNK * 8 * NB * 4 * FW * 4 bytes), then per warp
 // GV_STAGES stages of F::VECS * 512 bytes of weights (gemv_plan in linear.py computes the same sizes).
+// L2 prefetch of the next product's weights (decode chains: linear.gemv's ``prefetch``). A chain of GEMVs runs at
+// 50-65% of copy bandwidth on the 27B's mid-size matrices although the lm_head reaches 77% and, without the
+// dequantization, 97% (perf/results/device_run_5c07f3d.txt): each launch ramps up and drains, and under PDL the
+// next launch can only issue its first GV_STAGES - 1 tiles per warp before it waits for this one. Here the blocks
+// of this launch that finish last (the tail, when DRAM has spare bandwidth) each fetch into L2 the first
+// GV_PF_TILES K-tiles of one block of the next launch's first wave (next block j = G - 1 - L for this block's
+// linear id L, then j + G, ... below min(next grid, GV_PF_WAVE)), so that its main loop starts from L2.
+// q0 / q1: the next weight's NVFP4 code and scale planes (wformat.cuh's device layout: a 16-row group's K tiles
+// are consecutive 1 KiB code / 128 B scale blocks, so one bulk prefetch per group and plane), qn x qk its shape,
+// qbx x qsplits its grid (linear.gemv_plan). Only hints: nothing reads the prefetched bytes but the next launch's
+// own loads, so results never change. Formats other than NVFP4 (GvPf<F>::ON false) ignore q0.
+#ifndef GV_PF_TILES
+#define GV_PF_TILES 4
+#endif
+#define GV_PF_WAVE 528  // one wave of the GEMV on a 132-SM H200 (linear._GV_WAVE_BLOCKS)
+template <typename F> struct GvPf { static constexpr bool ON = false; };
+template <> struct GvPf<FragNVFP4> { static constexpr bool ON = true; };
+template <> struct GvPf<FragNVFP4RowG> { static constexpr bool ON = true; };
+
+__device__ __forceinline__ void gv_l2_prefetch(const u8* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+    (void)p, (void)bytes;
+#endif
+}
+
+template <int ROWS>
+__device__ __forceinline__ void gv_prefetch_next(const u8* q0, const u8* q1, int qn, int qk, int qbx, int qsplits) {
+    const int tid = threadIdx.x;
+    if (tid >= 2 * (ROWS / 16)) return;  // one thread per (16-row group, plane)
+    const long long g = gridDim.x * (long long)gridDim.y * gridDim.z;
+    const long long l = blockIdx.x + gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z);
+    const long long wave = min((long long)qbx * qsplits, (long long)GV_PF_WAVE);
+    const int ntiles = (qk + 127) / 128, grp = tid % (ROWS / 16), codes = tid < ROWS / 16;
+    const long long kp = kpad128(qk);
+    for (long long j = g - 1 - l; j < wave; j += g) {
+        const int bx = (int)(j % qbx), split = (int)(j / qbx);
+        const int kt0 = split * ntiles / qsplits, nt = (split + 1) * ntiles / qsplits - kt0;
+        const long long n = (long long)bx * ROWS + 16 * grp;
+        if (n >= qn || nt <= 0) continue;
+        const unsigned tiles = (unsigned)min(nt, GV_PF_TILES);
+        if (codes)
+            gv_l2_prefetch(q0 + nv4_codes(n, kp, kt0 * 128), tiles * 1024u);
+        else
+            gv_l2_prefetch(q1 + nv4_scales(n, kp, kt0 * 128), tiles * 128u);
+    }
+}
+
 template <typename F, typename T, int NB>
 __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     gemv_mma(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
              const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ y, const int* __restrict__ ids,
              const int* __restrict__ xrow, float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows,
              long long ldx, long long ldx2, long long ldy, long long row0, int experts, int xf,
-             int gd, int zin, float* __restrict__ part, long long ldp, int npart, float eps, int fold) {
+             int gd, int zin, float* __restrict__ part, long long ldp, int npart, float eps, int fold,
+             const u8* __restrict__ q0 = nullptr, const u8* __restrict__ q1 = nullptr, int qn = 0, int qk = 0,
+             int qbx = 0, int qsplits = 0) {
     pdl_trigger();
     extern __shared__ __align__(16) u32 gv_sm[];
     constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16, STAGE = F::VECS * 512;
@@ -477,6 +528,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     }
     float acc[MT][4];
     gv_products<F, T, NB>(gv_sm, wsm, lane, src, t, xl, x2l, xf, gd, inv, nb, K, kt0, nt, acc);
+    if (GvPf<F>::ON && q0 != nullptr) gv_prefetch_next<ROWS>(q0, q1, qn, qk, qbx, qsplits);
     const GvFold fo{fold, part, ldp, xr0};
     gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);
 }

@@ -26,6 +26,8 @@ Variants (a variant changes only what its name says; results are timings, not nu
             atomic)
   nodq      diagnostic (wrong results): NVFP4 pairs as the raw code words (the whole dequantization's cost: the
             kernel's streaming + mma ceiling)
+  pf, pfN   each GEMV of a chain prefetches the next one's first GV_PF_TILES (default 4, or N) K-tiles of its first
+            wave into L2 from its last blocks (linear.gemv's ``prefetch``; NVFP4 only; same results)
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
   olddq     the NVFP4 decode and tile loop before the integer-pipe diet (2026-12-02, docs/cuda.md "Decode GEMV on
             tensor cores"): plain shifts (ptxas: SHF), the lane's scale word shifted and masked, stage and
@@ -183,6 +185,8 @@ def _source(original: Any, variant: str) -> Any:
             s = _must_replace(s, "if (splits == 1) {", "if (true) {")
         if variant == "nowait":
             s = _must_replace(s, "if (!experts) pdl_wait();", "")
+        if variant.startswith("pf") and variant[2:].isdigit():
+            s = f"#define GV_PF_TILES {int(variant[2:])}\n" + s
         if variant == "occ5":
             s = s.replace("#define GV_MIN_BLOCKS 4", "#define GV_MIN_BLOCKS 5")
         if variant == "stages3":
@@ -191,6 +195,40 @@ def _source(original: Any, variant: str) -> Any:
         return s
 
     return src
+
+
+def _next(ws: list[Any], i: int, variant: str) -> Any:
+    """The weight a chain's GEMV i prefetches under the pf variants (the next one, cyclically), else None."""
+    return ws[(i + 1) % len(ws)] if variant.startswith("pf") else None
+
+
+# one 27B GDN layer's decode products in order (the GDN output projection has attn o's shape), as a chain
+_CHAIN = ("gdn qkv|z", "attn o", "mlp gate|up", "mlp down")
+
+
+def _call(lin: Any, x: Any, w: Any, out: Any, q: Any) -> Any:
+    """One GEMV launch of a timed chain (``q``: the weight it prefetches, or None)."""
+    return lambda: lin.gemv(x, w, out, prefetch=q)
+
+
+def _chain(lin: Any, fmt: str, variant: str, rows: tuple[int, ...], ceiling: float, rng: Any) -> list[str]:
+    """Microseconds per layer and fraction of copy of the _CHAIN products launched back to back over as many
+    layers' weights as exceed the L2 (a decode step's GEMV sequence), each prefetching the next under pf."""
+    import cupy
+
+    first = [_random_weight(fmt, SHAPES[n]) for n in _CHAIN]
+    moved = sum(w.data.nbytes for w in first)
+    layers = max(2, -(-(240 << 20) // moved))
+    ws = first + [_random_weight(fmt, SHAPES[n]) for _ in range(layers - 1) for n in _CHAIN]
+    cells = []
+    for b in rows:
+        xs = [cupy.asarray(rng.standard_normal((b, w.cols)).astype(np.float32)) for w in first]
+        outs = [cupy.empty((b, w.rows), dtype=np.float32) for w in first]
+        j = len(_CHAIN)
+        fns = [_call(lin, xs[i % j], w, outs[i % j], _next(ws, i, variant)) for i, w in enumerate(ws)]
+        t = graph_seconds(fns, 10) / layers
+        cells.append(f"layer x{b} {t * 1e6:.1f} {moved / t / ceiling:.2f}")
+    return cells
 
 
 def _occupancy(lin: Any, fmt: str) -> str:
@@ -228,6 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--formats", default="NVFP4G16_E4M3S")
     ap.add_argument("--small", action="store_true", help="the 35B-A3B's shapes instead of the 27B's")
     ap.add_argument("--rows", default="1,4,8", help="activation rows per case")
+    ap.add_argument("--no-chain", action="store_true", help="skip the decode-layer chain case")
     a = ap.parse_args(argv)
     shapes = SHAPES_35B if a.small else {n: SHAPES[n] for n in _SHAPES}
     rows = tuple(int(r) for r in a.rows.split(","))
@@ -260,9 +299,11 @@ def main(argv: list[str] | None = None) -> None:
                 for b in rows:
                     x = cupy.asarray(rng.standard_normal((b, k)).astype(np.float32))
                     out = cupy.empty((b, n), dtype=np.float32)
-                    t = graph_seconds([lambda x=x, out=out, w=w: lin.gemv(x, w, out) for w in ws], 10)
+                    t = graph_seconds([_call(lin, x, w, out, _next(ws, i, v)) for i, w in enumerate(ws)], 10)
                     frac = (ws[0].data.nbytes + x.nbytes + out.nbytes) / t / ceiling
                     cells.append(f"{name} x{b} {t * 1e6:.1f} {frac:.2f}")
+            if not a.small and not a.no_chain:
+                cells += _chain(lin, fmt, v, rows, ceiling, rng)
             e = _experts(fmt, 10, ceiling, rng, lin.gemv_experts)
             cells.append(f"moe x8 {e['us']:.1f} {e['of_copy']:.2f}")
             print(f"{fmt} {v:8s} | " + " | ".join(cells), flush=True)

@@ -202,7 +202,7 @@ def _input(
 
 def _gemv_launch(
     a: _Input, w: DeviceWeight, out: Any, lanes: int, ldy: int, *, ids: Any, xrow: Any, n: int, row0: int,
-    nb: int, t: str, table: bool = False, fold: Any = None,
+    nb: int, t: str, table: bool = False, fold: Any = None, prefetch: Any = None,
 ) -> None:  # fmt: skip
     import cupy
 
@@ -227,7 +227,7 @@ def _gemv_launch(
         null if xrow is None else xrow, ws, cnt, np.int32(n), np.int32(k), np.int32(lanes), np.int64(a.ldx),
         np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(2 if table else ids is not None), np.int32(a.xf),
         np.int32(a.gd), np.int32(zin), part, np.int64(ldp), np.int32(a.npart), np.float32(a.eps),
-        np.int32(fold is not None),
+        np.int32(fold is not None), *_prefetch_args(w, prefetch),
     )  # fmt: skip
     # several lane blocks of a dense product: lane blocks innermost (zin), one pass over the weights through L2
     grid = (plan.blocks_x * gz, plan.splits, 1) if zin else (plan.blocks_x, plan.splits, gz)
@@ -235,6 +235,20 @@ def _gemv_launch(
         launch_pdl(fn, grid, (_GV_THREADS,), args, smem)
     else:
         fn(grid, (_GV_THREADS,), args, shared_mem=smem)
+
+
+# formats whose next product the GEMV can prefetch into L2 (gemv.cu GvPf: the NVFP4 device layout)
+_PF_FORMATS = frozenset(f for f, (s, _, _) in FRAG_STRUCTS.items() if s.startswith("FragNVFP4"))
+
+
+def _prefetch_args(w: DeviceWeight, nxt: Any) -> tuple[Any, ...]:
+    """gemv.cu's (q0, q1, qn, qk, qbx, qsplits): the next product's planes and grid, or null (no prefetch) unless
+    both weights are NVFP4 (the same rows per block)."""
+    if nxt is None or w.fmt not in _PF_FORMATS or nxt.fmt not in _PF_FORMATS:
+        return (np.uint64(0), np.uint64(0), *(np.int32(0),) * 4)
+    plan = gemv_plan(nxt.fmt, nxt.rows, nxt.cols)
+    q0, q1, _ = nxt.planes()
+    return (q0, q1, np.int32(nxt.rows), np.int32(nxt.cols), np.int32(plan.blocks_x), np.int32(plan.splits))
 
 
 def gemv(
@@ -247,6 +261,7 @@ def gemv(
     swiglu: bool = False,
     gate: tuple[Any, int] | None = None,
     fold: Any = None,
+    prefetch: DeviceWeight | None = None,
 ) -> Any:
     """``out[b] = x[b] · W[row0 : row0+n]ᵀ`` for ``x[B, K]``; ``n`` defaults to all rows of ``w``. Decode takes
     B <= 8 (the 1-, 4- or 8-row instance); more rows run as 8-row blocks of one launch, each row bitwise its decode
@@ -259,7 +274,11 @@ def gemv(
 
     ``fold`` (norm folding, producer side; float32 only, all rows of ``w``): ``out`` is the float32 residual
     ``[B, N]`` and receives ``out += x · Wᵀ`` in place; ``fold`` (float32 ``[gemv_plan(...).blocks_x, B]``) receives
-    each row block's sum of squares of the updated residual per row, for the next GEMV's ``Normed`` input."""
+    each row block's sum of squares of the updated residual per row, for the next GEMV's ``Normed`` input.
+
+    ``prefetch``: the weight of the product launched next (a decode chain): the blocks that finish last fetch the
+    first K-tiles of its first wave into L2 while this launch drains (gemv.cu, gv_prefetch_next; NVFP4 weights
+    only, otherwise ignored). A hint: the result is bitwise the same."""
     t, b, a = _input(x, w, "gemv", swiglu, gate)
     n = w.rows - row0 if n is None else n
     if not (1 <= b <= GEMV_MAX_ROWS * 65535):
@@ -272,7 +291,11 @@ def gemv(
     nb = (
         next(c for c in _GV_NB if b <= c) if b <= GEMV_MAX_ROWS else GEMV_MAX_ROWS
     )  # 1 | 2-4 | 5-8, blocks of 8
-    _gemv_launch(a, w, out, b, ldy, ids=None, xrow=None, n=n, row0=row0, nb=nb, t=t, fold=fold)
+    if prefetch is not None and not isinstance(prefetch, DeviceWeight):
+        raise KernelError(f"gemv: prefetch must be a DeviceWeight, got {type(prefetch).__name__}")
+    _gemv_launch(
+        a, w, out, b, ldy, ids=None, xrow=None, n=n, row0=row0, nb=nb, t=t, fold=fold, prefetch=prefetch
+    )
     return out
 
 
