@@ -1,6 +1,8 @@
-"""Decode with and without norm folding (docs/cuda.md, "Norm folding"), in one run on the same network.
+"""Decode with and without norm folding (docs/cuda.md, "Norm folding"), or with and without the decode GEMVs' L2
+prefetch of the next product (``--toggle prefetch``: ``CudaQwen36.gemv_prefetch``), in one run on the same network.
 
     python -m perf.bench_fold --out perf/results          # 27B and 35B-A3B synthetic nvfp4, 1 and 8 lanes
+    python -m perf.bench_fold --toggle prefetch           # the same A/B for the prefetch hints (norms folded)
 
 For each model and lane count, the graph-replayed decode step (logits included) with ``fold_norms`` off, then on
 (the graphs recaptured between), and the captured graph's node count by type (cuGraphGetNodes /
@@ -62,22 +64,30 @@ def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:
         net, slots=max(lanes) + 1, pages=-(-cap // 16) * (max(lanes) + 1), page_size=16, context=cap
     )
     rows = []
-    for fold in (False, True):
-        net.fold_norms = fold
+    for on in (False, True):
+        if a.toggle == "fold":
+            net.fold_norms = on
+        else:
+            net.gemv_prefetch, net.gemv_next = on, {}
         net.graphs.clear()
         for n in lanes:
             r = bench_decode(seqs, n, a.context, a.steps)
-            r |= {"model": key, "fold": fold, "nodes": graph_node_types(net.graphs.graph(n))}
+            r |= {
+                "model": key,
+                "fold": on,
+                "toggle": a.toggle,
+                "nodes": graph_node_types(net.graphs.graph(n)),
+            }
             rows.append(r)
             print(
-                f"{key} fold={fold!s:5} x{n}: {r['step_ms']:.3f} ms/step {r['tok_s']:.1f} tok/s  {r['nodes']}"
+                f"{key} {a.toggle}={on!s:5} x{n}: {r['step_ms']:.3f} ms/step {r['tok_s']:.1f} tok/s  {r['nodes']}"
             )
     net.graphs.clear()
     return rows
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| model | lanes | step ms (unfolded) | step ms (folded) | speed-up | kernels unfolded -> folded |",
+    lines = ["| model | lanes | step ms (off) | step ms (on) | speed-up | kernels off -> on |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         if r["fold"]:
@@ -97,6 +107,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--context", type=int, default=8192)
     p.add_argument("--lanes", default="1,8")
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--toggle", choices=("fold", "prefetch"), default="fold", help="what the A/B switches")
     p.add_argument("--out", default=None, help="directory for bench_fold.json")
     a = p.parse_args(argv)
     rows: list[dict[str, Any]] = []
@@ -110,7 +121,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "bench_fold.json").write_text(json.dumps({"args": vars(a), "rows": rows}, indent=1))
+        (out / ("bench_fold.json" if a.toggle == "fold" else "bench_prefetch.json")).write_text(
+            json.dumps({"args": vars(a), "rows": rows}, indent=1)
+        )
     return rows
 
 

@@ -228,6 +228,27 @@ def test_graph_and_eager_decode_bitwise_equal(moe_seqs: Any) -> None:
 
 
 @gpu
+def test_gemv_prefetch_changes_no_decode_value(moe_seqs: Any) -> None:
+    """The decode GEMVs' L2 prefetch hints (``gemv_prefetch``: the order traced from the graph's warm-up step):
+    graph-replayed greedy decode bitwise the decode without them, at 1 and 3 lanes; the hints were really on."""
+    net = moe_seqs.net
+    prompts = [np.random.default_rng(20 + i).integers(0, 4096, 30 + 11 * i) for i in range(3)]
+    want = [_greedy(moe_seqs, prompts[:1], 8), _greedy(moe_seqs, prompts, 8)]
+    net.gemv_prefetch, net.gemv_next = True, {}
+    net.graphs.clear()
+    try:
+        got = [_greedy(moe_seqs, prompts[:1], 8), _greedy(moe_seqs, prompts, 8)]
+        hinted = len(net.gemv_next)
+    finally:
+        net.gemv_prefetch, net.gemv_next = False, {}
+        net.graphs.clear()
+    assert hinted > 2 * net.cfg.num_hidden_layers, f"only {hinted} GEMVs traced for the prefetch order"
+    for (tw, lw), (tg, lg) in zip(want, got, strict=True):
+        assert tw == tg
+        assert np.array_equal(lw.view(np.uint8), lg.view(np.uint8))
+
+
+@gpu
 def test_greedy_identical_at_1_and_8_lanes(moe_seqs: Any) -> None:
     prompts = [np.random.default_rng(10 + i).integers(0, 4096, 20 + 13 * i) for i in range(8)]
     batched, _ = _greedy(moe_seqs, prompts, 12)

@@ -49,7 +49,7 @@ from ninfer.artifact.inventory import expected_shapes, lm_head_name
 from ninfer.config import ModelConfig
 from ninfer.cuda._glue import glue
 from ninfer.cuda.fuse import fuse_projections, missing_tensors
-from ninfer.cuda.model_graph import GraphSet, Meta, host_meta
+from ninfer.cuda.model_graph import GraphSet, Meta, host_meta, next_product
 
 __all__ = ["CudaQwen36", "load_cuda"]
 
@@ -74,6 +74,7 @@ class CudaQwen36:
         memory_reserve_bytes: int = 0,
         fold_norms: bool = True,
         prefill_inputs: str = "fp16",
+        gemv_prefetch: bool = False,
     ) -> None:
         import cupy
 
@@ -103,6 +104,12 @@ class CudaQwen36:
         # residual + RMS norms folded into the neighbouring GEMVs where every product is a GEMV (decode, exact
         # prefill; docs/cuda.md "Norm folding"); a perf or test comparison flips it and clears the graphs
         self.fold_norms = bool(fold_norms)
+        # each decode GEMV prefetches the next one's first tiles into L2 (docs/cuda.md "L2 prefetch of the next
+        # product"): off until measured on a GPU. The order comes from tracing the warm-up step before a graph
+        # capture (model_graph.GraphSet.capture): ``gemv_next`` maps a weight's id to the weight launched after it
+        self.gemv_prefetch = bool(gemv_prefetch)
+        self.gemv_trace: list[Any] | None = None
+        self.gemv_next: dict[int, Any] = {}
         if memory_reserve_bytes < 0:
             raise ValueError(f"memory_reserve_bytes: must be >= 0, got {memory_reserve_bytes}")
         self.memory_reserve_bytes = memory_reserve_bytes  # left free by the runner's memory plan
@@ -316,7 +323,9 @@ class CudaQwen36:
         w = self.w[lm_head_name(self.cfg)]
         with self.stream:
             h = cupy.ascontiguousarray(cupy.asarray(h, dtype=F32))
-            out = gemv(h, w)  # 8-row blocks of one launch: every row bitwise its decode logits
+            out = gemv(
+                h, w, prefetch=next_product(self, w)
+            )  # 8-row blocks: every row bitwise its decode logits
         return out
 
     def lm_head(self, h: Any) -> np.ndarray:

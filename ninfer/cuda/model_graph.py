@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Meta", "host_meta", "GraphSet"]
+__all__ = ["Meta", "host_meta", "GraphSet", "next_product", "prefetch_order"]
 
 Seg = tuple[int, int, int, list[int]]  # (GDN slot, start position, tokens, KV pages)
 
@@ -131,6 +131,21 @@ class _Staging:
         cupy.cuda.runtime.memcpyAsync(self.dev.data.ptr, self._pinned.ptr, self.size, 1, stream.ptr)
 
 
+def next_product(net: Any, w: Any) -> Any:
+    """The weight of the decode GEMV launched after ``w`` (``net.gemv_next``, from the traced warm-up step) when
+    ``net.gemv_prefetch`` is on, else None; records ``w`` while a trace is on (``net.gemv_trace``)."""
+    trace = getattr(net, "gemv_trace", None)
+    if trace is not None:
+        trace.append(w)
+    return net.gemv_next.get(id(w)) if getattr(net, "gemv_prefetch", False) else None
+
+
+def prefetch_order(trace: list[Any]) -> dict[int, Any]:
+    """``gemv_next`` from one step's GEMV weights in launch order: each to the one after it, the last (the LM head)
+    to the first (the next step's)."""
+    return {id(w): trace[(i + 1) % len(trace)] for i, w in enumerate(trace)}
+
+
 class GraphSet:
     """Decode graphs of one ``CudaQwen36``, one per lane count."""
 
@@ -183,7 +198,17 @@ class GraphSet:
             )
             # max_len: fixed launch shape, the graph serves any length up to the capacity
             ids = v["ids"]
-            net.logits_dev(net.body(ids, meta))  # warm-up: loads every kernel, fills the private pool
+            trace = getattr(net, "gemv_prefetch", False) and not net.gemv_next
+            if trace:  # the step's GEMV order, for the prefetch hints
+                net.gemv_trace = []
+            try:
+                net.logits_dev(net.body(ids, meta))  # warm-up: loads every kernel, fills the private pool
+            finally:
+                order = net.gemv_trace if trace else None
+                if trace:
+                    net.gemv_trace = None
+            if order:
+                net.gemv_next = prefetch_order(order)
             net.stream.synchronize()
             net.stream.begin_capture()
             try:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.cuda.fuse import FusedRuns, fused_splits
-from ninfer.cuda.model_graph import Meta
+from ninfer.cuda.model_graph import Meta, next_product
 from ninfer.cuda.moe_lanes import lanes_nb, use_lanes
 from ninfer.cuda.norm import Folded, MoeCombine, Normed
 
@@ -76,7 +76,7 @@ def _fold_product(net: Any, x: Any, w: Any, name: str, resid: Any, **xf: Any) ->
     if isinstance(w, FusedRuns) or _gemm(net, x.shape[0]):
         raise ValueError(f"{name}: only a single-format GEMV folds the residual add")
     part = cupy.empty((gemv_plan(w.fmt, w.rows, w.cols).blocks_x, x.shape[0]), dtype=np.float32)
-    gemv(x, w, resid, fold=part, **xf)
+    gemv(x, w, resid, fold=part, prefetch=next_product(net, w), **xf)
     return Folded(part)
 
 
@@ -91,7 +91,7 @@ def _product(
     if not _gemm(
         net, x.shape[0], exact
     ):  # more than 8 rows: 8-row blocks, each row bitwise its decode result
-        return gemv(x, w, out, swiglu=swiglu, gate=gate)
+        return gemv(x, w, out, swiglu=swiglu, gate=gate, prefetch=next_product(net, w))
     if swiglu:
         x = swiglu_kernel(x)
     elif gate is not None:
