@@ -2,6 +2,8 @@
 
     python -m perf.bench_chunk --out perf/results      # 27B and 35B-A3B synthetic nvfp4, 8K prompt, chunks 512..2048,
                                                        # prefill GEMM inputs exact and fp16 (docs/cuda.md)
+    python -m perf.bench_chunk --model 35b --chunks 2048,4096,8192 --inputs fp16 --gdn mma,fp32
+                                                       # larger MoE chunks; the GDN state passes A/B
 
 The server prefills a prompt in chunks of at most ``EngineConfig.prefill_chunk`` tokens (512 by default), cut at
 the GDN checkpoint positions (every ``checkpoint_stride`` = 1024 tokens), so a served prompt never runs in chunks
@@ -37,8 +39,8 @@ def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:
     seqs = Sequences(net, slots=4, pages=pages * 2, page_size=16, context=a.tokens + 64)
     net.warm_prefill()  # after the pools exist (Sequences allocates them)
     rows = []
-    for inputs in a.inputs.split(","):
-        net.prefill_inputs = inputs
+    for inputs, variant in ((i, v) for i in a.inputs.split(",") for v in a.gdn.split(",")):
+        net.prefill_inputs, net.gdn_variant = inputs, variant
         for chunk in (int(c) for c in a.chunks.split(",")):
             _, sid = bench_prefill(
                 seqs, min(a.tokens, 2 * chunk), chunk
@@ -46,10 +48,11 @@ def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:
             seqs.free(sid)
             r, sid = bench_prefill(seqs, a.tokens, chunk)
             seqs.free(sid)
-            r |= {"model": key, "activations": a.activations, "prefill_inputs": inputs}
+            r |= {"model": key, "activations": a.activations, "prefill_inputs": inputs, "gdn": variant}
             rows.append(r)
             print(
-                f"{key} {inputs:5} chunk {chunk:5d}: {r['tok_s']:8.0f} tok/s  TTFT {r['ttft_s']:.3f} s",
+                f"{key} {inputs:5} gdn {variant:4} chunk {chunk:5d}: {r['tok_s']:8.0f} tok/s  "
+                f"TTFT {r['ttft_s']:.3f} s",
                 flush=True,
             )
     return rows
@@ -65,6 +68,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument(
         "--inputs", default="exact,fp16", help="prefill GEMM inputs to compare (ninfer.cuda GEMM_INPUTS)"
     )
+    p.add_argument("--gdn", default="mma", help="the GDN state passes to time (comma list of mma, fp32)")
     p.add_argument("--out", default=None, help="directory for bench_chunk.json")
     a = p.parse_args(argv)
     rows = [r for key in a.model.split(",") for r in _model(key, a)]

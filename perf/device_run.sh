@@ -7,6 +7,8 @@
 #   perf    `ninfer-perf --quick` (27B and 35B-A3B at nvfp4, transformers column)
 #   serving perf/bench_serving.py --backend cuda (stack cost) and the live-server tests on the CUDA backend
 #   spec    perf/bench_spec.py at forced acceptance (27B, 1 lane, k = 3)
+#   explore the open experiments (docs/cuda.md): the decode GEMVs' L2 prefetch (per shape, a 27B layer chain, the
+#           whole decode step), and the 35B-A3B prefill against its chunk size and the GDN state pass
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -94,6 +96,14 @@ run_replicas() {  # issue 20 (two GPUs: nvidia-h200-x2): 16 agent sessions x 5 t
     --backend cuda --replicas 2 --sessions 16 --turns 5 --max-tokens ${REPLICAS_MAX_TOKENS:-256} \
     --serve-flag=--max-context=16384 --serve-flag=--kv-capacity=262144 --out "$OUT/results" \
     ${REPLICAS_ARGS:-} 2>&1 | tee "$OUT/replicas.txt" | tail -20
+}
+run_explore() {  # each step under its own limit, its output kept even if a later one fails
+  timeout ${EXPLORE_TIMEOUT:-150} python3 -m perf.gemv_variants --variants base,pf,pf2,pf8 --rows 1,8 2>&1 \
+    | tee "$OUT/explore_gemv.txt" | tail -8
+  timeout ${EXPLORE_TIMEOUT:-150} python3 -m perf.bench_fold --toggle prefetch --out "$OUT/results" 2>&1 \
+    | tee "$OUT/explore_prefetch.txt" | tail -8
+  timeout ${EXPLORE_TIMEOUT:-150} python3 -m perf.bench_chunk --model 35b --chunks 2048,4096,8192 --inputs fp16 \
+    --gdn mma,fp32 --out "$OUT/results" 2>&1 | tee "$OUT/explore_chunk.txt" | tail -8
 }
 run_spec() {  # issue 15: MTP at forced acceptance, 27B, 1 lane, k = 3 (--skip-rounds: the rounds table alone
   # printed nothing within 280 s at 4eb6bda)

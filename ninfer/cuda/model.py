@@ -108,6 +108,10 @@ class CudaQwen36:
         # product"): off until measured on a GPU. The order comes from tracing the warm-up step before a graph
         # capture (model_graph.GraphSet.capture): ``gemv_next`` maps a weight's id to the weight launched after it
         self.gemv_prefetch = bool(gemv_prefetch)
+        # the chunked GDN prefill's state pass (gdn.STATE_VARIANTS; a benchmark's A/B switches it, perf/bench_chunk.py)
+        from ninfer.cuda.gdn import DEFAULT_VARIANT
+
+        self.gdn_variant = DEFAULT_VARIANT
         self.gemv_trace: list[Any] | None = None
         self.gemv_next: dict[int, Any] = {}
         if memory_reserve_bytes < 0:

@@ -149,7 +149,7 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None) -
         if m.snap is not None:
             raise ValueError("GDN snapshots need the exact recurrence (prefill_gemm off)")
         y = causal_conv(qkv, w[p + "conv1d.weight"], net.conv[j], m.starts, m.gslots)
-        o = gdn_chunked(y, *rule, n_k_heads=nk)
+        o = gdn_chunked(y, *rule, n_k_heads=nk, variant=net.gdn_variant)
         on = gated_rmsnorm(o.reshape(m.t * hv, dv), z, nw, eps)
     else:
         on = gdn_decode(
