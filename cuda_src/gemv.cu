@@ -399,15 +399,6 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
     if (threadIdx.x == 0) cnt[tile] = 0;
 }
 
-// experts == 0: lane block z takes activation rows z*NB .. (nrows of them in the launch), weight rows row0 ..;
-// Norm folding (docs/cuda.md): xf GV_NORM | GV_NORMW stages the RMS-normed residual (x: float32 residual, x2: norm
-// weight, part/ldp/npart/eps: the producer's partial sums of squares; any experts mode: a lane's partials are
-// those of its activation row); fold = 1 (experts == 0 only) makes y the float32 residual, updated in place, and
-// writes this launch's partials to part [row blocks][ldp = nrows].
-// experts == 1: expert slot z: activation row xrow[z], weight rows ids[z] * N .., one lane;
-// experts == 2: expert lanes: slot z's rows from its table xrow[z*2NB ..] (header), weight rows ids[z] * N ...
-// Dynamic shared memory: two activation chunk buffers (2 * GV_CHUNK * 8 * NB * 4 * FW * 4 bytes), then per warp
-// GV_STAGES stages of F::VECS * 512 bytes of weights (gemv_plan in linear.py computes the same sizes).
 // L2 prefetch of the next product's weights (decode chains: linear.gemv's ``prefetch``). A chain of GEMVs runs at
 // 50-65% of copy bandwidth on the 27B's mid-size matrices although the lm_head reaches 77% and, without the
 // dequantization, 97% (perf/results/device_run_5c07f3d.txt): each launch ramps up and drains, and under PDL the
@@ -457,6 +448,16 @@ __device__ __forceinline__ void gv_prefetch_next(const u8* q0, const u8* q1, int
     }
 }
 
+// experts == 0: lane block z takes activation rows z*NB .. (nrows of them in the launch), weight rows row0 ..;
+// Norm folding (docs/cuda.md): xf GV_NORM | GV_NORMW stages the RMS-normed residual (x: float32 residual, x2: norm
+// weight, part/ldp/npart/eps: the producer's partial sums of squares; any experts mode: a lane's partials are
+// those of its activation row); fold = 1 (experts == 0 only) makes y the float32 residual, updated in place, and
+// writes this launch's partials to part [row blocks][ldp = nrows].
+// experts == 1: expert slot z: activation row xrow[z], weight rows ids[z] * N .., one lane;
+// experts == 2: expert lanes: slot z's rows from its table xrow[z*2NB ..] (header), weight rows ids[z] * N ...
+// Dynamic shared memory: two activation chunk buffers (2 * GV_CHUNK * 8 * NB * 4 * FW * 4 bytes), then per warp
+// GV_STAGES stages of F::VECS * 512 bytes of weights (gemv_plan in linear.py computes the same sizes).
+// q0 .. qsplits: the next product's L2 prefetch (gv_prefetch_next above); a null q0 (the default): none.
 template <typename F, typename T, int NB>
 __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     gemv_mma(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
