@@ -98,7 +98,7 @@ run_replicas() {  # issue 20 (two GPUs: nvidia-h200-x2): 16 agent sessions x 5 t
     ${REPLICAS_ARGS:-} 2>&1 | tee "$OUT/replicas.txt" | tail -20
 }
 run_explore() {  # each step under its own limit, its output kept even if a later one fails
-  timeout ${EXPLORE_TIMEOUT:-150} python3 -m perf.gemv_variants --variants base,pf,pf2,pf8 --rows 1,8 2>&1 \
+  timeout ${EXPLORE_TIMEOUT:-200} python3 -m perf.gemv_variants --variants base,pf,pf8 --rows 1,8 2>&1 \
     | tee "$OUT/explore_gemv.txt" | tail -8
   timeout ${EXPLORE_TIMEOUT:-150} python3 -m perf.bench_fold --toggle prefetch --out "$OUT/results" 2>&1 \
     | tee "$OUT/explore_prefetch.txt" | tail -8
