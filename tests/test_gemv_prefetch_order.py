@@ -26,3 +26,27 @@ def test_next_product_traces_and_answers_only_when_on() -> None:
     assert next_product(net, a) is b and next_product(net, b) is a
     assert next_product(net, object()) is None  # a product outside the traced step
     assert next_product(SimpleNamespace(), a) is None  # a network without the attributes
+
+
+def test_prefetch_arguments_only_between_nvfp4_weights() -> None:
+    """linear._prefetch_args: gemv.cu's (q0, q1, qn, qk, qbx, qsplits) for an NVFP4 successor of an NVFP4 product
+    (its grid from gemv_plan), null arguments otherwise (no successor, or either weight in another format)."""
+    from ninfer.cuda.linear import _prefetch_args, gemv_plan
+
+    def weight(fmt: str, rows: int, cols: int) -> SimpleNamespace:
+        planes = (f"{fmt}-codes", f"{fmt}-scales", f"{fmt}-global")
+        return SimpleNamespace(fmt=fmt, rows=rows, cols=cols, planes=lambda: planes)
+
+    nv4, rowg, bf16 = "NVFP4G16_E4M3S", "NVFP4G16_E4M3S_ROWG", "BF16"
+    nxt = weight(rowg, 34816, 5120)
+    q0, q1, qn, qk, qbx, qsplits = _prefetch_args(weight(nv4, 5120, 6144), nxt)
+    plan = gemv_plan(rowg, 34816, 5120)
+    assert (q0, q1) == (f"{rowg}-codes", f"{rowg}-scales")
+    assert (int(qn), int(qk), int(qbx), int(qsplits)) == (34816, 5120, plan.blocks_x, plan.splits)
+    for w, n in (
+        (weight(nv4, 64, 256), None),
+        (weight(bf16, 64, 256), nxt),
+        (weight(nv4, 64, 256), weight(bf16, 8, 8)),
+    ):
+        args = _prefetch_args(w, n)
+        assert len(args) == 6 and all(int(a) == 0 for a in args), f"{w.fmt} -> {n and n.fmt}: {args}"
