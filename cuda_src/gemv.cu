@@ -457,16 +457,15 @@ __device__ __forceinline__ void gv_prefetch_next(const u8* q0, const u8* q1, int
 // experts == 2: expert lanes: slot z's rows from its table xrow[z*2NB ..] (header), weight rows ids[z] * N ...
 // Dynamic shared memory: two activation chunk buffers (2 * GV_CHUNK * 8 * NB * 4 * FW * 4 bytes), then per warp
 // GV_STAGES stages of F::VECS * 512 bytes of weights (gemv_plan in linear.py computes the same sizes).
-// q0 .. qsplits: the next product's L2 prefetch (gv_prefetch_next above); a null q0 (the default): none.
+// q0 .. qsplits: the next product's L2 prefetch (gv_prefetch_next above; gemv_mma_pf), null in gemv_mma.
 template <typename F, typename T, int NB>
-__global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
-    gemv_mma(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
-             const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ y, const int* __restrict__ ids,
-             const int* __restrict__ xrow, float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows,
-             long long ldx, long long ldx2, long long ldy, long long row0, int experts, int xf,
-             int gd, int zin, float* __restrict__ part, long long ldp, int npart, float eps, int fold,
-             const u8* __restrict__ q0 = nullptr, const u8* __restrict__ q1 = nullptr, int qn = 0, int qk = 0,
-             int qbx = 0, int qsplits = 0) {
+__device__ __forceinline__ void gv_kernel(
+    const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
+    const T* __restrict__ x2, T* __restrict__ y, const int* __restrict__ ids, const int* __restrict__ xrow,
+    float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows, long long ldx, long long ldx2,
+    long long ldy, long long row0, int experts, int xf, int gd, int zin, float* __restrict__ part, long long ldp,
+    int npart, float eps, int fold, const u8* __restrict__ q0, const u8* __restrict__ q1, int qn, int qk, int qbx,
+    int qsplits) {
     pdl_trigger();
     extern __shared__ __align__(16) u32 gv_sm[];
     constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16, STAGE = F::VECS * 512;
@@ -532,4 +531,28 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     if (GvPf<F>::ON && q0 != nullptr) gv_prefetch_next<ROWS>(q0, q1, qn, qk, qbx, qsplits);
     const GvFold fo{fold, part, ldp, xr0};
     gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);
+}
+
+#define GV_PARAMS                                                                                                   \
+    const u8 *__restrict__ p0, const u8 *__restrict__ p1, const u8 *__restrict__ p2, const T *__restrict__ x,     \
+        const T *__restrict__ x2, T *__restrict__ y, const int *__restrict__ ids, const int *__restrict__ xrow,   \
+        float *__restrict__ ws, int *__restrict__ cnt, int N, int K, int nrows, long long ldx, long long ldx2,    \
+        long long ldy, long long row0, int experts, int xf, int gd, int zin, float *__restrict__ part,            \
+        long long ldp, int npart, float eps, int fold
+#define GV_ARGS \
+    p0, p1, p2, x, x2, y, ids, xrow, ws, cnt, N, K, nrows, ldx, ldx2, ldy, row0, experts, xf, gd, zin, part, ldp, npart, eps, fold
+
+template <typename F, typename T, int NB>
+__global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS) gemv_mma(GV_PARAMS) {
+    gv_kernel<F, T, NB>(GV_ARGS, nullptr, nullptr, 0, 0, 0, 0);  // no prefetch: the branch compiles away
+}
+
+// The same product, then the next product's L2 prefetch (gv_prefetch_next; linear.gemv's ``prefetch``): a separate
+// instance so that the default kernel stays exactly what it was. NVFP4 formats only.
+template <typename F, typename T, int NB>
+__global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
+    gemv_mma_pf(GV_PARAMS, const u8* __restrict__ q0, const u8* __restrict__ q1, int qn, int qk, int qbx,
+                int qsplits) {
+    static_assert(GvPf<F>::ON, "the prefetch reads the NVFP4 device layout");
+    gv_kernel<F, T, NB>(GV_ARGS, q0, q1, qn, qk, qbx, qsplits);
 }

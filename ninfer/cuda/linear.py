@@ -96,9 +96,17 @@ _GV_WAVE_FILL, _GV_MULTI_TILES = 0.75, 8
 # perf/gemv_variants.py: 1-row NVFP4 GEMVs 4-15% faster in a chain; 27B decode x1 110 -> 120 tok/s).
 _GV_PDL = True
 _TYPES = ("float", "bf16")
+# formats whose next product the GEMV can prefetch into L2 (gemv.cu gemv_mma_pf: the NVFP4 device layout)
+_PF_FORMATS = frozenset(f for f, (s, _, _) in FRAG_STRUCTS.items() if s.startswith("FragNVFP4"))
 SOURCES: dict[str, tuple[str, ...]] = {
     "gemv.cu": tuple(
         f"gemv_mma<{s}, {t}, {nb}>" for s, _, _ in FRAG_STRUCTS.values() for t in _TYPES for nb in _GV_NB
+    )
+    + tuple(
+        f"gemv_mma_pf<{FRAG_STRUCTS[f][0]}, {t}, {nb}>"
+        for f in sorted(_PF_FORMATS)
+        for t in _TYPES
+        for nb in _GV_NB
     ),
 }
 
@@ -208,7 +216,9 @@ def _gemv_launch(
 
     k = w.cols
     plan = gemv_plan(w.fmt, n, k)
-    fn = kernel("gemv.cu", SOURCES["gemv.cu"], f"gemv_mma<{FRAG_STRUCTS[w.fmt][0]}, {t}, {nb}>")
+    pf = _prefetch_args(w, prefetch)
+    name = f"gemv_mma{'_pf' if pf else ''}<{FRAG_STRUCTS[w.fmt][0]}, {t}, {nb}>"
+    fn = kernel("gemv.cu", SOURCES["gemv.cu"], name)
     smem = plan.smem_bytes(nb, t)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
@@ -227,7 +237,7 @@ def _gemv_launch(
         null if xrow is None else xrow, ws, cnt, np.int32(n), np.int32(k), np.int32(lanes), np.int64(a.ldx),
         np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(2 if table else ids is not None), np.int32(a.xf),
         np.int32(a.gd), np.int32(zin), part, np.int64(ldp), np.int32(a.npart), np.float32(a.eps),
-        np.int32(fold is not None), *_prefetch_args(w, prefetch),
+        np.int32(fold is not None), *pf,
     )  # fmt: skip
     # several lane blocks of a dense product: lane blocks innermost (zin), one pass over the weights through L2
     grid = (plan.blocks_x * gz, plan.splits, 1) if zin else (plan.blocks_x, plan.splits, gz)
@@ -237,15 +247,11 @@ def _gemv_launch(
         fn(grid, (_GV_THREADS,), args, shared_mem=smem)
 
 
-# formats whose next product the GEMV can prefetch into L2 (gemv.cu GvPf: the NVFP4 device layout)
-_PF_FORMATS = frozenset(f for f, (s, _, _) in FRAG_STRUCTS.items() if s.startswith("FragNVFP4"))
-
-
 def _prefetch_args(w: DeviceWeight, nxt: Any) -> tuple[Any, ...]:
-    """gemv.cu's (q0, q1, qn, qk, qbx, qsplits): the next product's planes and grid, or null (no prefetch) unless
-    both weights are NVFP4 (the same rows per block)."""
+    """gemv_mma_pf's (q0, q1, qn, qk, qbx, qsplits): the next product's planes and grid; empty (gemv_mma, no
+    prefetch) unless both weights are NVFP4 (the same rows per block)."""
     if nxt is None or w.fmt not in _PF_FORMATS or nxt.fmt not in _PF_FORMATS:
-        return (np.uint64(0), np.uint64(0), *(np.int32(0),) * 4)
+        return ()
     plan = gemv_plan(nxt.fmt, nxt.rows, nxt.cols)
     q0, q1, _ = nxt.planes()
     return (q0, q1, np.int32(nxt.rows), np.int32(nxt.cols), np.int32(plan.blocks_x), np.int32(plan.splits))
