@@ -111,13 +111,15 @@ def snapshot_bytes(mc: ModelConfig, state_dtype: str) -> int:
 def _gemm_scratch(mc: ModelConfig, rows: int) -> int:
     """The Hopper prefill GEMM's pair-mode scratch (ninfer/cuda/gemm_pair.py): bf16 hi / lo of the widest GEMM
     input and a bf16 copy of the largest (fused) projection, both capped there; for an MoE model, room for the
-    fp16 mode's expert rows too (gemm_pair.f16_rows: 2 * (K + 2) bytes per routed or shared slot, uncapped)."""
+    fp16 mode's expert rows too (gemm_pair.f16_rows: 2 * (K + 2) bytes per routed slot, uncapped; the shared
+    expert runs as a dense GEMM beside the grouped one). Added, not the larger of the two: the activation scratch
+    grows by reallocation and CuPy's pool keeps the smaller block it replaced."""
     k_max = max(mc.hidden_size, mc.num_attention_heads * mc.head_dim, mc.gdn_value_dim, mc.intermediate_size,
                 mc.shared_expert_intermediate_size)  # fmt: skip
     qkv = 2 * (mc.num_attention_heads + mc.num_key_value_heads) * mc.head_dim
     gdn = mc.gdn_conv_channels + mc.gdn_value_dim + 2 * mc.linear_num_value_heads
     n_max = max(2 * mc.intermediate_size, 2 * mc.shared_expert_intermediate_size, qkv, gdn)
-    experts = 2 * rows * (mc.num_experts_per_tok + 1) * (mc.hidden_size + 2) if mc.is_moe else 0
+    experts = 2 * rows * mc.num_experts_per_tok * (mc.hidden_size + 2) if mc.is_moe else 0
     return pair_scratch_bytes(rows, k_max, n_max * mc.hidden_size) + experts
 
 
