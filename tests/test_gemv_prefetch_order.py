@@ -49,3 +49,24 @@ def test_prefetch_arguments_only_between_nvfp4_weights() -> None:
         (weight(nv4, 64, 256), weight(bf16, 8, 8)),
     ):
         assert _prefetch_args(w, n) == (), f"{w.fmt} -> {n and n.fmt}: the plain kernel"
+
+
+def test_traced_step_records_the_order_once() -> None:
+    """traced_step: with prefetching on and no order yet, the step's products in launch order become gemv_next; a
+    later step, or prefetching off, leaves it as it is."""
+    from ninfer.cuda.model_graph import traced_step
+
+    a, b, c = object(), object(), object()
+    net = SimpleNamespace(gemv_prefetch=True, gemv_trace=None, gemv_next={})
+
+    def step(*ws: object) -> None:
+        for w in ws:
+            next_product(net, w)
+
+    traced_step(net, lambda: step(a, b, c))
+    assert net.gemv_next == prefetch_order([a, b, c]) and net.gemv_trace is None
+    traced_step(net, lambda: step(c, b))
+    assert net.gemv_next == prefetch_order([a, b, c])
+    net.gemv_prefetch, net.gemv_next = False, {}
+    traced_step(net, lambda: step(a))
+    assert net.gemv_next == {}

@@ -108,12 +108,12 @@ class CudaQwen36:
         # product"): off until measured on a GPU. The order comes from tracing the warm-up step before a graph
         # capture (model_graph.GraphSet.capture): ``gemv_next`` maps a weight's id to the weight launched after it
         self.gemv_prefetch = bool(gemv_prefetch)
+        self.gemv_trace: list[Any] | None = None
+        self.gemv_next: dict[int, Any] = {}
         # the chunked GDN prefill's state pass (gdn.STATE_VARIANTS; a benchmark's A/B switches it, perf/bench_chunk.py)
         from ninfer.cuda.gdn import DEFAULT_VARIANT
 
         self.gdn_variant = DEFAULT_VARIANT
-        self.gemv_trace: list[Any] | None = None
-        self.gemv_next: dict[int, Any] = {}
         if memory_reserve_bytes < 0:
             raise ValueError(f"memory_reserve_bytes: must be >= 0, got {memory_reserve_bytes}")
         self.memory_reserve_bytes = memory_reserve_bytes  # left free by the runner's memory plan
@@ -327,9 +327,8 @@ class CudaQwen36:
         w = self.w[lm_head_name(self.cfg)]
         with self.stream:
             h = cupy.ascontiguousarray(cupy.asarray(h, dtype=F32))
-            out = gemv(
-                h, w, prefetch=next_product(self, w)
-            )  # 8-row blocks: every row bitwise its decode logits
+            # 8-row blocks of one launch: every row bitwise its decode logits
+            out = gemv(h, w, prefetch=next_product(self, w))
         return out
 
     def lm_head(self, h: Any) -> np.ndarray:

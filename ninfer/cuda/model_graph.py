@@ -10,13 +10,13 @@ token ids and the ``Meta`` arrays with one asynchronous copy from a pinned buffe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Meta", "host_meta", "GraphSet", "next_product", "prefetch_order"]
+__all__ = ["Meta", "host_meta", "GraphSet", "next_product", "prefetch_order", "traced_step"]
 
 Seg = tuple[int, int, int, list[int]]  # (GDN slot, start position, tokens, KV pages)
 
@@ -146,6 +146,20 @@ def prefetch_order(trace: list[Any]) -> dict[int, Any]:
     return {id(w): trace[(i + 1) % len(trace)] for i, w in enumerate(trace)}
 
 
+def traced_step(net: Any, step: Callable[[], Any]) -> None:
+    """Run ``step`` (one decode step); with prefetching on and no order yet, record its GEMVs' order into
+    ``net.gemv_next``."""
+    if not getattr(net, "gemv_prefetch", False) or net.gemv_next:
+        step()
+        return
+    net.gemv_trace = []
+    try:
+        step()
+    finally:
+        order, net.gemv_trace = net.gemv_trace, None
+    net.gemv_next = prefetch_order(order)
+
+
 class GraphSet:
     """Decode graphs of one ``CudaQwen36``, one per lane count."""
 
@@ -198,17 +212,8 @@ class GraphSet:
             )
             # max_len: fixed launch shape, the graph serves any length up to the capacity
             ids = v["ids"]
-            trace = getattr(net, "gemv_prefetch", False) and not net.gemv_next
-            if trace:  # the step's GEMV order, for the prefetch hints
-                net.gemv_trace = []
-            try:
-                net.logits_dev(net.body(ids, meta))  # warm-up: loads every kernel, fills the private pool
-            finally:
-                order = net.gemv_trace if trace else None
-                if trace:
-                    net.gemv_trace = None
-            if order:
-                net.gemv_next = prefetch_order(order)
+            # warm-up: loads every kernel, fills the private pool (and gives the prefetch hints their order)
+            traced_step(net, lambda: net.logits_dev(net.body(ids, meta)))
             net.stream.synchronize()
             net.stream.begin_capture()
             try:
