@@ -72,12 +72,7 @@ def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:
         net.graphs.clear()
         for n in lanes:
             r = bench_decode(seqs, n, a.context, a.steps)
-            r |= {
-                "model": key,
-                "fold": on,
-                "toggle": a.toggle,
-                "nodes": graph_node_types(net.graphs.graph(n)),
-            }
+            r |= {"model": key, "on": on, "toggle": a.toggle, "nodes": graph_node_types(net.graphs.graph(n))}
             rows.append(r)
             print(
                 f"{key} {a.toggle}={on!s:5} x{n}: {r['step_ms']:.3f} ms/step {r['tok_s']:.1f} tok/s  {r['nodes']}"
@@ -90,9 +85,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
     lines = ["| model | lanes | step ms (off) | step ms (on) | speed-up | kernels off -> on |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        if r["fold"]:
+        if r["on"]:
             continue
-        f = next(x for x in rows if x["fold"] and x["model"] == r["model"] and x["lanes"] == r["lanes"])
+        f = next(x for x in rows if x["on"] and x["model"] == r["model"] and x["lanes"] == r["lanes"])
         lines.append(
             f"| {r['model']} | {r['lanes']} | {r['step_ms']:.3f} | {f['step_ms']:.3f} | "
             f"{r['step_ms'] / f['step_ms']:.3f}x | {r['nodes'].get('kernel')} -> {f['nodes'].get('kernel')} |"

@@ -111,13 +111,18 @@ def _use_pair(impl: str, fmt: str, t: str, m: int) -> bool:
     return impl == "auto" and m >= PAIR_MIN_ROWS and pair_foldable(fmt, t) and not capturing()
 
 
+def _gs_kernel(name: str) -> Any:
+    """A gemm_sm90.cu tile kernel (gs_tile), opted in to the shared memory every instance is launched with."""
+    fn = _sm90_kernel(name)
+    if fn.max_dynamic_shared_size_bytes < _GS_SMEM:
+        fn.max_dynamic_shared_size_bytes = _GS_SMEM
+    return fn
+
+
 def _gemm90(name: str, w: DeviceWeight, t: str) -> tuple[Any, int]:
     """The Hopper kernel ``name`` for ``w``'s format and activation type ``t``, and its CTA columns."""
     struct, bn = DQ_STRUCTS[w.fmt]
-    fn = _sm90_kernel(f"{name}<{struct}, {t}>")
-    if fn.max_dynamic_shared_size_bytes < _GS_SMEM:
-        fn.max_dynamic_shared_size_bytes = _GS_SMEM
-    return fn, bn
+    return _gs_kernel(f"{name}<{struct}, {t}>"), bn
 
 
 GEMM_INPUTS = ("exact", "fp16")
@@ -205,9 +210,7 @@ def gemm_experts(
             np.int64(ldy))  # fmt: skip
     if _hopper(impl) and inputs == "fp16" and t == "float" and f16_foldable(w.fmt) and not capturing():
         xh, rowf = f16_rows(x, ldx, _sm90_kernel)
-        fn = _sm90_kernel(f"gemm90_experts_f16<{PAIR_STRUCTS[w.fmt][1]}>")
-        if fn.max_dynamic_shared_size_bytes < _GS_SMEM:
-            fn.max_dynamic_shared_size_bytes = _GS_SMEM
+        fn = _gs_kernel(f"gemm90_experts_f16<{PAIR_STRUCTS[w.fmt][1]}>")
         args = (p0, p1, p2, xh, rowf, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k), np.int64(k),
                 np.int64(ldy))  # fmt: skip
         fn((grid_1d(n, DQ_STRUCTS[w.fmt][1]), bound), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
