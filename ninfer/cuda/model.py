@@ -243,26 +243,33 @@ class CudaQwen36:
             )
         cupy.cuda.Device().synchronize()
 
-    def warm_prefill(self) -> None:
-        """Run one short prefill over the scratch slot and page (allocate() first), so the kernels CuPy builds
-        lazily for the prefill path (the MoE slot sort and tile table: argsort, searchsorted, cumsum, take) compile
-        at start-up, not in the first request (measured: a cold first 35B-A3B prefill of 1K tokens took 1.5 s instead
-        of 0.14 s). That prefill is short, so an MoE model's chunk takes the expert lanes: the grouped GEMM's tile
-        table (``gemm.expert_tiles``) is built once more on its own (the 35B-A3B's first 8K prefill of a run took
-        2.3 s instead of ~0.75 at e919d69, the lanes having become the short chunks' path)."""
+    def warm_prefill(self, rows: int = 16) -> None:
+        """Run a short prefill and one of ``rows`` rows (the engine's ``prefill_chunk``) over the scratch slot, so
+        what the prefill path builds lazily happens at start-up, not in the first request: the kernels CuPy builds
+        for the MoE slot sort and tile table (argsort, searchsorted, cumsum, take; a cold first 35B-A3B prefill of
+        1K tokens took 1.5 s instead of 0.14 s), the grouped GEMM's tile table of the short chunks' expert lanes
+        (the 35B-A3B's first 8K prefill of a run took 2.3 s instead of ~0.75 at e919d69), and the memory pool's
+        blocks of a full chunk (the first 2048-token chunks of a run: 35B-A3B 8K prefill 0.55-0.71 s in
+        ``ninfer-perf`` against 0.40 s once warm, ``perf.bench_chunk`` at ba43f57).
+        Precondition: allocate() done and no sequence holds a page yet; the full chunk writes its KV into pages
+        ``0 ..`` of the pool (a sequence writes every position it reads, so they need no clearing) and the scratch
+        page."""
         import cupy
 
         assert self.pool is not None, "allocate() first"
         slot, page = self.scratch
-        n = min(self.pool[2], 16)  # one page; more than 8 rows, so the prefill (GEMM) path
-        self.zero_slot(slot)
-        self.run([(slot, 0, n, [page])], np.zeros(n, np.int64))
+        num_pages, page_size, max_pages = self.pool[1], self.pool[2], self.pool[3]
+        full = max(1, min(rows, (min(num_pages, max_pages - 1) + 1) * page_size))
+        for n in sorted({min(page_size, 16, full), full}):  # > 8 rows: the prefill (GEMM) path
+            pages = [page] + list(range(-(-n // page_size) - 1))
+            self.zero_slot(slot)
+            self.run([(slot, 0, n, pages)], np.zeros(n, np.int64))
         self.logits_dev(np.zeros((1, self.cfg.hidden_size), F32))
         if self.cfg.is_moe:  # the short prefill took the expert lanes: the grouped GEMM's tile table here
             from ninfer.cuda.gemm import expert_tiles
 
             with self.stream:
-                expert_tiles(cupy.zeros(n, np.int32), self.cfg.num_experts)
+                expert_tiles(cupy.zeros(16, np.int32), self.cfg.num_experts)
         self.zero_slot(slot)
         self.stream.synchronize()
 

@@ -114,7 +114,7 @@ class CudaModelRunner:
                 net, self.host_pages, self.page_bytes, checksum=cfg.tier_checksum, eager=True
             )
         if capture:
-            net.warm_prefill()  # CuPy's lazily built prefill kernels compile now, not in the first request
+            net.warm_prefill(cfg.prefill_chunk)  # the prefill path's lazy builds: now, not in a request
             if self._spec is not None:
                 self._spec.warm_chain()  # and those of draft_chain's device feed, not in the first round
         if capture and net.cuda_graph:

@@ -44,11 +44,11 @@ class EngineConfig:
     """KV storage: ``bf16`` or ``fp8`` (e4m3 codes with one float32 scale per token and KV head)."""
     gdn_state_dtype: str = "fp32"
     """GDN conv and recurrent state between steps and in checkpoints: ``fp32`` or ``bf16`` (rounded on store)."""
-    prefill_chunk: int = 2048
+    prefill_chunk: int = 4096
     """Most prompt tokens one lane computes in one step; also the step's prefill token budget."""
     prefix_reuse: bool = True
     """Retain finished sequences and resume new requests from their checkpoints."""
-    checkpoint_stride: int = 2048
+    checkpoint_stride: int = 4096
     """GDN checkpoints every this many tokens (plus end of prompt and end of generation)."""
     checkpoint_budget_bytes: int | None = None
     """Bytes for GDN checkpoints (retained and being taken); None: 16 + 2 per lane snapshots of the model."""
