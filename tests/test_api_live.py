@@ -60,7 +60,9 @@ class Server:
             cmd += ["--gpu-share", "0.25"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.stderr, cwd=REPO)
 
-    def wait_ready(self, timeout: float = 120) -> None:
+    def wait_ready(self, timeout: float | None = None) -> None:
+        # CUDA: a machine's first server compiles every kernel family (~90 s on the H200 host, 16 cores)
+        timeout = timeout if timeout is not None else (300 if BACKEND == "cuda" else 120)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

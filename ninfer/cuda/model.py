@@ -224,13 +224,14 @@ class CudaQwen36:
             self.stream.synchronize()
         return h, lg
 
-    def warmup(self) -> None:
-        """Compile every kernel family and the glue kernels (never in the middle of a request)."""
+    def warmup(self, workers: int = 1) -> None:
+        """Compile every kernel family and the glue kernels (never in the middle of a request); ``workers > 1``:
+        the families compile in that many subprocesses first (``ninfer.cuda.warmup``)."""
         import cupy
 
         from ninfer.cuda import warmup
 
-        warmup()
+        warmup(workers)
         g = glue()
         a = cupy.zeros((1, 8), np.uint16)
         g["widen"](a, cupy.empty((1, 8), F32))

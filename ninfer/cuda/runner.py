@@ -114,6 +114,9 @@ class CudaModelRunner:
                 net, self.host_pages, self.page_bytes, checksum=cfg.tier_checksum, eager=True
             )
         if capture:
+            from ninfer.cuda import compile_workers
+
+            net.warmup(compile_workers())  # every family, in parallel on a cold cache; before any lazy use
             net.warm_prefill(cfg.prefill_chunk)  # the prefill path's lazy builds: now, not in a request
             if self._spec is not None:
                 self._spec.warm_chain()  # and those of draft_chain's device feed, not in the first round
