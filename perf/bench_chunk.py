@@ -1,12 +1,12 @@
 """Prefill rate against the prefill chunk and the GEMM inputs, in one run on the same network.
 
-    python -m perf.bench_chunk --out perf/results      # 27B and 35B-A3B synthetic nvfp4, 8K prompt, chunks 512..2048,
+    python -m perf.bench_chunk --out perf/results      # 27B and 35B-A3B synthetic nvfp4, 8K prompt, chunks 512..8192,
                                                        # prefill GEMM inputs exact and fp16 (docs/cuda.md)
     python -m perf.bench_chunk --model 35b --chunks 2048,4096,8192 --inputs fp16 --gdn mma,fp32
                                                        # larger MoE chunks; the GDN state passes A/B
 
-The server prefills a prompt in chunks of at most ``EngineConfig.prefill_chunk`` tokens (512 by default), cut at
-the GDN checkpoint positions (every ``checkpoint_stride`` = 1024 tokens), so a served prompt never runs in chunks
+The server prefills a prompt in chunks of at most ``EngineConfig.prefill_chunk`` tokens (4096 by default), cut at
+the GDN checkpoint positions (every ``checkpoint_stride`` = 4096 tokens), so a served prompt never runs in chunks
 above min(prefill_chunk, checkpoint_stride). Each row: one prompt of ``--tokens`` random ids on a fresh sequence
 in chunks of the given size (``bench_model.bench_prefill``: a warm-up prompt first, then the timed one), with the
 activations of ``--activations`` and each of ``--inputs`` as the network's ``prefill_inputs``. Prints a table and writes ``bench_chunk.json`` under ``--out``.
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--profile", default="nvfp4")
     p.add_argument("--activations", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--tokens", type=int, default=8192)
-    p.add_argument("--chunks", default="512,1024,2048")
+    p.add_argument("--chunks", default="512,2048,4096,8192")
     p.add_argument(
         "--inputs", default="exact,fp16", help="prefill GEMM inputs to compare (ninfer.cuda GEMM_INPUTS)"
     )
