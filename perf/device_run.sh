@@ -7,6 +7,7 @@
 #   perf    `ninfer-perf --quick` (27B and 35B-A3B at nvfp4, transformers column)
 #   serving perf/bench_serving.py --backend cuda (stack cost) and the live-server tests on the CUDA backend
 #   spec    perf/bench_spec.py at forced acceptance (27B, 1 lane, k = 3)
+#   prefill_profile  perf/profile_step.py on a default prefill chunk (4096) and on a 256-token follow-up after 8K
 #   explore the open experiments (docs/cuda.md): the decode GEMVs' L2 prefetch (per shape, a 27B layer chain, the
 #           whole decode step), and the 35B-A3B prefill against its chunk size and the GDN state pass
 #   setup   the installs only
@@ -106,6 +107,12 @@ run_explore() {  # each step under its own limit, its output kept even if a late
     | tee "$OUT/explore_prefetch.txt" | tail -8
   timeout ${EXPLORE_TIMEOUT:-150} python3 -m perf.bench_chunk --model 35b --chunks 2048,4096,8192 --inputs fp16 \
     --gdn mma,fp32 --out "$OUT/results" 2>&1 | tee "$OUT/explore_chunk.txt" | tail -8
+}
+run_prefill_profile() {  # issue 14: where a default 4096-token chunk's time goes, and a 256-token follow-up's
+  timeout ${PROFILE_TIMEOUT:-200} python3 -m perf.profile_step --model 27b,35b --chunk 4096 2>&1 \
+    | tee "$OUT/profile_prefill.txt" | tail -40
+  timeout ${PROFILE_TIMEOUT:-200} python3 -m perf.profile_step --model 27b,35b --chunk 256 --prefill-at 8192 2>&1 \
+    | tee "$OUT/profile_followup.txt" | tail -40
 }
 run_spec() {  # issue 15: MTP at forced acceptance, 27B, 1 lane, k = 3 (--skip-rounds: the rounds table alone
   # printed nothing within 280 s at 4eb6bda)

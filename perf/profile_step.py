@@ -1,6 +1,6 @@
 """Where a step's GPU time goes: every kernel wrapper of the ``ninfer.cuda`` families timed with CUDA events.
 
-    python -m perf.profile_step --model 27b          # on a GPU: eager decode at 8K context, a 2048-token prefill
+    python -m perf.profile_step --model 27b          # on a GPU: eager decode at 8K context, a 4096-token prefill
     python -m perf.profile_step --fold both          # decode with the norms folded into the GEMVs and without
     python -m perf.profile_step --chunk 256 --prefill-at 8192   # a follow-up turn's chunk after an 8K prefix
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--profile", default="nvfp4")
     p.add_argument("--activations", default="fp32")
     p.add_argument("--context", type=int, default=8192)
-    p.add_argument("--chunk", type=int, default=2048)
+    p.add_argument("--chunk", type=int, default=4096, help="prefill chunk (the server's default)")
     p.add_argument(
         "--prefill-at",
         type=int,
