@@ -56,6 +56,11 @@ class CudaModelRunner:
         if cfg.kv_dtype not in ("bf16", "fp8"):
             raise ValueError(f"kv_dtype={cfg.kv_dtype!r}: the CUDA runner stores KV pages as bf16 or fp8")
         self.net, self.mc, self.cfg = net, model_config, cfg
+        if capture:  # every family first, in parallel on a cold cache (each compile subprocess holds a CUDA
+            # context for a moment: before the pools take the memory); nothing compiles lazily after
+            from ninfer.cuda import compile_workers
+
+            net.warmup(compile_workers())
         net.state_dtype = cfg.gdn_state_dtype
         net.kv_dtype = cfg.kv_dtype  # the engine's setting rules the KV pools allocated below
         self.snapshot_bytes = snapshot_bytes(model_config, cfg.gdn_state_dtype)
@@ -114,9 +119,6 @@ class CudaModelRunner:
                 net, self.host_pages, self.page_bytes, checksum=cfg.tier_checksum, eager=True
             )
         if capture:
-            from ninfer.cuda import compile_workers
-
-            net.warmup(compile_workers())  # every family, in parallel on a cold cache; before any lazy use
             net.warm_prefill(cfg.prefill_chunk)  # the prefill path's lazy builds: now, not in a request
             if self._spec is not None:
                 self._spec.warm_chain()  # and those of draft_chain's device feed, not in the first round
