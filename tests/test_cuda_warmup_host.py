@@ -69,5 +69,18 @@ def test_one_worker_compiles_in_process(fake: list) -> None:
     assert _Pool.used == [] and fake
 
 
+def test_a_failing_pool_falls_back_to_compiling_in_process(
+    fake: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Broken(_Pool):
+        def __init__(self, workers: int, mp_context: Any = None) -> None:
+            raise OSError("no subprocesses here")
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Broken)
+    sources = {s: i for s, i in nc.all_sources().items() if loader.family_supported(s, "90")}
+    assert nc.warmup(workers=4) == {s: len(i) for s, i in sources.items()}
+    assert [s for s, _ in fake] == list(sources)
+
+
 def test_compile_workers_is_bounded() -> None:
     assert 1 <= nc.compile_workers() <= 16
