@@ -127,6 +127,17 @@ def test_ws_dispatch(cp: Any, ws_calls: list[int]) -> None:
     assert len(ws_calls) == 1, "auto below F16_WS_ROWS rows: the cp.async kernel"
     assert np.array_equal(short, cp.asnumpy(gemm(xs, w, inputs="fp16", variant="ws")))
     assert len(ws_calls) == 2, "variant='ws' forces the ws kernel"
+    with pytest.MonkeyPatch.context() as mp:  # this weight counted as wide: ws from F16_WS_WIDE_ROWS rows
+        import ninfer.cuda.gemm_pair as gp
+
+        mp.setattr(gp, "F16_WS_WIDE_ELEMS", 260 * 256)
+        assert np.array_equal(cp.asnumpy(gemm(xs, w, inputs="fp16")), short)
+        assert len(ws_calls) == 3, "auto: a wide weight takes the ws kernel below F16_WS_ROWS rows"
+        xw = cp.asarray(_x(rng, gp.F16_WS_WIDE_ROWS - 1, 256))
+        gemm(xw, w, inputs="fp16")
+        assert len(ws_calls) == 3, (
+            "auto: below F16_WS_WIDE_ROWS rows even a wide weight takes the cp.async kernel"
+        )
     for fmt, inputs, impl, m in (
         ("NVFP4G16_E4M3S", "fp16", "wgmma", 400),
         ("NVFP4G16_E4M3S", "exact", "auto", 400),
@@ -137,7 +148,7 @@ def test_ws_dispatch(cp: Any, ws_calls: list[int]) -> None:
         a = cp.asnumpy(gemm(xd, w, impl=impl, inputs=inputs, variant="ws"))
         b = cp.asnumpy(gemm(xd, w, impl=impl, inputs=inputs, variant="cp"))
         assert np.array_equal(a, b), f"{fmt} {inputs} {impl} M={m}: variant='ws' changed the result"
-    assert len(ws_calls) == 2, "the in-loop kernel, exact inputs and BF16 weights do not take the ws kernel"
+    assert len(ws_calls) == 3, "the in-loop kernel, exact inputs and BF16 weights do not take the ws kernel"
     out = cp.empty((400, 260), dtype=F32)
     with pytest.raises(KernelError):  # BF16 weights, exact pair mode
         gemm_pair(xd, w, out, (400, 260, 256, 256, 260), _sm90_kernel, f16=False, variant="ws")

@@ -105,3 +105,18 @@ def test_pair_scratch_bound() -> None:
         mx, nw = gp._plan("NVFP4G16_E4M3S", m, n, k)
         assert 4 * mx * k + 2 * nw * k <= gp.pair_scratch_bytes(m, k, n * k)
     assert gp.pair_scratch_bytes(gp.PAIR_MIN_ROWS - 1, 5120, 10**8) == 0
+
+
+def test_f16_auto_ws_by_rows_and_weight_size() -> None:
+    """``variant="auto"``: the ws kernel from F16_WS_ROWS rows for every weight, from F16_WS_WIDE_ROWS for wide ones
+    (the 27B's gate|up and down projections at a 256-token follow-up), the cp.async kernel below."""
+    up, down, o_proj, qkv = (34816, 5120), (5120, 17408), (5120, 6144), (10240, 5120)
+    assert gp.F16_WS_WIDE_ROWS < gp.F16_WS_ROWS
+    for n, k in (up, down):
+        assert n * k >= gp.F16_WS_WIDE_ELEMS
+        assert gp.f16_auto_ws(256, n, k) and gp.f16_auto_ws(gp.F16_WS_WIDE_ROWS, n, k)
+        assert not gp.f16_auto_ws(gp.F16_WS_WIDE_ROWS - 1, n, k)
+    for n, k in (o_proj, qkv):
+        assert n * k < gp.F16_WS_WIDE_ELEMS
+        assert not gp.f16_auto_ws(256, n, k) and not gp.f16_auto_ws(gp.F16_WS_ROWS - 1, n, k)
+        assert gp.f16_auto_ws(gp.F16_WS_ROWS, n, k) and gp.f16_auto_ws(8192, n, k)

@@ -30,6 +30,9 @@ __all__ = [
     "F16_VARIANTS",
     "PAIR_MIN_ROWS",
     "F16_WS_ROWS",
+    "F16_WS_WIDE_ROWS",
+    "F16_WS_WIDE_ELEMS",
+    "f16_auto_ws",
     "pair_foldable",
     "f16_foldable",
     "pair_scratch_bytes",
@@ -69,9 +72,15 @@ PAIR_INSTANCES: tuple[str, ...] = (
 # results; "auto" (the default) picks by rows. Measured on the H200 at 855128a (perf/results/bench_gemm_855128a.txt,
 # NVFP4, the 27B's projections): ws / cp at 2048 rows 1.14-1.31x, at 8192 1.24-1.33x (ws 82-95% of cuBLAS bf16);
 # at 384-512 rows 0.95-1.18x (the wide MLP projections gain, o_proj and the GDN qkv lose up to 5%); at 256 rows
-# 0.86-1.12x. From F16_WS_ROWS rows the MLP projections' gain outweighs the narrow ones' loss.
+# 0.86-1.12x. From F16_WS_ROWS rows the MLP projections' gain outweighs the narrow ones' loss. A wide weight (at
+# least F16_WS_WIDE_ELEMS = N x K elements) takes ws from F16_WS_WIDE_ROWS already: at 256 rows ws / cp was 1.12x on
+# the 17408 x 5120 up projection and 1.09x on the 5120 x 17408 down projection (89M elements each), 0.99x on the
+# 10240 x 5120 GDN qkv (52M) and 0.86x on the 5120 x 6144 o_proj (31M): the gain grows with the weight. A 256-token
+# follow-up turn of the 27B runs most of its FLOPs in its gate|up and down projections.
 F16_VARIANTS = ("auto", "cp", "ws")
 F16_WS_ROWS = 384
+F16_WS_WIDE_ROWS = 256
+F16_WS_WIDE_ELEMS = 64 << 20
 WS_INSTANCES: tuple[str, ...] = tuple(
     f"gemm90_f16_ws<{s}>" for s, d in PAIR_STRUCTS.values() if d is not None
 )
@@ -101,6 +110,12 @@ _SPLIT_THREADS = 256
 # (device, stream, kind) -> grow-only uint16 buffer: sized by the largest call so far (at most the caps above), then
 # reused without allocating; one per stream, so GEMMs on different streams never share one.
 _SCRATCH: dict[tuple[int, int, str], Any] = {}
+
+
+def f16_auto_ws(m: int, n: int, k: int) -> bool:
+    """``variant="auto"``: whether an ``m``-row fp16-mode GEMM with an ``n`` x ``k`` weight takes the ws kernel
+    (bitwise the cp kernel's result either way; the measured rule above)."""
+    return m >= F16_WS_ROWS or (m >= F16_WS_WIDE_ROWS and n * k >= F16_WS_WIDE_ELEMS)
 
 
 def pair_foldable(fmt: str, t: str) -> bool:
@@ -183,7 +198,7 @@ def gemm_pair(
     twin), the weights as exact fp16 operands, the row's power of two undone in the epilogue. ``inloop`` (fp16
     mode): the weights converted inside the main loop (``gemm90_f16il``) rather than once into the scratch.
     ``variant`` (:data:`F16_VARIANTS`, fp16 mode): the scratch kernel's main loop, ``auto`` by rows
-    (:data:`F16_WS_ROWS`; the in-loop kernel has one loop). Bitwise the same result every way."""
+    and weight size (:func:`f16_auto_ws`; the in-loop kernel has one loop). Bitwise the same result every way."""
     m, n, k, _, ldy = dims
     wstruct, dq = PAIR_STRUCTS[w.fmt]
     if f16 and dq is None:
@@ -194,7 +209,7 @@ def gemm_pair(
         raise KernelError(
             f"gemm_pair: variant={variant!r} (one of {F16_VARIANTS}; 'ws' in the fp16 mode only)"
         )
-    ws = f16 and not inloop and (variant == "ws" or (variant == "auto" and m >= F16_WS_ROWS))
+    ws = f16 and not inloop and (variant == "ws" or (variant == "auto" and f16_auto_ws(m, n, k)))
     mx, nw = _plan(w.fmt, m, n, k)
     if inloop:
         nw = n  # the stored planes, read whole: no weight scratch
