@@ -57,8 +57,6 @@ python3 -c "import ninfer.api" 2>/dev/null || for d in api actors perf cuda_src;
 done
 run_setup() { :; }  # the installs above only (for the caller's own commands after it)
 run_serving() {  # issue 12: the stack's cost on this GPU, then the live-server tests on the CUDA backend
-  # the kernel cache first, in parallel (a cold server compiles them itself, before it reports ready)
-  python3 -c "from ninfer.cuda import warmup; warmup(workers=12)" 2>&1 | tail -2
   timeout ${SERVING_TIMEOUT:-240} python3 -m perf.bench_serving --backend cuda --rounds ${SERVING_ROUNDS:-5} \
     -o "$OUT/bench_serving_cuda.json" 2>&1 | tee "$OUT/serving.txt" | tail -4
   NINFER_LIVE_BACKEND=cuda timeout ${LIVE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rf \

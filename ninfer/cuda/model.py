@@ -260,8 +260,10 @@ class CudaQwen36:
         assert self.pool is not None, "allocate() first"
         slot, page = self.scratch
         num_pages, page_size, max_pages = self.pool[1], self.pool[2], self.pool[3]
+        # rows that fit the scratch page plus pages 0.. of the pool, within one sequence's page limit
         full = max(1, min(rows, (min(num_pages, max_pages - 1) + 1) * page_size))
-        for n in sorted({min(page_size, 16, full), full}):  # > 8 rows: the prefill (GEMM) path
+        short = min(page_size, 16, full)  # one page; more than 8 rows, so the prefill (GEMM) path
+        for n in sorted({short, full}):
             pages = [page] + list(range(-(-n // page_size) - 1))
             self.zero_slot(slot)
             self.run([(slot, 0, n, pages)], np.zeros(n, np.int64))
@@ -270,7 +272,7 @@ class CudaQwen36:
             from ninfer.cuda.gemm import expert_tiles
 
             with self.stream:
-                expert_tiles(cupy.zeros(16, np.int32), self.cfg.num_experts)
+                expert_tiles(cupy.zeros(short, np.int32), self.cfg.num_experts)
         self.zero_slot(slot)
         self.stream.synchronize()
 
