@@ -187,11 +187,19 @@ def test_swiglu_and_gate(cp: Any, report: list, t: str) -> None:
     from ninfer.cuda.activation import sigmoid_gate, swiglu
 
     rng = np.random.default_rng(4)
-    for rows, i in ((1, 32), (7, 1000), (33, 512)):
+    # (600, 17408): more rows than the launch's row blocks (activation._grid: 17 x 481), so the row loop strides
+    for rows, i in ((1, 32), (7, 1000), (33, 512), (600, 17408)):
         gu = _inputs(rng, (rows, 2 * i), t, 3.0)
         out = _poison(cp, (rows, i), t)
         swiglu(_dev(cp, gu, t), out=out)
         _close(report, f"swiglu {t} {rows}x{i}", _host(cp, out), ops.swiglu(gu[:, :i], gu[:, i:]), TOL[t])
+    # row strides other than the width: columns of wider arrays
+    gu = _inputs(rng, (9, 2 * 300 + 40), t, 3.0)
+    out = _poison(cp, (9, 320), t)
+    swiglu(_dev(cp, gu, t)[:, 40:], out=out[:, :300])
+    ref = ops.swiglu(gu[:, 40:340], gu[:, 340:])
+    _close(report, f"swiglu {t} strided", _host(cp, out)[:, :300], ref, TOL[t])
+    assert np.isnan(_host(cp, out)[:, 300:]).all(), "swiglu wrote past its output columns"
     for rows, heads, d in ((3, 4, 32), (5, 24, 256)):
         x = _inputs(rng, (rows, heads * d), t)
         qg = _inputs(rng, (rows, heads * 2 * d), t, 3.0)

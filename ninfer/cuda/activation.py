@@ -15,11 +15,14 @@ _T = ("float", "bf16")
 SOURCES: dict[str, tuple[str, ...]] = {
     "activation.cu": tuple(f"swiglu<{t}>" for t in _T) + tuple(f"sigmoid_gate<{t}>" for t in _T)
 }
-_BLOCKS = 1024  # grid-stride loops; enough blocks to fill 132 SMs several times over
+_THREADS, _ILP = 256, 4  # activation.cu's block size and AC_ILP
+_BLOCKS = 8192  # about this many blocks per launch (both grid axes are grid-stride loops)
 
 
-def _grid(n: int) -> int:
-    return max(1, min(_BLOCKS, (n + 255) // 256))
+def _grid(rows: int, width: int) -> tuple[int, int]:
+    """(column blocks, row blocks): a row's columns over x, the rows over y (gridDim.y <= 65535)."""
+    x = max(1, min(64, -(-width // (_THREADS * _ILP))))
+    return x, max(1, min(rows, 65535, _BLOCKS // x))
 
 
 def swiglu(gu: Any, out: Any = None) -> Any:
@@ -38,7 +41,7 @@ def swiglu(gu: Any, out: Any = None) -> Any:
         raise KernelError(f"out: must be {gu.dtype} [{rows}, {i}]")
     if rows:
         fn = kernel("activation.cu", SOURCES["activation.cu"], f"swiglu<{t}>")
-        fn((_grid(rows * i),), (256,), (gu, out, np.int32(rows), np.int32(i), np.int64(ldg), np.int64(ldo)))
+        fn(_grid(rows, i), (_THREADS,), (gu, out, np.int32(rows), np.int32(i), np.int64(ldg), np.int64(ldo)))
     return out
 
 
@@ -59,8 +62,8 @@ def sigmoid_gate(x: Any, qg: Any, heads: int, head_dim: int, out: Any = None) ->
         fn = kernel("activation.cu", SOURCES["activation.cu"], f"sigmoid_gate<{t}>")
         gate = qg[:, head_dim:]  # first gate element of head 0
         fn(
-            (_grid(rows * width),),
-            (256,),
+            _grid(rows, width),
+            (_THREADS,),
             (
                 x,
                 gate,
