@@ -13,7 +13,7 @@ two engines (both resident, on one GPU with ``--backend cuda``) never run at onc
 at a GPU's token rate is measured on any machine. The step sleeps (freeing the GIL) unless ``--null-busy``: then it
 spins holding the GIL, as the CUDA engine's thread is busy with Python most of a step, so the work the stack does
 on the engine's process (Ray's threads, the actor's event loop) costs throughput as it does on the GPU.
-``--null-step-ms 0.66 --null-busy``: 8 lanes at ~12,000 tok/s, the demo model's CUDA engine on the H200 (2026-06).
+``--null-step-ms 0.66 --null-busy``: 8 lanes at ~12,000 tok/s, the demo model's CUDA engine on the H200.
 """
 
 from __future__ import annotations
