@@ -9,6 +9,15 @@ the ``Finish`` are never delayed). The API opens requests with ``open`` and rece
 per request. Measured decision: each Ray item costs ~0.15-1 ms of CPU in this process, taken from the GIL the
 engine's step loop needs (docs/serving.md). Control methods (cancel, stats, health, info) run in their own
 concurrency group, on another thread, so they answer while generation runs.
+
+The GIL: the engine's step loop holds it most of the time (the CUDA engine's thread is busy with Python most of a
+step), so every other thread of this process (Ray's task and reporting threads, the event loop) takes it from the
+step loop. With Python's default switch interval each such take waited up to 5 ms, and an ``open`` or a stream
+item takes it a dozen times (Ray's task dispatch, the loop's wake-up, its self-pipe, each prompt's tokenizing,
+Ray's report through its thread pool): measured with ``--null-busy`` (ninfer/engine/null_runner.py), a second
+``open`` of a burst reached the engine 20-45 ms after the first and its requests ran 20-60 steps alone at the end
+of the burst. The actor sets ``ActorSpec.gil_switch_s`` (0.2 ms, below a step) instead: the same work, the same
+hand-overs, waits of at most a fifth of a millisecond each.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -55,6 +65,8 @@ class EngineActor:
 
     def __init__(self, spec: ActorSpec) -> None:
         self._spec = spec
+        if spec.gil_switch_s > 0:  # this process's other threads wait less for the step loop's GIL (above)
+            sys.setswitchinterval(spec.gil_switch_s)
         self._t0 = time.monotonic()
         self._epoch = uuid.uuid4().hex  # a restarted actor is a new epoch: the router forgets its prefixes
         self._engine = self._open_engine(spec)

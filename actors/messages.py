@@ -219,3 +219,6 @@ class ActorSpec(msgspec.Struct, frozen=True, kw_only=True):
     blas_threads: int = 0  # BLAS/OpenMP threads for the reference backend (0: the node's CPU count)
     # load an artifact whose shape is not a registered one (tiny test models: --allow-unregistered-shape)
     allow_unregistered_shape: bool = False
+    # the actor process's GIL switch interval (sys.setswitchinterval; Python's default 5 ms): how long one of its
+    # other threads (Ray's, the event loop's) waits for the GIL while the engine's step loop holds it; 0: left as is
+    gil_switch_s: float = 0.0002

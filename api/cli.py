@@ -72,6 +72,11 @@ def register(subparsers: Any) -> None:
         help="--backend null (benchmarks of the stack): the time of one engine step; no model runs",
     )
     p.add_argument(
+        "--null-busy",
+        action="store_true",
+        help="--backend null: the step spins holding the GIL (as the CUDA engine's thread does) instead of sleeping",
+    )
+    p.add_argument(
         "--activations",
         default="fp32",
         choices=("fp32", "bf16"),
@@ -197,6 +202,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         request_log_jsonl=a.request_log_jsonl,
         backend=a.backend,
         null_step_ms=a.null_step_ms,
+        null_busy=a.null_busy,
         cuda_graph=not a.no_cuda_graph,
         activations=a.activations,
         prefill_inputs=a.prefill_inputs,

@@ -55,6 +55,7 @@ class ServerConfig:
     request_log_jsonl: str | None = None
     backend: str = "auto"
     null_step_ms: float = 1.5  # --backend null: the time of one engine step (no model runs)
+    null_busy: bool = False  # --backend null: the step spins holding the GIL (as the CUDA engine's thread) instead of sleeping
     cuda_graph: bool = True
     activations: str = "fp32"  # CUDA activation dtype: fp32 (exact operands) or bf16 (opt-in, faster prefill)
     prefill_inputs: str = "fp16"  # CUDA prefill GEMM inputs with fp32 activations: fp16 (per row) or exact

@@ -71,7 +71,7 @@ def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
         if cfg.memory_reserve_gib:  # GPU memory the runner's plan leaves to other programs
             options["memory_reserve_bytes"] = int(cfg.memory_reserve_gib * (1 << 30))
     elif backend == "null":
-        options = {"step_s": cfg.null_step_ms / 1000}
+        options = {"step_s": cfg.null_step_ms / 1000, "busy": cfg.null_busy}
     template = {"preserve_thinking": True} if cfg.preserve_thinking else {}
     return ActorSpec(
         artifact=os.path.abspath(cfg.artifact),

@@ -184,8 +184,9 @@ def load(
     """Open, check and load an artifact on ``backend``. Upstream v1 files load too; they carry no config, so
     their identity's pinned config is used unless ``upstream_config`` gives another (small test files).
     ``backend_options`` go to the backend (CUDA: ``ninfer.cuda.model.load_cuda``'s options). The ``null``
-    backend loads no weights: its runner emits text tokens at a fixed step time (``step_s``, its one option),
-    for measuring the engine and the serving stack without a model (``ninfer/engine/null_runner.py``)."""
+    backend loads no weights: its runner emits text tokens at a fixed step time (``step_s``; ``busy``: spin
+    holding the GIL instead of sleeping), for measuring the engine and the serving stack without a model
+    (``ninfer/engine/null_runner.py``)."""
     from ninfer.artifact.upstream import UpstreamArtifact, is_upstream_v1
 
     art: Any = (
@@ -200,9 +201,11 @@ def load(
     if backend == "cuda":
         return Model(art, _cuda_net(art, backend_options or {}), backend)
     if backend == "null":
-        unknown = set(backend_options or {}) - {"step_s"}
+        unknown = set(backend_options or {}) - {"step_s", "busy"}
         if unknown:
-            raise ValueError(f"backend_options: the null backend takes only step_s, got {sorted(unknown)}")
+            raise ValueError(
+                f"backend_options: the null backend takes step_s and busy, got {sorted(unknown)}"
+            )
         return Model(art, dict(backend_options or {}), backend)
     raise ValueError(f"backend: unknown backend {backend!r} (reference, cuda, null)")
 

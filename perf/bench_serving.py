@@ -1,7 +1,7 @@
 """Throughput of N concurrent streams through HTTP + Ray + the actor, against the engine alone, in one run.
 
     python -m ninfer.perf.bench_serving [ARTIFACT] [--backend reference|cuda|null] [--streams 8]
-        [--max-tokens 256] [--rounds 3] [--null-step-ms 1.5] [-o result.json]
+        [--max-tokens 256] [--rounds 3] [--null-step-ms 1.5] [--null-busy] [-o result.json]
 
 Both sides run the same greedy requests (ignore_eos, so every stream generates exactly --max-tokens) with the
 same engine settings on the same backend. The engine side submits straight to an ``Engine`` in this process; the
@@ -10,7 +10,10 @@ two engines (both resident, on one GPU with ``--backend cuda``) never run at onc
 
 ``--backend null`` runs no model (``ninfer/engine/null_runner.py``): each engine step takes ``--null-step-ms``
 (1.5 ms: 8 lanes at ~5,500 tok/s, the demo model's engine on the H200) and emits text tokens, so the stack's cost
-at a GPU's token rate is measured on any machine.
+at a GPU's token rate is measured on any machine. The step sleeps (freeing the GIL) unless ``--null-busy``: then it
+spins holding the GIL, as the CUDA engine's thread is busy with Python most of a step, so the work the stack does
+on the engine's process (Ray's threads, the actor's event loop) costs throughput as it does on the GPU.
+``--null-step-ms 0.66 --null-busy``: 8 lanes at ~12,000 tok/s, the demo model's CUDA engine on the H200.
 """
 
 from __future__ import annotations
@@ -151,6 +154,7 @@ def main() -> int:
     p.add_argument("artifact", nargs="?")
     p.add_argument("--backend", default="reference", choices=["reference", "cuda", "null"])
     p.add_argument("--null-step-ms", type=float, default=1.5, help="--backend null: one engine step's time")
+    p.add_argument("--null-busy", action="store_true", help="--backend null: the step spins holding the GIL")
     p.add_argument("-o", "--output", help="also write the result JSON here")
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=256)
@@ -161,12 +165,14 @@ def main() -> int:
     from ninfer.model import open_engine
 
     art = a.artifact or build_demo(os.path.join(tempfile.mkdtemp(), "demo.ninfer"))
-    options = {"step_s": a.null_step_ms / 1000} if a.backend == "null" else None
+    options = {"step_s": a.null_step_ms / 1000, "busy": a.null_busy} if a.backend == "null" else None
     eng = open_engine(art, backend=a.backend, backend_options=options, **ENGINE)
     port = free_port()
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
     if a.backend == "null":
         flags.append(f"--null-step-ms={a.null_step_ms}")
+        if a.null_busy:
+            flags.append("--null-busy")
     srv = subprocess.Popen(
         [
             sys.executable,
@@ -236,6 +242,7 @@ def main() -> int:
             "actor_cpu_us_per_token_split": a_split,
             "serve_flags": a.serve_flag,
             "null_step_ms": a.null_step_ms if a.backend == "null" else None,
+            "null_busy": a.null_busy if a.backend == "null" else None,
             "cpus": os.cpu_count(),
         }
         result["stack_cost_paired_median"] = round(statistics.median(result["stack_cost_paired"]), 4)

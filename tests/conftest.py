@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +20,15 @@ def _gpu_available() -> bool:
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:  # no cupy, no driver, no device: all mean "no GPU here"
         return False
+
+
+@pytest.fixture(autouse=True)
+def _switch_interval() -> Iterator[None]:
+    """An ``EngineActor`` made in-process sets its process's GIL switch interval (``ActorSpec.gil_switch_s``):
+    each test starts and ends with the interpreter's own."""
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -65,6 +65,22 @@ async def collect(a: EngineActor, r: GenerateRequest, delay: float = 0.0) -> lis
     return out
 
 
+def test_actor_sets_its_gil_switch_interval(artifact: str) -> None:
+    """The actor's other threads take the GIL from the engine's step loop within ``gil_switch_s`` (0: untouched)."""
+    import sys
+
+    default = sys.getswitchinterval()
+    assert ActorSpec(artifact=artifact, backend="reference").gil_switch_s == 0.0002
+    a = make(artifact)
+    assert sys.getswitchinterval() == pytest.approx(0.0002)
+    asyncio.run(a.shutdown())
+    sys.setswitchinterval(default)
+    spec = ActorSpec(artifact=artifact, backend="reference", engine=a._spec.engine, gil_switch_s=0)
+    b = EngineActor(spec)
+    assert sys.getswitchinterval() == default
+    asyncio.run(b.shutdown())
+
+
 def test_stream_shape_and_coalescing(actor: EngineActor) -> None:
     fast = asyncio.run(collect(actor, req("fast", 24)))
     slow = asyncio.run(collect(actor, req("slow", 24), delay=0.03))  # a slow consumer gets bigger items

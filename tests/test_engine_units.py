@@ -228,3 +228,27 @@ def test_null_runner_emits_the_same_text_tokens_at_its_step_time(tmp_path) -> No
         took = time.perf_counter() - t0
     assert ra.token_ids == rb.token_ids and len(ra.token_ids) == 8 and ra.text.strip()
     assert took >= 8 * 0.005  # one step per token, each at least step_s
+
+
+def test_null_runner_busy_step_holds_the_cpu(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``busy``: the step spins for its time (CPU used, as the CUDA engine's Python is) instead of sleeping; the
+    output is the sleeping runner's."""
+    import time
+
+    from ninfer.demo import build_demo
+    from ninfer.engine.null_runner import NullRunner
+    from ninfer.model import open_engine
+
+    with pytest.raises(ValueError, match="busy"):
+        NullRunner(16, [1], busy=1)  # type: ignore[arg-type]
+    art = build_demo(tmp_path / "demo.ninfer")
+    outs, cpu = [], []
+    for busy in (False, True):
+        opts = {"step_s": 0.004, "busy": busy}
+        with open_engine(art, backend="null", backend_options=opts, max_concurrency=1) as eng:
+            t0, c0 = time.perf_counter(), time.process_time()
+            outs.append(eng.submit([1, 2, 3], max_tokens=10, ignore_eos=True, seed=7).result().token_ids)
+            assert time.perf_counter() - t0 >= 10 * 0.004  # one step per token, each at least step_s
+            cpu.append(time.process_time() - c0)
+    assert outs[0] == outs[1]
+    assert cpu[1] >= 10 * 0.004 / 2 and cpu[1] > 2 * cpu[0]  # the busy steps spent their time on the CPU

@@ -96,3 +96,11 @@ def test_host_cache_gib_reaches_the_engine_config() -> None:
     assert config_from_args(_parser().parse_args(["serve", "a.ninfer"])).engine.host_cache_gib is None  # auto
     with pytest.raises(ServerConfigError, match="--host-cache-gib"):
         config_from_args(_parser().parse_args(["serve", "a.ninfer", "--host-cache-gib", "-1"]))
+
+
+def test_null_busy_reaches_the_null_runner() -> None:
+    """``--null-busy`` (benchmarks of the stack): the null backend's step spins instead of sleeping."""
+    a = _parser().parse_args(["serve", "a.ninfer", "--null-step-ms", "0.5", "--null-busy"])
+    assert actor_spec(config_from_args(a), "null").backend_options == {"step_s": 0.0005, "busy": True}
+    b = _parser().parse_args(["serve", "a.ninfer"])
+    assert actor_spec(config_from_args(b), "null").backend_options == {"step_s": 0.0015, "busy": False}
