@@ -66,16 +66,19 @@ __device__ __forceinline__ void gc_products(const float* Ks, const float* Qs, fl
         }
 }
 
-// The same products as 3xTF32 mma.sync (tf32_frag.cuh; gdn_chunk_prep<., ., true>): warp w computes rows 16(w/2)
-// .. +15 by columns 32(w%2) .. +31 of both, k over the key dims in 16-blocks in order (step s takes dim 16kb + 4t +
-// 2s in slot t, the next in slot t + 4: one float4 per row and block), into KKr, QKr for gc_lower_attn (the
-// caller's barrier sits between). 8 warps.
+// The same products as 3xTF32 mma.sync (tf32_frag.cuh; gdn_chunk_prep<., ., true> and gdn_chunk_prep_tc): warp w
+// computes rows 16(w/2) + g, + 8 by columns 32(w%2) + 8nt + 2t, + 1 (nt < 4; C-fragment order) of both, k over the
+// key dims in 16-blocks in order (step s takes dim 16kb + 4t + 2s in slot t, the next in slot t + 4: one float4 per
+// row and block), into registers. 8 warps.
 template <int DK>
-__device__ __forceinline__ void gc_products_mma(const float* Ks, const float* Qs, float* KKr, float* QKr, int warp,
-                                                int lane) {
+__device__ __forceinline__ void gc_products_acc(const float* Ks, const float* Qs, float (&kk)[4][4],
+                                                float (&qk)[4][4], int warp, int lane) {
     using L = GdnPrepSmem<DK>;
     const int g = lane >> 2, t = lane & 3, r0 = 16 * (warp >> 1) + g, n0 = 32 * (warp & 1);
-    float kk[4][4] = {}, qk[4][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) kk[nt][e] = qk[nt][e] = 0.f;
 #pragma unroll 2
     for (int kb = 0; kb < DK / 16; ++kb) {
         const int d = 16 * kb + 4 * t;
@@ -99,6 +102,16 @@ __device__ __forceinline__ void gc_products_mma(const float* Ks, const float* Qs
             }
         }
     }
+}
+
+// gc_products_acc's tiles stored into KKr, QKr for gc_lower_attn (the caller's barrier sits between)
+template <int DK>
+__device__ __forceinline__ void gc_products_mma(const float* Ks, const float* Qs, float* KKr, float* QKr, int warp,
+                                                int lane) {
+    using L = GdnPrepSmem<DK>;
+    const int g = lane >> 2, t = lane & 3, r0 = 16 * (warp >> 1) + g, n0 = 32 * (warp & 1);
+    float kk[4][4], qk[4][4];
+    gc_products_acc<DK>(Ks, Qs, kk, qk, warp, lane);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
         const int c = n0 + 8 * nt + 2 * t;
@@ -486,3 +499,6 @@ __global__ void __launch_bounds__(8 * DVS)
 // Pass 2 on tensor cores (gdn_chunked(variant="mma")): gdn_chunk_state_mma, the same pass with its products as
 // 3xTF32 mma.sync.
 #include "gdn_state_mma.cuh"
+
+// Pass 1 with the solve on tensor cores (gdn_chunked(variant="tc")): gdn_chunk_prep_tc, the same scratch.
+#include "gdn_prep_tc.cuh"

@@ -1,5 +1,6 @@
 """GDN chunked prefill on the GPU: ``gdn_chunked`` (two passes, cuda_src/gdn_chunk.cu) in each variant
-(``variant="mma"``: both passes' products as 3xTF32 mma.sync, ``"fp32"``: on fp32 FMAs; each with 16 and with 32
+(``variant="mma"``: both passes' products as 3xTF32 mma.sync, ``"tc"``: the same with the prep's solve on tensor
+cores, ``"fp32"``: on fp32 FMAs; each with 16 and with 32
 value columns per state-pass block, and the size ``state_cols`` picks) beside the one-pass variant
 (``variant="serial"``, gdn.cu) and optionally the exact ``gdn_recurrent``, at the Qwen3.6 GDN shapes (35B-A3B: 16
 key / 32 value heads, 27B: 16 / 48, dk = dv = 128) for one 8192-token sequence and 8 sequences of 1024 tokens.
@@ -28,7 +29,7 @@ __all__ = ["bench_gdn", "main"]
 
 SHAPES = {"35b": (16, 32), "27b": (16, 48)}  # (key heads, value heads), dk = dv = 128
 BATCHES = {"1x8192": [8192], "8x1024": [1024] * 8}
-VARIANTS = ("mma", "fp32")  # gdn_chunked's state passes (ninfer.cuda.gdn.STATE_VARIANTS)
+VARIANTS = ("tc", "mma", "fp32")  # gdn_chunked's two-pass variants (ninfer.cuda.gdn.STATE_VARIANTS)
 
 
 def bench_gdn(
@@ -90,6 +91,7 @@ def bench_gdn(
                 np.max(np.abs(outs[f"{v}16"] - ref)) / max(np.max(np.abs(ref)), 1e-30)
             )
     fig["speedup"] = fig["serial_ms"] / fig["mma_ms"]
+    fig["tc_prep_speedup"] = fig["mma16_prep_ms"] / fig["tc16_prep_ms"]
     fig["state_speedup"] = fig[f"fp32{auto}_state_ms"] / fig[f"mma{auto}_state_ms"]
     return fig
 
@@ -130,7 +132,7 @@ def main(
     res: dict[str, Any] = {"runs": []}
     for model in models:
         for batch in batches:
-            r = bench_gdn(model, BATCHES[batch], act, state, reps, recurrent)
+            r = bench_gdn(model, _lens(batch), act, state, reps, recurrent)
             r["batch"] = batch
             res["runs"].append(r)
             print(_line(r, act, state), flush=True)
@@ -142,6 +144,14 @@ def main(
     else:
         print(json.dumps(res))
     return res
+
+
+def _lens(batch: str) -> list[int]:
+    """``"NxL"``: N sequences of L tokens each (e.g. ``1x4096``, a default prefill chunk)."""
+    if batch in BATCHES:
+        return BATCHES[batch]
+    n, _, length = batch.partition("x")
+    return [int(length)] * int(n)
 
 
 def _line(r: dict[str, Any], act: str, state: str) -> str:
@@ -159,7 +169,8 @@ def _line(r: dict[str, Any], act: str, state: str) -> str:
         )
     rec = f"  recurrent {r['recurrent_ms']:8.3f} ms" if "recurrent_ms" in r else ""
     return (f"gdn_chunked {r['model']} hk={r['hk']} hv={r['hv']} {r['batch']:7s} act={act} state={state} auto cols "
-            f"{r['auto_cols']}: " + "  ".join(parts) + f"  prep {r['mma16_prep_ms']:.3f}  serial {r['serial_ms']:7.3f} "
+            f"{r['auto_cols']}: " + "  ".join(parts) + f"  prep mma {r['mma16_prep_ms']:.3f} tc {r['tc16_prep_ms']:.3f} "
+            f"fp32 {r['fp3216_prep_ms']:.3f}  serial {r['serial_ms']:7.3f} "
             f"ms (mma x{r['speedup']:.2f}; state pass mma x{r['state_speedup']:.2f}){rec}  scratch "
             f"{r['scratch_mb']:.0f} MB")  # fmt: skip
 
@@ -172,6 +183,8 @@ if __name__ == "__main__":
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--recurrent", action="store_true", help="also time the exact token-by-token kernel")
     ap.add_argument("--models", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
-    ap.add_argument("--batches", default=",".join(BATCHES), help=f"comma-separated, of {', '.join(BATCHES)}")
+    ap.add_argument(
+        "--batches", default=",".join(BATCHES), help="comma-separated NxL (N sequences of L tokens)"
+    )
     a = ap.parse_args()
     main(a.out, a.act, a.state, a.reps, a.recurrent, tuple(a.models.split(",")), tuple(a.batches.split(",")))

@@ -12,6 +12,7 @@
 #   prefill_profile  perf/profile_step.py on a default prefill chunk (4096) and on a 256-token follow-up after 8K
 #   explore the open experiments (docs/cuda.md): the decode GEMVs' L2 prefetch (per shape, a 27B layer chain, the
 #           whole decode step), and the 35B-A3B prefill against its chunk size and the GDN state pass
+#   gdn_probe  perf/bench_gdn at a 4096-token chunk (27B, 35B-A3B) and Nsight Compute on the prep and state launches
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -124,6 +125,16 @@ run_gdn_bounds() {  # the GDN decode step's resident blocks (27B x8 profile: 0.2
     timeout ${BENCH_TIMEOUT:-120} python3 -m perf.bench_gdn_decode --reps 10 2>&1 | tee -a "$OUT/gdn_bounds.txt" | tail -12
   done
   cp /tmp/gdn_step.cu.orig $f
+}
+run_gdn_probe() {  # issue 14: the GDN chunked prefill's two passes at a default 4096-token chunk (bench_gdn), then
+  # Nsight Compute on one prep and one state launch of the 27B shape (stall reasons, occupancy, memory)
+  timeout ${BENCH_TIMEOUT:-200} python3 -m perf.bench_gdn --models 27b,35b --batches ${GDN_BATCHES:-1x4096} \
+    --reps 5 2>&1 | grep -v '^{' | tee -a "$OUT/gdn_probe.txt"
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout ${PROFILE_TIMEOUT:-200} "$ncu" --kernel-name "regex:gdn_chunk_(prep|state_mma)" --launch-count 2 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
+    python3 -m perf.bench_gdn --models 27b --batches 1x4096 --reps 1 2>&1 | grep -v '^{' | tee -a "$OUT/gdn_ncu.txt" | tail -5
 }
 run_spec() {  # issue 15: MTP at forced acceptance, 27B, 1 lane, k = 3 (--skip-rounds: the rounds table alone
   # printed nothing within 280 s at 4eb6bda)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from host_emu import build_emulator, rel_error, words
 
-from ninfer.cuda.gdn import prep_smem_bytes, state_mma_smem_bytes, state_smem_bytes
+from ninfer.cuda.gdn import prep_smem_bytes, prep_tc_smem_bytes, state_mma_smem_bytes, state_smem_bytes
 from ninfer.formats import bf16_decode, bf16_round
 from ninfer.reference import ops
 
@@ -62,7 +62,7 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
     for name, arr in files.items():
         arr.tofile(tmp_path / f"{name}.bin")
     smem = [prep_smem_bytes(dk), state_smem_bytes(dk, 16), state_smem_bytes(dk, 32)]
-    smem += [state_mma_smem_bytes(dk, 16), state_mma_smem_bytes(dk, 32)]
+    smem += [state_mma_smem_bytes(dk, 16), state_mma_smem_bytes(dk, 32), prep_tc_smem_bytes(dk)]
     args = [n, hk, hv, dk, dv, nseq, nseq + 1, int(tb), int(sb), *smem]
     proc = subprocess.run(
         [str(emu), str(tmp_path), *map(str, args)], capture_output=True, text=True, timeout=600
@@ -82,6 +82,28 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
         got_s = bf16_decode(s_raw) if sb else s_raw
         np.testing.assert_array_equal(got_s[0], state[0])
         _check(got_o, got_s, qkv, a, b, a_log, dt_bias, state, starts, slots, case, (otol, stol), o_name)
+    # the "tc" prep (the solve as a blocked inverse and a 3xTF32 product) under the same state pass
+    o_raw = np.fromfile(tmp_path / "o_tc16.bin", dtype=np.uint16 if tb else F32).reshape(n, hv * dv)
+    s_raw = np.fromfile(tmp_path / "state_tc16.bin", dtype=np.uint16 if sb else F32).reshape(state.shape)
+    got_o, got_s = (bf16_decode(o_raw) if tb else o_raw), (bf16_decode(s_raw) if sb else s_raw)
+    np.testing.assert_array_equal(got_s[0], state[0])
+    _check(got_o, got_s, qkv, a, b, a_log, dt_bias, state, starts, slots, case, (otol, stol), "o_tc16.bin")
+    _check_tc_scratch(tmp_path, n, hk, hv, dk, dv, starts)
+
+
+def _check_tc_scratch(d: Path, n: int, hk: int, hv: int, dk: int, dv: int, starts: np.ndarray) -> None:
+    """The "tc" prep's scratch against the "mma" prep's over each chunk's rows: normed q|k, γ and A bitwise (the
+    same expressions), U and W within fp32 noise of the forward substitution (and written on every row)."""
+    shapes = {"qk": (n, hk, 2 * dk), "w": (n, hv, dk), "a": (n, hv, 64), "u": (n, hv, dv), "g": (n, hv)}
+    got = {p: (np.fromfile(d / f"{p}_tc.bin", F32).reshape(s), np.fromfile(d / f"{p}_mma.bin", F32).reshape(s))
+           for p, s in shapes.items()}  # fmt: skip
+    for p in ("qk", "a", "g"):
+        np.testing.assert_array_equal(got[p][0], got[p][1], err_msg=f"tc prep: {p} differs from the mma prep")
+    for p in ("u", "w"):
+        tc, mm = got[p]
+        assert not np.isnan(tc).any(), f"tc prep: {p} has unwritten rows"
+        err = rel_error(tc, mm)
+        assert err <= 2e-5, f"tc prep: {p} {err:.2e} from the forward substitution"
 
 
 def _check(

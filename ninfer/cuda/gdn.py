@@ -30,6 +30,7 @@ __all__ = [
     "chunk_smem_bytes",
     "chunk_scratch_bytes",
     "prep_smem_bytes",
+    "prep_tc_smem_bytes",
     "state_smem_bytes",
     "state_mma_smem_bytes",
     "state_cols",
@@ -47,9 +48,11 @@ CONV_TILE = 64  # CONV_TILE in gdn.cu: packed rows per causal_conv thread
 _SLICES = (32, 64)  # value columns per block of the serial variant gdn_chunked in gdn.cu (DVS)
 STATE_COLS = (16, 32)  # value columns per block of gdn_chunk_state (its DVS; the same bits for either)
 # the two-pass gdn_chunked's kernels: "mma" gdn_chunk_prep<., ., true> (K Kᵀ, Q Kᵀ) and gdn_chunk_state_mma (W S,
-# Q S, A V', the state update) with their products as 3xTF32 mma.sync; "fp32" gdn_chunk_prep<., ., false> and
-# gdn_chunk_state on fp32 FMAs; "serial" is the older one-pass kernel of gdn.cu (benchmarks only)
-STATE_VARIANTS = {"mma": "gdn_chunk_state_mma", "fp32": "gdn_chunk_state"}
+# Q S, A V', the state update) with their products as 3xTF32 mma.sync; "tc" the same state pass after
+# gdn_chunk_prep_tc (gdn_prep_tc.cuh: the solve as a blocked inverse and a 3xTF32 product, 2 blocks per SM);
+# "fp32" gdn_chunk_prep<., ., false> and gdn_chunk_state on fp32 FMAs; "serial" is the older one-pass kernel of
+# gdn.cu (benchmarks only)
+STATE_VARIANTS = {"tc": "gdn_chunk_state_mma", "mma": "gdn_chunk_state_mma", "fp32": "gdn_chunk_state"}
 # "mma": its GPU tests pass (tests/test_cuda_ops.py -k gdn, both variants, 855128a) and on the H200 it is 1.53x the
 # fp32 variant on one 8192-token sequence of the 27B's heads (4.29 against 6.56 ms; state pass 2.26 against 4.49 ms;
 # perf/bench_gdn.py, perf/results/device_run_855128a.txt), max error against the one-pass kernel 1.1e-6 of max |ref|
@@ -59,7 +62,8 @@ DEFAULT_VARIANT = "mma"
 def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str, str]:
     """The (prep, state) kernel instances of a two-pass variant."""
     mma = "true" if variant == "mma" else "false"
-    return f"gdn_chunk_prep<{t}, {dk}, {mma}>", f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}>"
+    prep = f"gdn_chunk_prep_tc<{t}, {dk}>" if variant == "tc" else f"gdn_chunk_prep<{t}, {dk}, {mma}>"
+    return prep, f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}>"
 
 
 @functools.cache  # looked up on every chunked call: built once per variant
@@ -286,6 +290,13 @@ def prep_smem_bytes(dk: int) -> int:
     return 4 * (2 * CHUNK * (dk + 4) + 3 * CHUNK * (CHUNK + 4) + 3 * CHUNK)
 
 
+def prep_tc_smem_bytes(dk: int) -> int:
+    """Dynamic shared memory of ``gdn_chunk_prep_tc<., dk>``: mirrors ``GdnPrepTcSmem::FLOATS`` in gdn_prep_tc.cuh
+    (k rows, q rows whose space L and the block products reuse, T, the gates): 85.5 KB at dk = 128."""
+    kst, mst = dk + 4, CHUNK + 4
+    return 4 * (CHUNK * kst + max(CHUNK * kst, CHUNK * mst + 3 * 256) + CHUNK * mst + 3 * CHUNK)
+
+
 def state_smem_bytes(dk: int, cols: int) -> int:
     """Dynamic shared memory of ``gdn_chunk_state<., ., dk, cols>``: mirrors ``GdnStateSmem::FLOATS`` in
     gdn_chunk.cu."""
@@ -347,8 +358,8 @@ def gdn_chunked(
     Two launches over a scratch of ``chunk_scratch_bytes`` (allocated per call from CuPy's pool):
     ``gdn_chunk_prep``, one block per (chunk, key head), and the state pass, one block per (sequence, value head,
     ``cols`` = 16 or 32 value columns, by default ``state_cols``) walking the chunks in order. ``variant="mma"``:
-    both passes' products as 3xTF32 mma.sync (``gdn_chunk_state_mma``); ``"fp32"``: on fp32 FMAs
-    (``gdn_chunk_state``);
+    both passes' products as 3xTF32 mma.sync (``gdn_chunk_state_mma``); ``"tc"``: the same with the prep's solve
+    on tensor cores too (``gdn_chunk_prep_tc``); ``"fp32"``: on fp32 FMAs (``gdn_chunk_state``);
     ``"serial"``: the older one-pass kernel (one block per sequence slice does all of each chunk's work;
     benchmarks only). The variant other than ``DEFAULT_VARIANT`` is compiled on first use."""
     import cupy
@@ -374,12 +385,13 @@ def gdn_chunked(
     names = _chunk_names(variant, t, k["st"], dk, cols)
     inst = chunk_instances(variant)  # the default's are SOURCES["gdn_chunk.cu"]: compiled at warm-up
     prep = kernel("gdn_chunk.cu", inst, names[0])
-    _launch_smem(prep, (rows // CHUNK + nseq, n_k_heads), 256, prep_smem_bytes(dk),
+    psmem = prep_tc_smem_bytes(dk) if variant == "tc" else prep_smem_bytes(dk)
+    _launch_smem(prep, (rows // CHUNK + nseq, n_k_heads), 256, psmem,
                  (qkv, a, b, a_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, np.int32(nseq), hk_, hv_, dv_,
                   ldq, lda, ldb))  # fmt: skip
     st = kernel("gdn_chunk.cu", inst, names[1])
     threads, smem = (
-        (128, state_mma_smem_bytes(dk, cols)) if variant == "mma" else (8 * cols, state_smem_bytes(dk, cols))
+        (128, state_mma_smem_bytes(dk, cols)) if variant != "fp32" else (8 * cols, state_smem_bytes(dk, cols))
     )
     _launch_smem(st, (nseq, hv, -(-dv // cols)), threads, smem,
                  (qk_s, w_s, a_s, u_s, g_s, state, out, starts, slots, hk_, hv_, dv_, ldo))  # fmt: skip

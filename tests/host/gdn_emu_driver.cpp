@@ -1,13 +1,15 @@
 // Driver of the two-pass gdn_chunked host emulation (cuda_src/gdn_chunk.cu): argv = dir T HK HV DK DV nseq nslots
-// act_bf16 state_bf16 prep_smem state16_smem state32_smem mma16_smem mma32_smem. Reads
+// act_bf16 state_bf16 prep_smem state16_smem state32_smem mma16_smem mma32_smem tc_prep_smem. Reads
 // dir/{qkv,a,b,alog,dtb,state,starts,slots}.bin, runs gdn_chunk_prep over a NaN-filled scratch (as
 // ninfer/cuda/gdn.py lays it out) once per variant, then from the same initial state: gdn_chunk_state with 16
 // value columns per block (writes dir/o.bin, dir/state_out.bin) and with 32 (dir/o32.bin, dir/state32.bin) from
 // gdn_chunk_prep<., ., false>'s scratch (variant "fp32"), and gdn_chunk_state_mma with 16 (dir/o_mma16.bin,
-// dir/state_mma16.bin) and 32 (dir/o_mma32.bin, dir/state_mma32.bin) from gdn_chunk_prep<., ., true>'s ("mma").
+// dir/state_mma16.bin) and 32 (dir/o_mma32.bin, dir/state_mma32.bin) from gdn_chunk_prep<., ., true>'s ("mma"),
+// and gdn_chunk_state_mma with 16 (dir/o_tc16.bin, dir/state_tc16.bin) from gdn_chunk_prep_tc's ("tc"), whose
+// scratch is also written (dir/{qk,w,a,u,g}_tc.bin) beside the "mma" prep's (dir/{qk,w,a,u,g}_mma.bin).
 template <typename T, typename S, int DK>
 void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, int nslots, unsigned prep_smem,
-             unsigned smem16, unsigned smem32, unsigned mma16, unsigned mma32) {
+             unsigned smem16, unsigned smem32, unsigned mma16, unsigned mma32, unsigned tc_smem) {
     const long long width = 2LL * HK * DK + (long long)HV * DV;
     auto qkv = emu_read<T>(dir + "/qkv.bin", T_ * width);
     auto a = emu_read<T>(dir + "/a.bin", (size_t)T_ * HV), b = emu_read<T>(dir + "/b.bin", (size_t)T_ * HV);
@@ -32,8 +34,21 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
         return x;
     };
     const Scratch fp = prep.template operator()<false>(), mm = prep.template operator()<true>();
-    std::vector<T> o32(o), om16(o), om32(o);
-    std::vector<S> state32(state), sm16(state), sm32(state);
+    Scratch tc{std::vector<float>((size_t)T_ * HK * 2 * DK, nan), std::vector<float>((size_t)T_ * HV * DK, nan),
+               std::vector<float>((size_t)T_ * HV * GC_CHUNK, nan), std::vector<float>((size_t)T_ * HV * DV, nan),
+               std::vector<float>((size_t)T_ * HV, nan)};
+    emu_launch({(unsigned)(T_ / GC_CHUNK + nseq), (unsigned)HK, 1}, 256, tc_smem, [&] {
+        gdn_chunk_prep_tc<T, DK>(qkv.data(), a.data(), b.data(), alog.data(), dtb.data(), tc.qk.data(), tc.w.data(),
+                                 tc.am.data(), tc.u.data(), tc.g.data(), starts.data(), nseq, HK, HV, DV, width, HV,
+                                 HV);
+    });
+    std::vector<T> o32(o), om16(o), om32(o), ot16(o);
+    std::vector<S> state32(state), sm16(state), sm32(state), st16(state);
+    emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + 15) / 16)}, 128, mma16, [&] {
+        gdn_chunk_state_mma<T, S, DK, 16>(tc.qk.data(), tc.w.data(), tc.am.data(), tc.u.data(), tc.g.data(),
+                                          st16.data(), ot16.data(), starts.data(), slots.data(), HK, HV, DV,
+                                          (long long)HV * DV);
+    });
     emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + 15) / 16)}, 128, mma16, [&] {
         gdn_chunk_state_mma<T, S, DK, 16>(mm.qk.data(), mm.w.data(), mm.am.data(), mm.u.data(), mm.g.data(),
                                           sm16.data(), om16.data(), starts.data(), slots.data(), HK, HV, DV,
@@ -62,21 +77,30 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
     emu_write(dir + "/state_mma16.bin", sm16);
     emu_write(dir + "/o_mma32.bin", om32);
     emu_write(dir + "/state_mma32.bin", sm32);
+    emu_write(dir + "/o_tc16.bin", ot16);
+    emu_write(dir + "/state_tc16.bin", st16);
+    const char* parts[5] = {"qk", "w", "a", "u", "g"};
+    const std::vector<float>* mmv[5] = {&mm.qk, &mm.w, &mm.am, &mm.u, &mm.g};
+    const std::vector<float>* tcv[5] = {&tc.qk, &tc.w, &tc.am, &tc.u, &tc.g};
+    for (int i = 0; i < 5; ++i) {
+        emu_write(dir + "/" + parts[i] + "_mma.bin", *mmv[i]);
+        emu_write(dir + "/" + parts[i] + "_tc.bin", *tcv[i]);
+    }
 }
 
 template <typename T, typename S> void emu_dispatch(char** v) {
     const int T_ = atoi(v[2]), HK = atoi(v[3]), HV = atoi(v[4]), DK = atoi(v[5]), DV = atoi(v[6]);
     const int nseq = atoi(v[7]), nslots = atoi(v[8]);
     const unsigned ps = (unsigned)atoi(v[11]), s16 = (unsigned)atoi(v[12]), s32 = (unsigned)atoi(v[13]);
-    const unsigned m16 = (unsigned)atoi(v[14]), m32 = (unsigned)atoi(v[15]);
+    const unsigned m16 = (unsigned)atoi(v[14]), m32 = (unsigned)atoi(v[15]), tcs = (unsigned)atoi(v[16]);
 #define EMU_CASE(dk) \
-    if (DK == dk) return emu_run<T, S, dk>(v[1], T_, HK, HV, DV, nseq, nslots, ps, s16, s32, m16, m32);
+    if (DK == dk) return emu_run<T, S, dk>(v[1], T_, HK, HV, DV, nseq, nslots, ps, s16, s32, m16, m32, tcs);
     EMU_CASE(16) EMU_CASE(32) EMU_CASE(64) EMU_CASE(128)
     std::abort();
 }
 
 int main(int argc, char** argv) {
-    if (argc != 16) return 2;
+    if (argc != 17) return 2;
     if (atoi(argv[9])) {
         if (atoi(argv[10])) emu_dispatch<bf16, bf16>(argv); else emu_dispatch<bf16, float>(argv);
     } else {
