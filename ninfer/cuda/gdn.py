@@ -53,10 +53,11 @@ STATE_COLS = (16, 32)  # value columns per block of gdn_chunk_state (its DVS; th
 # "fp32" gdn_chunk_prep<., ., false> and gdn_chunk_state on fp32 FMAs; "serial" is the older one-pass kernel of
 # gdn.cu (benchmarks only)
 STATE_VARIANTS = {"tc": "gdn_chunk_state_mma", "mma": "gdn_chunk_state_mma", "fp32": "gdn_chunk_state"}
-# "mma": its GPU tests pass (tests/test_cuda_ops.py -k gdn, both variants, 855128a) and on the H200 it is 1.53x the
-# fp32 variant on one 8192-token sequence of the 27B's heads (4.29 against 6.56 ms; state pass 2.26 against 4.49 ms;
-# perf/bench_gdn.py, perf/results/device_run_855128a.txt), max error against the one-pass kernel 1.1e-6 of max |ref|
-DEFAULT_VARIANT = "mma"
+# "mma" (855128a): 1.53x the fp32 variant on one 8192-token sequence of the 27B's heads. "tc" (6688cc6, H200,
+# perf/bench_gdn.py, perf/results/bench_gdn_6688cc6.txt; its GPU tests pass): the prep 1.028 -> 0.642 ms (27B heads)
+# and 0.716 -> 0.468 ms (35B-A3B) on a 4096-token chunk, 1.6x at every batch shape measured; the outputs within
+# 1.3e-6 of max |ref| of the one-pass kernel (mma: 1.2e-6)
+DEFAULT_VARIANT = "tc"
 
 
 def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str, str]:
@@ -319,9 +320,13 @@ def _sm_count(device: int) -> int:
 
 
 def state_cols(nseq: int, hv: int, dv: int, sms: int) -> int:
-    """Value columns per state-pass block: 32 (half the scratch reads per column) when that still gives at least
-    two blocks per SM, else 16 (one long sequence of 32-48 heads fills the GPU). Results do not depend on it."""
-    return 32 if nseq * hv * -(-dv // 32) >= 2 * sms else 16
+    """Value columns per state-pass block: 32 (half the scratch reads per column of 16) unless the head has at
+    most 16. Results do not depend on it. Measured (H200, 6688cc6, perf/bench_gdn.py, the mma state pass): 32
+    columns are faster at every shape, even with fewer blocks than SMs (27B heads 1 x 4096: 1.022 against 1.080
+    ms, 1 x 8192 2.05 / 2.26; 35B-A3B 1 x 4096 0.761 / 0.959, 2 x 2048 0.503 / 1.105): each block re-reads its
+    chunk's q, k, W and A rows, so the narrower slice's extra L2 traffic costs more than its extra blocks gain
+    (``nseq`` and ``sms`` are kept for the callers; the choice no longer depends on them)."""
+    return 16 if dv <= 16 else 32
 
 
 def _scratch_parts(rows: int, hk: int, hv: int, dk: int, dv: int) -> tuple[int, ...]:
