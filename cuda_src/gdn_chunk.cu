@@ -14,7 +14,8 @@
 // results of a row never depend on the other sequences of the call or on the launch shape. Each pass comes in two
 // forms, the products on fp32 FMAs (gdn_chunk_prep<., ., false>, gdn_chunk_state: gdn_chunked(variant="fp32")) or
 // as 3xTF32 mma.sync (tf32_frag.cuh: gdn_chunk_prep<., ., true>, gdn_chunk_state_mma in gdn_state_mma.cuh:
-// variant="mma"); the prep's solve is the same in both.
+// variant="mma"); the prep's solve is the same in both. gdn_chunk_prep_tc (gdn_prep_tc.cuh, variant="tc", the
+// default) is the mma prep with the solve as a blocked inverse and a 3xTF32 product.
 #include "gdn_common.cuh"
 #include "tf32_frag.cuh"
 
