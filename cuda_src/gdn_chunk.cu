@@ -503,3 +503,6 @@ __global__ void __launch_bounds__(8 * DVS)
 
 // Pass 1 with the solve on tensor cores (gdn_chunked(variant="tc")): gdn_chunk_prep_tc, the same scratch.
 #include "gdn_prep_tc.cuh"
+
+// The state pass split into the sequential walk and a chunk-parallel output pass (gdn_chunked(variant="split")).
+#include "gdn_state_split.cuh"

@@ -48,8 +48,10 @@ __device__ __forceinline__ float4 gsm_ld4(const float* p, bool ok) {
     return ok ? *reinterpret_cast<const float4*>(p) : make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// ws += W S and qs += Q S for the warp's chunk rows r0, r0 + 1 (C rows g, g+8; rows past the chunk read as zero)
-template <int DK, int DVS>
+// ws += W S and qs += Q S for the warp's chunk rows r0, r0 + 1 (C rows g, g+8; rows past the chunk read as zero);
+// WS / QS false: that product is skipped (gdn_state_split.cuh: W S in the state pass, Q S in the output pass; each
+// accumulator sees the same mmas in the same order either way)
+template <int DK, int DVS, bool WS = true, bool QS = true>
 __device__ __forceinline__ void gsm_ws_qs(const float* wr0, const float* wr1, const float* qr0, const float* qr1,
                                           bool v0, bool v1, const float* Sf, float (&ws)[DVS / 8][4],
                                           float (&qs)[DVS / 8][4], int lane) {
@@ -58,17 +60,24 @@ __device__ __forceinline__ void gsm_ws_qs(const float* wr0, const float* wr1, co
 #pragma unroll
     for (int kb = 0; kb < DK / 16; ++kb) {
         const int d = 16 * kb + 4 * t;
-        const float4 w0 = gsm_ld4(wr0 + d, v0), w1 = gsm_ld4(wr1 + d, v1);
-        const float4 q0 = gsm_ld4(qr0 + d, v0), q1 = gsm_ld4(qr1 + d, v1);
-        const Tf32A aw[2] = {tf32_a(w0.x, w1.x, w0.y, w1.y), tf32_a(w0.z, w1.z, w0.w, w1.w)};
-        const Tf32A aq[2] = {tf32_a(q0.x, q1.x, q0.y, q1.y), tf32_a(q0.z, q1.z, q0.w, q1.w)};
+        Tf32A aw[2], aq[2];
+        if constexpr (WS) {
+            const float4 w0 = gsm_ld4(wr0 + d, v0), w1 = gsm_ld4(wr1 + d, v1);
+            aw[0] = tf32_a(w0.x, w1.x, w0.y, w1.y);
+            aw[1] = tf32_a(w0.z, w1.z, w0.w, w1.w);
+        }
+        if constexpr (QS) {
+            const float4 q0 = gsm_ld4(qr0 + d, v0), q1 = gsm_ld4(qr1 + d, v1);
+            aq[0] = tf32_a(q0.x, q1.x, q0.y, q1.y);
+            aq[1] = tf32_a(q0.z, q1.z, q0.w, q1.w);
+        }
 #pragma unroll
         for (int s = 0; s < 2; ++s)
 #pragma unroll
             for (int nt = 0; nt < NTN; ++nt) {
                 const float4 b = *reinterpret_cast<const float4*>(Sf + (((kb * 2 + s) * NTN + nt) * 32 + lane) * 4);
-                tf32_mma3(ws[nt], aw[s], b.x, b.y, b.z, b.w);
-                tf32_mma3(qs[nt], aq[s], b.x, b.y, b.z, b.w);
+                if constexpr (WS) tf32_mma3(ws[nt], aw[s], b.x, b.y, b.z, b.w);
+                if constexpr (QS) tf32_mma3(qs[nt], aq[s], b.x, b.y, b.z, b.w);
             }
     }
 }

@@ -29,7 +29,7 @@ __all__ = ["bench_gdn", "main"]
 
 SHAPES = {"35b": (16, 32), "27b": (16, 48)}  # (key heads, value heads), dk = dv = 128
 BATCHES = {"1x8192": [8192], "8x1024": [1024] * 8}
-VARIANTS = ("tc", "mma", "fp32")  # gdn_chunked's two-pass variants (ninfer.cuda.gdn.STATE_VARIANTS)
+VARIANTS = ("tc", "split", "mma", "fp32")  # gdn_chunked's two-pass variants (ninfer.cuda.gdn.STATE_VARIANTS)
 
 
 def bench_gdn(
@@ -90,6 +90,9 @@ def bench_gdn(
             fig[f"{v}_vs_serial"] = float(
                 np.max(np.abs(outs[f"{v}16"] - ref)) / max(np.max(np.abs(ref)), 1e-30)
             )
+        fig["split_eq_tc"] = bool(
+            np.array_equal(outs["split32"], outs["tc32"])
+        )  # the split state pass: same bits
     fig["speedup"] = fig["serial_ms"] / fig["mma_ms"]
     fig["tc_prep_speedup"] = fig["mma16_prep_ms"] / fig["tc16_prep_ms"]
     fig["state_speedup"] = fig[f"fp32{auto}_state_ms"] / fig[f"mma{auto}_state_ms"]
@@ -97,8 +100,8 @@ def bench_gdn(
 
 
 def _split_ms(call: Any) -> tuple[float, float]:
-    """Milliseconds of gdn_chunk_prep and gdn_chunk_state in one ``call()`` (median of 3): ``_launch_smem`` wrapped
-    with CUDA events."""
+    """Milliseconds of gdn_chunk_prep and of the state pass (its launches summed: the "split" variant has two) in
+    one ``call()`` (median of 3): ``_launch_smem`` wrapped with CUDA events."""
     import statistics
 
     import cupy
@@ -122,7 +125,9 @@ def _split_ms(call: Any) -> tuple[float, float]:
         gdn._launch_smem = orig
     cupy.cuda.Device().synchronize()
     ms = [cupy.cuda.get_elapsed_time(s, e) for s, e in times]
-    return statistics.median(ms[0::2]), statistics.median(ms[1::2])
+    per = len(ms) // 3
+    calls = [ms[i * per : (i + 1) * per] for i in range(3)]
+    return statistics.median(c[0] for c in calls), statistics.median(sum(c[1:]) for c in calls)
 
 
 def main(
@@ -170,7 +175,7 @@ def _line(r: dict[str, Any], act: str, state: str) -> str:
     rec = f"  recurrent {r['recurrent_ms']:8.3f} ms" if "recurrent_ms" in r else ""
     return (f"gdn_chunked {r['model']} hk={r['hk']} hv={r['hv']} {r['batch']:7s} act={act} state={state} auto cols "
             f"{r['auto_cols']}: " + "  ".join(parts) + f"  prep mma {r['mma16_prep_ms']:.3f} tc {r['tc16_prep_ms']:.3f} "
-            f"fp32 {r['fp3216_prep_ms']:.3f}  serial {r['serial_ms']:7.3f} "
+            f"fp32 {r['fp3216_prep_ms']:.3f}  split≡tc {r.get('split_eq_tc')}  serial {r['serial_ms']:7.3f} "
             f"ms (mma x{r['speedup']:.2f}; state pass mma x{r['state_speedup']:.2f}){rec}  scratch "
             f"{r['scratch_mb']:.0f} MB")  # fmt: skip
 

@@ -69,6 +69,8 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     tensors = synthetic_tensors(mc, args.profile, mtp=args.spec > 0)
     phase("tensors")
     net = CudaQwen36(mc, tensors, act_dtype=args.activations, prefill_inputs=args.prefill_inputs)
+    if args.gdn_variant:
+        net.gdn_variant = args.gdn_variant
     del tensors  # the model holds the fused weights; the unfused parts are freed
     phase("model")
     net.warmup()
@@ -161,6 +163,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         choices=("exact", "fp16"),
         help="CUDA prefill GEMM inputs (fp32 activations)",
     )
+    p.add_argument(
+        "--gdn-variant",
+        default=None,
+        choices=("tc", "split", "mma", "fp32"),
+        help="the chunked GDN prefill's kernels (default: ninfer.cuda.gdn.DEFAULT_VARIANT)",
+    )
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--prefill", default=None, help="comma list of prompt lengths ('' for none)")
     p.add_argument("--lanes", default="1,2,4,8", help="comma list of decode lane counts ('' for none)")
@@ -204,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
+    from ninfer.cuda.gdn import DEFAULT_VARIANT
+
     props = cupy.cuda.runtime.getDeviceProperties(0)
     ceil = {"copy_Bps": copy_bandwidth(), **{f"gemm_{k}": v for k, v in gemm_bf16().items()}}
     log(f"ceilings: copy {ceil['copy_Bps'] / 1e12:.2f} TB/s, GEMM {ceil['gemm_flops'] / 1e12:.0f} TFLOP/s")
@@ -211,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": args.commit, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick,
         "device": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
         "cupy": cupy.__version__, "ceilings": ceil, "models": {},
+        "gdn_variant": args.gdn_variant or DEFAULT_VARIANT,
     }  # fmt: skip
     path = out / f"perf_{args.profile}.json"
     for key in args.models.split(","):

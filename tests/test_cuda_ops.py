@@ -612,7 +612,7 @@ GDN_CHUNKED_CASES = (
 @pytest.mark.parametrize("t", ["float", "bf16"])
 @pytest.mark.parametrize("st", ["float", "bf16"])
 @pytest.mark.parametrize("cols", [None, 16])
-@pytest.mark.parametrize("variant", ["tc", "mma", "fp32"])
+@pytest.mark.parametrize("variant", ["tc", "split", "mma", "fp32"])
 def test_gdn_chunked(cp: Any, report: list, t: str, st: str, cols: int | None, variant: str) -> None:
     """Chunked kernels against the NumPy token-by-token recurrence (outputs and carried state), then one decode
     step of the exact recurrent kernel from the chunked state. ``cols``: the state pass's value columns per block
@@ -653,7 +653,7 @@ def test_gdn_chunked(cp: Any, report: list, t: str, st: str, cols: int | None, v
 
 
 @pytest.mark.parametrize("t", ["float", "bf16"])
-@pytest.mark.parametrize("variant", ["tc", "mma", "fp32"])
+@pytest.mark.parametrize("variant", ["tc", "split", "mma", "fp32"])
 def test_gdn_chunked_real_heads(cp: Any, report: list, t: str, variant: str) -> None:
     """The two-pass chunked kernels (either state pass) at a real head shape (dk = dv = 128, 16 key heads, 32
     value heads) on one 2100-token sequence (33 chunks, a ragged tail) and two short ones, against the NumPy
@@ -684,6 +684,29 @@ def test_gdn_chunked_real_heads(cp: Any, report: list, t: str, variant: str) -> 
                 cp.zeros(1, np.int32), n_k_heads=hk, out=out1, variant=variant)  # fmt: skip
     assert np.array_equal(_host(cp, out1), got[: lens[0]]), "batch invariance: outputs differ"
     assert np.array_equal(_host(cp, one)[0], got_state[slot_of[0]]), "batch invariance: states differ"
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_gdn_chunked_split_is_tc(cp: Any, t: str) -> None:
+    """The "split" state pass (the chunk walk for V' and the states, then a chunk-parallel output pass) gives the
+    "tc" variant's outputs and states bit for bit: the same fragments and mma sequence per accumulator."""
+    from ninfer.cuda.gdn import gdn_chunked
+
+    rng = np.random.default_rng(23)
+    hk, hv, dk, dv, lens = 16, 48, 128, 128, [700, 64, 1, 130]
+    n, width = sum(lens), 2 * hk * dk + hv * dv
+    qkv, a, b = _inputs(rng, (n, width), t), _inputs(rng, (n, hv), t), _inputs(rng, (n, hv), t)
+    c = _gdn_case(rng, "float", hv, dk, dv, len(lens))
+    starts, slots, _ = _packed(cp, lens)
+    dev = [_dev(cp, x, t) for x in (qkv, a, b)]
+    gates = (cp.asarray(c["a_log"]), cp.asarray(c["dt_bias"]))
+    got = {}
+    for v in ("tc", "split"):
+        state_d, out = cp.asarray(c["state"]), _poison(cp, (n, hv * dv), t)
+        gdn_chunked(*dev, *gates, state_d, starts, slots, n_k_heads=hk, out=out, variant=v)
+        got[v] = (_host(cp, out), _host(cp, state_d))
+    assert np.array_equal(got["split"][0], got["tc"][0]), "split vs tc: outputs differ"
+    assert np.array_equal(got["split"][1], got["tc"][1]), "split vs tc: states differ"
 
 
 # ---- attention -----------------------------------------------------------------------------------------------

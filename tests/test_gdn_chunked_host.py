@@ -89,6 +89,10 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
     np.testing.assert_array_equal(got_s[0], state[0])
     _check(got_o, got_s, qkv, a, b, a_log, dt_bias, state, starts, slots, case, (otol, stol), "o_tc16.bin")
     _check_tc_scratch(tmp_path, n, hk, hv, dk, dv, starts)
+    # the "split" state pass (the walk for the states, a chunk-parallel pass for the outputs): the same bits
+    for got, want in (("state_split.bin", s_raw), ("o_split.bin", o_raw)):
+        split = np.fromfile(tmp_path / got, dtype=want.dtype).reshape(want.shape)
+        assert np.array_equal(split, want), f"split state pass: {got} differs from the tc variant's"
 
 
 def _check_tc_scratch(d: Path, n: int, hk: int, hv: int, dk: int, dv: int, starts: np.ndarray) -> None:

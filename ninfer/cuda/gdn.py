@@ -52,7 +52,15 @@ STATE_COLS = (16, 32)  # value columns per block of gdn_chunk_state (its DVS; th
 # gdn_chunk_prep_tc (gdn_prep_tc.cuh: the solve as a blocked inverse and a 3xTF32 product, 2 blocks per SM);
 # "fp32" gdn_chunk_prep<., ., false> and gdn_chunk_state on fp32 FMAs; "serial" is the older one-pass kernel of
 # gdn.cu (benchmarks only)
-STATE_VARIANTS = {"tc": "gdn_chunk_state_mma", "mma": "gdn_chunk_state_mma", "fp32": "gdn_chunk_state"}
+# "split": the tc prep, then the state pass split in two (gdn_state_split.cuh: gdn_chunk_state_h walks the chunks for
+# V' and the states only, storing each chunk's starting state; gdn_chunk_out computes every chunk's output at
+# once), bitwise the "tc" variant's results, with a per-chunk state array in the scratch
+STATE_VARIANTS = {
+    "tc": "gdn_chunk_state_mma",
+    "mma": "gdn_chunk_state_mma",
+    "fp32": "gdn_chunk_state",
+    "split": "gdn_chunk_state_h",
+}
 # "mma" (855128a): 1.53x the fp32 variant on one 8192-token sequence of the 27B's heads. "tc" (6688cc6, H200,
 # perf/bench_gdn.py, perf/results/bench_gdn_6688cc6.txt; its GPU tests pass): the prep 1.028 -> 0.642 ms (27B heads)
 # and 0.716 -> 0.468 ms (35B-A3B) on a 4096-token chunk, 1.6x at every batch shape measured; the outputs within
@@ -63,8 +71,14 @@ DEFAULT_VARIANT = "tc"
 def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str, str]:
     """The (prep, state) kernel instances of a two-pass variant."""
     mma = "true" if variant == "mma" else "false"
-    prep = f"gdn_chunk_prep_tc<{t}, {dk}>" if variant == "tc" else f"gdn_chunk_prep<{t}, {dk}, {mma}>"
+    tc = variant in ("tc", "split")
+    prep = f"gdn_chunk_prep_tc<{t}, {dk}>" if tc else f"gdn_chunk_prep<{t}, {dk}, {mma}>"
     return prep, f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}>"
+
+
+def _out_name(t: str, dk: int, cols: int) -> str:
+    """The output pass of the "split" variant."""
+    return f"gdn_chunk_out<{t}, {dk}, {cols}>"
 
 
 @functools.cache  # looked up on every chunked call: built once per variant
@@ -75,7 +89,12 @@ def chunk_instances(variant: str) -> tuple[str, ...]:
     state = tuple(
         _chunk_names(variant, t, s, d, c)[1] for t in _T for s in _S for d in HEAD_DIMS for c in STATE_COLS
     )
-    return prep + state
+    out = (
+        tuple(_out_name(t, d, c) for t in _T for d in HEAD_DIMS for c in STATE_COLS)
+        if variant == "split"
+        else ()
+    )
+    return prep + state + out
 
 
 STEP_COLS = 32  # value columns per block of gdn_step (GdnStep::CT)
@@ -329,16 +348,26 @@ def state_cols(nseq: int, hv: int, dv: int, sms: int) -> int:
     return 16 if dv <= 16 else 32
 
 
-def _scratch_parts(rows: int, hk: int, hv: int, dk: int, dv: int) -> tuple[int, ...]:
-    """Floats of the scratch sections in order (qk, w, a, u, g; gdn_chunk.cu's layout): every section but the
-    last two starts 16-byte aligned (the state pass reads qk and w rows as float4)."""
-    return (rows * hk * 2 * dk, rows * hv * dk, rows * hv * CHUNK, rows * hv * dv, rows * hv)
+def _scratch_parts(
+    rows: int, hk: int, hv: int, dk: int, dv: int, nseq: int = 1, variant: str = DEFAULT_VARIANT
+) -> tuple[int, ...]:
+    """Floats of the scratch sections in order (qk, w, a, u, g; gdn_chunk.cu's layout; "split" adds h, one state
+    per chunk of at most ``rows // 64 + nseq``): every section but a and g starts 16-byte aligned (the passes
+    read qk, w and h rows as float4)."""
+    parts = (rows * hk * 2 * dk, rows * hv * dk, rows * hv * CHUNK, rows * hv * dv, rows * hv)
+    if variant == "split":
+        pad = -sum(parts) % 4  # g padded so that h starts 16-byte aligned
+        parts = (*parts[:-1], parts[-1] + pad, (rows // CHUNK + nseq) * hv * dk * dv)
+    return parts
 
 
-def chunk_scratch_bytes(rows: int, hk: int, hv: int, dk: int, dv: int) -> int:
-    """Device scratch of one ``gdn_chunked`` call over ``rows`` tokens (float32, freed back to CuPy's pool after
-    the call): 4·rows·(2·hk·dk + hv·(dk + 64 + dv + 1)) bytes, ~640 MB for 8192 rows of the 27B's heads."""
-    return 4 * sum(_scratch_parts(rows, hk, hv, dk, dv))
+def chunk_scratch_bytes(
+    rows: int, hk: int, hv: int, dk: int, dv: int, nseq: int = 1, variant: str = DEFAULT_VARIANT
+) -> int:
+    """Device scratch of one ``gdn_chunked`` call over ``rows`` tokens of ``nseq`` sequences (float32, freed back
+    to CuPy's pool after the call): 4·rows·(2·hk·dk + hv·(dk + 64 + dv + 1)) bytes, ~640 MB for 8192 rows of the
+    27B's heads; the "split" variant adds a dk x dv state per chunk and value head (+ 400 MB there)."""
+    return 4 * sum(_scratch_parts(rows, hk, hv, dk, dv, nseq, variant))
 
 
 def gdn_chunked(
@@ -383,18 +412,27 @@ def gdn_chunked(
     rows, hv, dv = qkv.shape[0], k["hv"], k["dv"]
     dk, t, nseq = k["dk"], k["t"], k["nseq"]
     cols = cols or state_cols(nseq, hv, dv, _sm_count(cupy.cuda.Device().id))
-    parts = _scratch_parts(rows, n_k_heads, hv, dk, dv)
+    parts = _scratch_parts(rows, n_k_heads, hv, dk, dv, nseq, variant)
     buf = cupy.empty(max(sum(parts), 1), dtype=np.float32)
     offs = np.cumsum((0, *parts))
     qk_s, w_s, a_s, u_s, g_s = (buf[offs[i] : offs[i + 1]] for i in range(5))
+    nchunks = rows // CHUNK + nseq  # gdn_chunk_prep's grid: blocks past the last chunk exit
     names = _chunk_names(variant, t, k["st"], dk, cols)
     inst = chunk_instances(variant)  # the default's are SOURCES["gdn_chunk.cu"]: compiled at warm-up
     prep = kernel("gdn_chunk.cu", inst, names[0])
-    psmem = prep_tc_smem_bytes(dk) if variant == "tc" else prep_smem_bytes(dk)
-    _launch_smem(prep, (rows // CHUNK + nseq, n_k_heads), 256, psmem,
+    psmem = prep_tc_smem_bytes(dk) if variant in ("tc", "split") else prep_smem_bytes(dk)
+    _launch_smem(prep, (nchunks, n_k_heads), 256, psmem,
                  (qkv, a, b, a_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, np.int32(nseq), hk_, hv_, dv_,
                   ldq, lda, ldb))  # fmt: skip
     st = kernel("gdn_chunk.cu", inst, names[1])
+    if variant == "split":
+        h_s, smem = buf[offs[5] : offs[6]], state_mma_smem_bytes(dk, cols)
+        _launch_smem(st, (nseq, hv, -(-dv // cols)), 128, smem,
+                     (qk_s, w_s, a_s, u_s, g_s, h_s, state, starts, slots, hk_, hv_, dv_))  # fmt: skip
+        fo = kernel("gdn_chunk.cu", inst, _out_name(t, dk, cols))
+        _launch_smem(fo, (nchunks, hv, -(-dv // cols)), 128, smem,
+                     (qk_s, a_s, u_s, g_s, h_s, out, starts, np.int32(nseq), hk_, hv_, dv_, ldo))  # fmt: skip
+        return out
     threads, smem = (
         (128, state_mma_smem_bytes(dk, cols)) if variant != "fp32" else (8 * cols, state_smem_bytes(dk, cols))
     )

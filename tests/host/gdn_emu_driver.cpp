@@ -6,7 +6,9 @@
 // gdn_chunk_prep<., ., false>'s scratch (variant "fp32"), and gdn_chunk_state_mma with 16 (dir/o_mma16.bin,
 // dir/state_mma16.bin) and 32 (dir/o_mma32.bin, dir/state_mma32.bin) from gdn_chunk_prep<., ., true>'s ("mma"),
 // and gdn_chunk_state_mma with 16 (dir/o_tc16.bin, dir/state_tc16.bin) from gdn_chunk_prep_tc's ("tc"), whose
-// scratch is also written (dir/{qk,w,a,u,g}_tc.bin) beside the "mma" prep's (dir/{qk,w,a,u,g}_mma.bin).
+// scratch is also written (dir/{qk,w,a,u,g}_tc.bin) beside the "mma" prep's (dir/{qk,w,a,u,g}_mma.bin); then
+// the "split" state pass on a copy of the tc scratch: gdn_chunk_state_h and gdn_chunk_out with 32 columns
+// (dir/o_split.bin, dir/state_split.bin).
 template <typename T, typename S, int DK>
 void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, int nslots, unsigned prep_smem,
              unsigned smem16, unsigned smem32, unsigned mma16, unsigned mma32, unsigned tc_smem) {
@@ -15,6 +17,7 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
     auto a = emu_read<T>(dir + "/a.bin", (size_t)T_ * HV), b = emu_read<T>(dir + "/b.bin", (size_t)T_ * HV);
     auto alog = emu_read<float>(dir + "/alog.bin", HV), dtb = emu_read<float>(dir + "/dtb.bin", HV);
     auto state = emu_read<S>(dir + "/state.bin", (size_t)nslots * HV * DK * DV);
+    const std::vector<S> state0(state);  // the initial states (the fp32 pass below updates `state` in place)
     auto starts = emu_read<int>(dir + "/starts.bin", nseq + 1), slots = emu_read<int>(dir + "/slots.bin", nseq);
     std::vector<T> o((size_t)T_ * HV * DV);
     std::memset((void*)o.data(), 0xff, o.size() * sizeof(T));  // NaN poison (both float and bf16 words)
@@ -77,6 +80,23 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
     emu_write(dir + "/state_mma16.bin", sm16);
     emu_write(dir + "/o_mma32.bin", om32);
     emu_write(dir + "/state_mma32.bin", sm32);
+    {  // "split": gdn_chunk_state_h (V' over U, per-chunk states into h), then gdn_chunk_out
+        Scratch sp = tc;
+        const int nchunks = T_ / GC_CHUNK + nseq;
+        std::vector<float> h((size_t)nchunks * HV * DK * DV, nan);
+        std::vector<T> osp(o);
+        std::vector<S> ssp(state0);
+        emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + 31) / 32)}, 128, mma32, [&] {
+            gdn_chunk_state_h<T, S, DK, 32>(sp.qk.data(), sp.w.data(), sp.am.data(), sp.u.data(), sp.g.data(),
+                                            h.data(), ssp.data(), starts.data(), slots.data(), HK, HV, DV);
+        });
+        emu_launch({(unsigned)nchunks, (unsigned)HV, (unsigned)((DV + 31) / 32)}, 128, mma32, [&] {
+            gdn_chunk_out<T, DK, 32>(sp.qk.data(), sp.am.data(), sp.u.data(), sp.g.data(), h.data(), osp.data(),
+                                     starts.data(), nseq, HK, HV, DV, (long long)HV * DV);
+        });
+        emu_write(dir + "/o_split.bin", osp);
+        emu_write(dir + "/state_split.bin", ssp);
+    }
     emu_write(dir + "/o_tc16.bin", ot16);
     emu_write(dir + "/state_tc16.bin", st16);
     const char* parts[5] = {"qk", "w", "a", "u", "g"};
