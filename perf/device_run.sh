@@ -13,6 +13,7 @@
 #   explore the open experiments (docs/cuda.md): the decode GEMVs' L2 prefetch (per shape, a 27B layer chain, the
 #           whole decode step), and the 35B-A3B prefill against its chunk size and the GDN state pass
 #   gdn_probe  perf/bench_gdn at a 4096-token chunk (27B, 35B-A3B) and Nsight Compute on the prep and state launches
+#   gdn_pick  perf/bench_gdn, then `ninfer-perf --quick` with the faster GDN variant of "tc" and "split"
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -135,6 +136,15 @@ run_gdn_probe() {  # issue 14: the GDN chunked prefill's two passes at a default
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
     python3 -m perf.bench_gdn --models 27b --batches 1x4096 --reps 1 2>&1 | grep -v '^{' | tee -a "$OUT/gdn_ncu.txt" | tail -5
+}
+run_gdn_pick() {  # bench_gdn at the 27B / 35B-A3B chunk shapes, then `ninfer-perf` with the faster of the "tc" and
+  # "split" GDN variants (bitwise the same results; GDN_PICK_ARGS: ninfer-perf's other arguments)
+  timeout ${BENCH_TIMEOUT:-200} python3 -m perf.bench_gdn --models 27b,35b --batches 1x4096,1x8192 --reps 5 \
+    --out "$OUT" 2>&1 | grep -v '^{' | tee "$OUT/gdn_bench.txt"
+  GDN_PICK=$(python3 -c "import json; r = json.load(open('$OUT/bench_gdn.json'))['runs']; \
+print('split' if sum(x['split32_ms'] for x in r) < sum(x['tc32_ms'] for x in r) else 'tc')" 2>/dev/null || echo tc)
+  echo "gdn variant for perf: $GDN_PICK" | tee -a "$OUT/gdn_bench.txt"
+  PERF_ARGS="--gdn-variant $GDN_PICK ${GDN_PICK_ARGS:-}" run_perf
 }
 run_spec() {  # issue 15: MTP at forced acceptance, 27B, 1 lane, k = 3 (--skip-rounds: the rounds table alone
   # printed nothing within 280 s at 4eb6bda)
