@@ -54,7 +54,8 @@ STATE_COLS = (16, 32)  # value columns per block of gdn_chunk_state (its DVS; th
 # gdn.cu (benchmarks only)
 # "split": the tc prep, then the state pass split in two (gdn_state_split.cuh: gdn_chunk_state_h walks the chunks for
 # V' and the states only, storing each chunk's starting state; gdn_chunk_out computes every chunk's output at
-# once), bitwise the "tc" variant's results, with a per-chunk state array in the scratch
+# once), bitwise the "tc" variant's results, with a per-chunk state array in the scratch; a benchmark variant:
+# 1.5x slower than tc's state pass on the H200 (230d001, perf/results/bench_gdn_230d001.txt)
 STATE_VARIANTS = {
     "tc": "gdn_chunk_state_mma",
     "mma": "gdn_chunk_state_mma",
