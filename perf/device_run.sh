@@ -14,6 +14,10 @@
 #           whole decode step), and the 35B-A3B prefill against its chunk size and the GDN state pass
 #   gdn_probe  perf/bench_gdn at a 4096-token chunk (27B, 35B-A3B) and Nsight Compute on the prep and state launches
 #   gdn_pick  perf/bench_gdn, then `ninfer-perf --quick` with the faster GDN variant of "tc" and "split"
+#   diag    the prefill chunk's kernel timeline (profile_step --timeline: busy / idle GPU time, CuPy's glue kernels
+#           included; 27B and 35B-A3B at 4096 tokens, 35B-A3B's 256-token follow-up) and Nsight Compute's stall
+#           reasons per issued instruction for the GDN state pass (27B heads, 4096 rows)
+#   compile every kernel family compiled (the first part of tests), e.g. before phases that time kernels
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -66,13 +70,16 @@ run_serving() {  # issue 12: the stack's cost on this GPU, then the live-server 
   NINFER_LIVE_BACKEND=cuda timeout ${LIVE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rf \
     tests/test_api_live.py tests/test_protocols_live.py tests/test_contract_live.py 2>&1 | tee "$OUT/live.txt" | tail -15
 }
-run_tests() {
+run_compile() {  # every kernel family compiled (timed) into the CuPy cache that travels back
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python3 -c "import transformers, torch, cupy; print('transformers', transformers.__version__, 'torch', torch.__version__, 'cupy', cupy.__version__)"
     python3 -c "
 import time; t = time.perf_counter()
 from ninfer.cuda import warmup; print('compiled', sum(warmup(workers=12).values()), 'instances in', round(time.perf_counter() - t, 1), 's')"
   } 2>&1 | tee "$OUT/compile.txt"
+}
+run_tests() {
+  run_compile
   NINFER_GPU_REPORT=$OUT/gpu_report.json NINFER_GPU_REPORT_MODEL=$OUT/model_report.json \
     timeout ${TEST_TIMEOUT:-480} python3 -m pytest -q -m gpu ${TEST_FILES:-tests/test_cuda_*.py} -p no:cacheprovider \
     --timeout 200 -rf --continue-on-collection-errors ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.txt" | grep -v PASSED | tail -40
@@ -136,6 +143,18 @@ run_gdn_probe() {  # issue 14: the GDN chunked prefill's two passes at a default
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
     python3 -m perf.bench_gdn --models 27b --batches 1x4096 --reps 1 2>&1 | grep -v '^{' | tee -a "$OUT/gdn_ncu.txt" | tail -5
+}
+run_diag() {  # issue 14: what a prefill chunk's GPU timeline holds besides the wrapped kernels, and why the GDN
+  # state pass issues so little
+  timeout ${PROFILE_TIMEOUT:-200} python3 -m perf.profile_step --model 27b,35b --chunk 4096 --timeline 2>&1 \
+    | tee "$OUT/timeline_prefill.txt" | grep -v '^\[' | tail -70
+  timeout ${PROFILE_TIMEOUT:-200} python3 -m perf.profile_step --model 35b --chunk 256 --prefill-at 8192 --timeline \
+    2>&1 | tee "$OUT/timeline_followup.txt" | grep -v '^\[' | tail -35
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout ${PROFILE_TIMEOUT:-200} "$ncu" --kernel-name "regex:gdn_chunk_state_mma" --launch-count 1 \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum" \
+    ${GDN_NCU_ARGS:-} python3 -m perf.bench_gdn --models 27b --batches 1x4096 --reps 1 2>&1 | grep -v '^{' \
+    | tee -a "$OUT/gdn_stalls.txt" | grep -v "  0$\|  0.0[0-9]$" | tail -40
 }
 run_gdn_pick() {  # bench_gdn at the 27B / 35B-A3B chunk shapes, then `ninfer-perf` with the faster of the "tc" and
   # "split" GDN variants (bitwise the same results; GDN_PICK_ARGS: ninfer-perf's other arguments)

@@ -3,6 +3,11 @@
     python -m perf.profile_step --model 27b          # on a GPU: eager decode at 8K context, a 4096-token prefill
     python -m perf.profile_step --fold both          # decode with the norms folded into the GEMVs and without
     python -m perf.profile_step --chunk 256 --prefill-at 8192   # a follow-up turn's chunk after an 8K prefix
+    python -m perf.profile_step --timeline      # also every kernel of the prefill chunk (CuPy's glue included)
+
+``--timeline`` records the prefill chunk again under the PyTorch profiler (CUPTI sees every kernel of the process,
+CuPy's element-wise and sorting kernels too) and prints the GPU's busy and idle time over the chunk and the kernels
+that took the most time, so ``other`` above can be told apart into glue kernels and idle gaps.
 
 Each public function of the family modules (``ninfer.cuda.FAMILY_MODULES``) that launches a kernel is wrapped for the duration of the
 run (``gemv``, ``gemv_experts`` and the MoE prefill's ``gemv_expert_lanes`` / ``expert_lanes`` included); a call's time is the event interval around its launches on the current stream. Work outside the wrappers
@@ -92,6 +97,61 @@ def _run(label: str, fn: Any) -> dict[str, float]:
     return {"wall_s": wall, **res}
 
 
+def _short(name: str) -> str:
+    """A kernel's name without its argument list (templates kept), at most 90 characters."""
+    depth, out = 0, []
+    for ch in name:
+        if ch == "(" and depth == 0:
+            break
+        depth += ch == "<"
+        depth -= ch == ">"
+        out.append(ch)
+    return "".join(out)[:90]
+
+
+def timeline(label: str, fn: Any, top: int = 25) -> dict[str, Any]:
+    """``fn`` once under the PyTorch profiler (CUDA activity): busy / idle GPU time over its span and the kernels
+    that took the most time. Needs torch (the device image has it); returns {} without it."""
+    import cupy
+
+    try:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as tprofile
+    except ImportError:
+        print(f"{label}: timeline needs torch")
+        return {}
+    cupy.cuda.Device().synchronize()
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        cupy.cuda.Device().synchronize()
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type.name == "CUDA" and "Memcpy" not in e.name and "Memset" not in e.name
+    )
+    if not spans:
+        return {}
+    busy, end, by = 0.0, spans[0][0], defaultdict(lambda: [0, 0.0])
+    for s0, s1, name in spans:
+        busy += max(0.0, s1 - max(s0, end))
+        end = max(end, s1)
+        by[_short(name)][0] += 1
+        by[_short(name)][1] += s1 - s0
+    span = end - spans[0][0]
+    rows = sorted(by.items(), key=lambda kv: -kv[1][1])[:top]
+    print(
+        f"{label} timeline: {len(spans)} kernels over {span / 1e3:.2f} ms, busy {busy / 1e3:.2f} ms, idle {(span - busy) / 1e3:.2f} ms"
+    )
+    for name, (n, us) in rows:
+        print(f"  {us / 1e3:8.3f} ms  {n:5d}x  {name}")
+    return {
+        "kernels": len(spans),
+        "span_ms": span / 1e3,
+        "busy_ms": busy / 1e3,
+        "top": [[k, n, us / 1e3] for k, (n, us) in rows],
+    }
+
+
 def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
     from ninfer.artifact.registry import MODELS as REG
     from ninfer.cuda.model import CudaQwen36
@@ -136,6 +196,8 @@ def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
         seqs.forward(pre, chunk)
 
     res["prefill_chunk"] = _run(f"{key} prefill {a.chunk} @{a.prefill_at}", prefill)
+    if a.timeline:
+        res["timeline"] = timeline(f"{key} prefill {a.chunk} @{a.prefill_at}", prefill)
     return res
 
 
@@ -151,6 +213,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         type=int,
         default=0,
         help="the chunk's first position (e.g. 8192 with --chunk 256: a follow-up)",
+    )
+    p.add_argument(
+        "--timeline", action="store_true", help="every kernel of the prefill chunk (torch profiler)"
     )
     p.add_argument("--fold", choices=("on", "off", "both"), default="on", help="decode with norm folding")
     a = p.parse_args(argv)
