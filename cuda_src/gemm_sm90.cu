@@ -327,18 +327,37 @@ __global__ void __launch_bounds__(GS_THREADS, 1)
     gs_expert_tile<D, ActF16, float>(p0, p1, p2, xh, y, off, tile_e, tile_s0, ntiles, N, K, ldx, ldy, rowf);
 }
 
+// 8 consecutive inputs of split_f16row's row xr at column k: the stored values, or (SWIGLU: xr holds [gate | up],
+// each K wide) silu(gate) * up with the swiglu kernel's own expression (activation.cu, float rows), so the values are
+// bitwise those swiglu would have stored.
+template <bool SWIGLU>
+__device__ __forceinline__ void split_in8(const float* xr, int K, int k, float v[8]) {
+    load8x(xr + k, v);
+    if constexpr (SWIGLU) {
+        float u[8];
+        load8x(xr + K + k, u);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = siluf_(v[j]) * u[j];
+    }
+}
+
 // x [M, K] (row stride ldx, K % 8 == 0) -> xh [M, K] fp16 words (row stride K) = x * 2^k rounded to nearest even,
 // rowf[m] = 2^-k (f16row_scale of the row's largest |x|). One block per row: the row's max (exact: max is order-free),
-// then its 8-k chunks.
-__global__ void __launch_bounds__(256) split_f16row(const float* __restrict__ x, bf16* __restrict__ xh,
-                                                    float* __restrict__ rowf, int M, int K, long long ldx) {
+// then its 8-k chunks. The input transforms (split_f16row_in): ROWS, row m is x's row rows[m] (the MoE prefill's
+// expert-sorted slots read their token's row in place, no gathered copy); SWIGLU, x's rows are [gate | up] (2K wide)
+// and row m is their SwiGLU (the down projection's input without the swiglu kernel's [M, K] array). Either gives
+// the bits split_f16row gives on the gathered / SwiGLU'd array.
+template <bool ROWS, bool SWIGLU>
+__device__ __forceinline__ void split_f16row_body(const float* __restrict__ x, const int* __restrict__ rows,
+                                                  bf16* __restrict__ xh, float* __restrict__ rowf, int K,
+                                                  long long ldx) {
     __shared__ float wmax[8];
     const int r = blockIdx.x, tid = threadIdx.x;
-    const float* xr = x + (long long)r * ldx;
+    const float* xr = x + (long long)(ROWS ? rows[r] : r) * ldx;
     float m = 0.f;
     for (int k = 8 * tid; k < K; k += 8 * 256) {
         float v[8];
-        load8x(xr + k, v);
+        split_in8<SWIGLU>(xr, K, k, v);
 #pragma unroll
         for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[j]));
     }
@@ -354,11 +373,24 @@ __global__ void __launch_bounds__(256) split_f16row(const float* __restrict__ x,
     if (tid == 0) rowf[r] = inv;
     for (int k = 8 * tid; k < K; k += 8 * 256) {
         float v[8];
-        load8x(xr + k, v);
+        split_in8<SWIGLU>(xr, K, k, v);
         u32 o[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) o[j] = f16_rne_bits(v[2 * j] * s) | f16_rne_bits(v[2 * j + 1] * s) << 16;
         *reinterpret_cast<uint4*>(xh + (long long)r * K + k) = make4(o[0], o[1], o[2], o[3]);
     }
+}
+
+__global__ void __launch_bounds__(256) split_f16row(const float* __restrict__ x, bf16* __restrict__ xh,
+                                                    float* __restrict__ rowf, int M, int K, long long ldx) {
+    split_f16row_body<false, false>(x, nullptr, xh, rowf, K, ldx);
+}
+
+// M = the number of output rows (rows[] entries with ROWS); K = the output width (x's rows are 2K wide with SWIGLU)
+template <bool ROWS, bool SWIGLU>
+__global__ void __launch_bounds__(256) split_f16row_in(const float* __restrict__ x, const int* __restrict__ rows,
+                                                       bf16* __restrict__ xh, float* __restrict__ rowf, int M, int K,
+                                                       long long ldx) {
+    split_f16row_body<ROWS, SWIGLU>(x, rows, xh, rowf, K, ldx);
 }
 

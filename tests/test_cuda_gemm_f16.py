@@ -158,3 +158,71 @@ def test_f16_experts_match_rounded_reference(cp: Any, fmt: str) -> None:
             assert np.array_equal(cp.asnumpy(alone)[0], got[s]), f"{fmt}: slot {s} alone differs"
         exact = cp.asnumpy(gemm_experts(cp.asarray(x), w, cp.asarray(ids), n))
         assert not np.array_equal(exact, got), f"{fmt}: inputs='fp16' gave the exact result (not taken?)"
+
+
+@pytest.mark.parametrize("fmt", ("NVFP4G16_E4M3S", "FP8E4M3_F32ROW"))
+def test_f16_swiglu_input_is_swiglu_then_gemm(cp: Any, fmt: str) -> None:
+    """``gemm(gu, w, swiglu=True)`` (the fp16 row split applies the SwiGLU: ``split_f16row_in<false, true>``) is
+    bitwise ``gemm(swiglu(gu), w)`` in the fp16 mode, on both sides of the ws threshold and with chunked scratch;
+    where the fp16 split does not apply (exact inputs, few rows) the swiglu kernel runs first: the same bits too."""
+    import ninfer.cuda.gemm_pair as gp
+    from ninfer.cuda.activation import swiglu
+    from ninfer.cuda.gemm import gemm
+
+    rng = np.random.default_rng(71)
+    for m, n, k in ((300, 260, 136), (gp.F16_WS_ROWS + 5, 517, 1032), (gp.PAIR_MIN_ROWS - 3, 130, 256)):
+        w, _ = _weight(rng, fmt, n, k)
+        gu = cp.zeros((m, 2 * k + 8), dtype=F32)  # a strided view: rows of 2K inside a wider buffer
+        gu[:, : 2 * k] = cp.asarray(_x(rng, m, 2 * k))
+        gu = gu[:, : 2 * k]
+        for inputs in ("fp16", "exact"):
+            fused = cp.asnumpy(gemm(gu, w, inputs=inputs, swiglu=True))
+            plain = cp.asnumpy(gemm(swiglu(gu), w, inputs=inputs))
+            assert np.array_equal(fused, plain), f"{fmt} {m}x{n}x{k} {inputs}: swiglu=True differs"
+    w, _ = _weight(rng, fmt, 517, 1032)
+    gu = cp.asarray(_x(rng, 300, 2 * 1032))
+    full = cp.asnumpy(gemm(gu, w, inputs="fp16", swiglu=True))
+    orig = (gp._W_CAP, gp._X_CAP)
+    try:
+        gp._W_CAP, gp._X_CAP = 2 * 256 * 1032, 4 * 128 * 1032
+        gp.release_scratch()
+        assert np.array_equal(cp.asnumpy(gemm(gu, w, inputs="fp16", swiglu=True)), full), "chunked scratch"
+    finally:
+        gp._W_CAP, gp._X_CAP = orig
+        gp.release_scratch()
+
+
+@pytest.mark.parametrize("fmt", ("NVFP4G16_E4M3S", "FP8E4M3_F32T"))
+def test_f16_experts_input_transforms(cp: Any, fmt: str) -> None:
+    """``gemm_experts(x, ..., rows=r)`` (slots read ``x[r[s]]`` in the row split) is bitwise ``gemm_experts(x[r])``,
+    ``swiglu=True`` bitwise ``gemm_experts(swiglu(x))``, both together too, in the fp16 mode and the exact one."""
+    from test_cuda_ops import _weight as _experts_weight
+
+    from ninfer.cuda.activation import swiglu
+    from ninfer.cuda.gemm import gemm_experts
+
+    rng = np.random.default_rng(73)
+    n, k, counts, tokens = 130, 136, [0, 150, 1, 0, 64, 65, 3], 97
+    e = len(counts)
+    w, _ = _experts_weight(rng, fmt, (e, n, k))
+    ids = cp.asarray(np.repeat(np.arange(e, dtype=np.int32), counts))
+    rows = cp.asarray(rng.integers(0, tokens, ids.size).astype(np.int32))
+    x = cp.asarray(_x(rng, tokens, k))
+    gu = cp.asarray(_x(rng, tokens, 2 * k))
+    for inputs in ("fp16", "exact"):
+        cases = (
+            (
+                gemm_experts(x, w, ids, n, inputs=inputs, rows=rows),
+                gemm_experts(x[rows], w, ids, n, inputs=inputs),
+            ),
+            (
+                gemm_experts(gu[rows], w, ids, n, inputs=inputs, swiglu=True),
+                gemm_experts(swiglu(gu[rows]), w, ids, n, inputs=inputs),
+            ),
+            (
+                gemm_experts(gu, w, ids, n, inputs=inputs, rows=rows, swiglu=True),
+                gemm_experts(swiglu(gu)[rows], w, ids, n, inputs=inputs),
+            ),
+        )
+        for i, (a, b) in enumerate(cases):
+            assert np.array_equal(cp.asnumpy(a), cp.asnumpy(b)), f"{fmt} {inputs}: transform case {i} differs"

@@ -20,7 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, check_array, grid_1d, matrix_args, matrix_out
+from ninfer.cuda._common import (
+    KernelError,
+    act_type,
+    check_array,
+    check_rows,
+    grid_1d,
+    matrix_args,
+    matrix_out,
+)
 from ninfer.cuda.gemm_pair import (
     F16_VARIANTS,
     PAIR_INSTANCES,
@@ -136,6 +144,7 @@ def gemm(
     impl: str = "auto",
     inputs: str = "exact",
     variant: str = "auto",
+    swiglu: bool = False,
 ) -> Any:
     """``out = x · Wᵀ`` for ``x[M, K]`` on tensor cores (exact weight operands, float32 ``x`` split into two bf16
     halves, fp32 accumulation); ``x`` and ``out`` may be row-strided views. ``impl``: see the module docstring
@@ -146,7 +155,11 @@ def gemm(
     ``impl="wgmma"`` takes the in-loop weight conversion instead of the scratch (the same bits, slower: gemm_pair).
     ``variant`` (gemm_pair.F16_VARIANTS): the fp16 scratch kernel's main loop, ``cp`` (cp.async), ``ws`` (TMA +
     warp specialization, cuda_src/gemm_sm90_ws.cu) or ``auto`` (by rows, the default), bitwise the same; GEMMs
-    that do not run the fp16 scratch kernel ignore it."""
+    that do not run the fp16 scratch kernel ignore it. ``swiglu``: ``x`` holds [gate | up] rows ``[M, 2K]`` and the
+    product is of their SwiGLU (the fp16 mode applies it in its row split; elsewhere the swiglu kernel runs first:
+    the same values either way)."""
+    if swiglu:
+        return _gemm_swiglu(x, w, out, impl, inputs, variant)
     if inputs not in GEMM_INPUTS:
         raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
     if variant not in F16_VARIANTS:
@@ -184,18 +197,54 @@ def gemm(
     return out
 
 
+def _f16_input(impl: str, inputs: str, w: DeviceWeight, t: str) -> bool:
+    """Whether a GEMM of float rows ``t`` against ``w`` runs in the fp16 mode's row split (Hopper, fp16 inputs, a
+    foldable format, outside graph capture): where the input transforms can be applied by ``f16_rows``."""
+    return _hopper(impl) and inputs == "fp16" and t == "float" and f16_foldable(w.fmt) and not capturing()
+
+
+def _gemm_swiglu(x: Any, w: DeviceWeight, out: Any, impl: str, inputs: str, variant: str) -> Any:
+    """gemm(..., swiglu=True): the fp16 pair mode splits the SwiGLU'd rows straight from ``x`` (split_f16row_in);
+    every other path runs the swiglu kernel first."""
+    from ninfer.cuda.activation import swiglu
+
+    m, _, ldx = check_rows(x, "x", 2 * w.cols, vec8=True)
+    if not (_f16_input(impl, inputs, w, act_type(x, "x")) and _use_pair(impl, w.fmt, "float", m)):
+        return gemm(swiglu(x), w, out, impl=impl, inputs=inputs, variant=variant)
+    out, ldy = matrix_out(x, out, m, w.rows)
+    if m:
+        gemm_pair(
+            x, w, out, (m, w.rows, w.cols, ldx, ldy), _sm90_kernel, f16=True, variant=variant, swiglu=True
+        )
+    return out
+
+
 def gemm_experts(
-    x: Any, w: DeviceWeight, ids: Any, n: int, out: Any = None, *, impl: str = "auto", inputs: str = "exact"
+    x: Any,
+    w: DeviceWeight,
+    ids: Any,
+    n: int,
+    out: Any = None,
+    *,
+    impl: str = "auto",
+    inputs: str = "exact",
+    rows: Any = None,
+    swiglu: bool = False,
 ) -> Any:
     """MoE prefill: ``out[s] = x[s] · W_e[ids[s]]ᵀ`` for slots sorted by expert (``ids`` int32, non-decreasing),
     ``w`` the fused ``[E*n, K]`` expert weight. The tile table is built on the device (no host sync): expert e owns
     rows ``off[e] .. off[e+1]`` and ``ceil(count_e / 128)`` tiles; the grid is sized by the bound ``S/128 + E``.
     ``inputs="fp16"`` (float32 ``x``, FP8 / NVFP4 weights, Hopper, outside graph capture): each slot's row rounded
-    to fp16 under a power-of-two scale as :func:`gemm` does (``gemm90_experts_f16``); otherwise exact."""
+    to fp16 under a power-of-two scale as :func:`gemm` does (``gemm90_experts_f16``); otherwise exact. Input
+    transforms, the same values as applying them first: ``rows`` (int32 on the device), slot s reads ``x[rows[s]]``
+    (``x`` the tokens' rows; no gathered copy in the fp16 mode); ``swiglu``, ``x``'s rows are [gate | up] of width
+    2K and the product is of their SwiGLU."""
     if impl == "pair":
         raise KernelError("gemm_experts: no pair mode (auto, wgmma or mma)")
     if inputs not in GEMM_INPUTS:
         raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
+    if rows is not None or swiglu:
+        return _experts_in(x, w, ids, n, out, impl, inputs, rows, swiglu)
     t, m, k, ldx = matrix_args(x, w, out, "gemm_experts")
     check_array(ids, "ids", dtype=np.int32, shape=(m,))
     if n <= 0 or w.rows % n:
@@ -208,7 +257,7 @@ def gemm_experts(
     p0, p1, p2 = w.planes()
     args = (p0, p1, p2, x, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k), np.int64(ldx),
             np.int64(ldy))  # fmt: skip
-    if _hopper(impl) and inputs == "fp16" and t == "float" and f16_foldable(w.fmt) and not capturing():
+    if _f16_input(impl, inputs, w, t):
         xh, rowf = f16_rows(x, ldx, _sm90_kernel)
         fn = _gs_kernel(f"gemm90_experts_f16<{PAIR_STRUCTS[w.fmt][1]}>")
         args = (p0, p1, p2, xh, rowf, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k), np.int64(k),
@@ -221,6 +270,37 @@ def gemm_experts(
         return out
     fn = kernel("gemm.cu", SOURCES["gemm.cu"], f"gemm_experts<{w.struct}, {t}>")
     fn((grid_1d(n, _GEMM_TILE), bound), (_GEMM_THREADS,), args)
+    return out
+
+
+def _experts_in(
+    x: Any, w: DeviceWeight, ids: Any, n: int, out: Any, impl: str, inputs: str, rows: Any, swiglu: bool
+) -> Any:
+    """gemm_experts with its input transforms: in the fp16 mode ``f16_rows`` applies them while splitting the
+    slots' rows; otherwise they run first (``cupy.take``, the swiglu kernel) and the plain call follows."""
+    import cupy
+
+    from ninfer.cuda.activation import swiglu as swiglu_kernel
+
+    _, _, ldx = check_rows(x, "x", (2 if swiglu else 1) * w.cols, vec8=True)
+    if rows is not None:
+        check_array(rows, "rows", dtype=np.int32, shape=ids.shape)
+    if not _f16_input(impl, inputs, w, act_type(x, "x")) or ids.shape[0] == 0:
+        x = swiglu_kernel(x) if swiglu else x
+        x = cupy.take(x, rows, axis=0) if rows is not None else x
+        return gemm_experts(x, w, ids, n, out, impl=impl, inputs=inputs)
+    check_array(ids, "ids", dtype=np.int32)
+    if n <= 0 or w.rows % n:
+        raise KernelError(f"gemm_experts: weight rows {w.rows} are not a whole number of experts of {n} rows")
+    m, k = ids.shape[0], w.cols
+    out, ldy = matrix_out(x, out, m, n)
+    off, tile_e, tile_s0, ntiles, bound = expert_tiles(ids, w.rows // n)
+    p0, p1, p2 = w.planes()
+    xh, rowf = f16_rows(x, ldx, _sm90_kernel, rows=rows, swiglu=swiglu)
+    fn = _gs_kernel(f"gemm90_experts_f16<{PAIR_STRUCTS[w.fmt][1]}>")
+    args = (p0, p1, p2, xh, rowf, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k), np.int64(k),
+            np.int64(ldy))  # fmt: skip
+    fn((grid_1d(n, DQ_STRUCTS[w.fmt][1]), bound), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
     return out
 
 

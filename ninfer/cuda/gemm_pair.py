@@ -66,6 +66,8 @@ PAIR_INSTANCES: tuple[str, ...] = (
     *(f"gemm90_f16il<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),  # the in-loop fp16 kernel
     *(f"gemm90_experts_f16<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),  # the MoE prefill's
     "split_f16row",
+    # its input transforms (a gather index, the SwiGLU of [gate | up] rows, both): the MoE and MLP prefill inputs
+    *(f"split_f16row_in<{r}, {g}>" for r, g in (("true", "false"), ("false", "true"), ("true", "true"))),
 )
 # The fp16 mode's scratch kernel (``variant``): "cp" gemm90_f16 (cp.async ring, every thread copies and computes),
 # "ws" gemm90_f16_ws (cuda_src/gemm_sm90_ws.cu: TMA ring, producer warpgroup, persistent CTAs), bitwise the same
@@ -167,14 +169,24 @@ def release_scratch() -> None:
     _SCRATCH.clear()
 
 
-def f16_rows(x: Any, ldx: int, kernel_of: Callable[[str], Any]) -> tuple[Any, Any]:
+def f16_rows(
+    x: Any, ldx: int, kernel_of: Callable[[str], Any], *, rows: Any = None, swiglu: bool = False
+) -> tuple[Any, Any]:
     """The fp16 mode's activation rows for a kernel that reads them itself (the MoE prefill GEMM): ``split_f16row``
     of float32 ``x[M, K]`` (row stride ``ldx``, M > 0) into the scratch, as (fp16 words ``[M, K]`` as uint16, one
-    float32 factor per row). Not for graph capture (the scratch may be reallocated)."""
-    m, k = x.shape
+    float32 factor per row). Input transforms, bitwise the same as applying them first (``split_f16row_in``):
+    ``rows`` (int32 ``[M']`` on the device), row m is ``x[rows[m]]``; ``swiglu``, ``x`` holds [gate | up] rows of
+    width 2K and row m is their SwiGLU. Not for graph capture (the scratch may be reallocated)."""
+    m = x.shape[0] if rows is None else rows.shape[0]
+    k = x.shape[1] // 2 if swiglu else x.shape[1]
     buf = _scratch("x", m * k + 2 * m)
     xh, rowf = buf[: m * k], buf[m * k : m * k + 2 * m].view(np.float32)
-    kernel_of("split_f16row")((m,), (_SPLIT_THREADS,), (x, xh, rowf, np.int32(m), np.int32(k), np.int64(ldx)))
+    if rows is None and not swiglu:
+        fn, args = kernel_of("split_f16row"), (x, xh, rowf)
+    else:
+        fn = kernel_of(f"split_f16row_in<{str(rows is not None).lower()}, {str(swiglu).lower()}>")
+        args = (x, rows if rows is not None else 0, xh, rowf)
+    fn((m,), (_SPLIT_THREADS,), (*args, np.int32(m), np.int32(k), np.int64(ldx)))
     return xh, rowf
 
 
@@ -188,6 +200,7 @@ def gemm_pair(
     f16: bool = False,
     inloop: bool = False,
     variant: str = "auto",
+    swiglu: bool = False,
 ) -> None:
     """``out = x · Wᵀ`` in pair mode. ``dims`` = (M, N, K, ldx, ldy) as checked by gemm.gemm; ``x`` float32,
     ``w.fmt`` in :data:`PAIR_STRUCTS`; ``kernel_of(name)`` the compiled gemm_sm90.cu instance. Not for graph
@@ -198,11 +211,15 @@ def gemm_pair(
     twin), the weights as exact fp16 operands, the row's power of two undone in the epilogue. ``inloop`` (fp16
     mode): the weights converted inside the main loop (``gemm90_f16il``) rather than once into the scratch.
     ``variant`` (:data:`F16_VARIANTS`, fp16 mode): the scratch kernel's main loop, ``auto`` by rows
-    and weight size (:func:`f16_auto_ws`; the in-loop kernel has one loop). Bitwise the same result every way."""
+    and weight size (:func:`f16_auto_ws`; the in-loop kernel has one loop). Bitwise the same result every way.
+    ``swiglu`` (fp16 mode): ``x`` holds [gate | up] rows of width 2K, and the product is of their SwiGLU, applied
+    by the row split (``f16_rows``) instead of a separate kernel's [M, K] array (``dims[2]`` is K)."""
     m, n, k, _, ldy = dims
     wstruct, dq = PAIR_STRUCTS[w.fmt]
     if f16 and dq is None:
         raise ValueError(f"gemm_pair: {w.fmt} has no fp16 mode (its operand values are not exact in fp16)")
+    if swiglu and not f16:
+        raise ValueError("gemm_pair: swiglu is the fp16 mode's input transform")
     if not f16 and inloop:
         raise ValueError("gemm_pair: inloop is the fp16 mode's choice")
     if variant not in F16_VARIANTS or (variant == "ws" and not f16):
@@ -242,7 +259,7 @@ def gemm_pair(
     for m0 in range(0, m, mx):
         rows = min(mx, m - m0)
         if f16:  # xh: the rows' fp16 words, then one float factor per row
-            xa, xb = f16_rows(x[m0 : m0 + rows], dims[3], kernel_of)
+            xa, xb = f16_rows(x[m0 : m0 + rows], dims[3], kernel_of, swiglu=swiglu)
         else:  # hi, lo
             xa, xb = xbuf[: rows * k], xbuf[rows * k : 2 * rows * k]
             split((grid_1d(rows * (k // 8), _SPLIT_THREADS),), (_SPLIT_THREADS,),

@@ -84,7 +84,6 @@ def _product(
     net: Any, x: Any, w: Any, out: Any, exact: bool, *, swiglu: bool = False, gate: Any = None
 ) -> Any:
     from ninfer.cuda.activation import sigmoid_gate
-    from ninfer.cuda.activation import swiglu as swiglu_kernel
     from ninfer.cuda.gemm import gemm
     from ninfer.cuda.linear import gemv
 
@@ -92,11 +91,10 @@ def _product(
         net, x.shape[0], exact
     ):  # more than 8 rows: 8-row blocks, each row bitwise its decode result
         return gemv(x, w, out, swiglu=swiglu, gate=gate, prefetch=next_product(net, w))
-    if swiglu:
-        x = swiglu_kernel(x)
-    elif gate is not None:
+    if gate is not None:
         x = sigmoid_gate(x, gate[0], x.shape[1] // gate[1], gate[1])
-    return gemm(x, w, out, inputs=net.prefill_inputs)
+    # swiglu: the fp16 mode's row split applies it (no [T, I] array); other GEMM paths run the kernel first
+    return gemm(x, w, out, inputs=net.prefill_inputs, swiglu=swiglu)
 
 
 def attention_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None) -> Any:
@@ -194,7 +192,6 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
     ``resid``: dense layers only (the down projection folds the residual add)."""
     import cupy
 
-    from ninfer.cuda.activation import swiglu
     from ninfer.cuda.router import moe_route
 
     cfg, w, p = net.cfg, net.w, p + "mlp."
@@ -242,11 +239,10 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
         # the prefill GEMM inputs' mode (fp16 by default: each slot's row rounded under its own power-of-two scale,
         # tests/test_cuda_gemm_f16.py; the NumPy emulation with the experts so rounded, perf/fidelity_prefill.py,
         # agrees on 0.997 of the mid-size MoE's positions); the rows' scratch: memory_plan._gemm_scratch
+        # (the slots read their token's row and the SwiGLU in the row split: no gathered or SwiGLU'd copy)
         mode = net.prefill_inputs
-        gu = gemm_experts(
-            cupy.take(h, xrow, axis=0), w[p + "experts.gate_up_proj"], ids, 2 * inter, inputs=mode
-        )
-        dn = gemm_experts(swiglu(gu), w[p + "experts.down_proj"], ids, hid, inputs=mode)
+        gu = gemm_experts(h, w[p + "experts.gate_up_proj"], ids, 2 * inter, inputs=mode, rows=xrow)
+        dn = gemm_experts(gu, w[p + "experts.down_proj"], ids, hid, inputs=mode, swiglu=True)
     else:
         gu = cupy.empty((ns, 2 * inter), dtype=h.dtype)
         _experts(h, w[p + "experts.gate_up_proj"], ids, xrow, 2 * inter, gu)
