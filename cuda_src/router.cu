@@ -65,3 +65,83 @@ __global__ void moe_route(const T* __restrict__ logits, int* __restrict__ ids, f
         weights[row * K + lane] = bad ? __int_as_float(0x7fc00000) : sel_p / sel_sum;
     }
 }
+
+// moe_sort: a prefill chunk's expert-sorted slot list in one launch (no sort library, no host sync). The routed
+// pairs flat[0 .. n) (pair i: token i / K, choice i % K; ids in [0, NE), as moe_route writes them) are ordered by
+// expert id, ties by position: a stable counting sort, so exactly the order a stable argsort gives. Slot s of the
+// order gets ids[s] (its expert) and xrow[s] (its token row), pair i its slot where[i]; slots n .. ns - 1 (the
+// shared expert's, one per token) follow unsorted: ids[s] = flat[s], xrow[s] = s - n.
+// One block of MS_NT threads. Warp w owns the contiguous pairs [w·L, min(n, (w+1)·L)), L = ceil(n / 32), and walks
+// them 32 at a time in order; the lanes holding one id form a __match_any_sync group. Pass 1: the group's first
+// lane adds the group's size to hist[w][id]. Then hist becomes each (warp, id)'s first slot: ids in order, warps in
+// order within an id (an exclusive scan of the per-id totals, then a walk down each id's column). Pass 2: a lane's
+// slot is hist[w][id] + its rank in its group, and the group's first lane advances hist[w][id] by the group's size.
+// So slots follow (id, warp, step, lane) = (id, position) order. Shared memory: 32 * NE ints.
+constexpr int MS_NT = 1024;
+
+__global__ void __launch_bounds__(MS_NT) moe_sort(const int* __restrict__ flat, int* __restrict__ ids,
+                                                  int* __restrict__ xrow, int* __restrict__ where, int n, int ns,
+                                                  int K, int NE) {
+    extern __shared__ int hist[];  // [32 warps][NE]
+    __shared__ int wsum[32];
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    for (int i = tid; i < 32 * NE; i += MS_NT) hist[i] = 0;
+    __syncthreads();
+    const int L = (n + 31) / 32, b0 = w * L, b1 = min(n, b0 + L);
+    int* hw = hist + w * NE;
+    for (int i0 = b0; i0 < b1; i0 += 32) {  // pass 1: counts per (warp, id)
+        const int i = i0 + lane;
+        const int x = i < b1 ? flat[i] : -1;
+        const unsigned peers = __match_any_sync(0xffffffffu, x);
+        if (x >= 0 && lane == __ffs(peers) - 1) hw[x] += __popc(peers);
+    }
+    __syncthreads();
+    int total = 0;  // thread x < NE: id x's count over all warps
+    if (tid < NE)
+        for (int v = 0; v < 32; ++v) total += hist[v * NE + tid];
+    int incl = total;  // block-wide inclusive scan of the totals (NE <= MS_NT)
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    if (lane == 31) wsum[w] = incl;
+    __syncthreads();
+    if (w == 0) {
+        int s = wsum[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o) s += y;
+        }
+        wsum[lane] = s;
+    }
+    __syncthreads();
+    if (tid < NE) {  // id tid's first slot per warp
+        int run = incl - total + (w > 0 ? wsum[w - 1] : 0);
+        for (int v = 0; v < 32; ++v) {
+            const int c = hist[v * NE + tid];
+            hist[v * NE + tid] = run;
+            run += c;
+        }
+    }
+    __syncthreads();
+    for (int i0 = b0; i0 < b1; i0 += 32) {  // pass 2: the slots, in position order within each (warp, id)
+        const int i = i0 + lane;
+        const int x = i < b1 ? flat[i] : -1;
+        const unsigned peers = __match_any_sync(0xffffffffu, x);
+        const int pos = x >= 0 ? hw[x] + __popc(peers & ((1u << lane) - 1u)) : 0;
+        __syncwarp();
+        if (x >= 0 && lane == __ffs(peers) - 1) hw[x] += __popc(peers);
+        __syncwarp();
+        if (x >= 0) {
+            ids[pos] = x;
+            xrow[pos] = i / K;
+            where[i] = pos;
+        }
+    }
+    for (int s = n + tid; s < ns; s += MS_NT) {
+        ids[s] = flat[s];
+        xrow[s] = s - n;
+    }
+}

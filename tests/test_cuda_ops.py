@@ -885,6 +885,34 @@ def test_moe_route_nan_rows_stay_in_range(cp: Any, e: int, k: int) -> None:
     assert np.array_equal(ids[3], 1 + 2 * ref_ids[0]) and np.allclose(w[3], ref_w[0], rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "t,k,e,shared",
+    [(9, 2, 8, False), (33, 8, 256, True), (256, 8, 256, True), (4096, 8, 256, False), (1000, 4, 64, True)],
+)
+def test_moe_sort_is_the_stable_argsort(cp: Any, t: int, k: int, e: int, shared: bool) -> None:
+    """moe_sort (one launch) gives exactly what the stable argsort construction gives (NumPy here): slots ordered
+    by expert, ties by pair position; each slot's token row; each pair's slot; the shared slots appended in token
+    order. Skewed ids (a few hot experts, many empty ones) so that groups span warps and steps."""
+    from ninfer.cuda.router import moe_sort
+
+    rng = np.random.default_rng(t + k)
+    n = t * k
+    hot = rng.integers(0, e, 3)
+    routed = np.where(rng.random(n) < 0.5, rng.choice(hot, n), rng.integers(0, e, n)).astype(np.int32)
+    flat = np.concatenate([routed, np.full(t if shared else 0, e, np.int32)])
+    ids, xrow, where = (cp.asnumpy(a) for a in moe_sort(cp.asarray(flat), n, k, e))
+    order = np.argsort(routed, kind="stable")
+    ref_ids = np.concatenate([routed[order], flat[n:]])
+    ref_xrow = np.concatenate([order // k, np.arange(len(flat) - n)]).astype(np.int32)
+    ref_where = np.empty(n, np.int64)
+    ref_where[order] = np.arange(n)
+    assert np.array_equal(ids, ref_ids), "expert ids per slot"
+    assert np.array_equal(xrow, ref_xrow), "token row per slot"
+    assert np.array_equal(where, ref_where), "slot per pair"
+    sorted_dev = cp.asnumpy(cp.argsort(cp.asarray(routed)))  # what the prefill used before: the same order
+    assert np.array_equal(sorted_dev, order), "cupy.argsort is not the stable order (the test's premise)"
+
+
 # ---- sampling ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("t", ["float", "bf16"])
 def test_argmax_masked(cp: Any, t: str) -> None:

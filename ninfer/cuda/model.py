@@ -247,7 +247,7 @@ class CudaQwen36:
     def warm_prefill(self, rows: int = 16) -> None:
         """Run a short prefill and one of ``rows`` rows (the engine's ``prefill_chunk``) over the scratch slot, so
         what the prefill path builds lazily happens at start-up, not in the first request: the kernels CuPy builds
-        for the MoE slot sort and tile table (argsort, searchsorted, cumsum, take; a cold first 35B-A3B prefill of
+        for the MoE tile table (searchsorted, cumsum, take; a cold first 35B-A3B prefill of
         1K tokens took 1.5 s instead of 0.14 s), the grouped GEMM's tile table of the short chunks' expert lanes
         (the 35B-A3B's first 8K prefill of a run took 2.3 s instead of ~0.75 at e919d69), and the memory pool's
         blocks of a full chunk (the first 2048-token chunks of a run: 35B-A3B 8K prefill 0.55-0.71 s in

@@ -6,14 +6,17 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, act_type, check_rows, grid_1d
+from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, grid_1d
 from ninfer.cuda.launch import launch
 from ninfer.cuda.loader import kernel
 
-__all__ = ["moe_route", "SOURCES", "MAX_EXPERTS"]
+__all__ = ["moe_route", "moe_sort", "SOURCES", "MAX_EXPERTS"]
 
 MAX_EXPERTS = 256  # 32 lanes x MAXE=8
-SOURCES: dict[str, tuple[str, ...]] = {"router.cu": tuple(f"moe_route<{t}, 8>" for t in ("float", "bf16"))}
+SOURCES: dict[str, tuple[str, ...]] = {
+    "router.cu": (*(f"moe_route<{t}, 8>" for t in ("float", "bf16")), "moe_sort")
+}
+_SORT_THREADS = 1024  # MS_NT in cuda_src/router.cu
 
 
 def moe_route(logits: Any, top_k: int, shared: int | None = None) -> tuple[Any, Any]:
@@ -45,3 +48,26 @@ def moe_route(logits: Any, top_k: int, shared: int | None = None) -> tuple[Any, 
             (logits, ids, weights, np.int32(rows), np.int32(e), np.int32(top_k), np.int64(ld), sh),
         )
     return ids, weights
+
+
+def moe_sort(flat: Any, n: int, top_k: int, experts: int) -> tuple[Any, Any, Any]:
+    """A prefill chunk's slots sorted by expert, in one launch (router.cu ``moe_sort``): for the routed pairs
+    ``flat[:n]`` (int32, pair i = token i // top_k, ids in ``[0, experts)``) ordered by id, ties by position (the
+    order of a stable argsort), ``(ids, xrow, where)``: each slot's expert and token row and each pair's slot; the
+    entries ``flat[n:]`` (the shared expert's, one per token) follow unsorted with rows 0, 1, ... (``ids`` and
+    ``xrow`` have ``flat.size`` entries, ``where`` n)."""
+    import cupy
+
+    check_array(flat, "flat", dtype=np.int32)
+    ns = flat.shape[0]
+    if flat.ndim != 1 or not (0 <= n <= ns) or top_k < 1 or n % top_k:
+        raise KernelError(f"moe_sort: flat of {flat.shape}, n={n}, top_k={top_k}")
+    if not (1 <= experts <= MAX_EXPERTS):
+        raise KernelError(f"moe_sort: {experts} experts (1..{MAX_EXPERTS})")
+    ids, xrow = cupy.empty(ns, np.int32), cupy.empty(ns, np.int32)
+    where = cupy.empty(n, np.int32)
+    if ns:
+        fn = kernel("router.cu", SOURCES["router.cu"], "moe_sort")
+        args = (flat, ids, xrow, where, np.int32(n), np.int32(ns), np.int32(top_k), np.int32(experts))
+        fn((1,), (_SORT_THREADS,), args, shared_mem=32 * 4 * experts)
+    return ids, xrow, where
