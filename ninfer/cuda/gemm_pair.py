@@ -109,6 +109,9 @@ _BM, _BN, _THREADS, _SMEM = 128, 256, 256, 232448  # GS_BM, DqBF16::BN, GS_THREA
 # bitwise equal to one launch.
 _W_CAP, _X_CAP = 384 << 20, 640 << 20
 _SPLIT_THREADS = 256
+# split_f16row_in keeps a row's transformed inputs in shared memory up to this many bytes (the 27B's 17408-wide
+# down-projection rows: 68 KB, three blocks per SM), else reads them twice
+_SPLIT_KEEP_BYTES = 96 << 10
 # (device, stream, kind) -> grow-only uint16 buffer: sized by the largest call so far (at most the caps above), then
 # reused without allocating; one per stream, so GEMMs on different streams never share one.
 _SCRATCH: dict[tuple[int, int, str], Any] = {}
@@ -182,11 +185,27 @@ def f16_rows(
     buf = _scratch("x", m * k + 2 * m)
     xh, rowf = buf[: m * k], buf[m * k : m * k + 2 * m].view(np.float32)
     if rows is None and not swiglu:
-        fn, args = kernel_of("split_f16row"), (x, xh, rowf)
-    else:
-        fn = kernel_of(f"split_f16row_in<{str(rows is not None).lower()}, {str(swiglu).lower()}>")
-        args = (x, rows if rows is not None else 0, xh, rowf)
-    fn((m,), (_SPLIT_THREADS,), (*args, np.int32(m), np.int32(k), np.int64(ldx)))
+        kernel_of("split_f16row")(
+            (m,), (_SPLIT_THREADS,), (x, xh, rowf, np.int32(m), np.int32(k), np.int64(ldx))
+        )
+        return xh, rowf
+    fn = kernel_of(f"split_f16row_in<{str(rows is not None).lower()}, {str(swiglu).lower()}>")
+    keep = (
+        4 * k <= _SPLIT_KEEP_BYTES
+    )  # the row's inputs kept in shared memory between the kernel's two passes
+    if keep and fn.max_dynamic_shared_size_bytes < 4 * k:
+        fn.max_dynamic_shared_size_bytes = _SPLIT_KEEP_BYTES
+    args = (
+        x,
+        rows if rows is not None else np.uint64(0),
+        xh,
+        rowf,
+        np.int32(m),
+        np.int32(k),
+        np.int64(ldx),
+        np.int32(keep),
+    )
+    fn((m,), (_SPLIT_THREADS,), args, shared_mem=4 * k if keep else 0)
     return xh, rowf
 
 
