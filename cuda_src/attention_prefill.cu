@@ -131,14 +131,20 @@ __device__ __forceinline__ void ag_tile(const u16* Qh, const u16* Ql, const u16*
     }
 }
 
-// grid (ceil(R / BR), HKV), BR = 128 / G (G <= 128), 256 threads; dynamic shared memory: Qh, Ql (float q)
+// grid (ceil(R / BR), HKV, splits), BR = 128 / G (G <= 128), 256 threads; dynamic shared memory: Qh, Ql (float q)
 // [128][D+8], K and V [2 buffers][BN][D+8] bf16 words, then the rows' sequence and position [128] ints each.
+// Key splits (split_keys > 0, a multiple of BN; the wrapper's choice for launches of few blocks, docs/cuda.md):
+// block z visits only keys [z·split_keys, (z+1)·split_keys) and, for each row with a key there, stores its
+// unnormalised accumulators, running max and (quad-summed) sum to part[z][r][h][D + 2] instead of the output;
+// attention_prefill_combine merges a row's splits 0 .. row_pos / split_keys in order. A row with one split is
+// bitwise the unsplit result: its only split walks the same tiles from key 0, and the merge multiplies by e^0 = 1.
 template <typename T, int D>
 __global__ void __launch_bounds__(AG_THREADS, 1)
     attention_prefill_gqa(const T* __restrict__ q, const bf16* __restrict__ k_cache,
                           const bf16* __restrict__ v_cache, const int* __restrict__ page_table,
                           const int* __restrict__ row_seq, const int* __restrict__ row_pos, T* __restrict__ o, int R,
-                          int HQ, int HKV, int page_size, long long ldpt, float scale) {
+                          int HQ, int HKV, int page_size, long long ldpt, float scale, int split_keys,
+                          float* __restrict__ part) {
     constexpr int BN = ApCfg<D>::BN, LD = ApCfg<D>::LD;
     constexpr bool SPLIT = ApSplit<T>::value;
     extern __shared__ uint4 att_smem[];
@@ -149,7 +155,7 @@ __global__ void __launch_bounds__(AG_THREADS, 1)
     int* s_seq = reinterpret_cast<int*>(Vb + 2 * BN * LD);
     int* s_pos = s_seq + AG_SLOTS;
     const int G = HQ / HKV, BR = AG_SLOTS / G, hk = blockIdx.y;
-    const int r0 = (gridDim.x - 1 - blockIdx.x) * BR, nrows = min(BR, R - r0);
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * BR, nrows = min(BR, R - r0), kz0 = blockIdx.z * split_keys;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wm = warp * 16;
     for (int i = threadIdx.x; i < AG_SLOTS; i += blockDim.x) {
         s_seq[i] = i < nrows ? row_seq[r0 + i] : -1;
@@ -175,18 +181,21 @@ __global__ void __launch_bounds__(AG_THREADS, 1)
 #pragma unroll
         for (int f = 0; f < D / 8; ++f) st.acc[f][0] = st.acc[f][1] = st.acc[f][2] = st.acc[f][3] = 0.f;
         const int* pt = page_table + (long long)b * ldpt;
-        const int ntiles = kend / BN + 1;
-        ag_stage_kv<D>(k_cache, v_cache, pt, page_size, HKV, hk, 0, kend, Kb, Vb);
+        // this block's tiles: all of the segment's, or those of split z (block-uniform bounds)
+        const int i0 = split_keys ? kz0 / BN : 0;
+        const int i1 = split_keys ? min(kend / BN, (kz0 + split_keys) / BN - 1) : kend / BN;
+        if (i0 > i1) continue;  // no key of this split is visible to the segment
+        ag_stage_kv<D>(k_cache, v_cache, pt, page_size, HKV, hk, i0 * BN, kend, Kb, Vb);
         ap_cp_commit();
-        for (int i = 0; i < ntiles; ++i) {
+        for (int i = i0; i <= i1; ++i) {
             ap_cp_wait_all();
             __syncthreads();  // tile i is in place for all; every warp is done with tile i - 1's buffer
-            const int nb = (i + 1) & 1;
-            if (i + 1 < ntiles)
+            const int nb = (i - i0 + 1) & 1;
+            if (i < i1)
                 ag_stage_kv<D>(k_cache, v_cache, pt, page_size, HKV, hk, (i + 1) * BN, kend, Kb + nb * BN * LD,
                                Vb + nb * BN * LD);
             ap_cp_commit();
-            const int cb = i & 1;
+            const int cb = (i - i0) & 1;
             if (i * BN <= wlim) ag_tile<SPLIT, D>(Qh, Ql, Kb + cb * BN * LD, Vb + cb * BN * LD, wm, i * BN, scale, st);
         }
         __syncthreads();  // the next segment's first copies reuse the buffers
@@ -195,14 +204,50 @@ __global__ void __launch_bounds__(AG_THREADS, 1)
             float l = st.l[h];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
-            if (st.lim[h] < 0) continue;
-            const float il = l > 0.f ? 1.f / l : 0.f;
+            if (st.lim[h] < kz0) continue;  // no row here, or none of its keys in this split
             const int m = wm + g + 8 * h;
-            T* orow = o + ((long long)(r0 + row[h]) * HQ + hk * G + m % G) * D;
+            const long long oh = (long long)(r0 + row[h]) * HQ + hk * G + m % G;
+            if (split_keys) {  // the split's partial state, merged by attention_prefill_combine
+                float* prow = part + ((long long)blockIdx.z * R * HQ + oh) * (D + 2);
+#pragma unroll
+                for (int f = 0; f < D / 8; ++f)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) prow[8 * f + 2 * t + c] = st.acc[f][2 * h + c];
+                if (t == 0) prow[D] = st.m[h], prow[D + 1] = l;
+                continue;
+            }
+            const float il = l > 0.f ? 1.f / l : 0.f;
+            T* orow = o + oh * D;
 #pragma unroll
             for (int f = 0; f < D / 8; ++f)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) orow[8 * f + 2 * t + c] = from_f<T>(st.acc[f][2 * h + c] * il);
         }
     }
+}
+
+// The key splits' merge: one thread per output element (r, h, d) of rows 0 .. R - 1. Row r has splits 0 .. n - 1,
+// n = row_pos[r] / split_keys + 1, each with keys (row_pos >= z·split_keys). M = max m_z, w_z = e^{m_z − M},
+// o = (Σ_z w_z acc_z) · (1 / Σ_z w_z l_z), the sums in split order from the first term (n = 1: w_0 = 1, so acc_0
+// and l_0 unchanged, and o = acc_0 · (1 / l_0) as the unsplit kernel stores it).
+template <typename T, int D>
+__global__ void __launch_bounds__(256)
+    attention_prefill_combine(const float* __restrict__ part, const int* __restrict__ row_pos, T* __restrict__ o,
+                              int R, int HQ, int split_keys) {
+    const long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (long long)R * HQ * D) return;
+    const long long oh = e / D, zs = (long long)R * HQ * (D + 2);
+    const int d = (int)(e % D), n = row_pos[oh / HQ] / split_keys + 1;
+    const float* p = part + oh * (D + 2);
+    float mx = p[D];
+    for (int z = 1; z < n; ++z) mx = fmaxf(mx, p[z * zs + D]);
+    const float w0 = expf(p[D] - mx);
+    float acc = p[d] * w0, l = p[D + 1] * w0;
+    for (int z = 1; z < n; ++z) {
+        const float w = expf(p[z * zs + D] - mx);
+        acc += p[z * zs + d] * w;
+        l += p[z * zs + D + 1] * w;
+    }
+    const float il = l > 0.f ? 1.f / l : 0.f;
+    o[oh * D + d] = from_f<T>(acc * il);
 }

@@ -38,7 +38,7 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(emu: Path, tmp: Path, pr: dict, t: str, rows: np.ndarray | None = None, *, variant: str = "gqa",
-         seed: int = 1) -> np.ndarray:  # fmt: skip
+         seed: int = 1, split_keys: int = 0) -> np.ndarray:  # fmt: skip
     """The kernel's output for launch rows ``rows`` (default: all, in order) of problem ``pr``."""
     rows = np.arange(pr["q"].shape[0]) if rows is None else rows
     q = pr["q"][rows]
@@ -50,7 +50,7 @@ def _run(emu: Path, tmp: Path, pr: dict, t: str, rows: np.ndarray | None = None,
         np.ascontiguousarray(arr).tofile(tmp / f"{name}.bin")
     scale = repr(float(F32(float(d) ** -0.5)))
     args = [VARIANT[variant], int(t == "bf16"), d, r, hq, kc.shape[2], kc.shape[0], kc.shape[1], table.shape[1],
-            table.shape[0], scale, seed]  # fmt: skip
+            table.shape[0], scale, seed, split_keys, pr["max_len"]]  # fmt: skip
     proc = subprocess.run([str(emu), str(tmp), *map(str, args)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
     raw = np.fromfile(tmp / "o.bin", dtype=np.uint16 if t == "bf16" else F32).reshape(r, hq, d)
@@ -99,3 +99,21 @@ def test_gqa_emulated_rows_independent(emu: Path, tmp_path: Path, t: str) -> Non
     )
     for chunk in (np.arange(0, 17), np.arange(17, 33), np.arange(33, 40), np.array([38])):
         assert _same(_run(emu, tmp_path, pr, t, chunk), full[chunk]), f"chunk {chunk[0]}..{chunk[-1]} differs"
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
+def test_gqa_emulated_key_splits(emu: Path, tmp_path: Path, t: str) -> None:
+    """Key splits (the launch of few blocks over a long prefix): split_keys = 32 and 64 over rows up to position 150
+    (2-5 splits): the merged output within fp32 rounding of the unsplit one (and of the reference); the rows whose
+    keys all fall in split 0 bitwise the unsplit bits; no output left unwritten; the block order changes nothing."""
+    pr = _problem(np.random.default_rng(21), (6, 1, 256, 16, [0, 100], [40, 51]), t)
+    full = _run(emu, tmp_path, pr, t)
+    pos = pr["row_pos"]
+    for sk in (32, 64):
+        got = _run(emu, tmp_path, pr, t, split_keys=sk)
+        assert _err(got, pr["ref"]) <= TOL[t], f"split_keys={sk}: against the reference"
+        assert _err(got, full) <= (1e-5 if t == "float" else TOL[t]), f"split_keys={sk}: against the unsplit"
+        one = pos < sk
+        assert one.any() and (~one).any()
+        assert _same(got[one], full[one]), f"split_keys={sk}: one-split rows changed bits"
+        assert _same(_run(emu, tmp_path, pr, t, split_keys=sk, seed=5), got), "block order changed results"

@@ -90,8 +90,15 @@ def _err(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 def _run(
-    cp: Any, pr: dict[str, Any], t: str, rows: np.ndarray | None = None, variant: str = "gqa"
+    cp: Any,
+    pr: dict[str, Any],
+    t: str,
+    rows: np.ndarray | None = None,
+    variant: str = "gqa",
+    split_keys: int | None = 0,
 ) -> np.ndarray:
+    """The kernel's output for launch rows ``rows``; ``split_keys`` 0 (no key splits: the bitwise checks between
+    kernels and launches), None (the wrapper's choice) or keys per split."""
     from ninfer.cuda.attention_prefill import attention_prefill
 
     rows = np.arange(pr["q"].shape[0]) if rows is None else rows
@@ -100,7 +107,7 @@ def _run(
     out = cp.full(q.shape, BF16_NAN, dtype=np.uint16) if t == "bf16" else cp.full(q.shape, np.nan, dtype=F32)
     attention_prefill(qd, cp.asarray(pr["kc"]), cp.asarray(pr["vc"]), cp.asarray(pr["table"]),
                       cp.asarray(pr["row_seq"][rows]), cp.asarray(pr["row_pos"][rows]), max_len=pr["max_len"],
-                      out=out, variant=variant)  # fmt: skip
+                      out=out, variant=variant, split_keys=split_keys)  # fmt: skip
     h = cp.asnumpy(out)
     return bf16_decode(h) if t == "bf16" else h
 
@@ -158,6 +165,36 @@ def test_prefill_rows_independent_of_chunking(t: str, shape: tuple) -> None:
         )
     rev = seq0[::-1].copy()
     assert np.array_equal(_run(cp, pr, t, rev).view(np.uint32), full[rev].view(np.uint32)), "reversed rows"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", ["float", "bf16"])
+@pytest.mark.parametrize("shape", [(24, 4, 256), (16, 2, 256)], ids=["27B", "35B-A3B"])
+def test_prefill_key_splits(t: str, shape: tuple) -> None:
+    """A follow-up turn's launch (few rows over a long prefix) takes key splits by default; merged, they agree with
+    the unsplit kernel within fp32 rounding and with the reference; rows whose keys are all in the first split keep
+    the unsplit bits; explicit splits of 512 and 1024 keys likewise."""
+    cp = pytest.importorskip("cupy")
+    from ninfer.cuda.attention_prefill import key_splits
+
+    rng = np.random.default_rng(83)
+    pr = _problem(rng, (*shape, 16, [0, 2500], [40, 64]), t)
+    rows = pr["q"].shape[0]
+    sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
+    auto = key_splits(rows, shape[0], shape[1], shape[2], pr["max_len"], sms)
+    assert auto > 0, "a 104-row launch over 2.5K keys should split"
+    full = _run(cp, pr, t)
+    one_split = pr["row_pos"] < 512
+    for sk in (None, 512, 1024):
+        got = _run(cp, pr, t, split_keys=sk)
+        assert _err(got, pr["ref"]) <= TOL[t], f"split_keys={sk}: against the reference"
+        assert _err(got, full) <= (2e-6 if t == "float" else TOL[t]), f"split_keys={sk}: against the unsplit"
+        if sk is not None:
+            assert np.array_equal(got[one_split].view(np.uint32), full[one_split].view(np.uint32)), (
+                f"split_keys={sk}: rows in the first split changed bits"
+            )
+    with pytest.raises(Exception, match="split_keys"):
+        _run(cp, pr, t, split_keys=100)
 
 
 @pytest.mark.gpu

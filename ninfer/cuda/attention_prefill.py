@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, check_array
-from ninfer.cuda.attention import HEAD_DIMS, attention_out, paged_query, paged_rows
+from ninfer.cuda._common import KernelError, check_array, grid_1d
+from ninfer.cuda.attention import HEAD_DIMS, _sm_count, attention_out, paged_query, paged_rows
 from ninfer.cuda.loader import kernel
 
 __all__ = [
@@ -32,6 +32,8 @@ __all__ = [
     "block_keys",
     "gqa_rows",
     "smem_bytes",
+    "key_splits",
+    "SPLIT_SCRATCH_BYTES",
 ]
 
 _T = ("float", "bf16")
@@ -41,8 +43,19 @@ VARIANTS = ("gqa", "head")
 _THREADS = {"gqa": 256, "head": 128}
 _NAMES = {"gqa": "attention_prefill_gqa", "head": "attention_prefill"}
 SOURCES: dict[str, tuple[str, ...]] = {
-    "attention_prefill.cu": tuple(f"{n}<{t}, {d}>" for n in _NAMES.values() for t in _T for d in HEAD_DIMS)
+    "attention_prefill.cu": tuple(
+        f"{n}<{t}, {d}>"
+        for n in (*_NAMES.values(), "attention_prefill_combine")
+        for t in _T
+        for d in HEAD_DIMS
+    )
 }
+# Key splits (GQA kernel): a launch of few blocks (a follow-up turn's few hundred rows over a long prefix: 52 blocks
+# of the 27B at 256 rows, each walking all 8K keys, on 132 SMs) splits every row's keys at multiples of split_keys,
+# one block per (row tile, KV head, split), and merges the splits' partial states in a second launch. Up to
+# SPLIT_WAVES waves of blocks, splits of at least SPLIT_MIN_KEYS keys, partials within SPLIT_SCRATCH_BYTES (the
+# memory plan counts it); a row with one split keeps the unsplit kernel's bits.
+SPLIT_WAVES, SPLIT_MIN_KEYS, SPLIT_SCRATCH_BYTES = 2, 512, 64 << 20
 
 
 def block_keys(d: int) -> int:
@@ -65,6 +78,19 @@ def smem_bytes(d: int, t: str, variant: str = "gqa") -> int:
     return 2 * ld * (GQA_SLOTS * halves + 4 * block_keys(d)) + 8 * GQA_SLOTS
 
 
+def key_splits(rows: int, hq: int, hkv: int, d: int, max_len: int, sms: int) -> int:
+    """Keys per split (a multiple of the KV tile) for a GQA launch of ``rows`` rows whose positions are below
+    ``max_len``, or 0 for one split: only where the unsplit grid fills less than one wave of ``sms`` blocks."""
+    base = -(-rows // gqa_rows(hq // hkv)) * hkv
+    n = min(
+        SPLIT_WAVES * sms // base, max_len // SPLIT_MIN_KEYS, SPLIT_SCRATCH_BYTES // (rows * hq * (d + 2) * 4)
+    )
+    if base >= sms or n < 2:
+        return 0
+    bn = block_keys(d)
+    return -(-max_len // (n * bn)) * bn
+
+
 def _check_aligned(a: Any, name: str) -> None:
     if a.data.ptr % 16:
         raise KernelError(
@@ -84,11 +110,15 @@ def attention_prefill(
     scale: float | None = None,
     out: Any = None,
     variant: str = "gqa",
+    split_keys: int | None = None,
 ) -> Any:
     """Causal GQA attention of ``q[R, Hq, D]`` (float32 or bf16 words) over bf16 (uint16) caches: row r
     (sequence ``row_seq[r]``) attends positions ``0..row_pos[r]`` of its pages in ``page_table[B, max_pages]``;
     ``max_len`` bounds ``row_pos + 1``. Rows of several sequences may share a launch (any order). ``variant``:
-    ``"gqa"`` (query heads of a KV head in one block) or ``"head"`` (the earlier one-head blocks); same bits."""
+    ``"gqa"`` (query heads of a KV head in one block) or ``"head"`` (the earlier one-head blocks); same bits.
+    ``split_keys`` (GQA kernel; None: :func:`key_splits`, 0: none): keys per split of each row's keys; rows with
+    keys in several splits are merged from the splits' partial states (within fp32 rounding of the unsplit
+    result), the others keep its bits."""
     if variant not in VARIANTS:
         raise KernelError(f"variant: {variant!r} is not one of {VARIANTS}")
 
@@ -112,28 +142,30 @@ def attention_prefill(
     smem = smem_bytes(d, t, variant)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
-    if variant == "gqa":
-        grid = (-(-r // gqa_rows(group)), hkv)
-    else:
-        grid = (-(-r // BLOCK_ROWS), hq)
-    fn(
-        grid,
-        (_THREADS[variant],),
-        (
-            q,
-            k_cache,
-            v_cache,
-            page_table,
-            row_seq,
-            row_pos,
-            out,
-            np.int32(r),
-            np.int32(hq),
-            np.int32(hkv),
-            np.int32(page_size),
-            np.int64(page_table.shape[1]),
-            np.float32(scale),
-        ),
-        shared_mem=smem,
+    args = (q, k_cache, v_cache, page_table, row_seq, row_pos, out, np.int32(r), np.int32(hq), np.int32(hkv),
+            np.int32(page_size), np.int64(page_table.shape[1]), np.float32(scale))  # fmt: skip
+    if variant == "head":
+        fn((-(-r // BLOCK_ROWS), hq), (_THREADS[variant],), args, shared_mem=smem)
+        return out
+    import cupy
+
+    if split_keys is None:
+        split_keys = key_splits(r, hq, hkv, d, max_len, _sm_count(cupy.cuda.Device().id))
+    if split_keys < 0 or split_keys % block_keys(d):
+        raise KernelError(f"split_keys={split_keys}: a non-negative multiple of {block_keys(d)}")
+    grid = (-(-r // gqa_rows(group)), hkv)
+    if not split_keys or split_keys >= max_len:
+        fn(grid, (_THREADS[variant],), (*args, np.int32(0), np.uint64(0)), shared_mem=smem)
+        return out
+    n = -(-max_len // split_keys)
+    part = cupy.empty(n * r * hq * (d + 2), dtype=np.float32)
+    fn((*grid, n), (_THREADS[variant],), (*args, np.int32(split_keys), part), shared_mem=smem)
+    comb = kernel(
+        "attention_prefill.cu", SOURCES["attention_prefill.cu"], f"attention_prefill_combine<{t}, {d}>"
+    )
+    comb(
+        (grid_1d(r * hq * d, 256),),
+        (256,),
+        (part, row_pos, out, np.int32(r), np.int32(hq), np.int32(split_keys)),
     )
     return out

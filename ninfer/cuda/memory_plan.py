@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 from ninfer.config import ModelConfig
 from ninfer.cuda.attention import rows_per_launch, split_plan, workspace_bytes
+from ninfer.cuda.attention_prefill import SPLIT_SCRATCH_BYTES
 from ninfer.cuda.gdn import chunk_scratch_bytes
 from ninfer.cuda.gemm_pair import pair_scratch_bytes
 from ninfer.cuda.host_tier import stage_pages
@@ -218,6 +219,7 @@ def plan_memory(
         + _gemm_scratch(mc, prefill_chunk)
         + _gdn_scratch(mc, prefill_chunk)
         + _lanes_scratch(mc, prefill_chunk)
+        + (SPLIT_SCRATCH_BYTES if mc.full_attention_layers else 0)  # prefill attention's key-split partials
         + mc.vocab_size * 4 * 8
         + lanes * mc.vocab_size * SAMPLER_BYTES_PER_ID
         + (
