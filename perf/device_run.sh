@@ -148,7 +148,7 @@ run_diag() {  # issue 14: what a prefill chunk's GPU timeline holds besides the 
   # state pass issues so little
   timeout ${PROFILE_TIMEOUT:-200} python3 -m perf.profile_step --model 27b,35b --chunk 4096 --timeline 2>&1 \
     | tee "$OUT/timeline_prefill.txt" | grep -v '^\[' | tail -70
-  timeout ${PROFILE_TIMEOUT:-200} python3 -m perf.profile_step --model 35b --chunk 256 --prefill-at 8192 --timeline \
+  timeout ${PROFILE_TIMEOUT:-200} python3 -m perf.profile_step --model ${FOLLOWUP_MODELS:-35b} --chunk 256 --prefill-at 8192 --timeline \
     2>&1 | tee "$OUT/timeline_followup.txt" | grep -v '^\[' | tail -35
   local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   timeout ${PROFILE_TIMEOUT:-200} "$ncu" --kernel-name "regex:gdn_chunk_state_mma" --launch-count 1 \
