@@ -2,31 +2,42 @@
 // within fp32 noise, its four products W S, Q S, A V' and (diag(tail) K)ᵀ V' as 3xTF32 mma.sync (tf32_frag.cuh).
 // Included by gdn_chunk.cu (GC_CHUNK, the scratch layout).
 //
-// One block of 4 warps per (sequence, value head, DVS value columns); warp w owns chunk rows 16w .. 16w+15 of V',
-// the output and the A V' product, and a fixed set of state tiles (gsm_tiles) whose fp32 values live in its
-// registers for the whole sequence. C-fragment rows g / g+8 of a 16-row tile stand for rows 2g / 2g+1 of it (chunk
-// rows for V' and the output, key dims for the state), so a thread's pairs of A-operand values and of B-fragment
-// entries are adjacent in memory. Every k-sum runs over 16-blocks in order, each as two 8-steps (step s takes k =
-// 16kb + 4t + 2s in slot t and the next k in slot t + 4), each step as lo·hi, hi·lo, hi·hi: an output element's
-// arithmetic depends on nothing but its row, its column and the chunk's length (DVS and the other sequences of the
-// call change no bit). A V' skips the 16-blocks above the warp's rows and past the chunk (A and V' are zero there).
+// One block of NWARP = 4 or 8 warps per (sequence, value head, DVS value columns); warp w owns chunk rows 16rt ..
+// 16rt+15 (rt = w % 4) of V', the output and the A V' product in the 8-column tiles of its column half ch = w / 4
+// (all of them with 4 warps), and a fixed set of state tiles (GdnStateMmaSmem) whose fp32 values live in its
+// registers for the whole sequence. With 8 warps each warp has half the work of a 4-warp warp and the SM twice the
+// warps to hide the scratch loads and the mma chains behind; only which warp computes an element changes, not its
+// mma sequence, so both give the same bits (host test). C-fragment rows g / g+8 of a 16-row tile stand for rows
+// 2g / 2g+1 of it (chunk rows for V' and the output, key dims for the state), so a thread's pairs of A-operand
+// values and of B-fragment entries are adjacent in memory. Every k-sum runs over 16-blocks in order, each as two
+// 8-steps (step s takes k = 16kb + 4t + 2s in slot t and the next k in slot t + 4), each step as lo·hi, hi·lo,
+// hi·hi: an output element's arithmetic depends on nothing but its row, its column and the chunk's length (DVS,
+// NWARP and the other sequences of the call change no bit). A V' skips the 16-blocks above the warp's rows and past
+// the chunk (A and V' are zero there).
 //
 // Shared memory holds S and V' only, as ready B fragments [16-block][step][8-column tile][lane][b0 hi, b1 hi,
 // b0 lo, b1 lo] (one conflict-free 16-byte load per fragment), and e^γ, e^{γ_n−γ} of the current and the next
 // chunk. W, Q, A, U and K are read from the scratch straight into registers (the next chunk's rows are hinted into
-// the L2 while one computes). Not yet measured on a GPU.
+// the L2 while one computes). The 8-warp instances are not yet measured on a GPU.
 #pragma once
 #include "tf32_frag.cuh"
 
-template <int DK, int DVS> struct GdnStateMmaSmem {
+template <int DK, int DVS, int NWARP = 4> struct GdnStateMmaSmem {
     static_assert(DVS == 16 || DVS == 32, "value slice");
+    static_assert(NWARP == 4 || NWARP == 8, "warps per block");
     static constexpr int NTN = DVS / 8;                      // 8-column tiles
+    static constexpr int NTW = NTN / (NWARP / 4);            // a warp's column tiles of V' and the output
     static constexpr int SF = 2 * DK * DVS;                   // state fragments (hi and lo)
     static constexpr int VF = 2 * GC_CHUNK * DVS;             // V' fragments
     static constexpr int FLOATS = SF + VF + 4 * GC_CHUNK;     // + e^γ and tails of two chunks
     // state tiles per warp: MW 16-row tiles from mt0 = (w / WPM)·MW by NW 8-column tiles from nt0 = (w % WPM)·NW
-    static constexpr int MT = DK / 16, WPM = MT >= 4 ? 1 : 4 / MT, MW = MT >= 4 ? MT / 4 : 1;
+    // (WPM warps per row tile; a warp with nt0 >= NTN owns none: DK = 16, DK = 32 with 16 columns and 8 warps)
+    static constexpr int MT = DK / 16, WPM = MT >= NWARP ? 1 : NWARP / MT, MW = MT >= NWARP ? MT / NWARP : 1;
     static constexpr int NW = NTN / WPM > 0 ? NTN / WPM : 1;
+    // unrolling of the 16-block loops of W S and Q S, A V' and the update: in full with 4 warps; with 8 (at most
+    // 128 registers) 1, 1 and 2, else ptxas spills (a loop's order of mmas is the same either way)
+    static constexpr int U_WQ = NWARP == 8 ? 1 : MT, U_AV = NWARP == 8 ? 1 : GC_CHUNK / 16;
+    static constexpr int U_UP = NWARP == 8 ? 2 : GC_CHUNK / 16;
 };
 
 // Float offset of B-operand entry (k, n) in a fragment array with NTN column tiles (the hi word; lo at +2). Rows
@@ -48,97 +59,105 @@ __device__ __forceinline__ float4 gsm_ld4(const float* p, bool ok) {
     return ok ? *reinterpret_cast<const float4*>(p) : make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// ws += W S and qs += Q S for the warp's chunk rows r0, r0 + 1 (C rows g, g+8; rows past the chunk read as zero);
-// WS / QS false: that product is skipped (gdn_state_split.cuh: W S in the state pass, Q S in the output pass; each
-// accumulator sees the same mmas in the same order either way)
-template <int DK, int DVS, bool WS = true, bool QS = true>
+// ws += W S and qs += Q S for the warp's chunk rows r0, r0 + 1 (C rows g, g+8; rows past the chunk read as zero)
+// and its NTW column tiles nb .. nb + NTW − 1 (ws[i]: tile nb + i; KU: the 16-block loop's unrolling); WS / QS
+// false: that product is skipped (gdn_state_split.cuh: W S in the state pass, Q S in the output pass). Each
+// accumulator sees the same mmas in the same order whichever products, tiles, unrolling and warp count.
+template <int DK, int DVS, bool WS = true, bool QS = true, int NTW = DVS / 8, int KU = DK / 16>
 __device__ __forceinline__ void gsm_ws_qs(const float* wr0, const float* wr1, const float* qr0, const float* qr1,
-                                          bool v0, bool v1, const float* Sf, float (&ws)[DVS / 8][4],
-                                          float (&qs)[DVS / 8][4], int lane) {
+                                          bool v0, bool v1, const float* Sf, float (&ws)[NTW][4],
+                                          float (&qs)[NTW][4], int lane, int nb = 0) {
     constexpr int NTN = DVS / 8;
     const int t = lane & 3;
+#pragma unroll 1
+    for (int k0 = 0; k0 < DK / 16; k0 += KU)
 #pragma unroll
-    for (int kb = 0; kb < DK / 16; ++kb) {
-        const int d = 16 * kb + 4 * t;
-        Tf32A aw[2], aq[2];
-        if constexpr (WS) {
-            const float4 w0 = gsm_ld4(wr0 + d, v0), w1 = gsm_ld4(wr1 + d, v1);
-            aw[0] = tf32_a(w0.x, w1.x, w0.y, w1.y);
-            aw[1] = tf32_a(w0.z, w1.z, w0.w, w1.w);
-        }
-        if constexpr (QS) {
-            const float4 q0 = gsm_ld4(qr0 + d, v0), q1 = gsm_ld4(qr1 + d, v1);
-            aq[0] = tf32_a(q0.x, q1.x, q0.y, q1.y);
-            aq[1] = tf32_a(q0.z, q1.z, q0.w, q1.w);
-        }
-#pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-            for (int nt = 0; nt < NTN; ++nt) {
-                const float4 b = *reinterpret_cast<const float4*>(Sf + (((kb * 2 + s) * NTN + nt) * 32 + lane) * 4);
-                if constexpr (WS) tf32_mma3(ws[nt], aw[s], b.x, b.y, b.z, b.w);
-                if constexpr (QS) tf32_mma3(qs[nt], aq[s], b.x, b.y, b.z, b.w);
+        for (int kb = k0; kb < k0 + KU; ++kb) {
+            const int d = 16 * kb + 4 * t;
+            Tf32A aw[2], aq[2];
+            if constexpr (WS) {
+                const float4 w0 = gsm_ld4(wr0 + d, v0), w1 = gsm_ld4(wr1 + d, v1);
+                aw[0] = tf32_a(w0.x, w1.x, w0.y, w1.y);
+                aw[1] = tf32_a(w0.z, w1.z, w0.w, w1.w);
             }
-    }
+            if constexpr (QS) {
+                const float4 q0 = gsm_ld4(qr0 + d, v0), q1 = gsm_ld4(qr1 + d, v1);
+                aq[0] = tf32_a(q0.x, q1.x, q0.y, q1.y);
+                aq[1] = tf32_a(q0.z, q1.z, q0.w, q1.w);
+            }
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+#pragma unroll
+                for (int nt = 0; nt < NTW; ++nt) {
+                    const float4 b =
+                        *reinterpret_cast<const float4*>(Sf + (((kb * 2 + s) * NTN + nb + nt) * 32 + lane) * 4);
+                    if constexpr (WS) tf32_mma3(ws[nt], aw[s], b.x, b.y, b.z, b.w);
+                    if constexpr (QS) tf32_mma3(qs[nt], aq[s], b.x, b.y, b.z, b.w);
+                }
+        }
 }
 
-// out += A V' over the 16-blocks kb <= w that start inside the chunk (A rows ar0, ar1 = chunk rows r0, r0 + 1)
-template <int DVS>
+// out += A V' over the 16-blocks kb <= rt (the warp's row tile) that start inside the chunk (A rows ar0, ar1 =
+// chunk rows r0, r0 + 1), for the column tiles nb .. nb + NTW − 1 as gsm_ws_qs
+template <int DVS, int NTW = DVS / 8, int AU = GC_CHUNK / 16>
 __device__ __forceinline__ void gsm_attn(const float* ar0, const float* ar1, bool v0, bool v1, const float* Vf,
-                                         float (&out)[DVS / 8][4], int w, int n, int lane) {
+                                         float (&out)[NTW][4], int rt, int n, int lane, int nb = 0) {
     constexpr int NTN = DVS / 8;
     const int t = lane & 3;
+#pragma unroll 1
+    for (int k0 = 0; k0 < GC_CHUNK / 16; k0 += AU)
 #pragma unroll
-    for (int kb = 0; kb < GC_CHUNK / 16; ++kb) {
-        if (kb > w || 16 * kb >= n) break;
-        const float4 x0 = gsm_ld4(ar0 + 16 * kb + 4 * t, v0), x1 = gsm_ld4(ar1 + 16 * kb + 4 * t, v1);
-        const Tf32A a[2] = {tf32_a(x0.x, x1.x, x0.y, x1.y), tf32_a(x0.z, x1.z, x0.w, x1.w)};
+        for (int kb = k0; kb < k0 + AU; ++kb) {
+            if (kb > rt || 16 * kb >= n) break;
+            const float4 x0 = gsm_ld4(ar0 + 16 * kb + 4 * t, v0), x1 = gsm_ld4(ar1 + 16 * kb + 4 * t, v1);
+            const Tf32A a[2] = {tf32_a(x0.x, x1.x, x0.y, x1.y), tf32_a(x0.z, x1.z, x0.w, x1.w)};
 #pragma unroll
-        for (int s = 0; s < 2; ++s)
+            for (int s = 0; s < 2; ++s)
 #pragma unroll
-            for (int nt = 0; nt < NTN; ++nt) {
-                const float4 b = *reinterpret_cast<const float4*>(Vf + (((kb * 2 + s) * NTN + nt) * 32 + lane) * 4);
-                tf32_mma3(out[nt], a[s], b.x, b.y, b.z, b.w);
-            }
-    }
+                for (int nt = 0; nt < NTW; ++nt) {
+                    const float4 b =
+                        *reinterpret_cast<const float4*>(Vf + (((kb * 2 + s) * NTN + nb + nt) * 32 + lane) * 4);
+                    tf32_mma3(out[nt], a[s], b.x, b.y, b.z, b.w);
+                }
+        }
 }
 
 // acc += (diag(tail) K)ᵀ V' for the warp's state tiles: A = Kᵀ (rows: key dims 16mt + 2g, +1; k: the chunk's
 // tokens, zero past n), k rows read from the scratch qk section (kr: the chunk's first row's k, row stride ldk)
-template <int DK, int DVS>
+template <int DK, int DVS, int NWARP = 4, typename L = GdnStateMmaSmem<DK, DVS, NWARP>>
 __device__ __forceinline__ void gsm_update(const float* kr, long long ldk, const float* tail, const float* Vf,
-                                           float (&acc)[GdnStateMmaSmem<DK, DVS>::MW][GdnStateMmaSmem<DK, DVS>::NW][4],
-                                           int mt0, int nt0, int n, int lane) {
-    using L = GdnStateMmaSmem<DK, DVS>;
+                                           float (&acc)[L::MW][L::NW][4], int mt0, int nt0, int n, int lane) {
     const int g = lane >> 2, t = lane & 3;
+#pragma unroll 1
+    for (int k0 = 0; k0 < GC_CHUNK / 16; k0 += L::U_UP)
 #pragma unroll
-    for (int kb = 0; kb < GC_CHUNK / 16; ++kb) {
-        if (16 * kb >= n) break;
-        float2 k2[L::MW][4];
+        for (int kb = k0; kb < k0 + L::U_UP; ++kb) {
+            if (16 * kb >= n) break;
+            float2 k2[L::MW][4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int i = 16 * kb + 4 * t + u;
-            const float tl = i < n ? tail[i] : 0.f;
+            for (int u = 0; u < 4; ++u) {
+                const int i = 16 * kb + 4 * t + u;
+                const float tl = i < n ? tail[i] : 0.f;
 #pragma unroll
-            for (int mi = 0; mi < L::MW; ++mi) {
-                float2 k = make_float2(0.f, 0.f);
-                if (i < n) k = *reinterpret_cast<const float2*>(kr + i * ldk + 16 * (mt0 + mi) + 2 * g);
-                k2[mi][u] = make_float2(k.x * tl, k.y * tl);
-            }
-        }
-#pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-            for (int mi = 0; mi < L::MW; ++mi) {
-                const Tf32A a = tf32_a(k2[mi][2 * s].x, k2[mi][2 * s].y, k2[mi][2 * s + 1].x, k2[mi][2 * s + 1].y);
-#pragma unroll
-                for (int ni = 0; ni < L::NW; ++ni) {
-                    const float4 b =
-                        *reinterpret_cast<const float4*>(Vf + (((kb * 2 + s) * L::NTN + nt0 + ni) * 32 + lane) * 4);
-                    tf32_mma3(acc[mi][ni], a, b.x, b.y, b.z, b.w);
+                for (int mi = 0; mi < L::MW; ++mi) {
+                    float2 k = make_float2(0.f, 0.f);
+                    if (i < n) k = *reinterpret_cast<const float2*>(kr + i * ldk + 16 * (mt0 + mi) + 2 * g);
+                    k2[mi][u] = make_float2(k.x * tl, k.y * tl);
                 }
             }
-    }
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+#pragma unroll
+                for (int mi = 0; mi < L::MW; ++mi) {
+                    const Tf32A a = tf32_a(k2[mi][2 * s].x, k2[mi][2 * s].y, k2[mi][2 * s + 1].x, k2[mi][2 * s + 1].y);
+#pragma unroll
+                    for (int ni = 0; ni < L::NW; ++ni) {
+                        const float4 b =
+                            *reinterpret_cast<const float4*>(Vf + (((kb * 2 + s) * L::NTN + nt0 + ni) * 32 + lane) * 4);
+                        tf32_mma3(acc[mi][ni], a, b.x, b.y, b.z, b.w);
+                    }
+                }
+        }
 }
 
 // e^γ and the tails e^{γ_n−γ} of the chunk at t0 (n tokens) into eg, tail (threads tid < n)
@@ -151,19 +170,21 @@ __device__ __forceinline__ void gsm_gates(const float* g_s, int HV, int j, int t
     }
 }
 
-// ptxas (nvcc 13.0, sm_90a): 136 registers at DK = 128 with 16 columns, 177 with 32; 94-156 for the smaller heads;
-// no spills. A minimum of 3 blocks per SM only at DK = 16 (the tiny test model's heads: without it 8 bytes spill);
-// elsewhere none (0): with 3 the larger heads spill, with 1 they take 255 registers and spill too.
-template <typename T, typename S, int DK, int DVS>
-__global__ void __launch_bounds__(128, DK == 16 ? 3 : 0)
+// ptxas (nvcc 13.0, sm_90a), 4 warps: 140 registers at DK = 128 with 16 columns, 174 with 32; 79-164 for the smaller
+// heads; no spills. A minimum of 3 blocks per SM only at DK = 16 (the tiny test model's heads: without it 8 bytes
+// spill); elsewhere none (0): with 3 the larger heads spill, with 1 they take 255 registers and spill too. 8 warps:
+// a minimum of 2 blocks (at most 128 registers: two blocks of 256 threads per SM) at DK = 128 (122 registers with
+// 16 columns, 124 with 32) and 16 (96, 124-126); 1 at DK = 32 and 64 (104-134; with 2 they spill 8-16 bytes).
+template <typename T, typename S, int DK, int DVS, int NWARP = 4>
+__global__ void __launch_bounds__(32 * NWARP, NWARP == 8 ? (DK == 32 || DK == 64 ? 1 : 2) : DK == 16 ? 3 : 0)
     gdn_chunk_state_mma(const float* __restrict__ qk_s, const float* __restrict__ w_s, const float* __restrict__ a_s,
                         const float* __restrict__ u_s, const float* __restrict__ g_s, S* __restrict__ state,
                         T* __restrict__ o, const int* __restrict__ starts, const int* __restrict__ slots, int HK,
                         int HV, int DV, long long ldo) {
     pdl_trigger();
     constexpr int C = GC_CHUNK;
-    using L = GdnStateMmaSmem<DK, DVS>;
-    constexpr int NTN = L::NTN, MW = L::MW, NW = L::NW;
+    using L = GdnStateMmaSmem<DK, DVS, NWARP>;
+    constexpr int NTN = L::NTN, NTW = L::NTW, MW = L::MW, NW = L::NW;
     extern __shared__ float smem[];  // dynamic: starts 16-byte aligned (no static shared memory)
     {
         unsigned dyn;
@@ -172,9 +193,10 @@ __global__ void __launch_bounds__(128, DK == 16 ? 3 : 0)
     }
     float *Sf = smem, *Vf = Sf + L::SF, *gate = Vf + L::VF;  // gate: [chunk parity][e^γ (C), tail (C)]
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int rt = NWARP == 4 ? w : w & 3, nb = NWARP == 4 ? 0 : (w >> 2) * NTW;  // row tile, first column tile
     const int j = blockIdx.y, b = blockIdx.x, hk = j / (HV / HK), c0 = blockIdx.z * DVS;
     const int mt0 = (w / L::WPM) * MW, nt0 = (w % L::WPM) * NW;
-    const bool owns = nt0 < NTN;  // DK = 16 with 16 columns: two warps own no state tile
+    const bool owns = nt0 < NTN;  // DK = 16 (and DK = 32 at 16 columns with 8 warps): some warps own no state tile
     S* st = state + (((long long)slots[b] * HV + j) * DK) * DV + c0;
     float sreg[MW][NW][4];  // the warp's state tiles: rows 16mt + 2g (c0, c1) and + 1 (c2, c3), columns 8nt + 2t, + 1
 #pragma unroll
@@ -200,46 +222,48 @@ __global__ void __launch_bounds__(128, DK == 16 ? 3 : 0)
     if (t_beg < t_end) gsm_gates(g_s, HV, j, t_beg, min(C, t_end - t_beg), gate, gate + C, tid);
     int par = 0;
     for (int t0 = t_beg; t0 < t_end; t0 += C, par ^= 1) {
-        const int n = min(C, t_end - t0), r0 = 16 * w + 2 * g;  // the thread's chunk rows r0, r0 + 1
+        const int n = min(C, t_end - t0), r0 = 16 * rt + 2 * g;  // the thread's chunk rows r0, r0 + 1
         const bool v0 = r0 < n, v1 = r0 + 1 < n;
         const float *eg = gate + 2 * C * par, *tail = eg + C;
         __syncthreads();  // S fragments and this chunk's gates written; last chunk's readers of V' done
-        gc_hint_next_chunk<DK>(qk_s, w_s, a_s, u_s, t0, t_end, hk, j, HK, HV, DV, c0, tid, 128);
+        gc_hint_next_chunk<DK>(qk_s, w_s, a_s, u_s, t0, t_end, hk, j, HK, HV, DV, c0, tid, 32 * NWARP);
         // rows past the chunk are neither read nor used: their pointers stay at row 0 of the chunk
         const long long q0 = (long long)(t0 + (v0 ? r0 : 0)), q1 = (long long)(t0 + (v1 ? r0 + 1 : 0));
-        float ws[NTN][4] = {}, out[NTN][4] = {};
-        gsm_ws_qs<DK, DVS>(w_s + (q0 * HV + j) * DK, w_s + (q1 * HV + j) * DK, qk_s + (q0 * HK + hk) * 2 * DK,
-                           qk_s + (q1 * HK + hk) * 2 * DK, v0, v1, Sf, ws, out, lane);
+        float ws[NTW][4] = {}, out[NTW][4] = {};
+        gsm_ws_qs<DK, DVS, true, true, NTW, L::U_WQ>(w_s + (q0 * HV + j) * DK, w_s + (q1 * HV + j) * DK,
+                                                     qk_s + (q0 * HK + hk) * 2 * DK, qk_s + (q1 * HK + hk) * 2 * DK,
+                                                     v0, v1, Sf, ws, out, lane, nb);
         // V' = U − W S (zero past the chunk and past DV) into its fragments; out = e^γ Q S
         const float e0 = v0 ? eg[r0] : 0.f, e1 = v1 ? eg[r0 + 1] : 0.f;
 #pragma unroll
-        for (int nt = 0; nt < NTN; ++nt) {
+        for (int nt = 0; nt < NTW; ++nt) {
             float vp[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int c = 8 * nt + 2 * t + (e & 1);
+                const int c = 8 * (nb + nt) + 2 * t + (e & 1);
                 const bool ok = (e >> 1 ? v1 : v0) && c0 + c < DV;
                 vp[e] = ok ? u_s[((e >> 1 ? q1 : q0) * HV + j) * DV + c0 + c] - ws[nt][e] : 0.f;
                 out[nt][e] *= e >> 1 ? e1 : e0;
             }
-            gsm_put<NTN>(Vf, r0, 8 * nt + 2 * t, vp[0], vp[2]);
-            gsm_put<NTN>(Vf, r0, 8 * nt + 2 * t + 1, vp[1], vp[3]);
+            gsm_put<NTN>(Vf, r0, 8 * (nb + nt) + 2 * t, vp[0], vp[2]);
+            gsm_put<NTN>(Vf, r0, 8 * (nb + nt) + 2 * t + 1, vp[1], vp[3]);
         }
         __syncthreads();  // V' complete; S fragments read by all
-        gsm_attn<DVS>(a_s + (q0 * HV + j) * C, a_s + (q1 * HV + j) * C, v0, v1, Vf, out, w, n, lane);
+        gsm_attn<DVS, NTW, L::U_AV>(a_s + (q0 * HV + j) * C, a_s + (q1 * HV + j) * C, v0, v1, Vf, out, rt, n, lane,
+                                    nb);
 #pragma unroll
-        for (int nt = 0; nt < NTN; ++nt)
+        for (int nt = 0; nt < NTW; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int c = c0 + 8 * nt + 2 * t + (e & 1);
+                const int c = c0 + 8 * (nb + nt) + 2 * t + (e & 1);
                 if ((e >> 1 ? v1 : v0) && c < DV)
                     o[(e >> 1 ? q1 : q0) * ldo + (long long)j * DV + c] = from_f<T>(out[nt][e]);
             }
         // S ← e^{γ_n} S + (diag(tail) K)ᵀ V', back into the fragments for the next chunk
         if (owns) {
             float acc[MW][NW][4] = {};
-            gsm_update<DK, DVS>(qk_s + ((long long)t0 * HK + hk) * 2 * DK + DK, ldq, tail, Vf, acc, mt0, nt0, n,
-                                lane);
+            gsm_update<DK, DVS, NWARP>(qk_s + ((long long)t0 * HK + hk) * 2 * DK + DK, ldq, tail, Vf, acc, mt0, nt0,
+                                       n, lane);
             const float elast = eg[n - 1];
 #pragma unroll
             for (int mi = 0; mi < MW; ++mi)

@@ -13,7 +13,7 @@
 #   explore the open experiments (docs/cuda.md): the decode GEMVs' L2 prefetch (per shape, a 27B layer chain, the
 #           whole decode step), and the 35B-A3B prefill against its chunk size and the GDN state pass
 #   gdn_probe  perf/bench_gdn at a 4096-token chunk (27B, 35B-A3B) and Nsight Compute on the prep and state launches
-#   gdn_pick  perf/bench_gdn, then `ninfer-perf --quick` with the faster GDN variant of "tc" and "split"
+#   gdn_pick  perf/bench_gdn, then `ninfer-perf --quick` with the fastest GDN variant of "tc", "tc8" and "split"
 #   diag    the prefill chunk's kernel timeline (profile_step --timeline: busy / idle GPU time, CuPy's glue kernels
 #           included; 27B and 35B-A3B at 4096 tokens, 35B-A3B's 256-token follow-up) and Nsight Compute's stall
 #           reasons per issued instruction for the GDN state pass (27B heads, 4096 rows)
@@ -156,12 +156,12 @@ run_diag() {  # issue 14: what a prefill chunk's GPU timeline holds besides the 
     ${GDN_NCU_ARGS:-} python3 -m perf.bench_gdn --models 27b --batches 1x4096 --reps 1 2>&1 | grep -v '^{' \
     | tee -a "$OUT/gdn_stalls.txt" | grep -v "  0$\|  0.0[0-9]$" | tail -40
 }
-run_gdn_pick() {  # bench_gdn at the 27B / 35B-A3B chunk shapes, then `ninfer-perf` with the faster of the "tc" and
-  # "split" GDN variants (bitwise the same results; GDN_PICK_ARGS: ninfer-perf's other arguments)
+run_gdn_pick() {  # bench_gdn at the 27B / 35B-A3B chunk shapes, then `ninfer-perf` with the fastest of the "tc",
+  # "tc8" and "split" GDN variants (bitwise the same results; GDN_PICK_ARGS: ninfer-perf's other arguments)
   timeout ${BENCH_TIMEOUT:-200} python3 -m perf.bench_gdn --models 27b,35b --batches 1x4096,1x8192 --reps 5 \
     --out "$OUT" 2>&1 | grep -v '^{' | tee "$OUT/gdn_bench.txt"
   GDN_PICK=$(python3 -c "import json; r = json.load(open('$OUT/bench_gdn.json'))['runs']; \
-print('split' if sum(x['split32_ms'] for x in r) < sum(x['tc32_ms'] for x in r) else 'tc')" 2>/dev/null || echo tc)
+print(min(('tc', 'tc8', 'split'), key=lambda v: sum(x[v + '32_ms'] for x in r)))" 2>/dev/null || echo tc)
   echo "gdn variant for perf: $GDN_PICK" | tee -a "$OUT/gdn_bench.txt"
   PERF_ARGS="--gdn-variant $GDN_PICK ${GDN_PICK_ARGS:-}" run_perf
 }

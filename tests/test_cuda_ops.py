@@ -612,7 +612,7 @@ GDN_CHUNKED_CASES = (
 @pytest.mark.parametrize("t", ["float", "bf16"])
 @pytest.mark.parametrize("st", ["float", "bf16"])
 @pytest.mark.parametrize("cols", [None, 16])
-@pytest.mark.parametrize("variant", ["tc", "split", "mma", "fp32"])
+@pytest.mark.parametrize("variant", ["tc", "tc8", "split", "mma", "fp32"])
 def test_gdn_chunked(cp: Any, report: list, t: str, st: str, cols: int | None, variant: str) -> None:
     """Chunked kernels against the NumPy token-by-token recurrence (outputs and carried state), then one decode
     step of the exact recurrent kernel from the chunked state. ``cols``: the state pass's value columns per block
@@ -653,7 +653,7 @@ def test_gdn_chunked(cp: Any, report: list, t: str, st: str, cols: int | None, v
 
 
 @pytest.mark.parametrize("t", ["float", "bf16"])
-@pytest.mark.parametrize("variant", ["tc", "split", "mma", "fp32"])
+@pytest.mark.parametrize("variant", ["tc", "tc8", "split", "mma", "fp32"])
 def test_gdn_chunked_real_heads(cp: Any, report: list, t: str, variant: str) -> None:
     """The two-pass chunked kernels (either state pass) at a real head shape (dk = dv = 128, 16 key heads, 32
     value heads) on one 2100-token sequence (33 chunks, a ragged tail) and two short ones, against the NumPy
@@ -707,6 +707,37 @@ def test_gdn_chunked_split_is_tc(cp: Any, t: str) -> None:
         got[v] = (_host(cp, out), _host(cp, state_d))
     assert np.array_equal(got["split"][0], got["tc"][0]), "split vs tc: outputs differ"
     assert np.array_equal(got["split"][1], got["tc"][1]), "split vs tc: states differ"
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
+@pytest.mark.parametrize("st", ["float", "bf16"])
+def test_gdn_chunked_tc8_is_tc(cp: Any, t: str, st: str) -> None:
+    """The 8-warp state pass ("tc8": each warp half the columns of its chunk rows and half the state tiles) gives the
+    "tc" variant's outputs and states bit for bit, at 16 and 32 columns per block, at every head dim (the same mma
+    sequence per accumulator; only which warp computes it changes)."""
+    from ninfer.cuda.gdn import gdn_chunked
+
+    rng = np.random.default_rng(29)
+    cases = (*GDN_CHUNKED_CASES, (16, 48, 128, 128, [700, 64, 1, 130]))
+    for hk, hv, dk, dv, lens in cases:
+        n, width = sum(lens), 2 * hk * dk + hv * dv
+        qkv, a, b = _inputs(rng, (n, width), t), _inputs(rng, (n, hv), t), _inputs(rng, (n, hv), t)
+        c = _gdn_case(rng, st, hv, dk, dv, len(lens))
+        starts, slots, _ = _packed(cp, lens)
+        dev = [_dev(cp, x, t) for x in (qkv, a, b)]
+        gates = (cp.asarray(c["a_log"]), cp.asarray(c["dt_bias"]))
+        for cols in (16, 32):
+            got = {}
+            for v in ("tc", "tc8"):
+                state_d, out = _dev(cp, c["state"], st), _poison(cp, (n, hv * dv), t)
+                gdn_chunked(*dev, *gates, state_d, starts, slots, n_k_heads=hk, out=out, variant=v, cols=cols)
+                got[v] = (
+                    cp.asnumpy(out).view(out.dtype.str.replace("f", "u")),
+                    cp.asnumpy(state_d).view(state_d.dtype.str.replace("f", "u")),
+                )  # raw bits
+            what = f"tc8 vs tc, {t} state={st} dk={dk} dv={dv} cols={cols}"
+            assert np.array_equal(got["tc8"][0], got["tc"][0]), f"{what}: outputs differ"
+            assert np.array_equal(got["tc8"][1], got["tc"][1]), f"{what}: states differ"
 
 
 # ---- attention -----------------------------------------------------------------------------------------------

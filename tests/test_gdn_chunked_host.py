@@ -93,6 +93,19 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
     for got, want in (("state_split.bin", s_raw), ("o_split.bin", o_raw)):
         split = np.fromfile(tmp_path / got, dtype=want.dtype).reshape(want.shape)
         assert np.array_equal(split, want), f"split state pass: {got} differs from the tc variant's"
+    # the 8-warp state pass ("tc8"; half a warp's columns each): the 4-warp pass's bits at either column count
+    mma_o, mma_s = (
+        np.fromfile(tmp_path / f, dtype=x.dtype)
+        for f, x in (("o_mma32.bin", o_raw), ("state_mma32.bin", s_raw))
+    )
+    for name, want_o, want_s in (
+        ("tc8_16", o_raw, s_raw),
+        ("tc8_32", o_raw, s_raw),
+        ("mma8_32", mma_o, mma_s),
+    ):
+        for got, want in ((f"o_{name}.bin", want_o), (f"state_{name}.bin", want_s)):
+            eight = np.fromfile(tmp_path / got, dtype=want.dtype).reshape(want.shape)
+            assert np.array_equal(eight, want.reshape(eight.shape)), f"8 warps: {got} differs from 4 warps"
 
 
 def _check_tc_scratch(d: Path, n: int, hk: int, hv: int, dk: int, dv: int, starts: np.ndarray) -> None:

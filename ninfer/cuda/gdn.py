@@ -56,12 +56,18 @@ STATE_COLS = (16, 32)  # value columns per block of gdn_chunk_state (its DVS; th
 # V' and the states only, storing each chunk's starting state; gdn_chunk_out computes every chunk's output at
 # once), bitwise the "tc" variant's results, with a per-chunk state array in the scratch; a benchmark variant:
 # 1.5x slower than tc's state pass on the H200 (230d001, perf/results/bench_gdn_230d001.txt)
+# "tc8": the tc prep, then gdn_chunk_state_mma with 8 warps per block instead of 4 (each warp half the columns of
+# its 16 chunk rows and half as many state tiles: twice the warps per SM to hide the scratch loads and the mma
+# chains), bitwise the "tc" variant's results; not yet measured on a GPU
 STATE_VARIANTS = {
     "tc": "gdn_chunk_state_mma",
     "mma": "gdn_chunk_state_mma",
     "fp32": "gdn_chunk_state",
     "split": "gdn_chunk_state_h",
+    "tc8": "gdn_chunk_state_mma",
 }
+_TC_PREP = ("tc", "split", "tc8")  # the variants after gdn_chunk_prep_tc
+_STATE_WARPS = {"tc8": 8}  # warps per state-pass block where not 4 (its template argument NWARP)
 # "mma" (855128a): 1.53x the fp32 variant on one 8192-token sequence of the 27B's heads. "tc" (6688cc6, H200,
 # perf/bench_gdn.py, perf/results/bench_gdn_6688cc6.txt; its GPU tests pass): the prep 1.028 -> 0.642 ms (27B heads)
 # and 0.716 -> 0.468 ms (35B-A3B) on a 4096-token chunk, 1.6x at every batch shape measured; the outputs within
@@ -72,9 +78,9 @@ DEFAULT_VARIANT = "tc"
 def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str, str]:
     """The (prep, state) kernel instances of a two-pass variant."""
     mma = "true" if variant == "mma" else "false"
-    tc = variant in ("tc", "split")
-    prep = f"gdn_chunk_prep_tc<{t}, {dk}>" if tc else f"gdn_chunk_prep<{t}, {dk}, {mma}>"
-    return prep, f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}>"
+    prep = f"gdn_chunk_prep_tc<{t}, {dk}>" if variant in _TC_PREP else f"gdn_chunk_prep<{t}, {dk}, {mma}>"
+    warps = f", {_STATE_WARPS[variant]}" if variant in _STATE_WARPS else ""
+    return prep, f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}{warps}>"
 
 
 def _out_name(t: str, dk: int, cols: int) -> str:
@@ -394,9 +400,11 @@ def gdn_chunked(
     ``gdn_chunk_prep``, one block per (chunk, key head), and the state pass, one block per (sequence, value head,
     ``cols`` = 16 or 32 value columns, by default ``state_cols``) walking the chunks in order. ``variant="mma"``:
     both passes' products as 3xTF32 mma.sync (``gdn_chunk_state_mma``); ``"tc"``: the same with the prep's solve
-    on tensor cores too (``gdn_chunk_prep_tc``); ``"fp32"``: on fp32 FMAs (``gdn_chunk_state``);
+    on tensor cores too (``gdn_chunk_prep_tc``); ``"tc8"``: "tc" with 8 warps per state-pass block instead of 4
+    (the same bits); ``"split"``: "tc" with the state pass split in two (the same bits); ``"fp32"``: on fp32 FMAs
+    (``gdn_chunk_state``);
     ``"serial"``: the older one-pass kernel (one block per sequence slice does all of each chunk's work;
-    benchmarks only). The variant other than ``DEFAULT_VARIANT`` is compiled on first use."""
+    benchmarks only). The variants other than ``DEFAULT_VARIANT`` are compiled on first use."""
     import cupy
 
     if variant not in (*STATE_VARIANTS, "serial"):
@@ -421,7 +429,7 @@ def gdn_chunked(
     names = _chunk_names(variant, t, k["st"], dk, cols)
     inst = chunk_instances(variant)  # the default's are SOURCES["gdn_chunk.cu"]: compiled at warm-up
     prep = kernel("gdn_chunk.cu", inst, names[0])
-    psmem = prep_tc_smem_bytes(dk) if variant in ("tc", "split") else prep_smem_bytes(dk)
+    psmem = prep_tc_smem_bytes(dk) if variant in _TC_PREP else prep_smem_bytes(dk)
     _launch_smem(prep, (nchunks, n_k_heads), 256, psmem,
                  (qkv, a, b, a_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, np.int32(nseq), hk_, hv_, dv_,
                   ldq, lda, ldb))  # fmt: skip
@@ -435,7 +443,9 @@ def gdn_chunked(
                      (qk_s, a_s, u_s, g_s, h_s, out, starts, np.int32(nseq), hk_, hv_, dv_, ldo))  # fmt: skip
         return out
     threads, smem = (
-        (128, state_mma_smem_bytes(dk, cols)) if variant != "fp32" else (8 * cols, state_smem_bytes(dk, cols))
+        (32 * _STATE_WARPS.get(variant, 4), state_mma_smem_bytes(dk, cols))
+        if variant != "fp32"
+        else (8 * cols, state_smem_bytes(dk, cols))
     )
     _launch_smem(st, (nseq, hv, -(-dv // cols)), threads, smem,
                  (qk_s, w_s, a_s, u_s, g_s, state, out, starts, slots, hk_, hv_, dv_, ldo))  # fmt: skip

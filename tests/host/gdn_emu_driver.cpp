@@ -8,7 +8,9 @@
 // and gdn_chunk_state_mma with 16 (dir/o_tc16.bin, dir/state_tc16.bin) from gdn_chunk_prep_tc's ("tc"), whose
 // scratch is also written (dir/{qk,w,a,u,g}_tc.bin) beside the "mma" prep's (dir/{qk,w,a,u,g}_mma.bin); then
 // the "split" state pass on a copy of the tc scratch: gdn_chunk_state_h and gdn_chunk_out with 32 columns
-// (dir/o_split.bin, dir/state_split.bin).
+// (dir/o_split.bin, dir/state_split.bin); and the 8-warp gdn_chunk_state_mma<., ., DK, ., 8> ("tc8") on the tc
+// scratch with 16 and 32 columns (dir/o_tc8_16.bin, dir/state_tc8_16.bin, dir/o_tc8_32.bin, dir/state_tc8_32.bin)
+// and on the mma scratch with 32 (dir/o_mma8_32.bin, dir/state_mma8_32.bin), all from the initial states.
 template <typename T, typename S, int DK>
 void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, int nslots, unsigned prep_smem,
              unsigned smem16, unsigned smem32, unsigned mma16, unsigned mma32, unsigned tc_smem) {
@@ -21,6 +23,7 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
     auto starts = emu_read<int>(dir + "/starts.bin", nseq + 1), slots = emu_read<int>(dir + "/slots.bin", nseq);
     std::vector<T> o((size_t)T_ * HV * DV);
     std::memset((void*)o.data(), 0xff, o.size() * sizeof(T));  // NaN poison (both float and bf16 words)
+    const std::vector<T> o0(o);                                   // the poisoned output, for the later passes
     const float nan = __uint_as_float(0x7fc00000u);
     struct Scratch {
         std::vector<float> qk, w, am, u, g;
@@ -96,6 +99,24 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
         });
         emu_write(dir + "/o_split.bin", osp);
         emu_write(dir + "/state_split.bin", ssp);
+    }
+    {  // 8 warps per state-pass block: 256 threads, the same shared memory
+        std::vector<T> o8;
+        std::vector<S> s8;
+        auto run8 = [&]<int DVS>(const Scratch& x, const std::string& name, unsigned smem) {
+            o8 = o0;
+            s8 = state0;
+            emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + DVS - 1) / DVS)}, 256, smem, [&] {
+                gdn_chunk_state_mma<T, S, DK, DVS, 8>(x.qk.data(), x.w.data(), x.am.data(), x.u.data(),
+                                                      x.g.data(), s8.data(), o8.data(), starts.data(),
+                                                      slots.data(), HK, HV, DV, (long long)HV * DV);
+            });
+            emu_write(dir + "/o_" + name + ".bin", o8);
+            emu_write(dir + "/state_" + name + ".bin", s8);
+        };
+        run8.template operator()<16>(tc, "tc8_16", mma16);
+        run8.template operator()<32>(tc, "tc8_32", mma32);
+        run8.template operator()<32>(mm, "mma8_32", mma32);
     }
     emu_write(dir + "/o_tc16.bin", ot16);
     emu_write(dir + "/state_tc16.bin", st16);
