@@ -58,7 +58,8 @@ STATE_COLS = (16, 32)  # value columns per block of gdn_chunk_state (its DVS; th
 # 1.5x slower than tc's state pass on the H200 (230d001, perf/results/bench_gdn_230d001.txt)
 # "tc8": the tc prep, then gdn_chunk_state_mma with 8 warps per block instead of 4 (each warp half the columns of
 # its 16 chunk rows and half as many state tiles: twice the warps per SM to hide the scratch loads and the mma
-# chains), bitwise the "tc" variant's results; not yet measured on a GPU
+# chains), bitwise the "tc" variant's results; a benchmark variant: slower than tc's state pass on the 27B's heads
+# (H200, 1c26c7b, perf/results/bench_gdn_1c26c7b.txt: 1.55 vs 1.04 ms at 32 columns, 4096 rows)
 STATE_VARIANTS = {
     "tc": "gdn_chunk_state_mma",
     "mma": "gdn_chunk_state_mma",

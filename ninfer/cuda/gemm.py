@@ -158,13 +158,12 @@ def gemm(
     that do not run the fp16 scratch kernel ignore it. ``swiglu``: ``x`` holds [gate | up] rows ``[M, 2K]`` and the
     product is of their SwiGLU (the fp16 mode applies it in its row split; elsewhere the swiglu kernel runs first:
     the same values either way)."""
-    if swiglu:
-        return _gemm_swiglu(x, w, out, impl, inputs, variant)
     if inputs not in GEMM_INPUTS:
         raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
     if variant not in F16_VARIANTS:
         raise KernelError(f"variant={variant!r}: one of {', '.join(F16_VARIANTS)}")
-    t, m, k, ldx = matrix_args(x, w, out, "gemm")
+    x, swiglu = _apply_swiglu(x, w, impl, inputs, swiglu)
+    t, m, k, ldx = _transformed_args(x, w, out, "gemm", swiglu)
     n = w.rows
     out, ldy = matrix_out(x, out, m, n)
     if m == 0:
@@ -180,7 +179,7 @@ def gemm(
         f16 = inputs == "fp16" and f16_foldable(w.fmt)
         if _use_pair(impl, w.fmt, t, m):
             dims = (m, n, k, ldx, ldy)
-            gemm_pair(x, w, out, dims, _sm90_kernel, f16=f16, variant=variant if f16 else "cp")
+            gemm_pair(x, w, out, dims, _sm90_kernel, f16=f16, variant=variant if f16 else "cp", swiglu=swiglu)
             return out
         if f16 and impl == "wgmma" and _use_pair("auto", w.fmt, t, m):  # the fp16 mode's in-loop kernel
             gemm_pair(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel, f16=True, inloop=True)
@@ -203,20 +202,28 @@ def _f16_input(impl: str, inputs: str, w: DeviceWeight, t: str) -> bool:
     return _hopper(impl) and inputs == "fp16" and t == "float" and f16_foldable(w.fmt) and not capturing()
 
 
-def _gemm_swiglu(x: Any, w: DeviceWeight, out: Any, impl: str, inputs: str, variant: str) -> Any:
-    """gemm(..., swiglu=True): the fp16 pair mode splits the SwiGLU'd rows straight from ``x`` (split_f16row_in);
-    every other path runs the swiglu kernel first."""
-    from ninfer.cuda.activation import swiglu
+def _apply_swiglu(x: Any, w: DeviceWeight, impl: str, inputs: str, swiglu: bool) -> tuple[Any, bool]:
+    """A GEMM's SwiGLU input (``x`` = [gate | up] rows): kept for the fp16 mode's row split to apply
+    (``split_f16row_in``), else applied now by the swiglu kernel (the same values either way)."""
+    if not swiglu:
+        return x, False
+    if _f16_input(impl, inputs, w, act_type(x, "x")) and _use_pair(impl, w.fmt, "float", x.shape[0]):
+        return x, True
+    from ninfer.cuda.activation import swiglu as swiglu_kernel
 
+    return swiglu_kernel(x), False
+
+
+def _transformed_args(
+    x: Any, w: DeviceWeight, out: Any, what: str, swiglu: bool
+) -> tuple[str, int, int, int]:
+    """matrix_args for ``x`` as read, [gate | up] rows of width 2K when ``swiglu``: (type, M, K, row stride)."""
+    if not swiglu:
+        return matrix_args(x, w, out, what)
     m, _, ldx = check_rows(x, "x", 2 * w.cols, vec8=True)
-    if not (_f16_input(impl, inputs, w, act_type(x, "x")) and _use_pair(impl, w.fmt, "float", m)):
-        return gemm(swiglu(x), w, out, impl=impl, inputs=inputs, variant=variant)
-    out, ldy = matrix_out(x, out, m, w.rows)
-    if m:
-        gemm_pair(
-            x, w, out, (m, w.rows, w.cols, ldx, ldy), _sm90_kernel, f16=True, variant=variant, swiglu=True
-        )
-    return out
+    if w.cols % 8:
+        raise KernelError(f"{what}: K={w.cols} must be a multiple of 8")
+    return act_type(x, "x"), m, w.cols, ldx
 
 
 def gemm_experts(
@@ -243,10 +250,19 @@ def gemm_experts(
         raise KernelError("gemm_experts: no pair mode (auto, wgmma or mma)")
     if inputs not in GEMM_INPUTS:
         raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
-    if rows is not None or swiglu:
-        return _experts_in(x, w, ids, n, out, impl, inputs, rows, swiglu)
-    t, m, k, ldx = matrix_args(x, w, out, "gemm_experts")
+    f16 = _f16_input(impl, inputs, w, act_type(x, "x"))
+    if not f16 and (rows is not None or swiglu):  # the fp16 mode's row split applies them itself
+        import cupy
+
+        from ninfer.cuda.activation import swiglu as swiglu_kernel
+
+        x = swiglu_kernel(x) if swiglu else x
+        x, rows, swiglu = (x if rows is None else cupy.take(x, rows, axis=0)), None, False
+    t, xm, k, ldx = _transformed_args(x, w, out, "gemm_experts", swiglu)
+    m = xm if rows is None else rows.shape[0]
     check_array(ids, "ids", dtype=np.int32, shape=(m,))
+    if rows is not None:
+        check_array(rows, "rows", dtype=np.int32, shape=(m,))
     if n <= 0 or w.rows % n:
         raise KernelError(f"gemm_experts: weight rows {w.rows} are not a whole number of experts of {n} rows")
     out, ldy = matrix_out(x, out, m, n)
@@ -257,8 +273,8 @@ def gemm_experts(
     p0, p1, p2 = w.planes()
     args = (p0, p1, p2, x, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k), np.int64(ldx),
             np.int64(ldy))  # fmt: skip
-    if _f16_input(impl, inputs, w, t):
-        xh, rowf = f16_rows(x, ldx, _sm90_kernel)
+    if f16:
+        xh, rowf = f16_rows(x, ldx, _sm90_kernel, rows=rows, swiglu=swiglu)
         fn = _gs_kernel(f"gemm90_experts_f16<{PAIR_STRUCTS[w.fmt][1]}>")
         args = (p0, p1, p2, xh, rowf, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k), np.int64(k),
                 np.int64(ldy))  # fmt: skip
@@ -270,37 +286,6 @@ def gemm_experts(
         return out
     fn = kernel("gemm.cu", SOURCES["gemm.cu"], f"gemm_experts<{w.struct}, {t}>")
     fn((grid_1d(n, _GEMM_TILE), bound), (_GEMM_THREADS,), args)
-    return out
-
-
-def _experts_in(
-    x: Any, w: DeviceWeight, ids: Any, n: int, out: Any, impl: str, inputs: str, rows: Any, swiglu: bool
-) -> Any:
-    """gemm_experts with its input transforms: in the fp16 mode ``f16_rows`` applies them while splitting the
-    slots' rows; otherwise they run first (``cupy.take``, the swiglu kernel) and the plain call follows."""
-    import cupy
-
-    from ninfer.cuda.activation import swiglu as swiglu_kernel
-
-    _, _, ldx = check_rows(x, "x", (2 if swiglu else 1) * w.cols, vec8=True)
-    if rows is not None:
-        check_array(rows, "rows", dtype=np.int32, shape=ids.shape)
-    if not _f16_input(impl, inputs, w, act_type(x, "x")) or ids.shape[0] == 0:
-        x = swiglu_kernel(x) if swiglu else x
-        x = cupy.take(x, rows, axis=0) if rows is not None else x
-        return gemm_experts(x, w, ids, n, out, impl=impl, inputs=inputs)
-    check_array(ids, "ids", dtype=np.int32)
-    if n <= 0 or w.rows % n:
-        raise KernelError(f"gemm_experts: weight rows {w.rows} are not a whole number of experts of {n} rows")
-    m, k = ids.shape[0], w.cols
-    out, ldy = matrix_out(x, out, m, n)
-    off, tile_e, tile_s0, ntiles, bound = expert_tiles(ids, w.rows // n)
-    p0, p1, p2 = w.planes()
-    xh, rowf = f16_rows(x, ldx, _sm90_kernel, rows=rows, swiglu=swiglu)
-    fn = _gs_kernel(f"gemm90_experts_f16<{PAIR_STRUCTS[w.fmt][1]}>")
-    args = (p0, p1, p2, xh, rowf, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k), np.int64(k),
-            np.int64(ldy))  # fmt: skip
-    fn((grid_1d(n, DQ_STRUCTS[w.fmt][1]), bound), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
     return out
 
 

@@ -190,21 +190,12 @@ def f16_rows(
         )
         return xh, rowf
     fn = kernel_of(f"split_f16row_in<{str(rows is not None).lower()}, {str(swiglu).lower()}>")
-    keep = (
-        4 * k <= _SPLIT_KEEP_BYTES
-    )  # the row's inputs kept in shared memory between the kernel's two passes
+    # the row's inputs kept in shared memory between the kernel's two passes
+    keep = 4 * k <= _SPLIT_KEEP_BYTES
     if keep and fn.max_dynamic_shared_size_bytes < 4 * k:
         fn.max_dynamic_shared_size_bytes = _SPLIT_KEEP_BYTES
-    args = (
-        x,
-        rows if rows is not None else np.uint64(0),
-        xh,
-        rowf,
-        np.int32(m),
-        np.int32(k),
-        np.int64(ldx),
-        np.int32(keep),
-    )
+    ptr = rows if rows is not None else np.uint64(0)
+    args = (x, ptr, xh, rowf, np.int32(m), np.int32(k), np.int64(ldx), np.int32(keep))
     fn((m,), (_SPLIT_THREADS,), args, shared_mem=4 * k if keep else 0)
     return xh, rowf
 
