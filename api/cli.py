@@ -88,6 +88,13 @@ def register(subparsers: Any) -> None:
         choices=("exact", "fp16"),
         help="CUDA prefill GEMM inputs (fp32 activations): exact (two MMAs) or fp16 (rounded per row, one MMA)",
     )
+    p.add_argument(
+        "--prefill-weights",
+        default="auto",
+        choices=("auto", "resident", "scratch"),
+        help="CUDA fp16-mode prefill: keep each weight's fp16 operand on the device instead of converting it per "
+        "chunk: auto (in the memory the plan leaves spare), resident (all, or refuse to start), scratch (none)",
+    )
     p.add_argument("--no-prefix-reuse", action="store_true")
     p.add_argument(
         "--host-cache-gib",
@@ -206,6 +213,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         cuda_graph=not a.no_cuda_graph,
         activations=a.activations,
         prefill_inputs=a.prefill_inputs,
+        prefill_weights=a.prefill_weights,
         cors=a.cors,
         max_request_mib=a.max_request_mib,
         ray_address=a.ray_address,

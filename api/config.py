@@ -59,6 +59,8 @@ class ServerConfig:
     cuda_graph: bool = True
     activations: str = "fp32"  # CUDA activation dtype: fp32 (exact operands) or bf16 (opt-in, faster prefill)
     prefill_inputs: str = "fp16"  # CUDA prefill GEMM inputs with fp32 activations: fp16 (per row) or exact
+    # CUDA fp16-mode prefill operands kept on the device: auto (where memory allows), resident, scratch
+    prefill_weights: str = "auto"
     cors: bool = False
     max_request_mib: int = 384
     ray_address: str | None = None
@@ -91,6 +93,10 @@ class ServerConfig:
             raise ServerConfigError(f"--activations: fp32 or bf16, got {self.activations!r}")
         if self.prefill_inputs not in ("exact", "fp16"):
             raise ServerConfigError(f"--prefill-inputs: exact or fp16, got {self.prefill_inputs!r}")
+        if self.prefill_weights not in ("auto", "resident", "scratch"):
+            raise ServerConfigError(
+                f"--prefill-weights: auto, resident or scratch, got {self.prefill_weights!r}"
+            )
         positive("--default-max-tokens", self.default_max_tokens)
         positive("--max-request-mib", self.max_request_mib)
         if self.backend not in BACKENDS:

@@ -67,6 +67,7 @@ def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
             "cuda_graph": cfg.cuda_graph,
             "act_dtype": cfg.activations,
             "prefill_inputs": cfg.prefill_inputs,
+            "prefill_weights": cfg.prefill_weights,
         }
         if cfg.memory_reserve_gib:  # GPU memory the runner's plan leaves to other programs
             options["memory_reserve_bytes"] = int(cfg.memory_reserve_gib * (1 << 30))

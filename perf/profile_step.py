@@ -175,6 +175,8 @@ def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
     seqs = Sequences(
         net, slots=4, pages=pages * 2, page_size=16, context=max(a.context, a.prefill_at) + a.chunk + 64
     )
+    net.prefill_weights = a.prefill_weights
+    net.keep_prefill_operands(leave=16 << 30)  # as ninfer-perf (perf/cli.py): the server's default
     mark("allocated")
     st = seqs.new()
     seqs.reserve(st, a.context + 8)
@@ -218,6 +220,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--timeline", action="store_true", help="every kernel of the prefill chunk (torch profiler)"
     )
     p.add_argument("--fold", choices=("on", "off", "both"), default="on", help="decode with norm folding")
+    p.add_argument("--prefill-weights", default="auto", choices=("auto", "resident", "scratch"))
     a = p.parse_args(argv)
     return {key: _profile_model(key, a) for key in a.model.split(",")}
 

@@ -340,7 +340,12 @@ def test_no_cuda_graph_is_a_backend_option_not_an_engine_option() -> None:
 
     cfg = ServerConfig(artifact="a.ninfer", cuda_graph=False)
     spec = actor_spec(cfg, "cuda")
-    assert spec.backend_options == {"cuda_graph": False, "act_dtype": "fp32", "prefill_inputs": "fp16"}
+    assert spec.backend_options == {
+        "cuda_graph": False,
+        "act_dtype": "fp32",
+        "prefill_inputs": "fp16",
+        "prefill_weights": "auto",
+    }
     assert isinstance(spec.engine, EngineConfig) and spec.engine is cfg.engine  # carried typed, as it is
     assert actor_spec(cfg, "reference").backend_options == {}
 
@@ -368,6 +373,20 @@ def test_prefill_inputs_flag_reaches_the_cuda_backend() -> None:
     assert _parser().parse_args(["serve", "a.ninfer"]).prefill_inputs == "fp16"
     with pytest.raises(ServerConfigError, match="--prefill-inputs"):
         ServerConfig(artifact="a.ninfer", prefill_inputs="bf16")
+
+
+def test_prefill_weights_flag_reaches_the_cuda_backend() -> None:
+    from ninfer.api.cli import config_from_args
+    from ninfer.api.server import actor_spec
+
+    from ninfer.cli import _parser
+
+    for mode in ("auto", "resident", "scratch"):
+        a = _parser().parse_args(["serve", "a.ninfer", "--prefill-weights", mode])
+        assert actor_spec(config_from_args(a), "cuda").backend_options["prefill_weights"] == mode
+    assert _parser().parse_args(["serve", "a.ninfer"]).prefill_weights == "auto"
+    with pytest.raises(ServerConfigError, match="--prefill-weights"):
+        ServerConfig(artifact="a.ninfer", prefill_weights="always")
 
 
 # ---- OpenAPI document behind the key ---------------------------------------------------------------------

@@ -46,6 +46,7 @@ from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight
 
 __all__ = [
     "gemm",
+    "hopper_gemm",
     "gemm_experts",
     "expert_tiles",
     "GEMM_INPUTS",
@@ -99,6 +100,11 @@ def _hopper(impl: str) -> bool:
     return impl != "mma" and target_arch("gemm_sm90.cu", compute_capability()).endswith("a")
 
 
+def hopper_gemm() -> bool:
+    """Whether ``gemm(impl="auto")`` runs the Hopper kernels (and so the pair and fp16 modes) on this device."""
+    return _hopper("auto")
+
+
 def _sm90_kernel(name: str) -> Any:
     src = "gemm_sm90_ws.cu" if name.startswith("gemm90_f16_ws<") else "gemm_sm90.cu"
     return kernel(src, SOURCES[src], name)
@@ -145,6 +151,7 @@ def gemm(
     inputs: str = "exact",
     variant: str = "auto",
     swiglu: bool = False,
+    operands: Any = None,
 ) -> Any:
     """``out = x · Wᵀ`` for ``x[M, K]`` on tensor cores (exact weight operands, float32 ``x`` split into two bf16
     halves, fp32 accumulation); ``x`` and ``out`` may be row-strided views. ``impl``: see the module docstring
@@ -157,7 +164,8 @@ def gemm(
     warp specialization, cuda_src/gemm_sm90_ws.cu) or ``auto`` (by rows, the default), bitwise the same; GEMMs
     that do not run the fp16 scratch kernel ignore it. ``swiglu``: ``x`` holds [gate | up] rows ``[M, 2K]`` and the
     product is of their SwiGLU (the fp16 mode applies it in its row split; elsewhere the swiglu kernel runs first:
-    the same values either way)."""
+    the same values either way). ``operands`` (``operands.OperandStore``): the fp16 mode's scratch kernels read the
+    weight's kept fp16 operand instead of dequantizing it per call (ninfer/cuda/operands.py; the same results)."""
     if inputs not in GEMM_INPUTS:
         raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
     if variant not in F16_VARIANTS:
@@ -179,7 +187,8 @@ def gemm(
         f16 = inputs == "fp16" and f16_foldable(w.fmt)
         if _use_pair(impl, w.fmt, t, m):
             dims = (m, n, k, ldx, ldy)
-            gemm_pair(x, w, out, dims, _sm90_kernel, f16=f16, variant=variant if f16 else "cp", swiglu=swiglu)
+            v = variant if f16 else "cp"
+            gemm_pair(x, w, out, dims, _sm90_kernel, f16=f16, variant=v, swiglu=swiglu, operands=operands)
             return out
         if f16 and impl == "wgmma" and _use_pair("auto", w.fmt, t, m):  # the fp16 mode's in-loop kernel
             gemm_pair(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel, f16=True, inloop=True)

@@ -211,6 +211,7 @@ def gemm_pair(
     inloop: bool = False,
     variant: str = "auto",
     swiglu: bool = False,
+    operands: Any = None,
 ) -> None:
     """``out = x · Wᵀ`` in pair mode. ``dims`` = (M, N, K, ldx, ldy) as checked by gemm.gemm; ``x`` float32,
     ``w.fmt`` in :data:`PAIR_STRUCTS`; ``kernel_of(name)`` the compiled gemm_sm90.cu instance. Not for graph
@@ -223,7 +224,9 @@ def gemm_pair(
     ``variant`` (:data:`F16_VARIANTS`, fp16 mode): the scratch kernel's main loop, ``auto`` by rows
     and weight size (:func:`f16_auto_ws`; the in-loop kernel has one loop). Bitwise the same result every way.
     ``swiglu`` (fp16 mode): ``x`` holds [gate | up] rows of width 2K, and the product is of their SwiGLU, applied
-    by the row split (``f16_rows``) instead of a separate kernel's [M, K] array (``dims[2]`` is K)."""
+    by the row split (``f16_rows``) instead of a separate kernel's [M, K] array (``dims[2]`` is K).
+    ``operands`` (an ``operands.OperandStore``, fp16 mode): the weight's fp16 operand kept there, or filled there on
+    first use if its budget admits it, replaces the per-call dequant pass (the same values: the same results)."""
     m, n, k, _, ldy = dims
     wstruct, dq = PAIR_STRUCTS[w.fmt]
     if f16 and dq is None:
@@ -251,21 +254,23 @@ def gemm_pair(
     dqfn = None
     if dq is not None and not inloop:
         dqfn = kernel_of(f"dequant90<{dq}, true>" if f16 else f"dequant90<{dq}>")
-    wbuf = _scratch("w", nw * k) if dqfn is not None else None
+    kept = _kept_operand(w, planes, dqfn, operands) if f16 and dqfn is not None else None
+    if kept is not None:
+        nw = n
+    wbuf = _scratch("w", nw * k) if dqfn is not None and kept is None else None
     xbuf = None if f16 else _scratch("x", 2 * mx * k)  # hi, lo (the fp16 rows: f16_rows, the same scratch)
 
     def weight_chunk(n0: int, rows: int) -> list[Any]:
         """Planes of weight rows [n0, n0 + rows) as the pair kernel reads them (the scratch filled for them)."""
         if dqfn is None:  # BF16, or the in-loop fp16 kernel: the stored rows themselves (one chunk)
             return planes
-        dqfn((grid_1d(k, 64), grid_1d(rows, _BN)), (_THREADS,), (*planes, wbuf, np.int32(rows), np.int32(k),
-             np.int64(n0)))  # fmt: skip
+        _dequant(dqfn, planes, wbuf, n0, rows, k)
         p = [wbuf, *planes[1:]]
         if w.fmt in _ROW_PLANE:
             p[_ROW_PLANE[w.fmt]] = planes[_ROW_PLANE[w.fmt]][4 * n0 :]
         return p
 
-    whole = weight_chunk(0, n) if nw == n else None
+    whole = kept if kept is not None else (weight_chunk(0, n) if nw == n else None)
     for m0 in range(0, m, mx):
         rows = min(mx, m - m0)
         if f16:  # xh: the rows' fp16 words, then one float factor per row
@@ -284,6 +289,31 @@ def gemm_pair(
             fn((grid_1d(rows, _BM) * grid_1d(cols, _BN),), (_THREADS,),
                (p0, p1, p2, xa, xb, y, np.int32(rows), np.int32(cols), np.int32(k), np.int64(k), np.int64(ldy)),
                shared_mem=_SMEM)  # fmt: skip
+
+
+def _dequant(dqfn: Any, planes: list[Any], buf: Any, n0: int, rows: int, k: int) -> None:
+    """Weight rows [n0, n0 + rows) as operand values into ``buf`` [rows, K] (each element from its own code)."""
+    dqfn((grid_1d(k, 64), grid_1d(rows, _BN)), (_THREADS,), (*planes, buf, np.int32(rows), np.int32(k),
+         np.int64(n0)))  # fmt: skip
+
+
+def _kept_operand(w: Any, planes: list[Any], dqfn: Any, operands: Any) -> list[Any] | None:
+    """The planes of ``w``'s kept fp16 operand (ninfer/cuda/operands.py), dequantized into a buffer of its own now
+    if the store has none yet and its budget admits it; None: the per-call scratch. The whole weight from row 0, so
+    the planes are those ``weight_chunk(0, n)`` returns with the scratch: the same operand values."""
+    if operands is None:
+        return None
+    buf = operands.lookup(w)
+    if buf is None:
+        n, k = w.rows, w.cols
+        if not operands.admit(2 * n * k):
+            return None
+        import cupy
+
+        buf = cupy.empty(n * k, dtype=np.uint16)
+        _dequant(dqfn, planes, buf, 0, n, k)
+        operands.keep(w, buf)
+    return [buf, *planes[1:]]
 
 
 @functools.cache

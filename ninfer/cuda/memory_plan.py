@@ -46,6 +46,8 @@ class MemoryPlan:
     free: int  # device memory free before the plan (after the weights were uploaded: weights counted in it)
     # bytes that must stay free for other programs (``--memory-reserve-gib``): not ours to plan
     reserve: int = 0
+    # the prefill GEMM's kept fp16 weight operands (ninfer/cuda/operands.py), sized after the rest: ``spare``
+    prefill_operands: int = 0
 
     @property
     def total(self) -> int:
@@ -56,13 +58,20 @@ class MemoryPlan:
             + self.checkpoints
             + self.workspace
             + self.graph_pools
+            + self.prefill_operands
         )
+
+    @property
+    def spare(self) -> int:
+        """Bytes the plan leaves unused within what ``check`` allows (negative: it does not fit)."""
+        return int((self.available - self.weights) * (1 - HEADROOM)) - (self.total - self.weights)
 
     def as_dict(self) -> dict[str, int]:
         return {**asdict(self), "total": self.total}
 
     def report(self) -> str:
         parts = ("weights", "kv_pool", "gdn_lanes", "checkpoints", "workspace", "graph_pools")
+        parts += ("prefill_operands",)
         body = ", ".join(f"{p} {getattr(self, p) / GIB:.2f}" for p in parts)
         avail = f"{self.available / GIB:.2f} available"
         if self.reserve:
@@ -78,7 +87,7 @@ class MemoryPlan:
         if self.total - self.weights > (self.available - self.weights) * (1 - HEADROOM):
             raise MemoryPlanError(
                 f"{self.report()}: does not fit; lower kv_capacity, max_concurrency, prefill_chunk or the "
-                "checkpoint budget"
+                "checkpoint budget (or keep no prefill operands: --prefill-weights scratch)"
             )
 
 

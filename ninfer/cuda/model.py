@@ -75,6 +75,7 @@ class CudaQwen36:
         fold_norms: bool = True,
         prefill_inputs: str = "fp16",
         gemv_prefetch: bool = False,
+        prefill_weights: str = "auto",
     ) -> None:
         import cupy
 
@@ -101,6 +102,14 @@ class CudaQwen36:
         if prefill_inputs not in GEMM_INPUTS:
             raise ValueError(f"prefill_inputs: one of {GEMM_INPUTS}, got {prefill_inputs!r}")
         self.prefill_inputs = prefill_inputs
+        # the fp16 prefill GEMM's weight operands kept between calls where memory allows (ninfer/cuda/operands.py):
+        # the store's budget is 0 (none kept) until the runner's memory plan sets it, or a caller does
+        from ninfer.cuda.operands import PREFILL_WEIGHTS, OperandStore
+
+        if prefill_weights not in PREFILL_WEIGHTS:
+            raise ValueError(f"prefill_weights: one of {PREFILL_WEIGHTS}, got {prefill_weights!r}")
+        self.prefill_weights = prefill_weights
+        self.operands = OperandStore()
         # residual + RMS norms folded into the neighbouring GEMVs where every product is a GEMV (decode, exact
         # prefill; docs/cuda.md "Norm folding"); a perf or test comparison flips it and clears the graphs
         self.fold_norms = bool(fold_norms)
@@ -165,6 +174,36 @@ class CudaQwen36:
         self.pool = (num_slots, num_pages, page_size, -(-max_context // page_size))
         self.generation += 1
         cupy.cuda.Device().synchronize()  # the zero fills ran on the current stream, not on self.stream
+
+    def prefill_operand_bytes(self) -> int:
+        """Device bytes that keeping the fp16 operand of every dense prefill weight takes (ninfer/cuda/operands.py):
+        0 where the fp16 GEMM mode does not run (``prefill_weights="scratch"``, exact inputs, bf16 activations,
+        ``prefill_gemm=False``, no Hopper wgmma GEMM)."""
+        from ninfer.cuda.gemm import hopper_gemm
+        from ninfer.cuda.gemm_pair import f16_foldable
+        from ninfer.cuda.operands import eligible_bytes
+
+        if self.prefill_weights == "scratch" or self.prefill_inputs != "fp16" or self.act != F32:
+            return 0
+        if not self.prefill_gemm or not hopper_gemm():
+            return 0
+        return eligible_bytes(self.w.items(), f16_foldable)
+
+    def keep_prefill_operands(self, leave: int) -> int:
+        """Outside the engine (perf scripts, ``Sequences`` users; the runner sizes them by its memory plan instead):
+        keep the fp16 prefill operands in the device memory free now, less ``leave`` bytes for the prefill's own
+        temporaries; returns the budget. ``prefill_weights="resident"`` raises MemoryError if not all fit."""
+        import cupy
+
+        want = self.prefill_operand_bytes()
+        free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
+        budget = max(0, min(want, free - leave))
+        if self.prefill_weights == "resident" and budget < want:
+            raise MemoryError(
+                f"prefill_weights='resident': {want} bytes of operands, {budget} free to keep them"
+            )
+        self.operands.set_budget(budget)
+        return budget
 
     @property
     def scratch(self) -> tuple[int, int]:
@@ -383,7 +422,8 @@ def load_cuda(artifact: Any, **opts: Any) -> CudaQwen36:
     """Upload an artifact (path or opened ``Artifact``) to the GPU as a ``CudaQwen36``.
 
     ``opts``: ``act_dtype``, ``state_dtype``, ``kv_dtype``, ``prefill_gemm``, ``cuda_graph``, ``attn_chunk``,
-    ``memory_reserve_bytes``, ``prefill_inputs`` (see ``CudaQwen36``) and ``progress`` (upload bar, default on)."""
+    ``memory_reserve_bytes``, ``prefill_inputs``, ``prefill_weights`` (see ``CudaQwen36``) and ``progress`` (upload
+    bar, default on)."""
     from ninfer.artifact import open_artifact
     from ninfer.cuda.upload import upload_artifact
 

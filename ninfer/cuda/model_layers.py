@@ -94,7 +94,7 @@ def _product(
     if gate is not None:
         x = sigmoid_gate(x, gate[0], x.shape[1] // gate[1], gate[1])
     # swiglu: the fp16 mode's row split applies it (no [T, I] array); other GEMM paths run the kernel first
-    return gemm(x, w, out, inputs=net.prefill_inputs, swiglu=swiglu)
+    return gemm(x, w, out, inputs=net.prefill_inputs, swiglu=swiglu, operands=net.operands)
 
 
 def attention_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None) -> Any:

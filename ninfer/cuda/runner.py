@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -92,6 +93,7 @@ class CudaModelRunner:
             verify_rows=cfg.num_draft + 1 if spec else 0, host_tier=self.host_pages > 0,
         )  # fmt: skip
         self.plan.check()
+        self._keep_operands(net)
         net.allocate(
             num_slots=lanes + n_ckpt + spare,
             num_pages=cfg.num_pages,
@@ -126,6 +128,16 @@ class CudaModelRunner:
             self.capture_graphs()
             for b in range(1, lanes + 1):  # and every speculative graph, so no request's round pays a capture
                 self.capture_spec_graphs(b)
+
+    def _keep_operands(self, net: Any) -> None:
+        """Size the prefill GEMM's kept fp16 operands (ninfer/cuda/operands.py) by the plan: ``auto`` takes what the
+        plan leaves spare, up to all of them; ``resident`` all of them or a MemoryPlanError; the first full prefill
+        chunk (``warm_prefill``) fills them."""
+        want = net.prefill_operand_bytes()
+        keep = want if net.prefill_weights == "resident" else max(0, min(want, self.plan.spare))
+        self.plan = dataclasses.replace(self.plan, prefill_operands=keep)
+        self.plan.check()
+        net.operands.set_budget(keep)
 
     def capture_graphs(self) -> int:
         """Capture the decode graph of every lane count now (warm-up); returns their private pools' bytes."""

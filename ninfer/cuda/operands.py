@@ -1,0 +1,107 @@
+"""Resident prefill operands: the fp16 weight operands of the prefill GEMM kept on the device between calls.
+
+The fp16 mode's scratch kernels (gemm_pair.py, docs/cuda.md "Prefill GEMM inputs") read each weight as fp16 values
+that ``dequant90<D, true>`` writes into a scratch buffer at every GEMM: ~4.6 bytes of memory traffic per weight per
+call, whatever the number of rows. On the H200 that pass took 16.7 ms of a 27B 4096-token chunk and 16.4 ms of its
+256-token follow-up turn (perf/results/timeline_prefill_1e66f7e.txt), a fifth of the follow-up's GPU time. Where
+device memory is left over after the runner's plan (weights, KV pool, GDN slots, workspace, graph pools), the
+operands are kept instead: each weight is dequantized once, by the same kernel into a buffer of its own, on its
+first prefill GEMM (the runner's start-up ``warm_prefill`` runs one), and every later GEMM reads that buffer. The
+operand values are the ones the scratch would hold, and the GEMM kernels are unchanged, so every result is bitwise
+the same with or without residency (GPU test ``tests/test_cuda_operands.py``).
+
+``OperandStore`` is the bookkeeping (pure Python; the caller allocates and fills): a byte budget, admitted in first-use
+order until it is spent, so a partial budget keeps the first weights and the rest take the scratch as before.
+``prefill_weights`` (``ninfer serve --prefill-weights``): ``auto`` keeps what the memory plan leaves room for,
+``resident`` requires every eligible weight to fit (the plan fails otherwise), ``scratch`` keeps none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["PREFILL_WEIGHTS", "OperandStore", "eligible_bytes", "prefill_gemm_weight"]
+
+PREFILL_WEIGHTS = ("auto", "resident", "scratch")
+
+# the weights that the prefill runs as dense GEMMs (model_layers.linear above 8 rows): attention q|k|v|gate and o,
+# the GDN in- and out-projections, the dense MLP and an MoE shared expert that is not appended to the routed experts
+# (those run as grouped GEMMs converting their tiles in the main loop, with no scratch to save); the router and the
+# LM head run as GEMVs in prefill, the MTP head's products only in speculation
+_SUFFIXES = (
+    ".self_attn.qkvg_proj",
+    ".self_attn.o_proj.weight",
+    ".in_proj",
+    ".out_proj.weight",
+    ".mlp.gate_up_proj",
+    ".mlp.down_proj.weight",
+    ".mlp.shared_expert.gate_up_proj",
+    ".mlp.shared_expert.down_proj.weight",
+)
+
+
+def prefill_gemm_weight(name: str) -> bool:
+    """Whether the weight ``name`` (a key of the network's fused weights) is a dense prefill GEMM operand."""
+    return not name.startswith("mtp.") and name.endswith(_SUFFIXES)
+
+
+def eligible_bytes(weights: Iterable[tuple[str, Any]], foldable: Any) -> int:
+    """Bytes of the fp16 operands of the dense prefill weights among ``(name, weight)`` pairs whose format
+    ``foldable(fmt)`` accepts (weights of several formats, ``FusedRuns``, are left out: each run's GEMM is small)."""
+    total = 0
+    for name, w in weights:
+        fmt = getattr(w, "fmt", None)
+        if isinstance(fmt, str) and prefill_gemm_weight(name) and foldable(fmt):
+            total += 2 * int(w.rows) * int(w.cols)
+    return total
+
+
+def _key(w: Any) -> tuple[Any, ...]:
+    """A weight's identity: its device buffer's address and size, plane offsets, format and shape. The store keeps a
+    reference to the buffer, so the address cannot be reused by another weight while the entry exists."""
+    return (int(w.data.data.ptr), int(w.data.size), tuple(w.offsets), w.fmt, tuple(w.shape))
+
+
+class OperandStore:
+    """fp16 prefill operands kept per weight, up to ``budget`` bytes (0: none). Not thread-safe: the model runner's
+    one thread uses it."""
+
+    def __init__(self, budget: int = 0) -> None:
+        self.budget = 0
+        self.used = 0
+        # key -> (the operand buffer, the weight's data: kept alive so that its address stays its own)
+        self._bufs: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        self.set_budget(budget)
+
+    def set_budget(self, budget: int) -> None:
+        """A new budget; operands kept beyond it are dropped (the device memory returns to the pool)."""
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+            raise ValueError(f"OperandStore: budget must be a non-negative integer, got {budget!r}")
+        self.budget = budget
+        if self.used > budget:
+            self.clear()
+
+    def lookup(self, w: Any) -> Any | None:
+        """The kept operand of ``w``, or None."""
+        hit = self._bufs.get(_key(w))
+        return None if hit is None else hit[0]
+
+    def admit(self, nbytes: int) -> bool:
+        """Whether an operand of ``nbytes`` fits the budget now; if so the bytes are counted as used."""
+        if self.used + nbytes > self.budget:
+            return False
+        self.used += nbytes
+        return True
+
+    def keep(self, w: Any, buf: Any) -> None:
+        """Keep ``buf`` (admitted before) as ``w``'s operand."""
+        self._bufs[_key(w)] = (buf, w.data)
+
+    def clear(self) -> None:
+        """Drop every kept operand."""
+        self._bufs.clear()
+        self.used = 0
+
+    def __len__(self) -> int:
+        return len(self._bufs)
