@@ -113,8 +113,20 @@ def load_module(source: str, name_expressions: tuple[str, ...]) -> Any:
     return mod
 
 
+# (source, instances, name) -> (the module, its function): RawModule.get_function costs ~3 us a call, and an eager
+# 27B prefill chunk looks up ~1,150 kernels (perf/profile_host.py). Valid while the module is load_module's current
+# one (a cache_clear, as perf/gemv_variants.py does to swap sources, makes a new module).
+_FUNCTIONS: dict[tuple[str, tuple[str, ...], str], tuple[Any, Any]] = {}
+
+
 def kernel(source: str, instances: tuple[str, ...], name: str) -> Any:
     """The compiled kernel ``name`` (one of ``instances``) of family ``source``."""
+    mod = load_module(source, instances)
+    hit = _FUNCTIONS.get((source, instances, name))
+    if hit is not None and hit[0] is mod:
+        return hit[1]
     if name not in instances:
         raise KernelError(f"{source}: no kernel instance {name!r} (known: {', '.join(instances)})")
-    return load_module(source, instances).get_function(name)
+    fn = mod.get_function(name)
+    _FUNCTIONS[source, instances, name] = (mod, fn)
+    return fn
