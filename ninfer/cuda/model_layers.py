@@ -217,12 +217,12 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
     eid, ew = moe_route(rg[:, :e], k, shared=e if shared else None)
     flat, n = eid.reshape(-1), t * k
     ns = n + (t if shared else 0)
-    slot = net.const_i32(("slot", ns), np.arange(ns))
     if t > 8:  # prefill: visit slots grouped by expert so the expert's weights stay in L2 (one launch: the
         # stable argsort's order, the slots' token rows and each pair's slot; the CuPy sort, gathers and scatter it
         # replaced were ~10 launches per layer, host-bound in a 256-token follow-up turn)
         ids, xrow, where = moe_sort(flat, n, k, e)
-    else:
+    else:  # decode: constant tables, one per (lanes, k, shared) (a prefill length would add one per prompt length)
+        slot = net.const_i32(("slot", ns), np.arange(ns))
         xr = np.concatenate([np.arange(n) // k, np.arange(t if shared else 0)])
         ids, xrow, where = flat, net.const_i32(("xrow", ns, k, shared), xr), slot[:n]
     if lanes:
