@@ -15,6 +15,7 @@
 //
 // gated_rmsnorm (GDN output norm, plain weight): per head of width D,
 //   y = (o * rsqrt(mean(o^2) + eps)) * w * silu(z); one warp per (token, head) row (gated_norm.cuh).
+#include "f16row.cuh"
 #include "gated_norm.cuh"
 
 constexpr int RMS_NT = 256, RMS_NV = 4;
@@ -147,6 +148,59 @@ __global__ void __launch_bounds__(RMS_NT)
     }
 }
 
+// F16 outputs (rmsnorm_f16, moe_combine_rmsnorm_f16; float rows of H <= RMS_NV * 8 * RMS_NT with H % 8 == 0 and
+// 16-byte alignment, the wrapper checks): instead of the normed row y, the fp16 mode's GEMM input rows that
+// split_f16row (gemm_sm90.cu) would make of it, xh[row] = y * 2^k rounded to fp16 and rowf[row] = 2^-k. The outputs
+// are computed as rms_out computes y, their largest |y| taken over the block (fmaxf: exact in any order), then
+// rounded as split_f16row rounds: bitwise the norm followed by split_f16row, without y's store and re-read.
+template <bool OFFSET>
+__device__ __forceinline__ void rms_out_f16(u16* xr, float* rowf, const float* w, int nch,
+                                            const float (&v)[RMS_NV][8], float inv, float* scratch) {
+    float o[RMS_NV][8], m = 0.f;
+#pragma unroll
+    for (int u = 0; u < RMS_NV; ++u) {
+        const int c = threadIdx.x + u * RMS_NT;
+        if (c >= nch) continue;
+        float g[8];
+        ld8<true>(w + 8 * c, 8, g);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            o[u][e] = v[u][e] * inv * (OFFSET ? 1.f + g[e] : g[e]);
+            m = fmaxf(m, fabsf(o[u][e]));
+        }
+    }
+    m = block_max(m, scratch);
+    float back;
+    const float s = f16row_scale(m, back);
+    if (threadIdx.x == 0) *rowf = back;
+#pragma unroll
+    for (int u = 0; u < RMS_NV; ++u) {
+        const int c = threadIdx.x + u * RMS_NT;
+        if (c >= nch) continue;
+        u32 q[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) q[j] = f16_rne_bits(o[u][2 * j] * s) | f16_rne_bits(o[u][2 * j + 1] * s) << 16;
+        *reinterpret_cast<uint4*>(xr + 8 * c) = make_uint4(q[0], q[1], q[2], q[3]);
+    }
+}
+
+// xh: [rows, H] fp16 words (row stride H), rowf: [rows] (see rms_out_f16); otherwise rmsnorm<float, OFFSET, RESID,
+// true>'s arguments and first half
+template <bool OFFSET, bool RESID>
+__global__ void __launch_bounds__(RMS_NT)
+    rmsnorm_f16(const float* __restrict__ x, float* resid, const float* __restrict__ w, u16* __restrict__ xh,
+                float* __restrict__ rowf, int H, float eps, long long ldx, long long ldr) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    const int nch = H / 8;
+    float v[RMS_NV][8];
+    const float ss = rms_round<float, RESID, true>(x + row * ldx, resid + row * ldr, H, nch, 0, v, 0.f);
+    const float inv = 1.f / sqrtf(block_sum(ss, scratch) / (float)H + eps);
+    rms_out_f16<OFFSET>(xh + row * H, rowf + row, w, nch, v, inv, scratch);
+}
+
 // moe_combine_rmsnorm: the MoE combine fused into the next residual add + RMS norm (one launch, not two; the
 // 35B-A3B decode step ran 40 combine launches). Per element, in this order, fp32 fmaf from 0:
 //   c = sum_{j < k} ew[t, j] * dn[where[t, j], :]  (routed experts in rank order)  + sigmoid(sg[t]) * sh[t, :]
@@ -172,6 +226,32 @@ __device__ __forceinline__ void combine8(const T* dn, const int* wh, const float
     }
 }
 
+// One round of moe_combine_rmsnorm's first pass: the thread's chunks u of round `base`, combined, added to the
+// residual (stored back), their squares added to ss in chunk order (returned)
+template <typename T, bool VEC>
+__device__ __forceinline__ float moe_combine_round(const T* dn, const int* wh, const float* er, float gate,
+                                                   const T* shr, int k, float* rr, int H, int nch, int base,
+                                                   float (&v)[RMS_NV][8], float ss) {
+    float r[RMS_NV][8];
+#pragma unroll
+    for (int u = 0; u < RMS_NV; ++u) {
+        const int c = base + threadIdx.x + u * RMS_NT;
+        if (c < nch) ld8<VEC>(rr + 8 * c, H - 8 * c, r[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < RMS_NV; ++u) {
+        const int c = base + threadIdx.x + u * RMS_NT;
+        if (c >= nch) continue;
+        combine8<T, VEC>(dn, wh, er, gate, shr, k, H, 8 * c, H - 8 * c, v[u]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[u][e] += r[u][e];  // x + r, as rmsnorm<RESID>
+        st8<VEC>(rr + 8 * c, H - 8 * c, v[u]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss = fmaf(v[u][e], v[u][e], ss);
+    }
+    return ss;
+}
+
 template <typename T, bool OFFSET, bool VEC>
 __global__ void __launch_bounds__(RMS_NT)
     moe_combine_rmsnorm(const T* __restrict__ dn, const int* __restrict__ where, const float* __restrict__ ew,
@@ -190,25 +270,7 @@ __global__ void __launch_bounds__(RMS_NT)
     const float gate = sigmoidf_(sg[row * ldsg]);
     const int nch = (H + 7) / 8, step = RMS_NV * RMS_NT;
     float v[RMS_NV][8], ss = 0.f;
-    for (int base = 0; base < nch; base += step) {
-        float r[RMS_NV][8];
-#pragma unroll
-        for (int u = 0; u < RMS_NV; ++u) {
-            const int c = base + threadIdx.x + u * RMS_NT;
-            if (c < nch) ld8<VEC>(rr + 8 * c, H - 8 * c, r[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < RMS_NV; ++u) {
-            const int c = base + threadIdx.x + u * RMS_NT;
-            if (c >= nch) continue;
-            combine8<T, VEC>(dn, wh, er, gate, shr, k, H, 8 * c, H - 8 * c, v[u]);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[u][e] += r[u][e];  // x + r, as rmsnorm<RESID>
-            st8<VEC>(rr + 8 * c, H - 8 * c, v[u]);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) ss = fmaf(v[u][e], v[u][e], ss);
-        }
-    }
+    for (int base = 0; base < nch; base += step) ss = moe_combine_round<T, VEC>(dn, wh, er, gate, shr, k, rr, H, nch, base, v, ss);
     const float inv = 1.f / sqrtf(block_sum(ss, scratch) / (float)H + eps);
     if (nch <= step) {
         rms_out<T, OFFSET, VEC>(yr, w, H, nch, 0, v, inv);
@@ -222,6 +284,29 @@ __global__ void __launch_bounds__(RMS_NT)
         }
         rms_out<T, OFFSET, VEC>(yr, w, H, nch, base, v, inv);
     }
+}
+
+// moe_combine_rmsnorm with the F16 outputs (rms_out_f16): float rows, one round
+template <bool OFFSET>
+__global__ void __launch_bounds__(RMS_NT)
+    moe_combine_rmsnorm_f16(const float* __restrict__ dn, const int* __restrict__ where, const float* __restrict__ ew,
+                            const float* __restrict__ sh, const float* __restrict__ sg, int k, long long ldsh,
+                            long long ldsg, float* resid, const float* __restrict__ w, u16* __restrict__ xh,
+                            float* __restrict__ rowf, int H, float eps, long long ldr) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    const int* wh = where + row * k;
+    const float* er = ew + row * k;
+    const float* shr = sh + row * ldsh;
+    float* rr = resid + row * ldr;
+    const float gate = sigmoidf_(sg[row * ldsg]);
+    const int nch = H / 8;
+    float v[RMS_NV][8], ss = 0.f;
+    ss = moe_combine_round<float, true>(dn, wh, er, gate, shr, k, rr, H, nch, 0, v, ss);
+    const float inv = 1.f / sqrtf(block_sum(ss, scratch) / (float)H + eps);
+    rms_out_f16<OFFSET>(xh + row * H, rowf + row, w, nch, v, inv, scratch);
 }
 
 // o, y: [rows, D] with row strides ldo, ldy (rows = tokens * heads, heads contiguous in a token); z: row r is

@@ -156,3 +156,80 @@ def test_moe_combine_rmsnorm_emulated(emu_combine: Path, tmp_path: Path, case: t
     assert np.isfinite(got).all() and err <= (1.2e-2 if bf else 2e-5), f"error {err:.2e}"
     # bf16: the kernel rounds its fp32 sum, the reference a float64 one: one bf16 step apart at a tie
     np.testing.assert_allclose(out["r2"], rr, rtol=1e-5, atol=float(np.abs(y).max()) * 2**-8 if bf else 1e-5)
+
+
+@pytest.fixture(scope="module")
+def emu_f16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_emulator(
+        tmp_path_factory,
+        "norm_f16_emu",
+        [
+            "gdn_emu.cpp",
+            "#undef __shared__\n#define __shared__ static",
+            "norm.cu",
+            "emu_io.cpp",
+            "norm_f16_driver.cpp",
+        ],
+    )
+
+
+def _split_f16row(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """split_f16row of float rows (gemm_sm90.cu; ops.round_fp16_rows is its value): fp16 words, 2^-k per row."""
+    amax = np.max(np.abs(y), axis=-1, keepdims=True)
+    k = np.clip(141 - ((amax.view(np.uint32) >> 23) & 0xFF).astype(np.int32), -126, 126)
+    s = ((127 + k).astype(np.uint32) << 23).view(F32)
+    with np.errstate(over="ignore", under="ignore"):
+        xh = (y * s).astype(np.float16).view(np.uint16)
+    return xh, ((127 - k).astype(np.uint32) << 23).view(F32).reshape(-1)
+
+
+F16_CASES = (  # combine, rows, H, k, offset, residual
+    (0, 3, 5120, 0, True, True),  # the 27B's norms
+    (0, 2, 2048, 0, True, False),
+    (0, 2, 64, 0, False, True),
+    (0, 1, 8192, 0, True, True),  # the longest row kept in registers
+    (1, 3, 2048, 8, True, True),  # the 35B-A3B's input norms (the combine fused in)
+    (1, 2, 512, 4, False, True),
+)
+
+
+@pytest.mark.parametrize("case", F16_CASES, ids=lambda c: f"c{c[0]}-{c[1]}x{c[2]}k{c[3]}o{c[4]:d}r{c[5]:d}")
+def test_norm_f16_rows_are_the_row_split(emu_f16: Path, tmp_path: Path, case: tuple) -> None:
+    """rmsnorm_f16 / moe_combine_rmsnorm_f16 write bitwise split_f16row of what rmsnorm / moe_combine_rmsnorm store
+    (fp16 words and the row factors), and the same residual; rows of very different scales (the row factor's clamp
+    and fp16's subnormals) included."""
+    combine, rows, h, k, offset, resid = case
+    rng = np.random.default_rng(rows * h + k + 7)
+    r = rng.standard_normal((rows, h)).astype(F32)
+    w = (rng.standard_normal(h) * 0.3).astype(F32)
+    w[: min(8, h)] = -1.0 if offset else 0.0  # exact zeros in the output
+    slots = rows * k + rows
+    files: dict[str, np.ndarray] = {"r": r, "w": w}
+    if combine:
+        files["dn"] = (rng.standard_normal((slots, h)) * 2).astype(F32)
+        files["sh"] = rng.standard_normal((rows, h)).astype(F32)
+        files["where"] = rng.permutation(slots)[: rows * k].reshape(rows, k).astype(np.int32)
+        files["ew"], files["sg"] = rng.random((rows, k)).astype(F32), rng.standard_normal(rows).astype(F32)
+    else:
+        x = (rng.standard_normal((rows, h)) * 3).astype(F32)
+        x[0, 8:40] = 1e-30  # tiny entries beside O(1) ones: fp16 subnormals and zeros after scaling
+        files["x"] = x
+    d = tmp_path / "run"
+    d.mkdir()
+    for name, a in files.items():
+        a.tofile(d / f"{name}.bin")
+    args = [combine, rows, h, k, slots, int(offset), int(resid), EPS]
+    proc = subprocess.run(
+        [str(emu_f16), str(d), *map(str, args)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    y = np.fromfile(d / "y.bin", dtype=F32).reshape(rows, h)
+    xh, rowf = (
+        np.fromfile(d / "xh.bin", dtype=np.uint16).reshape(rows, h),
+        np.fromfile(d / "rowf.bin", dtype=F32),
+    )
+    want_xh, want_rowf = _split_f16row(y)
+    np.testing.assert_array_equal(xh, want_xh, err_msg="fp16 words")
+    np.testing.assert_array_equal(rowf.view(np.uint32), want_rowf.view(np.uint32), err_msg="row factors")
+    np.testing.assert_array_equal(np.fromfile(d / "r2.bin", dtype=F32), np.fromfile(d / "r1.bin", dtype=F32))
+    assert np.isfinite(y).all() and (y == 0).any()

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ninfer.cuda.loader import KernelError
 
 __all__ = [
+    "F16Rows",
     "KernelError",
     "act_type",
     "array_module",
@@ -162,6 +163,24 @@ def matrix_args(x: Any, w: Any, out: Any, what: str) -> tuple[str, int, int, int
     if k % 8:
         raise KernelError(f"{what}: K={k} must be a multiple of 8")
     return t, m, k, ldx
+
+
+class F16Rows(NamedTuple):
+    """A float32 activation ``[T, K]`` already in the fp16 GEMM mode's input form (docs/cuda.md "Prefill GEMM
+    inputs"): ``xh`` uint16 ``[T, K]`` fp16 words (contiguous rows) = each row times 2^k rounded to fp16, ``rowf``
+    float32 ``[T]`` = 2^-k; what split_f16row makes of the float rows, written by the norm that produced them
+    (norm.rmsnorm(..., f16=True)). Only an fp16-mode GEMM reads it (gemm.gemm)."""
+
+    xh: Any
+    rowf: Any
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.xh.shape[0]), int(self.xh.shape[1]))
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
 
 
 def matrix_out(x: Any, out: Any, rows: int, n: int) -> tuple[Any, int]:

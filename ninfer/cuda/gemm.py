@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.cuda._common import (
+    F16Rows,
     KernelError,
     act_type,
     check_array,
@@ -47,6 +48,7 @@ from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight
 __all__ = [
     "gemm",
     "hopper_gemm",
+    "f16_rows_input",
     "gemm_experts",
     "expert_tiles",
     "GEMM_INPUTS",
@@ -170,6 +172,8 @@ def gemm(
         raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
     if variant not in F16_VARIANTS:
         raise KernelError(f"variant={variant!r}: one of {', '.join(F16_VARIANTS)}")
+    if isinstance(x, F16Rows):
+        return _gemm_f16rows(x, w, out, impl, inputs, variant, swiglu, operands)
     x, swiglu = _apply_swiglu(x, w, impl, inputs, swiglu)
     t, m, k, ldx = _transformed_args(x, w, out, "gemm", swiglu)
     n = w.rows
@@ -202,6 +206,35 @@ def gemm(
         (_GEMM_THREADS,),
         args,
     )
+    return out
+
+
+def f16_rows_input(w: Any, m: int) -> bool:
+    """Whether ``gemm(x, w, inputs="fp16")`` over ``m`` float32 rows runs the fp16 mode's row split, so that the
+    producer of ``x`` may hand it over as ``F16Rows`` instead (norm.rmsnorm(..., f16=True)): a single-format
+    foldable weight, the Hopper kernels, the pair threshold, outside graph capture."""
+    ok = isinstance(w, DeviceWeight) and f16_foldable(w.fmt) and _hopper("auto")
+    return ok and _use_pair("auto", w.fmt, "float", m)
+
+
+def _gemm_f16rows(
+    x: F16Rows, w: DeviceWeight, out: Any, impl: str, inputs: str, variant: str, swiglu: bool, operands: Any
+) -> Any:
+    """gemm() of rows already split for the fp16 mode (bitwise the same GEMM as of the float rows they came from)."""
+    m, k = x.shape
+    if swiglu or inputs != "fp16" or impl != "auto" or not f16_rows_input(w, m):
+        raise KernelError(
+            "gemm: F16Rows input needs inputs='fp16', impl='auto', no transform and the fp16 mode"
+        )
+    if w.cols != k:
+        raise KernelError(f"gemm: x has K={k}, the weight {w.cols}")
+    check_array(x.xh, "xh", dtype=np.uint16, shape=(m, k))
+    check_array(x.rowf, "rowf", dtype=np.float32, shape=(m,))
+    out, ldy = matrix_out(x, out, m, w.rows)
+    if m:
+        gemm_pair(
+            x, w, out, (m, w.rows, k, k, ldy), _sm90_kernel, f16=True, variant=variant, operands=operands
+        )
     return out
 
 

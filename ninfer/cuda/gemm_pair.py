@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, grid_1d
+from ninfer.cuda._common import F16Rows, KernelError, grid_1d
 from ninfer.cuda.launch import launch_ex
 from ninfer.cuda.tensor_map import encode, map_params
 
@@ -273,7 +273,9 @@ def gemm_pair(
     whole = kept if kept is not None else (weight_chunk(0, n) if nw == n else None)
     for m0 in range(0, m, mx):
         rows = min(mx, m - m0)
-        if f16:  # xh: the rows' fp16 words, then one float factor per row
+        if isinstance(x, F16Rows):  # split by their producer (norm.rmsnorm(..., f16=True))
+            xa, xb = x.xh[m0 : m0 + rows].reshape(-1), x.rowf[m0 : m0 + rows]
+        elif f16:  # xh: the rows' fp16 words, then one float factor per row
             xa, xb = f16_rows(x[m0 : m0 + rows], dims[3], kernel_of, swiglu=swiglu)
         else:  # hi, lo
             xa, xb = xbuf[: rows * k], xbuf[rows * k : 2 * rows * k]

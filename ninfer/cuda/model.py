@@ -320,15 +320,25 @@ class CudaQwen36:
         import cupy
 
         from ninfer.cuda.embedding import embed
-        from ninfer.cuda.model_layers import attention_block, combine, ffn_block, fold_rows, gdn_block
+        from ninfer.cuda.model_layers import (
+            attention_block,
+            combine,
+            f16_norm_out,
+            ffn_block,
+            fold_rows,
+            gdn_block,
+        )
         from ninfer.cuda.norm import Folded, MoeCombine, Normed, moe_combine_rmsnorm, rmsnorm
 
-        def add_norm(x: Any, weight: Any) -> Any:  # res += x (an MoE layer's combine fused in), then its norm
+        def add_norm(x: Any, weight: Any, reader: str | None = None) -> Any:
+            """res += x (an MoE layer's combine fused in), then its norm; ``reader``: the one weight whose product
+            reads the output, which takes it as the fp16 GEMM mode's rows where that mode runs (``F16Rows``)."""
             if isinstance(x, Folded):  # the producing GEMV added x into res: the consumers normalize
                 return Normed(res, x.part, weight, eps)
+            f16 = reader is not None and f16_norm_out(self, m.t, reader)
             if isinstance(x, MoeCombine):
-                return moe_combine_rmsnorm(x, weight, eps, residual=res)
-            return rmsnorm(x, weight, eps, residual=res)
+                return moe_combine_rmsnorm(x, weight, eps, residual=res, f16=f16)
+            return rmsnorm(x, weight, eps, residual=res, f16=f16)
 
         cfg, w, eps = self.cfg, self.w, self.cfg.rms_norm_eps
         x = embed(w["embed_tokens.weight"], ids, dtype=self.act)
@@ -336,10 +346,19 @@ class CudaQwen36:
         fold = res if fold_rows(self, m.t) else None  # the output projections add into res (GEMVs only)
         for i, kind in enumerate(cfg.layer_types):
             p = f"layers.{i}."
-            h = add_norm(x, w[p + "input_layernorm.weight"])
-            block = gdn_block if kind == "linear_attention" else attention_block
-            mixed = block(self, p, h, m, self._mix[i], resid=fold)
-            h = add_norm(mixed, w[p + "post_attention_layernorm.weight"])
+            gdn = kind == "linear_attention"
+            h = add_norm(
+                x,
+                w[p + "input_layernorm.weight"],
+                p + ("linear_attn.in_proj" if gdn else "self_attn.qkvg_proj"),
+            )
+            mixed = (gdn_block if gdn else attention_block)(self, p, h, m, self._mix[i], resid=fold)
+            # an MoE layer's norm output also feeds its router (fp32, exact): float rows
+            h = add_norm(
+                mixed,
+                w[p + "post_attention_layernorm.weight"],
+                None if cfg.is_moe else p + "mlp.gate_up_proj",
+            )
             down = None if cfg.is_moe else fold  # an MoE output is combined into the next norm instead
             x = ffn_block(self, p, h, m, defer_combine=True, resid=down)
         if isinstance(x, Folded):  # res holds the last layer's output already; the final norm is materialized

@@ -62,6 +62,19 @@ def linear(
     return _product(net, x, w, out, exact, swiglu=swiglu, gate=gate)
 
 
+def f16_norm_out(net: Any, t: int, reader: str) -> bool:
+    """Whether a norm over ``t`` rows whose only reader is the product with weight ``reader`` writes the fp16 GEMM
+    mode's rows itself (norm.rmsnorm(..., f16=True): bitwise what that GEMM's row split makes of its float rows,
+    without storing and re-reading them): float32 activations, the fp16 inputs and a product that runs that mode."""
+    from ninfer.cuda.gemm import f16_rows_input
+    from ninfer.cuda.norm import f16_out_ok
+
+    if not (_gemm(net, t) and net.prefill_inputs == "fp16" and net.act == np.float32):
+        return False
+    w = net.w[reader]
+    return f16_rows_input(w, t) and f16_out_ok(int(w.cols))
+
+
 def fold_rows(net: Any, t: int) -> bool:
     """Whether a call of ``t`` rows folds the residual + RMS norms into its GEMVs: ``net.fold_norms``, float32
     activations, and every product of the call a GEMV (decode, and the exact prefill mode)."""

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, grid_1d
+from ninfer.cuda._common import F16Rows, KernelError, act_type, check_array, check_rows, grid_1d
 from ninfer.cuda.launch import launch
 from ninfer.cuda.loader import kernel
 
@@ -19,7 +19,24 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "norm.cu": tuple(f"rmsnorm<{t}, {o}, {r}, {v}>" for t in _T for o in _B for r in _B for v in _B)
     + tuple(f"gated_rmsnorm<{t}>" for t in _T)
     + tuple(f"moe_combine_rmsnorm<{t}, {o}, {v}>" for t in _T for o in _B for v in _B)
+    + tuple(f"rmsnorm_f16<{o}, {r}>" for o in _B for r in _B)
+    + tuple(f"moe_combine_rmsnorm_f16<{o}>" for o in _B)
 }
+# rows the F16 outputs (f16=True) keep in registers (norm.cu: RMS_NV * 8 * RMS_NT)
+F16_MAX_H = 4 * 8 * 256
+
+
+def f16_out_ok(h: int) -> bool:
+    """Whether a norm over rows of ``h`` floats can write the fp16 GEMM mode's rows itself (``f16=True``)."""
+    return h % 8 == 0 and 0 < h <= F16_MAX_H
+
+
+def _f16_out(rows: int, h: int) -> F16Rows:
+    import cupy
+
+    if not f16_out_ok(h):
+        raise KernelError(f"f16 rows: H={h} must be a multiple of 8 and at most {F16_MAX_H}")
+    return F16Rows(cupy.empty((rows, h), dtype=np.uint16), cupy.empty(rows, dtype=np.float32))
 
 
 class MoeCombine(NamedTuple):
@@ -80,12 +97,22 @@ def _aligned16(a: Any, ld: int) -> bool:
     return a.data.ptr % 16 == 0 and (ld * a.dtype.itemsize) % 16 == 0
 
 
-def rmsnorm(x: Any, w: Any, eps: float, *, offset: bool = True, residual: Any = None, out: Any = None) -> Any:
+def rmsnorm(
+    x: Any,
+    w: Any,
+    eps: float,
+    *,
+    offset: bool = True,
+    residual: Any = None,
+    out: Any = None,
+    f16: bool = False,
+) -> Any:
     """``y = r·rsqrt(mean(r²)+eps)·(1+w or w)`` per row of ``x[T, H]``.
 
     With ``residual`` (float32 ``[T, H]``): first ``residual += x`` in place, then ``r = residual``.
     One block per row, the row held in registers; 16-byte accesses when every row is 16-byte aligned and ``H`` a
-    multiple of 8, else scalar ones in the same order (the same bits either way).
+    multiple of 8, else scalar ones in the same order (the same bits either way). ``f16`` (float32 rows,
+    ``f16_out_ok(H)``): returns ``F16Rows``, bitwise split_f16row of ``y``, instead of ``y`` (for an fp16-mode GEMM).
     """
     import cupy
 
@@ -99,6 +126,8 @@ def rmsnorm(x: Any, w: Any, eps: float, *, offset: bool = True, residual: Any = 
             raise KernelError(
                 f"residual: must be float32 [{rows}, {h}], got {residual.dtype} {list(residual.shape)}"
             )
+    if f16:
+        return _rmsnorm_f16(x, w, eps, offset, residual, ldx, ldr)
     if out is None:
         out = cupy.empty((rows, h), dtype=x.dtype)
     _, _, ldy = check_rows(out, "out", h)
@@ -118,6 +147,26 @@ def rmsnorm(x: Any, w: Any, eps: float, *, offset: bool = True, residual: Any = 
         (x, res, w, out, np.int32(h), np.float32(eps), np.int64(ldx), np.int64(ldr), np.int64(ldy)),
     )
     return out
+
+
+def _rmsnorm_f16(x: Any, w: Any, eps: float, offset: bool, residual: Any, ldx: int, ldr: int) -> F16Rows:
+    rows, h = x.shape
+    if x.dtype != np.float32 or _out_of_line(x, ldx, w, residual, ldr):
+        raise KernelError("rmsnorm(f16=True): float32 rows, every row and the weight 16-byte aligned")
+    y = _f16_out(rows, h)
+    if rows == 0:
+        return y
+    flags = f"{_B[not offset]}, {_B[residual is None]}"
+    fn = kernel("norm.cu", SOURCES["norm.cu"], f"rmsnorm_f16<{flags}>")
+    res = residual if residual is not None else x  # unused pointer when not fused
+    args = (x, res, w, y.xh, y.rowf, np.int32(h), np.float32(eps), np.int64(ldx), np.int64(ldr))
+    launch(fn, (rows,), (256,), args)
+    return y
+
+
+def _out_of_line(x: Any, ldx: int, w: Any, residual: Any, ldr: int) -> bool:
+    """Whether any row of ``x`` or ``residual`` or the weight ``w`` misses a 16-byte boundary."""
+    return not (_aligned16(x, ldx) and _aligned16(w, 0) and (residual is None or _aligned16(residual, ldr)))
 
 
 def gated_rmsnorm(o: Any, z: Any, w: Any, eps: float, out: Any = None) -> Any:
@@ -163,10 +212,17 @@ def gated_rmsnorm(o: Any, z: Any, w: Any, eps: float, out: Any = None) -> Any:
 
 
 def moe_combine_rmsnorm(
-    c: MoeCombine, w: Any, eps: float, *, residual: Any, offset: bool = True, out: Any = None
+    c: MoeCombine,
+    w: Any,
+    eps: float,
+    *,
+    residual: Any,
+    offset: bool = True,
+    out: Any = None,
+    f16: bool = False,
 ) -> Any:
     """``residual += combine(c)`` in place, then ``rmsnorm(residual)`` (``offset``: ``1+w``): one launch with the same
-    bits as the combine kernel followed by ``rmsnorm(..., residual=residual)``."""
+    bits as the combine kernel followed by ``rmsnorm(..., residual=residual)``; ``f16`` as ``rmsnorm``'s."""
     import cupy
 
     t = act_type(c.dn, "dn")
@@ -185,6 +241,8 @@ def moe_combine_rmsnorm(
     _, _, ldr = check_rows(residual, "residual", h)
     if residual.dtype != np.float32 or residual.shape[0] != rows:
         raise KernelError(f"residual: must be float32 [{rows}, {h}]")
+    if f16:
+        return _combine_f16(c, w, eps, offset, residual, ldsh, ldr)
     if out is None:
         out = cupy.empty((rows, h), dtype=c.dn.dtype)
     _, _, ldy = check_rows(out, "out", h)
@@ -200,3 +258,21 @@ def moe_combine_rmsnorm(
     args = (c.dn, c.where, c.ew, c.sh, c.sg, np.int32(k), np.int64(ldsh), np.int64(c.ldsg), residual, w, out)
     launch(fn, (rows,), (256,), (*args, np.int32(h), np.float32(eps), np.int64(ldr), np.int64(ldy)))
     return out
+
+
+def _combine_f16(
+    c: MoeCombine, w: Any, eps: float, offset: bool, residual: Any, ldsh: int, ldr: int
+) -> F16Rows:
+    rows, h = c.rows, int(c.dn.shape[1])
+    k = int(c.where.shape[1])
+    if c.dn.dtype != np.float32 or not all(_aligned16(a, ld) for a, ld in ((c.dn, h), (c.sh, ldsh))):
+        raise KernelError("moe_combine_rmsnorm(f16=True): float32 rows, 16-byte aligned")
+    if _out_of_line(residual, ldr, w, None, 0):
+        raise KernelError("moe_combine_rmsnorm(f16=True): the residual's rows and the weight 16-byte aligned")
+    y = _f16_out(rows, h)
+    if rows == 0:
+        return y
+    fn = kernel("norm.cu", SOURCES["norm.cu"], f"moe_combine_rmsnorm_f16<{_B[not offset]}>")
+    args = (c.dn, c.where, c.ew, c.sh, c.sg, np.int32(k), np.int64(ldsh), np.int64(c.ldsg), residual, w)
+    launch(fn, (rows,), (256,), (*args, y.xh, y.rowf, np.int32(h), np.float32(eps), np.int64(ldr)))
+    return y
