@@ -10,25 +10,36 @@
 
 constexpr int GN_REG = 8;
 
+// A row of D <= 32 * GN_REG: lane l's outputs y[r] for elements l + 32 r (r with l + 32 r >= D: unset), as float
+// (rounded to T by the caller's store)
+template <typename T>
+__device__ __forceinline__ void gated_norm_vals(const T* orow, const T* zrow, const float* w, int D, float eps,
+                                                int lane, float (&y)[GN_REG]) {
+    float ov[GN_REG], zv[GN_REG], wv[GN_REG], ss = 0.f;
+#pragma unroll
+    for (int r = 0; r < GN_REG; ++r) {
+        const int i = lane + 32 * r;
+        ov[r] = i < D ? to_f(orow[i]) : 0.f;
+        zv[r] = i < D ? to_f(zrow[i]) : 0.f;
+        wv[r] = i < D ? w[i] : 0.f;
+    }
+#pragma unroll
+    for (int r = 0; r < GN_REG; ++r) ss = fmaf(ov[r], ov[r], ss);  // zeros past D leave ss unchanged
+    const float inv = 1.f / sqrtf(warp_sum(ss) / (float)D + eps);
+#pragma unroll
+    for (int r = 0; r < GN_REG; ++r) y[r] = ov[r] * inv * wv[r] * siluf_(zv[r]);
+}
+
 template <typename T>
 __device__ __forceinline__ void gated_norm_row(const T* orow, const T* zrow, const float* w, T* yrow, int D,
                                                float eps, int lane) {
     if (D <= 32 * GN_REG) {
-        float ov[GN_REG], zv[GN_REG], wv[GN_REG], ss = 0.f;
+        float y[GN_REG];
+        gated_norm_vals(orow, zrow, w, D, eps, lane, y);
 #pragma unroll
         for (int r = 0; r < GN_REG; ++r) {
             const int i = lane + 32 * r;
-            ov[r] = i < D ? to_f(orow[i]) : 0.f;
-            zv[r] = i < D ? to_f(zrow[i]) : 0.f;
-            wv[r] = i < D ? w[i] : 0.f;
-        }
-#pragma unroll
-        for (int r = 0; r < GN_REG; ++r) ss = fmaf(ov[r], ov[r], ss);  // zeros past D leave ss unchanged
-        const float inv = 1.f / sqrtf(warp_sum(ss) / (float)D + eps);
-#pragma unroll
-        for (int r = 0; r < GN_REG; ++r) {
-            const int i = lane + 32 * r;
-            if (i < D) yrow[i] = from_f<T>(ov[r] * inv * wv[r] * siluf_(zv[r]));
+            if (i < D) yrow[i] = from_f<T>(y[r]);
         }
         return;
     }

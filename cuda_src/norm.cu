@@ -323,3 +323,44 @@ __global__ void __launch_bounds__(256)
     const T* zrow = z + (row / zheads) * ldz + (row % zheads) * D;
     gated_norm_row(o + row * ldo, zrow, w, y + row * ldy, D, eps, threadIdx.x & 31);
 }
+
+// gated_rmsnorm with the F16 outputs (rms_out_f16's contract): one block of GN_F16_WARPS warps per token, warp w
+// normalizing heads w, w + GN_F16_WARPS, ... (gated_norm_vals: gated_rmsnorm's own per-row arithmetic), the values
+// kept in registers for the token row's largest |y| over all HV heads, then rounded as split_f16row rounds. o: [T HV,
+// D] rows of stride ldo; z: token t's head h at z + t ldz + h D; xh: [T, HV D]; D <= 32 GN_REG, HV <= GN_F16_WARPS
+// GN_F16_HPW. Bitwise gated_rmsnorm<float> followed by split_f16row.
+constexpr int GN_F16_WARPS = 8, GN_F16_HPW = 8;
+__global__ void __launch_bounds__(32 * GN_F16_WARPS)
+    gated_rmsnorm_f16(const float* __restrict__ o, const float* __restrict__ z, const float* __restrict__ w,
+                      u16* __restrict__ xh, float* __restrict__ rowf, int HV, int D, float eps, long long ldo,
+                      long long ldz) {
+    pdl_trigger();
+    __shared__ float scratch[32];
+    const long long t = blockIdx.x;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float y[GN_F16_HPW][GN_REG], m = 0.f;
+#pragma unroll
+    for (int j = 0; j < GN_F16_HPW; ++j) {
+        const int h = warp + j * GN_F16_WARPS;
+        if (h >= HV) break;  // uniform per warp
+        gated_norm_vals(o + (t * HV + h) * ldo, z + t * ldz + (long long)h * D, w, D, eps, lane, y[j]);
+#pragma unroll
+        for (int r = 0; r < GN_REG; ++r)
+            if (lane + 32 * r < D) m = fmaxf(m, fabsf(y[j][r]));
+    }
+    m = block_max(m, scratch);
+    float back;
+    const float s = f16row_scale(m, back);
+    if (threadIdx.x == 0) rowf[t] = back;
+    u16* xr = xh + t * HV * D;
+#pragma unroll
+    for (int j = 0; j < GN_F16_HPW; ++j) {
+        const int h = warp + j * GN_F16_WARPS;
+        if (h >= HV) break;
+#pragma unroll
+        for (int r = 0; r < GN_REG; ++r) {
+            const int i = lane + 32 * r;
+            if (i < D) xr[h * D + i] = (u16)f16_rne_bits(y[j][r] * s);
+        }
+    }
+}

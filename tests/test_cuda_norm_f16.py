@@ -85,6 +85,23 @@ def test_moe_combine_rmsnorm_f16_is_the_row_split(cp: Any) -> None:
     assert np.array_equal(cp.asnumpy(r1), cp.asnumpy(r2))
 
 
+@pytest.mark.parametrize("heads,d", [(48, 128), (32, 128), (5, 96)])
+def test_gated_rmsnorm_f16_is_the_row_split(cp: Any, heads: int, d: int) -> None:
+    """The GDN output norm's token rows [T, heads·D] as fp16 GEMM rows: bitwise split_f16row of the float norm, z a
+    column slice of a wider projection (its row stride)."""
+    from ninfer.cuda.norm import gated_rmsnorm
+
+    rng = np.random.default_rng(heads * d)
+    t = 260
+    o = cp.asarray((rng.standard_normal((t * heads, d)) * 2).astype(F32))
+    zw = cp.asarray(rng.standard_normal((t, heads * d + 40)).astype(F32))
+    z = zw[:, 24 : 24 + heads * d]
+    w = cp.asarray((rng.standard_normal(d) * 0.5).astype(F32))
+    y = gated_rmsnorm(o, z, w, EPS)
+    got = gated_rmsnorm(o, z, w, EPS, f16=True)
+    _same(cp, got, *_split(cp, cp.ascontiguousarray(y.reshape(t, heads * d))), f"{heads}x{d}")
+
+
 @pytest.mark.parametrize("fmt", ["NVFP4G16_E4M3S", "NVFP4G16_E4M3S_ROWG", "FP8E4M3_F32ROW"])
 def test_gemm_of_f16_rows_is_the_gemm_of_float_rows(cp: Any, fmt: str) -> None:
     from ninfer.cuda.gemm import f16_rows_input, gemm
@@ -111,7 +128,8 @@ def test_prefill_bitwise_with_and_without_f16_norms(
     cp: Any, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The mid-size models' 300-token prefill: the norms write the GEMMs' rows (dense: all of them; MoE: the input
-    norms, the combine fused in) or the GEMMs split the float rows: the same logits bits."""
+    norms, the combine fused in; both: the GDN output norms) or the GEMMs split the float rows: the same logits
+    bits."""
     from test_cuda_model import _mid_reference, _sequences
 
     import ninfer.cuda.model_layers as ml

@@ -190,6 +190,9 @@ F16_CASES = (  # combine, rows, H, k, offset, residual
     (0, 1, 8192, 0, True, True),  # the longest row kept in registers
     (1, 3, 2048, 8, True, True),  # the 35B-A3B's input norms (the combine fused in)
     (1, 2, 512, 4, False, True),
+    (2, 3, 128, 48, True, False),  # the 27B's GDN output norm (48 heads of 128): rows = tokens, k = heads
+    (2, 2, 128, 32, True, False),  # the 35B-A3B's
+    (2, 2, 96, 5, True, False),  # D and heads off the warp and block sizes
 )
 
 
@@ -205,7 +208,11 @@ def test_norm_f16_rows_are_the_row_split(emu_f16: Path, tmp_path: Path, case: tu
     w[: min(8, h)] = -1.0 if offset else 0.0  # exact zeros in the output
     slots = rows * k + rows
     files: dict[str, np.ndarray] = {"r": r, "w": w}
-    if combine:
+    if combine == 2:  # the gated norm: o [rows * k heads, h], z [rows, k * h]
+        files = {"o": (rng.standard_normal((rows * k, h)) * 2).astype(F32), "w": w}
+        files["o"][1, :8] = 1e-30
+        files["z"] = rng.standard_normal((rows, k * h)).astype(F32)
+    elif combine:
         files["dn"] = (rng.standard_normal((slots, h)) * 2).astype(F32)
         files["sh"] = rng.standard_normal((rows, h)).astype(F32)
         files["where"] = rng.permutation(slots)[: rows * k].reshape(rows, k).astype(np.int32)
@@ -223,13 +230,12 @@ def test_norm_f16_rows_are_the_row_split(emu_f16: Path, tmp_path: Path, case: tu
         [str(emu_f16), str(d), *map(str, args)], capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
-    y = np.fromfile(d / "y.bin", dtype=F32).reshape(rows, h)
-    xh, rowf = (
-        np.fromfile(d / "xh.bin", dtype=np.uint16).reshape(rows, h),
-        np.fromfile(d / "rowf.bin", dtype=F32),
-    )
+    width = h * k if combine == 2 else h
+    y = np.fromfile(d / "y.bin", dtype=F32).reshape(rows, width)
+    xh = np.fromfile(d / "xh.bin", dtype=np.uint16).reshape(rows, width)
+    rowf = np.fromfile(d / "rowf.bin", dtype=F32)
     want_xh, want_rowf = _split_f16row(y)
     np.testing.assert_array_equal(xh, want_xh, err_msg="fp16 words")
     np.testing.assert_array_equal(rowf.view(np.uint32), want_rowf.view(np.uint32), err_msg="row factors")
     np.testing.assert_array_equal(np.fromfile(d / "r2.bin", dtype=F32), np.fromfile(d / "r1.bin", dtype=F32))
-    assert np.isfinite(y).all() and (y == 0).any()
+    assert np.isfinite(y).all() and (y == 0).any() == (combine != 2)

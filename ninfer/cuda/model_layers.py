@@ -142,7 +142,7 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None) -
     with ``prefill_gemm=False``, run ``gdn_decode`` (conv, exact recurrence token by token and gated norm in two
     launches), so a token's result matches its decode bitwise."""
     from ninfer.cuda.gdn import causal_conv, gdn_chunked, gdn_decode
-    from ninfer.cuda.norm import gated_rmsnorm
+    from ninfer.cuda.norm import gated_f16_ok, gated_rmsnorm
 
     cfg, w = net.cfg, net.w
     p += "linear_attn."
@@ -161,7 +161,11 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None) -
             raise ValueError("GDN snapshots need the exact recurrence (prefill_gemm off)")
         y = causal_conv(qkv, w[p + "conv1d.weight"], net.conv[j], m.starts, m.gslots)
         o = gdn_chunked(y, *rule, n_k_heads=nk, variant=net.gdn_variant)
-        on = gated_rmsnorm(o.reshape(m.t * hv, dv), z, nw, eps)
+        # the out-projection's fp16-mode rows straight from the norm where that GEMM runs (bitwise the same)
+        f16 = f16_norm_out(net, m.t, p + "out_proj.weight") and gated_f16_ok(hv, dv)
+        on = gated_rmsnorm(o.reshape(m.t * hv, dv), z, nw, eps, f16=f16)
+        if f16:
+            return linear(net, on, p + "out_proj.weight")
     else:
         on = gdn_decode(
             qkv, w[p + "conv1d.weight"], net.conv[j], *rule, z, nw, eps, n_k_heads=nk, snap=m.snap

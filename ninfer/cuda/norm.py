@@ -21,9 +21,17 @@ SOURCES: dict[str, tuple[str, ...]] = {
     + tuple(f"moe_combine_rmsnorm<{t}, {o}, {v}>" for t in _T for o in _B for v in _B)
     + tuple(f"rmsnorm_f16<{o}, {r}>" for o in _B for r in _B)
     + tuple(f"moe_combine_rmsnorm_f16<{o}>" for o in _B)
+    + ("gated_rmsnorm_f16",)
 }
-# rows the F16 outputs (f16=True) keep in registers (norm.cu: RMS_NV * 8 * RMS_NT)
+# rows the F16 outputs (f16=True) keep in registers (norm.cu: RMS_NV * 8 * RMS_NT), and the gated norm's heads
+# (GN_F16_WARPS * GN_F16_HPW) of at most 32 * GN_REG
 F16_MAX_H = 4 * 8 * 256
+_GN_HEADS, _GN_D = 8 * 8, 32 * 8
+
+
+def gated_f16_ok(heads: int, d: int) -> bool:
+    """Whether the GDN output norm of ``heads`` heads of width ``d`` can write fp16 GEMM rows itself."""
+    return 0 < heads <= _GN_HEADS and 0 < d <= _GN_D
 
 
 def f16_out_ok(h: int) -> bool:
@@ -169,11 +177,13 @@ def _out_of_line(x: Any, ldx: int, w: Any, residual: Any, ldr: int) -> bool:
     return not (_aligned16(x, ldx) and _aligned16(w, 0) and (residual is None or _aligned16(residual, ldr)))
 
 
-def gated_rmsnorm(o: Any, z: Any, w: Any, eps: float, out: Any = None) -> Any:
+def gated_rmsnorm(o: Any, z: Any, w: Any, eps: float, out: Any = None, *, f16: bool = False) -> Any:
     """GDN output norm: per row of width D (= head dim), ``(o·rsqrt(mean(o²)+eps))·w·silu(z)``.
 
     ``o``: ``[rows, D]`` (tokens × heads flattened to rows); ``z``: the same ``[rows, D]``, or ``[tokens, heads·D]``
-    with any row stride (a column slice of the fused GDN projection); same dtype; ``w`` float32 ``[D]``.
+    with any row stride (a column slice of the fused GDN projection); same dtype; ``w`` float32 ``[D]``. ``f16``
+    (float32, ``z`` as ``[tokens, heads·D]``, ``gated_f16_ok``): returns the token rows ``[tokens, heads·D]`` as
+    ``F16Rows``, bitwise split_f16row of the float output (the out-projection's fp16-mode input).
     """
     import cupy
 
@@ -186,6 +196,17 @@ def gated_rmsnorm(o: Any, z: Any, w: Any, eps: float, out: Any = None) -> Any:
             f"z: must be {o.dtype} [{rows}, {d}] or [tokens, heads·{d}] with tokens·heads = {rows}"
         )
     check_array(w, "w", dtype=np.float32, shape=(d,))
+    if f16:
+        if t != "float" or not gated_f16_ok(zheads, d):
+            raise KernelError(
+                f"gated_rmsnorm(f16=True): float32, at most {_GN_HEADS} heads of at most {_GN_D}"
+            )
+        y = F16Rows(cupy.empty((zrows, zw), dtype=np.uint16), cupy.empty(zrows, dtype=np.float32))
+        if zrows:
+            fn = kernel("norm.cu", SOURCES["norm.cu"], "gated_rmsnorm_f16")
+            args = (o, z, w, y.xh, y.rowf, np.int32(zheads), np.int32(d), np.float32(eps), np.int64(ldo))
+            fn((zrows,), (256,), (*args, np.int64(ldz)))
+        return y
     if out is None:
         out = cupy.empty((rows, d), dtype=o.dtype)
     _, _, ldy = check_rows(out, "out", d)

@@ -56,13 +56,40 @@ void emu_combine(const std::string& dir, int rows, int H, int k, int slots, floa
     emu_write(dir + "/r2.bin", r2);
 }
 
+// combine 2: gated_rmsnorm<float> (T * HV rows of D, z [T, HV D]) and gated_rmsnorm_f16 over dir/{o,z,w}.bin
+// (rows = T, H = D, k = HV); y is [T, HV D]; no residual (r1, r2 empty)
+void emu_gated(const std::string& dir, int T, int D, int HV, float eps) {
+    const size_t n = (size_t)T * HV * D;
+    auto o = emu_read<float>(dir + "/o.bin", n);
+    auto z = emu_read<float>(dir + "/z.bin", n);
+    auto w = emu_read<float>(dir + "/w.bin", D);
+    std::vector<float> y(n), rowf(T), none;
+    std::vector<u16> xh(n);
+    std::memset((void*)xh.data(), 0xff, n * sizeof(u16));
+    std::memset((void*)rowf.data(), 0xff, T * sizeof(float));
+    const int rows = T * HV;
+    emu_launch({(unsigned)((rows + 7) / 8), 1, 1}, 256, 0, [&] {
+        gated_rmsnorm<float>(o.data(), z.data(), w.data(), y.data(), rows, D, eps, D, (long long)HV * D, D, HV);
+    });
+    emu_launch({(unsigned)T, 1, 1}, 32 * GN_F16_WARPS, 0, [&] {
+        gated_rmsnorm_f16(o.data(), z.data(), w.data(), xh.data(), rowf.data(), HV, D, eps, D, (long long)HV * D);
+    });
+    emu_write(dir + "/y.bin", y);
+    emu_write(dir + "/xh.bin", xh);
+    emu_write(dir + "/rowf.bin", rowf);
+    emu_write(dir + "/r1.bin", none);
+    emu_write(dir + "/r2.bin", none);
+}
+
 int main(int argc, char** argv) {
     if (argc != 10) return 2;
     const std::string dir = argv[1];
     const int combine = atoi(argv[2]), rows = atoi(argv[3]), H = atoi(argv[4]), k = atoi(argv[5]);
     const int slots = atoi(argv[6]), offset = atoi(argv[7]), resid = atoi(argv[8]);
     const float eps = (float)atof(argv[9]);
-    if (combine) {
+    if (combine == 2) {
+        emu_gated(dir, rows, H, k, eps);
+    } else if (combine) {
         if (offset) emu_combine<true>(dir, rows, H, k, slots, eps); else emu_combine<false>(dir, rows, H, k, slots, eps);
     } else if (offset) {
         if (resid) emu_norm<true, true>(dir, rows, H, eps); else emu_norm<true, false>(dir, rows, H, eps);
