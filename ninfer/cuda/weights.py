@@ -50,15 +50,18 @@ class DeviceWeight:
     shape: tuple[int, ...]
     data: Any  # cupy uint8: the encoded bytes
     offsets: tuple[int, int, int]  # byte offsets of planes p0, p1, p2 in ``data``
-    # the plane views, made once: a CuPy slice costs ~2 us, and an eager prefill chunk asks ~500 times
+    # the plane views and the row count, made once: a CuPy slice costs ~2 us and np.prod ~8, and an eager prefill
+    # chunk asks ~500 times (perf/profile_host.py)
     _views: tuple[Any, Any, Any] = field(init=False, repr=False, compare=False)
+    _rows: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_views", tuple(self.data[o:] for o in self.offsets))
+        object.__setattr__(self, "_rows", int(np.prod(self.shape[:-1], dtype=np.int64)))
 
     @property
     def rows(self) -> int:
-        return int(np.prod(self.shape[:-1], dtype=np.int64))
+        return self._rows
 
     @property
     def cols(self) -> int:
