@@ -64,6 +64,10 @@ def test_store_identity_is_the_buffer_offsets_format_and_shape() -> None:
     assert s.admit(64)
     s.keep(_w(7), "kept")
     assert s.lookup(_w(7)) == "kept"  # another object for the same weight
+    assert s.lookup(_w(7), "bf16") is None  # the exact pair mode's operand is another buffer
+    assert s.admit(64)
+    s.keep(_w(7), "kept-bf16", "bf16")
+    assert s.lookup(_w(7), "bf16") == "kept-bf16" and s.lookup(_w(7)) == "kept"
     assert s.lookup(_w(8)) is None  # another buffer
     assert s.lookup(replace(_w(7), offsets=(0, 16, 32))) is None  # another view of the buffer
     assert s.lookup(_w(7, rows=2, cols=16)) is None  # same bytes, another shape
@@ -95,11 +99,11 @@ def test_eligible_weights_are_the_dense_prefill_gemms() -> None:
         "model.layers.1.mlp.down_proj.weight",
         "model.layers.2.mlp.shared_expert.gate_up_proj",
         "model.layers.2.mlp.shared_expert.down_proj.weight",
+        "model.layers.2.mlp.router_gates",  # the prefill router's pair-mode GEMM (bf16 operand)
     )
     no = (
         "model.layers.2.mlp.experts.gate_up_proj",  # grouped GEMM, converted in its main loop
         "model.layers.2.mlp.experts.down_proj",
-        "model.layers.2.mlp.router_gates",  # exact GEMV
         "lm_head.weight",
         "model.embed_tokens.weight",
         "mtp.layers.0.mlp.gate_up_proj",  # speculation only

@@ -254,7 +254,7 @@ def gemm_pair(
     dqfn = None
     if dq is not None and not inloop:
         dqfn = kernel_of(f"dequant90<{dq}, true>" if f16 else f"dequant90<{dq}>")
-    kept = _kept_operand(w, planes, dqfn, operands) if f16 and dqfn is not None else None
+    kept = _kept_operand(w, planes, dqfn, operands, "f16" if f16 else "bf16") if dqfn is not None else None
     if kept is not None:
         nw = n
     wbuf = _scratch("w", nw * k) if dqfn is not None and kept is None else None
@@ -299,13 +299,13 @@ def _dequant(dqfn: Any, planes: list[Any], buf: Any, n0: int, rows: int, k: int)
          np.int64(n0)))  # fmt: skip
 
 
-def _kept_operand(w: Any, planes: list[Any], dqfn: Any, operands: Any) -> list[Any] | None:
+def _kept_operand(w: Any, planes: list[Any], dqfn: Any, operands: Any, kind: str) -> list[Any] | None:
     """The planes of ``w``'s kept fp16 operand (ninfer/cuda/operands.py), dequantized into a buffer of its own now
     if the store has none yet and its budget admits it; None: the per-call scratch. The whole weight from row 0, so
     the planes are those ``weight_chunk(0, n)`` returns with the scratch: the same operand values."""
     if operands is None:
         return None
-    buf = operands.lookup(w)
+    buf = operands.lookup(w, kind)
     if buf is None:
         n, k = w.rows, w.cols
         if not operands.admit(2 * n * k):
@@ -314,7 +314,7 @@ def _kept_operand(w: Any, planes: list[Any], dqfn: Any, operands: Any) -> list[A
 
         buf = cupy.empty(n * k, dtype=np.uint16)
         _dequant(dqfn, planes, buf, 0, n, k)
-        operands.keep(w, buf)
+        operands.keep(w, buf, kind)
     return [buf, *planes[1:]]
 
 

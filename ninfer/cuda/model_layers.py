@@ -266,23 +266,28 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
     return c if defer_combine else combine(c)
 
 
+# Rows from which an MoE router runs as the pair-mode GEMM (its split, and the GEMM, are two launches where the
+# GEMV is one: a 256-token follow-up turn is host-bound, so it keeps the GEMV; a 4096-token chunk gains ~2 ms).
+ROUTER_GEMM_ROWS = 512
+
+
 def _router(net: Any, x: Any, name: str) -> Any:
     """The router's fp32 logits on exact operands (weights exact, float32 x as bf16 hi + lo): the GEMV in 8-row
-    blocks (a row bitwise its decode product) up to ``PAIR_MIN_ROWS`` rows, the pair-mode GEMM from there, when the
+    blocks (a row bitwise its decode product) below ``ROUTER_GEMM_ROWS`` rows, the pair-mode GEMM from there, when the
     other prefill products run as GEMMs too (the same operands, another fp32 accumulation order; never the fp16
     inputs' rounding). Measured (H200, 1e66f7e): the 8-row blocks took 5.2 ms of a 35B-A3B 4096-token chunk, each
     block dequantizing the whole router weight again."""
-    from ninfer.cuda.gemm import PAIR_MIN_ROWS, gemm
+    from ninfer.cuda.gemm import gemm
 
     w = net.w[name]
     if (
-        x.shape[0] < PAIR_MIN_ROWS
+        x.shape[0] < ROUTER_GEMM_ROWS
         or not net.prefill_gemm
         or isinstance(w, FusedRuns)
         or x.dtype != np.float32
     ):
         return linear(net, x, name, exact=True)
-    return gemm(x, w, inputs="exact")
+    return gemm(x, w, inputs="exact", operands=net.operands)
 
 
 def combine(c: MoeCombine) -> Any:

@@ -25,10 +25,11 @@ __all__ = ["PREFILL_WEIGHTS", "OperandStore", "eligible_bytes", "prefill_gemm_we
 
 PREFILL_WEIGHTS = ("auto", "resident", "scratch")
 
-# the weights that the prefill runs as dense GEMMs (model_layers.linear above 8 rows): attention q|k|v|gate and o,
+# the weights that the prefill runs as dense GEMMs (model_layers.linear above 8 rows, the router from
+# model_layers.ROUTER_GEMM_ROWS): attention q|k|v|gate and o,
 # the GDN in- and out-projections, the dense MLP and an MoE shared expert that is not appended to the routed experts
-# (those run as grouped GEMMs converting their tiles in the main loop, with no scratch to save); the router and the
-# LM head run as GEMVs in prefill, the MTP head's products only in speculation
+# (those run as grouped GEMMs converting their tiles in the main loop, with no scratch to save); the LM head runs as
+# a GEMV in prefill, the MTP head's products only in speculation
 _SUFFIXES = (
     ".self_attn.qkvg_proj",
     ".self_attn.o_proj.weight",
@@ -38,6 +39,7 @@ _SUFFIXES = (
     ".mlp.down_proj.weight",
     ".mlp.shared_expert.gate_up_proj",
     ".mlp.shared_expert.down_proj.weight",
+    ".mlp.router_gates",  # an MoE prefill's router: the exact pair mode's bf16 operand (model_layers._router)
 )
 
 
@@ -82,9 +84,9 @@ class OperandStore:
         if self.used > budget:
             self.clear()
 
-    def lookup(self, w: Any) -> Any | None:
-        """The kept operand of ``w``, or None."""
-        hit = self._bufs.get(_key(w))
+    def lookup(self, w: Any, kind: str = "f16") -> Any | None:
+        """The kept operand of ``w`` (``kind``: "f16" the fp16 mode's values, "bf16" the exact pair mode's), or None."""
+        hit = self._bufs.get((*_key(w), kind))
         return None if hit is None else hit[0]
 
     def admit(self, nbytes: int) -> bool:
@@ -94,9 +96,9 @@ class OperandStore:
         self.used += nbytes
         return True
 
-    def keep(self, w: Any, buf: Any) -> None:
-        """Keep ``buf`` (admitted before) as ``w``'s operand."""
-        self._bufs[_key(w)] = (buf, w.data)
+    def keep(self, w: Any, buf: Any, kind: str = "f16") -> None:
+        """Keep ``buf`` (admitted before) as ``w``'s operand of ``kind``."""
+        self._bufs[(*_key(w), kind)] = (buf, w.data)
 
     def clear(self) -> None:
         """Drop every kept operand."""
