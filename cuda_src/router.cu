@@ -145,3 +145,57 @@ __global__ void __launch_bounds__(MS_NT) moe_sort(const int* __restrict__ flat, 
         xrow[s] = s - n;
     }
 }
+
+// expert_tiles: the grouped expert GEMM's tile table (gemm.expert_tiles) from the expert-sorted slot ids in one
+// launch (it was ~12 CuPy launches per GEMM: searchsorted, cumsum, take, casts): for ids[0..S) non-decreasing in
+// [0, E), off[e] = the first slot of expert e (e = 0..E, off[E] = S), cnt_e = ceil((off[e+1] - off[e]) / BM)
+// tiles per expert, end = their inclusive prefix sum; tile i < bound belongs to expert te = min(#{e: end[e] <= i},
+// E - 1) and starts at slot off[te] + (i - (end[te] - cnt_te)) BM; ntiles[0] = end[E - 1]. Integers: exactly the
+// CuPy expressions' values. One block of ET_NT threads; E <= ET_NT * ET_PER.
+constexpr int ET_NT = 256, ET_PER = 4;
+__global__ void __launch_bounds__(ET_NT)
+    expert_tiles(const int* __restrict__ ids, int S, int E, int BM, int bound, int* __restrict__ off,
+                 int* __restrict__ tile_e, int* __restrict__ tile_s0, int* __restrict__ ntiles) {
+    __shared__ int s_off[ET_NT * ET_PER + 1], s_end[ET_NT * ET_PER], s_part[ET_NT];
+    const int tid = threadIdx.x;
+    // boundaries: the first slot of every expert, whichever experts have none (a run of them shares a boundary)
+    for (int e = tid; e <= E; e += ET_NT) s_off[e] = S;
+    __syncthreads();
+    for (int s = tid; s < S; s += ET_NT) {
+        const int cur = ids[s], prev = s ? ids[s - 1] : -1;
+        for (int e = prev + 1; e <= cur; ++e) s_off[e] = s;  // experts prev+1 .. cur start here
+    }
+    __syncthreads();
+    // tiles per expert, then the inclusive sum over experts: thread tid owns experts ET_PER tid .. + ET_PER - 1
+    int c[ET_PER], run = 0;
+#pragma unroll
+    for (int j = 0; j < ET_PER; ++j) {
+        const int e = ET_PER * tid + j;
+        c[j] = e < E ? (s_off[e + 1] - s_off[e] + BM - 1) / BM : 0;
+        run += c[j];
+    }
+    s_part[tid] = run;
+    __syncthreads();
+    int before = 0;
+    for (int i = 0; i < tid; ++i) before += s_part[i];  // integers: any order gives the same sum
+#pragma unroll
+    for (int j = 0; j < ET_PER; ++j) {
+        const int e = ET_PER * tid + j;
+        before += c[j];
+        if (e < E) s_end[e] = before;
+    }
+    __syncthreads();
+    for (int e = tid; e <= E; e += ET_NT) off[e] = s_off[e];
+    if (tid == 0) ntiles[0] = s_end[E - 1];
+    for (int i = tid; i < bound; i += ET_NT) {
+        int lo = 0, hi = E;  // the number of experts with end <= i (upper bound of i)
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (s_end[mid] <= i) lo = mid + 1; else hi = mid;
+        }
+        const int te = lo < E - 1 ? lo : E - 1;
+        const int cnt = (s_off[te + 1] - s_off[te] + BM - 1) / BM;
+        tile_e[i] = te;
+        tile_s0[i] = s_off[te] + (i - (s_end[te] - cnt)) * BM;
+    }
+}

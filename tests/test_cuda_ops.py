@@ -944,6 +944,24 @@ def test_moe_sort_is_the_stable_argsort(cp: Any, t: int, k: int, e: int, shared:
     assert np.array_equal(sorted_dev, order), "cupy.argsort is not the stable order (the test's premise)"
 
 
+@pytest.mark.parametrize("s,e,hot", [(36864, 256, False), (2048, 256, True), (300, 1, False), (4000, 1024, True)])
+def test_expert_tiles_is_the_searchsorted_table(cp: Any, s: int, e: int, hot: bool) -> None:
+    """router.expert_tiles (one launch) gives every entry of the CuPy searchsorted / cumsum construction it replaced
+    (tests/test_router_host.py runs the kernel on the CPU too)."""
+    from test_router_host import _numpy_tiles
+
+    from ninfer.cuda.gemm import expert_tiles
+
+    rng = np.random.default_rng(s + e)
+    raw = np.minimum(rng.geometric(0.05, s) - 1, e - 1) if hot else rng.integers(0, e, s)
+    ids = np.sort(raw).astype(np.int32)
+    got = expert_tiles(cp.asarray(ids), e)
+    want = _numpy_tiles(ids, e, 128)
+    assert got[4] == -(-s // 128) + e
+    for name, g, w in zip(("off", "tile_e", "tile_s0", "ntiles"), got[:4], want, strict=True):
+        assert np.array_equal(cp.asnumpy(g), w), name
+
+
 # ---- sampling ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("t", ["float", "bf16"])
 def test_argmax_masked(cp: Any, t: str) -> None:

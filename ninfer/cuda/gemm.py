@@ -334,16 +334,8 @@ def gemm_experts(
 def expert_tiles(ids: Any, e: int) -> tuple[Any, Any, Any, Any, int]:
     """The grouped expert GEMM's tile table for slots sorted by expert (``ids`` int32 on the device, non-decreasing;
     ``e`` experts), built on the device without a host sync: (row offset per expert [e + 1], expert and first slot
-    of each of the ``bound`` = ceil(S / 128) + e tiles, the tile count [1], bound). CuPy builds the kernels behind
-    it lazily; ``CudaQwen36.warm_prefill`` calls it so that they compile at start-up (cold: ~1.5 s in the first
-    long 35B-A3B prefill)."""
-    import cupy
+    of each of the ``bound`` = ceil(S / 128) + e tiles, the tile count [1], bound). One launch (router.cu
+    ``expert_tiles``); it was ~12 CuPy launches per GEMM, ~960 per 35B-A3B prefill chunk (the host's time)."""
+    from ninfer.cuda.router import expert_tiles as tiles
 
-    off = cupy.searchsorted(ids, cupy.arange(e + 1, dtype=np.int32), side="left").astype(np.int32)
-    tiles = (off[1:] - off[:-1] + _GEMM_TILE - 1) // _GEMM_TILE
-    tile_end = cupy.cumsum(tiles)
-    bound = -(-ids.shape[0] // _GEMM_TILE) + e
-    i = cupy.arange(bound, dtype=tile_end.dtype)
-    tile_e = cupy.minimum(cupy.searchsorted(tile_end, i, side="right"), e - 1)
-    tile_s0 = off[tile_e] + (i - (tile_end[tile_e] - tiles[tile_e])) * _GEMM_TILE
-    return off, tile_e.astype(np.int32), tile_s0.astype(np.int32), tile_end[-1:].astype(np.int32), bound
+    return tiles(ids, e, _GEMM_TILE)

@@ -286,15 +286,15 @@ class CudaQwen36:
     def warm_prefill(self, rows: int = 16) -> None:
         """Run a short prefill and one of ``rows`` rows (the engine's ``prefill_chunk``) over the scratch slot, so
         what the prefill path builds lazily happens at start-up, not in the first request: the kernels CuPy builds
-        for the MoE tile table (searchsorted, cumsum, take; a cold first 35B-A3B prefill of
-        1K tokens took 1.5 s instead of 0.14 s), the grouped GEMM's tile table of the short chunks' expert lanes
+        for the prefill's glue (the MoE tile table was searchsorted, cumsum and take until router.cu's
+        expert_tiles: a cold first 35B-A3B prefill of 1K tokens took 1.5 s instead of 0.14 s), the grouped GEMM's
+        tile table of the short chunks' expert lanes
         (the 35B-A3B's first 8K prefill of a run took 2.3 s instead of ~0.75 at e919d69), and the memory pool's
         blocks of a full chunk (the first 2048-token chunks of a run: 35B-A3B 8K prefill 0.55-0.71 s in
         ``ninfer-perf`` against 0.40 s once warm, ``perf.bench_chunk`` at ba43f57).
         Precondition: allocate() done and no sequence holds a page yet; the full chunk writes its KV into pages
         ``0 ..`` of the pool (a sequence writes every position it reads, so they need no clearing) and the scratch
         page."""
-        import cupy
 
         assert self.pool is not None, "allocate() first"
         slot, page = self.scratch
@@ -307,11 +307,6 @@ class CudaQwen36:
             self.zero_slot(slot)
             self.run([(slot, 0, n, pages)], np.zeros(n, np.int64))
         self.logits_dev(np.zeros((1, self.cfg.hidden_size), F32))
-        if self.cfg.is_moe:  # the short prefill took the expert lanes: the grouped GEMM's tile table here
-            from ninfer.cuda.gemm import expert_tiles
-
-            with self.stream:
-                expert_tiles(cupy.zeros(short, np.int32), self.cfg.num_experts)
         self.zero_slot(slot)
         self.stream.synchronize()
 

@@ -10,13 +10,14 @@ from ninfer.cuda._common import KernelError, act_type, check_array, check_rows, 
 from ninfer.cuda.launch import launch
 from ninfer.cuda.loader import kernel
 
-__all__ = ["moe_route", "moe_sort", "SOURCES", "MAX_EXPERTS"]
+__all__ = ["moe_route", "moe_sort", "expert_tiles", "SOURCES", "MAX_EXPERTS"]
 
 MAX_EXPERTS = 256  # 32 lanes x MAXE=8
 SOURCES: dict[str, tuple[str, ...]] = {
-    "router.cu": (*(f"moe_route<{t}, 8>" for t in ("float", "bf16")), "moe_sort")
+    "router.cu": (*(f"moe_route<{t}, 8>" for t in ("float", "bf16")), "moe_sort", "expert_tiles")
 }
 _SORT_THREADS = 1024  # MS_NT in cuda_src/router.cu
+_TILE_THREADS, _TILE_EXPERTS = 256, 1024  # ET_NT, ET_NT * ET_PER
 
 
 def moe_route(logits: Any, top_k: int, shared: int | None = None) -> tuple[Any, Any]:
@@ -71,3 +72,23 @@ def moe_sort(flat: Any, n: int, top_k: int, experts: int) -> tuple[Any, Any, Any
         args = (flat, ids, xrow, where, np.int32(n), np.int32(ns), np.int32(top_k), np.int32(experts))
         fn((1,), (_SORT_THREADS,), args, shared_mem=32 * 4 * experts)
     return ids, xrow, where
+
+
+def expert_tiles(ids: Any, e: int, bm: int) -> tuple[Any, Any, Any, Any, int]:
+    """The grouped expert GEMM's tile table for slots sorted by expert (``ids`` int32 on the device, non-decreasing
+    in ``[0, e)``), in one launch without a host sync (router.cu ``expert_tiles``): (row offset per expert
+    ``[e + 1]``, expert and first slot of each of the ``bound`` = ceil(S / bm) + e tiles, the tile count ``[1]``,
+    bound). Expert e owns slots ``off[e] .. off[e + 1]`` in ``ceil(count / bm)`` tiles of ``bm`` rows."""
+    import cupy
+
+    check_array(ids, "ids", dtype=np.int32)
+    if ids.ndim != 1 or not (1 <= e <= _TILE_EXPERTS) or bm < 1:
+        raise KernelError(f"expert_tiles: ids {ids.shape}, {e} experts (1..{_TILE_EXPERTS}), bm={bm}")
+    s = int(ids.shape[0])
+    bound = -(-s // bm) + e
+    off, ntiles = cupy.empty(e + 1, np.int32), cupy.empty(1, np.int32)
+    tile_e, tile_s0 = cupy.empty(bound, np.int32), cupy.empty(bound, np.int32)
+    fn = kernel("router.cu", SOURCES["router.cu"], "expert_tiles")
+    args = (ids, np.int32(s), np.int32(e), np.int32(bm), np.int32(bound), off, tile_e, tile_s0, ntiles)
+    fn((1,), (_TILE_THREADS,), args)  # a plain launch: it reads ids without pdl_wait
+    return off, tile_e, tile_s0, ntiles, bound
