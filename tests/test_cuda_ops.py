@@ -944,7 +944,9 @@ def test_moe_sort_is_the_stable_argsort(cp: Any, t: int, k: int, e: int, shared:
     assert np.array_equal(sorted_dev, order), "cupy.argsort is not the stable order (the test's premise)"
 
 
-@pytest.mark.parametrize("s,e,hot", [(36864, 256, False), (2048, 256, True), (300, 1, False), (4000, 1024, True)])
+@pytest.mark.parametrize(
+    "s,e,hot", [(36864, 256, False), (2048, 256, True), (300, 1, False), (4000, 1024, True)]
+)
 def test_expert_tiles_is_the_searchsorted_table(cp: Any, s: int, e: int, hot: bool) -> None:
     """router.expert_tiles (one launch) gives every entry of the CuPy searchsorted / cumsum construction it replaced
     (tests/test_router_host.py runs the kernel on the CPU too)."""
