@@ -325,15 +325,15 @@ __global__ void __launch_bounds__(256)
 }
 
 // gated_rmsnorm with the F16 outputs (rms_out_f16's contract): one block of GN_F16_WARPS warps per token, warp w
-// normalizing heads w, w + GN_F16_WARPS, ... (HPW of them at most) with gated_norm_vals' arithmetic (gated_rmsnorm's
-// own: the same sums in the same order), every load of the warp's heads issued before the first reduction, the
-// values kept in registers for the token row's largest |y| over all HV heads, then rounded as split_f16row rounds.
-// o: [T HV, D] rows of stride ldo; z: token t's head h at z + t ldz + h D; xh: [T, HV D]; D <= 32 GN_REG, HV <=
-// GN_F16_WARPS HPW. Bitwise gated_rmsnorm<float> followed by split_f16row. Measured (H200, 3205589, 27B, 4096
-// tokens): a first version with 8 warps walking 6 heads each, a head's loads after the previous head's sums, took
-// 220 us per call, more than gated_rmsnorm and split_f16row together (92 + 38 us).
-constexpr int GN_F16_WARPS = 16;
-template <int HPW>
+// normalizing heads w, w + GN_F16_WARPS, ... with gated_norm_vals (gated_rmsnorm's own arithmetic). Two passes: the
+// first takes the token row's largest |y| over all HV heads, the second computes every y again (the same operations
+// on the same values: the same bits; o and z come from the L1/L2 the first pass filled) and stores it rounded as
+// split_f16row rounds. o: [T HV, D] rows of stride ldo; z: token t's head h at z + t ldz + h D; xh: [T, HV D];
+// D <= 32 GN_REG. Bitwise gated_rmsnorm<float> followed by split_f16row. Measured (H200, 27B, 4096 tokens): keeping
+// every head's values in registers instead (8 warps x 6 heads, or 16 x 3 with all loads first) took 220-237 us per
+// call at one block per SM, more than gated_rmsnorm and split_f16row together (92 + 38 us); the small state here lets
+// eight blocks share an SM.
+constexpr int GN_F16_WARPS = 8;
 __global__ void __launch_bounds__(32 * GN_F16_WARPS)
     gated_rmsnorm_f16(const float* __restrict__ o, const float* __restrict__ z, const float* __restrict__ w,
                       u16* __restrict__ xh, float* __restrict__ rowf, int HV, int D, float eps, long long ldo,
@@ -342,45 +342,24 @@ __global__ void __launch_bounds__(32 * GN_F16_WARPS)
     __shared__ float scratch[32];
     const long long t = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float ov[HPW][GN_REG], zv[HPW][GN_REG], wv[GN_REG], y[HPW][GN_REG], m = 0.f;
+    float y[GN_REG], m = 0.f;
+    for (int h = warp; h < HV; h += GN_F16_WARPS) {
+        gated_norm_vals(o + (t * HV + h) * ldo, z + t * ldz + (long long)h * D, w, D, eps, lane, y);
 #pragma unroll
-    for (int r = 0; r < GN_REG; ++r) wv[r] = lane + 32 * r < D ? w[lane + 32 * r] : 0.f;
-#pragma unroll
-    for (int j = 0; j < HPW; ++j) {
-        const int h = warp + j * GN_F16_WARPS;
-        const float* orow = o + (t * HV + h) * ldo;
-        const float* zrow = z + t * ldz + (long long)h * D;
-#pragma unroll
-        for (int r = 0; r < GN_REG; ++r) {
-            const int i = lane + 32 * r;
-            ov[j][r] = h < HV && i < D ? orow[i] : 0.f;
-            zv[j][r] = h < HV && i < D ? zrow[i] : 0.f;
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < HPW; ++j) {  // gated_norm_vals' expressions, per head
-        float ss = 0.f;
-#pragma unroll
-        for (int r = 0; r < GN_REG; ++r) ss = fmaf(ov[j][r], ov[j][r], ss);
-        const float inv = 1.f / sqrtf(warp_sum(ss) / (float)D + eps);
-#pragma unroll
-        for (int r = 0; r < GN_REG; ++r) {
-            y[j][r] = ov[j][r] * inv * wv[r] * siluf_(zv[j][r]);
-            if (warp + j * GN_F16_WARPS < HV && lane + 32 * r < D) m = fmaxf(m, fabsf(y[j][r]));
-        }
+        for (int r = 0; r < GN_REG; ++r)
+            if (lane + 32 * r < D) m = fmaxf(m, fabsf(y[r]));
     }
     m = block_max(m, scratch);
     float back;
     const float s = f16row_scale(m, back);
     if (threadIdx.x == 0) rowf[t] = back;
     u16* xr = xh + t * HV * D;
-#pragma unroll
-    for (int j = 0; j < HPW; ++j) {
-        const int h = warp + j * GN_F16_WARPS;
+    for (int h = warp; h < HV; h += GN_F16_WARPS) {
+        gated_norm_vals(o + (t * HV + h) * ldo, z + t * ldz + (long long)h * D, w, D, eps, lane, y);
 #pragma unroll
         for (int r = 0; r < GN_REG; ++r) {
             const int i = lane + 32 * r;
-            if (h < HV && i < D) xr[h * D + i] = (u16)f16_rne_bits(y[j][r] * s);
+            if (i < D) xr[h * D + i] = (u16)f16_rne_bits(y[r] * s);
         }
     }
 }

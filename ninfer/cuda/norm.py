@@ -21,12 +21,12 @@ SOURCES: dict[str, tuple[str, ...]] = {
     + tuple(f"moe_combine_rmsnorm<{t}, {o}, {v}>" for t in _T for o in _B for v in _B)
     + tuple(f"rmsnorm_f16<{o}, {r}>" for o in _B for r in _B)
     + tuple(f"moe_combine_rmsnorm_f16<{o}>" for o in _B)
-    + tuple(f"gated_rmsnorm_f16<{h}>" for h in range(1, 5))
+    + ("gated_rmsnorm_f16",)
 }
-# rows the F16 outputs (f16=True) keep in registers (norm.cu: RMS_NV * 8 * RMS_NT), and the gated norm's heads
-# (GN_F16_WARPS x up to 4 per warp) of at most 32 * GN_REG
+# rows the F16 outputs (f16=True) keep in registers (norm.cu: RMS_NV * 8 * RMS_NT), and the gated norm's heads of
+# at most 32 * GN_REG
 F16_MAX_H = 4 * 8 * 256
-_GN_HEADS, _GN_D = 16 * 4, 32 * 8
+_GN_HEADS, _GN_D = 1 << 16, 32 * 8
 
 
 def gated_f16_ok(heads: int, d: int) -> bool:
@@ -203,9 +203,9 @@ def gated_rmsnorm(o: Any, z: Any, w: Any, eps: float, out: Any = None, *, f16: b
             )
         y = F16Rows(cupy.empty((zrows, zw), dtype=np.uint16), cupy.empty(zrows, dtype=np.float32))
         if zrows:
-            fn = kernel("norm.cu", SOURCES["norm.cu"], f"gated_rmsnorm_f16<{-(-zheads // 16)}>")
+            fn = kernel("norm.cu", SOURCES["norm.cu"], "gated_rmsnorm_f16")
             args = (o, z, w, y.xh, y.rowf, np.int32(zheads), np.int32(d), np.float32(eps), np.int64(ldo))
-            fn((zrows,), (512,), (*args, np.int64(ldz)))
+            fn((zrows,), (256,), (*args, np.int64(ldz)))
         return y
     if out is None:
         out = cupy.empty((rows, d), dtype=o.dtype)

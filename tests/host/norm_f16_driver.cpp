@@ -72,12 +72,7 @@ void emu_gated(const std::string& dir, int T, int D, int HV, float eps) {
         gated_rmsnorm<float>(o.data(), z.data(), w.data(), y.data(), rows, D, eps, D, (long long)HV * D, D, HV);
     });
     emu_launch({(unsigned)T, 1, 1}, 32 * GN_F16_WARPS, 0, [&] {
-        const int hpw = (HV + GN_F16_WARPS - 1) / GN_F16_WARPS;
-        auto run = [&](auto k) { k(o.data(), z.data(), w.data(), xh.data(), rowf.data(), HV, D, eps, D, (long long)HV * D); };
-        if (hpw == 1) run(gated_rmsnorm_f16<1>);
-        else if (hpw == 2) run(gated_rmsnorm_f16<2>);
-        else if (hpw == 3) run(gated_rmsnorm_f16<3>);
-        else run(gated_rmsnorm_f16<4>);
+        gated_rmsnorm_f16(o.data(), z.data(), w.data(), xh.data(), rowf.data(), HV, D, eps, D, (long long)HV * D);
     });
     emu_write(dir + "/y.bin", y);
     emu_write(dir + "/xh.bin", xh);
