@@ -19,12 +19,26 @@
 // of its v channels likewise (gdn_step_post stores the q/k channels'). Stores only: the arithmetic, and so every
 // output and the final state, is the same bits with or without them.
 //
-// POST (CONV and cnt != null: gdn_decode's single launch): gdn_step_post's epilogue runs in this launch. The last
-// of a value head's column tiles to arrive (a counter per (sequence, value head)) applies the gated RMSNorm to the
-// head's rows of the sequence, o -> y (gated_norm_row, one warp per row); the last of a QK head's readers (a
-// counter per (sequence, QK head)) stores the q/k conv windows it holds, the same values gdn_step_post recomputes
-// from the raw inputs; with snapshots, the QK head's first reader (j % ratio == 0, tile 0) stores the q/k windows
-// before each token. o has no __restrict__: y may be o (in place, as gdn_decode runs it).
+// POST (CONV and cnt != null: gdn_decode's single launch, variant "counter"): gdn_step_post's epilogue runs in this
+// launch. The last of a value head's column tiles to arrive (a counter per (sequence, value head)) applies the gated
+// RMSNorm to the head's rows of the sequence, o -> y (gated_norm_row, one warp per row); the last of a QK head's
+// readers (a counter per (sequence, QK head)) stores the q/k conv windows it holds, the same values gdn_step_post
+// recomputes from the raw inputs; with snapshots, the QK head's first reader (j % ratio == 0, tile 0) stores the q/k
+// windows before each token. o has no __restrict__: y may be o (in place, as gdn_decode runs it).
+//
+// CLUSTER (gdn_step_cl, gdn_decode's default for DV <= 128): the same work, the 4 column tiles of a (sequence,
+// value head) one thread-block cluster. Warp 0 of each tile pushes its o row (rounded to T, as stored) into every
+// tile's shared memory and arrives on every tile's mbarrier; each tile then sums o^2 over the head in gated_norm_row's
+// order and writes its own columns of y: no o store, no counter, no re-read. The per-token arithmetic is gdn_step's
+// (the shared gdn_stage_x / gdn_token, gated_norm.cuh's gated_norm_inv / gated_norm_y): outputs and states are the
+// bits of the counter epilogue and of the three separate kernels. Critical path of a decode call after pdl_wait
+// (the kernel ahead is the in-projection GEMV):
+//   counter: slots/starts load -> state, conv state, conv taps, gates, qkv loads -> recurrence (barriers A, B, C) ->
+//            o and state stores, __threadfence, two atomics -> __syncthreads, __threadfence -> o, z, norm weight
+//            loads by the last tile -> norm -> y store: 4 dependent global round trips, 2 fences;
+//   cluster: state (L2-hinted), conv windows (L2-hinted), qkv, a, b, z loads -> recurrence (barriers A, B, C) ->
+//            DSMEM push + mbarrier wait -> norm -> y store: 1 global round trip. starts, slots, snap and the weights
+//            are read before pdl_wait; the q/k counter's atomic is issued after barrier (A) and only read at the end.
 //
 // CONV (gdn_decode): qkv holds the raw in_proj_qkv rows; the block convolves the q and k channels of QK head hk and
 // the v channels of its tile itself (conv_token, rounded to T as causal_conv stores them, so the result equals
@@ -64,11 +78,11 @@ __device__ __forceinline__ void gdn_stage_x(float* xs, const float (&xc)[CPT], f
 }
 
 // One token of the recurrence on this thread's 16 state rows of its column, after barrier (A) (x in xs): l2 norms,
-// decay, S^T k (barrier B), delta, the update, S^T q (barrier C). Returns o of the lane's column in warp 0 (the
-// DK / 16 warp partials summed in warp order; other warps: 0). Every read of xs and pkv is done at return.
+// decay, S^T k (barrier B), delta, the update, S^T q (barrier C). Returns o of the lane's column where `sum` (the
+// DK / 16 warp partials summed in warp order; elsewhere 0). Every read of xs and pkv is done at return.
 template <int DK>
 __device__ __forceinline__ float gdn_token(float (&s)[GdnStep<DK>::RPW], const float* xs, float* pkv, float* pout,
-                                           float beta, float decay, float qscale, int lane, int warp) {
+                                           float beta, float decay, float qscale, int lane, int warp, bool sum) {
     using G = GdnStep<DK>;
     constexpr int RPW = G::RPW, NW = G::NW, CT = G::CT, R32 = (DK + 31) / 32;
     // l2 norms: every warp computes both, in the lane order of the chunked kernel's l2norm
@@ -103,7 +117,7 @@ __device__ __forceinline__ float gdn_token(float (&s)[GdnStep<DK>::RPW], const f
     pout[warp * CT + lane] = out;
     __syncthreads();  // (C) S^T q partials; every read of xs and pkv of token t is done
     float os = 0.f;
-    if (warp == 0)
+    if (sum)
 #pragma unroll
         for (int w = 0; w < NW; ++w) os += pout[w * CT + lane];
     return os;
@@ -221,8 +235,9 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
         float beta, decay;
         gdn_gate(ac, bc, negA, dtb, beta, decay);
         __syncthreads();  // (A) x of token t in shared memory
-        const float os = gdn_token<DK>(s, xs, pkv, pout, beta, decay, qscale, lane, warp);  // barriers (B), (C)
-        if (warp == 0 && live) o[(long long)t * ldo + (long long)j * DV + col] = from_f<T>(os);
+        const bool sum = warp == 0 && live;
+        const float os = gdn_token<DK>(s, xs, pkv, pout, beta, decay, qscale, lane, warp, sum);  // barriers (B), (C)
+        if (sum) o[(long long)t * ldo + (long long)j * DV + col] = from_f<T>(os);
     }
     if (!any) return;  // block-uniform, and the same for every block of sequence b: its counters stay untouched
 #pragma unroll
@@ -366,8 +381,11 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
         asm volatile("prefetch.global.L2 [%0];" ::"l"(hint));
     }
 #pragma unroll
-    for (int u = 0; u < CPT; ++u)
-        if (g[u] >= 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(conv_state + (slot * C + g[u]) * (GDN_KW - 1)));
+    for (int u = 0; u < CPT; ++u) {  // one hint per 128-byte line: by the window that starts in its first 12 bytes
+        const float* w = conv_state + (slot * C + g[u]) * (GDN_KW - 1);
+        if (g[u] >= 0 && (reinterpret_cast<unsigned long long>(w) & 127) < 4 * (GDN_KW - 1))
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(w));
+    }
 #endif
     float win[CPT][GDN_KW - 1], wc[CPT][GDN_KW];
 #pragma unroll
@@ -375,7 +393,7 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
 #pragma unroll
         for (int e = 0; e < GDN_KW; ++e) wc[u][e] = g[u] >= 0 ? convw[(long long)g[u] * GDN_KW + e] : 0.f;
     const float negA = -expf(A_log[j]), dtb = dt_bias[j], qscale = 1.f / sqrtf((float)DK);
-    const float nwc = nw[min(col, DV - 1)];
+    const float nwc = warp == 0 ? nw[min(col, DV - 1)] : 0.f;  // warp 0 norms
     pdl_wait();
     float s[RPW];
 #pragma unroll
@@ -429,7 +447,7 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
         gdn_gate(ac, bc, negA, dtb, beta, decay);
         __syncthreads();  // (A) x of token t in shared memory
         if (i == 0 && tid == 0) qk_old = atomicAdd(cnt_qk, 1);  // q/k windows read (consumed in x): arrive
-        const float os = gdn_token<DK>(s, xs, pkv, pout, beta, decay, qscale, lane, warp);  // barriers (B), (C)
+        const float os = gdn_token<DK>(s, xs, pkv, pout, beta, decay, qscale, lane, warp, warp == 0 && live);
         if (t + 1 == t1) {  // the final state and v windows, issued before the exchange
 #pragma unroll
             for (int r = 0; r < RPW; ++r)
