@@ -19,18 +19,33 @@
 // of its v channels likewise (gdn_step_post stores the q/k channels'). Stores only: the arithmetic, and so every
 // output and the final state, is the same bits with or without them.
 //
-// POST (CONV and cnt != null: gdn_decode's single launch): gdn_step_post's epilogue runs in this launch. The last
-// of a value head's column tiles to arrive (a counter per (sequence, value head)) applies the gated RMSNorm to the
-// head's rows of the sequence, o -> y (gated_norm_row, one warp per row); the last of a QK head's readers (a
-// counter per (sequence, QK head)) stores the q/k conv windows it holds, the same values gdn_step_post recomputes
-// from the raw inputs; with snapshots, the QK head's first reader (j % ratio == 0, tile 0) stores the q/k windows
-// before each token. o has no __restrict__: y may be o (in place, as gdn_decode runs it).
+// POST (CONV and cnt != null: gdn_decode's single launch, variant "counter"): gdn_step_post's epilogue runs in this
+// launch. The last of a value head's column tiles to arrive (a counter per (sequence, value head)) applies the gated
+// RMSNorm to the head's rows of the sequence, o -> y (gated_norm_row, one warp per row); the last of a QK head's
+// readers (a counter per (sequence, QK head)) stores the q/k conv windows it holds, the same values gdn_step_post
+// recomputes from the raw inputs; with snapshots, the QK head's first reader (j % ratio == 0, tile 0) stores the q/k
+// windows before each token. o has no __restrict__: y may be o (in place, as gdn_decode runs it).
+//
+// CLUSTER (gdn_step_cl, gdn_decode's default for DV <= 128): the same work, the 4 column tiles of a (sequence,
+// value head) one thread-block cluster. Warp 0 of each tile pushes its o row (rounded to T, as stored) into every
+// tile's shared memory and arrives on every tile's mbarrier; each tile then sums o^2 over the head in gated_norm_row's
+// order and writes its own columns of y: no o store, no counter, no re-read. The per-token arithmetic is gdn_step's
+// (the shared gdn_stage_x / gdn_token, gated_norm.cuh's gated_norm_inv / gated_norm_y): outputs and states are the
+// bits of the counter epilogue and of the three separate kernels. Critical path of a decode call after pdl_wait
+// (the kernel ahead is the in-projection GEMV):
+//   counter: slots/starts load -> state, conv state, conv taps, gates, qkv loads -> recurrence (barriers A, B, C) ->
+//            o and state stores, __threadfence, two atomics -> __syncthreads, __threadfence -> o, z, norm weight
+//            loads by the last tile -> norm -> y store: 4 dependent global round trips, 2 fences;
+//   cluster: state (L2-hinted), conv windows (L2-hinted), qkv, a, b, z loads -> recurrence (barriers A, B, C) ->
+//            DSMEM push + mbarrier wait -> norm -> y store: 1 global round trip. starts, slots, snap and the weights
+//            are read before pdl_wait; the q/k counter's atomic is issued after barrier (A) and only read at the end.
 //
 // CONV (gdn_decode): qkv holds the raw in_proj_qkv rows; the block convolves the q and k channels of QK head hk and
 // the v channels of its tile itself (conv_token, rounded to T as causal_conv stores them, so the result equals
 // causal_conv + gdn_recurrent bitwise). The q/k channels are read by the ratio * tiles blocks of a QK head at
 // once, so none of them may write those channels' conv state: gdn_step_post does it after this launch; the v
 // channels belong to one block, which writes them back. Without CONV, qkv holds the conv output (gdn_recurrent).
+#include "cluster.cuh"
 #include "gated_norm.cuh"
 #include "gdn_common.cuh"
 
@@ -42,8 +57,71 @@ template <int DK> struct GdnStep {
     static constexpr int NCH = 2 * DK + CT;          // channels per token: q, k of the QK head, v of the tile
     static constexpr int CPT = (NCH + NT - 1) / NT;  // channels per thread
     static constexpr int FLOATS = NCH + 2 * NW * CT; // shared memory: x | S^T k partials | S^T q partials
+    static_assert(DK % RPW == 0, "DK must be a multiple of 16");
 };
 constexpr int GDN_KW = 4;  // conv taps (the wrapper checks w[C, 4])
+
+// x of one token into shared memory: thread tid's channels ch = tid + NT*u of [q | k | v tile] (global channel g[u],
+// -1: none, stored as 0), with CONV convolved (conv_token, rounded to T as causal_conv stores it; win slides)
+template <typename T, int DK, bool CONV, int CPT = GdnStep<DK>::CPT>
+__device__ __forceinline__ void gdn_stage_x(float* xs, const float (&xc)[CPT], float (&win)[CPT][GDN_KW - 1],
+                                            const float (&wc)[CPT][GDN_KW], const int (&g)[CPT], int tid) {
+    using G = GdnStep<DK>;
+#pragma unroll
+    for (int u = 0; u < CPT; ++u) {
+        const int ch = tid + G::NT * u;
+        if (ch >= G::NCH) continue;
+        float y = xc[u];
+        if (CONV) y = to_f(from_f<T>(conv_token<GDN_KW>(win[u], wc[u], xc[u])));  // causal_conv's rounding
+        xs[ch] = g[u] >= 0 ? y : 0.f;
+    }
+}
+
+// One token of the recurrence on this thread's 16 state rows of its column, after barrier (A) (x in xs): l2 norms,
+// decay, S^T k (barrier B), delta, the update, S^T q (barrier C). Returns o of the lane's column where `sum` (the
+// DK / 16 warp partials summed in warp order; elsewhere 0). Every read of xs and pkv is done at return.
+template <int DK>
+__device__ __forceinline__ float gdn_token(float (&s)[GdnStep<DK>::RPW], const float* xs, float* pkv, float* pout,
+                                           float beta, float decay, float qscale, int lane, int warp, bool sum) {
+    using G = GdnStep<DK>;
+    constexpr int RPW = G::RPW, NW = G::NW, CT = G::CT, R32 = (DK + 31) / 32;
+    // l2 norms: every warp computes both, in the lane order of the chunked kernel's l2norm
+    float qq = 0.f, kk = 0.f;
+#pragma unroll
+    for (int r = 0; r < R32; ++r) {
+        const int d = lane + 32 * r;
+        const float qv = d < DK ? xs[d] : 0.f, kv = d < DK ? xs[DK + d] : 0.f;
+        qq = fmaf(qv, qv, qq);
+        kk = fmaf(kv, kv, kk);
+    }
+    const float qn = qscale / sqrtf(warp_sum(qq) + 1e-6f), kn = 1.f / sqrtf(warp_sum(kk) + 1e-6f);
+    const float *kw = xs + DK + warp * RPW, *qw = xs + warp * RPW;  // this warp's rows (broadcast reads)
+    float kv = 0.f;
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        s[r] *= decay;
+        kv = fmaf(s[r], kw[r] * kn, kv);
+    }
+    pkv[warp * CT + lane] = kv;
+    __syncthreads();  // (B) S^T k partials
+    float kvs = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) kvs += pkv[w * CT + lane];
+    const float delta = beta * (xs[2 * DK + lane] - kvs);
+    float out = 0.f;
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {  // k, q re-read (not held: 32 registers fewer), the same products
+        s[r] = fmaf(kw[r] * kn, delta, s[r]);
+        out = fmaf(s[r], qw[r] * qn, out);
+    }
+    pout[warp * CT + lane] = out;
+    __syncthreads();  // (C) S^T q partials; every read of xs and pkv of token t is done
+    float os = 0.f;
+    if (sum)
+#pragma unroll
+        for (int w = 0; w < NW; ++w) os += pout[w * CT + lane];
+    return os;
+}
 
 // qkv: rows [q (HK*DK) | k (HK*DK) | v (HV*DV)] (raw with CONV, convolved without); a, b: [T, HV]; o: [T, HV*DV];
 // convw [C, 4], conv_state [slots, C, 3] (only read/written with CONV).
@@ -59,8 +137,6 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
     pdl_trigger();
     using G = GdnStep<DK>;
     constexpr int RPW = G::RPW, NW = G::NW, NT = G::NT, CT = G::CT, NCH = G::NCH, CPT = G::CPT;
-    constexpr int R32 = (DK + 31) / 32;
-    static_assert(DK % RPW == 0, "DK must be a multiple of 16");
     extern __shared__ float smem[];
     {
         unsigned dyn;
@@ -155,54 +231,13 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
             an = to_f(a[(long long)(t + 1) * lda + j]);
             bn = to_f(bb[(long long)(t + 1) * ldb + j]);
         }
-#pragma unroll
-        for (int u = 0; u < CPT; ++u) {
-            const int ch = tid + NT * u;
-            if (ch >= NCH) continue;
-            float y = xc[u];
-            if (CONV) y = to_f(from_f<T>(conv_token<GDN_KW>(win[u], wc[u], xc[u])));  // causal_conv's rounding
-            xs[ch] = g[u] >= 0 ? y : 0.f;
-        }
+        gdn_stage_x<T, DK, CONV>(xs, xc, win, wc, g, tid);
         float beta, decay;
         gdn_gate(ac, bc, negA, dtb, beta, decay);
         __syncthreads();  // (A) x of token t in shared memory
-        // l2 norms: every warp computes both, in the lane order of the chunked kernel's l2norm
-        float qq = 0.f, kk = 0.f;
-#pragma unroll
-        for (int r = 0; r < R32; ++r) {
-            const int d = lane + 32 * r;
-            const float qv = d < DK ? xs[d] : 0.f, kv = d < DK ? xs[DK + d] : 0.f;
-            qq = fmaf(qv, qv, qq);
-            kk = fmaf(kv, kv, kk);
-        }
-        const float qn = qscale / sqrtf(warp_sum(qq) + 1e-6f), kn = 1.f / sqrtf(warp_sum(kk) + 1e-6f);
-        const float *kw = xs + DK + warp * RPW, *qw = xs + warp * RPW;  // this warp's rows (broadcast reads)
-        float kv = 0.f;
-#pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-            s[r] *= decay;
-            kv = fmaf(s[r], kw[r] * kn, kv);
-        }
-        pkv[warp * CT + lane] = kv;
-        __syncthreads();  // (B) S^T k partials
-        float kvs = 0.f;
-#pragma unroll
-        for (int w = 0; w < NW; ++w) kvs += pkv[w * CT + lane];
-        const float delta = beta * (xs[2 * DK + lane] - kvs);
-        float out = 0.f;
-#pragma unroll
-        for (int r = 0; r < RPW; ++r) {  // k, q re-read (not held: 32 registers fewer), the same products
-            s[r] = fmaf(kw[r] * kn, delta, s[r]);
-            out = fmaf(s[r], qw[r] * qn, out);
-        }
-        pout[warp * CT + lane] = out;
-        __syncthreads();  // (C) S^T q partials; every read of xs and pkv of token t is done
-        if (warp == 0 && live) {
-            float os = 0.f;
-#pragma unroll
-            for (int w = 0; w < NW; ++w) os += pout[w * CT + lane];
-            o[(long long)t * ldo + (long long)j * DV + col] = from_f<T>(os);
-        }
+        const bool sum = warp == 0 && live;
+        const float os = gdn_token<DK>(s, xs, pkv, pout, beta, decay, qscale, lane, warp, sum);  // barriers (B), (C)
+        if (sum) o[(long long)t * ldo + (long long)j * DV + col] = from_f<T>(os);
     }
     if (!any) return;  // block-uniform, and the same for every block of sequence b: its counters stay untouched
 #pragma unroll
@@ -239,6 +274,200 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
         if (tid == 0) *cnt_o = 0;
     }
     if (gs_last[1]) {  // every reader of these conv windows has read them (they arrived after their reads)
+#pragma unroll
+        for (int u = 0; u < CPT; ++u) {
+            const int ch = tid + NT * u;
+            if (ch < 2 * DK)
+#pragma unroll
+                for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(slot * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
+        }
+        if (tid == 0) *cnt_qk = 0;
+    }
+}
+
+constexpr int GDN_CL = 4;  // gdn_step_cl: column tiles per cluster, so value heads of up to 4 * 32 columns
+
+// gdn_step_cl's shared memory (floats): 2 mbarriers (by token parity) | flag | pad | o exchange [2][GDN_CL][CT] |
+// gdn_step's x and partials
+template <int DK> struct GdnStepCl {
+    static constexpr int OX = 8, XS = OX + 2 * GDN_CL * GdnStep<DK>::CT;
+    static constexpr int FLOATS = XS + GdnStep<DK>::FLOATS;
+};
+
+// The gated norm of token i's o row of value head j (o of this lane's column ov, as stored: rounded to T; 0 past DV)
+// by warp 0 of every tile of the cluster: ov into slot [i & 1][tile][lane] of every tile's exchange, an arrival on
+// every tile's mbarrier i & 1, then the lane sums o^2 over the tiles' columns lane, lane + 32, ... in tile order
+// (gated_norm_row's order: the same bits) and y = gated_norm_y. Double buffers suffice: a tile writes slot / mbarrier
+// i & 1 again at token i + 2 after its wait of token i + 1, which needs every tile's arrival of token i + 1, which
+// each tile makes after its reads of token i.
+template <typename T>
+__device__ __forceinline__ void gdn_cl_norm(float* ox, unsigned long long* bar, int i, int tile, int lane, float ov,
+                                            float zc, float nwc, T* yp, bool live, int DV, float eps) {
+    constexpr int CT = 32;
+    float* const slot = ox + (i & 1) * GDN_CL * CT;
+#pragma unroll
+    for (int r = 0; r < GDN_CL; ++r) st_cluster(slot + tile * CT + lane, r, ov);
+#pragma unroll
+    for (int r = 0; r < GDN_CL; ++r) mbar_arrive_cluster(bar + (i & 1), r);
+    mbar_wait_cluster(bar + (i & 1), (i >> 1) & 1);
+    float ss = 0.f;
+#pragma unroll
+    for (int r = 0; r < GDN_CL; ++r) {
+        const float v = slot[r * CT + lane];
+        ss = fmaf(v, v, ss);
+    }
+    const float inv = gated_norm_inv(ss, DV, eps);
+    if (live) *yp = from_f<T>(gated_norm_y(ov, inv, nwc, zc));
+}
+
+// gdn_decode's kernel (CONV with the epilogue, value heads of DV <= 128): gdn_step<T, S, DK, true>'s work and
+// arithmetic with the gated norm through distributed shared memory instead of arrival counters. A cluster is the
+// GDN_CL column tiles of one (sequence, value head) (grid z = GDN_CL exactly; a tile past DV computes on clamped
+// columns and stores nothing); each tile normalizes its own columns and writes y, o is never stored (y may be o).
+// Launch constants are read before pdl_wait: starts, slots, snap and the weights (conv taps, A_log, dt_bias, norm
+// weight) must not be written by a kernel of the same programmatic-launch chain (gdn_decode's callers upload them
+// by copy or compute them eagerly). The q/k conv windows: the last of the QK head's readers stores them (a counter
+// per (sequence, QK head)); a block arrives right after barrier (A) of its first token, once its window loads have
+// been consumed, so the atomic's round trip overlaps the recurrence instead of following the stores.
+template <typename T, typename S, int DK>
+__global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT)
+    gdn_step_cl(const T* __restrict__ qkv, const float* __restrict__ convw, float* __restrict__ conv_state,
+                const T* __restrict__ a, const T* __restrict__ bb, const float* __restrict__ A_log,
+                const float* __restrict__ dt_bias, S* __restrict__ state, T* o, const int* __restrict__ starts,
+                const int* __restrict__ slots, int HK, int HV, int DV, long long ldqkv, long long lda, long long ldb,
+                long long ldo, const int* __restrict__ snap, int nsnap, int* __restrict__ cnt,
+                const T* __restrict__ z, const float* __restrict__ nw, T* y, long long ldz, long long ldy,
+                float eps) {
+    pdl_trigger();
+    using G = GdnStep<DK>;
+    using GC = GdnStepCl<DK>;
+    constexpr int RPW = G::RPW, NW = G::NW, NT = G::NT, CT = G::CT, NCH = G::NCH, CPT = G::CPT;
+    float* const sm = cluster_smem();
+    {
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < GC::FLOATS * sizeof(float) || gridDim.z != GDN_CL || DV > GDN_CL * CT) __trap();
+    }
+    unsigned long long* const bar = reinterpret_cast<unsigned long long*>(sm);
+    int* const flag = reinterpret_cast<int*>(sm + 4);
+    float *const ox = sm + GC::OX, *const xs = sm + GC::XS, *const pkv = xs + NCH, *const pout = pkv + NW * CT;
+    const int b = blockIdx.x, j = blockIdx.y, tile = blockIdx.z, c0 = tile * CT, ratio = HV / HK, hk = j / ratio;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = c0 + lane;
+    const bool live = col < DV, qk_snap = j % ratio == 0 && tile == 0;
+    if (tid == 0) {  // cluster rank = tile (cluster dims (1, 1, GDN_CL), grid z = GDN_CL)
+        mbar_init(bar, 32 * GDN_CL);
+        mbar_init(bar + 1, 32 * GDN_CL);
+    }
+    cluster_sync_init();  // every tile's mbarriers before any remote arrival (before pdl_wait: off the chain)
+    // launch constants, before pdl_wait (see above)
+    const long long slot = slots[b];
+    const int t0 = starts[b], t1 = starts[b + 1];
+    const bool any = t0 < t1;  // cluster-uniform
+    const int C = 2 * HK * DK + HV * DV;
+    int g[CPT];  // channels of this thread, as gdn_step
+#pragma unroll
+    for (int u = 0; u < CPT; ++u) {
+        const int ch = tid + NT * u;
+        g[u] = ch < DK ? hk * DK + ch
+             : ch < 2 * DK ? HK * DK + hk * DK + (ch - DK)
+             : (ch < NCH && c0 + ch - 2 * DK < DV) ? 2 * HK * DK + j * DV + c0 + (ch - 2 * DK)
+                                                  : -1;
+    }
+    S* st = state + ((slot * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1);
+#ifdef __CUDA_ARCH__
+    // L2 hints while the kernel ahead ends: the state rows (as gdn_step) and this thread's conv window lines
+    if (lane < RPW) {
+        const S* hint = state + ((slot * HV + j) * DK + warp * RPW + lane) * (long long)DV + min(c0, DV - 1);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(hint));
+    }
+#pragma unroll
+    for (int u = 0; u < CPT; ++u) {  // one hint per 128-byte line: by the window that starts in its first 12 bytes
+        const float* w = conv_state + (slot * C + g[u]) * (GDN_KW - 1);
+        if (g[u] >= 0 && (reinterpret_cast<unsigned long long>(w) & 127) < 4 * (GDN_KW - 1))
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(w));
+    }
+#endif
+    float win[CPT][GDN_KW - 1], wc[CPT][GDN_KW];
+#pragma unroll
+    for (int u = 0; u < CPT; ++u)
+#pragma unroll
+        for (int e = 0; e < GDN_KW; ++e) wc[u][e] = g[u] >= 0 ? convw[(long long)g[u] * GDN_KW + e] : 0.f;
+    const float negA = -expf(A_log[j]), dtb = dt_bias[j], qscale = 1.f / sqrtf((float)DK);
+    const float nwc = warp == 0 ? nw[min(col, DV - 1)] : 0.f;  // warp 0 norms
+    pdl_wait();
+    float s[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) s[r] = st_load(st + (long long)r * DV);
+#pragma unroll
+    for (int u = 0; u < CPT; ++u)
+#pragma unroll
+        for (int e = 0; e < GDN_KW - 1; ++e)
+            win[u][e] = g[u] >= 0 ? conv_state[(slot * C + g[u]) * (GDN_KW - 1) + e] : 0.f;
+    // the next token's inputs are loaded one token ahead (z: warp 0, which norms)
+    const long long zcol = (long long)j * DV + min(col, DV - 1);
+    float xn[CPT], an = 0.f, bn = 0.f, zn = 0.f;
+    if (any) {
+        an = to_f(a[(long long)t0 * lda + j]);
+        bn = to_f(bb[(long long)t0 * ldb + j]);
+        if (warp == 0) zn = to_f(z[(long long)t0 * ldz + zcol]);
+    }
+#pragma unroll
+    for (int u = 0; u < CPT; ++u) xn[u] = any && g[u] >= 0 ? to_f(qkv[(long long)t0 * ldqkv + g[u]]) : 0.f;
+    int qk_old = 0;  // thread 0: the q/k counter before this block's arrival
+    int* const cnt_qk = cnt + (long long)b * (HV + HK) + HV + hk;
+    for (int t = t0; t < t1; ++t) {
+        const int i = t - t0;
+        if (nsnap) {  // snapshot: as gdn_step (block-uniform branch)
+            const long long ss = (long long)snap[b] + i;
+            S* sp = state + ((ss * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1);
+#pragma unroll
+            for (int r = 0; r < RPW; ++r)
+                if (live) st_store(sp + (long long)r * DV, s[r]);
+#pragma unroll
+            for (int u = 0; u < CPT; ++u) {
+                const int ch = tid + NT * u;
+                if ((ch >= 2 * DK || qk_snap) && ch < NCH && g[u] >= 0)
+#pragma unroll
+                    for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(ss * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
+            }
+        }
+        float xc[CPT];
+#pragma unroll
+        for (int u = 0; u < CPT; ++u) xc[u] = xn[u];
+        const float ac = an, bc = bn, zc = zn;
+        if (t + 1 < t1) {
+#pragma unroll
+            for (int u = 0; u < CPT; ++u) xn[u] = g[u] >= 0 ? to_f(qkv[(long long)(t + 1) * ldqkv + g[u]]) : 0.f;
+            an = to_f(a[(long long)(t + 1) * lda + j]);
+            bn = to_f(bb[(long long)(t + 1) * ldb + j]);
+            if (warp == 0) zn = to_f(z[(long long)(t + 1) * ldz + zcol]);
+        }
+        gdn_stage_x<T, DK, true>(xs, xc, win, wc, g, tid);
+        float beta, decay;
+        gdn_gate(ac, bc, negA, dtb, beta, decay);
+        __syncthreads();  // (A) x of token t in shared memory
+        if (i == 0 && tid == 0) qk_old = atomicAdd(cnt_qk, 1);  // q/k windows read (consumed in x): arrive
+        const float os = gdn_token<DK>(s, xs, pkv, pout, beta, decay, qscale, lane, warp, warp == 0 && live);
+        if (t + 1 == t1) {  // the final state and v windows, issued before the exchange
+#pragma unroll
+            for (int r = 0; r < RPW; ++r)
+                if (live) st_store(st + (long long)r * DV, s[r]);
+#pragma unroll
+            for (int u = 0; u < CPT; ++u) {
+                const int ch = tid + NT * u;
+                if (ch >= 2 * DK && g[u] >= 0)
+#pragma unroll
+                    for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(slot * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
+            }
+        }
+        if (warp == 0)
+            gdn_cl_norm<T>(ox, bar, i, tile, lane, live ? to_f(from_f<T>(os)) : 0.f, zc, nwc,
+                           y + (long long)t * ldy + (long long)j * DV + col, live, DV, eps);
+    }
+    if (!any) return;  // cluster-uniform; no counter touched (every block of sequence b is empty)
+    if (tid == 0) *flag = qk_old == ratio * GDN_CL - 1;
+    __syncthreads();
+    if (*flag) {  // the last reader of QK head hk's windows: every reader has consumed them (arrived after)
 #pragma unroll
         for (int u = 0; u < CPT; ++u) {
             const int ch = tid + NT * u;

@@ -1,7 +1,8 @@
 """GDN decode step and decode-size RMSNorm on the GPU at the Qwen3.6-27B shapes (HK 16, HV 48, dk = dv 128, conv
-channels 10240, hidden 5120), against a device-to-device copy measured in the same run.
+channels 10240, hidden 5120) and the 35B-A3B's GDN heads (HK 16, HV 32), against a device-to-device copy measured in
+the same run.
 
-    python -m perf.bench_gdn_decode [--reps 10] [--json PATH]
+    python -m perf.bench_gdn_decode [--reps 10] [--models 27b,35b] [--json PATH]
 
 Each case is a CUDA graph of several launches (``graph_seconds``: per-launch time, the graph's inter-kernel gaps
 included, median of ``reps`` replays), each launch on other state slots of one pool larger than the L2 (so every
@@ -9,7 +10,9 @@ launch reads its state from device memory, as a decode step does across 48 layer
 sequences of one token, float32 and bf16 state:
 
 - ``recurrent``: ``gdn_recurrent`` alone (the delta rule on conv output);
-- ``mixer``: ``gdn_decode`` (conv + delta rule + gated RMSNorm, two launches; per-layer time of the mixer core).
+- ``mixer``: ``gdn_decode`` (conv + delta rule + gated RMSNorm in one launch; per-layer time of the mixer core),
+  ``variant="cluster"`` (gdn_step_cl, the default);
+- ``mixer-cnt``: the same with ``variant="counter"`` (the last-arrival epilogue, the kernel before gdn_step_cl).
 
 Bytes = the recurrent state read and written (``state``) plus activations and conv state (``total``); the
 fraction is of the copy ceiling (bytes read + written per second). ``rmsnorm`` (residual add, offset weight) at 1
@@ -25,21 +28,22 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.artifact.pinned import QWEN36_27B
+from ninfer.artifact.pinned import QWEN36_27B, QWEN36_35B_A3B
 
 from .bench_peers import copy_bandwidth, graph_seconds
 
 __all__ = ["bench_gdn_decode", "main"]
 
 POOL_BYTES = 512 << 20  # state pool: ~10x the H200's L2
+MODELS = {"27b": QWEN36_27B, "35b": QWEN36_35B_A3B}
 
 
-def _gdn_cases(ceiling: float, reps: int) -> list[dict[str, Any]]:
+def _gdn_cases(ceiling: float, reps: int, model: str = "27b") -> list[dict[str, Any]]:
     import cupy
 
     from ninfer.cuda.gdn import gdn_decode, gdn_recurrent
 
-    c = QWEN36_27B
+    c = MODELS[model]
     hk, hv = c.linear_num_key_heads, c.linear_num_value_heads
     dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
     ch, w = 2 * hk * dk + hv * dv, hv * dv
@@ -64,7 +68,7 @@ def _gdn_cases(ceiling: float, reps: int) -> list[dict[str, Any]]:
             slots = [cupy.arange(i * t, (i + 1) * t, dtype=np.int32) for i in range(n_slots // t)]
             state_bytes = 2 * t * slot_bytes
             act = 4 * t * (ch + 2 * hv + 2 * w)  # qkv, a, b read; o written (+ z read by the mixer)
-            for name in ("recurrent", "mixer"):
+            for name in ("recurrent", "mixer", "mixer-cnt"):
                 if name == "recurrent":
                     rule = partial(
                         gdn_recurrent, qkv, a, b, a_log, dt_bias, state, starts, n_k_heads=hk, out=out
@@ -73,10 +77,14 @@ def _gdn_cases(ceiling: float, reps: int) -> list[dict[str, Any]]:
                     extra = act
                 else:
                     core = partial(gdn_decode, qkv, conv_w, conv, a, b, a_log, dt_bias, state, starts)
-                    fns = [partial(core, s, z, norm_w, 1e-6, n_k_heads=hk, out=out) for s in slots]
+                    variant = "cluster" if name == "mixer" else "counter"
+                    fns = [
+                        partial(core, s, z, norm_w, 1e-6, n_k_heads=hk, out=out, variant=variant)
+                        for s in slots
+                    ]
                     extra = act + 4 * t * w + 2 * 4 * t * ch * 3  # + z, conv state read and written
                 sec = graph_seconds(fns, reps)
-                rows.append({"case": name, "T": t, "state": st_name, "us": sec * 1e6,
+                rows.append({"model": model, "case": name, "T": t, "state": st_name, "us": sec * 1e6,
                              "state_bytes": state_bytes, "total_bytes": state_bytes + extra,
                              "state_frac": state_bytes / sec / ceiling,
                              "total_frac": (state_bytes + extra) / sec / ceiling})  # fmt: skip
@@ -106,19 +114,19 @@ def _rmsnorm_cases(ceiling: float, reps: int) -> list[dict[str, Any]]:
     return rows
 
 
-def bench_gdn_decode(reps: int = 10) -> dict[str, Any]:
+def bench_gdn_decode(reps: int = 10, models: tuple[str, ...] = ("27b", "35b")) -> dict[str, Any]:
     """Times and bandwidth fractions of the GDN decode kernels and decode-size rmsnorm (see the module doc)."""
     ceiling = copy_bandwidth(1 << 30, reps)
     out = {
         "copy_GBps": ceiling / 1e9,
-        "gdn": _gdn_cases(ceiling, reps),
+        "gdn": [r for m in models for r in _gdn_cases(ceiling, reps, m)],
         "rmsnorm": _rmsnorm_cases(ceiling, reps),
     }
     print(f"copy ceiling (read + write): {ceiling / 1e9:.0f} GB/s")
-    print("GDN decode (27B: HV 48, dk = dv 128)   us/layer   state MB   of copy   total of copy")
+    print("GDN decode (27B: HV 48, 35B: HV 32; dk = dv 128)   us/layer   state MB   of copy   total of copy")
     for r in out["gdn"]:
-        print(f"  {r['case']:10s} T={r['T']} state={r['state']:4s} {r['us']:9.2f} {r['state_bytes'] / 1e6:10.2f}"
-              f" {r['state_frac']:9.2f} {r['total_frac']:15.2f}")  # fmt: skip
+        print(f"  {r['model']} {r['case']:10s} T={r['T']} state={r['state']:4s} {r['us']:9.2f}"
+              f" {r['state_bytes'] / 1e6:10.2f} {r['state_frac']:9.2f} {r['total_frac']:15.2f}")  # fmt: skip
     print("rmsnorm (5120, residual add, offset)   us/launch  of copy (L2-resident)")
     for r in out["rmsnorm"]:
         print(f"  T={r['T']} act={r['act']:4s} {r['us']:24.2f} {r['frac']:9.2f}")
@@ -128,9 +136,10 @@ def bench_gdn_decode(reps: int = 10) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--models", default="27b,35b", help=f"comma-separated, of {sorted(MODELS)}")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
-    out = bench_gdn_decode(args.reps)
+    out = bench_gdn_decode(args.reps, tuple(args.models.split(",")))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

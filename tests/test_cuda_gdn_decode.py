@@ -7,6 +7,9 @@ on the GPU, on fresh random inputs, outputs poisoned with NaN first (marked ``gp
 - exact prefill == decode: T tokens of each sequence in one call equal the same tokens as T decode calls, bitwise
   (float32 state; a bf16 state is rounded once per call, so there only within bf16 tolerance);
 - a sequence decoded alone == inside an 8-sequence launch, bitwise;
+- the cluster kernel (``variant="cluster"``, gdn_step_cl, the default) == the counter epilogue (``"counter"``, the
+  kernel before it) == the two launches, bitwise; decode calls captured back to back in one CUDA graph (PDL
+  launches on the same states) == the same calls eager, bitwise, for both variants;
 - ``rmsnorm`` at 1 and 8 rows of 5120 (and two register rounds, ragged widths) against the reference, a row alone
   == inside a batch, the 16-byte and the scalar instances bitwise equal.
 The host emulation tests (test_gdn_step_host.py, test_norm_host.py) check the same kernels on the CPU.
@@ -83,7 +86,15 @@ def _problem(rng: np.random.Generator, case: tuple, tb: bool, sb: bool) -> dict[
 
 
 def _decode(
-    cp: Any, p: dict, hk: int, tb: bool, sb: bool, rows: Any = None, seqs: Any = None, fused: bool = True
+    cp: Any,
+    p: dict,
+    hk: int,
+    tb: bool,
+    sb: bool,
+    rows: Any = None,
+    seqs: Any = None,
+    fused: bool = True,
+    variant: str = "cluster",
 ) -> dict[str, Any]:
     """One ``gdn_decode`` call on the device states ``p['dev']`` (fresh copies of the host states on first use):
     every row of every sequence, or one row (``rows[i]``) for each sequence ``seqs[i]``. Returns the arrays."""
@@ -99,7 +110,7 @@ def _decode(
     gdn_decode(_dev(cp, p["qkv"][rows], tb), cp.asarray(p["convw"]), d["conv"], _dev(cp, p["a"][rows], tb),
                _dev(cp, p["b"][rows], tb), cp.asarray(p["alog"]), cp.asarray(p["dtb"]), d["state"], starts,
                cp.asarray(p["slots"][seqs]), _dev(cp, p["z"][rows], tb), cp.asarray(p["normw"]), EPS,
-               n_k_heads=hk, out=out, fused=fused)  # fmt: skip
+               n_k_heads=hk, out=out, fused=fused, variant=variant)  # fmt: skip
     return {"y": out, **d}
 
 
@@ -157,12 +168,14 @@ def test_gdn_decode(cp: Any, t: str, st: str, case: tuple) -> None:
     np.testing.assert_array_equal(cp.asnumpy(r["y"]), cp.asnumpy(on).reshape(n, hv * dv), "fused vs unfused")
     np.testing.assert_array_equal(cp.asnumpy(r["state"]), cp.asnumpy(state), "fused vs unfused: state")
     np.testing.assert_array_equal(cp.asnumpy(r["conv"]), cp.asnumpy(conv), "fused vs unfused: conv state")
-    # the epilogue in gdn_step (one launch, the default) == gdn_step + gdn_step_post, bitwise
-    two = _decode(cp, {k: v for k, v in p.items() if k != "dev"}, hk, tb, sb, fused=False)
-    for name in ("y", "state", "conv"):
-        np.testing.assert_array_equal(
-            cp.asnumpy(r[name]), cp.asnumpy(two[name]), f"one launch vs two: {name}"
-        )
+    # the cluster kernel (the default) == the counter epilogue == gdn_step + gdn_step_post, bitwise
+    fresh = {k: v for k, v in p.items() if k != "dev"}
+    for other in (
+        _decode(cp, dict(fresh), hk, tb, sb, fused=False),
+        _decode(cp, dict(fresh), hk, tb, sb, variant="counter"),
+    ):
+        for name in ("y", "state", "conv"):
+            np.testing.assert_array_equal(cp.asnumpy(r[name]), cp.asnumpy(other[name]), f"variants: {name}")
 
 
 @pytest.mark.parametrize("t", ["float", "bf16"])
@@ -204,6 +217,63 @@ def test_gdn_decode_batch_invariant(cp: Any, st: str) -> None:
         y = _decode(cp, alone, 16, False, sb, [s], [s])["y"]
         np.testing.assert_array_equal(cp.asnumpy(y)[0], cp.asnumpy(batch["y"])[s], f"sequence {s}")
     np.testing.assert_array_equal(cp.asnumpy(alone["dev"]["state"]), cp.asnumpy(batch["state"]))
+
+
+@pytest.mark.parametrize("variant", ["cluster", "counter"])
+@pytest.mark.parametrize(
+    "case", [(16, 48, 128, 128, [3] * 8), (2, 6, 64, 96, [3, 2, 3])], ids=["27b", "small"]
+)
+def test_gdn_decode_graph(cp: Any, variant: str, case: tuple) -> None:
+    """Decode calls (call i: the i-th token of every sequence) captured back to back in one CUDA graph, so each is a
+    PDL launch that may start while the one before it (on the same states) still runs, after copy kernels that
+    write their inputs: outputs and states bitwise those of the same calls eager."""
+    from ninfer.cuda.gdn import gdn_decode
+
+    hk, _, _, _, lens = case
+    p = _problem(np.random.default_rng(11), case, False, False)
+    steps = max(lens)
+    calls = []  # per call: (rows, sequences)
+    for i in range(steps):
+        seqs = [s for s in range(len(lens)) if i < lens[s]]
+        calls.append(([p["starts"][s] + i for s in seqs], seqs))
+    eager = dict(p)
+    want = [cp.asnumpy(_decode(cp, eager, hk, False, False, r, q, variant=variant)["y"]) for r, q in calls]
+    consts = (cp.asarray(p["convw"]), cp.asarray(p["alog"]), cp.asarray(p["dtb"]), cp.asarray(p["normw"]))
+    host = [{n: p[n][r] for n in ("qkv", "a", "b", "z")} for r, _ in calls]
+    src = [{n: cp.asarray(v) for n, v in h.items()} for h in host]
+    dst = [{n: cp.empty_like(v) for n, v in h.items()} for h in src]
+    meta = [(cp.arange(len(r) + 1, dtype=np.int32), cp.asarray(p["slots"][q])) for r, q in calls]
+    outs = [cp.full((len(r), p["z"].shape[1]), np.nan, F32) for r, _ in calls]
+
+    def run(state: Any, conv: Any) -> None:
+        for i in range(steps):
+            for n in dst[i]:
+                dst[i][n][...] = src[i][
+                    n
+                ]  # a copy kernel writes the inputs (not PDL: the chain starts after)
+        for i, d in enumerate(dst):
+            gdn_decode(d["qkv"], consts[0], conv, d["a"], d["b"], consts[1], consts[2], state, *meta[i], d["z"],
+                       consts[3], EPS, n_k_heads=hk, out=outs[i], variant=variant)  # fmt: skip
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()
+    with stream:
+        run(cp.asarray(p["state"]), cp.asarray(p["conv"]))  # warm-up: counters of this stream, compiles
+        state, conv = cp.asarray(p["state"]), cp.asarray(p["conv"])
+        for o in outs:
+            o.fill(np.nan)
+        stream.synchronize()
+        stream.begin_capture()
+        run(state, conv)
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+    for i, o in enumerate(outs):
+        np.testing.assert_array_equal(cp.asnumpy(o), want[i], f"graph vs eager: call {i}")
+    np.testing.assert_array_equal(
+        cp.asnumpy(state), cp.asnumpy(eager["dev"]["state"]), "graph vs eager: state"
+    )
+    np.testing.assert_array_equal(cp.asnumpy(conv), cp.asnumpy(eager["dev"]["conv"]), "graph vs eager: conv")
 
 
 def _rms(cp: Any, xd: Any, w: np.ndarray, res: np.ndarray, tb: bool, offset: bool, fused: bool) -> tuple:

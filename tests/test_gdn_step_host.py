@@ -9,13 +9,19 @@ empty segments and three invariants:
 - the fused path (``gdn_decode``'s two launches) matches the NumPy reference (conv, l2norm, gates, recurrence,
   gated RMSNorm) and leaves the reference's recurrent and conv states;
 - it equals the unfused path (conv -> ``gdn_step<CONV=false>`` -> gated norm) bitwise, states included;
-- a multi-token segment (exact prefill) equals the same tokens fed as decode calls bitwise (float32 state).
+- a multi-token segment (exact prefill) equals the same tokens fed as decode calls bitwise (float32 state);
+- gdn_decode's cluster kernel (gdn_step_cl: the column tiles of a value head as one cluster, run concurrently with
+  their own NaN-filled shared memory, exchanging o through emulated distributed shared memory and mbarriers)
+  equals the launches above bitwise, with and without snapshots, decode calls and multi-token segments;
+- every kernel of this file equals the kernel text of BASE (before gdn_step_cl and the shared per-token functions)
+  bitwise, run through the same driver (skipped where git or that commit is not available).
 
-The GPU tests in test_cuda_ops.py check the same kernels on the device.
+The GPU tests in test_cuda_ops.py and test_cuda_gdn_decode.py check the same kernels on the device.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -30,10 +36,45 @@ F32 = np.float32
 EPS = 1e-6
 
 
+BASE = "bd39706"  # main before gdn_step_cl: gdn_step.cu's kernels as they were (the bitwise reference)
+REPO = Path(__file__).resolve().parents[1]
+
+
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_emulator(
         tmp_path_factory, "gdn_step_emu", ["gdn_emu.cpp", "gdn_step.cu", "emu_io.cpp", "gdn_step_driver.cpp"]
+    )
+
+
+def _base_source(name: str, seen: set[str]) -> str:
+    """cuda_src/``name`` at BASE with its local includes inlined once (as loader.source_text does)."""
+    proc = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{BASE}:cuda_src/{name}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"git show {BASE}:cuda_src/{name} failed: {proc.stderr.strip()[:200]}")
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(1) in seen:
+            return ""
+        seen.add(m.group(1))
+        return _base_source(m.group(1), seen)
+
+    return re.sub(r'#include "([^"]+)"', sub, proc.stdout).replace("#pragma once", "")
+
+
+@pytest.fixture(scope="module")
+def emu_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same driver over BASE's gdn_step.cu (no gdn_step_cl: EMU_NO_CL)."""
+    text = _base_source("gdn_step.cu", set())
+    return build_emulator(
+        tmp_path_factory,
+        "gdn_step_base_emu",
+        ["gdn_emu.cpp", text, "emu_io.cpp", "#define EMU_NO_CL 1", "gdn_step_driver.cpp"],
     )
 
 
@@ -43,6 +84,8 @@ CASES = (  # hk, hv, dk, dv, lens, bf16 activations, bf16 state
     (2, 4, 64, 64, [2, 4], True, True),
     (1, 2, 128, 32, [1, 1, 6], True, False),  # the 27B's head dim: 8 warps
     (2, 2, 16, 16, [7], False, False),  # the tiny test model's heads: half a column tile
+    (1, 2, 32, 128, [3, 1], True, False),  # every tile of a cluster live (the 27B's value head width)
+    (2, 2, 16, 96, [2, 0, 5], False, True),  # three live tiles and a dead one
 )
 
 
@@ -122,11 +165,12 @@ def _reference(case: tuple, inp: dict, s: int) -> tuple[np.ndarray, np.ndarray, 
 def test_gdn_step_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
     _, _, _, _, lens, tb, sb = case
     runs = {}
-    for mode in (0, 1, 2, 10, 12):
+    for mode in (0, 1, 2, 10, 12, 20, 22):
         d = tmp_path / str(mode)
         d.mkdir()
         runs[mode] = _run(emu, d, case, mode)
-    for one, two in ((10, 0), (12, 2)):  # gdn_decode's single launch == the two launches, bitwise
+    # gdn_decode's single launch (counters: 10, 12; cluster: 20, 22) == the two launches, bitwise
+    for one, two in ((10, 0), (12, 2), (20, 0), (22, 2)):
         for got, ref, what in zip(
             runs[one][:3], runs[two][:3], ("output", "state", "conv state"), strict=True
         ):
@@ -171,12 +215,13 @@ def test_gdn_step_snapshots_emulated(emu: Path, tmp_path: Path, case: tuple) -> 
     lens = case[4]
     extra = sum(lens)
     runs = {}
-    for mode in (0, 3, 13):
+    for mode in (0, 3, 13, 23):
         d = tmp_path / f"m{mode}"
         d.mkdir()
         runs[mode] = _run(emu, d, case, mode, extra)
-    for got, ref, what in zip(runs[13][:3], runs[3][:3], ("output", "state", "conv state"), strict=True):
-        np.testing.assert_array_equal(got, ref, err_msg=f"snapshots, one launch vs two: {what}")
+    for one in (13, 23):  # the counter and the cluster single launch
+        for got, ref, what in zip(runs[one][:3], runs[3][:3], ("output", "state", "conv state"), strict=True):
+            np.testing.assert_array_equal(got, ref, err_msg=f"snapshots, mode {one} vs two launches: {what}")
     inp = runs[3][3]
     base = len(lens) + 1
     for got, ref, what in zip(runs[3][:3], runs[0][:3], ("output", "state", "conv state"), strict=True):
@@ -192,3 +237,30 @@ def test_gdn_step_snapshots_emulated(emu: Path, tmp_path: Path, case: tuple) -> 
                 slot, at = inp["slots"][s], inp["snap"][s] + i
                 np.testing.assert_array_equal(runs[3][1][at], st[slot], err_msg=f"seq {s} token {i}: state")
                 np.testing.assert_array_equal(runs[3][2][at], cv[slot], err_msg=f"seq {s} token {i}: conv")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"hk{c[0]}hv{c[1]}dk{c[2]}dv{c[3]}T{sum(c[4])}")
+def test_gdn_step_equals_base_emulated(emu: Path, emu_base: Path, tmp_path: Path, case: tuple) -> None:
+    """Every gdn_step.cu path of this tree == BASE's kernels bitwise on the same inputs: the unfused recurrence
+    (gdn_step<CONV = false>), both epilogue forms and the cluster kernel against BASE's single launch, decode calls
+    and snapshots included."""
+    extra = sum(case[4])
+    pairs = (
+        (1, 1),
+        (0, 0),
+        (10, 10),
+        (20, 10),
+        (22, 12),
+        (13, 13),
+        (23, 13),
+    )  # (this tree's mode, BASE's mode)
+    for new, old in pairs:
+        got = _run(emu, _mkdir(tmp_path / f"new{new}"), case, new, extra)
+        ref = _run(emu_base, _mkdir(tmp_path / f"base{new}"), case, old, extra)
+        for g, r, what in zip(got[:3], ref[:3], ("output", "state", "conv state"), strict=True):
+            np.testing.assert_array_equal(g, r, err_msg=f"mode {new} vs BASE mode {old}: {what}")
+
+
+def _mkdir(d: Path) -> Path:
+    d.mkdir()
+    return d

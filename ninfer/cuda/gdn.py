@@ -3,9 +3,10 @@ recurrence with fused l2norm and gates, over packed sequences (``starts[b]..star
 ``slots[b]``).
 
 ``gdn_recurrent`` is the exact token-by-token recurrence; ``gdn_decode`` is the same recurrence fused with the
-causal conv and the gated RMSNorm (one launch instead of three: the last arriving blocks run the epilogue; bitwise
-equal to ``causal_conv`` -> ``gdn_recurrent`` -> ``gated_rmsnorm``): the model's decode and exact-prefill path,
-where a token's result must not depend on chunking. ``gdn_chunked`` is the chunked form (chunks of 64 tokens per
+causal conv and the gated RMSNorm (one launch instead of three: a cluster of a value head's column tiles exchanges
+o through distributed shared memory, or the last arriving blocks run the epilogue; bitwise equal to
+``causal_conv`` -> ``gdn_recurrent`` -> ``gated_rmsnorm``): the model's decode and exact-prefill path, where a
+token's result must not depend on chunking. ``gdn_chunked`` is the chunked form (chunks of 64 tokens per
 sequence), equal to the recurrence within fp32 noise and much faster on long prompts: two passes (cuda_src/
 gdn_chunk.cu), the chunk-parallel intra-chunk work into a float32 scratch, then a short sequential state pass."""
 
@@ -25,6 +26,8 @@ __all__ = [
     "gdn_recurrent",
     "gdn_decode",
     "step_smem_bytes",
+    "step_cl_smem_bytes",
+    "DECODE_VARIANTS",
     "gdn_chunked",
     "chunk_slice",
     "chunk_smem_bytes",
@@ -106,13 +109,19 @@ def chunk_instances(variant: str) -> tuple[str, ...]:
 
 
 STEP_COLS = 32  # value columns per block of gdn_step (GdnStep::CT)
+STEP_CLUSTER = 4  # column tiles per cluster of gdn_step_cl (GDN_CL): value heads of up to 128 columns
+# gdn_decode's single launch: "cluster" gdn_step_cl (the gated norm through distributed shared memory, the default
+# where dv <= STEP_CLUSTER * STEP_COLS), "counter" gdn_step<., ., ., true> with its epilogue by the last arriving
+# column tile (the kernel before; kept to time both in one run and as the fallback for wider heads). The same bits.
+DECODE_VARIANTS = ("cluster", "counter")
 SOURCES: dict[str, tuple[str, ...]] = {
     "gdn.cu": tuple(f"causal_conv<{t}, 4>" for t in _T),
     "gdn_chunk.cu": chunk_instances(DEFAULT_VARIANT),
     "gdn_step.cu": tuple(
         f"gdn_step<{t}, {s}, {d}, {c}>" for t in _T for s in _S for d in HEAD_DIMS for c in ("false", "true")
     )
-    + tuple(f"gdn_step_post<{t}>" for t in _T),
+    + tuple(f"gdn_step_post<{t}>" for t in _T)
+    + tuple(f"gdn_step_cl<{t}, {s}, {d}>" for t in _T for s in _S for d in HEAD_DIMS),
 }
 # the one-pass kernel gdn_chunked in gdn.cu (one block per sequence slice walks all chunks): a benchmark variant
 # only (gdn_chunked(variant="serial")), compiled on first use, not at warm-up
@@ -198,6 +207,12 @@ def step_smem_bytes(dk: int) -> int:
     return 4 * (2 * dk + STEP_COLS + 2 * (dk // 16) * STEP_COLS)
 
 
+def step_cl_smem_bytes(dk: int) -> int:
+    """Dynamic shared memory of ``gdn_step_cl<., ., dk>``: mirrors ``GdnStepCl::FLOATS`` in gdn_step.cu (two
+    mbarriers and a flag, the o exchange of two tokens, then gdn_step's layout; the kernel traps when it gets less)."""
+    return 4 * (8 + 2 * STEP_CLUSTER * STEP_COLS) + step_smem_bytes(dk)
+
+
 # gdn_step's epilogue arguments when it has none (cnt, z, nw, y: null pointers; ldz, ldy, eps)
 _NO_POST = (np.uint64(0), np.uint64(0), np.uint64(0), np.uint64(0), np.int64(0), np.int64(0), np.float32(0))
 
@@ -209,6 +224,14 @@ def _step(k: dict[str, Any], conv: bool, args: tuple[Any, ...]) -> None:
     fn = kernel("gdn_step.cu", SOURCES["gdn_step.cu"], name)
     grid = (k["nseq"], k["hv"], -(-k["dv"] // STEP_COLS))
     launch(fn, grid, (2 * k["dk"],), args, step_smem_bytes(k["dk"]))  # gdn_step.cu waits (pdl_wait) first
+
+
+def _step_cl(k: dict[str, Any], args: tuple[Any, ...]) -> None:
+    """Launch ``gdn_step_cl``: clusters of the STEP_CLUSTER column tiles of one (sequence, value head), the grid's z
+    exactly STEP_CLUSTER (the kernel's compile-time cluster dims)."""
+    name = f"gdn_step_cl<{k['t']}, {k['st']}, {k['dk']}>"
+    fn = kernel("gdn_step.cu", SOURCES["gdn_step.cu"], name)
+    launch(fn, (k["nseq"], k["hv"], STEP_CLUSTER), (2 * k["dk"],), args, step_cl_smem_bytes(k["dk"]))
 
 
 def gdn_recurrent(
@@ -253,6 +276,7 @@ def gdn_decode(
     out: Any = None,
     snap: Any = None,
     fused: bool = True,
+    variant: str = "cluster",
 ) -> Any:
     """The GDN mixer core in one launch (``fused=False``: two, the epilogue in ``gdn_step_post``; the same bits):
     the causal conv of the raw ``in_proj_qkv`` rows ``qkv`` (taps ``conv_w[C, 4]``, carried raw inputs ``conv_state[S, C, 3]`` float32), the exact delta rule (arguments as
@@ -266,7 +290,12 @@ def gdn_decode(
     ``snap[nseq]`` int32 (speculative verify): before each token ``t`` of sequence ``b`` the recurrent and conv
     states are also stored into state slot ``snap[b] + (t - starts[b])`` (slots of the same ``state`` and
     ``conv_state`` arrays, distinct from every ``slots`` entry), i.e. the state after the tokens before ``t``. Stores
-    only: outputs and the final states are the same bits as without ``snap``."""
+    only: outputs and the final states are the same bits as without ``snap``.
+
+    ``variant`` (``DECODE_VARIANTS``, one launch): ``"cluster"`` (``gdn_step_cl``; heads wider than 128 columns
+    fall back to ``"counter"``) or ``"counter"`` (``gdn_step``'s last-arrival epilogue): the same bits. The cluster
+    kernel reads ``starts``, ``slots``, ``snap`` and the weights before it waits for the kernel ahead (PDL): no
+    kernel of the same captured launch chain may write them (the decode graphs upload them by copy)."""
     rows, c, ldx = check_rows(qkv, "qkv")
     check_array(conv_w, "conv_w", dtype=np.float32, shape=(c, 4))
     check_array(conv_state, "conv_state", dtype=np.float32, shape=(None, c, 3))
@@ -280,14 +309,20 @@ def gdn_decode(
         raise KernelError(f"starts: {k['nseq']} sequences in one call, at most 65534")
     if snap is not None:
         check_array(snap, "snap", dtype=np.int32, shape=(k["nseq"],))
+    if variant not in DECODE_VARIANTS:
+        raise KernelError(f"variant: one of {DECODE_VARIANTS}, got {variant!r}")
     if not k["nseq"]:
         return out
     sn = (slots, np.int32(0)) if snap is None else (snap, np.int32(1))
     qkc, ldo = 2 * n_k_heads * k["dk"], scalars[-1]
     head = (qkv, conv_w, conv_state, a, b, a_log, dt_bias, state, out, starts, slots, *scalars, *sn)
-    if fused:  # the epilogue by the last arriving blocks (counters per sequence and value / QK head)
+    if fused:  # counters per sequence and value / QK head (the cluster kernel uses the QK heads' only)
         cnt = arrival_counters(k["nseq"] * (hv + n_k_heads))
-        _step(k, True, (*head, cnt, z, norm_w, out, np.int64(ldz), ldo, np.float32(eps)))
+        tail = (cnt, z, norm_w, out, np.int64(ldz), ldo, np.float32(eps))
+        if variant == "cluster" and dv <= STEP_CLUSTER * STEP_COLS:
+            _step_cl(k, (*head, *tail))
+        else:
+            _step(k, True, (*head, *tail))
         return out
     _step(k, True, (*head, *_NO_POST))
     post = kernel("gdn_step.cu", SOURCES["gdn_step.cu"], f"gdn_step_post<{k['t']}>")

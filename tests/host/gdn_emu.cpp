@@ -2,8 +2,12 @@
 // kernel text is compiled by g++ after this prelude, which maps the CUDA built-ins it uses onto std::thread: one
 // thread per CUDA thread, __syncthreads a block barrier, __shfl_xor_sync an exchange between per-warp barriers,
 // dynamic shared memory one global array (a test may redefine __shared__ as `static` for kernels with static
-// shared arrays: one copy per kernel instance, shared by its threads). Blocks run one after another. The test
-// appends the kernel source and the driver below it.
+// shared arrays: one copy per kernel instance, shared by its threads). emu_launch runs blocks one after another;
+// emu_launch_cluster runs the blocks of one thread-block cluster concurrently, each with its own NaN-filled shared
+// memory (cluster_smem()), with the cluster barrier, distributed shared memory (emu_peer: the same offset in
+// another block's shared memory) and mbarriers (emu_mbar_*: expected count, pending count and phase in the 64-bit
+// word, as the hardware keeps them in shared memory) of cluster.cuh. The test appends the kernel source and the
+// driver below it.
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -24,6 +28,7 @@ using std::min;
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 #define __shared__
 #define __align__(n) alignas(n)
 #define __trap() std::abort()
@@ -38,19 +43,62 @@ thread_local emu_dim3 threadIdx, blockIdx;
 emu_dim3 blockDim, gridDim;
 constexpr int EMU_SMEM_FLOATS = 227 * 1024 / 4;  // the H200's per-block limit
 alignas(16) float smem[EMU_SMEM_FLOATS];
-std::unique_ptr<std::barrier<>> emu_block_bar, emu_warp_bar[32];
-float emu_xchg[1024];
 
-inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }
+// one running block: its barriers, the warp exchange and its shared memory (the global smem for emu_launch)
+struct EmuBlock {
+    std::unique_ptr<std::barrier<>> bar, warp[32];
+    float xchg[1024];
+    std::vector<float> own;
+    float* smem = nullptr;
+    void start(unsigned threads, float* mem) {
+        bar = std::make_unique<std::barrier<>>(threads);
+        for (unsigned w = 0; w < threads / 32; ++w) warp[w] = std::make_unique<std::barrier<>>(32);
+        smem = mem;
+    }
+};
+struct EmuCluster {
+    std::vector<EmuBlock>* blocks;
+    std::unique_ptr<std::barrier<>> bar;
+};
+thread_local EmuBlock* emu_blk;
+thread_local EmuCluster* emu_cl;
+
+inline void __syncthreads() { emu_blk->bar->arrive_and_wait(); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 inline float __shfl_xor_sync(unsigned, float v, int off) {
     const int t = threadIdx.x, w = t >> 5, l = t & 31;
-    emu_xchg[t] = v;
-    emu_warp_bar[w]->arrive_and_wait();
-    const float r = emu_xchg[(w << 5) | (l ^ off)];
-    emu_warp_bar[w]->arrive_and_wait();
+    emu_blk->xchg[t] = v;
+    emu_blk->warp[w]->arrive_and_wait();
+    const float r = emu_blk->xchg[(w << 5) | (l ^ off)];
+    emu_blk->warp[w]->arrive_and_wait();
     return r;
+}
+
+// cluster.cuh's primitives
+inline float* emu_block_smem() { return emu_blk->smem; }
+template <typename P> P* emu_peer(P* p, unsigned rank) {
+    const std::ptrdiff_t off = reinterpret_cast<char*>(p) - reinterpret_cast<char*>(emu_blk->smem);
+    if (off < 0 || (size_t)off >= emu_blk->own.size() * sizeof(float) || rank >= emu_cl->blocks->size()) std::abort();
+    return reinterpret_cast<P*>(reinterpret_cast<char*>((*emu_cl->blocks)[rank].smem) + off);
+}
+inline void emu_cluster_sync() { emu_cl->bar->arrive_and_wait(); }
+constexpr unsigned long long EMU_MB_CNT = (1ull << 21) - 1, EMU_MB_PHASE = 1ull << 63;
+inline void emu_mbar_init(unsigned long long* bar, unsigned count) {
+    std::atomic_ref<unsigned long long>(*bar).store(((unsigned long long)count << 21) | count);
+}
+inline void emu_mbar_arrive(unsigned long long* bar) {  // release: the arriving thread's earlier stores
+    std::atomic_ref<unsigned long long> w(*bar);
+    unsigned long long v = w.load(std::memory_order_relaxed), n;
+    do {
+        const unsigned long long pending = v & EMU_MB_CNT, expected = (v >> 21) & EMU_MB_CNT;
+        if (pending == 0) std::abort();  // more arrivals than the phase expects
+        n = pending > 1 ? v - 1 : ((v ^ EMU_MB_PHASE) & ~EMU_MB_CNT) | expected;
+    } while (!w.compare_exchange_weak(v, n, std::memory_order_acq_rel, std::memory_order_relaxed));
+}
+inline void emu_mbar_wait(unsigned long long* bar, unsigned parity) {  // acquire: the arrivals' stores
+    std::atomic_ref<unsigned long long> w(*bar);
+    while (((w.load(std::memory_order_acquire) >> 63) & 1) == parity) std::this_thread::yield();
 }
 struct alignas(8) float2 {
     float x, y;
@@ -93,7 +141,7 @@ inline void emu_mma_tf32(float (&d)[4], float a0, float a1, float a2, float a3, 
     float* a = emu_tf_a[p][w][l];
     a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3;
     emu_tf_b[p][w][l][0] = b0, emu_tf_b[p][w][l][1] = b1;
-    emu_warp_bar[w]->arrive_and_wait();
+    emu_blk->warp[w]->arrive_and_wait();
     const int g = l >> 2, t = l & 3;
     for (int e = 0; e < 4; ++e) {
         const int r = g + (e >> 1) * 8, c = 2 * t + (e & 1);  // C element e: row r, column c
@@ -116,15 +164,46 @@ template <typename F> void emu_launch(emu_dim3 grid, unsigned threads, unsigned 
         for (unsigned y = 0; y < grid.y; ++y)
             for (unsigned x = 0; x < grid.x; ++x) {
                 std::fill(smem, smem + EMU_SMEM_FLOATS, __uint_as_float(0x7fc00000u));  // NaN: catches reads of unwritten smem
-                emu_block_bar = std::make_unique<std::barrier<>>(threads);
-                for (unsigned w = 0; w < threads / 32; ++w) emu_warp_bar[w] = std::make_unique<std::barrier<>>(32);
+                EmuBlock blk;
+                blk.start(threads, smem);
                 std::vector<std::thread> pool;
                 for (unsigned t = 0; t < threads; ++t)
-                    pool.emplace_back([=] {
+                    pool.emplace_back([=, &blk] {
                         threadIdx = {t, 0, 0};
                         blockIdx = {x, y, z};
+                        emu_blk = &blk;
                         fn();
                     });
+                for (auto& th : pool) th.join();
+            }
+}
+
+// Runs fn() as every thread of every block, clusters of cz blocks along z (rank = blockIdx.z % cz) one after
+// another, the blocks of a cluster concurrently, each with its own NaN-filled shared memory of smem_bytes.
+template <typename F> void emu_launch_cluster(emu_dim3 grid, unsigned cz, unsigned threads, unsigned smem_bytes, F fn) {
+    if (grid.z % cz || smem_bytes > sizeof(smem)) std::abort();
+    gridDim = grid;
+    blockDim = {threads, 1, 1};
+    emu_dyn_smem = smem_bytes;
+    for (unsigned zc = 0; zc < grid.z / cz; ++zc)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                std::vector<EmuBlock> blocks(cz);
+                EmuCluster cl{&blocks, std::make_unique<std::barrier<>>(cz * threads)};
+                for (auto& blk : blocks) {
+                    blk.own.assign((smem_bytes + 3) / 4, __uint_as_float(0x7fc00000u));
+                    blk.start(threads, blk.own.data());
+                }
+                std::vector<std::thread> pool;
+                for (unsigned r = 0; r < cz; ++r)
+                    for (unsigned t = 0; t < threads; ++t)
+                        pool.emplace_back([=, &blocks, &cl] {
+                            threadIdx = {t, 0, 0};
+                            blockIdx = {x, y, zc * cz + r};
+                            emu_blk = &blocks[r];
+                            emu_cl = &cl;
+                            fn();
+                        });
                 for (auto& th : pool) th.join();
             }
 }

@@ -8,14 +8,17 @@
 //   mode 3 (snapshots): mode 0 with snapshots into the slots of dir/snap.bin (one int32 per sequence)
 //   mode 10 + m (m = 0, 2, 3): mode m with gdn_decode's single launch (the epilogue in gdn_step, counters that
 //                     must be zero again afterwards) instead of gdn_step + gdn_step_post
+//   mode 20 + m (m = 0, 2, 3): mode m with gdn_decode's cluster kernel (gdn_step_cl, its clusters run with
+//                     emu_launch_cluster; the q/k counters must be zero again afterwards)
 // Reads dir/{qkv,convw,conv,a,b,alog,dtb,state,starts,slots,z,normw}.bin, writes dir/{y,state_out,conv_out}.bin.
+// EMU_NO_CL (defined by the test before this file): the kernel text has no gdn_step_cl (an older gdn_step.cu).
 struct StepShape {
     int HK, HV, DV;
     long long C, W;  // conv channels = qkv row width, value width HV*DV
     float eps;
 };
 
-bool emu_one_launch = false;  // modes 10+
+int emu_variant = 0;  // 0: gdn_step + gdn_step_post, 1: one gdn_step launch (modes 10+), 2: gdn_step_cl (20+)
 
 // gdn_decode's launches over packed rows (row stride = width, as contiguous cupy arrays): one (the epilogue in
 // gdn_step) with emu_one_launch, else gdn_step and gdn_step_post.
@@ -27,7 +30,20 @@ void emu_fused(const StepShape& sh, int rows, const std::vector<int>& starts, co
     const int nseq = (int)slots.size(), qkc = 2 * sh.HK * DK, nsnap = snap != nullptr;
     if (!snap) snap = slots.data();
     const emu_dim3 grid{(unsigned)nseq, (unsigned)sh.HV, (unsigned)((sh.DV + G::CT - 1) / G::CT)};
-    if (emu_one_launch) {
+#ifndef EMU_NO_CL
+    if (emu_variant == 2) {
+        std::vector<int> cnt((size_t)nseq * (sh.HV + sh.HK), 0);
+        emu_launch_cluster({grid.x, grid.y, (unsigned)GDN_CL}, GDN_CL, G::NT, GdnStepCl<DK>::FLOATS * 4, [&] {
+            gdn_step_cl<T, S, DK>(qkv, convw, conv, a, b, alog, dtb, state, y, starts.data(), slots.data(), sh.HK,
+                                  sh.HV, sh.DV, sh.C, sh.HV, sh.HV, sh.W, snap, nsnap, cnt.data(), z, normw, y, sh.W,
+                                  sh.W, sh.eps);
+        });
+        for (int c : cnt)
+            if (c) std::abort();  // the last readers reset every q/k counter (the o counters are never used)
+        return;
+    }
+#endif
+    if (emu_variant == 1) {
         std::vector<int> cnt((size_t)nseq * (sh.HV + sh.HK), 0);
         emu_launch(grid, G::NT, G::FLOATS * 4, [&] {
             gdn_step<T, S, DK, true>(qkv, convw, conv, a, b, alog, dtb, state, y, starts.data(), slots.data(), sh.HK,
@@ -133,7 +149,7 @@ void emu_run(const std::string& dir, int T_, const StepShape& sh, int nseq, int 
 template <typename T, typename S> void emu_dispatch(char** v) {
     const int T_ = atoi(v[2]), HK = atoi(v[3]), HV = atoi(v[4]), DK = atoi(v[5]), DV = atoi(v[6]);
     const int nseq = atoi(v[7]), nslots = atoi(v[8]), mode = atoi(v[11]) % 10;
-    emu_one_launch = atoi(v[11]) >= 10;
+    emu_variant = atoi(v[11]) / 10;
     const StepShape sh{HK, HV, DV, 2LL * HK * DK + (long long)HV * DV, (long long)HV * DV, (float)atof(v[12])};
 #define EMU_CASE(dk) \
     if (DK == dk) return emu_run<T, S, dk>(v[1], T_, sh, nseq, nslots, mode);
