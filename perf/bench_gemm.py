@@ -17,8 +17,8 @@ so a format's pair time minus BF16's is its dequantization pass; ``f16``: fp32 a
 (``inputs="fp16"``: each row rounded to fp16 under a power-of-two scale, one MMA per product; FP8 / NVFP4 only,
 ceiling = cuBLAS) with the weights dequantized once into the fp16 scratch; ``f16il``: the same with the weights
 converted in the main loop (``impl="wgmma"``; bitwise the ``f16`` result, off the default path: slower); ``f16ws``:
-``f16`` with the warp-specialized TMA main loop (``variant="ws"``, cuda_src/gemm_sm90_ws.cu; bitwise the ``f16``
-result). FLOP/s counts 2·M·N·K; float32 activations run two MMAs per k-step (exact hi/lo split), so their ceiling
+``f16`` with the warp-specialized TMA main loop, unsplit (``variant="ws1"``, cuda_src/gemm_sm90_ws.cu; bitwise the
+``f16`` result; its split-K: ``--splitk``). FLOP/s counts 2·M·N·K; float32 activations run two MMAs per k-step (exact hi/lo split), so their ceiling
 is half of cuBLAS's: the ``vs ceiling`` column is the fraction of cuBLAS for bf16 and the fp16 mode, and of half
 of cuBLAS for the exact float32 paths; ``vs`` (JSON ``vs_fp32``) is the speedup of pair, f16 and f16il over the
 in-loop kernel, and of f16ws over f16. CUDA-event timing, median of repeats after a warm-up (about 60 s warm on an
@@ -91,7 +91,7 @@ def _paths(fmt: str, impl: str) -> tuple[tuple[str, str, str, str, str], ...]:
     if f16_foldable(fmt):  # fp32 activations rounded to fp16 per row: one MMA per product
         paths.append(("f16", "fp32", "pair", "fp16", "cp"))  # weights dequantized once into the fp16 scratch
         # weights converted in the main loop; the scratch kernel's TMA / warp-specialized loop (the default from 384 rows)
-        paths += [("f16il", "fp32", "wgmma", "fp16", "cp"), ("f16ws", "fp32", "pair", "fp16", "ws")]
+        paths += [("f16il", "fp32", "wgmma", "fp16", "cp"), ("f16ws", "fp32", "pair", "fp16", "ws1")]
     return tuple(paths)
 
 
