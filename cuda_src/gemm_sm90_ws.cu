@@ -6,16 +6,19 @@
 //   - warpgroup 0 is the producer: setmaxnreg.dec to 40 registers, one thread issues every TMA, the rest exit;
 //   - warpgroups 1 and 2 consume: setmaxnreg.inc to 232, each owns 64 rows x 256 columns (128 fp32 accumulators),
 //     per K tile four m64n256k16 f16 wgmmas (k16 steps 0..3) on the slot's descriptors;
-//   - persistent: grid = min(tiles, SMs), CTA c walks tiles c, c + G, ... (gs_raster order), so the producer fills
-//     the next tile's slots while the consumers run the epilogue of the current one.
-// Bitwise contract with gemm90_f16: the same operand values (TMA's zero fill out of bounds = the cp.async zero fill
-// at rows >= M, N and k >= K), the same instruction (m64n256k16.f32.f16.f16, scale-d 1 on zeroed accumulators), the
-// same k16 order over K into one accumulator per output, and the same epilogue expression. Which CTA computes a
-// tile, the grid size and the ring depth change no value. tests/test_cuda_gemm_ws.py checks it on the device;
-// tests/test_gemm_ws_host.py runs ws_sched.cuh's loops, the tensor maps (ninfer/cuda/tensor_map.py) and the
-// descriptor addresses on the CPU.
-// NOT yet measured on a GPU: speed (the goal is the ~70-80% of cuBLAS that TMA + warp specialization reaches in
-// public Hopper kernels, against gemm90_f16's 55%), the ring depth, the register split, the L2 promotion.
+//   - persistent: grid = min(units, SMs), CTA c walks work units c, c + G, ... (ws_sched.cuh: unit = output tile x
+//     K split), so the producer fills the next unit's slots while the consumers run the epilogue of the current one;
+//   - split-K (splits = S > 1, chosen by the host from (M, N, K) only: gemm_pair.splitk_splits): split s of a tile
+//     covers K tiles [s nk / S, (s + 1) nk / S) and writes its unscaled fp32 accumulators to part[s]; then
+//     gemm90_f16_ws_reduce adds part[0] + part[1] + ... + part[S - 1] in that order and applies the epilogue.
+// Bitwise contract with gemm90_f16 at S = 1: the same operand values (TMA's zero fill out of bounds = the cp.async
+// zero fill at rows >= M, N and k >= K), the same instruction (m64n256k16.f32.f16.f16, scale-d 1 on zeroed
+// accumulators), the same k16 order over K into one accumulator per output, and the same epilogue expression. Which
+// CTA computes a unit, the grid size and the ring depth change no value. At S > 1 each split's sum is the same k16
+// order over its K range, and y = epilogue(sum of the splits in order): a function of (M, N, K, S), deterministic.
+// tests/test_cuda_gemm_ws.py checks it on the device; tests/test_gemm_ws_host.py runs ws_sched.cuh's loops and the
+// split sum, the tensor maps (ninfer/cuda/tensor_map.py) and the descriptor addresses on the CPU.
+// Measured on the H200 at S = 1 (docs/cuda.md); the split-K rule's constants are NOT yet measured.
 #include "common.cuh"
 #include "wdq.cuh"
 #include "wgmma.cuh"
@@ -92,6 +95,8 @@ template <typename D> struct WsConsumer {
     float* y;
     int M, N;
     long long ldy;
+    float* part;  // S > 1: the split partials [S][M][N]
+    int splits;
 
     __device__ void zero() {
 #pragma unroll
@@ -112,23 +117,37 @@ template <typename D> struct WsConsumer {
     __device__ void release(int s) const {
         if ((ctid & 31) == 0) mbar_arrive(sm.bar_empty(s));
     }
-    // gs_tile's epilogue, element for element: v = acc * row_scale(column) * rowf[row]. Registers 4j + 2h and
-    // 4j + 2h + 1 hold columns c, c + 1 (c even) of one row, stored as one float2 where y's rows allow it (8-byte
-    // aligned base, even ldy and N: then n0 + c < N implies n0 + c + 1 < N); the values are the same either way.
-    __device__ void epilogue(int mt, int nt) const {
+    // S = 1: gs_tile's epilogue, element for element, into y: v = acc * row_scale(column) * rowf[row]. S > 1: the
+    // unscaled accumulators into the unit's split partial part[split] ([M][N], row stride N); gemm90_f16_ws_reduce
+    // sums the splits in order and applies the same expression.
+    __device__ void epilogue(const WsUnit& u) const {
+        if (splits > 1) {
+            store<false>(part + (long long)u.split * M * N, N, u.mt, u.nt);
+            return;
+        }
+        store<true>(y, ldy, u.mt, u.nt);
+    }
+    // Registers 4j + 2h and 4j + 2h + 1 hold columns c, c + 1 (c even) of one row, stored as one float2 where the
+    // output's rows allow it (8-byte aligned base, even ld and N: then n0 + c < N implies n0 + c + 1 < N); the values
+    // are the same either way.
+    template <bool SCALE> __device__ void store(float* out, long long ld, int mt, int nt) const {
         const int m0 = mt * GS_BM, n0 = nt * WS_BN, mvalid = min(M - m0, GS_BM);
-        const bool pairs = ((reinterpret_cast<size_t>(y) & 7) | ((size_t)ldy & 1) | ((size_t)N & 1)) == 0;
+        const bool pairs = ((reinterpret_cast<size_t>(out) & 7) | ((size_t)ld & 1) | ((size_t)N & 1)) == 0;
         if (pairs) {
 #pragma unroll
             for (int i = 0; i < WS_BN / 2; i += 2) {
                 int r, c;
                 frag_rc(ctid, i, r, c);
                 if (r < mvalid && n0 + c < N) {
-                    const float f = rowf[m0 + r];
                     float2 v;
-                    v.x = acc[i] * D::row_scale(p1, p2, n0 + c) * f;
-                    v.y = acc[i + 1] * D::row_scale(p1, p2, n0 + c + 1) * f;
-                    *reinterpret_cast<float2*>(y + (long long)(m0 + r) * ldy + n0 + c) = v;
+                    if (SCALE) {
+                        const float f = rowf[m0 + r];
+                        v.x = acc[i] * D::row_scale(p1, p2, n0 + c) * f;
+                        v.y = acc[i + 1] * D::row_scale(p1, p2, n0 + c + 1) * f;
+                    } else {
+                        v.x = acc[i], v.y = acc[i + 1];
+                    }
+                    *reinterpret_cast<float2*>(out + (long long)(m0 + r) * ld + n0 + c) = v;
                 }
             }
             return;
@@ -138,8 +157,8 @@ template <typename D> struct WsConsumer {
             int r, c;
             frag_rc(ctid, i, r, c);
             if (r < mvalid && n0 + c < N) {
-                const float v = acc[i] * D::row_scale(p1, p2, n0 + c);
-                y[(long long)(m0 + r) * ldy + n0 + c] = v * rowf[m0 + r];
+                const float v = SCALE ? acc[i] * D::row_scale(p1, p2, n0 + c) : acc[i];
+                out[(long long)(m0 + r) * ld + n0 + c] = SCALE ? v * rowf[m0 + r] : v;
             }
         }
     }
@@ -148,11 +167,13 @@ template <typename D> struct WsConsumer {
 
 // ma: xh [M, K] fp16 (box 64 x 128), mb: W [N, K] fp16 (box 64 x 256), both 128B-swizzled with zero fill
 // (tensor_map.py); p1 / p2: the stored format's planes for row_scale (as gemm90_f16); y [M, N] row stride ldy.
+// splits = S (ws_sched.cuh's work units): S = 1 writes y; S > 1 writes the S partials to part [S][M][N] (fp32,
+// unscaled) and gemm90_f16_ws_reduce then writes y.
 template <typename D>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     gemm90_f16_ws(const __grid_constant__ NiTensorMap ma, const __grid_constant__ NiTensorMap mb,
                   const u8* __restrict__ p1, const u8* __restrict__ p2, const float* __restrict__ rowf,
-                  float* __restrict__ y, int M, int N, int K, long long ldy) {
+                  float* __restrict__ y, int M, int N, int K, long long ldy, float* __restrict__ part, int splits) {
 #ifdef __CUDA_ARCH__
     static_assert(D::DIRECT && D::BN == WS_BN, "fp16 mode: 256 operand rows per tile");
     extern __shared__ __align__(1024) u8 ws_smem_raw[];
@@ -167,7 +188,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    const WsSched sc(M, N, K);
+    const WsSched sc(M, N, K, splits);
     if (tid < 128) {  // producer warpgroup
         setmaxnreg_dec<40>();
         if (tid == 0) {
@@ -179,8 +200,23 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     } else {
         setmaxnreg_inc<232>();
         float acc[WS_BN / 2];
-        WsConsumer<D> co{acc, sm, tid - 128, p1, p2, rowf, y, M, N, ldy};
+        WsConsumer<D> co{acc, sm, tid - 128, p1, p2, rowf, y, M, N, ldy, part, splits};
         ws_consume(co, sc, blockIdx.x, gridDim.x);
     }
 #endif
+}
+
+// Split-K reduction: y[m, n] = ws_split_sum(part, m N + n) * row_scale(n) * rowf[m], the S partials summed in split
+// order, then the ws / cp kernels' epilogue expression (its operations in its order) on that sum. Block (m, j):
+// row m, columns 256 j .. 256 j + 255, one per thread (coalesced loads of each partial, stores with the row
+// stride ldy).
+template <typename D>
+__global__ void __launch_bounds__(256)
+    gemm90_f16_ws_reduce(const float* __restrict__ part, const u8* __restrict__ p1, const u8* __restrict__ p2,
+                         const float* __restrict__ rowf, float* __restrict__ y, int M, int N, int splits,
+                         long long ldy) {
+    const int m = blockIdx.x, n = blockIdx.y * 256 + threadIdx.x;
+    if (n >= N) return;
+    const float v = ws_split_sum(part, (long long)M * N, (long long)m * N + n, splits);
+    y[(long long)m * ldy + n] = v * D::row_scale(p1, p2, n) * rowf[m];
 }

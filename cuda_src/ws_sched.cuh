@@ -1,16 +1,23 @@
-// Schedule of the warp-specialized fp16 GEMM (gemm_sm90_ws.cu): which output tiles a persistent CTA walks, the
-// smem ring's stage / parity bookkeeping, and the producer / consumer loops themselves, written against an `Ops`
-// policy so that the very same loops run on the device (mbarrier + TMA + wgmma, gemm_sm90_ws.cu) and on the host
-// (std::thread per role, emulated mbarriers and TMA; tests/test_gemm_ws_host.py). __host__ __device__ throughout.
+// Schedule of the warp-specialized fp16 GEMM (gemm_sm90_ws.cu): which work units (output tile, K split) a
+// persistent CTA walks, the smem ring's stage / parity bookkeeping, and the producer / consumer loops themselves,
+// written against an `Ops` policy so that the very same loops run on the device (mbarrier + TMA + wgmma,
+// gemm_sm90_ws.cu) and on the host (std::thread per role, emulated mbarriers and TMA; tests/test_gemm_ws_host.py).
+// __host__ __device__ throughout.
 //
 // Tiles: 128 (M) x 256 (N) outputs; tile b in [0, tm * tn) -> (mt, nt) by gs_raster (groups of GS_GROUP_M row
-// tiles walk the column tiles together, as the non-persistent kernels' grid does). CTA c of a grid of G walks
-// b = c, c + G, c + 2G, ...: every tile exactly once, in increasing b per CTA, so the tiles in flight at any time
-// are a window of consecutive b (the same L2 footprint as one wave of the non-persistent grid).
+// tiles walk the column tiles together, as the non-persistent kernels' grid does).
+// Work units (split-K): each tile's nk K tiles are cut into S splits, split s covering K tiles
+// [s nk / S, (s + 1) nk / S) (floor: lengths differ by at most one; a split may be empty only if S > nk, which the
+// host never chooses, and then contributes zeros). Unit u in [0, tm tn S) is split u % S of tile u / S: the splits of
+// one tile are consecutive units, so they run at the same time on neighbouring CTAs (the units in flight read the
+// same window of tiles' A rows and B rows as without splits, each over its own K range). With S = 1 unit u is tile
+// u over all of K: the schedule, and every value, is the unsplit kernel's. CTA c of a grid of G walks
+// u = c, c + G, c + 2G, ...: every unit exactly once, in increasing u per CTA, so the units in flight at any time
+// are a window of consecutive u (the same L2 footprint as one wave of the non-persistent grid).
 //
 // Ring: WS_STAGES slots of one K tile each (A 128 x 64 fp16, B 256 x 64 fp16). Producer and consumers count the
-// K tiles they have handled over all of the CTA's output tiles (`it`, the same sequence on both sides): it uses
-// slot it % S in round it / S. full[s] completes one phase per fill (the producer's arrive.expect_tx + the TMA's
+// K tiles they have handled over all of the CTA's work units (`it`, the same sequence on both sides): it uses
+// slot it % WS_STAGES in round it / WS_STAGES. full[s] completes one phase per fill (the producer's arrive.expect_tx + the TMA's
 // transaction bytes); empty[s] one phase per release (every consumer warp arrives once, after wgmma.wait_group
 // has retired the wgmmas that read the slot). Round j of slot s: the consumers wait for full[s]'s phase j (parity
 // j & 1); the producer, before refilling for round j, waits for empty[s]'s phase j - 1 (parity (j & 1) ^ 1, which a
@@ -29,12 +36,35 @@
 #define WS_B_BYTES (WS_BN * 128)  // 256 rows x 64 fp16
 #define WS_STAGE_BYTES (WS_A_BYTES + WS_B_BYTES)
 
-struct WsSched {
-    int tm, tn, nk, ntiles;
-    HD WsSched(int M, int N, int K)
-        : tm((M + GS_BM - 1) / GS_BM), tn((N + WS_BN - 1) / WS_BN), nk((K + GS_BK - 1) / GS_BK), ntiles(tm * tn) {}
-    HD void tile(int b, int& mt, int& nt) const { gs_raster(b, tm, tn, mt, nt); }
+// One work unit: output tile (mt, nt), split `split` of the sched's S, its K tiles [k0, k1).
+struct WsUnit {
+    int mt, nt, split, k0, k1;
 };
+
+struct WsSched {
+    int tm, tn, nk, ntiles, splits, nunits;
+    HD WsSched(int M, int N, int K, int S)
+        : tm((M + GS_BM - 1) / GS_BM), tn((N + WS_BN - 1) / WS_BN), nk((K + GS_BK - 1) / GS_BK), ntiles(tm * tn),
+          splits(S), nunits(tm * tn * S) {}
+    HD WsUnit unit(int u) const {
+        WsUnit w;
+        const int b = u / splits;
+        w.split = u - b * splits;
+        gs_raster(b, tm, tn, w.mt, w.nt);
+        w.k0 = (int)((long long)w.split * nk / splits);
+        w.k1 = (int)((long long)(w.split + 1) * nk / splits);
+        return w;
+    }
+};
+
+// Split-K (S > 1): the fp32 value of output i = m N + n before the epilogue's scaling, the partials of splits
+// 0, 1, ..., S - 1 (part: [S][M][N], mn = M N, each the unscaled accumulator of one unit) added in that order. The
+// order depends on S only, never on which CTA finished first: the result is deterministic.
+HD float ws_split_sum(const float* part, long long mn, long long i, int S) {
+    float v = part[i];
+    for (int s = 1; s < S; ++s) v += part[s * mn + i];
+    return v;
+}
 
 struct WsRing {
     u32 it = 0;
@@ -51,35 +81,34 @@ struct WsRing {
 #define WS_HD_TEMPLATE
 #endif
 
-// Producer (one thread): for each K tile of each of the CTA's output tiles, wait until the slot is free, then fill
+// Producer (one thread): for each K tile of each of the CTA's work units, wait until the slot is free, then fill
 // it (arm full[s] with the stage's bytes and issue the A and B box copies).
 //   o.wait_empty(s, parity), o.fill(s, kt, mt, nt)
 WS_HD_TEMPLATE
 template <typename O> HD void ws_produce(O& o, const WsSched& sc, int cta, int grid) {
     WsRing r;
-    for (int b = cta; b < sc.ntiles; b += grid) {
-        int mt, nt;
-        sc.tile(b, mt, nt);
-        for (int kt = 0; kt < sc.nk; ++kt, r.next()) {
+    for (int u = cta; u < sc.nunits; u += grid) {
+        const WsUnit w = sc.unit(u);
+        for (int kt = w.k0; kt < w.k1; ++kt, r.next()) {
             o.wait_empty(r.stage(), r.parity() ^ 1u);
-            o.fill(r.stage(), kt, mt, nt);
+            o.fill(r.stage(), kt, w.mt, w.nt);
         }
     }
 }
 
-// Consumer warpgroup: per output tile, zero the accumulators, then per K tile wait for its slot, issue its four k16
-// wgmmas (async), retire the previous K tile's wgmmas and release that slot; after the last K tile retire all and
-// release, then the epilogue (registers -> global) while the producer already fills the next tile's slots.
-//   o.zero(), o.wait_full(s, parity), o.mma(s), o.retire_prev(), o.retire_all(), o.release(s), o.epilogue(mt, nt)
+// Consumer warpgroup: per work unit, zero the accumulators, then per K tile of its split wait for its slot, issue
+// its four k16 wgmmas (async), retire the previous K tile's wgmmas and release that slot; after the last K tile
+// retire all and release, then the epilogue (registers -> global: y itself for S = 1, the unit's split partial for
+// S > 1) while the producer already fills the next unit's slots.
+//   o.zero(), o.wait_full(s, parity), o.mma(s), o.retire_prev(), o.retire_all(), o.release(s), o.epilogue(unit)
 WS_HD_TEMPLATE
 template <typename O> HD void ws_consume(O& o, const WsSched& sc, int cta, int grid) {
     WsRing r;
-    for (int b = cta; b < sc.ntiles; b += grid) {
-        int mt, nt;
-        sc.tile(b, mt, nt);
+    for (int u = cta; u < sc.nunits; u += grid) {
+        const WsUnit w = sc.unit(u);
         o.zero();
         int prev = -1;
-        for (int kt = 0; kt < sc.nk; ++kt, r.next()) {
+        for (int kt = w.k0; kt < w.k1; ++kt, r.next()) {
             o.wait_full(r.stage(), r.parity());
             o.mma(r.stage());
             o.retire_prev();  // wgmma.wait_group 1: the previous K tile's wgmmas are done reading their slot
@@ -88,6 +117,6 @@ template <typename O> HD void ws_consume(O& o, const WsSched& sc, int cta, int g
         }
         o.retire_all();
         if (prev >= 0) o.release(prev);
-        o.epilogue(mt, nt);
+        o.epilogue(w);
     }
 }

@@ -6,6 +6,7 @@ bf16 (torch) on the 27B projection shapes, measured in the same run.
     python -m perf.bench_gemm --impl mma           # the mma.sync kernel (cuda_src/gemm.cu) instead
     python -m perf.bench_gemm --rows 128,512       # other row counts (the pair mode's threshold region)
     python -m perf.bench_gemm --formats NVFP4G16_E4M3S --paths bf16,f16,f16ws   # the fp16 scratch kernel's loops
+    python -m perf.bench_gemm --splitk             # the ws kernel's split-K at a follow-up turn's rows (below)
 
 NVFP4, BF16, FP8 (row scales) and Q4 weights (random codes generated on the device, perf/synthetic.py), M = 2048
 and 8192 rows. Paths per (format, shape, M): ``bf16`` activations; ``fp32`` activations through the in-loop kernel
@@ -16,13 +17,21 @@ so a format's pair time minus BF16's is its dequantization pass; ``f16``: fp32 a
 (``inputs="fp16"``: each row rounded to fp16 under a power-of-two scale, one MMA per product; FP8 / NVFP4 only,
 ceiling = cuBLAS) with the weights dequantized once into the fp16 scratch; ``f16il``: the same with the weights
 converted in the main loop (``impl="wgmma"``; bitwise the ``f16`` result, off the default path: slower); ``f16ws``:
-``f16`` with the warp-specialized TMA main loop (``variant="ws"``, cuda_src/gemm_sm90_ws.cu; bitwise the ``f16``
-result). FLOP/s counts 2·M·N·K; float32 activations run two MMAs per k-step (exact hi/lo split), so their ceiling
+``f16`` with the warp-specialized TMA main loop, unsplit (``variant="ws1"``, cuda_src/gemm_sm90_ws.cu; bitwise the
+``f16`` result; its split-K: ``--splitk``). FLOP/s counts 2·M·N·K; float32 activations run two MMAs per k-step (exact hi/lo split), so their ceiling
 is half of cuBLAS's: the ``vs ceiling`` column is the fraction of cuBLAS for bf16 and the fp16 mode, and of half
 of cuBLAS for the exact float32 paths; ``vs`` (JSON ``vs_fp32``) is the speedup of pair, f16 and f16il over the
 in-loop kernel, and of f16ws over f16. CUDA-event timing, median of repeats after a warm-up (about 60 s warm on an
 H200; the first run also compiles the gemm_sm90.cu and gemm_sm90_ws.cu families, ~2 min, unless CuPy's cache has
 them: give perf/device_run.sh BENCH_TIMEOUT=400).
+
+``--splitk`` (:func:`splitk_main`): the 27B's five fused dense projections (SPLITK_SHAPES) at a follow-up turn's
+rows (default 128, 256, 384, 512), NVFP4, fp16 mode with the weight's fp16 operand kept (as the runner keeps it:
+no dequant pass in the time; the row split is in it), through the cp kernel and the ws kernel with S forced to 1 ..
+--max-splits (splits of at least 4 K tiles), ``*`` marking what ``variant="auto"`` runs (gemm_pair.f16_auto_ws,
+splitk_splits). Each time is the median over --reps of 10 back-to-back calls (host launch gaps hidden), so the
+table shows which kernel and S win per shape and rows: the numbers to set F16_WS_SPLIT_ROWS and the SPLITK_*
+constants from. Repeating one GEMM keeps part of a small weight in L2 (60 MB): slightly optimistic for o_proj.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import numpy as np
 
 from .bench_peers import event_seconds
 
-__all__ = ["main", "SHAPES", "FORMATS", "ROWS"]
+__all__ = ["main", "splitk_main", "SHAPES", "SPLITK_SHAPES", "FORMATS", "ROWS"]
 
 SHAPES = (
     ("qkv_gdn", 10240, 5120),
@@ -43,6 +52,15 @@ SHAPES = (
 )
 FORMATS = ("NVFP4G16_E4M3S", "BF16", "FP8E4M3_F32ROW", "Q4G64_F16S")
 ROWS = (2048, 8192)
+# the 27B's fused dense projections (N, K) as the model runs them (memory_plan._dense_shapes)
+SPLITK_SHAPES = (
+    ("attn_qkv", 14336, 5120),
+    ("o_proj", 5120, 6144),
+    ("gdn_in", 16480, 5120),
+    ("mlp_gate_up", 34816, 5120),
+    ("mlp_down", 5120, 17408),
+)
+SPLITK_ROWS = (128, 256, 384, 512)
 
 
 def _cublas(m: int, n: int, k: int) -> float:
@@ -73,7 +91,7 @@ def _paths(fmt: str, impl: str) -> tuple[tuple[str, str, str, str, str], ...]:
     if f16_foldable(fmt):  # fp32 activations rounded to fp16 per row: one MMA per product
         paths.append(("f16", "fp32", "pair", "fp16", "cp"))  # weights dequantized once into the fp16 scratch
         # weights converted in the main loop; the scratch kernel's TMA / warp-specialized loop (the default from 384 rows)
-        paths += [("f16il", "fp32", "wgmma", "fp16", "cp"), ("f16ws", "fp32", "pair", "fp16", "ws")]
+        paths += [("f16il", "fp32", "wgmma", "fp16", "cp"), ("f16ws", "fp32", "pair", "fp16", "ws1")]
     return tuple(paths)
 
 
@@ -148,6 +166,55 @@ def _print(out_rows: list[dict[str, Any]]) -> None:
         )
 
 
+def _time_f16(x: Any, w: Any, out: Any, store: Any, variant: str, reps: int) -> float:
+    """Seconds per fp16-mode GEMM ``variant``: the median over ``reps`` of 10 back-to-back calls, divided by 10."""
+    from ninfer.cuda.gemm import gemm
+
+    def call() -> None:
+        for _ in range(10):
+            gemm(x, w, out, inputs="fp16", variant=variant, operands=store)
+
+    return event_seconds(call, reps=reps) / 10
+
+
+def splitk_main(
+    rows: tuple[int, ...] = SPLITK_ROWS, fmt: str = "NVFP4G16_E4M3S", reps: int = 5, max_splits: int = 8
+) -> list[dict[str, Any]]:
+    """Time cp and ws with S = 1 .. ``max_splits`` on SPLITK_SHAPES at ``rows``; print and return the rows."""
+    import cupy
+
+    from ninfer.cuda import gemm_pair as gp
+    from ninfer.cuda.operands import OperandStore
+
+    from .synthetic import random_weight
+
+    rs = cupy.random.RandomState(0)
+    out_rows: list[dict[str, Any]] = []
+    print(f"{'gemm':12s} {'rows':>5s} {'kernel':7s} {'S':>2s} {'us':>8s} {'TFLOP/s':>8s} {'vs cp':>6s}  auto")
+    for name, n, k in SPLITK_SHAPES:
+        w = random_weight(fmt, (n, k), rs, 0.02)
+        store = OperandStore(4 * n * k)
+        nk = -(-k // 64)
+        for m in rows:
+            x = rs.standard_normal((m, k), dtype=np.float32)
+            out = cupy.empty((m, n), dtype=np.float32)
+            auto_ws, auto_s = gp.f16_auto_ws(m, n, k), gp.splitk_splits(m, n, k)
+            cases = [("cp", 1)] + [("ws", s) for s in range(1, max_splits + 1) if s == 1 or nk // s >= 4]
+            base = None
+            for kern, s in cases:
+                t = _time_f16(x, w, out, store, "cp" if kern == "cp" else f"ws{s}", reps)
+                base = t if kern == "cp" else base
+                chosen = (kern == "ws") == auto_ws and (kern == "cp" or s == auto_s)
+                r = {"shape": name, "m": m, "n": n, "k": k, "fmt": fmt, "kernel": kern, "splits": s, "s": t,
+                     "tflops": 2 * m * n * k / t / 1e12, "vs_cp": base / t, "auto": chosen}  # fmt: skip
+                out_rows.append(r)
+                print(f"{name:12s} {m:5d} {kern:7s} {s:2d} {t * 1e6:8.1f} {r['tflops']:8.1f} {r['vs_cp']:5.2f}x"
+                      f"  {'*' if chosen else ''}")  # fmt: skip
+            del x, out
+        del w, store
+    return out_rows
+
+
 if __name__ == "__main__":
     import argparse
     import json
@@ -155,14 +222,23 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(prog="python -m perf.bench_gemm")
     ap.add_argument("--impl", default="auto", choices=("auto", "wgmma", "mma"), help="the bf16 path's kernel")
-    ap.add_argument("--rows", default=",".join(map(str, ROWS)))
-    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--rows", default=None, help=f"default {ROWS}; with --splitk {SPLITK_ROWS}")
+    ap.add_argument("--formats", default=",".join(FORMATS), help="with --splitk: the first one")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--paths", default=None, help="only these paths (bf16,fp32,pair,f16,f16il,f16ws)")
+    ap.add_argument("--splitk", action="store_true", help="cp vs ws with forced K splits (splitk_main)")
+    ap.add_argument("--max-splits", type=int, default=8)
     ap.add_argument("--out", type=Path, default=None, help="directory for bench_gemm.json")
     a = ap.parse_args()
     paths = tuple(a.paths.split(",")) if a.paths else None
-    res = main(tuple(int(v) for v in a.rows.split(",")), tuple(a.formats.split(",")), a.reps, a.impl, paths)
+    if a.splitk:
+        rws = tuple(int(v) for v in a.rows.split(",")) if a.rows else SPLITK_ROWS
+        fmt = a.formats.split(",")[0]
+        res = splitk_main(rws, fmt, a.reps, a.max_splits)
+    else:
+        rws = tuple(int(v) for v in a.rows.split(",")) if a.rows else ROWS
+        res = main(rws, tuple(a.formats.split(",")), a.reps, a.impl, paths)
     if a.out is not None:
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "bench_gemm.json").write_text(json.dumps(res, indent=1))
+        name = "bench_gemm_splitk.json" if a.splitk else "bench_gemm.json"
+        (a.out / name).write_text(json.dumps(res, indent=1))

@@ -70,6 +70,9 @@ def test_f16_matches_rounded_reference(cp: Any, fmt: str) -> None:
 
 @pytest.mark.parametrize("fmt", ("NVFP4G16_E4M3S", "FP8E4M3_F32ROW"))
 def test_f16_rows_independent_and_chunked(cp: Any, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's fp16-mode result depends on K and the ws kernel's K splits S only: for every kernel configuration
+    (the cp kernel, the ws kernel at the split count ``auto`` takes here) a row alone, a slice of rows and a chunked
+    scratch give the full launch's bits. (Under ``auto`` S follows the call's M, N, K: gemm_pair.splitk_splits.)"""
     import ninfer.cuda.gemm_pair as gp
     from ninfer.cuda.gemm import gemm
 
@@ -77,17 +80,31 @@ def test_f16_rows_independent_and_chunked(cp: Any, fmt: str, monkeypatch: pytest
     m, n, k = 300, 700, 1032
     w, _ = _weight(rng, fmt, n, k)
     xd = cp.asarray(_x(rng, m, k))
-    full = cp.asnumpy(gemm(xd, w, inputs="fp16"))
-    for r in (0, 1, 2, 127, 128, 299):
-        alone = cp.asnumpy(gemm(cp.ascontiguousarray(xd[r : r + 1]), w, impl="pair", inputs="fp16"))
-        assert np.array_equal(alone[0], full[r]), f"{fmt}: row {r} alone differs from the full launch"
-    for a, b in ((100, 260), (1, 129), (170, 300)):
-        part = cp.asnumpy(gemm(xd[a:b], w, inputs="fp16"))
-        assert np.array_equal(part, full[a:b]), f"{fmt}: rows {a}..{b - 1} differ when launched as a slice"
+    s = gp.splitk_splits(m, n, k)
+    assert s > 1 and gp.f16_auto_ws(m, n, k), "this shape is split under auto"
+    auto = cp.asnumpy(gemm(xd, w, inputs="fp16"))
+    for variant in ("cp", f"ws{s}"):
+        full = cp.asnumpy(gemm(xd, w, inputs="fp16", variant=variant))
+        assert variant == "cp" or np.array_equal(full, auto), "auto is the ws kernel with the rule's S"
+        for r in (0, 1, 2, 127, 128, 299):
+            alone = cp.asnumpy(
+                gemm(cp.ascontiguousarray(xd[r : r + 1]), w, impl="pair", inputs="fp16", variant=variant)
+            )
+            assert np.array_equal(alone[0], full[r]), (
+                f"{fmt} {variant}: row {r} alone differs from the full launch"
+            )
+        for a, b in ((100, 260), (1, 129), (170, 300)):
+            part = cp.asnumpy(gemm(xd[a:b], w, inputs="fp16", variant=variant))
+            assert np.array_equal(part, full[a:b]), f"{fmt} {variant}: rows {a}..{b - 1} differ as a slice"
+        with monkeypatch.context() as mp:
+            mp.setattr(gp, "_W_CAP", 2 * 256 * k)
+            mp.setattr(gp, "_X_CAP", 4 * 128 * k)
+            chunked = cp.asnumpy(gemm(xd, w, inputs="fp16", variant=variant))
+        assert np.array_equal(chunked, full), f"{fmt} {variant}: chunked scratch changed the result"
     monkeypatch.setattr(gp, "_W_CAP", 2 * 256 * k)
     monkeypatch.setattr(gp, "_X_CAP", 4 * 128 * k)
     chunked = cp.asnumpy(gemm(xd, w, inputs="fp16"))
-    assert np.array_equal(chunked, full), f"{fmt}: chunked scratch changed the result"
+    assert np.array_equal(chunked, auto), f"{fmt}: auto, chunked (every chunk keeps the call's S)"
 
 
 def test_f16_stays_exact_where_it_does_not_apply(cp: Any) -> None:
@@ -106,10 +123,11 @@ def test_f16_stays_exact_where_it_does_not_apply(cp: Any) -> None:
 @pytest.mark.parametrize("fmt", F16_FMTS)
 def test_f16_in_loop_kernel_equals_scratch_kernel(cp: Any, fmt: str) -> None:
     """gemm90_f16il (weights converted in the main loop; ``impl="wgmma"``) is bitwise gemm90_f16 over the dequant90
-    scratch (``impl="pair"``, and ``auto``) on both sides of the ws kernel's row threshold: the same fp16 operands,
-    MMA order and epilogue, so the kernel choice never changes a value."""
+    scratch (``impl="pair"``, and ``auto`` where it does not split K) on both sides of the ws kernel's row threshold:
+    the same fp16 operands, MMA order and epilogue, so the kernel choice never changes a value. Where ``auto`` splits
+    K (the ws kernel's split-K), it is the forced split (``ws<S>``), within fp32 accumulation of the unsplit."""
     from ninfer.cuda.gemm import gemm
-    from ninfer.cuda.gemm_pair import F16_WS_ROWS
+    from ninfer.cuda.gemm_pair import F16_WS_ROWS, f16_auto_ws, splitk_splits
 
     rng = np.random.default_rng(67)
     for m, n, k in (
@@ -121,10 +139,16 @@ def test_f16_in_loop_kernel_equals_scratch_kernel(cp: Any, fmt: str) -> None:
         w, _ = _weight(rng, fmt, n, k)
         xd = cp.asarray(_x(rng, m, k))
         inloop = cp.asnumpy(gemm(xd, w, impl="wgmma", inputs="fp16"))
-        scratch = cp.asnumpy(gemm(xd, w, impl="pair", inputs="fp16"))
+        scratch = cp.asnumpy(gemm(xd, w, impl="pair", inputs="fp16", variant="cp"))
         auto = cp.asnumpy(gemm(xd, w, inputs="fp16"))
         assert np.array_equal(inloop, scratch), f"{fmt} {m}x{n}x{k}: in-loop != scratch kernel"
-        assert np.array_equal(auto, scratch), f"{fmt} {m}x{n}x{k}: auto != scratch kernel"
+        s = splitk_splits(m, n, k) if f16_auto_ws(m, n, k) else 1
+        if s == 1:
+            assert np.array_equal(auto, scratch), f"{fmt} {m}x{n}x{k}: auto != scratch kernel"
+        else:
+            split = cp.asnumpy(gemm(xd, w, inputs="fp16", variant=f"ws{s}"))
+            assert np.array_equal(auto, split), f"{fmt} {m}x{n}x{k}: auto != the ws kernel at S = {s}"
+            assert _err(auto, scratch.astype(np.float64)) <= TOL, f"{fmt} {m}x{n}x{k}: split far from unsplit"
         exact = cp.asnumpy(gemm(xd, w, impl="wgmma"))
         assert not np.array_equal(exact, inloop), (
             f"{fmt}: impl='wgmma' with fp16 inputs gave the exact result"

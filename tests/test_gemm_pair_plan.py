@@ -109,14 +109,75 @@ def test_pair_scratch_bound() -> None:
 
 def test_f16_auto_ws_by_rows_and_weight_size() -> None:
     """``variant="auto"``: the ws kernel from F16_WS_ROWS rows for every weight, from F16_WS_WIDE_ROWS for wide ones
-    (the 27B's gate|up and down projections at a 256-token follow-up), the cp.async kernel below."""
+    (the 27B's gate|up and down projections at a 256-token follow-up), and from F16_WS_SPLIT_ROWS wherever split-K
+    applies (the narrow projections with few tiles); the cp.async kernel elsewhere."""
     up, down, o_proj, qkv = (34816, 5120), (5120, 17408), (5120, 6144), (10240, 5120)
-    assert gp.F16_WS_WIDE_ROWS < gp.F16_WS_ROWS
+    assert gp.F16_WS_SPLIT_ROWS <= gp.F16_WS_WIDE_ROWS < gp.F16_WS_ROWS
     for n, k in (up, down):
         assert n * k >= gp.F16_WS_WIDE_ELEMS
         assert gp.f16_auto_ws(256, n, k) and gp.f16_auto_ws(gp.F16_WS_WIDE_ROWS, n, k)
-        assert not gp.f16_auto_ws(gp.F16_WS_WIDE_ROWS - 1, n, k)
-    for n, k in (o_proj, qkv):
-        assert n * k < gp.F16_WS_WIDE_ELEMS
-        assert not gp.f16_auto_ws(256, n, k) and not gp.f16_auto_ws(gp.F16_WS_ROWS - 1, n, k)
+    assert not gp.f16_auto_ws(gp.F16_WS_WIDE_ROWS - 1, *up), (
+        "272 tiles at 255 rows: no split, not wide enough"
+    )
+    for n, k in (o_proj, qkv, up, down):
+        for m in (gp.F16_WS_SPLIT_ROWS, 200, 256, 300, gp.F16_WS_ROWS - 1):
+            wide = m >= gp.F16_WS_WIDE_ROWS and n * k >= gp.F16_WS_WIDE_ELEMS
+            assert gp.f16_auto_ws(m, n, k) == (wide or gp.splitk_splits(m, n, k) > 1), (m, n, k)
+        assert not gp.f16_auto_ws(gp.F16_WS_SPLIT_ROWS - 1, n, k)
         assert gp.f16_auto_ws(gp.F16_WS_ROWS, n, k) and gp.f16_auto_ws(8192, n, k)
+    assert gp.f16_auto_ws(256, *o_proj) and not gp.f16_auto_ws(256, *qkv), "40 tiles split, 80 do not"
+
+
+# the 27B's dense projections (N, K): attention q|gate|k|v, o / GDN out, GDN in, MLP gate|up, down
+SHAPES_27B = ((14336, 5120), (5120, 6144), (16480, 5120), (34816, 5120), (5120, 17408))
+
+
+def test_splitk_rule() -> None:
+    """S = 1 from one wave of tiles (the 2K-8K-row prefill chunks keep the unsplit kernel); otherwise at most
+    SPLITK_MAX splits of at least SPLITK_MIN_KSTEPS K tiles; S depends on the tile counts only; the 27B follow-up
+    turn's narrow projections fill about a wave."""
+    for n, k in SHAPES_27B:
+        nk = -(-k // 64)
+        for m in range(1, 8193, 37):
+            s = gp.splitk_splits(m, n, k)
+            tiles = -(-m // 128) * -(-n // 256)
+            assert 1 <= s <= gp.SPLITK_MAX and (s == 1 or nk // s >= gp.SPLITK_MIN_KSTEPS)
+            if tiles >= gp.SPLITK_WAVE:
+                assert s == 1, (m, n, k)
+            tm, tn = -(-m // 128), -(-n // 256)
+            assert s == gp.splitk_splits(128 * tm, 256 * tn, 64 * nk), "a function of the tile counts"
+        for m in (2048, 4096, 8192):
+            assert gp.splitk_splits(m, n, k) == 1
+    # 40 tiles: three splits fill 120 of 132 SMs in one round (four would take two rounds of a quarter of K)
+    assert gp.splitk_splits(256, 5120, 17408) == 3 and gp.splitk_splits(256, 5120, 6144) == 3
+    assert gp.splitk_splits(256, 34816, 5120) == 1, "272 tiles: more than a wave"
+    assert gp.splitk_splits(8, 5120, 256) == 1, "K of 4 tiles: too short to split"
+
+
+def test_splitk_scratch_bound() -> None:
+    """splitk_scratch_bytes covers every launch of at most ``rows`` rows (from PAIR_MIN_ROWS) against the shapes,
+    and is 0 where no launch splits."""
+    for rows in (128, 300, 1000, 2048):
+        bound = gp.splitk_scratch_bytes(rows, SHAPES_27B)
+        most = max(
+            4 * gp.splitk_splits(m, n, k) * m * n * (gp.splitk_splits(m, n, k) > 1)
+            for n, k in SHAPES_27B
+            for m in range(gp.PAIR_MIN_ROWS, rows + 1)
+        )
+        assert bound == most, rows
+    assert gp.splitk_scratch_bytes(gp.PAIR_MIN_ROWS - 1, SHAPES_27B) == 0
+    assert gp.splitk_scratch_bytes(8192, [(34816, 5120)]) == 0
+
+
+def test_memory_plan_counts_splitk() -> None:
+    """The runner's plan adds the split-K workspace of the model's own dense shapes."""
+    from ninfer.artifact.registry import MODELS
+    from ninfer.cuda import memory_plan as mp
+
+    for key in ("qwen3.6-27b", "qwen3.6-35b-a3b"):
+        mc = MODELS[key].config
+        shapes = mp._dense_shapes(mc)
+        assert shapes and all(n > 0 and k > 0 for n, k in shapes)
+        split = gp.splitk_scratch_bytes(2048, shapes)
+        assert split > 0, key
+        assert mp._gemm_scratch(mc, 2048) >= split

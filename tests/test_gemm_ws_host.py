@@ -34,21 +34,44 @@ def _line(p: MapParams) -> str:
 
 
 def _run(
-    driver: Path, m: int, n: int, k: int, grid: int, seed: int, slow: int = 0, swizzle: int = SWIZZLE_128B
-) -> tuple[np.ndarray, np.ndarray]:
+    driver: Path,
+    m: int,
+    n: int,
+    k: int,
+    grid: int,
+    seed: int,
+    slow: int = 0,
+    swizzle: int = SWIZZLE_128B,
+    splits: int = 1,
+    integers: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
+    """(y, NumPy's y in float64 then rounded, the split partials [S, M, N] or None, x, w, rowf)."""
     rng = np.random.default_rng(seed)
-    x = rng.integers(-3, 4, (m, k)).astype(np.float16)
-    w = rng.integers(-3, 4, (n, k)).astype(np.float16)
+    if integers:
+        x = rng.integers(-3, 4, (m, k)).astype(np.float16)
+        w = rng.integers(-3, 4, (n, k)).astype(np.float16)
+    else:  # 11 significant bits: the fp32 sums round, so their order shows in the bits
+        x = rng.uniform(-1, 1, (m, k)).astype(np.float16)
+        w = rng.uniform(-1, 1, (n, k)).astype(np.float16)
     rowf = (2.0 ** rng.integers(-3, 4, m)).astype(np.float32)
     ma, mb = map_params(m, k, k, BM), map_params(n, k, k, BN)
     ma, mb = ma._replace(swizzle=swizzle), mb._replace(swizzle=swizzle)
-    head = f"{m} {n} {k} {grid} {seed} {slow}\n" + _line(ma) + _line(mb)
+    head = f"{m} {n} {k} {grid} {seed} {slow} {splits}\n" + _line(ma) + _line(mb)
     data = head.encode() + x.view(np.uint16).tobytes() + w.view(np.uint16).tobytes() + rowf.tobytes()
     proc = subprocess.run([str(driver)], input=data, capture_output=True, timeout=600)
     assert proc.returncode == 0, f"driver exited {proc.returncode}: {proc.stderr.decode()[-2000:]}"
-    got = np.frombuffer(proc.stdout, np.float32).reshape(m, n)
+    out = np.frombuffer(proc.stdout, np.float32)
+    assert out.size == m * n * (1 + (splits if splits > 1 else 0)), "driver output size"
+    got = out[: m * n].reshape(m, n)
+    part = out[m * n :].reshape(splits, m, n) if splits > 1 else None
     want = (x.astype(np.float64) @ w.astype(np.float64).T * rowf[:, None]).astype(np.float32)
-    return got, want
+    return got, want, part, x, w, rowf
+
+
+def _split_k(k: int, splits: int) -> list[tuple[int, int]]:
+    """The K columns [a, b) of each split (ws_sched.cuh: K tiles [s nk / S, (s + 1) nk / S) of 64)."""
+    nk = -(-k // 64)
+    return [(s * nk // splits * 64, min(k, (s + 1) * nk // splits * 64)) for s in range(splits)]
 
 
 def test_constants_agree() -> None:
@@ -99,7 +122,8 @@ SHAPES = ((1, 1, 8, 1), (128, 256, 64, 1), (129, 257, 72, 3), (300, 520, 1032, 4
 @pytest.mark.parametrize("shape", SHAPES)
 def test_ws_schedule_and_layout_match_numpy(driver: Path, shape: tuple[int, int, int, int]) -> None:
     for seed in (1, 2):
-        got, want = _run(driver, *shape, seed=seed)
+        got, want, part, *_ = _run(driver, *shape, seed=seed)
+        assert part is None, "S = 1: y written directly, no partials"
         assert np.array_equal(got, want), (
             f"{shape} seed {seed}: {np.count_nonzero(got != want)} outputs differ"
         )
@@ -107,5 +131,52 @@ def test_ws_schedule_and_layout_match_numpy(driver: Path, shape: tuple[int, int,
 
 def test_ws_wrong_swizzle_is_caught(driver: Path) -> None:
     """The check can fail: tensor maps without the swizzle put the chunks where the descriptors do not look."""
-    got, want = _run(driver, 129, 257, 72, 2, seed=3, swizzle=0)
+    got, want, *_ = _run(driver, 129, 257, 72, 2, seed=3, swizzle=0)
     assert not np.array_equal(got, want)
+
+
+# (M, N, K, persistent CTAs, S): one K tile per split (ragged M / N); 17 K tiles in splits of 5, 6, 6 with 27 units
+# on 4 CTAs (each CTA's ring running on across units of different tiles and splits); 9 K tiles in 2, 2, 2, 3 with 16
+# units on 5 CTAs; S > nk (3 K tiles in 5 splits: two empty splits, which contribute zeros; the host never chooses
+# them); more CTAs than units
+SPLIT_SHAPES = (
+    (129, 257, 72, 3, 2),
+    (300, 520, 1032, 4, 3),
+    (200, 300, 520, 5, 4),
+    (70, 600, 136, 7, 5),
+    (128, 256, 256, 9, 4),
+)
+
+
+@pytest.mark.parametrize("shape", SPLIT_SHAPES)
+def test_ws_split_units_match_numpy(driver: Path, shape: tuple[int, int, int, int, int]) -> None:
+    """Split-K units: every partial is the exact sum over its split's K range (unscaled), and y their sum times rowf
+    (integer data: exact, so any misplaced, missing or doubled K tile or unit shows)."""
+    m, n, k, grid, splits = shape
+    for seed, slow in ((1, 0), (2, 1), (3, 2)):
+        got, want, part, x, w, _ = _run(driver, m, n, k, grid, seed=seed, slow=slow, splits=splits)
+        assert part is not None
+        for s, (a, b) in enumerate(_split_k(k, splits)):
+            ref = (x[:, a:b].astype(np.float64) @ w[:, a:b].astype(np.float64).T).astype(np.float32)
+            assert np.array_equal(part[s], ref), f"{shape} seed {seed}: split {s} (K {a}..{b}) differs"
+        assert np.array_equal(got, want), (
+            f"{shape} seed {seed}: {np.count_nonzero(got != want)} outputs differ"
+        )
+
+
+def test_ws_split_sum_order(driver: Path) -> None:
+    """The reduction adds the partials in split order 0, 1, ..., S - 1 in fp32 (rounding data: the order shows),
+    then the epilogue's row factor; two runs (different interleavings) give the same bits."""
+    m, n, k, grid, splits = 130, 300, 1032, 5, 4
+    got, _, part, *_, rowf = _run(driver, m, n, k, grid, seed=5, splits=splits, integers=False)
+    assert part is not None
+    acc = part[0].copy()
+    for s in range(1, splits):
+        acc = acc + part[s]
+    assert np.array_equal(got, acc * rowf[:, None]), "not the in-order fp32 sum of the partials"
+    rev = part[-1].copy()
+    for s in range(splits - 2, -1, -1):
+        rev = rev + part[s]
+    assert not np.array_equal(acc, rev), "the data do not tell the summation orders apart"
+    again, _, part2, *_ = _run(driver, m, n, k, grid, seed=5, slow=1, splits=splits, integers=False)
+    assert np.array_equal(again, got) and np.array_equal(part2, part), "another interleaving changed the bits"

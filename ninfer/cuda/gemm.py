@@ -108,7 +108,7 @@ def hopper_gemm() -> bool:
 
 
 def _sm90_kernel(name: str) -> Any:
-    src = "gemm_sm90_ws.cu" if name.startswith("gemm90_f16_ws<") else "gemm_sm90.cu"
+    src = "gemm_sm90_ws.cu" if name.startswith("gemm90_f16_ws") else "gemm_sm90.cu"
     return kernel(src, SOURCES[src], name)
 
 
@@ -163,8 +163,10 @@ def gemm(
     exact. The choice depends only on the format and M, never on other rows' values. In the fp16 mode
     ``impl="wgmma"`` takes the in-loop weight conversion instead of the scratch (the same bits, slower: gemm_pair).
     ``variant`` (gemm_pair.F16_VARIANTS): the fp16 scratch kernel's main loop, ``cp`` (cp.async), ``ws`` (TMA +
-    warp specialization, cuda_src/gemm_sm90_ws.cu) or ``auto`` (by rows, the default), bitwise the same; GEMMs
-    that do not run the fp16 scratch kernel ignore it. ``swiglu``: ``x`` holds [gate | up] rows ``[M, 2K]`` and the
+    warp specialization, cuda_src/gemm_sm90_ws.cu, split over K where gemm_pair.splitk_splits says so), ``ws<S>``
+    (S splits forced; ``ws1`` never splits) or ``auto`` (by rows and shape, the default); unsplit, every kernel
+    gives the same bits, a split GEMM's depend on its (M, N, K) too. GEMMs that do not run the fp16 scratch kernel
+    ignore it. ``swiglu``: ``x`` holds [gate | up] rows ``[M, 2K]`` and the
     product is of their SwiGLU (the fp16 mode applies it in its row split; elsewhere the swiglu kernel runs first:
     the same values either way). ``operands`` (``operands.OperandStore``): the fp16 mode's scratch kernels read the
     weight's kept fp16 operand instead of dequantizing it per call (ninfer/cuda/operands.py; the same results)."""

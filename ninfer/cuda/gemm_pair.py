@@ -14,7 +14,7 @@ this module does not import gemm (no cycle).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,12 @@ __all__ = [
     "F16_WS_ROWS",
     "F16_WS_WIDE_ROWS",
     "F16_WS_WIDE_ELEMS",
+    "F16_WS_SPLIT_ROWS",
+    "SPLITK_WAVE",
+    "SPLITK_MAX",
     "f16_auto_ws",
+    "splitk_splits",
+    "splitk_scratch_bytes",
     "pair_foldable",
     "f16_foldable",
     "pair_scratch_bytes",
@@ -79,14 +84,43 @@ PAIR_INSTANCES: tuple[str, ...] = (
 # the 17408 x 5120 up projection and 1.09x on the 5120 x 17408 down projection (89M elements each), 0.99x on the
 # 10240 x 5120 GDN qkv (52M) and 0.86x on the 5120 x 6144 o_proj (31M): the gain grows with the weight. A 256-token
 # follow-up turn of the 27B runs most of its FLOPs in its gate|up and down projections.
-F16_VARIANTS = ("auto", "cp", "ws")
+# Split-K (below): "ws" takes the rule's S (splitk_splits), "ws1" .. "ws16" force S (benchmarks and tests; "ws1" is
+# the unsplit kernel, bitwise "cp"). With split-K the ws kernel also takes the GEMMs that the rule splits from
+# F16_WS_SPLIT_ROWS rows (the fp16 mode's floor): there the cp kernel runs one CTA per tile on a fraction of the
+# SMs (the 27B's o-projections at 256 rows: 40 of 132), the split ws kernel ~one full wave. NOT yet measured on
+# the H200 (`python -m perf.bench_gemm --splitk`): F16_WS_SPLIT_ROWS and the SPLITK_* constants are estimates.
+SPLITK_FORCE_MAX = 16
+F16_VARIANTS = ("auto", "cp", "ws", *(f"ws{s}" for s in range(1, SPLITK_FORCE_MAX + 1)))
 F16_WS_ROWS = 384
 F16_WS_WIDE_ROWS = 256
 F16_WS_WIDE_ELEMS = 64 << 20
+F16_WS_SPLIT_ROWS = 128
 WS_INSTANCES: tuple[str, ...] = tuple(
-    f"gemm90_f16_ws<{s}>" for s, d in PAIR_STRUCTS.values() if d is not None
+    f"{kern}<{s}>"
+    for kern in ("gemm90_f16_ws", "gemm90_f16_ws_reduce")
+    for s, d in PAIR_STRUCTS.values()
+    if d is not None
 )
+# Split-K of the ws kernel (cuda_src/ws_sched.cuh: work units = output tile x K split; split s of S covers K tiles
+# [s T / S, (s + 1) T / S) of T = ceil(K / 64); partials to a [S, M, N] fp32 workspace, then gemm90_f16_ws_reduce
+# adds them in split order and applies the epilogue). S is a function of the tile counts (ceil(M / 128),
+# ceil(N / 256), T) only, never of the device: SPLITK_WAVE is the H200's 132 SMs as a constant, so a row's bits do
+# not change with the GPU it runs on. The rule: S = 1 from SPLITK_WAVE tiles (one full wave already; the 2K-8K-row
+# prefill chunks keep the unsplit kernel and its bits), else the S <= SPLITK_MAX, with every split at least
+# SPLITK_MIN_KSTEPS K tiles long, that minimizes an estimated time in K-tile steps of one CTA:
+#   rounds(S) x (ceil(T / S) + SPLITK_UNIT_KSTEPS) + SPLITK_REDUCE_KSTEPS + 2 S tiles 128 KiB / SPLITK_KSTEP_BYTES
+# rounds = ceil(tiles S / SPLITK_WAVE) (units are all one length, so a partial last round costs a whole one: 40
+# tiles take S = 3, one round of T / 3, not S = 4, two rounds of T / 4); the last term is the partials' traffic
+# (written, then read by the reduction; tile-padded) against the bytes the GPU moves in one K step (~0.7 us per
+# 128 x 256 x 64 step at ~790 TFLOP/s, at ~3 TB/s). At S = 1 the estimate is T + SPLITK_UNIT_KSTEPS.
+SPLITK_WAVE = 132
+SPLITK_MAX = 8
+SPLITK_MIN_KSTEPS = 8
+SPLITK_UNIT_KSTEPS = 2.0  # a unit's fixed cost (ring fill, epilogue) in K steps: estimate
+SPLITK_REDUCE_KSTEPS = 4.0  # the reduction launch's fixed cost in K steps: estimate
+SPLITK_KSTEP_BYTES = 2 << 20  # partial traffic that costs one K step: estimate
 _WS_THREADS, _WS_BN = 384, 256  # WS_THREADS, WS_BN in cuda_src/ws_sched.cuh
+_REDUCE_THREADS = 256  # gemm90_f16_ws_reduce's columns per block (gemm_sm90_ws.cu)
 
 # Rows from which a float32 GEMM takes the pair mode. Below one full 128-row tile the GEMM is one partial wave of
 # M-independent tiles while the pre-passes cost fixed memory traffic (dequant: read the stored bytes and write 2 per
@@ -119,8 +153,44 @@ _SCRATCH: dict[tuple[int, int, str], Any] = {}
 
 def f16_auto_ws(m: int, n: int, k: int) -> bool:
     """``variant="auto"``: whether an ``m``-row fp16-mode GEMM with an ``n`` x ``k`` weight takes the ws kernel
-    (bitwise the cp kernel's result either way; the measured rule above)."""
-    return m >= F16_WS_ROWS or (m >= F16_WS_WIDE_ROWS and n * k >= F16_WS_WIDE_ELEMS)
+    (the rules above: by rows and weight size, bitwise the cp kernel there; and wherever split-K applies from
+    F16_WS_SPLIT_ROWS rows, a function of (m, n, k) as well)."""
+    if m >= F16_WS_ROWS or (m >= F16_WS_WIDE_ROWS and n * k >= F16_WS_WIDE_ELEMS):
+        return True
+    return m >= F16_WS_SPLIT_ROWS and splitk_splits(m, n, k) > 1
+
+
+@functools.lru_cache(maxsize=4096)
+def splitk_splits(m: int, n: int, k: int) -> int:
+    """The ws kernel's K splits S for an ``m`` x ``n`` x ``k`` GEMM (the rule above; 1: unsplit). Depends on the
+    tile counts only."""
+    tiles, nk = -(-m // _BM) * -(-n // _WS_BN), -(-k // 64)
+    if tiles >= SPLITK_WAVE:
+        return 1
+    best, cost = 1, nk + SPLITK_UNIT_KSTEPS
+    for s in range(2, SPLITK_MAX + 1):
+        if nk // s < SPLITK_MIN_KSTEPS:
+            break
+        rounds = -(-tiles * s // SPLITK_WAVE)
+        c = rounds * (-(-nk // s) + SPLITK_UNIT_KSTEPS) + SPLITK_REDUCE_KSTEPS
+        c += 2 * s * tiles * _BM * _WS_BN * 4 / SPLITK_KSTEP_BYTES
+        if c < cost:
+            best, cost = s, c
+    return best
+
+
+def splitk_scratch_bytes(rows: int, shapes: Iterable[tuple[int, int]]) -> int:
+    """Upper bound of the split-K workspace after fp16-mode GEMMs of at most ``rows`` rows against weights of
+    ``shapes`` ((N, K) each): the largest S x M x N x 4 the rule gives (S depends on M only through its row tiles,
+    so the top of each 128-row band is the band's largest). Counted as if every such GEMM took the ws kernel."""
+    most = 0
+    for n, k in shapes:
+        for tm in range(1, -(-rows // _BM) + 1):
+            m = min(rows, tm * _BM)
+            s = splitk_splits(m, n, k) if m >= PAIR_MIN_ROWS else 1
+            if s > 1:
+                most = max(most, 4 * s * m * n)
+    return most
 
 
 def pair_foldable(fmt: str, t: str) -> bool:
@@ -222,7 +292,9 @@ def gemm_pair(
     twin), the weights as exact fp16 operands, the row's power of two undone in the epilogue. ``inloop`` (fp16
     mode): the weights converted inside the main loop (``gemm90_f16il``) rather than once into the scratch.
     ``variant`` (:data:`F16_VARIANTS`, fp16 mode): the scratch kernel's main loop, ``auto`` by rows
-    and weight size (:func:`f16_auto_ws`; the in-loop kernel has one loop). Bitwise the same result every way.
+    and weight size (:func:`f16_auto_ws`; the in-loop kernel has one loop), ``ws`` with the split-K rule's S per
+    call (:func:`splitk_splits` of its M, N, K; every chunk keeps it), ``ws<S>`` with S forced. Bitwise the same
+    result every way at S = 1; with S > 1 a function of (K, S) per output (the splits' sum order).
     ``swiglu`` (fp16 mode): ``x`` holds [gate | up] rows of width 2K, and the product is of their SwiGLU, applied
     by the row split (``f16_rows``) instead of a separate kernel's [M, K] array (``dims[2]`` is K).
     ``operands`` (an ``operands.OperandStore``, fp16 mode): the weight's fp16 operand kept there, or filled there on
@@ -235,11 +307,15 @@ def gemm_pair(
         raise ValueError("gemm_pair: swiglu is the fp16 mode's input transform")
     if not f16 and inloop:
         raise ValueError("gemm_pair: inloop is the fp16 mode's choice")
-    if variant not in F16_VARIANTS or (variant == "ws" and not f16):
+    if variant not in F16_VARIANTS or (variant.startswith("ws") and not f16):
         raise KernelError(
             f"gemm_pair: variant={variant!r} (one of {F16_VARIANTS}; 'ws' in the fp16 mode only)"
         )
-    ws = f16 and not inloop and (variant == "ws" or (variant == "auto" and f16_auto_ws(m, n, k)))
+    ws = f16 and not inloop and (variant.startswith("ws") or (variant == "auto" and f16_auto_ws(m, n, k)))
+    # S of the whole call, kept by every row / weight chunk (a partial depends on K and S only): the result is
+    # the same chunked or not, from the scratch or a kept operand
+    forced = int(variant[2:]) if variant.startswith("ws") and variant != "ws" else None
+    splits = 1 if not ws else forced if forced is not None else splitk_splits(m, n, k)
     mx, nw = _plan(w.fmt, m, n, k)
     if inloop:
         nw = n  # the stored planes, read whole: no weight scratch
@@ -286,7 +362,8 @@ def gemm_pair(
             p0, p1, p2 = whole if whole is not None else weight_chunk(n0, cols)
             y = out[m0 : m0 + rows, n0 : n0 + cols]
             if ws:
-                launch_ws(fn, xa, xb, (p0, p1, p2), y, (rows, cols, k, ldy))
+                red = kernel_of(f"gemm90_f16_ws_reduce<{wstruct}>") if splits > 1 else None
+                launch_ws(fn, xa, xb, (p0, p1, p2), y, (rows, cols, k, ldy), splits=splits, reduce_fn=red)
                 continue
             fn((grid_1d(rows, _BM) * grid_1d(cols, _BN),), (_THREADS,),
                (p0, p1, p2, xa, xb, y, np.int32(rows), np.int32(cols), np.int32(k), np.int64(k), np.int64(ldy)),
@@ -334,17 +411,32 @@ def _map(ptr: int, rows: int, k: int, box_rows: int) -> Any:
 
 
 def launch_ws(
-    fn: Any, xh: Any, rowf: Any, planes: tuple[Any, Any, Any], y: Any, dims: tuple[int, int, int, int]
+    fn: Any,
+    xh: Any,
+    rowf: Any,
+    planes: tuple[Any, Any, Any],
+    y: Any,
+    dims: tuple[int, int, int, int],
+    *,
+    splits: int = 1,
+    reduce_fn: Any = None,
 ) -> None:
     """gemm90_f16_ws on fp16 rows ``xh`` [M, K] (row stride K), their factors ``rowf``, fp16 weight rows
     ``planes[0]`` [N, K] (row stride K) with the format's row-scale planes, into ``y`` (row stride ``ldy``);
-    ``dims`` = (M, N, K, ldy). A persistent grid of one CTA per SM at most (the result does not depend on it)."""
+    ``dims`` = (M, N, K, ldy). A persistent grid of one CTA per SM at most (the result does not depend on it).
+    ``splits`` = S > 1: split-K, the S partials into the "part" scratch ([S, M, N] fp32), then ``reduce_fn``
+    (gemm90_f16_ws_reduce of the same format) sums them in split order into ``y``."""
     import cupy
 
     m, n, k, ldy = dims
     p0, p1, p2 = planes
     ma, mb = _map(xh.data.ptr, m, k, _BM), _map(p0.data.ptr, n, k, _WS_BN)
-    tiles = grid_1d(m, _BM) * grid_1d(n, _WS_BN)
-    grid = min(tiles, _sm_count(cupy.cuda.Device().id))
-    args = (ma.arg, mb.arg, p1, p2, rowf, y, np.int32(m), np.int32(n), np.int32(k), np.int64(ldy))
+    units = grid_1d(m, _BM) * grid_1d(n, _WS_BN) * splits
+    grid = min(units, _sm_count(cupy.cuda.Device().id))
+    part = _scratch("part", 2 * splits * m * n).view(np.float32) if splits > 1 else None
+    args = (ma.arg, mb.arg, p1, p2, rowf, y, np.int32(m), np.int32(n), np.int32(k), np.int64(ldy),
+            np.uint64(0) if part is None else part, np.int32(splits))  # fmt: skip
     launch_ex(fn, (grid,), (_WS_THREADS,), args, shared_mem=_SMEM)
+    if part is not None:
+        reduce_fn((m, grid_1d(n, _REDUCE_THREADS)), (_REDUCE_THREADS,),
+                  (part, p1, p2, rowf, y, np.int32(m), np.int32(n), np.int32(splits), np.int64(ldy)))  # fmt: skip

@@ -20,7 +20,7 @@ from ninfer.config import ModelConfig
 from ninfer.cuda.attention import rows_per_launch, split_plan, workspace_bytes
 from ninfer.cuda.attention_prefill import SPLIT_SCRATCH_BYTES
 from ninfer.cuda.gdn import chunk_scratch_bytes
-from ninfer.cuda.gemm_pair import pair_scratch_bytes
+from ninfer.cuda.gemm_pair import pair_scratch_bytes, splitk_scratch_bytes
 from ninfer.cuda.host_tier import stage_pages
 from ninfer.cuda.moe_lanes import lanes_workspace_bytes, slot_bound
 
@@ -122,15 +122,34 @@ def _gemm_scratch(mc: ModelConfig, rows: int) -> int:
     """The Hopper prefill GEMM's pair-mode scratch (ninfer/cuda/gemm_pair.py): bf16 hi / lo of the widest GEMM
     input and a bf16 copy of the largest (fused) projection, both capped there; for an MoE model, room for the
     fp16 mode's expert rows too (gemm_pair.f16_rows: 2 * (K + 2) bytes per routed slot, uncapped; the shared
-    expert runs as a dense GEMM beside the grouped one). Added, not the larger of the two: the activation scratch
-    grows by reallocation and CuPy's pool keeps the smaller block it replaced."""
+    expert runs as a dense GEMM beside the grouped one), and the ws kernel's split-K partials (their own grow-only
+    buffer). Added, not the larger of the two: the activation scratch grows by reallocation and CuPy's pool keeps
+    the smaller block it replaced."""
     k_max = max(mc.hidden_size, mc.num_attention_heads * mc.head_dim, mc.gdn_value_dim, mc.intermediate_size,
                 mc.shared_expert_intermediate_size)  # fmt: skip
     qkv = 2 * (mc.num_attention_heads + mc.num_key_value_heads) * mc.head_dim
     gdn = mc.gdn_conv_channels + mc.gdn_value_dim + 2 * mc.linear_num_value_heads
     n_max = max(2 * mc.intermediate_size, 2 * mc.shared_expert_intermediate_size, qkv, gdn)
     experts = 2 * rows * mc.num_experts_per_tok * (mc.hidden_size + 2) if mc.is_moe else 0
-    return pair_scratch_bytes(rows, k_max, n_max * mc.hidden_size) + experts
+    split = splitk_scratch_bytes(rows, _dense_shapes(mc))
+    return pair_scratch_bytes(rows, k_max, n_max * mc.hidden_size) + experts + split
+
+
+def _dense_shapes(mc: ModelConfig) -> list[tuple[int, int]]:
+    """(N, K) of the dense prefill GEMMs that may take the fp16 mode's ws kernel with split-K (its fp32 partials:
+    gemm_pair.splitk_scratch_bytes): attention q|gate|k|v and o, the GDN in- and out-projections, the dense MLP or
+    the shared expert (gate|up fused, down)."""
+    h, shapes = mc.hidden_size, []
+    if mc.full_attention_layers:
+        qkv = 2 * (mc.num_attention_heads + mc.num_key_value_heads) * mc.head_dim
+        shapes += [(qkv, h), (h, mc.num_attention_heads * mc.head_dim)]
+    if mc.linear_attention_layers:
+        gdn = mc.gdn_conv_channels + mc.gdn_value_dim + 2 * mc.linear_num_value_heads
+        shapes += [(gdn, h), (h, mc.gdn_value_dim)]
+    for inter in (mc.intermediate_size, mc.shared_expert_intermediate_size):
+        if inter:
+            shapes += [(2 * inter, h), (h, inter)]
+    return shapes
 
 
 def _gdn_scratch(mc: ModelConfig, rows: int) -> int:

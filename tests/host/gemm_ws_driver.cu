@@ -8,11 +8,16 @@
 // descriptors rather than against a shared helper. Random delays shake the interleavings; invariants asserted:
 //   - a slot is refilled only after both consumer warpgroups released every earlier fill of it;
 //   - a consumer passing full[s] sees exactly the fill it waits for, and the slot holds the tile / K tile it expects;
-//   - every output element is written exactly once (tile order: every tile once, ragged edges clipped);
+//   - every output element (S = 1), every element of every split partial (S > 1), is written exactly once (unit
+//     order: every tile and split once, ragged edges clipped), and each unit consumed exactly its split's K tiles;
 //   - the descriptor addressing equals wdq.cuh's sw128 (the layout the cp.async kernels write).
-// stdin: M N K G seed slow (1: consumers sleep in every mma, the producer always waits for a release; 2: the
-// producer sleeps in every fill, the consumers always wait for the bytes; 0: random jitter only), then per operand (A, B) "dims0 dims1 stride box0 box1 swizzle", then xh [M*K] u16, w [N*K]
-// u16, rowf [M] f32. stdout: y [M*N] f32. Exit 20+ on a violated invariant (message on stderr).
+// S > 1: the consumers' epilogue writes the unscaled partials (as the kernel's store<false>), then the reduction
+// runs the kernel's own ws_split_sum per output and multiplies by rowf (row_scale is 1 here).
+// stdin: M N K G seed slow S (slow 1: consumers sleep in every mma, the producer always waits for a release; 2: the
+// producer sleeps in every fill, the consumers always wait for the bytes; 0: random jitter only; S: the splits),
+// then per operand (A, B) "dims0 dims1 stride box0 box1 swizzle", then xh [M*K] u16, w [N*K] u16, rowf [M] f32.
+// stdout: y [M*N] f32, then for S > 1 the partials [S*M*N] f32. Exit 20+ on a violated invariant (message on
+// stderr).
 #include <chrono>
 #include <condition_variable>
 #include <cmath>
@@ -82,11 +87,11 @@ struct Cta {
 };
 
 struct World {
-    int M, N, K;
+    int M, N, K, S;
     Map ma, mb;
     std::vector<u16> xh, w;
-    std::vector<float> rowf, y;
-    std::vector<int> written;
+    std::vector<float> rowf, y, part;
+    std::vector<int> written;  // per element of y (S = 1) or of part (S > 1)
 };
 
 static void jitter(std::mt19937& rng, bool slow) {
@@ -193,14 +198,19 @@ struct HostConsumer {
         }
         for (int w = 0; w < WS_CONSUMER_WARPS / 2; ++w) c.empty[s].arrive();  // lane 0 of each of the 4 warps
     }
-    void epilogue(int mt, int nt) {
-        const int nk = (wd.K + GS_BK - 1) / GS_BK;
-        if ((int)seen.size() != 3 * nk) FAIL(25, "tile (%d, %d): %zu K tiles consumed", mt, nt, seen.size() / 3);
-        for (int kt = 0; kt < nk; ++kt)
-            if (seen[3 * kt] != mt || seen[3 * kt + 1] != nt || seen[3 * kt + 2] != kt)
-                FAIL(26, "tile (%d, %d) K tile %d read the fill of (%d, %d, %d)", mt, nt, kt, seen[3 * kt],
-                     seen[3 * kt + 1], seen[3 * kt + 2]);
+    void epilogue(const WsUnit& u) {
+        const int mt = u.mt, nt = u.nt, nk = (wd.K + GS_BK - 1) / GS_BK;
+        if (u.k0 != (int)((long long)u.split * nk / wd.S) || u.k1 != (int)((long long)(u.split + 1) * nk / wd.S))
+            FAIL(30, "tile (%d, %d) split %d: K tiles [%d, %d)", mt, nt, u.split, u.k0, u.k1);
+        if ((int)seen.size() != 3 * (u.k1 - u.k0))
+            FAIL(25, "tile (%d, %d) split %d: %zu K tiles consumed", mt, nt, u.split, seen.size() / 3);
+        for (int kt = u.k0; kt < u.k1; ++kt) {
+            const int* t = &seen[3 * (kt - u.k0)];
+            if (t[0] != mt || t[1] != nt || t[2] != kt)
+                FAIL(26, "tile (%d, %d) K tile %d read the fill of (%d, %d, %d)", mt, nt, kt, t[0], t[1], t[2]);
+        }
         const int m0 = mt * GS_BM, n0 = nt * WS_BN;
+        const size_t pbase = (size_t)u.split * wd.M * wd.N;
         for (int ct = wg * 128; ct < wg * 128 + 128; ++ct)  // through the fragment map, as the device epilogue
             for (int i = 0; i < WS_BN / 2; ++i) {
                 int r, cc;
@@ -208,8 +218,14 @@ struct HostConsumer {
                 if (r / 64 != wg) FAIL(27, "fragment row %d outside warpgroup %d", r, wg);
                 if (m0 + r < wd.M && n0 + cc < wd.N) {
                     const size_t o = (size_t)(m0 + r) * wd.N + n0 + cc;
-                    wd.y[o] = acc[(r - 64 * wg) * WS_BN + cc] * wd.rowf[m0 + r];
-                    wd.written[o] += 1;  // tiles are disjoint: no two threads share an element
+                    const float a = acc[(r - 64 * wg) * WS_BN + cc];
+                    if (wd.S > 1) {  // units are disjoint: no two threads share an element
+                        wd.part[pbase + o] = a;
+                        wd.written[pbase + o] += 1;
+                    } else {
+                        wd.y[o] = a * wd.rowf[m0 + r];
+                        wd.written[o] += 1;
+                    }
                 }
             }
     }
@@ -230,16 +246,18 @@ int main() {
     World wd;
     int G, slow;
     unsigned seed;
-    if (scanf("%d %d %d %d %u %d", &wd.M, &wd.N, &wd.K, &G, &seed, &slow) != 6) return 2;
+    if (scanf("%d %d %d %d %u %d %d", &wd.M, &wd.N, &wd.K, &G, &seed, &slow, &wd.S) != 7 || wd.S < 1) return 2;
     read_map(wd.ma);
     read_map(wd.mb);
     getchar();
     wd.xh.resize((size_t)wd.M * wd.K), wd.w.resize((size_t)wd.N * wd.K), wd.rowf.resize(wd.M);
-    wd.y.assign((size_t)wd.M * wd.N, 0.f), wd.written.assign((size_t)wd.M * wd.N, 0);
+    const size_t mn = (size_t)wd.M * wd.N;
+    wd.y.assign(mn, 0.f), wd.written.assign(wd.S > 1 ? wd.S * mn : mn, 0);
+    if (wd.S > 1) wd.part.assign(wd.S * mn, std::nanf(""));
     if (fread(wd.xh.data(), 2, wd.xh.size(), stdin) != wd.xh.size()) return 3;
     if (fread(wd.w.data(), 2, wd.w.size(), stdin) != wd.w.size()) return 3;
     if (fread(wd.rowf.data(), 4, wd.rowf.size(), stdin) != wd.rowf.size()) return 3;
-    const WsSched sc(wd.M, wd.N, wd.K);
+    const WsSched sc(wd.M, wd.N, wd.K, wd.S);
     std::vector<Cta> ctas(G);
     std::vector<std::thread> th;
     for (int cta = 0; cta < G; ++cta) {
@@ -256,6 +274,11 @@ int main() {
     for (auto& t : th) t.join();
     for (size_t i = 0; i < wd.written.size(); ++i)
         if (wd.written[i] != 1) FAIL(28, "output %zu written %d times", i, wd.written[i]);
+    if (wd.S > 1) {  // gemm90_f16_ws_reduce: the kernel's split sum, then its epilogue (row_scale 1)
+        for (size_t i = 0; i < mn; ++i)
+            wd.y[i] = ws_split_sum(wd.part.data(), (long long)mn, (long long)i, wd.S) * wd.rowf[i / wd.N];
+    }
     fwrite(wd.y.data(), 4, wd.y.size(), stdout);
+    if (wd.S > 1) fwrite(wd.part.data(), 4, wd.part.size(), stdout);
     return 0;
 }
