@@ -11,7 +11,7 @@ sequences of one token, float32 and bf16 state:
 
 - ``recurrent``: ``gdn_recurrent`` alone (the delta rule on conv output);
 - ``mixer``: ``gdn_decode`` (conv + delta rule + gated RMSNorm in one launch; per-layer time of the mixer core),
-  ``variant="cluster"`` (gdn_step_cl, the default);
+  ``variant="cluster"`` (gdn_step_cl; the default "auto" takes it up to 4 sequences);
 - ``mixer-cnt``: the same with ``variant="counter"`` (the last-arrival epilogue, the kernel before gdn_step_cl).
 
 Bytes = the recurrent state read and written (``state``) plus activations and conv state (``total``); the

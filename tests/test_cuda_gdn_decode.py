@@ -141,7 +141,7 @@ def test_gdn_decode(cp: Any, t: str, st: str, case: tuple) -> None:
     hk, hv, dk, dv, lens = case
     tb, sb = t == "bf16", st == "bf16"
     p = _problem(np.random.default_rng(sum(lens) + hv + dk), case, tb, sb)
-    r = _decode(cp, p, hk, tb, sb)
+    r = _decode(cp, p, hk, tb, sb, variant="cluster")
     y, got_s, got_c = _host(cp, r["y"]), _host(cp, r["state"]), cp.asnumpy(r["conv"])
     np.testing.assert_array_equal(got_s[0], p["state"][0])
     np.testing.assert_array_equal(got_c[0], p["conv"][0])
@@ -168,11 +168,12 @@ def test_gdn_decode(cp: Any, t: str, st: str, case: tuple) -> None:
     np.testing.assert_array_equal(cp.asnumpy(r["y"]), cp.asnumpy(on).reshape(n, hv * dv), "fused vs unfused")
     np.testing.assert_array_equal(cp.asnumpy(r["state"]), cp.asnumpy(state), "fused vs unfused: state")
     np.testing.assert_array_equal(cp.asnumpy(r["conv"]), cp.asnumpy(conv), "fused vs unfused: conv state")
-    # the cluster kernel (the default) == the counter epilogue == gdn_step + gdn_step_post, bitwise
+    # the cluster kernel == the counter epilogue == the default ("auto") == gdn_step + gdn_step_post, bitwise
     fresh = {k: v for k, v in p.items() if k != "dev"}
     for other in (
         _decode(cp, dict(fresh), hk, tb, sb, fused=False),
         _decode(cp, dict(fresh), hk, tb, sb, variant="counter"),
+        _decode(cp, dict(fresh), hk, tb, sb, variant="auto"),
     ):
         for name in ("y", "state", "conv"):
             np.testing.assert_array_equal(cp.asnumpy(r[name]), cp.asnumpy(other[name]), f"variants: {name}")

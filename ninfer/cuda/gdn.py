@@ -113,7 +113,12 @@ STEP_CLUSTER = 4  # column tiles per cluster of gdn_step_cl (GDN_CL): value head
 # gdn_decode's single launch: "cluster" gdn_step_cl (the gated norm through distributed shared memory, the default
 # where dv <= STEP_CLUSTER * STEP_COLS), "counter" gdn_step<., ., ., true> with its epilogue by the last arriving
 # column tile (the kernel before; kept to time both in one run and as the fallback for wider heads). The same bits.
-DECODE_VARIANTS = ("cluster", "counter")
+DECODE_VARIANTS = ("auto", "cluster", "counter")
+# "auto": the cluster kernel up to this many sequences per call, the counter one above. Measured (H200, 8cf0e04,
+# perf/bench_gdn_decode.py, fp32 state, us per call, cluster / counter): 27B heads 1 sequence 6.07 / 6.60, 8
+# sequences 28.6 / 26.7; 35B-A3B 5.50 / 6.76 and 19.4 / 19.7. 2-4 sequences not measured. Both give the same bits,
+# so the switch changes no lane's result.
+STEP_CLUSTER_MAX_SEQS = 4
 SOURCES: dict[str, tuple[str, ...]] = {
     "gdn.cu": tuple(f"causal_conv<{t}, 4>" for t in _T),
     "gdn_chunk.cu": chunk_instances(DEFAULT_VARIANT),
@@ -276,7 +281,7 @@ def gdn_decode(
     out: Any = None,
     snap: Any = None,
     fused: bool = True,
-    variant: str = "cluster",
+    variant: str = "auto",
 ) -> Any:
     """The GDN mixer core in one launch (``fused=False``: two, the epilogue in ``gdn_step_post``; the same bits):
     the causal conv of the raw ``in_proj_qkv`` rows ``qkv`` (taps ``conv_w[C, 4]``, carried raw inputs ``conv_state[S, C, 3]`` float32), the exact delta rule (arguments as
@@ -293,7 +298,8 @@ def gdn_decode(
     only: outputs and the final states are the same bits as without ``snap``.
 
     ``variant`` (``DECODE_VARIANTS``, one launch): ``"cluster"`` (``gdn_step_cl``; heads wider than 128 columns
-    fall back to ``"counter"``) or ``"counter"`` (``gdn_step``'s last-arrival epilogue): the same bits. The cluster
+    fall back to ``"counter"``), ``"counter"`` (``gdn_step``'s last-arrival epilogue) or ``"auto"`` (cluster up to
+    ``STEP_CLUSTER_MAX_SEQS`` sequences): the same bits. The cluster
     kernel reads ``starts``, ``slots``, ``snap`` and the weights before it waits for the kernel ahead (PDL): no
     kernel of the same captured launch chain may write them (the decode graphs upload them by copy)."""
     rows, c, ldx = check_rows(qkv, "qkv")
@@ -319,7 +325,8 @@ def gdn_decode(
     if fused:  # counters per sequence and value / QK head (the cluster kernel uses the QK heads' only)
         cnt = arrival_counters(k["nseq"] * (hv + n_k_heads))
         tail = (cnt, z, norm_w, out, np.int64(ldz), ldo, np.float32(eps))
-        if variant == "cluster" and dv <= STEP_CLUSTER * STEP_COLS:
+        cluster = variant == "cluster" or (variant == "auto" and k["nseq"] <= STEP_CLUSTER_MAX_SEQS)
+        if cluster and dv <= STEP_CLUSTER * STEP_COLS:
             _step_cl(k, (*head, *tail))
         else:
             _step(k, True, (*head, *tail))
