@@ -77,7 +77,7 @@ def test_f16_rows_independent_and_chunked(cp: Any, fmt: str, monkeypatch: pytest
     from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(63)
-    m, n, k = 300, 700, 1032
+    m, n, k = 300, 700, 8200  # K long enough to split (gemm_pair.SPLITK_MIN_KSTEPS)
     w, _ = _weight(rng, fmt, n, k)
     xd = cp.asarray(_x(rng, m, k))
     s = gp.splitk_splits(m, n, k)

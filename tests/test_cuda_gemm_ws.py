@@ -198,14 +198,14 @@ def test_ws_split_matches_reference(cp: Any, ws_calls: list[int], fmt: str) -> N
 
 
 def test_ws_split_rule_auto_and_chunks(cp: Any, ws_calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    """``auto`` takes the ws kernel with the rule's S where it splits (the 27B's o-projection at 256 rows: S = 3),
+    """``auto`` takes the ws kernel with the rule's S where it splits (the 27B's down projection at 256 rows: S = 3),
     bitwise ``ws`` and the forced ``ws3``; a chunked weight scratch keeps the call's S (the same bits); rows
     launched alone get their own S (close, not bitwise)."""
     import ninfer.cuda.gemm_pair as gp
     from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(83)
-    m, n, k = 256, 5120, 6144
+    m, n, k = 256, 5120, 17408
     s = gp.splitk_splits(m, n, k)
     assert s == 3 and gp.f16_auto_ws(m, n, k) and m < gp.F16_WS_ROWS
     w, wf = _weight(rng, "NVFP4G16_E4M3S", n, k)
@@ -242,7 +242,7 @@ def test_ws_split_swiglu_and_kept_operand(cp: Any, ws_calls: list[int]) -> None:
     from ninfer.cuda.operands import OperandStore
 
     rng = np.random.default_rng(85)
-    m, n, k = 200, 520, 1032
+    m, n, k = 200, 520, 8200  # K long enough to split (gemm_pair.SPLITK_MIN_KSTEPS)
     for fmt in ("NVFP4G16_E4M3S", "FP8E4M3_F32ROW"):
         w, wf = _weight(rng, fmt, n, k)
         gu = cp.zeros((m, 2 * k + 8), dtype=F32)

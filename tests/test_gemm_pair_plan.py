@@ -113,8 +113,8 @@ def test_f16_auto_ws_by_rows_and_weight_size() -> None:
     applies (the narrow projections with few tiles); the cp.async kernel elsewhere."""
     up, down, o_proj, qkv = (34816, 5120), (5120, 17408), (5120, 6144), (10240, 5120)
     assert gp.F16_WS_SPLIT_ROWS <= gp.F16_WS_WIDE_ROWS < gp.F16_WS_ROWS
-    for n, k in (up, down):
-        assert n * k >= gp.F16_WS_WIDE_ELEMS
+    assert up[0] * up[1] >= gp.F16_WS_WIDE_ELEMS > down[0] * down[1]
+    for n, k in (up, down):  # down: by its split from 128 rows (gate|up: by its size)
         assert gp.f16_auto_ws(256, n, k) and gp.f16_auto_ws(gp.F16_WS_WIDE_ROWS, n, k)
     assert not gp.f16_auto_ws(gp.F16_WS_WIDE_ROWS - 1, *up), (
         "272 tiles at 255 rows: no split, not wide enough"
@@ -125,7 +125,8 @@ def test_f16_auto_ws_by_rows_and_weight_size() -> None:
             assert gp.f16_auto_ws(m, n, k) == (wide or gp.splitk_splits(m, n, k) > 1), (m, n, k)
         assert not gp.f16_auto_ws(gp.F16_WS_SPLIT_ROWS - 1, n, k)
         assert gp.f16_auto_ws(gp.F16_WS_ROWS, n, k) and gp.f16_auto_ws(8192, n, k)
-    assert gp.f16_auto_ws(256, *o_proj) and not gp.f16_auto_ws(256, *qkv), "40 tiles split, 80 do not"
+    assert gp.f16_auto_ws(256, *down) and not gp.f16_auto_ws(256, *o_proj), "272 K steps split, 96 do not"
+    assert not gp.f16_auto_ws(256, *qkv), "80 tiles, 80 K steps: cp"
 
 
 # the 27B's dense projections (N, K): attention q|gate|k|v, o / GDN out, GDN in, MLP gate|up, down
@@ -148,8 +149,9 @@ def test_splitk_rule() -> None:
             assert s == gp.splitk_splits(128 * tm, 256 * tn, 64 * nk), "a function of the tile counts"
         for m in (2048, 4096, 8192):
             assert gp.splitk_splits(m, n, k) == 1
-    # 40 tiles: three splits fill 120 of 132 SMs in one round (four would take two rounds of a quarter of K)
-    assert gp.splitk_splits(256, 5120, 17408) == 3 and gp.splitk_splits(256, 5120, 6144) == 3
+    # 40 tiles: three splits fill 120 of 132 SMs in one round (four would take two rounds of a quarter of K); the
+    # o-projection's 96 K tiles are too short for splits of SPLITK_MIN_KSTEPS (measured slower at every S)
+    assert gp.splitk_splits(256, 5120, 17408) == 3 and gp.splitk_splits(256, 5120, 6144) == 1
     assert gp.splitk_splits(256, 34816, 5120) == 1, "272 tiles: more than a wave"
     assert gp.splitk_splits(8, 5120, 256) == 1, "K of 4 tiles: too short to split"
 
@@ -179,5 +181,5 @@ def test_memory_plan_counts_splitk() -> None:
         shapes = mp._dense_shapes(mc)
         assert shapes and all(n > 0 and k > 0 for n, k in shapes)
         split = gp.splitk_scratch_bytes(2048, shapes)
-        assert split > 0, key
+        assert (split > 0) == (key == "qwen3.6-27b"), key  # the 35B-A3B's dense K are too short to split
         assert mp._gemm_scratch(mc, 2048) >= split

@@ -87,13 +87,19 @@ PAIR_INSTANCES: tuple[str, ...] = (
 # Split-K (below): "ws" takes the rule's S (splitk_splits), "ws1" .. "ws16" force S (benchmarks and tests; "ws1" is
 # the unsplit kernel, bitwise "cp"). With split-K the ws kernel also takes the GEMMs that the rule splits from
 # F16_WS_SPLIT_ROWS rows (the fp16 mode's floor): there the cp kernel runs one CTA per tile on a fraction of the
-# SMs (the 27B's o-projections at 256 rows: 40 of 132), the split ws kernel ~one full wave. NOT yet measured on
-# the H200 (`python -m perf.bench_gemm --splitk`): F16_WS_SPLIT_ROWS and the SPLITK_* constants are estimates.
+# SMs (the 27B's o-projections at 256 rows: 40 of 132), the split ws kernel ~one full wave. Measured on the H200
+# (8cf0e04, `python -m perf.bench_gemm --splitk --rows 256,512`, NVFP4 with kept operands, perf/results/
+# bench_gemm_splitk_8cf0e04.json; TFLOP/s, cp / ws at the S shown): the down projection (K 17408, 272 K steps) at
+# 256 rows 187 / 334 (S 3), at 512 350 / 530 (S 3); the o-projection (K 6144, 96 steps) lost at every S (256 rows:
+# 161 / 115-134), so a split needs SPLITK_MIN_KSTEPS = 64 K steps per unit (the o-projections keep cp below 384
+# rows). With kept operands (no dequant pass in either kernel) the unsplit ws kernel lost to cp at 256 rows on the
+# 73-84M-element q|k|v|gate and GDN in-projections (0.78-0.81x) and won on gate|up (178M, 1.28x): hence
+# F16_WS_WIDE_ELEMS = 128M. At 512 rows ws1 wins on all but the o-projection (0.87x).
 SPLITK_FORCE_MAX = 16
 F16_VARIANTS = ("auto", "cp", "ws", *(f"ws{s}" for s in range(1, SPLITK_FORCE_MAX + 1)))
 F16_WS_ROWS = 384
 F16_WS_WIDE_ROWS = 256
-F16_WS_WIDE_ELEMS = 64 << 20
+F16_WS_WIDE_ELEMS = 128 << 20
 F16_WS_SPLIT_ROWS = 128
 WS_INSTANCES: tuple[str, ...] = tuple(
     f"{kern}<{s}>"
@@ -115,7 +121,7 @@ WS_INSTANCES: tuple[str, ...] = tuple(
 # 128 x 256 x 64 step at ~790 TFLOP/s, at ~3 TB/s). At S = 1 the estimate is T + SPLITK_UNIT_KSTEPS.
 SPLITK_WAVE = 132
 SPLITK_MAX = 8
-SPLITK_MIN_KSTEPS = 8
+SPLITK_MIN_KSTEPS = 64
 SPLITK_UNIT_KSTEPS = 2.0  # a unit's fixed cost (ring fill, epilogue) in K steps: estimate
 SPLITK_REDUCE_KSTEPS = 4.0  # the reduction launch's fixed cost in K steps: estimate
 SPLITK_KSTEP_BYTES = 2 << 20  # partial traffic that costs one K step: estimate
