@@ -22,7 +22,7 @@ import numpy as np
 
 from ninfer.cuda.loader import KernelError
 
-__all__ = ["CLUSTER_PORTABLE", "capturing", "launch", "launch_ex", "launch_pdl"]
+__all__ = ["CLUSTER_PORTABLE", "capturing", "launch", "launch_ex", "launch_pdl", "max_active_clusters"]
 
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID (cuda.h, CUDA 13)
 _ATTR_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID: value.clusterDim {x, y, z}
@@ -162,6 +162,38 @@ def launch_ex(
     rc = _driver()(ctypes.byref(cfg), func, params, None)
     if rc != 0:
         raise KernelError(f"cuLaunchKernelEx failed with CUresult {rc}")
+
+
+def max_active_clusters(
+    fn: Any, grid: Sequence[int], block: Sequence[int], shared_mem: int, cluster: Sequence[int]
+) -> int:
+    """``cuOccupancyMaxActiveClusters``: how many clusters of ``cluster`` blocks (x, y, z) of this launch the device
+    runs at once (a diagnostic: a cluster's blocks must fit one GPC together)."""
+    import cupy
+
+    func = getattr(fn, "kernel", fn).ptr
+    c = (*cluster, 1, 1)[:3]
+    if c[0] * c[1] * c[2] > CLUSTER_PORTABLE:
+        _allow_non_portable(func)
+    attr = _Attr(id=_ATTR_CLUSTER_DIMENSION)
+    attr.value.dims = (ctypes.c_uint * 3)(*c)
+    g, b = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
+    cfg = _Config(
+        (ctypes.c_uint * 3)(*g),
+        (ctypes.c_uint * 3)(*b),
+        shared_mem,
+        cupy.cuda.get_current_stream().ptr,
+        ctypes.pointer(attr),
+        1,
+    )
+    fn_occ = _lib().cuOccupancyMaxActiveClusters
+    fn_occ.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(_Config)]
+    fn_occ.restype = ctypes.c_int
+    n = ctypes.c_int(0)
+    rc = fn_occ(ctypes.byref(n), func, ctypes.byref(cfg))
+    if rc != 0:
+        raise KernelError(f"cuOccupancyMaxActiveClusters failed with CUresult {rc}")
+    return n.value
 
 
 def launch(
