@@ -9,7 +9,9 @@
 // Block: GV_WARPS warps, each MT m-tiles of 16 rows (F::MT), so GV_WARPS * MT * 16 rows per block; grid
 // (row blocks, splits, lane blocks | expert slots). Split s of S covers K-tiles [s * T / S, (s + 1) * T / S) of the
 // T 128-wide tiles (balanced); with several splits each block writes its fp32 partials to `ws` and the last block
-// of a row block to arrive (a counter in `cnt`, reset by that block) adds them in split order. Per output element
+// of a row block to arrive (a counter in `cnt`, reset by that block) adds them in split order, or, launched as
+// thread-block clusters of the splits (linear.GV_CLUSTER), rank 0 adds them from the other blocks' shared memory
+// (gv_store_cl: the same float operations in the same order, so the same bits). Per output element
 // the arithmetic is a fixed sequence (tiles in order, 8 steps per tile, hi then lo, splits in order), and an mma
 // column depends only on its own lane's activations, so a lane's result is bitwise independent of the other lanes,
 // of NB and of the number of rows in the launch. The host picks `splits` from (format, N, K) only (linear.py, gemv_plan).
