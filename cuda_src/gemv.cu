@@ -9,7 +9,9 @@
 // Block: GV_WARPS warps, each MT m-tiles of 16 rows (F::MT), so GV_WARPS * MT * 16 rows per block; grid
 // (row blocks, splits, lane blocks | expert slots). Split s of S covers K-tiles [s * T / S, (s + 1) * T / S) of the
 // T 128-wide tiles (balanced); with several splits each block writes its fp32 partials to `ws` and the last block
-// of a row block to arrive (a counter in `cnt`, reset by that block) adds them in split order. Per output element
+// of a row block to arrive (a counter in `cnt`, reset by that block) adds them in split order, or, launched as
+// thread-block clusters of the splits (linear.GV_CLUSTER), rank 0 adds them from the other blocks' shared memory
+// (gv_store_cl: the same float operations in the same order, so the same bits). Per output element
 // the arithmetic is a fixed sequence (tiles in order, 8 steps per tile, hi then lo, splits in order), and an mma
 // column depends only on its own lane's activations, so a lane's result is bitwise independent of the other lanes,
 // of NB and of the number of rows in the launch. The host picks `splits` from (format, N, K) only (linear.py, gemv_plan).
@@ -319,9 +321,122 @@ __device__ __forceinline__ void gv_fold_ss(const float* sr, int bx, int N, int n
     }
 }
 
-// The block's results: with one split straight to y; else its partials to slot (tile, split), and the last of the
-// row block's splits to arrive adds them in split order and resets the tile's counter. Folding (fo.on): y is the
-// float32 residual, row b at rb + b * ldy (see GvFold).
+// Thread-block clusters (sm_90): the K-split reduction through distributed shared memory (gv_store_cl). The host
+// emulation (tests/host/attn_emu.cpp, GV_HOST_EMU) runs a cluster's blocks concurrently, each with its own shared
+// memory, and defines the emu_* functions used here.
+// the blocks in this block's cluster (1: launched without clusters)
+__device__ __forceinline__ unsigned gv_cl_size() {
+#ifdef __CUDA_ARCH__
+    unsigned n;
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return n;
+#elif defined(GV_HOST_EMU)
+    return emu_cluster_size();
+#else
+    return 1;
+#endif
+}
+// every thread of every block of the cluster: this thread's earlier memory operations (shared::cluster reads and
+// writes included) are performed before any thread passes the barrier (release), and its later ones see every
+// operation the others released (acquire)
+__device__ __forceinline__ void gv_cl_sync() {
+#ifdef __CUDA_ARCH__
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#elif defined(GV_HOST_EMU)
+    emu_cluster_sync();
+#endif
+}
+// V floats at p's offset in the shared memory of cluster block `rank` (p: an address in this block's dynamic shared
+// memory, 16-byte aligned for V = 4)
+template <int V> __device__ __forceinline__ void gv_cl_load(const float* p, unsigned rank, float (&v)[V]) {
+#ifdef __CUDA_ARCH__
+    unsigned a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+    if constexpr (V == 4)
+        asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+                     : "r"(a)
+                     : "memory");
+    else
+        asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v[0]) : "r"(a) : "memory");
+#elif defined(GV_HOST_EMU)
+    const float* q = emu_peer(p, rank);
+    for (int j = 0; j < V; ++j) v[j] = q[j];
+#endif
+}
+
+// The splits' sum of the block's tile, shared by both reductions so that they are one arithmetic: per output
+// (row rl, lane b) s = 0.f, then s += partial of split 0, 1, .., splits - 1 in that order (ld(sp, off, v): the V
+// floats of split sp at offset off = rl * 8 + b0 of its [ROWS][8] partial tile), times row_scale, rounded to T into
+// y (or, folding, added into the residual and kept in sr for gv_fold_ss). 2-8 lanes: V = 4 lanes per load, the
+// splits' loads unrolled U so that they are in flight together. Measured (H200, perf/gemv_variants.py nored): with
+// one float per global load the 4- and 8-lane reductions cost 4-11 us per GEMV (L2 round trips one after another
+// in the last block).
+template <typename F, typename T, int NB, int U, typename Ld>
+__device__ __forceinline__ void gv_split_sum(Ld ld, float* sr, int bx, int splits, T* yb, const int* lt,
+                                             long long ldy, const u8* p1, const u8* p2, long long wbase, int N,
+                                             int nb, const GvFold& fo) {
+    constexpr int ROWS = GV_WARPS * F::MT * 16, V = NB >= 4 ? 4 : 1;
+    float* rb = reinterpret_cast<float*>(yb);
+    for (int i = threadIdx.x; i < ROWS * NB / V; i += blockDim.x) {
+        const int rl = i / (NB / V), b0 = i % (NB / V) * V, n = bx * ROWS + rl;
+        float s[V] = {};
+#pragma unroll U
+        for (int sp = 0; sp < splits; ++sp) {
+            float v[V];
+            ld(sp, rl * 8 + b0, v);
+#pragma unroll
+            for (int j = 0; j < V; ++j) s[j] += v[j];
+        }
+        if (n >= N) continue;
+        const float rs = F::row_scale(p1, p2, wbase + n);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            if (b0 + j >= nb) continue;
+            if (fo.on)
+                sr[rl * 8 + b0 + j] = gv_fold_r<T>(s[j] * rs, rb + (b0 + j) * ldy + n);
+            else
+                gv_yrow(yb, lt, NB, b0 + j, ldy)[n] = from_f<T>(s[j] * rs);
+        }
+    }
+}
+
+// The K-split reduction of a cluster launch (linear.py: cluster dims (1, splits, 1), so a row block's splits are
+// one cluster on one GPC and cluster rank == split): each block puts its fp32 partial tile [ROWS][8] (gv_store's
+// `part` layout) at the start of its weight ring (free: the main loop's last barrier follows every read of it and
+// every copy into it has landed), a cluster barrier publishes the tiles, rank 0 adds all ranks' tiles through
+// distributed shared memory in split order (gv_split_sum: the counter path's float operations in the same order,
+// so the same bits), and a second cluster barrier keeps every block, and so its shared memory, alive until rank 0
+// has read it. No global workspace, counter or atomic.
+template <typename F, typename T, int NB>
+__device__ __forceinline__ void gv_store_cl(u32* sm, const float (&acc)[F::MT][4], int bx, int split, int splits,
+                                            T* yb, const int* lt, long long ldy, const u8* p1, const u8* p2,
+                                            long long wbase, int N, int nb, const GvFold& fo) {
+    constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16;
+    constexpr int ACT = GvChunk<NB>::V * 8 * NB * 4 * (GvIsFloat<T>::v ? 4 : 2);
+    static_assert(ROWS * 8 * 4 <= GV_WARPS * GV_STAGES * F::VECS * 512, "a partial tile fits the weight ring");
+    if (gv_cl_size() != (unsigned)splits) __trap();  // the host launches clusters of exactly the splits
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float* part = reinterpret_cast<float*>(sm + 2 * ACT);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)  // acc (h * 2, h * 2 + 1): row g + 8h, lanes 2t and 2t + 1
+            *reinterpret_cast<float2*>(part + (warp * MT * 16 + mt * 16 + g + h * 8) * 8 + 2 * t) =
+                make_float2(acc[mt][2 * h], acc[mt][2 * h + 1]);
+    gv_cl_sync();  // every rank's tile written and visible to the cluster
+    float* sr = reinterpret_cast<float*>(sm) + 32;  // folding: as gv_store (the activation buffers)
+    if (split == 0) {
+        const auto ld = [part](int sp, int off, auto& v) { gv_cl_load(part + off, (unsigned)sp, v); };
+        gv_split_sum<F, T, NB, 16>(ld, sr, bx, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
+    }
+    gv_cl_sync();  // rank 0's reads of the other ranks' shared memory are done: they may exit
+    if (split == 0 && fo.on) gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
+}
+
+// The block's results: with one split straight to y; launched as clusters, gv_store_cl; else its partials to slot
+// (tile, split), and the last of the row block's splits to arrive adds them in split order and resets the tile's
+// counter. Folding (fo.on): y is the float32 residual, row b at rb + b * ldy (see GvFold).
 template <typename F, typename T, int NB>
 __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], int bx, long long tile, int split,
                                          int splits, T* yb, const int* lt, long long ldy, float* ws, int* cnt,
@@ -351,6 +466,10 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
         if (fo.on) gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
         return;
     }
+    if (gv_cl_size() > 1) {
+        gv_store_cl<F, T, NB>(sm, acc, bx, split, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
+        return;
+    }
     float* part = ws + (tile * splits + split) * (ROWS * 8);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -367,34 +486,17 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
     __syncthreads();
     if (!*last) return;
     const float* base = ws + tile * splits * (ROWS * 8);
-    // 2-8 lanes: 4 lanes per 16-byte load, the splits' loads unrolled so they are in flight together (the sum
-    // stays in split order). Measured (H200, perf/gemv_variants.py nored): with one float per load the 4- and
-    // 8-lane reductions cost 4-11 us per GEMV (L2 round trips one after another in the last block).
     constexpr int V = NB >= 4 ? 4 : 1;
-    for (int i = threadIdx.x; i < ROWS * NB / V; i += blockDim.x) {
-        const int rl = i / (NB / V), b0 = i % (NB / V) * V, n = bx * ROWS + rl;
-        float s[V] = {};
-#pragma unroll (V == 4 ? 16 : 4)
-        for (int sp = 0; sp < splits; ++sp) {
-            const float* q = base + (long long)sp * ROWS * 8 + rl * 8 + b0;
-            if constexpr (V == 4) {
-                const float4 v = __ldcg(reinterpret_cast<const float4*>(q));
-                s[0] += v.x, s[1] += v.y, s[2] += v.z, s[3] += v.w;
-            } else {
-                s[0] += __ldcg(q);
-            }
+    const auto ld = [base](int sp, int off, float (&v)[V]) {
+        const float* q = base + (long long)sp * ROWS * 8 + off;
+        if constexpr (V == 4) {
+            const float4 u = __ldcg(reinterpret_cast<const float4*>(q));
+            v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+        } else {
+            v[0] = __ldcg(q);
         }
-        if (n >= N) continue;
-        const float rs = F::row_scale(p1, p2, wbase + n);
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-            if (b0 + j >= nb) continue;
-            if (fo.on)
-                sr[rl * 8 + b0 + j] = gv_fold_r<T>(s[j] * rs, rb + (b0 + j) * ldy + n);
-            else
-                gv_yrow(yb, lt, NB, b0 + j, ldy)[n] = from_f<T>(s[j] * rs);
-        }
-    }
+    };
+    gv_split_sum<F, T, NB, (V == 4 ? 16 : 4)>(ld, sr, bx, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
     if (fo.on) gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
     if (threadIdx.x == 0) cnt[tile] = 0;
 }
@@ -467,7 +569,11 @@ __device__ __forceinline__ void gv_kernel(
     int npart, float eps, int fold, const u8* __restrict__ q0, const u8* __restrict__ q1, int qn, int qk, int qbx,
     int qsplits) {
     pdl_trigger();
+#ifdef GV_HOST_EMU
+    u32* const gv_sm = gv_emu_smem();  // the emulation's shared memory of this block (its own in a cluster launch)
+#else
     extern __shared__ __align__(16) u32 gv_sm[];
+#endif
     constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16, STAGE = F::VECS * 512;
     constexpr int FW = GvIsFloat<T>::v ? 4 : 2;
     // zin > 0 (dense launches of several lane blocks): the grid is (blocks_x * zin, splits, 1) with block x =

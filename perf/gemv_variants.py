@@ -34,6 +34,14 @@ Variants (a variant changes only what its name says; results are timings, not nu
             fragment addresses from the tile index; same results, more integer-pipe instructions
   mulhi     GV_NV4_MULHI: pair 3's right shift as the high word of a product (IMAD.HI on the FMA pipe instead of SHF
             on the integer pipe; same results)
+  cluster   the K-split reduction through thread-block clusters (linear.GV_CLUSTER "graph": a row block's splits as
+            one cluster, rank 0 adds the partials from the others' shared memory; same results). base is the
+            arrival-counter path of the same kernel; the report line adds how many clusters of each shape the
+            device holds at once (cuOccupancyMaxActiveClusters) against the grid's
+  nocl      base with the cluster branch compiled out (the kernel as before gv_store_cl: its register allocation
+            is what the cluster code may change for the counter path; same results)
+  cl8       cluster with at most 8 splits (portable cluster sizes; different plan, different rounding): whether
+            clusters of 10-13 blocks pack the GPCs worse
 """
 
 from __future__ import annotations
@@ -70,6 +78,8 @@ def _plan(lin: Any, base: Any, variant: str) -> Any:
             s = int(variant[2:])
         elif variant in ("wave528", "wave554"):
             s = max(1, min(int(variant[4:]) // p.blocks_x, p.ntiles // 4))
+        elif variant == "cl8":
+            s = min(p.splits, 8)
         else:
             return p
         return lin.GemvPlan(
@@ -183,6 +193,8 @@ def _source(original: Any, variant: str) -> Any:
             )
         if variant == "nored":
             s = _must_replace(s, "if (splits == 1) {", "if (true) {")
+        if variant == "nocl":
+            s = _must_replace(s, "if (gv_cl_size() > 1) {", "if (false) {")
         if variant == "nowait":
             s = _must_replace(s, "if (!experts) pdl_wait();", "")
         if variant.startswith("pf") and variant[2:].isdigit():
@@ -255,6 +267,29 @@ def _occupancy(lin: Any, fmt: str) -> str:
     return ", ".join(out)
 
 
+def _clusters(lin: Any, fmt: str, shapes: dict[str, tuple[int, int]]) -> str:
+    """Per shape (one row, the cluster variants): clusters the device holds at once / clusters in the grid, and
+    the cluster size (the plan's splits)."""
+    from ninfer.cuda.launch import max_active_clusters
+    from ninfer.cuda.loader import kernel
+
+    fn = kernel("gemv.cu", lin.SOURCES["gemv.cu"], f"gemv_mma<{lin.FRAG_STRUCTS[fmt][0]}, float, 1>")
+    out = []
+    for name, (n, k) in shapes.items():
+        p = lin.gemv_plan(fmt, n, k)
+        if not 1 < p.splits <= lin.GV_CLUSTER_MAX:
+            continue
+        smem = p.smem_bytes(1, "float")
+        if fn.max_dynamic_shared_size_bytes < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+        try:
+            m = max_active_clusters(fn, (p.blocks_x, p.splits, 1), (lin._GV_THREADS,), smem, (1, p.splits, 1))
+        except Exception as e:  # noqa: BLE001 - a report line, not a result
+            m = f"? ({type(e).__name__}: {e})"
+        out.append(f"{name} {m}/{p.blocks_x} of {p.splits}")
+    return ", ".join(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     import cupy
 
@@ -278,6 +313,7 @@ def main(argv: list[str] | None = None) -> None:
         if ", float," in n and any(lin.FRAG_STRUCTS[f][0] + "," in n for f in fmts)
     )
     original, plan0, stages0, chunk0 = loader.source_text, lin.gemv_plan, lin._GV_STAGES, lin._GV_CHUNK
+    cluster0 = lin.GV_CLUSTER
     ceiling = copy_bandwidth(1 << 30, 10)
     print(f"copy ceiling (read + write): {ceiling / 1e9:.0f} GB/s; us and fraction of copy per case")
     rng = np.random.default_rng(0)
@@ -292,6 +328,7 @@ def main(argv: list[str] | None = None) -> None:
             lin._GV_STAGES = 3 if v == "stages3" else stages0
             lin._GV_CHUNK = 4 if v == "chunk4n" else chunk0
             lin._GV_PDL = v != "nopdl" and not v.startswith("dir=")
+            lin.GV_CLUSTER = "graph" if v in ("cluster", "cl8") else "off"
             lin.gemv_plan = _plan(lin, plan0.__wrapped__, v)
             cells = []
             for name, (n, k) in shapes.items():
@@ -308,9 +345,15 @@ def main(argv: list[str] | None = None) -> None:
             cells.append(f"moe x8 {e['us']:.1f} {e['of_copy']:.2f}")
             print(f"{fmt} {v:8s} | " + " | ".join(cells), flush=True)
             print(f"{fmt} {v:8s} | resident blocks per SM: {_occupancy(lin, fmt)}", flush=True)
+            if lin.GV_CLUSTER != "off":
+                print(
+                    f"{fmt} {v:8s} | clusters at once / in the grid: {_clusters(lin, fmt, shapes)}",
+                    flush=True,
+                )
         del weights
         cupy.get_default_memory_pool().free_all_blocks()
     loader.source_text, lin.gemv_plan, lin._GV_STAGES, lin._GV_CHUNK = original, plan0, stages0, chunk0
+    lin.GV_CLUSTER = cluster0
     loader.load_module.cache_clear()
 
 

@@ -10,7 +10,9 @@ The GPU tests (tests/test_cuda_moe_lanes.py) check the same kernels on the devic
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -35,7 +37,13 @@ PRELUDE = """#define GV_HOST_EMU 1
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
 alignas(16) unsigned gv_sm[227 * 1024 / 4];
+// gemv.cu's shared memory: the block's own in a cluster launch, else the one poisoned per block
+inline unsigned* gv_emu_smem() {
+    void* p = emu_block_smem();
+    return p ? static_cast<unsigned*>(p) : gv_sm;
+}
 int ml_sm[4096];
 """
 
@@ -56,6 +64,33 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _write(d: Path, **arrays: np.ndarray) -> None:
     for name, a in arrays.items():
         np.ascontiguousarray(a).tofile(d / f"{name}.bin")
+
+
+def _emulate(emu: Path, args: list, cluster: bool = False) -> None:
+    """Run the driver; ``cluster``: K-split launches as clusters of their splits (gemv.cu gv_store_cl)."""
+    env = os.environ | {"GV_EMU_CLUSTER": "1" if cluster else "0"}
+    proc = subprocess.run([str(emu), *map(str, args)], capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode != 7, "a split arrival counter is not zero after the launch"
+    assert proc.returncode != 8, "a cluster launch wrote the split workspace"
+    assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
+
+
+def _same_outputs(a: Path, b: Path, names: tuple[str, ...]) -> None:
+    """Output files ``names`` of two runs are byte for byte the same."""
+    for n in names:
+        x, y = (np.fromfile(d / f"{n}.bin", dtype=np.uint8) for d in (a, b))
+        assert x.size and np.array_equal(x, y), f"{n}: the cluster reduction differs from the counter path"
+
+
+def _cluster_twin(emu: Path, d: Path, args: list, names: tuple[str, ...]) -> None:
+    """Run ``args`` (the counter path, already run in ``d``) again as cluster launches in a copy of ``d`` (the
+    inputs), and compare the outputs ``names`` bitwise."""
+    c = d.parent / (d.name + "-cluster")
+    shutil.copytree(d, c)
+    for n in names:
+        (c / f"{n}.bin").unlink()
+    _emulate(emu, [c if a == d else a for a in args], cluster=True)
+    _same_outputs(d, c, names)
 
 
 def _table(
@@ -109,6 +144,24 @@ GEMV_CASES = [
     "case", GEMV_CASES, ids=lambda c: f"{c[0]}-{c[1]}-nb{c[2]}-{'swiglu' if c[9] else 'plain'}"
 )
 def test_lanes_gemv_bitwise_one_lane_and_reference(emu: Path, tmp_path: Path, case: tuple) -> None:
+    _lanes_case(emu, tmp_path, case, cluster=False)
+
+
+# expert modes 1 and 2 with their K splits as clusters (more splits than the plan's, 1..16 tiles each)
+CLUSTER_LANES_CASES = [
+    ("NVFP4G16_E4M3S", "float", 8, 40, 1032, 12, 3, 4, True, False, 5),
+    ("FP8E4M3_F32ROW", "bf16", 4, 33, 2048, 7, 2, 2, False, True, 16),
+]
+
+
+@pytest.mark.parametrize("case", CLUSTER_LANES_CASES, ids=lambda c: f"{c[0]}-{c[1]}-nb{c[2]}-s{c[10]}")
+def test_lanes_gemv_cluster_bitwise_counter(emu: Path, tmp_path: Path, case: tuple) -> None:
+    """The expert launches (one lane per slot and expert lanes) with their splits reduced through distributed
+    shared memory: every output bitwise the arrival-counter path's, and against the reference."""
+    _lanes_case(emu, tmp_path, case[:10], cluster=True, splits=case[10])
+
+
+def _lanes_case(emu: Path, tmp_path: Path, case: tuple, *, cluster: bool, splits: int | None = None) -> None:
     fmt, t, nb, n, k, tokens, top, e, shared, swiglu = case
     rng = np.random.default_rng(n * 31 + k)
     ids, xrow, experts = routing(rng, tokens, top, e, shared)
@@ -131,12 +184,12 @@ def test_lanes_gemv_bitwise_one_lane_and_reference(emu: Path, tmp_path: Path, ca
     z = slot_bound(s, experts, nb)
     _write(tmp_path, ids=ids, xrow=xrow, dims=np.array([z, xrows, width], np.int64), w=buf,
            wsize=np.array([buf.size], np.int64), woff=np.array(offs, np.int64), x=words(x, t == "bf16"))  # fmt: skip
-    splits = gemv_plan(fmt, n, k).splits
+    splits = gemv_plan(fmt, n, k).splits if splits is None else splits
     args = [tmp_path, FMTS.index(fmt), int(t == "bf16"), nb, n, k, splits, s, experts, int(swiglu), int(swiglu),
             3, 0]  # fmt: skip
-    proc = subprocess.run([str(emu), *map(str, args)], capture_output=True, text=True, timeout=900)
-    assert proc.returncode != 7, "a split arrival counter is not zero after the launch"
-    assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    _emulate(emu, args)
+    if cluster:
+        _cluster_twin(emu, tmp_path, args, ("lanes", "one"))
     dt = np.uint16 if t == "bf16" else F32
     lanes, one = (np.fromfile(tmp_path / f"{name}.bin", dtype=dt).reshape(s, n) for name in ("lanes", "one"))
     assert np.array_equal(lanes.view(np.uint8), one.view(np.uint8)), (
@@ -187,6 +240,32 @@ def test_dense_lanes_match_one_lane_and_reference(emu: Path, tmp_path: Path, cas
     """gemv.cu's dense launches (K splits summed by the last block with 16-byte loads of 4 lanes, several lane
     blocks side by side): each row bitwise the same with 8 lanes per block and with one, and both against the
     NumPy reference."""
+    _dense_case(emu, tmp_path, case, cluster=False)
+
+
+# the K splits as thread-block clusters (gv_store_cl): 1-16 tiles per split, 1 to 16 splits (a cluster of 16 is
+# the non-portable maximum), partial row blocks, 1 to 10 rows (one and two lane blocks)
+CLUSTER_DENSE_CASES = [
+    ("NVFP4G16_E4M3S", "float", 300, 1032, 10, 9),  # 1 tile per split (9 tiles)
+    ("NVFP4G16_E4M3S", "bf16", 130, 2048, 5, 16),  # 16 splits of one tile
+    ("BF16", "float", 70, 520, 1, 2),  # 64-row blocks, 5 tiles as 3 + 2
+    ("FP8E4M3_F32ROW", "bf16", 200, 1536, 4, 12),
+    ("NVFP4G16_E4M3S", "float", 40, 640, 2, 5),
+    ("BF16", "bf16", 100, 896, 8, 7),
+]
+
+
+@pytest.mark.parametrize(
+    "case", CLUSTER_DENSE_CASES, ids=lambda c: f"{c[0]}-{c[1]}-n{c[2]}-k{c[3]}-r{c[4]}-s{c[5]}"
+)
+def test_dense_cluster_bitwise_counter(emu: Path, tmp_path: Path, case: tuple) -> None:
+    """The dense launches with their splits reduced through distributed shared memory (each block's partial tile
+    in its own shared memory, rank 0 adding them in split order): every output bitwise the counter path's (8 lanes
+    and one per block), and against the reference."""
+    _dense_case(emu, tmp_path, case, cluster=True)
+
+
+def _dense_case(emu: Path, tmp_path: Path, case: tuple, *, cluster: bool) -> None:
     fmt, t, n, k, rows, splits = case
     rng = np.random.default_rng(n * 7 + k)
     codec = FORMATS[fmt]
@@ -208,9 +287,9 @@ def test_dense_lanes_match_one_lane_and_reference(emu: Path, tmp_path: Path, cas
         x=words(x, t == "bf16"),
     )
     args = ["dense", tmp_path, FMTS.index(fmt), int(t == "bf16"), n, k, splits, rows, 5]
-    proc = subprocess.run([str(emu), *map(str, args)], capture_output=True, text=True, timeout=900)
-    assert proc.returncode != 7, "an arrival counter is not zero after the launch"
-    assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    _emulate(emu, args)
+    if cluster:
+        _cluster_twin(emu, tmp_path, args, ("lanes8", "lanes1"))
     dt = np.uint16 if t == "bf16" else F32
     y8, y1 = (np.fromfile(tmp_path / f"{m}.bin", dtype=dt).reshape(rows, n) for m in ("lanes8", "lanes1"))
     assert np.array_equal(y8.view(np.uint8), y1.view(np.uint8)), "a row differs between 8 lanes and one"
@@ -254,13 +333,33 @@ FOLD_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "case", FOLD_CASES, ids=lambda c: f"{c[0]}-{c[1]}-n{c[2]}-r{c[4]}-s{c[5]}{c[7]}-{'off' if c[8] else 'w'}"
-)
+def _fold_id(c: tuple) -> str:
+    return f"{c[0]}-{c[1]}-n{c[2]}-r{c[4]}-s{c[5]}{c[7]}-{'off' if c[8] else 'w'}"
+
+
+@pytest.mark.parametrize("case", FOLD_CASES, ids=_fold_id)
 def test_norm_fold_producer_and_consumer(emu: Path, tmp_path: Path, case: tuple) -> None:
     """Norm folding (gemv.cu GvFold / GV_NORM): the producer's residual update and partial sums of squares, and the
     consumer's product of the normed residual: 8 lanes per block bitwise one lane, the expert-slot consumer (rows
     by xrow, in reverse) bitwise the dense one, and all against NumPy (rmsnorm of the updated residual)."""
+    _fold_case(emu, tmp_path, case, cluster=False)
+
+
+# producer and consumer (dense and expert slots) with their splits as clusters
+CLUSTER_FOLD_CASES = [
+    ("NVFP4G16_E4M3S", "float", 300, 1032, 10, 4, 200, 3, True),
+    ("BF16", "bf16", 136, 512, 3, 2, 300, 6, False),
+]
+
+
+@pytest.mark.parametrize("case", CLUSTER_FOLD_CASES, ids=_fold_id)
+def test_norm_fold_cluster_bitwise_counter(emu: Path, tmp_path: Path, case: tuple) -> None:
+    """Norm folding with the splits reduced by the clusters' rank 0 (the residual update, the partial sums of
+    squares from its shared memory, the consumer's products): every output bitwise the counter path's."""
+    _fold_case(emu, tmp_path, case, cluster=True)
+
+
+def _fold_case(emu: Path, tmp_path: Path, case: tuple, *, cluster: bool) -> None:
     fmt, t, n, k, rows, s1, n2, s2, offset = case
     rng = np.random.default_rng(n * 13 + k)
     buf, wdec, offs = _weight(rng, fmt, n, k)
@@ -275,9 +374,9 @@ def test_norm_fold_producer_and_consumer(emu: Path, tmp_path: Path, case: tuple)
            x=words(x, t == "bf16"), res=res0, nw=nw)  # fmt: skip
     assert gemv_plan(fmt, n, k).blocks_x == -(-n // (64 if fmt == "BF16" else 128))
     args = ["fold", tmp_path, FMTS.index(fmt), int(t == "bf16"), n, k, s1, rows, 3, n2, s2, int(offset), eps]
-    proc = subprocess.run([str(emu), *map(str, args)], capture_output=True, text=True, timeout=900)
-    assert proc.returncode != 7, "an arrival counter is not zero after the launch"
-    assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    _emulate(emu, args)
+    if cluster:
+        _cluster_twin(emu, tmp_path, args, ("res8", "part8", "y8", "res1", "part1", "y1", "ye"))
     dt = np.uint16 if t == "bf16" else F32
     rb = 64 if fmt == "BF16" else 128
     nblk = -(-n // rb)

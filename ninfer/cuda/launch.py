@@ -1,5 +1,5 @@
-"""Kernel launches with programmatic dependent launch (PDL, Hopper): ``cuLaunchKernelEx`` through ctypes, since
-CuPy's ``RawKernel.__call__`` takes no launch attributes.
+"""Kernel launches with programmatic dependent launch (PDL, Hopper) or thread-block clusters set at launch:
+``cuLaunchKernelEx`` through ctypes, since CuPy's ``RawKernel.__call__`` takes no launch attributes.
 
 A kernel launched here may start while the kernel before it in the stream is still running: its blocks become
 resident as soon as the previous grid has triggered (``griddepcontrol.launch_dependents``, common.cuh
@@ -22,13 +22,16 @@ import numpy as np
 
 from ninfer.cuda.loader import KernelError
 
-__all__ = ["capturing", "launch", "launch_ex", "launch_pdl"]
+__all__ = ["CLUSTER_PORTABLE", "capturing", "launch", "launch_ex", "launch_pdl", "max_active_clusters"]
 
-_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
+_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID (cuda.h, CUDA 13)
+_ATTR_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID: value.clusterDim {x, y, z}
+_FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
+CLUSTER_PORTABLE = 8  # blocks per cluster every sm_90 device runs; up to 16 needs the attribute above
 
 
 class _AttrValue(ctypes.Union):
-    _fields_ = [("pad", ctypes.c_char * 64), ("flag", ctypes.c_int)]
+    _fields_ = [("pad", ctypes.c_char * 64), ("flag", ctypes.c_int), ("dims", ctypes.c_uint * 3)]
 
 
 class _Attr(ctypes.Structure):
@@ -47,12 +50,33 @@ class _Config(ctypes.Structure):
 
 
 @functools.cache
+def _lib() -> Any:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+@functools.cache
 def _driver() -> Any:
-    lib = ctypes.CDLL("libcuda.so.1")
-    fn = lib.cuLaunchKernelEx
+    fn = _lib().cuLaunchKernelEx
     fn.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     fn.restype = ctypes.c_int
     return fn
+
+
+# CUfunctions that may run clusters of more than CLUSTER_PORTABLE blocks (set once per function)
+_NON_PORTABLE: set[int] = set()
+
+
+def _allow_non_portable(func: int) -> None:
+    """cuFuncSetAttribute(func, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1): clusters of up to 16 blocks (sm_90)."""
+    if func in _NON_PORTABLE:
+        return
+    fn = _lib().cuFuncSetAttribute
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    rc = fn(func, _FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+    if rc != 0:
+        raise KernelError(f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) failed with CUresult {rc}")
+    _NON_PORTABLE.add(func)
 
 
 _SCALARS = {
@@ -102,29 +126,74 @@ def launch_ex(
     shared_mem: int = 0,
     *,
     pdl: bool = False,
+    cluster: Sequence[int] | None = None,
 ) -> None:
-    """``cuLaunchKernelEx`` on the current CuPy stream, with the PDL attribute only if ``pdl``. Arguments as
+    """``cuLaunchKernelEx`` on the current CuPy stream, with the PDL attribute only if ``pdl`` and, with
+    ``cluster`` (blocks per cluster along x, y, z; each must divide the grid's), the cluster-dimension attribute
+    (clusters of more than CLUSTER_PORTABLE blocks set the function's non-portable attribute first). Arguments as
     :func:`launch_pdl`, plus ctypes arrays passed by value (a ``__grid_constant__`` struct parameter such as a
     ``CUtensorMap``: the driver copies the parameter's size from the array's address)."""
     import cupy
 
     cargs = [_c_arg(a) for a in args]
     params = (ctypes.c_void_p * len(cargs))(*[ctypes.addressof(c) for c in cargs])
-    attr = _Attr(id=_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
-    attr.value.flag = 1
+    func = getattr(fn, "kernel", fn).ptr  # a RawKernel's CUfunction (compiled and loaded on first use)
+    attrs = (_Attr * 2)()
+    n = 0
+    if pdl:
+        attrs[n].id, attrs[n].value.flag = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, 1
+        n += 1
+    if cluster is not None:
+        c = (*cluster, 1, 1)[:3]
+        if c[0] * c[1] * c[2] > CLUSTER_PORTABLE:
+            _allow_non_portable(func)
+        attrs[n].id = _ATTR_CLUSTER_DIMENSION
+        attrs[n].value.dims = (ctypes.c_uint * 3)(*c)
+        n += 1
     g, b = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
     cfg = _Config(
         (ctypes.c_uint * 3)(*g),
         (ctypes.c_uint * 3)(*b),
         shared_mem,
         cupy.cuda.get_current_stream().ptr,
-        ctypes.pointer(attr) if pdl else None,
-        1 if pdl else 0,
+        attrs if n else None,
+        n,
     )
-    func = getattr(fn, "kernel", fn).ptr  # a RawKernel's CUfunction (compiled and loaded on first use)
     rc = _driver()(ctypes.byref(cfg), func, params, None)
     if rc != 0:
         raise KernelError(f"cuLaunchKernelEx failed with CUresult {rc}")
+
+
+def max_active_clusters(
+    fn: Any, grid: Sequence[int], block: Sequence[int], shared_mem: int, cluster: Sequence[int]
+) -> int:
+    """``cuOccupancyMaxActiveClusters``: how many clusters of ``cluster`` blocks (x, y, z) of this launch the device
+    runs at once (a diagnostic: a cluster's blocks must fit one GPC together)."""
+    import cupy
+
+    func = getattr(fn, "kernel", fn).ptr
+    c = (*cluster, 1, 1)[:3]
+    if c[0] * c[1] * c[2] > CLUSTER_PORTABLE:
+        _allow_non_portable(func)
+    attr = _Attr(id=_ATTR_CLUSTER_DIMENSION)
+    attr.value.dims = (ctypes.c_uint * 3)(*c)
+    g, b = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
+    cfg = _Config(
+        (ctypes.c_uint * 3)(*g),
+        (ctypes.c_uint * 3)(*b),
+        shared_mem,
+        cupy.cuda.get_current_stream().ptr,
+        ctypes.pointer(attr),
+        1,
+    )
+    fn_occ = _lib().cuOccupancyMaxActiveClusters
+    fn_occ.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(_Config)]
+    fn_occ.restype = ctypes.c_int
+    n = ctypes.c_int(0)
+    rc = fn_occ(ctypes.byref(n), func, ctypes.byref(cfg))
+    if rc != 0:
+        raise KernelError(f"cuOccupancyMaxActiveClusters failed with CUresult {rc}")
+    return n.value
 
 
 def launch(

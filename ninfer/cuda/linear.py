@@ -28,7 +28,7 @@ from ninfer.cuda._common import (
     matrix_out,
 )
 from ninfer.cuda.gemm import gemm
-from ninfer.cuda.launch import capturing, launch_pdl
+from ninfer.cuda.launch import capturing, launch_ex
 from ninfer.cuda.loader import kernel
 from ninfer.cuda.norm import Normed
 from ninfer.cuda.weights import DeviceWeight
@@ -43,6 +43,8 @@ __all__ = [
     "SOURCES",
     "GEMV_MAX_ROWS",
     "FRAG_STRUCTS",
+    "GV_CLUSTER",
+    "GV_CLUSTER_MAX",
 ]
 
 GEMV_MAX_ROWS = 8  # the mma's N
@@ -95,6 +97,18 @@ _GV_WAVE_FILL, _GV_MULTI_TILES = 0.75, 8
 # GEMV's blocks start streaming their weights while the kernel before it finishes (measured on the H200 with
 # perf/gemv_variants.py: 1-row NVFP4 GEMVs 4-15% faster in a chain; 27B decode x1 110 -> 120 tok/s).
 _GV_PDL = True
+# The K-split reduction (gemv.cu gv_store): "counter", each split's partials through a global workspace and the last
+# block to arrive at a per-tile counter adds them; "cluster" (gv_store_cl), a row block's splits launched as one
+# thread-block cluster (dims (1, splits, 1)) whose rank 0 adds the others' partials from their shared memory
+# (DSMEM), no workspace, counter or atomic. Both add the same floats in the same order: the outputs are bitwise the
+# same (tests/test_gemv_lanes_host.py, tests/test_cuda_gemv_cluster.py), so the choice may differ per launch.
+# GV_CLUSTER: "off" (the counter everywhere), "graph" (clusters for launches captured into CUDA graphs, which go
+# through cuLaunchKernelEx anyway; eager launches stay plain CuPy launches with the counter: a ctypes launch costs
+# more host time than the reduction saves, see launch.capturing) or "always" (eager launches too, through ctypes).
+# Splits above GV_CLUSTER_MAX keep the counter (16: the non-portable cluster limit of sm_90, launch.py). Not yet
+# measured on the H200, so "off"; perf/gemv_variants.py --variants base,cluster times both.
+GV_CLUSTER = "off"
+GV_CLUSTER_MAX = 16
 _TYPES = ("float", "bf16")
 # formats whose next product the GEMV can prefetch into L2 (gemv.cu gemv_mma_pf: the NVFP4 device layout)
 _PF_FORMATS = frozenset(f for f, (s, _, _) in FRAG_STRUCTS.items() if s.startswith("FragNVFP4"))
@@ -226,7 +240,9 @@ def _gemv_launch(
     zin = gz if ids is None and gz > 1 and plan.blocks_x * gz < 2**31 else 0
     null = cupy.empty(0, dtype=np.int32)  # pointer arguments the launch never reads
     ws = cnt = null
-    if plan.splits > 1:
+    graph = capturing()
+    cluster = _cluster(plan, graph)
+    if plan.splits > 1 and not cluster:
         ws = cupy.empty(gz * plan.blocks_x * plan.splits * plan.rows * 8, dtype=np.float32)
         cnt = arrival_counters(gz * plan.blocks_x)
     p0, p1, p2 = w.planes()
@@ -241,10 +257,21 @@ def _gemv_launch(
     )  # fmt: skip
     # several lane blocks of a dense product: lane blocks innermost (zin), one pass over the weights through L2
     grid = (plan.blocks_x * gz, plan.splits, 1) if zin else (plan.blocks_x, plan.splits, gz)
-    if _GV_PDL and capturing():  # gemv.cu waits (pdl_wait) before reading anything an earlier kernel writes
-        launch_pdl(fn, grid, (_GV_THREADS,), args, smem)
+    pdl = _GV_PDL and graph  # gemv.cu waits (pdl_wait) before reading anything an earlier kernel writes
+    if pdl or cluster:  # a cluster's blocks: the splits of one (row block, lane block | slot), rank = split
+        launch_ex(
+            fn, grid, (_GV_THREADS,), args, smem, pdl=pdl, cluster=(1, plan.splits, 1) if cluster else None
+        )
     else:
         fn(grid, (_GV_THREADS,), args, shared_mem=smem)
+
+
+def _cluster(plan: GemvPlan, graph: bool) -> bool:
+    """Whether this launch reduces its K splits through a cluster (GV_CLUSTER above) rather than the counter."""
+    if GV_CLUSTER not in ("off", "graph", "always"):
+        raise KernelError(f"GV_CLUSTER={GV_CLUSTER!r}: take 'off', 'graph' or 'always'")
+    on = GV_CLUSTER == "always" or (GV_CLUSTER == "graph" and graph)
+    return on and 1 < plan.splits <= GV_CLUSTER_MAX
 
 
 def _prefetch_args(w: DeviceWeight, nxt: Any) -> tuple[Any, ...]:

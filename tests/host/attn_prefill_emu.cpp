@@ -16,7 +16,7 @@ inline void emu_ldsm(unsigned r[4], const void* p, bool trans) {
     const long off = reinterpret_cast<const unsigned short*>(p) - sm;
     if (off < 0 || off + 8 > (long)(sizeof(att_smem) / 2) || (off & 7)) std::abort();  // 16-byte aligned rows
     emu_ldsm_row[th] = (unsigned)off;
-    emu_warp_bar[w]->arrive_and_wait();
+    emu_blk->warp[w]->arrive_and_wait();
     for (int i = 0; i < 4; ++i) {
         if (!trans) {
             const unsigned short* row = sm + emu_ldsm_row[(w << 5) | (8 * i + g)];
@@ -27,5 +27,5 @@ inline void emu_ldsm(unsigned r[4], const void* p, bool trans) {
             r[i] = r0[g] | (unsigned)r1[g] << 16;
         }
     }
-    emu_warp_bar[w]->arrive_and_wait();
+    emu_blk->warp[w]->arrive_and_wait();
 }

@@ -6,13 +6,36 @@
 // Reads dir/{ids,xrow}.bin (S int32 each, sorted by expert), dir/w.bin + dir/woff.bin (3 int64 plane offsets),
 // dir/x.bin (xrows x ldx activations, xrows from dir/xrows.bin); writes dir/{sid,tx,ts}.bin (the table) and
 // dir/{lanes,one}.bin: y[S, N] by the lanes launch and by the one-lane expert launch (slot s = pair s).
-// Exits 7 if a split arrival counter is not zero again after a launch.
-// emu_launch with the GEMV's and the table's dynamic shared memory poisoned per block (NaN floats, -1 ints)
+// Exits 7 if a split arrival counter is not zero again after a launch, 8 if a cluster launch wrote the workspace.
+// Environment GV_EMU_CLUSTER=1: every launch with K splits (grid.y > 1) runs as clusters of its splits (gemv.cu's
+// gv_store_cl, as linear.py launches it with cluster dims (1, splits, 1)) instead of the arrival-counter path.
+static const bool gv_cluster = [] {
+    const char* e = std::getenv("GV_EMU_CLUSTER");
+    return e && std::string(e) == "1";
+}();
+
+// emu_launch with the GEMV's and the table's dynamic shared memory poisoned per block (NaN floats, -1 ints); the
+// cluster launches give each block its own poisoned shared memory
 template <typename Fn> void gv_launch(emu_dim3 grid, unsigned threads, unsigned seed, Fn fn) {
+    if (gv_cluster && grid.y > 1) {
+        std::memset(ml_sm, 0xff, sizeof(ml_sm));
+        emu_launch_cluster_poisoned(grid, grid.y, threads, sizeof(gv_sm), seed, fn);
+        return;
+    }
     emu_launch_poisoned(grid, threads, seed, [] {
         std::memset(gv_sm, 0xff, sizeof(gv_sm));
         std::memset(ml_sm, 0xff, sizeof(ml_sm));
     }, fn);
+}
+
+// 7: an arrival counter not zero again; 8: a cluster launch touched the workspace (it must not use ws or cnt)
+inline int gv_check(const std::vector<float>& ws, const std::vector<int>& cnt) {
+    for (int c : cnt)
+        if (c != 0) return 7;
+    if (gv_cluster)
+        for (float v : ws)
+            if (!std::isnan(v)) return 8;
+    return 0;
 }
 
 struct GvArgs {
@@ -36,9 +59,7 @@ int gv_run(const GvArgs& a, const std::vector<u8>& w, const long long off[3], co
         gemv_mma<F, T, NB>(p0, p1, p2, x.data(), x2, y.data(), ids.data(), sel.data(), ws.data(), cnt.data(), a.N,
                            a.K, 0, a.ldx, ldx2, a.N, 0, experts, a.xf, 8, 0, nullptr, 0, 0, 0.f, 0);
     });
-    for (int c : cnt)
-        if (c != 0) return 7;
-    return 0;
+    return gv_check(ws, cnt);
 }
 
 template <typename F, typename T, int NB> int gv_case(const GvArgs& a, bool table_only) {
@@ -96,9 +117,7 @@ int gv_dense(const std::vector<u8>& w, const long long off[3], const std::vector
         gemv_mma<F, T, NB>(p0, p1, p2, x.data(), x.data(), y.data(), nullptr, nullptr, ws.data(), cnt.data(), N, K,
                            rows, K, K, N, 0, 0, 0, 8, zin, nullptr, 0, 0, 0.f, 0);
     });
-    for (int c : cnt)
-        if (c != 0) return 7;
-    return 0;
+    return gv_check(ws, cnt);
 }
 
 template <typename F, typename T> int gv_dense_case(char** argv) {
@@ -151,9 +170,7 @@ int gv_fold_run(const std::vector<u8>& w1, const long long o1[3], const std::vec
                             nullptr, ws.data(), cnt.data(), N2, N, rows, N, 0, N2, 0, 0, xf, 8, zin, part.data(),
                             rows, P, eps, 0);
     });
-    for (int c : cnt)
-        if (c != 0) return 7;
-    return 0;
+    return gv_check(ws, cnt);
 }
 
 template <typename F, typename T> int gv_fold_case(char** argv) {
@@ -199,8 +216,7 @@ template <typename F, typename T> int gv_fold_case(char** argv) {
                            ids.data(), xrow.data(), ws.data(), cnt.data(), N2, N, 0, N, 0, N2, 0, 1, xf, 8, 0,
                            part8.data(), rows, P, eps, 0);
     });
-    for (int c : cnt)
-        if (c != 0) return 7;
+    if (int rc2 = gv_check(ws, cnt)) return rc2;
     emu_write(dir + "/res8.bin", res8);
     emu_write(dir + "/part8.bin", part8);
     emu_write(dir + "/y8.bin", y8);
