@@ -188,6 +188,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         "--no-pdl", dest="pdl", action="store_false", help="decode GEMVs without PDL (to measure it)"
     )
     p.add_argument(
+        "--gemv-cluster",
+        default=None,
+        choices=("off", "graph", "always"),
+        help="the decode GEMV's K-split sum through thread-block clusters (ninfer.cuda.linear.GV_CLUSTER)",
+    )
+    p.add_argument(
         "--chunk",
         type=int,
         default=None,
@@ -218,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _args(argv)
     _set_pdl(args.pdl)
+    if args.gemv_cluster is not None:  # a measurement knob as --no-pdl (the server runs the module's default)
+        import ninfer.cuda.linear as linear
+
+        linear.GV_CLUSTER = args.gemv_cluster
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
