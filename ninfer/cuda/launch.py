@@ -118,6 +118,39 @@ def launch_pdl(
     launch_ex(fn, grid, block, args, shared_mem, pdl=True)
 
 
+def _config(
+    func: int,
+    grid: Sequence[int],
+    block: Sequence[int],
+    shared_mem: int,
+    pdl: bool,
+    cluster: Sequence[int] | None,
+) -> tuple[_Config, Any]:
+    """A ``CUlaunchConfig`` on the current CuPy stream with the PDL and cluster-dimension attributes asked for
+    (clusters of more than CLUSTER_PORTABLE blocks set the function's non-portable attribute first), and the
+    attribute array it points at (the caller keeps it alive for the call)."""
+    import cupy
+
+    attrs = (_Attr * 2)()
+    n = 0
+    if pdl:
+        attrs[n].id, attrs[n].value.flag = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, 1
+        n += 1
+    if cluster is not None:
+        c = (*cluster, 1, 1)[:3]
+        if c[0] * c[1] * c[2] > CLUSTER_PORTABLE:
+            _allow_non_portable(func)
+        attrs[n].id = _ATTR_CLUSTER_DIMENSION
+        attrs[n].value.dims = (ctypes.c_uint * 3)(*c)
+        n += 1
+    g, b = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
+    stream = cupy.cuda.get_current_stream().ptr
+    cfg = _Config(
+        (ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem, stream, attrs if n else None, n
+    )
+    return cfg, attrs
+
+
 def launch_ex(
     fn: Any,
     grid: Sequence[int],
@@ -133,32 +166,10 @@ def launch_ex(
     (clusters of more than CLUSTER_PORTABLE blocks set the function's non-portable attribute first). Arguments as
     :func:`launch_pdl`, plus ctypes arrays passed by value (a ``__grid_constant__`` struct parameter such as a
     ``CUtensorMap``: the driver copies the parameter's size from the array's address)."""
-    import cupy
-
     cargs = [_c_arg(a) for a in args]
     params = (ctypes.c_void_p * len(cargs))(*[ctypes.addressof(c) for c in cargs])
     func = getattr(fn, "kernel", fn).ptr  # a RawKernel's CUfunction (compiled and loaded on first use)
-    attrs = (_Attr * 2)()
-    n = 0
-    if pdl:
-        attrs[n].id, attrs[n].value.flag = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, 1
-        n += 1
-    if cluster is not None:
-        c = (*cluster, 1, 1)[:3]
-        if c[0] * c[1] * c[2] > CLUSTER_PORTABLE:
-            _allow_non_portable(func)
-        attrs[n].id = _ATTR_CLUSTER_DIMENSION
-        attrs[n].value.dims = (ctypes.c_uint * 3)(*c)
-        n += 1
-    g, b = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
-    cfg = _Config(
-        (ctypes.c_uint * 3)(*g),
-        (ctypes.c_uint * 3)(*b),
-        shared_mem,
-        cupy.cuda.get_current_stream().ptr,
-        attrs if n else None,
-        n,
-    )
+    cfg, _attrs = _config(func, grid, block, shared_mem, pdl, cluster)  # _attrs: alive while cfg points at it
     rc = _driver()(ctypes.byref(cfg), func, params, None)
     if rc != 0:
         raise KernelError(f"cuLaunchKernelEx failed with CUresult {rc}")
@@ -169,23 +180,8 @@ def max_active_clusters(
 ) -> int:
     """``cuOccupancyMaxActiveClusters``: how many clusters of ``cluster`` blocks (x, y, z) of this launch the device
     runs at once (a diagnostic: a cluster's blocks must fit one GPC together)."""
-    import cupy
-
     func = getattr(fn, "kernel", fn).ptr
-    c = (*cluster, 1, 1)[:3]
-    if c[0] * c[1] * c[2] > CLUSTER_PORTABLE:
-        _allow_non_portable(func)
-    attr = _Attr(id=_ATTR_CLUSTER_DIMENSION)
-    attr.value.dims = (ctypes.c_uint * 3)(*c)
-    g, b = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
-    cfg = _Config(
-        (ctypes.c_uint * 3)(*g),
-        (ctypes.c_uint * 3)(*b),
-        shared_mem,
-        cupy.cuda.get_current_stream().ptr,
-        ctypes.pointer(attr),
-        1,
-    )
+    cfg, _attrs = _config(func, grid, block, shared_mem, False, cluster)
     fn_occ = _lib().cuOccupancyMaxActiveClusters
     fn_occ.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(_Config)]
     fn_occ.restype = ctypes.c_int
