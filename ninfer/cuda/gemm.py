@@ -215,7 +215,7 @@ def f16_rows_input(w: Any, m: int) -> bool:
     """Whether ``gemm(x, w, inputs="fp16")`` over ``m`` float32 rows runs the fp16 mode's row split, so that the
     producer of ``x`` may hand it over as ``F16Rows`` instead (norm.rmsnorm(..., f16=True)): a single-format
     foldable weight, the Hopper kernels, the pair threshold, outside graph capture."""
-    ok = isinstance(w, DeviceWeight) and f16_foldable(w.fmt) and _hopper("auto")
+    ok = isinstance(w, DeviceWeight) and _f16_input("auto", "fp16", w, "float")
     return ok and _use_pair("auto", w.fmt, "float", m)
 
 
