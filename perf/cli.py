@@ -26,7 +26,7 @@ __all__ = ["main", "rooflines"]
 MODELS = {"27b": "qwen3.6-27b", "35b": "qwen3.6-35b-a3b"}
 # device memory left beside the kept prefill operands for a 32K prompt's chunk temporaries (the GDN scratch, the
 # attention partials, activations: a few GiB for the 27B at 4096-token chunks)
-_OPERAND_LEAVE = 16 << 30
+OPERAND_LEAVE = 16 << 30
 
 
 def rooflines(mc: Any, sizes: dict[str, int], bw: float, flops: float, lanes: int, context: int) -> dict:
@@ -84,7 +84,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     pages = -(-(longest + 64) // 16)
     seqs = Sequences(net, slots=16, pages=pages * 10, page_size=16, context=longest + 64)
     net.prefill_weights = args.prefill_weights  # the server's default: kept where memory allows
-    kept = net.keep_prefill_operands(leave=_OPERAND_LEAVE)
+    kept = net.keep_prefill_operands(leave=OPERAND_LEAVE)
     phase("allocate")
     net.warm_prefill(args.chunk)  # as the server does: a full chunk, so no first-chunk cost is timed
     phase("warm_prefill")

@@ -26,7 +26,7 @@ def _profile(key: str, a: argparse.Namespace) -> None:
     from ninfer.cuda.model import CudaQwen36
     from ninfer.cuda.sequences import Sequences
 
-    from .cli import MODELS
+    from .cli import MODELS, OPERAND_LEAVE
     from .synthetic import synthetic_tensors
 
     mc = REG[MODELS[key]].config
@@ -34,7 +34,7 @@ def _profile(key: str, a: argparse.Namespace) -> None:
     net.warmup()
     context = a.prefill_at + a.chunk + 64
     seqs = Sequences(net, slots=4, pages=2 * -(-context // 16), page_size=16, context=context)
-    net.keep_prefill_operands(leave=16 << 30)
+    net.keep_prefill_operands(leave=OPERAND_LEAVE)  # as ninfer-perf: the server's default
     pre = seqs.new()
     seqs.reserve(pre, a.prefill_at + a.chunk)
     ids = np.random.default_rng(0).integers(0, mc.vocab_size, a.chunk)

@@ -157,7 +157,7 @@ def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
     from ninfer.cuda.model import CudaQwen36
     from ninfer.cuda.sequences import Sequences
 
-    from .cli import MODELS
+    from .cli import MODELS, OPERAND_LEAVE
     from .synthetic import synthetic_tensors
 
     mc = REG[MODELS[key]].config
@@ -176,7 +176,7 @@ def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
         net, slots=4, pages=pages * 2, page_size=16, context=max(a.context, a.prefill_at) + a.chunk + 64
     )
     net.prefill_weights = a.prefill_weights
-    net.keep_prefill_operands(leave=16 << 30)  # as ninfer-perf (perf/cli.py): the server's default
+    net.keep_prefill_operands(leave=OPERAND_LEAVE)  # as ninfer-perf: the server's default
     mark("allocated")
     st = seqs.new()
     seqs.reserve(st, a.context + 8)

@@ -132,3 +132,13 @@ def test_plan_counts_the_operands_and_its_spare_is_what_check_allows() -> None:
     with pytest.raises(MemoryPlanError, match="--prefill-weights scratch"):
         replace(p, prefill_operands=p.spare + 1).check()
     assert _plan(reserve=50).spare < p.spare  # the reserve is not ours
+
+
+def test_budget_by_mode() -> None:
+    from ninfer.cuda.operands import budget
+
+    assert budget("auto", 100, 30) == 30 and budget("auto", 100, 300) == 100 and budget("auto", 100, -5) == 0
+    assert budget("resident", 100, 30) == 100  # the caller's plan refuses it
+    assert budget("scratch", 100, 300) == 0
+    with pytest.raises(ValueError, match="prefill_weights"):
+        budget("always", 1, 1)

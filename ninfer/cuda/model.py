@@ -195,15 +195,17 @@ class CudaQwen36:
         temporaries; returns the budget. ``prefill_weights="resident"`` raises MemoryError if not all fit."""
         import cupy
 
+        from ninfer.cuda.operands import budget
+
         want = self.prefill_operand_bytes()
-        free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
-        budget = max(0, min(want, free - leave))
-        if self.prefill_weights == "resident" and budget < want:
+        room = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes() - leave
+        keep = budget(self.prefill_weights, want, room)
+        if keep > max(room, 0):
             raise MemoryError(
-                f"prefill_weights='resident': {want} bytes of operands, {budget} free to keep them"
+                f"prefill_weights='resident': {want} bytes of operands, {room} free to keep them"
             )
-        self.operands.set_budget(budget)
-        return budget
+        self.operands.set_budget(keep)
+        return keep
 
     @property
     def scratch(self) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["PREFILL_WEIGHTS", "OperandStore", "eligible_bytes", "prefill_gemm_weight"]
+__all__ = ["PREFILL_WEIGHTS", "OperandStore", "budget", "eligible_bytes", "prefill_gemm_weight"]
 
 PREFILL_WEIGHTS = ("auto", "resident", "scratch")
 
@@ -57,6 +57,15 @@ def eligible_bytes(weights: Iterable[tuple[str, Any]], foldable: Any) -> int:
         if isinstance(fmt, str) and prefill_gemm_weight(name) and foldable(fmt):
             total += 2 * int(w.rows) * int(w.cols)
     return total
+
+
+def budget(mode: str, want: int, room: int) -> int:
+    """The operand budget of ``prefill_weights`` ``mode`` for ``want`` bytes of eligible operands and ``room`` bytes
+    to spare: all of them for "resident" (whoever sized ``room`` refuses if they do not fit), what fits for "auto",
+    none for "scratch"."""
+    if mode not in PREFILL_WEIGHTS:
+        raise ValueError(f"prefill_weights: one of {PREFILL_WEIGHTS}, got {mode!r}")
+    return want if mode == "resident" else 0 if mode == "scratch" else max(0, min(want, room))
 
 
 def _key(w: Any) -> tuple[Any, ...]:

@@ -133,8 +133,9 @@ class CudaModelRunner:
         """Size the prefill GEMM's kept fp16 operands (ninfer/cuda/operands.py) by the plan: ``auto`` takes what the
         plan leaves spare, up to all of them; ``resident`` all of them or a MemoryPlanError; the first full prefill
         chunk (``warm_prefill``) fills them."""
-        want = net.prefill_operand_bytes()
-        keep = want if net.prefill_weights == "resident" else max(0, min(want, self.plan.spare))
+        from ninfer.cuda.operands import budget
+
+        keep = budget(net.prefill_weights, net.prefill_operand_bytes(), self.plan.spare)
         self.plan = dataclasses.replace(self.plan, prefill_operands=keep)
         self.plan.check()
         net.operands.set_budget(keep)
