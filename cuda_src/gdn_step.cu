@@ -61,6 +61,42 @@ template <int DK> struct GdnStep {
 };
 constexpr int GDN_KW = 4;  // conv taps (the wrapper checks w[C, 4])
 
+// Channel u of this thread: ch = tid + NT u of [q (DK) | k (DK) | v tile (CT) from column c0] -> its global channel
+// (-1: none)
+template <int DK, int CPT = GdnStep<DK>::CPT>
+__device__ __forceinline__ void gdn_channels(int (&g)[CPT], int tid, int hk, int HK, int j, int DV, int c0) {
+    constexpr int NT = GdnStep<DK>::NT, NCH = GdnStep<DK>::NCH;
+#pragma unroll
+    for (int u = 0; u < CPT; ++u) {
+        const int ch = tid + NT * u;
+        g[u] = ch < DK ? hk * DK + ch
+             : ch < 2 * DK ? HK * DK + hk * DK + (ch - DK)
+             : (ch < NCH && c0 + ch - 2 * DK < DV) ? 2 * HK * DK + j * DV + c0 + (ch - 2 * DK)
+                                                  : -1;
+    }
+}
+
+// The conv windows of this thread's channels ch in [lo, hi) (of the block's, gdn_channels) into conv-state slot sl
+template <int DK, int CPT = GdnStep<DK>::CPT>
+__device__ __forceinline__ void gdn_store_windows(float* conv_state, long long sl, int C, const int (&g)[CPT],
+                                                  const float (&win)[CPT][GDN_KW - 1], int tid, int lo, int hi) {
+#pragma unroll
+    for (int u = 0; u < CPT; ++u) {
+        const int ch = tid + GdnStep<DK>::NT * u;
+        if (ch >= lo && ch < hi && g[u] >= 0)
+#pragma unroll
+            for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(sl * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
+    }
+}
+
+// This thread's state rows (RPW of them, DV apart from p) stored, where its column is live
+template <typename S, int DK>
+__device__ __forceinline__ void gdn_store_rows(S* p, int DV, bool live, const float (&s)[GdnStep<DK>::RPW]) {
+#pragma unroll
+    for (int r = 0; r < GdnStep<DK>::RPW; ++r)
+        if (live) st_store(p + (long long)r * DV, s[r]);
+}
+
 // x of one token into shared memory: thread tid's channels ch = tid + NT*u of [q | k | v tile] (global channel g[u],
 // -1: none, stored as 0), with CONV convolved (conv_token, rounded to T as causal_conv stores it; win slides)
 template <typename T, int DK, bool CONV, int CPT = GdnStep<DK>::CPT>
@@ -175,14 +211,7 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
     // channels of this thread: ch = tid + NT*u of [q (DK) | k (DK) | v tile (CT)] -> global channel g[u] (-1: none)
     const int C = 2 * HK * DK + HV * DV;
     int g[CPT];
-#pragma unroll
-    for (int u = 0; u < CPT; ++u) {
-        const int ch = tid + NT * u;
-        g[u] = ch < DK ? hk * DK + ch
-             : ch < 2 * DK ? HK * DK + hk * DK + (ch - DK)
-             : (ch < NCH && c0 + ch - 2 * DK < DV) ? 2 * HK * DK + j * DV + c0 + (ch - 2 * DK)
-                                                  : -1;
-    }
+    gdn_channels<DK>(g, tid, hk, HK, j, DV, c0);
     float win[CPT][GDN_KW - 1], wc[CPT][GDN_KW];
     if (CONV) {
 #pragma unroll
@@ -207,19 +236,10 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
     for (int t = t0; t < t1; ++t) {
         if (nsnap) {  // snapshot: the state before token t into slot snap[b] + (t - t0) (block-uniform branch)
             const long long ss = (long long)snap[b] + (t - t0);
-            S* sp = state + ((ss * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1);
-#pragma unroll
-            for (int r = 0; r < RPW; ++r)
-                if (live) st_store(sp + (long long)r * DV, s[r]);
-            if (CONV) {  // the v channels of this tile (the q/k channels: gdn_step_post, or qk_snap's block)
-#pragma unroll
-                for (int u = 0; u < CPT; ++u) {
-                    const int ch = tid + NT * u;
-                    if ((ch >= 2 * DK || qk_snap) && ch < NCH && g[u] >= 0)
-#pragma unroll
-                        for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(ss * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
-                }
-            }
+            gdn_store_rows<S, DK>(state + ((ss * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1), DV,
+                                  live, s);
+            if (CONV)  // the v channels of this tile (the q/k channels: gdn_step_post, or qk_snap's block)
+                gdn_store_windows<DK>(conv_state, ss, C, g, win, tid, qk_snap ? 0 : 2 * DK, NCH);
         }
         float xc[CPT];
 #pragma unroll
@@ -240,18 +260,8 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
         if (sum) o[(long long)t * ldo + (long long)j * DV + col] = from_f<T>(os);
     }
     if (!any) return;  // block-uniform, and the same for every block of sequence b: its counters stay untouched
-#pragma unroll
-    for (int r = 0; r < RPW; ++r)
-        if (live) st_store(st + (long long)r * DV, s[r]);
-    if (CONV) {
-#pragma unroll
-        for (int u = 0; u < CPT; ++u) {
-            const int ch = tid + NT * u;
-            if (ch >= 2 * DK && g[u] >= 0)
-#pragma unroll
-                for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(slot * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
-        }
-    }
+    gdn_store_rows<S, DK>(st, DV, live, s);
+    if (CONV) gdn_store_windows<DK>(conv_state, slot, C, g, win, tid, 2 * DK, NCH);
     if (!post) return;
     // The decode epilogue in this launch (gdn_step_post's work, the same bits): the last of the value head's
     // column tiles to arrive norms the head's rows, the last of the QK head's readers stores its q/k conv windows.
@@ -274,13 +284,7 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT)
         if (tid == 0) *cnt_o = 0;
     }
     if (gs_last[1]) {  // every reader of these conv windows has read them (they arrived after their reads)
-#pragma unroll
-        for (int u = 0; u < CPT; ++u) {
-            const int ch = tid + NT * u;
-            if (ch < 2 * DK)
-#pragma unroll
-                for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(slot * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
-        }
+        gdn_store_windows<DK>(conv_state, slot, C, g, win, tid, 0, 2 * DK);
         if (tid == 0) *cnt_qk = 0;
     }
 }
@@ -365,14 +369,7 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
     const bool any = t0 < t1;  // cluster-uniform
     const int C = 2 * HK * DK + HV * DV;
     int g[CPT];  // channels of this thread, as gdn_step
-#pragma unroll
-    for (int u = 0; u < CPT; ++u) {
-        const int ch = tid + NT * u;
-        g[u] = ch < DK ? hk * DK + ch
-             : ch < 2 * DK ? HK * DK + hk * DK + (ch - DK)
-             : (ch < NCH && c0 + ch - 2 * DK < DV) ? 2 * HK * DK + j * DV + c0 + (ch - 2 * DK)
-                                                  : -1;
-    }
+    gdn_channels<DK>(g, tid, hk, HK, j, DV, c0);
     S* st = state + ((slot * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1);
 #ifdef __CUDA_ARCH__
     // L2 hints while the kernel ahead ends: the state rows (as gdn_step) and this thread's conv window lines
@@ -419,17 +416,9 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
         const int i = t - t0;
         if (nsnap) {  // snapshot: as gdn_step (block-uniform branch)
             const long long ss = (long long)snap[b] + i;
-            S* sp = state + ((ss * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1);
-#pragma unroll
-            for (int r = 0; r < RPW; ++r)
-                if (live) st_store(sp + (long long)r * DV, s[r]);
-#pragma unroll
-            for (int u = 0; u < CPT; ++u) {
-                const int ch = tid + NT * u;
-                if ((ch >= 2 * DK || qk_snap) && ch < NCH && g[u] >= 0)
-#pragma unroll
-                    for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(ss * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
-            }
+            gdn_store_rows<S, DK>(state + ((ss * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1), DV,
+                                  live, s);
+            gdn_store_windows<DK>(conv_state, ss, C, g, win, tid, qk_snap ? 0 : 2 * DK, NCH);
         }
         float xc[CPT];
 #pragma unroll
@@ -449,16 +438,8 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
         if (i == 0 && tid == 0) qk_old = atomicAdd(cnt_qk, 1);  // q/k windows read (consumed in x): arrive
         const float os = gdn_token<DK>(s, xs, pkv, pout, beta, decay, qscale, lane, warp, warp == 0 && live);
         if (t + 1 == t1) {  // the final state and v windows, issued before the exchange
-#pragma unroll
-            for (int r = 0; r < RPW; ++r)
-                if (live) st_store(st + (long long)r * DV, s[r]);
-#pragma unroll
-            for (int u = 0; u < CPT; ++u) {
-                const int ch = tid + NT * u;
-                if (ch >= 2 * DK && g[u] >= 0)
-#pragma unroll
-                    for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(slot * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
-            }
+            gdn_store_rows<S, DK>(st, DV, live, s);
+            gdn_store_windows<DK>(conv_state, slot, C, g, win, tid, 2 * DK, NCH);
         }
         if (warp == 0)
             gdn_cl_norm<T>(ox, bar, i, tile, lane, live ? to_f(from_f<T>(os)) : 0.f, zc, nwc,
@@ -468,13 +449,7 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
     if (tid == 0) *flag = qk_old == ratio * GDN_CL - 1;
     __syncthreads();
     if (*flag) {  // the last reader of QK head hk's windows: every reader has consumed them (arrived after)
-#pragma unroll
-        for (int u = 0; u < CPT; ++u) {
-            const int ch = tid + NT * u;
-            if (ch < 2 * DK)
-#pragma unroll
-                for (int e = 0; e < GDN_KW - 1; ++e) conv_state[(slot * C + g[u]) * (GDN_KW - 1) + e] = win[u][e];
-        }
+        gdn_store_windows<DK>(conv_state, slot, C, g, win, tid, 0, 2 * DK);
         if (tid == 0) *cnt_qk = 0;
     }
 }
