@@ -100,6 +100,11 @@ __device__ __forceinline__ float rms_round(const T* xr, float* rr, int H, int nc
     return ss;
 }
 
+// one normed element: r * (1 / rms) * (1 + w) (OFFSET) or * w, left to right (rms_out and rms_out_f16 both)
+template <bool OFFSET> __device__ __forceinline__ float rms_y(float r, float inv, float w) {
+    return r * inv * (OFFSET ? 1.f + w : w);
+}
+
 template <typename T, bool OFFSET, bool VEC>
 __device__ __forceinline__ void rms_out(T* yr, const float* w, int H, int nch, int base, const float (&v)[RMS_NV][8],
                                         float inv) {
@@ -110,7 +115,7 @@ __device__ __forceinline__ void rms_out(T* yr, const float* w, int H, int nch, i
         float g[8], o[8];
         ld8<VEC>(w + 8 * c, H - 8 * c, g);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) o[e] = v[u][e] * inv * (OFFSET ? 1.f + g[e] : g[e]);
+        for (int e = 0; e < 8; ++e) o[e] = rms_y<OFFSET>(v[u][e], inv, g[e]);
         st8<VEC>(yr + 8 * c, H - 8 * c, o);
     }
 }
@@ -165,7 +170,7 @@ __device__ __forceinline__ void rms_out_f16(u16* xr, float* rowf, const float* w
         ld8<true>(w + 8 * c, 8, g);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            o[u][e] = v[u][e] * inv * (OFFSET ? 1.f + g[e] : g[e]);
+            o[u][e] = rms_y<OFFSET>(v[u][e], inv, g[e]);  // rms_out's value
             m = fmaxf(m, fabsf(o[u][e]));
         }
     }
