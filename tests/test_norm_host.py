@@ -22,19 +22,15 @@ F32 = np.float32
 EPS = 1e-6
 
 
+def _build(tmp_path_factory: pytest.TempPathFactory, name: str, driver: str) -> Path:
+    """norm.cu under the emulation prelude with ``driver`` (``__shared__`` as ``static``)."""
+    parts = ["gdn_emu.cpp", "#undef __shared__\n#define __shared__ static", "norm.cu", "emu_io.cpp", driver]
+    return build_emulator(tmp_path_factory, name, parts)
+
+
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_emulator(
-        tmp_path_factory,
-        "norm_emu",
-        [
-            "gdn_emu.cpp",
-            "#undef __shared__\n#define __shared__ static",
-            "norm.cu",
-            "emu_io.cpp",
-            "norm_driver.cpp",
-        ],
-    )
+    return _build(tmp_path_factory, "norm_emu", "norm_driver.cpp")
 
 
 def _run(emu: Path, d: Path, x: np.ndarray, r: np.ndarray, w: np.ndarray, bf: bool, flags: tuple) -> tuple:
@@ -93,17 +89,7 @@ def test_rmsnorm_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
 
 @pytest.fixture(scope="module")
 def emu_combine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_emulator(
-        tmp_path_factory,
-        "norm_combine_emu",
-        [
-            "gdn_emu.cpp",
-            "#undef __shared__\n#define __shared__ static",
-            "norm.cu",
-            "emu_io.cpp",
-            "norm_combine_driver.cpp",
-        ],
-    )
+    return _build(tmp_path_factory, "norm_combine_emu", "norm_combine_driver.cpp")
 
 
 COMBINE_CASES = (  # rows, H, k, bf16, offset
@@ -160,17 +146,7 @@ def test_moe_combine_rmsnorm_emulated(emu_combine: Path, tmp_path: Path, case: t
 
 @pytest.fixture(scope="module")
 def emu_f16(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_emulator(
-        tmp_path_factory,
-        "norm_f16_emu",
-        [
-            "gdn_emu.cpp",
-            "#undef __shared__\n#define __shared__ static",
-            "norm.cu",
-            "emu_io.cpp",
-            "norm_f16_driver.cpp",
-        ],
-    )
+    return _build(tmp_path_factory, "norm_f16_emu", "norm_f16_driver.cpp")
 
 
 def _split_f16row(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
