@@ -321,6 +321,7 @@ class CudaQwen36:
             attention_block,
             combine,
             f16_norm_out,
+            f16_norm_reader,
             ffn_block,
             fold_rows,
             gdn_block,
@@ -332,7 +333,7 @@ class CudaQwen36:
             reads the output, which takes it as the fp16 GEMM mode's rows where that mode runs (``F16Rows``)."""
             if isinstance(x, Folded):  # the producing GEMV added x into res: the consumers normalize
                 return Normed(res, x.part, weight, eps)
-            f16 = reader is not None and f16_norm_out(self, m.t, reader)
+            f16 = f16_call and reader is not None and f16_norm_reader(w[reader])
             if isinstance(x, MoeCombine):
                 return moe_combine_rmsnorm(x, weight, eps, residual=res, f16=f16)
             return rmsnorm(x, weight, eps, residual=res, f16=f16)
@@ -341,6 +342,9 @@ class CudaQwen36:
         x = embed(w["embed_tokens.weight"], ids, dtype=self.act)
         res = cupy.zeros((m.t, cfg.hidden_size), F32)
         fold = res if fold_rows(self, m.t) else None  # the output projections add into res (GEMVs only)
+        f16_call = f16_norm_out(
+            self, m.t
+        )  # whether norms may write fp16 GEMM rows in this call (once per call)
         for i, kind in enumerate(cfg.layer_types):
             p = f"layers.{i}."
             gdn = kind == "linear_attention"
@@ -349,7 +353,10 @@ class CudaQwen36:
                 w[p + "input_layernorm.weight"],
                 p + ("linear_attn.in_proj" if gdn else "self_attn.qkvg_proj"),
             )
-            mixed = (gdn_block if gdn else attention_block)(self, p, h, m, self._mix[i], resid=fold)
+            if gdn:
+                mixed = gdn_block(self, p, h, m, self._mix[i], resid=fold, f16=f16_call)
+            else:
+                mixed = attention_block(self, p, h, m, self._mix[i], resid=fold)
             # an MoE layer's norm output also feeds its router (fp32, exact): float rows
             h = add_norm(
                 mixed,

@@ -62,17 +62,26 @@ def linear(
     return _product(net, x, w, out, exact, swiglu=swiglu, gate=gate)
 
 
-def f16_norm_out(net: Any, t: int, reader: str) -> bool:
-    """Whether a norm over ``t`` rows whose only reader is the product with weight ``reader`` writes the fp16 GEMM
-    mode's rows itself (norm.rmsnorm(..., f16=True): bitwise what that GEMM's row split makes of its float rows,
-    without storing and re-reading them): float32 activations, the fp16 inputs and a product that runs that mode."""
-    from ninfer.cuda.gemm import f16_rows_input
-    from ninfer.cuda.norm import f16_out_ok
+def f16_norm_out(net: Any, t: int) -> bool:
+    """Whether this call's norms may write the fp16 GEMM mode's rows themselves (norm.rmsnorm(..., f16=True):
+    bitwise what the GEMM's row split makes of the float rows, without storing and re-reading them): the fp16 mode
+    runs (prefill GEMMs of float32 rows from PAIR_MIN_ROWS, fp16 inputs, the Hopper kernels, no graph capture).
+    Checked once per call; ``f16_norm_reader`` then says it of each norm's reader."""
+    from ninfer.cuda.gemm import PAIR_MIN_ROWS, hopper_gemm
+    from ninfer.cuda.launch import capturing
 
-    if not (_gemm(net, t) and net.prefill_inputs == "fp16" and net.act == np.float32):
-        return False
-    w = net.w[reader]
-    return f16_rows_input(w, t) and f16_out_ok(int(w.cols))
+    mode = _gemm(net, t) and net.prefill_inputs == "fp16" and net.act == np.float32 and t >= PAIR_MIN_ROWS
+    return mode and hopper_gemm() and not capturing()
+
+
+def f16_norm_reader(w: Any) -> bool:
+    """Whether a product with weight ``w`` takes its input as fp16 rows in a call where ``f16_norm_out`` holds (the
+    conditions of gemm.f16_rows_input left to check: one foldable format; a row the norm keeps in registers)."""
+    from ninfer.cuda.gemm_pair import f16_foldable
+    from ninfer.cuda.norm import f16_out_ok
+    from ninfer.cuda.weights import DeviceWeight
+
+    return isinstance(w, DeviceWeight) and f16_foldable(w.fmt) and f16_out_ok(int(w.cols))
 
 
 def fold_rows(net: Any, t: int) -> bool:
@@ -136,9 +145,10 @@ def attention_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = N
     return linear(net, o.reshape(m.t, hq * d), p + "self_attn.o_proj.weight", gate=(qg, d), resid=resid)
 
 
-def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None) -> Any:
+def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None, f16: bool = False) -> Any:
     """GDN mixer. The delta rule runs chunked (``gdn_chunked``, 64-token chunks) for prefill calls (more rows than
-    sequences) when ``net.prefill_gemm``: that mode's results already depend on chunking. Decode, and prefill
+    sequences) when ``net.prefill_gemm``: that mode's results already depend on chunking (``f16``: the call's
+    ``f16_norm_out``, for the output norm to write the out-projection's rows). Decode, and prefill
     with ``prefill_gemm=False``, run ``gdn_decode`` (conv, exact recurrence token by token and gated norm in two
     launches), so a token's result matches its decode bitwise."""
     from ninfer.cuda.gdn import causal_conv, gdn_chunked, gdn_decode
@@ -162,7 +172,7 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None) -
         y = causal_conv(qkv, w[p + "conv1d.weight"], net.conv[j], m.starts, m.gslots)
         o = gdn_chunked(y, *rule, n_k_heads=nk, variant=net.gdn_variant)
         # the out-projection's fp16-mode rows straight from the norm where that GEMM runs (bitwise the same)
-        f16 = f16_norm_out(net, m.t, p + "out_proj.weight") and gated_f16_ok(hv, dv)
+        f16 = f16 and f16_norm_reader(w[p + "out_proj.weight"]) and gated_f16_ok(hv, dv)
         on = gated_rmsnorm(o.reshape(m.t * hv, dv), z, nw, eps, f16=f16)
         if f16:
             return linear(net, on, p + "out_proj.weight")
