@@ -12,51 +12,15 @@
 // attention_prefill_gqa below, and attention_prefill (one query head per block, attention_prefill_head.cuh).
 #include "attention_prefill_frag.cuh"
 #include "attention_prefill_head.cuh"
+#include "attention_prefill_gqa.cuh"
 
-// ---- attention_prefill_gqa: the GQA group packed, K/V tiles double-buffered by cp.async, ldmatrix fragments ----
-// Block = one KV head hk x BR = 128 / G consecutive rows of the launch (G = HQ / HKV query heads per KV head), 8
-// warps. Its 128 slots are (row, head) pairs, slot m = G r + h (row r0 + r, query head hk G + h; slots past BR G
-// or past R are zero and never written), warp w owns slots 16w..16w+15 as its mma rows, so every K/V tile staged
-// in shared memory serves all G heads of the group (the one-head kernel loads it G times). Per slot the
-// arithmetic is the one-head kernel's, operation for operation: S accumulators over dims in 16-steps, hi then lo;
-// the same masks, online softmax and exp; P·V in the same order, with the same BN. Fragments now come by ldmatrix
-// (Q: one x4 per 16x16 A fragment; K: one x4 per two 8-key B fragments), which moves no value, so the output is
-// bitwise the one-head kernel's. Row independence follows as there (tiles past a row leave it unchanged).
-// Tiles: tile i + 1 is copied (cp.async, zero-filled past the segment's last key) while tile i is computed; one
-// block barrier per tile. Row tiles are scheduled last-first (the late, long rows start in the first wave).
-#define AG_SLOTS 128
-#define AG_THREADS 256
-
-template <typename T, int D>
-__device__ __forceinline__ void ag_stage_q(const T* q, int nrows, int HQ, int G, int hk, int r0, u16* Qh, u16* Ql) {
-    constexpr int LD = ApCfg<D>::LD;
-    for (int c = threadIdx.x; c < AG_SLOTS * D / 8; c += blockDim.x) {
-        const int m = c / (D / 8), d = (c % (D / 8)) * 8, r = m / G;
-        ap_stage_q8(r < nrows ? q + ((long long)(r0 + r) * HQ + hk * G + m % G) * D + d : nullptr, Qh, Ql, m * LD + d);
-    }
-}
-
-// cp.async of keys k0..k0+BN-1 into Ks, Vs (keys past kend zero-filled, their pages never touched).
-template <int D>
-__device__ __forceinline__ void ag_stage_kv(const bf16* kc, const bf16* vc, const int* pt, int page_size, int HKV,
-                                            int hk, int k0, int kend, u16* Ks, u16* Vs) {
-    constexpr int BN = ApCfg<D>::BN, LD = ApCfg<D>::LD;
-    for (int c = threadIdx.x; c < BN * D / 8; c += blockDim.x) {
-        const int i = c / (D / 8), d = (c % (D / 8)) * 8, p = k0 + i;
-        const bool ok = p <= kend;
-        long long base = 0;
-        if (ok) base = (((long long)pt[p / page_size] * page_size + p % page_size) * HKV + hk) * D + d;
-        ap_cp16(Ks + i * LD + d, kc + base, ok);
-        ap_cp16(Vs + i * LD + d, vc + base, ok);
-    }
-}
-
+// ---- attention_prefill_gqa: the block of attention_prefill_gqa.cuh, its tiles on mma.sync with ldmatrix fragments ----
 // One KV tile for one warp (slots wm..wm+15): ap_tile's arithmetic with ldmatrix fragments.
 template <bool SPLIT, int D>
 __device__ __forceinline__ void ag_tile(const u16* Qh, const u16* Ql, const u16* Ks, const u16* Vs, int wm, int k0,
                                         float scale, ApRows<D>& st) {
     constexpr int BN = ApCfg<D>::BN, LD = ApCfg<D>::LD, NF = BN / 8;
-    const int lane = threadIdx.x & 31, t = lane & 3;
+    const int lane = threadIdx.x & 31;
     const int qoff = (wm + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;  // A: matrix i = lane / 8
     const int koff = ((lane & 7) + (lane >> 4) * 8) * LD + ((lane >> 3) & 1) * 8;     // B: keys x k-halves
     float s[NF][4];
@@ -78,39 +42,7 @@ __device__ __forceinline__ void ag_tile(const u16* Qh, const u16* Ql, const u16*
             }
         }
     }
-    float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-    for (int j = 0; j < NF; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int key = k0 + 8 * j + 2 * t + (e & 1);
-            s[j][e] = key <= st.lim[e >> 1] ? s[j][e] * scale : NEG_INF;
-            mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
-        }
-    float base[2], corr[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float mn = fmaxf(st.m[h], mx[h]);
-        base[h] = mn == NEG_INF ? 0.f : mn;
-        corr[h] = expf(st.m[h] - base[h]);
-        st.m[h] = mn;
-        st.l[h] *= corr[h];
-    }
-    if (corr[0] != 1.f || corr[1] != 1.f) {  // x * 1 = x: skipping is bitwise the same
-#pragma unroll
-        for (int f = 0; f < D / 8; ++f)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) st.acc[f][e] *= corr[e >> 1];
-    }
-#pragma unroll
-    for (int j = 0; j < NF; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            s[j][e] = expf(s[j][e] - base[e >> 1]);
-            st.l[e >> 1] += s[j][e];
-        }
+    ap_online<NF, D>(s, k0, scale, st);
     const int voff = (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ++ks) {
@@ -131,13 +63,23 @@ __device__ __forceinline__ void ag_tile(const u16* Qh, const u16* Ql, const u16*
     }
 }
 
-// grid (ceil(R / BR), HKV, splits), BR = 128 / G (G <= 128), 256 threads; dynamic shared memory: Qh, Ql (float q)
-// [128][D+8], K and V [2 buffers][BN][D+8] bf16 words, then the rows' sequence and position [128] ints each.
-// Key splits (split_keys > 0, a multiple of BN; the wrapper's choice for launches of few blocks, docs/cuda.md):
-// block z visits only keys [z·split_keys, (z+1)·split_keys) and, for each row with a key there, stores its
-// unnormalised accumulators, running max and (quad-summed) sum to part[z][r][h][D + 2] instead of the output;
-// attention_prefill_combine merges a row's splits 0 .. row_pos / split_keys in order. A row with one split is
-// bitwise the unsplit result: its only split walks the same tiles from key 0, and the merge multiplies by e^0 = 1.
+// The mma.sync engine: rows padded to D + 8 words (the 8 row addresses of an ldmatrix in distinct bank groups)
+template <int D> struct AgSync {
+    static constexpr int BN = ApCfg<D>::BN, LD = ApCfg<D>::LD, Q_WORDS = AG_SLOTS * LD, KV_WORDS = BN * LD;
+    static __device__ __forceinline__ u16* base(uint4* smem) { return reinterpret_cast<u16*>(smem); }
+    static __device__ __forceinline__ int q_off(int m, int d) { return m * LD + d; }
+    static __device__ __forceinline__ int kv_off(int i, int d) { return i * LD + d; }
+    static __device__ __forceinline__ void after_copy() {}
+    static __device__ __forceinline__ int group_lim(int wlim, const int*, int, int, int, int) { return wlim; }
+    template <bool SPLIT>
+    static __device__ __forceinline__ void tile(const u16* Qh, const u16* Ql, const u16* Ks, const u16* Vs, int wm,
+                                                int k0, float scale, ApRows<D>& st) {
+        ag_tile<SPLIT, D>(Qh, Ql, Ks, Vs, wm, k0, scale, st);
+    }
+};
+
+// grid (ceil(R / BR), HKV, splits), 256 threads; dynamic shared memory 2 (D + 8) (128 (1 + split) + 4 BN) + 1024
+// bytes: ag_body (attention_prefill_gqa.cuh) with the mma.sync engine.
 template <typename T, int D>
 __global__ void __launch_bounds__(AG_THREADS, 1)
     attention_prefill_gqa(const T* __restrict__ q, const bf16* __restrict__ k_cache,
@@ -145,85 +87,8 @@ __global__ void __launch_bounds__(AG_THREADS, 1)
                           const int* __restrict__ row_seq, const int* __restrict__ row_pos, T* __restrict__ o, int R,
                           int HQ, int HKV, int page_size, long long ldpt, float scale, int split_keys,
                           float* __restrict__ part) {
-    constexpr int BN = ApCfg<D>::BN, LD = ApCfg<D>::LD;
-    constexpr bool SPLIT = ApSplit<T>::value;
-    extern __shared__ uint4 att_smem[];
-    u16* Qh = reinterpret_cast<u16*>(att_smem);
-    u16* Ql = Qh + AG_SLOTS * LD;
-    u16* Kb = Ql + (SPLIT ? AG_SLOTS * LD : 0);
-    u16* Vb = Kb + 2 * BN * LD;
-    int* s_seq = reinterpret_cast<int*>(Vb + 2 * BN * LD);
-    int* s_pos = s_seq + AG_SLOTS;
-    const int G = HQ / HKV, BR = AG_SLOTS / G, hk = blockIdx.y;
-    const int r0 = (gridDim.x - 1 - blockIdx.x) * BR, nrows = min(BR, R - r0), kz0 = blockIdx.z * split_keys;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wm = warp * 16;
-    for (int i = threadIdx.x; i < AG_SLOTS; i += blockDim.x) {
-        s_seq[i] = i < nrows ? row_seq[r0 + i] : -1;
-        s_pos[i] = i < nrows ? row_pos[r0 + i] : -1;
-    }
-    ag_stage_q<T, D>(q, nrows, HQ, G, hk, r0, Qh, Ql);
-    __syncthreads();
-    const int row[2] = {(wm + g) / G, (wm + g + 8) / G};  // the thread's two slots' rows (>= nrows: none)
-    ApRows<D> st;
-    for (int s0 = 0, s1; s0 < nrows; s0 = s1) {  // segments: maximal runs of one sequence
-        const int b = s_seq[s0];
-        int kend = s_pos[s0];
-        for (s1 = s0 + 1; s1 < nrows && s_seq[s1] == b; ++s1) kend = max(kend, s_pos[s1]);
-        int wlim = -1;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            st.lim[h] = row[h] >= s0 && row[h] < s1 ? s_pos[row[h]] : -1;
-            st.m[h] = NEG_INF, st.l[h] = 0.f;
-            wlim = max(wlim, st.lim[h]);
-        }
-#pragma unroll
-        for (int x = 16; x > 0; x >>= 1) wlim = max(wlim, __shfl_xor_sync(0xffffffffu, wlim, x));
-#pragma unroll
-        for (int f = 0; f < D / 8; ++f) st.acc[f][0] = st.acc[f][1] = st.acc[f][2] = st.acc[f][3] = 0.f;
-        const int* pt = page_table + (long long)b * ldpt;
-        // this block's tiles: all of the segment's, or those of split z (block-uniform bounds)
-        const int i0 = split_keys ? kz0 / BN : 0;
-        const int i1 = split_keys ? min(kend / BN, (kz0 + split_keys) / BN - 1) : kend / BN;
-        if (i0 > i1) continue;  // no key of this split is visible to the segment
-        ag_stage_kv<D>(k_cache, v_cache, pt, page_size, HKV, hk, i0 * BN, kend, Kb, Vb);
-        ap_cp_commit();
-        for (int i = i0; i <= i1; ++i) {
-            ap_cp_wait_all();
-            __syncthreads();  // tile i is in place for all; every warp is done with tile i - 1's buffer
-            const int nb = (i - i0 + 1) & 1;
-            if (i < i1)
-                ag_stage_kv<D>(k_cache, v_cache, pt, page_size, HKV, hk, (i + 1) * BN, kend, Kb + nb * BN * LD,
-                               Vb + nb * BN * LD);
-            ap_cp_commit();
-            const int cb = (i - i0) & 1;
-            if (i * BN <= wlim) ag_tile<SPLIT, D>(Qh, Ql, Kb + cb * BN * LD, Vb + cb * BN * LD, wm, i * BN, scale, st);
-        }
-        __syncthreads();  // the next segment's first copies reuse the buffers
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float l = st.l[h];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            if (st.lim[h] < kz0) continue;  // no row here, or none of its keys in this split
-            const int m = wm + g + 8 * h;
-            const long long oh = (long long)(r0 + row[h]) * HQ + hk * G + m % G;
-            if (split_keys) {  // the split's partial state, merged by attention_prefill_combine
-                float* prow = part + ((long long)blockIdx.z * R * HQ + oh) * (D + 2);
-#pragma unroll
-                for (int f = 0; f < D / 8; ++f)
-#pragma unroll
-                    for (int c = 0; c < 2; ++c) prow[8 * f + 2 * t + c] = st.acc[f][2 * h + c];
-                if (t == 0) prow[D] = st.m[h], prow[D + 1] = l;
-                continue;
-            }
-            const float il = l > 0.f ? 1.f / l : 0.f;
-            T* orow = o + oh * D;
-#pragma unroll
-            for (int f = 0; f < D / 8; ++f)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) orow[8 * f + 2 * t + c] = from_f<T>(st.acc[f][2 * h + c] * il);
-        }
-    }
+    ag_body<AgSync<D>, T, D>(q, k_cache, v_cache, page_table, row_seq, row_pos, o, R, HQ, HKV, page_size, ldpt,
+                             scale, split_keys, part);
 }
 
 // The key splits' merge: one thread per output element (r, h, d) of rows 0 .. R - 1. Row r has splits 0 .. n - 1,

@@ -1,4 +1,4 @@
-"""Prefill attention micro-benchmark (GPU): the GQA tensor-core kernel against the earlier one-head kernel.
+"""Prefill attention micro-benchmark (GPU): the wgmma and GQA tensor-core kernels against the earlier one-head kernel.
 
     python -m perf.bench_attention                 # on a GPU; prints a table, returns the results
     python -m perf.bench_attention --out DIR       # also writes DIR/bench_attention.json
@@ -10,8 +10,10 @@ the 27B (24 query heads, 4 KV heads, head dim 256) and the 35B-A3B (16 query hea
 one sequence prefilled from position 0 over a bf16 paged cache of 16-token pages in a shuffled page order. Timed
 with CUDA events (median of the repeats after a warm-up); TFLOP/s counts the causal FLOPs once, 4·HQ·D·T²/2
 (float q runs twice the MMAs of that: q and P split into bf16 halves), and ``frac_gemm`` compares with a torch
-bf16 8192³ GEMM measured in the same run. ``bitwise`` says whether the two kernels' outputs are identical (they
-compute the same arithmetic per row).
+bf16 8192³ GEMM measured in the same run. ``bitwise`` says whether the two mma.sync kernels' outputs are identical
+(they compute the same arithmetic per row). Where it compiles (sm_90a), ``variant="wg"`` (the GQA block on
+``wgmma``, the default there) is timed too: ``wg_ms``, ``wg_tflops``, ``wg_frac_gemm``, and against the GQA kernel
+``wg_bitwise`` and ``wg_err`` (max |difference| over max |output|).
 """
 
 from __future__ import annotations
@@ -46,16 +48,35 @@ def _case(model: str, t_len: int, qt: str, rng: np.random.Generator, reps: int) 
     row_pos = cupy.arange(t_len, dtype=np.int32)
     args = (qd, kc, vc, table, row_seq, row_pos)
     outs, ms = {}, {}
-    for v in ("gqa", "head"):
+    for v in ("gqa", "head", "wg")[: 3 if _has_wg() else 2]:
         outs[v] = cupy.empty_like(qd)
         ms[v] = 1e3 * event_seconds(
             lambda v=v: attention_prefill(*args, max_len=t_len, out=outs[v], variant=v), reps
         )
     flops = 4 * hq * d * t_len**2 / 2
     same = bool(cupy.array_equal(outs["gqa"].view(cupy.uint8), outs["head"].view(cupy.uint8)))
-    return {"model": model, "HQ": hq, "HKV": hkv, "D": d, "T": t_len, "q": qt, "new_ms": ms["gqa"],
-            "old_ms": ms["head"], "new_tflops": flops / (ms["gqa"] * 1e-3) / 1e12,
-            "old_tflops": flops / (ms["head"] * 1e-3) / 1e12, "speedup": ms["head"] / ms["gqa"], "bitwise": same}  # fmt: skip
+    out = {"model": model, "HQ": hq, "HKV": hkv, "D": d, "T": t_len, "q": qt, "new_ms": ms["gqa"],
+           "old_ms": ms["head"], "new_tflops": flops / (ms["gqa"] * 1e-3) / 1e12,
+           "old_tflops": flops / (ms["head"] * 1e-3) / 1e12, "speedup": ms["head"] / ms["gqa"], "bitwise": same}  # fmt: skip
+    if "wg" in ms:
+        a, b = (_values(outs[v], qt) for v in ("wg", "gqa"))
+        out.update(wg_ms=ms["wg"], wg_tflops=flops / (ms["wg"] * 1e-3) / 1e12,
+                   wg_bitwise=bool(cupy.array_equal(outs["wg"].view(cupy.uint8), outs["gqa"].view(cupy.uint8))),
+                   wg_err=float(cupy.max(cupy.abs(a - b)) / cupy.max(cupy.abs(b))))  # fmt: skip
+    return out
+
+
+def _has_wg() -> bool:
+    from ninfer.cuda.loader import compute_capability, family_supported
+
+    return family_supported("attention_wg.cu", compute_capability())
+
+
+def _values(o: Any, qt: str) -> Any:
+    """An output as float32 (bf16 words decoded)."""
+    import cupy
+
+    return (o.astype(cupy.uint32) << 16).view(cupy.float32) if qt == "bf16" else o
 
 
 def main(
@@ -65,16 +86,21 @@ def main(
     gemm = gemm_bf16()["flops"] / 1e12
     print(f"torch bf16 GEMM 8192^3: {gemm:.0f} TFLOP/s")
     print(f"{'model':8s} {'T':>6s} {'q':5s} {'old ms':>9s} {'old TF/s':>9s} {'new ms':>9s} {'new TF/s':>9s} "
-          f"{'speedup':>8s} {'new/GEMM':>9s} bitwise")  # fmt: skip
+          f"{'speedup':>8s} {'new/GEMM':>9s} bitwise {'wg ms':>8s} {'wg TF/s':>8s} {'wg/GEMM':>8s} wg≡gqa")  # fmt: skip
     cases = []
     for model in SHAPES:
         for t_len in lengths:
             for qt in qtypes:
                 c = _case(model, t_len, qt, rng, reps if t_len < 32768 else max(2, reps // 2))
                 c["frac_gemm"] = c["new_tflops"] / gemm
+                wg = ""
+                if "wg_ms" in c:
+                    c["wg_frac_gemm"] = c["wg_tflops"] / gemm
+                    wg = (f" {c['wg_ms']:8.2f} {c['wg_tflops']:8.1f} {c['wg_frac_gemm']:8.1%} "
+                          f"{c['wg_bitwise']} (err {c['wg_err']:.1e})")  # fmt: skip
                 cases.append(c)
                 print(f"{model:8s} {t_len:6d} {qt:5s} {c['old_ms']:9.2f} {c['old_tflops']:9.1f} {c['new_ms']:9.2f} "
-                      f"{c['new_tflops']:9.1f} {c['speedup']:7.2f}x {c['frac_gemm']:9.1%} {c['bitwise']}")  # fmt: skip
+                      f"{c['new_tflops']:9.1f} {c['speedup']:7.2f}x {c['frac_gemm']:9.1%} {c['bitwise']}{wg}")  # fmt: skip
     return {"gemm_tflops": gemm, "cases": cases}
 
 

@@ -3,9 +3,11 @@
 GPU tests (marked ``gpu``): fresh random inputs, several shapes (head dims 32-256, GQA groups 1-8, page sizes
 16/64, lengths 1-1100, several sequences packed with different start positions, i.e. chunks that continue a
 prefix), float32 and bf16 q, outputs poisoned with NaN and cache slots past each sequence's end poisoned with NaN
-(the kernel must never read them). Both kernels (``variant="gqa"``: a KV head's query heads in one block;
+(the kernel must never read them). Both mma.sync kernels (``variant="gqa"``: a KV head's query heads in one block;
 ``variant="head"``: one query head per block) against the reference and against each other bitwise (the same
-arithmetic per row), and a row's bits against its batch, its block and the prompt's chunking. CPU test: a NumPy mirror of the kernel's block/segment/tile loop (which rows
+arithmetic per row), and a row's bits against its batch, its block and the prompt's chunking; the wgmma kernel
+(``variant="wg"``, sm_90a, D = 256: the GQA block with its products as warpgroup MMAs) against the reference and
+the mma.sync kernel, and its rows' bits against their batch, chunking and key splits as the GQA kernel's. CPU test: a NumPy mirror of the kernel's block/segment/tile loop (which rows
 form a segment, which KV tiles are visited, which keys each row keeps) checked against the reference.
 """
 
@@ -129,6 +131,36 @@ def test_prefill_matches_reference(t: str, case: tuple) -> None:
     )
 
 
+def _need_wg(cp: Any) -> None:
+    from ninfer.cuda.loader import compute_capability, family_supported
+
+    if not family_supported("attention_wg.cu", compute_capability()):
+        pytest.skip("the wgmma kernel is compiled for sm_90a only")
+
+
+WG_CASES = tuple(c for c in CASES if c[2] == 256)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", ["float", "bf16"])
+@pytest.mark.parametrize("case", WG_CASES, ids=lambda c: f"hq{c[0]}-hkv{c[1]}-p{c[3]}-n{sum(c[5])}")
+def test_prefill_wg_matches_reference(t: str, case: tuple) -> None:
+    """The wgmma kernel against the reference, the mma.sync kernel (within fp32 rounding: the tensor cores'
+    internal sums of the two instructions need not agree bit for bit) and "auto", which picks it here."""
+    cp = pytest.importorskip("cupy")
+    _need_wg(cp)
+    from ninfer.cuda.attention_prefill import pick_variant
+
+    assert pick_variant(case[2], case[0] // case[1]) == "wg"
+    pr = _problem(np.random.default_rng([CASES.index(case), t == "bf16", 7]), case, t)
+    got = _run(cp, pr, t, variant="wg")
+    err = _err(got, pr["ref"])
+    assert err <= TOL[t], f"normalised max error {err:.3e} > {TOL[t]:.1e}"
+    sync = _run(cp, pr, t, variant="gqa")
+    assert _err(got, sync) <= (2e-6 if t == "float" else TOL[t]), "wgmma and mma.sync kernels disagree"
+    assert np.array_equal(_run(cp, pr, t, variant="auto").view(np.uint32), got.view(np.uint32))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", ["float", "bf16"])
 def test_prefill_rows_independent_of_batch(t: str) -> None:
@@ -145,48 +177,58 @@ def test_prefill_rows_independent_of_batch(t: str) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["gqa", "wg"])
 @pytest.mark.parametrize("t", ["float", "bf16"])
 @pytest.mark.parametrize("shape", [(24, 4, 256), (16, 2, 256)], ids=["27B", "35B-A3B"])
-def test_prefill_rows_independent_of_chunking(t: str, shape: tuple) -> None:
+def test_prefill_rows_independent_of_chunking(t: str, shape: tuple, variant: str) -> None:
     """The models' head shapes: a prompt prefilled in one launch, in uneven chunks (each chunk a launch of its own
     rows, continuing the cached prefix), and packed with another sequence gives every row the same bits."""
     cp = pytest.importorskip("cupy")
+    if variant == "wg":
+        _need_wg(cp)
     rng = np.random.default_rng(77)
     pr = _problem(rng, (*shape, 16, [0, 0], [333, 50]), t)
-    full = _run(cp, pr, t)
+
+    full = _run(cp, pr, t, variant=variant)
     seq0 = np.arange(333)
-    alone = _run(cp, pr, t, seq0)
+    alone = _run(cp, pr, t, seq0, variant=variant)
     assert np.array_equal(alone.view(np.uint32), full[seq0].view(np.uint32)), "packing with another sequence"
     for lo, hi in ((0, 1), (1, 37), (37, 200), (200, 333), (150, 151)):
         rows = np.arange(lo, hi)
-        got = _run(cp, pr, t, rows)
+        got = _run(cp, pr, t, rows, variant=variant)
         assert np.array_equal(got.view(np.uint32), full[rows].view(np.uint32)), (
             f"chunk {lo}..{hi - 1} differs"
         )
     rev = seq0[::-1].copy()
-    assert np.array_equal(_run(cp, pr, t, rev).view(np.uint32), full[rev].view(np.uint32)), "reversed rows"
+    assert np.array_equal(_run(cp, pr, t, rev, variant=variant).view(np.uint32), full[rev].view(np.uint32)), (
+        "reversed rows"
+    )
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["gqa", "wg"])
 @pytest.mark.parametrize("t", ["float", "bf16"])
 @pytest.mark.parametrize("shape", [(24, 4, 256), (16, 2, 256)], ids=["27B", "35B-A3B"])
-def test_prefill_key_splits(t: str, shape: tuple) -> None:
+def test_prefill_key_splits(t: str, shape: tuple, variant: str) -> None:
     """A follow-up turn's launch (few rows over a long prefix) takes key splits by default; merged, they agree with
     the unsplit kernel within fp32 rounding and with the reference; rows whose keys are all in the first split keep
     the unsplit bits; explicit splits of 512 and 1024 keys likewise."""
     cp = pytest.importorskip("cupy")
     from ninfer.cuda.attention_prefill import key_splits
 
+    if variant == "wg":
+        _need_wg(cp)
     rng = np.random.default_rng(83)
     pr = _problem(rng, (*shape, 16, [0, 2500], [40, 64]), t)
+
     rows = pr["q"].shape[0]
     sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
     auto = key_splits(rows, shape[0], shape[1], shape[2], pr["max_len"], sms)
     assert auto > 0, "a 104-row launch over 2.5K keys should split"
-    full = _run(cp, pr, t)
+    full = _run(cp, pr, t, variant=variant)
     one_split = pr["row_pos"] < 512
     for sk in (None, 512, 1024):
-        got = _run(cp, pr, t, split_keys=sk)
+        got = _run(cp, pr, t, split_keys=sk, variant=variant)
         assert _err(got, pr["ref"]) <= TOL[t], f"split_keys={sk}: against the reference"
         assert _err(got, full) <= (2e-6 if t == "float" else TOL[t]), f"split_keys={sk}: against the unsplit"
         if sk is not None:
@@ -194,7 +236,7 @@ def test_prefill_key_splits(t: str, shape: tuple) -> None:
                 f"split_keys={sk}: rows in the first split changed bits"
             )
     with pytest.raises(Exception, match="split_keys"):
-        _run(cp, pr, t, split_keys=100)
+        _run(cp, pr, t, split_keys=100, variant=variant)
 
 
 @pytest.mark.gpu

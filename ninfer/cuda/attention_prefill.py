@@ -6,10 +6,14 @@ exact operands on ``mma.sync`` (float q split into two bf16 halves, the probabil
 depends only on its own inputs (fixed reduction order over KV tiles in ascending order), but it is not bitwise the
 decode kernel's: the exact mode (``prefill_gemm=False``) keeps :func:`attention` for prefill.
 
-Two kernels, the same arithmetic per row (bitwise the same outputs): ``variant="gqa"`` (the default) packs a KV
-head's query heads into one block (the K/V tiles loaded once per group, double-buffered by ``cp.async``,
-fragments by ``ldmatrix``); ``variant="head"`` is the earlier one-query-head-per-block kernel, kept for
-comparison (perf/bench_attention.py). docs/cuda.md gives the arithmetic of both.
+Three kernels, the same softmax and product order per row: ``variant="gqa"`` packs a KV head's query heads into one
+block (the K/V tiles loaded once per group, double-buffered by ``cp.async``, fragments by ``ldmatrix``, products
+on ``mma.sync``); ``variant="wg"`` is the same block with its two products per tile on Hopper's ``wgmma``
+(cuda_src/attention_wg.cu: sm_90a, D = 256); ``variant="head"`` is the earlier one-query-head-per-block kernel,
+kept for comparison (perf/bench_attention.py). ``"gqa"`` and ``"head"`` give the same bits. ``variant="auto"``
+(the default) is ``"wg"`` wherever it compiles and ``"gqa"`` elsewhere: a choice made by the head size and the
+device only, never by the launch, so a row's bits stay independent of the rows beside it and of the chunking.
+docs/cuda.md gives the arithmetic.
 """
 
 from __future__ import annotations
@@ -39,16 +43,20 @@ __all__ = [
 _T = ("float", "bf16")
 BLOCK_ROWS = 64  # query rows per block of the one-head kernel (AP_BM)
 GQA_SLOTS = 128  # (row, query head) slots per block of the GQA kernel (AG_SLOTS)
-VARIANTS = ("gqa", "head")
-_THREADS = {"gqa": 256, "head": 128}
-_NAMES = {"gqa": "attention_prefill_gqa", "head": "attention_prefill"}
+VARIANTS = ("auto", "gqa", "head", "wg")
+_THREADS = {"gqa": 256, "head": 128, "wg": 256}
+_NAMES = {"gqa": "attention_prefill_gqa", "head": "attention_prefill", "wg": "attention_prefill_wg"}
+_FILES = {"gqa": "attention_prefill.cu", "head": "attention_prefill.cu", "wg": "attention_wg.cu"}
+WG_HEAD_DIM = 256  # the wgmma kernel's P V product is m64n256: the served models' head size
+WG_KEYS = 32  # its KV tile (AW_BN)
 SOURCES: dict[str, tuple[str, ...]] = {
     "attention_prefill.cu": tuple(
         f"{n}<{t}, {d}>"
-        for n in (*_NAMES.values(), "attention_prefill_combine")
+        for n in ("attention_prefill_gqa", "attention_prefill", "attention_prefill_combine")
         for t in _T
         for d in HEAD_DIMS
-    )
+    ),
+    "attention_wg.cu": tuple(f"attention_prefill_wg<{t}, {WG_HEAD_DIM}>" for t in _T),
 }
 # Key splits (GQA kernel): a launch of few blocks (a follow-up turn's few hundred rows over a long prefix: 52 blocks
 # of the 27B at 256 rows, each walking all 8K keys, on 132 SMs) splits every row's keys at multiples of split_keys,
@@ -59,8 +67,19 @@ SPLIT_WAVES, SPLIT_MIN_KEYS, SPLIT_SCRATCH_BYTES = 2, 512, 64 << 20
 
 
 def block_keys(d: int) -> int:
-    """Keys per KV tile (ApCfg<D>::BN)."""
+    """Keys per KV tile (ApCfg<D>::BN; the wgmma kernel's AW_BN is the same at its D = 256)."""
     return 32 if d == 256 else 64
+
+
+def pick_variant(d: int, group: int) -> str:
+    """``"auto"``'s kernel for head size ``d`` and ``group`` query heads per KV head on the current device."""
+    from ninfer.cuda.loader import compute_capability, family_supported
+
+    if group > GQA_SLOTS:
+        return "head"
+    if d == WG_HEAD_DIM and family_supported("attention_wg.cu", compute_capability()):
+        return "wg"
+    return "gqa"
 
 
 def gqa_rows(group: int) -> int:
@@ -73,6 +92,8 @@ def smem_bytes(d: int, t: str, variant: str = "gqa") -> int:
     q) [64][D+8], Ks and Vs [BN][D+8]. GQA kernel: Qh (+ Ql) [128][D+8], Ks and Vs [2][BN][D+8], then the rows'
     sequence and position (2 x 128 int32)."""
     ld, halves = d + 8, 2 if t == "float" else 1
+    if variant == "wg":  # swizzled tiles of 64-element rows (no padding) from a 1024-byte aligned start
+        return 1024 + 2 * d * (GQA_SLOTS * halves + 4 * WG_KEYS) + 8 * GQA_SLOTS
     if variant == "head":
         return 2 * ld * (BLOCK_ROWS * halves + 2 * block_keys(d))
     return 2 * ld * (GQA_SLOTS * halves + 4 * block_keys(d)) + 8 * GQA_SLOTS
@@ -109,13 +130,14 @@ def attention_prefill(
     max_len: int,
     scale: float | None = None,
     out: Any = None,
-    variant: str = "gqa",
+    variant: str = "auto",
     split_keys: int | None = None,
 ) -> Any:
     """Causal GQA attention of ``q[R, Hq, D]`` (float32 or bf16 words) over bf16 (uint16) caches: row r
     (sequence ``row_seq[r]``) attends positions ``0..row_pos[r]`` of its pages in ``page_table[B, max_pages]``;
     ``max_len`` bounds ``row_pos + 1``. Rows of several sequences may share a launch (any order). ``variant``:
-    ``"gqa"`` (query heads of a KV head in one block) or ``"head"`` (the earlier one-head blocks); same bits.
+    ``"auto"`` (:func:`pick_variant`), ``"gqa"`` (query heads of a KV head in one block), ``"wg"`` (that block on
+    wgmma; sm_90a, D = 256) or ``"head"`` (the earlier one-head blocks).
     ``split_keys`` (GQA kernel; None: :func:`key_splits`, 0: none): keys per split of each row's keys; rows with
     keys in several splits are merged from the splits' partial states (within fp32 rounding of the unsplit
     result), the others keep its bits."""
@@ -135,10 +157,14 @@ def attention_prefill(
     if r == 0:
         return out
     group = hq // hkv
+    if variant == "auto":
+        variant = pick_variant(d, group)
     if group > GQA_SLOTS:  # more heads per KV head than a block's slots: one head per block
         variant = "head"
+    if variant == "wg" and d != WG_HEAD_DIM:
+        raise KernelError(f"variant 'wg' computes D = {WG_HEAD_DIM} only, not {d}")
     name = f"{_NAMES[variant]}<{t}, {d}>"
-    fn = kernel("attention_prefill.cu", SOURCES["attention_prefill.cu"], name)
+    fn = kernel(_FILES[variant], SOURCES[_FILES[variant]], name)
     smem = smem_bytes(d, t, variant)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem

@@ -51,7 +51,11 @@ OPTIONS = ("-std=c++17",)
 # family -> {compute capability: architecture-specific target}. CuPy appends its own ``-arch=sm_<cc>`` after these
 # options; NVRTC given ``-arch=sm_90a -arch=sm_90`` compiles for sm_90a (checked with NVRTC 13.0: the cubin's SASS
 # is "code for sm_90a" and wgmma assembles, while ``-arch=sm_90`` alone rejects it).
-ARCH_SPECIFIC: dict[str, dict[str, str]] = {"gemm_sm90.cu": {"90": "90a"}, "gemm_sm90_ws.cu": {"90": "90a"}}
+ARCH_SPECIFIC: dict[str, dict[str, str]] = {
+    "gemm_sm90.cu": {"90": "90a"},
+    "gemm_sm90_ws.cu": {"90": "90a"},
+    "attention_wg.cu": {"90": "90a"},
+}
 
 
 class KernelError(ValueError):

@@ -1,0 +1,188 @@
+// The GQA prefill-attention block (attention_prefill_gqa on mma.sync, attention_prefill.cu; attention_prefill_wg
+// on wgmma, attention_wg.cu): its slots, staging, segments, key splits and outputs, shared by both engines. An
+// engine E gives the tile size BN, the shared-memory layout of Q (Q_WORDS per half, q_off) and of a K or V buffer
+// (KV_WORDS, kv_off), base() (the dynamic shared memory's aligned start), after_copy() (what a thread does after
+// its copies land, before the block barrier), group_lim() (the last key any row of its unit of issue attends: a
+// tile past it is skipped) and tile<SPLIT>() (one KV tile's two products for one warp's 16 slots around
+// ap_online). Which engine computes a tile changes no step of the per-row arithmetic described here.
+#pragma once
+#include "attention_prefill_frag.cuh"
+
+// ---- attention_prefill_gqa: the GQA group packed, K/V tiles double-buffered by cp.async, ldmatrix fragments ----
+// Block = one KV head hk x BR = 128 / G consecutive rows of the launch (G = HQ / HKV query heads per KV head), 8
+// warps. Its 128 slots are (row, head) pairs, slot m = G r + h (row r0 + r, query head hk G + h; slots past BR G
+// or past R are zero and never written), warp w owns slots 16w..16w+15 as its mma rows, so every K/V tile staged
+// in shared memory serves all G heads of the group (the one-head kernel loads it G times). Per slot the
+// arithmetic is the one-head kernel's, operation for operation: S accumulators over dims in 16-steps, hi then lo;
+// the same masks, online softmax and exp; P·V in the same order, with the same BN. Fragments now come by ldmatrix
+// (Q: one x4 per 16x16 A fragment; K: one x4 per two 8-key B fragments), which moves no value, so the output is
+// bitwise the one-head kernel's. Row independence follows as there (tiles past a row leave it unchanged).
+// Tiles: tile i + 1 is copied (cp.async, zero-filled past the segment's last key) while tile i is computed; one
+// block barrier per tile. Row tiles are scheduled last-first (the late, long rows start in the first wave).
+#define AG_SLOTS 128
+#define AG_THREADS 256
+
+template <class E, typename T, int D>
+__device__ __forceinline__ void ag_stage_q(const T* q, int nrows, int HQ, int G, int hk, int r0, u16* Qh, u16* Ql) {
+    for (int c = threadIdx.x; c < AG_SLOTS * D / 8; c += blockDim.x) {
+        const int m = c / (D / 8), d = (c % (D / 8)) * 8, r = m / G;
+        ap_stage_q8(r < nrows ? q + ((long long)(r0 + r) * HQ + hk * G + m % G) * D + d : nullptr, Qh, Ql, E::q_off(m, d));
+    }
+}
+
+// cp.async of keys k0..k0+BN-1 into Ks, Vs (keys past kend zero-filled, their pages never touched).
+template <class E, int D>
+__device__ __forceinline__ void ag_stage_kv(const bf16* kc, const bf16* vc, const int* pt, int page_size, int HKV,
+                                            int hk, int k0, int kend, u16* Ks, u16* Vs) {
+    constexpr int BN = E::BN;
+    for (int c = threadIdx.x; c < BN * D / 8; c += blockDim.x) {
+        const int i = c / (D / 8), d = (c % (D / 8)) * 8, p = k0 + i;
+        const bool ok = p <= kend;
+        long long base = 0;
+        if (ok) base = (((long long)pt[p / page_size] * page_size + p % page_size) * HKV + hk) * D + d;
+        const int off = E::kv_off(i, d);
+        ap_cp16(Ks + off, kc + base, ok);
+        ap_cp16(Vs + off, vc + base, ok);
+    }
+}
+
+// The online-softmax step of one KV tile for one warp's 16 slots, between its two products: s (the tile's raw
+// scores q·k, NF 8-key groups in the mma C layout) masked past each row's last key and scaled, the running max,
+// sum and O accumulators rescaled, and s replaced by p = exp(s - max). Both GQA engines call it, so their
+// softmax arithmetic is one text.
+template <int NF, int D>
+__device__ __forceinline__ void ap_online(float (&s)[NF][4], int k0, float scale, ApRows<D>& st) {
+    const int t = (threadIdx.x & 31) & 3;
+    float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+    for (int j = 0; j < NF; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int key = k0 + 8 * j + 2 * t + (e & 1);
+            s[j][e] = key <= st.lim[e >> 1] ? s[j][e] * scale : NEG_INF;
+            mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+        }
+    float base[2], corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float mn = fmaxf(st.m[h], mx[h]);
+        base[h] = mn == NEG_INF ? 0.f : mn;
+        corr[h] = expf(st.m[h] - base[h]);
+        st.m[h] = mn;
+        st.l[h] *= corr[h];
+    }
+    if (corr[0] != 1.f || corr[1] != 1.f) {  // x * 1 = x: skipping is bitwise the same
+#pragma unroll
+        for (int f = 0; f < D / 8; ++f)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st.acc[f][e] *= corr[e >> 1];
+    }
+#pragma unroll
+    for (int j = 0; j < NF; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[j][e] = expf(s[j][e] - base[e >> 1]);
+            st.l[e >> 1] += s[j][e];
+        }
+}
+
+// The kernel body. grid (ceil(R / BR), HKV, splits), BR = 128 / G (G <= 128), 256 threads; dynamic shared memory
+// (from E::base): Qh, Ql (float q) of E::Q_WORDS each, K and V [2 buffers] of E::KV_WORDS bf16 words, then the
+// rows' sequence and position [128] ints each.
+// Key splits (split_keys > 0, a multiple of BN; the wrapper's choice for launches of few blocks, docs/cuda.md):
+// block z visits only keys [z·split_keys, (z+1)·split_keys) and, for each row with a key there, stores its
+// unnormalised accumulators, running max and (quad-summed) sum to part[z][r][h][D + 2] instead of the output;
+// attention_prefill_combine merges a row's splits 0 .. row_pos / split_keys in order. A row with one split is
+// bitwise the unsplit result: its only split walks the same tiles from key 0, and the merge multiplies by e^0 = 1.
+template <class E, typename T, int D>
+__device__ __forceinline__ void ag_body(const T* __restrict__ q, const bf16* __restrict__ k_cache,
+                                        const bf16* __restrict__ v_cache, const int* __restrict__ page_table,
+                                        const int* __restrict__ row_seq, const int* __restrict__ row_pos,
+                                        T* __restrict__ o, int R, int HQ, int HKV, int page_size, long long ldpt,
+                                        float scale, int split_keys, float* __restrict__ part) {
+    constexpr int BN = E::BN, QW = E::Q_WORDS, KW = E::KV_WORDS;
+    constexpr bool SPLIT = ApSplit<T>::value;
+    extern __shared__ uint4 att_smem[];
+    u16* Qh = E::base(att_smem);
+    u16* Ql = Qh + QW;
+    u16* Kb = Ql + (SPLIT ? QW : 0);
+    u16* Vb = Kb + 2 * KW;
+    int* s_seq = reinterpret_cast<int*>(Vb + 2 * KW);
+    int* s_pos = s_seq + AG_SLOTS;
+    const int G = HQ / HKV, BR = AG_SLOTS / G, hk = blockIdx.y;
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * BR, nrows = min(BR, R - r0), kz0 = blockIdx.z * split_keys;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wm = warp * 16;
+    for (int i = threadIdx.x; i < AG_SLOTS; i += blockDim.x) {
+        s_seq[i] = i < nrows ? row_seq[r0 + i] : -1;
+        s_pos[i] = i < nrows ? row_pos[r0 + i] : -1;
+    }
+    ag_stage_q<E, T, D>(q, nrows, HQ, G, hk, r0, Qh, Ql);
+    E::after_copy();
+    __syncthreads();
+    const int row[2] = {(wm + g) / G, (wm + g + 8) / G};  // the thread's two slots' rows (>= nrows: none)
+    ApRows<D> st;
+    for (int s0 = 0, s1; s0 < nrows; s0 = s1) {  // segments: maximal runs of one sequence
+        const int b = s_seq[s0];
+        int kend = s_pos[s0];
+        for (s1 = s0 + 1; s1 < nrows && s_seq[s1] == b; ++s1) kend = max(kend, s_pos[s1]);
+        int wlim = -1;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            st.lim[h] = row[h] >= s0 && row[h] < s1 ? s_pos[row[h]] : -1;
+            st.m[h] = NEG_INF, st.l[h] = 0.f;
+            wlim = max(wlim, st.lim[h]);
+        }
+#pragma unroll
+        for (int x = 16; x > 0; x >>= 1) wlim = max(wlim, __shfl_xor_sync(0xffffffffu, wlim, x));
+        wlim = E::group_lim(wlim, s_pos, s0, s1, wm, G);  // the engine's skip unit (a warp, or a warpgroup)
+#pragma unroll
+        for (int f = 0; f < D / 8; ++f) st.acc[f][0] = st.acc[f][1] = st.acc[f][2] = st.acc[f][3] = 0.f;
+        const int* pt = page_table + (long long)b * ldpt;
+        // this block's tiles: all of the segment's, or those of split z (block-uniform bounds)
+        const int i0 = split_keys ? kz0 / BN : 0;
+        const int i1 = split_keys ? min(kend / BN, (kz0 + split_keys) / BN - 1) : kend / BN;
+        if (i0 > i1) continue;  // no key of this split is visible to the segment
+        ag_stage_kv<E, D>(k_cache, v_cache, pt, page_size, HKV, hk, i0 * BN, kend, Kb, Vb);
+        ap_cp_commit();
+        for (int i = i0; i <= i1; ++i) {
+            ap_cp_wait_all();
+            E::after_copy();
+            __syncthreads();  // tile i is in place for all; every warp is done with tile i - 1's buffer
+            const int nb = (i - i0 + 1) & 1;
+            if (i < i1)
+                ag_stage_kv<E, D>(k_cache, v_cache, pt, page_size, HKV, hk, (i + 1) * BN, kend, Kb + nb * KW,
+                                  Vb + nb * KW);
+            ap_cp_commit();
+            const int cb = (i - i0) & 1;
+            if (i * BN <= wlim) E::template tile<SPLIT>(Qh, Ql, Kb + cb * KW, Vb + cb * KW, wm, i * BN, scale, st);
+        }
+        __syncthreads();  // the next segment's first copies reuse the buffers
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = st.l[h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            if (st.lim[h] < kz0) continue;  // no row here, or none of its keys in this split
+            const int m = wm + g + 8 * h;
+            const long long oh = (long long)(r0 + row[h]) * HQ + hk * G + m % G;
+            if (split_keys) {  // the split's partial state, merged by attention_prefill_combine
+                float* prow = part + ((long long)blockIdx.z * R * HQ + oh) * (D + 2);
+#pragma unroll
+                for (int f = 0; f < D / 8; ++f)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) prow[8 * f + 2 * t + c] = st.acc[f][2 * h + c];
+                if (t == 0) prow[D] = st.m[h], prow[D + 1] = l;
+                continue;
+            }
+            const float il = l > 0.f ? 1.f / l : 0.f;
+            T* orow = o + oh * D;
+#pragma unroll
+            for (int f = 0; f < D / 8; ++f)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) orow[8 * f + 2 * t + c] = from_f<T>(st.acc[f][2 * h + c] * il);
+        }
+    }
+}
+
