@@ -189,6 +189,42 @@ def test_midsize_top1_agreement(kind: str, mode: str, report: dict) -> None:
     )
 
 
+@gpu
+def test_head256_prefill_wgmma_attention_is_the_mma_sync_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The served models' head size (256) takes the wgmma prefill attention by default on Hopper; a mid-size dense
+    model with that head size prefills to the same logits, bit for bit, with the mma.sync kernel forced instead,
+    and a prompt prefilled in two turns (the second resumed after the first) ends in the same bits as in one."""
+    import dataclasses
+
+    from ninfer.cuda import attention_prefill as ap
+    from ninfer.cuda.loader import compute_capability, family_supported
+    from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.upload import encode_weights, upload_encoded
+
+    if not family_supported("attention_wg.cu", compute_capability()):
+        pytest.skip("the wgmma attention compiles for sm_90a only")
+    cfg = dataclasses.replace(midsize_config("dense"), head_dim=256, partial_rotary_factor=0.125)
+    enc = encode_weights(cfg, DictWeights(random_weights(cfg, seed=11)), NVFP4)
+    net = CudaQwen36(cfg, upload_encoded(cfg, enc), prefill_gemm=True)
+    ids = np.random.default_rng(5).integers(0, cfg.vocab_size, 700)
+    assert ap.pick_variant(256, cfg.num_attention_heads // cfg.num_key_value_heads) == "wg"
+
+    def prefill(parts: tuple[slice, ...]) -> np.ndarray:
+        seqs = _sequences(net)
+        s = seqs.new()
+        out = [net.lm_head(seqs.forward(s, ids[p])) for p in parts]
+        return np.concatenate(out)
+
+    whole = prefill((slice(0, 700),))
+    turns = prefill((slice(0, 450), slice(450, 700)))
+    assert np.array_equal(turns.view(np.uint32), whole.view(np.uint32)), "resumed prefill differs (wgmma)"
+    monkeypatch.setattr(ap, "pick_variant", lambda d, group: "gqa")
+    sync = prefill((slice(0, 700),))
+    assert np.array_equal(sync.view(np.uint32), whole.view(np.uint32)), (
+        f"wgmma and mma.sync attention give different logits: max |diff| {np.max(np.abs(sync - whole)):.3e}"
+    )
+
+
 # ---- graphs, batch invariance ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def moe_seqs() -> Any:
