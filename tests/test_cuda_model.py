@@ -190,10 +190,11 @@ def test_midsize_top1_agreement(kind: str, mode: str, report: dict) -> None:
 
 
 @gpu
-def test_head256_prefill_wgmma_attention_is_the_mma_sync_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_head256_prefill_wgmma_attention_gives_the_mma_sync_bits(monkeypatch: pytest.MonkeyPatch) -> None:
     """The served models' head size (256) takes the wgmma prefill attention by default on Hopper; a mid-size dense
-    model with that head size prefills to the same logits, bit for bit, with the mma.sync kernel forced instead,
-    and a prompt prefilled in two turns (the second resumed after the first) ends in the same bits as in one."""
+    model with that head size prefills a prompt in two turns (the second resumed after the first) to the same
+    logits, bit for bit, with the mma.sync kernel forced instead. (Resumed and one-turn prefills are not compared
+    here: in this mode they differ by design, docs/cuda.md "Prefill GEMM inputs".)"""
     import dataclasses
 
     from ninfer.cuda import attention_prefill as ap
@@ -215,13 +216,12 @@ def test_head256_prefill_wgmma_attention_is_the_mma_sync_bits(monkeypatch: pytes
         out = [net.lm_head(seqs.forward(s, ids[p])) for p in parts]
         return np.concatenate(out)
 
-    whole = prefill((slice(0, 700),))
-    turns = prefill((slice(0, 450), slice(450, 700)))
-    assert np.array_equal(turns.view(np.uint32), whole.view(np.uint32)), "resumed prefill differs (wgmma)"
+    turns = (slice(0, 450), slice(450, 700))
+    wg = prefill(turns)
     monkeypatch.setattr(ap, "pick_variant", lambda d, group: "gqa")
-    sync = prefill((slice(0, 700),))
-    assert np.array_equal(sync.view(np.uint32), whole.view(np.uint32)), (
-        f"wgmma and mma.sync attention give different logits: max |diff| {np.max(np.abs(sync - whole)):.3e}"
+    sync = prefill(turns)
+    assert np.array_equal(sync.view(np.uint32), wg.view(np.uint32)), (
+        f"wgmma and mma.sync attention give different logits: max |diff| {np.max(np.abs(sync - wg)):.3e}"
     )
 
 
