@@ -30,16 +30,27 @@ __device__ __forceinline__ void ag_stage_q(const T* q, int nrows, int HQ, int G,
     }
 }
 
-// cp.async of keys k0..k0+BN-1 into Ks, Vs (keys past kend zero-filled, their pages never touched).
+// log2(page_size) for a power of two, else -1 (ag_stage_kv then divides)
+__device__ __forceinline__ int ag_page_shift(int page_size) {
+    int sh = 0;
+    while ((1 << sh) < page_size) ++sh;
+    return (1 << sh) == page_size ? sh : -1;
+}
+
+// cp.async of keys k0..k0+BN-1 into Ks, Vs (keys past kend zero-filled, their pages never touched). ps_shift:
+// ag_page_shift(page_size). Measured (H200, Nsight Compute, 27B heads at 8K): the wgmma kernel's issue slots were
+// 42% busy with the ALU its busiest pipe, so a key's page and offset come by shift and mask, not by a runtime
+// integer division, wherever the page size is a power of two (the same addresses).
 template <class E, int D>
-__device__ __forceinline__ void ag_stage_kv(const bf16* kc, const bf16* vc, const int* pt, int page_size, int HKV,
-                                            int hk, int k0, int kend, u16* Ks, u16* Vs) {
+__device__ __forceinline__ void ag_stage_kv(const bf16* kc, const bf16* vc, const int* pt, int page_size, int ps_shift,
+                                            int HKV, int hk, int k0, int kend, u16* Ks, u16* Vs) {
     constexpr int BN = E::BN;
     for (int c = threadIdx.x; c < BN * D / 8; c += blockDim.x) {
         const int i = c / (D / 8), d = (c % (D / 8)) * 8, p = k0 + i;
         const bool ok = p <= kend;
         long long base = 0;
-        if (ok) base = (((long long)pt[p / page_size] * page_size + p % page_size) * HKV + hk) * D + d;
+        const int pg = ps_shift >= 0 ? p >> ps_shift : p / page_size, po = p - pg * page_size;
+        if (ok) base = (((long long)pt[pg] * page_size + po) * HKV + hk) * D + d;
         const int off = E::kv_off(i, d);
         ap_cp16(Ks + off, kc + base, ok);
         ap_cp16(Vs + off, vc + base, ok);
@@ -114,6 +125,7 @@ __device__ __forceinline__ void ag_body(const T* __restrict__ q, const bf16* __r
     const int G = HQ / HKV, BR = AG_SLOTS / G, hk = blockIdx.y;
     const int r0 = (gridDim.x - 1 - blockIdx.x) * BR, nrows = min(BR, R - r0), kz0 = blockIdx.z * split_keys;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wm = warp * 16;
+    const int ps_shift = ag_page_shift(page_size);
     for (int i = threadIdx.x; i < AG_SLOTS; i += blockDim.x) {
         s_seq[i] = i < nrows ? row_seq[r0 + i] : -1;
         s_pos[i] = i < nrows ? row_pos[r0 + i] : -1;
@@ -144,7 +156,7 @@ __device__ __forceinline__ void ag_body(const T* __restrict__ q, const bf16* __r
         const int i0 = split_keys ? kz0 / BN : 0;
         const int i1 = split_keys ? min(kend / BN, (kz0 + split_keys) / BN - 1) : kend / BN;
         if (i0 > i1) continue;  // no key of this split is visible to the segment
-        ag_stage_kv<E, D>(k_cache, v_cache, pt, page_size, HKV, hk, i0 * BN, kend, Kb, Vb);
+        ag_stage_kv<E, D>(k_cache, v_cache, pt, page_size, ps_shift, HKV, hk, i0 * BN, kend, Kb, Vb);
         ap_cp_commit();
         for (int i = i0; i <= i1; ++i) {
             ap_cp_wait_all();
@@ -152,8 +164,8 @@ __device__ __forceinline__ void ag_body(const T* __restrict__ q, const bf16* __r
             __syncthreads();  // tile i is in place for all; every warp is done with tile i - 1's buffer
             const int nb = (i - i0 + 1) & 1;
             if (i < i1)
-                ag_stage_kv<E, D>(k_cache, v_cache, pt, page_size, HKV, hk, (i + 1) * BN, kend, Kb + nb * KW,
-                                  Vb + nb * KW);
+                ag_stage_kv<E, D>(k_cache, v_cache, pt, page_size, ps_shift, HKV, hk, (i + 1) * BN, kend,
+                                  Kb + nb * KW, Vb + nb * KW);
             ap_cp_commit();
             const int cb = (i - i0) & 1;
             if (i * BN <= wlim) E::template tile<SPLIT>(Qh, Ql, Kb + cb * KW, Vb + cb * KW, wm, i * BN, scale, st);

@@ -42,13 +42,17 @@ template <int N> __device__ __forceinline__ void aw_fence_u32(u32 (&r)[N][4]) {
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // S += Q K^T for one tile: per 16 dims hi then lo (issued, not waited for)
+// Descriptors advance by adding (offset >> 4) to the start-address field: desc_sw128(a + o) == desc_sw128(a) +
+// (o >> 4) for 16-byte multiples o while a + o stays below 256 KB (the field never carries), one integer add per
+// wgmma instead of the mask, shift and or (the kernel is issue-bound; see ag_stage_kv).
 template <bool SPLIT, int D>
 __device__ __forceinline__ void aw_issue_s(float (&sv)[AW_BN / 2], u32 qh, u32 ql, u32 ks) {
+    const u64 dh = desc_sw128(qh), dl = desc_sw128(ql), dk = desc_sw128(ks);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         const u32 qo = (kk >> 2) * (64 * 128) + (kk & 3) * 32, ko = (kk >> 2) * (AW_BN * 128) + (kk & 3) * 32;
-        wgmma_ss_n32(sv, desc_sw128(qh + qo), desc_sw128(ks + ko));
-        if (SPLIT) wgmma_ss_n32(sv, desc_sw128(ql + qo), desc_sw128(ks + ko));
+        wgmma_ss_n32(sv, dh + (qo >> 4), dk + (ko >> 4));
+        if (SPLIT) wgmma_ss_n32(sv, dl + (qo >> 4), dk + (ko >> 4));
     }
 }
 
@@ -56,9 +60,10 @@ __device__ __forceinline__ void aw_issue_s(float (&sv)[AW_BN / 2], u32 qh, u32 q
 template <int D>
 __device__ __forceinline__ void aw_issue_pv(float (&acc)[D / 2], u32 (&ah)[AW_BN / 16][4], u32 (&al)[AW_BN / 16][4],
                                             u32 vs) {
+    const u64 dv0 = aw_desc_n(vs, AW_BN * 128);
 #pragma unroll
     for (int k = 0; k < AW_BN / 16; ++k) {
-        const u64 dv = aw_desc_n(vs + k * 16 * 128, AW_BN * 128);
+        const u64 dv = dv0 + (k * 16 * 128 >> 4);
         wgmma_rs_n256_tb(acc, ah[k], dv);
         wgmma_rs_n256_tb(acc, al[k], dv);
     }

@@ -13,6 +13,7 @@
 #   explore the open experiments (docs/cuda.md): the decode GEMVs' L2 prefetch (per shape, a 27B layer chain, the
 #           whole decode step), and the 35B-A3B prefill against its chunk size and the GDN state pass
 #   gdn_probe  perf/bench_gdn at a 4096-token chunk (27B, 35B-A3B) and Nsight Compute on the prep and state launches
+#   attn_probe Nsight Compute on one wgmma prefill-attention launch (27B heads, 8K prompt)
 #   gdn_pick  perf/bench_gdn, then `ninfer-perf --quick` with the fastest GDN variant of "tc", "tc8" and "split"
 #   diag    the prefill chunk's kernel timeline (profile_step --timeline: busy / idle GPU time, CuPy's glue kernels
 #           included; 27B and 35B-A3B at 4096 tokens, 35B-A3B's 256-token follow-up) and Nsight Compute's stall
@@ -143,6 +144,15 @@ run_gdn_probe() {  # issue 14: the GDN chunked prefill's two passes at a default
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
     python3 -m perf.bench_gdn --models 27b --batches 1x4096 --reps 1 2>&1 | grep -v '^{' | tee -a "$OUT/gdn_ncu.txt" | tail -5
+}
+run_attn_probe() {  # issue 14: Nsight Compute on one wgmma prefill-attention launch (27B heads, one 8K prompt):
+  # stall reasons, issue, pipe and shared-memory use; what limits it at ~20% of the GEMM (docs/cuda.md)
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout ${PROFILE_TIMEOUT:-200} "$ncu" --kernel-name "regex:attention_prefill_wg" --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio \
+    python3 -m perf.bench_attention --lengths 8192 --reps 1 2>&1 | tee -a "$OUT/attn_ncu.txt" | tail -5
 }
 run_diag() {  # issue 14: what a prefill chunk's GPU timeline holds besides the wrapped kernels, and why the GDN
   # state pass issues so little
