@@ -135,3 +135,46 @@ template <int D> struct ApRows {
     float m[2], l[2];     // running max (scaled scores) and this thread's partial sum of p
     int lim[2];           // last key the row attends (-1: row not in the current segment)
 };
+
+// The online-softmax step of one KV tile for one warp's 16 slots, between its two products: s (the tile's raw
+// scores q·k, NF 8-key groups in the mma C layout) masked past each row's last key and scaled, the running max
+// (a row with nothing attended yet keeps exp finite: p = corr = 0), sum and O accumulators rescaled (corr is exactly
+// 1 when the max did not move), and s replaced by p = exp(s - max). Every prefill kernel calls it, so their softmax
+// arithmetic is one text. ALWAYS: rescale even by 1 (bitwise the same as skipping: x * 1 = x).
+template <int NF, int D, bool ALWAYS = false>
+__device__ __forceinline__ void ap_online(float (&s)[NF][4], int k0, float scale, ApRows<D>& st) {
+    const int t = (threadIdx.x & 31) & 3;
+    float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+    for (int j = 0; j < NF; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int key = k0 + 8 * j + 2 * t + (e & 1);
+            s[j][e] = key <= st.lim[e >> 1] ? s[j][e] * scale : NEG_INF;
+            mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+        }
+    float base[2], corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float mn = fmaxf(st.m[h], mx[h]);
+        base[h] = mn == NEG_INF ? 0.f : mn;
+        corr[h] = expf(st.m[h] - base[h]);
+        st.m[h] = mn;
+        st.l[h] *= corr[h];
+    }
+    if (ALWAYS || corr[0] != 1.f || corr[1] != 1.f) {  // x * 1 = x: skipping is bitwise the same
+#pragma unroll
+        for (int f = 0; f < D / 8; ++f)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st.acc[f][e] *= corr[e >> 1];
+    }
+#pragma unroll
+    for (int j = 0; j < NF; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[j][e] = expf(s[j][e] - base[e >> 1]);
+            st.l[e >> 1] += s[j][e];
+        }
+}

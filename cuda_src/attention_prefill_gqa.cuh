@@ -57,48 +57,6 @@ __device__ __forceinline__ void ag_stage_kv(const bf16* kc, const bf16* vc, cons
     }
 }
 
-// The online-softmax step of one KV tile for one warp's 16 slots, between its two products: s (the tile's raw
-// scores q·k, NF 8-key groups in the mma C layout) masked past each row's last key and scaled, the running max,
-// sum and O accumulators rescaled, and s replaced by p = exp(s - max). Both GQA engines call it, so their
-// softmax arithmetic is one text.
-template <int NF, int D>
-__device__ __forceinline__ void ap_online(float (&s)[NF][4], int k0, float scale, ApRows<D>& st) {
-    const int t = (threadIdx.x & 31) & 3;
-    float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-    for (int j = 0; j < NF; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int key = k0 + 8 * j + 2 * t + (e & 1);
-            s[j][e] = key <= st.lim[e >> 1] ? s[j][e] * scale : NEG_INF;
-            mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
-        }
-    float base[2], corr[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float mn = fmaxf(st.m[h], mx[h]);
-        base[h] = mn == NEG_INF ? 0.f : mn;
-        corr[h] = expf(st.m[h] - base[h]);
-        st.m[h] = mn;
-        st.l[h] *= corr[h];
-    }
-    if (corr[0] != 1.f || corr[1] != 1.f) {  // x * 1 = x: skipping is bitwise the same
-#pragma unroll
-        for (int f = 0; f < D / 8; ++f)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) st.acc[f][e] *= corr[e >> 1];
-    }
-#pragma unroll
-    for (int j = 0; j < NF; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            s[j][e] = expf(s[j][e] - base[e >> 1]);
-            st.l[e >> 1] += s[j][e];
-        }
-}
-
 // The kernel body. grid (ceil(R / BR), HKV, splits), BR = 128 / G (G <= 128), 256 threads; dynamic shared memory
 // (from E::base): Qh, Ql (float q) of E::Q_WORDS each, K and V [2 buffers] of E::KV_WORDS bf16 words, then the
 // rows' sequence and position [128] ints each.

@@ -76,37 +76,7 @@ __device__ __forceinline__ void ap_tile(const u16* Qh, const u16* Ql, const u16*
             }
         }
     }
-    float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-    for (int j = 0; j < NF; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int key = k0 + 8 * j + 2 * t + (e & 1);
-            s[j][e] = key <= st.lim[e >> 1] ? s[j][e] * scale : NEG_INF;
-            mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
-        }
-    float base[2], corr[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float mn = fmaxf(st.m[h], mx[h]);
-        base[h] = mn == NEG_INF ? 0.f : mn;  // row with nothing attended yet: keep exp finite (p = corr = 0)
-        corr[h] = expf(st.m[h] - base[h]);  // exactly 1 when the max did not move
-        st.m[h] = mn;
-        st.l[h] *= corr[h];
-    }
-#pragma unroll
-    for (int f = 0; f < D / 8; ++f)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st.acc[f][e] *= corr[e >> 1];
-#pragma unroll
-    for (int j = 0; j < NF; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            s[j][e] = expf(s[j][e] - base[e >> 1]);
-            st.l[e >> 1] += s[j][e];
-        }
+    ap_online<NF, D, true>(s, k0, scale, st);
     // O += P·V, P split into hi + lo; V B-fragments by transposed ldmatrix from Vs[key][dim].
     const int vr = ((lane >> 3) & 1) * 8 + (lane & 7), vc = (lane >> 4) * 8;
 #pragma unroll
