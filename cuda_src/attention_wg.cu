@@ -38,9 +38,7 @@ template <int N> __device__ __forceinline__ void aw_fence_u32(u32 (&r)[N][4]) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 }
-#endif
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // S += Q K^T for one tile: per 16 dims hi then lo (issued, not waited for)
 // Descriptors advance by adding (offset >> 4) to the start-address field: desc_sw128(a + o) == desc_sw128(a) +
 // (o >> 4) for 16-byte multiples o while a + o stays below 256 KB (the field never carries), one integer add per
