@@ -129,6 +129,26 @@ __device__ __forceinline__ void ap_stage_q8(const T* src, u16* Qh, u16* Ql, int 
     if (ApSplit<T>::value) *reinterpret_cast<uint4*>(Ql + off) = make_uint4(l[0], l[1], l[2], l[3]);
 }
 
+// The block's rows r0 .. r0 + nrows - 1 of the launch: their sequences and positions into s_seq, s_pos [n] (-1 past
+// nrows), read by both prefill kernels' segment walk (ap_segment).
+__device__ __forceinline__ void ap_load_rows(const int* row_seq, const int* row_pos, int r0, int nrows, int n,
+                                             int* s_seq, int* s_pos) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        s_seq[i] = i < nrows ? row_seq[r0 + i] : -1;
+        s_pos[i] = i < nrows ? row_pos[r0 + i] : -1;
+    }
+}
+
+// The segment starting at row s0: a maximal run of one sequence's rows [s0, s1); returns s1, kend = the largest
+// position in it (the last key any of its rows attends).
+__device__ __forceinline__ int ap_segment(const int* s_seq, const int* s_pos, int s0, int nrows, int& kend) {
+    const int b = s_seq[s0];
+    int s1 = s0 + 1;
+    kend = s_pos[s0];
+    for (; s1 < nrows && s_seq[s1] == b; ++s1) kend = max(kend, s_pos[s1]);
+    return s1;
+}
+
 // Online-softmax state of one thread: its two rows (g and g + 8 of the warp's 16) and their O fragments.
 template <int D> struct ApRows {
     float acc[D / 8][4];  // O fragment f: rows g (elements 0, 1) and g + 8 (2, 3), columns 8f + 2t + (e & 1)

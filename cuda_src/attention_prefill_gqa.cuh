@@ -84,10 +84,7 @@ __device__ __forceinline__ void ag_body(const T* __restrict__ q, const bf16* __r
     const int r0 = (gridDim.x - 1 - blockIdx.x) * BR, nrows = min(BR, R - r0), kz0 = blockIdx.z * split_keys;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wm = warp * 16;
     const int ps_shift = ag_page_shift(page_size);
-    for (int i = threadIdx.x; i < AG_SLOTS; i += blockDim.x) {
-        s_seq[i] = i < nrows ? row_seq[r0 + i] : -1;
-        s_pos[i] = i < nrows ? row_pos[r0 + i] : -1;
-    }
+    ap_load_rows(row_seq, row_pos, r0, nrows, AG_SLOTS, s_seq, s_pos);
     ag_stage_q<E, T, D>(q, nrows, HQ, G, hk, r0, Qh, Ql);
     E::after_copy();
     __syncthreads();
@@ -95,8 +92,8 @@ __device__ __forceinline__ void ag_body(const T* __restrict__ q, const bf16* __r
     ApRows<D> st;
     for (int s0 = 0, s1; s0 < nrows; s0 = s1) {  // segments: maximal runs of one sequence
         const int b = s_seq[s0];
-        int kend = s_pos[s0];
-        for (s1 = s0 + 1; s1 < nrows && s_seq[s1] == b; ++s1) kend = max(kend, s_pos[s1]);
+        int kend;
+        s1 = ap_segment(s_seq, s_pos, s0, nrows, kend);
         int wlim = -1;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {

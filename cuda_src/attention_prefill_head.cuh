@@ -115,17 +115,14 @@ __global__ void __launch_bounds__(AP_THREADS)
     u16* Vs = Ks + BN * LD;
     const int r0 = blockIdx.x * AP_BM, hq = blockIdx.y, hk = hq / (HQ / HKV), nrows = min(AP_BM, R - r0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wm = warp * 16;
-    for (int i = threadIdx.x; i < AP_BM; i += blockDim.x) {
-        s_seq[i] = i < nrows ? row_seq[r0 + i] : -1;
-        s_pos[i] = i < nrows ? row_pos[r0 + i] : -1;
-    }
+    ap_load_rows(row_seq, row_pos, r0, nrows, AP_BM, s_seq, s_pos);
     ap_stage_q<T, D>(q, R, HQ, hq, r0, Qh, Ql);
     __syncthreads();
     ApRows<D> st;
     for (int s0 = 0, s1; s0 < nrows; s0 = s1) {  // segments: maximal runs of one sequence
         const int b = s_seq[s0];
-        int kend = s_pos[s0];
-        for (s1 = s0 + 1; s1 < nrows && s_seq[s1] == b; ++s1) kend = max(kend, s_pos[s1]);
+        int kend;
+        s1 = ap_segment(s_seq, s_pos, s0, nrows, kend);
         int wlim = -1;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {

@@ -23,22 +23,7 @@
 
 #define AW_BN 32  // keys per KV tile: the mma.sync kernel's (same tile boundaries); S is 16 registers per thread
 
-// Byte offset of 16-byte chunk c of row r in a 128-byte swizzled tile (wdq.cuh sw128)
-__device__ __forceinline__ int aw_sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
-
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// B descriptor of an N-major 128-byte swizzled operand: rows are k (128 bytes apart, 8-row groups 1024 bytes
-// apart: SBO), each row 64 n; the next 64 n start lbo bytes further (LBO).
-__device__ __forceinline__ u64 aw_desc_n(u32 saddr, u32 lbo) {
-    return (u64)((saddr & 0x3ffffu) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
-template <int N> __device__ __forceinline__ void aw_fence_u32(u32 (&r)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
-}
-
 // S += Q K^T for one tile: per 16 dims hi then lo (issued, not waited for)
 // Descriptors advance by adding (offset >> 4) to the start-address field: desc_sw128(a + o) == desc_sw128(a) +
 // (o >> 4) for 16-byte multiples o while a + o stays below 256 KB (the field never carries), one integer add per
@@ -58,7 +43,7 @@ __device__ __forceinline__ void aw_issue_s(float (&sv)[AW_BN / 2], u32 qh, u32 q
 template <int D>
 __device__ __forceinline__ void aw_issue_pv(float (&acc)[D / 2], u32 (&ah)[AW_BN / 16][4], u32 (&al)[AW_BN / 16][4],
                                             u32 vs) {
-    const u64 dv0 = aw_desc_n(vs, AW_BN * 128);
+    const u64 dv0 = desc_sw128_mn(vs, AW_BN * 128);
 #pragma unroll
     for (int k = 0; k < AW_BN / 16; ++k) {
         const u64 dv = dv0 + (k * 16 * 128 >> 4);
@@ -100,15 +85,15 @@ __device__ __forceinline__ void aw_tile(const u16* Qh, const u16* Ql, const u16*
     }
     float(&acc)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&st.acc[0][0]);
     fence_regs(acc);
-    aw_fence_u32(ah);
-    aw_fence_u32(al);
+    fence_regs(ah);
+    fence_regs(al);
     wgmma_fence();
     aw_issue_pv<D>(acc, ah, al, vs);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(acc);
-    aw_fence_u32(ah);
-    aw_fence_u32(al);
+    fence_regs(ah);
+    fence_regs(al);
 #else
     __trap();  // compiled for sm_90a only (the wrapper picks this kernel only there)
 #endif
@@ -123,10 +108,10 @@ template <int D> struct AgWg {
         return reinterpret_cast<u16*>(reinterpret_cast<char*>(smem) + ((1024u - (a & 1023u)) & 1023u));
     }
     static __device__ __forceinline__ int q_off(int m, int d) {
-        return (m >> 6) * 64 * D + (d >> 6) * 4096 + aw_sw128(m & 63, (d & 63) >> 3) / 2;
+        return (m >> 6) * 64 * D + (d >> 6) * 4096 + sw128(m & 63, (d & 63) >> 3) / 2;
     }
     static __device__ __forceinline__ int kv_off(int i, int d) {
-        return (d >> 6) * (BN * 64) + aw_sw128(i, (d & 63) >> 3) / 2;
+        return (d >> 6) * (BN * 64) + sw128(i, (d & 63) >> 3) / 2;
     }
     static __device__ __forceinline__ void after_copy() {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -18,7 +18,7 @@
 // order over its K range, and y = epilogue(sum of the splits in order): a function of (M, N, K, S), deterministic.
 // tests/test_cuda_gemm_ws.py checks it on the device; tests/test_gemm_ws_host.py runs ws_sched.cuh's loops and the
 // split sum, the tensor maps (ninfer/cuda/tensor_map.py) and the descriptor addresses on the CPU.
-// Measured on the H200 at S = 1 (docs/cuda.md); the split-K rule's constants are NOT yet measured.
+// Measured on the H200 (docs/cuda.md), the split-K rule's constants too (perf/bench_gemm.py --splitk).
 #include "common.cuh"
 #include "wdq.cuh"
 #include "wgmma.cuh"

@@ -25,14 +25,13 @@
 #include "wformat.cuh"
 #include "wfrag.cuh"
 #include "f16row.cuh"
+#include "wgmma.cuh"
 
 #define GS_BM 128       // CTA rows: two consumer warpgroups of 64
 #define GS_BK 64        // K tile: one 128-byte swizzle row of bf16
 #define GS_THREADS 256  // two warpgroups
 #define HD __host__ __device__ __forceinline__
 
-// byte offset of 16-byte chunk c of row r in a 128B-swizzled K-major tile (layout: wgmma.cuh)
-HD int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
 // One thread's cp.async stream of one plane: NI pieces of B bytes; piece i reads the row r0 + i * rstep of the plane
 // (rowbytes apart; `row` = the absolute row of piece 0) at byte `off` + (kt >> KSH) * TB + (kt mod 2^KSH) * SUB and

@@ -1,9 +1,10 @@
 // Hopper (sm_90a) primitives for the prefill GEMM (gemm_sm90.cu): wgmma.mma_async with both operands in shared
-// memory, cp.async group bookkeeping and the proxy fence. Device-only (the tile layout helper sw128 is in wdq.cuh).
+// memory, cp.async group bookkeeping and the proxy fence; the attention's products (attention_wg.cu) too. Device-only
+// except the tile layout helper sw128 (host-tested through wdq.cuh).
 //
 // Tile layout (the "SW128 K-major" canonical layout; the same one TMA's SWIZZLE_128B writes): a tile is R rows of
 // 64 bf16 (128 bytes) at a 1024-byte-aligned base; row r occupies bytes [128 r, 128 r + 128) and its 16-byte chunk
-// c (k = 8c .. 8c+7) sits at chunk position c ^ (r % 8) (sw128, wdq.cuh). The descriptor of a 64-row (A) or N-row (B)
+// c (k = 8c .. 8c+7) sits at chunk position c ^ (r % 8) (sw128 below). The descriptor of a 64-row (A) or N-row (B)
 // operand: start address >> 4, leading byte offset 1 (unused for swizzled K-major), stride byte offset 1024 (8-row
 // groups), layout type 1 = 128B swizzle (bits 62-63). The k16 step s of a tile starts 32 s bytes into each row: the
 // hardware applies the XOR on absolute address bits [4:7) ^ [7:10), which is why tile bases are 1024-aligned.
@@ -12,6 +13,13 @@
 // d[4 j + e] = D[16 w + g + 8 (e / 2)][8 j + 2 t + (e % 2)] for j < N / 8.
 #pragma once
 #include "common.cuh"
+
+#ifndef HD
+#define HD __host__ __device__ __forceinline__
+#endif
+
+// byte offset of 16-byte chunk c of row r in a 128B-swizzled tile (the layout above)
+HD int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
 #ifdef __CUDA_ARCH__
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
@@ -26,6 +34,11 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ u64 desc_sw128(u32 saddr) {
     return (u64)((saddr & 0x3ffffu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
+// The same layout read N-major (a B operand with imm-trans-b = 1: the tile's 128-byte rows are k, each holding 64 n;
+// 8-row groups 1024 bytes apart, SBO): the next 64 n start lbo bytes further (LBO)
+__device__ __forceinline__ u64 desc_sw128_mn(u32 saddr, u32 lbo) {
+    return (u64)((saddr & 0x3ffffu) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -36,6 +49,13 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 template <int R> __device__ __forceinline__ void fence_regs(float (&d)[R]) {
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// The same for A fragments held in registers (wgmma with A from registers: N fragments of 4 words)
+template <int N> __device__ __forceinline__ void fence_regs(u32 (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
 }
 
 // D (+)= A[64 x 16] B[16 x N]: A and B from shared memory through descriptors, bf16 (F16: fp16) in, f32

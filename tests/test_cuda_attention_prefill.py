@@ -131,7 +131,7 @@ def test_prefill_matches_reference(t: str, case: tuple) -> None:
     )
 
 
-def _need_wg(cp: Any) -> None:
+def _need_wg() -> None:
     from ninfer.cuda.loader import compute_capability, family_supported
 
     if not family_supported("attention_wg.cu", compute_capability()):
@@ -148,7 +148,7 @@ def test_prefill_wg_matches_reference(t: str, case: tuple) -> None:
     """The wgmma kernel against the reference, the mma.sync kernel (within fp32 rounding: the tensor cores'
     internal sums of the two instructions need not agree bit for bit) and "auto", which picks it here."""
     cp = pytest.importorskip("cupy")
-    _need_wg(cp)
+    _need_wg()
     from ninfer.cuda.attention_prefill import pick_variant
 
     assert pick_variant(case[2], case[0] // case[1]) == "wg"
@@ -185,7 +185,7 @@ def test_prefill_rows_independent_of_chunking(t: str, shape: tuple, variant: str
     rows, continuing the cached prefix), and packed with another sequence gives every row the same bits."""
     cp = pytest.importorskip("cupy")
     if variant == "wg":
-        _need_wg(cp)
+        _need_wg()
     rng = np.random.default_rng(77)
     pr = _problem(rng, (*shape, 16, [0, 0], [333, 50]), t)
 
@@ -217,7 +217,7 @@ def test_prefill_key_splits(t: str, shape: tuple, variant: str) -> None:
     from ninfer.cuda.attention_prefill import key_splits
 
     if variant == "wg":
-        _need_wg(cp)
+        _need_wg()
     rng = np.random.default_rng(83)
     pr = _problem(rng, (*shape, 16, [0, 2500], [40, 64]), t)
 
