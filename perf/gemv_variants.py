@@ -22,6 +22,8 @@ Variants (a variant changes only what its name says; results are timings, not nu
   nowait    diagnostic: no griddepcontrol.wait (the next GEMV does not wait for the previous one: what the
             kernel boundary costs in a PDL chain; the inputs never change here, so the timing is meaningful)
   guN       mlp gate|up (N = 34816) split N ways (e.g. gu3, gu5, gu8: more, smaller blocks than one 544-block wave)
+  sN        every product split N ways (at most its K-tiles; e.g. s1,s2,...,s20: the split rule's choice against
+            every other split count, per shape; different rounding)
   fence     the split-K arrival as __threadfence + atomicAdd + __threadfence (before 2026-12-02; now one acq_rel
             atomic)
   nodq      diagnostic (wrong results): NVFP4 pairs as the raw code words (the whole dequantization's cost: the
@@ -80,6 +82,8 @@ def _plan(lin: Any, base: Any, variant: str) -> Any:
             s = max(1, min(int(variant[4:]) // p.blocks_x, p.ntiles // 4))
         elif variant == "cl8":
             s = min(p.splits, 8)
+        elif variant.startswith("s") and variant[1:].isdigit():
+            s = min(int(variant[1:]), p.ntiles)
         else:
             return p
         return lin.GemvPlan(

@@ -105,8 +105,9 @@ _GV_PDL = True
 # GV_CLUSTER: "off" (the counter everywhere), "graph" (clusters for launches captured into CUDA graphs, which go
 # through cuLaunchKernelEx anyway; eager launches stay plain CuPy launches with the counter: a ctypes launch costs
 # more host time than the reduction saves, see launch.capturing) or "always" (eager launches too, through ctypes).
-# Splits above GV_CLUSTER_MAX keep the counter (16: the non-portable cluster limit of sm_90, launch.py). Not yet
-# measured on the H200, so "off"; perf/gemv_variants.py --variants base,cluster times both.
+# Splits above GV_CLUSTER_MAX keep the counter (16: the non-portable cluster limit of sm_90, launch.py). Measured
+# slower on the H200 (5853ba7, perf/gemv_variants.py --variants nocl,base,cluster: +5-10 us per GEMV, clusters of up
+# to 13 blocks do not all fit at once; 27B decode x1 137.3 -> 110.5 tok/s with "graph"), so "off".
 GV_CLUSTER = "off"
 GV_CLUSTER_MAX = 16
 _TYPES = ("float", "bf16")

@@ -127,12 +127,22 @@ def _gemm_scratch(mc: ModelConfig, rows: int) -> int:
     the smaller block it replaced."""
     k_max = max(mc.hidden_size, mc.num_attention_heads * mc.head_dim, mc.gdn_value_dim, mc.intermediate_size,
                 mc.shared_expert_intermediate_size)  # fmt: skip
-    qkv = 2 * (mc.num_attention_heads + mc.num_key_value_heads) * mc.head_dim
-    gdn = mc.gdn_conv_channels + mc.gdn_value_dim + 2 * mc.linear_num_value_heads
-    n_max = max(2 * mc.intermediate_size, 2 * mc.shared_expert_intermediate_size, qkv, gdn)
+    n_max = max(
+        2 * mc.intermediate_size, 2 * mc.shared_expert_intermediate_size, _qkv_rows(mc), _gdn_in_rows(mc)
+    )
     experts = 2 * rows * mc.num_experts_per_tok * (mc.hidden_size + 2) if mc.is_moe else 0
     split = splitk_scratch_bytes(rows, _dense_shapes(mc))
     return pair_scratch_bytes(rows, k_max, n_max * mc.hidden_size) + experts + split
+
+
+def _qkv_rows(mc: ModelConfig) -> int:
+    """Rows of the fused attention input projection (q | gate | k | v)."""
+    return 2 * (mc.num_attention_heads + mc.num_key_value_heads) * mc.head_dim
+
+
+def _gdn_in_rows(mc: ModelConfig) -> int:
+    """Rows of the fused GDN input projection (q | k | v | z | b | a)."""
+    return mc.gdn_conv_channels + mc.gdn_value_dim + 2 * mc.linear_num_value_heads
 
 
 def _dense_shapes(mc: ModelConfig) -> list[tuple[int, int]]:
@@ -141,11 +151,9 @@ def _dense_shapes(mc: ModelConfig) -> list[tuple[int, int]]:
     the shared expert (gate|up fused, down)."""
     h, shapes = mc.hidden_size, []
     if mc.full_attention_layers:
-        qkv = 2 * (mc.num_attention_heads + mc.num_key_value_heads) * mc.head_dim
-        shapes += [(qkv, h), (h, mc.num_attention_heads * mc.head_dim)]
+        shapes += [(_qkv_rows(mc), h), (h, mc.num_attention_heads * mc.head_dim)]
     if mc.linear_attention_layers:
-        gdn = mc.gdn_conv_channels + mc.gdn_value_dim + 2 * mc.linear_num_value_heads
-        shapes += [(gdn, h), (h, mc.gdn_value_dim)]
+        shapes += [(_gdn_in_rows(mc), h), (h, mc.gdn_value_dim)]
     for inter in (mc.intermediate_size, mc.shared_expert_intermediate_size):
         if inter:
             shapes += [(2 * inter, h), (h, inter)]

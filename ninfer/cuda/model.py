@@ -342,9 +342,8 @@ class CudaQwen36:
         x = embed(w["embed_tokens.weight"], ids, dtype=self.act)
         res = cupy.zeros((m.t, cfg.hidden_size), F32)
         fold = res if fold_rows(self, m.t) else None  # the output projections add into res (GEMVs only)
-        f16_call = f16_norm_out(
-            self, m.t
-        )  # whether norms may write fp16 GEMM rows in this call (once per call)
+        # whether this call's norms may write fp16 GEMM rows (checked once per call)
+        f16_call = f16_norm_out(self, m.t)
         for i, kind in enumerate(cfg.layer_types):
             p = f"layers.{i}."
             gdn = kind == "linear_attention"
