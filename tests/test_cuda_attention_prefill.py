@@ -188,7 +188,6 @@ def test_prefill_rows_independent_of_chunking(t: str, shape: tuple, variant: str
         _need_wg()
     rng = np.random.default_rng(77)
     pr = _problem(rng, (*shape, 16, [0, 0], [333, 50]), t)
-
     full = _run(cp, pr, t, variant=variant)
     seq0 = np.arange(333)
     alone = _run(cp, pr, t, seq0, variant=variant)
@@ -220,7 +219,6 @@ def test_prefill_key_splits(t: str, shape: tuple, variant: str) -> None:
         _need_wg()
     rng = np.random.default_rng(83)
     pr = _problem(rng, (*shape, 16, [0, 2500], [40, 64]), t)
-
     rows = pr["q"].shape[0]
     sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
     auto = key_splits(rows, shape[0], shape[1], shape[2], pr["max_len"], sms)

@@ -62,21 +62,16 @@ def _driver() -> Any:
     return fn
 
 
-# CUfunctions that may run clusters of more than CLUSTER_PORTABLE blocks (set once per function)
-_NON_PORTABLE: set[int] = set()
-
-
+@functools.cache
 def _allow_non_portable(func: int) -> None:
-    """cuFuncSetAttribute(func, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1): clusters of up to 16 blocks (sm_90)."""
-    if func in _NON_PORTABLE:
-        return
+    """cuFuncSetAttribute(func, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1): clusters of up to 16 blocks (sm_90); once
+    per CUfunction (the cache)."""
     fn = _lib().cuFuncSetAttribute
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     fn.restype = ctypes.c_int
     rc = fn(func, _FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
     if rc != 0:
         raise KernelError(f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) failed with CUresult {rc}")
-    _NON_PORTABLE.add(func)
 
 
 _SCALARS = {
