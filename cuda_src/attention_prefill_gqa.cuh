@@ -40,20 +40,26 @@ __device__ __forceinline__ int ag_page_shift(int page_size) {
 // cp.async of keys k0..k0+BN-1 into Ks, Vs (keys past kend zero-filled, their pages never touched). ps_shift:
 // ag_page_shift(page_size). Measured (H200, Nsight Compute, 27B heads at 8K): the wgmma kernel's issue slots were
 // 42% busy with the ALU its busiest pipe, so a key's page and offset come by shift and mask, not by a runtime
-// integer division, wherever the page size is a power of two (the same addresses).
+// integer division, wherever the page size is a power of two, and each thread stages CPT chunks of one key (its
+// page looked up and its row address formed once per tile, not per chunk; the block's AG_THREADS threads, TPK per
+// key, consecutive threads on adjacent 16-byte chunks). The same bytes land in the same places.
 template <class E, int D>
 __device__ __forceinline__ void ag_stage_kv(const bf16* kc, const bf16* vc, const int* pt, int page_size, int ps_shift,
                                             int HKV, int hk, int k0, int kend, u16* Ks, u16* Vs) {
-    constexpr int BN = E::BN;
-    for (int c = threadIdx.x; c < BN * D / 8; c += blockDim.x) {
-        const int i = c / (D / 8), d = (c % (D / 8)) * 8, p = k0 + i;
-        const bool ok = p <= kend;
-        long long base = 0;
+    constexpr int BN = E::BN, CPK = D / 8, CPT = BN * CPK / AG_THREADS, TPK = CPK / CPT;
+    static_assert(CPT >= 1 && CPK % CPT == 0 && BN * CPK == CPT * AG_THREADS, "whole chunks of one key per thread");
+    const int i = threadIdx.x / TPK, c0 = threadIdx.x % TPK, p = k0 + i;
+    const bool ok = p <= kend;
+    long long row = 0;
+    if (ok) {
         const int pg = ps_shift >= 0 ? p >> ps_shift : p / page_size, po = p - pg * page_size;
-        if (ok) base = (((long long)pt[pg] * page_size + po) * HKV + hk) * D + d;
-        const int off = E::kv_off(i, d);
-        ap_cp16(Ks + off, kc + base, ok);
-        ap_cp16(Vs + off, vc + base, ok);
+        row = (((long long)pt[pg] * page_size + po) * HKV + hk) * D;
+    }
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+        const int d = (c0 + TPK * j) * 8, off = E::kv_off(i, d);
+        ap_cp16(Ks + off, kc + row + d, ok);
+        ap_cp16(Vs + off, vc + row + d, ok);
     }
 }
 
