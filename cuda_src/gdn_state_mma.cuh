@@ -18,7 +18,9 @@
 // Shared memory holds S and V' only, as ready B fragments [16-block][step][8-column tile][lane][b0 hi, b1 hi,
 // b0 lo, b1 lo] (one conflict-free 16-byte load per fragment), and e^γ, e^{γ_n−γ} of the current and the next
 // chunk. W, Q, A, U and K are read from the scratch straight into registers (the next chunk's rows are hinted into
-// the L2 while one computes). The 8-warp instances are not yet measured on a GPU.
+// the L2 while one computes); with STG (variant "tcs") the chunk's W and Q rows come from shared memory instead,
+// copied there by cp.async while the previous chunk's A V' and state update run (gsm_stage). Only where an operand
+// is read from changes, not its value: STG gives the same bits.
 #pragma once
 #include "tf32_frag.cuh"
 
@@ -30,6 +32,7 @@ template <int DK, int DVS, int NWARP = 4> struct GdnStateMmaSmem {
     static constexpr int SF = 2 * DK * DVS;                   // state fragments (hi and lo)
     static constexpr int VF = 2 * GC_CHUNK * DVS;             // V' fragments
     static constexpr int FLOATS = SF + VF + 4 * GC_CHUNK;     // + e^γ and tails of two chunks
+    static constexpr int STAGED = FLOATS + 2 * GC_CHUNK * DK;  // STG: + the chunk's W and Q rows
     // state tiles per warp: MW 16-row tiles from mt0 = (w / WPM)·MW by NW 8-column tiles from nt0 = (w % WPM)·NW
     // (WPM warps per row tile; a warp with nt0 >= NTN owns none: DK = 16, DK = 32 with 16 columns and 8 warps)
     static constexpr int MT = DK / 16, WPM = MT >= NWARP ? 1 : NWARP / MT, MW = MT >= NWARP ? MT / NWARP : 1;
@@ -59,21 +62,57 @@ __device__ __forceinline__ float4 gsm_ld4(const float* p, bool ok) {
     return ok ? *reinterpret_cast<const float4*>(p) : make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
+// STG: a staged row's 16-byte chunk q sits at chunk q ^ gsm_swz(row) of its row (DK floats, no padding), so that
+// the 8 rows 2g (or 2g + 1) a warp reads per float4 load of gsm_ws_qs fall on 8 different bank groups (4
+// wavefronts, the minimum for 512 bytes) instead of one. Rows 2g and 2g + 1 share a swizzle.
+template <int DK> __device__ __forceinline__ int gsm_swz(int row) { return (row >> 1) & (DK >= 32 ? 7 : DK / 4 - 1); }
+
+// 16 bytes global -> shared: cp.async.cg on the device (through the L2, no registers held), a copy on the host
+__device__ __forceinline__ void gsm_cp16(float* dst, const float* src) {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+#else
+    memcpy(dst, src, 16);
+#endif
+}
+// this thread's cp.async copies issued so far have landed (visible to the block after the next barrier)
+__device__ __forceinline__ void gsm_cp_wait() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+// STG: the W rows (head j) and Q rows (key head hk) of the chunk at t0 (n tokens) into Ws, Qs ([GC_CHUNK][DK] each,
+// chunk q of row r at q ^ gsm_swz(r)); rows past n are left as they are (never read: gsm_ws_qs reads a row only
+// where it is inside the chunk)
+template <int DK>
+__device__ __forceinline__ void gsm_stage(float* Ws, float* Qs, const float* w_s, const float* qk_s, long long t0,
+                                          int n, int j, int hk, int HV, int HK, int tid, int nthreads) {
+    constexpr int QPR = DK / 4;  // 16-byte chunks per row
+    for (int e = tid; e < n * QPR; e += nthreads) {
+        const int r = e / QPR, q = e % QPR, d = 4 * (q ^ gsm_swz<DK>(r));
+        gsm_cp16(Ws + r * DK + d, w_s + ((t0 + r) * HV + j) * DK + 4 * q);
+        gsm_cp16(Qs + r * DK + d, qk_s + ((t0 + r) * HK + hk) * 2 * DK + 4 * q);
+    }
+}
+
 // ws += W S and qs += Q S for the warp's chunk rows r0, r0 + 1 (C rows g, g+8; rows past the chunk read as zero)
 // and its NTW column tiles nb .. nb + NTW − 1 (ws[i]: tile nb + i; KU: the 16-block loop's unrolling); WS / QS
 // false: that product is skipped (gdn_state_split.cuh: W S in the state pass, Q S in the output pass). Each
 // accumulator sees the same mmas in the same order whichever products, tiles, unrolling and warp count.
-template <int DK, int DVS, bool WS = true, bool QS = true, int NTW = DVS / 8, int KU = DK / 16>
+// SWZ: the rows are staged ones (gsm_stage), chunk q of the row at q ^ sw.
+template <int DK, int DVS, bool WS = true, bool QS = true, int NTW = DVS / 8, int KU = DK / 16, bool SWZ = false>
 __device__ __forceinline__ void gsm_ws_qs(const float* wr0, const float* wr1, const float* qr0, const float* qr1,
                                           bool v0, bool v1, const float* Sf, float (&ws)[NTW][4],
-                                          float (&qs)[NTW][4], int lane, int nb = 0) {
+                                          float (&qs)[NTW][4], int lane, int nb = 0, int sw = 0) {
     constexpr int NTN = DVS / 8;
     const int t = lane & 3;
 #pragma unroll 1
     for (int k0 = 0; k0 < DK / 16; k0 += KU)
 #pragma unroll
         for (int kb = k0; kb < k0 + KU; ++kb) {
-            const int d = 16 * kb + 4 * t;
+            const int d = SWZ ? 4 * ((4 * kb + t) ^ sw) : 16 * kb + 4 * t;
             Tf32A aw[2], aq[2];
             if constexpr (WS) {
                 const float4 w0 = gsm_ld4(wr0 + d, v0), w1 = gsm_ld4(wr1 + d, v1);
@@ -175,7 +214,7 @@ __device__ __forceinline__ void gsm_gates(const float* g_s, int HV, int j, int t
 // spill); elsewhere none (0): with 3 the larger heads spill, with 1 they take 255 registers and spill too. 8 warps:
 // a minimum of 2 blocks (at most 128 registers: two blocks of 256 threads per SM) at DK = 128 (122 registers with
 // 16 columns, 124 with 32) and 16 (96, 124-126); 1 at DK = 32 and 64 (104-134; with 2 they spill 8-16 bytes).
-template <typename T, typename S, int DK, int DVS, int NWARP = 4>
+template <typename T, typename S, int DK, int DVS, int NWARP = 4, bool STG = false>
 __global__ void __launch_bounds__(32 * NWARP, NWARP == 8 ? (DK == 32 || DK == 64 ? 1 : 2) : DK == 16 ? 3 : 0)
     gdn_chunk_state_mma(const float* __restrict__ qk_s, const float* __restrict__ w_s, const float* __restrict__ a_s,
                         const float* __restrict__ u_s, const float* __restrict__ g_s, S* __restrict__ state,
@@ -189,9 +228,10 @@ __global__ void __launch_bounds__(32 * NWARP, NWARP == 8 ? (DK == 32 || DK == 64
     {
         unsigned dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        if (dyn < L::FLOATS * sizeof(float)) __trap();
+        if (dyn < (STG ? L::STAGED : L::FLOATS) * sizeof(float)) __trap();
     }
     float *Sf = smem, *Vf = Sf + L::SF, *gate = Vf + L::VF;  // gate: [chunk parity][e^γ (C), tail (C)]
+    float *Ws = gate + 4 * C, *Qs = Ws + C * DK;              // STG: the chunk's W and Q rows
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
     const int rt = NWARP == 4 ? w : w & 3, nb = NWARP == 4 ? 0 : (w >> 2) * NTW;  // row tile, first column tile
     const int j = blockIdx.y, b = blockIdx.x, hk = j / (HV / HK), c0 = blockIdx.z * DVS;
@@ -220,19 +260,29 @@ __global__ void __launch_bounds__(32 * NWARP, NWARP == 8 ? (DK == 32 || DK == 64
                 gsm_put<NTN>(Sf, d, c + 1, sreg[mi][ni][1], sreg[mi][ni][3]);
             }
     if (t_beg < t_end) gsm_gates(g_s, HV, j, t_beg, min(C, t_end - t_beg), gate, gate + C, tid);
+    if (STG && t_beg < t_end) gsm_stage<DK>(Ws, Qs, w_s, qk_s, t_beg, min(C, t_end - t_beg), j, hk, HV, HK, tid, 32 * NWARP);
     int par = 0;
     for (int t0 = t_beg; t0 < t_end; t0 += C, par ^= 1) {
         const int n = min(C, t_end - t0), r0 = 16 * rt + 2 * g;  // the thread's chunk rows r0, r0 + 1
         const bool v0 = r0 < n, v1 = r0 + 1 < n;
         const float *eg = gate + 2 * C * par, *tail = eg + C;
-        __syncthreads();  // S fragments and this chunk's gates written; last chunk's readers of V' done
+        if (STG) gsm_cp_wait();  // this thread's copies of the chunk's W and Q rows landed
+        __syncthreads();  // S fragments, this chunk's gates (STG: W and Q rows) written; last chunk's V' read
         gc_hint_next_chunk<DK>(qk_s, w_s, a_s, u_s, t0, t_end, hk, j, HK, HV, DV, c0, tid, 32 * NWARP);
         // rows past the chunk are neither read nor used: their pointers stay at row 0 of the chunk
         const long long q0 = (long long)(t0 + (v0 ? r0 : 0)), q1 = (long long)(t0 + (v1 ? r0 + 1 : 0));
         float ws[NTW][4] = {}, out[NTW][4] = {};
-        gsm_ws_qs<DK, DVS, true, true, NTW, L::U_WQ>(w_s + (q0 * HV + j) * DK, w_s + (q1 * HV + j) * DK,
-                                                     qk_s + (q0 * HK + hk) * 2 * DK, qk_s + (q1 * HK + hk) * 2 * DK,
-                                                     v0, v1, Sf, ws, out, lane, nb);
+        if constexpr (STG) {
+            const int s0 = v0 ? r0 : 0, s1 = v1 ? r0 + 1 : 0;
+            gsm_ws_qs<DK, DVS, true, true, NTW, L::U_WQ, true>(Ws + s0 * DK, Ws + s1 * DK, Qs + s0 * DK,
+                                                               Qs + s1 * DK, v0, v1, Sf, ws, out, lane, nb,
+                                                               gsm_swz<DK>(r0));
+        } else {
+            gsm_ws_qs<DK, DVS, true, true, NTW, L::U_WQ>(w_s + (q0 * HV + j) * DK, w_s + (q1 * HV + j) * DK,
+                                                         qk_s + (q0 * HK + hk) * 2 * DK,
+                                                         qk_s + (q1 * HK + hk) * 2 * DK, v0, v1, Sf, ws, out, lane,
+                                                         nb);
+        }
         // V' = U − W S (zero past the chunk and past DV) into its fragments; out = e^γ Q S
         const float e0 = v0 ? eg[r0] : 0.f, e1 = v1 ? eg[r0 + 1] : 0.f;
 #pragma unroll
@@ -248,7 +298,10 @@ __global__ void __launch_bounds__(32 * NWARP, NWARP == 8 ? (DK == 32 || DK == 64
             gsm_put<NTN>(Vf, r0, 8 * (nb + nt) + 2 * t, vp[0], vp[2]);
             gsm_put<NTN>(Vf, r0, 8 * (nb + nt) + 2 * t + 1, vp[1], vp[3]);
         }
-        __syncthreads();  // V' complete; S fragments read by all
+        __syncthreads();  // V' complete; S fragments (STG: W and Q rows) read by all
+        // STG: the next chunk's W and Q rows, landing while this chunk's A V' and update run
+        if (STG && t0 + C < t_end)
+            gsm_stage<DK>(Ws, Qs, w_s, qk_s, t0 + C, min(C, t_end - t0 - C), j, hk, HV, HK, tid, 32 * NWARP);
         gsm_attn<DVS, NTW, L::U_AV>(a_s + (q0 * HV + j) * C, a_s + (q1 * HV + j) * C, v0, v1, Vf, out, rt, n, lane,
                                     nb);
 #pragma unroll

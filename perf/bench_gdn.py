@@ -1,6 +1,7 @@
 """GDN chunked prefill on the GPU: ``gdn_chunked`` (two passes, cuda_src/gdn_chunk.cu) in each variant
 (``variant="mma"``: both passes' products as 3xTF32 mma.sync, ``"tc"``: the same with the prep's solve on tensor
-cores, ``"tc8"``: "tc" with 8 warps per state-pass block, ``"split"``: "tc" with the state pass split in two,
+cores, ``"tcs"``: "tc" with each chunk's W and Q rows staged in shared memory, ``"tc8"``: "tc" with 8 warps per
+state-pass block, ``"split"``: "tc" with the state pass split in two,
 ``"fp32"``: on fp32 FMAs; each with 16 and with 32
 value columns per state-pass block, and the size ``state_cols`` picks) beside the one-pass variant
 (``variant="serial"``, gdn.cu) and optionally the exact ``gdn_recurrent``, at the Qwen3.6 GDN shapes (35B-A3B: 16
@@ -31,7 +32,7 @@ __all__ = ["bench_gdn", "main"]
 SHAPES = {"35b": (16, 32), "27b": (16, 48)}  # (key heads, value heads), dk = dv = 128
 BATCHES = {"1x8192": [8192], "8x1024": [1024] * 8}
 # gdn_chunked's two-pass variants (ninfer.cuda.gdn.STATE_VARIANTS)
-VARIANTS = ("tc", "tc8", "split", "mma", "fp32")
+VARIANTS = ("tc", "tcs", "tc8", "split", "mma", "fp32")
 
 
 def bench_gdn(
@@ -92,9 +93,10 @@ def bench_gdn(
             fig[f"{v}_vs_serial"] = float(
                 np.max(np.abs(outs[f"{v}16"] - ref)) / max(np.max(np.abs(ref)), 1e-30)
             )
-        # the split and the 8-warp state passes: the tc variant's bits
+        # the split, the 8-warp and the staged state passes: the tc variant's bits
         fig["split_eq_tc"] = bool(np.array_equal(outs["split32"], outs["tc32"]))
         fig["tc8_eq_tc"] = all(np.array_equal(outs[f"tc8{c}"], outs[f"tc{c}"]) for c in (16, 32))
+        fig["tcs_eq_tc"] = all(np.array_equal(outs[f"tcs{c}"], outs[f"tc{c}"]) for c in (16, 32))
     fig["speedup"] = fig["serial_ms"] / fig["mma_ms"]
     fig["tc_prep_speedup"] = fig["mma16_prep_ms"] / fig["tc16_prep_ms"]
     fig["state_speedup"] = fig[f"fp32{auto}_state_ms"] / fig[f"mma{auto}_state_ms"]
@@ -177,7 +179,7 @@ def _line(r: dict[str, Any], act: str, state: str) -> str:
     rec = f"  recurrent {r['recurrent_ms']:8.3f} ms" if "recurrent_ms" in r else ""
     return (f"gdn_chunked {r['model']} hk={r['hk']} hv={r['hv']} {r['batch']:7s} act={act} state={state} auto cols "
             f"{r['auto_cols']}: " + "  ".join(parts) + f"  prep mma {r['mma16_prep_ms']:.3f} tc {r['tc16_prep_ms']:.3f} "
-            f"fp32 {r['fp3216_prep_ms']:.3f}  split≡tc {r.get('split_eq_tc')}  tc8≡tc {r.get('tc8_eq_tc')}  "
+            f"fp32 {r['fp3216_prep_ms']:.3f}  split≡tc {r.get('split_eq_tc')}  tc8≡tc {r.get('tc8_eq_tc')}  tcs≡tc {r.get('tcs_eq_tc')}  "
             f"serial {r['serial_ms']:7.3f} ms (mma x{r['speedup']:.2f}; state pass mma x{r['state_speedup']:.2f}){rec}  scratch "
             f"{r['scratch_mb']:.0f} MB")  # fmt: skip
 

@@ -711,10 +711,12 @@ def test_gdn_chunked_split_is_tc(cp: Any, t: str) -> None:
 
 @pytest.mark.parametrize("t", ["float", "bf16"])
 @pytest.mark.parametrize("st", ["float", "bf16"])
-def test_gdn_chunked_tc8_is_tc(cp: Any, t: str, st: str) -> None:
-    """The 8-warp state pass ("tc8": each warp half the columns of its chunk rows and half the state tiles) gives the
-    "tc" variant's outputs and states bit for bit, at 16 and 32 columns per block, at every head dim (the same mma
-    sequence per accumulator; only which warp computes it changes)."""
+@pytest.mark.parametrize("variant", ["tc8", "tcs"])
+def test_gdn_chunked_variant_is_tc(cp: Any, t: str, st: str, variant: str) -> None:
+    """The 8-warp state pass ("tc8": each warp half the columns of its chunk rows and half the state tiles) and the
+    staged one ("tcs": each chunk's W and Q rows read from shared memory, copied there by cp.async) give the "tc"
+    variant's outputs and states bit for bit, at 16 and 32 columns per block, at every head dim (the same mma
+    sequence per accumulator; only which warp computes it, or where an operand is read from, changes)."""
     from ninfer.cuda.gdn import gdn_chunked
 
     rng = np.random.default_rng(29)
@@ -728,16 +730,16 @@ def test_gdn_chunked_tc8_is_tc(cp: Any, t: str, st: str) -> None:
         gates = (cp.asarray(c["a_log"]), cp.asarray(c["dt_bias"]))
         for cols in (16, 32):
             got = {}
-            for v in ("tc", "tc8"):
+            for v in ("tc", variant):
                 state_d, out = _dev(cp, c["state"], st), _poison(cp, (n, hv * dv), t)
                 gdn_chunked(*dev, *gates, state_d, starts, slots, n_k_heads=hk, out=out, variant=v, cols=cols)
                 got[v] = (
                     cp.asnumpy(out).view(out.dtype.str.replace("f", "u")),
                     cp.asnumpy(state_d).view(state_d.dtype.str.replace("f", "u")),
                 )  # raw bits
-            what = f"tc8 vs tc, {t} state={st} dk={dk} dv={dv} cols={cols}"
-            assert np.array_equal(got["tc8"][0], got["tc"][0]), f"{what}: outputs differ"
-            assert np.array_equal(got["tc8"][1], got["tc"][1]), f"{what}: states differ"
+            what = f"{variant} vs tc, {t} state={st} dk={dk} dv={dv} cols={cols}"
+            assert np.array_equal(got[variant][0], got["tc"][0]), f"{what}: outputs differ"
+            assert np.array_equal(got[variant][1], got["tc"][1]), f"{what}: states differ"
 
 
 # ---- attention -----------------------------------------------------------------------------------------------

@@ -63,15 +63,20 @@ STATE_COLS = (16, 32)  # value columns per block of gdn_chunk_state (its DVS; th
 # its 16 chunk rows and half as many state tiles: twice the warps per SM to hide the scratch loads and the mma
 # chains), bitwise the "tc" variant's results; a benchmark variant: slower than tc's state pass on the 27B's heads
 # (H200, 1c26c7b, perf/results/bench_gdn_1c26c7b.txt: 1.55 vs 1.04 ms at 32 columns, 4096 rows)
+# "tcs": the tc prep, then gdn_chunk_state_mma reading each chunk's W and Q rows from shared memory, copied there by
+# cp.async while the previous chunk's A V' and state update run (STG; +64 KB per block at dk = 128, still two blocks
+# per SM), bitwise the "tc" variant's results
 STATE_VARIANTS = {
     "tc": "gdn_chunk_state_mma",
     "mma": "gdn_chunk_state_mma",
     "fp32": "gdn_chunk_state",
     "split": "gdn_chunk_state_h",
     "tc8": "gdn_chunk_state_mma",
+    "tcs": "gdn_chunk_state_mma",
 }
-_TC_PREP = ("tc", "split", "tc8")  # the variants after gdn_chunk_prep_tc
+_TC_PREP = ("tc", "split", "tc8", "tcs")  # the variants after gdn_chunk_prep_tc
 _STATE_WARPS = {"tc8": 8}  # warps per state-pass block where not 4 (its template argument NWARP)
+_STAGED = ("tcs",)  # the state pass with its W and Q rows staged in shared memory (template argument STG)
 # "mma" (855128a): 1.53x the fp32 variant on one 8192-token sequence of the 27B's heads. "tc" (6688cc6, H200,
 # perf/bench_gdn.py, perf/results/bench_gdn_6688cc6.txt; its GPU tests pass): the prep 1.028 -> 0.642 ms (27B heads)
 # and 0.716 -> 0.468 ms (35B-A3B) on a 4096-token chunk, 1.6x at every batch shape measured; the outputs within
@@ -83,7 +88,8 @@ def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str
     """The (prep, state) kernel instances of a two-pass variant."""
     mma = "true" if variant == "mma" else "false"
     prep = f"gdn_chunk_prep_tc<{t}, {dk}>" if variant in _TC_PREP else f"gdn_chunk_prep<{t}, {dk}, {mma}>"
-    warps = f", {_STATE_WARPS[variant]}" if variant in _STATE_WARPS else ""
+    warps = f", {_STATE_WARPS.get(variant, 4)}" if variant in _STATE_WARPS or variant in _STAGED else ""
+    warps += ", true" if variant in _STAGED else ""
     return prep, f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}{warps}>"
 
 
@@ -374,11 +380,12 @@ def state_smem_bytes(dk: int, cols: int) -> int:
     return 4 * (dk * sst + 2 * CHUNK * (dk + 4) + CHUNK * (CHUNK + 4) + CHUNK * vst + 2 * CHUNK)
 
 
-def state_mma_smem_bytes(dk: int, cols: int) -> int:
+def state_mma_smem_bytes(dk: int, cols: int, staged: bool = False) -> int:
     """Dynamic shared memory of ``gdn_chunk_state_mma<., ., dk, cols>``: mirrors ``GdnStateMmaSmem::FLOATS`` in
     gdn_state_mma.cuh (the state and V' as split B fragments, the gates of two chunks): 2·cols·(dk + 64) + 256
-    floats, 50.2 KB at dk = 128 and 32 columns."""
-    return 4 * (2 * cols * (dk + CHUNK) + 4 * CHUNK)
+    floats, 50.2 KB at dk = 128 and 32 columns; ``staged`` (``STAGED``, variant "tcs"): + a chunk's W and Q rows,
+    2·64·dk floats (113 KB in all at dk = 128: two blocks fill an H200 SM's 228 KB)."""
+    return 4 * (2 * cols * (dk + CHUNK) + 4 * CHUNK + (2 * CHUNK * dk if staged else 0))
 
 
 @functools.cache
@@ -444,7 +451,7 @@ def gdn_chunked(
     ``cols`` = 16 or 32 value columns, by default ``state_cols``) walking the chunks in order. ``variant="mma"``:
     both passes' products as 3xTF32 mma.sync (``gdn_chunk_state_mma``); ``"tc"``: the same with the prep's solve
     on tensor cores too (``gdn_chunk_prep_tc``); ``"tc8"``: "tc" with 8 warps per state-pass block instead of 4
-    (the same bits); ``"split"``: "tc" with the state pass split in two (the same bits); ``"fp32"``: on fp32 FMAs
+    (the same bits); ``"tcs"``: "tc" with each chunk's W and Q rows staged in shared memory (the same bits); ``"split"``: "tc" with the state pass split in two (the same bits); ``"fp32"``: on fp32 FMAs
     (``gdn_chunk_state``);
     ``"serial"``: the older one-pass kernel (one block per sequence slice does all of each chunk's work;
     benchmarks only). The variants other than ``DEFAULT_VARIANT`` are compiled on first use."""
@@ -486,7 +493,7 @@ def gdn_chunked(
                      (qk_s, a_s, u_s, g_s, h_s, out, starts, np.int32(nseq), hk_, hv_, dv_, ldo))  # fmt: skip
         return out
     threads, smem = (
-        (32 * _STATE_WARPS.get(variant, 4), state_mma_smem_bytes(dk, cols))
+        (32 * _STATE_WARPS.get(variant, 4), state_mma_smem_bytes(dk, cols, variant in _STAGED))
         if variant != "fp32"
         else (8 * cols, state_smem_bytes(dk, cols))
     )

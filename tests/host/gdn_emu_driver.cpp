@@ -1,5 +1,6 @@
 // Driver of the two-pass gdn_chunked host emulation (cuda_src/gdn_chunk.cu): argv = dir T HK HV DK DV nseq nslots
-// act_bf16 state_bf16 prep_smem state16_smem state32_smem mma16_smem mma32_smem tc_prep_smem. Reads
+// act_bf16 state_bf16 prep_smem state16_smem state32_smem mma16_smem mma32_smem tc_prep_smem staged16_smem
+// staged32_smem. Reads
 // dir/{qkv,a,b,alog,dtb,state,starts,slots}.bin, runs gdn_chunk_prep over a NaN-filled scratch (as
 // ninfer/cuda/gdn.py lays it out) once per variant, then from the same initial state: gdn_chunk_state with 16
 // value columns per block (writes dir/o.bin, dir/state_out.bin) and with 32 (dir/o32.bin, dir/state32.bin) from
@@ -10,10 +11,13 @@
 // the "split" state pass on a copy of the tc scratch: gdn_chunk_state_h and gdn_chunk_out with 32 columns
 // (dir/o_split.bin, dir/state_split.bin); and the 8-warp gdn_chunk_state_mma<., ., DK, ., 8> ("tc8") on the tc
 // scratch with 16 and 32 columns (dir/o_tc8_16.bin, dir/state_tc8_16.bin, dir/o_tc8_32.bin, dir/state_tc8_32.bin)
-// and on the mma scratch with 32 (dir/o_mma8_32.bin, dir/state_mma8_32.bin), all from the initial states.
+// and on the mma scratch with 32 (dir/o_mma8_32.bin, dir/state_mma8_32.bin); and the staged
+// gdn_chunk_state_mma<., ., DK, ., 4, true> ("tcs") on the tc scratch with 16 and 32 columns (dir/o_tcs16.bin,
+// dir/state_tcs16.bin, dir/o_tcs32.bin, dir/state_tcs32.bin), all from the initial states.
 template <typename T, typename S, int DK>
 void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, int nslots, unsigned prep_smem,
-             unsigned smem16, unsigned smem32, unsigned mma16, unsigned mma32, unsigned tc_smem) {
+             unsigned smem16, unsigned smem32, unsigned mma16, unsigned mma32, unsigned tc_smem, unsigned stg16,
+             unsigned stg32) {
     const long long width = 2LL * HK * DK + (long long)HV * DV;
     auto qkv = emu_read<T>(dir + "/qkv.bin", T_ * width);
     auto a = emu_read<T>(dir + "/a.bin", (size_t)T_ * HV), b = emu_read<T>(dir + "/b.bin", (size_t)T_ * HV);
@@ -118,6 +122,21 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
         run8.template operator()<32>(tc, "tc8_32", mma32);
         run8.template operator()<32>(mm, "mma8_32", mma32);
     }
+    {  // W and Q rows staged in shared memory ("tcs"): 128 threads, the larger shared memory
+        auto runs = [&]<int DVS>(const std::string& name, unsigned smem) {
+            std::vector<T> os(o0);
+            std::vector<S> ss(state0);
+            emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + DVS - 1) / DVS)}, 128, smem, [&] {
+                gdn_chunk_state_mma<T, S, DK, DVS, 4, true>(tc.qk.data(), tc.w.data(), tc.am.data(), tc.u.data(),
+                                                            tc.g.data(), ss.data(), os.data(), starts.data(),
+                                                            slots.data(), HK, HV, DV, (long long)HV * DV);
+            });
+            emu_write(dir + "/o_" + name + ".bin", os);
+            emu_write(dir + "/state_" + name + ".bin", ss);
+        };
+        runs.template operator()<16>("tcs16", stg16);
+        runs.template operator()<32>("tcs32", stg32);
+    }
     emu_write(dir + "/o_tc16.bin", ot16);
     emu_write(dir + "/state_tc16.bin", st16);
     const char* parts[5] = {"qk", "w", "a", "u", "g"};
@@ -134,14 +153,15 @@ template <typename T, typename S> void emu_dispatch(char** v) {
     const int nseq = atoi(v[7]), nslots = atoi(v[8]);
     const unsigned ps = (unsigned)atoi(v[11]), s16 = (unsigned)atoi(v[12]), s32 = (unsigned)atoi(v[13]);
     const unsigned m16 = (unsigned)atoi(v[14]), m32 = (unsigned)atoi(v[15]), tcs = (unsigned)atoi(v[16]);
+    const unsigned g16 = (unsigned)atoi(v[17]), g32 = (unsigned)atoi(v[18]);
 #define EMU_CASE(dk) \
-    if (DK == dk) return emu_run<T, S, dk>(v[1], T_, HK, HV, DV, nseq, nslots, ps, s16, s32, m16, m32, tcs);
+    if (DK == dk) return emu_run<T, S, dk>(v[1], T_, HK, HV, DV, nseq, nslots, ps, s16, s32, m16, m32, tcs, g16, g32);
     EMU_CASE(16) EMU_CASE(32) EMU_CASE(64) EMU_CASE(128)
     std::abort();
 }
 
 int main(int argc, char** argv) {
-    if (argc != 17) return 2;
+    if (argc != 19) return 2;
     if (atoi(argv[9])) {
         if (atoi(argv[10])) emu_dispatch<bf16, bf16>(argv); else emu_dispatch<bf16, float>(argv);
     } else {
