@@ -178,7 +178,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--gdn-variant",
         default=None,
-        choices=("tc", "tc8", "split", "mma", "fp32"),
+        choices=("tc", "tcs", "tc8", "split", "mma", "fp32"),
         help="the chunked GDN prefill's kernels (default: ninfer.cuda.gdn.DEFAULT_VARIANT)",
     )
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
