@@ -329,42 +329,95 @@ __global__ void __launch_bounds__(256)
     gated_norm_row(o + row * ldo, zrow, w, y + row * ldy, D, eps, threadIdx.x & 31);
 }
 
-// gated_rmsnorm with the F16 outputs (rms_out_f16's contract): one block of GN_F16_WARPS warps per token, warp w
-// normalizing heads w, w + GN_F16_WARPS, ... with gated_norm_vals (gated_rmsnorm's own arithmetic). Two passes: the
-// first takes the token row's largest |y| over all HV heads, the second computes every y again (the same operations
-// on the same values: the same bits; o and z come from the L1/L2 the first pass filled) and stores it rounded as
-// split_f16row rounds. o: [T HV, D] rows of stride ldo; z: token t's head h at z + t ldz + h D; xh: [T, HV D];
-// D <= 32 GN_REG. Bitwise gated_rmsnorm<float> followed by split_f16row. Measured (H200, 27B, 4096 tokens): keeping
-// every head's values in registers instead (8 warps x 6 heads, or 16 x 3 with all loads first) took 220-237 us per
-// call at one block per SM, more than gated_rmsnorm and split_f16row together (92 + 38 us); the small state here lets
-// eight blocks share an SM.
+// gated_rmsnorm with the F16 outputs (rms_out_f16's contract), bitwise gated_rmsnorm<float> followed by
+// split_f16row: one block of GN_F16_WARPS warps per token, warp w normalizing heads w, w + GN_F16_WARPS, ... with
+// gated_norm_vals's arithmetic (R registers per lane and head: D <= 32 R). o: [T HV, D] rows of stride ldo; z:
+// token t's head h at z + t ldz + h D; xh: [T, HV D].
+//   HPW > 0 (gated_rmsnorm_f16r, HV <= GN_F16_WARPS HPW): every load of the warp's heads issued first, the values
+//       and then the y kept in registers, the token's largest |y| over all heads, the rows stored.
+//   HPW = 0 (gated_rmsnorm_f16, any HV): two passes, the first for the largest |y|, the second computing every y
+//       again (the same operations on the same values: the same bits; o and z from the L1/L2 the first filled).
+// Measured (H200, 94e43ba, perf/bench_gated_norm.py, 27B heads, 4096 tokens): the two-pass kernel with 8 registers
+// per lane at D = 128 (half of them computing silu(0)) 284 us, more than gated_rmsnorm + split_f16row (152 + 65
+// us) and four times the bytes' copy time (68 us).
 constexpr int GN_F16_WARPS = 8;
-__global__ void __launch_bounds__(32 * GN_F16_WARPS)
-    gated_rmsnorm_f16(const float* __restrict__ o, const float* __restrict__ z, const float* __restrict__ w,
-                      u16* __restrict__ xh, float* __restrict__ rowf, int HV, int D, float eps, long long ldo,
-                      long long ldz) {
+template <int R, int HPW>
+__device__ __forceinline__ void gated_f16_body(const float* __restrict__ o, const float* __restrict__ z,
+                                               const float* __restrict__ w, u16* __restrict__ xh,
+                                               float* __restrict__ rowf, int HV, int D, float eps, long long ldo,
+                                               long long ldz) {
     pdl_trigger();
     __shared__ float scratch[32];
     const long long t = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float y[GN_REG], m = 0.f;
-    for (int h = warp; h < HV; h += GN_F16_WARPS) {
-        gated_norm_vals(o + (t * HV + h) * ldo, z + t * ldz + (long long)h * D, w, D, eps, lane, y);
+    u16* xr = xh + t * HV * D;
+    float m = 0.f, wv[R];
+    gated_norm_load<float, R>(w, D, lane, wv);
+    if constexpr (HPW > 0) {
+        float ov[HPW][R], zv[HPW][R];
 #pragma unroll
-        for (int r = 0; r < GN_REG; ++r)
+        for (int k = 0; k < HPW; ++k) {  // heads past HV (warp-uniform) load nothing
+            const int h = warp + GN_F16_WARPS * k;
+            gated_norm_load<float, R>(o + (t * HV + h) * ldo, h < HV ? D : 0, lane, ov[k]);
+            gated_norm_load<float, R>(z + t * ldz + (long long)h * D, h < HV ? D : 0, lane, zv[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < HPW; ++k) {
+            if (warp + GN_F16_WARPS * k < HV) {
+                gated_norm_of<R>(ov[k], zv[k], wv, D, eps, ov[k]);
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (lane + 32 * r < D) m = fmaxf(m, fabsf(ov[k][r]));
+            }
+        }
+        m = block_max(m, scratch);
+        float back;
+        const float s = f16row_scale(m, back);
+        if (threadIdx.x == 0) rowf[t] = back;
+#pragma unroll
+        for (int k = 0; k < HPW; ++k) {
+            const int h = warp + GN_F16_WARPS * k;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int i = lane + 32 * r;
+                if (h < HV && i < D) xr[h * D + i] = (u16)f16_rne_bits(ov[k][r] * s);
+            }
+        }
+        return;
+    }
+    float y[R];
+    for (int h = warp; h < HV; h += GN_F16_WARPS) {
+        gated_norm_vals<float, R>(o + (t * HV + h) * ldo, z + t * ldz + (long long)h * D, w, D, eps, lane, y);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
             if (lane + 32 * r < D) m = fmaxf(m, fabsf(y[r]));
     }
     m = block_max(m, scratch);
     float back;
     const float s = f16row_scale(m, back);
     if (threadIdx.x == 0) rowf[t] = back;
-    u16* xr = xh + t * HV * D;
     for (int h = warp; h < HV; h += GN_F16_WARPS) {
-        gated_norm_vals(o + (t * HV + h) * ldo, z + t * ldz + (long long)h * D, w, D, eps, lane, y);
+        gated_norm_vals<float, R>(o + (t * HV + h) * ldo, z + t * ldz + (long long)h * D, w, D, eps, lane, y);
 #pragma unroll
-        for (int r = 0; r < GN_REG; ++r) {
+        for (int r = 0; r < R; ++r) {
             const int i = lane + 32 * r;
             if (i < D) xr[h * D + i] = (u16)f16_rne_bits(y[r] * s);
         }
     }
+}
+
+__global__ void __launch_bounds__(32 * GN_F16_WARPS)
+    gated_rmsnorm_f16(const float* __restrict__ o, const float* __restrict__ z, const float* __restrict__ w,
+                      u16* __restrict__ xh, float* __restrict__ rowf, int HV, int D, float eps, long long ldo,
+                      long long ldz) {
+    if (D <= 128) gated_f16_body<4, 0>(o, z, w, xh, rowf, HV, D, eps, ldo, ldz);
+    else gated_f16_body<GN_REG, 0>(o, z, w, xh, rowf, HV, D, eps, ldo, ldz);
+}
+
+template <int R, int HPW>
+__global__ void __launch_bounds__(32 * GN_F16_WARPS)
+    gated_rmsnorm_f16r(const float* __restrict__ o, const float* __restrict__ z, const float* __restrict__ w,
+                       u16* __restrict__ xh, float* __restrict__ rowf, int HV, int D, float eps, long long ldo,
+                       long long ldz) {
+    gated_f16_body<R, HPW>(o, z, w, xh, rowf, HV, D, eps, ldo, ldz);
 }

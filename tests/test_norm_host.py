@@ -169,6 +169,7 @@ F16_CASES = (  # combine, rows, H, k, offset, residual
     (2, 3, 128, 48, True, False),  # the 27B's GDN output norm (48 heads of 128): rows = tokens, k = heads
     (2, 2, 128, 32, True, False),  # the 35B-A3B's
     (2, 2, 96, 5, True, False),  # D and heads off the warp and block sizes
+    (2, 2, 200, 27, True, False),  # rows of 8 registers per lane, 4 heads per warp
 )
 
 
@@ -213,5 +214,10 @@ def test_norm_f16_rows_are_the_row_split(emu_f16: Path, tmp_path: Path, case: tu
     want_xh, want_rowf = _split_f16row(y)
     np.testing.assert_array_equal(xh, want_xh, err_msg="fp16 words")
     np.testing.assert_array_equal(rowf.view(np.uint32), want_rowf.view(np.uint32), err_msg="row factors")
+    if combine == 2:  # the register-resident gated kernel: the two-pass kernel's bits
+        np.testing.assert_array_equal(np.fromfile(d / "xh_r.bin", dtype=np.uint16).reshape(rows, width), xh)
+        np.testing.assert_array_equal(
+            np.fromfile(d / "rowf_r.bin", dtype=F32).view(np.uint32), rowf.view(np.uint32)
+        )
     np.testing.assert_array_equal(np.fromfile(d / "r2.bin", dtype=F32), np.fromfile(d / "r1.bin", dtype=F32))
     assert np.isfinite(y).all() and (y == 0).any() == (combine != 2)

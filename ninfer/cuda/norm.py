@@ -22,11 +22,24 @@ SOURCES: dict[str, tuple[str, ...]] = {
     + tuple(f"rmsnorm_f16<{o}, {r}>" for o in _B for r in _B)
     + tuple(f"moe_combine_rmsnorm_f16<{o}>" for o in _B)
     + ("gated_rmsnorm_f16",)
+    + tuple(f"gated_rmsnorm_f16r<{r}, {h}>" for r, hs in ((4, (1, 2, 4, 6, 8)), (8, (1, 2, 4))) for h in hs)
 }
 # rows the F16 outputs (f16=True) keep in registers (norm.cu: RMS_NV * 8 * RMS_NT), and the gated norm's heads of
 # at most 32 * GN_REG
 F16_MAX_H = 4 * 8 * 256
 _GN_HEADS, _GN_D = 1 << 16, 32 * 8
+# gated_rmsnorm_f16r's instances: (registers per lane and head, heads per warp); GN_F16_WARPS = 8 warps per token
+_GN_RESIDENT = {4: (1, 2, 4, 6, 8), 8: (1, 2, 4)}
+_GN_WARPS = 8
+
+
+def _gated_f16_kernel(heads: int, d: int) -> str:
+    """The fp16-row GDN norm for ``heads`` heads of width ``d``: ``gated_rmsnorm_f16r<R, HPW>`` (a token's values
+    in registers) where an instance holds the heads, else the two-pass ``gated_rmsnorm_f16``; the same bits."""
+    r = 4 if d <= 128 else 8
+    per_warp = -(-heads // _GN_WARPS)
+    fit = [h for h in _GN_RESIDENT[r] if h >= per_warp]
+    return f"gated_rmsnorm_f16r<{r}, {fit[0]}>" if fit else "gated_rmsnorm_f16"
 
 
 def gated_f16_ok(heads: int, d: int) -> bool:
@@ -203,7 +216,7 @@ def gated_rmsnorm(o: Any, z: Any, w: Any, eps: float, out: Any = None, *, f16: b
             )
         y = F16Rows(cupy.empty((zrows, zw), dtype=np.uint16), cupy.empty(zrows, dtype=np.float32))
         if zrows:
-            fn = kernel("norm.cu", SOURCES["norm.cu"], "gated_rmsnorm_f16")
+            fn = kernel("norm.cu", SOURCES["norm.cu"], _gated_f16_kernel(zheads, d))
             args = (o, z, w, y.xh, y.rowf, np.int32(zheads), np.int32(d), np.float32(eps), np.int64(ldo))
             fn((zrows,), (256,), (*args, np.int64(ldz)))
         return y

@@ -56,7 +56,8 @@ void emu_combine(const std::string& dir, int rows, int H, int k, int slots, floa
     emu_write(dir + "/r2.bin", r2);
 }
 
-// combine 2: gated_rmsnorm<float> (T * HV rows of D, z [T, HV D]) and gated_rmsnorm_f16 over dir/{o,z,w}.bin
+// combine 2: gated_rmsnorm<float> (T * HV rows of D, z [T, HV D]), gated_rmsnorm_f16 and gated_rmsnorm_f16r (into
+// dir/xh_r.bin, dir/rowf_r.bin) over dir/{o,z,w}.bin
 // (rows = T, H = D, k = HV); y is [T, HV D]; no residual (r1, r2 empty)
 void emu_gated(const std::string& dir, int T, int D, int HV, float eps) {
     const size_t n = (size_t)T * HV * D;
@@ -74,9 +75,30 @@ void emu_gated(const std::string& dir, int T, int D, int HV, float eps) {
     emu_launch({(unsigned)T, 1, 1}, 32 * GN_F16_WARPS, 0, [&] {
         gated_rmsnorm_f16(o.data(), z.data(), w.data(), xh.data(), rowf.data(), HV, D, eps, D, (long long)HV * D);
     });
+    // the register-resident kernel, at the instance ninfer/cuda/norm.py picks (_gated_f16_kernel)
+    std::vector<u16> xr(n);
+    std::vector<float> rowr(T);
+    std::memset((void*)xr.data(), 0xff, n * sizeof(u16));
+    std::memset((void*)rowr.data(), 0xff, T * sizeof(float));
+    const int hpw = (HV + GN_F16_WARPS - 1) / GN_F16_WARPS;
+    auto resident = [&]<int R, int HPW>() {
+        emu_launch({(unsigned)T, 1, 1}, 32 * GN_F16_WARPS, 0, [&] {
+            gated_rmsnorm_f16r<R, HPW>(o.data(), z.data(), w.data(), xr.data(), rowr.data(), HV, D, eps, D,
+                                       (long long)HV * D);
+        });
+    };
+    if (D <= 128 && hpw <= 1) resident.template operator()<4, 1>();
+    else if (D <= 128 && hpw <= 2) resident.template operator()<4, 2>();
+    else if (D <= 128 && hpw <= 4) resident.template operator()<4, 4>();
+    else if (D <= 128 && hpw <= 6) resident.template operator()<4, 6>();
+    else if (D <= 128 && hpw <= 8) resident.template operator()<4, 8>();
+    else if (hpw <= 4) resident.template operator()<8, 4>();
+    else std::abort();
     emu_write(dir + "/y.bin", y);
     emu_write(dir + "/xh.bin", xh);
     emu_write(dir + "/rowf.bin", rowf);
+    emu_write(dir + "/xh_r.bin", xr);
+    emu_write(dir + "/rowf_r.bin", rowr);
     emu_write(dir + "/r1.bin", none);
     emu_write(dir + "/r2.bin", none);
 }
