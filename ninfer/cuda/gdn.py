@@ -81,7 +81,10 @@ _STAGED = ("tcs",)  # the state pass with its W and Q rows staged in shared memo
 # perf/bench_gdn.py, perf/results/bench_gdn_6688cc6.txt; its GPU tests pass): the prep 1.028 -> 0.642 ms (27B heads)
 # and 0.716 -> 0.468 ms (35B-A3B) on a 4096-token chunk, 1.6x at every batch shape measured; the outputs within
 # 1.3e-6 of max |ref| of the one-pass kernel (mma: 1.2e-6)
-DEFAULT_VARIANT = "tc"
+# "tcs" (H200, 91528b4, perf/bench_gdn.py --batches 1x4096,1x8192; GPU tests pass): the state launch at 32 columns
+# 27B heads 1.053 -> 1.005 ms (4096 rows), 2.107 -> 2.038 (8192); 35B-A3B 0.800 -> 0.762, 1.616 -> 1.515; the same
+# bits (at 16 columns it is slower, 1.03 -> 1.64 ms: two blocks per SM instead of three; state_cols takes 32)
+DEFAULT_VARIANT = "tcs"
 
 
 def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str, str]:
