@@ -122,28 +122,6 @@ __device__ __forceinline__ void gpt_apply(const float* Tm, const float* Ks, cons
     }
 }
 
-// A hint, no value changes: the 128-byte lines of the chunk's value rows of the group's heads (vcols values from
-// v, row stride ldv) and of its gate inputs (one line per row of a and of b) into the L2, issued before the q / k
-// loads, so that gpt_apply's B fragments and the head loop's gates come from the L2 (Nsight Compute, 230d001: 35%
-// of the prep's stalls waited on global loads). Only lines holding the rows' own elements are touched.
-template <typename T>
-__device__ __forceinline__ void gpt_hint_values(const T* v, long long ldv, int vcols, const T* a, long long lda,
-                                                const T* b, long long ldb, int n, int tid, int nthreads) {
-#ifdef __CUDA_ARCH__
-    const size_t first = reinterpret_cast<size_t>(v) & ~size_t(127);
-    const int lines = (int)(((reinterpret_cast<size_t>(v + vcols - 1) & ~size_t(127)) - first) / 128) + 1;
-    for (int e = tid; e < n * lines; e += nthreads) {
-        const int i = e / lines, l = e % lines;
-        const size_t row = reinterpret_cast<size_t>(v + i * ldv), lo = row & ~size_t(127);
-        const size_t hi = reinterpret_cast<size_t>(v + i * ldv + vcols - 1) & ~size_t(127);
-        const size_t line = lo + 128 * (size_t)l;
-        if (line <= hi) asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-    }
-    if (tid < n) asm volatile("prefetch.global.L2 [%0];" ::"l"(a + tid * lda));
-    else if (tid >= 128 && tid - 128 < n) asm volatile("prefetch.global.L2 [%0];" ::"l"(b + (tid - 128) * ldb));
-#endif
-}
-
 template <typename T, int DK>
 __global__ void __launch_bounds__(256, 2)
     gdn_chunk_prep_tc(const T* __restrict__ qkv, const T* __restrict__ a, const T* __restrict__ bb,
@@ -179,9 +157,6 @@ __global__ void __launch_bounds__(256, 2)
     const int hk = blockIdx.y, ratio = HV / HK;
     const float qscale = 1.f / sqrtf((float)DK);
     const long long qoff = (long long)hk * DK, koff = (long long)HK * DK + hk * DK;
-    gpt_hint_values<T>(qkv + (long long)t0 * ldqkv + 2LL * HK * DK + (long long)hk * ratio * DV, ldqkv, ratio * DV,
-                       a + (long long)t0 * lda + hk * ratio, lda, bb + (long long)t0 * ldb + hk * ratio, ldb, n, tid,
-                       NT);
 #pragma unroll 8
     for (int it = 0; it < PER; ++it) {  // 16 loads in flight per thread; rows past the chunk are zero
         const int e = tid + it * NT, i = e / DK, d = e % DK;

@@ -272,16 +272,7 @@ __global__ void __launch_bounds__(32 * NWARP, NWARP == 8 ? (DK == 32 || DK == 64
         // rows past the chunk are neither read nor used: their pointers stay at row 0 of the chunk
         const long long q0 = (long long)(t0 + (v0 ? r0 : 0)), q1 = (long long)(t0 + (v1 ? r0 + 1 : 0));
         float ws[NTW][4] = {}, out[NTW][4] = {};
-        // STG: the next chunk's raw gates (gn = its γ at this thread's token and at its last token; gsm_gates's
-        // operands), loaded before the products so that their latency hides behind them. (This thread's U
-        // entries loaded here too took ptxas from 178 registers to 255 and 12 bytes of spills.)
-        float gn[2] = {0.f, 0.f};
-        const int nn = min(C, t_end - t0 - C);  // the next chunk's tokens (<= 0: none)
         if constexpr (STG) {
-            if (tid < nn) {
-                gn[0] = g_s[(long long)(t0 + C + tid) * HV + j];
-                gn[1] = g_s[(long long)(t0 + C + nn - 1) * HV + j];
-            }
             const int s0 = v0 ? r0 : 0, s1 = v1 ? r0 + 1 : 0;
             gsm_ws_qs<DK, DVS, true, true, NTW, L::U_WQ, true>(Ws + s0 * DK, Ws + s1 * DK, Qs + s0 * DK,
                                                                Qs + s1 * DK, v0, v1, Sf, ws, out, lane, nb,
@@ -338,12 +329,8 @@ __global__ void __launch_bounds__(32 * NWARP, NWARP == 8 ? (DK == 32 || DK == 64
                     gsm_put<NTN>(Sf, d, c + 1, sreg[mi][ni][1], sreg[mi][ni][3]);
                 }
         }
-        if (STG && tid < nn) {  // gsm_gates's expressions on the values loaded at the top
-            gate[2 * C * (par ^ 1) + tid] = expf(gn[0]);
-            gate[2 * C * (par ^ 1) + C + tid] = expf(gn[1] - gn[0]);
-        } else if (!STG && t0 + C < t_end) {
-            gsm_gates(g_s, HV, j, t0 + C, nn, gate + 2 * C * (par ^ 1), gate + 2 * C * (par ^ 1) + C, tid);
-        }
+        if (t0 + C < t_end) gsm_gates(g_s, HV, j, t0 + C, min(C, t_end - t0 - C), gate + 2 * C * (par ^ 1),
+                                      gate + 2 * C * (par ^ 1) + C, tid);
     }
     if (owns)
 #pragma unroll
