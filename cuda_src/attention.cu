@@ -493,7 +493,7 @@ __global__ void __launch_bounds__(32 * NW, NW <= 4 ? 2 : 1)
                 if (b < n) {
                     const int nb = min(HB, n - b);
                     float* dst = so + ((b / HB) & 1) * HB * 8 * D;
-                    for (int e = 4 * tid; e < nb * GD; e += 4 * NT) att_cp16(dst + e, go + (long long)b * GD + e);
+                    for (int e = 4 * tid; e < nb * GD; e += 4 * NT) cp_async_f4(dst + e, go + (long long)b * GD + e);
                     if (tid < nb * 2 * G) v = __ldcg(gml + 2 * G * b + tid);
                 }
                 att_cp_commit();  // (an empty group past the end keeps the wait count uniform)

@@ -167,22 +167,6 @@ __device__ __forceinline__ void att_merge(const float* const (&ml)[NI], int mls,
     }
 }
 
-// 16 bytes global -> shared without registers (L2 only: the data was written by other blocks of this launch).
-__device__ __forceinline__ void att_cp16(float* dst, const float* src) {
-#ifdef __CUDA_ARCH__
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
-                 : "memory");
-#else
-    __builtin_memcpy(dst, src, 16);
-#endif
-}
-
-__device__ __forceinline__ void att_cp_wait() {
-#ifdef __CUDA_ARCH__
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ void att_cp_commit() {
 #ifdef __CUDA_ARCH__
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -197,9 +181,10 @@ __device__ __forceinline__ void att_cp_wait1() {  // all but the newest committe
 
 // Copies nf floats (a multiple of 4, 16-byte aligned) of o and nm floats of (m, l) into shared memory, all threads.
 __device__ __forceinline__ void att_stage(float* so, const float* go, int nf, float* sml, const float* gml, int nm) {
-    for (int e = 4 * (int)threadIdx.x; e < nf; e += 4 * (int)blockDim.x) att_cp16(so + e, go + e);
+    // through the L2 only (cp_async_f4): the partials were written by other blocks of this launch
+    for (int e = 4 * (int)threadIdx.x; e < nf; e += 4 * (int)blockDim.x) cp_async_f4(so + e, go + e);
     for (int e = threadIdx.x; e < nm; e += blockDim.x) sml[e] = __ldcg(gml + e);
-    att_cp_wait();
+    cp_async_f4_wait();
     __syncthreads();
 }
 

@@ -149,6 +149,23 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.f + expf(-x)); }
 
+// ---- cp.async of floats (the attention's partials, the GDN state pass's staged rows) ---------------------------
+// 16 bytes global -> shared without registers (.cg: through the L2 only); a copy on the host emulations
+__device__ __forceinline__ void cp_async_f4(float* dst, const float* src) {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+#else
+    __builtin_memcpy(dst, src, 16);
+#endif
+}
+// every cp.async this thread issued has landed (visible to the block after the next barrier)
+__device__ __forceinline__ void cp_async_f4_wait() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
 // ---- programmatic dependent launch (ninfer/cuda/launch.py) ----------------------------------------------------
 // pdl_trigger: the kernels launched after this one with the PDL attribute may start (they still wait for this
 // grid's completion in pdl_wait before touching its data); a no-op when nothing is launched that way. pdl_wait:

@@ -67,22 +67,6 @@ __device__ __forceinline__ float4 gsm_ld4(const float* p, bool ok) {
 // wavefronts, the minimum for 512 bytes) instead of one. Rows 2g and 2g + 1 share a swizzle.
 template <int DK> __device__ __forceinline__ int gsm_swz(int row) { return (row >> 1) & (DK >= 32 ? 7 : DK / 4 - 1); }
 
-// 16 bytes global -> shared: cp.async.cg on the device (through the L2, no registers held), a copy on the host
-__device__ __forceinline__ void gsm_cp16(float* dst, const float* src) {
-#ifdef __CUDA_ARCH__
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
-                 : "memory");
-#else
-    memcpy(dst, src, 16);
-#endif
-}
-// this thread's cp.async copies issued so far have landed (visible to the block after the next barrier)
-__device__ __forceinline__ void gsm_cp_wait() {
-#ifdef __CUDA_ARCH__
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-#endif
-}
-
 // STG: the W rows (head j) and Q rows (key head hk) of the chunk at t0 (n tokens) into Ws, Qs ([GC_CHUNK][DK] each,
 // chunk q of row r at q ^ gsm_swz(r)); rows past n are left as they are (never read: gsm_ws_qs reads a row only
 // where it is inside the chunk)
@@ -92,8 +76,8 @@ __device__ __forceinline__ void gsm_stage(float* Ws, float* Qs, const float* w_s
     constexpr int QPR = DK / 4;  // 16-byte chunks per row
     for (int e = tid; e < n * QPR; e += nthreads) {
         const int r = e / QPR, q = e % QPR, d = 4 * (q ^ gsm_swz<DK>(r));
-        gsm_cp16(Ws + r * DK + d, w_s + ((t0 + r) * HV + j) * DK + 4 * q);
-        gsm_cp16(Qs + r * DK + d, qk_s + ((t0 + r) * HK + hk) * 2 * DK + 4 * q);
+        cp_async_f4(Ws + r * DK + d, w_s + ((t0 + r) * HV + j) * DK + 4 * q);
+        cp_async_f4(Qs + r * DK + d, qk_s + ((t0 + r) * HK + hk) * 2 * DK + 4 * q);
     }
 }
 
@@ -260,13 +244,14 @@ __global__ void __launch_bounds__(32 * NWARP, NWARP == 8 ? (DK == 32 || DK == 64
                 gsm_put<NTN>(Sf, d, c + 1, sreg[mi][ni][1], sreg[mi][ni][3]);
             }
     if (t_beg < t_end) gsm_gates(g_s, HV, j, t_beg, min(C, t_end - t_beg), gate, gate + C, tid);
-    if (STG && t_beg < t_end) gsm_stage<DK>(Ws, Qs, w_s, qk_s, t_beg, min(C, t_end - t_beg), j, hk, HV, HK, tid, 32 * NWARP);
+    if (STG && t_beg < t_end)
+        gsm_stage<DK>(Ws, Qs, w_s, qk_s, t_beg, min(C, t_end - t_beg), j, hk, HV, HK, tid, 32 * NWARP);
     int par = 0;
     for (int t0 = t_beg; t0 < t_end; t0 += C, par ^= 1) {
         const int n = min(C, t_end - t0), r0 = 16 * rt + 2 * g;  // the thread's chunk rows r0, r0 + 1
         const bool v0 = r0 < n, v1 = r0 + 1 < n;
         const float *eg = gate + 2 * C * par, *tail = eg + C;
-        if (STG) gsm_cp_wait();  // this thread's copies of the chunk's W and Q rows landed
+        if (STG) cp_async_f4_wait();  // this thread's copies of the chunk's W and Q rows landed
         __syncthreads();  // S fragments, this chunk's gates (STG: W and Q rows) written; last chunk's V' read
         gc_hint_next_chunk<DK>(qk_s, w_s, a_s, u_s, t0, t_end, hk, j, HK, HV, DV, c0, tid, 32 * NWARP);
         // rows past the chunk are neither read nor used: their pointers stay at row 0 of the chunk

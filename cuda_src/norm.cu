@@ -339,7 +339,8 @@ __global__ void __launch_bounds__(256)
 //       again (the same operations on the same values: the same bits; o and z from the L1/L2 the first filled).
 // Measured (H200, 94e43ba, perf/bench_gated_norm.py, 27B heads, 4096 tokens): the two-pass kernel with 8 registers
 // per lane at D = 128 (half of them computing silu(0)) 284 us, more than gated_rmsnorm + split_f16row (152 + 65
-// us) and four times the bytes' copy time (68 us).
+// us) and four times the bytes' copy time (68 us); at 09a749f, with 4 registers per lane at D = 128: the resident
+// kernel 92 us, the two-pass one 134 (docs/cuda.md).
 constexpr int GN_F16_WARPS = 8;
 template <int R, int HPW>
 __device__ __forceinline__ void gated_f16_body(const float* __restrict__ o, const float* __restrict__ z,
