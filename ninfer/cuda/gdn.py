@@ -91,9 +91,10 @@ def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str
     """The (prep, state) kernel instances of a two-pass variant."""
     mma = "true" if variant == "mma" else "false"
     prep = f"gdn_chunk_prep_tc<{t}, {dk}>" if variant in _TC_PREP else f"gdn_chunk_prep<{t}, {dk}, {mma}>"
-    warps = f", {_STATE_WARPS.get(variant, 4)}" if variant in _STATE_WARPS or variant in _STAGED else ""
-    warps += ", true" if variant in _STAGED else ""
-    return prep, f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}{warps}>"
+    tail = ""  # the template arguments past the defaults: NWARP (4), then STG (false)
+    if variant in _STATE_WARPS or variant in _STAGED:
+        tail = f", {_STATE_WARPS.get(variant, 4)}" + (", true" if variant in _STAGED else "")
+    return prep, f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}{tail}>"
 
 
 def _out_name(t: str, dk: int, cols: int) -> str:

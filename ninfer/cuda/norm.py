@@ -15,6 +15,9 @@ __all__ = ["rmsnorm", "gated_rmsnorm", "MoeCombine", "moe_combine_rmsnorm", "Fol
 
 _T = ("float", "bf16")
 _B = ("true", "false")
+# gated_rmsnorm_f16r's instances: (registers per lane and head, heads per warp); GN_F16_WARPS = 8 warps per token
+_GN_RESIDENT = {4: (1, 2, 4, 6, 8), 8: (1, 2, 4)}
+_GN_WARPS = 8
 SOURCES: dict[str, tuple[str, ...]] = {
     "norm.cu": tuple(f"rmsnorm<{t}, {o}, {r}, {v}>" for t in _T for o in _B for r in _B for v in _B)
     + tuple(f"gated_rmsnorm<{t}>" for t in _T)
@@ -22,15 +25,12 @@ SOURCES: dict[str, tuple[str, ...]] = {
     + tuple(f"rmsnorm_f16<{o}, {r}>" for o in _B for r in _B)
     + tuple(f"moe_combine_rmsnorm_f16<{o}>" for o in _B)
     + ("gated_rmsnorm_f16",)
-    + tuple(f"gated_rmsnorm_f16r<{r}, {h}>" for r, hs in ((4, (1, 2, 4, 6, 8)), (8, (1, 2, 4))) for h in hs)
+    + tuple(f"gated_rmsnorm_f16r<{r}, {h}>" for r, hs in _GN_RESIDENT.items() for h in hs)
 }
 # rows the F16 outputs (f16=True) keep in registers (norm.cu: RMS_NV * 8 * RMS_NT), and the gated norm's heads of
 # at most 32 * GN_REG
 F16_MAX_H = 4 * 8 * 256
 _GN_HEADS, _GN_D = 1 << 16, 32 * 8
-# gated_rmsnorm_f16r's instances: (registers per lane and head, heads per warp); GN_F16_WARPS = 8 warps per token
-_GN_RESIDENT = {4: (1, 2, 4, 6, 8), 8: (1, 2, 4)}
-_GN_WARPS = 8
 
 
 def _gated_f16_kernel(heads: int, d: int) -> str:
