@@ -407,3 +407,36 @@ __global__ void __launch_bounds__(256) split_f16row_in(const float* __restrict__
     split_f16row_body<ROWS, SWIGLU>(x, rows, xh, rowf, K, ldx, keep != 0);
 }
 
+
+// The fp16 rows of the SwiGLU'd MLP input that gemm90_f16_ws_swiglu (gemm_sm90_ws.cu) wrote: h [M, K] (row stride
+// K), whose largest |h| per row is the max of the row's tn tile maxima tmax[m][0 .. tn). One block per row, one
+// pass: the row's max (the same value split_f16row_in<false, true> finds over the same h: fmaxf from 0 is
+// order-free), its scale, then h's 8-k chunks as split_f16row_body's second pass writes them; so xh and rowf are
+// bitwise that kernel's on the [gate | up] rows h came from.
+__global__ void __launch_bounds__(256) split_f16row_max(const float* __restrict__ h, const float* __restrict__ tmax,
+                                                        bf16* __restrict__ xh, float* __restrict__ rowf, int M, int K,
+                                                        int tn) {
+    __shared__ float wmax[8];
+    const int r = blockIdx.x, tid = threadIdx.x;
+    float m = 0.f;
+    for (int j = tid; j < tn; j += 256) m = fmaxf(m, tmax[(long long)r * tn + j]);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((tid & 31) == 0) wmax[tid >> 5] = m;
+    __syncthreads();
+    m = wmax[0];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) m = fmaxf(m, wmax[w]);
+    float inv;
+    const float s = f16row_scale(m, inv);
+    if (tid == 0) rowf[r] = inv;
+    const float* hr = h + (long long)r * K;
+    for (int k = 8 * tid; k < K; k += 8 * 256) {
+        float v[8];
+        load8x(hr + k, v);
+        u32 o[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o[j] = f16_rne_bits(v[2 * j] * s) | f16_rne_bits(v[2 * j + 1] * s) << 16;
+        *reinterpret_cast<uint4*>(xh + (long long)r * K + k) = make4(o[0], o[1], o[2], o[3]);
+    }
+}

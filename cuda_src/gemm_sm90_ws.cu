@@ -75,18 +75,27 @@ struct WsSmem {
     __device__ u32 b(int s) const { return ring + s * WS_STAGE_BYTES + WS_A_BYTES; }
 };
 
-struct WsProducer {
+// SW (gemm90_f16_ws_swiglu): W is [gate | up] (2 half rows) and column tile nt holds gate rows 128 nt .. + 127, then
+// the same features' up rows half + 128 nt ..: two 128-row boxes (mb's box is 64 x 128), the second at B + 16 KB,
+// a multiple of the swizzle's 1024-byte atom, so the slot's layout is that of one 256-row box.
+template <bool SW = false> struct WsProducer {
     WsSmem sm;
     const NiTensorMap *ma, *mb;
+    int half;  // SW: the up rows' offset (the gate rows' count), a multiple of 128
     __device__ void wait_empty(int s, u32 parity) const { mbar_wait(sm.bar_empty(s), parity); }
     __device__ void fill(int s, int kt, int mt, int nt) const {
         mbar_expect_tx(sm.bar_full(s), WS_STAGE_BYTES);
         tma_load_2d(sm.a(s), ma, kt * GS_BK, mt * GS_BM, sm.bar_full(s));
-        tma_load_2d(sm.b(s), mb, kt * GS_BK, nt * WS_BN, sm.bar_full(s));
+        if constexpr (SW) {
+            tma_load_2d(sm.b(s), mb, kt * GS_BK, nt * (WS_BN / 2), sm.bar_full(s));
+            tma_load_2d(sm.b(s) + WS_B_BYTES / 2, mb, kt * GS_BK, half + nt * (WS_BN / 2), sm.bar_full(s));
+        } else {
+            tma_load_2d(sm.b(s), mb, kt * GS_BK, nt * WS_BN, sm.bar_full(s));
+        }
     }
 };
 
-template <typename D> struct WsConsumer {
+template <typename D, bool SW = false> struct WsConsumer {
     float (&acc)[WS_BN / 2];
     WsSmem sm;
     int ctid;  // 0 .. 255: thread of the two consumer warpgroups (warpgroup ctid / 128 owns rows 64 (ctid / 128) ..)
@@ -97,6 +106,8 @@ template <typename D> struct WsConsumer {
     long long ldy;
     float* part;  // S > 1: the split partials [S][M][N]
     int splits;
+    float* tmax;  // SW: [M][tn] each row's largest |h| per column tile
+    int half;     // SW: gate rows (= h's columns; multiple of 128)
 
     __device__ void zero() {
 #pragma unroll
@@ -121,6 +132,10 @@ template <typename D> struct WsConsumer {
     // unscaled accumulators into the unit's split partial part[split] ([M][N], row stride N); gemm90_f16_ws_reduce
     // sums the splits in order and applies the same expression.
     __device__ void epilogue(const WsUnit& u) const {
+        if constexpr (SW) {
+            store_swiglu(u.mt, u.nt);
+            return;
+        }
         if (splits > 1) {
             store<false>(part + (long long)u.split * M * N, N, u.mt, u.nt);
             return;
@@ -162,19 +177,49 @@ template <typename D> struct WsConsumer {
             }
         }
     }
-};
-#endif  // __CUDA_ARCH__
 
-// ma: xh [M, K] fp16 (box 64 x 128), mb: W [N, K] fp16 (box 64 x 256), both 128B-swizzled with zero fill
-// (tensor_map.py); p1 / p2: the stored format's planes for row_scale (as gemm90_f16); y [M, N] row stride ldy.
-// splits = S (ws_sched.cuh's work units): S = 1 writes y; S > 1 writes the S partials to part [S][M][N] (fp32,
-// unscaled) and gemm90_f16_ws_reduce then writes y.
-template <typename D>
-__global__ void __launch_bounds__(WS_THREADS, 1)
-    gemm90_f16_ws(const __grid_constant__ NiTensorMap ma, const __grid_constant__ NiTensorMap mb,
-                  const u8* __restrict__ p1, const u8* __restrict__ p2, const float* __restrict__ rowf,
-                  float* __restrict__ y, int M, int N, int K, long long ldy, float* __restrict__ part, int splits) {
-#ifdef __CUDA_ARCH__
+    // SW: registers i < 64 hold gate columns c < 128 of the tile, i + 64 the same features' up columns (frag_rc:
+    // c + 128). Each output h = silu(g) * u of g, u with the epilogue's own expression (the values store<true> would
+    // have written into [gate | up]) and the swiglu kernel's (activation.cu), so h is bitwise the SwiGLU of the
+    // plain kernel's output. Per (row, tile): the largest |h| (fmaxf from 0, NaN ignored: split_f16row's row max
+    // over these columns; max is order-free), reduced over the quad that shares the row, one store by lane 0 of it.
+    __device__ void store_swiglu(int mt, int nt) const {
+        const int m0 = mt * GS_BM, f0 = nt * (WS_BN / 2), mvalid = min(M - m0, GS_BM), tn = half / (WS_BN / 2);
+        float mx[2] = {0.f, 0.f};
+        int rows[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < WS_BN / 4; i += 2) {
+            int r, c;
+            frag_rc(ctid, i, r, c);
+            rows[(i >> 1) & 1] = r;
+            if (r < mvalid) {
+                const float f = rowf[m0 + r];
+                float h[2];
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const float g = acc[i + j] * D::row_scale(p1, p2, f0 + c + j) * f;
+                    const float up = acc[i + WS_BN / 4 + j] * D::row_scale(p1, p2, half + f0 + c + j) * f;
+                    h[j] = siluf_(g) * up;
+                    mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], fabsf(h[j]));
+                }
+                *reinterpret_cast<float2*>(y + (long long)(m0 + r) * ldy + f0 + c) = make_float2(h[0], h[1]);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+            mx[q] = fmaxf(mx[q], __shfl_xor_sync(0xffffffffu, mx[q], 1));
+            mx[q] = fmaxf(mx[q], __shfl_xor_sync(0xffffffffu, mx[q], 2));
+            if ((ctid & 3) == 0 && rows[q] < mvalid) tmax[(long long)(m0 + rows[q]) * tn + nt] = mx[q];
+        }
+    }
+};
+
+// The kernels' common body (ma, mb: the __grid_constant__ tensor maps' addresses).
+template <typename D, bool SW>
+__device__ __forceinline__ void ws_gemm(const NiTensorMap* ma, const NiTensorMap* mb, const u8* __restrict__ p1,
+                                        const u8* __restrict__ p2, const float* __restrict__ rowf,
+                                        float* __restrict__ y, int M, int N, int K, long long ldy,
+                                        float* __restrict__ part, int splits, float* __restrict__ tmax, int half) {
     static_assert(D::DIRECT && D::BN == WS_BN, "fp16 mode: 256 operand rows per tile");
     extern __shared__ __align__(1024) u8 ws_smem_raw[];
     const u32 base = smem_u32(ws_smem_raw), ring = base + ((1024 - (base & 1023)) & 1023);
@@ -192,17 +237,46 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     if (tid < 128) {  // producer warpgroup
         setmaxnreg_dec<40>();
         if (tid == 0) {
-            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&ma)) : "memory");
-            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&mb)) : "memory");
-            WsProducer pr{sm, &ma, &mb};
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(ma)) : "memory");
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(mb)) : "memory");
+            WsProducer<SW> pr{sm, ma, mb, half};
             ws_produce(pr, sc, blockIdx.x, gridDim.x);
         }
     } else {
         setmaxnreg_inc<232>();
         float acc[WS_BN / 2];
-        WsConsumer<D> co{acc, sm, tid - 128, p1, p2, rowf, y, M, N, ldy, part, splits};
+        WsConsumer<D, SW> co{acc, sm, tid - 128, p1, p2, rowf, y, M, N, ldy, part, splits, tmax, half};
         ws_consume(co, sc, blockIdx.x, gridDim.x);
     }
+}
+#endif  // __CUDA_ARCH__
+
+// ma: xh [M, K] fp16 (box 64 x 128), mb: W [N, K] fp16 (box 64 x 256), both 128B-swizzled with zero fill
+// (tensor_map.py); p1 / p2: the stored format's planes for row_scale (as gemm90_f16); y [M, N] row stride ldy.
+// splits = S (ws_sched.cuh's work units): S = 1 writes y; S > 1 writes the S partials to part [S][M][N] (fp32,
+// unscaled) and gemm90_f16_ws_reduce then writes y.
+template <typename D>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    gemm90_f16_ws(const __grid_constant__ NiTensorMap ma, const __grid_constant__ NiTensorMap mb,
+                  const u8* __restrict__ p1, const u8* __restrict__ p2, const float* __restrict__ rowf,
+                  float* __restrict__ y, int M, int N, int K, long long ldy, float* __restrict__ part, int splits) {
+#ifdef __CUDA_ARCH__
+    ws_gemm<D, false>(&ma, &mb, p1, p2, rowf, y, M, N, K, ldy, part, splits, nullptr, 0);
+#endif
+}
+
+// The MLP's gate | up projection with the SwiGLU in its epilogue (the down projection's input without the
+// [M, 2 half] array): W's rows are [gate | up] (N = 2 half, half % 128 == 0; mb's box 64 x 128), h [M, half] (row
+// stride ldh, even, 8-byte aligned) = swiglu of what gemm90_f16_ws<D> would write, bitwise; tmax [M][half / 128]
+// = the largest |h| of each row in each column tile (split_f16row_max takes the row's max from them: the same
+// max split_f16row_in<false, true> finds). Unsplit only (S = 1).
+template <typename D>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    gemm90_f16_ws_swiglu(const __grid_constant__ NiTensorMap ma, const __grid_constant__ NiTensorMap mb,
+                         const u8* __restrict__ p1, const u8* __restrict__ p2, const float* __restrict__ rowf,
+                         float* __restrict__ h, float* __restrict__ tmax, int M, int half, int K, long long ldh) {
+#ifdef __CUDA_ARCH__
+    ws_gemm<D, true>(&ma, &mb, p1, p2, rowf, h, M, 2 * half, K, ldh, nullptr, 1, tmax, half);
 #endif
 }
 
