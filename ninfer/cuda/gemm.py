@@ -41,6 +41,7 @@ from ninfer.cuda.gemm_pair import (
     gemm_pair,
     pair_foldable,
 )
+from ninfer.cuda.gemm_swiglu import SwigluRows, gate_up_swiglu, swiglu_f16_rows, swiglu_shape_ok
 from ninfer.cuda.launch import capturing
 from ninfer.cuda.loader import compute_capability, kernel, target_arch
 from ninfer.cuda.weights import FORMAT_STRUCTS, DeviceWeight
@@ -49,6 +50,8 @@ __all__ = [
     "gemm",
     "hopper_gemm",
     "f16_rows_input",
+    "swiglu_gemm_ok",
+    "gemm_gate_up_swiglu",
     "gemm_experts",
     "expert_tiles",
     "GEMM_INPUTS",
@@ -174,6 +177,8 @@ def gemm(
         raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
     if variant not in F16_VARIANTS:
         raise KernelError(f"variant={variant!r}: one of {', '.join(F16_VARIANTS)}")
+    if isinstance(x, SwigluRows):  # gemm_gate_up_swiglu's output: the fp16 rows in one pass
+        x = swiglu_f16_rows(x, _sm90_kernel)
     if isinstance(x, F16Rows):
         return _gemm_f16rows(x, w, out, impl, inputs, variant, swiglu, operands)
     x, swiglu = _apply_swiglu(x, w, impl, inputs, swiglu)
@@ -217,6 +222,30 @@ def f16_rows_input(w: Any, m: int) -> bool:
     foldable weight, the Hopper kernels, the pair threshold, outside graph capture."""
     ok = isinstance(w, DeviceWeight) and _f16_input("auto", "fp16", w, "float")
     return ok and _use_pair("auto", w.fmt, "float", m)
+
+
+def swiglu_gemm_ok(w_gu: Any, w_dn: Any, m: int) -> bool:
+    """Whether the MLP pair ``gemm(swiglu(gemm(x, w_gu)), w_dn)`` over ``m`` float32 rows in the fp16 mode may run
+    as ``gemm(gemm_gate_up_swiglu(x, w_gu), w_dn)`` (the SwiGLU in the gate | up epilogue, ninfer/cuda/
+    gemm_swiglu.py; bitwise the same output): both products take the fp16 row split, ``w_gu`` is [gate | up] of
+    ``w_dn``'s input width, and its GEMM is the unsplit ws kernel over the whole weight."""
+    if not (f16_rows_input(w_gu, m) and f16_rows_input(w_dn, m)) or w_gu.rows != 2 * w_dn.cols:
+        return False
+    return swiglu_shape_ok(w_gu.fmt, int(w_gu.rows), int(w_gu.cols), m)
+
+
+def gemm_gate_up_swiglu(x: Any, w: DeviceWeight, *, operands: Any = None) -> SwigluRows:
+    """The fp16-mode gate | up product of float32 ``x`` [M, K] (or its ``F16Rows``) with the SwiGLU applied in the
+    epilogue (where :func:`swiglu_gemm_ok` holds): ``SwigluRows`` for ``gemm(..., inputs="fp16")`` of the down
+    projection, whose result is then bitwise ``gemm(gemm(x, w, inputs="fp16"), w_dn, inputs="fp16",
+    swiglu=True)``. ``operands``: as :func:`gemm`'s."""
+    if not isinstance(x, F16Rows):
+        if act_type(x, "x") != "float":
+            raise KernelError("gemm_gate_up_swiglu: x must be float32 rows or F16Rows")
+        m, k, ldx = check_rows(x, "x", w.cols)
+        xh, rowf = f16_rows(x, ldx, _sm90_kernel)
+        x = F16Rows(xh.reshape(m, k), rowf)
+    return gate_up_swiglu(x, w, _sm90_kernel, operands=operands)
 
 
 def _gemm_f16rows(

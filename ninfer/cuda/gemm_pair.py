@@ -71,6 +71,7 @@ PAIR_INSTANCES: tuple[str, ...] = (
     *(f"gemm90_f16il<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),  # the in-loop fp16 kernel
     *(f"gemm90_experts_f16<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),  # the MoE prefill's
     "split_f16row",
+    "split_f16row_max",  # the SwiGLU'd rows of gemm90_f16_ws_swiglu (gemm_swiglu.py)
     # its input transforms (a gather index, the SwiGLU of [gate | up] rows, both): the MoE and MLP prefill inputs
     *(f"split_f16row_in<{r}, {g}>" for r, g in (("true", "false"), ("false", "true"), ("true", "true"))),
 )
@@ -103,7 +104,7 @@ F16_WS_WIDE_ELEMS = 128 << 20
 F16_WS_SPLIT_ROWS = 128
 WS_INSTANCES: tuple[str, ...] = tuple(
     f"{kern}<{s}>"
-    for kern in ("gemm90_f16_ws", "gemm90_f16_ws_reduce")
+    for kern in ("gemm90_f16_ws", "gemm90_f16_ws_reduce", "gemm90_f16_ws_swiglu")
     for s, d in PAIR_STRUCTS.values()
     if d is not None
 )
