@@ -3,7 +3,9 @@
 // swiglu: out[r, i] = silu(gu[r, i]) * gu[r, I + i] over a fused [gate | up] row of width 2I (the artifact's
 //   MLP row order [gate, up] and HF's gate_up_proj order).
 // sigmoid_gate: out[r, h*D + d] = x[r, h*D + d] * sigmoid(gate[r*gsr + h*gsh + d]); the gate is read in place
-//   from the q_proj output, where each head holds [query D | gate D] (gsh = 2D, gate pointer offset by D).
+//   from the q_proj output, where each head holds [query D | gate D] (gsh = 2D, gate pointer offset by D). The
+//   per-element value is common.cuh's sigmoid_gated, which the fp16 GEMM's row split (gemm_sm90.cu
+//   split_f16row_gate) applies as well.
 #include "common.cuh"
 
 // Layout (both): blockIdx.y walks the rows (grid-stride), blockIdx.x and the threads the row's columns with
@@ -59,7 +61,7 @@ __global__ void __launch_bounds__(256) sigmoid_gate(const T* __restrict__ x, con
 #pragma unroll
             for (int j = 0; j < AC_ILP; ++j) {
                 const int c = c0 + j * blockDim.x;
-                if (c < width) o[c] = from_f<T>(xv[j] * sigmoidf_(gv[j]));
+                if (c < width) o[c] = from_f<T>(sigmoid_gated(xv[j], gv[j]));
             }
         }
     }

@@ -146,8 +146,11 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return t;
 }
 
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
+__host__ __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.f + expf(-x)); }
+// The attention output gate's value x * sigmoid(g): activation.cu's sigmoid_gate stores it, the fp16 GEMM's row
+// split (gemm_sm90.cu split_f16row_gate) applies it itself; one expression, so the same bits (host tests too).
+__host__ __device__ __forceinline__ float sigmoid_gated(float x, float g) { return x * sigmoidf_(g); }
 
 // ---- cp.async of floats (the attention's partials, the GDN state pass's staged rows) ---------------------------
 // 16 bytes global -> shared without registers (.cg: through the L2 only); a copy on the host emulations

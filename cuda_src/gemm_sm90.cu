@@ -346,23 +346,35 @@ __device__ __forceinline__ void split_in8(const float* xr, int K, int k, float v
 // then its 8-k chunks. The input transforms (split_f16row_in): ROWS, row m is x's row rows[m] (the MoE prefill's
 // expert-sorted slots read their token's row in place, no gathered copy); SWIGLU, x's rows are [gate | up] (2K wide)
 // and row m is their SwiGLU (the down projection's input without the swiglu kernel's [M, K] array). Either gives
-// the bits split_f16row gives on the gathered / SwiGLU'd array. keep (the launch gives K floats of dynamic shared
-// memory): the first pass keeps the row's inputs there for the second, which otherwise reads (and transforms) them
-// again; the same values either way. Measured (H200, 1e66f7e): the 27B's SwiGLU'd down-projection rows (2 x 17408
-// floats in) re-read from DRAM took 0.30 ms per 4096-row call, as many rows are in flight as the L2 holds.
-template <bool ROWS, bool SWIGLU>
+// the bits split_f16row gives on the gathered / SwiGLU'd array; GATE (split_f16row_gate), row m is x[m] times the
+// sigmoid of its gate (wdq.cuh split_gate8; gate: head 0's first gate element of row 0, row stride ldg), the bits
+// split_f16row gives on sigmoid_gate's output. The row's max is taken over the transformed values. keep (the launch
+// gives K floats of dynamic shared memory): the first pass keeps the row's inputs there for the second, which
+// otherwise reads (and transforms) them again; the same values either way. Measured (H200, 1e66f7e): the 27B's
+// SwiGLU'd down-projection rows (2 x 17408 floats in) re-read from DRAM took 0.30 ms per 4096-row call, as many rows
+// are in flight as the L2 holds.
+template <bool ROWS, bool SWIGLU, bool GATE = false>
 __device__ __forceinline__ void split_f16row_body(const float* __restrict__ x, const int* __restrict__ rows,
                                                   bf16* __restrict__ xh, float* __restrict__ rowf, int K,
-                                                  long long ldx, bool keep) {
+                                                  long long ldx, bool keep, const float* __restrict__ gate = nullptr,
+                                                  int D = 0, long long ldg = 0) {
+    static_assert(!(GATE && (ROWS || SWIGLU)), "the gate is the only transform of its rows");
     __shared__ float wmax[8];
     extern __shared__ float4 srow4[];  // [K / 4] when keep
     float* srow = reinterpret_cast<float*>(srow4);
     const int r = blockIdx.x, tid = threadIdx.x;
     const float* xr = x + (long long)(ROWS ? rows[r] : r) * ldx;
+    const float* gr = GATE ? gate + (long long)r * ldg : nullptr;
+    auto in8 = [&](int k, float v[8]) {
+        if constexpr (GATE)
+            split_gate8(xr, gr, D, k, v);
+        else
+            split_in8<SWIGLU>(xr, K, k, v);
+    };
     float m = 0.f;
     for (int k = 8 * tid; k < K; k += 8 * 256) {
         float v[8];
-        split_in8<SWIGLU>(xr, K, k, v);
+        in8(k, v);
         if (keep) {
             reinterpret_cast<float4*>(srow + k)[0] = make_float4(v[0], v[1], v[2], v[3]);
             reinterpret_cast<float4*>(srow + k)[1] = make_float4(v[4], v[5], v[6], v[7]);
@@ -385,7 +397,7 @@ __device__ __forceinline__ void split_f16row_body(const float* __restrict__ x, c
         if (keep)  // the thread's own chunks: no barrier needed between the passes
             load8x(srow + k, v);
         else
-            split_in8<SWIGLU>(xr, K, k, v);
+            in8(k, v);
         u32 o[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) o[j] = f16_rne_bits(v[2 * j] * s) | f16_rne_bits(v[2 * j + 1] * s) << 16;
@@ -407,6 +419,15 @@ __global__ void __launch_bounds__(256) split_f16row_in(const float* __restrict__
     split_f16row_body<ROWS, SWIGLU>(x, rows, xh, rowf, K, ldx, keep != 0);
 }
 
+// The attention output gate applied by the row split (split_f16row_body's GATE): row m = x[m] * sigmoid(gate), the
+// gate read in place from the q|gate projection ([query D | gate D] per head): gate = qg + D (head 0's first gate
+// element), ldg qg's row stride; D % 8 == 0, K = heads * D, 16-byte aligned 8-element chunks of x and the gate.
+// keep as split_f16row_in (K * 4 bytes of dynamic shared memory).
+__global__ void __launch_bounds__(256)
+    split_f16row_gate(const float* __restrict__ x, const float* __restrict__ gate, bf16* __restrict__ xh,
+                      float* __restrict__ rowf, int M, int K, long long ldx, int D, long long ldg, int keep) {
+    split_f16row_body<false, false, true>(x, nullptr, xh, rowf, K, ldx, keep != 0, gate, D, ldg);
+}
 
 // The fp16 rows of the SwiGLU'd MLP input that gemm90_f16_ws_swiglu (gemm_sm90_ws.cu) wrote: h [M, K] (row stride
 // K), whose largest |h| per row is the max of the row's tn tile maxima tmax[m][0 .. tn). One block per row, one

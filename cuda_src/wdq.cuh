@@ -378,6 +378,19 @@ HD uint4 bf16x8_to_f16(uint4 v) {
     return make4(o[0], o[1], o[2], o[3]);
 }
 
+// The fp16 mode's row split with the attention output gate (gemm_sm90.cu split_f16row_gate): 8 consecutive inputs
+// of row xr at column k, x * sigmoid(gate) with sigmoid_gate's own per-element value (common.cuh sigmoid_gated;
+// activation.cu, float rows), the gate read in place from the q|gate projection's row gr (gr[0]: head 0's first
+// gate element; head h's gates at gr + 2 D h), so the values are bitwise those sigmoid_gate would have stored.
+// D % 8 == 0: the 8 columns lie in one head. Here for the host test (tests/test_gemm_f16_host.py).
+HD void split_gate8(const float* xr, const float* gr, int D, int k, float v[8]) {
+    float g[8];
+    load8x(xr + k, v);
+    load8x(gr + (long long)(k / D) * 2 * D + k % D, g);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = sigmoid_gated(v[j], g[j]);
+}
+
 // ---- tile bookkeeping shared by the kernel and the host test ---------------------------------------------------
 // Weight tile kt of format D, raw stage -> swizzled bf16 operand tile (non-DIRECT formats): chunk q = tid + 256 i
 // is row q / 8, k 8 (q % 8) .. +7; a warp reads 4 whole raw rows and writes 4 whole 128-byte operand rows.

@@ -216,6 +216,71 @@ def test_f16_swiglu_input_is_swiglu_then_gemm(cp: Any, fmt: str) -> None:
         gp.release_scratch()
 
 
+@pytest.mark.parametrize("fmt", ("NVFP4G16_E4M3S", "FP8E4M3_F32ROW"))
+def test_f16_gate_input_is_sigmoid_gate_then_gemm(cp: Any, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gemm(o, w, gate=(qg, D))`` (the fp16 row split applies the attention output gate, read in place from the
+    q|gate projection: ``split_f16row_gate``) is bitwise ``gemm(sigmoid_gate(o, qg, heads, D), w)`` in the fp16 mode,
+    on both sides of the ws threshold, with strided views of ``o`` and ``qg`` (``qg`` inside a wider q|gate|k|v row,
+    as the model holds it) and chunked scratch; where the fp16 split does not apply (exact inputs, few rows, a head
+    dimension off the 8-float loads, a gate view not 16-byte aligned) sigmoid_gate runs first: the same bits too."""
+    import ninfer.cuda.activation as act
+    import ninfer.cuda.gemm_pair as gp
+    from ninfer.cuda.gemm import gemm
+
+    calls: list[int] = []
+    kernel = act.sigmoid_gate
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        calls.append(1)
+        return kernel(*a, **kw)
+
+    monkeypatch.setattr(act, "sigmoid_gate", counted)
+    rng = np.random.default_rng(75)
+    assert 200 < gp.F16_WS_ROWS < 700
+    # (rows, heads, D, N, offset of qg in its buffer's rows (floats), whether the row split applies the gate)
+    cases = (
+        (200, 4, 64, 260, 0, True),
+        (700, 3, 256, 517, 8, True),
+        (300, 2, 136, 300, 16, True),
+        (gp.PAIR_MIN_ROWS - 3, 2, 128, 130, 0, False),  # below the pair threshold
+        (300, 2, 12, 260, 0, False),  # D % 8: sigmoid_gate first
+        (300, 2, 64, 260, 2, False),  # the gate view 8 bytes off 16-byte alignment
+    )
+    for m, heads, d, n, off, folds in cases:
+        k = heads * d
+        w, _ = _weight(rng, fmt, n, k)
+        obuf = cp.zeros((m, k + 24), dtype=F32)  # a strided view of the attention output
+        obuf[:, 8 : 8 + k] = cp.asarray(_x(rng, m, k))
+        o = obuf[:, 8 : 8 + k]
+        qkvg = cp.asarray((rng.standard_normal((m, 2 * k + 40)) * 3).astype(F32))  # q|gate, then k|v
+        # each head's first gate: sigmoid 1, ~1e-13, ~1/2, 0 (expf overflows)
+        qkvg[:, off + d : off + 2 * k : 2 * d] = cp.asarray(
+            np.array([30.0, -30.0, 1e-3, -90.0], F32)[np.arange(heads) % 4]
+        )
+        qg = qkvg[:, off : off + 2 * k]
+        for inputs in ("fp16", "exact"):
+            calls.clear()
+            fused = cp.asnumpy(gemm(o, w, inputs=inputs, gate=(qg, d)))
+            assert len(calls) == (0 if folds and inputs == "fp16" else 1), f"{fmt} M={m} D={d} {inputs}: path"
+            plain = cp.asnumpy(gemm(kernel(o, qg, heads, d), w, inputs=inputs))
+            assert np.array_equal(fused, plain), f"{fmt} {m}x{n}x{k} D={d} {inputs}: gate=(qg, D) differs"
+    m, heads, d, n = 300, 4, 256, 517
+    k = heads * d
+    w, _ = _weight(rng, fmt, n, k)
+    o = cp.asarray(_x(rng, m, k))
+    qg = cp.asarray((rng.standard_normal((m, 2 * k)) * 3).astype(F32))
+    full = cp.asnumpy(gemm(o, w, inputs="fp16", gate=(qg, d)))
+    assert np.array_equal(full, cp.asnumpy(gemm(kernel(o, qg, heads, d), w, inputs="fp16")))
+    orig = (gp._W_CAP, gp._X_CAP)
+    try:  # 128-row chunks: the gate rows sliced with the activation rows
+        gp._W_CAP, gp._X_CAP = 2 * 256 * k, 4 * 128 * k
+        gp.release_scratch()
+        assert np.array_equal(cp.asnumpy(gemm(o, w, inputs="fp16", gate=(qg, d))), full), "chunked scratch"
+    finally:
+        gp._W_CAP, gp._X_CAP = orig
+        gp.release_scratch()
+
+
 @pytest.mark.parametrize("fmt", ("NVFP4G16_E4M3S", "FP8E4M3_F32T"))
 def test_f16_experts_input_transforms(cp: Any, fmt: str) -> None:
     """``gemm_experts(x, ..., rows=r)`` (slots read ``x[r[s]]`` in the row split) is bitwise ``gemm_experts(x[r])``,

@@ -6,7 +6,9 @@ the NumPy twin's, bit for bit.
 - cuda_src/wdq.cuh compiled for the host with nvcc: ``f16_rne_bits`` (the host twin of the device's
   cvt.rn.f16.f32) against NumPy's float32 -> float16 on random bit patterns, ties, subnormals and the overflow
   edge; ``f16row_scale`` + ``f16_rne_bits`` as ``split_f16row`` applies them against
-  ``ninfer.reference.ops.round_fp16_rows``; ``bf16x8_to_f16`` of every NVFP4 ``make()`` output.
+  ``ninfer.reference.ops.round_fp16_rows``; ``bf16x8_to_f16`` of every NVFP4 ``make()`` output; the attention
+  output gate in the row split (``split_f16row_gate``: ``split_gate8`` per 8 columns, the row's max over the gated
+  values, then the rounding) against sigmoid_gate's element expression written out in C++ and the NumPy gate.
 tests/test_cuda_gemm_f16.py checks the kernels on the device.
 """
 
@@ -23,6 +25,7 @@ from host_emu import build_nvcc_driver
 from ninfer.formats import bf16_decode
 from ninfer.formats.fp8 import e4m3_table
 from ninfer.formats.nvfp4 import E2M1_VALUES
+from ninfer.reference import ops
 from ninfer.reference.ops import round_fp16_rows
 
 NVCC = shutil.which("nvcc")
@@ -62,6 +65,38 @@ int main(int argc, char** argv) {
             const u16 h = (u16)f16_rne_bits(f);
             fwrite(&h, 2, 1, stdout);
         }
+        return 0;
+    }
+    if (mode == 'g') {  // split_f16row_gate on n rows of k (D, ldq, x [n, k], qg [n, ldq] on stdin): the gated
+                        // values, sigmoid_gate's, the fp16 words, the factors
+        int dl[2];
+        if (fread(dl, 4, 2, stdin) != 2) return 3;
+        const int D = dl[0], ldq = dl[1];
+        std::vector<float> x((size_t)n * k), qg((size_t)n * ldq), fused(x.size()), plain(x.size()), inv(n);
+        std::vector<u16> xh(x.size());
+        if (fread(x.data(), 4, x.size(), stdin) != x.size() || fread(qg.data(), 4, qg.size(), stdin) != qg.size())
+            return 3;
+        for (int r = 0; r < n; ++r) {
+            const float* xr = x.data() + (size_t)r * k;
+            const float* gr = qg.data() + D + (size_t)r * ldq;  // the kernel's gate = qg[:, D:], row stride ldq
+            float* v = fused.data() + (size_t)r * k;
+            float m = 0.f;
+            for (int c = 0; c < k; c += 8) {  // the row split's chunks (any order: max is order-free)
+                split_gate8(xr, gr, D, c, v + c);
+                for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[c + j]));
+            }
+            const float s = f16row_scale(m, inv[r]);
+            for (int c = 0; c < k; ++c) {
+                xh[(size_t)r * k + c] = (u16)f16_rne_bits(v[c] * s);
+                const int h = c / D;  // sigmoid_gate<float>'s element c (activation.cu), written out
+                const float g = gr[h * 2 * D + (c - h * D)];
+                plain[(size_t)r * k + c] = xr[c] * (1.f / (1.f + expf(-g)));
+            }
+        }
+        fwrite(fused.data(), 4, fused.size(), stdout);
+        fwrite(plain.data(), 4, plain.size(), stdout);
+        fwrite(xh.data(), 2, xh.size(), stdout);
+        fwrite(inv.data(), 4, n, stdout);
         return 0;
     }
     if (mode == 's') {  // split_f16row's arithmetic on n rows of k: the fp16 words, then the factors
@@ -137,6 +172,49 @@ def test_row_rounding_matches_reference(driver: Path) -> None:
         np.abs(x).max(-1, keepdims=True), 1e-38
     )
     assert (err <= 2.0**-11).all()
+
+
+@pytest.mark.parametrize("heads,d,pad", ((3, 64, 8), (2, 136, 0), (5, 8, 24), (1, 256, 4)))
+def test_gate_row_split_is_sigmoid_gate_then_split(driver: Path, heads: int, d: int, pad: int) -> None:
+    """The fp16 row split with the attention output gate (split_f16row_gate, via split_gate8 as the kernel calls it)
+    gives bitwise the values of sigmoid_gate's element expression on the gate read in place from the q|gate rows
+    (head h's gate at 2 D h + D .. 2 D h + 2 D of a row of stride ldq = 2K + pad), and the fp16 words and row factors
+    of split_f16row of those values (the row's max taken over the gated values); the values are the NumPy gate's
+    up to expf's rounding."""
+    from test_norm_host import _split_f16row
+
+    rng = np.random.default_rng(heads * d + pad)
+    n, k = 6, heads * d
+    ldq = 2 * k + pad
+    x = (rng.standard_normal((n, k)) * 3).astype(F32)
+    x[1] *= 1e-30  # a tiny row: the clamped scale
+    x[2] *= 3e4  # above fp16's range before scaling
+    x[3, :4] = [0.0, -0.0, 1e-20, 7e3]
+    qg = (rng.standard_normal((n, ldq)) * 4).astype(F32)
+    qg[:, 2 * k :] = np.nan  # the row padding (k | v in the model): never read
+    first = d + 2 * d * np.arange(heads)  # each head's first gate: sigmoid 1, ~1e-13, 0 (expf overflows), 1/2
+    qg[:, first] = np.array([30.0, -30.0, -90.0, 0.0], F32)[np.arange(heads) % 4]
+    qg[4] *= 40  # a row of saturated gates
+    data = np.array([d, ldq], np.int32).tobytes() + x.tobytes() + qg.tobytes()
+    out = _run(driver, "g", n, k, data)
+    nk = n * k
+    fused = np.frombuffer(out[: 4 * nk], F32).reshape(n, k)
+    plain = np.frombuffer(out[4 * nk : 8 * nk], F32).reshape(n, k)
+    xh = np.frombuffer(out[8 * nk : 10 * nk], np.uint16).reshape(n, k)
+    inv = np.frombuffer(out[10 * nk :], F32)
+    assert np.array_equal(fused.view(np.uint32), plain.view(np.uint32)), (
+        "split_gate8 != sigmoid_gate's values"
+    )
+    want_xh, want_inv = _split_f16row(plain)
+    assert np.array_equal(xh, want_xh), "fp16 words != split_f16row of sigmoid_gate's output"
+    assert np.array_equal(inv.view(np.uint32), want_inv.view(np.uint32)), "row factors"
+    gate = qg[:, : 2 * k].reshape(n, heads, 2 * d)[:, :, d:].reshape(n, k)
+    with np.errstate(over="ignore"):
+        ref = ops.sigmoid_gate(x.astype(np.float64), gate.astype(np.float64))
+    live = gate > -80  # below, float32's expf overflows (a zero gate; the exact value is ~1e-35 of x)
+    assert np.allclose(plain[live], ref[live], rtol=2e-6, atol=1e-37), "sigmoid_gate's values against NumPy"
+    nz = x != 0
+    assert ((plain == 0) & nz).any() and ((plain == x) & nz).any(), "saturated gates exercised"
 
 
 def test_bf16_to_f16_of_every_nvfp4_operand(driver: Path) -> None:

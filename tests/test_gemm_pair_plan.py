@@ -1,7 +1,9 @@
 """The pair mode's host orchestration (ninfer/cuda/gemm_pair.py) without a GPU: the three kernels emulated in NumPy
 on the arrays the wrapper passes (views in place of device pointers), so the chunk loops, the scratch slices, the
 per-row scale plane offsets, the output views and the launch geometry are checked against the reference with and
-without chunking. The kernels themselves: tests/test_gemm_pair_host.py (CPU) and tests/test_cuda_gemm_pair.py.
+without chunking; likewise the fp16 mode's row split with the attention output gate (``gate=``), and which path
+gemm.gemm takes for a gated input. The kernels themselves: tests/test_gemm_pair_host.py,
+tests/test_gemm_f16_host.py (CPU) and tests/test_cuda_gemm_pair.py, tests/test_cuda_gemm_f16.py.
 """
 
 from __future__ import annotations
@@ -21,6 +23,22 @@ from ninfer.reference import ops
 def _rne(x: np.ndarray) -> np.ndarray:
     u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _sigmoid_gate(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """sigmoid_gate's element expression in float32: x * (1 / (1 + exp(-g)))."""
+    with np.errstate(over="ignore"):
+        return (x * (np.float32(1) / (np.float32(1) + np.exp(-g)))).astype(np.float32)
+
+
+def _f16_split(v: np.ndarray, xh: np.ndarray, rowf: np.ndarray) -> None:
+    """split_f16row's arithmetic (as ops.round_fp16_rows): fp16 words of each row times 2^k, and 2^-k."""
+    e = ((np.max(np.abs(v), axis=1).view(np.uint32) >> 23) & 0xFF).astype(np.int32)
+    k = np.clip(141 - e, -126, 126)
+    s = ((127 + k).astype(np.uint32) << 23).view(np.float32)[:, None]
+    with np.errstate(over="ignore", under="ignore"):
+        xh[:] = (v * s).astype(np.float16).view(np.uint16).reshape(-1)
+    rowf[:] = ((127 - k).astype(np.uint32) << 23).view(np.float32)
 
 
 class _Kernel:
@@ -45,10 +63,37 @@ class _Kernel:
 
     def _dequant90(
         self, grid: tuple[int, ...], a: tuple[Any, ...]
-    ) -> None:  # FP8 codes [N, K] -> bf16 values
+    ) -> None:  # FP8 codes [N, K] -> bf16 values (fp16 for the fp16 mode's <D, true>)
         p0, w, rows, k, n0 = a[0], a[3], int(a[4]), int(a[5]), int(a[6])
         assert grid == (-(-k // 64), -(-rows // 256))
-        w[: rows * k] = _rne(e4m3_decode(p0[n0 * k : (n0 + rows) * k]))
+        v = e4m3_decode(p0[n0 * k : (n0 + rows) * k])
+        w[: rows * k] = v.astype(np.float16).view(np.uint16) if self.name.endswith(", true>") else _rne(v)
+
+    def _split_f16row(self, grid: tuple[int, ...], a: tuple[Any, ...]) -> None:
+        x, xh, rowf, m, k, ldx = a[0], a[1], a[2], int(a[3]), int(a[4]), int(a[5])
+        assert grid == (m,) and x.shape == (m, k) and ldx == x.strides[0] // 4
+        _f16_split(x, xh, rowf)
+
+    def _split_f16row_gate(self, grid: tuple[int, ...], a: tuple[Any, ...], shared_mem: int) -> None:
+        x, gate, xh, rowf = a[:4]
+        m, k, ldx, d, ldg, keep = (int(v) for v in a[4:])
+        assert grid == (m,) and x.shape == (m, k) and ldx == x.strides[0] // 4
+        assert gate.shape == (m, 2 * k - d) and ldg == gate.strides[0] // 4  # qg[:, D:] of the chunk's rows
+        assert keep == (4 * k <= gp._SPLIT_KEEP_BYTES) and shared_mem == (4 * k if keep else 0)
+        assert self.max_dynamic_shared_size_bytes >= shared_mem
+        # sigmoid_gate's read: head h's gates at 2 D h .. 2 D h + D of the view (qg[:, D:])
+        g = np.concatenate([gate[:, 2 * d * h : 2 * d * h + d] for h in range(k // d)], axis=1)
+        _f16_split(_sigmoid_gate(x, g), xh, rowf)
+
+    def _gemm90_f16(self, grid: tuple[int, ...], a: tuple[Any, ...], shared_mem: int) -> None:
+        p0, p1, xh, rowf, y = a[0], a[1], a[3], a[4], a[5]
+        rows, cols, k, ldx = int(a[6]), int(a[7]), int(a[8]), int(a[9])
+        assert shared_mem == 232448 and grid == (-(-rows // 128) * -(-cols // 256),) and ldx == k
+        assert y.shape == (rows, cols) and xh.size == rows * k and rowf.size == rows
+        w = np.asarray(p0).view(np.float16)[: cols * k].reshape(cols, k).astype(np.float64)
+        x = xh.view(np.float16).reshape(rows, k).astype(np.float64)
+        scale = np.frombuffer(p1[: 4 * cols].tobytes(), np.float32)
+        y[...] = (x @ w.T) * scale * rowf[:, None]
 
     def _gemm90_pair(self, grid: tuple[int, ...], a: tuple[Any, ...], shared_mem: int) -> None:
         p0, p1, hi, lo, y = a[0], a[1], a[3], a[4], a[5]
@@ -183,3 +228,133 @@ def test_memory_plan_counts_splitk() -> None:
         split = gp.splitk_scratch_bytes(2048, shapes)
         assert (split > 0) == (key == "qwen3.6-27b"), key  # the 35B-A3B's dense K are too short to split
         assert mp._gemm_scratch(mc, 2048) >= split
+
+
+def _fp8_weight(rng: np.random.Generator, n: int, k: int) -> DeviceWeight:
+    codec = FORMATS["FP8E4M3_F32ROW"]
+    buf = np.ascontiguousarray(
+        codec.encode(rng.standard_normal((n, k)).astype(np.float32), (n, k)).view(np.uint8)
+    )
+    return DeviceWeight(
+        "FP8E4M3_F32ROW", (n, k), buf.reshape(-1), tuple(plane_offsets("FP8E4M3_F32ROW", (n, k), buf))
+    )
+
+
+@pytest.mark.parametrize("caps", [None, (2 * 256, 4 * 128)])
+def test_f16_gate_orchestration(fake: list, monkeypatch: pytest.MonkeyPatch, caps: Any) -> None:
+    """``gemm_pair(..., f16=True, gate=(qg, D))``: every row chunk's split is one split_f16row_gate launch on that
+    chunk's rows of ``x`` and of the gate (``qg[:, D:]`` with qg's row stride, inside a wider q|gate|k|v row), and
+    the product is bitwise that of the gated rows through split_f16row, chunked or not."""
+    rng = np.random.default_rng(5)
+    m, n, heads, d = 300, 700, 4, 40
+    k = heads * d
+    if caps:  # 256-row weight chunks and 128-row activation chunks
+        monkeypatch.setattr(gp, "_W_CAP", caps[0] * k)
+        monkeypatch.setattr(gp, "_X_CAP", caps[1] * k)
+    w = _fp8_weight(rng, n, k)
+    xs = np.full((m, k + 8), np.nan, np.float32)
+    xs[:, :k] = rng.standard_normal((m, k))
+    x = xs[:, :k]
+    qkvg = np.full((m, 2 * k + 24), np.nan, np.float32)  # the queries and the k | v columns: NaN, never read
+    gates = (rng.standard_normal((m, heads, d)) * 4).astype(np.float32)
+    qkvg[:, : 2 * k].reshape(m, heads, 2 * d)[:, :, d:] = gates
+    qg = qkvg[:, : 2 * k]
+    gated = _sigmoid_gate(x, gates.reshape(m, k))
+    out = np.full((m, n + 5), np.nan, np.float32)
+    gp.gemm_pair(x, w, out[:, 2 : 2 + n], (m, n, k, k + 8, n + 5), lambda nm: _Kernel(nm, fake), f16=True,
+                 variant="cp", gate=(qg, d))  # fmt: skip
+    assert np.isnan(out[:, :2]).all() and np.isnan(out[:, 2 + n :]).all()
+    names = [nm.split("<")[0] for nm, _ in fake]
+    mchunks = 3 if caps else 1
+    assert names.count("split_f16row_gate") == mchunks and "split_f16row" not in names
+    assert names.count("gemm90_f16") == mchunks * (3 if caps else 1)
+    fake.clear()
+    want = np.empty((m, n), np.float32)
+    gp.gemm_pair(gated, w, want, (m, n, k, k, n), lambda nm: _Kernel(nm, fake), f16=True, variant="cp")
+    assert [nm.split("<")[0] for nm, _ in fake].count("split_f16row") == mchunks
+    got = out[:, 2 : 2 + n]
+    assert np.isfinite(got).all() and np.array_equal(got, want), "gate=(qg, D) != the gated rows"
+    ref = ops.linear(
+        ops.round_fp16_rows(gated), e4m3_decode(np.asarray(w.planes()[0])[: n * k]).reshape(n, k)
+    )
+    ref = ref * np.frombuffer(np.asarray(w.planes()[1])[: 4 * n].tobytes(), np.float32)
+    assert np.allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    with pytest.raises(ValueError, match="fp16 mode"):
+        gp.gemm_pair(
+            x, w, out[:, 2 : 2 + n], (m, n, k, k + 8, n + 5), lambda nm: _Kernel(nm, fake), gate=(qg, d)
+        )
+
+
+class _Dev:
+    """What gemm.gemm's dispatch reads of a device array (shape, dtype, row stride, address)."""
+
+    def __init__(self, m: int, cols: int, ld: int = 0, ptr: int = 256) -> None:
+        self.shape, self.ndim, self.dtype = (m, cols), 2, np.dtype(np.float32)
+        self.strides, self.data = (4 * (ld or cols), 4), type("Mem", (), {"ptr": ptr})()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [  # (impl, inputs, fmt, rows, D, qg's row stride, its address, captured) -> the path gemm() takes
+        (("auto", "fp16", "NVFP4G16_E4M3S", 300, 64, 0, 256, False), "fold"),
+        (("pair", "fp16", "FP8E4M3_F32ROW", 20, 256, 1064, 512, False), "fold"),  # pair forced: any rows
+        (("auto", "exact", "NVFP4G16_E4M3S", 300, 64, 0, 256, False), "pair"),
+        (("auto", "fp16", "BF16", 300, 64, 0, 256, False), "pair"),  # no fp16 mode: the exact pair mode
+        (("auto", "fp16", "NVFP4G16_E4M3S", 127, 64, 0, 256, False), "gemm90"),  # below PAIR_MIN_ROWS
+        (("auto", "fp16", "NVFP4G16_E4M3S", 300, 64, 0, 256, True), "gemm90"),  # graph capture
+        (("wgmma", "fp16", "NVFP4G16_E4M3S", 300, 64, 0, 256, False), "inloop"),
+        (("mma", "fp16", "NVFP4G16_E4M3S", 300, 64, 0, 256, False), "mma"),
+        (("auto", "fp16", "NVFP4G16_E4M3S", 300, 12, 0, 256, False), "pair"),  # D % 8: not the 8-float loads
+        (("auto", "fp16", "NVFP4G16_E4M3S", 300, 64, 0, 264, False), "pair"),  # gate view 8 bytes off
+        (("auto", "fp16", "NVFP4G16_E4M3S", 300, 64, 518, 256, False), "pair"),  # row stride 2 floats off
+    ],
+)
+def test_gemm_gate_dispatch(monkeypatch: pytest.MonkeyPatch, case: tuple) -> None:
+    """gemm(x, w, gate=(qg, D)) leaves the gate to the fp16 row split exactly where gemm_pair runs the fp16 mode and
+    the kernel's 16-byte gate loads apply ("fold"); everywhere else sigmoid_gate runs first (once, on (x, qg,
+    K / D, D)) and the GEMM that follows takes no gate."""
+    import ninfer.cuda.activation as act
+    import ninfer.cuda.gemm as gm
+
+    (impl, inputs, fmt, m, d, ldq, ptr, captured), path = case
+    k = 2 * 256 if d != 12 else 24
+    calls: list[tuple] = []
+    x = _Dev(m, k)
+    gated = _Dev(m, k)
+    monkeypatch.setattr(act, "sigmoid_gate", lambda *a: calls.append(("sigmoid_gate", *a[2:])) or gated)
+    monkeypatch.setattr(gm, "_hopper", lambda impl: impl != "mma")
+    monkeypatch.setattr(gm, "capturing", lambda: captured)
+    monkeypatch.setattr(
+        gm, "check_rows", lambda a, name, cols=None, **kw: (a.shape[0], a.shape[1], a.strides[0] // 4)
+    )
+    monkeypatch.setattr(
+        gm, "matrix_args", lambda a, w, out, what: ("float", a.shape[0], a.shape[1], a.strides[0] // 4)
+    )
+    monkeypatch.setattr(gm, "matrix_out", lambda a, out, m, n: ("out", n))
+
+    def pair(xa: Any, w: Any, out: Any, dims: tuple, kernel_of: Any, **kw: Any) -> None:
+        assert xa is (x if path == "fold" else gated)
+        calls.append(("inloop" if kw.get("inloop") else "pair", kw.get("f16"), kw.get("gate")))
+
+    monkeypatch.setattr(gm, "gemm_pair", pair)
+    monkeypatch.setattr(gm, "_gemm90", lambda name, w, t: (lambda *a, **kw: calls.append(("gemm90",)), 256))
+    monkeypatch.setattr(gm, "kernel", lambda *a: lambda *b, **kw: calls.append(("mma",)))
+    rng = np.random.default_rng(7)
+    codec = FORMATS[fmt]
+    buf = np.ascontiguousarray(
+        codec.encode(rng.standard_normal((64, k)).astype(np.float32), (64, k)).view(np.uint8)
+    )
+    w = DeviceWeight(fmt, (64, k), buf.reshape(-1), tuple(plane_offsets(fmt, (64, k), buf)))
+    qg = _Dev(m, 2 * k, ldq, ptr)
+    gm.gemm(x, w, impl=impl, inputs=inputs, gate=(qg, d))
+    f16 = inputs == "fp16" and fmt != "BF16"
+    want = {
+        "fold": [("pair", True, (qg, d))],
+        "pair": [("sigmoid_gate", k // d, d), ("pair", f16, None)],
+        "inloop": [("sigmoid_gate", k // d, d), ("inloop", True, None)],
+        "gemm90": [("sigmoid_gate", k // d, d), ("gemm90",)],
+        "mma": [("sigmoid_gate", k // d, d), ("mma",)],
+    }
+    assert calls == want[path], calls
+    with pytest.raises(gm.KernelError, match="exclusive"):
+        gm.gemm(x, w, impl=impl, inputs=inputs, gate=(qg, d), swiglu=True)

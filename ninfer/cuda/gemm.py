@@ -156,6 +156,7 @@ def gemm(
     inputs: str = "exact",
     variant: str = "auto",
     swiglu: bool = False,
+    gate: tuple[Any, int] | None = None,
     operands: Any = None,
 ) -> Any:
     """``out = x · Wᵀ`` for ``x[M, K]`` on tensor cores (exact weight operands, float32 ``x`` split into two bf16
@@ -171,8 +172,11 @@ def gemm(
     gives the same bits, a split GEMM's depend on its (M, N, K) too. GEMMs that do not run the fp16 scratch kernel
     ignore it. ``swiglu``: ``x`` holds [gate | up] rows ``[M, 2K]`` and the
     product is of their SwiGLU (the fp16 mode applies it in its row split; elsewhere the swiglu kernel runs first:
-    the same values either way). ``operands`` (``operands.OperandStore``): the fp16 mode's scratch kernels read the
-    weight's kept fp16 operand instead of dequantizing it per call (ninfer/cuda/operands.py; the same results)."""
+    the same values either way). ``gate=(qg, head_dim)``: the product is of ``x * sigmoid(gate)``, the attention
+    output gate read in place from the q|gate projection ``qg[M, 2K]`` ([query | gate] per head; applied by the
+    fp16 mode's row split, ``split_f16row_gate``, elsewhere by the sigmoid_gate kernel first: the same values
+    either way). ``operands`` (``operands.OperandStore``): the fp16 mode's scratch kernels read the weight's kept
+    fp16 operand instead of dequantizing it per call (ninfer/cuda/operands.py; the same results)."""
     if inputs not in GEMM_INPUTS:
         raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
     if variant not in F16_VARIANTS:
@@ -180,8 +184,11 @@ def gemm(
     if isinstance(x, SwigluRows):  # gemm_gate_up_swiglu's output: the fp16 rows in one pass
         x = swiglu_f16_rows(x, _sm90_kernel)
     if isinstance(x, F16Rows):
-        return _gemm_f16rows(x, w, out, impl, inputs, variant, swiglu, operands)
+        return _gemm_f16rows(x, w, out, impl, inputs, variant, swiglu or gate is not None, operands)
+    if swiglu and gate is not None:
+        raise KernelError("gemm: swiglu and gate are exclusive input transforms")
     x, swiglu = _apply_swiglu(x, w, impl, inputs, swiglu)
+    x, gate = _apply_gate(x, w, impl, inputs, gate)
     t, m, k, ldx = _transformed_args(x, w, out, "gemm", swiglu)
     n = w.rows
     out, ldy = matrix_out(x, out, m, n)
@@ -199,7 +206,9 @@ def gemm(
         if _use_pair(impl, w.fmt, t, m):
             dims = (m, n, k, ldx, ldy)
             v = variant if f16 else "cp"
-            gemm_pair(x, w, out, dims, _sm90_kernel, f16=f16, variant=v, swiglu=swiglu, operands=operands)
+            gemm_pair(
+                x, w, out, dims, _sm90_kernel, f16=f16, variant=v, swiglu=swiglu, gate=gate, operands=operands
+            )
             return out
         if f16 and impl == "wgmma" and _use_pair("auto", w.fmt, t, m):  # the fp16 mode's in-loop kernel
             gemm_pair(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel, f16=True, inloop=True)
@@ -285,6 +294,26 @@ def _apply_swiglu(x: Any, w: DeviceWeight, impl: str, inputs: str, swiglu: bool)
     from ninfer.cuda.activation import swiglu as swiglu_kernel
 
     return swiglu_kernel(x), False
+
+
+def _apply_gate(
+    x: Any, w: DeviceWeight, impl: str, inputs: str, gate: tuple[Any, int] | None
+) -> tuple[Any, tuple[Any, int] | None]:
+    """A GEMM's gated input ``x * sigmoid(gate)`` (``gate=(qg, head_dim)``): kept for the fp16 mode's row split to
+    apply (``split_f16row_gate``) where it runs and can read the gate with 16-byte loads, else applied now by the
+    sigmoid_gate kernel, which also checks the arguments (the same values either way)."""
+    if gate is None:
+        return x, None
+    qg, d = gate
+    if _f16_input(impl, inputs, w, act_type(x, "x")) and _use_pair(impl, w.fmt, "float", x.shape[0]):
+        m, k = x.shape if x.ndim == 2 else (0, 0)
+        if k and d > 0 and d % 8 == 0 and k % d == 0 and qg.dtype == x.dtype and qg.shape == (m, 2 * k):
+            _, _, ldq = check_rows(qg, "gate", 2 * k)
+            if qg.data.ptr % 16 == 0 and ldq % 4 == 0:
+                return x, gate
+    from ninfer.cuda.activation import sigmoid_gate
+
+    return sigmoid_gate(x, qg, x.shape[1] // d if d > 0 else 0, d), None
 
 
 def _transformed_args(

@@ -74,6 +74,7 @@ PAIR_INSTANCES: tuple[str, ...] = (
     "split_f16row_max",  # the SwiGLU'd rows of gemm90_f16_ws_swiglu (gemm_swiglu.py)
     # its input transforms (a gather index, the SwiGLU of [gate | up] rows, both): the MoE and MLP prefill inputs
     *(f"split_f16row_in<{r}, {g}>" for r, g in (("true", "false"), ("false", "true"), ("true", "true"))),
+    "split_f16row_gate",  # the attention output gate: the o-projection's input
 )
 # The fp16 mode's scratch kernel (``variant``): "cp" gemm90_f16 (cp.async ring, every thread copies and computes),
 # "ws" gemm90_f16_ws (cuda_src/gemm_sm90_ws.cu: TMA ring, producer warpgroup, persistent CTAs), bitwise the same
@@ -250,17 +251,31 @@ def release_scratch() -> None:
 
 
 def f16_rows(
-    x: Any, ldx: int, kernel_of: Callable[[str], Any], *, rows: Any = None, swiglu: bool = False
+    x: Any,
+    ldx: int,
+    kernel_of: Callable[[str], Any],
+    *,
+    rows: Any = None,
+    swiglu: bool = False,
+    gate: tuple[Any, int] | None = None,
 ) -> tuple[Any, Any]:
     """The fp16 mode's activation rows for a kernel that reads them itself (the MoE prefill GEMM): ``split_f16row``
     of float32 ``x[M, K]`` (row stride ``ldx``, M > 0) into the scratch, as (fp16 words ``[M, K]`` as uint16, one
     float32 factor per row). Input transforms, bitwise the same as applying them first (``split_f16row_in``):
     ``rows`` (int32 ``[M']`` on the device), row m is ``x[rows[m]]``; ``swiglu``, ``x`` holds [gate | up] rows of
-    width 2K and row m is their SwiGLU. Not for graph capture (the scratch may be reallocated)."""
+    width 2K and row m is their SwiGLU; ``gate=(qg, D)`` (alone), row m is ``x[m] * sigmoid(gate)`` with the gate
+    read in place from the q|gate projection ``qg[M, 2K]`` ([query D | gate D] per head; D % 8 == 0, 16-byte
+    aligned rows: ``split_f16row_gate``), sigmoid_gate's values. Not for graph capture (the scratch may be
+    reallocated)."""
     m = x.shape[0] if rows is None else rows.shape[0]
     k = x.shape[1] // 2 if swiglu else x.shape[1]
     buf = _scratch("x", m * k + 2 * m)
     xh, rowf = buf[: m * k], buf[m * k : m * k + 2 * m].view(np.float32)
+    if gate is not None:
+        if rows is not None or swiglu:
+            raise ValueError("f16_rows: the gate is the only transform of its rows")
+        _split_gate(x, ldx, kernel_of("split_f16row_gate"), gate, xh, rowf)
+        return xh, rowf
     if rows is None and not swiglu:
         kernel_of("split_f16row")(
             (m,), (_SPLIT_THREADS,), (x, xh, rowf, np.int32(m), np.int32(k), np.int64(ldx))
@@ -277,6 +292,19 @@ def f16_rows(
     return xh, rowf
 
 
+def _split_gate(x: Any, ldx: int, fn: Any, gate: tuple[Any, int], xh: Any, rowf: Any) -> None:
+    """split_f16row_gate (``fn``) of ``x[M, K]`` with the gate of ``gate=(qg, D)`` into ``xh``, ``rowf``: the kernel
+    reads the gate as sigmoid_gate does, from head 0's first gate element ``qg[:, D:]`` with qg's row stride; the
+    row's gated values kept in shared memory between its two passes as split_f16row_in's are."""
+    (m, k), (qg, d) = x.shape, gate
+    keep = 4 * k <= _SPLIT_KEEP_BYTES
+    if keep and fn.max_dynamic_shared_size_bytes < 4 * k:
+        fn.max_dynamic_shared_size_bytes = _SPLIT_KEEP_BYTES
+    args = (x, qg[:, d:], xh, rowf, np.int32(m), np.int32(k), np.int64(ldx), np.int32(d),
+            np.int64(qg.strides[0] // 4), np.int32(keep))  # fmt: skip
+    fn((m,), (_SPLIT_THREADS,), args, shared_mem=4 * k if keep else 0)
+
+
 def gemm_pair(
     x: Any,
     w: Any,
@@ -288,6 +316,7 @@ def gemm_pair(
     inloop: bool = False,
     variant: str = "auto",
     swiglu: bool = False,
+    gate: tuple[Any, int] | None = None,
     operands: Any = None,
 ) -> None:
     """``out = x · Wᵀ`` in pair mode. ``dims`` = (M, N, K, ldx, ldy) as checked by gemm.gemm; ``x`` float32,
@@ -303,15 +332,17 @@ def gemm_pair(
     call (:func:`splitk_splits` of its M, N, K; every chunk keeps it), ``ws<S>`` with S forced. Bitwise the same
     result every way at S = 1; with S > 1 a function of (K, S) per output (the splits' sum order).
     ``swiglu`` (fp16 mode): ``x`` holds [gate | up] rows of width 2K, and the product is of their SwiGLU, applied
-    by the row split (``f16_rows``) instead of a separate kernel's [M, K] array (``dims[2]`` is K).
+    by the row split (``f16_rows``) instead of a separate kernel's [M, K] array (``dims[2]`` is K). ``gate=(qg, D)``
+    (fp16 mode): the product is of ``x * sigmoid(gate)``, the attention output gate read in place from ``qg``
+    (``f16_rows``), instead of sigmoid_gate's array.
     ``operands`` (an ``operands.OperandStore``, fp16 mode): the weight's fp16 operand kept there, or filled there on
     first use if its budget admits it, replaces the per-call dequant pass (the same values: the same results)."""
     m, n, k, _, ldy = dims
     wstruct, dq = PAIR_STRUCTS[w.fmt]
     if f16 and dq is None:
         raise ValueError(f"gemm_pair: {w.fmt} has no fp16 mode (its operand values are not exact in fp16)")
-    if swiglu and not f16:
-        raise ValueError("gemm_pair: swiglu is the fp16 mode's input transform")
+    if (swiglu or gate is not None) and not f16:
+        raise ValueError("gemm_pair: swiglu and gate are the fp16 mode's input transforms")
     if not f16 and inloop:
         raise ValueError("gemm_pair: inloop is the fp16 mode's choice")
     if variant not in F16_VARIANTS or (variant.startswith("ws") and not f16):
@@ -359,7 +390,8 @@ def gemm_pair(
         if isinstance(x, F16Rows):  # split by their producer (norm.rmsnorm(..., f16=True))
             xa, xb = x.xh[m0 : m0 + rows].reshape(-1), x.rowf[m0 : m0 + rows]
         elif f16:  # xh: the rows' fp16 words, then one float factor per row
-            xa, xb = f16_rows(x[m0 : m0 + rows], dims[3], kernel_of, swiglu=swiglu)
+            g = None if gate is None else (gate[0][m0 : m0 + rows], gate[1])
+            xa, xb = f16_rows(x[m0 : m0 + rows], dims[3], kernel_of, swiglu=swiglu, gate=g)
         else:  # hi, lo
             xa, xb = xbuf[: rows * k], xbuf[rows * k : 2 * rows * k]
             split((grid_1d(rows * (k // 8), _SPLIT_THREADS),), (_SPLIT_THREADS,),

@@ -42,8 +42,8 @@ def linear(
     """``x · Wᵀ``: GEMV for up to 8 rows; above, tensor-core GEMM (exact weight operands; float32 ``x`` split into
     two bf16 halves), or (``exact`` or ``prefill_gemm=False``) the decode GEMV in 8-row blocks, which gives every
     row bitwise its decode result. ``swiglu`` (``x`` = [gate | up]) and ``gate=(qg, head_dim)`` apply the SwiGLU or
-    the attention output gate to the input first: fused into the GEMV's staging, a separate kernel before the
-    GEMM. ``resid``: the GEMV adds the product into that float32 residual and returns ``Folded`` (norm folding;
+    the attention output gate to the input first: fused into the GEMV's staging or the fp16 GEMM's row split,
+    else a separate kernel before the GEMM. ``resid``: the GEMV adds the product into that float32 residual and returns ``Folded`` (norm folding;
     GEMV calls only: the caller folds only where ``fold_rows`` allows)."""
     w = net.w[name]
     if isinstance(x, Normed) and _gemm(net, x.shape[0], exact):
@@ -105,7 +105,6 @@ def _fold_product(net: Any, x: Any, w: Any, name: str, resid: Any, **xf: Any) ->
 def _product(
     net: Any, x: Any, w: Any, out: Any, exact: bool, *, swiglu: bool = False, gate: Any = None
 ) -> Any:
-    from ninfer.cuda.activation import sigmoid_gate
     from ninfer.cuda.gemm import gemm
     from ninfer.cuda.linear import gemv
 
@@ -113,10 +112,9 @@ def _product(
         net, x.shape[0], exact
     ):  # more than 8 rows: 8-row blocks, each row bitwise its decode result
         return gemv(x, w, out, swiglu=swiglu, gate=gate, prefetch=next_product(net, w))
-    if gate is not None:
-        x = sigmoid_gate(x, gate[0], x.shape[1] // gate[1], gate[1])
-    # swiglu: the fp16 mode's row split applies it (no [T, I] array); other GEMM paths run the kernel first
-    return gemm(x, w, out, inputs=net.prefill_inputs, swiglu=swiglu, operands=net.operands)
+    # swiglu, gate: the fp16 mode's row split applies them (no [T, I] or [T, heads * D] array); other GEMM paths
+    # run the swiglu / sigmoid_gate kernel first (the same values)
+    return gemm(x, w, out, inputs=net.prefill_inputs, swiglu=swiglu, gate=gate, operands=net.operands)
 
 
 def attention_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None) -> Any:
