@@ -95,7 +95,7 @@ template <bool SW = false> struct WsProducer {
     }
 };
 
-template <typename D, bool SW = false, bool ADD = false> struct WsConsumer {
+template <typename D, bool SW = false> struct WsConsumer {
     float (&acc)[WS_BN / 2];
     WsSmem sm;
     int ctid;  // 0 .. 255: thread of the two consumer warpgroups (warpgroup ctid / 128 owns rows 64 (ctid / 128) ..)
@@ -134,10 +134,6 @@ template <typename D, bool SW = false, bool ADD = false> struct WsConsumer {
     __device__ void epilogue(const WsUnit& u) const {
         if constexpr (SW) {
             store_swiglu(u.mt, u.nt);
-            return;
-        }
-        if constexpr (ADD) {
-            store_add(u.mt, u.nt);
             return;
         }
         if (splits > 1) {
@@ -182,43 +178,6 @@ template <typename D, bool SW = false, bool ADD = false> struct WsConsumer {
         }
     }
 
-    // ADD (gemm90_f16_ws_add, S = 1): y += v, v the value store<true> would write and the sum rounded once
-    // (__fadd_rn: never fused with v's last multiply): rmsnorm's residual add x + r of the stored v, bitwise. The
-    // tile's old values are first hinted into the L2 (no registers), then read 16 register pairs at a time so that
-    // the loads of a group are in flight together.
-    __device__ void store_add(int mt, int nt) const {
-        const int m0 = mt * GS_BM, n0 = nt * WS_BN, mvalid = min(M - m0, GS_BM);
-#pragma unroll
-        for (int i = 0; i < WS_BN / 2; i += 4) {  // registers i .. i + 3: one 32-byte sector in each of rows r, r + 8
-            int r, c;
-            frag_rc(ctid, i, r, c);
-            if (n0 + c < N) {
-                const float* a = y + (long long)(m0 + r) * ldy + n0 + c;
-                if (r < mvalid) asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-                if (r + 8 < mvalid) asm volatile("prefetch.global.L2 [%0];" ::"l"(a + 8 * ldy));
-            }
-        }
-#pragma unroll
-        for (int g = 0; g < WS_BN / 2; g += 32) {
-            float old[32];
-#pragma unroll
-            for (int j = 0; j < 32; ++j) {
-                int r, c;
-                frag_rc(ctid, g + j, r, c);
-                old[j] = r < mvalid && n0 + c < N ? y[(long long)(m0 + r) * ldy + n0 + c] : 0.f;
-            }
-#pragma unroll
-            for (int j = 0; j < 32; ++j) {
-                int r, c;
-                frag_rc(ctid, g + j, r, c);
-                if (r < mvalid && n0 + c < N) {
-                    const float v = acc[g + j] * D::row_scale(p1, p2, n0 + c) * rowf[m0 + r];
-                    y[(long long)(m0 + r) * ldy + n0 + c] = __fadd_rn(v, old[j]);
-                }
-            }
-        }
-    }
-
     // SW: registers i < 64 hold gate columns c < 128 of the tile, i + 64 the same features' up columns (frag_rc:
     // c + 128). Each output h = silu(g) * u of g, u with the epilogue's own expression (the values store<true> would
     // have written into [gate | up]) and the swiglu kernel's (activation.cu), so h is bitwise the SwiGLU of the
@@ -256,7 +215,7 @@ template <typename D, bool SW = false, bool ADD = false> struct WsConsumer {
 };
 
 // The kernels' common body (ma, mb: the __grid_constant__ tensor maps' addresses).
-template <typename D, bool SW, bool ADD = false>
+template <typename D, bool SW>
 __device__ __forceinline__ void ws_gemm(const NiTensorMap* ma, const NiTensorMap* mb, const u8* __restrict__ p1,
                                         const u8* __restrict__ p2, const float* __restrict__ rowf,
                                         float* __restrict__ y, int M, int N, int K, long long ldy,
@@ -286,7 +245,7 @@ __device__ __forceinline__ void ws_gemm(const NiTensorMap* ma, const NiTensorMap
     } else {
         setmaxnreg_inc<232>();
         float acc[WS_BN / 2];
-        WsConsumer<D, SW, ADD> co{acc, sm, tid - 128, p1, p2, rowf, y, M, N, ldy, part, splits, tmax, half};
+        WsConsumer<D, SW> co{acc, sm, tid - 128, p1, p2, rowf, y, M, N, ldy, part, splits, tmax, half};
         ws_consume(co, sc, blockIdx.x, gridDim.x);
     }
 }
@@ -303,19 +262,6 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                   float* __restrict__ y, int M, int N, int K, long long ldy, float* __restrict__ part, int splits) {
 #ifdef __CUDA_ARCH__
     ws_gemm<D, false>(&ma, &mb, p1, p2, rowf, y, M, N, K, ldy, part, splits, nullptr, 0);
-#endif
-}
-
-// gemm90_f16_ws with y += (the product) instead of y = (the product), unsplit (S = 1; `part` and `splits` unused):
-// a prefill chunk's output projections add into the float32 residual as their next norm's residual add would
-// (gemm.gemm(..., accumulate=True); that norm then reads the residual alone).
-template <typename D>
-__global__ void __launch_bounds__(WS_THREADS, 1)
-    gemm90_f16_ws_add(const __grid_constant__ NiTensorMap ma, const __grid_constant__ NiTensorMap mb,
-                      const u8* __restrict__ p1, const u8* __restrict__ p2, const float* __restrict__ rowf,
-                      float* __restrict__ y, int M, int N, int K, long long ldy, float* __restrict__ part, int splits) {
-#ifdef __CUDA_ARCH__
-    ws_gemm<D, false, true>(&ma, &mb, p1, p2, rowf, y, M, N, K, ldy, nullptr, 1, nullptr, 0);
 #endif
 }
 

@@ -36,7 +36,6 @@ from ninfer.cuda.gemm_pair import (
     PAIR_MIN_ROWS,
     PAIR_STRUCTS,
     WS_INSTANCES,
-    accumulate_ok,
     f16_foldable,
     f16_rows,
     gemm_pair,
@@ -52,7 +51,6 @@ __all__ = [
     "hopper_gemm",
     "f16_rows_input",
     "swiglu_gemm_ok",
-    "gemm_add_ok",
     "gemm_gate_up_swiglu",
     "gemm_experts",
     "expert_tiles",
@@ -160,7 +158,6 @@ def gemm(
     swiglu: bool = False,
     gate: tuple[Any, int] | None = None,
     operands: Any = None,
-    accumulate: bool = False,
 ) -> Any:
     """``out = x · Wᵀ`` for ``x[M, K]`` on tensor cores (exact weight operands, float32 ``x`` split into two bf16
     halves, fp32 accumulation); ``x`` and ``out`` may be row-strided views. ``impl``: see the module docstring
@@ -179,21 +176,15 @@ def gemm(
     output gate read in place from the q|gate projection ``qg[M, 2K]`` ([query | gate] per head; applied by the
     fp16 mode's row split, ``split_f16row_gate``, elsewhere by the sigmoid_gate kernel first: the same values
     either way). ``operands`` (``operands.OperandStore``): the fp16 mode's scratch kernels read the weight's kept
-    fp16 operand instead of dequantizing it per call (ninfer/cuda/operands.py; the same results). ``accumulate``
-    (where :func:`gemm_add_ok` holds; an error elsewhere): ``out += x · Wᵀ``, each element's sum rounded once, the
-    residual add ``x + r`` of a norm that would follow (gemm90_f16_ws_add)."""
+    fp16 operand instead of dequantizing it per call (ninfer/cuda/operands.py; the same results)."""
     if inputs not in GEMM_INPUTS:
         raise KernelError(f"inputs={inputs!r}: one of {', '.join(GEMM_INPUTS)}")
     if variant not in F16_VARIANTS:
         raise KernelError(f"variant={variant!r}: one of {', '.join(F16_VARIANTS)}")
     if isinstance(x, SwigluRows):  # gemm_gate_up_swiglu's output: the fp16 rows in one pass
         x = swiglu_f16_rows(x, _sm90_kernel)
-    if accumulate and (out is None or not gemm_add_ok(w, x.shape[0]) or inputs != "fp16" or impl != "auto"):
-        raise KernelError("gemm: accumulate needs an output, inputs='fp16', impl='auto' and gemm_add_ok")
     if isinstance(x, F16Rows):
-        return _gemm_f16rows(
-            x, w, out, impl, inputs, variant, swiglu or gate is not None, operands, accumulate
-        )
+        return _gemm_f16rows(x, w, out, impl, inputs, variant, swiglu or gate is not None, operands)
     if swiglu and gate is not None:
         raise KernelError("gemm: swiglu and gate are exclusive input transforms")
     x, swiglu = _apply_swiglu(x, w, impl, inputs, swiglu)
@@ -215,8 +206,9 @@ def gemm(
         if _use_pair(impl, w.fmt, t, m):
             dims = (m, n, k, ldx, ldy)
             v = variant if f16 else "cp"
-            gemm_pair(x, w, out, dims, _sm90_kernel, f16=f16, variant=v, swiglu=swiglu, gate=gate,
-                      operands=operands, accumulate=accumulate)  # fmt: skip
+            gemm_pair(
+                x, w, out, dims, _sm90_kernel, f16=f16, variant=v, swiglu=swiglu, gate=gate, operands=operands
+            )
             return out
         if f16 and impl == "wgmma" and _use_pair("auto", w.fmt, t, m):  # the fp16 mode's in-loop kernel
             gemm_pair(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel, f16=True, inloop=True)
@@ -265,16 +257,9 @@ def gemm_gate_up_swiglu(x: Any, w: DeviceWeight, *, operands: Any = None) -> Swi
     return gate_up_swiglu(x, w, _sm90_kernel, operands=operands)
 
 
-def gemm_add_ok(w: Any, m: int) -> bool:
-    """Whether ``gemm(x, w, out, inputs="fp16", accumulate=True)`` runs for ``m`` float32 rows: the fp16 row split
-    (:func:`f16_rows_input`) into the unsplit ws kernel (gemm_pair.accumulate_ok)."""
-    return f16_rows_input(w, m) and accumulate_ok(m, int(w.rows), int(w.cols))
-
-
 def _gemm_f16rows(
-    x: F16Rows, w: DeviceWeight, out: Any, impl: str, inputs: str, variant: str, swiglu: bool, operands: Any,
-    accumulate: bool = False,
-) -> Any:  # fmt: skip
+    x: F16Rows, w: DeviceWeight, out: Any, impl: str, inputs: str, variant: str, swiglu: bool, operands: Any
+) -> Any:
     """gemm() of rows already split for the fp16 mode (bitwise the same GEMM as of the float rows they came from)."""
     m, k = x.shape
     if swiglu or inputs != "fp16" or impl != "auto" or not f16_rows_input(w, m):
@@ -287,8 +272,9 @@ def _gemm_f16rows(
     check_array(x.rowf, "rowf", dtype=np.float32, shape=(m,))
     out, ldy = matrix_out(x, out, m, w.rows)
     if m:
-        gemm_pair(x, w, out, (m, w.rows, k, k, ldy), _sm90_kernel, f16=True, variant=variant, operands=operands,
-                  accumulate=accumulate)  # fmt: skip
+        gemm_pair(
+            x, w, out, (m, w.rows, k, k, ldy), _sm90_kernel, f16=True, variant=variant, operands=operands
+        )
     return out
 
 

@@ -39,7 +39,6 @@ __all__ = [
     "splitk_splits",
     "splitk_scratch_bytes",
     "pair_foldable",
-    "accumulate_ok",
     "f16_foldable",
     "pair_scratch_bytes",
     "gemm_pair",
@@ -106,7 +105,7 @@ F16_WS_WIDE_ELEMS = 128 << 20
 F16_WS_SPLIT_ROWS = 128
 WS_INSTANCES: tuple[str, ...] = tuple(
     f"{kern}<{s}>"
-    for kern in ("gemm90_f16_ws", "gemm90_f16_ws_reduce", "gemm90_f16_ws_swiglu", "gemm90_f16_ws_add")
+    for kern in ("gemm90_f16_ws", "gemm90_f16_ws_reduce", "gemm90_f16_ws_swiglu")
     for s, d in PAIR_STRUCTS.values()
     if d is not None
 )
@@ -200,12 +199,6 @@ def splitk_scratch_bytes(rows: int, shapes: Iterable[tuple[int, int]]) -> int:
             if s > 1:
                 most = max(most, 4 * s * m * n)
     return most
-
-
-def accumulate_ok(m: int, n: int, k: int) -> bool:
-    """Whether an ``m``-row fp16-mode GEMM against an ``n`` x ``k`` weight can add into its output
-    (``gemm_pair(..., accumulate=True)``): it runs the ws kernel unsplit (``variant="auto"``)."""
-    return f16_auto_ws(m, n, k) and splitk_splits(m, n, k) == 1
 
 
 def pair_foldable(fmt: str, t: str) -> bool:
@@ -325,7 +318,6 @@ def gemm_pair(
     swiglu: bool = False,
     gate: tuple[Any, int] | None = None,
     operands: Any = None,
-    accumulate: bool = False,
 ) -> None:
     """``out = x · Wᵀ`` in pair mode. ``dims`` = (M, N, K, ldx, ldy) as checked by gemm.gemm; ``x`` float32,
     ``w.fmt`` in :data:`PAIR_STRUCTS`; ``kernel_of(name)`` the compiled gemm_sm90.cu instance. Not for graph
@@ -344,9 +336,7 @@ def gemm_pair(
     (fp16 mode): the product is of ``x * sigmoid(gate)``, the attention output gate read in place from ``qg``
     (``f16_rows``), instead of sigmoid_gate's array.
     ``operands`` (an ``operands.OperandStore``, fp16 mode): the weight's fp16 operand kept there, or filled there on
-    first use if its budget admits it, replaces the per-call dequant pass (the same values: the same results).
-    ``accumulate`` (the unsplit ws kernel only, :func:`accumulate_ok`): ``out += x · Wᵀ``, each sum rounded once
-    (gemm90_f16_ws_add: the residual add of the next norm, bitwise)."""
+    first use if its budget admits it, replaces the per-call dequant pass (the same values: the same results)."""
     m, n, k, _, ldy = dims
     wstruct, dq = PAIR_STRUCTS[w.fmt]
     if f16 and dq is None:
@@ -364,8 +354,6 @@ def gemm_pair(
     # the same chunked or not, from the scratch or a kept operand
     forced = int(variant[2:]) if variant.startswith("ws") and variant != "ws" else None
     splits = 1 if not ws else forced if forced is not None else splitk_splits(m, n, k)
-    if accumulate and not (ws and splits == 1):
-        raise KernelError("gemm_pair: accumulate needs the unsplit ws kernel (accumulate_ok)")
     mx, nw = _plan(w.fmt, m, n, k)
     if inloop:
         nw = n  # the stored planes, read whole: no weight scratch
@@ -373,8 +361,7 @@ def gemm_pair(
     if inloop:
         fn = kernel_of(f"gemm90_f16il<{dq}>")
     else:
-        ws_kind = "_ws_add" if accumulate else "_ws" if ws else ""
-        fn = kernel_of(f"gemm90_f16{ws_kind}<{wstruct}>" if f16 else f"gemm90_pair<{wstruct}>")
+        fn = kernel_of(f"gemm90_f16{'_ws' if ws else ''}<{wstruct}>" if f16 else f"gemm90_pair<{wstruct}>")
     if fn.max_dynamic_shared_size_bytes < _SMEM:
         fn.max_dynamic_shared_size_bytes = _SMEM
     split = None if f16 else kernel_of("split_hilo")

@@ -326,7 +326,7 @@ class CudaQwen36:
             fold_rows,
             gdn_block,
         )
-        from ninfer.cuda.norm import Added, Folded, MoeCombine, Normed, moe_combine_rmsnorm, rmsnorm
+        from ninfer.cuda.norm import Folded, MoeCombine, Normed, moe_combine_rmsnorm, rmsnorm
 
         def add_norm(x: Any, weight: Any, reader: str | None = None) -> Any:
             """res += x (an MoE layer's combine fused in), then its norm; ``reader``: the one weight whose product
@@ -334,8 +334,6 @@ class CudaQwen36:
             if isinstance(x, Folded):  # the producing GEMV added x into res: the consumers normalize
                 return Normed(res, x.part, weight, eps)
             f16 = f16_call and reader is not None and f16_norm_reader(w[reader])
-            if isinstance(x, Added):  # the producing GEMM added x into res (its epilogue): res's norm alone
-                return rmsnorm(res, weight, eps, f16=f16)
             if isinstance(x, MoeCombine):
                 return moe_combine_rmsnorm(x, weight, eps, residual=res, f16=f16)
             return rmsnorm(x, weight, eps, residual=res, f16=f16)
@@ -343,10 +341,9 @@ class CudaQwen36:
         cfg, w, eps = self.cfg, self.w, self.cfg.rms_norm_eps
         x = embed(w["embed_tokens.weight"], ids, dtype=self.act)
         res = cupy.zeros((m.t, cfg.hidden_size), F32)
-        # the output projections add into res: GEMVs (norm folding) or, in a prefill chunk's fp16 GEMM mode, the
-        # GEMM's epilogue (Added); f16_call: whether this call's norms may write fp16 GEMM rows (checked once)
+        fold = res if fold_rows(self, m.t) else None  # the output projections add into res (GEMVs only)
+        # whether this call's norms may write fp16 GEMM rows (checked once per call)
         f16_call = f16_norm_out(self, m.t)
-        fold = res if fold_rows(self, m.t) or f16_call else None
         for i, kind in enumerate(cfg.layer_types):
             p = f"layers.{i}."
             gdn = kind == "linear_attention"
@@ -367,7 +364,7 @@ class CudaQwen36:
             )
             down = None if cfg.is_moe else fold  # an MoE output is combined into the next norm instead
             x = ffn_block(self, p, h, m, defer_combine=True, resid=down)
-        if isinstance(x, (Folded, Added)):  # res holds the last layer's output already: the final norm alone
+        if isinstance(x, Folded):  # res holds the last layer's output already; the final norm is materialized
             return rmsnorm(res, w["norm.weight"], eps)
         if isinstance(x, MoeCombine) and self.act == F32:  # == res += x; rmsnorm(res): x + r either way round
             return moe_combine_rmsnorm(x, w["norm.weight"], eps, residual=res)

@@ -16,7 +16,7 @@ import numpy as np
 from ninfer.cuda.fuse import FusedRuns, fused_splits
 from ninfer.cuda.model_graph import Meta, next_product
 from ninfer.cuda.moe_lanes import lanes_nb, use_lanes
-from ninfer.cuda.norm import Added, Folded, MoeCombine, Normed
+from ninfer.cuda.norm import Folded, MoeCombine, Normed
 
 __all__ = ["linear", "attention_block", "gdn_block", "ffn_block", "combine"]
 
@@ -48,8 +48,6 @@ def linear(
     w = net.w[name]
     if isinstance(x, Normed) and _gemm(net, x.shape[0], exact):
         raise ValueError(f"{name}: a folded norm feeds GEMVs only")
-    if resid is not None and _gemm(net, x.shape[0], exact):
-        return _add_product(net, x, w, resid, swiglu=swiglu, gate=gate)
     if resid is not None:
         return _fold_product(net, x, w, name, resid, swiglu=swiglu, gate=gate)
     if isinstance(w, FusedRuns):  # runs of different formats: one product each, into its columns of ``out``
@@ -102,17 +100,6 @@ def _fold_product(net: Any, x: Any, w: Any, name: str, resid: Any, **xf: Any) ->
     part = cupy.empty((gemv_plan(w.fmt, w.rows, w.cols).blocks_x, x.shape[0]), dtype=np.float32)
     gemv(x, w, resid, fold=part, prefetch=next_product(net, w), **xf)
     return Folded(part)
-
-
-def _add_product(net: Any, x: Any, w: Any, resid: Any, **xf: Any) -> Any:
-    """A prefill GEMM of an output projection: added into the float32 residual by its epilogue (``Added``) where
-    that kernel runs (gemm.gemm_add_ok), else its output as usual, for the next norm to add."""
-    from ninfer.cuda.gemm import gemm, gemm_add_ok
-
-    if isinstance(w, FusedRuns) or net.prefill_inputs != "fp16" or not gemm_add_ok(w, x.shape[0]):
-        return _product(net, x, w, None, False, **xf)
-    gemm(x, w, resid, inputs="fp16", accumulate=True, operands=net.operands, **xf)
-    return Added()
 
 
 def _product(
@@ -186,7 +173,7 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None, f
         f16 = f16 and f16_norm_reader(w[p + "out_proj.weight"]) and gated_f16_ok(hv, dv)
         on = gated_rmsnorm(o.reshape(m.t * hv, dv), z, nw, eps, f16=f16)
         if f16:
-            return linear(net, on, p + "out_proj.weight", resid=resid)
+            return linear(net, on, p + "out_proj.weight")
     else:
         on = gdn_decode(
             qkv, w[p + "conv1d.weight"], net.conv[j], *rule, z, nw, eps, n_k_heads=nk, snap=m.snap
@@ -199,10 +186,8 @@ def _swiglu_ffn(net: Any, h: Any, gate_up: str, down: str, resid: Any = None) ->
 
     t, wg, wd = h.shape[0], net.w[gate_up], net.w[down]
     # the SwiGLU in gate | up's epilogue (gemm_swiglu.py): bitwise the two-array path below
-    if f16_norm_out(net, t) and swiglu_gemm_ok(wg, wd, t):
+    if resid is None and f16_norm_out(net, t) and swiglu_gemm_ok(wg, wd, t):
         hs = gemm_gate_up_swiglu(h, wg, operands=net.operands)
-        if resid is not None:
-            return _add_product(net, hs, wd, resid)
         return gemm(hs, wd, inputs="fp16", operands=net.operands)
     return linear(net, linear(net, h, gate_up), down, swiglu=True, resid=resid)
 

@@ -88,11 +88,6 @@ class Folded(NamedTuple):
     part: Any
 
 
-class Added(NamedTuple):
-    """A block output that its producing prefill GEMM already added into the residual (``gemm(...,
-    accumulate=True)``, the x + r of the next norm's residual add): that norm reads the residual alone."""
-
-
 class Normed(NamedTuple):
     """``rmsnorm(res, w, eps, offset=offset)`` not materialized: the consuming GEMVs stage it from the residual
     ``res`` (float32 ``[T, H]``, already holding ``x + r``) and the producer's partials ``part`` (``Folded``), each

@@ -1,16 +1,11 @@
-"""The fp16-mode ws GEMM's epilogues on the device (cuda_src/gemm_sm90_ws.cu), each against the path it replaces:
+"""The SwiGLU in the fp16-mode gate | up GEMM's epilogue (ninfer/cuda/gemm_swiglu.py; cuda_src/gemm_sm90_ws.cu
+gemm90_f16_ws_swiglu, gemm_sm90.cu split_f16row_max) on the device, against the two-array path it replaces: ``h``
+bitwise the swiglu kernel of ``gemm(x, w_gu, inputs="fp16")``, each row's tile maxima bitwise the row's largest
+``|h|``, the down projection bitwise ``gemm(gu, w_dn, inputs="fp16", swiglu=True)``; ``h`` against NumPy with the
+same input rounding; the MLP block (model_layers._swiglu_ffn) bitwise with the epilogue on and off. Fresh random
+inputs with hostile rows (zeros, tiny, above fp16's range). Skipped without an sm_90a device.
 
-- the SwiGLU in the gate | up GEMM (ninfer/cuda/gemm_swiglu.py; gemm90_f16_ws_swiglu, gemm_sm90.cu
-  split_f16row_max): ``h`` bitwise the swiglu kernel of ``gemm(x, w_gu, inputs="fp16")``, each row's tile maxima
-  bitwise the row's largest ``|h|``, the down projection bitwise ``gemm(gu, w_dn, inputs="fp16", swiglu=True)``;
-  ``h`` against NumPy with the same input rounding; the MLP block (model_layers._swiglu_ffn) bitwise on and off;
-- the residual add (``gemm(..., accumulate=True)``, gemm90_f16_ws_add): ``out`` bitwise ``r + gemm(x, w)``, with
-  the input transforms too;
-- a mid-size dense and MoE model's prefill logits bitwise with both epilogues on and off.
-
-Fresh random inputs with hostile rows (zeros, tiny, above fp16's range). Skipped without an sm_90a device.
-
-    python -m pytest -m gpu tests/test_cuda_gemm_epilogues.py
+    python -m pytest -m gpu tests/test_cuda_gemm_swiglu.py
 """
 
 from __future__ import annotations
@@ -126,77 +121,3 @@ def test_swiglu_ffn_block_bitwise_with_and_without(cp: Any, monkeypatch: pytest.
             off = cp.asnumpy(model_layers._swiglu_ffn(net, h, "gu", "dn"))
         assert np.array_equal(on.view(np.uint32), off.view(np.uint32)), "the MLP block's bits changed"
     assert len(taken) == 2, "the epilogue path was not taken"
-
-
-@pytest.mark.parametrize("fmt", FMTS)
-def test_accumulate_is_the_residual_add(cp: Any, fmt: str) -> None:
-    """``gemm(x, w, r, inputs="fp16", accumulate=True)`` leaves ``r + gemm(x, w)`` in ``r`` bitwise (the stored
-    product added once, as rmsnorm's residual add does), from float rows, fp16 rows and SwiGLU'd rows; gemm refuses
-    it where the unsplit ws kernel does not run."""
-    from ninfer.cuda._common import KernelError
-    from ninfer.cuda.gemm import gemm, gemm_add_ok, gemm_gate_up_swiglu
-
-    rng = np.random.default_rng(101)
-    for m, n, k in ((400, 136, 200), (777, 520, 1032)):
-        w, _ = _weight(rng, fmt, n, k)
-        assert gemm_add_ok(w, m)
-        x = cp.asarray(_x(rng, m, k))
-        r0 = cp.asarray((rng.standard_normal((m, n)) * 3).astype(F32))
-        want = r0 + gemm(x, w, inputs="fp16")
-        r = r0.copy()
-        gemm(x, w, r, inputs="fp16", accumulate=True)
-        assert np.array_equal(_bits(r), _bits(want)), f"{fmt} {m}x{n}x{k}: accumulate differs from r + y"
-        wg, _ = _weight(rng, fmt, 2 * k, 256)  # SwiGLU'd input rows of width k
-        x2 = cp.asarray(_x(rng, m, 256))
-        want = r0 + gemm(gemm(x2, wg, inputs="fp16"), w, inputs="fp16", swiglu=True)
-        r = r0.copy()
-        gemm(gemm_gate_up_swiglu(x2, wg), w, r, inputs="fp16", accumulate=True)
-        assert np.array_equal(_bits(r), _bits(want)), f"{fmt} {m}x{n}x{k}: accumulate of SwiGLU'd rows"
-    w, _ = _weight(rng, fmt, 64, 16384)
-    assert not gemm_add_ok(w, 300)  # split over K there
-    with pytest.raises(KernelError):
-        gemm(cp.asarray(_x(rng, 300, 16384)), w, cp.zeros((300, 64), F32), inputs="fp16", accumulate=True)
-
-
-@pytest.mark.parametrize("kind", ("dense", "moe"))
-def test_model_prefill_bitwise_with_and_without_epilogues(cp: Any, kind: str, monkeypatch: Any) -> None:
-    """A mid-size model's prefill (700 tokens, one chunk, then 450 more) gives the same logits bit for bit with
-    the SwiGLU and residual-add epilogues as without them (both counted as taken)."""
-    import ninfer.cuda.gemm as gemm_mod
-    from ninfer.cuda.model import CudaQwen36
-    from ninfer.cuda.sequences import Sequences
-    from ninfer.cuda.upload import encode_weights, upload_encoded
-    from ninfer.demo import midsize_config, random_weights
-    from ninfer.reference import DictWeights
-
-    cfg = midsize_config(kind)
-    enc = encode_weights(cfg, DictWeights(random_weights(cfg, seed=13)), "NVFP4G16_E4M3S")
-    net = CudaQwen36(cfg, upload_encoded(cfg, enc), prefill_gemm=True)
-    ids = np.random.default_rng(7).integers(0, cfg.vocab_size, 1150)
-
-    def logits() -> np.ndarray:
-        seqs = Sequences(net, slots=2, pages=160, page_size=16, context=1200)
-        s = seqs.new()
-        return np.concatenate([net.lm_head(seqs.forward(s, ids[a:b])) for a, b in ((0, 700), (700, 1150))])
-
-    taken = {"add": 0, "swiglu": 0}
-    add, sw = gemm_mod.gemm_add_ok, gemm_mod.swiglu_gemm_ok
-
-    def count(name: str, f: Any) -> Any:
-        def counted(*a: Any) -> bool:
-            ok = f(*a)
-            taken[name] += bool(ok)
-            return ok
-
-        return counted
-
-    monkeypatch.setattr(gemm_mod, "gemm_add_ok", count("add", add))
-    monkeypatch.setattr(gemm_mod, "swiglu_gemm_ok", count("swiglu", sw))
-    on = logits()
-    assert taken["add"] > 0 and (kind == "moe" or taken["swiglu"] > 0), f"epilogues not taken: {taken}"
-    monkeypatch.setattr(gemm_mod, "gemm_add_ok", lambda *a: False)
-    monkeypatch.setattr(gemm_mod, "swiglu_gemm_ok", lambda *a: False)
-    off = logits()
-    assert np.array_equal(on.view(np.uint32), off.view(np.uint32)), (
-        f"{kind}: logits differ with the epilogues: max |diff| {np.max(np.abs(on - off)):.3e}"
-    )
