@@ -121,3 +121,37 @@ def test_swiglu_ffn_block_bitwise_with_and_without(cp: Any, monkeypatch: pytest.
             off = cp.asnumpy(model_layers._swiglu_ffn(net, h, "gu", "dn"))
         assert np.array_equal(on.view(np.uint32), off.view(np.uint32)), "the MLP block's bits changed"
     assert len(taken) == 2, "the epilogue path was not taken"
+
+
+def test_model_prefill_bitwise_with_and_without_the_epilogue(
+    cp: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mid-size dense model's prefill (700 tokens, then 450 more) gives the same logits bit for bit with the
+    SwiGLU epilogue (counted as taken) as without it."""
+    import ninfer.cuda.gemm as gemm_mod
+    from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.sequences import Sequences
+    from ninfer.cuda.upload import encode_weights, upload_encoded
+    from ninfer.demo import midsize_config, random_weights
+    from ninfer.reference import DictWeights
+
+    cfg = midsize_config("dense")
+    enc = encode_weights(cfg, DictWeights(random_weights(cfg, seed=13)), "NVFP4G16_E4M3S")
+    net = CudaQwen36(cfg, upload_encoded(cfg, enc), prefill_gemm=True)
+    ids = np.random.default_rng(7).integers(0, cfg.vocab_size, 1150)
+
+    def logits() -> np.ndarray:
+        seqs = Sequences(net, slots=2, pages=160, page_size=16, context=1200)
+        s = seqs.new()
+        return np.concatenate([net.lm_head(seqs.forward(s, ids[a:b])) for a, b in ((0, 700), (700, 1150))])
+
+    taken = []
+    real = gemm_mod.swiglu_gemm_ok
+    monkeypatch.setattr(gemm_mod, "swiglu_gemm_ok", lambda *a: taken.append(real(*a)) or taken[-1])
+    on = logits()
+    assert any(taken), "the SwiGLU epilogue was not taken"
+    monkeypatch.setattr(gemm_mod, "swiglu_gemm_ok", lambda *a: False)
+    off = logits()
+    assert np.array_equal(on.view(np.uint32), off.view(np.uint32)), (
+        f"logits differ with the epilogue: max |diff| {np.max(np.abs(on - off)):.3e}"
+    )
