@@ -269,8 +269,7 @@ def f16_rows(
     reallocated)."""
     m = x.shape[0] if rows is None else rows.shape[0]
     k = x.shape[1] // 2 if swiglu else x.shape[1]
-    buf = _scratch("x", m * k + 2 * m)
-    xh, rowf = buf[: m * k], buf[m * k : m * k + 2 * m].view(np.float32)
+    xh, rowf = f16_scratch(m, k)
     if gate is not None:
         if rows is not None or swiglu:
             raise ValueError("f16_rows: the gate is the only transform of its rows")
@@ -290,6 +289,12 @@ def f16_rows(
     args = (x, ptr, xh, rowf, np.int32(m), np.int32(k), np.int64(ldx), np.int32(keep))
     fn((m,), (_SPLIT_THREADS,), args, shared_mem=4 * k if keep else 0)
     return xh, rowf
+
+
+def f16_scratch(m: int, k: int) -> tuple[Any, Any]:
+    """The fp16 row scratch of ``m`` rows of ``k``: (fp16 words, flat ``[m k]`` uint16; ``m`` float32 factors)."""
+    buf = _scratch("x", m * k + 2 * m)
+    return buf[: m * k], buf[m * k : m * k + 2 * m].view(np.float32)
 
 
 def _split_gate(x: Any, ldx: int, fn: Any, gate: tuple[Any, int], xh: Any, rowf: Any) -> None:

@@ -25,6 +25,10 @@ import numpy as np
 
 from ninfer.cuda._common import F16Rows, KernelError, check_array
 from ninfer.cuda.gemm_pair import (
+    _BM,
+    _SMEM,
+    _SPLIT_THREADS,
+    _WS_THREADS,
     PAIR_STRUCTS,
     _dequant,
     _kept_operand,
@@ -34,6 +38,7 @@ from ninfer.cuda.gemm_pair import (
     _sm_count,
     f16_auto_ws,
     f16_foldable,
+    f16_scratch,
     splitk_splits,
 )
 from ninfer.cuda.launch import launch_ex
@@ -41,9 +46,6 @@ from ninfer.cuda.launch import launch_ex
 __all__ = ["SwigluRows", "SWIGLU_TILE", "swiglu_shape_ok", "gate_up_swiglu", "swiglu_f16_rows"]
 
 SWIGLU_TILE = 128  # h columns per ws column tile (WS_BN / 2): the gate rows' count must be a multiple
-# WS_THREADS, WS_SMEM, GS_BM (cuda_src/ws_sched.cuh, gemm_sm90_ws.cu)
-_WS_THREADS, _SMEM, _BM = 384, 232448, 128
-_SPLIT_THREADS = 256
 
 
 class SwigluRows(NamedTuple):
@@ -119,8 +121,8 @@ def swiglu_f16_rows(s: SwigluRows, kernel_of: Callable[[str], Any]) -> F16Rows:
     m, half = s.shape
     tn = half // SWIGLU_TILE
     check_array(s.tmax, "tmax", dtype=np.float32, shape=(m, tn))
-    buf = _scratch("x", m * half + 2 * m)
-    xh, rowf = buf[: m * half].reshape(m, half), buf[m * half : m * half + 2 * m].view(np.float32)
+    xh, rowf = f16_scratch(m, half)
+    xh = xh.reshape(m, half)
     if m:
         kernel_of("split_f16row_max")(
             (m,), (_SPLIT_THREADS,), (s.h, s.tmax, xh, rowf, np.int32(m), np.int32(half), np.int32(tn))

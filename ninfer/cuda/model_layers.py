@@ -43,8 +43,8 @@ def linear(
     two bf16 halves), or (``exact`` or ``prefill_gemm=False``) the decode GEMV in 8-row blocks, which gives every
     row bitwise its decode result. ``swiglu`` (``x`` = [gate | up]) and ``gate=(qg, head_dim)`` apply the SwiGLU or
     the attention output gate to the input first: fused into the GEMV's staging or the fp16 GEMM's row split,
-    else a separate kernel before the GEMM. ``resid``: the GEMV adds the product into that float32 residual and returns ``Folded`` (norm folding;
-    GEMV calls only: the caller folds only where ``fold_rows`` allows)."""
+    else a separate kernel before the GEMM. ``resid``: the GEMV adds the product into that float32 residual and
+    returns ``Folded`` (norm folding; GEMV calls only: the caller folds only where ``fold_rows`` allows)."""
     w = net.w[name]
     if isinstance(x, Normed) and _gemm(net, x.shape[0], exact):
         raise ValueError(f"{name}: a folded norm feeds GEMVs only")
