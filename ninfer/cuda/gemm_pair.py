@@ -298,18 +298,16 @@ def f16_rows(
 def f16_token_rows(x: Any, ldx: int, kernel_of: Callable[[str], Any], rows: Any) -> tuple[Any, Any]:
     """The fp16 rows of a GEMM whose slot s reads token row ``rows[s]`` in place (gemm90_experts_f16g):
     ``split_f16row`` of the tokens' float32 ``x[T, K]`` (row stride ``ldx``, T > 0) into the scratch, as (fp16 words
-    ``[T, K]`` as uint16, one float32 factor per SLOT: its token row's factor, gathered by ``cupy.take``). Each
+    ``[T, K]`` as uint16, one float32 factor per SLOT: its token row's factor, gathered by ``take``). Each
     token's row is split once, not once per slot: its words depend only on that row, so the GEMM's operands are
     bitwise those of ``f16_rows(x, ldx, kernel_of, rows=rows)``. Not for graph capture (the scratch may be
     reallocated)."""
-    import cupy
-
     t, k, s = x.shape[0], x.shape[1], rows.shape[0]
     buf = _scratch("x", t * k + 2 * t + 2 * s)
     xh, rowf = buf[: t * k], buf[t * k : t * k + 2 * t].view(np.float32)
     rowf_s = buf[t * k + 2 * t : t * k + 2 * t + 2 * s].view(np.float32)
     kernel_of("split_f16row")((t,), (_SPLIT_THREADS,), (x, xh, rowf, np.int32(t), np.int32(k), np.int64(ldx)))
-    cupy.take(rowf, rows, out=rowf_s)
+    rowf.take(rows, out=rowf_s)  # one small launch: the slots' factors
     return xh, rowf_s
 
 
