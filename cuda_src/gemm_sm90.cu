@@ -193,7 +193,7 @@ __device__ __forceinline__ void gs_dense_tile(const u8* __restrict__ p0, const u
     int mt, nt;
     gs_raster(blockIdx.x, (M + GS_BM - 1) / GS_BM, (N + D::BN - 1) / D::BN, mt, nt);
     const long long m0 = (long long)mt * GS_BM;
-    gs_tile<D, A, TY>(p0, p1, p2, x + m0 * ldx, y + m0 * ldy, M - (int)m0, N, K, ldx, ldy, nt * D::BN, 0,
+    gs_tile<D, A, TY>(p0, p1, p2, A::at(x, m0, ldx), y + m0 * ldy, M - (int)m0, N, K, ldx, ldy, nt * D::BN, 0,
                       rowf ? rowf + m0 : nullptr);
 }
 
@@ -219,7 +219,7 @@ __device__ __forceinline__ void gs_expert_tile(const u8* __restrict__ p0, const 
     const int i = blockIdx.y;
     if (i >= *ntiles) return;
     const int e = tile_e[i], s0 = tile_s0[i], rows = min(GS_BM, off[e + 1] - s0);
-    gs_tile<D, A, TY>(p0, p1, p2, x + (long long)s0 * ldx, y + (long long)s0 * ldy, rows, N, K, ldx, ldy,
+    gs_tile<D, A, TY>(p0, p1, p2, A::at(x, s0, ldx), y + (long long)s0 * ldy, rows, N, K, ldx, ldy,
                       blockIdx.x * D::BN, (long long)e * N, rowf ? rowf + s0 : nullptr);
 }
 
@@ -325,6 +325,22 @@ __global__ void __launch_bounds__(GS_THREADS, 1)
                        const int* __restrict__ ntiles, int N, int K, long long ldx, long long ldy) {
     static_assert(!D::DIRECT && D::GPT == 0, "the folded formats: operand values exact in fp16");
     gs_expert_tile<D, ActF16, float>(p0, p1, p2, xh, y, off, tile_e, tile_s0, ntiles, N, K, ldx, ldy, rowf);
+}
+
+// gemm90_experts_f16 with the slots' rows read in place (ActF16G): slot s's A row is row rows[s] of xh (split_f16row
+// of the tokens' rows [T, K], row stride ldx) instead of row s of a per-slot copy (split_f16row_in<true, false>
+// wrote T * top_k rows of which only T differ); rowf[s] is the factor of slot s's row (its token's, gathered per
+// slot). The same operand tiles (wdq.cuh ActF16G), MMA order and epilogue: bitwise gemm90_experts_f16's result.
+template <typename D>
+__global__ void __launch_bounds__(GS_THREADS, 1)
+    gemm90_experts_f16g(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
+                        const bf16* __restrict__ xh, const int* __restrict__ rows, const float* __restrict__ rowf,
+                        float* __restrict__ y, const int* __restrict__ off, const int* __restrict__ tile_e,
+                        const int* __restrict__ tile_s0, const int* __restrict__ ntiles, int N, int K, long long ldx,
+                        long long ldy) {
+    static_assert(!D::DIRECT && D::GPT == 0, "the folded formats: operand values exact in fp16");
+    gs_expert_tile<D, ActF16G, float>(p0, p1, p2, GatherX{xh, rows}, y, off, tile_e, tile_s0, ntiles, N, K, ldx, ldy,
+                                      rowf);
 }
 
 // 8 consecutive inputs of split_f16row's row xr at column k: the stored values, or (SWIGLU: xr holds [gate | up],

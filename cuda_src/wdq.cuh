@@ -62,6 +62,35 @@ struct Stream {
     }
 };
 
+// Stream with a source row of its own per piece (Stream's pieces are rstep rows apart): piece i reads row
+// rows[r0 + i * rstep] of the plane (rowbytes apart) at byte `off` + kt * TB and lands at stage byte dst0 + i * DSTEP;
+// pieces with i * rstep >= left (rows[] not read there) or the whole tile when kin is false are zero-filled from `fb`
+// as Stream's are. The row addresses are computed once per CTA (a pointer per piece).
+template <int NI, int B, int TB, int DSTEP>
+struct GatherStream {
+    const u8* src[NI];
+    int dst0;
+    u32 ok;
+    HD void init(const void* plane, const int* rows, int r0, long long rowbytes, int rstep, int off, int dst,
+                 int left) {
+        dst0 = dst;
+        ok = 0;
+#pragma unroll
+        for (int i = 0; i < NI; ++i) {
+            const bool in = i * rstep < left;
+            ok |= (in ? 1u : 0u) << i;
+            src[i] = reinterpret_cast<const u8*>(plane) + (in ? rows[r0 + i * rstep] * rowbytes + off : 0);
+        }
+    }
+    HD void copy(u8* st, int kt, bool kin, const void* fb) const {
+#pragma unroll
+        for (int i = 0; i < NI; ++i) {
+            const bool in = kin && ((ok >> i) & 1u);
+            cp_async<B>(st + dst0 + i * DSTEP, in ? src[i] + (long long)kt * TB : reinterpret_cast<const u8*>(fb), in);
+        }
+    }
+};
+
 HD uint4 make4(u32 a, u32 b, u32 c, u32 d) {
     uint4 v;
     v.x = a, v.y = b, v.z = c, v.w = d;
@@ -283,6 +312,7 @@ HD void split8(const float x[8], uint4& hi, uint4& lo) {
 }
 
 // ---- activations -------------------------------------------------------------------------------------------
+// at(x, r, ldx): the source from row r on (a tile's first row: gs_dense_tile, gs_expert_tile).
 // bf16: chunk (r, c) of the A tile straight from x (rows >= mvalid and k >= K zero-filled).
 // float: the chunk's first 4 floats land in the hi tile's slot of (r, c), the last 4 in the lo tile's slot; split()
 // then rewrites the two slots in place as hi = bf16(x), lo = bf16(x - hi) (only the thread that splits a chunk
@@ -303,6 +333,7 @@ template <> struct Act<bf16> {
         HD void copy(u8* st, int kt, int K, const void* fb) const { s.copy(st, kt, kt * GS_BK + kc < K, fb); }
     };
     static HD void split(u8*, int) {}
+    static HD Src at(Src x, long long r, long long ldx) { return x + r * ldx; }
 };
 template <> struct Act<float> {
     typedef const float* Src;
@@ -330,6 +361,7 @@ template <> struct Act<float> {
             split8(x, *ph, *pl);
         }
     }
+    static HD Src at(Src x, long long r, long long ldx) { return x + r * ldx; }
 };
 
 // Pre-split float activations (the "pair" mode, gemm90_pair): hi and lo as two bf16 [M, K] arrays of the same row
@@ -360,12 +392,40 @@ struct ActPair {
         }
     };
     static HD void split(u8*, int) {}
+    static HD Src at(Src x, long long r, long long ldx) { return x + r * ldx; }
 };
 
 // fp16 mode (gemm90_f16): the activation rows as fp16 words from split_f16row, loaded exactly as bf16 words are
 // (16-bit words; only the MMA's operand type differs), one MMA per k16 step.
 struct ActF16 : Act<bf16> {
     static constexpr bool F16 = true;
+};
+
+// The fp16 mode's gathered rows (gemm90_experts_f16g, the MoE prefill's gate | up product): A-tile row r is row
+// rows[r] of xh (split_f16row of the tokens' rows, row stride ldx), read in place instead of from a per-slot copy.
+// The same chunks, destinations and zero fill as ActF16 (rows >= mvalid: rows[] not read), so the tile is byte for
+// byte ActF16's over the gathered copy xh[rows] (a row's fp16 words depend only on that row; the host test
+// tests/test_gemm_pair_host.py compares the stages). at() offsets the index, not the rows.
+struct GatherX {
+    const bf16* xh;
+    const int* rows;
+};
+struct ActF16G {
+    typedef GatherX Src;
+    static constexpr bool SPLIT = false, F16 = true;
+    static constexpr int BYTES = GS_BM * 128;
+    struct Loader {  // row tid / 8 + 32 i, chunk tid % 8, as Act<bf16>'s
+        GatherStream<GS_BM / 32, 16, 128, 4096> s;
+        int kc;
+        HD Loader(GatherX x, long long ldx, int mvalid, int tid) {
+            const int r0 = tid >> 3, c = tid & 7;
+            kc = 8 * c;
+            s.init(x.xh, x.rows, r0, 2 * ldx, 32, 16 * c, sw128(r0, c), mvalid - r0);
+        }
+        HD void copy(u8* st, int kt, int K, const void* fb) const { s.copy(st, kt, kt * GS_BK + kc < K, fb); }
+    };
+    static HD void split(u8*, int) {}
+    static HD Src at(Src x, long long r, long long) { return GatherX{x.xh, x.rows + r}; }
 };
 
 // 8 bf16 operand values -> the same 8 values as fp16 words (exact for every folded format: NVFP4 operands are

@@ -283,35 +283,56 @@ def test_f16_gate_input_is_sigmoid_gate_then_gemm(cp: Any, fmt: str, monkeypatch
 
 @pytest.mark.parametrize("fmt", ("NVFP4G16_E4M3S", "FP8E4M3_F32T"))
 def test_f16_experts_input_transforms(cp: Any, fmt: str) -> None:
-    """``gemm_experts(x, ..., rows=r)`` (slots read ``x[r[s]]`` in the row split) is bitwise ``gemm_experts(x[r])``,
-    ``swiglu=True`` bitwise ``gemm_experts(swiglu(x))``, both together too, in the fp16 mode and the exact one."""
+    """``gemm_experts(x, ..., rows=r)`` (fp16 mode: the tokens' rows split once, each slot's read in place by
+    ``gemm90_experts_f16g``) is bitwise ``gemm_experts(x[r])`` (the per-slot rows of the gathered copy,
+    ``gemm90_experts_f16``), ``swiglu=True`` bitwise ``gemm_experts(swiglu(x))``, both together too, in the fp16
+    mode and the exact one. Tables with empty experts (first, inner, last), ragged last tiles, more slots than
+    tokens and fewer, K off the 64-wide K tile, a row-strided x; the launches counted by kernel."""
     from test_cuda_ops import _weight as _experts_weight
 
     from ninfer.cuda.activation import swiglu
-    from ninfer.cuda.gemm import gemm_experts
+    from ninfer.cuda.gemm import EXPERTS_LAUNCHES, gemm_experts
+    from ninfer.cuda.gemm_pair import PAIR_STRUCTS
 
     rng = np.random.default_rng(73)
-    n, k, counts, tokens = 130, 136, [0, 150, 1, 0, 64, 65, 3], 97
-    e = len(counts)
-    w, _ = _experts_weight(rng, fmt, (e, n, k))
-    ids = cp.asarray(np.repeat(np.arange(e, dtype=np.int32), counts))
-    rows = cp.asarray(rng.integers(0, tokens, ids.size).astype(np.int32))
-    x = cp.asarray(_x(rng, tokens, k))
-    gu = cp.asarray(_x(rng, tokens, 2 * k))
-    for inputs in ("fp16", "exact"):
-        cases = (
-            (
-                gemm_experts(x, w, ids, n, inputs=inputs, rows=rows),
-                gemm_experts(x[rows], w, ids, n, inputs=inputs),
-            ),
-            (
-                gemm_experts(gu[rows], w, ids, n, inputs=inputs, swiglu=True),
-                gemm_experts(swiglu(gu[rows]), w, ids, n, inputs=inputs),
-            ),
-            (
-                gemm_experts(gu, w, ids, n, inputs=inputs, rows=rows, swiglu=True),
-                gemm_experts(swiglu(gu)[rows], w, ids, n, inputs=inputs),
-            ),
-        )
-        for i, (a, b) in enumerate(cases):
-            assert np.array_equal(cp.asnumpy(a), cp.asnumpy(b)), f"{fmt} {inputs}: transform case {i} differs"
+    gathered = f"gemm90_experts_f16g<{PAIR_STRUCTS[fmt][1]}>"
+    per_slot = f"gemm90_experts_f16<{PAIR_STRUCTS[fmt][1]}>"
+    for n, k, counts, tokens in (
+        (130, 136, [0, 150, 1, 0, 64, 65, 3], 97),
+        (300, 264, [0, 5, 0, 131, 0, 0], 40),  # the last tile 3 rows, trailing empty experts
+        (256, 64, [1, 0, 2], 200),  # fewer slots than tokens
+    ):
+        e = len(counts)
+        w, _ = _experts_weight(rng, fmt, (e, n, k))
+        ids = cp.asarray(np.repeat(np.arange(e, dtype=np.int32), counts))
+        rows = cp.asarray(rng.integers(0, tokens, ids.size).astype(np.int32))
+        xbuf = cp.asarray(np.pad(_x(rng, tokens, k), ((0, 0), (8, 16)), constant_values=np.nan))
+        x = xbuf[:, 8 : 8 + k]  # row stride k + 24
+        gu = cp.asarray(_x(rng, tokens, 2 * k))
+        for inputs in ("fp16", "exact"):
+            before = EXPERTS_LAUNCHES.copy()
+            cases = (
+                (
+                    gemm_experts(x, w, ids, n, inputs=inputs, rows=rows),
+                    gemm_experts(x[rows], w, ids, n, inputs=inputs),
+                ),
+                (
+                    gemm_experts(gu[rows], w, ids, n, inputs=inputs, swiglu=True),
+                    gemm_experts(swiglu(gu[rows]), w, ids, n, inputs=inputs),
+                ),
+                (
+                    gemm_experts(gu, w, ids, n, inputs=inputs, rows=rows, swiglu=True),
+                    gemm_experts(swiglu(gu)[rows], w, ids, n, inputs=inputs),
+                ),
+            )
+            for i, (a, b) in enumerate(cases):
+                got = cp.asnumpy(a)
+                assert np.isfinite(got).all(), f"{fmt} {inputs} {counts}: case {i} not finite"
+                assert np.array_equal(got, cp.asnumpy(b)), (
+                    f"{fmt} {inputs} {counts}: transform case {i} differs"
+                )
+            ran = EXPERTS_LAUNCHES - before
+            if inputs == "fp16":  # case 0's rows read in place; the others (and the references) per slot
+                assert ran == {gathered: 1, per_slot: 5}, f"{fmt} {counts}: launched {dict(ran)}"
+            else:
+                assert gathered not in ran and per_slot not in ran, f"{fmt} exact: launched {dict(ran)}"

@@ -12,6 +12,8 @@ the operand tiles the pair kernel copies, bitwise against the in-loop kernel's.
   (tests/test_cuda_gemm_pair.py checks that on the device). The fp16 mode likewise: the weight tile
   gemm90_f16il<D> converts in its main loop (convert_tile<D, true>) against the one gemm90_f16<DqFolded<D>> copies
   from dequant90<D, true>'s scratch (tests/test_cuda_gemm_f16.py compares the two kernels' results on the device).
+  And the MoE gate | up GEMM's A tiles read through a row index from the tokens' rows (ActF16G) against ActF16's
+  from the per-slot copy.
 """
 
 from __future__ import annotations
@@ -197,8 +199,46 @@ static int run(int M, int N, int K, long long ldx, const u8* base, const long lo
     return 0;
 }
 
+// mode "gather": the MoE gate | up GEMM's A tiles. stdin: T K ldx S E, rows [S] (i32), counts [E] (i32), xh [T, ldx]
+// (u16, the tokens' fp16 rows); for every tile of the expert table (expert e's slots off[e] .. off[e + 1] in tiles of
+// 128, as expert_tiles builds it) and K tile, the stage gemm90_experts_f16g loads (ActF16G: token rows read in place
+// through rows[]) against the one gemm90_experts_f16 loads from the per-slot copy xh[rows] [S, K] (ActF16), byte for
+// byte, under different poison bytes. Returns 30 on a difference; stdout: tiles compared (i32).
+static int gather() {
+    int T, K, S, E;
+    long long ldx;
+    if (scanf("%d %d %lld %d %d", &T, &K, &ldx, &S, &E) != 5) return 2;
+    getchar();
+    std::vector<int> rows(S), counts(E);
+    std::vector<bf16> xh((size_t)T * ldx), xg((size_t)S * K);
+    if (fread(rows.data(), 4, S, stdin) != (size_t)S || fread(counts.data(), 4, E, stdin) != (size_t)E) return 3;
+    if (fread(xh.data(), 2, xh.size(), stdin) != xh.size()) return 4;
+    for (int s = 0; s < S; ++s) memcpy(&xg[(size_t)s * K], &xh[(size_t)rows[s] * ldx], 2 * (size_t)K);
+    std::vector<u8> sa(ActF16::BYTES), sg(ActF16G::BYTES);
+    const int nk = (K + GS_BK - 1) / GS_BK;
+    int off = 0, tiles = 0;
+    for (int e = 0; e < E; ++e) {
+        for (int s0 = off; s0 < off + counts[e]; s0 += GS_BM, ++tiles) {
+            const int mvalid = off + counts[e] - s0 < GS_BM ? off + counts[e] - s0 : GS_BM;
+            for (int kt = 0; kt < nk; ++kt) {
+                std::fill(sa.begin(), sa.end(), (u8)0xff);
+                std::fill(sg.begin(), sg.end(), (u8)0xfe);
+                for (int tid = 0; tid < GS_THREADS; ++tid) {
+                    ActF16::Loader(ActF16::at(xg.data(), s0, K), K, mvalid, tid).copy(sa.data(), kt, K, xg.data());
+                    const GatherX gx = ActF16G::at(GatherX{xh.data(), rows.data()}, s0, ldx);
+                    ActF16G::Loader(gx, ldx, mvalid, tid).copy(sg.data(), kt, K, xh.data());
+                }
+                if (memcmp(sa.data(), sg.data(), ActF16::BYTES)) return 30;
+            }
+        }
+        off += counts[e];
+    }
+    fwrite(&tiles, 4, 1, stdout);
+    return 0;
+}
+
 int main(int argc, char** argv) {
-    if (argc > 1) return makes();
+    if (argc > 1) return strcmp(argv[1], "gather") ? makes() : gather();
     int fmt, M, N, K;
     long long ldx, off[3], nbytes;
     if (scanf("%d %d %d %d %lld %lld %lld %lld %lld", &fmt, &M, &N, &K, &ldx, &off[0], &off[1], &off[2],
@@ -254,6 +294,30 @@ def test_make_every_code_and_scale(driver: Path) -> None:
     b = np.concatenate([b, b ^ 0x5A], axis=1).astype(np.int64)  # v.y = w ^ 0x5a5a5a5a
     fin = np.isfinite(e4m3_table()[b])
     assert np.array_equal(bf16_decode(fp8)[fin], e4m3_table()[b][fin]), "FP8 make"
+
+
+def test_gathered_rows_tiles_equal_per_slot_tiles(driver: Path) -> None:
+    """The MoE gate | up GEMM reading its slots' token rows in place (ActF16G, gemm90_experts_f16g) loads the A
+    tiles that the per-slot copy ``xh[rows]`` gives ActF16 (gemm90_experts_f16), byte for byte: every tile of
+    tables with empty experts (first, inner, last), ragged last tiles (zero-filled rows past the expert's end), one-
+    row experts, more slots than tokens and fewer, repeated tokens, K off the 64-wide K tile, a row stride above K."""
+    rng = np.random.default_rng(17)
+    for tokens, k, ldx, counts in (
+        (97, 136, 136, [0, 150, 1, 0, 64, 65, 3]),
+        (40, 264, 280, [0, 5, 0, 131, 0, 0]),
+        (200, 64, 72, [1, 0, 2]),
+        (3, 8, 8, [129, 0, 1]),
+        (300, 2048, 2048, [256, 7, 0, 300]),
+    ):
+        s = sum(counts)
+        rows = rng.integers(0, tokens, s).astype(np.int32)
+        xh = rng.integers(0, 2**16, (tokens, ldx)).astype(np.uint16)
+        head = f"{tokens} {k} {ldx} {s} {len(counts)}\n".encode()
+        body = rows.tobytes() + np.asarray(counts, np.int32).tobytes() + xh.tobytes()
+        proc = subprocess.run([str(driver), "gather"], input=head + body, capture_output=True, timeout=600)
+        assert proc.returncode == 0, f"{tokens}x{k} {counts}: driver exited {proc.returncode}"
+        tiles = int(np.frombuffer(proc.stdout, np.int32)[0])
+        assert tiles == sum(-(-c // 128) for c in counts), f"{counts}: {tiles} tiles compared"
 
 
 def _weight(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.ndarray, list[int], np.ndarray]:

@@ -1,8 +1,9 @@
 """The pair mode's host orchestration (ninfer/cuda/gemm_pair.py) without a GPU: the three kernels emulated in NumPy
 on the arrays the wrapper passes (views in place of device pointers), so the chunk loops, the scratch slices, the
 per-row scale plane offsets, the output views and the launch geometry are checked against the reference with and
-without chunking; likewise the fp16 mode's row split with the attention output gate (``gate=``), and which path
-gemm.gemm takes for a gated input. The kernels themselves: tests/test_gemm_pair_host.py,
+without chunking; likewise the fp16 mode's row split with the attention output gate (``gate=``), which path
+gemm.gemm takes for a gated input, and which row split and kernel gemm.gemm_experts launches for each mode and
+input transform (the token rows read in place per slot: bitwise the per-slot rows' product). The kernels themselves: tests/test_gemm_pair_host.py,
 tests/test_gemm_f16_host.py (CPU) and tests/test_cuda_gemm_pair.py, tests/test_cuda_gemm_f16.py.
 """
 
@@ -358,3 +359,130 @@ def test_gemm_gate_dispatch(monkeypatch: pytest.MonkeyPatch, case: tuple) -> Non
     assert calls == want[path], calls
     with pytest.raises(gm.KernelError, match="exclusive"):
         gm.gemm(x, w, impl=impl, inputs=inputs, gate=(qg, d), swiglu=True)
+
+
+class _Experts:
+    """An emulated expert GEMM launch (gemm90_experts_f16 / _f16g, FP8 weights with a per-row scale): checks the
+    geometry and writes y[s] = (x_s . W_e[ids[s]]) * scale * rowf[s] in float64, x_s the slot's fp16 row (row s of
+    the per-slot rows, or row rows[s] of the tokens' rows)."""
+
+    def __init__(self, name: str, log: list, ids: np.ndarray) -> None:
+        self.name, self.log, self.ids, self.max_dynamic_shared_size_bytes = name, log, ids, 0
+
+    def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], a: tuple[Any, ...], **kw: Any) -> None:
+        self.log.append((self.name, grid))
+        assert block == (256,) and kw == {"shared_mem": 232448}
+        if not self.name.startswith("gemm90_experts_f16"):  # the exact kernel: logged only
+            return
+        if self.name.startswith("gemm90_experts_f16g"):
+            p0, p1, _, xh, rows, rowf, y = a[:7]
+            n, k, ldx = int(a[11]), int(a[12]), int(a[13])
+            x = xh.view(np.float16).reshape(-1, k)[rows]
+        else:
+            p0, p1, _, xh, rowf, y = a[:6]
+            n, k, ldx = int(a[10]), int(a[11]), int(a[12])
+            x = xh.view(np.float16).reshape(-1, k)
+        s = self.ids.size
+        assert ldx == k and x.shape == (s, k) and rowf.shape == (s,) and y.shape == (s, n)
+        e = int(self.ids.max()) + 1
+        w = e4m3_decode(np.asarray(p0)[: e * n * k]).reshape(e, n, k).astype(np.float64)
+        scale = np.frombuffer(np.asarray(p1)[: 4 * e * n].tobytes(), np.float32).reshape(e, n)
+        xf = x.astype(np.float64)
+        y[...] = np.einsum("sk,snk->sn", xf, w[self.ids]) * scale[self.ids] * rowf[:, None]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [  # (impl, inputs, fmt, rows, swiglu) -> the row split launched (or None) and the GEMM
+        (
+            ("auto", "fp16", "FP8E4M3_F32ROW", True, False),
+            ("split_f16row", "gemm90_experts_f16g<DqFP8<true>>"),
+        ),
+        (
+            ("auto", "fp16", "FP8E4M3_F32ROW", False, False),
+            ("split_f16row", "gemm90_experts_f16<DqFP8<true>>"),
+        ),
+        (
+            ("auto", "fp16", "FP8E4M3_F32ROW", True, True),
+            ("split_f16row_in<true, true>", "gemm90_experts_f16<DqFP8<true>>"),
+        ),
+        (
+            ("auto", "fp16", "FP8E4M3_F32ROW", False, True),
+            ("split_f16row_in<false, true>", "gemm90_experts_f16<DqFP8<true>>"),
+        ),
+        (("auto", "exact", "FP8E4M3_F32ROW", True, False), (None, "gemm90_experts<DqFP8<true>, float>")),
+        (("auto", "fp16", "BF16", True, False), (None, "gemm90_experts<DqBF16, float>")),  # no fp16 mode
+        (("mma", "fp16", "FP8E4M3_F32ROW", True, False), (None, "gemm_experts<FmtFP8Row, float>")),
+    ],
+)
+def test_gemm_experts_dispatch(fake: list, monkeypatch: pytest.MonkeyPatch, case: tuple) -> None:
+    """gemm_experts' kernel for each mode and input transform (experts_kernel, EXPERTS_LAUNCHES): the fp16 mode
+    with ``rows`` and no SwiGLU splits the T token rows once (split_f16row) and launches gemm90_experts_f16g with
+    the tokens' rows, ``rows`` and the slots' factors; other fp16 calls split per slot; the exact modes gather (and
+    SwiGLU) first. The rows-in-place launch's product equals the per-slot one of ``x[rows]`` (emulated kernels,
+    bitwise) and the rounded reference."""
+    import ninfer.cuda.activation as act
+    import ninfer.cuda.gemm as gm
+
+    (impl, inputs, fmt, with_rows, swiglu), (split, gemm) = case
+    rng = np.random.default_rng(9)
+    tokens, n, k, counts = 37, 48, 64, [0, 50, 3, 0, 30]
+    e = len(counts)
+    ids = np.repeat(np.arange(e, dtype=np.int32), counts)
+    rows = rng.integers(0, tokens, ids.size).astype(np.int32) if with_rows else None
+    kx = 2 * k if swiglu else k
+    xs = np.full((tokens if with_rows else ids.size, kx + 8), np.nan, np.float32)
+    xs[:, :kx] = rng.standard_normal((xs.shape[0], kx)) * 3
+    x = xs[:, :kx]
+    codec = FORMATS[fmt]
+    buf = np.ascontiguousarray(
+        codec.encode(rng.standard_normal((e * n, k)).astype(np.float32), (e * n, k)).view(np.uint8)
+    )
+    w = DeviceWeight(fmt, (e * n, k), buf.reshape(-1), tuple(plane_offsets(fmt, (e * n, k), buf)))
+    log: list = []
+    monkeypatch.setattr(gm, "_hopper", lambda impl: impl != "mma")
+    monkeypatch.setattr(gm, "capturing", lambda: False)
+    monkeypatch.setattr(gm, "check_array", lambda *a, **kw: None)
+    monkeypatch.setattr(
+        gm, "check_rows", lambda a, name, cols=None, **kw: (a.shape[0], a.shape[1], a.strides[0] // 4)
+    )
+    monkeypatch.setattr(
+        gm, "matrix_args", lambda a, w, out, what: ("float", a.shape[0], a.shape[1], a.strides[0] // 4)
+    )
+    monkeypatch.setattr(gm, "matrix_out", lambda a, out, m, n: (np.full((m, n), np.nan, np.float32), n))
+    off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    monkeypatch.setattr(gm, "expert_tiles", lambda i, ne: (off, None, None, None, -(-i.size // 128) + ne))
+    monkeypatch.setattr(gm, "_sm90_kernel", lambda nm: _Kernel(nm, log))
+    monkeypatch.setattr(gm, "_gs_kernel", lambda nm: _Experts(nm, log, ids))
+    monkeypatch.setattr(gm, "kernel", lambda src, inst, nm: lambda *a, **kw: log.append((nm, a[0])))
+    monkeypatch.setattr(act, "swiglu", lambda gu: gu[:, : gu.shape[1] // 2] * gu[:, gu.shape[1] // 2 :])
+    monkeypatch.setattr(_Kernel, "_split_f16row_in", _split_in, raising=False)
+    before = gm.EXPERTS_LAUNCHES.copy()
+    out = gm.gemm_experts(x, w, ids, n, impl=impl, inputs=inputs, rows=rows, swiglu=swiglu)
+    assert [nm for nm, _ in log] == ([split] if split else []) + [gemm], log
+    assert gm.EXPERTS_LAUNCHES - before == {gemm: 1}
+    want = gm.experts_kernel(fmt, "float", f16=split is not None, hopper=impl != "mma", rows=with_rows,
+                             swiglu=swiglu)  # fmt: skip
+    assert want == gemm
+    if split == "split_f16row":
+        assert log[0][1] == (x.shape[0],), "one split block per token row"
+    if gemm.startswith("gemm90_experts_f16g"):
+        log.clear()
+        per_slot = gm.gemm_experts(np.ascontiguousarray(x[rows]), w, ids, n, inputs="fp16")
+        assert [nm for nm, _ in log] == ["split_f16row", "gemm90_experts_f16<DqFP8<true>>"]
+        assert np.isfinite(out).all() and np.array_equal(out, per_slot), "rows in place != the gathered copy"
+        wf = codec.decode(buf, (e * n, k)).reshape(e, n, k)
+        xr = ops.round_fp16_rows(x[rows])
+        ref = np.einsum("sk,snk->sn", xr.astype(np.float64), wf[ids].astype(np.float64))
+        assert np.allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def _split_in(self: _Kernel, grid: tuple[int, ...], a: tuple[Any, ...], shared_mem: int) -> None:
+    """split_f16row_in<ROWS, SWIGLU> (emulated): the gathered and / or SwiGLU'd rows, then the fp16 split."""
+    x, rows, xh, rowf = a[:4]
+    m, k, ldx = int(a[4]), int(a[5]), int(a[6])
+    assert grid == (m,) and ldx == x.strides[0] // 4
+    v = x[rows] if "<true" in self.name else x
+    if self.name.endswith("true>"):
+        v = v[:, :k] * v[:, k : 2 * k]
+    _f16_split(np.ascontiguousarray(v), xh, rowf)

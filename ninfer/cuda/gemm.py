@@ -16,6 +16,7 @@ cuda_src/gemm_sm90_ws.cu, cuda_src/gemm.cu); the decode products are ninfer/cuda
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ from ninfer.cuda.gemm_pair import (
     WS_INSTANCES,
     f16_foldable,
     f16_rows,
+    f16_token_rows,
     gemm_pair,
     pair_foldable,
 )
@@ -53,7 +55,9 @@ __all__ = [
     "swiglu_gemm_ok",
     "gemm_gate_up_swiglu",
     "gemm_experts",
+    "experts_kernel",
     "expert_tiles",
+    "EXPERTS_LAUNCHES",
     "GEMM_INPUTS",
     "GEMM_IMPLS",
     "DQ_STRUCTS",
@@ -328,6 +332,24 @@ def _transformed_args(
     return act_type(x, "x"), m, w.cols, ldx
 
 
+# gemm_experts' launches by kernel name (experts_kernel), counted for the tests: which path a call took
+EXPERTS_LAUNCHES: Counter[str] = Counter()
+
+
+def experts_kernel(fmt: str, t: str, *, f16: bool, hopper: bool, rows: bool, swiglu: bool) -> str:
+    """The kernel :func:`gemm_experts` launches for weight format ``fmt`` and (transformed) activation type ``t``:
+    ``f16`` (the fp16 mode applies: :func:`_f16_input`) with ``rows`` and no ``swiglu`` reads the tokens' split rows
+    in place (``gemm90_experts_f16g``, one split per token); other fp16 calls read the row split's per-slot rows
+    (``gemm90_experts_f16``, after ``split_f16row_in`` applied the transforms); else the exact kernels (Hopper or
+    mma.sync), whose inputs the caller gathered / SwiGLU'd first."""
+    if f16:
+        d = PAIR_STRUCTS[fmt][1]
+        return f"gemm90_experts_f16g<{d}>" if rows and not swiglu else f"gemm90_experts_f16<{d}>"
+    if hopper:
+        return f"gemm90_experts<{DQ_STRUCTS[fmt][0]}, {t}>"
+    return f"gemm_experts<{FORMAT_STRUCTS[fmt]}, {t}>"
+
+
 def gemm_experts(
     x: Any,
     w: DeviceWeight,
@@ -346,8 +368,10 @@ def gemm_experts(
     ``inputs="fp16"`` (float32 ``x``, FP8 / NVFP4 weights, Hopper, outside graph capture): each slot's row rounded
     to fp16 under a power-of-two scale as :func:`gemm` does (``gemm90_experts_f16``); otherwise exact. Input
     transforms, the same values as applying them first: ``rows`` (int32 on the device), slot s reads ``x[rows[s]]``
-    (``x`` the tokens' rows; no gathered copy in the fp16 mode); ``swiglu``, ``x``'s rows are [gate | up] of width
-    2K and the product is of their SwiGLU."""
+    (``x`` the tokens' rows; no gathered copy in the fp16 mode: each token's row is split once and the GEMM reads
+    it in place per slot, ``gemm90_experts_f16g``); ``swiglu``, ``x``'s rows are [gate | up] of width 2K and the
+    product is of their SwiGLU (with ``rows`` too, the fp16 row split applies both per slot).
+    :data:`EXPERTS_LAUNCHES` counts the kernels launched (:func:`experts_kernel`)."""
     if impl == "pair":
         raise KernelError("gemm_experts: no pair mode (auto, wgmma or mma)")
     if inputs not in GEMM_INPUTS:
@@ -375,18 +399,26 @@ def gemm_experts(
     p0, p1, p2 = w.planes()
     args = (p0, p1, p2, x, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k), np.int64(ldx),
             np.int64(ldy))  # fmt: skip
+    hopper = f16 or _hopper(impl)
+    name = experts_kernel(w.fmt, t, f16=f16, hopper=hopper, rows=rows is not None, swiglu=swiglu)
+    EXPERTS_LAUNCHES[name] += 1
     if f16:
-        xh, rowf = f16_rows(x, ldx, _sm90_kernel, rows=rows, swiglu=swiglu)
-        fn = _gs_kernel(f"gemm90_experts_f16<{PAIR_STRUCTS[w.fmt][1]}>")
-        args = (p0, p1, p2, xh, rowf, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k), np.int64(k),
-                np.int64(ldy))  # fmt: skip
+        fn = _gs_kernel(name)
+        if name.startswith("gemm90_experts_f16g"):  # the tokens' rows split once, read in place per slot
+            xh, rowf = f16_token_rows(x, ldx, _sm90_kernel, rows)
+            args = (p0, p1, p2, xh, rows, rowf, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k),
+                    np.int64(k), np.int64(ldy))  # fmt: skip
+        else:
+            xh, rowf = f16_rows(x, ldx, _sm90_kernel, rows=rows, swiglu=swiglu)
+            args = (p0, p1, p2, xh, rowf, out, off, tile_e, tile_s0, ntiles, np.int32(n), np.int32(k),
+                    np.int64(k), np.int64(ldy))  # fmt: skip
         fn((grid_1d(n, DQ_STRUCTS[w.fmt][1]), bound), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
         return out
-    if _hopper(impl):  # same 128-row tiles (GS_BM == GM_BM)
-        fn, bn = _gemm90("gemm90_experts", w, t)
-        fn((grid_1d(n, bn), bound), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
+    if hopper:  # same 128-row tiles (GS_BM == GM_BM)
+        fn = _gs_kernel(name)
+        fn((grid_1d(n, DQ_STRUCTS[w.fmt][1]), bound), (_GS_THREADS,), args, shared_mem=_GS_SMEM)
         return out
-    fn = kernel("gemm.cu", SOURCES["gemm.cu"], f"gemm_experts<{w.struct}, {t}>")
+    fn = kernel("gemm.cu", SOURCES["gemm.cu"], name)
     fn((grid_1d(n, _GEMM_TILE), bound), (_GEMM_THREADS,), args)
     return out
 

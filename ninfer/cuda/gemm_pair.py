@@ -43,6 +43,7 @@ __all__ = [
     "pair_scratch_bytes",
     "gemm_pair",
     "f16_rows",
+    "f16_token_rows",
     "release_scratch",
 ]
 
@@ -70,6 +71,8 @@ PAIR_INSTANCES: tuple[str, ...] = (
     *(f"dequant90<{d}, true>" for _, d in PAIR_STRUCTS.values() if d is not None),
     *(f"gemm90_f16il<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),  # the in-loop fp16 kernel
     *(f"gemm90_experts_f16<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),  # the MoE prefill's
+    # ... reading the slots' token rows in place (the gate | up product: one split per token, f16_token_rows)
+    *(f"gemm90_experts_f16g<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),
     "split_f16row",
     "split_f16row_max",  # the SwiGLU'd rows of gemm90_f16_ws_swiglu (gemm_swiglu.py)
     # its input transforms (a gather index, the SwiGLU of [gate | up] rows, both): the MoE and MLP prefill inputs
@@ -295,6 +298,22 @@ def f16_scratch(m: int, k: int) -> tuple[Any, Any]:
     """The fp16 row scratch of ``m`` rows of ``k``: (fp16 words, flat ``[m k]`` uint16; ``m`` float32 factors)."""
     buf = _scratch("x", m * k + 2 * m)
     return buf[: m * k], buf[m * k : m * k + 2 * m].view(np.float32)
+
+
+def f16_token_rows(x: Any, ldx: int, kernel_of: Callable[[str], Any], rows: Any) -> tuple[Any, Any]:
+    """The fp16 rows of a GEMM whose slot s reads token row ``rows[s]`` in place (gemm90_experts_f16g):
+    ``split_f16row`` of the tokens' float32 ``x[T, K]`` (row stride ``ldx``, T > 0) into the scratch, as (fp16 words
+    ``[T, K]`` as uint16, one float32 factor per SLOT: its token row's factor, gathered by ``take``). Each
+    token's row is split once, not once per slot: its words depend only on that row, so the GEMM's operands are
+    bitwise those of ``f16_rows(x, ldx, kernel_of, rows=rows)``. Not for graph capture (the scratch may be
+    reallocated)."""
+    t, k, s = x.shape[0], x.shape[1], rows.shape[0]
+    buf = _scratch("x", t * k + 2 * t + 2 * s)
+    xh, rowf = buf[: t * k], buf[t * k : t * k + 2 * t].view(np.float32)
+    rowf_s = buf[t * k + 2 * t : t * k + 2 * t + 2 * s].view(np.float32)
+    kernel_of("split_f16row")((t,), (_SPLIT_THREADS,), (x, xh, rowf, np.int32(t), np.int32(k), np.int64(ldx)))
+    rowf.take(rows, out=rowf_s)  # one small launch: the slots' factors
+    return xh, rowf_s
 
 
 def _split_gate(x: Any, ldx: int, fn: Any, gate: tuple[Any, int], xh: Any, rowf: Any) -> None:
