@@ -89,6 +89,13 @@ def register(subparsers: Any) -> None:
         help="CUDA prefill GEMM inputs (fp32 activations): exact (two MMAs) or fp16 (rounded per row, one MMA)",
     )
     p.add_argument(
+        "--prefill-attention",
+        default="exact",
+        choices=("exact", "p-bf16", "bf16"),
+        help="CUDA prefill attention operands: exact (float q and probabilities as bf16 pairs), p-bf16 "
+        "(probabilities rounded to bf16) or bf16 (q too); docs/cuda.md gives the measured cost",
+    )
+    p.add_argument(
         "--prefill-weights",
         default="auto",
         choices=("auto", "resident", "scratch"),
@@ -213,6 +220,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         cuda_graph=not a.no_cuda_graph,
         activations=a.activations,
         prefill_inputs=a.prefill_inputs,
+        prefill_attention=a.prefill_attention,
         prefill_weights=a.prefill_weights,
         cors=a.cors,
         max_request_mib=a.max_request_mib,

@@ -59,6 +59,7 @@ class ServerConfig:
     cuda_graph: bool = True
     activations: str = "fp32"  # CUDA activation dtype: fp32 (exact operands) or bf16 (opt-in, faster prefill)
     prefill_inputs: str = "fp16"  # CUDA prefill GEMM inputs with fp32 activations: fp16 (per row) or exact
+    prefill_attention: str = "exact"  # CUDA prefill attention operands: exact, p-bf16 or bf16
     # CUDA fp16-mode prefill operands kept on the device: auto (where memory allows), resident, scratch
     prefill_weights: str = "auto"
     cors: bool = False
@@ -93,6 +94,10 @@ class ServerConfig:
             raise ServerConfigError(f"--activations: fp32 or bf16, got {self.activations!r}")
         if self.prefill_inputs not in ("exact", "fp16"):
             raise ServerConfigError(f"--prefill-inputs: exact or fp16, got {self.prefill_inputs!r}")
+        if self.prefill_attention not in ("exact", "p-bf16", "bf16"):
+            raise ServerConfigError(
+                f"--prefill-attention: exact, p-bf16 or bf16, got {self.prefill_attention!r}"
+            )
         if self.prefill_weights not in ("auto", "resident", "scratch"):
             raise ServerConfigError(
                 f"--prefill-weights: auto, resident or scratch, got {self.prefill_weights!r}"

@@ -35,6 +35,17 @@ __device__ __forceinline__ void ap_split2(float x0, float x1, u32& hi, u32& lo) 
 #endif
 }
 
+// bf16(x0) | bf16(x1) << 16: ap_split2's hi alone (round to nearest even)
+__device__ __forceinline__ u32 ap_round2(float x0, float x1) {
+#ifdef __CUDA_ARCH__
+    u32 hi;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x1), "f"(x0));
+    return hi;
+#else
+    return ap_pack(x0, x1);
+#endif
+}
+
 __device__ __forceinline__ void ap_mma(float c[4], const u32 a[4], u32 b0, u32 b1) {
 #ifdef __CUDA_ARCH__
     asm volatile(

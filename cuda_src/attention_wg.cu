@@ -39,8 +39,8 @@ __device__ __forceinline__ void aw_issue_s(float (&sv)[AW_BN / 2], u32 qh, u32 q
     }
 }
 
-// O += P V for one tile: per 16 keys hi then lo (P is fp32: always split, as ag_tile; issued, not waited for)
-template <int D>
+// O += P V for one tile: per 16 keys hi then lo (PLO; else hi = P rounded to bf16 only; issued, not waited for)
+template <bool PLO, int D>
 __device__ __forceinline__ void aw_issue_pv(float (&acc)[D / 2], u32 (&ah)[AW_BN / 16][4], u32 (&al)[AW_BN / 16][4],
                                             u32 vs) {
     const u64 dv0 = desc_sw128_mn(vs, AW_BN * 128);
@@ -48,7 +48,7 @@ __device__ __forceinline__ void aw_issue_pv(float (&acc)[D / 2], u32 (&ah)[AW_BN
     for (int k = 0; k < AW_BN / 16; ++k) {
         const u64 dv = dv0 + (k * 16 * 128 >> 4);
         wgmma_rs_n256_tb(acc, ah[k], dv);
-        wgmma_rs_n256_tb(acc, al[k], dv);
+        if (PLO) wgmma_rs_n256_tb(acc, al[k], dv);
     }
 }
 #endif
@@ -57,7 +57,9 @@ __device__ __forceinline__ void aw_issue_pv(float (&acc)[D / 2], u32 (&ah)[AW_BN
 // P V. Tried and not kept: a ping-pong variant (warpgroup 1 deferring its P V to the next tile, three K/V buffers,
 // so that one warpgroup's softmax overlaps the other's products), for which ptxas (13.0) announced serialized
 // wgmmas (C7520: wgmmas after a branch it cannot prove warp-uniform, even on a lane-0 broadcast); not timed.
-template <bool SPLIT, int D>
+// PLO: P as bf16 hi + lo (two wgmmas per 16 keys, the exact products); else P rounded to bf16 (one), the softmax
+// sum still from the fp32 P (ap_online), as flash-attention does.
+template <bool SPLIT, bool PLO, int D>
 __device__ __forceinline__ void aw_tile(const u16* Qh, const u16* Ql, const u16* Ks, const u16* Vs, int wm, int k0,
                                         float scale, ApRows<D>& st) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -78,17 +80,25 @@ __device__ __forceinline__ void aw_tile(const u16* Qh, const u16* Ql, const u16*
     u32 ah[KS][4], al[KS][4];
 #pragma unroll
     for (int k = 0; k < KS; ++k) {
-        ap_split2(s[2 * k][0], s[2 * k][1], ah[k][0], al[k][0]);
-        ap_split2(s[2 * k][2], s[2 * k][3], ah[k][1], al[k][1]);
-        ap_split2(s[2 * k + 1][0], s[2 * k + 1][1], ah[k][2], al[k][2]);
-        ap_split2(s[2 * k + 1][2], s[2 * k + 1][3], ah[k][3], al[k][3]);
+        if (PLO) {
+            ap_split2(s[2 * k][0], s[2 * k][1], ah[k][0], al[k][0]);
+            ap_split2(s[2 * k][2], s[2 * k][3], ah[k][1], al[k][1]);
+            ap_split2(s[2 * k + 1][0], s[2 * k + 1][1], ah[k][2], al[k][2]);
+            ap_split2(s[2 * k + 1][2], s[2 * k + 1][3], ah[k][3], al[k][3]);
+        } else {
+            ah[k][0] = ap_round2(s[2 * k][0], s[2 * k][1]);
+            ah[k][1] = ap_round2(s[2 * k][2], s[2 * k][3]);
+            ah[k][2] = ap_round2(s[2 * k + 1][0], s[2 * k + 1][1]);
+            ah[k][3] = ap_round2(s[2 * k + 1][2], s[2 * k + 1][3]);
+            al[k][0] = al[k][1] = al[k][2] = al[k][3] = 0u;
+        }
     }
     float(&acc)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&st.acc[0][0]);
     fence_regs(acc);
     fence_regs(ah);
     fence_regs(al);
     wgmma_fence();
-    aw_issue_pv<D>(acc, ah, al, vs);
+    aw_issue_pv<PLO, D>(acc, ah, al, vs);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(acc);
@@ -99,8 +109,10 @@ __device__ __forceinline__ void aw_tile(const u16* Qh, const u16* Ql, const u16*
 #endif
 }
 
-// The wgmma engine: swizzled tiles of 64-element rows
-template <int D> struct AgWg {
+// The wgmma engine: swizzled tiles of 64-element rows. QLO / PLO: the lo halves of float q / of P enter the
+// products (exact operands); without them q / P are rounded to bf16, one wgmma per product step (the precision
+// docs/cuda.md "Prefill attention precision" measures). Q's lo half is staged either way.
+template <int D, bool QLO = true, bool PLO = true> struct AgWg {
     static_assert(D == 256, "the P V product is m64n256: D = 256 (the served models' head size)");
     static constexpr int BN = AW_BN, Q_WORDS = AG_SLOTS * D, KV_WORDS = BN * D;
     static __device__ __forceinline__ u16* base(uint4* smem) {
@@ -128,18 +140,18 @@ template <int D> struct AgWg {
     template <bool SPLIT>
     static __device__ __forceinline__ void tile(const u16* Qh, const u16* Ql, const u16* Ks, const u16* Vs, int wm,
                                                 int k0, float scale, ApRows<D>& st) {
-        aw_tile<SPLIT, D>(Qh, Ql, Ks, Vs, wm, k0, scale, st);
+        aw_tile<SPLIT && QLO, PLO, D>(Qh, Ql, Ks, Vs, wm, k0, scale, st);
     }
 };
 
 // grid (ceil(R / BR), HKV, splits), 256 threads; dynamic shared memory 2 D (128 (1 + split) + 4 BN) + 2048 bytes
 // (1024 of alignment slack, 1024 of row sequence and position)
-template <typename T, int D>
+template <typename T, int D, bool QLO = true, bool PLO = true>
 __global__ void __launch_bounds__(AG_THREADS, 1)
     attention_prefill_wg(const T* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
                          const int* __restrict__ page_table, const int* __restrict__ row_seq,
                          const int* __restrict__ row_pos, T* __restrict__ o, int R, int HQ, int HKV, int page_size,
                          long long ldpt, float scale, int split_keys, float* __restrict__ part) {
-    ag_body<AgWg<D>, T, D>(q, k_cache, v_cache, page_table, row_seq, row_pos, o, R, HQ, HKV, page_size, ldpt,
+    ag_body<AgWg<D, QLO, PLO>, T, D>(q, k_cache, v_cache, page_table, row_seq, row_pos, o, R, HQ, HKV, page_size, ldpt,
                            scale, split_keys, part);
 }

@@ -13,7 +13,8 @@ with CUDA events (median of the repeats after a warm-up); TFLOP/s counts the cau
 bf16 8192³ GEMM measured in the same run. ``bitwise`` says whether the two mma.sync kernels' outputs are identical
 (they compute the same arithmetic per row). Where it compiles (sm_90a), ``variant="wg"`` (the GQA block on
 ``wgmma``, the default there) is timed too: ``wg_ms``, ``wg_tflops``, ``wg_frac_gemm``, and against the GQA kernel
-``wg_bitwise`` and ``wg_err`` (max |difference| over max |output|).
+``wg_bitwise`` and ``wg_err`` (max |difference| over max |output|), and its rounded precisions (P, or q and P, to
+bf16: ``wg_p-bf16_*``, ``wg_bf16_*``, their errors against the GQA kernel's exact output).
 """
 
 from __future__ import annotations
@@ -63,6 +64,14 @@ def _case(model: str, t_len: int, qt: str, rng: np.random.Generator, reps: int) 
         out.update(wg_ms=ms["wg"], wg_tflops=flops / (ms["wg"] * 1e-3) / 1e12,
                    wg_bitwise=bool(cupy.array_equal(outs["wg"].view(cupy.uint8), outs["gqa"].view(cupy.uint8))),
                    wg_err=float(cupy.max(cupy.abs(a - b)) / cupy.max(cupy.abs(b))))  # fmt: skip
+        for prec in ("p-bf16", "bf16"):  # the rounded operands (attention_prefill PRECISIONS)
+            o = cupy.empty_like(qd)
+            ms_p = 1e3 * event_seconds(
+                lambda o=o, prec=prec: attention_prefill(*args, max_len=t_len, out=o, precision=prec), reps
+            )
+            err = float(cupy.max(cupy.abs(_values(o, qt) - b)) / cupy.max(cupy.abs(b)))
+            out.update({f"wg_{prec}_ms": ms_p, f"wg_{prec}_tflops": flops / (ms_p * 1e-3) / 1e12,
+                        f"wg_{prec}_err": err})  # fmt: skip
     return out
 
 
@@ -98,6 +107,10 @@ def main(
                     c["wg_frac_gemm"] = c["wg_tflops"] / gemm
                     wg = (f" {c['wg_ms']:8.2f} {c['wg_tflops']:8.1f} {c['wg_frac_gemm']:8.1%} "
                           f"{c['wg_bitwise']} (err {c['wg_err']:.1e})")  # fmt: skip
+                    for prec in ("p-bf16", "bf16"):
+                        c[f"wg_{prec}_frac_gemm"] = c[f"wg_{prec}_tflops"] / gemm
+                        wg += (f" | {prec} {c[f'wg_{prec}_ms']:.2f} ms {c[f'wg_{prec}_frac_gemm']:.1%} "
+                               f"err {c[f'wg_{prec}_err']:.1e}")  # fmt: skip
                 cases.append(c)
                 print(f"{model:8s} {t_len:6d} {qt:5s} {c['old_ms']:9.2f} {c['old_tflops']:9.1f} {c['new_ms']:9.2f} "
                       f"{c['new_tflops']:9.1f} {c['speedup']:7.2f}x {c['frac_gemm']:9.1%} {c['bitwise']}{wg}")  # fmt: skip

@@ -71,7 +71,10 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
 
     tensors = synthetic_tensors(mc, args.profile, mtp=args.spec > 0)
     phase("tensors")
-    net = CudaQwen36(mc, tensors, act_dtype=args.activations, prefill_inputs=args.prefill_inputs)
+    net = CudaQwen36(
+        mc, tensors, act_dtype=args.activations, prefill_inputs=args.prefill_inputs,
+        prefill_attention=args.prefill_attention,
+    )  # fmt: skip
     if args.gdn_variant:
         net.gdn_variant = args.gdn_variant
     del tensors  # the model holds the fused weights; the unfused parts are freed
@@ -90,6 +93,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     phase("warm_prefill")
     res: dict[str, Any] = {"model": MODELS[key], "profile": args.profile, "activations": args.activations}
     res["prefill_chunk"], res["prefill_inputs"] = args.chunk, args.prefill_inputs
+    res["prefill_attention"] = args.prefill_attention
     res["prefill_weights"], res["prefill_operand_budget"] = args.prefill_weights, kept
     res["sizes"] = model_bytes(net)
     res["build_s"], res["build_phases_s"] = time.perf_counter() - t0, phases
@@ -168,6 +172,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         default="fp16",
         choices=("exact", "fp16"),
         help="CUDA prefill GEMM inputs (fp32 activations)",
+    )
+    p.add_argument(
+        "--prefill-attention",
+        default="exact",
+        choices=("exact", "p-bf16", "bf16"),
+        help="CUDA prefill attention operands (ninfer/cuda/attention_prefill.py PRECISIONS)",
     )
     p.add_argument(
         "--prefill-weights",

@@ -17,6 +17,14 @@ On the mid-size random models of tests/test_cuda_model.py (dense and MoE, NVFP4 
 teacher-forced decode steps), each candidate is compared with the exact reference: teacher-forced top-1 agreement
 and mean KL(exact || candidate) over the 320 positions. Random tiny models have flat, near-tied logits (and, in the
 MoE, near-tied router scores), so these are pessimistic for a trained model; they rank the candidates.
+
+The prompt's attention (more than 8 query rows: the prefill kernel; decode keeps the exact kernel) has candidates
+too, joined to a GEMM rounding by ``+`` (``--roundings fp16-row+p-bf16``): the prefill kernel multiplies its fp32
+probabilities and (float32) q by the bf16 K / V cache as bf16 hi + lo pairs, two MMAs per product;
+
+  ``p-bf16``     the probabilities P = e^(s - max) rounded to bf16 before P V (one MMA), the softmax sum from the
+                 unrounded P (as flash-attention does);
+  ``qp-bf16``    q rounded to bf16 too (one MMA for Q K^T as well).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import numpy as np
 
 from ninfer.evaluate.perplexity import mean_kl
 
-__all__ = ["ROUNDINGS", "main"]
+__all__ = ["ROUNDINGS", "ATTN_ROUNDINGS", "main"]
 
 F32 = np.float32
 
@@ -49,7 +57,51 @@ def _fp16_row(x: np.ndarray) -> np.ndarray:
     return round_fp16_rows(x)
 
 
-ROUNDINGS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"bf16": _bf16, "fp16-row": _fp16_row}
+ROUNDINGS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "bf16": _bf16,
+    "fp16-row": _fp16_row,
+    "exact": lambda x: x,  # GEMM inputs kept (to isolate an attention candidate: exact+p-bf16)
+}
+# attention candidates: (round q, round P)
+ATTN_ROUNDINGS: dict[str, tuple[bool, bool]] = {"p-bf16": (False, True), "qp-bf16": (True, True)}
+
+
+def _attention_rounded(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, *, rq: bool, rp: bool
+) -> np.ndarray:
+    """ops.attention with q and / or the unnormalised probabilities rounded to bf16 (the sum from the unrounded)."""
+    t, hq, d = q.shape
+    n_kv, length = k.shape[1], start + t
+    group = hq // n_kv
+    q = _bf16(q) if rq else q
+    qh = q.reshape(t, n_kv, group, d).transpose(1, 2, 0, 3).reshape(n_kv, group * t, d)
+    scores = np.matmul(qh, k[:length].transpose(1, 2, 0)) * F32(1.0 / np.sqrt(d))
+    scores = scores.reshape(n_kv, group, t, length)
+    future = np.arange(length)[None, :] > (start + np.arange(t))[:, None]
+    p = np.exp(np.where(future, -np.inf, scores) - scores.max(axis=-1, keepdims=True)).astype(F32)
+    total = p.sum(axis=-1, keepdims=True)
+    pv = np.matmul((_bf16(p) if rp else p).reshape(n_kv, group * t, length), v[:length].transpose(1, 0, 2))
+    out = (pv.reshape(n_kv, group, t, d) / total).astype(F32)
+    return out.transpose(2, 0, 1, 3).reshape(t, hq, d)
+
+
+@contextlib.contextmanager
+def _rounded(name: str) -> Iterator[None]:
+    """Candidate ``name`` (a GEMM rounding, optionally ``+`` an attention rounding) applied to the reference."""
+    from ninfer.reference import ops
+
+    gemm, _, attn = name.partition("+")
+    attention = ops.attention
+    if attn:
+        rq, rp = ATTN_ROUNDINGS[attn]
+        ops.attention = lambda q, k, v, start: (
+            _attention_rounded(q, k, v, start, rq=rq, rp=rp) if q.shape[0] > 8 else attention(q, k, v, start)
+        )
+    try:
+        with _rounded_gemm_inputs(ROUNDINGS[gemm]):
+            yield
+    finally:
+        ops.attention = attention
 
 
 @contextlib.contextmanager
@@ -93,7 +145,7 @@ def _mid(kind: str) -> tuple[Any, Any]:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p = argparse.ArgumentParser(prog="python -m perf.fidelity_prefill")
     p.add_argument("--kinds", default="dense,moe")
-    p.add_argument("--roundings", default=",".join(ROUNDINGS))
+    p.add_argument("--roundings", default="bf16,fp16-row")
     p.add_argument("--prompt", type=int, default=300)
     p.add_argument("--decode", type=int, default=20)
     p.add_argument("--out", default=None, help="directory for fidelity_prefill.json")
@@ -104,14 +156,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         ids = np.random.default_rng(2).integers(0, cfg.vocab_size, a.prompt + a.decode)
         exact = _logits(ref, ids, a.prompt)
         for name in a.roundings.split(","):
-            with _rounded_gemm_inputs(ROUNDINGS[name]):
+            with _rounded(name):
                 got = _logits(ref, ids, a.prompt)
             r = {"kind": kind, "rounding": name, "positions": len(ids),
                  "top1": float(np.mean(got.argmax(-1) == exact.argmax(-1))), "kl": mean_kl(exact, got),
                  "max_err": float(np.max(np.abs(got - exact)) / np.max(np.abs(exact)))}  # fmt: skip
             rows.append(r)
             print(
-                f"{kind:5} {name:9} top-1 {r['top1']:.3f}  mean KL {r['kl']:.2e}  max err {r['max_err']:.2e}"
+                f"{kind:5} {name:16} top-1 {r['top1']:.3f}  mean KL {r['kl']:.2e}  max err {r['max_err']:.2e}"
             )
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)

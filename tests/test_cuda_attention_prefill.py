@@ -13,6 +13,7 @@ form a segment, which KV tiles are visited, which keys each row keeps) checked a
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -98,6 +99,7 @@ def _run(
     rows: np.ndarray | None = None,
     variant: str = "gqa",
     split_keys: int | None = 0,
+    precision: str = "exact",
 ) -> np.ndarray:
     """The kernel's output for launch rows ``rows``; ``split_keys`` 0 (no key splits: the bitwise checks between
     kernels and launches), None (the wrapper's choice) or keys per split."""
@@ -109,7 +111,7 @@ def _run(
     out = cp.full(q.shape, BF16_NAN, dtype=np.uint16) if t == "bf16" else cp.full(q.shape, np.nan, dtype=F32)
     attention_prefill(qd, cp.asarray(pr["kc"]), cp.asarray(pr["vc"]), cp.asarray(pr["table"]),
                       cp.asarray(pr["row_seq"][rows]), cp.asarray(pr["row_pos"][rows]), max_len=pr["max_len"],
-                      out=out, variant=variant, split_keys=split_keys)  # fmt: skip
+                      out=out, variant=variant, split_keys=split_keys, precision=precision)  # fmt: skip
     h = cp.asnumpy(out)
     return bf16_decode(h) if t == "bf16" else h
 
@@ -161,6 +163,45 @@ def test_prefill_wg_matches_reference(t: str, case: tuple) -> None:
     assert np.array_equal(_run(cp, pr, t, variant="auto").view(np.uint32), got.view(np.uint32))
 
 
+# the wgmma kernel's rounded operands (PRECISIONS): normalised max error against the exact reference. P rounded to
+# bf16 moves each probability by <= 2^-9 of itself; q rounded too moves each score by ~2^-9 of |q||k| / sqrt(D).
+PREC_TOL = {"p-bf16": 4e-3, "bf16": 8e-3}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", sorted(PREC_TOL))
+@pytest.mark.parametrize("t", ["float", "bf16"])
+@pytest.mark.parametrize("case", WG_CASES, ids=lambda c: f"hq{c[0]}-hkv{c[1]}-p{c[3]}-n{sum(c[5])}")
+def test_prefill_wg_precision_matches_reference(t: str, case: tuple, precision: str) -> None:
+    """The rounded precisions against the exact reference within their rounding, "auto" picking the same kernel,
+    and not the exact kernel's bits (the rounding is applied); key splits agree with the unsplit launch."""
+    cp = pytest.importorskip("cupy")
+    _need_wg()
+    pr = _problem(np.random.default_rng([CASES.index(case), t == "bf16", 11]), case, t)
+    got = _run(cp, pr, t, variant="wg", precision=precision)
+    err = _err(got, pr["ref"])
+    tol = max(PREC_TOL[precision], TOL[t])
+    assert err <= tol, f"normalised max error {err:.3e} > {tol:.1e}"
+    auto = _run(cp, pr, t, variant="auto", precision=precision)
+    assert np.array_equal(auto.view(np.uint32), got.view(np.uint32))
+    exact = _run(cp, pr, t, variant="wg")
+    assert not np.array_equal(exact.view(np.uint32), got.view(np.uint32)), "the rounding changed no bit"
+    split = _run(cp, pr, t, variant="wg", precision=precision, split_keys=512)
+    assert _err(split, got) <= (2e-6 if t == "float" else TOL[t]), "key splits against the unsplit launch"
+
+
+def test_precision_needs_the_wgmma_kernel() -> None:
+    """A rounded precision is the wgmma kernel's: asked of another explicit variant, a clear error."""
+    from ninfer.cuda._common import KernelError
+    from ninfer.cuda.attention_prefill import attention_prefill
+
+    z = np.zeros((1, 1, 64), dtype=F32)
+    with pytest.raises(KernelError, match="precision"):
+        attention_prefill(z, z, z, z, z, z, max_len=1, variant="gqa", precision="p-bf16")
+    with pytest.raises(KernelError, match="precision"):
+        attention_prefill(z, z, z, z, z, z, max_len=1, precision="fp8")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", ["float", "bf16"])
 def test_prefill_rows_independent_of_batch(t: str) -> None:
@@ -177,29 +218,32 @@ def test_prefill_rows_independent_of_batch(t: str) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["gqa", "wg"])
+@pytest.mark.parametrize("variant", ["gqa", "wg", "wg:p-bf16", "wg:bf16"])
 @pytest.mark.parametrize("t", ["float", "bf16"])
 @pytest.mark.parametrize("shape", [(24, 4, 256), (16, 2, 256)], ids=["27B", "35B-A3B"])
 def test_prefill_rows_independent_of_chunking(t: str, shape: tuple, variant: str) -> None:
     """The models' head shapes: a prompt prefilled in one launch, in uneven chunks (each chunk a launch of its own
-    rows, continuing the cached prefix), and packed with another sequence gives every row the same bits."""
+    rows, continuing the cached prefix), and packed with another sequence gives every row the same bits (at every
+    precision of the wgmma kernel: ``variant:precision``)."""
     cp = pytest.importorskip("cupy")
+    variant, _, prec = variant.partition(":")
     if variant == "wg":
         _need_wg()
+    run = functools.partial(_run, precision=prec or "exact")
     rng = np.random.default_rng(77)
     pr = _problem(rng, (*shape, 16, [0, 0], [333, 50]), t)
-    full = _run(cp, pr, t, variant=variant)
+    full = run(cp, pr, t, variant=variant)
     seq0 = np.arange(333)
-    alone = _run(cp, pr, t, seq0, variant=variant)
+    alone = run(cp, pr, t, seq0, variant=variant)
     assert np.array_equal(alone.view(np.uint32), full[seq0].view(np.uint32)), "packing with another sequence"
     for lo, hi in ((0, 1), (1, 37), (37, 200), (200, 333), (150, 151)):
         rows = np.arange(lo, hi)
-        got = _run(cp, pr, t, rows, variant=variant)
+        got = run(cp, pr, t, rows, variant=variant)
         assert np.array_equal(got.view(np.uint32), full[rows].view(np.uint32)), (
             f"chunk {lo}..{hi - 1} differs"
         )
     rev = seq0[::-1].copy()
-    assert np.array_equal(_run(cp, pr, t, rev, variant=variant).view(np.uint32), full[rev].view(np.uint32)), (
+    assert np.array_equal(run(cp, pr, t, rev, variant=variant).view(np.uint32), full[rev].view(np.uint32)), (
         "reversed rows"
     )
 

@@ -16,6 +16,11 @@ not require (it allows fp32 rounding against ``"gqa"``). ``variant="auto"``
 (the default) is ``"wg"`` wherever it compiles and ``"gqa"`` elsewhere: a choice made by the head size and the
 device only, never by the launch, so a row's bits stay independent of the rows beside it and of the chunking.
 docs/cuda.md gives the arithmetic.
+
+``precision`` (the wgmma kernel's): ``"exact"`` multiplies float q and the fp32 probabilities P as bf16 hi + lo pairs
+(two MMAs per product); ``"p-bf16"`` rounds P to bf16 for P V (one MMA; the softmax sum stays that of the fp32 P);
+``"bf16"`` rounds float q to bf16 too. The measured fidelity and speed: docs/cuda.md "Prefill attention precision".
+Under ``variant="auto"`` a device without the wgmma kernel computes ``"exact"`` whatever the precision.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ __all__ = [
     "BLOCK_ROWS",
     "GQA_SLOTS",
     "VARIANTS",
+    "PRECISIONS",
     "block_keys",
     "gqa_rows",
     "smem_bytes",
@@ -58,8 +64,15 @@ SOURCES: dict[str, tuple[str, ...]] = {
         for t in _T
         for d in HEAD_DIMS
     ),
-    "attention_wg.cu": tuple(f"attention_prefill_wg<{t}, {WG_HEAD_DIM}>" for t in _T),
+    "attention_wg.cu": (
+        *(f"attention_prefill_wg<{t}, {WG_HEAD_DIM}>" for t in _T),
+        *(f"attention_prefill_wg<{t}, {WG_HEAD_DIM}, true, false>" for t in _T),
+        f"attention_prefill_wg<float, {WG_HEAD_DIM}, false, false>",
+    ),
 }
+# precision -> the wgmma kernel's (QLO, PLO) template arguments: the lo halves of float q / of P in the products
+PRECISIONS = ("exact", "p-bf16", "bf16")
+_WG_LO = {"exact": None, "p-bf16": "true, false", "bf16": "false, false"}
 # Key splits (GQA kernel): a launch of few blocks (a follow-up turn's few hundred rows over a long prefix: 52 blocks
 # of the 27B at 256 rows, each walking all 8K keys, on 132 SMs) splits every row's keys at multiples of split_keys,
 # one block per (row tile, KV head, split), and merges the splits' partial states in a second launch. Up to
@@ -134,6 +147,7 @@ def attention_prefill(
     out: Any = None,
     variant: str = "auto",
     split_keys: int | None = None,
+    precision: str = "exact",
 ) -> Any:
     """Causal GQA attention of ``q[R, Hq, D]`` (float32 or bf16 words) over bf16 (uint16) caches: row r
     (sequence ``row_seq[r]``) attends positions ``0..row_pos[r]`` of its pages in ``page_table[B, max_pages]``;
@@ -142,9 +156,16 @@ def attention_prefill(
     wgmma; sm_90a, D = 256) or ``"head"`` (the earlier one-head blocks).
     ``split_keys`` (GQA kernel; None: :func:`key_splits`, 0: none): keys per split of each row's keys; rows with
     keys in several splits are merged from the splits' partial states (within fp32 rounding of the unsplit
-    result), the others keep its bits."""
+    result), the others keep its bits. ``precision`` (:data:`PRECISIONS`, the module's docstring): the wgmma
+    kernel's operand rounding; another explicit variant computes ``"exact"`` only."""
     if variant not in VARIANTS:
         raise KernelError(f"variant: {variant!r} is not one of {VARIANTS}")
+    if precision not in PRECISIONS:
+        raise KernelError(f"precision: {precision!r} is not one of {PRECISIONS}")
+    if precision != "exact" and variant not in ("auto", "wg"):
+        raise KernelError(
+            f"precision {precision!r}: the wgmma kernel's (variant 'wg' or 'auto'), not {variant!r}"
+        )
 
     t, (r, hq, d), hkv = paged_query(q, k_cache)
     check_array(k_cache, "k_cache", dtype=np.uint16, shape=(None, None, hkv, d))
@@ -166,6 +187,8 @@ def attention_prefill(
     if variant == "wg" and d != WG_HEAD_DIM:
         raise KernelError(f"variant 'wg' computes D = {WG_HEAD_DIM} only, not {d}")
     name = f"{_NAMES[variant]}<{t}, {d}>"
+    if variant == "wg" and precision != "exact":  # bf16 q has no lo half: both roundings are P's alone
+        name = f"{_NAMES[variant]}<{t}, {d}, {_WG_LO['p-bf16' if t == 'bf16' else precision]}>"
     fn = kernel(_FILES[variant], SOURCES[_FILES[variant]], name)
     smem = smem_bytes(d, t, variant)
     if fn.max_dynamic_shared_size_bytes < smem:

@@ -76,6 +76,7 @@ class CudaQwen36:
         prefill_inputs: str = "fp16",
         gemv_prefetch: bool = False,
         prefill_weights: str = "auto",
+        prefill_attention: str = "exact",
     ) -> None:
         import cupy
 
@@ -102,6 +103,13 @@ class CudaQwen36:
         if prefill_inputs not in GEMM_INPUTS:
             raise ValueError(f"prefill_inputs: one of {GEMM_INPUTS}, got {prefill_inputs!r}")
         self.prefill_inputs = prefill_inputs
+        # the prefill attention's operand rounding (ninfer/cuda/attention_prefill.py PRECISIONS; docs/cuda.md
+        # "Prefill attention precision"): exact float q and probabilities (two MMAs per product) or rounded to bf16
+        from ninfer.cuda.attention_prefill import PRECISIONS
+
+        if prefill_attention not in PRECISIONS:
+            raise ValueError(f"prefill_attention: one of {PRECISIONS}, got {prefill_attention!r}")
+        self.prefill_attention = prefill_attention
         # the fp16 prefill GEMM's weight operands kept between calls where memory allows (ninfer/cuda/operands.py):
         # the store's budget is 0 (none kept) until the runner's memory plan sets it, or a caller does
         from ninfer.cuda.operands import PREFILL_WEIGHTS, OperandStore
@@ -444,7 +452,7 @@ def load_cuda(artifact: Any, **opts: Any) -> CudaQwen36:
     """Upload an artifact (path or opened ``Artifact``) to the GPU as a ``CudaQwen36``.
 
     ``opts``: ``act_dtype``, ``state_dtype``, ``kv_dtype``, ``prefill_gemm``, ``cuda_graph``, ``attn_chunk``,
-    ``memory_reserve_bytes``, ``prefill_inputs``, ``prefill_weights`` (see ``CudaQwen36``) and ``progress`` (upload
+    ``memory_reserve_bytes``, ``prefill_inputs``, ``prefill_weights``, ``prefill_attention`` (see ``CudaQwen36``) and ``progress`` (upload
     bar, default on)."""
     from ninfer.artifact import open_artifact
     from ninfer.cuda.upload import upload_artifact

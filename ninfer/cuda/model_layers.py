@@ -134,7 +134,10 @@ def attention_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = N
         eps=cfg.rms_norm_eps, **scales,
     )  # fmt: skip
     if m.t > 8 and net.prefill_gemm and net.kc[j].dtype == np.uint16:  # bf16 cache: tensor-core prefill
-        o = attention_prefill(q, net.kc[j], net.vc[j], m.page_table, m.row_seq, m.row_pos, max_len=m.max_len)
+        o = attention_prefill(
+            q, net.kc[j], net.vc[j], m.page_table, m.row_seq, m.row_pos, max_len=m.max_len,
+            precision=net.prefill_attention,
+        )  # fmt: skip
     else:
         o = attention(
             q, net.kc[j], net.vc[j], m.page_table, m.row_seq, m.row_pos, max_len=m.max_len, chunk=m.chunk,
