@@ -90,7 +90,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--prefill-attention",
-        default="exact",
+        default="bf16",
         choices=("exact", "p-bf16", "bf16"),
         help="CUDA prefill attention operands: exact (float q and probabilities as bf16 pairs), p-bf16 "
         "(probabilities rounded to bf16) or bf16 (q too); docs/cuda.md gives the measured cost",

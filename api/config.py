@@ -59,7 +59,9 @@ class ServerConfig:
     cuda_graph: bool = True
     activations: str = "fp32"  # CUDA activation dtype: fp32 (exact operands) or bf16 (opt-in, faster prefill)
     prefill_inputs: str = "fp16"  # CUDA prefill GEMM inputs with fp32 activations: fp16 (per row) or exact
-    prefill_attention: str = "exact"  # CUDA prefill attention operands: exact, p-bf16 or bf16
+    prefill_attention: str = (
+        "bf16"  # CUDA prefill attention operands: bf16 (q and P rounded), p-bf16 or exact
+    )
     # CUDA fp16-mode prefill operands kept on the device: auto (where memory allows), resident, scratch
     prefill_weights: str = "auto"
     cors: bool = False

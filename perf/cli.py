@@ -175,7 +175,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--prefill-attention",
-        default="exact",
+        default="bf16",
         choices=("exact", "p-bf16", "bf16"),
         help="CUDA prefill attention operands (ninfer/cuda/attention_prefill.py PRECISIONS)",
     )

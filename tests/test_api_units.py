@@ -344,7 +344,7 @@ def test_no_cuda_graph_is_a_backend_option_not_an_engine_option() -> None:
         "cuda_graph": False,
         "act_dtype": "fp32",
         "prefill_inputs": "fp16",
-        "prefill_attention": "exact",
+        "prefill_attention": "bf16",
         "prefill_weights": "auto",
     }
     assert isinstance(spec.engine, EngineConfig) and spec.engine is cfg.engine  # carried typed, as it is
@@ -382,9 +382,9 @@ def test_prefill_attention_flag_reaches_the_cuda_backend() -> None:
 
     from ninfer.cli import _parser
 
-    a = _parser().parse_args(["serve", "a.ninfer", "--prefill-attention", "bf16"])
-    assert actor_spec(config_from_args(a), "cuda").backend_options["prefill_attention"] == "bf16"
-    assert _parser().parse_args(["serve", "a.ninfer"]).prefill_attention == "exact"
+    a = _parser().parse_args(["serve", "a.ninfer", "--prefill-attention", "exact"])
+    assert actor_spec(config_from_args(a), "cuda").backend_options["prefill_attention"] == "exact"
+    assert _parser().parse_args(["serve", "a.ninfer"]).prefill_attention == "bf16"
     with pytest.raises(ServerConfigError, match="--prefill-attention"):
         ServerConfig(artifact="a.ninfer", prefill_attention="fp8")
 

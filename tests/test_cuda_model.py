@@ -206,7 +206,7 @@ def test_head256_prefill_wgmma_attention_gives_the_mma_sync_bits(monkeypatch: py
         pytest.skip("the wgmma attention compiles for sm_90a only")
     cfg = dataclasses.replace(midsize_config("dense"), head_dim=256, partial_rotary_factor=0.125)
     enc = encode_weights(cfg, DictWeights(random_weights(cfg, seed=11)), NVFP4)
-    net = CudaQwen36(cfg, upload_encoded(cfg, enc), prefill_gemm=True)
+    net = CudaQwen36(cfg, upload_encoded(cfg, enc), prefill_gemm=True, prefill_attention="exact")
     ids = np.random.default_rng(5).integers(0, cfg.vocab_size, 700)
     assert ap.pick_variant(256, cfg.num_attention_heads // cfg.num_key_value_heads) == "wg"
 
@@ -222,6 +222,42 @@ def test_head256_prefill_wgmma_attention_gives_the_mma_sync_bits(monkeypatch: py
     sync = prefill(turns)
     assert np.array_equal(sync.view(np.uint32), wg.view(np.uint32)), (
         f"wgmma and mma.sync attention give different logits: max |diff| {np.max(np.abs(sync - wg)):.3e}"
+    )
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_head256_prefill_attention_precision(kind: str, report: dict) -> None:
+    """The default prefill attention (q and P rounded to bf16, the wgmma kernel at head size 256) against the exact
+    one on a mid-size model with that head size: a 700-token prompt in two turns, then 20 decode steps; the rounding
+    is applied (logits differ), teacher-forced top-1 agrees and the mean KL stays at the rounding's scale (the NumPy
+    estimate, perf/fidelity_prefill.py: 1e-8 dense, 2e-6 MoE)."""
+    import dataclasses
+
+    from ninfer.cuda.loader import compute_capability, family_supported
+    from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.upload import encode_weights, upload_encoded
+
+    if not family_supported("attention_wg.cu", compute_capability()):
+        pytest.skip("the rounded precisions are the wgmma attention's (sm_90a)")
+    cfg = dataclasses.replace(midsize_config(kind), head_dim=256, partial_rotary_factor=0.125)
+    enc = encode_weights(cfg, DictWeights(random_weights(cfg, seed=13)), NVFP4)
+    ids = np.random.default_rng(6).integers(0, cfg.vocab_size, 720)
+
+    def logits(precision: str) -> np.ndarray:
+        net = CudaQwen36(cfg, upload_encoded(cfg, enc), prefill_gemm=True, prefill_attention=precision)
+        seqs = _sequences(net)
+        s = seqs.new()
+        out = [net.lm_head(seqs.forward(s, ids[p])) for p in (slice(0, 450), slice(450, 700))]
+        out += [net.lm_head(seqs.forward_batch(ids[i : i + 1], [s])) for i in range(700, 720)]
+        return np.concatenate(out).astype(np.float64)
+
+    exact, got = logits("exact"), logits("bf16")
+    assert not np.array_equal(exact, got), "the bf16 attention changed no logit"
+    agree, kl = float(np.mean(got.argmax(-1) == exact.argmax(-1))), mean_kl(exact, got)
+    report[f"head256-{kind}-attention-bf16"] = {"top1": agree, "kl": kl, "err": _err(got, exact)}
+    assert agree >= 0.98 and kl <= 1e-4, (
+        f"{kind}: top-1 {agree:.3f}, mean KL {kl:.2e} against exact attention"
     )
 
 

@@ -76,7 +76,7 @@ class CudaQwen36:
         prefill_inputs: str = "fp16",
         gemv_prefetch: bool = False,
         prefill_weights: str = "auto",
-        prefill_attention: str = "exact",
+        prefill_attention: str = "bf16",
     ) -> None:
         import cupy
 
