@@ -66,6 +66,7 @@ __device__ __forceinline__ void ag_tile(const u16* Qh, const u16* Ql, const u16*
 // The mma.sync engine: rows padded to D + 8 words (the 8 row addresses of an ldmatrix in distinct bank groups)
 template <int D> struct AgSync {
     static constexpr int BN = ApCfg<D>::BN, LD = ApCfg<D>::LD, Q_WORDS = AG_SLOTS * LD, KV_WORDS = BN * LD;
+    static constexpr bool Q_LO = true;
     static __device__ __forceinline__ u16* base(uint4* smem) { return reinterpret_cast<u16*>(smem); }
     static __device__ __forceinline__ int q_off(int m, int d) { return m * LD + d; }
     static __device__ __forceinline__ int kv_off(int i, int d) { return i * LD + d; }

@@ -123,8 +123,9 @@ __device__ __forceinline__ void ap_load8(const bf16* p, float v[8]) {
 }
 
 // 8 elements of a Q row at src (nullptr: a row past the launch, staged as zeros) into Qh / Ql at off: bf16 hi, and
-// for float q the lo halves (x = hi + lo), as 16-byte stores. Both prefill kernels stage Q through this.
-template <typename T>
+// for float q the lo halves (x = hi + lo), as 16-byte stores (LO: a kernel that reads no lo half stages none).
+// Both prefill kernels stage Q through this.
+template <typename T, bool LO = ApSplit<T>::value>
 __device__ __forceinline__ void ap_stage_q8(const T* src, u16* Qh, u16* Ql, int off) {
     float v[8];
     if (src) {
@@ -137,7 +138,7 @@ __device__ __forceinline__ void ap_stage_q8(const T* src, u16* Qh, u16* Ql, int 
 #pragma unroll
     for (int j = 0; j < 4; ++j) ap_split2(v[2 * j], v[2 * j + 1], h[j], l[j]);
     *reinterpret_cast<uint4*>(Qh + off) = make_uint4(h[0], h[1], h[2], h[3]);
-    if (ApSplit<T>::value) *reinterpret_cast<uint4*>(Ql + off) = make_uint4(l[0], l[1], l[2], l[3]);
+    if (LO) *reinterpret_cast<uint4*>(Ql + off) = make_uint4(l[0], l[1], l[2], l[3]);
 }
 
 // The block's rows r0 .. r0 + nrows - 1 of the launch: their sequences and positions into s_seq, s_pos [n] (-1 past

@@ -4,7 +4,8 @@
 // (KV_WORDS, kv_off), base() (the dynamic shared memory's aligned start), after_copy() (what a thread does after
 // its copies land, before the block barrier), group_lim() (the last key any row of its unit of issue attends: a
 // tile past it is skipped) and tile<SPLIT>() (one KV tile's two products for one warp's 16 slots around
-// ap_online). Which engine computes a tile changes no step of the per-row arithmetic described here.
+// ap_online). Which engine computes a tile changes no step of the per-row arithmetic described here. Q_LO: whether
+// the engine reads float q's lo half (else neither staged nor given shared memory).
 #pragma once
 #include "attention_prefill_frag.cuh"
 
@@ -24,9 +25,11 @@
 
 template <class E, typename T, int D>
 __device__ __forceinline__ void ag_stage_q(const T* q, int nrows, int HQ, int G, int hk, int r0, u16* Qh, u16* Ql) {
+    constexpr bool LO = ApSplit<T>::value && E::Q_LO;
     for (int c = threadIdx.x; c < AG_SLOTS * D / 8; c += blockDim.x) {
         const int m = c / (D / 8), d = (c % (D / 8)) * 8, r = m / G;
-        ap_stage_q8(r < nrows ? q + ((long long)(r0 + r) * HQ + hk * G + m % G) * D + d : nullptr, Qh, Ql, E::q_off(m, d));
+        ap_stage_q8<T, LO>(r < nrows ? q + ((long long)(r0 + r) * HQ + hk * G + m % G) * D + d : nullptr, Qh, Ql,
+                           E::q_off(m, d));
     }
 }
 
@@ -78,7 +81,7 @@ __device__ __forceinline__ void ag_body(const T* __restrict__ q, const bf16* __r
                                         T* __restrict__ o, int R, int HQ, int HKV, int page_size, long long ldpt,
                                         float scale, int split_keys, float* __restrict__ part) {
     constexpr int BN = E::BN, QW = E::Q_WORDS, KW = E::KV_WORDS;
-    constexpr bool SPLIT = ApSplit<T>::value;
+    constexpr bool SPLIT = ApSplit<T>::value && E::Q_LO;
     extern __shared__ uint4 att_smem[];
     u16* Qh = E::base(att_smem);
     u16* Ql = Qh + QW;

@@ -16,7 +16,8 @@
 // warpgroup), which changes no bit: a tile wholly past a row leaves it unchanged (attention_prefill_gqa.cuh).
 //
 // Shared memory (dynamic, from a 1024-byte aligned base): Qh, Ql [2 warpgroups][D/64 blocks][64 slots][64] bf16,
-// K and V [2 buffers][D/64 blocks][BN keys][64] bf16, then the rows' sequence and position: 194 KB for float q.
+// K and V [2 buffers][D/64 blocks][BN keys][64] bf16, then the rows' sequence and position: 194 KB for float q
+// (130 KB where Q's lo half is not read, 194 KB again with 64-key tiles).
 #include "attention_prefill_frag.cuh"
 #include "attention_prefill_gqa.cuh"
 #include "wgmma.cuh"
@@ -28,24 +29,30 @@
 // Descriptors advance by adding (offset >> 4) to the start-address field: desc_sw128(a + o) == desc_sw128(a) +
 // (o >> 4) for 16-byte multiples o while a + o stays below 256 KB (the field never carries), one integer add per
 // wgmma instead of the mask, shift and or (the kernel is issue-bound; see ag_stage_kv).
-template <bool SPLIT, int D>
-__device__ __forceinline__ void aw_issue_s(float (&sv)[AW_BN / 2], u32 qh, u32 ql, u32 ks) {
+// BN = 32 (m64n32k16) or 64 (m64n64k16, the rounded-q kernel's tiles).
+template <bool SPLIT, int BN, int D>
+__device__ __forceinline__ void aw_issue_s(float (&sv)[BN / 2], u32 qh, u32 ql, u32 ks) {
     const u64 dh = desc_sw128(qh), dl = desc_sw128(ql), dk = desc_sw128(ks);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-        const u32 qo = (kk >> 2) * (64 * 128) + (kk & 3) * 32, ko = (kk >> 2) * (AW_BN * 128) + (kk & 3) * 32;
-        wgmma_ss_n32(sv, dh + (qo >> 4), dk + (ko >> 4));
-        if (SPLIT) wgmma_ss_n32(sv, dl + (qo >> 4), dk + (ko >> 4));
+        const u32 qo = (kk >> 2) * (64 * 128) + (kk & 3) * 32, ko = (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+        if constexpr (BN == 64) {
+            wgmma_ss_n64(sv, dh + (qo >> 4), dk + (ko >> 4));
+            if (SPLIT) wgmma_ss_n64(sv, dl + (qo >> 4), dk + (ko >> 4));
+        } else {
+            wgmma_ss_n32(sv, dh + (qo >> 4), dk + (ko >> 4));
+            if (SPLIT) wgmma_ss_n32(sv, dl + (qo >> 4), dk + (ko >> 4));
+        }
     }
 }
 
 // O += P V for one tile: per 16 keys hi then lo (PLO; else hi = P rounded to bf16 only; issued, not waited for)
-template <bool PLO, int D>
-__device__ __forceinline__ void aw_issue_pv(float (&acc)[D / 2], u32 (&ah)[AW_BN / 16][4], u32 (&al)[AW_BN / 16][4],
+template <bool PLO, int BN, int D>
+__device__ __forceinline__ void aw_issue_pv(float (&acc)[D / 2], u32 (&ah)[BN / 16][4], u32 (&al)[BN / 16][4],
                                             u32 vs) {
-    const u64 dv0 = desc_sw128_mn(vs, AW_BN * 128);
+    const u64 dv0 = desc_sw128_mn(vs, BN * 128);
 #pragma unroll
-    for (int k = 0; k < AW_BN / 16; ++k) {
+    for (int k = 0; k < BN / 16; ++k) {
         const u64 dv = dv0 + (k * 16 * 128 >> 4);
         wgmma_rs_n256_tb(acc, ah[k], dv);
         if (PLO) wgmma_rs_n256_tb(acc, al[k], dv);
@@ -59,11 +66,11 @@ __device__ __forceinline__ void aw_issue_pv(float (&acc)[D / 2], u32 (&ah)[AW_BN
 // wgmmas (C7520: wgmmas after a branch it cannot prove warp-uniform, even on a lane-0 broadcast); not timed.
 // PLO: P as bf16 hi + lo (two wgmmas per 16 keys, the exact products); else P rounded to bf16 (one), the softmax
 // sum still from the fp32 P (ap_online), as flash-attention does.
-template <bool SPLIT, bool PLO, int D>
+template <bool SPLIT, bool PLO, int BN, int D>
 __device__ __forceinline__ void aw_tile(const u16* Qh, const u16* Ql, const u16* Ks, const u16* Vs, int wm, int k0,
                                         float scale, ApRows<D>& st) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int BN = AW_BN, NF = BN / 8, KS = BN / 16;
+    constexpr int NF = BN / 8, KS = BN / 16;
     const int qw = (wm >> 6) * 64 * D;  // the warpgroup's Q tiles
     const u32 qh = smem_u32(Qh + qw), ql = smem_u32(Ql + qw), ks = smem_u32(Ks), vs = smem_u32(Vs);
     float s[NF][4];
@@ -72,7 +79,7 @@ __device__ __forceinline__ void aw_tile(const u16* Qh, const u16* Ql, const u16*
     float(&sv)[4 * NF] = *reinterpret_cast<float(*)[4 * NF]>(&s[0][0]);
     fence_regs(sv);
     wgmma_fence();
-    aw_issue_s<SPLIT, D>(sv, qh, ql, ks);
+    aw_issue_s<SPLIT, BN, D>(sv, qh, ql, ks);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(sv);
@@ -98,7 +105,7 @@ __device__ __forceinline__ void aw_tile(const u16* Qh, const u16* Ql, const u16*
     fence_regs(ah);
     fence_regs(al);
     wgmma_fence();
-    aw_issue_pv<PLO, D>(acc, ah, al, vs);
+    aw_issue_pv<PLO, BN, D>(acc, ah, al, vs);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(acc);
@@ -111,10 +118,13 @@ __device__ __forceinline__ void aw_tile(const u16* Qh, const u16* Ql, const u16*
 
 // The wgmma engine: swizzled tiles of 64-element rows. QLO / PLO: the lo halves of float q / of P enter the
 // products (exact operands); without them q / P are rounded to bf16, one wgmma per product step (the precision
-// docs/cuda.md "Prefill attention precision" measures). Q's lo half is staged either way.
-template <int D, bool QLO = true, bool PLO = true> struct AgWg {
+// docs/cuda.md "Prefill attention precision" measures); without QLO, Q's lo half is neither staged nor given shared
+// memory, which leaves room for BN = 64-key K / V tiles (double-buffered: 64 KB of Q + 128 KB).
+template <int D, bool QLO = true, bool PLO = true, int BN_ = AW_BN> struct AgWg {
     static_assert(D == 256, "the P V product is m64n256: D = 256 (the served models' head size)");
-    static constexpr int BN = AW_BN, Q_WORDS = AG_SLOTS * D, KV_WORDS = BN * D;
+    static_assert(BN_ == 32 || (BN_ == 64 && !QLO), "64-key tiles fit in shared memory only without Q's lo half");
+    static constexpr int BN = BN_, Q_WORDS = AG_SLOTS * D, KV_WORDS = BN * D;
+    static constexpr bool Q_LO = QLO;
     static __device__ __forceinline__ u16* base(uint4* smem) {
         const u32 a = (u32)__cvta_generic_to_shared(smem);
         return reinterpret_cast<u16*>(reinterpret_cast<char*>(smem) + ((1024u - (a & 1023u)) & 1023u));
@@ -140,18 +150,18 @@ template <int D, bool QLO = true, bool PLO = true> struct AgWg {
     template <bool SPLIT>
     static __device__ __forceinline__ void tile(const u16* Qh, const u16* Ql, const u16* Ks, const u16* Vs, int wm,
                                                 int k0, float scale, ApRows<D>& st) {
-        aw_tile<SPLIT && QLO, PLO, D>(Qh, Ql, Ks, Vs, wm, k0, scale, st);
+        aw_tile<SPLIT && QLO, PLO, BN, D>(Qh, Ql, Ks, Vs, wm, k0, scale, st);
     }
 };
 
 // grid (ceil(R / BR), HKV, splits), 256 threads; dynamic shared memory 2 D (128 (1 + split) + 4 BN) + 2048 bytes
 // (1024 of alignment slack, 1024 of row sequence and position)
-template <typename T, int D, bool QLO = true, bool PLO = true>
+template <typename T, int D, bool QLO = true, bool PLO = true, int BN = AW_BN>
 __global__ void __launch_bounds__(AG_THREADS, 1)
     attention_prefill_wg(const T* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
                          const int* __restrict__ page_table, const int* __restrict__ row_seq,
                          const int* __restrict__ row_pos, T* __restrict__ o, int R, int HQ, int HKV, int page_size,
                          long long ldpt, float scale, int split_keys, float* __restrict__ part) {
-    ag_body<AgWg<D, QLO, PLO>, T, D>(q, k_cache, v_cache, page_table, row_seq, row_pos, o, R, HQ, HKV, page_size, ldpt,
+    ag_body<AgWg<D, QLO, PLO, BN>, T, D>(q, k_cache, v_cache, page_table, row_seq, row_pos, o, R, HQ, HKV, page_size, ldpt,
                            scale, split_keys, part);
 }

@@ -157,6 +157,20 @@ __device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], u64 da, u64 db) {
         : "l"(da), "l"(db), "r"(1));
 }
 
+// m64n64k16 likewise (the wgmma attention's 64-key tiles, attention_wg.cu)
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 da, u64 db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(1));
+}
+
 // O += A B, m64n256k16 bf16 -> f32, A (P) from registers: warp w of the warpgroup gives rows 16w..16w+15 as the
 // mma.sync m16n8k16 A fragment (a[0]: row g, k 2t, 2t+1; a[1]: row g+8; a[2], a[3]: k + 8), B (V) from shared
 // memory N-major (imm-trans-b = 1: the tile's rows are k, its 128-byte rows hold 64 n each, see attention_wg.cu).

@@ -19,7 +19,8 @@ docs/cuda.md gives the arithmetic.
 
 ``precision`` (the wgmma kernel's): ``"exact"`` multiplies float q and the fp32 probabilities P as bf16 hi + lo pairs
 (two MMAs per product); ``"p-bf16"`` rounds P to bf16 for P V (one MMA; the softmax sum stays that of the fp32 P);
-``"bf16"`` rounds float q to bf16 too. The measured fidelity and speed: docs/cuda.md "Prefill attention precision".
+``"bf16"`` rounds float q to bf16 too, and walks the keys in 64-key tiles (the shared memory of q's lo half holds
+the larger K / V tiles). The measured fidelity and speed: docs/cuda.md "Prefill attention precision".
 Under ``variant="auto"`` a device without the wgmma kernel computes ``"exact"`` whatever the precision.
 """
 
@@ -56,7 +57,8 @@ _THREADS = {"gqa": 256, "head": 128, "wg": 256}
 _NAMES = {"gqa": "attention_prefill_gqa", "head": "attention_prefill", "wg": "attention_prefill_wg"}
 _FILES = {"gqa": "attention_prefill.cu", "head": "attention_prefill.cu", "wg": "attention_wg.cu"}
 WG_HEAD_DIM = 256  # the wgmma kernel's P V product is m64n256: the served models' head size
-WG_KEYS = 32  # its KV tile (AW_BN)
+WG_KEYS = 32  # its KV tile (AW_BN) ...
+WG_KEYS_ROUNDED = 64  # ... and the rounded-q kernel's (precision "bf16")
 SOURCES: dict[str, tuple[str, ...]] = {
     "attention_prefill.cu": tuple(
         f"{n}<{t}, {d}>"
@@ -67,12 +69,13 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "attention_wg.cu": (
         *(f"attention_prefill_wg<{t}, {WG_HEAD_DIM}>" for t in _T),
         *(f"attention_prefill_wg<{t}, {WG_HEAD_DIM}, true, false>" for t in _T),
-        f"attention_prefill_wg<float, {WG_HEAD_DIM}, false, false>",
+        *(f"attention_prefill_wg<{t}, {WG_HEAD_DIM}, false, false, {WG_KEYS_ROUNDED}>" for t in _T),
     ),
 }
-# precision -> the wgmma kernel's (QLO, PLO) template arguments: the lo halves of float q / of P in the products
+# precision -> the wgmma kernel's (QLO, PLO[, BN]) template arguments: the lo halves of float q / of P in the
+# products, and the 64-key tiles that fit without q's lo half
 PRECISIONS = ("exact", "p-bf16", "bf16")
-_WG_LO = {"exact": None, "p-bf16": "true, false", "bf16": "false, false"}
+_WG_LO = {"exact": None, "p-bf16": "true, false", "bf16": f"false, false, {WG_KEYS_ROUNDED}"}
 # Key splits (GQA kernel): a launch of few blocks (a follow-up turn's few hundred rows over a long prefix: 52 blocks
 # of the 27B at 256 rows, each walking all 8K keys, on 132 SMs) splits every row's keys at multiples of split_keys,
 # one block per (row tile, KV head, split), and merges the splits' partial states in a second launch. Up to
@@ -81,8 +84,11 @@ _WG_LO = {"exact": None, "p-bf16": "true, false", "bf16": "false, false"}
 SPLIT_WAVES, SPLIT_MIN_KEYS, SPLIT_SCRATCH_BYTES = 2, 512, 64 << 20
 
 
-def block_keys(d: int) -> int:
-    """Keys per KV tile (ApCfg<D>::BN; the wgmma kernel's AW_BN is the same at its D = 256)."""
+def block_keys(d: int, variant: str = "gqa", precision: str = "exact") -> int:
+    """Keys per KV tile (ApCfg<D>::BN; the wgmma kernel's AW_BN is the same at its D = 256, except at precision
+    ``"bf16"``: 64)."""
+    if variant == "wg" and precision == "bf16":
+        return WG_KEYS_ROUNDED
     return 32 if d == 256 else 64
 
 
@@ -102,28 +108,30 @@ def gqa_rows(group: int) -> int:
     return GQA_SLOTS // group
 
 
-def smem_bytes(d: int, t: str, variant: str = "gqa") -> int:
+def smem_bytes(d: int, t: str, variant: str = "gqa", precision: str = "exact") -> int:
     """Dynamic shared memory of one block, bf16 words of rows padded to D+8. One-head kernel: Qh (+ Ql for float
     q) [64][D+8], Ks and Vs [BN][D+8]. GQA kernel: Qh (+ Ql) [128][D+8], Ks and Vs [2][BN][D+8], then the rows'
-    sequence and position (2 x 128 int32)."""
-    ld, halves = d + 8, 2 if t == "float" else 1
+    sequence and position (2 x 128 int32). The wgmma kernel stages Ql only at precision ``"exact"`` / ``"p-bf16"``."""
+    ld, halves = d + 8, 2 if t == "float" and precision != "bf16" else 1
     if variant == "wg":  # swizzled tiles of 64-element rows (no padding) from a 1024-byte aligned start
-        return 1024 + 2 * d * (GQA_SLOTS * halves + 4 * WG_KEYS) + 8 * GQA_SLOTS
+        bn = block_keys(d, variant, precision)
+        return 1024 + 2 * d * (GQA_SLOTS * halves + 4 * bn) + 8 * GQA_SLOTS
     if variant == "head":
         return 2 * ld * (BLOCK_ROWS * halves + 2 * block_keys(d))
     return 2 * ld * (GQA_SLOTS * halves + 4 * block_keys(d)) + 8 * GQA_SLOTS
 
 
-def key_splits(rows: int, hq: int, hkv: int, d: int, max_len: int, sms: int) -> int:
-    """Keys per split (a multiple of the KV tile) for a GQA launch of ``rows`` rows whose positions are below
-    ``max_len``, or 0 for one split: only where the unsplit grid fills less than one wave of ``sms`` blocks."""
+def key_splits(rows: int, hq: int, hkv: int, d: int, max_len: int, sms: int, bn: int | None = None) -> int:
+    """Keys per split (a multiple of the KV tile, ``bn``: :func:`block_keys` of the GQA kernel by default) for a GQA
+    launch of ``rows`` rows whose positions are below ``max_len``, or 0 for one split: only where the unsplit grid
+    fills less than one wave of ``sms`` blocks."""
     base = -(-rows // gqa_rows(hq // hkv)) * hkv
     n = min(
         SPLIT_WAVES * sms // base, max_len // SPLIT_MIN_KEYS, SPLIT_SCRATCH_BYTES // (rows * hq * (d + 2) * 4)
     )
     if base >= sms or n < 2:
         return 0
-    bn = block_keys(d)
+    bn = bn or block_keys(d)
     return -(-max_len // (n * bn)) * bn
 
 
@@ -187,10 +195,13 @@ def attention_prefill(
     if variant == "wg" and d != WG_HEAD_DIM:
         raise KernelError(f"variant 'wg' computes D = {WG_HEAD_DIM} only, not {d}")
     name = f"{_NAMES[variant]}<{t}, {d}>"
-    if variant == "wg" and precision != "exact":  # bf16 q has no lo half: both roundings are P's alone
-        name = f"{_NAMES[variant]}<{t}, {d}, {_WG_LO['p-bf16' if t == 'bf16' else precision]}>"
+    if variant != "wg":
+        precision = "exact"  # "auto" on a device without the wgmma kernel
+    if variant == "wg" and precision != "exact":  # bf16 q has no lo half: "bf16" differs by its 64-key tiles
+        name = f"{_NAMES[variant]}<{t}, {d}, {_WG_LO[precision]}>"
+    bn = block_keys(d, variant, precision)
     fn = kernel(_FILES[variant], SOURCES[_FILES[variant]], name)
-    smem = smem_bytes(d, t, variant)
+    smem = smem_bytes(d, t, variant, precision)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     args = (q, k_cache, v_cache, page_table, row_seq, row_pos, out, np.int32(r), np.int32(hq), np.int32(hkv),
@@ -201,9 +212,9 @@ def attention_prefill(
     import cupy
 
     if split_keys is None:
-        split_keys = key_splits(r, hq, hkv, d, max_len, _sm_count(cupy.cuda.Device().id))
-    if split_keys < 0 or split_keys % block_keys(d):
-        raise KernelError(f"split_keys={split_keys}: a non-negative multiple of {block_keys(d)}")
+        split_keys = key_splits(r, hq, hkv, d, max_len, _sm_count(cupy.cuda.Device().id), bn)
+    if split_keys < 0 or split_keys % bn:
+        raise KernelError(f"split_keys={split_keys}: a non-negative multiple of {bn}")
     grid = (-(-r // gqa_rows(group)), hkv)
     if not split_keys or split_keys >= max_len:
         fn(grid, (_THREADS[variant],), (*args, np.int32(0), np.uint64(0)), shared_mem=smem)
