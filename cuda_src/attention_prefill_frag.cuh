@@ -161,6 +161,17 @@ __device__ __forceinline__ int ap_segment(const int* s_seq, const int* s_pos, in
     return s1;
 }
 
+// 2^x by the SFU (ex2.approx.ftz: relative error ~2^-22, 2^-inf = 0); the host emulation's exp2f
+__device__ __forceinline__ float ap_exp2(float x) {
+#ifdef __CUDA_ARCH__
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
+
 // Online-softmax state of one thread: its two rows (g and g + 8 of the warp's 16) and their O fragments.
 template <int D> struct ApRows {
     float acc[D / 8][4];  // O fragment f: rows g (elements 0, 1) and g + 8 (2, 3), columns 8f + 2t + (e & 1)
@@ -172,19 +183,31 @@ template <int D> struct ApRows {
 // scores q·k, NF 8-key groups in the mma C layout) masked past each row's last key and scaled, the running max
 // (a row with nothing attended yet keeps exp finite: p = corr = 0), sum and O accumulators rescaled (corr is exactly
 // 1 when the max did not move), and s replaced by p = exp(s - max). Every prefill kernel calls it, so their softmax
-// arithmetic is one text. ALWAYS: rescale even by 1 (bitwise the same as skipping: x * 1 = x).
-template <int NF, int D, bool ALWAYS = false>
+// arithmetic is one text. ALWAYS: rescale even by 1 (bitwise the same as skipping: x * 1 = x). FAST (the rounded-P
+// kernel's, whose p is rounded to bf16 next): p = 2^((s - max) log2 e) by one ex2.approx (relative error ~2^-22,
+// against expf's ~10 instructions), and a tile wholly within both rows' keys skips the per-key mask (a no-op there).
+template <int NF, int D, bool ALWAYS = false, bool FAST = false>
 __device__ __forceinline__ void ap_online(float (&s)[NF][4], int k0, float scale, ApRows<D>& st) {
     const int t = (threadIdx.x & 31) & 3;
     float mx[2] = {NEG_INF, NEG_INF};
+    if (FAST && k0 + 8 * NF - 1 <= min(st.lim[0], st.lim[1])) {
 #pragma unroll
-    for (int j = 0; j < NF; ++j)
+        for (int j = 0; j < NF; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int key = k0 + 8 * j + 2 * t + (e & 1);
-            s[j][e] = key <= st.lim[e >> 1] ? s[j][e] * scale : NEG_INF;
-            mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
-        }
+            for (int e = 0; e < 4; ++e) {
+                s[j][e] *= scale;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+            }
+    } else {
+#pragma unroll
+        for (int j = 0; j < NF; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = k0 + 8 * j + 2 * t + (e & 1);
+                s[j][e] = key <= st.lim[e >> 1] ? s[j][e] * scale : NEG_INF;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+            }
+    }
     float base[2], corr[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -201,6 +224,18 @@ __device__ __forceinline__ void ap_online(float (&s)[NF][4], int k0, float scale
         for (int f = 0; f < D / 8; ++f)
 #pragma unroll
             for (int e = 0; e < 4; ++e) st.acc[f][e] *= corr[e >> 1];
+    }
+    if (FAST) {
+        constexpr float LOG2E = 1.4426950408889634f;
+        const float bl[2] = {base[0] * LOG2E, base[1] * LOG2E};
+#pragma unroll
+        for (int j = 0; j < NF; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[j][e] = ap_exp2(fmaf(s[j][e], LOG2E, -bl[e >> 1]));
+                st.l[e >> 1] += s[j][e];
+            }
+        return;
     }
 #pragma unroll
     for (int j = 0; j < NF; ++j)

@@ -83,7 +83,7 @@ __device__ __forceinline__ void aw_tile(const u16* Qh, const u16* Ql, const u16*
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(sv);
-    ap_online<NF, D>(s, k0, scale, st);
+    ap_online<NF, D, false, !SPLIT && !PLO && BN == 64>(s, k0, scale, st);  // the bf16 kernel's fast softmax
     u32 ah[KS][4], al[KS][4];
 #pragma unroll
     for (int k = 0; k < KS; ++k) {
