@@ -45,6 +45,7 @@
 #include "common.cuh"
 #include "wdq.cuh"
 #include "wgmma.cuh"
+#include "gate_up.cuh"
 
 #define GS_SMEM 232448  // 227 KB, the opt-in maximum: one CTA per SM, every instance launched with it
 #define GS_SMAX 6       // 5 tiles of loads in flight at most (not tuned on a GPU yet)
@@ -98,11 +99,15 @@ __device__ __forceinline__ void gs_scale(float (&acc)[D::BN / 2], float (&part)[
 // One 128 x BN output tile: rows [0, min(M, 128)) of x / y (already offset to the tile's first row), columns
 // [n0, min(n0 + BN, N)), weight rows wbase + n. A: the activation operand (Act<T>, ActPair or ActF16), TY: the
 // output type; rowf (fp16 mode): a power of two per row of the tile, multiplying its results.
-template <typename D, typename A, typename TY>
+// SW (gate_up.cuh): the weight rows wbase .. + N are [gate | up] (N / 2 each, N / 2 % (BN / 2) == 0) and the tile
+// holds features n0 / 2 .. + BN / 2 - 1 of both (GateUpLoader); y (float) gets h = silu(gate) * up, [M, N / 2] with
+// row stride ldy, and tmax (offset to the tile's first row) each row's largest |h| per tile, [M][N / BN]
+// (gate_up_store). The main loop is the same code either way.
+template <typename D, typename A, typename TY, bool SW = false>
 __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __restrict__ p1,
                                         const u8* __restrict__ p2, typename A::Src x, TY* __restrict__ y, int M,
                                         int N, int K, long long ldx, long long ldy, int n0, long long wbase,
-                                        const float* __restrict__ rowf = nullptr) {
+                                        const float* __restrict__ rowf = nullptr, float* __restrict__ tmax = nullptr) {
     typedef GsCfg<D, A> C;
     constexpr int BN = C::BN, NACC = C::NACC, S = C::S;
     extern __shared__ __align__(1024) u8 gs_smem_raw[];
@@ -112,7 +117,8 @@ __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __r
     const int mvalid = min(M, GS_BM), nvalid = min(BN, N - n0), nk = (K + GS_BK - 1) / GS_BK;
 
     const typename A::Loader al(x, ldx, mvalid, tid);
-    const typename D::Loader wl(p0, p1, p2, K, wbase + n0, nvalid, tid);
+    const typename GsWeightLoader<D, SW>::T wl(p0, p1, p2, K, SW ? wbase + n0 / 2 : wbase + n0, SW ? N / 2 : nvalid,
+                                               tid);
     auto stage = [&](int kt) { return smem + (kt % S) * C::STAGE; };
     auto load = [&](int kt) {
         al.copy(stage(kt), kt, K, p0);  // p0: any valid address for the zero-filled copies
@@ -172,13 +178,19 @@ __device__ __forceinline__ void gs_tile(const u8* __restrict__ p0, const u8* __r
     wgmma_wait<0>();
     fence_regs(acc);
 
+    if constexpr (SW) {
+        static_assert(D::GPT == 0, "gate | up tiles: formats without group scales");
+        gate_up_store<D>(acc, tid, mvalid, p1, p2, wbase + n0 / 2, wbase + N / 2 + n0 / 2, rowf, y + n0 / 2, ldy,
+                         tmax, N / BN, n0 / BN);
+    } else {
 #pragma unroll
-    for (int i = 0; i < NACC; ++i) {
-        int r, c;
-        frag_rc(tid, i, r, c);
-        if (r < mvalid && n0 + c < N) {
-            const float v = acc[i] * D::row_scale(p1, p2, wbase + n0 + c);
-            y[(long long)r * ldy + n0 + c] = from_f<TY>(rowf ? v * rowf[r] : v);
+        for (int i = 0; i < NACC; ++i) {
+            int r, c;
+            frag_rc(tid, i, r, c);
+            if (r < mvalid && n0 + c < N) {
+                const float v = acc[i] * D::row_scale(p1, p2, wbase + n0 + c);
+                y[(long long)r * ldy + n0 + c] = from_f<TY>(rowf ? v * rowf[r] : v);
+            }
         }
     }
 }
@@ -208,19 +220,21 @@ __global__ void __launch_bounds__(GS_THREADS, 1)
 
 // MoE prefill (grouped), as gemm.cu's gemm_experts: tile i (blockIdx.y) covers rows tile_s0[i] ..
 // min(tile_s0[i] + 128, off[tile_e[i] + 1]) with expert tile_e[i]'s weight rows; tiles at or beyond *ntiles exit.
-// One CTA of either expert kernel: its tile of the table (rowf: the fp16 mode's per-row factors, or null).
-template <typename D, typename A, typename TY>
+// One CTA of either expert kernel: its tile of the table (rowf: the fp16 mode's per-row factors, or null; SW:
+// gs_tile's gate | up tile, tmax [slots][N / BN]).
+template <typename D, typename A, typename TY, bool SW = false>
 __device__ __forceinline__ void gs_expert_tile(const u8* __restrict__ p0, const u8* __restrict__ p1,
                                                const u8* __restrict__ p2, typename A::Src x, TY* __restrict__ y,
                                                const int* __restrict__ off, const int* __restrict__ tile_e,
                                                const int* __restrict__ tile_s0, const int* __restrict__ ntiles,
                                                int N, int K, long long ldx, long long ldy,
-                                               const float* __restrict__ rowf) {
+                                               const float* __restrict__ rowf, float* __restrict__ tmax = nullptr) {
     const int i = blockIdx.y;
     if (i >= *ntiles) return;
     const int e = tile_e[i], s0 = tile_s0[i], rows = min(GS_BM, off[e + 1] - s0);
-    gs_tile<D, A, TY>(p0, p1, p2, A::at(x, s0, ldx), y + (long long)s0 * ldy, rows, N, K, ldx, ldy,
-                      blockIdx.x * D::BN, (long long)e * N, rowf ? rowf + s0 : nullptr);
+    gs_tile<D, A, TY, SW>(p0, p1, p2, A::at(x, s0, ldx), y + (long long)s0 * ldy, rows, N, K, ldx, ldy,
+                          blockIdx.x * D::BN, (long long)e * N, rowf ? rowf + s0 : nullptr,
+                          SW ? tmax + (long long)s0 * (N / D::BN) : nullptr);
 }
 
 template <typename D, typename T>
@@ -341,6 +355,25 @@ __global__ void __launch_bounds__(GS_THREADS, 1)
     static_assert(!D::DIRECT && D::GPT == 0, "the folded formats: operand values exact in fp16");
     gs_expert_tile<D, ActF16G, float>(p0, p1, p2, GatherX{xh, rows}, y, off, tile_e, tile_s0, ntiles, N, K, ldx, ldy,
                                       rowf);
+}
+
+// gemm90_experts_f16g with the SwiGLU in its epilogue (gate_up.cuh; the MoE prefill's gate | up product): expert
+// e's N = 2 I weight rows are [gate | up] (I % (BN / 2) == 0), CTA (nt, tile) computes features (BN / 2) nt ..
+// + BN / 2 - 1 of its slots from the gate rows and the same features' up rows, and writes h [slots, I] (row stride
+// ldh: even, 8-byte aligned rows) = silu(gate) * up and tmax [slots][I / (BN / 2)], each slot's largest |h| per
+// column tile. Grid (N / BN, tile bound). h is bitwise split_f16row_in<false, true>'s SwiGLU of what
+// gemm90_experts_f16g<D> writes, and split_f16row_max over (h, tmax) bitwise that split's fp16 rows.
+template <typename D>
+__global__ void __launch_bounds__(GS_THREADS, 1)
+    gemm90_experts_f16g_swiglu(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2,
+                               const bf16* __restrict__ xh, const int* __restrict__ rows,
+                               const float* __restrict__ rowf, float* __restrict__ h, float* __restrict__ tmax,
+                               const int* __restrict__ off, const int* __restrict__ tile_e,
+                               const int* __restrict__ tile_s0, const int* __restrict__ ntiles, int N, int K,
+                               long long ldx, long long ldh) {
+    static_assert(!D::DIRECT && D::GPT == 0, "the folded formats: operand values exact in fp16");
+    gs_expert_tile<D, ActF16G, float, true>(p0, p1, p2, GatherX{xh, rows}, h, off, tile_e, tile_s0, ntiles, N, K,
+                                            ldx, ldh, rowf, tmax);
 }
 
 // 8 consecutive inputs of split_f16row's row xr at column k: the stored values, or (SWIGLU: xr holds [gate | up],

@@ -73,6 +73,8 @@ PAIR_INSTANCES: tuple[str, ...] = (
     *(f"gemm90_experts_f16<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),  # the MoE prefill's
     # ... reading the slots' token rows in place (the gate | up product: one split per token, f16_token_rows)
     *(f"gemm90_experts_f16g<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),
+    # ... with the SwiGLU in its epilogue (h and tile maxima for split_f16row_max: gemm_swiglu.py)
+    *(f"gemm90_experts_f16g_swiglu<{d}>" for _, d in PAIR_STRUCTS.values() if d is not None),
     "split_f16row",
     "split_f16row_max",  # the SwiGLU'd rows of gemm90_f16_ws_swiglu (gemm_swiglu.py)
     # its input transforms (a gather index, the SwiGLU of [gate | up] rows, both): the MoE and MLP prefill inputs

@@ -263,15 +263,21 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
     if lanes:
         gu, dn = _lanes(net, h, p, ids, xrow, ns, e + int(shared), lanes_nb(t * k, e))
     elif gemm:
+        import ninfer.cuda.experts_swiglu as es
         from ninfer.cuda.gemm import gemm_experts
 
         # the prefill GEMM inputs' mode (fp16 by default: each slot's row rounded under its own power-of-two scale,
         # tests/test_cuda_gemm_f16.py; the NumPy emulation with the experts so rounded, perf/fidelity_prefill.py,
         # agrees on 0.997 of the mid-size MoE's positions); the rows' scratch: memory_plan._gemm_scratch
         # (the slots read their token's row and the SwiGLU in the row split: no gathered or SwiGLU'd copy)
-        mode = net.prefill_inputs
-        gu = gemm_experts(h, w[p + "experts.gate_up_proj"], ids, 2 * inter, inputs=mode, rows=xrow)
-        dn = gemm_experts(gu, w[p + "experts.down_proj"], ids, hid, inputs=mode, swiglu=True)
+        mode, wg, wd = net.prefill_inputs, w[p + "experts.gate_up_proj"], w[p + "experts.down_proj"]
+        if es.experts_swiglu_ok(h, wg, wd, 2 * inter, inputs=mode):  # the SwiGLU in gate | up's epilogue (no
+            # [slots, 2 inter] array; experts_swiglu.py): bitwise the two-array path below
+            hs = es.gemm_experts_gate_up_swiglu(h, wg, ids, 2 * inter, rows=xrow)
+            dn = es.gemm_experts_down(hs, wd, ids, hid)
+        else:
+            gu = gemm_experts(h, wg, ids, 2 * inter, inputs=mode, rows=xrow)
+            dn = gemm_experts(gu, wd, ids, hid, inputs=mode, swiglu=True)
     else:
         gu = cupy.empty((ns, 2 * inter), dtype=h.dtype)
         _experts(h, w[p + "experts.gate_up_proj"], ids, xrow, 2 * inter, gu)
