@@ -90,7 +90,7 @@ def test_fold_bitwise_the_two_array_path(cp: Any, fmt: str) -> None:
         assert np.array_equal(_bits(f1), _bits(f0)), f"{what}: row factors differ"
         want = gemm_experts(gu, wd, ids, hid, inputs="fp16", swiglu=True)
         got = gemm_experts_down(hs, wd, ids, hid)
-        assert np.isfinite(cp.asnumpy(got)).all(), f"{what}: down not finite"
+        # (rows whose h overflowed, which the random weights give, are non-finite in both: compared by their bits)
         assert np.array_equal(_bits(got), _bits(want)), f"{what}: down projection differs"
         # against NumPy with the same input rounding (the finite rows)
         g = np.stack([ops.linear(ops.round_fp16_rows(cp.asnumpy(x)[r : r + 1]), wgf[q * n : (q + 1) * n])[0]
