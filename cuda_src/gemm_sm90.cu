@@ -402,6 +402,27 @@ __device__ __forceinline__ void split_in8(const float* xr, int K, int k, float v
 // otherwise reads (and transforms) them again; the same values either way. Measured (H200, 1e66f7e): the 27B's
 // SwiGLU'd down-projection rows (2 x 17408 floats in) re-read from DRAM took 0.30 ms per 4096-row call, as many rows
 // are in flight as the L2 holds.
+// The row splits' two shared steps: the largest of the 256 threads' values m (8 warps: shuffles, then wmax[8]),
+// and 8 values times the row's scale s rounded to fp16 (nearest even) into 16 bytes at dst.
+__device__ __forceinline__ float f16row_block_max(float m, float (&wmax)[8]) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((tid & 31) == 0) wmax[tid >> 5] = m;
+    __syncthreads();
+    m = wmax[0];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) m = fmaxf(m, wmax[w]);
+    return m;
+}
+
+__device__ __forceinline__ void f16row_put8(const float (&v)[8], float s, bf16* dst) {
+    u32 o[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = f16_rne_bits(v[2 * j] * s) | f16_rne_bits(v[2 * j + 1] * s) << 16;
+    *reinterpret_cast<uint4*>(dst) = make4(o[0], o[1], o[2], o[3]);
+}
+
 template <bool ROWS, bool SWIGLU, bool GATE = false>
 __device__ __forceinline__ void split_f16row_body(const float* __restrict__ x, const int* __restrict__ rows,
                                                   bf16* __restrict__ xh, float* __restrict__ rowf, int K,
@@ -431,15 +452,8 @@ __device__ __forceinline__ void split_f16row_body(const float* __restrict__ x, c
 #pragma unroll
         for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(v[j]));
     }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((tid & 31) == 0) wmax[tid >> 5] = m;
-    __syncthreads();
-    m = wmax[0];
-#pragma unroll
-    for (int w = 1; w < 8; ++w) m = fmaxf(m, wmax[w]);
     float inv;
-    const float s = f16row_scale(m, inv);
+    const float s = f16row_scale(f16row_block_max(m, wmax), inv);
     if (tid == 0) rowf[r] = inv;
     for (int k = 8 * tid; k < K; k += 8 * 256) {
         float v[8];
@@ -447,10 +461,7 @@ __device__ __forceinline__ void split_f16row_body(const float* __restrict__ x, c
             load8x(srow + k, v);
         else
             in8(k, v);
-        u32 o[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) o[j] = f16_rne_bits(v[2 * j] * s) | f16_rne_bits(v[2 * j + 1] * s) << 16;
-        *reinterpret_cast<uint4*>(xh + (long long)r * K + k) = make4(o[0], o[1], o[2], o[3]);
+        f16row_put8(v, s, xh + (long long)r * K + k);
     }
 }
 
@@ -490,23 +501,13 @@ __global__ void __launch_bounds__(256) split_f16row_max(const float* __restrict_
     const int r = blockIdx.x, tid = threadIdx.x;
     float m = 0.f;
     for (int j = tid; j < tn; j += 256) m = fmaxf(m, tmax[(long long)r * tn + j]);
-#pragma unroll
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((tid & 31) == 0) wmax[tid >> 5] = m;
-    __syncthreads();
-    m = wmax[0];
-#pragma unroll
-    for (int w = 1; w < 8; ++w) m = fmaxf(m, wmax[w]);
     float inv;
-    const float s = f16row_scale(m, inv);
+    const float s = f16row_scale(f16row_block_max(m, wmax), inv);
     if (tid == 0) rowf[r] = inv;
     const float* hr = h + (long long)r * K;
     for (int k = 8 * tid; k < K; k += 8 * 256) {
         float v[8];
         load8x(hr + k, v);
-        u32 o[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) o[j] = f16_rne_bits(v[2 * j] * s) | f16_rne_bits(v[2 * j + 1] * s) << 16;
-        *reinterpret_cast<uint4*>(xh + (long long)r * K + k) = make4(o[0], o[1], o[2], o[3]);
+        f16row_put8(v, s, xh + (long long)r * K + k);
     }
 }
