@@ -16,12 +16,6 @@
 // (64 blocks, one dependent load per token); see docs/cuda.md.
 constexpr int CONV_TILE = 64;
 
-// raw input u of the sequence starting at s: x for u >= s, else the carried state (oldest first)
-template <typename T, int KW>
-__device__ __forceinline__ float conv_raw(const T* x, long long ldx, int c, const float* st, int s, int u) {
-    return u >= s ? to_f(x[(long long)u * ldx + c]) : st[KW - 1 + u - s];
-}
-
 template <typename T, int KW>
 __global__ void causal_conv(const T* __restrict__ x, const float* __restrict__ w, float* __restrict__ state,
                             T* __restrict__ y, const int* __restrict__ starts, const int* __restrict__ slots, int C,

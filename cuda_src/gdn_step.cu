@@ -59,7 +59,6 @@ template <int DK> struct GdnStep {
     static constexpr int FLOATS = NCH + 2 * NW * CT; // shared memory: x | S^T k partials | S^T q partials
     static_assert(DK % RPW == 0, "DK must be a multiple of 16");
 };
-constexpr int GDN_KW = 4;  // conv taps (the wrapper checks w[C, 4])
 
 // Channel u of this thread: ch = tid + NT u of [q (DK) | k (DK) | v tile (CT) from column c0] -> its global channel
 // (-1: none)

@@ -8,7 +8,8 @@ value columns per state-pass block, and the size ``state_cols`` picks) beside th
 key / 32 value heads, 27B: 16 / 48, dk = dv = 128) for one 8192-token sequence and 8 sequences of 1024 tokens.
 Times are CUDA-event medians over a few launches after a warm-up (each launch continues the state: the cost does
 not depend on the values), with each two-pass call split into its prep and state launches; the variants' outputs
-are compared too (max error / max |ref|).
+are compared too (max error / max |ref|). Also the causal conv fused into the tc prep (``gdn_chunked(conv=...)``):
+its prep launch against ``causal_conv`` + the tc prep, and whether it gives the separate conv's bits.
 
     python -m perf.bench_gdn [--out DIR] [--act float|bf16] [--state float|bf16] [--recurrent] [--reps 5]
         [--models 27b,35b] [--batches 1x8192,8x1024]
@@ -97,6 +98,32 @@ def bench_gdn(
         fig["split_eq_tc"] = bool(np.array_equal(outs["split32"], outs["tc32"]))
         fig["tc8_eq_tc"] = all(np.array_equal(outs[f"tc8{c}"], outs[f"tc{c}"]) for c in (16, 32))
         fig["tcs_eq_tc"] = all(np.array_equal(outs[f"tcs{c}"], outs[f"tc{c}"]) for c in (16, 32))
+    # the causal conv fused into the tc prep (gdn_chunked(conv=...), the model's prefill): its prep launch against
+    # causal_conv's launch plus the tc prep's, and the same bits as causal_conv then gdn_chunked ("tcs")
+    from ninfer.cuda.gdn import causal_conv
+
+    c = qkv.shape[1]
+    conv_w = cupy.asarray((rng.standard_normal((c, 4)) * 0.5).astype(np.float32))
+    conv0 = cupy.asarray(rng.standard_normal((len(lens), c, 3)).astype(np.float32))
+    y = cupy.empty_like(qkv)
+    cw = conv0.copy()  # timed calls carry it on (the cost does not depend on the values)
+    fig["conv_ms"] = 1e3 * event_seconds(lambda: causal_conv(qkv, conv_w, cw, starts, slots, y), reps)
+    fused = {}
+    for on in (False, True):
+        state, cst = cupy.asarray(bf16_encode(s0) if st_t == np.uint16 else s0), conv0.copy()
+        o = cupy.empty((t, hv * d), dtype=qkv.dtype)
+        kw = dict(variant="tcs", out=o, n_k_heads=hk)
+        if on:
+            gdn_chunked(qkv, a, b, a_log, dt_bias, state, starts, slots, conv=(conv_w, cst), **kw)
+        else:
+            gdn_chunked(
+                causal_conv(qkv, conv_w, cst, starts, slots), a, b, a_log, dt_bias, state, starts, slots, **kw
+            )
+        fused[on] = [cupy.asnumpy(x).tobytes() for x in (o, state, cst)]
+    fig["conv_fused_bitwise_equal"] = fused[False] == fused[True]
+    fig["tcs_conv_prep_ms"], _ = _split_ms(lambda: gdn_chunked(qkv, a, b, a_log, dt_bias, state, starts, slots,
+                                                               n_k_heads=hk, out=o, variant="tcs",
+                                                               conv=(conv_w, cw)))  # fmt: skip
     fig["speedup"] = fig["serial_ms"] / fig["mma_ms"]
     fig["tc_prep_speedup"] = fig["mma16_prep_ms"] / fig["tc16_prep_ms"]
     fig["state_speedup"] = fig[f"fp32{auto}_state_ms"] / fig[f"mma{auto}_state_ms"]
@@ -181,7 +208,8 @@ def _line(r: dict[str, Any], act: str, state: str) -> str:
             f"{r['auto_cols']}: " + "  ".join(parts) + f"  prep mma {r['mma16_prep_ms']:.3f} tc {r['tc16_prep_ms']:.3f} "
             f"fp32 {r['fp3216_prep_ms']:.3f}  split≡tc {r.get('split_eq_tc')}  tc8≡tc {r.get('tc8_eq_tc')}  tcs≡tc {r.get('tcs_eq_tc')}  "
             f"serial {r['serial_ms']:7.3f} ms (mma x{r['speedup']:.2f}; state pass mma x{r['state_speedup']:.2f}){rec}  scratch "
-            f"{r['scratch_mb']:.0f} MB")  # fmt: skip
+            f"{r['scratch_mb']:.0f} MB  conv {r['conv_ms']:.3f} + tc prep {r['tcs32_prep_ms']:.3f} ms -> fused prep "
+            f"{r['tcs_conv_prep_ms']:.3f} (bitwise {r['conv_fused_bitwise_equal']})")  # fmt: skip
 
 
 if __name__ == "__main__":

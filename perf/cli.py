@@ -77,6 +77,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     )  # fmt: skip
     if args.gdn_variant:
         net.gdn_variant = args.gdn_variant
+    net.gdn_conv_prep = args.gdn_conv_prep == "on"
     del tensors  # the model holds the fused weights; the unfused parts are freed
     phase("model")
     net.warmup()
@@ -191,6 +192,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         choices=("tc", "tcs", "tc8", "split", "mma", "fp32"),
         help="the chunked GDN prefill's kernels (default: ninfer.cuda.gdn.DEFAULT_VARIANT)",
     )
+    p.add_argument(
+        "--gdn-conv-prep",
+        default="on",
+        choices=("on", "off"),
+        help="the chunked GDN prefill's causal conv inside the tc prep (on, the model's default) or its own kernel",
+    )
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--prefill", default=None, help="comma list of prompt lengths ('' for none)")
     p.add_argument("--lanes", default="1,2,4,8", help="comma list of decode lane counts ('' for none)")
@@ -253,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": args.commit, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick,
         "device": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
         "cupy": cupy.__version__, "ceilings": ceil, "models": {},
-        "gdn_variant": args.gdn_variant or DEFAULT_VARIANT,
+        "gdn_variant": args.gdn_variant or DEFAULT_VARIANT, "gdn_conv_prep": args.gdn_conv_prep,
     }  # fmt: skip
     path = out / f"perf_{args.profile}.json"
     for key in args.models.split(","):

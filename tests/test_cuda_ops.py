@@ -742,6 +742,71 @@ def test_gdn_chunked_variant_is_tc(cp: Any, t: str, st: str, variant: str) -> No
             assert np.array_equal(got[variant][1], got["tc"][1]), f"{what}: states differ"
 
 
+def _bits(cp: Any, x: Any) -> np.ndarray:
+    h = cp.asnumpy(x)
+    return h.view(h.dtype.str.replace("f", "u"))
+
+
+# the fused conv's shapes: (hk, hv, dk, dv) of the 27B and the 35B-A3B, and one whose value rows need the grown
+# shared memory (dv > dk + 2)
+GDN_CONV_SHAPES = ((16, 48, 128, 128), (16, 32, 128, 128), (1, 2, 64, 96))
+
+
+@pytest.mark.parametrize("t", ["float", "bf16"])
+@pytest.mark.parametrize("st", ["float", "bf16"])
+@pytest.mark.parametrize("variant", ["tcs", "tc", "split", "mma"])
+def test_gdn_chunked_conv_fused(cp: Any, t: str, st: str, variant: str) -> None:
+    """``gdn_chunked(conv=...)`` over the raw in-projection rows (a strided view, as in the model) against
+    ``causal_conv`` then ``gdn_chunked`` on its output: outputs, recurrent states, carried conv states and (tc
+    variants: ``gdn_chunk_prep_tc_conv``) every word of the prep's scratch bitwise, on fresh random inputs with
+    nonzero conv states, several packed sequences (one- and two-token ones, whose new conv state mixes the old,
+    an empty one, sequences over several chunks). "mma" runs causal_conv itself (no fused prep)."""
+    import ninfer.cuda.gdn as gdn
+    from ninfer.cuda.gdn import causal_conv, gdn_chunked
+
+    rng = np.random.default_rng(31)
+    lens = [700, 64, 1, 2, 0, 130]
+    for hk, hv, dk, dv in GDN_CONV_SHAPES:
+        n, c = sum(lens), 2 * hk * dk + hv * dv
+        proj = _inputs(rng, (n, c + 72), t)  # q | k | v, then columns of the other projections
+        a, b = _inputs(rng, (n, hv), t), _inputs(rng, (n, hv), t)
+        g = _gdn_case(rng, st, hv, dk, dv, len(lens))
+        conv_w = cp.asarray((rng.standard_normal((c, 4)) * 0.5).astype(F32))
+        conv0 = rng.standard_normal((len(lens), c, 3)).astype(F32)
+        starts, slots, _ = _packed(cp, lens)
+        dev = [_dev(cp, x, t) for x in (proj, a, b)]
+        qkv = dev[0][:, :c]
+        gates = (cp.asarray(g["a_log"]), cp.asarray(g["dt_bias"]))
+        got = {}
+        for fused in (False, True):
+            state_d, conv_d, out = _dev(cp, g["state"], st), cp.asarray(conv0), _poison(cp, (n, hv * dv), t)
+            scratch: list[Any] = []
+            orig = gdn._launch_smem
+
+            def keep(fn: Any, grid: Any, threads: int, smem: int, args: tuple, orig: Any = orig,
+                     scratch: list = scratch) -> None:  # fmt: skip
+                if not scratch:  # the prep's launch: its scratch sections qk, w, a, u, g
+                    scratch.extend(args[5:10])
+                orig(fn, grid, threads, smem, args)
+
+            gdn._launch_smem = keep
+            try:
+                if fused:
+                    gdn_chunked(qkv, *dev[1:], *gates, state_d, starts, slots, n_k_heads=hk, out=out,
+                                variant=variant, conv=(conv_w, conv_d))  # fmt: skip
+                else:
+                    y = causal_conv(qkv, conv_w, conv_d, starts, slots)
+                    gdn_chunked(y, *dev[1:], *gates, state_d, starts, slots, n_k_heads=hk, out=out,
+                                variant=variant)  # fmt: skip
+            finally:
+                gdn._launch_smem = orig
+            got[fused] = [_bits(cp, x) for x in (out, state_d, conv_d, *scratch)]
+        what = f"fused conv {variant} {t} state={st} hk={hk} hv={hv} dk={dk} dv={dv}"
+        names = ("outputs", "states", "conv states", "qk", "w", "a", "u", "g")
+        for name, x, y in zip(names, got[False], got[True], strict=True):
+            assert np.array_equal(x, y), f"{what}: {name} differ ({np.count_nonzero(x != y)} words)"
+
+
 # ---- attention -----------------------------------------------------------------------------------------------
 def _pages(rng: np.random.Generator, lens: list[int], page: int) -> tuple[np.ndarray, int]:
     per = [max(1, -(-n // page)) for n in lens]

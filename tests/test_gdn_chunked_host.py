@@ -9,6 +9,13 @@ same bits, in each variant; the staged "tcs" pass bitwise the "tc" one), the mma
 operands' tf32 bits: 1xTF32 products fail these tolerances, 6e-4 against 1e-4) and the wrapper's shared-memory
 sizes (the kernels trap on too little) without a GPU; the GPU tests in test_cuda_ops.py check the same kernels on
 the device.
+
+``test_gdn_conv_prep_emulated``: the tc prep with the causal conv fused (``gdn_chunk_prep_tc_conv`` over the raw
+in-projection rows, a strided view) against gdn.cu's ``causal_conv`` followed by ``gdn_chunk_prep_tc``, both
+emulated: every scratch word, the "tcs" state pass's outputs and recurrent states and the carried conv states
+bitwise (the conv states also equal the NumPy reference's), over sequences that start inside a chunk-sized row
+tile, several sequences per call, one- and two-token sequences (their new conv state mixes the old), empty ones,
+nonzero incoming conv states and sequences over several chunks.
 """
 
 from __future__ import annotations
@@ -20,7 +27,14 @@ import numpy as np
 import pytest
 from host_emu import build_emulator, rel_error, words
 
-from ninfer.cuda.gdn import prep_smem_bytes, prep_tc_smem_bytes, state_mma_smem_bytes, state_smem_bytes
+from ninfer.cuda.gdn import (
+    prep_smem_bytes,
+    prep_tc_conv_smem_bytes,
+    prep_tc_smem_bytes,
+    state_mma_smem_bytes,
+    state_smem_bytes,
+)
+from ninfer.cuda.loader import source_text
 from ninfer.formats import bf16_decode, bf16_round
 from ninfer.reference import ops
 
@@ -149,3 +163,75 @@ def _check(
             assert err <= otol, f"{what} seq {s} (T={lens[s]}): output error {err:.2e} > {otol:.1e}"
         err = rel_error(got_s[slots[s]], new)
         assert err <= stol, f"{what} seq {s} (T={lens[s]}): state error {err:.2e} > {stol:.1e}"
+
+
+def _conv_text() -> str:
+    """gdn.cu's causal_conv without the shared headers (gdn_chunk.cu inlines them) and the serial kernel."""
+    text = source_text("gdn.cu")
+    head, sep, rest = text.partition("// ---- gdn_common.cuh ----")
+    _, sep2, rest = rest.partition("// ---- end gdn_common.cuh ----")
+    body, sep3, _ = rest.partition("// ---- chunked prefill form")
+    assert sep and sep2 and sep3 and "causal_conv" in body, "gdn.cu's layout changed"
+    return head + body
+
+
+@pytest.fixture(scope="module")
+def conv_emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_emulator(
+        tmp_path_factory,
+        "gdn_conv_emu",
+        ["gdn_emu.cpp", "gdn_chunk.cu", _conv_text(), "emu_io.cpp", "gdn_convprep_driver.cpp"],
+    )
+
+
+CONV_CASES = (  # hk, hv, dk, dv, lens, bf16 activations, bf16 state
+    (2, 4, 32, 32, [1, 2, 61, 64, 65, 0, 130], False, False),  # short, empty, chunk-sized, longer sequences
+    (1, 2, 64, 96, [130, 3], True, True),  # dv > dk + 2: the conv kernel's grown shared memory
+    (2, 4, 128, 128, [70, 5], False, False),  # the served head dims
+    (1, 3, 16, 16, [66, 9, 2], True, False),  # the tiny test model's heads, three value heads per key head
+    (2, 4, 32, 40, [200, 0, 1, 129], False, True),  # dv not a multiple of 8
+)
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"hk{c[0]}hv{c[1]}dk{c[2]}dv{c[3]}T{sum(c[4])}")
+def test_gdn_conv_prep_emulated(conv_emu: Path, tmp_path: Path, case: tuple) -> None:
+    hk, hv, dk, dv, lens, tb, sb = case
+    rng = np.random.default_rng(7 * sum(lens) + dv)
+    n, nseq, c = sum(lens), len(lens), 2 * hk * dk + hv * dv
+    ldx = c + 24  # the model's q|k|v rows are a view of the wider in-projection rows
+    rnd = (lambda *s: bf16_round(rng.standard_normal(s).astype(F32))) if tb else (
+        lambda *s: rng.standard_normal(s).astype(F32))  # fmt: skip
+    x, a, b = rnd(n, ldx), rnd(n, hv), rnd(n, hv)
+    a_log, dt_bias = rng.uniform(-2, 1, hv).astype(F32), rng.uniform(-1, 1, hv).astype(F32)
+    state = (rng.standard_normal((nseq + 1, hv, dk, dv)) * 0.1).astype(F32)
+    state = bf16_round(state) if sb else state
+    conv_w = (rng.standard_normal((c, 4)) * 0.5).astype(F32)
+    conv_st = rng.standard_normal((nseq + 1, c, 3)).astype(F32)
+    starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    slots = (np.arange(nseq, dtype=np.int32)[::-1] + 1).copy()  # slot 0 is never touched
+    files = {"x": words(x, tb), "a": words(a, tb), "b": words(b, tb), "alog": a_log, "dtb": dt_bias,
+             "state": words(state, sb), "starts": starts, "slots": slots, "convw": conv_w, "convst": conv_st}  # fmt: skip
+    for name, arr in files.items():
+        arr.tofile(tmp_path / f"{name}.bin")
+    smem = [prep_tc_smem_bytes(dk), prep_tc_conv_smem_bytes(dk, dv)]
+    smem.append(state_mma_smem_bytes(dk, 32, staged=True))
+    args = [n, hk, hv, dk, dv, nseq, nseq + 1, int(tb), int(sb), ldx, *smem]
+    proc = subprocess.run(
+        [str(conv_emu), str(tmp_path), *map(str, args)], capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, f"emulation failed (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    # every scratch word (as bits: the unwritten words stay NaN in both), outputs and states bitwise
+    for part in ("qk", "w", "a", "u", "g", "conv", "o", "state"):
+        dt = np.uint16 if (part == "o" and tb) or (part == "state" and sb) else np.uint32
+        ref, got = (np.fromfile(tmp_path / f"{part}_{k}.bin", dtype=dt) for k in ("ref", "fused"))
+        assert ref.size and np.array_equal(got, ref), (
+            f"{part}: {np.count_nonzero(got != ref)} of {ref.size} words differ from causal_conv + gdn_chunk_prep_tc"
+        )
+    for part in ("qk", "w", "a", "u", "g"):  # every scratch word written (the GPU test compares them all)
+        words_ = np.fromfile(tmp_path / f"{part}_fused.bin", dtype=F32)
+        assert not np.isnan(words_).any(), f"{part}: unwritten words"
+    conv = np.fromfile(tmp_path / "conv_fused.bin", dtype=F32).reshape(conv_st.shape)
+    np.testing.assert_array_equal(conv[0], conv_st[0])
+    for s in range(nseq):  # the carried raw inputs: the reference conv's new state
+        _, new = ops.conv1d_causal(x[starts[s] : starts[s + 1], :c], conv_st[slots[s]], conv_w)
+        np.testing.assert_array_equal(conv[slots[s]], new, f"seq {s}: carried conv state")

@@ -34,6 +34,7 @@ __all__ = [
     "chunk_scratch_bytes",
     "prep_smem_bytes",
     "prep_tc_smem_bytes",
+    "prep_tc_conv_smem_bytes",
     "state_smem_bytes",
     "state_mma_smem_bytes",
     "state_cols",
@@ -97,6 +98,11 @@ def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str
     return prep, f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}{tail}>"
 
 
+def _conv_prep_name(t: str, dk: int) -> str:
+    """The tc prep over the raw in-projection rows with the causal conv fused (gdn_prep_tc.cuh)."""
+    return f"gdn_chunk_prep_tc_conv<{t}, {dk}>"
+
+
 def _out_name(t: str, dk: int, cols: int) -> str:
     """The output pass of the "split" variant."""
     return f"gdn_chunk_out<{t}, {dk}, {cols}>"
@@ -107,6 +113,8 @@ def chunk_instances(variant: str) -> tuple[str, ...]:
     """Every gdn_chunk.cu instance of a two-pass variant (the default's are compiled at warm-up, the other's on
     first use; tests/test_cuda_compile.py compiles both)."""
     prep = tuple(_chunk_names(variant, t, "float", d, 16)[0] for t in _T for d in HEAD_DIMS)
+    if variant in _TC_PREP:  # the tc prep with the causal conv fused (gdn_chunked(conv=...))
+        prep += tuple(_conv_prep_name(t, d) for t in _T for d in HEAD_DIMS)
     state = tuple(
         _chunk_names(variant, t, s, d, c)[1] for t in _T for s in _S for d in HEAD_DIMS for c in STATE_COLS
     )
@@ -377,6 +385,15 @@ def prep_tc_smem_bytes(dk: int) -> int:
     return 4 * (CHUNK * kst + max(CHUNK * kst, CHUNK * mst + 3 * 256) + CHUNK * mst + 3 * CHUNK)
 
 
+def prep_tc_conv_smem_bytes(dk: int, dv: int) -> int:
+    """Dynamic shared memory of ``gdn_chunk_prep_tc_conv<., dk>``: mirrors ``GdnPrepTcSmem::floats_conv(gpt_vst(dv))``
+    in gdn_prep_tc.cuh: ``prep_tc_smem_bytes(dk)`` with the q region grown to hold a value head's 64 conv rows of
+    ``gpt_vst(dv)`` floats where they need more (not at dk = dv = 128: 85.5 KB there too)."""
+    kst, mst, vst = dk + 4, CHUNK + 4, -(-dv // 8) * 8 + 2
+    qr = max(CHUNK * kst, CHUNK * mst + 3 * 256, CHUNK * vst)
+    return 4 * (CHUNK * kst + qr + CHUNK * mst + 3 * CHUNK)
+
+
 def state_smem_bytes(dk: int, cols: int) -> int:
     """Dynamic shared memory of ``gdn_chunk_state<., ., dk, cols>``: mirrors ``GdnStateSmem::FLOATS`` in
     gdn_chunk.cu."""
@@ -445,6 +462,7 @@ def gdn_chunked(
     out: Any = None,
     variant: str = DEFAULT_VARIANT,
     cols: int | None = None,
+    conv: tuple[Any, Any] | None = None,
 ) -> Any:
     """``gdn_recurrent`` in the chunked form (docs/model-math.md §4.6, reference ``ops.gdn_chunked``): same
     arguments, checks, result and state update within fp32 noise. Each sequence runs in chunks of 64 tokens
@@ -458,13 +476,25 @@ def gdn_chunked(
     (the same bits); ``"tcs"``: "tc" with each chunk's W and Q rows staged in shared memory (the same bits); ``"split"``: "tc" with the state pass split in two (the same bits); ``"fp32"``: on fp32 FMAs
     (``gdn_chunk_state``);
     ``"serial"``: the older one-pass kernel (one block per sequence slice does all of each chunk's work;
-    benchmarks only). The variants other than ``DEFAULT_VARIANT`` are compiled on first use."""
+    benchmarks only). The variants other than ``DEFAULT_VARIANT`` are compiled on first use.
+
+    ``conv = (conv_w, conv_state)`` (taps ``[C, 4]`` and carried raw inputs ``[S, C, 3]``, float32, as
+    ``causal_conv``): ``qkv`` is the raw in-projection rows and the call is ``causal_conv`` (its conv state update
+    included) followed by ``gdn_chunked`` on its output, bitwise. The tc prep variants (``"tc"``, ``"tcs"``,
+    ``"tc8"``, ``"split"``) run ``gdn_chunk_prep_tc_conv``, which computes the conv of the rows it reads itself
+    (the conv output is never stored); the others run ``causal_conv`` first."""
     import cupy
 
     if variant not in (*STATE_VARIANTS, "serial"):
         raise KernelError(f"variant: one of {(*STATE_VARIANTS, 'serial')}, got {variant!r}")
     if cols not in (None, *STATE_COLS):
         raise KernelError(f"cols: one of {STATE_COLS}, got {cols}")
+    if conv is not None:
+        _, width, _ = check_rows(qkv, "qkv")
+        check_array(conv[0], "conv_w", dtype=np.float32, shape=(width, 4))
+        check_array(conv[1], "conv_state", dtype=np.float32, shape=(None, width, 3))
+        if variant not in _TC_PREP:  # no fused prep: the conv's own kernel, then the usual passes
+            qkv, conv = causal_conv(qkv, conv[0], conv[1], starts, slots), None
     out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)
     if not k["nseq"]:
         return out
@@ -482,11 +512,15 @@ def gdn_chunked(
     nchunks = rows // CHUNK + nseq  # gdn_chunk_prep's grid: blocks past the last chunk exit
     names = _chunk_names(variant, t, k["st"], dk, cols)
     inst = chunk_instances(variant)  # the default's are SOURCES["gdn_chunk.cu"]: compiled at warm-up
-    prep = kernel("gdn_chunk.cu", inst, names[0])
-    psmem = prep_tc_smem_bytes(dk) if variant in _TC_PREP else prep_smem_bytes(dk)
-    _launch_smem(prep, (nchunks, n_k_heads), 256, psmem,
-                 (qkv, a, b, a_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, np.int32(nseq), hk_, hv_, dv_,
-                  ldq, lda, ldb))  # fmt: skip
+    pargs = (qkv, a, b, a_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, np.int32(nseq), hk_, hv_, dv_,
+             ldq, lda, ldb)  # fmt: skip
+    if conv is not None:  # the tc prep over the raw rows, the conv fused (and its state updated there)
+        prep = kernel("gdn_chunk.cu", inst, _conv_prep_name(t, dk))
+        _launch_smem(prep, (nchunks, n_k_heads), 256, prep_tc_conv_smem_bytes(dk, dv), (*pargs, *conv, slots))
+    else:
+        prep = kernel("gdn_chunk.cu", inst, names[0])
+        psmem = prep_tc_smem_bytes(dk) if variant in _TC_PREP else prep_smem_bytes(dk)
+        _launch_smem(prep, (nchunks, n_k_heads), 256, psmem, pargs)
     st = kernel("gdn_chunk.cu", inst, names[1])
     if variant == "split":
         h_s, smem = buf[offs[5] : offs[6]], state_mma_smem_bytes(dk, cols)

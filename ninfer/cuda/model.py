@@ -131,6 +131,9 @@ class CudaQwen36:
         from ninfer.cuda.gdn import DEFAULT_VARIANT
 
         self.gdn_variant = DEFAULT_VARIANT
+        # the chunked prefill's causal conv computed inside the GDN prep (gdn_chunked(conv=...): no conv output
+        # array; bitwise the separate causal_conv); a benchmark's A/B turns it off (speed not yet measured)
+        self.gdn_conv_prep = True
         if memory_reserve_bytes < 0:
             raise ValueError(f"memory_reserve_bytes: must be >= 0, got {memory_reserve_bytes}")
         self.memory_reserve_bytes = memory_reserve_bytes  # left free by the runner's memory plan

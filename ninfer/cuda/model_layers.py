@@ -170,8 +170,13 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None, f
     if net.prefill_gemm and m.t > m.nseq:
         if m.snap is not None:
             raise ValueError("GDN snapshots need the exact recurrence (prefill_gemm off)")
-        y = causal_conv(qkv, w[p + "conv1d.weight"], net.conv[j], m.starts, m.gslots)
-        o = gdn_chunked(y, *rule, n_k_heads=nk, variant=net.gdn_variant)
+        conv = (w[p + "conv1d.weight"], net.conv[j])
+        # the conv inside the chunked prep (tc variants; gdn_chunked runs causal_conv first for the others)
+        if net.gdn_conv_prep:
+            o = gdn_chunked(qkv, *rule, n_k_heads=nk, variant=net.gdn_variant, conv=conv)
+        else:  # the same bits through the conv output
+            y = causal_conv(qkv, *conv, m.starts, m.gslots)
+            o = gdn_chunked(y, *rule, n_k_heads=nk, variant=net.gdn_variant)
         # the out-projection's fp16-mode rows straight from the norm where that GEMM runs (bitwise the same)
         f16 = f16 and f16_norm_reader(w[p + "out_proj.weight"]) and gated_f16_ok(hv, dv)
         on = gated_rmsnorm(o.reshape(m.t * hv, dv), z, nw, eps, f16=f16)
