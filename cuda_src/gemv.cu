@@ -299,6 +299,12 @@ template <typename T> __device__ __forceinline__ float gv_fold_r(float x, float*
     *q = r;
     return r;
 }
+// the same with the residual word r0 = *q already loaded
+template <typename T> __device__ __forceinline__ float gv_fold_add(float x, float r0, float* q) {
+    const float r = __fadd_rn(to_f(from_f<T>(x)), r0);
+    *q = r;
+    return r;
+}
 
 // The block's sum of squares of r over its rows, per lane: warp w takes lanes w, w + GV_WARPS, ...; thread l of the
 // warp adds rows l, l + 32, l + 64, ... (fmaf from 0, rows past N left out), then a butterfly over the 32 threads
@@ -380,6 +386,16 @@ __device__ __forceinline__ void gv_split_sum(Ld ld, float* sr, int bx, int split
     float* rb = reinterpret_cast<float*>(yb);
     for (int i = threadIdx.x; i < ROWS * NB / V; i += blockDim.x) {
         const int rl = i / (NB / V), b0 = i % (NB / V) * V, n = bx * ROWS + rl;
+        // the row scale and (folding) the residual words are loaded before the partials, so that their L2 round
+        // trips overlap the partials' instead of following them (same values, same operations)
+        const bool in = n < N;
+        const float rs = in ? F::row_scale(p1, p2, wbase + n) : 0.f;
+        float r0[V] = {};
+        if (fo.on && in) {
+#pragma unroll
+            for (int j = 0; j < V; ++j)
+                if (b0 + j < nb) r0[j] = rb[(b0 + j) * ldy + n];
+        }
         float s[V] = {};
 #pragma unroll U
         for (int sp = 0; sp < splits; ++sp) {
@@ -388,13 +404,12 @@ __device__ __forceinline__ void gv_split_sum(Ld ld, float* sr, int bx, int split
 #pragma unroll
             for (int j = 0; j < V; ++j) s[j] += v[j];
         }
-        if (n >= N) continue;
-        const float rs = F::row_scale(p1, p2, wbase + n);
+        if (!in) continue;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
             if (b0 + j >= nb) continue;
             if (fo.on)
-                sr[rl * 8 + b0 + j] = gv_fold_r<T>(s[j] * rs, rb + (b0 + j) * ldy + n);
+                sr[rl * 8 + b0 + j] = gv_fold_add<T>(s[j] * rs, r0[j], rb + (b0 + j) * ldy + n);
             else
                 gv_yrow(yb, lt, NB, b0 + j, ldy)[n] = from_f<T>(s[j] * rs);
         }
@@ -550,6 +565,42 @@ __device__ __forceinline__ void gv_prefetch_next(const u8* q0, const u8* q1, int
     }
 }
 
+// Folded norm, consumer side: this thread's lane's 1 / rms from the producer's npart partial sums of squares of
+// its row xr, added from 0.f in row-block order (norm.cu's expression, H = K). The partials come through the
+// activation buffers (free until gv_products stages): the threads of a lane load its partials side by side, so the
+// block pays one L2 round trip where a thread loading them in groups of 8 paid npart / 8 of them (the wait sits
+// between the previous launch's end and this one's first product), then each thread adds its lane's in order,
+// the same float operations. More partials than the buffers hold (never on the models' shapes): loads in groups.
+template <typename T, int NB>
+__device__ __forceinline__ float gv_norm_inv(u32* sm, const float* part, long long ldp, int npart, long long xr,
+                                             int gl, int nb, int K, float eps) {
+    constexpr int CAP = 2 * GvChunk<NB>::V * 8 * NB * 4 * (GvIsFloat<T>::v ? 4 : 2);  // words, 2 * ACT
+    constexpr int J = GV_WARPS * 32 / NB;  // threads per lane
+    float ss = 0.f;
+    if (npart * NB <= CAP) {
+        float* sp = reinterpret_cast<float*>(sm);
+        if (gl < nb) {
+#pragma unroll 4
+            for (int p = threadIdx.x / NB; p < npart; p += J) sp[p * NB + gl] = part[p * ldp + xr];
+        }
+        __syncthreads();
+        if (gl < nb)
+            for (int p = 0; p < npart; ++p) ss += sp[p * NB + gl];
+        __syncthreads();  // every read of the buffers done before gv_products stages into them
+    } else if (gl < nb) {
+        int p = 0;
+        for (; p + 8 <= npart; p += 8) {  // 8 loads in flight, then their adds in order
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = part[(p + j) * ldp + xr];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ss += v[j];
+        }
+        for (; p < npart; ++p) ss += part[p * ldp + xr];
+    }
+    return gl < nb ? 1.f / sqrtf(ss / (float)K + eps) : 0.f;
+}
+
 // experts == 0: lane block z takes activation rows z*NB .. (nrows of them in the launch), weight rows row0 ..;
 // Norm folding (docs/cuda.md): xf GV_NORM | GV_NORMW stages the RMS-normed residual (x: float32 residual, x2: norm
 // weight, part/ldp/npart/eps: the producer's partial sums of squares; any experts mode: a lane's partials are
@@ -618,20 +669,7 @@ __device__ __forceinline__ void gv_kernel(
     typename F::Src src = gv_rows_src<F>(p0, p1, p2, N, K, wbase, bx * ROWS + warp * MT * 16, kt0, t);
     gv_prologue<F>(wsm, lane, src, t, nt);
     if (!experts) pdl_wait();
-    float inv = 0.f;  // folded norm: this thread's lane's 1 / rms, the partials added in row-block order
-    if (norm && gl < nb) {
-        float ss = 0.f;
-        int p = 0;
-        for (; p + 8 <= npart; p += 8) {  // 8 loads in flight, then their adds in order
-            float v[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = part[(p + j) * ldp + xr];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) ss += v[j];
-        }
-        for (; p < npart; ++p) ss += part[p * ldp + xr];
-        inv = 1.f / sqrtf(ss / (float)K + eps);  // norm.cu's expression (H = K)
-    }
+    const float inv = norm ? gv_norm_inv<T, NB>(gv_sm, part, ldp, npart, xr, gl, nb, K, eps) : 0.f;
     float acc[MT][4];
     gv_products<F, T, NB>(gv_sm, wsm, lane, src, t, xl, x2l, xf, gd, inv, nb, K, kt0, nt, acc);
     if (GvPf<F>::ON && q0 != nullptr) gv_prefetch_next<ROWS>(q0, q1, qn, qk, qbx, qsplits);
