@@ -135,6 +135,35 @@ __device__ __forceinline__ void gv_fetch(float (&v)[GvItems<NB>::N][8], const T*
     }
 }
 
+// A folded norm's first chunk in two phases (gv_kernel), so that its loads are in flight while the block gathers
+// the norm's partials: the residual and weight words only (zero past K or past the lanes, as gv_load8), then, once
+// inv is known, gv_load8's expression on them (a zero item stays zero: 0 * inv * (1 + 0) and 0 * inv * 0 are +0).
+template <typename T, int NB>
+__device__ __forceinline__ void gv_fetch_norm_raw(float (&v)[GvItems<NB>::N][8], float (&w)[GvItems<NB>::N][8],
+                                                  const T* xl, const T* x2l, int nb, int K, int kt0, int nt) {
+#pragma unroll
+    for (int j = 0; j < GvItems<NB>::N; ++j) {
+        const int item = threadIdx.x + j * GV_WARPS * 32, g = item % NB, tl = item / NB >> 4, cc = item / NB & 15;
+        const int k = (kt0 + tl) * 128 + 8 * cc;
+        if (item < NB * GvChunk<NB>::V * 16 && g < nb && tl < nt && k < K) {
+            load8x(reinterpret_cast<const float*>(xl) + k, v[j]);
+            load8x(reinterpret_cast<const float*>(x2l) + k, w[j]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[j][e] = w[j][e] = 0.f;
+        }
+    }
+}
+template <typename T, int NB>
+__device__ __forceinline__ void gv_norm_apply(float (&v)[GvItems<NB>::N][8], const float (&w)[GvItems<NB>::N][8],
+                                              int xf, float inv) {
+#pragma unroll
+    for (int j = 0; j < GvItems<NB>::N; ++j)
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            v[j][e] = to_f(from_f<T>(v[j][e] * inv * (xf == GV_NORM ? 1.f + w[j][e] : w[j][e])));
+}
+
 template <typename F, typename T, int NB>
 __device__ __forceinline__ void gv_put(const float (&v)[GvItems<NB>::N][8], u32* sm) {
     constexpr bool SPLIT = GvIsFloat<T>::v;
@@ -242,17 +271,16 @@ __device__ __forceinline__ void gv_prologue(u8* wsm, int lane, typename F::Src& 
     }
 }
 
-// The block's products (its prologue issued): activations staged per chunk, weights through the ring. Ends with
+// The block's products (its prologue issued, chunk 0's activations in xv): activations staged per chunk, weights
+// through the ring. Ends with
 // a block barrier after every read of the ring and the activation buffers.
 template <typename F, typename T, int NB>
 __device__ __forceinline__ void gv_products(u32* sm, u8* wsm, int lane, typename F::Src& src, int t, const T* xl,
                                               const T* x2l, int xf, int gd, float inv, int nb, int K, int kt0,
-                                              int nt, float (&acc)[F::MT][4]) {
+                                              int nt, float (&xv)[GvItems<NB>::N][8], float (&acc)[F::MT][4]) {
     constexpr int MT = F::MT, STAGE = F::VECS * 512, FW = GvIsFloat<T>::v ? 4 : 2;
     constexpr int ACT = GvChunk<NB>::V * 8 * NB * 4 * FW;
-    float xv[GvItems<NB>::N][8];
-    gv_fetch<F, T, NB>(xv, xl, x2l, xf, gd, inv, nb, K, kt0, nt, 0);
-    gv_put<F, T, NB>(xv, sm);
+    gv_put<F, T, NB>(xv, sm);  // chunk 0, fetched by the caller
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
@@ -669,9 +697,17 @@ __device__ __forceinline__ void gv_kernel(
     typename F::Src src = gv_rows_src<F>(p0, p1, p2, N, K, wbase, bx * ROWS + warp * MT * 16, kt0, t);
     gv_prologue<F>(wsm, lane, src, t, nt);
     if (!experts) pdl_wait();
-    const float inv = norm ? gv_norm_inv<T, NB>(gv_sm, part, ldp, npart, xr, gl, nb, K, eps) : 0.f;
+    float inv = 0.f, xv[GvItems<NB>::N][8];  // xv: the first activation chunk (gv_products stages it)
+    if (norm) {  // the chunk's words loaded before the partials' round trip, normed after it
+        float wv[GvItems<NB>::N][8];
+        gv_fetch_norm_raw<T, NB>(xv, wv, xl, x2l, nb, K, kt0, nt);
+        inv = gv_norm_inv<T, NB>(gv_sm, part, ldp, npart, xr, gl, nb, K, eps);
+        gv_norm_apply<T, NB>(xv, wv, xf, inv);
+    } else {
+        gv_fetch<F, T, NB>(xv, xl, x2l, xf, gd, inv, nb, K, kt0, nt, 0);
+    }
     float acc[MT][4];
-    gv_products<F, T, NB>(gv_sm, wsm, lane, src, t, xl, x2l, xf, gd, inv, nb, K, kt0, nt, acc);
+    gv_products<F, T, NB>(gv_sm, wsm, lane, src, t, xl, x2l, xf, gd, inv, nb, K, kt0, nt, xv, acc);
     if (GvPf<F>::ON && q0 != nullptr) gv_prefetch_next<ROWS>(q0, q1, qn, qk, qbx, qsplits);
     const GvFold fo{fold, part, ldp, xr0};
     gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);
