@@ -402,10 +402,11 @@ template <int V> __device__ __forceinline__ void gv_cl_load(const float* p, unsi
 // The splits' sum of the block's tile, shared by both reductions so that they are one arithmetic: per output
 // (row rl, lane b) s = 0.f, then s += partial of split 0, 1, .., splits - 1 in that order (ld(sp, off, v): the V
 // floats of split sp at offset off = rl * 8 + b0 of its [ROWS][8] partial tile), times row_scale, rounded to T into
-// y (or, folding, added into the residual and kept in sr for gv_fold_ss). 2-8 lanes: V = 4 lanes per load, the
-// splits' loads unrolled U so that they are in flight together. Measured (H200, perf/gemv_variants.py nored): with
-// one float per global load the 4- and 8-lane reductions cost 4-11 us per GEMV (L2 round trips one after another
-// in the last block).
+// y (or, folding, added into the residual and kept in sr for gv_fold_ss). 2-8 lanes: V = 4 lanes per load. The
+// splits' loads go in batches of U, each batch's loads predicated and issued before its adds, so that a sum of up
+// to U splits is one L2 round trip (a `#pragma unroll U` loop left a split count below U to its remainder loop,
+// one load after another). Measured (H200, perf/gemv_variants.py nored): with one float per global load the 4- and
+// 8-lane reductions cost 4-11 us per GEMV (L2 round trips one after another in the last block).
 template <typename F, typename T, int NB, int U, typename Ld>
 __device__ __forceinline__ void gv_split_sum(Ld ld, float* sr, int bx, int splits, T* yb, const int* lt,
                                              long long ldy, const u8* p1, const u8* p2, long long wbase, int N,
@@ -425,12 +426,17 @@ __device__ __forceinline__ void gv_split_sum(Ld ld, float* sr, int bx, int split
                 if (b0 + j < nb) r0[j] = rb[(b0 + j) * ldy + n];
         }
         float s[V] = {};
-#pragma unroll U
-        for (int sp = 0; sp < splits; ++sp) {
-            float v[V];
-            ld(sp, rl * 8 + b0, v);
+        for (int s0 = 0; s0 < splits; s0 += U) {  // U splits' loads issued, then their adds in split order
+            float v[U][V];
 #pragma unroll
-            for (int j = 0; j < V; ++j) s[j] += v[j];
+            for (int u = 0; u < U; ++u)
+                if (s0 + u < splits) ld(s0 + u, rl * 8 + b0, v[u]);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (s0 + u < splits) {
+#pragma unroll
+                    for (int j = 0; j < V; ++j) s[j] += v[u][j];
+                }
         }
         if (!in) continue;
 #pragma unroll
@@ -539,7 +545,7 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
             v[0] = __ldcg(q);
         }
     };
-    gv_split_sum<F, T, NB, (V == 4 ? 16 : 4)>(ld, sr, bx, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
+    gv_split_sum<F, T, NB, 16>(ld, sr, bx, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
     if (fo.on) gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
     if (threadIdx.x == 0) cnt[tile] = 0;
 }
