@@ -42,6 +42,8 @@ Variants (a variant changes only what its name says; results are timings, not nu
             device holds at once (cuOccupancyMaxActiveClusters) against the grid's
   nocl      base with the cluster branch compiled out (the kernel as before gv_store_cl: its register allocation
             is what the cluster code may change for the counter path; same results)
+  (every variant also prints "layer", a 27B GDN layer's four products as a chain of launches, and "layer1", the
+  same parameters as one launch per layer: the bound for a persistent kernel walking a layer's products)
   cl8       cluster with at most 8 splits (portable cluster sizes; different plan, different rounding): whether
             clusters of 10-13 blocks pack the GPCs worse
 """
@@ -244,6 +246,28 @@ def _chain(lin: Any, fmt: str, variant: str, rows: tuple[int, ...], ceiling: flo
         fns = [_call(lin, xs[i % j], w, outs[i % j], _next(ws, i, variant)) for i, w in enumerate(ws)]
         t = graph_seconds(fns, 10) / layers
         cells.append(f"layer x{b} {t * 1e6:.1f} {moved / t / ceiling:.2f}")
+    return cells + _one_launch(lin, fmt, first, layers, rows, ceiling, rng)
+
+
+def _one_launch(
+    lin: Any, fmt: str, first: list[Any], layers: int, rows: tuple[int, ...], ceiling: float, rng: Any
+) -> list[str]:
+    """The chain's bound with no boundary inside a layer: each layer's _CHAIN parameters as one GEMV of K = 5120
+    (rows rounded up to a 128-row block), launched back to back over as many layers ("layer1": what a persistent
+    kernel walking a layer's products could reach at best, docs/cuda.md "Next: one launch per layer chain")."""
+    import cupy
+
+    k = 5120
+    n = -(-sum(w.rows * w.cols for w in first) // (k * 128)) * 128
+    ws = [_random_weight(fmt, (n, k)) for _ in range(layers)]
+    moved = ws[0].data.nbytes
+    cells = []
+    for b in rows:
+        x = cupy.asarray(rng.standard_normal((b, k)).astype(np.float32))
+        out = cupy.empty((b, n), dtype=np.float32)
+        t = graph_seconds([_call(lin, x, w, out, None) for w in ws], 10) / layers
+        cells.append(f"layer1 x{b} {t * 1e6:.1f} {moved / t / ceiling:.2f}")
+    del ws
     return cells
 
 
