@@ -79,6 +79,12 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const u32 a[4], u32 b
 #define GV_NORM 3
 #define GV_NORMW 4
 
+// The folded norm's staged value of residual word r with norm weight word g (norm.cu's rms_out expression, rounded
+// to T as a stored activation).
+template <typename T> __device__ __forceinline__ float gv_normed(float r, float g, float inv, int xf) {
+    return to_f(from_f<T>(r * inv * (xf == GV_NORM ? 1.f + g : g)));
+}
+
 // 8 activations of one lane as floats (zero past K; K % 8 == 0 so a word is all in or all out); k is the column.
 template <typename T>
 __device__ __forceinline__ void gv_load8(const T* p, const T* p2, int xf, int k, int gd, float inv, bool in,
@@ -93,7 +99,7 @@ __device__ __forceinline__ void gv_load8(const T* p, const T* p2, int xf, int k,
         load8x(reinterpret_cast<const float*>(p) + k, v);
         load8x(reinterpret_cast<const float*>(p2) + k, g);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = to_f(from_f<T>(v[j] * inv * (xf == GV_NORM ? 1.f + g[j] : g[j])));
+        for (int j = 0; j < 8; ++j) v[j] = gv_normed<T>(v[j], g[j], inv, xf);
         return;
     }
     load8x(p + k, v);
@@ -120,6 +126,16 @@ template <int NB> struct GvItems {
     static constexpr int N = (NB * GvChunk<NB>::V * 16 + GV_WARPS * 32 - 1) / (GV_WARPS * 32);
 };
 
+// Item j of this thread in chunk c: its column k, and whether it is staged (inside the chunk, its lane in the
+// launch, its tile in the split, k < K); else it stages zeros.
+template <int NB>
+__device__ __forceinline__ bool gv_item(int j, int c, int nb, int K, int kt0, int nt, int& k) {
+    const int item = threadIdx.x + j * GV_WARPS * 32, g = item % NB, tl = item / NB >> 4, cc = item / NB & 15;
+    const int tile = c * GvChunk<NB>::V + tl;
+    k = (kt0 + tile) * 128 + 8 * cc;
+    return item < NB * GvChunk<NB>::V * 16 && g < nb && tile < nt && k < K;
+}
+
 // Row addressing: every item of a thread belongs to lane threadIdx.x % NB (GV_WARPS * 32 % NB == 0), so the kernel
 // resolves that lane's row once (xl, x2l: its activation row and x2 row; read only where the lane is in).
 template <typename F, typename T, int NB>
@@ -128,9 +144,8 @@ __device__ __forceinline__ void gv_fetch(float (&v)[GvItems<NB>::N][8], const T*
     static_assert(GV_WARPS * 32 % NB == 0, "a thread stages one lane");
 #pragma unroll
     for (int j = 0; j < GvItems<NB>::N; ++j) {
-        const int item = threadIdx.x + j * GV_WARPS * 32, g = item % NB, tl = item / NB >> 4, cc = item / NB & 15;
-        const int tile = c * GvChunk<NB>::V + tl, k = (kt0 + tile) * 128 + 8 * cc;
-        const bool in = item < NB * GvChunk<NB>::V * 16 && g < nb && tile < nt && k < K;
+        int k;
+        const bool in = gv_item<NB>(j, c, nb, K, kt0, nt, k);
         gv_load8<T>(xl, x2l, xf, in ? k : 0, gd, inv, in, v[j]);
     }
 }
@@ -143,9 +158,8 @@ __device__ __forceinline__ void gv_fetch_norm_raw(float (&v)[GvItems<NB>::N][8],
                                                   const T* xl, const T* x2l, int nb, int K, int kt0, int nt) {
 #pragma unroll
     for (int j = 0; j < GvItems<NB>::N; ++j) {
-        const int item = threadIdx.x + j * GV_WARPS * 32, g = item % NB, tl = item / NB >> 4, cc = item / NB & 15;
-        const int k = (kt0 + tl) * 128 + 8 * cc;
-        if (item < NB * GvChunk<NB>::V * 16 && g < nb && tl < nt && k < K) {
+        int k;
+        if (gv_item<NB>(j, 0, nb, K, kt0, nt, k)) {
             load8x(reinterpret_cast<const float*>(xl) + k, v[j]);
             load8x(reinterpret_cast<const float*>(x2l) + k, w[j]);
         } else {
@@ -161,7 +175,7 @@ __device__ __forceinline__ void gv_norm_apply(float (&v)[GvItems<NB>::N][8], con
     for (int j = 0; j < GvItems<NB>::N; ++j)
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-            v[j][e] = to_f(from_f<T>(v[j][e] * inv * (xf == GV_NORM ? 1.f + w[j][e] : w[j][e])));
+            v[j][e] = gv_normed<T>(v[j][e], w[j][e], inv, xf);
 }
 
 template <typename F, typename T, int NB>
@@ -272,8 +286,7 @@ __device__ __forceinline__ void gv_prologue(u8* wsm, int lane, typename F::Src& 
 }
 
 // The block's products (its prologue issued, chunk 0's activations in xv): activations staged per chunk, weights
-// through the ring. Ends with
-// a block barrier after every read of the ring and the activation buffers.
+// through the ring. Ends with a block barrier after every read of the ring and the activation buffers.
 template <typename F, typename T, int NB>
 __device__ __forceinline__ void gv_products(u32* sm, u8* wsm, int lane, typename F::Src& src, int t, const T* xl,
                                               const T* x2l, int xf, int gd, float inv, int nb, int K, int kt0,
@@ -322,17 +335,13 @@ struct GvFold {
     long long prow;     // this lane block's first activation row
 };
 
-template <typename T> __device__ __forceinline__ float gv_fold_r(float x, float* q) {
-    const float r = __fadd_rn(to_f(from_f<T>(x)), *q);  // x rounded first, never contracted into an fma
-    *q = r;
-    return r;
-}
-// the same with the residual word r0 = *q already loaded
+// r = x + r0 into *q, r0 the residual word *q (loaded by the caller, so that its round trip can overlap others)
 template <typename T> __device__ __forceinline__ float gv_fold_add(float x, float r0, float* q) {
-    const float r = __fadd_rn(to_f(from_f<T>(x)), r0);
+    const float r = __fadd_rn(to_f(from_f<T>(x)), r0);  // x rounded first, never contracted into an fma
     *q = r;
     return r;
 }
+template <typename T> __device__ __forceinline__ float gv_fold_r(float x, float* q) { return gv_fold_add<T>(x, *q, q); }
 
 // The block's sum of squares of r over its rows, per lane: warp w takes lanes w, w + GV_WARPS, ...; thread l of the
 // warp adds rows l, l + 32, l + 64, ... (fmaf from 0, rows past N left out), then a butterfly over the 32 threads
