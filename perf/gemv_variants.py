@@ -42,10 +42,11 @@ Variants (a variant changes only what its name says; results are timings, not nu
             device holds at once (cuOccupancyMaxActiveClusters) against the grid's
   nocl      base with the cluster branch compiled out (the kernel as before gv_store_cl: its register allocation
             is what the cluster code may change for the counter path; same results)
-  (every variant also prints "layer", a 27B GDN layer's four products as a chain of launches, and "layer1", the
-  same parameters as one launch per layer: the bound for a persistent kernel walking a layer's products)
   cl8       cluster with at most 8 splits (portable cluster sizes; different plan, different rounding): whether
             clusters of 10-13 blocks pack the GPCs worse
+
+Every variant also prints "layer", a 27B GDN layer's four products as a chain of launches, and "layer1", the same
+parameters as one launch per layer: the bound for a persistent kernel walking a layer's products.
 """
 
 from __future__ import annotations
@@ -267,7 +268,6 @@ def _one_launch(
         out = cupy.empty((b, n), dtype=np.float32)
         t = graph_seconds([_call(lin, x, w, out, None) for w in ws], 10) / layers
         cells.append(f"layer1 x{b} {t * 1e6:.1f} {moved / t / ceiling:.2f}")
-    del ws
     return cells
 
 

@@ -58,21 +58,32 @@ CASES = (  # hk, hv, dk, dv, lens, bf16 activations, bf16 state
 )
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"hk{c[0]}hv{c[1]}dk{c[2]}dv{c[3]}T{sum(c[4])}")
-def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
+def _rule_inputs(rng: np.random.Generator, cols: int, case: tuple) -> tuple[dict, dict]:
+    """A case's random inputs, drawn in this order: rows ``x [T, cols]``, a, b, A_log, dt_bias, the states; then its
+    sequences. Returns (name -> values, name -> what the emulators read: bf16 words where the case asks)."""
     hk, hv, dk, dv, lens, tb, sb = case
-    rng = np.random.default_rng(sum(lens) + dk)
-    n, nseq, width = sum(lens), len(lens), 2 * hk * dk + hv * dv
+    n, nseq = sum(lens), len(lens)
     rnd = (lambda *s: bf16_round(rng.standard_normal(s).astype(F32))) if tb else (
         lambda *s: rng.standard_normal(s).astype(F32))  # fmt: skip
-    qkv, a, b = rnd(n, width), rnd(n, hv), rnd(n, hv)
+    x, a, b = rnd(n, cols), rnd(n, hv), rnd(n, hv)
     a_log, dt_bias = rng.uniform(-2, 1, hv).astype(F32), rng.uniform(-1, 1, hv).astype(F32)
     state = (rng.standard_normal((nseq + 1, hv, dk, dv)) * 0.1).astype(F32)
     state = bf16_round(state) if sb else state
     starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     slots = (np.arange(nseq, dtype=np.int32)[::-1] + 1).copy()  # slot 0 is never touched
-    files = {"qkv": words(qkv, tb), "a": words(a, tb), "b": words(b, tb), "alog": a_log, "dtb": dt_bias,
-             "state": words(state, sb), "starts": starts, "slots": slots}  # fmt: skip
+    vals = dict(x=x, a=a, b=b, alog=a_log, dtb=dt_bias, state=state, starts=starts, slots=slots)
+    return vals, vals | {"x": words(x, tb), "a": words(a, tb), "b": words(b, tb), "state": words(state, sb)}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"hk{c[0]}hv{c[1]}dk{c[2]}dv{c[3]}T{sum(c[4])}")
+def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
+    hk, hv, dk, dv, lens, tb, sb = case
+    rng = np.random.default_rng(sum(lens) + dk)
+    n, nseq, width = sum(lens), len(lens), 2 * hk * dk + hv * dv
+    v, files = _rule_inputs(rng, width, case)
+    qkv, a, b, a_log, dt_bias, state, starts, slots = (v[k] for k in ("x", "a", "b", "alog", "dtb", "state",
+                                                                       "starts", "slots"))  # fmt: skip
+    files["qkv"] = files.pop("x")
     for name, arr in files.items():
         arr.tofile(tmp_path / f"{name}.bin")
     smem = [prep_smem_bytes(dk), state_smem_bytes(dk, 16), state_smem_bytes(dk, 32)]
@@ -199,18 +210,11 @@ def test_gdn_conv_prep_emulated(conv_emu: Path, tmp_path: Path, case: tuple) -> 
     rng = np.random.default_rng(7 * sum(lens) + dv)
     n, nseq, c = sum(lens), len(lens), 2 * hk * dk + hv * dv
     ldx = c + 24  # the model's q|k|v rows are a view of the wider in-projection rows
-    rnd = (lambda *s: bf16_round(rng.standard_normal(s).astype(F32))) if tb else (
-        lambda *s: rng.standard_normal(s).astype(F32))  # fmt: skip
-    x, a, b = rnd(n, ldx), rnd(n, hv), rnd(n, hv)
-    a_log, dt_bias = rng.uniform(-2, 1, hv).astype(F32), rng.uniform(-1, 1, hv).astype(F32)
-    state = (rng.standard_normal((nseq + 1, hv, dk, dv)) * 0.1).astype(F32)
-    state = bf16_round(state) if sb else state
+    v, files = _rule_inputs(rng, ldx, case)
+    x, starts, slots = v["x"], v["starts"], v["slots"]
     conv_w = (rng.standard_normal((c, 4)) * 0.5).astype(F32)
     conv_st = rng.standard_normal((nseq + 1, c, 3)).astype(F32)
-    starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    slots = (np.arange(nseq, dtype=np.int32)[::-1] + 1).copy()  # slot 0 is never touched
-    files = {"x": words(x, tb), "a": words(a, tb), "b": words(b, tb), "alog": a_log, "dtb": dt_bias,
-             "state": words(state, sb), "starts": starts, "slots": slots, "convw": conv_w, "convst": conv_st}  # fmt: skip
+    files |= {"convw": conv_w, "convst": conv_st}
     for name, arr in files.items():
         arr.tofile(tmp_path / f"{name}.bin")
     smem = [prep_tc_smem_bytes(dk), prep_tc_conv_smem_bytes(dk, dv)]

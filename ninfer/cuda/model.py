@@ -132,7 +132,8 @@ class CudaQwen36:
 
         self.gdn_variant = DEFAULT_VARIANT
         # the chunked prefill's causal conv computed inside the GDN prep (gdn_chunked(conv=...): no conv output
-        # array; bitwise the separate causal_conv); a benchmark's A/B turns it off (speed not yet measured)
+        # array; bitwise the separate causal_conv); off only for A/B runs (ninfer-perf --gdn-conv-prep; measured
+        # on the H200: 8K prompts +1.7% 27B, +4.0% 35B-A3B, docs/cuda.md)
         self.gdn_conv_prep = True
         if memory_reserve_bytes < 0:
             raise ValueError(f"memory_reserve_bytes: must be >= 0, got {memory_reserve_bytes}")
