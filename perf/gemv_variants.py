@@ -245,7 +245,7 @@ def _chain(lin: Any, fmt: str, variant: str, rows: tuple[int, ...], ceiling: flo
         outs = [cupy.empty((b, w.rows), dtype=np.float32) for w in first]
         j = len(_CHAIN)
         fns = [_call(lin, xs[i % j], w, outs[i % j], _next(ws, i, variant)) for i, w in enumerate(ws)]
-        t = graph_seconds(fns, 10) / layers
+        t = graph_seconds(fns, 10) * len(fns) / layers  # graph_seconds is per launch
         cells.append(f"layer x{b} {t * 1e6:.1f} {moved / t / ceiling:.2f}")
     return cells + _one_launch(lin, fmt, first, layers, rows, ceiling, rng)
 
@@ -266,7 +266,7 @@ def _one_launch(
     for b in rows:
         x = cupy.asarray(rng.standard_normal((b, k)).astype(np.float32))
         out = cupy.empty((b, n), dtype=np.float32)
-        t = graph_seconds([_call(lin, x, w, out, None) for w in ws], 10) / layers
+        t = graph_seconds([_call(lin, x, w, out, None) for w in ws], 10)  # per launch: one per layer
         cells.append(f"layer1 x{b} {t * 1e6:.1f} {moved / t / ceiling:.2f}")
     return cells
 

@@ -1,0 +1,211 @@
+"""Anatomy of the decode GEMV's launch boundaries (GPU): every block of a 27B layer chain stamps the global timer at
+six points, so the ~10 us a launch costs beyond its bytes (docs/cuda.md, "Per-launch cost") splits into its parts::
+
+    PYTHONPATH=. python -m perf.gemv_trace --rows 1,8 --layers 3
+
+The chain is a 27B GDN layer's products as the model runs them (norm folding included): the in-projection reads
+the folded norm of the residual, the output projection and the down projection add into the residual and write
+its partial sums of squares, gate | up reads the folded norm, down reads SwiGLU(gate | up). Launched back to back
+with PDL in one CUDA graph over ``--layers`` layers' weights (more bytes than the L2), replayed, and the last
+replay's stamps read back. The kernel is a copy of gemv.cu with the stamps patched in (``_TRACE``): a timing
+experiment, nothing here feeds a result.
+
+Stamps per block (``%globaltimer``, ns): t0 the block starts (after its PDL trigger), t1 its weight ring's first
+tiles are issued, t2 its PDL wait returns (the previous launch is complete), t3 the first activation chunk and the
+folded norm's 1 / rms are in registers, t4 the products are done, t5 its split's partial is stored (the last block
+of a row block: after the split sum and the fold). Per launch the report gives: ``start`` the first block's t0
+after the previous launch's last t5 (negative: blocks started early under PDL), ``wait`` the first t2 after the
+previous launch's last t5 (the completion's latency), ``act`` the median t3 - t2, ``prod`` the median and the 90th
+percentile and maximum of t4 - t3, ``store`` the median t5 - t4 of all blocks and the maximum (the last blocks'
+split sum), ``tail`` the last t5 minus the median t5, and ``span`` the last t5 minus the previous launch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import numpy as np
+
+from .bench_gemv import SHAPES, _random_weight
+
+__all__ = ["main"]
+
+_REC = 10  # u64 words per block record: t0 .. t5, smid, linear block id, N, the weight's address
+_CAP = 1 << 16  # records
+
+_HEAD = (
+    'extern "C" {\n__device__ unsigned int gv_trn;\n'
+    f"__device__ unsigned long long gv_trbuf[{_REC * _CAP}];\n}}\n"
+    "__device__ __forceinline__ unsigned long long gv_now() {\n"
+    '    unsigned long long t;\n    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));\n    return t;\n}\n'
+)
+
+# (text in gv_kernel, the text with the stamps)
+_TRACE = (
+    (
+        "    pdl_trigger();\n#ifdef GV_HOST_EMU",
+        "    pdl_trigger();\n    const unsigned long long tr0 = gv_now();\n#ifdef GV_HOST_EMU",
+    ),
+    (
+        "    gv_prologue<F>(wsm, lane, src, t, nt);\n    if (!experts) pdl_wait();\n",
+        "    gv_prologue<F>(wsm, lane, src, t, nt);\n    const unsigned long long tr1 = gv_now();\n"
+        "    if (!experts) pdl_wait();\n    const unsigned long long tr2 = gv_now();\n",
+    ),
+    (
+        "    float acc[MT][4];\n    gv_products",
+        "    const unsigned long long tr3 = gv_now();\n    float acc[MT][4];\n    gv_products",
+    ),
+    (
+        "    if (GvPf<F>::ON && q0 != nullptr) gv_prefetch_next",
+        "    const unsigned long long tr4 = gv_now();\n    if (GvPf<F>::ON && q0 != nullptr) gv_prefetch_next",
+    ),
+    (
+        "    gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);\n}",
+        "    gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);\n"
+        "    const unsigned long long tr5 = gv_now();\n"
+        "    if (threadIdx.x == 0) {\n"
+        "        unsigned smid;\n"
+        '        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));\n'
+        f"        const unsigned i = atomicAdd(&gv_trn, 1u);\n        if (i < {_CAP}u) {{\n"
+        f"            unsigned long long* r = gv_trbuf + (unsigned long long)i * {_REC};\n"
+        "            r[0] = tr0, r[1] = tr1, r[2] = tr2, r[3] = tr3, r[4] = tr4, r[5] = tr5, r[6] = smid;\n"
+        "            r[7] = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), r[8] = N, r[9] = (unsigned long long)p0;\n"
+        "        }\n    }\n}",
+    ),
+)
+
+
+def _traced(original: Any) -> Any:
+    def src(name: str) -> str:
+        s = original(name)
+        if name != "gemv.cu":
+            return s
+        for old, new in _TRACE:
+            if s.count(old) != 1:
+                raise SystemExit(f"gemv_trace: {old!r} not once in the source")
+            s = s.replace(old, new)
+        return _HEAD + s
+
+    return src
+
+
+def _layer_calls(lin: Any, fmt: str, b: int, layers: int, rng: Any) -> list[Any]:
+    """The launches of ``layers`` 27B GDN layers' decode products (their weights distinct), as the model chains
+    them: in-proj (folded norm in), out-proj (residual fold), gate | up (folded norm in), down (SwiGLU in, fold)."""
+    import cupy
+
+    from ninfer.cuda.norm import Normed
+
+    h = SHAPES["mlp down"][0]
+    names = ("gdn qkv|z", "attn o", "mlp gate|up", "mlp down")
+    res = cupy.asarray(rng.standard_normal((b, h)).astype(np.float32))
+    nw = cupy.asarray(rng.standard_normal(h).astype(np.float32) * 0.1)
+
+    def part(n: str) -> Any:
+        p = lin.gemv_plan(fmt, *SHAPES[n])
+        return cupy.asarray(rng.random((p.blocks_x, b)).astype(np.float32) * h)
+
+    pa, pb = part("attn o"), part("mlp down")
+    mix = cupy.asarray(rng.standard_normal((b, SHAPES["attn o"][1])).astype(np.float32))
+    y_in = cupy.empty((b, SHAPES["gdn qkv|z"][0]), np.float32)
+    gu = cupy.empty((b, SHAPES["mlp gate|up"][0]), np.float32)
+    calls = []
+    for _ in range(layers):
+        w_in, w_o, w_gu, w_dn = (_random_weight(fmt, SHAPES[n]) for n in names)
+        calls += [
+            lambda w=w_in: lin.gemv(Normed(res, pb, nw, 1e-6), w, y_in),
+            lambda w=w_o: lin.gemv(mix, w, res, fold=pa),
+            lambda w=w_gu: lin.gemv(Normed(res, pa, nw, 1e-6), w, gu),
+            lambda w=w_dn: lin.gemv(gu, w, res, swiglu=True, fold=pb),
+        ]
+    return calls
+
+
+def _replay(fns: list[Any], mod: Any) -> np.ndarray:
+    """The stamps of the last of a few graph replays of ``fns`` (one PDL chain), as [blocks, _REC] int64."""
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        for f in fns:
+            f()
+        stream.begin_capture()
+        for f in fns:
+            f()
+        graph = stream.end_capture()
+        graph.upload(stream)
+        for _ in range(3):
+            graph.launch(stream)
+        stream.synchronize()
+        n = cupy.ndarray((1,), np.uint32, mod.get_global("gv_trn"))
+        n.fill(0)
+        stream.synchronize()
+        t0, t1 = cupy.cuda.Event(), cupy.cuda.Event()
+        t0.record(stream)
+        graph.launch(stream)
+        t1.record(stream)
+        t1.synchronize()
+        us = cupy.cuda.get_elapsed_time(t0, t1) * 1e3
+    cnt = min(int(n.get()[0]), _CAP)
+    buf = cupy.ndarray((_CAP, _REC), np.uint64, mod.get_global("gv_trbuf"))[:cnt].get().astype(np.int64)
+    print(f"  graph replay {us:.1f} us, {cnt} block records", flush=True)
+    return buf
+
+
+def _launches(rec: np.ndarray) -> list[np.ndarray]:
+    """The records grouped by launch (each launch of the chain reads its own weight), in order of first start."""
+    groups = [rec[rec[:, 9] == p] for p in np.unique(rec[:, 9])]
+    return sorted(groups, key=lambda g: int(g[:, 0].min()))
+
+
+def _report(launches: list[np.ndarray], names: list[str]) -> None:
+    prev_end = None
+    if len(launches) != len(names):
+        print(f"  {len(launches)} launches recorded, {len(names)} expected", flush=True)
+    for name, r in zip(names, launches, strict=False):
+        t0, t2, t3, t4, t5 = (r[:, i] for i in (0, 2, 3, 4, 5))
+        end = int(t5.max())
+
+        def rel(v: int, p: int | None = prev_end) -> float:
+            return float("nan") if p is None else (v - p) / 1e3
+
+        prod = (t4 - t3) / 1e3
+        store = (t5 - t4) / 1e3
+        print(
+            f"  {name:12s} blocks {len(r):4d} | start {rel(int(t0.min())):6.1f} wait {rel(int(t2.min())):5.1f}"
+            f" | act {np.median(t3 - t2) / 1e3:4.1f} | prod {np.median(prod):5.1f} p90 {np.percentile(prod, 90):5.1f}"
+            f" max {prod.max():5.1f} | store {np.median(store):4.1f} max {store.max():4.1f}"
+            f" | tail {(end - np.median(t5)) / 1e3:5.1f} | span {rel(end):6.1f}",
+            flush=True,
+        )
+        prev_end = end
+
+
+def main(argv: list[str] | None = None) -> None:
+    import ninfer.cuda.linear as lin
+    import ninfer.cuda.loader as loader
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,8", help="activation rows per case")
+    ap.add_argument(
+        "--layers", type=int, default=3, help="layers' weights in the chain (>= 2: more than the L2)"
+    )
+    ap.add_argument("--format", default="NVFP4G16_E4M3S")
+    a = ap.parse_args(argv)
+    frag = lin.FRAG_STRUCTS[a.format][0] + ","
+    lin.SOURCES["gemv.cu"] = tuple(n for n in lin.SOURCES["gemv.cu"] if ", float," in n and frag in n)
+    loader.source_text = _traced(loader.source_text)
+    loader.load_module.cache_clear()
+    rng = np.random.default_rng(0)
+    names = ["in-proj", "out-proj", "gate|up", "down"] * a.layers
+    for b in (int(x) for x in a.rows.split(",")):
+        print(f"27B GDN layer chain, {a.layers} layers, {b} row(s), {a.format}", flush=True)
+        fns = _layer_calls(lin, a.format, b, a.layers, rng)
+        mod = loader.load_module("gemv.cu", lin.SOURCES["gemv.cu"])
+        rec = _replay(fns, mod)
+        _report(_launches(rec), names)
+
+
+if __name__ == "__main__":
+    main()
