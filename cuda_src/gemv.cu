@@ -570,6 +570,14 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
 // are consecutive 1 KiB code / 128 B scale blocks, so one bulk prefetch per group and plane), qn x qk its shape,
 // qbx x qsplits its grid (linear.gemv_plan). Only hints: nothing reads the prefetched bytes but the next launch's
 // own loads, so results never change. Formats other than NVFP4 (GvPf<F>::ON false) ignore q0.
+// GV_PF_START 1 (the default since 2026-12-04; measured 0 above: a loss): every block issues its hints at its start,
+// after its own first tiles and before its PDL wait (block L hints next block L, L + G, ...), so the bytes move
+// while this launch streams instead of extending its drain (a grid is not complete before its bulk operations are).
+// Expert launches (experts == 1, e.g. gate | up) hint the down projection of their own slot's expert instead
+// (gv_prefetch_expert): q0 / q1 that weight's planes, qn its rows per expert, qk its K; the slot's blocks share it.
+#ifndef GV_PF_START
+#define GV_PF_START 1
+#endif
 #ifndef GV_PF_TILES
 #define GV_PF_TILES 4
 #endif
@@ -595,7 +603,7 @@ __device__ __forceinline__ void gv_prefetch_next(const u8* q0, const u8* q1, int
     const long long wave = min((long long)qbx * qsplits, (long long)GV_PF_WAVE);
     const int ntiles = (qk + 127) / 128, grp = tid % (ROWS / 16), codes = tid < ROWS / 16;
     const long long kp = kpad128(qk);
-    for (long long j = g - 1 - l; j < wave; j += g) {
+    for (long long j = GV_PF_START ? l : g - 1 - l; j < wave; j += g) {
         const int bx = (int)(j % qbx), split = (int)(j / qbx);
         const int kt0 = split * ntiles / qsplits, nt = (split + 1) * ntiles / qsplits - kt0;
         const long long n = (long long)bx * ROWS + 16 * grp;
@@ -606,6 +614,20 @@ __device__ __forceinline__ void gv_prefetch_next(const u8* q0, const u8* q1, int
         else
             gv_l2_prefetch(q1 + nv4_scales(n, kp, kt0 * 128), tiles * 128u);
     }
+}
+
+// An expert launch's hint (GV_PF_START): the down projection rows [e * qn, (e + 1) * qn) of expert e, every K tile:
+// in the device layout one contiguous run of code bytes and one of scale bytes (qn a multiple of 16, the host
+// checks), cut into equal 16-byte-aligned shares over the slot's blocks (x, y of the grid; z is the slot).
+__device__ __forceinline__ void gv_prefetch_expert(const u8* q0, const u8* q1, int qn, int qk, long long e) {
+    const int tid = threadIdx.x;
+    if (tid >= 2) return;  // thread 0 the codes, thread 1 the scales
+    const long long kp = kpad128(qk), n0 = e * qn;
+    const long long size = tid == 0 ? qn * kp / 2 : qn * kp / 16;
+    const u8* base = tid == 0 ? q0 + nv4_codes(n0, kp, 0) : q1 + nv4_scales(n0, kp, 0);
+    const long long parts = (long long)gridDim.x * gridDim.y, l = blockIdx.x + (long long)gridDim.x * blockIdx.y;
+    const long long share = (size + parts * 16 - 1) / (parts * 16) * 16, off = l * share;
+    if (off < size) gv_l2_prefetch(base + off, (unsigned)min(share, size - off));
 }
 
 // Folded norm, consumer side: this thread's lane's 1 / rms from the producer's npart partial sums of squares of
@@ -692,6 +714,7 @@ __device__ __forceinline__ void gv_kernel(
         wbase = (long long)e * N, xr0 = 0, yb = y;
     } else if (experts) {
         wbase = (long long)ids[z] * N, xr0 = xrow[z], yb = y + (long long)z * ldy, nb = 1;
+        if (GvPf<F>::ON && GV_PF_START && q0 != nullptr) gv_prefetch_expert(q0, q1, qn, qk, ids[z]);
     } else {
         wbase = row0, xr0 = (long long)z * NB;
         yb = fold ? reinterpret_cast<T*>(reinterpret_cast<float*>(y) + xr0 * ldy) : y + xr0 * ldy;
@@ -711,6 +734,7 @@ __device__ __forceinline__ void gv_kernel(
     u8* wsm = reinterpret_cast<u8*>(gv_sm + 2 * ACT) + warp * GV_STAGES * STAGE;
     typename F::Src src = gv_rows_src<F>(p0, p1, p2, N, K, wbase, bx * ROWS + warp * MT * 16, kt0, t);
     gv_prologue<F>(wsm, lane, src, t, nt);
+    if (GvPf<F>::ON && GV_PF_START && q0 != nullptr && !experts) gv_prefetch_next<ROWS>(q0, q1, qn, qk, qbx, qsplits);
     if (!experts) pdl_wait();
     float inv = 0.f, xv[GvItems<NB>::N][8];  // xv: the first activation chunk (gv_products stages it)
     if (norm) {  // the chunk's words loaded before the partials' round trip, normed after it
@@ -723,7 +747,7 @@ __device__ __forceinline__ void gv_kernel(
     }
     float acc[MT][4];
     gv_products<F, T, NB>(gv_sm, wsm, lane, src, t, xl, x2l, xf, gd, inv, nb, K, kt0, nt, xv, acc);
-    if (GvPf<F>::ON && q0 != nullptr) gv_prefetch_next<ROWS>(q0, q1, qn, qk, qbx, qsplits);
+    if (GvPf<F>::ON && !GV_PF_START && q0 != nullptr && !experts) gv_prefetch_next<ROWS>(q0, q1, qn, qk, qbx, qsplits);
     const GvFold fo{fold, part, ldp, xr0};
     gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);
 }

@@ -29,7 +29,9 @@ Variants (a variant changes only what its name says; results are timings, not nu
   nodq      diagnostic (wrong results): NVFP4 pairs as the raw code words (the whole dequantization's cost: the
             kernel's streaming + mma ceiling)
   pf, pfN   each GEMV of a chain prefetches the next one's first GV_PF_TILES (default 4, or N) K-tiles of its first
-            wave into L2 from its last blocks (linear.gemv's ``prefetch``; NVFP4 only; same results)
+            wave into L2 from every block's start (linear.gemv's ``prefetch``; NVFP4 only; same results)
+  pfend     pf with the hints issued by the blocks that finish last (GV_PF_START 0: the design measured a loss at
+            ba43f57)
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
   olddq     the NVFP4 decode and tile loop before the integer-pipe diet (2026-12-02, docs/cuda.md "Decode GEMV on
             tensor cores"): plain shifts (ptxas: SHF), the lane's scale word shifted and masked, stage and
@@ -204,6 +206,8 @@ def _source(original: Any, variant: str) -> Any:
             s = _must_replace(s, "if (gv_cl_size() > 1) {", "if (false) {")
         if variant == "nowait":
             s = _must_replace(s, "if (!experts) pdl_wait();", "")
+        if variant == "pfend":
+            s = "#define GV_PF_START 0\n" + s
         if variant.startswith("pf") and variant[2:].isdigit():
             s = f"#define GV_PF_TILES {int(variant[2:])}\n" + s
         if variant == "occ5":

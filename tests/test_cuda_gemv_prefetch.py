@@ -93,3 +93,39 @@ def test_captured_prefetch_chain_equals_eager(cp: Any) -> None:
     stream.synchronize()
     for i, (a, b) in enumerate(zip([cp.asnumpy(o) for o in outs], want, strict=True)):
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"product {i} differs in the graph"
+
+
+def test_expert_prefetch_never_changes_a_product(cp: Any) -> None:
+    """An expert launch's hint of its slots' down-projection rows (gemv_experts(..., prefetch=down), gemv.cu
+    gv_prefetch_expert): gate | up and the down product after it bitwise as without the hint, for one token's
+    slots and for slots repeating an expert, eagerly and in a captured PDL graph."""
+    from ninfer.cuda.linear import KernelError, gemv_experts
+
+    rng = np.random.default_rng(94)
+    e, inter, hid = 6, 64, 256
+    gu_w = _weight(rng, NVFP4, e * 2 * inter, hid)
+    dn_w = _weight(rng, NVFP4, e * hid, inter)
+    x = cp.asarray(rng.standard_normal((2, hid)).astype(F32))
+    for ids_np, rows_np in (([3, 0, 5], [0, 0, 0]), ([1, 1, 4, 2, 1], [0, 1, 1, 0, 1])):
+        ids = cp.asarray(np.array(ids_np, np.int32))
+        xrow = cp.asarray(np.array(rows_np, np.int32))
+        slots = cp.asarray(np.arange(len(ids_np), dtype=np.int32))
+
+        def pair(hint: bool, ids: Any = ids, xrow: Any = xrow, slots: Any = slots) -> tuple[Any, Any]:
+            gu = gemv_experts(x, gu_w, ids, xrow, 2 * inter, prefetch=dn_w if hint else None)
+            return gu, gemv_experts(gu, dn_w, ids, slots, hid, swiglu=True)
+
+        want = [cp.asnumpy(o) for o in pair(False)]
+        got = [cp.asnumpy(o) for o in pair(True)]
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            pair(True)
+            stream.begin_capture()
+            outs = pair(True)
+            graph = stream.end_capture()
+            graph.launch(stream)
+        stream.synchronize()
+        for a, b in zip(got + [cp.asnumpy(o) for o in outs], want * 2, strict=True):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"ids {ids_np}"
+    with pytest.raises(KernelError):  # rows per expert not a multiple of 16
+        gemv_experts(x, gu_w, ids, xrow, 2 * inter, prefetch=_weight(rng, NVFP4, e * 24, inter))

@@ -225,13 +225,13 @@ def _input(
 
 def _gemv_launch(
     a: _Input, w: DeviceWeight, out: Any, lanes: int, ldy: int, *, ids: Any, xrow: Any, n: int, row0: int,
-    nb: int, t: str, table: bool = False, fold: Any = None, prefetch: Any = None,
+    nb: int, t: str, table: bool = False, fold: Any = None, prefetch: Any = None, pf: tuple[Any, ...] = (),
 ) -> None:  # fmt: skip
     import cupy
 
     k = w.cols
     plan = gemv_plan(w.fmt, n, k)
-    pf = _prefetch_args(w, prefetch)
+    pf = pf or _prefetch_args(w, prefetch)
     name = f"gemv_mma{'_pf' if pf else ''}<{FRAG_STRUCTS[w.fmt][0]}, {t}, {nb}>"
     fn = kernel("gemv.cu", SOURCES["gemv.cu"], name)
     smem = plan.smem_bytes(nb, t)
@@ -344,10 +344,21 @@ def _check_fold(part: Any, out: Any, t: str, w: DeviceWeight, b: int, n: int) ->
 
 
 def gemv_experts(
-    x: Any, w: DeviceWeight, ids: Any, xrow: Any, n: int, out: Any = None, *, swiglu: bool = False
+    x: Any,
+    w: DeviceWeight,
+    ids: Any,
+    xrow: Any,
+    n: int,
+    out: Any = None,
+    *,
+    swiglu: bool = False,
+    prefetch: DeviceWeight | None = None,
 ) -> Any:
     """MoE decode: ``out[s] = x[xrow[s]] · W_e[ids[s]]ᵀ`` with ``w`` the fused ``[E*n, K]`` expert weight
-    (``swiglu``: ``x`` rows are [gate | up], as in :func:`gemv`)."""
+    (``swiglu``: ``x`` rows are [gate | up], as in :func:`gemv`). ``prefetch``: the next expert product's fused
+    weight (the down projection ``[E*n2, K2]``): each slot's blocks fetch its expert's rows of it into L2 at their
+    start (gemv.cu, gv_prefetch_expert; NVFP4 weights only, otherwise ignored). A hint: the result is bitwise the
+    same."""
     t, _, a = _input(x, w, "gemv_experts", swiglu, None)
     check_array(ids, "ids", dtype=np.int32, shape=(None,))
     slots = ids.shape[0]
@@ -359,8 +370,25 @@ def gemv_experts(
     out, ldy = matrix_out(x, out, slots, n)
     if slots == 0:
         return out
-    _gemv_launch(a, w, out, slots, ldy, ids=ids, xrow=xrow, n=n, row0=0, nb=1, t=t)
+    pf = _prefetch_expert_args(w, n, prefetch)
+    _gemv_launch(a, w, out, slots, ldy, ids=ids, xrow=xrow, n=n, row0=0, nb=1, t=t, pf=pf)
     return out
+
+
+def _prefetch_expert_args(w: DeviceWeight, n: int, nxt: Any) -> tuple[Any, ...]:
+    """gemv_mma_pf's trailing arguments for an expert launch: the next expert weight's planes, its rows per expert
+    and its K (qbx, qsplits unused); empty unless both weights are NVFP4."""
+    if nxt is None:
+        return ()
+    if not isinstance(nxt, DeviceWeight):
+        raise KernelError(f"prefetch: expected a DeviceWeight, got {type(nxt).__name__}")
+    if w.fmt not in _PF_FORMATS or nxt.fmt not in _PF_FORMATS:
+        return ()
+    experts = w.rows // n
+    if nxt.rows % experts or (nxt.rows // experts) % 16:
+        raise KernelError(f"prefetch: {nxt.rows} rows are not {experts} experts of a multiple of 16 rows")
+    q0, q1, _ = nxt.planes()
+    return (q0, q1, np.int32(nxt.rows // experts), np.int32(nxt.cols), np.int32(0), np.int32(0))
 
 
 def gemv_expert_lanes(

@@ -200,12 +200,14 @@ def _swiglu_ffn(net: Any, h: Any, gate_up: str, down: str, resid: Any = None) ->
     return linear(net, linear(net, h, gate_up), down, swiglu=True, resid=resid)
 
 
-def _experts(x: Any, w: Any, ids: Any, xrow: Any, n: int, out: Any, *, swiglu: bool = False) -> None:
+def _experts(
+    x: Any, w: Any, ids: Any, xrow: Any, n: int, out: Any, *, swiglu: bool = False, prefetch: Any = None
+) -> None:
     from ninfer.cuda.linear import gemv_experts
 
     for s0 in range(0, ids.shape[0], _SLOTS_PER_LAUNCH):
         s1 = min(ids.shape[0], s0 + _SLOTS_PER_LAUNCH)
-        gemv_experts(x, w, ids[s0:s1], xrow[s0:s1], n, out[s0:s1], swiglu=swiglu)
+        gemv_experts(x, w, ids[s0:s1], xrow[s0:s1], n, out[s0:s1], swiglu=swiglu, prefetch=prefetch)
 
 
 def _lanes(net: Any, h: Any, p: str, ids: Any, xrow: Any, ns: int, experts: int, nb: int) -> tuple[Any, Any]:
@@ -285,7 +287,9 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
             dn = gemm_experts(gu, wd, ids, hid, inputs=mode, swiglu=True)
     else:
         gu = cupy.empty((ns, 2 * inter), dtype=h.dtype)
-        _experts(h, w[p + "experts.gate_up_proj"], ids, xrow, 2 * inter, gu)
+        # with the decode GEMVs' L2 hints on, each slot's gate | up blocks fetch its expert's down rows
+        nxt = w[p + "experts.down_proj"] if getattr(net, "gemv_prefetch", False) else None
+        _experts(h, w[p + "experts.gate_up_proj"], ids, xrow, 2 * inter, gu, prefetch=nxt)
         dn = cupy.empty((ns, hid), dtype=h.dtype)
         _experts(gu, w[p + "experts.down_proj"], ids, slot, hid, dn, swiglu=True)
     sp = p + "shared_expert."
