@@ -572,7 +572,8 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
 // own loads, so results never change. Formats other than NVFP4 (GvPf<F>::ON false) ignore q0.
 // GV_PF_START 1 (the default since 2026-12-04; measured 0 above: a loss): every block issues its hints at its start,
 // after its own first tiles and before its PDL wait (block L hints next block L, L + G, ...), so the bytes move
-// while this launch streams instead of extending its drain (a grid is not complete before its bulk operations are).
+// while this launch streams instead of extending its drain (likely why the end placement lost: a grid completes only
+// after its bulk operations have).
 // Expert launches (experts == 1, e.g. gate | up) hint the down projection of their own slot's expert instead
 // (gv_prefetch_expert): q0 / q1 that weight's planes, qn its rows per expert, qk its K; the slot's blocks share it.
 #ifndef GV_PF_START

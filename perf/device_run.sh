@@ -10,6 +10,7 @@
 #   gdn_bounds  perf/bench_gdn_decode.py with the GDN decode step's __launch_bounds__ at 3 (as built), 4 and 5
 #           resident blocks per SM (an experiment on the device's copy of the source; nothing changes here)
 #   prefill_profile  perf/profile_step.py on a default prefill chunk (4096) and on a 256-token follow-up after 8K
+#   boundary  the decode GEMV launch boundary traced (perf/gemv_trace.py) and the start-of-block L2 hints A/B
 #   explore the open experiments (docs/cuda.md): the decode GEMVs' L2 prefetch (per shape, a 27B layer chain, the
 #           whole decode step), and the 35B-A3B prefill against its chunk size and the GDN state pass
 #   gdn_probe  perf/bench_gdn at a 4096-token chunk (27B, 35B-A3B) and Nsight Compute on the prep and state launches
@@ -118,6 +119,18 @@ run_explore() {  # each step under its own limit, its output kept even if a late
     | tee "$OUT/explore_prefetch.txt" | tail -8
   timeout ${EXPLORE_TIMEOUT:-150} python3 -m perf.bench_chunk --model 35b --chunks 2048,4096,8192 --inputs fp16 \
     --gdn mma,fp32 --out "$OUT/results" 2>&1 | tee "$OUT/explore_chunk.txt" | tail -8
+}
+run_boundary() {  # issue 13: the decode GEMV launch boundary's parts (perf/gemv_trace.py: a 27B layer chain, then
+  # both models' whole decode steps), then the L2 hints issued at each block's start (GV_PF_START) per shape and as
+  # whole graph steps (bench_fold --toggle prefetch, both models)
+  timeout ${BOUNDARY_TIMEOUT:-170} python3 -m perf.gemv_trace --rows 1,8 --layers 3 2>&1 | tee "$OUT/trace_chain.txt"
+  for m in 35b 27b; do
+    timeout ${BOUNDARY_TIMEOUT:-170} python3 -m perf.gemv_trace --model $m --rows 1,8 2>&1 | tee "$OUT/trace_$m.txt"
+  done
+  timeout ${BOUNDARY_TIMEOUT:-170} python3 -m perf.gemv_variants --variants base,pf,pfend --rows 1,8 2>&1 \
+    | tee "$OUT/boundary_gemv.txt" | tail -6
+  timeout ${BOUNDARY_TIMEOUT:-170} python3 -m perf.bench_fold --toggle prefetch --out "$OUT/results" 2>&1 \
+    | tee "$OUT/boundary_prefetch.txt" | tail -8
 }
 run_prefill_profile() {  # issue 14: where a default 4096-token chunk's time goes, and a 256-token follow-up's
   timeout ${PROFILE_TIMEOUT:-200} python3 -m perf.profile_step --model 27b,35b --chunk 4096 2>&1 \
