@@ -73,7 +73,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     phase("tensors")
     net = CudaQwen36(
         mc, tensors, act_dtype=args.activations, prefill_inputs=args.prefill_inputs,
-        prefill_attention=args.prefill_attention,
+        prefill_attention=args.prefill_attention, **({"attn_chunk": args.attn_chunk} if args.attn_chunk else {}),
     )  # fmt: skip
     if args.gdn_variant:
         net.gdn_variant = args.gdn_variant
@@ -198,6 +198,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         choices=("on", "off"),
         help="the chunked GDN prefill's causal conv inside the tc prep (on, the model's default) or its own kernel",
     )
+    p.add_argument(
+        "--attn-chunk",
+        type=int,
+        default=None,
+        help="positions per decode-attention split (CudaQwen36.attn_chunk; default the model's, 256): a per-model "
+        "setting that changes every decode's bits, so compared as whole-model runs",
+    )
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--prefill", default=None, help="comma list of prompt lengths ('' for none)")
     p.add_argument("--lanes", default="1,2,4,8", help="comma list of decode lane counts ('' for none)")
@@ -261,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
         "cupy": cupy.__version__, "ceilings": ceil, "models": {},
         "gdn_variant": args.gdn_variant or DEFAULT_VARIANT, "gdn_conv_prep": args.gdn_conv_prep,
+        "attn_chunk": args.attn_chunk,  # None: the model default
     }  # fmt: skip
     path = out / f"perf_{args.profile}.json"
     for key in args.models.split(","):
