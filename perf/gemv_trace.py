@@ -31,7 +31,7 @@ from .bench_gemv import SHAPES, _random_weight
 
 __all__ = ["main"]
 
-_REC = 10  # u64 words per block record: t0 .. t5, smid, linear block id, N, the weight's address
+_REC = 10  # u64 words per block record: t0 .. t5, smid, linear block id, N | K << 32, the weight's address
 _CAP = 1 << 16  # records
 
 _HEAD = (
@@ -70,7 +70,7 @@ _TRACE = (
         f"        const unsigned i = atomicAdd(&gv_trn, 1u);\n        if (i < {_CAP}u) {{\n"
         f"            unsigned long long* r = gv_trbuf + (unsigned long long)i * {_REC};\n"
         "            r[0] = tr0, r[1] = tr1, r[2] = tr2, r[3] = tr3, r[4] = tr4, r[5] = tr5, r[6] = smid;\n"
-        "            r[7] = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), r[8] = N, r[9] = (unsigned long long)p0;\n"
+        "            r[7] = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), r[8] = (unsigned long long)N | ((unsigned long long)K << 32), r[9] = (unsigned long long)p0;\n"
         "        }\n    }\n}",
     ),
 )
@@ -159,27 +159,91 @@ def _launches(rec: np.ndarray) -> list[np.ndarray]:
     return sorted(groups, key=lambda g: int(g[:, 0].min()))
 
 
-def _report(launches: list[np.ndarray], names: list[str]) -> None:
-    prev_end = None
-    if len(launches) != len(names):
-        print(f"  {len(launches)} launches recorded, {len(names)} expected", flush=True)
-    for name, r in zip(names, launches, strict=False):
+def _stats(launches: list[np.ndarray]) -> list[dict[str, float]]:
+    """Per launch (in order): its shape and the report's quantities in microseconds (module docstring)."""
+    out, prev_end = [], None
+    for r in launches:
         t0, t2, t3, t4, t5 = (r[:, i] for i in (0, 2, 3, 4, 5))
         end = int(t5.max())
 
         def rel(v: int, p: int | None = prev_end) -> float:
             return float("nan") if p is None else (v - p) / 1e3
 
-        prod = (t4 - t3) / 1e3
-        store = (t5 - t4) / 1e3
-        print(
-            f"  {name:12s} blocks {len(r):4d} | start {rel(int(t0.min())):6.1f} wait {rel(int(t2.min())):5.1f}"
-            f" | act {np.median(t3 - t2) / 1e3:4.1f} | prod {np.median(prod):5.1f} p90 {np.percentile(prod, 90):5.1f}"
-            f" max {prod.max():5.1f} | store {np.median(store):4.1f} max {store.max():4.1f}"
-            f" | tail {(end - np.median(t5)) / 1e3:5.1f} | span {rel(end):6.1f}",
-            flush=True,
+        prod, store = (t4 - t3) / 1e3, (t5 - t4) / 1e3
+        out.append(
+            {
+                "n": int(r[0, 8] & 0xFFFFFFFF),
+                "k": int(r[0, 8] >> 32),
+                "blocks": len(r),
+                "start": rel(int(t0.min())),
+                "wait": rel(int(t2.min())),
+                "act": float(np.median(t3 - t2)) / 1e3,
+                "prod": float(np.median(prod)),
+                "p90": float(np.percentile(prod, 90)),
+                "max": float(prod.max()),
+                "store": float(np.median(store)),
+                "smax": float(store.max()),
+                "tail": (end - float(np.median(t5))) / 1e3,
+                "span": rel(end),
+            }
         )
         prev_end = end
+    return out
+
+
+def _line(name: str, d: dict[str, float]) -> str:
+    return (
+        f"  {name:22s} blocks {d['blocks']:4.0f} | start {d['start']:6.1f} wait {d['wait']:5.1f} | act {d['act']:4.1f}"
+        f" | prod {d['prod']:5.1f} p90 {d['p90']:5.1f} max {d['max']:5.1f} | store {d['store']:4.1f} max"
+        f" {d['smax']:4.1f} | tail {d['tail']:5.1f} | span {d['span']:6.1f}"
+    )
+
+
+def _report(stats: list[dict[str, float]], names: list[str] | None) -> None:
+    """Each launch (``names``), or the mean per shape over the launches after the first (a whole decode step)."""
+    if names is not None:
+        for name, d in zip(names, stats, strict=False):
+            print(_line(name, d), flush=True)
+        return
+    kinds: dict[tuple[int, int], list[dict[str, float]]] = {}
+    for d in stats[1:]:
+        kinds.setdefault((int(d["n"]), int(d["k"])), []).append(d)
+    for (n, k), ds in kinds.items():
+        mean = {key: float(np.mean([d[key] for d in ds])) for key in ds[0]}
+        print(_line(f"{n}x{k} ({len(ds)})", mean), flush=True)
+    spans = sum(d["span"] for d in stats[1:])
+    print(
+        f"  GEMV launches {len(stats)}; first start to last end {spans:.1f} us after the first launch",
+        flush=True,
+    )
+
+
+def _model(a: argparse.Namespace, lin: Any, loader: Any) -> None:
+    """One decode step of the synthetic model (perf/profile_graph.py), every GEMV of its graph stamped."""
+    import cupy
+
+    from .profile_graph import decode_step
+
+    for lanes in (int(x) for x in a.rows.split(",")):
+        print(f"{a.model} decode step, {lanes} lane(s), 8K context: the GEMVs' mean per shape", flush=True)
+        step = decode_step(a.model, lanes=lanes)
+        mod = loader.load_module("gemv.cu", lin.SOURCES["gemv.cu"])
+        n = cupy.ndarray((1,), np.uint32, mod.get_global("gv_trn"))
+        n.fill(0)
+        cupy.cuda.Device().synchronize()
+        t0, t1 = cupy.cuda.Event(), cupy.cuda.Event()
+        t0.record()
+        step()
+        t1.record()
+        t1.synchronize()
+        cnt = min(int(n.get()[0]), _CAP)
+        rec = cupy.ndarray((_CAP, _REC), np.uint64, mod.get_global("gv_trbuf"))[:cnt].get().astype(np.int64)
+        print(
+            f"  step {cupy.cuda.get_elapsed_time(t0, t1) * 1e3:.1f} us (host launch included), {cnt} records"
+        )
+        _report(_stats(_launches(rec)), None)
+        del step
+        cupy.get_default_memory_pool().free_all_blocks()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -187,24 +251,28 @@ def main(argv: list[str] | None = None) -> None:
     import ninfer.cuda.loader as loader
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="1,8", help="activation rows per case")
+    ap.add_argument("--rows", default="1,8", help="activation rows (lanes) per case")
     ap.add_argument(
         "--layers", type=int, default=3, help="layers' weights in the chain (>= 2: more than the L2)"
     )
     ap.add_argument("--format", default="NVFP4G16_E4M3S")
+    ap.add_argument(
+        "--model", default=None, help="27b or 35b: a whole decode step of that synthetic model instead"
+    )
     a = ap.parse_args(argv)
-    frag = lin.FRAG_STRUCTS[a.format][0] + ","
-    lin.SOURCES["gemv.cu"] = tuple(n for n in lin.SOURCES["gemv.cu"] if ", float," in n and frag in n)
+    lin.SOURCES["gemv.cu"] = tuple(n for n in lin.SOURCES["gemv.cu"] if ", float," in n)
     loader.source_text = _traced(loader.source_text)
     loader.load_module.cache_clear()
+    if a.model:
+        _model(a, lin, loader)
+        return
     rng = np.random.default_rng(0)
     names = ["in-proj", "out-proj", "gate|up", "down"] * a.layers
     for b in (int(x) for x in a.rows.split(",")):
         print(f"27B GDN layer chain, {a.layers} layers, {b} row(s), {a.format}", flush=True)
         fns = _layer_calls(lin, a.format, b, a.layers, rng)
         mod = loader.load_module("gemv.cu", lin.SOURCES["gemv.cu"])
-        rec = _replay(fns, mod)
-        _report(_launches(rec), names)
+        _report(_stats(_launches(_replay(fns, mod))), names)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["main", "summarize"]
+__all__ = ["main", "summarize", "decode_step"]
 
 
-def _step(a: argparse.Namespace) -> None:
+def decode_step(
+    model: str, profile: str = "nvfp4", activations: str = "fp32", lanes: int = 1, context: int = 8192
+) -> Any:
+    """A synthetic ``model`` (the real shapes, random weights) warmed up with ``lanes`` sequences at ``context``
+    positions, its decode graph captured and replayed twice; returns the function that replays one more step."""
     import cupy
 
     from ninfer.artifact.registry import MODELS as REG
@@ -35,22 +39,33 @@ def _step(a: argparse.Namespace) -> None:
     from .cli import MODELS
     from .synthetic import synthetic_tensors
 
-    mc = REG[MODELS[a.model]].config
-    net = CudaQwen36(mc, synthetic_tensors(mc, a.profile), act_dtype=a.activations)
+    mc = REG[MODELS[model]].config
+    net = CudaQwen36(mc, synthetic_tensors(mc, profile), act_dtype=activations)
     net.warmup()
-    cap = a.context + 64
-    seqs = Sequences(net, slots=a.lanes + 1, pages=(-(-cap // 16)) * (a.lanes + 1), page_size=16, context=cap)
+    cap = context + 64
+    seqs = Sequences(net, slots=lanes + 1, pages=(-(-cap // 16)) * (lanes + 1), page_size=16, context=cap)
     held = []
-    for _ in range(a.lanes):
+    for _ in range(lanes):
         s = seqs.new()
-        seqs.reserve(s, a.context + 8)
+        seqs.reserve(s, context + 8)
         held.append((seqs.slot(s), seqs.pages(s)))
-    ids = np.zeros(a.lanes, np.int64)
+    ids = np.zeros(lanes, np.int64)
     for i in range(3):  # capture, then warm replays
-        net.decode(ids, [(slot, a.context + i, pages) for slot, pages in held])
+        net.decode(ids, [(slot, context + i, pages) for slot, pages in held])
     cupy.cuda.Device().synchronize()
+
+    def step() -> None:
+        net.decode(ids, [(slot, context + 3, pages) for slot, pages in held])
+
+    return step
+
+
+def _step(a: argparse.Namespace) -> None:
+    import cupy
+
+    step = decode_step(a.model, a.profile, a.activations, a.lanes, a.context)
     cupy.cuda.profiler.start()
-    net.decode(ids, [(slot, a.context + 3, pages) for slot, pages in held])
+    step()
     cupy.cuda.Device().synchronize()
     cupy.cuda.profiler.stop()
 
