@@ -24,6 +24,7 @@
 // covers the lanes of a slot too. The table comes from gemv_lanes_table (moe_lanes.cu) without a host sync.
 
 #include "common.cuh"
+#include "route_row.cuh"
 #include "wfrag.cuh"
 
 #define GV_WARPS 4
@@ -667,6 +668,30 @@ __device__ __forceinline__ float gv_norm_inv(u32* sm, const float* part, long lo
     return gl < nb ? 1.f / sqrtf(ss / (float)K + eps) : 0.f;
 }
 
+// Routed expert launch (gemv_mma_rt, experts == 1): the slots' experts are chosen here from the router's logits
+// instead of by a moe_route launch before it. Routed slot z < nrouted is choice z % K of token row xrow[z]
+// (route_row.cuh: the selection moe_route makes, the same bits), later slots are the shared expert `shared`. Every
+// warp runs the selection itself (no barrier; the logits row is 1 KB of L2); the slot's block (0, 0) stores the
+// slot's expert to ids and a routed slot's weight to w, as moe_route would (the down launch and the combine read them).
+struct GvRoute {
+    const float* lg;  // [rows, ldl] float32 router logits; null: ids is an input (gemv_mma, gemv_mma_pf)
+    long long ldl;
+    int E, K, nrouted, shared;
+    int* ids;
+    float* w;
+};
+
+__device__ __forceinline__ int gv_route_slot(const GvRoute& rt, int z, long long row, bool writer) {
+    if (z >= rt.nrouted) {
+        if (writer && threadIdx.x == 0) rt.ids[z] = rt.shared;
+        return rt.shared;
+    }
+    const int j = z % rt.K;
+    const RouteSel r = route_row<float, 8>(rt.lg + row * rt.ldl, rt.E, rt.K, threadIdx.x & 31);
+    if (writer && threadIdx.x == j) rt.ids[z] = r.id, rt.w[z] = route_weight(r);  // lane j holds choice j
+    return __shfl_sync(0xffffffffu, r.id, j);
+}
+
 // experts == 0: lane block z takes activation rows z*NB .. (nrows of them in the launch), weight rows row0 ..;
 // Norm folding (docs/cuda.md): xf GV_NORM | GV_NORMW stages the RMS-normed residual (x: float32 residual, x2: norm
 // weight, part/ldp/npart/eps: the producer's partial sums of squares; any experts mode: a lane's partials are
@@ -684,7 +709,7 @@ __device__ __forceinline__ void gv_kernel(
     float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows, long long ldx, long long ldx2,
     long long ldy, long long row0, int experts, int xf, int gd, int zin, float* __restrict__ part, long long ldp,
     int npart, float eps, int fold, const u8* __restrict__ q0, const u8* __restrict__ q1, int qn, int qk, int qbx,
-    int qsplits) {
+    int qsplits, const GvRoute& rt) {
     pdl_trigger();
 #ifdef GV_HOST_EMU
     u32* const gv_sm = gv_emu_smem();  // the emulation's shared memory of this block (its own in a cluster launch)
@@ -714,8 +739,9 @@ __device__ __forceinline__ void gv_kernel(
         for (int g = 0; g < NB; ++g) nb += lt[g] >= 0;
         wbase = (long long)e * N, xr0 = 0, yb = y;
     } else if (experts) {
-        wbase = (long long)ids[z] * N, xr0 = xrow[z], yb = y + (long long)z * ldy, nb = 1;
-        if (GvPf<F>::ON && GV_PF_START && q0 != nullptr) gv_prefetch_expert(q0, q1, qn, qk, ids[z]);
+        const int e = rt.lg != nullptr ? gv_route_slot(rt, z, xrow[z], blockIdx.x == 0 && blockIdx.y == 0) : ids[z];
+        wbase = (long long)e * N, xr0 = xrow[z], yb = y + (long long)z * ldy, nb = 1;
+        if (GvPf<F>::ON && GV_PF_START && q0 != nullptr) gv_prefetch_expert(q0, q1, qn, qk, e);
     } else {
         wbase = row0, xr0 = (long long)z * NB;
         yb = fold ? reinterpret_cast<T*>(reinterpret_cast<float*>(y) + xr0 * ldy) : y + xr0 * ldy;
@@ -764,7 +790,7 @@ __device__ __forceinline__ void gv_kernel(
 
 template <typename F, typename T, int NB>
 __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS) gemv_mma(GV_PARAMS) {
-    gv_kernel<F, T, NB>(GV_ARGS, nullptr, nullptr, 0, 0, 0, 0);  // no prefetch: the branch compiles away
+    gv_kernel<F, T, NB>(GV_ARGS, nullptr, nullptr, 0, 0, 0, 0, GvRoute{});  // no prefetch: the branch compiles away
 }
 
 // The same product, then the next product's L2 prefetch (gv_prefetch_next; linear.gemv's ``prefetch``): a separate
@@ -774,5 +800,16 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     gemv_mma_pf(GV_PARAMS, const u8* __restrict__ q0, const u8* __restrict__ q1, int qn, int qk, int qbx,
                 int qsplits) {
     static_assert(GvPf<F>::ON, "the prefetch reads the NVFP4 device layout");
-    gv_kernel<F, T, NB>(GV_ARGS, q0, q1, qn, qk, qbx, qsplits);
+    gv_kernel<F, T, NB>(GV_ARGS, q0, q1, qn, qk, qbx, qsplits, GvRoute{});
+}
+
+// The routed expert launch (GvRoute above; linear.gemv_experts_routed): experts == 1, one lane per slot, the L2
+// hint of the down projection (q0, q1, qn, qk; null for none, ignored by formats other than NVFP4).
+template <typename F, typename T, int NB>
+__global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
+    gemv_mma_rt(GV_PARAMS, const u8* __restrict__ q0, const u8* __restrict__ q1, int qn, int qk,
+                const float* __restrict__ lg, long long ldl, int ne, int topk, int nrouted, int shared,
+                int* __restrict__ rids, float* __restrict__ rw) {
+    gv_kernel<F, T, NB>(GV_ARGS, GvPf<F>::ON ? q0 : nullptr, q1, qn, qk, 0, 0,
+                        GvRoute{lg, ldl, ne, topk, nrouted, shared, rids, rw});
 }

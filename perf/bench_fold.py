@@ -3,6 +3,7 @@ prefetch of the next product (``--toggle prefetch``: ``CudaQwen36.gemv_prefetch`
 
     python -m perf.bench_fold --out perf/results          # 27B and 35B-A3B synthetic nvfp4, 1 and 8 lanes
     python -m perf.bench_fold --toggle prefetch           # the same A/B for the prefetch hints (norms folded)
+    python -m perf.bench_fold --toggle route --model 35b  # MoE routing inside the gate | up launch (moe_route_fused)
 
 For each model and lane count, the graph-replayed decode step (logits included) with ``fold_norms`` off, then on
 (the graphs recaptured between), and the captured graph's node count by type (cuGraphGetNodes /
@@ -67,6 +68,8 @@ def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:
     for on in (False, True):
         if a.toggle == "fold":
             net.fold_norms = on
+        elif a.toggle == "route":
+            net.moe_route_fused = on
         else:
             net.gemv_prefetch, net.gemv_next = on, {}
         net.graphs.clear()
@@ -102,7 +105,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--context", type=int, default=8192)
     p.add_argument("--lanes", default="1,8")
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--toggle", choices=("fold", "prefetch"), default="fold", help="what the A/B switches")
+    p.add_argument(
+        "--toggle", choices=("fold", "prefetch", "route"), default="fold", help="what the A/B switches"
+    )
     p.add_argument("--out", default=None, help="directory for bench_fold.json")
     a = p.parse_args(argv)
     rows: list[dict[str, Any]] = []
@@ -116,7 +121,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / ("bench_fold.json" if a.toggle == "fold" else "bench_prefetch.json")).write_text(
+        (out / ("bench_fold.json" if a.toggle == "fold" else f"bench_{a.toggle}.json")).write_text(
             json.dumps({"args": vars(a), "rows": rows}, indent=1)
         )
     return rows

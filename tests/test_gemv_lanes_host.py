@@ -57,7 +57,18 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
         source_text("moe_lanes.cu"),
         flags=re.S,
     )
-    parts = ["attn_emu.cpp", PRELUDE, source_text("gemv.cu"), table, "emu_io.cpp", "gemv_lanes_driver.cpp"]
+    # router.cu's moe_route kernel alone (route_row.cuh and common.cuh came with gemv.cu)
+    router = source_text("router.cu")
+    route = router[router.index("template <typename T, int MAXE>\n__global__") : router.index("// moe_sort:")]
+    parts = [
+        "attn_emu.cpp",
+        PRELUDE,
+        source_text("gemv.cu"),
+        table,
+        route,
+        "emu_io.cpp",
+        "gemv_lanes_driver.cpp",
+    ]
     return build_emulator(tmp_path_factory, "gemv_lanes_emu", parts, timeout=900)
 
 
@@ -421,3 +432,52 @@ def test_fold_rows_rule() -> None:
     assert fold_rows(net(prefill_gemm=False), 300)
     assert not fold_rows(net(act=np.dtype(np.uint16)), 1)
     assert not fold_rows(net(fold_norms=False), 1)
+
+
+# fmt, N (rows per expert), K, splits, tokens, routed experts, top-k, shared expert
+ROUTED_CASES = [
+    (
+        "NVFP4G16_E4M3S",
+        128,
+        256,
+        2,
+        1,
+        40,
+        8,
+        True,
+    ),  # one decode token, the shared expert's slot after the routed
+    ("NVFP4G16_E4M3S", 200, 384, 1, 3, 256, 8, False),  # 256 experts (8 per lane), a partial row block
+    ("BF16", 64, 128, 2, 2, 33, 5, True),  # one expert past a lane's 32: lane 0 holds experts 0 and 32
+]
+
+
+@pytest.mark.parametrize(
+    "case", ROUTED_CASES, ids=lambda c: f"{c[0]}-e{c[5]}k{c[6]}-t{c[4]}-{'sh' if c[7] else 'no'}"
+)
+def test_routed_expert_launch_is_route_then_experts(emu: Path, tmp_path: Path, case: tuple) -> None:
+    """gemv.cu's routed expert launch (gemv_mma_rt: the top-k inside the expert GEMV) against router.cu's
+    moe_route and then the one-lane expert launch: the same ids, the same weights and the same products, bit for
+    bit; the ids are NumPy's top-k (ties to the lower id) and the products match the decoded weights."""
+    fmt, n, k, splits, t, e, top, shared = case
+    rng = np.random.default_rng(1000 + e)
+    ne = e + int(shared)
+    buf, wdec, offs = _weight(rng, fmt, ne * n, k)
+    x = rng.standard_normal((t, k)).astype(F32)
+    lg = (rng.standard_normal((t, e + 1)) * 2).astype(F32)
+    _write(tmp_path, w=buf, woff=np.array(offs, np.int64), wsize=np.array([buf.size], np.int64), x=x, lg=lg)
+    args = ["routed", tmp_path, FMTS.index(fmt), n, k, splits, t, e, top, int(shared), 7]
+    _emulate(emu, args)
+    out = {name: np.fromfile(tmp_path / f"{name}.bin", dtype=np.int32 if name.startswith("ids") else F32)
+           for name in ("ids_ref", "w_ref", "y_ref", "ids_rt", "w_rt", "y_rt")}  # fmt: skip
+    for a, b in (("ids_ref", "ids_rt"), ("w_ref", "w_rt"), ("y_ref", "y_rt")):
+        assert np.array_equal(out[a].view(np.uint8), out[b].view(np.uint8)), f"{a} != {b}"
+    p = np.exp(lg[:, :e].astype(np.float64) - lg[:, :e].max(axis=1, keepdims=True))
+    want = np.argsort(-p, axis=1, kind="stable")[:, :top]
+    slots = want.reshape(-1).tolist() + ([e] * t if shared else [])
+    assert out["ids_rt"].tolist() == slots
+    sel = np.take_along_axis(p, want, axis=1)
+    np.testing.assert_allclose(out["w_rt"].reshape(t, top), sel / sel.sum(axis=1, keepdims=True), rtol=1e-5)
+    rows = [s // top for s in range(t * top)] + (list(range(t)) if shared else [])
+    ref = np.stack([wdec[ex * n : (ex + 1) * n] @ x[r] for ex, r in zip(slots, rows, strict=True)])
+    err = np.max(np.abs(out["y_rt"].reshape(len(slots), n) - ref)) / np.max(np.abs(ref))
+    assert err <= 2e-5, f"normalised error {err:.3e}"

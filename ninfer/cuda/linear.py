@@ -36,6 +36,7 @@ from ninfer.cuda.weights import DeviceWeight
 __all__ = [
     "gemv",
     "gemv_experts",
+    "gemv_experts_routed",
     "gemv_expert_lanes",
     "gemv_plan",
     "GemvPlan",
@@ -122,7 +123,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
         for f in sorted(_PF_FORMATS)
         for t in _TYPES
         for nb in _GV_NB
-    ),
+    )
+    + tuple(dict.fromkeys(f"gemv_mma_rt<{s}, float, 1>" for s, _, _ in FRAG_STRUCTS.values())),
 }
 
 
@@ -226,13 +228,15 @@ def _input(
 def _gemv_launch(
     a: _Input, w: DeviceWeight, out: Any, lanes: int, ldy: int, *, ids: Any, xrow: Any, n: int, row0: int,
     nb: int, t: str, table: bool = False, fold: Any = None, prefetch: Any = None, pf: tuple[Any, ...] = (),
+    route: tuple[Any, ...] = (),
 ) -> None:  # fmt: skip
     import cupy
 
     k = w.cols
     plan = gemv_plan(w.fmt, n, k)
     pf = pf or _prefetch_args(w, prefetch)
-    name = f"gemv_mma{'_pf' if pf else ''}<{FRAG_STRUCTS[w.fmt][0]}, {t}, {nb}>"
+    kind = "_rt" if route else "_pf" if pf else ""
+    name = f"gemv_mma{kind}<{FRAG_STRUCTS[w.fmt][0]}, {t}, {nb}>"
     fn = kernel("gemv.cu", SOURCES["gemv.cu"], name)
     smem = plan.smem_bytes(nb, t)
     if fn.max_dynamic_shared_size_bytes < smem:
@@ -250,11 +254,11 @@ def _gemv_launch(
     part = fold if fold is not None else (a.part if a.part is not None else null)
     ldp = lanes if fold is not None else a.ldp
     args = (
-        p0, p1, p2, a.x, a.x if a.x2 is None else a.x2, out, null if ids is None else ids,
+        p0, p1, p2, a.x, a.x if a.x2 is None else a.x2, out, null if ids is None or route else ids,  # routed: ids is the output
         null if xrow is None else xrow, ws, cnt, np.int32(n), np.int32(k), np.int32(lanes), np.int64(a.ldx),
         np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(2 if table else ids is not None), np.int32(a.xf),
         np.int32(a.gd), np.int32(zin), part, np.int64(ldp), np.int32(a.npart), np.float32(a.eps),
-        np.int32(fold is not None), *pf,
+        np.int32(fold is not None), *pf, *route,
     )  # fmt: skip
     # several lane blocks of a dense product: lane blocks innermost (zin), one pass over the weights through L2
     grid = (plan.blocks_x * gz, plan.splits, 1) if zin else (plan.blocks_x, plan.splits, gz)
@@ -372,6 +376,55 @@ def gemv_experts(
         return out
     pf = _prefetch_expert_args(w, n, prefetch)
     _gemv_launch(a, w, out, slots, ldy, ids=ids, xrow=xrow, n=n, row0=0, nb=1, t=t, pf=pf)
+    return out
+
+
+def gemv_experts_routed(
+    x: Any,
+    w: DeviceWeight,
+    logits: Any,
+    top_k: int,
+    xrow: Any,
+    n: int,
+    out: Any,
+    ids: Any,
+    weights: Any,
+    *,
+    shared: int | None = None,
+    prefetch: DeviceWeight | None = None,
+) -> Any:
+    """MoE decode with the routing inside the expert launch (gemv.cu ``gemv_mma_rt``): the product of
+    :func:`gemv_experts` for the slots that ``router.moe_route(logits[:, :E], top_k, shared)`` would list, which it
+    also writes: ``ids`` (int32 ``[T*k]``, or ``[T*k + T]`` with the shared expert's slots, one per token) and
+    ``weights`` (float32 ``[T, k]``), the same bits as moe_route's. ``logits``: float32 ``[T, >= E]`` rows (the
+    router's product; E = ``w.rows // n`` routed experts, or one less with ``shared``, the shared expert's id E),
+    ``xrow`` the slots' token rows (routed slot s is choice s % k of token xrow[s]). One launch instead of two."""
+    import cupy
+
+    t, _, a = _input(x, w, "gemv_experts_routed", False, None)
+    if t != "float":
+        raise KernelError("gemv_experts_routed: float32 activations only")
+    tok, _, lde = check_rows(logits, "logits")
+    if logits.dtype != np.float32:
+        raise KernelError(f"logits: float32 router rows, got {logits.dtype}")
+    e = w.rows // n - (shared is not None)
+    if n <= 0 or w.rows % n or not (1 <= e <= 256) or (shared is not None and shared != e):
+        raise KernelError(f"gemv_experts_routed: {w.rows} weight rows of {n} per expert (shared={shared})")
+    if not (1 <= top_k <= min(e, 32)) or logits.shape[1] < e:
+        raise KernelError(f"gemv_experts_routed: top_k={top_k}, logits {tuple(logits.shape)} for {e} experts")
+    slots = tok * top_k + (tok if shared is not None else 0)
+    check_array(ids, "ids", dtype=np.int32, shape=(slots,))
+    check_array(weights, "weights", dtype=np.float32, shape=(tok, top_k))
+    check_array(xrow, "xrow", dtype=np.int32, shape=(slots,))
+    if slots > 65535:
+        raise KernelError(f"gemv_experts_routed: {slots} slots; take at most 65535 per launch")
+    out, ldy = matrix_out(x, out, slots, n)
+    if tok == 0:
+        return out
+    none = cupy.empty(0, dtype=np.uint8)  # a null pointer: no hint
+    pf = _prefetch_expert_args(w, n, prefetch)[:4] or (none, none, np.int32(0), np.int32(0))
+    route = (logits, np.int64(lde), np.int32(e), np.int32(top_k), np.int32(tok * top_k), np.int32(-1 if shared is None else shared), ids, weights)  # fmt: skip
+    _gemv_launch(a, w, out, slots, ldy, ids=ids, xrow=xrow, n=n, row0=0, nb=1, t=t, pf=pf, route=route)
     return out
 
 

@@ -256,9 +256,14 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
     # the shared expert as expert e of the routed weights (fuse.append_shared_expert): its t slots follow the
     # routed t * k in the same expert launches, and its outputs are dn[n:] (bitwise the standalone products)
     shared = not gemm and w[p + "experts.gate_up_proj"].shape[0] == e + 1
-    eid, ew = moe_route(rg[:, :e], k, shared=e if shared else None)
-    flat, n = eid.reshape(-1), t * k
+    n = t * k
     ns = n + (t if shared else 0)
+    if _route_in_experts(
+        net, h, t, lanes, gemm
+    ):  # decode: the top-k inside the gate | up launch (one launch less)
+        return _routed_experts(net, p, h, rg, m, shared, defer_combine)
+    eid, ew = moe_route(rg[:, :e], k, shared=e if shared else None)
+    flat = eid.reshape(-1)
     if t > 8:  # prefill: visit slots grouped by expert so the expert's weights stay in L2 (one launch: the
         # stable argsort's order, the slots' token rows and each pair's slot; the CuPy sort, gathers and scatter it
         # replaced were ~10 launches per layer, host-bound in a 256-token follow-up turn)
@@ -321,6 +326,58 @@ def _router(net: Any, x: Any, name: str) -> Any:
     ):
         return linear(net, x, name, exact=True)
     return gemm(x, w, inputs="exact", operands=net.operands)
+
+
+def _route_in_experts(net: Any, h: Any, t: int, lanes: bool, gemm: bool) -> bool:
+    """Whether a call's MoE routing runs inside the gate | up expert launch (``net.moe_route_fused``; decode-sized
+    calls whose experts run as one-lane GEMV slots, float32 activations)."""
+    return (
+        bool(getattr(net, "moe_route_fused", False))
+        and t <= 8
+        and not lanes
+        and not gemm
+        and h.dtype == np.float32
+    )
+
+
+def _routed_experts(net: Any, p: str, h: Any, rg: Any, m: Meta, shared: bool, defer_combine: bool) -> Any:
+    """The decode MoE with ``linear.gemv_experts_routed``: gate | up selects each slot's expert from the router rows
+    ``rg`` and writes the ids and weights that moe_route would (the same bits), then down and the combine as in
+    :func:`ffn_block`."""
+    import cupy
+
+    from ninfer.cuda.linear import gemv_experts_routed
+
+    cfg, w = net.cfg, net.w
+    t, k, inter, hid, e = (
+        m.t,
+        cfg.num_experts_per_tok,
+        cfg.moe_intermediate_size,
+        cfg.hidden_size,
+        cfg.num_experts,
+    )
+    n = t * k
+    ns = n + (t if shared else 0)
+    slot = net.const_i32(("slot", ns), np.arange(ns))
+    xr = np.concatenate([np.arange(n) // k, np.arange(t if shared else 0)])
+    xrow = net.const_i32(("xrow", ns, k, shared), xr)
+    ids = cupy.empty(ns, dtype=np.int32)
+    ew = cupy.empty((t, k), dtype=np.float32)
+    gu = cupy.empty((ns, 2 * inter), dtype=h.dtype)
+    nxt = w[p + "experts.down_proj"] if getattr(net, "gemv_prefetch", False) else None
+    gemv_experts_routed(
+        h, w[p + "experts.gate_up_proj"], rg, k, xrow, 2 * inter, gu, ids, ew, shared=e if shared else None,
+        prefetch=nxt,
+    )  # fmt: skip
+    dn = cupy.empty((ns, hid), dtype=h.dtype)
+    _experts(gu, w[p + "experts.down_proj"], ids, slot, hid, dn, swiglu=True)
+    sh = (
+        dn[n:]
+        if shared
+        else _swiglu_ffn(net, h, p + "shared_expert.gate_up_proj", p + "shared_expert.down_proj.weight")
+    )
+    c = MoeCombine(dn, slot[:n].reshape(t, k), ew, sh, rg.reshape(-1)[e:], e + 1)
+    return c if defer_combine else combine(c)
 
 
 def combine(c: MoeCombine) -> Any:

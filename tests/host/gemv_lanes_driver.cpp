@@ -1,5 +1,6 @@
 // Driver of the expert-lanes host emulation (tests/test_gemv_lanes_host.py), appended after attn_emu.cpp (CUDA
-// built-ins on std::thread, emu_mma), cuda_src/gemv.cu (GV_HOST_EMU) and cuda_src/moe_lanes.cu.
+// built-ins on std::thread, emu_mma), cuda_src/gemv.cu (GV_HOST_EMU), cuda_src/moe_lanes.cu and router.cu's
+// moe_route kernel.
 // argv = dir fmt T NB N K splits S E xf tab seed table_only
 //   fmt: 0 BF16, 1 NVFP4, 2 FP8 row; T: 0 float, 1 bf16; NB: 4 | 8; xf: 0 plain, 1 SwiGLU (x rows are [gate | up]);
 //   tab: 0 the tx table (x by token row), 1 ts (x by pair row); table_only: build the table and stop.
@@ -230,7 +231,65 @@ template <typename F> int gv_fold_t(int tt, char** argv) {
     return tt ? gv_fold_case<F, bf16>(argv) : gv_fold_case<F, float>(argv);
 }
 
+// Routed mode (argv: routed dir fmt N K splits T E topk shared seed): the routed expert launch (gemv_mma_rt) against
+// router.cu's moe_route followed by the one-lane expert launch. dir/w.bin + woff.bin: the fused expert weight
+// [(E + shared) * N, K]; dir/x.bin [T, K] float activations; dir/lg.bin [T, E + 1] float router rows (the last
+// column stands for the shared expert's gate, never routed). Slot s < T * topk is choice s % topk of token
+// s / topk, then (shared) one slot per token for expert E. Writes dir/{ids_ref,w_ref,y_ref,ids_rt,w_rt,y_rt}.bin.
+template <typename F> int gv_routed_case(char** argv) {
+    const std::string dir = argv[2];
+    const int N = atoi(argv[4]), K = atoi(argv[5]), splits = atoi(argv[6]), T = atoi(argv[7]), E = atoi(argv[8]);
+    const int top = atoi(argv[9]), shared = atoi(argv[10]);
+    const unsigned seed = (unsigned)atoi(argv[11]);
+    const int S = T * top + (shared ? T : 0), ldl = E + 1;
+    auto wsz = emu_read<long long>(dir + "/wsize.bin", 1)[0];
+    auto w = emu_read<u8>(dir + "/w.bin", (size_t)wsz);
+    w.resize(w.size() + 64);
+    auto o = emu_read<long long>(dir + "/woff.bin", 3);
+    const u8 *p0 = w.data() + o[0], *p1 = w.data() + o[1], *p2 = w.data() + o[2];
+    auto x = emu_read<float>(dir + "/x.bin", (size_t)T * K);
+    auto lg = emu_read<float>(dir + "/lg.bin", (size_t)T * ldl);
+    std::vector<int> xrow(S), ids_ref(S, -7), ids_rt(S, -7);
+    for (int s = 0; s < S; ++s) xrow[s] = s < T * top ? s / top : s - T * top;
+    std::vector<float> w_ref((size_t)T * top, NAN), w_rt((size_t)T * top, NAN);
+    emu_launch_poisoned({(unsigned)((T + 3) / 4), 1, 1}, 128, seed, [] {}, [&] {
+        moe_route<float, 8>(lg.data(), ids_ref.data(), w_ref.data(), T, E, top, ldl, shared ? E : -1);
+    });
+    constexpr int ROWS = GV_WARPS * F::MT * 16;
+    const int bx = (N + ROWS - 1) / ROWS;
+    std::vector<float> ws((size_t)S * bx * splits * ROWS * 8 + 8, NAN), y_ref((size_t)S * N), y_rt((size_t)S * N);
+    std::vector<int> cnt((size_t)S * bx + 1, 0);
+    for (auto* v : {&y_ref, &y_rt}) std::memset((void*)v->data(), 0xff, v->size() * sizeof(float));
+    gv_launch({(unsigned)bx, (unsigned)splits, (unsigned)S}, GV_WARPS * 32, seed + 1, [&] {
+        gemv_mma<F, float, 1>(p0, p1, p2, x.data(), x.data(), y_ref.data(), ids_ref.data(), xrow.data(), ws.data(),
+                              cnt.data(), N, K, 0, K, K, N, 0, 1, 0, 8, 0, nullptr, 0, 0, 0.f, 0);
+    });
+    if (int rc = gv_check(ws, cnt)) return rc;
+    gv_launch({(unsigned)bx, (unsigned)splits, (unsigned)S}, GV_WARPS * 32, seed + 2, [&] {
+        gemv_mma_rt<F, float, 1>(p0, p1, p2, x.data(), x.data(), y_rt.data(), nullptr, xrow.data(), ws.data(),
+                                 cnt.data(), N, K, 0, K, K, N, 0, 1, 0, 8, 0, nullptr, 0, 0, 0.f, 0, nullptr,
+                                 nullptr, 0, 0, lg.data(), ldl, E, top, T * top, shared ? E : -1, ids_rt.data(),
+                                 w_rt.data());
+    });
+    if (int rc = gv_check(ws, cnt)) return rc;
+    emu_write(dir + "/ids_ref.bin", ids_ref);
+    emu_write(dir + "/w_ref.bin", w_ref);
+    emu_write(dir + "/y_ref.bin", y_ref);
+    emu_write(dir + "/ids_rt.bin", ids_rt);
+    emu_write(dir + "/w_rt.bin", w_rt);
+    emu_write(dir + "/y_rt.bin", y_rt);
+    return 0;
+}
+
 int main(int argc, char** argv) {
+    if (argc == 12 && std::string(argv[1]) == "routed") {
+        switch (atoi(argv[3])) {
+            case 0: return gv_routed_case<FragBF16>(argv);
+            case 1: return gv_routed_case<FragNVFP4>(argv);
+            case 2: return gv_routed_case<FragFP8<true>>(argv);
+        }
+        return 5;
+    }
     if (argc == 14 && std::string(argv[1]) == "fold") {
         const int fmt = atoi(argv[3]), tt = atoi(argv[4]);
         switch (fmt) {
