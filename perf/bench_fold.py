@@ -4,6 +4,8 @@ prefetch of the next product (``--toggle prefetch``: ``CudaQwen36.gemv_prefetch`
     python -m perf.bench_fold --out perf/results          # 27B and 35B-A3B synthetic nvfp4, 1 and 8 lanes
     python -m perf.bench_fold --toggle prefetch           # the same A/B for the prefetch hints (norms folded)
     python -m perf.bench_fold --toggle route --model 35b  # MoE routing inside the gate | up launch (moe_route_fused)
+    python -m perf.bench_fold --toggle combine --model 35b  # the combine + norm in the down launch (moe_combine_fused)
+    python -m perf.bench_fold --toggle moe --model 35b    # both
 
 For each model and lane count, the graph-replayed decode step (logits included) with ``fold_norms`` off, then on
 (the graphs recaptured between), and the captured graph's node count by type (cuGraphGetNodes /
@@ -70,6 +72,10 @@ def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:
             net.fold_norms = on
         elif a.toggle == "route":
             net.moe_route_fused = on
+        elif a.toggle == "combine":
+            net.moe_combine_fused = on
+        elif a.toggle == "moe":  # both MoE fusions
+            net.moe_route_fused = net.moe_combine_fused = on
         else:
             net.gemv_prefetch, net.gemv_next = on, {}
         net.graphs.clear()
@@ -106,7 +112,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--lanes", default="1,8")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument(
-        "--toggle", choices=("fold", "prefetch", "route"), default="fold", help="what the A/B switches"
+        "--toggle",
+        choices=("fold", "prefetch", "route", "combine", "moe"),
+        default="fold",
+        help="what the A/B switches",
     )
     p.add_argument("--out", default=None, help="directory for bench_fold.json")
     a = p.parse_args(argv)

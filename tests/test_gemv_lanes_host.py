@@ -60,15 +60,15 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # router.cu's moe_route kernel alone (route_row.cuh and common.cuh came with gemv.cu)
     router = source_text("router.cu")
     route = router[router.index("template <typename T, int MAXE>\n__global__") : router.index("// moe_sort:")]
-    parts = [
-        "attn_emu.cpp",
-        PRELUDE,
-        source_text("gemv.cu"),
-        table,
-        route,
-        "emu_io.cpp",
-        "gemv_lanes_driver.cpp",
-    ]
+    # norm.cu (moe_combine_rmsnorm) without its copy of common.cuh, its __shared__ arrays static
+    norm = re.sub(
+        r"// ---- common\.cuh ----.*?// ---- end common\.cuh ----", "", source_text("norm.cu"), flags=re.S
+    )
+    norm = (
+        "#undef __shared__\n#define __shared__ static\n" + norm + "\n#undef __shared__\n#define __shared__\n"
+    )
+    parts = ["attn_emu.cpp", PRELUDE, source_text("gemv.cu"), table, route, norm, "emu_io.cpp"]
+    parts.append("gemv_lanes_driver.cpp")
     return build_emulator(tmp_path_factory, "gemv_lanes_emu", parts, timeout=900)
 
 
@@ -481,3 +481,60 @@ def test_routed_expert_launch_is_route_then_experts(emu: Path, tmp_path: Path, c
     ref = np.stack([wdec[ex * n : (ex + 1) * n] @ x[r] for ex, r in zip(slots, rows, strict=True)])
     err = np.max(np.abs(out["y_rt"].reshape(len(slots), n) - ref)) / np.max(np.abs(ref))
     assert err <= 2e-5, f"normalised error {err:.3e}"
+
+
+# fmt, hidden H, intermediate I, tokens, top-k, shared expert as slots, offset
+COMBINE_CASES = [
+    ("NVFP4G16_E4M3S", 2048, 256, 1, 8, True, True),  # the 35B-A3B's widths, one decode token
+    ("NVFP4G16_E4M3S", 520, 128, 3, 4, False, False),  # a partial row block, the shared expert's rows apart
+    ("BF16", 256, 64, 2, 2, True, True),  # 64-row blocks
+    ("NVFP4G16_E4M3S", 1024, 128, 8, 2, True, True),  # eight decode lanes (eight last blocks, eight norms)
+]
+
+
+@pytest.mark.parametrize(
+    "case", COMBINE_CASES, ids=lambda c: f"{c[0][:5]}-h{c[1]}-t{c[3]}k{c[4]}-{c[5]}-{c[6]}"
+)
+def test_down_with_combine_is_down_then_moe_combine_rmsnorm(emu: Path, tmp_path: Path, case: tuple) -> None:
+    """gemv.cu's down launch with the MoE combine and the next norm in its tail (gemv_mma_cb: the token's last
+    block plays norm.cu's 256-thread moe_combine_rmsnorm block with 128 threads) against the down launch followed by
+    that kernel: the expert rows, the updated residual and the normed rows bit for bit (blocks in a shuffled order,
+    the per-token counters back at zero), and the normed rows against NumPy."""
+    fmt, h, inter, t, k, shared, offset = case
+    rng = np.random.default_rng(h + t)
+    e = 12
+    n = t * k
+    s = n + (t if shared else 0)
+    ids = np.concatenate([rng.choice(e, size=(t, k), replace=False).reshape(-1) if t == 1 else
+                          rng.integers(0, e, n), np.full(t if shared else 0, e)]).astype(np.int32)  # fmt: skip
+    buf, wdec, offs = _weight(rng, fmt, (e + 1) * h, inter)
+    gu = rng.standard_normal((s, 2 * inter)).astype(F32)
+    ew = rng.random((t, k)).astype(F32)
+    sg = rng.standard_normal(t).astype(F32)
+    r = (rng.standard_normal((t, h)) * 2).astype(F32)
+    nw = (rng.standard_normal(h) * 0.2).astype(F32)
+    sh = rng.standard_normal((t, h)).astype(F32)
+    _write(
+        tmp_path, w=buf, woff=np.array(offs, np.int64), wsize=np.array([buf.size], np.int64), gu=gu, ids=ids
+    )
+    _write(tmp_path, ew=ew, sg=sg, r=r, nw=nw, sh=sh)
+    _emulate(emu, ["combine", tmp_path, FMTS.index(fmt), h, inter, t, k, int(shared), int(offset), 1e-6, 5])
+    out = {
+        name: np.fromfile(tmp_path / f"{name}.bin", dtype=F32)
+        for name in ("dn1", "r1", "y1", "dn2", "r2", "y2")
+    }
+    for a in ("dn", "r", "y"):
+        assert np.array_equal(out[a + "1"].view(np.uint8), out[a + "2"].view(np.uint8)), f"{a} differs"
+    # NumPy: the expert rows, the combine, the residual and the norm
+    act = gu[:, :inter] / (1 + np.exp(-gu[:, :inter].astype(np.float64))) * gu[:, inter:]
+    dn = np.stack([wdec[ex * h : (ex + 1) * h] @ act[j] for j, ex in enumerate(ids)])
+    shr = dn[n:] if shared else sh
+    comb = np.einsum("tk,tkh->th", ew, dn[:n].reshape(t, k, h)) + shr / (
+        1 + np.exp(-sg[:, None].astype(np.float64))
+    )
+    res = r + comb
+    y = res / np.sqrt(np.mean(res**2, axis=1, keepdims=True) + 1e-6) * ((1 + nw) if offset else nw)
+    for name, want in (("r2", res), ("y2", y)):
+        got = out[name].reshape(t, h)
+        err = np.max(np.abs(got - want)) / np.max(np.abs(want))
+        assert err <= 2e-5, f"{name}: normalised error {err:.3e}"

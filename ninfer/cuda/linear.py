@@ -37,6 +37,7 @@ __all__ = [
     "gemv",
     "gemv_experts",
     "gemv_experts_routed",
+    "gemv_experts_down_combine",
     "gemv_expert_lanes",
     "gemv_plan",
     "GemvPlan",
@@ -124,7 +125,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
         for t in _TYPES
         for nb in _GV_NB
     )
-    + tuple(dict.fromkeys(f"gemv_mma_rt<{s}, float, 1>" for s, _, _ in FRAG_STRUCTS.values())),
+    + tuple(dict.fromkeys(f"gemv_mma_rt<{s}, float, 1>" for s, _, _ in FRAG_STRUCTS.values()))
+    + tuple(dict.fromkeys(f"gemv_mma_cb<{s}, float, 1>" for s, _, _ in FRAG_STRUCTS.values())),
 }
 
 
@@ -228,14 +230,14 @@ def _input(
 def _gemv_launch(
     a: _Input, w: DeviceWeight, out: Any, lanes: int, ldy: int, *, ids: Any, xrow: Any, n: int, row0: int,
     nb: int, t: str, table: bool = False, fold: Any = None, prefetch: Any = None, pf: tuple[Any, ...] = (),
-    route: tuple[Any, ...] = (),
+    route: tuple[Any, ...] = (), combine: tuple[Any, ...] = (),
 ) -> None:  # fmt: skip
     import cupy
 
     k = w.cols
     plan = gemv_plan(w.fmt, n, k)
     pf = pf or _prefetch_args(w, prefetch)
-    kind = "_rt" if route else "_pf" if pf else ""
+    kind = "_rt" if route else "_cb" if combine else "_pf" if pf else ""
     name = f"gemv_mma{kind}<{FRAG_STRUCTS[w.fmt][0]}, {t}, {nb}>"
     fn = kernel("gemv.cu", SOURCES["gemv.cu"], name)
     smem = plan.smem_bytes(nb, t)
@@ -258,7 +260,7 @@ def _gemv_launch(
         null if xrow is None else xrow, ws, cnt, np.int32(n), np.int32(k), np.int32(lanes), np.int64(a.ldx),
         np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(2 if table else ids is not None), np.int32(a.xf),
         np.int32(a.gd), np.int32(zin), part, np.int64(ldp), np.int32(a.npart), np.float32(a.eps),
-        np.int32(fold is not None), *pf, *route,
+        np.int32(fold is not None), *pf, *route, *combine,
     )  # fmt: skip
     # several lane blocks of a dense product: lane blocks innermost (zin), one pass over the weights through L2
     grid = (plan.blocks_x * gz, plan.splits, 1) if zin else (plan.blocks_x, plan.splits, gz)
@@ -426,6 +428,63 @@ def gemv_experts_routed(
     route = (logits, np.int64(lde), np.int32(e), np.int32(top_k), np.int32(tok * top_k), np.int32(-1 if shared is None else shared), ids, weights)  # fmt: skip
     _gemv_launch(a, w, out, slots, ldy, ids=ids, xrow=xrow, n=n, row0=0, nb=1, t=t, pf=pf, route=route)
     return out
+
+
+def gemv_experts_down_combine(
+    gu: Any,
+    w: DeviceWeight,
+    ids: Any,
+    slot: Any,
+    dn: Any,
+    *,
+    where: Any,
+    ew: Any,
+    sh: Any,
+    sg: Any,
+    ldsg: int,
+    residual: Any,
+    weight: Any,
+    eps: float,
+    offset: bool,
+    out: Any,
+) -> bool:
+    """A decode MoE layer's down projection with the combine and the next RMS norm in its tail (gemv.cu
+    ``gemv_mma_cb``): ``dn = gemv_experts(gu, w, ids, slot, H, swiglu=True)``, then, as ``norm.moe_combine_rmsnorm``
+    with the same bits, ``residual += combine`` and ``out = rmsnorm(residual)`` per token, by the last of the token's
+    blocks. The slots are the decode tables': routed slot s is choice s % k of token s // k (``where`` = that slot
+    order), then one shared-expert slot per token when ``sh`` is ``dn``'s tail. Returns False without launching
+    when the launch does not apply (not float32, H > 2048 or not a multiple of 8, K splits, rows not 16-byte
+    aligned): the caller runs the two launches."""
+    t, _, a = _input(gu, w, "gemv_experts_down_combine", True, None)
+    slots, h, lddn = check_rows(dn, "dn")
+    tok, k = (int(d) for d in where.shape)
+    per = slots // tok if tok else 0
+    aligned = all(
+        int(x.data.ptr) % 16 == 0 and ld % 4 == 0
+        for x, ld in ((dn, lddn), (sh, check_rows(sh, "sh", h)[2]), (residual, check_rows(residual, "residual", h)[2]),
+                      (out, check_rows(out, "out", h)[2]), (weight, 0))
+    )  # fmt: skip
+    plan = gemv_plan(w.fmt, h, w.cols)
+    if (
+        t != "float" or dn.dtype != np.float32 or lddn != h or h % 8 or h > 2048 or not aligned or plan.splits != 1
+        or tok == 0 or per not in (k, k + 1) or slots != tok * per or slots > 65535 or w.rows % h
+    ):  # fmt: skip
+        return False
+    check_array(where, "where", dtype=np.int32, shape=(tok, k))
+    check_array(ew, "ew", dtype=np.float32, shape=(tok, k))
+    check_array(weight, "weight", dtype=np.float32, shape=(h,))
+    ldsh, ldr, ldo = (
+        check_rows(sh, "sh", h)[2],
+        check_rows(residual, "residual", h)[2],
+        check_rows(out, "out", h)[2],
+    )
+    combine = (
+        arrival_counters(tok), np.int32(plan.blocks_x * per), np.int32(k), np.int32(tok * k), where, ew, sh,
+        np.int64(ldsh), sg, np.int64(ldsg), residual, np.int64(ldr), weight, out, np.int64(ldo), np.float32(eps),
+        np.int32(offset),
+    )  # fmt: skip
+    _gemv_launch(a, w, dn, slots, lddn, ids=ids, xrow=slot, n=h, row0=0, nb=1, t=t, combine=combine)
+    return True
 
 
 def _prefetch_expert_args(w: DeviceWeight, n: int, nxt: Any) -> tuple[Any, ...]:

@@ -139,6 +139,9 @@ class CudaQwen36:
         # gemv_mma_rt: moe_route's selection, the same bits, one launch less per layer); off until measured and run
         # through the GPU tests (docs/cuda.md "Routing inside the expert launch")
         self.moe_route_fused = False
+        # decode MoE layers run their down projection with the combine and the next norm in its tail (norm.MoeCombine
+        # .down, gemv.cu gemv_mma_cb: moe_combine_rmsnorm's bits, one launch less per layer); off until measured
+        self.moe_combine_fused = False
         if memory_reserve_bytes < 0:
             raise ValueError(f"memory_reserve_bytes: must be >= 0, got {memory_reserve_bytes}")
         self.memory_reserve_bytes = memory_reserve_bytes  # left free by the runner's memory plan

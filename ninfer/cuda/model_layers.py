@@ -272,6 +272,7 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
         slot = net.const_i32(("slot", ns), np.arange(ns))
         xr = np.concatenate([np.arange(n) // k, np.arange(t if shared else 0)])
         ids, xrow, where = flat, net.const_i32(("xrow", ns, k, shared), xr), slot[:n]
+    down = None  # a decode down launch left to the next norm (_pending_down)
     if lanes:
         gu, dn = _lanes(net, h, p, ids, xrow, ns, e + int(shared), lanes_nb(t * k, e))
     elif gemm:
@@ -296,11 +297,11 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
         nxt = w[p + "experts.down_proj"] if getattr(net, "gemv_prefetch", False) else None
         _experts(h, w[p + "experts.gate_up_proj"], ids, xrow, 2 * inter, gu, prefetch=nxt)
         dn = cupy.empty((ns, hid), dtype=h.dtype)
-        _experts(gu, w[p + "experts.down_proj"], ids, slot, hid, dn, swiglu=True)
+        down = _pending_down(net, gu, w[p + "experts.down_proj"], ids, slot, dn)
     sp = p + "shared_expert."
     sh = dn[n:] if shared else _swiglu_ffn(net, h, sp + "gate_up_proj", sp + "down_proj.weight")
     sg = rg.reshape(-1)[e:]  # column e of the fused router product [t, e + 1]: element t * (e + 1)
-    c = MoeCombine(dn, where.reshape(t, k), ew, sh, sg, e + 1)
+    c = MoeCombine(dn, where.reshape(t, k), ew, sh, sg, e + 1, down)
     return c if defer_combine else combine(c)
 
 
@@ -370,14 +371,23 @@ def _routed_experts(net: Any, p: str, h: Any, rg: Any, m: Meta, shared: bool, de
         prefetch=nxt,
     )  # fmt: skip
     dn = cupy.empty((ns, hid), dtype=h.dtype)
-    _experts(gu, w[p + "experts.down_proj"], ids, slot, hid, dn, swiglu=True)
+    down = _pending_down(net, gu, w[p + "experts.down_proj"], ids, slot, dn)
     sh = (
         dn[n:]
         if shared
         else _swiglu_ffn(net, h, p + "shared_expert.gate_up_proj", p + "shared_expert.down_proj.weight")
     )
-    c = MoeCombine(dn, slot[:n].reshape(t, k), ew, sh, rg.reshape(-1)[e:], e + 1)
+    c = MoeCombine(dn, slot[:n].reshape(t, k), ew, sh, rg.reshape(-1)[e:], e + 1, down)
     return c if defer_combine else combine(c)
+
+
+def _pending_down(net: Any, gu: Any, w: Any, ids: Any, slot: Any, dn: Any) -> tuple[Any, ...] | None:
+    """A decode MoE layer's down launch: left to the next norm (``MoeCombine.down``: it runs the down with the
+    combine and the norm in its tail, ``net.moe_combine_fused``), else run now into ``dn`` (None)."""
+    if getattr(net, "moe_combine_fused", False):
+        return (gu, w, ids, slot)
+    _experts(gu, w, ids, slot, int(dn.shape[1]), dn, swiglu=True)
+    return None
 
 
 def combine(c: MoeCombine) -> Any:
@@ -386,6 +396,7 @@ def combine(c: MoeCombine) -> Any:
 
     from ninfer.cuda._glue import glue
 
+    c = c.settle()
     (t, k), hid = c.where.shape, c.dn.shape[1]
     y = cupy.empty((t, hid), dtype=c.dn.dtype)
     glue()["combine"](c.dn, c.where, c.ew, c.sh, c.sg, np.int32(k), np.int64(hid), np.int64(c.ldsg), y)

@@ -66,7 +66,11 @@ class MoeCombine(NamedTuple):
     Row ``t``'s value is ``sum_j ew[t, j] * dn[where[t, j]] + sigmoid(sg[t * ldsg]) * sh[t]``, fp32 in that order,
     rounded to the activation dtype. ``dn``: ``[slots, H]`` contiguous expert outputs; ``where``/``ew``: int32 /
     float32 ``[T, k]``; ``sh``: ``[T, H]`` shared-expert output (any row stride); ``sg``: float32 1-D gate logits,
-    row ``t`` at ``t * ldsg``."""
+    row ``t`` at ``t * ldsg``.
+
+    ``down`` (decode, ``CudaQwen36.moe_combine_fused``): ``dn`` is not written yet; ``down`` = (gate|up rows, the
+    fused down weight, slot ids, slot rows) is the expert launch that writes it, which ``moe_combine_rmsnorm`` runs
+    with the combine and the norm in its tail (``linear.gemv_experts_down_combine``) and :meth:`settle` runs alone."""
 
     dn: Any
     where: Any
@@ -74,10 +78,21 @@ class MoeCombine(NamedTuple):
     sh: Any
     sg: Any
     ldsg: int
+    down: tuple[Any, Any, Any, Any] | None = None
 
     @property
     def rows(self) -> int:
         return int(self.where.shape[0])
+
+    def settle(self) -> MoeCombine:
+        """This combine with ``dn`` written (the pending down launch run on its own)."""
+        if self.down is None:
+            return self
+        from ninfer.cuda.linear import gemv_experts
+
+        gu, w, ids, slot = self.down
+        gemv_experts(gu, w, ids, slot, int(self.dn.shape[1]), self.dn, swiglu=True)
+        return self._replace(down=None)
 
 
 class Folded(NamedTuple):
@@ -256,7 +271,8 @@ def moe_combine_rmsnorm(
     f16: bool = False,
 ) -> Any:
     """``residual += combine(c)`` in place, then ``rmsnorm(residual)`` (``offset``: ``1+w``): one launch with the same
-    bits as the combine kernel followed by ``rmsnorm(..., residual=residual)``; ``f16`` as ``rmsnorm``'s."""
+    bits as the combine kernel followed by ``rmsnorm(..., residual=residual)``; ``f16`` as ``rmsnorm``'s. A pending
+    down launch (``c.down``) runs with the combine in its tail where it can, else first."""
     import cupy
 
     t = act_type(c.dn, "dn")
@@ -275,6 +291,17 @@ def moe_combine_rmsnorm(
     _, _, ldr = check_rows(residual, "residual", h)
     if residual.dtype != np.float32 or residual.shape[0] != rows:
         raise KernelError(f"residual: must be float32 [{rows}, {h}]")
+    if c.down is not None:
+        from ninfer.cuda.linear import gemv_experts_down_combine
+
+        y = cupy.empty((rows, h), dtype=c.dn.dtype) if out is None else out
+        gu, wd, ids, slot = c.down
+        if not f16 and gemv_experts_down_combine(
+            gu, wd, ids, slot, c.dn, where=c.where, ew=c.ew, sh=c.sh, sg=c.sg, ldsg=c.ldsg, residual=residual,
+            weight=w, eps=eps, offset=offset, out=y,
+        ):  # fmt: skip
+            return y
+        c, out = c.settle(), (y if not f16 else out)
     if f16:
         return _combine_f16(c, w, eps, offset, residual, ldsh, ldr)
     if out is None:

@@ -100,6 +100,7 @@ inline int atomicAdd(int* p, int v) {  // blocks run one at a time, and only thr
     return old;
 }
 inline float __ldcg(const float* p) { return *p; }
+inline int __ldcg(const int* p) { return *p; }
 inline float2 __ldcg(const float2* p) { return *p; }
 inline float4 __ldcg(const float4* p) { return *p; }
 

@@ -1,6 +1,6 @@
 // Driver of the expert-lanes host emulation (tests/test_gemv_lanes_host.py), appended after attn_emu.cpp (CUDA
-// built-ins on std::thread, emu_mma), cuda_src/gemv.cu (GV_HOST_EMU), cuda_src/moe_lanes.cu and router.cu's
-// moe_route kernel.
+// built-ins on std::thread, emu_mma), cuda_src/gemv.cu (GV_HOST_EMU), cuda_src/moe_lanes.cu, router.cu's
+// moe_route kernel and norm.cu (its __shared__ arrays static: blocks run one at a time).
 // argv = dir fmt T NB N K splits S E xf tab seed table_only
 //   fmt: 0 BF16, 1 NVFP4, 2 FP8 row; T: 0 float, 1 bf16; NB: 4 | 8; xf: 0 plain, 1 SwiGLU (x rows are [gate | up]);
 //   tab: 0 the tx table (x by token row), 1 ts (x by pair row); table_only: build the table and stop.
@@ -281,7 +281,79 @@ template <typename F> int gv_routed_case(char** argv) {
     return 0;
 }
 
+// Combine mode (argv: combine dir fmt H I T k shared offset eps seed): the down projection with the MoE combine and
+// the next norm in its tail (gemv_mma_cb) against the down launch followed by norm.cu's moe_combine_rmsnorm. dir/
+// w.bin + woff.bin: the fused down weight [E * H, I]; gu.bin [S, 2I] float (S = T * k, + T shared slots); ids.bin
+// [S]; ew.bin [T, k]; sg.bin [T]; r.bin [T, H] residual; nw.bin [H]; sh.bin [T, H] (the shared expert's rows when
+// they are not slots). Slot s < T * k is choice s % k of token s / k. Writes dir/{dn1,r1,y1,dn2,r2,y2}.bin.
+template <typename F> int gv_combine_case(char** argv) {
+    const std::string dir = argv[2];
+    const int H = atoi(argv[4]), I = atoi(argv[5]), T = atoi(argv[6]), k = atoi(argv[7]), shared = atoi(argv[8]);
+    const int offset = atoi(argv[9]);
+    const float eps = (float)atof(argv[10]);
+    const unsigned seed = (unsigned)atoi(argv[11]);
+    const int n = T * k, S = n + (shared ? T : 0);
+    auto wsz = emu_read<long long>(dir + "/wsize.bin", 1)[0];
+    auto w = emu_read<u8>(dir + "/w.bin", (size_t)wsz);
+    w.resize(w.size() + 64);
+    auto o = emu_read<long long>(dir + "/woff.bin", 3);
+    const u8 *p0 = w.data() + o[0], *p1 = w.data() + o[1], *p2 = w.data() + o[2];
+    auto gu = emu_read<float>(dir + "/gu.bin", (size_t)S * 2 * I);
+    auto ids = emu_read<int>(dir + "/ids.bin", S);
+    auto ew = emu_read<float>(dir + "/ew.bin", (size_t)n);
+    auto sg = emu_read<float>(dir + "/sg.bin", T);
+    auto r1 = emu_read<float>(dir + "/r.bin", (size_t)T * H), r2 = r1;
+    auto nw = emu_read<float>(dir + "/nw.bin", H);
+    auto shx = emu_read<float>(dir + "/sh.bin", (size_t)T * H);
+    std::vector<int> slot(S), where(n), cnt_tok(T, 0);
+    for (int s = 0; s < S; ++s) slot[s] = s;
+    for (int s = 0; s < n; ++s) where[s] = s;
+    constexpr int ROWS = GV_WARPS * F::MT * 16;
+    const int bx = (H + ROWS - 1) / ROWS;
+    std::vector<float> ws(8, NAN), dn1((size_t)S * H), dn2((size_t)S * H), y1((size_t)T * H), y2((size_t)T * H);
+    std::vector<int> cnt((size_t)S * bx + 1, 0);
+    for (auto* v : {&dn1, &dn2, &y1, &y2}) std::memset((void*)v->data(), 0xff, v->size() * sizeof(float));
+    const float* gup = gu.data() + I;  // SwiGLU: the up half at x2
+    gv_launch({(unsigned)bx, 1u, (unsigned)S}, GV_WARPS * 32, seed, [&] {
+        gemv_mma<F, float, 1>(p0, p1, p2, gu.data(), gup, dn1.data(), ids.data(), slot.data(), ws.data(), cnt.data(),
+                              H, I, 0, 2 * I, 2 * I, H, 0, 1, 1, 8, 0, nullptr, 0, 0, 0.f, 0);
+    });
+    const float* sh1 = shared ? dn1.data() + (size_t)n * H : shx.data();
+    emu_launch_poisoned({(unsigned)T, 1, 1}, 256, seed + 1, [] {}, [&] {
+        if (offset)
+            moe_combine_rmsnorm<float, true, true>(dn1.data(), where.data(), ew.data(), sh1, sg.data(), k, H, 1,
+                                                   r1.data(), nw.data(), y1.data(), H, eps, H, H);
+        else
+            moe_combine_rmsnorm<float, false, true>(dn1.data(), where.data(), ew.data(), sh1, sg.data(), k, H, 1,
+                                                    r1.data(), nw.data(), y1.data(), H, eps, H, H);
+    });
+    const float* sh2 = shared ? dn2.data() + (size_t)n * H : shx.data();
+    gv_launch({(unsigned)bx, 1u, (unsigned)S}, GV_WARPS * 32, seed + 2, [&] {
+        gemv_mma_cb<F, float, 1>(p0, p1, p2, gu.data(), gup, dn2.data(), ids.data(), slot.data(), ws.data(),
+                                 cnt.data(), H, I, 0, 2 * I, 2 * I, H, 0, 1, 1, 8, 0, nullptr, 0, 0, 0.f, 0,
+                                 cnt_tok.data(), bx * (S / T), k, n, where.data(), ew.data(), sh2, H, sg.data(), 1,
+                                 r2.data(), H, nw.data(), y2.data(), H, eps, offset);
+    });
+    for (int c : cnt_tok)
+        if (c != 0) return 7;
+    emu_write(dir + "/dn1.bin", dn1);
+    emu_write(dir + "/r1.bin", r1);
+    emu_write(dir + "/y1.bin", y1);
+    emu_write(dir + "/dn2.bin", dn2);
+    emu_write(dir + "/r2.bin", r2);
+    emu_write(dir + "/y2.bin", y2);
+    return 0;
+}
+
 int main(int argc, char** argv) {
+    if (argc == 12 && std::string(argv[1]) == "combine") {
+        switch (atoi(argv[3])) {
+            case 0: return gv_combine_case<FragBF16>(argv);
+            case 1: return gv_combine_case<FragNVFP4>(argv);
+            case 2: return gv_combine_case<FragFP8<true>>(argv);
+        }
+        return 5;
+    }
     if (argc == 12 && std::string(argv[1]) == "routed") {
         switch (atoi(argv[3])) {
             case 0: return gv_routed_case<FragBF16>(argv);

@@ -1,16 +1,19 @@
-"""MoE routing inside the expert launch on the GPU (gemv.cu ``gemv_mma_rt``, ``linear.gemv_experts_routed``,
-``CudaQwen36.moe_route_fused``): the gate | up launch selects each slot's expert itself with router.cu's selection
-(route_row.cuh), so a decode MoE layer runs one launch less.
+"""The decode MoE fusions on the GPU: routing inside the gate | up launch (gemv.cu ``gemv_mma_rt``,
+``linear.gemv_experts_routed``, ``CudaQwen36.moe_route_fused``) and the combine + next norm in the down launch's
+tail (``gemv_mma_cb``, ``linear.gemv_experts_down_combine``, ``CudaQwen36.moe_combine_fused``): two launches less
+per decode MoE layer, the same bits.
 
 - per launch: ids, weights and the gate | up product bitwise those of ``moe_route`` followed by ``gemv_experts``
   (1, 3 and 8 tokens; 256 and 40 experts; with and without the shared expert's slots; a NaN router row), and with
-  the L2 hint of the down projection;
+  the L2 hint of the down projection; the down rows, the residual and the normed rows bitwise those of
+  ``gemv_experts`` followed by ``moe_combine_rmsnorm`` (1, 3 and 8 tokens, the shared expert's rows as slots or
+  apart, both norm forms);
 - per network (small MoE models, the shared expert fused into the routed weight and kept apart): greedy decode with
-  the routing fused bitwise the same tokens and logits as with ``moe_route``, eagerly and from the decode graph, and
-  no ``moe_route`` call left in an eager decode step.
+  either fusion and both bitwise the same tokens and logits as without, eagerly and from the decode graph, and no
+  ``moe_route`` call left in an eager decode step with the routing fused.
 
-The host emulation (tests/test_gemv_lanes_host.py ``-k routed``) checks the kernel itself on the CPU.
-Run: ``python -m pytest -m gpu tests/test_cuda_moe_route_fused.py`` (skips without a CUDA device).
+The host emulation (tests/test_gemv_lanes_host.py ``-k "routed or combine"``) checks the kernels on the CPU.
+Run: ``python -m pytest -m gpu tests/test_cuda_moe_fused.py`` (skips without a CUDA device).
 """
 
 from __future__ import annotations
@@ -111,6 +114,57 @@ def test_routed_launch_rejects_bad_arguments(cp: Any) -> None:
         )
 
 
+# tokens, shared expert as slots, offset
+COMBINE_CASES = [(1, True, True), (3, False, False), (8, True, True)]
+
+
+@pytest.mark.parametrize("case", COMBINE_CASES, ids=lambda c: f"t{c[0]}-{'sh' if c[1] else 'apart'}-{c[2]}")
+def test_down_with_combine_is_down_then_combine(cp: Any, case: tuple) -> None:
+    from ninfer.cuda.linear import gemv_experts, gemv_experts_down_combine
+    from ninfer.cuda.norm import MoeCombine, moe_combine_rmsnorm
+
+    t, shared, offset = case
+    rng = np.random.default_rng(70 + t)
+    e, k, inter, hid = 16, 4, 256, 2048
+    w_dn = _weight(rng, NVFP4, ((e + 1) * hid, inter))
+    n = t * k
+    ns = n + (t if shared else 0)
+    ids = cp.asarray(np.concatenate([rng.integers(0, e, n), np.full(ns - n, e)]).astype(np.int32))
+    slot = cp.asarray(np.arange(ns, dtype=np.int32))
+    gu = cp.asarray(rng.standard_normal((ns, 2 * inter)).astype(F32))
+    ew = cp.asarray(rng.random((t, k)).astype(F32))
+    sg = cp.asarray(rng.standard_normal(t).astype(F32))
+    r0 = cp.asarray((rng.standard_normal((t, hid)) * 2).astype(F32))
+    nw = cp.asarray((rng.standard_normal(hid) * 0.2).astype(F32))
+    apart = cp.asarray(rng.standard_normal((t, hid)).astype(F32))
+
+    def run(fused: bool) -> tuple[Any, ...]:
+        dn, res = cp.full((ns, hid), np.nan, dtype=F32), r0.copy()
+        sh = dn[n:] if shared else apart
+        if fused:
+            y = cp.full((t, hid), np.nan, dtype=F32)
+            assert gemv_experts_down_combine(
+                gu, w_dn, ids, slot, dn, where=slot[:n].reshape(t, k), ew=ew, sh=sh, sg=sg, ldsg=1, residual=res,
+                weight=nw, eps=1e-6, offset=offset, out=y,
+            )  # fmt: skip
+        else:
+            gemv_experts(gu, w_dn, ids, slot, hid, dn, swiglu=True)
+            c = MoeCombine(dn, slot[:n].reshape(t, k), ew, sh, sg, 1)
+            y = moe_combine_rmsnorm(c, nw, 1e-6, residual=res, offset=offset)
+        return dn, res, y
+
+    want = run(False)
+    for _ in range(2):  # the per-token counters are back at zero after a launch
+        for name, a, b in zip(("dn", "residual", "y"), run(True), want, strict=True):
+            assert np.array_equal(_bits(a), _bits(b)), name
+    # and through the pending down of a MoeCombine, as the model runs it
+    dn, res = cp.empty((ns, hid), dtype=F32), r0.copy()
+    c = MoeCombine(dn, slot[:n].reshape(t, k), ew, dn[n:] if shared else apart, sg, 1, (gu, w_dn, ids, slot))
+    y = moe_combine_rmsnorm(c, nw, 1e-6, residual=res, offset=offset)
+    for name, a, b in zip(("dn", "residual", "y"), (dn, res, y), want, strict=True):
+        assert np.array_equal(_bits(a), _bits(b)), f"pending: {name}"
+
+
 # ---- networks ------------------------------------------------------------------------------------------------------
 def _net(shared_width: int) -> Any:
     from ninfer.cuda.model import CudaQwen36
@@ -143,7 +197,7 @@ def _greedy(seqs: Any, prompts: list[np.ndarray], steps: int) -> tuple[list[list
 
 
 @pytest.mark.parametrize("shared_width", [256, 512], ids=["shared-fused", "shared-apart"])
-def test_decode_bitwise_with_routing_fused(monkeypatch: pytest.MonkeyPatch, shared_width: int) -> None:
+def test_decode_bitwise_with_moe_fusions(monkeypatch: pytest.MonkeyPatch, shared_width: int) -> None:
     pytest.importorskip("cupy")
     import ninfer.cuda.router as router
 
@@ -159,17 +213,22 @@ def test_decode_bitwise_with_routing_fused(monkeypatch: pytest.MonkeyPatch, shar
 
     monkeypatch.setattr(router, "moe_route", spy)
     runs = {}
-    for fused in (False, True):
+    for fused in (False, True, "combine", "both"):
         for graph in (True, False):
-            net.moe_route_fused, net.cuda_graph = fused, graph
+            net.moe_route_fused = fused in (True, "both")
+            net.moe_combine_fused = fused in ("combine", "both")
+            net.cuda_graph = graph
             net.graphs.clear()
             calls.clear()
             runs[fused, graph] = _greedy(seqs, prompts, 6)
-            if fused and not graph:  # eager: every decode call (<= 8 rows) routes inside the expert launch
+            if (
+                net.moe_route_fused and not graph
+            ):  # eager: every decode call (<= 8 rows) routes in the experts
                 assert calls and all(r > 8 for r in calls), f"moe_route still called for {calls} rows"
             if not fused and not graph:  # the spy sees the decode calls when they route apart
                 assert any(r <= 8 for r in calls)
-    net.moe_route_fused, net.cuda_graph = False, True
+    net.moe_route_fused = net.moe_combine_fused = False
+    net.cuda_graph = True
     net.graphs.clear()
     base_t, base_l = runs[False, True]
     for key, (t, lg) in runs.items():
