@@ -10,6 +10,7 @@
 #   gdn_bounds  perf/bench_gdn_decode.py with the GDN decode step's __launch_bounds__ at 3 (as built), 4 and 5
 #           resident blocks per SM (an experiment on the device's copy of the source; nothing changes here)
 #   prefill_profile  perf/profile_step.py on a default prefill chunk (4096) and on a 256-token follow-up after 8K
+#   moe     the decode MoE fusions' GPU tests and whole-step A/Bs (35B-A3B), with the L2 hints
 #   boundary  the decode GEMV launch boundary traced (perf/gemv_trace.py) and the start-of-block L2 hints A/B
 #   explore the open experiments (docs/cuda.md): the decode GEMVs' L2 prefetch (per shape, a 27B layer chain, the
 #           whole decode step), and the 35B-A3B prefill against its chunk size and the GDN state pass
@@ -131,6 +132,15 @@ run_boundary() {  # issue 13: the decode GEMV launch boundary's parts (perf/gemv
     | tee "$OUT/boundary_gemv.txt" | tail -6
   timeout ${BOUNDARY_TIMEOUT:-170} python3 -m perf.bench_fold --toggle prefetch --out "$OUT/results" 2>&1 \
     | tee "$OUT/boundary_prefetch.txt" | tail -8
+}
+run_moe() {  # issue 13: the decode MoE fusions (routing in gate | up, combine + norm in the down launch) and the
+  # start-of-block L2 hints: their GPU tests, then each as a whole-step A/B (bench_fold) on the 35B-A3B
+  timeout ${MOE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rf tests/test_cuda_moe_fused.py \
+    tests/test_cuda_gemv_prefetch.py > "$OUT/moe_tests.txt" 2>&1; tail -3 "$OUT/moe_tests.txt"
+  for tg in route combine moe prefetch; do
+    timeout ${MOE_TIMEOUT:-200} python3 -m perf.bench_fold --toggle $tg --model 35b --out "$OUT/results" 2>&1 \
+      | tee "$OUT/moe_$tg.txt" | grep -E "ms/step"
+  done
 }
 run_prefill_profile() {  # issue 14: where a default 4096-token chunk's time goes, and a 256-token follow-up's
   timeout ${PROFILE_TIMEOUT:-200} python3 -m perf.profile_step --model 27b,35b --chunk 4096 2>&1 \
