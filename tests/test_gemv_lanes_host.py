@@ -434,6 +434,32 @@ def test_fold_rows_rule() -> None:
     assert not fold_rows(net(fold_norms=False), 1)
 
 
+def test_moe_fusion_rules() -> None:
+    """The routing runs inside gate | up only for decode-sized calls with float32 rows whose experts run as one-lane
+    GEMV slots, and only when switched on; a pending down launch (MoeCombine.down) is run exactly once by settle."""
+    from types import SimpleNamespace
+
+    import ninfer.cuda.linear as lin
+    from ninfer.cuda.model_layers import _route_in_experts
+    from ninfer.cuda.norm import MoeCombine
+
+    on, h32 = SimpleNamespace(moe_route_fused=True), np.zeros((1, 4), F32)
+    assert _route_in_experts(on, h32, 8, False, False)
+    assert not _route_in_experts(on, h32, 9, False, False)  # prefill
+    assert not _route_in_experts(on, h32, 4, True, False) and not _route_in_experts(on, h32, 4, False, True)
+    assert not _route_in_experts(on, h32.astype(np.uint16), 1, False, False)
+    assert not _route_in_experts(SimpleNamespace(), h32, 1, False, False)  # off unless switched on
+    calls = []
+    real, lin.gemv_experts = lin.gemv_experts, lambda *a, **kw: calls.append((a, kw))
+    try:
+        c = MoeCombine(np.zeros((3, 8), F32), None, None, None, None, 1, ("gu", "w", "ids", "slot"))
+        done = c.settle()
+        assert done.down is None and done.settle() is done
+        assert calls == [(("gu", "w", "ids", "slot", 8, c.dn), {"swiglu": True})]
+    finally:
+        lin.gemv_experts = real
+
+
 # fmt, N (rows per expert), K, splits, tokens, routed experts, top-k, shared expert
 ROUTED_CASES = [
     (
