@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cuda_decode import greedy
 
 from ninfer.config import ModelConfig
 from ninfer.cuda.memory_plan import plan_memory, snapshot_bytes
@@ -273,27 +274,13 @@ def moe_seqs() -> Any:
     return _sequences(CudaQwen36(cfg, upload_encoded(cfg, enc)))
 
 
-def _greedy(seqs: Any, prompts: list[np.ndarray], steps: int) -> tuple[list[list[int]], np.ndarray]:
-    net, sids = seqs.net, [seqs.new() for _ in prompts]
-    last = np.stack([net.lm_head(seqs.forward(s, p)[-1:])[0] for p, s in zip(prompts, sids, strict=True)])
-    toks, logits = [], []
-    for _ in range(steps):
-        nxt = last.argmax(-1)
-        toks.append(nxt.tolist())
-        last = net.lm_head(seqs.forward_batch(nxt, sids))
-        logits.append(last)
-    for s in sids:
-        seqs.free(s)
-    return [list(t) for t in zip(*toks, strict=True)], np.stack(logits)
-
-
 @gpu
 def test_graph_and_eager_decode_bitwise_equal(moe_seqs: Any) -> None:
     prompts = [np.random.default_rng(i).integers(0, 4096, 40 + 9 * i) for i in range(3)]
     moe_seqs.net.cuda_graph = True
-    t_graph, l_graph = _greedy(moe_seqs, prompts, 16)
+    t_graph, l_graph = greedy(moe_seqs, prompts, 16)
     moe_seqs.net.cuda_graph = False
-    t_eager, l_eager = _greedy(moe_seqs, prompts, 16)
+    t_eager, l_eager = greedy(moe_seqs, prompts, 16)
     moe_seqs.net.cuda_graph = True
     assert t_graph == t_eager
     assert np.array_equal(l_graph, l_eager)
@@ -305,11 +292,11 @@ def test_gemv_prefetch_changes_no_decode_value(moe_seqs: Any) -> None:
     graph-replayed greedy decode bitwise the decode without them, at 1 and 3 lanes; the hints were really on."""
     net = moe_seqs.net
     prompts = [np.random.default_rng(20 + i).integers(0, 4096, 30 + 11 * i) for i in range(3)]
-    want = [_greedy(moe_seqs, prompts[:1], 8), _greedy(moe_seqs, prompts, 8)]
+    want = [greedy(moe_seqs, prompts[:1], 8), greedy(moe_seqs, prompts, 8)]
     net.gemv_prefetch, net.gemv_next = True, {}
     net.graphs.clear()
     try:
-        got = [_greedy(moe_seqs, prompts[:1], 8), _greedy(moe_seqs, prompts, 8)]
+        got = [greedy(moe_seqs, prompts[:1], 8), greedy(moe_seqs, prompts, 8)]
         hinted = len(net.gemv_next)
     finally:
         net.gemv_prefetch, net.gemv_next = False, {}
@@ -323,8 +310,8 @@ def test_gemv_prefetch_changes_no_decode_value(moe_seqs: Any) -> None:
 @gpu
 def test_greedy_identical_at_1_and_8_lanes(moe_seqs: Any) -> None:
     prompts = [np.random.default_rng(10 + i).integers(0, 4096, 20 + 13 * i) for i in range(8)]
-    batched, _ = _greedy(moe_seqs, prompts, 12)
-    solo = [_greedy(moe_seqs, [p], 12)[0][0] for p in prompts]
+    batched, _ = greedy(moe_seqs, prompts, 12)
+    solo = [greedy(moe_seqs, [p], 12)[0][0] for p in prompts]
     assert batched == solo
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cuda_decode import greedy
 
 from ninfer.config import ModelConfig
 from ninfer.demo import random_weights
@@ -182,20 +183,6 @@ def _net(shared_width: int) -> Any:
     return Sequences(CudaQwen36(cfg, upload_encoded(cfg, enc)), slots=9, context=512, page_size=16)
 
 
-def _greedy(seqs: Any, prompts: list[np.ndarray], steps: int) -> tuple[list[list[int]], np.ndarray]:
-    net, sids = seqs.net, [seqs.new() for _ in prompts]
-    last = np.stack([net.lm_head(seqs.forward(s, p)[-1:])[0] for p, s in zip(prompts, sids, strict=True)])
-    toks, logits = [], []
-    for _ in range(steps):
-        nxt = last.argmax(-1)
-        toks.append(nxt.tolist())
-        last = net.lm_head(seqs.forward_batch(nxt, sids))
-        logits.append(last)
-    for s in sids:
-        seqs.free(s)
-    return [list(t) for t in zip(*toks, strict=True)], np.stack(logits)
-
-
 @pytest.mark.parametrize("shared_width", [256, 512], ids=["shared-fused", "shared-apart"])
 def test_decode_bitwise_with_moe_fusions(monkeypatch: pytest.MonkeyPatch, shared_width: int) -> None:
     pytest.importorskip("cupy")
@@ -220,7 +207,7 @@ def test_decode_bitwise_with_moe_fusions(monkeypatch: pytest.MonkeyPatch, shared
             net.cuda_graph = graph
             net.graphs.clear()
             calls.clear()
-            runs[fused, graph] = _greedy(seqs, prompts, 6)
+            runs[fused, graph] = greedy(seqs, prompts, 6)
             if (
                 net.moe_route_fused and not graph
             ):  # eager: every decode call (<= 8 rows) routes in the experts

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cuda_decode import greedy
 
 from ninfer.config import ModelConfig
 from ninfer.demo import random_weights
@@ -132,20 +133,6 @@ def _net(kind: str, **opts: Any) -> Any:
     return Sequences(net, slots=9, context=512, page_size=16)
 
 
-def _greedy(seqs: Any, prompts: list[np.ndarray], steps: int) -> tuple[list[list[int]], np.ndarray]:
-    net, sids = seqs.net, [seqs.new() for _ in prompts]
-    last = np.stack([net.lm_head(seqs.forward(s, p)[-1:])[0] for p, s in zip(prompts, sids, strict=True)])
-    toks, logits = [], []
-    for _ in range(steps):
-        nxt = last.argmax(-1)
-        toks.append(nxt.tolist())
-        last = net.lm_head(seqs.forward_batch(nxt, sids))
-        logits.append(last)
-    for s in sids:
-        seqs.free(s)
-    return [list(t) for t in zip(*toks, strict=True)], np.stack(logits)
-
-
 @pytest.fixture(scope="module", params=["dense", "moe"])
 def seqs(request: pytest.FixtureRequest) -> Any:
     pytest.importorskip("cupy")
@@ -160,11 +147,11 @@ def test_folded_logits_match_unfolded(seqs: Any) -> None:
     net = seqs.net
     assert net.fold_norms, "folding is on by default"
     prompts = _prompts(0, 3)
-    t_fold, l_fold = _greedy(seqs, prompts, 10)
+    t_fold, l_fold = greedy(seqs, prompts, 10)
     net.fold_norms = False
     net.graphs.clear()
     try:
-        t_plain, l_plain = _greedy(seqs, prompts, 10)
+        t_plain, l_plain = greedy(seqs, prompts, 10)
     finally:
         net.fold_norms = True
         net.graphs.clear()
@@ -177,10 +164,10 @@ def test_folded_logits_match_unfolded(seqs: Any) -> None:
 def test_graph_and_eager_decode_bitwise_equal_folded(seqs: Any) -> None:
     prompts = _prompts(20, 3)
     seqs.net.cuda_graph = True
-    t_graph, l_graph = _greedy(seqs, prompts, 8)
+    t_graph, l_graph = greedy(seqs, prompts, 8)
     seqs.net.cuda_graph = False
     try:
-        t_eager, l_eager = _greedy(seqs, prompts, 8)
+        t_eager, l_eager = greedy(seqs, prompts, 8)
     finally:
         seqs.net.cuda_graph = True
     assert t_graph == t_eager
@@ -189,8 +176,8 @@ def test_graph_and_eager_decode_bitwise_equal_folded(seqs: Any) -> None:
 
 def test_greedy_identical_at_1_and_8_lanes_folded(seqs: Any) -> None:
     prompts = _prompts(40, 8)
-    batched, lb = _greedy(seqs, prompts, 6)
-    solo = [_greedy(seqs, [p], 6) for p in prompts]
+    batched, lb = greedy(seqs, prompts, 6)
+    solo = [greedy(seqs, [p], 6) for p in prompts]
     assert batched == [s[0][0] for s in solo]
     for b, (_, lg) in enumerate(solo):
         assert np.array_equal(lb[:, b], lg[:, 0]), f"lane {b}: logits differ from its 1-lane decode"

@@ -227,6 +227,11 @@ def _lanes(net: Any, h: Any, p: str, ids: Any, xrow: Any, ns: int, experts: int,
     return gu, dn
 
 
+def _moe_dims(cfg: Any, m: Meta) -> tuple[int, int, int, int, int]:
+    """(tokens, experts per token, expert width, hidden size, routed experts) of an MoE layer's call."""
+    return m.t, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.hidden_size, cfg.num_experts
+
+
 def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False, resid: Any = None) -> Any:
     """Dense SwiGLU, or routed experts + gated shared expert. The router runs in fp32 (float32 input, exact
     GEMV) so that expert choice sees the reference's logits up to accumulation order. ``defer_combine``: an MoE
@@ -241,13 +246,7 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
         return _swiglu_ffn(net, h, p + "gate_up_proj", p + "down_proj.weight", resid)
     if resid is not None:
         raise ValueError("ffn_block: an MoE layer's output is combined into the next norm, not folded")
-    t, k, inter, hid, e = (
-        m.t,
-        cfg.num_experts_per_tok,
-        cfg.moe_intermediate_size,
-        cfg.hidden_size,
-        cfg.num_experts,
-    )
+    t, k, inter, hid, e = _moe_dims(cfg, m)
     rg = _router(net, net.widen(h), p + "router_gates")  # router logits | shared-expert gate, fp32
     gemm = t > 8 and net.prefill_gemm  # tensor-core GEMMs (the shared expert; routed experts unless lanes)
     # expert lanes (moe_lanes.py): up to 8 rows of one expert per GEMV slot, for chunks whose experts get few rows
@@ -350,13 +349,7 @@ def _routed_experts(net: Any, p: str, h: Any, rg: Any, m: Meta, shared: bool, de
     from ninfer.cuda.linear import gemv_experts_routed
 
     cfg, w = net.cfg, net.w
-    t, k, inter, hid, e = (
-        m.t,
-        cfg.num_experts_per_tok,
-        cfg.moe_intermediate_size,
-        cfg.hidden_size,
-        cfg.num_experts,
-    )
+    t, k, inter, hid, e = _moe_dims(cfg, m)
     n = t * k
     ns = n + (t if shared else 0)
     slot = net.const_i32(("slot", ns), np.arange(ns))

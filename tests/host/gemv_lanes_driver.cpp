@@ -345,23 +345,21 @@ template <typename F> int gv_combine_case(char** argv) {
     return 0;
 }
 
+// fn(F{}) for the driver's format code (0 BF16, 1 NVFP4, 2 FP8 row); 5 for another code
+template <typename Fn> int gv_by_fmt(int fmt, Fn fn) {
+    switch (fmt) {
+        case 0: return fn(FragBF16{});
+        case 1: return fn(FragNVFP4{});
+        case 2: return fn(FragFP8<true>{});
+    }
+    return 5;
+}
+
 int main(int argc, char** argv) {
-    if (argc == 12 && std::string(argv[1]) == "combine") {
-        switch (atoi(argv[3])) {
-            case 0: return gv_combine_case<FragBF16>(argv);
-            case 1: return gv_combine_case<FragNVFP4>(argv);
-            case 2: return gv_combine_case<FragFP8<true>>(argv);
-        }
-        return 5;
-    }
-    if (argc == 12 && std::string(argv[1]) == "routed") {
-        switch (atoi(argv[3])) {
-            case 0: return gv_routed_case<FragBF16>(argv);
-            case 1: return gv_routed_case<FragNVFP4>(argv);
-            case 2: return gv_routed_case<FragFP8<true>>(argv);
-        }
-        return 5;
-    }
+    if (argc == 12 && std::string(argv[1]) == "combine")
+        return gv_by_fmt(atoi(argv[3]), [&](auto f) { return gv_combine_case<decltype(f)>(argv); });
+    if (argc == 12 && std::string(argv[1]) == "routed")
+        return gv_by_fmt(atoi(argv[3]), [&](auto f) { return gv_routed_case<decltype(f)>(argv); });
     if (argc == 14 && std::string(argv[1]) == "fold") {
         const int fmt = atoi(argv[3]), tt = atoi(argv[4]);
         switch (fmt) {
