@@ -115,6 +115,7 @@ inline unsigned emu_exchange(unsigned v, int src) {
 inline float __shfl_xor_sync(unsigned, float v, int off) {
     return __uint_as_float(emu_exchange(__float_as_uint(v), (threadIdx.x & 31) ^ off));
 }
+inline unsigned __shfl_xor_sync(unsigned, unsigned v, int off) { return emu_exchange(v, (threadIdx.x & 31) ^ off); }
 inline int __shfl_xor_sync(unsigned, int v, int off) { return (int)emu_exchange((unsigned)v, (threadIdx.x & 31) ^ off); }
 inline float __shfl_sync(unsigned, float v, int src) { return __uint_as_float(emu_exchange(__float_as_uint(v), src)); }
 inline int __shfl_sync(unsigned, int v, int src) { return (int)emu_exchange((unsigned)v, src); }

@@ -1,11 +1,10 @@
 // Additions to tests/host/attn_emu.cpp for cuda_src/attention_prefill.cu (tests/test_attention_prefill_host.py):
 // ldmatrix on its PTX fragment layout (each lane publishes its row address, then reads the rows of the lanes its
-// fragment comes from), integer shuffles, make_uint4, and the kernel's static shared arrays as function statics
+// fragment comes from), make_uint4, and the kernel's static shared arrays as function statics
 // (blocks run one at a time).
 #include <type_traits>
 #define AP_STATIC_SHARED static
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
-inline int __shfl_xor_sync(unsigned, int v, int off) { return (int)emu_exchange((unsigned)v, (threadIdx.x & 31) ^ off); }
 
 unsigned emu_ldsm_row[1024];  // per CUDA thread: its row address, in 16-bit words from the start of att_smem
 // ldmatrix.x4 (.trans when trans): lanes 8i..8i+7 give the rows of matrix i; thread (g, t) gets row g, columns 2t
