@@ -48,20 +48,20 @@ _TRACE = (
         "    pdl_trigger();\n    const unsigned long long tr0 = gv_now();\n#ifdef GV_HOST_EMU",
     ),
     (
-        "    gv_prologue<F>(wsm, lane, src, t, nt);\n    if (!experts) pdl_wait();\n",
-        "    gv_prologue<F>(wsm, lane, src, t, nt);\n    const unsigned long long tr1 = gv_now();\n"
+        "    gv_prologue<F>(wsm, lane, src, t, nt);\n",
+        "    gv_prologue<F>(wsm, lane, src, t, nt);\n    const unsigned long long tr1 = gv_now();\n",
+    ),
+    (
+        "    if (!experts) pdl_wait();\n",
         "    if (!experts) pdl_wait();\n    const unsigned long long tr2 = gv_now();\n",
     ),
     (
         "    float acc[MT][4];\n    gv_products",
         "    const unsigned long long tr3 = gv_now();\n    float acc[MT][4];\n    gv_products",
     ),
+    ("    const GvFold fo{", "    const unsigned long long tr4 = gv_now();\n    const GvFold fo{"),
     (
-        "    if (GvPf<F>::ON && q0 != nullptr) gv_prefetch_next",
-        "    const unsigned long long tr4 = gv_now();\n    if (GvPf<F>::ON && q0 != nullptr) gv_prefetch_next",
-    ),
-    (
-        "    gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);\n}",
+        "    gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);\n",
         "    gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);\n"
         "    const unsigned long long tr5 = gv_now();\n"
         "    if (threadIdx.x == 0) {\n"
@@ -70,8 +70,9 @@ _TRACE = (
         f"        const unsigned i = atomicAdd(&gv_trn, 1u);\n        if (i < {_CAP}u) {{\n"
         f"            unsigned long long* r = gv_trbuf + (unsigned long long)i * {_REC};\n"
         "            r[0] = tr0, r[1] = tr1, r[2] = tr2, r[3] = tr3, r[4] = tr4, r[5] = tr5, r[6] = smid;\n"
-        "            r[7] = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), r[8] = (unsigned long long)N | ((unsigned long long)K << 32), r[9] = (unsigned long long)p0;\n"
-        "        }\n    }\n}",
+        "            r[7] = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n"
+        "            r[8] = (unsigned long long)N | ((unsigned long long)K << 32), r[9] = (unsigned long long)p0;\n"
+        "        }\n    }\n",
     ),
 )
 
