@@ -78,6 +78,10 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     if args.gdn_variant:
         net.gdn_variant = args.gdn_variant
     net.gdn_conv_prep = args.gdn_conv_prep == "on"
+    if args.moe_fusions is not None:  # decode MoE: routing in gate|up, combine + norm in the down launch
+        net.moe_route_fused = net.moe_combine_fused = args.moe_fusions == "on"
+    if args.gemv_prefetch is not None:
+        net.gemv_prefetch = args.gemv_prefetch == "on"
     del tensors  # the model holds the fused weights; the unfused parts are freed
     phase("model")
     net.warmup()
@@ -205,6 +209,19 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         help="positions per decode-attention split (CudaQwen36.attn_chunk; default the model's, 256): a per-model "
         "setting that changes every decode's bits, so compared as whole-model runs",
     )
+    p.add_argument(
+        "--moe-fusions",
+        default=None,
+        choices=("on", "off"),
+        help="decode MoE layers with the routing inside gate|up and the combine + norm in the down launch "
+        "(CudaQwen36.moe_route_fused, moe_combine_fused; default the model's)",
+    )
+    p.add_argument(
+        "--gemv-prefetch",
+        default=None,
+        choices=("on", "off"),
+        help="the decode GEMVs' L2 hints of the next product (CudaQwen36.gemv_prefetch; default the model's)",
+    )
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--prefill", default=None, help="comma list of prompt lengths ('' for none)")
     p.add_argument("--lanes", default="1,2,4,8", help="comma list of decode lane counts ('' for none)")
@@ -269,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         "cupy": cupy.__version__, "ceilings": ceil, "models": {},
         "gdn_variant": args.gdn_variant or DEFAULT_VARIANT, "gdn_conv_prep": args.gdn_conv_prep,
         "attn_chunk": args.attn_chunk,  # None: the model default
+        "moe_fusions": args.moe_fusions, "gemv_prefetch": args.gemv_prefetch,
     }  # fmt: skip
     path = out / f"perf_{args.profile}.json"
     for key in args.models.split(","):
