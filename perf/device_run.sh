@@ -141,6 +141,8 @@ run_moe() {  # issue 13: the decode MoE fusions (routing in gate | up, combine +
     timeout ${MOE_TIMEOUT:-200} python3 -m perf.bench_fold --toggle $tg --model 35b --out "$OUT/results" 2>&1 \
       | tee "$OUT/moe_$tg.txt" | grep -E "ms/step"
   done
+  timeout ${MOE_TIMEOUT:-200} python3 -m perf.cli --quick --no-transformers --models 35b --prefill '' --lanes 1,8 \
+    --moe-fusions on --out "$OUT/moe_perf" --commit "${COMMIT:-unknown}" 2>&1 | tee "$OUT/moe_perf.txt" | grep "decode x"
 }
 run_prefill_profile() {  # issue 14: where a default 4096-token chunk's time goes, and a 256-token follow-up's
   timeout ${PROFILE_TIMEOUT:-200} python3 -m perf.profile_step --model 27b,35b --chunk 4096 2>&1 \
