@@ -121,7 +121,8 @@ COMBINE_CASES = [(1, True, True), (3, False, False), (8, True, True)]
 
 @pytest.mark.parametrize("case", COMBINE_CASES, ids=lambda c: f"t{c[0]}-{'sh' if c[1] else 'apart'}-{c[2]}")
 def test_down_with_combine_is_down_then_combine(cp: Any, case: tuple) -> None:
-    from ninfer.cuda.linear import gemv_experts, gemv_experts_down_combine
+    from ninfer.cuda.linear import KernelError, gemv_experts, gemv_experts_down_combine
+    from ninfer.cuda.model_layers import combine_norm
     from ninfer.cuda.norm import MoeCombine, moe_combine_rmsnorm
 
     t, shared, offset = case
@@ -158,10 +159,13 @@ def test_down_with_combine_is_down_then_combine(cp: Any, case: tuple) -> None:
     for _ in range(2):  # the per-token counters are back at zero after a launch
         for name, a, b in zip(("dn", "residual", "y"), run(True), want, strict=True):
             assert np.array_equal(_bits(a), _bits(b)), name
-    # and through the pending down of a MoeCombine, as the model runs it
+    # and through the pending down of a MoeCombine, as the model runs it (combine_norm); the standalone norm
+    # refuses a pending one
     dn, res = cp.empty((ns, hid), dtype=F32), r0.copy()
     c = MoeCombine(dn, slot[:n].reshape(t, k), ew, dn[n:] if shared else apart, sg, 1, (gu, w_dn, ids, slot))
-    y = moe_combine_rmsnorm(c, nw, 1e-6, residual=res, offset=offset)
+    with pytest.raises(KernelError):
+        moe_combine_rmsnorm(c, nw, 1e-6, residual=res, offset=offset)
+    y = combine_norm(c, nw, 1e-6, residual=res, offset=offset)
     for name, a, b in zip(("dn", "residual", "y"), (dn, res, y), want, strict=True):
         assert np.array_equal(_bits(a), _bits(b)), f"pending: {name}"
 

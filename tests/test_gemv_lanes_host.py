@@ -436,11 +436,12 @@ def test_fold_rows_rule() -> None:
 
 def test_moe_fusion_rules() -> None:
     """The routing runs inside gate | up only for decode-sized calls with float32 rows whose experts run as one-lane
-    GEMV slots, and only when switched on; a pending down launch (MoeCombine.down) is run exactly once by settle."""
+    GEMV slots, and only when switched on; a pending down launch (MoeCombine.down) is run exactly once by
+    model_layers.settle."""
     from types import SimpleNamespace
 
     import ninfer.cuda.linear as lin
-    from ninfer.cuda.model_layers import _route_in_experts
+    from ninfer.cuda.model_layers import _route_in_experts, settle
     from ninfer.cuda.norm import MoeCombine
 
     on, h32 = SimpleNamespace(moe_route_fused=True), np.zeros((1, 4), F32)
@@ -453,8 +454,8 @@ def test_moe_fusion_rules() -> None:
     real, lin.gemv_experts = lin.gemv_experts, lambda *a, **kw: calls.append((a, kw))
     try:
         c = MoeCombine(np.zeros((3, 8), F32), None, None, None, None, 1, ("gu", "w", "ids", "slot"))
-        done = c.settle()
-        assert done.down is None and done.settle() is done
+        done = settle(c)
+        assert done.down is None and settle(done) is done
         assert calls == [(("gu", "w", "ids", "slot", 8, c.dn), {"swiglu": True})]
     finally:
         lin.gemv_experts = real

@@ -339,13 +339,14 @@ class CudaQwen36:
         from ninfer.cuda.model_layers import (
             attention_block,
             combine,
+            combine_norm,
             f16_norm_out,
             f16_norm_reader,
             ffn_block,
             fold_rows,
             gdn_block,
         )
-        from ninfer.cuda.norm import Folded, MoeCombine, Normed, moe_combine_rmsnorm, rmsnorm
+        from ninfer.cuda.norm import Folded, MoeCombine, Normed, rmsnorm
 
         def add_norm(x: Any, weight: Any, reader: str | None = None) -> Any:
             """res += x (an MoE layer's combine fused in), then its norm; ``reader``: the one weight whose product
@@ -354,7 +355,7 @@ class CudaQwen36:
                 return Normed(res, x.part, weight, eps)
             f16 = f16_call and reader is not None and f16_norm_reader(w[reader])
             if isinstance(x, MoeCombine):
-                return moe_combine_rmsnorm(x, weight, eps, residual=res, f16=f16)
+                return combine_norm(x, weight, eps, residual=res, f16=f16)
             return rmsnorm(x, weight, eps, residual=res, f16=f16)
 
         cfg, w, eps = self.cfg, self.w, self.cfg.rms_norm_eps
@@ -386,7 +387,7 @@ class CudaQwen36:
         if isinstance(x, Folded):  # res holds the last layer's output already; the final norm is materialized
             return rmsnorm(res, w["norm.weight"], eps)
         if isinstance(x, MoeCombine) and self.act == F32:  # == res += x; rmsnorm(res): x + r either way round
-            return moe_combine_rmsnorm(x, w["norm.weight"], eps, residual=res)
+            return combine_norm(x, w["norm.weight"], eps, residual=res)
         x = combine(x) if isinstance(x, MoeCombine) else x
         if self.act == np.uint16:
             glue()["add"](x, res)

@@ -383,13 +383,46 @@ def _pending_down(net: Any, gu: Any, w: Any, ids: Any, slot: Any, dn: Any) -> tu
     return None
 
 
+def settle(c: MoeCombine) -> MoeCombine:
+    """``c`` with its expert rows written: a pending down launch (``MoeCombine.down``) run on its own."""
+    if c.down is None:
+        return c
+    from ninfer.cuda.linear import gemv_experts
+
+    gu, w, ids, slot = c.down
+    gemv_experts(gu, w, ids, slot, int(c.dn.shape[1]), c.dn, swiglu=True)
+    return c._replace(down=None)
+
+
+def combine_norm(
+    c: MoeCombine, w: Any, eps: float, *, residual: Any, offset: bool = True, f16: bool = False
+) -> Any:
+    """``norm.moe_combine_rmsnorm`` of an MoE layer's output; a pending down launch runs with the combine and the
+    norm in its tail (``linear.gemv_experts_down_combine``: one launch, the same bits) where that applies, else on
+    its own first."""
+    import cupy
+
+    from ninfer.cuda.linear import gemv_experts_down_combine
+    from ninfer.cuda.norm import moe_combine_rmsnorm
+
+    if c.down is not None and not f16:
+        y = cupy.empty((c.rows, int(c.dn.shape[1])), dtype=c.dn.dtype)
+        gu, wd, ids, slot = c.down
+        if gemv_experts_down_combine(
+            gu, wd, ids, slot, c.dn, where=c.where, ew=c.ew, sh=c.sh, sg=c.sg, ldsg=c.ldsg, residual=residual,
+            weight=w, eps=eps, offset=offset, out=y,
+        ):  # fmt: skip
+            return y
+    return moe_combine_rmsnorm(settle(c), w, eps, residual=residual, offset=offset, f16=f16)
+
+
 def combine(c: MoeCombine) -> Any:
     """An MoE layer's output ``[T, H]`` from its parts (the standalone combine kernel)."""
     import cupy
 
     from ninfer.cuda._glue import glue
 
-    c = c.settle()
+    c = settle(c)
     (t, k), hid = c.where.shape, c.dn.shape[1]
     y = cupy.empty((t, hid), dtype=c.dn.dtype)
     glue()["combine"](c.dn, c.where, c.ew, c.sh, c.sg, np.int32(k), np.int64(hid), np.int64(c.ldsg), y)

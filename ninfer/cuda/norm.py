@@ -69,8 +69,9 @@ class MoeCombine(NamedTuple):
     row ``t`` at ``t * ldsg``.
 
     ``down`` (decode, ``CudaQwen36.moe_combine_fused``): ``dn`` is not written yet; ``down`` = (gate|up rows, the
-    fused down weight, slot ids, slot rows) is the expert launch that writes it, which ``moe_combine_rmsnorm`` runs
-    with the combine and the norm in its tail (``linear.gemv_experts_down_combine``) and :meth:`settle` runs alone."""
+    fused down weight, slot ids, slot rows) is the expert launch that writes it, which ``model_layers.combine_norm``
+    runs with the combine and the norm in its tail (``linear.gemv_experts_down_combine``), or alone first
+    (``model_layers.settle``)."""
 
     dn: Any
     where: Any
@@ -83,16 +84,6 @@ class MoeCombine(NamedTuple):
     @property
     def rows(self) -> int:
         return int(self.where.shape[0])
-
-    def settle(self) -> MoeCombine:
-        """This combine with ``dn`` written (the pending down launch run on its own)."""
-        if self.down is None:
-            return self
-        from ninfer.cuda.linear import gemv_experts
-
-        gu, w, ids, slot = self.down
-        gemv_experts(gu, w, ids, slot, int(self.dn.shape[1]), self.dn, swiglu=True)
-        return self._replace(down=None)
 
 
 class Folded(NamedTuple):
@@ -271,10 +262,14 @@ def moe_combine_rmsnorm(
     f16: bool = False,
 ) -> Any:
     """``residual += combine(c)`` in place, then ``rmsnorm(residual)`` (``offset``: ``1+w``): one launch with the same
-    bits as the combine kernel followed by ``rmsnorm(..., residual=residual)``; ``f16`` as ``rmsnorm``'s. A pending
-    down launch (``c.down``) runs with the combine in its tail where it can, else first."""
+    bits as the combine kernel followed by ``rmsnorm(..., residual=residual)``; ``f16`` as ``rmsnorm``'s. ``c``'s
+    expert rows must be written (no pending ``down``: ``model_layers.combine_norm`` handles those)."""
     import cupy
 
+    if c.down is not None:
+        raise KernelError(
+            "moe_combine_rmsnorm: the down launch is still pending (model_layers.combine_norm runs it)"
+        )
     t = act_type(c.dn, "dn")
     slots, h, lddn = check_rows(c.dn, "dn")
     rows, k = c.rows, int(c.where.shape[1]) if c.where.ndim == 2 else -1
@@ -291,17 +286,6 @@ def moe_combine_rmsnorm(
     _, _, ldr = check_rows(residual, "residual", h)
     if residual.dtype != np.float32 or residual.shape[0] != rows:
         raise KernelError(f"residual: must be float32 [{rows}, {h}]")
-    if c.down is not None:
-        from ninfer.cuda.linear import gemv_experts_down_combine
-
-        y = cupy.empty((rows, h), dtype=c.dn.dtype) if out is None else out
-        gu, wd, ids, slot = c.down
-        if not f16 and gemv_experts_down_combine(
-            gu, wd, ids, slot, c.dn, where=c.where, ew=c.ew, sh=c.sh, sg=c.sg, ldsg=c.ldsg, residual=residual,
-            weight=w, eps=eps, offset=offset, out=y,
-        ):  # fmt: skip
-            return y
-        c, out = c.settle(), (y if not f16 else out)
     if f16:
         return _combine_f16(c, w, eps, offset, residual, ldsh, ldr)
     if out is None:
