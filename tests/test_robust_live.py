@@ -274,7 +274,9 @@ def test_cancelled_requests_and_count_tokens_are_logged(stack: dict) -> None:
 # ---- 5. SIGTERM drains ----------------------------------------------------------------------------------------
 def test_sigterm_drains_running_requests_and_refuses_new_ones(stack: dict) -> None:
     tmp: Path = stack["tmp"]
-    d = Server("d", ["--max-context", "4096", "--kv-capacity", "32768", "--shutdown-grace-s", "8",
+    # the long request must outlive the 8 s grace on any machine: 16K tokens of the tiny model take several times
+    # that (4K took ~8 s on a fast host, so it could finish inside the grace)
+    d = Server("d", ["--max-context", "16384", "--kv-capacity", "65536", "--shutdown-grace-s", "8",
                      "--request-log-jsonl", str(tmp / "drain.jsonl")], stack["address"], stack["artifact"], tmp)  # fmt: skip
     frames: dict[str, list[str]] = {"short": [], "long": []}
     started = {k: threading.Event() for k in frames}
@@ -289,7 +291,7 @@ def test_sigterm_drains_running_requests_and_refuses_new_ones(stack: dict) -> No
 
     try:
         d.wait_ready()
-        threads = [threading.Thread(target=stream, args=("long", 4000)),
+        threads = [threading.Thread(target=stream, args=("long", 16000)),
                    threading.Thread(target=stream, args=("short", 16))]  # fmt: skip
         threads[0].start()
         started["long"].wait(30)

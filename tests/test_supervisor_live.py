@@ -340,6 +340,10 @@ def test_dashboard_in_a_real_browser(sup: Sup, tmp_path: Path) -> None:
 
 
 def test_graceful_stop_drains_then_stops(sup: Sup) -> None:
+    # the browser test switches back to demo-a; where it was skipped, the earlier switch test left demo-b running
+    if sup.status()["engine"]["model_id"] != "demo-a":
+        r = httpx.post(sup.url + "/api/switch", json={"preset": "demo-a"}, timeout=120)
+        assert r.status_code == 202, r.text
     sup.running("demo-a")
     body = {"model": "demo-a", "messages": [{"role": "user", "content": "Go on."}], "max_tokens": 300,
             "ignore_eos": True, "stream": True}  # fmt: skip
