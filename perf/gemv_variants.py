@@ -13,8 +13,8 @@ Variants (a variant changes only what its name says; results are timings, not nu
   occ5      5 resident blocks per SM (registers capped at 102) and a wave of 5 * 132 blocks (+5%)
   chunk4    one-lane activations staged per 4 tiles (GV_CHUNK1 4) instead of 16
   chunk4n   2-8 lanes staged per 4 tiles (GV_CHUNK 4, before 2026-12-02: 72 KB blocks for NVFP4, 3 per SM)
-  static    the last-block flag as a static __shared__ int (before 2026-12-02: the 1-lane NVFP4 block 4 bytes
-            over a quarter of the SM's shared memory)
+  static    a static __shared__ int beside the dynamic shared memory (before 2026-12-02 the last-block flag was one:
+            the 1-lane NVFP4 block 4 bytes over a quarter of the SM's shared memory)
   nopdl     launched without programmatic dependent launch (a plain CuPy launch)
   nomul     diagnostic (wrong results): NVFP4 pairs without the block-scale multiply (its cost)
   nored     diagnostic (wrong results): every split writes its partial as the result (no last-block reduction:
@@ -174,14 +174,11 @@ def _source(original: Any, variant: str) -> Any:
             s = s.replace("#define GV_CHUNK1 16", "#define GV_CHUNK1 4")
         if variant == "chunk4n":
             s = s.replace("#define GV_CHUNK 2 ", "#define GV_CHUNK 4 ")
-        if variant == "static":
-            s = s.replace(
+        if variant == "static":  # the 4 static bytes (occupancy) only: the flag itself now lives in gv_store
+            s = _must_replace(
+                s,
                 "extern __shared__ __align__(16) u32 gv_sm[];",
-                "extern __shared__ __align__(16) u32 gv_sm[];\n    __shared__ int gv_flag;",
-            )
-            s = s.replace(
-                "volatile int* last = reinterpret_cast<volatile int*>(gv_sm);",
-                "volatile int* last = &gv_flag;",
+                "extern __shared__ __align__(16) u32 gv_sm[];\n    __shared__ volatile int gv_flag;\n    gv_flag = 0;",
             )
         nv4 = "return bf16x2_mul(gv_nv4_pair(word4(p.c, w), i), w < 2 ? p.s0 : p.s1);"
         if variant == "nomul":
