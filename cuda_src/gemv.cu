@@ -787,7 +787,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     gemv_mma_rt(GV_PARAMS, const u8* __restrict__ q0, const u8* __restrict__ q1, int qn, int qk,
                 const float* __restrict__ lg, long long ldl, int ne, int topk, int nrouted, int shared,
                 int* __restrict__ rids, float* __restrict__ rw) {
-    gv_kernel<F, T, NB>(GV_ARGS, GvPf<F>::ON ? q0 : nullptr, q1, qn, qk, 0, 0,
+    gv_kernel<F, T, NB>(GV_ARGS, q0, q1, qn, qk, 0, 0,
                         GvRoute{lg, ldl, ne, topk, nrouted, shared, rids, rw}, GvCombine{});
 }
 

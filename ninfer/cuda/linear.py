@@ -457,13 +457,13 @@ def gemv_experts_down_combine(
     aligned): the caller runs the two launches."""
     t, _, a = _input(gu, w, "gemv_experts_down_combine", True, None)
     slots, h, lddn = check_rows(dn, "dn")
-    tok, k = (int(d) for d in where.shape)
+    ldsh, ldr, ldo = (
+        check_rows(x, name, h)[2] for x, name in ((sh, "sh"), (residual, "residual"), (out, "out"))
+    )
+    tok, k = where.shape
     per = slots // tok if tok else 0
-    aligned = all(
-        int(x.data.ptr) % 16 == 0 and ld % 4 == 0
-        for x, ld in ((dn, lddn), (sh, check_rows(sh, "sh", h)[2]), (residual, check_rows(residual, "residual", h)[2]),
-                      (out, check_rows(out, "out", h)[2]), (weight, 0))
-    )  # fmt: skip
+    aligned = all(int(x.data.ptr) % 16 == 0 and ld % 4 == 0
+                  for x, ld in ((dn, lddn), (sh, ldsh), (residual, ldr), (out, ldo), (weight, 0)))  # fmt: skip
     plan = gemv_plan(w.fmt, h, w.cols)
     if (
         t != "float" or dn.dtype != np.float32 or lddn != h or h % 8 or h > 2048 or not aligned or plan.splits != 1
@@ -473,11 +473,6 @@ def gemv_experts_down_combine(
     check_array(where, "where", dtype=np.int32, shape=(tok, k))
     check_array(ew, "ew", dtype=np.float32, shape=(tok, k))
     check_array(weight, "weight", dtype=np.float32, shape=(h,))
-    ldsh, ldr, ldo = (
-        check_rows(sh, "sh", h)[2],
-        check_rows(residual, "residual", h)[2],
-        check_rows(out, "out", h)[2],
-    )
     combine = (
         arrival_counters(tok), np.int32(plan.blocks_x * per), np.int32(k), np.int32(tok * k), where, ew, sh,
         np.int64(ldsh), sg, np.int64(ldsg), residual, np.int64(ldr), weight, out, np.int64(ldo), np.float32(eps),

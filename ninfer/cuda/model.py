@@ -135,7 +135,7 @@ class CudaQwen36:
         # array; bitwise the separate causal_conv); off only for A/B runs (ninfer-perf --gdn-conv-prep; measured
         # on the H200: 8K prompts +1.7% 27B, +4.0% 35B-A3B, docs/cuda.md)
         self.gdn_conv_prep = True
-        # decode MoE layers choose their experts inside the gate | up launch (model_layers._routed_experts, gemv.cu
+        # decode MoE layers choose their experts inside the gate | up launch (model_layers.ffn_block, gemv.cu
         # gemv_mma_rt: moe_route's selection, the same bits, one launch less per layer); off until measured and run
         # through the GPU tests (docs/cuda.md "Routing inside the expert launch")
         self.moe_route_fused = False

@@ -227,11 +227,6 @@ def _lanes(net: Any, h: Any, p: str, ids: Any, xrow: Any, ns: int, experts: int,
     return gu, dn
 
 
-def _moe_dims(cfg: Any, m: Meta) -> tuple[int, int, int, int, int]:
-    """(tokens, experts per token, expert width, hidden size, routed experts) of an MoE layer's call."""
-    return m.t, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.hidden_size, cfg.num_experts
-
-
 def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False, resid: Any = None) -> Any:
     """Dense SwiGLU, or routed experts + gated shared expert. The router runs in fp32 (float32 input, exact
     GEMV) so that expert choice sees the reference's logits up to accumulation order. ``defer_combine``: an MoE
@@ -246,7 +241,13 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
         return _swiglu_ffn(net, h, p + "gate_up_proj", p + "down_proj.weight", resid)
     if resid is not None:
         raise ValueError("ffn_block: an MoE layer's output is combined into the next norm, not folded")
-    t, k, inter, hid, e = _moe_dims(cfg, m)
+    t, k, inter, hid, e = (
+        m.t,
+        cfg.num_experts_per_tok,
+        cfg.moe_intermediate_size,
+        cfg.hidden_size,
+        cfg.num_experts,
+    )
     rg = _router(net, net.widen(h), p + "router_gates")  # router logits | shared-expert gate, fp32
     gemm = t > 8 and net.prefill_gemm  # tensor-core GEMMs (the shared expert; routed experts unless lanes)
     # expert lanes (moe_lanes.py): up to 8 rows of one expert per GEMV slot, for chunks whose experts get few rows
@@ -257,20 +258,21 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
     shared = not gemm and w[p + "experts.gate_up_proj"].shape[0] == e + 1
     n = t * k
     ns = n + (t if shared else 0)
-    if _route_in_experts(
-        net, h, t, lanes, gemm
-    ):  # decode: the top-k inside the gate | up launch (one launch less)
-        return _routed_experts(net, p, h, rg, m, shared, defer_combine)
-    eid, ew = moe_route(rg[:, :e], k, shared=e if shared else None)
-    flat = eid.reshape(-1)
+    # decode with net.moe_route_fused: the top-k runs inside the gate | up launch, which writes ids and ew
+    routed = _route_in_experts(net, h, t, lanes, gemm)
+    if routed:
+        ids, ew = cupy.empty(ns, dtype=np.int32), cupy.empty((t, k), dtype=np.float32)
+    else:
+        eid, ew = moe_route(rg[:, :e], k, shared=e if shared else None)
+        ids = eid.reshape(-1)
     if t > 8:  # prefill: visit slots grouped by expert so the expert's weights stay in L2 (one launch: the
         # stable argsort's order, the slots' token rows and each pair's slot; the CuPy sort, gathers and scatter it
         # replaced were ~10 launches per layer, host-bound in a 256-token follow-up turn)
-        ids, xrow, where = moe_sort(flat, n, k, e)
+        ids, xrow, where = moe_sort(ids, n, k, e)
     else:  # decode: constant tables, one per (lanes, k, shared) (a prefill length would add one per prompt length)
         slot = net.const_i32(("slot", ns), np.arange(ns))
         xr = np.concatenate([np.arange(n) // k, np.arange(t if shared else 0)])
-        ids, xrow, where = flat, net.const_i32(("xrow", ns, k, shared), xr), slot[:n]
+        xrow, where = net.const_i32(("xrow", ns, k, shared), xr), slot[:n]
     down = None  # a decode down launch left to the next norm (_pending_down)
     if lanes:
         gu, dn = _lanes(net, h, p, ids, xrow, ns, e + int(shared), lanes_nb(t * k, e))
@@ -294,7 +296,15 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
         gu = cupy.empty((ns, 2 * inter), dtype=h.dtype)
         # with the decode GEMVs' L2 hints on, each slot's gate | up blocks fetch its expert's down rows
         nxt = w[p + "experts.down_proj"] if getattr(net, "gemv_prefetch", False) else None
-        _experts(h, w[p + "experts.gate_up_proj"], ids, xrow, 2 * inter, gu, prefetch=nxt)
+        wg = w[p + "experts.gate_up_proj"]
+        if routed:
+            from ninfer.cuda.linear import gemv_experts_routed
+
+            gemv_experts_routed(
+                h, wg, rg, k, xrow, 2 * inter, gu, ids, ew, shared=e if shared else None, prefetch=nxt
+            )
+        else:
+            _experts(h, wg, ids, xrow, 2 * inter, gu, prefetch=nxt)
         dn = cupy.empty((ns, hid), dtype=h.dtype)
         down = _pending_down(net, gu, w[p + "experts.down_proj"], ids, slot, dn)
     sp = p + "shared_expert."
@@ -340,57 +350,30 @@ def _route_in_experts(net: Any, h: Any, t: int, lanes: bool, gemm: bool) -> bool
     )
 
 
-def _routed_experts(net: Any, p: str, h: Any, rg: Any, m: Meta, shared: bool, defer_combine: bool) -> Any:
-    """The decode MoE with ``linear.gemv_experts_routed``: gate | up selects each slot's expert from the router rows
-    ``rg`` and writes the ids and weights that moe_route would (the same bits), then down and the combine as in
-    :func:`ffn_block`."""
-    import cupy
-
-    from ninfer.cuda.linear import gemv_experts_routed
-
-    cfg, w = net.cfg, net.w
-    t, k, inter, hid, e = _moe_dims(cfg, m)
-    n = t * k
-    ns = n + (t if shared else 0)
-    slot = net.const_i32(("slot", ns), np.arange(ns))
-    xr = np.concatenate([np.arange(n) // k, np.arange(t if shared else 0)])
-    xrow = net.const_i32(("xrow", ns, k, shared), xr)
-    ids = cupy.empty(ns, dtype=np.int32)
-    ew = cupy.empty((t, k), dtype=np.float32)
-    gu = cupy.empty((ns, 2 * inter), dtype=h.dtype)
-    nxt = w[p + "experts.down_proj"] if getattr(net, "gemv_prefetch", False) else None
-    gemv_experts_routed(
-        h, w[p + "experts.gate_up_proj"], rg, k, xrow, 2 * inter, gu, ids, ew, shared=e if shared else None,
-        prefetch=nxt,
-    )  # fmt: skip
-    dn = cupy.empty((ns, hid), dtype=h.dtype)
-    down = _pending_down(net, gu, w[p + "experts.down_proj"], ids, slot, dn)
-    sh = (
-        dn[n:]
-        if shared
-        else _swiglu_ffn(net, h, p + "shared_expert.gate_up_proj", p + "shared_expert.down_proj.weight")
-    )
-    c = MoeCombine(dn, slot[:n].reshape(t, k), ew, sh, rg.reshape(-1)[e:], e + 1, down)
-    return c if defer_combine else combine(c)
-
-
 def _pending_down(net: Any, gu: Any, w: Any, ids: Any, slot: Any, dn: Any) -> tuple[Any, ...] | None:
     """A decode MoE layer's down launch: left to the next norm (``MoeCombine.down``: it runs the down with the
     combine and the norm in its tail, ``net.moe_combine_fused``), else run now into ``dn`` (None)."""
+    down = (gu, w, ids, slot)
     if getattr(net, "moe_combine_fused", False):
-        return (gu, w, ids, slot)
-    _experts(gu, w, ids, slot, int(dn.shape[1]), dn, swiglu=True)
+        return down
+    _run_down(down, dn)
     return None
+
+
+def _run_down(down: tuple[Any, ...], dn: Any) -> None:
+    """The down launch ``down`` = (gate | up rows, the fused down weight, slot ids, slot rows) on its own, into
+    ``dn`` (decode: one launch for every slot)."""
+    from ninfer.cuda.linear import gemv_experts
+
+    gu, w, ids, slot = down
+    gemv_experts(gu, w, ids, slot, int(dn.shape[1]), dn, swiglu=True)
 
 
 def settle(c: MoeCombine) -> MoeCombine:
     """``c`` with its expert rows written: a pending down launch (``MoeCombine.down``) run on its own."""
     if c.down is None:
         return c
-    from ninfer.cuda.linear import gemv_experts
-
-    gu, w, ids, slot = c.down
-    gemv_experts(gu, w, ids, slot, int(c.dn.shape[1]), c.dn, swiglu=True)
+    _run_down(c.down, c.dn)
     return c._replace(down=None)
 
 

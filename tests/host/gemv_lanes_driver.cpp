@@ -39,6 +39,17 @@ inline int gv_check(const std::vector<float>& ws, const std::vector<int>& cnt) {
     return 0;
 }
 
+// dir/<name>.bin (a weight's bytes, dir/<name>size.bin of them, 64 bytes of slack after) and its three plane
+// offsets (dir/<name>off.bin) into off
+inline std::vector<u8> gv_read_weight(const std::string& dir, const std::string& name, long long off[3]) {
+    auto wsz = emu_read<long long>(dir + "/" + name + "size.bin", 1)[0];
+    auto w = emu_read<u8>(dir + "/" + name + ".bin", (size_t)wsz);
+    w.resize(w.size() + 64);
+    auto o = emu_read<long long>(dir + "/" + name + "off.bin", 3);
+    for (int i = 0; i < 3; ++i) off[i] = o[i];
+    return w;
+}
+
 struct GvArgs {
     std::string dir;
     int NB, N, K, splits, S, E, xf, tab, Z, xrows;
@@ -73,11 +84,8 @@ template <typename F, typename T, int NB> int gv_case(const GvArgs& a, bool tabl
     emu_write(a.dir + "/tx.bin", tx);
     emu_write(a.dir + "/ts.bin", ts);
     if (table_only) return 0;
-    auto wsz = emu_read<long long>(a.dir + "/wsize.bin", 1)[0];
-    auto w = emu_read<u8>(a.dir + "/w.bin", (size_t)wsz);
-    w.resize(w.size() + 64);
-    auto offv = emu_read<long long>(a.dir + "/woff.bin", 3);
-    const long long off[3] = {offv[0], offv[1], offv[2]};
+    long long off[3];
+    const auto w = gv_read_weight(a.dir, "w", off);
     auto x = emu_read<T>(a.dir + "/x.bin", (size_t)a.xrows * a.ldx);
     std::vector<T> lanes((size_t)a.S * a.N), one((size_t)a.S * a.N);
     std::memset((void*)lanes.data(), 0xff, lanes.size() * sizeof(T));  // NaN poison (float and bf16 words)
@@ -125,11 +133,8 @@ template <typename F, typename T> int gv_dense_case(char** argv) {
     const std::string dir = argv[2];
     const int N = atoi(argv[5]), K = atoi(argv[6]), splits = atoi(argv[7]), rows = atoi(argv[8]);
     const unsigned seed = (unsigned)atoi(argv[9]);
-    auto wsz = emu_read<long long>(dir + "/wsize.bin", 1)[0];
-    auto w = emu_read<u8>(dir + "/w.bin", (size_t)wsz);
-    w.resize(w.size() + 64);
-    auto offv = emu_read<long long>(dir + "/woff.bin", 3);
-    const long long off[3] = {offv[0], offv[1], offv[2]};
+    long long off[3];
+    const auto w = gv_read_weight(dir, "w", off);
     auto x = emu_read<T>(dir + "/x.bin", (size_t)rows * K);
     std::vector<T> lanes8((size_t)rows * N), lanes1((size_t)rows * N);
     for (auto* v : {&lanes8, &lanes1}) std::memset((void*)v->data(), 0xff, v->size() * sizeof(T));
@@ -181,16 +186,8 @@ template <typename F, typename T> int gv_fold_case(char** argv) {
     const unsigned seed = (unsigned)atoi(argv[9]);
     const int N2 = atoi(argv[10]), s2 = atoi(argv[11]), xf = atoi(argv[12]) ? GV_NORM : GV_NORMW;
     const float eps = (float)atof(argv[13]);
-    auto load_w = [&](const std::string& n, long long off[3]) {
-        auto wsz = emu_read<long long>(dir + "/" + n + "size.bin", 1)[0];
-        auto w = emu_read<u8>(dir + "/" + n + ".bin", (size_t)wsz);
-        w.resize(w.size() + 64);
-        auto o = emu_read<long long>(dir + "/" + n + "off.bin", 3);
-        for (int i = 0; i < 3; ++i) off[i] = o[i];
-        return w;
-    };
     long long o1[3], o2[3];
-    auto w1 = load_w("w", o1), w2 = load_w("w2", o2);
+    auto w1 = gv_read_weight(dir, "w", o1), w2 = gv_read_weight(dir, "w2", o2);
     auto x = emu_read<T>(dir + "/x.bin", (size_t)rows * K);
     auto res0 = emu_read<float>(dir + "/res.bin", (size_t)rows * N);
     auto nw = emu_read<float>(dir + "/nw.bin", (size_t)N);
@@ -242,10 +239,8 @@ template <typename F> int gv_routed_case(char** argv) {
     const int top = atoi(argv[9]), shared = atoi(argv[10]);
     const unsigned seed = (unsigned)atoi(argv[11]);
     const int S = T * top + (shared ? T : 0), ldl = E + 1;
-    auto wsz = emu_read<long long>(dir + "/wsize.bin", 1)[0];
-    auto w = emu_read<u8>(dir + "/w.bin", (size_t)wsz);
-    w.resize(w.size() + 64);
-    auto o = emu_read<long long>(dir + "/woff.bin", 3);
+    long long o[3];
+    const auto w = gv_read_weight(dir, "w", o);
     const u8 *p0 = w.data() + o[0], *p1 = w.data() + o[1], *p2 = w.data() + o[2];
     auto x = emu_read<float>(dir + "/x.bin", (size_t)T * K);
     auto lg = emu_read<float>(dir + "/lg.bin", (size_t)T * ldl);
@@ -293,10 +288,8 @@ template <typename F> int gv_combine_case(char** argv) {
     const float eps = (float)atof(argv[10]);
     const unsigned seed = (unsigned)atoi(argv[11]);
     const int n = T * k, S = n + (shared ? T : 0);
-    auto wsz = emu_read<long long>(dir + "/wsize.bin", 1)[0];
-    auto w = emu_read<u8>(dir + "/w.bin", (size_t)wsz);
-    w.resize(w.size() + 64);
-    auto o = emu_read<long long>(dir + "/woff.bin", 3);
+    long long o[3];
+    const auto w = gv_read_weight(dir, "w", o);
     const u8 *p0 = w.data() + o[0], *p1 = w.data() + o[1], *p2 = w.data() + o[2];
     auto gu = emu_read<float>(dir + "/gu.bin", (size_t)S * 2 * I);
     auto ids = emu_read<int>(dir + "/ids.bin", S);
