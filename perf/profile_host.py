@@ -5,15 +5,23 @@ the synthetic model at the real shapes. A follow-up turn of a few hundred tokens
 --timeline: busy / idle), so this names the Python functions that hold the GPU back.
 
     PYTHONPATH=. python -m perf.profile_host --model 27b,35b --chunk 256 --prefill-at 8192 [--top 40]
+
+Without a GPU, ``--no-gpu`` runs the same host code over perf/nogpu.py's stand-ins (CuPy and the driver stubbed, no
+kernel runs), on the model's first ``--layers`` layers (host memory): the Python time per layer and where it goes,
+less CuPy's own launch and allocation time (not counted there). The GPU idles whenever that time exceeds the
+layer's kernels, so it is what the host-side work on an eager chunk can be measured by on any machine::
+
+    PYTHONPATH=. python -m perf.profile_host --no-gpu --layers 8 --model 35b
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
-import io
+import dataclasses
 import pstats
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +38,8 @@ def _profile(key: str, a: argparse.Namespace) -> None:
     from .synthetic import synthetic_tensors
 
     mc = REG[MODELS[key]].config
+    if a.layers:
+        mc = dataclasses.replace(mc, num_hidden_layers=a.layers, layer_types=mc.layer_types[: a.layers])
     net = CudaQwen36(mc, synthetic_tensors(mc, "nvfp4"), cuda_graph=False)
     net.warmup()
     context = a.prefill_at + a.chunk + 64
@@ -60,13 +70,21 @@ def _profile(key: str, a: argparse.Namespace) -> None:
     host = time.perf_counter() - t0
     cupy.cuda.Device().synchronize()
     done = time.perf_counter() - t0
-    print(f"{key} chunk {a.chunk} @{a.prefill_at}: wall {np.median(walls) * 1e3:.1f} ms (median of 3); under "
+    layers = (
+        f", {mc.num_hidden_layers} layers: {np.median(walls) * 1e3 / mc.num_hidden_layers:.3f} ms per layer"
+    )
+    print(f"{key} chunk {a.chunk} @{a.prefill_at}{layers}: wall {np.median(walls) * 1e3:.1f} ms (median of 3); under "
           f"cProfile the host returned after {host * 1e3:.1f} ms, the GPU finished at {done * 1e3:.1f} ms")  # fmt: skip
-    for order in ("tottime", "cumulative"):
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).strip_dirs().sort_stats(order).print_stats(a.top)
-        print(f"--- {key}: by {order}")
-        print("\n".join(line for line in s.getvalue().splitlines() if line.strip())[:12000])
+    st = pstats.Stats(
+        prof
+    ).stats  # (file, line, function) -> (primitive calls, calls, tottime, cumtime, callers)
+    n = mc.num_hidden_layers
+    print(f"--- {key}: {sum(v[1] for v in st.values()) / n:.0f} Python calls and "
+          f"{sum(v[2] for v in st.values()) * 1e6 / n:.0f} us per layer under cProfile")  # fmt: skip
+    for col, order in ((2, "own time"), (3, "cumulative time")):
+        print(f"--- {key}: by {order} (per layer: calls, own us, cumulative us)")
+        for (f, ln, fn), v in sorted(st.items(), key=lambda kv: -kv[1][col])[: a.top]:
+            print(f"{v[1] / n:8.1f} {v[2] * 1e6 / n:9.1f} {v[3] * 1e6 / n:9.1f}  {Path(f).name}:{ln} {fn}")
 
 
 def main(argv: list[str] | None = None) -> Any:
@@ -75,7 +93,13 @@ def main(argv: list[str] | None = None) -> Any:
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--prefill-at", type=int, default=8192)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--layers", type=int, default=0, help="the model's first N layers only (default: all)")
+    p.add_argument("--no-gpu", action="store_true", help="host code only, over perf/nogpu.py's stand-ins")
     a = p.parse_args(argv)
+    if a.no_gpu:
+        from . import nogpu
+
+        nogpu.install()
     for key in a.model.split(","):
         _profile(key, a)
 

@@ -1,0 +1,110 @@
+"""The CUDA runner's host path without a GPU: CuPy and the CUDA driver stubbed (perf/nogpu.py), every kernel launch
+recorded instead of run, in a subprocess (tests/host_path_driver.py). No value is checked (nothing computes): these
+tests catch, on every machine, what used to surface only on the device: a wrapper that rejects the arguments the
+model passes, a switch that breaks a path's Python, and a fusion that launches what it claims to remove.
+
+The kernels' results are checked by the GPU tests and the host emulations (tests/test_*_host.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DRIVER = Path(__file__).with_name("host_path_driver.py")
+LAYERS, MOE_STEPS, DENSE_STEPS = 4, 3, 2
+GDN_LAYERS = 3
+
+
+@cache
+def _run(case: str) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, str(DRIVER), case], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"host path {case!r} failed:\n{r.stderr[-6000:]}"
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _count(launches: dict[str, int], prefix: str) -> int:
+    return sum(n for k, n in launches.items() if k.startswith(prefix))
+
+
+def _switches(key: str) -> dict[str, int]:
+    return {p.rstrip("0123456789"): int(p[-1]) for p in key.split("-")[1:4]}
+
+
+@pytest.mark.parametrize("route", [0, 1])
+@pytest.mark.parametrize("combine", [0, 1])
+def test_moe_decode_launches_what_its_switches_say(route: int, combine: int) -> None:
+    res = _run("moe")
+    keys = [k for k in res if _switches(k)["route"] == route and _switches(k)["combine"] == combine]
+    assert len(keys) == 8  # 2 shared-expert forms x prefetch off/on x 1 or 3 sequences
+    calls = LAYERS * MOE_STEPS  # one MoE block per layer and step
+    for k in keys:
+        dec = res[k]["decode"]
+        assert _count(dec, "gemv_mma_rt<") == (calls if route else 0), k
+        assert _count(dec, "moe_route<") == (0 if route else calls), k
+        assert _count(dec, "gemv_mma_cb<") == (calls if combine else 0), k
+        assert _count(dec, "moe_combine_rmsnorm<") == (0 if combine else calls), k
+        # the fusions remove launches and add none
+        base = res[k.replace(f"route{route}", "route0").replace(f"combine{combine}", "combine0")]["decode"]
+        assert sum(dec.values()) == sum(base.values()) - (route + combine) * calls, k
+
+
+def test_moe_prefill_takes_the_lane_and_gemm_paths() -> None:
+    res = _run("moe")
+    one = res["shared256-route0-combine0-pf0-seqs1"]["prefill"]  # 12 rows: expert lanes
+    three = res["shared256-route0-combine0-pf0-seqs3"]["prefill"]  # 12, 17 and 130 rows
+    assert _count(one, "gdn_chunk") > 0 and _count(one, "moe_route<") == LAYERS
+    assert _count(three, "gdn_chunk_state") == 3 * GDN_LAYERS
+    assert _count(three, "gemm90") > _count(one, "gemm90") > 0
+    # the decode switches leave prefill alone
+    for k, v in res.items():
+        assert v["prefill"] == res[k.split("-")[0] + "-route0-combine0-pf0-" + k.split("-")[-1]]["prefill"], k
+
+
+@pytest.mark.parametrize("fmt", ["NVFP4G16_E4M3S", "BF16"])
+def test_dense_decode_folds_norms_and_takes_the_lane_instances(fmt: str) -> None:
+    res = _run("dense")
+    for pf in (0, 1):
+        for seqs in (1, 8):
+            folded = res[f"{fmt}-fold1-pf{pf}-seqs{seqs}"]["decode"]
+            plain = res[f"{fmt}-fold0-pf{pf}-seqs{seqs}"]["decode"]
+            # folded: only the first layer's input norm is a launch; plain: two norms per layer
+            assert _count(folded, "rmsnorm<float, true, true") == DENSE_STEPS
+            assert _count(plain, "rmsnorm<float, true, true") == 2 * LAYERS * DENSE_STEPS
+            gemv = {k: n for k, n in folded.items() if k.startswith("gemv_mma<")}
+            assert gemv and all(k.endswith(f", {seqs}>") for k in gemv), gemv  # the launch's lane count
+            assert _count(folded, "gdn_step") == GDN_LAYERS * DENSE_STEPS
+
+
+def test_dense_prefill_paths() -> None:
+    res = _run("dense")
+    one = res["NVFP4G16_E4M3S-fold1-pf0-seqs1"]["prefill"]  # a one-token prompt: the decode kernels
+    many = res["NVFP4G16_E4M3S-fold1-pf0-seqs8"]["prefill"]  # 1-300 rows: lanes, GEMM, chunked GDN
+    assert _count(one, "gemm90") == 0 and _count(one, "gdn_step") == GDN_LAYERS
+    assert _count(many, "gemm90") > 0 and _count(many, "gdn_chunk_state") > 0
+
+
+def test_graph_decode_replays_and_traces_the_prefetch_order() -> None:
+    res = _run("graph")
+    for model, v in res.items():
+        dec = v["decode"]
+        assert dec.get("graph") == MOE_STEPS, model  # every step a replay
+        assert v["next"] > LAYERS, model  # the traced order of the step's GEMVs (the prefetch targets)
+    moe = res["moe"]["decode"]  # the capture's eager warm-up step: both MoE fusions, no standalone kernels
+    assert _count(moe, "gemv_mma_rt<") == _count(moe, "gemv_mma_cb<") == LAYERS
+    assert _count(moe, "moe_route<") == _count(moe, "moe_combine_rmsnorm<") == 0
+
+
+def test_engine_serves_and_reuses_on_the_cuda_runner() -> None:
+    res = _run("engine")
+    assert res["batch"] == [[6, None]] * 5
+    cached, completion, error = res["reuse"]
+    assert error is None and completion == 4
+    # the first turn's prompt (195 tokens) back from the prefix cache, page-aligned at least
+    assert cached >= 192
