@@ -7,9 +7,9 @@ device is not.
   ``cupy.ndarray(shape, dtype, memptr)`` and pointer arithmetic work as on the device); every allocation is
   zero-filled up to 64 KiB (so
   data-dependent host reads of counts and ids see zeros), larger ones are left as they are;
-- ``RawModule`` compiles nothing and its functions launch nothing (a launch is counted: ``LAUNCHES``); a stream
-  capture records nothing and its graph's replays launch nothing (launches through the driver stub, as PDL
-  launches inside a capture are, are not counted);
+- ``RawModule`` compiles nothing and its functions launch nothing (a launch is counted: ``LAUNCHES``, CuPy's
+  launches and the driver's alike); a stream capture records nothing (the launches made while capturing are
+  counted) and its graph's replays launch nothing (``LAUNCHES["graph"]`` counts them);
 - ``cupy.cuda`` (Device, Stream, MemoryPool, runtime, graphs, events, pinned memory) answers like an idle H200;
 - ``ctypes.CDLL("libcuda.so.1")`` loads a stub (compiled once with ``cc``: cuLaunchKernelEx, cuFuncSetAttribute,
   cuOccupancyMaxActiveClusters and cuTensorMapEncodeTiled return success), so the ctypes marshalling of a PDL or
@@ -37,6 +37,7 @@ import numpy as np
 __all__ = ["install", "LAUNCHES"]
 
 LAUNCHES: Counter[str] = Counter()  # kernel name -> launches (CuPy's launch path and the driver's)
+_NAMES: dict[int, str] = {}  # a stand-in CUfunction handle -> its kernel's name
 _SM_COUNT = 132
 _MEM = 140 << 30
 _ZERO_BYTES = 1 << 16  # allocations up to this size are zero-filled
@@ -154,6 +155,7 @@ class _Function:
 
     def __init__(self, name: str) -> None:
         self.name, self.ptr = name, id(self)
+        _NAMES[self.ptr] = name
         self.max_dynamic_shared_size_bytes = 0
         self.num_regs, self.shared_size_bytes, self.local_size_bytes = 128, 0, 0
         self.max_threads_per_block = 1024
@@ -413,6 +415,20 @@ class _Cupy(types.ModuleType):
         return _numpy_fn(v) if callable(v) and not isinstance(v, type) else v
 
 
+class _CountedLaunch:
+    """The stub's cuLaunchKernelEx, counting each launch under its kernel's name (argtypes / restype go through)."""
+
+    def __init__(self, fn: Any) -> None:
+        object.__setattr__(self, "_fn", fn)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._fn, name, value)
+
+    def __call__(self, cfg: Any, func: Any, params: Any, extra: Any) -> int:
+        LAUNCHES[_NAMES.get(func, "?")] += 1
+        return self._fn(cfg, func, params, extra)
+
+
 def install() -> None:
     """Make ``import cupy`` give the stand-in and ``ctypes.CDLL("libcuda.so.1")`` the driver stub (call before
     anything imports cupy)."""
@@ -428,6 +444,11 @@ def install() -> None:
 
     class _CDLL(cdll):  # type: ignore[misc, valid-type]
         def __init__(self, name: str, *a: Any, **k: Any) -> None:
-            super().__init__(stub if name == "libcuda.so.1" else name, *a, **k)
+            self._stub = name == "libcuda.so.1"
+            super().__init__(stub if self._stub else name, *a, **k)
+
+        def __getattr__(self, name: str) -> Any:
+            fn = super().__getattr__(name)
+            return _CountedLaunch(fn) if self._stub and name == "cuLaunchKernelEx" else fn
 
     ctypes.CDLL = _CDLL  # type: ignore[misc]
