@@ -11,7 +11,8 @@
 #           resident blocks per SM (an experiment on the device's copy of the source; nothing changes here)
 #   prefill_profile  perf/profile_step.py on a default prefill chunk (4096) and on a 256-token follow-up after 8K
 #   moe     the decode MoE fusions' GPU tests and whole-step A/Bs (35B-A3B), with the L2 hints
-#   boundary  the decode GEMV launch boundary traced (perf/gemv_trace.py) and the start-of-block L2 hints A/B
+#   boundary  the decode GEMV launch boundary traced (perf/gemv_trace.py), the start-of-block L2 hints A/B and the
+#           8-lane activation traffic (gemv_variants actl1)
 #   explore the open experiments (docs/cuda.md): the decode GEMVs' L2 prefetch (per shape, a 27B layer chain, the
 #           whole decode step), and the 35B-A3B prefill against its chunk size and the GDN state pass
 #   gdn_probe  perf/bench_gdn at a 4096-token chunk (27B, 35B-A3B) and Nsight Compute on the prep and state launches
@@ -128,8 +129,9 @@ run_boundary() {  # issue 13: the decode GEMV launch boundary's parts (perf/gemv
   for m in 35b 27b; do
     timeout ${BOUNDARY_TIMEOUT:-170} python3 -m perf.gemv_trace --model $m --rows 1,8 2>&1 | tee "$OUT/trace_$m.txt"
   done
-  timeout ${BOUNDARY_TIMEOUT:-170} python3 -m perf.gemv_variants --variants base,pf,pfend --rows 1,8 2>&1 \
-    | tee "$OUT/boundary_gemv.txt" | tail -6
+  # actl1: what the 8-lane activations' L2 -> SM traffic costs (diagnostic, wrong results)
+  timeout ${BOUNDARY_TIMEOUT:-170} python3 -m perf.gemv_variants --variants base,pf,pfend,actl1 --rows 1,8 2>&1 \
+    | tee "$OUT/boundary_gemv.txt" | tail -8
   timeout ${BOUNDARY_TIMEOUT:-170} python3 -m perf.bench_fold --toggle prefetch --out "$OUT/results" 2>&1 \
     | tee "$OUT/boundary_prefetch.txt" | tail -8
 }

@@ -26,6 +26,11 @@ Variants (a variant changes only what its name says; results are timings, not nu
             every other split count, per shape; different rounding)
   fence     the split-K arrival as __threadfence + atomicAdd + __threadfence (before 2026-12-02; now one acq_rel
             atomic)
+  actl1     diagnostic (wrong results): every block stages its activations from the first 256 columns of each
+            row (the same 8-16 KB for all blocks, L1-resident): what the activations' L2 -> SM traffic costs.
+            Blocks of 128 rows read 32 B of fp32 activations per K column at 8 lanes (64 B where the prologue
+            reads two rows: SwiGLU, the attention gate) against 72 B of NVFP4 weights, so at 8 lanes the SMs
+            take in 1.4-1.9x the weight bytes; the 1-lane launches 1.06x
   nodq      diagnostic (wrong results): NVFP4 pairs as the raw code words (the whole dequantization's cost: the
             kernel's streaming + mma ceiling)
   pf, pfN   each GEMV of a chain prefetches the next one's first GV_PF_TILES (default 4, or N) K-tiles of its first
@@ -188,6 +193,10 @@ def _source(original: Any, variant: str) -> Any:
                 s = _must_replace(s, new, old)
         if variant == "mulhi":
             s = "#define GV_NV4_MULHI 1\n" + s
+        if variant == "actl1":
+            s = _must_replace(
+                s, "k = (kt0 + tile) * 128 + 8 * cc;", "k = ((kt0 + tile) * 128 + 8 * cc) & 255;"
+            )
         if variant == "nodq":
             s = _must_replace(s, nv4, "return word4(p.c, w) ^ (u32)i;")
         if variant == "fence":
