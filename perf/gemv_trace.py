@@ -16,7 +16,8 @@ folded norm's 1 / rms are in registers, t4 the products are done, t5 its split's
 of a row block: after the split sum and the fold). Per launch the report gives: ``start`` the first block's t0
 after the previous launch's last t5 (negative: blocks started early under PDL), ``wait`` the first t2 after the
 previous launch's last t5 (the completion's latency), ``act`` the median t3 - t2, ``prod`` the median and the 90th
-percentile and maximum of t4 - t3, ``store`` the median t5 - t4 of all blocks and the maximum (the last blocks'
+percentile and maximum of t4 - t3, ``bar`` the median of thread 0's time in the products' chunk barriers (part of
+``prod``; at 2-8 lanes one barrier per GV_CHUNK tiles), ``store`` the median t5 - t4 of all blocks and the maximum (the last blocks'
 split sum), ``tail`` the last t5 minus the median t5, and ``span`` the last t5 minus the previous launch's.
 """
 
@@ -31,17 +32,21 @@ from .bench_gemv import SHAPES, _random_weight
 
 __all__ = ["main"]
 
-_REC = 10  # u64 words per block record: t0 .. t5, smid, linear block id, N | K << 32, the weight's address
+_REC = (
+    11  # u64 words per block record: t0 .. t5, smid, linear block id, N | K << 32, the weight's address, bar
+)
 _CAP = 1 << 16  # records
 
 _HEAD = (
     'extern "C" {\n__device__ unsigned int gv_trn;\n'
-    f"__device__ unsigned long long gv_trbuf[{_REC * _CAP}];\n}}\n"
+    f"__device__ unsigned long long gv_trbuf[{_REC * _CAP}];\n"
+    f"__device__ unsigned long long gv_trbar[{_CAP}];\n}}\n"
     "__device__ __forceinline__ unsigned long long gv_now() {\n"
     '    unsigned long long t;\n    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));\n    return t;\n}\n'
 )
 
-# (text in gv_kernel, the text with the stamps)
+_BLOCK = "blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)"
+# (text in gv_kernel or gv_products, the text with the stamps)
 _TRACE = (
     (
         "    pdl_trigger();\n#ifdef GV_HOST_EMU",
@@ -70,9 +75,23 @@ _TRACE = (
         f"        const unsigned i = atomicAdd(&gv_trn, 1u);\n        if (i < {_CAP}u) {{\n"
         f"            unsigned long long* r = gv_trbuf + (unsigned long long)i * {_REC};\n"
         "            r[0] = tr0, r[1] = tr1, r[2] = tr2, r[3] = tr3, r[4] = tr4, r[5] = tr5, r[6] = smid;\n"
-        "            r[7] = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n"
+        f"            r[7] = {_BLOCK};\n"
         "            r[8] = (unsigned long long)N | ((unsigned long long)K << 32), r[9] = (unsigned long long)p0;\n"
+        f"            r[10] = gv_trbar[({_BLOCK}) % {_CAP}u];\n"
         "        }\n    }\n",
+    ),
+    # thread 0's time in the products' chunk barriers, kept per block: its record is written before its launch
+    # completes, and the next launch's blocks reach their barriers only after their PDL wait, so no other block
+    # overwrites the slot in between
+    (
+        "    gv_put<F, T, NB>(xv, sm);  // chunk 0, fetched by the caller\n",
+        "    gv_put<F, T, NB>(xv, sm);  // chunk 0, fetched by the caller\n    unsigned long long trbar = 0;\n",
+    ),
+    (
+        "        if (c + 1 < nchunks) gv_put<F, T, NB>(xv, sm + ((c + 1) & 1) * ACT);\n        __syncthreads();\n    }\n",
+        "        if (c + 1 < nchunks) gv_put<F, T, NB>(xv, sm + ((c + 1) & 1) * ACT);\n"
+        "        const unsigned long long trb = gv_now();\n        __syncthreads();\n        trbar += gv_now() - trb;\n"
+        f"    }}\n    if (threadIdx.x == 0) gv_trbar[({_BLOCK}) % {_CAP}u] = trbar;\n",
     ),
 )
 
@@ -182,6 +201,7 @@ def _stats(launches: list[np.ndarray]) -> list[dict[str, float]]:
                 "prod": float(np.median(prod)),
                 "p90": float(np.percentile(prod, 90)),
                 "max": float(prod.max()),
+                "bar": float(np.median(r[:, 10])) / 1e3,
                 "store": float(np.median(store)),
                 "smax": float(store.max()),
                 "tail": (end - float(np.median(t5))) / 1e3,
@@ -195,7 +215,8 @@ def _stats(launches: list[np.ndarray]) -> list[dict[str, float]]:
 def _line(name: str, d: dict[str, float]) -> str:
     return (
         f"  {name:22s} blocks {d['blocks']:4.0f} | start {d['start']:6.1f} wait {d['wait']:5.1f} | act {d['act']:4.1f}"
-        f" | prod {d['prod']:5.1f} p90 {d['p90']:5.1f} max {d['max']:5.1f} | store {d['store']:4.1f} max"
+        f" | prod {d['prod']:5.1f} p90 {d['p90']:5.1f} max {d['max']:5.1f} bar {d['bar']:4.1f}"
+        f" | store {d['store']:4.1f} max"
         f" {d['smax']:4.1f} | tail {d['tail']:5.1f} | span {d['span']:6.1f}"
     )
 

@@ -26,7 +26,10 @@ def test_the_trace_stamps_every_point_once() -> None:
     from perf.gemv_trace import _TRACE, _traced
 
     s = _traced(source_text)("gemv.cu")  # stops (SystemExit) if a pattern is not in the source exactly once
-    assert len(_TRACE) == 6
+    assert len(_TRACE) == 8
     for i in range(6):
         assert s.count(f"const unsigned long long tr{i} = gv_now();") == 1
+    assert (
+        s.count("trbar += gv_now() - trb;") == 1 and s.count("gv_trbar[(") == 2
+    )  # the barrier time, kept, read
     assert _traced(source_text)("norm.cu") == source_text("norm.cu")
