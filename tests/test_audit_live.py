@@ -1,0 +1,42 @@
+"""What an outside tester's audit of the HTTP server found, against a live `ninfer serve` (demo artifact, reference
+backend, an API key and a request log): each test failed before its fix. Raw HTTP and the official SDKs, as such
+testers use them (docs/protocols.md §2-§5, docs/serving.md "Auth", "Hostile and heavy input").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from test_api_live import Server, demo_server  # noqa: E402
+from test_hostile_live import AUTH, CHAT, KEY, MSGS, _shape  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("audit")
+    (tmp / "keys.txt").write_text(f"tester:{KEY}\n")
+    args = ["--max-context", "4096", "--kv-capacity", "32768", "--max-concurrency", "2",
+            "--api-key-file", str(tmp / "keys.txt"), "--request-log-jsonl", str(tmp / "req.jsonl")]  # fmt: skip
+    with demo_server(tmp, "audit", args) as s:
+        s.reqlog = tmp / "req.jsonl"  # type: ignore[attr-defined]
+        yield s
+
+
+# ---- 405 names the methods the path has ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [("DELETE", CHAT, "POST"), ("GET", MSGS, "POST"), ("POST", "/v1/models", "GET, HEAD"), ("PUT", "/health", "GET")],
+)  # fmt: skip
+def test_405_has_an_allow_header(server: Server, method: str, path: str, allow: str) -> None:
+    """RFC 9110 §15.5.6: a 405 must list the path's methods; it had no Allow header and said only "Method Not
+    Allowed"."""
+    r = httpx.request(method, server.url + path, headers=AUTH, timeout=30)
+    assert r.status_code == 405, r.text
+    assert r.headers["allow"].startswith(allow), r.headers
+    err = _shape(path, r)
+    assert method in err["message"] and path in err["message"], err
