@@ -8,7 +8,7 @@ import time
 import msgspec
 import pytest
 from conftest import finish_event
-from ninfer.api.auth import KeyFileError, extract_key, parse_keys
+from ninfer.api.auth import KeyFileError, extract_key, parse_keys, presented_keys
 from ninfer.api.config import ServerConfig, ServerConfigError
 from ninfer.api.errors import ApiError
 from ninfer.api.metrics import Histogram, Metrics
@@ -43,6 +43,18 @@ def test_extract_key_bearer_then_x_api_key() -> None:
     assert extract_key({"authorization": "Bearer k1", "x-api-key": "k2"}) == "k1"
     assert extract_key({"authorization": "Basic zzz", "x-api-key": "k2"}) == "k2"
     assert extract_key({}) is None
+
+
+def test_a_valid_key_in_either_header_identifies_the_client() -> None:
+    """Upstream passes a request when either header holds the key: a wrong bearer token beside the right
+    x-api-key (a gateway's own token) must not refuse it."""
+    ring = parse_keys("alice:sk-a\n")
+    both = {"authorization": "Bearer wrong", "x-api-key": "sk-a"}
+    assert presented_keys(both) == ["wrong", "sk-a"]
+    assert ring.identify_any(presented_keys(both)) == "alice"
+    assert ring.identify_any(presented_keys({"authorization": "Bearer sk-a", "x-api-key": "x"})) == "alice"
+    assert ring.identify_any(presented_keys({"authorization": "Basic sk-a", "x-api-key": " "})) is None
+    assert ring.identify_any([]) is None
 
 
 # ---- config ---------------------------------------------------------------------------------------------

@@ -40,3 +40,14 @@ def test_405_has_an_allow_header(server: Server, method: str, path: str, allow: 
     assert r.headers["allow"].startswith(allow), r.headers
     err = _shape(path, r)
     assert method in err["message"] and path in err["message"], err
+
+
+# ---- auth: either header may carry the key ------------------------------------------------------------------
+def test_a_valid_key_in_either_header_passes(server: Server) -> None:
+    """Upstream accepts a request when the bearer token or x-api-key is right; a wrong bearer token (a gateway's
+    own) beside the right x-api-key was a 401. A 401 names its scheme (RFC 9110 §15.5.2)."""
+    url = server.url + "/v1/models"
+    assert httpx.get(url, headers={"Authorization": "Bearer wrong", "x-api-key": KEY}).status_code == 200
+    assert httpx.get(url, headers={"Authorization": f"Bearer {KEY}", "x-api-key": "wrong"}).status_code == 200
+    r = httpx.get(url, headers={"Authorization": "Bearer wrong", "x-api-key": "wrong"})
+    assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer"), r.headers
