@@ -5,7 +5,9 @@ testers use them (docs/protocols.md §2-§5, docs/serving.md "Auth", "Hostile an
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -13,7 +15,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from test_api_live import Server, demo_server  # noqa: E402
-from test_hostile_live import AUTH, CHAT, KEY, MSGS, _shape  # noqa: E402
+from test_hostile_live import AUTH, CHAT, KEY, MSGS, USER, _frames, _shape  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +53,24 @@ def test_a_valid_key_in_either_header_passes(server: Server) -> None:
     assert httpx.get(url, headers={"Authorization": f"Bearer {KEY}", "x-api-key": "wrong"}).status_code == 200
     r = httpx.get(url, headers={"Authorization": "Bearer wrong", "x-api-key": "wrong"})
     assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer"), r.headers
+
+
+# ---- Anthropic: a streamed message's usage equals the non-streamed one ---------------------------------------
+def test_anthropic_stream_usage_has_every_count(server: Server) -> None:
+    """message_delta carried only output_tokens, so the SDK's streamed final message had no
+    cache_read_input_tokens (None) where the same request unstreamed reported them."""
+    import anthropic
+
+    a = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0)
+    body: dict[str, Any] = {"model": "claude-x", "max_tokens": 4, "messages": USER}
+    whole = a.messages.create(**body).usage
+    with a.messages.stream(**body) as s:
+        streamed = s.get_final_message().usage
+    assert streamed.cache_read_input_tokens is not None and streamed.cache_creation_input_tokens == 0
+    assert streamed.input_tokens == whole.input_tokens and streamed.output_tokens == whole.output_tokens
+    stream = {**body, "stream": True}
+    with httpx.stream("POST", server.url + MSGS, json=stream, headers=AUTH, timeout=60) as r:
+        frames = _frames(r.read().decode())
+    usage = next(json.loads(d)["usage"] for e, d in frames if e == "message_delta")
+    counts = {"input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"}
+    assert set(usage) == counts, usage
