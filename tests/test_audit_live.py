@@ -74,3 +74,25 @@ def test_anthropic_stream_usage_has_every_count(server: Server) -> None:
     usage = next(json.loads(d)["usage"] for e, d in frames if e == "message_delta")
     counts = {"input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"}
     assert set(usage) == counts, usage
+
+
+# ---- Anthropic content blocks: the error names the block that is wrong --------------------------------------
+@pytest.mark.parametrize(
+    ("content", "where"),
+    [
+        ([{"type": "text", "text": "a"}, {"type": "text"}], "messages[0].content[1].text"),
+        ([{"type": "text", "text": "a"}, {"type": "image", "source": {}}], "messages[0].content[1]"),
+        ([{"type": "text", "text": "a"}, {"type": "audio"}], "messages[0].content[1].type"),
+        ([], "messages[0].content"),
+    ],
+    ids=["text-without-text", "image-second", "unknown-second", "empty"],
+)
+def test_anthropic_block_errors_name_the_block(server: Server, content: list, where: str) -> None:
+    """A user block's error named content[0] whatever its place; a text block without text was "unsupported
+    content block 'text'"; an empty content array vanished and the request failed as "messages is empty"."""
+    body = {"model": "claude-x", "max_tokens": 2, "messages": [{"role": "user", "content": content}]}
+    r = httpx.post(server.url + MSGS, json=body, headers=AUTH, timeout=30)
+    assert r.status_code == 400, r.text
+    msg = _shape(MSGS, r)["message"]
+    assert msg.startswith(where + ":"), msg
+    assert "unsupported content block 'text'" not in msg and "messages is empty" not in msg
