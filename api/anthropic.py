@@ -21,6 +21,7 @@ from .protocol_shared import check_tool, schema_grammar, tool_grammar
 from .validation import (
     THINKING_TYPES,
     check_max_tokens,
+    check_model,
     check_one_of,
     check_sampling,
     check_stops,
@@ -77,8 +78,7 @@ def parse_messages_request(
         raise _bad(f"invalid request: {e}") from None
     except msgspec.DecodeError:
         raise _bad("request body is not valid JSON") from None
-    if not req.model:
-        raise _bad("model: must be a non-empty string")
+    check_model(req.model, AnthropicError)
     if not req.messages:
         raise _bad("messages: must be a non-empty array")
     if req.max_tokens is None and require_max_tokens:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,7 +16,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from test_api_live import Server, demo_server  # noqa: E402
-from test_hostile_live import AUTH, CHAT, KEY, MSGS, USER, _frames, _shape  # noqa: E402
+from test_hostile_live import _BASE, AUTH, CHAT, KEY, MODEL, MSGS, RESP, USER, _frames, _shape  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +97,20 @@ def test_anthropic_block_errors_name_the_block(server: Server, content: list, wh
     msg = _shape(MSGS, r)["message"]
     assert msg.startswith(where + ":"), msg
     assert "unsupported content block 'text'" not in msg and "messages is empty" not in msg
+
+
+# ---- a giant `model` is refused, not echoed and logged ------------------------------------------------------
+@pytest.mark.parametrize("path", [CHAT, MSGS, RESP])
+def test_an_oversized_model_name_is_refused_not_echoed(server: Server, path: str) -> None:
+    """Anthropic echoed a 1 MB `model` in the answer and wrote it to the request log twice (a 2 MB log line per
+    request); OpenAI's 404 repeated it in its message."""
+    giant = "m" * 300_000
+    r = httpx.post(server.url + path, json={**_BASE[path], "model": giant}, headers=AUTH, timeout=30)
+    assert r.status_code == 400 and len(r.content) < 1000, r.text[:300]
+    err = _shape(path, r)
+    assert "256" in err["message"] and (path == MSGS or err["param"] == "model")
+    ok = httpx.post(server.url + path, json={**_BASE[path], "model": MODEL if path != MSGS else "m" * 256},
+                    headers=AUTH, timeout=30)  # fmt: skip
+    assert ok.status_code == 200, ok.text[:300]
+    log: Path = server.reqlog  # type: ignore[attr-defined]
+    assert max(len(line) for line in log.read_text().splitlines()) < 10_000
