@@ -6,6 +6,7 @@ testers use them (docs/protocols.md §2-§5, docs/serving.md "Auth", "Hostile an
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -114,3 +115,23 @@ def test_an_oversized_model_name_is_refused_not_echoed(server: Server, path: str
     assert ok.status_code == 200, ok.text[:300]
     log: Path = server.reqlog  # type: ignore[attr-defined]
     assert max(len(line) for line in log.read_text().splitlines()) < 10_000
+
+
+# ---- a request head over h11's bound is a 431, not "malformed" ----------------------------------------------
+@pytest.mark.parametrize("path", [CHAT, MSGS])
+def test_an_oversized_head_is_a_431_in_the_paths_shape(server: Server, path: str) -> None:
+    """A 40 KiB cookie was answered 400 "malformed HTTP request": the client could not tell what to fix."""
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nCookie: {'c' * (40 << 10)}\r\nContent-Length: 2\r\n\r\n{{}}"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as c:
+        data = head.encode()
+        for i in range(0, len(data), 4096):  # in pieces, as a head arrives over a network
+            c.sendall(data[i : i + 4096])
+        out = b""
+        while chunk := c.recv(65536):
+            out += chunk
+    status, _, rest = out.partition(b"\r\n")
+    assert status.startswith(b"HTTP/1.1 431"), out[:200]
+    body = rest.partition(b"\r\n\r\n")[2]
+    err = _shape(path, httpx.Response(431, headers={"content-type": "application/json"}, content=body))
+    assert "16 KiB" in err["message"], err
+    assert httpx.get(server.url + "/health").status_code == 200
