@@ -117,14 +117,15 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     track, events = await admit(svc, greq, record, "chat_completions", t0, ApiError)
     created = int(time.time())
     thinking, tools = output_mode(greq)
+    cached = svc.config.prompt_tokens_details  # usage.prompt_tokens_details (--prompt-tokens-details)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        cs = ChatStream(rid, created, req.model, include_usage, thinking, tools)
+        cs = ChatStream(rid, created, req.model, include_usage, thinking, tools, cached)
         return event_stream(cs, events, track, ApiError)
     text, fin = await collect(request, events, track, ApiError)
     out = parse_output(text, thinking, tools)
     track.tool_calls = len(out.calls)
-    return json_response(completion_body(rid, created, req.model, out, fin))
+    return json_response(completion_body(rid, created, req.model, out, fin, cached))
 
 
 def _anthropic(

@@ -230,9 +230,12 @@ def frames(raw: bytes) -> list[object]:
     return out
 
 
+@pytest.mark.parametrize("cached", [False, True])
 @pytest.mark.parametrize("include_usage", [False, True])
-def test_chunk_order(include_usage: bool) -> None:
-    cs = ChatStream("chatcmpl-1", 1, "m", include_usage)
+def test_chunk_order(include_usage: bool, cached: bool) -> None:
+    """``cached`` (--prompt-tokens-details) adds the prefix-cache hits to the usage; without it the usage holds
+    only what the request and its output determine (upstream's contract compares it across two requests)."""
+    cs = ChatStream("chatcmpl-1", 1, "m", include_usage, cached=cached)
     got = frames(cs.role() + cs.content("he") + cs.content("llo") + cs.finish(FIN))
     assert got[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert [c["choices"][0]["delta"].get("content") for c in got[1:3]] == ["he", "llo"]
@@ -242,12 +245,8 @@ def test_chunk_order(include_usage: bool) -> None:
         assert ("usage" in c) is include_usage and c.get("usage") is None
     if include_usage:
         assert got[4]["choices"] == []
-        assert got[4]["usage"] == {
-            "prompt_tokens": 10,
-            "completion_tokens": 3,
-            "total_tokens": 13,
-            "prompt_tokens_details": {"cached_tokens": 4},
-        }
+        details = {"prompt_tokens_details": {"cached_tokens": 4}} if cached else {}
+        assert got[4]["usage"] == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13, **details}
     assert got[-1] == "[DONE]" and len(got) == (6 if include_usage else 5)
 
 

@@ -135,3 +135,22 @@ def test_an_oversized_head_is_a_431_in_the_paths_shape(server: Server, path: str
     err = _shape(path, httpx.Response(431, headers={"content-type": "application/json"}, content=body))
     assert "16 KiB" in err["message"], err
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+# ---- upstream's contract: a greedy request's usage is the same unstreamed and streamed ------------------------
+def test_upstream_contract_usage_is_the_same_streamed_and_unstreamed(server: Server) -> None:
+    """Upstream's smoke contract sends a greedy request, then the same request streamed with include_usage, and
+    requires equal usage. The second reuses the first's prompt from the prefix cache, so the cached count in
+    chat usage made the contract fail on every fresh server; it is now reported only with
+    --prompt-tokens-details (the log and the other protocols keep it)."""
+    messages = [{"role": "user", "content": "Reply with a single short word (usage contract)."}]
+    body = {"model": MODEL, "messages": messages, "max_completion_tokens": 4, "temperature": 0}
+    whole = httpx.post(server.url + CHAT, json=body, headers=AUTH, timeout=60).json()
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", server.url + CHAT, json=stream, headers=AUTH, timeout=60) as r:
+        frames = [json.loads(d) for _, d in _frames(r.read().decode()) if d != "[DONE]"]
+    usage = [f["usage"] for f in frames if f.get("usage")]
+    assert len(usage) == 1 and usage[0] == whole["usage"], (usage, whole["usage"])
+    assert "prompt_tokens_details" not in whole["usage"]
+    text = "".join(f["choices"][0]["delta"].get("reasoning_content", "") for f in frames if f["choices"])
+    assert text == whole["choices"][0]["message"].get("reasoning_content", "")
