@@ -21,6 +21,7 @@ from .protocol_shared import check_tool, schema_grammar, tool_grammar
 from .validation import (
     THINKING_TYPES,
     check_max_tokens,
+    check_model,
     check_one_of,
     check_sampling,
     check_stops,
@@ -77,8 +78,7 @@ def parse_messages_request(
         raise _bad(f"invalid request: {e}") from None
     except msgspec.DecodeError:
         raise _bad("request body is not valid JSON") from None
-    if not req.model:
-        raise _bad("model: must be a non-empty string")
+    check_model(req.model, AnthropicError)
     if not req.messages:
         raise _bad("messages: must be a non-empty array")
     if req.max_tokens is None and require_max_tokens:
@@ -110,16 +110,19 @@ def _text_of(blocks: Any, where: str) -> str:
         return ""
     if not isinstance(blocks, list):
         raise _bad(f"{where}: must be a string or an array of content blocks")
-    parts = []
-    for j, b in enumerate(blocks):
-        t = b.get("type") if isinstance(b, dict) else None
-        if t == "text" and isinstance(b.get("text"), str):
-            parts.append(b["text"])
-        elif t == "image":
-            raise _bad(f"{where}[{j}]: image input is not enabled on this server", "vision_disabled")
-        else:
-            raise _bad(f"{where}[{j}].type: unsupported content block {t!r}", "modality_not_supported")
-    return "\n".join(parts)
+    return "\n".join(_block_text(b, f"{where}[{j}]") for j, b in enumerate(blocks))
+
+
+def _block_text(b: Any, where: str) -> str:
+    """The text of one content block at ``where`` (``messages[0].content[2]``); any other block is refused."""
+    t = b.get("type") if isinstance(b, dict) else None
+    if t == "text":
+        if not isinstance(b.get("text"), str):
+            raise _bad(f"{where}.text: must be a string")
+        return b["text"]
+    if t == "image":
+        raise _bad(f"{where}: image input is not enabled on this server", "vision_disabled")
+    raise _bad(f"{where}.type: unsupported content block {t!r}", "modality_not_supported")
 
 
 def _user(m: dict[str, Any], at: str) -> list[dict[str, Any]]:
@@ -127,8 +130,8 @@ def _user(m: dict[str, Any], at: str) -> list[dict[str, Any]]:
     c = m.get("content")
     if isinstance(c, str):
         return [{"role": "user", "content": c}]
-    if not isinstance(c, list):
-        raise _bad(f"{at}.content: must be a string or an array of content blocks")
+    if not isinstance(c, list) or not c:  # an empty list would vanish from the prompt (Anthropic refuses it)
+        raise _bad(f"{at}.content: must be a string or a non-empty array of content blocks")
     out, texts = [], []
     for j, b in enumerate(c):
         if isinstance(b, dict) and b.get("type") == "tool_result":
@@ -137,7 +140,7 @@ def _user(m: dict[str, Any], at: str) -> list[dict[str, Any]]:
             text = _text_of(b.get("content"), f"{at}.content[{j}].content")
             out.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": text})
         else:
-            texts.append(_text_of([b], f"{at}.content"))
+            texts.append(_block_text(b, f"{at}.content[{j}]"))
     if texts:
         out.append({"role": "user", "content": "\n".join(texts)})
     return out

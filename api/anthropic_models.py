@@ -147,7 +147,13 @@ class StopInfo(msgspec.Struct, kw_only=True):
 
 
 class DeltaUsage(msgspec.Struct, kw_only=True):
+    """``message_delta``'s usage: cumulative totals, all four as in the non-streamed body (the SDKs' stream
+    accumulators take each count given here over ``message_start``'s, which cannot know the cached tokens yet)."""
+
+    input_tokens: int
     output_tokens: int
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int = 0
 
 
 class MessageDelta(_Typed, tag="message_delta"):

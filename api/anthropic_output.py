@@ -161,9 +161,7 @@ class MessagesStream:
             out += self._begin(TextBlock(text="")) + self._close()
         called = reports_calls(fin.reason, self.tool_calls, self._parser.unclosed)
         delta = StopInfo(stop_reason=stop_reason(fin, called), stop_sequence=_stop_sequence(fin))
-        out += self._ev(
-            MessageDelta(delta=delta, usage=DeltaUsage(output_tokens=fin.usage.completion_tokens))
-        )
+        out += self._ev(MessageDelta(delta=delta, usage=DeltaUsage(**msgspec.structs.asdict(_usage(fin)))))
         return out + self._ev(MessageStop())
 
     def error(self, err: ApiError) -> bytes:

@@ -117,14 +117,15 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     track, events = await admit(svc, greq, record, "chat_completions", t0, ApiError)
     created = int(time.time())
     thinking, tools = output_mode(greq)
+    cached = svc.config.prompt_tokens_details  # usage.prompt_tokens_details (--prompt-tokens-details)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        cs = ChatStream(rid, created, req.model, include_usage, thinking, tools)
+        cs = ChatStream(rid, created, req.model, include_usage, thinking, tools, cached)
         return event_stream(cs, events, track, ApiError)
     text, fin = await collect(request, events, track, ApiError)
     out = parse_output(text, thinking, tools)
     track.tool_calls = len(out.calls)
-    return json_response(completion_body(rid, created, req.model, out, fin))
+    return json_response(completion_body(rid, created, req.model, out, fin, cached))
 
 
 def _anthropic(
@@ -230,8 +231,19 @@ def _api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    """The router's 404 and 405 in the path's error shape; a 405 keeps the router's ``Allow`` header (RFC 9110
+    §15.5.6: a 405 must list the methods the path has), with HEAD beside GET (the gate answers it as GET)."""
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return _api_error(request, error_class(request.url.path)(exc.status_code, str(exc.detail), code=code))
+    methods = [m.strip() for m in (exc.headers or {}).get("allow", "").split(",") if m.strip()]
+    if "GET" in methods and "HEAD" not in methods:
+        methods.insert(methods.index("GET") + 1, "HEAD")
+    message = str(exc.detail)
+    if exc.status_code == 405 and methods:
+        message = f"{request.method} is not allowed on {request.url.path} (allowed: {', '.join(methods)})"
+    response = _api_error(request, error_class(request.url.path)(exc.status_code, message, code=code))
+    if methods:
+        response.headers["Allow"] = ", ".join(methods)
+    return response
 
 
 def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["KeyRing", "KeyFileError", "load_key_file", "parse_keys", "extract_key"]
+__all__ = ["KeyRing", "KeyFileError", "load_key_file", "parse_keys", "extract_key", "presented_keys"]
 
 _NAME = re.compile(r"^([A-Za-z0-9_.-]{1,64}):(.+)$")
 
@@ -59,6 +59,13 @@ class KeyRing:
                 who = key_name or f"key#{i}"
         return who
 
+    def identify_any(self, presented: list[str]) -> str | None:
+        """Who the first valid key among ``presented`` belongs to (each checked as ``identify``); None if none is."""
+        for key in presented:
+            if (who := self.identify(key)) is not None:
+                return who
+        return None
+
 
 def parse_keys(text: str, source: str = "api key file") -> KeyRing:
     entries: list[tuple[bytes, str]] = []
@@ -87,10 +94,21 @@ def load_key_file(path: str | Path) -> KeyRing:
 
 def extract_key(headers: dict[str, str]) -> str | None:
     """The presented key: ``Authorization: Bearer K`` first, else ``x-api-key: K``. Header names are lower-case."""
+    keys = presented_keys(headers)
+    return keys[0] if keys else None
+
+
+def presented_keys(headers: dict[str, str]) -> list[str]:
+    """Every key the request presents: ``Authorization: Bearer K``, then ``x-api-key: K``. A request passes when
+    any of them is valid (as upstream: either header may carry the key), so a client that sends both, one of
+    them stale or a gateway's own bearer token, is not refused for the other one."""
+    out = []
     auth = headers.get("authorization")
     if auth is not None:
         scheme, _, value = auth.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
+            out.append(value.strip())
     key = headers.get("x-api-key")
-    return key.strip() if key else None
+    if key and key.strip():
+        out.append(key.strip())
+    return out

@@ -125,6 +125,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--cors", action="store_true")
     p.add_argument(
+        "--prompt-tokens-details",
+        action="store_true",
+        help="report the prefix-cache hits in Chat Completions usage (prompt_tokens_details.cached_tokens)",
+    )
+    p.add_argument(
         "--max-request-mib", type=int, default=384, help="request body cap, checked before parsing"
     )
     p.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
@@ -223,6 +228,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         prefill_attention=a.prefill_attention,
         prefill_weights=a.prefill_weights,
         cors=a.cors,
+        prompt_tokens_details=a.prompt_tokens_details,
         max_request_mib=a.max_request_mib,
         ray_address=a.ray_address,
         detached=a.detached,

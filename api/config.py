@@ -65,6 +65,9 @@ class ServerConfig:
     # CUDA fp16-mode prefill operands kept on the device: auto (where memory allows), resident, scratch
     prefill_weights: str = "auto"
     cors: bool = False
+    # chat usage.prompt_tokens_details.cached_tokens (off: upstream's contract compares a request's usage
+    # streamed and unstreamed, and the second of two identical requests reuses more of its prompt)
+    prompt_tokens_details: bool = False
     max_request_mib: int = 384
     ray_address: str | None = None
     detached: bool = False

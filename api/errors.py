@@ -56,6 +56,8 @@ class ApiError(Exception):
         out = {}
         if self.retry_after is not None:
             out["Retry-After"] = str(max(1, int(round(self.retry_after))))
+        if self.status == 401:  # RFC 9110 §15.5.2: a 401 names the scheme it wants
+            out["WWW-Authenticate"] = 'Bearer realm="ninfer"'
         if self.status == 408:  # the body never arrived: what is left of it is not read (RFC 9110 §15.5.9)
             out["Connection"] = "close"
         return out

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import uvicorn
 
-from .auth import KeyRing, extract_key
+from .auth import KeyRing, presented_keys
 from .errors import ApiError, error_json
 
 __all__ = ["Gate", "KEY_NAME_SCOPE", "Drain", "DrainingServer", "Drained", "until_drained"]
@@ -89,7 +89,7 @@ class Gate:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.keyring is not None and self.keyring.enabled and scope["path"] not in _OPEN_PATHS:
-            who = self.keyring.identify(extract_key(headers))
+            who = self.keyring.identify_any(presented_keys(headers))
             if who is None:
                 await _reply(send, _error(scope, 401, "missing or invalid API key", "invalid_api_key"))
                 return

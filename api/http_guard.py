@@ -14,7 +14,8 @@ picks: h11 or httptools; both keep the same ``cycle`` and ``connections`` attrib
   Anthropic's ``529 overloaded_error`` under ``/v1/messages``, OpenAI's ``503 server_busy`` elsewhere. At most
   ``max_connections`` refused connections wait so at once; beyond that the OpenAI answer goes out at once;
 - a request the HTTP parser cannot read gets a JSON ``400`` in its path's error shape (OpenAI's when the request
-  line is unreadable too) instead of uvicorn's text.
+  line is unreadable too) instead of uvicorn's text; a head h11 refuses for its size (over ``HEAD_MAX``) gets
+  ``431`` (RFC 6585) instead, so the client knows what to shorten.
 
 These answers are written before the request was read in full. The connection then shuts its sending side and
 discards what the client still sends until it hangs up (at most ``LINGER_S``): closing with unread bytes would
@@ -35,12 +36,13 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from .errors import error_json
 
-__all__ = ["guarded_protocol", "error_response", "request_path", "REFUSE_WAIT_S", "LINGER_S"]
+__all__ = ["guarded_protocol", "error_response", "request_path", "REFUSE_WAIT_S", "LINGER_S", "HEAD_MAX"]
 
 _LOG = logging.getLogger("ninfer.api")
 REFUSE_WAIT_S = 1.0  # most time a refused connection gets to send its request line (its path picks the shape)
 LINGER_S = 2.0  # after an early answer: most time to discard what the client still sends before closing
 _LINE_MAX = 8192  # bytes of a head kept to find its request line
+HEAD_MAX = 16 * 1024  # h11's bound on an incomplete request head (uvicorn's default): past it, 431
 
 
 def request_path(head: bytes) -> str | None:
@@ -81,6 +83,8 @@ def guarded_protocol(head_timeout_s: float, max_connections: int, base: type[Any
         _refused = False  # over the cap and counted in ``waiting``
         _answered = False  # an early answer went out: what arrives now is discarded
         _head: bytes = b""  # the start of the current head, until its request line is complete
+        _head_bytes = 0  # bytes received while waiting for the current head, until its blank line
+        _head_tail = b""  # the last 3 of them (the blank line may straddle two reads)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -100,7 +104,12 @@ def guarded_protocol(head_timeout_s: float, max_connections: int, base: type[Any
                 return
             if self._head_timer is None and self._waiting_for_head():
                 self._arm()  # the first byte of the next head on a kept-alive connection
-                self._head = b""
+                self._head, self._head_bytes, self._head_tail = b"", 0, b""
+            if self._waiting_for_head() and self._head_tail != b"\r\n\r\n":
+                seen = self._head_tail + data
+                end = seen.find(b"\r\n\r\n")
+                self._head_bytes += len(data) if end < 0 else end + 4 - len(self._head_tail)
+                self._head_tail = b"\r\n\r\n" if end >= 0 else seen[-3:]
             if len(self._head) < _LINE_MAX and b"\r\n" not in self._head:
                 self._head += data[: _LINE_MAX - len(self._head)]
             if self._refused:
@@ -123,6 +132,10 @@ def guarded_protocol(head_timeout_s: float, max_connections: int, base: type[Any
             own answer is a text/plain 400; this one is JSON in the error shape of the request line's path
             (OpenAI's if there is none), and the connection closes as before (uvicorn has logged the warning)."""
             path = request_path(self._head)
+            if self._waiting_for_head() and self._head_bytes > HEAD_MAX:  # what h11 refuses for its size
+                msg = f"request head exceeds {HEAD_MAX >> 10} KiB"
+                self._answer(error_response(path, 431, msg, "request_header_too_large"))
+                return
             self._answer(error_response(path, 400, "malformed HTTP request", "bad_http_request"))
 
         def _refuse(self) -> None:

@@ -20,6 +20,7 @@ from .validation import (
     EFFORTS,
     UNSUPPORTED_FIELDS,
     check_max_tokens,
+    check_model,
     check_one_of,
     check_sampling,
     check_stops,
@@ -60,8 +61,7 @@ def parse_chat_request(body: bytes, limits: ChatLimits) -> ChatRequest:
         raise _bad(f"invalid request: {e}", validation_param(e)) from None
     except msgspec.DecodeError:
         raise _bad("request body is not valid JSON", None) from None
-    if not req.model:
-        raise _bad("model: must be a non-empty string", "model")
+    check_model(req.model, ApiError)
     if req.model != limits.model_id:
         raise ApiError(404, f"The model '{req.model}' does not exist", param="model", code="model_not_found")
     _check_messages(req.messages)

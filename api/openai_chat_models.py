@@ -123,7 +123,7 @@ class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
+    prompt_tokens_details: PromptTokensDetails | UnsetType = UNSET  # --prompt-tokens-details
     completion_tokens_details: CompletionTokensDetails | UnsetType = UNSET
     speculative: SpeculativeUsage | UnsetType = UNSET  # extension: drafted/accepted/rounds with --spec mtp
 

@@ -40,12 +40,17 @@ def finish_reason(internal: str) -> str:
     return _FINISH.get(internal, "stop")
 
 
-def usage_of(fin: Finish) -> Usage:
+def usage_of(fin: Finish, cached: bool = False) -> Usage:
+    """``cached``: add ``prompt_tokens_details.cached_tokens`` (``--prompt-tokens-details``). Without it the usage
+    is a function of the request and its output only, so a greedy request streamed and unstreamed report the
+    same usage, as upstream's contract checks (the second of two identical requests reuses more of its prompt)."""
     return Usage(
         prompt_tokens=fin.usage.prompt_tokens,
         completion_tokens=fin.usage.completion_tokens,
         total_tokens=fin.usage.prompt_tokens + fin.usage.completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=fin.usage.cached_tokens),
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=fin.usage.cached_tokens)
+        if cached
+        else msgspec.UNSET,
         completion_tokens_details=CompletionTokensDetails(reasoning_tokens=fin.usage.reasoning_tokens)
         if fin.usage.reasoning_tokens
         else msgspec.UNSET,
@@ -53,7 +58,9 @@ def usage_of(fin: Finish) -> Usage:
     )
 
 
-def completion_body(cid: str, created: int, model: str, out: Output | str, fin: Finish) -> ChatCompletion:
+def completion_body(
+    cid: str, created: int, model: str, out: Output | str, fin: Finish, cached: bool = False
+) -> ChatCompletion:
     """The non-streamed body: ``reasoning_content`` only when non-empty; with tool calls, ``content`` is null
     when empty and ``finish_reason`` is ``tool_calls`` (``length`` when the limit cut a later call)."""
     out = Output(content=out) if isinstance(out, str) else out
@@ -74,7 +81,7 @@ def completion_body(cid: str, created: int, model: str, out: Output | str, fin: 
         created=created,
         model=model,
         choices=[Choice(index=0, message=msg, finish_reason=finish)],
-        usage=usage_of(fin),
+        usage=usage_of(fin, cached),
     )
 
 
@@ -84,7 +91,17 @@ class ChatStream:
     index + argument pieces), finish chunk, usage chunk (include_usage only; every earlier chunk then carries
     ``usage: null``), ``[DONE]``. An error after the start is a ``data: {"error": ...}`` frame and no ``[DONE]``."""
 
-    __slots__ = ("cid", "created", "model", "include_usage", "_enc", "_parser", "tool_calls", "_text_frames")
+    __slots__ = (
+        "cid",
+        "created",
+        "model",
+        "include_usage",
+        "cached",
+        "_enc",
+        "_parser",
+        "tool_calls",
+        "_text_frames",
+    )
 
     def __init__(
         self,
@@ -94,8 +111,10 @@ class ChatStream:
         include_usage: bool,
         thinking: bool = False,
         tools: list[dict[str, Any]] | None = None,
+        cached: bool = False,
     ) -> None:
         self.cid, self.created, self.model, self.include_usage = cid, created, model, include_usage
+        self.cached = cached  # the usage chunk reports prompt_tokens_details (usage_of)
         self._enc = msgspec.json.Encoder()
         self._parser = OutputParser(thinking, tools)
         self.tool_calls = 0
@@ -169,7 +188,11 @@ class ChatStream:
         out += self._chunk(ChunkDelta(), reason)
         if self.include_usage:
             usage = ChatCompletionChunk(
-                id=self.cid, created=self.created, model=self.model, choices=[], usage=usage_of(fin)
+                id=self.cid,
+                created=self.created,
+                model=self.model,
+                choices=[],
+                usage=usage_of(fin, self.cached),
             )
             out += self._frame(usage)
         return out + b"data: [DONE]\n\n"

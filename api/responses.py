@@ -19,6 +19,7 @@ from .responses_models import ResponsesRequest
 from .validation import (
     EFFORTS,
     check_max_tokens,
+    check_model,
     check_one_of,
     check_sampling,
     check_tool_choice,
@@ -52,6 +53,7 @@ def parse_responses_request(body: bytes, model_id: str, max_context: int) -> Res
         raise _bad(f"invalid request: {e}", validation_param(e)) from None
     except msgspec.DecodeError:
         raise _bad("request body is not valid JSON") from None
+    check_model(req.model, ApiError)
     if req.model != model_id:
         raise ApiError(404, f"The model '{req.model}' does not exist", param="model", code="model_not_found")
     for name, why, code in _STORED_STATE:

@@ -27,6 +27,8 @@ __all__ = [
     "EFFORTS",
     "THINKING_TYPES",
     "UNSUPPORTED_FIELDS",
+    "MAX_MODEL_CHARS",
+    "check_model",
     "check_sampling",
     "check_max_tokens",
     "check_stops",
@@ -47,6 +49,7 @@ SAMPLING_RANGES: dict[str, tuple[float, float]] = {
     "frequency_penalty": (-2.0, 2.0),
 }
 MAX_STOPS = 16  # stop strings / stop_sequences per request
+MAX_MODEL_CHARS = 256  # a longer `model` is refused: answers echo it, the log records it
 EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})  # "none" turns thinking off
 THINKING_TYPES = frozenset({"enabled", "disabled", "adaptive"})  # Anthropic thinking.type
 # Fields a client sends because it relies on them, which this server does not implement: refused by name instead
@@ -64,6 +67,15 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
 
 def _bad(err: type[ApiError], message: str, param: str | None, code: str | None = None) -> ApiError:
     return err(400, message, param=param, code=code)
+
+
+def check_model(model: str, error: type[ApiError]) -> None:
+    """``model`` is a non-empty string of at most ``MAX_MODEL_CHARS`` characters (Anthropic echoes it in every
+    answer; every protocol logs it), checked before it is compared with the served id."""
+    if not model:
+        raise _bad(error, "model: must be a non-empty string", "model")
+    if len(model) > MAX_MODEL_CHARS:
+        raise _bad(error, f"model: at most {MAX_MODEL_CHARS} characters, got {len(model)}", "model")
 
 
 def check_sampling(values: Mapping[str, Any], err: type[ApiError]) -> None:

@@ -41,7 +41,7 @@ from .bench_serving import free_port
 from .replica_sessions import run_sessions, session_summary
 
 REPO = Path(__file__).resolve().parents[1]
-ENGINE = ["--max-concurrency", "8", "--queue-depth", "16"]
+ENGINE = ["--max-concurrency", "8", "--queue-depth", "16", "--prompt-tokens-details"]  # cached: usage
 
 
 class Server:

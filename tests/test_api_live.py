@@ -137,6 +137,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
                 "8",
                 "--max-request-mib",
                 "1",
+                "--prompt-tokens-details",  # the cached follow-up reads prompt_tokens_details
             ],
             address,
             artifact,

@@ -8,7 +8,7 @@ import time
 import msgspec
 import pytest
 from conftest import finish_event
-from ninfer.api.auth import KeyFileError, extract_key, parse_keys
+from ninfer.api.auth import KeyFileError, extract_key, parse_keys, presented_keys
 from ninfer.api.config import ServerConfig, ServerConfigError
 from ninfer.api.errors import ApiError
 from ninfer.api.metrics import Histogram, Metrics
@@ -43,6 +43,18 @@ def test_extract_key_bearer_then_x_api_key() -> None:
     assert extract_key({"authorization": "Bearer k1", "x-api-key": "k2"}) == "k1"
     assert extract_key({"authorization": "Basic zzz", "x-api-key": "k2"}) == "k2"
     assert extract_key({}) is None
+
+
+def test_a_valid_key_in_either_header_identifies_the_client() -> None:
+    """Upstream passes a request when either header holds the key: a wrong bearer token beside the right
+    x-api-key (a gateway's own token) must not refuse it."""
+    ring = parse_keys("alice:sk-a\n")
+    both = {"authorization": "Bearer wrong", "x-api-key": "sk-a"}
+    assert presented_keys(both) == ["wrong", "sk-a"]
+    assert ring.identify_any(presented_keys(both)) == "alice"
+    assert ring.identify_any(presented_keys({"authorization": "Bearer sk-a", "x-api-key": "x"})) == "alice"
+    assert ring.identify_any(presented_keys({"authorization": "Basic sk-a", "x-api-key": " "})) is None
+    assert ring.identify_any([]) is None
 
 
 # ---- config ---------------------------------------------------------------------------------------------
@@ -218,9 +230,12 @@ def frames(raw: bytes) -> list[object]:
     return out
 
 
+@pytest.mark.parametrize("cached", [False, True])
 @pytest.mark.parametrize("include_usage", [False, True])
-def test_chunk_order(include_usage: bool) -> None:
-    cs = ChatStream("chatcmpl-1", 1, "m", include_usage)
+def test_chunk_order(include_usage: bool, cached: bool) -> None:
+    """``cached`` (--prompt-tokens-details) adds the prefix-cache hits to the usage; without it the usage holds
+    only what the request and its output determine (upstream's contract compares it across two requests)."""
+    cs = ChatStream("chatcmpl-1", 1, "m", include_usage, cached=cached)
     got = frames(cs.role() + cs.content("he") + cs.content("llo") + cs.finish(FIN))
     assert got[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert [c["choices"][0]["delta"].get("content") for c in got[1:3]] == ["he", "llo"]
@@ -230,12 +245,8 @@ def test_chunk_order(include_usage: bool) -> None:
         assert ("usage" in c) is include_usage and c.get("usage") is None
     if include_usage:
         assert got[4]["choices"] == []
-        assert got[4]["usage"] == {
-            "prompt_tokens": 10,
-            "completion_tokens": 3,
-            "total_tokens": 13,
-            "prompt_tokens_details": {"cached_tokens": 4},
-        }
+        details = {"prompt_tokens_details": {"cached_tokens": 4}} if cached else {}
+        assert got[4]["usage"] == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13, **details}
     assert got[-1] == "[DONE]" and len(got) == (6 if include_usage else 5)
 
 

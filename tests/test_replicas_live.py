@@ -37,7 +37,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
         server = Server(
             "rep",
             ["--replicas", "3", "--max-concurrency", "1", "--queue-depth", "1", "--route-poll-ms", "100",
-             "--preserve-thinking", "--max-context", "16384", "--kv-capacity", "65536"],
+             "--preserve-thinking", "--max-context", "16384", "--kv-capacity", "65536", "--prompt-tokens-details"],
             address,
             artifact,
             tmp,

@@ -104,3 +104,10 @@ def test_null_busy_reaches_the_null_runner() -> None:
     assert actor_spec(config_from_args(a), "null").backend_options == {"step_s": 0.0005, "busy": True}
     b = _parser().parse_args(["serve", "a.ninfer"])
     assert actor_spec(config_from_args(b), "null").backend_options == {"step_s": 0.0015, "busy": False}
+
+
+def test_prompt_tokens_details_is_off_unless_asked() -> None:
+    """Chat usage reports the prefix-cache hits only with --prompt-tokens-details (docs/serving.md, Usage)."""
+    assert not config_from_args(_parser().parse_args(["serve", "a.ninfer"])).prompt_tokens_details
+    on = _parser().parse_args(["serve", "a.ninfer", "--prompt-tokens-details"])
+    assert config_from_args(on).prompt_tokens_details
