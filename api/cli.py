@@ -183,6 +183,12 @@ def _connection_options(p: Any) -> None:
         help="the whole body must arrive this long after the head was complete (then 408)",
     )
     g.add_argument(
+        "--send-timeout-s",
+        type=float,
+        default=60.0,
+        help="a streamed answer whose client takes none of it this long is cancelled (its lane freed)",
+    )
+    g.add_argument(
         "--keep-alive-timeout-s", type=float, default=5.0, help="an idle kept-alive connection is closed"
     )
     g.add_argument(
@@ -238,6 +244,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         header_timeout_s=a.header_timeout_s,
         body_timeout_s=a.body_timeout_s,
         body_deadline_s=a.body_deadline_s,
+        send_timeout_s=a.send_timeout_s,
         keep_alive_timeout_s=a.keep_alive_timeout_s,
         max_connections=a.max_connections,
         shutdown_grace_s=a.shutdown_grace_s,

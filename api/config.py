@@ -80,6 +80,7 @@ class ServerConfig:
     )
     body_timeout_s: float = 30.0  # most time between two pieces of a request body (408 after it)
     body_deadline_s: float = 60.0  # most time for a whole request body, from the complete head (408 after it)
+    send_timeout_s: float = 60.0  # a stream whose client takes none of its data this long is cancelled
     keep_alive_timeout_s: float = 5.0  # an idle kept-alive connection is closed after this long
     max_connections: int = 256  # open connections; one more is answered 503 and closed
     shutdown_grace_s: float = 30.0  # on SIGTERM: time running requests get to finish before they are ended
@@ -121,6 +122,7 @@ class ServerConfig:
             ("--header-timeout-s", self.header_timeout_s, 3600),
             ("--body-timeout-s", self.body_timeout_s, 3600),
             ("--body-deadline-s", self.body_deadline_s, 3600),
+            ("--send-timeout-s", self.send_timeout_s, 3600),
             ("--keep-alive-timeout-s", self.keep_alive_timeout_s, 3600),
         ):
             if not 0 < v <= hi:

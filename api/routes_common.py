@@ -90,6 +90,8 @@ class Tracker:
         self.record = {"request_id": svc.next_request_id(), **record}
         self.tool_calls = 0
         self.completion_tokens = 0  # generated so far (what a cancelled request logs)
+        # the loop time since which a streamed chunk waits for the client to take it; None between chunks
+        self.sending: float | None = None
 
     def delta(self, ev: TokenDelta) -> None:
         self.completion_tokens += len(ev.token_ids)
@@ -262,12 +264,45 @@ class StreamBuilder(Protocol):
     def error(self, err: ApiError) -> bytes: ...
 
 
+async def _send_watch(track: Tracker, timeout: float) -> None:
+    """Frees the lane of a stream whose client stopped reading: once one chunk has waited ``timeout`` seconds for
+    the client to take it (``--send-timeout-s``; the server's send blocks when the connection's buffers are full,
+    so the stream's generator stays suspended at its ``yield``), the request is cancelled as if the client had hung
+    up. The connection stays until the client reads or leaves."""
+    loop = asyncio.get_running_loop()
+    while not track.done:
+        since = track.sending
+        if since is not None and loop.time() - since >= timeout:
+            track.abandon(f"the client took no data for {timeout:g} s", "cancelled")
+            return
+        idle = min(timeout / 4, 1.0)  # between chunks: look again soon (a chunk may start waiting at once)
+        await asyncio.sleep(idle if since is None else max(since + timeout - loop.time(), 0.0) + 0.01)
+
+
 async def sse(
     b: StreamBuilder, events: AsyncIterator[StreamEvent], track: Tracker, err: type[ApiError]
 ) -> AsyncIterator[bytes]:
-    """Runs inside Litestar's Stream; a client disconnect cancels this task, and ``finally`` frees the lane. Any
-    error after the start (the engine's, the server's shutdown, a bug here) ends the stream with one error event
-    in the protocol's shape; the 5xx among them are logged and counted."""
+    """Runs inside Litestar's Stream; a client disconnect cancels this task, and ``finally`` frees the lane, as
+    does a client that stops reading: each chunk's wait to be taken is ``Tracker.sending``, which ``_send_watch``
+    reads."""
+    loop = asyncio.get_running_loop()
+    watch = asyncio.ensure_future(_send_watch(track, track.svc.config.send_timeout_s))
+    chunks = _sse(b, events, track, err)
+    try:
+        async for chunk in chunks:
+            track.sending = loop.time()
+            yield chunk
+            track.sending = None
+    finally:
+        watch.cancel()
+        await chunks.aclose()  # its own finally (the lane) now, not when the collector finds it
+
+
+async def _sse(
+    b: StreamBuilder, events: AsyncIterator[StreamEvent], track: Tracker, err: type[ApiError]
+) -> AsyncIterator[bytes]:
+    """The stream's chunks. Any error after the start (the engine's, the server's shutdown, a bug here) ends the
+    stream with one error event in the protocol's shape; the 5xx among them are logged and counted."""
     svc, endpoint = track.svc, track.endpoint
     try:
         yield b.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -354,3 +355,78 @@ def test_drain_refuses_new_requests_and_ends_running_ones(env) -> None:
         assert f'ninfer_server_errors_total{{endpoint="{endpoint}",code="shutting_down"}} 1' in metrics.text
     err = [r for r in records(env) if r["event"] == "request_error"]
     assert err[-1]["error"]["outcome"] == "shutting_down" and err[-1]["result"]["completion_tokens"] == 1
+
+
+# ---- a client that stops reading ----------------------------------------------------------------------------
+def _stalled_stream(tmp_path: Path, stall_after: int | None) -> tuple[Scripted, list[dict[str, Any]], float]:
+    """A streamed chat request whose client takes ``stall_after`` body chunks and then none (None: all of them),
+    against a server with a 0.3 s send timeout and an answer of 40 tokens over ~2 s: (the backend, the request log,
+    seconds until the backend saw a cancel or the answer ended)."""
+    cfg = ServerConfig(artifact="a.ninfer", send_timeout_s=0.3)
+    backend, log = Scripted(), RequestLog(tmp_path / "req.jsonl")
+    acc = Accepted(request_id=0, prompt_tokens=3, max_tokens=40, queued=False)
+    backend.script = lambda greq: (
+        [acc]
+        + [x for i in range(40) for x in (0.05, TokenDelta(0, [5], f"t{i} "))]
+        + [finish_event("output_limit", 3, 0, 40)]
+    )
+    svc = Service(
+        config=cfg, backend=backend, limits=ChatLimits(MODEL, 4096, 16), reqlog=log, drain=Drain(0.2)
+    )
+    app = build_app(svc, None)
+    body = json.dumps({**CHAT, "max_tokens": 40, "stream": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "root_path": "", "headers": [(b"host", b"t"), (b"content-type", b"application/json"),
+                                          (b"content-length", str(len(body)).encode())],
+             "client": ("10.0.0.9", 4242), "server": ("t", 80)}  # fmt: skip
+
+    async def scenario() -> float:
+        sent, never = 0, asyncio.Event()
+        got_body = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal got_body
+            if not got_body:
+                got_body = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await never.wait()  # the client neither sends more nor hangs up
+            return {"type": "http.disconnect"}
+
+        async def send(msg: dict[str, Any]) -> None:
+            nonlocal sent
+            if msg["type"] == "http.response.body" and msg.get("body"):
+                sent += 1
+                if stall_after is not None and sent > stall_after:
+                    await never.wait()  # the connection's buffers are full: the server's send blocks
+
+        t0 = time.monotonic()
+        task = asyncio.ensure_future(app(scope, receive, send))
+        while not backend.cancelled and not task.done() and time.monotonic() - t0 < 10:
+            await asyncio.sleep(0.02)
+        took = time.monotonic() - t0
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return took
+
+    took = asyncio.run(scenario())
+    log.close()
+    return backend, [json.loads(x) for x in (tmp_path / "req.jsonl").read_text().splitlines()], took
+
+
+def test_a_client_that_stops_reading_frees_its_lane(tmp_path: Path) -> None:
+    backend, recs, took = _stalled_stream(tmp_path, stall_after=3)
+    assert (
+        len(backend.cancelled) == 1 and took < 1.5
+    )  # cancelled ~0.3 s after the stall, not after the ~2 s answer
+    err = [r for r in recs if r["event"] == "request_error"]
+    assert err and err[-1]["error"] == {
+        "message": "the client took no data for 0.3 s",
+        "outcome": "cancelled",
+    }
+
+
+def test_a_client_that_reads_is_never_cancelled_by_the_send_timeout(tmp_path: Path) -> None:
+    backend, recs, took = _stalled_stream(tmp_path, stall_after=None)  # 2 s of tokens, each taken at once
+    assert backend.cancelled == [] and took > 1.5
+    assert [r["event"] for r in recs][-1] == "request_done"
