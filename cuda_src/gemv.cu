@@ -14,7 +14,8 @@
 // (gv_store_cl: the same float operations in the same order, so the same bits). Per output element
 // the arithmetic is a fixed sequence (tiles in order, 8 steps per tile, hi then lo, splits in order), and an mma
 // column depends only on its own lane's activations, so a lane's result is bitwise independent of the other lanes,
-// of NB and of the number of rows in the launch. The host picks `splits` from (format, N, K) only (linear.py, gemv_plan).
+// of NB and of the number of rows in the launch. The host picks `splits` from (format, N, K) only
+// (ninfer/cuda/gemv_geometry.py, gemv_plan).
 //
 // Expert modes (`experts`): 1, MoE decode: slot z = one activation row xrow[z] against expert ids[z]'s weights (one
 // lane, output row z); 2, expert lanes (MoE prefill of short chunks): slot z = up to NB rows routed to expert ids[z]
@@ -42,6 +43,45 @@
 #include "gemv_store.cuh"
 #include "gemv_prefetch.cuh"
 
+// The rows of the block's lane block or slot z (gv_kernel's experts modes): weight rows from wbase, activation rows
+// from xr0 (expert lanes: lt), output rows from yb, nb lanes; lt: expert lanes' row table of the slot (lane inputs,
+// then lane outputs), else null.
+template <typename T> struct GvSlot {
+    long long wbase, xr0;
+    T* yb;
+    int nb;
+    const int* lt;
+};
+
+// Fills s for z; false for an expert-lanes slot past the table's filled ones (the launch is sized by an upper
+// bound: the block exits). An expert slot (experts == 1) picks its expert here when routed (gv_route_slot) and
+// issues the L2 hint of its down projection (gv_prefetch_expert).
+template <typename F, typename T, int NB>
+__device__ __forceinline__ bool gv_slot(GvSlot<T>& s, const int* __restrict__ ids, const int* __restrict__ xrow,
+                                        T* __restrict__ y, int N, int nrows, long long ldy, long long row0,
+                                        int experts, int fold, int z, const u8* __restrict__ q0,
+                                        const u8* __restrict__ q1, int qn, int qk, const GvRoute& rt) {
+    s.lt = nullptr;
+    if (experts == 2) {
+        const int e = ids[z];
+        if (e < 0) return false;
+        s.lt = xrow + (long long)z * 2 * NB;
+        s.nb = 0;
+#pragma unroll
+        for (int g = 0; g < NB; ++g) s.nb += s.lt[g] >= 0;
+        s.wbase = (long long)e * N, s.xr0 = 0, s.yb = y;
+    } else if (experts) {
+        const int e = rt.lg != nullptr ? gv_route_slot(rt, z, xrow[z], blockIdx.x == 0 && blockIdx.y == 0) : ids[z];
+        s.wbase = (long long)e * N, s.xr0 = xrow[z], s.yb = y + (long long)z * ldy, s.nb = 1;
+        if (GvPf<F>::ON && GV_PF_START && q0 != nullptr) gv_prefetch_expert(q0, q1, qn, qk, e);
+    } else {
+        s.wbase = row0, s.xr0 = (long long)z * NB;
+        s.yb = fold ? reinterpret_cast<T*>(reinterpret_cast<float*>(y) + s.xr0 * ldy) : y + s.xr0 * ldy;
+        s.nb = min(NB, nrows - z * NB);
+    }
+    return true;
+}
+
 // experts == 0: lane block z takes activation rows z*NB .. (nrows of them in the launch), weight rows row0 ..;
 // Norm folding (docs/cuda.md): xf GV_NORM | GV_NORMW stages the RMS-normed residual (x: float32 residual, x2: norm
 // weight, part/ldp/npart/eps: the producer's partial sums of squares; any experts mode: a lane's partials are
@@ -50,8 +90,9 @@
 // experts == 1: expert slot z: activation row xrow[z], weight rows ids[z] * N .., one lane;
 // experts == 2: expert lanes: slot z's rows from its table xrow[z*2NB ..] (header), weight rows ids[z] * N ...
 // Dynamic shared memory: two activation chunk buffers (2 * GV_CHUNK * 8 * NB * 4 * FW * 4 bytes), then per warp
-// GV_STAGES stages of F::VECS * 512 bytes of weights (gemv_plan in linear.py computes the same sizes).
-// q0 .. qsplits: the next product's L2 prefetch (gv_prefetch_next above; gemv_mma_pf), null in gemv_mma.
+// GV_STAGES stages of F::VECS * 512 bytes of weights (GemvPlan.smem_bytes in gemv_geometry.py computes the same
+// sizes).
+// q0 .. qsplits: the next product's L2 prefetch (gemv_prefetch.cuh gv_prefetch_next; gemv_mma_pf), null in gemv_mma.
 template <typename F, typename T, int NB>
 __device__ __forceinline__ void gv_kernel(
     const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
@@ -73,30 +114,15 @@ __device__ __forceinline__ void gv_kernel(
     // pass over the weights instead of zin). The same blocks, the same arithmetic: every row's bits are unchanged.
     const int z = zin ? blockIdx.x % zin : blockIdx.z, split = blockIdx.y, splits = gridDim.y;
     const int bx = zin ? blockIdx.x / zin : blockIdx.x;
-    long long wbase, xr0;
-    T* yb;
-    int nb;
     // launched with PDL (ninfer/cuda/launch.py): nothing an earlier kernel writes is read before pdl_wait. Expert
     // launches need the router's ids for their rows; the others issue their first weight tiles, then wait.
     if (experts) pdl_wait();
-    const int* lt = nullptr;  // expert lanes: this slot's row table (lane inputs, then lane outputs)
-    if (experts == 2) {
-        const int e = ids[z];
-        if (e < 0) return;  // a slot past the table's filled ones (the launch is sized by an upper bound)
-        lt = xrow + (long long)z * 2 * NB;
-        nb = 0;
-#pragma unroll
-        for (int g = 0; g < NB; ++g) nb += lt[g] >= 0;
-        wbase = (long long)e * N, xr0 = 0, yb = y;
-    } else if (experts) {
-        const int e = rt.lg != nullptr ? gv_route_slot(rt, z, xrow[z], blockIdx.x == 0 && blockIdx.y == 0) : ids[z];
-        wbase = (long long)e * N, xr0 = xrow[z], yb = y + (long long)z * ldy, nb = 1;
-        if (GvPf<F>::ON && GV_PF_START && q0 != nullptr) gv_prefetch_expert(q0, q1, qn, qk, e);
-    } else {
-        wbase = row0, xr0 = (long long)z * NB;
-        yb = fold ? reinterpret_cast<T*>(reinterpret_cast<float*>(y) + xr0 * ldy) : y + xr0 * ldy;
-        nb = min(NB, nrows - z * NB);
-    }
+    GvSlot<T> sl;
+    if (!gv_slot<F, T, NB>(sl, ids, xrow, y, N, nrows, ldy, row0, experts, fold, z, q0, q1, qn, qk, rt)) return;
+    const long long wbase = sl.wbase, xr0 = sl.xr0;
+    T* const yb = sl.yb;
+    const int nb = sl.nb;
+    const int* const lt = sl.lt;
     // the row this thread stages (its lane gl; only read while gl < nb)
     const int gl = threadIdx.x % NB;
     const long long xr = lt ? (gl < nb ? lt[gl] : 0) : xr0 + gl;
@@ -154,7 +180,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     gv_kernel<F, T, NB>(GV_ARGS, q0, q1, qn, qk, qbx, qsplits, GvRoute{}, GvCombine{});
 }
 
-// The routed expert launch (GvRoute above; linear.gemv_experts_routed): experts == 1, one lane per slot, the L2
+// The routed expert launch (GvRoute above; gemv_experts.gemv_experts_routed): experts == 1, one lane per slot, the L2
 // hint of the down projection (q0, q1, qn, qk; null for none, ignored by formats other than NVFP4).
 template <typename F, typename T, int NB>
 __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
@@ -165,8 +191,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
                         GvRoute{lg, ldl, ne, topk, nrouted, shared, rids, rw}, GvCombine{});
 }
 
-// The down projection with the MoE combine and the next norm in its tail (GvCombine above; linear.py
-// gemv_experts_down_combine): experts == 1, one K split, float32 rows.
+// The down projection with the MoE combine and the next norm in its tail (GvCombine above;
+// gemv_experts.gemv_experts_down_combine): experts == 1, one K split, float32 rows.
 template <typename F, typename T, int NB>
 __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
     gemv_mma_cb(GV_PARAMS, int* __restrict__ tcnt, int arrivals, int topk, int nrouted, const int* __restrict__ where,

@@ -14,8 +14,8 @@
 // linear id L, then j + G, ... below min(next grid, GV_PF_WAVE)), so that its main loop starts from L2.
 // q0 / q1: the next weight's NVFP4 code and scale planes (wformat.cuh's device layout: a 16-row group's K tiles
 // are consecutive 1 KiB code / 128 B scale blocks, so one bulk prefetch per group and plane), qn x qk its shape,
-// qbx x qsplits its grid (linear.gemv_plan). Only hints: nothing reads the prefetched bytes but the next launch's
-// own loads, so results never change. Formats other than NVFP4 (GvPf<F>::ON false) ignore q0.
+// qbx x qsplits its grid (gemv_geometry.gemv_plan). Only hints: nothing reads the prefetched bytes but the next
+// launch's own loads, so results never change. Formats other than NVFP4 (GvPf<F>::ON false) ignore q0.
 // GV_PF_START 1 (the default since 2026-12-04; measured 0 above: a loss): every block issues its hints at its start,
 // after its own first tiles and before its PDL wait (block L hints next block L, L + G, ...), so the bytes move
 // while this launch streams instead of extending its drain (likely why the end placement lost: a grid completes only
@@ -28,7 +28,7 @@
 #ifndef GV_PF_TILES
 #define GV_PF_TILES 4
 #endif
-#define GV_PF_WAVE 528  // one wave of the GEMV on a 132-SM H200 (linear._GV_WAVE_BLOCKS)
+#define GV_PF_WAVE 528  // one wave of the GEMV on a 132-SM H200 (gemv_geometry._GV_WAVE_BLOCKS)
 template <typename F> struct GvPf { static constexpr bool ON = false; };
 template <> struct GvPf<FragNVFP4> { static constexpr bool ON = true; };
 template <> struct GvPf<FragNVFP4RowG> { static constexpr bool ON = true; };

@@ -179,9 +179,49 @@ __device__ __forceinline__ void gv_store_cl(u32* sm, const float (&acc)[F::MT][4
     if (split == 0 && fo.on) gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
 }
 
-// The block's results: with one split straight to y; launched as clusters, gv_store_cl; else its partials to slot
-// (tile, split), and the last of the row block's splits to arrive adds them in split order and resets the tile's
-// counter. Folding (fo.on): y is the float32 residual, row b at rb + b * ldy (see GvFold).
+// The K-split reduction through a global workspace: the block's partials to slot (tile, split) of ws, and the last
+// of the row block's splits to arrive (cnt[tile]) adds them in split order (gv_split_sum) and resets the counter.
+template <typename F, typename T, int NB>
+__device__ __forceinline__ void gv_store_counter(u32* sm, const float (&acc)[F::MT][4], int bx, long long tile,
+                                                 int split, int splits, T* yb, const int* lt, long long ldy,
+                                                 float* ws, int* cnt, const u8* p1, const u8* p2, long long wbase,
+                                                 int N, int nb, const GvFold& fo) {
+    constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float* sr = reinterpret_cast<float*>(sm) + 32;  // folding: as gv_store
+    float* part = ws + (tile * splits + split) * (ROWS * 8);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[(warp * MT * 16 + mt * 16 + g + (e >> 1) * 8) * 8 + 2 * t + (e & 1)] = acc[mt][e];
+    // one arrival per block, after the barrier: thread 0's acq_rel atomic releases the block's partials
+    // (cumulativity through the barrier) and, in the last block, acquires the others' (extended to its threads by
+    // the barrier after it): no separate fences (~4% of the 1-row GEMV's warp stalls were per-thread fences)
+    __syncthreads();
+    // the last-block flag in the first activation word: every read of the activation buffers ended before the main
+    // loop's last barrier (a static __shared__ int here made a block 16 bytes too large for 4 per SM)
+    volatile int* last = reinterpret_cast<volatile int*>(sm);
+    if (threadIdx.x == 0) *last = arrive_acq_rel(cnt + tile, 1) == splits - 1;
+    __syncthreads();
+    if (!*last) return;
+    const float* base = ws + tile * splits * (ROWS * 8);
+    constexpr int V = NB >= 4 ? 4 : 1;
+    const auto ld = [base](int sp, int off, float (&v)[V]) {
+        const float* q = base + (long long)sp * ROWS * 8 + off;
+        if constexpr (V == 4) {
+            const float4 u = __ldcg(reinterpret_cast<const float4*>(q));
+            v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+        } else {
+            v[0] = __ldcg(q);
+        }
+    };
+    gv_split_sum<F, T, NB, 16>(ld, sr, bx, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
+    if (fo.on) gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
+    if (threadIdx.x == 0) cnt[tile] = 0;
+}
+
+// The block's results: with one split straight to y; launched as clusters, gv_store_cl; else gv_store_counter.
+// Folding (fo.on): y is the float32 residual, row b at rb + b * ldy (see GvFold).
 template <typename F, typename T, int NB>
 __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], int bx, long long tile, int split,
                                          int splits, T* yb, const int* lt, long long ldy, float* ws, int* cnt,
@@ -215,33 +255,5 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
         gv_store_cl<F, T, NB>(sm, acc, bx, split, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
         return;
     }
-    float* part = ws + (tile * splits + split) * (ROWS * 8);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) part[(warp * MT * 16 + mt * 16 + g + (e >> 1) * 8) * 8 + 2 * t + (e & 1)] = acc[mt][e];
-    // one arrival per block, after the barrier: thread 0's acq_rel atomic releases the block's partials
-    // (cumulativity through the barrier) and, in the last block, acquires the others' (extended to its threads by
-    // the barrier after it): no separate fences (~4% of the 1-row GEMV's warp stalls were per-thread fences)
-    __syncthreads();
-    // the last-block flag in the first activation word: every read of the activation buffers ended before the main
-    // loop's last barrier (a static __shared__ int here made a block 16 bytes too large for 4 per SM)
-    volatile int* last = reinterpret_cast<volatile int*>(sm);
-    if (threadIdx.x == 0) *last = arrive_acq_rel(cnt + tile, 1) == splits - 1;
-    __syncthreads();
-    if (!*last) return;
-    const float* base = ws + tile * splits * (ROWS * 8);
-    constexpr int V = NB >= 4 ? 4 : 1;
-    const auto ld = [base](int sp, int off, float (&v)[V]) {
-        const float* q = base + (long long)sp * ROWS * 8 + off;
-        if constexpr (V == 4) {
-            const float4 u = __ldcg(reinterpret_cast<const float4*>(q));
-            v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
-        } else {
-            v[0] = __ldcg(q);
-        }
-    };
-    gv_split_sum<F, T, NB, 16>(ld, sr, bx, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
-    if (fo.on) gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
-    if (threadIdx.x == 0) cnt[tile] = 0;
+    gv_store_counter<F, T, NB>(sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);
 }
