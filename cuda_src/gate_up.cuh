@@ -1,6 +1,6 @@
 // The MoE gate | up product with the SwiGLU in its epilogue (gemm_sm90.cu gemm90_experts_f16g_swiglu; docs/cuda.md
 // "SwiGLU in the expert gate | up epilogue"): the weight tile's rows and the epilogue. The dense MLP's twin is
-// gemm_sm90_ws.cu gemm90_f16_ws_swiglu (the same tile split and epilogue expression on the ws kernel).
+// gemm_sm90_ws.cu gemm90_f16_ws_swiglu (the same tile split on the ws kernel; its epilogue is gate_up_store too).
 //
 // Expert e's weight rows are [gate | up] (half = I gate rows, then the same features' I up rows; fuse.py, HF's
 // gate_up_proj), and column tile nt of the plain kernel holds BN consecutive rows. Here it holds gate rows
