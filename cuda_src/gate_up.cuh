@@ -1,6 +1,6 @@
 // The MoE gate | up product with the SwiGLU in its epilogue (gemm_sm90.cu gemm90_experts_f16g_swiglu; docs/cuda.md
 // "SwiGLU in the expert gate | up epilogue"): the weight tile's rows and the epilogue. The dense MLP's twin is
-// gemm_sm90_ws.cu gemm90_f16_ws_swiglu (the same tile split and epilogue expression on the ws kernel).
+// gemm_sm90_ws.cu gemm90_f16_ws_swiglu (the same tile split on the ws kernel; its epilogue is gate_up_store too).
 //
 // Expert e's weight rows are [gate | up] (half = I gate rows, then the same features' I up rows; fuse.py, HF's
 // gate_up_proj), and column tile nt of the plain kernel holds BN consecutive rows. Here it holds gate rows
@@ -79,12 +79,15 @@ template <typename D> struct GsWeightLoader<D, true> {
 // in [gate | up]), h[r][c] = siluf_(g) * u (split_in8<true>'s expression: the values split_f16row_in<false, true>
 // computes from those stored rows) as float2 (c even; h 8-byte aligned, ldh even). Per row: its largest |h| over
 // the tile (fmaxf from 0 over the quad that shares the row, NaN ignored: the split's row pass over these columns,
-// max is order-free) into tmax[r * tn + nt]. h, rowf, tmax: offset to the tile's first row.
-template <typename D>
+// max is order-free) into tmax[r * tn + nt]. Rows count from row m0 of rowf, h and tmax, features from f0 (h's
+// column f0 + c, row scales gbase + f0 + c and ubase + f0 + c): the expert launch passes pointers and bases offset
+// to its tile (m0 = f0 = 0); gemm_sm90_ws.cu's store_swiglu (the dense MLP's gate | up, the same epilogue) its
+// tile's m0 and f0 with gbase = 0, ubase = half (B, the row scale index type: int there, as its PTX was before).
+template <typename D, typename B>
 __device__ __forceinline__ void gate_up_store(const float (&acc)[D::BN / 2], int tid, int mvalid,
-                                              const u8* __restrict__ p1, const u8* __restrict__ p2, long long gbase,
-                                              long long ubase, const float* __restrict__ rowf, float* __restrict__ h,
-                                              long long ldh, float* __restrict__ tmax, int tn, int nt) {
+                                              const u8* __restrict__ p1, const u8* __restrict__ p2, B gbase, B ubase,
+                                              const float* __restrict__ rowf, float* __restrict__ h, long long ldh,
+                                              float* __restrict__ tmax, int tn, int nt, int m0 = 0, int f0 = 0) {
     constexpr int Q = D::BN / 4;  // registers holding gate columns; register i + Q: the up column of the feature
     float mx[2] = {0.f, 0.f};
     int rows[2] = {0, 0};
@@ -94,22 +97,22 @@ __device__ __forceinline__ void gate_up_store(const float (&acc)[D::BN / 2], int
         frag_rc(tid, i, r, c);
         rows[(i >> 1) & 1] = r;
         if (r < mvalid) {
-            const float f = rowf[r];
+            const float f = rowf[m0 + r];
             float hv[2];
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                const float g = acc[i + j] * D::row_scale(p1, p2, gbase + c + j) * f;
-                const float up = acc[i + Q + j] * D::row_scale(p1, p2, ubase + c + j) * f;
+                const float g = acc[i + j] * D::row_scale(p1, p2, gbase + f0 + c + j) * f;
+                const float up = acc[i + Q + j] * D::row_scale(p1, p2, ubase + f0 + c + j) * f;
                 hv[j] = siluf_(g) * up;
                 mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], fabsf(hv[j]));
             }
-            *reinterpret_cast<float2*>(h + (long long)r * ldh + c) = make_float2(hv[0], hv[1]);
+            *reinterpret_cast<float2*>(h + (long long)(m0 + r) * ldh + f0 + c) = make_float2(hv[0], hv[1]);
         }
     }
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
         mx[q] = fmaxf(mx[q], __shfl_xor_sync(0xffffffffu, mx[q], 1));
         mx[q] = fmaxf(mx[q], __shfl_xor_sync(0xffffffffu, mx[q], 2));
-        if ((tid & 3) == 0 && rows[q] < mvalid) tmax[(long long)rows[q] * tn + nt] = mx[q];
+        if ((tid & 3) == 0 && rows[q] < mvalid) tmax[(long long)(m0 + rows[q]) * tn + nt] = mx[q];
     }
 }

@@ -22,6 +22,7 @@
 #include "common.cuh"
 #include "wdq.cuh"
 #include "wgmma.cuh"
+#include "gate_up.cuh"
 #include "ws_sched.cuh"
 
 #define WS_SMEM 232448  // the opt-in maximum, as every gemm_sm90.cu instance: one CTA per SM
@@ -179,38 +180,12 @@ template <typename D, bool SW = false> struct WsConsumer {
     }
 
     // SW: registers i < 64 hold gate columns c < 128 of the tile, i + 64 the same features' up columns (frag_rc:
-    // c + 128). Each output h = silu(g) * u of g, u with the epilogue's own expression (the values store<true> would
-    // have written into [gate | up]) and the swiglu kernel's (activation.cu), so h is bitwise the SwiGLU of the
-    // plain kernel's output. Per (row, tile): the largest |h| (fmaxf from 0, NaN ignored: split_f16row's row max
-    // over these columns; max is order-free), reduced over the quad that shares the row, one store by lane 0 of it.
+    // c + 128): gate_up.cuh's epilogue, shared with the expert launch (h = silu(g) * u of g, u with the epilogue's
+    // own expression, the values store<true> would have written into [gate | up], and the swiglu kernel's, so h is
+    // bitwise the SwiGLU of the plain kernel's output; per (row, tile) the largest |h| into tmax).
     __device__ void store_swiglu(int mt, int nt) const {
         const int m0 = mt * GS_BM, f0 = nt * (WS_BN / 2), mvalid = min(M - m0, GS_BM), tn = half / (WS_BN / 2);
-        float mx[2] = {0.f, 0.f};
-        int rows[2] = {0, 0};
-#pragma unroll
-        for (int i = 0; i < WS_BN / 4; i += 2) {
-            int r, c;
-            frag_rc(ctid, i, r, c);
-            rows[(i >> 1) & 1] = r;
-            if (r < mvalid) {
-                const float f = rowf[m0 + r];
-                float h[2];
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const float g = acc[i + j] * D::row_scale(p1, p2, f0 + c + j) * f;
-                    const float up = acc[i + WS_BN / 4 + j] * D::row_scale(p1, p2, half + f0 + c + j) * f;
-                    h[j] = siluf_(g) * up;
-                    mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], fabsf(h[j]));
-                }
-                *reinterpret_cast<float2*>(y + (long long)(m0 + r) * ldy + f0 + c) = make_float2(h[0], h[1]);
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-            mx[q] = fmaxf(mx[q], __shfl_xor_sync(0xffffffffu, mx[q], 1));
-            mx[q] = fmaxf(mx[q], __shfl_xor_sync(0xffffffffu, mx[q], 2));
-            if ((ctid & 3) == 0 && rows[q] < mvalid) tmax[(long long)(m0 + rows[q]) * tn + nt] = mx[q];
-        }
+        gate_up_store<D>(acc, ctid, mvalid, p1, p2, 0, half, rowf, y, ldy, tmax, tn, nt, m0, f0);
     }
 };
 

@@ -75,7 +75,8 @@ def bench(
     """Every (format, shape, rows) case plus one MoE expert dispatch; returns the copy ceiling and the cases."""
     import cupy
 
-    from ninfer.cuda.linear import gemv, gemv_experts
+    from ninfer.cuda.gemv_experts import gemv_experts
+    from ninfer.cuda.linear import gemv
 
     ceiling = copy_bandwidth(1 << 30, repeats)  # 1 GiB device-to-device, read + written
     cases: list[dict[str, Any]] = []

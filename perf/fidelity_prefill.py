@@ -69,20 +69,18 @@ ATTN_ROUNDINGS: dict[str, tuple[bool, bool]] = {"p-bf16": (False, True), "qp-bf1
 def _attention_rounded(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, *, rq: bool, rp: bool
 ) -> np.ndarray:
-    """ops.attention with q and / or the unnormalised probabilities rounded to bf16 (the sum from the unrounded)."""
-    t, hq, d = q.shape
-    n_kv, length = k.shape[1], start + t
-    group = hq // n_kv
-    q = _bf16(q) if rq else q
-    qh = q.reshape(t, n_kv, group, d).transpose(1, 2, 0, 3).reshape(n_kv, group * t, d)
-    scores = np.matmul(qh, k[:length].transpose(1, 2, 0)) * F32(1.0 / np.sqrt(d))
-    scores = scores.reshape(n_kv, group, t, length)
-    future = np.arange(length)[None, :] > (start + np.arange(t))[:, None]
+    """ops.attention with q and / or the unnormalised probabilities rounded to bf16 (the sum from the unrounded).
+    The probabilities are e^(s - m) with m the row's largest score over all its keys, future ones included (the
+    normalisation cancels m, but not its bf16 rounding of P; the kernel and ops.attention take the causal keys' m):
+    kept as the recorded measurements were taken."""
+    from ninfer.reference import ops
+
+    t, hq, _ = q.shape
+    scores, future = ops.attention_scores(_bf16(q) if rq else q, k, start)
     p = np.exp(np.where(future, -np.inf, scores) - scores.max(axis=-1, keepdims=True)).astype(F32)
-    total = p.sum(axis=-1, keepdims=True)
-    pv = np.matmul((_bf16(p) if rp else p).reshape(n_kv, group * t, length), v[:length].transpose(1, 0, 2))
-    out = (pv.reshape(n_kv, group, t, d) / total).astype(F32)
-    return out.transpose(2, 0, 1, 3).reshape(t, hq, d)
+    total = p.sum(axis=-1, keepdims=True)  # [Hkv, G, T, 1]
+    pv = ops.attention_values(_bf16(p) if rp else p, v)
+    return (pv / total.transpose(2, 0, 1, 3).reshape(t, hq, 1)).astype(F32)
 
 
 @contextlib.contextmanager

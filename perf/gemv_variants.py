@@ -331,8 +331,10 @@ def _clusters(lin: Any, fmt: str, shapes: dict[str, tuple[int, int]]) -> str:
 def main(argv: list[str] | None = None) -> None:
     import cupy
 
+    import ninfer.cuda.gemv_geometry as geo
     import ninfer.cuda.linear as lin
     import ninfer.cuda.loader as loader
+    from ninfer.cuda.gemv_experts import gemv_experts
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default="base,ceil,stages3")
@@ -350,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
         for n in lin.SOURCES["gemv.cu"]
         if ", float," in n and any(lin.FRAG_STRUCTS[f][0] + "," in n for f in fmts)
     )
-    original, plan0, stages0, chunk0 = loader.source_text, lin.gemv_plan, lin._GV_STAGES, lin._GV_CHUNK
+    original, plan0, stages0, chunk0 = loader.source_text, lin.gemv_plan, geo._GV_STAGES, geo._GV_CHUNK
     cluster0 = lin.GV_CLUSTER
     ceiling = copy_bandwidth(1 << 30, 10)
     print(f"copy ceiling (read + write): {ceiling / 1e9:.0f} GB/s; us and fraction of copy per case")
@@ -363,8 +365,8 @@ def main(argv: list[str] | None = None) -> None:
         for v in a.variants.split(","):
             loader.source_text = _source(original, v)
             loader.load_module.cache_clear()
-            lin._GV_STAGES = 3 if v == "stages3" else stages0
-            lin._GV_CHUNK = 4 if v == "chunk4n" else chunk0
+            geo._GV_STAGES = 3 if v == "stages3" else stages0
+            geo._GV_CHUNK = 4 if v == "chunk4n" else chunk0
             lin._GV_PDL = v != "nopdl" and not v.startswith("dir=")
             lin.GV_CLUSTER = "graph" if v in ("cluster", "cl8") else "off"
             lin.gemv_plan = _plan(lin, plan0.__wrapped__, v)
@@ -379,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
                     cells.append(f"{name} x{b} {t * 1e6:.1f} {frac:.2f}")
             if not a.small and not a.no_chain:
                 cells += _chain(lin, fmt, v, rows, ceiling, rng)
-            e = _experts(fmt, 10, ceiling, rng, lin.gemv_experts)
+            e = _experts(fmt, 10, ceiling, rng, gemv_experts)
             cells.append(f"moe x8 {e['us']:.1f} {e['of_copy']:.2f}")
             print(f"{fmt} {v:8s} | " + " | ".join(cells), flush=True)
             print(f"{fmt} {v:8s} | resident blocks per SM: {_occupancy(lin, fmt)}", flush=True)
@@ -390,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
                 )
         del weights
         cupy.get_default_memory_pool().free_all_blocks()
-    loader.source_text, lin.gemv_plan, lin._GV_STAGES, lin._GV_CHUNK = original, plan0, stages0, chunk0
+    loader.source_text, lin.gemv_plan, geo._GV_STAGES, geo._GV_CHUNK = original, plan0, stages0, chunk0
     lin.GV_CLUSTER = cluster0
     loader.load_module.cache_clear()
 

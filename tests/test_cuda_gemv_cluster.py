@@ -107,7 +107,7 @@ def test_dense_cluster_bitwise_counter(cp: Any, fmt: str, t: str) -> None:
 def test_experts_cluster_bitwise_counter(cp: Any, t: str) -> None:
     """MoE decode slots (experts == 1) and expert lanes (experts == 2, 4 and 8 lanes, the SwiGLU prologue) with
     4 and 12 splits."""
-    from ninfer.cuda.linear import gemv_experts
+    from ninfer.cuda.gemv_experts import gemv_experts
     from ninfer.cuda.moe_lanes import expert_lanes, expert_lanes_product
 
     rng = np.random.default_rng(9)
@@ -137,7 +137,8 @@ def test_experts_cluster_bitwise_counter(cp: Any, t: str) -> None:
 def test_fold_cluster_bitwise_counter(cp: Any, rows: int) -> None:
     """Norm folding: the producer (residual update, partial sums of squares by rank 0) and the consumers (dense and
     expert slots) with their splits as clusters."""
-    from ninfer.cuda.linear import gemv, gemv_experts, gemv_plan
+    from ninfer.cuda.gemv_experts import gemv_experts
+    from ninfer.cuda.linear import gemv, gemv_plan
     from ninfer.cuda.norm import Normed
 
     rng = np.random.default_rng(rows)

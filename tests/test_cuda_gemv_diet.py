@@ -29,7 +29,8 @@ def cp() -> Any:
 
 def _products(cp: Any, rng_seed: int, t: str) -> list[np.ndarray]:
     """The GEMV outputs of a fixed set of launches (same inputs every call) with the sources loaded now."""
-    from ninfer.cuda.linear import gemv, gemv_experts
+    from ninfer.cuda.gemv_experts import gemv_experts
+    from ninfer.cuda.linear import gemv
     from ninfer.cuda.weights import upload_weight
 
     rng = np.random.default_rng(rng_seed)

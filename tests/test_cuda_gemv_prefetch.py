@@ -99,7 +99,7 @@ def test_expert_prefetch_never_changes_a_product(cp: Any) -> None:
     """An expert launch's hint of its slots' down-projection rows (gemv_experts(..., prefetch=down), gemv.cu
     gv_prefetch_expert): gate | up and the down product after it bitwise as without the hint, for one token's
     slots and for slots repeating an expert, eagerly and in a captured PDL graph."""
-    from ninfer.cuda.linear import KernelError, gemv_experts
+    from ninfer.cuda.gemv_experts import KernelError, gemv_experts
 
     rng = np.random.default_rng(94)
     e, inter, hid = 6, 64, 256

@@ -1,6 +1,6 @@
 """The decode MoE fusions on the GPU: routing inside the gate | up launch (gemv.cu ``gemv_mma_rt``,
-``linear.gemv_experts_routed``, ``CudaQwen36.moe_route_fused``) and the combine + next norm in the down launch's
-tail (``gemv_mma_cb``, ``linear.gemv_experts_down_combine``, ``CudaQwen36.moe_combine_fused``): two launches less
+``gemv_experts.gemv_experts_routed``, ``CudaQwen36.moe_route_fused``) and the combine + next norm in the down launch's
+tail (``gemv_mma_cb``, ``gemv_experts.gemv_experts_down_combine``, ``CudaQwen36.moe_combine_fused``): two launches less
 per decode MoE layer, the same bits.
 
 - per launch: ids, weights and the gate | up product bitwise those of ``moe_route`` followed by ``gemv_experts``
@@ -67,7 +67,7 @@ CASES = [
     "case", CASES, ids=lambda c: f"t{c[0]}-e{c[1]}k{c[2]}-{'sh' if c[3] else 'no'}-{c[4][:5]}"
 )
 def test_routed_launch_is_route_then_experts(cp: Any, case: tuple) -> None:
-    from ninfer.cuda.linear import gemv_experts, gemv_experts_routed
+    from ninfer.cuda.gemv_experts import gemv_experts, gemv_experts_routed
     from ninfer.cuda.router import moe_route
 
     t, e, k, shared, fmt = case
@@ -96,7 +96,7 @@ def test_routed_launch_is_route_then_experts(cp: Any, case: tuple) -> None:
 
 
 def test_routed_launch_rejects_bad_arguments(cp: Any) -> None:
-    from ninfer.cuda.linear import KernelError, gemv_experts_routed
+    from ninfer.cuda.gemv_experts import KernelError, gemv_experts_routed
 
     rng = np.random.default_rng(5)
     w = _weight(rng, NVFP4, (8 * 64, 128))
@@ -121,7 +121,7 @@ COMBINE_CASES = [(1, True, True), (3, False, False), (8, True, True)]
 
 @pytest.mark.parametrize("case", COMBINE_CASES, ids=lambda c: f"t{c[0]}-{'sh' if c[1] else 'apart'}-{c[2]}")
 def test_down_with_combine_is_down_then_combine(cp: Any, case: tuple) -> None:
-    from ninfer.cuda.linear import KernelError, gemv_experts, gemv_experts_down_combine
+    from ninfer.cuda.gemv_experts import KernelError, gemv_experts, gemv_experts_down_combine
     from ninfer.cuda.model_layers import combine_norm
     from ninfer.cuda.norm import MoeCombine, moe_combine_rmsnorm
 

@@ -76,7 +76,7 @@ def _lanes_case(
     """Token rows routed top-3 over 5 experts + shared (uneven: experts with 0..many rows); gate|up style (x by
     token row) or down style (x by pair row, SwiGLU prologue)."""
     from ninfer.cuda.activation import swiglu as swiglu_kernel
-    from ninfer.cuda.linear import gemv_experts
+    from ninfer.cuda.gemv_experts import gemv_experts
     from ninfer.cuda.moe_lanes import expert_lanes, expert_lanes_product
 
     tokens, top, e = 13, 3, 5

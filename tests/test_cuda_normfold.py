@@ -62,7 +62,8 @@ PAIRS = [
 @pytest.mark.parametrize("case", PAIRS, ids=lambda c: f"{c[0][:5]}-{c[1][:5]}-n{c[2]}-k{c[3]}-r{c[5]}")
 @pytest.mark.parametrize("offset", [True, False])
 def test_fold_pair_matches_unfolded(cp: Any, case: tuple, offset: bool) -> None:
-    from ninfer.cuda.linear import gemv, gemv_experts, gemv_plan
+    from ninfer.cuda.gemv_experts import gemv_experts
+    from ninfer.cuda.linear import gemv, gemv_plan
     from ninfer.cuda.norm import Normed, rmsnorm
 
     f1, f2, n, k, n2, rows = case

@@ -306,7 +306,8 @@ def test_gemv_experts(cp: Any, report: list, fmt: str) -> None:
 
 
 def _experts_case(cp: Any, report: list, rng: np.random.Generator, fmt: str, n: int, k: int) -> None:
-    from ninfer.cuda.linear import gemv, gemv_experts
+    from ninfer.cuda.gemv_experts import gemv_experts
+    from ninfer.cuda.linear import gemv
 
     e, tokens, top = 6, 3, 4
     w, wf = _weight(rng, fmt, (e, n, k))
@@ -330,7 +331,8 @@ def test_gemv_prologues_equal_the_standalone_kernels(cp: Any, fmt: str, t: str) 
     """The GEMV's fused SwiGLU and output-gate inputs are bitwise the GEMV of the standalone kernels' outputs
     (1, 3 and 8 rows; the expert dispatch's SwiGLU too)."""
     from ninfer.cuda.activation import sigmoid_gate, swiglu
-    from ninfer.cuda.linear import gemv, gemv_experts
+    from ninfer.cuda.gemv_experts import gemv_experts
+    from ninfer.cuda.linear import gemv
 
     rng = np.random.default_rng(29)
     heads, d = 3, 64

@@ -440,7 +440,7 @@ def test_moe_fusion_rules() -> None:
     model_layers.settle."""
     from types import SimpleNamespace
 
-    import ninfer.cuda.linear as lin
+    import ninfer.cuda.gemv_experts as gex
     from ninfer.cuda.model_layers import _route_in_experts, settle
     from ninfer.cuda.norm import MoeCombine
 
@@ -451,14 +451,14 @@ def test_moe_fusion_rules() -> None:
     assert not _route_in_experts(on, h32.astype(np.uint16), 1, False, False)
     assert not _route_in_experts(SimpleNamespace(), h32, 1, False, False)  # off unless switched on
     calls = []
-    real, lin.gemv_experts = lin.gemv_experts, lambda *a, **kw: calls.append((a, kw))
+    real, gex.gemv_experts = gex.gemv_experts, lambda *a, **kw: calls.append((a, kw))
     try:
         c = MoeCombine(np.zeros((3, 8), F32), None, None, None, None, 1, ("gu", "w", "ids", "slot"))
         done = settle(c)
         assert done.down is None and settle(done) is done
         assert calls == [(("gu", "w", "ids", "slot", 8, c.dn), {"swiglu": True})]
     finally:
-        lin.gemv_experts = real
+        gex.gemv_experts = real
 
 
 # fmt, N (rows per expert), K, splits, tokens, routed experts, top-k, shared expert

@@ -203,7 +203,7 @@ def _swiglu_ffn(net: Any, h: Any, gate_up: str, down: str, resid: Any = None) ->
 def _experts(
     x: Any, w: Any, ids: Any, xrow: Any, n: int, out: Any, *, swiglu: bool = False, prefetch: Any = None
 ) -> None:
-    from ninfer.cuda.linear import gemv_experts
+    from ninfer.cuda.gemv_experts import gemv_experts
 
     for s0 in range(0, ids.shape[0], _SLOTS_PER_LAUNCH):
         s1 = min(ids.shape[0], s0 + _SLOTS_PER_LAUNCH)
@@ -298,7 +298,7 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
         nxt = w[p + "experts.down_proj"] if getattr(net, "gemv_prefetch", False) else None
         wg = w[p + "experts.gate_up_proj"]
         if routed:
-            from ninfer.cuda.linear import gemv_experts_routed
+            from ninfer.cuda.gemv_experts import gemv_experts_routed
 
             gemv_experts_routed(
                 h, wg, rg, k, xrow, 2 * inter, gu, ids, ew, shared=e if shared else None, prefetch=nxt
@@ -363,7 +363,7 @@ def _pending_down(net: Any, gu: Any, w: Any, ids: Any, slot: Any, dn: Any) -> tu
 def _run_down(down: tuple[Any, ...], dn: Any) -> None:
     """The down launch ``down`` = (gate | up rows, the fused down weight, slot ids, slot rows) on its own, into
     ``dn`` (decode: one launch for every slot)."""
-    from ninfer.cuda.linear import gemv_experts
+    from ninfer.cuda.gemv_experts import gemv_experts
 
     gu, w, ids, slot = down
     gemv_experts(gu, w, ids, slot, int(dn.shape[1]), dn, swiglu=True)
@@ -381,11 +381,11 @@ def combine_norm(
     c: MoeCombine, w: Any, eps: float, *, residual: Any, offset: bool = True, f16: bool = False
 ) -> Any:
     """``norm.moe_combine_rmsnorm`` of an MoE layer's output; a pending down launch runs with the combine and the
-    norm in its tail (``linear.gemv_experts_down_combine``: one launch, the same bits) where that applies, else on
+    norm in its tail (``gemv_experts.gemv_experts_down_combine``: one launch, the same bits) where that applies, else on
     its own first."""
     import cupy
 
-    from ninfer.cuda.linear import gemv_experts_down_combine
+    from ninfer.cuda.gemv_experts import gemv_experts_down_combine
     from ninfer.cuda.norm import moe_combine_rmsnorm
 
     if c.down is not None and not f16:

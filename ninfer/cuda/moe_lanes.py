@@ -1,5 +1,5 @@
 """MoE prefill of short chunks as an expert-dispatch GEMV: up to 8 rows of one expert per slot (cuda_src/moe_lanes.cu
-builds the slot table on the device, cuda_src/gemv.cu ``experts == 2`` runs it; ``linear.gemv_expert_lanes``).
+builds the slot table on the device, cuda_src/gemv.cu ``experts == 2`` runs it; ``gemv_experts.gemv_expert_lanes``).
 
 Why: with T tokens of top-k routing over E experts an expert gets about ``T * k / E`` rows (8 for a 256-token chunk
 of the 35B-A3B: 256 x 8 / 256), so the grouped GEMM's 128-row tiles are mostly padding, and a tile costs its 128
@@ -126,7 +126,7 @@ def expert_lanes_product(
 ) -> Any:
     """``out[s] = x[row] · W_e[ids[s]]ᵀ`` for every sorted pair ``s``: ``gate_up`` reads ``x`` by token row (the
     ``tx`` table), else by pair row (``ts``); launches of at most :data:`SLOTS_PER_LAUNCH` slots."""
-    from ninfer.cuda.linear import gemv_expert_lanes
+    from ninfer.cuda.gemv_experts import gemv_expert_lanes
 
     table, step = (lanes.tx if gate_up else lanes.ts), 2 * lanes.nb
     for z0 in range(0, lanes.slots, SLOTS_PER_LAUNCH):

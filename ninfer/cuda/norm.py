@@ -70,7 +70,7 @@ class MoeCombine(NamedTuple):
 
     ``down`` (decode, ``CudaQwen36.moe_combine_fused``): ``dn`` is not written yet; ``down`` = (gate|up rows, the
     fused down weight, slot ids, slot rows) is the expert launch that writes it, which ``model_layers.combine_norm``
-    runs with the combine and the norm in its tail (``linear.gemv_experts_down_combine``), or alone first
+    runs with the combine and the norm in its tail (``gemv_experts.gemv_experts_down_combine``), or alone first
     (``model_layers.settle``)."""
 
     dn: Any

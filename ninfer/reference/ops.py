@@ -44,6 +44,8 @@ __all__ = [
     "rope_cos_sin",
     "apply_rope",
     "attention",
+    "attention_scores",
+    "attention_values",
     "sigmoid_gate",
     "swiglu",
     "dense_ffn",
@@ -162,24 +164,38 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return out
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
-    """Causal GQA over a cache: ``q[T,Hq,D]`` at cache rows start..start+T-1, ``k, v[L,Hkv,D]`` with L ≥ start+T.
-
-    Query head j reads KV head j // (Hq/Hkv); scores scaled by 1/√D, fp32 softmax; returns ``[T,Hq,D]``.
-    """
+def attention_scores(q: np.ndarray, k: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+    """Causal GQA scores of ``q[T,Hq,D]`` at cache rows start..start+T-1 against ``k[L,Hkv,D]`` (L ≥ start+T):
+    ``[Hkv, G, T, start+T]`` scaled by 1/√D (query head j reads KV head j // G, G = Hq/Hkv), unmasked, and the
+    ``[T, start+T]`` mask of each query's future keys."""
     t, hq, d = q.shape
     n_kv = k.shape[1]
     group = hq // n_kv
     length = start + t
     qh = q.reshape(t, n_kv, group, d).transpose(1, 2, 0, 3).reshape(n_kv, group * t, d)
     scores = np.matmul(qh, k[:length].transpose(1, 2, 0)) * F32(1.0 / np.sqrt(d))  # [Hkv, G·T, L]
-    scores = scores.reshape(n_kv, group, t, length)
     future = np.arange(length)[None, :] > (start + np.arange(t))[:, None]  # [T, L]
+    return scores.reshape(n_kv, group, t, length), future
+
+
+def attention_values(p: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``p[Hkv, G, T, L] · v[:L]`` for ``v[≥L, Hkv, D]`` (the layout of :func:`attention_scores`) as ``[T, Hq, D]``."""
+    n_kv, group, t, length = p.shape
+    d = v.shape[-1]
+    out = np.matmul(p.reshape(n_kv, group * t, length), v[:length].transpose(1, 0, 2))  # [Hkv, G·T, D]
+    return out.reshape(n_kv, group, t, d).transpose(2, 0, 1, 3).reshape(t, n_kv * group, d)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+    """Causal GQA over a cache: ``q[T,Hq,D]`` at cache rows start..start+T-1, ``k, v[L,Hkv,D]`` with L ≥ start+T.
+
+    Query head j reads KV head j // (Hq/Hkv); scores scaled by 1/√D, fp32 softmax; returns ``[T,Hq,D]``.
+    """
+    scores, future = attention_scores(q, k, start)
     scores = np.where(future, -np.inf, scores)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = (scores / scores.sum(axis=-1, keepdims=True)).astype(F32)
-    out = np.matmul(probs.reshape(n_kv, group * t, length), v[:length].transpose(1, 0, 2))  # [Hkv, G·T, D]
-    return out.reshape(n_kv, group, t, d).transpose(2, 0, 1, 3).reshape(t, hq, d)
+    return attention_values(probs, v)
 
 
 def sigmoid_gate(o: np.ndarray, gate: np.ndarray) -> np.ndarray:
