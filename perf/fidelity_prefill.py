@@ -70,14 +70,16 @@ def _attention_rounded(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, *, rq: bool, rp: bool
 ) -> np.ndarray:
     """ops.attention with q and / or the unnormalised probabilities rounded to bf16 (the sum from the unrounded).
-    The probabilities are e^(s - m) with m the row's largest score over all its keys, future ones included (the
-    normalisation cancels m, but not its bf16 rounding of P; the kernel and ops.attention take the causal keys' m):
-    kept as the recorded measurements were taken."""
+    The probabilities are e^(s - m) with m the row's largest score over its causal keys, as the kernel and
+    ops.attention take it (the normalisation cancels m, but not its bf16 rounding of P). Figures recorded before
+    this was fixed took m over all keys, future ones included: with large scores a row's probabilities could all
+    underflow to 0 there (0/0)."""
     from ninfer.reference import ops
 
     t, hq, _ = q.shape
     scores, future = ops.attention_scores(_bf16(q) if rq else q, k, start)
-    p = np.exp(np.where(future, -np.inf, scores) - scores.max(axis=-1, keepdims=True)).astype(F32)
+    masked = np.where(future, -np.inf, scores)
+    p = np.exp(masked - masked.max(axis=-1, keepdims=True)).astype(F32)
     total = p.sum(axis=-1, keepdims=True)  # [Hkv, G, T, 1]
     pv = ops.attention_values(_bf16(p) if rp else p, v)
     return (pv / total.transpose(2, 0, 1, 3).reshape(t, hq, 1)).astype(F32)
