@@ -26,6 +26,11 @@ Variants (a variant changes only what its name says; results are timings, not nu
             every other split count, per shape; different rounding)
   fence     the split-K arrival as __threadfence + atomicAdd + __threadfence (before 2026-12-02; now one acq_rel
             atomic)
+  w8        blocks of 8 warps (256 rows; GV_WARPS 8, 2 resident blocks per SM: the same 16 warps per SM) with the
+            plan's own split counts, so every block stages its activations for twice the weight rows: the
+            bit-preserving fix for the 8-lane activation traffic (docs/cuda.md, "Eight lanes"), timed before it is
+            built (dense products only: the expert cell is skipped, fold partials and the combine tail are not
+            adapted; the results are not checked)
   actl1     diagnostic (wrong results): every block stages its activations from the first 256 columns of each
             row (the same 8-16 KB for all blocks, L1-resident): what the activations' L2 -> SM traffic costs.
             Blocks of 128 rows read 32 B of fp32 activations per K column at 8 lanes (64 B where the prologue
@@ -92,6 +97,9 @@ def _plan(lin: Any, base: Any, variant: str) -> Any:
             s = max(1, min(int(variant[4:]) // p.blocks_x, p.ntiles // 4))
         elif variant == "cl8":
             s = min(p.splits, 8)
+        elif variant == "w8":  # twice the rows per block, the same splits (the K order of every output)
+            return lin.GemvPlan(rows=2 * p.rows, blocks_x=-(-n // (2 * p.rows)), splits=p.splits,
+                                ntiles=p.ntiles, stage_bytes=p.stage_bytes)  # fmt: skip
         elif variant.startswith("s") and variant[1:].isdigit():
             s = min(int(variant[1:]), p.ntiles)
         else:
@@ -193,6 +201,9 @@ def _source(original: Any, variant: str) -> Any:
                 s = _must_replace(s, new, old)
         if variant == "mulhi":
             s = "#define GV_NV4_MULHI 1\n" + s
+        if variant == "w8":
+            s = _must_replace(s, "#define GV_WARPS 4", "#define GV_WARPS 8")
+            s = _must_replace(s, "#define GV_MIN_BLOCKS 4", "#define GV_MIN_BLOCKS 2")
         if variant == "actl1":
             s = _must_replace(
                 s, "k = (kt0 + tile) * 128 + 8 * cc;", "k = ((kt0 + tile) * 128 + 8 * cc) & 255;"
@@ -353,6 +364,7 @@ def main(argv: list[str] | None = None) -> None:
         if ", float," in n and any(lin.FRAG_STRUCTS[f][0] + "," in n for f in fmts)
     )
     original, plan0, stages0, chunk0 = loader.source_text, lin.gemv_plan, geo._GV_STAGES, geo._GV_CHUNK
+    warps0, threads0 = geo._GV_WARPS, lin._GV_THREADS
     cluster0 = lin.GV_CLUSTER
     ceiling = copy_bandwidth(1 << 30, 10)
     print(f"copy ceiling (read + write): {ceiling / 1e9:.0f} GB/s; us and fraction of copy per case")
@@ -367,6 +379,7 @@ def main(argv: list[str] | None = None) -> None:
             loader.load_module.cache_clear()
             geo._GV_STAGES = 3 if v == "stages3" else stages0
             geo._GV_CHUNK = 4 if v == "chunk4n" else chunk0
+            geo._GV_WARPS, lin._GV_THREADS = (8, 256) if v == "w8" else (warps0, threads0)
             lin._GV_PDL = v != "nopdl" and not v.startswith("dir=")
             lin.GV_CLUSTER = "graph" if v in ("cluster", "cl8") else "off"
             lin.gemv_plan = _plan(lin, plan0.__wrapped__, v)
@@ -381,8 +394,9 @@ def main(argv: list[str] | None = None) -> None:
                     cells.append(f"{name} x{b} {t * 1e6:.1f} {frac:.2f}")
             if not a.small and not a.no_chain:
                 cells += _chain(lin, fmt, v, rows, ceiling, rng)
-            e = _experts(fmt, 10, ceiling, rng, gemv_experts)
-            cells.append(f"moe x8 {e['us']:.1f} {e['of_copy']:.2f}")
+            if v != "w8":  # the expert launches keep their own (128-row) plan
+                e = _experts(fmt, 10, ceiling, rng, gemv_experts)
+                cells.append(f"moe x8 {e['us']:.1f} {e['of_copy']:.2f}")
             print(f"{fmt} {v:8s} | " + " | ".join(cells), flush=True)
             print(f"{fmt} {v:8s} | resident blocks per SM: {_occupancy(lin, fmt)}", flush=True)
             if lin.GV_CLUSTER != "off":
@@ -393,6 +407,7 @@ def main(argv: list[str] | None = None) -> None:
         del weights
         cupy.get_default_memory_pool().free_all_blocks()
     loader.source_text, lin.gemv_plan, geo._GV_STAGES, geo._GV_CHUNK = original, plan0, stages0, chunk0
+    geo._GV_WARPS, lin._GV_THREADS = warps0, threads0
     lin.GV_CLUSTER = cluster0
     loader.load_module.cache_clear()
 
