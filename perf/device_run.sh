@@ -131,7 +131,7 @@ run_boundary() {  # issue 13: the decode GEMV launch boundary's parts (perf/gemv
   done
   # actl1: what the 8-lane activations' L2 -> SM traffic costs (diagnostic, wrong results); w8: 256-row blocks
   # (the fix for it, timed before it is built)
-  timeout ${BOUNDARY_TIMEOUT:-170} python3 -m perf.gemv_variants --variants base,pf,pfend,actl1,w8 --rows 1,8 2>&1 \
+  timeout ${VARIANTS_TIMEOUT:-260} python3 -m perf.gemv_variants --variants base,pf,pfend,actl1,w8 --rows 1,8 2>&1 \
     | tee "$OUT/boundary_gemv.txt" | tail -8
   timeout ${BOUNDARY_TIMEOUT:-170} python3 -m perf.bench_fold --toggle prefetch --out "$OUT/results" 2>&1 \
     | tee "$OUT/boundary_prefetch.txt" | tail -8
