@@ -30,7 +30,7 @@ Variants (a variant changes only what its name says; results are timings, not nu
             plan's own split counts, so every block stages its activations for twice the weight rows: the
             bit-preserving fix for the 8-lane activation traffic (docs/cuda.md, "Eight lanes"), timed before it is
             built (dense products only: the expert cell is skipped, fold partials and the combine tail are not
-            adapted; the results are not checked)
+            adapted; on plain products the 4-warp kernel's bits, tests/test_gemv_w8_host.py)
   actl1     diagnostic (wrong results): every block stages its activations from the first 256 columns of each
             row (the same 8-16 KB for all blocks, L1-resident): what the activations' L2 -> SM traffic costs.
             Blocks of 128 rows read 32 B of fp32 activations per K column at 8 lanes (64 B where the prologue
