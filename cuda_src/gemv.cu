@@ -28,12 +28,17 @@
 #include "gemv_moe.cuh"
 #include "wfrag.cuh"
 
+// A family file may set GV_WARPS and GV_MIN_BLOCKS before including this one (gemv_w8.cu: 8 warps, 256-row blocks)
+#ifndef GV_WARPS
 #define GV_WARPS 4
+#endif
 #define GV_STAGES 4  // per-warp weight pipeline depth: 3 K-tiles in flight while one is computed
 #define GV_CHUNK 2    // K-tiles of activations staged per block barrier (double-buffered), 5-8 lanes
 #define GV_CHUNK4 4   // the same for 2-4 lanes (the 4-lane instance: half the 8-lane staging, same shared memory)
 #define GV_CHUNK1 16  // the same for one lane: 4x fewer barriers (a split of <= 16 tiles stages once)
+#ifndef GV_MIN_BLOCKS
 #define GV_MIN_BLOCKS 4  // resident blocks per SM the registers are budgeted for (launch bounds)
+#endif
 
 // the kernel's pieces, after the geometry they use: activation staging and the folded norm's 1 / rms; the
 // cp.async / mma primitives, weight ring and main loop; the split sums, cluster reduction and norm folding's

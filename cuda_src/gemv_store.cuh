@@ -30,24 +30,32 @@ template <typename T> __device__ __forceinline__ float gv_fold_add(float x, floa
 }
 template <typename T> __device__ __forceinline__ float gv_fold_r(float x, float* q) { return gv_fold_add<T>(x, *q, q); }
 
-// The block's sum of squares of r over its rows, per lane: warp w takes lanes w, w + GV_WARPS, ...; thread l of the
-// warp adds rows l, l + 32, l + 64, ... (fmaf from 0, rows past N left out), then a butterfly over the 32 threads
-// (a + b == b + a: every thread ends with the same bits). A fixed order whatever the launch: a lane's partial
-// depends only on its own r. Written to part[bx * ldp + prow + b].
+// The block's sums of squares of r, per lane and per group of FR = ROWS * 4 / GV_WARPS rows (a 4-warp block's rows:
+// with more warps a block writes the partials 4-warp blocks would, so the consumers' norms keep their bits): warp w
+// takes (lane, group) items w, w + GV_WARPS, ...; thread l of the warp adds the group's rows l, l + 32, l + 64, ...
+// (fmaf from 0, rows past N left out), then a butterfly over the 32 threads (a + b == b + a: every thread ends with
+// the same bits). A fixed order whatever the launch: a lane's partial depends only on its own r. Group h of block bx
+// is written to part[(bx * G + h) * ldp + prow + b].
 template <int NB, int ROWS>
 __device__ __forceinline__ void gv_fold_ss(const float* sr, int bx, int N, int nb, const GvFold& fo) {
+    constexpr int FR = ROWS * 4 / GV_WARPS, G = ROWS / FR;
     __syncthreads();  // every r of the block is in sr
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int b = warp; b < NB; b += GV_WARPS) {  // uniform per warp
+    for (int item = warp; item < NB * G; item += GV_WARPS) {  // uniform per warp
+        const int b = G == 1 ? item : item % NB, h = G == 1 ? 0 : item / NB, p = bx * G + h;
         float s = 0.f;
 #pragma unroll
-        for (int i = 0; i < ROWS / 32; ++i) {
-            const int rl = i * 32 + lane;
+        for (int i = 0; i < FR / 32; ++i) {
+            const int rl = h * FR + i * 32 + lane;
             if (b < nb && bx * ROWS + rl < N) s = fmaf(sr[rl * 8 + b], sr[rl * 8 + b], s);
         }
 #pragma unroll
         for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0 && b < nb) fo.part[bx * fo.ldp + fo.prow + b] = s;
+        if constexpr (G == 1) {
+            if (lane == 0 && b < nb) fo.part[p * fo.ldp + fo.prow + b] = s;
+        } else {  // a group wholly past N has no partial (a 4-warp grid has no block there)
+            if (lane == 0 && b < nb && bx * ROWS + h * FR < N) fo.part[p * fo.ldp + fo.prow + b] = s;
+        }
     }
 }
 

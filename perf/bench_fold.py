@@ -6,6 +6,7 @@ prefetch of the next product (``--toggle prefetch``: ``CudaQwen36.gemv_prefetch`
     python -m perf.bench_fold --toggle route --model 35b  # MoE routing inside the gate | up launch (moe_route_fused)
     python -m perf.bench_fold --toggle combine --model 35b  # the combine + norm in the down launch (moe_combine_fused)
     python -m perf.bench_fold --toggle moe --model 35b    # both
+    python -m perf.bench_fold --toggle w8 --lanes 8       # 5-8-lane GEMVs on 8-warp blocks (linear.GV_W8)
 
 For each model and lane count, the graph-replayed decode step (logits included) with ``fold_norms`` off, then on
 (the graphs recaptured between), and the captured graph's node count by type (cuGraphGetNodes /
@@ -76,6 +77,10 @@ def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:
             net.moe_combine_fused = on
         elif a.toggle == "moe":  # both MoE fusions
             net.moe_route_fused = net.moe_combine_fused = on
+        elif a.toggle == "w8":  # a module switch, read at every launch (the graphs are captured again)
+            import ninfer.cuda.linear as linear
+
+            linear.GV_W8 = on
         else:
             net.gemv_prefetch, net.gemv_next = on, {}
         net.graphs.clear()
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument(
         "--toggle",
-        choices=("fold", "prefetch", "route", "combine", "moe"),
+        choices=("fold", "prefetch", "route", "combine", "moe", "w8"),
         default="fold",
         help="what the A/B switches",
     )

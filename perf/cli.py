@@ -235,6 +235,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         help="the decode GEMV's K-split sum through thread-block clusters (ninfer.cuda.linear.GV_CLUSTER)",
     )
     p.add_argument(
+        "--gemv-w8",
+        default=None,
+        choices=("on", "off"),
+        help="5-8-lane decode GEMVs on gemv_w8.cu's 8-warp blocks (ninfer.cuda.linear.GV_W8; the same bits)",
+    )
+    p.add_argument(
         "--chunk",
         type=int,
         default=None,
@@ -269,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         import ninfer.cuda.linear as linear
 
         linear.GV_CLUSTER = args.gemv_cluster
+    if args.gemv_w8 is not None:  # likewise
+        import ninfer.cuda.linear as linear
+
+        linear.GV_W8 = args.gemv_w8 == "on"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -286,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "cupy": cupy.__version__, "ceilings": ceil, "models": {},
         "gdn_variant": args.gdn_variant or DEFAULT_VARIANT, "gdn_conv_prep": args.gdn_conv_prep,
         "attn_chunk": args.attn_chunk,  # None: the model default
-        "moe_fusions": args.moe_fusions, "gemv_prefetch": args.gemv_prefetch,
+        "moe_fusions": args.moe_fusions, "gemv_prefetch": args.gemv_prefetch, "gemv_w8": args.gemv_w8,
     }  # fmt: skip
     path = out / f"perf_{args.profile}.json"
     for key in args.models.split(","):

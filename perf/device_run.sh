@@ -12,7 +12,8 @@
 #   prefill_profile  perf/profile_step.py on a default prefill chunk (4096) and on a 256-token follow-up after 8K
 #   moe     the decode MoE fusions' GPU tests and whole-step A/Bs (35B-A3B), with the L2 hints
 #   boundary  the decode GEMV launch boundary traced (perf/gemv_trace.py), the start-of-block L2 hints A/B and the
-#           8-lane activation traffic (gemv_variants actl1)
+#           8-lane activation traffic (gemv_variants actl1, w8)
+#   w8      the 5-8-lane GEMVs on 8-warp blocks (linear.GV_W8): GPU tests, per-shape and whole-step A/B
 #   explore the open experiments (docs/cuda.md): the decode GEMVs' L2 prefetch (per shape, a 27B layer chain, the
 #           whole decode step), and the 35B-A3B prefill against its chunk size and the GDN state pass
 #   gdn_probe  perf/bench_gdn at a 4096-token chunk (27B, 35B-A3B) and Nsight Compute on the prep and state launches
@@ -135,6 +136,15 @@ run_boundary() {  # issue 13: the decode GEMV launch boundary's parts (perf/gemv
     | tee "$OUT/boundary_gemv.txt" | tail -8
   timeout ${BOUNDARY_TIMEOUT:-170} python3 -m perf.bench_fold --toggle prefetch --out "$OUT/results" 2>&1 \
     | tee "$OUT/boundary_prefetch.txt" | tail -8
+}
+run_w8() {  # issue 13: the 5-8-lane GEMVs on 8-warp blocks (gemv_w8.cu, linear.GV_W8): the GPU tests, then the
+  # per-shape A/B (gemv_variants base/w8/actl1 at 8 rows) and whole decode steps at 8 lanes (bench_fold --toggle w8)
+  timeout ${W8_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rf tests/test_cuda_gemv_w8.py \
+    > "$OUT/w8_tests.txt" 2>&1; tail -3 "$OUT/w8_tests.txt"
+  timeout ${W8_TIMEOUT:-260} python3 -m perf.gemv_variants --variants base,w8,actl1 --rows 1,8 2>&1 \
+    | tee "$OUT/w8_gemv.txt" | tail -6
+  timeout ${W8_TIMEOUT:-300} python3 -m perf.bench_fold --toggle w8 --model 27b,35b --lanes 8 --out "$OUT/results" \
+    2>&1 | tee "$OUT/w8_step.txt" | grep -E "ms/step"
 }
 run_moe() {  # issue 13: the decode MoE fusions (routing in gate | up, combine + norm in the down launch) and the
   # start-of-block L2 hints: their GPU tests, then each as a whole-step A/B (bench_fold) on the 35B-A3B

@@ -26,11 +26,9 @@ Variants (a variant changes only what its name says; results are timings, not nu
             every other split count, per shape; different rounding)
   fence     the split-K arrival as __threadfence + atomicAdd + __threadfence (before 2026-12-02; now one acq_rel
             atomic)
-  w8        blocks of 8 warps (256 rows; GV_WARPS 8, 2 resident blocks per SM: the same 16 warps per SM) with the
-            plan's own split counts, so every block stages its activations for twice the weight rows: the
-            bit-preserving fix for the 8-lane activation traffic (docs/cuda.md, "Eight lanes"), timed before it is
-            built (dense products only: the expert cell is skipped, fold partials and the combine tail are not
-            adapted; on plain products the 4-warp kernel's bits, tests/test_gemv_w8_host.py)
+  w8        linear.GV_W8: the 5-8-lane products on gemv_w8.cu's 8-warp blocks (256 rows, 2 resident blocks per SM:
+            the same 16 warps per SM) with the plan's own split counts, so every block stages its activations for
+            twice the weight rows (docs/cuda.md, "Eight lanes"); the same results (tests/test_gemv_w8_host.py)
   actl1     diagnostic (wrong results): every block stages its activations from the first 256 columns of each
             row (the same 8-16 KB for all blocks, L1-resident): what the activations' L2 -> SM traffic costs.
             Blocks of 128 rows read 32 B of fp32 activations per K column at 8 lanes (64 B where the prologue
@@ -97,9 +95,6 @@ def _plan(lin: Any, base: Any, variant: str) -> Any:
             s = max(1, min(int(variant[4:]) // p.blocks_x, p.ntiles // 4))
         elif variant == "cl8":
             s = min(p.splits, 8)
-        elif variant == "w8":  # twice the rows per block, the same splits (the K order of every output)
-            return lin.GemvPlan(rows=2 * p.rows, blocks_x=-(-n // (2 * p.rows)), splits=p.splits,
-                                ntiles=p.ntiles, stage_bytes=p.stage_bytes)  # fmt: skip
         elif variant.startswith("s") and variant[1:].isdigit():
             s = min(int(variant[1:]), p.ntiles)
         else:
@@ -201,9 +196,6 @@ def _source(original: Any, variant: str) -> Any:
                 s = _must_replace(s, new, old)
         if variant == "mulhi":
             s = "#define GV_NV4_MULHI 1\n" + s
-        if variant == "w8":
-            s = _must_replace(s, "#define GV_WARPS 4", "#define GV_WARPS 8")
-            s = _must_replace(s, "#define GV_MIN_BLOCKS 4", "#define GV_MIN_BLOCKS 2")
         if variant == "actl1":
             s = _must_replace(
                 s, "k = (kt0 + tile) * 128 + 8 * cc;", "k = ((kt0 + tile) * 128 + 8 * cc) & 255;"
@@ -300,15 +292,19 @@ def _occupancy(lin: Any, fmt: str) -> str:
     from ninfer.cuda.loader import kernel
 
     out = []
-    plan = lin.gemv_plan(fmt, *SHAPES["mlp gate|up"])
+    base = lin.gemv_plan(fmt, *SHAPES["mlp gate|up"])
     for nb in lin._GV_NB:
-        fn = kernel("gemv.cu", lin.SOURCES["gemv.cu"], f"gemv_mma<{lin.FRAG_STRUCTS[fmt][0]}, float, {nb}>")
+        w8 = lin.GV_W8 and nb == 8  # the w8 variant's 8-lane launches: gemv_w8.cu's 8-warp blocks
+        family, plan = (
+            ("gemv_w8.cu", lin.w8_plan(base, SHAPES["mlp gate|up"][0])) if w8 else ("gemv.cu", base)
+        )
+        fn = kernel(family, lin.SOURCES[family], f"gemv_mma<{lin.FRAG_STRUCTS[fmt][0]}, float, {nb}>")
         smem = plan.smem_bytes(nb, "float")
         if fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem
         try:
             n = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-                fn.kernel.ptr, lin._GV_THREADS, smem
+                fn.kernel.ptr, 32 * plan.warps, smem
             )
         except Exception as e:  # noqa: BLE001 - a report line, not a result
             n = f"? ({type(e).__name__}: {e})"
@@ -332,7 +328,7 @@ def _clusters(lin: Any, fmt: str, shapes: dict[str, tuple[int, int]]) -> str:
         if fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem
         try:
-            m = max_active_clusters(fn, (p.blocks_x, p.splits, 1), (lin._GV_THREADS,), smem, (1, p.splits, 1))
+            m = max_active_clusters(fn, (p.blocks_x, p.splits, 1), (128,), smem, (1, p.splits, 1))
         except Exception as e:  # noqa: BLE001 - a report line, not a result
             m = f"? ({type(e).__name__}: {e})"
         out.append(f"{name} {m}/{p.blocks_x} of {p.splits}")
@@ -358,13 +354,13 @@ def main(argv: list[str] | None = None) -> None:
     rows = tuple(int(r) for r in a.rows.split(","))
     fmts = a.formats.split(",")
     # only the float instances of the formats asked for: each variant recompiles the family
-    lin.SOURCES["gemv.cu"] = tuple(
-        n
-        for n in lin.SOURCES["gemv.cu"]
-        if ", float," in n and any(lin.FRAG_STRUCTS[f][0] + "," in n for f in fmts)
-    )
+    for family in ("gemv.cu", "gemv_w8.cu"):
+        lin.SOURCES[family] = tuple(
+            n
+            for n in lin.SOURCES[family]
+            if ", float," in n and any(lin.FRAG_STRUCTS[f][0] + "," in n for f in fmts)
+        )
     original, plan0, stages0, chunk0 = loader.source_text, lin.gemv_plan, geo._GV_STAGES, geo._GV_CHUNK
-    warps0, threads0 = geo._GV_WARPS, lin._GV_THREADS
     cluster0 = lin.GV_CLUSTER
     ceiling = copy_bandwidth(1 << 30, 10)
     print(f"copy ceiling (read + write): {ceiling / 1e9:.0f} GB/s; us and fraction of copy per case")
@@ -379,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
             loader.load_module.cache_clear()
             geo._GV_STAGES = 3 if v == "stages3" else stages0
             geo._GV_CHUNK = 4 if v == "chunk4n" else chunk0
-            geo._GV_WARPS, lin._GV_THREADS = (8, 256) if v == "w8" else (warps0, threads0)
+            lin.GV_W8 = v == "w8"
             lin._GV_PDL = v != "nopdl" and not v.startswith("dir=")
             lin.GV_CLUSTER = "graph" if v in ("cluster", "cl8") else "off"
             lin.gemv_plan = _plan(lin, plan0.__wrapped__, v)
@@ -394,9 +390,8 @@ def main(argv: list[str] | None = None) -> None:
                     cells.append(f"{name} x{b} {t * 1e6:.1f} {frac:.2f}")
             if not a.small and not a.no_chain:
                 cells += _chain(lin, fmt, v, rows, ceiling, rng)
-            if v != "w8":  # the expert launches keep their own (128-row) plan
-                e = _experts(fmt, 10, ceiling, rng, gemv_experts)
-                cells.append(f"moe x8 {e['us']:.1f} {e['of_copy']:.2f}")
+            e = _experts(fmt, 10, ceiling, rng, gemv_experts)
+            cells.append(f"moe x8 {e['us']:.1f} {e['of_copy']:.2f}")
             print(f"{fmt} {v:8s} | " + " | ".join(cells), flush=True)
             print(f"{fmt} {v:8s} | resident blocks per SM: {_occupancy(lin, fmt)}", flush=True)
             if lin.GV_CLUSTER != "off":
@@ -407,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
         del weights
         cupy.get_default_memory_pool().free_all_blocks()
     loader.source_text, lin.gemv_plan, geo._GV_STAGES, geo._GV_CHUNK = original, plan0, stages0, chunk0
-    geo._GV_WARPS, lin._GV_THREADS = warps0, threads0
+    lin.GV_W8 = False
     lin.GV_CLUSTER = cluster0
     loader.load_module.cache_clear()
 

@@ -34,9 +34,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["install", "LAUNCHES"]
+__all__ = ["install", "LAUNCHES", "BLOCKS"]
 
 LAUNCHES: Counter[str] = Counter()  # kernel name -> launches (CuPy's launch path and the driver's)
+BLOCKS: Counter[tuple[str, int]] = Counter()  # (kernel name, threads per block) -> launches
 _NAMES: dict[int, str] = {}  # a stand-in CUfunction handle -> its kernel's name
 _SM_COUNT = 132
 _MEM = 140 << 30
@@ -164,6 +165,7 @@ class _Function:
 
     def __call__(self, grid: Any, block: Any, args: Any, shared_mem: int = 0, stream: Any = None) -> None:
         LAUNCHES[self.name] += 1
+        BLOCKS[self.name, int(np.prod(block))] += 1
 
 
 class RawModule:
@@ -425,7 +427,9 @@ class _CountedLaunch:
         setattr(self._fn, name, value)
 
     def __call__(self, cfg: Any, func: Any, params: Any, extra: Any) -> int:
-        LAUNCHES[_NAMES.get(func, "?")] += 1
+        name, c = _NAMES.get(func, "?"), cfg._obj  # cfg: ctypes.byref(CUlaunchConfig)
+        LAUNCHES[name] += 1
+        BLOCKS[name, int(c.block[0] * c.block[1] * c.block[2])] += 1
         return self._fn(cfg, func, params, extra)
 
 

@@ -2,7 +2,7 @@
 prints what it launched as JSON. A subprocess of tests/test_cuda_host_path.py, so the stand-in ``cupy`` never
 meets the test process's modules::
 
-    python tests/host_path_driver.py moe|dense|graph|engine
+    python tests/host_path_driver.py moe|dense|graph|w8|engine
 
 Nothing here checks a value (no kernel runs); it checks that every wrapper, plan and switch of the CUDA runner
 accepts the arguments the model gives it, and which kernels each path launches.
@@ -117,6 +117,28 @@ def dense() -> dict[str, Any]:
     return res
 
 
+def w8() -> dict[str, Any]:
+    """The dense network's 8-lane decode with linear.GV_W8 off and on, eagerly and from graphs: threads per block of
+    each GEMV instance launched (name -> {threads: launches})."""
+    import ninfer.cuda.linear as linear
+
+    res: dict[str, Any] = {}
+    for graph in (False, True):
+        seqs = _seqs(_config(False), graph=graph)
+        for on in (False, True):
+            linear.GV_W8 = on
+            seqs.net.graphs.clear()
+            nogpu.BLOCKS.clear()
+            _prefill_then_decode(seqs, [8, 40, 300, 5, 6, 7, 9, 2], 2)
+            blocks: dict[str, dict[int, int]] = {}
+            for (name, threads), n in nogpu.BLOCKS.items():
+                if name.startswith("gemv_mma"):
+                    blocks.setdefault(name, {})[threads] = n
+            res[f"graph{int(graph)}-w8{int(on)}"] = blocks
+    linear.GV_W8 = False
+    return res
+
+
 def graph() -> dict[str, Any]:
     """Decode through captured graphs (the capture's warm-up step runs eagerly and traces the prefetch order; each
     step then replays the graph of its lane count), dense and MoE with every decode switch on."""
@@ -156,4 +178,4 @@ def engine() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps({"moe": moe, "dense": dense, "graph": graph, "engine": engine}[sys.argv[1]]()))
+    print(json.dumps({"moe": moe, "dense": dense, "graph": graph, "w8": w8, "engine": engine}[sys.argv[1]]()))

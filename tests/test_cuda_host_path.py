@@ -110,3 +110,14 @@ def test_engine_serves_and_reuses_on_the_cuda_runner() -> None:
     assert error is None and completion == 4
     # the first turn's prompt (195 tokens) back from the prefix cache, page-aligned at least
     assert cached >= 192
+
+
+def test_w8_switch_moves_the_8_lane_gemvs_to_8_warp_blocks() -> None:
+    res = _run("w8")
+    for graph in (0, 1):
+        off, on = res[f"graph{graph}-w80"], res[f"graph{graph}-w81"]
+        assert off.keys() == on.keys()  # the same instances and launch counts, only the block size moves
+        for name, threads in off.items():
+            eight = name.endswith(", float, 8>")
+            assert threads == {"128": sum(threads.values())}, name
+            assert on[name] == ({"256": threads["128"]} if eight else threads), (name, on[name])

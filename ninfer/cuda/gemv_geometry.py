@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-__all__ = ["GEMV_MAX_ROWS", "FRAG_STRUCTS", "SOURCES", "GemvPlan", "gemv_plan"]
+__all__ = ["GEMV_MAX_ROWS", "FRAG_STRUCTS", "SOURCES", "GemvPlan", "gemv_plan", "w8_plan"]
 
 GEMV_MAX_ROWS = 8  # the mma's N
 
@@ -72,6 +72,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
     )
     + tuple(dict.fromkeys(f"gemv_mma_rt<{s}, float, 1>" for s, _, _ in FRAG_STRUCTS.values()))
     + tuple(dict.fromkeys(f"gemv_mma_cb<{s}, float, 1>" for s, _, _ in FRAG_STRUCTS.values())),
+    # gemv.cu with 8 warps per block (gemv_w8.cu): dense 5-8-lane products with float activations (linear.GV_W8)
+    "gemv_w8.cu": tuple(dict.fromkeys(f"gemv_mma<{s}, float, 8>" for s, _, _ in FRAG_STRUCTS.values())),
 }
 
 
@@ -85,6 +87,7 @@ class GemvPlan:
     splits: int
     ntiles: int
     stage_bytes: int  # one warp's pipeline stage of weights
+    warps: int = _GV_WARPS  # per block (gemv.cu's GV_WARPS; 8 for gemv_w8.cu)
 
     def tiles(self, split: int) -> range:
         """The K-tiles of ``split`` (gemv.cu: [s T / S, (s + 1) T / S))."""
@@ -95,7 +98,7 @@ class GemvPlan:
         weight stages per warp."""
         chunk = _GV_CHUNK1 if nb == 1 else (_GV_CHUNK4 if nb <= 4 else _GV_CHUNK)
         act = 2 * chunk * 8 * nb * 4 * (16 if t == "float" else 8)
-        return act + _GV_WARPS * _GV_STAGES * self.stage_bytes
+        return act + self.warps * _GV_STAGES * self.stage_bytes
 
 
 @functools.cache
@@ -109,3 +112,11 @@ def gemv_plan(fmt: str, n: int, k: int) -> GemvPlan:
     if bx * splits < _GV_WAVE_FILL * _GV_WAVE_BLOCKS and bx * many >= 2 * _GV_WAVE_BLOCKS:
         splits = many  # one wave would leave SMs idle: several waves of small blocks balance themselves
     return GemvPlan(rows=rows, blocks_x=bx, splits=splits, ntiles=ntiles, stage_bytes=vecs * 512)
+
+
+def w8_plan(plan: GemvPlan, n: int) -> GemvPlan:
+    """gemv_w8.cu's geometry for ``plan`` (an n-row product): 8 warps, twice the rows per block, the same splits (so
+    the same K order for every output: the 4-warp kernel's bits)."""
+    rows = plan.rows * 8 // plan.warps
+    return GemvPlan(rows=rows, blocks_x=-(-n // rows), splits=plan.splits, ntiles=plan.ntiles,
+                    stage_bytes=plan.stage_bytes, warps=8)  # fmt: skip

@@ -31,13 +31,13 @@ from ninfer.cuda._common import (
 from ninfer.cuda.gemm import gemm
 from ninfer.cuda.gemv_geometry import (
     _GV_NB,
-    _GV_THREADS,
     _PF_FORMATS,
     FRAG_STRUCTS,
     GEMV_MAX_ROWS,
     SOURCES,
     GemvPlan,
     gemv_plan,
+    w8_plan,
 )
 from ninfer.cuda.launch import capturing, launch_ex
 from ninfer.cuda.loader import kernel
@@ -48,12 +48,14 @@ __all__ = [
     "gemv",
     "gemv_plan",
     "GemvPlan",
+    "w8_plan",
     "linear",
     "SOURCES",
     "GEMV_MAX_ROWS",
     "FRAG_STRUCTS",
     "GV_CLUSTER",
     "GV_CLUSTER_MAX",
+    "GV_W8",
 ]
 
 # Decode GEMVs captured into CUDA graphs are launched with programmatic dependent launch (ninfer/cuda/launch.py): a
@@ -73,6 +75,10 @@ _GV_PDL = True
 # to 13 blocks do not all fit at once; 27B decode x1 137.3 -> 110.5 tok/s with "graph"), so "off".
 GV_CLUSTER = "off"
 GV_CLUSTER_MAX = 16
+# GV_W8: dense 5-8-lane products with float activations (no prefetch hint, no cluster) run gemv_w8.cu's 8-warp
+# blocks: half the activation bytes per weight byte (docs/cuda.md, "Eight lanes"), the same bits. Off until it is
+# measured on the device (perf/gemv_variants.py w8, bench_fold --toggle w8).
+GV_W8 = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +153,13 @@ def _gemv_launch(
     plan = gemv_plan(w.fmt, n, k)
     pf = pf or _prefetch_args(w, prefetch)
     kind = "_rt" if route else "_cb" if combine else "_pf" if pf else ""
+    graph = capturing()
+    cluster = _cluster(plan, graph)
+    family = "gemv.cu"
+    if GV_W8 and nb == 8 and t == "float" and not kind and ids is None and not cluster:
+        family, plan = "gemv_w8.cu", w8_plan(plan, n)  # the fold's partials stay per 4-warp row block
     name = f"gemv_mma{kind}<{FRAG_STRUCTS[w.fmt][0]}, {t}, {nb}>"
-    fn = kernel("gemv.cu", SOURCES["gemv.cu"], name)
+    fn = kernel(family, SOURCES[family], name)
     smem = plan.smem_bytes(nb, t)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
@@ -156,8 +167,6 @@ def _gemv_launch(
     zin = gz if ids is None and gz > 1 and plan.blocks_x * gz < 2**31 else 0
     null = cupy.empty(0, dtype=np.int32)  # pointer arguments the launch never reads
     ws = cnt = null
-    graph = capturing()
-    cluster = _cluster(plan, graph)
     if plan.splits > 1 and not cluster:
         ws = cupy.empty(gz * plan.blocks_x * plan.splits * plan.rows * 8, dtype=np.float32)
         cnt = arrival_counters(gz * plan.blocks_x)
@@ -176,10 +185,16 @@ def _gemv_launch(
     pdl = _GV_PDL and graph  # gemv.cu waits (pdl_wait) before reading anything an earlier kernel writes
     if pdl or cluster:  # a cluster's blocks: the splits of one (row block, lane block | slot), rank = split
         launch_ex(
-            fn, grid, (_GV_THREADS,), args, smem, pdl=pdl, cluster=(1, plan.splits, 1) if cluster else None
+            fn,
+            grid,
+            (32 * plan.warps,),
+            args,
+            smem,
+            pdl=pdl,
+            cluster=(1, plan.splits, 1) if cluster else None,
         )
     else:
-        fn(grid, (_GV_THREADS,), args, shared_mem=smem)
+        fn(grid, (32 * plan.warps,), args, shared_mem=smem)
 
 
 def _cluster(plan: GemvPlan, graph: bool) -> bool:

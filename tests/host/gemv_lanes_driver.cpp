@@ -160,11 +160,13 @@ int gv_fold_run(const std::vector<u8>& w1, const long long o1[3], const std::vec
                 const std::vector<T>& x, const std::vector<float>& nw, std::vector<float>& res,
                 std::vector<float>& part, std::vector<T>& y, int N, int K, int rows, int s1, int N2, int s2,
                 int xf, float eps, unsigned seed) {
-    constexpr int R1 = GV_WARPS * F::MT * 16, R2 = GV_WARPS * F2::MT * 16;
-    const int P = (N + R1 - 1) / R1, B2 = (N2 + R2 - 1) / R2, gz = (rows + NB - 1) / NB, zin = gz > 1 ? gz : 0;
-    std::vector<float> ws((size_t)gz * (P * s1 + B2 * s2) * 128 * 8 + 8, NAN);
-    std::vector<int> cnt((size_t)gz * (P + B2) + 1, 0);
-    gv_launch({(unsigned)(P * (zin ? zin : 1)), (unsigned)s1, 1u}, GV_WARPS * 32, seed, [&] {
+    // P partials: one per 4-warp row group (FR1 rows) whatever GV_WARPS (gemv_w8.cu: two per 8-warp block)
+    constexpr int R1 = GV_WARPS * F::MT * 16, R2 = GV_WARPS * F2::MT * 16, FR1 = 4 * F::MT * 16;
+    const int B1 = (N + R1 - 1) / R1, P = (N + FR1 - 1) / FR1, B2 = (N2 + R2 - 1) / R2;
+    const int gz = (rows + NB - 1) / NB, zin = gz > 1 ? gz : 0;
+    std::vector<float> ws((size_t)gz * (B1 * s1 * R1 + B2 * s2 * R2) * 8 + 8, NAN);
+    std::vector<int> cnt((size_t)gz * (B1 + B2) + 1, 0);
+    gv_launch({(unsigned)(B1 * (zin ? zin : 1)), (unsigned)s1, 1u}, GV_WARPS * 32, seed, [&] {
         gemv_mma<F, T, NB>(w1.data() + o1[0], w1.data() + o1[1], w1.data() + o1[2], x.data(), x.data(),
                            reinterpret_cast<T*>(res.data()), nullptr, nullptr, ws.data(), cnt.data(), N, K, rows,
                            K, K, N, 0, 0, 0, 8, zin, part.data(), rows, 0, 0.f, 1);
@@ -191,8 +193,8 @@ template <typename F, typename T> int gv_fold_case(char** argv) {
     auto x = emu_read<T>(dir + "/x.bin", (size_t)rows * K);
     auto res0 = emu_read<float>(dir + "/res.bin", (size_t)rows * N);
     auto nw = emu_read<float>(dir + "/nw.bin", (size_t)N);
-    constexpr int R1 = GV_WARPS * F::MT * 16;
-    const int P = (N + R1 - 1) / R1;
+    constexpr int FR1 = 4 * F::MT * 16;  // rows per partial: a 4-warp block's (gv_fold_ss)
+    const int P = (N + FR1 - 1) / FR1;
     std::vector<float> res8(res0), res1(res0), part8((size_t)P * rows, NAN), part1((size_t)P * rows, NAN);
     std::vector<T> y8((size_t)rows * N2), y1((size_t)rows * N2), ye((size_t)rows * N2);
     for (auto* v : {&y8, &y1, &ye}) std::memset((void*)v->data(), 0xff, v->size() * sizeof(T));
