@@ -121,10 +121,12 @@ class RoutedEngineClient(EngineClient):
     def _refresh(self) -> None:
         if time.monotonic() - self._polled < self.cfg.poll_interval_s:
             return
+        sent = time.monotonic()
         refs = [v.client.route_state.remote(self.cfg.block_tokens, v.version) for v in self.views]
         for v, ref in zip(self.views, refs, strict=True):
             try:
                 v.apply(ray.get(ref, timeout=self.cfg.probe_timeout_s))
+                v.poll_sent, v.poll_done = sent, time.monotonic()
             except Exception:  # gone or restarting: out of rotation until it answers again
                 v.down()
         self._polled = time.monotonic()
@@ -154,9 +156,13 @@ class RoutedEngineClient(EngineClient):
             except StopIteration:
                 return
             view.routed += 1
-            view.remember(blocks, self.cfg.recent_ttl_s, time.monotonic())
-            yield first
-            yield from it
+            admitted = time.monotonic()
+            view.remember(blocks, self.cfg.recent_ttl_s, admitted)
+            try:
+                yield first
+                yield from it
+            finally:
+                view.retired(admitted, time.monotonic())
             return
 
     def cancel(self, request_id: str) -> bool:

@@ -103,7 +103,7 @@ class ReplicaRouter:
             yield self._refused(refusal)
             return
         self._where[req.request_id] = view
-        finished = False
+        admitted, finished = time.monotonic(), False
         try:
             yield first
             async for ev in events:
@@ -113,6 +113,7 @@ class ReplicaRouter:
                 yield ev
         finally:
             view.inflight -= 1
+            view.retired(admitted, time.monotonic())
             self._where.pop(req.request_id, None)
             if not finished:  # the caller went away: free the lane there
                 view.client.cancel(req.request_id)
@@ -207,6 +208,7 @@ class ReplicaRouter:
             await asyncio.sleep(self.cfg.poll_interval_s)
 
     async def _poll(self, view: ReplicaView) -> None:
+        sent = time.monotonic()
         try:
             st = await asyncio.wait_for(
                 view.client.route_state(self.cfg.block_tokens, view.version), self.cfg.probe_timeout_s
@@ -214,7 +216,9 @@ class ReplicaRouter:
         except Exception as e:  # the actor died, is restarting, or does not answer: out of rotation
             self._lost(view, f"its poll failed ({type(e).__name__})")
             return
-        if view.apply(st):
+        back = view.apply(st)
+        view.poll_sent, view.poll_done = sent, time.monotonic()
+        if back:
             _LOG.warning("replica %s is back in rotation (epoch %s)", view.name, st.epoch[:8])
 
     def _lost(self, view: ReplicaView, why: str) -> None:

@@ -79,6 +79,8 @@ class ReplicaView:
     recent: dict[int, float] = field(default_factory=dict)  # block hash -> expiry (monotonic seconds)
     inflight: int = 0  # requests this router has running there
     polled_load: int = 0  # lanes busy + queued at the last poll (every caller's requests)
+    poll_sent: float = 0.0  # monotonic time the last applied poll was asked (its state is no older)
+    poll_done: float = 0.0  # and answered (its state is no newer)
     routed: int = 0  # requests accepted there through this router
     restarts: int = 0  # times it came back with a new epoch
     stats: ActorStats | None = None  # the last stats read (metrics)
@@ -110,6 +112,15 @@ class ReplicaView:
             self.recent = {h: e for h, e in self.recent.items() if e >= now}
         for h in blocks[-2:]:
             self.recent[h] = now + ttl
+
+    def retired(self, admitted: float, now: float) -> None:
+        """One of this router's requests there, accepted at ``admitted``, ended at ``now``. If it ran from before
+        the last poll was asked until after its answer, that poll counted it and nothing will uncount it until the
+        next one, so the polled load drops by one. Without this, a session's next turn sent as soon as the last
+        one finished (an agent's usual pace) saw its replica's only lane still busy and was sent elsewhere, away
+        from the prefix it had just built, whenever it came within a poll interval (500 ms)."""
+        if admitted < self.poll_sent and now > self.poll_done:
+            self.polled_load = max(0, self.polled_load - 1)
 
     def apply(self, st: RouteState) -> bool:
         """Take a poll's answer; True when the replica came back (it was down, or restarted meanwhile)."""

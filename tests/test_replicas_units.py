@@ -89,6 +89,28 @@ def test_rank_affinity_least_loaded_full_and_busy() -> None:
     assert rank([], [], cfg).order == []
 
 
+def test_a_next_turn_sent_at_once_finds_its_replica_before_the_next_poll() -> None:
+    """The last poll saw a session's request running on its one-lane replica; the request ended since. Its next
+    turn, sent at once, goes back there (the poll's count of it is retired), not to an idle replica."""
+    cfg = RouterConfig(block_tokens=B)
+    vs = [ReplicaView(index=i, name=str(i), client=None, capacity=2, lanes=1) for i in range(3)]
+    blocks = chain_hashes(list(range(32)), B)
+    vs[1].remember(blocks[:6], 30.0, now=10.0)  # turn 1 was routed there at t = 10
+    vs[1].polled_load, vs[1].poll_sent, vs[1].poll_done = 1, 10.2, 10.21  # a poll while it ran
+    assert rank(vs, blocks, cfg, now=10.5).reason == "imbalance"  # without the retirement: sent elsewhere
+    vs[1].retired(admitted=10.0, now=10.5)
+    r = rank(vs, blocks, cfg, now=10.5)
+    assert (r.order[0].index, r.reason) == (1, "affinity") and vs[1].polled_load == 0
+    vs[1].retired(admitted=10.0, now=10.6)
+    assert vs[1].polled_load == 0  # never below zero
+    # a request the poll never saw running (accepted after it was asked, or ended before its answer) is not
+    # retired from it
+    vs[2].polled_load, vs[2].poll_sent, vs[2].poll_done = 1, 10.2, 10.21
+    vs[2].retired(admitted=10.3, now=10.5)
+    vs[2].retired(admitted=10.0, now=10.205)
+    assert vs[2].polled_load == 1
+
+
 def test_route_state_restart_forgets_prefixes_and_config_is_validated() -> None:
     v = _views(1)[0]
     st = RouteState(
