@@ -168,9 +168,12 @@ def _cmd_generate(a: argparse.Namespace) -> int:
     model = load(a.artifact, backend=a.backend)
     ids = _prompt_ids(a, model)
     t0 = time.perf_counter()
-    c = model.complete(  # the server's engine, runner and sampler: a seeded run gives the server's tokens
-        ids, a.max_new, greedy=a.greedy, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed
-    )
+    # the server's engine, runner and sampler, and its defaults for what is left out (the artifact's generation
+    # defaults): a seeded run gives the server's tokens for a request with the same settings
+    given = {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k}
+    sampling = {} if a.greedy else model.sampling_defaults
+    sampling.update({k: v for k, v in given.items() if v is not None})
+    c = model.complete(ids, a.max_new, greedy=a.greedy, seed=a.seed, **sampling)
     dt = time.perf_counter() - t0
     out = list(c.token_ids)
     text = model.tokenizer.decode(out, skip_special_tokens=True) if model.tokenizer else None
@@ -229,14 +232,18 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--messages", help="JSON file with a list of chat messages")
     src.add_argument("--prompt-ids", help="comma-separated token ids")
     g.add_argument("--raw", action="store_true", help="tokenize --prompt as is, without the chat template")
-    g.add_argument("--max-new", type=int, default=64)
-    g.add_argument("--greedy", action="store_true")
-    g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument(
+        "--max-new", type=int, default=64, metavar="N", help="most tokens to generate (default 64)"
+    )
+    g.add_argument("--greedy", action="store_true", help="argmax decoding (default: sample)")
+    g.add_argument("--temperature", type=float, default=None, help="default: the artifact's, else 1")
+    g.add_argument("--top-p", type=float, default=None, help="default: the artifact's, else 1 (no cut)")
+    g.add_argument("--top-k", type=int, default=None, help="default: the artifact's, else 0 (no cut)")
+    g.add_argument(
+        "--seed", type=int, default=None, help="sampling seed (the server's seed gives its tokens)"
+    )
     g.add_argument("--backend", default="reference", choices=["reference", "cuda"])
-    g.add_argument("--json", action="store_true")
+    g.add_argument("--json", action="store_true", help="one JSON object: prompt_tokens, token_ids, text, ...")
     g.set_defaults(func=_cmd_generate)
 
     from ninfer.evaluate.cli import register as register_evaluation
