@@ -147,12 +147,21 @@ def _cmd_demo(a: argparse.Namespace) -> int:
 
 def _prompt_ids(a: argparse.Namespace, model: Any) -> list[int]:
     if a.prompt_ids is not None:
-        return [int(x) for x in a.prompt_ids.split(",") if x.strip()]
+        parts = [x.strip() for x in a.prompt_ids.split(",") if x.strip()]
+        bad = next((x for x in parts if not x.lstrip("-").isdigit()), None)
+        if bad is not None:
+            raise ValueError(f"--prompt-ids: {bad!r} is not an integer token id (expected e.g. 1,2,3)")
+        return [int(x) for x in parts]
     if model.tokenizer is None:
         raise ValueError("this artifact has no tokenizer: use --prompt-ids")
     if a.messages is not None:
-        with open(a.messages, encoding="utf-8") as f:
-            messages = json.load(f)
+        try:
+            with open(a.messages, encoding="utf-8") as f:
+                messages = json.load(f)
+        except OSError as e:
+            raise ValueError(f"--messages {a.messages}: cannot read: {e.strerror}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"--messages {a.messages}: not a UTF-8 JSON file: {e}") from None
     elif a.raw:
         return model.tokenizer.encode(a.prompt)
     else:
@@ -228,9 +237,13 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate from an artifact")
     g.add_argument("artifact")
     src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="a user message (rendered with the chat template unless --raw)")
-    src.add_argument("--messages", help="JSON file with a list of chat messages")
-    src.add_argument("--prompt-ids", help="comma-separated token ids")
+    src.add_argument(
+        "--prompt", metavar="TEXT", help="a user message (rendered with the chat template unless --raw)"
+    )
+    src.add_argument(
+        "--messages", metavar="FILE", help='JSON file with a list of chat messages ([{"role": "user", ...}])'
+    )
+    src.add_argument("--prompt-ids", metavar="IDS", help="comma-separated token ids (1,2,3)")
     g.add_argument("--raw", action="store_true", help="tokenize --prompt as is, without the chat template")
     g.add_argument(
         "--max-new", type=int, default=64, metavar="N", help="most tokens to generate (default 64)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -93,3 +94,21 @@ def test_cli_generate_samples_with_the_servers_defaults(demo: str, capsys) -> No
     assert got != m.generate([1, 2, 3], 12, greedy=False, temperature=1.0, seed=5)
     assert cli.main(["generate", demo, "--prompt-ids", "1,2", "--greedy", "--temperature", "0.5"]) == 2
     assert "contradicts" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--messages", "null.json"], "messages must be a list of message objects, got NoneType"),
+        (["--messages", "bad.json"], "--messages .*bad.json: not a UTF-8 JSON file"),
+        (["--messages", "missing.json"], "--messages .*missing.json: cannot read"),
+        (["--prompt-ids", "1,x,3"], "--prompt-ids: 'x' is not an integer token id"),
+    ],
+)
+def test_cli_generate_bad_input_is_a_clear_error(demo: str, tmp_path, capsys, args, message) -> None:
+    (tmp_path / "null.json").write_text("null")
+    (tmp_path / "bad.json").write_text("{not json")
+    args = [str(tmp_path / a) if a.endswith(".json") else a for a in args]
+    assert cli.main(["generate", demo, *args, "--max-new", "2"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and "Traceback" not in err, err
