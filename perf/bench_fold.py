@@ -27,6 +27,8 @@ from .bench_model import bench_decode
 
 __all__ = ["main", "graph_node_types"]
 
+TOGGLES = ("fold", "prefetch", "route", "combine", "moe", "w8")
+
 # CUgraphNodeType (cuda.h)
 _NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
                7: "event_record", 10: "mem_alloc", 11: "mem_free"}  # fmt: skip
@@ -51,6 +53,24 @@ def graph_node_types(graph: Any) -> dict[str, int]:
     return out
 
 
+def _switch(net: Any, toggle: str, on: bool) -> None:
+    """Sets the one switch an A/B flips (the graphs are captured again after it)."""
+    if toggle == "fold":
+        net.fold_norms = on
+    elif toggle == "route":
+        net.moe_route_fused = on
+    elif toggle == "combine":
+        net.moe_combine_fused = on
+    elif toggle == "moe":  # both MoE fusions
+        net.moe_route_fused = net.moe_combine_fused = on
+    elif toggle == "w8":  # a module switch, read at every launch
+        import ninfer.cuda.linear as linear
+
+        linear.GV_W8 = on
+    else:
+        net.gemv_prefetch, net.gemv_next = on, {}
+
+
 def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:
     from ninfer.artifact.registry import MODELS as REG
     from ninfer.cuda.model import CudaQwen36
@@ -68,42 +88,39 @@ def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:
         net, slots=max(lanes) + 1, pages=-(-cap // 16) * (max(lanes) + 1), page_size=16, context=cap
     )
     rows = []
-    for on in (False, True):
-        if a.toggle == "fold":
-            net.fold_norms = on
-        elif a.toggle == "route":
-            net.moe_route_fused = on
-        elif a.toggle == "combine":
-            net.moe_combine_fused = on
-        elif a.toggle == "moe":  # both MoE fusions
-            net.moe_route_fused = net.moe_combine_fused = on
-        elif a.toggle == "w8":  # a module switch, read at every launch (the graphs are captured again)
-            import ninfer.cuda.linear as linear
-
-            linear.GV_W8 = on
-        else:
-            net.gemv_prefetch, net.gemv_next = on, {}
-        net.graphs.clear()
-        for n in lanes:
-            r = bench_decode(seqs, n, a.context, a.steps)
-            r |= {"model": key, "on": on, "toggle": a.toggle, "nodes": graph_node_types(net.graphs.graph(n))}
-            rows.append(r)
-            print(
-                f"{key} {a.toggle}={on!s:5} x{n}: {r['step_ms']:.3f} ms/step {r['tok_s']:.1f} tok/s  {r['nodes']}"
-            )
+    for toggle in a.toggle.split(","):  # one network for every A/B asked (each switch back off after its own)
+        for on in (False, True):
+            _switch(net, toggle, on)
+            net.graphs.clear()
+            for n in lanes:
+                r = bench_decode(seqs, n, a.context, a.steps)
+                r |= {
+                    "model": key,
+                    "on": on,
+                    "toggle": toggle,
+                    "nodes": graph_node_types(net.graphs.graph(n)),
+                }
+                rows.append(r)
+                print(
+                    f"{key} {toggle}={on!s:5} x{n}: {r['step_ms']:.3f} ms/step {r['tok_s']:.1f} tok/s  {r['nodes']}"
+                )
+        _switch(net, toggle, toggle == "fold")  # norm folding is on by default; the others off
     net.graphs.clear()
     return rows
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| model | lanes | step ms (off) | step ms (on) | speed-up | kernels off -> on |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| model | switch | lanes | step ms (off) | step ms (on) | speed-up | kernels off -> on |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         if r["on"]:
             continue
-        f = next(x for x in rows if x["on"] and x["model"] == r["model"] and x["lanes"] == r["lanes"])
+        f = next(
+            x for x in rows
+            if x["on"] and x["model"] == r["model"] and x["lanes"] == r["lanes"] and x["toggle"] == r["toggle"]
+        )  # fmt: skip
         lines.append(
-            f"| {r['model']} | {r['lanes']} | {r['step_ms']:.3f} | {f['step_ms']:.3f} | "
+            f"| {r['model']} | {r['toggle']} | {r['lanes']} | {r['step_ms']:.3f} | {f['step_ms']:.3f} | "
             f"{r['step_ms'] / f['step_ms']:.3f}x | {r['nodes'].get('kernel')} -> {f['nodes'].get('kernel')} |"
         )
     return "\n".join(lines)
@@ -117,13 +134,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--lanes", default="1,8")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument(
-        "--toggle",
-        choices=("fold", "prefetch", "route", "combine", "moe", "w8"),
-        default="fold",
-        help="what the A/B switches",
+        "--toggle", default="fold", help=f"what the A/B switches, one or more of {','.join(TOGGLES)}"
     )
     p.add_argument("--out", default=None, help="directory for bench_fold.json")
     a = p.parse_args(argv)
+    bad = set(a.toggle.split(",")) - set(TOGGLES)
+    if bad:
+        p.error(f"unknown --toggle {','.join(sorted(bad))} (choose from {','.join(TOGGLES)})")
     rows: list[dict[str, Any]] = []
     for key in a.model.split(","):
         rows += _model(key, a)
@@ -135,9 +152,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / ("bench_fold.json" if a.toggle == "fold" else f"bench_{a.toggle}.json")).write_text(
-            json.dumps({"args": vars(a), "rows": rows}, indent=1)
-        )
+        (
+            out / ("bench_fold.json" if a.toggle == "fold" else f"bench_{a.toggle.replace(',', '_')}.json")
+        ).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=1))
     return rows
 
 

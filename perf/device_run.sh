@@ -10,6 +10,7 @@
 #   gdn_bounds  perf/bench_gdn_decode.py with the GDN decode step's __launch_bounds__ at 3 (as built), 4 and 5
 #           resident blocks per SM (an experiment on the device's copy of the source; nothing changes here)
 #   prefill_profile  perf/profile_step.py on a default prefill chunk (4096) and on a 256-token follow-up after 8K
+#   ab      the decode switches built without a GPU: GPU tests, then all their whole-step A/Bs (both models)
 #   moe     the decode MoE fusions' GPU tests and whole-step A/Bs (35B-A3B), with the L2 hints
 #   boundary  the decode GEMV launch boundary traced (perf/gemv_trace.py), the start-of-block L2 hints A/B and the
 #           8-lane activation traffic (gemv_variants actl1, w8)
@@ -39,7 +40,7 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy-cache
 [ -f .cupy-cache.tgz ] && tar xzf .cupy-cache.tgz
-for need in "pytest:pytest pluggy iniconfig packaging pygments" "msgspec:msgspec"; do
+for need in "pytest:pytest pluggy iniconfig packaging pygments pytest_timeout" "msgspec:msgspec"; do
   mod=${need%%:*}
   python3 -c "import $mod" 2>/dev/null && continue
   whls=$(for w in ${need#*:}; do ls .whl-cuda/$w-*.whl; done)
@@ -145,6 +146,16 @@ run_w8() {  # issue 13: the 5-8-lane GEMVs on 8-warp blocks (gemv_w8.cu, linear.
     | tee "$OUT/w8_gemv.txt" | tail -6
   timeout ${W8_TIMEOUT:-300} python3 -m perf.bench_fold --toggle w8 --model 27b,35b --lanes 8 --out "$OUT/results" \
     2>&1 | tee "$OUT/w8_step.txt" | grep -E "ms/step"
+}
+run_ab() {  # issue 13: the decode switches built without a GPU (MoE routing / combine fusions, start-of-block L2
+  # hints, 8-warp 5-8-lane GEMVs): their GPU tests, then every A/B on one network per model (bench_fold --toggle a,b)
+  timeout ${AB_TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -rf --timeout 120 \
+    tests/test_cuda_moe_fused.py tests/test_cuda_gemv_prefetch.py tests/test_cuda_gemv_w8.py > "$OUT/ab_tests.txt" 2>&1
+  grep -E "passed|failed|error" "$OUT/ab_tests.txt" | tail -12
+  timeout ${AB_TIMEOUT:-200} python3 -m perf.bench_fold --model 35b --toggle route,combine,moe,prefetch,w8 --steps 100 \
+    2>&1 | tee "$OUT/ab_35b.txt" | grep -E "^\|"
+  timeout ${AB_TIMEOUT:-160} python3 -m perf.bench_fold --model 27b --toggle prefetch,w8 --steps 100 2>&1 \
+    | tee "$OUT/ab_27b.txt" | grep -E "^\|"
 }
 run_moe() {  # issue 13: the decode MoE fusions (routing in gate | up, combine + norm in the down launch) and the
   # start-of-block L2 hints: their GPU tests, then each as a whole-step A/B (bench_fold) on the 35B-A3B
