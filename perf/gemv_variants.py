@@ -4,7 +4,7 @@ launch plan and source, compiled side by side in one process so their ratios com
     PYTHONPATH=. python -m perf.gemv_variants --variants base,ceil,stages3 --formats NVFP4G16_E4M3S,BF16
 
 Variants (a variant changes only what its name says; results are timings, not numbers to trust for correctness):
-  base      the kernel and plan as they are
+  base      the kernel and plan as they are, 8 lanes on 4-warp blocks (linear.GV_W8 off; w8 below turns it on)
   ceil      the previous plan: ceil(2112 warps / row blocks) splits (up to a 10% partial second wave)
   mint2     at least 2 K-tiles per split instead of 4 (more splits for small matrices)
   wave528   grids of at most 528 blocks, no multi-wave rule (gate|up: 272 blocks)
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
             if ", float," in n and any(lin.FRAG_STRUCTS[f][0] + "," in n for f in fmts)
         )
     original, plan0, stages0, chunk0 = loader.source_text, lin.gemv_plan, geo._GV_STAGES, geo._GV_CHUNK
-    cluster0 = lin.GV_CLUSTER
+    cluster0, w8_0 = lin.GV_CLUSTER, lin.GV_W8
     ceiling = copy_bandwidth(1 << 30, 10)
     print(f"copy ceiling (read + write): {ceiling / 1e9:.0f} GB/s; us and fraction of copy per case")
     rng = np.random.default_rng(0)
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
         del weights
         cupy.get_default_memory_pool().free_all_blocks()
     loader.source_text, lin.gemv_plan, geo._GV_STAGES, geo._GV_CHUNK = original, plan0, stages0, chunk0
-    lin.GV_W8 = False
+    lin.GV_W8 = w8_0
     lin.GV_CLUSTER = cluster0
     loader.load_module.cache_clear()
 

@@ -123,6 +123,7 @@ def w8() -> dict[str, Any]:
     import ninfer.cuda.linear as linear
 
     res: dict[str, Any] = {}
+    default = linear.GV_W8
     for graph in (False, True):
         seqs = _seqs(_config(False), graph=graph)
         for on in (False, True):
@@ -135,7 +136,7 @@ def w8() -> dict[str, Any]:
                 if name.startswith("gemv_mma"):
                     blocks.setdefault(name, {})[threads] = n
             res[f"graph{int(graph)}-w8{int(on)}"] = blocks
-    linear.GV_W8 = False
+    linear.GV_W8 = default
     return res
 
 

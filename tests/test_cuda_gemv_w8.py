@@ -38,8 +38,9 @@ def cp() -> Any:
 def w8_switch() -> Iterator[Any]:
     import ninfer.cuda.linear as linear
 
+    default = linear.GV_W8
     yield linear
-    linear.GV_W8 = False
+    linear.GV_W8 = default
 
 
 def _weight(rng: np.random.Generator, fmt: str, n: int, k: int) -> Any:
