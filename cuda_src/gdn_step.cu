@@ -158,10 +158,18 @@ __device__ __forceinline__ float gdn_token(float (&s)[GdnStep<DK>::RPW], const f
     return os;
 }
 
+// Resident blocks per SM asked of the CONV instances (gdn_decode's counter kernel: 5-8 sequences per call, where the
+// grid is ~4 waves of 1536 blocks for the 27B): 4 (64 registers, ~44 bytes of spills) instead of the 3 that 80
+// registers allow. Measured at 095ac79 (H200, perf/bench_gdn_decode.py, perf/results/device_run_095ac79.txt): 8
+// sequences 27.05 -> 25.01 us (fp32 state), 22.76 -> 21.52 (bf16); one sequence 6.18 -> 7.66, which the cluster
+// kernel serves instead. The CONV=false instances (exact prefill segments, gdn_recurrent) keep the compiler's
+// choice: 4 blocks measured the same there. Registers only: the same arithmetic, the same bits.
+constexpr int GDN_STEP_CONV_MIN_BLOCKS = 4;
+
 // qkv: rows [q (HK*DK) | k (HK*DK) | v (HV*DV)] (raw with CONV, convolved without); a, b: [T, HV]; o: [T, HV*DV];
 // convw [C, 4], conv_state [slots, C, 3] (only read/written with CONV).
 template <typename T, typename S, int DK, bool CONV>
-__global__ void __launch_bounds__(GdnStep<DK>::NT)
+__global__ void __launch_bounds__(GdnStep<DK>::NT, CONV ? GDN_STEP_CONV_MIN_BLOCKS : 1)
     gdn_step(const T* __restrict__ qkv, const float* __restrict__ convw, float* __restrict__ conv_state,
              const T* __restrict__ a, const T* __restrict__ bb, const float* __restrict__ A_log,
              const float* __restrict__ dt_bias, S* __restrict__ state, T* o,

@@ -7,8 +7,8 @@
 #   perf    `ninfer-perf --quick` (27B and 35B-A3B at nvfp4, transformers column)
 #   serving perf/bench_serving.py --backend cuda (stack cost) and the live-server tests on the CUDA backend
 #   spec    perf/bench_spec.py at forced acceptance (27B, 1 lane, k = 3)
-#   gdn_bounds  perf/bench_gdn_decode.py with the GDN decode step's __launch_bounds__ at 3 (as built), 4 and 5
-#           resident blocks per SM (an experiment on the device's copy of the source; nothing changes here)
+#   gdn_bounds  perf/bench_gdn_decode.py with the GDN decode counter kernel's minimum resident blocks per SM at 1
+#           (before c14cc9e), 4 (as built) and 5 (an experiment on the device's copy of the source)
 #   prefill_profile  perf/profile_step.py on a default prefill chunk (4096) and on a 256-token follow-up after 8K
 #   ab      the decode switches built without a GPU: GPU tests, then all their whole-step A/Bs (both models)
 #   moe     the decode MoE fusions' GPU tests and whole-step A/Bs (35B-A3B), with the L2 hints
@@ -174,13 +174,14 @@ run_prefill_profile() {  # issue 14: where a default 4096-token chunk's time goe
   timeout ${PROFILE_TIMEOUT:-200} python3 -m perf.profile_step --model 27b,35b --chunk 256 --prefill-at 8192 2>&1 \
     | tee "$OUT/profile_followup.txt" | tail -40
 }
-run_gdn_bounds() {  # the GDN decode step's resident blocks (27B x8 profile: 0.24 of copy in ~4 waves of 3 blocks per
-  # SM at 80 registers): perf.bench_gdn_decode as it is, then with __launch_bounds__(NT, 4) and (NT, 5) on this copy
+run_gdn_bounds() {  # the GDN decode counter kernel's resident blocks (gdn_step<., ., ., CONV=true>, 5-8 sequences a
+  # call): perf.bench_gdn_decode with GDN_STEP_CONV_MIN_BLOCKS at 1 (the compiler's choice: 80 registers, 3 blocks
+  # per SM, the kernel before c14cc9e), 4 (as built) and 5 (an experiment on the device's copy; nothing changes here)
   local f=cuda_src/gdn_step.cu; cp $f /tmp/gdn_step.cu.orig
-  for mb in base 4 5; do
+  for mb in 1 4 5; do
     cp /tmp/gdn_step.cu.orig $f
-    [ $mb = base ] || sed -i "s/__launch_bounds__(GdnStep<DK>::NT)/__launch_bounds__(GdnStep<DK>::NT, $mb)/" $f
-    echo "## gdn_step min blocks per SM: $mb" | tee -a "$OUT/gdn_bounds.txt"
+    sed -i "s/^constexpr int GDN_STEP_CONV_MIN_BLOCKS = [0-9]*;/constexpr int GDN_STEP_CONV_MIN_BLOCKS = $mb;/" $f
+    echo "## gdn_step CONV min blocks per SM: $mb" | tee -a "$OUT/gdn_bounds.txt"
     timeout ${BENCH_TIMEOUT:-120} python3 -m perf.bench_gdn_decode --reps 10 2>&1 | tee -a "$OUT/gdn_bounds.txt" | tail -12
   done
   cp /tmp/gdn_step.cu.orig $f
