@@ -11,6 +11,8 @@
 #           (before c14cc9e), 4 (as built) and 5 (an experiment on the device's copy of the source)
 #   prefill_profile  perf/profile_step.py on a default prefill chunk (4096) and on a 256-token follow-up after 8K
 #   ab      the decode switches built without a GPU: GPU tests, then all their whole-step A/Bs (both models)
+#   decode_probe  issue 13's open questions after c14cc9e: GDN decode at 5-8 sequences (bounds, two launches), the
+#           MoE fusions' step profile, the decode GEMV boundary trace
 #   moe     the decode MoE fusions' GPU tests and whole-step A/Bs (35B-A3B), with the L2 hints
 #   boundary  the decode GEMV launch boundary traced (perf/gemv_trace.py), the start-of-block L2 hints A/B and the
 #           8-lane activation traffic (gemv_variants actl1, w8)
@@ -96,14 +98,17 @@ run_bench() {
     timeout ${BENCH_TIMEOUT:-300} python3 -m perf.$b 2>&1 | tee -a "$OUT/bench.txt" | tail -40
   done
 }
-run_profile() {  # per-kernel profile of one graph-replayed decode step (Nsight Compute), PROFILES="27b:1 35b:1"
+run_profile() {  # per-kernel profile of one graph-replayed decode step (Nsight Compute), PROFILES="27b:1 35b:1";
+  # PROFILE_SET="moe_route_fused=on ..." (profile_graph --set) and PROFILE_TAG (file name suffix) for a switch's profile
   local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   for spec in ${PROFILES:-27b:1}; do
     local m=${spec%%:*} l=${spec#*:}
     timeout ${PROFILE_TIMEOUT:-200} "$ncu" --profile-from-start off --graph-profiling node --clock-control none \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
-      --log-file "$OUT/ncu_${m}_x$l.csv" python3 -m perf.profile_graph --model "$m" --lanes "$l" > /dev/null 2>&1
-    python3 -m perf.profile_graph --summarize "$OUT/ncu_${m}_x$l.csv" 2>&1 | tee "$OUT/profile_${m}_x$l.txt" | head -30
+      --log-file "$OUT/ncu_${m}_x$l${PROFILE_TAG:-}.csv" python3 -m perf.profile_graph --model "$m" --lanes "$l" \
+      $(for s in ${PROFILE_SET:-}; do echo --set $s; done) > /dev/null 2>&1
+    python3 -m perf.profile_graph --summarize "$OUT/ncu_${m}_x$l${PROFILE_TAG:-}.csv" 2>&1 \
+      | tee "$OUT/profile_${m}_x$l${PROFILE_TAG:-}.txt" | head -30
   done
 }
 run_perf() {
@@ -156,6 +161,18 @@ run_ab() {  # issue 13: the decode switches built without a GPU (MoE routing / c
     2>&1 | tee "$OUT/ab_35b.txt" | grep -E "^\|"
   timeout ${AB_TIMEOUT:-160} python3 -m perf.bench_fold --model 27b --toggle prefetch,w8 --steps 100 2>&1 \
     | tee "$OUT/ab_27b.txt" | grep -E "^\|"
+}
+run_decode_probe() {  # issue 13's open questions after c14cc9e, in one call (~8 min): the GDN decode at 5-8
+  # sequences (counter kernel at 1 / 4 / 5 resident blocks, and as two launches: bench_gdn_decode's mixer-2l), where
+  # the MoE fusions lose (the 35B-A3B step's kernels with both on, beside the default's), and the decode GEMV launch
+  # boundary traced (gemv_trace: block start, PDL wait, first products, store, exit)
+  BENCH_TIMEOUT=100 run_gdn_bounds
+  PROFILE_TIMEOUT=90 PROFILES="35b:1 35b:8" run_profile
+  PROFILE_TIMEOUT=90 PROFILES="35b:1 35b:8" PROFILE_SET="moe_route_fused=on moe_combine_fused=on" PROFILE_TAG=_moe \
+    run_profile
+  rm -f "$OUT"/ncu_*.csv  # the summaries are enough (the tool returns at most 8 files)
+  timeout ${BOUNDARY_TIMEOUT:-120} python3 -m perf.gemv_trace --model 27b --rows 1,8 2>&1 | tee "$OUT/trace_27b.txt" \
+    | tail -30
 }
 run_moe() {  # issue 13: the decode MoE fusions (routing in gate | up, combine + norm in the down launch) and the
   # start-of-block L2 hints: their GPU tests, then each as a whole-step A/B (bench_fold) on the 35B-A3B

@@ -282,6 +282,9 @@ def main(argv: list[str] | None = None) -> None:
         "--model", default=None, help="27b or 35b: a whole decode step of that synthetic model instead"
     )
     a = ap.parse_args(argv)
+    # the trace instruments gemv.cu's text; the 5-8-row launches run gemv_w8.cu by default, so they take the 4-warp
+    # kernel here (its stamps are gemv.cu's; the w8 blocks' boundary is not traced)
+    lin.GV_W8 = False
     lin.SOURCES["gemv.cu"] = tuple(n for n in lin.SOURCES["gemv.cu"] if ", float," in n)
     loader.source_text = _traced(loader.source_text)
     loader.load_module.cache_clear()

@@ -26,10 +26,16 @@ __all__ = ["main", "summarize", "decode_step"]
 
 
 def decode_step(
-    model: str, profile: str = "nvfp4", activations: str = "fp32", lanes: int = 1, context: int = 8192
+    model: str,
+    profile: str = "nvfp4",
+    activations: str = "fp32",
+    lanes: int = 1,
+    context: int = 8192,
+    switches: dict[str, bool] | None = None,
 ) -> Any:
     """A synthetic ``model`` (the real shapes, random weights) warmed up with ``lanes`` sequences at ``context``
-    positions, its decode graph captured and replayed twice; returns the function that replays one more step."""
+    positions, its decode graph captured and replayed twice; returns the function that replays one more step.
+    ``switches``: ``CudaQwen36`` decode switches set before the capture (e.g. ``{"moe_route_fused": True}``)."""
     import cupy
 
     from ninfer.artifact.registry import MODELS as REG
@@ -42,6 +48,10 @@ def decode_step(
     mc = REG[MODELS[model]].config
     net = CudaQwen36(mc, synthetic_tensors(mc, profile), act_dtype=activations)
     net.warmup()
+    for name, on in (switches or {}).items():
+        if not hasattr(net, name):
+            raise SystemExit(f"--set: CudaQwen36 has no switch {name!r}")
+        setattr(net, name, on)
     cap = context + 64
     seqs = Sequences(net, slots=lanes + 1, pages=(-(-cap // 16)) * (lanes + 1), page_size=16, context=cap)
     held = []
@@ -63,7 +73,13 @@ def decode_step(
 def _step(a: argparse.Namespace) -> None:
     import cupy
 
-    step = decode_step(a.model, a.profile, a.activations, a.lanes, a.context)
+    switches = {}
+    for item in a.set:
+        name, _, value = item.partition("=")
+        if value not in ("on", "off"):
+            raise SystemExit(f"--set {item}: expected NAME=on|off")
+        switches[name] = value == "on"
+    step = decode_step(a.model, a.profile, a.activations, a.lanes, a.context, switches)
     cupy.cuda.profiler.start()
     step()
     cupy.cuda.Device().synchronize()
@@ -118,6 +134,13 @@ def main(argv: list[str] | None = None) -> Any:
     p.add_argument("--activations", default="fp32")
     p.add_argument("--lanes", type=int, default=1)
     p.add_argument("--context", type=int, default=8192)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=on|off",
+        help="a CudaQwen36 decode switch before the capture (moe_route_fused, moe_combine_fused, gemv_prefetch)",
+    )
     p.add_argument("--summarize", default=None, help="an ncu --csv log of this script: print the table")
     p.add_argument("--copy-tbs", type=float, default=4.28, help="copy ceiling in TB/s (read + write)")
     a = p.parse_args(argv)
