@@ -387,6 +387,11 @@ class _Random(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         return _numpy_fn(getattr(np.random, name))
 
+    @staticmethod
+    def random(size: Any = None, dtype: Any = np.float64) -> Any:
+        """cupy.random.random takes a dtype (NumPy's does not)."""
+        return _wrap(np.random.random(size).astype(dtype))
+
 
 class _Cupy(types.ModuleType):
     """The stand-in ``cupy`` module: CuPy's names above, NumPy (results as host ``ndarray``) for the rest."""
