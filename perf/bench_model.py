@@ -66,6 +66,13 @@ def bench_prefill(seqs: Any, n_tokens: int, chunk: int, seed: int = 0) -> tuple[
     return fig, sid
 
 
+def lane_tokens(lanes: int, vocab: int) -> np.ndarray:
+    """One token id per lane, all different: the lanes' hidden states differ, so a MoE model's lanes route to
+    different experts as real requests do (the same id in every lane routed all of them to the same k experts,
+    which read 1/lanes of the expert bytes the roofline counts for random routing)."""
+    return (np.arange(lanes, dtype=np.int64) * 7919 + 11) % vocab
+
+
 def bench_decode(seqs: Any, lanes: int, context: int, steps: int, *, graph: bool = True) -> dict[str, float]:
     """``steps`` decode steps of ``lanes`` sequences sitting at position ``context`` (logits included)."""
     net = seqs.net
@@ -76,7 +83,7 @@ def bench_decode(seqs: Any, lanes: int, context: int, steps: int, *, graph: bool
         seqs.reserve(s, context + steps + 2)
         seqs.seek(s, context)
     held = [(seqs.slot(s), seqs.pages(s)) for s in sids]
-    ids = np.zeros(lanes, np.int64)
+    ids = lane_tokens(lanes, net.cfg.vocab_size)
 
     def step(i: int) -> None:
         net.decode(ids, [(slot, context + i, pages) for slot, pages in held], logits=True)

@@ -20,8 +20,6 @@ import re
 from collections import defaultdict
 from typing import Any
 
-import numpy as np
-
 __all__ = ["main", "summarize", "decode_step"]
 
 
@@ -42,6 +40,7 @@ def decode_step(
     from ninfer.cuda.model import CudaQwen36
     from ninfer.cuda.sequences import Sequences
 
+    from .bench_model import lane_tokens
     from .cli import MODELS
     from .synthetic import synthetic_tensors
 
@@ -59,7 +58,7 @@ def decode_step(
         s = seqs.new()
         seqs.reserve(s, context + 8)
         held.append((seqs.slot(s), seqs.pages(s)))
-    ids = np.zeros(lanes, np.int64)
+    ids = lane_tokens(lanes, mc.vocab_size)  # distinct tokens: a MoE model's lanes route to different experts
     for i in range(3):  # capture, then warm replays
         net.decode(ids, [(slot, context + i, pages) for slot, pages in held])
     cupy.cuda.Device().synchronize()
