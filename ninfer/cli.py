@@ -147,12 +147,21 @@ def _cmd_demo(a: argparse.Namespace) -> int:
 
 def _prompt_ids(a: argparse.Namespace, model: Any) -> list[int]:
     if a.prompt_ids is not None:
-        return [int(x) for x in a.prompt_ids.split(",") if x.strip()]
+        parts = [x.strip() for x in a.prompt_ids.split(",") if x.strip()]
+        bad = next((x for x in parts if not x.lstrip("-").isdigit()), None)
+        if bad is not None:
+            raise ValueError(f"--prompt-ids: {bad!r} is not an integer token id (expected e.g. 1,2,3)")
+        return [int(x) for x in parts]
     if model.tokenizer is None:
         raise ValueError("this artifact has no tokenizer: use --prompt-ids")
     if a.messages is not None:
-        with open(a.messages, encoding="utf-8") as f:
-            messages = json.load(f)
+        try:
+            with open(a.messages, encoding="utf-8") as f:
+                messages = json.load(f)
+        except OSError as e:
+            raise ValueError(f"--messages {a.messages}: cannot read: {e.strerror}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"--messages {a.messages}: not a UTF-8 JSON file: {e}") from None
     elif a.raw:
         return model.tokenizer.encode(a.prompt)
     else:
@@ -168,9 +177,12 @@ def _cmd_generate(a: argparse.Namespace) -> int:
     model = load(a.artifact, backend=a.backend)
     ids = _prompt_ids(a, model)
     t0 = time.perf_counter()
-    c = model.complete(  # the server's engine, runner and sampler: a seeded run gives the server's tokens
-        ids, a.max_new, greedy=a.greedy, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed
-    )
+    # the server's engine, runner and sampler, and its defaults for what is left out (the artifact's generation
+    # defaults): a seeded run gives the server's tokens for a request with the same settings
+    given = {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k}
+    sampling = {} if a.greedy else model.sampling_defaults
+    sampling.update({k: v for k, v in given.items() if v is not None})
+    c = model.complete(ids, a.max_new, greedy=a.greedy, seed=a.seed, **sampling)
     dt = time.perf_counter() - t0
     out = list(c.token_ids)
     text = model.tokenizer.decode(out, skip_special_tokens=True) if model.tokenizer else None
@@ -225,18 +237,26 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate from an artifact")
     g.add_argument("artifact")
     src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="a user message (rendered with the chat template unless --raw)")
-    src.add_argument("--messages", help="JSON file with a list of chat messages")
-    src.add_argument("--prompt-ids", help="comma-separated token ids")
+    src.add_argument(
+        "--prompt", metavar="TEXT", help="a user message (rendered with the chat template unless --raw)"
+    )
+    src.add_argument(
+        "--messages", metavar="FILE", help='JSON file with a list of chat messages ([{"role": "user", ...}])'
+    )
+    src.add_argument("--prompt-ids", metavar="IDS", help="comma-separated token ids (1,2,3)")
     g.add_argument("--raw", action="store_true", help="tokenize --prompt as is, without the chat template")
-    g.add_argument("--max-new", type=int, default=64)
-    g.add_argument("--greedy", action="store_true")
-    g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument(
+        "--max-new", type=int, default=64, metavar="N", help="most tokens to generate (default 64)"
+    )
+    g.add_argument("--greedy", action="store_true", help="argmax decoding (default: sample)")
+    g.add_argument("--temperature", type=float, default=None, help="default: the artifact's, else 1")
+    g.add_argument("--top-p", type=float, default=None, help="default: the artifact's, else 1 (no cut)")
+    g.add_argument("--top-k", type=int, default=None, help="default: the artifact's, else 0 (no cut)")
+    g.add_argument(
+        "--seed", type=int, default=None, help="sampling seed (the server's seed gives its tokens)"
+    )
     g.add_argument("--backend", default="reference", choices=["reference", "cuda"])
-    g.add_argument("--json", action="store_true")
+    g.add_argument("--json", action="store_true", help="one JSON object: prompt_tokens, token_ids, text, ...")
     g.set_defaults(func=_cmd_generate)
 
     from ninfer.evaluate.cli import register as register_evaluation

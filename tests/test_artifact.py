@@ -182,6 +182,26 @@ def test_identity_profile_and_config_changes_are_rejected(art_path, tmp_path, ed
         open_artifact(p, verify="manifest")
 
 
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.update(digest=None), "digest must be"),
+        (lambda m: m.update(model_id=["ninfer-demo"]), "model_id must be a string"),
+        (lambda m: m["tensors"][0].update(name=[]), "name must be a string"),
+        (lambda m: m["resources"][0].update(role={}), "role must be a string"),
+        (lambda m: m["config"].update(mtp_num_hidden_layers=None), "mtp_num_hidden_layers: expected int"),
+        (lambda m: m["config"].update(layer_types=None), "layer_types: expected a list"),
+        (lambda m: m["config"].update(rope_theta="x"), "rope_theta: expected float"),
+    ],
+)
+def test_manifest_values_of_the_wrong_type_are_artifact_errors(art_path, tmp_path, edit, message) -> None:
+    """A hash-consistent manifest with a value of the wrong type is an ArtifactError naming it, never a
+    TypeError from deep inside (``ninfer inspect`` would print a traceback)."""
+    p = _rewrite_manifest(art_path, tmp_path / "t.ninfer", edit)
+    with pytest.raises(ArtifactError, match=message):
+        open_artifact(p, verify="manifest")
+
+
 def test_manifest_tamper_without_rehash_is_caught(art_path, tmp_path) -> None:
     p = _copy(art_path, tmp_path / "h.ninfer")
     with open(p, "r+b") as f:

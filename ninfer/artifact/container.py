@@ -207,7 +207,7 @@ def read_header(path: str, file_size: int) -> tuple[Header, dict[str, Any]]:
     if len(mraw) != mbytes or hashlib.sha256(mraw).digest() != msha:
         raise ArtifactError(f"{path}: manifest is corrupt (SHA-256 mismatch)")
     try:
-        manifest = json.loads(mraw)
+        manifest = json.loads(mraw.decode("utf-8"))  # UTF-8 only (json.loads on bytes would guess)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ArtifactError(f"{path}: manifest is not valid JSON: {e}") from None
     return Header(moff, mbytes, doff, dbytes, msha), manifest
