@@ -178,9 +178,12 @@ def _cmd_generate(a: argparse.Namespace) -> int:
     ids = _prompt_ids(a, model)
     t0 = time.perf_counter()
     # the server's engine, runner and sampler, and its defaults for what is left out (the artifact's generation
-    # defaults): a seeded run gives the server's tokens for a request with the same settings
+    # defaults, each setting on its own): a seeded run gives the server's tokens for a request with the same
+    # settings. --greedy is the server's temperature 0: the artifact's penalties still apply, as they do there
+    sampling = model.sampling_defaults
+    if a.greedy:
+        sampling.pop("temperature", None)
     given = {"temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k}
-    sampling = {} if a.greedy else model.sampling_defaults
     sampling.update({k: v for k, v in given.items() if v is not None})
     c = model.complete(ids, a.max_new, greedy=a.greedy, seed=a.seed, **sampling)
     dt = time.perf_counter() - t0
