@@ -265,6 +265,18 @@ def _served(a: EngineActor, sampling: dict) -> list[int]:
     return [t for e in evs if isinstance(e, TokenDelta) for t in e.token_ids]
 
 
+@pytest.mark.parametrize(("kw", "field"), [({"temperature": -0.5}, "temperature"), ({"top_k": -1}, "top_k")])
+def test_a_ray_request_with_a_negative_setting_is_a_400_naming_it(
+    actor: EngineActor, kw: dict, field: str
+) -> None:
+    """A Python job's request reaches the actor without the HTTP range checks: the engine's refusal comes back
+    as the 400 ``Failed`` the API answers in the protocol's shape, naming the field."""
+    s = SamplingOptions(max_tokens=4, **kw)
+    evs = asyncio.run(collect(actor, GenerateRequest(request_id="neg", prompt_ids=(1, 2, 3), sampling=s)))
+    assert len(evs) == 1 and isinstance(evs[0], Failed)
+    assert (evs[0].status, evs[0].param) == (400, field) and field in evs[0].message
+
+
 def test_the_finish_is_not_held_back_by_the_stream_interval(artifact: str) -> None:
     """Items are at most one per ``stream_interval_s``, but a request's last items (its Finish) go out as soon as
     the engine finishes it: a short request ends long before one interval has passed."""
