@@ -295,6 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: the shell's status for SIGINT, no traceback
+        print(f"ninfer {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (
         ValueError,
         OSError,
