@@ -149,31 +149,40 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ninfer", description="Single-GPU inference for the Qwen3.6 hybrid family."
     )
+    p.add_argument("--version", action="version", version=f"ninfer {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("convert", help="convert a transformers checkpoint directory to a .ninfer artifact")
-    c.add_argument("hf_dir")
-    c.add_argument("-o", "--output", required=True)
+    c.add_argument(
+        "hf_dir", help="the transformers checkpoint directory (config.json, *.safetensors, tokenizer)"
+    )
+    c.add_argument("-o", "--output", required=True, help="the .ninfer file to write")
     c.add_argument("--profile", default="bf16", help="bf16 | nvfp4 | groupwise-int | fp8")
     c.add_argument(
         "--model-id", default=None, help="registered identity to bind (default: matched by config)"
     )
-    c.add_argument("--allow-unregistered-shape", action="store_true")
+    c.add_argument(
+        "--allow-unregistered-shape",
+        action="store_true",
+        help="convert a checkpoint whose shape is not a registered one (tiny test models); marked so",
+    )
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=_cmd_convert)
 
     i = sub.add_parser("inspect", help="show an artifact's identity, profile, shape and tensors")
-    i.add_argument("artifact")
+    i.add_argument("artifact", help="a .ninfer artifact or an upstream v1 file")
     i.add_argument("--json", action="store_true", help="print the whole manifest")
     i.set_defaults(func=_cmd_inspect)
 
     v = sub.add_parser("verify", help="check an artifact fully: structure, registry, inventory, hashes")
-    v.add_argument("artifact")
+    v.add_argument("artifact", help="a .ninfer artifact or an upstream v1 file")
     v.set_defaults(func=_cmd_verify)
 
     d = sub.add_parser("demo", help="build the tiny demo artifact (random weights)")
-    d.add_argument("-o", "--output", default=DEFAULT_DEMO_PATH)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument(
+        "-o", "--output", default=DEFAULT_DEMO_PATH, help=f"the file to write (default {DEFAULT_DEMO_PATH})"
+    )
+    d.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     d.set_defaults(func=_cmd_demo)
 
     from ninfer.generate_cli import register as register_generate
@@ -194,6 +203,18 @@ def _parser() -> argparse.ArgumentParser:
 
     register_supervisor(sub)
     return p
+
+
+def _version() -> str:
+    """The installed distribution's version (the package's own when it runs from a checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ninfer")
+    except PackageNotFoundError:
+        from ninfer import __version__
+
+        return __version__
 
 
 def _register_unavailable_serve(sub: Any, error: ImportError) -> None:

@@ -14,7 +14,7 @@ __all__ = ["register"]
 def register(sub: Any) -> None:
     """Add the ``generate`` subcommand to the ``ninfer`` CLI."""
     g = sub.add_parser("generate", help="generate from an artifact")
-    g.add_argument("artifact")
+    g.add_argument("artifact", help="the .ninfer artifact (or upstream v1 file) to load")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument(
         "--prompt", metavar="TEXT", help="a user message (rendered with the chat template unless --raw)"
@@ -34,7 +34,12 @@ def register(sub: Any) -> None:
     g.add_argument(
         "--seed", type=int, default=None, help="sampling seed (the server's seed gives its tokens)"
     )
-    g.add_argument("--backend", default="reference", choices=["reference", "cuda"])
+    g.add_argument(
+        "--backend",
+        default="reference",
+        choices=["reference", "cuda"],
+        help="reference (NumPy, default) or cuda (an NVIDIA GPU)",
+    )
     g.add_argument("--json", action="store_true", help="one JSON object: prompt_tokens, token_ids, text, ...")
     g.set_defaults(func=_cmd_generate)
 
