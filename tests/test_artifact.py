@@ -231,6 +231,53 @@ def test_writer_rejects_unregistered_profile_and_bad_source(tmp_path, weights) -
         _write(str(tmp_path / "c.ninfer"), weights, config=replace(CFG, hidden_size=64))
 
 
+def test_a_failed_write_leaves_no_partial_file(tmp_path, weights) -> None:
+    """A source, encoder or Ctrl-C failure mid-write removes ``OUT.partial``; an artifact already at ``OUT`` is
+    kept as it was."""
+    bad = dict(weights)
+    bad["norm.weight"] = np.full_like(bad["norm.weight"], np.nan)
+    with pytest.raises(ArtifactError, match="non-finite"):
+        _write(str(tmp_path / "b.ninfer"), bad)
+    assert os.listdir(tmp_path) == []
+
+    def interrupted(name: str) -> np.ndarray:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _write(str(tmp_path / "c.ninfer"), weights, load_tensor=interrupted)
+    assert os.listdir(tmp_path) == []
+    good = str(tmp_path / "good.ninfer")
+    digest = _write(good, weights)["digest"]["content"]
+    with pytest.raises(ArtifactError):
+        _write(good, bad)
+    assert (
+        os.listdir(tmp_path) == ["good.ninfer"]
+        and open_artifact(good).manifest["digest"]["content"] == digest
+    )
+
+
+def test_an_output_path_that_cannot_be_the_file_is_refused_first(tmp_path, weights, capsys) -> None:
+    """An existing directory (or a missing parent) is refused before any tensor is loaded; ``ninfer demo`` and
+    ``ninfer convert`` say so in one line (convert before it reads the checkpoint)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    loaded: list[str] = []
+
+    def load(name: str) -> np.ndarray:
+        loaded.append(name)
+        return weights[name]
+
+    with pytest.raises(ArtifactError, match="is a directory; give the artifact's file path"):
+        _write(str(out), weights, load_tensor=load)
+    with pytest.raises(ArtifactError, match="does not exist"):
+        _write(str(tmp_path / "missing" / "a.ninfer"), weights, load_tensor=load)
+    assert not loaded and os.listdir(out) == [] and sorted(os.listdir(tmp_path)) == ["out"]
+    for argv in (["demo", "-o", str(out)], ["convert", str(tmp_path / "no-checkpoint"), "-o", str(out)]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{out}: is a directory" in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
 def test_cli_inspect_and_verify(art_path, tmp_path, capsys) -> None:
     assert cli.main(["inspect", art_path]) == 0
     out = capsys.readouterr().out
