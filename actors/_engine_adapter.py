@@ -51,16 +51,7 @@ __all__ = [
     "route_state",
 ]
 
-# the generation_config keys that are sampling defaults (SamplingParams fields of the same name)
-_DEFAULT_KEYS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
+_DEFAULT_KEYS = models.SAMPLING_DEFAULT_KEYS  # the generation_config keys that are sampling defaults
 
 
 class PromptError(ValueError):

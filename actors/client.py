@@ -22,13 +22,13 @@ from ray.exceptions import GetTimeoutError, RayError
 
 from ninfer.engine.core import Accepted, Finish, TokenDelta
 
+from .job_request import check_request_id, job_request
 from .messages import (
     ActorInfo,
     ActorStats,
     Failed,
     GenerateRequest,
     Health,
-    SamplingOptions,
     StreamEvent,
     decode_batch,
     decode_events,
@@ -64,29 +64,6 @@ class Result(msgspec.Struct, frozen=True, kw_only=True):
         return self.finish.reason
 
 
-def _request(
-    *,
-    prompt_ids: Sequence[int] | None,
-    messages: Sequence[dict[str, Any]] | None,
-    template: dict[str, Any],
-    **sampling: Any,
-) -> GenerateRequest:
-    return GenerateRequest(
-        request_id=f"job-{uuid.uuid4().hex[:16]}",
-        prompt_ids=None if prompt_ids is None else tuple(int(t) for t in prompt_ids),
-        messages=None if messages is None else tuple(dict(m) for m in messages),
-        template_kwargs=template,
-        sampling=SamplingOptions(
-            **{
-                k: (tuple(v) if k in ("stop", "stop_token_ids") else v)
-                for k, v in sampling.items()
-                if v is not None
-            }
-        ),
-        client="python-job",
-    )
-
-
 def _died(e: Exception) -> Failed:
     return Failed(
         code="engine_unavailable", message=f"the engine actor failed: {type(e).__name__}", status=503
@@ -95,38 +72,55 @@ def _died(e: Exception) -> Failed:
 
 class EngineClient:
     """Blocking client. Sampling keywords are SamplingOptions fields: the engine's ``SamplingParams`` (max_tokens,
-    temperature, top_p, top_k, min_p, penalties, seed, stop, stop_token_ids, ignore_eos)."""
+    temperature, top_p, top_k, min_p, penalties, seed, stop, stop_token_ids, ignore_eos); a setting left out is
+    the artifact's generation default. ``request_id``: the caller's id for the request, to ``cancel`` it by from
+    another thread or process (default: a new one, ``Result.request_id``). Arguments of the wrong type or range
+    raise ``ValueError`` naming them before anything is sent; the actor's refusals raise ``GenerationError``."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    def stream(self, prompt_ids: Sequence[int], **sampling: Any) -> Iterator[TokenDelta | Finish]:
-        return self._stream(_request(prompt_ids=prompt_ids, messages=None, template={}, **sampling))
+    def stream(
+        self, prompt_ids: Sequence[int], *, request_id: str | None = None, **sampling: Any
+    ) -> Iterator[TokenDelta | Finish]:
+        req = job_request(
+            prompt_ids=prompt_ids, messages=None, template=None, request_id=request_id, **sampling
+        )
+        return self._stream(req)
 
     def stream_chat(
         self,
         messages: Sequence[dict[str, Any]],
         *,
         template_kwargs: dict[str, Any] | None = None,
+        request_id: str | None = None,
         **sampling: Any,
     ) -> Iterator[TokenDelta | Finish]:
-        return self._stream(
-            _request(prompt_ids=None, messages=messages, template=template_kwargs or {}, **sampling)
+        req = job_request(
+            prompt_ids=None, messages=messages, template=template_kwargs, request_id=request_id, **sampling
         )
+        return self._stream(req)
 
-    def generate(self, prompt_ids: Sequence[int], **sampling: Any) -> Result:
-        return self._collect(_request(prompt_ids=prompt_ids, messages=None, template={}, **sampling))
+    def generate(
+        self, prompt_ids: Sequence[int], *, request_id: str | None = None, **sampling: Any
+    ) -> Result:
+        req = job_request(
+            prompt_ids=prompt_ids, messages=None, template=None, request_id=request_id, **sampling
+        )
+        return self._collect(req)
 
     def chat(
         self,
         messages: Sequence[dict[str, Any]],
         *,
         template_kwargs: dict[str, Any] | None = None,
+        request_id: str | None = None,
         **sampling: Any,
     ) -> Result:
-        return self._collect(
-            _request(prompt_ids=None, messages=messages, template=template_kwargs or {}, **sampling)
+        req = job_request(
+            prompt_ids=None, messages=messages, template=template_kwargs, request_id=request_id, **sampling
         )
+        return self._collect(req)
 
     def stats(self) -> ActorStats:
         return ray.get(self.handle.stats.remote())
@@ -138,7 +132,9 @@ class EngineClient:
         return ray.get(self.handle.health.remote())
 
     def cancel(self, request_id: str) -> bool:
-        return ray.get(self.handle.cancel.remote(request_id))
+        """Cancel the running request ``request_id`` (True: it was running; its stream ends with a Finish)."""
+        rid = check_request_id(request_id)
+        return ray.get(self.handle.cancel.remote(rid))
 
     def _stream(self, req: GenerateRequest) -> Iterator[TokenDelta | Finish]:
         """Yields TokenDelta items, then the Finish event (whose ``text`` is the held-back tail); raises
@@ -333,7 +329,28 @@ class AsyncEngineClient:
 def connect(
     name: str = DEFAULT_ACTOR_NAME, *, namespace: str = DEFAULT_NAMESPACE, address: str | None = "auto"
 ) -> EngineClient:
-    """Find the running engine actor by name (joining the cluster at ``address`` if Ray is not initialised)."""
-    if not ray.is_initialized():
+    """Find the running engine actor by name (joining the cluster at ``address`` if Ray is not initialised).
+    Raises ``ConnectionError`` when no cluster answers at ``address`` and ``ValueError`` when the cluster has no
+    actor ``name`` in ``namespace``, each naming the actor it looked for."""
+    what = f"engine actor {name!r} in namespace {namespace!r}"
+    join_ray(address, namespace, f"the {what}")
+    try:
+        handle = ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        raise ValueError(
+            f"no {what} on the Ray cluster: is `ninfer serve ART --actor-name {name}` running on it? "
+            f"(a server with --replicas N names its actors {name}-0, {name}-1, ...: use connect_replicas)"
+        ) from None
+    return EngineClient(handle)
+
+
+def join_ray(address: str | None, namespace: str, what: str) -> None:
+    """``ray.init(address)`` unless Ray is initialised; a cluster that does not answer is a ``ConnectionError``
+    saying what was looked for (``what``)."""
+    if ray.is_initialized():
+        return
+    try:
         ray.init(address=address, namespace=namespace, log_to_driver=False)
-    return EngineClient(ray.get_actor(name, namespace=namespace))
+    except ConnectionError as e:
+        where = "a running Ray cluster" if address in (None, "auto") else f"the Ray cluster at {address!r}"
+        raise ConnectionError(f"cannot reach {where} to find {what}: {e}") from None

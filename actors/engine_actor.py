@@ -103,6 +103,13 @@ class EngineActor:
         """Submit rendered ``req``: its engine handle, or the ``Failed`` that refuses it."""
         try:
             with self._lock:
+                if req.request_id in self._handles:  # a cancel by that id could not tell the two apart
+                    return Failed(
+                        code="duplicate_request_id",
+                        message=f"request_id: {req.request_id!r} is already running on this engine",
+                        status=400,
+                        param="request_id",
+                    )
                 handle = adapter.submit(
                     self._engine, ids, req.sampling, on_event, mask, adapter.thinking_on(self._engine, req)
                 )

@@ -19,8 +19,9 @@ import ray
 
 from ninfer.engine.core import Finish, TokenDelta
 
-from .client import DEFAULT_ACTOR_NAME, DEFAULT_NAMESPACE, EngineClient, GenerationError
+from .client import DEFAULT_ACTOR_NAME, DEFAULT_NAMESPACE, EngineClient, GenerationError, join_ray
 from .engine_actor import EngineActor, start_actor
+from .job_request import check_request_id
 from .messages import ActorInfo, ActorSpec, ActorStats, Failed, GenerateRequest, Health
 from .routing import ReplicaView, RouterConfig, merge_stats, rank
 
@@ -91,11 +92,16 @@ def connect_replicas(
     cfg: RouterConfig | None = None,
 ) -> EngineClient:
     """A client of the replicas of the server whose actor name is ``name``: pinned to ``replica``, or routed."""
-    if not ray.is_initialized():
-        ray.init(address=address, namespace=namespace, log_to_driver=False)
+    join_ray(
+        address, namespace, f"the engine replicas {replica_name(name, 0)!r}... (namespace {namespace!r})"
+    )
     handles = find_replicas(name, namespace=namespace)
     if not handles:
-        raise ValueError(f"no replicas named {replica_name(name, 0)!r}... in namespace {namespace!r}")
+        raise ValueError(
+            f"no replicas named {replica_name(name, 0)!r}... in namespace {namespace!r}: is "
+            f"`ninfer serve ART --replicas N --actor-name {name}` running on the Ray cluster? "
+            "(a server without --replicas: use connect)"
+        )
     if replica is not None:
         if not 0 <= replica < len(handles):
             raise ValueError(f"replica: {replica} is not one of 0..{len(handles) - 1}")
@@ -167,7 +173,8 @@ class RoutedEngineClient(EngineClient):
 
     def cancel(self, request_id: str) -> bool:
         """Cancel ``request_id`` wherever it runs (the replica holding it says True)."""
-        return any(ray.get([v.client.cancel.remote(request_id) for v in self.views]))
+        rid = check_request_id(request_id)
+        return any(ray.get([v.client.cancel.remote(rid) for v in self.views]))
 
     def stats(self) -> ActorStats:
         return merge_stats(ray.get([v.client.stats.remote() for v in self.views]))

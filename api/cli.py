@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import Any
 
+from ninfer.engine.config import EngineConfig
+
 from .config import (
     BACKENDS,
     GDN_STATE_DTYPES,
@@ -26,12 +28,13 @@ __all__ = ["register", "run_serve", "config_from_args"]
 
 def register(subparsers: Any) -> None:
     """Add the ``serve`` subcommand to the ``ninfer`` CLI."""
+    engine = EngineConfig()  # the defaults of the engine flags left unset
     p = subparsers.add_parser(
         "serve", help="serve an artifact over HTTP (OpenAI-compatible) through a Ray actor"
     )
-    p.add_argument("artifact")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8010)
+    p.add_argument("artifact", help="the .ninfer artifact (or upstream v1 file) to serve")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    p.add_argument("--port", type=int, default=8010, help="port to listen on (default 8010)")
     p.add_argument(
         "--model-id", default=None, help="public model id (default: the artifact's model identity)"
     )
@@ -48,9 +51,24 @@ def register(subparsers: Any) -> None:
         default=None,
         help="requests that may wait (default 16); beyond it: HTTP 429",
     )
-    p.add_argument("--kv-dtype", default=None, choices=KV_DTYPES)
-    p.add_argument("--gdn-state-dtype", default=None, choices=GDN_STATE_DTYPES)
-    p.add_argument("--prefill-chunk", type=int, default=None)
+    p.add_argument(
+        "--kv-dtype",
+        default=None,
+        choices=KV_DTYPES,
+        help=f"KV cache element type (default {engine.kv_dtype})",
+    )
+    p.add_argument(
+        "--gdn-state-dtype",
+        default=None,
+        choices=GDN_STATE_DTYPES,
+        help=f"GDN recurrent state element type (default {engine.gdn_state_dtype})",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        help=f"prompt tokens per prefill step (default {engine.prefill_chunk})",
+    )
     p.add_argument(
         "--spec", default=None, choices=SPEC_MODES, help="speculative decoding: mtp drafts with the MTP head"
     )
@@ -60,11 +78,20 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--preserve-thinking", action="store_true", help="keep earlier turns' thinking in the prompt"
     )
-    p.add_argument("--default-max-tokens", type=int, default=8192)
+    p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=8192,
+        help="output budget of a request that gives none (default 8192; at most the context)",
+    )
     p.add_argument("--api-key-file", default=None, help="keys, one per line, optionally prefixed 'name:'")
     p.add_argument("--request-log-jsonl", default=None, help="append one JSON line per request event")
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="auto: cuda when a GPU is present")
-    p.add_argument("--no-cuda-graph", action="store_true")
+    p.add_argument(
+        "--no-cuda-graph",
+        action="store_true",
+        help="CUDA backend: decode steps launched eagerly, not as graphs",
+    )
     p.add_argument(
         "--null-step-ms",
         type=float,
@@ -102,7 +129,11 @@ def register(subparsers: Any) -> None:
         help="CUDA fp16-mode prefill: keep each weight's fp16 operand on the device instead of converting it per "
         "chunk: auto (in the memory the plan leaves spare), resident (all, or refuse to start), scratch (none)",
     )
-    p.add_argument("--no-prefix-reuse", action="store_true")
+    p.add_argument(
+        "--no-prefix-reuse",
+        action="store_true",
+        help="never reuse a retained prompt prefix's KV (prefix cache off)",
+    )
     p.add_argument(
         "--host-cache-gib",
         type=float,
@@ -123,7 +154,7 @@ def register(subparsers: Any) -> None:
         help="the fraction of one GPU the engine actor asks Ray for (CUDA backend; default 1: the whole GPU). "
         "Below 1, several servers may share a GPU: give each a --kv-capacity or --memory-reserve-gib that fits",
     )
-    p.add_argument("--cors", action="store_true")
+    p.add_argument("--cors", action="store_true", help="answer browsers' cross-origin requests (any origin)")
     p.add_argument(
         "--prompt-tokens-details",
         action="store_true",
@@ -136,7 +167,11 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--detached", action="store_true", help="the actor outlives this process (Python jobs keep it)"
     )
-    p.add_argument("--actor-name", default="ninfer-engine")
+    p.add_argument(
+        "--actor-name",
+        default="ninfer-engine",
+        help="the engine actor's Ray name, for Python jobs' connect() (default ninfer-engine)",
+    )
     p.add_argument(
         "--replicas",
         type=int,

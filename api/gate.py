@@ -286,8 +286,10 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.drain = drain
         self._drain_task: asyncio.Task[None] | None = None
+        self.signals: list[int] = []  # the stop signals received, in order (SIGINT: the exit status is 130)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.signals.append(sig)
         if self.drain.requested:  # a second signal: uvicorn's own (graceful, then forced) exit
             super().handle_exit(sig, frame)
             return

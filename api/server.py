@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -28,7 +29,7 @@ from .replicas import start_router
 from .reqlog import RequestLog, RequestLogError
 from .service import Service
 
-__all__ = ["serve", "resolve_backend", "visible_gpus", "actor_spec"]
+__all__ = ["serve", "resolve_backend", "visible_gpus", "cuda_refusal", "actor_spec"]
 
 
 def _log(msg: str) -> None:
@@ -58,6 +59,23 @@ def resolve_backend(backend: str, arch: str | None, *, gpus: int | None = None) 
         what = "upstream v1 artifacts" if arch is None else f"architecture {arch!r}"
         return "reference", f"a GPU is visible, but the CUDA backend has no target for {what} yet"
     return "cuda", "a GPU is visible"
+
+
+def cuda_refusal(cfg: ServerConfig, backend: str, arch: str | None, *, gpus: int | None = None) -> str | None:
+    """Why ``backend`` cannot start here, before Ray does (else None): the CUDA backend with no GPU visible (the
+    actor would wait forever for one; with ``--ray-address`` the cluster may have one elsewhere) or for an
+    architecture it has no kernels for."""
+    if backend != "cuda":
+        return None
+    if arch not in CUDA_ARCHITECTURES:
+        what = "upstream v1 artifacts" if arch is None else f"architecture {arch!r}"
+        return f"--backend cuda: the CUDA backend has no kernels for {what} yet; use --backend reference"
+    if not cfg.ray_address and (visible_gpus() if gpus is None else gpus) < 1:
+        return (
+            "--backend cuda: no GPU is visible on this machine (cupy sees no CUDA device); "
+            "use --backend reference, or --ray-address of a cluster with one"
+        )
+    return None
 
 
 def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
@@ -221,6 +239,10 @@ def serve(cfg: ServerConfig, argv: list[str], actor_cls: type = EngineActor) -> 
         _log(f"error: {e}")
         return 2
     backend, why = resolve_backend(cfg.backend, arch)
+    refusal = cuda_refusal(cfg, backend, arch)
+    if refusal is not None:
+        _log(f"error: {refusal}")
+        return 2
     _log(f"backend: {backend} ({why})")
     spec = actor_spec(cfg, backend)
     _start_ray(cfg)
@@ -245,9 +267,13 @@ def serve(cfg: ServerConfig, argv: list[str], actor_cls: type = EngineActor) -> 
         auth = f"bearer ({len(keyring)} keys)" if keyring else "disabled"
         _log(f"listening on http://{cfg.host}:{cfg.port} (model id: {info.model_id}, auth: {auth})")
         try:
-            server.run()  # uvicorn handles SIGINT/SIGTERM: graceful shutdown, then it re-raises the signal
-        except (KeyboardInterrupt, SystemExit):  # (Ray's driver SIGTERM handler turns it into SystemExit)
+            server.run()  # the drain, then uvicorn's graceful shutdown (a second signal re-raises it after)
+        except KeyboardInterrupt:
+            return 130
+        except SystemExit:  # (Ray's driver SIGTERM handler turns SIGTERM into SystemExit)
             pass
+        if signal.SIGINT in server.signals:  # Ctrl-C: drained as for SIGTERM, the shell's status for SIGINT
+            return 130
         return 0 if server.started else 1
     except Exception as e:
         _log(f"error: {type(e).__name__}: {e}")

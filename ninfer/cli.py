@@ -145,99 +145,49 @@ def _cmd_demo(a: argparse.Namespace) -> int:
     return 0
 
 
-def _prompt_ids(a: argparse.Namespace, model: Any) -> list[int]:
-    if a.prompt_ids is not None:
-        return [int(x) for x in a.prompt_ids.split(",") if x.strip()]
-    if model.tokenizer is None:
-        raise ValueError("this artifact has no tokenizer: use --prompt-ids")
-    if a.messages is not None:
-        with open(a.messages, encoding="utf-8") as f:
-            messages = json.load(f)
-    elif a.raw:
-        return model.tokenizer.encode(a.prompt)
-    else:
-        messages = [{"role": "user", "content": a.prompt}]
-    if model.chat_template is None:
-        raise ValueError("this artifact has no chat template: use --raw or --prompt-ids")
-    return model.chat_template.render_ids(messages, add_generation_prompt=True)
-
-
-def _cmd_generate(a: argparse.Namespace) -> int:
-    from ninfer.model import load
-
-    model = load(a.artifact, backend=a.backend)
-    ids = _prompt_ids(a, model)
-    t0 = time.perf_counter()
-    c = model.complete(  # the server's engine, runner and sampler: a seeded run gives the server's tokens
-        ids, a.max_new, greedy=a.greedy, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed
-    )
-    dt = time.perf_counter() - t0
-    out = list(c.token_ids)
-    text = model.tokenizer.decode(out, skip_special_tokens=True) if model.tokenizer else None
-    result = dict(
-        prompt_tokens=len(ids),
-        token_ids=out,
-        text=text,
-        finish_reason="stop" if c.finish_reason == "stop_token" else "length",
-        seconds=round(dt, 4),
-    )
-    if a.json:
-        print(json.dumps(result, ensure_ascii=False))
-    else:
-        print(text if text is not None else ",".join(map(str, out)))
-        print(
-            f"[{len(ids)} prompt tokens, {len(out)} generated in {dt:.2f}s, finish: {result['finish_reason']}]"
-        )
-    return 0
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ninfer", description="Single-GPU inference for the Qwen3.6 hybrid family."
     )
+    p.add_argument("--version", action="version", version=f"ninfer {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("convert", help="convert a transformers checkpoint directory to a .ninfer artifact")
-    c.add_argument("hf_dir")
-    c.add_argument("-o", "--output", required=True)
+    c.add_argument(
+        "hf_dir", help="the transformers checkpoint directory (config.json, *.safetensors, tokenizer)"
+    )
+    c.add_argument("-o", "--output", required=True, help="the .ninfer file to write")
     c.add_argument("--profile", default="bf16", help="bf16 | nvfp4 | groupwise-int | fp8")
     c.add_argument(
         "--model-id", default=None, help="registered identity to bind (default: matched by config)"
     )
-    c.add_argument("--allow-unregistered-shape", action="store_true")
+    c.add_argument(
+        "--allow-unregistered-shape",
+        action="store_true",
+        help="convert a checkpoint whose shape is not a registered one (tiny test models); marked so",
+    )
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=_cmd_convert)
 
     i = sub.add_parser("inspect", help="show an artifact's identity, profile, shape and tensors")
-    i.add_argument("artifact")
+    i.add_argument("artifact", help="a .ninfer artifact or an upstream v1 file")
     i.add_argument("--json", action="store_true", help="print the whole manifest")
     i.set_defaults(func=_cmd_inspect)
 
     v = sub.add_parser("verify", help="check an artifact fully: structure, registry, inventory, hashes")
-    v.add_argument("artifact")
+    v.add_argument("artifact", help="a .ninfer artifact or an upstream v1 file")
     v.set_defaults(func=_cmd_verify)
 
     d = sub.add_parser("demo", help="build the tiny demo artifact (random weights)")
-    d.add_argument("-o", "--output", default=DEFAULT_DEMO_PATH)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument(
+        "-o", "--output", default=DEFAULT_DEMO_PATH, help=f"the file to write (default {DEFAULT_DEMO_PATH})"
+    )
+    d.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     d.set_defaults(func=_cmd_demo)
 
-    g = sub.add_parser("generate", help="generate from an artifact")
-    g.add_argument("artifact")
-    src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="a user message (rendered with the chat template unless --raw)")
-    src.add_argument("--messages", help="JSON file with a list of chat messages")
-    src.add_argument("--prompt-ids", help="comma-separated token ids")
-    g.add_argument("--raw", action="store_true", help="tokenize --prompt as is, without the chat template")
-    g.add_argument("--max-new", type=int, default=64)
-    g.add_argument("--greedy", action="store_true")
-    g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--backend", default="reference", choices=["reference", "cuda"])
-    g.add_argument("--json", action="store_true")
-    g.set_defaults(func=_cmd_generate)
+    from ninfer.generate_cli import register as register_generate
+
+    register_generate(sub)
 
     from ninfer.evaluate.cli import register as register_evaluation
 
@@ -253,6 +203,18 @@ def _parser() -> argparse.ArgumentParser:
 
     register_supervisor(sub)
     return p
+
+
+def _version() -> str:
+    """The installed distribution's version (the package's own when it runs from a checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ninfer")
+    except PackageNotFoundError:
+        from ninfer import __version__
+
+        return __version__
 
 
 def _register_unavailable_serve(sub: Any, error: ImportError) -> None:
@@ -272,6 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: the shell's status for SIGINT, no traceback
+        print(f"ninfer {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (
         ValueError,
         OSError,

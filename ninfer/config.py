@@ -7,6 +7,7 @@ Field names follow HF ``text_config`` so that a config read from a checkpoint ma
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,27 @@ ARCHITECTURES = {
 
 class ConfigError(ValueError):
     """A model configuration that ninfer cannot run, with the offending field named."""
+
+
+def _fits(hint: Any, v: Any) -> bool:
+    """Whether a manifest value has a config field's type (``int``, ``float``, ``str``, ``bool``, ``tuple[T, ...]``);
+    a bool is not a number, an int is a float."""
+    if hint is bool:
+        return isinstance(v, bool)
+    if hint is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if hint is float:
+        return isinstance(v, int | float) and not isinstance(v, bool)
+    if hint is str:
+        return isinstance(v, str)
+    if typing.get_origin(hint) is tuple:
+        args = typing.get_args(hint)
+        return isinstance(v, tuple) and all(_fits(args[0], x) for x in v)
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    return "a list" if typing.get_origin(hint) is tuple else getattr(hint, "__name__", str(hint))
 
 
 _POSITIVE_DIMS = (
@@ -141,6 +163,10 @@ class HybridDims:
         if extra:
             raise ConfigError(f"{extra[0]}: unknown config field")
         kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        hints = typing.get_type_hints(cls)
+        for k, v in kw.items():
+            if not _fits(hints[k], v):
+                raise ConfigError(f"{k}: expected {_type_name(hints[k])}, got {v!r}")
         try:
             return cls(**kw)
         except TypeError as e:  # missing required field

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -18,9 +19,22 @@ if TYPE_CHECKING:
     from ninfer.engine.config import EngineConfig
     from ninfer.engine.core import Completion, ModelRunner
 
-__all__ = ["Model", "load", "open_engine", "BackendError"]
+__all__ = ["Model", "load", "open_engine", "BackendError", "SAMPLING_DEFAULT_KEYS"]
 
 DEFAULT_PREFILL_CHUNK = 64
+# the generation_config keys that are sampling defaults (SamplingParams fields of the same name)
+SAMPLING_DEFAULT_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+# the SamplingParams fields ``generate`` takes (max_tokens is max_new_tokens; stop_after_token_id is the server's)
+_SAMPLING_FIELDS = frozenset(SAMPLING_DEFAULT_KEYS) | {"seed", "stop", "ignore_eos"}
+_SAMPLED = frozenset({"temperature", "top_k", "top_p", "min_p", "seed"})  # any of them asks for sampling
 # what the null backend's runner emits, token by token (ordinary text: detokenization does its usual work)
 _NULL_TEXT = (
     "Once upon a time a small engine served many streams, one token at a time, and every token crossed the "
@@ -95,63 +109,96 @@ class Model:
         state = self.net.new_state()
         return lambda ids: self.net.forward(ids, state)
 
+    @property
+    def sampling_defaults(self) -> dict[str, Any]:
+        """The artifact's generation defaults that are sampling settings: what the server uses for a request
+        that leaves them out."""
+        return {
+            k: self.generation_defaults[k] for k in SAMPLING_DEFAULT_KEYS if k in self.generation_defaults
+        }
+
     def generate(
         self,
         token_ids: Sequence[int],
         max_new_tokens: int,
-        greedy: bool = True,
+        greedy: bool | None = None,
         *,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
         seed: int | None = None,
         stop_token_ids: Sequence[int] | None = None,
         prefill_chunk: int | None = None,
-        **engine: Any,
+        **settings: Any,
     ) -> list[int]:
         """The generated ids (a stop token included), through a one-lane engine driven in this thread: the same
         runner, sampler and stop rules as the server, so a seeded call gives the server's tokens for the same
-        prompt, settings and seed. ``stop_token_ids``: None stops at the model's end-of-sequence ids, a list
-        replaces them. ``engine``: other ``EngineConfig`` settings (the server's defaults otherwise)."""
+        prompt, settings and seed.
+
+        ``greedy``: True is argmax; False samples (temperature 1 unless given); None (the default) is argmax
+        unless a sampling setting (``temperature`` > 0, ``top_k``, ``top_p``, ``min_p``, ``seed``) is given.
+        Settings left out are the engine's defaults, not the artifact's (``sampling_defaults`` has those:
+        ``generate(ids, n, **model.sampling_defaults)`` samples as the server does for a request without them).
+        ``stop_token_ids``: None stops at the model's end-of-sequence ids, a list replaces them. ``settings``: the
+        other ``SamplingParams`` fields (``min_p``, penalties, ``stop``, ``ignore_eos``) and ``EngineConfig``
+        settings (the server's defaults otherwise)."""
         return self.complete(
             token_ids, max_new_tokens, greedy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            stop_token_ids=stop_token_ids, prefill_chunk=prefill_chunk, **engine,
+            stop_token_ids=stop_token_ids, prefill_chunk=prefill_chunk, **settings,
         ).token_ids  # fmt: skip
 
     def complete(
         self,
         token_ids: Sequence[int],
         max_new_tokens: int,
-        greedy: bool = True,
+        greedy: bool | None = None,
         *,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
         seed: int | None = None,
         stop_token_ids: Sequence[int] | None = None,
         prefill_chunk: int | None = None,
-        **engine: Any,
+        **settings: Any,
     ) -> Completion:
         """``generate``'s engine ``Completion`` (token ids, text, finish reason, usage)."""
         from ninfer.engine import Engine
 
         ids = self.config.token_ids(token_ids).tolist()
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        if (
+            isinstance(max_new_tokens, bool)
+            or not isinstance(max_new_tokens, numbers.Integral)
+            or max_new_tokens < 1
+        ):
             raise ValueError(f"max_new_tokens: must be a positive integer, got {max_new_tokens!r}")
+        max_new_tokens = int(max_new_tokens)
+        given = {k: settings.pop(k) for k in list(settings) if k in _SAMPLING_FIELDS}
+        given.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        sampling = _sampling(greedy, {k: v for k, v in given.items() if v is not None})
         cfg: dict[str, Any] = {"max_concurrency": 1, "queue_depth": 0, "prefix_reuse": False}
         cfg["max_context"] = len(ids) + max_new_tokens
         if prefill_chunk is not None:
             cfg["prefill_chunk"] = prefill_chunk
-        cfg.update(engine)
+        cfg.update(settings)
         page = cfg.get("page_size", 16)
         cfg.setdefault("kv_capacity", -(-cfg["max_context"] // page) * page)  # one request's whole context
-        sampling: dict[str, Any] = {"temperature": 0.0} if greedy else {"temperature": temperature}
-        if not greedy:
-            sampling.update(top_k=top_k, top_p=top_p, seed=seed)
         if stop_token_ids is not None:
             sampling.update(stop_token_ids=tuple(stop_token_ids), ignore_eos=True)
         with Engine.from_model(self, background=False, **cfg) as eng:
             return eng.submit(ids, max_tokens=max_new_tokens, **sampling).result()
+
+
+def _sampling(greedy: bool | None, given: dict[str, Any]) -> dict[str, Any]:
+    """The request's sampling fields from ``generate``'s arguments (``given``: those set)."""
+    if greedy is None:
+        greedy = not (given.keys() & _SAMPLED) or given.get("temperature") == 0
+    if greedy:
+        if given.get("temperature", 0) > 0:
+            raise ValueError(
+                f"greedy decoding contradicts temperature={given['temperature']}: give one of them"
+            )
+        return {**given, "temperature": 0.0}
+    return {"temperature": 1.0, **given}
 
 
 def _tokenizer(art: Artifact) -> Any:

@@ -161,7 +161,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     return res
 
 
-def _args(argv: list[str] | None) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ninfer-perf", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1K/8K prefill, 8K-context decode, 8K follow-up")
     p.add_argument("--models", default="27b,35b", help="comma list of 27b, 35b")
@@ -222,7 +222,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         choices=("on", "off"),
         help="the decode GEMVs' L2 hints of the next product (CudaQwen36.gemv_prefetch; default the model's)",
     )
-    p.add_argument("--no-transformers", dest="transformers", action="store_false")
+    p.add_argument(
+        "--no-transformers",
+        dest="transformers",
+        action="store_false",
+        help="skip the transformers reference measurement",
+    )
     p.add_argument("--prefill", default=None, help="comma list of prompt lengths ('' for none)")
     p.add_argument("--lanes", default="1,2,4,8", help="comma list of decode lane counts ('' for none)")
     p.add_argument(
@@ -246,7 +251,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="prefill chunk (default: the server's, EngineConfig.prefill_chunk)",
     )
-    a = p.parse_args(argv)
+    return p
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    a = _parser().parse_args(argv)
     default = [1024, 8192] if a.quick else [1024, 8192, 32768]
     a.prefill = default if a.prefill is None else [int(v) for v in a.prefill.split(",") if v]
     a.lanes = [int(v) for v in a.lanes.split(",") if v]

@@ -209,27 +209,72 @@ def test_stop_strings_apply_to_the_answer_not_the_reasoning(actor: EngineActor) 
         (["--greedy"], {"temperature": 0.0}),
         (["--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "7"],
          {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 7}),
-        (["--temperature", "1.3", "--seed", "123"], {"temperature": 1.3, "top_k": 0, "top_p": 1.0, "seed": 123}),
+        (["--temperature", "1.3", "--seed", "123"], {"temperature": 1.3, "seed": 123}),
+        (["--temperature", "1.3", "--top-k", "0", "--top-p", "1", "--seed", "123"],
+         {"temperature": 1.3, "top_k": 0, "top_p": 1.0, "seed": 123}),
+        (["--seed", "9"], {"seed": 9}),
     ],
 )  # fmt: skip
 def test_ninfer_generate_gives_the_servers_tokens(
     actor: EngineActor, artifact: str, capsys: pytest.CaptureFixture[str], flags: list[str], sampling: dict
 ) -> None:
     """One sampler: ``ninfer generate`` (Model.generate through a one-lane engine in its own thread) and the
-    server's actor give the same tokens for the same prompt, settings and seed."""
+    server's actor give the same tokens for the same prompt, settings and seed. A setting left out is the
+    artifact's generation default on both sides (the demo's: temperature 0.7, top_p 0.9, top_k 20)."""
+    got = _cli_tokens(artifact, capsys, flags)
+    assert len(got) >= 1 and got == _served(actor, sampling)
+
+
+def test_ninfer_generate_greedy_keeps_the_artifacts_penalties(
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``ninfer generate --greedy`` is the server's temperature 0: the artifact's penalty defaults still apply
+    (the server takes every setting a request leaves out from the artifact, greedy or not)."""
+    from ninfer import demo
+
+    monkeypatch.setitem(demo.DEMO_GENERATION_CONFIG, "repetition_penalty", 3.0)
+    art = demo.build_demo(tmp_path_factory.mktemp("penalty") / "demo.ninfer")
+    a = make(art)
+    try:
+        got = _cli_tokens(art, capsys, ["--greedy"])
+        assert got == _served(a, {"temperature": 0.0})
+        assert got != _served(a, {"temperature": 0.0, "repetition_penalty": 1.0})  # the penalty mattered
+    finally:
+        asyncio.run(a.shutdown())
+
+
+_PROMPT = (5, 17, 99, 250, 3, 8, 41)
+
+
+def _cli_tokens(artifact: str, capsys: pytest.CaptureFixture[str], flags: list[str]) -> list[int]:
     import json
 
     from ninfer import cli
 
-    prompt = (5, 17, 99, 250, 3, 8, 41)
-    argv = ["generate", artifact, "--prompt-ids", ",".join(map(str, prompt)), "--max-new", "20", "--json"]
+    argv = ["generate", artifact, "--prompt-ids", ",".join(map(str, _PROMPT)), "--max-new", "20", "--json"]
     assert cli.main(argv + flags) == 0
-    got = json.loads(capsys.readouterr().out)["token_ids"]
-    s = SamplingOptions(max_tokens=20, min_p=0.0, **sampling)  # every field the artifact has a default for
-    evs = asyncio.run(collect(actor, GenerateRequest(request_id="cli", prompt_ids=prompt, sampling=s)))
+    return json.loads(capsys.readouterr().out)["token_ids"]
+
+
+def _served(a: EngineActor, sampling: dict) -> list[int]:
+    s = SamplingOptions(max_tokens=20, **sampling)  # what is left out: the artifact's defaults
+    evs = asyncio.run(collect(a, GenerateRequest(request_id="cli", prompt_ids=_PROMPT, sampling=s)))
     assert isinstance(evs[-1], Finish)
-    served = [t for e in evs if isinstance(e, TokenDelta) for t in e.token_ids]
-    assert len(got) >= 1 and got == served
+    return [t for e in evs if isinstance(e, TokenDelta) for t in e.token_ids]
+
+
+@pytest.mark.parametrize(("kw", "field"), [({"temperature": -0.5}, "temperature"), ({"top_k": -1}, "top_k")])
+def test_a_ray_request_with_a_negative_setting_is_a_400_naming_it(
+    actor: EngineActor, kw: dict, field: str
+) -> None:
+    """A Python job's request reaches the actor without the HTTP range checks: the engine's refusal comes back
+    as the 400 ``Failed`` the API answers in the protocol's shape, naming the field."""
+    s = SamplingOptions(max_tokens=4, **kw)
+    evs = asyncio.run(collect(actor, GenerateRequest(request_id="neg", prompt_ids=(1, 2, 3), sampling=s)))
+    assert len(evs) == 1 and isinstance(evs[0], Failed)
+    assert (evs[0].status, evs[0].param) == (400, field) and field in evs[0].message
 
 
 def test_the_finish_is_not_held_back_by_the_stream_interval(artifact: str) -> None:

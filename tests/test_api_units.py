@@ -108,6 +108,8 @@ def test_server_config_names_the_flag(kw: dict[str, object], flag: str) -> None:
             "context_length_exceeded",
         ),
         (body(temperature=2.5), 400, "temperature", None),
+        (body(temperature=-0.5), 400, "temperature", None),
+        (body(top_k=-1), 400, "top_k", None),
         (body(top_p=-0.1), 400, "top_p", None),
         (body(seed=-1), 400, "seed", None),
         (body(seed=2**64), 400, "seed", None),
@@ -155,6 +157,22 @@ def test_bad_requests_name_the_field(raw: bytes, status: int, param: str | None,
         assert param.split("[")[0].split(".")[0] in err.message
     shape = msgspec.json.decode(msgspec.json.encode(err.body()))
     assert set(shape["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"), [({"temperature": -0.5}, "temperature"), ({"top_k": -1}, "top_k")]
+)
+def test_negative_sampling_values_are_anthropic_400s(extra: dict[str, float], field: str) -> None:
+    """/v1/messages refuses a negative temperature or top_k with a 400 in Anthropic's error shape."""
+    from ninfer.api import anthropic as am
+
+    raw = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], **extra}
+    with pytest.raises(am.AnthropicError) as ei:
+        am.parse_messages_request(json.dumps(raw).encode(), 64)
+    assert ei.value.status == 400 and field in ei.value.message
+    shape = msgspec.json.decode(msgspec.json.encode(ei.value.body()))
+    assert shape["type"] == "error" and set(shape["error"]) == {"type", "message"}
+    assert shape["error"]["type"] == "invalid_request_error"
 
 
 def test_translation_to_the_engine_request() -> None:

@@ -182,6 +182,26 @@ def test_identity_profile_and_config_changes_are_rejected(art_path, tmp_path, ed
         open_artifact(p, verify="manifest")
 
 
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.update(digest=None), "digest must be"),
+        (lambda m: m.update(model_id=["ninfer-demo"]), "model_id must be a string"),
+        (lambda m: m["tensors"][0].update(name=[]), "name must be a string"),
+        (lambda m: m["resources"][0].update(role={}), "role must be a string"),
+        (lambda m: m["config"].update(mtp_num_hidden_layers=None), "mtp_num_hidden_layers: expected int"),
+        (lambda m: m["config"].update(layer_types=None), "layer_types: expected a list"),
+        (lambda m: m["config"].update(rope_theta="x"), "rope_theta: expected float"),
+    ],
+)
+def test_manifest_values_of_the_wrong_type_are_artifact_errors(art_path, tmp_path, edit, message) -> None:
+    """A hash-consistent manifest with a value of the wrong type is an ArtifactError naming it, never a
+    TypeError from deep inside (``ninfer inspect`` would print a traceback)."""
+    p = _rewrite_manifest(art_path, tmp_path / "t.ninfer", edit)
+    with pytest.raises(ArtifactError, match=message):
+        open_artifact(p, verify="manifest")
+
+
 def test_manifest_tamper_without_rehash_is_caught(art_path, tmp_path) -> None:
     p = _copy(art_path, tmp_path / "h.ninfer")
     with open(p, "r+b") as f:
@@ -209,6 +229,53 @@ def test_writer_rejects_unregistered_profile_and_bad_source(tmp_path, weights) -
         _write(str(tmp_path / "b.ninfer"), bad)
     with pytest.raises(RegistryError, match="config differs"):
         _write(str(tmp_path / "c.ninfer"), weights, config=replace(CFG, hidden_size=64))
+
+
+def test_a_failed_write_leaves_no_partial_file(tmp_path, weights) -> None:
+    """A source, encoder or Ctrl-C failure mid-write removes ``OUT.partial``; an artifact already at ``OUT`` is
+    kept as it was."""
+    bad = dict(weights)
+    bad["norm.weight"] = np.full_like(bad["norm.weight"], np.nan)
+    with pytest.raises(ArtifactError, match="non-finite"):
+        _write(str(tmp_path / "b.ninfer"), bad)
+    assert os.listdir(tmp_path) == []
+
+    def interrupted(name: str) -> np.ndarray:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _write(str(tmp_path / "c.ninfer"), weights, load_tensor=interrupted)
+    assert os.listdir(tmp_path) == []
+    good = str(tmp_path / "good.ninfer")
+    digest = _write(good, weights)["digest"]["content"]
+    with pytest.raises(ArtifactError):
+        _write(good, bad)
+    assert (
+        os.listdir(tmp_path) == ["good.ninfer"]
+        and open_artifact(good).manifest["digest"]["content"] == digest
+    )
+
+
+def test_an_output_path_that_cannot_be_the_file_is_refused_first(tmp_path, weights, capsys) -> None:
+    """An existing directory (or a missing parent) is refused before any tensor is loaded; ``ninfer demo`` and
+    ``ninfer convert`` say so in one line (convert before it reads the checkpoint)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    loaded: list[str] = []
+
+    def load(name: str) -> np.ndarray:
+        loaded.append(name)
+        return weights[name]
+
+    with pytest.raises(ArtifactError, match="is a directory; give the artifact's file path"):
+        _write(str(out), weights, load_tensor=load)
+    with pytest.raises(ArtifactError, match="does not exist"):
+        _write(str(tmp_path / "missing" / "a.ninfer"), weights, load_tensor=load)
+    assert not loaded and os.listdir(out) == [] and sorted(os.listdir(tmp_path)) == ["out"]
+    for argv in (["demo", "-o", str(out)], ["convert", str(tmp_path / "no-checkpoint"), "-o", str(out)]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{out}: is a directory" in err and "Traceback" not in err and len(err.splitlines()) == 1
 
 
 def test_cli_inspect_and_verify(art_path, tmp_path, capsys) -> None:

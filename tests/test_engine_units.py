@@ -210,6 +210,20 @@ def test_config_names_the_bad_field(kw: dict, field: str) -> None:
         EngineConfig(**kw)
 
 
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [({"temperature": -1.0}, "temperature"), ({"top_k": -1}, "top_k"), ({"top_p": 0.0}, "top_p")],
+)
+def test_sampling_params_refuse_out_of_range_values(kw: dict, field: str) -> None:
+    """A negative temperature or top_k is refused (as HTTP refuses it), not silently taken as greedy / no cut:
+    the Python API, the CLI and Ray token requests reach the engine without the HTTP checks."""
+    from ninfer.engine.core import RequestError
+
+    with pytest.raises(RequestError, match=field):
+        SamplingParams(**kw).check()
+    SamplingParams(temperature=0.0, top_k=0).check()
+
+
 def test_null_runner_emits_the_same_text_tokens_at_its_step_time(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The null backend (benchmarks of the stack): no weights, a fixed step time, tokens that are a function of
     the request's seed and position only, so both sides of a benchmark get the same output."""

@@ -31,6 +31,7 @@ __all__ = [
     "ArtifactError",
     "TensorSpec",
     "write_container",
+    "check_output_path",
     "read_header",
     "align_up",
     "HEADER_BYTES",
@@ -78,6 +79,7 @@ def write_container(
     ``resources`` maps name -> (role, media_type, bytes). The manifest's hashes are fixed-width hex, so the
     manifest planned with placeholder hashes has exactly the final length and the data offset is known up front.
     """
+    check_output_path(path)
     tensor_entries: list[dict[str, Any]] = []
     cursor = 0
     for name, fmt, layout, shape, nbytes in tensors:
@@ -116,44 +118,76 @@ def write_container(
     )
     planned_len = len(_manifest_bytes(manifest))
     data_offset = align_up(HEADER_BYTES + planned_len, DATA_ALIGN)
-
     tmp = f"{os.fspath(path)}.partial"
-    with open(tmp, "wb") as f:
-        f.truncate(data_offset)
-        f.seek(data_offset)
-        end = 0
-        for entry in tensor_entries:
-            blob = next(blobs)
-            buf = memoryview(blob if isinstance(blob, bytes) else np.ascontiguousarray(blob).view(np.uint8))
-            if buf.nbytes != entry["nbytes"]:
-                raise ArtifactError(
-                    f"tensor {entry['name']}: encoder produced {buf.nbytes} bytes, layout says {entry['nbytes']}"
-                )
-            end = _write_at(f, data_offset, entry["offset"], buf)
-            entry["sha256"] = hashlib.sha256(buf).hexdigest()
-        for entry, (_, _, data) in zip(resource_entries, resources.values(), strict=True):
-            end = _write_at(f, data_offset, entry["offset"], memoryview(data))
-        f.truncate(data_offset + end)
-        manifest["digest"]["content"] = content_digest(manifest)
-        mbytes = _manifest_bytes(manifest)
-        if len(mbytes) != planned_len:  # invariant: hashes are fixed width
-            raise AssertionError("manifest length changed between plan and write")
-        header = _HEADER.pack(
-            MAGIC,
-            HEADER_BYTES,
-            0,
-            HEADER_BYTES,
-            len(mbytes),
-            data_offset,
-            end,
-            hashlib.sha256(mbytes).digest(),
-            b"\0" * 48,
-        )
-        f.seek(0)
-        f.write(header)
-        f.write(mbytes)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            end = _write_blobs(f, data_offset, tensor_entries, blobs, resource_entries, resources)
+            manifest["digest"]["content"] = content_digest(manifest)
+            mbytes = _manifest_bytes(manifest)
+            if len(mbytes) != planned_len:  # invariant: hashes are fixed width
+                raise AssertionError("manifest length changed between plan and write")
+            f.seek(0)
+            f.write(_header(mbytes, data_offset, end))
+            f.write(mbytes)
+        os.replace(tmp, path)
+    except BaseException:  # a failed source, encoder or disk, or Ctrl-C: no half-written file is left behind
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     return manifest
+
+
+def check_output_path(path: str | os.PathLike[str]) -> None:
+    """Refuse, before anything is read or written, an output path that cannot become the artifact's file: an
+    existing directory, or one in a directory that does not exist."""
+    p = os.fspath(path)
+    if os.path.isdir(p):
+        example = os.path.join(p, "model.ninfer")
+        raise ArtifactError(f"{p}: is a directory; give the artifact's file path (e.g. {example})")
+    parent = os.path.dirname(os.path.abspath(p))
+    if not os.path.isdir(parent):
+        raise ArtifactError(f"{p}: the directory {parent} does not exist")
+
+
+def _write_blobs(
+    f: Any,
+    data_offset: int,
+    tensor_entries: list[dict[str, Any]],
+    blobs: Iterator[bytes | np.ndarray],
+    resource_entries: list[dict[str, Any]],
+    resources: dict[str, tuple[str, str, bytes]],
+) -> int:
+    """Every tensor (hashed into its entry) and resource at its offset; returns where the data ends."""
+    f.truncate(data_offset)
+    f.seek(data_offset)
+    end = 0
+    for entry in tensor_entries:
+        blob = next(blobs)
+        buf = memoryview(blob if isinstance(blob, bytes) else np.ascontiguousarray(blob).view(np.uint8))
+        if buf.nbytes != entry["nbytes"]:
+            raise ArtifactError(
+                f"tensor {entry['name']}: encoder produced {buf.nbytes} bytes, layout says {entry['nbytes']}"
+            )
+        end = _write_at(f, data_offset, entry["offset"], buf)
+        entry["sha256"] = hashlib.sha256(buf).hexdigest()
+    for entry, (_, _, data) in zip(resource_entries, resources.values(), strict=True):
+        end = _write_at(f, data_offset, entry["offset"], memoryview(data))
+    f.truncate(data_offset + end)
+    return end
+
+
+def _header(mbytes: bytes, data_offset: int, data_bytes: int) -> bytes:
+    return _HEADER.pack(
+        MAGIC,
+        HEADER_BYTES,
+        0,
+        HEADER_BYTES,
+        len(mbytes),
+        data_offset,
+        data_bytes,
+        hashlib.sha256(mbytes).digest(),
+        b"\0" * 48,
+    )
 
 
 def _write_at(f: Any, data_offset: int, offset: int, buf: memoryview) -> int:
@@ -207,7 +241,7 @@ def read_header(path: str, file_size: int) -> tuple[Header, dict[str, Any]]:
     if len(mraw) != mbytes or hashlib.sha256(mraw).digest() != msha:
         raise ArtifactError(f"{path}: manifest is corrupt (SHA-256 mismatch)")
     try:
-        manifest = json.loads(mraw)
+        manifest = json.loads(mraw.decode("utf-8"))  # UTF-8 only (json.loads on bytes would guess)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ArtifactError(f"{path}: manifest is not valid JSON: {e}") from None
     return Header(moff, mbytes, doff, dbytes, msha), manifest

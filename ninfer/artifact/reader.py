@@ -57,6 +57,10 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_hex64(v: Any) -> bool:
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+
+
 def _check_entry(path: str, kind: str, e: Any, keys: set[str]) -> None:
     if not isinstance(e, dict):
         raise ArtifactError(f"{path}: manifest: a {kind} entry is not an object")
@@ -64,6 +68,9 @@ def _check_entry(path: str, kind: str, e: Any, keys: set[str]) -> None:
     if set(e) != keys:
         missing, extra = sorted(keys - set(e)), sorted(set(e) - keys)
         raise ArtifactError(f"{path}: manifest: {kind} {name!r}: missing {missing} / unknown {extra} members")
+    for k in sorted(keys & {"name", "format", "layout", "role", "media_type"}):
+        if not isinstance(e[k], str):
+            raise ArtifactError(f"{path}: manifest: {kind} {name!r}: {k} must be a string")
     for k in ("offset", "nbytes"):
         if not _is_int(e[k]) or e[k] < 0:
             raise ArtifactError(f"{path}: manifest: {kind} {name!r}: {k} must be a non-negative integer")
@@ -87,6 +94,12 @@ def _check_schema(path: str, m: Any) -> None:
         )
     if not isinstance(m["shape_registered"], bool):
         raise ArtifactError(f"{path}: manifest: shape_registered must be true or false")
+    for k in ("model_id", "weight_profile", "architecture"):
+        if not isinstance(m[k], str):
+            raise ArtifactError(f"{path}: manifest: {k} must be a string")
+    d = m["digest"]
+    if not isinstance(d, dict) or d.get("algo") != "sha256" or not _is_hex64(d.get("content")):
+        raise ArtifactError(f"{path}: manifest: digest must be {{algo: sha256, content: 64 hex characters}}")
     for k in ("tensors", "resources"):
         if not isinstance(m[k], list):
             raise ArtifactError(f"{path}: manifest: {k} must be a list")
@@ -123,7 +136,12 @@ def _check_model(path: str, m: dict[str, Any]) -> tuple[AnyConfig, dict[str, Ten
         arch = architecture(m["architecture"])
         if not isinstance(m["config"], dict):
             raise ConfigError("config must be an object")
-        cfg = arch.config_from_dict(m["config"])
+        try:
+            cfg = arch.config_from_dict(m["config"])
+        except (TypeError, ValueError) as e:  # a value of the wrong type deep in the config's checks
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"config: {e}") from None
         ident = check_config(m["model_id"], cfg, m["shape_registered"])
         if m["architecture"] != ident.arch:
             raise RegistryError(f"architecture {m['architecture']!r} does not match {ident.model_id!r}")

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ninfer.artifact.container import ArtifactError, write_container
+from ninfer.artifact.container import ArtifactError, check_output_path, write_container
 from ninfer.artifact.inventory import TensorPlan
 from ninfer.artifact.registry import AnyConfig, check_config, tensor_plan
 from ninfer.artifact.rows import is_row_local, put_rows
@@ -87,7 +87,8 @@ def write_artifact(
 ) -> dict[str, Any]:
     """Write ``path``: every tensor of the plan, loaded as float32 by ``load_tensor(name)`` (host-rows tensors:
     any ``RowSource``), encoded in the format the profile assigns. ``resources`` maps role -> bytes.
-    Returns the manifest."""
+    Returns the manifest. Nothing is left at ``path`` (nor beside it) when writing fails."""
+    check_output_path(path)
     ident = check_config(model_id, config, shape_registered)
     if weight_profile not in ident.profiles:
         raise ArtifactError(f"weight profile {weight_profile!r} is not registered for {model_id!r}")

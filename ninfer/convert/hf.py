@@ -20,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ninfer.artifact import ArtifactError, open_artifact, write_artifact
+from ninfer.artifact.container import check_output_path
 from ninfer.artifact.inventory import TensorPlan
 from ninfer.artifact.registry import (
     MODELS,
@@ -265,6 +266,7 @@ def convert(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Convert ``hf_dir`` into ``out`` with ``profile``, verify what was written, return the manifest."""
+    check_output_path(out)  # before the checkpoint is read: a bad path is not found out after the conversion
     hf = _read_json(os.path.join(hf_dir, "config.json"))
     if hf is None:
         raise ConversionError(f"{hf_dir}: no config.json")

@@ -81,8 +81,8 @@ TokenMask = Callable[[Sequence[int]], "np.ndarray | None"]
 # ---- request parameters -----------------------------------------------------------------------------------
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens: int = 16
-    temperature: float = 0.0  # <= 0: exact argmax
-    top_k: int = 0  # <= 0: no top-k cut
+    temperature: float = 0.0  # 0: exact argmax (negative: refused)
+    top_k: int = 0  # 0: no top-k cut (negative: refused)
     top_p: float = 1.0
     min_p: float = 0.0
     presence_penalty: float = 0.0
@@ -103,6 +103,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
             if not np.isfinite(getattr(self, name)):
                 raise RequestError(f"{name}: must be finite")
+        if self.temperature < 0:
+            raise RequestError(f"temperature: must be >= 0 (0: greedy), got {self.temperature}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise RequestError(f"top_k: must be an integer >= 0 (0: no cut), got {self.top_k!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise RequestError(f"top_p: must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:

@@ -61,12 +61,17 @@ def _cmd_bench_corpus(a: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``perplexity`` and ``bench-corpus`` to the ``ninfer`` subcommands."""
     p = sub.add_parser("perplexity", help="token-level NLL and perplexity of a text (sliding window)")
-    p.add_argument("artifact")
+    p.add_argument("artifact", help="the .ninfer artifact (or upstream v1 file) to evaluate")
     p.add_argument("--text", required=True, help="UTF-8 text file, tokenized as is (no chat template)")
     p.add_argument("--context", type=int, default=None, help="window length in tokens (default min(T, 4096))")
     p.add_argument("--stride", type=int, default=None, help="window step in tokens (default context/2)")
     p.add_argument("--prefill-chunk", type=int, default=512, help="tokens per prefill call (default 512)")
-    p.add_argument("--backend", default="reference", choices=["reference", "cuda"])
+    p.add_argument(
+        "--backend",
+        default="reference",
+        choices=["reference", "cuda"],
+        help="reference (NumPy, default) or cuda (an NVIDIA GPU)",
+    )
     p.add_argument("--compact", action="store_true", help="one-line JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_perplexity)

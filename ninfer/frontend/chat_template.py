@@ -113,11 +113,15 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
-def _prepare_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+def _check_messages(messages: Any) -> None:
     if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
         raise TemplateError(f"messages must be a list of message objects, got {type(messages).__name__}")
     if len(messages) == 0:
         raise TemplateError("messages is empty: a conversation needs at least one message")
+
+
+def _prepare_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    _check_messages(messages)
     prepared = []
     for i, message in enumerate(plain_data(list(messages))):
         if not isinstance(message, dict):
@@ -233,4 +237,5 @@ class ChatTemplate:
         if self.tokenizer is None:
             raise TemplateError("render_ids() needs a ChatTemplate built with a tokenizer")
         check_variables(kwargs)
+        _check_messages(messages)
         return encode_chat(self, messages, tools, add_generation_prompt, **kwargs)

@@ -30,14 +30,14 @@ def register(subparsers: Any) -> None:
     i.add_argument("--no-enable", action="store_true", help="write the unit file only")
     i.set_defaults(func=_install)
     u = sub.add_parser("uninstall", help="disable and remove the systemd user service")
-    u.add_argument("--user", action="store_true", required=True)
+    u.add_argument("--user", action="store_true", required=True, help="the per-user service (the only kind)")
     u.set_defaults(func=_uninstall)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="the JSON config file")
     p.add_argument("--host", default="127.0.0.1", help="dashboard address (default: this machine only)")
-    p.add_argument("--port", type=int, default=8099)
+    p.add_argument("--port", type=int, default=8099, help="dashboard port (default 8099)")
     p.add_argument("--admin-key-file", default=None, help="a file whose first line is the key every /api "
                    "route then needs")  # fmt: skip
 
