@@ -8,6 +8,8 @@ import json
 import time
 from typing import Any
 
+from ninfer.cli_args import add_backend_argument
+
 __all__ = ["register"]
 
 
@@ -34,12 +36,7 @@ def register(sub: Any) -> None:
     g.add_argument(
         "--seed", type=int, default=None, help="sampling seed (the server's seed gives its tokens)"
     )
-    g.add_argument(
-        "--backend",
-        default="reference",
-        choices=["reference", "cuda"],
-        help="reference (NumPy, default) or cuda (an NVIDIA GPU)",
-    )
+    add_backend_argument(g)
     g.add_argument("--json", action="store_true", help="one JSON object: prompt_tokens, token_ids, text, ...")
     g.set_defaults(func=_cmd_generate)
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import msgspec
 
+from ninfer.cli_args import add_backend_argument
+
 __all__ = ["register"]
 
 
@@ -66,12 +68,7 @@ def register(sub: Any) -> None:
     p.add_argument("--context", type=int, default=None, help="window length in tokens (default min(T, 4096))")
     p.add_argument("--stride", type=int, default=None, help="window step in tokens (default context/2)")
     p.add_argument("--prefill-chunk", type=int, default=512, help="tokens per prefill call (default 512)")
-    p.add_argument(
-        "--backend",
-        default="reference",
-        choices=["reference", "cuda"],
-        help="reference (NumPy, default) or cuda (an NVIDIA GPU)",
-    )
+    add_backend_argument(p)
     p.add_argument("--compact", action="store_true", help="one-line JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_perplexity)
