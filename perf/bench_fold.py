@@ -71,6 +71,15 @@ def _switch(net: Any, toggle: str, on: bool) -> None:
         net.gemv_prefetch, net.gemv_next = on, {}
 
 
+def _state(net: Any, toggle: str) -> bool:
+    """The switch's current setting (``moe``: the routing fusion's; both fusions share their default)."""
+    import ninfer.cuda.linear as linear
+
+    name = {"fold": "fold_norms", "route": "moe_route_fused", "combine": "moe_combine_fused",
+            "moe": "moe_route_fused", "prefetch": "gemv_prefetch"}.get(toggle)  # fmt: skip
+    return bool(linear.GV_W8 if name is None else getattr(net, name))
+
+
 def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:
     from ninfer.artifact.registry import MODELS as REG
     from ninfer.cuda.model import CudaQwen36
@@ -88,7 +97,8 @@ def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:
         net, slots=max(lanes) + 1, pages=-(-cap // 16) * (max(lanes) + 1), page_size=16, context=cap
     )
     rows = []
-    for toggle in a.toggle.split(","):  # one network for every A/B asked (each switch back off after its own)
+    for toggle in a.toggle.split(","):  # one network for every A/B (each switch back to its default)
+        default = _state(net, toggle)
         for on in (False, True):
             _switch(net, toggle, on)
             net.graphs.clear()
@@ -104,7 +114,7 @@ def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:
                 print(
                     f"{key} {toggle}={on!s:5} x{n}: {r['step_ms']:.3f} ms/step {r['tok_s']:.1f} tok/s  {r['nodes']}"
                 )
-        _switch(net, toggle, toggle == "fold")  # norm folding is on by default; the others off
+        _switch(net, toggle, default)
     net.graphs.clear()
     return rows
 
