@@ -141,6 +141,7 @@ __device__ __forceinline__ void gv_kernel(
     constexpr int ACT = GvChunk<NB>::V * 8 * NB * 4 * FW;  // u32 words of one activation chunk buffer
     u8* wsm = reinterpret_cast<u8*>(gv_sm + 2 * ACT) + warp * GV_STAGES * STAGE;
     typename F::Src src = gv_rows_src<F>(p0, p1, p2, N, K, wbase, bx * ROWS + warp * MT * 16, kt0, t);
+    if constexpr (GvBulk<F>::ON) gv_bulk_init<F>(wsm, lane);
     gv_prologue<F>(wsm, lane, src, t, nt);
     if (GvPf<F>::ON && GV_PF_START && q0 != nullptr && !experts) gv_prefetch_next<ROWS>(q0, q1, qn, qk, qbx, qsplits);
     if (!experts) pdl_wait();
@@ -155,6 +156,7 @@ __device__ __forceinline__ void gv_kernel(
     }
     float acc[MT][4];
     gv_products<F, T, NB>(gv_sm, wsm, lane, src, t, xl, x2l, xf, gd, inv, nb, K, kt0, nt, xv, acc);
+    if constexpr (GvBulk<F>::ON) gv_bulk_inval<F>(wsm, lane);
     if (GvPf<F>::ON && !GV_PF_START && q0 != nullptr && !experts) gv_prefetch_next<ROWS>(q0, q1, qn, qk, qbx, qsplits);
     const GvFold fo{fold, part, ldp, xr0};
     gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);

@@ -19,6 +19,9 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// the weight ring by bulk copies (GV_BULK; off by default)
+#include "gemv_bulk.cuh"
+
 __device__ __forceinline__ void mma_bf16_16816(float d[4], const u32 a[4], u32 b0, u32 b1) {
 #ifdef __CUDA_ARCH__
     asm volatile(
@@ -89,13 +92,20 @@ template <typename F>
 __device__ __forceinline__ typename F::Src gv_rows_src(const u8* p0, const u8* p1, const u8* p2, int N, int K,
                                                        long long wbase, int r0, int kt0, int t) {
     const int g = (threadIdx.x & 31) >> 2;
-    long long wr[F::MT][2];
+    if constexpr (GvBulk<F>::ON) {  // each m-tile's 16-row group (a row past N: the last row's group, as below)
+        long long grp[F::MT];
 #pragma unroll
-    for (int mt = 0; mt < F::MT; ++mt) {
-        wr[mt][0] = wbase + min(r0 + mt * 16 + g, N - 1);
-        wr[mt][1] = wbase + min(r0 + mt * 16 + g + 8, N - 1);
+        for (int mt = 0; mt < F::MT; ++mt) grp[mt] = wbase + min(r0 + mt * 16, N - 1), grp[mt] -= grp[mt] % 16;
+        return F::src_bulk(p0, p1, K, grp, kt0 * 128);
+    } else {
+        long long wr[F::MT][2];
+#pragma unroll
+        for (int mt = 0; mt < F::MT; ++mt) {
+            wr[mt][0] = wbase + min(r0 + mt * 16 + g, N - 1);
+            wr[mt][1] = wbase + min(r0 + mt * 16 + g + 8, N - 1);
+        }
+        return F::src(p0, p1, p2, K, wr, kt0 * 128, t);
     }
-    return F::src(p0, p1, p2, K, wr, kt0 * 128, t);
 }
 
 // The first GV_STAGES - 1 of the block's nt tiles into the warp's ring (one commit group each).
@@ -103,7 +113,7 @@ template <typename F>
 __device__ __forceinline__ void gv_prologue(u8* wsm, int lane, typename F::Src& src, int t, int nt) {
 #pragma unroll
     for (int s = 0; s < GV_STAGES - 1; ++s) {
-        if (s < nt) F::copy_next(wsm + s * F::VECS * 512, lane, src, t);
+        if (s < nt) gv_copy_stage<F>(wsm + s * F::VECS * 512, lane, src, t);
         cp_async_commit();
     }
 }
@@ -128,16 +138,21 @@ __device__ __forceinline__ void gv_products(u32* sm, u8* wsm, int lane, typename
 #pragma unroll 1
         for (int tl = 0, tend = min(GvChunk<NB>::V, nt - c * GvChunk<NB>::V); tl < tend; ++tl) {
             const int i = c * GvChunk<NB>::V + tl;
-            cp_async_wait<GV_STAGES - 2>();  // this lane's copies of tile i have landed
+            gv_wait_stage<F>(wsm, i);  // tile i's copies have landed
             typename F::Raw raw[MT][2];
             u8* const st = wsm + (i % GV_STAGES) * STAGE;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                F::read(st, lane, mt, 0, t, raw[mt][0]);
-                F::read(st, lane, mt, 1, t, raw[mt][1]);
+                if constexpr (GvBulk<F>::ON) {
+                    F::read_bulk(st, lane, mt, 0, t, raw[mt][0]);
+                    F::read_bulk(st, lane, mt, 1, t, raw[mt][1]);
+                } else {
+                    F::read(st, lane, mt, 0, t, raw[mt][0]);
+                    F::read(st, lane, mt, 1, t, raw[mt][1]);
+                }
             }
             // refill the stage read one iteration ago (its values are consumed: no lane reads it again)
-            if (i < nt_refill) F::copy_next(fill, lane, src, t);
+            if (i < nt_refill) gv_copy_stage<F>(fill, lane, src, t);
             fill = st;
             cp_async_commit();
             gv_tile<F, T, NB>(act, tl, raw, acc);

@@ -310,6 +310,42 @@ struct FragNVFP4 : KMap32 {
             s.c[r] += 1024, s.s[r] += 128;
         }
     }
+    // The bulk-copy ring (gemv_bulk.cuh, GV_BULK): per stage the MT m-tiles' 1 KiB code blocks (the device layout's
+    // byte order is the stage's lane order: row g + 8 h, bytes 16 t.. at h * 512 + g * 64 + 16 t), then their
+    // 128-byte scale blocks, compact (row g + 8 h's 8 bytes at h * 64 + g * 8). Src's first MT entries then hold
+    // each m-tile's 16-row group at the split's first tile (grp: its first row, a multiple of 16).
+    static constexpr int BULK = 2 * MT * 512 + MT * 128;
+    static __host__ __device__ __forceinline__ Src src_bulk(const u8* p0, const u8* p1, int K,
+                                                            const long long (&grp)[MT], int k0) {
+        const long long kp = kpad128(K);
+        Src s;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) s.c[mt] = p0 + nv4_codes(grp[mt], kp, k0), s.s[mt] = p1 + nv4_scales(grp[mt], kp, k0);
+        return s;
+    }
+    template <typename Copy> static __host__ __device__ __forceinline__ void copy_bulk(u8* st, const Src& s, Copy copy) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            copy(st + mt * 1024, s.c[mt], 1024u);
+            copy(st + 2 * MT * 512 + mt * 128, s.s[mt], 128u);
+        }
+    }
+    static __host__ __device__ __forceinline__ void advance_bulk(Src& s) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) s.c[mt] += 1024, s.s[mt] += 128;
+    }
+    static __host__ __device__ __forceinline__ void read_bulk(const u8* st, int lane, int mt, int r, int t, Raw& raw) {
+        raw.c = *reinterpret_cast<const uint4*>(gv_vec(st, 2 * mt + r, lane));
+        // bytes 2 t + {0, 1} of row g's 8 scale bytes in row group 2 mt + r (64 bytes each)
+        static_assert(MT == 2, "one case per row");
+        const u8* b = st + 2 * MT * 512 + (lane >> 2) * 8 + 2 * t;
+        switch (2 * mt + r) {
+            case 0: raw.b0 = gv_lds_u8<0>(b), raw.b1 = gv_lds_u8<1>(b); break;
+            case 1: raw.b0 = gv_lds_u8<64>(b), raw.b1 = gv_lds_u8<65>(b); break;
+            case 2: raw.b0 = gv_lds_u8<128>(b), raw.b1 = gv_lds_u8<129>(b); break;
+            default: raw.b0 = gv_lds_u8<192>(b), raw.b1 = gv_lds_u8<193>(b); break;
+        }
+    }
     static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int t, Raw& raw) {
         raw.c = *reinterpret_cast<const uint4*>(gv_vec(st, 2 * mt + r, lane));
         // bytes 2 (t & 1) + {0, 1} of the lane's scale word of row 2 mt + r, one byte load each (immediate

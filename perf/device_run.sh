@@ -13,6 +13,7 @@
 #   ab      the decode switches built without a GPU: GPU tests, then all their whole-step A/Bs (both models)
 #   decode_probe  issue 13's open questions after c14cc9e: GDN decode at 5-8 sequences (bounds, two launches), the
 #           MoE fusions' step profile, the decode GEMV boundary trace
+#   bulk    the NVFP4 decode GEMV's weight ring by bulk copies (GV_BULK): GPU test and per-shape A/B
 #   moe     the decode MoE fusions' GPU tests and whole-step A/Bs (35B-A3B), with the L2 hints
 #   boundary  the decode GEMV launch boundary traced (perf/gemv_trace.py), the start-of-block L2 hints A/B and the
 #           8-lane activation traffic (gemv_variants actl1, w8)
@@ -173,6 +174,13 @@ run_decode_probe() {  # issue 13's open questions after c14cc9e, in one call (~8
   rm -f "$OUT"/ncu_*.csv  # the summaries are enough (the tool returns at most 8 files)
   timeout ${BOUNDARY_TIMEOUT:-120} python3 -m perf.gemv_trace --model 27b --rows 1,8 2>&1 | tee "$OUT/trace_27b.txt" \
     | tail -30
+}
+run_bulk() {  # issue 13: the NVFP4 decode GEMV's weight ring by bulk copies (cuda_src/gemv_bulk.cuh, GV_BULK): its
+  # GPU test (same bits as the cp.async ring), then the per-shape A/B at 1 and 8 rows (gemv_variants base/bulk/bulkef)
+  timeout ${BULK_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -rf tests/test_cuda_gemv_bulk.py \
+    > "$OUT/bulk_tests.txt" 2>&1; tail -3 "$OUT/bulk_tests.txt"
+  timeout ${BULK_TIMEOUT:-240} python3 -m perf.gemv_variants --variants base,bulk,bulkef --rows 1,8 2>&1 \
+    | tee "$OUT/bulk_gemv.txt" | tail -8
 }
 run_moe() {  # issue 13: the decode MoE fusions (routing in gate | up, combine + norm in the down launch) and the
   # start-of-block L2 hints: their GPU tests, then each as a whole-step A/B (bench_fold) on the 35B-A3B

@@ -40,6 +40,9 @@ Variants (a variant changes only what its name says; results are timings, not nu
             wave into L2 from every block's start (linear.gemv's ``prefetch``; NVFP4 only; same results)
   pfend     pf with the hints issued by the blocks that finish last (GV_PF_START 0: the design measured a loss at
             ba43f57)
+  bulk      NVFP4's weight ring filled by bulk copies (cuda_src/gemv_bulk.cuh, GV_BULK 1): one lane issues a stage's
+            4 cp.async.bulk copies on one mbarrier, instead of 8 cp.async per lane (same results)
+  bulkef    bulk with an L2 evict-first hint on the weights' copies (GV_BULK 2)
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
   olddq     the NVFP4 decode and tile loop before the integer-pipe diet (2026-12-02, docs/cuda.md "Decode GEMV on
             tensor cores"): plain shifts (ptxas: SHF), the lane's scale word shifted and masked, stage and
@@ -215,6 +218,8 @@ def _source(original: Any, variant: str) -> Any:
             s = _must_replace(s, "if (gv_cl_size() > 1) {", "if (false) {")
         if variant == "nowait":
             s = _must_replace(s, "if (!experts) pdl_wait();", "")
+        if variant in ("bulk", "bulkef"):
+            s = f"#define GV_BULK {1 if variant == 'bulk' else 2}\n" + s
         if variant == "pfend":
             s = "#define GV_PF_START 0\n" + s
         if variant.startswith("pf") and variant[2:].isdigit():
