@@ -7,6 +7,7 @@ prefetch of the next product (``--toggle prefetch``: ``CudaQwen36.gemv_prefetch`
     python -m perf.bench_fold --toggle combine --model 35b  # the combine + norm in the down launch (moe_combine_fused)
     python -m perf.bench_fold --toggle moe --model 35b    # both
     python -m perf.bench_fold --toggle w8 --lanes 8       # 5-8-lane GEMVs on 8-warp blocks (linear.GV_W8)
+    python -m perf.bench_fold --toggle bulk               # NVFP4 weight ring by bulk copies (linear.GV_BULK)
 
 For each model and lane count, the graph-replayed decode step (logits included) with ``fold_norms`` off, then on
 (the graphs recaptured between), and the captured graph's node count by type (cuGraphGetNodes /
@@ -27,7 +28,7 @@ from .bench_model import bench_decode
 
 __all__ = ["main", "graph_node_types"]
 
-TOGGLES = ("fold", "prefetch", "route", "combine", "moe", "w8")
+TOGGLES = ("fold", "prefetch", "route", "combine", "moe", "w8", "bulk")
 
 # CUgraphNodeType (cuda.h)
 _NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
@@ -63,10 +64,10 @@ def _switch(net: Any, toggle: str, on: bool) -> None:
         net.moe_combine_fused = on
     elif toggle == "moe":  # both MoE fusions
         net.moe_route_fused = net.moe_combine_fused = on
-    elif toggle == "w8":  # a module switch, read at every launch
+    elif toggle in ("w8", "bulk"):  # module switches, read at every launch
         import ninfer.cuda.linear as linear
 
-        linear.GV_W8 = on
+        setattr(linear, "GV_W8" if toggle == "w8" else "GV_BULK", on)
     else:
         net.gemv_prefetch, net.gemv_next = on, {}
 
@@ -77,7 +78,9 @@ def _state(net: Any, toggle: str) -> bool:
 
     name = {"fold": "fold_norms", "route": "moe_route_fused", "combine": "moe_combine_fused",
             "moe": "moe_route_fused", "prefetch": "gemv_prefetch"}.get(toggle)  # fmt: skip
-    return bool(linear.GV_W8 if name is None else getattr(net, name))
+    if name is None:
+        return bool(linear.GV_BULK if toggle == "bulk" else linear.GV_W8)
+    return bool(getattr(net, name))
 
 
 def _model(key: str, a: argparse.Namespace) -> list[dict[str, Any]]:

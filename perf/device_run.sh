@@ -175,12 +175,15 @@ run_decode_probe() {  # issue 13's open questions after c14cc9e, in one call (~8
   timeout ${BOUNDARY_TIMEOUT:-120} python3 -m perf.gemv_trace --model 27b --rows 1,8 2>&1 | tee "$OUT/trace_27b.txt" \
     | tail -30
 }
-run_bulk() {  # issue 13: the NVFP4 decode GEMV's weight ring by bulk copies (cuda_src/gemv_bulk.cuh, GV_BULK): its
-  # GPU test (same bits as the cp.async ring), then the per-shape A/B at 1 and 8 rows (gemv_variants base/bulk/bulkef)
+run_bulk() {  # issue 13: the NVFP4 decode GEMV's weight ring by bulk copies (cuda_src/gemv_bulk.cuh, linear.GV_BULK):
+  # its GPU tests (same bits as the cp.async ring), the per-shape A/B at 1 and 8 rows (gemv_variants base/bulk/bulkef,
+  # bulkef with an L2 evict-first hint), then whole graph decode steps (bench_fold --toggle bulk, both models)
   timeout ${BULK_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -rf tests/test_cuda_gemv_bulk.py \
     > "$OUT/bulk_tests.txt" 2>&1; tail -3 "$OUT/bulk_tests.txt"
   timeout ${BULK_TIMEOUT:-240} python3 -m perf.gemv_variants --variants base,bulk,bulkef --rows 1,8 2>&1 \
     | tee "$OUT/bulk_gemv.txt" | tail -8
+  timeout ${BULK_TIMEOUT:-240} python3 -m perf.bench_fold --toggle bulk --model 27b,35b --lanes 1,8 --steps 100 \
+    --out "$OUT/results" 2>&1 | tee "$OUT/bulk_step.txt" | grep -E "^\|"
 }
 run_moe() {  # issue 13: the decode MoE fusions (routing in gate | up, combine + norm in the down launch) and the
   # start-of-block L2 hints: their GPU tests, then each as a whole-step A/B (bench_fold) on the 35B-A3B

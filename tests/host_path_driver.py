@@ -2,7 +2,7 @@
 prints what it launched as JSON. A subprocess of tests/test_cuda_host_path.py, so the stand-in ``cupy`` never
 meets the test process's modules::
 
-    python tests/host_path_driver.py moe|dense|graph|w8|engine
+    python tests/host_path_driver.py moe|dense|graph|w8|bulk|engine
 
 Nothing here checks a value (no kernel runs); it checks that every wrapper, plan and switch of the CUDA runner
 accepts the arguments the model gives it, and which kernels each path launches.
@@ -140,6 +140,34 @@ def w8() -> dict[str, Any]:
     return res
 
 
+def bulk() -> dict[str, Any]:
+    """The dense and MoE networks' 1- and 8-lane decode (prefill too) with linear.GV_BULK off and on, from graphs:
+    the family of each GEMV instance launched (name -> {family: launches})."""
+    import ninfer.cuda.linear as linear
+
+    res: dict[str, Any] = {}
+    default, kernel = linear.GV_BULK, linear.kernel
+    families: dict[str, dict[str, int]] = {}
+
+    def traced(family: str, instances: Any, name: str) -> Any:
+        f = families.setdefault(name, {})
+        f[family] = f.get(family, 0) + 1
+        return kernel(family, instances, name)
+
+    linear.kernel = traced
+    for moe in (False, True):
+        seqs = _seqs(_config(moe), graph=True)
+        for on in (False, True):
+            linear.GV_BULK = on
+            seqs.net.graphs.clear()
+            families.clear()
+            _prefill_then_decode(seqs, [8, 40, 5, 6, 7, 9, 2, 3], 2)
+            _prefill_then_decode(seqs, [12], 2)
+            res[f"moe{int(moe)}-bulk{int(on)}"] = {k: dict(v) for k, v in families.items()}
+    linear.GV_BULK, linear.kernel = default, kernel
+    return res
+
+
 def graph() -> dict[str, Any]:
     """Decode through captured graphs (the capture's warm-up step runs eagerly and traces the prefetch order; each
     step then replays the graph of its lane count), dense and MoE with every decode switch on."""
@@ -179,4 +207,10 @@ def engine() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps({"moe": moe, "dense": dense, "graph": graph, "w8": w8, "engine": engine}[sys.argv[1]]()))
+    print(
+        json.dumps(
+            {"moe": moe, "dense": dense, "graph": graph, "w8": w8, "bulk": bulk, "engine": engine}[
+                sys.argv[1]
+            ]()
+        )
+    )

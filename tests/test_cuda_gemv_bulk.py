@@ -1,17 +1,21 @@
-"""The decode GEMV's weight ring filled by bulk copies (cuda_src/gemv_bulk.cuh, ``GV_BULK``; an experiment, off by
-default) on the GPU: the same bits as the cp.async ring. The module is compiled with ``GV_BULK`` 1 and 2 (the L2
-evict-first hint) beside the default one; per launch, for NVFP4, 1, 4 and 8 rows (gemv_w8.cu's 8-warp blocks too), one and several K splits, N off the 16-row groups and off the row blocks, dense products and the
-MoE expert launch: every output bitwise the default kernel's. The host emulation (tests/test_gemv_bulk_host.py)
-checks the kernel text on the CPU. Run: ``python -m pytest -m gpu tests/test_cuda_gemv_bulk.py``.
+"""The NVFP4 decode GEMV's weight ring filled by bulk copies (cuda_src/gemv_bulk.cuh; gemv_bulk.cu and
+gemv_w8_bulk.cu behind ``linear.GV_BULK``, an experiment, off by default) on the GPU: the same bits as the
+cp.async ring. Per launch: 1, 4 and 8 rows (the 8-warp blocks of gemv_w8.cu too), plain and SwiGLU inputs, the
+fold producer, one and several K splits, N off the 16-row groups and off the row blocks, and the MoE expert launch;
+per network: greedy decode of eight sequences (dense and MoE), eager and from the decode graph, the same tokens and
+logits with the switch on and off. The host emulation (tests/test_gemv_bulk_host.py) checks the kernel text on the
+CPU. Run: ``python -m pytest -m gpu tests/test_cuda_gemv_bulk.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+from cuda_decode import greedy
+from test_cuda_gemv_w8 import _dense
 
 pytestmark = pytest.mark.gpu
 
@@ -25,81 +29,88 @@ def cp() -> Any:
 
 
 @pytest.fixture
-def bulk_source(cp: Any) -> Iterator[Callable[[int], None]]:
-    """set(level): gemv.cu compiled with GV_BULK = level (0: the default text), its NVFP4 float instances only (a
-    module of every instance compiles for minutes); the default restored after."""
+def bulk_switch() -> Iterator[Any]:
     import ninfer.cuda.linear as linear
-    import ninfer.cuda.loader as loader
 
-    families = ("gemv.cu", "gemv_w8.cu")  # 5-8 rows run gemv_w8.cu (linear.GV_W8): gemv.cu with 8 warps
-    original, instances = loader.source_text, {f: linear.SOURCES[f] for f in families}
-    for f in families:
-        linear.SOURCES[f] = tuple(n for n in instances[f] if "<FragNVFP4, float," in n)
-
-    def set_level(level: int) -> None:
-        loader.source_text = (
-            (lambda n: (f"#define GV_BULK {level}\n" if n in families else "") + original(n))
-            if level
-            else original
-        )
-        loader.load_module.cache_clear()
-        loader._FUNCTIONS.clear()
-
-    yield set_level
-    linear.SOURCES.update(instances)
-    set_level(0)
+    default = linear.GV_BULK
+    yield linear
+    linear.GV_BULK = default
 
 
-def _weight(rng: np.random.Generator, fmt: str, n: int, k: int) -> Any:
+def _weight(rng: np.random.Generator, n: int, k: int) -> Any:
     from ninfer.cuda.weights import upload_weight
     from ninfer.formats import FORMATS
 
     wf = (rng.standard_normal((n, k)) * 0.5).astype(F32)
-    return upload_weight(fmt, (n, k), FORMATS[fmt].encode(wf, (n, k)))
+    return upload_weight(NVFP4, (n, k), FORMATS[NVFP4].encode(wf, (n, k)))
 
 
-def _run_all(fns: list[Callable[[], Any]]) -> list[np.ndarray]:
+def _bits(a: Any) -> np.ndarray:
     import cupy
 
-    return [cupy.asnumpy(f()).view(np.uint8) for f in fns]
+    return cupy.asnumpy(a).view(np.uint8)
 
 
-@pytest.mark.parametrize("level", [1, 2])
-@pytest.mark.parametrize("n,k", [(600, 2048), (300, 1032), (136, 4096), (2048, 512), (40, 256)])
-def test_bulk_ring_same_bits_dense(cp: Any, bulk_source: Any, level: int, n: int, k: int) -> None:
-    from ninfer.cuda.linear import gemv
+def _calls(cp: Any, rng: np.random.Generator, w: Any) -> dict[str, Any]:
+    from ninfer.cuda.linear import gemv, gemv_plan
 
-    rng = np.random.default_rng(n * 7 + k)
-    w = _weight(rng, NVFP4, n, k)
+    k = w.cols
     x = cp.asarray((rng.standard_normal((8, 2 * k)) * 2).astype(F32))
-    fns = [lambda b=b: gemv(x[:b, :k], w) for b in (1, 4, 8)] + [lambda: gemv(x, w, swiglu=True)]
-    bulk_source(0)
-    want = _run_all(fns)
-    bulk_source(level)
-    got = _run_all(fns)
-    for i, (a, b) in enumerate(zip(want, got, strict=True)):
-        assert np.array_equal(a, b), f"case {i}: bulk ring differs from cp.async ring"
+    r = cp.asarray(rng.standard_normal((8, w.rows)).astype(F32))
+    bx = gemv_plan(w.fmt, w.rows, k).blocks_x
+
+    def fold() -> Any:  # the residual update and its partial sums of squares from a fixed residual
+        res, part = r.copy(), cp.full((bx, 8), np.nan, F32)
+        gemv(x[:, :k], w, res, fold=part)
+        return cp.concatenate([res.reshape(-1), part.reshape(-1)])
+
+    calls = {f"x{b}": (lambda b=b: gemv(x[:b, :k], w)) for b in (1, 4, 8)}
+    return {**calls, "swiglu": lambda: gemv(x, w, swiglu=True), "fold": fold}
 
 
-@pytest.mark.parametrize("level", [1, 2])
-def test_bulk_ring_same_bits_experts(cp: Any, bulk_source: Any, level: int) -> None:
+@pytest.mark.parametrize("n,k", [(600, 2048), (300, 1032), (136, 4096), (2048, 512), (40, 256)])
+def test_bulk_ring_gives_the_cp_async_bits(cp: Any, bulk_switch: Any, n: int, k: int) -> None:
+    rng = np.random.default_rng(n * 7 + k)
+    calls = _calls(cp, rng, _weight(rng, n, k))
+    got = {}
+    for on in (False, True):
+        bulk_switch.GV_BULK = on
+        got[on] = {name: _bits(call()) for name, call in calls.items()}
+    for name in calls:
+        assert np.array_equal(got[False][name], got[True][name]), f"{n}x{k} {name}: bulk ring differs"
+
+
+def test_bulk_ring_expert_launch(cp: Any, bulk_switch: Any) -> None:
     from ninfer.cuda.gemv_experts import gemv_experts
-    from ninfer.cuda.weights import upload_weight
-    from ninfer.formats import FORMATS
 
     rng = np.random.default_rng(5)
     ne, n, k = 6, 256, 1024
-    wf = (rng.standard_normal((ne * n, k)) * 0.5).astype(F32)
-    w = upload_weight(NVFP4, (ne * n, k), FORMATS[NVFP4].encode(wf, (ne * n, k)))
+    w = _weight(rng, ne * n, k)
     x = cp.asarray(rng.standard_normal((3, k)).astype(F32))
     ids = cp.asarray(np.array([4, 0, 5, 2, 4], dtype=np.int32))
     xrow = cp.asarray(np.array([0, 1, 2, 0, 1], dtype=np.int32))
+    got = {}
+    for on in (False, True):
+        bulk_switch.GV_BULK = on
+        got[on] = _bits(gemv_experts(x, w, ids, xrow, n))
+    assert np.array_equal(got[False], got[True]), "bulk ring differs (expert launch)"
 
-    def call() -> Any:
-        return gemv_experts(x, w, ids, xrow, n)
 
-    bulk_source(0)
-    want = _run_all([call])
-    bulk_source(level)
-    got = _run_all([call])
-    assert np.array_equal(want[0], got[0]), "bulk ring differs from cp.async ring (expert launch)"
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_decode_of_eight_sequences_is_the_same_with_bulk(bulk_switch: Any, moe: bool) -> None:
+    pytest.importorskip("cupy")
+    seqs = _dense(moe)
+    prompts = [np.random.default_rng(90 + i).integers(0, 2048, 9 + 4 * i) for i in range(8)]
+    got = {}
+    for graph in (False, True):
+        seqs.net.cuda_graph = graph
+        for on in (False, True):
+            bulk_switch.GV_BULK = on
+            seqs.net.graphs.clear()  # a graph captured with the other setting would replay its launches
+            got[graph, on] = greedy(seqs, prompts, 4)
+    seqs.net.graphs.clear()
+    for graph in (False, True):
+        toks_off, lg_off = got[graph, False]
+        toks_on, lg_on = got[graph, True]
+        assert toks_off == toks_on, f"graph={graph}: tokens"
+        assert np.array_equal(lg_off.view(np.uint8), lg_on.view(np.uint8)), f"graph={graph}: logits"

@@ -121,3 +121,18 @@ def test_w8_switch_moves_the_8_lane_gemvs_to_8_warp_blocks() -> None:
             eight = name.endswith(", float, 8>")
             assert threads == {"128": sum(threads.values())}, name
             assert on[name] == ({"256": threads["128"]} if eight else threads), (name, on[name])
+
+
+def test_bulk_switch_moves_the_nvfp4_gemvs_to_the_bulk_families() -> None:
+    res = _run("bulk")
+    moved = {"gemv.cu": "gemv_bulk.cu", "gemv_w8.cu": "gemv_w8_bulk.cu"}
+    for moe in (0, 1):
+        off, on = res[f"moe{moe}-bulk0"], res[f"moe{moe}-bulk1"]
+        assert off.keys() == on.keys()  # the same instances, only their module moves
+        assert any("gemv_bulk.cu" in v for v in on.values()) and any(
+            "gemv_w8_bulk.cu" in v for v in on.values()
+        )
+        for name, fams in off.items():
+            assert not any("bulk" in f for f in fams), name
+            want = {moved[f] if name.startswith("gemv_mma<FragNVFP4") else f: n for f, n in fams.items()}
+            assert on[name] == want, (name, on[name])

@@ -74,6 +74,14 @@ SOURCES: dict[str, tuple[str, ...]] = {
     + tuple(dict.fromkeys(f"gemv_mma_cb<{s}, float, 1>" for s, _, _ in FRAG_STRUCTS.values())),
     # gemv.cu with 8 warps per block (gemv_w8.cu): dense 5-8-lane products with float activations (linear.GV_W8)
     "gemv_w8.cu": tuple(dict.fromkeys(f"gemv_mma<{s}, float, 8>" for s, _, _ in FRAG_STRUCTS.values())),
+    # both with the NVFP4 weight ring filled by bulk copies (gemv_bulk.cuh; linear.GV_BULK, an experiment)
+    "gemv_bulk.cu": tuple(
+        f"gemv_mma<{FRAG_STRUCTS[f][0]}, {t}, {nb}>"
+        for f in sorted(_PF_FORMATS)
+        for t in _TYPES
+        for nb in _GV_NB
+    ),
+    "gemv_w8_bulk.cu": tuple(f"gemv_mma<{FRAG_STRUCTS[f][0]}, float, 8>" for f in sorted(_PF_FORMATS)),
 }
 
 

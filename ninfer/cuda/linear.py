@@ -56,6 +56,7 @@ __all__ = [
     "GV_CLUSTER",
     "GV_CLUSTER_MAX",
     "GV_W8",
+    "GV_BULK",
 ]
 
 # Decode GEMVs captured into CUDA graphs are launched with programmatic dependent launch (ninfer/cuda/launch.py): a
@@ -80,6 +81,9 @@ GV_CLUSTER_MAX = 16
 # `python -m perf.bench_fold --toggle w8 --steps 100`, graph decode at 8K: 27B x8 14.03 -> 12.61 ms/step (1.11x),
 # 35B-A3B x8 6.38 -> 6.19 (1.03x), x1 unchanged.
 GV_W8 = True
+# GV_BULK: NVFP4 launches (plain kernel, no cluster) fill their weight ring by bulk copies (gemv_bulk.cu,
+# gemv_w8_bulk.cu; docs/cuda.md, "Bulk-copy weight ring"): the same bits. Off until measured.
+GV_BULK = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +163,8 @@ def _gemv_launch(
     family = "gemv.cu"
     if GV_W8 and nb == 8 and t == "float" and not kind and ids is None and not cluster:
         family, plan = "gemv_w8.cu", w8_plan(plan, n)  # the fold's partials stay per 4-warp row block
+    if GV_BULK and _bulk(w, kind, cluster, row0, n if ids is not None else 0):
+        family = _BULK_FAMILY[family]
     name = f"gemv_mma{kind}<{FRAG_STRUCTS[w.fmt][0]}, {t}, {nb}>"
     fn = kernel(family, SOURCES[family], name)
     smem = plan.smem_bytes(nb, t)
@@ -196,6 +202,16 @@ def _gemv_launch(
         )
     else:
         fn(grid, (32 * plan.warps,), args, shared_mem=smem)
+
+
+_BULK_FAMILY = {"gemv.cu": "gemv_bulk.cu", "gemv_w8.cu": "gemv_w8_bulk.cu"}
+
+
+def _bulk(w: DeviceWeight, kind: str, cluster: bool, row0: int, expert_rows: int) -> bool:
+    """Whether a launch can take the bulk-copy weight ring (GV_BULK): NVFP4, the plain kernel (no prefetch,
+    routing or combine tail) without clusters, and whole 16-row groups of the device layout per m-tile (row0 and
+    the rows per expert multiples of 16)."""
+    return w.fmt in _PF_FORMATS and not kind and not cluster and row0 % 16 == 0 and expert_rows % 16 == 0
 
 
 def _cluster(plan: GemvPlan, graph: bool) -> bool:
