@@ -168,8 +168,9 @@ _OLDDQ = (
         "            const int i = c * GvChunk<NB>::V + tl;\n            if (i >= nt) break;\n",
     ),
     (
-        "if (i < nt_refill) F::copy_next(fill, lane, src, t);\n            fill = st;",
-        "if (i + GV_STAGES - 1 < nt) F::copy_next(wsm + ((i + GV_STAGES - 1) % GV_STAGES) * STAGE, lane, src, t);",
+        "if (i < nt_refill) gv_copy_stage<F>(fill, lane, src, t);\n            fill = st;",
+        "if (i + GV_STAGES - 1 < nt)\n"
+        "                gv_copy_stage<F>(wsm + ((i + GV_STAGES - 1) % GV_STAGES) * STAGE, lane, src, t);",
     ),
 )
 
