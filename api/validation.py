@@ -114,7 +114,8 @@ def check_stops(stops: Sequence[str] | None, param: str, err: type[ApiError]) ->
 
 
 def check_one_of(value: Any, allowed: frozenset[str], param: str, err: type[ApiError]) -> None:
-    if value is not None and value not in allowed:
+    """``value`` absent or one of ``allowed``; any other JSON value (an array or object too) is a 400."""
+    if value is not None and (not isinstance(value, str) or value not in allowed):
         raise _bad(err, f"{param}: must be one of {sorted(allowed)}, got {value!r}", param)
 
 
