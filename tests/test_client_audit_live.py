@@ -108,3 +108,15 @@ def test_a_field_of_the_wrong_json_type_is_a_400(
     assert named.split(".")[-1] in (err["message"] + str(err.get("param"))), err
     time.sleep(0.2)  # the request log's writer thread
     assert _starts(server) == started  # nothing ran on the model
+
+
+@pytest.mark.parametrize("path", [CHAT, MSGS, RESP])
+def test_a_bad_output_format_is_refused_also_beside_a_forced_tool_call(server: Server, path: str) -> None:
+    """The forced call's grammar wins over the output format, but the format is still checked, as it is in chat
+    and Anthropic: Responses accepted an unsupported ``text.format`` schema whenever a tool call was forced."""
+    fmt = {"type": "object", "oneOf": [{"type": "object"}]}
+    where = {CHAT: ("response_format", "json_schema", "schema"), MSGS: ("output_config", "format", "schema"),
+             RESP: ("text", "format", "schema")}[path]  # fmt: skip
+    r = httpx.post(server.url + path, json=_set(_BODIES[path], where, fmt), headers=AUTH, timeout=60)
+    assert r.status_code == 400, r.text[:300]
+    assert "oneOf" in _shape(path, r)["message"]
