@@ -182,7 +182,9 @@ def to_generate_request(
     if effort is not None:
         kwargs["enable_thinking"] = effort != "none"
     tools, grammar = _tools(req)
-    fmt = _format_grammar(req.text)  # checked even where a forced call's grammar wins, as chat and Anthropic do
+    fmt = _format_grammar(
+        req.text
+    )  # checked even where a forced call's grammar wins, as chat and Anthropic do
     if grammar is None:
         grammar = fmt
     sampling = SamplingOptions(max_tokens=req.max_output_tokens or max_tokens, temperature=req.temperature,

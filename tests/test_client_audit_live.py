@@ -28,7 +28,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("client-audit")
     (tmp / "keys.txt").write_text(f"tester:{KEY}\n")
     args = ["--max-context", "4096", "--kv-capacity", "32768", "--max-concurrency", "2",
-            "--api-key-file", str(tmp / "keys.txt"), "--request-log-jsonl", str(tmp / "req.jsonl")]  # fmt: skip
+            "--api-key-file", str(tmp / "keys.txt"), "--request-log-jsonl", str(tmp / "req.jsonl"),
+            "--cors"]  # fmt: skip
     with demo_server(tmp, "client-audit", args) as s:
         s.reqlog = tmp / "req.jsonl"  # type: ignore[attr-defined]
         yield s
@@ -120,3 +121,39 @@ def test_a_bad_output_format_is_refused_also_beside_a_forced_tool_call(server: S
     r = httpx.post(server.url + path, json=_set(_BODIES[path], where, fmt), headers=AUTH, timeout=60)
     assert r.status_code == 400, r.text[:300]
     assert "oneOf" in _shape(path, r)["message"]
+
+
+def _sdk_headers() -> set[str]:
+    """The headers the official SDKs send with a request, as their clients build them (a browser asks to send the
+    same in its preflight), with the ones they add per attempt and the browser opt-in of Anthropic's SDK."""
+    import anthropic
+    import openai
+
+    names = set(openai.OpenAI(api_key="k", base_url="http://h/v1").default_headers)
+    names |= set(anthropic.Anthropic(api_key="k", base_url="http://h").default_headers)
+    names |= {
+        "x-stainless-retry-count",
+        "x-stainless-read-timeout",
+        "anthropic-dangerous-direct-browser-access",
+    }
+    return {n.lower() for n in names} - {"accept", "user-agent"}  # safelisted, or set by the browser itself
+
+
+@pytest.mark.parametrize("path", [CHAT, MSGS, "/v1/models"])
+def test_a_browser_preflight_allows_every_header_the_sdks_send(server: Server, path: str) -> None:
+    """``--cors`` allowed a fixed list of headers; the SDKs send their own (X-Stainless-*, OpenAI-Organization,
+    anthropic-dangerous-direct-browser-access), so a browser refused every SDK request after its preflight. And a
+    page could not read Retry-After (not exposed), so the SDKs' retries could not honour it."""
+    asked = sorted(_sdk_headers() | {"x-api-key"})
+    r = httpx.options(server.url + path, timeout=30, headers={"Origin": "http://page.example",
+                      "Access-Control-Request-Method": "POST",
+                      "Access-Control-Request-Headers": ", ".join(asked)})  # fmt: skip
+    assert r.status_code == 204, r.text
+    allowed = {h.strip().lower() for h in r.headers["access-control-allow-headers"].split(",")}
+    assert set(asked) <= allowed, set(asked) - allowed
+    assert r.headers["access-control-allow-origin"] == "*"
+    r = httpx.get(server.url + "/v1/models", headers={**AUTH, "Origin": "http://page.example"}, timeout=30)
+    assert "retry-after" in r.headers["access-control-expose-headers"].lower()
+    assert (
+        "x-stainless-os" not in r.headers["access-control-allow-headers"].lower()
+    )  # only what a preflight asks
