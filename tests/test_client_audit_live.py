@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -157,3 +158,34 @@ def test_a_browser_preflight_allows_every_header_the_sdks_send(server: Server, p
     assert (
         "x-stainless-os" not in r.headers["access-control-allow-headers"].lower()
     )  # only what a preflight asks
+
+
+def test_a_body_of_a_million_small_messages_does_not_stall_other_clients(server: Server) -> None:
+    """Half a million empty messages (15 MB, far below the body cap) took seconds of Python on the API's event loop
+    — decoding, measuring the nesting twice, translating, counting its characters to pick the actor's path — and
+    every other client of the process waited as long (8 s for a million). Large bodies are now prepared on a
+    worker thread and the character count stops at the inline bound."""
+    body = json.dumps(
+        {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": ""}] * 500_000}
+    )
+    waits: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        with httpx.Client(headers=AUTH, timeout=60) as c:
+            while not done.is_set():
+                t = time.perf_counter()
+                assert c.get(server.url + "/v1/models").status_code == 200
+                waits.append(time.perf_counter() - t)
+                time.sleep(0.02)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        time.sleep(0.3)
+        r = httpx.post(server.url + CHAT, content=body.encode(), headers=AUTH, timeout=120)
+    finally:
+        done.set()
+        prober.join()
+    assert r.status_code == 400 and _shape(CHAT, r)["code"] == "context_length_exceeded", r.text[:300]
+    assert len(waits) > 10 and max(waits) < 1.5, max(waits)
