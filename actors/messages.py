@@ -23,7 +23,7 @@ import msgspec
 
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.core import Accepted, Finish, SamplingParams, TokenDelta
-from ninfer.frontend.prompt import input_chars
+from ninfer.frontend.prompt import chars_over
 
 __all__ = [
     "SamplingOptions",
@@ -145,7 +145,7 @@ def renders_quickly(req: GenerateRequest) -> bool:
     (two GIL hand-overs and a wake-up) for the usual request; a long prompt (seconds to tokenize) goes to a thread."""
     if req.prompt_ids is not None:
         return True  # no rendering: the ids are checked and copied
-    return req.tools is None and input_chars(req.messages, req.template_kwargs) <= INLINE_PROMPT_CHARS
+    return req.tools is None and not chars_over(INLINE_PROMPT_CHARS, req.messages, req.template_kwargs)
 
 
 def opens_quickly(req: GenerateRequest) -> bool:

@@ -17,7 +17,7 @@ from ninfer.actors.messages import GenerateRequest, GrammarSpec, SamplingOptions
 
 from .anthropic_models import AnthropicRequest, ErrorDetail, ErrorEvent
 from .errors import ApiError
-from .protocol_shared import check_tool, schema_grammar, tool_grammar
+from .protocol_shared import check_tool, named_tool, schema_grammar, tool_grammar
 from .validation import (
     THINKING_TYPES,
     check_max_tokens,
@@ -236,12 +236,10 @@ def _tools(req: AnthropicRequest) -> tuple[list[dict[str, Any]] | None, Any]:
     kind = tc.get("type")
     if kind == "none":
         return None, None
-    choice = {"auto": "auto", "any": "required"}.get(kind or "")
+    choice = {"auto": "auto", "any": "required"}.get(kind) if isinstance(kind, str) else None
     if kind == "tool":
         choice = tc.get("name")
-        if choice not in {t["function"]["name"] for t in tools}:
-            raise _bad(f"tool_choice.name: no tool named {choice!r} in tools")
-        tools = [t for t in tools if t["function"]["name"] == choice]
+        tools = named_tool(tools, choice, "tool_choice.name", AnthropicError)
     if choice is None:
         raise _bad("tool_choice.type: must be auto, any, tool or none")
     return tools, tool_grammar(tools, choice, "tools", AnthropicError)

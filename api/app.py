@@ -19,7 +19,7 @@ import msgspec
 from litestar import Litestar, Request, Response, get, post, route
 from litestar.exceptions import HTTPException
 from msgspec import UNSET
-from ninfer.actors.messages import Failed
+from ninfer.actors.messages import Failed, GenerateRequest
 
 from . import anthropic as am
 from . import anthropic_output as ao
@@ -31,14 +31,14 @@ from .auth import KeyRing
 from .errors import ApiError, error_json
 from .gate import Gate
 from .openai_chat import parse_chat_request, to_generate_request
-from .openai_chat_models import HealthStatus, ModelList, ModelObject
+from .openai_chat_models import ChatRequest, HealthStatus, ModelList, ModelObject
 from .openai_chat_output import ChatStream, completion_body, new_completion_id
 from .openapi import ROUTE_DOCS, openapi_config
 from .protocol_shared import Output, new_id, parse_output, reports_calls
 from .replica_metrics import replica_metrics
 from .routes_common import admit, collect, event_stream, failure, output_mode, request_record
 from .service import Service, client_claim, client_name, endpoint_name, json_response, service
-from .validation import check_depth, nesting_guard
+from .validation import check_depth, prepare
 
 __all__ = ["build_app"]
 
@@ -101,10 +101,15 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     t0 = time.perf_counter()
     body = await request.body()
     rid = new_completion_id()
-    with nesting_guard(ApiError):
+
+    def translate() -> tuple[ChatRequest, GenerateRequest]:
         req = parse_chat_request(body, svc.limits)
         check_depth(req, ApiError)
         greq = to_generate_request(req, svc.limits, rid, client_name(request), svc.template_defaults)
+        check_depth(greq, ApiError)  # JSON parsed out of strings (tool-call arguments) may nest deeper
+        return req, greq
+
+    req, greq = await prepare(body, translate, ApiError)
     record = request_record(
         greq,
         protocol="openai_chat_completions",
@@ -128,16 +133,21 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     return json_response(completion_body(rid, created, req.model, out, fin, cached))
 
 
-def _anthropic(
-    request: Request[Any, Any, Any], svc: Service, body: bytes, rid: str, count: bool = False
-) -> tuple[Any, Any]:
-    with nesting_guard(am.AnthropicError):
+async def _anthropic(
+    request: Request[Any, Any, Any], svc: Service, rid: str, count: bool = False
+) -> tuple[am.AnthropicRequest, GenerateRequest]:
+    body = await request.body()
+
+    def translate() -> tuple[am.AnthropicRequest, GenerateRequest]:
         req = am.parse_messages_request(body, svc.limits.max_context, require_max_tokens=not count)
         check_depth(req, am.AnthropicError)
         greq = am.to_generate_request(
             req, rid, client_name(request), svc.template_defaults, svc.config.default_max_tokens
         )
-    return req, greq
+        check_depth(greq, am.AnthropicError)  # JSON parsed out of strings may nest deeper
+        return req, greq
+
+    return await prepare(body, translate, am.AnthropicError)
 
 
 @post("/v1/messages", status_code=200, **ROUTE_DOCS["messages"])
@@ -145,7 +155,7 @@ async def messages(request: Request[Any, Any, Any]) -> Any:
     svc = service(request)
     t0 = time.perf_counter()
     mid = new_id("msg_")
-    req, greq = _anthropic(request, svc, await request.body(), mid)
+    req, greq = await _anthropic(request, svc, mid)
     record = request_record(greq, protocol="anthropic_messages", model=req.model, stream=req.stream,
                             messages=len(req.messages), client_max=req.max_tokens is not None,
                             claim=client_claim(request, None))  # fmt: skip
@@ -166,8 +176,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> Any:
     """Counted on the actor's prompt worker (no model run); logged as a ``count_tokens`` record."""
     svc = service(request)
     t0 = time.perf_counter()
-    req, greq = _anthropic(request, svc, await request.body(), new_id("count_"), count=True)
-    check_depth(greq, am.AnthropicError)
+    req, greq = await _anthropic(request, svc, new_id("count_"), count=True)
     n = await svc.backend.count_tokens(greq)
     rec = {"request_id": svc.next_request_id(), "engine_request_id": greq.request_id,
            "protocol": "anthropic_count_tokens", "model": req.model, "message_count": len(req.messages),
@@ -191,12 +200,17 @@ async def responses(request: Request[Any, Any, Any]) -> Any:
     t0 = time.perf_counter()
     body = await request.body()
     rid = new_id("resp_")
-    with nesting_guard(ApiError):
+
+    def translate() -> tuple[rs.ResponsesRequest, GenerateRequest]:
         req = rs.parse_responses_request(body, svc.limits.model_id, svc.limits.max_context)
         check_depth(req, ApiError)
         greq = rs.to_generate_request(
             req, rid, client_name(request), svc.template_defaults, svc.config.default_max_tokens
         )
+        check_depth(greq, ApiError)  # JSON parsed out of strings (call arguments) may nest deeper
+        return req, greq
+
+    req, greq = await prepare(body, translate, ApiError)
     record = request_record(greq, protocol="openai_responses", model=req.model, stream=req.stream,
                             messages=len(greq.messages or ()), client_max=req.max_output_tokens is not None,
                             claim=client_claim(request, req.user))  # fmt: skip

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import uvicorn
 
 from .auth import KeyRing, presented_keys
+from .cors import with_cors
 from .errors import ApiError, error_json
 
 __all__ = ["Gate", "KEY_NAME_SCOPE", "Drain", "DrainingServer", "Drained", "until_drained"]
@@ -35,14 +36,6 @@ _LOG = logging.getLogger("ninfer.api")
 T = TypeVar("T")
 
 KEY_NAME_SCOPE = "ninfer.key_name"  # scope key: who the API key that authenticated the request belongs to
-_CORS = [
-    (b"access-control-allow-origin", b"*"),
-    (
-        b"access-control-allow-headers",
-        b"Authorization, Content-Type, x-api-key, anthropic-version, X-Client-Name",
-    ),
-    (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-]
 _OPEN_PATHS = frozenset({"/health"})
 _WHILE_DRAINING = frozenset({"/health", "/metrics"})  # still answered while the server drains
 
@@ -76,7 +69,7 @@ class Gate:
             await self.app(scope, receive, send)
             return
         if self.cors:
-            send = self._with_cors(send)
+            send = with_cors(send, scope)
             if scope["method"] == "OPTIONS":
                 await send({"type": "http.response.start", "status": 204, "headers": []})
                 await send({"type": "http.response.body", "body": b""})
@@ -148,15 +141,6 @@ class Gate:
         else:
             what = f"no request body data for {self.body_timeout_s:g} s"
         return _error(scope, 408, what, "request_timeout")
-
-    @staticmethod
-    def _with_cors(send: Any) -> Any:
-        async def cors_send(msg: dict[str, Any]) -> None:
-            if msg["type"] == "http.response.start":
-                msg = {**msg, "headers": [*msg.get("headers", []), *_CORS]}
-            await send(msg)
-
-        return cors_send
 
 
 def _min_or_none(*values: float | None) -> float | None:

@@ -15,7 +15,7 @@ from ninfer.actors.messages import GenerateRequest, GrammarSpec, SamplingOptions
 
 from .errors import ApiError, validation_param
 from .openai_chat_models import ChatMessage, ChatRequest
-from .protocol_shared import check_tool, response_grammar, salvage_arguments, tool_grammar
+from .protocol_shared import check_tool, named_tool, response_grammar, salvage_arguments, tool_grammar
 from .validation import (
     EFFORTS,
     UNSUPPORTED_FIELDS,
@@ -114,9 +114,7 @@ def chat_tools(req: ChatRequest) -> tuple[list[dict[str, Any]] | None, GrammarSp
         name = "required"
     elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
-        if name not in {t["function"]["name"] for t in tools}:
-            raise _bad(f"tool_choice: no tool named {name!r} in tools", "tool_choice.function.name")
-        tools = [t for t in tools if t["function"]["name"] == name]  # a named choice renders only that tool
+        tools = named_tool(tools, name, "tool_choice.function.name", ApiError)  # renders only that tool
     else:
         raise _bad(
             "tool_choice: must be none, auto, required or {type: function, function: {name}}", "tool_choice"

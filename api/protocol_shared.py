@@ -30,6 +30,7 @@ __all__ = [
     "reports_calls",
     "hit_limit",
     "check_tool",
+    "named_tool",
     "schema_grammar",
     "tool_grammar",
     "response_grammar",
@@ -128,7 +129,20 @@ def check_tool(name: Any, params: Any, at: str, max_name: int, err: type[ApiErro
         params = {"type": "object", "properties": {}}
     if not isinstance(params, dict):
         raise err(400, f"{at}: parameters must be a JSON Schema object", param=at)
+    if not isinstance(params.get("properties", {}), dict):  # the output parser reads each parameter's type
+        where = f"{at}.parameters.properties"
+        raise err(400, f"{where}: must be an object", param=where, code="invalid_schema")
     return {"name": name, "parameters": params}
+
+
+def named_tool(
+    tools: list[dict[str, Any]], name: Any, param: str, err: type[ApiError]
+) -> list[dict[str, Any]]:
+    """The one tool a named tool choice renders; ``name`` must be the name of one of ``tools`` (a string)."""
+    named = [t for t in tools if isinstance(name, str) and t["function"]["name"] == name]
+    if not named:
+        raise err(400, f"{param}: no tool named {name!r} in tools", param=param)
+    return named
 
 
 def schema_grammar(schema: Any, param: str, err: type[ApiError]) -> GrammarSpec:

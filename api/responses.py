@@ -14,7 +14,7 @@ import msgspec
 from ninfer.actors.messages import GenerateRequest, SamplingOptions
 
 from .errors import ApiError, validation_param
-from .protocol_shared import check_tool, response_grammar, salvage_arguments, tool_grammar
+from .protocol_shared import check_tool, named_tool, response_grammar, salvage_arguments, tool_grammar
 from .responses_models import ResponsesRequest
 from .validation import (
     EFFORTS,
@@ -155,9 +155,7 @@ def _tools(req: ResponsesRequest) -> tuple[list[dict[str, Any]] | None, Any]:
     choice = tc if tc in (None, "auto", "none", "required") else None
     if isinstance(tc, dict) and tc.get("type") == "function":
         choice = tc.get("name")
-        if choice not in {t["function"]["name"] for t in tools}:
-            raise _bad(f"tool_choice: no tool named {choice!r} in tools", "tool_choice.name")
-        tools = [t for t in tools if t["function"]["name"] == choice]
+        tools = named_tool(tools, choice, "tool_choice.name", ApiError)
     elif choice is None and tc is not None:
         raise _bad("tool_choice: must be none, auto, required or {type: function, name}", "tool_choice")
     if choice == "none":
@@ -184,8 +182,11 @@ def to_generate_request(
     if effort is not None:
         kwargs["enable_thinking"] = effort != "none"
     tools, grammar = _tools(req)
+    fmt = _format_grammar(
+        req.text
+    )  # checked even where a forced call's grammar wins, as chat and Anthropic do
     if grammar is None:
-        grammar = _format_grammar(req.text)
+        grammar = fmt
     sampling = SamplingOptions(max_tokens=req.max_output_tokens or max_tokens, temperature=req.temperature,
                                top_p=req.top_p)  # fmt: skip
     return GenerateRequest(request_id=request_id, messages=tuple(_messages(req)), template_kwargs=kwargs,

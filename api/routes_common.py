@@ -23,7 +23,6 @@ from ninfer.engine.core import Accepted, Finish, TokenDelta
 from .errors import ApiError
 from .gate import Drained, until_drained
 from .service import Service
-from .validation import check_depth
 
 __all__ = [
     "Tracker",
@@ -189,9 +188,8 @@ def failure(ev: Failed, err: type[ApiError] = ApiError) -> ApiError:
 async def admit(
     svc: Service, greq: GenerateRequest, record: dict[str, Any], endpoint: str, t0: float, err: type[ApiError]
 ) -> tuple[Tracker, AsyncIterator[StreamEvent]]:
-    """Submit and wait for the actor's first event: Accepted, or a refusal raised as ``err``. The engine request
-    is measured again: JSON parsed out of strings (tool-call arguments) may nest deeper than the body did."""
-    check_depth(greq, err)
+    """Submit and wait for the actor's first event: Accepted, or a refusal raised as ``err``. ``greq``'s nesting
+    is already measured (``validation.check_depth``, by the handler that translated it)."""
     events = svc.backend.generate(greq)
     first = await anext(events, None)
     if not isinstance(first, Accepted):

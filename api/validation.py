@@ -12,10 +12,11 @@ decoder itself does.
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -39,6 +40,8 @@ __all__ = [
     "value_depth",
     "check_depth",
     "nesting_guard",
+    "LARGE_BODY_BYTES",
+    "prepare",
 ]
 
 SAMPLING_RANGES: dict[str, tuple[float, float]] = {
@@ -114,7 +117,8 @@ def check_stops(stops: Sequence[str] | None, param: str, err: type[ApiError]) ->
 
 
 def check_one_of(value: Any, allowed: frozenset[str], param: str, err: type[ApiError]) -> None:
-    if value is not None and value not in allowed:
+    """``value`` absent or one of ``allowed``; any other JSON value (an array or object too) is a 400."""
+    if value is not None and (not isinstance(value, str) or value not in allowed):
         raise _bad(err, f"{param}: must be one of {sorted(allowed)}, got {value!r}", param)
 
 
@@ -174,3 +178,23 @@ def nesting_guard(err: type[ApiError]) -> Iterator[None]:
         raise err(
             400, f"the request nests more than {MAX_JSON_DEPTH} levels deep", code="nesting_too_deep"
         ) from None
+
+
+T = TypeVar("T")
+# A body past this is decoded, checked and translated on a worker thread: JSON of a million small messages (30 MB,
+# well under --max-request-mib) takes seconds of Python to decode, measure and translate, which on the event loop
+# would stall every other client of the process (/health, every stream) for as long
+LARGE_BODY_BYTES = 1 << 20
+
+
+async def prepare(body: bytes, work: Callable[[], T], err: type[ApiError]) -> T:
+    """``work()`` — decode, check and translate ``body`` — under ``nesting_guard``; off the event loop when the body
+    is larger than LARGE_BODY_BYTES (the thread takes the GIL in turns with the loop, which keeps answering)."""
+
+    def guarded() -> T:
+        with nesting_guard(err):
+            return work()
+
+    if len(body) <= LARGE_BODY_BYTES:
+        return guarded()
+    return await asyncio.to_thread(guarded)

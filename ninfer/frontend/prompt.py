@@ -47,7 +47,15 @@ from .tokenizer import Tokenizer
 if TYPE_CHECKING:
     from .chat_template import ChatTemplate
 
-__all__ = ["encode_chat", "plain_data", "input_chars", "min_tokens", "NORMALIZATION_SLACK", "TurnMarker"]
+__all__ = [
+    "encode_chat",
+    "plain_data",
+    "input_chars",
+    "chars_over",
+    "min_tokens",
+    "NORMALIZATION_SLACK",
+    "TurnMarker",
+]
 
 NORMALIZATION_SLACK = 4
 _PUA_FIRST, _PUA_LAST = 0xF0000, 0xFFFFD  # Supplementary Private Use Area-A
@@ -98,6 +106,18 @@ def _strings(value: Any) -> Any:
 def input_chars(*values: Any) -> int:
     """Characters in every string of ``values`` (messages, tools, template variables)."""
     return sum(len(s) for v in values for s in _strings(v))
+
+
+def chars_over(limit: int, *values: Any) -> bool:
+    """Whether the strings of ``values`` hold more than ``limit`` characters; counting stops once they do, so the
+    answer for a huge request (a million messages) costs no more than for one just past the limit."""
+    total = 0
+    for v in values:
+        for s in _strings(v):
+            total += len(s)
+            if total > limit:
+                return True
+    return False
 
 
 def min_tokens(chars: int, tokenizer: Tokenizer) -> int:

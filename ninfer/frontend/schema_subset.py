@@ -110,6 +110,8 @@ def _check_string(s: dict, at: str) -> None:
     for key in ("pattern", "format"):
         if key not in s:
             continue
+        if key == "format" and not isinstance(s["format"], str):
+            raise SchemaError(f"{at}.format: must be a string")
         if key == "format" and s["format"] not in SUPPORTED_FORMATS:
             raise SchemaError(
                 f"{at}: 'format: {s['format']}' is not supported by this server (supported: "
@@ -134,7 +136,7 @@ def _check_string(s: dict, at: str) -> None:
 def _check_values(s: dict, at: str) -> None:
     t = s.get("type")
     types = t if isinstance(t, list) else [t] if t is not None else []
-    if not types and "type" in s or any(x not in _TYPES for x in types):
+    if not types and "type" in s or any(not isinstance(x, str) or x not in _TYPES for x in types):
         raise SchemaError(f"{at}.type: must be one of {sorted(_TYPES)} or a list of them, got {t!r}")
     req = s.get("required", [])
     if not isinstance(req, list) or not all(isinstance(r, str) for r in req):

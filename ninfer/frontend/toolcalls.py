@@ -60,7 +60,10 @@ def string_params(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, frozen
     out: dict[str, frozenset[str]] = {}
     for t in tools or ():
         fn = t.get("function", t)
-        props = (fn.get("parameters") or {}).get("properties") or {}
+        params = fn.get("parameters")
+        props = params.get("properties") if isinstance(params, Mapping) else None
+        if not isinstance(props, Mapping):  # none, or tools no API checked (a Python job's)
+            props = {}
         out[str(fn.get("name"))] = frozenset(
             k for k, s in props.items() if isinstance(s, Mapping) and s.get("type") == "string"
         )
