@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from cuda_decode import greedy
-from test_cuda_gemv_w8 import _dense
+from test_cuda_gemv_w8 import _bits, _dense, _weight
 
 pytestmark = pytest.mark.gpu
 
@@ -35,20 +35,6 @@ def bulk_switch() -> Iterator[Any]:
     default = linear.GV_BULK
     yield linear
     linear.GV_BULK = default
-
-
-def _weight(rng: np.random.Generator, n: int, k: int) -> Any:
-    from ninfer.cuda.weights import upload_weight
-    from ninfer.formats import FORMATS
-
-    wf = (rng.standard_normal((n, k)) * 0.5).astype(F32)
-    return upload_weight(NVFP4, (n, k), FORMATS[NVFP4].encode(wf, (n, k)))
-
-
-def _bits(a: Any) -> np.ndarray:
-    import cupy
-
-    return cupy.asnumpy(a).view(np.uint8)
 
 
 def _calls(cp: Any, rng: np.random.Generator, w: Any) -> dict[str, Any]:
@@ -71,7 +57,7 @@ def _calls(cp: Any, rng: np.random.Generator, w: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("n,k", [(600, 2048), (300, 1032), (136, 4096), (2048, 512), (40, 256)])
 def test_bulk_ring_gives_the_cp_async_bits(cp: Any, bulk_switch: Any, n: int, k: int) -> None:
     rng = np.random.default_rng(n * 7 + k)
-    calls = _calls(cp, rng, _weight(rng, n, k))
+    calls = _calls(cp, rng, _weight(rng, NVFP4, n, k))
     got = {}
     for on in (False, True):
         bulk_switch.GV_BULK = on
@@ -85,7 +71,7 @@ def test_bulk_ring_expert_launch(cp: Any, bulk_switch: Any) -> None:
 
     rng = np.random.default_rng(5)
     ne, n, k = 6, 256, 1024
-    w = _weight(rng, ne * n, k)
+    w = _weight(rng, NVFP4, ne * n, k)
     x = cp.asarray(rng.standard_normal((3, k)).astype(F32))
     ids = cp.asarray(np.array([4, 0, 5, 2, 4], dtype=np.int32))
     xrow = cp.asarray(np.array([0, 1, 2, 0, 1], dtype=np.int32))

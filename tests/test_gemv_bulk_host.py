@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import test_gemv_lanes_host as lanes
+from test_gemv_w8_host import _both
 
 NV = "NVFP4G16_E4M3S"
 # fmt, activations, N, K, rows, splits
@@ -55,18 +55,6 @@ def emus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         return {"base": base, "bulk": lanes.emu.__wrapped__(tmp_path_factory)}
     finally:
         lanes.source_text = original
-
-
-def _both(emus: dict[str, Any], tmp_path: Path, run: Any, files: tuple[str, ...]) -> None:
-    out = {}
-    for variant, emu in emus.items():
-        d = tmp_path / variant
-        d.mkdir()
-        run(emu, d)
-        out[variant] = {m: np.fromfile(d / f"{m}.bin", dtype=np.uint8) for m in files}
-    for m in files:
-        assert out["base"][m].size > 0
-        assert np.array_equal(out["base"][m], out["bulk"][m]), f"{m}: the bulk ring differs from cp.async's"
 
 
 @pytest.mark.parametrize("case", DENSE, ids=lambda c: f"{c[1]}-n{c[2]}-k{c[3]}-r{c[4]}-s{c[5]}")
