@@ -58,10 +58,6 @@ link(const float* __restrict__ x, float* __restrict__ y, int n, float* __restric
             do {
                 asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(cin) : "memory");
             } while (v < need);
-            if (atomicAdd(used, 1u) == gridDim.x - 1) {  // every block of this link has passed: reset for the
-                *cin = 0u;                               // next replay (the producer has no block left to arrive)
-                *used = 0u;
-            }
         }
         __syncthreads();
     }
@@ -93,10 +89,17 @@ link(const float* __restrict__ x, float* __restrict__ y, int n, float* __restric
             if (tid == 0) splitcnt[r] = 0u;
         }
     }
-    if (mode == 1) {
-        __threadfence();
+    if (mode == 1) {  // as cooperative groups' grid barrier: the block's stores, then one release by thread 0
         __syncthreads();
-        if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(cout) : "memory");
+        if (tid == 0) {
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(cout) : "memory");
+            // off the critical path: the last of this link's blocks to get here resets the producer's counter for
+            // the next replay (every block of this link has passed its spin; the producer has no block left)
+            if (cin != nullptr && atomicAdd(used, 1u) == gridDim.x - 1) {
+                *cin = 0u;
+                *used = 0u;
+            }
+        }
     }
 }
 """
