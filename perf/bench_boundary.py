@@ -134,8 +134,8 @@ link(const float* __restrict__ x, float* __restrict__ y, int n, float* __restric
 // next phase's independent bytes are issued before the barrier. The last block to exit resets the counters.
 extern "C" __global__ void __launch_bounds__(128)
 persist(float* bufs, long long stride, int n, float* __restrict__ part, unsigned* __restrict__ splitcnt,
-        int splits, unsigned* bar, unsigned* exitcnt, const uint4* __restrict__ w, long long wstride, int wvec,
-        int links) {
+        int splits, unsigned* bar, unsigned* exitcnt, const uint4* __restrict__ w, long long wstride, long long wmod,
+        int wvec, int links) {
     __shared__ float red[4];
     __shared__ int last;
     const int tid = threadIdx.x;
@@ -151,7 +151,7 @@ persist(float* bufs, long long stride, int n, float* __restrict__ part, unsigned
             __syncthreads();
         }
         const unsigned h = fold_w(wr);
-        if (k + 1 < links) load_w(wr, w + (k + 1) * wstride + (long long)blockIdx.x * wvec * 128, wvec);
+        if (k + 1 < links) load_w(wr, w + ((k + 1) * wstride) % wmod + (long long)blockIdx.x * wvec * 128, wvec);
         phase(bufs + k * stride, bufs + (k + 1) * stride, n, part, splitcnt, splits, h, red, &last);
     }
     __syncthreads();
@@ -220,7 +220,7 @@ def _case(mod: Any, mode: str, grid: int, splits: int, wkb: int, links: int, n: 
         exitcnt = cupy.zeros(1, np.uint32)
         args = (
             flat, np.int64(size), np.int32(n), part, splitcnt, np.int32(splits), cnt, exitcnt, pool,
-            np.int64(per_link), np.int32(wvec), np.int32(links),
+            np.int64(per_link), np.int64(max(nvec - per_link, 1)), np.int32(wvec), np.int32(links),
         )  # fmt: skip
         return graph_seconds([lambda: launch_ex(fn, (grid,), (128,), args)], reps) * 1e6 / links
     fns = [lambda k=k: call(k) for k in range(links)]
