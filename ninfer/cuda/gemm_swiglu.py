@@ -18,6 +18,7 @@ import gemm.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -65,10 +66,12 @@ class SwigluRows(NamedTuple):
         return np.dtype(np.float32)
 
 
+@functools.lru_cache(maxsize=4096)
 def swiglu_shape_ok(fmt: str, rows: int, cols: int, m: int) -> bool:
     """Whether an ``m``-row fp16-mode GEMM with a [gate | up] weight of format ``fmt``, ``rows`` x ``cols``, runs
     the epilogue: a foldable format, gate rows a multiple of SWIGLU_TILE, the ws kernel unsplit (the rules of
-    gemm_pair: f16_auto_ws, splitk_splits) over the whole weight (no weight-row chunks)."""
+    gemm_pair: f16_auto_ws, splitk_splits) over the whole weight (no weight-row chunks). Cached: a function of its
+    arguments only, asked twice per dense layer of a prefill chunk."""
     if not f16_foldable(fmt) or rows % (2 * SWIGLU_TILE) or m <= 0:
         return False
     if not f16_auto_ws(m, rows, cols) or splitk_splits(m, rows, cols) != 1:
@@ -91,10 +94,13 @@ def gate_up_swiglu(
     check_array(x.xh, "xh", dtype=np.uint16, shape=(m, k))
     check_array(x.rowf, "rowf", dtype=np.float32, shape=(m,))
     half = n // 2
-    h = cupy.empty((m, half), dtype=np.float32) if out is None else out
-    check_array(h, "out", dtype=np.float32, shape=(m, half))
-    if h.strides != (4 * half, 4):
-        raise KernelError("gate_up_swiglu: out must have contiguous rows")
+    h = out
+    if h is None:  # contiguous rows by construction
+        h = cupy.empty((m, half), dtype=np.float32)
+    else:
+        check_array(h, "out", dtype=np.float32, shape=(m, half))
+        if h.strides != (4 * half, 4):
+            raise KernelError("gate_up_swiglu: out must have contiguous rows")
     tmax = cupy.empty((m, half // SWIGLU_TILE), dtype=np.float32)
     wstruct, dq = PAIR_STRUCTS[w.fmt]
     planes = list(w.planes())
