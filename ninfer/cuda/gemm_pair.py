@@ -223,9 +223,8 @@ def _chunks(total: int, cap: int, unit: int) -> int:
     return min(cap, -(-per // unit) * unit)
 
 
-@functools.lru_cache(maxsize=4096)
 def _plan(fmt: str, m: int, n: int, k: int) -> tuple[int, int]:
-    """(activation rows per chunk, weight rows per chunk); cached (a function of its arguments only)."""
+    """(activation rows per chunk, weight rows per chunk)."""
     mx = _chunks(m, _X_CAP // (4 * k), _BM)
     nw = n if PAIR_STRUCTS[fmt][1] is None else _chunks(n, _W_CAP // (2 * k), _BN)
     return min(mx, m), min(nw, n)
@@ -365,7 +364,8 @@ def gemm_pair(
     ``operands`` (an ``operands.OperandStore``, fp16 mode): the weight's fp16 operand kept there, or filled there on
     first use if its budget admits it, replaces the per-call dequant pass (the same values: the same results)."""
     m, n, k, _, ldy = dims
-    ws, splits, mx, nw, names = _pair_plan(w.fmt, m, n, k, f16, inloop, variant, swiglu or gate is not None)
+    transform = swiglu or gate is not None
+    ws, splits, mx, nw, names = _pair_plan(w.fmt, m, n, k, f16, inloop, variant, transform, knobs())
     planes = list(w.planes())
     fn = kernel_of(names[0])
     if fn.max_dynamic_shared_size_bytes < _SMEM:
@@ -416,14 +416,21 @@ def gemm_pair(
                shared_mem=_SMEM)  # fmt: skip
 
 
+def knobs() -> tuple[int, ...]:
+    """The module's tunables that the chunk and kernel rules read (tests and benchmarks patch them): part of the
+    key of every cache of those rules' results."""
+    return (_X_CAP, _W_CAP, F16_WS_ROWS, F16_WS_WIDE_ROWS, F16_WS_WIDE_ELEMS, F16_WS_SPLIT_ROWS)
+
+
 @functools.lru_cache(maxsize=4096)
 def _pair_plan(
-    fmt: str, m: int, n: int, k: int, f16: bool, inloop: bool, variant: str, transform: bool
+    fmt: str, m: int, n: int, k: int, f16: bool, inloop: bool, variant: str, transform: bool, _knobs: tuple
 ) -> tuple[bool, int, int, int, tuple[str, str | None, str | None]]:
-    """gemm_pair's launch decisions, a function of its scalar arguments only (cached: its rules and kernel names
-    cost ~10 us of host time per GEMM, perf/profile_host.py): (ws kernel, K splits, activation rows per chunk,
-    weight rows per chunk, the names of (the GEMM kernel, its dequant pass or None, the split-K reduction or
-    None)). Raises for the argument combinations gemm_pair refuses (``transform``: swiglu or gate)."""
+    """gemm_pair's launch decisions, a function of its scalar arguments and the tunables (``_knobs``: the cache
+    key only) (cached: its rules and kernel names cost ~10 us of host time per GEMM, perf/profile_host.py): (ws
+    kernel, K splits, activation rows per chunk, weight rows per chunk, the names of (the GEMM kernel, its dequant
+    pass or None, the split-K reduction or None)). Raises for the argument combinations gemm_pair refuses
+    (``transform``: swiglu or gate)."""
     wstruct, dq = PAIR_STRUCTS[fmt]
     if f16 and dq is None:
         raise ValueError(f"gemm_pair: {fmt} has no fp16 mode (its operand values are not exact in fp16)")

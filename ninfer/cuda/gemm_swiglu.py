@@ -40,6 +40,7 @@ from ninfer.cuda.gemm_pair import (
     f16_auto_ws,
     f16_foldable,
     f16_scratch,
+    knobs,
     splitk_splits,
 )
 from ninfer.cuda.launch import launch_ex
@@ -66,12 +67,17 @@ class SwigluRows(NamedTuple):
         return np.dtype(np.float32)
 
 
-@functools.lru_cache(maxsize=4096)
 def swiglu_shape_ok(fmt: str, rows: int, cols: int, m: int) -> bool:
     """Whether an ``m``-row fp16-mode GEMM with a [gate | up] weight of format ``fmt``, ``rows`` x ``cols``, runs
     the epilogue: a foldable format, gate rows a multiple of SWIGLU_TILE, the ws kernel unsplit (the rules of
-    gemm_pair: f16_auto_ws, splitk_splits) over the whole weight (no weight-row chunks). Cached: a function of its
-    arguments only, asked twice per dense layer of a prefill chunk."""
+    gemm_pair: f16_auto_ws, splitk_splits) over the whole weight (no weight-row chunks)."""
+    return _swiglu_shape_ok(fmt, rows, cols, m, knobs())
+
+
+@functools.lru_cache(maxsize=4096)
+def _swiglu_shape_ok(fmt: str, rows: int, cols: int, m: int, _knobs: tuple) -> bool:
+    """swiglu_shape_ok, cached per gemm_pair's tunables (``_knobs``: the cache key only); asked twice per dense
+    layer of a prefill chunk."""
     if not f16_foldable(fmt) or rows % (2 * SWIGLU_TILE) or m <= 0:
         return False
     if not f16_auto_ws(m, rows, cols) or splitk_splits(m, rows, cols) != 1:
