@@ -51,17 +51,28 @@ def check_array(
     shape: Sequence[int | None] | None = None,
     contiguous: bool = True,
 ) -> None:
-    """``a`` is a CuPy array of ``dtype`` whose shape matches ``shape`` (None entries match anything)."""
+    """``a`` is a CuPy array of ``dtype`` whose shape matches ``shape`` (None entries match anything).
+
+    Runs ~20 times per layer of an eager prefill chunk (perf/profile_host.py), so the passing case is kept short:
+    ``a.dtype != dtype`` (a NumPy dtype compares with any dtype-like as ``np.dtype(dtype)`` would) and one tuple
+    comparison when ``shape`` has no None entry; the per-entry walk only when that comparison fails."""
     import cupy
 
     if not isinstance(a, cupy.ndarray):
         raise KernelError(f"{name}: expected a cupy.ndarray on the device, got {type(a).__name__}")
-    if dtype is not None and np.dtype(a.dtype) != np.dtype(dtype):
+    if dtype is not None and a.dtype != dtype:
         raise KernelError(f"{name}: dtype must be {np.dtype(dtype)}, got {a.dtype}")
-    if shape is not None:
-        if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, a.shape, strict=True)):
+    if shape is not None and a.shape != shape:
+        have = a.shape
+        bad = len(have) != len(shape)
+        if not bad:
+            for s, d in zip(shape, have, strict=True):
+                if s is not None and s != d:
+                    bad = True
+                    break
+        if bad:
             want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-            raise KernelError(f"{name}: shape must be {want}, got {list(a.shape)}")
+            raise KernelError(f"{name}: shape must be {want}, got {list(have)}")
     if contiguous and not a.flags.c_contiguous:
         raise KernelError(f"{name}: must be C-contiguous")
 
@@ -76,19 +87,22 @@ def check_rows(a: Any, name: str, cols: int | None = None, *, vec8: bool = False
 
     if not isinstance(a, cupy.ndarray):
         raise KernelError(f"{name}: expected a cupy.ndarray on the device, got {type(a).__name__}")
-    if a.ndim != 2:
-        raise KernelError(f"{name}: must be 2-D [rows, cols], got shape {list(a.shape)}")
-    if cols is not None and a.shape[1] != cols:
-        raise KernelError(f"{name}: needs {cols} columns, got shape {list(a.shape)}")
+    shape = a.shape
+    if len(shape) != 2:
+        raise KernelError(f"{name}: must be 2-D [rows, cols], got shape {list(shape)}")
+    rows, width = shape
+    if cols is not None and width != cols:
+        raise KernelError(f"{name}: needs {cols} columns, got shape {list(shape)}")
     item = a.dtype.itemsize
-    if a.shape[1] > 1 and a.strides[1] != item:
-        raise KernelError(f"{name}: columns must be contiguous (stride {a.strides[1]} bytes)")
-    ld = a.strides[0] // item if a.shape[0] > 1 else a.shape[1]
-    if a.strides[0] % item:
-        raise KernelError(f"{name}: row stride {a.strides[0]} is not a whole number of elements")
-    if vec8 and (a.data.ptr % 16 or ld % 8 or a.shape[1] % 8):
+    s0, s1 = a.strides
+    if width > 1 and s1 != item:
+        raise KernelError(f"{name}: columns must be contiguous (stride {s1} bytes)")
+    if s0 % item:
+        raise KernelError(f"{name}: row stride {s0} is not a whole number of elements")
+    ld = s0 // item if rows > 1 else width
+    if vec8 and (a.data.ptr % 16 or ld % 8 or width % 8):
         raise KernelError(f"{name}: needs 16-byte aligned rows whose width and stride are multiples of 8")
-    return a.shape[0], a.shape[1], ld
+    return rows, width, ld
 
 
 def dev_int32(a: Any, name: str, n: int | None = None) -> Any:
@@ -184,11 +198,12 @@ class F16Rows(NamedTuple):
 
 
 def matrix_out(x: Any, out: Any, rows: int, n: int) -> tuple[Any, int]:
-    """The output ``[rows, n]`` of ``x``'s dtype (allocated when ``out`` is None, else checked) and its row stride."""
+    """The output ``[rows, n]`` of ``x``'s dtype (allocated when ``out`` is None, else checked) and its row stride.
+    An array allocated here is contiguous ``[rows, n]`` by construction, so only a caller's ``out`` is checked."""
     import cupy
 
     if out is None:
-        out = cupy.empty((rows, n), dtype=x.dtype)
+        return cupy.empty((rows, n), dtype=x.dtype), n
     if out.dtype != x.dtype:
         raise KernelError(f"out: dtype {out.dtype} differs from x ({x.dtype})")
     _, _, ld = check_rows(out, "out", n)

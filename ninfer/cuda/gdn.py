@@ -153,6 +153,9 @@ SERIAL_SOURCES = tuple(
 )
 
 
+_STATE_TYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}  # GDN state dtype -> C++ type
+
+
 def _seqs(starts: Any, slots: Any, rows: int, n_slots: int) -> int:
     check_array(starts, "starts", dtype=np.int32, shape=(None,))
     nseq = starts.shape[0] - 1
@@ -198,7 +201,7 @@ def _gdn_args(
     rows, width, ldq = check_rows(qkv, "qkv")
     if state.ndim != 4:
         raise KernelError(f"state: must be [S, HV, dk, dv], got shape {list(state.shape)}")
-    st = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}.get(np.dtype(state.dtype))
+    st = _STATE_TYPES.get(state.dtype)
     if st is None:
         raise KernelError(f"state: dtype must be float32 or uint16 (bf16), got {state.dtype}")
     check_array(state, "state")
@@ -217,11 +220,27 @@ def _gdn_args(
     check_array(a_log, "a_log", dtype=np.float32, shape=(hv,))
     check_array(dt_bias, "dt_bias", dtype=np.float32, shape=(hv,))
     nseq = _seqs(starts, slots, rows, state.shape[0])
-    if out is None:
-        out = cupy.empty((rows, hv * dv), dtype=qkv.dtype)
-    _, _, ldo = check_rows(out, "out", hv * dv)
-    scalars = tuple(np.int32(x) for x in (hk, hv, dv)) + tuple(np.int64(x) for x in (ldq, lda, ldb, ldo))
-    return out, scalars, {"t": t, "st": st, "nseq": nseq, "hv": hv, "dk": dk, "dv": dv}
+    if out is None:  # contiguous rows by construction
+        out, ldo = cupy.empty((rows, hv * dv), dtype=qkv.dtype), hv * dv
+    else:
+        _, _, ldo = check_rows(out, "out", hv * dv)
+    names = {"t": t, "st": st, "nseq": nseq, "hv": hv, "dk": dk, "dv": dv}
+    return out, _gdn_scalars(hk, hv, dv, ldq, lda, ldb, ldo), names
+
+
+@functools.lru_cache(maxsize=1024)
+def _gdn_scalars(hk: int, hv: int, dv: int, ldq: int, lda: int, ldb: int, ldo: int) -> tuple[Any, ...]:
+    """The GDN kernels' trailing scalars as the kernel's types (cached: the same tuple every GDN layer of a call;
+    NumPy scalars are immutable)."""
+    return (
+        np.int32(hk),
+        np.int32(hv),
+        np.int32(dv),
+        np.int64(ldq),
+        np.int64(lda),
+        np.int64(ldb),
+        np.int64(ldo),
+    )
 
 
 def step_smem_bytes(dk: int) -> int:

@@ -233,8 +233,10 @@ def f16_rows_input(w: Any, m: int) -> bool:
     """Whether ``gemm(x, w, inputs="fp16")`` over ``m`` float32 rows runs the fp16 mode's row split, so that the
     producer of ``x`` may hand it over as ``F16Rows`` instead (norm.rmsnorm(..., f16=True)): a single-format
     foldable weight, the Hopper kernels, the pair threshold, outside graph capture."""
-    ok = isinstance(w, DeviceWeight) and _f16_input("auto", "fp16", w, "float")
-    return ok and _use_pair("auto", w.fmt, "float", m)
+    # _f16_input("auto", "fp16", w, "float") and _use_pair("auto", w.fmt, "float", m), the cheap terms first and
+    # the capture state read once (asked ~6 times per dense layer of a prefill chunk: perf/profile_host.py)
+    ok = isinstance(w, DeviceWeight) and m >= PAIR_MIN_ROWS and f16_foldable(w.fmt)
+    return ok and hopper_gemm() and not capturing()
 
 
 def swiglu_gemm_ok(w_gu: Any, w_dn: Any, m: int) -> bool:

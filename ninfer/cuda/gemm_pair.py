@@ -364,36 +364,15 @@ def gemm_pair(
     ``operands`` (an ``operands.OperandStore``, fp16 mode): the weight's fp16 operand kept there, or filled there on
     first use if its budget admits it, replaces the per-call dequant pass (the same values: the same results)."""
     m, n, k, _, ldy = dims
-    wstruct, dq = PAIR_STRUCTS[w.fmt]
-    if f16 and dq is None:
-        raise ValueError(f"gemm_pair: {w.fmt} has no fp16 mode (its operand values are not exact in fp16)")
-    if (swiglu or gate is not None) and not f16:
-        raise ValueError("gemm_pair: swiglu and gate are the fp16 mode's input transforms")
-    if not f16 and inloop:
-        raise ValueError("gemm_pair: inloop is the fp16 mode's choice")
-    if variant not in F16_VARIANTS or (variant.startswith("ws") and not f16):
-        raise KernelError(
-            f"gemm_pair: variant={variant!r} (one of {F16_VARIANTS}; 'ws' in the fp16 mode only)"
-        )
-    ws = f16 and not inloop and (variant.startswith("ws") or (variant == "auto" and f16_auto_ws(m, n, k)))
-    # S of the whole call, kept by every row / weight chunk (a partial depends on K and S only): the result is
-    # the same chunked or not, from the scratch or a kept operand
-    forced = int(variant[2:]) if variant.startswith("ws") and variant != "ws" else None
-    splits = 1 if not ws else forced if forced is not None else splitk_splits(m, n, k)
-    mx, nw = _plan(w.fmt, m, n, k)
-    if inloop:
-        nw = n  # the stored planes, read whole: no weight scratch
+    transform = swiglu or gate is not None
+    ws, splits, mx, nw, names = _pair_plan(w.fmt, m, n, k, f16, inloop, variant, transform, knobs())
     planes = list(w.planes())
-    if inloop:
-        fn = kernel_of(f"gemm90_f16il<{dq}>")
-    else:
-        fn = kernel_of(f"gemm90_f16{'_ws' if ws else ''}<{wstruct}>" if f16 else f"gemm90_pair<{wstruct}>")
+    fn = kernel_of(names[0])
     if fn.max_dynamic_shared_size_bytes < _SMEM:
         fn.max_dynamic_shared_size_bytes = _SMEM
     split = None if f16 else kernel_of("split_hilo")
-    dqfn = None
-    if dq is not None and not inloop:
-        dqfn = kernel_of(f"dequant90<{dq}, true>" if f16 else f"dequant90<{dq}>")
+    dqfn = None if names[1] is None else kernel_of(names[1])
+    red = None if names[2] is None else kernel_of(names[2])
     kept = _kept_operand(w, planes, dqfn, operands, "f16" if f16 else "bf16") if dqfn is not None else None
     if kept is not None:
         nw = n
@@ -414,10 +393,13 @@ def gemm_pair(
     for m0 in range(0, m, mx):
         rows = min(mx, m - m0)
         if isinstance(x, F16Rows):  # split by their producer (norm.rmsnorm(..., f16=True))
-            xa, xb = x.xh[m0 : m0 + rows].reshape(-1), x.rowf[m0 : m0 + rows]
+            # one row chunk (the usual case): the arrays themselves, the same addresses as the slices
+            xa, xb = (x.xh, x.rowf) if rows == m else (x.xh[m0 : m0 + rows], x.rowf[m0 : m0 + rows])
         elif f16:  # xh: the rows' fp16 words, then one float factor per row
-            g = None if gate is None else (gate[0][m0 : m0 + rows], gate[1])
-            xa, xb = f16_rows(x[m0 : m0 + rows], dims[3], kernel_of, swiglu=swiglu, gate=g)
+            xm, g = x, gate  # one row chunk: the arrays themselves
+            if rows != m:
+                xm, g = x[m0 : m0 + rows], None if gate is None else (gate[0][m0 : m0 + rows], gate[1])
+            xa, xb = f16_rows(xm, dims[3], kernel_of, swiglu=swiglu, gate=g)
         else:  # hi, lo
             xa, xb = xbuf[: rows * k], xbuf[rows * k : 2 * rows * k]
             split((grid_1d(rows * (k // 8), _SPLIT_THREADS),), (_SPLIT_THREADS,),
@@ -425,14 +407,57 @@ def gemm_pair(
         for n0 in range(0, n, nw):
             cols = min(nw, n - n0)
             p0, p1, p2 = whole if whole is not None else weight_chunk(n0, cols)
-            y = out[m0 : m0 + rows, n0 : n0 + cols]
+            y = out if rows == m and cols == n else out[m0 : m0 + rows, n0 : n0 + cols]
             if ws:
-                red = kernel_of(f"gemm90_f16_ws_reduce<{wstruct}>") if splits > 1 else None
                 launch_ws(fn, xa, xb, (p0, p1, p2), y, (rows, cols, k, ldy), splits=splits, reduce_fn=red)
                 continue
             fn((grid_1d(rows, _BM) * grid_1d(cols, _BN),), (_THREADS,),
                (p0, p1, p2, xa, xb, y, np.int32(rows), np.int32(cols), np.int32(k), np.int64(k), np.int64(ldy)),
                shared_mem=_SMEM)  # fmt: skip
+
+
+def knobs() -> tuple[int, ...]:
+    """The module's tunables that the chunk and kernel rules read (tests and benchmarks patch them): part of the
+    key of every cache of those rules' results."""
+    return (_X_CAP, _W_CAP, F16_WS_ROWS, F16_WS_WIDE_ROWS, F16_WS_WIDE_ELEMS, F16_WS_SPLIT_ROWS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pair_plan(
+    fmt: str, m: int, n: int, k: int, f16: bool, inloop: bool, variant: str, transform: bool, _knobs: tuple
+) -> tuple[bool, int, int, int, tuple[str, str | None, str | None]]:
+    """gemm_pair's launch decisions, a function of its scalar arguments and the tunables (``_knobs``: the cache
+    key only) (cached: its rules and kernel names cost ~10 us of host time per GEMM, perf/profile_host.py): (ws
+    kernel, K splits, activation rows per chunk, weight rows per chunk, the names of (the GEMM kernel, its dequant
+    pass or None, the split-K reduction or None)). Raises for the argument combinations gemm_pair refuses
+    (``transform``: swiglu or gate)."""
+    wstruct, dq = PAIR_STRUCTS[fmt]
+    if f16 and dq is None:
+        raise ValueError(f"gemm_pair: {fmt} has no fp16 mode (its operand values are not exact in fp16)")
+    if transform and not f16:
+        raise ValueError("gemm_pair: swiglu and gate are the fp16 mode's input transforms")
+    if not f16 and inloop:
+        raise ValueError("gemm_pair: inloop is the fp16 mode's choice")
+    if variant not in F16_VARIANTS or (variant.startswith("ws") and not f16):
+        raise KernelError(
+            f"gemm_pair: variant={variant!r} (one of {F16_VARIANTS}; 'ws' in the fp16 mode only)"
+        )
+    ws = f16 and not inloop and (variant.startswith("ws") or (variant == "auto" and f16_auto_ws(m, n, k)))
+    # S of the whole call, kept by every row / weight chunk (a partial depends on K and S only): the result is
+    # the same chunked or not, from the scratch or a kept operand
+    forced = int(variant[2:]) if variant.startswith("ws") and variant != "ws" else None
+    splits = 1 if not ws else forced if forced is not None else splitk_splits(m, n, k)
+    mx, nw = _plan(fmt, m, n, k)
+    if inloop:
+        nw = n  # the stored planes, read whole: no weight scratch
+        name = f"gemm90_f16il<{dq}>"
+    else:
+        name = f"gemm90_f16{'_ws' if ws else ''}<{wstruct}>" if f16 else f"gemm90_pair<{wstruct}>"
+    dq_name = None
+    if dq is not None and not inloop:
+        dq_name = f"dequant90<{dq}, true>" if f16 else f"dequant90<{dq}>"
+    red_name = f"gemm90_f16_ws_reduce<{wstruct}>" if ws and splits > 1 else None
+    return ws, splits, mx, nw, (name, dq_name, red_name)
 
 
 def _dequant(dqfn: Any, planes: list[Any], buf: Any, n0: int, rows: int, k: int) -> None:

@@ -18,6 +18,7 @@ import gemm.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -39,6 +40,7 @@ from ninfer.cuda.gemm_pair import (
     f16_auto_ws,
     f16_foldable,
     f16_scratch,
+    knobs,
     splitk_splits,
 )
 from ninfer.cuda.launch import launch_ex
@@ -69,6 +71,13 @@ def swiglu_shape_ok(fmt: str, rows: int, cols: int, m: int) -> bool:
     """Whether an ``m``-row fp16-mode GEMM with a [gate | up] weight of format ``fmt``, ``rows`` x ``cols``, runs
     the epilogue: a foldable format, gate rows a multiple of SWIGLU_TILE, the ws kernel unsplit (the rules of
     gemm_pair: f16_auto_ws, splitk_splits) over the whole weight (no weight-row chunks)."""
+    return _swiglu_shape_ok(fmt, rows, cols, m, knobs())
+
+
+@functools.lru_cache(maxsize=4096)
+def _swiglu_shape_ok(fmt: str, rows: int, cols: int, m: int, _knobs: tuple) -> bool:
+    """swiglu_shape_ok, cached per gemm_pair's tunables (``_knobs``: the cache key only); asked twice per dense
+    layer of a prefill chunk."""
     if not f16_foldable(fmt) or rows % (2 * SWIGLU_TILE) or m <= 0:
         return False
     if not f16_auto_ws(m, rows, cols) or splitk_splits(m, rows, cols) != 1:
@@ -91,10 +100,13 @@ def gate_up_swiglu(
     check_array(x.xh, "xh", dtype=np.uint16, shape=(m, k))
     check_array(x.rowf, "rowf", dtype=np.float32, shape=(m,))
     half = n // 2
-    h = cupy.empty((m, half), dtype=np.float32) if out is None else out
-    check_array(h, "out", dtype=np.float32, shape=(m, half))
-    if h.strides != (4 * half, 4):
-        raise KernelError("gate_up_swiglu: out must have contiguous rows")
+    h = out
+    if h is None:  # contiguous rows by construction
+        h = cupy.empty((m, half), dtype=np.float32)
+    else:
+        check_array(h, "out", dtype=np.float32, shape=(m, half))
+        if h.strides != (4 * half, 4):
+            raise KernelError("gate_up_swiglu: out must have contiguous rows")
     tmax = cupy.empty((m, half // SWIGLU_TILE), dtype=np.float32)
     wstruct, dq = PAIR_STRUCTS[w.fmt]
     planes = list(w.planes())

@@ -15,6 +15,7 @@ which read the launch switches below (``GV_CLUSTER``, ``_GV_PDL``) at every call
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,70 +156,98 @@ def _gemv_launch(
     import cupy
 
     k = w.cols
-    plan = gemv_plan(w.fmt, n, k)
     pf = pf or _prefetch_args(w, prefetch)
     kind = "_rt" if route else "_cb" if combine else "_pf" if pf else ""
     graph = capturing()
-    cluster = _cluster(plan, graph)
-    family = "gemv.cu"
-    if GV_W8 and nb == 8 and t == "float" and not kind and ids is None and not cluster:
-        family, plan = "gemv_w8.cu", w8_plan(plan, n)  # the fold's partials stay per 4-warp row block
-    if GV_BULK and _bulk(w, kind, cluster, row0, n if ids is not None else 0):
-        family = _BULK_FAMILY[family]
-    name = f"gemv_mma{kind}<{FRAG_STRUCTS[w.fmt][0]}, {t}, {nb}>"
+    # the launch switches are read at every call (tests flip them), so they are part of the geometry's key
+    bulk_rows = row0 % 16 == 0 and (n if ids is not None else 0) % 16 == 0
+    plan, family, name, smem, cluster = _geometry(
+        w.fmt, n, k, kind, graph, nb, t, ids is None, bulk_rows, GV_CLUSTER, GV_W8, GV_BULK
+    )
     fn = kernel(family, SOURCES[family], name)
-    smem = plan.smem_bytes(nb, t)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     gz = lanes if ids is not None else -(-lanes // nb)
     zin = gz if ids is None and gz > 1 and plan.blocks_x * gz < 2**31 else 0
-    null = cupy.empty(0, dtype=np.int32)  # pointer arguments the launch never reads
-    ws = cnt = null
+    ws = cnt = null = _NULL  # pointer arguments the launch never reads
     if plan.splits > 1 and not cluster:
         ws = cupy.empty(gz * plan.blocks_x * plan.splits * plan.rows * 8, dtype=np.float32)
         cnt = arrival_counters(gz * plan.blocks_x)
     p0, p1, p2 = w.planes()
     part = fold if fold is not None else (a.part if a.part is not None else null)
     ldp = lanes if fold is not None else a.ldp
+    mode = 2 if table else int(ids is not None)
     args = (
         p0, p1, p2, a.x, a.x if a.x2 is None else a.x2, out, null if ids is None or route else ids,  # routed: ids is the output
-        null if xrow is None else xrow, ws, cnt, np.int32(n), np.int32(k), np.int32(lanes), np.int64(a.ldx),
-        np.int64(a.ldx2), np.int64(ldy), np.int64(row0), np.int32(2 if table else ids is not None), np.int32(a.xf),
-        np.int32(a.gd), np.int32(zin), part, np.int64(ldp), np.int32(a.npart), np.float32(a.eps),
-        np.int32(fold is not None), *pf, *route, *combine,
+        null if xrow is None else xrow, ws, cnt,
+        *_scalars(n, k, lanes, a.ldx, a.ldx2, ldy, row0, mode, a.xf, a.gd, zin), part,
+        *_tail(ldp, a.npart, a.eps, int(fold is not None)), *pf, *route, *combine,
     )  # fmt: skip
     # several lane blocks of a dense product: lane blocks innermost (zin), one pass over the weights through L2
     grid = (plan.blocks_x * gz, plan.splits, 1) if zin else (plan.blocks_x, plan.splits, gz)
     pdl = _GV_PDL and graph  # gemv.cu waits (pdl_wait) before reading anything an earlier kernel writes
     if pdl or cluster:  # a cluster's blocks: the splits of one (row block, lane block | slot), rank = split
-        launch_ex(
-            fn,
-            grid,
-            (32 * plan.warps,),
-            args,
-            smem,
-            pdl=pdl,
-            cluster=(1, plan.splits, 1) if cluster else None,
-        )
+        c = (1, plan.splits, 1) if cluster else None
+        launch_ex(fn, grid, (32 * plan.warps,), args, smem, pdl=pdl, cluster=c)
     else:
         fn(grid, (32 * plan.warps,), args, shared_mem=smem)
+
+
+# A null device pointer for the arguments a launch never reads: the 8 bytes of 0 that an empty CuPy array's
+# pointer is (it was ``cupy.empty(0)`` per launch, an allocation call each time).
+_NULL = np.uint64(0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _scalars(n: int, k: int, lanes: int, ldx: int, ldx2: int, ldy: int, row0: int, mode: int, xf: int, gd: int,
+             zin: int) -> tuple[Any, ...]:  # fmt: skip
+    """gemv.cu's scalar arguments from ``n`` to ``zin`` as the kernel's types (cached: the same few tuples recur
+    every layer, and boxing 11 NumPy scalars costs more than the lookup)."""
+    return (np.int32(n), np.int32(k), np.int32(lanes), np.int64(ldx), np.int64(ldx2), np.int64(ldy), np.int64(row0),
+            np.int32(mode), np.int32(xf), np.int32(gd), np.int32(zin))  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def _tail(ldp: int, npart: int, eps: float, fold: int) -> tuple[Any, ...]:
+    """gemv.cu's scalars after ``part``: (ldp, npart, eps, fold) as the kernel's types (cached as ``_scalars``)."""
+    return np.int64(ldp), np.int32(npart), np.float32(eps), np.int32(fold)
+
+
+@functools.lru_cache(maxsize=4096)
+def _geometry(
+    fmt: str, n: int, k: int, kind: str, graph: bool, nb: int, t: str, dense: bool, bulk_rows: bool,
+    gv_cluster: str, gv_w8: bool, gv_bulk: bool,
+) -> tuple[GemvPlan, str, str, int, bool]:  # fmt: skip
+    """A GEMV launch's (plan, family, kernel name, dynamic shared memory, cluster reduction), a function of these
+    arguments only (``gv_*``: the switches GV_CLUSTER, GV_W8, GV_BULK; ``bulk_rows``: row0 and the rows per expert
+    are multiples of 16; ``dense``: no expert ids). Cached: ~5 us of host time per launch otherwise."""
+    plan = gemv_plan(fmt, n, k)
+    cluster = _cluster(plan, graph, gv_cluster)
+    family = "gemv.cu"
+    if gv_w8 and nb == 8 and t == "float" and not kind and dense and not cluster:
+        family, plan = "gemv_w8.cu", w8_plan(plan, n)  # the fold's partials stay per 4-warp row block
+    if gv_bulk and _bulk(fmt, kind, cluster, bulk_rows):
+        family = _BULK_FAMILY[family]
+    name = f"gemv_mma{kind}<{FRAG_STRUCTS[fmt][0]}, {t}, {nb}>"
+    return plan, family, name, plan.smem_bytes(nb, t), cluster
 
 
 _BULK_FAMILY = {"gemv.cu": "gemv_bulk.cu", "gemv_w8.cu": "gemv_w8_bulk.cu"}
 
 
-def _bulk(w: DeviceWeight, kind: str, cluster: bool, row0: int, expert_rows: int) -> bool:
+def _bulk(fmt: str, kind: str, cluster: bool, bulk_rows: bool) -> bool:
     """Whether a launch can take the bulk-copy weight ring (GV_BULK): NVFP4, the plain kernel (no prefetch,
-    routing or combine tail) without clusters, and whole 16-row groups of the device layout per m-tile (row0 and
-    the rows per expert multiples of 16)."""
-    return w.fmt in _PF_FORMATS and not kind and not cluster and row0 % 16 == 0 and expert_rows % 16 == 0
+    routing or combine tail) without clusters, and whole 16-row groups of the device layout per m-tile
+    (``bulk_rows``: row0 and the rows per expert multiples of 16)."""
+    return fmt in _PF_FORMATS and not kind and not cluster and bulk_rows
 
 
-def _cluster(plan: GemvPlan, graph: bool) -> bool:
-    """Whether this launch reduces its K splits through a cluster (GV_CLUSTER above) rather than the counter."""
-    if GV_CLUSTER not in ("off", "graph", "always"):
-        raise KernelError(f"GV_CLUSTER={GV_CLUSTER!r}: take 'off', 'graph' or 'always'")
-    on = GV_CLUSTER == "always" or (GV_CLUSTER == "graph" and graph)
+def _cluster(plan: GemvPlan, graph: bool, mode: str) -> bool:
+    """Whether this launch reduces its K splits through a cluster (``mode``: GV_CLUSTER above) rather than the
+    counter."""
+    if mode not in ("off", "graph", "always"):
+        raise KernelError(f"GV_CLUSTER={mode!r}: take 'off', 'graph' or 'always'")
+    on = mode == "always" or (mode == "graph" and graph)
     return on and 1 < plan.splits <= GV_CLUSTER_MAX
 
 

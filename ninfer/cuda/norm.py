@@ -155,11 +155,12 @@ def rmsnorm(
             )
     if f16:
         return _rmsnorm_f16(x, w, eps, offset, residual, ldx, ldr)
-    if out is None:
-        out = cupy.empty((rows, h), dtype=x.dtype)
-    _, _, ldy = check_rows(out, "out", h)
-    if out.dtype != x.dtype or out.shape[0] != rows:
-        raise KernelError(f"out: must be {x.dtype} [{rows}, {h}]")
+    if out is None:  # contiguous [rows, h] by construction
+        out, ldy = cupy.empty((rows, h), dtype=x.dtype), h
+    else:
+        _, _, ldy = check_rows(out, "out", h)
+        if out.dtype != x.dtype or out.shape[0] != rows:
+            raise KernelError(f"out: must be {x.dtype} [{rows}, {h}]")
     if rows == 0:
         return out
     res = residual if residual is not None else out  # unused pointer when not fused
