@@ -14,6 +14,9 @@
 #   decode_probe  issue 13's open questions after c14cc9e: GDN decode at 5-8 sequences (bounds, two launches), the
 #           MoE fusions' step profile, the decode GEMV boundary trace
 #   bulk    the NVFP4 decode GEMV's weight ring by bulk copies (GV_BULK): GPU test and per-shape A/B
+#   probe   issue 13's open measurements in one call (~8 min): the dependent-kernel boundary's floor per scheme
+#           (perf/bench_boundary.py: PDL wait, counter flag, persistent phases), the bulk ring's GPU test and
+#           per-shape A/B, and the 27B decode step's GEMV launches traced (perf/gemv_trace.py)
 #   moe     the decode MoE fusions' GPU tests and whole-step A/Bs (35B-A3B), with the L2 hints
 #   boundary  the decode GEMV launch boundary traced (perf/gemv_trace.py), the start-of-block L2 hints A/B and the
 #           8-lane activation traffic (gemv_variants actl1, w8)
@@ -178,12 +181,22 @@ run_decode_probe() {  # issue 13's open questions after c14cc9e, in one call (~8
 run_bulk() {  # issue 13: the NVFP4 decode GEMV's weight ring by bulk copies (cuda_src/gemv_bulk.cuh, linear.GV_BULK):
   # its GPU tests (same bits as the cp.async ring), the per-shape A/B at 1 and 8 rows (gemv_variants base/bulk/bulkef,
   # bulkef with an L2 evict-first hint), then whole graph decode steps (bench_fold --toggle bulk, both models)
+  run_bulk_kernels
+  timeout ${BULK_TIMEOUT:-240} python3 -m perf.bench_fold --toggle bulk --model 27b,35b --lanes 1,8 --steps 100 \
+    --out "$OUT/results" 2>&1 | tee "$OUT/bulk_step.txt" | grep -E "^\|"
+}
+run_probe() {  # issue 13: what decides the next decode design (docs/cuda.md, "waiting for the producer's outputs")
+  timeout ${PROBE_TIMEOUT:-120} python3 -m perf.bench_boundary --json "$OUT/bench_boundary.json" 2>&1 \
+    | tee "$OUT/boundary.txt" | tail -14
+  BULK_TIMEOUT=${BULK_TIMEOUT:-150} run_bulk_kernels
+  timeout ${PROBE_TIMEOUT:-120} python3 -m perf.gemv_trace --model 27b --rows 1,8 2>&1 | tee "$OUT/trace_27b.txt" \
+    | tail -30
+}
+run_bulk_kernels() {  # the bulk ring's GPU test and per-shape A/B (run_bulk's first two steps)
   timeout ${BULK_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -rf tests/test_cuda_gemv_bulk.py \
     > "$OUT/bulk_tests.txt" 2>&1; tail -3 "$OUT/bulk_tests.txt"
   timeout ${BULK_TIMEOUT:-240} python3 -m perf.gemv_variants --variants base,bulk,bulkef --rows 1,8 2>&1 \
     | tee "$OUT/bulk_gemv.txt" | tail -8
-  timeout ${BULK_TIMEOUT:-240} python3 -m perf.bench_fold --toggle bulk --model 27b,35b --lanes 1,8 --steps 100 \
-    --out "$OUT/results" 2>&1 | tee "$OUT/bulk_step.txt" | grep -E "^\|"
 }
 run_moe() {  # issue 13: the decode MoE fusions (routing in gate | up, combine + norm in the down launch) and the
   # start-of-block L2 hints: their GPU tests, then each as a whole-step A/B (bench_fold) on the 35B-A3B
