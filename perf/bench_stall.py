@@ -75,8 +75,8 @@ def start_server(
 class Probe:
     """A streaming request's chunk arrival times and ``/health`` answer times, recorded on two threads."""
 
-    def __init__(self, url: str, stream_tokens: int) -> None:
-        self.url, self.stream_tokens = url, stream_tokens
+    def __init__(self, url: str, stream_tokens: int, headers: dict[str, str] | None = None) -> None:
+        self.url, self.stream_tokens, self.headers = url, stream_tokens, headers or {}
         self.chunks: list[float] = []
         self.health: list[tuple[float, float]] = []  # (sent, seconds)
         self.done = threading.Event()
@@ -85,7 +85,10 @@ class Probe:
     def _stream(self) -> None:
         body = {"model": MODEL, "stream": True, "max_tokens": self.stream_tokens, "ignore_eos": True,
                 "messages": [{"role": "user", "content": "count"}]}  # fmt: skip
-        with httpx.Client(timeout=300) as c, c.stream("POST", self.url + CHAT, json=body) as r:
+        with (
+            httpx.Client(timeout=300, headers=self.headers) as c,
+            c.stream("POST", self.url + CHAT, json=body) as r,
+        ):
             for line in r.iter_lines():
                 if line.startswith("data: {"):
                     self.chunks.append(time.perf_counter())
@@ -174,8 +177,11 @@ def job_sender(address: str, actor: str, messages: int, shape: str) -> Any:
     return send
 
 
-def measure(url: str, send: Any, stream_tokens: int, settle_s: float = 1.5) -> dict[str, Any]:
-    with Probe(url, stream_tokens) as p:
+def measure(
+    url: str, send: Any, stream_tokens: int, settle_s: float = 1.5, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Start the probe, let it settle, ``send()`` the huge request (-> status, error code), keep probing 0.5 s."""
+    with Probe(url, stream_tokens, headers) as p:
         while not p.chunks:
             time.sleep(0.01)
         time.sleep(settle_s)
