@@ -167,3 +167,23 @@ def test_a_malformed_argument_is_refused_whole(actor: EngineActor, monkeypatch: 
     two = encode_requests([req("x"), req("y")])
     counted = asyncio.run(actor.count_tokens(two))
     assert isinstance(counted, Failed) and counted.code == "invalid_request"
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_a_bulky_request_that_fits_runs_to_its_end(
+    artifact: str, monkeypatch: pytest.MonkeyPatch, large: bool
+) -> None:
+    """More prompt ids than one wire chunk, beside a small request in the same call: both accepted, both finish,
+    whether the call is decoded on the loop or (``large``) on the prompt pool."""
+    if large:
+        monkeypatch.setattr(prepare, "LARGE_REQUEST_BYTES", 0)
+    a = make(artifact, max_context=8192, kv_capacity=16384)
+    try:
+        ids = tuple(i % 200 + 10 for i in range(WIRE_CHUNK + 100))
+        long = GenerateRequest(request_id="long", prompt_ids=ids, sampling=req("x", 2).sampling)
+        assert bulky(long)
+        got = _opened(a, [long, req("short", 2)], f"s-fits-{large}")
+        assert [type(g[0]) for g in got] == [Accepted, Accepted]
+        assert got[0][0].prompt_tokens == len(ids)  # type: ignore[attr-defined]
+    finally:
+        asyncio.run(a.shutdown())
