@@ -19,8 +19,9 @@ import ray
 
 from ninfer.engine.core import Finish, TokenDelta
 
+from .actor_start import start_actor
 from .client import DEFAULT_ACTOR_NAME, DEFAULT_NAMESPACE, EngineClient, GenerationError, join_ray
-from .engine_actor import EngineActor, start_actor
+from .engine_actor import EngineActor
 from .job_request import check_request_id
 from .messages import ActorInfo, ActorSpec, ActorStats, Failed, GenerateRequest, Health, encode_requests
 from .routing import ReplicaView, RouterConfig, merge_stats, rank
