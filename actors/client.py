@@ -30,6 +30,7 @@ from .messages import (
     GenerateRequest,
     Health,
     StreamEvent,
+    bulky,
     decode_batch,
     decode_events,
     decode_opened,
@@ -141,7 +142,7 @@ class EngineClient:
         GenerationError on a refusal or failure."""
         done = False
         try:
-            for ref in self.handle.generate.remote(req):
+            for ref in self.handle.generate.remote(encode_requests([req])):
                 for ev in decode_events(ray.get(ref)):
                     failed = engine_failure(ev) if isinstance(ev, Finish) else ev
                     if isinstance(failed, Failed):
@@ -193,29 +194,35 @@ class _Events:
     def open(self, req: GenerateRequest) -> asyncio.Future[list[StreamEvent]]:
         """``req``'s first events (``[Accepted]`` or ``[Failed]``), from the next ``EngineActor.open`` call."""
         fut: asyncio.Future[list[StreamEvent]] = self.loop.create_future()
-        if not opens_quickly(
-            req
-        ):  # a long prompt, tools, a grammar: its call alone (its answer may take long)
+        if bulky(req):  # encoded on a thread (a million messages: ~80 ms of this loop), then sent alone
+            self._hold(asyncio.ensure_future(self._send_bulky(req, fut)))
+        elif not opens_quickly(req):  # a long prompt, tools, a grammar: alone (its answer may take long)
             self._send([(req, fut)])
-            return fut
-        self._opening.append((req, fut))
-        if len(self._opening) == 1:
-            self.loop.call_soon(self._send_opening)
+        else:
+            self._opening.append((req, fut))
+            if len(self._opening) == 1:
+                self.loop.call_soon(self._send_opening)
         return fut
 
     def _send_opening(self) -> None:
         batch, self._opening = self._opening, []
         self._send(batch)
 
-    def _send(self, batch: _Opening) -> None:
+    async def _send_bulky(self, req: GenerateRequest, fut: asyncio.Future[list[StreamEvent]]) -> None:
+        self._send([(req, fut)], await asyncio.to_thread(encode_requests, [req]))
+
+    def _send(self, batch: _Opening, wire: bytes | list[GenerateRequest] | None = None) -> None:
         try:
-            ref = self.handle.open.remote(encode_requests([r for r, _ in batch]), self.id)
+            wire = encode_requests([r for r, _ in batch]) if wire is None else wire
+            ref = self.handle.open.remote(wire, self.id)
         except Exception as e:  # Ray itself refused the call (shut down): every request of it fails
             _settle(batch, e)
             return
-        answer = asyncio.ensure_future(self._answer(ref, batch))
-        self._answers.add(answer)
-        answer.add_done_callback(self._answers.discard)
+        self._hold(asyncio.ensure_future(self._answer(ref, batch)))
+
+    def _hold(self, task: asyncio.Future[None]) -> None:
+        self._answers.add(task)
+        task.add_done_callback(self._answers.discard)
 
     async def _answer(self, ref: Any, batch: _Opening) -> None:
         try:
@@ -314,7 +321,8 @@ class AsyncEngineClient:
         return await self.handle.stats.remote()
 
     async def count_tokens(self, req: GenerateRequest) -> int | Failed:
-        return await self.handle.count_tokens.remote(req)
+        wire = await asyncio.to_thread(encode_requests, [req]) if bulky(req) else encode_requests([req])
+        return await self.handle.count_tokens.remote(wire)
 
     async def health(self) -> Health:
         return await self.handle.health.remote()

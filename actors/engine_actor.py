@@ -23,15 +23,15 @@ hand-overs, waits of at most a fifth of a millisecond each.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import os
 import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import ray
@@ -39,6 +39,7 @@ import ray
 from ninfer.engine.core import Finish
 
 from . import _engine_adapter as adapter
+from . import prepare
 from .messages import (
     ActorInfo,
     ActorSpec,
@@ -52,12 +53,13 @@ from .messages import (
 from .routing import RouteState
 from .streaming import Subscription, Wake
 
-__all__ = ["EngineActor", "actor_options", "start_actor", "CTL_GROUP", "GEN_GROUP"]
+__all__ = ["EngineActor", "CTL_GROUP", "GEN_GROUP"]
 
 CTL_GROUP = "ctl"
 _LOG = logging.getLogger("ninfer.actor")
 _ENC = msgspec.msgpack.Encoder().encode
 GEN_GROUP = "gen"
+T = TypeVar("T")
 
 
 class EngineActor:
@@ -80,8 +82,8 @@ class EngineActor:
 
     # ---- generation ---------------------------------------------------------------------------------
     async def _start(self, req: GenerateRequest, on_event: Any) -> Any:
-        """Render, check and submit ``req`` (engine callback ``on_event``): its engine handle, or the ``Failed``
-        that refuses it."""
+        """Render, check and submit ``req`` (a small one: decoded on the loop) with engine callback ``on_event``: its
+        engine handle, or the ``Failed`` that refuses it."""
         ld = self._engine
         loop = asyncio.get_running_loop()
         try:
@@ -91,29 +93,34 @@ class EngineActor:
             else:
                 ids = await loop.run_in_executor(self._prompts, adapter.prompt_ids, ld, req)
             mask = None
-            if req.grammar is not None or req.thinking_budget is not None:
+            if prepare.needs_mask(req):
                 mask = await loop.run_in_executor(None, adapter.token_mask, ld, req)
         except adapter.PromptError as e:
-            return _prompt_failed(e)
+            return prepare.prompt_failed(e)
         except Exception as e:  # a bug, not the client's fault: logged and counted, never a silent Ray error
-            return self._internal_error("generate", req, e)
-        return self._submit(req, ids, mask, on_event)
+            return self._internal_error("generate", req.request_id, e)
+        return self._submit(prepare.ready(ld, req, ids, mask), on_event)
 
-    def _submit(self, req: GenerateRequest, ids: list[int], mask: Any, on_event: Any) -> Any:
-        """Submit rendered ``req``: its engine handle, or the ``Failed`` that refuses it."""
+    async def _ready_large(self, raw: bytes) -> list[tuple[str, prepare.Outcome]] | Failed:
+        """``raw``'s requests made ready on the prompt pool: a large argument is never decoded on the loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._prompts, prepare.ready_all, self._engine, raw)
+
+    def _submit(self, r: prepare.Ready | Failed, on_event: Any) -> Any:
+        """Submit ready request ``r``: its engine handle, or the ``Failed`` that refuses it (``r`` itself if one)."""
+        if isinstance(r, Failed):
+            return r
         try:
             with self._lock:
-                if req.request_id in self._handles:  # a cancel by that id could not tell the two apart
+                if r.request_id in self._handles:  # a cancel by that id could not tell the two apart
                     return Failed(
                         code="duplicate_request_id",
-                        message=f"request_id: {req.request_id!r} is already running on this engine",
+                        message=f"request_id: {r.request_id!r} is already running on this engine",
                         status=400,
                         param="request_id",
                     )
-                handle = adapter.submit(
-                    self._engine, ids, req.sampling, on_event, mask, adapter.thinking_on(self._engine, req)
-                )
-                self._handles[req.request_id] = handle
+                handle = adapter.submit(self._engine, r.ids, r.sampling, on_event, r.mask, r.thinking)
+                self._handles[r.request_id] = handle
         except adapter.QueueFull as e:
             return Failed(code="queue_full", message=str(e), status=429, retry_after=1.0)
         except adapter.RequestRejected as e:
@@ -126,14 +133,35 @@ class EngineActor:
             if fin.reason == "error":
                 self._failures += 1
 
+    async def _start_one(self, raw: bytes | GenerateRequest, on_event: Any) -> tuple[str, Any]:
+        """``generate``'s request (``encode_requests([req])``, or the request itself) started: its id and its engine
+        handle or ``Failed``; a large one is decoded and rendered on the prompt pool."""
+        if prepare.is_large(raw):
+            got = await self._ready_large(raw)  # type: ignore[arg-type]
+            if isinstance(got, Failed):
+                return "", got
+            if len(got) != 1:
+                return "", Failed(
+                    code="invalid_request", message="generate: expected one request", status=400
+                )
+            rid, outcome = got[0]
+            return rid, self._submit(self._settled("generate", rid, outcome), on_event)
+        try:
+            req = raw if isinstance(raw, GenerateRequest) else prepare.decode_one(raw)
+        except (msgspec.DecodeError, TypeError, ValueError) as e:
+            return "", Failed(code="invalid_request", message=f"generate: {e}", status=400)
+        return req.request_id, await self._start(req, on_event)
+
     @ray.method(num_returns="streaming", concurrency_group=GEN_GROUP)
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[bytes]:
+    async def generate(self, req: bytes | GenerateRequest) -> AsyncIterator[bytes]:
         """One request's stream (Python jobs): msgpack-encoded lists of StreamEvents (``messages.decode_events``),
         each every event since the previous item; ``Accepted`` comes with the first token when that comes within
-        an interval (a queued request's ``Accepted`` goes at once), the last delta with the ``Finish``."""
+        an interval (a queued request's ``Accepted`` goes at once), the last delta with the ``Finish``. ``req``:
+        ``messages.encode_requests([request])`` (what ``EngineClient`` sends: a large one is decoded off the
+        loop) or the ``GenerateRequest`` itself."""
         loop = asyncio.get_running_loop()
         wake = Wake(loop)
-        handle = await self._start(req, wake.on_event)
+        rid, handle = await self._start_one(req, wake.on_event)
         if isinstance(handle, Failed):
             yield _ENC([handle])
             return
@@ -146,7 +174,7 @@ class EngineActor:
             while True:
                 if isinstance(items[-1], Finish):
                     finished = True
-                    self._finished(req.request_id, items[-1])
+                    self._finished(rid, items[-1])
                 yield _ENC(items)  # one Ray item: every event since the last one, consecutive deltas merged
                 if finished:
                     break
@@ -158,9 +186,16 @@ class EngineActor:
         finally:
             # the consumer may vanish (client disconnect drops the generator): never leave the lane busy
             with self._lock:
-                self._handles.pop(req.request_id, None)
+                self._handles.pop(rid, None)
             if not finished:
                 handle.cancel()
+
+    def _settled(self, where: str, request_id: str, outcome: prepare.Outcome) -> prepare.Ready | Failed:
+        """A prepared request as ``_submit`` takes it: an exception while preparing it (a bug) is logged, counted
+        and answered as a 500."""
+        if isinstance(outcome, Exception):
+            return self._internal_error(where, request_id, outcome)
+        return outcome
 
     def _subscription(self, sub_id: str) -> Subscription:
         sub = self._subs.get(sub_id)
@@ -191,16 +226,26 @@ class EngineActor:
         """Admit the requests of ``reqs`` (``messages.encode_requests``: what the caller opened in one turn of its
         event loop, one Ray call), in order; their events follow on the caller's ``subscribe(sub_id)`` stream.
         Returns, msgpack-encoded, for each request ``[Accepted]`` (the engine's budget) or ``[Failed]``."""
+        if prepare.is_large(reqs):  # decoded, rendered and freed on the prompt pool; then admitted together
+            got = await self._ready_large(reqs)  # type: ignore[arg-type]
+            if isinstance(got, Failed):
+                return _ENC([[got]])
+            sub = self._open_subscription(sub_id)
+            if isinstance(sub, Failed):
+                return _ENC([[sub] for _ in got])
+            with adapter.admitting(self._engine):
+                return _ENC([self._admit(sub, rid, self._settled("open", rid, o)) for rid, o in got])
         try:
             batch = decode_requests(reqs)
-        except (msgspec.DecodeError, TypeError) as e:  # the caller's bug: one refusal for the whole call
+        except (
+            msgspec.DecodeError,
+            TypeError,
+            ValueError,
+        ) as e:  # the caller's bug: one refusal for the call
             return _ENC([[Failed(code="invalid_request", message=f"open: {e}", status=400)]])
-        if sub_id in self._closed_subs:
-            closed = Failed(
-                code="engine_unavailable", message="the caller's event stream is closed", status=503
-            )
-            return _ENC([[closed] for _ in batch])
-        sub = self._subscription(sub_id)
+        sub = self._open_subscription(sub_id)
+        if isinstance(sub, Failed):
+            return _ENC([[sub] for _ in batch])
         if len(batch) == 1:
             return _ENC([await self._open_one(sub, batch[0])])
         # the quick ones are rendered first, then admitted together (one engine step prefills them all, their
@@ -217,43 +262,42 @@ class EngineActor:
             answers[i] = ans
         return _ENC(answers)
 
+    def _open_subscription(self, sub_id: str) -> Subscription | Failed:
+        if sub_id in self._closed_subs:
+            return Failed(
+                code="engine_unavailable", message="the caller's event stream is closed", status=503
+            )
+        return self._subscription(sub_id)
+
     async def _open_one(self, sub: Subscription, req: GenerateRequest) -> list[Any]:
         try:  # one request's failure is its own: never the batch's
             handle = await self._start(req, sub.watch(req.request_id))
         except Exception as e:
-            handle = self._internal_error("open", req, e)
-        return self._opened(sub, req, handle)
+            handle = self._internal_error("open", req.request_id, e)
+        return self._opened(sub, req.request_id, handle)
 
     def _open_together(self, sub: Subscription, reqs: list[GenerateRequest]) -> list[list[Any]]:
         """Open requests that render quickly and compile nothing: every prompt rendered first, then all submitted
         while the engine's admission is held, so that its next step admits them all."""
-        ld = self._engine
-        ready: list[Any] = []
-        for req in reqs:
-            try:
-                ready.append(adapter.prompt_ids(ld, req))
-            except adapter.PromptError as e:
-                ready.append(_prompt_failed(e))
-            except Exception as e:
-                ready.append(self._internal_error("open", req, e))
-        with adapter.admitting(ld):
-            return [self._admit(sub, req, ids) for req, ids in zip(reqs, ready, strict=True)]
+        ready = [self._settled("open", req.request_id, prepare.ready_one(self._engine, req)) for req in reqs]
+        with adapter.admitting(self._engine):
+            return [self._admit(sub, req.request_id, r) for req, r in zip(reqs, ready, strict=True)]
 
-    def _admit(self, sub: Subscription, req: GenerateRequest, ids: Any) -> list[Any]:
-        if isinstance(ids, Failed):
-            return [ids]
+    def _admit(self, sub: Subscription, request_id: str, r: prepare.Ready | Failed) -> list[Any]:
+        if isinstance(r, Failed):
+            return [r]
         try:  # one request's failure is its own: never the batch's
-            handle = self._submit(req, ids, None, sub.watch(req.request_id))
+            handle = self._submit(r, sub.watch(request_id))
         except Exception as e:
-            handle = self._internal_error("open", req, e)
-        return self._opened(sub, req, handle)
+            handle = self._internal_error("open", request_id, e)
+        return self._opened(sub, request_id, handle)
 
     @staticmethod
-    def _opened(sub: Subscription, req: GenerateRequest, handle: Any) -> list[Any]:
+    def _opened(sub: Subscription, request_id: str, handle: Any) -> list[Any]:
         if isinstance(handle, Failed):
-            sub.fresh.discard(req.request_id)
+            sub.fresh.discard(request_id)
             return [handle]
-        sub.add(req.request_id, handle)
+        sub.add(request_id, handle)
         return [handle.accepted]
 
     # ---- control ------------------------------------------------------------------------------------
@@ -267,18 +311,21 @@ class EngineActor:
         return True
 
     @ray.method(concurrency_group=CTL_GROUP)
-    async def count_tokens(self, req: GenerateRequest) -> int | Failed:
-        """Prompt tokens of ``req`` as ``generate`` would render it (nothing runs on the model)."""
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._prompts, adapter.count_prompt, self._engine, req)
-        except adapter.PromptError as e:
-            return _prompt_failed(e)
-        except Exception as e:
-            return self._internal_error("count_tokens", req, e)
+    async def count_tokens(self, req: bytes | GenerateRequest) -> int | Failed:
+        """Prompt tokens of ``req`` (``encode_requests([request])`` or the request itself) as ``generate`` would
+        render it (nothing runs on the model). Decoded and counted on the prompt pool, whatever its size."""
+        return await self._on_pool("count_tokens", req, functools.partial(adapter.count_prompt, self._engine))
 
-    def _internal_error(self, where: str, req: GenerateRequest, e: Exception) -> Failed:
-        _LOG.exception("%s of request %s failed", where, req.request_id)
+    async def _on_pool(
+        self, where: str, raw: bytes | GenerateRequest, fn: Callable[[GenerateRequest], T]
+    ) -> T | Failed:
+        """``fn`` of ``raw``'s one request, decoded and run on the prompt pool (the request is freed there too)."""
+        loop = asyncio.get_running_loop()
+        rid, out = await loop.run_in_executor(self._prompts, prepare.apply_one, raw, fn)
+        return self._internal_error(where, rid, out) if isinstance(out, Exception) else out
+
+    def _internal_error(self, where: str, request_id: str, e: Exception) -> Failed:
+        _LOG.error("%s of request %s failed", where, request_id, exc_info=e)
         with self._lock:
             self._internal_errors += 1
         return Failed(code="internal_error", message=f"internal error: {type(e).__name__}", status=500)
@@ -307,14 +354,14 @@ class EngineActor:
         return adapter.route_state(self._engine, self._epoch, block_tokens, since)
 
     @ray.method(concurrency_group=CTL_GROUP)
-    async def prompt_blocks(self, req: GenerateRequest, block_tokens: int) -> list[int] | Failed:
-        """The block hashes of ``req``'s rendered prompt (a Python job routes with them: it has no tokenizer)."""
-        loop = asyncio.get_running_loop()
-        try:
-            ids = await loop.run_in_executor(self._prompts, adapter.count_prompt_ids, self._engine, req)
-        except adapter.PromptError as e:
-            return _prompt_failed(e)
-        return adapter.chain_hashes(ids, block_tokens)
+    async def prompt_blocks(self, req: bytes | GenerateRequest, block_tokens: int) -> list[int] | Failed:
+        """The block hashes of ``req``'s rendered prompt (a Python job routes with them: it has no tokenizer);
+        rendered and hashed on the prompt pool."""
+
+        def blocks(r: GenerateRequest) -> list[int]:
+            return adapter.chain_hashes(adapter.count_prompt_ids(self._engine, r), block_tokens)
+
+        return await self._on_pool("prompt_blocks", req, blocks)
 
     @ray.method(concurrency_group=CTL_GROUP)
     async def health(self) -> Health:
@@ -329,60 +376,3 @@ class EngineActor:
     async def shutdown(self) -> None:
         self._prompts.shutdown(wait=False, cancel_futures=True)
         adapter.close(self._engine)
-
-
-def _prompt_failed(e: adapter.PromptError) -> Failed:
-    return Failed(code=e.code or "invalid_prompt", message=str(e), status=400, param=e.param)
-
-
-def actor_options(spec: ActorSpec, *, name: str, namespace: str, detached: bool) -> dict[str, Any]:
-    """Ray options: a GPU (or the ``gpu_share`` of one) for the CUDA backend, none for the reference; the gen group is sized so that a burst
-    beyond lanes + queue still reaches ``generate`` at once and gets its 429 instead of waiting in Ray."""
-    lanes, depth = spec.engine.max_concurrency, spec.engine.queue_depth
-    opts: dict[str, Any] = {
-        "name": name,
-        "namespace": namespace,
-        "num_gpus": spec.gpu_share if spec.backend == "cuda" else 0,
-        "num_cpus": 0,
-        "max_restarts": -1,
-        "max_task_retries": 0,
-        "concurrency_groups": {CTL_GROUP: 4, GEN_GROUP: lanes + depth + 64},
-        "get_if_exists": False,
-    }
-    if detached:
-        opts["lifetime"] = "detached"
-    if spec.backend == "reference":
-        # Ray pins OMP_NUM_THREADS=1 in workers without CPUs; the NumPy reference wants the node's BLAS threads
-        n = str(spec.blas_threads or os.cpu_count() or 1)
-        opts["runtime_env"] = {
-            "env_vars": {k: n for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-        }
-    return opts
-
-
-def start_actor(
-    spec: ActorSpec,
-    *,
-    name: str,
-    namespace: str,
-    detached: bool = False,
-    wait: bool = True,
-    actor_cls: type = EngineActor,
-) -> Any:
-    """Create the named actor (Ray must be initialised) and return its handle, once the engine is loaded unless
-    ``wait`` is false. ``actor_cls``: an ``EngineActor`` subclass (perf/ loads synthetic weights with one)."""
-    opts = actor_options(spec, name=name, namespace=namespace, detached=detached)
-    cls = ray.remote(concurrency_groups=opts.pop("concurrency_groups"))(
-        actor_cls
-    )  # not settable in .options()
-    handle = cls.options(**opts).remote(spec)
-    if not wait:
-        return handle
-    try:
-        ray.get(
-            handle.health.remote()
-        )  # a failed __init__ (bad artifact, engine settings, ...) surfaces here
-    except ray.exceptions.RayActorError as e:
-        lines = [ln for ln in str(e).splitlines() if ln.strip()]
-        raise RuntimeError(f"the engine actor failed to start: {lines[-1] if lines else e}") from None
-    return handle

@@ -19,10 +19,11 @@ import ray
 
 from ninfer.engine.core import Finish, TokenDelta
 
+from .actor_start import start_actor
 from .client import DEFAULT_ACTOR_NAME, DEFAULT_NAMESPACE, EngineClient, GenerationError, join_ray
-from .engine_actor import EngineActor, start_actor
+from .engine_actor import EngineActor
 from .job_request import check_request_id
-from .messages import ActorInfo, ActorSpec, ActorStats, Failed, GenerateRequest, Health
+from .messages import ActorInfo, ActorSpec, ActorStats, Failed, GenerateRequest, Health, encode_requests
 from .routing import ReplicaView, RouterConfig, merge_stats, rank
 
 __all__ = ["replica_name", "start_replicas", "find_replicas", "connect_replicas", "RoutedEngineClient"]
@@ -142,7 +143,9 @@ class RoutedEngineClient(EngineClient):
         r = rank(self.views, [], self.cfg)
         blocks: list[int] | Failed = []
         if r.order:
-            blocks = ray.get(r.order[0].client.prompt_blocks.remote(req, self.cfg.block_tokens))
+            blocks = ray.get(
+                r.order[0].client.prompt_blocks.remote(encode_requests([req]), self.cfg.block_tokens)
+            )
         if isinstance(blocks, Failed):
             raise GenerationError(blocks)
         return rank(self.views, blocks, self.cfg).order, blocks

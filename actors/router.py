@@ -28,6 +28,9 @@ __all__ = ["ReplicaRouter", "RouterCounters", "PromptKey"]
 
 _LOG = logging.getLogger("ninfer.api")
 INLINE_PROMPT = 2048  # prompts up to this many characters (or token ids) are keyed on the event loop itself
+# ... and of at most this many messages and tools: the character count covers contents only, so a million empty
+# messages (no characters at all) were rendered on the event loop, and measuring them walked every one there
+INLINE_PARTS = 64
 
 
 class PromptKey(Protocol):
@@ -75,9 +78,9 @@ class ReplicaRouter:
     # ---- the engine backend -------------------------------------------------------------------------------
     async def generate(self, req: GenerateRequest) -> AsyncIterator[StreamEvent]:
         self._ensure_poller()
-        if (
-            self._blocks.size(req) <= INLINE_PROMPT
-        ):  # well under a millisecond: cheaper here than a hop to a thread and back
+        parts = len(req.messages or ()) + len(req.tools or ())
+        small = parts <= INLINE_PARTS and self._blocks.size(req) <= INLINE_PROMPT
+        if small:  # well under a millisecond: cheaper here than a hop to a thread and back
             blocks = self._blocks(req)
         else:  # render + tokenize a long prompt off the event loop
             blocks = await asyncio.get_running_loop().run_in_executor(self._pool, self._blocks, req)

@@ -11,8 +11,9 @@ from typing import Any
 
 import ray
 import uvicorn
+from ninfer.actors.actor_start import start_actor
 from ninfer.actors.client import AsyncEngineClient, EngineClient, GenerationError
-from ninfer.actors.engine_actor import EngineActor, start_actor
+from ninfer.actors.engine_actor import EngineActor
 from ninfer.actors.messages import ActorInfo, ActorSpec
 from ninfer.actors.router import ReplicaRouter
 

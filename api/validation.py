@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from ninfer.gc_pause import gc_paused
+
 from .errors import ApiError
 
 __all__ = [
@@ -183,18 +185,27 @@ def nesting_guard(err: type[ApiError]) -> Iterator[None]:
 T = TypeVar("T")
 # A body past this is decoded, checked and translated on a worker thread: JSON of a million small messages (30 MB,
 # well under --max-request-mib) takes seconds of Python to decode, measure and translate, which on the event loop
-# would stall every other client of the process (/health, every stream) for as long
+# would stall every other client of the process (/health, every stream) for as long. The garbage collector is
+# paused meanwhile (ninfer/gc_pause.py): a million messages whose content is a list of parts ran ~8,500
+# collections (3.1 s, the longest 0.47 s, each holding the GIL the loop needs); paused, one walk of what survives
+# the pause (0.23 s). perf/bench_stall.py --via http --shape parts: a running stream stalled 2.5 s, now 1.4-1.5 s;
+# /health 2.5 s, now 0.65 s (the rest: one msgspec call decoding the whole body, the checks' Python).
 LARGE_BODY_BYTES = 1 << 20
 
 
 async def prepare(body: bytes, work: Callable[[], T], err: type[ApiError]) -> T:
-    """``work()`` — decode, check and translate ``body`` — under ``nesting_guard``; off the event loop when the body
-    is larger than LARGE_BODY_BYTES (the thread takes the GIL in turns with the loop, which keeps answering)."""
+    """``work()`` — decode, check and translate ``body`` — under ``nesting_guard``; off the event loop, with the
+    garbage collector paused, when the body is larger than LARGE_BODY_BYTES (the thread takes the GIL in turns with
+    the loop, which keeps answering)."""
 
     def guarded() -> T:
         with nesting_guard(err):
             return work()
 
+    def paused() -> T:
+        with gc_paused():
+            return guarded()
+
     if len(body) <= LARGE_BODY_BYTES:
         return guarded()
-    return await asyncio.to_thread(guarded)
+    return await asyncio.to_thread(paused)

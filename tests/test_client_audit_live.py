@@ -189,3 +189,20 @@ def test_a_body_of_a_million_small_messages_does_not_stall_other_clients(server:
         prober.join()
     assert r.status_code == 400 and _shape(CHAT, r)["code"] == "context_length_exceeded", r.text[:300]
     assert len(waits) > 10 and max(waits) < 1.5, max(waits)
+
+
+def test_a_million_messages_do_not_stall_the_actor(server: Server) -> None:
+    """A Python job's request of a million messages (content: a list of one text part), sent straight to the actor
+    from its own process, while a stream runs through the API and /health is probed. The actor unpickled the
+    request on its event loop, and built it under the garbage collector's full collections: the stream stopped
+    4.3-5.7 s and /health waited as long. Now it is decoded, checked and freed on the actor's prompt pool, in short
+    steps with the collector paused (actors/prepare.py): 0.13-0.17 s (python -m ninfer.perf.bench_stall --via job
+    --shape parts). The request still gets its 400."""
+    from ninfer.perf.bench_stall import job_sender, measure
+
+    send = job_sender(ray.get_runtime_context().gcs_address, server.actor, 1_000_000, "parts")
+    res = measure(server.url, send, stream_tokens=4000, headers=AUTH)
+    assert (res["status"], res["code"]) == (400, "context_length_exceeded"), res
+    during = res["during"]
+    assert during["chunks"] > 10, res  # the stream ran throughout
+    assert during["max_gap_s"] < 1.5 and during["max_health_s"] < 1.5, res

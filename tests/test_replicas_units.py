@@ -201,6 +201,31 @@ def _run(router: ReplicaRouter, rid: str = "r1") -> list[Any]:
     return asyncio.run(go())
 
 
+def test_the_router_keys_only_small_prompts_on_its_event_loop() -> None:
+    """Many messages without text (a million empty ones have no characters to count) are keyed on the router's
+    thread, as long prompts are; a short chat is keyed on the loop itself."""
+    import threading
+
+    seen: list[bool] = []
+
+    class Where(NoKey):
+        def __call__(self, req: GenerateRequest) -> list[int]:
+            seen.append(threading.current_thread() is threading.main_thread())
+            return []
+
+    router = ReplicaRouter([FakeReplica("a")], [(2, 2)], RouterConfig(block_tokens=B), Where())
+
+    async def go(n: int) -> None:
+        req = GenerateRequest(request_id=f"m{n}", messages=({"role": "user", "content": ""},) * n)
+        [ev async for ev in router.generate(req)]
+        for t in router._pollers:
+            t.cancel()
+
+    asyncio.run(go(1))
+    asyncio.run(go(1000))
+    assert seen == [True, False]
+
+
 def test_router_fails_over_on_429_and_dead_replicas() -> None:
     reps = [FakeReplica("a", full=True), FakeReplica("b", dead=True), FakeReplica("c")]
     router = _router(reps)

@@ -75,7 +75,7 @@ def test_memory_reserve_reaches_the_cuda_memory_plan() -> None:
 
 
 def test_gpu_share_reaches_the_actors_ray_options() -> None:
-    from ninfer.actors.engine_actor import actor_options
+    from ninfer.actors.actor_start import actor_options
 
     cfg = config_from_args(_parser().parse_args(["serve", "a.ninfer", "--gpu-share", "0.25"]))
 
