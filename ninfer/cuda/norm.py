@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ninfer.cuda._common import F16Rows, KernelError, act_type, check_array, check_rows, grid_1d
+from ninfer.cuda._common import F16Rows, KernelError, act_type, check_array, check_rows, grid_1d, matrix_out
 from ninfer.cuda.launch import launch
 from ninfer.cuda.loader import kernel
 
@@ -141,8 +141,6 @@ def rmsnorm(
     multiple of 8, else scalar ones in the same order (the same bits either way). ``f16`` (float32 rows,
     ``f16_out_ok(H)``): returns ``F16Rows``, bitwise split_f16row of ``y``, instead of ``y`` (for an fp16-mode GEMM).
     """
-    import cupy
-
     t = act_type(x, "x")
     rows, h, ldx = check_rows(x, "x")
     check_array(w, "w", dtype=np.float32, shape=(h,))
@@ -155,12 +153,7 @@ def rmsnorm(
             )
     if f16:
         return _rmsnorm_f16(x, w, eps, offset, residual, ldx, ldr)
-    if out is None:  # contiguous [rows, h] by construction
-        out, ldy = cupy.empty((rows, h), dtype=x.dtype), h
-    else:
-        _, _, ldy = check_rows(out, "out", h)
-        if out.dtype != x.dtype or out.shape[0] != rows:
-            raise KernelError(f"out: must be {x.dtype} [{rows}, {h}]")
+    out, ldy = matrix_out(x, out, rows, h)
     if rows == 0:
         return out
     res = residual if residual is not None else out  # unused pointer when not fused
