@@ -8,6 +8,7 @@ prefetch of the next product (``--toggle prefetch``: ``CudaQwen36.gemv_prefetch`
     python -m perf.bench_fold --toggle moe --model 35b    # both
     python -m perf.bench_fold --toggle w8 --lanes 8       # 5-8-lane GEMVs on 8-warp blocks (linear.GV_W8)
     python -m perf.bench_fold --toggle bulk               # NVFP4 weight ring by bulk copies (linear.GV_BULK)
+    python -m perf.bench_fold --toggle wave3,wave2        # GEMV K-splits sized for 3 or 2 blocks per SM, not 4
 
 For each model and lane count, the graph-replayed decode step (logits included) with ``fold_norms`` off, then on
 (the graphs recaptured between), and the captured graph's node count by type (cuGraphGetNodes /
@@ -28,7 +29,14 @@ from .bench_model import bench_decode
 
 __all__ = ["main", "graph_node_types"]
 
-TOGGLES = ("fold", "prefetch", "route", "combine", "moe", "w8", "bulk")
+TOGGLES = ("fold", "prefetch", "route", "combine", "moe", "w8", "bulk", "wave3", "wave2", "tiles2", "tiles1")
+# Split-plan experiments (gemv_geometry constant -> the value tried; other sums' order, so not bitwise the default):
+# wave3 / wave2 size the one-wave grid for 3 or 2 resident GEMV blocks per SM instead of 4 (fewer K-splits, so the
+# next launch's blocks find free slots to start in under PDL); tiles2 / tiles1 let a split be 2 or 1 K-tiles instead
+# of 4 (more blocks for the small products: the 35B-A3B router and out-projection fill 12 and 128 slots of 528)
+_PLANS = {"wave3": ("_GV_WAVE_BLOCKS", 396), "wave2": ("_GV_WAVE_BLOCKS", 264), "tiles2": ("_GV_MIN_TILES", 2),
+          "tiles1": ("_GV_MIN_TILES", 1)}  # fmt: skip
+_PLAN_DEFAULTS = {"_GV_WAVE_BLOCKS": 528, "_GV_MIN_TILES": 4}
 
 # CUgraphNodeType (cuda.h)
 _NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
@@ -64,6 +72,14 @@ def _switch(net: Any, toggle: str, on: bool) -> None:
         net.moe_combine_fused = on
     elif toggle == "moe":  # both MoE fusions
         net.moe_route_fused = net.moe_combine_fused = on
+    elif toggle in _PLANS:  # the split plan's constant, then every cached plan and launch geometry dropped
+        import ninfer.cuda.gemv_geometry as geo
+        import ninfer.cuda.linear as linear
+
+        attr, value = _PLANS[toggle]
+        setattr(geo, attr, value if on else _PLAN_DEFAULTS[attr])
+        geo.gemv_plan.cache_clear()
+        linear._geometry.cache_clear()
     elif toggle in ("w8", "bulk"):  # module switches, read at every launch
         import ninfer.cuda.linear as linear
 
@@ -78,6 +94,11 @@ def _state(net: Any, toggle: str) -> bool:
 
     name = {"fold": "fold_norms", "route": "moe_route_fused", "combine": "moe_combine_fused",
             "moe": "moe_route_fused", "prefetch": "gemv_prefetch"}.get(toggle)  # fmt: skip
+    if toggle in _PLANS:
+        import ninfer.cuda.gemv_geometry as geo
+
+        attr, value = _PLANS[toggle]
+        return getattr(geo, attr) == value
     if name is None:
         return bool(linear.GV_BULK if toggle == "bulk" else linear.GV_W8)
     return bool(getattr(net, name))
