@@ -14,6 +14,8 @@
 #   decode_probe  issue 13's open questions after c14cc9e: GDN decode at 5-8 sequences (bounds, two launches), the
 #           MoE fusions' step profile, the decode GEMV boundary trace
 #   bulk    the NVFP4 decode GEMV's weight ring by bulk copies (GV_BULK): GPU test and per-shape A/B
+#   next    session 28's first call: the follow-up turn's timeline (host-bound?), both decode steps' GEMV launches
+#           traced (perf/gemv_trace.py --model), the GPU tests of the wrappers split in session 27
 #   probe   issue 13's open measurements in one call (~8 min): the dependent-kernel boundary's floor per scheme
 #           (perf/bench_boundary.py: PDL wait, counter flag, persistent phases), the bulk ring's GPU test and
 #           per-shape A/B, and the 27B decode step's GEMV launches traced (perf/gemv_trace.py)
@@ -177,6 +179,17 @@ run_decode_probe() {  # issue 13's open questions after c14cc9e, in one call (~8
   rm -f "$OUT"/ncu_*.csv  # the summaries are enough (the tool returns at most 8 files)
   timeout ${BOUNDARY_TIMEOUT:-120} python3 -m perf.gemv_trace --model 27b --rows 1,8 2>&1 | tee "$OUT/trace_27b.txt" \
     | tail -30
+}
+run_next() {  # session 28's first call (~9 min): where a follow-up turn's time goes now (busy / idle and per kernel,
+  # both models: is it host-bound?), the whole decode steps' GEMV launches traced (gemv_trace --model: act, prod,
+  # store, tail per shape; 35B-A3B first), then the GPU tests of the wrappers split in session 27 (gdn, gemm_pair)
+  timeout ${PROFILE_TIMEOUT:-150} python3 -m perf.profile_step --model 27b,35b --chunk 256 --prefill-at 8192 --timeline \
+    2>&1 | tee "$OUT/timeline_followup.txt" | grep -v '^\[' | grep -E "timeline|prefill 256|^ +[0-9.]+ ms" | head -40
+  for m in 35b 27b; do
+    timeout ${TRACE_TIMEOUT:-150} python3 -m perf.gemv_trace --model $m --rows 1 2>&1 | tee "$OUT/trace_$m.txt" | tail -14
+  done
+  TEST_TIMEOUT=${TEST_TIMEOUT:-240} TEST_FILES="tests/test_cuda_gdn_decode.py tests/test_cuda_gemm_pair.py \
+tests/test_cuda_gemm_ws.py tests/test_cuda_gemm_f16.py tests/test_cuda_ops.py" run_tests
 }
 run_bulk() {  # issue 13: the NVFP4 decode GEMV's weight ring by bulk copies (cuda_src/gemv_bulk.cuh, linear.GV_BULK):
   # its GPU tests (same bits as the cp.async ring), the per-shape A/B at 1 and 8 rows (gemv_variants base/bulk/bulkef,
