@@ -93,7 +93,8 @@ def test_a_job_cancels_a_large_request_while_it_is_prepared(
     assert known is False  # nothing ran under that id yet: the cancel is remembered
     _cancelled_at_once(evs)
     assert _decoded(actor) == before
-    assert asyncio.run(actor.stats()).open_streams == 0
+    st = asyncio.run(actor.stats())
+    assert (st.open_streams, st.cancelled_before_start) == (0, 1)
 
 
 def test_an_api_open_of_a_large_call_ends_only_the_cancelled_request(
@@ -219,3 +220,22 @@ def test_an_id_is_free_again_once_its_request_ended(actor: EngineActor) -> None:
     for evs in (done, again, second):
         assert isinstance(evs[-1], Finish) and evs[-1].reason == "output_limit"
     _cancelled_at_once(first)
+
+
+def test_remembered_cancels_expire_and_are_bounded() -> None:
+    from ninfer.actors.cancels import CancelBook
+
+    now = [0.0]
+    book = CancelBook(ttl_s=10.0, limit=3, clock=lambda: now[0])
+    assert book.remember("a") and book.remember("b")
+    now[0] = 11.0
+    assert not book.cancelled("a")  # expired: the open under "a" runs
+    for rid in ("c", "d", "e", "f"):
+        book.remember(rid)
+    assert book.waiting == 3 and not book.cancelled("c")  # the oldest went first; memory stays bounded
+    assert book.cancelled("f") and not book.cancelled("f") and book.applied == 1  # one open only
+    book.ended("g")
+    assert not book.remember("g") and not book.remember("g")  # late cancels of an ended request
+    assert not book.cancelled("g")
+    now[0] = 30.0
+    assert book.remember("g")  # ended long ago: a cancel of "g" now waits for a new open
