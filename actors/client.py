@@ -133,7 +133,9 @@ class EngineClient:
         return ray.get(self.handle.health.remote())
 
     def cancel(self, request_id: str) -> bool:
-        """Cancel the running request ``request_id`` (True: it was running; its stream ends with a Finish)."""
+        """Cancel the request ``request_id`` (True: it was running; its stream ends with a Finish). False: nothing
+        ran under that id yet (or it ended); a request whose open is still on its way then ends cancelled at once
+        (docs/serving.md, "Cancel before open")."""
         rid = check_request_id(request_id)
         return ray.get(self.handle.cancel.remote(rid))
 

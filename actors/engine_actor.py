@@ -40,6 +40,7 @@ from ninfer.engine.core import Finish
 
 from . import _engine_adapter as adapter
 from . import prepare
+from .cancels import CancelBook, cancelled_events
 from .messages import (
     ActorInfo,
     ActorSpec,
@@ -72,8 +73,9 @@ class EngineActor:
         self._t0 = time.monotonic()
         self._epoch = uuid.uuid4().hex  # a restarted actor is a new epoch: the router forgets its prefixes
         self._engine = self._open_engine(spec)
-        self._lock = threading.Lock()  # guards _handles and _failures (gen and ctl threads)
+        self._lock = threading.Lock()  # guards _handles, _cancels and _failures (gen and ctl threads)
         self._handles: dict[str, Any] = {}
+        self._cancels = CancelBook()  # cancels that came before their request (actors/cancels.py)
         self._failures = 0
         self._internal_errors = 0  # requests the actor failed itself (a bug), not the engine
         self._prompts = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ninfer-prompt")
@@ -107,7 +109,8 @@ class EngineActor:
         return await loop.run_in_executor(self._prompts, prepare.ready_all, self._engine, raw)
 
     def _submit(self, r: prepare.Ready | Failed, on_event: Any) -> Any:
-        """Submit ready request ``r``: its engine handle, or the ``Failed`` that refuses it (``r`` itself if one)."""
+        """Submit ready request ``r``: its engine handle, the ``Failed`` that refuses it (``r`` itself if one), or,
+        for a request cancelled before it came here, its whole answer (``cancels.cancelled_events``: no lane)."""
         if isinstance(r, Failed):
             return r
         try:
@@ -119,6 +122,8 @@ class EngineActor:
                         status=400,
                         param="request_id",
                     )
+                if self._cancels.cancelled(r.request_id):  # its cancel came first (actors/cancels.py)
+                    return cancelled_events(len(r.ids))
                 handle = adapter.submit(self._engine, r.ids, r.sampling, on_event, r.mask, r.thinking)
                 self._handles[r.request_id] = handle
         except adapter.QueueFull as e:
@@ -129,9 +134,14 @@ class EngineActor:
 
     def _finished(self, request_id: str, fin: Finish) -> None:
         with self._lock:
-            self._handles.pop(request_id, None)
+            self._forget(request_id)
             if fin.reason == "error":
                 self._failures += 1
+
+    def _forget(self, request_id: str) -> None:
+        """``request_id``'s request is over here (hold ``_lock``): a late cancel of it is not remembered."""
+        if self._handles.pop(request_id, None) is not None:
+            self._cancels.ended(request_id)
 
     async def _start_one(self, raw: bytes | GenerateRequest, on_event: Any) -> tuple[str, Any]:
         """``generate``'s request (``encode_requests([req])``, or the request itself) started: its id and its engine
@@ -162,8 +172,8 @@ class EngineActor:
         loop = asyncio.get_running_loop()
         wake = Wake(loop)
         rid, handle = await self._start_one(req, wake.on_event)
-        if isinstance(handle, Failed):
-            yield _ENC([handle])
+        if isinstance(handle, Failed | list):  # refused, or cancelled before it started
+            yield _ENC(handle if isinstance(handle, list) else [handle])
             return
         finished, interval = False, self._spec.stream_interval_s
         try:
@@ -186,7 +196,7 @@ class EngineActor:
         finally:
             # the consumer may vanish (client disconnect drops the generator): never leave the lane busy
             with self._lock:
-                self._handles.pop(rid, None)
+                self._forget(rid)
             if not finished:
                 handle.cancel()
 
@@ -218,7 +228,7 @@ class EngineActor:
             self._closed_subs.add(sub_id)
             with self._lock:
                 for rid in sub.handles:
-                    self._handles.pop(rid, None)
+                    self._forget(rid)
             sub.close()
 
     @ray.method(concurrency_group=GEN_GROUP)
@@ -294,17 +304,22 @@ class EngineActor:
 
     @staticmethod
     def _opened(sub: Subscription, request_id: str, handle: Any) -> list[Any]:
-        if isinstance(handle, Failed):
+        if isinstance(handle, Failed | list):  # refused, or cancelled before it started (its whole answer)
             sub.fresh.discard(request_id)
-            return [handle]
+            return handle if isinstance(handle, list) else [handle]
         sub.add(request_id, handle)
         return [handle.accepted]
 
     # ---- control ------------------------------------------------------------------------------------
     @ray.method(concurrency_group=CTL_GROUP)
     async def cancel(self, request_id: str) -> bool:
+        """Cancel ``request_id``: True if it was running or queued here (its stream ends with a cancelled
+        ``Finish``). False otherwise; unless it ended lately, the cancel is then remembered for its open, which may
+        still be on its way (actors/cancels.py)."""
         with self._lock:
             handle = self._handles.get(request_id)
+            if handle is None:
+                self._cancels.remember(request_id)
         if handle is None:
             return False
         handle.cancel()
@@ -335,6 +350,7 @@ class EngineActor:
         eng = adapter.engine_stats(self._engine)
         with self._lock:
             open_streams, failures, internal = len(self._handles), self._failures, self._internal_errors
+            early = self._cancels.applied
         return ActorStats(
             lanes_total=int(eng["lanes_total"]),
             lanes_busy=int(eng["lanes_busy"]),
@@ -343,6 +359,7 @@ class EngineActor:
             open_streams=open_streams,
             engine_failures=failures,
             internal_errors=internal,
+            cancelled_before_start=early,
             uptime_s=time.monotonic() - self._t0,
             engine=eng,
         )

@@ -255,6 +255,7 @@ class ActorStats(msgspec.Struct, frozen=True, kw_only=True):
     engine_failures: int
     uptime_s: float
     internal_errors: int = 0  # requests the actor itself failed (500 internal_error), logged in its process
+    cancelled_before_start: int = 0  # requests whose cancel came before them: ended at once, never in a lane
     engine: dict[str, float] = {}  # the engine's own counters and gauges, flattened to numbers
 
 

@@ -188,6 +188,7 @@ def merge_stats(stats: list[ActorStats]) -> ActorStats:
         **total,
         engine_failures=sum(st.engine_failures for st in stats),
         internal_errors=sum(st.internal_errors for st in stats),
+        cancelled_before_start=sum(st.cancelled_before_start for st in stats),
         uptime_s=max(st.uptime_s for st in stats),
         engine=engine,
     )
