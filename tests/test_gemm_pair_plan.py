@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 import ninfer.cuda.gemm_pair as gp
+import ninfer.cuda.gemm_plan as plan
+from ninfer.cuda import gemm_rows
 from ninfer.cuda.weights import DeviceWeight, plane_offsets
 from ninfer.formats import FORMATS, bf16_decode
 from ninfer.formats.fp8 import e4m3_decode
@@ -109,7 +111,7 @@ class _Kernel:
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, ...]]]:
-    monkeypatch.setattr(gp, "_scratch", lambda kind, n: np.full(n, 0xFFFF, np.uint16))
+    monkeypatch.setattr(gemm_rows, "_scratch", lambda kind, n: np.full(n, 0xFFFF, np.uint16))
     return []
 
 
@@ -119,8 +121,8 @@ def test_pair_orchestration(fake: list, monkeypatch: pytest.MonkeyPatch, fmt: st
     rng = np.random.default_rng(3)
     m, n, k = 300, 700, 136
     if caps:  # 256-row weight chunks and 128-row activation chunks
-        monkeypatch.setattr(gp, "_W_CAP", caps[0] * k)
-        monkeypatch.setattr(gp, "_X_CAP", caps[1] * k)
+        monkeypatch.setattr(plan, "_W_CAP", caps[0] * k)
+        monkeypatch.setattr(plan, "_X_CAP", caps[1] * k)
     codec = FORMATS[fmt]
     buf = np.ascontiguousarray(
         codec.encode(rng.standard_normal((n, k)).astype(np.float32), (n, k)).view(np.uint8)
@@ -250,8 +252,8 @@ def test_f16_gate_orchestration(fake: list, monkeypatch: pytest.MonkeyPatch, cap
     m, n, heads, d = 300, 700, 4, 40
     k = heads * d
     if caps:  # 256-row weight chunks and 128-row activation chunks
-        monkeypatch.setattr(gp, "_W_CAP", caps[0] * k)
-        monkeypatch.setattr(gp, "_X_CAP", caps[1] * k)
+        monkeypatch.setattr(plan, "_W_CAP", caps[0] * k)
+        monkeypatch.setattr(plan, "_X_CAP", caps[1] * k)
     w = _fp8_weight(rng, n, k)
     xs = np.full((m, k + 8), np.nan, np.float32)
     xs[:, :k] = rng.standard_normal((m, k))
