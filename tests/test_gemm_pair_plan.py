@@ -204,6 +204,21 @@ def test_splitk_rule() -> None:
     assert gp.splitk_splits(8, 5120, 256) == 1, "K of 4 tiles: too short to split"
 
 
+def test_splitk_tunables_reach_the_cached_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split rule's cache and the plans cached on knobs() are keyed on the SPLITK_* tunables: a patched one
+    takes effect at once (no cache_clear), and the old answers come back with the old value."""
+    fmt, m, n, k = "NVFP4G16_E4M3S", 256, 5120, 17408  # 40 tiles, 272 K steps: S = 3
+    plan_of = lambda: plan._pair_plan(fmt, m, n, k, True, False, "ws", False, plan.knobs())  # noqa: E731
+    assert gp.splitk_splits(m, n, k) == 3 and plan_of()[1] == 3
+    with monkeypatch.context() as mp:
+        mp.setattr(plan, "SPLITK_WAVE", 40)  # 40 tiles fill the wave: no split
+        assert gp.splitk_splits(m, n, k) == 1 and plan_of()[1] == 1
+        mp.setattr(plan, "SPLITK_WAVE", 132)
+        mp.setattr(plan, "SPLITK_MAX", 2)
+        assert gp.splitk_splits(m, n, k) == 2 and plan_of()[1] == 2
+    assert gp.splitk_splits(m, n, k) == 3 and plan_of()[1] == 3
+
+
 def test_splitk_scratch_bound() -> None:
     """splitk_scratch_bytes covers every launch of at most ``rows`` rows (from PAIR_MIN_ROWS) against the shapes,
     and is 0 where no launch splits."""

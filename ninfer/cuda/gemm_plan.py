@@ -125,20 +125,40 @@ def f16_auto_ws(m: int, n: int, k: int) -> bool:
     return m >= F16_WS_SPLIT_ROWS and splitk_splits(m, n, k) > 1
 
 
-@functools.lru_cache(maxsize=4096)
 def splitk_splits(m: int, n: int, k: int) -> int:
     """The ws kernel's K splits S for an ``m`` x ``n`` x ``k`` GEMM (the rule above; 1: unsplit). Depends on the
-    tile counts only."""
+    tile counts only, and on the SPLITK_* tunables as they are now (:func:`_splitk_knobs`: passed to the cached
+    rule, so a patched tunable takes effect without clearing a cache)."""
+    return _splitk_rule(m, n, k, _splitk_knobs())
+
+
+def _splitk_knobs() -> tuple[float, ...]:
+    """The split rule's tunables, in :func:`_splitk_rule`'s order."""
+    return (
+        SPLITK_WAVE,
+        SPLITK_MAX,
+        SPLITK_MIN_KSTEPS,
+        SPLITK_UNIT_KSTEPS,
+        SPLITK_REDUCE_KSTEPS,
+        SPLITK_KSTEP_BYTES,
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _splitk_rule(m: int, n: int, k: int, knobs: tuple[float, ...]) -> int:
+    """splitk_splits with its tunables as arguments (``knobs``: :func:`_splitk_knobs`), so the cache is keyed on
+    everything the result depends on."""
+    wave, most, min_ksteps, unit_ksteps, reduce_ksteps, kstep_bytes = knobs
     tiles, nk = -(-m // _BM) * -(-n // _WS_BN), -(-k // 64)
-    if tiles >= SPLITK_WAVE:
+    if tiles >= wave:
         return 1
-    best, cost = 1, nk + SPLITK_UNIT_KSTEPS
-    for s in range(2, SPLITK_MAX + 1):
-        if nk // s < SPLITK_MIN_KSTEPS:
+    best, cost = 1, nk + unit_ksteps
+    for s in range(2, int(most) + 1):
+        if nk // s < min_ksteps:
             break
-        rounds = -(-tiles * s // SPLITK_WAVE)
-        c = rounds * (-(-nk // s) + SPLITK_UNIT_KSTEPS) + SPLITK_REDUCE_KSTEPS
-        c += 2 * s * tiles * _BM * _WS_BN * 4 / SPLITK_KSTEP_BYTES
+        rounds = -(-tiles * s // wave)
+        c = rounds * (-(-nk // s) + unit_ksteps) + reduce_ksteps
+        c += 2 * s * tiles * _BM * _WS_BN * 4 / kstep_bytes
         if c < cost:
             best, cost = s, c
     return best
@@ -191,10 +211,19 @@ def pair_scratch_bytes(rows: int, k_max: int, weight_max: int) -> int:
     return act + min(2 * weight_max, max(_W_CAP, 2 * _BN * k_max))
 
 
-def knobs() -> tuple[int, ...]:
-    """The module's tunables that the chunk and kernel rules read (tests and benchmarks patch them): part of the
-    key of every cache of those rules' results."""
-    return (_X_CAP, _W_CAP, F16_WS_ROWS, F16_WS_WIDE_ROWS, F16_WS_WIDE_ELEMS, F16_WS_SPLIT_ROWS)
+def knobs() -> tuple[float, ...]:
+    """The module's tunables that the chunk and kernel rules read (tests and benchmarks patch them), the split
+    rule's among them (:func:`_splitk_knobs`: ``ws``'s S and ``auto``'s kernel depend on them): part of the key of
+    every cache of those rules' results."""
+    return (
+        _X_CAP,
+        _W_CAP,
+        F16_WS_ROWS,
+        F16_WS_WIDE_ROWS,
+        F16_WS_WIDE_ELEMS,
+        F16_WS_SPLIT_ROWS,
+        *_splitk_knobs(),
+    )
 
 
 @functools.lru_cache(maxsize=4096)
