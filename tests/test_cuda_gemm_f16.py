@@ -72,13 +72,13 @@ def test_f16_matches_rounded_reference(cp: Any, fmt: str) -> None:
 def test_f16_rows_independent_and_chunked(cp: Any, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A row's fp16-mode result depends on K and the ws kernel's K splits S only: for every kernel configuration
     (the cp kernel, the ws kernel at the split count ``auto`` takes here) a row alone, a slice of rows and a chunked
-    scratch give the full launch's bits. (Under ``auto`` S follows the call's M, N, K: gemm_pair.splitk_splits.)"""
+    scratch give the full launch's bits. (Under ``auto`` S follows the call's M, N, K: gemm_plan.splitk_splits.)"""
     import ninfer.cuda.gemm_pair as gp
     import ninfer.cuda.gemm_plan as plan
     from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(63)
-    m, n, k = 300, 700, 8200  # K long enough to split (gemm_pair.SPLITK_MIN_KSTEPS)
+    m, n, k = 300, 700, 8200  # K long enough to split (gemm_plan.SPLITK_MIN_KSTEPS)
     w, _ = _weight(rng, fmt, n, k)
     xd = cp.asarray(_x(rng, m, k))
     s = gp.splitk_splits(m, n, k)

@@ -244,7 +244,7 @@ def test_ws_split_swiglu_and_kept_operand(cp: Any, ws_calls: list[int]) -> None:
     from ninfer.cuda.operands import OperandStore
 
     rng = np.random.default_rng(85)
-    m, n, k = 200, 520, 8200  # K long enough to split (gemm_pair.SPLITK_MIN_KSTEPS)
+    m, n, k = 200, 520, 8200  # K long enough to split (gemm_plan.SPLITK_MIN_KSTEPS)
     for fmt in ("NVFP4G16_E4M3S", "FP8E4M3_F32ROW"):
         w, wf = _weight(rng, fmt, n, k)
         gu = cp.zeros((m, 2 * k + 8), dtype=F32)

@@ -1,9 +1,10 @@
-"""The pair mode's host orchestration (ninfer/cuda/gemm_pair.py) without a GPU: the three kernels emulated in NumPy
-on the arrays the wrapper passes (views in place of device pointers), so the chunk loops, the scratch slices, the
-per-row scale plane offsets, the output views and the launch geometry are checked against the reference with and
-without chunking; likewise the fp16 mode's row split with the attention output gate (``gate=``), which path
-gemm.gemm takes for a gated input, and which row split and kernel gemm.gemm_experts launches for each mode and
-input transform (the token rows read in place per slot: bitwise the per-slot rows' product). The kernels themselves: tests/test_gemm_pair_host.py,
+"""The pair mode's host orchestration (ninfer/cuda/gemm_pair.py; its rules: gemm_plan.py, its row split and
+scratch: gemm_rows.py) without a GPU: the three kernels emulated in NumPy on the arrays the wrapper passes (views
+in place of device pointers), so the chunk loops, the scratch slices, the per-row scale plane offsets, the output
+views and the launch geometry are checked against the reference with and without chunking; likewise the fp16 mode's
+row split with the attention output gate (``gate=``), which path gemm.gemm takes for a gated input, and which row
+split and kernel gemm.gemm_experts launches for each mode and input transform (the token rows read in place per
+slot: bitwise the per-slot rows' product). The kernels themselves: tests/test_gemm_pair_host.py,
 tests/test_gemm_f16_host.py (CPU) and tests/test_cuda_gemm_pair.py, tests/test_cuda_gemm_f16.py.
 """
 
