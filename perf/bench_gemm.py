@@ -28,7 +28,7 @@ them: give perf/device_run.sh BENCH_TIMEOUT=400).
 ``--splitk`` (:func:`splitk_main`): the 27B's five fused dense projections (SPLITK_SHAPES) at a follow-up turn's
 rows (default 128, 256, 384, 512), NVFP4, fp16 mode with the weight's fp16 operand kept (as the runner keeps it:
 no dequant pass in the time; the row split is in it), through the cp kernel and the ws kernel with S forced to 1 ..
---max-splits (splits of at least 4 K tiles), ``*`` marking what ``variant="auto"`` runs (gemm_pair.f16_auto_ws,
+--max-splits (splits of at least 4 K tiles), ``*`` marking what ``variant="auto"`` runs (gemm_plan.f16_auto_ws,
 splitk_splits). Each time is the median over --reps of 10 back-to-back calls (host launch gaps hidden), so the
 table shows which kernel and S win per shape and rows: the numbers to set F16_WS_SPLIT_ROWS and the SPLITK_*
 constants from. Repeating one GEMM keeps part of a small weight in L2 (60 MB): slightly optimistic for o_proj.

@@ -72,12 +72,13 @@ def test_f16_matches_rounded_reference(cp: Any, fmt: str) -> None:
 def test_f16_rows_independent_and_chunked(cp: Any, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A row's fp16-mode result depends on K and the ws kernel's K splits S only: for every kernel configuration
     (the cp kernel, the ws kernel at the split count ``auto`` takes here) a row alone, a slice of rows and a chunked
-    scratch give the full launch's bits. (Under ``auto`` S follows the call's M, N, K: gemm_pair.splitk_splits.)"""
+    scratch give the full launch's bits. (Under ``auto`` S follows the call's M, N, K: gemm_plan.splitk_splits.)"""
     import ninfer.cuda.gemm_pair as gp
+    import ninfer.cuda.gemm_plan as plan
     from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(63)
-    m, n, k = 300, 700, 8200  # K long enough to split (gemm_pair.SPLITK_MIN_KSTEPS)
+    m, n, k = 300, 700, 8200  # K long enough to split (gemm_plan.SPLITK_MIN_KSTEPS)
     w, _ = _weight(rng, fmt, n, k)
     xd = cp.asarray(_x(rng, m, k))
     s = gp.splitk_splits(m, n, k)
@@ -97,12 +98,12 @@ def test_f16_rows_independent_and_chunked(cp: Any, fmt: str, monkeypatch: pytest
             part = cp.asnumpy(gemm(xd[a:b], w, inputs="fp16", variant=variant))
             assert np.array_equal(part, full[a:b]), f"{fmt} {variant}: rows {a}..{b - 1} differ as a slice"
         with monkeypatch.context() as mp:
-            mp.setattr(gp, "_W_CAP", 2 * 256 * k)
-            mp.setattr(gp, "_X_CAP", 4 * 128 * k)
+            mp.setattr(plan, "_W_CAP", 2 * 256 * k)
+            mp.setattr(plan, "_X_CAP", 4 * 128 * k)
             chunked = cp.asnumpy(gemm(xd, w, inputs="fp16", variant=variant))
         assert np.array_equal(chunked, full), f"{fmt} {variant}: chunked scratch changed the result"
-    monkeypatch.setattr(gp, "_W_CAP", 2 * 256 * k)
-    monkeypatch.setattr(gp, "_X_CAP", 4 * 128 * k)
+    monkeypatch.setattr(plan, "_W_CAP", 2 * 256 * k)
+    monkeypatch.setattr(plan, "_X_CAP", 4 * 128 * k)
     chunked = cp.asnumpy(gemm(xd, w, inputs="fp16"))
     assert np.array_equal(chunked, auto), f"{fmt}: auto, chunked (every chunk keeps the call's S)"
 
@@ -190,6 +191,7 @@ def test_f16_swiglu_input_is_swiglu_then_gemm(cp: Any, fmt: str) -> None:
     bitwise ``gemm(swiglu(gu), w)`` in the fp16 mode, on both sides of the ws threshold and with chunked scratch;
     where the fp16 split does not apply (exact inputs, few rows) the swiglu kernel runs first: the same bits too."""
     import ninfer.cuda.gemm_pair as gp
+    import ninfer.cuda.gemm_plan as plan
     from ninfer.cuda.activation import swiglu
     from ninfer.cuda.gemm import gemm
 
@@ -206,13 +208,13 @@ def test_f16_swiglu_input_is_swiglu_then_gemm(cp: Any, fmt: str) -> None:
     w, _ = _weight(rng, fmt, 517, 1032)
     gu = cp.asarray(_x(rng, 300, 2 * 1032))
     full = cp.asnumpy(gemm(gu, w, inputs="fp16", swiglu=True))
-    orig = (gp._W_CAP, gp._X_CAP)
+    orig = (plan._W_CAP, plan._X_CAP)
     try:
-        gp._W_CAP, gp._X_CAP = 2 * 256 * 1032, 4 * 128 * 1032
+        plan._W_CAP, plan._X_CAP = 2 * 256 * 1032, 4 * 128 * 1032
         gp.release_scratch()
         assert np.array_equal(cp.asnumpy(gemm(gu, w, inputs="fp16", swiglu=True)), full), "chunked scratch"
     finally:
-        gp._W_CAP, gp._X_CAP = orig
+        plan._W_CAP, plan._X_CAP = orig
         gp.release_scratch()
 
 
@@ -225,6 +227,7 @@ def test_f16_gate_input_is_sigmoid_gate_then_gemm(cp: Any, fmt: str, monkeypatch
     dimension off the 8-float loads, a gate view not 16-byte aligned) sigmoid_gate runs first: the same bits too."""
     import ninfer.cuda.activation as act
     import ninfer.cuda.gemm_pair as gp
+    import ninfer.cuda.gemm_plan as plan
     from ninfer.cuda.gemm import gemm
 
     calls: list[int] = []
@@ -271,13 +274,13 @@ def test_f16_gate_input_is_sigmoid_gate_then_gemm(cp: Any, fmt: str, monkeypatch
     qg = cp.asarray((rng.standard_normal((m, 2 * k)) * 3).astype(F32))
     full = cp.asnumpy(gemm(o, w, inputs="fp16", gate=(qg, d)))
     assert np.array_equal(full, cp.asnumpy(gemm(kernel(o, qg, heads, d), w, inputs="fp16")))
-    orig = (gp._W_CAP, gp._X_CAP)
+    orig = (plan._W_CAP, plan._X_CAP)
     try:  # 128-row chunks: the gate rows sliced with the activation rows
-        gp._W_CAP, gp._X_CAP = 2 * 256 * k, 4 * 128 * k
+        plan._W_CAP, plan._X_CAP = 2 * 256 * k, 4 * 128 * k
         gp.release_scratch()
         assert np.array_equal(cp.asnumpy(gemm(o, w, inputs="fp16", gate=(qg, d))), full), "chunked scratch"
     finally:
-        gp._W_CAP, gp._X_CAP = orig
+        plan._W_CAP, plan._X_CAP = orig
         gp.release_scratch()
 
 

@@ -119,6 +119,7 @@ def test_pair_chunked_scratch(cp: Any, fmt: str, monkeypatch: pytest.MonkeyPatch
     """Scratch caps small enough for several weight-row and activation-row chunks (the per-row scale planes offset
     per chunk): bitwise the unchunked result."""
     import ninfer.cuda.gemm_pair as gp
+    import ninfer.cuda.gemm_plan as plan
     from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(47)
@@ -126,8 +127,8 @@ def test_pair_chunked_scratch(cp: Any, fmt: str, monkeypatch: pytest.MonkeyPatch
     w, _ = _weight(rng, fmt, n, k)
     xd = cp.asarray(rng.standard_normal((m, k)).astype(F32))
     whole = cp.asnumpy(gemm(xd, w, impl="pair"))
-    monkeypatch.setattr(gp, "_W_CAP", 2 * 256 * k)  # 256-row weight chunks: 3 of them
-    monkeypatch.setattr(gp, "_X_CAP", 4 * 128 * k)  # 128-row activation chunks: 3 of them
+    monkeypatch.setattr(plan, "_W_CAP", 2 * 256 * k)  # 256-row weight chunks: 3 of them
+    monkeypatch.setattr(plan, "_X_CAP", 4 * 128 * k)  # 128-row activation chunks: 3 of them
     assert gp._plan(fmt, m, n, k) == (128, n if fmt == "BF16" else 256)
     chunked = cp.asnumpy(gemm(xd, w, impl="pair"))
     assert np.array_equal(chunked, whole), f"{fmt}: chunked scratch changed the result"

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 
 F32 = np.float32
 FMTS = ("NVFP4G16_E4M3S", "NVFP4G16_E4M3S_ROWG", "FP8E4M3_F32ROW", "FP8E4M3_F32T")
-# (M, I, K, N_out): M from the ws threshold (gemm_pair.F16_WS_ROWS = 384) up, ragged row tiles; I a multiple of 128;
+# (M, I, K, N_out): M from the ws threshold (gemm_plan.F16_WS_ROWS = 384) up, ragged row tiles; I a multiple of 128;
 # K short enough that the split-K rule keeps S = 1 (swiglu_shape_ok), off the 64-wide K tile
 SHAPES = ((384, 128, 192, 136), (700, 384, 520, 300), (1000, 256, 1032, 64))
 

@@ -89,7 +89,7 @@ def test_ws_bitwise_cp_and_reference(cp: Any, ws_calls: list[int], fmt: str) -> 
 
 
 def test_ws_chunked_scratch_and_rows(cp: Any, ws_calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    import ninfer.cuda.gemm_pair as gp
+    import ninfer.cuda.gemm_plan as plan
     from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(73)
@@ -102,8 +102,8 @@ def test_ws_chunked_scratch_and_rows(cp: Any, ws_calls: list[int], monkeypatch: 
     for a, b in ((100, 260), (1, 129)):
         part = cp.asnumpy(gemm(xd[a:b], w, impl="pair", inputs="fp16", variant="ws1"))
         assert np.array_equal(part, full[a:b]), f"rows {a}..{b - 1} differ when launched as a slice"
-    monkeypatch.setattr(gp, "_W_CAP", 2 * 256 * k)
-    monkeypatch.setattr(gp, "_X_CAP", 4 * 128 * k)
+    monkeypatch.setattr(plan, "_W_CAP", 2 * 256 * k)
+    monkeypatch.setattr(plan, "_X_CAP", 4 * 128 * k)
     chunked = cp.asnumpy(gemm(xd, w, impl="pair", inputs="fp16", variant="ws1"))
     assert np.array_equal(chunked, full), "chunked scratch changed the result"
 
@@ -131,8 +131,9 @@ def test_ws_dispatch(cp: Any, ws_calls: list[int]) -> None:
     assert len(ws_calls) == 2, "variant='ws' forces the ws kernel"
     with pytest.MonkeyPatch.context() as mp:  # this weight counted as wide: ws from F16_WS_WIDE_ROWS rows
         import ninfer.cuda.gemm_pair as gp
+        import ninfer.cuda.gemm_plan as plan
 
-        mp.setattr(gp, "F16_WS_WIDE_ELEMS", 260 * 256)
+        mp.setattr(plan, "F16_WS_WIDE_ELEMS", 260 * 256)
         assert np.array_equal(cp.asnumpy(gemm(xs, w, inputs="fp16")), short)
         assert len(ws_calls) == 3, "auto: a wide weight takes the ws kernel below F16_WS_ROWS rows"
         xw = cp.asarray(_x(rng, gp.F16_WS_WIDE_ROWS - 1, 256))
@@ -202,6 +203,7 @@ def test_ws_split_rule_auto_and_chunks(cp: Any, ws_calls: list[int], monkeypatch
     bitwise ``ws`` and the forced ``ws3``; a chunked weight scratch keeps the call's S (the same bits); rows
     launched alone get their own S (close, not bitwise)."""
     import ninfer.cuda.gemm_pair as gp
+    import ninfer.cuda.gemm_plan as plan
     from ninfer.cuda.gemm import gemm
 
     rng = np.random.default_rng(83)
@@ -223,7 +225,7 @@ def test_ws_split_rule_auto_and_chunks(cp: Any, ws_calls: list[int], monkeypatch
     assert np.array_equal(unsplit, cp.asnumpy(gemm(xd, w, inputs="fp16", variant="cp")))
     assert _err(auto, unsplit.astype(np.float64)) <= TOL
     monkeypatch.setattr(
-        gp, "_W_CAP", 2 * 256 * 8 * k
+        plan, "_W_CAP", 2 * 256 * 8 * k
     )  # 2048-row weight chunks, each launched with the call's S
     gp.release_scratch()
     chunked = cp.asnumpy(gemm(xd, w, inputs="fp16"))
@@ -242,7 +244,7 @@ def test_ws_split_swiglu_and_kept_operand(cp: Any, ws_calls: list[int]) -> None:
     from ninfer.cuda.operands import OperandStore
 
     rng = np.random.default_rng(85)
-    m, n, k = 200, 520, 8200  # K long enough to split (gemm_pair.SPLITK_MIN_KSTEPS)
+    m, n, k = 200, 520, 8200  # K long enough to split (gemm_plan.SPLITK_MIN_KSTEPS)
     for fmt in ("NVFP4G16_E4M3S", "FP8E4M3_F32ROW"):
         w, wf = _weight(rng, fmt, n, k)
         gu = cp.zeros((m, 2 * k + 8), dtype=F32)

@@ -53,14 +53,14 @@ def dequants(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_kept_operand_is_bitwise_the_scratch(
     cp: Any, dequants: list[int], monkeypatch: pytest.MonkeyPatch, fmt: str, variant: str
 ) -> None:
-    import ninfer.cuda.gemm_pair as gp
+    import ninfer.cuda.gemm_plan as plan
     from ninfer.cuda.gemm import gemm
     from ninfer.cuda.operands import OperandStore
 
     rng = np.random.default_rng(5)
     for m, n, k in SHAPES:
         w, _ = _weight(rng, fmt, n, k)
-        monkeypatch.setattr(gp, "_W_CAP", 2 * 256 * k)  # the scratch side in 256-row weight chunks
+        monkeypatch.setattr(plan, "_W_CAP", 2 * 256 * k)  # the scratch side in 256-row weight chunks
         store = OperandStore(1 << 30)
         for rep in range(2):
             xd = cp.asarray(_x(rng, m, k))

@@ -18,8 +18,8 @@ from test_gemm_pair_plan import _Experts, _fp8_weight, _Kernel
 
 import ninfer.cuda.experts_swiglu as es
 import ninfer.cuda.gemm as gm
-import ninfer.cuda.gemm_pair as gp
 import ninfer.cuda.gemm_swiglu as gs
+from ninfer.cuda import gemm_rows
 from ninfer.cuda.weights import DeviceWeight, plane_offsets
 from ninfer.formats import FORMATS
 from ninfer.formats.fp8 import e4m3_decode
@@ -121,7 +121,7 @@ def emu(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     st: dict[str, Any] = {"log": [], "ids": None}
     monkeypatch.setattr(_ExpertsSW, "rows", [])
-    monkeypatch.setattr(gp, "_scratch", lambda kind, n: np.full(n, 0xFFFF, np.uint16))
+    monkeypatch.setattr(gemm_rows, "_scratch", lambda kind, n: np.full(n, 0xFFFF, np.uint16))
     monkeypatch.setattr(cupy, "empty", lambda shape, dtype: np.full(shape, np.nan, dtype))
     monkeypatch.setattr(gm, "_hopper", lambda impl: impl != "mma")
     monkeypatch.setattr(gm, "capturing", lambda: False)

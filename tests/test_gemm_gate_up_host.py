@@ -26,7 +26,7 @@ from test_gemm_pair_host import _weight
 from ninfer.cuda.loader import CUDA_SRC
 
 NVCC = shutil.which("nvcc")
-# format id -> the wdq.cuh struct the expert kernels instantiate (gemm_pair.PAIR_STRUCTS' dequant structs)
+# format id -> the wdq.cuh struct the expert kernels instantiate (gemm_plan.PAIR_STRUCTS' dequant structs)
 STRUCTS = {
     "FP8E4M3_F32ROW": "DqFP8<true>",
     "FP8E4M3_F32T": "DqFP8<false>",

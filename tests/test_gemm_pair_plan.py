@@ -1,9 +1,10 @@
-"""The pair mode's host orchestration (ninfer/cuda/gemm_pair.py) without a GPU: the three kernels emulated in NumPy
-on the arrays the wrapper passes (views in place of device pointers), so the chunk loops, the scratch slices, the
-per-row scale plane offsets, the output views and the launch geometry are checked against the reference with and
-without chunking; likewise the fp16 mode's row split with the attention output gate (``gate=``), which path
-gemm.gemm takes for a gated input, and which row split and kernel gemm.gemm_experts launches for each mode and
-input transform (the token rows read in place per slot: bitwise the per-slot rows' product). The kernels themselves: tests/test_gemm_pair_host.py,
+"""The pair mode's host orchestration (ninfer/cuda/gemm_pair.py; its rules: gemm_plan.py, its row split and
+scratch: gemm_rows.py) without a GPU: the three kernels emulated in NumPy on the arrays the wrapper passes (views
+in place of device pointers), so the chunk loops, the scratch slices, the per-row scale plane offsets, the output
+views and the launch geometry are checked against the reference with and without chunking; likewise the fp16 mode's
+row split with the attention output gate (``gate=``), which path gemm.gemm takes for a gated input, and which row
+split and kernel gemm.gemm_experts launches for each mode and input transform (the token rows read in place per
+slot: bitwise the per-slot rows' product). The kernels themselves: tests/test_gemm_pair_host.py,
 tests/test_gemm_f16_host.py (CPU) and tests/test_cuda_gemm_pair.py, tests/test_cuda_gemm_f16.py.
 """
 
@@ -15,6 +16,8 @@ import numpy as np
 import pytest
 
 import ninfer.cuda.gemm_pair as gp
+import ninfer.cuda.gemm_plan as plan
+from ninfer.cuda import gemm_rows
 from ninfer.cuda.weights import DeviceWeight, plane_offsets
 from ninfer.formats import FORMATS, bf16_decode
 from ninfer.formats.fp8 import e4m3_decode
@@ -109,7 +112,7 @@ class _Kernel:
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, ...]]]:
-    monkeypatch.setattr(gp, "_scratch", lambda kind, n: np.full(n, 0xFFFF, np.uint16))
+    monkeypatch.setattr(gemm_rows, "_scratch", lambda kind, n: np.full(n, 0xFFFF, np.uint16))
     return []
 
 
@@ -119,8 +122,8 @@ def test_pair_orchestration(fake: list, monkeypatch: pytest.MonkeyPatch, fmt: st
     rng = np.random.default_rng(3)
     m, n, k = 300, 700, 136
     if caps:  # 256-row weight chunks and 128-row activation chunks
-        monkeypatch.setattr(gp, "_W_CAP", caps[0] * k)
-        monkeypatch.setattr(gp, "_X_CAP", caps[1] * k)
+        monkeypatch.setattr(plan, "_W_CAP", caps[0] * k)
+        monkeypatch.setattr(plan, "_X_CAP", caps[1] * k)
     codec = FORMATS[fmt]
     buf = np.ascontiguousarray(
         codec.encode(rng.standard_normal((n, k)).astype(np.float32), (n, k)).view(np.uint8)
@@ -202,6 +205,21 @@ def test_splitk_rule() -> None:
     assert gp.splitk_splits(8, 5120, 256) == 1, "K of 4 tiles: too short to split"
 
 
+def test_splitk_tunables_reach_the_cached_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split rule's cache and the plans cached on knobs() are keyed on the SPLITK_* tunables: a patched one
+    takes effect at once (no cache_clear), and the old answers come back with the old value."""
+    fmt, m, n, k = "NVFP4G16_E4M3S", 256, 5120, 17408  # 40 tiles, 272 K steps: S = 3
+    plan_of = lambda: plan._pair_plan(fmt, m, n, k, True, False, "ws", False, plan.knobs())  # noqa: E731
+    assert gp.splitk_splits(m, n, k) == 3 and plan_of()[1] == 3
+    with monkeypatch.context() as mp:
+        mp.setattr(plan, "SPLITK_WAVE", 40)  # 40 tiles fill the wave: no split
+        assert gp.splitk_splits(m, n, k) == 1 and plan_of()[1] == 1
+        mp.setattr(plan, "SPLITK_WAVE", 132)
+        mp.setattr(plan, "SPLITK_MAX", 2)
+        assert gp.splitk_splits(m, n, k) == 2 and plan_of()[1] == 2
+    assert gp.splitk_splits(m, n, k) == 3 and plan_of()[1] == 3
+
+
 def test_splitk_scratch_bound() -> None:
     """splitk_scratch_bytes covers every launch of at most ``rows`` rows (from PAIR_MIN_ROWS) against the shapes,
     and is 0 where no launch splits."""
@@ -250,8 +268,8 @@ def test_f16_gate_orchestration(fake: list, monkeypatch: pytest.MonkeyPatch, cap
     m, n, heads, d = 300, 700, 4, 40
     k = heads * d
     if caps:  # 256-row weight chunks and 128-row activation chunks
-        monkeypatch.setattr(gp, "_W_CAP", caps[0] * k)
-        monkeypatch.setattr(gp, "_X_CAP", caps[1] * k)
+        monkeypatch.setattr(plan, "_W_CAP", caps[0] * k)
+        monkeypatch.setattr(plan, "_X_CAP", caps[1] * k)
     w = _fp8_weight(rng, n, k)
     xs = np.full((m, k + 8), np.nan, np.float32)
     xs[:, :k] = rng.standard_normal((m, k))

@@ -170,8 +170,8 @@ def gemm(
     by a power of two and rounded to fp16, one MMA per product; gemm_experts likewise); every other GEMM stays
     exact. The choice depends only on the format and M, never on other rows' values. In the fp16 mode
     ``impl="wgmma"`` takes the in-loop weight conversion instead of the scratch (the same bits, slower: gemm_pair).
-    ``variant`` (gemm_pair.F16_VARIANTS): the fp16 scratch kernel's main loop, ``cp`` (cp.async), ``ws`` (TMA +
-    warp specialization, cuda_src/gemm_sm90_ws.cu, split over K where gemm_pair.splitk_splits says so), ``ws<S>``
+    ``variant`` (gemm_plan.F16_VARIANTS): the fp16 scratch kernel's main loop, ``cp`` (cp.async), ``ws`` (TMA +
+    warp specialization, cuda_src/gemm_sm90_ws.cu, split over K where gemm_plan.splitk_splits says so), ``ws<S>``
     (S splits forced; ``ws1`` never splits) or ``auto`` (by rows and shape, the default); unsplit, every kernel
     gives the same bits, a split GEMM's depend on its (M, N, K) too. GEMMs that do not run the fp16 scratch kernel
     ignore it. ``swiglu``: ``x`` holds [gate | up] rows ``[M, 2K]`` and the

@@ -70,13 +70,13 @@ class SwigluRows(NamedTuple):
 def swiglu_shape_ok(fmt: str, rows: int, cols: int, m: int) -> bool:
     """Whether an ``m``-row fp16-mode GEMM with a [gate | up] weight of format ``fmt``, ``rows`` x ``cols``, runs
     the epilogue: a foldable format, gate rows a multiple of SWIGLU_TILE, the ws kernel unsplit (the rules of
-    gemm_pair: f16_auto_ws, splitk_splits) over the whole weight (no weight-row chunks)."""
+    gemm_plan: f16_auto_ws, splitk_splits) over the whole weight (no weight-row chunks)."""
     return _swiglu_shape_ok(fmt, rows, cols, m, knobs())
 
 
 @functools.lru_cache(maxsize=4096)
 def _swiglu_shape_ok(fmt: str, rows: int, cols: int, m: int, _knobs: tuple) -> bool:
-    """swiglu_shape_ok, cached per gemm_pair's tunables (``_knobs``: the cache key only); asked twice per dense
+    """swiglu_shape_ok, cached per gemm_plan's tunables (``_knobs``: the cache key only); asked twice per dense
     layer of a prefill chunk."""
     if not f16_foldable(fmt) or rows % (2 * SWIGLU_TILE) or m <= 0:
         return False
@@ -129,7 +129,7 @@ def gate_up_swiglu(
 
 def swiglu_f16_rows(s: SwigluRows, kernel_of: Callable[[str], Any]) -> F16Rows:
     """The fp16 mode's rows of ``s.h`` (split_f16row_max: the row max from ``s.tmax``, one pass), into the fp16
-    row scratch as gemm_pair.f16_rows does; bitwise f16_rows of the [gate | up] rows with ``swiglu=True``."""
+    row scratch as gemm_rows.f16_rows does; bitwise f16_rows of the [gate | up] rows with ``swiglu=True``."""
     m, half = s.shape
     tn = half // SWIGLU_TILE
     check_array(s.tmax, "tmax", dtype=np.float32, shape=(m, tn))

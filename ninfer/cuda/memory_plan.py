@@ -119,9 +119,9 @@ def snapshot_bytes(mc: ModelConfig, state_dtype: str) -> int:
 
 
 def _gemm_scratch(mc: ModelConfig, rows: int) -> int:
-    """The Hopper prefill GEMM's pair-mode scratch (ninfer/cuda/gemm_pair.py): bf16 hi / lo of the widest GEMM
+    """The Hopper prefill GEMM's pair-mode scratch (ninfer/cuda/gemm_plan.py): bf16 hi / lo of the widest GEMM
     input and a bf16 copy of the largest (fused) projection, both capped there; for an MoE model, room for the
-    fp16 mode's expert rows too (gemm_pair.f16_rows: 2 * (K + 2) bytes per routed slot, uncapped; the shared
+    fp16 mode's expert rows too (gemm_rows.f16_rows: 2 * (K + 2) bytes per routed slot, uncapped; the shared
     expert runs as a dense GEMM beside the grouped one), and the ws kernel's split-K partials (their own grow-only
     buffer). Added, not the larger of the two: the activation scratch grows by reallocation and CuPy's pool keeps
     the smaller block it replaced."""
@@ -147,7 +147,7 @@ def _gdn_in_rows(mc: ModelConfig) -> int:
 
 def _dense_shapes(mc: ModelConfig) -> list[tuple[int, int]]:
     """(N, K) of the dense prefill GEMMs that may take the fp16 mode's ws kernel with split-K (its fp32 partials:
-    gemm_pair.splitk_scratch_bytes): attention q|gate|k|v and o, the GDN in- and out-projections, the dense MLP or
+    gemm_plan.splitk_scratch_bytes): attention q|gate|k|v and o, the GDN in- and out-projections, the dense MLP or
     the shared expert (gate|up fused, down)."""
     h, shapes = mc.hidden_size, []
     if mc.full_attention_layers:
