@@ -15,7 +15,8 @@
 #           MoE fusions' step profile, the decode GEMV boundary trace
 #   bulk    the NVFP4 decode GEMV's weight ring by bulk copies (GV_BULK): GPU test and per-shape A/B
 #   next    session 28's first call: the follow-up turn's timeline (host-bound?), both decode steps' GEMV launches
-#           traced (perf/gemv_trace.py --model), the GPU tests of the wrappers split in session 27
+#           traced (perf/gemv_trace.py --model), the 35B-A3B step profile and the MoE combine A/B after the combine's
+#           batched loads, the GPU tests of the wrappers split in session 27
 #   probe   issue 13's open measurements in one call (~8 min): the dependent-kernel boundary's floor per scheme
 #           (perf/bench_boundary.py: PDL wait, counter flag, persistent phases), the bulk ring's GPU test and
 #           per-shape A/B, and the 27B decode step's GEMV launches traced (perf/gemv_trace.py)
@@ -188,6 +189,12 @@ run_next() {  # session 28's first call (~9 min): where a follow-up turn's time 
   for m in 35b 27b; do
     timeout ${TRACE_TIMEOUT:-150} python3 -m perf.gemv_trace --model $m --rows 1 2>&1 | tee "$OUT/trace_$m.txt" | tail -14
   done
+  # the MoE combine's batched row loads (1b830c8): the standalone kernel's time in the step profile, and the fused
+  # combine (which ran the same serial loads) against it again
+  PROFILE_TIMEOUT=90 PROFILES="35b:1" run_profile
+  rm -f "$OUT"/ncu_*.csv
+  timeout ${MOE_TIMEOUT:-150} python3 -m perf.bench_fold --toggle combine,moe --model 35b --lanes 1,8 --steps 100 \
+    --out "$OUT/results" 2>&1 | tee "$OUT/moe_ab.txt" | grep -E "^\|"
   TEST_TIMEOUT=${TEST_TIMEOUT:-240} TEST_FILES="tests/test_cuda_gdn_decode.py tests/test_cuda_gemm_pair.py \
 tests/test_cuda_gemm_ws.py tests/test_cuda_gemm_f16.py tests/test_cuda_ops.py" run_tests
 }
