@@ -16,7 +16,7 @@
 #   bulk    the NVFP4 decode GEMV's weight ring by bulk copies (GV_BULK): GPU test and per-shape A/B
 #   next    session 28's first call: the follow-up turn's timeline (host-bound?), both decode steps' GEMV launches
 #           traced (perf/gemv_trace.py --model), the 35B-A3B step profile and the MoE combine A/B after the combine's
-#           batched loads, the GPU tests of the wrappers split in session 27
+#           batched loads (~7 min); next_tests the GPU tests of what session 27 changed (~8 min)
 #   probe   issue 13's open measurements in one call (~8 min): the dependent-kernel boundary's floor per scheme
 #           (perf/bench_boundary.py: PDL wait, counter flag, persistent phases), the bulk ring's GPU test and
 #           per-shape A/B, and the 27B decode step's GEMV launches traced (perf/gemv_trace.py)
@@ -195,8 +195,11 @@ run_next() {  # session 28's first call (~9 min): where a follow-up turn's time 
   rm -f "$OUT"/ncu_*.csv
   timeout ${MOE_TIMEOUT:-150} python3 -m perf.bench_fold --toggle combine,moe --model 35b --lanes 1,8 --steps 100 \
     --out "$OUT/results" 2>&1 | tee "$OUT/moe_ab.txt" | grep -E "^\|"
-  TEST_TIMEOUT=${TEST_TIMEOUT:-240} TEST_FILES="tests/test_cuda_gdn_decode.py tests/test_cuda_gemm_pair.py \
-tests/test_cuda_gemm_ws.py tests/test_cuda_gemm_f16.py tests/test_cuda_ops.py" run_tests
+}
+run_next_tests() {  # the second call: the GPU tests of what session 27 changed (the gdn / gemm_pair wrappers split,
+  # the combine's loads: test_cuda_ops checks the fused combine + norm bitwise against the pair it replaces)
+  TEST_TIMEOUT=${TEST_TIMEOUT:-420} TEST_FILES="tests/test_cuda_ops.py tests/test_cuda_gdn_decode.py \
+tests/test_cuda_moe_fused.py tests/test_cuda_gemm_pair.py tests/test_cuda_gemm_ws.py tests/test_cuda_gemm_f16.py" run_tests
 }
 run_bulk() {  # issue 13: the NVFP4 decode GEMV's weight ring by bulk copies (cuda_src/gemv_bulk.cuh, linear.GV_BULK):
   # its GPU tests (same bits as the cp.async ring), the per-shape A/B at 1 and 8 rows (gemv_variants base/bulk/bulkef,
