@@ -16,7 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
+from ninfer.cuda._common import (
+    KernelError,
+    act_type,
+    arrival_counters,
+    check_array,
+    check_rows,
+    grid_1d,
+    matrix_out,
+)
 from ninfer.cuda.launch import launch
 from ninfer.cuda.loader import kernel
 
@@ -81,9 +89,7 @@ def causal_conv(x: Any, w: Any, state: Any, starts: Any, slots: Any, out: Any = 
     check_array(w, "w", dtype=np.float32, shape=(c, 4))
     check_array(state, "state", dtype=np.float32, shape=(None, c, 3))
     nseq = _seqs(starts, slots, rows, state.shape[0])
-    if out is None:
-        out = cupy.empty((rows, c), dtype=x.dtype)
-    _, _, ldy = check_rows(out, "out", c)
+    out, ldy = matrix_out(x, out, rows, c)  # a caller's out: x's dtype, [rows, C]
     if cupy.may_share_memory(out, x):
         raise KernelError("causal_conv: out overlaps x (the token tiles read earlier rows of x)")
     if nseq and rows:
@@ -100,8 +106,6 @@ def _gdn_args(
     qkv: Any, a: Any, b: Any, a_log: Any, dt_bias: Any, state: Any, starts: Any, slots: Any, hk: int, out: Any
 ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """Checks shared by both GDN kernels: (out, the kernel's trailing scalar arguments, names for the instance)."""
-    import cupy
-
     t = act_type(qkv, "qkv")
     rows, width, ldq = check_rows(qkv, "qkv")
     if state.ndim != 4:
@@ -125,10 +129,7 @@ def _gdn_args(
     check_array(a_log, "a_log", dtype=np.float32, shape=(hv,))
     check_array(dt_bias, "dt_bias", dtype=np.float32, shape=(hv,))
     nseq = _seqs(starts, slots, rows, state.shape[0])
-    if out is None:  # contiguous rows by construction
-        out, ldo = cupy.empty((rows, hv * dv), dtype=qkv.dtype), hv * dv
-    else:
-        _, _, ldo = check_rows(out, "out", hv * dv)
+    out, ldo = matrix_out(qkv, out, rows, hv * dv)  # a caller's out: qkv's dtype, [rows, HV·dv]
     names = {"t": t, "st": st, "nseq": nseq, "hv": hv, "dk": dk, "dv": dv}
     return out, _gdn_scalars(hk, hv, dv, ldq, lda, ldb, ldo), names
 
