@@ -43,7 +43,8 @@ def bench_gdn(
     """Milliseconds per ``gdn_chunked`` call of each variant on fresh random inputs of the packed sequences."""
     import cupy
 
-    from ninfer.cuda.gdn import _sm_count, chunk_scratch_bytes, gdn_chunked, gdn_recurrent, state_cols
+    from ninfer.cuda.gdn import chunk_scratch_bytes, gdn_chunked, gdn_recurrent, state_cols
+    from ninfer.cuda.gdn_chunk import _sm_count
     from ninfer.formats import bf16_encode
 
     hk, hv = SHAPES[model]
@@ -137,7 +138,7 @@ def _split_ms(call: Any) -> tuple[float, float]:
 
     import cupy
 
-    import ninfer.cuda.gdn as gdn
+    import ninfer.cuda.gdn_chunk as gdn  # gdn_chunked's module: its launches go through its _launch_smem
 
     orig, times = gdn._launch_smem, []
 

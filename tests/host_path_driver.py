@@ -2,7 +2,7 @@
 prints what it launched as JSON. A subprocess of tests/test_cuda_host_path.py, so the stand-in ``cupy`` never
 meets the test process's modules::
 
-    python tests/host_path_driver.py moe|dense|graph|w8|bulk|engine
+    python tests/host_path_driver.py moe|dense|graph|w8|bulk|engine|gdn_out
 
 Nothing here checks a value (no kernel runs); it checks that every wrapper, plan and switch of the CUDA runner
 accepts the arguments the model gives it, and which kernels each path launches.
@@ -206,11 +206,62 @@ def engine() -> dict[str, Any]:
     return out
 
 
+def _gdn_calls(act: Any) -> dict[str, tuple[int, Any]]:
+    """Each GDN wrapper on zero inputs of activation dtype ``act`` (1 sequence of 5 rows, HK 1, HV 2, dk = dv =
+    16): name -> (out's width, call with ``out``)."""
+    import cupy
+
+    from ninfer.cuda.gdn import causal_conv, gdn_chunked, gdn_decode, gdn_recurrent
+
+    hk, hv, dk, dv, rows = 1, 2, 16, 16, 5
+    c = 2 * hk * dk + hv * dv
+    f32 = lambda *shape: cupy.zeros(shape, dtype=np.float32)  # noqa: E731
+    starts, slots = cupy.asarray(np.array([0, rows], np.int32)), cupy.zeros(1, np.int32)
+    conv_w, conv_state = f32(c, 4), f32(1, c, 3)
+    x, z = cupy.zeros((rows, c), dtype=act), cupy.zeros((rows, hv * dv), dtype=act)
+    rule = (cupy.zeros((rows, hv), dtype=act), cupy.zeros((rows, hv), dtype=act), f32(hv), f32(hv),
+            f32(1, hv, dk, dv), starts, slots)  # fmt: skip
+    return {
+        "causal_conv": (c, lambda o: causal_conv(x, conv_w, conv_state, starts, slots, out=o)),
+        "gdn_recurrent": (hv * dv, lambda o: gdn_recurrent(x, *rule, n_k_heads=hk, out=o)),
+        "gdn_chunked": (hv * dv, lambda o: gdn_chunked(x, *rule, n_k_heads=hk, out=o)),
+        "gdn_decode": (hv * dv, lambda o: gdn_decode(x, conv_w, conv_state, *rule, z, f32(dv), 1e-6, n_k_heads=hk,
+                                                     out=o)),
+    }  # fmt: skip
+
+
+def gdn_out() -> dict[str, str]:
+    """The GDN wrappers' ``out`` checks (no model): per wrapper, activation dtype and ``out`` (``ok``: the
+    activations' dtype and rows; ``dtype``: the other activation dtype; ``rows``: one row short) the KernelError
+    message, or "ok" where the call was accepted."""
+    import cupy
+
+    from ninfer.cuda.loader import KernelError
+
+    res: dict[str, str] = {}
+    for act, other in ((np.float32, np.uint16), (np.uint16, np.float32)):
+        for name, (width, call) in _gdn_calls(act).items():
+            for case, (rows, dt) in {"ok": (5, act), "dtype": (5, other), "rows": (4, act)}.items():
+                key = f"{name}-{np.dtype(act).name}-{case}"
+                try:
+                    call(cupy.zeros((rows, width), dtype=dt))
+                    res[key] = "ok"
+                except KernelError as e:
+                    res[key] = str(e)
+    return res
+
+
 if __name__ == "__main__":
     print(
         json.dumps(
-            {"moe": moe, "dense": dense, "graph": graph, "w8": w8, "bulk": bulk, "engine": engine}[
-                sys.argv[1]
-            ]()
+            {
+                "moe": moe,
+                "dense": dense,
+                "graph": graph,
+                "w8": w8,
+                "bulk": bulk,
+                "engine": engine,
+                "gdn_out": gdn_out,
+            }[sys.argv[1]]()
         )
     )

@@ -136,3 +136,20 @@ def test_bulk_switch_moves_the_nvfp4_gemvs_to_the_bulk_families() -> None:
             assert not any("bulk" in f for f in fams), name
             want = {moved[f] if name.startswith("gemv_mma<FragNVFP4") else f: n for f, n in fams.items()}
             assert on[name] == want, (name, on[name])
+
+
+def test_gdn_wrappers_check_out_dtype_and_rows() -> None:
+    """causal_conv, gdn_recurrent, gdn_chunked and gdn_decode take an ``out`` of their activations' dtype and rows
+    and raise KernelError for any other (a float32 ``out`` for bf16 activations was accepted before, and written as
+    bf16 words)."""
+    res = _run("gdn_out")
+    assert len(res) == 4 * 2 * 3
+    for key, msg in res.items():
+        name, act, case = key.split("-")
+        other = "uint16" if act == "float32" else "float32"
+        want = {
+            "ok": "ok",
+            "dtype": f"out: dtype {other} differs from x ({act})",
+            "rows": "out: needs 5 rows, got 4",
+        }
+        assert msg == want[case], f"{key}: {msg}"

@@ -763,7 +763,7 @@ def test_gdn_chunked_conv_fused(cp: Any, t: str, st: str, variant: str) -> None:
     variants: ``gdn_chunk_prep_tc_conv``) every word of the prep's scratch bitwise, on fresh random inputs with
     nonzero conv states, several packed sequences (one- and two-token ones, whose new conv state mixes the old,
     an empty one, sequences over several chunks). "mma" runs causal_conv itself (no fused prep)."""
-    import ninfer.cuda.gdn as gdn
+    import ninfer.cuda.gdn_chunk as gdn  # gdn_chunked's module: its launches go through its _launch_smem
     from ninfer.cuda.gdn import causal_conv, gdn_chunked
 
     rng = np.random.default_rng(31)

@@ -8,18 +8,48 @@ o through distributed shared memory, or the last arriving blocks run the epilogu
 ``causal_conv`` -> ``gdn_recurrent`` -> ``gated_rmsnorm``): the model's decode and exact-prefill path, where a
 token's result must not depend on chunking. ``gdn_chunked`` is the chunked form (chunks of 64 tokens per
 sequence), equal to the recurrence within fp32 noise and much faster on long prompts: two passes (cuda_src/
-gdn_chunk.cu), the chunk-parallel intra-chunk work into a float32 scratch, then a short sequential state pass."""
+gdn_chunk.cu), the chunk-parallel intra-chunk work into a float32 scratch, then a short sequential state pass.
+
+The family's Python is in two modules, both re-exported here (callers import from ``ninfer.cuda.gdn``):
+``gdn_step.py`` (``causal_conv``, ``gdn_recurrent``, ``gdn_decode``, their launches, shared-memory sizes and the
+argument checks both forms share) and ``gdn_chunk.py`` (``gdn_chunked``: its variants, kernel instances, shared
+memory and scratch sizes). ``SOURCES`` (the instances the warm-up compiles) is assembled here from both."""
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
-import numpy as np
-
-from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
-from ninfer.cuda.launch import launch
-from ninfer.cuda.loader import kernel
+from ninfer.cuda.gdn_chunk import (
+    CHUNK,
+    DEFAULT_VARIANT,
+    SERIAL_SOURCES,
+    STATE_COLS,
+    STATE_VARIANTS,
+    chunk_instances,
+    chunk_scratch_bytes,
+    chunk_slice,
+    chunk_smem_bytes,
+    gdn_chunked,
+    prep_smem_bytes,
+    prep_tc_conv_smem_bytes,
+    prep_tc_smem_bytes,
+    state_cols,
+    state_mma_smem_bytes,
+    state_smem_bytes,
+)
+from ninfer.cuda.gdn_step import (
+    CONV_SOURCES,
+    CONV_TILE,
+    DECODE_VARIANTS,
+    HEAD_DIMS,
+    STEP_CLUSTER,
+    STEP_CLUSTER_MAX_SEQS,
+    STEP_COLS,
+    STEP_SOURCES,
+    causal_conv,
+    gdn_decode,
+    gdn_recurrent,
+    step_cl_smem_bytes,
+    step_smem_bytes,
+)
 
 __all__ = [
     "causal_conv",
@@ -42,531 +72,22 @@ __all__ = [
     "DEFAULT_VARIANT",
     "SOURCES",
     "HEAD_DIMS",
+    # the family's other public names (also importable from here before the split)
+    "chunk_instances",
+    "SERIAL_SOURCES",
+    "CHUNK",
+    "CONV_TILE",
+    "STATE_COLS",
+    "STEP_COLS",
+    "STEP_CLUSTER",
+    "STEP_CLUSTER_MAX_SEQS",
 ]
 
-_T = ("float", "bf16")
-_S = ("float", "bf16")
-HEAD_DIMS = (16, 32, 64, 128)  # key head dims with a compiled instance
-CHUNK = 64  # GDN_CHUNK in gdn.cu, GC_CHUNK in gdn_chunk.cu
-CONV_TILE = 64  # CONV_TILE in gdn.cu: packed rows per causal_conv thread
-_SLICES = (32, 64)  # value columns per block of the serial variant gdn_chunked in gdn.cu (DVS)
-STATE_COLS = (16, 32)  # value columns per block of gdn_chunk_state (its DVS; the same bits for either)
-# the two-pass gdn_chunked's kernels: "mma" gdn_chunk_prep<., ., true> (K Kᵀ, Q Kᵀ) and gdn_chunk_state_mma (W S,
-# Q S, A V', the state update) with their products as 3xTF32 mma.sync; "tc" the same state pass after
-# gdn_chunk_prep_tc (gdn_prep_tc.cuh: the solve as a blocked inverse and a 3xTF32 product, 2 blocks per SM);
-# "fp32" gdn_chunk_prep<., ., false> and gdn_chunk_state on fp32 FMAs; "serial" is the older one-pass kernel of
-# gdn.cu (benchmarks only)
-# "split": the tc prep, then the state pass split in two (gdn_state_split.cuh: gdn_chunk_state_h walks the chunks for
-# V' and the states only, storing each chunk's starting state; gdn_chunk_out computes every chunk's output at
-# once), bitwise the "tc" variant's results, with a per-chunk state array in the scratch; a benchmark variant:
-# 1.5x slower than tc's state pass on the H200 (230d001, perf/results/bench_gdn_230d001.txt)
-# "tc8": the tc prep, then gdn_chunk_state_mma with 8 warps per block instead of 4 (each warp half the columns of
-# its 16 chunk rows and half as many state tiles: twice the warps per SM to hide the scratch loads and the mma
-# chains), bitwise the "tc" variant's results; a benchmark variant: slower than tc's state pass on the 27B's heads
-# (H200, 1c26c7b, perf/results/bench_gdn_1c26c7b.txt: 1.55 vs 1.04 ms at 32 columns, 4096 rows)
-# "tcs": the tc prep, then gdn_chunk_state_mma reading each chunk's W and Q rows from shared memory, copied there by
-# cp.async while the previous chunk's A V' and state update run (STG; +64 KB per block at dk = 128, still two blocks
-# per SM), bitwise the "tc" variant's results
-STATE_VARIANTS = {
-    "tc": "gdn_chunk_state_mma",
-    "mma": "gdn_chunk_state_mma",
-    "fp32": "gdn_chunk_state",
-    "split": "gdn_chunk_state_h",
-    "tc8": "gdn_chunk_state_mma",
-    "tcs": "gdn_chunk_state_mma",
-}
-_TC_PREP = ("tc", "split", "tc8", "tcs")  # the variants after gdn_chunk_prep_tc
-_STATE_WARPS = {"tc8": 8}  # warps per state-pass block where not 4 (its template argument NWARP)
-_STAGED = ("tcs",)  # the state pass with its W and Q rows staged in shared memory (template argument STG)
-# "mma" (855128a): 1.53x the fp32 variant on one 8192-token sequence of the 27B's heads. "tc" (6688cc6, H200,
-# perf/bench_gdn.py, perf/results/bench_gdn_6688cc6.txt; its GPU tests pass): the prep 1.028 -> 0.642 ms (27B heads)
-# and 0.716 -> 0.468 ms (35B-A3B) on a 4096-token chunk, 1.6x at every batch shape measured; the outputs within
-# 1.3e-6 of max |ref| of the one-pass kernel (mma: 1.2e-6)
-# "tcs" (H200, 91528b4, perf/bench_gdn.py --batches 1x4096,1x8192; GPU tests pass): the state launch at 32 columns
-# 27B heads 1.053 -> 1.005 ms (4096 rows), 2.107 -> 2.038 (8192); 35B-A3B 0.800 -> 0.762, 1.616 -> 1.515; the same
-# bits (at 16 columns it is slower, 1.03 -> 1.64 ms: two blocks per SM instead of three; state_cols takes 32)
-DEFAULT_VARIANT = "tcs"
 
-
-def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str, str]:
-    """The (prep, state) kernel instances of a two-pass variant."""
-    mma = "true" if variant == "mma" else "false"
-    prep = f"gdn_chunk_prep_tc<{t}, {dk}>" if variant in _TC_PREP else f"gdn_chunk_prep<{t}, {dk}, {mma}>"
-    tail = ""  # the template arguments past the defaults: NWARP (4), then STG (false)
-    if variant in _STATE_WARPS or variant in _STAGED:
-        tail = f", {_STATE_WARPS.get(variant, 4)}" + (", true" if variant in _STAGED else "")
-    return prep, f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}{tail}>"
-
-
-def _conv_prep_name(t: str, dk: int) -> str:
-    """The tc prep over the raw in-projection rows with the causal conv fused (gdn_prep_tc.cuh)."""
-    return f"gdn_chunk_prep_tc_conv<{t}, {dk}>"
-
-
-def _out_name(t: str, dk: int, cols: int) -> str:
-    """The output pass of the "split" variant."""
-    return f"gdn_chunk_out<{t}, {dk}, {cols}>"
-
-
-@functools.cache  # looked up on every chunked call: built once per variant
-def chunk_instances(variant: str) -> tuple[str, ...]:
-    """Every gdn_chunk.cu instance of a two-pass variant (the default's are compiled at warm-up, the other's on
-    first use; tests/test_cuda_compile.py compiles both)."""
-    prep = tuple(_chunk_names(variant, t, "float", d, 16)[0] for t in _T for d in HEAD_DIMS)
-    if variant in _TC_PREP:  # the tc prep with the causal conv fused (gdn_chunked(conv=...))
-        prep += tuple(_conv_prep_name(t, d) for t in _T for d in HEAD_DIMS)
-    state = tuple(
-        _chunk_names(variant, t, s, d, c)[1] for t in _T for s in _S for d in HEAD_DIMS for c in STATE_COLS
-    )
-    out = (
-        tuple(_out_name(t, d, c) for t in _T for d in HEAD_DIMS for c in STATE_COLS)
-        if variant == "split"
-        else ()
-    )
-    return prep + state + out
-
-
-STEP_COLS = 32  # value columns per block of gdn_step (GdnStep::CT)
-STEP_CLUSTER = 4  # column tiles per cluster of gdn_step_cl (GDN_CL): value heads of up to 128 columns
-# gdn_decode's single launch: "cluster" gdn_step_cl (the gated norm through distributed shared memory, the default
-# where dv <= STEP_CLUSTER * STEP_COLS), "counter" gdn_step<., ., ., true> with its epilogue by the last arriving
-# column tile (the kernel before; kept to time both in one run and as the fallback for wider heads). The same bits.
-DECODE_VARIANTS = ("auto", "cluster", "counter")
-# "auto": the cluster kernel up to this many sequences per call, the counter one above. Measured (H200, 8cf0e04,
-# perf/bench_gdn_decode.py, fp32 state, us per call, cluster / counter): 27B heads 1 sequence 6.07 / 6.60, 8
-# sequences 28.6 / 26.7; 35B-A3B 5.50 / 6.76 and 19.4 / 19.7. 2-4 sequences not measured. Both give the same bits,
-# so the switch changes no lane's result.
-STEP_CLUSTER_MAX_SEQS = 4
+# every instance the warm-up compiles (ninfer.cuda.all_sources): the conv, the default chunked variant's two
+# passes, the recurrence; the other chunked variants and SERIAL_SOURCES compile on first use
 SOURCES: dict[str, tuple[str, ...]] = {
-    "gdn.cu": tuple(f"causal_conv<{t}, 4>" for t in _T),
+    "gdn.cu": CONV_SOURCES,
     "gdn_chunk.cu": chunk_instances(DEFAULT_VARIANT),
-    "gdn_step.cu": tuple(
-        f"gdn_step<{t}, {s}, {d}, {c}>" for t in _T for s in _S for d in HEAD_DIMS for c in ("false", "true")
-    )
-    + tuple(f"gdn_step_post<{t}>" for t in _T)
-    + tuple(f"gdn_step_cl<{t}, {s}, {d}>" for t in _T for s in _S for d in HEAD_DIMS),
+    "gdn_step.cu": STEP_SOURCES,
 }
-# the one-pass kernel gdn_chunked in gdn.cu (one block per sequence slice walks all chunks): a benchmark variant
-# only (gdn_chunked(variant="serial")), compiled on first use, not at warm-up
-SERIAL_SOURCES = tuple(
-    f"gdn_chunked<{t}, {s}, {d}, {v}>" for t in _T for s in _S for d in HEAD_DIMS for v in _SLICES
-)
-
-
-_STATE_TYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}  # GDN state dtype -> C++ type
-
-
-def _seqs(starts: Any, slots: Any, rows: int, n_slots: int) -> int:
-    check_array(starts, "starts", dtype=np.int32, shape=(None,))
-    nseq = starts.shape[0] - 1
-    if nseq < 0:
-        raise KernelError("starts: needs nseq + 1 entries")
-    check_array(slots, "slots", dtype=np.int32, shape=(nseq,))
-    return nseq
-
-
-def causal_conv(x: Any, w: Any, state: Any, starts: Any, slots: Any, out: Any = None) -> Any:
-    """``silu(depthwise causal conv)`` of ``x[T, C]`` with ``w[C, 4]`` (tap 3 = current token) and carried raw
-    inputs ``state[S, C, 3]`` (float32, updated in place for the slots used). ``out`` must not overlap ``x``: the
-    kernel's token tiles run in parallel and read their predecessors' raw inputs."""
-    import cupy
-
-    t = act_type(x, "x")
-    rows, c, ldx = check_rows(x, "x")
-    check_array(w, "w", dtype=np.float32, shape=(c, 4))
-    check_array(state, "state", dtype=np.float32, shape=(None, c, 3))
-    nseq = _seqs(starts, slots, rows, state.shape[0])
-    if out is None:
-        out = cupy.empty((rows, c), dtype=x.dtype)
-    _, _, ldy = check_rows(out, "out", c)
-    if cupy.may_share_memory(out, x):
-        raise KernelError("causal_conv: out overlaps x (the token tiles read earlier rows of x)")
-    if nseq and rows:
-        fn = kernel("gdn.cu", SOURCES["gdn.cu"], f"causal_conv<{t}, 4>")
-        fn(
-            (grid_1d(c, 128), -(-rows // CONV_TILE)),
-            (128,),
-            (x, w, state, out, starts, slots, np.int32(c), np.int64(ldx), np.int64(ldy), np.int32(nseq)),
-        )
-    return out
-
-
-def _gdn_args(
-    qkv: Any, a: Any, b: Any, a_log: Any, dt_bias: Any, state: Any, starts: Any, slots: Any, hk: int, out: Any
-) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-    """Checks shared by both GDN kernels: (out, the kernel's trailing scalar arguments, names for the instance)."""
-    import cupy
-
-    t = act_type(qkv, "qkv")
-    rows, width, ldq = check_rows(qkv, "qkv")
-    if state.ndim != 4:
-        raise KernelError(f"state: must be [S, HV, dk, dv], got shape {list(state.shape)}")
-    st = _STATE_TYPES.get(state.dtype)
-    if st is None:
-        raise KernelError(f"state: dtype must be float32 or uint16 (bf16), got {state.dtype}")
-    check_array(state, "state")
-    _, hv, dk, dv = state.shape
-    if hk <= 0 or hv % hk:
-        raise KernelError(f"n_k_heads={hk}: HV={hv} must be a multiple of it")
-    if dk not in HEAD_DIMS:
-        raise KernelError(f"state: key head dim {dk} has no kernel instance (have {HEAD_DIMS})")
-    if width != 2 * hk * dk + hv * dv:
-        raise KernelError(f"qkv: width {width} != 2·{hk}·{dk} + {hv}·{dv}")
-    _, _, lda = check_rows(a, "a", hv)
-    _, _, ldb = check_rows(b, "b", hv)
-    for name, arr in (("a", a), ("b", b)):
-        if arr.dtype != qkv.dtype or arr.shape[0] != rows:
-            raise KernelError(f"{name}: must be {qkv.dtype} [{rows}, {hv}]")
-    check_array(a_log, "a_log", dtype=np.float32, shape=(hv,))
-    check_array(dt_bias, "dt_bias", dtype=np.float32, shape=(hv,))
-    nseq = _seqs(starts, slots, rows, state.shape[0])
-    if out is None:  # contiguous rows by construction
-        out, ldo = cupy.empty((rows, hv * dv), dtype=qkv.dtype), hv * dv
-    else:
-        _, _, ldo = check_rows(out, "out", hv * dv)
-    names = {"t": t, "st": st, "nseq": nseq, "hv": hv, "dk": dk, "dv": dv}
-    return out, _gdn_scalars(hk, hv, dv, ldq, lda, ldb, ldo), names
-
-
-@functools.lru_cache(maxsize=1024)
-def _gdn_scalars(hk: int, hv: int, dv: int, ldq: int, lda: int, ldb: int, ldo: int) -> tuple[Any, ...]:
-    """The GDN kernels' trailing scalars as the kernel's types (cached: the same tuple every GDN layer of a call;
-    NumPy scalars are immutable)."""
-    return (
-        np.int32(hk),
-        np.int32(hv),
-        np.int32(dv),
-        np.int64(ldq),
-        np.int64(lda),
-        np.int64(ldb),
-        np.int64(ldo),
-    )
-
-
-def step_smem_bytes(dk: int) -> int:
-    """Dynamic shared memory of ``gdn_step<., ., dk, .>``: mirrors ``GdnStep::FLOATS`` in gdn_step.cu (the kernel
-    traps when it gets less)."""
-    return 4 * (2 * dk + STEP_COLS + 2 * (dk // 16) * STEP_COLS)
-
-
-def step_cl_smem_bytes(dk: int) -> int:
-    """Dynamic shared memory of ``gdn_step_cl<., ., dk>``: mirrors ``GdnStepCl::FLOATS`` in gdn_step.cu (two
-    mbarriers and a flag, the o exchange of two tokens, then gdn_step's layout; the kernel traps when it gets less)."""
-    return 4 * (8 + 2 * STEP_CLUSTER * STEP_COLS) + step_smem_bytes(dk)
-
-
-# gdn_step's epilogue arguments when it has none (cnt, z, nw, y: null pointers; ldz, ldy, eps)
-_NO_POST = (np.uint64(0), np.uint64(0), np.uint64(0), np.uint64(0), np.int64(0), np.int64(0), np.float32(0))
-
-
-def _step(k: dict[str, Any], conv: bool, args: tuple[Any, ...]) -> None:
-    """Launch ``gdn_step``: one block of 2·dk threads (dk/16 warps of 16 state rows) per (sequence, value head,
-    32 value columns)."""
-    name = f"gdn_step<{k['t']}, {k['st']}, {k['dk']}, {'true' if conv else 'false'}>"
-    fn = kernel("gdn_step.cu", SOURCES["gdn_step.cu"], name)
-    grid = (k["nseq"], k["hv"], -(-k["dv"] // STEP_COLS))
-    launch(fn, grid, (2 * k["dk"],), args, step_smem_bytes(k["dk"]))  # gdn_step.cu waits (pdl_wait) first
-
-
-def _step_cl(k: dict[str, Any], args: tuple[Any, ...]) -> None:
-    """Launch ``gdn_step_cl``: clusters of the STEP_CLUSTER column tiles of one (sequence, value head), the grid's z
-    exactly STEP_CLUSTER (the kernel's compile-time cluster dims)."""
-    name = f"gdn_step_cl<{k['t']}, {k['st']}, {k['dk']}>"
-    fn = kernel("gdn_step.cu", SOURCES["gdn_step.cu"], name)
-    launch(fn, (k["nseq"], k["hv"], STEP_CLUSTER), (2 * k["dk"],), args, step_cl_smem_bytes(k["dk"]))
-
-
-def gdn_recurrent(
-    qkv: Any,
-    a: Any,
-    b: Any,
-    a_log: Any,
-    dt_bias: Any,
-    state: Any,
-    starts: Any,
-    slots: Any,
-    *,
-    n_k_heads: int,
-    out: Any = None,
-) -> Any:
-    """Delta rule over the conv output ``qkv[T, 2·HK·dk + HV·dv]`` (q | k | v), gate inputs ``a, b[T, HV]``,
-    ``a_log, dt_bias[HV]`` float32 and state ``[S, HV, dk, dv]`` (float32 or bf16 words, updated in place).
-    q and k are l2-normed and q scaled by 1/√dk inside. Returns ``o[T, HV·dv]``."""
-    out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)
-    if k["nseq"]:  # no conv: a_log stands in for the conv weight and state pointers, which are never read
-        _step(k, False, (qkv, a_log, a_log, a, b, a_log, dt_bias, state, out, starts, slots, *scalars,
-                         slots, np.int32(0), *_NO_POST))  # fmt: skip
-    return out
-
-
-def gdn_decode(
-    qkv: Any,
-    conv_w: Any,
-    conv_state: Any,
-    a: Any,
-    b: Any,
-    a_log: Any,
-    dt_bias: Any,
-    state: Any,
-    starts: Any,
-    slots: Any,
-    z: Any,
-    norm_w: Any,
-    eps: float,
-    *,
-    n_k_heads: int,
-    out: Any = None,
-    snap: Any = None,
-    fused: bool = True,
-    variant: str = "auto",
-) -> Any:
-    """The GDN mixer core in one launch (``fused=False``: two, the epilogue in ``gdn_step_post``; the same bits):
-    the causal conv of the raw ``in_proj_qkv`` rows ``qkv`` (taps ``conv_w[C, 4]``, carried raw inputs ``conv_state[S, C, 3]`` float32), the exact delta rule (arguments as
-    ``gdn_recurrent``) and the gated RMSNorm with ``z[T, HV·dv]`` (``in_proj_z`` output, same dtype) and
-    ``norm_w[dv]``. Returns ``y[T, HV·dv]`` (``out`` if given: it also holds the un-normed output in between).
-
-    Bitwise equal to ``causal_conv`` -> ``gdn_recurrent`` -> ``gated_rmsnorm``, states included. Segments of
-    several tokens run token by token (exact prefill): with a float32 state each token gives the bits of its own
-    decode call.
-
-    ``snap[nseq]`` int32 (speculative verify): before each token ``t`` of sequence ``b`` the recurrent and conv
-    states are also stored into state slot ``snap[b] + (t - starts[b])`` (slots of the same ``state`` and
-    ``conv_state`` arrays, distinct from every ``slots`` entry), i.e. the state after the tokens before ``t``. Stores
-    only: outputs and the final states are the same bits as without ``snap``.
-
-    ``variant`` (``DECODE_VARIANTS``, one launch): ``"cluster"`` (``gdn_step_cl``; heads wider than 128 columns
-    fall back to ``"counter"``), ``"counter"`` (``gdn_step``'s last-arrival epilogue) or ``"auto"`` (cluster up to
-    ``STEP_CLUSTER_MAX_SEQS`` sequences): the same bits. The cluster
-    kernel reads ``starts``, ``slots``, ``snap`` and the weights before it waits for the kernel ahead (PDL): no
-    kernel of the same captured launch chain may write them (the decode graphs upload them by copy)."""
-    rows, c, ldx = check_rows(qkv, "qkv")
-    check_array(conv_w, "conv_w", dtype=np.float32, shape=(c, 4))
-    check_array(conv_state, "conv_state", dtype=np.float32, shape=(None, c, 3))
-    out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)
-    hv, dv = k["hv"], k["dv"]
-    _, _, ldz = check_rows(z, "z", hv * dv)
-    if z.dtype != qkv.dtype or z.shape[0] != rows:
-        raise KernelError(f"z: must be {qkv.dtype} [{rows}, {hv * dv}]")
-    check_array(norm_w, "norm_w", dtype=np.float32, shape=(dv,))
-    if k["nseq"] >= 65535:  # gdn_step_post's grid rows: 1 + nseq
-        raise KernelError(f"starts: {k['nseq']} sequences in one call, at most 65534")
-    if snap is not None:
-        check_array(snap, "snap", dtype=np.int32, shape=(k["nseq"],))
-    if variant not in DECODE_VARIANTS:
-        raise KernelError(f"variant: one of {DECODE_VARIANTS}, got {variant!r}")
-    if not k["nseq"]:
-        return out
-    sn = (slots, np.int32(0)) if snap is None else (snap, np.int32(1))
-    qkc, ldo = 2 * n_k_heads * k["dk"], scalars[-1]
-    head = (qkv, conv_w, conv_state, a, b, a_log, dt_bias, state, out, starts, slots, *scalars, *sn)
-    if fused:  # counters per sequence and value / QK head (the cluster kernel uses the QK heads' only)
-        cnt = arrival_counters(k["nseq"] * (hv + n_k_heads))
-        tail = (cnt, z, norm_w, out, np.int64(ldz), ldo, np.float32(eps))
-        cluster = variant == "cluster" or (variant == "auto" and k["nseq"] <= STEP_CLUSTER_MAX_SEQS)
-        if cluster and dv <= STEP_CLUSTER * STEP_COLS:
-            _step_cl(k, (*head, *tail))
-        else:
-            _step(k, True, (*head, *tail))
-        return out
-    _step(k, True, (*head, *_NO_POST))
-    post = kernel("gdn_step.cu", SOURCES["gdn_step.cu"], f"gdn_step_post<{k['t']}>")
-    post(
-        (max(grid_1d(rows * hv, 4), grid_1d(qkc, 128)), 1 + k["nseq"]),
-        (128,),
-        (out, z, norm_w, out, qkv, conv_state, starts, slots, np.int32(rows), np.int32(hv), np.int32(dv),
-         np.int32(qkc), np.int32(c), np.float32(eps), ldo, np.int64(ldz), ldo, np.int64(ldx), *sn),
-    )  # fmt: skip
-    return out
-
-
-def chunk_smem_bytes(dk: int, dvs: int) -> int:
-    """Dynamic shared memory of the serial variant ``gdn_chunked<., ., dk, dvs>`` (gdn.cu): mirrors
-    ``GdnChunkSmem::FLOATS`` there (the kernel traps when it gets less)."""
-    kst, sst, vst, mst = dk + 1, dvs + 16, dvs + dvs // 8, CHUNK + 1
-    return 4 * (2 * CHUNK * kst + dk * sst + CHUNK * vst + 2 * CHUNK * mst + 4 * CHUNK)
-
-
-def chunk_slice(dv: int) -> int:
-    """Value columns per block of the serial variant (DVS): 64 unless the head has at most 32."""
-    return 32 if dv <= 32 else 64
-
-
-def prep_smem_bytes(dk: int) -> int:
-    """Dynamic shared memory of ``gdn_chunk_prep<., dk, .>``: mirrors ``GdnPrepSmem::FLOATS`` in gdn_chunk.cu (the
-    kernel traps when it gets less; tests/test_gdn_chunked_host.py runs it with this size)."""
-    return 4 * (2 * CHUNK * (dk + 4) + 3 * CHUNK * (CHUNK + 4) + 3 * CHUNK)
-
-
-def prep_tc_smem_bytes(dk: int) -> int:
-    """Dynamic shared memory of ``gdn_chunk_prep_tc<., dk>``: mirrors ``GdnPrepTcSmem::FLOATS`` in gdn_prep_tc.cuh
-    (k rows, q rows whose space L and the block products reuse, T, the gates): 85.5 KB at dk = 128."""
-    kst, mst = dk + 4, CHUNK + 4
-    return 4 * (CHUNK * kst + max(CHUNK * kst, CHUNK * mst + 3 * 256) + CHUNK * mst + 3 * CHUNK)
-
-
-def prep_tc_conv_smem_bytes(dk: int, dv: int) -> int:
-    """Dynamic shared memory of ``gdn_chunk_prep_tc_conv<., dk>``: mirrors ``GdnPrepTcSmem::floats_conv(gpt_vst(dv))``
-    in gdn_prep_tc.cuh: ``prep_tc_smem_bytes(dk)`` with the q region grown to hold a value head's 64 conv rows of
-    ``gpt_vst(dv)`` floats where they need more (not at dk = dv = 128: 85.5 KB there too)."""
-    kst, mst, vst = dk + 4, CHUNK + 4, -(-dv // 8) * 8 + 2
-    qr = max(CHUNK * kst, CHUNK * mst + 3 * 256, CHUNK * vst)
-    return 4 * (CHUNK * kst + qr + CHUNK * mst + 3 * CHUNK)
-
-
-def state_smem_bytes(dk: int, cols: int) -> int:
-    """Dynamic shared memory of ``gdn_chunk_state<., ., dk, cols>``: mirrors ``GdnStateSmem::FLOATS`` in
-    gdn_chunk.cu."""
-    sst = vst = 24 if cols == 16 else 48
-    return 4 * (dk * sst + 2 * CHUNK * (dk + 4) + CHUNK * (CHUNK + 4) + CHUNK * vst + 2 * CHUNK)
-
-
-def state_mma_smem_bytes(dk: int, cols: int, staged: bool = False) -> int:
-    """Dynamic shared memory of ``gdn_chunk_state_mma<., ., dk, cols>``: mirrors ``GdnStateMmaSmem::FLOATS`` in
-    gdn_state_mma.cuh (the state and V' as split B fragments, the gates of two chunks): 2·cols·(dk + 64) + 256
-    floats, 50.2 KB at dk = 128 and 32 columns; ``staged`` (``STAGED``, variant "tcs"): + a chunk's W and Q rows,
-    2·64·dk floats (113 KB in all at dk = 128: two blocks fill an H200 SM's 228 KB)."""
-    return 4 * (2 * cols * (dk + CHUNK) + 4 * CHUNK + (2 * CHUNK * dk if staged else 0))
-
-
-@functools.cache
-def _sm_count(device: int) -> int:
-    import cupy
-
-    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
-
-
-def state_cols(nseq: int, hv: int, dv: int, sms: int) -> int:
-    """Value columns per state-pass block: 32 (half the scratch reads per column of 16) unless the head has at
-    most 16. Results do not depend on it. Measured (H200, 6688cc6, perf/bench_gdn.py, the mma state pass): 32
-    columns are faster at every shape, even with fewer blocks than SMs (27B heads 1 x 4096: 1.022 against 1.080
-    ms, 1 x 8192 2.05 / 2.26; 35B-A3B 1 x 4096 0.761 / 0.959, 2 x 2048 0.503 / 1.105): each block re-reads its
-    chunk's q, k, W and A rows, so the narrower slice's extra L2 traffic costs more than its extra blocks gain
-    (``nseq`` and ``sms`` are kept for the callers; the choice no longer depends on them)."""
-    return 16 if dv <= 16 else 32
-
-
-def _scratch_parts(
-    rows: int, hk: int, hv: int, dk: int, dv: int, nseq: int = 1, variant: str = DEFAULT_VARIANT
-) -> tuple[int, ...]:
-    """Floats of the scratch sections in order (qk, w, a, u, g; gdn_chunk.cu's layout; "split" adds h, one state
-    per chunk of at most ``rows // 64 + nseq``): every section but a and g starts 16-byte aligned (the passes
-    read qk, w and h rows as float4)."""
-    parts = (rows * hk * 2 * dk, rows * hv * dk, rows * hv * CHUNK, rows * hv * dv, rows * hv)
-    if variant == "split":
-        pad = -sum(parts) % 4  # g padded so that h starts 16-byte aligned
-        parts = (*parts[:-1], parts[-1] + pad, (rows // CHUNK + nseq) * hv * dk * dv)
-    return parts
-
-
-def chunk_scratch_bytes(
-    rows: int, hk: int, hv: int, dk: int, dv: int, nseq: int = 1, variant: str = DEFAULT_VARIANT
-) -> int:
-    """Device scratch of one ``gdn_chunked`` call over ``rows`` tokens of ``nseq`` sequences (float32, freed back
-    to CuPy's pool after the call): 4·rows·(2·hk·dk + hv·(dk + 64 + dv + 1)) bytes, ~640 MB for 8192 rows of the
-    27B's heads; the "split" variant adds a dk x dv state per chunk and value head (+ 400 MB there)."""
-    return 4 * sum(_scratch_parts(rows, hk, hv, dk, dv, nseq, variant))
-
-
-def gdn_chunked(
-    qkv: Any,
-    a: Any,
-    b: Any,
-    a_log: Any,
-    dt_bias: Any,
-    state: Any,
-    starts: Any,
-    slots: Any,
-    *,
-    n_k_heads: int,
-    out: Any = None,
-    variant: str = DEFAULT_VARIANT,
-    cols: int | None = None,
-    conv: tuple[Any, Any] | None = None,
-) -> Any:
-    """``gdn_recurrent`` in the chunked form (docs/model-math.md §4.6, reference ``ops.gdn_chunked``): same
-    arguments, checks, result and state update within fp32 noise. Each sequence runs in chunks of 64 tokens
-    counted from its first row in this call, so results depend (at fp32 noise) on how a prompt is split.
-
-    Two launches over a scratch of ``chunk_scratch_bytes`` (allocated per call from CuPy's pool):
-    ``gdn_chunk_prep``, one block per (chunk, key head), and the state pass, one block per (sequence, value head,
-    ``cols`` = 16 or 32 value columns, by default ``state_cols``) walking the chunks in order. ``variant="mma"``:
-    both passes' products as 3xTF32 mma.sync (``gdn_chunk_state_mma``); ``"tc"``: the same with the prep's solve
-    on tensor cores too (``gdn_chunk_prep_tc``); ``"tc8"``: "tc" with 8 warps per state-pass block instead of 4
-    (the same bits); ``"tcs"``: "tc" with each chunk's W and Q rows staged in shared memory (the same bits); ``"split"``: "tc" with the state pass split in two (the same bits); ``"fp32"``: on fp32 FMAs
-    (``gdn_chunk_state``);
-    ``"serial"``: the older one-pass kernel (one block per sequence slice does all of each chunk's work;
-    benchmarks only). The variants other than ``DEFAULT_VARIANT`` are compiled on first use.
-
-    ``conv = (conv_w, conv_state)`` (taps ``[C, 4]`` and carried raw inputs ``[S, C, 3]``, float32, as
-    ``causal_conv``): ``qkv`` is the raw in-projection rows and the call is ``causal_conv`` (its conv state update
-    included) followed by ``gdn_chunked`` on its output, bitwise. The tc prep variants (``"tc"``, ``"tcs"``,
-    ``"tc8"``, ``"split"``) run ``gdn_chunk_prep_tc_conv``, which computes the conv of the rows it reads itself
-    (the conv output is never stored); the others run ``causal_conv`` first."""
-    import cupy
-
-    if variant not in (*STATE_VARIANTS, "serial"):
-        raise KernelError(f"variant: one of {(*STATE_VARIANTS, 'serial')}, got {variant!r}")
-    if cols not in (None, *STATE_COLS):
-        raise KernelError(f"cols: one of {STATE_COLS}, got {cols}")
-    if conv is not None:
-        _, width, _ = check_rows(qkv, "qkv")
-        check_array(conv[0], "conv_w", dtype=np.float32, shape=(width, 4))
-        check_array(conv[1], "conv_state", dtype=np.float32, shape=(None, width, 3))
-        if variant not in _TC_PREP:  # no fused prep: the conv's own kernel, then the usual passes
-            qkv, conv = causal_conv(qkv, conv[0], conv[1], starts, slots), None
-    out, scalars, k = _gdn_args(qkv, a, b, a_log, dt_bias, state, starts, slots, n_k_heads, out)
-    if not k["nseq"]:
-        return out
-    if variant == "serial":
-        _serial(k, (qkv, a, b, a_log, dt_bias, state, out, starts, slots, *scalars))
-        return out
-    hk_, hv_, dv_, ldq, lda, ldb, ldo = scalars  # the kernels' int32 / int64 arguments
-    rows, hv, dv = qkv.shape[0], k["hv"], k["dv"]
-    dk, t, nseq = k["dk"], k["t"], k["nseq"]
-    cols = cols or state_cols(nseq, hv, dv, _sm_count(cupy.cuda.Device().id))
-    parts = _scratch_parts(rows, n_k_heads, hv, dk, dv, nseq, variant)
-    buf = cupy.empty(max(sum(parts), 1), dtype=np.float32)
-    offs = np.cumsum((0, *parts))
-    qk_s, w_s, a_s, u_s, g_s = (buf[offs[i] : offs[i + 1]] for i in range(5))
-    nchunks = rows // CHUNK + nseq  # gdn_chunk_prep's grid: blocks past the last chunk exit
-    names = _chunk_names(variant, t, k["st"], dk, cols)
-    inst = chunk_instances(variant)  # the default's are SOURCES["gdn_chunk.cu"]: compiled at warm-up
-    pargs = (qkv, a, b, a_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, np.int32(nseq), hk_, hv_, dv_,
-             ldq, lda, ldb)  # fmt: skip
-    if conv is not None:  # the tc prep over the raw rows, the conv fused (and its state updated there)
-        prep = kernel("gdn_chunk.cu", inst, _conv_prep_name(t, dk))
-        _launch_smem(prep, (nchunks, n_k_heads), 256, prep_tc_conv_smem_bytes(dk, dv), (*pargs, *conv, slots))
-    else:
-        prep = kernel("gdn_chunk.cu", inst, names[0])
-        psmem = prep_tc_smem_bytes(dk) if variant in _TC_PREP else prep_smem_bytes(dk)
-        _launch_smem(prep, (nchunks, n_k_heads), 256, psmem, pargs)
-    st = kernel("gdn_chunk.cu", inst, names[1])
-    if variant == "split":
-        h_s, smem = buf[offs[5] : offs[6]], state_mma_smem_bytes(dk, cols)
-        _launch_smem(st, (nseq, hv, -(-dv // cols)), 128, smem,
-                     (qk_s, w_s, a_s, u_s, g_s, h_s, state, starts, slots, hk_, hv_, dv_))  # fmt: skip
-        fo = kernel("gdn_chunk.cu", inst, _out_name(t, dk, cols))
-        _launch_smem(fo, (nchunks, hv, -(-dv // cols)), 128, smem,
-                     (qk_s, a_s, u_s, g_s, h_s, out, starts, np.int32(nseq), hk_, hv_, dv_, ldo))  # fmt: skip
-        return out
-    threads, smem = (
-        (32 * _STATE_WARPS.get(variant, 4), state_mma_smem_bytes(dk, cols, variant in _STAGED))
-        if variant != "fp32"
-        else (8 * cols, state_smem_bytes(dk, cols))
-    )
-    _launch_smem(st, (nseq, hv, -(-dv // cols)), threads, smem,
-                 (qk_s, w_s, a_s, u_s, g_s, state, out, starts, slots, hk_, hv_, dv_, ldo))  # fmt: skip
-    return out
-
-
-def _launch_smem(fn: Any, grid: tuple[int, ...], threads: int, smem: int, args: tuple[Any, ...]) -> None:
-    if fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
-    fn(grid, (threads,), args, shared_mem=smem)
-
-
-def _serial(k: dict[str, Any], args: tuple[Any, ...]) -> None:
-    """The one-pass variant (gdn.cu's gdn_chunked): one block of 256 threads per (sequence, value head, slice)."""
-    dvs = chunk_slice(k["dv"])
-    fn = kernel("gdn.cu", SERIAL_SOURCES, f"gdn_chunked<{k['t']}, {k['st']}, {k['dk']}, {dvs}>")
-    _launch_smem(fn, (k["nseq"], k["hv"], -(-k["dv"] // dvs)), 256, chunk_smem_bytes(k["dk"], dvs), args)

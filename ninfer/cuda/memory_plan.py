@@ -161,7 +161,7 @@ def _dense_shapes(mc: ModelConfig) -> list[tuple[int, int]]:
 
 
 def _gdn_scratch(mc: ModelConfig, rows: int) -> int:
-    """The chunked delta rule's float32 scratch of one GDN layer's call (ninfer/cuda/gdn.py, freed to the pool
+    """The chunked delta rule's float32 scratch of one GDN layer's call (ninfer/cuda/gdn_chunk.py, freed to the pool
     after the call): W, U, A rows and gates per value head, normed q / k per key head."""
     if not mc.linear_attention_layers:
         return 0

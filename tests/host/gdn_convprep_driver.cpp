@@ -40,7 +40,7 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
         });
     };
     Run ref = fresh(), fu = fresh();
-    {  // causal_conv (its launch shape in gdn.py: 128 channels x CONV_TILE rows per block), then the tc prep
+    {  // causal_conv (its launch shape in gdn_step.py: 128 channels x CONV_TILE rows per block), then the tc prep
         std::vector<T> y((size_t)T_ * C);
         std::memset((void*)y.data(), 0xff, y.size() * sizeof(T));
         emu_launch({(unsigned)((C + 127) / 128), (unsigned)((T_ + CONV_TILE - 1) / CONV_TILE), 1}, 128, 0, [&] {

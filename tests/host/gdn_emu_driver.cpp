@@ -2,7 +2,7 @@
 // act_bf16 state_bf16 prep_smem state16_smem state32_smem mma16_smem mma32_smem tc_prep_smem staged16_smem
 // staged32_smem. Reads
 // dir/{qkv,a,b,alog,dtb,state,starts,slots}.bin, runs gdn_chunk_prep over a NaN-filled scratch (as
-// ninfer/cuda/gdn.py lays it out) once per variant, then from the same initial state: gdn_chunk_state with 16
+// ninfer/cuda/gdn_chunk.py lays it out) once per variant, then from the same initial state: gdn_chunk_state with 16
 // value columns per block (writes dir/o.bin, dir/state_out.bin) and with 32 (dir/o32.bin, dir/state32.bin) from
 // gdn_chunk_prep<., ., false>'s scratch (variant "fp32"), and gdn_chunk_state_mma with 16 (dir/o_mma16.bin,
 // dir/state_mma16.bin) and 32 (dir/o_mma32.bin, dir/state_mma32.bin) from gdn_chunk_prep<., ., true>'s ("mma"),
