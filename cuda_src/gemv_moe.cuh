@@ -4,6 +4,7 @@
 // compiles their code away.
 #pragma once
 #include "common.cuh"
+#include "moe_combine.cuh"
 #include "route_row.cuh"
 
 // Routed expert launch (gemv_mma_rt, experts == 1): the slots' experts are chosen here from the router's logits
@@ -63,9 +64,7 @@ __device__ __forceinline__ void gv_ld8cg(const float* p, float (&v)[8]) {
 }
 
 // Token tok's combine + norm by the last of its blocks (see GvCombine): dn the launch's output rows (row stride H).
-// The expert rows are loaded in batches of GV_COMBINE_BATCH before their fmafs (as norm.cu's combine8: two L2 round
-// trips per token, not two per expert), the fmafs in the standalone kernel's order.
-constexpr int GV_COMBINE_BATCH = 8;
+// The routed experts' rows through moe_combine.cuh, as norm.cu's combine8: the same operations in the same order.
 __device__ __forceinline__ void gv_combine_row(const GvCombine& cb, int tok, const float* dn, int H, float* scratch) {
     const int* wh = cb.where + (long long)tok * cb.k;
     const float* er = cb.ew + (long long)tok * cb.k;
@@ -83,21 +82,12 @@ __device__ __forceinline__ void gv_combine_row(const GvCombine& cb, int tok, con
         float r[8], d[8], acc[8];
         gv_ld8cg(rr + 8 * c, r);
         gv_ld8cg(shr + 8 * c, d);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-        for (int j0 = 0; j0 < cb.k; j0 += GV_COMBINE_BATCH) {  // norm.cu's combine8: a batch's loads, then its fmafs
-            float dj[GV_COMBINE_BATCH][8], wj[GV_COMBINE_BATCH];
-#pragma unroll
-            for (int b = 0; b < GV_COMBINE_BATCH; ++b)
-                if (j0 + b < cb.k)
-                    gv_ld8cg(dn + (long long)__ldcg(wh + j0 + b) * H + 8 * c, dj[b]), wj[b] = __ldcg(er + j0 + b);
-#pragma unroll
-            for (int b = 0; b < GV_COMBINE_BATCH; ++b)
-                if (j0 + b < cb.k) {
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[e] = fmaf(wj[b], dj[b][e], acc[e]);
-                }
-        }
+        moe_combine_experts(
+            [&](int j, float(&x)[8]) {
+                gv_ld8cg(dn + (long long)__ldcg(wh + j) * H + 8 * c, x);
+                return __ldcg(er + j);
+            },
+            cb.k, acc);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             v[i][e] = fmaf(gate, d[e], acc[e]) + r[e];  // combine8's last fmaf, then x + r

@@ -17,6 +17,7 @@
 //   y = (o * rsqrt(mean(o^2) + eps)) * w * silu(z); one warp per (token, head) row (gated_norm.cuh).
 #include "f16row.cuh"
 #include "gated_norm.cuh"
+#include "moe_combine.cuh"
 
 constexpr int RMS_NT = 256, RMS_NV = 4;
 
@@ -211,30 +212,18 @@ __global__ void __launch_bounds__(RMS_NT)
 //   c = sum_{j < k} ew[t, j] * dn[where[t, j], :]  (routed experts in rank order)  + sigmoid(sg[t]) * sh[t, :]
 // rounded to T (what the standalone combine stored), then exactly rmsnorm<RESID = true>(c): the same bits as the
 // combine kernel followed by rmsnorm (tests/test_cuda_ops.py checks it bitwise).
-// The loads go in batches of COMBINE_BATCH experts, every row of a batch (and the shared expert's) requested before
-// the batch's first fmaf: a token's combine is two L2 round trips (its ids, then its rows), not two per expert (a
-// loop of one row load then its fmafs ran the 35B-A3B's 8 experts' loads one after another: 6.9 us of Nsight Compute
-// time per layer at f43b0e6). The fmafs keep their order (j ascending, then the gate's): the same bits.
-constexpr int COMBINE_BATCH = 8;
+// The routed experts' rows in batches, their fmafs in rank order (moe_combine.cuh), then the shared expert's.
 template <typename T, bool VEC>
 __device__ __forceinline__ void combine8(const T* dn, const int* wh, const float* ew, float gate, const T* shr,
                                          int k, long long H, int c8, int n, float (&v)[8]) {
     float acc[8], s[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = 0.f;
     ld8<VEC>(shr + c8, n, s);
-    for (int j0 = 0; j0 < k; j0 += COMBINE_BATCH) {
-        float d[COMBINE_BATCH][8], wj[COMBINE_BATCH];
-#pragma unroll
-        for (int b = 0; b < COMBINE_BATCH; ++b)
-            if (j0 + b < k) ld8<VEC>(dn + (long long)wh[j0 + b] * H + c8, n, d[b]), wj[b] = ew[j0 + b];
-#pragma unroll
-        for (int b = 0; b < COMBINE_BATCH; ++b)
-            if (j0 + b < k) {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) acc[e] = fmaf(wj[b], d[b][e], acc[e]);
-            }
-    }
+    moe_combine_experts(
+        [&](int j, float(&d)[8]) {
+            ld8<VEC>(dn + (long long)wh[j] * H + c8, n, d);
+            return ew[j];
+        },
+        k, acc);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
         acc[e] = fmaf(gate, s[e], acc[e]);
