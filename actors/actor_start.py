@@ -50,16 +50,13 @@ def start_actor(
     """Create the named actor (Ray must be initialised) and return its handle, once the engine is loaded unless
     ``wait`` is false. ``actor_cls``: an ``EngineActor`` subclass (perf/ loads synthetic weights with one)."""
     opts = actor_options(spec, name=name, namespace=namespace, detached=detached)
-    cls = ray.remote(concurrency_groups=opts.pop("concurrency_groups"))(
-        actor_cls
-    )  # not settable in .options()
+    # concurrency groups are not settable in .options()
+    cls = ray.remote(concurrency_groups=opts.pop("concurrency_groups"))(actor_cls)
     handle = cls.options(**opts).remote(spec)
     if not wait:
         return handle
-    try:
-        ray.get(
-            handle.health.remote()
-        )  # a failed __init__ (bad artifact, engine settings, ...) surfaces here
+    try:  # a failed __init__ (bad artifact, engine settings, ...) surfaces here
+        ray.get(handle.health.remote())
     except ray.exceptions.RayActorError as e:
         lines = [ln for ln in str(e).splitlines() if ln.strip()]
         raise RuntimeError(f"the engine actor failed to start: {lines[-1] if lines else e}") from None

@@ -172,8 +172,9 @@ class EngineActor:
         loop = asyncio.get_running_loop()
         wake = Wake(loop)
         rid, handle = await self._start_one(req, wake.on_event)
-        if isinstance(handle, Failed | list):  # refused, or cancelled before it started
-            yield _ENC(handle if isinstance(handle, list) else [handle])
+        done = _settled_answer(handle)
+        if done is not None:
+            yield _ENC(done)
             return
         finished, interval = False, self._spec.stream_interval_s
         try:
@@ -304,9 +305,10 @@ class EngineActor:
 
     @staticmethod
     def _opened(sub: Subscription, request_id: str, handle: Any) -> list[Any]:
-        if isinstance(handle, Failed | list):  # refused, or cancelled before it started (its whole answer)
+        done = _settled_answer(handle)
+        if done is not None:
             sub.fresh.discard(request_id)
-            return handle if isinstance(handle, list) else [handle]
+            return done
         sub.add(request_id, handle)
         return [handle.accepted]
 
@@ -393,3 +395,11 @@ class EngineActor:
     async def shutdown(self) -> None:
         self._prompts.shutdown(wait=False, cancel_futures=True)
         adapter.close(self._engine)
+
+
+def _settled_answer(handle: Any) -> list[Any] | None:
+    """What ``_submit`` returned, as the whole answer of a request that never got a lane (its ``Failed``, or the
+    events of a cancel that came first), or None for an engine handle."""
+    if isinstance(handle, Failed):
+        return [handle]
+    return handle if isinstance(handle, list) else None
