@@ -25,6 +25,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ninfer.cuda import gemv_geometry as _geo
+
 from .bench_model import bench_decode
 
 __all__ = ["main", "graph_node_types"]
@@ -36,7 +38,7 @@ TOGGLES = ("fold", "prefetch", "route", "combine", "moe", "w8", "bulk", "wave3",
 # of 4 (more blocks for the small products: the 35B-A3B router and out-projection fill 12 and 128 slots of 528)
 _PLANS = {"wave3": ("_GV_WAVE_BLOCKS", 396), "wave2": ("_GV_WAVE_BLOCKS", 264), "tiles2": ("_GV_MIN_TILES", 2),
           "tiles1": ("_GV_MIN_TILES", 1)}  # fmt: skip
-_PLAN_DEFAULTS = {"_GV_WAVE_BLOCKS": 528, "_GV_MIN_TILES": 4}
+_PLAN_DEFAULTS = {attr: getattr(_geo, attr) for attr, _ in _PLANS.values()}  # the module's own values
 
 # CUgraphNodeType (cuda.h)
 _NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
@@ -73,12 +75,11 @@ def _switch(net: Any, toggle: str, on: bool) -> None:
     elif toggle == "moe":  # both MoE fusions
         net.moe_route_fused = net.moe_combine_fused = on
     elif toggle in _PLANS:  # the split plan's constant, then every cached plan and launch geometry dropped
-        import ninfer.cuda.gemv_geometry as geo
         import ninfer.cuda.linear as linear
 
         attr, value = _PLANS[toggle]
-        setattr(geo, attr, value if on else _PLAN_DEFAULTS[attr])
-        geo.gemv_plan.cache_clear()
+        setattr(_geo, attr, value if on else _PLAN_DEFAULTS[attr])
+        _geo.gemv_plan.cache_clear()
         linear._geometry.cache_clear()
     elif toggle in ("w8", "bulk"):  # module switches, read at every launch
         import ninfer.cuda.linear as linear
@@ -95,10 +96,8 @@ def _state(net: Any, toggle: str) -> bool:
     name = {"fold": "fold_norms", "route": "moe_route_fused", "combine": "moe_combine_fused",
             "moe": "moe_route_fused", "prefetch": "gemv_prefetch"}.get(toggle)  # fmt: skip
     if toggle in _PLANS:
-        import ninfer.cuda.gemv_geometry as geo
-
         attr, value = _PLANS[toggle]
-        return getattr(geo, attr) == value
+        return getattr(_geo, attr) == value
     if name is None:
         return bool(linear.GV_BULK if toggle == "bulk" else linear.GV_W8)
     return bool(getattr(net, name))
