@@ -91,14 +91,16 @@ __device__ __forceinline__ bool gv_slot(GvSlot<T>& s, const int* __restrict__ id
 // Norm folding (docs/cuda.md): xf GV_NORM | GV_NORMW stages the RMS-normed residual (x: float32 residual, x2: norm
 // weight, part/ldp/npart/eps: the producer's partial sums of squares; any experts mode: a lane's partials are
 // those of its activation row); fold = 1 (experts == 0 only) makes y the float32 residual, updated in place, and
-// writes this launch's partials to part [row blocks][ldp = nrows].
+// writes this launch's partials to part [row blocks][ldp = nrows]. GU (gemv_mma_gu, dense, fold = 0): the SwiGLU
+// epilogue (gemv_store.cuh gv_wrow, gv_gu_store): W is a fused [gate | up] weight of N = 2 I rows (N % ROWS == 0)
+// and y[b, f] = silu(g) * u for f < I, what a GV_SWIGLU product of the plain [gate | up] output stages.
 // experts == 1: expert slot z: activation row xrow[z], weight rows ids[z] * N .., one lane;
 // experts == 2: expert lanes: slot z's rows from its table xrow[z*2NB ..] (header), weight rows ids[z] * N ...
 // Dynamic shared memory: two activation chunk buffers (2 * GV_CHUNK * 8 * NB * 4 * FW * 4 bytes), then per warp
 // GV_STAGES stages of F::VECS * 512 bytes of weights (GemvPlan.smem_bytes in gemv_geometry.py computes the same
 // sizes).
 // q0 .. qsplits: the next product's L2 prefetch (gemv_prefetch.cuh gv_prefetch_next; gemv_mma_pf), null in gemv_mma.
-template <typename F, typename T, int NB>
+template <typename F, typename T, int NB, bool GU = false>
 __device__ __forceinline__ void gv_kernel(
     const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
     const T* __restrict__ x2, T* __restrict__ y, const int* __restrict__ ids, const int* __restrict__ xrow,
@@ -140,7 +142,9 @@ __device__ __forceinline__ void gv_kernel(
     // weights: a per-warp ring of GV_STAGES tiles, GV_STAGES - 1 of them in flight ahead of the math
     constexpr int ACT = GvChunk<NB>::V * 8 * NB * 4 * FW;  // u32 words of one activation chunk buffer
     u8* wsm = reinterpret_cast<u8*>(gv_sm + 2 * ACT) + warp * GV_STAGES * STAGE;
-    typename F::Src src = gv_rows_src<F>(p0, p1, p2, N, K, wbase, bx * ROWS + warp * MT * 16, kt0, t);
+    // GU: the block's rows are its features' gate rows, then their up rows (gv_wrow)
+    const int r0 = GU ? gv_wrow<ROWS>(bx, warp * MT * 16, N) : bx * ROWS + warp * MT * 16;
+    typename F::Src src = gv_rows_src<F>(p0, p1, p2, N, K, wbase, r0, kt0, t);
     if constexpr (GvBulk<F>::ON) gv_bulk_init<F>(wsm, lane);
     gv_prologue<F>(wsm, lane, src, t, nt);
     if (GvPf<F>::ON && GV_PF_START && q0 != nullptr && !experts) gv_prefetch_next<ROWS>(q0, q1, qn, qk, qbx, qsplits);
@@ -159,7 +163,7 @@ __device__ __forceinline__ void gv_kernel(
     if constexpr (GvBulk<F>::ON) gv_bulk_inval<F>(wsm, lane);
     if (GvPf<F>::ON && !GV_PF_START && q0 != nullptr && !experts) gv_prefetch_next<ROWS>(q0, q1, qn, qk, qbx, qsplits);
     const GvFold fo{fold, part, ldp, xr0};
-    gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);
+    gv_store<F, T, NB, GU>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);
     if (cb.cnt != nullptr) gv_combine_tail(cb, z, reinterpret_cast<const float*>(y), N, gv_sm);
 }
 
@@ -185,6 +189,14 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
                 int qsplits) {
     static_assert(GvPf<F>::ON, "the prefetch reads the NVFP4 device layout");
     gv_kernel<F, T, NB>(GV_ARGS, q0, q1, qn, qk, qbx, qsplits, GvRoute{}, GvCombine{});
+}
+
+// The dense gate | up product with the SwiGLU epilogue (GU above; linear.gemv(swiglu_out=True)): a separate instance,
+// so that gemv_mma stays what it was (its registers and spills: the epilogue's code in every instance shifted
+// ptxas's allocation, and the 4- and 8-row NVFP4 instances spilled).
+template <typename F, typename T, int NB>
+__global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS) gemv_mma_gu(GV_PARAMS) {
+    gv_kernel<F, T, NB, true>(GV_ARGS, nullptr, nullptr, 0, 0, 0, 0, GvRoute{}, GvCombine{});
 }
 
 // The routed expert launch (GvRoute above; gemv_experts.gemv_experts_routed): experts == 1, one lane per slot, the L2

@@ -27,6 +27,11 @@ template <> struct GvIsFloat<float> { static constexpr bool v = true; };
 #define GV_NORM 3
 #define GV_NORMW 4
 
+// The SwiGLU of a gate value g and its up value u (activation.cu's swiglu expression): the SwiGLU epilogue's
+// (gemv_store.cuh gv_gu_store), and the GV_SWIGLU staging's below (written out there: the wrapper shifted the
+// front end's register numbering of the bf16 instances), so both give the same bits.
+__device__ __forceinline__ float gv_swiglu(float g, float u) { return siluf_(g) * u; }
+
 // The folded norm's staged value of residual word r with norm weight word g (norm.cu's rms_out expression, rounded
 // to T as a stored activation).
 template <typename T> __device__ __forceinline__ float gv_normed(float r, float g, float inv, int xf) {
@@ -56,7 +61,7 @@ __device__ __forceinline__ void gv_load8(const T* p, const T* p2, int xf, int k,
         load8x(xf == GV_SWIGLU ? p2 + k : p2 + (long long)(k / gd) * 2 * gd + k % gd, u);  // gd % 8 == 0
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const float r = xf == GV_SWIGLU ? siluf_(v[j]) * u[j] : v[j] * sigmoidf_(u[j]);
+            const float r = xf == GV_SWIGLU ? siluf_(v[j]) * u[j] : v[j] * sigmoidf_(u[j]);  // gv_swiglu
             v[j] = to_f(from_f<T>(r));  // float: exact; bf16: the standalone kernel's rounding
         }
     }

@@ -22,6 +22,31 @@ struct GvFold {
     long long prow;     // this lane block's first activation row
 };
 
+// The SwiGLU epilogue (GU, gemv.cu gemv_mma_gu; a fused [gate | up] weight of N = 2 I rows, N % ROWS == 0, checked
+// by the host). Block bx's rows 0 .. ROWS/2 - 1 are the gate rows of features bx * ROWS/2 .., rows ROWS/2 .. the
+// same features' up rows I + bx * ROWS/2 .. (gv_wrow), so one block ends with both halves of its features (the
+// prefill GEMM's gate_up.cuh pairs them the same way). A warp's rows never straddle the halves (ROWS/2 is a multiple
+// of its MT * 16 rows). Every code path below takes GU as a template argument, so the plain instances are compiled
+// from the same text as before (their registers and spills unchanged).
+template <int ROWS> __device__ __forceinline__ int gv_wrow(int bx, int rl, int N) {
+    constexpr int H = ROWS / 2;
+    return rl < H ? bx * H + rl : (N >> 1) + bx * H + rl - H;
+}
+
+// The epilogue's store: once every output of the block is in sr ([ROWS][8], each rounded to T as the stored product
+// would be), y[b, f] = silu(g) * u rounded to T for the block's ROWS/2 features f = bx * ROWS/2 + rl, with
+// gemv_stage.cuh's gv_swiglu (the GV_SWIGLU staging's expression): a plain product of y stages the bits a GV_SWIGLU
+// product of the [gate | up] rows does (tests/test_gemv_lanes_host.py -k swiglu_out).
+template <typename T, int NB, int ROWS>
+__device__ __forceinline__ void gv_gu_store(const float* sr, int bx, int nb, T* yb, const int* lt, long long ldy) {
+    constexpr int H = ROWS / 2;
+    __syncthreads();  // every output of the block is in sr
+    for (int i = threadIdx.x; i < H * NB; i += blockDim.x) {  // consecutive threads: consecutive features
+        const int b = i / H, rl = i % H;
+        if (b < nb) gv_yrow(yb, lt, NB, b, ldy)[bx * H + rl] = from_f<T>(gv_swiglu(sr[rl * 8 + b], sr[(rl + H) * 8 + b]));
+    }
+}
+
 // r = x + r0 into *q, r0 the residual word *q (loaded by the caller, so that its round trip can overlap others)
 template <typename T> __device__ __forceinline__ float gv_fold_add(float x, float r0, float* q) {
     const float r = __fadd_rn(to_f(from_f<T>(x)), r0);  // x rounded first, never contracted into an fma
@@ -111,14 +136,14 @@ template <int V> __device__ __forceinline__ void gv_cl_load(const float* p, unsi
 // to U splits is one L2 round trip (a `#pragma unroll U` loop left a split count below U to its remainder loop,
 // one load after another). Measured (H200, perf/gemv_variants.py nored): with one float per global load the 4- and
 // 8-lane reductions cost 4-11 us per GEMV (L2 round trips one after another in the last block).
-template <typename F, typename T, int NB, int U, typename Ld>
+template <typename F, typename T, int NB, int U, bool GU, typename Ld>
 __device__ __forceinline__ void gv_split_sum(Ld ld, float* sr, int bx, int splits, T* yb, const int* lt,
                                              long long ldy, const u8* p1, const u8* p2, long long wbase, int N,
                                              int nb, const GvFold& fo) {
     constexpr int ROWS = GV_WARPS * F::MT * 16, V = NB >= 4 ? 4 : 1;
     float* rb = reinterpret_cast<float*>(yb);
     for (int i = threadIdx.x; i < ROWS * NB / V; i += blockDim.x) {
-        const int rl = i / (NB / V), b0 = i % (NB / V) * V, n = bx * ROWS + rl;
+        const int rl = i / (NB / V), b0 = i % (NB / V) * V, n = GU ? gv_wrow<ROWS>(bx, rl, N) : bx * ROWS + rl;
         // the row scale and (folding) the residual words are loaded before the partials, so that their L2 round
         // trips overlap the partials' instead of following them (same values, same operations)
         const bool in = n < N;
@@ -146,7 +171,9 @@ __device__ __forceinline__ void gv_split_sum(Ld ld, float* sr, int bx, int split
 #pragma unroll
         for (int j = 0; j < V; ++j) {
             if (b0 + j >= nb) continue;
-            if (fo.on)
+            if constexpr (GU)
+                sr[rl * 8 + b0 + j] = to_f(from_f<T>(s[j] * rs));  // the stored product's bits
+            else if (fo.on)
                 sr[rl * 8 + b0 + j] = gv_fold_add<T>(s[j] * rs, r0[j], rb + (b0 + j) * ldy + n);
             else
                 gv_yrow(yb, lt, NB, b0 + j, ldy)[n] = from_f<T>(s[j] * rs);
@@ -161,7 +188,7 @@ __device__ __forceinline__ void gv_split_sum(Ld ld, float* sr, int bx, int split
 // distributed shared memory in split order (gv_split_sum: the counter path's float operations in the same order,
 // so the same bits), and a second cluster barrier keeps every block, and so its shared memory, alive until rank 0
 // has read it. No global workspace, counter or atomic.
-template <typename F, typename T, int NB>
+template <typename F, typename T, int NB, bool GU>
 __device__ __forceinline__ void gv_store_cl(u32* sm, const float (&acc)[F::MT][4], int bx, int split, int splits,
                                             T* yb, const int* lt, long long ldy, const u8* p1, const u8* p2,
                                             long long wbase, int N, int nb, const GvFold& fo) {
@@ -181,15 +208,19 @@ __device__ __forceinline__ void gv_store_cl(u32* sm, const float (&acc)[F::MT][4
     float* sr = reinterpret_cast<float*>(sm) + 32;  // folding: as gv_store (the activation buffers)
     if (split == 0) {
         const auto ld = [part](int sp, int off, auto& v) { gv_cl_load(part + off, (unsigned)sp, v); };
-        gv_split_sum<F, T, NB, 16>(ld, sr, bx, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
+        gv_split_sum<F, T, NB, 16, GU>(ld, sr, bx, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
     }
     gv_cl_sync();  // rank 0's reads of the other ranks' shared memory are done: they may exit
-    if (split == 0 && fo.on) gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
+    if constexpr (GU) {
+        if (split == 0) gv_gu_store<T, NB, ROWS>(sr, bx, nb, yb, lt, ldy);
+    } else if (split == 0 && fo.on) {
+        gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
+    }
 }
 
 // The K-split reduction through a global workspace: the block's partials to slot (tile, split) of ws, and the last
 // of the row block's splits to arrive (cnt[tile]) adds them in split order (gv_split_sum) and resets the counter.
-template <typename F, typename T, int NB>
+template <typename F, typename T, int NB, bool GU>
 __device__ __forceinline__ void gv_store_counter(u32* sm, const float (&acc)[F::MT][4], int bx, long long tile,
                                                  int split, int splits, T* yb, const int* lt, long long ldy,
                                                  float* ws, int* cnt, const u8* p1, const u8* p2, long long wbase,
@@ -223,14 +254,17 @@ __device__ __forceinline__ void gv_store_counter(u32* sm, const float (&acc)[F::
             v[0] = __ldcg(q);
         }
     };
-    gv_split_sum<F, T, NB, 16>(ld, sr, bx, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
-    if (fo.on) gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
+    gv_split_sum<F, T, NB, 16, GU>(ld, sr, bx, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
+    if constexpr (GU)
+        gv_gu_store<T, NB, ROWS>(sr, bx, nb, yb, lt, ldy);
+    else if (fo.on)
+        gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
     if (threadIdx.x == 0) cnt[tile] = 0;
 }
 
 // The block's results: with one split straight to y; launched as clusters, gv_store_cl; else gv_store_counter.
-// Folding (fo.on): y is the float32 residual, row b at rb + b * ldy (see GvFold).
-template <typename F, typename T, int NB>
+// Folding (fo.on): y is the float32 residual, row b at rb + b * ldy (see GvFold). GU: the SwiGLU epilogue (above).
+template <typename F, typename T, int NB, bool GU = false>
 __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], int bx, long long tile, int split,
                                          int splits, T* yb, const int* lt, long long ldy, float* ws, int* cnt,
                                          const u8* p1, const u8* p2, long long wbase, int N, int nb,
@@ -243,6 +277,17 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
     static_assert(32 + ROWS * 8 <= 2 * GvChunk<NB>::V * 8 * NB * 4 * (GvIsFloat<T>::v ? 4 : 2), "sr fits");
     float* sr = reinterpret_cast<float*>(sm) + 32;
     float* rb = reinterpret_cast<float*>(yb);
+    if (GU && splits == 1) {  // every output rounded to T into sr, then the features' SwiGLU
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int rl = warp * MT * 16 + mt * 16 + g + (e >> 1) * 8, b = 2 * t + (e & 1);
+                if (b < nb) sr[rl * 8 + b] = to_f(from_f<T>(acc[mt][e] * F::row_scale(p1, p2, wbase + gv_wrow<ROWS>(bx, rl, N))));
+            }
+        gv_gu_store<T, NB, ROWS>(sr, bx, nb, yb, lt, ldy);
+        return;
+    }
     if (splits == 1) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -260,8 +305,8 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
         return;
     }
     if (gv_cl_size() > 1) {
-        gv_store_cl<F, T, NB>(sm, acc, bx, split, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
+        gv_store_cl<F, T, NB, GU>(sm, acc, bx, split, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
         return;
     }
-    gv_store_counter<F, T, NB>(sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);
+    gv_store_counter<F, T, NB, GU>(sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);
 }

@@ -66,8 +66,8 @@ _TRACE = (
     ),
     ("    const GvFold fo{", "    const unsigned long long tr4 = gv_now();\n    const GvFold fo{"),
     (
-        "    gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);\n",
-        "    gv_store<F, T, NB>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);\n"
+        "    gv_store<F, T, NB, GU>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);\n",
+        "    gv_store<F, T, NB, GU>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);\n"
         "    const unsigned long long tr5 = gv_now();\n"
         "    if (threadIdx.x == 0) {\n"
         "        unsigned smid;\n"

@@ -2,7 +2,7 @@
 prints what it launched as JSON. A subprocess of tests/test_cuda_host_path.py, so the stand-in ``cupy`` never
 meets the test process's modules::
 
-    python tests/host_path_driver.py moe|dense|graph|w8|bulk|engine|gdn_out
+    python tests/host_path_driver.py moe|dense|graph|w8|bulk|swiglu|engine|gdn_out
 
 Nothing here checks a value (no kernel runs); it checks that every wrapper, plan and switch of the CUDA runner
 accepts the arguments the model gives it, and which kernels each path launches.
@@ -140,6 +140,22 @@ def w8() -> dict[str, Any]:
     return res
 
 
+def swiglu() -> dict[str, Any]:
+    """The dense network's decode (1 and 8 sequences) with ``gemv_swiglu_out`` off and on, eagerly and from graphs,
+    fold on and off: the kernels launched (name -> count) per phase."""
+    res: dict[str, Any] = {}
+    for graph in (False, True):
+        seqs = _seqs(_config(False), graph=graph)
+        for fold in (True, False):
+            for on in (False, True):
+                seqs.net.fold_norms, seqs.net.gemv_swiglu_out = fold, on
+                seqs.net.graphs.clear()
+                for lengths in ([12], [8, 40, 300, 5, 6, 7, 9, 2]):
+                    key = f"graph{int(graph)}-fold{int(fold)}-on{int(on)}-seqs{len(lengths)}"
+                    res[key] = _prefill_then_decode(seqs, lengths, 2)
+    return res
+
+
 def bulk() -> dict[str, Any]:
     """The dense and MoE networks' 1- and 8-lane decode (prefill too) with linear.GV_BULK off and on, from graphs:
     the family of each GEMV instance launched (name -> {family: launches})."""
@@ -260,6 +276,7 @@ if __name__ == "__main__":
                 "graph": graph,
                 "w8": w8,
                 "bulk": bulk,
+                "swiglu": swiglu,
                 "engine": engine,
                 "gdn_out": gdn_out,
             }[sys.argv[1]]()

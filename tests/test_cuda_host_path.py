@@ -123,6 +123,27 @@ def test_w8_switch_moves_the_8_lane_gemvs_to_8_warp_blocks() -> None:
             assert on[name] == ({"256": threads["128"]} if eight else threads), (name, on[name])
 
 
+def test_swiglu_switch_moves_the_dense_gate_up_to_the_epilogue() -> None:
+    """``gemv_swiglu_out``: every dense gate | up GEMV (one per layer and decode step, and those of prompts short
+    enough for the GEMV) becomes the epilogue's instance (gemv_mma_gu), eagerly and captured, folded or not; no
+    launch is added or removed, and a prompt on the GEMM path is untouched."""
+    res = _run("swiglu")
+    for graph in (0, 1):
+        for fold in (0, 1):
+            for seqs in (1, 8):
+                off = res[f"graph{graph}-fold{fold}-on0-seqs{seqs}"]
+                on = res[f"graph{graph}-fold{fold}-on1-seqs{seqs}"]
+                key = f"graph{graph} fold{fold} seqs{seqs}"
+                assert _count(off["decode"], "gemv_mma_gu") == _count(off["prefill"], "gemv_mma_gu") == 0, key
+                assert _count(on["decode"], "gemv_mma_gu") == LAYERS * DENSE_STEPS, key
+                for phase in ("prefill", "decode"):
+                    assert sum(on[phase].values()) == sum(off[phase].values()), (key, phase)
+                if seqs == 1:  # a 12-token prompt: GEMM rows, no GEMV
+                    assert on["prefill"] == off["prefill"], key
+                else:  # the five prompts of at most 8 tokens run the GEMV, one gate | up per layer each
+                    assert _count(on["prefill"], "gemv_mma_gu") == 5 * LAYERS, key
+
+
 def test_bulk_switch_moves_the_nvfp4_gemvs_to_the_bulk_families() -> None:
     res = _run("bulk")
     moved = {"gemv.cu": "gemv_bulk.cu", "gemv_w8.cu": "gemv_w8_bulk.cu"}

@@ -5,7 +5,9 @@ copies, emu_mma), driven by tests/host/gemv_lanes_driver.cpp with NaN-poisoned s
 outputs and blocks in a shuffled order. Checks the table against a NumPy model (every routed pair in exactly one
 lane, slots in expert order, the launch bound), and the lanes GEMV (4 and 8 lanes, K splits, the SwiGLU prologue,
 float and bf16 activations) bitwise against the one-lane expert GEMV per row and against the NumPy reference.
-The GPU tests (tests/test_cuda_moe_lanes.py) check the same kernels on the device.
+The dense launches, norm folding, the routed and combine launches, and the dense gate | up SwiGLU epilogue
+(gemv_mma_gu: the down product of its output bitwise the down product staging the SwiGLU) are checked the same
+way. The GPU tests (tests/test_cuda_moe_lanes.py, tests/test_cuda_gemv_swiglu.py) check the kernels on the device.
 """
 
 from __future__ import annotations
@@ -416,6 +418,82 @@ def _fold_case(emu: Path, tmp_path: Path, case: tuple, *, cluster: bool) -> None
     got = bf16_decode(out["y8"]) if t == "bf16" else out["y8"]
     err = np.max(np.abs(got.astype(np.float64) - ref)) / np.max(np.abs(ref))
     assert err <= (1.2e-2 if t == "bf16" else 2e-5), f"consumer: normalised error {err:.3e}"
+
+
+# the SwiGLU epilogue (gemv.cu gemv_mma_gu): fmt, activation type, I (features), K, rows, gate|up splits, N2, down
+# splits; N = 2 I rows, a multiple of twice the row block (both halves of a feature in one block, 4 and 8 warps)
+SWIGLU_OUT_CASES = [
+    (
+        "NVFP4G16_E4M3S",
+        "float",
+        256,
+        1032,
+        10,
+        3,
+        200,
+        2,
+    ),  # 2 row blocks, 9 tiles as 3 splits, two lane blocks
+    ("NVFP4G16_E4M3S", "bf16", 128, 256, 3, 1, 130, 1),  # one split: the block's own epilogue
+    ("BF16", "float", 128, 520, 8, 2, 70, 3),  # 64-row blocks
+    ("FP8E4M3_F32ROW", "bf16", 256, 384, 1, 3, 96, 2),
+]
+
+
+def _swiglu_out_id(c: tuple) -> str:
+    return f"{c[0]}-{c[1]}-i{c[2]}-k{c[3]}-r{c[4]}-s{c[5]}-n{c[6]}-s{c[7]}"
+
+
+@pytest.mark.parametrize("case", SWIGLU_OUT_CASES, ids=_swiglu_out_id)
+def test_swiglu_out_is_the_swiglu_staging(emu: Path, tmp_path: Path, case: tuple) -> None:
+    """The SwiGLU epilogue (``gemv(..., swiglu_out=True)``: each row block holds its features' gate and up rows and
+    stores silu(gate) * up): the next product of its [rows, I] output as plain input gives bitwise what the same
+    product staging the SwiGLU of the plain [gate | up] output gives, 8 lanes and one per block the same bits, the
+    counter and the cluster reductions the same bits, and the features against the NumPy reference."""
+    _swiglu_out_case(emu, tmp_path, case, cluster=False)
+
+
+@pytest.mark.parametrize("case", SWIGLU_OUT_CASES[::3], ids=_swiglu_out_id)
+def test_swiglu_out_cluster_bitwise_counter(emu: Path, tmp_path: Path, case: tuple) -> None:
+    """The SwiGLU epilogue with its splits reduced by the clusters' rank 0: the counter path's bits."""
+    _swiglu_out_case(emu, tmp_path, case, cluster=True)
+
+
+def _swiglu_out_case(emu: Path, tmp_path: Path, case: tuple, *, cluster: bool) -> None:
+    fmt, t, inter, k, rows, s1, n2, s2 = case
+    n = 2 * inter
+    rng = np.random.default_rng(inter * 11 + k)
+    buf, wdec, offs = _weight(rng, fmt, n, k)
+    buf2, wdec2, offs2 = _weight(rng, "NVFP4G16_E4M3S", n2, inter)
+    x = (rng.standard_normal((rows, k)) * 0.5).astype(F32)
+    x = bf16_round(x) if t == "bf16" else x
+    _write(tmp_path, w=buf, wsize=np.array([buf.size], np.int64), woff=np.array(offs, np.int64),
+           w2=buf2, w2size=np.array([buf2.size], np.int64), w2off=np.array(offs2, np.int64),
+           x=words(x, t == "bf16"))  # fmt: skip
+    args = ["swiglu_out", tmp_path, FMTS.index(fmt), int(t == "bf16"), n, k, s1, rows, 3, n2, s2]
+    _emulate(emu, args)
+    names = ("hs8", "hs1", "gu", "yo8", "yo1", "yp")
+    if cluster:
+        _cluster_twin(emu, tmp_path, args, names)
+    dt = np.uint16 if t == "bf16" else F32
+    out = {m: np.fromfile(tmp_path / f"{m}.bin", dtype=dt) for m in names}
+    for a, b, what in (("hs8", "hs1", "epilogue: 8 lanes != one"), ("yo8", "yo1", "down: 8 lanes != one"),
+                       ("yo8", "yp", "down of the epilogue != down staging the SwiGLU")):  # fmt: skip
+        assert out[a].size and np.array_equal(out[a].view(np.uint8), out[b].view(np.uint8)), what
+    val = lambda y: bf16_decode(y) if t == "bf16" else y.astype(np.float64)  # noqa: E731
+    gu = val(out["gu"]).reshape(rows, n)
+    g, u = gu[:, :inter], gu[:, inter:]
+    want = g / (1.0 + np.exp(-g)) * u
+    got = val(out["hs8"]).reshape(rows, inter)
+    assert np.isfinite(got).all(), "a feature was not written"
+    err = np.max(np.abs(got - want)) / np.max(np.abs(want))
+    assert err <= (8e-3 if t == "bf16" else 1e-6), f"silu(gate) * up: normalised error {err:.3e}"
+    prod = ops.linear(x, wdec)
+    ref_gu = np.max(np.abs(gu - prod)) / np.max(np.abs(prod))
+    assert ref_gu <= (1.2e-2 if t == "bf16" else 2e-5), f"[gate | up] product: normalised error {ref_gu:.3e}"
+    ref = ops.linear(want.astype(F32), wdec2)
+    yo = val(out["yo8"]).reshape(rows, n2)
+    err = np.max(np.abs(yo - ref)) / np.max(np.abs(ref))
+    assert err <= (1.5e-2 if t == "bf16" else 2e-5), f"down: normalised error {err:.3e}"
 
 
 def test_fold_rows_rule() -> None:

@@ -48,6 +48,7 @@ from ninfer.cuda.weights import DeviceWeight
 __all__ = [
     "gemv",
     "gemv_plan",
+    "swiglu_out_ok",
     "GemvPlan",
     "w8_plan",
     "linear",
@@ -151,13 +152,13 @@ def _input(
 def _gemv_launch(
     a: _Input, w: DeviceWeight, out: Any, lanes: int, ldy: int, *, ids: Any, xrow: Any, n: int, row0: int,
     nb: int, t: str, table: bool = False, fold: Any = None, prefetch: Any = None, pf: tuple[Any, ...] = (),
-    route: tuple[Any, ...] = (), combine: tuple[Any, ...] = (),
+    route: tuple[Any, ...] = (), combine: tuple[Any, ...] = (), swiglu_out: bool = False,
 ) -> None:  # fmt: skip
     import cupy
 
     k = w.cols
-    pf = pf or _prefetch_args(w, prefetch)
-    kind = "_rt" if route else "_cb" if combine else "_pf" if pf else ""
+    pf = () if swiglu_out else pf or _prefetch_args(w, prefetch)  # the epilogue's instances take no hint
+    kind = "_rt" if route else "_cb" if combine else "_gu" if swiglu_out else "_pf" if pf else ""
     graph = capturing()
     # the launch switches are read at every call (tests flip them), so they are part of the geometry's key
     bulk_rows = row0 % 16 == 0 and (n if ids is not None else 0) % 16 == 0
@@ -224,7 +225,7 @@ def _geometry(
     plan = gemv_plan(fmt, n, k)
     cluster = _cluster(plan, graph, gv_cluster)
     family = "gemv.cu"
-    if gv_w8 and nb == 8 and t == "float" and not kind and dense and not cluster:
+    if gv_w8 and nb == 8 and t == "float" and kind in ("", "_gu") and dense and not cluster:
         family, plan = "gemv_w8.cu", w8_plan(plan, n)  # the fold's partials stay per 4-warp row block
     if gv_bulk and _bulk(fmt, kind, cluster, bulk_rows):
         family = _BULK_FAMILY[family]
@@ -272,6 +273,7 @@ def gemv(
     gate: tuple[Any, int] | None = None,
     fold: Any = None,
     prefetch: DeviceWeight | None = None,
+    swiglu_out: bool = False,
 ) -> Any:
     """``out[b] = x[b] · W[row0 : row0+n]ᵀ`` for ``x[B, K]``; ``n`` defaults to all rows of ``w``. Decode takes
     B <= 8 (the 1-, 4- or 8-row instance); more rows run as 8-row blocks of one launch, each row bitwise its decode
@@ -288,8 +290,19 @@ def gemv(
 
     ``prefetch``: the weight of the product launched next (a decode chain): the blocks that finish last fetch the
     first K-tiles of its first wave into L2 while this launch drains (gemv.cu, gv_prefetch_next; NVFP4 weights
-    only, otherwise ignored). A hint: the result is bitwise the same."""
+    only, otherwise ignored). A hint: the result is bitwise the same.
+
+    ``swiglu_out`` (the SwiGLU epilogue, gemv.cu gemv_mma_gu; float32 activations, ``w`` a fused [gate | up]
+    weight of 2 I rows, ``swiglu_out_ok``): ``out[b] = silu(gate) * up`` ``[B, I]``, the bits a ``swiglu=True``
+    product of the plain ``[B, 2 I]`` output would stage, so the next product reads half the activation bytes and
+    applies no transform. ``prefetch`` is ignored there."""
     t, b, a = _input(x, w, "gemv", swiglu, gate)
+    if swiglu_out and (
+        t != "float" or fold is not None or row0 or n not in (None, w.rows) or not swiglu_out_ok(w)
+    ):
+        raise KernelError(
+            f"gemv: swiglu_out takes float32 rows and all rows of a [gate | up] weight, no fold ({w.fmt} {w.shape})"
+        )
     n = w.rows - row0 if n is None else n
     if not (1 <= b <= GEMV_MAX_ROWS * 65535):
         raise KernelError(f"gemv: x has {b} rows; take 1..{GEMV_MAX_ROWS * 65535}")
@@ -297,16 +310,23 @@ def gemv(
         raise KernelError(f"gemv: rows [{row0}, {row0 + n}) outside the weight's {w.rows} rows")
     if fold is not None:
         _check_fold(fold, out, t, w, b, n)
-    out, ldy = matrix_out(x, out, b, n)
+    out, ldy = matrix_out(x, out, b, n // 2 if swiglu_out else n)
     nb = (
         next(c for c in _GV_NB if b <= c) if b <= GEMV_MAX_ROWS else GEMV_MAX_ROWS
     )  # 1 | 2-4 | 5-8, blocks of 8
     if prefetch is not None and not isinstance(prefetch, DeviceWeight):
         raise KernelError(f"gemv: prefetch must be a DeviceWeight, got {type(prefetch).__name__}")
     _gemv_launch(
-        a, w, out, b, ldy, ids=None, xrow=None, n=n, row0=row0, nb=nb, t=t, fold=fold, prefetch=prefetch
-    )
+        a, w, out, b, ldy, ids=None, xrow=None, n=n, row0=row0, nb=nb, t=t, fold=fold, prefetch=prefetch,
+        swiglu_out=swiglu_out,
+    )  # fmt: skip
     return out
+
+
+def swiglu_out_ok(w: Any) -> bool:
+    """Whether ``gemv(x, w, swiglu_out=True)`` applies: one format, and every row block of the 4- and the 8-warp
+    geometry (``w8_plan``: twice the rows) holds whole features (half its rows gate, half up; gemv.cu gv_wrow)."""
+    return isinstance(w, DeviceWeight) and w.rows % (2 * gemv_plan(w.fmt, w.rows, w.cols).rows) == 0
 
 
 def _check_fold(part: Any, out: Any, t: str, w: DeviceWeight, b: int, n: int) -> None:

@@ -191,12 +191,23 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None, f
 
 def _swiglu_ffn(net: Any, h: Any, gate_up: str, down: str, resid: Any = None) -> Any:
     from ninfer.cuda.gemm import gemm, gemm_gate_up_swiglu, swiglu_gemm_ok
+    from ninfer.cuda.linear import gemv, swiglu_out_ok
 
     t, wg, wd = h.shape[0], net.w[gate_up], net.w[down]
     # the SwiGLU in gate | up's epilogue (gemm_swiglu.py): bitwise the two-array path below
     if resid is None and f16_norm_out(net, t) and swiglu_gemm_ok(wg, wd, t):
         hs = gemm_gate_up_swiglu(h, wg, operands=net.operands)
         return gemm(hs, wd, inputs="fp16", operands=net.operands)
+    # the GEMV's SwiGLU epilogue (net.gemv_swiglu_out; gemv.cu gemv_mma_gu): gate | up stores silu(gate) * up [t, I]
+    # and the down product reads it plainly, bitwise the two-array path below
+    if (
+        getattr(net, "gemv_swiglu_out", False)
+        and net.act == np.float32
+        and not _gemm(net, t)
+        and swiglu_out_ok(wg)
+    ):
+        hs = gemv(h, wg, swiglu_out=True, prefetch=next_product(net, wg))
+        return linear(net, hs, down, resid=resid)
     return linear(net, linear(net, h, gate_up), down, swiglu=True, resid=resid)
 
 

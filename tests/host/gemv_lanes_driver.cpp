@@ -230,6 +230,68 @@ template <typename F> int gv_fold_t(int tt, char** argv) {
     return tt ? gv_fold_case<F, bf16>(argv) : gv_fold_case<F, float>(argv);
 }
 
+// SwiGLU-out mode (argv: swiglu_out dir fmt T N K splits rows seed N2 splits2): the SwiGLU epilogue (gemv_mma_gu). W1
+// (dir/w.bin, woff.bin) is a fused [gate | up] weight of N = 2 I rows. With 8-lane blocks and with one lane per
+// block: hs[rows, I] = silu(gate) * up by the epilogue, then the down product W2 (dir/w2.bin, woff2.bin: [N2, I],
+// NVFP4 in the device layout) of hs as plain input (yo); and the plain launch's [gate | up] rows gu[rows, N], then
+// the down product staging their SwiGLU (xf = GV_SWIGLU: yp). Writes dir/{hs8,hs1,gu,yo8,yo1,yp}.bin.
+template <typename F, typename T, int NB>
+int gv_launch_dense(const std::vector<u8>& w, const long long o[3], const T* x, const T* x2, long long ldx, int xf,
+                    T* y, long long ldy, int N, int K, int rows, int splits, bool gu, unsigned seed) {
+    constexpr int R = GV_WARPS * F::MT * 16;
+    const int B = (N + R - 1) / R, gz = (rows + NB - 1) / NB, zin = gz > 1 ? gz : 0;
+    std::vector<float> ws((size_t)gz * B * splits * R * 8 + 8, NAN);
+    std::vector<int> cnt((size_t)gz * B + 1, 0);
+    gv_launch({(unsigned)(B * (zin ? zin : 1)), (unsigned)splits, 1u}, GV_WARPS * 32, seed, [&] {
+        const u8 *p0 = w.data() + o[0], *p1 = w.data() + o[1], *p2 = w.data() + o[2];
+        if (gu)
+            gemv_mma_gu<F, T, NB>(p0, p1, p2, x, x2, y, nullptr, nullptr, ws.data(), cnt.data(), N, K, rows, ldx, ldx,
+                                  ldy, 0, 0, xf, 8, zin, nullptr, 0, 0, 0.f, 0);
+        else
+            gemv_mma<F, T, NB>(p0, p1, p2, x, x2, y, nullptr, nullptr, ws.data(), cnt.data(), N, K, rows, ldx, ldx,
+                               ldy, 0, 0, xf, 8, zin, nullptr, 0, 0, 0.f, 0);
+    });
+    return gv_check(ws, cnt);
+}
+
+template <typename F, typename T, int NB>
+int gv_swiglu_out_run(const std::vector<u8>& w1, const long long o1[3], const std::vector<u8>& w2,
+                      const long long o2[3], const std::vector<T>& x, std::vector<T>& hs, std::vector<T>& yo, int N,
+                      int K, int rows, int s1, int N2, int s2, unsigned seed) {
+    const int I = N / 2;
+    int rc = gv_launch_dense<F, T, NB>(w1, o1, x.data(), x.data(), K, GV_PLAIN, hs.data(), I, N, K, rows, s1, true, seed);
+    if (!rc)
+        rc = gv_launch_dense<FragNVFP4, T, NB>(w2, o2, hs.data(), hs.data(), I, GV_PLAIN, yo.data(), N2, N2, I, rows,
+                                               s2, false, seed + 1);
+    return rc;
+}
+
+template <typename F, typename T> int gv_swiglu_out_case(char** argv) {
+    const std::string dir = argv[2];
+    const int N = atoi(argv[5]), K = atoi(argv[6]), s1 = atoi(argv[7]), rows = atoi(argv[8]);
+    const unsigned seed = (unsigned)atoi(argv[9]);
+    const int N2 = atoi(argv[10]), s2 = atoi(argv[11]), I = N / 2;
+    long long o1[3], o2[3];
+    auto w1 = gv_read_weight(dir, "w", o1), w2 = gv_read_weight(dir, "w2", o2);
+    auto x = emu_read<T>(dir + "/x.bin", (size_t)rows * K);
+    std::vector<T> hs8((size_t)rows * I), hs1(hs8), gu((size_t)rows * N), yo8((size_t)rows * N2), yo1(yo8), yp(yo8);
+    for (auto* v : {&hs8, &hs1, &gu, &yo8, &yo1, &yp}) std::memset((void*)v->data(), 0xff, v->size() * sizeof(T));
+    int rc = gv_swiglu_out_run<F, T, 8>(w1, o1, w2, o2, x, hs8, yo8, N, K, rows, s1, N2, s2, seed);
+    if (!rc) rc = gv_swiglu_out_run<F, T, 1>(w1, o1, w2, o2, x, hs1, yo1, N, K, rows, s1, N2, s2, seed + 2);
+    if (!rc) rc = gv_launch_dense<F, T, 8>(w1, o1, x.data(), x.data(), K, GV_PLAIN, gu.data(), N, N, K, rows, s1, false, seed + 4);
+    if (!rc)
+        rc = gv_launch_dense<FragNVFP4, T, 8>(w2, o2, gu.data(), gu.data() + I, N, GV_SWIGLU, yp.data(), N2, N2, I,
+                                              rows, s2, false, seed + 5);
+    if (rc) return rc;
+    emu_write(dir + "/hs8.bin", hs8);
+    emu_write(dir + "/hs1.bin", hs1);
+    emu_write(dir + "/gu.bin", gu);
+    emu_write(dir + "/yo8.bin", yo8);
+    emu_write(dir + "/yo1.bin", yo1);
+    emu_write(dir + "/yp.bin", yp);
+    return 0;
+}
+
 // Routed mode (argv: routed dir fmt N K splits T E topk shared seed): the routed expert launch (gemv_mma_rt) against
 // router.cu's moe_route followed by the one-lane expert launch. dir/w.bin + woff.bin: the fused expert weight
 // [(E + shared) * N, K]; dir/x.bin [T, K] float activations; dir/lg.bin [T, E + 1] float router rows (the last
@@ -361,6 +423,16 @@ int main(int argc, char** argv) {
             case 0: return gv_fold_t<FragBF16>(tt, argv);
             case 1: return gv_fold_t<FragNVFP4>(tt, argv);
             case 2: return gv_fold_t<FragFP8<true>>(tt, argv);
+        }
+        return 5;
+    }
+    if (argc == 12 && std::string(argv[1]) == "swiglu_out") {
+        const int fmt = atoi(argv[3]), tt = atoi(argv[4]);
+        switch (fmt) {
+            case 0: return tt ? gv_swiglu_out_case<FragBF16, bf16>(argv) : gv_swiglu_out_case<FragBF16, float>(argv);
+            case 1: return tt ? gv_swiglu_out_case<FragNVFP4, bf16>(argv) : gv_swiglu_out_case<FragNVFP4, float>(argv);
+            case 2:
+                return tt ? gv_swiglu_out_case<FragFP8<true>, bf16>(argv) : gv_swiglu_out_case<FragFP8<true>, float>(argv);
         }
         return 5;
     }
