@@ -14,7 +14,9 @@
 #   decode_probe  issue 13's open questions after c14cc9e: GDN decode at 5-8 sequences (bounds, two launches), the
 #           MoE fusions' step profile, the decode GEMV boundary trace
 #   bulk    the NVFP4 decode GEMV's weight ring by bulk copies (GV_BULK): GPU test and per-shape A/B
-#   next    session 28's first call: the follow-up turn's timeline (host-bound?), both decode steps' GEMV launches
+#   verify  the GPU tests of the MoE combine's batched loads and of the gate | up GEMV's SwiGLU epilogue, the
+#           epilogue's whole-step A/B (27B) and the fused MoE switches' (35B-A3B) (~8 min)
+#   next    the follow-up turn's timeline (host-bound?), both decode steps' GEMV launches
 #           traced (perf/gemv_trace.py --model), the 35B-A3B step profile and the MoE combine A/B after the combine's
 #           batched loads (~7 min); next_tests the GPU tests of what session 27 changed (~8 min)
 #   probe   issue 13's open measurements in one call (~8 min): the dependent-kernel boundary's floor per scheme
@@ -195,6 +197,16 @@ run_next() {  # session 28's first call (~9 min): where a follow-up turn's time 
   rm -f "$OUT"/ncu_*.csv
   timeout ${MOE_TIMEOUT:-150} python3 -m perf.bench_fold --toggle combine,moe --model 35b --lanes 1,8 --steps 100 \
     --out "$OUT/results" 2>&1 | tee "$OUT/moe_ab.txt" | grep -E "^\|"
+}
+run_verify() {  # session 28's call (~8 min): the GPU tests of the MoE combine's batched loads (the default path's
+  # moe_combine_rmsnorm and the fused tail: bitwise the kernels they replace) and of the dense gate | up GEMV's
+  # SwiGLU epilogue, then its whole-step A/B (27B) and the fused MoE switches against the defaults (35B-A3B)
+  TEST_TIMEOUT=${TEST_TIMEOUT:-200} TEST_FILES="tests/test_cuda_gemv_swiglu.py tests/test_cuda_moe_fused.py \
+tests/test_cuda_ops.py" PYTEST_K=${PYTEST_K:-"swiglu or combine or moe or rmsnorm or route or fused or eight"} run_tests
+  timeout ${SWIGLU_TIMEOUT:-150} python3 -m perf.bench_fold --toggle swiglu --model 27b --lanes 1,8 --steps 100 \
+    --out "$OUT/results" 2>&1 | tee "$OUT/swiglu_ab.txt" | grep -E "^\|"
+  timeout ${MOE_TIMEOUT:-120} python3 -m perf.bench_fold --toggle combine,moe --model 35b --lanes 1,8 \
+    --steps 100 --out "$OUT/results" 2>&1 | tee "$OUT/moe_ab.txt" | grep -E "^\|"
 }
 run_next_tests() {  # the second call: the GPU tests of what session 27 changed (the gdn / gemm_pair wrappers split,
   # the combine's loads: test_cuda_ops checks the fused combine + norm bitwise against the pair it replaces)
