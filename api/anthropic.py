@@ -16,6 +16,7 @@ import msgspec
 from ninfer.actors.messages import GenerateRequest, GrammarSpec, SamplingOptions
 
 from .anthropic_models import AnthropicRequest, ErrorDetail, ErrorEvent
+from .bulk_json import BodyDecoder
 from .errors import ApiError
 from .protocol_shared import check_tool, named_tool, schema_grammar, tool_grammar
 from .validation import (
@@ -65,7 +66,7 @@ def _bad(message: str, code: str | None = None) -> AnthropicError:
     return AnthropicError(400, message, code=code)
 
 
-_DECODER = msgspec.json.Decoder(AnthropicRequest)
+_DECODER = BodyDecoder(AnthropicRequest, "messages", dict[str, Any])
 
 
 def parse_messages_request(

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from ninfer.actors.messages import GenerateRequest, GrammarSpec, SamplingOptions
 
+from .bulk_json import BodyDecoder
 from .errors import ApiError, validation_param
 from .openai_chat_models import ChatMessage, ChatRequest
 from .protocol_shared import check_tool, named_tool, response_grammar, salvage_arguments, tool_grammar
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
-_DECODER = msgspec.json.Decoder(ChatRequest)
+_DECODER = BodyDecoder(ChatRequest, "messages", ChatMessage)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from ninfer.actors.messages import GenerateRequest, SamplingOptions
 
+from .bulk_json import BodyDecoder
 from .errors import ApiError, validation_param
 from .protocol_shared import check_tool, named_tool, response_grammar, salvage_arguments, tool_grammar
 from .responses_models import ResponsesRequest
@@ -33,7 +34,7 @@ def _bad(message: str, param: str | None = None, code: str | None = None) -> Api
     return ApiError(400, message, param=param, code=code)
 
 
-_DECODER = msgspec.json.Decoder(ResponsesRequest)
+_DECODER = BodyDecoder(ResponsesRequest, "input", dict[str, Any])
 # Fields that need state the server would have to hold (it stores nothing): a 400 when set (null and false are
 # not), since ignoring them would answer without that context, or in the foreground. (field, why, error code)
 _STORED_STATE = (
