@@ -58,7 +58,9 @@ def decode_in_steps(
     if found is None:
         return decoder.decode(body)
     values, close = found
-    if body.find(b'"' + field.encode() + b'"', close) >= 0:  # the key again, perhaps: the one-call decoder's way
+    if (
+        body.find(b'"' + field.encode() + b'"', close) >= 0
+    ):  # the key again, perhaps: the one-call decoder's way
         return decoder.decode(body)
     req = decoder.decode(body[:start] + body[close:])  # the array left empty: `"messages": []`
     setattr(req, field, values)
