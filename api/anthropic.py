@@ -66,7 +66,7 @@ def _bad(message: str, code: str | None = None) -> AnthropicError:
     return AnthropicError(400, message, code=code)
 
 
-_DECODER = BodyDecoder(AnthropicRequest, "messages", dict[str, Any])
+_DECODER = BodyDecoder(AnthropicRequest, "messages")
 
 
 def parse_messages_request(

@@ -4,17 +4,23 @@ items at a time, so that no single msgspec call holds the GIL for long.
 One ``Decoder.decode`` of a 60 MB body (a million messages whose content is a list of parts) is one C call of
 ~0.4 s that never lets another thread run: on a worker thread it still stalls the API's event loop (every
 stream, ``/health``) for as long. ``decode_in_steps`` finds the array, decodes its items ~256 KiB at a time and
-the rest of the body (the array left empty) once, and gives the same Struct. A window ends at a ``}`` followed by
-``,`` or ``]`` (the first few past ~256 KiB, else the last few before), and is kept only if ``[`` + window + ``]`` decodes as a list of items: starting at an item
-boundary, a balanced run of complete items can end nowhere but at another boundary (a cut inside a string leaves
-it unterminated, a cut inside a nested value leaves it unclosed). Where no such cut is found (items that are not
-objects, a malformed body, a duplicated key), the body is decoded in one call, as before.
+the rest of the body (the array left empty) once, and gives the same Struct. A window ends at a ``}`` followed
+by ``,`` or ``]`` (the first few past ~256 KiB, else the last few before), and is kept only if ``[`` + window +
+``]`` decodes as a list of items: starting at an item boundary, a balanced run of complete items can end nowhere
+but at another boundary (a cut inside a string leaves it unterminated, a cut inside a nested value leaves it
+unclosed). The steps are kept only where the array is the value the one call would keep: the last top-level key
+that decodes to ``field`` (a duplicate, ``\\u``-escaped or not, or a key such as ``"x\\"messages"`` leaves them
+unused). Where no cut is found (items that are not objects, a malformed array) or the steps meet any error (a
+malformed or invalid body, one nested too deep), the body is decoded in one call, as before: an error is always
+the one call's own, in its words (byte offsets, the first error in the body's order) and at its cost.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+import types
+import typing
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
@@ -30,16 +36,18 @@ _TRIES = 4  # candidate cuts tried per window before the window grows
 _KEY_END = re.compile(rb"\s*:\s*\[")
 _CUT = re.compile(rb"\}\s*([,\]])")
 _EMPTY = re.compile(rb"\s*\]")
-_PATH = re.compile(r"`\$\[(\d+)\]")
+_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
 class BodyDecoder:
-    """A request's decoder: in one call up to LARGE_BODY_BYTES, past it in steps (``decode_in_steps``)."""
+    """A request's decoder: in one call up to LARGE_BODY_BYTES, past it in steps (``decode_in_steps``). The items'
+    type is read from ``request``'s annotation of ``field`` (``list[X]``, alone or in a union), so the steps decode
+    them exactly as the one call would."""
 
-    def __init__(self, request: type[Any], field: str, item: Any) -> None:
+    def __init__(self, request: type[Any], field: str) -> None:
         self.one = msgspec.json.Decoder(request)
         self.field = field
-        self.items = msgspec.json.Decoder(list[item])
+        self.items = msgspec.json.Decoder(_list_type(request, field))
 
     def decode(self, body: bytes) -> Any:
         if len(body) <= LARGE_BODY_BYTES:
@@ -47,22 +55,50 @@ class BodyDecoder:
         return decode_in_steps(body, self.one, self.field, self.items)
 
 
+def _list_type(request: type[Any], field: str) -> Any:
+    """The one ``list[X]`` in ``request``'s annotation of ``field``; TypeError if there is none, or several."""
+    hint = typing.get_type_hints(request)[field]
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    lists = [t for t in (typing.get_args(hint) if union else (hint,)) if typing.get_origin(t) is list]
+    if len(lists) != 1 or getattr(request, "__post_init__", None) is not None:
+        raise TypeError(
+            f"{request.__name__}.{field}: one list[...] type and no __post_init__ expected, got {hint}"
+        )
+    return lists[0]
+
+
 def decode_in_steps(
     body: bytes, decoder: msgspec.json.Decoder[T], field: str, items: msgspec.json.Decoder[Any]
 ) -> T:
     """``decoder.decode(body)``, with the top-level array ``field`` decoded by ``items`` (a decoder of a list of
-    its items) in windows of STEP_BYTES. Raises what ``decoder.decode`` raises; a validation error inside the array
-    names the item by its index in the whole array (``$.messages[123456].role``)."""
+    its items) in windows of STEP_BYTES. Returns and raises what ``decoder.decode`` does: where the steps do not
+    give the result (no cut, a duplicated key) or meet an error, ``decoder.decode(body)`` is the answer."""
+    try:
+        req = _in_steps(body, decoder, field, items)
+    except (msgspec.MsgspecError, RecursionError):
+        req = None  # an error: the one call's, in the one call's words, order and byte offsets
+    return decoder.decode(body) if req is None else req
+
+
+def _in_steps(
+    body: bytes, decoder: msgspec.json.Decoder[T], field: str, items: msgspec.json.Decoder[Any]
+) -> T | None:
     start = _array_start(body, field)
-    found = None if start is None else _items(body, start, items, field)
-    if found is None:
-        return decoder.decode(body)
+    found = None if start is None else _items(body, start, items)
+    if start is None or found is None:
+        return None
     values, close = found
-    if (
-        body.find(b'"' + field.encode() + b'"', close) >= 0
-    ):  # the key again, perhaps: the one-call decoder's way
-        return decoder.decode(body)
-    req = decoder.decode(body[:start] + body[close:])  # the array left empty: `"messages": []`
+    for n in range(1, 64):  # the array left empty, `[ ]` with n spaces that appear nowhere else in the body
+        empty = b"[" + b" " * n + b"]"
+        rest = body[: start - 1] + empty + body[close + 1 :]
+        if rest.count(empty) == 1:
+            break
+    else:
+        return None
+    top = _TOP.decode(rest).get(field)  # the value the one call keeps: a later key (escaped, say) wins
+    if top is None or bytes(top) != empty:
+        return None
+    req = decoder.decode(rest)
     setattr(req, field, values)
     return req
 
@@ -86,16 +122,15 @@ def _array_start(body: bytes, field: str) -> int | None:
     return None
 
 
-def _items(
-    body: bytes, pos: int, items: msgspec.json.Decoder[Any], field: str
-) -> tuple[list[Any], int] | None:
-    """The array's items from ``pos`` (just past its ``[``) and the index of its ``]``; None where no cut works."""
+def _items(body: bytes, pos: int, items: msgspec.json.Decoder[Any]) -> tuple[list[Any], int] | None:
+    """The array's items from ``pos`` (just past its ``[``) and the index of its ``]``; None where no cut works.
+    Raises what a window's decode raises past a cut that parses (an item's error)."""
     out: list[Any] = []
     if _EMPTY.match(body, pos):
         return None  # an empty array: nothing to step through
     step = STEP_BYTES
     while True:
-        got = _window(body, pos, step, items, field, len(out))
+        got = _window(body, pos, step, items)
         if got is None:
             if pos + step >= len(body):
                 return None
@@ -116,16 +151,15 @@ def _cuts(body: bytes, pos: int, step: int) -> Iterator[re.Match[bytes]]:
 
 
 def _window(
-    body: bytes, pos: int, step: int, items: msgspec.json.Decoder[Any], field: str, base: int
+    body: bytes, pos: int, step: int, items: msgspec.json.Decoder[Any]
 ) -> tuple[list[Any], int] | None:
-    """The items from ``pos`` up to the first candidate cut that decodes, and that cut's index."""
+    """The items from ``pos`` up to the first candidate cut that decodes, and that cut's index. A ValidationError
+    goes up (the caller decodes the body in one call for its words)."""
     for m in _cuts(body, pos, step):
         try:
             return items.decode(b"[" + body[pos : m.start(1)] + b"]"), m.start(1)
-        except msgspec.ValidationError as e:  # a real error: the bytes decoded so far are the body's own
-            raise msgspec.ValidationError(
-                _PATH.sub(lambda p: f"`$.{field}[{base + int(p[1])}]", str(e))
-            ) from None
+        except msgspec.ValidationError:  # a DecodeError too, but the items' own: not a cut to pass over
+            raise
         except msgspec.DecodeError:
             continue  # a cut inside an item, or past the array's end
     return None

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
-_DECODER = BodyDecoder(ChatRequest, "messages", ChatMessage)
+_DECODER = BodyDecoder(ChatRequest, "messages")
 
 
 @dataclass(frozen=True, slots=True)

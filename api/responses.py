@@ -34,7 +34,7 @@ def _bad(message: str, param: str | None = None, code: str | None = None) -> Api
     return ApiError(400, message, param=param, code=code)
 
 
-_DECODER = BodyDecoder(ResponsesRequest, "input", dict[str, Any])
+_DECODER = BodyDecoder(ResponsesRequest, "input")
 # Fields that need state the server would have to hold (it stores nothing): a 400 when set (null and false are
 # not), since ignoring them would answer without that context, or in the foreground. (field, why, error code)
 _STORED_STATE = (
