@@ -12,27 +12,50 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from ninfer.api.anthropic_models import AnthropicRequest
 from ninfer.api.app import build_app
-from ninfer.api.bulk_json import decode_in_steps
+from ninfer.api.bulk_json import BodyDecoder, decode_in_steps
 from ninfer.api.config import ServerConfig
 from ninfer.api.gate import Drain
 from ninfer.api.openai_chat import ChatLimits
 from ninfer.api.openai_chat_models import ChatMessage, ChatRequest
 from ninfer.api.service import Service
+from ninfer.api.validation import LARGE_BODY_BYTES
 from test_api_robust import MODEL, Scripted
 
 ONE = msgspec.json.Decoder(ChatRequest)
 ITEMS = msgspec.json.Decoder(list[ChatMessage])
 
 
-def _both(body: bytes) -> list[tuple[str, Any]]:
+class _Seen:
+    """A decoder that records the length of each body it decodes."""
+
+    def __init__(self, decoder: Any) -> None:
+        self.decoder, self.lengths = decoder, []
+
+    def decode(self, body: bytes) -> Any:
+        self.lengths.append(len(body))
+        return self.decoder.decode(body)
+
+
+def _both(body: bytes, one: Any = ONE, items: Any = ITEMS, field: str = "messages") -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
-    for decode in (lambda: ONE.decode(body), lambda: decode_in_steps(body, ONE, "messages", ITEMS)):
+    for decode in (lambda: one.decode(body), lambda: decode_in_steps(body, one, field, items)):
         try:
             out.append(("ok", decode()))
-        except msgspec.MsgspecError as e:
+        except (msgspec.MsgspecError, RecursionError) as e:
             out.append((type(e).__name__, str(e)))
     return out
+
+
+def _stepped(body: bytes, one: Any = ONE, items: Any = ITEMS, field: str = "messages") -> bool:
+    """Whether ``decode_in_steps`` gave its answer without decoding the whole body in one call."""
+    seen = _Seen(one)
+    try:
+        decode_in_steps(body, seen, field, items)  # type: ignore[arg-type]
+    except msgspec.MsgspecError:
+        pass
+    return len(body) not in seen.lengths
 
 
 def test_the_in_steps_decode_equals_the_one_call_decode() -> None:
@@ -57,6 +80,68 @@ def test_the_in_steps_decode_equals_the_one_call_decode() -> None:
         one, steps = _both(body)
         assert one == steps
     assert _both(bodies[4])[1][1] == "Expected `str`, got `int` - at `$.messages[4000].role`"
+    assert _stepped(bodies[0]) and _stepped(bodies[1]) and _stepped(bodies[2])  # the steps did the work
+
+
+def test_an_error_or_a_later_key_is_the_one_calls() -> None:
+    """Where the steps would answer otherwise than the one call, the one call answers: an error before the array
+    comes first, a syntax error past it is named at its byte in the whole body, a later key (escaped) wins, a key
+    that only ends in ``\\"messages"`` is not the array, a nesting too deep for the steps may be a 400 of its own."""
+    msgs = [{"role": "user", "content": "hello"}] * 40_000
+    bad = [*msgs[:100], {"role": 5}, *msgs[100:]]
+    arr = json.dumps(msgs)
+    bodies = [
+        json.dumps({"model": 7, "messages": bad}).encode(),  # $.model, not $.messages[100].role
+        b'{"messages": %s, "model": "m" @}' % arr.encode(),  # (byte 1520028), not (byte 30)
+        b'{"messages": %s, "model": "m"} x' % arr.encode(),  # trailing characters
+        b'{"model": "m", "messages": %s, "\\u006dessages": []}' % arr.encode(),  # the later key: []
+        b'{"model": "m", "messages": %s, "messages" : [ ]}' % arr.encode(),  # the same, unescaped
+        b'{"x\\"messages": %s, "model": "m", "messages": []}' % json.dumps(bad).encode(),
+        b'{"model": 7, "metadata": %s, "messages": %s}' % (b"[" * 2000 + b"]" * 2000, arr.encode()),
+        json.dumps({"model": "m", "messages": [*msgs[:50], 5, *msgs[50:]]}).encode(),
+    ]
+    answers = [_both(body) for body in bodies]
+    for one, steps in answers:
+        assert one == steps
+    assert answers[0][0][1] == "Expected `str`, got `int` - at `$.model`"
+    assert "(byte 1520028)" in answers[1][0][1]
+    assert answers[3][0][1].messages == [] and answers[4][0][1].messages == []
+    assert answers[5][0][1].messages == []
+    assert answers[6][0][1] == "Expected `str`, got `int` - at `$.model`"
+    assert answers[7][0][1] == "Expected `object`, got `int` - at `$.messages[50]`"
+
+
+def test_nested_arrays_with_cut_like_strings_decode_as_dicts() -> None:
+    """Items of ``dict[str, Any]`` (Anthropic, Responses) accept anything nested: arrays of arrays of objects whose
+    strings hold ``},`` and ``}]`` cut at the same item and value as the one call."""
+    one = msgspec.json.Decoder(AnthropicRequest)
+    items = msgspec.json.Decoder(list[dict[str, Any]])
+    item = {"role": "user", "content": [[{"a": "},{"}, {"b": ["}]", {"c": '}\\"},'}]}], [], [{}]]}
+    msgs = [item, {"role": "assistant", "content": [{"type": "text", "text": "x" * 200}]}] * 4000
+    body = json.dumps({"model": "m", "messages": msgs, "max_tokens": 3}).encode()
+    one_answer, steps = _both(body, one, items)
+    assert one_answer == steps and steps[0] == "ok" and steps[1].messages == msgs
+    assert _stepped(body, one, items)
+
+
+def test_a_body_up_to_1_mib_is_decoded_in_one_call() -> None:
+    bd = BodyDecoder(ChatRequest, "messages")
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}] * 40_000}).encode()
+    assert len(body) > LARGE_BODY_BYTES
+    small = body[: LARGE_BODY_BYTES - 200].rsplit(b"},", 1)[0] + b"}]}"
+    small += b" " * (LARGE_BODY_BYTES - len(small))  # exactly 1 MiB
+    for size, used in ((LARGE_BODY_BYTES, False), (LARGE_BODY_BYTES + 1, True)):
+        calls: list[int] = []
+        bd.items = _Seen(ITEMS)  # type: ignore[assignment]
+        bd.items.lengths = calls
+        req = bd.decode(small + b" " * (size - len(small)))
+        assert len(req.messages) == len(ONE.decode(small).messages) and bool(calls) is used
+
+
+def test_the_items_type_is_read_from_the_request() -> None:
+    assert BodyDecoder(ChatRequest, "messages").items.type == list[ChatMessage]
+    with pytest.raises(TypeError):
+        BodyDecoder(ChatRequest, "model")  # not a list
 
 
 async def _worst_loop_gap(app: Any, body: bytes) -> tuple[float, httpx.Response]:
