@@ -35,7 +35,11 @@ STEP_BYTES = 256 << 10  # one window's bytes: ~2 ms of decoding on a 2-core CPU 
 _TRIES = 4  # candidate cuts tried per window before the window grows
 _KEY_END = re.compile(rb"\s*:\s*\[")
 _CUT = re.compile(rb"\}\s*([,\]])")
+_NEXT = re.compile(rb"\}\s*(,)")  # past the window's target: `}]` there mostly closes a list inside an item
 _EMPTY = re.compile(rb"\s*\]")
+_SPACE = re.compile(rb"\s*")
+_HEAD = 8  # the bytes of an item's start compared (`{"role":`, `{"type":`, pretty-printed: its indentation)
+_SCAN = 64  # `},` past a window's target looked at for one followed by an item's start
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
@@ -144,9 +148,18 @@ def _items(body: bytes, pos: int, items: msgspec.json.Decoder[Any]) -> tuple[lis
 
 
 def _cuts(body: bytes, pos: int, step: int) -> Iterator[re.Match[bytes]]:
-    """Candidate cuts: the first few past ``pos + step``, then the last few before it (the array may end there)."""
+    """Candidate cuts: of the first few dozen ``},`` past ``pos + step``, those followed by what the window's first
+    item starts with (``{"role":``: a part of a message's content, nested, starts otherwise), then the first few of
+    them all, then the last few ``},`` or ``}]`` before ``pos + step`` (the array may end there). Each candidate
+    that fails costs a window's decode: without the first pass, content of k parts sent a window past one or more
+    of the k parts' ``},`` for most windows (k = 8: ~7 decodes a window, 6 times the one call's time)."""
     target = min(pos + step, len(body))
-    yield from itertools.islice(_CUT.finditer(body, target), _TRIES)
+    start = _SPACE.match(body, pos).end()
+    head = body[start : start + _HEAD]
+    after = list(itertools.islice(_NEXT.finditer(body, target), _SCAN))
+    alike = [m for m in after if body.startswith(head, _SPACE.match(body, m.end()).end())][:_TRIES]
+    yield from alike
+    yield from [m for m in after[:_TRIES] if m not in alike]
     yield from reversed(list(_CUT.finditer(body, pos, target))[-_TRIES:])
 
 

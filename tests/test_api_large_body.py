@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from ninfer.api.anthropic_models import AnthropicRequest
 from ninfer.api.app import build_app
-from ninfer.api.bulk_json import BodyDecoder, decode_in_steps
+from ninfer.api.bulk_json import STEP_BYTES, BodyDecoder, decode_in_steps
 from ninfer.api.config import ServerConfig
 from ninfer.api.gate import Drain
 from ninfer.api.openai_chat import ChatLimits
@@ -122,6 +122,17 @@ def test_nested_arrays_with_cut_like_strings_decode_as_dicts() -> None:
     one_answer, steps = _both(body, one, items)
     assert one_answer == steps and steps[0] == "ok" and steps[1].messages == msgs
     assert _stepped(body, one, items)
+
+
+def test_a_window_of_messages_of_parts_is_one_decode() -> None:
+    """A cut past a window's target lands between messages, not between the parts of one (a failed cut costs a
+    whole window's decode: 8 parts a message took ~7 decodes a window)."""
+    msg = {"role": "user", "content": [{"type": "text", "text": "hi"}] * 8}
+    body = json.dumps({"model": "m", "messages": [msg] * 40_000}).encode()
+    items = _Seen(ITEMS)
+    req = decode_in_steps(body, ONE, "messages", items)  # type: ignore[arg-type]
+    assert len(req.messages) == 40_000 and len(body) not in items.lengths
+    assert len(items.lengths) <= len(body) // STEP_BYTES + 2, len(items.lengths)
 
 
 def test_a_body_up_to_1_mib_is_decoded_in_one_call() -> None:
