@@ -9,7 +9,7 @@ prefetch of the next product (``--toggle prefetch``: ``CudaQwen36.gemv_prefetch`
     python -m perf.bench_fold --toggle w8 --lanes 8       # 5-8-lane GEMVs on 8-warp blocks (linear.GV_W8)
     python -m perf.bench_fold --toggle bulk               # NVFP4 weight ring by bulk copies (linear.GV_BULK)
     python -m perf.bench_fold --toggle wave3,wave2        # GEMV K-splits sized for 3 or 2 blocks per SM, not 4
-    python -m perf.bench_fold --toggle swiglu --model 27b # the dense gate | up GEMV's SwiGLU epilogue (gemv_swiglu_out)
+    python -m perf.bench_fold --toggle swiglu             # gate | up GEMVs (dense, experts) with the SwiGLU epilogue
 
 For each model and lane count, the graph-replayed decode step (logits included) with ``fold_norms`` off, then on
 (the graphs recaptured between), and the captured graph's node count by type (cuGraphGetNodes /

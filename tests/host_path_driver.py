@@ -142,7 +142,8 @@ def w8() -> dict[str, Any]:
 
 def swiglu() -> dict[str, Any]:
     """The dense network's decode (1 and 8 sequences) with ``gemv_swiglu_out`` off and on, eagerly and from graphs,
-    fold on and off: the kernels launched (name -> count) per phase."""
+    fold on and off; the MoE network's (1 and 3 sequences) with the combine fusion off and on: the kernels launched
+    (name -> count) per phase."""
     res: dict[str, Any] = {}
     for graph in (False, True):
         seqs = _seqs(_config(False), graph=graph)
@@ -153,6 +154,14 @@ def swiglu() -> dict[str, Any]:
                 for lengths in ([12], [8, 40, 300, 5, 6, 7, 9, 2]):
                     key = f"graph{int(graph)}-fold{int(fold)}-on{int(on)}-seqs{len(lengths)}"
                     res[key] = _prefill_then_decode(seqs, lengths, 2)
+    seqs = _seqs(_config(True))  # the MoE network's expert launches (the shared expert fused into them)
+    for comb in (False, True):
+        for on in (False, True):
+            seqs.net.moe_combine_fused, seqs.net.gemv_swiglu_out = comb, on
+            for lengths in ([12], [12, 17, 130]):
+                res[f"moe-combine{int(comb)}-on{int(on)}-seqs{len(lengths)}"] = _prefill_then_decode(
+                    seqs, lengths, 3
+                )
     return res
 
 

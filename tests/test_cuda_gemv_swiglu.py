@@ -3,8 +3,8 @@ on the GPU. Per launch, over formats with one and two m-tiles per warp, float32 
 1-, 4- and 8-row instances, the 8-warp blocks and several lane blocks), one split and several, plain and folded-norm
 inputs: the epilogue's [B, I] output is bitwise activation.swiglu of the plain [B, 2I] product (the standalone
 kernel), so the down product of it is bitwise the down product staging the SwiGLU; and the same in a captured PDL
-graph. Per network: greedy decode of eight sequences of a dense model, eager and from the decode graph, the same
-tokens and logits with the switch on and off.
+graph; the MoE expert launch likewise. Per network: greedy decode of eight sequences of a dense and an MoE model,
+eager and from the decode graph, the same tokens and logits with the switch on and off.
 
 The host emulation (tests/test_gemv_lanes_host.py -k swiglu_out) checks the kernel text on the CPU. Run:
 ``python -m pytest -m gpu tests/test_cuda_gemv_swiglu.py``.
@@ -74,6 +74,34 @@ def test_swiglu_out_is_swiglu_of_the_product(cp: Any, fmt: str) -> None:
                 assert np.array_equal(_bits(gemv(hs, wd)), _bits(gemv(gu, wd, swiglu=True))), f"{what}: down"
 
 
+@pytest.mark.parametrize("fmt", [NVFP4, "BF16"])
+def test_expert_swiglu_out_is_swiglu_of_the_product(cp: Any, fmt: str) -> None:
+    """The MoE decode expert launch with the epilogue (``gemv_experts(..., swiglu_out=True)``): every slot's row
+    bitwise activation.swiglu of its plain [gate | up] row, and the down launch of it bitwise the down launch
+    staging the SwiGLU."""
+    from ninfer.cuda.activation import swiglu
+    from ninfer.cuda.gemv_experts import experts_swiglu_out_ok, gemv_experts
+
+    rng = np.random.default_rng(37)
+    e, inter, k, hid = 9, 512, 2048, 2048
+    w = _weight(rng, fmt, e * 2 * inter, k)
+    wd = _weight(rng, NVFP4, e * hid, inter)
+    assert experts_swiglu_out_ok(w, 2 * inter)
+    for slots in (1, 9, 36):
+        x = _x(cp, rng, 4, k, False)
+        ids = cp.asarray(rng.integers(0, e, slots).astype(np.int32))
+        xrow = cp.asarray(rng.integers(0, 4, slots).astype(np.int32))
+        slot = cp.arange(slots, dtype=cp.int32)
+        gu = gemv_experts(x, w, ids, xrow, 2 * inter)
+        hs = gemv_experts(x, w, ids, xrow, 2 * inter, swiglu_out=True)
+        assert hs.shape == (slots, inter)
+        assert np.array_equal(_bits(hs), _bits(swiglu(gu))), f"{fmt} {slots} slots: epilogue != swiglu"
+        want = gemv_experts(gu, wd, ids, slot, hid, swiglu=True)
+        assert np.array_equal(_bits(gemv_experts(hs, wd, ids, slot, hid)), _bits(want)), (
+            f"{slots} slots: down"
+        )
+
+
 def test_swiglu_out_in_a_pdl_graph(cp: Any) -> None:
     """Captured with PDL (the decode graphs' launches): gate | up with the epilogue, then down, replayed twice:
     the eager bits."""
@@ -115,11 +143,12 @@ def test_swiglu_out_rejects_what_it_cannot_pair(cp: Any) -> None:
         gemv(_x(cp, rng, 1, 256, True), w, swiglu_out=True)
 
 
-def test_decode_of_eight_sequences_is_the_same_with_the_epilogue() -> None:
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_decode_of_eight_sequences_is_the_same_with_the_epilogue(moe: bool) -> None:
     pytest.importorskip("cupy")
     from test_cuda_gemv_w8 import _dense
 
-    seqs = _dense(False)
+    seqs = _dense(moe)
     prompts = [np.random.default_rng(90 + i).integers(0, 2048, 9 + 4 * i) for i in range(8)]
     got = {}
     for graph in (False, True):

@@ -125,8 +125,9 @@ def test_w8_switch_moves_the_8_lane_gemvs_to_8_warp_blocks() -> None:
 
 def test_swiglu_switch_moves_the_dense_gate_up_to_the_epilogue() -> None:
     """``gemv_swiglu_out``: every dense gate | up GEMV (one per layer and decode step, and those of prompts short
-    enough for the GEMV) becomes the epilogue's instance (gemv_mma_gu), eagerly and captured, folded or not; no
-    launch is added or removed, and a prompt on the GEMM path is untouched."""
+    enough for the GEMV) becomes the epilogue's instance (gemv_mma_gu), eagerly and captured, folded or not, and so
+    does every MoE layer's decode expert gate | up launch (not with the combine in the down launch); no launch is
+    added or removed, and a prompt on the GEMM path is untouched."""
     res = _run("swiglu")
     for graph in (0, 1):
         for fold in (0, 1):
@@ -142,6 +143,16 @@ def test_swiglu_switch_moves_the_dense_gate_up_to_the_epilogue() -> None:
                     assert on["prefill"] == off["prefill"], key
                 else:  # the five prompts of at most 8 tokens run the GEMV, one gate | up per layer each
                     assert _count(on["prefill"], "gemv_mma_gu") == 5 * LAYERS, key
+    for comb in (0, 1):  # MoE: the experts' gate | up launches, unless the combine runs in the down launch
+        for seqs in (1, 3):
+            off, on = res[f"moe-combine{comb}-on0-seqs{seqs}"], res[f"moe-combine{comb}-on1-seqs{seqs}"]
+            key = f"moe combine{comb} seqs{seqs}"
+            # the routed experts' launch (NVFP4), and the shared expert's dense gate | up (kept apart in this model:
+            # its fused weight has per-row globals, NVFP4RowG) whatever the combine
+            assert _count(on["decode"], "gemv_mma_gu<FragNVFP4,") == (0 if comb else LAYERS * MOE_STEPS), key
+            assert _count(on["decode"], "gemv_mma_gu<FragNVFP4RowG,") == LAYERS * MOE_STEPS, key
+            assert on["prefill"] == off["prefill"], key  # prompts of 12+ tokens: GEMMs
+            assert sum(on["decode"].values()) == sum(off["decode"].values()), key
 
 
 def test_bulk_switch_moves_the_nvfp4_gemvs_to_the_bulk_families() -> None:

@@ -471,7 +471,7 @@ def _swiglu_out_case(emu: Path, tmp_path: Path, case: tuple, *, cluster: bool) -
            x=words(x, t == "bf16"))  # fmt: skip
     args = ["swiglu_out", tmp_path, FMTS.index(fmt), int(t == "bf16"), n, k, s1, rows, 3, n2, s2]
     _emulate(emu, args)
-    names = ("hs8", "hs1", "gu", "yo8", "yo1", "yp")
+    names = ("hs8", "hs1", "gu", "yo8", "yo1", "yp", "hse")
     if cluster:
         _cluster_twin(emu, tmp_path, args, names)
     dt = np.uint16 if t == "bf16" else F32
@@ -479,6 +479,10 @@ def _swiglu_out_case(emu: Path, tmp_path: Path, case: tuple, *, cluster: bool) -
     for a, b, what in (("hs8", "hs1", "epilogue: 8 lanes != one"), ("yo8", "yo1", "down: 8 lanes != one"),
                        ("yo8", "yp", "down of the epilogue != down staging the SwiGLU")):  # fmt: skip
         assert out[a].size and np.array_equal(out[a].view(np.uint8), out[b].view(np.uint8)), what
+    hse = out["hse"].reshape(rows, inter)[::-1]  # slot s read row rows - 1 - s
+    assert np.array_equal(hse.view(np.uint8), out["hs1"].reshape(rows, inter).view(np.uint8)), (
+        "expert slots != dense"
+    )
     val = lambda y: bf16_decode(y) if t == "bf16" else y.astype(np.float64)  # noqa: E731
     gu = val(out["gu"]).reshape(rows, n)
     g, u = gu[:, :inter], gu[:, inter:]

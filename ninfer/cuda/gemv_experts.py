@@ -19,7 +19,13 @@ from ninfer.cuda.gemv_geometry import _PF_FORMATS, gemv_plan
 from ninfer.cuda.linear import _gemv_launch, _input
 from ninfer.cuda.weights import DeviceWeight
 
-__all__ = ["gemv_experts", "gemv_experts_routed", "gemv_experts_down_combine", "gemv_expert_lanes"]
+__all__ = [
+    "gemv_experts",
+    "experts_swiglu_out_ok",
+    "gemv_experts_routed",
+    "gemv_experts_down_combine",
+    "gemv_expert_lanes",
+]
 
 
 def gemv_experts(
@@ -32,13 +38,19 @@ def gemv_experts(
     *,
     swiglu: bool = False,
     prefetch: DeviceWeight | None = None,
+    swiglu_out: bool = False,
 ) -> Any:
     """MoE decode: ``out[s] = x[xrow[s]] · W_e[ids[s]]ᵀ`` with ``w`` the fused ``[E*n, K]`` expert weight
     (``swiglu``: ``x`` rows are [gate | up], as in :func:`gemv`). ``prefetch``: the next expert product's fused
     weight (the down projection ``[E*n2, K2]``): each slot's blocks fetch its expert's rows of it into L2 at their
     start (gemv.cu, gv_prefetch_expert; NVFP4 weights only, otherwise ignored). A hint: the result is bitwise the
-    same."""
+    same. ``swiglu_out`` (float32 rows; each expert's n rows are [gate | up], ``experts_swiglu_out_ok``): ``out[s]``
+    is ``silu(gate) * up`` ``[slots, n / 2]``, as :func:`gemv`'s ``swiglu_out`` (gemv.cu gemv_mma_gu; no hint)."""
     t, _, a = _input(x, w, "gemv_experts", swiglu, None)
+    if swiglu_out and (t != "float" or not experts_swiglu_out_ok(w, n)):
+        raise KernelError(
+            f"gemv_experts: swiglu_out takes float32 rows and [gate | up] experts ({w.fmt}, n={n})"
+        )
     check_array(ids, "ids", dtype=np.int32, shape=(None,))
     slots = ids.shape[0]
     check_array(xrow, "xrow", dtype=np.int32, shape=(slots,))
@@ -46,12 +58,25 @@ def gemv_experts(
         raise KernelError(f"gemv_experts: weight rows {w.rows} are not a whole number of experts of {n} rows")
     if slots > 65535:
         raise KernelError(f"gemv_experts: {slots} slots; take at most 65535 per launch")
-    out, ldy = matrix_out(x, out, slots, n)
+    out, ldy = matrix_out(x, out, slots, n // 2 if swiglu_out else n)
     if slots == 0:
         return out
-    pf = _prefetch_expert_args(w, n, prefetch)
-    _gemv_launch(a, w, out, slots, ldy, ids=ids, xrow=xrow, n=n, row0=0, nb=1, t=t, pf=pf)
+    pf = () if swiglu_out else _prefetch_expert_args(w, n, prefetch)
+    _gemv_launch(
+        a, w, out, slots, ldy, ids=ids, xrow=xrow, n=n, row0=0, nb=1, t=t, pf=pf, swiglu_out=swiglu_out
+    )
     return out
+
+
+def experts_swiglu_out_ok(w: Any, n: int) -> bool:
+    """Whether ``gemv_experts(..., swiglu_out=True)`` applies to the fused expert weight ``w`` of ``n`` rows per
+    expert: every row block holds whole features (n a multiple of twice the row block; gemv.cu gv_wrow)."""
+    return (
+        isinstance(w, DeviceWeight)
+        and n > 0
+        and w.rows % n == 0
+        and n % (2 * gemv_plan(w.fmt, n, w.cols).rows) == 0
+    )
 
 
 def gemv_experts_routed(

@@ -142,9 +142,10 @@ class CudaQwen36:
         # decode MoE layers run their down projection with the combine and the next norm in its tail (norm.MoeCombine
         # .down, gemv.cu gemv_mma_cb: moe_combine_rmsnorm's bits, one launch less per layer); off until measured
         self.moe_combine_fused = False
-        # decode's dense gate | up GEMV stores silu(gate) * up (its SwiGLU epilogue, linear.gemv(swiglu_out=True))
-        # and the down GEMV reads that half-width row plainly: the same bits (tests/test_gemv_lanes_host.py -k
-        # swiglu_out); off until measured (docs/cuda.md "SwiGLU in the gate | up GEMV's epilogue")
+        # decode's gate | up GEMVs (dense, and the MoE experts' launch) store silu(gate) * up (their SwiGLU epilogue,
+        # linear.gemv / gemv_experts(swiglu_out=True)) and the down GEMV reads that half-width row plainly: the same
+        # bits (tests/test_gemv_lanes_host.py -k swiglu_out); off until measured (docs/cuda.md "SwiGLU in the gate |
+        # up GEMV's epilogue")
         self.gemv_swiglu_out = False
         if memory_reserve_bytes < 0:
             raise ValueError(f"memory_reserve_bytes: must be >= 0, got {memory_reserve_bytes}")

@@ -212,13 +212,24 @@ def _swiglu_ffn(net: Any, h: Any, gate_up: str, down: str, resid: Any = None) ->
 
 
 def _experts(
-    x: Any, w: Any, ids: Any, xrow: Any, n: int, out: Any, *, swiglu: bool = False, prefetch: Any = None
-) -> None:
+    x: Any, w: Any, ids: Any, xrow: Any, n: int, out: Any, *, swiglu: bool = False, prefetch: Any = None,
+    swiglu_out: bool = False,
+) -> None:  # fmt: skip
     from ninfer.cuda.gemv_experts import gemv_experts
 
     for s0 in range(0, ids.shape[0], _SLOTS_PER_LAUNCH):
         s1 = min(ids.shape[0], s0 + _SLOTS_PER_LAUNCH)
-        gemv_experts(x, w, ids[s0:s1], xrow[s0:s1], n, out[s0:s1], swiglu=swiglu, prefetch=prefetch)
+        gemv_experts(
+            x,
+            w,
+            ids[s0:s1],
+            xrow[s0:s1],
+            n,
+            out[s0:s1],
+            swiglu=swiglu,
+            prefetch=prefetch,
+            swiglu_out=swiglu_out,
+        )
 
 
 def _lanes(net: Any, h: Any, p: str, ids: Any, xrow: Any, ns: int, experts: int, nb: int) -> tuple[Any, Any]:
@@ -304,10 +315,13 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
             gu = gemm_experts(h, wg, ids, 2 * inter, inputs=mode, rows=xrow)
             dn = gemm_experts(gu, wd, ids, hid, inputs=mode, swiglu=True)
     else:
-        gu = cupy.empty((ns, 2 * inter), dtype=h.dtype)
+        wg = w[p + "experts.gate_up_proj"]
+        # net.gemv_swiglu_out: the gate | up launch stores silu(gate) * up (gemv_mma_gu), the down launch reads it
+        # plainly (bitwise the staging's SwiGLU); not with the routing or the combine inside the expert launches
+        gu_out = _experts_swiglu_out(net, h, wg, 2 * inter, routed)
+        gu = cupy.empty((ns, inter if gu_out else 2 * inter), dtype=h.dtype)
         # with the decode GEMVs' L2 hints on, each slot's gate | up blocks fetch its expert's down rows
         nxt = w[p + "experts.down_proj"] if getattr(net, "gemv_prefetch", False) else None
-        wg = w[p + "experts.gate_up_proj"]
         if routed:
             from ninfer.cuda.gemv_experts import gemv_experts_routed
 
@@ -315,9 +329,9 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
                 h, wg, rg, k, xrow, 2 * inter, gu, ids, ew, shared=e if shared else None, prefetch=nxt
             )
         else:
-            _experts(h, wg, ids, xrow, 2 * inter, gu, prefetch=nxt)
+            _experts(h, wg, ids, xrow, 2 * inter, gu, prefetch=nxt, swiglu_out=gu_out)
         dn = cupy.empty((ns, hid), dtype=h.dtype)
-        down = _pending_down(net, gu, w[p + "experts.down_proj"], ids, slot, dn)
+        down = _pending_down(net, gu, w[p + "experts.down_proj"], ids, slot, dn, swiglu=not gu_out)
     sp = p + "shared_expert."
     sh = dn[n:] if shared else _swiglu_ffn(net, h, sp + "gate_up_proj", sp + "down_proj.weight")
     sg = rg.reshape(-1)[e:]  # column e of the fused router product [t, e + 1]: element t * (e + 1)
@@ -361,23 +375,41 @@ def _route_in_experts(net: Any, h: Any, t: int, lanes: bool, gemm: bool) -> bool
     )
 
 
-def _pending_down(net: Any, gu: Any, w: Any, ids: Any, slot: Any, dn: Any) -> tuple[Any, ...] | None:
+def _experts_swiglu_out(net: Any, h: Any, wg: Any, n: int, routed: bool) -> bool:
+    """Whether a decode MoE layer's gate | up expert launch stores the SwiGLU (``net.gemv_swiglu_out``; float32
+    rows, neither MoE fusion in the expert launches, experts whose row blocks hold whole features)."""
+    from ninfer.cuda.gemv_experts import experts_swiglu_out_ok
+
+    return (
+        bool(getattr(net, "gemv_swiglu_out", False))
+        and not routed
+        and not getattr(net, "moe_combine_fused", False)
+        and h.dtype == np.float32
+        and experts_swiglu_out_ok(wg, n)
+    )
+
+
+def _pending_down(
+    net: Any, gu: Any, w: Any, ids: Any, slot: Any, dn: Any, *, swiglu: bool = True
+) -> tuple[Any, ...] | None:
     """A decode MoE layer's down launch: left to the next norm (``MoeCombine.down``: it runs the down with the
-    combine and the norm in its tail, ``net.moe_combine_fused``), else run now into ``dn`` (None)."""
+    combine and the norm in its tail, ``net.moe_combine_fused``), else run now into ``dn`` (None). ``swiglu``:
+    ``gu`` is the [gate | up] rows (the launch stages their SwiGLU), else already the SwiGLU (the combine fusion
+    never takes that form)."""
     down = (gu, w, ids, slot)
     if getattr(net, "moe_combine_fused", False):
         return down
-    _run_down(down, dn)
+    _run_down(down, dn, swiglu=swiglu)
     return None
 
 
-def _run_down(down: tuple[Any, ...], dn: Any) -> None:
-    """The down launch ``down`` = (gate | up rows, the fused down weight, slot ids, slot rows) on its own, into
-    ``dn`` (decode: one launch for every slot)."""
+def _run_down(down: tuple[Any, ...], dn: Any, *, swiglu: bool = True) -> None:
+    """The down launch ``down`` = (gate | up rows, or their SwiGLU with ``swiglu=False``; the fused down weight,
+    slot ids, slot rows) on its own, into ``dn`` (decode: one launch for every slot)."""
     from ninfer.cuda.gemv_experts import gemv_experts
 
     gu, w, ids, slot = down
-    gemv_experts(gu, w, ids, slot, int(dn.shape[1]), dn, swiglu=True)
+    gemv_experts(gu, w, ids, slot, int(dn.shape[1]), dn, swiglu=swiglu)
 
 
 def settle(c: MoeCombine) -> MoeCombine:

@@ -234,7 +234,8 @@ template <typename F> int gv_fold_t(int tt, char** argv) {
 // (dir/w.bin, woff.bin) is a fused [gate | up] weight of N = 2 I rows. With 8-lane blocks and with one lane per
 // block: hs[rows, I] = silu(gate) * up by the epilogue, then the down product W2 (dir/w2.bin, woff2.bin: [N2, I],
 // NVFP4 in the device layout) of hs as plain input (yo); and the plain launch's [gate | up] rows gu[rows, N], then
-// the down product staging their SwiGLU (xf = GV_SWIGLU: yp). Writes dir/{hs8,hs1,gu,yo8,yo1,yp}.bin.
+// the down product staging their SwiGLU (xf = GV_SWIGLU: yp); and the epilogue as one-lane expert slots (hse, slot s
+// = row rows - 1 - s). Writes dir/{hs8,hs1,gu,yo8,yo1,yp,hse}.bin.
 template <typename F, typename T, int NB>
 int gv_launch_dense(const std::vector<u8>& w, const long long o[3], const T* x, const T* x2, long long ldx, int xf,
                     T* y, long long ldy, int N, int K, int rows, int splits, bool gu, unsigned seed) {
@@ -283,6 +284,24 @@ template <typename F, typename T> int gv_swiglu_out_case(char** argv) {
         rc = gv_launch_dense<FragNVFP4, T, 8>(w2, o2, gu.data(), gu.data() + I, N, GV_SWIGLU, yp.data(), N2, N2, I,
                                               rows, s2, false, seed + 5);
     if (rc) return rc;
+    // the epilogue in an expert launch (experts == 1): slot s reads row rows - 1 - s, expert 0 = W1 (dir/hse.bin)
+    std::vector<T> hse((size_t)rows * I);
+    std::memset((void*)hse.data(), 0xff, hse.size() * sizeof(T));
+    {
+        constexpr int R = GV_WARPS * F::MT * 16;
+        const int B = N / R;
+        std::vector<int> ids(rows, 0), xrow(rows);
+        for (int r = 0; r < rows; ++r) xrow[r] = rows - 1 - r;
+        std::vector<float> ws((size_t)rows * B * s1 * R * 8 + 8, NAN);
+        std::vector<int> cnt((size_t)rows * B + 1, 0);
+        gv_launch({(unsigned)B, (unsigned)s1, (unsigned)rows}, GV_WARPS * 32, seed + 6, [&] {
+            gemv_mma_gu<F, T, 1>(w1.data() + o1[0], w1.data() + o1[1], w1.data() + o1[2], x.data(), x.data(),
+                                 hse.data(), ids.data(), xrow.data(), ws.data(), cnt.data(), N, K, 0, K, K, I, 0, 1,
+                                 GV_PLAIN, 8, 0, nullptr, 0, 0, 0.f, 0);
+        });
+        if (int rc2 = gv_check(ws, cnt)) return rc2;
+    }
+    emu_write(dir + "/hse.bin", hse);
     emu_write(dir + "/hs8.bin", hs8);
     emu_write(dir + "/hs1.bin", hs1);
     emu_write(dir + "/gu.bin", gu);
