@@ -100,14 +100,14 @@ __device__ __forceinline__ bool gv_slot(GvSlot<T>& s, const int* __restrict__ id
 // GV_STAGES stages of F::VECS * 512 bytes of weights (GemvPlan.smem_bytes in gemv_geometry.py computes the same
 // sizes).
 // q0 .. qsplits: the next product's L2 prefetch (gemv_prefetch.cuh gv_prefetch_next; gemv_mma_pf), null in gemv_mma.
-template <typename F, typename T, int NB, bool GU = false>
+template <typename F, typename T, int NB, bool GU = false, bool RR = false>
 __device__ __forceinline__ void gv_kernel(
     const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, const T* __restrict__ x,
     const T* __restrict__ x2, T* __restrict__ y, const int* __restrict__ ids, const int* __restrict__ xrow,
     float* __restrict__ ws, int* __restrict__ cnt, int N, int K, int nrows, long long ldx, long long ldx2,
     long long ldy, long long row0, int experts, int xf, int gd, int zin, float* __restrict__ part, long long ldp,
     int npart, float eps, int fold, const u8* __restrict__ q0, const u8* __restrict__ q1, int qn, int qk, int qbx,
-    int qsplits, const GvRoute& rt, const GvCombine& cb) {
+    int qsplits, const GvRoute& rt, const GvCombine& cb, const GvRouteTail& rr = GvRouteTail{}) {
     pdl_trigger();
 #ifdef GV_HOST_EMU
     u32* const gv_sm = gv_emu_smem();  // the emulation's shared memory of this block (its own in a cluster launch)
@@ -163,8 +163,13 @@ __device__ __forceinline__ void gv_kernel(
     if constexpr (GvBulk<F>::ON) gv_bulk_inval<F>(wsm, lane);
     if (GvPf<F>::ON && !GV_PF_START && q0 != nullptr && !experts) gv_prefetch_next<ROWS>(q0, q1, qn, qk, qbx, qsplits);
     const GvFold fo{fold, part, ldp, xr0};
-    gv_store<F, T, NB, GU>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);
+    const bool fin =
+        gv_store<F, T, NB, GU>(gv_sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);
     if (cb.cnt != nullptr) gv_combine_tail(cb, z, reinterpret_cast<const float*>(y), N, gv_sm);
+    if constexpr (RR) {
+        const int nbx = zin ? gridDim.x / zin : gridDim.x;
+        gv_route_tail<NB>(rr, fin, z, nbx, xr0, nb, reinterpret_cast<const float*>(y), ldy, gv_sm);
+    }
 }
 
 #define GV_PARAMS                                                                                                   \
@@ -197,6 +202,17 @@ __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
 template <typename F, typename T, int NB>
 __global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS) gemv_mma_gu(GV_PARAMS) {
     gv_kernel<F, T, NB, true>(GV_ARGS, nullptr, nullptr, 0, 0, 0, 0, GvRoute{}, GvCombine{});
+}
+
+// The router product with the routing in its tail (GvRouteTail, gemv_moe.cuh; linear.gemv(route=...)): dense,
+// float32 rows; the experts' ids and weights as moe_route writes them, one launch instead of two.
+template <typename F, typename T, int NB>
+__global__ void __launch_bounds__(GV_WARPS * 32, GV_MIN_BLOCKS)
+    gemv_mma_rr(GV_PARAMS, int* __restrict__ rcnt, int ne, int topk, int rows, int shared, int* __restrict__ rids,
+                float* __restrict__ rw) {
+    static_assert(GvIsFloat<T>::v, "float32 rows");
+    gv_kernel<F, T, NB, false, true>(GV_ARGS, nullptr, nullptr, 0, 0, 0, 0, GvRoute{}, GvCombine{},
+                                     GvRouteTail{rcnt, ne, topk, rows, shared, rids, rw});
 }
 
 // The routed expert launch (GvRoute above; gemv_experts.gemv_experts_routed): experts == 1, one lane per slot, the L2

@@ -1,7 +1,7 @@
-// The decode MoE fusions of gemv.cu's expert launches (docs/cuda.md, "Routing inside the expert launch" and "The
-// combine and the next norm in the down launch"): the routing of gemv_mma_rt's slots (GvRoute) and the combine +
-// RMS norm tail of gemv_mma_cb (GvCombine). gv_kernel takes both; gemv_mma and gemv_mma_pf pass them empty, which
-// compiles their code away.
+// The decode MoE fusions of gemv.cu's launches (docs/cuda.md, "Routing inside the expert launch", "The combine and
+// the next norm in the down launch", "Routing in the router's tail"): the routing of gemv_mma_rt's slots (GvRoute),
+// the combine + RMS norm tail of gemv_mma_cb (GvCombine) and the router product's routing tail (GvRouteTail,
+// gemv_mma_rr). gv_kernel takes all three; the other instances pass them empty, which compiles their code away.
 #pragma once
 #include "common.cuh"
 #include "moe_combine.cuh"
@@ -29,6 +29,47 @@ __device__ __forceinline__ int gv_route_slot(const GvRoute& rt, int z, long long
     const RouteSel r = route_row<float, 8>(rt.lg + row * rt.ldl, rt.E, rt.K, threadIdx.x & 31);
     if (writer && threadIdx.x == j) rt.ids[z] = r.id, rt.w[z] = route_weight(r);  // lane j holds choice j
     return __shfl_sync(0xffffffffu, r.id, j);
+}
+
+// The router product with the routing in its tail (gemv_mma_rr, dense, float32 rows; linear.gemv(route=...)): the
+// moe_route launch after the router GEMV disappears. Each block that finishes a row block (gv_store's result: its
+// outputs are stored) arrives on its lane block's counter cnt[z] (thread 0's acq_rel atomic after a barrier, as the
+// split sums do); the last of the nbx row blocks stages each of its lanes' E logits through L2 (__ldcg) into shared
+// memory and runs moe_route's selection on them (route_row.cuh, warp b % warps for lane b): the same floats and
+// the same function, so the same ids and weights bit for bit, written where moe_route writes them (ids[row * K + j],
+// w[row * K + j]; shared >= 0: the shared expert's slot ids[rows * K + row]); then it resets the counter.
+struct GvRouteTail {
+    int* cnt;  // [lane blocks] arrival counters, zero before and after a launch; null: no routing (other instances)
+    int E, K;  // experts routed (E <= 256: columns 0 .. E - 1 of each output row), choices per token
+    int rows;  // the launch's activation rows (the shared expert's slots follow the rows * K routed ones)
+    int shared;
+    int* ids;
+    float* w;
+};
+
+template <int NB>
+__device__ __forceinline__ void gv_route_tail(const GvRouteTail& rr, bool fin, int z, int nbx, long long xr0, int nb,
+                                              const float* __restrict__ y, long long ldy, u32* sm) {
+    if (!fin) return;  // uniform per block
+    __syncthreads();   // every store of the block's row block precedes thread 0's release
+    volatile int* last = reinterpret_cast<volatile int*>(sm);
+    if (threadIdx.x == 0) *last = arrive_acq_rel(rr.cnt + z, 1) == nbx - 1;
+    __syncthreads();
+    if (!*last) return;
+    float* lg = reinterpret_cast<float*>(sm) + 32;  // [nb][E] (the activation buffers hold 2048+ words)
+    for (int i = threadIdx.x; i < nb * rr.E; i += blockDim.x) lg[i] = __ldcg(y + (xr0 + i / rr.E) * ldy + i % rr.E);
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    for (int b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5) {
+        const long long row = xr0 + b;
+        const RouteSel r = route_row<float, 8>(lg + b * rr.E, rr.E, rr.K, lane);
+        if (rr.shared >= 0 && lane == 0) rr.ids[(long long)rr.rows * rr.K + row] = rr.shared;
+        if (lane < rr.K) {
+            rr.ids[row * rr.K + lane] = r.id;
+            rr.w[row * rr.K + lane] = route_weight(r);
+        }
+    }
+    if (threadIdx.x == 0) rr.cnt[z] = 0;
 }
 
 // The MoE combine and the next RMS norm in the down projection's launch (gemv_mma_cb, experts == 1 with one K split):

@@ -189,7 +189,7 @@ __device__ __forceinline__ void gv_split_sum(Ld ld, float* sr, int bx, int split
 // so the same bits), and a second cluster barrier keeps every block, and so its shared memory, alive until rank 0
 // has read it. No global workspace, counter or atomic.
 template <typename F, typename T, int NB, bool GU>
-__device__ __forceinline__ void gv_store_cl(u32* sm, const float (&acc)[F::MT][4], int bx, int split, int splits,
+__device__ __forceinline__ bool gv_store_cl(u32* sm, const float (&acc)[F::MT][4], int bx, int split, int splits,
                                             T* yb, const int* lt, long long ldy, const u8* p1, const u8* p2,
                                             long long wbase, int N, int nb, const GvFold& fo) {
     constexpr int MT = F::MT, ROWS = GV_WARPS * MT * 16;
@@ -216,12 +216,13 @@ __device__ __forceinline__ void gv_store_cl(u32* sm, const float (&acc)[F::MT][4
     } else if (split == 0 && fo.on) {
         gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
     }
+    return split == 0;
 }
 
 // The K-split reduction through a global workspace: the block's partials to slot (tile, split) of ws, and the last
 // of the row block's splits to arrive (cnt[tile]) adds them in split order (gv_split_sum) and resets the counter.
 template <typename F, typename T, int NB, bool GU>
-__device__ __forceinline__ void gv_store_counter(u32* sm, const float (&acc)[F::MT][4], int bx, long long tile,
+__device__ __forceinline__ bool gv_store_counter(u32* sm, const float (&acc)[F::MT][4], int bx, long long tile,
                                                  int split, int splits, T* yb, const int* lt, long long ldy,
                                                  float* ws, int* cnt, const u8* p1, const u8* p2, long long wbase,
                                                  int N, int nb, const GvFold& fo) {
@@ -242,7 +243,7 @@ __device__ __forceinline__ void gv_store_counter(u32* sm, const float (&acc)[F::
     volatile int* last = reinterpret_cast<volatile int*>(sm);
     if (threadIdx.x == 0) *last = arrive_acq_rel(cnt + tile, 1) == splits - 1;
     __syncthreads();
-    if (!*last) return;
+    if (!*last) return false;
     const float* base = ws + tile * splits * (ROWS * 8);
     constexpr int V = NB >= 4 ? 4 : 1;
     const auto ld = [base](int sp, int off, float (&v)[V]) {
@@ -260,12 +261,14 @@ __device__ __forceinline__ void gv_store_counter(u32* sm, const float (&acc)[F::
     else if (fo.on)
         gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
     if (threadIdx.x == 0) cnt[tile] = 0;
+    return true;
 }
 
 // The block's results: with one split straight to y; launched as clusters, gv_store_cl; else gv_store_counter.
 // Folding (fo.on): y is the float32 residual, row b at rb + b * ldy (see GvFold). GU: the SwiGLU epilogue (above).
+// Returns whether this block finished its row block (its outputs are stored; gemv.cu's routing tail counts those).
 template <typename F, typename T, int NB, bool GU = false>
-__device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], int bx, long long tile, int split,
+__device__ __forceinline__ bool gv_store(u32* sm, const float (&acc)[F::MT][4], int bx, long long tile, int split,
                                          int splits, T* yb, const int* lt, long long ldy, float* ws, int* cnt,
                                          const u8* p1, const u8* p2, long long wbase, int N, int nb,
                                          const GvFold& fo) {
@@ -286,7 +289,7 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
                 if (b < nb) sr[rl * 8 + b] = to_f(from_f<T>(acc[mt][e] * F::row_scale(p1, p2, wbase + gv_wrow<ROWS>(bx, rl, N))));
             }
         gv_gu_store<T, NB, ROWS>(sr, bx, nb, yb, lt, ldy);
-        return;
+        return true;
     }
     if (splits == 1) {
 #pragma unroll
@@ -302,11 +305,11 @@ __device__ __forceinline__ void gv_store(u32* sm, const float (&acc)[F::MT][4], 
                     gv_yrow(yb, lt, NB, b, ldy)[n] = from_f<T>(v);
             }
         if (fo.on) gv_fold_ss<NB, ROWS>(sr, bx, N, nb, fo);
-        return;
+        return true;
     }
-    if (gv_cl_size() > 1) {
-        gv_store_cl<F, T, NB, GU>(sm, acc, bx, split, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
-        return;
+    if (gv_cl_size() > 1) {  // (perf/gemv_variants.py's nocl rewrites this line)
+        return gv_store_cl<F, T, NB, GU>(sm, acc, bx, split, splits, yb, lt, ldy, p1, p2, wbase, N, nb, fo);
     }
-    gv_store_counter<F, T, NB, GU>(sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N, nb, fo);
+    return gv_store_counter<F, T, NB, GU>(sm, acc, bx, tile, split, splits, yb, lt, ldy, ws, cnt, p1, p2, wbase, N,
+                                          nb, fo);
 }

@@ -10,6 +10,7 @@ prefetch of the next product (``--toggle prefetch``: ``CudaQwen36.gemv_prefetch`
     python -m perf.bench_fold --toggle bulk               # NVFP4 weight ring by bulk copies (linear.GV_BULK)
     python -m perf.bench_fold --toggle wave3,wave2        # GEMV K-splits sized for 3 or 2 blocks per SM, not 4
     python -m perf.bench_fold --toggle swiglu             # gate | up GEMVs (dense, experts) with the SwiGLU epilogue
+    python -m perf.bench_fold --toggle rtail --model 35b  # MoE routing in the router GEMV's tail (moe_route_router)
 
 For each model and lane count, the graph-replayed decode step (logits included) with ``fold_norms`` off, then on
 (the graphs recaptured between), and the captured graph's node count by type (cuGraphGetNodes /
@@ -33,7 +34,7 @@ from .bench_model import bench_decode
 __all__ = ["main", "graph_node_types"]
 
 TOGGLES = ("fold", "prefetch", "route", "combine", "moe", "w8", "bulk", "wave3", "wave2", "tiles2", "tiles1",
-           "swiglu")  # fmt: skip
+           "swiglu", "rtail")  # fmt: skip
 # Split-plan experiments (gemv_geometry constant -> the value tried; other sums' order, so not bitwise the default):
 # wave3 / wave2 size the one-wave grid for 3 or 2 resident GEMV blocks per SM instead of 4 (fewer K-splits, so the
 # next launch's blocks find free slots to start in under PDL); tiles2 / tiles1 let a split be 2 or 1 K-tiles instead
@@ -85,6 +86,8 @@ def _switch(net: Any, toggle: str, on: bool) -> None:
         linear._geometry.cache_clear()
     elif toggle == "swiglu":
         net.gemv_swiglu_out = on
+    elif toggle == "rtail":
+        net.moe_route_router = on
     elif toggle in ("w8", "bulk"):  # module switches, read at every launch
         import ninfer.cuda.linear as linear
 
@@ -98,7 +101,7 @@ def _state(net: Any, toggle: str) -> bool:
     import ninfer.cuda.linear as linear
 
     name = {"fold": "fold_norms", "route": "moe_route_fused", "combine": "moe_combine_fused",
-            "moe": "moe_route_fused", "prefetch": "gemv_prefetch", "swiglu": "gemv_swiglu_out"}.get(toggle)  # fmt: skip
+            "moe": "moe_route_fused", "prefetch": "gemv_prefetch", "swiglu": "gemv_swiglu_out", "rtail": "moe_route_router"}.get(toggle)  # fmt: skip
     if toggle in _PLANS:
         attr, value = _PLANS[toggle]
         return getattr(_geo, attr) == value

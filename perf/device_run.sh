@@ -14,8 +14,8 @@
 #   decode_probe  issue 13's open questions after c14cc9e: GDN decode at 5-8 sequences (bounds, two launches), the
 #           MoE fusions' step profile, the decode GEMV boundary trace
 #   bulk    the NVFP4 decode GEMV's weight ring by bulk copies (GV_BULK): GPU test and per-shape A/B
-#   verify  the GPU tests of the MoE combine's batched loads and of the gate | up GEMV's SwiGLU epilogue, the
-#           epilogue's whole-step A/B (both models) and the fused MoE switches' (35B-A3B) (~9 min)
+#   verify  the GPU tests of the MoE combine's batched loads, the gate | up GEMV's SwiGLU epilogue and the
+#           router's routing tail (~6 min); verify_ab their whole-step A/Bs and the fused MoE switches' (~8 min)
 #   next    the follow-up turn's timeline (host-bound?), both decode steps' GEMV launches
 #           traced (perf/gemv_trace.py --model), the 35B-A3B step profile and the MoE combine A/B after the combine's
 #           batched loads (~7 min); next_tests the GPU tests of what session 27 changed (~8 min)
@@ -198,13 +198,19 @@ run_next() {  # session 28's first call (~9 min): where a follow-up turn's time 
   timeout ${MOE_TIMEOUT:-150} python3 -m perf.bench_fold --toggle combine,moe --model 35b --lanes 1,8 --steps 100 \
     --out "$OUT/results" 2>&1 | tee "$OUT/moe_ab.txt" | grep -E "^\|"
 }
-run_verify() {  # session 28's call (~8 min): the GPU tests of the MoE combine's batched loads (the default path's
-  # moe_combine_rmsnorm and the fused tail: bitwise the kernels they replace) and of the dense gate | up GEMV's
-  # SwiGLU epilogue, then its whole-step A/B (both models) and the fused MoE switches against the defaults (35B-A3B)
-  TEST_TIMEOUT=${TEST_TIMEOUT:-200} TEST_FILES="tests/test_cuda_gemv_swiglu.py tests/test_cuda_moe_fused.py \
-tests/test_cuda_ops.py" PYTEST_K=${PYTEST_K:-"swiglu or combine or moe or rmsnorm or route or fused or eight"} run_tests
+run_verify() {  # the next session's first call (~6 min): the GPU tests of the MoE combine's batched loads (the
+  # default path's moe_combine_rmsnorm and the fused tail: bitwise the kernels they replace), of the gate | up GEMVs'
+  # SwiGLU epilogue and of the router's routing tail (the new instances compile cold: ~60 more)
+  TEST_TIMEOUT=${TEST_TIMEOUT:-240} TEST_FILES="tests/test_cuda_gemv_swiglu.py tests/test_cuda_route_tail.py \
+tests/test_cuda_moe_fused.py tests/test_cuda_ops.py" \
+    PYTEST_K=${PYTEST_K:-"swiglu or tail or combine or moe or rmsnorm or route or fused or eight"} run_tests
+}
+run_verify_ab() {  # the second call (~8 min): the epilogue's and the routing tail's whole-step A/Bs, and the MoE
+  # fusions' again after the combine's batched loads (graph decode at 8K, ms per step off -> on)
   timeout ${SWIGLU_TIMEOUT:-240} python3 -m perf.bench_fold --toggle swiglu --model 27b,35b --lanes 1,8 --steps 100 \
     --out "$OUT/results" 2>&1 | tee "$OUT/swiglu_ab.txt" | grep -E "^\|"
+  timeout ${RTAIL_TIMEOUT:-120} python3 -m perf.bench_fold --toggle rtail --model 35b --lanes 1,8 --steps 100 \
+    --out "$OUT/results" 2>&1 | tee "$OUT/rtail_ab.txt" | grep -E "^\|"
   timeout ${MOE_TIMEOUT:-120} python3 -m perf.bench_fold --toggle combine,moe --model 35b --lanes 1,8 \
     --steps 100 --out "$OUT/results" 2>&1 | tee "$OUT/moe_ab.txt" | grep -E "^\|"
 }

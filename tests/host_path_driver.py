@@ -2,7 +2,7 @@
 prints what it launched as JSON. A subprocess of tests/test_cuda_host_path.py, so the stand-in ``cupy`` never
 meets the test process's modules::
 
-    python tests/host_path_driver.py moe|dense|graph|w8|bulk|swiglu|engine|gdn_out
+    python tests/host_path_driver.py moe|dense|graph|w8|bulk|swiglu|rtail|engine|gdn_out
 
 Nothing here checks a value (no kernel runs); it checks that every wrapper, plan and switch of the CUDA runner
 accepts the arguments the model gives it, and which kernels each path launches.
@@ -165,6 +165,19 @@ def swiglu() -> dict[str, Any]:
     return res
 
 
+def rtail() -> dict[str, Any]:
+    """The MoE network (the shared expert fused into the experts' weight, and apart) with ``moe_route_router`` off
+    and on, one and three decoding sequences, eagerly: the kernels launched (name -> count) per phase."""
+    res: dict[str, Any] = {}
+    for shared in (256, 512):
+        seqs = _seqs(_config(True, shared))
+        for on in (False, True):
+            seqs.net.moe_route_router = on
+            for lengths in ([12], [12, 17, 130]):
+                res[f"shared{shared}-on{int(on)}-seqs{len(lengths)}"] = _prefill_then_decode(seqs, lengths, 3)
+    return res
+
+
 def bulk() -> dict[str, Any]:
     """The dense and MoE networks' 1- and 8-lane decode (prefill too) with linear.GV_BULK off and on, from graphs:
     the family of each GEMV instance launched (name -> {family: launches})."""
@@ -286,6 +299,7 @@ if __name__ == "__main__":
                 "w8": w8,
                 "bulk": bulk,
                 "swiglu": swiglu,
+                "rtail": rtail,
                 "engine": engine,
                 "gdn_out": gdn_out,
             }[sys.argv[1]]()

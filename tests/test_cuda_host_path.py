@@ -155,6 +155,22 @@ def test_swiglu_switch_moves_the_dense_gate_up_to_the_epilogue() -> None:
             assert sum(on["decode"].values()) == sum(off["decode"].values()), key
 
 
+def test_route_tail_switch_removes_the_moe_route_launches() -> None:
+    """``moe_route_router``: every decode MoE layer's router GEMV is the routing-tail instance (gemv_mma_rr) and its
+    moe_route launch is gone (one launch less per layer and step); prefill (GEMM rows) is untouched."""
+    res = _run("rtail")
+    for shared in (256, 512):
+        for seqs in (1, 3):
+            off, on = res[f"shared{shared}-on0-seqs{seqs}"], res[f"shared{shared}-on1-seqs{seqs}"]
+            key = f"shared{shared} seqs{seqs}"
+            assert _count(off["decode"], "moe_route") == LAYERS * MOE_STEPS, key
+            assert _count(off["decode"], "gemv_mma_rr") == 0, key
+            assert _count(on["decode"], "moe_route") == 0, key
+            assert _count(on["decode"], "gemv_mma_rr") == LAYERS * MOE_STEPS, key
+            assert sum(on["decode"].values()) == sum(off["decode"].values()) - LAYERS * MOE_STEPS, key
+            assert on["prefill"] == off["prefill"], key
+
+
 def test_bulk_switch_moves_the_nvfp4_gemvs_to_the_bulk_families() -> None:
     res = _run("bulk")
     moved = {"gemv.cu": "gemv_bulk.cu", "gemv_w8.cu": "gemv_w8_bulk.cu"}

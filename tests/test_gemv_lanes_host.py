@@ -500,6 +500,60 @@ def _swiglu_out_case(emu: Path, tmp_path: Path, case: tuple, *, cluster: bool) -
     assert err <= (1.5e-2 if t == "bf16" else 2e-5), f"down: normalised error {err:.3e}"
 
 
+# the router product with the routing in its tail (gemv.cu gemv_mma_rr): fmt, N (router rows), K, splits, rows, E,
+# top-k, shared expert
+RTAIL_CASES = [
+    ("NVFP4G16_E4M3S", 257, 2048, 4, 1, 256, 8, True),  # the 35B-A3B's router | shared gate, one decode token
+    ("NVFP4G16_E4M3S", 257, 2048, 4, 8, 256, 8, False),  # eight tokens: one 8-lane block, eight 1-lane blocks
+    (
+        "BF16",
+        40,
+        256,
+        1,
+        3,
+        33,
+        5,
+        True,
+    ),  # one split: every block finishes its row block itself; a lane's 2nd expert
+    ("FP8E4M3_F32ROW", 130, 1024, 2, 10, 128, 4, False),  # two lane blocks of 8, a partial row block
+]
+
+
+@pytest.mark.parametrize(
+    "case",
+    RTAIL_CASES,
+    ids=lambda c: f"{c[0]}-n{c[1]}-s{c[3]}-t{c[4]}-e{c[5]}k{c[6]}-{'sh' if c[7] else 'no'}",
+)
+def test_route_tail_is_the_product_then_moe_route(emu: Path, tmp_path: Path, case: tuple) -> None:
+    """The router product with moe_route's selection in its tail (the last row block of each lane block routes its
+    tokens): the logits, the ids (the shared expert's slots after the routed ones) and the weights bitwise the plain
+    product followed by router.cu's moe_route, with 8-lane blocks and with one lane per block, the counters back at
+    zero; the same through the cluster reduction."""
+    fmt, n, k, splits, rows, e, top, shared = case
+    rng = np.random.default_rng(n + 3 * k + rows)
+    buf, wdec, offs = _weight(rng, fmt, n, k)
+    x = (rng.standard_normal((rows, k)) * 0.5).astype(F32)
+    _write(tmp_path, w=buf, wsize=np.array([buf.size], np.int64), woff=np.array(offs, np.int64), x=x)
+    args = ["rtail", tmp_path, FMTS.index(fmt), n, k, splits, rows, 3, e, top, int(shared)]
+    _emulate(emu, args)
+    names = ("y_ref", "ids_ref", "w_ref", "y_rr8", "ids_rr8", "w_rr8", "y_rr1", "ids_rr1", "w_rr1")
+    if splits > 1:
+        _cluster_twin(emu, tmp_path, args, names)
+    out = {
+        m: np.fromfile(tmp_path / f"{m}.bin", dtype=np.int32 if m.startswith("ids") else F32) for m in names
+    }
+    for part in ("y", "ids", "w"):
+        for lanes in ("8", "1"):
+            a, b = out[f"{part}_ref"], out[f"{part}_rr{lanes}"]
+            assert a.size and np.array_equal(a.view(np.uint8), b.view(np.uint8)), (
+                f"{part}, {lanes}-lane blocks"
+            )
+    ids = out["ids_ref"]
+    assert ids.min() >= 0 and ids.max() <= e and (not shared or (ids[rows * top :] == e).all())
+    ref = ops.linear(x, wdec)
+    assert np.max(np.abs(out["y_ref"].reshape(rows, n) - ref)) / np.max(np.abs(ref)) <= 2e-5
+
+
 def test_fold_rows_rule() -> None:
     """Norms fold where every product of a call is a GEMV with float32 activations: decode, and any call in the
     exact mode; not for GEMM prefill, bf16 activations or with folding off."""

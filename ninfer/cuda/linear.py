@@ -153,12 +153,25 @@ def _gemv_launch(
     a: _Input, w: DeviceWeight, out: Any, lanes: int, ldy: int, *, ids: Any, xrow: Any, n: int, row0: int,
     nb: int, t: str, table: bool = False, fold: Any = None, prefetch: Any = None, pf: tuple[Any, ...] = (),
     route: tuple[Any, ...] = (), combine: tuple[Any, ...] = (), swiglu_out: bool = False,
+    route_tail: tuple[Any, ...] = (),
 ) -> None:  # fmt: skip
     import cupy
 
     k = w.cols
-    pf = () if swiglu_out else pf or _prefetch_args(w, prefetch)  # the epilogue's instances take no hint
-    kind = "_rt" if route else "_cb" if combine else "_gu" if swiglu_out else "_pf" if pf else ""
+    pf = () if swiglu_out or route_tail else pf or _prefetch_args(w, prefetch)  # those instances take no hint
+    kind = (
+        "_rt"
+        if route
+        else "_cb"
+        if combine
+        else "_gu"
+        if swiglu_out
+        else "_rr"
+        if route_tail
+        else "_pf"
+        if pf
+        else ""
+    )
     graph = capturing()
     # the launch switches are read at every call (tests flip them), so they are part of the geometry's key
     bulk_rows = row0 % 16 == 0 and (n if ids is not None else 0) % 16 == 0
@@ -173,7 +186,10 @@ def _gemv_launch(
     ws = cnt = null = _NULL  # pointer arguments the launch never reads
     if plan.splits > 1 and not cluster:
         ws = cupy.empty(gz * plan.blocks_x * plan.splits * plan.rows * 8, dtype=np.float32)
-        cnt = arrival_counters(gz * plan.blocks_x)
+        cnt = arrival_counters(gz * plan.blocks_x + (gz if route_tail else 0))
+    if route_tail:  # the routing tail's counters (one per lane block) after the split sums'
+        rc = arrival_counters(gz * plan.blocks_x + gz)[gz * plan.blocks_x :]
+        route_tail = (rc, *route_tail)
     p0, p1, p2 = w.planes()
     part = fold if fold is not None else (a.part if a.part is not None else null)
     ldp = lanes if fold is not None else a.ldp
@@ -182,7 +198,7 @@ def _gemv_launch(
         p0, p1, p2, a.x, a.x if a.x2 is None else a.x2, out, null if ids is None or route else ids,  # routed: ids is the output
         null if xrow is None else xrow, ws, cnt,
         *_scalars(n, k, lanes, a.ldx, a.ldx2, ldy, row0, mode, a.xf, a.gd, zin), part,
-        *_tail(ldp, a.npart, a.eps, int(fold is not None)), *pf, *route, *combine,
+        *_tail(ldp, a.npart, a.eps, int(fold is not None)), *pf, *route, *combine, *route_tail,
     )  # fmt: skip
     # several lane blocks of a dense product: lane blocks innermost (zin), one pass over the weights through L2
     grid = (plan.blocks_x * gz, plan.splits, 1) if zin else (plan.blocks_x, plan.splits, gz)
@@ -274,6 +290,7 @@ def gemv(
     fold: Any = None,
     prefetch: DeviceWeight | None = None,
     swiglu_out: bool = False,
+    route: tuple[int, int, int | None, Any, Any] | None = None,
 ) -> Any:
     """``out[b] = x[b] · W[row0 : row0+n]ᵀ`` for ``x[B, K]``; ``n`` defaults to all rows of ``w``. Decode takes
     B <= 8 (the 1-, 4- or 8-row instance); more rows run as 8-row blocks of one launch, each row bitwise its decode
@@ -295,7 +312,12 @@ def gemv(
     ``swiglu_out`` (the SwiGLU epilogue, gemv.cu gemv_mma_gu; float32 activations, ``w`` a fused [gate | up]
     weight of 2 I rows, ``swiglu_out_ok``): ``out[b] = silu(gate) * up`` ``[B, I]``, the bits a ``swiglu=True``
     product of the plain ``[B, 2 I]`` output would stage, so the next product reads half the activation bytes and
-    applies no transform. ``prefetch`` is ignored there."""
+    applies no transform. ``prefetch`` is ignored there.
+
+    ``route=(experts, top_k, shared, ids, weights)`` (the MoE router product with the routing in its tail, gemv.cu
+    gemv_mma_rr; float32 rows): besides ``out``, writes what ``router.moe_route(out[:, :experts], top_k, shared)``
+    returns into ``ids`` (int32, flat: ``[B * top_k]``, or ``[B * top_k + B]`` with the shared expert's id) and
+    ``weights`` (float32 ``[B, top_k]``), the same bits, without a launch of its own. ``prefetch`` is ignored."""
     t, b, a = _input(x, w, "gemv", swiglu, gate)
     if swiglu_out and (
         t != "float" or fold is not None or row0 or n not in (None, w.rows) or not swiglu_out_ok(w)
@@ -304,6 +326,7 @@ def gemv(
             f"gemv: swiglu_out takes float32 rows and all rows of a [gate | up] weight, no fold ({w.fmt} {w.shape})"
         )
     n = w.rows - row0 if n is None else n
+    rt = () if route is None else _route_tail(route, t, b, n, fold, swiglu_out)
     if not (1 <= b <= GEMV_MAX_ROWS * 65535):
         raise KernelError(f"gemv: x has {b} rows; take 1..{GEMV_MAX_ROWS * 65535}")
     if row0 < 0 or n <= 0 or row0 + n > w.rows:
@@ -318,9 +341,25 @@ def gemv(
         raise KernelError(f"gemv: prefetch must be a DeviceWeight, got {type(prefetch).__name__}")
     _gemv_launch(
         a, w, out, b, ldy, ids=None, xrow=None, n=n, row0=row0, nb=nb, t=t, fold=fold, prefetch=prefetch,
-        swiglu_out=swiglu_out,
+        swiglu_out=swiglu_out, route_tail=rt,
     )  # fmt: skip
     return out
+
+
+def _route_tail(
+    route: tuple[Any, ...], t: str, b: int, n: int, fold: Any, swiglu_out: bool
+) -> tuple[Any, ...]:
+    """gemv_mma_rr's routing arguments after its counters (E, K, rows, shared, ids, weights), checked."""
+    e, k, shared, ids, weights = route
+    if t != "float" or fold is not None or swiglu_out:
+        raise KernelError("gemv: route takes float32 rows, no fold and no swiglu_out")
+    if not (1 <= e <= min(n, 256)) or not (1 <= k <= min(e, 32)):
+        raise KernelError(
+            f"gemv: route over {e} of {n} columns, top {k}: take E in 1..min(N, 256), k in 1..min(E, 32)"
+        )
+    check_array(ids, "ids", dtype=np.int32, shape=(b * k + (0 if shared is None else b),))
+    check_array(weights, "weights", dtype=np.float32, shape=(b, k))
+    return np.int32(e), np.int32(k), np.int32(b), np.int32(-1 if shared is None else shared), ids, weights
 
 
 def swiglu_out_ok(w: Any) -> bool:

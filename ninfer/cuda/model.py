@@ -142,6 +142,10 @@ class CudaQwen36:
         # decode MoE layers run their down projection with the combine and the next norm in its tail (norm.MoeCombine
         # .down, gemv.cu gemv_mma_cb: moe_combine_rmsnorm's bits, one launch less per layer); off until measured
         self.moe_combine_fused = False
+        # decode MoE layers choose their experts in the router GEMV's tail (model_layers._route_in_router, gemv.cu
+        # gemv_mma_rr: the last row block runs moe_route's selection, the same bits, one launch less per layer);
+        # off until measured and run through the GPU tests (docs/cuda.md "Routing in the router's tail")
+        self.moe_route_router = False
         # decode's gate | up GEMVs (dense, and the MoE experts' launch) store silu(gate) * up (their SwiGLU epilogue,
         # linear.gemv / gemv_experts(swiglu_out=True)) and the down GEMV reads that half-width row plainly: the same
         # bits (tests/test_gemv_lanes_host.py -k swiglu_out); off until measured (docs/cuda.md "SwiGLU in the gate |

@@ -270,7 +270,6 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
         cfg.hidden_size,
         cfg.num_experts,
     )
-    rg = _router(net, net.widen(h), p + "router_gates")  # router logits | shared-expert gate, fp32
     gemm = t > 8 and net.prefill_gemm  # tensor-core GEMMs (the shared expert; routed experts unless lanes)
     # expert lanes (moe_lanes.py): up to 8 rows of one expert per GEMV slot, for chunks whose experts get few rows
     # each (bitwise the decode products, so also every multi-row chunk of the exact mode)
@@ -282,9 +281,17 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
     ns = n + (t if shared else 0)
     # decode with net.moe_route_fused: the top-k runs inside the gate | up launch, which writes ids and ew
     routed = _route_in_experts(net, h, t, lanes, gemm)
-    if routed:
+    x, wr = net.widen(h), w[p + "router_gates"]  # router logits | shared-expert gate, fp32
+    if routed or _route_in_router(net, x, wr, t, lanes, gemm):
         ids, ew = cupy.empty(ns, dtype=np.int32), cupy.empty((t, k), dtype=np.float32)
+    if routed:
+        rg = _router(net, x, p + "router_gates")
+    elif _route_in_router(net, x, wr, t, lanes, gemm):  # net.moe_route_router: moe_route in the router's tail
+        from ninfer.cuda.linear import gemv
+
+        rg = gemv(x, wr, route=(e, k, e if shared else None, ids, ew), prefetch=next_product(net, wr))
     else:
+        rg = _router(net, x, p + "router_gates")
         eid, ew = moe_route(rg[:, :e], k, shared=e if shared else None)
         ids = eid.reshape(-1)
     if t > 8:  # prefill: visit slots grouped by expert so the expert's weights stay in L2 (one launch: the
@@ -361,6 +368,22 @@ def _router(net: Any, x: Any, name: str) -> Any:
     ):
         return linear(net, x, name, exact=True)
     return gemm(x, w, inputs="exact", operands=net.operands)
+
+
+def _route_in_router(net: Any, x: Any, wr: Any, t: int, lanes: bool, gemm: bool) -> bool:
+    """Whether a call's MoE routing runs in the router GEMV's tail (``net.moe_route_router``; decode-sized calls,
+    float32 rows, a single-format router of at most 256 experts; not with ``moe_route_fused``)."""
+    from ninfer.cuda.weights import DeviceWeight
+
+    return (
+        bool(getattr(net, "moe_route_router", False))
+        and t <= 8
+        and not lanes
+        and not gemm
+        and x.dtype == np.float32
+        and isinstance(wr, DeviceWeight)
+        and net.cfg.num_experts <= 256
+    )
 
 
 def _route_in_experts(net: Any, h: Any, t: int, lanes: bool, gemm: bool) -> bool:

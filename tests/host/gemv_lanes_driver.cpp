@@ -311,6 +311,66 @@ template <typename F, typename T> int gv_swiglu_out_case(char** argv) {
     return 0;
 }
 
+// Route-tail mode (argv: rtail dir fmt N K splits rows seed E topk shared): the router product with the routing in
+// its tail (gemv_mma_rr) against the plain product followed by router.cu's moe_route, with 8-lane blocks and with one
+// lane per block. dir/w.bin + woff.bin: W [N, K] (the router's rows; columns 0 .. E - 1 of the output are routed);
+// dir/x.bin [rows, K] float. Writes dir/{y_ref,ids_ref,w_ref}.bin and dir/{y_rr8,ids_rr8,w_rr8,y_rr1,ids_rr1,
+// w_rr1}.bin. Exits 7 if a split or routing counter is not zero again after a launch.
+template <typename F, int NB>
+int gv_rtail_run(const std::vector<u8>& w, const long long o[3], const std::vector<float>& x, int N, int K, int rows,
+                 int splits, int E, int top, int shared, unsigned seed, std::vector<float>& y, std::vector<int>& ids,
+                 std::vector<float>& wt, bool tail) {
+    constexpr int R = GV_WARPS * F::MT * 16;
+    const int B = (N + R - 1) / R, gz = (rows + NB - 1) / NB, zin = gz > 1 ? gz : 0;
+    std::vector<float> ws((size_t)gz * B * splits * R * 8 + 8, NAN);
+    std::vector<int> cnt((size_t)gz * B + 1, 0), rcnt((size_t)gz + 1, 0);
+    const u8 *p0 = w.data() + o[0], *p1 = w.data() + o[1], *p2 = w.data() + o[2];
+    gv_launch({(unsigned)(B * (zin ? zin : 1)), (unsigned)splits, 1u}, GV_WARPS * 32, seed, [&] {
+        if (tail)
+            gemv_mma_rr<F, float, NB>(p0, p1, p2, x.data(), x.data(), y.data(), nullptr, nullptr, ws.data(), cnt.data(),
+                                      N, K, rows, K, K, N, 0, 0, GV_PLAIN, 8, zin, nullptr, 0, 0, 0.f, 0, rcnt.data(),
+                                      E, top, rows, shared ? E : -1, ids.data(), wt.data());
+        else
+            gemv_mma<F, float, NB>(p0, p1, p2, x.data(), x.data(), y.data(), nullptr, nullptr, ws.data(), cnt.data(),
+                                   N, K, rows, K, K, N, 0, 0, GV_PLAIN, 8, zin, nullptr, 0, 0, 0.f, 0);
+    });
+    for (int c : rcnt)
+        if (c != 0) return 7;
+    return gv_check(ws, cnt);
+}
+
+template <typename F> int gv_rtail_case(char** argv) {
+    const std::string dir = argv[2];
+    const int N = atoi(argv[4]), K = atoi(argv[5]), splits = atoi(argv[6]), rows = atoi(argv[7]);
+    const unsigned seed = (unsigned)atoi(argv[8]);
+    const int E = atoi(argv[9]), top = atoi(argv[10]), shared = atoi(argv[11]);
+    long long o[3];
+    const auto w = gv_read_weight(dir, "w", o);
+    auto x = emu_read<float>(dir + "/x.bin", (size_t)rows * K);
+    const size_t ni = (size_t)rows * top + (shared ? rows : 0), nw = (size_t)rows * top;
+    std::vector<float> y_ref((size_t)rows * N), y8(y_ref), y1(y_ref), w_ref(nw, NAN), w8(nw, NAN), w1(nw, NAN);
+    std::vector<int> ids_ref(ni, -7), ids8(ni, -7), ids1(ni, -7);
+    for (auto* v : {&y_ref, &y8, &y1}) std::memset((void*)v->data(), 0xff, v->size() * sizeof(float));
+    int rc = gv_rtail_run<F, 8>(w, o, x, N, K, rows, splits, E, top, shared, seed, y_ref, ids_ref, w_ref, false);
+    if (rc) return rc;
+    emu_launch_poisoned({(unsigned)((rows + 3) / 4), 1, 1}, 128, seed, [] {}, [&] {
+        moe_route<float, 8>(y_ref.data(), ids_ref.data(), w_ref.data(), rows, E, top, N, shared ? E : -1);
+    });
+    rc = gv_rtail_run<F, 8>(w, o, x, N, K, rows, splits, E, top, shared, seed + 1, y8, ids8, w8, true);
+    if (!rc) rc = gv_rtail_run<F, 1>(w, o, x, N, K, rows, splits, E, top, shared, seed + 2, y1, ids1, w1, true);
+    if (rc) return rc;
+    emu_write(dir + "/y_ref.bin", y_ref);
+    emu_write(dir + "/ids_ref.bin", ids_ref);
+    emu_write(dir + "/w_ref.bin", w_ref);
+    emu_write(dir + "/y_rr8.bin", y8);
+    emu_write(dir + "/ids_rr8.bin", ids8);
+    emu_write(dir + "/w_rr8.bin", w8);
+    emu_write(dir + "/y_rr1.bin", y1);
+    emu_write(dir + "/ids_rr1.bin", ids1);
+    emu_write(dir + "/w_rr1.bin", w1);
+    return 0;
+}
+
 // Routed mode (argv: routed dir fmt N K splits T E topk shared seed): the routed expert launch (gemv_mma_rt) against
 // router.cu's moe_route followed by the one-lane expert launch. dir/w.bin + woff.bin: the fused expert weight
 // [(E + shared) * N, K]; dir/x.bin [T, K] float activations; dir/lg.bin [T, E + 1] float router rows (the last
@@ -434,6 +494,8 @@ template <typename Fn> int gv_by_fmt(int fmt, Fn fn) {
 int main(int argc, char** argv) {
     if (argc == 12 && std::string(argv[1]) == "combine")
         return gv_by_fmt(atoi(argv[3]), [&](auto f) { return gv_combine_case<decltype(f)>(argv); });
+    if (argc == 12 && std::string(argv[1]) == "rtail")
+        return gv_by_fmt(atoi(argv[3]), [&](auto f) { return gv_rtail_case<decltype(f)>(argv); });
     if (argc == 12 && std::string(argv[1]) == "routed")
         return gv_by_fmt(atoi(argv[3]), [&](auto f) { return gv_routed_case<decltype(f)>(argv); });
     if (argc == 14 && std::string(argv[1]) == "fold") {
