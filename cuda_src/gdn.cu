@@ -70,7 +70,7 @@ __global__ void causal_conv(const T* __restrict__ x, const float* __restrict__ w
 
 // ---- chunked prefill form (§4.6; reference ops_gdn.gdn_chunked / _chunk), one pass --------------------------------
 // The model runs the two-pass form in gdn_chunk.cu (chunk-parallel intra-chunk work, then a short state pass); this
-// one-pass kernel is kept as its benchmark variant (gdn.py: gdn_chunked(variant="serial"), compiled on first use).
+// one-pass kernel is kept as its benchmark variant (gdn_chunk.py: gdn_chunked(variant="serial"), compiled on first use).
 // Same arguments, gates, l2norm, q scale and state layout as gdn_recurrent (gdn_step.cu). Each sequence runs in
 // chunks of GDN_CHUNK tokens counted from its first token (the last chunk may be shorter). Per chunk of n tokens, with
 // γ = cumsum(g), D_ij = e^{γ_i−γ_j} (j ≤ i), all fp32 in shared memory:

@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(GdnStep<DK>::NT, CONV ? GDN_STEP_CONV_MIN_BLOC
     // state loads then issue together with the starts loads instead of after a branch on them.
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = c0 + lane;
     const bool live = col < DV;
-    // Launched with PDL inside decode graphs (ninfer/cuda/gdn.py): while the kernel ahead (the in-projection GEMV)
+    // Launched with PDL inside decode graphs (ninfer/cuda/gdn_step.py): while the kernel ahead (the in-projection GEMV)
     // ends, lane r < 16 of each warp hints its state row r (this block's 32 columns: 128 bytes) into the L2, then
     // every read below waits for it. A hint never changes a value (the L2 is coherent), so the slot read for it
     // needs no ordering; the loads that count come after pdl_wait.
