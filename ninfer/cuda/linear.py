@@ -238,7 +238,7 @@ def _geometry(
     """A GEMV launch's (plan, family, kernel name, dynamic shared memory, cluster reduction), a function of these
     arguments only (``gv_*``: the switches GV_CLUSTER, GV_W8, GV_BULK; ``bulk_rows``: row0 and the rows per expert
     are multiples of 16; ``dense``: no expert ids). Cached: ~5 us of host time per launch otherwise."""
-    plan = gemv_plan(fmt, n, k)
+    plan = gemv_plan(fmt, n, k, dense)
     cluster = _cluster(plan, graph, gv_cluster)
     family = "gemv.cu"
     if gv_w8 and nb == 8 and t == "float" and kind in ("", "_gu") and dense and not cluster:

@@ -144,12 +144,12 @@ class CudaQwen36:
         self.moe_combine_fused = False
         # decode MoE layers choose their experts in the router GEMV's tail (model_layers._route_in_router, gemv.cu
         # gemv_mma_rr: the last row block runs moe_route's selection, the same bits, one launch less per layer);
-        # off until measured and run through the GPU tests (docs/cuda.md "Routing in the router's tail")
+        # measured 5-10% slower on the H100 (35B-A3B), so off (docs/cuda.md "Routing in the router's tail")
         self.moe_route_router = False
         # decode's gate | up GEMVs (dense, and the MoE experts' launch) store silu(gate) * up (their SwiGLU epilogue,
         # linear.gemv / gemv_experts(swiglu_out=True)) and the down GEMV reads that half-width row plainly: the same
-        # bits (tests/test_gemv_lanes_host.py -k swiglu_out); off until measured (docs/cuda.md "SwiGLU in the gate |
-        # up GEMV's epilogue")
+        # bits (tests/test_gemv_lanes_host.py -k swiglu_out); measured no faster on the H100 (27B 1.00x, 35B-A3B
+        # 0.97-1.00x), so off (docs/cuda.md "SwiGLU in the gate | up GEMV's epilogue")
         self.gemv_swiglu_out = False
         if memory_reserve_bytes < 0:
             raise ValueError(f"memory_reserve_bytes: must be >= 0, got {memory_reserve_bytes}")
