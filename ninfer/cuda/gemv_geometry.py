@@ -78,10 +78,13 @@ SOURCES: dict[str, tuple[str, ...]] = {
         for nb in _GV_NB
     )
     + tuple(dict.fromkeys(f"gemv_mma_rt<{s}, float, 1>" for s, _, _ in FRAG_STRUCTS.values()))
-    + tuple(dict.fromkeys(f"gemv_mma_cb<{s}, float, 1>" for s, _, _ in FRAG_STRUCTS.values()))
-    # the dense gate | up product with the SwiGLU epilogue (linear.gemv(swiglu_out=True)): float activations
-    + tuple(f"gemv_mma_gu<{s}, float, {nb}>" for s, _, _ in FRAG_STRUCTS.values() for nb in _GV_NB)
-    # the MoE router product with the routing in its tail (linear.gemv(route=...)): float activations
+    + tuple(dict.fromkeys(f"gemv_mma_cb<{s}, float, 1>" for s, _, _ in FRAG_STRUCTS.values())),
+    # gemv.cu's experiment instances (gemv_fused.cu, float activations): the gate | up product with the SwiGLU
+    # epilogue (linear.gemv / gemv_experts(swiglu_out=True)) and the MoE router product with the routing in its tail
+    # (linear.gemv(route=...))
+    "gemv_fused.cu": tuple(
+        f"gemv_mma_gu<{s}, float, {nb}>" for s, _, _ in FRAG_STRUCTS.values() for nb in _GV_NB
+    )
     + tuple(f"gemv_mma_rr<{s}, float, {nb}>" for s, _, _ in FRAG_STRUCTS.values() for nb in _GV_NB),
     # gemv.cu with 8 warps per block (gemv_w8.cu): dense 5-8-lane products with float activations (linear.GV_W8)
     "gemv_w8.cu": tuple(dict.fromkeys(f"gemv_mma<{s}, float, 8>" for s, _, _ in FRAG_STRUCTS.values()))

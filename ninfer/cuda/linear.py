@@ -243,6 +243,8 @@ def _geometry(
     family = "gemv.cu"
     if gv_w8 and nb == 8 and t == "float" and kind in ("", "_gu") and dense and not cluster:
         family, plan = "gemv_w8.cu", w8_plan(plan, n)  # the fold's partials stay per 4-warp row block
+    if kind in ("_gu", "_rr") and family == "gemv.cu":  # the experiments' instances: a family of their own
+        family = "gemv_fused.cu"
     if gv_bulk and _bulk(fmt, kind, cluster, bulk_rows):
         family = _BULK_FAMILY[family]
     name = f"gemv_mma{kind}<{FRAG_STRUCTS[fmt][0]}, {t}, {nb}>"
