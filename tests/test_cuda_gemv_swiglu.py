@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from cuda_decode import greedy
-
-from ninfer.formats import FORMATS
+from test_cuda_gemv_w8 import _bits, _weight
 
 pytestmark = pytest.mark.gpu
 
@@ -29,19 +28,6 @@ NVFP4 = "NVFP4G16_E4M3S"
 @pytest.fixture
 def cp() -> Any:
     return pytest.importorskip("cupy")
-
-
-def _weight(rng: np.random.Generator, fmt: str, n: int, k: int) -> Any:
-    from ninfer.cuda.weights import upload_weight
-
-    wf = (rng.standard_normal((n, k)) * 0.5).astype(F32)
-    return upload_weight(fmt, (n, k), FORMATS[fmt].encode(wf, (n, k)))
-
-
-def _bits(a: Any) -> np.ndarray:
-    import cupy
-
-    return cupy.asnumpy(a).view(np.uint8)
 
 
 def _x(cp: Any, rng: np.random.Generator, b: int, k: int, bf16: bool) -> Any:

@@ -184,12 +184,16 @@ def _gemv_launch(
     gz = lanes if ids is not None else -(-lanes // nb)
     zin = gz if ids is None and gz > 1 and plan.blocks_x * gz < 2**31 else 0
     ws = cnt = null = _NULL  # pointer arguments the launch never reads
-    if plan.splits > 1 and not cluster:
+    split = plan.splits > 1 and not cluster
+    if (
+        split or route_tail
+    ):  # the split sums' counters, then (routing tail) one per lane block: one stream buffer
+        counters = arrival_counters(gz * plan.blocks_x + (gz if route_tail else 0))
+    if split:
         ws = cupy.empty(gz * plan.blocks_x * plan.splits * plan.rows * 8, dtype=np.float32)
-        cnt = arrival_counters(gz * plan.blocks_x + (gz if route_tail else 0))
-    if route_tail:  # the routing tail's counters (one per lane block) after the split sums'
-        rc = arrival_counters(gz * plan.blocks_x + gz)[gz * plan.blocks_x :]
-        route_tail = (rc, *route_tail)
+        cnt = counters
+    if route_tail:
+        route_tail = (counters[gz * plan.blocks_x :], *route_tail)
     p0, p1, p2 = w.planes()
     part = fold if fold is not None else (a.part if a.part is not None else null)
     ldp = lanes if fold is not None else a.ldp

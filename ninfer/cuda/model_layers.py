@@ -282,11 +282,12 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
     # decode with net.moe_route_fused: the top-k runs inside the gate | up launch, which writes ids and ew
     routed = _route_in_experts(net, h, t, lanes, gemm)
     x, wr = net.widen(h), w[p + "router_gates"]  # router logits | shared-expert gate, fp32
-    if routed or _route_in_router(net, x, wr, t, lanes, gemm):
+    in_router = not routed and _route_in_router(net, x, wr, t, lanes, gemm)  # net.moe_route_router
+    if routed or in_router:
         ids, ew = cupy.empty(ns, dtype=np.int32), cupy.empty((t, k), dtype=np.float32)
     if routed:
         rg = _router(net, x, p + "router_gates")
-    elif _route_in_router(net, x, wr, t, lanes, gemm):  # net.moe_route_router: moe_route in the router's tail
+    elif in_router:  # moe_route in the router's tail
         from ninfer.cuda.linear import gemv
 
         rg = gemv(x, wr, route=(e, k, e if shared else None, ids, ew), prefetch=next_product(net, wr))
