@@ -53,13 +53,14 @@ _GV_WAVE_BLOCKS, _GV_MIN_TILES, _GV_CHUNK, _GV_CHUNK4, _GV_CHUNK1 = 528, 4, 2, 4
 # row took 44.0 us as 2 splits (544 blocks: 16 of them a second wave; 1 split, 272 blocks: 55.2 us), 41.4 as 3,
 # 40.6 as 5 (8 tiles each), 42.8 as 8. It is the only 27B or 35B-A3B shape the rule changes.
 _GV_WAVE_FILL, _GV_MULTI_TILES = 0.75, 8
-# The minimum K-tiles per split of dense launches (no expert ids) when it is not _GV_MIN_TILES (perf/bench_fold.py
-# --toggle dtiles1,dtiles2). All splits 2 tiles (tiles2) made the 35B-A3B's one-lane step 5% faster and its
-# eight-lane step 9% slower (H100, 18a67ef): 8 lanes launch 9x the expert slots of one, the dense products the same
-# blocks. Dense launches alone at 1 tile: 35B-A3B x1 1.054x, x8 1.040x, 27B 1.00x. Not the default yet: an expert
-# slot then no longer gives a dense product's bits for the same weight (docs/cuda.md, "Decode step accounting").
-# None: _GV_MIN_TILES for every launch.
-_GV_DENSE_MIN_TILES: int | None = None
+# The minimum K-tiles per split of dense launches (no expert ids; perf/bench_fold.py --toggle dtiles1,dtiles2 set
+# it for a run). All splits 2 tiles (tiles2) made the 35B-A3B's one-lane step 5% faster and its eight-lane step 9%
+# slower (H100, 18a67ef): 8 lanes launch 9x the expert slots of one, the dense products the same blocks. Dense
+# launches alone at 1 tile: 35B-A3B x1 1.054x, x8 1.040x, 27B 1.00x (2 tiles: 1.044x, 1.038x), hence 1. So an
+# expert slot and a dense launch of the same weight may split K differently (their sums agree to fp32 rounding, not
+# bitwise): the model never computes one product both ways (the shared expert is always an expert slot where it is
+# appended to the routed weights, docs/cuda.md "Decode step accounting"). None: _GV_MIN_TILES for every launch.
+_GV_DENSE_MIN_TILES: int | None = 1
 # Stream-K (one wave of equal blocks over the row-major (row block, K-tile) units) was tried instead of the splits
 # and removed: on the H200 at 7fefbde (perf/gemv_variants.py, 27B NVFP4) only gate|up gained (39.9 vs 41.2 us at
 # one row); a block's pieces crossing row blocks restart the activation staging and the pipeline, which cost more

@@ -275,7 +275,8 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
     # each (bitwise the decode products, so also every multi-row chunk of the exact mode)
     lanes = t > 8 and (not net.prefill_gemm or use_lanes(t * k, e))
     # the shared expert as expert e of the routed weights (fuse.append_shared_expert): its t slots follow the
-    # routed t * k in the same expert launches, and its outputs are dn[n:] (bitwise the standalone products)
+    # routed t * k in the same expert launches, and its outputs are dn[n:] (the standalone GEMVs' sums, in the
+    # expert plan's K splits: gemv_geometry._GV_DENSE_MIN_TILES gives dense launches more)
     shared = not gemm and w[p + "experts.gate_up_proj"].shape[0] == e + 1
     n = t * k
     ns = n + (t if shared else 0)
