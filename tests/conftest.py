@@ -7,6 +7,7 @@ import asyncio
 import functools
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -106,3 +107,11 @@ def actor(artifact: str) -> Iterator[EngineActor]:
     a = make_actor(artifact)
     yield a
     asyncio.run(a.shutdown())
+
+
+@pytest.fixture(scope="session")
+def lanes_emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The host emulator of gemv.cu's launches (tests/gemv_lanes_emu.py), built once for every module using it."""
+    from gemv_lanes_emu import build_lanes_emu
+
+    return build_lanes_emu(tmp_path_factory)
