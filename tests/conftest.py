@@ -1,15 +1,21 @@
-"""Shared test configuration: GPU tests (marked ``gpu``) skip cleanly where no CUDA device is usable."""
+"""Shared test configuration: GPU tests (marked ``gpu``) skip cleanly where no CUDA device is usable; fixtures
+and helpers more than one test module uses."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import sys
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ninfer.engine.core import Finish, RequestMetrics, Usage
+
+if TYPE_CHECKING:
+    from ninfer.actors.engine_actor import EngineActor
 
 
 @functools.cache
@@ -72,3 +78,40 @@ def compiler(tok: Any) -> Any:
     from ninfer.frontend.grammar import GrammarCompiler
 
     return GrammarCompiler(tok.hf, VOCAB, tok.eos_token_ids)
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The demo artifact, built once per module (the in-process engine actor tests' model)."""
+    from ninfer.demo import build_demo
+
+    return build_demo(tmp_path_factory.mktemp("demo") / "demo.ninfer")
+
+
+def make_actor(artifact: str, **engine: object) -> EngineActor:
+    """An in-process engine actor (no Ray, reference backend) on ``artifact``: 2 lanes, a queue of 2, a 512-token
+    context and 4096 KV tokens, unless ``engine`` (``EngineConfig`` fields) says otherwise."""
+    from ninfer.actors.engine_actor import EngineActor
+    from ninfer.actors.messages import ActorSpec
+
+    from ninfer.engine import EngineConfig
+
+    base = {"max_concurrency": 2, "queue_depth": 2, "max_context": 512, "kv_capacity": 4096}
+    base.update(engine)
+    return EngineActor(ActorSpec(artifact=artifact, backend="reference", engine=EngineConfig(**base)))
+
+
+@pytest.fixture
+def actor(artifact: str) -> Iterator[EngineActor]:
+    """A fresh ``make_actor`` actor on the module's demo artifact, shut down after the test."""
+    a = make_actor(artifact)
+    yield a
+    asyncio.run(a.shutdown())
+
+
+@pytest.fixture(scope="session")
+def lanes_emu(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The host emulator of gemv.cu's launches (tests/gemv_lanes_emu.py), built once for every module using it."""
+    from gemv_lanes_emu import build_lanes_emu
+
+    return build_lanes_emu(tmp_path_factory)

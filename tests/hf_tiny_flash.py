@@ -16,6 +16,14 @@ from typing import Any
 import numpy as np
 
 EOS = 2  # n-gram pad id of the tiny models
+# the parity tests' tiny models (seed: the index; test_flash_next_parity, test_flash_next_convert): expert counts
+# 8/4/16, QSA budgets 8/6, ratios 4/2
+CASES = {
+    "e8k2-budget8": dict(num_experts=8, top_k=2, budget=8, ratio=4),
+    "e4k4-budget6-ratio2": dict(num_experts=4, top_k=4, budget=6, ratio=2),
+    "e16k3-8layers": dict(num_experts=16, top_k=3, budget=8, ratio=4, num_layers=8),
+}
+TOL = 1e-4  # the parity tolerance: max-abs error / max-abs logit (rel_max)
 
 
 def tiny_hf_config(
@@ -172,3 +180,8 @@ def real_hf_config() -> dict[str, Any]:
     )  # fmt: skip
     return dict(model_type="qwen4_exp", architectures=["Qwen4ExpForConditionalGeneration"], text_config=text,
                 eos_token_id=[248046, 248044], tie_word_embeddings=False)  # fmt: skip
+
+
+def rel_max(ours: np.ndarray, ref: np.ndarray) -> float:
+    """max |ours - ref| / max |ref|."""
+    return float(np.abs(ours - ref).max() / np.abs(ref).max())

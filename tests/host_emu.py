@@ -46,10 +46,10 @@ def build_emulator(
 
 
 def build_nvcc_driver(
-    tmp_path_factory: pytest.TempPathFactory, name: str, text: str, timeout: int = 900
+    tmp_path_factory: pytest.TempPathFactory, name: str, text: str, timeout: int = 900, opt: str = "-O2"
 ) -> Path:
-    """Compile a host program that includes cuda_src headers (``text``, one .cu file) with nvcc for the CPU; skips
-    without nvcc."""
+    """Compile a host program that includes cuda_src headers (``text``, one .cu file) with nvcc for the CPU at
+    optimisation level ``opt``; skips without nvcc."""
     from ninfer.cuda.loader import CUDA_SRC
 
     if NVCC is None:
@@ -57,7 +57,7 @@ def build_nvcc_driver(
     d = tmp_path_factory.mktemp(name)
     (d / "driver.cu").write_text(text)
     exe = d / "driver"
-    cmd = [NVCC, "-std=c++17", "-O2", "-I", str(CUDA_SRC), "-o", str(exe), str(d / "driver.cu")]
+    cmd = [NVCC, "-std=c++17", opt, "-I", str(CUDA_SRC), "-o", str(exe), str(d / "driver.cu")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return exe

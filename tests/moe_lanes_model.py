@@ -1,5 +1,5 @@
 """NumPy models of the MoE expert lanes' inputs and slot table (cuda_src/moe_lanes.cu), shared by
-tests/test_gemv_lanes_host.py and tests/test_cuda_moe_lanes.py."""
+tests/test_gemv_lanes_host.py, tests/gemv_lanes_emu.py and tests/test_cuda_moe_lanes.py."""
 
 from __future__ import annotations
 

@@ -6,9 +6,9 @@ The real engine runs on the demo artifact; the Ray plumbing itself is covered by
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
+from conftest import make_actor
 from ninfer.actors.engine_actor import EngineActor
 from ninfer.actors.messages import (
     Accepted,
@@ -31,26 +31,6 @@ from ninfer.engine import EngineConfig
 USER = ({"role": "user", "content": "hello there"},)
 
 
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from ninfer.demo import build_demo
-
-    return build_demo(tmp_path_factory.mktemp("actor") / "demo.ninfer")
-
-
-def make(artifact: str, **engine: object) -> EngineActor:
-    base = {"max_concurrency": 2, "queue_depth": 2, "max_context": 512, "kv_capacity": 4096}
-    base.update(engine)
-    return EngineActor(ActorSpec(artifact=artifact, backend="reference", engine=EngineConfig(**base)))
-
-
-@pytest.fixture
-def actor(artifact: str) -> Iterator[EngineActor]:
-    a = make(artifact)
-    yield a
-    asyncio.run(a.shutdown())
-
-
 def req(rid: str, max_tokens: int = 8, **kw: object) -> GenerateRequest:
     sampling = SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     return GenerateRequest(request_id=rid, messages=kw.pop("messages", USER), sampling=sampling, **kw)  # type: ignore[arg-type]
@@ -71,7 +51,7 @@ def test_actor_sets_its_gil_switch_interval(artifact: str) -> None:
 
     default = sys.getswitchinterval()
     assert ActorSpec(artifact=artifact, backend="reference").gil_switch_s == 0.0002
-    a = make(artifact)
+    a = make_actor(artifact)
     assert sys.getswitchinterval() == pytest.approx(0.0002)
     asyncio.run(a.shutdown())
     sys.setswitchinterval(default)
@@ -118,7 +98,7 @@ def test_token_id_prompts_and_prompt_errors(actor: EngineActor) -> None:
 
 
 def test_queue_full_and_cancel_free_the_lane(artifact: str) -> None:
-    a = make(artifact, max_concurrency=1, queue_depth=0)
+    a = make_actor(artifact, max_concurrency=1, queue_depth=0)
 
     async def scenario() -> tuple[list[object], list[object]]:
         first = a.generate(req("long", 400))
@@ -236,7 +216,7 @@ def test_ninfer_generate_greedy_keeps_the_artifacts_penalties(
 
     monkeypatch.setitem(demo.DEMO_GENERATION_CONFIG, "repetition_penalty", 3.0)
     art = demo.build_demo(tmp_path_factory.mktemp("penalty") / "demo.ninfer")
-    a = make(art)
+    a = make_actor(art)
     try:
         got = _cli_tokens(art, capsys, ["--greedy"])
         assert got == _served(a, {"temperature": 0.0})

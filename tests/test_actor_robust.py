@@ -25,13 +25,6 @@ from ninfer.engine import EngineConfig
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from ninfer.demo import build_demo
-
-    return build_demo(tmp_path_factory.mktemp("actor-robust") / "demo.ninfer")
-
-
-@pytest.fixture(scope="module")
 def actor(artifact: str) -> Iterator[EngineActor]:
     engine = EngineConfig(max_concurrency=2, queue_depth=2, max_context=32768, kv_capacity=32768)
     a = EngineActor(ActorSpec(artifact=artifact, backend="reference", engine=engine))

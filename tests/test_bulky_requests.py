@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Iterator
 
 import msgspec
 import pytest
+from conftest import make_actor
 from ninfer.actors import prepare
 from ninfer.actors.engine_actor import EngineActor
 from ninfer.actors.messages import (
@@ -28,25 +28,11 @@ from ninfer.actors.messages import (
     encode_requests,
     release,
 )
-from test_actor import USER, make, req
+from test_actor import USER, req
 
 MANY = tuple(
     {"role": "user", "content": [{"type": "text", "text": f"m{i}"}]} for i in range(3 * WIRE_CHUNK + 5)
 )
-
-
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from ninfer.demo import build_demo
-
-    return build_demo(tmp_path_factory.mktemp("bulky") / "demo.ninfer")
-
-
-@pytest.fixture
-def actor(artifact: str) -> Iterator[EngineActor]:
-    a = make(artifact)
-    yield a
-    asyncio.run(a.shutdown())
 
 
 def test_a_bulky_request_crosses_in_chunks_and_comes_back_equal() -> None:
@@ -177,7 +163,7 @@ def test_a_bulky_request_that_fits_runs_to_its_end(
     whether the call is decoded on the loop or (``large``) on the prompt pool."""
     if large:
         monkeypatch.setattr(prepare, "LARGE_REQUEST_BYTES", 0)
-    a = make(artifact, max_context=8192, kv_capacity=16384)
+    a = make_actor(artifact, max_context=8192, kv_capacity=16384)
     try:
         ids = tuple(i % 200 + 10 for i in range(WIRE_CHUNK + 100))
         long = GenerateRequest(request_id="long", prompt_ids=ids, sampling=req("x", 2).sampling)

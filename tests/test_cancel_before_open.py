@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import make_actor
 from ninfer.actors import prepare
 from ninfer.actors.engine_actor import EngineActor
 from ninfer.actors.messages import (
@@ -24,21 +24,7 @@ from ninfer.actors.messages import (
     decode_opened,
     encode_requests,
 )
-from test_actor import collect, make, req
-
-
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from ninfer.demo import build_demo
-
-    return build_demo(tmp_path_factory.mktemp("cancel-early") / "demo.ninfer")
-
-
-@pytest.fixture
-def actor(artifact: str) -> Iterator[EngineActor]:
-    a = make(artifact)
-    yield a
-    asyncio.run(a.shutdown())
+from test_actor import collect, req
 
 
 class _Gate:
@@ -180,7 +166,7 @@ def test_the_api_client_left_before_ray_ran_its_open(actor: EngineActor) -> None
 
 def test_a_queued_request_is_cancelled_before_it_takes_a_lane(artifact: str) -> None:
     """The FIFO admission queue: the request is registered at once, so its cancel finds it."""
-    a = make(artifact, max_concurrency=1, queue_depth=1)
+    a = make_actor(artifact, max_concurrency=1, queue_depth=1)
 
     async def scenario() -> list[Any]:
         running = a.generate(req("running", 400))

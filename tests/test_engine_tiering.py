@@ -5,6 +5,7 @@ about ten), every output compared with an engine without reuse."""
 from __future__ import annotations
 
 import pytest
+from engines import agent_opening, agent_tool_result
 
 from ninfer.demo import build_demo
 from ninfer.engine import Engine, EngineConfig
@@ -119,26 +120,15 @@ def oracle(model):  # noqa: ANN001, ANN201 - outputs without reuse, memoized by 
         yield run
 
 
-def _opening(model, s: int) -> list[int]:  # noqa: ANN001
-    text = (
-        f"<|im_start|>system\nAgent {s}. " + "note " * (16 + 2 * s) + "<|im_end|>\n"
-        f"<|im_start|>user\nTask {s}?<|im_end|>\n<|im_start|>assistant\n"
-    )
-    return model.tokenizer.encode(text)
-
-
 def _turn(eng: Engine, oracle, model, ctx: list[int], turn: int):  # noqa: ANN001, ANN202
     """One agent turn: the whole context as the prompt; returns (completion, the next turn's context)."""
     c = eng.submit(ctx, max_tokens=GEN, ignore_eos=True, checkpoint_at=()).result(timeout=60)
     assert c.token_ids == oracle(ctx), "an output differs from the output without reuse"
-    tool = model.tokenizer.encode(
-        f"<|im_end|>\n<|im_start|>user\nresult {turn}<|im_end|>\n<|im_start|>assistant\n"
-    )
-    return c, ctx + c.token_ids + tool
+    return c, ctx + c.token_ids + agent_tool_result(model, turn)
 
 
 def test_ten_sessions_spill_to_the_host_and_come_back(model, oracle) -> None:  # noqa: ANN001
-    histories = [len(_opening(model, s)) + TURNS * (GEN + 20) for s in range(SESSIONS)]
+    histories = [len(agent_opening(model, s)) + TURNS * (GEN + 20) for s in range(SESSIONS)]
     assert max(histories) <= 192
     eng0 = Engine.from_model(model, **dict(BASE, kv_capacity=288), background=False)
     runner = eng0._runner
@@ -149,7 +139,7 @@ def test_ten_sessions_spill_to_the_host_and_come_back(model, oracle) -> None:  #
     host_bytes = 10 * (14 * page_bytes + 3 * snap)
     eng = Engine.from_model(model, **dev, host_cache_gib=host_bytes / (1 << 30), background=False)
     assert eng._runner.host_pages >= 10 * 14
-    ctx = [_opening(model, s) for s in range(SESSIONS)]
+    ctx = [agent_opening(model, s) for s in range(SESSIONS)]
     last = [0] * SESSIONS  # the previous turn's whole context: its prompt and its output
     restored = 0
     for turn in range(TURNS):
@@ -171,7 +161,7 @@ def test_ten_sessions_spill_to_the_host_and_come_back(model, oracle) -> None:  #
     # the host tier full: new sessions push the least recently used histories out of it; coming back newest
     # first, the latest sessions still restore, the oldest lost their prefixes and recompute; the same outputs
     for s in range(SESSIONS, SESSIONS + 6):
-        _turn(eng, oracle, model, _opening(model, s), 0)
+        _turn(eng, oracle, model, agent_opening(model, s), 0)
     back = {}
     for s in reversed(range(SESSIONS)):
         c, ctx[s] = _turn(eng, oracle, model, ctx[s], TURNS)
@@ -197,7 +187,7 @@ def test_interleaved_sessions_on_two_lanes(model, oracle) -> None:  # noqa: ANN0
         model, **kw, queue_depth=SESSIONS, tier_checksum=True, host_cache_gib=4e6 / (1 << 30)
     )
     assert eng._runner.snapshot_bytes == snap
-    ctx = [_opening(model, s) for s in range(SESSIONS)]
+    ctx = [agent_opening(model, s) for s in range(SESSIONS)]
     hits = 0
     for turn in range(TURNS):
         handles = [eng.submit(c, max_tokens=GEN, ignore_eos=True, checkpoint_at=()) for c in ctx]
@@ -223,10 +213,10 @@ def test_interleaved_sessions_on_two_lanes(model, oracle) -> None:  # noqa: ANN0
 def test_cancel_while_restoring_keeps_the_restored_prefix(model, oracle) -> None:  # noqa: ANN001
     kw = dict(BASE, kv_capacity=2 * 192, checkpoint_budget_bytes=6 * 58368, queue_depth=2, tier_checksum=True)
     eng = Engine.from_model(model, **kw, host_cache_gib=4e6 / (1 << 30), background=False)
-    ctx = _opening(model, 0)
+    ctx = agent_opening(model, 0)
     _, nxt = _turn(eng, oracle, model, ctx, 0)
     for s in (1, 2, 3):  # push session 0 to the host
-        _turn(eng, oracle, model, _opening(model, s), 0)
+        _turn(eng, oracle, model, agent_opening(model, s), 0)
     h = eng.submit(nxt, max_tokens=GEN, ignore_eos=True, checkpoint_at=())
     assert eng._sched.restoring
     h.cancel()

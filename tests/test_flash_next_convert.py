@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hf_tiny_flash import EOS, build_tiny, hf_greedy, hf_logits, hf_state, real_hf_config
+from hf_tiny_flash import CASES, EOS, TOL, build_tiny, hf_greedy, hf_logits, hf_state, real_hf_config, rel_max
 
 import ninfer
 from ninfer.artifact import ArtifactError, open_artifact
@@ -26,13 +26,6 @@ from ninfer.flash_next.names import ngram_table_name
 from ninfer.flash_next.quant import PROFILE_MIXED, PROFILES, assignment, ngram_layout
 
 pytest.importorskip("transformers")
-
-CASES = {  # the parity tests' tiny models (same seeds): expert counts 8/4/16, QSA budgets 8/6, ratios 4/2
-    "e8k2-budget8": dict(num_experts=8, top_k=2, budget=8, ratio=4),
-    "e4k4-budget6-ratio2": dict(num_experts=4, top_k=4, budget=6, ratio=2),
-    "e16k3-8layers": dict(num_experts=16, top_k=3, budget=8, ratio=4, num_layers=8),
-}
-TOL = 1e-4  # max-abs error / max-abs logit
 
 
 class Converted:
@@ -88,13 +81,9 @@ def _prompt(n: int, seed: int) -> list[int]:
     return ids.tolist()
 
 
-def _rel(ours: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(ours - ref).max() / np.abs(ref).max())
-
-
 def test_logits_match_transformers_in_chunks(conv: Converted) -> None:
     short = _prompt(conv.cfg.dense_max_visible - 1, 1)
-    assert _rel(conv.model.logits(short), hf_logits(conv.hf_model, np.array(short))) < TOL
+    assert rel_max(conv.model.logits(short), hf_logits(conv.hf_model, np.array(short))) < TOL
     assert conv.selections == 0  # below the budget QSA is exactly dense
     long = _prompt(48, 2)
     ref = hf_logits(conv.hf_model, np.array(long))
@@ -102,7 +91,7 @@ def test_logits_match_transformers_in_chunks(conv: Converted) -> None:
         got = conv.model.logits(long, prefill_chunk=chunk)
         assert got.shape == ref.shape and got.dtype == np.float32
         conv.check_no_ties()
-        assert _rel(got, ref) < TOL, (chunk, _rel(got, ref))
+        assert rel_max(got, ref) < TOL, (chunk, rel_max(got, ref))
     assert conv.selections > 0, "the long prompt never exercised block selection"
 
 

@@ -13,20 +13,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hf_tiny_flash import EOS, build_tiny, hf_greedy, hf_logits, hf_state
+from hf_tiny_flash import CASES, EOS, TOL, build_tiny, hf_greedy, hf_logits, hf_state, rel_max
 
 from ninfer.flash_next import FlashNext, FlashNextConfig
 from ninfer.flash_next.hf import canonical_from_hf
 from ninfer.reference.weights import DictWeights, WeightError
 
 pytest.importorskip("transformers")
-
-CASES = {
-    "e8k2-budget8": dict(num_experts=8, top_k=2, budget=8, ratio=4),
-    "e4k4-budget6-ratio2": dict(num_experts=4, top_k=4, budget=6, ratio=2),
-    "e16k3-8layers": dict(num_experts=16, top_k=3, budget=8, ratio=4, num_layers=8),
-}
-TOL = 1e-4  # max-abs error / max-abs logit
 
 
 class Case:
@@ -74,17 +67,13 @@ def _prompt(n: int, seed: int) -> np.ndarray:
     return ids
 
 
-def _rel(ours: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(ours - ref).max() / np.abs(ref).max())
-
-
 def test_logits_below_and_above_budget(case: Case) -> None:
     short = _prompt(case.cfg.dense_max_visible - 1, 1)
     before = case.selections
-    assert _rel(case.model.logits(short), hf_logits(case.hf_model, short)) < TOL
+    assert rel_max(case.model.logits(short), hf_logits(case.hf_model, short)) < TOL
     assert case.selections == before  # below the budget QSA is exactly dense
     long = _prompt(48, 2)
-    err = _rel(case.model.logits(long), hf_logits(case.hf_model, long))
+    err = rel_max(case.model.logits(long), hf_logits(case.hf_model, long))
     case.check_no_ties()
     assert case.selections > before, "the long prompt never exercised block selection"
     assert err < TOL
@@ -94,7 +83,7 @@ def test_logits_below_and_above_budget(case: Case) -> None:
 def test_chunked_prefill(case: Case, chunk: int) -> None:
     ids = _prompt(40, 3)
     ref = hf_logits(case.hf_model, ids)
-    err = _rel(case.model.logits(ids, prefill_chunk=chunk), ref)
+    err = rel_max(case.model.logits(ids, prefill_chunk=chunk), ref)
     case.check_no_ties()
     assert err < TOL
 

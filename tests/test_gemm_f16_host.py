@@ -14,7 +14,6 @@ tests/test_cuda_gemm_f16.py checks the kernels on the device.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -28,7 +27,6 @@ from ninfer.formats.nvfp4 import E2M1_VALUES
 from ninfer.reference import ops
 from ninfer.reference.ops import round_fp16_rows
 
-NVCC = shutil.which("nvcc")
 F32 = np.float32
 
 

@@ -15,17 +15,14 @@ gemm90_experts_f16g_swiglu) on the CPU: the weight tile and the register pairing
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from host_emu import build_nvcc_driver
 from test_gemm_pair_host import _weight
 
-from ninfer.cuda.loader import CUDA_SRC
-
-NVCC = shutil.which("nvcc")
 # format id -> the wdq.cuh struct the expert kernels instantiate (gemm_plan.PAIR_STRUCTS' dequant structs)
 STRUCTS = {
     "FP8E4M3_F32ROW": "DqFP8<true>",
@@ -139,18 +136,10 @@ int main(int argc, char** argv) {
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if NVCC is None:
-        pytest.skip("nvcc not installed")
-    d = tmp_path_factory.mktemp("gate_up_host")
     cases = [
         f"        case {i}: return tiles<{STRUCTS[f]}>(E, I, K, wb.data(), off);" for i, f in enumerate(FMTS)
     ]
-    (d / "driver.cu").write_text(DRIVER.replace("%CASES%", "\n".join(cases)))
-    exe = d / "driver"
-    cmd = [NVCC, "-std=c++17", "-O2", "-I", str(CUDA_SRC), "-o", str(exe), str(d / "driver.cu")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return exe
+    return build_nvcc_driver(tmp_path_factory, "gate_up_host", DRIVER.replace("%CASES%", "\n".join(cases)))
 
 
 @pytest.mark.parametrize("fmt", FMTS)

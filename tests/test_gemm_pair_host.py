@@ -18,15 +18,14 @@ the operand tiles the pair kernel copies, bitwise against the in-loop kernel's.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from host_emu import build_nvcc_driver
 
 from ninfer.cuda.gemm_pair import PAIR_STRUCTS
-from ninfer.cuda.loader import CUDA_SRC
 from ninfer.cuda.nvfp4_layout import to_device_layout
 from ninfer.cuda.weights import DeviceWeight, plane_offsets
 from ninfer.formats import FORMATS, bf16_decode
@@ -34,7 +33,6 @@ from ninfer.formats.fp8 import e4m3_table
 from ninfer.formats.groupint import f16_rne
 from ninfer.formats.nvfp4 import E2M1_VALUES
 
-NVCC = shutil.which("nvcc")
 FMTS = tuple(PAIR_STRUCTS)
 _DQ = {f: PAIR_STRUCTS[f][1] or "DqBF16" for f in FMTS}
 
@@ -259,17 +257,9 @@ int main(int argc, char** argv) {
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if NVCC is None:
-        pytest.skip("nvcc not installed")
-    d = tmp_path_factory.mktemp("gemm_pair_host")
     cases = [f"        case {i}: return run<{_DQ[f]}>(M, N, K, ldx, wb.data(), off, x.data());" for i, f in
              enumerate(FMTS)]  # fmt: skip
-    (d / "driver.cu").write_text(DRIVER.replace("%CASES%", "\n".join(cases)))
-    exe = d / "driver"
-    cmd = [NVCC, "-std=c++17", "-O2", "-I", str(CUDA_SRC), "-o", str(exe), str(d / "driver.cu")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return exe
+    return build_nvcc_driver(tmp_path_factory, "gemm_pair_host", DRIVER.replace("%CASES%", "\n".join(cases)))
 
 
 def test_make_every_code_and_scale(driver: Path) -> None:

@@ -10,21 +10,19 @@ offsets, zero fill, bit-placement dequantization, the float split, the tails and
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from host_emu import build_nvcc_driver
 
 from ninfer.cuda.gemm import DQ_STRUCTS
-from ninfer.cuda.loader import CUDA_SRC
 from ninfer.cuda.nvfp4_layout import to_device_layout
 from ninfer.cuda.weights import DeviceWeight, plane_offsets
 from ninfer.formats import FORMATS, bf16_round
 from ninfer.reference import ops
 
-NVCC = shutil.which("nvcc")
 FMTS = tuple(DQ_STRUCTS)  # ROWG: NVFP4 planes with a per-row global built here
 
 DRIVER = r"""
@@ -136,9 +134,6 @@ int main() {
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if NVCC is None:
-        pytest.skip("nvcc not installed")
-    d = tmp_path_factory.mktemp("gemm_sm90_host")
     cases = []
     for i, f in enumerate(FMTS):
         for tf, (t, xs) in enumerate((("float", "x"), ("bf16", "xb"))):
@@ -146,12 +141,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 f"        case {2 * i + tf}: rc = run<{DQ_STRUCTS[f][0]}, {t}>(M, N, K, ldx, w.data(), off, "
                 f"{xs}.data(), y.data(), seen); break;"
             )
-    (d / "driver.cu").write_text(DRIVER.replace("%CASES%", "\n".join(cases)))
-    exe = d / "driver"
-    cmd = [NVCC, "-std=c++17", "-O2", "-I", str(CUDA_SRC), "-o", str(exe), str(d / "driver.cu")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return exe
+    return build_nvcc_driver(tmp_path_factory, "gemm_sm90_host", DRIVER.replace("%CASES%", "\n".join(cases)))
 
 
 def _planes(fmt: str, buf: np.ndarray, shape: tuple[int, int]) -> list[int]:

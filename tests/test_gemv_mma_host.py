@@ -8,21 +8,19 @@ GPU (skipped without nvcc). The device's own instructions are checked by tests/t
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from host_emu import build_nvcc_driver
 
 from ninfer.cuda.linear import FRAG_STRUCTS, gemv_plan
-from ninfer.cuda.loader import CUDA_SRC
 from ninfer.cuda.nvfp4_layout import to_device_layout
 from ninfer.cuda.weights import DeviceWeight, plane_offsets
 from ninfer.formats import FORMATS
 from ninfer.reference import ops
 
-NVCC = shutil.which("nvcc")
 FMTS = tuple(f for f in FRAG_STRUCTS if f in FORMATS)  # the device-only ROWG: test_cuda_ops.py
 
 DRIVER = r"""
@@ -164,20 +162,14 @@ int main() {
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if NVCC is None:
-        pytest.skip("nvcc not installed")
-    d = tmp_path_factory.mktemp("gemv_mma_host")
     cases = "\n".join(
         f"        case {i}: run<{FRAG_STRUCTS[f][0]}>(N, K, nrows, splits, w.data(), off, x.data(),"
         " y.data()); break;"
         for i, f in enumerate(FMTS)
     )
-    (d / "driver.cu").write_text(DRIVER.replace("%CASES%", cases))
-    exe = d / "driver"
-    cmd = [NVCC, "-std=c++17", "-O1", "-I", str(CUDA_SRC), "-o", str(exe), str(d / "driver.cu")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return exe
+    return build_nvcc_driver(
+        tmp_path_factory, "gemv_mma_host", DRIVER.replace("%CASES%", cases), timeout=600, opt="-O1"
+    )
 
 
 def _host_gemv(exe: Path, fmt: str, buf: np.ndarray, shape: tuple[int, int], x: np.ndarray) -> np.ndarray:

@@ -9,14 +9,11 @@ instructions (the multiplies from constant memory) are checked on a GPU by tests
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from host_emu import build_nvcc_driver
-
-NVCC = shutil.which("nvcc")
 
 DRIVER = r"""
 #include <cstdio>

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from engines import agent_opening, agent_tool_result
 
 from ninfer.cuda.ckpt_slots import CheckpointSlots
 from ninfer.demo import build_demo
@@ -85,20 +86,6 @@ def _engine(model, order: str, **kw: Any) -> tuple[Engine, SlotMirror]:  # noqa:
     return eng, mirror
 
 
-def _opening(model, s: int) -> list[int]:  # noqa: ANN001
-    text = (
-        f"<|im_start|>system\nAgent {s}. " + "note " * (16 + 2 * s) + "<|im_end|>\n"
-        f"<|im_start|>user\nTask {s}?<|im_end|>\n<|im_start|>assistant\n"
-    )
-    return model.tokenizer.encode(text)
-
-
-def _tool(model, turn: int) -> list[int]:  # noqa: ANN001
-    return model.tokenizer.encode(
-        f"<|im_end|>\n<|im_start|>user\nresult {turn}<|im_end|>\n<|im_start|>assistant\n"
-    )
-
-
 def _sessions(
     model, order: str, lanes: int, budget: int, sessions: int = 10, turns: int = 3
 ) -> tuple[int, int]:  # noqa: ANN001
@@ -108,13 +95,13 @@ def _sessions(
         checkpoint_budget_bytes=budget * SNAP, host_cache_gib=4e6 / (1 << 30),
     )  # fmt: skip
     try:
-        ctx = [_opening(model, s) for s in range(sessions)]
+        ctx = [agent_opening(model, s) for s in range(sessions)]
         for turn in range(turns):
             handles = [eng.submit(c, max_tokens=GEN, ignore_eos=True, checkpoint_at=()) for c in ctx]
             for s, h in enumerate(handles):
                 c = h.result(timeout=120)
                 assert c.finish_reason == "output_limit", c.error
-                ctx[s] = ctx[s] + c.token_ids + _tool(model, turn)
+                ctx[s] = ctx[s] + c.token_ids + agent_tool_result(model, turn)
             eng._cache.check()
         return eng.stats().host_restores, mirror.most
     finally:

@@ -5,7 +5,7 @@ other requests wait for their restores, and every output equals the output witho
 from __future__ import annotations
 
 import pytest
-from engines import engine_over
+from engines import agent_opening, agent_tool_result, engine_over
 
 from ninfer.demo import build_demo
 from ninfer.engine import Engine, EngineConfig
@@ -20,14 +20,6 @@ SNAP = 58368  # the demo model's GDN checkpoint (fp32 state)
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     return load(build_demo(tmp_path_factory.mktemp("tier-spec") / "demo.ninfer"))
-
-
-def _opening(model, s: int) -> list[int]:  # noqa: ANN001
-    text = (
-        f"<|im_start|>system\nAgent {s}. " + "note " * (16 + 2 * s) + "<|im_end|>\n"
-        f"<|im_start|>user\nTask {s}?<|im_end|>\n<|im_start|>assistant\n"
-    )
-    return model.tokenizer.encode(text)
 
 
 def _engine(model, runner_wrap=None, **kw) -> Engine:  # noqa: ANN001
@@ -56,7 +48,7 @@ def test_sessions_restore_from_the_host_while_lanes_speculate(model) -> None:  #
     )
     wrap = lambda r: ScriptedDrafts(r, lambda tokens: None)  # noqa: E731 - the script is set per turn
     eng = _engine(model, wrap, **tier)
-    ctx = [_opening(model, s) for s in range(SESSIONS)]
+    ctx = [agent_opening(model, s) for s in range(SESSIONS)]
     hits = 0
     with oracle, eng:
         for turn in range(TURNS):
@@ -70,8 +62,7 @@ def test_sessions_restore_from_the_host_while_lanes_speculate(model) -> None:  #
                 assert c.token_ids == want[s].token_ids, (turn, s)
                 assert c.usage.speculative is not None
                 hits += c.usage.host_cached_tokens > 0
-                tool = f"<|im_end|>\n<|im_start|>user\nresult {turn}<|im_end|>\n<|im_start|>assistant\n"
-                ctx[s] = ctx[s] + c.token_ids + model.tokenizer.encode(tool)
+                ctx[s] = ctx[s] + c.token_ids + agent_tool_result(model, turn)
             eng._cache.check()
             assert not eng._sched._restoring and not eng._sched._held
         st = eng.stats()

@@ -148,7 +148,7 @@ class CudaQwen36:
         self.moe_route_router = False
         # decode's gate | up GEMVs (dense, and the MoE experts' launch) store silu(gate) * up (their SwiGLU epilogue,
         # linear.gemv / gemv_experts(swiglu_out=True)) and the down GEMV reads that half-width row plainly: the same
-        # bits (tests/test_gemv_lanes_host.py -k swiglu_out); measured no faster on the H100 (27B 1.00x, 35B-A3B
+        # bits (tests/test_gemv_fused_host.py -k swiglu_out); measured no faster on the H100 (27B 1.00x, 35B-A3B
         # 0.97-1.00x), so off (docs/cuda.md "SwiGLU in the gate | up GEMV's epilogue")
         self.gemv_swiglu_out = False
         if memory_reserve_bytes < 0:

@@ -1,4 +1,4 @@
-// Driver of the expert-lanes host emulation (tests/test_gemv_lanes_host.py), appended after attn_emu.cpp (CUDA
+// Driver of the expert-lanes host emulation (tests/gemv_lanes_emu.py), appended after attn_emu.cpp (CUDA
 // built-ins on std::thread, emu_mma), cuda_src/gemv.cu (GV_HOST_EMU), cuda_src/moe_lanes.cu, router.cu's
 // moe_route kernel and norm.cu (its __shared__ arrays static: blocks run one at a time).
 // argv = dir fmt T NB N K splits S E xf tab seed table_only
