@@ -5,7 +5,7 @@ bitwise the counter path's: weight formats NVFP4 (and its per-row-global fusion)
 float and bf16 activations, 1/2/4/5/8 rows, K from 1 to 20 splits (above GV_CLUSTER_MAX the counter path stays),
 row windows, expert slots (``experts`` 1) and expert lanes (2), norm folding (producer and consumer), and a chain
 captured into a CUDA graph with PDL (``GV_CLUSTER = "graph"``) against the eager counter path. The host emulation
-(tests/test_gemv_lanes_host.py, ``*cluster*``) checks the same contract on the CPU.
+(tests/test_gemv_{lanes,dense,fused}_host.py, ``*cluster*``) checks the same contract on the CPU.
 
 Run: ``python -m pytest -m gpu tests/test_cuda_gemv_cluster.py`` (skips without a CUDA device).
 """

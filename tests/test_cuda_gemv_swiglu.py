@@ -6,7 +6,7 @@ kernel), so the down product of it is bitwise the down product staging the SwiGL
 graph; the MoE expert launch likewise. Per network: greedy decode of eight sequences of a dense and an MoE model,
 eager and from the decode graph, the same tokens and logits with the switch on and off.
 
-The host emulation (tests/test_gemv_lanes_host.py -k swiglu_out) checks the kernel text on the CPU. Run:
+The host emulation (tests/test_gemv_fused_host.py -k swiglu_out) checks the kernel text on the CPU. Run:
 ``python -m pytest -m gpu tests/test_cuda_gemv_swiglu.py``.
 """
 

@@ -5,7 +5,7 @@ ids and weights bitwise the plain GEMV followed by router.moe_route; the same re
 (the arrival counters back at zero between replays). Per network: greedy decode of eight sequences of an MoE model,
 eager and from the decode graph, the same tokens and logits with the switch on and off.
 
-The host emulation (tests/test_gemv_lanes_host.py -k route_tail) checks the kernel text on the CPU. Run:
+The host emulation (tests/test_gemv_fused_host.py -k route_tail) checks the kernel text on the CPU. Run:
 ``python -m pytest -m gpu tests/test_cuda_route_tail.py``.
 """
 

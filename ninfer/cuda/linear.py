@@ -69,7 +69,7 @@ _GV_PDL = True
 # block to arrive at a per-tile counter adds them; "cluster" (gv_store_cl), a row block's splits launched as one
 # thread-block cluster (dims (1, splits, 1)) whose rank 0 adds the others' partials from their shared memory
 # (DSMEM), no workspace, counter or atomic. Both add the same floats in the same order: the outputs are bitwise the
-# same (tests/test_gemv_lanes_host.py, tests/test_cuda_gemv_cluster.py), so the choice may differ per launch.
+# same (tests/test_gemv_dense_host.py, tests/test_cuda_gemv_cluster.py), so the choice may differ per launch.
 # GV_CLUSTER: "off" (the counter everywhere), "graph" (clusters for launches captured into CUDA graphs, which go
 # through cuLaunchKernelEx anyway; eager launches stay plain CuPy launches with the counter: a ctypes launch costs
 # more host time than the reduction saves, see launch.capturing) or "always" (eager launches too, through ctypes).
