@@ -28,7 +28,7 @@ F32 = np.float32
 NVFP4 = "NVFP4G16_E4M3S"
 FMTS = (NVFP4, "NVFP4G16_E4M3S_ROWG", "BF16", "FP8E4M3_F32ROW", "Q4G64_F16S")
 # K -> splits of a one-row-block weight (gemv_plan: 4 tiles per split): 1, 2, 3, 5, 8, 12, 16, 20 (the counter)
-KS = (512, 1032, 1536, 2560, 4096, 6144, 8192, 10240)
+KS = (128, 256, 384, 640, 1024, 1536, 2048, 2560)  # a 1-row-block dense launch: 1..20 splits of 1 K-tile
 ROWS = (1, 2, 4, 5, 8)
 
 
@@ -96,10 +96,11 @@ def test_dense_cluster_bitwise_counter(cp: Any, fmt: str, t: str) -> None:
     for k in KS:
         w = _weight(rng, fmt, n, k)
         cases += [(w, _x(cp, rng, (b, k), t), {}) for b in ROWS]
-    assert {gemv_plan(fmt, n, k).splits for k in KS} == {1, 2, 3, 5, 8, 12, 16, 20}
-    w = _weight(rng, fmt, 500, 6144)  # 4 (BF16: 8) row blocks x 12 splits
-    cases += [(w, _x(cp, rng, (b, 6144), t), {}) for b in (1, 8, 10)]
-    cases.append((w, _x(cp, rng, (3, 6144), t), {"row0": 24, "n": 300}))
+    assert {gemv_plan(fmt, n, k, dense=True).splits for k in KS} == {1, 2, 3, 5, 8, 12, 16, 20}
+    w = _weight(rng, fmt, 500, 1536)  # 4 (BF16: 8) row blocks x 12 splits
+    assert gemv_plan(fmt, 500, 1536, dense=True).splits == 12
+    cases += [(w, _x(cp, rng, (b, 1536), t), {}) for b in (1, 8, 10)]
+    cases.append((w, _x(cp, rng, (3, 1536), t), {"row0": 24, "n": 300}))
     _both(cp, lambda: [gemv(x, w, **kw) for w, x, kw in cases])
 
 
@@ -142,9 +143,10 @@ def test_fold_cluster_bitwise_counter(cp: Any, rows: int) -> None:
     from ninfer.cuda.norm import Normed
 
     rng = np.random.default_rng(rows)
-    n, k, n2 = 2048, 6144, 1024
+    n, k, n2 = 2048, 1536, 1024  # dense splits 12 and 16, the expert slot's 4: all clusters
     w1, w2 = _weight(rng, NVFP4, n, k), _weight(rng, "BF16", n2, n)
-    assert gemv_plan(NVFP4, n, k).splits > 1 and gemv_plan("BF16", n2, n).splits > 1
+    assert 1 < gemv_plan(NVFP4, n, k, dense=True).splits <= 16 and 1 < gemv_plan("BF16", n2, n).splits
+    assert gemv_plan("BF16", n2, n, dense=True).splits <= 16
     x = cp.asarray((rng.standard_normal((rows, k)) * 0.3).astype(F32))
     res0 = cp.asarray((rng.standard_normal((rows, n)) * 2).astype(F32))
     nw = cp.asarray((rng.standard_normal(n) * 0.2).astype(F32))
@@ -169,7 +171,7 @@ def test_cluster_launches_take_the_cluster_path(cp: Any, monkeypatch: pytest.Mon
     real = lin.launch_ex
     monkeypatch.setattr(lin, "launch_ex", lambda *a, **kw: (seen.append(kw.get("cluster")), real(*a, **kw)))
     rng = np.random.default_rng(2)
-    xs = {k: cp.asarray(rng.standard_normal((1, k)).astype(F32)) for k in (512, 6144, 10240)}
+    xs = {k: cp.asarray(rng.standard_normal((1, k)).astype(F32)) for k in (128, 1536, 2560)}
     ws = {k: _weight(rng, NVFP4, 40, k) for k in xs}
     with _mode("always"):
         for k, w in ws.items():
@@ -177,7 +179,7 @@ def test_cluster_launches_take_the_cluster_path(cp: Any, monkeypatch: pytest.Mon
     assert seen == [(1, 12, 1)], seen  # 1 split: a plain launch; 20 splits: the counter, plain
     seen.clear()
     with _mode("off"):
-        lin.gemv(xs[6144], ws[6144])
+        lin.gemv(xs[1536], ws[1536])
     assert seen == []
 
 
@@ -189,9 +191,9 @@ def test_graph_chain_cluster_pdl_equals_eager_counter(cp: Any) -> None:
     from ninfer.cuda.norm import Normed
 
     rng = np.random.default_rng(11)
-    shapes = ((6144, 1024), (1024, 6144), (2048, 1024), (1024, 2048))  # (N, K): splits 2, 12, 2, 4
+    shapes = ((1536, 1024), (1024, 1536), (2048, 1024), (1024, 2048))  # (N, K): dense splits 8, 12, 8, 16
     ws = [_weight(rng, NVFP4, n, k) for n, k in shapes]
-    assert all(1 < gemv_plan(NVFP4, n, k).splits <= 16 for n, k in shapes)
+    assert all(1 < gemv_plan(NVFP4, n, k, dense=True).splits <= 16 for n, k in shapes)
     nw = cp.asarray((rng.standard_normal(1024) * 0.2).astype(F32))
     xs = {b: cp.asarray(rng.standard_normal((b, 1024)).astype(F32)) for b in (1, 8)}
     res0 = {b: cp.asarray(rng.standard_normal((b, 1024)).astype(F32)) for b in (1, 8)}
