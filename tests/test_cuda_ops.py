@@ -8,8 +8,10 @@ Set NINFER_GPU_REPORT=<path> to collect every comparison's error as JSON (perf/d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -320,9 +322,33 @@ def _experts_case(cp: Any, report: list, rng: np.random.Generator, fmt: str, n: 
     got = cp.asnumpy(out)
     ref = np.stack([ops.linear(x[r : r + 1], wf[i])[0] for i, r in zip(ids, xrow, strict=True)])
     _close(report, f"gemv_experts {fmt} {n}x{k}", got, ref, TOL["float"])
-    for s, (i, r) in enumerate(zip(ids, xrow, strict=True)):
-        solo = cp.asnumpy(gemv(cp.ascontiguousarray(xd[r : r + 1]), w, row0=int(i) * n, n=n))
-        assert np.array_equal(solo[0], got[s]), f"slot {s}: expert product differs from the plain gemv"
+    # each slot is bitwise the plain GEMV of its expert's rows split as expert launches split K (dense launches
+    # may take more splits by default: gemv_geometry._GV_DENSE_MIN_TILES)
+    with _dense_as_expert_plan():
+        for s, (i, r) in enumerate(zip(ids, xrow, strict=True)):
+            solo = cp.asnumpy(gemv(cp.ascontiguousarray(xd[r : r + 1]), w, row0=int(i) * n, n=n))
+            assert np.array_equal(solo[0], got[s]), f"slot {s}: expert product differs from the plain gemv"
+
+
+@contextlib.contextmanager
+def _dense_as_expert_plan() -> Iterator[None]:
+    """Dense GEMV launches planned as expert launches are (the cached plans and launch geometries dropped on entry
+    and on exit)."""
+    import ninfer.cuda.gemv_geometry as geo
+    import ninfer.cuda.linear as linear
+
+    def drop() -> None:
+        geo.gemv_plan.cache_clear()
+        linear._geometry.cache_clear()
+
+    saved = geo._GV_DENSE_MIN_TILES
+    geo._GV_DENSE_MIN_TILES = None
+    drop()
+    try:
+        yield
+    finally:
+        geo._GV_DENSE_MIN_TILES = saved
+        drop()
 
 
 @pytest.mark.parametrize("fmt", ["NVFP4G16_E4M3S", "BF16", "Q4G64_F16S"])
