@@ -37,10 +37,9 @@ TOGGLES = ("fold", "prefetch", "route", "combine", "moe", "w8", "bulk", "wave3",
            "swiglu", "rtail", "dtiles2", "dtiles4")  # fmt: skip
 # Split-plan experiments (gemv_geometry constant -> the value tried; other sums' order, so not bitwise the default):
 # wave3 / wave2 size the one-wave grid for 3 or 2 resident GEMV blocks per SM instead of 4 (fewer K-splits, so the
-# next launch's blocks find free slots to start in under PDL); tiles2 / tiles1 let a split be 2 or 1 K-tiles instead
-# of 4 (the expert launches, while _GV_DENSE_MIN_TILES sets the dense ones; more blocks for the small products: the 35B-A3B router and out-projection fill 12 and 128 slots of 528); dtiles2 /
-# dtiles4 set the dense launches' minimum (the experts keep 4) to 2, or back to 4 (None: the default until 1 measured
-# faster)
+# next launch's blocks find free slots to start in under PDL); tiles2 / tiles1 let a split of an expert launch be
+# 2 or 1 K-tiles instead of 4 (more blocks for the small products); dtiles2 / dtiles4 set the dense launches'
+# minimum (default 1, _GV_DENSE_MIN_TILES) to 2, or back to 4 (None: the default until 1 measured faster)
 _PLANS = {"wave3": ("_GV_WAVE_BLOCKS", 396), "wave2": ("_GV_WAVE_BLOCKS", 264), "tiles2": ("_GV_MIN_TILES", 2),
           "tiles1": ("_GV_MIN_TILES", 1), "dtiles2": ("_GV_DENSE_MIN_TILES", 2),
           "dtiles4": ("_GV_DENSE_MIN_TILES", None)}  # fmt: skip
@@ -85,8 +84,7 @@ def _switch(net: Any, toggle: str, on: bool) -> None:
 
         attr, value = _PLANS[toggle]
         setattr(_geo, attr, value if on else _PLAN_DEFAULTS[attr])
-        _geo.gemv_plan.cache_clear()
-        linear._geometry.cache_clear()
+        linear.replan()
     elif toggle == "swiglu":
         net.gemv_swiglu_out = on
     elif toggle == "rtail":

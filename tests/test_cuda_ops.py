@@ -332,23 +332,19 @@ def _experts_case(cp: Any, report: list, rng: np.random.Generator, fmt: str, n: 
 
 @contextlib.contextmanager
 def _dense_as_expert_plan() -> Iterator[None]:
-    """Dense GEMV launches planned as expert launches are (the cached plans and launch geometries dropped on entry
-    and on exit)."""
+    """Inside the block, dense GEMV launches are planned as expert launches (_GV_DENSE_MIN_TILES off; the cached
+    plans and launch geometries dropped on entry and on exit)."""
     import ninfer.cuda.gemv_geometry as geo
-    import ninfer.cuda.linear as linear
-
-    def drop() -> None:
-        geo.gemv_plan.cache_clear()
-        linear._geometry.cache_clear()
+    from ninfer.cuda.linear import replan
 
     saved = geo._GV_DENSE_MIN_TILES
     geo._GV_DENSE_MIN_TILES = None
-    drop()
+    replan()
     try:
         yield
     finally:
         geo._GV_DENSE_MIN_TILES = saved
-        drop()
+        replan()
 
 
 @pytest.mark.parametrize("fmt", ["NVFP4G16_E4M3S", "BF16", "Q4G64_F16S"])

@@ -221,8 +221,9 @@ _SHARED_SLOT = (
 def append_shared_expert(cfg: ModelConfig, tensors: dict[str, Any], prefix: str) -> bool:
     """The routed expert weights of the layer whose names start with ``prefix`` (``layers.3.``) replaced in
     ``tensors`` by ``[E + 1, N, K]`` weights whose expert E is the shared expert (rows kept as stored: its products
-    are the standalone GEMVs' sums in the expert plan's K splits, gemv_geometry._GV_DENSE_MIN_TILES). Only when every projection's shared weight has an expert's shape and joins the
-    experts' format; returns whether it did (also true when an earlier call did)."""
+    are the standalone GEMVs' sums in the expert plan's K splits, gemv_geometry._GV_DENSE_MIN_TILES). Only when
+    every projection's shared weight has an expert's shape and joins the experts' format; returns whether it did
+    (also true when an earlier call did)."""
     pairs = [(tensors.get(f"{prefix}{e}"), tensors.get(f"{prefix}{s}")) for e, s in _SHARED_SLOT]
     ok = all(
         isinstance(e, DeviceWeight)

@@ -53,7 +53,7 @@ _GV_WAVE_BLOCKS, _GV_MIN_TILES, _GV_CHUNK, _GV_CHUNK4, _GV_CHUNK1 = 528, 4, 2, 4
 # row took 44.0 us as 2 splits (544 blocks: 16 of them a second wave; 1 split, 272 blocks: 55.2 us), 41.4 as 3,
 # 40.6 as 5 (8 tiles each), 42.8 as 8. It is the only 27B or 35B-A3B shape the rule changes.
 _GV_WAVE_FILL, _GV_MULTI_TILES = 0.75, 8
-# The minimum K-tiles per split of dense launches (no expert ids; perf/bench_fold.py --toggle dtiles1,dtiles2 set
+# The minimum K-tiles per split of dense launches (no expert ids; perf/bench_fold.py --toggle dtiles2,dtiles4 set
 # it for a run). All splits 2 tiles (tiles2) made the 35B-A3B's one-lane step 5% faster and its eight-lane step 9%
 # slower (H100, 18a67ef): 8 lanes launch 9x the expert slots of one, the dense products the same blocks. Dense
 # launches alone at 1 tile: 35B-A3B x1 1.054x, x8 1.040x, 27B 1.00x (2 tiles: 1.044x, 1.038x), hence 1. So an

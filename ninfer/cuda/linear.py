@@ -48,6 +48,7 @@ from ninfer.cuda.weights import DeviceWeight
 __all__ = [
     "gemv",
     "gemv_plan",
+    "replan",
     "swiglu_out_ok",
     "GemvPlan",
     "w8_plan",
@@ -185,9 +186,8 @@ def _gemv_launch(
     zin = gz if ids is None and gz > 1 and plan.blocks_x * gz < 2**31 else 0
     ws = cnt = null = _NULL  # pointer arguments the launch never reads
     split = plan.splits > 1 and not cluster
-    if (
-        split or route_tail
-    ):  # the split sums' counters, then (routing tail) one per lane block: one stream buffer
+    # the split sums' counters, then (routing tail) one per lane block: one stream buffer
+    if split or route_tail:
         counters = arrival_counters(gz * plan.blocks_x + (gz if route_tail else 0))
     if split:
         ws = cupy.empty(gz * plan.blocks_x * plan.splits * plan.rows * 8, dtype=np.float32)
@@ -253,6 +253,13 @@ def _geometry(
         family = _BULK_FAMILY[family]
     name = f"gemv_mma{kind}<{FRAG_STRUCTS[fmt][0]}, {t}, {nb}>"
     return plan, family, name, plan.smem_bytes(nb, t), cluster
+
+
+def replan() -> None:
+    """Drops every cached GEMV plan and launch geometry, for a benchmark or test that changes one of
+    gemv_geometry's split-plan constants between launches."""
+    gemv_plan.cache_clear()
+    _geometry.cache_clear()
 
 
 _BULK_FAMILY = {"gemv.cu": "gemv_bulk.cu", "gemv_w8.cu": "gemv_w8_bulk.cu"}
