@@ -461,6 +461,208 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
     }
 }
 
+// ---- gdn_step_clp: gdn_step_cl's clusters made persistent, for calls of many sequences ----------------------
+// gdn_step_cl runs one cluster per (sequence, value head): at 5-8 sequences that is ~4 waves of blocks that each load
+// their 16 KB state slice, run the token and store it, with no overlap of one block's loads and its own work (27.5 us
+// per 27B call at 8 sequences against ~12 us of state bytes at the H200's copy bandwidth, docs/cuda.md "GDN decode").
+// gdn_step_clp launches only as many clusters as stay resident (grid x, ninfer/cuda/gdn_step.py); cluster x takes the
+// items (b, j) = divmod(x + k * gridDim.x, HV) in turn and, while item k runs, its blocks already copy item k + 1's
+// state slice into the other of two shared-memory buffers (cp.async, 16 bytes a copy) and hold its small inputs
+// (slot, segment, conv windows and taps, gates, first token's x) in registers. Per item the work is gdn_step_cl's
+// token loop verbatim (gdn_stage_x, gdn_token, gdn_cl_norm, the same stores and q/k counter), so every output and
+// state is the same bits; the cluster mbarriers' parity runs over the cluster's tokens across items (`n`), which
+// keeps the double-buffer argument of gdn_cl_norm. Nothing waits on another cluster: the q/k counters are
+// arrive-only, so a grid larger than the resident clusters would still finish.
+constexpr int GDN_CLP_MIN_BLOCKS = 2;  // resident blocks per SM asked (ninfer/cuda/gdn_step.py CLP_BLOCKS_PER_SM)
+
+// gdn_step_clp's shared memory (floats): gdn_step_cl's layout, then two state buffers [DK][CT] of S, 16-byte aligned
+template <int DK> struct GdnStepClp {
+    static constexpr int SB = (GdnStepCl<DK>::FLOATS + 3) / 4 * 4;
+    static constexpr int SBUF = DK * GdnStep<DK>::CT;  // one buffer, floats (a bf16 state uses half of it)
+    static constexpr int FLOATS = SB + 2 * SBUF;
+};
+
+// One item's inputs, loaded a whole item ahead (everything but the state slice, which goes to shared memory)
+template <int CPT> struct GdnClpItem {
+    long long slot;
+    int t0, t1, j, g[CPT];
+    float negA, dtb, an, bn, zn, xn[CPT], win[CPT][GDN_KW - 1], wc[CPT][GDN_KW];
+};
+
+// The inputs of item `item` (b, j = divmod(item, HV)) and its first token, as gdn_step_cl loads them
+template <typename T, int DK, int CPT = GdnStep<DK>::CPT>
+__device__ __forceinline__ void gdn_clp_load(GdnClpItem<CPT>& it, int item, const T* qkv, const float* convw,
+                                             const float* conv_state, const T* a, const T* bb, const float* A_log,
+                                             const float* dt_bias, const T* z, const int* starts, const int* slots,
+                                             int HK, int HV, int DV, long long ldqkv, long long lda, long long ldb,
+                                             long long ldz, int tid, int warp, int col, int c0) {
+    const int b = item / HV, j = item % HV, C = 2 * HK * DK + HV * DV;
+    it.j = j;
+    it.slot = slots[b];
+    it.t0 = starts[b];
+    it.t1 = starts[b + 1];
+    gdn_channels<DK>(it.g, tid, j / (HV / HK), HK, j, DV, c0);
+#pragma unroll
+    for (int u = 0; u < CPT; ++u)
+#pragma unroll
+        for (int e = 0; e < GDN_KW; ++e) {
+            it.wc[u][e] = it.g[u] >= 0 ? convw[(long long)it.g[u] * GDN_KW + e] : 0.f;
+            if (e < GDN_KW - 1)
+                it.win[u][e] = it.g[u] >= 0 ? conv_state[(it.slot * C + it.g[u]) * (GDN_KW - 1) + e] : 0.f;
+        }
+    it.negA = -expf(A_log[j]);
+    it.dtb = dt_bias[j];
+    const bool any = it.t0 < it.t1;
+    it.an = any ? to_f(a[(long long)it.t0 * lda + j]) : 0.f;
+    it.bn = any ? to_f(bb[(long long)it.t0 * ldb + j]) : 0.f;
+    it.zn = any && warp == 0 ? to_f(z[(long long)it.t0 * ldz + (long long)j * DV + min(col, DV - 1)]) : 0.f;
+#pragma unroll
+    for (int u = 0; u < CPT; ++u) it.xn[u] = any && it.g[u] >= 0 ? to_f(qkv[(long long)it.t0 * ldqkv + it.g[u]]) : 0.f;
+}
+
+// Item (slot, j)'s state slice (DK rows, this tile's CT columns) into buf [DK][CT] of S: 16-byte cp.async copies
+// where a copy's columns are all below DV and rows are 16-byte aligned (vec), else element loads (columns past DV
+// clamped to DV - 1, as gdn_step_cl's lanes read them). Visible to the block after cp_async_f4_wait + a barrier.
+template <typename S, int DK>
+__device__ __forceinline__ void gdn_clp_stage(S* buf, const S* state, long long slot, int j, int HV, int DV, int c0,
+                                              bool vec, int tid) {
+    constexpr int CT = GdnStep<DK>::CT, NT = GdnStep<DK>::NT, E = 16 / (int)sizeof(S), UPR = CT / E;
+    const S* src = state + (slot * HV + j) * DK * (long long)DV;
+    static_assert(DK * UPR % NT == 0, "whole copies per thread");
+#pragma unroll
+    for (int q = 0; q < DK * UPR / NT; ++q) {
+        const int u = tid + q * NT, r = u / UPR, c = (u % UPR) * E;
+        if (vec && c0 + c + E <= DV)
+            cp_async_f4(reinterpret_cast<float*>(buf + r * CT + c),
+                        reinterpret_cast<const float*>(src + (long long)r * DV + c0 + c));
+        else
+#pragma unroll
+            for (int e = 0; e < E; ++e) buf[r * CT + c + e] = src[(long long)r * DV + min(c0 + c + e, DV - 1)];
+    }
+}
+
+// gdn_decode's kernel for many sequences (variant "persist"): gdn_step_cl's arguments plus nseq (grid x: the resident
+// clusters, at most nseq * HV). starts, slots, snap and the weights are launch constants, as for gdn_step_cl.
+template <typename T, typename S, int DK>
+__global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT, GDN_CLP_MIN_BLOCKS)
+    gdn_step_clp(const T* __restrict__ qkv, const float* __restrict__ convw, float* __restrict__ conv_state,
+                 const T* __restrict__ a, const T* __restrict__ bb, const float* __restrict__ A_log,
+                 const float* __restrict__ dt_bias, S* __restrict__ state, T* o, const int* __restrict__ starts,
+                 const int* __restrict__ slots, int HK, int HV, int DV, long long ldqkv, long long lda, long long ldb,
+                 long long ldo, const int* __restrict__ snap, int nsnap, int* __restrict__ cnt,
+                 const T* __restrict__ z, const float* __restrict__ nw, T* y, long long ldz, long long ldy, float eps,
+                 int nseq) {
+    pdl_trigger();
+    using G = GdnStep<DK>;
+    using GC = GdnStepCl<DK>;
+    using GP = GdnStepClp<DK>;
+    constexpr int RPW = G::RPW, NW = G::NW, NT = G::NT, CT = G::CT, NCH = G::NCH, CPT = G::CPT;
+    float* const sm = cluster_smem();
+    {
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < GP::FLOATS * sizeof(float) || gridDim.z != GDN_CL || DV > GDN_CL * CT) __trap();
+    }
+    unsigned long long* const bar = reinterpret_cast<unsigned long long*>(sm);
+    int* const flag = reinterpret_cast<int*>(sm + 4);
+    float *const ox = sm + GC::OX, *const xs = sm + GC::XS, *const pkv = xs + NCH, *const pout = pkv + NW * CT;
+    S* const sbuf = reinterpret_cast<S*>(sm + GP::SB);  // buffer q at sbuf + q * GP::SBUF floats
+    const int tile = blockIdx.z, c0 = tile * CT, ratio = HV / HK, nitems = nseq * HV;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = c0 + lane;
+    const bool live = col < DV, vec = (DV * (int)sizeof(S)) % 16 == 0;
+    if (tid == 0) {
+        mbar_init(bar, 32 * GDN_CL);
+        mbar_init(bar + 1, 32 * GDN_CL);
+    }
+    cluster_sync_init();
+    int item = blockIdx.x;  // cluster-uniform
+    if (item >= nitems) return;
+#ifdef __CUDA_ARCH__
+    if (lane < RPW) {  // the first item's state rows into the L2 while the kernel ahead ends (as gdn_step_cl)
+        const S* hint = state + (((long long)slots[item / HV] * HV + item % HV) * DK + warp * RPW + lane) * (long long)DV +
+                        min(c0, DV - 1);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(hint));
+    }
+#endif
+    const float qscale = 1.f / sqrtf((float)DK), nwc = warp == 0 ? nw[min(col, DV - 1)] : 0.f;
+    pdl_wait();
+    GdnClpItem<CPT> cur;
+    gdn_clp_load<T, DK>(cur, item, qkv, convw, conv_state, a, bb, A_log, dt_bias, z, starts, slots, HK, HV, DV, ldqkv,
+                        lda, ldb, ldz, tid, warp, col, c0);
+    gdn_clp_stage<S, DK>(sbuf, state, cur.slot, cur.j, HV, DV, c0, vec, tid);
+    unsigned n = 0;  // tokens this cluster has run (every tile the same): the mbarriers' parity
+    for (int k = 0; item < nitems; ++k, item += gridDim.x) {
+        // item k's slice is in buffer k & 1; every thread's reads of buffer (k + 1) & 1 (item k - 1's) are done
+        cp_async_f4_wait();
+        __syncthreads();
+        const S* sb = sbuf + (k & 1) * (GP::SBUF * (int)sizeof(float) / (int)sizeof(S));
+        float s[RPW];
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) s[r] = to_f(sb[(warp * RPW + r) * CT + lane]);
+        GdnClpItem<CPT> nx;
+        const int next = item + gridDim.x;
+        if (next < nitems) {  // item k + 1: its inputs into registers, its slice into the other buffer
+            gdn_clp_load<T, DK>(nx, next, qkv, convw, conv_state, a, bb, A_log, dt_bias, z, starts, slots, HK, HV,
+                                DV, ldqkv, lda, ldb, ldz, tid, warp, col, c0);
+            gdn_clp_stage<S, DK>(sbuf + ((k + 1) & 1) * (GP::SBUF * (int)sizeof(float) / (int)sizeof(S)), state,
+                                 nx.slot, nx.j, HV, DV, c0, vec, tid);
+        }
+        // item k: gdn_step_cl's body for (b, j)
+        const int b = item / HV, j = cur.j, hk = j / ratio, t0 = cur.t0, t1 = cur.t1;
+        const long long slot = cur.slot;
+        const bool qk_snap = j % ratio == 0 && tile == 0;
+        const int C = 2 * HK * DK + HV * DV;
+        S* st = state + ((slot * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1);
+        const long long zcol = (long long)j * DV + min(col, DV - 1);
+        int qk_old = 0;
+        int* const cnt_qk = cnt + (long long)b * (HV + HK) + HV + hk;
+        for (int t = t0; t < t1; ++t) {
+            const int i = t - t0;
+            if (nsnap) {
+                const long long ss = (long long)snap[b] + i;
+                gdn_store_rows<S, DK>(state + ((ss * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1),
+                                      DV, live, s);
+                gdn_store_windows<DK>(conv_state, ss, C, cur.g, cur.win, tid, qk_snap ? 0 : 2 * DK, NCH);
+            }
+            float xc[CPT];
+#pragma unroll
+            for (int u = 0; u < CPT; ++u) xc[u] = cur.xn[u];
+            const float ac = cur.an, bc = cur.bn, zc = cur.zn;
+            if (t + 1 < t1) {
+#pragma unroll
+                for (int u = 0; u < CPT; ++u)
+                    cur.xn[u] = cur.g[u] >= 0 ? to_f(qkv[(long long)(t + 1) * ldqkv + cur.g[u]]) : 0.f;
+                cur.an = to_f(a[(long long)(t + 1) * lda + j]);
+                cur.bn = to_f(bb[(long long)(t + 1) * ldb + j]);
+                if (warp == 0) cur.zn = to_f(z[(long long)(t + 1) * ldz + zcol]);
+            }
+            gdn_stage_x<T, DK, true>(xs, xc, cur.win, cur.wc, cur.g, tid);
+            float beta, decay;
+            gdn_gate(ac, bc, cur.negA, cur.dtb, beta, decay);
+            __syncthreads();  // (A) x of token t in shared memory
+            if (i == 0 && tid == 0) qk_old = atomicAdd(cnt_qk, 1);
+            const float os = gdn_token<DK>(s, xs, pkv, pout, beta, decay, qscale, lane, warp, warp == 0 && live);
+            if (t + 1 == t1) {
+                gdn_store_rows<S, DK>(st, DV, live, s);
+                gdn_store_windows<DK>(conv_state, slot, C, cur.g, cur.win, tid, 2 * DK, NCH);
+            }
+            if (warp == 0)
+                gdn_cl_norm<T>(ox, bar, (int)(n + i), tile, lane, live ? to_f(from_f<T>(os)) : 0.f, zc, nwc,
+                               y + (long long)t * ldy + (long long)j * DV + col, live, DV, eps);
+        }
+        if (t0 < t1) {  // cluster-uniform
+            n += t1 - t0;
+            if (tid == 0) *flag = qk_old == ratio * GDN_CL - 1;
+            __syncthreads();
+            if (*flag) {
+                gdn_store_windows<DK>(conv_state, slot, C, cur.g, cur.win, tid, 0, 2 * DK);
+                if (tid == 0) *cnt_qk = 0;
+            }
+        }
+        cur = nx;
+    }
+}
+
 // Epilogue of gdn_step<..., CONV = true>, one launch after it:
 //   blockIdx.y == 0: the gated RMSNorm of rows (t, j) = 4 * blockIdx.x + warp (t = row / HV), o -> y (y may be
 //     o: no __restrict__ on either; gated_norm_row, the same bits as gated_rmsnorm);

@@ -11,6 +11,7 @@ prefetch of the next product (``--toggle prefetch``: ``CudaQwen36.gemv_prefetch`
     python -m perf.bench_fold --toggle wave3,wave2        # GEMV K-splits sized for 3 or 2 blocks per SM, not 4
     python -m perf.bench_fold --toggle swiglu             # gate | up GEMVs (dense, experts) with the SwiGLU epilogue
     python -m perf.bench_fold --toggle rtail --model 35b  # MoE routing in the router GEMV's tail (moe_route_router)
+    python -m perf.bench_fold --toggle gdnp --lanes 8     # GDN decode on persistent clusters (gdn_step.STEP_PERSIST)
 
 For each model and lane count, the graph-replayed decode step (logits included) with ``fold_norms`` off, then on
 (the graphs recaptured between), and the captured graph's node count by type (cuGraphGetNodes /
@@ -34,7 +35,7 @@ from .bench_model import bench_decode
 __all__ = ["main", "graph_node_types"]
 
 TOGGLES = ("fold", "prefetch", "route", "combine", "moe", "w8", "bulk", "wave3", "wave2", "tiles2", "tiles1",
-           "swiglu", "rtail", "dtiles2", "dtiles4")  # fmt: skip
+           "swiglu", "rtail", "dtiles2", "dtiles4", "gdnp")  # fmt: skip
 # Split-plan experiments (gemv_geometry constant -> the value tried; other sums' order, so not bitwise the default):
 # wave3 / wave2 size the one-wave grid for 3 or 2 resident GEMV blocks per SM instead of 4 (fewer K-splits, so the
 # next launch's blocks find free slots to start in under PDL); tiles2 / tiles1 let a split of an expert launch be
@@ -93,6 +94,10 @@ def _switch(net: Any, toggle: str, on: bool) -> None:
         import ninfer.cuda.linear as linear
 
         setattr(linear, "GV_W8" if toggle == "w8" else "GV_BULK", on)
+    elif toggle == "gdnp":  # the GDN decode's persistent clusters above 4 sequences (gdn_step.STEP_PERSIST)
+        import ninfer.cuda.gdn_step as gdn_step
+
+        gdn_step.STEP_PERSIST = on
     else:
         net.gemv_prefetch, net.gemv_next = on, {}
 
@@ -106,6 +111,10 @@ def _state(net: Any, toggle: str) -> bool:
     if toggle in _PLANS:
         attr, value = _PLANS[toggle]
         return getattr(_geo, attr) == value
+    if toggle == "gdnp":
+        import ninfer.cuda.gdn_step as gdn_step
+
+        return bool(gdn_step.STEP_PERSIST)
     if name is None:
         return bool(linear.GV_BULK if toggle == "bulk" else linear.GV_W8)
     return bool(getattr(net, name))

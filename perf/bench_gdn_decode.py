@@ -13,6 +13,8 @@ sequences of one token, float32 and bf16 state:
 - ``mixer``: ``gdn_decode`` (conv + delta rule + gated RMSNorm in one launch; per-layer time of the mixer core),
   ``variant="cluster"`` (gdn_step_cl; the default "auto" takes it up to 4 sequences);
 - ``mixer-cnt``: the same with ``variant="counter"`` (the last-arrival epilogue, the kernel before gdn_step_cl);
+- ``mixer-clp``: the same with ``variant="persist"`` (gdn_step_clp: the resident clusters take the (sequence, value
+  head) items in turn, the next item's state slice copied while the current one runs);
 - ``mixer-2l``: the same as two launches (``fused=False``: conv + delta rule, then ``gdn_step_post``'s gated norm
   and q/k windows; the same bits): at 8 sequences the single launch's epilogue (fence, two arrivals, the last tile's
   norm) lengthens every block's life by a few round trips while it holds its SM's registers, ~4 waves over.
@@ -71,7 +73,7 @@ def _gdn_cases(ceiling: float, reps: int, model: str = "27b") -> list[dict[str, 
             slots = [cupy.arange(i * t, (i + 1) * t, dtype=np.int32) for i in range(n_slots // t)]
             state_bytes = 2 * t * slot_bytes
             act = 4 * t * (ch + 2 * hv + 2 * w)  # qkv, a, b read; o written (+ z read by the mixer)
-            for name in ("recurrent", "mixer", "mixer-cnt", "mixer-2l"):
+            for name in ("recurrent", "mixer", "mixer-cnt", "mixer-clp", "mixer-2l"):
                 if name == "recurrent":
                     rule = partial(
                         gdn_recurrent, qkv, a, b, a_log, dt_bias, state, starts, n_k_heads=hk, out=out
@@ -80,7 +82,7 @@ def _gdn_cases(ceiling: float, reps: int, model: str = "27b") -> list[dict[str, 
                     extra = act
                 else:
                     core = partial(gdn_decode, qkv, conv_w, conv, a, b, a_log, dt_bias, state, starts)
-                    variant = "cluster" if name == "mixer" else "counter"
+                    variant = {"mixer": "cluster", "mixer-clp": "persist"}.get(name, "counter")
                     fused = name != "mixer-2l"
                     fns = [
                         partial(core, s, z, norm_w, 1e-6, n_k_heads=hk, out=out, variant=variant, fused=fused)

@@ -36,6 +36,8 @@
 #           included; 27B and 35B-A3B at 4096 tokens, 35B-A3B's 256-token follow-up) and Nsight Compute's stall
 #           reasons per issued instruction for the GDN state pass (27B heads, 4096 rows)
 #   compile every kernel family compiled (the first part of tests), e.g. before phases that time kernels
+#   gdnp    the GDN decode's persistent clusters (gdn_step_clp): GPU tests, per-call and whole-step A/Bs; the
+#           35B-A3B's prefill at 4096- against 8192-token chunks
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -318,6 +320,18 @@ run_gdn_pick() {  # bench_gdn at the 27B / 35B-A3B chunk shapes, then `ninfer-pe
 print(min(('tc', 'tc8', 'split'), key=lambda v: sum(x[v + '32_ms'] for x in r)))" 2>/dev/null || echo tc)
   echo "gdn variant for perf: $GDN_PICK" | tee -a "$OUT/gdn_bench.txt"
   PERF_ARGS="--gdn-variant $GDN_PICK ${GDN_PICK_ARGS:-}" run_perf
+}
+run_gdnp() {  # the GDN decode's persistent clusters (gdn_step_clp): GPU tests, per-call A/B at 1 and 8 sequences,
+  # whole-step A/B at 8 lanes; then the 35B-A3B's prefill at 4096- against 8192-token chunks (twice each)
+  TEST_FILES=tests/test_cuda_gdn_decode.py run_tests
+  timeout ${BENCH_TIMEOUT:-120} python3 -m perf.bench_gdn_decode --reps 20 --json "$OUT/bench_gdn_decode.json" 2>&1 \
+    | tee "$OUT/gdn_decode.txt" | grep -E "mixer|case" | tail -24
+  timeout ${AB_TIMEOUT:-200} python3 -m perf.bench_fold --toggle gdnp --model 27b,35b --lanes 8 --steps 100 \
+    --out "$OUT/results" 2>&1 | tee "$OUT/fold_gdnp.txt" | tail -8
+  for c in 4096 8192 4096 8192; do
+    timeout 120 python3 -m perf.cli --quick --models 35b --no-transformers --prefill 8192,32768 --lanes '' \
+      --chunk $c --out "$OUT/chunk$c" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/chunk_ab.txt"
+  done
 }
 run_spec() {  # issue 15: MTP at forced acceptance, 27B, 1 lane, k = 3 (--skip-rounds: the rounds table alone
   # printed nothing within 280 s at 4eb6bda)

@@ -8,8 +8,9 @@ on the GPU, on fresh random inputs, outputs poisoned with NaN first (marked ``gp
   (float32 state; a bf16 state is rounded once per call, so there only within bf16 tolerance);
 - a sequence decoded alone == inside an 8-sequence launch, bitwise;
 - the cluster kernel (``variant="cluster"``, gdn_step_cl, the default) == the counter epilogue (``"counter"``, the
-  kernel before it) == the two launches, bitwise; decode calls captured back to back in one CUDA graph (PDL
-  launches on the same states) == the same calls eager, bitwise, for both variants;
+  kernel before it) == the persistent clusters (``"persist"``, gdn_step_clp: at the 27B's eight sequences each
+  resident cluster takes several (sequence, value head) items) == the two launches, bitwise; decode calls captured
+  back to back in one CUDA graph (PDL launches on the same states) == the same calls eager, bitwise, for all three;
 - ``rmsnorm`` at 1 and 8 rows of 5120 (and two register rounds, ragged widths) against the reference, a row alone
   == inside a batch, the 16-byte and the scalar instances bitwise equal.
 The host emulation tests (test_gdn_step_host.py, test_norm_host.py) check the same kernels on the CPU.
@@ -168,11 +169,13 @@ def test_gdn_decode(cp: Any, t: str, st: str, case: tuple) -> None:
     np.testing.assert_array_equal(cp.asnumpy(r["y"]), cp.asnumpy(on).reshape(n, hv * dv), "fused vs unfused")
     np.testing.assert_array_equal(cp.asnumpy(r["state"]), cp.asnumpy(state), "fused vs unfused: state")
     np.testing.assert_array_equal(cp.asnumpy(r["conv"]), cp.asnumpy(conv), "fused vs unfused: conv state")
-    # the cluster kernel == the counter epilogue == the default ("auto") == gdn_step + gdn_step_post, bitwise
+    # the cluster kernel == the counter epilogue == the persistent clusters == the default ("auto") == gdn_step +
+    # gdn_step_post, bitwise
     fresh = {k: v for k, v in p.items() if k != "dev"}
     for other in (
         _decode(cp, dict(fresh), hk, tb, sb, fused=False),
         _decode(cp, dict(fresh), hk, tb, sb, variant="counter"),
+        _decode(cp, dict(fresh), hk, tb, sb, variant="persist"),
         _decode(cp, dict(fresh), hk, tb, sb, variant="auto"),
     ):
         for name in ("y", "state", "conv"):
@@ -220,7 +223,7 @@ def test_gdn_decode_batch_invariant(cp: Any, st: str) -> None:
     np.testing.assert_array_equal(cp.asnumpy(alone["dev"]["state"]), cp.asnumpy(batch["state"]))
 
 
-@pytest.mark.parametrize("variant", ["cluster", "counter"])
+@pytest.mark.parametrize("variant", ["cluster", "counter", "persist"])
 @pytest.mark.parametrize(
     "case", [(16, 48, 128, 128, [3] * 8), (2, 6, 64, 96, [3, 2, 3])], ids=["27b", "small"]
 )

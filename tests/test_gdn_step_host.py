@@ -12,7 +12,9 @@ empty segments and three invariants:
 - a multi-token segment (exact prefill) equals the same tokens fed as decode calls bitwise (float32 state);
 - gdn_decode's cluster kernel (gdn_step_cl: the column tiles of a value head as one cluster, run concurrently with
   their own NaN-filled shared memory, exchanging o through emulated distributed shared memory and mbarriers)
-  equals the launches above bitwise, with and without snapshots, decode calls and multi-token segments;
+  equals the launches above bitwise, with and without snapshots, decode calls and multi-token segments; so does
+  its persistent form (gdn_step_clp) on 3 clusters and on 1, each taking the (sequence, value head) items in turn
+  with the next item's state slice staged into shared memory;
 - every kernel of this file equals the kernel text of BASE (before gdn_step_cl and the shared per-token functions)
   bitwise, run through the same driver (skipped where git or that commit is not available).
 
@@ -165,12 +167,13 @@ def _reference(case: tuple, inp: dict, s: int) -> tuple[np.ndarray, np.ndarray, 
 def test_gdn_step_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
     _, _, _, _, lens, tb, sb = case
     runs = {}
-    for mode in (0, 1, 2, 10, 12, 20, 22):
+    for mode in (0, 1, 2, 10, 12, 20, 22, 30, 32, 40, 42):
         d = tmp_path / str(mode)
         d.mkdir()
         runs[mode] = _run(emu, d, case, mode)
-    # gdn_decode's single launch (counters: 10, 12; cluster: 20, 22) == the two launches, bitwise
-    for one, two in ((10, 0), (12, 2), (20, 0), (22, 2)):
+    # gdn_decode's single launch (counters: 10, 12; cluster: 20, 22; persistent clusters: 30, 32 on 3 clusters,
+    # 40, 42 on 1) == the two launches, bitwise
+    for one, two in ((10, 0), (12, 2), (20, 0), (22, 2), (30, 0), (32, 2), (40, 0), (42, 2)):
         for got, ref, what in zip(
             runs[one][:3], runs[two][:3], ("output", "state", "conv state"), strict=True
         ):
@@ -215,11 +218,11 @@ def test_gdn_step_snapshots_emulated(emu: Path, tmp_path: Path, case: tuple) -> 
     lens = case[4]
     extra = sum(lens)
     runs = {}
-    for mode in (0, 3, 13, 23):
+    for mode in (0, 3, 13, 23, 33, 43):
         d = tmp_path / f"m{mode}"
         d.mkdir()
         runs[mode] = _run(emu, d, case, mode, extra)
-    for one in (13, 23):  # the counter and the cluster single launch
+    for one in (13, 23, 33, 43):  # the counter, the cluster and the persistent cluster single launch
         for got, ref, what in zip(runs[one][:3], runs[3][:3], ("output", "state", "conv state"), strict=True):
             np.testing.assert_array_equal(got, ref, err_msg=f"snapshots, mode {one} vs two launches: {what}")
     inp = runs[3][3]
@@ -253,6 +256,9 @@ def test_gdn_step_equals_base_emulated(emu: Path, emu_base: Path, tmp_path: Path
         (22, 12),
         (13, 13),
         (23, 13),
+        (30, 10),
+        (42, 12),
+        (33, 13),
     )  # (this tree's mode, BASE's mode)
     for new, old in pairs:
         got = _run(emu, _mkdir(tmp_path / f"new{new}"), case, new, extra)

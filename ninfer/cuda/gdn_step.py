@@ -34,6 +34,7 @@ __all__ = [
     "gdn_decode",
     "step_smem_bytes",
     "step_cl_smem_bytes",
+    "step_clp_smem_bytes",
     "DECODE_VARIANTS",
     "CONV_SOURCES",
     "STEP_SOURCES",
@@ -49,12 +50,17 @@ STEP_CLUSTER = 4  # column tiles per cluster of gdn_step_cl (GDN_CL): value head
 # gdn_decode's single launch: "cluster" gdn_step_cl (the gated norm through distributed shared memory, the default
 # where dv <= STEP_CLUSTER * STEP_COLS), "counter" gdn_step<., ., ., true> with its epilogue by the last arriving
 # column tile (the kernel before; kept to time both in one run and as the fallback for wider heads). The same bits.
-DECODE_VARIANTS = ("auto", "cluster", "counter")
+# "persist": gdn_step_clp, gdn_step_cl's clusters made persistent (as many as stay resident, each taking the
+# (sequence, value head) items in turn and copying the next item's state slice while it runs the current one).
+DECODE_VARIANTS = ("auto", "cluster", "counter", "persist")
 # "auto": the cluster kernel up to this many sequences per call, the counter one above. Measured (H200, 8cf0e04,
 # perf/bench_gdn_decode.py, fp32 state, us per call, cluster / counter): 27B heads 1 sequence 6.07 / 6.60, 8
 # sequences 28.6 / 26.7; 35B-A3B 5.50 / 6.76 and 19.4 / 19.7. 2-4 sequences not measured. Both give the same bits,
 # so the switch changes no lane's result.
 STEP_CLUSTER_MAX_SEQS = 4
+# "auto" above STEP_CLUSTER_MAX_SEQS: the persistent clusters ("persist") where this is on, else the counter kernel
+# (a module switch read at every launch, for perf/bench_fold's --toggle gdnp; the same bits either way).
+STEP_PERSIST = False
 # the instances of gdn.cu's causal_conv and of gdn_step.cu (gdn.py's SOURCES: compiled at warm-up)
 CONV_SOURCES = tuple(f"causal_conv<{t}, 4>" for t in _T)
 STEP_SOURCES = (
@@ -63,7 +69,9 @@ STEP_SOURCES = (
     )
     + tuple(f"gdn_step_post<{t}>" for t in _T)
     + tuple(f"gdn_step_cl<{t}, {s}, {d}>" for t in _T for s in _S for d in HEAD_DIMS)
+    + tuple(f"gdn_step_clp<{t}, {s}, {d}>" for t in _T for s in _S for d in HEAD_DIMS)
 )
+CLP_BLOCKS_PER_SM = 2  # GDN_CLP_MIN_BLOCKS in gdn_step.cu: gdn_step_clp's grid is this many blocks per SM
 
 
 _STATE_TYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "bf16"}  # GDN state dtype -> C++ type
@@ -161,6 +169,12 @@ def step_cl_smem_bytes(dk: int) -> int:
     return 4 * (8 + 2 * STEP_CLUSTER * STEP_COLS) + step_smem_bytes(dk)
 
 
+def step_clp_smem_bytes(dk: int) -> int:
+    """Dynamic shared memory of ``gdn_step_clp<., ., dk>``: mirrors ``GdnStepClp::FLOATS`` (gdn_step_cl's layout
+    rounded up to 16 bytes, then two float32 state buffers of dk x 32; the kernel traps when it gets less)."""
+    return -(-step_cl_smem_bytes(dk) // 16) * 16 + 2 * 4 * dk * STEP_COLS
+
+
 # gdn_step's epilogue arguments when it has none (cnt, z, nw, y: null pointers; ldz, ldy, eps)
 _NO_POST = (np.uint64(0), np.uint64(0), np.uint64(0), np.uint64(0), np.int64(0), np.int64(0), np.float32(0))
 
@@ -180,6 +194,25 @@ def _step_cl(k: dict[str, Any], args: tuple[Any, ...]) -> None:
     name = f"gdn_step_cl<{k['t']}, {k['st']}, {k['dk']}>"
     fn = kernel("gdn_step.cu", STEP_SOURCES, name)
     launch(fn, (k["nseq"], k["hv"], STEP_CLUSTER), (2 * k["dk"],), args, step_cl_smem_bytes(k["dk"]))
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
+
+
+def _step_clp(k: dict[str, Any], args: tuple[Any, ...]) -> None:
+    """Launch ``gdn_step_clp``: as many clusters of STEP_CLUSTER column tiles as stay resident (CLP_BLOCKS_PER_SM
+    blocks per SM), at most one per (sequence, value head) item."""
+    import cupy
+
+    name = f"gdn_step_clp<{k['t']}, {k['st']}, {k['dk']}>"
+    fn = kernel("gdn_step.cu", STEP_SOURCES, name)
+    clusters = CLP_BLOCKS_PER_SM * _sm_count(cupy.cuda.Device().id) // STEP_CLUSTER
+    grid = (min(k["nseq"] * k["hv"], clusters), 1, STEP_CLUSTER)
+    launch(fn, grid, (2 * k["dk"],), (*args, np.int32(k["nseq"])), step_clp_smem_bytes(k["dk"]))
 
 
 def gdn_recurrent(
@@ -241,8 +274,9 @@ def gdn_decode(
     only: outputs and the final states are the same bits as without ``snap``.
 
     ``variant`` (``DECODE_VARIANTS``, one launch): ``"cluster"`` (``gdn_step_cl``; heads wider than 128 columns
-    fall back to ``"counter"``), ``"counter"`` (``gdn_step``'s last-arrival epilogue) or ``"auto"`` (cluster up to
-    ``STEP_CLUSTER_MAX_SEQS`` sequences): the same bits. The cluster
+    fall back to ``"counter"``), ``"counter"`` (``gdn_step``'s last-arrival epilogue), ``"persist"``
+    (``gdn_step_clp``, the resident clusters taking the (sequence, value head) items in turn; wider heads fall back
+    to ``"counter"``) or ``"auto"`` (cluster up to ``STEP_CLUSTER_MAX_SEQS`` sequences): the same bits. The cluster
     kernel reads ``starts``, ``slots``, ``snap`` and the weights before it waits for the kernel ahead (PDL): no
     kernel of the same captured launch chain may write them (the decode graphs upload them by copy)."""
     rows, c, ldx = check_rows(qkv, "qkv")
@@ -269,7 +303,10 @@ def gdn_decode(
         cnt = arrival_counters(k["nseq"] * (hv + n_k_heads))
         tail = (cnt, z, norm_w, out, np.int64(ldz), ldo, np.float32(eps))
         cluster = variant == "cluster" or (variant == "auto" and k["nseq"] <= STEP_CLUSTER_MAX_SEQS)
-        if cluster and dv <= STEP_CLUSTER * STEP_COLS:
+        persist = variant == "persist" or (variant == "auto" and not cluster and STEP_PERSIST)
+        if persist and dv <= STEP_CLUSTER * STEP_COLS and state.data.ptr % 16 == 0:
+            _step_clp(k, (*head, *tail))
+        elif cluster and dv <= STEP_CLUSTER * STEP_COLS:
             _step_cl(k, (*head, *tail))
         else:
             _step(k, True, (*head, *tail))

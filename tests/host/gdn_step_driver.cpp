@@ -10,6 +10,8 @@
 //                     must be zero again afterwards) instead of gdn_step + gdn_step_post
 //   mode 20 + m (m = 0, 2, 3): mode m with gdn_decode's cluster kernel (gdn_step_cl, its clusters run with
 //                     emu_launch_cluster; the q/k counters must be zero again afterwards)
+//   mode 30 + m, 40 + m: mode m with the persistent cluster kernel (gdn_step_clp) on 3 clusters or 1, each taking
+//                     the (sequence, value head) items in turn
 // Reads dir/{qkv,convw,conv,a,b,alog,dtb,state,starts,slots,z,normw}.bin, writes dir/{y,state_out,conv_out}.bin.
 // EMU_NO_CL (defined by the test before this file): the kernel text has no gdn_step_cl (an older gdn_step.cu).
 struct StepShape {
@@ -18,7 +20,8 @@ struct StepShape {
     float eps;
 };
 
-int emu_variant = 0;  // 0: gdn_step + gdn_step_post, 1: one gdn_step launch (modes 10+), 2: gdn_step_cl (20+)
+int emu_variant = 0;  // 0: gdn_step + gdn_step_post, 1: one gdn_step launch (modes 10+), 2: gdn_step_cl (20+),
+                      // 3, 4: gdn_step_clp on 3 clusters (30+) or 1 (40+)
 
 // gdn_decode's launches over packed rows (row stride = width, as contiguous cupy arrays): one (the epilogue in
 // gdn_step) with emu_one_launch, else gdn_step and gdn_step_post.
@@ -31,6 +34,19 @@ void emu_fused(const StepShape& sh, int rows, const std::vector<int>& starts, co
     if (!snap) snap = slots.data();
     const emu_dim3 grid{(unsigned)nseq, (unsigned)sh.HV, (unsigned)((sh.DV + G::CT - 1) / G::CT)};
 #ifndef EMU_NO_CL
+    if (emu_variant >= 3) {  // gdn_step_clp: 3 persistent clusters (30+) or 1 (40+) taking the items in turn
+        std::vector<int> cnt((size_t)nseq * (sh.HV + sh.HK), 0);
+        const unsigned gx = (unsigned)std::min(nseq * sh.HV, emu_variant == 3 ? 3 : 1);
+        if (gx)
+            emu_launch_cluster({gx, 1, (unsigned)GDN_CL}, GDN_CL, G::NT, GdnStepClp<DK>::FLOATS * 4, [&] {
+                gdn_step_clp<T, S, DK>(qkv, convw, conv, a, b, alog, dtb, state, y, starts.data(), slots.data(),
+                                       sh.HK, sh.HV, sh.DV, sh.C, sh.HV, sh.HV, sh.W, snap, nsnap, cnt.data(), z,
+                                       normw, y, sh.W, sh.W, sh.eps, nseq);
+            });
+        for (int c : cnt)
+            if (c) std::abort();  // the last readers reset every q/k counter
+        return;
+    }
     if (emu_variant == 2) {
         std::vector<int> cnt((size_t)nseq * (sh.HV + sh.HK), 0);
         emu_launch_cluster({grid.x, grid.y, (unsigned)GDN_CL}, GDN_CL, G::NT, GdnStepCl<DK>::FLOATS * 4, [&] {
