@@ -140,6 +140,25 @@ def w8() -> dict[str, Any]:
     return res
 
 
+def gdnp() -> dict[str, Any]:
+    """The dense network's decode at 1 and 8 sequences with gdn_step.STEP_PERSIST off and on, eagerly and from
+    graphs: the kernels launched."""
+    import ninfer.cuda.gdn_step as gdn_step
+
+    res: dict[str, Any] = {}
+    default = gdn_step.STEP_PERSIST
+    for graph in (False, True):
+        seqs = _seqs(_config(False), graph=graph)
+        for on in (False, True):
+            gdn_step.STEP_PERSIST = on
+            seqs.net.graphs.clear()
+            for lengths in ([5], [8, 40, 300, 5, 6, 7, 9, 2]):
+                key = f"graph{int(graph)}-persist{int(on)}-seqs{len(lengths)}"
+                res[key] = _prefill_then_decode(seqs, lengths, 2)["decode"]
+    gdn_step.STEP_PERSIST = default
+    return res
+
+
 def swiglu() -> dict[str, Any]:
     """The dense network's decode (1 and 8 sequences) with ``gemv_swiglu_out`` off and on, eagerly and from graphs,
     fold on and off; the MoE network's (1 and 3 sequences) with the combine fusion off and on: the kernels launched
@@ -297,6 +316,7 @@ if __name__ == "__main__":
                 "dense": dense,
                 "graph": graph,
                 "w8": w8,
+                "gdnp": gdnp,
                 "bulk": bulk,
                 "swiglu": swiglu,
                 "rtail": rtail,

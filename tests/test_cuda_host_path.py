@@ -123,6 +123,22 @@ def test_w8_switch_moves_the_8_lane_gemvs_to_8_warp_blocks() -> None:
             assert on[name] == ({"256": threads["128"]} if eight else threads), (name, on[name])
 
 
+def test_gdn_persist_switch_moves_only_the_many_sequence_decode() -> None:
+    """``gdn_step.STEP_PERSIST``: the GDN decode of 8 sequences moves from the counter kernel to the persistent
+    clusters (gdn_step_clp), eagerly and captured; one sequence keeps the cluster kernel; nothing else changes."""
+    res = _run("gdnp")
+    for graph in (0, 1):
+        for seqs in (1, 8):
+            off, on = res[f"graph{graph}-persist0-seqs{seqs}"], res[f"graph{graph}-persist1-seqs{seqs}"]
+            rest = {k: n for k, n in off.items() if not k.startswith("gdn_step")}
+            assert rest == {k: n for k, n in on.items() if not k.startswith("gdn_step")}, (graph, seqs)
+            assert _count(off, "gdn_step") == _count(on, "gdn_step") > 0
+            if seqs == 1:
+                assert on == off and _count(on, "gdn_step_cl<") == _count(on, "gdn_step")
+            else:
+                assert _count(off, "gdn_step<") == _count(on, "gdn_step_clp<") == _count(on, "gdn_step"), on
+
+
 def test_swiglu_switch_moves_the_dense_gate_up_to_the_epilogue() -> None:
     """``gemv_swiglu_out``: every dense gate | up GEMV (one per layer and decode step, and those of prompts short
     enough for the GEMV) becomes the epilogue's instance (gemv_mma_gu), eagerly and captured, folded or not, and so
