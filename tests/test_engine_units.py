@@ -210,6 +210,41 @@ def test_config_names_the_bad_field(kw: dict, field: str) -> None:
         EngineConfig(**kw)
 
 
+def test_checkpoint_stride_follows_a_larger_prefill_chunk() -> None:
+    """A prompt's chunks are cut at checkpoint positions, so the default stride is max(4096, prefill_chunk): a
+    larger chunk takes effect with prefix reuse on; an explicit stride is kept."""
+    assert EngineConfig().checkpoint_stride == 4096
+    assert EngineConfig(prefill_chunk=2048).checkpoint_stride == 4096
+    assert EngineConfig(prefill_chunk=8192).checkpoint_stride == 8192
+    assert EngineConfig(prefill_chunk=8192, checkpoint_stride=4096).checkpoint_stride == 4096
+    with pytest.raises(EngineConfigError, match="checkpoint_stride"):
+        EngineConfig(checkpoint_stride=0)
+
+
+@pytest.mark.parametrize(
+    ("chunk", "stride", "want"), [(8192, None, [8192, 1808]), (8192, 4096, [4096, 4096, 1808])]
+)
+def test_prompt_chunks_with_prefix_reuse(tmp_path, chunk: int, stride: int | None, want: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """The prefill chunks a 10,000-token prompt is computed in, prefix reuse on (the runner records them)."""
+    from ninfer.demo import build_demo
+    from ninfer.engine.null_runner import NullRunner
+    from ninfer.model import open_engine
+
+    seen: list[int] = []
+
+    class Recording(NullRunner):
+        def execute(self, batch):  # type: ignore[no-untyped-def]
+            seen.extend(len(w.token_ids) for w in batch.work if w.prefill)
+            super().execute(batch)
+
+    art = build_demo(tmp_path / "demo.ninfer")
+    kw = dict(max_context=12288, kv_capacity=16384, prefill_chunk=chunk, checkpoint_stride=stride)
+    with open_engine(art, backend="null", backend_options={"step_s": 0.0}, **kw) as eng:
+        eng._runner.__class__ = Recording  # the same object, its execute recorded
+        eng.submit([1 + i % 97 for i in range(10000)], max_tokens=1).result()
+    assert seen == want
+
+
 @pytest.mark.parametrize(
     ("kw", "field"),
     [({"temperature": -1.0}, "temperature"), ({"top_k": -1}, "top_k"), ({"top_p": 0.0}, "top_p")],

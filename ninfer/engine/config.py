@@ -22,6 +22,9 @@ MAX_DRAFT_TOKENS = 5  # the most any target allows (Qwen3.6/3.8); a runner may a
 HOST_CACHE_CAP_GIB = 32.0  # the automatic host tier takes half the available host memory, at most this
 HOST_CACHE_DEVICE_MULTIPLE = 16  # ... and at most this many times the device pool (KV pages and checkpoints)
 GIB = 1 << 30
+CHECKPOINT_STRIDE = (
+    4096  # the least default stride between GDN checkpoints (see EngineConfig.checkpoint_stride)
+)
 
 
 class EngineConfigError(ValueError):
@@ -48,8 +51,10 @@ class EngineConfig:
     """Most prompt tokens one lane computes in one step; also the step's prefill token budget."""
     prefix_reuse: bool = True
     """Retain finished sequences and resume new requests from their checkpoints."""
-    checkpoint_stride: int = 4096
-    """GDN checkpoints every this many tokens (plus end of prompt and end of generation)."""
+    checkpoint_stride: int | None = None
+    """GDN checkpoints every this many tokens (plus end of prompt and end of generation); None: the larger of
+    ``CHECKPOINT_STRIDE`` (4096) and ``prefill_chunk``, since a prompt's chunks are also cut at these positions
+    (an explicit stride below the chunk makes the chunk no larger than the stride)."""
     checkpoint_budget_bytes: int | None = None
     """Bytes for GDN checkpoints (retained and being taken); None: 16 + 2 per lane snapshots of the model."""
     reserved_sequences: int = 64
@@ -68,6 +73,9 @@ class EngineConfig:
     """Check every restore from the host tier bitwise against what was spilled (debug and tests; slower)."""
 
     def __post_init__(self) -> None:
+        if self.checkpoint_stride is None and isinstance(self.prefill_chunk, int):  # resolved once, here
+            object.__setattr__(self, "checkpoint_stride", max(CHECKPOINT_STRIDE, self.prefill_chunk))
+
         def positive(name: str) -> None:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
