@@ -322,13 +322,13 @@ print(min(('tc', 'tc8', 'split'), key=lambda v: sum(x[v + '32_ms'] for x in r)))
   PERF_ARGS="--gdn-variant $GDN_PICK ${GDN_PICK_ARGS:-}" run_perf
 }
 run_gdnp() {  # the GDN decode's persistent clusters (gdn_step_clp): GPU tests, per-call A/B at 1 and 8 sequences,
-  # whole-step A/B at 8 lanes; then the 35B-A3B's prefill at 4096- against 8192-token chunks (twice each)
+  # whole-step A/B at 8 lanes; then the 35B-A3B's prefill at 4096- against 8192-token chunks (CHUNKS)
   TEST_FILES=tests/test_cuda_gdn_decode.py run_tests
   timeout ${BENCH_TIMEOUT:-120} python3 -m perf.bench_gdn_decode --reps 20 --json "$OUT/bench_gdn_decode.json" 2>&1 \
     | tee "$OUT/gdn_decode.txt" | grep -E "mixer|case" | tail -24
   timeout ${AB_TIMEOUT:-200} python3 -m perf.bench_fold --toggle gdnp --model 27b,35b --lanes 8 --steps 100 \
     --out "$OUT/results" 2>&1 | tee "$OUT/fold_gdnp.txt" | tail -8
-  for c in 4096 8192 4096 8192; do
+  for c in ${CHUNKS:-4096 8192}; do
     timeout 120 python3 -m perf.cli --quick --models 35b --no-transformers --prefill 8192,32768 --lanes '' \
       --chunk $c --out "$OUT/chunk$c" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/chunk_ab.txt"
   done
