@@ -331,6 +331,83 @@ __device__ __forceinline__ void gdn_cl_norm(float* ox, unsigned long long* bar, 
     if (live) *yp = from_f<T>(gated_norm_y(ov, inv, nwc, zc));
 }
 
+// One (sequence, value head) item's inputs besides its state slice: segment, state slot, channels, conv windows
+// and taps, gates and the first token's x (gdn_step_cl loads them around its pdl_wait, gdn_step_clp a whole item
+// ahead)
+template <int CPT> struct GdnClItem {
+    long long slot;
+    int t0, t1, j, g[CPT];
+    float negA, dtb, an, bn, zn, xn[CPT], win[CPT][GDN_KW - 1], wc[CPT][GDN_KW];
+};
+
+// Item (b, it.j) of gdn_step_cl / gdn_step_clp on this block's column tile, its state slice in s: every token of
+// the segment (the next token's inputs loaded one token ahead; barriers A, B, C; the gated norm through the
+// cluster's exchange), the final state and v windows, and the q/k windows by their last reader. n: the tokens this
+// cluster ran before (the mbarriers' parity, gdn_cl_norm). Returns the tokens run (cluster-uniform).
+template <typename T, typename S, int DK, int CPT = GdnStep<DK>::CPT>
+__device__ __forceinline__ int gdn_cl_item(GdnClItem<CPT>& it, float (&s)[GdnStep<DK>::RPW], int b, unsigned n,
+                                           float* sm, const T* qkv, float* conv_state, const T* a, const T* bb,
+                                           S* state, const int* snap, int nsnap, int* cnt, const T* z, T* y, int HK,
+                                           int HV, int DV, long long ldqkv, long long lda, long long ldb,
+                                           long long ldz, long long ldy, float eps, float nwc, float qscale) {
+    using G = GdnStep<DK>;
+    using GC = GdnStepCl<DK>;
+    constexpr int RPW = G::RPW, NW = G::NW, CT = G::CT, NCH = G::NCH;
+    unsigned long long* const bar = reinterpret_cast<unsigned long long*>(sm);
+    int* const flag = reinterpret_cast<int*>(sm + 4);
+    float *const ox = sm + GC::OX, *const xs = sm + GC::XS, *const pkv = xs + NCH, *const pout = pkv + NW * CT;
+    const int j = it.j, t0 = it.t0, t1 = it.t1, tile = blockIdx.z, ratio = HV / HK, hk = j / ratio;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = tile * CT + lane;
+    const bool live = col < DV, qk_snap = j % ratio == 0 && tile == 0;
+    const int C = 2 * HK * DK + HV * DV;
+    S* st = state + ((it.slot * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1);
+    const long long zcol = (long long)j * DV + min(col, DV - 1);
+    int qk_old = 0;  // thread 0: the q/k counter before this block's arrival
+    int* const cnt_qk = cnt + (long long)b * (HV + HK) + HV + hk;
+    for (int t = t0; t < t1; ++t) {
+        const int i = t - t0;
+        if (nsnap) {  // snapshot: as gdn_step (block-uniform branch)
+            const long long ss = (long long)snap[b] + i;
+            gdn_store_rows<S, DK>(state + ((ss * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1), DV,
+                                  live, s);
+            gdn_store_windows<DK>(conv_state, ss, C, it.g, it.win, tid, qk_snap ? 0 : 2 * DK, NCH);
+        }
+        float xc[CPT];
+#pragma unroll
+        for (int u = 0; u < CPT; ++u) xc[u] = it.xn[u];
+        const float ac = it.an, bc = it.bn, zc = it.zn;
+        if (t + 1 < t1) {
+#pragma unroll
+            for (int u = 0; u < CPT; ++u)
+                it.xn[u] = it.g[u] >= 0 ? to_f(qkv[(long long)(t + 1) * ldqkv + it.g[u]]) : 0.f;
+            it.an = to_f(a[(long long)(t + 1) * lda + j]);
+            it.bn = to_f(bb[(long long)(t + 1) * ldb + j]);
+            if (warp == 0) it.zn = to_f(z[(long long)(t + 1) * ldz + zcol]);
+        }
+        gdn_stage_x<T, DK, true>(xs, xc, it.win, it.wc, it.g, tid);
+        float beta, decay;
+        gdn_gate(ac, bc, it.negA, it.dtb, beta, decay);
+        __syncthreads();  // (A) x of token t in shared memory
+        if (i == 0 && tid == 0) qk_old = atomicAdd(cnt_qk, 1);  // q/k windows read (consumed in x): arrive
+        const float os = gdn_token<DK>(s, xs, pkv, pout, beta, decay, qscale, lane, warp, warp == 0 && live);
+        if (t + 1 == t1) {  // the final state and v windows, issued before the exchange
+            gdn_store_rows<S, DK>(st, DV, live, s);
+            gdn_store_windows<DK>(conv_state, it.slot, C, it.g, it.win, tid, 2 * DK, NCH);
+        }
+        if (warp == 0)
+            gdn_cl_norm<T>(ox, bar, (int)(n + i), tile, lane, live ? to_f(from_f<T>(os)) : 0.f, zc, nwc,
+                           y + (long long)t * ldy + (long long)j * DV + col, live, DV, eps);
+    }
+    if (t0 >= t1) return 0;  // cluster-uniform; no counter touched (every block of sequence b is empty)
+    if (tid == 0) *flag = qk_old == ratio * GDN_CL - 1;
+    __syncthreads();
+    if (*flag) {  // the last reader of QK head hk's windows: every reader has consumed them (arrived after)
+        gdn_store_windows<DK>(conv_state, it.slot, C, it.g, it.win, tid, 0, 2 * DK);
+        if (tid == 0) *cnt_qk = 0;
+    }
+    return t1 - t0;
+}
+
 // gdn_decode's kernel (CONV with the epilogue, value heads of DV <= 128): gdn_step<T, S, DK, true>'s work and
 // arithmetic with the gated norm through distributed shared memory instead of arrival counters. A cluster is the
 // GDN_CL column tiles of one (sequence, value head) (grid z = GDN_CL exactly; a tile past DV computes on clamped
@@ -352,7 +429,7 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
     pdl_trigger();
     using G = GdnStep<DK>;
     using GC = GdnStepCl<DK>;
-    constexpr int RPW = G::RPW, NW = G::NW, NT = G::NT, CT = G::CT, NCH = G::NCH, CPT = G::CPT;
+    constexpr int RPW = G::RPW, CT = G::CT, CPT = G::CPT;
     float* const sm = cluster_smem();
     {
         unsigned dyn;
@@ -360,43 +437,43 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
         if (dyn < GC::FLOATS * sizeof(float) || gridDim.z != GDN_CL || DV > GDN_CL * CT) __trap();
     }
     unsigned long long* const bar = reinterpret_cast<unsigned long long*>(sm);
-    int* const flag = reinterpret_cast<int*>(sm + 4);
-    float *const ox = sm + GC::OX, *const xs = sm + GC::XS, *const pkv = xs + NCH, *const pout = pkv + NW * CT;
-    const int b = blockIdx.x, j = blockIdx.y, tile = blockIdx.z, c0 = tile * CT, ratio = HV / HK, hk = j / ratio;
+    const int b = blockIdx.x, j = blockIdx.y, c0 = blockIdx.z * CT, hk = j / (HV / HK);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = c0 + lane;
-    const bool live = col < DV, qk_snap = j % ratio == 0 && tile == 0;
     if (tid == 0) {  // cluster rank = tile (cluster dims (1, 1, GDN_CL), grid z = GDN_CL)
         mbar_init(bar, 32 * GDN_CL);
         mbar_init(bar + 1, 32 * GDN_CL);
     }
     cluster_sync_init();  // every tile's mbarriers before any remote arrival (before pdl_wait: off the chain)
     // launch constants, before pdl_wait (see above)
-    const long long slot = slots[b];
-    const int t0 = starts[b], t1 = starts[b + 1];
-    const bool any = t0 < t1;  // cluster-uniform
+    GdnClItem<CPT> it;
+    it.j = j;
+    it.slot = slots[b];
+    it.t0 = starts[b];
+    it.t1 = starts[b + 1];
+    const bool any = it.t0 < it.t1;  // cluster-uniform
     const int C = 2 * HK * DK + HV * DV;
-    int g[CPT];  // channels of this thread, as gdn_step
-    gdn_channels<DK>(g, tid, hk, HK, j, DV, c0);
-    S* st = state + ((slot * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1);
+    gdn_channels<DK>(it.g, tid, hk, HK, j, DV, c0);  // channels of this thread, as gdn_step
+    S* st = state + ((it.slot * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1);
 #ifdef __CUDA_ARCH__
     // L2 hints while the kernel ahead ends: the state rows (as gdn_step) and this thread's conv window lines
     if (lane < RPW) {
-        const S* hint = state + ((slot * HV + j) * DK + warp * RPW + lane) * (long long)DV + min(c0, DV - 1);
+        const S* hint = state + ((it.slot * HV + j) * DK + warp * RPW + lane) * (long long)DV + min(c0, DV - 1);
         asm volatile("prefetch.global.L2 [%0];" ::"l"(hint));
     }
 #pragma unroll
     for (int u = 0; u < CPT; ++u) {  // one hint per 128-byte line: by the window that starts in its first 12 bytes
-        const float* w = conv_state + (slot * C + g[u]) * (GDN_KW - 1);
-        if (g[u] >= 0 && (reinterpret_cast<unsigned long long>(w) & 127) < 4 * (GDN_KW - 1))
+        const float* w = conv_state + (it.slot * C + it.g[u]) * (GDN_KW - 1);
+        if (it.g[u] >= 0 && (reinterpret_cast<unsigned long long>(w) & 127) < 4 * (GDN_KW - 1))
             asm volatile("prefetch.global.L2 [%0];" ::"l"(w));
     }
 #endif
-    float win[CPT][GDN_KW - 1], wc[CPT][GDN_KW];
 #pragma unroll
     for (int u = 0; u < CPT; ++u)
 #pragma unroll
-        for (int e = 0; e < GDN_KW; ++e) wc[u][e] = g[u] >= 0 ? convw[(long long)g[u] * GDN_KW + e] : 0.f;
-    const float negA = -expf(A_log[j]), dtb = dt_bias[j], qscale = 1.f / sqrtf((float)DK);
+        for (int e = 0; e < GDN_KW; ++e) it.wc[u][e] = it.g[u] >= 0 ? convw[(long long)it.g[u] * GDN_KW + e] : 0.f;
+    it.negA = -expf(A_log[j]);
+    it.dtb = dt_bias[j];
+    const float qscale = 1.f / sqrtf((float)DK);
     const float nwc = warp == 0 ? nw[min(col, DV - 1)] : 0.f;  // warp 0 norms
     pdl_wait();
     float s[RPW];
@@ -406,59 +483,19 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
     for (int u = 0; u < CPT; ++u)
 #pragma unroll
         for (int e = 0; e < GDN_KW - 1; ++e)
-            win[u][e] = g[u] >= 0 ? conv_state[(slot * C + g[u]) * (GDN_KW - 1) + e] : 0.f;
+            it.win[u][e] = it.g[u] >= 0 ? conv_state[(it.slot * C + it.g[u]) * (GDN_KW - 1) + e] : 0.f;
     // the next token's inputs are loaded one token ahead (z: warp 0, which norms)
     const long long zcol = (long long)j * DV + min(col, DV - 1);
-    float xn[CPT], an = 0.f, bn = 0.f, zn = 0.f;
+    it.an = it.bn = it.zn = 0.f;
     if (any) {
-        an = to_f(a[(long long)t0 * lda + j]);
-        bn = to_f(bb[(long long)t0 * ldb + j]);
-        if (warp == 0) zn = to_f(z[(long long)t0 * ldz + zcol]);
+        it.an = to_f(a[(long long)it.t0 * lda + j]);
+        it.bn = to_f(bb[(long long)it.t0 * ldb + j]);
+        if (warp == 0) it.zn = to_f(z[(long long)it.t0 * ldz + zcol]);
     }
 #pragma unroll
-    for (int u = 0; u < CPT; ++u) xn[u] = any && g[u] >= 0 ? to_f(qkv[(long long)t0 * ldqkv + g[u]]) : 0.f;
-    int qk_old = 0;  // thread 0: the q/k counter before this block's arrival
-    int* const cnt_qk = cnt + (long long)b * (HV + HK) + HV + hk;
-    for (int t = t0; t < t1; ++t) {
-        const int i = t - t0;
-        if (nsnap) {  // snapshot: as gdn_step (block-uniform branch)
-            const long long ss = (long long)snap[b] + i;
-            gdn_store_rows<S, DK>(state + ((ss * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1), DV,
-                                  live, s);
-            gdn_store_windows<DK>(conv_state, ss, C, g, win, tid, qk_snap ? 0 : 2 * DK, NCH);
-        }
-        float xc[CPT];
-#pragma unroll
-        for (int u = 0; u < CPT; ++u) xc[u] = xn[u];
-        const float ac = an, bc = bn, zc = zn;
-        if (t + 1 < t1) {
-#pragma unroll
-            for (int u = 0; u < CPT; ++u) xn[u] = g[u] >= 0 ? to_f(qkv[(long long)(t + 1) * ldqkv + g[u]]) : 0.f;
-            an = to_f(a[(long long)(t + 1) * lda + j]);
-            bn = to_f(bb[(long long)(t + 1) * ldb + j]);
-            if (warp == 0) zn = to_f(z[(long long)(t + 1) * ldz + zcol]);
-        }
-        gdn_stage_x<T, DK, true>(xs, xc, win, wc, g, tid);
-        float beta, decay;
-        gdn_gate(ac, bc, negA, dtb, beta, decay);
-        __syncthreads();  // (A) x of token t in shared memory
-        if (i == 0 && tid == 0) qk_old = atomicAdd(cnt_qk, 1);  // q/k windows read (consumed in x): arrive
-        const float os = gdn_token<DK>(s, xs, pkv, pout, beta, decay, qscale, lane, warp, warp == 0 && live);
-        if (t + 1 == t1) {  // the final state and v windows, issued before the exchange
-            gdn_store_rows<S, DK>(st, DV, live, s);
-            gdn_store_windows<DK>(conv_state, slot, C, g, win, tid, 2 * DK, NCH);
-        }
-        if (warp == 0)
-            gdn_cl_norm<T>(ox, bar, i, tile, lane, live ? to_f(from_f<T>(os)) : 0.f, zc, nwc,
-                           y + (long long)t * ldy + (long long)j * DV + col, live, DV, eps);
-    }
-    if (!any) return;  // cluster-uniform; no counter touched (every block of sequence b is empty)
-    if (tid == 0) *flag = qk_old == ratio * GDN_CL - 1;
-    __syncthreads();
-    if (*flag) {  // the last reader of QK head hk's windows: every reader has consumed them (arrived after)
-        gdn_store_windows<DK>(conv_state, slot, C, g, win, tid, 0, 2 * DK);
-        if (tid == 0) *cnt_qk = 0;
-    }
+    for (int u = 0; u < CPT; ++u) it.xn[u] = any && it.g[u] >= 0 ? to_f(qkv[(long long)it.t0 * ldqkv + it.g[u]]) : 0.f;
+    gdn_cl_item<T, S, DK>(it, s, b, 0, sm, qkv, conv_state, a, bb, state, snap, nsnap, cnt, z, y, HK, HV, DV, ldqkv,
+                          lda, ldb, ldz, ldy, eps, nwc, qscale);
 }
 
 // ---- gdn_step_clp: gdn_step_cl's clusters made persistent, for calls of many sequences ----------------------
@@ -469,8 +506,8 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
 // items (b, j) = divmod(x + k * gridDim.x, HV) in turn and, while item k runs, its blocks already copy item k + 1's
 // state slice into the other of two shared-memory buffers (cp.async, 16 bytes a copy) and hold its small inputs
 // (slot, segment, conv windows and taps, gates, first token's x) in registers. Per item the work is gdn_step_cl's
-// token loop verbatim (gdn_stage_x, gdn_token, gdn_cl_norm, the same stores and q/k counter), so every output and
-// state is the same bits; the cluster mbarriers' parity runs over the cluster's tokens across items (`n`), which
+// (gdn_cl_item: gdn_stage_x, gdn_token, gdn_cl_norm, the same stores and q/k counter), so every output and state
+// is the same bits; the cluster mbarriers' parity runs over the cluster's tokens across items (`n`), which
 // keeps the double-buffer argument of gdn_cl_norm. Nothing waits on another cluster: the q/k counters are
 // arrive-only, so a grid larger than the resident clusters would still finish.
 constexpr int GDN_CLP_MIN_BLOCKS = 2;  // resident blocks per SM asked (ninfer/cuda/gdn_step.py CLP_BLOCKS_PER_SM)
@@ -482,16 +519,9 @@ template <int DK> struct GdnStepClp {
     static constexpr int FLOATS = SB + 2 * SBUF;
 };
 
-// One item's inputs, loaded a whole item ahead (everything but the state slice, which goes to shared memory)
-template <int CPT> struct GdnClpItem {
-    long long slot;
-    int t0, t1, j, g[CPT];
-    float negA, dtb, an, bn, zn, xn[CPT], win[CPT][GDN_KW - 1], wc[CPT][GDN_KW];
-};
-
 // The inputs of item `item` (b, j = divmod(item, HV)) and its first token, as gdn_step_cl loads them
 template <typename T, int DK, int CPT = GdnStep<DK>::CPT>
-__device__ __forceinline__ void gdn_clp_load(GdnClpItem<CPT>& it, int item, const T* qkv, const float* convw,
+__device__ __forceinline__ void gdn_clp_load(GdnClItem<CPT>& it, int item, const T* qkv, const float* convw,
                                              const float* conv_state, const T* a, const T* bb, const float* A_log,
                                              const float* dt_bias, const T* z, const int* starts, const int* slots,
                                              int HK, int HV, int DV, long long ldqkv, long long lda, long long ldb,
@@ -554,9 +584,9 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
                  int nseq) {
     pdl_trigger();
     using G = GdnStep<DK>;
-    using GC = GdnStepCl<DK>;
     using GP = GdnStepClp<DK>;
-    constexpr int RPW = G::RPW, NW = G::NW, NT = G::NT, CT = G::CT, NCH = G::NCH, CPT = G::CPT;
+    constexpr int RPW = G::RPW, CT = G::CT, CPT = G::CPT;
+    constexpr int SBUF = GP::SBUF * (int)sizeof(float) / (int)sizeof(S);  // one state buffer, in S elements
     float* const sm = cluster_smem();
     {
         unsigned dyn;
@@ -564,12 +594,10 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
         if (dyn < GP::FLOATS * sizeof(float) || gridDim.z != GDN_CL || DV > GDN_CL * CT) __trap();
     }
     unsigned long long* const bar = reinterpret_cast<unsigned long long*>(sm);
-    int* const flag = reinterpret_cast<int*>(sm + 4);
-    float *const ox = sm + GC::OX, *const xs = sm + GC::XS, *const pkv = xs + NCH, *const pout = pkv + NW * CT;
-    S* const sbuf = reinterpret_cast<S*>(sm + GP::SB);  // buffer q at sbuf + q * GP::SBUF floats
-    const int tile = blockIdx.z, c0 = tile * CT, ratio = HV / HK, nitems = nseq * HV;
+    S* const sbuf = reinterpret_cast<S*>(sm + GP::SB);  // buffer q at sbuf + q * SBUF
+    const int c0 = blockIdx.z * CT, nitems = nseq * HV;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = c0 + lane;
-    const bool live = col < DV, vec = (DV * (int)sizeof(S)) % 16 == 0;
+    const bool vec = (DV * (int)sizeof(S)) % 16 == 0;
     if (tid == 0) {
         mbar_init(bar, 32 * GDN_CL);
         mbar_init(bar + 1, 32 * GDN_CL);
@@ -586,7 +614,7 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
 #endif
     const float qscale = 1.f / sqrtf((float)DK), nwc = warp == 0 ? nw[min(col, DV - 1)] : 0.f;
     pdl_wait();
-    GdnClpItem<CPT> cur;
+    GdnClItem<CPT> cur;
     gdn_clp_load<T, DK>(cur, item, qkv, convw, conv_state, a, bb, A_log, dt_bias, z, starts, slots, HK, HV, DV, ldqkv,
                         lda, ldb, ldz, tid, warp, col, c0);
     gdn_clp_stage<S, DK>(sbuf, state, cur.slot, cur.j, HV, DV, c0, vec, tid);
@@ -595,70 +623,19 @@ __global__ void __cluster_dims__(1, 1, GDN_CL) __launch_bounds__(GdnStep<DK>::NT
         // item k's slice is in buffer k & 1; every thread's reads of buffer (k + 1) & 1 (item k - 1's) are done
         cp_async_f4_wait();
         __syncthreads();
-        const S* sb = sbuf + (k & 1) * (GP::SBUF * (int)sizeof(float) / (int)sizeof(S));
+        const S* sb = sbuf + (k & 1) * SBUF;
         float s[RPW];
 #pragma unroll
         for (int r = 0; r < RPW; ++r) s[r] = to_f(sb[(warp * RPW + r) * CT + lane]);
-        GdnClpItem<CPT> nx;
+        GdnClItem<CPT> nx;
         const int next = item + gridDim.x;
         if (next < nitems) {  // item k + 1: its inputs into registers, its slice into the other buffer
             gdn_clp_load<T, DK>(nx, next, qkv, convw, conv_state, a, bb, A_log, dt_bias, z, starts, slots, HK, HV,
                                 DV, ldqkv, lda, ldb, ldz, tid, warp, col, c0);
-            gdn_clp_stage<S, DK>(sbuf + ((k + 1) & 1) * (GP::SBUF * (int)sizeof(float) / (int)sizeof(S)), state,
-                                 nx.slot, nx.j, HV, DV, c0, vec, tid);
+            gdn_clp_stage<S, DK>(sbuf + ((k + 1) & 1) * SBUF, state, nx.slot, nx.j, HV, DV, c0, vec, tid);
         }
-        // item k: gdn_step_cl's body for (b, j)
-        const int b = item / HV, j = cur.j, hk = j / ratio, t0 = cur.t0, t1 = cur.t1;
-        const long long slot = cur.slot;
-        const bool qk_snap = j % ratio == 0 && tile == 0;
-        const int C = 2 * HK * DK + HV * DV;
-        S* st = state + ((slot * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1);
-        const long long zcol = (long long)j * DV + min(col, DV - 1);
-        int qk_old = 0;
-        int* const cnt_qk = cnt + (long long)b * (HV + HK) + HV + hk;
-        for (int t = t0; t < t1; ++t) {
-            const int i = t - t0;
-            if (nsnap) {
-                const long long ss = (long long)snap[b] + i;
-                gdn_store_rows<S, DK>(state + ((ss * HV + j) * DK + warp * RPW) * (long long)DV + min(col, DV - 1),
-                                      DV, live, s);
-                gdn_store_windows<DK>(conv_state, ss, C, cur.g, cur.win, tid, qk_snap ? 0 : 2 * DK, NCH);
-            }
-            float xc[CPT];
-#pragma unroll
-            for (int u = 0; u < CPT; ++u) xc[u] = cur.xn[u];
-            const float ac = cur.an, bc = cur.bn, zc = cur.zn;
-            if (t + 1 < t1) {
-#pragma unroll
-                for (int u = 0; u < CPT; ++u)
-                    cur.xn[u] = cur.g[u] >= 0 ? to_f(qkv[(long long)(t + 1) * ldqkv + cur.g[u]]) : 0.f;
-                cur.an = to_f(a[(long long)(t + 1) * lda + j]);
-                cur.bn = to_f(bb[(long long)(t + 1) * ldb + j]);
-                if (warp == 0) cur.zn = to_f(z[(long long)(t + 1) * ldz + zcol]);
-            }
-            gdn_stage_x<T, DK, true>(xs, xc, cur.win, cur.wc, cur.g, tid);
-            float beta, decay;
-            gdn_gate(ac, bc, cur.negA, cur.dtb, beta, decay);
-            __syncthreads();  // (A) x of token t in shared memory
-            if (i == 0 && tid == 0) qk_old = atomicAdd(cnt_qk, 1);
-            const float os = gdn_token<DK>(s, xs, pkv, pout, beta, decay, qscale, lane, warp, warp == 0 && live);
-            if (t + 1 == t1) {
-                gdn_store_rows<S, DK>(st, DV, live, s);
-                gdn_store_windows<DK>(conv_state, slot, C, cur.g, cur.win, tid, 2 * DK, NCH);
-            }
-            if (warp == 0)
-                gdn_cl_norm<T>(ox, bar, (int)(n + i), tile, lane, live ? to_f(from_f<T>(os)) : 0.f, zc, nwc,
-                               y + (long long)t * ldy + (long long)j * DV + col, live, DV, eps);
-        }
-        if (t0 < t1) {  // cluster-uniform
-            n += t1 - t0;
-            if (tid == 0) *flag = qk_old == ratio * GDN_CL - 1;
-            __syncthreads();
-            if (*flag) {
-                gdn_store_windows<DK>(conv_state, slot, C, cur.g, cur.win, tid, 0, 2 * DK);
-                if (tid == 0) *cnt_qk = 0;
-            }
-        }
+        n += gdn_cl_item<T, S, DK>(cur, s, item / HV, n, sm, qkv, conv_state, a, bb, state, snap, nsnap, cnt, z, y, HK,
+                                   HV, DV, ldqkv, lda, ldb, ldz, ldy, eps, nwc, qscale);
         cur = nx;
     }
 }
