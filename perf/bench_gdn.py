@@ -43,8 +43,8 @@ def bench_gdn(
     """Milliseconds per ``gdn_chunked`` call of each variant on fresh random inputs of the packed sequences."""
     import cupy
 
+    from ninfer.cuda._common import sm_count
     from ninfer.cuda.gdn import chunk_scratch_bytes, gdn_chunked, gdn_recurrent, state_cols
-    from ninfer.cuda.gdn_chunk import _sm_count
     from ninfer.formats import bf16_encode
 
     hk, hv = SHAPES[model]
@@ -83,7 +83,7 @@ def bench_gdn(
         split = _split_ms(lambda kw=kw: gdn_chunked(qkv, a, b, a_log, dt_bias, state, starts, slots,
                                                     n_k_heads=hk, out=o, **kw))  # fmt: skip
         fig[f"{name}_prep_ms"], fig[f"{name}_state_ms"] = split
-    auto = state_cols(len(lens), hv, d, _sm_count(cupy.cuda.Device().id))
+    auto = state_cols(len(lens), hv, d, sm_count(cupy.cuda.Device().id))
     fig["auto_cols"] = auto
     for v in VARIANTS:
         fig[f"{v}_ms"] = fig[f"{v}{auto}_ms"]

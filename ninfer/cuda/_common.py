@@ -111,6 +111,14 @@ def dev_int32(a: Any, name: str, n: int | None = None) -> Any:
     return a
 
 
+@functools.cache
+def sm_count(device: int) -> int:
+    """Streaming multiprocessors of CUDA device ``device`` (grids sized to one wave of resident blocks)."""
+    import cupy
+
+    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+
+
 def grid_1d(n: int, per_block: int) -> int:
     return max(1, (n + per_block - 1) // per_block)
 

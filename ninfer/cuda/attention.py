@@ -11,7 +11,6 @@ value = ``e4m3_decode(code) * scale``, written as the reference runner's ``Paged
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, act_type, arrival_counters, check_array, check_rows, grid_1d
+from ninfer.cuda._common import (
+    KernelError,
+    act_type,
+    arrival_counters,
+    check_array,
+    check_rows,
+    grid_1d,
+    sm_count,
+)
 from ninfer.cuda.launch import launch
 from ninfer.cuda.loader import kernel
 
@@ -266,13 +273,6 @@ def split_blocks(rows: int, hkv: int, nsplit: int, sms: int, nw: int = 4) -> int
     return max(1, min(nsplit, -(-16 * sms // (nw * hkv * rows))))
 
 
-@functools.cache
-def _sm_count(device: int) -> int:
-    import cupy
-
-    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
-
-
 def smem_bytes(d: int, nw: int = 4) -> int:
     """Dynamic shared memory of ``attention<*, *, d, nw, *>`` (its layout: Q fragments, warp partials, flag)."""
     return d // 16 * 512 + nw * 8 * d * 4 + nw * 16 * 4 + 16
@@ -339,7 +339,7 @@ def attention(
     if plan.nsplit > 1:
         cnt = arrival_counters(step * hkv * (plan.ngmax + 1))
     qk_scale = np.float32(scale * math.log2(math.e))
-    sms = _sm_count(cupy.cuda.Device().id)
+    sms = sm_count(cupy.cuda.Device().id)
     for r0 in range(0, r, step):
         n = min(step, r - r0)
         launch(

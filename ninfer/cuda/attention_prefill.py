@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, check_array, grid_1d
-from ninfer.cuda.attention import HEAD_DIMS, _sm_count, attention_out, paged_query, paged_rows
+from ninfer.cuda._common import KernelError, check_array, grid_1d, sm_count
+from ninfer.cuda.attention import HEAD_DIMS, attention_out, paged_query, paged_rows
 from ninfer.cuda.loader import kernel
 
 __all__ = [
@@ -212,7 +212,7 @@ def attention_prefill(
     import cupy
 
     if split_keys is None:
-        split_keys = key_splits(r, hq, hkv, d, max_len, _sm_count(cupy.cuda.Device().id), bn)
+        split_keys = key_splits(r, hq, hkv, d, max_len, sm_count(cupy.cuda.Device().id), bn)
     if split_keys < 0 or split_keys % bn:
         raise KernelError(f"split_keys={split_keys}: a non-negative multiple of {bn}")
     grid = (-(-r // gqa_rows(group)), hkv)

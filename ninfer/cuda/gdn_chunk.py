@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import KernelError, check_array, check_rows
+from ninfer.cuda._common import KernelError, check_array, check_rows, sm_count
 from ninfer.cuda.gdn_step import _S, _T, HEAD_DIMS, _gdn_args, causal_conv
 from ninfer.cuda.loader import kernel
 
@@ -166,13 +166,6 @@ def state_mma_smem_bytes(dk: int, cols: int, staged: bool = False) -> int:
     return 4 * (2 * cols * (dk + CHUNK) + 4 * CHUNK + (2 * CHUNK * dk if staged else 0))
 
 
-@functools.cache
-def _sm_count(device: int) -> int:
-    import cupy
-
-    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
-
-
 def state_cols(nseq: int, hv: int, dv: int, sms: int) -> int:
     """Value columns per state-pass block: 32 (half the scratch reads per column of 16) unless the head has at
     most 16. Results do not depend on it. Measured (H200, 6688cc6, perf/bench_gdn.py, the mma state pass): 32
@@ -261,7 +254,7 @@ def gdn_chunked(
     hk_, hv_, dv_, ldq, lda, ldb, ldo = scalars  # the kernels' int32 / int64 arguments
     rows, hv, dv = qkv.shape[0], k["hv"], k["dv"]
     dk, t, nseq = k["dk"], k["t"], k["nseq"]
-    cols = cols or state_cols(nseq, hv, dv, _sm_count(cupy.cuda.Device().id))
+    cols = cols or state_cols(nseq, hv, dv, sm_count(cupy.cuda.Device().id))
     parts = _scratch_parts(rows, n_k_heads, hv, dk, dv, nseq, variant)
     buf = cupy.empty(max(sum(parts), 1), dtype=np.float32)
     offs = np.cumsum((0, *parts))

@@ -24,6 +24,7 @@ from ninfer.cuda._common import (
     check_rows,
     grid_1d,
     matrix_out,
+    sm_count,
 )
 from ninfer.cuda.launch import launch
 from ninfer.cuda.loader import kernel
@@ -196,13 +197,6 @@ def _step_cl(k: dict[str, Any], args: tuple[Any, ...]) -> None:
     launch(fn, (k["nseq"], k["hv"], STEP_CLUSTER), (2 * k["dk"],), args, step_cl_smem_bytes(k["dk"]))
 
 
-@functools.lru_cache(maxsize=8)
-def _sm_count(device: int) -> int:
-    import cupy
-
-    return int(cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
-
-
 def _step_clp(k: dict[str, Any], args: tuple[Any, ...]) -> None:
     """Launch ``gdn_step_clp``: as many clusters of STEP_CLUSTER column tiles as stay resident (CLP_BLOCKS_PER_SM
     blocks per SM), at most one per (sequence, value head) item."""
@@ -210,7 +204,7 @@ def _step_clp(k: dict[str, Any], args: tuple[Any, ...]) -> None:
 
     name = f"gdn_step_clp<{k['t']}, {k['st']}, {k['dk']}>"
     fn = kernel("gdn_step.cu", STEP_SOURCES, name)
-    clusters = CLP_BLOCKS_PER_SM * _sm_count(cupy.cuda.Device().id) // STEP_CLUSTER
+    clusters = CLP_BLOCKS_PER_SM * sm_count(cupy.cuda.Device().id) // STEP_CLUSTER
     grid = (min(k["nseq"] * k["hv"], clusters), 1, STEP_CLUSTER)
     launch(fn, grid, (2 * k["dk"],), (*args, np.int32(k["nseq"])), step_clp_smem_bytes(k["dk"]))
 

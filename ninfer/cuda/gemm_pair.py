@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.cuda import gemm_rows
-from ninfer.cuda._common import F16Rows, grid_1d
+from ninfer.cuda._common import F16Rows, grid_1d, sm_count
 from ninfer.cuda.gemm_plan import (
     _BM,
     _BN,
@@ -230,13 +230,6 @@ def _kept_operand(w: Any, planes: list[Any], dqfn: Any, operands: Any, kind: str
     return [buf, *planes[1:]]
 
 
-@functools.cache
-def _sm_count(device: int) -> int:
-    import cupy
-
-    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
-
-
 @functools.lru_cache(maxsize=1024)
 def _map(ptr: int, rows: int, k: int, box_rows: int) -> Any:
     """The tensor map of ``[rows, k]`` fp16 words (row stride k) at ``ptr``: a map holds an address and a layout,
@@ -267,7 +260,7 @@ def launch_ws(
     p0, p1, p2 = planes
     ma, mb = _map(xh.data.ptr, m, k, _BM), _map(p0.data.ptr, n, k, _WS_BN)
     units = grid_1d(m, _BM) * grid_1d(n, _WS_BN) * splits
-    grid = min(units, _sm_count(cupy.cuda.Device().id))
+    grid = min(units, sm_count(cupy.cuda.Device().id))
     part = gemm_rows._scratch("part", 2 * splits * m * n).view(np.float32) if splits > 1 else None
     args = (ma.arg, mb.arg, p1, p2, rowf, y, np.int32(m), np.int32(n), np.int32(k), np.int64(ldy),
             np.uint64(0) if part is None else part, np.int32(splits))  # fmt: skip

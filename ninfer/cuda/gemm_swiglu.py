@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ninfer.cuda._common import F16Rows, KernelError, check_array
+from ninfer.cuda._common import F16Rows, KernelError, check_array, sm_count
 from ninfer.cuda.gemm_pair import (
     _BM,
     _SMEM,
@@ -36,7 +36,6 @@ from ninfer.cuda.gemm_pair import (
     _map,
     _plan,
     _scratch,
-    _sm_count,
     f16_auto_ws,
     f16_foldable,
     f16_scratch,
@@ -120,7 +119,7 @@ def gate_up_swiglu(
     if fn.max_dynamic_shared_size_bytes < _SMEM:
         fn.max_dynamic_shared_size_bytes = _SMEM
     ma, mb = _map(x.xh.data.ptr, m, k, _BM), _map(p[0].data.ptr, n, k, SWIGLU_TILE)
-    grid = min(-(-m // _BM) * (half // SWIGLU_TILE), _sm_count(cupy.cuda.Device().id))
+    grid = min(-(-m // _BM) * (half // SWIGLU_TILE), sm_count(cupy.cuda.Device().id))
     args = (ma.arg, mb.arg, p[1], p[2], x.rowf, h, tmax, np.int32(m), np.int32(half), np.int32(k),
             np.int64(half))  # fmt: skip
     launch_ex(fn, (grid,), (_WS_THREADS,), args, shared_mem=_SMEM)
