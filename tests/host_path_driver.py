@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,26 +118,35 @@ def dense() -> dict[str, Any]:
     return res
 
 
+def _module_switch(module: Any, attr: str) -> Iterator[tuple[bool, bool, Any]]:
+    """(graph, on, sequences of the dense network) with the module switch ``module.attr`` set to ``on``, eagerly and
+    from graphs (recaptured after each change); the switch's own value back afterwards."""
+    default = getattr(module, attr)
+    try:
+        for graph in (False, True):
+            seqs = _seqs(_config(False), graph=graph)
+            for on in (False, True):
+                setattr(module, attr, on)
+                seqs.net.graphs.clear()
+                yield graph, on, seqs
+    finally:
+        setattr(module, attr, default)
+
+
 def w8() -> dict[str, Any]:
     """The dense network's 8-lane decode with linear.GV_W8 off and on, eagerly and from graphs: threads per block of
     each GEMV instance launched (name -> {threads: launches})."""
     import ninfer.cuda.linear as linear
 
     res: dict[str, Any] = {}
-    default = linear.GV_W8
-    for graph in (False, True):
-        seqs = _seqs(_config(False), graph=graph)
-        for on in (False, True):
-            linear.GV_W8 = on
-            seqs.net.graphs.clear()
-            nogpu.BLOCKS.clear()
-            _prefill_then_decode(seqs, [8, 40, 300, 5, 6, 7, 9, 2], 2)
-            blocks: dict[str, dict[int, int]] = {}
-            for (name, threads), n in nogpu.BLOCKS.items():
-                if name.startswith("gemv_mma"):
-                    blocks.setdefault(name, {})[threads] = n
-            res[f"graph{int(graph)}-w8{int(on)}"] = blocks
-    linear.GV_W8 = default
+    for graph, on, seqs in _module_switch(linear, "GV_W8"):
+        nogpu.BLOCKS.clear()
+        _prefill_then_decode(seqs, [8, 40, 300, 5, 6, 7, 9, 2], 2)
+        blocks: dict[str, dict[int, int]] = {}
+        for (name, threads), n in nogpu.BLOCKS.items():
+            if name.startswith("gemv_mma"):
+                blocks.setdefault(name, {})[threads] = n
+        res[f"graph{int(graph)}-w8{int(on)}"] = blocks
     return res
 
 
@@ -146,16 +156,11 @@ def gdnp() -> dict[str, Any]:
     import ninfer.cuda.gdn_step as gdn_step
 
     res: dict[str, Any] = {}
-    default = gdn_step.STEP_PERSIST
-    for graph in (False, True):
-        seqs = _seqs(_config(False), graph=graph)
-        for on in (False, True):
-            gdn_step.STEP_PERSIST = on
-            seqs.net.graphs.clear()
-            for lengths in ([5], [8, 40, 300, 5, 6, 7, 9, 2]):
-                key = f"graph{int(graph)}-persist{int(on)}-seqs{len(lengths)}"
-                res[key] = _prefill_then_decode(seqs, lengths, 2)["decode"]
-    gdn_step.STEP_PERSIST = default
+    for graph, on, seqs in _module_switch(gdn_step, "STEP_PERSIST"):
+        for lengths in ([5], [8, 40, 300, 5, 6, 7, 9, 2]):
+            res[f"graph{int(graph)}-persist{int(on)}-seqs{len(lengths)}"] = _prefill_then_decode(
+                seqs, lengths, 2
+            )["decode"]
     return res
 
 

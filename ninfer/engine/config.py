@@ -22,9 +22,8 @@ MAX_DRAFT_TOKENS = 5  # the most any target allows (Qwen3.6/3.8); a runner may a
 HOST_CACHE_CAP_GIB = 32.0  # the automatic host tier takes half the available host memory, at most this
 HOST_CACHE_DEVICE_MULTIPLE = 16  # ... and at most this many times the device pool (KV pages and checkpoints)
 GIB = 1 << 30
-CHECKPOINT_STRIDE = (
-    4096  # the least default stride between GDN checkpoints (see EngineConfig.checkpoint_stride)
-)
+# the least default stride between GDN checkpoints (see EngineConfig.checkpoint_stride)
+CHECKPOINT_STRIDE = 4096
 
 
 class EngineConfigError(ValueError):
