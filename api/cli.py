@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from ninfer.engine.config import EngineConfig
+from ninfer.engine.config import MOE_PREFILL_CHUNK, PREFILL_CHUNK, EngineConfig
 
 from .config import (
     BACKENDS,
@@ -67,7 +67,7 @@ def register(subparsers: Any) -> None:
         "--prefill-chunk",
         type=int,
         default=None,
-        help=f"prompt tokens per prefill step (default {engine.prefill_chunk})",
+        help=f"prompt tokens per prefill step (default {PREFILL_CHUNK}, MoE models {MOE_PREFILL_CHUNK})",
     )
     p.add_argument(
         "--spec", default=None, choices=SPEC_MODES, help="speculative decoding: mtp drafts with the MTP head"

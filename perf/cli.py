@@ -57,6 +57,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     from ninfer.artifact.registry import MODELS as REG
     from ninfer.cuda.model import CudaQwen36
     from ninfer.cuda.sequences import Sequences
+    from ninfer.engine.config import default_prefill_chunk
 
     from .synthetic import synthetic_tensors
 
@@ -94,10 +95,11 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     net.prefill_weights = args.prefill_weights  # the server's default: kept where memory allows
     kept = net.keep_prefill_operands(leave=OPERAND_LEAVE)
     phase("allocate")
-    net.warm_prefill(args.chunk)  # as the server does: a full chunk, so no first-chunk cost is timed
+    chunk = args.chunk or default_prefill_chunk(mc)  # the server's default for this model unless given
+    net.warm_prefill(chunk)  # as the server does: a full chunk, so no first-chunk cost is timed
     phase("warm_prefill")
     res: dict[str, Any] = {"model": MODELS[key], "profile": args.profile, "activations": args.activations}
-    res["prefill_chunk"], res["prefill_inputs"] = args.chunk, args.prefill_inputs
+    res["prefill_chunk"], res["prefill_inputs"] = chunk, args.prefill_inputs
     res["prefill_attention"] = args.prefill_attention
     res["prefill_weights"], res["prefill_operand_budget"] = args.prefill_weights, kept
     res["sizes"] = model_bytes(net)
@@ -107,7 +109,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     res["prefill"] = []
     keep = None
     for n in args.prefill:
-        r, sid = bench_prefill(seqs, n, args.chunk)
+        r, sid = bench_prefill(seqs, n, chunk)
         if n == args.followup_context and keep is None:
             keep = sid  # the follow-up turn resumes from it
         else:
@@ -249,7 +251,7 @@ def _parser() -> argparse.ArgumentParser:
         "--chunk",
         type=int,
         default=None,
-        help="prefill chunk (default: the server's, EngineConfig.prefill_chunk)",
+        help="prefill chunk (default: the server's for each model, ninfer.engine.config.default_prefill_chunk)",
     )
     return p
 
@@ -259,10 +261,6 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     default = [1024, 8192] if a.quick else [1024, 8192, 32768]
     a.prefill = default if a.prefill is None else [int(v) for v in a.prefill.split(",") if v]
     a.lanes = [int(v) for v in a.lanes.split(",") if v]
-    if a.chunk is None:
-        from ninfer.engine.config import EngineConfig
-
-        a.chunk = EngineConfig().prefill_chunk
     a.context, a.steps = 8192, 16 if a.quick else 64
     a.followup_context, a.followup_tokens = (8192 if a.quick else 32768), 256
     return a

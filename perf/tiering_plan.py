@@ -64,7 +64,7 @@ def device_plan(mc: Any, settings: dict[str, Any], act_bytes: int = 4) -> Any:
     from ninfer.cuda.memory_plan import plan_memory, snapshot_bytes
     from ninfer.engine import EngineConfig
 
-    cfg = EngineConfig(**settings)
+    cfg = EngineConfig(**settings).for_model(mc)
     snap = snapshot_bytes(mc, cfg.gdn_state_dtype)
     lanes = cfg.max_concurrency
     return plan_memory(
@@ -85,7 +85,7 @@ def copy_plan(mc: Any, settings: dict[str, Any], context: int, new: int, decode:
     from ninfer.engine import Engine, EngineConfig
     from ninfer.engine.config import GIB
 
-    cfg = EngineConfig(**settings)
+    cfg = EngineConfig(**settings).for_model(mc)
     pb, snap = kv_page_bytes(mc, cfg.page_size, cfg.kv_dtype), snapshot_bytes(mc, cfg.gdn_state_dtype)
     runner = PlanRunner(pb, snap, int(cfg.host_cache_gib * GIB) // pb, mc.vocab_size)
     eng = Engine(runner, mc, None, cfg, background=False)

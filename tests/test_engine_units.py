@@ -213,12 +213,38 @@ def test_config_names_the_bad_field(kw: dict, field: str) -> None:
 def test_checkpoint_stride_follows_a_larger_prefill_chunk() -> None:
     """A prompt's chunks are cut at checkpoint positions, so the default stride is max(4096, prefill_chunk): a
     larger chunk takes effect with prefix reuse on; an explicit stride is kept."""
-    assert EngineConfig().checkpoint_stride == 4096
+    assert EngineConfig(prefill_chunk=4096).checkpoint_stride == 4096
     assert EngineConfig(prefill_chunk=2048).checkpoint_stride == 4096
     assert EngineConfig(prefill_chunk=8192).checkpoint_stride == 8192
     assert EngineConfig(prefill_chunk=8192, checkpoint_stride=4096).checkpoint_stride == 4096
     with pytest.raises(EngineConfigError, match="checkpoint_stride"):
         EngineConfig(checkpoint_stride=0)
+
+
+def test_prefill_chunk_default_follows_the_model() -> None:
+    """Left open (None), the chunk is the model's: 4096 dense, 8192 MoE (its expert GEMMs see twice the rows per
+    expert), with the stride that follows; a chunk or a stride that was given is kept."""
+    from types import SimpleNamespace
+
+    dense, moe = SimpleNamespace(is_moe=False), SimpleNamespace(is_moe=True)
+    open_ = EngineConfig()
+    assert open_.prefill_chunk is None and open_.checkpoint_stride is None
+    assert (open_.for_model(dense).prefill_chunk, open_.for_model(dense).checkpoint_stride) == (4096, 4096)
+    assert (open_.for_model(moe).prefill_chunk, open_.for_model(moe).checkpoint_stride) == (8192, 8192)
+    assert EngineConfig(checkpoint_stride=4096).for_model(moe).checkpoint_stride == 4096
+    given = EngineConfig(prefill_chunk=2048)
+    assert given.for_model(moe) is given
+
+
+def test_engine_resolves_the_prefill_chunk(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The engine (and so its scheduler and runner) sees the model's chunk, never None."""
+    from ninfer.demo import build_demo
+    from ninfer.model import open_engine
+
+    art = build_demo(tmp_path / "demo.ninfer")
+    with open_engine(art, backend="null", backend_options={"step_s": 0.0}) as eng:
+        assert not eng.model_config.is_moe
+        assert (eng.config.prefill_chunk, eng.config.checkpoint_stride) == (4096, 4096)
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,7 @@ class CudaModelRunner:
 
         if cfg.kv_dtype not in ("bf16", "fp8"):
             raise ValueError(f"kv_dtype={cfg.kv_dtype!r}: the CUDA runner stores KV pages as bf16 or fp8")
+        cfg = cfg.for_model(model_config)  # the model's default prefill chunk when the settings leave it open
         self.net, self.mc, self.cfg = net, model_config, cfg
         if capture:  # every family first, in parallel on a cold cache (each compile subprocess holds a CUDA
             # context for a moment: before the pools take the memory); nothing compiles lazily after

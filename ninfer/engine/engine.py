@@ -59,6 +59,7 @@ class Engine:
         turns: TurnMarker | None = None,
         background: bool = True,
     ) -> None:
+        cfg = cfg.for_model(model_config)
         self.config, self.model_config, self.tokenizer = cfg, model_config, tokenizer
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._token_limit = token_limit
@@ -112,6 +113,8 @@ class Engine:
             cfg = config if config is not None else EngineConfig(**settings)
         except TypeError as e:
             raise EngineConfigError(f"unknown engine setting: {e}") from None
+        # the model's defaults (the prefill chunk), before the runner sizes its memory by them
+        cfg = cfg.for_model(model.config)
         tokenizer = tokenizer if tokenizer is not None else model.tokenizer
         return cls(
             model.runner(cfg),

@@ -65,8 +65,8 @@ def estimate_plan(art: Any, server_cfg: Any) -> Any:
     tensor of the file: never less than what is uploaded)."""
     from ninfer.cuda.memory_plan import plan_memory, snapshot_bytes
 
-    ec = engine_config(server_cfg)
     mc = art.model_config
+    ec = engine_config(server_cfg).for_model(mc)
     snap = snapshot_bytes(mc, ec.gdn_state_dtype)
     n_ckpt = (ec.checkpoint_budget(snap) // snap + ec.max_concurrency) if ec.prefix_reuse else 0
     k = (
