@@ -186,8 +186,12 @@ template <int D> struct ApRows {
 // arithmetic is one text. ALWAYS: rescale even by 1 (bitwise the same as skipping: x * 1 = x). FAST (the rounded-P
 // kernel's, whose p is rounded to bf16 next): p = 2^((s - max) log2 e) by one ex2.approx (relative error ~2^-22,
 // against expf's ~10 instructions), and a tile wholly within both rows' keys skips the per-key mask (a no-op there).
-template <int NF, int D, bool ALWAYS = false, bool FAST = false>
-__device__ __forceinline__ void ap_online(float (&s)[NF][4], int k0, float scale, ApRows<D>& st) {
+// RESCALE = false (the warp-specialized kernel, attention_ws.cu, whose previous tile's P V is still accumulating into
+// O here): O is left alone and corr gets the factors, for ap_rescale once that product has landed; the same
+// multiplications in the same order per accumulator as the rescale here.
+template <int NF, int D, bool ALWAYS = false, bool FAST = false, bool RESCALE = true>
+__device__ __forceinline__ void ap_online(float (&s)[NF][4], int k0, float scale, ApRows<D>& st,
+                                          float* corr_out = nullptr) {
     const int t = (threadIdx.x & 31) & 3;
     float mx[2] = {NEG_INF, NEG_INF};
     if (FAST && k0 + 8 * NF - 1 <= min(st.lim[0], st.lim[1])) {
@@ -219,7 +223,9 @@ __device__ __forceinline__ void ap_online(float (&s)[NF][4], int k0, float scale
         st.m[h] = mn;
         st.l[h] *= corr[h];
     }
-    if (ALWAYS || corr[0] != 1.f || corr[1] != 1.f) {  // x * 1 = x: skipping is bitwise the same
+    if (!RESCALE) {
+        corr_out[0] = corr[0], corr_out[1] = corr[1];
+    } else if (ALWAYS || corr[0] != 1.f || corr[1] != 1.f) {  // x * 1 = x: skipping is bitwise the same
 #pragma unroll
         for (int f = 0; f < D / 8; ++f)
 #pragma unroll
@@ -244,4 +250,14 @@ __device__ __forceinline__ void ap_online(float (&s)[NF][4], int k0, float scale
             s[j][e] = expf(s[j][e] - base[e >> 1]);
             st.l[e >> 1] += s[j][e];
         }
+}
+
+// ap_online's O rescale, deferred (RESCALE = false): O *= corr per row, skipped when both factors are 1
+template <int D> __device__ __forceinline__ void ap_rescale(ApRows<D>& st, const float (&corr)[2]) {
+    if (corr[0] != 1.f || corr[1] != 1.f) {
+#pragma unroll
+        for (int f = 0; f < D / 8; ++f)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st.acc[f][e] *= corr[e >> 1];
+    }
 }

@@ -46,23 +46,27 @@ __device__ __forceinline__ int ag_page_shift(int page_size) {
 // integer division, wherever the page size is a power of two, and each thread stages CPT chunks of one key (its
 // page looked up and its row address formed once per tile, not per chunk; the block's AG_THREADS threads, TPK per
 // key, consecutive threads on adjacent 16-byte chunks). The same bytes land in the same places.
-template <class E, int D>
+// NT threads stage (tid: this one's index among them; attention_ws.cu's producer warpgroup: 128); KV: which of
+// K (1), V (2) or both (3); U: the chunk loop's unroll (0: all; the producer's few registers take fewer).
+template <class E, int D, int NT = AG_THREADS, int KV = 3, int U = 0>
 __device__ __forceinline__ void ag_stage_kv(const bf16* kc, const bf16* vc, const int* pt, int page_size, int ps_shift,
-                                            int HKV, int hk, int k0, int kend, u16* Ks, u16* Vs) {
-    constexpr int BN = E::BN, CPK = D / 8, CPT = BN * CPK / AG_THREADS, TPK = CPK / CPT;
-    static_assert(CPT >= 1 && CPK % CPT == 0 && BN * CPK == CPT * AG_THREADS, "whole chunks of one key per thread");
-    const int i = threadIdx.x / TPK, c0 = threadIdx.x % TPK, p = k0 + i;
+                                            int HKV, int hk, int k0, int kend, u16* Ks, u16* Vs,
+                                            int tid = threadIdx.x) {
+    constexpr int BN = E::BN, CPK = D / 8, CPT = BN * CPK / NT, TPK = CPK / CPT;
+    static_assert(CPT >= 1 && CPK % CPT == 0 && BN * CPK == CPT * NT, "whole chunks of one key per thread");
+    const int i = tid / TPK, c0 = tid % TPK, p = k0 + i;
     const bool ok = p <= kend;
     long long row = 0;
     if (ok) {
         const int pg = ps_shift >= 0 ? p >> ps_shift : p / page_size, po = p - pg * page_size;
         row = (((long long)pt[pg] * page_size + po) * HKV + hk) * D;
     }
-#pragma unroll
+    constexpr int UN = U ? U : CPT;
+#pragma unroll UN
     for (int j = 0; j < CPT; ++j) {
         const int d = (c0 + TPK * j) * 8, off = E::kv_off(i, d);
-        ap_cp16(Ks + off, kc + row + d, ok);
-        ap_cp16(Vs + off, vc + row + d, ok);
+        if (KV & 1) ap_cp16(Ks + off, kc + row + d, ok);
+        if (KV & 2) ap_cp16(Vs + off, vc + row + d, ok);
     }
 }
 

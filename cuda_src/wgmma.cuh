@@ -157,8 +157,9 @@ __device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], u64 da, u64 db) {
         : "l"(da), "l"(db), "r"(1));
 }
 
-// m64n64k16 likewise (the wgmma attention's 64-key tiles, attention_wg.cu)
-__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 da, u64 db) {
+// m64n64k16 likewise (the wgmma attention's 64-key tiles, attention_wg.cu); accumulate = 0: D = A B, d not read
+// (attention_ws.cu's first product of a tile, so that no instruction defines d inside its pipeline stage)
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 da, u64 db, int accumulate = 1) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
@@ -168,7 +169,7 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 da, u64 db) {
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(1));
+        : "l"(da), "l"(db), "r"(accumulate));
 }
 
 // O += A B, m64n256k16 bf16 -> f32, A (P) from registers: warp w of the warpgroup gives rows 16w..16w+15 as the

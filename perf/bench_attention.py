@@ -14,7 +14,9 @@ bf16 8192³ GEMM measured in the same run. ``bitwise`` says whether the two mma.
 (they compute the same arithmetic per row). Where it compiles (sm_90a), ``variant="wg"`` (the GQA block on
 ``wgmma``, the default there) is timed too: ``wg_ms``, ``wg_tflops``, ``wg_frac_gemm``, and against the GQA kernel
 ``wg_bitwise`` and ``wg_err`` (max |difference| over max |output|), and its rounded precisions (P, or q and P, to
-bf16: ``wg_p-bf16_*``, ``wg_bf16_*``, their errors against the GQA kernel's exact output).
+bf16: ``wg_p-bf16_*``, ``wg_bf16_*``, their errors against the GQA kernel's exact output), and the
+warp-specialized kernel at precision ``"bf16"`` under each of its options (``ws_ov_*``, ``ws_pp_*``,
+``ws_ovpp_*``: overlap, ping-pong; ``ws_base_*`` neither), each with whether it is bitwise the ``"wg"`` kernel's ``"bf16"`` output.
 """
 
 from __future__ import annotations
@@ -67,12 +69,41 @@ def _case(model: str, t_len: int, qt: str, rng: np.random.Generator, reps: int) 
         for prec in ("p-bf16", "bf16"):  # the rounded operands (attention_prefill PRECISIONS)
             o = cupy.empty_like(qd)
             ms_p = 1e3 * event_seconds(
-                lambda o=o, prec=prec: attention_prefill(*args, max_len=t_len, out=o, precision=prec), reps
+                lambda o=o, prec=prec: attention_prefill(
+                    *args, max_len=t_len, out=o, variant="wg", precision=prec
+                ),
+                reps,
             )
             err = float(cupy.max(cupy.abs(_values(o, qt) - b)) / cupy.max(cupy.abs(b)))
             out.update({f"wg_{prec}_ms": ms_p, f"wg_{prec}_tflops": flops / (ms_p * 1e-3) / 1e12,
                         f"wg_{prec}_err": err})  # fmt: skip
+        out.update(_ws(args, t_len, qd, o, flops, reps))
     return out
+
+
+def _ws(args: tuple, t_len: int, qd: Any, wg_bf16: Any, flops: float, reps: int) -> dict[str, Any]:
+    """The warp-specialized kernel (variant "ws", precision "bf16") under each of its options (intra-warpgroup
+    overlap ``ov``, ping-pong turns ``pp``): time and whether it is bitwise the "wg" kernel at that precision."""
+    import cupy
+
+    import ninfer.cuda.attention_prefill as ap
+
+    res: dict[str, Any] = {}
+    keep = ap.WS_OPTIONS
+    try:
+        for ov, pp in ap._WS_OPTIONS:
+            ap.WS_OPTIONS = (ov, pp)
+            o = cupy.empty_like(qd)
+            ms = 1e3 * event_seconds(
+                lambda o=o: ap.attention_prefill(*args, max_len=t_len, out=o, variant="ws", precision="bf16"),
+                reps,
+            )
+            key = "ws_" + ("ov" * ov + "pp" * pp or "base")
+            res.update({f"{key}_ms": ms, f"{key}_tflops": flops / (ms * 1e-3) / 1e12,
+                        f"{key}_bitwise": bool(cupy.array_equal(o.view(cupy.uint8), wg_bf16.view(cupy.uint8)))})  # fmt: skip
+    finally:
+        ap.WS_OPTIONS = keep
+    return res
 
 
 def _has_wg() -> bool:
@@ -111,6 +142,11 @@ def main(
                         c[f"wg_{prec}_frac_gemm"] = c[f"wg_{prec}_tflops"] / gemm
                         wg += (f" | {prec} {c[f'wg_{prec}_ms']:.2f} ms {c[f'wg_{prec}_frac_gemm']:.1%} "
                                f"err {c[f'wg_{prec}_err']:.1e}")  # fmt: skip
+                    for k in [k[:-3] for k in c if k.startswith("ws_") and k.endswith("_ms")]:
+                        c[f"{k}_frac_gemm"] = c[f"{k}_tflops"] / gemm
+                        wg += (
+                            f" | {k} {c[f'{k}_ms']:.2f} ms {c[f'{k}_frac_gemm']:.1%} ≡wg {c[f'{k}_bitwise']}"
+                        )
                 cases.append(c)
                 print(f"{model:8s} {t_len:6d} {qt:5s} {c['old_ms']:9.2f} {c['old_tflops']:9.1f} {c['new_ms']:9.2f} "
                       f"{c['new_tflops']:9.1f} {c['speedup']:7.2f}x {c['frac_gemm']:9.1%} {c['bitwise']}{wg}")  # fmt: skip

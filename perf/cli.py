@@ -242,6 +242,13 @@ def _parser() -> argparse.ArgumentParser:
         help="the decode GEMV's K-split sum through thread-block clusters (ninfer.cuda.linear.GV_CLUSTER)",
     )
     p.add_argument(
+        "--attention-ws",
+        default=None,
+        choices=("off", "on", "ov", "pp", "ovpp"),
+        help="the warp-specialized prefill attention at precision bf16 (ninfer.cuda.attention_prefill.WS_AUTO; on: "
+        "the module's WS_OPTIONS, else those options: ov overlap, pp ping-pong; the same bits as off)",
+    )
+    p.add_argument(
         "--gemv-w8",
         default=None,
         choices=("on", "off"),
@@ -286,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
         import ninfer.cuda.linear as linear
 
         linear.GV_W8 = args.gemv_w8 == "on"
+    if args.attention_ws is not None:  # likewise
+        import ninfer.cuda.attention_prefill as ap
+
+        ap.WS_AUTO = args.attention_ws != "off"
+        if args.attention_ws not in ("off", "on"):
+            ap.WS_OPTIONS = ("ov" in args.attention_ws, "pp" in args.attention_ws)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -304,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         "gdn_variant": args.gdn_variant or DEFAULT_VARIANT, "gdn_conv_prep": args.gdn_conv_prep,
         "attn_chunk": args.attn_chunk,  # None: the model default
         "moe_fusions": args.moe_fusions, "gemv_prefetch": args.gemv_prefetch, "gemv_w8": args.gemv_w8,
+        "attention_ws": args.attention_ws,
     }  # fmt: skip
     path = out / f"perf_{args.profile}.json"
     for key in args.models.split(","):

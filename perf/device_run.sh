@@ -38,6 +38,8 @@
 #   compile every kernel family compiled (the first part of tests), e.g. before phases that time kernels
 #   gdnp    the GDN decode's persistent clusters (gdn_step_clp): GPU tests, per-call and whole-step A/Bs; the
 #           35B-A3B's prefill at 4096- against 8192-token chunks
+#   ws      the warp-specialized prefill attention (attention_ws.cu): GPU tests, perf/bench_attention with its options;
+#           ws_ab the whole-model prefill with it off / on
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -331,6 +333,18 @@ run_gdnp() {  # the GDN decode's persistent clusters (gdn_step_clp): GPU tests, 
   for c in ${CHUNKS:-4096 8192}; do
     timeout 120 python3 -m perf.cli --quick --models 35b --no-transformers --prefill 8192,32768 --lanes '' \
       --chunk $c --out "$OUT/chunk$c" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/chunk_ab.txt"
+  done
+}
+run_ws() {  # the warp-specialized prefill attention (attention_ws.cu): its GPU tests with the others of the prefill
+  # attention, then perf/bench_attention (wg / ws under each option, bitwise) at 2K-32K
+  TEST_FILES=tests/test_cuda_attention_prefill.py run_tests
+  timeout ${BENCH_TIMEOUT:-240} python3 -m perf.bench_attention --lengths ${WS_LENGTHS:-2048,8192,32768} \
+    --out "$OUT/results" 2>&1 | tee "$OUT/bench_attention.txt" | tail -8
+}
+run_ws_ab() {  # whole-model prefill with the warp-specialized attention off / on (WS_MODES), both models
+  for m in ${WS_MODES:-off on}; do
+    timeout ${WS_AB_TIMEOUT:-150} python3 -m perf.cli --quick --no-transformers --prefill 8192,32768 --lanes '' \
+      --attention-ws $m --out "$OUT/ws_$m" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/ws_ab.txt"
   done
 }
 run_spec() {  # issue 15: MTP at forced acceptance, 27B, 1 lane, k = 3 (--skip-rounds: the rounds table alone

@@ -7,7 +7,8 @@ prefix), float32 and bf16 q, outputs poisoned with NaN and cache slots past each
 ``variant="head"``: one query head per block) against the reference and against each other bitwise (the same
 arithmetic per row), and a row's bits against its batch, its block and the prompt's chunking; the wgmma kernel
 (``variant="wg"``, sm_90a, D = 256: the GQA block with its products as warpgroup MMAs) against the reference and
-the mma.sync kernel, and its rows' bits against their batch, chunking and key splits as the GQA kernel's. CPU test: a NumPy mirror of the kernel's block/segment/tile loop (which rows
+the mma.sync kernel, and its rows' bits against their batch, chunking and key splits as the GQA kernel's; the
+warp-specialized kernel (``variant="ws"``) bitwise the wgmma kernel at precision "bf16" under each of its options. CPU test: a NumPy mirror of the kernel's block/segment/tile loop (which rows
 form a segment, which KV tiles are visited, which keys each row keeps) checked against the reference.
 """
 
@@ -192,6 +193,57 @@ def test_prefill_wg_precision_matches_reference(t: str, case: tuple, precision: 
     assert _err(split, got) <= tol, "key splits against the unsplit launch"
 
 
+WS_OPTIONS = ((False, False), (False, True), (True, False), (True, True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", WS_OPTIONS, ids=lambda o: f"ov{int(o[0])}-pp{int(o[1])}")
+@pytest.mark.parametrize("t", ["float", "bf16"])
+@pytest.mark.parametrize("case", WG_CASES, ids=lambda c: f"hq{c[0]}-hkv{c[1]}-p{c[3]}-n{sum(c[5])}")
+def test_prefill_ws_is_the_wg_kernel(t: str, case: tuple, options: tuple[bool, bool]) -> None:
+    """The warp-specialized kernel (variant "ws", each of its overlap / ping-pong options) is bitwise the "wg"
+    kernel at precision "bf16" (the same products in the same order per accumulator; only the staging and the issue
+    order change), unsplit and with key splits, over several packed sequences; NaN in every cache slot past a
+    sequence's end is never read."""
+    cp = pytest.importorskip("cupy")
+    _need_wg()
+    import ninfer.cuda.attention_prefill as ap
+
+    pr = _problem(np.random.default_rng([CASES.index(case), t == "bf16", 13]), case, t)
+    keep = ap.WS_OPTIONS
+    ap.WS_OPTIONS = options
+    try:
+        for sk in (0, 512):
+            want = _run(cp, pr, t, variant="wg", precision="bf16", split_keys=sk)
+            got = _run(cp, pr, t, variant="ws", precision="bf16", split_keys=sk)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
+                f"split_keys={sk}: ws differs from wg, max |diff| {np.max(np.abs(got - want)):.3e}"
+            )
+    finally:
+        ap.WS_OPTIONS = keep
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", WS_OPTIONS, ids=lambda o: f"ov{int(o[0])}-pp{int(o[1])}")
+def test_prefill_ws_long_prompt_and_chunks(options: tuple[bool, bool]) -> None:
+    """The 27B's heads over 2,500 keys (40 tiles per segment: both consumer warpgroups' rings wrap many times), in
+    one launch and as chunks continuing the prefix, bitwise "wg" at precision "bf16"."""
+    cp = pytest.importorskip("cupy")
+    _need_wg()
+    import ninfer.cuda.attention_prefill as ap
+
+    pr = _problem(np.random.default_rng(97), (24, 4, 256, 16, [0, 2300], [700, 200]), "float")
+    keep = ap.WS_OPTIONS
+    ap.WS_OPTIONS = options
+    try:
+        for rows in (None, np.arange(650, 900), np.arange(0, 37)):
+            want = _run(cp, pr, "float", rows, variant="wg", precision="bf16")
+            got = _run(cp, pr, "float", rows, variant="ws", precision="bf16")
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), "ws differs from wg"
+    finally:
+        ap.WS_OPTIONS = keep
+
+
 def test_precision_needs_the_wgmma_kernel() -> None:
     """A rounded precision is the wgmma kernel's: asked of another explicit variant, a clear error."""
     from ninfer.cuda._common import KernelError
@@ -202,6 +254,8 @@ def test_precision_needs_the_wgmma_kernel() -> None:
         attention_prefill(z, z, z, z, z, z, max_len=1, variant="gqa", precision="p-bf16")
     with pytest.raises(KernelError, match="precision"):
         attention_prefill(z, z, z, z, z, z, max_len=1, precision="fp8")
+    with pytest.raises(KernelError, match="precision"):
+        attention_prefill(z, z, z, z, z, z, max_len=1, variant="ws", precision="exact")
 
 
 @pytest.mark.gpu

@@ -83,17 +83,19 @@ def test_other_gdn_state_variant_compiles(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-def test_ws_gemm_does_not_spill(tmp_path: Path) -> None:
-    """Every gemm_sm90_ws.cu instance (the ws GEMM, whose consumers hold 128 fp32 accumulators under setmaxnreg 232,
-    and its split-K reduction) assembles without spilling; the ptxas report is printed (pytest -s)."""
+@pytest.mark.parametrize("src", ["gemm_sm90_ws.cu", "attention_ws.cu"])
+def test_warp_specialized_kernels_do_not_spill(tmp_path: Path, src: str) -> None:
+    """Every instance of the warp-specialized families assembles without spilling: the ws GEMM (consumers hold 128
+    fp32 accumulators under setmaxnreg 232) and its split-K reduction, and the warp-specialized prefill attention
+    (consumers under setmaxnreg 240 hold O's 128 accumulators, S and two P fragments; the producer 24 registers).
+    The ptxas report is printed (pytest -s)."""
     import re
 
-    from ninfer.cuda.gemm import SOURCES
-
-    src, rc, log = _compile("gemm_sm90_ws.cu", SOURCES["gemm_sm90_ws.cu"], tmp_path)
+    instances = all_sources()[src]
+    _, rc, log = _compile(src, instances, tmp_path)
     assert rc == 0, log[-3000:]
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     regs = re.findall(r"Used (\d+) registers", log)
     print("\n".join(line for line in log.splitlines() if "Function properties" in line or "Used" in line))
-    assert len(spills) == len(regs) == len(SOURCES["gemm_sm90_ws.cu"]), "one report per instance"
+    assert len(spills) == len(regs) == len(instances), "one report per instance"
     assert all(s == ("0", "0") for s in spills), f"spills: {spills}"

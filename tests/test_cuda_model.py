@@ -219,10 +219,46 @@ def test_head256_prefill_wgmma_attention_gives_the_mma_sync_bits(monkeypatch: py
 
     turns = (slice(0, 450), slice(450, 700))
     wg = prefill(turns)
-    monkeypatch.setattr(ap, "pick_variant", lambda d, group: "gqa")
+    monkeypatch.setattr(ap, "pick_variant", lambda d, group, precision="exact": "gqa")
     sync = prefill(turns)
     assert np.array_equal(sync.view(np.uint32), wg.view(np.uint32)), (
         f"wgmma and mma.sync attention give different logits: max |diff| {np.max(np.abs(sync - wg)):.3e}"
+    )
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_head256_prefill_ws_attention_gives_the_wg_bits(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the default precision ("bf16") "auto" takes the warp-specialized attention (attention_ws.cu); a mid-size
+    model with head size 256 prefills a prompt in two turns to the same logits, bit for bit, as with the wgmma
+    kernel it reorganises ("wg")."""
+    import dataclasses
+
+    from ninfer.cuda import attention_prefill as ap
+    from ninfer.cuda.loader import compute_capability, family_supported
+    from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.upload import encode_weights, upload_encoded
+
+    if not family_supported("attention_ws.cu", compute_capability()):
+        pytest.skip("the warp-specialized attention compiles for sm_90a only")
+    cfg = dataclasses.replace(midsize_config(kind), head_dim=256, partial_rotary_factor=0.125)
+    enc = encode_weights(cfg, DictWeights(random_weights(cfg, seed=17)), NVFP4)
+    net = CudaQwen36(cfg, upload_encoded(cfg, enc), prefill_gemm=True, prefill_attention="bf16")
+    ids = np.random.default_rng(8).integers(0, cfg.vocab_size, 700)
+    assert ap.pick_variant(256, cfg.num_attention_heads // cfg.num_key_value_heads, "bf16") == "ws"
+
+    def prefill() -> np.ndarray:
+        seqs = _sequences(net)
+        s = seqs.new()
+        return np.concatenate(
+            [net.lm_head(seqs.forward(s, ids[p])) for p in (slice(0, 450), slice(450, 700))]
+        )
+
+    ws = prefill()
+    monkeypatch.setattr(ap, "WS_AUTO", False)
+    wg = prefill()
+    assert np.array_equal(ws.view(np.uint32), wg.view(np.uint32)), (
+        f"ws and wg attention give different logits: max |diff| {np.max(np.abs(ws - wg)):.3e}"
     )
 
 

@@ -52,10 +52,27 @@ __all__ = [
 _T = ("float", "bf16")
 BLOCK_ROWS = 64  # query rows per block of the one-head kernel (AP_BM)
 GQA_SLOTS = 128  # (row, query head) slots per block of the GQA kernel (AG_SLOTS)
-VARIANTS = ("auto", "gqa", "head", "wg")
-_THREADS = {"gqa": 256, "head": 128, "wg": 256}
-_NAMES = {"gqa": "attention_prefill_gqa", "head": "attention_prefill", "wg": "attention_prefill_wg"}
-_FILES = {"gqa": "attention_prefill.cu", "head": "attention_prefill.cu", "wg": "attention_wg.cu"}
+VARIANTS = ("auto", "gqa", "head", "wg", "ws")
+_THREADS = {"gqa": 256, "head": 128, "wg": 256, "ws": 384}
+_NAMES = {
+    "gqa": "attention_prefill_gqa",
+    "head": "attention_prefill",
+    "wg": "attention_prefill_wg",
+    "ws": "attention_prefill_ws",
+}
+_FILES = {
+    "gqa": "attention_prefill.cu",
+    "head": "attention_prefill.cu",
+    "wg": "attention_wg.cu",
+    "ws": "attention_ws.cu",
+}
+# The warp-specialized kernel (attention_ws.cu: the "wg" kernel at precision "bf16" with a producer warpgroup and
+# mbarriers; the same bits): its (OV, PP) options, intra-warpgroup overlap of a tile's softmax with the previous
+# tile's P V and ping-pong turns of the two consumer warpgroups, and whether "auto" takes it at precision "bf16".
+# Module switches read at launch (perf/bench_attention.py times the options against "wg").
+WS_OPTIONS = (False, True)
+WS_AUTO = True
+_WS_OPTIONS = ((False, False), (False, True), (True, False), (True, True))
 WG_HEAD_DIM = 256  # the wgmma kernel's P V product is m64n256: the served models' head size
 WG_KEYS = 32  # its KV tile (AW_BN) ...
 WG_KEYS_ROUNDED = 64  # ... and the rounded-q kernel's (precision "bf16")
@@ -70,6 +87,11 @@ SOURCES: dict[str, tuple[str, ...]] = {
         *(f"attention_prefill_wg<{t}, {WG_HEAD_DIM}>" for t in _T),
         *(f"attention_prefill_wg<{t}, {WG_HEAD_DIM}, true, false>" for t in _T),
         *(f"attention_prefill_wg<{t}, {WG_HEAD_DIM}, false, false, {WG_KEYS_ROUNDED}>" for t in _T),
+    ),
+    "attention_ws.cu": tuple(
+        f"attention_prefill_ws<{t}, {WG_HEAD_DIM}, {str(ov).lower()}, {str(pp).lower()}>"
+        for t in _T
+        for ov, pp in _WS_OPTIONS
     ),
 }
 # precision -> the wgmma kernel's (QLO, PLO[, BN]) template arguments: the lo halves of float q / of P in the
@@ -87,19 +109,20 @@ SPLIT_WAVES, SPLIT_MIN_KEYS, SPLIT_SCRATCH_BYTES = 2, 512, 64 << 20
 def block_keys(d: int, variant: str = "gqa", precision: str = "exact") -> int:
     """Keys per KV tile (ApCfg<D>::BN; the wgmma kernel's AW_BN is the same at its D = 256, except at precision
     ``"bf16"``: 64)."""
-    if variant == "wg" and precision == "bf16":
+    if variant == "ws" or (variant == "wg" and precision == "bf16"):
         return WG_KEYS_ROUNDED
     return 32 if d == 256 else 64
 
 
-def pick_variant(d: int, group: int) -> str:
-    """``"auto"``'s kernel for head size ``d`` and ``group`` query heads per KV head on the current device."""
+def pick_variant(d: int, group: int, precision: str = "exact") -> str:
+    """``"auto"``'s kernel for head size ``d``, ``group`` query heads per KV head and ``precision`` on the current
+    device (never the launch's rows: a row's bits must not depend on the rows beside it)."""
     from ninfer.cuda.loader import compute_capability, family_supported
 
     if group > GQA_SLOTS:
         return "head"
     if d == WG_HEAD_DIM and family_supported("attention_wg.cu", compute_capability()):
-        return "wg"
+        return "ws" if WS_AUTO and precision == "bf16" else "wg"
     return "gqa"
 
 
@@ -113,9 +136,13 @@ def smem_bytes(d: int, t: str, variant: str = "gqa", precision: str = "exact") -
     q) [64][D+8], Ks and Vs [BN][D+8]. GQA kernel: Qh (+ Ql) [128][D+8], Ks and Vs [2][BN][D+8], then the rows'
     sequence and position (2 x 128 int32). The wgmma kernel stages Ql only at precision ``"exact"`` / ``"p-bf16"``."""
     ld, halves = d + 8, 2 if t == "float" and precision != "bf16" else 1
-    if variant == "wg":  # swizzled tiles of 64-element rows (no padding) from a 1024-byte aligned start
+    if variant in (
+        "wg",
+        "ws",
+    ):  # swizzled tiles of 64-element rows (no padding) from a 1024-byte aligned start
         bn = block_keys(d, variant, precision)
-        return 1024 + 2 * d * (GQA_SLOTS * halves + 4 * bn) + 8 * GQA_SLOTS
+        bars = 64 if variant == "ws" else 0  # its 8 mbarriers
+        return 1024 + 2 * d * (GQA_SLOTS * halves + 4 * bn) + 8 * GQA_SLOTS + bars
     if variant == "head":
         return 2 * ld * (BLOCK_ROWS * halves + 2 * block_keys(d))
     return 2 * ld * (GQA_SLOTS * halves + 4 * block_keys(d)) + 8 * GQA_SLOTS
@@ -161,7 +188,8 @@ def attention_prefill(
     (sequence ``row_seq[r]``) attends positions ``0..row_pos[r]`` of its pages in ``page_table[B, max_pages]``;
     ``max_len`` bounds ``row_pos + 1``. Rows of several sequences may share a launch (any order). ``variant``:
     ``"auto"`` (:func:`pick_variant`), ``"gqa"`` (query heads of a KV head in one block), ``"wg"`` (that block on
-    wgmma; sm_90a, D = 256) or ``"head"`` (the earlier one-head blocks).
+    wgmma; sm_90a, D = 256), ``"ws"`` (the ``"wg"`` kernel at precision ``"bf16"``, warp-specialized: the same
+    bits; :data:`WS_OPTIONS`) or ``"head"`` (the earlier one-head blocks).
     ``split_keys`` (GQA kernel; None: :func:`key_splits`, 0: none): keys per split of each row's keys; rows with
     keys in several splits are merged from the splits' partial states (within fp32 rounding of the unsplit
     result), the others keep its bits. ``precision`` (:data:`PRECISIONS`, the module's docstring): the wgmma
@@ -170,7 +198,9 @@ def attention_prefill(
         raise KernelError(f"variant: {variant!r} is not one of {VARIANTS}")
     if precision not in PRECISIONS:
         raise KernelError(f"precision: {precision!r} is not one of {PRECISIONS}")
-    if precision != "exact" and variant not in ("auto", "wg"):
+    if variant == "ws" and precision != "bf16":
+        raise KernelError(f"variant 'ws' computes precision 'bf16' only, not {precision!r}")
+    if precision != "exact" and variant not in ("auto", "wg", "ws"):
         raise KernelError(
             f"precision {precision!r}: the wgmma kernel's (variant 'wg' or 'auto'), not {variant!r}"
         )
@@ -189,16 +219,19 @@ def attention_prefill(
         return out
     group = hq // hkv
     if variant == "auto":
-        variant = pick_variant(d, group)
+        variant = pick_variant(d, group, precision)
     if group > GQA_SLOTS:  # more heads per KV head than a block's slots: one head per block
         variant = "head"
-    if variant == "wg" and d != WG_HEAD_DIM:
-        raise KernelError(f"variant 'wg' computes D = {WG_HEAD_DIM} only, not {d}")
+    if variant in ("wg", "ws") and d != WG_HEAD_DIM:
+        raise KernelError(f"variant {variant!r} computes D = {WG_HEAD_DIM} only, not {d}")
     name = f"{_NAMES[variant]}<{t}, {d}>"
-    if variant != "wg":
+    if variant not in ("wg", "ws"):
         precision = "exact"  # "auto" on a device without the wgmma kernel
     if variant == "wg" and precision != "exact":  # bf16 q has no lo half: "bf16" differs by its 64-key tiles
         name = f"{_NAMES[variant]}<{t}, {d}, {_WG_LO[precision]}>"
+    if variant == "ws":
+        ov, pp = WS_OPTIONS
+        name = f"{_NAMES[variant]}<{t}, {d}, {str(ov).lower()}, {str(pp).lower()}>"
     bn = block_keys(d, variant, precision)
     fn = kernel(_FILES[variant], SOURCES[_FILES[variant]], name)
     smem = smem_bytes(d, t, variant, precision)

@@ -55,6 +55,7 @@ ARCH_SPECIFIC: dict[str, dict[str, str]] = {
     "gemm_sm90.cu": {"90": "90a"},
     "gemm_sm90_ws.cu": {"90": "90a"},
     "attention_wg.cu": {"90": "90a"},
+    "attention_ws.cu": {"90": "90a"},
 }
 
 
