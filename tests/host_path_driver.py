@@ -164,6 +164,26 @@ def gdnp() -> dict[str, Any]:
     return res
 
 
+def attnws() -> dict[str, Any]:
+    """The dense network with head size 256 (the wgmma attentions'): prompts prefilled with
+    attention_prefill.WS_AUTO off and on, eagerly and captured: the kernels launched."""
+    import dataclasses
+
+    import ninfer.cuda.attention_prefill as ap
+
+    cfg = dataclasses.replace(_config(False), head_dim=256, partial_rotary_factor=0.125)
+    res: dict[str, Any] = {}
+    default = ap.WS_AUTO
+    try:
+        seqs = _seqs(cfg)
+        for on in (False, True):
+            ap.WS_AUTO = on
+            res[f"ws{int(on)}"] = _prefill_then_decode(seqs, [300, 40, 1], 1)["prefill"]
+    finally:
+        ap.WS_AUTO = default
+    return res
+
+
 def swiglu() -> dict[str, Any]:
     """The dense network's decode (1 and 8 sequences) with ``gemv_swiglu_out`` off and on, eagerly and from graphs,
     fold on and off; the MoE network's (1 and 3 sequences) with the combine fusion off and on: the kernels launched
@@ -322,6 +342,7 @@ if __name__ == "__main__":
                 "graph": graph,
                 "w8": w8,
                 "gdnp": gdnp,
+                "attnws": attnws,
                 "bulk": bulk,
                 "swiglu": swiglu,
                 "rtail": rtail,

@@ -139,6 +139,18 @@ def test_gdn_persist_switch_moves_only_the_many_sequence_decode() -> None:
                 assert _count(off, "gdn_step<") == _count(on, "gdn_step_clp<") == _count(on, "gdn_step"), on
 
 
+def test_ws_attention_switch_moves_the_head256_prefill_attention() -> None:
+    """``attention_prefill.WS_AUTO``: at head size 256 and the default precision (bf16) the prefill attention is the
+    warp-specialized kernel (attention_prefill_ws), else the wgmma one (attention_prefill_wg); nothing else moves."""
+    res = _run("attnws")
+    off, on = res["ws0"], res["ws1"]
+    assert _count(off, "attention_prefill_wg<") > 0 and _count(off, "attention_prefill_ws<") == 0
+    assert _count(on, "attention_prefill_ws<") == _count(off, "attention_prefill_wg<")
+    assert _count(on, "attention_prefill_wg<") == 0
+    rest = lambda d: {k: n for k, n in d.items() if not k.startswith("attention_prefill_w")}  # noqa: E731
+    assert rest(off) == rest(on)
+
+
 def test_swiglu_switch_moves_the_dense_gate_up_to_the_epilogue() -> None:
     """``gemv_swiglu_out``: every dense gate | up GEMV (one per layer and decode step, and those of prompts short
     enough for the GEMV) becomes the epilogue's instance (gemv_mma_gu), eagerly and captured, folded or not, and so
