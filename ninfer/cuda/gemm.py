@@ -255,9 +255,12 @@ def swiglu_gemm_ok(w_gu: Any, w_dn: Any, m: int) -> bool:
     as ``gemm(gemm_gate_up_swiglu(x, w_gu), w_dn)`` (the SwiGLU in the gate | up epilogue, ninfer/cuda/
     gemm_swiglu.py; bitwise the same output): both products take the fp16 row split, ``w_gu`` is [gate | up] of
     ``w_dn``'s input width, and its GEMM is the unsplit ws kernel over the whole weight."""
-    if not (f16_rows_input(w_gu, m) and f16_rows_input(w_dn, m)) or w_gu.rows != 2 * w_dn.cols:
+    # f16_rows_input of both weights, the device and capture state asked once
+    if not (isinstance(w_gu, DeviceWeight) and isinstance(w_dn, DeviceWeight)) or m < PAIR_MIN_ROWS:
         return False
-    return swiglu_shape_ok(w_gu.fmt, int(w_gu.rows), int(w_gu.cols), m)
+    if not (f16_foldable(w_gu.fmt) and f16_foldable(w_dn.fmt)) or w_gu.rows != 2 * w_dn.cols:
+        return False
+    return swiglu_shape_ok(w_gu.fmt, int(w_gu.rows), int(w_gu.cols), m) and hopper_gemm() and not capturing()
 
 
 def gemm_gate_up_swiglu(x: Any, w: DeviceWeight, *, operands: Any = None) -> SwigluRows:
