@@ -5,6 +5,7 @@ runs in every GPU test that captures a decode graph (tests/test_cuda_model.py: g
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import numpy as np
 import pytest
@@ -44,3 +45,32 @@ def test_arguments_become_the_parameter_types() -> None:
     )  # gdn_step's null pointers without an epilogue
     with pytest.raises(KernelError):
         _c_arg(3)  # a Python int has no fixed width: the wrappers pass NumPy scalars
+
+
+def test_launch_configs_are_cached_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from ninfer.cuda import launch as la
+
+    stream = types.SimpleNamespace(ptr=0x5000)
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: stream))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(la, "_CONFIGS", {})
+    monkeypatch.setattr(la, "_allow_non_portable", lambda func: None)
+
+    def fields(cfg: Any) -> tuple[Any, ...]:
+        attrs = [
+            (cfg.attrs[i].id, cfg.attrs[i].value.flag, tuple(cfg.attrs[i].value.dims))
+            for i in range(cfg.num_attrs)
+        ]
+        return (tuple(cfg.grid), tuple(cfg.block), cfg.shared, cfg.stream, attrs)
+
+    for pdl, cluster in ((False, None), (True, None), (False, (1, 2)), (True, (1, 2))):
+        a, _ = la._config(7, (132,), (384,), 4096, pdl, cluster)
+        assert la._config(7, (132,), (384,), 4096, pdl, cluster)[0] is a  # the same object, values unchanged
+        assert fields(a) == fields(la._build_config((132,), (384,), 4096, 0x5000, pdl, cluster)[0])
+        assert fields(a)[:4] == ((132, 1, 1), (384, 1, 1), 4096, 0x5000)
+    assert la._config(7, [132], [384], 4096, False, None)[0].grid[0] == 132  # lists: built, not cached
+    stream.ptr = 0x6000  # another stream: another configuration
+    assert la._config(7, (132,), (384,), 4096, False, None)[0].stream == 0x6000

@@ -18,6 +18,7 @@ from ninfer.cuda.loader import KernelError
 __all__ = [
     "F16Rows",
     "KernelError",
+    "MadeF16Rows",
     "act_type",
     "array_module",
     "arrival_counters",
@@ -25,6 +26,7 @@ __all__ = [
     "check_array",
     "check_rows",
     "dev_int32",
+    "f16_rows_checked",
     "grid_1d",
     "ACT_DTYPES",
     "matrix_args",
@@ -203,6 +205,21 @@ class F16Rows(NamedTuple):
     @property
     def dtype(self) -> np.dtype:
         return np.dtype(np.float32)
+
+
+class MadeF16Rows(F16Rows):
+    """``F16Rows`` whose arrays a wrapper here allocated or sliced from the row scratch itself (``xh`` contiguous
+    uint16 ``[T, K]``, ``rowf`` float32 ``[T]``, by construction): the GEMM wrappers that read it skip the shape and
+    dtype checks an ``F16Rows`` built elsewhere gets (two ``check_array`` per fp16-mode GEMM of an eager chunk)."""
+
+    __slots__ = ()
+
+
+def f16_rows_checked(x: F16Rows, m: int, k: int) -> None:
+    """``x`` holds ``m`` fp16 rows of ``k`` words and their ``m`` factors (checked unless a wrapper made it)."""
+    if type(x) is not MadeF16Rows:
+        check_array(x.xh, "xh", dtype=np.uint16, shape=(m, k))
+        check_array(x.rowf, "rowf", dtype=np.float32, shape=(m,))
 
 
 def matrix_out(x: Any, out: Any, rows: int, n: int) -> tuple[Any, int]:

@@ -148,9 +148,10 @@ def qk_norm_rope_kv_write(
         raise KernelError(
             f"rotary_dim={rotary_dim}, mrope_section={list(sec)}: sections must sum to rotary_dim/2"
         )
-    if q_out is None:
+    if q_out is None:  # contiguous [rows, heads, d] by construction
         q_out = cupy.empty((rows, heads, d), dtype=qg.dtype)
-    check_array(q_out, "q_out", dtype=qg.dtype, shape=(rows, heads, d))
+    else:
+        check_array(q_out, "q_out", dtype=qg.dtype, shape=(rows, heads, d))
     n_rows = rows * (heads + kv_heads)
     if n_rows:
         fn = kernel("attention.cu", SOURCES["attention.cu"], f"qk_norm_rope_kv_write<{t}, {c}, {d}>")
@@ -217,8 +218,8 @@ def attention_out(q: Any, out: Any) -> Any:
     """The output ``[R, Hq, D]`` in q's dtype: ``out`` checked, or a new array."""
     import cupy
 
-    if out is None:
-        out = cupy.empty(q.shape, dtype=q.dtype)
+    if out is None:  # q's shape, contiguous, by construction
+        return cupy.empty(q.shape, dtype=q.dtype)
     check_array(out, "out", dtype=q.dtype, shape=q.shape)
     return out
 

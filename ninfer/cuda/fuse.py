@@ -28,6 +28,7 @@ columns of one output (``model_layers.linear``), so the model still sees one pro
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,7 +85,7 @@ def fused_splits(cfg: ModelConfig, name: str) -> tuple[int, ...]:
         "mlp.shared_expert.gate_up_proj": (cfg.shared_expert_intermediate_size,) * 2,
         "mlp.router_gates": (cfg.num_experts, 1),
     }[name]
-    return tuple(int(v) for v in np.concatenate([[0], np.cumsum(widths)]))
+    return tuple(itertools.accumulate((int(v) for v in widths), initial=0))  # once per layer: no NumPy calls
 
 
 def _planes(fmt: str, shape: tuple[int, int]) -> dict[str, tuple[int, int]]:

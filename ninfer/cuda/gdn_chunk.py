@@ -7,6 +7,7 @@ noise and much faster on long prompts; its argument checks are the recurrence's.
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 import numpy as np
@@ -257,7 +258,7 @@ def gdn_chunked(
     cols = cols or state_cols(nseq, hv, dv, sm_count(cupy.cuda.Device().id))
     parts = _scratch_parts(rows, n_k_heads, hv, dk, dv, nseq, variant)
     buf = cupy.empty(max(sum(parts), 1), dtype=np.float32)
-    offs = np.cumsum((0, *parts))
+    offs = tuple(itertools.accumulate(parts, initial=0))  # Python ints: no NumPy call per GDN layer
     qk_s, w_s, a_s, u_s, g_s = (buf[offs[i] : offs[i + 1]] for i in range(5))
     nchunks = rows // CHUNK + nseq  # gdn_chunk_prep's grid: blocks past the last chunk exit
     names = _chunk_names(variant, t, k["st"], dk, cols)

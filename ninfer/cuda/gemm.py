@@ -16,6 +16,7 @@ cuda_src/gemm_sm90_ws.cu, cuda_src/gemm.cu); the decode products are ninfer/cuda
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from typing import Any
 
@@ -24,9 +25,11 @@ import numpy as np
 from ninfer.cuda._common import (
     F16Rows,
     KernelError,
+    MadeF16Rows,
     act_type,
     check_array,
     check_rows,
+    f16_rows_checked,
     grid_1d,
     matrix_args,
     matrix_out,
@@ -101,12 +104,20 @@ SOURCES: dict[str, tuple[str, ...]] = {
 GEMM_IMPLS = ("auto", "wgmma", "pair", "mma")
 
 
+@functools.cache
+def _sm90a(device: int) -> bool:
+    """Whether the loader builds gemm_sm90.cu for sm_90a on CUDA device ``device`` (the current one)."""
+    return target_arch("gemm_sm90.cu", compute_capability()).endswith("a")
+
+
 def _hopper(impl: str) -> bool:
     """The wgmma GEMM applies: ``impl`` is not ``mma`` and the loader builds gemm_sm90.cu for sm_90a on this
-    device."""
+    device (asked ~6 times per layer of an eager prefill chunk: the answer cached per device)."""
     if impl not in GEMM_IMPLS:
         raise KernelError(f"impl={impl!r}: one of {', '.join(GEMM_IMPLS)}")
-    return impl != "mma" and target_arch("gemm_sm90.cu", compute_capability()).endswith("a")
+    import cupy
+
+    return impl != "mma" and _sm90a(cupy.cuda.Device().id)
 
 
 def hopper_gemm() -> bool:
@@ -244,9 +255,12 @@ def swiglu_gemm_ok(w_gu: Any, w_dn: Any, m: int) -> bool:
     as ``gemm(gemm_gate_up_swiglu(x, w_gu), w_dn)`` (the SwiGLU in the gate | up epilogue, ninfer/cuda/
     gemm_swiglu.py; bitwise the same output): both products take the fp16 row split, ``w_gu`` is [gate | up] of
     ``w_dn``'s input width, and its GEMM is the unsplit ws kernel over the whole weight."""
-    if not (f16_rows_input(w_gu, m) and f16_rows_input(w_dn, m)) or w_gu.rows != 2 * w_dn.cols:
+    # f16_rows_input of both weights, the device and capture state asked once
+    if not (isinstance(w_gu, DeviceWeight) and isinstance(w_dn, DeviceWeight)) or m < PAIR_MIN_ROWS:
         return False
-    return swiglu_shape_ok(w_gu.fmt, int(w_gu.rows), int(w_gu.cols), m)
+    if not (f16_foldable(w_gu.fmt) and f16_foldable(w_dn.fmt)) or w_gu.rows != 2 * w_dn.cols:
+        return False
+    return swiglu_shape_ok(w_gu.fmt, int(w_gu.rows), int(w_gu.cols), m) and hopper_gemm() and not capturing()
 
 
 def gemm_gate_up_swiglu(x: Any, w: DeviceWeight, *, operands: Any = None) -> SwigluRows:
@@ -259,7 +273,7 @@ def gemm_gate_up_swiglu(x: Any, w: DeviceWeight, *, operands: Any = None) -> Swi
             raise KernelError("gemm_gate_up_swiglu: x must be float32 rows or F16Rows")
         m, k, ldx = check_rows(x, "x", w.cols)
         xh, rowf = f16_rows(x, ldx, _sm90_kernel)
-        x = F16Rows(xh.reshape(m, k), rowf)
+        x = MadeF16Rows(xh.reshape(m, k), rowf)
     return gate_up_swiglu(x, w, _sm90_kernel, operands=operands)
 
 
@@ -274,8 +288,7 @@ def _gemm_f16rows(
         )
     if w.cols != k:
         raise KernelError(f"gemm: x has K={k}, the weight {w.cols}")
-    check_array(x.xh, "xh", dtype=np.uint16, shape=(m, k))
-    check_array(x.rowf, "rowf", dtype=np.float32, shape=(m,))
+    f16_rows_checked(x, m, k)
     out, ldy = matrix_out(x, out, m, w.rows)
     if m:
         gemm_pair(

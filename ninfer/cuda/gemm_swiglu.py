@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ninfer.cuda._common import F16Rows, KernelError, check_array, sm_count
+from ninfer.cuda._common import F16Rows, KernelError, MadeF16Rows, check_array, f16_rows_checked, sm_count
 from ninfer.cuda.gemm_pair import (
     _BM,
     _SMEM,
@@ -96,8 +96,7 @@ def gate_up_swiglu(
     n = int(w.rows)
     if w.cols != k or not swiglu_shape_ok(w.fmt, n, k, m):
         raise KernelError(f"gate_up_swiglu: {m} x {n} x {k} {w.fmt} has no SwiGLU epilogue (swiglu_shape_ok)")
-    check_array(x.xh, "xh", dtype=np.uint16, shape=(m, k))
-    check_array(x.rowf, "rowf", dtype=np.float32, shape=(m,))
+    f16_rows_checked(x, m, k)
     half = n // 2
     h = out
     if h is None:  # contiguous rows by construction
@@ -138,4 +137,4 @@ def swiglu_f16_rows(s: SwigluRows, kernel_of: Callable[[str], Any]) -> F16Rows:
         kernel_of("split_f16row_max")(
             (m,), (_SPLIT_THREADS,), (s.h, s.tmax, xh, rowf, np.int32(m), np.int32(half), np.int32(tn))
         )
-    return F16Rows(xh, rowf)
+    return MadeF16Rows(xh, rowf)

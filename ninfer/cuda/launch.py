@@ -123,6 +123,13 @@ def launch_pdl(
     launch_ex(fn, grid, block, args, shared_mem, pdl=True)
 
 
+# (grid, block, shared memory, stream, pdl, cluster) -> (CUlaunchConfig, its attribute array): the eager GEMM
+# launches repeat a few configurations every layer, and building one costs ~3 us of ctypes (the driver copies it
+# at the launch, so one object serves every launch with those values)
+_CONFIGS: dict[tuple[Any, ...], tuple[_Config, Any]] = {}
+_CONFIGS_MAX = 4096
+
+
 def _config(
     func: int,
     grid: Sequence[int],
@@ -133,11 +140,39 @@ def _config(
 ) -> tuple[_Config, Any]:
     """A ``CUlaunchConfig`` on the current CuPy stream with the PDL and cluster-dimension attributes asked for
     (clusters of more than CLUSTER_PORTABLE blocks set the function's non-portable attribute first), and the
-    attribute array it points at (the caller keeps it alive for the call)."""
+    attribute array it points at (the caller keeps it alive for the call). Cached by those values (tuples; other
+    sequences are built each time)."""
     import cupy
 
-    g, b = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
     stream = cupy.cuda.get_current_stream().ptr
+    key = (grid, block, shared_mem, stream, pdl, cluster)
+    try:
+        hit = _CONFIGS.get(key)
+    except TypeError:  # a list among them: not a key
+        key, hit = None, None
+    if cluster is not None:
+        c = (*cluster, 1, 1)[:3]
+        if c[0] * c[1] * c[2] > CLUSTER_PORTABLE:
+            _allow_non_portable(func)  # per function (cached there)
+    if hit is not None:
+        return hit
+    hit = _build_config(grid, block, shared_mem, stream, pdl, cluster)
+    if key is not None:
+        if len(_CONFIGS) >= _CONFIGS_MAX:
+            _CONFIGS.clear()
+        _CONFIGS[key] = hit
+    return hit
+
+
+def _build_config(
+    grid: Sequence[int],
+    block: Sequence[int],
+    shared_mem: int,
+    stream: int,
+    pdl: bool,
+    cluster: Sequence[int] | None,
+) -> tuple[_Config, Any]:
+    g, b = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
     if not pdl and cluster is None:  # a plain eager launch (the ws GEMMs): no attribute array
         return _Config(g, b, shared_mem, stream, None, 0), None
     attrs = (_Attr * 2)()
@@ -146,11 +181,8 @@ def _config(
         attrs[n].id, attrs[n].value.flag = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, 1
         n += 1
     if cluster is not None:
-        c = (*cluster, 1, 1)[:3]
-        if c[0] * c[1] * c[2] > CLUSTER_PORTABLE:
-            _allow_non_portable(func)
         attrs[n].id = _ATTR_CLUSTER_DIMENSION
-        attrs[n].value.dims = (ctypes.c_uint * 3)(*c)
+        attrs[n].value.dims = (ctypes.c_uint * 3)(*(*cluster, 1, 1)[:3])
         n += 1
     return _Config(g, b, shared_mem, stream, attrs, n), attrs
 

@@ -118,20 +118,35 @@ def load_module(source: str, name_expressions: tuple[str, ...]) -> Any:
     return mod
 
 
-# (source, instances, name) -> (the module, its function): RawModule.get_function costs ~3 us a call, and an eager
-# 27B prefill chunk looks up ~1,150 kernels (perf/profile_host.py). Valid while the module is load_module's current
-# one (a cache_clear, as perf/gemv_variants.py does to swap sources, makes a new module).
-_FUNCTIONS: dict[tuple[str, tuple[str, ...], str], tuple[Any, Any]] = {}
+# (source, name) -> (the instances tuple it was looked up with, its function): RawModule.get_function costs ~3 us a
+# call, and an eager 27B prefill chunk looks up ~1,150 kernels (perf/profile_host.py). Keyed without the instances:
+# a family's instance tuple (gemm_sm90.cu's has ~80 names) hashes on every lookup, twice (load_module's cache and
+# this one), while the callers pass the same tuple object every time, so a hit compares it by identity (another
+# tuple, even an equal one, takes the full path). Valid while load_module's modules are: its cache_clear (as
+# perf/gemv_variants.py does to swap sources) drops these too.
+_FUNCTIONS: dict[tuple[str, str], tuple[tuple[str, ...], Any]] = {}
 
 
 def kernel(source: str, instances: tuple[str, ...], name: str) -> Any:
     """The compiled kernel ``name`` (one of ``instances``) of family ``source``."""
-    mod = load_module(source, instances)
-    hit = _FUNCTIONS.get((source, instances, name))
-    if hit is not None and hit[0] is mod:
+    hit = _FUNCTIONS.get((source, name))
+    if hit is not None and hit[0] is instances:
         return hit[1]
+    mod = load_module(source, instances)
     if name not in instances:
         raise KernelError(f"{source}: no kernel instance {name!r} (known: {', '.join(instances)})")
     fn = mod.get_function(name)
-    _FUNCTIONS[source, instances, name] = (mod, fn)
+    _FUNCTIONS[source, name] = (instances, fn)
     return fn
+
+
+_clear_modules = load_module.cache_clear
+
+
+def _clear_all() -> None:
+    """``load_module.cache_clear``: the compiled modules and the functions :func:`kernel` looked up in them."""
+    _clear_modules()
+    _FUNCTIONS.clear()
+
+
+load_module.cache_clear = _clear_all  # type: ignore[method-assign]

@@ -13,10 +13,26 @@ from typing import Any
 
 import numpy as np
 
+# The wrappers' modules, their functions read as module attributes at each call (tests patch them: router.moe_route,
+# moe_lanes.expert_lanes, gemm.gemm_gate_up_swiglu): a ``from ninfer.cuda.x import f`` inside the per-layer functions
+# cost ~1 us apiece on Python 3.11 (the import machinery raises and clears an AttributeError probing a plain
+# module's ``__path__``), ~20 per layer of an eager prefill chunk.
+from ninfer.cuda import attention as attention_ops
+from ninfer.cuda import attention_prefill as prefill_ops
+from ninfer.cuda import gdn as gdn_ops
+from ninfer.cuda import gemm as gemm_ops
+from ninfer.cuda import gemm_pair as pair_ops
+from ninfer.cuda import gemv_experts as experts_ops
+from ninfer.cuda import launch as launch_ops
+from ninfer.cuda import linear as linear_ops
+from ninfer.cuda import moe_lanes as lanes_ops
+from ninfer.cuda import norm as norm_ops
+from ninfer.cuda import router as router_ops
 from ninfer.cuda.fuse import FusedRuns, fused_splits
 from ninfer.cuda.model_graph import Meta, next_product
 from ninfer.cuda.moe_lanes import lanes_nb, use_lanes
 from ninfer.cuda.norm import Folded, MoeCombine, Normed
+from ninfer.cuda.weights import DeviceWeight
 
 __all__ = ["linear", "attention_block", "gdn_block", "ffn_block", "combine"]
 
@@ -67,21 +83,15 @@ def f16_norm_out(net: Any, t: int) -> bool:
     bitwise what the GEMM's row split makes of the float rows, without storing and re-reading them): the fp16 mode
     runs (prefill GEMMs of float32 rows from PAIR_MIN_ROWS, fp16 inputs, the Hopper kernels, no graph capture).
     Checked once per call; ``f16_norm_reader`` then says it of each norm's reader."""
-    from ninfer.cuda.gemm import PAIR_MIN_ROWS, hopper_gemm
-    from ninfer.cuda.launch import capturing
-
-    mode = _gemm(net, t) and net.prefill_inputs == "fp16" and net.act == np.float32 and t >= PAIR_MIN_ROWS
-    return mode and hopper_gemm() and not capturing()
+    mode = _gemm(net, t) and net.prefill_inputs == "fp16" and net.act == np.float32
+    mode = mode and t >= gemm_ops.PAIR_MIN_ROWS
+    return mode and gemm_ops.hopper_gemm() and not launch_ops.capturing()
 
 
 def f16_norm_reader(w: Any) -> bool:
     """Whether a product with weight ``w`` takes its input as fp16 rows in a call where ``f16_norm_out`` holds (the
     conditions of gemm.f16_rows_input left to check: one foldable format; a row the norm keeps in registers)."""
-    from ninfer.cuda.gemm_pair import f16_foldable
-    from ninfer.cuda.norm import f16_out_ok
-    from ninfer.cuda.weights import DeviceWeight
-
-    return isinstance(w, DeviceWeight) and f16_foldable(w.fmt) and f16_out_ok(int(w.cols))
+    return isinstance(w, DeviceWeight) and pair_ops.f16_foldable(w.fmt) and norm_ops.f16_out_ok(int(w.cols))
 
 
 def fold_rows(net: Any, t: int) -> bool:
@@ -105,41 +115,37 @@ def _fold_product(net: Any, x: Any, w: Any, name: str, resid: Any, **xf: Any) ->
 def _product(
     net: Any, x: Any, w: Any, out: Any, exact: bool, *, swiglu: bool = False, gate: Any = None
 ) -> Any:
-    from ninfer.cuda.gemm import gemm
-    from ninfer.cuda.linear import gemv
-
     if not _gemm(
         net, x.shape[0], exact
     ):  # more than 8 rows: 8-row blocks, each row bitwise its decode result
-        return gemv(x, w, out, swiglu=swiglu, gate=gate, prefetch=next_product(net, w))
+        return linear_ops.gemv(x, w, out, swiglu=swiglu, gate=gate, prefetch=next_product(net, w))
     # swiglu, gate: the fp16 mode's row split applies them (no [T, I] or [T, heads * D] array); other GEMM paths
     # run the swiglu / sigmoid_gate kernel first (the same values)
-    return gemm(x, w, out, inputs=net.prefill_inputs, swiglu=swiglu, gate=gate, operands=net.operands)
+    return gemm_ops.gemm(
+        x, w, out, inputs=net.prefill_inputs, swiglu=swiglu, gate=gate, operands=net.operands
+    )
 
 
 def attention_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None) -> Any:
-    from ninfer.cuda.attention import attention, qk_norm_rope_kv_write
-    from ninfer.cuda.attention_prefill import attention_prefill
-
     cfg, w = net.cfg, net.w
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     c = fused_splits(cfg, "self_attn.qkvg_proj")
     qkvg = linear(net, h, p + "self_attn.qkvg_proj")  # [query | gate] per head | k | v
     qg, k, v = qkvg[:, : c[1]], qkvg[:, c[1] : c[2]], qkvg[:, c[2] :]
     scales = {"k_scale": net.ks[j], "v_scale": net.vs[j]} if net.ks else {}  # fp8 KV only
-    q = qk_norm_rope_kv_write(
+    q = attention_ops.qk_norm_rope_kv_write(
         qg, k, v, w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"], m.pos, m.kv_slots,
         net.kc[j], net.vc[j], heads=hq, kv_heads=hkv, head_dim=d, rotary_dim=cfg.rotary_dim,
         theta=cfg.rope_theta, mrope_section=cfg.mrope_section, interleaved=cfg.mrope_interleaved,
         eps=cfg.rms_norm_eps, **scales,
     )  # fmt: skip
     if m.t > 8 and net.prefill_gemm and net.kc[j].dtype == np.uint16:  # bf16 cache: tensor-core prefill
-        o = attention_prefill(
+        o = prefill_ops.attention_prefill(
             q, net.kc[j], net.vc[j], m.page_table, m.row_seq, m.row_pos, max_len=m.max_len,
             precision=net.prefill_attention,
         )  # fmt: skip
     else:
-        o = attention(
+        o = attention_ops.attention(
             q, net.kc[j], net.vc[j], m.page_table, m.row_seq, m.row_pos, max_len=m.max_len, chunk=m.chunk,
             **scales,
         )  # fmt: skip
@@ -152,9 +158,6 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None, f
     ``f16_norm_out``, for the output norm to write the out-projection's rows). Decode, and prefill
     with ``prefill_gemm=False``, run ``gdn_decode`` (conv, exact recurrence token by token and gated norm in two
     launches), so a token's result matches its decode bitwise."""
-    from ninfer.cuda.gdn import causal_conv, gdn_chunked, gdn_decode
-    from ninfer.cuda.norm import gated_f16_ok, gated_rmsnorm
-
     cfg, w = net.cfg, net.w
     p += "linear_attn."
     hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
@@ -173,40 +176,37 @@ def gdn_block(net: Any, p: str, h: Any, m: Meta, j: int, *, resid: Any = None, f
         conv = (w[p + "conv1d.weight"], net.conv[j])
         # the conv inside the chunked prep (tc variants; gdn_chunked runs causal_conv first for the others)
         if net.gdn_conv_prep:
-            o = gdn_chunked(qkv, *rule, n_k_heads=nk, variant=net.gdn_variant, conv=conv)
+            o = gdn_ops.gdn_chunked(qkv, *rule, n_k_heads=nk, variant=net.gdn_variant, conv=conv)
         else:  # the same bits through the conv output
-            y = causal_conv(qkv, *conv, m.starts, m.gslots)
-            o = gdn_chunked(y, *rule, n_k_heads=nk, variant=net.gdn_variant)
+            y = gdn_ops.causal_conv(qkv, *conv, m.starts, m.gslots)
+            o = gdn_ops.gdn_chunked(y, *rule, n_k_heads=nk, variant=net.gdn_variant)
         # the out-projection's fp16-mode rows straight from the norm where that GEMM runs (bitwise the same)
-        f16 = f16 and f16_norm_reader(w[p + "out_proj.weight"]) and gated_f16_ok(hv, dv)
-        on = gated_rmsnorm(o.reshape(m.t * hv, dv), z, nw, eps, f16=f16)
+        f16 = f16 and f16_norm_reader(w[p + "out_proj.weight"]) and norm_ops.gated_f16_ok(hv, dv)
+        on = norm_ops.gated_rmsnorm(o.reshape(m.t * hv, dv), z, nw, eps, f16=f16)
         if f16:
             return linear(net, on, p + "out_proj.weight")
     else:
-        on = gdn_decode(
+        on = gdn_ops.gdn_decode(
             qkv, w[p + "conv1d.weight"], net.conv[j], *rule, z, nw, eps, n_k_heads=nk, snap=m.snap
         )
     return linear(net, on.reshape(m.t, hv * dv), p + "out_proj.weight", resid=resid)
 
 
 def _swiglu_ffn(net: Any, h: Any, gate_up: str, down: str, resid: Any = None) -> Any:
-    from ninfer.cuda.gemm import gemm, gemm_gate_up_swiglu, swiglu_gemm_ok
-    from ninfer.cuda.linear import gemv, swiglu_out_ok
-
     t, wg, wd = h.shape[0], net.w[gate_up], net.w[down]
     # the SwiGLU in gate | up's epilogue (gemm_swiglu.py): bitwise the two-array path below
-    if resid is None and f16_norm_out(net, t) and swiglu_gemm_ok(wg, wd, t):
-        hs = gemm_gate_up_swiglu(h, wg, operands=net.operands)
-        return gemm(hs, wd, inputs="fp16", operands=net.operands)
+    if resid is None and f16_norm_out(net, t) and gemm_ops.swiglu_gemm_ok(wg, wd, t):
+        hs = gemm_ops.gemm_gate_up_swiglu(h, wg, operands=net.operands)
+        return gemm_ops.gemm(hs, wd, inputs="fp16", operands=net.operands)
     # the GEMV's SwiGLU epilogue (net.gemv_swiglu_out; gemv.cu gemv_mma_gu): gate | up stores silu(gate) * up [t, I]
     # and the down product reads it plainly, bitwise the two-array path below
     if (
         getattr(net, "gemv_swiglu_out", False)
         and net.act == np.float32
         and not _gemm(net, t)
-        and swiglu_out_ok(wg)
+        and linear_ops.swiglu_out_ok(wg)
     ):
-        hs = gemv(h, wg, swiglu_out=True, prefetch=next_product(net, wg))
+        hs = linear_ops.gemv(h, wg, swiglu_out=True, prefetch=next_product(net, wg))
         return linear(net, hs, down, resid=resid)
     return linear(net, linear(net, h, gate_up), down, swiglu=True, resid=resid)
 
@@ -238,14 +238,14 @@ def _lanes(net: Any, h: Any, p: str, ids: Any, xrow: Any, ns: int, experts: int,
     SwiGLU while staging, as in decode."""
     import cupy
 
-    from ninfer.cuda.moe_lanes import expert_lanes, expert_lanes_product
-
     inter, hid = net.cfg.moe_intermediate_size, net.cfg.hidden_size
-    table = expert_lanes(ids, xrow, experts, nb)
+    table = lanes_ops.expert_lanes(ids, xrow, experts, nb)
     gu = cupy.empty((ns, 2 * inter), dtype=h.dtype)
-    expert_lanes_product(h, net.w[p + "experts.gate_up_proj"], table, 2 * inter, gu, gate_up=True)
+    lanes_ops.expert_lanes_product(h, net.w[p + "experts.gate_up_proj"], table, 2 * inter, gu, gate_up=True)
     dn = cupy.empty((ns, hid), dtype=h.dtype)
-    expert_lanes_product(gu, net.w[p + "experts.down_proj"], table, hid, dn, gate_up=False, swiglu=True)
+    lanes_ops.expert_lanes_product(
+        gu, net.w[p + "experts.down_proj"], table, hid, dn, gate_up=False, swiglu=True
+    )
     return gu, dn
 
 
@@ -255,8 +255,6 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
     layer returns its uncombined parts (``norm.MoeCombine``) for the next norm to combine in the same launch.
     ``resid``: dense layers only (the down projection folds the residual add)."""
     import cupy
-
-    from ninfer.cuda.router import moe_route, moe_sort
 
     cfg, w, p = net.cfg, net.w, p + "mlp."
     if not cfg.is_moe:
@@ -294,12 +292,12 @@ def ffn_block(net: Any, p: str, h: Any, m: Meta, *, defer_combine: bool = False,
         rg = gemv(x, wr, route=(e, k, e if shared else None, ids, ew), prefetch=next_product(net, wr))
     else:
         rg = _router(net, x, p + "router_gates")
-        eid, ew = moe_route(rg[:, :e], k, shared=e if shared else None)
+        eid, ew = router_ops.moe_route(rg[:, :e], k, shared=e if shared else None)
         ids = eid.reshape(-1)
     if t > 8:  # prefill: visit slots grouped by expert so the expert's weights stay in L2 (one launch: the
         # stable argsort's order, the slots' token rows and each pair's slot; the CuPy sort, gathers and scatter it
         # replaced were ~10 launches per layer, host-bound in a 256-token follow-up turn)
-        ids, xrow, where = moe_sort(ids, n, k, e)
+        ids, xrow, where = router_ops.moe_sort(ids, n, k, e)
     else:  # decode: constant tables, one per (lanes, k, shared) (a prefill length would add one per prompt length)
         slot = net.const_i32(("slot", ns), np.arange(ns))
         xr = np.concatenate([np.arange(n) // k, np.arange(t if shared else 0)])
@@ -359,8 +357,6 @@ def _router(net: Any, x: Any, name: str) -> Any:
     other prefill products run as GEMMs too (the same operands, another fp32 accumulation order; never the fp16
     inputs' rounding). Measured (H200, 1e66f7e): the 8-row blocks took 5.2 ms of a 35B-A3B 4096-token chunk, each
     block dequantizing the whole router weight again."""
-    from ninfer.cuda.gemm import gemm
-
     w = net.w[name]
     if (
         x.shape[0] < ROUTER_GEMM_ROWS
@@ -369,14 +365,12 @@ def _router(net: Any, x: Any, name: str) -> Any:
         or x.dtype != np.float32
     ):
         return linear(net, x, name, exact=True)
-    return gemm(x, w, inputs="exact", operands=net.operands)
+    return gemm_ops.gemm(x, w, inputs="exact", operands=net.operands)
 
 
 def _route_in_router(net: Any, x: Any, wr: Any, t: int, lanes: bool, gemm: bool) -> bool:
     """Whether a call's MoE routing runs in the router GEMV's tail (``net.moe_route_router``; decode-sized calls,
     float32 rows, a single-format router of at most 256 experts; not with ``moe_route_fused``)."""
-    from ninfer.cuda.weights import DeviceWeight
-
     return (
         bool(getattr(net, "moe_route_router", False))
         and t <= 8
@@ -453,18 +447,15 @@ def combine_norm(
     its own first."""
     import cupy
 
-    from ninfer.cuda.gemv_experts import gemv_experts_down_combine
-    from ninfer.cuda.norm import moe_combine_rmsnorm
-
     if c.down is not None and not f16:
         y = cupy.empty((c.rows, int(c.dn.shape[1])), dtype=c.dn.dtype)
         gu, wd, ids, slot = c.down
-        if gemv_experts_down_combine(
+        if experts_ops.gemv_experts_down_combine(
             gu, wd, ids, slot, c.dn, where=c.where, ew=c.ew, sh=c.sh, sg=c.sg, ldsg=c.ldsg, residual=residual,
             weight=w, eps=eps, offset=offset, out=y,
         ):  # fmt: skip
             return y
-    return moe_combine_rmsnorm(settle(c), w, eps, residual=residual, offset=offset, f16=f16)
+    return norm_ops.moe_combine_rmsnorm(settle(c), w, eps, residual=residual, offset=offset, f16=f16)
 
 
 def combine(c: MoeCombine) -> Any:

@@ -7,7 +7,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ninfer.cuda._common import F16Rows, KernelError, act_type, check_array, check_rows, grid_1d, matrix_out
+from ninfer.cuda._common import (
+    F16Rows,
+    KernelError,
+    MadeF16Rows,
+    act_type,
+    check_array,
+    check_rows,
+    grid_1d,
+    matrix_out,
+)
 from ninfer.cuda.launch import launch
 from ninfer.cuda.loader import kernel
 
@@ -57,7 +66,7 @@ def _f16_out(rows: int, h: int) -> F16Rows:
 
     if not f16_out_ok(h):
         raise KernelError(f"f16 rows: H={h} must be a multiple of 8 and at most {F16_MAX_H}")
-    return F16Rows(cupy.empty((rows, h), dtype=np.uint16), cupy.empty(rows, dtype=np.float32))
+    return MadeF16Rows(cupy.empty((rows, h), dtype=np.uint16), cupy.empty(rows, dtype=np.float32))
 
 
 class MoeCombine(NamedTuple):
@@ -214,7 +223,7 @@ def gated_rmsnorm(o: Any, z: Any, w: Any, eps: float, out: Any = None, *, f16: b
             raise KernelError(
                 f"gated_rmsnorm(f16=True): float32, at most {_GN_HEADS} heads of at most {_GN_D}"
             )
-        y = F16Rows(cupy.empty((zrows, zw), dtype=np.uint16), cupy.empty(zrows, dtype=np.float32))
+        y = MadeF16Rows(cupy.empty((zrows, zw), dtype=np.uint16), cupy.empty(zrows, dtype=np.float32))
         if zrows:
             fn = kernel("norm.cu", SOURCES["norm.cu"], _gated_f16_kernel(zheads, d))
             args = (o, z, w, y.xh, y.rowf, np.int32(zheads), np.int32(d), np.float32(eps), np.int64(ldo))
