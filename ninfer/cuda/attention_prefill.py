@@ -13,7 +13,8 @@ on ``mma.sync``); ``variant="wg"`` is the same block with its two products per t
 kept for comparison (perf/bench_attention.py). ``"gqa"`` and ``"head"`` give the same bits; ``"wg"`` gave them too
 on every shape measured on the H200 (perf/bench_attention.py, the head-256 model test), which its kernel test does
 not require (it allows fp32 rounding against ``"gqa"``). ``variant="auto"``
-(the default) is ``"wg"`` wherever it compiles and ``"gqa"`` elsewhere: a choice made by the head size and the
+(the default) is ``"wg"`` wherever it compiles (``"ws"``, its warp-specialized form with the same bits, at precision
+``"bf16"``) and ``"gqa"`` elsewhere: a choice made by the head size, the precision and the
 device only, never by the launch, so a row's bits stay independent of the rows beside it and of the chunking.
 docs/cuda.md gives the arithmetic.
 
@@ -202,7 +203,7 @@ def attention_prefill(
         raise KernelError(f"variant 'ws' computes precision 'bf16' only, not {precision!r}")
     if precision != "exact" and variant not in ("auto", "wg", "ws"):
         raise KernelError(
-            f"precision {precision!r}: the wgmma kernel's (variant 'wg' or 'auto'), not {variant!r}"
+            f"precision {precision!r}: the wgmma kernels' (variant 'wg', 'ws' or 'auto'), not {variant!r}"
         )
 
     t, (r, hq, d), hkv = paged_query(q, k_cache)
