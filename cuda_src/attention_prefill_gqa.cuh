@@ -70,6 +70,61 @@ __device__ __forceinline__ void ag_stage_kv(const bf16* kc, const bf16* vc, cons
     }
 }
 
+// A segment's start for warp wm's 16 slots (rows row[0], row[1] of this thread; a row outside [s0, s1) attends
+// nothing): their last keys, running max and sum, O zeroed. Returns the engine's skip bound (E::group_lim of the
+// warp's largest last key: the last key any row of its unit of issue attends).
+template <class E, int D>
+__device__ __forceinline__ int ag_segment_begin(ApRows<D>& st, const int (&row)[2], const int* s_pos, int s0, int s1,
+                                                int wm, int G) {
+    int wlim = -1;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        st.lim[h] = row[h] >= s0 && row[h] < s1 ? s_pos[row[h]] : -1;
+        st.m[h] = NEG_INF, st.l[h] = 0.f;
+        wlim = max(wlim, st.lim[h]);
+    }
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) wlim = max(wlim, __shfl_xor_sync(0xffffffffu, wlim, x));
+    wlim = E::group_lim(wlim, s_pos, s0, s1, wm, G);  // the engine's skip unit (a warp, or a warpgroup)
+#pragma unroll
+    for (int f = 0; f < D / 8; ++f) st.acc[f][0] = st.acc[f][1] = st.acc[f][2] = st.acc[f][3] = 0.f;
+    return wlim;
+}
+
+// A segment's outputs for this thread's two slots: O / l, or with key splits the split's partial state (the
+// unnormalised O, running max and quad-summed l), merged by attention_prefill_combine. Rows with no key in this
+// split (or not in the segment) write nothing.
+template <typename T, int D>
+__device__ __forceinline__ void ag_store(const ApRows<D>& st, const int (&row)[2], int wm, int r0, int R, int HQ,
+                                         int hk, int G, int kz0, int split_keys, T* __restrict__ o,
+                                         float* __restrict__ part) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = st.l[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (st.lim[h] < kz0) continue;  // no row here, or none of its keys in this split
+        const int m = wm + g + 8 * h;
+        const long long oh = (long long)(r0 + row[h]) * HQ + hk * G + m % G;
+        if (split_keys) {  // the split's partial state, merged by attention_prefill_combine
+            float* prow = part + ((long long)blockIdx.z * R * HQ + oh) * (D + 2);
+#pragma unroll
+            for (int f = 0; f < D / 8; ++f)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) prow[8 * f + 2 * t + c] = st.acc[f][2 * h + c];
+            if (t == 0) prow[D] = st.m[h], prow[D + 1] = l;
+            continue;
+        }
+        const float il = l > 0.f ? 1.f / l : 0.f;
+        T* orow = o + oh * D;
+#pragma unroll
+        for (int f = 0; f < D / 8; ++f)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) orow[8 * f + 2 * t + c] = from_f<T>(st.acc[f][2 * h + c] * il);
+    }
+}
+
 // The kernel body. grid (ceil(R / BR), HKV, splits), BR = 128 / G (G <= 128), 256 threads; dynamic shared memory
 // (from E::base): Qh, Ql (float q) of E::Q_WORDS each, K and V [2 buffers] of E::KV_WORDS bf16 words, then the
 // rows' sequence and position [128] ints each.
@@ -95,7 +150,7 @@ __device__ __forceinline__ void ag_body(const T* __restrict__ q, const bf16* __r
     int* s_pos = s_seq + AG_SLOTS;
     const int G = HQ / HKV, BR = AG_SLOTS / G, hk = blockIdx.y;
     const int r0 = (gridDim.x - 1 - blockIdx.x) * BR, nrows = min(BR, R - r0), kz0 = blockIdx.z * split_keys;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wm = warp * 16;
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, wm = warp * 16;
     const int ps_shift = ag_page_shift(page_size);
     ap_load_rows(row_seq, row_pos, r0, nrows, AG_SLOTS, s_seq, s_pos);
     ag_stage_q<E, T, D>(q, nrows, HQ, G, hk, r0, Qh, Ql);
@@ -107,18 +162,7 @@ __device__ __forceinline__ void ag_body(const T* __restrict__ q, const bf16* __r
         const int b = s_seq[s0];
         int kend;
         s1 = ap_segment(s_seq, s_pos, s0, nrows, kend);
-        int wlim = -1;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            st.lim[h] = row[h] >= s0 && row[h] < s1 ? s_pos[row[h]] : -1;
-            st.m[h] = NEG_INF, st.l[h] = 0.f;
-            wlim = max(wlim, st.lim[h]);
-        }
-#pragma unroll
-        for (int x = 16; x > 0; x >>= 1) wlim = max(wlim, __shfl_xor_sync(0xffffffffu, wlim, x));
-        wlim = E::group_lim(wlim, s_pos, s0, s1, wm, G);  // the engine's skip unit (a warp, or a warpgroup)
-#pragma unroll
-        for (int f = 0; f < D / 8; ++f) st.acc[f][0] = st.acc[f][1] = st.acc[f][2] = st.acc[f][3] = 0.f;
+        const int wlim = ag_segment_begin<E, D>(st, row, s_pos, s0, s1, wm, G);
         const int* pt = page_table + (long long)b * ldpt;
         // this block's tiles: all of the segment's, or those of split z (block-uniform bounds)
         const int i0 = split_keys ? kz0 / BN : 0;
@@ -139,30 +183,7 @@ __device__ __forceinline__ void ag_body(const T* __restrict__ q, const bf16* __r
             if (i * BN <= wlim) E::template tile<SPLIT>(Qh, Ql, Kb + cb * KW, Vb + cb * KW, wm, i * BN, scale, st);
         }
         __syncthreads();  // the next segment's first copies reuse the buffers
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float l = st.l[h];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            if (st.lim[h] < kz0) continue;  // no row here, or none of its keys in this split
-            const int m = wm + g + 8 * h;
-            const long long oh = (long long)(r0 + row[h]) * HQ + hk * G + m % G;
-            if (split_keys) {  // the split's partial state, merged by attention_prefill_combine
-                float* prow = part + ((long long)blockIdx.z * R * HQ + oh) * (D + 2);
-#pragma unroll
-                for (int f = 0; f < D / 8; ++f)
-#pragma unroll
-                    for (int c = 0; c < 2; ++c) prow[8 * f + 2 * t + c] = st.acc[f][2 * h + c];
-                if (t == 0) prow[D] = st.m[h], prow[D + 1] = l;
-                continue;
-            }
-            const float il = l > 0.f ? 1.f / l : 0.f;
-            T* orow = o + oh * D;
-#pragma unroll
-            for (int f = 0; f < D / 8; ++f)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) orow[8 * f + 2 * t + c] = from_f<T>(st.acc[f][2 * h + c] * il);
-        }
+        ag_store<T, D>(st, row, wm, r0, R, HQ, hk, G, kz0, split_keys, o, part);
     }
 }
 

@@ -22,6 +22,7 @@
 // Shared memory as the wg kernel's: Q [2 warpgroups][4 x 64-dim blocks][64 slots][64] bf16 (64 KB), K and V
 // [2 stages][4][64 keys][64] (128 KB), the rows' sequence and position (1 KB), 8 mbarriers, 1024 of alignment.
 #include "attention_wg.cuh"
+#include "mbarrier.cuh"
 
 #define AS_THREADS 384
 #define AS_CONSUMER_WARPS 8
@@ -30,26 +31,6 @@
 #endif
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void as_bar_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void as_bar_wait(u32 bar, u32 parity) {
-    u32 done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-__device__ __forceinline__ void as_bar_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// one arrival on bar once all of this thread's earlier cp.async copies have landed
-__device__ __forceinline__ void as_bar_arrive_cp(u32 bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 __device__ __forceinline__ void as_named_sync(int id) {
     asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
 }
@@ -67,11 +48,11 @@ struct AsBars {
 // A consumer warp's release of tile n's K or V stage (lane 0 arrives for the warp)
 __device__ __forceinline__ void as_release(const AsBars& b, int kv, int n) {
     __syncwarp();
-    if ((threadIdx.x & 31) == 0) as_bar_arrive(b.empty(kv, n & 1));
+    if ((threadIdx.x & 31) == 0) mbar_arrive(b.empty(kv, n & 1));
 }
 // wait until tile n's K or V has landed, then make it visible to this thread's wgmma operand reads
 __device__ __forceinline__ void as_acquire(const AsBars& b, int kv, int n) {
-    as_bar_wait(b.full(kv, n & 1), (n >> 1) & 1);
+    mbar_wait(b.full(kv, n & 1), (n >> 1) & 1);
     fence_proxy_async();
 }
 
@@ -131,14 +112,14 @@ __device__ __forceinline__ void as_produce(const AsBars& b, const bf16* kc, cons
         const int i1 = split_keys ? min(kend / BN, (kz0 + split_keys) / BN - 1) : kend / BN;
         for (int i = i0; i <= i1; ++i, ++n) {
             const int st = n & 1, ph = ((n >> 1) & 1) ^ 1;  // a fresh stage counts as released
-            as_bar_wait(b.empty(0, st), ph);
+            mbar_wait(b.empty(0, st), ph);
             ag_stage_kv<E, D, 128, 1, AS_STAGE_UNROLL>(kc, vc, pt, page_size, ps_shift, HKV, hk, i * BN, kend, Kb + st * KW,
                                       Vb + st * KW, tid);
-            as_bar_arrive_cp(b.full(0, st));
-            as_bar_wait(b.empty(1, st), ph);
+            mbar_arrive_cp(b.full(0, st));
+            mbar_wait(b.empty(1, st), ph);
             ag_stage_kv<E, D, 128, 2, AS_STAGE_UNROLL>(kc, vc, pt, page_size, ps_shift, HKV, hk, i * BN, kend, Kb + st * KW,
                                       Vb + st * KW, tid);
-            as_bar_arrive_cp(b.full(1, st));
+            mbar_arrive_cp(b.full(1, st));
         }
     }
 }
@@ -249,7 +230,7 @@ __device__ __forceinline__ void as_consume(const AsBars& b, const u16* Qh, const
                                            int G, int hk, float scale, int split_keys, int kz0, T* __restrict__ o,
                                            float* __restrict__ part) {
     constexpr int BN = E::BN;
-    const int ct = threadIdx.x - 128, warp = ct >> 5, lane = ct & 31, g = lane >> 2, t = lane & 3, wm = warp * 16;
+    const int ct = threadIdx.x - 128, warp = ct >> 5, g = (ct & 31) >> 2, wm = warp * 16;
     const int wg = warp >> 2;
     const u32 qh = smem_u32(Qh + (wm >> 6) * 64 * D), k0s = smem_u32(Kb), v0s = smem_u32(Vb);
     const int row[2] = {(wm + g) / G, (wm + g + 8) / G};
@@ -259,18 +240,7 @@ __device__ __forceinline__ void as_consume(const AsBars& b, const u16* Qh, const
     for (int s0 = 0, s1; s0 < nrows; s0 = s1) {
         int kend;
         s1 = ap_segment(s_seq, s_pos, s0, nrows, kend);
-        int wlim = -1;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            st.lim[h] = row[h] >= s0 && row[h] < s1 ? s_pos[row[h]] : -1;
-            st.m[h] = NEG_INF, st.l[h] = 0.f;
-            wlim = max(wlim, st.lim[h]);
-        }
-#pragma unroll
-        for (int x = 16; x > 0; x >>= 1) wlim = max(wlim, __shfl_xor_sync(0xffffffffu, wlim, x));
-        wlim = E::group_lim(wlim, s_pos, s0, s1, wm, G);
-#pragma unroll
-        for (int f = 0; f < D / 8; ++f) st.acc[f][0] = st.acc[f][1] = st.acc[f][2] = st.acc[f][3] = 0.f;
+        const int wlim = ag_segment_begin<E, D>(st, row, s_pos, s0, s1, wm, G);
         const int i0 = split_keys ? kz0 / BN : 0;
         const int i1 = split_keys ? min(kend / BN, (kz0 + split_keys) / BN - 1) : kend / BN;
         if (i0 > i1) continue;  // no key of this split is visible to the segment (the producer skips it too)
@@ -287,46 +257,17 @@ __device__ __forceinline__ void as_consume(const AsBars& b, const u16* Qh, const
             const int m = n + i - i0;
             as_turn_begin<PP>(wg);
             as_turn_end<PP>(wg);
-            as_bar_wait(b.full(0, m & 1), (m >> 1) & 1);
+            mbar_wait(b.full(0, m & 1), (m >> 1) & 1);
             as_release(b, 0, m);
-            as_bar_wait(b.full(1, m & 1), (m >> 1) & 1);
+            mbar_wait(b.full(1, m & 1), (m >> 1) & 1);
             as_release(b, 1, m);
         }
         n += i1 - i0 + 1;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // ag_body's outputs
-            float l = st.l[h];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            if (st.lim[h] < kz0) continue;
-            const int m = wm + g + 8 * h;
-            const long long oh = (long long)(r0 + row[h]) * HQ + hk * G + m % G;
-            if (split_keys) {
-                float* prow = part + ((long long)blockIdx.z * R * HQ + oh) * (D + 2);
-#pragma unroll
-                for (int f = 0; f < D / 8; ++f)
-#pragma unroll
-                    for (int c = 0; c < 2; ++c) prow[8 * f + 2 * t + c] = st.acc[f][2 * h + c];
-                if (t == 0) prow[D] = st.m[h], prow[D + 1] = l;
-                continue;
-            }
-            const float il = l > 0.f ? 1.f / l : 0.f;
-            T* orow = o + oh * D;
-#pragma unroll
-            for (int f = 0; f < D / 8; ++f)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) orow[8 * f + 2 * t + c] = from_f<T>(st.acc[f][2 * h + c] * il);
-        }
+        ag_store<T, D>(st, row, wm, r0, R, HQ, hk, G, kz0, split_keys, o, part);
     }
     if (PP && wg == 0) as_named_sync(1);  // pairs warpgroup 1's first arrival
 }
 
-template <int R> __device__ __forceinline__ void as_setmaxnreg_inc() {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
-}
-template <int R> __device__ __forceinline__ void as_setmaxnreg_dec() {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
-}
 #endif
 
 // grid (ceil(R / BR), HKV, splits), 384 threads; dynamic shared memory 2 D (128 + 4 * 64) + 1024 + 1024 + 64 bytes
@@ -354,19 +295,19 @@ __global__ void __launch_bounds__(AS_THREADS, 1)
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            as_bar_init(b.bars + 8 * i, 128);                     // full: one cp.async arrival per producer thread
-            as_bar_init(b.bars + 8 * (4 + i), AS_CONSUMER_WARPS);  // empty: one arrival per consumer warp
+            mbar_init(b.bars + 8 * i, 128);                     // full: one cp.async arrival per producer thread
+            mbar_init(b.bars + 8 * (4 + i), AS_CONSUMER_WARPS);  // empty: one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     E::after_copy();
     __syncthreads();
     if (threadIdx.x < 128) {
-        as_setmaxnreg_dec<32>();
+        setmaxnreg_dec<32>();
         as_produce<E, D>(b, k_cache, v_cache, page_table, ldpt, s_seq, s_pos, nrows, page_size, HKV, hk, split_keys,
                          kz0, Kb, Vb);
     } else {
-        as_setmaxnreg_inc<232>();
+        setmaxnreg_inc<232>();
         as_consume<E, T, D, OV, PP>(b, Qh, Kb, Vb, s_seq, s_pos, nrows, r0, R, HQ, G, hk, scale, split_keys, kz0, o,
                                     part);
     }

@@ -24,6 +24,7 @@
 #include "wgmma.cuh"
 #include "gate_up.cuh"
 #include "ws_sched.cuh"
+#include "mbarrier.cuh"
 
 #define WS_SMEM 232448  // the opt-in maximum, as every gemm_sm90.cu instance: one CTA per SM
 
@@ -33,25 +34,6 @@ struct __align__(64) NiTensorMap {
 };
 
 #ifdef __CUDA_ARCH__
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-    u32 done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 // box at (c0 = k, c1 = row) of a 2-D tensor map -> shared memory at dst; completes `bytes` on bar
 __device__ __forceinline__ void tma_load_2d(u32 dst, const NiTensorMap* map, int c0, int c1, u32 bar) {
     asm volatile(
@@ -59,12 +41,6 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const NiTensorMap* map, int
         "[%4];\n" ::"r"(dst),
         "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
-}
-template <int R> __device__ __forceinline__ void setmaxnreg_inc() {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
-}
-template <int R> __device__ __forceinline__ void setmaxnreg_dec() {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
 }
 
 // Shared memory: 1024-aligned ring (slot s at ring + s * WS_STAGE_BYTES: A tile, then B tile), then full[S], empty[S].

@@ -87,7 +87,7 @@ def test_other_gdn_state_variant_compiles(tmp_path: Path) -> None:
 def test_warp_specialized_kernels_do_not_spill(tmp_path: Path, src: str) -> None:
     """Every instance of the warp-specialized families assembles without spilling: the ws GEMM (consumers hold 128
     fp32 accumulators under setmaxnreg 232) and its split-K reduction, and the warp-specialized prefill attention
-    (consumers under setmaxnreg 240 hold O's 128 accumulators, S and two P fragments; the producer 24 registers).
+    (consumers under setmaxnreg 232 hold O's 128 accumulators, S and two P fragments; the producer 32 registers).
     The ptxas report is printed (pytest -s)."""
     import re
 
