@@ -19,6 +19,10 @@
 //   PP (ping-pong): the two consumer warpgroups take turns issuing their products (named barriers 1 and 2), so that
 //      one's softmax overlaps the other's products instead of both waiting on the tensor cores at once. Both take
 //      a turn for every issue step of every segment, also for steps with nothing to issue, so the turns stay paired.
+// Measured (H100, docs/cuda.md "Warp-specialized prefill attention"): PP alone is the fastest (8K prompt, 27B heads:
+// 53.1% of the bf16 GEMM rate against the wg kernel's 46.0%), OV slower; attention_prefill.WS_OPTIONS = (OV off, PP
+// on). Registers: setmaxnreg 32 / 232 with the producer's chunk loop unrolled AS_STAGE_UNROLL = 4 ways (no spills;
+// OV's S, two P arrays and O need the 232, below which ptxas serializes every wgmma).
 // Shared memory as the wg kernel's: Q [2 warpgroups][4 x 64-dim blocks][64 slots][64] bf16 (64 KB), K and V
 // [2 stages][4][64 keys][64] (128 KB), the rows' sequence and position (1 KB), 8 mbarriers, 1024 of alignment.
 #include "attention_wg.cuh"
