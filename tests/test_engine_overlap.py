@@ -27,8 +27,9 @@ def test_mask_is_computed_during_the_model_step(model) -> None:  # noqa: ANN001
 
     def slow_execute(batch):  # noqa: ANN001, ANN202
         in_step.set()
-        if any(w.sample for w in batch.work):
+        if any(w.sample for w in batch.work):  # this step's own mask (one per sampled step) has started
             seen["execute_saw_mask"] &= mask_started.wait(5.0)
+            mask_started.clear()  # else a later step could finish before its mask starts, which then waits alone
         out = execute(batch)
         in_step.clear()
         return out
