@@ -165,7 +165,7 @@ __device__ __forceinline__ void as_step(const AsBars& b, ApRows<D>& st, float (&
 
 // The tiles i0..iw of one segment (tile counter n0 at i0; iw < i0: none) for this consumer warpgroup, in iw - i0 + 1
 // turns (+ 1 with OV).
-template <typename T, int D, bool OV, bool PP>
+template <int D, bool OV, bool PP>
 __device__ __forceinline__ void as_segment(const AsBars& b, ApRows<D>& st, u32 qh, u32 k0s, u32 v0s, int i0, int i1,
                                           int iw, int n0, float scale, int wg) {
     constexpr int BN = 64, KB = 2 * BN * D;  // bytes of one stage's K (or V) tile
@@ -249,7 +249,7 @@ __device__ __forceinline__ void as_consume(const AsBars& b, const u16* Qh, const
         const int i1 = split_keys ? min(kend / BN, (kz0 + split_keys) / BN - 1) : kend / BN;
         if (i0 > i1) continue;  // no key of this split is visible to the segment (the producer skips it too)
         const int iw = wlim < 0 ? i0 - 1 : min(i1, wlim / BN);  // tiles i * BN <= wlim, as ag_body's skip
-        as_segment<T, D, OV, PP>(b, st, qh, k0s, v0s, i0, i1, iw, n, scale, wg);
+        as_segment<D, OV, PP>(b, st, qh, k0s, v0s, i0, i1, iw, n, scale, wg);
         // The tiles past this warpgroup's slots: released in order, each after its turn, so that the warpgroups
         // take i1 - i0 + 1 turns per segment (+ 1 with OV: its last P V) and every turn's tiles are already
         // loaded or next in line (a turn taken only after the releases would wait for tiles that need them).

@@ -137,10 +137,7 @@ def smem_bytes(d: int, t: str, variant: str = "gqa", precision: str = "exact") -
     q) [64][D+8], Ks and Vs [BN][D+8]. GQA kernel: Qh (+ Ql) [128][D+8], Ks and Vs [2][BN][D+8], then the rows'
     sequence and position (2 x 128 int32). The wgmma kernel stages Ql only at precision ``"exact"`` / ``"p-bf16"``."""
     ld, halves = d + 8, 2 if t == "float" and precision != "bf16" else 1
-    if variant in (
-        "wg",
-        "ws",
-    ):  # swizzled tiles of 64-element rows (no padding) from a 1024-byte aligned start
+    if variant in ("wg", "ws"):  # swizzled tiles of 64-element rows (no padding), 1024-byte aligned
         bn = block_keys(d, variant, precision)
         bars = 64 if variant == "ws" else 0  # its 8 mbarriers
         return 1024 + 2 * d * (GQA_SLOTS * halves + 4 * bn) + 8 * GQA_SLOTS + bars

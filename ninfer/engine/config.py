@@ -66,8 +66,8 @@ class EngineConfig:
     """Retain finished sequences and resume new requests from their checkpoints."""
     checkpoint_stride: int | None = None
     """GDN checkpoints every this many tokens (plus end of prompt and end of generation); None: the larger of
-    ``CHECKPOINT_STRIDE`` (4096) and the (resolved) ``prefill_chunk``, since a prompt's chunks are also cut at these positions
-    (an explicit stride below the chunk makes the chunk no larger than the stride)."""
+    ``CHECKPOINT_STRIDE`` (4096) and the (resolved) ``prefill_chunk``, since a prompt's chunks are also cut at
+    these positions (an explicit stride below the chunk makes the chunk no larger than the stride)."""
     checkpoint_budget_bytes: int | None = None
     """Bytes for GDN checkpoints (retained and being taken); None: 16 + 2 per lane snapshots of the model."""
     reserved_sequences: int = 64
@@ -148,8 +148,9 @@ class EngineConfig:
         itself when nothing is left to resolve."""
         if self.prefill_chunk is not None:
             return self
-        stride = self.checkpoint_stride  # still None unless it was given explicitly
-        return replace(self, prefill_chunk=default_prefill_chunk(model_config), checkpoint_stride=stride)
+        return replace(
+            self, prefill_chunk=default_prefill_chunk(model_config)
+        )  # __post_init__ derives the stride
 
     # ---- derived values -------------------------------------------------------------------------------
     @property

@@ -59,7 +59,9 @@ class Engine:
         turns: TurnMarker | None = None,
         background: bool = True,
     ) -> None:
-        cfg = cfg.for_model(model_config)
+        cfg = cfg.for_model(
+            model_config
+        )  # the model's prefill chunk (the CUDA runner resolves its copy alike)
         self.config, self.model_config, self.tokenizer = cfg, model_config, tokenizer
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._token_limit = token_limit
@@ -113,8 +115,6 @@ class Engine:
             cfg = config if config is not None else EngineConfig(**settings)
         except TypeError as e:
             raise EngineConfigError(f"unknown engine setting: {e}") from None
-        # the model's defaults (the prefill chunk), before the runner sizes its memory by them
-        cfg = cfg.for_model(model.config)
         tokenizer = tokenizer if tokenizer is not None else model.tokenizer
         return cls(
             model.runner(cfg),
