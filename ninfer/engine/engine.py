@@ -59,9 +59,8 @@ class Engine:
         turns: TurnMarker | None = None,
         background: bool = True,
     ) -> None:
-        cfg = cfg.for_model(
-            model_config
-        )  # the model's prefill chunk (the CUDA runner resolves its copy alike)
+        # the model's prefill chunk when the settings leave it open (the CUDA runner resolves its copy alike)
+        cfg = cfg.for_model(model_config)
         self.config, self.model_config, self.tokenizer = cfg, model_config, tokenizer
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._token_limit = token_limit
