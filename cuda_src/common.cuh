@@ -169,6 +169,26 @@ __device__ __forceinline__ void cp_async_f4_wait() {
 #endif
 }
 
+// ---- named barriers (warp-specialized kernels: one warp group signals, another waits) -----------------------
+// barrier `id` (1-15; 0 is __syncthreads') of `count` threads, a multiple of 32: named_bar_sync counts this thread
+// and waits for the phase to complete, named_bar_arrive only counts it (its earlier shared-memory stores are then
+// visible to the threads that wait). A thread may arrive for the next phase only once the current one completed.
+// The host emulation (tests/host/gdn_emu.cpp) runs them as std::barrier.
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+#ifdef __CUDA_ARCH__
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+#elif defined(GDN_HOST_EMU)
+    emu_named_bar(id, count, true);
+#endif
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+#ifdef __CUDA_ARCH__
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+#elif defined(GDN_HOST_EMU)
+    emu_named_bar(id, count, false);
+#endif
+}
+
 // ---- programmatic dependent launch (ninfer/cuda/launch.py) ----------------------------------------------------
 // pdl_trigger: the kernels launched after this one with the PDL attribute may start (they still wait for this
 // grid's completion in pdl_wait before touching its data); a no-op when nothing is launched that way. pdl_wait:

@@ -506,3 +506,6 @@ __global__ void __launch_bounds__(8 * DVS)
 
 // The state pass split into the sequential walk and a chunk-parallel output pass (gdn_chunked(variant="split")).
 #include "gdn_state_split.cuh"
+
+// The state pass with the walk (V', the state) and the outputs on two warp groups (gdn_chunked(variant="wsp")).
+#include "gdn_state_wsp.cuh"

@@ -193,6 +193,47 @@ __device__ __forceinline__ void gsm_gates(const float* g_s, int HV, int j, int t
     }
 }
 
+// The warp's state tiles (rows 16mt + 2g (c0, c1) and + 1 (c2, c3), columns 8nt + 2t, + 1) from / to the state
+// rows st (DV floats apart; columns past DV read as zero and are not stored), and as split B fragments into Sf
+template <int DK, int DVS, int NWARP = 4, typename L = GdnStateMmaSmem<DK, DVS, NWARP>, typename S>
+__device__ __forceinline__ void gsm_state_load(const S* st, float (&sreg)[L::MW][L::NW][4], bool owns, int mt0,
+                                               int nt0, int c0, int DV, int g, int t) {
+#pragma unroll
+    for (int mi = 0; mi < L::MW; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < L::NW; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int d = 16 * (mt0 + mi) + 2 * g + (e >> 1), c = 8 * (nt0 + ni) + 2 * t + (e & 1);
+                sreg[mi][ni][e] = owns && c0 + c < DV ? st_load(st + (long long)d * DV + c) : 0.f;
+            }
+}
+template <int DK, int DVS, int NWARP = 4, typename L = GdnStateMmaSmem<DK, DVS, NWARP>>
+__device__ __forceinline__ void gsm_state_put(float* Sf, const float (&sreg)[L::MW][L::NW][4], int mt0, int nt0,
+                                              int g, int t) {
+#pragma unroll
+    for (int mi = 0; mi < L::MW; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < L::NW; ++ni) {
+            const int d = 16 * (mt0 + mi) + 2 * g, c = 8 * (nt0 + ni) + 2 * t;
+            gsm_put<L::NTN>(Sf, d, c, sreg[mi][ni][0], sreg[mi][ni][2]);
+            gsm_put<L::NTN>(Sf, d, c + 1, sreg[mi][ni][1], sreg[mi][ni][3]);
+        }
+}
+template <int DK, int DVS, int NWARP = 4, typename L = GdnStateMmaSmem<DK, DVS, NWARP>, typename S>
+__device__ __forceinline__ void gsm_state_store(S* st, const float (&sreg)[L::MW][L::NW][4], int mt0, int nt0,
+                                                int c0, int DV, int g, int t) {
+#pragma unroll
+    for (int mi = 0; mi < L::MW; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < L::NW; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int d = 16 * (mt0 + mi) + 2 * g + (e >> 1), c = 8 * (nt0 + ni) + 2 * t + (e & 1);
+                if (c0 + c < DV) st_store(st + (long long)d * DV + c, sreg[mi][ni][e]);
+            }
+}
+
 // ptxas (nvcc 13.0, sm_90a), 4 warps: 140 registers at DK = 128 with 16 columns, 174 with 32; 79-164 for the smaller
 // heads; no spills. A minimum of 3 blocks per SM only at DK = 16 (the tiny test model's heads: without it 8 bytes
 // spill); elsewhere none (0): with 3 the larger heads spill, with 1 they take 255 registers and spill too. 8 warps:
@@ -222,27 +263,11 @@ __global__ void __launch_bounds__(32 * NWARP, NWARP == 8 ? (DK == 32 || DK == 64
     const int mt0 = (w / L::WPM) * MW, nt0 = (w % L::WPM) * NW;
     const bool owns = nt0 < NTN;  // DK = 16 (and DK = 32 at 16 columns with 8 warps): some warps own no state tile
     S* st = state + (((long long)slots[b] * HV + j) * DK) * DV + c0;
-    float sreg[MW][NW][4];  // the warp's state tiles: rows 16mt + 2g (c0, c1) and + 1 (c2, c3), columns 8nt + 2t, + 1
-#pragma unroll
-    for (int mi = 0; mi < MW; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < NW; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int d = 16 * (mt0 + mi) + 2 * g + (e >> 1), c = 8 * (nt0 + ni) + 2 * t + (e & 1);
-                sreg[mi][ni][e] = owns && c0 + c < DV ? st_load(st + (long long)d * DV + c) : 0.f;
-            }
+    float sreg[MW][NW][4];  // the warp's state tiles
+    gsm_state_load<DK, DVS, NWARP>(st, sreg, owns, mt0, nt0, c0, DV, g, t);
     const int t_beg = starts[b], t_end = starts[b + 1];
     const long long ldq = 2LL * HK * DK;  // qk scratch row stride
-    if (owns)
-#pragma unroll
-        for (int mi = 0; mi < MW; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < NW; ++ni) {
-                const int d = 16 * (mt0 + mi) + 2 * g, c = 8 * (nt0 + ni) + 2 * t;
-                gsm_put<NTN>(Sf, d, c, sreg[mi][ni][0], sreg[mi][ni][2]);
-                gsm_put<NTN>(Sf, d, c + 1, sreg[mi][ni][1], sreg[mi][ni][3]);
-            }
+    if (owns) gsm_state_put<DK, DVS, NWARP>(Sf, sreg, mt0, nt0, g, t);
     if (t_beg < t_end) gsm_gates(g_s, HV, j, t_beg, min(C, t_end - t_beg), gate, gate + C, tid);
     if (STG && t_beg < t_end)
         gsm_stage<DK>(Ws, Qs, w_s, qk_s, t_beg, min(C, t_end - t_beg), j, hk, HV, HK, tid, 32 * NWARP);
@@ -306,25 +331,13 @@ __global__ void __launch_bounds__(32 * NWARP, NWARP == 8 ? (DK == 32 || DK == 64
 #pragma unroll
             for (int mi = 0; mi < MW; ++mi)
 #pragma unroll
-                for (int ni = 0; ni < NW; ++ni) {
+                for (int ni = 0; ni < NW; ++ni)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) sreg[mi][ni][e] = fmaf(sreg[mi][ni][e], elast, acc[mi][ni][e]);
-                    const int d = 16 * (mt0 + mi) + 2 * g, c = 8 * (nt0 + ni) + 2 * t;
-                    gsm_put<NTN>(Sf, d, c, sreg[mi][ni][0], sreg[mi][ni][2]);
-                    gsm_put<NTN>(Sf, d, c + 1, sreg[mi][ni][1], sreg[mi][ni][3]);
-                }
+            gsm_state_put<DK, DVS, NWARP>(Sf, sreg, mt0, nt0, g, t);
         }
         if (t0 + C < t_end) gsm_gates(g_s, HV, j, t0 + C, min(C, t_end - t0 - C), gate + 2 * C * (par ^ 1),
                                       gate + 2 * C * (par ^ 1) + C, tid);
     }
-    if (owns)
-#pragma unroll
-        for (int mi = 0; mi < MW; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < NW; ++ni)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int d = 16 * (mt0 + mi) + 2 * g + (e >> 1), c = 8 * (nt0 + ni) + 2 * t + (e & 1);
-                    if (c0 + c < DV) st_store(st + (long long)d * DV + c, sreg[mi][ni][e]);
-                }
+    if (owns) gsm_state_store<DK, DVS, NWARP>(st, sreg, mt0, nt0, c0, DV, g, t);
 }

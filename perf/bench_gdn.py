@@ -1,7 +1,8 @@
 """GDN chunked prefill on the GPU: ``gdn_chunked`` (two passes, cuda_src/gdn_chunk.cu) in each variant
 (``variant="mma"``: both passes' products as 3xTF32 mma.sync, ``"tc"``: the same with the prep's solve on tensor
 cores, ``"tcs"``: "tc" with each chunk's W and Q rows staged in shared memory, ``"tc8"``: "tc" with 8 warps per
-state-pass block, ``"split"``: "tc" with the state pass split in two,
+state-pass block, ``"split"``: "tc" with the state pass split in two, ``"wsp"`` / ``"wspq"``: "tc" with the walk and
+the outputs on two warp groups,
 ``"fp32"``: on fp32 FMAs; each with 16 and with 32
 value columns per state-pass block, and the size ``state_cols`` picks) beside the one-pass variant
 (``variant="serial"``, gdn.cu) and optionally the exact ``gdn_recurrent``, at the Qwen3.6 GDN shapes (35B-A3B: 16
@@ -12,7 +13,7 @@ are compared too (max error / max |ref|). Also the causal conv fused into the tc
 its prep launch against ``causal_conv`` + the tc prep, and whether it gives the separate conv's bits.
 
     python -m perf.bench_gdn [--out DIR] [--act float|bf16] [--state float|bf16] [--recurrent] [--reps 5]
-        [--models 27b,35b] [--batches 1x8192,8x1024]
+        [--models 27b,35b] [--batches 1x8192,8x1024] [--variants tc,tcs,wsp,...,serial]
 
 prints one line per (model, batch) and writes ``bench_gdn.json`` under DIR (default: stdout only).
 """
@@ -33,14 +34,15 @@ __all__ = ["bench_gdn", "main"]
 SHAPES = {"35b": (16, 32), "27b": (16, 48)}  # (key heads, value heads), dk = dv = 128
 BATCHES = {"1x8192": [8192], "8x1024": [1024] * 8}
 # gdn_chunked's two-pass variants (ninfer.cuda.gdn.STATE_VARIANTS)
-VARIANTS = ("tc", "tcs", "tc8", "split", "mma", "fp32")
+VARIANTS = ("tc", "tcs", "tc8", "split", "mma", "fp32", "wsp", "wspq")
 
 
 def bench_gdn(
     model: str, lens: list[int], act: str = "float", state_dtype: str = "float", reps: int = 5,
-    recurrent: bool = False, d: int = 128,
+    recurrent: bool = False, d: int = 128, variants: tuple[str, ...] = (*VARIANTS, "serial"),
 ) -> dict[str, Any]:  # fmt: skip
-    """Milliseconds per ``gdn_chunked`` call of each variant on fresh random inputs of the packed sequences."""
+    """Milliseconds per ``gdn_chunked`` call of each variant on fresh random inputs of the packed sequences
+    (``variants``: those of VARIANTS and "serial" to run; every one not the default compiles on first use)."""
     import cupy
 
     from ninfer.cuda._common import sm_count
@@ -68,8 +70,9 @@ def bench_gdn(
     fig: dict[str, Any] = {"model": model, "hk": hk, "hv": hv, "d": d, "lens": lens, "act": act,
                            "state": state_dtype, "scratch_mb": chunk_scratch_bytes(t, hk, hv, d, d) / 2**20}  # fmt: skip
     outs = {}
-    runs = [(f"{v}{c}", dict(variant=v, cols=c)) for v in VARIANTS for c in (16, 32)]
-    runs += [("serial", dict(variant="serial"))]
+    two = tuple(v for v in VARIANTS if v in variants)
+    runs = [(f"{v}{c}", dict(variant=v, cols=c)) for v in two for c in (16, 32)]
+    runs += [("serial", dict(variant="serial"))] if "serial" in variants else []
     for name, kw in runs + ([("recurrent", {})] if recurrent else []):
         fn = gdn_chunked if kw else gdn_recurrent
         state = cupy.asarray(bf16_encode(s0) if st_t == np.uint16 else s0)
@@ -79,26 +82,28 @@ def bench_gdn(
         fig[f"{name}_ms"] = 1e3 * event_seconds(
             lambda fn=fn, kw=kw, state=state, o=o: fn(qkv, a, b, a_log, dt_bias, state, starts, slots,
                                                       n_k_heads=hk, out=o, **kw), reps)  # fmt: skip
-    for name, kw in runs[:-1]:  # the two launches of one call, each between its own events
+    for name, kw in runs[: 2 * len(two)]:  # the two launches of one call, each between its own events
         split = _split_ms(lambda kw=kw: gdn_chunked(qkv, a, b, a_log, dt_bias, state, starts, slots,
                                                     n_k_heads=hk, out=o, **kw))  # fmt: skip
         fig[f"{name}_prep_ms"], fig[f"{name}_state_ms"] = split
     auto = state_cols(len(lens), hv, d, sm_count(cupy.cuda.Device().id))
     fig["auto_cols"] = auto
-    for v in VARIANTS:
+    for v in two:
         fig[f"{v}_ms"] = fig[f"{v}{auto}_ms"]
     # 16 or 32 columns per state-pass block: the same bits; against the one-pass kernel: fp32 noise
-    if act == "float":
+    if act == "float" and "serial" in outs:
         ref = outs["serial"]
-        for v in VARIANTS:
+        for v in two:
             fig[f"{v}_cols_bitwise_equal"] = bool(np.array_equal(outs[f"{v}16"], outs[f"{v}32"]))
             fig[f"{v}_vs_serial"] = float(
                 np.max(np.abs(outs[f"{v}16"] - ref)) / max(np.max(np.abs(ref)), 1e-30)
             )
-        # the split, the 8-warp and the staged state passes: the tc variant's bits
-        fig["split_eq_tc"] = bool(np.array_equal(outs["split32"], outs["tc32"]))
-        fig["tc8_eq_tc"] = all(np.array_equal(outs[f"tc8{c}"], outs[f"tc{c}"]) for c in (16, 32))
-        fig["tcs_eq_tc"] = all(np.array_equal(outs[f"tcs{c}"], outs[f"tc{c}"]) for c in (16, 32))
+    if act == "float" and "tc" in two:  # the state passes after the tc prep: the tc variant's bits
+        for v in ("split", "tc8", "tcs", "wsp", "wspq"):
+            if v in two:
+                fig[f"{v}_eq_tc"] = all(np.array_equal(outs[f"{v}{c}"], outs[f"tc{c}"]) for c in (16, 32))
+    if "tcs" not in two:
+        return fig
     # the causal conv fused into the tc prep (gdn_chunked(conv=...), the model's prefill): its prep launch against
     # causal_conv's launch plus the tc prep's, and the same bits as causal_conv then gdn_chunked ("tcs")
     from ninfer.cuda.gdn import causal_conv
@@ -125,9 +130,10 @@ def bench_gdn(
     fig["tcs_conv_prep_ms"], _ = _split_ms(lambda: gdn_chunked(qkv, a, b, a_log, dt_bias, state, starts, slots,
                                                                n_k_heads=hk, out=o, variant="tcs",
                                                                conv=(conv_w, cw)))  # fmt: skip
-    fig["speedup"] = fig["serial_ms"] / fig["mma_ms"]
-    fig["tc_prep_speedup"] = fig["mma16_prep_ms"] / fig["tc16_prep_ms"]
-    fig["state_speedup"] = fig[f"fp32{auto}_state_ms"] / fig[f"mma{auto}_state_ms"]
+    if {"serial", "mma", "tc", "fp32"} <= set(variants):
+        fig["speedup"] = fig["serial_ms"] / fig["mma_ms"]
+        fig["tc_prep_speedup"] = fig["mma16_prep_ms"] / fig["tc16_prep_ms"]
+        fig["state_speedup"] = fig[f"fp32{auto}_state_ms"] / fig[f"mma{auto}_state_ms"]
     return fig
 
 
@@ -165,11 +171,12 @@ def _split_ms(call: Any) -> tuple[float, float]:
 def main(
     out: str | None = None, act: str = "float", state: str = "float", reps: int = 5, recurrent: bool = False,
     models: tuple[str, ...] = tuple(SHAPES), batches: tuple[str, ...] = tuple(BATCHES),
+    variants: tuple[str, ...] = (*VARIANTS, "serial"),
 ) -> dict[str, Any]:  # fmt: skip
     res: dict[str, Any] = {"runs": []}
     for model in models:
         for batch in batches:
-            r = bench_gdn(model, _lens(batch), act, state, reps, recurrent)
+            r = bench_gdn(model, _lens(batch), act, state, reps, recurrent, variants=variants)
             r["batch"] = batch
             res["runs"].append(r)
             print(_line(r, act, state), flush=True)
@@ -192,25 +199,34 @@ def _lens(batch: str) -> list[int]:
 
 
 def _line(r: dict[str, Any], act: str, state: str) -> str:
-    """One run as a line: per state pass the call (at the auto column count), its state launch at 16 / 32 columns,
-    then the shared prep launch, the serial kernel and the errors against it."""
+    """One run as a line: per state pass the call (at the auto column count), its prep and state launches at 16 / 32
+    columns and the checks that ran (errors against the serial kernel, bits against the tc variant), then the
+    serial kernel and the conv-fused prep where they ran."""
     parts = []
     for v in VARIANTS:
+        if f"{v}_ms" not in r:
+            continue
         err = (
             f", vs serial {r[f'{v}_vs_serial']:.1e} 16≡32 {r[f'{v}_cols_bitwise_equal']}"
             if f"{v}_vs_serial" in r
             else ""
         )
+        eq = f", ≡tc {r[f'{v}_eq_tc']}" if f"{v}_eq_tc" in r else ""
         parts.append(
-            f"{v} {r[f'{v}_ms']:7.3f} ms (state {r[f'{v}16_state_ms']:.3f} / {r[f'{v}32_state_ms']:.3f}{err})"
+            f"{v} {r[f'{v}_ms']:7.3f} ms (prep {r[f'{v}16_prep_ms']:.3f}, state {r[f'{v}16_state_ms']:.3f} / "
+            f"{r[f'{v}32_state_ms']:.3f}{err}{eq})"
         )
-    rec = f"  recurrent {r['recurrent_ms']:8.3f} ms" if "recurrent_ms" in r else ""
+    if "serial_ms" in r:
+        parts.append(f"serial {r['serial_ms']:7.3f} ms")
+    if "speedup" in r:
+        parts.append(f"(mma x{r['speedup']:.2f}; state pass mma x{r['state_speedup']:.2f})")
+    if "recurrent_ms" in r:
+        parts.append(f"recurrent {r['recurrent_ms']:8.3f} ms")
+    if "tcs_conv_prep_ms" in r:
+        parts.append(f"conv {r['conv_ms']:.3f} + tc prep {r['tcs32_prep_ms']:.3f} ms -> fused prep "
+                     f"{r['tcs_conv_prep_ms']:.3f} (bitwise {r['conv_fused_bitwise_equal']})")  # fmt: skip
     return (f"gdn_chunked {r['model']} hk={r['hk']} hv={r['hv']} {r['batch']:7s} act={act} state={state} auto cols "
-            f"{r['auto_cols']}: " + "  ".join(parts) + f"  prep mma {r['mma16_prep_ms']:.3f} tc {r['tc16_prep_ms']:.3f} "
-            f"fp32 {r['fp3216_prep_ms']:.3f}  split≡tc {r.get('split_eq_tc')}  tc8≡tc {r.get('tc8_eq_tc')}  tcs≡tc {r.get('tcs_eq_tc')}  "
-            f"serial {r['serial_ms']:7.3f} ms (mma x{r['speedup']:.2f}; state pass mma x{r['state_speedup']:.2f}){rec}  scratch "
-            f"{r['scratch_mb']:.0f} MB  conv {r['conv_ms']:.3f} + tc prep {r['tcs32_prep_ms']:.3f} ms -> fused prep "
-            f"{r['tcs_conv_prep_ms']:.3f} (bitwise {r['conv_fused_bitwise_equal']})")  # fmt: skip
+            f"{r['auto_cols']} scratch {r['scratch_mb']:.0f} MB: " + "  ".join(parts))  # fmt: skip
 
 
 if __name__ == "__main__":
@@ -224,5 +240,9 @@ if __name__ == "__main__":
     ap.add_argument(
         "--batches", default=",".join(BATCHES), help="comma-separated NxL (N sequences of L tokens)"
     )
+    ap.add_argument(
+        "--variants", default=",".join((*VARIANTS, "serial")), help="comma-separated, of the defaults' (all)"
+    )
     a = ap.parse_args()
-    main(a.out, a.act, a.state, a.reps, a.recurrent, tuple(a.models.split(",")), tuple(a.batches.split(",")))
+    main(a.out, a.act, a.state, a.reps, a.recurrent, tuple(a.models.split(",")), tuple(a.batches.split(",")),
+         tuple(a.variants.split(",")))  # fmt: skip

@@ -40,6 +40,8 @@
 #           35B-A3B's prefill at 4096- against 8192-token chunks
 #   ws      the warp-specialized prefill attention (attention_ws.cu): GPU tests, perf/bench_attention with its options;
 #           ws_ab the whole-model prefill with it off / on
+#   wsp     the GDN state pass on two warp groups ("wsp", "wspq"): GPU tests, bench_gdn against tc / tcs, the
+#           whole-model prefill per variant
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -345,6 +347,16 @@ run_ws_ab() {  # whole-model prefill with the warp-specialized attention off / o
   for m in ${WS_MODES:-off on}; do
     timeout ${WS_AB_TIMEOUT:-150} python3 -m perf.cli --quick --no-transformers --prefill 8192,32768 --lanes '' \
       --attention-ws $m --out "$OUT/ws_$m" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/ws_ab.txt"
+  done
+}
+run_wsp() {  # the GDN state pass on two warp groups (gdn_state_wsp.cuh): its GPU tests (bitwise the tc variant's),
+  # bench_gdn against tc / tcs at the 27B / 35B-A3B chunk shapes, then the whole-model prefill per variant (WSP_VARIANTS)
+  TEST_FILES=tests/test_cuda_ops.py PYTEST_K=gdn_chunked run_tests
+  timeout ${BENCH_TIMEOUT:-240} python3 -m perf.bench_gdn --models 27b,35b --batches ${GDN_BATCHES:-1x4096,1x8192} \
+    --variants tc,tcs,wsp,wspq --out "$OUT/results" 2>&1 | grep -v '^{' | tee "$OUT/bench_gdn_wsp.txt" | tail -6
+  for v in ${WSP_VARIANTS:-tcs wsp}; do
+    timeout ${WS_AB_TIMEOUT:-150} python3 -m perf.cli --quick --no-transformers --prefill 8192,32768 --lanes '' \
+      --gdn-variant $v --out "$OUT/gdn_$v" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/wsp_ab.txt"
   done
 }
 run_spec() {  # issue 15: MTP at forced acceptance, 27B, 1 lane, k = 3 (--skip-rounds: the rounds table alone

@@ -636,7 +636,7 @@ GDN_CHUNKED_CASES = (
 @pytest.mark.parametrize("t", ["float", "bf16"])
 @pytest.mark.parametrize("st", ["float", "bf16"])
 @pytest.mark.parametrize("cols", [None, 16])
-@pytest.mark.parametrize("variant", ["tc", "tcs", "tc8", "split", "mma", "fp32"])
+@pytest.mark.parametrize("variant", ["tc", "tcs", "wsp", "tc8", "split", "mma", "fp32"])
 def test_gdn_chunked(cp: Any, report: list, t: str, st: str, cols: int | None, variant: str) -> None:
     """Chunked kernels against the NumPy token-by-token recurrence (outputs and carried state), then one decode
     step of the exact recurrent kernel from the chunked state. ``cols``: the state pass's value columns per block
@@ -677,7 +677,7 @@ def test_gdn_chunked(cp: Any, report: list, t: str, st: str, cols: int | None, v
 
 
 @pytest.mark.parametrize("t", ["float", "bf16"])
-@pytest.mark.parametrize("variant", ["tc", "tcs", "tc8", "split", "mma", "fp32"])
+@pytest.mark.parametrize("variant", ["tc", "tcs", "wsp", "tc8", "split", "mma", "fp32"])
 def test_gdn_chunked_real_heads(cp: Any, report: list, t: str, variant: str) -> None:
     """The two-pass chunked kernels (either state pass) at a real head shape (dk = dv = 128, 16 key heads, 32
     value heads) on one 2100-token sequence (33 chunks, a ragged tail) and two short ones, against the NumPy
@@ -735,12 +735,13 @@ def test_gdn_chunked_split_is_tc(cp: Any, t: str) -> None:
 
 @pytest.mark.parametrize("t", ["float", "bf16"])
 @pytest.mark.parametrize("st", ["float", "bf16"])
-@pytest.mark.parametrize("variant", ["tc8", "tcs"])
+@pytest.mark.parametrize("variant", ["tc8", "tcs", "wsp", "wspq"])
 def test_gdn_chunked_variant_is_tc(cp: Any, t: str, st: str, variant: str) -> None:
-    """The 8-warp state pass ("tc8": each warp half the columns of its chunk rows and half the state tiles) and the
-    staged one ("tcs": each chunk's W and Q rows read from shared memory, copied there by cp.async) give the "tc"
-    variant's outputs and states bit for bit, at 16 and 32 columns per block, at every head dim (the same mma
-    sequence per accumulator; only which warp computes it, or where an operand is read from, changes)."""
+    """The 8-warp state pass ("tc8": each warp half the columns of its chunk rows and half the state tiles), the
+    staged one ("tcs": each chunk's W and Q rows read from shared memory, copied there by cp.async) and the
+    warp-specialized ones ("wsp", "wspq": the walk and the outputs on two warp groups meeting at named barriers) give
+    the "tc" variant's outputs and states bit for bit, at 16 and 32 columns per block, at every head dim (the same
+    mma sequence per accumulator; only which warp computes it, or where an operand is read from, changes)."""
     from ninfer.cuda.gdn import gdn_chunked
 
     rng = np.random.default_rng(29)
@@ -778,7 +779,7 @@ GDN_CONV_SHAPES = ((16, 48, 128, 128), (16, 32, 128, 128), (1, 2, 64, 96))
 
 @pytest.mark.parametrize("t", ["float", "bf16"])
 @pytest.mark.parametrize("st", ["float", "bf16"])
-@pytest.mark.parametrize("variant", ["tcs", "tc", "split", "mma"])
+@pytest.mark.parametrize("variant", ["wsp", "tcs", "tc", "split", "mma"])
 def test_gdn_chunked_conv_fused(cp: Any, t: str, st: str, variant: str) -> None:
     """``gdn_chunked(conv=...)`` over the raw in-projection rows (a strided view, as in the model) against
     ``causal_conv`` then ``gdn_chunked`` on its output: outputs, recurrent states, carried conv states and (tc

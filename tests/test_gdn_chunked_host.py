@@ -5,7 +5,8 @@ under a prelude that emulates the CUDA built-ins it uses with std::thread (tests
 CUDA thread, block and warp barriers, NaN-filled shared memory, NaN-poisoned output), run on fresh random inputs
 and compared with the NumPy token-by-token recurrence. This checks the kernels' index arithmetic, barriers, ragged
 chunks, the chunk-to-block map over several sequences, column slices (16 and 32 columns per state-pass block: the
-same bits, in each variant; the staged "tcs" pass bitwise the "tc" one), the mma variant's fragment layouts and hi/lo split (the emulated mma reads only the
+same bits, in each variant; the staged "tcs" and the warp-specialized "wsp" / "wspq" passes bitwise the "tc"
+one), the mma variant's fragment layouts and hi/lo split (the emulated mma reads only the
 operands' tf32 bits: 1xTF32 products fail these tolerances, 6e-4 against 1e-4) and the wrapper's shared-memory
 sizes (the kernels trap on too little) without a GPU; the GPU tests in test_cuda_ops.py check the same kernels on
 the device.
@@ -33,6 +34,7 @@ from ninfer.cuda.gdn import (
     prep_tc_smem_bytes,
     state_mma_smem_bytes,
     state_smem_bytes,
+    state_wsp_smem_bytes,
 )
 from ninfer.cuda.loader import source_text
 from ninfer.formats import bf16_decode, bf16_round
@@ -89,6 +91,7 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
     smem = [prep_smem_bytes(dk), state_smem_bytes(dk, 16), state_smem_bytes(dk, 32)]
     smem += [state_mma_smem_bytes(dk, 16), state_mma_smem_bytes(dk, 32), prep_tc_smem_bytes(dk)]
     smem += [state_mma_smem_bytes(dk, 16, staged=True), state_mma_smem_bytes(dk, 32, staged=True)]
+    smem += [state_wsp_smem_bytes(dk, 16), state_wsp_smem_bytes(dk, 32), state_wsp_smem_bytes(dk, 32, True)]
     args = [n, hk, hv, dk, dv, nseq, nseq + 1, int(tb), int(sb), *smem]
     proc = subprocess.run(
         [str(emu), str(tmp_path), *map(str, args)], capture_output=True, text=True, timeout=600
@@ -137,6 +140,11 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
         for got, want in ((f"o_{name}.bin", o_raw), (f"state_{name}.bin", s_raw)):
             staged = np.fromfile(tmp_path / got, dtype=want.dtype).reshape(want.shape)
             assert np.array_equal(staged, want), f"staged W and Q: {got} differs from the tc variant's"
+    # the walk and the outputs on two warp groups ("wsp", Q rows staged "wspq"): the tc variant's bits
+    for name in ("wsp16", "wsp32", "wspq32"):
+        for got, want in ((f"o_{name}.bin", o_raw), (f"state_{name}.bin", s_raw)):
+            wsp = np.fromfile(tmp_path / got, dtype=want.dtype).reshape(want.shape)
+            assert np.array_equal(wsp, want), f"warp-specialized: {got} differs from the tc variant's"
 
 
 def _check_tc_scratch(d: Path, n: int, hk: int, hv: int, dk: int, dv: int, starts: np.ndarray) -> None:

@@ -34,6 +34,7 @@ from ninfer.cuda.gdn_chunk import (
     state_cols,
     state_mma_smem_bytes,
     state_smem_bytes,
+    state_wsp_smem_bytes,
 )
 from ninfer.cuda.gdn_step import (
     CONV_SOURCES,
@@ -67,6 +68,7 @@ __all__ = [
     "prep_tc_conv_smem_bytes",
     "state_smem_bytes",
     "state_mma_smem_bytes",
+    "state_wsp_smem_bytes",
     "state_cols",
     "STATE_VARIANTS",
     "DEFAULT_VARIANT",

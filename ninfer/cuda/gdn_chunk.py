@@ -27,6 +27,7 @@ __all__ = [
     "prep_tc_conv_smem_bytes",
     "state_smem_bytes",
     "state_mma_smem_bytes",
+    "state_wsp_smem_bytes",
     "state_cols",
     "STATE_VARIANTS",
     "DEFAULT_VARIANT",
@@ -59,10 +60,18 @@ STATE_VARIANTS = {
     "split": "gdn_chunk_state_h",
     "tc8": "gdn_chunk_state_mma",
     "tcs": "gdn_chunk_state_mma",
+    "wsp": "gdn_chunk_state_wsp",
+    "wspq": "gdn_chunk_state_wsp",
 }
-_TC_PREP = ("tc", "split", "tc8", "tcs")  # the variants after gdn_chunk_prep_tc
-_STATE_WARPS = {"tc8": 8}  # warps per state-pass block where not 4 (its template argument NWARP)
+# "wsp": the tc prep, then the state pass on two warp groups (gdn_state_wsp.cuh): warps 0-3 walk the chunks for V'
+# and the state (W rows staged as in "tcs"), warps 4-7 compute each chunk's output e^γ Q S + A V' beside them, so
+# the walk no longer waits for the outputs; bitwise the "tc" variant's results. "wspq": the output warps' Q rows
+# staged in shared memory too and the walk's K rows loaded early (+32 KB: one block per SM at dk = 128; a benchmark
+# variant: within 5% of wsp's state launch on the 35B-A3B's heads, slower on the 27B's)
+_TC_PREP = ("tc", "split", "tc8", "tcs", "wsp", "wspq")  # the variants after gdn_chunk_prep_tc
+_STATE_WARPS = {"tc8": 8, "wsp": 8, "wspq": 8}  # warps per state-pass block where not 4 (NWARP for tc8)
 _STAGED = ("tcs",)  # the state pass with its W and Q rows staged in shared memory (template argument STG)
+_WSP = ("wsp", "wspq")  # gdn_chunk_state_wsp<T, S, dk, cols, QSTG>
 # "mma" (855128a): 1.53x the fp32 variant on one 8192-token sequence of the 27B's heads. "tc" (6688cc6, H200,
 # perf/bench_gdn.py, perf/results/bench_gdn_6688cc6.txt; its GPU tests pass): the prep 1.028 -> 0.642 ms (27B heads)
 # and 0.716 -> 0.468 ms (35B-A3B) on a 4096-token chunk, 1.6x at every batch shape measured; the outputs within
@@ -70,15 +79,21 @@ _STAGED = ("tcs",)  # the state pass with its W and Q rows staged in shared memo
 # "tcs" (H200, 91528b4, perf/bench_gdn.py --batches 1x4096,1x8192; GPU tests pass): the state launch at 32 columns
 # 27B heads 1.053 -> 1.005 ms (4096 rows), 2.107 -> 2.038 (8192); 35B-A3B 0.800 -> 0.762, 1.616 -> 1.515; the same
 # bits (at 16 columns it is slower, 1.03 -> 1.64 ms: two blocks per SM instead of three; state_cols takes 32)
-DEFAULT_VARIANT = "tcs"
+# "wsp" (H100, session 32, perf/bench_gdn.py --variants tc,tcs,wsp,wspq; GPU tests pass, bitwise tc): the state launch
+# at 32 columns 27B heads 1.000 -> 0.931 ms (4096 rows), 2.046 -> 1.889 (8192); 35B-A3B 0.762 -> 0.600, 1.512 ->
+# 1.181; whole-model prefill (ninfer-perf --gdn-variant) 35B-A3B 8K 38,702 -> 40,588 tok/s, 32K 33,931 -> 35,387,
+# the 27B's within run-to-run noise (9,698 -> 9,716)
+DEFAULT_VARIANT = "wsp"
 
 
 def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str, str]:
     """The (prep, state) kernel instances of a two-pass variant."""
     mma = "true" if variant == "mma" else "false"
     prep = f"gdn_chunk_prep_tc<{t}, {dk}>" if variant in _TC_PREP else f"gdn_chunk_prep<{t}, {dk}, {mma}>"
-    tail = ""  # the template arguments past the defaults: NWARP (4), then STG (false)
-    if variant in _STATE_WARPS or variant in _STAGED:
+    tail = ""  # the template arguments past the defaults: NWARP (4), then STG (false); wsp's QSTG (false)
+    if variant in _WSP:
+        tail = ", true" if variant == "wspq" else ""
+    elif variant in _STATE_WARPS or variant in _STAGED:
         tail = f", {_STATE_WARPS.get(variant, 4)}" + (", true" if variant in _STAGED else "")
     return prep, f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}{tail}>"
 
@@ -167,6 +182,13 @@ def state_mma_smem_bytes(dk: int, cols: int, staged: bool = False) -> int:
     return 4 * (2 * cols * (dk + CHUNK) + 4 * CHUNK + (2 * CHUNK * dk if staged else 0))
 
 
+def state_wsp_smem_bytes(dk: int, cols: int, qstaged: bool = False) -> int:
+    """Dynamic shared memory of ``gdn_chunk_state_wsp<., ., dk, cols, qstaged>``: mirrors ``GdnStateWspSmem::FLOATS``
+    in gdn_state_wsp.cuh (the state fragments, V' fragments of two chunks, the gates of two chunks, a chunk's W rows
+    and with ``qstaged`` its Q rows): 97 KB at dk = 128 and 32 columns (two blocks per SM), 129 KB staged."""
+    return 4 * (2 * cols * dk + 4 * CHUNK * cols + 4 * CHUNK + (2 if qstaged else 1) * CHUNK * dk)
+
+
 def state_cols(nseq: int, hv: int, dv: int, sms: int) -> int:
     """Value columns per state-pass block: 32 (half the scratch reads per column of 16) unless the head has at
     most 16. Results do not depend on it. Measured (H200, 6688cc6, perf/bench_gdn.py, the mma state pass): 32
@@ -224,7 +246,9 @@ def gdn_chunked(
     ``cols`` = 16 or 32 value columns, by default ``state_cols``) walking the chunks in order. ``variant="mma"``:
     both passes' products as 3xTF32 mma.sync (``gdn_chunk_state_mma``); ``"tc"``: the same with the prep's solve
     on tensor cores too (``gdn_chunk_prep_tc``); ``"tc8"``: "tc" with 8 warps per state-pass block instead of 4
-    (the same bits); ``"tcs"``: "tc" with each chunk's W and Q rows staged in shared memory (the same bits); ``"split"``: "tc" with the state pass split in two (the same bits); ``"fp32"``: on fp32 FMAs
+    (the same bits); ``"tcs"``: "tc" with each chunk's W and Q rows staged in shared memory (the same bits);
+    ``"wsp"`` / ``"wspq"``: "tc" with the walk over the chunks and the outputs on two warp groups (the same bits);
+    ``"split"``: "tc" with the state pass split in two (the same bits); ``"fp32"``: on fp32 FMAs
     (``gdn_chunk_state``);
     ``"serial"``: the older one-pass kernel (one block per sequence slice does all of each chunk's work;
     benchmarks only). The variants other than ``DEFAULT_VARIANT`` are compiled on first use.
@@ -232,7 +256,7 @@ def gdn_chunked(
     ``conv = (conv_w, conv_state)`` (taps ``[C, 4]`` and carried raw inputs ``[S, C, 3]``, float32, as
     ``causal_conv``): ``qkv`` is the raw in-projection rows and the call is ``causal_conv`` (its conv state update
     included) followed by ``gdn_chunked`` on its output, bitwise. The tc prep variants (``"tc"``, ``"tcs"``,
-    ``"tc8"``, ``"split"``) run ``gdn_chunk_prep_tc_conv``, which computes the conv of the rows it reads itself
+    ``"wsp"``, ``"wspq"``, ``"tc8"``, ``"split"``) run ``gdn_chunk_prep_tc_conv``, which computes the conv of the rows it reads itself
     (the conv output is never stored); the others run ``causal_conv`` first."""
     import cupy
 
@@ -281,11 +305,12 @@ def gdn_chunked(
         _launch_smem(fo, (nchunks, hv, -(-dv // cols)), 128, smem,
                      (qk_s, a_s, u_s, g_s, h_s, out, starts, np.int32(nseq), hk_, hv_, dv_, ldo))  # fmt: skip
         return out
-    threads, smem = (
-        (32 * _STATE_WARPS.get(variant, 4), state_mma_smem_bytes(dk, cols, variant in _STAGED))
-        if variant != "fp32"
-        else (8 * cols, state_smem_bytes(dk, cols))
-    )
+    if variant in _WSP:
+        threads, smem = 256, state_wsp_smem_bytes(dk, cols, variant == "wspq")
+    elif variant == "fp32":
+        threads, smem = 8 * cols, state_smem_bytes(dk, cols)
+    else:
+        threads, smem = 32 * _STATE_WARPS.get(variant, 4), state_mma_smem_bytes(dk, cols, variant in _STAGED)
     _launch_smem(st, (nseq, hv, -(-dv // cols)), threads, smem,
                  (qk_s, w_s, a_s, u_s, g_s, state, out, starts, slots, hk_, hv_, dv_, ldo))  # fmt: skip
     return out

@@ -56,6 +56,7 @@ ARCH_SPECIFIC: dict[str, dict[str, str]] = {
     "gemm_sm90_ws.cu": {"90": "90a"},
     "attention_wg.cu": {"90": "90a"},
     "attention_ws.cu": {"90": "90a"},
+    "gdn_chunk.cu": {"90": "90a"},  # setmaxnreg in the warp-specialized state pass (gdn_state_wsp.cuh)
 }
 
 

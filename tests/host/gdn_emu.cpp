@@ -1,7 +1,8 @@
 // Host emulation of CUDA kernels (tests/test_gdn_chunked_host.py, test_gdn_step_host.py, test_norm_host.py): the
 // kernel text is compiled by g++ after this prelude, which maps the CUDA built-ins it uses onto std::thread: one
 // thread per CUDA thread, __syncthreads a block barrier, __shfl_xor_sync an exchange between per-warp barriers,
-// dynamic shared memory one global array (a test may redefine __shared__ as `static` for kernels with static
+// named barriers std::barriers of their count, dynamic shared memory one global array (a test may redefine
+// __shared__ as `static` for kernels with static
 // shared arrays: one copy per kernel instance, shared by its threads). emu_launch runs blocks one after another;
 // emu_launch_cluster runs the blocks of one thread-block cluster concurrently, each with its own NaN-filled shared
 // memory (cluster_smem()), with the cluster barrier, distributed shared memory (emu_peer: the same offset in
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <math.h>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,7 +48,7 @@ alignas(16) float smem[EMU_SMEM_FLOATS];
 
 // one running block: its barriers, the warp exchange and its shared memory (the global smem for emu_launch)
 struct EmuBlock {
-    std::unique_ptr<std::barrier<>> bar, warp[32];
+    std::unique_ptr<std::barrier<>> bar, warp[32], named[16];
     float xchg[1024];
     std::vector<float> own;
     float* smem = nullptr;
@@ -73,6 +75,23 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
     const float r = emu_blk->xchg[(w << 5) | (l ^ off)];
     emu_blk->warp[w]->arrive_and_wait();
     return r;
+}
+
+// common.cuh's named barriers: created with their thread count on first use
+std::mutex emu_named_mu;
+inline void emu_named_bar(int id, int count, bool wait) {
+    std::barrier<>* b;
+    {
+        std::lock_guard<std::mutex> lock(emu_named_mu);
+        if (id < 1 || id > 15) std::abort();
+        auto& slot = emu_blk->named[id];
+        if (!slot) slot = std::make_unique<std::barrier<>>(count);
+        b = slot.get();
+    }
+    if (wait)
+        b->arrive_and_wait();
+    else
+        (void)b->arrive();
 }
 
 // cluster.cuh's primitives

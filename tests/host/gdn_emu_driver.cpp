@@ -1,6 +1,6 @@
 // Driver of the two-pass gdn_chunked host emulation (cuda_src/gdn_chunk.cu): argv = dir T HK HV DK DV nseq nslots
 // act_bf16 state_bf16 prep_smem state16_smem state32_smem mma16_smem mma32_smem tc_prep_smem staged16_smem
-// staged32_smem. Reads
+// staged32_smem wsp16_smem wsp32_smem wspq32_smem. Reads
 // dir/{qkv,a,b,alog,dtb,state,starts,slots}.bin, runs gdn_chunk_prep over a NaN-filled scratch (as
 // ninfer/cuda/gdn_chunk.py lays it out) once per variant, then from the same initial state: gdn_chunk_state with 16
 // value columns per block (writes dir/o.bin, dir/state_out.bin) and with 32 (dir/o32.bin, dir/state32.bin) from
@@ -13,11 +13,13 @@
 // scratch with 16 and 32 columns (dir/o_tc8_16.bin, dir/state_tc8_16.bin, dir/o_tc8_32.bin, dir/state_tc8_32.bin)
 // and on the mma scratch with 32 (dir/o_mma8_32.bin, dir/state_mma8_32.bin); and the staged
 // gdn_chunk_state_mma<., ., DK, ., 4, true> ("tcs") on the tc scratch with 16 and 32 columns (dir/o_tcs16.bin,
-// dir/state_tcs16.bin, dir/o_tcs32.bin, dir/state_tcs32.bin), all from the initial states.
+// dir/state_tcs16.bin, dir/o_tcs32.bin, dir/state_tcs32.bin); and the warp-specialized gdn_chunk_state_wsp ("wsp")
+// on the tc scratch with 16 and 32 columns and with its Q rows staged ("wspq") with 32 (dir/o_wsp16.bin, ...,
+// dir/state_wspq32.bin), all from the initial states.
 template <typename T, typename S, int DK>
 void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, int nslots, unsigned prep_smem,
              unsigned smem16, unsigned smem32, unsigned mma16, unsigned mma32, unsigned tc_smem, unsigned stg16,
-             unsigned stg32) {
+             unsigned stg32, unsigned wsp16, unsigned wsp32, unsigned wspq32) {
     const long long width = 2LL * HK * DK + (long long)HV * DV;
     auto qkv = emu_read<T>(dir + "/qkv.bin", T_ * width);
     auto a = emu_read<T>(dir + "/a.bin", (size_t)T_ * HV), b = emu_read<T>(dir + "/b.bin", (size_t)T_ * HV);
@@ -137,6 +139,22 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
         runs.template operator()<16>("tcs16", stg16);
         runs.template operator()<32>("tcs32", stg32);
     }
+    {  // the walk and the outputs on two warp groups ("wsp", "wspq"): 256 threads
+        auto runw = [&]<int DVS, bool QSTG>(const std::string& name, unsigned smem) {
+            std::vector<T> ow(o0);
+            std::vector<S> sw(state0);
+            emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + DVS - 1) / DVS)}, 256, smem, [&] {
+                gdn_chunk_state_wsp<T, S, DK, DVS, QSTG>(tc.qk.data(), tc.w.data(), tc.am.data(), tc.u.data(),
+                                                         tc.g.data(), sw.data(), ow.data(), starts.data(),
+                                                         slots.data(), HK, HV, DV, (long long)HV * DV);
+            });
+            emu_write(dir + "/o_" + name + ".bin", ow);
+            emu_write(dir + "/state_" + name + ".bin", sw);
+        };
+        runw.template operator()<16, false>("wsp16", wsp16);
+        runw.template operator()<32, false>("wsp32", wsp32);
+        runw.template operator()<32, true>("wspq32", wspq32);
+    }
     emu_write(dir + "/o_tc16.bin", ot16);
     emu_write(dir + "/state_tc16.bin", st16);
     const char* parts[5] = {"qk", "w", "a", "u", "g"};
@@ -154,14 +172,16 @@ template <typename T, typename S> void emu_dispatch(char** v) {
     const unsigned ps = (unsigned)atoi(v[11]), s16 = (unsigned)atoi(v[12]), s32 = (unsigned)atoi(v[13]);
     const unsigned m16 = (unsigned)atoi(v[14]), m32 = (unsigned)atoi(v[15]), tcs = (unsigned)atoi(v[16]);
     const unsigned g16 = (unsigned)atoi(v[17]), g32 = (unsigned)atoi(v[18]);
+    const unsigned w16 = (unsigned)atoi(v[19]), w32 = (unsigned)atoi(v[20]), wq32 = (unsigned)atoi(v[21]);
 #define EMU_CASE(dk) \
-    if (DK == dk) return emu_run<T, S, dk>(v[1], T_, HK, HV, DV, nseq, nslots, ps, s16, s32, m16, m32, tcs, g16, g32);
+    if (DK == dk)    \
+        return emu_run<T, S, dk>(v[1], T_, HK, HV, DV, nseq, nslots, ps, s16, s32, m16, m32, tcs, g16, g32, w16, w32, wq32);
     EMU_CASE(16) EMU_CASE(32) EMU_CASE(64) EMU_CASE(128)
     std::abort();
 }
 
 int main(int argc, char** argv) {
-    if (argc != 19) return 2;
+    if (argc != 22) return 2;
     if (atoi(argv[9])) {
         if (atoi(argv[10])) emu_dispatch<bf16, bf16>(argv); else emu_dispatch<bf16, float>(argv);
     } else {
