@@ -42,6 +42,7 @@
 #           ws_ab the whole-model prefill with it off / on
 #   wsp     the GDN state pass on two warp groups ("wsp", "wspq"): GPU tests, bench_gdn against tc / tcs, the
 #           whole-model prefill per variant
+#   wsp_probe  Nsight Compute on one "wsp" GDN state launch (35B-A3B heads, 8192 rows)
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -358,6 +359,15 @@ run_wsp() {  # the GDN state pass on two warp groups (gdn_state_wsp.cuh): its GP
     timeout ${WS_AB_TIMEOUT:-150} python3 -m perf.cli --quick --no-transformers --prefill 8192,32768 --lanes '' \
       --gdn-variant $v --out "$OUT/gdn_$v" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/wsp_ab.txt"
   done
+}
+run_wsp_probe() {  # Nsight Compute on one "wsp" state launch (35B-A3B heads, one 8192-row chunk): stall reasons,
+  # scheduler issue and the source lines the warps stall on (both warp groups together)
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout ${PROFILE_TIMEOUT:-200} "$ncu" --kernel-name "regex:gdn_chunk_state_wsp" --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --section SourceCounters --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    python3 -m perf.bench_gdn --models 35b --batches 1x8192 --variants wsp --reps 1 2>&1 | grep -v '^{' \
+    | tee "$OUT/wsp_ncu.txt" | tail -5
 }
 run_spec() {  # issue 15: MTP at forced acceptance, 27B, 1 lane, k = 3 (--skip-rounds: the rounds table alone
   # printed nothing within 280 s at 4eb6bda)
