@@ -50,6 +50,35 @@ __device__ __forceinline__ void wsp_stage(float* dst, const float* src, long lon
     }
 }
 
+// acc += X S for the rows x0, x1 (chunk rows r0, r0 + 1; zero where v0 / v1 is false) over the DVS columns, the
+// 16-blocks of the key dim alternating between acc (even) and a second accumulator (odd), summed at the end: two
+// chains half as deep (3·DK/16 mmas) per tile instead of gsm_ws_qs's one (CH = 2, variant "wsp2": its own rounding,
+// not the tc variant's bits). SWZ: staged rows (gsm_stage's layout, sw = gsm_swz of r0).
+template <int DK, int DVS, bool SWZ>
+__device__ __forceinline__ void wsp_rows_s2(const float* x0, const float* x1, bool v0, bool v1, const float* Sf,
+                                            float (&acc)[DVS / 8][4], int lane, int sw) {
+    constexpr int NTN = DVS / 8;
+    const int t = lane & 3;
+    float odd[NTN][4] = {};
+#pragma unroll
+    for (int kb = 0; kb < DK / 16; ++kb) {
+        const int d = SWZ ? 4 * ((4 * kb + t) ^ sw) : 16 * kb + 4 * t;
+        const float4 a0 = gsm_ld4(x0 + d, v0), a1 = gsm_ld4(x1 + d, v1);
+        const Tf32A a[2] = {tf32_a(a0.x, a1.x, a0.y, a1.y), tf32_a(a0.z, a1.z, a0.w, a1.w)};
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int nt = 0; nt < NTN; ++nt) {
+                const float4 b = *reinterpret_cast<const float4*>(Sf + (((kb * 2 + s) * NTN + nt) * 32 + lane) * 4);
+                tf32_mma3(kb & 1 ? odd[nt] : acc[nt], a[s], b.x, b.y, b.z, b.w);
+            }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NTN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] += odd[nt][e];
+}
+
 // The walk's K rows for the state update of the chunk at kr (n tokens): entry [kb][mi][u] is (k(i, d), k(i, d + 1))
 // for token i = 16kb + 4t + u and key dims d = 16(mt0 + mi) + 2g (zero past the chunk), loaded before V' is
 // complete so that their latency hides behind it (gsm_update loads them inside its loop)
@@ -101,7 +130,7 @@ __device__ __forceinline__ void wsp_update(const float2 (&kk)[GC_CHUNK / 16][L::
 
 // The walk (threads 0-127): V' and the state over the chunks of [t_beg, t_end); the state tiles as the 4-warp pass.
 // The gates of the chunks after the first come from the output warps.
-template <typename S, int DK, int DVS, bool KPRE>
+template <typename S, int DK, int DVS, bool KPRE, int CH>
 __device__ __forceinline__ void wsp_walk(const float* qk_s, const float* w_s, const float* a_s, const float* u_s,
                                          const float* g_s, S* st, float* Sf, float* Vf0, float* gate, float* Ws,
                                          int t_beg, int t_end, int j, int hk, int HK, int HV, int DV, int c0,
@@ -142,8 +171,11 @@ __device__ __forceinline__ void wsp_walk(const float* qk_s, const float* w_s, co
             }
         float ws[NTW][4] = {}, none[NTW][4];
         const int s0 = v0 ? r0 : 0, s1 = v1 ? r0 + 1 : 0;
-        gsm_ws_qs<DK, DVS, true, false, NTW, L::U_WQ, true>(Ws + s0 * DK, Ws + s1 * DK, nullptr, nullptr, v0, v1, Sf,
-                                                            ws, none, lane, 0, gsm_swz<DK>(r0));
+        if constexpr (CH == 2)
+            wsp_rows_s2<DK, DVS, true>(Ws + s0 * DK, Ws + s1 * DK, v0, v1, Sf, ws, lane, gsm_swz<DK>(r0));
+        else
+            gsm_ws_qs<DK, DVS, true, false, NTW, L::U_WQ, true>(Ws + s0 * DK, Ws + s1 * DK, nullptr, nullptr, v0, v1,
+                                                                Sf, ws, none, lane, 0, gsm_swz<DK>(r0));
         float2 kk[C / 16][MW][4];  // KPRE: the update's K rows, loaded while V' is completed (else unused)
         if constexpr (KPRE)
             if (owns) wsp_load_k<DK, DVS>(qk_s + ((long long)t0 * HK + hk) * 2 * DK + DK, ldq, kk, mt0, n, g, t);
@@ -185,7 +217,7 @@ __device__ __forceinline__ void wsp_walk(const float* qk_s, const float* w_s, co
 }
 
 // The output (threads 128-255, ot = tid − 128): e^γ Q S_c + A V'_c for the chunk rows of warp ot / 32
-template <typename T, int DK, int DVS, bool QSTG>
+template <typename T, int DK, int DVS, bool QSTG, int CH>
 __device__ __forceinline__ void wsp_out(const float* qk_s, const float* a_s, const float* g_s, T* o,
                                         const float* Sf, const float* Vf0, float* gate, float* Qs, int t_beg,
                                         int t_end, int j, int hk, int HK, int HV, int DV, int c0, long long ldo,
@@ -217,6 +249,9 @@ __device__ __forceinline__ void wsp_out(const float* qk_s, const float* a_s, con
             const int s0 = v0 ? r0 : 0, s1 = v1 ? r0 + 1 : 0;
             gsm_ws_qs<DK, DVS, false, true, NTW, L::U_WQ, true>(nullptr, nullptr, Qs + s0 * DK, Qs + s1 * DK, v0, v1,
                                                                 Sf, none, out, lane, 0, gsm_swz<DK>(r0));
+        } else if constexpr (CH == 2) {
+            wsp_rows_s2<DK, DVS, false>(qk_s + (q0 * HK + hk) * 2 * DK, qk_s + (q1 * HK + hk) * 2 * DK, v0, v1, Sf,
+                                        out, lane, 0);
         } else {
             gsm_ws_qs<DK, DVS, false, true, NTW, L::U_WQ>(nullptr, nullptr, qk_s + (q0 * HK + hk) * 2 * DK,
                                                           qk_s + (q1 * HK + hk) * 2 * DK, v0, v1, Sf, none, out,
@@ -253,12 +288,13 @@ __device__ __forceinline__ void wsp_out(const float* qk_s, const float* a_s, con
 // SM): no spills, where a flat 128 spilled up to 64 bytes a thread and 160 / 96 spilled the output's 36. One block
 // per SM (QSTG, dk < 128) needs no shift: 248 registers at dk = 128, no spills
 // (tests/test_cuda_compile.py).
-template <typename T, typename S, int DK, int DVS, bool QSTG = false>
+template <typename T, typename S, int DK, int DVS, bool QSTG = false, int CH = 1>
 __global__ void __launch_bounds__(256, wsp_pair(DK, QSTG) ? 2 : 1)
     gdn_chunk_state_wsp(const float* __restrict__ qk_s, const float* __restrict__ w_s, const float* __restrict__ a_s,
                         const float* __restrict__ u_s, const float* __restrict__ g_s, S* __restrict__ state,
                         T* __restrict__ o, const int* __restrict__ starts, const int* __restrict__ slots, int HK,
                         int HV, int DV, long long ldo) {
+    static_assert(CH == 1 || (CH == 2 && !QSTG), "two chains per product: without staged Q rows only");
     pdl_trigger();
     using L = GdnStateMmaSmem<DK, DVS>;
     extern __shared__ float smem[];  // dynamic: starts 16-byte aligned (no static shared memory)
@@ -275,13 +311,13 @@ __global__ void __launch_bounds__(256, wsp_pair(DK, QSTG) ? 2 : 1)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
         if constexpr (wsp_pair(DK, QSTG)) setmaxnreg_inc<WSP_WALK_REGS>();
 #endif
-        wsp_walk<S, DK, DVS, QSTG>(qk_s, w_s, a_s, u_s, g_s, st, Sf, Vf, gate, Ws, t_beg, t_end, j, hk, HK, HV, DV,
+        wsp_walk<S, DK, DVS, QSTG, CH>(qk_s, w_s, a_s, u_s, g_s, st, Sf, Vf, gate, Ws, t_beg, t_end, j, hk, HK, HV, DV,
                                    c0, tid);
     } else {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
         if constexpr (wsp_pair(DK, QSTG)) setmaxnreg_dec<WSP_OUT_REGS>();
 #endif
-        wsp_out<T, DK, DVS, QSTG>(qk_s, a_s, g_s, o, Sf, Vf, gate, Qs, t_beg, t_end, j, hk, HK, HV, DV, c0, ldo,
+        wsp_out<T, DK, DVS, QSTG, CH>(qk_s, a_s, g_s, o, Sf, Vf, gate, Qs, t_beg, t_end, j, hk, HK, HV, DV, c0, ldo,
                                   tid - 128);
     }
 }

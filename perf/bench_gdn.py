@@ -34,7 +34,7 @@ __all__ = ["bench_gdn", "main"]
 SHAPES = {"35b": (16, 32), "27b": (16, 48)}  # (key heads, value heads), dk = dv = 128
 BATCHES = {"1x8192": [8192], "8x1024": [1024] * 8}
 # gdn_chunked's two-pass variants (ninfer.cuda.gdn.STATE_VARIANTS)
-VARIANTS = ("tc", "tcs", "tc8", "split", "mma", "fp32", "wsp", "wspq")
+VARIANTS = ("tc", "tcs", "tc8", "split", "mma", "fp32", "wsp", "wspq", "wsp2")
 
 
 def bench_gdn(
@@ -102,6 +102,13 @@ def bench_gdn(
         for v in ("split", "tc8", "tcs", "wsp", "wspq"):
             if v in two:
                 fig[f"{v}_eq_tc"] = all(np.array_equal(outs[f"{v}{c}"], outs[f"tc{c}"]) for c in (16, 32))
+    # "wsp2" has its own rounding: how far from tc's bits (wsp's, which are tc's, where tc did not run), and 16 / 32
+    # columns still the same bits
+    base = "tc" if "tc" in two else "wsp"
+    if act == "float" and "wsp2" in two and base in two:
+        ref = outs[f"{base}32"]
+        fig["wsp2_vs_tc"] = float(np.max(np.abs(outs["wsp232"] - ref)) / max(np.max(np.abs(ref)), 1e-30))
+        fig["wsp2_cols_bitwise_equal"] = bool(np.array_equal(outs["wsp216"], outs["wsp232"]))
     if "tcs" not in two:
         return fig
     # the causal conv fused into the tc prep (gdn_chunked(conv=...), the model's prefill): its prep launch against
@@ -212,6 +219,8 @@ def _line(r: dict[str, Any], act: str, state: str) -> str:
             else ""
         )
         eq = f", ≡tc {r[f'{v}_eq_tc']}" if f"{v}_eq_tc" in r else ""
+        if f"{v}_vs_tc" in r:
+            eq += f", vs tc {r[f'{v}_vs_tc']:.1e} 16≡32 {r[f'{v}_cols_bitwise_equal']}"
         parts.append(
             f"{v} {r[f'{v}_ms']:7.3f} ms (prep {r[f'{v}16_prep_ms']:.3f}, state {r[f'{v}16_state_ms']:.3f} / "
             f"{r[f'{v}32_state_ms']:.3f}{err}{eq})"

@@ -636,7 +636,7 @@ GDN_CHUNKED_CASES = (
 @pytest.mark.parametrize("t", ["float", "bf16"])
 @pytest.mark.parametrize("st", ["float", "bf16"])
 @pytest.mark.parametrize("cols", [None, 16])
-@pytest.mark.parametrize("variant", ["tc", "tcs", "wsp", "tc8", "split", "mma", "fp32"])
+@pytest.mark.parametrize("variant", ["tc", "tcs", "wsp", "wsp2", "tc8", "split", "mma", "fp32"])
 def test_gdn_chunked(cp: Any, report: list, t: str, st: str, cols: int | None, variant: str) -> None:
     """Chunked kernels against the NumPy token-by-token recurrence (outputs and carried state), then one decode
     step of the exact recurrent kernel from the chunked state. ``cols``: the state pass's value columns per block
@@ -677,7 +677,7 @@ def test_gdn_chunked(cp: Any, report: list, t: str, st: str, cols: int | None, v
 
 
 @pytest.mark.parametrize("t", ["float", "bf16"])
-@pytest.mark.parametrize("variant", ["tc", "tcs", "wsp", "tc8", "split", "mma", "fp32"])
+@pytest.mark.parametrize("variant", ["tc", "tcs", "wsp", "wsp2", "tc8", "split", "mma", "fp32"])
 def test_gdn_chunked_real_heads(cp: Any, report: list, t: str, variant: str) -> None:
     """The two-pass chunked kernels (either state pass) at a real head shape (dk = dv = 128, 16 key heads, 32
     value heads) on one 2100-token sequence (33 chunks, a ragged tail) and two short ones, against the NumPy

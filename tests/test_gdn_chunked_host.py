@@ -6,7 +6,7 @@ CUDA thread, block and warp barriers, NaN-filled shared memory, NaN-poisoned out
 and compared with the NumPy token-by-token recurrence. This checks the kernels' index arithmetic, barriers, ragged
 chunks, the chunk-to-block map over several sequences, column slices (16 and 32 columns per state-pass block: the
 same bits, in each variant; the staged "tcs" and the warp-specialized "wsp" / "wspq" passes bitwise the "tc"
-one), the mma variant's fragment layouts and hi/lo split (the emulated mma reads only the
+one, "wsp2" (two chains per product) within the tolerances), the mma variant's fragment layouts and hi/lo split (the emulated mma reads only the
 operands' tf32 bits: 1xTF32 products fail these tolerances, 6e-4 against 1e-4) and the wrapper's shared-memory
 sizes (the kernels trap on too little) without a GPU; the GPU tests in test_cuda_ops.py check the same kernels on
 the device.
@@ -145,6 +145,13 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
         for got, want in ((f"o_{name}.bin", o_raw), (f"state_{name}.bin", s_raw)):
             wsp = np.fromfile(tmp_path / got, dtype=want.dtype).reshape(want.shape)
             assert np.array_equal(wsp, want), f"warp-specialized: {got} differs from the tc variant's"
+    # two chains per product ("wsp2"): its own rounding, against the recurrence; 16 and 32 columns the same bits
+    w2 = [(np.fromfile(tmp_path / f"o_wsp2_{c}.bin", dtype=o_raw.dtype).reshape(o_raw.shape),
+           np.fromfile(tmp_path / f"state_wsp2_{c}.bin", dtype=s_raw.dtype).reshape(s_raw.shape)) for c in (16, 32)]  # fmt: skip
+    assert np.array_equal(w2[0][0], w2[1][0]) and np.array_equal(w2[0][1], w2[1][1]), "wsp2: 16 vs 32 columns"
+    got_o, got_s = (bf16_decode(w2[1][0]) if tb else w2[1][0]), (bf16_decode(w2[1][1]) if sb else w2[1][1])
+    np.testing.assert_array_equal(got_s[0], state[0])
+    _check(got_o, got_s, qkv, a, b, a_log, dt_bias, state, starts, slots, case, (otol, stol), "o_wsp2_32.bin")
 
 
 def _check_tc_scratch(d: Path, n: int, hk: int, hv: int, dk: int, dv: int, starts: np.ndarray) -> None:

@@ -62,16 +62,22 @@ STATE_VARIANTS = {
     "tcs": "gdn_chunk_state_mma",
     "wsp": "gdn_chunk_state_wsp",
     "wspq": "gdn_chunk_state_wsp",
+    "wsp2": "gdn_chunk_state_wsp",
 }
 # "wsp": the tc prep, then the state pass on two warp groups (gdn_state_wsp.cuh): warps 0-3 walk the chunks for V'
 # and the state (W rows staged as in "tcs"), warps 4-7 compute each chunk's output e^γ Q S + A V' beside them, so
 # the walk no longer waits for the outputs; bitwise the "tc" variant's results. "wspq": the output warps' Q rows
 # staged in shared memory too and the walk's K rows loaded early (+32 KB: one block per SM at dk = 128; a benchmark
-# variant: within 5% of wsp's state launch on the 35B-A3B's heads, slower on the 27B's)
-_TC_PREP = ("tc", "split", "tc8", "tcs", "wsp", "wspq")  # the variants after gdn_chunk_prep_tc
-_STATE_WARPS = {"tc8": 8, "wsp": 8, "wspq": 8}  # warps per state-pass block where not 4 (NWARP for tc8)
+# variant: within 5% of wsp's state launch on the 35B-A3B's heads, slower on the 27B's). "wsp2": wsp with each
+# dk-deep product (W S, Q S) accumulated in two chains (even / odd 16-blocks, summed at the end): half the dependent
+# mmas per chain, its own rounding (within fp32 noise of tc, not its bits; ptxas spills 4 bytes at 32 columns).
+# Built in session 32 after its device time was spent: host emulation only (tests/test_gdn_chunked_host.py), not
+# yet run or timed on a GPU (perf/bench_gdn.py --variants wsp,wsp2 does both)
+_TC_PREP = ("tc", "split", "tc8", "tcs", "wsp", "wspq", "wsp2")  # the variants after gdn_chunk_prep_tc
+# warps per state-pass block where not 4 (tc8's NWARP; the wsp kernels' two warp groups)
+_STATE_WARPS = {"tc8": 8, "wsp": 8, "wspq": 8, "wsp2": 8}
 _STAGED = ("tcs",)  # the state pass with its W and Q rows staged in shared memory (template argument STG)
-_WSP = ("wsp", "wspq")  # gdn_chunk_state_wsp<T, S, dk, cols, QSTG>
+_WSP = {"wsp": "", "wspq": ", true", "wsp2": ", false, 2"}  # gdn_chunk_state_wsp<T, S, dk, cols, QSTG, CH>
 # "mma" (855128a): 1.53x the fp32 variant on one 8192-token sequence of the 27B's heads. "tc" (6688cc6, H200,
 # perf/bench_gdn.py, perf/results/bench_gdn_6688cc6.txt; its GPU tests pass): the prep 1.028 -> 0.642 ms (27B heads)
 # and 0.716 -> 0.468 ms (35B-A3B) on a 4096-token chunk, 1.6x at every batch shape measured; the outputs within
@@ -92,7 +98,7 @@ def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str
     prep = f"gdn_chunk_prep_tc<{t}, {dk}>" if variant in _TC_PREP else f"gdn_chunk_prep<{t}, {dk}, {mma}>"
     tail = ""  # the template arguments past the defaults: NWARP (4), then STG (false); wsp's QSTG (false)
     if variant in _WSP:
-        tail = ", true" if variant == "wspq" else ""
+        tail = _WSP[variant]
     elif variant in _STATE_WARPS or variant in _STAGED:
         tail = f", {_STATE_WARPS.get(variant, 4)}" + (", true" if variant in _STAGED else "")
     return prep, f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}{tail}>"

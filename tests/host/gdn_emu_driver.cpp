@@ -14,8 +14,8 @@
 // and on the mma scratch with 32 (dir/o_mma8_32.bin, dir/state_mma8_32.bin); and the staged
 // gdn_chunk_state_mma<., ., DK, ., 4, true> ("tcs") on the tc scratch with 16 and 32 columns (dir/o_tcs16.bin,
 // dir/state_tcs16.bin, dir/o_tcs32.bin, dir/state_tcs32.bin); and the warp-specialized gdn_chunk_state_wsp ("wsp")
-// on the tc scratch with 16 and 32 columns and with its Q rows staged ("wspq") with 32 (dir/o_wsp16.bin, ...,
-// dir/state_wspq32.bin), all from the initial states.
+// on the tc scratch with 16 and 32 columns, with its Q rows staged ("wspq") with 32 and with two chains per
+// product ("wsp2") with 16 and 32 (dir/o_wsp16.bin, ..., dir/state_wsp2_32.bin), all from the initial states.
 template <typename T, typename S, int DK>
 void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, int nslots, unsigned prep_smem,
              unsigned smem16, unsigned smem32, unsigned mma16, unsigned mma32, unsigned tc_smem, unsigned stg16,
@@ -140,11 +140,11 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
         runs.template operator()<32>("tcs32", stg32);
     }
     {  // the walk and the outputs on two warp groups ("wsp", "wspq"): 256 threads
-        auto runw = [&]<int DVS, bool QSTG>(const std::string& name, unsigned smem) {
+        auto runw = [&]<int DVS, bool QSTG, int CH = 1>(const std::string& name, unsigned smem) {
             std::vector<T> ow(o0);
             std::vector<S> sw(state0);
             emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + DVS - 1) / DVS)}, 256, smem, [&] {
-                gdn_chunk_state_wsp<T, S, DK, DVS, QSTG>(tc.qk.data(), tc.w.data(), tc.am.data(), tc.u.data(),
+                gdn_chunk_state_wsp<T, S, DK, DVS, QSTG, CH>(tc.qk.data(), tc.w.data(), tc.am.data(), tc.u.data(),
                                                          tc.g.data(), sw.data(), ow.data(), starts.data(),
                                                          slots.data(), HK, HV, DV, (long long)HV * DV);
             });
@@ -154,6 +154,8 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
         runw.template operator()<16, false>("wsp16", wsp16);
         runw.template operator()<32, false>("wsp32", wsp32);
         runw.template operator()<32, true>("wspq32", wspq32);
+        runw.template operator()<16, false, 2>("wsp2_16", wsp16);  // two chains per product: its own rounding
+        runw.template operator()<32, false, 2>("wsp2_32", wsp32);
     }
     emu_write(dir + "/o_tc16.bin", ot16);
     emu_write(dir + "/state_tc16.bin", st16);
