@@ -1,4 +1,4 @@
-"""Where a step's GPU time goes: every kernel wrapper of the ``ninfer.cuda`` families timed with CUDA events.
+"""Where a step's GPU time goes: every launch of the cuda_src kernels timed with CUDA events, by family.
 
     python -m perf.profile_step --model 27b          # on a GPU: eager decode at 8K context, a 4096-token prefill
     python -m perf.profile_step --fold both          # decode with the norms folded into the GEMVs and without
@@ -9,65 +9,29 @@
 CuPy's element-wise and sorting kernels too) and prints the GPU's busy and idle time over the chunk and the kernels
 that took the most time, so ``other`` above can be told apart into glue kernels and idle gaps.
 
-Each public function of the family modules (``ninfer.cuda.FAMILY_MODULES``) that launches a kernel is wrapped for the duration of the
-run (``gemv``, ``gemv_experts`` and the MoE prefill's ``gemv_expert_lanes`` / ``expert_lanes`` included); a call's time is the event interval around its launches on the current stream. Work outside the wrappers
-(cupy element-wise glue, sorting, host-side scheduling gaps) shows as ``other`` = wall time - the sum. Decode is
-eager here (no CUDA graph), so ``other`` includes launch overhead that graph replay removes.
+Every launch of the cuda_src kernels is timed with a CUDA event pair around it and counted under its family, one
+name per cuda_src file (``gemm_sm90_ws``, ``gdn_chunk``, ``norm``, ...; ``--by kernel``: per kernel, its template
+arguments dropped): perf/launch_spans.py, which intercepts the loader (every kernel function comes from
+``loader.kernel``) and the driver launch (``launch._driver``), so no call site escapes it. Per-wrapper names (the
+public functions of ``ninfer.cuda.FAMILY_MODULES``, patched one by one) missed every launch from modules outside
+that list and from call sites holding a wrapper directly. What no kernel of ours covers (CuPy's element-wise glue,
+copies, fills and sorts, and the GPU's idle gaps, host scheduling and launch latency) shows as ``other``: the wall
+time less the sum. Decode is eager here (no CUDA graph), so ``other`` includes launch overhead that graph replay
+removes.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
-import importlib
-import inspect
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
+from .launch_spans import by_kernel, by_source, profile
+
 __all__ = ["profile", "main"]
-
-
-@contextlib.contextmanager
-def profile() -> Iterator[dict[str, list]]:
-    """Wrap every kernel wrapper; yields ``{name: [(start_event, end_event), ...]}``, filled while active."""
-    import cupy
-
-    from ninfer.cuda import FAMILY_MODULES
-
-    calls: dict[str, list] = defaultdict(list)
-    saved = []
-
-    def wrap(mod: Any, name: str, fn: Any) -> Any:
-        @functools.wraps(fn)
-        def timed(*a: Any, **kw: Any) -> Any:
-            s, e = cupy.cuda.Event(), cupy.cuda.Event()
-            s.record()
-            try:
-                return fn(*a, **kw)
-            finally:
-                e.record()
-                calls[name].append((s, e))
-
-        return timed
-
-    for modname in FAMILY_MODULES:
-        mod = importlib.import_module(modname)
-        for name in getattr(mod, "__all__", ()):
-            fn = getattr(mod, name)
-            src = inspect.getsource(fn) if inspect.isfunction(fn) else ""
-            if "kernel(" in src or "_gemv_launch(" in src:  # launchers (the GEMVs too), not helpers
-                saved.append((mod, name, fn))
-                setattr(mod, name, wrap(mod, name, fn))
-    try:
-        yield calls
-    finally:
-        for mod, name, fn in saved:
-            setattr(mod, name, fn)
 
 
 def _summary(calls: dict[str, list], wall: float) -> dict[str, float]:
@@ -79,12 +43,12 @@ def _summary(calls: dict[str, list], wall: float) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def _run(label: str, fn: Any) -> dict[str, float]:
+def _run(label: str, fn: Any, by: str = "source") -> dict[str, float]:
     import cupy
 
     fn()  # warm-up (allocations, first launches)
     cupy.cuda.Device().synchronize()
-    with profile() as calls:
+    with profile(by_kernel if by == "kernel" else by_source) as calls:
         t0 = time.perf_counter()
         fn()
         cupy.cuda.Device().synchronize()
@@ -186,7 +150,7 @@ def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
     for fold in {"on": (True,), "off": (False,), "both": (False, True)}[a.fold]:
         net.fold_norms = fold  # docs/cuda.md, "Norm folding"
         name = "decode_1" if a.fold != "both" else f"decode_1_fold_{'on' if fold else 'off'}"
-        res[name] = _run(f"{key} decode x1 @{a.context} fold={fold}", lambda: net.decode(ids, [lane]))
+        res[name] = _run(f"{key} decode x1 @{a.context} fold={fold}", lambda: net.decode(ids, [lane]), a.by)
     net.fold_norms = True
     pre = seqs.new()
     chunk = np.random.default_rng(0).integers(0, mc.vocab_size, a.chunk)
@@ -197,7 +161,7 @@ def _profile_model(key: str, a: argparse.Namespace) -> dict[str, Any]:
         seqs.seek(pre, a.prefill_at)
         seqs.forward(pre, chunk)
 
-    res["prefill_chunk"] = _run(f"{key} prefill {a.chunk} @{a.prefill_at}", prefill)
+    res["prefill_chunk"] = _run(f"{key} prefill {a.chunk} @{a.prefill_at}", prefill, a.by)
     if a.timeline:
         res["timeline"] = timeline(f"{key} prefill {a.chunk} @{a.prefill_at}", prefill)
     return res
@@ -221,6 +185,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     p.add_argument("--fold", choices=("on", "off", "both"), default="on", help="decode with norm folding")
     p.add_argument("--prefill-weights", default="auto", choices=("auto", "resident", "scratch"))
+    p.add_argument(
+        "--by", choices=("source", "kernel"), default="source", help="time per cuda_src file or per kernel"
+    )
     a = p.parse_args(argv)
     return {key: _profile_model(key, a) for key in a.model.split(",")}
 

@@ -56,6 +56,8 @@ def _lib() -> Any:
 
 @functools.cache
 def _driver() -> Any:
+    """``cuLaunchKernelEx``. Every driver launch calls it through this module global, looked up at the launch
+    (perf/launch_spans.py replaces it for a profiled run to time the launches that bypass a function's ``__call__``)."""
     fn = _lib().cuLaunchKernelEx
     fn.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     fn.restype = ctypes.c_int

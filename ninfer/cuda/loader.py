@@ -10,8 +10,10 @@ compiles in the middle of a request.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+from collections.abc import Callable, Iterator
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -25,6 +27,8 @@ __all__ = [
     "source_text",
     "load_module",
     "kernel",
+    "intercept",
+    "looked_up",
     "compute_capability",
     "family_supported",
     "target_arch",
@@ -128,17 +132,43 @@ def load_module(source: str, name_expressions: tuple[str, ...]) -> Any:
 _FUNCTIONS: dict[tuple[str, str], tuple[tuple[str, ...], Any]] = {}
 
 
+# While :func:`intercept` runs: what :func:`kernel` hands out passes through this (perf/launch_spans.py times every
+# launch so); None otherwise (one global test per lookup). The caches above never hold what it returns.
+_HOOK: Callable[[str, str, Any], Any] | None = None
+
+
 def kernel(source: str, instances: tuple[str, ...], name: str) -> Any:
-    """The compiled kernel ``name`` (one of ``instances``) of family ``source``."""
+    """The compiled kernel ``name`` (one of ``instances``) of family ``source``, for the launch at hand: callers look
+    it up again for each launch (a hit is one dict lookup) and keep no reference beyond it, so that
+    :func:`intercept` sees every launch of every family."""
     hit = _FUNCTIONS.get((source, name))
     if hit is not None and hit[0] is instances:
-        return hit[1]
+        return hit[1] if _HOOK is None else _HOOK(source, name, hit[1])
     mod = load_module(source, instances)
     if name not in instances:
         raise KernelError(f"{source}: no kernel instance {name!r} (known: {', '.join(instances)})")
     fn = mod.get_function(name)
     _FUNCTIONS[source, name] = (instances, fn)
-    return fn
+    return fn if _HOOK is None else _HOOK(source, name, fn)
+
+
+@contextlib.contextmanager
+def intercept(wrap: Callable[[str, str, Any], Any]) -> Iterator[None]:
+    """While active, :func:`kernel` returns ``wrap(source, name, function)`` in place of the function; its caches
+    keep the function itself, and :func:`kernel` hands out plain functions again once it ends. One at a time."""
+    global _HOOK
+    if _HOOK is not None:
+        raise RuntimeError("loader.intercept: already intercepting")
+    _HOOK = wrap
+    try:
+        yield
+    finally:
+        _HOOK = None
+
+
+def looked_up() -> dict[tuple[str, str], Any]:
+    """(source, name) -> function of every kernel :func:`kernel` has looked up since the caches were last cleared."""
+    return {key: fn for key, (_, fn) in _FUNCTIONS.items()}
 
 
 _clear_modules = load_module.cache_clear

@@ -12,7 +12,6 @@ the two may differ by).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -185,8 +184,6 @@ def _split_launches(
     """The split path's launches (cuda_src/sample_split.cuh): max, histogram (its last block per row plans), then
     three gather rounds (their last block per row resolves). Workspaces: ``zero`` (histograms and list counts, zero again after every launch sequence), the
     per-row state, prefix sums, partials and lists, and the shared arrival counters."""
-    import cupy
-
     temperature, top_k, top_p, min_p, seeds, positions = cols
     chunk, nb, cap = sizes
     rows = out.shape[0]
@@ -198,7 +195,7 @@ def _split_launches(
     at = np.cumsum((0,) + sizes_ws)
     st, pre, part, ws = (buf[at[i] : at[i + 1]] for i in range(4))
     cnt = arrival_counters(rows)
-    fns = _split_kernels(cupy.cuda.Device().id)
+    fns = _split_kernels()
     i32, i64 = np.int32, np.int64
     head = (x, i64(ld), mask, i64(ldm), i32(lim), i32(chunk), temperature, min_p, i32(nb))
     rest = (top_k, top_p, seeds, positions, i32(cap), cnt, st, zero, i64(zs), pre, ws, i64(ldw), out)
@@ -211,9 +208,9 @@ def _split_launches(
         fns["split_gather"](grid, nt, (*head, *rest))
 
 
-@functools.cache
-def _split_kernels(device: int) -> dict[str, Any]:
-    """The split path's kernels, looked up once per device."""
+def _split_kernels() -> dict[str, Any]:
+    """The split path's kernels, looked up for this launch (the loader's cache hit; a function kept across calls
+    would escape perf/launch_spans.py's timing, loader.kernel)."""
     names = ("split_max", "split_hist", "split_gather")
     return {n: kernel("sampling.cu", SOURCES["sampling.cu"], n) for n in names}
 
@@ -247,18 +244,12 @@ def argmax_rows(
     check_array(out, "out", dtype=np.int32, shape=(rows,))
     if rows:
         part, cnt = stream_buffer(rows * splits, np.uint64), arrival_counters(rows)
-        fn = _argmax_split(cupy.cuda.Device().id)
+        fn = kernel("sampling.cu", SOURCES["sampling.cu"], "argmax_split")
         null = np.uint64(0)  # a null pointer: no mask
         fn((splits, rows), (_ARGMAX_THREADS,), (logits, np.int64(ld), mask if mask is not None else null,
                                                 np.int64(ldm), np.int32(v), np.int32(lim), np.int32(chunk), part,
                                                 cnt, out))  # fmt: skip
     return out
-
-
-@functools.cache
-def _argmax_split(device: int) -> Any:
-    """The ``argmax_split`` kernel, looked up once per device instead of once per call."""
-    return kernel("sampling.cu", SOURCES["sampling.cu"], "argmax_split")
 
 
 def _penalized(p: Any) -> bool:
