@@ -25,6 +25,13 @@ in-loop kernel, and of f16ws over f16. CUDA-event timing, median of repeats afte
 H200; the first run also compiles the gemm_sm90.cu and gemm_sm90_ws.cu families, ~2 min, unless CuPy's cache has
 them: give perf/device_run.sh BENCH_TIMEOUT=400).
 
+``--served`` (:func:`served_main`): the fp16 mode as the model's prefill runs it, on the 27B's fused projections
+(SPLITK_SHAPES) at 2048 / 4096 / 8192 rows: the rows already in fp16 form (``F16Rows``, as the norms write them),
+the weight's fp16 operand kept (the runner's resident operands: no dequant pass), ``variant="auto"`` (kernel and
+K splits by gemm_plan's rules), against cuBLAS bf16 at the same (M, N, K) in the same run: the issue's "fraction
+of cuBLAS on the 27B prefill shapes". ``--max-splits S`` also times the ws kernel with 1 .. S splits forced (the
+numbers for the split rule above one wave).
+
 ``--splitk`` (:func:`splitk_main`): the 27B's five fused dense projections (SPLITK_SHAPES) at a follow-up turn's
 rows (default 128, 256, 384, 512), NVFP4, fp16 mode with the weight's fp16 operand kept (as the runner keeps it:
 no dequant pass in the time; the row split is in it), through the cp kernel and the ws kernel with S forced to 1 ..
@@ -42,7 +49,7 @@ import numpy as np
 
 from .bench_peers import event_seconds
 
-__all__ = ["main", "splitk_main", "SHAPES", "SPLITK_SHAPES", "FORMATS", "ROWS"]
+__all__ = ["main", "splitk_main", "served_main", "SHAPES", "SPLITK_SHAPES", "FORMATS", "ROWS"]
 
 SHAPES = (
     ("qkv_gdn", 10240, 5120),
@@ -61,6 +68,7 @@ SPLITK_SHAPES = (
     ("mlp_down", 5120, 17408),
 )
 SPLITK_ROWS = (128, 256, 384, 512)
+SERVED_ROWS = (2048, 4096, 8192)
 
 
 def _cublas(m: int, n: int, k: int) -> float:
@@ -215,6 +223,48 @@ def splitk_main(
     return out_rows
 
 
+def served_main(
+    rows: tuple[int, ...] = SERVED_ROWS, fmt: str = "NVFP4G16_E4M3S", reps: int = 5, max_splits: int = 0
+) -> list[dict[str, Any]]:
+    """Time the served fp16-mode GEMM (``variant="auto"``; with ``max_splits``, also ws with S = 1 .. max_splits
+    forced) on SPLITK_SHAPES at ``rows`` against cuBLAS bf16; print and return the rows."""
+    import cupy
+
+    from ninfer.cuda import gemm_pair as gp
+    from ninfer.cuda._common import F16Rows
+    from ninfer.cuda.operands import OperandStore
+
+    from .synthetic import random_weight
+
+    rs = cupy.random.RandomState(0)
+    out_rows: list[dict[str, Any]] = []
+    print(
+        f"{'gemm':12s} {'rows':>5s} {'variant':7s} {'S':>2s} {'us':>8s} {'TFLOP/s':>8s} {'cuBLAS':>8s} {'ratio':>6s}"
+    )
+    for name, n, k in SPLITK_SHAPES:
+        w = random_weight(fmt, (n, k), rs, 0.02)
+        store = OperandStore(4 * n * k)
+        for m in rows:
+            # fp16 words of values in [-2, 2) (bit patterns below 0x4000 and their negatives), row factors 1
+            words = rs.randint(0, 0x4000, size=(m, k), dtype=np.int32) | (rs.randint(0, 2, size=(m, k)) << 15)
+            x = F16Rows(words.astype(np.uint16), cupy.ones(m, dtype=np.float32))
+            out = cupy.empty((m, n), dtype=np.float32)
+            tc = _cublas(m, n, k)
+            cases = [("auto", gp.splitk_splits(m, n, k) if gp.f16_auto_ws(m, n, k) else 0)]
+            cases += [(f"ws{s}", s) for s in range(1, max_splits + 1)]
+            for var, s in cases:
+                t = _time_f16(x, w, out, store, var, reps)
+                fl = 2 * m * n * k
+                r = {"shape": name, "m": m, "n": n, "k": k, "fmt": fmt, "variant": var, "splits": s, "s": t,
+                     "tflops": fl / t / 1e12, "cublas_tflops": fl / tc / 1e12, "frac_cublas": tc / t}  # fmt: skip
+                out_rows.append(r)
+                print(f"{name:12s} {m:5d} {var:7s} {s:2d} {t * 1e6:8.1f} {r['tflops']:8.1f} "
+                      f"{r['cublas_tflops']:8.1f} {r['frac_cublas']:6.1%}")  # fmt: skip
+            del x, out, words
+        del w, store
+    return out_rows
+
+
 if __name__ == "__main__":
     import argparse
     import json
@@ -227,18 +277,28 @@ if __name__ == "__main__":
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--paths", default=None, help="only these paths (bf16,fp32,pair,f16,f16il,f16ws)")
     ap.add_argument("--splitk", action="store_true", help="cp vs ws with forced K splits (splitk_main)")
-    ap.add_argument("--max-splits", type=int, default=8)
+    ap.add_argument("--served", action="store_true", help="the served fp16 GEMM vs cuBLAS (served_main)")
+    ap.add_argument("--max-splits", type=int, default=None, help="--splitk: default 8; --served: default 0")
     ap.add_argument("--out", type=Path, default=None, help="directory for bench_gemm.json")
     a = ap.parse_args()
     paths = tuple(a.paths.split(",")) if a.paths else None
     if a.splitk:
         rws = tuple(int(v) for v in a.rows.split(",")) if a.rows else SPLITK_ROWS
         fmt = a.formats.split(",")[0]
-        res = splitk_main(rws, fmt, a.reps, a.max_splits)
+        res = splitk_main(rws, fmt, a.reps, 8 if a.max_splits is None else a.max_splits)
+    elif a.served:
+        rws = tuple(int(v) for v in a.rows.split(",")) if a.rows else SERVED_ROWS
+        res = served_main(rws, a.formats.split(",")[0], a.reps, a.max_splits or 0)
     else:
         rws = tuple(int(v) for v in a.rows.split(",")) if a.rows else ROWS
         res = main(rws, tuple(a.formats.split(",")), a.reps, a.impl, paths)
     if a.out is not None:
         a.out.mkdir(parents=True, exist_ok=True)
-        name = "bench_gemm_splitk.json" if a.splitk else "bench_gemm.json"
+        name = (
+            "bench_gemm_splitk.json"
+            if a.splitk
+            else "bench_gemm_served.json"
+            if a.served
+            else "bench_gemm.json"
+        )
         (a.out / name).write_text(json.dumps(res, indent=1))

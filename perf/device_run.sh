@@ -369,6 +369,20 @@ run_wsp_probe() {  # Nsight Compute on one "wsp" state launch (35B-A3B heads, on
     python3 -m perf.bench_gdn --models 35b --batches 1x8192 --variants wsp --reps 1 2>&1 | grep -v '^{' \
     | tee "$OUT/wsp_ncu.txt" | tail -5
 }
+run_prefill_probe() {  # session 33's first call (~8 min): the two-chain GDN state pass (wsp2, never run on a GPU
+  # before) against its reference and wsp, the served fp16 GEMM against cuBLAS at 2K-8K rows with forced splits
+  # (bench_gemm --served), then the prefill chunks' kernels per cuda_src file with the launch-level attribution
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider -rf --timeout 200 tests/test_cuda_ops.py \
+    -k "gdn and wsp2" > "$OUT/wsp2_tests.txt" 2>&1; tail -3 "$OUT/wsp2_tests.txt"
+  timeout ${BENCH_TIMEOUT:-200} python3 -m perf.bench_gdn --models 27b,35b --batches 1x4096,1x8192 \
+    --variants wsp,wsp2 --out "$OUT/results" 2>&1 | grep -v '^{' | tee "$OUT/bench_gdn_wsp2.txt" | tail -8
+  timeout ${BENCH_TIMEOUT:-200} python3 -m perf.bench_gemm --served --rows 2048,4096,8192 --max-splits 3 \
+    --out "$OUT/results" 2>&1 | tee "$OUT/bench_gemm_served.txt" | grep -E " auto " | head -20
+  for spec in 27b:4096 35b:8192; do
+    timeout ${PROFILE_TIMEOUT:-150} python3 -m perf.profile_step --model ${spec%%:*} --chunk ${spec#*:} 2>&1 \
+      | tee "$OUT/profile_prefill_${spec%%:*}.txt" | tail -25
+  done
+}
 run_spec() {  # issue 15: MTP at forced acceptance, 27B, 1 lane, k = 3 (--skip-rounds: the rounds table alone
   # printed nothing within 280 s at 4eb6bda)
   timeout ${SPEC_TIMEOUT:-420} python3 -m perf.bench_spec --models 27b --activations fp32 --lanes 1 --ks 3 \
