@@ -383,6 +383,19 @@ run_prefill_probe() {  # session 33's first call (~8 min): the two-chain GDN sta
       | tee "$OUT/profile_prefill_${spec%%:*}.txt" | tail -25
   done
 }
+# the whole GPU suite in two calls of under 10 minutes on one warm machine (the split of session 31's six calls)
+SUITE_A="tests/test_cuda_ops.py tests/test_cuda_attention_prefill.py tests/test_cuda_gemm_f16.py tests/test_cuda_gemm_ws.py
+  tests/test_cuda_gemm_pair.py tests/test_cuda_gemm_swiglu.py tests/test_cuda_compile.py tests/test_cuda_attention_decode.py
+  tests/test_cuda_gdn_decode.py tests/test_cuda_operands.py tests/test_cuda_norm_f16.py tests/test_cuda_v1.py
+  tests/test_cuda_tiering.py tests/test_cuda_warmup_host.py tests/test_cuda_kv_fp8.py tests/test_cuda_sampling.py
+  tests/test_perplexity.py tests/test_launch_pdl.py"
+run_suite_a() { TEST_TIMEOUT=${TEST_TIMEOUT:-500} TEST_FILES="$SUITE_A" run_tests; cp "$OUT/pytest.txt" "$OUT/suite_a.txt"; }
+run_suite_b() {  # every tests/test_cuda_*.py file not in SUITE_A
+  local f files="" a=" $(echo $SUITE_A) "
+  for f in tests/test_cuda_*.py; do case "$a" in *" $f "*) ;; *) files="$files $f" ;; esac; done
+  timeout ${TEST_TIMEOUT:-500} python3 -m pytest -q -m gpu $files -p no:cacheprovider --timeout 200 -rf 2>&1 \
+    | tee "$OUT/suite_b.txt" | grep -v PASSED | tail -30
+}
 run_spec() {  # issue 15: MTP at forced acceptance, 27B, 1 lane, k = 3 (--skip-rounds: the rounds table alone
   # printed nothing within 280 s at 4eb6bda)
   timeout ${SPEC_TIMEOUT:-420} python3 -m perf.bench_spec --models 27b --activations fp32 --lanes 1 --ks 3 \
