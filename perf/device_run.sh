@@ -390,6 +390,11 @@ SUITE_A="tests/test_cuda_ops.py tests/test_cuda_attention_prefill.py tests/test_
   tests/test_cuda_tiering.py tests/test_cuda_warmup_host.py tests/test_cuda_kv_fp8.py tests/test_cuda_sampling.py
   tests/test_perplexity.py tests/test_launch_pdl.py"
 run_suite_a() { TEST_TIMEOUT=${TEST_TIMEOUT:-500} TEST_FILES="$SUITE_A" run_tests; cp "$OUT/pytest.txt" "$OUT/suite_a.txt"; }
+run_suite_changed() {  # the GPU test files whose kernels or wrappers changed since the last whole suite (e8ca7a3)
+  TEST_TIMEOUT=${TEST_TIMEOUT:-400} TEST_FILES="tests/test_cuda_attention_prefill.py tests/test_cuda_gdn_decode.py
+    tests/test_cuda_ops.py tests/test_cuda_sampling.py tests/test_cuda_gemm_ws.py tests/test_cuda_compile.py
+    tests/test_launch_pdl.py" run_tests
+}
 run_suite_b() {  # every tests/test_cuda_*.py file not in SUITE_A
   local f files="" a=" $(echo $SUITE_A) "
   for f in tests/test_cuda_*.py; do case "$a" in *" $f "*) ;; *) files="$files $f" ;; esac; done
