@@ -43,6 +43,8 @@ template <int DK, int DVS, bool QSTG> struct GdnStateWspSmem {
 // n + e lands in 16-byte bank group 4e + (g >> 1) of its 128 bytes: with every lane on the same e a store reached 4
 // of the 8 groups (8 wavefronts for its 512 bytes, the 2-way conflict Nsight Compute counted), with e = g & 1 first
 // it reaches all 8 (4 wavefronts). The same words at the same places; only the order of the two stores differs.
+// Measured (H100, perf/results/bench_gdn_put_f94fc38_h100.txt, 8192 rows, 32 columns): the state launch 1.182 ->
+// 1.102 ms on the 35B-A3B's heads, 1.908 -> 1.758 on the 27B's.
 // (The 4-warp passes keep gsm_put's order: the selects cost the staged tcs instances at dk 32 / 64 spills.)
 template <int NTN> __device__ __forceinline__ void wsp_put2(float* frag, int k, int n, float v0, float v1, float v2,
                                                             float v3) {
