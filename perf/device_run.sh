@@ -401,13 +401,16 @@ run_suite_b() {  # every tests/test_cuda_*.py file not in SUITE_A
   timeout ${TEST_TIMEOUT:-500} python3 -m pytest -q -m gpu $files -p no:cacheprovider --timeout 200 -rf 2>&1 \
     | tee "$OUT/suite_b.txt" | grep -v PASSED | tail -30
 }
-run_wsp_source() {  # where the wsp state pass's excess shared-memory wavefronts come from: Nsight Compute's source
-  # page (per SASS instruction) over one 35B-A3B 8192-row state launch, the top lines by excess wavefronts
-  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout ${PROFILE_TIMEOUT:-200} "$ncu" --kernel-name "regex:gdn_chunk_state_wsp" --launch-count 1 \
-    --section SourceCounters --page source --print-source sass --csv \
-    python3 -m perf.bench_gdn --models 35b --batches 1x8192 --variants wsp --reps 1 > "$OUT/wsp_source.csv" 2>&1
-  python3 -m perf.ncu_source "$OUT/wsp_source.csv" --top 30 2>&1 | tee "$OUT/wsp_source_top.txt" | head -40
+run_wsp_source() {  # where the chunked GDN's excess shared-memory wavefronts come from: Nsight Compute's source
+  # page (per SASS instruction) over one 35B-A3B 8192-row launch of each kernel in NCU_KERNELS (regexes; default the
+  # wsp state pass and the conv-fused tc prep), the top lines by excess wavefronts
+  local ncu k; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for k in ${NCU_KERNELS:-gdn_chunk_state_wsp gdn_chunk_prep_tc_conv}; do
+    timeout ${PROFILE_TIMEOUT:-200} "$ncu" --kernel-name "regex:$k" --launch-count 1 \
+      --section SourceCounters --page source --print-source sass --csv \
+      python3 -m perf.bench_gdn --models 35b --batches 1x8192 --variants wsp --reps 1 > "$OUT/source_$k.csv" 2>&1
+    python3 -m perf.ncu_source "$OUT/source_$k.csv" --top 30 2>&1 | tee "$OUT/source_${k}_top.txt" | head -34
+  done
 }
 run_spec() {  # issue 15: MTP at forced acceptance, 27B, 1 lane, k = 3 (--skip-rounds: the rounds table alone
   # printed nothing within 280 s at 4eb6bda)
