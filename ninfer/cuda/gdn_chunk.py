@@ -71,8 +71,8 @@ STATE_VARIANTS = {
 # variant: within 5% of wsp's state launch on the 35B-A3B's heads, slower on the 27B's). "wsp2": wsp with each
 # dk-deep product (W S, Q S) accumulated in two chains (even / odd 16-blocks, summed at the end): half the dependent
 # mmas per chain, its own rounding (within fp32 noise of tc, not its bits; ptxas spills 4 bytes at 32 columns).
-# Built in session 32 after its device time was spent: host emulation only (tests/test_gdn_chunked_host.py), not
-# yet run or timed on a GPU (perf/bench_gdn.py --variants wsp,wsp2 does both)
+# Built in session 32 (host emulation, tests/test_gdn_chunked_host.py); on an H100 in session 33 its GPU tests pass
+# and it times as wsp (perf/results/bench_gdn_wsp2_7ecae20_h100.txt): a benchmark variant
 _TC_PREP = ("tc", "split", "tc8", "tcs", "wsp", "wspq", "wsp2")  # the variants after gdn_chunk_prep_tc
 # warps per state-pass block where not 4 (tc8's NWARP; the wsp kernels' two warp groups)
 _STATE_WARPS = {"tc8": 8, "wsp": 8, "wspq": 8, "wsp2": 8}
