@@ -58,6 +58,26 @@ template <int NTN> __device__ __forceinline__ void gsm_put(float* frag, int k, i
     *reinterpret_cast<float4*>(frag + gsm_frag<NTN>(k, n)) = make_float4(xh, yh, xl, yl);
 }
 
+// The 2 x 2 block (k, n) = v0, (k, n + 1) = v1, (k + 1, n) = v2, (k + 1, n + 1) = v3 (k, n even) as two gsm_put,
+// column n first; with LANE_ORDER the lanes with (k >> 1) odd store column n + 1 first. A warp's lanes hold
+// k = 16m + 2g, n = 8j + 2t, and column n + e lands in 16-byte bank group 4e + (g >> 1) of its 128 bytes: with every
+// lane on the same e a store reaches 4 of the 8 groups (8 wavefronts for its 512 bytes, a 2-way conflict), with
+// e = g & 1 first all 8 (4 wavefronts). The same words at the same places; only the order of the two stores differs.
+// The wsp pass stores in LANE_ORDER (measured, H100, perf/results/bench_gdn_put_f94fc38_h100.txt, 8192 rows, 32
+// columns: its state launch 1.182 -> 1.102 ms on the 35B-A3B's heads, 1.908 -> 1.758 on the 27B's); the 4-warp
+// passes do not (the selects cost the staged tcs instances at dk 32 / 64 spills).
+template <int NTN, bool LANE_ORDER = false>
+__device__ __forceinline__ void gsm_put_block(float* frag, int k, int n, float v0, float v1, float v2, float v3) {
+    if constexpr (LANE_ORDER) {
+        const bool sw = (k >> 1) & 1;
+        gsm_put<NTN>(frag, k, n + sw, sw ? v1 : v0, sw ? v3 : v2);
+        gsm_put<NTN>(frag, k, n + !sw, sw ? v0 : v1, sw ? v2 : v3);
+    } else {
+        gsm_put<NTN>(frag, k, n, v0, v2);
+        gsm_put<NTN>(frag, k, n + 1, v1, v3);
+    }
+}
+
 __device__ __forceinline__ float4 gsm_ld4(const float* p, bool ok) {
     return ok ? *reinterpret_cast<const float4*>(p) : make_float4(0.f, 0.f, 0.f, 0.f);
 }
@@ -208,17 +228,15 @@ __device__ __forceinline__ void gsm_state_load(const S* st, float (&sreg)[L::MW]
                 sreg[mi][ni][e] = owns && c0 + c < DV ? st_load(st + (long long)d * DV + c) : 0.f;
             }
 }
-template <int DK, int DVS, int NWARP = 4, typename L = GdnStateMmaSmem<DK, DVS, NWARP>>
+template <int DK, int DVS, int NWARP = 4, bool LANE_ORDER = false, typename L = GdnStateMmaSmem<DK, DVS, NWARP>>
 __device__ __forceinline__ void gsm_state_put(float* Sf, const float (&sreg)[L::MW][L::NW][4], int mt0, int nt0,
                                               int g, int t) {
 #pragma unroll
     for (int mi = 0; mi < L::MW; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < L::NW; ++ni) {
-            const int d = 16 * (mt0 + mi) + 2 * g, c = 8 * (nt0 + ni) + 2 * t;
-            gsm_put<L::NTN>(Sf, d, c, sreg[mi][ni][0], sreg[mi][ni][2]);
-            gsm_put<L::NTN>(Sf, d, c + 1, sreg[mi][ni][1], sreg[mi][ni][3]);
-        }
+        for (int ni = 0; ni < L::NW; ++ni)
+            gsm_put_block<L::NTN, LANE_ORDER>(Sf, 16 * (mt0 + mi) + 2 * g, 8 * (nt0 + ni) + 2 * t, sreg[mi][ni][0],
+                                              sreg[mi][ni][1], sreg[mi][ni][2], sreg[mi][ni][3]);
 }
 template <int DK, int DVS, int NWARP = 4, typename L = GdnStateMmaSmem<DK, DVS, NWARP>, typename S>
 __device__ __forceinline__ void gsm_state_store(S* st, const float (&sreg)[L::MW][L::NW][4], int mt0, int nt0,
@@ -305,8 +323,7 @@ __global__ void __launch_bounds__(32 * NWARP, NWARP == 8 ? (DK == 32 || DK == 64
                 vp[e] = ok ? u_s[((e >> 1 ? q1 : q0) * HV + j) * DV + c0 + c] - ws[nt][e] : 0.f;
                 out[nt][e] *= e >> 1 ? e1 : e0;
             }
-            gsm_put<NTN>(Vf, r0, 8 * (nb + nt) + 2 * t, vp[0], vp[2]);
-            gsm_put<NTN>(Vf, r0, 8 * (nb + nt) + 2 * t + 1, vp[1], vp[3]);
+            gsm_put_block<NTN>(Vf, r0, 8 * (nb + nt) + 2 * t, vp[0], vp[1], vp[2], vp[3]);
         }
         __syncthreads();  // V' complete; S fragments (STG: W and Q rows) read by all
         // STG: the next chunk's W and Q rows, landing while this chunk's A V' and update run

@@ -58,8 +58,7 @@ __global__ void __launch_bounds__(128, DK == 16 ? 3 : 0)
 #pragma unroll
             for (int ni = 0; ni < NW; ++ni) {
                 const int d = 16 * (mt0 + mi) + 2 * g, c = 8 * (nt0 + ni) + 2 * t;
-                gsm_put<NTN>(Sf, d, c, sreg[mi][ni][0], sreg[mi][ni][2]);
-                gsm_put<NTN>(Sf, d, c + 1, sreg[mi][ni][1], sreg[mi][ni][3]);
+                gsm_put_block<NTN>(Sf, d, c, sreg[mi][ni][0], sreg[mi][ni][1], sreg[mi][ni][2], sreg[mi][ni][3]);
             }
     if (t_beg < t_end) gsm_gates(g_s, HV, j, t_beg, min(C, t_end - t_beg), gate, gate + C, tid);
     int par = 0, ci = gss_chunk_base(starts, b);
@@ -97,8 +96,7 @@ __global__ void __launch_bounds__(128, DK == 16 ? 3 : 0)
                 vp[e] = ok ? *u - ws[nt][e] : 0.f;
                 if (ok) *u = vp[e];
             }
-            gsm_put<NTN>(Vf, r0, 8 * nt + 2 * t, vp[0], vp[2]);
-            gsm_put<NTN>(Vf, r0, 8 * nt + 2 * t + 1, vp[1], vp[3]);
+            gsm_put_block<NTN>(Vf, r0, 8 * nt + 2 * t, vp[0], vp[1], vp[2], vp[3]);
         }
         __syncthreads();  // V' complete; S fragments read by all
         if (owns) {
@@ -113,8 +111,7 @@ __global__ void __launch_bounds__(128, DK == 16 ? 3 : 0)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) sreg[mi][ni][e] = fmaf(sreg[mi][ni][e], elast, acc[mi][ni][e]);
                     const int d = 16 * (mt0 + mi) + 2 * g, c = 8 * (nt0 + ni) + 2 * t;
-                    gsm_put<NTN>(Sf, d, c, sreg[mi][ni][0], sreg[mi][ni][2]);
-                    gsm_put<NTN>(Sf, d, c + 1, sreg[mi][ni][1], sreg[mi][ni][3]);
+                    gsm_put_block<NTN>(Sf, d, c, sreg[mi][ni][0], sreg[mi][ni][1], sreg[mi][ni][2], sreg[mi][ni][3]);
                 }
         }
         if (t0 + C < t_end) gsm_gates(g_s, HV, j, t0 + C, min(C, t_end - t0 - C), gate + 2 * C * (par ^ 1),

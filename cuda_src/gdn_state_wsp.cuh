@@ -38,33 +38,6 @@ template <int DK, int DVS, bool QSTG> struct GdnStateWspSmem {
     static constexpr int FLOATS = L::SF + 2 * L::VF + 4 * GC_CHUNK + (QSTG ? 2 : 1) * GC_CHUNK * DK;
 };
 
-// The 2 x 2 block (k, n) = v0, (k, n + 1) = v1, (k + 1, n) = v2, (k + 1, n + 1) = v3 (k, n even) as two gsm_put,
-// the lanes with (k >> 1) odd storing column n + 1 first. A warp's lanes hold k = 16m + 2g, n = 8j + 2t, and column
-// n + e lands in 16-byte bank group 4e + (g >> 1) of its 128 bytes: with every lane on the same e a store reached 4
-// of the 8 groups (8 wavefronts for its 512 bytes, the 2-way conflict Nsight Compute counted), with e = g & 1 first
-// it reaches all 8 (4 wavefronts). The same words at the same places; only the order of the two stores differs.
-// Measured (H100, perf/results/bench_gdn_put_f94fc38_h100.txt, 8192 rows, 32 columns): the state launch 1.182 ->
-// 1.102 ms on the 35B-A3B's heads, 1.908 -> 1.758 on the 27B's.
-// (The 4-warp passes keep gsm_put's order: the selects cost the staged tcs instances at dk 32 / 64 spills.)
-template <int NTN> __device__ __forceinline__ void wsp_put2(float* frag, int k, int n, float v0, float v1, float v2,
-                                                            float v3) {
-    const bool sw = (k >> 1) & 1;
-    gsm_put<NTN>(frag, k, n + sw, sw ? v1 : v0, sw ? v3 : v2);
-    gsm_put<NTN>(frag, k, n + !sw, sw ? v0 : v1, sw ? v2 : v3);
-}
-
-// gsm_state_put with wsp_put2's store order
-template <int DK, int DVS, typename L = GdnStateMmaSmem<DK, DVS>>
-__device__ __forceinline__ void wsp_state_put(float* Sf, const float (&sreg)[L::MW][L::NW][4], int mt0, int nt0,
-                                              int g, int t) {
-#pragma unroll
-    for (int mi = 0; mi < L::MW; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < L::NW; ++ni)
-            wsp_put2<L::NTN>(Sf, 16 * (mt0 + mi) + 2 * g, 8 * (nt0 + ni) + 2 * t, sreg[mi][ni][0], sreg[mi][ni][1],
-                             sreg[mi][ni][2], sreg[mi][ni][3]);
-}
-
 // rows t0 .. t0 + n − 1 of a scratch section (row r at src + (t0 + r)·ld, DK floats) into dst by cp.async, chunk q
 // of row r at q ^ gsm_swz(r) (gsm_stage's layout)
 template <int DK>
@@ -170,7 +143,7 @@ __device__ __forceinline__ void wsp_walk(const float* qk_s, const float* w_s, co
     const bool owns = nt0 < NTN;
     float sreg[MW][NW][4];
     gsm_state_load<DK, DVS>(st, sreg, owns, mt0, nt0, c0, DV, g, t);
-    if (owns) wsp_state_put<DK, DVS>(Sf, sreg, mt0, nt0, g, t);
+    if (owns) gsm_state_put<DK, DVS, 4, true>(Sf, sreg, mt0, nt0, g, t);
     if (t_beg < t_end) {
         gsm_gates(g_s, HV, j, t_beg, min(C, t_end - t_beg), gate, gate + C, tid);
         wsp_stage<DK>(Ws, w_s + (long long)j * DK, (long long)HV * DK, t_beg, min(C, t_end - t_beg), tid, 128);
@@ -214,7 +187,7 @@ __device__ __forceinline__ void wsp_walk(const float* qk_s, const float* w_s, co
                 const bool ok = (e >> 1 ? v1 : v0) && c0 + 8 * nt + 2 * t + (e & 1) < DV;
                 vp[e] = ok ? u[nt][e] - ws[nt][e] : 0.f;
             }
-            wsp_put2<NTN>(Vf, r0, 8 * nt + 2 * t, vp[0], vp[1], vp[2], vp[3]);
+            gsm_put_block<NTN, true>(Vf, r0, 8 * nt + 2 * t, vp[0], vp[1], vp[2], vp[3]);
         }
         named_bar_arrive(WSP_V_READY, 256);  // the output may read V'_c
         named_bar_sync(WSP_WALK, 128);       // V'_c complete; the chunk's W rows read by the walk
@@ -236,7 +209,7 @@ __device__ __forceinline__ void wsp_walk(const float* qk_s, const float* w_s, co
                 for (int ni = 0; ni < NW; ++ni)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) sreg[mi][ni][e] = fmaf(sreg[mi][ni][e], elast, acc[mi][ni][e]);
-            wsp_state_put<DK, DVS>(Sf, sreg, mt0, nt0, g, t);
+            gsm_state_put<DK, DVS, 4, true>(Sf, sreg, mt0, nt0, g, t);
         }
     }
     if (owns) gsm_state_store<DK, DVS>(st, sreg, mt0, nt0, c0, DV, g, t);

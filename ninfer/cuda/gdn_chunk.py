@@ -88,9 +88,10 @@ _WSP = {"wsp": "", "wspq": ", true", "wsp2": ", false, 2"}  # gdn_chunk_state_ws
 # "wsp" (H100, session 32, perf/bench_gdn.py --variants tc,tcs,wsp,wspq; GPU tests pass, bitwise tc): the state launch
 # at 32 columns 27B heads 1.000 -> 0.931 ms (4096 rows), 2.046 -> 1.889 (8192); 35B-A3B 0.762 -> 0.600, 1.512 ->
 # 1.181; whole-model prefill (ninfer-perf --gdn-variant) 35B-A3B 8K 38,702 -> 40,588 tok/s, 32K 33,931 -> 35,387,
-# the 27B's within run-to-run noise (9,698 -> 9,716). Its fragment stores ordered by lane (f94fc38, wsp_put2 in
-# gdn_state_wsp.cuh: no 2-way bank conflict; the same bits by host emulation): the state launch at 8192 rows and 32
-# columns 1.182 -> 1.102 ms (35B-A3B heads), 1.908 -> 1.758 (27B), H100, perf/results/bench_gdn_put_f94fc38_h100.txt
+# the 27B's within run-to-run noise (9,698 -> 9,716). Its fragment stores ordered by lane (f94fc38, LANE_ORDER of
+# gsm_put_block in gdn_state_mma.cuh: no 2-way bank conflict; the same bits by host emulation): the state launch at
+# 8192 rows and 32 columns 1.182 -> 1.102 ms (35B-A3B heads), 1.908 -> 1.758 (27B), H100,
+# perf/results/bench_gdn_put_f94fc38_h100.txt
 DEFAULT_VARIANT = "wsp"
 
 
