@@ -252,9 +252,9 @@ def served_main(
             tc = _cublas(m, n, k)
             cases = [("auto", gp.splitk_splits(m, n, k) if gp.f16_auto_ws(m, n, k) else 0)]
             cases += [(f"ws{s}", s) for s in range(1, max_splits + 1)]
+            fl = 2 * m * n * k
             for var, s in cases:
                 t = _time_f16(x, w, out, store, var, reps)
-                fl = 2 * m * n * k
                 r = {"shape": name, "m": m, "n": n, "k": k, "fmt": fmt, "variant": var, "splits": s, "s": t,
                      "tflops": fl / t / 1e12, "cublas_tflops": fl / tc / 1e12, "frac_cublas": tc / t}  # fmt: skip
                 out_rows.append(r)
@@ -294,11 +294,5 @@ if __name__ == "__main__":
         res = main(rws, tuple(a.formats.split(",")), a.reps, a.impl, paths)
     if a.out is not None:
         a.out.mkdir(parents=True, exist_ok=True)
-        name = (
-            "bench_gemm_splitk.json"
-            if a.splitk
-            else "bench_gemm_served.json"
-            if a.served
-            else "bench_gemm.json"
-        )
-        (a.out / name).write_text(json.dumps(res, indent=1))
+        mode = "_splitk" if a.splitk else "_served" if a.served else ""
+        (a.out / f"bench_gemm{mode}.json").write_text(json.dumps(res, indent=1))

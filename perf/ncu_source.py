@@ -5,7 +5,7 @@ metric column, default the excess shared-memory wavefronts (bank conflicts): whi
     python -m perf.ncu_source wsp_source.csv --column "Warp Stall Sampling (All Samples)"
 
 The CSV may carry the profiled program's own output before its header: the header is the first line that names
-the column (matched case-insensitively on its leading words).
+the column (a case-insensitive substring of the header's name).
 """
 
 from __future__ import annotations
