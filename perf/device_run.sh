@@ -43,6 +43,7 @@
 #   wsp     the GDN state pass on two warp groups ("wsp", "wspq"): GPU tests, bench_gdn against tc / tcs, the
 #           whole-model prefill per variant
 #   wsp_probe  Nsight Compute on one "wsp" GDN state launch (35B-A3B heads, 8192 rows)
+#   shard   one third (SHARD=0/3, 1/3, 2/3) of the whole GPU suite per call (perf/pytest_shard.py)
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -400,6 +401,14 @@ run_suite_b() {  # every tests/test_cuda_*.py file not in SUITE_A
   for f in tests/test_cuda_*.py; do case "$a" in *" $f "*) ;; *) files="$files $f" ;; esac; done
   timeout ${TEST_TIMEOUT:-500} python3 -m pytest -q -m gpu $files -p no:cacheprovider --timeout 200 -rf 2>&1 \
     | tee "$OUT/suite_b.txt" | grep -v PASSED | tail -30
+}
+run_shard() {  # one part of the whole GPU suite, SHARD=I/N (perf/pytest_shard.py: round robin over the selected
+  # tests, so every part holds a share of each file): the suite ran ~13 min of pytest on an H100 at 0c06c77, so
+  # N = 3 leaves each call ~4.5 min of tests beside the compile; its file is shard_IofN.txt
+  run_compile
+  timeout ${TEST_TIMEOUT:-480} python3 -m pytest -q -m gpu tests/test_cuda_*.py tests/test_perplexity.py -p no:cacheprovider \
+    -p perf.pytest_shard --shard "${SHARD:?SHARD=I/N}" --timeout 200 -rf 2>&1 | tee "$OUT/shard_${SHARD/\//of}.txt" \
+    | grep -v PASSED | tail -30
 }
 run_wsp_source() {  # where the chunked GDN's excess shared-memory wavefronts come from: Nsight Compute's source
   # page (per SASS instruction) over one 35B-A3B 8192-row launch of each kernel in NCU_KERNELS (regexes; default the
