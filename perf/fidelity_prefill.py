@@ -25,12 +25,21 @@ probabilities and (float32) q by the bf16 K / V cache as bf16 hi + lo pairs, two
   ``p-bf16``     the probabilities P = e^(s - max) rounded to bf16 before P V (one MMA), the softmax sum from the
                  unrounded P (as flash-attention does);
   ``qp-bf16``    q rounded to bf16 too (one MMA for Q K^T as well).
+
+The chunked GDN prefill has one, joined the same way (``--roundings fp16-row+p-bf16+gdn-bf16``): its prep stores
+the state pass's inputs (normed q and k, W, A) in a float32 scratch that the state pass re-reads once per value
+column block (docs/cuda.md, "What bounds the chunked GDN"); a bf16 scratch would halve those reads and let the state
+pass's W S, Q S, A V' and K^T V' run as bf16 MMAs (S and V' split hi + lo) instead of 3xTF32:
+
+  ``gdn-bf16``   q, k, W and A rounded to bf16 as the state pass reads them (``ops_gdn.gdn_chunked``'s ``scratch``);
+                 U, the gates and the state stay float32.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,7 +49,7 @@ import numpy as np
 
 from ninfer.evaluate.perplexity import mean_kl
 
-__all__ = ["ROUNDINGS", "ATTN_ROUNDINGS", "main"]
+__all__ = ["ROUNDINGS", "ATTN_ROUNDINGS", "GDN_ROUNDINGS", "main"]
 
 F32 = np.float32
 
@@ -64,6 +73,8 @@ ROUNDINGS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 # attention candidates: (round q, round P)
 ATTN_ROUNDINGS: dict[str, tuple[bool, bool]] = {"p-bf16": (False, True), "qp-bf16": (True, True)}
+# chunked GDN candidates: the rounding of its state pass's scratch inputs
+GDN_ROUNDINGS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"gdn-bf16": _bf16}
 
 
 def _attention_rounded(
@@ -87,21 +98,30 @@ def _attention_rounded(
 
 @contextlib.contextmanager
 def _rounded(name: str) -> Iterator[None]:
-    """Candidate ``name`` (a GEMM rounding, optionally ``+`` an attention rounding) applied to the reference."""
+    """Candidate ``name`` (a GEMM rounding, then optionally ``+`` an attention and / or a GDN rounding) applied to
+    the reference."""
     from ninfer.reference import ops
 
-    gemm, _, attn = name.partition("+")
-    attention = ops.attention
-    if attn:
-        rq, rp = ATTN_ROUNDINGS[attn]
-        ops.attention = lambda q, k, v, start: (
-            _attention_rounded(q, k, v, start, rq=rq, rp=rp) if q.shape[0] > 8 else attention(q, k, v, start)
-        )
+    gemm, *rest = name.split("+")
+    unknown = [r for r in rest if r not in ATTN_ROUNDINGS and r not in GDN_ROUNDINGS]
+    if gemm not in ROUNDINGS or unknown:
+        raise ValueError(f"unknown rounding in {name!r}")
+    attention, chunked = ops.attention, ops.gdn_chunked
+    for r in rest:
+        if r in ATTN_ROUNDINGS:
+            rq, rp = ATTN_ROUNDINGS[r]
+            ops.attention = lambda q, k, v, start, rq=rq, rp=rp: (
+                _attention_rounded(q, k, v, start, rq=rq, rp=rp)
+                if q.shape[0] > 8
+                else attention(q, k, v, start)
+            )
+        else:  # the reference runs every multi-token GDN call chunked (decode steps: gdn_recurrent)
+            ops.gdn_chunked = functools.partial(chunked, scratch=GDN_ROUNDINGS[r])
     try:
         with _rounded_gemm_inputs(ROUNDINGS[gemm]):
             yield
     finally:
-        ops.attention = attention
+        ops.attention, ops.gdn_chunked = attention, chunked
 
 
 @contextlib.contextmanager

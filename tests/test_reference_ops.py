@@ -80,6 +80,33 @@ def test_gdn_chunked_state_carries_across_calls():
     assert rel(np.concatenate([o1, o2]), o_all) < 1e-5 and rel(s2, s_all) < 1e-5
 
 
+def test_gdn_chunked_scratch_hook():
+    """``scratch`` (perf/fidelity_prefill.py's narrower-scratch experiment) sees the state pass's inputs only:
+    the identity keeps every bit, a bf16 rounding moves the result by about bf16's precision, not more."""
+    from ninfer.formats import bf16_round
+
+    q, k, v, g, beta, s0 = gdn_inputs(150, 2, 4, seed=5)
+    o, s = ops.gdn_chunked(q, k, v, g, beta, s0)
+    seen = []
+    o_id, s_id = ops.gdn_chunked(q, k, v, g, beta, s0, scratch=lambda x: seen.append(x.shape) or x)
+    assert np.array_equal(o, o_id) and np.array_equal(s, s_id)
+    assert len(seen) == 4 * 3  # q, k, W, A of each of the 3 chunks
+    o_b, s_b = ops.gdn_chunked(q, k, v, g, beta, s0, scratch=bf16_round)
+    assert 1e-5 < rel(o_b, o) < 1e-2 and 1e-5 < rel(s_b, s) < 1e-2
+
+
+def test_fidelity_candidates_parse():
+    from perf.fidelity_prefill import _rounded
+
+    with pytest.raises(ValueError, match="unknown rounding"):
+        with _rounded("fp16-row+gdn-fp8"):
+            pass
+    chunked, attention = ops.gdn_chunked, ops.attention
+    with _rounded("exact+p-bf16+gdn-bf16"):
+        assert ops.gdn_chunked is not chunked and ops.attention is not attention
+    assert ops.gdn_chunked is chunked and ops.attention is attention
+
+
 def test_solve_unit_lower():
     rng = RNG(2)
     lower = np.tril(rng.standard_normal((3, 10, 10)), -1).astype(np.float32) * 0.3

@@ -7,6 +7,8 @@ inside ``gdn_chunked`` / ``gdn_recurrent``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ninfer.reference.activations import sigmoid, silu, softplus
@@ -92,9 +94,17 @@ def solve_unit_lower(lower: np.ndarray, rhs: np.ndarray) -> np.ndarray:
 
 
 def _chunk(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, s: np.ndarray
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    g: np.ndarray,
+    beta: np.ndarray,
+    s: np.ndarray,
+    scratch: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One chunk, all heads at once: q, k ``[HV,C,dk]``, v ``[HV,C,dv]``, g, beta ``[HV,C]``, S ``[HV,dk,dv]``."""
+    """One chunk, all heads at once: q, k ``[HV,C,dk]``, v ``[HV,C,dv]``, g, beta ``[HV,C]``, S ``[HV,dk,dv]``.
+    ``scratch``: applied to what the CUDA prep stores for the state pass (q, k, W and A), to measure what a
+    narrower scratch would cost (``perf/fidelity_prefill.py``); None keeps them."""
     c = q.shape[1]
     gam = np.cumsum(g, axis=-1, dtype=F32)  # γ_i
     causal = np.tril(np.ones((c, c), dtype=bool))
@@ -106,8 +116,10 @@ def _chunk(
     rhs = np.concatenate([v * beta[..., None], kb * eg], axis=-1)  # [diag(β)V | diag(βe^γ)K]
     uw = solve_unit_lower(lower, rhs)
     u, w = uw[..., : v.shape[-1]], uw[..., v.shape[-1] :]
-    v_new = u - np.matmul(w, s)  # V' = U − W·S
     attn = np.matmul(q, k.transpose(0, 2, 1)) * decay  # QKᵀ ⊙ D, diagonal included
+    if scratch is not None:  # the state pass's inputs as a narrower scratch would hold them
+        q, k, w, attn = scratch(q), scratch(k), scratch(w), scratch(attn)
+    v_new = u - np.matmul(w, s)  # V' = U − W·S
     out = np.matmul(q * eg, s) + np.matmul(attn, v_new)
     last = gam[:, -1:]  # γ_C
     k_tail = k * np.exp(last - gam)[..., None]
@@ -123,9 +135,11 @@ def gdn_chunked(
     beta: np.ndarray,
     state: np.ndarray,
     chunk: int = CHUNK,
+    scratch: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Chunked prefill form (§4.6) of ``gdn_recurrent``: same result to fp32 noise, chunks of ``chunk`` tokens
-    counted from the first token of this call (the last one may be shorter). Returns ``o[T,HV,dv]``, new state."""
+    counted from the first token of this call (the last one may be shorter). Returns ``o[T,HV,dv]``, new state.
+    ``scratch``: see ``_chunk`` (a fidelity experiment; None, the default, is the exact form)."""
     qh, kh, vh = _heads_first(q, k, v)
     gh = np.ascontiguousarray(g.T, dtype=F32)
     bh = np.ascontiguousarray(beta.T, dtype=F32)
@@ -133,7 +147,7 @@ def gdn_chunked(
     out = np.empty_like(vh)
     for a in range(0, qh.shape[1], chunk):
         z = slice(a, a + chunk)
-        out[:, z], s = _chunk(qh[:, z], kh[:, z], vh[:, z], gh[:, z], bh[:, z], s)
+        out[:, z], s = _chunk(qh[:, z], kh[:, z], vh[:, z], gh[:, z], bh[:, z], s, scratch)
     return np.ascontiguousarray(out.transpose(1, 0, 2)), s
 
 
