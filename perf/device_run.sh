@@ -53,7 +53,7 @@
 # is packed again into $OUT/cupy-cache.tgz.part-* at the end (15 MiB parts: the tool returns files of at most
 # 16 MiB), which saves the cold NVRTC compile (~70 s for the 347 instances at 4eb6bda) next time.
 # Env: COMMIT (recorded with the results; pass it from the machine holding the repository: a copied checkout's
-# git may report a stale HEAD), PYTEST_K (-k filter), TEST_FILES (default tests/test_cuda_*.py), TEST_TIMEOUT, PERF_TIMEOUT, BENCHES, PERF_ARGS.
+# git may report a stale HEAD), PYTEST_K (-k filter), PYTEST_ARGS (more pytest options), TEST_FILES (default tests/test_cuda_*.py), TEST_TIMEOUT, PERF_TIMEOUT, BENCHES, PERF_ARGS.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -108,7 +108,8 @@ run_tests() {
   run_compile
   NINFER_GPU_REPORT=$OUT/gpu_report.json NINFER_GPU_REPORT_MODEL=$OUT/model_report.json \
     timeout ${TEST_TIMEOUT:-480} python3 -m pytest -q -m gpu ${TEST_FILES:-tests/test_cuda_*.py} -p no:cacheprovider \
-    --timeout 200 -rf --continue-on-collection-errors ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.txt" | grep -v PASSED | tail -40
+    --timeout 200 -rf --continue-on-collection-errors ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 \
+    | tee "$OUT/pytest.txt" | grep -v PASSED | tail -40
 }
 run_bench() {
   for b in ${BENCHES:-profile_step bench_gemm bench_gemv bench_gdn bench_gdn_decode bench_attention bench_attention_decode}; do
@@ -405,10 +406,9 @@ run_suite_b() {  # every tests/test_cuda_*.py file not in SUITE_A
 run_shard() {  # one part of the whole GPU suite, SHARD=I/N (perf/pytest_shard.py: round robin over the selected
   # tests, so every part holds a share of each file): the suite ran ~13 min of pytest on an H100 at 0c06c77, so
   # N = 3 leaves each call ~4.5 min of tests beside the compile; its file is shard_IofN.txt
-  run_compile
-  timeout ${TEST_TIMEOUT:-480} python3 -m pytest -q -m gpu tests/test_cuda_*.py tests/test_perplexity.py -p no:cacheprovider \
-    -p perf.pytest_shard --shard "${SHARD:?SHARD=I/N}" --timeout 200 -rf 2>&1 | tee "$OUT/shard_${SHARD/\//of}.txt" \
-    | grep -v PASSED | tail -30
+  TEST_FILES="tests/test_cuda_*.py tests/test_perplexity.py" PYTEST_ARGS="-p perf.pytest_shard --shard ${SHARD:?SHARD=I/N}" \
+    run_tests
+  cp "$OUT/pytest.txt" "$OUT/shard_${SHARD/\//of}.txt"
 }
 run_wsp_source() {  # where the chunked GDN's excess shared-memory wavefronts come from: Nsight Compute's source
   # page (per SASS instruction) over one 35B-A3B 8192-row launch of each kernel in NCU_KERNELS (regexes; default the
