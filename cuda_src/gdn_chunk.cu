@@ -292,21 +292,25 @@ __global__ void __launch_bounds__(256)
 // bits for either.
 // Both state passes: hint the next chunk's scratch rows (normed q|k of key head hk; W, A and U of value head j, U
 // from column c0) into the L2 while this chunk computes; reads no values. Threads tid, tid + nthreads, ...
-template <int DK>
-__device__ __forceinline__ void gc_hint_next_chunk(const float* qk_s, const float* w_s, const float* a_s,
+// SC: the q|k, W and A sections' element type (gdn_scratch.cuh).
+template <int DK, typename SC = float>
+__device__ __forceinline__ void gc_hint_next_chunk(const SC* qk_s, const SC* w_s, const SC* a_s,
                                                    const float* u_s, int t0, int t_end, int hk, int j, int HK,
                                                    int HV, int DV, int c0, int tid, int nthreads) {
 #ifdef __CUDA_ARCH__
-    constexpr int C = GC_CHUNK, LQ = DK / 16, LW = DK >= 32 ? DK / 32 : 1, PER = LQ + LW + 3;  // 128-byte lines/row
+    constexpr int C = GC_CHUNK, B = (int)sizeof(SC);  // 128-byte lines per row and section, at least one:
+    constexpr int LQ = DK * B >= 64 ? DK * B / 64 : 1, LW = DK * B >= 128 ? DK * B / 128 : 1, LA = C * B / 128;
+    constexpr int PER = LQ + LW + LA + 1;
     if (t0 + C >= t_end) return;
     const int nn = min(C, t_end - t0 - C);
     for (int e = tid; e < nn * PER; e += nthreads) {
         const int i = e / PER, l = e % PER;
         const long long t = t0 + C + i;
-        const float* p = l < LQ             ? qk_s + (t * HK + hk) * 2 * DK + 32 * l
-                         : l < LQ + LW      ? w_s + (t * HV + j) * DK + 32 * (l - LQ)
-                         : l < LQ + LW + 2  ? a_s + (t * HV + j) * C + 32 * (l - LQ - LW)
-                                            : u_s + (t * HV + j) * DV + c0;
+        constexpr int PL = 128 / B;  // values per line
+        const void* p = l < LQ            ? (const void*)(qk_s + (t * HK + hk) * 2 * DK + PL * l)
+                        : l < LQ + LW     ? (const void*)(w_s + (t * HV + j) * DK + PL * (l - LQ))
+                        : l < LQ + LW + LA ? (const void*)(a_s + (t * HV + j) * C + PL * (l - LQ - LW))
+                                           : (const void*)(u_s + (t * HV + j) * DV + c0);
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
     }
 #endif

@@ -138,9 +138,9 @@ __host__ __device__ __forceinline__ int gpt_vst(int DV) { return (DV + 7) / 8 * 
 // scratch rows of the chunk's n tokens. Warp-uniform loops (every lane takes part in every mma).
 // CONV (gdn_chunk_prep_tc_conv): β v from the value head's conv outputs in shared memory (vs, row stride vst)
 // instead of qkv's rows; the same values, so the same B fragments.
-template <typename T, int DK, bool CONV = false>
+template <typename T, int DK, bool CONV = false, typename SC = float>
 __device__ __forceinline__ void gpt_apply(const float* Tm, const float* Ks, const float* beta, const float* eg,
-                                          const T* qkv, long long ldqkv, long long voff, float* u_out, float* w_out,
+                                          const T* qkv, long long ldqkv, long long voff, float* u_out, SC* w_out,
                                           long long ldu, long long ldw, int DV, int n, int warp, int lane,
                                           const float* vs = nullptr, int vst = 0) {
     using S = GdnPrepTcSmem<DK>;
@@ -181,7 +181,7 @@ __device__ __forceinline__ void gpt_apply(const float* Tm, const float* Ks, cons
                 const int i = 16 * mt + g + 8 * (e >> 1), c = 8 * nt + 2 * t + (e & 1);
                 if (i < n && c < DV + DK) {
                     if (c < DV) u_out[i * ldu + c] = acc[mt][e];
-                    else w_out[i * ldw + c - DV] = acc[mt][e];
+                    else sc_put(w_out + i * ldw + c - DV, acc[mt][e]);
                 }
             }
     }
@@ -196,10 +196,10 @@ __device__ __forceinline__ void gpt_apply(const float* Tm, const float* Ks, cons
 // barrier past its last read of the old state, stores the new one for its channels (the last GDN_KW - 1 raw
 // inputs, causal_conv's expression: the old state mixed in for sequences shorter than that). Empty sequences have
 // no block and keep their state, as in causal_conv.
-template <typename T, int DK, bool CONV>
+template <typename T, int DK, bool CONV, typename SC>
 __device__ __forceinline__ void gpt_prep(const T* __restrict__ qkv, const T* __restrict__ a, const T* __restrict__ bb,
                                          const float* __restrict__ A_log, const float* __restrict__ dt_bias,
-                                         float* __restrict__ qk_s, float* __restrict__ w_s, float* __restrict__ a_s,
+                                         SC* __restrict__ qk_s, SC* __restrict__ w_s, SC* __restrict__ a_s,
                                          float* __restrict__ u_s, float* __restrict__ g_s,
                                          const int* __restrict__ starts, int nseq, int HK, int HV, int DV,
                                          long long ldqkv, long long lda, long long ldb,
@@ -293,9 +293,9 @@ __device__ __forceinline__ void gpt_prep(const T* __restrict__ qkv, const T* __r
     for (int it = 0; it < PER; ++it) {  // the key head's normed rows for the state pass
         const int e = tid + it * NT, i = e / DK, d = e % DK;
         if (i < n) {
-            float* row = qk_s + ((long long)(t0 + i) * HK + hk) * 2 * DK;
-            row[d] = Qs[i * KST + d];
-            row[DK + d] = Ks[i * KST + d];
+            SC* row = qk_s + ((long long)(t0 + i) * HK + hk) * 2 * DK;
+            sc_put(row + d, Qs[i * KST + d]);
+            sc_put(row + DK + d, Ks[i * KST + d]);
         }
     }
     float kk[4][4], qk[4][4];  // this warp's tiles of K Kᵀ and Q Kᵀ, for every value head of the group
@@ -322,7 +322,7 @@ __device__ __forceinline__ void gpt_prep(const T* __restrict__ qkv, const T* __r
         }
         // L and A from the registers (gc_lower_attn's expressions): L_ij = β_i (k_i·k_j) D_ij (j < i),
         // A_ij = (q_i·k_j) D_ij (j ≤ i), zero elsewhere; L's rows past the chunk zero too
-        float* a_out = a_s + ((long long)t0 * HV + j) * C;
+        SC* a_out = a_s + ((long long)t0 * HV + j) * C;
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -339,7 +339,7 @@ __device__ __forceinline__ void gpt_prep(const T* __restrict__ qkv, const T* __r
                     }
                 }
                 *reinterpret_cast<float2*>(Lm + i * MST + jj) = make_float2(l[0], l[1]);
-                if (i < n) *reinterpret_cast<float2*>(a_out + (long long)i * HV * C + jj) = make_float2(at[0], at[1]);
+                if (i < n) sc_put2(a_out + (long long)i * HV * C + jj, at[0], at[1]);
             }
         __syncthreads();
         gpt_inverse<DK>(Lm, Tm, Mb, tid);
@@ -353,7 +353,7 @@ __device__ __forceinline__ void gpt_prep(const T* __restrict__ qkv, const T* __r
                              tid);
             __syncthreads();
         }
-        gpt_apply<T, DK, CONV>(Tm, Ks, beta, eg, qkv + (long long)t0 * ldqkv, ldqkv,
+        gpt_apply<T, DK, CONV, SC>(Tm, Ks, beta, eg, qkv + (long long)t0 * ldqkv, ldqkv,
                                2LL * HK * DK + (long long)j * DV, u_s + (long long)t0 * HV * DV + (long long)j * DV,
                                w_s + (long long)t0 * HV * DK + (long long)j * DK, (long long)HV * DV,
                                (long long)HV * DK, DV, n, warp, lane, Qs, vst);
@@ -379,14 +379,15 @@ __device__ __forceinline__ void gpt_prep(const T* __restrict__ qkv, const T* __r
     }
 }
 
-template <typename T, int DK>
+// SC: the element type of the q|k, W and A scratch sections (gdn_scratch.cuh: float, or bf16 for variant "wspb")
+template <typename T, int DK, typename SC = float>
 __global__ void __launch_bounds__(256, 2)
     gdn_chunk_prep_tc(const T* __restrict__ qkv, const T* __restrict__ a, const T* __restrict__ bb,
-                      const float* __restrict__ A_log, const float* __restrict__ dt_bias, float* __restrict__ qk_s,
-                      float* __restrict__ w_s, float* __restrict__ a_s, float* __restrict__ u_s,
+                      const float* __restrict__ A_log, const float* __restrict__ dt_bias, SC* __restrict__ qk_s,
+                      SC* __restrict__ w_s, SC* __restrict__ a_s, float* __restrict__ u_s,
                       float* __restrict__ g_s, const int* __restrict__ starts, int nseq, int HK, int HV, int DV,
                       long long ldqkv, long long lda, long long ldb) {
-    gpt_prep<T, DK, false>(qkv, a, bb, A_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, nseq, HK, HV, DV, ldqkv,
+    gpt_prep<T, DK, false, SC>(qkv, a, bb, A_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, nseq, HK, HV, DV, ldqkv,
                            lda, ldb, nullptr, nullptr, nullptr);
 }
 
@@ -395,15 +396,15 @@ __global__ void __launch_bounds__(256, 2)
 // (updated in place), slots[nseq]; C = 2·HK·DK + HV·DV. The scratch and the new conv states are bitwise those of
 // causal_conv then gdn_chunk_prep_tc, and the conv output is never stored. Dynamic shared memory:
 // GdnPrepTcSmem<DK>::floats_conv(gpt_vst(DV)) floats (the wrapper's prep_tc_smem_bytes(dk, dv); traps on less).
-template <typename T, int DK>
+template <typename T, int DK, typename SC = float>
 __global__ void __launch_bounds__(256, 2)
     gdn_chunk_prep_tc_conv(const T* __restrict__ x, const T* __restrict__ a, const T* __restrict__ bb,
                            const float* __restrict__ A_log, const float* __restrict__ dt_bias,
-                           float* __restrict__ qk_s, float* __restrict__ w_s, float* __restrict__ a_s,
+                           SC* __restrict__ qk_s, SC* __restrict__ w_s, SC* __restrict__ a_s,
                            float* __restrict__ u_s, float* __restrict__ g_s, const int* __restrict__ starts, int nseq,
                            int HK, int HV, int DV, long long ldx, long long lda, long long ldb,
                            const float* __restrict__ conv_w, float* __restrict__ conv_state,
                            const int* __restrict__ slots) {
-    gpt_prep<T, DK, true>(x, a, bb, A_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, nseq, HK, HV, DV, ldx, lda, ldb,
+    gpt_prep<T, DK, true, SC>(x, a, bb, A_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, nseq, HK, HV, DV, ldx, lda, ldb,
                           conv_w, conv_state, slots);
 }

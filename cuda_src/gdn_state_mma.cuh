@@ -22,7 +22,7 @@
 // copied there by cp.async while the previous chunk's A V' and state update run (gsm_stage). Only where an operand
 // is read from changes, not its value: STG gives the same bits.
 #pragma once
-#include "tf32_frag.cuh"
+#include "gdn_scratch.cuh"
 
 template <int DK, int DVS, int NWARP = 4> struct GdnStateMmaSmem {
     static_assert(DVS == 16 || DVS == 32, "value slice");
@@ -78,24 +78,17 @@ __device__ __forceinline__ void gsm_put_block(float* frag, int k, int n, float v
     }
 }
 
-__device__ __forceinline__ float4 gsm_ld4(const float* p, bool ok) {
-    return ok ? *reinterpret_cast<const float4*>(p) : make_float4(0.f, 0.f, 0.f, 0.f);
-}
-
-// STG: a staged row's 16-byte chunk q sits at chunk q ^ gsm_swz(row) of its row (DK floats, no padding), so that
-// the 8 rows 2g (or 2g + 1) a warp reads per float4 load of gsm_ws_qs fall on 8 different bank groups (4
-// wavefronts, the minimum for 512 bytes) instead of one. Rows 2g and 2g + 1 share a swizzle.
-template <int DK> __device__ __forceinline__ int gsm_swz(int row) { return (row >> 1) & (DK >= 32 ? 7 : DK / 4 - 1); }
+// STG: staged rows in sc_swz<float, DK>'s layout (gdn_scratch.cuh)
 
 // STG: the W rows (head j) and Q rows (key head hk) of the chunk at t0 (n tokens) into Ws, Qs ([GC_CHUNK][DK] each,
-// chunk q of row r at q ^ gsm_swz(r)); rows past n are left as they are (never read: gsm_ws_qs reads a row only
+// chunk q of row r at q ^ sc_swz(r)); rows past n are left as they are (never read: gsm_ws_qs reads a row only
 // where it is inside the chunk)
 template <int DK>
 __device__ __forceinline__ void gsm_stage(float* Ws, float* Qs, const float* w_s, const float* qk_s, long long t0,
                                           int n, int j, int hk, int HV, int HK, int tid, int nthreads) {
     constexpr int QPR = DK / 4;  // 16-byte chunks per row
     for (int e = tid; e < n * QPR; e += nthreads) {
-        const int r = e / QPR, q = e % QPR, d = 4 * (q ^ gsm_swz<DK>(r));
+        const int r = e / QPR, q = e % QPR, d = 4 * (q ^ sc_swz<float, DK>(r));
         cp_async_f4(Ws + r * DK + d, w_s + ((t0 + r) * HV + j) * DK + 4 * q);
         cp_async_f4(Qs + r * DK + d, qk_s + ((t0 + r) * HK + hk) * 2 * DK + 4 * q);
     }
@@ -106,9 +99,11 @@ __device__ __forceinline__ void gsm_stage(float* Ws, float* Qs, const float* w_s
 // false: that product is skipped (gdn_state_split.cuh: W S in the state pass, Q S in the output pass). Each
 // accumulator sees the same mmas in the same order whichever products, tiles, unrolling and warp count.
 // SWZ: the rows are staged ones (gsm_stage), chunk q of the row at q ^ sw.
-template <int DK, int DVS, bool WS = true, bool QS = true, int NTW = DVS / 8, int KU = DK / 16, bool SWZ = false>
-__device__ __forceinline__ void gsm_ws_qs(const float* wr0, const float* wr1, const float* qr0, const float* qr1,
-                                          bool v0, bool v1, const float* Sf, float (&ws)[NTW][4],
+// SC: the scratch element type (gdn_scratch.cuh; given, never deduced: the rows a product skips are nullptr).
+template <int DK, int DVS, bool WS = true, bool QS = true, int NTW = DVS / 8, int KU = DK / 16, bool SWZ = false,
+          typename SC = float>
+__device__ __forceinline__ void gsm_ws_qs(const sc_t<SC>* wr0, const sc_t<SC>* wr1, const sc_t<SC>* qr0,
+                                          const sc_t<SC>* qr1, bool v0, bool v1, const float* Sf, float (&ws)[NTW][4],
                                           float (&qs)[NTW][4], int lane, int nb = 0, int sw = 0) {
     constexpr int NTN = DVS / 8;
     const int t = lane & 3;
@@ -116,17 +111,17 @@ __device__ __forceinline__ void gsm_ws_qs(const float* wr0, const float* wr1, co
     for (int k0 = 0; k0 < DK / 16; k0 += KU)
 #pragma unroll
         for (int kb = k0; kb < k0 + KU; ++kb) {
-            const int d = SWZ ? 4 * ((4 * kb + t) ^ sw) : 16 * kb + 4 * t;
+            const int d = SWZ ? sc_swz_off<SC>(kb, t, sw) : 16 * kb + 4 * t;
             Tf32A aw[2], aq[2];
             if constexpr (WS) {
-                const float4 w0 = gsm_ld4(wr0 + d, v0), w1 = gsm_ld4(wr1 + d, v1);
-                aw[0] = tf32_a(w0.x, w1.x, w0.y, w1.y);
-                aw[1] = tf32_a(w0.z, w1.z, w0.w, w1.w);
+                const float4 w0 = sc_ld4(wr0 + d, v0), w1 = sc_ld4(wr1 + d, v1);
+                aw[0] = sc_a<SC>(w0.x, w1.x, w0.y, w1.y);
+                aw[1] = sc_a<SC>(w0.z, w1.z, w0.w, w1.w);
             }
             if constexpr (QS) {
-                const float4 q0 = gsm_ld4(qr0 + d, v0), q1 = gsm_ld4(qr1 + d, v1);
-                aq[0] = tf32_a(q0.x, q1.x, q0.y, q1.y);
-                aq[1] = tf32_a(q0.z, q1.z, q0.w, q1.w);
+                const float4 q0 = sc_ld4(qr0 + d, v0), q1 = sc_ld4(qr1 + d, v1);
+                aq[0] = sc_a<SC>(q0.x, q1.x, q0.y, q1.y);
+                aq[1] = sc_a<SC>(q0.z, q1.z, q0.w, q1.w);
             }
 #pragma unroll
             for (int s = 0; s < 2; ++s)
@@ -134,16 +129,16 @@ __device__ __forceinline__ void gsm_ws_qs(const float* wr0, const float* wr1, co
                 for (int nt = 0; nt < NTW; ++nt) {
                     const float4 b =
                         *reinterpret_cast<const float4*>(Sf + (((kb * 2 + s) * NTN + nb + nt) * 32 + lane) * 4);
-                    if constexpr (WS) tf32_mma3(ws[nt], aw[s], b.x, b.y, b.z, b.w);
-                    if constexpr (QS) tf32_mma3(qs[nt], aq[s], b.x, b.y, b.z, b.w);
+                    if constexpr (WS) sc_mma3<SC>(ws[nt], aw[s], b.x, b.y, b.z, b.w);
+                    if constexpr (QS) sc_mma3<SC>(qs[nt], aq[s], b.x, b.y, b.z, b.w);
                 }
         }
 }
 
 // out += A V' over the 16-blocks kb <= rt (the warp's row tile) that start inside the chunk (A rows ar0, ar1 =
 // chunk rows r0, r0 + 1), for the column tiles nb .. nb + NTW − 1 as gsm_ws_qs
-template <int DVS, int NTW = DVS / 8, int AU = GC_CHUNK / 16>
-__device__ __forceinline__ void gsm_attn(const float* ar0, const float* ar1, bool v0, bool v1, const float* Vf,
+template <int DVS, int NTW = DVS / 8, int AU = GC_CHUNK / 16, typename SC = float>
+__device__ __forceinline__ void gsm_attn(const sc_t<SC>* ar0, const sc_t<SC>* ar1, bool v0, bool v1, const float* Vf,
                                          float (&out)[NTW][4], int rt, int n, int lane, int nb = 0) {
     constexpr int NTN = DVS / 8;
     const int t = lane & 3;
@@ -152,23 +147,23 @@ __device__ __forceinline__ void gsm_attn(const float* ar0, const float* ar1, boo
 #pragma unroll
         for (int kb = k0; kb < k0 + AU; ++kb) {
             if (kb > rt || 16 * kb >= n) break;
-            const float4 x0 = gsm_ld4(ar0 + 16 * kb + 4 * t, v0), x1 = gsm_ld4(ar1 + 16 * kb + 4 * t, v1);
-            const Tf32A a[2] = {tf32_a(x0.x, x1.x, x0.y, x1.y), tf32_a(x0.z, x1.z, x0.w, x1.w)};
+            const float4 x0 = sc_ld4(ar0 + 16 * kb + 4 * t, v0), x1 = sc_ld4(ar1 + 16 * kb + 4 * t, v1);
+            const Tf32A a[2] = {sc_a<SC>(x0.x, x1.x, x0.y, x1.y), sc_a<SC>(x0.z, x1.z, x0.w, x1.w)};
 #pragma unroll
             for (int s = 0; s < 2; ++s)
 #pragma unroll
                 for (int nt = 0; nt < NTW; ++nt) {
                     const float4 b =
                         *reinterpret_cast<const float4*>(Vf + (((kb * 2 + s) * NTN + nb + nt) * 32 + lane) * 4);
-                    tf32_mma3(out[nt], a[s], b.x, b.y, b.z, b.w);
+                    sc_mma3<SC>(out[nt], a[s], b.x, b.y, b.z, b.w);
                 }
         }
 }
 
 // acc += (diag(tail) K)ᵀ V' for the warp's state tiles: A = Kᵀ (rows: key dims 16mt + 2g, +1; k: the chunk's
 // tokens, zero past n), k rows read from the scratch qk section (kr: the chunk's first row's k, row stride ldk)
-template <int DK, int DVS, int NWARP = 4, typename L = GdnStateMmaSmem<DK, DVS, NWARP>>
-__device__ __forceinline__ void gsm_update(const float* kr, long long ldk, const float* tail, const float* Vf,
+template <int DK, int DVS, int NWARP = 4, typename L = GdnStateMmaSmem<DK, DVS, NWARP>, typename SC = float>
+__device__ __forceinline__ void gsm_update(const sc_t<SC>* kr, long long ldk, const float* tail, const float* Vf,
                                            float (&acc)[L::MW][L::NW][4], int mt0, int nt0, int n, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll 1
@@ -184,7 +179,7 @@ __device__ __forceinline__ void gsm_update(const float* kr, long long ldk, const
 #pragma unroll
                 for (int mi = 0; mi < L::MW; ++mi) {
                     float2 k = make_float2(0.f, 0.f);
-                    if (i < n) k = *reinterpret_cast<const float2*>(kr + i * ldk + 16 * (mt0 + mi) + 2 * g);
+                    if (i < n) k = sc_ld2(kr + i * ldk + 16 * (mt0 + mi) + 2 * g);
                     k2[mi][u] = make_float2(k.x * tl, k.y * tl);
                 }
             }
@@ -304,7 +299,7 @@ __global__ void __launch_bounds__(32 * NWARP, NWARP == 8 ? (DK == 32 || DK == 64
             const int s0 = v0 ? r0 : 0, s1 = v1 ? r0 + 1 : 0;
             gsm_ws_qs<DK, DVS, true, true, NTW, L::U_WQ, true>(Ws + s0 * DK, Ws + s1 * DK, Qs + s0 * DK,
                                                                Qs + s1 * DK, v0, v1, Sf, ws, out, lane, nb,
-                                                               gsm_swz<DK>(r0));
+                                                               sc_swz<float, DK>(r0));
         } else {
             gsm_ws_qs<DK, DVS, true, true, NTW, L::U_WQ>(w_s + (q0 * HV + j) * DK, w_s + (q1 * HV + j) * DK,
                                                          qk_s + (q0 * HK + hk) * 2 * DK,

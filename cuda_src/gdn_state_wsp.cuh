@@ -38,22 +38,23 @@ template <int DK, int DVS, bool QSTG> struct GdnStateWspSmem {
     static constexpr int FLOATS = L::SF + 2 * L::VF + 4 * GC_CHUNK + (QSTG ? 2 : 1) * GC_CHUNK * DK;
 };
 
-// rows t0 .. t0 + n − 1 of a scratch section (row r at src + (t0 + r)·ld, DK floats) into dst by cp.async, chunk q
-// of row r at q ^ gsm_swz(r) (gsm_stage's layout)
-template <int DK>
-__device__ __forceinline__ void wsp_stage(float* dst, const float* src, long long ld, long long t0, int n, int tid,
+// rows t0 .. t0 + n − 1 of a scratch section (row r at src + (t0 + r)·ld, DK values) into dst by cp.async, 16-byte
+// piece q of row r at sc_stage_off(q, r) (gdn_scratch.cuh; float rows: gsm_stage's layout)
+template <int DK, typename SC>
+__device__ __forceinline__ void wsp_stage(SC* dst, const SC* src, long long ld, long long t0, int n, int tid,
                                           int nthreads) {
-    constexpr int QPR = DK / 4;
+    constexpr int QPR = DK * (int)sizeof(SC) / 16, PER = 16 / (int)sizeof(SC);  // pieces per row, values per piece
     for (int e = tid; e < n * QPR; e += nthreads) {
         const int r = e / QPR, q = e % QPR;
-        cp_async_f4(dst + r * DK + 4 * (q ^ gsm_swz<DK>(r)), src + (t0 + r) * ld + 4 * q);
+        cp_async_f4(reinterpret_cast<float*>(dst + r * DK + sc_stage_off<SC, DK>(q, r)),
+                    reinterpret_cast<const float*>(src + (t0 + r) * ld + PER * q));
     }
 }
 
 // acc += X S for the rows x0, x1 (chunk rows r0, r0 + 1; zero where v0 / v1 is false) over the DVS columns, the
 // 16-blocks of the key dim alternating between acc (even) and a second accumulator (odd), summed at the end: two
 // chains half as deep (3·DK/16 mmas) per tile instead of gsm_ws_qs's one (CH = 2, variant "wsp2": its own rounding,
-// not the tc variant's bits). SWZ: staged rows (gsm_stage's layout, sw = gsm_swz of r0).
+// not the tc variant's bits). SWZ: staged rows (gsm_stage's layout, sw = sc_swz<float> of r0).
 template <int DK, int DVS, bool SWZ>
 __device__ __forceinline__ void wsp_rows_s2(const float* x0, const float* x1, bool v0, bool v1, const float* Sf,
                                             float (&acc)[DVS / 8][4], int lane, int sw) {
@@ -63,7 +64,7 @@ __device__ __forceinline__ void wsp_rows_s2(const float* x0, const float* x1, bo
 #pragma unroll
     for (int kb = 0; kb < DK / 16; ++kb) {
         const int d = SWZ ? 4 * ((4 * kb + t) ^ sw) : 16 * kb + 4 * t;
-        const float4 a0 = gsm_ld4(x0 + d, v0), a1 = gsm_ld4(x1 + d, v1);
+        const float4 a0 = sc_ld4(x0 + d, v0), a1 = sc_ld4(x1 + d, v1);
         const Tf32A a[2] = {tf32_a(a0.x, a1.x, a0.y, a1.y), tf32_a(a0.z, a1.z, a0.w, a1.w)};
 #pragma unroll
         for (int s = 0; s < 2; ++s)
@@ -130,9 +131,9 @@ __device__ __forceinline__ void wsp_update(const float2 (&kk)[GC_CHUNK / 16][L::
 
 // The walk (threads 0-127): V' and the state over the chunks of [t_beg, t_end); the state tiles as the 4-warp pass.
 // The gates of the chunks after the first come from the output warps.
-template <typename S, int DK, int DVS, bool KPRE, int CH>
-__device__ __forceinline__ void wsp_walk(const float* qk_s, const float* w_s, const float* a_s, const float* u_s,
-                                         const float* g_s, S* st, float* Sf, float* Vf0, float* gate, float* Ws,
+template <typename S, int DK, int DVS, bool KPRE, int CH, typename SC>
+__device__ __forceinline__ void wsp_walk(const SC* qk_s, const SC* w_s, const SC* a_s, const float* u_s,
+                                         const float* g_s, S* st, float* Sf, float* Vf0, float* gate, SC* Ws,
                                          int t_beg, int t_end, int j, int hk, int HK, int HV, int DV, int c0,
                                          int tid) {
     constexpr int C = GC_CHUNK;
@@ -146,7 +147,7 @@ __device__ __forceinline__ void wsp_walk(const float* qk_s, const float* w_s, co
     if (owns) gsm_state_put<DK, DVS, 4, true>(Sf, sreg, mt0, nt0, g, t);
     if (t_beg < t_end) {
         gsm_gates(g_s, HV, j, t_beg, min(C, t_end - t_beg), gate, gate + C, tid);
-        wsp_stage<DK>(Ws, w_s + (long long)j * DK, (long long)HV * DK, t_beg, min(C, t_end - t_beg), tid, 128);
+        wsp_stage<DK, SC>(Ws, w_s + (long long)j * DK, (long long)HV * DK, t_beg, min(C, t_end - t_beg), tid, 128);
     }
     const long long ldq = 2LL * HK * DK;
     int par = 0;
@@ -158,7 +159,7 @@ __device__ __forceinline__ void wsp_walk(const float* qk_s, const float* w_s, co
         cp_async_f4_wait();
         named_bar_sync(WSP_WALK, 128);      // S_c fragments, the chunk's gates and W rows written
         named_bar_arrive(WSP_S_READY, 256);  // the output may read S_c
-        gc_hint_next_chunk<DK>(qk_s, w_s, a_s, u_s, t0, t_end, hk, j, HK, HV, DV, c0, tid, 128);
+        gc_hint_next_chunk<DK, SC>(qk_s, w_s, a_s, u_s, t0, t_end, hk, j, HK, HV, DV, c0, tid, 128);
         const long long q0 = (long long)(t0 + (v0 ? r0 : 0)), q1 = (long long)(t0 + (v1 ? r0 + 1 : 0));
         float u[NTW][4];  // U, loaded before W S so that its latency hides behind the products
 #pragma unroll
@@ -172,10 +173,10 @@ __device__ __forceinline__ void wsp_walk(const float* qk_s, const float* w_s, co
         float ws[NTW][4] = {}, none[NTW][4];
         const int s0 = v0 ? r0 : 0, s1 = v1 ? r0 + 1 : 0;
         if constexpr (CH == 2)
-            wsp_rows_s2<DK, DVS, true>(Ws + s0 * DK, Ws + s1 * DK, v0, v1, Sf, ws, lane, gsm_swz<DK>(r0));
+            wsp_rows_s2<DK, DVS, true>(Ws + s0 * DK, Ws + s1 * DK, v0, v1, Sf, ws, lane, sc_swz<float, DK>(r0));
         else
-            gsm_ws_qs<DK, DVS, true, false, NTW, L::U_WQ, true>(Ws + s0 * DK, Ws + s1 * DK, nullptr, nullptr, v0, v1,
-                                                                Sf, ws, none, lane, 0, gsm_swz<DK>(r0));
+            gsm_ws_qs<DK, DVS, true, false, NTW, L::U_WQ, true, SC>(Ws + s0 * DK, Ws + s1 * DK, nullptr, nullptr, v0,
+                                                                    v1, Sf, ws, none, lane, 0, sc_swz<SC, DK>(r0));
         float2 kk[C / 16][MW][4];  // KPRE: the update's K rows, loaded while V' is completed (else unused)
         if constexpr (KPRE)
             if (owns) wsp_load_k<DK, DVS>(qk_s + ((long long)t0 * HK + hk) * 2 * DK + DK, ldq, kk, mt0, n, g, t);
@@ -192,13 +193,14 @@ __device__ __forceinline__ void wsp_walk(const float* qk_s, const float* w_s, co
         named_bar_arrive(WSP_V_READY, 256);  // the output may read V'_c
         named_bar_sync(WSP_WALK, 128);       // V'_c complete; the chunk's W rows read by the walk
         if (t0 + C < t_end)
-            wsp_stage<DK>(Ws, w_s + (long long)j * DK, (long long)HV * DK, t0 + C, min(C, t_end - t0 - C), tid, 128);
+            wsp_stage<DK, SC>(Ws, w_s + (long long)j * DK, (long long)HV * DK, t0 + C, min(C, t_end - t0 - C), tid,
+                              128);
         float acc[MW][NW][4] = {};
         if constexpr (KPRE) {
             if (owns) wsp_update<DK, DVS>(kk, tail, Vf, acc, nt0, n, lane);
         } else if (owns) {
-            const float* kr = qk_s + ((long long)t0 * HK + hk) * 2 * DK + DK;  // the chunk's first k row
-            gsm_update<DK, DVS>(kr, ldq, tail, Vf, acc, mt0, nt0, n, lane);
+            const SC* kr = qk_s + ((long long)t0 * HK + hk) * 2 * DK + DK;  // the chunk's first k row
+            gsm_update<DK, DVS, 4, L, SC>(kr, ldq, tail, Vf, acc, mt0, nt0, n, lane);
         }
         named_bar_sync(WSP_S_FREE, 256);  // the output is done with S_c and wrote the next chunk's gates
         if (owns) {
@@ -216,9 +218,9 @@ __device__ __forceinline__ void wsp_walk(const float* qk_s, const float* w_s, co
 }
 
 // The output (threads 128-255, ot = tid − 128): e^γ Q S_c + A V'_c for the chunk rows of warp ot / 32
-template <typename T, int DK, int DVS, bool QSTG, int CH>
-__device__ __forceinline__ void wsp_out(const float* qk_s, const float* a_s, const float* g_s, T* o,
-                                        const float* Sf, const float* Vf0, float* gate, float* Qs, int t_beg,
+template <typename T, int DK, int DVS, bool QSTG, int CH, typename SC>
+__device__ __forceinline__ void wsp_out(const SC* qk_s, const SC* a_s, const float* g_s, T* o,
+                                        const float* Sf, const float* Vf0, float* gate, SC* Qs, int t_beg,
                                         int t_end, int j, int hk, int HK, int HV, int DV, int c0, long long ldo,
                                         int ot) {
     constexpr int C = GC_CHUNK;
@@ -226,8 +228,8 @@ __device__ __forceinline__ void wsp_out(const float* qk_s, const float* a_s, con
     constexpr int NTW = L::NTW;
     const int lane = ot & 31, rt = ot >> 5, g = lane >> 2, t = lane & 3;
     const long long ldq = 2LL * HK * DK;
-    const float* q_rows = qk_s + (long long)hk * 2 * DK;  // QSTG: row t of the key head's q at q_rows + t·ldq
-    if (QSTG && t_beg < t_end) wsp_stage<DK>(Qs, q_rows, ldq, t_beg, min(C, t_end - t_beg), ot, 128);
+    const SC* q_rows = qk_s + (long long)hk * 2 * DK;  // QSTG: row t of the key head's q at q_rows + t·ldq
+    if (QSTG && t_beg < t_end) wsp_stage<DK, SC>(Qs, q_rows, ldq, t_beg, min(C, t_end - t_beg), ot, 128);
     int par = 0;
     for (int t0 = t_beg; t0 < t_end; t0 += C, par ^= 1) {
         const int n = min(C, t_end - t0), r0 = 16 * rt + 2 * g;
@@ -247,14 +249,14 @@ __device__ __forceinline__ void wsp_out(const float* qk_s, const float* a_s, con
         if constexpr (QSTG) {
             const int s0 = v0 ? r0 : 0, s1 = v1 ? r0 + 1 : 0;
             gsm_ws_qs<DK, DVS, false, true, NTW, L::U_WQ, true>(nullptr, nullptr, Qs + s0 * DK, Qs + s1 * DK, v0, v1,
-                                                                Sf, none, out, lane, 0, gsm_swz<DK>(r0));
+                                                                Sf, none, out, lane, 0, sc_swz<float, DK>(r0));
         } else if constexpr (CH == 2) {
             wsp_rows_s2<DK, DVS, false>(qk_s + (q0 * HK + hk) * 2 * DK, qk_s + (q1 * HK + hk) * 2 * DK, v0, v1, Sf,
                                         out, lane, 0);
         } else {
-            gsm_ws_qs<DK, DVS, false, true, NTW, L::U_WQ>(nullptr, nullptr, qk_s + (q0 * HK + hk) * 2 * DK,
-                                                          qk_s + (q1 * HK + hk) * 2 * DK, v0, v1, Sf, none, out,
-                                                          lane);
+            gsm_ws_qs<DK, DVS, false, true, NTW, L::U_WQ, false, SC>(nullptr, nullptr, qk_s + (q0 * HK + hk) * 2 * DK,
+                                                                     qk_s + (q1 * HK + hk) * 2 * DK, v0, v1, Sf, none,
+                                                                     out, lane);
         }
 #pragma unroll
         for (int nt = 0; nt < NTW; ++nt)
@@ -265,10 +267,10 @@ __device__ __forceinline__ void wsp_out(const float* qk_s, const float* a_s, con
         if constexpr (QSTG) {
             named_bar_sync(WSP_OUT, 128);  // every output warp is done with the chunk's Q rows
             if (t0 + C < t_end)
-                wsp_stage<DK>(Qs, q_rows, ldq, t0 + C, min(C, t_end - t0 - C), ot, 128);
+                wsp_stage<DK, SC>(Qs, q_rows, ldq, t0 + C, min(C, t_end - t0 - C), ot, 128);
         }
-        gsm_attn<DVS, NTW>(a_s + (q0 * HV + j) * C, a_s + (q1 * HV + j) * C, v0, v1, Vf0 + par * L::VF, out, rt, n,
-                           lane);
+        gsm_attn<DVS, NTW, C / 16, SC>(a_s + (q0 * HV + j) * C, a_s + (q1 * HV + j) * C, v0, v1, Vf0 + par * L::VF,
+                                       out, rt, n, lane);
 #pragma unroll
         for (int nt = 0; nt < NTW; ++nt)
 #pragma unroll
@@ -287,13 +289,14 @@ __device__ __forceinline__ void wsp_out(const float* qk_s, const float* a_s, con
 // SM): no spills, where a flat 128 spilled up to 64 bytes a thread and 160 / 96 spilled the output's 36. One block
 // per SM (QSTG, dk < 128) needs no shift: 248 registers at dk = 128, no spills
 // (tests/test_cuda_compile.py).
-template <typename T, typename S, int DK, int DVS, bool QSTG = false, int CH = 1>
+template <typename T, typename S, int DK, int DVS, bool QSTG = false, int CH = 1, typename SC = float>
 __global__ void __launch_bounds__(256, wsp_pair(DK, QSTG) ? 2 : 1)
-    gdn_chunk_state_wsp(const float* __restrict__ qk_s, const float* __restrict__ w_s, const float* __restrict__ a_s,
+    gdn_chunk_state_wsp(const SC* __restrict__ qk_s, const SC* __restrict__ w_s, const SC* __restrict__ a_s,
                         const float* __restrict__ u_s, const float* __restrict__ g_s, S* __restrict__ state,
                         T* __restrict__ o, const int* __restrict__ starts, const int* __restrict__ slots, int HK,
                         int HV, int DV, long long ldo) {
     static_assert(CH == 1 || (CH == 2 && !QSTG), "two chains per product: without staged Q rows only");
+    static_assert(sizeof(SC) == 4 || (CH == 1 && !QSTG), "a bf16 scratch: one chain, Q rows in place");
     pdl_trigger();
     using L = GdnStateMmaSmem<DK, DVS>;
     extern __shared__ float smem[];  // dynamic: starts 16-byte aligned (no static shared memory)
@@ -302,7 +305,8 @@ __global__ void __launch_bounds__(256, wsp_pair(DK, QSTG) ? 2 : 1)
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
         if (dyn < GdnStateWspSmem<DK, DVS, QSTG>::FLOATS * sizeof(float)) __trap();
     }
-    float *Sf = smem, *Vf = Sf + L::SF, *gate = Vf + 2 * L::VF, *Ws = gate + 4 * GC_CHUNK, *Qs = Ws + GC_CHUNK * DK;
+    float *Sf = smem, *Vf = Sf + L::SF, *gate = Vf + 2 * L::VF;
+    SC *Ws = reinterpret_cast<SC*>(gate + 4 * GC_CHUNK), *Qs = Ws + GC_CHUNK * DK;  // bf16: in the floats' first half
     const int tid = threadIdx.x, j = blockIdx.y, b = blockIdx.x, hk = j / (HV / HK), c0 = blockIdx.z * DVS;
     const int t_beg = starts[b], t_end = starts[b + 1];
     if (tid < 128) {
@@ -310,13 +314,13 @@ __global__ void __launch_bounds__(256, wsp_pair(DK, QSTG) ? 2 : 1)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
         if constexpr (wsp_pair(DK, QSTG)) setmaxnreg_inc<WSP_WALK_REGS>();
 #endif
-        wsp_walk<S, DK, DVS, QSTG, CH>(qk_s, w_s, a_s, u_s, g_s, st, Sf, Vf, gate, Ws, t_beg, t_end, j, hk, HK, HV, DV,
+        wsp_walk<S, DK, DVS, QSTG, CH, SC>(qk_s, w_s, a_s, u_s, g_s, st, Sf, Vf, gate, Ws, t_beg, t_end, j, hk, HK, HV, DV,
                                    c0, tid);
     } else {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
         if constexpr (wsp_pair(DK, QSTG)) setmaxnreg_dec<WSP_OUT_REGS>();
 #endif
-        wsp_out<T, DK, DVS, QSTG, CH>(qk_s, a_s, g_s, o, Sf, Vf, gate, Qs, t_beg, t_end, j, hk, HK, HV, DV, c0, ldo,
+        wsp_out<T, DK, DVS, QSTG, CH, SC>(qk_s, a_s, g_s, o, Sf, Vf, gate, Qs, t_beg, t_end, j, hk, HK, HV, DV, c0, ldo,
                                   tid - 128);
     }
 }

@@ -34,7 +34,7 @@ __all__ = ["bench_gdn", "main"]
 SHAPES = {"35b": (16, 32), "27b": (16, 48)}  # (key heads, value heads), dk = dv = 128
 BATCHES = {"1x8192": [8192], "8x1024": [1024] * 8}
 # gdn_chunked's two-pass variants (ninfer.cuda.gdn.STATE_VARIANTS)
-VARIANTS = ("tc", "tcs", "tc8", "split", "mma", "fp32", "wsp", "wspq", "wsp2")
+VARIANTS = ("tc", "tcs", "tc8", "split", "mma", "fp32", "wsp", "wspq", "wsp2", "wspb")
 
 
 def bench_gdn(
@@ -109,6 +109,11 @@ def bench_gdn(
         ref = outs[f"{base}32"]
         fig["wsp2_vs_tc"] = float(np.max(np.abs(outs["wsp232"] - ref)) / max(np.max(np.abs(ref)), 1e-30))
         fig["wsp2_cols_bitwise_equal"] = bool(np.array_equal(outs["wsp216"], outs["wsp232"]))
+    # "wspb" (the bf16 scratch): how far from the float scratch's outputs, 16 / 32 columns the same bits
+    if act == "float" and "wspb" in two and base in two:
+        ref = outs[f"{base}32"]
+        fig["wspb_vs_tc"] = float(np.max(np.abs(outs["wspb32"] - ref)) / max(np.max(np.abs(ref)), 1e-30))
+        fig["wspb_cols_bitwise_equal"] = bool(np.array_equal(outs["wspb16"], outs["wspb32"]))
     if "tcs" not in two:
         return fig
     # the causal conv fused into the tc prep (gdn_chunked(conv=...), the model's prefill): its prep launch against

@@ -195,7 +195,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gdn-variant",
         default=None,
-        choices=("tc", "tcs", "tc8", "split", "mma", "fp32", "wsp", "wspq", "wsp2"),
+        choices=("tc", "tcs", "tc8", "split", "mma", "fp32", "wsp", "wspq", "wsp2", "wspb"),
         help="the chunked GDN prefill's kernels (default: ninfer.cuda.gdn.DEFAULT_VARIANT)",
     )
     p.add_argument(

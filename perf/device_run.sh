@@ -43,6 +43,7 @@
 #   wsp     the GDN state pass on two warp groups ("wsp", "wspq"): GPU tests, bench_gdn against tc / tcs, the
 #           whole-model prefill per variant
 #   wsp_probe  Nsight Compute on one "wsp" GDN state launch (35B-A3B heads, 8192 rows)
+#   wspb    the bf16 GDN scratch ("wspb"): GPU tests, bench_gdn against wsp, the whole-model prefill per variant
 #   shard   one third (SHARD=0/3, 1/3, 2/3) of the whole GPU suite per call (perf/pytest_shard.py)
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
@@ -360,6 +361,17 @@ run_wsp() {  # the GDN state pass on two warp groups (gdn_state_wsp.cuh): its GP
   for v in ${WSP_VARIANTS:-tcs wsp}; do
     timeout ${WS_AB_TIMEOUT:-150} python3 -m perf.cli --quick --no-transformers --prefill 8192,32768 --lanes '' \
       --gdn-variant $v --out "$OUT/gdn_$v" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/wsp_ab.txt"
+  done
+}
+run_wspb() {  # session 35: the bf16 GDN scratch ("wspb", cuda_src/gdn_scratch.cuh): bench_gdn against wsp at the
+  # 27B / 35B-A3B chunk shapes, its GPU tests, the whole-model prefill per variant (wsp, wspb; WSPB_PREFILL lengths)
+  timeout ${BENCH_TIMEOUT:-200} python3 -m perf.bench_gdn --models 27b,35b --batches 1x4096,1x8192 \
+    --variants wsp,wspb --out "$OUT/results" 2>&1 | grep -v '^{' | tee "$OUT/bench_gdn_wspb.txt" | tail -8
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider -rf --timeout 200 tests/test_cuda_ops.py \
+    -k "gdn_chunked and wspb" > "$OUT/wspb_tests.txt" 2>&1; tail -3 "$OUT/wspb_tests.txt"
+  for v in ${WSP_VARIANTS:-wsp wspb}; do
+    timeout ${WS_AB_TIMEOUT:-150} python3 -m perf.cli --quick --no-transformers --prefill ${WSPB_PREFILL:-8192,32768} --lanes '' \
+      --gdn-variant $v --out "$OUT/gdn_$v" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/wspb_ab.txt"
   done
 }
 run_wsp_probe() {  # Nsight Compute on one "wsp" state launch (35B-A3B heads, one 8192-row chunk): stall reasons,

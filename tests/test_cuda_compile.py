@@ -84,14 +84,15 @@ def test_other_gdn_state_variant_compiles(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_warp_specialized_gdn_state_pass_does_not_spill(tmp_path: Path) -> None:
-    """Every instance of the GDN state pass on two warp groups (gdn_state_wsp.cuh, variants "wsp" and "wspq")
+    """Every instance of the GDN state pass on two warp groups (gdn_state_wsp.cuh, variants "wsp", "wspq" and the
+    bf16 scratch's "wspb")
     assembles without spilling: without staged Q rows two blocks share an SM (128 registers a thread), which only the
     setmaxnreg shift between the walk (152) and the output (104) meets."""
     import re
 
     from ninfer.cuda.gdn import chunk_instances
 
-    instances = tuple(i for v in ("wsp", "wspq") for i in chunk_instances(v) if "state_wsp" in i)
+    instances = tuple(i for v in ("wsp", "wspq", "wspb") for i in chunk_instances(v) if "state_wsp" in i)
     _, rc, log = _compile("gdn_chunk.cu", instances, tmp_path)
     assert rc == 0, log[-3000:]
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)

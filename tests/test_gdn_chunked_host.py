@@ -6,7 +6,8 @@ CUDA thread, block and warp barriers, NaN-filled shared memory, NaN-poisoned out
 and compared with the NumPy token-by-token recurrence. This checks the kernels' index arithmetic, barriers, ragged
 chunks, the chunk-to-block map over several sequences, column slices (16 and 32 columns per state-pass block: the
 same bits, in each variant; the staged "tcs" and the warp-specialized "wsp" / "wspq" passes bitwise the "tc"
-one, "wsp2" (two chains per product) within the tolerances), the mma variant's fragment layouts and hi/lo split (the emulated mma reads only the
+one, "wsp2" (two chains per product) within the tolerances, "wspb" (a bf16 scratch) bitwise "wsp" over the "tc"
+scratch rounded to bf16 and within the bf16 tolerances of the recurrence), the mma variant's fragment layouts and hi/lo split (the emulated mma reads only the
 operands' tf32 bits: 1xTF32 products fail these tolerances, 6e-4 against 1e-4) and the wrapper's shared-memory
 sizes (the kernels trap on too little) without a GPU; the GPU tests in test_cuda_ops.py check the same kernels on
 the device.
@@ -37,7 +38,7 @@ from ninfer.cuda.gdn import (
     state_wsp_smem_bytes,
 )
 from ninfer.cuda.loader import source_text
-from ninfer.formats import bf16_decode, bf16_round
+from ninfer.formats import bf16_decode, bf16_encode, bf16_round
 from ninfer.reference import ops
 
 F32 = np.float32
@@ -152,6 +153,35 @@ def test_gdn_chunked_emulated(emu: Path, tmp_path: Path, case: tuple) -> None:
     got_o, got_s = (bf16_decode(w2[1][0]) if tb else w2[1][0]), (bf16_decode(w2[1][1]) if sb else w2[1][1])
     np.testing.assert_array_equal(got_s[0], state[0])
     _check(got_o, got_s, qkv, a, b, a_log, dt_bias, state, starts, slots, case, (otol, stol), "o_wsp2_32.bin")
+    _check_bf16_scratch(tmp_path, case, o_raw, s_raw)
+    got = [np.fromfile(tmp_path / f"{p}_wspb32.bin", dtype=x.dtype).reshape(x.shape) for p, x in (("o", o_raw),
+                                                                                                ("state", s_raw))]  # fmt: skip
+    got_o, got_s = (bf16_decode(got[0]) if tb else got[0]), (bf16_decode(got[1]) if sb else got[1])
+    np.testing.assert_array_equal(got_s[0], state[0])
+    _check(
+        got_o, got_s, qkv, a, b, a_log, dt_bias, state, starts, slots, case, (1.2e-2, 1.2e-2), "o_wspb32.bin"
+    )
+
+
+def _check_bf16_scratch(d: Path, case: tuple, o_raw: np.ndarray, s_raw: np.ndarray) -> None:
+    """The bf16 scratch ("wspb"): its prep's q|k, W and A words are the tc prep's values rounded to bf16 (U and γ
+    bitwise the tc prep's), and its state pass gives, at 16 and 32 columns, the bits of "wsp" run over the tc
+    scratch with those three sections rounded to bf16 in place (the exact tf32 operands' dropped mma adds zeros)."""
+    hk, hv, dk, dv, lens = case[:5]
+    n = sum(lens)
+    shapes = {"qk": (n, hk, 2 * dk), "w": (n, hv, dk), "a": (n, hv, 64), "u": (n, hv, dv), "g": (n, hv)}
+    for p, shape in shapes.items():
+        tc = np.fromfile(d / f"{p}_tc.bin", F32).reshape(shape)
+        if p in ("u", "g"):
+            np.testing.assert_array_equal(np.fromfile(d / f"{p}_b16.bin", F32).reshape(shape), tc, err_msg=p)
+        else:
+            got = np.fromfile(d / f"{p}_b16.bin", np.uint16).reshape(shape)
+            np.testing.assert_array_equal(got, bf16_encode(tc), err_msg=f"bf16 scratch: {p}")
+    for what, want in (("o", o_raw), ("state", s_raw)):
+        ref = np.fromfile(d / f"{what}_wspr32.bin", dtype=want.dtype).reshape(want.shape)
+        for cols in (16, 32):
+            got = np.fromfile(d / f"{what}_wspb{cols}.bin", dtype=want.dtype).reshape(want.shape)
+            assert np.array_equal(got, ref), f"wspb{cols}: {what} differs from wsp over the rounded scratch"
 
 
 def _check_tc_scratch(d: Path, n: int, hk: int, hv: int, dk: int, dv: int, starts: np.ndarray) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from ninfer.cuda.gdn_chunk import (
     CHUNK,
     DEFAULT_VARIANT,
+    SCRATCH_BF16,
     SERIAL_SOURCES,
     STATE_COLS,
     STATE_VARIANTS,
@@ -71,6 +72,7 @@ __all__ = [
     "state_wsp_smem_bytes",
     "state_cols",
     "STATE_VARIANTS",
+    "SCRATCH_BF16",
     "DEFAULT_VARIANT",
     "SOURCES",
     "HEAD_DIMS",

@@ -30,6 +30,7 @@ __all__ = [
     "state_wsp_smem_bytes",
     "state_cols",
     "STATE_VARIANTS",
+    "SCRATCH_BF16",
     "DEFAULT_VARIANT",
     "SERIAL_SOURCES",
 ]
@@ -63,6 +64,7 @@ STATE_VARIANTS = {
     "wsp": "gdn_chunk_state_wsp",
     "wspq": "gdn_chunk_state_wsp",
     "wsp2": "gdn_chunk_state_wsp",
+    "wspb": "gdn_chunk_state_wsp",
 }
 # "wsp": the tc prep, then the state pass on two warp groups (gdn_state_wsp.cuh): warps 0-3 walk the chunks for V'
 # and the state (W rows staged as in "tcs"), warps 4-7 compute each chunk's output e^γ Q S + A V' beside them, so
@@ -73,11 +75,27 @@ STATE_VARIANTS = {
 # mmas per chain, its own rounding (within fp32 noise of tc, not its bits; ptxas spills 4 bytes at 32 columns).
 # Built in session 32 (host emulation, tests/test_gdn_chunked_host.py); on an H100 in session 33 its GPU tests pass
 # and it times as wsp (perf/results/bench_gdn_wsp2_7ecae20_h100.txt): a benchmark variant
-_TC_PREP = ("tc", "split", "tc8", "tcs", "wsp", "wspq", "wsp2")  # the variants after gdn_chunk_prep_tc
+# "wspb": wsp over a bf16 scratch (cuda_src/gdn_scratch.cuh): the prep rounds the normed q and k, W and A to bf16
+# as it stores them (U and γ stay float) and the state pass reads half the bytes; a bf16 value is exact in tf32, so
+# its products on those operands take two mmas instead of three: the bits of wsp over a scratch rounded to bf16
+# (host test), which is ``ops_gdn.gdn_chunked(scratch=bf16_round)``'s form; its fidelity cost is measured in
+# docs/cuda.md "The bf16 scratch's fidelity, measured"
+_TC_PREP = (
+    "tc",
+    "split",
+    "tc8",
+    "tcs",
+    "wsp",
+    "wspq",
+    "wsp2",
+    "wspb",
+)  # the variants after gdn_chunk_prep_tc
 # warps per state-pass block where not 4 (tc8's NWARP; the wsp kernels' two warp groups)
-_STATE_WARPS = {"tc8": 8, "wsp": 8, "wspq": 8, "wsp2": 8}
+_STATE_WARPS = {"tc8": 8, "wsp": 8, "wspq": 8, "wsp2": 8, "wspb": 8}
 _STAGED = ("tcs",)  # the state pass with its W and Q rows staged in shared memory (template argument STG)
-_WSP = {"wsp": "", "wspq": ", true", "wsp2": ", false, 2"}  # gdn_chunk_state_wsp<T, S, dk, cols, QSTG, CH>
+# gdn_chunk_state_wsp<T, S, dk, cols, QSTG, CH, SC>
+_WSP = {"wsp": "", "wspq": ", true", "wsp2": ", false, 2", "wspb": ", false, 1, bf16"}
+SCRATCH_BF16 = ("wspb",)  # the variants whose q|k, W and A scratch sections are bf16
 # "mma" (855128a): 1.53x the fp32 variant on one 8192-token sequence of the 27B's heads. "tc" (6688cc6, H200,
 # perf/bench_gdn.py, perf/results/bench_gdn_6688cc6.txt; its GPU tests pass): the prep 1.028 -> 0.642 ms (27B heads)
 # and 0.716 -> 0.468 ms (35B-A3B) on a 4096-token chunk, 1.6x at every batch shape measured; the outputs within
@@ -98,7 +116,8 @@ DEFAULT_VARIANT = "wsp"
 def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str, str]:
     """The (prep, state) kernel instances of a two-pass variant."""
     mma = "true" if variant == "mma" else "false"
-    prep = f"gdn_chunk_prep_tc<{t}, {dk}>" if variant in _TC_PREP else f"gdn_chunk_prep<{t}, {dk}, {mma}>"
+    sc = ", bf16" if variant in SCRATCH_BF16 else ""
+    prep = f"gdn_chunk_prep_tc<{t}, {dk}{sc}>" if variant in _TC_PREP else f"gdn_chunk_prep<{t}, {dk}, {mma}>"
     tail = ""  # the template arguments past the defaults: NWARP (4), then STG (false); wsp's QSTG (false)
     if variant in _WSP:
         tail = _WSP[variant]
@@ -107,9 +126,9 @@ def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str
     return prep, f"{STATE_VARIANTS[variant]}<{t}, {st}, {dk}, {cols}{tail}>"
 
 
-def _conv_prep_name(t: str, dk: int) -> str:
+def _conv_prep_name(t: str, dk: int, variant: str = DEFAULT_VARIANT) -> str:
     """The tc prep over the raw in-projection rows with the causal conv fused (gdn_prep_tc.cuh)."""
-    return f"gdn_chunk_prep_tc_conv<{t}, {dk}>"
+    return f"gdn_chunk_prep_tc_conv<{t}, {dk}{', bf16' if variant in SCRATCH_BF16 else ''}>"
 
 
 def _out_name(t: str, dk: int, cols: int) -> str:
@@ -123,7 +142,7 @@ def chunk_instances(variant: str) -> tuple[str, ...]:
     first use; tests/test_cuda_compile.py compiles both)."""
     prep = tuple(_chunk_names(variant, t, "float", d, 16)[0] for t in _T for d in HEAD_DIMS)
     if variant in _TC_PREP:  # the tc prep with the causal conv fused (gdn_chunked(conv=...))
-        prep += tuple(_conv_prep_name(t, d) for t in _T for d in HEAD_DIMS)
+        prep += tuple(_conv_prep_name(t, d, variant) for t in _T for d in HEAD_DIMS)
     state = tuple(
         _chunk_names(variant, t, s, d, c)[1] for t in _T for s in _S for d in HEAD_DIMS for c in STATE_COLS
     )
@@ -213,8 +232,10 @@ def _scratch_parts(
 ) -> tuple[int, ...]:
     """Floats of the scratch sections in order (qk, w, a, u, g; gdn_chunk.cu's layout; "split" adds h, one state
     per chunk of at most ``rows // 64 + nseq``): every section but a and g starts 16-byte aligned (the passes
-    read qk, w and h rows as float4)."""
-    parts = (rows * hk * 2 * dk, rows * hv * dk, rows * hv * CHUNK, rows * hv * dv, rows * hv)
+    read qk, w and h rows as float4). The bf16 scratch variants (``SCRATCH_BF16``) hold qk, w and a in half the
+    floats (dk and 64 are multiples of 16: the alignments hold)."""
+    h = 2 if variant in SCRATCH_BF16 else 1
+    parts = (rows * hk * 2 * dk // h, rows * hv * dk // h, rows * hv * CHUNK // h, rows * hv * dv, rows * hv)
     if variant == "split":
         pad = -sum(parts) % 4  # g padded so that h starts 16-byte aligned
         parts = (*parts[:-1], parts[-1] + pad, (rows // CHUNK + nseq) * hv * dk * dv)
@@ -299,7 +320,7 @@ def gdn_chunked(
     pargs = (qkv, a, b, a_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, np.int32(nseq), hk_, hv_, dv_,
              ldq, lda, ldb)  # fmt: skip
     if conv is not None:  # the tc prep over the raw rows, the conv fused (and its state updated there)
-        prep = kernel("gdn_chunk.cu", inst, _conv_prep_name(t, dk))
+        prep = kernel("gdn_chunk.cu", inst, _conv_prep_name(t, dk, variant))
         _launch_smem(prep, (nchunks, n_k_heads), 256, prep_tc_conv_smem_bytes(dk, dv), (*pargs, *conv, slots))
     else:
         prep = kernel("gdn_chunk.cu", inst, names[0])

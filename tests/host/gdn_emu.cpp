@@ -129,6 +129,9 @@ struct alignas(16) float4 {
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline float __uint_as_float(unsigned u) {

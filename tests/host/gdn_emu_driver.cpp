@@ -15,7 +15,11 @@
 // gdn_chunk_state_mma<., ., DK, ., 4, true> ("tcs") on the tc scratch with 16 and 32 columns (dir/o_tcs16.bin,
 // dir/state_tcs16.bin, dir/o_tcs32.bin, dir/state_tcs32.bin); and the warp-specialized gdn_chunk_state_wsp ("wsp")
 // on the tc scratch with 16 and 32 columns, with its Q rows staged ("wspq") with 32 and with two chains per
-// product ("wsp2") with 16 and 32 (dir/o_wsp16.bin, ..., dir/state_wsp2_32.bin), all from the initial states.
+// product ("wsp2") with 16 and 32 (dir/o_wsp16.bin, ..., dir/state_wsp2_32.bin), all from the initial states;
+// and the bf16 scratch ("wspb"): gdn_chunk_prep_tc<T, DK, bf16> (its q|k, W and A words: dir/{qk,w,a}_b16.bin,
+// U and γ: dir/{u,g}_b16.bin) and gdn_chunk_state_wsp<., ., DK, ., false, 1, bf16> with 16 and 32 columns
+// (dir/o_wspb16.bin, ...), beside "wsp" with 32 columns over the tc scratch with q|k, W and A rounded to bf16 in
+// place (dir/o_wspr32.bin, dir/state_wspr32.bin).
 template <typename T, typename S, int DK>
 void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, int nslots, unsigned prep_smem,
              unsigned smem16, unsigned smem32, unsigned mma16, unsigned mma32, unsigned tc_smem, unsigned stg16,
@@ -156,6 +160,46 @@ void emu_run(const std::string& dir, int T_, int HK, int HV, int DV, int nseq, i
         runw.template operator()<32, true>("wspq32", wspq32);
         runw.template operator()<16, false, 2>("wsp2_16", wsp16);  // two chains per product: its own rounding
         runw.template operator()<32, false, 2>("wsp2_32", wsp32);
+    }
+    {  // the bf16 scratch ("wspb"), and wsp over the tc scratch rounded to bf16 ("wspr")
+        std::vector<bf16> qk((size_t)T_ * HK * 2 * DK), w((size_t)T_ * HV * DK), am((size_t)T_ * HV * GC_CHUNK);
+        for (auto* v : {&qk, &w, &am}) std::memset((void*)v->data(), 0xff, v->size() * sizeof(bf16));  // NaN
+        std::vector<float> u((size_t)T_ * HV * DV, nan), g((size_t)T_ * HV, nan);
+        emu_launch({(unsigned)(T_ / GC_CHUNK + nseq), (unsigned)HK, 1}, 256, tc_smem, [&] {
+            gdn_chunk_prep_tc<T, DK, bf16>(qkv.data(), a.data(), b.data(), alog.data(), dtb.data(), qk.data(),
+                                           w.data(), am.data(), u.data(), g.data(), starts.data(), nseq, HK, HV, DV,
+                                           width, HV, HV);
+        });
+        auto runb = [&]<int DVS>(const std::string& name, unsigned smem) {
+            std::vector<T> ow(o0);
+            std::vector<S> sw(state0);
+            emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + DVS - 1) / DVS)}, 256, smem, [&] {
+                gdn_chunk_state_wsp<T, S, DK, DVS, false, 1, bf16>(qk.data(), w.data(), am.data(), u.data(),
+                                                                   g.data(), sw.data(), ow.data(), starts.data(),
+                                                                   slots.data(), HK, HV, DV, (long long)HV * DV);
+            });
+            emu_write(dir + "/o_" + name + ".bin", ow);
+            emu_write(dir + "/state_" + name + ".bin", sw);
+        };
+        runb.template operator()<16>("wspb16", wsp16);
+        runb.template operator()<32>("wspb32", wsp32);
+        emu_write(dir + "/qk_b16.bin", qk);
+        emu_write(dir + "/w_b16.bin", w);
+        emu_write(dir + "/a_b16.bin", am);
+        emu_write(dir + "/u_b16.bin", u);
+        emu_write(dir + "/g_b16.bin", g);
+        Scratch r = tc;  // the tc scratch's q|k, W and A rounded to bf16 (NaN words stay NaN)
+        for (auto* v : {&r.qk, &r.w, &r.am})
+            for (float& x : *v) x = to_f(from_f<bf16>(x));
+        std::vector<T> ow(o0);
+        std::vector<S> sw(state0);
+        emu_launch({(unsigned)nseq, (unsigned)HV, (unsigned)((DV + 31) / 32)}, 256, wsp32, [&] {
+            gdn_chunk_state_wsp<T, S, DK, 32>(r.qk.data(), r.w.data(), r.am.data(), r.u.data(), r.g.data(),
+                                              sw.data(), ow.data(), starts.data(), slots.data(), HK, HV, DV,
+                                              (long long)HV * DV);
+        });
+        emu_write(dir + "/o_wspr32.bin", ow);
+        emu_write(dir + "/state_wspr32.bin", sw);
     }
     emu_write(dir + "/o_tc16.bin", ot16);
     emu_write(dir + "/state_tc16.bin", st16);
