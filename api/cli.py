@@ -123,6 +123,13 @@ def register(subparsers: Any) -> None:
         "(probabilities rounded to bf16) or bf16 (q too); docs/cuda.md gives the measured cost",
     )
     p.add_argument(
+        "--prefill-gdn",
+        default="exact",
+        choices=("exact", "bf16"),
+        help="CUDA chunked GDN prefill: exact (a float scratch) or bf16 (the normed q, k and the chunk products W, A "
+        "stored as bf16 for the state pass: half its reads); docs/cuda.md gives the measured cost",
+    )
+    p.add_argument(
         "--prefill-weights",
         default="auto",
         choices=("auto", "resident", "scratch"),
@@ -267,6 +274,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         activations=a.activations,
         prefill_inputs=a.prefill_inputs,
         prefill_attention=a.prefill_attention,
+        prefill_gdn=a.prefill_gdn,
         prefill_weights=a.prefill_weights,
         cors=a.cors,
         prompt_tokens_details=a.prompt_tokens_details,

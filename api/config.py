@@ -62,6 +62,7 @@ class ServerConfig:
     prefill_attention: str = (
         "bf16"  # CUDA prefill attention operands: bf16 (q and P rounded), p-bf16 or exact
     )
+    prefill_gdn: str = "exact"  # CUDA chunked GDN prefill scratch: exact (float) or bf16 (q, k, W, A rounded)
     # CUDA fp16-mode prefill operands kept on the device: auto (where memory allows), resident, scratch
     prefill_weights: str = "auto"
     cors: bool = False
@@ -104,6 +105,8 @@ class ServerConfig:
             raise ServerConfigError(
                 f"--prefill-attention: exact, p-bf16 or bf16, got {self.prefill_attention!r}"
             )
+        if self.prefill_gdn not in ("exact", "bf16"):
+            raise ServerConfigError(f"--prefill-gdn: exact or bf16, got {self.prefill_gdn!r}")
         if self.prefill_weights not in ("auto", "resident", "scratch"):
             raise ServerConfigError(
                 f"--prefill-weights: auto, resident or scratch, got {self.prefill_weights!r}"

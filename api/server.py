@@ -87,6 +87,7 @@ def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
             "act_dtype": cfg.activations,
             "prefill_inputs": cfg.prefill_inputs,
             "prefill_attention": cfg.prefill_attention,
+            "prefill_gdn": cfg.prefill_gdn,
             "prefill_weights": cfg.prefill_weights,
         }
         if cfg.memory_reserve_gib:  # GPU memory the runner's plan leaves to other programs

@@ -74,7 +74,8 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     phase("tensors")
     net = CudaQwen36(
         mc, tensors, act_dtype=args.activations, prefill_inputs=args.prefill_inputs,
-        prefill_attention=args.prefill_attention, **({"attn_chunk": args.attn_chunk} if args.attn_chunk else {}),
+        prefill_attention=args.prefill_attention, prefill_gdn=args.prefill_gdn,
+        **({"attn_chunk": args.attn_chunk} if args.attn_chunk else {}),
     )  # fmt: skip
     if args.gdn_variant:
         net.gdn_variant = args.gdn_variant
@@ -100,7 +101,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     phase("warm_prefill")
     res: dict[str, Any] = {"model": MODELS[key], "profile": args.profile, "activations": args.activations}
     res["prefill_chunk"], res["prefill_inputs"] = chunk, args.prefill_inputs
-    res["prefill_attention"] = args.prefill_attention
+    res["prefill_attention"], res["prefill_gdn"] = args.prefill_attention, args.prefill_gdn
     res["prefill_weights"], res["prefill_operand_budget"] = args.prefill_weights, kept
     res["sizes"] = model_bytes(net)
     res["build_s"], res["build_phases_s"] = time.perf_counter() - t0, phases
@@ -185,6 +186,12 @@ def _parser() -> argparse.ArgumentParser:
         default="bf16",
         choices=("exact", "p-bf16", "bf16"),
         help="CUDA prefill attention operands (ninfer/cuda/attention_prefill.py PRECISIONS)",
+    )
+    p.add_argument(
+        "--prefill-gdn",
+        default="exact",
+        choices=("exact", "bf16"),
+        help="CUDA chunked GDN prefill scratch (ninfer serve --prefill-gdn; --gdn-variant overrides its kernels)",
     )
     p.add_argument(
         "--prefill-weights",

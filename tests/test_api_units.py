@@ -374,6 +374,7 @@ def test_no_cuda_graph_is_a_backend_option_not_an_engine_option() -> None:
         "act_dtype": "fp32",
         "prefill_inputs": "fp16",
         "prefill_attention": "bf16",
+        "prefill_gdn": "exact",
         "prefill_weights": "auto",
     }
     assert isinstance(spec.engine, EngineConfig) and spec.engine is cfg.engine  # carried typed, as it is
@@ -416,6 +417,19 @@ def test_prefill_attention_flag_reaches_the_cuda_backend() -> None:
     assert _parser().parse_args(["serve", "a.ninfer"]).prefill_attention == "bf16"
     with pytest.raises(ServerConfigError, match="--prefill-attention"):
         ServerConfig(artifact="a.ninfer", prefill_attention="fp8")
+
+
+def test_prefill_gdn_flag_reaches_the_cuda_backend() -> None:
+    from ninfer.api.cli import config_from_args
+    from ninfer.api.server import actor_spec
+
+    from ninfer.cli import _parser
+
+    a = _parser().parse_args(["serve", "a.ninfer", "--prefill-gdn", "bf16"])
+    assert actor_spec(config_from_args(a), "cuda").backend_options["prefill_gdn"] == "bf16"
+    assert _parser().parse_args(["serve", "a.ninfer"]).prefill_gdn == "exact"
+    with pytest.raises(ServerConfigError, match="--prefill-gdn"):
+        ServerConfig(artifact="a.ninfer", prefill_gdn="fp8")
 
 
 def test_prefill_weights_flag_reaches_the_cuda_backend() -> None:

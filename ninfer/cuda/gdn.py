@@ -20,6 +20,7 @@ from __future__ import annotations
 from ninfer.cuda.gdn_chunk import (
     CHUNK,
     DEFAULT_VARIANT,
+    PREFILL_GDN,
     SCRATCH_BF16,
     SERIAL_SOURCES,
     STATE_COLS,
@@ -73,6 +74,7 @@ __all__ = [
     "state_cols",
     "STATE_VARIANTS",
     "SCRATCH_BF16",
+    "PREFILL_GDN",
     "DEFAULT_VARIANT",
     "SOURCES",
     "HEAD_DIMS",

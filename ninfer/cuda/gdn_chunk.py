@@ -31,6 +31,7 @@ __all__ = [
     "state_cols",
     "STATE_VARIANTS",
     "SCRATCH_BF16",
+    "PREFILL_GDN",
     "DEFAULT_VARIANT",
     "SERIAL_SOURCES",
 ]
@@ -96,6 +97,8 @@ _STAGED = ("tcs",)  # the state pass with its W and Q rows staged in shared memo
 # gdn_chunk_state_wsp<T, S, dk, cols, QSTG, CH, SC>
 _WSP = {"wsp": "", "wspq": ", true", "wsp2": ", false, 2", "wspb": ", false, 1, bf16"}
 SCRATCH_BF16 = ("wspb",)  # the variants whose q|k, W and A scratch sections are bf16
+# the model's chunked GDN prefill by its scratch precision (CudaQwen36(prefill_gdn=...), ninfer serve --prefill-gdn)
+PREFILL_GDN = {"exact": "wsp", "bf16": "wspb"}
 # "mma" (855128a): 1.53x the fp32 variant on one 8192-token sequence of the 27B's heads. "tc" (6688cc6, H200,
 # perf/bench_gdn.py, perf/results/bench_gdn_6688cc6.txt; its GPU tests pass): the prep 1.028 -> 0.642 ms (27B heads)
 # and 0.716 -> 0.468 ms (35B-A3B) on a 4096-token chunk, 1.6x at every batch shape measured; the outputs within

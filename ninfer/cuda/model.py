@@ -77,6 +77,7 @@ class CudaQwen36:
         gemv_prefetch: bool = False,
         prefill_weights: str = "auto",
         prefill_attention: str = "bf16",
+        prefill_gdn: str = "exact",
     ) -> None:
         import cupy
 
@@ -127,10 +128,15 @@ class CudaQwen36:
         self.gemv_prefetch = bool(gemv_prefetch)
         self.gemv_trace: list[Any] | None = None
         self.gemv_next: dict[int, Any] = {}
-        # the chunked GDN prefill's state pass (gdn.STATE_VARIANTS; a benchmark's A/B switches it, perf/bench_chunk.py)
-        from ninfer.cuda.gdn import DEFAULT_VARIANT
+        # the chunked GDN prefill's kernels (gdn.STATE_VARIANTS; a benchmark's A/B switches it, perf/bench_chunk.py)
+        # by its scratch precision: "exact" (float) or "bf16" (normed q, k, W and A rounded to bf16 where the state
+        # pass reads them; docs/cuda.md "The bf16 scratch's fidelity, measured")
+        from ninfer.cuda.gdn import PREFILL_GDN
 
-        self.gdn_variant = DEFAULT_VARIANT
+        if prefill_gdn not in PREFILL_GDN:
+            raise ValueError(f"prefill_gdn: one of {tuple(PREFILL_GDN)}, got {prefill_gdn!r}")
+        self.prefill_gdn = prefill_gdn
+        self.gdn_variant = PREFILL_GDN[prefill_gdn]
         # the chunked prefill's causal conv computed inside the GDN prep (gdn_chunked(conv=...): no conv output
         # array; bitwise the separate causal_conv); off only for A/B runs (ninfer-perf --gdn-conv-prep; measured
         # on the H200: 8K prompts +1.7% 27B, +4.0% 35B-A3B, docs/cuda.md)
@@ -473,7 +479,7 @@ def load_cuda(artifact: Any, **opts: Any) -> CudaQwen36:
     """Upload an artifact (path or opened ``Artifact``) to the GPU as a ``CudaQwen36``.
 
     ``opts``: ``act_dtype``, ``state_dtype``, ``kv_dtype``, ``prefill_gemm``, ``cuda_graph``, ``attn_chunk``,
-    ``memory_reserve_bytes``, ``prefill_inputs``, ``prefill_weights``, ``prefill_attention`` (see ``CudaQwen36``) and ``progress`` (upload
+    ``memory_reserve_bytes``, ``prefill_inputs``, ``prefill_weights``, ``prefill_attention``, ``prefill_gdn`` (see ``CudaQwen36``) and ``progress`` (upload
     bar, default on)."""
     from ninfer.artifact import open_artifact
     from ninfer.cuda.upload import upload_artifact
