@@ -250,7 +250,8 @@ def chunk_scratch_bytes(
 ) -> int:
     """Device scratch of one ``gdn_chunked`` call over ``rows`` tokens of ``nseq`` sequences (float32, freed back
     to CuPy's pool after the call): 4·rows·(2·hk·dk + hv·(dk + 64 + dv + 1)) bytes, ~640 MB for 8192 rows of the
-    27B's heads; the "split" variant adds a dk x dv state per chunk and value head (+ 400 MB there)."""
+    27B's heads; the "split" variant adds a dk x dv state per chunk and value head (+ 400 MB there); the bf16
+    scratch ("wspb") 4·rows·(hk·dk + hv·(dk/2 + 32 + dv + 1)), ~420 MB there."""
     return 4 * sum(_scratch_parts(rows, hk, hv, dk, dv, nseq, variant))
 
 
