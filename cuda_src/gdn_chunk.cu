@@ -300,13 +300,12 @@ __device__ __forceinline__ void gc_hint_next_chunk(const SC* qk_s, const SC* w_s
 #ifdef __CUDA_ARCH__
     constexpr int C = GC_CHUNK, B = (int)sizeof(SC);  // 128-byte lines per row and section, at least one:
     constexpr int LQ = DK * B >= 64 ? DK * B / 64 : 1, LW = DK * B >= 128 ? DK * B / 128 : 1, LA = C * B / 128;
-    constexpr int PER = LQ + LW + LA + 1;
+    constexpr int PER = LQ + LW + LA + 1, PL = 128 / B;  // lines per token row; values per line
     if (t0 + C >= t_end) return;
     const int nn = min(C, t_end - t0 - C);
     for (int e = tid; e < nn * PER; e += nthreads) {
         const int i = e / PER, l = e % PER;
         const long long t = t0 + C + i;
-        constexpr int PL = 128 / B;  // values per line
         const void* p = l < LQ            ? (const void*)(qk_s + (t * HK + hk) * 2 * DK + PL * l)
                         : l < LQ + LW     ? (const void*)(w_s + (t * HV + j) * DK + PL * (l - LQ))
                         : l < LQ + LW + LA ? (const void*)(a_s + (t * HV + j) * C + PL * (l - LQ - LW))

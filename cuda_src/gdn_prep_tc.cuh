@@ -354,9 +354,9 @@ __device__ __forceinline__ void gpt_prep(const T* __restrict__ qkv, const T* __r
             __syncthreads();
         }
         gpt_apply<T, DK, CONV, SC>(Tm, Ks, beta, eg, qkv + (long long)t0 * ldqkv, ldqkv,
-                               2LL * HK * DK + (long long)j * DV, u_s + (long long)t0 * HV * DV + (long long)j * DV,
-                               w_s + (long long)t0 * HV * DK + (long long)j * DK, (long long)HV * DV,
-                               (long long)HV * DK, DV, n, warp, lane, Qs, vst);
+                                   2LL * HK * DK + (long long)j * DV, u_s + (long long)t0 * HV * DV + (long long)j * DV,
+                                   w_s + (long long)t0 * HV * DK + (long long)j * DK, (long long)HV * DV,
+                                   (long long)HV * DK, DV, n, warp, lane, Qs, vst);
     }
     if constexpr (CONV) {
         if (x == 0) {         // the sequence's first chunk: the new carried state of this block's channels
@@ -387,8 +387,8 @@ __global__ void __launch_bounds__(256, 2)
                       SC* __restrict__ w_s, SC* __restrict__ a_s, float* __restrict__ u_s,
                       float* __restrict__ g_s, const int* __restrict__ starts, int nseq, int HK, int HV, int DV,
                       long long ldqkv, long long lda, long long ldb) {
-    gpt_prep<T, DK, false, SC>(qkv, a, bb, A_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, nseq, HK, HV, DV, ldqkv,
-                           lda, ldb, nullptr, nullptr, nullptr);
+    gpt_prep<T, DK, false, SC>(qkv, a, bb, A_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, nseq, HK, HV, DV,
+                               ldqkv, lda, ldb, nullptr, nullptr, nullptr);
 }
 
 // gdn_chunk_prep_tc over the raw in-projection rows x (q | k | v channels, row stride ldx) with gdn.cu's
@@ -405,6 +405,6 @@ __global__ void __launch_bounds__(256, 2)
                            int HK, int HV, int DV, long long ldx, long long lda, long long ldb,
                            const float* __restrict__ conv_w, float* __restrict__ conv_state,
                            const int* __restrict__ slots) {
-    gpt_prep<T, DK, true, SC>(x, a, bb, A_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, nseq, HK, HV, DV, ldx, lda, ldb,
-                          conv_w, conv_state, slots);
+    gpt_prep<T, DK, true, SC>(x, a, bb, A_log, dt_bias, qk_s, w_s, a_s, u_s, g_s, starts, nseq, HK, HV, DV, ldx, lda,
+                              ldb, conv_w, conv_state, slots);
 }

@@ -78,17 +78,15 @@ __device__ __forceinline__ void gsm_put_block(float* frag, int k, int n, float v
     }
 }
 
-// STG: staged rows in sc_swz<float, DK>'s layout (gdn_scratch.cuh)
-
 // STG: the W rows (head j) and Q rows (key head hk) of the chunk at t0 (n tokens) into Ws, Qs ([GC_CHUNK][DK] each,
-// chunk q of row r at q ^ sc_swz(r)); rows past n are left as they are (never read: gsm_ws_qs reads a row only
+// chunk q of row r at sc_stage_off(q, r), gdn_scratch.cuh's float layout); rows past n are left as they are (never read: gsm_ws_qs reads a row only
 // where it is inside the chunk)
 template <int DK>
 __device__ __forceinline__ void gsm_stage(float* Ws, float* Qs, const float* w_s, const float* qk_s, long long t0,
                                           int n, int j, int hk, int HV, int HK, int tid, int nthreads) {
     constexpr int QPR = DK / 4;  // 16-byte chunks per row
     for (int e = tid; e < n * QPR; e += nthreads) {
-        const int r = e / QPR, q = e % QPR, d = 4 * (q ^ sc_swz<float, DK>(r));
+        const int r = e / QPR, q = e % QPR, d = sc_stage_off<float, DK>(q, r);
         cp_async_f4(Ws + r * DK + d, w_s + ((t0 + r) * HV + j) * DK + 4 * q);
         cp_async_f4(Qs + r * DK + d, qk_s + ((t0 + r) * HK + hk) * 2 * DK + 4 * q);
     }

@@ -63,7 +63,7 @@ __device__ __forceinline__ void wsp_rows_s2(const float* x0, const float* x1, bo
     float odd[NTN][4] = {};
 #pragma unroll
     for (int kb = 0; kb < DK / 16; ++kb) {
-        const int d = SWZ ? 4 * ((4 * kb + t) ^ sw) : 16 * kb + 4 * t;
+        const int d = SWZ ? sc_swz_off<float>(kb, t, sw) : 16 * kb + 4 * t;
         const float4 a0 = sc_ld4(x0 + d, v0), a1 = sc_ld4(x1 + d, v1);
         const Tf32A a[2] = {tf32_a(a0.x, a1.x, a0.y, a1.y), tf32_a(a0.z, a1.z, a0.w, a1.w)};
 #pragma unroll
@@ -314,13 +314,13 @@ __global__ void __launch_bounds__(256, wsp_pair(DK, QSTG) ? 2 : 1)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
         if constexpr (wsp_pair(DK, QSTG)) setmaxnreg_inc<WSP_WALK_REGS>();
 #endif
-        wsp_walk<S, DK, DVS, QSTG, CH, SC>(qk_s, w_s, a_s, u_s, g_s, st, Sf, Vf, gate, Ws, t_beg, t_end, j, hk, HK, HV, DV,
-                                   c0, tid);
+        wsp_walk<S, DK, DVS, QSTG, CH, SC>(qk_s, w_s, a_s, u_s, g_s, st, Sf, Vf, gate, Ws, t_beg, t_end, j, hk, HK,
+                                           HV, DV, c0, tid);
     } else {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
         if constexpr (wsp_pair(DK, QSTG)) setmaxnreg_dec<WSP_OUT_REGS>();
 #endif
-        wsp_out<T, DK, DVS, QSTG, CH, SC>(qk_s, a_s, g_s, o, Sf, Vf, gate, Qs, t_beg, t_end, j, hk, HK, HV, DV, c0, ldo,
-                                  tid - 128);
+        wsp_out<T, DK, DVS, QSTG, CH, SC>(qk_s, a_s, g_s, o, Sf, Vf, gate, Qs, t_beg, t_end, j, hk, HK, HV, DV, c0,
+                                          ldo, tid - 128);
     }
 }

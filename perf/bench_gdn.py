@@ -95,9 +95,7 @@ def bench_gdn(
         ref = outs["serial"]
         for v in two:
             fig[f"{v}_cols_bitwise_equal"] = bool(np.array_equal(outs[f"{v}16"], outs[f"{v}32"]))
-            fig[f"{v}_vs_serial"] = float(
-                np.max(np.abs(outs[f"{v}16"] - ref)) / max(np.max(np.abs(ref)), 1e-30)
-            )
+            fig[f"{v}_vs_serial"] = _rel(outs[f"{v}16"], ref)
     if act == "float" and "tc" in two:  # the state passes after the tc prep: the tc variant's bits
         for v in ("split", "tc8", "tcs", "wsp", "wspq"):
             if v in two:
@@ -106,13 +104,11 @@ def bench_gdn(
     # columns still the same bits
     base = "tc" if "tc" in two else "wsp"
     if act == "float" and "wsp2" in two and base in two:
-        ref = outs[f"{base}32"]
-        fig["wsp2_vs_tc"] = float(np.max(np.abs(outs["wsp232"] - ref)) / max(np.max(np.abs(ref)), 1e-30))
+        fig["wsp2_vs_tc"] = _rel(outs["wsp232"], outs[f"{base}32"])
         fig["wsp2_cols_bitwise_equal"] = bool(np.array_equal(outs["wsp216"], outs["wsp232"]))
     # "wspb" (the bf16 scratch): how far from the float scratch's outputs, 16 / 32 columns the same bits
     if act == "float" and "wspb" in two and base in two:
-        ref = outs[f"{base}32"]
-        fig["wspb_vs_tc"] = float(np.max(np.abs(outs["wspb32"] - ref)) / max(np.max(np.abs(ref)), 1e-30))
+        fig["wspb_vs_tc"] = _rel(outs["wspb32"], outs[f"{base}32"])
         fig["wspb_cols_bitwise_equal"] = bool(np.array_equal(outs["wspb16"], outs["wspb32"]))
     if "tcs" not in two:
         return fig
@@ -147,6 +143,11 @@ def bench_gdn(
         fig["tc_prep_speedup"] = fig["mma16_prep_ms"] / fig["tc16_prep_ms"]
         fig["state_speedup"] = fig[f"fp32{auto}_state_ms"] / fig[f"mma{auto}_state_ms"]
     return fig
+
+
+def _rel(got: np.ndarray, ref: np.ndarray) -> float:
+    """max |got - ref| / max |ref|."""
+    return float(np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-30))
 
 
 def _split_ms(call: Any) -> tuple[float, float]:

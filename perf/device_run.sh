@@ -353,15 +353,19 @@ run_ws_ab() {  # whole-model prefill with the warp-specialized attention off / o
       --attention-ws $m --out "$OUT/ws_$m" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/ws_ab.txt"
   done
 }
+gdn_variant_ab() {  # FILE LENGTHS VARIANT...: the whole-model prefill (ninfer-perf) per GDN variant into $OUT/FILE
+  local file=$1 lens=$2 v; shift 2
+  for v in "$@"; do
+    timeout ${WS_AB_TIMEOUT:-150} python3 -m perf.cli --quick --no-transformers --prefill $lens --lanes '' \
+      --gdn-variant $v --out "$OUT/gdn_$v" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/$file"
+  done
+}
 run_wsp() {  # the GDN state pass on two warp groups (gdn_state_wsp.cuh): its GPU tests (bitwise the tc variant's),
   # bench_gdn against tc / tcs at the 27B / 35B-A3B chunk shapes, then the whole-model prefill per variant (WSP_VARIANTS)
   TEST_FILES=tests/test_cuda_ops.py PYTEST_K=gdn_chunked run_tests
   timeout ${BENCH_TIMEOUT:-240} python3 -m perf.bench_gdn --models 27b,35b --batches ${GDN_BATCHES:-1x4096,1x8192} \
     --variants tc,tcs,wsp,wspq --out "$OUT/results" 2>&1 | grep -v '^{' | tee "$OUT/bench_gdn_wsp.txt" | tail -6
-  for v in ${WSP_VARIANTS:-tcs wsp}; do
-    timeout ${WS_AB_TIMEOUT:-150} python3 -m perf.cli --quick --no-transformers --prefill 8192,32768 --lanes '' \
-      --gdn-variant $v --out "$OUT/gdn_$v" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/wsp_ab.txt"
-  done
+  gdn_variant_ab wsp_ab.txt 8192,32768 ${WSP_VARIANTS:-tcs wsp}
 }
 run_wspb() {  # session 35: the bf16 GDN scratch ("wspb", cuda_src/gdn_scratch.cuh): bench_gdn against wsp at the
   # 27B / 35B-A3B chunk shapes, its GPU tests, the whole-model prefill per variant (wsp, wspb; WSPB_PREFILL lengths)
@@ -369,10 +373,7 @@ run_wspb() {  # session 35: the bf16 GDN scratch ("wspb", cuda_src/gdn_scratch.c
     --variants wsp,wspb --out "$OUT/results" 2>&1 | grep -v '^{' | tee "$OUT/bench_gdn_wspb.txt" | tail -8
   timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider -rf --timeout 200 tests/test_cuda_ops.py \
     -k "gdn_chunked and wspb" > "$OUT/wspb_tests.txt" 2>&1; tail -3 "$OUT/wspb_tests.txt"
-  for v in ${WSP_VARIANTS:-wsp wspb}; do
-    timeout ${WS_AB_TIMEOUT:-150} python3 -m perf.cli --quick --no-transformers --prefill ${WSPB_PREFILL:-8192,32768} --lanes '' \
-      --gdn-variant $v --out "$OUT/gdn_$v" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/wspb_ab.txt"
-  done
+  gdn_variant_ab wspb_ab.txt ${WSPB_PREFILL:-8192,32768} ${WSP_VARIANTS:-wsp wspb}
 }
 run_wsp_probe() {  # Nsight Compute on one "wsp" state launch (35B-A3B heads, one 8192-row chunk): stall reasons,
   # scheduler issue and the source lines the warps stall on (both warp groups together)

@@ -81,24 +81,14 @@ STATE_VARIANTS = {
 # its products on those operands take two mmas instead of three: the bits of wsp over a scratch rounded to bf16
 # (host test), which is ``ops_gdn.gdn_chunked(scratch=bf16_round)``'s form; its fidelity cost is measured in
 # docs/cuda.md "The bf16 scratch's fidelity, measured"
-_TC_PREP = (
-    "tc",
-    "split",
-    "tc8",
-    "tcs",
-    "wsp",
-    "wspq",
-    "wsp2",
-    "wspb",
-)  # the variants after gdn_chunk_prep_tc
+# the variants after gdn_chunk_prep_tc
+_TC_PREP = ("tc", "split", "tc8", "tcs", "wsp", "wspq", "wsp2", "wspb")
 # warps per state-pass block where not 4 (tc8's NWARP; the wsp kernels' two warp groups)
 _STATE_WARPS = {"tc8": 8, "wsp": 8, "wspq": 8, "wsp2": 8, "wspb": 8}
 _STAGED = ("tcs",)  # the state pass with its W and Q rows staged in shared memory (template argument STG)
 # gdn_chunk_state_wsp<T, S, dk, cols, QSTG, CH, SC>
 _WSP = {"wsp": "", "wspq": ", true", "wsp2": ", false, 2", "wspb": ", false, 1, bf16"}
 SCRATCH_BF16 = ("wspb",)  # the variants whose q|k, W and A scratch sections are bf16
-# the model's chunked GDN prefill by its scratch precision (CudaQwen36(prefill_gdn=...), ninfer serve --prefill-gdn)
-PREFILL_GDN = {"exact": "wsp", "bf16": "wspb"}
 # "mma" (855128a): 1.53x the fp32 variant on one 8192-token sequence of the 27B's heads. "tc" (6688cc6, H200,
 # perf/bench_gdn.py, perf/results/bench_gdn_6688cc6.txt; its GPU tests pass): the prep 1.028 -> 0.642 ms (27B heads)
 # and 0.716 -> 0.468 ms (35B-A3B) on a 4096-token chunk, 1.6x at every batch shape measured; the outputs within
@@ -114,6 +104,8 @@ PREFILL_GDN = {"exact": "wsp", "bf16": "wspb"}
 # 8192 rows and 32 columns 1.182 -> 1.102 ms (35B-A3B heads), 1.908 -> 1.758 (27B), H100,
 # perf/results/bench_gdn_put_f94fc38_h100.txt
 DEFAULT_VARIANT = "wsp"
+# the model's chunked GDN prefill by its scratch precision (CudaQwen36(prefill_gdn=...), ninfer serve --prefill-gdn)
+PREFILL_GDN = {"exact": DEFAULT_VARIANT, "bf16": "wspb"}
 
 
 def _chunk_names(variant: str, t: str, st: str, dk: int, cols: int) -> tuple[str, str]:

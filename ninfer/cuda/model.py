@@ -135,7 +135,6 @@ class CudaQwen36:
 
         if prefill_gdn not in PREFILL_GDN:
             raise ValueError(f"prefill_gdn: one of {tuple(PREFILL_GDN)}, got {prefill_gdn!r}")
-        self.prefill_gdn = prefill_gdn
         self.gdn_variant = PREFILL_GDN[prefill_gdn]
         # the chunked prefill's causal conv computed inside the GDN prep (gdn_chunked(conv=...): no conv output
         # array; bitwise the separate causal_conv); off only for A/B runs (ninfer-perf --gdn-conv-prep; measured
@@ -479,8 +478,8 @@ def load_cuda(artifact: Any, **opts: Any) -> CudaQwen36:
     """Upload an artifact (path or opened ``Artifact``) to the GPU as a ``CudaQwen36``.
 
     ``opts``: ``act_dtype``, ``state_dtype``, ``kv_dtype``, ``prefill_gemm``, ``cuda_graph``, ``attn_chunk``,
-    ``memory_reserve_bytes``, ``prefill_inputs``, ``prefill_weights``, ``prefill_attention``, ``prefill_gdn`` (see ``CudaQwen36``) and ``progress`` (upload
-    bar, default on)."""
+    ``memory_reserve_bytes``, ``prefill_inputs``, ``prefill_weights``, ``prefill_attention``, ``prefill_gdn`` (see
+    ``CudaQwen36``) and ``progress`` (upload bar, default on)."""
     from ninfer.artifact import open_artifact
     from ninfer.cuda.upload import upload_artifact
 
