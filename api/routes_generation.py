@@ -1,7 +1,7 @@
 """The generation endpoints — POST /v1/chat/completions (OpenAI), /v1/messages and /v1/messages/count_tokens
 (Anthropic), /v1/responses (OpenAI Responses): each validates and translates its body (openai_chat.py,
-anthropic.py, responses.py) into the one GenerateRequest — off the event loop when the body is large
-(validation.prepare) —, builds its output (*_output.py) and runs through the shared request plumbing
+anthropic.py, responses.py) into the one GenerateRequest and its log record — off the event loop when the body is
+large (validation.prepare): the record walks every message —, builds its output (*_output.py) and runs through the shared request plumbing
 (routes_common.py): a JSON body or an SSE stream. app.py mounts them.
 """
 
@@ -38,23 +38,23 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     body = await request.body()
     rid = new_completion_id()
 
-    def translate() -> tuple[ChatRequest, GenerateRequest]:
+    def translate() -> tuple[ChatRequest, GenerateRequest, dict[str, Any]]:
         req = parse_chat_request(body, svc.limits)
         check_depth(req, ApiError)
         greq = to_generate_request(req, svc.limits, rid, client_name(request), svc.template_defaults)
         check_depth(greq, ApiError)  # JSON parsed out of strings (tool-call arguments) may nest deeper
-        return req, greq
+        record = request_record(
+            greq,
+            protocol="openai_chat_completions",
+            model=req.model,
+            stream=req.stream,
+            messages=len(req.messages),
+            client_max=bool(req.max_completion_tokens or req.max_tokens),
+            claim=client_claim(request, req.user),
+        )
+        return req, greq, record
 
-    req, greq = await prepare(body, translate, ApiError)
-    record = request_record(
-        greq,
-        protocol="openai_chat_completions",
-        model=req.model,
-        stream=req.stream,
-        messages=len(req.messages),
-        client_max=bool(req.max_completion_tokens or req.max_tokens),
-        claim=client_claim(request, req.user),
-    )
+    req, greq, record = await prepare(body, translate, ApiError)
     track, events = await admit(svc, greq, record, "chat_completions", t0, ApiError)
     created = int(time.time())
     thinking, tools = output_mode(greq)
@@ -71,17 +71,23 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Any:
 
 async def _anthropic(
     request: Request[Any, Any, Any], svc: Service, rid: str, count: bool = False
-) -> tuple[am.AnthropicRequest, GenerateRequest]:
+) -> tuple[am.AnthropicRequest, GenerateRequest, dict[str, Any]]:
+    """The request, its GenerateRequest and (unless counting tokens) its log record."""
     body = await request.body()
 
-    def translate() -> tuple[am.AnthropicRequest, GenerateRequest]:
+    def translate() -> tuple[am.AnthropicRequest, GenerateRequest, dict[str, Any]]:
         req = am.parse_messages_request(body, svc.limits.max_context, require_max_tokens=not count)
         check_depth(req, am.AnthropicError)
         greq = am.to_generate_request(
             req, rid, client_name(request), svc.template_defaults, svc.config.default_max_tokens
         )
         check_depth(greq, am.AnthropicError)  # JSON parsed out of strings may nest deeper
-        return req, greq
+        if count:
+            return req, greq, {}
+        record = request_record(greq, protocol="anthropic_messages", model=req.model, stream=req.stream,
+                                messages=len(req.messages), client_max=req.max_tokens is not None,
+                                claim=client_claim(request, None))  # fmt: skip
+        return req, greq, record
 
     return await prepare(body, translate, am.AnthropicError)
 
@@ -91,10 +97,7 @@ async def messages(request: Request[Any, Any, Any]) -> Any:
     svc = service(request)
     t0 = time.perf_counter()
     mid = new_id("msg_")
-    req, greq = await _anthropic(request, svc, mid)
-    record = request_record(greq, protocol="anthropic_messages", model=req.model, stream=req.stream,
-                            messages=len(req.messages), client_max=req.max_tokens is not None,
-                            claim=client_claim(request, None))  # fmt: skip
+    req, greq, record = await _anthropic(request, svc, mid)
     track, events = await admit(svc, greq, record, "messages", t0, am.AnthropicError)
     thinking, tools = output_mode(greq)
     if req.stream:
@@ -112,7 +115,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> Any:
     """Counted on the actor's prompt worker (no model run); logged as a ``count_tokens`` record."""
     svc = service(request)
     t0 = time.perf_counter()
-    req, greq = await _anthropic(request, svc, new_id("count_"), count=True)
+    req, greq, _ = await _anthropic(request, svc, new_id("count_"), count=True)
     n = await svc.backend.count_tokens(greq)
     rec = {"request_id": svc.next_request_id(), "engine_request_id": greq.request_id,
            "protocol": "anthropic_count_tokens", "model": req.model, "message_count": len(req.messages),
@@ -137,19 +140,19 @@ async def responses(request: Request[Any, Any, Any]) -> Any:
     body = await request.body()
     rid = new_id("resp_")
 
-    def translate() -> tuple[rs.ResponsesRequest, GenerateRequest]:
+    def translate() -> tuple[rs.ResponsesRequest, GenerateRequest, dict[str, Any]]:
         req = rs.parse_responses_request(body, svc.limits.model_id, svc.limits.max_context)
         check_depth(req, ApiError)
         greq = rs.to_generate_request(
             req, rid, client_name(request), svc.template_defaults, svc.config.default_max_tokens
         )
         check_depth(greq, ApiError)  # JSON parsed out of strings (call arguments) may nest deeper
-        return req, greq
+        record = request_record(greq, protocol="openai_responses", model=req.model, stream=req.stream,
+                                messages=len(greq.messages or ()), client_max=req.max_output_tokens is not None,
+                                claim=client_claim(request, req.user))  # fmt: skip
+        return req, greq, record
 
-    req, greq = await prepare(body, translate, ApiError)
-    record = request_record(greq, protocol="openai_responses", model=req.model, stream=req.stream,
-                            messages=len(greq.messages or ()), client_max=req.max_output_tokens is not None,
-                            claim=client_claim(request, req.user))  # fmt: skip
+    req, greq, record = await prepare(body, translate, ApiError)
     track, events = await admit(svc, greq, record, "responses", t0, ApiError)
     created = int(time.time())
     thinking, tools = output_mode(greq)
