@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from ninfer.cuda import options as cuda_options
 from ninfer.engine.config import MOE_PREFILL_CHUNK, PREFILL_CHUNK, EngineConfig
 
 from .config import (
@@ -103,39 +104,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="--backend null: the step spins holding the GIL (as the CUDA engine's thread does) instead of sleeping",
     )
-    p.add_argument(
-        "--activations",
-        default="fp32",
-        choices=("fp32", "bf16"),
-        help="CUDA activation dtype; bf16 prefills faster but rounds what the model computes",
-    )
-    p.add_argument(
-        "--prefill-inputs",
-        default="fp16",
-        choices=("exact", "fp16"),
-        help="CUDA prefill GEMM inputs (fp32 activations): exact (two MMAs) or fp16 (rounded per row, one MMA)",
-    )
-    p.add_argument(
-        "--prefill-attention",
-        default="bf16",
-        choices=("exact", "p-bf16", "bf16"),
-        help="CUDA prefill attention operands: exact (float q and probabilities as bf16 pairs), p-bf16 "
-        "(probabilities rounded to bf16) or bf16 (q too); docs/cuda.md gives the measured cost",
-    )
-    p.add_argument(
-        "--prefill-gdn",
-        default="exact",
-        choices=("exact", "bf16"),
-        help="CUDA chunked GDN prefill: exact (a float scratch) or bf16 (the normed q, k and the chunk products W, A "
-        "stored as bf16 for the state pass: half its reads); docs/cuda.md gives the measured cost",
-    )
-    p.add_argument(
-        "--prefill-weights",
-        default="auto",
-        choices=("auto", "resident", "scratch"),
-        help="CUDA fp16-mode prefill: keep each weight's fp16 operand on the device instead of converting it per "
-        "chunk: auto (in the memory the plan leaves spare), resident (all, or refuse to start), scratch (none)",
-    )
+    cuda_options.add_arguments(p)  # --activations, --prefill-inputs, --prefill-attention, --prefill-gdn, ...
     p.add_argument(
         "--no-prefix-reuse",
         action="store_true",
@@ -271,11 +240,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
         null_step_ms=a.null_step_ms,
         null_busy=a.null_busy,
         cuda_graph=not a.no_cuda_graph,
-        activations=a.activations,
-        prefill_inputs=a.prefill_inputs,
-        prefill_attention=a.prefill_attention,
-        prefill_gdn=a.prefill_gdn,
-        prefill_weights=a.prefill_weights,
+        **{o.name: getattr(a, o.name) for o in cuda_options.CUDA_OPTIONS},
         cors=a.cors,
         prompt_tokens_details=a.prompt_tokens_details,
         max_request_mib=a.max_request_mib,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ninfer.cuda import options as cuda_options
+from ninfer.cuda.options import DEFAULTS as CUDA_DEFAULTS
 from ninfer.engine.config import GDN_STATE_DTYPES, KV_DTYPES, SPEC_MODES, EngineConfig, EngineConfigError
 
 __all__ = [
@@ -57,14 +59,12 @@ class ServerConfig:
     null_step_ms: float = 1.5  # --backend null: the time of one engine step (no model runs)
     null_busy: bool = False  # --backend null: the step spins holding the GIL (as the CUDA engine's thread) instead of sleeping
     cuda_graph: bool = True
-    activations: str = "fp32"  # CUDA activation dtype: fp32 (exact operands) or bf16 (opt-in, faster prefill)
-    prefill_inputs: str = "fp16"  # CUDA prefill GEMM inputs with fp32 activations: fp16 (per row) or exact
-    prefill_attention: str = (
-        "bf16"  # CUDA prefill attention operands: bf16 (q and P rounded), p-bf16 or exact
-    )
-    prefill_gdn: str = "exact"  # CUDA chunked GDN prefill scratch: exact (float) or bf16 (q, k, W, A rounded)
-    # CUDA fp16-mode prefill operands kept on the device: auto (where memory allows), resident, scratch
-    prefill_weights: str = "auto"
+    # the CUDA backend's precision and memory options (ninfer/cuda/options.py: choices, help, docs/cuda.md: costs)
+    activations: str = CUDA_DEFAULTS["activations"]  # fp32 (exact operands) or bf16 (opt-in, faster prefill)
+    prefill_inputs: str = CUDA_DEFAULTS["prefill_inputs"]  # prefill GEMM inputs with fp32 activations
+    prefill_attention: str = CUDA_DEFAULTS["prefill_attention"]  # prefill attention operands
+    prefill_gdn: str = CUDA_DEFAULTS["prefill_gdn"]  # the chunked GDN prefill's scratch
+    prefill_weights: str = CUDA_DEFAULTS["prefill_weights"]  # fp16-mode prefill operands kept on the device
     cors: bool = False
     # chat usage.prompt_tokens_details.cached_tokens (off: upstream's contract compares a request's usage
     # streamed and unstreamed, and the second of two identical requests reuses more of its prompt)
@@ -97,20 +97,7 @@ class ServerConfig:
 
         if not 1 <= self.port <= 65535:
             raise ServerConfigError(f"--port: must be in 1..65535, got {self.port}")
-        if self.activations not in ("fp32", "bf16"):
-            raise ServerConfigError(f"--activations: fp32 or bf16, got {self.activations!r}")
-        if self.prefill_inputs not in ("exact", "fp16"):
-            raise ServerConfigError(f"--prefill-inputs: exact or fp16, got {self.prefill_inputs!r}")
-        if self.prefill_attention not in ("exact", "p-bf16", "bf16"):
-            raise ServerConfigError(
-                f"--prefill-attention: exact, p-bf16 or bf16, got {self.prefill_attention!r}"
-            )
-        if self.prefill_gdn not in ("exact", "bf16"):
-            raise ServerConfigError(f"--prefill-gdn: exact or bf16, got {self.prefill_gdn!r}")
-        if self.prefill_weights not in ("auto", "resident", "scratch"):
-            raise ServerConfigError(
-                f"--prefill-weights: auto, resident or scratch, got {self.prefill_weights!r}"
-            )
+        cuda_options.check(self, ServerConfigError)
         positive("--default-max-tokens", self.default_max_tokens)
         positive("--max-request-mib", self.max_request_mib)
         if self.backend not in BACKENDS:

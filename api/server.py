@@ -19,6 +19,7 @@ from ninfer.actors.router import ReplicaRouter
 
 from ninfer.architectures import CUDA_ARCHITECTURES
 from ninfer.artifact import open_artifact
+from ninfer.cuda import options as cuda_options
 
 from .app import build_app
 from .auth import KeyFileError, KeyRing, load_key_file
@@ -82,14 +83,7 @@ def cuda_refusal(cfg: ServerConfig, backend: str, arch: str | None, *, gpus: int
 def actor_spec(cfg: ServerConfig, backend: str) -> ActorSpec:
     options: dict[str, object] = {}
     if backend == "cuda":
-        options = {
-            "cuda_graph": cfg.cuda_graph,
-            "act_dtype": cfg.activations,
-            "prefill_inputs": cfg.prefill_inputs,
-            "prefill_attention": cfg.prefill_attention,
-            "prefill_gdn": cfg.prefill_gdn,
-            "prefill_weights": cfg.prefill_weights,
-        }
+        options = {"cuda_graph": cfg.cuda_graph, **cuda_options.backend_options(cfg)}
         if cfg.memory_reserve_gib:  # GPU memory the runner's plan leaves to other programs
             options["memory_reserve_bytes"] = int(cfg.memory_reserve_gib * (1 << 30))
     elif backend == "null":

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ninfer.cuda import options as cuda_options
+
 from .bench_model import bench_decode, bench_followup, bench_prefill, model_bytes
 from .bench_peers import copy_bandwidth, gemm_bf16, transformers_peer
 from .report import plot, table
@@ -73,8 +75,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     tensors = synthetic_tensors(mc, args.profile, mtp=args.spec > 0)
     phase("tensors")
     net = CudaQwen36(
-        mc, tensors, act_dtype=args.activations, prefill_inputs=args.prefill_inputs,
-        prefill_attention=args.prefill_attention, prefill_gdn=args.prefill_gdn,
+        mc, tensors, **cuda_options.backend_options(args),
         **({"attn_chunk": args.attn_chunk} if args.attn_chunk else {}),
     )  # fmt: skip
     if args.gdn_variant:
@@ -93,7 +94,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     )
     pages = -(-(longest + 64) // 16)
     seqs = Sequences(net, slots=16, pages=pages * 10, page_size=16, context=longest + 64)
-    net.prefill_weights = args.prefill_weights  # the server's default: kept where memory allows
+    # --prefill-weights (auto, as served: where memory allows), once the KV pool is sized
     kept = net.keep_prefill_operands(leave=OPERAND_LEAVE)
     phase("allocate")
     chunk = args.chunk or default_prefill_chunk(mc)  # the server's default for this model unless given
@@ -174,31 +175,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default="perf/results", help="directory for the JSON and PNG")
     p.add_argument("--commit", default="unknown", help="commit id recorded with the results")
-    p.add_argument("--activations", default="fp32", choices=("fp32", "bf16"), help="CUDA activation dtype")
-    p.add_argument(
-        "--prefill-inputs",
-        default="fp16",
-        choices=("exact", "fp16"),
-        help="CUDA prefill GEMM inputs (fp32 activations)",
-    )
-    p.add_argument(
-        "--prefill-attention",
-        default="bf16",
-        choices=("exact", "p-bf16", "bf16"),
-        help="CUDA prefill attention operands (ninfer/cuda/attention_prefill.py PRECISIONS)",
-    )
-    p.add_argument(
-        "--prefill-gdn",
-        default="exact",
-        choices=("exact", "bf16"),
-        help="CUDA chunked GDN prefill scratch (ninfer serve --prefill-gdn; --gdn-variant overrides its kernels)",
-    )
-    p.add_argument(
-        "--prefill-weights",
-        default="auto",
-        choices=("auto", "resident", "scratch"),
-        help="fp16 prefill operands kept on the device (ninfer serve --prefill-weights; default auto, as served)",
-    )
+    cuda_options.add_arguments(p)  # as ninfer serve takes them: --activations, --prefill-inputs, ...
     p.add_argument(
         "--gdn-variant",
         default=None,

@@ -16,6 +16,9 @@ from ninfer.api.openai_chat import ChatLimits, parse_chat_request, to_generate_r
 from ninfer.api.openai_chat_output import ChatStream
 from ninfer.api.reqlog import RequestLog, RequestLogError
 
+from ninfer.cuda.options import CUDA_OPTIONS, CudaOption
+from ninfer.cuda.options import DEFAULTS as CUDA_DEFAULTS
+
 LIMITS = ChatLimits(model_id="m", max_context=64, default_max_tokens=16)
 
 
@@ -381,69 +384,50 @@ def test_no_cuda_graph_is_a_backend_option_not_an_engine_option() -> None:
     assert actor_spec(cfg, "reference").backend_options == {}
 
 
-def test_activations_flag_reaches_the_cuda_backend() -> None:
+@pytest.mark.parametrize("opt", CUDA_OPTIONS, ids=lambda o: o.name)
+def test_cuda_option_flags_reach_the_cuda_backend(opt: CudaOption) -> None:
+    """Every choice of ``ninfer serve``'s CUDA options (--activations, --prefill-*) reaches CudaQwen36's keyword; the
+    default is the table's; a value outside the choices is a ServerConfigError naming the flag."""
     from ninfer.api.cli import config_from_args
     from ninfer.api.server import actor_spec
 
     from ninfer.cli import _parser
 
-    a = _parser().parse_args(["serve", "a.ninfer", "--activations", "bf16"])
-    assert actor_spec(config_from_args(a), "cuda").backend_options["act_dtype"] == "bf16"
-    with pytest.raises(ServerConfigError, match="--activations"):
-        ServerConfig(artifact="a.ninfer", activations="fp16")
+    for v in opt.choices:
+        a = _parser().parse_args(["serve", "a.ninfer", opt.flag, v])
+        assert actor_spec(config_from_args(a), "cuda").backend_options[opt.keyword] == v
+    assert getattr(_parser().parse_args(["serve", "a.ninfer"]), opt.name) == opt.default
+    with pytest.raises(ServerConfigError, match=opt.flag):
+        ServerConfig(artifact="a.ninfer", **{opt.name: "fp8-e5m2"})
 
 
-def test_prefill_inputs_flag_reaches_the_cuda_backend() -> None:
-    from ninfer.api.cli import config_from_args
-    from ninfer.api.server import actor_spec
+def test_cuda_options_are_the_backends() -> None:
+    """The table's choices are the kernel families' own, its defaults CudaQwen36's, and ninfer-perf takes the same
+    flags with the same defaults (it measures the served configuration)."""
+    import inspect
 
-    from ninfer.cli import _parser
+    from ninfer.perf.cli import _parser as perf_parser
 
-    a = _parser().parse_args(["serve", "a.ninfer", "--prefill-inputs", "exact"])
-    assert actor_spec(config_from_args(a), "cuda").backend_options["prefill_inputs"] == "exact"
-    assert _parser().parse_args(["serve", "a.ninfer"]).prefill_inputs == "fp16"
-    with pytest.raises(ServerConfigError, match="--prefill-inputs"):
-        ServerConfig(artifact="a.ninfer", prefill_inputs="bf16")
+    from ninfer.cuda.attention_prefill import PRECISIONS
+    from ninfer.cuda.gdn import PREFILL_GDN
+    from ninfer.cuda.gemm import GEMM_INPUTS
+    from ninfer.cuda.model import CudaQwen36
+    from ninfer.cuda.operands import PREFILL_WEIGHTS
 
-
-def test_prefill_attention_flag_reaches_the_cuda_backend() -> None:
-    from ninfer.api.cli import config_from_args
-    from ninfer.api.server import actor_spec
-
-    from ninfer.cli import _parser
-
-    a = _parser().parse_args(["serve", "a.ninfer", "--prefill-attention", "exact"])
-    assert actor_spec(config_from_args(a), "cuda").backend_options["prefill_attention"] == "exact"
-    assert _parser().parse_args(["serve", "a.ninfer"]).prefill_attention == "bf16"
-    with pytest.raises(ServerConfigError, match="--prefill-attention"):
-        ServerConfig(artifact="a.ninfer", prefill_attention="fp8")
-
-
-def test_prefill_gdn_flag_reaches_the_cuda_backend() -> None:
-    from ninfer.api.cli import config_from_args
-    from ninfer.api.server import actor_spec
-
-    from ninfer.cli import _parser
-
-    a = _parser().parse_args(["serve", "a.ninfer", "--prefill-gdn", "bf16"])
-    assert actor_spec(config_from_args(a), "cuda").backend_options["prefill_gdn"] == "bf16"
-    assert _parser().parse_args(["serve", "a.ninfer"]).prefill_gdn == "exact"
-    with pytest.raises(ServerConfigError, match="--prefill-gdn"):
-        ServerConfig(artifact="a.ninfer", prefill_gdn="fp8")
-
-
-def test_prefill_weights_flag_reaches_the_cuda_backend() -> None:
-    from ninfer.api.cli import config_from_args
-    from ninfer.api.server import actor_spec
-
-    from ninfer.cli import _parser
-
-    for mode in ("auto", "resident", "scratch"):
-        a = _parser().parse_args(["serve", "a.ninfer", "--prefill-weights", mode])
-        assert actor_spec(config_from_args(a), "cuda").backend_options["prefill_weights"] == mode
-    assert _parser().parse_args(["serve", "a.ninfer"]).prefill_weights == "auto"
-    with pytest.raises(ServerConfigError, match="--prefill-weights"):
-        ServerConfig(artifact="a.ninfer", prefill_weights="always")
+    choices = {o.name: set(o.choices) for o in CUDA_OPTIONS}
+    assert choices == {
+        "activations": {"fp32", "bf16"},
+        "prefill_inputs": set(GEMM_INPUTS),
+        "prefill_attention": set(PRECISIONS),
+        "prefill_gdn": set(PREFILL_GDN),
+        "prefill_weights": set(PREFILL_WEIGHTS),
+    }
+    params = inspect.signature(CudaQwen36).parameters
+    assert {o.keyword: params[o.keyword].default for o in CUDA_OPTIONS} == {
+        o.keyword: o.default for o in CUDA_OPTIONS
+    }
+    perf = perf_parser().parse_args([])
+    assert {o.name: getattr(perf, o.name) for o in CUDA_OPTIONS} == dict(CUDA_DEFAULTS)
 
 
 # ---- OpenAPI document behind the key ---------------------------------------------------------------------
