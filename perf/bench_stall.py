@@ -1,7 +1,8 @@
 """How long one huge request stalls everyone else: a live ``ninfer serve`` (demo artifact, reference backend, local
 Ray), one streaming request running, ``/health`` probed every 20 ms, then one request of many small messages.
 
-    python -m ninfer.perf.bench_stall [--messages 1000000 ...] [--shape plain|parts] [--via http|job] [-o out.json]
+    python -m ninfer.perf.bench_stall [--messages 1000000 ...] [--shape plain|parts] [--via http|job]
+        [--concurrent N] [-o out.json]
 
 Reports the longest gap between two streamed chunks of the running request and the slowest ``/health`` answer,
 each before the huge request (the baseline) and while it is in flight (from its send to its answer), with the
@@ -15,7 +16,6 @@ list inside an object: containers the garbage collector tracks), not a string.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import socket
@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -130,13 +131,20 @@ def message(shape: str) -> dict[str, Any]:
     return {"role": "user", "content": "" if shape == "plain" else [{"type": "text", "text": ""}]}
 
 
-def send_http(url: str, messages: int, shape: str) -> tuple[int, str | None]:
+def http_sender(url: str, messages: int, shape: str) -> Any:
+    """The body built now, before the measurement: ``json.dumps`` of a million messages is one C call holding this
+    process's GIL for ~0.5-1 s, during which the probe's threads (here) could record nothing, and that pause read as
+    the server's stream gap (before session 36). ``send()`` -> (status, code) posts it."""
     body = json.dumps({"model": MODEL, "max_tokens": 2, "messages": [message(shape)] * messages}).encode()
-    r = httpx.post(url + CHAT, content=body, timeout=300)
-    try:
-        return r.status_code, r.json()["error"]["code"]
-    except Exception:
-        return r.status_code, None
+
+    def send() -> tuple[int, str | None]:
+        r = httpx.post(url + CHAT, content=body, timeout=300)
+        try:
+            return r.status_code, r.json()["error"]["code"]
+        except Exception:
+            return r.status_code, None
+
+    return send
 
 
 _JOB = """
@@ -177,6 +185,19 @@ def job_sender(address: str, actor: str, messages: int, shape: str) -> Any:
     return send
 
 
+def together(sends: list[Any]) -> Any:
+    """One ``send()`` that runs every sender at once, each on its own thread (``--concurrent``); -> the first's
+    (status, code)."""
+    if len(sends) == 1:
+        return sends[0]
+
+    def send() -> tuple[int, str | None]:
+        with ThreadPoolExecutor(len(sends)) as pool:
+            return list(pool.map(lambda f: f(), sends))[0]
+
+    return send
+
+
 def measure(
     url: str, send: Any, stream_tokens: int, settle_s: float = 1.5, headers: dict[str, str] | None = None
 ) -> dict[str, Any]:
@@ -205,6 +226,7 @@ def main() -> None:
     ap.add_argument("--shape", choices=["plain", "parts"], default="plain", help="each message's content")
     ap.add_argument("--stream-tokens", type=int, default=4000)
     ap.add_argument("--via", choices=["http", "job"], default="http", help="how the huge request is sent")
+    ap.add_argument("--concurrent", type=int, default=1, help="huge requests sent at once (http)")
     ap.add_argument("-o", "--output")
     a = ap.parse_args()
     import ray
@@ -232,10 +254,11 @@ def main() -> None:
     try:
         for n in a.messages:
             if a.via == "http":
-                send = functools.partial(send_http, url, n, a.shape)
+                send = together([http_sender(url, n, a.shape) for _ in range(a.concurrent)])
             else:
                 send = job_sender(ray.get_runtime_context().gcs_address, actor, n, a.shape)
-            res = {"messages": n, "via": a.via, "shape": a.shape, **measure(url, send, a.stream_tokens)}
+            res = {"messages": n, "via": a.via, "shape": a.shape, "concurrent": a.concurrent}
+            res |= measure(url, send, a.stream_tokens)
             print(json.dumps(res), flush=True)
             results.append(res)
     finally:
