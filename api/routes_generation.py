@@ -54,7 +54,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Any:
         )
         return req, greq, record
 
-    req, greq, record = await prepare(body, translate, ApiError)
+    req, greq, record = await prepare(body, translate, ApiError, svc.large_bodies)
     track, events = await admit(svc, greq, record, "chat_completions", t0, ApiError)
     created = int(time.time())
     thinking, tools = output_mode(greq)
@@ -89,7 +89,7 @@ async def _anthropic(
                                 claim=client_claim(request, None))  # fmt: skip
         return req, greq, record
 
-    return await prepare(body, translate, am.AnthropicError)
+    return await prepare(body, translate, am.AnthropicError, svc.large_bodies)
 
 
 @post("/v1/messages", status_code=200, **ROUTE_DOCS["messages"])
@@ -152,7 +152,7 @@ async def responses(request: Request[Any, Any, Any]) -> Any:
                                 claim=client_claim(request, req.user))  # fmt: skip
         return req, greq, record
 
-    req, greq, record = await prepare(body, translate, ApiError)
+    req, greq, record = await prepare(body, translate, ApiError, svc.large_bodies)
     track, events = await admit(svc, greq, record, "responses", t0, ApiError)
     created = int(time.time())
     thinking, tools = output_mode(greq)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -65,6 +66,8 @@ class Service:
     created: int = field(default_factory=lambda: int(time.time()))
     drain: Drain = field(default_factory=lambda: Drain(30.0))
     replicas: ReplicaRouter | None = None  # --replicas: the router (also the backend), for its metrics
+    # large request bodies are decoded and translated one at a time, in arrival order (validation.prepare)
+    large_bodies: asyncio.Lock = field(default_factory=asyncio.Lock)
     _next_id: int = 0
 
     def next_request_id(self) -> int:

@@ -193,10 +193,16 @@ T = TypeVar("T")
 LARGE_BODY_BYTES = 1 << 20
 
 
-async def prepare(body: bytes, work: Callable[[], T], err: type[ApiError]) -> T:
+async def prepare(body: bytes, work: Callable[[], T], err: type[ApiError], one_at_a_time: asyncio.Lock) -> T:
     """``work()`` — decode, check and translate ``body`` — under ``nesting_guard``; off the event loop, with the
     garbage collector paused, when the body is larger than LARGE_BODY_BYTES (the thread takes the GIL in turns with
-    the loop, which keeps answering)."""
+    the loop, which keeps answering).
+
+    Large bodies take ``one_at_a_time`` (the Service's) in arrival order: their work is Python holding the GIL in
+    5 ms turns, so two at once take as long as one after the other and each extra thread lengthens the loop's wait
+    for every turn (perf/bench_stall.py --concurrent 3, a million messages each: /health 0.54 s and the stream 0.47
+    s at worst at once, 0.17 / 0.22 s for one), and holds another decoded body in memory. A request whose client
+    leaves while its thread runs keeps the lock until the thread ends."""
 
     def guarded() -> T:
         with nesting_guard(err):
@@ -208,4 +214,10 @@ async def prepare(body: bytes, work: Callable[[], T], err: type[ApiError]) -> T:
 
     if len(body) <= LARGE_BODY_BYTES:
         return guarded()
-    return await asyncio.to_thread(paused)
+    async with one_at_a_time:
+        thread = asyncio.ensure_future(asyncio.to_thread(paused))
+        try:
+            return await asyncio.shield(thread)
+        except asyncio.CancelledError:
+            await asyncio.wait([thread])  # the lock is the thread's until it ends; then the cancel goes on
+            raise

@@ -16,6 +16,7 @@ from ninfer.api.anthropic_models import AnthropicRequest
 from ninfer.api.app import build_app
 from ninfer.api.bulk_json import STEP_BYTES, BodyDecoder, decode_in_steps
 from ninfer.api.config import ServerConfig
+from ninfer.api.errors import ApiError
 from ninfer.api.gate import Drain
 from ninfer.api.openai_chat import ChatLimits
 from ninfer.api.openai_chat_models import ChatMessage, ChatRequest
@@ -189,3 +190,38 @@ def test_a_huge_body_does_not_stall_the_event_loop() -> None:
     assert r.status_code == 200, r.text
     assert len(svc.backend.requests[0].messages) == 1_500_000
     assert worst < 0.25, f"the event loop stalled {worst:.3f} s"
+
+
+def test_large_bodies_are_prepared_one_at_a_time_in_arrival_order() -> None:
+    """Their work never overlaps (nor with a cancelled one's thread, which keeps the lock until it ends); small bodies
+    do not wait for the lock."""
+    from ninfer.api.validation import prepare
+
+    spans: list[tuple[int, float, float]] = []
+    large, small = b" " * (LARGE_BODY_BYTES + 1), b"{}"
+
+    def work(i: int) -> int:
+        t0 = time.perf_counter()
+        time.sleep(0.05)
+        spans.append((i, t0, time.perf_counter()))
+        return i
+
+    async def main() -> tuple[list[int], float]:
+        lock = asyncio.Lock()
+        first = asyncio.create_task(prepare(large, lambda: work(0), ApiError, lock))
+        await asyncio.sleep(0.01)  # its thread runs
+        first.cancel()
+        rest = [asyncio.create_task(prepare(large, lambda i=i: work(i), ApiError, lock)) for i in (1, 2, 3)]
+        await asyncio.sleep(0)
+        t = time.perf_counter()
+        assert await prepare(small, lambda: 9, ApiError, lock) == 9  # beside the queue, not behind it
+        waited = time.perf_counter() - t
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        return list(await asyncio.gather(*rest)), waited
+
+    got, waited = asyncio.run(main())
+    assert got == [1, 2, 3] and waited < 0.03
+    ordered = sorted(spans, key=lambda s: s[1])
+    assert [s[0] for s in ordered] == [0, 1, 2, 3]  # the cancelled one's thread ran to its end, first
+    assert all(a[2] <= b[1] for a, b in zip(ordered, ordered[1:], strict=False)), ordered  # none at once
