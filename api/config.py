@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.cuda import options as cuda_options
-from ninfer.cuda.options import DEFAULTS as CUDA_DEFAULTS
 from ninfer.engine.config import GDN_STATE_DTYPES, KV_DTYPES, SPEC_MODES, EngineConfig, EngineConfigError
 
 __all__ = [
@@ -60,11 +59,11 @@ class ServerConfig:
     null_busy: bool = False  # --backend null: the step spins holding the GIL (as the CUDA engine's thread) instead of sleeping
     cuda_graph: bool = True
     # the CUDA backend's precision and memory options (ninfer/cuda/options.py: choices, help, docs/cuda.md: costs)
-    activations: str = CUDA_DEFAULTS["activations"]  # fp32 (exact operands) or bf16 (opt-in, faster prefill)
-    prefill_inputs: str = CUDA_DEFAULTS["prefill_inputs"]  # prefill GEMM inputs with fp32 activations
-    prefill_attention: str = CUDA_DEFAULTS["prefill_attention"]  # prefill attention operands
-    prefill_gdn: str = CUDA_DEFAULTS["prefill_gdn"]  # the chunked GDN prefill's scratch
-    prefill_weights: str = CUDA_DEFAULTS["prefill_weights"]  # fp16-mode prefill operands kept on the device
+    activations: str = cuda_options.DEFAULTS["activations"]  # fp32 (exact operands) or bf16 (faster prefill)
+    prefill_inputs: str = cuda_options.DEFAULTS["prefill_inputs"]  # prefill GEMM inputs with fp32 activations
+    prefill_attention: str = cuda_options.DEFAULTS["prefill_attention"]  # prefill attention operands
+    prefill_gdn: str = cuda_options.DEFAULTS["prefill_gdn"]  # the chunked GDN prefill's scratch
+    prefill_weights: str = cuda_options.DEFAULTS["prefill_weights"]  # fp16 prefill operands kept resident
     cors: bool = False
     # chat usage.prompt_tokens_details.cached_tokens (off: upstream's contract compares a request's usage
     # streamed and unstreamed, and the second of two identical requests reuses more of its prompt)

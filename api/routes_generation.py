@@ -1,8 +1,8 @@
 """The generation endpoints — POST /v1/chat/completions (OpenAI), /v1/messages and /v1/messages/count_tokens
 (Anthropic), /v1/responses (OpenAI Responses): each validates and translates its body (openai_chat.py,
-anthropic.py, responses.py) into the one GenerateRequest and its log record — off the event loop when the body is
-large (validation.prepare): the record walks every message —, builds its output (*_output.py) and runs through the shared request plumbing
-(routes_common.py): a JSON body or an SSE stream. app.py mounts them.
+anthropic.py, responses.py) into the one GenerateRequest and its log record (which walks every message) — off the
+event loop when the body is large (validation.prepare) —, builds its output (*_output.py) and runs through the
+shared request plumbing (routes_common.py): a JSON body or an SSE stream. app.py mounts them.
 """
 
 from __future__ import annotations

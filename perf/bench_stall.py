@@ -188,8 +188,6 @@ def job_sender(address: str, actor: str, messages: int, shape: str) -> Any:
 def together(sends: list[Any]) -> Any:
     """One ``send()`` that runs every sender at once, each on its own thread (``--concurrent``); -> the first's
     (status, code)."""
-    if len(sends) == 1:
-        return sends[0]
 
     def send() -> tuple[int, str | None]:
         with ThreadPoolExecutor(len(sends)) as pool:
