@@ -169,7 +169,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ninfer-perf", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1K/8K prefill, 8K-context decode, 8K follow-up")
     p.add_argument("--models", default="27b,35b", help="comma list of 27b, 35b")
-    p.add_argument("--profile", default="nvfp4", help="nvfp4, q4, w8 or bf16")
+    p.add_argument(
+        "--profile", default="nvfp4", help="nvfp4, fp8, q4, w8 or bf16 (every matrix in that format)"
+    )
     p.add_argument(
         "--spec", type=int, default=0, help="also measure MTP speculation with this many draft tokens (1..5)"
     )

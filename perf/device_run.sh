@@ -30,7 +30,8 @@
 #           whole decode step), and the 35B-A3B prefill against its chunk size and the GDN state pass
 #   gdn_probe  perf/bench_gdn at a 4096-token chunk (27B, 35B-A3B) and Nsight Compute on the prep and state launches
 #   attn_probe Nsight Compute on one wgmma prefill-attention launch (27B heads, 8K prompt)
-#   gemv_probe Nsight Compute's stall reasons on the decode GEMV (NVFP4 27B gate|up) at 1 and 8 activation rows
+#   gemv_probe Nsight Compute's stall reasons on the decode GEMV (27B gate|up) per format (GEMV_PROBE_FORMATS, NVFP4 by
+#           default) and activation rows (GEMV_PROBE_ROWS, 1 and 8)
 #   gdn_pick  perf/bench_gdn, then `ninfer-perf --quick` with the fastest GDN variant of "tc", "tc8" and "split"
 #   diag    the prefill chunk's kernel timeline (profile_step --timeline: busy / idle GPU time, CuPy's glue kernels
 #           included; 27B and 35B-A3B at 4096 tokens, 35B-A3B's 256-token follow-up) and Nsight Compute's stall
@@ -297,16 +298,17 @@ run_attn_probe() {  # issue 14: Nsight Compute on one wgmma prefill-attention la
     --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio \
     python3 -m perf.bench_attention --lengths 8192 --reps 1 2>&1 | tee -a "$OUT/attn_ncu.txt" | tail -5
 }
-run_gemv_probe() {  # issue 13: why 8 activation rows cost ~1.5x one row in the decode GEMV (NVFP4, 27B gate|up):
-  # Nsight Compute's stall reasons per issued instruction, issue activity, DRAM and shared-memory traffic at 1 and 8
-  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  for rows in 1 8; do
-    echo "## rows $rows" | tee -a "$OUT/gemv_ncu.txt"
+run_gemv_probe() {  # issue 13: where the decode GEMV's time goes (27B gate|up): Nsight Compute's stall reasons per
+  # issued instruction, issue activity, DRAM and shared-memory traffic per format (GEMV_PROBE_FORMATS, default NVFP4;
+  # e.g. "Q4G64_F16S NVFP4G16_E4M3S": why Q4G64 reaches half NVFP4's bandwidth) and row count (GEMV_PROBE_ROWS)
+  local ncu fmt rows; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for fmt in ${GEMV_PROBE_FORMATS:-NVFP4G16_E4M3S}; do for rows in ${GEMV_PROBE_ROWS:-1 8}; do
+    echo "## $fmt rows $rows" | tee -a "$OUT/gemv_ncu.txt"
     timeout ${PROFILE_TIMEOUT:-200} "$ncu" --profile-from-start off --clock-control none \
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active" \
-      python3 -m perf.ncu_gemv --shape "mlp gate|up" --rows $rows 2>&1 | grep -v '^==PROF==' \
+      python3 -m perf.ncu_gemv --format $fmt --shape "mlp gate|up" --rows $rows 2>&1 | grep -v '^==PROF==' \
       | tee -a "$OUT/gemv_ncu.txt" | grep -v "  0$\|  0.0[0-9]$" | tail -40
-  done
+  done; done
 }
 run_diag() {  # issue 14: what a prefill chunk's GPU timeline holds besides the wrapped kernels, and why the GDN
   # state pass issues so little

@@ -40,7 +40,7 @@ def _profile(key: str, a: argparse.Namespace) -> None:
     mc = REG[MODELS[key]].config
     if a.layers:
         mc = dataclasses.replace(mc, num_hidden_layers=a.layers, layer_types=mc.layer_types[: a.layers])
-    net = CudaQwen36(mc, synthetic_tensors(mc, "nvfp4"), cuda_graph=False)
+    net = CudaQwen36(mc, synthetic_tensors(mc, a.profile), cuda_graph=False)
     net.warmup()
     context = a.prefill_at + a.chunk + 64
     seqs = Sequences(net, slots=4, pages=2 * -(-context // 16), page_size=16, context=context)
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> Any:
     p.add_argument("--prefill-at", type=int, default=8192)
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--layers", type=int, default=0, help="the model's first N layers only (default: all)")
+    p.add_argument("--profile", default="nvfp4", help="weight profile (perf/synthetic.py PROFILES)")
     p.add_argument("--no-gpu", action="store_true", help="host code only, over perf/nogpu.py's stand-ins")
     a = p.parse_args(argv)
     if a.no_gpu:

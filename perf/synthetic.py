@@ -21,7 +21,13 @@ from ninfer.reference.weights import expected_shapes
 
 __all__ = ["synthetic_tensors", "random_weight", "PROFILES"]
 
-PROFILES = {"nvfp4": "NVFP4G16_E4M3S", "q4": "Q4G64_F16S", "w8": "W8G32_F16S", "bf16": "BF16"}
+PROFILES = {
+    "nvfp4": "NVFP4G16_E4M3S",
+    "fp8": "FP8E4M3_F32ROW",
+    "q4": "Q4G64_F16S",
+    "w8": "W8G32_F16S",
+    "bf16": "BF16",
+}
 _E4M3_ONE = 0x38  # e4m3 code of 1.0
 
 
