@@ -31,7 +31,7 @@ from ninfer.formats import FORMATS, bf16_decode, bf16_round
 from ninfer.reference import ops
 
 F32 = np.float32
-FMTS = ("BF16", "NVFP4G16_E4M3S", "FP8E4M3_F32ROW")  # the driver's fmt codes 0, 1, 2
+FMTS = ("BF16", "NVFP4G16_E4M3S", "FP8E4M3_F32ROW", "Q4G64_F16S", "Q5G64_F16S")  # the driver's fmt codes 0-4
 PRELUDE = """#define GV_HOST_EMU 1
 #undef __align__
 #define __align__(n)  // a block-scope extern cannot carry alignas; gv_sm below is aligned, bf16 is 2-aligned anyway

@@ -539,6 +539,8 @@ int main(int argc, char** argv) {
         case 0: return gv_t<FragBF16>(tt, a, table_only);
         case 1: return gv_t<FragNVFP4>(tt, a, table_only);
         case 2: return gv_t<FragFP8<true>>(tt, a, table_only);
+        case 3: return gv_t<FragQG64<4>>(tt, a, table_only);  // the group formats: the lanes launch only
+        case 4: return gv_t<FragQG64<5>>(tt, a, table_only);
     }
     return 5;
 }
