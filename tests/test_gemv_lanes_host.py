@@ -65,7 +65,7 @@ GEMV_CASES = [
     ("NVFP4G16_E4M3S", "bf16", 4, 24, 264, 10, 2, 3, False, True),
     ("BF16", "float", 4, 70, 520, 9, 2, 3, True, True),  # 70 rows: two row blocks, the second partial
     ("FP8E4M3_F32ROW", "bf16", 8, 33, 256, 11, 2, 2, False, False),
-    ("Q4G64_F16S", "float", 8, 40, 1032, 12, 3, 4, True, False),  # the group formats: partial sums per 64-wide group
+    ("Q4G64_F16S", "float", 8, 40, 1032, 12, 3, 4, True, False),  # the group formats: 64-wide group sums
     ("Q5G64_F16S", "bf16", 4, 33, 264, 10, 2, 3, False, False),
 ]
 
