@@ -22,6 +22,7 @@ from ninfer.cuda import options as cuda_options
 from .bench_model import bench_decode, bench_followup, bench_prefill, model_bytes
 from .bench_peers import copy_bandwidth, gemm_bf16, transformers_peer
 from .report import plot, table
+from .synthetic import PROFILES
 
 __all__ = ["main", "rooflines"]
 
@@ -61,7 +62,7 @@ def bench_model(key: str, args: argparse.Namespace, ceil: dict[str, float], log:
     from ninfer.cuda.sequences import Sequences
     from ninfer.engine.config import default_prefill_chunk
 
-    from .synthetic import synthetic_tensors
+    from .synthetic import synthetic_tensors  # beside the model imports (PROFILES above is the table alone)
 
     mc = REG[MODELS[key]].config
     t0 = time.perf_counter()
@@ -169,9 +170,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ninfer-perf", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1K/8K prefill, 8K-context decode, 8K follow-up")
     p.add_argument("--models", default="27b,35b", help="comma list of 27b, 35b")
-    p.add_argument(
-        "--profile", default="nvfp4", help="nvfp4, fp8, q4, w8 or bf16 (every matrix in that format)"
-    )
+    p.add_argument("--profile", default="nvfp4", help=f"{', '.join(PROFILES)}: every matrix in that format")
     p.add_argument(
         "--spec", type=int, default=0, help="also measure MTP speculation with this many draft tokens (1..5)"
     )

@@ -359,7 +359,7 @@ gdn_variant_ab() {  # FILE LENGTHS VARIANT...: the whole-model prefill (ninfer-p
   local file=$1 lens=$2 v; shift 2
   for v in "$@"; do
     timeout ${WS_AB_TIMEOUT:-150} python3 -m perf.cli --quick --no-transformers --prefill $lens --lanes '' \
-      --gdn-variant $v --out "$OUT/gdn_$v" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/$file"
+      --gdn-variant $v --commit "${COMMIT:-unknown}" --out "$OUT/gdn_$v" 2>&1 | grep -E "prefill|follow" | tee -a "$OUT/$file"
   done
 }
 run_wsp() {  # the GDN state pass on two warp groups (gdn_state_wsp.cuh): its GPU tests (bitwise the tc variant's),

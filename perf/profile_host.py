@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from .synthetic import PROFILES
+
 
 def _profile(key: str, a: argparse.Namespace) -> None:
     import cupy
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> Any:
     p.add_argument("--prefill-at", type=int, default=8192)
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--layers", type=int, default=0, help="the model's first N layers only (default: all)")
-    p.add_argument("--profile", default="nvfp4", help="weight profile (perf/synthetic.py PROFILES)")
+    p.add_argument("--profile", default="nvfp4", help=f"{', '.join(PROFILES)}: every matrix in that format")
     p.add_argument("--no-gpu", action="store_true", help="host code only, over perf/nogpu.py's stand-ins")
     a = p.parse_args(argv)
     if a.no_gpu:
