@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from .engine_actor import CTL_GROUP, GEN_GROUP, EngineActor
+from .engine_actor import CTL_CONCURRENCY, GEN_GROUP, EngineActor
 from .messages import ActorSpec
 
 __all__ = ["actor_options", "start_actor"]
@@ -24,7 +24,8 @@ def actor_options(spec: ActorSpec, *, name: str, namespace: str, detached: bool)
         "num_cpus": 0,
         "max_restarts": -1,
         "max_task_retries": 0,
-        "concurrency_groups": {CTL_GROUP: 4, GEN_GROUP: lanes + depth + 64},
+        "max_concurrency": CTL_CONCURRENCY,  # Ray's default group: the control methods (engine_actor.py)
+        "concurrency_groups": {GEN_GROUP: lanes + depth + 64},
         "get_if_exists": False,
     }
     if detached:

@@ -54,12 +54,18 @@ from .messages import (
 from .routing import RouteState
 from .streaming import Subscription, Wake
 
-__all__ = ["EngineActor", "CTL_GROUP", "GEN_GROUP"]
+__all__ = ["EngineActor", "CTL_CONCURRENCY", "GEN_GROUP"]
 
-CTL_GROUP = "ctl"
 _LOG = logging.getLogger("ninfer.actor")
 _ENC = msgspec.msgpack.Encoder().encode
 GEN_GROUP = "gen"
+# The control methods (cancel, stats, health, ...) run in Ray's default group, sized by the actor's max_concurrency,
+# so that they answer while generation runs. It is the default group and not a second named one because Ray starts
+# each named group's loop thread with a lambda that reads the loop variable late: with two named groups a thread
+# that starts after the loop moved on runs the next group's event loop ("This event loop is already running" in
+# the other thread) and its own group's calls are never answered (seen on the 2-core CI host, ray 2.60: a replica
+# never became ready). One named group leaves that loop one iteration. tests/test_actor_options.py holds this.
+CTL_CONCURRENCY = 4
 T = TypeVar("T")
 
 
@@ -73,7 +79,9 @@ class EngineActor:
         self._t0 = time.monotonic()
         self._epoch = uuid.uuid4().hex  # a restarted actor is a new epoch: the router forgets its prefixes
         self._engine = self._open_engine(spec)
-        self._lock = threading.Lock()  # guards _handles, _cancels and _failures (gen and ctl threads)
+        self._lock = (
+            threading.Lock()
+        )  # guards _handles, _cancels and _failures (the gen and default groups' threads)
         self._handles: dict[str, Any] = {}
         self._cancels = CancelBook()  # cancels that came before their request (actors/cancels.py)
         self._failures = 0
@@ -313,7 +321,6 @@ class EngineActor:
         return [handle.accepted]
 
     # ---- control ------------------------------------------------------------------------------------
-    @ray.method(concurrency_group=CTL_GROUP)
     async def cancel(self, request_id: str) -> bool:
         """Cancel ``request_id``: True if it was running or queued here (its stream ends with a cancelled
         ``Finish``). False otherwise; unless it ended lately, the cancel is then remembered for its open, which may
@@ -327,7 +334,6 @@ class EngineActor:
         handle.cancel()
         return True
 
-    @ray.method(concurrency_group=CTL_GROUP)
     async def count_tokens(self, req: bytes | GenerateRequest) -> int | Failed:
         """Prompt tokens of ``req`` (``encode_requests([request])`` or the request itself) as ``generate`` would
         render it (nothing runs on the model). Decoded and counted on the prompt pool, whatever its size."""
@@ -347,7 +353,6 @@ class EngineActor:
             self._internal_errors += 1
         return Failed(code="internal_error", message=f"internal error: {type(e).__name__}", status=500)
 
-    @ray.method(concurrency_group=CTL_GROUP)
     async def stats(self) -> ActorStats:
         eng = adapter.engine_stats(self._engine)
         with self._lock:
@@ -366,13 +371,11 @@ class EngineActor:
             engine=eng,
         )
 
-    @ray.method(concurrency_group=CTL_GROUP)
     async def route_state(self, block_tokens: int, since: int) -> RouteState:
         """What a router needs (actors/routing.py): load, and the retained prefixes' block hashes unless they
         are still those of version ``since``."""
         return adapter.route_state(self._engine, self._epoch, block_tokens, since)
 
-    @ray.method(concurrency_group=CTL_GROUP)
     async def prompt_blocks(self, req: bytes | GenerateRequest, block_tokens: int) -> list[int] | Failed:
         """The block hashes of ``req``'s rendered prompt (a Python job routes with them: it has no tokenizer);
         rendered and hashed on the prompt pool."""
@@ -382,16 +385,13 @@ class EngineActor:
 
         return await self._on_pool("prompt_blocks", req, blocks)
 
-    @ray.method(concurrency_group=CTL_GROUP)
     async def health(self) -> Health:
         ok, detail = adapter.engine_alive(self._engine)
         return Health(ok=ok, detail=detail)
 
-    @ray.method(concurrency_group=CTL_GROUP)
     async def info(self) -> ActorInfo:
         return adapter.engine_info(self._engine)
 
-    @ray.method(concurrency_group=CTL_GROUP)
     async def shutdown(self) -> None:
         self._prompts.shutdown(wait=False, cancel_futures=True)
         adapter.close(self._engine)

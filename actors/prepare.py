@@ -11,7 +11,7 @@ collector paused (ninfer/gc_pause.py).
 
 Why each part, measured (``python -m ninfer.perf.bench_stall``, 2-core CPU host, a million empty chat messages):
 Ray unpickled the request, sent as a Struct, on the loop in 0.29 s; decoding its 20 MB of msgpack in one call
-held the GIL 0.33 s (on a worker thread too: no other thread of the actor ran meanwhile, the ctl group's loop
+held the GIL 0.33 s (on a worker thread too: no other thread of the actor ran meanwhile, the control methods' loop
 answering /health included); freeing it at once held it ~0.05 s; counting its characters took 2.2 s of Python
 (now stopped at the context's bound). Two million messages whose content is a list of parts added ten full
 collections of the garbage collector, the last 0.55 s: a running stream stalled 10-11 s.
