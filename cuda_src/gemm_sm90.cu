@@ -284,7 +284,8 @@ template <typename D, bool F16 = false>
 __global__ void __launch_bounds__(GS_THREADS)
     dequant90(const u8* __restrict__ p0, const u8* __restrict__ p1, const u8* __restrict__ p2, bf16* __restrict__ w,
               int rows, int K, long long nb) {
-    static_assert(!D::DIRECT && D::GPT == 0, "only formats without group scales fold into bf16");
+    // the group formats: their codes only, as fp16 (the fp16 mode's gemm90_f16_wsg; scales: group_scales_t)
+    static_assert(!D::DIRECT && (D::GPT == 0 || F16), "only formats without group scales fold into bf16");
     static_assert(D::BYTES <= 48 * 1024, "static shared memory");
     __shared__ __align__(1024) u8 raw[D::BYTES];
     const int kt = blockIdx.x, r0 = blockIdx.y * D::BN, tid = threadIdx.x;
@@ -295,6 +296,16 @@ __global__ void __launch_bounds__(GS_THREADS)
     cp_async_wait<0>();
     __syncthreads();
     dequant_tile<D, F16>(raw, w + (long long)r0 * K, K, nvalid, kt, tid);
+}
+
+// The group formats' f16 scales (plane p2: [rows][gpr] fp16 of weight row nb + r, gpr groups per row) as fp32
+// [gpr][rows], the scale map of gemm90_f16_wsg (one thread per output, in output order; widening is exact).
+__global__ void __launch_bounds__(256)
+    group_scales_t(const u16* __restrict__ p2, float* __restrict__ out, int rows, int gpr, long long nb) {
+    const long long i = blockIdx.x * 256ll + threadIdx.x;
+    if (i >= (long long)rows * gpr) return;
+    const int g = (int)(i / rows), r = (int)(i - (long long)g * rows);
+    out[i] = hd_f16_to_f(p2[(nb + r) * gpr + g]);
 }
 
 // ---- fp16 mode: float activations rounded once per GEMM to fp16 with a power-of-two scale per row --------------

@@ -43,27 +43,43 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const NiTensorMap* map, int
         : "memory");
 }
 
-// Shared memory: 1024-aligned ring (slot s at ring + s * WS_STAGE_BYTES: A tile, then B tile), then full[S], empty[S].
-struct WsSmem {
+// Shared memory: 1024-aligned ring (slot s at ring + s * SB: A tile, then B tile, then the group formats' scale
+// rows), then full[S], empty[S].
+template <int SB> struct WsSmemT {
     u32 ring, full, empty;
     __device__ u32 bar_full(int s) const { return full + 8 * s; }
     __device__ u32 bar_empty(int s) const { return empty + 8 * s; }
-    __device__ u32 a(int s) const { return ring + s * WS_STAGE_BYTES; }
-    __device__ u32 b(int s) const { return ring + s * WS_STAGE_BYTES + WS_A_BYTES; }
+    __device__ u32 a(int s) const { return ring + s * SB; }
+    __device__ u32 b(int s) const { return ring + s * SB + WS_A_BYTES; }
+    __device__ u32 sc(int s) const { return ring + s * SB + WS_A_BYTES + WSG_B_BYTES; }  // GPT > 0 only
 };
+
+// two consecutive fp32 of shared memory (the scales of columns c, c + 1; c even: 8-byte aligned)
+__device__ __forceinline__ float2 lds_f32x2(u32 addr) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+    return v;
+}
+
 
 // SW (gemm90_f16_ws_swiglu): W is [gate | up] (2 half rows) and column tile nt holds gate rows 128 nt .. + 127, then
 // the same features' up rows half + 128 nt ..: two 128-row boxes (mb's box is 64 x 128), the second at B + 16 KB,
 // a multiple of the swizzle's 1024-byte atom, so the slot's layout is that of one 256-row box.
-template <bool SW = false> struct WsProducer {
-    WsSmem sm;
-    const NiTensorMap *ma, *mb;
+// GPT > 0 (the group formats): mb's box is 64 x 128 code rows, and ms (the scales [groups, N] fp32) adds the K
+// tile's GPT groups' scales of the tile's 128 columns (box 128 x GPT at column n0, group GPT kt).
+template <bool SW = false, int GPT = 0> struct WsProducer {
+    static constexpr int STAGES = WsCfg<GPT>::STAGES;
+    WsSmemT<WsCfg<GPT>::STAGE_BYTES> sm;
+    const NiTensorMap *ma, *mb, *ms;
     int half;  // SW: the up rows' offset (the gate rows' count), a multiple of 128
     __device__ void wait_empty(int s, u32 parity) const { mbar_wait(sm.bar_empty(s), parity); }
     __device__ void fill(int s, int kt, int mt, int nt) const {
-        mbar_expect_tx(sm.bar_full(s), WS_STAGE_BYTES);
+        mbar_expect_tx(sm.bar_full(s), WsCfg<GPT>::TX);
         tma_load_2d(sm.a(s), ma, kt * GS_BK, mt * GS_BM, sm.bar_full(s));
-        if constexpr (SW) {
+        if constexpr (GPT > 0) {
+            tma_load_2d(sm.b(s), mb, kt * GS_BK, nt * WSG_BN, sm.bar_full(s));
+            tma_load_2d(sm.sc(s), ms, nt * WSG_BN, kt * GPT, sm.bar_full(s));
+        } else if constexpr (SW) {
             tma_load_2d(sm.b(s), mb, kt * GS_BK, nt * (WS_BN / 2), sm.bar_full(s));
             tma_load_2d(sm.b(s) + WS_B_BYTES / 2, mb, kt * GS_BK, half + nt * (WS_BN / 2), sm.bar_full(s));
         } else {
@@ -72,9 +88,15 @@ template <bool SW = false> struct WsProducer {
     }
 };
 
-template <typename D, bool SW = false> struct WsConsumer {
-    float (&acc)[WS_BN / 2];
-    WsSmem sm;
+// GPT > 0 (the group formats, D = WsGroup<GPT>): 64 x 128 outputs per warpgroup; each group's k16 steps into a
+// partial sum (g0; W8's second group of the tile g1), then acc += scale(column) * partial once they are done:
+// gemm_sm90.cu's gs_issue / gs_scale order, so every output's fp32 order is the in-loop group kernel's.
+template <typename D, bool SW = false, int GPT = 0> struct WsConsumer {
+    static constexpr int BN = WsCfg<GPT>::BN, STAGES = WsCfg<GPT>::STAGES;
+    float (&acc)[BN / 2];
+    float (&g0)[BN / 2];  // GPT > 0: the groups' partial sums (unused otherwise)
+    float (&g1)[BN / 2];
+    WsSmemT<WsCfg<GPT>::STAGE_BYTES> sm;
     int ctid;  // 0 .. 255: thread of the two consumer warpgroups (warpgroup ctid / 128 owns rows 64 (ctid / 128) ..)
     const u8 *p1, *p2;
     const float* rowf;
@@ -88,17 +110,53 @@ template <typename D, bool SW = false> struct WsConsumer {
 
     __device__ void zero() {
 #pragma unroll
-        for (int i = 0; i < WS_BN / 2; ++i) acc[i] = 0.f;
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
     }
     __device__ void wait_full(int s, u32 parity) const { mbar_wait(sm.bar_full(s), parity); }
     __device__ void mma(int s) {  // gs_issue<D, ActF16> of gemm_sm90.cu: the same four wgmmas in the same order
         const u32 a = sm.a(s) + (ctid >> 7) * 64 * 128, b = sm.b(s);
-        fence_regs(acc);
+        if constexpr (GPT > 0) {
+            mma_groups(a, b, sm.sc(s));
+        } else {
+            fence_regs(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) Wgmma<BN, true>::mma(acc, desc_sw128(a + 32 * ks), desc_sw128(b + 32 * ks), 1);
+            wgmma_commit();
+            fence_regs(acc);
+        }
+    }
+    // the group formats: the K tile's groups (gs_issue with acc0 = false: each group's first k16 step overwrites its
+    // partial), waited for at once (the other consumer warpgroup's wgmmas keep the tensor cores busy meanwhile),
+    // then gs_scale's fmaf per accumulator with the column's scale from the slot's scale rows
+    __device__ void mma_groups(u32 a, u32 b, u32 sc) {
+        fence_regs(g0);
+        if (GPT == 2) fence_regs(g1);
         wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) Wgmma<WS_BN, true>::mma(acc, desc_sw128(a + 32 * ks), desc_sw128(b + 32 * ks), 1);
+        for (int ks = 0; ks < 4; ++ks) {
+            float (&d)[BN / 2] = (GPT == 2 && ks >= 2) ? g1 : g0;
+            Wgmma<BN, true>::mma(d, desc_sw128(a + 32 * ks), desc_sw128(b + 32 * ks), (ks & (GPT == 2 ? 1 : 3)) ? 1 : 0);
+        }
         wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(g0);
+        if (GPT == 2) fence_regs(g1);
         fence_regs(acc);
+        scale_group(g0, sc);
+        if (GPT == 2) scale_group(g1, sc + WSG_BN * 4);
+        fence_regs(acc);
+    }
+    __device__ void scale_group(float (&part)[BN / 2], u32 row) {  // row: the group's 128 fp32 scales
+        const int t = ctid & 3;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const float2 sv = lds_f32x2(row + 4 * (8 * j + 2 * t));
+            acc[4 * j + 0] = fmaf(sv.x, part[4 * j + 0], acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(sv.y, part[4 * j + 1], acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(sv.x, part[4 * j + 2], acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(sv.y, part[4 * j + 3], acc[4 * j + 3]);
+        }
     }
     __device__ void retire_prev() { wgmma_wait<1>(); fence_regs(acc); }
     __device__ void retire_all() { wgmma_wait<0>(); fence_regs(acc); }
@@ -123,11 +181,11 @@ template <typename D, bool SW = false> struct WsConsumer {
     // output's rows allow it (8-byte aligned base, even ld and N: then n0 + c < N implies n0 + c + 1 < N); the values
     // are the same either way.
     template <bool SCALE> __device__ void store(float* out, long long ld, int mt, int nt) const {
-        const int m0 = mt * GS_BM, n0 = nt * WS_BN, mvalid = min(M - m0, GS_BM);
+        const int m0 = mt * GS_BM, n0 = nt * BN, mvalid = min(M - m0, GS_BM);
         const bool pairs = ((reinterpret_cast<size_t>(out) & 7) | ((size_t)ld & 1) | ((size_t)N & 1)) == 0;
         if (pairs) {
 #pragma unroll
-            for (int i = 0; i < WS_BN / 2; i += 2) {
+            for (int i = 0; i < BN / 2; i += 2) {
                 int r, c;
                 frag_rc(ctid, i, r, c);
                 if (r < mvalid && n0 + c < N) {
@@ -145,7 +203,7 @@ template <typename D, bool SW = false> struct WsConsumer {
             return;
         }
 #pragma unroll
-        for (int i = 0; i < WS_BN / 2; ++i) {
+        for (int i = 0; i < BN / 2; ++i) {
             int r, c;
             frag_rc(ctid, i, r, c);
             if (r < mvalid && n0 + c < N) {
@@ -166,37 +224,46 @@ template <typename D, bool SW = false> struct WsConsumer {
 };
 
 // The kernels' common body (ma, mb: the __grid_constant__ tensor maps' addresses).
-template <typename D, bool SW>
+// GPT > 0: the group formats (D = WsGroup<GPT>, ms the scales' map).
+template <typename D, bool SW, int GPT = 0>
 __device__ __forceinline__ void ws_gemm(const NiTensorMap* ma, const NiTensorMap* mb, const u8* __restrict__ p1,
                                         const u8* __restrict__ p2, const float* __restrict__ rowf,
                                         float* __restrict__ y, int M, int N, int K, long long ldy,
-                                        float* __restrict__ part, int splits, float* __restrict__ tmax, int half) {
-    static_assert(D::DIRECT && D::BN == WS_BN, "fp16 mode: 256 operand rows per tile");
+                                        float* __restrict__ part, int splits, float* __restrict__ tmax, int half,
+                                        const NiTensorMap* ms = nullptr) {
+    typedef WsCfg<GPT> C;
+    static_assert(D::DIRECT && D::BN == C::BN, "fp16 mode: 256 operand rows per tile (group formats: 128)");
+    static_assert(1024 + C::STAGES * C::STAGE_BYTES + 16 * C::STAGES <= WS_SMEM, "shared memory: 227 KB at most");
+    static_assert(!(SW && GPT), "gate | up tiles: formats without group scales");
     extern __shared__ __align__(1024) u8 ws_smem_raw[];
     const u32 base = smem_u32(ws_smem_raw), ring = base + ((1024 - (base & 1023)) & 1023);
-    const WsSmem sm{ring, ring + WS_STAGES * WS_STAGE_BYTES, ring + WS_STAGES * WS_STAGE_BYTES + 8 * WS_STAGES};
+    const u32 bars = ring + C::STAGES * C::STAGE_BYTES;
+    const WsSmemT<C::STAGE_BYTES> sm{ring, bars, bars + 8 * C::STAGES};
     const int tid = threadIdx.x;
     if (tid == 0) {
-        for (int s = 0; s < WS_STAGES; ++s) {
+        for (int s = 0; s < C::STAGES; ++s) {
             mbar_init(sm.bar_full(s), 1);  // the producer's arrive.expect_tx (+ the TMA's transaction bytes)
             mbar_init(sm.bar_empty(s), WS_CONSUMER_WARPS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    const WsSched sc(M, N, K, splits);
+    const WsSched sc(M, N, K, splits, C::BN);
     if (tid < 128) {  // producer warpgroup
         setmaxnreg_dec<40>();
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(ma)) : "memory");
             asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(mb)) : "memory");
-            WsProducer<SW> pr{sm, ma, mb, half};
+            if (GPT) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(ms)) : "memory");
+            WsProducer<SW, GPT> pr{sm, ma, mb, ms, half};
             ws_produce(pr, sc, blockIdx.x, gridDim.x);
         }
     } else {
         setmaxnreg_inc<232>();
-        float acc[WS_BN / 2];
-        WsConsumer<D, SW> co{acc, sm, tid - 128, p1, p2, rowf, y, M, N, ldy, part, splits, tmax, half};
+        float acc[C::BN / 2], pa[GPT ? C::BN / 2 : 1], pb[GPT == 2 ? C::BN / 2 : 1];
+        float(&q0)[C::BN / 2] = *reinterpret_cast<float(*)[C::BN / 2]>(GPT ? pa : acc);
+        float(&q1)[C::BN / 2] = *reinterpret_cast<float(*)[C::BN / 2]>(GPT == 2 ? pb : (GPT ? pa : acc));
+        WsConsumer<D, SW, GPT> co{acc, q0, q1, sm, tid - 128, p1, p2, rowf, y, M, N, ldy, part, splits, tmax, half};
         ws_consume(co, sc, blockIdx.x, gridDim.x);
     }
 }
@@ -213,6 +280,22 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                   float* __restrict__ y, int M, int N, int K, long long ldy, float* __restrict__ part, int splits) {
 #ifdef __CUDA_ARCH__
     ws_gemm<D, false>(&ma, &mb, p1, p2, rowf, y, M, N, K, ldy, part, splits, nullptr, 0);
+#endif
+}
+
+// The group-int formats' fp16 mode (Q4/5/6 g64: GPT = 1, W8 g32: GPT = 2): y[m, n] = (sum over the groups g of
+// s[g, n] * sum_{k in g} xh[m, k] c[n, k]) * rowf[m] with the codes c as fp16 rows [N, K] (mb: box 64 x 128, from
+// dequant90<D, true>) and the scales s fp32 [groups, N] (ms: box 128 x GPT, no swizzle, from group_scales_t);
+// 128-column tiles, the groups' partial sums scaled in gs_scale's order (WsConsumer::mma_groups). splits as
+// gemm90_f16_ws (S > 1: gemm90_f16_ws_reduce<WsGroup<GPT>>, row scale 1).
+template <int GPT>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    gemm90_f16_wsg(const __grid_constant__ NiTensorMap ma, const __grid_constant__ NiTensorMap mb,
+                   const __grid_constant__ NiTensorMap ms, const float* __restrict__ rowf, float* __restrict__ y,
+                   int M, int N, int K, long long ldy, float* __restrict__ part, int splits) {
+#ifdef __CUDA_ARCH__
+    ws_gemm<WsGroup<GPT>, false, GPT>(&ma, &mb, nullptr, nullptr, rowf, y, M, N, K, ldy, part, splits, nullptr, 0,
+                                      &ms);
 #endif
 }
 

@@ -294,6 +294,15 @@ template <typename F> struct DqFolded : DqBF16 {
     static HD float row_scale(const u8* p1, const u8* p2, long long n) { return F::row_scale(p1, p2, n); }
 };
 
+// The group formats' fp16 mode (gemm90_f16_wsg<GPT>, gemm_sm90_ws.cu): the operand rows hold the codes themselves
+// (dequant90<D, true> of DqQG64 / DqW8G32: small integers, exact in fp16) and the group scales multiply the partial
+// sums in the kernel, so the weight factor is 1 and only the row factor rowf remains for the epilogue.
+template <int G> struct WsGroup {
+    static constexpr int BN = 128, GPT = G;
+    static constexpr bool DIRECT = true;
+    static HD float row_scale(const u8*, const u8*, long long) { return 1.f; }
+};
+
 // The float activation split of every GEMM path (in place in the stage, Act<float>::split; once per GEMM,
 // split_hilo): hi = bf16(x) rounded to nearest even, lo = bf16(x - hi), 8 consecutive k as bf16x2 words (low half
 // = lower k). For 2^e <= |x| < 2^(e+1): |x - hi| <= 2^(e-8), and x - hi is exact in fp32 (a multiple of x's last

@@ -4,7 +4,7 @@
 // gemm_sm90_ws.cu) and on the host (std::thread per role, emulated mbarriers and TMA; tests/test_gemm_ws_host.py).
 // __host__ __device__ throughout.
 //
-// Tiles: 128 (M) x 256 (N) outputs; tile b in [0, tm * tn) -> (mt, nt) by gs_raster (groups of GS_GROUP_M row
+// Tiles: 128 (M) x 256 (N) outputs (x 128 for the group formats: WsCfg); tile b in [0, tm * tn) -> (mt, nt) by gs_raster (groups of GS_GROUP_M row
 // tiles walk the column tiles together, as the non-persistent kernels' grid does).
 // Work units (split-K): each tile's nk K tiles are cut into S splits, split s covering K tiles
 // [s nk / S, (s + 1) nk / S) (floor: lengths differ by at most one; a split may be empty only if S > nk, which the
@@ -35,6 +35,22 @@
 #define WS_A_BYTES (GS_BM * 128)  // 128 rows x 64 fp16
 #define WS_B_BYTES (WS_BN * 128)  // 256 rows x 64 fp16
 #define WS_STAGE_BYTES (WS_A_BYTES + WS_B_BYTES)
+// The group-int formats (gemm90_f16_wsg<GPT>: fp16 codes, fp32 group scales on partial sums): 128 columns per tile
+// (a consumer holds 64 accumulators and GPT x 64 partial sums), the slot's B tile 128 rows, then the K tile's GPT
+// scale rows of 128 fp32 (512 or 1024 bytes; 1024 reserved so that the slots stay 1024-aligned): 33 KB, 6 slots.
+#define WSG_BN 128
+#define WSG_B_BYTES (WSG_BN * 128)
+#define WSG_S_BYTES 1024
+#define WSG_STAGE_BYTES (WS_A_BYTES + WSG_B_BYTES + WSG_S_BYTES)
+#define WSG_STAGES 6
+
+// The ring of a kernel instance: GPT = 0 the NVFP4 / FP8 kernels' (48 KB slots), else the group formats' (33 KB);
+// TX: the bytes one fill's box copies bring (the full barrier's transaction count).
+template <int GPT> struct WsCfg {
+    static constexpr int BN = GPT ? WSG_BN : WS_BN, STAGES = GPT ? WSG_STAGES : WS_STAGES;
+    static constexpr int STAGE_BYTES = GPT ? WSG_STAGE_BYTES : WS_STAGE_BYTES;
+    static constexpr int TX = GPT ? WS_A_BYTES + WSG_B_BYTES + GPT * WSG_BN * 4 : WS_STAGE_BYTES;
+};
 
 // One work unit: output tile (mt, nt), split `split` of the sched's S, its K tiles [k0, k1).
 struct WsUnit {
@@ -43,8 +59,8 @@ struct WsUnit {
 
 struct WsSched {
     int tm, tn, nk, ntiles, splits, nunits;
-    HD WsSched(int M, int N, int K, int S)
-        : tm((M + GS_BM - 1) / GS_BM), tn((N + WS_BN - 1) / WS_BN), nk((K + GS_BK - 1) / GS_BK), ntiles(tm * tn),
+    HD WsSched(int M, int N, int K, int S, int bn = WS_BN)  // bn: the tile's columns (WS_BN, or WSG_BN)
+        : tm((M + GS_BM - 1) / GS_BM), tn((N + bn - 1) / bn), nk((K + GS_BK - 1) / GS_BK), ntiles(tm * tn),
           splits(S), nunits(tm * tn * S) {}
     HD WsUnit unit(int u) const {
         WsUnit w;
@@ -66,12 +82,13 @@ HD float ws_split_sum(const float* part, long long mn, long long i, int S) {
     return v;
 }
 
-struct WsRing {
+template <int NS> struct WsRingT {  // NS slots: WS_STAGES, or WSG_STAGES (the ops' STAGES)
     u32 it = 0;
-    HD int stage() const { return (int)(it % WS_STAGES); }
-    HD u32 parity() const { return (it / WS_STAGES) & 1u; }
+    HD int stage() const { return (int)(it % NS); }
+    HD u32 parity() const { return (it / NS) & 1u; }
     HD void next() { ++it; }
 };
+typedef WsRingT<WS_STAGES> WsRing;
 
 // The loops call the policy's members, __device__ in the kernel and host-only in the host test (whose instances never
 // reach device code): nvcc's check of host calls from __host__ __device__ templates is off for them.
@@ -86,7 +103,7 @@ struct WsRing {
 //   o.wait_empty(s, parity), o.fill(s, kt, mt, nt)
 WS_HD_TEMPLATE
 template <typename O> HD void ws_produce(O& o, const WsSched& sc, int cta, int grid) {
-    WsRing r;
+    WsRingT<O::STAGES> r;
     for (int u = cta; u < sc.nunits; u += grid) {
         const WsUnit w = sc.unit(u);
         for (int kt = w.k0; kt < w.k1; ++kt, r.next()) {
@@ -97,13 +114,14 @@ template <typename O> HD void ws_produce(O& o, const WsSched& sc, int cta, int g
 }
 
 // Consumer warpgroup: per work unit, zero the accumulators, then per K tile of its split wait for its slot, issue
-// its four k16 wgmmas (async), retire the previous K tile's wgmmas and release that slot; after the last K tile
+// its four k16 wgmmas (async; the group formats' mma also waits for them and adds the scaled partial sums), retire
+// the previous K tile's wgmmas and release that slot; after the last K tile
 // retire all and release, then the epilogue (registers -> global: y itself for S = 1, the unit's split partial for
 // S > 1) while the producer already fills the next unit's slots.
 //   o.zero(), o.wait_full(s, parity), o.mma(s), o.retire_prev(), o.retire_all(), o.release(s), o.epilogue(unit)
 WS_HD_TEMPLATE
 template <typename O> HD void ws_consume(O& o, const WsSched& sc, int cta, int grid) {
-    WsRing r;
+    WsRingT<O::STAGES> r;
     for (int u = cta; u < sc.nunits; u += grid) {
         const WsUnit w = sc.unit(u);
         o.zero();

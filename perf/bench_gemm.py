@@ -18,7 +18,10 @@ so a format's pair time minus BF16's is its dequantization pass; ``f16``: fp32 a
 ceiling = cuBLAS) with the weights dequantized once into the fp16 scratch; ``f16il``: the same with the weights
 converted in the main loop (``impl="wgmma"``; bitwise the ``f16`` result, off the default path: slower); ``f16ws``:
 ``f16`` with the warp-specialized TMA main loop, unsplit (``variant="ws1"``, cuda_src/gemm_sm90_ws.cu; bitwise the
-``f16`` result; its split-K: ``--splitk``). FLOP/s counts 2·M·N·K; float32 activations run two MMAs per k-step (exact hi/lo split), so their ceiling
+``f16`` result; its split-K: ``--splitk``); ``f16g`` / ``f16gk`` (the group formats, Q4 here): their fp16 mode,
+not yet the default (ninfer/cuda/gemm_group.py: the codes as fp16 operands, the group scales on partial sums,
+``gemm_plan.GROUP_F16`` set for the call), the operands computed per call / kept (an ``OperandStore``, as the
+runner keeps them; ceiling = cuBLAS; ``vs`` over the in-loop exact kernel). FLOP/s counts 2·M·N·K; float32 activations run two MMAs per k-step (exact hi/lo split), so their ceiling
 is half of cuBLAS's: the ``vs ceiling`` column is the fraction of cuBLAS for bf16 and the fp16 mode, and of half
 of cuBLAS for the exact float32 paths; ``vs`` (JSON ``vs_fp32``) is the speedup of pair, f16 and f16il over the
 in-loop kernel, and of f16ws over f16. CUDA-event timing, median of repeats after a warm-up (about 60 s warm on an
@@ -89,6 +92,7 @@ def _cublas(m: int, n: int, k: int) -> float:
 
 def _paths(fmt: str, impl: str) -> tuple[tuple[str, str, str, str, str], ...]:
     """(label, activation dtype, impl, inputs, fp16-mode variant) of the paths measured for ``fmt``."""
+    from ninfer.cuda.gemm_group import GROUP_STRUCTS
     from ninfer.cuda.gemm_pair import PAIR_STRUCTS, f16_foldable
 
     if impl == "mma":
@@ -100,6 +104,10 @@ def _paths(fmt: str, impl: str) -> tuple[tuple[str, str, str, str, str], ...]:
         paths.append(("f16", "fp32", "pair", "fp16", "cp"))  # weights dequantized once into the fp16 scratch
         # weights converted in the main loop; the scratch kernel's TMA / warp-specialized loop (the default from 384 rows)
         paths += [("f16il", "fp32", "wgmma", "fp16", "cp"), ("f16ws", "fp32", "pair", "fp16", "ws1")]
+    if (
+        fmt in GROUP_STRUCTS
+    ):  # the group formats' fp16 mode (gemm_group.py, gemm_plan.GROUP_F16 on for the call)
+        paths += [("f16g", "fp32", "auto", "fp16", "ws1"), ("f16gk", "fp32", "auto", "fp16", "ws1")]
     return tuple(paths)
 
 
@@ -108,6 +116,8 @@ _BASE = {
     "f16": "fp32",
     "f16il": "fp32",
     "f16ws": "f16",
+    "f16g": "fp32",
+    "f16gk": "fp32",
 }  # what each ``vs`` column compares with
 
 
@@ -121,7 +131,9 @@ def main(
     """Time the paths (``only``: these labels) of every format, shape and row count; print and return the rows."""
     import cupy
 
+    from ninfer.cuda import gemm_plan as plan
     from ninfer.cuda.gemm import gemm
+    from ninfer.cuda.operands import OperandStore
 
     from .synthetic import random_weight
 
@@ -140,12 +152,17 @@ def main(
                         continue
                     x = xs[act]
                     out = cupy.empty((m, n), dtype=x.dtype)
-                    t = event_seconds(
-                        lambda x=x, out=out, w=w, how=how, inp=inp, var=var: gemm(
-                            x, w, out, impl=how, inputs=inp, variant=var
-                        ),
-                        reps=reps,
-                    )
+                    store = OperandStore(1 << 34) if label == "f16gk" else None
+                    plan.GROUP_F16 = label in ("f16g", "f16gk")
+                    try:
+                        t = event_seconds(
+                            lambda x=x, out=out, w=w, how=how, inp=inp, var=var, store=store: gemm(
+                                x, w, out, impl=how, inputs=inp, variant=var, operands=store
+                            ),
+                            reps=reps,
+                        )
+                    finally:
+                        plan.GROUP_F16 = False
                     fl, tc = 2 * m * n * k, ref[(m, n, k)]
                     times[label] = t
                     base = times.get(_BASE.get(label, ""))
@@ -275,7 +292,9 @@ if __name__ == "__main__":
     ap.add_argument("--rows", default=None, help=f"default {ROWS}; with --splitk {SPLITK_ROWS}")
     ap.add_argument("--formats", default=",".join(FORMATS), help="with --splitk: the first one")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--paths", default=None, help="only these paths (bf16,fp32,pair,f16,f16il,f16ws)")
+    ap.add_argument(
+        "--paths", default=None, help="only these paths (bf16,fp32,pair,f16,f16il,f16ws,f16g,f16gk)"
+    )
     ap.add_argument("--splitk", action="store_true", help="cp vs ws with forced K splits (splitk_main)")
     ap.add_argument("--served", action="store_true", help="the served fp16 GEMM vs cuBLAS (served_main)")
     ap.add_argument("--max-splits", type=int, default=None, help="--splitk: default 8; --served: default 0")

@@ -19,9 +19,17 @@ import pytest
 from host_emu import HOST, build_nvcc_driver
 
 from ninfer.cuda.loader import KernelError
-from ninfer.cuda.tensor_map import BOX_K, SWIZZLE_128B, MapParams, map_params
+from ninfer.cuda.tensor_map import (
+    BOX_K,
+    DTYPE_FLOAT32,
+    SWIZZLE_128B,
+    SWIZZLE_NONE,
+    MapParams,
+    map_params,
+    scale_map_params,
+)
 
-BM, BN = 128, 256
+BM, BN, GBN = 128, 256, 128
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +38,8 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _line(p: MapParams) -> str:
-    return f"{p.dims[0]} {p.dims[1]} {p.strides[0]} {p.box[0]} {p.box[1]} {p.swizzle}\n"
+    elem = 4 if p.dtype == DTYPE_FLOAT32 else 2
+    return f"{p.dims[0]} {p.dims[1]} {p.strides[0]} {p.box[0]} {p.box[1]} {p.swizzle} {elem}\n"
 
 
 def _run(
@@ -44,28 +53,43 @@ def _run(
     swizzle: int = SWIZZLE_128B,
     splits: int = 1,
     integers: bool = True,
+    gpt: int = 0,
+    transpose_scales: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
-    """(y, NumPy's y in float64 then rounded, the split partials [S, M, N] or None, x, w, rowf)."""
+    """(y, NumPy's y in float64 then rounded, the split partials [S, M, N] or None, x, w, rowf). ``gpt`` > 0: the
+    group kernel (gemm90_f16_wsg<gpt>): ``w`` the codes, times a power-of-two scale per group of 64 / gpt k
+    (``[groups, N]`` float32 as gemm_group lays them out; ``transpose_scales``: handed over in the wrong order) in
+    NumPy's y and in the partials."""
     rng = np.random.default_rng(seed)
     if integers:
         x = rng.integers(-3, 4, (m, k)).astype(np.float16)
-        w = rng.integers(-3, 4, (n, k)).astype(np.float16)
+        w = rng.integers(-8 if gpt else -3, 8 if gpt else 4, (n, k)).astype(np.float16)
     else:  # 11 significant bits: the fp32 sums round, so their order shows in the bits
         x = rng.uniform(-1, 1, (m, k)).astype(np.float16)
         w = rng.uniform(-1, 1, (n, k)).astype(np.float16)
     rowf = (2.0 ** rng.integers(-3, 4, m)).astype(np.float32)
-    ma, mb = map_params(m, k, k, BM), map_params(n, k, k, BN)
+    bn = BN if gpt == 0 else GBN
+    ma, mb = map_params(m, k, k, BM), map_params(n, k, k, bn)
     ma, mb = ma._replace(swizzle=swizzle), mb._replace(swizzle=swizzle)
-    head = f"{m} {n} {k} {grid} {seed} {slow} {splits}\n" + _line(ma) + _line(mb)
-    data = head.encode() + x.view(np.uint16).tobytes() + w.view(np.uint16).tobytes() + rowf.tobytes()
+    head = f"{m} {n} {k} {grid} {seed} {slow} {splits} {gpt}\n" + _line(ma) + _line(mb)
+    wf = w.astype(np.float64)
+    scales = b""
+    if gpt:
+        glen = 64 // gpt
+        groups = -(-k // 128) * 128 // glen  # the stored layout's groups per row (K padded to 128)
+        sc = (2.0 ** rng.integers(-2, 3, (groups, n))).astype(np.float32)
+        head += _line(scale_map_params(groups, n, gpt))
+        wf = wf * np.repeat(sc.astype(np.float64).T, glen, axis=1)[:, :k]
+        scales = (np.ascontiguousarray(sc.T) if transpose_scales else sc).tobytes()
+    data = head.encode() + x.view(np.uint16).tobytes() + w.view(np.uint16).tobytes() + scales + rowf.tobytes()
     proc = subprocess.run([str(driver)], input=data, capture_output=True, timeout=600)
     assert proc.returncode == 0, f"driver exited {proc.returncode}: {proc.stderr.decode()[-2000:]}"
     out = np.frombuffer(proc.stdout, np.float32)
     assert out.size == m * n * (1 + (splits if splits > 1 else 0)), "driver output size"
     got = out[: m * n].reshape(m, n)
     part = out[m * n :].reshape(splits, m, n) if splits > 1 else None
-    want = (x.astype(np.float64) @ w.astype(np.float64).T * rowf[:, None]).astype(np.float32)
-    return got, want, part, x, w, rowf
+    want = (x.astype(np.float64) @ wf.T * rowf[:, None]).astype(np.float32)
+    return got, want, part, x, wf, rowf
 
 
 def _split_k(k: int, splits: int) -> list[tuple[int, int]]:
@@ -87,6 +111,15 @@ def test_constants_agree() -> None:
     assert int(defs["WS_SMEM"]) == gp._SMEM
     need = 1024 + int(defs["WS_STAGES"]) * (BM + BN) * 128 + 16 * int(defs["WS_STAGES"])
     assert need <= gp._SMEM, "ring + barriers + alignment slack fit the opt-in shared memory"
+    # the group formats' ring: 128-column tiles, the scale rows (at most 2 x 128 fp32) in a 1024-byte tail
+    from ninfer.cuda import gemm_group
+    from ninfer.cuda.tensor_map import SCALE_BOX_N
+
+    gdefs = dict(re.findall(r"^#define (WSG_\w+) (\d+)", text, re.MULTILINE))
+    assert int(gdefs["WSG_BN"]) == gemm_group._GBN == SCALE_BOX_N == GBN
+    assert int(gdefs["WSG_S_BYTES"]) >= 2 * GBN * 4 and int(gdefs["WSG_S_BYTES"]) % 1024 == 0
+    need = 1024 + int(gdefs["WSG_STAGES"]) * ((BM + GBN) * 128 + int(gdefs["WSG_S_BYTES"]) + 16)
+    assert need <= gp._SMEM
 
 
 def test_map_params() -> None:
@@ -97,6 +130,15 @@ def test_map_params() -> None:
     for bad in ((0, 8, 8, BM), (4, 8, 4, BM), (4, 12, 12, BM), (4, 8, 8, 257)):
         with pytest.raises(KernelError):
             map_params(*bad)
+
+
+def test_scale_map_params() -> None:
+    """The group scales' map: float32 [groups, N], boxes of 128 columns x the K tile's groups, unswizzled."""
+    p = scale_map_params(34, 1000, 2)
+    assert p == MapParams((1000, 34), (4000,), (128, 2), (1, 1), SWIZZLE_NONE, DTYPE_FLOAT32)
+    for bad in ((0, 8, 1), (4, 10, 1), (4, 8, 3)):
+        with pytest.raises(KernelError):
+            scale_map_params(*bad)
 
 
 def test_tensor_map_buffer_is_passed_by_value() -> None:
@@ -180,3 +222,40 @@ def test_ws_split_sum_order(driver: Path) -> None:
     assert not np.array_equal(acc, rev), "the data do not tell the summation orders apart"
     again, _, part2, *_ = _run(driver, m, n, k, grid, seed=5, slow=1, splits=splits, integers=False)
     assert np.array_equal(again, got) and np.array_equal(part2, part), "another interleaving changed the bits"
+
+
+# The group formats (gemm90_f16_wsg<GPT>): (M, N, K, persistent CTAs, GPT, S). One tile; ragged M / N / K over
+# several tiles with fewer CTAs than tiles and the 6-slot ring wrapping (17 K tiles); W8's two groups per K tile;
+# split units (ragged splits of 17 K tiles, each split's groups whole).
+GROUP_SHAPES = (
+    (128, 128, 64, 1, 1, 1),
+    (129, 260, 200, 3, 1, 1),
+    (300, 132, 1032, 4, 1, 1),
+    (129, 260, 200, 3, 2, 1),
+    (70, 388, 1032, 5, 2, 1),
+    (200, 300, 1032, 5, 1, 3),
+    (130, 260, 520, 4, 2, 2),
+)
+
+
+@pytest.mark.parametrize("shape", GROUP_SHAPES)
+def test_group_ws_schedule_scales_and_layout_match_numpy(driver: Path, shape: tuple[int, ...]) -> None:
+    """Codes x power-of-two group scales on integer rows: every partial sum and fmaf exact, so y equals NumPy's
+    x @ (codes x scales)^T exactly; the scale rows land where scale_group reads them, group GPT kt + j of column n."""
+    m, n, k, grid, gpt, splits = shape
+    for seed, slow in ((1, 0), (2, 1), (3, 2)):
+        got, want, part, x, wf, _ = _run(driver, m, n, k, grid, seed=seed, slow=slow, splits=splits, gpt=gpt)
+        assert np.array_equal(got, want), (
+            f"{shape} seed {seed}: {np.count_nonzero(got != want)} outputs differ"
+        )
+        if splits > 1:
+            assert part is not None
+            for s, (a, b) in enumerate(_split_k(k, splits)):
+                ref = (x[:, a:b].astype(np.float64) @ wf[:, a:b].T).astype(np.float32)
+                assert np.array_equal(part[s], ref), f"{shape} seed {seed}: split {s} differs"
+
+
+def test_group_ws_wrong_scale_layout_is_caught(driver: Path) -> None:
+    """The check can fail: scales handed over [N, groups] instead of [groups, N] give other values."""
+    got, want, *_ = _run(driver, 129, 260, 200, 3, seed=4, gpt=1, transpose_scales=True)
+    assert not np.array_equal(got, want)

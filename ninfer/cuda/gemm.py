@@ -34,6 +34,7 @@ from ninfer.cuda._common import (
     matrix_args,
     matrix_out,
 )
+from ninfer.cuda.gemm_group import GROUP_SM90_INSTANCES, GROUP_WS_INSTANCES, gemm_group_f16, group_f16_ok
 from ninfer.cuda.gemm_pair import (
     F16_VARIANTS,
     PAIR_INSTANCES,
@@ -96,8 +97,9 @@ SOURCES: dict[str, tuple[str, ...]] = {
             for t in _TYPES
         ),
         *PAIR_INSTANCES,
+        *GROUP_SM90_INSTANCES,
     ),
-    "gemm_sm90_ws.cu": WS_INSTANCES,
+    "gemm_sm90_ws.cu": (*WS_INSTANCES, *GROUP_WS_INSTANCES),
 }
 
 
@@ -218,6 +220,9 @@ def gemm(
         )
     if hopper:
         f16 = inputs == "fp16" and f16_foldable(w.fmt)
+        if inputs == "fp16" and impl == "auto" and not capturing() and group_f16_ok(w.fmt, t, m, n, k):
+            gemm_group_f16(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel, variant=variant, operands=operands)
+            return out
         if _use_pair(impl, w.fmt, t, m):
             dims = (m, n, k, ldx, ldy)
             v = variant if f16 else "cp"
@@ -245,8 +250,11 @@ def f16_rows_input(w: Any, m: int) -> bool:
     producer of ``x`` may hand it over as ``F16Rows`` instead (norm.rmsnorm(..., f16=True)): a single-format
     foldable weight, the Hopper kernels, the pair threshold, outside graph capture."""
     # _f16_input("auto", "fp16", w, "float") and _use_pair("auto", w.fmt, "float", m), the cheap terms first and
-    # the capture state read once (asked ~6 times per dense layer of a prefill chunk: perf/profile_host.py)
-    ok = isinstance(w, DeviceWeight) and m >= PAIR_MIN_ROWS and f16_foldable(w.fmt)
+    # the capture state read once (asked ~6 times per dense layer of a prefill chunk: perf/profile_host.py); or
+    # the group formats' fp16 path (gemm_group.group_f16_ok)
+    if not isinstance(w, DeviceWeight) or m < PAIR_MIN_ROWS:
+        return False
+    ok = f16_foldable(w.fmt) or group_f16_ok(w.fmt, "float", m, int(w.rows), int(w.cols))
     return ok and hopper_gemm() and not capturing()
 
 
@@ -290,7 +298,9 @@ def _gemm_f16rows(
         raise KernelError(f"gemm: x has K={k}, the weight {w.cols}")
     f16_rows_checked(x, m, k)
     out, ldy = matrix_out(x, out, m, w.rows)
-    if m:
+    if m and not f16_foldable(w.fmt):  # a group format (f16_rows_input: gemm_group.group_f16_ok)
+        gemm_group_f16(x, w, out, (m, w.rows, k, k, ldy), _sm90_kernel, variant=variant, operands=operands)
+    elif m:
         gemm_pair(
             x, w, out, (m, w.rows, k, k, ldy), _sm90_kernel, f16=True, variant=variant, operands=operands
         )

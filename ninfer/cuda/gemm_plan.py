@@ -103,6 +103,10 @@ _REDUCE_THREADS = 256  # gemm90_f16_ws_reduce's columns per block (gemm_sm90_ws.
 # for N below ~30k. 128 keeps a margin (not measured below 2048 rows; `python -m perf.bench_gemm --rows 128,512`
 # compares both paths there). Results are bitwise the same on either side.
 PAIR_MIN_ROWS = 128
+# The group-int formats' fp16 mode (ninfer/cuda/gemm_group.py: gemm90_f16_wsg, the codes as fp16 operands and the
+# group scales on partial sums). Off until the GPU suite and perf.bench_gemm have run it: gemm(..., inputs="fp16")
+# keeps these formats on the exact in-loop kernel; benchmarks and tests set it.
+GROUP_F16 = False
 # The fp16 mode's in-loop kernel (gemm90_f16il: every CTA converts its own weight tiles in the main loop instead of
 # one dequant pass into the fp16 scratch) is bitwise the scratch kernel but slower at every row count measured on the
 # H200 at 855128a (perf/results/bench_gemm_855128a.txt, NVFP4, the 27B's projections: 0.89-1.02x of the scratch

@@ -213,6 +213,7 @@ class CudaQwen36:
         0 where the fp16 GEMM mode does not run (``prefill_weights="scratch"``, exact inputs, bf16 activations,
         ``prefill_gemm=False``, no Hopper wgmma GEMM)."""
         from ninfer.cuda.gemm import hopper_gemm
+        from ninfer.cuda.gemm_group import group_operand_extra, group_operands
         from ninfer.cuda.gemm_pair import f16_foldable
         from ninfer.cuda.operands import eligible_bytes
 
@@ -220,7 +221,9 @@ class CudaQwen36:
             return 0
         if not self.prefill_gemm or not hopper_gemm():
             return 0
-        return eligible_bytes(self.w.items(), f16_foldable)
+        return eligible_bytes(
+            self.w.items(), lambda f: f16_foldable(f) or group_operands(f), group_operand_extra
+        )
 
     def keep_prefill_operands(self, leave: int) -> int:
         """Outside the engine (perf scripts, ``Sequences`` users; the runner sizes them by its memory plan instead):

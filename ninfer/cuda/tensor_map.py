@@ -18,10 +18,13 @@ from typing import Any, NamedTuple
 
 from ninfer.cuda.loader import KernelError
 
-__all__ = ["MapParams", "map_params", "encode", "TensorMap", "BOX_K", "SWIZZLE_128B"]
+__all__ = ["MapParams", "map_params", "scale_map_params", "encode", "TensorMap", "BOX_K", "SWIZZLE_128B"]
 
 BOX_K = 64  # k per box: 64 x 2 bytes = the 128-byte swizzle span (GS_BK)
 _DTYPE_FLOAT16 = 6  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16 (zero fill is +0.0 = word 0, as cp.async's)
+DTYPE_FLOAT32 = 7  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32 (the group scales)
+SWIZZLE_NONE = 0  # CU_TENSOR_MAP_SWIZZLE_NONE
+SCALE_BOX_N = 128  # the group kernel's columns per tile (WSG_BN)
 _INTERLEAVE_NONE = 0
 SWIZZLE_128B = 3  # CU_TENSOR_MAP_SWIZZLE_128B
 _L2_256B = 3  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B (not tuned on a GPU)
@@ -29,13 +32,15 @@ _OOB_FILL_NONE = 0  # out-of-bounds elements read as zeros
 
 
 class MapParams(NamedTuple):
-    """cuTensorMapEncodeTiled's arguments for a 2-D fp16 operand (innermost dimension first)."""
+    """cuTensorMapEncodeTiled's arguments for a 2-D fp16 operand (innermost dimension first), or a float32 one
+    (``dtype``: the group scales of :func:`scale_map_params`)."""
 
     dims: tuple[int, int]  # (K, rows) elements
-    strides: tuple[int]  # bytes between consecutive rows (the dimension-0 stride is implicit: 2)
+    strides: tuple[int]  # bytes between consecutive rows (the dimension-0 stride is implicit: the element's)
     box: tuple[int, int]  # (64, box_rows)
     elem_strides: tuple[int, int]
     swizzle: int
+    dtype: int = _DTYPE_FLOAT16
 
 
 def map_params(rows: int, k: int, ld: int, box_rows: int) -> MapParams:
@@ -44,6 +49,15 @@ def map_params(rows: int, k: int, ld: int, box_rows: int) -> MapParams:
     if rows < 1 or k < 1 or ld < k or ld % 8 or not 1 <= box_rows <= 256:
         raise KernelError(f"tensor map: rows={rows} k={k} ld={ld} box_rows={box_rows}")
     return MapParams((k, rows), (2 * ld,), (BOX_K, box_rows), (1, 1), SWIZZLE_128B)
+
+
+def scale_map_params(groups: int, n: int, gpt: int) -> MapParams:
+    """The map of the group kernel's scales, float32 ``[groups, n]`` (group-major: row g holds group g's scale of
+    every weight row): boxes of 128 columns by ``gpt`` groups (a K tile's), unswizzled, so a box lands as ``gpt``
+    rows of 128 floats (512 bytes each). TMA: the row stride (4 n bytes) a multiple of 16."""
+    if groups < 1 or n < 1 or n % 4 or gpt not in (1, 2):
+        raise KernelError(f"scale map: groups={groups} n={n} gpt={gpt}")
+    return MapParams((n, groups), (4 * n,), (SCALE_BOX_N, gpt), (1, 1), SWIZZLE_NONE, DTYPE_FLOAT32)
 
 
 class TensorMap:
@@ -73,7 +87,7 @@ def encode(ptr: int, p: MapParams) -> TensorMap:
         raise KernelError(f"tensor map: base address {ptr:#x} is not 16-byte aligned")
     tm = TensorMap()
     rc = _encoder()(
-        ctypes.addressof(tm.arg), _DTYPE_FLOAT16, 2, ctypes.c_void_p(ptr),
+        ctypes.addressof(tm.arg), p.dtype, 2, ctypes.c_void_p(ptr),
         (ctypes.c_uint64 * 2)(*p.dims), (ctypes.c_uint64 * 1)(*p.strides), (ctypes.c_uint32 * 2)(*p.box),
         (ctypes.c_uint32 * 2)(*p.elem_strides), _INTERLEAVE_NONE, p.swizzle, _L2_256B, _OOB_FILL_NONE,
     )  # fmt: skip

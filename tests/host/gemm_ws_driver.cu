@@ -13,9 +13,14 @@
 //   - the descriptor addressing equals wdq.cuh's sw128 (the layout the cp.async kernels write).
 // S > 1: the consumers' epilogue writes the unscaled partials (as the kernel's store<false>), then the reduction
 // runs the kernel's own ws_split_sum per output and multiplies by rowf (row_scale is 1 here).
-// stdin: M N K G seed slow S (slow 1: consumers sleep in every mma, the producer always waits for a release; 2: the
-// producer sleeps in every fill, the consumers always wait for the bytes; 0: random jitter only; S: the splits),
-// then per operand (A, B) "dims0 dims1 stride box0 box1 swizzle", then xh [M*K] u16, w [N*K] u16, rowf [M] f32.
+// GPT > 0: gemm90_f16_wsg<GPT> (the group formats): WsCfg<GPT>'s ring (128-column tiles, 6 slots), a third box per
+// fill (the K tile's GPT rows of 128 fp32 scales from the scale map, unswizzled), and per group a partial sum of
+// its k16 steps, then acc = fmaf(scale, partial, acc) with the scale read where the device reads it (the slot's
+// scale rows, 4 bytes per column).
+// stdin: M N K G seed slow S GPT (slow 1: consumers sleep in every mma, the producer always waits for a release; 2:
+// the producer sleeps in every fill, the consumers always wait for the bytes; 0: random jitter only; S: the
+// splits), then per operand (A, B, and for GPT > 0 the scales) "dims0 dims1 stride box0 box1 swizzle elem_bytes",
+// then xh [M*K] u16, w [N*K] u16, (GPT > 0) scales [groups*N] f32, rowf [M] f32.
 // stdout: y [M*N] f32, then for S > 1 the partials [S*M*N] f32. Exit 20+ on a violated invariant (message on
 // stderr).
 #include <chrono>
@@ -72,25 +77,26 @@ struct EmuBar {  // one mbarrier: phase counter, pending arrivals, outstanding t
 
 struct Map {  // the tensor-map parameters as encoded
     long long dims0, dims1, stride, box0, box1;
-    int swizzle;
+    int swizzle, elem;
 };
 
-struct Cta {
-    EmuBar full[WS_STAGES], empty[WS_STAGES];
-    std::vector<u8> ring = std::vector<u8>((size_t)WS_STAGES * WS_STAGE_BYTES);
+template <int GPT> struct Cta {
+    typedef WsCfg<GPT> C;
+    EmuBar full[C::STAGES], empty[C::STAGES];
+    std::vector<u8> ring = std::vector<u8>((size_t)C::STAGES * C::STAGE_BYTES);
     std::mutex mu;  // guards the slot bookkeeping below
-    int fills[WS_STAGES] = {}, reads[2][WS_STAGES] = {}, rels[2][WS_STAGES] = {};
-    int tag[WS_STAGES][3];  // (mt, nt, kt) of the slot's last fill
+    int fills[C::STAGES] = {}, reads[2][C::STAGES] = {}, rels[2][C::STAGES] = {};
+    int tag[C::STAGES][3];  // (mt, nt, kt) of the slot's last fill
     Cta() {
-        for (int s = 0; s < WS_STAGES; ++s) full[s].init(1), empty[s].init(WS_CONSUMER_WARPS);
+        for (int s = 0; s < C::STAGES; ++s) full[s].init(1), empty[s].init(WS_CONSUMER_WARPS);
     }
 };
 
 struct World {
-    int M, N, K, S;
-    Map ma, mb;
+    int M, N, K, S, GPT;
+    Map ma, mb, ms;
     std::vector<u16> xh, w;
-    std::vector<float> rowf, y, part;
+    std::vector<float> sc, rowf, y, part;
     std::vector<int> written;  // per element of y (S = 1) or of part (S > 1)
 };
 
@@ -102,17 +108,20 @@ static void jitter(std::mt19937& rng, bool slow) {
 }
 
 // TMA tile mode, 2-D: box element (i, j) <- global (c0 + i, c1 + j) (zero out of bounds), stored at box offset
-// 2 (j box0 + i), with the 128B swizzle (bits [4:7) ^= bits [7:10)) on that offset (the slot is 1024-aligned).
-static long long tma_box(u8* dst, const Map& m, const std::vector<u16>& g, int c0, int c1) {
+// e (j box0 + i) (e: the element's bytes), with the 128B swizzle (bits [4:7) ^= bits [7:10)) on that offset (the
+// slot is 1024-aligned).
+static long long tma_box(u8* dst, const Map& m, const void* g, int c0, int c1) {
+    const int e = m.elem;
     for (long long j = 0; j < m.box1; ++j)
         for (long long i = 0; i < m.box0; ++i) {
             const long long gi = c0 + i, gj = c1 + j;
-            const u16 v = (gi < m.dims0 && gj < m.dims1) ? g[(size_t)(gj * (m.stride / 2) + gi)] : (u16)0;
-            long long off = 2 * (j * m.box0 + i);
+            u8 v[4] = {0, 0, 0, 0};
+            if (gi < m.dims0 && gj < m.dims1) memcpy(v, (const u8*)g + gj * m.stride + gi * e, e);
+            long long off = e * (j * m.box0 + i);
             if (m.swizzle == 3) off ^= ((off >> 7) & 7) << 4;
-            memcpy(dst + off, &v, 2);
+            memcpy(dst + off, v, e);
         }
-    return 2 * m.box0 * m.box1;
+    return e * m.box0 * m.box1;
 }
 
 // the 16-bit word at k16 step ks, row r, k kk of the SW128 K-major tile whose descriptor starts at `start` (the
@@ -133,8 +142,10 @@ static float f16_to_f32(u16 h) {  // exact
     return (h & 0x8000) ? -v : v;
 }
 
-struct HostProducer {
-    Cta& c;
+template <int GPT> struct HostProducer {
+    typedef WsCfg<GPT> C;
+    static constexpr int STAGES = C::STAGES;
+    Cta<GPT>& c;
     World& wd;
     std::mt19937 rng;
     bool slow;
@@ -148,24 +159,30 @@ struct HostProducer {
             c.fills[s] += 1;
             c.tag[s][0] = mt, c.tag[s][1] = nt, c.tag[s][2] = kt;
         }
-        c.full[s].arrive(WS_STAGE_BYTES);  // arrive.expect_tx; the copies complete the bytes later
-        u8* slot = c.ring.data() + (size_t)s * WS_STAGE_BYTES;
-        std::memset(slot, 0xff, WS_STAGE_BYTES);  // NaN words: a byte the box copies miss poisons the result
+        c.full[s].arrive(C::TX);  // arrive.expect_tx; the copies complete the bytes later
+        u8* slot = c.ring.data() + (size_t)s * C::STAGE_BYTES;
+        std::memset(slot, 0xff, C::STAGE_BYTES);  // NaN words: a byte the box copies miss poisons the result
         jitter(rng, slow);
-        const long long a = tma_box(slot, wd.ma, wd.xh, kt * GS_BK, mt * GS_BM);
+        const long long a = tma_box(slot, wd.ma, wd.xh.data(), kt * GS_BK, mt * GS_BM);
         c.full[s].complete_tx(a);
         jitter(rng, false);
-        c.full[s].complete_tx(tma_box(slot + WS_A_BYTES, wd.mb, wd.w, kt * GS_BK, nt * WS_BN));
+        c.full[s].complete_tx(tma_box(slot + WS_A_BYTES, wd.mb, wd.w.data(), kt * GS_BK, nt * C::BN));
+        if (GPT) {  // the K tile's groups GPT kt .. of the tile's columns (WsProducer::fill)
+            jitter(rng, false);
+            c.full[s].complete_tx(tma_box(slot + WS_A_BYTES + WSG_B_BYTES, wd.ms, wd.sc.data(), nt * C::BN, kt * GPT));
+        }
     }
 };
 
-struct HostConsumer {
-    Cta& c;
+template <int GPT> struct HostConsumer {
+    typedef WsCfg<GPT> C;
+    static constexpr int STAGES = C::STAGES, BN = C::BN;
+    Cta<GPT>& c;
     World& wd;
     int wg;
     std::mt19937 rng;
     bool slow;
-    std::vector<float> acc = std::vector<float>(64 * WS_BN);
+    std::vector<float> acc = std::vector<float>(64 * BN), part = std::vector<float>(64 * BN);
     std::vector<int> seen;  // (mt, nt, kt) of every slot consumed in the current output tile
     void zero() { std::fill(acc.begin(), acc.end(), 0.f), seen.clear(); }
     void wait_full(int s, u32 parity) {
@@ -176,18 +193,37 @@ struct HostConsumer {
         c.reads[wg][s] += 1;
         seen.insert(seen.end(), c.tag[s], c.tag[s] + 3);
     }
-    void mma(int s) {  // the four k16 wgmmas of the slot, in order, one fp32 accumulator per output
-        const u32 a = (u32)s * WS_STAGE_BYTES + wg * 64 * 128, b = (u32)s * WS_STAGE_BYTES + WS_A_BYTES;
+    // k16 step ks of the slot's A (this warpgroup's 64 rows) and B tiles into d, one fp32 sum per output
+    void step(std::vector<float>& d, u32 a, u32 b, int ks) {
+        for (int r = 0; r < 64; ++r)
+            for (int n = 0; n < BN; ++n) {
+                float sum = 0.f;  // integer-valued test data: exact in any order
+                for (int kk = 0; kk < 16; ++kk)
+                    sum += f16_to_f32(desc_word(c.ring.data(), a + 32 * ks, r, kk)) *
+                           f16_to_f32(desc_word(c.ring.data(), b + 32 * ks, n, kk));
+                d[r * BN + n] += sum;
+            }
+    }
+    void mma(int s) {  // the four k16 wgmmas of the slot, in order
+        const u32 a = (u32)s * C::STAGE_BYTES + wg * 64 * 128, b = (u32)s * C::STAGE_BYTES + WS_A_BYTES;
         jitter(rng, slow);
-        for (int ks = 0; ks < 4; ++ks)
+        if (GPT == 0) {  // one fp32 accumulator per output
+            for (int ks = 0; ks < 4; ++ks) step(acc, a, b, ks);
+            return;
+        }
+        // WsConsumer::mma_groups: group j's k16 steps into a fresh partial, then acc = fmaf(scale, partial, acc)
+        // with column n's scale at the slot's scale row j, byte 4 n (scale_group's address)
+        for (int j = 0; j < GPT; ++j) {
+            std::fill(part.begin(), part.end(), 0.f);
+            for (int ks = j * (4 / GPT); ks < (j + 1) * (4 / GPT); ++ks) step(part, a, b, ks);
+            const u8* row = c.ring.data() + (size_t)s * C::STAGE_BYTES + WS_A_BYTES + WSG_B_BYTES + j * WSG_BN * 4;
             for (int r = 0; r < 64; ++r)
-                for (int n = 0; n < WS_BN; ++n) {
-                    float sum = 0.f;  // integer-valued test data: exact in any order
-                    for (int kk = 0; kk < 16; ++kk)
-                        sum += f16_to_f32(desc_word(c.ring.data(), a + 32 * ks, r, kk)) *
-                               f16_to_f32(desc_word(c.ring.data(), b + 32 * ks, n, kk));
-                    acc[r * WS_BN + n] += sum;
+                for (int n = 0; n < BN; ++n) {
+                    float sc;
+                    memcpy(&sc, row + 4 * n, 4);
+                    acc[r * BN + n] = fmaf(sc, part[r * BN + n], acc[r * BN + n]);
                 }
+        }
     }
     void retire_prev() {}
     void retire_all() {}
@@ -209,16 +245,16 @@ struct HostConsumer {
             if (t[0] != mt || t[1] != nt || t[2] != kt)
                 FAIL(26, "tile (%d, %d) K tile %d read the fill of (%d, %d, %d)", mt, nt, kt, t[0], t[1], t[2]);
         }
-        const int m0 = mt * GS_BM, n0 = nt * WS_BN;
+        const int m0 = mt * GS_BM, n0 = nt * BN;
         const size_t pbase = (size_t)u.split * wd.M * wd.N;
         for (int ct = wg * 128; ct < wg * 128 + 128; ++ct)  // through the fragment map, as the device epilogue
-            for (int i = 0; i < WS_BN / 2; ++i) {
+            for (int i = 0; i < BN / 2; ++i) {
                 int r, cc;
                 frag_rc(ct, i, r, cc);
                 if (r / 64 != wg) FAIL(27, "fragment row %d outside warpgroup %d", r, wg);
                 if (m0 + r < wd.M && n0 + cc < wd.N) {
                     const size_t o = (size_t)(m0 + r) * wd.N + n0 + cc;
-                    const float a = acc[(r - 64 * wg) * WS_BN + cc];
+                    const float a = acc[(r - 64 * wg) * BN + cc];
                     if (wd.S > 1) {  // units are disjoint: no two threads share an element
                         wd.part[pbase + o] = a;
                         wd.written[pbase + o] += 1;
@@ -232,8 +268,27 @@ struct HostConsumer {
 };
 
 static void read_map(Map& m) {
-    if (scanf("%lld %lld %lld %lld %lld %d", &m.dims0, &m.dims1, &m.stride, &m.box0, &m.box1, &m.swizzle) != 6)
+    if (scanf("%lld %lld %lld %lld %lld %d %d", &m.dims0, &m.dims1, &m.stride, &m.box0, &m.box1, &m.swizzle,
+              &m.elem) != 7)
         std::exit(2);
+}
+
+template <int GPT> static void run(World& wd, int G, unsigned seed, int slow) {
+    const WsSched sc(wd.M, wd.N, wd.K, wd.S, WsCfg<GPT>::BN);
+    std::vector<Cta<GPT>> ctas(G);
+    std::vector<std::thread> th;
+    for (int cta = 0; cta < G; ++cta) {
+        th.emplace_back([&, cta] {
+            HostProducer<GPT> p{ctas[cta], wd, std::mt19937(seed * 977 + cta), slow == 2};
+            ws_produce(p, sc, cta, G);
+        });
+        for (int wg = 0; wg < 2; ++wg)
+            th.emplace_back([&, cta, wg] {
+                HostConsumer<GPT> c{ctas[cta], wd, wg, std::mt19937(seed * 131 + 7 * cta + wg), slow == 1};
+                ws_consume(c, sc, cta, G);
+            });
+    }
+    for (auto& t : th) t.join();
 }
 
 int main() {
@@ -246,9 +301,12 @@ int main() {
     World wd;
     int G, slow;
     unsigned seed;
-    if (scanf("%d %d %d %d %u %d %d", &wd.M, &wd.N, &wd.K, &G, &seed, &slow, &wd.S) != 7 || wd.S < 1) return 2;
+    if (scanf("%d %d %d %d %u %d %d %d", &wd.M, &wd.N, &wd.K, &G, &seed, &slow, &wd.S, &wd.GPT) != 8 || wd.S < 1 ||
+        wd.GPT < 0 || wd.GPT > 2)
+        return 2;
     read_map(wd.ma);
     read_map(wd.mb);
+    if (wd.GPT) read_map(wd.ms);
     getchar();
     wd.xh.resize((size_t)wd.M * wd.K), wd.w.resize((size_t)wd.N * wd.K), wd.rowf.resize(wd.M);
     const size_t mn = (size_t)wd.M * wd.N;
@@ -256,22 +314,14 @@ int main() {
     if (wd.S > 1) wd.part.assign(wd.S * mn, std::nanf(""));
     if (fread(wd.xh.data(), 2, wd.xh.size(), stdin) != wd.xh.size()) return 3;
     if (fread(wd.w.data(), 2, wd.w.size(), stdin) != wd.w.size()) return 3;
-    if (fread(wd.rowf.data(), 4, wd.rowf.size(), stdin) != wd.rowf.size()) return 3;
-    const WsSched sc(wd.M, wd.N, wd.K, wd.S);
-    std::vector<Cta> ctas(G);
-    std::vector<std::thread> th;
-    for (int cta = 0; cta < G; ++cta) {
-        th.emplace_back([&, cta] {
-            HostProducer p{ctas[cta], wd, std::mt19937(seed * 977 + cta), slow == 2};
-            ws_produce(p, sc, cta, G);
-        });
-        for (int wg = 0; wg < 2; ++wg)
-            th.emplace_back([&, cta, wg] {
-                HostConsumer c{ctas[cta], wd, wg, std::mt19937(seed * 131 + 7 * cta + wg), slow == 1};
-                ws_consume(c, sc, cta, G);
-            });
+    if (wd.GPT) {
+        wd.sc.resize((size_t)wd.ms.dims0 * wd.ms.dims1);
+        if (fread(wd.sc.data(), 4, wd.sc.size(), stdin) != wd.sc.size()) return 3;
     }
-    for (auto& t : th) t.join();
+    if (fread(wd.rowf.data(), 4, wd.rowf.size(), stdin) != wd.rowf.size()) return 3;
+    if (wd.GPT == 0) run<0>(wd, G, seed, slow);
+    if (wd.GPT == 1) run<1>(wd, G, seed, slow);
+    if (wd.GPT == 2) run<2>(wd, G, seed, slow);
     for (size_t i = 0; i < wd.written.size(); ++i)
         if (wd.written[i] != 1) FAIL(28, "output %zu written %d times", i, wd.written[i]);
     if (wd.S > 1) {  // gemm90_f16_ws_reduce: the kernel's split sum, then its epilogue (row_scale 1)

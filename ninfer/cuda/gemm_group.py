@@ -1,0 +1,176 @@
+"""The group-int formats' fp16-mode prefill GEMM (cuda_src/gemm_sm90_ws.cu ``gemm90_f16_wsg<GPT>``; docs/cuda.md,
+"Groupwise-integer weights").
+
+Q4/Q5/Q6 g64 and W8 g32 weights are a code times an f16 scale per group of 64 (32) k: a product code x scale has up
+to 19 significant bits, so it is not an fp16 operand, and these formats took the in-loop exact kernel (``gemm90<D,
+float>``: float rows split into two bf16 halves, codes converted inside the main loop, two MMAs per product). The
+codes alone are small integers, exact in fp16. So this path is the warp-specialized fp16 GEMM (TMA ring, producer
+warpgroup, persistent CTAs) with the codes as the weight operand and the scales on the partial sums:
+
+- operands, once per weight (kept in the ``OperandStore`` like the folded formats' fp16 rows, else per call into
+  the scratch): the codes as fp16 rows ``[N, K]`` (``dequant90<D, true>``: the format's own make()) and the scales
+  as float32 ``[groups, N]`` (``group_scales_t``), which the producer copies with the K tile (a third TMA box);
+- activations: the fp16 mode's row split (``split_f16row``: a power of two per row, rounded to fp16);
+- per K tile and group each consumer warpgroup sums the group's k16 steps into a partial accumulator and adds
+  ``scale(column) * partial`` to its accumulators (the in-loop kernel's gs_issue / gs_scale order), 128 columns per
+  tile (64 accumulators and one or two partials of 64 per thread); the epilogue multiplies by the row factor.
+
+What differs from the exact path is the fp16 rounding of the activations, as for NVFP4 and FP8 in the fp16 mode.
+It is not yet the default: ``gemm_plan.GROUP_F16`` (off) turns it on for ``gemm(..., inputs="fp16")``; it runs when
+a benchmark or test sets it, until the GPU suite and ``perf.bench_gemm`` have run it (its schedule, tensor maps and
+descriptor addressing are checked on the CPU by tests/test_gemm_ws_host.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ninfer.cuda import gemm_plan, gemm_rows
+from ninfer.cuda._common import F16Rows, grid_1d, sm_count
+from ninfer.cuda.gemm_plan import _BM, _REDUCE_THREADS, _SMEM, _WS_THREADS, PAIR_MIN_ROWS, splitk_splits
+from ninfer.cuda.launch import launch_ex
+from ninfer.cuda.tensor_map import encode, map_params, scale_map_params
+
+__all__ = [
+    "GROUP_STRUCTS",
+    "GROUP_WS_INSTANCES",
+    "GROUP_SM90_INSTANCES",
+    "group_f16_ok",
+    "group_operands",
+    "group_operand_extra",
+    "gemm_group_f16",
+]
+
+# format id -> (its gemm_sm90.cu weight struct, scale groups per 64-k K tile)
+GROUP_STRUCTS: dict[str, tuple[str, int]] = {
+    "Q4G64_F16S": ("DqQG64<4>", 1),
+    "Q5G64_F16S": ("DqQG64<5>", 1),
+    "Q6G64_F16S": ("DqQG64<6>", 1),
+    "W8G32_F16S": ("DqW8G32", 2),
+}
+GROUP_WS_INSTANCES: tuple[str, ...] = (
+    "gemm90_f16_wsg<1>",
+    "gemm90_f16_wsg<2>",
+    "gemm90_f16_ws_reduce<WsGroup<1>>",
+)
+GROUP_SM90_INSTANCES: tuple[str, ...] = (
+    *(f"dequant90<{d}, true>" for d, _ in GROUP_STRUCTS.values()),
+    "group_scales_t",
+)
+_GBN = 128  # the group kernel's columns per tile (WSG_BN) and dequant90's rows per block for these formats
+
+
+def group_f16_ok(fmt: str, t: str, m: int, n: int, k: int) -> bool:
+    """Whether ``gemm(x, w, inputs="fp16")`` takes this path: ``gemm_plan.GROUP_F16`` on, a group format, float32
+    rows, at least the fp16 mode's row floor, TMA's 16-byte row strides (K % 8, N % 4)."""
+    return (
+        gemm_plan.GROUP_F16
+        and fmt in GROUP_STRUCTS
+        and t == "float"
+        and m >= PAIR_MIN_ROWS
+        and k % 8 == 0
+        and n % 4 == 0
+    )
+
+
+def group_operands(fmt: str) -> bool:
+    """Whether the fp16 mode keeps operands of format ``fmt`` on this path (the memory plan's resident operands)."""
+    return gemm_plan.GROUP_F16 and fmt in GROUP_STRUCTS
+
+
+def group_operand_extra(fmt: str, n: int, k: int) -> int:
+    """Bytes a kept operand holds beside its fp16 rows: the float32 scales of a group format, else none."""
+    return 4 * n * _groups(fmt, k) if fmt in GROUP_STRUCTS else 0
+
+
+def _groups(fmt: str, k: int) -> int:
+    """Groups per weight row in the stored layout: the K padding to 128 over the group length."""
+    return -(-k // 128) * 128 // (64 // GROUP_STRUCTS[fmt][1])
+
+
+def _operands(w: Any, kernel_of: Callable[[str], Any], operands: Any) -> tuple[Any, Any]:
+    """(fp16 codes ``[N, K]``, float32 scales ``[groups, N]``) of ``w``: kept in ``operands`` (filled on first use if
+    its budget admits both), else computed into the scratch for this call."""
+    n, k, gpr = int(w.rows), int(w.cols), _groups(w.fmt, int(w.cols))
+    kept = None if operands is None else (operands.lookup(w, "codes"), operands.lookup(w, "gscales"))
+    if kept is not None and kept[0] is not None and kept[1] is not None:
+        return kept
+    import cupy
+
+    own = operands is not None and operands.admit(2 * n * k + 4 * gpr * n)
+    codes = cupy.empty(n * k, dtype=np.uint16) if own else gemm_rows._scratch("w", n * k)
+    scales = (
+        cupy.empty(gpr * n, dtype=np.float32)
+        if own
+        else gemm_rows._scratch("gs", 2 * gpr * n).view(np.float32)
+    )
+    p0, p1, p2 = w.planes()
+    struct = GROUP_STRUCTS[w.fmt][0]
+    kernel_of(f"dequant90<{struct}, true>")(
+        (grid_1d(k, 64), grid_1d(n, _GBN)), (256,), (p0, p1, p2, codes, np.int32(n), np.int32(k), np.int64(0))
+    )
+    kernel_of("group_scales_t")(
+        (grid_1d(gpr * n, 256),), (256,), (p2, scales, np.int32(n), np.int32(gpr), np.int64(0))
+    )
+    if own:
+        operands.keep(w, codes, "codes")
+        operands.keep(w, scales, "gscales")
+    return codes, scales
+
+
+@functools.lru_cache(maxsize=1024)
+def _maps(xp: int, m: int, cp: int, n: int, k: int, sp: int, groups: int, gpt: int) -> tuple[Any, Any, Any]:
+    """The three tensor maps (fp16 rows, codes, scales) at those addresses (cached as gemm_pair._map: a map owns
+    nothing)."""
+    return (
+        encode(xp, map_params(m, k, k, _BM)),
+        encode(cp, map_params(n, k, k, _GBN)),
+        encode(sp, scale_map_params(groups, n, gpt)),
+    )
+
+
+def gemm_group_f16(
+    x: Any,
+    w: Any,
+    out: Any,
+    dims: tuple[int, int, int, int, int],
+    kernel_of: Callable[[str], Any],
+    *,
+    variant: str = "auto",
+    operands: Any = None,
+) -> None:
+    """``out = x · Wᵀ`` for a group-format ``w`` in the fp16 mode (where :func:`group_f16_ok`): ``x`` float32 rows
+    (or ``F16Rows``), ``dims`` = (M, N, K, ldx, ldy) as gemm.gemm checked them. ``variant`` ``ws<S>`` forces S
+    K splits; otherwise the split rule's S for 128-column tiles (twice the 256-column tiles of the same N), a
+    function of (M, N, K) only, as gemm_pair's."""
+    import cupy
+
+    m, n, k, ldx, ldy = dims
+    gpt = GROUP_STRUCTS[w.fmt][1]
+    if isinstance(x, F16Rows):
+        xh, rowf = x.xh, x.rowf
+    else:
+        xh, rowf = gemm_rows.f16_rows(x, ldx, kernel_of)
+    codes, scales = _operands(w, kernel_of, operands)
+    forced = variant[2:] if variant.startswith("ws") and variant != "ws" else ""
+    splits = int(forced) if forced else splitk_splits(m, 2 * n, k)
+    fn = kernel_of(f"gemm90_f16_wsg<{gpt}>")
+    if fn.max_dynamic_shared_size_bytes < _SMEM:
+        fn.max_dynamic_shared_size_bytes = _SMEM
+    groups = _groups(w.fmt, k)
+    ma, mb, ms = _maps(xh.data.ptr, m, codes.data.ptr, n, k, scales.data.ptr, groups, gpt)
+    units = grid_1d(m, _BM) * grid_1d(n, _GBN) * splits
+    grid = min(units, sm_count(cupy.cuda.Device().id))
+    part = gemm_rows._scratch("part", 2 * splits * m * n).view(np.float32) if splits > 1 else None
+    args = (ma.arg, mb.arg, ms.arg, rowf, out, np.int32(m), np.int32(n), np.int32(k), np.int64(ldy),
+            np.uint64(0) if part is None else part, np.int32(splits))  # fmt: skip
+    launch_ex(fn, (grid,), (_WS_THREADS,), args, shared_mem=_SMEM)
+    if part is not None:
+        red = kernel_of("gemm90_f16_ws_reduce<WsGroup<1>>")
+        red((m, grid_1d(n, _REDUCE_THREADS)), (_REDUCE_THREADS,),
+            (part, np.uint64(0), np.uint64(0), rowf, out, np.int32(m), np.int32(n), np.int32(splits),
+             np.int64(ldy)))  # fmt: skip
