@@ -46,6 +46,10 @@
 #   wsp_probe  Nsight Compute on one "wsp" GDN state launch (35B-A3B heads, 8192 rows)
 #   wspb    the bf16 GDN scratch ("wspb"): GPU tests, bench_gdn against wsp, the whole-model prefill per variant
 #   shard   one third (SHARD=0/3, 1/3, 2/3) of the whole GPU suite per call (perf/pytest_shard.py)
+#   group   the group formats' fp16 prefill GEMM (gemm90_f16_wsg, off until this runs): its GPU tests and the ws
+#           kernel's, then perf/bench_gemm's f16g / f16gk against the exact in-loop kernel and cuBLAS (~5 min)
+#   xlane   a decode GEMV A/B against another tree (AB_TREE, default .ab/xlane: `git archive qg64-xlane`, carried):
+#           its GEMV GPU tests, then perf/bench_gemv from both trees (AB_FORMATS) in the same call
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -309,6 +313,24 @@ run_gemv_probe() {  # issue 13: where the decode GEMV's time goes (27B gate|up):
       python3 -m perf.ncu_gemv --format $fmt --shape "mlp gate|up" --rows $rows 2>&1 | grep -v '^==PROF==' \
       | tee -a "$OUT/gemv_ncu.txt" | grep -v "  0$\|  0.0[0-9]$" | tail -40
   done; done
+}
+run_group() {  # issue 14: the group-int formats' fp16 GEMM (ninfer/cuda/gemm_group.py) on the device, then measured
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
+    tests/test_cuda_gemm_group.py tests/test_cuda_gemm_ws.py 2>&1 | tee "$OUT/group_tests.txt" | grep -v PASSED | tail -20
+  timeout ${BENCH_TIMEOUT:-300} python3 -m perf.bench_gemm --formats ${GROUP_FORMATS:-Q4G64_F16S,W8G32_F16S} \
+    --paths bf16,fp32,f16g,f16gk --rows ${GROUP_ROWS:-2048,8192} --out "$OUT" 2>&1 | tee "$OUT/bench_gemm_group.txt" | tail -40
+}
+run_xlane() {  # issue 13: a decode GEMV candidate in another tree (AB_TREE) against this one, same machine and call
+  local tree=${AB_TREE:-.ab/xlane} fmts=${AB_FORMATS:-Q4G64_F16S,NVFP4G16_E4M3S}
+  for d in api actors perf cuda_src; do [ -e "$tree/ninfer/$d" ] || ln -s ../$d "$tree/ninfer/$d"; done
+  (cd "$tree" && PYTHONPATH=$PWD:$PWD/tests:${PYTHONPATH#$OLDPWD:$OLDPWD/tests:} CUPY_CACHE_DIR=$PWD/.cupy-cache \
+    timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
+    tests/test_cuda_ops.py -k gemv 2>&1 | tee "$OUT/xlane_tests.txt" | grep -v PASSED | tail -15)
+  timeout ${BENCH_TIMEOUT:-300} python3 -m perf.bench_gemv --formats $fmts --json "$OUT/bench_gemv_base.json" 2>&1 \
+    | tee "$OUT/bench_gemv_base.txt" | tail -30
+  (cd "$tree" && PYTHONPATH=$PWD:$PWD/tests:${PYTHONPATH#$OLDPWD:$OLDPWD/tests:} CUPY_CACHE_DIR=$PWD/.cupy-cache \
+    timeout ${BENCH_TIMEOUT:-300} python3 -m perf.bench_gemv --formats $fmts --json "$OUT/bench_gemv_ab.json" 2>&1 \
+    | tee "$OUT/bench_gemv_ab.txt" | tail -30)
 }
 run_diag() {  # issue 14: what a prefill chunk's GPU timeline holds besides the wrapped kernels, and why the GDN
   # state pass issues so little
