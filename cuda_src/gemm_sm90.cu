@@ -434,6 +434,34 @@ __device__ __forceinline__ void f16row_put8(const float (&v)[8], float s, bf16* 
     *reinterpret_cast<uint4*>(dst) = make4(o[0], o[1], o[2], o[3]);
 }
 
+// BF16 weights' fp16 operand (gemm_bf16.py): weight row nb + r of w (bf16 [., K]) times 2^k, k = f16row_scale of the
+// row's largest |w| (its largest value in [2^14, 2^15)), as fp16 words into out [rows, K] (row stride K), 2^-k into
+// rs[r]; inexact[0] += the row's weights that fp16 does not hold exactly at that scale (bf16_f16_scaled): the host
+// keeps the operand only when the whole weight is exact. One block per row.
+__global__ void __launch_bounds__(256)
+    bf16_f16_rows(const u16* __restrict__ w, u16* __restrict__ out, float* __restrict__ rs, int* __restrict__ inexact,
+                  int rows, int K, long long nb) {
+    __shared__ float wmax[8];
+    __shared__ int bad;
+    const int r = blockIdx.x, tid = threadIdx.x;
+    const u16* src = w + (nb + r) * (long long)K;
+    float m = 0.f;
+    for (int k = tid; k < K; k += 256) m = fmaxf(m, fabsf(f32_from_bits((u32)src[k] << 16)));
+    if (tid == 0) bad = 0;
+    float inv;
+    const float s = f16row_scale(f16row_block_max(m, wmax), inv);  // its barrier orders bad = 0 before the adds
+    if (tid == 0) rs[r] = inv;
+    int nbad = 0;
+    for (int k = tid; k < K; k += 256) {
+        u32 h;
+        nbad += bf16_f16_scaled(src[k], s, inv, h) ? 0 : 1;
+        out[(long long)r * K + k] = (u16)h;
+    }
+    if (nbad) atomicAdd(&bad, nbad);
+    __syncthreads();
+    if (tid == 0 && bad) atomicAdd(inexact, bad);
+}
+
 template <bool ROWS, bool SWIGLU, bool GATE = false>
 __device__ __forceinline__ void split_f16row_body(const float* __restrict__ x, const int* __restrict__ rows,
                                                   bf16* __restrict__ xh, float* __restrict__ rowf, int K,

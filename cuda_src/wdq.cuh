@@ -303,6 +303,27 @@ template <int G> struct WsGroup {
     static HD float row_scale(const u8*, const u8*, long long) { return 1.f; }
 };
 
+// BF16 weights in the fp16 mode (bf16_f16_rows, gemm_sm90.cu): a bf16 weight of a row scaled by 2^k (scale; inv =
+// 2^-k, f16row_scale of the row's largest |w|) as fp16 bits h. True when h 2^-k is the weight exactly: zeros
+// always, normal values when fp16 holds every bit of w 2^k (above 2^-24 of the scaled row's [2^14, 2^15) maximum);
+// bf16 subnormals and non-finite values never (such a weight stays on the exact pair mode). The test compares the
+// widened fp16 value scaled back with the weight, so a product that rounded or flushed cannot pass.
+HD bool bf16_f16_scaled(u32 b, float scale, float inv, u32& h) {
+    const float v = f32_from_bits(b << 16);
+    h = f16_rne_bits(v * scale);
+    if ((b & 0x7fffu) == 0) return true;
+    const u32 e = (b >> 7) & 0xffu;
+    if (e == 0 || e == 0xffu) return false;
+    return hd_f16_to_f((u16)h) * inv == v;
+}
+
+// Its row factor in the fp16 GEMM's epilogue: 2^-k per weight row, float [N] in plane p2 (bf16_f16_rows' rs).
+struct RowPow2 {
+    static constexpr int GPT = 0;
+    static constexpr bool DIRECT = false;
+    static HD float row_scale(const u8*, const u8* p2, long long n) { return reinterpret_cast<const float*>(p2)[n]; }
+};
+
 // The float activation split of every GEMM path (in place in the stage, Act<float>::split; once per GEMM,
 // split_hilo): hi = bf16(x) rounded to nearest even, lo = bf16(x - hi), 8 consecutive k as bf16x2 words (low half
 // = lower k). For 2^e <= |x| < 2^(e+1): |x - hi| <= 2^(e-8), and x - hi is exact in fp32 (a multiple of x's last

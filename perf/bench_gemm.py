@@ -21,7 +21,9 @@ converted in the main loop (``impl="wgmma"``; bitwise the ``f16`` result, off th
 ``f16`` result; its split-K: ``--splitk``); ``f16g`` / ``f16gk`` (the group formats, Q4 here): their fp16 mode,
 not yet the default (ninfer/cuda/gemm_group.py: the codes as fp16 operands, the group scales on partial sums,
 ``gemm_plan.GROUP_F16`` set for the call), the operands computed per call / kept (an ``OperandStore``, as the
-runner keeps them; ceiling = cuBLAS; ``vs`` over the in-loop exact kernel). FLOP/s counts 2·M·N·K; float32 activations run two MMAs per k-step (exact hi/lo split), so their ceiling
+runner keeps them; ceiling = cuBLAS; ``vs`` over the in-loop exact kernel); ``f16bk`` (BF16): its fp16 mode from
+the kept row-scaled operand (ninfer/cuda/gemm_bf16.py, ``gemm_plan.BF16_F16`` set; the first call, which builds
+the operand, falls in the warm-up; ``vs`` over the pair mode). FLOP/s counts 2·M·N·K; float32 activations run two MMAs per k-step (exact hi/lo split), so their ceiling
 is half of cuBLAS's: the ``vs ceiling`` column is the fraction of cuBLAS for bf16 and the fp16 mode, and of half
 of cuBLAS for the exact float32 paths; ``vs`` (JSON ``vs_fp32``) is the speedup of pair, f16 and f16il over the
 in-loop kernel, and of f16ws over f16. CUDA-event timing, median of repeats after a warm-up (about 60 s warm on an
@@ -104,10 +106,12 @@ def _paths(fmt: str, impl: str) -> tuple[tuple[str, str, str, str, str], ...]:
         paths.append(("f16", "fp32", "pair", "fp16", "cp"))  # weights dequantized once into the fp16 scratch
         # weights converted in the main loop; the scratch kernel's TMA / warp-specialized loop (the default from 384 rows)
         paths += [("f16il", "fp32", "wgmma", "fp16", "cp"), ("f16ws", "fp32", "pair", "fp16", "ws1")]
-    if (
-        fmt in GROUP_STRUCTS
-    ):  # the group formats' fp16 mode (gemm_group.py, gemm_plan.GROUP_F16 on for the call)
+    # the group formats' fp16 mode (gemm_group.py), BF16's from the kept row-scaled operand (gemm_bf16.py); each
+    # with its gemm_plan switch on for the call
+    if fmt in GROUP_STRUCTS:
         paths += [("f16g", "fp32", "auto", "fp16", "ws1"), ("f16gk", "fp32", "auto", "fp16", "ws1")]
+    if fmt == "BF16":
+        paths.append(("f16bk", "fp32", "auto", "fp16", "ws1"))
     return tuple(paths)
 
 
@@ -118,6 +122,7 @@ _BASE = {
     "f16ws": "f16",
     "f16g": "fp32",
     "f16gk": "fp32",
+    "f16bk": "pair",
 }  # what each ``vs`` column compares with
 
 
@@ -152,8 +157,9 @@ def main(
                         continue
                     x = xs[act]
                     out = cupy.empty((m, n), dtype=x.dtype)
-                    store = OperandStore(1 << 34) if label == "f16gk" else None
+                    store = OperandStore(1 << 34) if label in ("f16gk", "f16bk") else None
                     plan.GROUP_F16 = label in ("f16g", "f16gk")
+                    plan.BF16_F16 = label == "f16bk"
                     try:
                         t = event_seconds(
                             lambda x=x, out=out, w=w, how=how, inp=inp, var=var, store=store: gemm(
@@ -162,7 +168,11 @@ def main(
                             reps=reps,
                         )
                     finally:
-                        plan.GROUP_F16 = False
+                        plan.GROUP_F16 = plan.BF16_F16 = False
+                    if label == "f16bk" and store is not None and store.refused(w, "f16row"):
+                        print(
+                            f"f16bk {name} {m}: the weight is not exact in fp16 per row: the pair mode was timed"
+                        )
                     fl, tc = 2 * m * n * k, ref[(m, n, k)]
                     times[label] = t
                     base = times.get(_BASE.get(label, ""))
@@ -293,7 +303,7 @@ if __name__ == "__main__":
     ap.add_argument("--formats", default=",".join(FORMATS), help="with --splitk: the first one")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument(
-        "--paths", default=None, help="only these paths (bf16,fp32,pair,f16,f16il,f16ws,f16g,f16gk)"
+        "--paths", default=None, help="only these paths (bf16,fp32,pair,f16,f16il,f16ws,f16g,f16gk,f16bk)"
     )
     ap.add_argument("--splitk", action="store_true", help="cp vs ws with forced K splits (splitk_main)")
     ap.add_argument("--served", action="store_true", help="the served fp16 GEMM vs cuBLAS (served_main)")

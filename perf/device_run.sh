@@ -46,8 +46,9 @@
 #   wsp_probe  Nsight Compute on one "wsp" GDN state launch (35B-A3B heads, 8192 rows)
 #   wspb    the bf16 GDN scratch ("wspb"): GPU tests, bench_gdn against wsp, the whole-model prefill per variant
 #   shard   one third (SHARD=0/3, 1/3, 2/3) of the whole GPU suite per call (perf/pytest_shard.py)
-#   group   the group formats' fp16 prefill GEMM (gemm90_f16_wsg, off until this runs): its GPU tests and the ws
-#           kernel's, then perf/bench_gemm's f16g / f16gk against the exact in-loop kernel and cuBLAS (~5 min)
+#   group   the group formats' and BF16's fp16 prefill GEMMs (gemm90_f16_wsg, gemm_bf16.py: off until this runs): their
+#           GPU tests and the ws kernel's, then perf/bench_gemm's f16g / f16gk (Q4, W8) and f16bk (BF16) against the
+#           exact kernels and cuBLAS (~6 min)
 #   xlane   a decode GEMV A/B against another tree (AB_TREE, default .ab/xlane: `git archive qg64-xlane`, carried):
 #           its GEMV GPU tests, then perf/bench_gemv from both trees (AB_FORMATS) in the same call
 #   setup   the installs only
@@ -316,9 +317,11 @@ run_gemv_probe() {  # issue 13: where the decode GEMV's time goes (27B gate|up):
 }
 run_group() {  # issue 14: the group-int formats' fp16 GEMM (ninfer/cuda/gemm_group.py) on the device, then measured
   timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
-    tests/test_cuda_gemm_group.py tests/test_cuda_gemm_ws.py 2>&1 | tee "$OUT/group_tests.txt" | grep -v PASSED | tail -20
-  timeout ${BENCH_TIMEOUT:-300} python3 -m perf.bench_gemm --formats ${GROUP_FORMATS:-Q4G64_F16S,W8G32_F16S} \
-    --paths bf16,fp32,f16g,f16gk --rows ${GROUP_ROWS:-2048,8192} --out "$OUT" 2>&1 | tee "$OUT/bench_gemm_group.txt" | tail -40
+    tests/test_cuda_gemm_group.py tests/test_cuda_gemm_bf16.py tests/test_cuda_gemm_ws.py 2>&1 \
+    | tee "$OUT/group_tests.txt" | grep -v PASSED | tail -20
+  timeout ${BENCH_TIMEOUT:-360} python3 -m perf.bench_gemm --formats ${GROUP_FORMATS:-Q4G64_F16S,W8G32_F16S,BF16} \
+    --paths bf16,fp32,pair,f16g,f16gk,f16bk --rows ${GROUP_ROWS:-2048,8192} --out "$OUT" 2>&1 \
+    | tee "$OUT/bench_gemm_group.txt" | tail -50
 }
 run_xlane() {  # issue 13: a decode GEMV candidate in another tree (AB_TREE) against this one, same machine and call
   local tree=${AB_TREE:-.ab/xlane} fmts=${AB_FORMATS:-Q4G64_F16S,NVFP4G16_E4M3S}

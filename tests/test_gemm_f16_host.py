@@ -97,6 +97,27 @@ int main(int argc, char** argv) {
         fwrite(inv.data(), 4, n, stdout);
         return 0;
     }
+    if (mode == 'b') {  // bf16_f16_rows' arithmetic on n rows of k bf16 words: fp16 words, exact flags, factors
+        std::vector<u16> w((size_t)n * k);
+        std::vector<float> inv(n);
+        if (fread(w.data(), 2, w.size(), stdin) != w.size()) return 3;
+        std::vector<u16> h(w.size());
+        std::vector<unsigned char> ok(w.size());
+        for (int r = 0; r < n; ++r) {
+            float m = 0.f;
+            for (int j = 0; j < k; ++j) m = fmaxf(m, fabsf(f32_from_bits((u32)w[(size_t)r * k + j] << 16)));
+            const float s = f16row_scale(m, inv[r]);
+            for (int j = 0; j < k; ++j) {
+                u32 hb;
+                ok[(size_t)r * k + j] = bf16_f16_scaled(w[(size_t)r * k + j], s, inv[r], hb) ? 1 : 0;
+                h[(size_t)r * k + j] = (u16)hb;
+            }
+        }
+        fwrite(h.data(), 2, h.size(), stdout);
+        fwrite(ok.data(), 1, ok.size(), stdout);
+        fwrite(inv.data(), 4, n, stdout);
+        return 0;
+    }
     if (mode == 's') {  // split_f16row's arithmetic on n rows of k: the fp16 words, then the factors
         std::vector<float> x((size_t)n * k), inv(n);
         if (fread(x.data(), 4, x.size(), stdin) != x.size()) return 3;
@@ -219,3 +240,49 @@ def test_bf16_to_f16_of_every_nvfp4_operand(driver: Path) -> None:
     out = np.frombuffer(_run(driver, "m", 256, 0, b""), np.uint16).reshape(-1, 2, 8)
     b, h = bf16_decode(out[:, 0]), out[:, 1].view(np.float16).astype(F32)
     assert np.array_equal(b, h), "fp16 operand != bf16 operand"
+
+
+def test_bf16_weights_scaled_into_fp16(driver: Path) -> None:
+    """bf16_f16_rows' element rule (wdq.cuh bf16_f16_scaled) on rows of bf16 words: each row scaled by 2^k so that its
+    largest |w| lies in [2^14, 2^15) (f16row_scale), the fp16 word NumPy's rounding of w 2^k, and "exact" exactly
+    when that word times 2^-k is w: rows of normal weights fit (at any magnitude); a weight whose last bit falls under
+    fp16's 2^-24 once scaled, a bf16 subnormal, inf and NaN do not (such a BF16 weight keeps the exact pair mode)."""
+    rng = np.random.default_rng(5)
+    n, k = 6, 512
+    w = (rng.standard_normal((n, k)) * 0.02).astype(F32)
+    # far below the row's largest (~0.06, k = 19): 2^-50 scales under fp16's 2^-24; (1 + 2^-7) 2^-40 to 2^-21 with
+    # its last bit at 2^-28; 2^-40 alone to 2^-21, an fp16 subnormal: exact
+    w[1, 3], w[1, 4], w[1, 5] = 2.0**-50, -(1 + 2.0**-7) * 2.0**-40, 2.0**-40
+    w[2, :] *= 2.0**100  # a row of huge values: a negative k
+    w[3, :] *= 2.0**-100  # a row of tiny (normal) values
+    w[4, 7] = 1e-39  # a bf16 subnormal
+    w[5, 0], w[5, 1] = np.inf, np.nan
+    w[0, 5], w[0, 6] = 0.0, -0.0
+    bits = (w.view(np.uint32) >> 16).astype(
+        np.uint16
+    )  # truncation: bf16 words (the test needs bf16 values only)
+    out = _run(driver, "b", n, k, bits.tobytes())
+    h = np.frombuffer(out[: 2 * n * k], np.uint16).reshape(n, k)
+    ok = np.frombuffer(out[2 * n * k : 3 * n * k], np.uint8).reshape(n, k).astype(bool)
+    inv = np.frombuffer(out[3 * n * k :], F32)
+    v = bf16_decode(bits).astype(np.float64)
+    for r in range(n):
+        finite = np.isfinite(v[r])
+        amax = np.max(np.abs(v[r][finite])) if r != 5 else np.inf
+        if r != 5:
+            kexp = int(np.clip(141 - (int(np.float32(amax).view(np.uint32)) >> 23 & 0xFF), -126, 126))
+            assert inv[r] == np.float32(2.0**-kexp), f"row {r}: factor"
+            scaled = v[r] * 2.0**kexp
+            with np.errstate(over="ignore"):
+                f16 = scaled.astype(np.float16)
+            normal = (np.abs(v[r]) >= 2.0**-126) | (v[r] == 0)
+            want = normal & (f16.astype(np.float64) == scaled)
+            assert np.array_equal(ok[r], want), f"row {r}: exact flags at {np.flatnonzero(ok[r] != want)}"
+            assert np.array_equal(h[r][want], f16.view(np.uint16)[want]), f"row {r}: fp16 words"
+    assert ok[0].all() and ok[2].all() and ok[3].all(), (
+        "rows of ordinary weights (at any magnitude) are exact"
+    )
+    assert not ok[1, 3] and not ok[1, 4] and ok[1, :3].all() and ok[1, 5:].all(), (
+        "far below the largest: not exact"
+    )
+    assert not ok[4, 7] and not ok[5, 0] and not ok[5, 1], "subnormal, inf, NaN: not exact"

@@ -34,6 +34,7 @@ from ninfer.cuda._common import (
     matrix_args,
     matrix_out,
 )
+from ninfer.cuda.gemm_bf16 import BF16_SM90_INSTANCES, BF16_WS_INSTANCES, bf16_f16_ok, gemm_bf16_f16
 from ninfer.cuda.gemm_group import GROUP_SM90_INSTANCES, GROUP_WS_INSTANCES, gemm_group_f16, group_f16_ok
 from ninfer.cuda.gemm_pair import (
     F16_VARIANTS,
@@ -98,8 +99,9 @@ SOURCES: dict[str, tuple[str, ...]] = {
         ),
         *PAIR_INSTANCES,
         *GROUP_SM90_INSTANCES,
+        *BF16_SM90_INSTANCES,
     ),
-    "gemm_sm90_ws.cu": (*WS_INSTANCES, *GROUP_WS_INSTANCES),
+    "gemm_sm90_ws.cu": (*WS_INSTANCES, *GROUP_WS_INSTANCES, *BF16_WS_INSTANCES),
 }
 
 
@@ -223,6 +225,10 @@ def gemm(
         if inputs == "fp16" and impl == "auto" and not capturing() and group_f16_ok(w.fmt, t, m, n, k):
             gemm_group_f16(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel, variant=variant, operands=operands)
             return out
+        if inputs == "fp16" and impl == "auto" and not capturing() and bf16_f16_ok(w.fmt, t, m, k):
+            dims = (m, n, k, ldx, ldy)
+            if gemm_bf16_f16(x, w, out, dims, _sm90_kernel, variant=variant, operands=operands):
+                return out
         if _use_pair(impl, w.fmt, t, m):
             dims = (m, n, k, ldx, ldy)
             v = variant if f16 else "cp"

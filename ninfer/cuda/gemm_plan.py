@@ -107,6 +107,9 @@ PAIR_MIN_ROWS = 128
 # group scales on partial sums). Off until the GPU suite and perf.bench_gemm have run it: gemm(..., inputs="fp16")
 # keeps these formats on the exact in-loop kernel; benchmarks and tests set it.
 GROUP_F16 = False
+# BF16 weights in the fp16 mode (ninfer/cuda/gemm_bf16.py: each weight row scaled by a power of two into exact fp16,
+# kept operands only). Off until the GPU suite and perf.bench_gemm have run it, as GROUP_F16.
+BF16_F16 = False
 # The fp16 mode's in-loop kernel (gemm90_f16il: every CTA converts its own weight tiles in the main loop instead of
 # one dequant pass into the fp16 scratch) is bitwise the scratch kernel but slower at every row count measured on the
 # H200 at 855128a (perf/results/bench_gemm_855128a.txt, NVFP4, the 27B's projections: 0.89-1.02x of the scratch

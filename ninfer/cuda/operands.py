@@ -84,6 +84,7 @@ class OperandStore:
         self.used = 0
         # key -> (the operand buffer, the weight's data: kept alive so that its address stays its own)
         self._bufs: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        self._refused: dict[tuple[Any, ...], Any] = {}  # key -> the weight's data (its address stays its own)
         self.set_budget(budget)
 
     def set_budget(self, budget: int) -> None:
@@ -110,9 +111,20 @@ class OperandStore:
         """Keep ``buf`` (admitted before) as ``w``'s operand of ``kind``."""
         self._bufs[(*_key(w), kind)] = (buf, w.data)
 
+    def refuse(self, w: Any, kind: str, nbytes: int) -> None:
+        """Give back ``nbytes`` admitted for ``w``'s operand of ``kind`` and remember that it has none (BF16 weights
+        whose values fp16 does not hold exactly: gemm_bf16.py), so that later calls do not build it again."""
+        self.used -= nbytes
+        self._refused[(*_key(w), kind)] = w.data
+
+    def refused(self, w: Any, kind: str) -> bool:
+        """Whether ``w``'s operand of ``kind`` was refused (:meth:`refuse`)."""
+        return (*_key(w), kind) in self._refused
+
     def clear(self) -> None:
         """Drop every kept operand."""
         self._bufs.clear()
+        self._refused.clear()
         self.used = 0
 
     def __len__(self) -> int:

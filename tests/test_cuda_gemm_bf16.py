@@ -1,0 +1,104 @@
+"""BF16 weights in the fp16-mode prefill GEMM (ninfer/cuda/gemm_bf16.py, cuda_src/gemm_sm90.cu bf16_f16_rows,
+gemm90_f16_ws<DqFolded<RowPow2>>) on the device, with ``gemm_plan.BF16_F16`` on: fresh random inputs against NumPy
+with the same input rounding at the fp32-accumulation tolerance, strided views, the kept operand reused, split-K;
+a weight with a value fp16 cannot hold at its row's scale refused (the exact pair mode's bits, and no second
+build); off (the default), the exact pair mode. The element rule is checked on the CPU (tests/test_gemm_f16_host.py).
+Skipped without an sm_90a device.
+
+    python -m pytest -m gpu tests/test_cuda_gemm_bf16.py
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from test_cuda_gemm_pair import TOL, _err
+
+from ninfer.formats import FORMATS
+from ninfer.reference import ops
+
+pytestmark = pytest.mark.gpu
+
+F32 = np.float32
+SHAPES = ((128, 6, 8), (129, 300, 200), (257, 1000, 512), (300, 520, 2056))
+
+
+@pytest.fixture
+def cp(monkeypatch: pytest.MonkeyPatch) -> Any:
+    cupy = pytest.importorskip("cupy")
+    from ninfer.cuda import gemm_plan
+    from ninfer.cuda.loader import compute_capability, target_arch
+
+    if not target_arch("gemm_sm90.cu", compute_capability()).endswith("a"):
+        pytest.skip("the fp16 mode needs the sm_90a wgmma kernels (compute capability 9.0)")
+    monkeypatch.setattr(gemm_plan, "BF16_F16", True)
+    return cupy
+
+
+def test_bf16_f16_matches_rounded_reference(cp: Any) -> None:
+    from ninfer.cuda.gemm import gemm
+    from ninfer.cuda.operands import OperandStore
+
+    rng = np.random.default_rng(81)
+    for m, n, k in SHAPES:
+        wf = (rng.standard_normal((n, k)) * 0.5).astype(F32)
+        wf[1 % n] *= 2.0**40  # rows of other magnitudes: their own power of two
+        wf[2 % n] *= 2.0**-40
+        w, wf = _upload(wf), _bf16(wf)  # the stored bf16 values
+        x = (rng.standard_normal((m, k)) * 4).astype(F32)
+        store = OperandStore(1 << 30)
+        xbuf = cp.zeros((m, k + 24), dtype=F32)
+        xbuf[:, 8 : 8 + k] = cp.asarray(x)
+        buf = cp.full((m, n + 11), np.nan, dtype=F32)
+        gemm(xbuf[:, 8 : 8 + k], w, buf[:, 3 : 3 + n], inputs="fp16", operands=store)
+        got = cp.asnumpy(buf)
+        assert np.isnan(got[:, :3]).all() and np.isnan(got[:, 3 + n :]).all(), f"{m}x{n}x{k}: wrote outside"
+        got = got[:, 3 : 3 + n]
+        assert len(store) == 1, "the operand kept"
+        err = _err(got, ops.linear(ops.round_fp16_rows(x), wf))
+        assert err <= TOL, f"{m}x{n}x{k}: normalised max error {err:.2e} against the rounded inputs"
+        again = cp.asnumpy(gemm(cp.asarray(x), w, inputs="fp16", operands=store))
+        assert np.array_equal(again, got), "from the kept operand: the same bits"
+        split = cp.asnumpy(gemm(cp.asarray(x), w, inputs="fp16", operands=store, variant="ws3"))
+        assert _err(split, got) <= TOL
+        exact = cp.asnumpy(gemm(cp.asarray(x), w))
+        assert not np.array_equal(exact, got), "the fp16 mode gave the exact result (not taken?)"
+
+
+def _bf16(wf: np.ndarray) -> np.ndarray:
+    codec = FORMATS["BF16"]
+    return codec.decode(codec.encode(wf, wf.shape), wf.shape)
+
+
+def _upload(wf: np.ndarray) -> Any:
+    from ninfer.cuda.weights import upload_weight
+
+    return upload_weight("BF16", wf.shape, FORMATS["BF16"].encode(wf, wf.shape))
+
+
+def test_inexact_weight_is_refused_and_off_is_exact(cp: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ninfer.cuda import gemm_plan
+    from ninfer.cuda.gemm import gemm
+    from ninfer.cuda.operands import OperandStore
+
+    rng = np.random.default_rng(83)
+    m, n, k = 256, 520, 1032
+    wf = (rng.standard_normal((n, k)) * 0.02).astype(F32)
+    wf[7, 11] = (
+        -(1 + 2.0**-7) * 2.0**-40
+    )  # 8 significant bits ~2^35 below its row's largest: not in fp16 there
+    w = _upload(wf)
+    x = cp.asarray((rng.standard_normal((m, k)) * 4).astype(F32))
+    pair = cp.asnumpy(
+        gemm(x, w, inputs="fp16")
+    )  # no store: the exact pair mode (BF16 has no per-call fp16 operand)
+    store = OperandStore(1 << 30)
+    got = cp.asnumpy(gemm(x, w, inputs="fp16", operands=store))
+    assert np.array_equal(got, pair), "a refused weight keeps the pair mode's bits"
+    assert len(store) == 0 and store.used == 0 and store.refused(w, "f16row")
+    monkeypatch.setattr(gemm_plan, "BF16_F16", False)
+    ok = _upload((rng.standard_normal((n, k)) * 0.02).astype(F32))
+    off = cp.asnumpy(gemm(x, ok, inputs="fp16", operands=OperandStore(1 << 30)))
+    assert np.array_equal(off, cp.asnumpy(gemm(x, ok))), "BF16_F16 off: the exact pair mode"

@@ -1,0 +1,44 @@
+"""BF16's fp16 path's host-side rules (ninfer/cuda/gemm_bf16.py, ninfer/cuda/operands.py; pure CPU): when gemm()
+tries it, and the OperandStore's refusal of a weight that fp16 does not hold exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from ninfer.cuda import gemm_plan
+from ninfer.cuda.gemm_bf16 import bf16_f16_ok, bf16_operands
+from ninfer.cuda.operands import OperandStore
+
+
+class _Data:
+    class data:  # noqa: N801 - the shape of a CuPy array's .data.ptr
+        ptr = 4096
+
+    size = 64
+
+
+class _W:
+    fmt, rows, cols, offsets, shape = "BF16", 4, 8, (0,), (4, 8)
+    data = _Data()
+
+
+def test_off_by_default_and_the_conditions_when_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert gemm_plan.BF16_F16 is False, "not the default until the GPU suite and bench_gemm have run it"
+    assert not bf16_f16_ok("BF16", "float", 4096, 5120) and not bf16_operands("BF16")
+    monkeypatch.setattr(gemm_plan, "BF16_F16", True)
+    assert bf16_f16_ok("BF16", "float", 128, 5120) and bf16_operands("BF16")
+    assert not bf16_f16_ok("BF16", "float", 127, 5120), "below the fp16 mode's row floor"
+    assert not bf16_f16_ok("BF16", "float", 4096, 5124), "TMA: K % 8"
+    assert not bf16_f16_ok("BF16", "bf16", 4096, 5120), "float32 rows only"
+    assert not bf16_f16_ok("NVFP4G16_E4M3S", "float", 4096, 5120) and not bf16_operands("Q4G64_F16S")
+
+
+def test_refused_operand_gives_its_bytes_back() -> None:
+    store, w = OperandStore(1000), _W()
+    assert store.admit(600) and store.used == 600
+    assert not store.refused(w, "f16row")
+    store.refuse(w, "f16row", 600)
+    assert store.used == 0 and store.refused(w, "f16row") and not store.refused(w, "f16")
+    assert store.lookup(w, "f16row") is None and len(store) == 0
+    store.clear()
+    assert not store.refused(w, "f16row"), "clear() forgets the refusals too"
