@@ -2,7 +2,7 @@
 gemm90_f16_wsg, dequant90<D, true>, group_scales_t) on the device, with ``gemm_plan.GROUP_F16`` on: fresh random
 inputs against NumPy with the same input rounding (``ops.round_fp16_rows``) at the fp32-accumulation tolerance, for
 Q4/Q5/Q6 g64 and W8 g32; strided views and nothing written outside them; the kept operands (``OperandStore``) and
-the per-call scratch give the same bits; split-K units against the unsplit kernel at the accumulation tolerance
+the per-call scratch, whole or in weight-row chunks, give the same bits; split-K units against the unsplit kernel at the accumulation tolerance
 and bitwise repeatable; off (the default), the same call stays on the exact kernel. The schedule, tensor maps and
 descriptor addressing are checked on the CPU (tests/test_gemm_ws_host.py). Skipped without an sm_90a device.
 
@@ -91,6 +91,11 @@ def test_group_f16_kept_operands_splits_and_default(
     assert len(store) == 2 and np.array_equal(kept, base), "kept codes / scales: other bits than the scratch"
     again = cp.asnumpy(gemm(x, w, inputs="fp16", variant="ws1", operands=store))
     assert np.array_equal(again, base), "second call from the kept operands"
+    monkeypatch.setattr(gemm_plan, "_W_CAP", 2 * 256 * k)  # the scratch in four weight-row chunks
+    chunked = cp.asnumpy(gemm(x, w, inputs="fp16", variant="ws1"))
+    assert np.array_equal(chunked, base), "weight-row chunks of the scratch: other bits"
+    monkeypatch.undo()
+    monkeypatch.setattr(gemm_plan, "GROUP_F16", True)
     split = cp.asnumpy(gemm(x, w, inputs="fp16", variant="ws3"))
     assert _err(split, base) <= TOL, "split-K: the same product at the fp32-accumulation tolerance"
     assert np.array_equal(split, cp.asnumpy(gemm(x, w, inputs="fp16", variant="ws3"))), (

@@ -8,7 +8,7 @@ codes alone are small integers, exact in fp16. So this path is the warp-speciali
 warpgroup, persistent CTAs) with the codes as the weight operand and the scales on the partial sums:
 
 - operands, once per weight (kept in the ``OperandStore`` like the folded formats' fp16 rows, else per call into
-  the scratch): the codes as fp16 rows ``[N, K]`` (``dequant90<D, true>``: the format's own make()) and the scales
+  the pair mode's weight scratch, in row chunks under its cap): the codes as fp16 rows ``[N, K]`` (``dequant90<D, true>``: the format's own make()) and the scales
   as float32 ``[groups, N]`` (``group_scales_t``), which the producer copies with the K tile (a third TMA box);
 - activations: the fp16 mode's row split (``split_f16row``: a power of two per row, rounded to fp16);
 - per K tile and group each consumer warpgroup sums the group's k16 steps into a partial accumulator and adds
@@ -92,33 +92,40 @@ def _groups(fmt: str, k: int) -> int:
     return -(-k // 128) * 128 // (64 // GROUP_STRUCTS[fmt][1])
 
 
-def _operands(w: Any, kernel_of: Callable[[str], Any], operands: Any) -> tuple[Any, Any]:
-    """(fp16 codes ``[N, K]``, float32 scales ``[groups, N]``) of ``w``: kept in ``operands`` (filled on first use if
-    its budget admits both), else computed into the scratch for this call."""
-    n, k, gpr = int(w.rows), int(w.cols), _groups(w.fmt, int(w.cols))
-    kept = None if operands is None else (operands.lookup(w, "codes"), operands.lookup(w, "gscales"))
-    if kept is not None and kept[0] is not None and kept[1] is not None:
-        return kept
-    import cupy
-
-    own = operands is not None and operands.admit(2 * n * k + 4 * gpr * n)
-    codes = cupy.empty(n * k, dtype=np.uint16) if own else gemm_rows._scratch("w", n * k)
-    scales = (
-        cupy.empty(gpr * n, dtype=np.float32)
-        if own
-        else gemm_rows._scratch("gs", 2 * gpr * n).view(np.float32)
-    )
+def _build(w: Any, kernel_of: Callable[[str], Any], codes: Any, scales: Any, n0: int, rows: int) -> None:
+    """Weight rows [n0, n0 + rows) of ``w``: their codes as fp16 into ``codes`` [rows, K] and their scales as
+    float32 into ``scales`` [groups, rows]."""
+    k, gpr = int(w.cols), _groups(w.fmt, int(w.cols))
     p0, p1, p2 = w.planes()
     struct = GROUP_STRUCTS[w.fmt][0]
     kernel_of(f"dequant90<{struct}, true>")(
-        (grid_1d(k, 64), grid_1d(n, _GBN)), (256,), (p0, p1, p2, codes, np.int32(n), np.int32(k), np.int64(0))
+        (grid_1d(k, 64), grid_1d(rows, _GBN)),
+        (256,),
+        (p0, p1, p2, codes, np.int32(rows), np.int32(k), np.int64(n0)),
     )
     kernel_of("group_scales_t")(
-        (grid_1d(gpr * n, 256),), (256,), (p2, scales, np.int32(n), np.int32(gpr), np.int64(0))
+        (grid_1d(gpr * rows, 256),), (256,), (p2, scales, np.int32(rows), np.int32(gpr), np.int64(n0))
     )
-    if own:
-        operands.keep(w, codes, "codes")
-        operands.keep(w, scales, "gscales")
+
+
+def _kept(w: Any, kernel_of: Callable[[str], Any], operands: Any) -> tuple[Any, Any] | None:
+    """(fp16 codes ``[N, K]``, float32 scales ``[groups, N]``) of ``w`` kept in ``operands``, built on first use if
+    its budget admits both; None: the caller builds them per call into the scratch."""
+    if operands is None:
+        return None
+    hit = operands.lookup(w, "codes"), operands.lookup(w, "gscales")
+    if hit[0] is not None and hit[1] is not None:
+        return hit
+    n, k = int(w.rows), int(w.cols)
+    gpr = _groups(w.fmt, k)
+    if not operands.admit(2 * n * k + 4 * gpr * n):
+        return None
+    import cupy
+
+    codes, scales = cupy.empty(n * k, dtype=np.uint16), cupy.empty(gpr * n, dtype=np.float32)
+    _build(w, kernel_of, codes, scales, 0, n)
+    operands.keep(w, codes, "codes")
+    operands.keep(w, scales, "gscales")
     return codes, scales
 
 
@@ -155,22 +162,34 @@ def gemm_group_f16(
         xh, rowf = x.xh, x.rowf
     else:
         xh, rowf = gemm_rows.f16_rows(x, ldx, kernel_of)
-    codes, scales = _operands(w, kernel_of, operands)
     forced = variant[2:] if variant.startswith("ws") and variant != "ws" else ""
+    # S of the whole call (kept by every weight chunk: a partial depends on K and S only, as in gemm_pair)
     splits = int(forced) if forced else splitk_splits(m, 2 * n, k)
     fn = kernel_of(f"gemm90_f16_wsg<{gpt}>")
     if fn.max_dynamic_shared_size_bytes < _SMEM:
         fn.max_dynamic_shared_size_bytes = _SMEM
     groups = _groups(w.fmt, k)
-    ma, mb, ms = _maps(xh.data.ptr, m, codes.data.ptr, n, k, scales.data.ptr, groups, gpt)
-    units = grid_1d(m, _BM) * grid_1d(n, _GBN) * splits
-    grid = min(units, sm_count(cupy.cuda.Device().id))
-    part = gemm_rows._scratch("part", 2 * splits * m * n).view(np.float32) if splits > 1 else None
-    args = (ma.arg, mb.arg, ms.arg, rowf, out, np.int32(m), np.int32(n), np.int32(k), np.int64(ldy),
-            np.uint64(0) if part is None else part, np.int32(splits))  # fmt: skip
-    launch_ex(fn, (grid,), (_WS_THREADS,), args, shared_mem=_SMEM)
-    if part is not None:
-        red = kernel_of("gemm90_f16_ws_reduce<WsGroup<1>>")
-        red((m, grid_1d(n, _REDUCE_THREADS)), (_REDUCE_THREADS,),
-            (part, np.uint64(0), np.uint64(0), rowf, out, np.int32(m), np.int32(n), np.int32(splits),
-             np.int64(ldy)))  # fmt: skip
+    kept = _kept(w, kernel_of, operands)
+    # not kept: the operands of weight rows [n0, n0 + nw) at a time, in the pair mode's weight scratch (the same
+    # chunk cap, so the memory plan's reservation covers the codes; the scales are 1/16 of that or less)
+    nw = n if kept is not None else gemm_plan._chunks(n, gemm_plan._W_CAP // (2 * k), 256)
+    for n0 in range(0, n, nw):
+        cols = min(nw, n - n0)
+        if kept is not None:
+            codes, scales = kept
+        else:
+            codes = gemm_rows._scratch("w", cols * k)
+            scales = gemm_rows._scratch("gs", 2 * groups * cols).view(np.float32)
+            _build(w, kernel_of, codes, scales, n0, cols)
+        y = out if cols == n else out[:, n0 : n0 + cols]
+        ma, mb, ms = _maps(xh.data.ptr, m, codes.data.ptr, cols, k, scales.data.ptr, groups, gpt)
+        grid = min(grid_1d(m, _BM) * grid_1d(cols, _GBN) * splits, sm_count(cupy.cuda.Device().id))
+        part = gemm_rows._scratch("part", 2 * splits * m * cols).view(np.float32) if splits > 1 else None
+        args = (ma.arg, mb.arg, ms.arg, rowf, y, np.int32(m), np.int32(cols), np.int32(k), np.int64(ldy),
+                np.uint64(0) if part is None else part, np.int32(splits))  # fmt: skip
+        launch_ex(fn, (grid,), (_WS_THREADS,), args, shared_mem=_SMEM)
+        if part is not None:
+            red = kernel_of("gemm90_f16_ws_reduce<WsGroup<1>>")
+            red((m, grid_1d(cols, _REDUCE_THREADS)), (_REDUCE_THREADS,),
+                (part, np.uint64(0), np.uint64(0), rowf, y, np.int32(m), np.int32(cols), np.int32(splits),
+                 np.int64(ldy)))  # fmt: skip
