@@ -222,10 +222,11 @@ def gemm(
         )
     if hopper:
         f16 = inputs == "fp16" and f16_foldable(w.fmt)
-        if inputs == "fp16" and impl == "auto" and not capturing() and group_f16_ok(w.fmt, t, m, n, k):
+        # the switches first (gemm_plan.GROUP_F16 / BF16_F16): off, no capture query is added to the GEMM
+        if inputs == "fp16" and impl == "auto" and group_f16_ok(w.fmt, t, m, n, k) and not capturing():
             gemm_group_f16(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel, variant=variant, operands=operands)
             return out
-        if inputs == "fp16" and impl == "auto" and not capturing() and bf16_f16_ok(w.fmt, t, m, k):
+        if inputs == "fp16" and impl == "auto" and bf16_f16_ok(w.fmt, t, m, k) and not capturing():
             dims = (m, n, k, ldx, ldy)
             if gemm_bf16_f16(x, w, out, dims, _sm90_kernel, variant=variant, operands=operands):
                 return out

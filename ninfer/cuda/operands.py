@@ -122,9 +122,8 @@ class OperandStore:
         return (*_key(w), kind) in self._refused
 
     def clear(self) -> None:
-        """Drop every kept operand."""
+        """Drop every kept operand (the refusals stay: they are the weights' values', not the budget's)."""
         self._bufs.clear()
-        self._refused.clear()
         self.used = 0
 
     def __len__(self) -> int:
