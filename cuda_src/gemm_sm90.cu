@@ -299,13 +299,24 @@ __global__ void __launch_bounds__(GS_THREADS)
 }
 
 // The group formats' f16 scales (plane p2: [rows][gpr] fp16 of weight row nb + r, gpr groups per row) as fp32
-// [gpr][rows], the scale map of gemm90_f16_wsg (one thread per output, in output order; widening is exact).
+// [gpr][rows], the scale map of gemm90_f16_wsg (widening is exact). Block (bx, by): groups 32 bx .., rows 32 by ..
+// through a shared tile, so that both the reads (along a row's groups) and the writes (along a group's rows) are
+// contiguous runs of 32; 256 threads, each 4 elements.
 __global__ void __launch_bounds__(256)
     group_scales_t(const u16* __restrict__ p2, float* __restrict__ out, int rows, int gpr, long long nb) {
-    const long long i = blockIdx.x * 256ll + threadIdx.x;
-    if (i >= (long long)rows * gpr) return;
-    const int g = (int)(i / rows), r = (int)(i - (long long)g * rows);
-    out[i] = hd_f16_to_f(p2[(nb + r) * gpr + g]);
+    __shared__ float tile[32][33];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5, g0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int r = r0 + ty + 8 * j, g = g0 + tx;
+        if (r < rows && g < gpr) tile[ty + 8 * j][tx] = hd_f16_to_f(p2[(nb + r) * gpr + g]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int g = g0 + ty + 8 * j, r = r0 + tx;
+        if (r < rows && g < gpr) out[(long long)g * rows + r] = tile[tx][ty + 8 * j];
+    }
 }
 
 // ---- fp16 mode: float activations rounded once per GEMM to fp16 with a power-of-two scale per row --------------

@@ -104,7 +104,9 @@ def _build(w: Any, kernel_of: Callable[[str], Any], codes: Any, scales: Any, n0:
         (p0, p1, p2, codes, np.int32(rows), np.int32(k), np.int64(n0)),
     )
     kernel_of("group_scales_t")(
-        (grid_1d(gpr * rows, 256),), (256,), (p2, scales, np.int32(rows), np.int32(gpr), np.int64(n0))
+        (grid_1d(gpr, 32), grid_1d(rows, 32)),
+        (256,),
+        (p2, scales, np.int32(rows), np.int32(gpr), np.int64(n0)),
     )
 
 
