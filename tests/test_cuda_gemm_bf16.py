@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_cuda_gemm_f16 import gemm_strided, sm90a_cupy
 from test_cuda_gemm_pair import TOL, _err
 
 from ninfer.formats import FORMATS
@@ -27,12 +28,9 @@ SHAPES = ((128, 6, 8), (129, 300, 200), (257, 1000, 512), (300, 520, 2056))
 
 @pytest.fixture
 def cp(monkeypatch: pytest.MonkeyPatch) -> Any:
-    cupy = pytest.importorskip("cupy")
     from ninfer.cuda import gemm_plan
-    from ninfer.cuda.loader import compute_capability, target_arch
 
-    if not target_arch("gemm_sm90.cu", compute_capability()).endswith("a"):
-        pytest.skip("the fp16 mode needs the sm_90a wgmma kernels (compute capability 9.0)")
+    cupy = sm90a_cupy()
     monkeypatch.setattr(gemm_plan, "BF16_F16", True)
     return cupy
 
@@ -52,13 +50,7 @@ def test_bf16_f16_matches_rounded_reference(cp: Any) -> None:
         w, wf = _upload(wf), _bf16(wf)  # the stored bf16 values
         x = (rng.standard_normal((m, k)) * 4).astype(F32)
         store = OperandStore(1 << 30)
-        xbuf = cp.zeros((m, k + 24), dtype=F32)
-        xbuf[:, 8 : 8 + k] = cp.asarray(x)
-        buf = cp.full((m, n + 11), np.nan, dtype=F32)
-        gemm(xbuf[:, 8 : 8 + k], w, buf[:, 3 : 3 + n], inputs="fp16", operands=store)
-        got = cp.asnumpy(buf)
-        assert np.isnan(got[:, :3]).all() and np.isnan(got[:, 3 + n :]).all(), f"{m}x{n}x{k}: wrote outside"
-        got = got[:, 3 : 3 + n]
+        got = gemm_strided(cp, x, w, f"{m}x{n}x{k}", inputs="fp16", operands=store)
         assert len(store) == 1, "the operand kept"
         err = _err(got, ops.linear(ops.round_fp16_rows(x), wf))
         assert err <= TOL, f"{m}x{n}x{k}: normalised max error {err:.2e} against the rounded inputs"

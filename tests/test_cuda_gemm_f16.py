@@ -24,14 +24,36 @@ F32 = np.float32
 F16_FMTS = ("FP8E4M3_F32ROW", "FP8E4M3_F32T", "NVFP4G16_E4M3S", "NVFP4G16_E4M3S_ROWG")
 
 
-@pytest.fixture
-def cp() -> Any:
+def sm90a_cupy() -> Any:
+    """CuPy on a device with the sm_90a wgmma kernels, or the test skipped."""
     cupy = pytest.importorskip("cupy")
     from ninfer.cuda.loader import compute_capability, target_arch
 
     if not target_arch("gemm_sm90.cu", compute_capability()).endswith("a"):
         pytest.skip("the fp16 mode needs the sm_90a wgmma kernels (compute capability 9.0)")
     return cupy
+
+
+@pytest.fixture
+def cp() -> Any:
+    return sm90a_cupy()
+
+
+def gemm_strided(cp: Any, x: np.ndarray, w: Any, what: str, col0: int = 3, **kw: Any) -> np.ndarray:
+    """``gemm(x, w, **kw)`` from a strided view of ``x`` into columns [col0, col0 + N) of a NaN-filled buffer 11
+    columns wider (col0 4: 16-byte aligned rows, the ws kernels' paired stores); asserts that nothing was written
+    outside the view and returns the view's values."""
+    from ninfer.cuda.gemm import gemm
+
+    m, k = x.shape
+    n = w.rows
+    xbuf = cp.zeros((m, k + 24), dtype=F32)
+    xbuf[:, 8 : 8 + k] = cp.asarray(x)
+    buf = cp.full((m, n + 8 + col0), np.nan, dtype=F32)
+    gemm(xbuf[:, 8 : 8 + k], w, buf[:, col0 : col0 + n], **kw)
+    got = cp.asnumpy(buf)
+    assert np.isnan(got[:, :col0]).all() and np.isnan(got[:, col0 + n :]).all(), f"{what}: wrote outside"
+    return got[:, col0 : col0 + n]
 
 
 def _x(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
@@ -50,15 +72,7 @@ def test_f16_matches_rounded_reference(cp: Any, fmt: str) -> None:
     for m, n, k in SHAPES:
         w, wf = _weight(rng, fmt, n, k)
         x = _x(rng, m, k)
-        xbuf = cp.zeros((m, k + 24), dtype=F32)
-        xbuf[:, 8 : 8 + k] = cp.asarray(x)
-        buf = cp.full((m, n + 11), np.nan, dtype=F32)
-        gemm(xbuf[:, 8 : 8 + k], w, buf[:, 3 : 3 + n], inputs="fp16")
-        got = cp.asnumpy(buf)
-        assert np.isnan(got[:, :3]).all() and np.isnan(got[:, 3 + n :]).all(), (
-            f"{fmt} {m}x{n}x{k}: wrote outside"
-        )
-        got = got[:, 3 : 3 + n]
+        got = gemm_strided(cp, x, w, f"{fmt} {m}x{n}x{k}", inputs="fp16")
         err = _err(got, ops.linear(ops.round_fp16_rows(x), wf))
         assert err <= TOL, f"{fmt} {m}x{n}x{k}: normalised max error {err:.2e} against the rounded inputs"
         for r in range(m):  # per row too: the tiny and huge rows are not hidden by the others' scale

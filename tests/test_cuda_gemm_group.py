@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_cuda_gemm_f16 import _x, gemm_strided, sm90a_cupy
 from test_cuda_gemm_pair import TOL, _err, _weight
 
 from ninfer.reference import ops
@@ -30,21 +31,11 @@ SHAPES = ((128, 8, 64), (129, 300, 200), (257, 1000, 512), (300, 520, 2056))
 
 @pytest.fixture
 def cp(monkeypatch: pytest.MonkeyPatch) -> Any:
-    cupy = pytest.importorskip("cupy")
     from ninfer.cuda import gemm_plan
-    from ninfer.cuda.loader import compute_capability, target_arch
 
-    if not target_arch("gemm_sm90.cu", compute_capability()).endswith("a"):
-        pytest.skip("the fp16 mode needs the sm_90a wgmma kernels (compute capability 9.0)")
+    cupy = sm90a_cupy()
     monkeypatch.setattr(gemm_plan, "GROUP_F16", True)
     return cupy
-
-
-def _x(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
-    x = (rng.standard_normal((m, k)) * 4).astype(F32)
-    x[1 % m] *= 1e-25  # a tiny row: the clamped scale
-    x[2 % m] *= 3e5  # a row above fp16's range before scaling
-    return x
 
 
 @pytest.mark.parametrize("fmt", GROUP_FMTS)
@@ -55,15 +46,7 @@ def test_group_f16_matches_rounded_reference(cp: Any, fmt: str) -> None:
     for m, n, k in SHAPES:
         w, wf = _weight(rng, fmt, n, k)
         x = _x(rng, m, k)
-        xbuf = cp.zeros((m, k + 24), dtype=F32)
-        xbuf[:, 8 : 8 + k] = cp.asarray(x)
-        buf = cp.full((m, n + 12), np.nan, dtype=F32)
-        gemm(xbuf[:, 8 : 8 + k], w, buf[:, 4 : 4 + n], inputs="fp16", variant="ws1")
-        got = cp.asnumpy(buf)
-        assert np.isnan(got[:, :4]).all() and np.isnan(got[:, 4 + n :]).all(), (
-            f"{fmt} {m}x{n}x{k}: wrote outside"
-        )
-        got = got[:, 4 : 4 + n]
+        got = gemm_strided(cp, x, w, f"{fmt} {m}x{n}x{k}", col0=4, inputs="fp16", variant="ws1")
         err = _err(got, ops.linear(ops.round_fp16_rows(x), wf))
         assert err <= TOL, f"{fmt} {m}x{n}x{k}: normalised max error {err:.2e} against the rounded inputs"
         for r in (0, 1 % m, 2 % m, m - 1):  # the tiny and huge rows are not hidden by the others' scale

@@ -42,3 +42,26 @@ def test_refused_operand_gives_its_bytes_back() -> None:
     assert store.lookup(w, "f16row") is None and len(store) == 0
     store.set_budget(10)  # drops the kept operands (clear), not what the weight's values decided
     assert store.refused(w, "f16row") and store.used == 0
+
+
+def test_obtain_builds_once_and_remembers_a_refusal() -> None:
+    store, w, built = OperandStore(1000), _W(), []
+
+    def ok() -> str:
+        built.append("ok")
+        return "operand"
+
+    assert store.obtain(w, "f16", 600, ok) == "operand" and store.used == 600
+    assert store.obtain(w, "f16", 600, ok) == "operand" and built == ["ok"], "kept: not built again"
+    assert store.obtain(w, "f16row", 600, ok) is None and built == ["ok"], "no room: not built"
+
+    def inexact() -> None:
+        built.append("inexact")
+
+    store.set_budget(2000)
+    assert (
+        store.obtain(w, "f16row", 600, inexact) is None and store.used == 600 and store.refused(w, "f16row")
+    )
+    assert store.obtain(w, "f16row", 600, inexact) is None and built == ["ok", "inexact"], (
+        "refused: not rebuilt"
+    )

@@ -24,10 +24,17 @@ from typing import Any
 import numpy as np
 
 from ninfer.cuda import gemm_plan, gemm_rows
-from ninfer.cuda._common import F16Rows
-from ninfer.cuda.gemm_plan import PAIR_MIN_ROWS, splitk_splits
+from ninfer.cuda.gemm_pair import launch_ws
+from ninfer.cuda.gemm_plan import PAIR_MIN_ROWS, forced_splits, splitk_splits
 
-__all__ = ["BF16_WS_INSTANCES", "BF16_SM90_INSTANCES", "bf16_f16_ok", "bf16_operands", "gemm_bf16_f16"]
+__all__ = [
+    "BF16_WS_INSTANCES",
+    "BF16_SM90_INSTANCES",
+    "bf16_f16_ok",
+    "bf16_operands",
+    "bf16_operand_extra",
+    "gemm_bf16_f16",
+]
 
 _STRUCT = "DqFolded<RowPow2>"
 BF16_WS_INSTANCES: tuple[str, ...] = (f"gemm90_f16_ws<{_STRUCT}>", f"gemm90_f16_ws_reduce<{_STRUCT}>")
@@ -46,32 +53,27 @@ def bf16_operands(fmt: str) -> bool:
     return gemm_plan.BF16_F16 and fmt == "BF16"
 
 
+def bf16_operand_extra(fmt: str, n: int, k: int) -> int:
+    """Bytes a kept operand holds beside its fp16 rows: BF16's float32 row factors, else none."""
+    return 4 * n if fmt == "BF16" else 0
+
+
 def _operand(w: Any, kernel_of: Callable[[str], Any], operands: Any) -> tuple[Any, Any] | None:
     """(fp16 rows [N, K], float32 2^-k [N]) of ``w`` kept in ``operands``, built on first use if its budget admits
     them; None if not kept or refused (a weight fp16 does not hold exactly)."""
-    hit = operands.lookup(w, _KIND)
-    if hit is not None:
-        return hit
-    if operands.refused(w, _KIND):
-        return None
     n, k = int(w.rows), int(w.cols)
-    nbytes = 2 * n * k + 4 * n
-    if not operands.admit(nbytes):
-        return None
-    import cupy
 
-    rows, rs, bad = (
-        cupy.empty(n * k, dtype=np.uint16),
-        cupy.empty(n, dtype=np.float32),
-        cupy.zeros(1, np.int32),
-    )
-    p0 = w.planes()[0]
-    kernel_of("bf16_f16_rows")((n,), (256,), (p0, rows, rs, bad, np.int32(n), np.int32(k), np.int64(0)))
-    if int(bad.get()[0]):  # one read-back per weight, on its first prefill GEMM
-        operands.refuse(w, _KIND, nbytes)
-        return None
-    operands.keep(w, (rows, rs), _KIND)
-    return rows, rs
+    def build() -> tuple[Any, Any] | None:
+        import cupy
+
+        rows, rs, bad = cupy.empty(n * k, np.uint16), cupy.empty(n, np.float32), cupy.zeros(1, np.int32)
+        kernel_of("bf16_f16_rows")(
+            (n,), (256,), (w.planes()[0], rows, rs, bad, np.int32(n), np.int32(k), np.int64(0))
+        )
+        # one read-back per weight, on its first prefill GEMM; an inexact weight is refused (OperandStore.obtain)
+        return None if int(bad.get()[0]) else (rows, rs)
+
+    return operands.obtain(w, _KIND, 2 * n * k + bf16_operand_extra(w.fmt, n, k), build)
 
 
 def gemm_bf16_f16(
@@ -88,8 +90,6 @@ def gemm_bf16_f16(
     :func:`bf16_f16_ok`); False, with nothing computed, where there is none (no store, no room, or an inexact
     weight): the caller takes the pair mode. ``dims`` = (M, N, K, ldx, ldy); ``variant`` ``ws<S>`` forces S K
     splits, otherwise the split rule's S (gemm_pair's)."""
-    from ninfer.cuda.gemm_pair import launch_ws
-
     if operands is None:
         return False
     kept = _operand(w, kernel_of, operands)
@@ -97,12 +97,10 @@ def gemm_bf16_f16(
         return False
     m, n, k, ldx, ldy = dims
     rows, rs = kept
-    xh, rowf = (x.xh, x.rowf) if isinstance(x, F16Rows) else gemm_rows.f16_rows(x, ldx, kernel_of)
-    forced = variant[2:] if variant.startswith("ws") and variant != "ws" else ""
-    splits = int(forced) if forced else splitk_splits(m, n, k)
+    xh, rowf = gemm_rows.f16_input(x, ldx, kernel_of)
+    forced = forced_splits(variant)
+    splits = forced if forced is not None else splitk_splits(m, n, k)
     fn = kernel_of(f"gemm90_f16_ws<{_STRUCT}>")
-    if fn.max_dynamic_shared_size_bytes < gemm_plan._SMEM:
-        fn.max_dynamic_shared_size_bytes = gemm_plan._SMEM
     red = kernel_of(f"gemm90_f16_ws_reduce<{_STRUCT}>") if splits > 1 else None
     launch_ws(fn, xh, rowf, (rows, rows, rs), out, (m, n, k, ldy), splits=splits, reduce_fn=red)
     return True

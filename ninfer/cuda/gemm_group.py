@@ -23,17 +23,15 @@ descriptor addressing are checked on the CPU by tests/test_gemm_ws_host.py).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ninfer.cuda import gemm_plan, gemm_rows
-from ninfer.cuda._common import F16Rows, grid_1d, sm_count
-from ninfer.cuda.gemm_plan import _BM, _REDUCE_THREADS, _SMEM, _WS_THREADS, PAIR_MIN_ROWS, splitk_splits
-from ninfer.cuda.launch import launch_ex
-from ninfer.cuda.tensor_map import encode, map_params, scale_map_params
+from ninfer.cuda._common import grid_1d
+from ninfer.cuda.gemm_pair import launch_ws
+from ninfer.cuda.gemm_plan import _WSG_BN, PAIR_MIN_ROWS, forced_splits, splitk_splits
 
 __all__ = [
     "GROUP_STRUCTS",
@@ -61,7 +59,7 @@ GROUP_SM90_INSTANCES: tuple[str, ...] = (
     *(f"dequant90<{d}, true>" for d, _ in GROUP_STRUCTS.values()),
     "group_scales_t",
 )
-_GBN = 128  # the group kernel's columns per tile (WSG_BN) and dequant90's rows per block for these formats
+_GBN = _WSG_BN  # the group kernel's columns per tile, and dequant90's rows per block for these formats
 
 
 def group_f16_ok(fmt: str, t: str, m: int, n: int, k: int) -> bool:
@@ -131,17 +129,6 @@ def _kept(w: Any, kernel_of: Callable[[str], Any], operands: Any) -> tuple[Any, 
     return codes, scales
 
 
-@functools.lru_cache(maxsize=1024)
-def _maps(xp: int, m: int, cp: int, n: int, k: int, sp: int, groups: int, gpt: int) -> tuple[Any, Any, Any]:
-    """The three tensor maps (fp16 rows, codes, scales) at those addresses (cached as gemm_pair._map: a map owns
-    nothing)."""
-    return (
-        encode(xp, map_params(m, k, k, _BM)),
-        encode(cp, map_params(n, k, k, _GBN)),
-        encode(sp, scale_map_params(groups, n, gpt)),
-    )
-
-
 def gemm_group_f16(
     x: Any,
     w: Any,
@@ -156,20 +143,14 @@ def gemm_group_f16(
     (or ``F16Rows``), ``dims`` = (M, N, K, ldx, ldy) as gemm.gemm checked them. ``variant`` ``ws<S>`` forces S
     K splits; otherwise the split rule's S for 128-column tiles (twice the 256-column tiles of the same N), a
     function of (M, N, K) only, as gemm_pair's."""
-    import cupy
-
     m, n, k, ldx, ldy = dims
     gpt = GROUP_STRUCTS[w.fmt][1]
-    if isinstance(x, F16Rows):
-        xh, rowf = x.xh, x.rowf
-    else:
-        xh, rowf = gemm_rows.f16_rows(x, ldx, kernel_of)
-    forced = variant[2:] if variant.startswith("ws") and variant != "ws" else ""
+    xh, rowf = gemm_rows.f16_input(x, ldx, kernel_of)
     # S of the whole call (kept by every weight chunk: a partial depends on K and S only, as in gemm_pair)
-    splits = int(forced) if forced else splitk_splits(m, 2 * n, k)
+    forced = forced_splits(variant)
+    splits = forced if forced is not None else splitk_splits(m, 2 * n, k)
     fn = kernel_of(f"gemm90_f16_wsg<{gpt}>")
-    if fn.max_dynamic_shared_size_bytes < _SMEM:
-        fn.max_dynamic_shared_size_bytes = _SMEM
+    red = kernel_of("gemm90_f16_ws_reduce<WsGroup<1>>") if splits > 1 else None
     groups = _groups(w.fmt, k)
     kept = _kept(w, kernel_of, operands)
     # not kept: the operands of weight rows [n0, n0 + nw) at a time, in the pair mode's weight scratch (the same
@@ -184,14 +165,5 @@ def gemm_group_f16(
             scales = gemm_rows._scratch("gs", 2 * groups * cols).view(np.float32)
             _build(w, kernel_of, codes, scales, n0, cols)
         y = out if cols == n else out[:, n0 : n0 + cols]
-        ma, mb, ms = _maps(xh.data.ptr, m, codes.data.ptr, cols, k, scales.data.ptr, groups, gpt)
-        grid = min(grid_1d(m, _BM) * grid_1d(cols, _GBN) * splits, sm_count(cupy.cuda.Device().id))
-        part = gemm_rows._scratch("part", 2 * splits * m * cols).view(np.float32) if splits > 1 else None
-        args = (ma.arg, mb.arg, ms.arg, rowf, y, np.int32(m), np.int32(cols), np.int32(k), np.int64(ldy),
-                np.uint64(0) if part is None else part, np.int32(splits))  # fmt: skip
-        launch_ex(fn, (grid,), (_WS_THREADS,), args, shared_mem=_SMEM)
-        if part is not None:
-            red = kernel_of("gemm90_f16_ws_reduce<WsGroup<1>>")
-            red((m, grid_1d(cols, _REDUCE_THREADS)), (_REDUCE_THREADS,),
-                (part, np.uint64(0), np.uint64(0), rowf, y, np.int32(m), np.int32(cols), np.int32(splits),
-                 np.int64(ldy)))  # fmt: skip
+        launch_ws(fn, xh, rowf, (codes, None, None), y, (m, cols, k, ldy), splits=splits, reduce_fn=red,
+                  scales=(scales, groups, gpt))  # fmt: skip

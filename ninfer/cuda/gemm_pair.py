@@ -34,6 +34,7 @@ from ninfer.cuda.gemm_plan import (
     _THREADS,
     _WS_BN,
     _WS_THREADS,
+    _WSG_BN,
     F16_VARIANTS,
     F16_WS_ROWS,
     F16_WS_SPLIT_ROWS,
@@ -63,7 +64,7 @@ from ninfer.cuda.gemm_rows import _scratch as _scratch
 from ninfer.cuda.gemm_rows import f16_rows, f16_token_rows, release_scratch
 from ninfer.cuda.gemm_rows import f16_scratch as f16_scratch
 from ninfer.cuda.launch import launch_ex
-from ninfer.cuda.tensor_map import encode, map_params
+from ninfer.cuda.tensor_map import encode, map_params, scale_map_params
 
 __all__ = [
     "PAIR_STRUCTS",
@@ -217,17 +218,17 @@ def _kept_operand(w: Any, planes: list[Any], dqfn: Any, operands: Any, kind: str
     the planes are those ``weight_chunk(0, n)`` returns with the scratch: the same operand values."""
     if operands is None:
         return None
-    buf = operands.lookup(w, kind)
-    if buf is None:
-        n, k = w.rows, w.cols
-        if not operands.admit(2 * n * k):
-            return None
+    n, k = w.rows, w.cols
+
+    def build() -> Any:
         import cupy
 
         buf = cupy.empty(n * k, dtype=np.uint16)
         _dequant(dqfn, planes, buf, 0, n, k)
-        operands.keep(w, buf, kind)
-    return [buf, *planes[1:]]
+        return buf
+
+    buf = operands.obtain(w, kind, 2 * n * k, build)
+    return None if buf is None else [buf, *planes[1:]]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -236,6 +237,12 @@ def _map(ptr: int, rows: int, k: int, box_rows: int) -> Any:
     nothing owned, so one encoded for the same (address, layout) serves whatever buffer lives there now. Cached:
     two encodes per GEMM cost ~10 us each on the host, 1-2 ms of an eager 27B prefill chunk (perf/profile_host.py)."""
     return encode(ptr, map_params(rows, k, k, box_rows))
+
+
+@functools.lru_cache(maxsize=1024)
+def _scale_map(ptr: int, groups: int, n: int, gpt: int) -> Any:
+    """The group kernel's scale map of float32 ``[groups, n]`` at ``ptr`` (cached as :func:`_map`)."""
+    return encode(ptr, scale_map_params(groups, n, gpt))
 
 
 def launch_ws(
@@ -248,21 +255,32 @@ def launch_ws(
     *,
     splits: int = 1,
     reduce_fn: Any = None,
+    scales: tuple[Any, int, int] | None = None,
 ) -> None:
     """gemm90_f16_ws on fp16 rows ``xh`` [M, K] (row stride K), their factors ``rowf``, fp16 weight rows
     ``planes[0]`` [N, K] (row stride K) with the format's row-scale planes, into ``y`` (row stride ``ldy``);
     ``dims`` = (M, N, K, ldy). A persistent grid of one CTA per SM at most (the result does not depend on it).
     ``splits`` = S > 1: split-K, the S partials into the "part" scratch ([S, M, N] fp32), then ``reduce_fn``
-    (gemm90_f16_ws_reduce of the same format) sums them in split order into ``y``."""
+    (gemm90_f16_ws_reduce of the same format) sums them in split order into ``y``. ``scales`` = (float32
+    ``[groups, N]``, groups, GPT): gemm90_f16_wsg instead (the group formats, gemm_group.py): ``planes[0]`` the
+    codes, 128-column tiles, the scales' map in the row-scale planes' place (which are then unused)."""
     import cupy
 
     m, n, k, ldy = dims
     p0, p1, p2 = planes
-    ma, mb = _map(xh.data.ptr, m, k, _BM), _map(p0.data.ptr, n, k, _WS_BN)
-    units = grid_1d(m, _BM) * grid_1d(n, _WS_BN) * splits
+    bn = _WS_BN if scales is None else _WSG_BN
+    if fn.max_dynamic_shared_size_bytes < _SMEM:
+        fn.max_dynamic_shared_size_bytes = _SMEM
+    ma, mb = _map(xh.data.ptr, m, k, _BM), _map(p0.data.ptr, n, k, bn)
+    if scales is None:
+        mid = (p1, p2)
+    else:  # the reduction's row scale is 1 (WsGroup): no planes
+        p1 = p2 = np.uint64(0)
+        mid = (_scale_map(scales[0].data.ptr, scales[1], n, scales[2]).arg,)
+    units = grid_1d(m, _BM) * grid_1d(n, bn) * splits
     grid = min(units, sm_count(cupy.cuda.Device().id))
     part = gemm_rows._scratch("part", 2 * splits * m * n).view(np.float32) if splits > 1 else None
-    args = (ma.arg, mb.arg, p1, p2, rowf, y, np.int32(m), np.int32(n), np.int32(k), np.int64(ldy),
+    args = (ma.arg, mb.arg, *mid, rowf, y, np.int32(m), np.int32(n), np.int32(k), np.int64(ldy),
             np.uint64(0) if part is None else part, np.int32(splits))  # fmt: skip
     launch_ex(fn, (grid,), (_WS_THREADS,), args, shared_mem=_SMEM)
     if part is not None:

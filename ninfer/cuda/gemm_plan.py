@@ -91,7 +91,7 @@ SPLITK_MIN_KSTEPS = 64
 SPLITK_UNIT_KSTEPS = 2.0  # a unit's fixed cost (ring fill, epilogue) in K steps: estimate
 SPLITK_REDUCE_KSTEPS = 4.0  # the reduction launch's fixed cost in K steps: estimate
 SPLITK_KSTEP_BYTES = 2 << 20  # partial traffic that costs one K step: estimate
-_WS_THREADS, _WS_BN = 384, 256  # WS_THREADS, WS_BN in cuda_src/ws_sched.cuh
+_WS_THREADS, _WS_BN, _WSG_BN = 384, 256, 128  # WS_THREADS, WS_BN, WSG_BN in cuda_src/ws_sched.cuh
 _REDUCE_THREADS = 256  # gemm90_f16_ws_reduce's columns per block (gemm_sm90_ws.cu)
 
 # Rows from which a float32 GEMM takes the pair mode. Below one full 128-row tile the GEMM is one partial wave of
@@ -185,6 +185,11 @@ def splitk_scratch_bytes(rows: int, shapes: Iterable[tuple[int, int]]) -> int:
     return most
 
 
+def forced_splits(variant: str) -> int | None:
+    """The K splits S that a ``ws<S>`` variant forces; None for the others (the split rule decides)."""
+    return int(variant[2:]) if variant.startswith("ws") and variant != "ws" else None
+
+
 def pair_foldable(fmt: str, t: str) -> bool:
     """Whether a GEMM of float ``t`` activations against format ``fmt`` can take the pair mode."""
     return t == "float" and fmt in PAIR_STRUCTS
@@ -256,7 +261,7 @@ def _pair_plan(
     ws = f16 and not inloop and (variant.startswith("ws") or (variant == "auto" and f16_auto_ws(m, n, k)))
     # S of the whole call, kept by every row / weight chunk (a partial depends on K and S only): the result is
     # the same chunked or not, from the scratch or a kept operand
-    forced = int(variant[2:]) if variant.startswith("ws") and variant != "ws" else None
+    forced = forced_splits(variant)
     splits = 1 if not ws else forced if forced is not None else splitk_splits(m, n, k)
     mx, nw = _plan(fmt, m, n, k)
     if inloop:

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ninfer.cuda._common import F16Rows
+
 __all__ = ["f16_rows", "f16_scratch", "f16_token_rows", "release_scratch"]
 
 _SPLIT_THREADS = 256
@@ -82,6 +84,11 @@ def f16_rows(
     args = (x, ptr, xh, rowf, np.int32(m), np.int32(k), np.int64(ldx), np.int32(keep))
     fn((m,), (_SPLIT_THREADS,), args, shared_mem=4 * k if keep else 0)
     return xh, rowf
+
+
+def f16_input(x: Any, ldx: int, kernel_of: Callable[[str], Any]) -> tuple[Any, Any]:
+    """(fp16 words, row factors) of ``x``: an ``F16Rows``' own arrays, else :func:`f16_rows` of float32 rows."""
+    return (x.xh, x.rowf) if isinstance(x, F16Rows) else f16_rows(x, ldx, kernel_of)
 
 
 def f16_scratch(m: int, k: int) -> tuple[Any, Any]:

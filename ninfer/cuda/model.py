@@ -213,7 +213,7 @@ class CudaQwen36:
         0 where the fp16 GEMM mode does not run (``prefill_weights="scratch"``, exact inputs, bf16 activations,
         ``prefill_gemm=False``, no Hopper wgmma GEMM)."""
         from ninfer.cuda.gemm import hopper_gemm
-        from ninfer.cuda.gemm_bf16 import bf16_operands
+        from ninfer.cuda.gemm_bf16 import bf16_operand_extra, bf16_operands
         from ninfer.cuda.gemm_group import group_operand_extra, group_operands
         from ninfer.cuda.gemm_pair import f16_foldable
         from ninfer.cuda.operands import eligible_bytes
@@ -225,7 +225,7 @@ class CudaQwen36:
         return eligible_bytes(
             self.w.items(),
             lambda f: f16_foldable(f) or group_operands(f) or bf16_operands(f),
-            lambda f, n, k: group_operand_extra(f, n, k) + (4 * n if f == "BF16" else 0),
+            lambda f, n, k: group_operand_extra(f, n, k) + bf16_operand_extra(f, n, k),
         )
 
     def keep_prefill_operands(self, leave: int) -> int:

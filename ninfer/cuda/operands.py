@@ -18,7 +18,7 @@ order until it is spent, so a partial budget keeps the first weights and the res
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = ["PREFILL_WEIGHTS", "OperandStore", "budget", "eligible_bytes", "prefill_gemm_weight"]
@@ -110,6 +110,21 @@ class OperandStore:
     def keep(self, w: Any, buf: Any, kind: str = "f16") -> None:
         """Keep ``buf`` (admitted before) as ``w``'s operand of ``kind``."""
         self._bufs[(*_key(w), kind)] = (buf, w.data)
+
+    def obtain(self, w: Any, kind: str, nbytes: int, build: Callable[[], Any]) -> Any | None:
+        """``w``'s kept operand of ``kind``, built now by ``build()`` (``nbytes`` of device memory) if the store has
+        none yet and its budget admits it; None: not kept (no room, or refused). ``build`` may return None: the
+        weight has no such operand (BF16 values fp16 does not hold exactly, gemm_bf16.py), which is remembered
+        (:meth:`refuse`), so that later calls do not build it again."""
+        hit = self.lookup(w, kind)
+        if hit is not None or self.refused(w, kind) or not self.admit(nbytes):
+            return hit
+        buf = build()
+        if buf is None:
+            self.refuse(w, kind, nbytes)
+        else:
+            self.keep(w, buf, kind)
+        return buf
 
     def refuse(self, w: Any, kind: str, nbytes: int) -> None:
         """Give back ``nbytes`` admitted for ``w``'s operand of ``kind`` and remember that it has none (BF16 weights
