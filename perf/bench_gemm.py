@@ -19,7 +19,7 @@ ceiling = cuBLAS) with the weights dequantized once into the fp16 scratch; ``f16
 converted in the main loop (``impl="wgmma"``; bitwise the ``f16`` result, off the default path: slower); ``f16ws``:
 ``f16`` with the warp-specialized TMA main loop, unsplit (``variant="ws1"``, cuda_src/gemm_sm90_ws.cu; bitwise the
 ``f16`` result; its split-K: ``--splitk``); ``f16g`` / ``f16gk`` (the group formats, Q4 here): their fp16 mode,
-not yet the default (ninfer/cuda/gemm_group.py: the codes as fp16 operands, the group scales on partial sums,
+the default (ninfer/cuda/gemm_group.py: the codes as fp16 operands, the group scales on partial sums,
 ``gemm_plan.GROUP_F16`` set for the call), the operands computed per call / kept (an ``OperandStore``, as the
 runner keeps them; ceiling = cuBLAS; ``vs`` over the in-loop exact kernel); ``f16bk`` (BF16): its fp16 mode from
 the kept row-scaled operand (ninfer/cuda/gemm_bf16.py, ``gemm_plan.BF16_F16`` set; the first call, which builds
@@ -158,6 +158,7 @@ def main(
                     x = xs[act]
                     out = cupy.empty((m, n), dtype=x.dtype)
                     store = OperandStore(1 << 34) if label in ("f16gk", "f16bk") else None
+                    saved = plan.GROUP_F16, plan.BF16_F16
                     plan.GROUP_F16 = label in ("f16g", "f16gk")
                     plan.BF16_F16 = label == "f16bk"
                     try:
@@ -168,7 +169,7 @@ def main(
                             reps=reps,
                         )
                     finally:
-                        plan.GROUP_F16 = plan.BF16_F16 = False
+                        plan.GROUP_F16, plan.BF16_F16 = saved
                     if label == "f16bk" and store is not None and store.refused(w, "f16row"):
                         print(
                             f"f16bk {name} {m}: the weight is not exact in fp16 per row: the pair mode was timed"

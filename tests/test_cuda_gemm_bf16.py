@@ -2,7 +2,8 @@
 gemm90_f16_ws<DqFolded<RowPow2>>) on the device, with ``gemm_plan.BF16_F16`` on: fresh random inputs against NumPy
 with the same input rounding at the fp32-accumulation tolerance, strided views, the kept operand reused, split-K;
 a weight with a value fp16 cannot hold at its row's scale refused (the exact pair mode's bits, and no second
-build); off (the default), the exact pair mode. The element rule is checked on the CPU (tests/test_gemm_f16_host.py).
+build); off, the exact pair mode. The fixture lifts the size floor (``BF16_F16_MIN_ELEMS``: the default keeps the
+small always-BF16 tensors exact, tests/test_gemm_bf16_plan.py) so that small shapes take the path. The element rule is checked on the CPU (tests/test_gemm_f16_host.py).
 Skipped without an sm_90a device.
 
     python -m pytest -m gpu tests/test_cuda_gemm_bf16.py
@@ -32,6 +33,7 @@ def cp(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     cupy = sm90a_cupy()
     monkeypatch.setattr(gemm_plan, "BF16_F16", True)
+    monkeypatch.setattr(gemm_plan, "BF16_F16_MIN_ELEMS", 0)
     return cupy
 
 

@@ -123,12 +123,21 @@ def test_f16_rows_independent_and_chunked(cp: Any, fmt: str, monkeypatch: pytest
 
 
 def test_f16_stays_exact_where_it_does_not_apply(cp: Any) -> None:
-    """BF16 and group-int weights, and GEMMs below PAIR_MIN_ROWS under auto: bitwise the exact result."""
+    """BF16 weights without an operand store (their fp16 operand is kept only: gemm_bf16.py) or under the size floor,
+    and GEMMs below PAIR_MIN_ROWS under auto (group-int included): bitwise the exact result. (Group-int weights
+    from PAIR_MIN_ROWS rows have the fp16 mode: tests/test_cuda_gemm_group.py.)"""
     from ninfer.cuda.gemm import gemm
     from ninfer.cuda.gemm_pair import PAIR_MIN_ROWS
+    from ninfer.cuda.operands import OperandStore
 
     rng = np.random.default_rng(65)
-    for fmt, m in (("BF16", 300), ("Q4G64_F16S", 300), ("NVFP4G16_E4M3S", PAIR_MIN_ROWS - 1)):
+    w, _ = _weight(rng, "BF16", 260, 256)
+    xd = cp.asarray(_x(rng, 300, 256))
+    small = cp.asnumpy(gemm(xd, w, inputs="fp16", operands=OperandStore(1 << 30)))
+    assert np.array_equal(small, cp.asnumpy(gemm(xd, w))), (
+        "BF16 under BF16_F16_MIN_ELEMS: the exact pair mode"
+    )
+    for fmt, m in (("BF16", 300), ("Q4G64_F16S", PAIR_MIN_ROWS - 1), ("NVFP4G16_E4M3S", PAIR_MIN_ROWS - 1)):
         w, _ = _weight(rng, fmt, 260, 256)
         xd = cp.asarray(_x(rng, m, 256))
         a, b = cp.asnumpy(gemm(xd, w, inputs="fp16")), cp.asnumpy(gemm(xd, w))

@@ -223,16 +223,26 @@ def test_splitk_tunables_reach_the_cached_rules(monkeypatch: pytest.MonkeyPatch)
 def test_splitk_scratch_bound() -> None:
     """splitk_scratch_bytes covers every launch of at most ``rows`` rows (from PAIR_MIN_ROWS) against the shapes,
     and is 0 where no launch splits."""
-    for rows in (128, 300, 1000, 2048):
-        bound = gp.splitk_scratch_bytes(rows, SHAPES_27B)
-        most = max(
-            4 * gp.splitk_splits(m, n, k) * m * n * (gp.splitk_splits(m, n, k) > 1)
-            for n, k in SHAPES_27B
-            for m in range(gp.PAIR_MIN_ROWS, rows + 1)
-        )
-        assert bound == most, rows
-    assert gp.splitk_scratch_bytes(gp.PAIR_MIN_ROWS - 1, SHAPES_27B) == 0
-    assert gp.splitk_scratch_bytes(8192, [(34816, 5120)]) == 0
+
+    def splits(
+        m: int, n: int, k: int, group: bool
+    ) -> int:  # the ws kernel's S, or the group kernel's (gemm_group)
+        return gp.splitk_splits(m, 2 * n if group else n, k)
+
+    for group in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(plan, "GROUP_F16", group)
+            for rows in (128, 300, 1000, 2048):
+                bound = gp.splitk_scratch_bytes(rows, SHAPES_27B)
+                most = max(
+                    4 * s * m * n * (s > 1)
+                    for n, k in SHAPES_27B
+                    for m in range(gp.PAIR_MIN_ROWS, rows + 1)
+                    for s in {splits(m, n, k, False), splits(m, n, k, group)}
+                )
+                assert bound == most, (rows, group)
+            assert gp.splitk_scratch_bytes(gp.PAIR_MIN_ROWS - 1, SHAPES_27B) == 0
+            assert gp.splitk_scratch_bytes(8192, [(34816, 5120)]) == 0
 
 
 def test_memory_plan_counts_splitk() -> None:

@@ -112,9 +112,9 @@ def test_eligible_weights_are_the_dense_prefill_gemms() -> None:
     assert all(prefill_gemm_weight(n) for n in yes)
     assert not any(prefill_gemm_weight(n) for n in no)
     weights = [(n, _w(i, 16, 32)) for i, n in enumerate(yes + no)]
-    assert eligible_bytes(weights, lambda f: True) == len(yes) * 2 * 16 * 32
-    assert eligible_bytes(weights, lambda f: False) == 0  # e.g. BF16 weights: no fp16 mode
-    assert eligible_bytes([("model.layers.0.linear_attn.in_proj", object())], lambda f: True) == 0
+    assert eligible_bytes(weights, lambda f, n, k: True) == len(yes) * 2 * 16 * 32
+    assert eligible_bytes(weights, lambda f, n, k: False) == 0  # e.g. BF16 weights: no fp16 mode
+    assert eligible_bytes([("model.layers.0.linear_attn.in_proj", object())], lambda f, n, k: True) == 0
 
 
 def _plan(**kw: int) -> MemoryPlan:

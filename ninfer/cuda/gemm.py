@@ -226,7 +226,7 @@ def gemm(
         if inputs == "fp16" and impl == "auto" and group_f16_ok(w.fmt, t, m, n, k) and not capturing():
             gemm_group_f16(x, w, out, (m, n, k, ldx, ldy), _sm90_kernel, variant=variant, operands=operands)
             return out
-        if inputs == "fp16" and impl == "auto" and bf16_f16_ok(w.fmt, t, m, k) and not capturing():
+        if inputs == "fp16" and impl == "auto" and bf16_f16_ok(w.fmt, t, m, n, k) and not capturing():
             dims = (m, n, k, ldx, ldy)
             if gemm_bf16_f16(x, w, out, dims, _sm90_kernel, variant=variant, operands=operands):
                 return out

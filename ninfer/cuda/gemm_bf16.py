@@ -11,9 +11,9 @@ operand exists only kept (an ``OperandStore``, when the GEMM is given one): the 
 with an inexact value is remembered as refused and keeps the pair mode. What differs from the exact path is only
 the fp16 rounding of the activations, as for every format in the fp16 mode.
 
-Not yet the default: ``gemm_plan.BF16_F16`` (off) turns it on for ``gemm(..., inputs="fp16", operands=...)`` until
-the GPU suite and ``perf.bench_gemm`` have run it (the element rule ``bf16_f16_scaled`` is checked on the CPU,
-tests/test_gemm_f16_host.py).
+``gemm_plan.BF16_F16`` (on) routes ``gemm(..., inputs="fp16", operands=...)`` here for weights of at least
+``gemm_plan.BF16_F16_MIN_ELEMS`` (the small, precision-critical tensors every profile keeps BF16 stay exact); the
+element rule ``bf16_f16_scaled`` is also checked on the CPU, tests/test_gemm_f16_host.py.
 """
 
 from __future__ import annotations
@@ -42,15 +42,17 @@ BF16_SM90_INSTANCES: tuple[str, ...] = ("bf16_f16_rows",)
 _KIND = "f16row"  # the OperandStore kind: (fp16 rows, row factors)
 
 
-def bf16_f16_ok(fmt: str, t: str, m: int, k: int) -> bool:
+def bf16_f16_ok(fmt: str, t: str, m: int, n: int, k: int) -> bool:
     """Whether ``gemm(x, w, inputs="fp16", operands=...)`` tries this path: ``gemm_plan.BF16_F16`` on, a BF16
-    weight, float32 rows, at least the fp16 mode's row floor, TMA's 16-byte row stride (K % 8)."""
-    return gemm_plan.BF16_F16 and fmt == "BF16" and t == "float" and m >= PAIR_MIN_ROWS and k % 8 == 0
+    weight of at least ``BF16_F16_MIN_ELEMS``, float32 rows, at least the fp16 mode's row floor, TMA's 16-byte row
+    stride (K % 8)."""
+    return bf16_operands(fmt, n, k) and t == "float" and m >= PAIR_MIN_ROWS and k % 8 == 0
 
 
-def bf16_operands(fmt: str) -> bool:
-    """Whether the fp16 mode keeps operands of format ``fmt`` on this path (the memory plan's resident operands)."""
-    return gemm_plan.BF16_F16 and fmt == "BF16"
+def bf16_operands(fmt: str, n: int, k: int) -> bool:
+    """Whether the fp16 mode keeps an operand of an ``n`` x ``k`` weight of format ``fmt`` on this path (the memory
+    plan's resident operands)."""
+    return gemm_plan.BF16_F16 and fmt == "BF16" and n * k >= gemm_plan.BF16_F16_MIN_ELEMS
 
 
 def bf16_operand_extra(fmt: str, n: int, k: int) -> int:

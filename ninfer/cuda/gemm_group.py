@@ -16,9 +16,9 @@ warpgroup, persistent CTAs) with the codes as the weight operand and the scales 
   tile (64 accumulators and one or two partials of 64 per thread); the epilogue multiplies by the row factor.
 
 What differs from the exact path is the fp16 rounding of the activations, as for NVFP4 and FP8 in the fp16 mode.
-It is not yet the default: ``gemm_plan.GROUP_F16`` (off) turns it on for ``gemm(..., inputs="fp16")``; it runs when
-a benchmark or test sets it, until the GPU suite and ``perf.bench_gemm`` have run it (its schedule, tensor maps and
-descriptor addressing are checked on the CPU by tests/test_gemm_ws_host.py).
+``gemm_plan.GROUP_F16`` (on) routes ``gemm(..., inputs="fp16")`` here (its schedule, tensor maps and descriptor
+addressing are also checked on the CPU by tests/test_gemm_ws_host.py); the memory plan reserves its scales scratch
+(:func:`group_scratch_bytes`) and its split-K partials (gemm_plan.splitk_scratch_bytes).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ __all__ = [
     "group_f16_ok",
     "group_operands",
     "group_operand_extra",
+    "group_scratch_bytes",
     "gemm_group_f16",
 ]
 
@@ -83,6 +84,20 @@ def group_operands(fmt: str) -> bool:
 def group_operand_extra(fmt: str, n: int, k: int) -> int:
     """Bytes a kept operand holds beside its fp16 rows: the float32 scales of a group format, else none."""
     return 4 * n * _groups(fmt, k) if fmt in GROUP_STRUCTS else 0
+
+
+def group_scratch_bytes(rows: int, shapes: Any) -> int:
+    """Upper bound of the "gs" scratch (a weight chunk's float32 scales, built per call when its operands are not
+    kept) after group-format GEMMs of at most ``rows`` rows against weights of ``shapes`` ((N, K) each), counted as
+    W8's 32-wide groups (the most per row); 0 with GROUP_F16 off or below the fp16 mode's row floor. The chunk's codes use the pair mode's weight scratch, under the same cap
+    (gemm_plan.pair_scratch_bytes counts it)."""
+    if not gemm_plan.GROUP_F16 or rows < PAIR_MIN_ROWS:
+        return 0
+    most = 0
+    for n, k in shapes:
+        nw = min(n, gemm_plan._chunks(n, gemm_plan._W_CAP // (2 * k), 256))
+        most = max(most, 4 * _groups("W8G32_F16S", k) * nw)
+    return most
 
 
 def _groups(fmt: str, k: int) -> int:

@@ -104,12 +104,17 @@ _REDUCE_THREADS = 256  # gemm90_f16_ws_reduce's columns per block (gemm_sm90_ws.
 # compares both paths there). Results are bitwise the same on either side.
 PAIR_MIN_ROWS = 128
 # The group-int formats' fp16 mode (ninfer/cuda/gemm_group.py: gemm90_f16_wsg, the codes as fp16 operands and the
-# group scales on partial sums). Off until the GPU suite and perf.bench_gemm have run it: gemm(..., inputs="fp16")
-# keeps these formats on the exact in-loop kernel; benchmarks and tests set it.
-GROUP_F16 = False
+# group scales on partial sums). On since its GPU tests and perf.bench_gemm ran (H100, 7a13526: 3.2-4.4x the exact
+# in-loop kernel on the 27B's projections at 2048-8192 rows, perf/results/bench_gemm_group_7a13526_h100.txt); off,
+# gemm(..., inputs="fp16") keeps these formats on the exact in-loop kernel.
+GROUP_F16 = True
 # BF16 weights in the fp16 mode (ninfer/cuda/gemm_bf16.py: each weight row scaled by a power of two into exact fp16,
-# kept operands only). Off until the GPU suite and perf.bench_gemm have run it, as GROUP_F16.
-BF16_F16 = False
+# kept operands only). On since the same run (1.6-2.1x the exact pair mode). Only for weights of at least
+# BF16_F16_MIN_ELEMS: the tensors every profile keeps BF16 because they are small or precision-critical (the MoE
+# router, the GDN a / b projections, the shared-expert gate: artifact/registry.py) stay on the exact path, where
+# their GEMMs cost next to nothing.
+BF16_F16 = True
+BF16_F16_MIN_ELEMS = 1 << 22
 # The fp16 mode's in-loop kernel (gemm90_f16il: every CTA converts its own weight tiles in the main loop instead of
 # one dequant pass into the fp16 scratch) is bitwise the scratch kernel but slower at every row count measured on the
 # H200 at 855128a (perf/results/bench_gemm_855128a.txt, NVFP4, the 27B's projections: 0.89-1.02x of the scratch
@@ -174,12 +179,15 @@ def _splitk_rule(m: int, n: int, k: int, knobs: tuple[float, ...]) -> int:
 def splitk_scratch_bytes(rows: int, shapes: Iterable[tuple[int, int]]) -> int:
     """Upper bound of the split-K workspace after fp16-mode GEMMs of at most ``rows`` rows against weights of
     ``shapes`` ((N, K) each): the largest S x M x N x 4 the rule gives (S depends on M only through its row tiles,
-    so the top of each 128-row band is the band's largest). Counted as if every such GEMM took the ws kernel."""
+    so the top of each 128-row band is the band's largest). Counted as if every such GEMM took the ws kernel, and with
+    GROUP_F16 also as the group kernel (its rule sees twice the tiles: gemm_group.gemm_group_f16)."""
     most = 0
     for n, k in shapes:
         for tm in range(1, -(-rows // _BM) + 1):
             m = min(rows, tm * _BM)
             s = splitk_splits(m, n, k) if m >= PAIR_MIN_ROWS else 1
+            if GROUP_F16 and m >= PAIR_MIN_ROWS:  # the group kernel's 128-column tiles (gemm_group.py)
+                s = max(s, splitk_splits(m, 2 * n, k))
             if s > 1:
                 most = max(most, 4 * s * m * n)
     return most

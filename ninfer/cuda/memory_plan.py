@@ -20,6 +20,7 @@ from ninfer.config import ModelConfig
 from ninfer.cuda.attention import rows_per_launch, split_plan, workspace_bytes
 from ninfer.cuda.attention_prefill import SPLIT_SCRATCH_BYTES
 from ninfer.cuda.gdn import chunk_scratch_bytes
+from ninfer.cuda.gemm_group import group_scratch_bytes
 from ninfer.cuda.gemm_pair import pair_scratch_bytes, splitk_scratch_bytes
 from ninfer.cuda.host_tier import stage_pages
 from ninfer.cuda.moe_lanes import lanes_workspace_bytes, slot_bound
@@ -122,16 +123,17 @@ def _gemm_scratch(mc: ModelConfig, rows: int) -> int:
     """The Hopper prefill GEMM's pair-mode scratch (ninfer/cuda/gemm_plan.py): bf16 hi / lo of the widest GEMM
     input and a bf16 copy of the largest (fused) projection, both capped there; for an MoE model, room for the
     fp16 mode's expert rows too (gemm_rows.f16_rows: 2 * (K + 2) bytes per routed slot, uncapped; the shared
-    expert runs as a dense GEMM beside the grouped one), and the ws kernel's split-K partials (their own grow-only
-    buffer). Added, not the larger of the two: the activation scratch grows by reallocation and CuPy's pool keeps
-    the smaller block it replaced."""
+    expert runs as a dense GEMM beside the grouped one), the ws kernel's split-K partials (their own grow-only
+    buffer) and the group formats' per-call scales (gemm_group.group_scratch_bytes). Added, not the larger of the
+    two: the activation scratch grows by reallocation and CuPy's pool keeps the smaller block it replaced."""
     k_max = max(mc.hidden_size, mc.num_attention_heads * mc.head_dim, mc.gdn_value_dim, mc.intermediate_size,
                 mc.shared_expert_intermediate_size)  # fmt: skip
     n_max = max(
         2 * mc.intermediate_size, 2 * mc.shared_expert_intermediate_size, _qkv_rows(mc), _gdn_in_rows(mc)
     )
     experts = 2 * rows * mc.num_experts_per_tok * (mc.hidden_size + 2) if mc.is_moe else 0
-    split = splitk_scratch_bytes(rows, _dense_shapes(mc))
+    shapes = _dense_shapes(mc)
+    split = splitk_scratch_bytes(rows, shapes) + group_scratch_bytes(rows, shapes)
     return pair_scratch_bytes(rows, k_max, n_max * mc.hidden_size) + experts + split
 
 

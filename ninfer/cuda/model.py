@@ -224,7 +224,7 @@ class CudaQwen36:
             return 0
         return eligible_bytes(
             self.w.items(),
-            lambda f: f16_foldable(f) or group_operands(f) or bf16_operands(f),
+            lambda f, n, k: f16_foldable(f) or group_operands(f) or bf16_operands(f, n, k),
             lambda f, n, k: group_operand_extra(f, n, k) + bf16_operand_extra(f, n, k),
         )
 
