@@ -29,6 +29,8 @@ Variants (a variant changes only what its name says; results are timings, not nu
   w8        linear.GV_W8: the 5-8-lane products on gemv_w8.cu's 8-warp blocks (256 rows, 2 resident blocks per SM:
             the same 16 warps per SM) with the plan's own split counts, so every block stages its activations for
             twice the weight rows (docs/cuda.md, "Eight lanes"); the same results (tests/test_gemv_w8_host.py)
+  w8one     w8, and the one-lane dense products on the 8-warp blocks too (linear.GV_W8_ONE: every format asked
+            for; the same results)
   actl1     diagnostic (wrong results): every block stages its activations from the first 256 columns of each
             row (the same 8-16 KB for all blocks, L1-resident): what the activations' L2 -> SM traffic costs.
             Blocks of 128 rows read 32 B of fp32 activations per K column at 8 lanes (64 B where the prologue
@@ -300,7 +302,8 @@ def _occupancy(lin: Any, fmt: str) -> str:
     out = []
     base = lin.gemv_plan(fmt, *SHAPES["mlp gate|up"])
     for nb in lin._GV_NB:
-        w8 = lin.GV_W8 and nb == 8  # the w8 variant's 8-lane launches: gemv_w8.cu's 8-warp blocks
+        # the w8 variant's 8-lane launches (w8one's one-lane ones too): gemv_w8.cu's 8-warp blocks
+        w8 = lin.GV_W8 and (nb == 8 or (nb == 1 and fmt in lin.GV_W8_ONE))
         family, plan = (
             ("gemv_w8.cu", lin.w8_plan(base, SHAPES["mlp gate|up"][0])) if w8 else ("gemv.cu", base)
         )
@@ -367,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
             if ", float," in n and any(lin.FRAG_STRUCTS[f][0] + "," in n for f in fmts)
         )
     original, plan0, stages0, chunk0 = loader.source_text, lin.gemv_plan, geo._GV_STAGES, geo._GV_CHUNK
-    cluster0, w8_0 = lin.GV_CLUSTER, lin.GV_W8
+    cluster0, w8_0, w8one_0 = lin.GV_CLUSTER, lin.GV_W8, lin.GV_W8_ONE
     ceiling = copy_bandwidth(1 << 30, 10)
     print(f"copy ceiling (read + write): {ceiling / 1e9:.0f} GB/s; us and fraction of copy per case")
     rng = np.random.default_rng(0)
@@ -381,7 +384,8 @@ def main(argv: list[str] | None = None) -> None:
             loader.load_module.cache_clear()
             geo._GV_STAGES = 3 if v == "stages3" else stages0
             geo._GV_CHUNK = 4 if v == "chunk4n" else chunk0
-            lin.GV_W8 = v == "w8"
+            lin.GV_W8 = v in ("w8", "w8one")
+            lin.GV_W8_ONE = frozenset(fmts) if v == "w8one" else w8one_0
             lin._GV_PDL = v != "nopdl" and not v.startswith("dir=")
             lin.GV_CLUSTER = "graph" if v in ("cluster", "cl8") else "off"
             lin.gemv_plan = _plan(lin, plan0.__wrapped__, v)
@@ -408,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
         del weights
         cupy.get_default_memory_pool().free_all_blocks()
     loader.source_text, lin.gemv_plan, geo._GV_STAGES, geo._GV_CHUNK = original, plan0, stages0, chunk0
-    lin.GV_W8 = w8_0
+    lin.GV_W8, lin.GV_W8_ONE = w8_0, w8one_0
     lin.GV_CLUSTER = cluster0
     loader.load_module.cache_clear()
 

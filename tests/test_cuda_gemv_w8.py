@@ -38,9 +38,9 @@ def cp() -> Any:
 def w8_switch() -> Iterator[Any]:
     import ninfer.cuda.linear as linear
 
-    default = linear.GV_W8
+    default = linear.GV_W8, linear.GV_W8_ONE
     yield linear
-    linear.GV_W8 = default
+    linear.GV_W8, linear.GV_W8_ONE = default
 
 
 def _weight(rng: np.random.Generator, fmt: str, n: int, k: int) -> Any:
@@ -105,6 +105,23 @@ def test_w8_products_are_the_4_warp_bits(cp: Any, w8_switch: Any, fmt: str) -> N
             assert np.array_equal(got[True]["plain"].reshape(b, -1), one.reshape(b, -1)), (
                 f"{fmt} {n}x{k}: rows"
             )
+
+
+@pytest.mark.parametrize("fmt", [NVFP4, "Q4G64_F16S", "Q6G64_F16S", "W8G32_F16S", "BF16"])
+def test_one_lane_on_8_warp_blocks_is_the_4_warp_bits(cp: Any, w8_switch: Any, fmt: str) -> None:
+    """``linear.GV_W8_ONE``: a format's one-lane dense products on gemv_w8.cu's 8-warp blocks, every input form
+    and the fold producer bitwise the 4-warp kernel's."""
+    rng = np.random.default_rng(73)
+    for n, k in ((600, 2048), (300, 5128), (40, 1032)):
+        w = _weight(rng, fmt, n, k)
+        calls = _inputs(cp, rng, w, 1)
+        got = {}
+        for on in (False, True):
+            w8_switch.GV_W8, w8_switch.GV_W8_ONE = True, frozenset({fmt} if on else ())
+            got[on] = {name: _bits(call()) for name, call in calls.items() if name != "rows"}
+            got[on]["fold"] = np.concatenate([a.reshape(-1) for a in _fold(cp, w, 1)])
+        for name in got[False]:
+            assert np.array_equal(got[False][name], got[True][name]), f"{fmt} {n}x{k}, one row, {name}"
 
 
 def _dense(moe: bool) -> Any:

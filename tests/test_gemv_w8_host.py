@@ -25,6 +25,7 @@ from ninfer.cuda.loader import source_text
 DENSE = [
     ("NVFP4G16_E4M3S", "float", 600, 2048, 8, 3),
     ("NVFP4G16_E4M3S", "float", 300, 1032, 1, 9),
+    ("Q4G64_F16S", "float", 600, 1024, 1, 3),  # linear.GV_W8_ONE: one lane of a group format
     ("NVFP4G16_E4M3S", "bf16", 520, 1536, 5, 2),
     ("BF16", "float", 300, 896, 10, 4),
     ("FP8E4M3_F32ROW", "float", 400, 1280, 8, 5),

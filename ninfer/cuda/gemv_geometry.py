@@ -87,9 +87,12 @@ SOURCES: dict[str, tuple[str, ...]] = {
         f"gemv_mma_gu<{s}, float, {nb}>" for s, _, _ in FRAG_STRUCTS.values() for nb in _GV_NB
     )
     + tuple(f"gemv_mma_rr<{s}, float, {nb}>" for s, _, _ in FRAG_STRUCTS.values() for nb in _GV_NB),
-    # gemv.cu with 8 warps per block (gemv_w8.cu): dense 5-8-lane products with float activations (linear.GV_W8)
+    # gemv.cu with 8 warps per block (gemv_w8.cu): dense 5-8-lane products with float activations (linear.GV_W8),
+    # and one-lane ones of the formats in linear.GV_W8_ONE
     "gemv_w8.cu": tuple(dict.fromkeys(f"gemv_mma<{s}, float, 8>" for s, _, _ in FRAG_STRUCTS.values()))
-    + tuple(dict.fromkeys(f"gemv_mma_gu<{s}, float, 8>" for s, _, _ in FRAG_STRUCTS.values())),
+    + tuple(dict.fromkeys(f"gemv_mma_gu<{s}, float, 8>" for s, _, _ in FRAG_STRUCTS.values()))
+    + tuple(dict.fromkeys(f"gemv_mma<{s}, float, 1>" for s, _, _ in FRAG_STRUCTS.values()))
+    + tuple(dict.fromkeys(f"gemv_mma_gu<{s}, float, 1>" for s, _, _ in FRAG_STRUCTS.values())),
     # both with the NVFP4 weight ring filled by bulk copies (gemv_bulk.cuh; linear.GV_BULK, an experiment)
     "gemv_bulk.cu": tuple(
         f"gemv_mma<{FRAG_STRUCTS[f][0]}, {t}, {nb}>"

@@ -59,6 +59,7 @@ __all__ = [
     "GV_CLUSTER",
     "GV_CLUSTER_MAX",
     "GV_W8",
+    "GV_W8_ONE",
     "GV_BULK",
 ]
 
@@ -84,6 +85,11 @@ GV_CLUSTER_MAX = 16
 # `python -m perf.bench_fold --toggle w8 --steps 100`, graph decode at 8K: 27B x8 14.03 -> 12.61 ms/step (1.11x),
 # 35B-A3B x8 6.38 -> 6.19 (1.03x), x1 unchanged.
 GV_W8 = True
+# GV_W8_ONE: formats whose dense one-lane float products also take gemv_w8.cu's 8-warp blocks (the same bits: the
+# 4-warp plan's splits). Empty until measured: Q4G64 and Q6G64 ran faster at 8 lanes (8-warp blocks) than at one
+# (4-warp blocks) on the 27B's shapes (H100, cc30d3c, perf/results/bench_gemv_cc30d3c_h100.txt: down 38.7 vs 50.6
+# us); `python -m perf.gemv_variants --variants base,w8one` times both at one lane.
+GV_W8_ONE: frozenset[str] = frozenset()
 # GV_BULK: NVFP4 launches (plain kernel, no cluster) fill their weight ring by bulk copies (gemv_bulk.cu,
 # gemv_w8_bulk.cu; docs/cuda.md, "Bulk-copy weight ring"): the same bits. Off until measured.
 GV_BULK = False
@@ -177,7 +183,7 @@ def _gemv_launch(
     # the launch switches are read at every call (tests flip them), so they are part of the geometry's key
     bulk_rows = row0 % 16 == 0 and (n if ids is not None else 0) % 16 == 0
     plan, family, name, smem, cluster = _geometry(
-        w.fmt, n, k, kind, graph, nb, t, ids is None, bulk_rows, GV_CLUSTER, GV_W8, GV_BULK
+        w.fmt, n, k, kind, graph, nb, t, ids is None, bulk_rows, GV_CLUSTER, GV_W8, GV_BULK, GV_W8_ONE
     )
     fn = kernel(family, SOURCES[family], name)
     if fn.max_dynamic_shared_size_bytes < smem:
@@ -237,7 +243,7 @@ def _tail(ldp: int, npart: int, eps: float, fold: int) -> tuple[Any, ...]:
 @functools.lru_cache(maxsize=4096)
 def _geometry(
     fmt: str, n: int, k: int, kind: str, graph: bool, nb: int, t: str, dense: bool, bulk_rows: bool,
-    gv_cluster: str, gv_w8: bool, gv_bulk: bool,
+    gv_cluster: str, gv_w8: bool, gv_bulk: bool, gv_w8_one: frozenset[str] = frozenset(),
 ) -> tuple[GemvPlan, str, str, int, bool]:  # fmt: skip
     """A GEMV launch's (plan, family, kernel name, dynamic shared memory, cluster reduction), a function of these
     arguments only (``gv_*``: the switches GV_CLUSTER, GV_W8, GV_BULK; ``bulk_rows``: row0 and the rows per expert
@@ -245,7 +251,8 @@ def _geometry(
     plan = gemv_plan(fmt, n, k, dense)
     cluster = _cluster(plan, graph, gv_cluster)
     family = "gemv.cu"
-    if gv_w8 and nb == 8 and t == "float" and kind in ("", "_gu") and dense and not cluster:
+    lanes_ok = nb == 8 or (nb == 1 and fmt in gv_w8_one)
+    if gv_w8 and lanes_ok and t == "float" and kind in ("", "_gu") and dense and not cluster:
         family, plan = "gemv_w8.cu", w8_plan(plan, n)  # the fold's partials stay per 4-warp row block
     if kind in ("_gu", "_rr") and family == "gemv.cu":  # the experiments' instances: a family of their own
         family = "gemv_fused.cu"

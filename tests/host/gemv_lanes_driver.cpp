@@ -523,6 +523,7 @@ int main(int argc, char** argv) {
             case 0: return gv_dense_t<FragBF16>(tt, argv);
             case 1: return gv_dense_t<FragNVFP4>(tt, argv);
             case 2: return gv_dense_t<FragFP8<true>>(tt, argv);
+            case 3: return gv_dense_t<FragQG64<4>>(tt, argv);  // one group format (linear.GV_W8_ONE)
         }
         return 5;
     }
