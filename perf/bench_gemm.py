@@ -31,7 +31,8 @@ H200; the first run also compiles the gemm_sm90.cu and gemm_sm90_ws.cu families,
 them: give perf/device_run.sh BENCH_TIMEOUT=400).
 
 ``--served`` (:func:`served_main`): the fp16 mode as the model's prefill runs it, on the 27B's fused projections
-(SPLITK_SHAPES) at 2048 / 4096 / 8192 rows: the rows already in fp16 form (``F16Rows``, as the norms write them),
+(SPLITK_SHAPES) at 2048 / 4096 / 8192 rows, the first of ``--formats`` (NVFP4, FP8 or a group format; BF16's fp16
+path takes float rows only: the default table's ``f16bk``): the rows already in fp16 form (``F16Rows``, as the norms write them),
 the weight's fp16 operand kept (the runner's resident operands: no dequant pass), ``variant="auto"`` (kernel and
 K splits by gemm_plan's rules), against cuBLAS bf16 at the same (M, N, K) in the same run: the issue's "fraction
 of cuBLAS on the 27B prefill shapes". ``--max-splits S`` also times the ws kernel with 1 .. S splits forced (the
@@ -108,10 +109,11 @@ def _paths(fmt: str, impl: str) -> tuple[tuple[str, str, str, str, str], ...]:
         paths += [("f16il", "fp32", "wgmma", "fp16", "cp"), ("f16ws", "fp32", "pair", "fp16", "ws1")]
     # the group formats' fp16 mode (gemm_group.py), BF16's from the kept row-scaled operand (gemm_bf16.py); each
     # with its gemm_plan switch on for the call
+    # with K split by gemm_plan's rule (``auto``, as the model runs them; before 1f73c17 unsplit, ``ws1``)
     if fmt in GROUP_STRUCTS:
-        paths += [("f16g", "fp32", "auto", "fp16", "ws1"), ("f16gk", "fp32", "auto", "fp16", "ws1")]
+        paths += [("f16g", "fp32", "auto", "fp16", "auto"), ("f16gk", "fp32", "auto", "fp16", "auto")]
     if fmt == "BF16":
-        paths.append(("f16bk", "fp32", "auto", "fp16", "ws1"))
+        paths.append(("f16bk", "fp32", "auto", "fp16", "auto"))
     return tuple(paths)
 
 
@@ -260,6 +262,7 @@ def served_main(
 
     from ninfer.cuda import gemm_pair as gp
     from ninfer.cuda._common import F16Rows
+    from ninfer.cuda.gemm_group import GROUP_STRUCTS
     from ninfer.cuda.operands import OperandStore
 
     from .synthetic import random_weight
@@ -278,7 +281,10 @@ def served_main(
             x = F16Rows(words.astype(np.uint16), cupy.ones(m, dtype=np.float32))
             out = cupy.empty((m, n), dtype=np.float32)
             tc = _cublas(m, n, k)
-            cases = [("auto", gp.splitk_splits(m, n, k) if gp.f16_auto_ws(m, n, k) else 0)]
+            if fmt in GROUP_STRUCTS:  # gemm_group: always the ws kernel, the rule over 128-column tiles
+                cases = [("auto", gp.splitk_splits(m, 2 * n, k))]
+            else:
+                cases = [("auto", gp.splitk_splits(m, n, k) if gp.f16_auto_ws(m, n, k) else 0)]
             cases += [(f"ws{s}", s) for s in range(1, max_splits + 1)]
             fl = 2 * m * n * k
             for var, s in cases:
