@@ -91,7 +91,14 @@ template <bool SW = false, int GPT = 0> struct WsProducer {
 // GPT > 0 (the group formats, D = WsGroup<GPT>): 64 x 128 outputs per warpgroup; each group's k16 steps into a
 // partial sum (g0; W8's second group of the tile g1), then acc += scale(column) * partial once they are done:
 // gemm_sm90.cu's gs_issue / gs_scale order, so every output's fp32 order is the in-loop group kernel's.
-template <typename D, bool SW = false, int GPT = 0> struct WsConsumer {
+// DEFER (GPT = 1 only, gemm90_f16_wsgd): a K tile's partial is scaled after the next tile's wgmmas are issued, so
+// that a warpgroup's scaling overlaps its own next wgmmas instead of only the other warpgroup's. The wgmmas always
+// write g1; before the next tile's are issued, the finished partial moves to g0 (64 register moves), which is then
+// scaled while g1 fills again (a runtime choice of the array in flight made ptxas serialize the wgmmas). The unit's
+// last partial is scaled by drain() before its slot is released. The same fmaf per output in the same K order:
+// bitwise the undeferred kernel.
+template <typename D, bool SW = false, int GPT = 0, bool DEFER = false> struct WsConsumer {
+    static_assert(!DEFER || GPT == 1, "deferred scaling: one group per K tile (g1 is the second buffer)");
     static constexpr int BN = WsCfg<GPT>::BN, STAGES = WsCfg<GPT>::STAGES;
     float (&acc)[BN / 2];
     float (&g0)[BN / 2];  // GPT > 0: the groups' partial sums (unused otherwise)
@@ -107,6 +114,8 @@ template <typename D, bool SW = false, int GPT = 0> struct WsConsumer {
     int splits;
     float* tmax;  // SW: [M][tn] each row's largest |h| per column tile
     int half;     // SW: gate rows (= h's columns; multiple of 128)
+    u32 pend_sc = 0;     // DEFER: the scale row of the partial in g1 (its slot's)
+    bool pend = false;   // DEFER: g1 holds (or is computing) a partial not yet scaled
 
     __device__ void zero() {
 #pragma unroll
@@ -130,6 +139,20 @@ template <typename D, bool SW = false, int GPT = 0> struct WsConsumer {
     // partial), waited for at once (the other consumer warpgroup's wgmmas keep the tensor cores busy meanwhile),
     // then gs_scale's fmaf per accumulator with the column's scale from the slot's scale rows
     __device__ void mma_groups(u32 a, u32 b, u32 sc) {
+        if constexpr (DEFER) {
+            const bool scale_prev = pend;
+            u32 prev_sc = pend_sc;
+            if (pend) take_pending(true);
+            issue_group(g1, a, b);
+            if (scale_prev) {
+                fence_regs(g0);
+                fence_regs(acc);
+                scale_group(g0, prev_sc);
+                fence_regs(acc);
+            }
+            pend = true, pend_sc = sc;
+            return;
+        }
         fence_regs(g0);
         if (GPT == 2) fence_regs(g1);
         wgmma_fence();
@@ -146,6 +169,38 @@ template <typename D, bool SW = false, int GPT = 0> struct WsConsumer {
         scale_group(g0, sc);
         if (GPT == 2) scale_group(g1, sc + WSG_BN * 4);
         fence_regs(acc);
+    }
+    // DEFER: the K tile's four k16 wgmmas into partial d (the first overwrites), committed, not waited for
+    __device__ void issue_group(float (&d)[BN / 2], u32 a, u32 b) {
+        fence_regs(d);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) Wgmma<BN, true>::mma(d, desc_sw128(a + 32 * ks), desc_sw128(b + 32 * ks), ks ? 1 : 0);
+        wgmma_commit();
+    }
+    // DEFER: the previous tile's partial, once its wgmmas are done, from g1 to g0 (where `scale`: scaled into acc
+    // right away, the unit's last)
+    __device__ void take_pending(bool move) {
+        wgmma_wait<0>();
+        fence_regs(g1);
+        if (move) {
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) g0[i] = g1[i];
+            fence_regs(g0);
+        } else {
+            fence_regs(acc);
+            scale_group(g1, pend_sc);
+            fence_regs(acc);
+        }
+    }
+    // ws_consume after the unit's last K tile (retire_all), before its slot s is released: DEFER scales the last
+    // partial, whose scale row is in slot s; otherwise nothing is pending
+    __device__ void drain(int) {
+        if constexpr (DEFER) {
+            if (!pend) return;
+            take_pending(false);
+            pend = false;
+        }
     }
     __device__ void scale_group(float (&part)[BN / 2], u32 row) {  // row: the group's 128 fp32 scales
         const int t = ctid & 3;
@@ -225,7 +280,7 @@ template <typename D, bool SW = false, int GPT = 0> struct WsConsumer {
 
 // The kernels' common body (ma, mb: the __grid_constant__ tensor maps' addresses).
 // GPT > 0: the group formats (D = WsGroup<GPT>, ms the scales' map).
-template <typename D, bool SW, int GPT = 0>
+template <typename D, bool SW, int GPT = 0, bool DEFER = false>
 __device__ __forceinline__ void ws_gemm(const NiTensorMap* ma, const NiTensorMap* mb, const u8* __restrict__ p1,
                                         const u8* __restrict__ p2, const float* __restrict__ rowf,
                                         float* __restrict__ y, int M, int N, int K, long long ldy,
@@ -260,10 +315,12 @@ __device__ __forceinline__ void ws_gemm(const NiTensorMap* ma, const NiTensorMap
         }
     } else {
         setmaxnreg_inc<232>();
-        float acc[C::BN / 2], pa[GPT ? C::BN / 2 : 1], pb[GPT == 2 ? C::BN / 2 : 1];
+        constexpr bool TWO = GPT == 2 || DEFER;  // two partial arrays
+        float acc[C::BN / 2], pa[GPT ? C::BN / 2 : 1], pb[TWO ? C::BN / 2 : 1];
         float(&q0)[C::BN / 2] = *reinterpret_cast<float(*)[C::BN / 2]>(GPT ? pa : acc);
-        float(&q1)[C::BN / 2] = *reinterpret_cast<float(*)[C::BN / 2]>(GPT == 2 ? pb : (GPT ? pa : acc));
-        WsConsumer<D, SW, GPT> co{acc, q0, q1, sm, tid - 128, p1, p2, rowf, y, M, N, ldy, part, splits, tmax, half};
+        float(&q1)[C::BN / 2] = *reinterpret_cast<float(*)[C::BN / 2]>(TWO ? pb : (GPT ? pa : acc));
+        WsConsumer<D, SW, GPT, DEFER> co{acc, q0, q1, sm, tid - 128, p1, p2, rowf, y, M, N, ldy, part, splits, tmax,
+                                         half};
         ws_consume(co, sc, blockIdx.x, gridDim.x);
     }
 }
@@ -296,6 +353,20 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 #ifdef __CUDA_ARCH__
     ws_gemm<WsGroup<GPT>, false, GPT>(&ma, &mb, nullptr, nullptr, rowf, y, M, N, K, ldy, part, splits, nullptr, 0,
                                       &ms);
+#endif
+}
+
+// gemm90_f16_wsg<1> with the group scaling deferred by one K tile (WsConsumer's DEFER: partials alternating between
+// two register arrays): bitwise gemm90_f16_wsg<1>, an A/B candidate (gemm_plan.GROUP_DEFER).
+template <int GPT>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    gemm90_f16_wsgd(const __grid_constant__ NiTensorMap ma, const __grid_constant__ NiTensorMap mb,
+                    const __grid_constant__ NiTensorMap ms, const float* __restrict__ rowf, float* __restrict__ y,
+                    int M, int N, int K, long long ldy, float* __restrict__ part, int splits) {
+    static_assert(GPT == 1, "one group per K tile");
+#ifdef __CUDA_ARCH__
+    ws_gemm<WsGroup<GPT>, false, GPT, true>(&ma, &mb, nullptr, nullptr, rowf, y, M, N, K, ldy, part, splits, nullptr,
+                                            0, &ms);
 #endif
 }
 

@@ -116,9 +116,11 @@ template <typename O> HD void ws_produce(O& o, const WsSched& sc, int cta, int g
 // Consumer warpgroup: per work unit, zero the accumulators, then per K tile of its split wait for its slot, issue
 // its four k16 wgmmas (async; the group formats' mma also waits for them and adds the scaled partial sums), retire
 // the previous K tile's wgmmas and release that slot; after the last K tile
-// retire all and release, then the epilogue (registers -> global: y itself for S = 1, the unit's split partial for
-// S > 1) while the producer already fills the next unit's slots.
-//   o.zero(), o.wait_full(s, parity), o.mma(s), o.retire_prev(), o.retire_all(), o.release(s), o.epilogue(unit)
+// retire all, drain (what the last K tile still owes its slot: the deferred group scaling) and release, then the
+// epilogue (registers -> global: y itself for S = 1, the unit's split partial for S > 1) while the producer already
+// fills the next unit's slots.
+//   o.zero(), o.wait_full(s, parity), o.mma(s), o.retire_prev(), o.retire_all(), o.drain(s), o.release(s),
+//   o.epilogue(unit)
 WS_HD_TEMPLATE
 template <typename O> HD void ws_consume(O& o, const WsSched& sc, int cta, int grid) {
     WsRingT<O::STAGES> r;
@@ -134,7 +136,10 @@ template <typename O> HD void ws_consume(O& o, const WsSched& sc, int cta, int g
             prev = r.stage();
         }
         o.retire_all();
-        if (prev >= 0) o.release(prev);
+        if (prev >= 0) {
+            o.drain(prev);
+            o.release(prev);
+        }
         o.epilogue(w);
     }
 }

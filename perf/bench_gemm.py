@@ -21,8 +21,9 @@ converted in the main loop (``impl="wgmma"``; bitwise the ``f16`` result, off th
 ``f16`` result; its split-K: ``--splitk``); ``f16g`` / ``f16gk`` (the group formats, Q4 here): their fp16 mode,
 the default (ninfer/cuda/gemm_group.py: the codes as fp16 operands, the group scales on partial sums,
 ``gemm_plan.GROUP_F16`` set for the call), the operands computed per call / kept (an ``OperandStore``, as the
-runner keeps them; ceiling = cuBLAS; ``vs`` over the in-loop exact kernel); ``f16bk`` (BF16): its fp16 mode from
-the kept row-scaled operand (ninfer/cuda/gemm_bf16.py, ``gemm_plan.BF16_F16`` set; the first call, which builds
+runner keeps them; ceiling = cuBLAS; ``vs`` over the in-loop exact kernel); ``f16gd`` (Q4/Q5/Q6): ``f16gk``
+with the group scaling deferred by one K tile (``gemm_plan.GROUP_DEFER``, the same bits; ``vs`` over f16gk);
+``f16bk`` (BF16): its fp16 mode from the kept row-scaled operand (ninfer/cuda/gemm_bf16.py, ``gemm_plan.BF16_F16`` set; the first call, which builds
 the operand, falls in the warm-up; ``vs`` over the pair mode). FLOP/s counts 2·M·N·K; float32 activations run two MMAs per k-step (exact hi/lo split), so their ceiling
 is half of cuBLAS's: the ``vs ceiling`` column is the fraction of cuBLAS for bf16 and the fp16 mode, and of half
 of cuBLAS for the exact float32 paths; ``vs`` (JSON ``vs_fp32``) is the speedup of pair, f16 and f16il over the
@@ -112,6 +113,8 @@ def _paths(fmt: str, impl: str) -> tuple[tuple[str, str, str, str, str], ...]:
     # with K split by gemm_plan's rule (``auto``, as the model runs them; before 1f73c17 unsplit, ``ws1``)
     if fmt in GROUP_STRUCTS:
         paths += [("f16g", "fp32", "auto", "fp16", "auto"), ("f16gk", "fp32", "auto", "fp16", "auto")]
+        if GROUP_STRUCTS[fmt][1] == 1:  # gemm_plan.GROUP_DEFER: the deferred scaling, kept operands
+            paths.append(("f16gd", "fp32", "auto", "fp16", "auto"))
     if fmt == "BF16":
         paths.append(("f16bk", "fp32", "auto", "fp16", "auto"))
     return tuple(paths)
@@ -124,6 +127,7 @@ _BASE = {
     "f16ws": "f16",
     "f16g": "fp32",
     "f16gk": "fp32",
+    "f16gd": "f16gk",
     "f16bk": "pair",
 }  # what each ``vs`` column compares with
 
@@ -159,9 +163,10 @@ def main(
                         continue
                     x = xs[act]
                     out = cupy.empty((m, n), dtype=x.dtype)
-                    store = OperandStore(1 << 34) if label in ("f16gk", "f16bk") else None
-                    saved = plan.GROUP_F16, plan.BF16_F16
-                    plan.GROUP_F16 = label in ("f16g", "f16gk")
+                    store = OperandStore(1 << 34) if label in ("f16gk", "f16gd", "f16bk") else None
+                    saved = plan.GROUP_F16, plan.BF16_F16, plan.GROUP_DEFER
+                    plan.GROUP_F16 = label in ("f16g", "f16gk", "f16gd")
+                    plan.GROUP_DEFER = label == "f16gd"
                     plan.BF16_F16 = label == "f16bk"
                     try:
                         t = event_seconds(
@@ -171,7 +176,7 @@ def main(
                             reps=reps,
                         )
                     finally:
-                        plan.GROUP_F16, plan.BF16_F16 = saved
+                        plan.GROUP_F16, plan.BF16_F16, plan.GROUP_DEFER = saved
                     if label == "f16bk" and store is not None and store.refused(w, "f16row"):
                         print(
                             f"f16bk {name} {m}: the weight is not exact in fp16 per row: the pair mode was timed"

@@ -2,9 +2,10 @@
 gemm90_f16_wsg, dequant90<D, true>, group_scales_t) on the device, with ``gemm_plan.GROUP_F16`` on: fresh random
 inputs against NumPy with the same input rounding (``ops.round_fp16_rows``) at the fp32-accumulation tolerance, for
 Q4/Q5/Q6 g64 and W8 g32; strided views and nothing written outside them; the kept operands (``OperandStore``) and
-the per-call scratch, whole or in weight-row chunks, give the same bits; split-K units against the unsplit kernel at the accumulation tolerance
-and bitwise repeatable; off (the default), the same call stays on the exact kernel. The schedule, tensor maps and
-descriptor addressing are checked on the CPU (tests/test_gemm_ws_host.py). Skipped without an sm_90a device.
+the per-call scratch, whole or in weight-row chunks, give the same bits; split-K units against the unsplit kernel
+at the accumulation tolerance and bitwise repeatable; the deferred scaling (``GROUP_DEFER``) bitwise the undeferred
+kernel; off, the same call stays on the exact kernel. The schedule, tensor maps and descriptor addressing are
+checked on the CPU (tests/test_gemm_ws_host.py). Skipped without an sm_90a device.
 
     python -m pytest -m gpu tests/test_cuda_gemm_group.py
 """
@@ -89,3 +90,24 @@ def test_group_f16_kept_operands_splits_and_default(
     monkeypatch.setattr(gemm_plan, "GROUP_F16", False)
     off = cp.asnumpy(gemm(x, w, inputs="fp16"))
     assert np.array_equal(off, cp.asnumpy(gemm(x, w))), "GROUP_F16 off: the exact kernel, as inputs='exact'"
+
+
+@pytest.mark.parametrize("fmt", ("Q4G64_F16S", "Q6G64_F16S"))
+def test_deferred_group_scaling_is_the_same_bits(cp: Any, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gemm_plan.GROUP_DEFER (gemm90_f16_wsgd<1>: each K tile's scaling after the next tile's wgmmas): bitwise the
+    undeferred kernel, unsplit and split, with the ring wrapping and CTAs walking several units."""
+    from ninfer.cuda import gemm_plan
+    from ninfer.cuda.gemm import gemm
+
+    rng = np.random.default_rng(77)
+    for m, n, k in ((129, 300, 200), (300, 520, 2056), (1100, 4100, 1032)):
+        w, _ = _weight(rng, fmt, n, k)
+        x = cp.asarray(_x(rng, m, k))
+        for variant in ("ws1", "ws3", "auto"):
+            monkeypatch.setattr(gemm_plan, "GROUP_DEFER", False)
+            base = cp.asnumpy(gemm(x, w, inputs="fp16", variant=variant))
+            monkeypatch.setattr(gemm_plan, "GROUP_DEFER", True)
+            got = cp.asnumpy(gemm(x, w, inputs="fp16", variant=variant))
+            assert np.array_equal(got, base), (
+                f"{fmt} {m}x{n}x{k} {variant}: the deferred scaling changed bits"
+            )

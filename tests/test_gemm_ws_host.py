@@ -55,11 +55,12 @@ def _run(
     integers: bool = True,
     gpt: int = 0,
     transpose_scales: bool = False,
+    defer: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
     """(y, NumPy's y in float64 then rounded, the split partials [S, M, N] or None, x, w, rowf). ``gpt`` > 0: the
     group kernel (gemm90_f16_wsg<gpt>): ``w`` the codes, times a power-of-two scale per group of 64 / gpt k
     (``[groups, N]`` float32 as gemm_group lays them out; ``transpose_scales``: handed over in the wrong order) in
-    NumPy's y and in the partials."""
+    NumPy's y and in the partials; ``defer`` (gpt 1): gemm90_f16_wsgd<1>, the scaling deferred by one K tile."""
     rng = np.random.default_rng(seed)
     if integers:
         x = rng.integers(-3, 4, (m, k)).astype(np.float16)
@@ -71,7 +72,7 @@ def _run(
     bn = BN if gpt == 0 else GBN
     ma, mb = map_params(m, k, k, BM), map_params(n, k, k, bn)
     ma, mb = ma._replace(swizzle=swizzle), mb._replace(swizzle=swizzle)
-    head = f"{m} {n} {k} {grid} {seed} {slow} {splits} {gpt}\n" + _line(ma) + _line(mb)
+    head = f"{m} {n} {k} {grid} {seed} {slow} {splits} {3 if defer else gpt}\n" + _line(ma) + _line(mb)
     wf = w.astype(np.float64)
     scales = b""
     if gpt:
@@ -238,13 +239,18 @@ GROUP_SHAPES = (
 )
 
 
-@pytest.mark.parametrize("shape", GROUP_SHAPES)
+@pytest.mark.parametrize("shape", GROUP_SHAPES + tuple(s[:6] + (True,) for s in GROUP_SHAPES if s[4] == 1))
 def test_group_ws_schedule_scales_and_layout_match_numpy(driver: Path, shape: tuple[int, ...]) -> None:
     """Codes x power-of-two group scales on integer rows: every partial sum and fmaf exact, so y equals NumPy's
-    x @ (codes x scales)^T exactly; the scale rows land where scale_group reads them, group GPT kt + j of column n."""
-    m, n, k, grid, gpt, splits = shape
+    x @ (codes x scales)^T exactly; the scale rows land where scale_group reads them, group GPT kt + j of column n.
+    A seventh entry True: the deferred scaling (gemm90_f16_wsgd<1>), each partial scaled from its own slot before
+    that slot is released (the driver fails otherwise)."""
+    m, n, k, grid, gpt, splits = shape[:6]
+    defer = len(shape) > 6
     for seed, slow in ((1, 0), (2, 1), (3, 2)):
-        got, want, part, x, wf, _ = _run(driver, m, n, k, grid, seed=seed, slow=slow, splits=splits, gpt=gpt)
+        got, want, part, x, wf, _ = _run(
+            driver, m, n, k, grid, seed=seed, slow=slow, splits=splits, gpt=gpt, defer=defer
+        )
         assert np.array_equal(got, want), (
             f"{shape} seed {seed}: {np.count_nonzero(got != want)} outputs differ"
         )
@@ -259,3 +265,20 @@ def test_group_ws_wrong_scale_layout_is_caught(driver: Path) -> None:
     """The check can fail: scales handed over [N, groups] instead of [groups, N] give other values."""
     got, want, *_ = _run(driver, 129, 260, 200, 3, seed=4, gpt=1, transpose_scales=True)
     assert not np.array_equal(got, want)
+
+
+def test_group_ws_late_drain_is_caught(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The deferral's check can fail: with ws_consume draining a unit's last partial after releasing its slot, the
+    driver reports the scale read from a released slot (exit 31)."""
+    from ninfer.cuda.loader import CUDA_SRC
+
+    sched = (CUDA_SRC / "ws_sched.cuh").read_text()
+    late = sched.replace(
+        "            o.drain(prev);\n            o.release(prev);",
+        "            o.release(prev);\n            o.drain(prev);",
+    )
+    assert late != sched, "ws_consume's drain / release lines moved: update this test"
+    text = (HOST / "gemm_ws_driver.cu").read_text().replace('#include "ws_sched.cuh"', late)
+    drv = build_nvcc_driver(tmp_path_factory, "gemm_ws_late_drain", text)
+    with pytest.raises(AssertionError, match="driver exited 31"):
+        _run(drv, 300, 132, 1032, 4, seed=1, gpt=1, defer=True)

@@ -54,6 +54,7 @@ GROUP_STRUCTS: dict[str, tuple[str, int]] = {
 GROUP_WS_INSTANCES: tuple[str, ...] = (
     "gemm90_f16_wsg<1>",
     "gemm90_f16_wsg<2>",
+    "gemm90_f16_wsgd<1>",
     "gemm90_f16_ws_reduce<WsGroup<1>>",
 )
 GROUP_SM90_INSTANCES: tuple[str, ...] = (
@@ -164,7 +165,8 @@ def gemm_group_f16(
     # S of the whole call (kept by every weight chunk: a partial depends on K and S only, as in gemm_pair)
     forced = forced_splits(variant)
     splits = forced if forced is not None else splitk_splits(m, 2 * n, k)
-    fn = kernel_of(f"gemm90_f16_wsg<{gpt}>")
+    # gemm_plan.GROUP_DEFER: one group per K tile with its scaling deferred by a tile (the same bits)
+    fn = kernel_of("gemm90_f16_wsgd<1>" if gpt == 1 and gemm_plan.GROUP_DEFER else f"gemm90_f16_wsg<{gpt}>")
     red = kernel_of("gemm90_f16_ws_reduce<WsGroup<1>>") if splits > 1 else None
     groups = _groups(w.fmt, k)
     kept = _kept(w, kernel_of, operands)

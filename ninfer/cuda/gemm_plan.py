@@ -108,6 +108,9 @@ PAIR_MIN_ROWS = 128
 # in-loop kernel on the 27B's projections at 2048-8192 rows, perf/results/bench_gemm_group_7a13526_h100.txt); off,
 # gemm(..., inputs="fp16") keeps these formats on the exact in-loop kernel.
 GROUP_F16 = True
+# The Q4/Q5/Q6 fp16 kernel with each K tile's group scaling deferred until the next tile's wgmmas are issued
+# (gemm90_f16_wsgd<1>: bitwise gemm90_f16_wsg<1>). Off until perf.bench_gemm's f16gd path has measured it.
+GROUP_DEFER = False
 # BF16 weights in the fp16 mode (ninfer/cuda/gemm_bf16.py: each weight row scaled by a power of two into exact fp16,
 # kept operands only). On since the same run (1.6-2.1x the exact pair mode). Only for weights of at least
 # BF16_F16_MIN_ELEMS: the tensors every profile keeps BF16 because they are small or precision-critical (the MoE

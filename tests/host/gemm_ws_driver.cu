@@ -17,6 +17,8 @@
 // fill (the K tile's GPT rows of 128 fp32 scales from the scale map, unswizzled), and per group a partial sum of
 // its k16 steps, then acc = fmaf(scale, partial, acc) with the scale read where the device reads it (the slot's
 // scale rows, 4 bytes per column).
+// GPT 3 on stdin: gemm90_f16_wsgd<1> (GPT 1, each K tile's partial scaled after the next tile's, its scales read
+// from its slot then; the unit's last by drain() before the release).
 // stdin: M N K G seed slow S GPT (slow 1: consumers sleep in every mma, the producer always waits for a release; 2:
 // the producer sleeps in every fill, the consumers always wait for the bytes; 0: random jitter only; S: the
 // splits), then per operand (A, B, and for GPT > 0 the scales) "dims0 dims1 stride box0 box1 swizzle elem_bytes",
@@ -174,7 +176,7 @@ template <int GPT> struct HostProducer {
     }
 };
 
-template <int GPT> struct HostConsumer {
+template <int GPT, bool DEFER = false> struct HostConsumer {
     typedef WsCfg<GPT> C;
     static constexpr int STAGES = C::STAGES, BN = C::BN;
     Cta<GPT>& c;
@@ -183,6 +185,8 @@ template <int GPT> struct HostConsumer {
     std::mt19937 rng;
     bool slow;
     std::vector<float> acc = std::vector<float>(64 * BN), part = std::vector<float>(64 * BN);
+    std::vector<float> pend_part = std::vector<float>(64 * BN);  // DEFER: the partial waiting for its scaling
+    int pend_slot = -1;                                          // DEFER: its slot (-1: none waits)
     std::vector<int> seen;  // (mt, nt, kt) of every slot consumed in the current output tile
     void zero() { std::fill(acc.begin(), acc.end(), 0.f), seen.clear(); }
     void wait_full(int s, u32 parity) {
@@ -212,21 +216,44 @@ template <int GPT> struct HostConsumer {
             return;
         }
         // WsConsumer::mma_groups: group j's k16 steps into a fresh partial, then acc = fmaf(scale, partial, acc)
-        // with column n's scale at the slot's scale row j, byte 4 n (scale_group's address)
+        // with column n's scale at the slot's scale row j, byte 4 n (scale_group's address). DEFER (GPT 1): the
+        // slot's partial waits; the previous slot's is scaled now, its scales read from that slot now (after this
+        // slot's wgmmas were issued: WsConsumer's take_pending / scale_group order)
         for (int j = 0; j < GPT; ++j) {
             std::fill(part.begin(), part.end(), 0.f);
             for (int ks = j * (4 / GPT); ks < (j + 1) * (4 / GPT); ++ks) step(part, a, b, ks);
-            const u8* row = c.ring.data() + (size_t)s * C::STAGE_BYTES + WS_A_BYTES + WSG_B_BYTES + j * WSG_BN * 4;
-            for (int r = 0; r < 64; ++r)
-                for (int n = 0; n < BN; ++n) {
-                    float sc;
-                    memcpy(&sc, row + 4 * n, 4);
-                    acc[r * BN + n] = fmaf(sc, part[r * BN + n], acc[r * BN + n]);
-                }
+            if (DEFER) {
+                if (pend_slot >= 0) scale(pend_part, pend_slot, 0);
+                pend_part.swap(part), pend_slot = s;
+            } else {
+                scale(part, s, j);
+            }
         }
+    }
+    // acc = fmaf(scale, p, acc) with the scale row j of slot s, which must not have been released since this
+    // warpgroup read it (the device's producer may refill a released slot)
+    void scale(const std::vector<float>& p, int s, int j) {
+        {
+            std::lock_guard<std::mutex> g(c.mu);
+            if (c.rels[wg][s] >= c.reads[wg][s])
+                FAIL(31, "warpgroup %d scaled a partial from slot %d after releasing it", wg, s);
+        }
+        const u8* row = c.ring.data() + (size_t)s * C::STAGE_BYTES + WS_A_BYTES + WSG_B_BYTES + j * WSG_BN * 4;
+        for (int r = 0; r < 64; ++r)
+            for (int n = 0; n < BN; ++n) {
+                float sc;
+                memcpy(&sc, row + 4 * n, 4);
+                acc[r * BN + n] = fmaf(sc, p[r * BN + n], acc[r * BN + n]);
+            }
     }
     void retire_prev() {}
     void retire_all() {}
+    void drain(int s) {  // DEFER: the unit's last partial, from the slot about to be released
+        if (!DEFER || pend_slot < 0) return;
+        if (pend_slot != s) FAIL(32, "warpgroup %d drained slot %d, its last partial is slot %d's", wg, s, pend_slot);
+        scale(pend_part, pend_slot, 0);
+        pend_slot = -1;
+    }
     void release(int s) {
         {
             std::lock_guard<std::mutex> g(c.mu);
@@ -273,7 +300,7 @@ static void read_map(Map& m) {
         std::exit(2);
 }
 
-template <int GPT> static void run(World& wd, int G, unsigned seed, int slow) {
+template <int GPT, bool DEFER = false> static void run(World& wd, int G, unsigned seed, int slow) {
     const WsSched sc(wd.M, wd.N, wd.K, wd.S, WsCfg<GPT>::BN);
     std::vector<Cta<GPT>> ctas(G);
     std::vector<std::thread> th;
@@ -284,7 +311,7 @@ template <int GPT> static void run(World& wd, int G, unsigned seed, int slow) {
         });
         for (int wg = 0; wg < 2; ++wg)
             th.emplace_back([&, cta, wg] {
-                HostConsumer<GPT> c{ctas[cta], wd, wg, std::mt19937(seed * 131 + 7 * cta + wg), slow == 1};
+                HostConsumer<GPT, DEFER> c{ctas[cta], wd, wg, std::mt19937(seed * 131 + 7 * cta + wg), slow == 1};
                 ws_consume(c, sc, cta, G);
             });
     }
@@ -302,8 +329,10 @@ int main() {
     int G, slow;
     unsigned seed;
     if (scanf("%d %d %d %d %u %d %d %d", &wd.M, &wd.N, &wd.K, &G, &seed, &slow, &wd.S, &wd.GPT) != 8 || wd.S < 1 ||
-        wd.GPT < 0 || wd.GPT > 2)
+        wd.GPT < 0 || wd.GPT > 3)
         return 2;
+    const bool defer = wd.GPT == 3;  // 3: gemm90_f16_wsgd<1> (GPT 1, the group scaling deferred by one K tile)
+    if (defer) wd.GPT = 1;
     read_map(wd.ma);
     read_map(wd.mb);
     if (wd.GPT) read_map(wd.ms);
@@ -320,7 +349,8 @@ int main() {
     }
     if (fread(wd.rowf.data(), 4, wd.rowf.size(), stdin) != wd.rowf.size()) return 3;
     if (wd.GPT == 0) run<0>(wd, G, seed, slow);
-    if (wd.GPT == 1) run<1>(wd, G, seed, slow);
+    if (wd.GPT == 1 && !defer) run<1>(wd, G, seed, slow);
+    if (wd.GPT == 1 && defer) run<1, true>(wd, G, seed, slow);
     if (wd.GPT == 2) run<2>(wd, G, seed, slow);
     for (size_t i = 0; i < wd.written.size(); ++i)
         if (wd.written[i] != 1) FAIL(28, "output %zu written %d times", i, wd.written[i]);
