@@ -46,9 +46,9 @@
 #   wsp_probe  Nsight Compute on one "wsp" GDN state launch (35B-A3B heads, 8192 rows)
 #   wspb    the bf16 GDN scratch ("wspb"): GPU tests, bench_gdn against wsp, the whole-model prefill per variant
 #   shard   one third (SHARD=0/3, 1/3, 2/3) of the whole GPU suite per call (perf/pytest_shard.py)
-#   group   the group formats' and BF16's fp16 prefill GEMMs (gemm90_f16_wsg, gemm_bf16.py: off until this runs): their
-#           GPU tests and the ws kernel's, then perf/bench_gemm's f16g / f16gk (Q4, W8) and f16bk (BF16) against the
-#           exact kernels and cuBLAS (~6 min)
+#   group   the group formats' and BF16's fp16 prefill GEMMs (gemm90_f16_wsg, gemm_bf16.py): their GPU tests and
+#           the ws kernel's, then perf/bench_gemm's f16g / f16gk / f16gd (Q4, W8; f16gd the deferred scaling,
+#           gemm_plan.GROUP_DEFER) and f16bk (BF16) against the exact kernels and cuBLAS (~3 min warm)
 #   xlane   a decode GEMV A/B against another tree (AB_TREE, default .ab/xlane: `git archive qg64-xlane`, carried):
 #           its GEMV GPU tests, then perf/bench_gemv from both trees (AB_FORMATS) in the same call
 #   w8one   the one-lane dense GEMVs on gemv_w8.cu's 8-warp blocks (linear.GV_W8_ONE, off until measured): its GPU
@@ -322,7 +322,7 @@ run_group() {  # issue 14: the group-int formats' fp16 GEMM (ninfer/cuda/gemm_gr
     tests/test_cuda_gemm_group.py tests/test_cuda_gemm_bf16.py tests/test_cuda_gemm_ws.py 2>&1 \
     | tee "$OUT/group_tests.txt" | grep -v PASSED | tail -20
   timeout ${BENCH_TIMEOUT:-360} python3 -m perf.bench_gemm --formats ${GROUP_FORMATS:-Q4G64_F16S,W8G32_F16S,BF16} \
-    --paths bf16,fp32,pair,f16g,f16gk,f16bk --rows ${GROUP_ROWS:-2048,8192} --out "$OUT" 2>&1 \
+    --paths bf16,fp32,pair,f16g,f16gk,f16gd,f16bk --rows ${GROUP_ROWS:-2048,8192} --out "$OUT" 2>&1 \
     | tee "$OUT/bench_gemm_group.txt" | tail -50
 }
 run_w8one() {  # issue 13: linear.GV_W8_ONE (one-lane products on 8-warp blocks: the same bits), test and timing
