@@ -178,8 +178,8 @@ template <typename D, bool SW = false, int GPT = 0, bool DEFER = false> struct W
         for (int ks = 0; ks < 4; ++ks) Wgmma<BN, true>::mma(d, desc_sw128(a + 32 * ks), desc_sw128(b + 32 * ks), ks ? 1 : 0);
         wgmma_commit();
     }
-    // DEFER: the previous tile's partial, once its wgmmas are done, from g1 to g0 (where `scale`: scaled into acc
-    // right away, the unit's last)
+    // DEFER: the previous tile's partial, once its wgmmas are done: `move`, from g1 to g0 (scaled there after the
+    // next tile's wgmmas are issued); otherwise scaled into acc right away (the unit's last, drain)
     __device__ void take_pending(bool move) {
         wgmma_wait<0>();
         fence_regs(g1);
@@ -200,6 +200,7 @@ template <typename D, bool SW = false, int GPT = 0, bool DEFER = false> struct W
             if (!pend) return;
             take_pending(false);
             pend = false;
+            __syncwarp();  // every lane's scale reads done before lane 0 releases the slot (ws_consume's release)
         }
     }
     __device__ void scale_group(float (&part)[BN / 2], u32 row) {  // row: the group's 128 fp32 scales
@@ -356,8 +357,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 #endif
 }
 
-// gemm90_f16_wsg<1> with the group scaling deferred by one K tile (WsConsumer's DEFER: partials alternating between
-// two register arrays): bitwise gemm90_f16_wsg<1>, an A/B candidate (gemm_plan.GROUP_DEFER).
+// gemm90_f16_wsg<1> with the group scaling deferred by one K tile (WsConsumer's DEFER: the wgmmas write g1, the
+// finished partial moves to g0 and is scaled while g1 fills again): bitwise gemm90_f16_wsg<1>, an A/B candidate
+// (gemm_plan.GROUP_DEFER).
 template <int GPT>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     gemm90_f16_wsgd(const __grid_constant__ NiTensorMap ma, const __grid_constant__ NiTensorMap mb,

@@ -114,7 +114,8 @@ template <typename O> HD void ws_produce(O& o, const WsSched& sc, int cta, int g
 }
 
 // Consumer warpgroup: per work unit, zero the accumulators, then per K tile of its split wait for its slot, issue
-// its four k16 wgmmas (async; the group formats' mma also waits for them and adds the scaled partial sums), retire
+// its four k16 wgmmas (async; the group formats' mma also waits for them and adds the scaled partial sums, or with
+// the deferred scaling adds the previous K tile's), retire
 // the previous K tile's wgmmas and release that slot; after the last K tile
 // retire all, drain (what the last K tile still owes its slot: the deferred group scaling) and release, then the
 // epilogue (registers -> global: y itself for S = 1, the unit's split partial for S > 1) while the producer already

@@ -96,9 +96,13 @@ def test_group_f16_kept_operands_splits_and_default(
 def test_deferred_group_scaling_is_the_same_bits(cp: Any, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """gemm_plan.GROUP_DEFER (gemm90_f16_wsgd<1>: each K tile's scaling after the next tile's wgmmas): bitwise the
     undeferred kernel, unsplit and split, with the ring wrapping and CTAs walking several units."""
+    import ninfer.cuda.gemm as lin
     from ninfer.cuda import gemm_plan
     from ninfer.cuda.gemm import gemm
 
+    names: list[str] = []
+    real = lin._sm90_kernel
+    monkeypatch.setattr(lin, "_sm90_kernel", lambda name: (names.append(name), real(name))[1])
     rng = np.random.default_rng(77)
     for m, n, k in ((129, 300, 200), (300, 520, 2056), (1100, 4100, 1032)):
         w, _ = _weight(rng, fmt, n, k)
@@ -107,7 +111,9 @@ def test_deferred_group_scaling_is_the_same_bits(cp: Any, fmt: str, monkeypatch:
             monkeypatch.setattr(gemm_plan, "GROUP_DEFER", False)
             base = cp.asnumpy(gemm(x, w, inputs="fp16", variant=variant))
             monkeypatch.setattr(gemm_plan, "GROUP_DEFER", True)
+            names.clear()
             got = cp.asnumpy(gemm(x, w, inputs="fp16", variant=variant))
+            assert "gemm90_f16_wsgd<1>" in names, f"{variant}: the deferred kernel was not launched"
             assert np.array_equal(got, base), (
                 f"{fmt} {m}x{n}x{k} {variant}: the deferred scaling changed bits"
             )

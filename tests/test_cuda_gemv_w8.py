@@ -118,6 +118,10 @@ def test_one_lane_on_8_warp_blocks_is_the_4_warp_bits(cp: Any, w8_switch: Any, f
         got = {}
         for on in (False, True):
             w8_switch.GV_W8, w8_switch.GV_W8_ONE = True, frozenset({fmt} if on else ())
+            geo = w8_switch._geometry(
+                fmt, n, k, "", False, 1, "float", True, False, "off", True, False, w8_switch.GV_W8_ONE
+            )
+            assert (geo[1] == "gemv_w8.cu") == on, f"{fmt}: one-lane family {geo[1]} with the switch {on}"
             got[on] = {name: _bits(call()) for name, call in calls.items() if name != "rows"}
             got[on]["fold"] = np.concatenate([a.reshape(-1) for a in _fold(cp, w, 1)])
         for name in got[False]:

@@ -229,14 +229,18 @@ def test_splitk_scratch_bound() -> None:
     ) -> int:  # the ws kernel's S, or the group kernel's (gemm_group)
         return gp.splitk_splits(m, 2 * n if group else n, k)
 
+    # shapes where the group kernel's rule (twice the tiles) splits more than the ws kernel's: (768, 17408) at 2048
+    # rows and (11648, 17408) at 128 (S 2 -> 4), so the bound must count it
+    shapes = (*SHAPES_27B, (768, 17408), (11648, 17408))
+    assert gp.splitk_splits(2048, 2 * 768, 17408) > gp.splitk_splits(2048, 768, 17408)
     for group in (False, True):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(plan, "GROUP_F16", group)
             for rows in (128, 300, 1000, 2048):
-                bound = gp.splitk_scratch_bytes(rows, SHAPES_27B)
+                bound = gp.splitk_scratch_bytes(rows, shapes)
                 most = max(
                     4 * s * m * n * (s > 1)
-                    for n, k in SHAPES_27B
+                    for n, k in shapes
                     for m in range(gp.PAIR_MIN_ROWS, rows + 1)
                     for s in {splits(m, n, k, False), splits(m, n, k, group)}
                 )

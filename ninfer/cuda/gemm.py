@@ -182,8 +182,10 @@ def gemm(
     halves, fp32 accumulation); ``x`` and ``out`` may be row-strided views. ``impl``: see the module docstring
     (every Hopper choice gives bitwise the same result). ``inputs="fp16"``: where the pair mode would run and the
     format's operands are exact in fp16 (FP8, NVFP4), the fp16 mode instead (gemm_pair.py: each float32 row scaled
-    by a power of two and rounded to fp16, one MMA per product; gemm_experts likewise); every other GEMM stays
-    exact. The choice depends only on the format and M, never on other rows' values. In the fp16 mode
+    by a power of two and rounded to fp16, one MMA per product; gemm_experts likewise); so do the group-int formats
+    (gemm_group.py: the codes as fp16 operands, the group scales on partial sums) and BF16 weights of at least
+    gemm_plan.BF16_F16_MIN_ELEMS with an operand store (gemm_bf16.py: rows scaled into exact fp16); every other
+    GEMM stays exact. The choice depends only on the format and M, never on other rows' values. In the fp16 mode
     ``impl="wgmma"`` takes the in-loop weight conversion instead of the scratch (the same bits, slower: gemm_pair).
     ``variant`` (gemm_plan.F16_VARIANTS): the fp16 scratch kernel's main loop, ``cp`` (cp.async), ``ws`` (TMA +
     warp specialization, cuda_src/gemm_sm90_ws.cu, split over K where gemm_plan.splitk_splits says so), ``ws<S>``

@@ -13,7 +13,8 @@ warpgroup, persistent CTAs) with the codes as the weight operand and the scales 
 - activations: the fp16 mode's row split (``split_f16row``: a power of two per row, rounded to fp16);
 - per K tile and group each consumer warpgroup sums the group's k16 steps into a partial accumulator and adds
   ``scale(column) * partial`` to its accumulators (the in-loop kernel's gs_issue / gs_scale order), 128 columns per
-  tile (64 accumulators and one or two partials of 64 per thread); the epilogue multiplies by the row factor.
+  tile (64 accumulators and one partial of 64 per thread, two for W8's two groups per K tile and for the deferred
+  scaling, ``gemm_plan.GROUP_DEFER``); the epilogue multiplies by the row factor.
 
 What differs from the exact path is the fp16 rounding of the activations, as for NVFP4 and FP8 in the fp16 mode.
 ``gemm_plan.GROUP_F16`` (on) routes ``gemm(..., inputs="fp16")`` here (its schedule, tensor maps and descriptor
