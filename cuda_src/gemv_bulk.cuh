@@ -164,5 +164,6 @@ template <typename F> __device__ __forceinline__ void gv_wait_stage(u8* wsm, int
     } else {
         (void)wsm, (void)i;
         cp_async_wait<GV_STAGES - 2>();
+        if constexpr (GvXlane<F>::ON) __syncwarp();  // the quad's other lanes' copies of the tile (wfrag.cuh)
     }
 }

@@ -24,6 +24,24 @@
 #include "common.cuh"
 #include "wformat.cuh"
 
+// GV_QG64_XLANE 1: FragQG64 copies each row's 64 code bytes of a tile as one 16-byte piece per quad lane (8
+// cp.async per row set instead of 12) and each lane reads its words from its quad's slots after a __syncwarp
+// (GvXlane). An A/B candidate (perf/gemv_variants.py --variants base,xlane): Nsight Compute put the Q4G64 GEMV's
+// stalls on the shared-memory pipe, and the read side alone did not help (docs/cuda.md, "Groupwise-integer weights").
+#ifndef GV_QG64_XLANE
+#define GV_QG64_XLANE 0
+#endif
+
+// Whether a format's lanes read stage bytes that other lanes of their quad copied (F::XLANE): the warp syncs after
+// each lane's cp.async wait (gv_wait_stage), which makes the others' copies of the tile visible and orders every
+// lane's reads of a stage before any lane refills it.
+template <typename F, typename = void> struct GvXlane {
+    static constexpr bool ON = false;
+};
+template <typename F> struct GvXlane<F, decltype(void(F::XLANE))> {
+    static constexpr bool ON = F::XLANE;
+};
+
 // ---- bf16x2 helpers (low half = lower k) --------------------------------------------------------------------
 __host__ __device__ __forceinline__ u32 bf16_rne_bits(float f) {
     u32 u = f32_bits(f);
@@ -397,6 +415,7 @@ struct FragNVFP4RowG : FragNVFP4 {
 template <int BITS>
 struct FragQG64 {
     static constexpr int MT = 2, GROUP = 4, H = BITS == 4 ? 0 : (BITS == 5 ? 8 : 16);
+    static constexpr bool XLANE = GV_QG64_XLANE != 0;
     GV_ROWS_SRC(FragQG64)
     static __host__ __device__ __forceinline__ int kofs(int t, int w) { return 64 * (w >> 1) + 16 * t + 8 * (w & 1); }
     static __host__ __device__ __forceinline__ void chunk(int cc, int& t, int& w) {
@@ -419,9 +438,12 @@ struct FragQG64 {
 #pragma unroll
         for (int r = 0; r < 2 * MT; ++r) {
             const long long grp = n[r >> 1][r & 1] * (kpad128(K) / 64) + k0 / 64;  // k0 % 128 == 0: grp even
+            // XLANE: the row's 64 code bytes (groups grp, grp + 1) as 16 bytes per quad lane, 16-byte aligned (grp
+            // even, the plane 16-aligned)
+            if (XLANE) cp_async<16>(gv_vec(st, r, lane), p0 + grp * 32 + 16 * t, true);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                cp_async<8>(gv_vec(st, r, lane) + 8 * h, p0 + (grp + h) * 32 + 8 * t, true);
+                if (!XLANE) cp_async<8>(gv_vec(st, r, lane) + 8 * h, p0 + (grp + h) * 32 + 8 * t, true);
                 u8* hd = gv_vec(st, 2 * MT + (r >> 1), lane) + 8 * (r & 1) + 4 * h;
                 if (BITS == 5) cp_async<4>(hd, p1 + (grp + h) * 8 + 4 * (t >> 1), true);  // holds this lane's u16
                 if (BITS == 6) cp_async<4>(hd, p1 + (grp + h) * 16 + 4 * t, true);
@@ -431,8 +453,14 @@ struct FragQG64 {
     }
     static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int t, Raw& raw) {
         const int rr = 2 * mt + r;
-        raw.base[0] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, lane));
-        raw.base[1] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, lane) + 8);
+        if (XLANE) {  // group h's bytes 8 t .. 8 t + 8: quad lane 2 h + t / 2 copied them, at byte 8 (t % 2)
+            const int q = (lane & ~3) + (t >> 1);
+            raw.base[0] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, q) + 8 * (t & 1));
+            raw.base[1] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, q + 2) + 8 * (t & 1));
+        } else {
+            raw.base[0] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, lane));
+            raw.base[1] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, lane) + 8);
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const u32 w = *reinterpret_cast<const u32*>(gv_vec(st, 2 * MT + (rr >> 1), lane) + 8 * (rr & 1) + 4 * h);

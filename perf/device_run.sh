@@ -53,6 +53,8 @@
 #           its GEMV GPU tests, then perf/bench_gemv from both trees (AB_FORMATS) in the same call
 #   w8one   the one-lane dense GEMVs on gemv_w8.cu's 8-warp blocks (linear.GV_W8_ONE, off until measured): its GPU
 #           test, then perf/gemv_variants w8 against w8one at one lane (GEMV_FORMATS; ~3 min)
+#   gv_xlane  the group-int GEMV's cross-lane code copies (wfrag.cuh GV_QG64_XLANE, off): GPU test, then
+#           perf/gemv_variants base against xlane at 1 and 8 rows (~3 min)
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -330,6 +332,12 @@ run_w8one() {  # issue 13: linear.GV_W8_ONE (one-lane products on 8-warp blocks:
     tests/test_cuda_gemv_w8.py -k one_lane 2>&1 | tee "$OUT/w8one_tests.txt" | grep -v PASSED | tail -10
   timeout ${BENCH_TIMEOUT:-240} python3 -m perf.gemv_variants --variants w8,w8one --rows 1 --no-chain \
     --formats ${GEMV_FORMATS:-Q4G64_F16S,Q6G64_F16S,W8G32_F16S,NVFP4G16_E4M3S} 2>&1 | tee "$OUT/w8one.txt" | tail -12
+}
+run_gv_xlane() {  # issue 13: GV_QG64_XLANE (the group-int GEMV's code bytes copied 16 per quad lane): GPU test, A/B
+  timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
+    tests/test_cuda_gemv_xlane.py 2>&1 | tee "$OUT/gv_xlane_tests.txt" | grep -v PASSED | tail -10
+  timeout ${BENCH_TIMEOUT:-240} python3 -m perf.gemv_variants --variants base,xlane --rows 1,8 \
+    --formats ${GEMV_FORMATS:-Q4G64_F16S,Q6G64_F16S} 2>&1 | tee "$OUT/gv_xlane.txt" | tail -12
 }
 run_xlane() {  # issue 13: a decode GEMV candidate in another tree (AB_TREE) against this one, same machine and call
   local tree=${AB_TREE:-.ab/xlane} fmts=${AB_FORMATS:-Q4G64_F16S,NVFP4G16_E4M3S}

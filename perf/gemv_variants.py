@@ -45,6 +45,8 @@ Variants (a variant changes only what its name says; results are timings, not nu
   bulk      NVFP4's weight ring filled by bulk copies (cuda_src/gemv_bulk.cuh, GV_BULK 1): one lane issues a stage's
             4 cp.async.bulk copies on one mbarrier, instead of 8 cp.async per lane (same results)
   bulkef    bulk with an L2 evict-first hint on the weights' copies (GV_BULK 2)
+  xlane     GV_QG64_XLANE: the group-int formats' code bytes copied 16 per quad lane and read across the quad after
+            a __syncwarp (cuda_src/wfrag.cuh; same results)
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
   olddq     the NVFP4 decode and tile loop before the integer-pipe diet (2026-12-02, docs/cuda.md "Decode GEMV on
             tensor cores"): plain shifts (ptxas: SHF), the lane's scale word shifted and masked, stage and
@@ -221,6 +223,8 @@ def _source(original: Any, variant: str) -> Any:
             s = _must_replace(s, "if (gv_cl_size() > 1) {", "if (false) {")
         if variant == "nowait":
             s = _must_replace(s, "if (!experts) pdl_wait();", "")
+        if variant == "xlane":
+            s = "#define GV_QG64_XLANE 1\n" + s
         if variant in ("bulk", "bulkef"):
             s = f"#define GV_BULK {1 if variant == 'bulk' else 2}\n" + s
         if variant == "pfend":

@@ -1,0 +1,69 @@
+"""CPU check of the group-int decode GEMV's cross-lane code copies (cuda_src/wfrag.cuh ``GV_QG64_XLANE``, off by
+default; perf/gemv_variants.py's ``xlane`` variant times it): each quad lane copies 16 bytes of a row's 64 code
+bytes of a tile and reads its own words from its quad's slots after the warp's sync in ``gv_wait_stage``.
+
+- The fragment emulation (tests/test_gemv_mma_host.py's driver built with the macro; all 32 lanes' copies land
+  before any read) against the NumPy reference for Q4/Q5/Q6: the same words reach the same mma slots.
+- The launch emulation (tests/gemv_lanes_emu.py: one host thread per GPU thread, ``__syncwarp`` a real warp
+  barrier, the copies and reads in the kernel's own order through the ring): the dense launch's outputs bitwise the
+  build without the macro, at one and eight lanes, K split.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from gemv_lanes_emu import FILES, both_builds, build_lanes_emu, dense_case
+from host_emu import build_nvcc_driver
+from test_gemv_mma_host import DRIVER, FMTS, _host_gemv
+
+from ninfer.cuda.linear import FRAG_STRUCTS
+from ninfer.cuda.loader import source_text
+from ninfer.formats import FORMATS
+from ninfer.reference import ops
+
+GROUP = ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S")
+_ON = "#define GV_QG64_XLANE 1\n"
+
+
+@pytest.fixture(scope="module")
+def xdriver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fragment driver with the macro, the group formats' cases at their FMTS codes."""
+    cases = "\n".join(
+        f"        case {FMTS.index(f)}: run<{FRAG_STRUCTS[f][0]}>(N, K, nrows, splits, w.data(), off, x.data(),"
+        " y.data()); break;"
+        for f in GROUP
+    )
+    text = _ON + DRIVER.replace("%CASES%", cases)
+    return build_nvcc_driver(tmp_path_factory, "gemv_xlane_host", text, timeout=600, opt="-O1")
+
+
+@pytest.mark.parametrize("fmt", GROUP)
+def test_xlane_fragments_match_reference(xdriver: Path, fmt: str) -> None:
+    rng = np.random.default_rng(19)
+    codec = FORMATS[fmt]
+    for n, k in ((13, 200), (40, 1000), (21, 5128)):
+        wf = (rng.standard_normal((n, k)) * 0.5).astype(np.float32)
+        buf = np.ascontiguousarray(codec.encode(wf, (n, k)).reshape(-1).view(np.uint8))
+        wdec = codec.decode(buf, (n, k))
+        for b in (1, 9):
+            x = (rng.standard_normal((b, k)) * 3).astype(np.float32)
+            ref = ops.linear(x, wdec)
+            got = _host_gemv(xdriver, fmt, buf, (n, k), x)
+            err = np.max(np.abs(got.astype(np.float64) - ref), axis=1) / np.max(np.abs(ref), axis=1)
+            assert err.max() <= 2e-5, f"{fmt} {n}x{k} b={b}: normalised errors {err}"
+
+
+@pytest.fixture(scope="module")
+def emus(lanes_emu: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return {"base": lanes_emu, "xlane": build_lanes_emu(tmp_path_factory, gemv=_ON + source_text("gemv.cu"))}
+
+
+@pytest.mark.parametrize(
+    "case", [("Q4G64_F16S", "float", 600, 1024, 1, 3), ("Q4G64_F16S", "float", 300, 2048, 8, 2)]
+)
+def test_xlane_launch_is_the_same_bits(emus: dict[str, Any], tmp_path: Path, case: tuple) -> None:
+    both_builds(emus, tmp_path, lambda e, d: dense_case(e, d, case, cluster=False), FILES["dense"])
