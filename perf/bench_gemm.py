@@ -315,7 +315,9 @@ if __name__ == "__main__":
     ap.add_argument("--formats", default=",".join(FORMATS), help="with --splitk: the first one")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument(
-        "--paths", default=None, help="only these paths (bf16,fp32,pair,f16,f16il,f16ws,f16g,f16gk,f16gd,f16bk)"
+        "--paths",
+        default=None,
+        help="only these paths (bf16,fp32,pair,f16,f16il,f16ws,f16g,f16gk,f16gd,f16bk)",
     )
     ap.add_argument("--splitk", action="store_true", help="cp vs ws with forced K splits (splitk_main)")
     ap.add_argument("--served", action="store_true", help="the served fp16 GEMM vs cuBLAS (served_main)")
