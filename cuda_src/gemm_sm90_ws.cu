@@ -141,7 +141,7 @@ template <typename D, bool SW = false, int GPT = 0, bool DEFER = false> struct W
     __device__ void mma_groups(u32 a, u32 b, u32 sc) {
         if constexpr (DEFER) {
             const bool scale_prev = pend;
-            u32 prev_sc = pend_sc;
+            const u32 prev_sc = pend_sc;
             if (pend) take_pending(true);
             issue_group(g1, a, b);
             if (scale_prev) {

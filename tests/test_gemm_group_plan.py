@@ -8,6 +8,7 @@ import pytest
 from ninfer.cuda import gemm_plan
 from ninfer.cuda.gemm_group import (
     GROUP_STRUCTS,
+    _chunk_rows,
     _groups,
     group_f16_ok,
     group_operand_extra,
@@ -57,7 +58,7 @@ def test_scales_scratch_covers_every_chunk(monkeypatch: pytest.MonkeyPatch) -> N
     shapes = [(10240, 5120), (34816, 5120), (5120, 17408), (5120, 6144), (200, 72)]
     bound, most = group_scratch_bytes(4096, shapes), 0
     for n, k in shapes:
-        nw = gemm_plan._chunks(n, gemm_plan._W_CAP // (2 * k), 256)
+        nw = _chunk_rows(n, k)  # what gemm_group_f16 builds per call
         for fmt in GROUP_STRUCTS:
             for n0 in range(0, n, nw):
                 most = max(most, 4 * _groups(fmt, k) * min(nw, n - n0))

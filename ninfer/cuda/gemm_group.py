@@ -95,11 +95,13 @@ def group_scratch_bytes(rows: int, shapes: Any) -> int:
     (gemm_plan.pair_scratch_bytes counts it)."""
     if not gemm_plan.GROUP_F16 or rows < PAIR_MIN_ROWS:
         return 0
-    most = 0
-    for n, k in shapes:
-        nw = min(n, gemm_plan._chunks(n, gemm_plan._W_CAP // (2 * k), 256))
-        most = max(most, 4 * _groups("W8G32_F16S", k) * nw)
-    return most
+    return max((4 * _groups("W8G32_F16S", k) * _chunk_rows(n, k) for n, k in shapes), default=0)
+
+
+def _chunk_rows(n: int, k: int) -> int:
+    """Weight rows per call-time operand chunk of an ``n`` x ``k`` weight: the pair scratch's cap on the fp16 codes
+    (gemm_plan._W_CAP), in 256-row units."""
+    return min(n, gemm_plan._chunks(n, gemm_plan._W_CAP // (2 * k), 256))
 
 
 def _groups(fmt: str, k: int) -> int:
@@ -173,7 +175,7 @@ def gemm_group_f16(
     kept = _kept(w, kernel_of, operands)
     # not kept: the operands of weight rows [n0, n0 + nw) at a time, in the pair mode's weight scratch (the same
     # chunk cap, so the memory plan's reservation covers the codes; the scales are 1/16 of that or less)
-    nw = n if kept is not None else gemm_plan._chunks(n, gemm_plan._W_CAP // (2 * k), 256)
+    nw = n if kept is not None else _chunk_rows(n, k)
     for n0 in range(0, n, nw):
         cols = min(nw, n - n0)
         if kept is not None:

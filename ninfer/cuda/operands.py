@@ -49,14 +49,17 @@ def prefill_gemm_weight(name: str) -> bool:
 
 
 def eligible_bytes(weights: Iterable[tuple[str, Any]], foldable: Any, extra: Any = None) -> int:
-    """Bytes of the fp16 operands of the dense prefill weights among ``(name, weight)`` pairs whose format
-    ``foldable(fmt, rows, cols)`` accepts (weights of several formats, ``FusedRuns``, are left out: each run's GEMM is small);
-    ``extra(fmt, rows, cols)``: bytes a format keeps beside its fp16 rows (the group formats' scales)."""
+    """Bytes of the fp16 operands of the dense prefill weights among ``(name, weight)`` pairs that
+    ``foldable(fmt, rows, cols)`` accepts (weights of several formats, ``FusedRuns``, are left out: each run's GEMM
+    is small); ``extra(fmt, rows, cols)``: bytes a format keeps beside its fp16 rows (the group formats' scales)."""
     total = 0
     for name, w in weights:
         fmt = getattr(w, "fmt", None)
-        if isinstance(fmt, str) and prefill_gemm_weight(name) and foldable(fmt, int(w.rows), int(w.cols)):
-            total += 2 * int(w.rows) * int(w.cols) + (extra(fmt, int(w.rows), int(w.cols)) if extra else 0)
+        if not (isinstance(fmt, str) and prefill_gemm_weight(name)):
+            continue
+        n, k = int(w.rows), int(w.cols)
+        if foldable(fmt, n, k):
+            total += 2 * n * k + (extra(fmt, n, k) if extra else 0)
     return total
 
 
