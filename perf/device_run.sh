@@ -53,8 +53,8 @@
 #           its GEMV GPU tests, then perf/bench_gemv from both trees (AB_FORMATS) in the same call
 #   w8one   the one-lane dense GEMVs on gemv_w8.cu's 8-warp blocks (linear.GV_W8_ONE, off until measured): its GPU
 #           test, then perf/gemv_variants w8 against w8one at one lane (GEMV_FORMATS; ~3 min)
-#   gv_xlane  the group-int GEMV's cross-lane code copies (wfrag.cuh GV_QG64_XLANE, off): GPU test, then
-#           perf/gemv_variants base against xlane at 1 and 8 rows (~3 min)
+#   gv_xlane  the group-int GEMV's cross-lane code copies (wfrag.cuh GV_QG64_XLANE, on since 2026-12-07): GPU test,
+#           then perf/gemv_variants noxlane against base at 1 and 8 rows (~3 min)
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -64,7 +64,9 @@
 # is packed again into $OUT/cupy-cache.tgz.part-* at the end (15 MiB parts: the tool returns files of at most
 # 16 MiB), which saves the cold NVRTC compile (~70 s for the 347 instances at 4eb6bda) next time.
 # Env: COMMIT (recorded with the results; pass it from the machine holding the repository: a copied checkout's
-# git may report a stale HEAD), PYTEST_K (-k filter), PYTEST_ARGS (more pytest options), TEST_FILES (default tests/test_cuda_*.py), TEST_TIMEOUT, PERF_TIMEOUT, BENCHES, PERF_ARGS.
+# git may report a stale HEAD), PYTEST_K (-k filter), PYTEST_ARGS (more pytest options), TEST_FILES (default
+# tests/test_cuda_*.py), SKIP_COMPILE (tests: no timed compile first), SKIP_TESTS (w8one, gv_xlane: the timings
+# only), TEST_TIMEOUT, PERF_TIMEOUT, BENCHES, PERF_ARGS.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -116,7 +118,7 @@ from ninfer.cuda import warmup; print('compiled', sum(warmup(workers=12).values(
   } 2>&1 | tee "$OUT/compile.txt"
 }
 run_tests() {
-  run_compile
+  [ -n "${SKIP_COMPILE:-}" ] || run_compile
   NINFER_GPU_REPORT=$OUT/gpu_report.json NINFER_GPU_REPORT_MODEL=$OUT/model_report.json \
     timeout ${TEST_TIMEOUT:-480} python3 -m pytest -q -m gpu ${TEST_FILES:-tests/test_cuda_*.py} -p no:cacheprovider \
     --timeout 200 -rf --continue-on-collection-errors ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 \
@@ -328,15 +330,15 @@ run_group() {  # issue 14: the group-int formats' fp16 GEMM (ninfer/cuda/gemm_gr
     | tee "$OUT/bench_gemm_group.txt" | tail -50
 }
 run_w8one() {  # issue 13: linear.GV_W8_ONE (one-lane products on 8-warp blocks: the same bits), test and timing
-  timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
+  [ -n "${SKIP_TESTS:-}" ] || timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
     tests/test_cuda_gemv_w8.py -k one_lane 2>&1 | tee "$OUT/w8one_tests.txt" | grep -v PASSED | tail -10
   timeout ${BENCH_TIMEOUT:-240} python3 -m perf.gemv_variants --variants w8,w8one --rows 1 --no-chain \
     --formats ${GEMV_FORMATS:-Q4G64_F16S,Q6G64_F16S,W8G32_F16S,NVFP4G16_E4M3S} 2>&1 | tee "$OUT/w8one.txt" | tail -12
 }
 run_gv_xlane() {  # issue 13: GV_QG64_XLANE (the group-int GEMV's code bytes copied 16 per quad lane): GPU test, A/B
-  timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
+  [ -n "${SKIP_TESTS:-}" ] || timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
     tests/test_cuda_gemv_xlane.py 2>&1 | tee "$OUT/gv_xlane_tests.txt" | grep -v PASSED | tail -10
-  timeout ${BENCH_TIMEOUT:-240} python3 -m perf.gemv_variants --variants base,xlane --rows 1,8 \
+  timeout ${BENCH_TIMEOUT:-240} python3 -m perf.gemv_variants --variants noxlane,base --rows 1,8 \
     --formats ${GEMV_FORMATS:-Q4G64_F16S,Q6G64_F16S} 2>&1 | tee "$OUT/gv_xlane.txt" | tail -12
 }
 run_xlane() {  # issue 13: a decode GEMV candidate in another tree (AB_TREE) against this one, same machine and call
