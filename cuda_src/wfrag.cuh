@@ -24,12 +24,13 @@
 #include "common.cuh"
 #include "wformat.cuh"
 
-// GV_QG64_XLANE 1: FragQG64 copies each row's 64 code bytes of a tile as one 16-byte piece per quad lane (8
-// cp.async per row set instead of 12) and each lane reads its words from its quad's slots after a __syncwarp
-// (GvXlane). An A/B candidate (perf/gemv_variants.py --variants base,xlane): Nsight Compute put the Q4G64 GEMV's
-// stalls on the shared-memory pipe, and the read side alone did not help (docs/cuda.md, "Groupwise-integer weights").
+// GV_QG64_XLANE 1 (the default since 2026-12-07): FragQG64 copies each row's 64 code bytes of a tile as one 16-byte
+// piece per quad lane (8 cp.async per row set instead of 12) and each lane reads its words from its quad's slots
+// after a __syncwarp (GvXlane). Nsight Compute put the Q4G64 GEMV's stalls on the shared-memory pipe (the copies'
+// wavefronts); measured (H200, perf/gemv_variants.py --variants noxlane,base): 27B Q4G64 one row 1.3-1.5x faster,
+// eight rows 1.2-1.3x, Q6G64 1.15-1.3x, the same bits (docs/cuda.md, "Groupwise-integer weights"). 0: the old copies.
 #ifndef GV_QG64_XLANE
-#define GV_QG64_XLANE 0
+#define GV_QG64_XLANE 1
 #endif
 
 // Whether a format's lanes read stage bytes that other lanes of their quad copied (F::XLANE): the warp syncs after

@@ -45,8 +45,9 @@ Variants (a variant changes only what its name says; results are timings, not nu
   bulk      NVFP4's weight ring filled by bulk copies (cuda_src/gemv_bulk.cuh, GV_BULK 1): one lane issues a stage's
             4 cp.async.bulk copies on one mbarrier, instead of 8 cp.async per lane (same results)
   bulkef    bulk with an L2 evict-first hint on the weights' copies (GV_BULK 2)
-  xlane     GV_QG64_XLANE: the group-int formats' code bytes copied 16 per quad lane and read across the quad after
-            a __syncwarp (cuda_src/wfrag.cuh; same results)
+  xlane     GV_QG64_XLANE 1 (the default since 2026-12-07): the group-int formats' code bytes copied 16 per quad
+            lane and read across the quad after a __syncwarp (cuda_src/wfrag.cuh; same results)
+  noxlane   GV_QG64_XLANE 0: the group-int formats' per-lane 8-byte code copies (before 2026-12-07)
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
   olddq     the NVFP4 decode and tile loop before the integer-pipe diet (2026-12-02, docs/cuda.md "Decode GEMV on
             tensor cores"): plain shifts (ptxas: SHF), the lane's scale word shifted and masked, stage and
@@ -86,8 +87,8 @@ SHAPES_35B = {"35b gdn in": (12352, 2048), "35b gdn out": (2048, 4096), "35b att
 
 
 def _plan(lin: Any, base: Any, variant: str) -> Any:
-    def plan(fmt: str, n: int, k: int) -> Any:
-        p = base(fmt, n, k)
+    def plan(fmt: str, n: int, k: int, dense: bool = False) -> Any:
+        p = base(fmt, n, k, dense)
         if variant == "ceil":
             s = max(1, min(-(-2112 // (p.blocks_x * 4)), p.ntiles // 4))
         elif variant == "occ5":
@@ -223,8 +224,8 @@ def _source(original: Any, variant: str) -> Any:
             s = _must_replace(s, "if (gv_cl_size() > 1) {", "if (false) {")
         if variant == "nowait":
             s = _must_replace(s, "if (!experts) pdl_wait();", "")
-        if variant == "xlane":
-            s = "#define GV_QG64_XLANE 1\n" + s
+        if variant in ("xlane", "noxlane"):
+            s = f"#define GV_QG64_XLANE {int(variant == 'xlane')}\n" + s
         if variant in ("bulk", "bulkef"):
             s = f"#define GV_BULK {1 if variant == 'bulk' else 2}\n" + s
         if variant == "pfend":

@@ -1,7 +1,8 @@
-"""The group-int decode GEMV with cross-lane code copies (cuda_src/wfrag.cuh ``GV_QG64_XLANE``, off by default) on
-the GPU: gemv.cu compiled with the macro gives every output bitwise the default build's, for Q4/Q5/Q6 at one and
-eight rows, K split and N off the row blocks, plain and SwiGLU inputs. The host checks are
-tests/test_gemv_xlane_host.py; ``python -m perf.gemv_variants --variants base,xlane`` times it.
+"""The group-int decode GEMV's cross-lane code copies (cuda_src/wfrag.cuh ``GV_QG64_XLANE``, on by default) on the
+GPU: the default build gives every output bitwise the build with the macro at 0 (the per-lane copies), for
+Q4/Q5/Q6 at one and eight rows, eight rows on gemv.cu's 4-warp blocks and on gemv_w8.cu's 8-warp ones, K split and
+N off the row blocks, plain and SwiGLU inputs. The host checks are tests/test_gemv_xlane_host.py; ``python -m
+perf.gemv_variants --variants noxlane,base`` times it.
 
     python -m pytest -m gpu tests/test_cuda_gemv_xlane.py
 """
@@ -23,14 +24,15 @@ F32 = np.float32
 
 @pytest.fixture
 def xlane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A switch for gemv.cu's source: ``xlane(True)`` compiles it with the macro (the modules cleared either way)."""
+    """A switch for the GEMV sources: ``xlane(False)`` compiles every .cu with the macro at 0, ``xlane(True)`` as they
+    are (the modules cleared either way)."""
     pytest.importorskip("cupy")
     import ninfer.cuda.loader as loader
 
     original = loader.source_text
 
     def patched(name: str) -> str:
-        return ("#define GV_QG64_XLANE 1\n" if name == "gemv.cu" else "") + original(name)
+        return ("#define GV_QG64_XLANE 0\n" if name.endswith(".cu") else "") + original(name)
 
     def use(on: bool) -> None:
         monkeypatch.setattr(loader, "source_text", patched if on else original)
@@ -41,8 +43,9 @@ def xlane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     loader.load_module.cache_clear()
 
 
+@pytest.mark.parametrize("w8", [False, True])
 @pytest.mark.parametrize("fmt", ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S"])
-def test_xlane_gemv_is_the_default_bits(xlane: Any, fmt: str) -> None:
+def test_xlane_gemv_is_the_per_lane_bits(xlane: Any, fmt: str, w8: bool) -> None:
     import cupy
 
     import ninfer.cuda.linear as linear
@@ -50,8 +53,8 @@ def test_xlane_gemv_is_the_default_bits(xlane: Any, fmt: str) -> None:
     from ninfer.cuda.weights import upload_weight
 
     rng = np.random.default_rng(91)
-    w8 = linear.GV_W8
-    linear.GV_W8 = False  # 8 rows on gemv.cu's 4-warp blocks too (gemv_w8.cu is another family)
+    w8_0 = linear.GV_W8
+    linear.GV_W8 = w8  # 8 rows on gemv.cu's 4-warp blocks or gemv_w8.cu's 8-warp ones
     try:
         for n, k in ((600, 2048), (300, 5128), (40, 1032)):
             wf = (rng.standard_normal((n, k)) * 0.5).astype(F32)
@@ -65,4 +68,4 @@ def test_xlane_gemv_is_the_default_bits(xlane: Any, fmt: str) -> None:
                 for a, c in zip(got[False], got[True], strict=True):
                     assert np.array_equal(a.view(np.uint8), c.view(np.uint8)), f"{fmt} {n}x{k}, {b} rows"
     finally:
-        linear.GV_W8 = w8
+        linear.GV_W8 = w8_0

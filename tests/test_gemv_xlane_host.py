@@ -1,12 +1,12 @@
-"""CPU check of the group-int decode GEMV's cross-lane code copies (cuda_src/wfrag.cuh ``GV_QG64_XLANE``, off by
-default; perf/gemv_variants.py's ``xlane`` variant times it): each quad lane copies 16 bytes of a row's 64 code
+"""CPU check of the group-int decode GEMV's cross-lane code copies (cuda_src/wfrag.cuh ``GV_QG64_XLANE``, on by
+default; perf/gemv_variants.py's ``noxlane`` variant times the per-lane copies): each quad lane copies 16 bytes of a row's 64 code
 bytes of a tile and reads its own words from its quad's slots after the warp's sync in ``gv_wait_stage``.
 
 - The fragment emulation (tests/test_gemv_mma_host.py's driver built with the macro; all 32 lanes' copies land
   before any read) against the NumPy reference for Q4/Q5/Q6: the same words reach the same mma slots.
 - The launch emulation (tests/gemv_lanes_emu.py: one host thread per GPU thread, ``__syncwarp`` a real warp
   barrier, the copies and reads in the kernel's own order through the ring): the dense launch's outputs bitwise the
-  build without the macro, at one and eight lanes, K split.
+  build with the macro at 0 (the per-lane copies), at one and eight lanes, K split.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def test_xlane_fragments_match_reference(xdriver: Path, fmt: str) -> None:
 
 @pytest.fixture(scope="module")
 def emus(lanes_emu: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return {"base": lanes_emu, "xlane": build_lanes_emu(tmp_path_factory, gemv=_ON + source_text("gemv.cu"))}
+    off = "#define GV_QG64_XLANE 0\n" + source_text("gemv.cu")
+    return {"base": build_lanes_emu(tmp_path_factory, gemv=off), "xlane": lanes_emu}
 
 
 @pytest.mark.parametrize(
