@@ -86,10 +86,12 @@ GV_CLUSTER_MAX = 16
 # 35B-A3B x8 6.38 -> 6.19 (1.03x), x1 unchanged.
 GV_W8 = True
 # GV_W8_ONE: formats whose dense one-lane float products also take gemv_w8.cu's 8-warp blocks (the same bits: the
-# 4-warp plan's splits). Empty until measured: Q4G64 and Q6G64 ran faster at 8 lanes (8-warp blocks) than at one
-# (4-warp blocks) on the 27B's shapes (H100, cc30d3c, perf/results/bench_gemv_cc30d3c_h100.txt: down 38.7 vs 50.6
-# us); `python -m perf.gemv_variants --variants base,w8one` times both at one lane.
-GV_W8_ONE: frozenset[str] = frozenset()
+# 4-warp plan's splits). Measured (`python -m perf.gemv_variants --variants w8,w8one --rows 1`, 27B shapes, with the
+# group-int cross-lane copies, H100 at 68cdc39+, perf/results/gemv_w8one_xlane_h100.txt): Q6G64 faster at every
+# shape (q|gate 41.0 -> 35.0 us, gate|up 107.9 -> 99.3, down 54.8 -> 47.6, lm_head 608.6 -> 532.5); Q4G64 mixed
+# (gate|up 60.0 -> 65.7, down 34.9 -> 30.1: a GDN layer's four products 142.3 -> 140.2), W8G32 and NVFP4 slower
+# (H200, perf/results/gemv_w8one_h200.txt). So Q6G64 only.
+GV_W8_ONE: frozenset[str] = frozenset({"Q6G64_F16S"})
 # GV_BULK: NVFP4 launches (plain kernel, no cluster) fill their weight ring by bulk copies (gemv_bulk.cu,
 # gemv_w8_bulk.cu; docs/cuda.md, "Bulk-copy weight ring"): the same bits. Off until measured.
 GV_BULK = False
