@@ -109,7 +109,8 @@ PAIR_MIN_ROWS = 128
 # gemm(..., inputs="fp16") keeps these formats on the exact in-loop kernel.
 GROUP_F16 = True
 # The Q4/Q5/Q6 fp16 kernel with each K tile's group scaling deferred until the next tile's wgmmas are issued
-# (gemm90_f16_wsgd<1>: bitwise gemm90_f16_wsg<1>). Off until perf.bench_gemm's f16gd path has measured it.
+# (gemm90_f16_wsgd<1>: bitwise gemm90_f16_wsg<1>). Off: measured 0.81-0.89x of the undeferred kernel (H200, 27B
+# projections, perf.bench_gemm f16gd vs f16gk, perf/results/bench_gemm_group_defer_68cdc39_h200.txt).
 GROUP_DEFER = False
 # BF16 weights in the fp16 mode (ninfer/cuda/gemm_bf16.py: each weight row scaled by a power of two into exact fp16,
 # kept operands only). On since the same run (1.6-2.1x the exact pair mode). Only for weights of at least
