@@ -78,3 +78,19 @@ def test_memory_plan_counts_the_scales_scratch(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(gemm_plan, "GROUP_F16", False)
     off = mp._gemm_scratch(mc, 2048)
     assert on - off >= scales > 0
+
+
+def test_memory_plan_skips_it_without_group_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model with no group-int weight (NVFP4, FP8, BF16) reserves neither the scales scratch nor the group
+    kernel's split-K partials: the plan is the one with GROUP_F16 off."""
+    from ninfer.artifact.registry import MODELS
+    from ninfer.cuda import memory_plan as mp
+
+    mc = MODELS["qwen3.6-27b"].config
+    assert mp.has_group_weights(["BF16", "Q4G64_F16S"]) and not mp.has_group_weights(
+        ["NVFP4G16_E4M3S", "BF16"]
+    )
+    with_group, without = mp._gemm_scratch(mc, 2048, True), mp._gemm_scratch(mc, 2048, False)
+    assert with_group - without >= group_scratch_bytes(2048, mp._dense_shapes(mc)) > 0
+    monkeypatch.setattr(gemm_plan, "GROUP_F16", False)
+    assert mp._gemm_scratch(mc, 2048) == without

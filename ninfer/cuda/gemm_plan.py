@@ -180,17 +180,19 @@ def _splitk_rule(m: int, n: int, k: int, knobs: tuple[float, ...]) -> int:
     return best
 
 
-def splitk_scratch_bytes(rows: int, shapes: Iterable[tuple[int, int]]) -> int:
+def splitk_scratch_bytes(rows: int, shapes: Iterable[tuple[int, int]], group: bool = True) -> int:
     """Upper bound of the split-K workspace after fp16-mode GEMMs of at most ``rows`` rows against weights of
     ``shapes`` ((N, K) each): the largest S x M x N x 4 the rule gives (S depends on M only through its row tiles,
     so the top of each 128-row band is the band's largest). Counted as if every such GEMM took the ws kernel, and with
-    GROUP_F16 also as the group kernel (its rule sees twice the tiles: gemm_group.gemm_group_f16)."""
+    GROUP_F16 also as the group kernel (its rule sees twice the tiles: gemm_group.gemm_group_f16) unless ``group`` is
+    False (no weight in a group format)."""
     most = 0
     for n, k in shapes:
         for tm in range(1, -(-rows // _BM) + 1):
             m = min(rows, tm * _BM)
             s = splitk_splits(m, n, k) if m >= PAIR_MIN_ROWS else 1
-            if GROUP_F16 and m >= PAIR_MIN_ROWS:  # the group kernel's 128-column tiles (gemm_group.py)
+            # the group kernel's 128-column tiles (gemm_group.py)
+            if group and GROUP_F16 and m >= PAIR_MIN_ROWS:
                 s = max(s, splitk_splits(m, 2 * n, k))
             if s > 1:
                 most = max(most, 4 * s * m * n)

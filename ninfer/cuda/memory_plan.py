@@ -14,13 +14,14 @@ desktop and other programs keep that much.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from ninfer.config import ModelConfig
 from ninfer.cuda.attention import rows_per_launch, split_plan, workspace_bytes
 from ninfer.cuda.attention_prefill import SPLIT_SCRATCH_BYTES
 from ninfer.cuda.gdn import chunk_scratch_bytes
-from ninfer.cuda.gemm_group import group_scratch_bytes
+from ninfer.cuda.gemm_group import GROUP_STRUCTS, group_scratch_bytes
 from ninfer.cuda.gemm_pair import pair_scratch_bytes, splitk_scratch_bytes
 from ninfer.cuda.host_tier import stage_pages
 from ninfer.cuda.moe_lanes import lanes_workspace_bytes, slot_bound
@@ -99,6 +100,11 @@ KV_HEAD_BYTES = {"bf16": (2, 0), "fp32": (4, 0), "fp8": (1, 4)}  # fp8: e4m3 cod
 GRAPH_LAYER_SLACK = 16 << 10  # bytes of small buffers per layer in a graph's pool (see plan_memory)
 
 
+def has_group_weights(formats: Iterable[str]) -> bool:
+    """Whether any of the weight ``formats`` is a group-int one (plan_memory's ``group_weights``)."""
+    return any(f in GROUP_STRUCTS for f in formats)
+
+
 def kv_head_bytes(mc: ModelConfig, kv_dtype: str) -> int:
     """Bytes of one token's K (or V) row of one KV head in the device cache, scale included."""
     elem, scale = KV_HEAD_BYTES[kv_dtype]
@@ -119,13 +125,15 @@ def snapshot_bytes(mc: ModelConfig, state_dtype: str) -> int:
     return len(mc.linear_attention_layers) * (conv + rec * (2 if state_dtype == "bf16" else 4))
 
 
-def _gemm_scratch(mc: ModelConfig, rows: int) -> int:
+def _gemm_scratch(mc: ModelConfig, rows: int, group_weights: bool = True) -> int:
     """The Hopper prefill GEMM's pair-mode scratch (ninfer/cuda/gemm_plan.py): bf16 hi / lo of the widest GEMM
     input and a bf16 copy of the largest (fused) projection, both capped there; for an MoE model, room for the
     fp16 mode's expert rows too (gemm_rows.f16_rows: 2 * (K + 2) bytes per routed slot, uncapped; the shared
     expert runs as a dense GEMM beside the grouped one), the ws kernel's split-K partials (their own grow-only
-    buffer) and the group formats' per-call scales (gemm_group.group_scratch_bytes). Added, not the larger of the
-    two: the activation scratch grows by reallocation and CuPy's pool keeps the smaller block it replaced."""
+    buffer) and the group formats' per-call scales (gemm_group.group_scratch_bytes; ``group_weights``: whether any
+    weight is in a group format, else neither those scales nor the group kernel's split-K partials are counted).
+    Added, not the larger of the two: the activation scratch grows by reallocation and CuPy's pool keeps the
+    smaller block it replaced."""
     k_max = max(mc.hidden_size, mc.num_attention_heads * mc.head_dim, mc.gdn_value_dim, mc.intermediate_size,
                 mc.shared_expert_intermediate_size)  # fmt: skip
     n_max = max(
@@ -133,7 +141,8 @@ def _gemm_scratch(mc: ModelConfig, rows: int) -> int:
     )
     experts = 2 * rows * mc.num_experts_per_tok * (mc.hidden_size + 2) if mc.is_moe else 0
     shapes = _dense_shapes(mc)
-    split = splitk_scratch_bytes(rows, shapes) + group_scratch_bytes(rows, shapes)
+    split = splitk_scratch_bytes(rows, shapes, group=group_weights)
+    split += group_scratch_bytes(rows, shapes) if group_weights else 0
     return pair_scratch_bytes(rows, k_max, n_max * mc.hidden_size) + experts + split
 
 
@@ -216,7 +225,10 @@ def plan_memory(
     extra_kv_planes: int = 0,
     verify_rows: int = 0,
     host_tier: bool = False,
+    group_weights: bool = True,
 ) -> MemoryPlan:
+    """The device memory of a CUDA runner's configuration. ``group_weights``: whether any weight is stored in a
+    group-int format (gemm_group.GROUP_STRUCTS): only those need the group GEMM's scratch (True: counted)."""
     if kv_dtype not in KV_HEAD_BYTES:
         raise ValueError(f"kv_dtype: one of {tuple(KV_HEAD_BYTES)}, got {kv_dtype!r}")
     per_page = kv_page_bytes(mc, page_size, kv_dtype, extra_kv_planes)
@@ -254,7 +266,7 @@ def plan_memory(
         gdn_lanes=(lanes + 1) * snap,
         checkpoints=checkpoints * snap,
         workspace=step(prefill_chunk)
-        + _gemm_scratch(mc, prefill_chunk)
+        + _gemm_scratch(mc, prefill_chunk, group_weights)
         + _gdn_scratch(mc, prefill_chunk)
         + _lanes_scratch(mc, prefill_chunk)
         + (SPLIT_SCRATCH_BYTES if mc.full_attention_layers else 0)  # prefill attention's key-split partials

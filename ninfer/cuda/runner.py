@@ -28,7 +28,7 @@ import numpy as np
 
 from ninfer.config import ModelConfig
 from ninfer.cuda.ckpt_slots import CheckpointSlots
-from ninfer.cuda.memory_plan import MemoryPlan, kv_page_bytes, plan_memory, snapshot_bytes
+from ninfer.cuda.memory_plan import MemoryPlan, has_group_weights, kv_page_bytes, plan_memory, snapshot_bytes
 from ninfer.cuda.upload import tensor_bytes
 from ninfer.engine.config import EngineConfigError, auto_host_cache_bytes
 from ninfer.engine.core import Batch, DraftLane, SampleRequest, TierCopy
@@ -92,6 +92,7 @@ class CudaModelRunner:
             state_dtype=cfg.gdn_state_dtype, act_bytes=net.act.itemsize, graphs=net.cuda_graph,
             reserve=net.memory_reserve_bytes, extra_kv_planes=int(spec),
             verify_rows=cfg.num_draft + 1 if spec else 0, host_tier=self.host_pages > 0,
+            group_weights=has_group_weights(getattr(t, "fmt", "") for t in net.w.values()),
         )  # fmt: skip
         self.plan.check()
         self._keep_operands(net)

@@ -63,7 +63,7 @@ def estimate_plan(art: Any, server_cfg: Any) -> Any:
     """The CUDA runner's device-memory plan (a ``MemoryPlan``) for this artifact and serve configuration,
     computed the way the runner computes it at start-up, with the manifest's tensor bytes as the weights (every
     tensor of the file: never less than what is uploaded)."""
-    from ninfer.cuda.memory_plan import plan_memory, snapshot_bytes
+    from ninfer.cuda.memory_plan import has_group_weights, plan_memory, snapshot_bytes
 
     mc = art.model_config
     ec = engine_config(server_cfg).for_model(mc)
@@ -80,6 +80,7 @@ def estimate_plan(art: Any, server_cfg: Any) -> Any:
         kv_dtype=ec.kv_dtype, state_dtype=ec.gdn_state_dtype, act_bytes=2 if server_cfg.activations == "bf16" else 4,
         graphs=server_cfg.cuda_graph, extra_kv_planes=int(k > 0), verify_rows=k + 1 if k else 0,
         host_tier=ec.prefix_reuse and ec.host_cache_gib != 0,
+        group_weights=has_group_weights(art.tensor_info(n)["format"] for n in art.tensor_names()),
     )  # fmt: skip
     return plan
 
