@@ -46,6 +46,8 @@
 #   wsp_probe  Nsight Compute on one "wsp" GDN state launch (35B-A3B heads, 8192 rows)
 #   wspb    the bf16 GDN scratch ("wspb"): GPU tests, bench_gdn against wsp, the whole-model prefill per variant
 #   shard   one third (SHARD=0/3, 1/3, 2/3) of the whole GPU suite per call (perf/pytest_shard.py)
+#   group_probe  Nsight Compute's stall reasons on the group-int fp16 GEMM (Q4G64, kept operands) beside NVFP4's ws
+#           GEMM, 27B shapes at 8192 rows (~3 min)
 #   group   the group formats' and BF16's fp16 prefill GEMMs (gemm90_f16_wsg, gemm_bf16.py): their GPU tests and
 #           the ws kernel's, then perf/bench_gemm's f16g / f16gk / f16gd (Q4, W8; f16gd the deferred scaling,
 #           gemm_plan.GROUP_DEFER) and f16bk (BF16) against the exact kernels and cuBLAS (~3 min warm)
@@ -320,6 +322,19 @@ run_gemv_probe() {  # issue 13: where the decode GEMV's time goes (27B gate|up):
       python3 -m perf.ncu_gemv --format $fmt --shape "mlp gate|up" --rows $rows 2>&1 | grep -v '^==PROF==' \
       | tee -a "$OUT/gemv_ncu.txt" | grep -v "  0$\|  0.0[0-9]$" | tail -40
   done; done
+}
+run_group_probe() {  # issue 14: Nsight Compute on one group-int fp16 GEMM launch (gemm90_f16_wsg, Q4G64, kept
+  # operands) and one NVFP4 ws launch (gemm90_f16_ws, at 81-103% of cuBLAS) on the 27B's shapes at 8192 rows: stall
+  # reasons, tensor-pipe activity, issue; why the group kernel stays near 60% of cuBLAS (docs/cuda.md)
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  local m="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
+  for spec in "gemm90_f16_wsg:Q4G64_F16S:f16gk" "gemm90_f16_ws<:NVFP4G16_E4M3S:f16ws"; do
+    IFS=: read -r kern fmt path <<< "$spec"
+    echo "## $kern $fmt $path" | tee -a "$OUT/group_ncu.txt"
+    timeout ${PROFILE_TIMEOUT:-200} "$ncu" --kernel-name "regex:$kern" --launch-skip 2 --launch-count 2 \
+      --clock-control none --metrics "$m" python3 -m perf.bench_gemm --formats $fmt --paths $path --rows 8192 \
+      --reps 1 2>&1 | grep -v '^==PROF==' | tee -a "$OUT/group_ncu.txt" | grep -v "  0$\|  0.0[0-9]$" | tail -40
+  done
 }
 run_group() {  # issue 14: the group-int formats' fp16 GEMM (ninfer/cuda/gemm_group.py) on the device, then measured
   timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
