@@ -29,6 +29,8 @@
 // after a __syncwarp (GvXlane). Nsight Compute put the Q4G64 GEMV's stalls on the shared-memory pipe (the copies'
 // wavefronts); measured (H200, perf/gemv_variants.py --variants noxlane,base): 27B Q4G64 one row 1.3-1.5x faster,
 // eight rows 1.2-1.3x, Q6G64 1.15-1.3x, the same bits (docs/cuda.md, "Groupwise-integer weights"). 0: the old copies.
+// 2 (an A/B candidate, variant xlane2): also the rows' scale words once per quad (lane t of the quad copies row set
+// t's word, which all four lanes copied before): 5 cp.async per lane and tile instead of 8 for Q4.
 #ifndef GV_QG64_XLANE
 #define GV_QG64_XLANE 1
 #endif
@@ -40,7 +42,7 @@ template <typename F, typename = void> struct GvXlane {
     static constexpr bool ON = false;
 };
 template <typename F> struct GvXlane<F, decltype(void(F::XLANE))> {
-    static constexpr bool ON = F::XLANE;
+    static constexpr bool ON = F::XLANE != 0;
 };
 
 // ---- bf16x2 helpers (low half = lower k) --------------------------------------------------------------------
@@ -416,7 +418,8 @@ struct FragNVFP4RowG : FragNVFP4 {
 template <int BITS>
 struct FragQG64 {
     static constexpr int MT = 2, GROUP = 4, H = BITS == 4 ? 0 : (BITS == 5 ? 8 : 16);
-    static constexpr bool XLANE = GV_QG64_XLANE != 0;
+    static constexpr int XLANE = GV_QG64_XLANE;  // 0, 1 (codes) or 2 (codes and scale words) across the quad
+    static_assert(2 * MT == 4, "XLANE 2: one scale word per quad lane");
     GV_ROWS_SRC(FragQG64)
     static __host__ __device__ __forceinline__ int kofs(int t, int w) { return 64 * (w >> 1) + 16 * t + 8 * (w & 1); }
     static __host__ __device__ __forceinline__ void chunk(int cc, int& t, int& w) {
@@ -449,7 +452,7 @@ struct FragQG64 {
                 if (BITS == 5) cp_async<4>(hd, p1 + (grp + h) * 8 + 4 * (t >> 1), true);  // holds this lane's u16
                 if (BITS == 6) cp_async<4>(hd, p1 + (grp + h) * 16 + 4 * t, true);
             }
-            cp_async<4>(gv_vec(st, 2 * MT + 2, lane) + 4 * r, p2 + grp * 2, true);
+            if (XLANE < 2 || r == t) cp_async<4>(gv_vec(st, 2 * MT + 2, lane) + 4 * r, p2 + grp * 2, true);
         }
     }
     static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int t, Raw& raw) {
@@ -467,7 +470,8 @@ struct FragQG64 {
             const u32 w = *reinterpret_cast<const u32*>(gv_vec(st, 2 * MT + (rr >> 1), lane) + 8 * (rr & 1) + 4 * h);
             raw.high[h] = BITS == 5 ? (w >> (16 * (t & 1))) & 0xffffu : (BITS == 6 ? w : 0u);
         }
-        raw.sc = *reinterpret_cast<const u32*>(gv_vec(st, 2 * MT + 2, lane) + 4 * rr);
+        // XLANE 2: quad lane rr copied row set rr's scale word
+        raw.sc = *reinterpret_cast<const u32*>(gv_vec(st, 2 * MT + 2, XLANE >= 2 ? (lane & ~3) + rr : lane) + 4 * rr);
     }
     static __host__ __device__ __forceinline__ void prep(const Raw& r, Prep& p) {
         p.r = r;

@@ -1,8 +1,8 @@
-"""The group-int decode GEMV's cross-lane code copies (cuda_src/wfrag.cuh ``GV_QG64_XLANE``, on by default) on the
-GPU: the default build gives every output bitwise the build with the macro at 0 (the per-lane copies), for
-Q4/Q5/Q6 at one and eight rows, eight rows on gemv.cu's 4-warp blocks and on gemv_w8.cu's 8-warp ones, K split and
-N off the row blocks, plain and SwiGLU inputs. The host checks are tests/test_gemv_xlane_host.py; ``python -m
-perf.gemv_variants --variants noxlane,base`` times it.
+"""The group-int decode GEMV's cross-lane code copies (cuda_src/wfrag.cuh ``GV_QG64_XLANE``, 1 by default) on the
+GPU: the default build gives every output bitwise the builds with the macro at 0 (the per-lane copies) and at 2
+(the scale words once per quad too), for Q4/Q5/Q6 at one and eight rows, eight rows on gemv.cu's 4-warp blocks and
+on gemv_w8.cu's 8-warp ones, K split and N off the row blocks, plain and SwiGLU inputs. The host checks are
+tests/test_gemv_xlane_host.py; ``python -m perf.gemv_variants --variants noxlane,base,xlane2`` times them.
 
     python -m pytest -m gpu tests/test_cuda_gemv_xlane.py
 """
@@ -24,18 +24,18 @@ F32 = np.float32
 
 @pytest.fixture
 def xlane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A switch for the GEMV sources: ``xlane(False)`` compiles every .cu with the macro at 0, ``xlane(True)`` as they
-    are (the modules cleared either way)."""
+    """A switch for the GEMV sources: ``xlane(level)`` compiles every .cu with GV_QG64_XLANE at ``level``,
+    ``xlane(None)`` as they are (the modules cleared either way)."""
     pytest.importorskip("cupy")
     import ninfer.cuda.loader as loader
 
     original = loader.source_text
 
-    def patched(name: str) -> str:
-        return ("#define GV_QG64_XLANE 0\n" if name.endswith(".cu") else "") + original(name)
+    def use(level: int | None) -> None:
+        def patched(name: str) -> str:
+            return (f"#define GV_QG64_XLANE {level}\n" if name.endswith(".cu") else "") + original(name)
 
-    def use(on: bool) -> None:
-        monkeypatch.setattr(loader, "source_text", patched if on else original)
+        monkeypatch.setattr(loader, "source_text", original if level is None else patched)
         loader.load_module.cache_clear()
 
     yield use
@@ -43,9 +43,11 @@ def xlane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     loader.load_module.cache_clear()
 
 
+@pytest.mark.parametrize("level", [0, 2])
 @pytest.mark.parametrize("w8", [False, True])
 @pytest.mark.parametrize("fmt", ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S"])
-def test_xlane_gemv_is_the_per_lane_bits(xlane: Any, fmt: str, w8: bool) -> None:
+def test_xlane_levels_are_the_default_bits(xlane: Any, fmt: str, w8: bool, level: int) -> None:
+    """The per-lane copies (level 0) and the scale words once per quad (level 2) against the default build."""
     import cupy
 
     import ninfer.cuda.linear as linear
@@ -62,10 +64,10 @@ def test_xlane_gemv_is_the_per_lane_bits(xlane: Any, fmt: str, w8: bool) -> None
             for b in (1, 8):
                 x = cupy.asarray((rng.standard_normal((b, 2 * k)) * 2).astype(F32))
                 got = {}
-                for on in (False, True):
-                    xlane(on)
-                    got[on] = [cupy.asnumpy(gemv(x[:, :k], w)), cupy.asnumpy(gemv(x, w, swiglu=True))]
-                for a, c in zip(got[False], got[True], strict=True):
+                for lv in (None, level):
+                    xlane(lv)
+                    got[lv] = [cupy.asnumpy(gemv(x[:, :k], w)), cupy.asnumpy(gemv(x, w, swiglu=True))]
+                for a, c in zip(got[None], got[level], strict=True):
                     assert np.array_equal(a.view(np.uint8), c.view(np.uint8)), f"{fmt} {n}x{k}, {b} rows"
     finally:
         linear.GV_W8 = w8_0
