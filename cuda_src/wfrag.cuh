@@ -24,13 +24,18 @@
 #include "common.cuh"
 #include "wformat.cuh"
 
-// GV_QG64_XLANE 1 (the default since 2026-12-07): FragQG64 copies each row's 64 code bytes of a tile as one 16-byte
-// piece per quad lane (8 cp.async per row set instead of 12) and each lane reads its words from its quad's slots
-// after a __syncwarp (GvXlane). Nsight Compute put the Q4G64 GEMV's stalls on the shared-memory pipe (the copies'
-// wavefronts); measured (H200, perf/gemv_variants.py --variants noxlane,base): 27B Q4G64 one row 1.3-1.5x faster,
-// eight rows 1.2-1.3x, Q6G64 1.15-1.3x, the same bits (docs/cuda.md, "Groupwise-integer weights"). 0: the old copies.
-// 2 (an A/B candidate, variant xlane2): also the rows' scale words once per quad (lane t of the quad copies row set
-// t's word, which all four lanes copied before): 5 cp.async per lane and tile instead of 8 for Q4.
+// GV_QG64_XLANE, a mask of what FragQG64's lanes copy for their quad and read across it after a __syncwarp
+// (GvXlane), 1 by default since 2026-12-07:
+//   1  each row's 64 code bytes of a tile as one 16-byte piece per quad lane (8 cp.async per row set instead of
+//      12). Nsight Compute put the Q4G64 GEMV's stalls on the shared-memory pipe (the copies' wavefronts);
+//      measured (H200, perf/gemv_variants.py --variants noxlane,base): 27B Q4G64 one row 1.3-1.5x faster, eight
+//      rows 1.2-1.3x, Q6G64 1.15-1.3x, the same bits (docs/cuda.md, "Groupwise-integer weights").
+//   2  each row set's scale word by one quad lane (lane t: row set t) instead of all four. Measured as mask 3
+//      (H100, variant xl3): 3-7% slower than 1 for Q4 and Q6 at one row.
+//   4  Q5 / Q6's high-bit words as 16-byte pieces, row set t's by quad lane t (Q5 one piece for both groups, Q6
+//      one per group; Q4 has none). Measured as mask 7 (variant xl7): Q6G64 1.12-1.20x faster than 1 (27B layer
+//      236 -> 198 us at one row), Q4 as mask 3. Mask 5 is the candidate for the default (next device call).
+// 0: the per-lane copies of before.
 #ifndef GV_QG64_XLANE
 #define GV_QG64_XLANE 1
 #endif
@@ -418,8 +423,8 @@ struct FragNVFP4RowG : FragNVFP4 {
 template <int BITS>
 struct FragQG64 {
     static constexpr int MT = 2, GROUP = 4, H = BITS == 4 ? 0 : (BITS == 5 ? 8 : 16);
-    static constexpr int XLANE = GV_QG64_XLANE;  // 0, 1 (codes) or 2 (codes and scale words) across the quad
-    static_assert(2 * MT == 4, "XLANE 2: one scale word per quad lane");
+    static constexpr int XLANE = GV_QG64_XLANE;  // a mask: 1 codes, 2 scale words, 4 high words across the quad
+    static_assert(2 * MT == 4, "XLANE 2 and 4: one row set per quad lane");
     GV_ROWS_SRC(FragQG64)
     static __host__ __device__ __forceinline__ int kofs(int t, int w) { return 64 * (w >> 1) + 16 * t + 8 * (w & 1); }
     static __host__ __device__ __forceinline__ void chunk(int cc, int& t, int& w) {
@@ -442,22 +447,27 @@ struct FragQG64 {
 #pragma unroll
         for (int r = 0; r < 2 * MT; ++r) {
             const long long grp = n[r >> 1][r & 1] * (kpad128(K) / 64) + k0 / 64;  // k0 % 128 == 0: grp even
-            // XLANE: the row's 64 code bytes (groups grp, grp + 1) as 16 bytes per quad lane, 16-byte aligned (grp
+            // XLANE & 1: the row's 64 code bytes (groups grp, grp + 1) as 16 bytes per quad lane, 16-byte aligned (grp
             // even, the plane 16-aligned)
-            if (XLANE) cp_async<16>(gv_vec(st, r, lane), p0 + grp * 32 + 16 * t, true);
+            if (XLANE & 1) cp_async<16>(gv_vec(st, r, lane), p0 + grp * 32 + 16 * t, true);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                if (!XLANE) cp_async<8>(gv_vec(st, r, lane) + 8 * h, p0 + (grp + h) * 32 + 8 * t, true);
+                if (!(XLANE & 1)) cp_async<8>(gv_vec(st, r, lane) + 8 * h, p0 + (grp + h) * 32 + 8 * t, true);
                 u8* hd = gv_vec(st, 2 * MT + (r >> 1), lane) + 8 * (r & 1) + 4 * h;
-                if (BITS == 5) cp_async<4>(hd, p1 + (grp + h) * 8 + 4 * (t >> 1), true);  // holds this lane's u16
-                if (BITS == 6) cp_async<4>(hd, p1 + (grp + h) * 16 + 4 * t, true);
+                if (BITS == 5 && !(XLANE & 4)) cp_async<4>(hd, p1 + (grp + h) * 8 + 4 * (t >> 1), true);  // its u16
+                if (BITS == 6 && !(XLANE & 4)) cp_async<4>(hd, p1 + (grp + h) * 16 + 4 * t, true);
             }
-            if (XLANE < 2 || r == t) cp_async<4>(gv_vec(st, 2 * MT + 2, lane) + 4 * r, p2 + grp * 2, true);
+            if ((XLANE & 4) && r == t) {  // row set r's high words (groups grp, grp + 1; 16-aligned: grp even)
+                if (BITS == 5) cp_async<16>(gv_vec(st, 2 * MT, lane), p1 + grp * 8, true);
+                if (BITS == 6) cp_async<16>(gv_vec(st, 2 * MT, lane), p1 + grp * 16, true);
+                if (BITS == 6) cp_async<16>(gv_vec(st, 2 * MT + 1, lane), p1 + (grp + 1) * 16, true);
+            }
+            if (!(XLANE & 2) || r == t) cp_async<4>(gv_vec(st, 2 * MT + 2, lane) + 4 * r, p2 + grp * 2, true);
         }
     }
     static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int t, Raw& raw) {
         const int rr = 2 * mt + r;
-        if (XLANE) {  // group h's bytes 8 t .. 8 t + 8: quad lane 2 h + t / 2 copied them, at byte 8 (t % 2)
+        if (XLANE & 1) {  // group h's bytes 8 t .. 8 t + 8: quad lane 2 h + t / 2 copied them, at byte 8 (t % 2)
             const int q = (lane & ~3) + (t >> 1);
             raw.base[0] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, q) + 8 * (t & 1));
             raw.base[1] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, q + 2) + 8 * (t & 1));
@@ -467,11 +477,16 @@ struct FragQG64 {
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const u32 w = *reinterpret_cast<const u32*>(gv_vec(st, 2 * MT + (rr >> 1), lane) + 8 * (rr & 1) + 4 * h);
+            // XLANE 4: quad lane rr copied row set rr's words (Q5: both groups' 8 bytes in one piece; Q6: 16 bytes
+            // per group, in vectors 2 MT and 2 MT + 1)
+            const u8* hq = gv_vec(st, 2 * MT + (BITS == 6 ? h : 0), (lane & ~3) + rr);
+            const u32 w = (XLANE & 4) ? *reinterpret_cast<const u32*>(hq + (BITS == 5 ? 8 * h + 4 * (t >> 1) : 4 * t))
+                                     : *reinterpret_cast<const u32*>(gv_vec(st, 2 * MT + (rr >> 1), lane) +
+                                                                     8 * (rr & 1) + 4 * h);
             raw.high[h] = BITS == 5 ? (w >> (16 * (t & 1))) & 0xffffu : (BITS == 6 ? w : 0u);
         }
         // XLANE 2: quad lane rr copied row set rr's scale word
-        raw.sc = *reinterpret_cast<const u32*>(gv_vec(st, 2 * MT + 2, XLANE >= 2 ? (lane & ~3) + rr : lane) + 4 * rr);
+        raw.sc = *reinterpret_cast<const u32*>(gv_vec(st, 2 * MT + 2, (XLANE & 2) ? (lane & ~3) + rr : lane) + 4 * rr);
     }
     static __host__ __device__ __forceinline__ void prep(const Raw& r, Prep& p) {
         p.r = r;

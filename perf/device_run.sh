@@ -353,8 +353,8 @@ run_w8one() {  # issue 13: linear.GV_W8_ONE (one-lane products on 8-warp blocks:
 run_gv_xlane() {  # issue 13: GV_QG64_XLANE (the group-int GEMV's code bytes copied 16 per quad lane): GPU test, A/B
   [ -n "${SKIP_TESTS:-}" ] || timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
     tests/test_cuda_gemv_xlane.py 2>&1 | tee "$OUT/gv_xlane_tests.txt" | grep -v PASSED | tail -10
-  timeout ${BENCH_TIMEOUT:-240} python3 -m perf.gemv_variants --variants ${XLANE_VARIANTS:-noxlane,base,xlane2} --rows 1,8 \
-    --formats ${GEMV_FORMATS:-Q4G64_F16S,Q6G64_F16S} 2>&1 | tee "$OUT/gv_xlane.txt" | tail -12
+  timeout ${BENCH_TIMEOUT:-240} python3 -m perf.gemv_variants --variants ${XLANE_VARIANTS:-base,xl5,xl7} --rows 1,8 \
+    --formats ${GEMV_FORMATS:-Q4G64_F16S,Q5G64_F16S,Q6G64_F16S} 2>&1 | tee "$OUT/gv_xlane.txt" | tail -12
 }
 run_xlane() {  # issue 13: a decode GEMV candidate in another tree (AB_TREE) against this one, same machine and call
   local tree=${AB_TREE:-.ab/xlane} fmts=${AB_FORMATS:-Q4G64_F16S,NVFP4G16_E4M3S}

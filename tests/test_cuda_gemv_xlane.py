@@ -1,10 +1,9 @@
-"""The group-int decode GEMV's cross-lane code copies (cuda_src/wfrag.cuh ``GV_QG64_XLANE``, 1 by default) on the
-GPU: the default build gives every output bitwise the builds with the macro at 0 (the per-lane copies) and at 2
-(the scale words once per quad too), for Q4/Q5/Q6 at one and eight rows, eight rows on gemv.cu's 4-warp blocks and
-on gemv_w8.cu's 8-warp ones, K split and N off the row blocks, plain and SwiGLU inputs. The host checks are
-tests/test_gemv_xlane_host.py; ``python -m perf.gemv_variants --variants noxlane,base,xlane2`` times them.
-
-    python -m pytest -m gpu tests/test_cuda_gemv_xlane.py
+"""The group-int decode GEMV's cross-lane copies (cuda_src/wfrag.cuh ``GV_QG64_XLANE``, a mask, 1 by default) on the
+GPU: the default build gives every output bitwise the builds at masks 0 (the per-lane copies), 3 (the scale words
+once per quad too), 5 (Q5 / Q6's high words too) and 7 (all), for Q4/Q5/Q6 at one and eight rows, eight rows on
+gemv.cu's 4-warp blocks and on gemv_w8.cu's 8-warp ones, K split and N off the row blocks, plain and SwiGLU inputs.
+Each build compiles only the format's instances (a whole module per mask took minutes of NVRTC). The host checks
+are tests/test_gemv_xlane_host.py; ``python -m perf.gemv_variants --variants noxlane,base,xl5,xl7`` times them.
 """
 
 from __future__ import annotations
@@ -24,18 +23,18 @@ F32 = np.float32
 
 @pytest.fixture
 def xlane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A switch for the GEMV sources: ``xlane(level)`` compiles every .cu with GV_QG64_XLANE at ``level``,
+    """A switch for the GEMV sources: ``xlane(mask)`` compiles every .cu with GV_QG64_XLANE at ``mask``,
     ``xlane(None)`` as they are (the modules cleared either way)."""
     pytest.importorskip("cupy")
     import ninfer.cuda.loader as loader
 
     original = loader.source_text
 
-    def use(level: int | None) -> None:
+    def use(mask: int | None) -> None:
         def patched(name: str) -> str:
-            return (f"#define GV_QG64_XLANE {level}\n" if name.endswith(".cu") else "") + original(name)
+            return (f"#define GV_QG64_XLANE {mask}\n" if name.endswith(".cu") else "") + original(name)
 
-        monkeypatch.setattr(loader, "source_text", original if level is None else patched)
+        monkeypatch.setattr(loader, "source_text", original if mask is None else patched)
         loader.load_module.cache_clear()
 
     yield use
@@ -43,17 +42,22 @@ def xlane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     loader.load_module.cache_clear()
 
 
-@pytest.mark.parametrize("level", [0, 2])
+@pytest.mark.parametrize("mask", [0, 3, 5, 7])
 @pytest.mark.parametrize("w8", [False, True])
 @pytest.mark.parametrize("fmt", ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S"])
-def test_xlane_levels_are_the_default_bits(xlane: Any, fmt: str, w8: bool, level: int) -> None:
-    """The per-lane copies (level 0) and the scale words once per quad (level 2) against the default build."""
+def test_xlane_masks_are_the_default_bits(
+    xlane: Any, monkeypatch: pytest.MonkeyPatch, fmt: str, w8: bool, mask: int
+) -> None:
     import cupy
 
     import ninfer.cuda.linear as linear
     from ninfer.cuda.linear import gemv
     from ninfer.cuda.weights import upload_weight
 
+    struct = linear.FRAG_STRUCTS[fmt][0] + ","
+    for family in ("gemv.cu", "gemv_w8.cu", "gemv_fused.cu"):  # this format's instances only
+        names = tuple(n for n in linear.SOURCES[family] if struct in n)
+        monkeypatch.setitem(linear.SOURCES, family, names)
     rng = np.random.default_rng(91)
     w8_0 = linear.GV_W8
     linear.GV_W8 = w8  # 8 rows on gemv.cu's 4-warp blocks or gemv_w8.cu's 8-warp ones
@@ -64,10 +68,10 @@ def test_xlane_levels_are_the_default_bits(xlane: Any, fmt: str, w8: bool, level
             for b in (1, 8):
                 x = cupy.asarray((rng.standard_normal((b, 2 * k)) * 2).astype(F32))
                 got = {}
-                for lv in (None, level):
-                    xlane(lv)
-                    got[lv] = [cupy.asnumpy(gemv(x[:, :k], w)), cupy.asnumpy(gemv(x, w, swiglu=True))]
-                for a, c in zip(got[None], got[level], strict=True):
+                for m in (None, mask):
+                    xlane(m)
+                    got[m] = [cupy.asnumpy(gemv(x[:, :k], w)), cupy.asnumpy(gemv(x, w, swiglu=True))]
+                for a, c in zip(got[None], got[mask], strict=True):
                     assert np.array_equal(a.view(np.uint8), c.view(np.uint8)), f"{fmt} {n}x{k}, {b} rows"
     finally:
         linear.GV_W8 = w8_0

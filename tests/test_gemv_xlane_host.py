@@ -26,19 +26,21 @@ from ninfer.formats import FORMATS
 from ninfer.reference import ops
 
 GROUP = ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S")
-_ON2 = "#define GV_QG64_XLANE 2\n"  # level 1 is the default build: tests/test_gemv_mma_host.py checks its fragments
+# mask 7 (codes, scale words and Q5 / Q6's high words across the quad: every branch of the other masks); mask 1 is
+# the default build, whose fragments tests/test_gemv_mma_host.py checks
+_ON7 = "#define GV_QG64_XLANE 7\n"
 
 
 @pytest.fixture(scope="module")
 def xdriver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fragment driver at level 2 (the scale words once per quad too), the group formats' cases at their FMTS
-    codes."""
+    """The fragment driver at mask 7 (scale and high-bit words once per quad too), the group formats' cases at
+    their FMTS codes."""
     cases = "\n".join(
         f"        case {FMTS.index(f)}: run<{FRAG_STRUCTS[f][0]}>(N, K, nrows, splits, w.data(), off, x.data(),"
         " y.data()); break;"
         for f in GROUP
     )
-    text = _ON2 + DRIVER.replace("%CASES%", cases)
+    text = _ON7 + DRIVER.replace("%CASES%", cases)
     return build_nvcc_driver(tmp_path_factory, "gemv_xlane_host", text, timeout=600, opt="-O1")
 
 
@@ -75,13 +77,14 @@ def test_xlane_launch_is_the_same_bits(emus: dict[str, Any], tmp_path: Path, cas
 def emus2(lanes_emu: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {
         "base": lanes_emu,
-        "xlane2": build_lanes_emu(tmp_path_factory, gemv=_ON2 + source_text("gemv.cu")),
+        "xlane7": build_lanes_emu(tmp_path_factory, gemv=_ON7 + source_text("gemv.cu")),
     }
 
 
 @pytest.mark.parametrize(
     "case", [("Q4G64_F16S", "float", 600, 1024, 1, 3), ("Q4G64_F16S", "float", 300, 2048, 8, 2)]
 )
-def test_xlane2_launch_is_the_same_bits(emus2: dict[str, Any], tmp_path: Path, case: tuple) -> None:
-    """Level 2 (each row set's scale word copied by one quad lane, read by all four) against the default build."""
+def test_xlane7_launch_is_the_same_bits(emus2: dict[str, Any], tmp_path: Path, case: tuple) -> None:
+    """Mask 7 (for Q4 mask 3: each row set's scale word copied by one quad lane, read by all four) against the
+    default build (the emulator's dense launches are Q4's; Q5 / Q6's high words: the fragment driver above)."""
     both_builds(emus2, tmp_path, lambda e, d: dense_case(e, d, case, cluster=False), FILES["dense"])
