@@ -36,6 +36,13 @@
 //      one per group; Q4 has none). Measured as mask 7 (variant xl7): Q6G64 1.12-1.20x faster than 1 (27B layer
 //      236 -> 198 us at one row), Q4 as mask 3. Mask 5 is the candidate for the default (next device call).
 // 0: the per-lane copies of before.
+// GV_W8G32_XLANE 1 (an A/B candidate, off; variant w8x): FragW8G32 copies each row's 128 code bytes of a tile as
+// 32 bytes per quad lane (lane t: group t, two 16-byte pieces) instead of every lane's 8 bytes of each group (8
+// cp.async per row set of 4 instead of 16), read across the quad as GV_QG64_XLANE's codes; the scale words stay
+// per lane (sharing them measured slower for the group-int formats).
+#ifndef GV_W8G32_XLANE
+#define GV_W8G32_XLANE 0
+#endif
 #ifndef GV_QG64_XLANE
 #define GV_QG64_XLANE 1
 #endif
@@ -516,6 +523,7 @@ struct FragQG64 {
 // W8, 32-wide groups: thread t owns k [8t, 8t + 8) of each of the tile's four groups (word w = group w, GROUP = 2).
 struct FragW8G32 : KMapQuad {
     static constexpr int MT = 2, GROUP = 2;
+    static constexpr bool XLANE = GV_W8G32_XLANE != 0;
     GV_ROWS_SRC(FragW8G32)
     struct Raw {
         uint2 v[4];
@@ -531,17 +539,25 @@ struct FragW8G32 : KMapQuad {
 #pragma unroll
         for (int r = 0; r < 2 * MT; ++r) {
             const long long grp = n[r >> 1][r & 1] * (kpad128(K) / 32) + k0 / 32;  // 4 groups, 8-byte aligned scales
+            if (XLANE) {  // group t's 32 code bytes (16-byte aligned: the plane is, and groups are 32 bytes)
+                cp_async<16>(gv_vec(st, 2 * r, lane), p0 + (grp + t) * 32, true);
+                cp_async<16>(gv_vec(st, 2 * r + 1, lane), p0 + (grp + t) * 32 + 16, true);
+            } else {
 #pragma unroll
-            for (int w = 0; w < 4; ++w)
-                cp_async<8>(gv_vec(st, 2 * r + (w >> 1), lane) + 8 * (w & 1), p0 + (grp + w) * 32 + 8 * t, true);
+                for (int w = 0; w < 4; ++w)
+                    cp_async<8>(gv_vec(st, 2 * r + (w >> 1), lane) + 8 * (w & 1), p0 + (grp + w) * 32 + 8 * t, true);
+            }
             cp_async<8>(gv_vec(st, 4 * MT + (r >> 1), lane) + 8 * (r & 1), p2 + grp * 2, true);
         }
     }
-    static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int, Raw& raw) {
+    static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int t, Raw& raw) {
         const int rr = 2 * mt + r;
 #pragma unroll
-        for (int w = 0; w < 4; ++w)
-            raw.v[w] = *reinterpret_cast<const uint2*>(gv_vec(st, 2 * rr + (w >> 1), lane) + 8 * (w & 1));
+        for (int w = 0; w < 4; ++w) {  // XLANE: group w's bytes 8 t .. 8 t + 8 are quad lane w's, at 8 t of its 32
+            const u8* q = XLANE ? gv_vec(st, 2 * rr + (t >> 1), (lane & ~3) + w) + 8 * (t & 1)
+                                : gv_vec(st, 2 * rr + (w >> 1), lane) + 8 * (w & 1);
+            raw.v[w] = *reinterpret_cast<const uint2*>(q);
+        }
         const uint2 sc = *reinterpret_cast<const uint2*>(gv_vec(st, 4 * MT + (rr >> 1), lane) + 8 * (rr & 1));
         raw.sc[0] = sc.x, raw.sc[1] = sc.y;
     }

@@ -55,8 +55,9 @@
 #           its GEMV GPU tests, then perf/bench_gemv from both trees (AB_FORMATS) in the same call
 #   w8one   the one-lane dense GEMVs on gemv_w8.cu's 8-warp blocks (linear.GV_W8_ONE, off until measured): its GPU
 #           test, then perf/gemv_variants w8 against w8one at one lane (GEMV_FORMATS; ~3 min)
-#   gv_xlane  the group-int GEMV's cross-lane code copies (wfrag.cuh GV_QG64_XLANE, on since 2026-12-07): GPU test,
-#           then perf/gemv_variants noxlane against base at 1 and 8 rows (~3 min)
+#   gv_xlane  the decode GEMV's cross-lane copies (wfrag.cuh GV_QG64_XLANE, a mask, 1 since 2026-12-07;
+#           GV_W8G32_XLANE, off): GPU test, then perf/gemv_variants base against xl5, xl7 (Q5, Q6) and w8x (W8G32) at
+#           1 and 8 rows (~4 min)
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -354,7 +355,9 @@ run_gv_xlane() {  # issue 13: GV_QG64_XLANE (the group-int GEMV's code bytes cop
   [ -n "${SKIP_TESTS:-}" ] || timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
     tests/test_cuda_gemv_xlane.py 2>&1 | tee "$OUT/gv_xlane_tests.txt" | grep -v PASSED | tail -10
   timeout ${BENCH_TIMEOUT:-240} python3 -m perf.gemv_variants --variants ${XLANE_VARIANTS:-base,xl5,xl7} --rows 1,8 \
-    --formats ${GEMV_FORMATS:-Q4G64_F16S,Q5G64_F16S,Q6G64_F16S} 2>&1 | tee "$OUT/gv_xlane.txt" | tail -12
+    --formats ${GEMV_FORMATS:-Q5G64_F16S,Q6G64_F16S} 2>&1 | tee "$OUT/gv_xlane.txt" | tail -12
+  timeout ${BENCH_TIMEOUT:-240} python3 -m perf.gemv_variants --variants base,w8x --rows 1,8 --formats W8G32_F16S \
+    2>&1 | tee -a "$OUT/gv_xlane.txt" | tail -4
 }
 run_xlane() {  # issue 13: a decode GEMV candidate in another tree (AB_TREE) against this one, same machine and call
   local tree=${AB_TREE:-.ab/xlane} fmts=${AB_FORMATS:-Q4G64_F16S,NVFP4G16_E4M3S}

@@ -51,6 +51,7 @@ Variants (a variant changes only what its name says; results are timings, not nu
   xlN       GV_QG64_XLANE N, a mask (cuda_src/wfrag.cuh): 1 the codes (xlane), 2 each row set's scale word copied
             by one quad lane instead of all four, 4 Q5 / Q6's high-bit words as 16-byte pieces, one quad lane per
             row set (xl3 and xl7 were named xlane2 and xlane3 in perf/results/gemv_xlane23_h100.txt)
+  w8x       GV_W8G32_XLANE 1: W8G32's codes copied 32 bytes per quad lane (a group each) and read across the quad
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
   olddq     the NVFP4 decode and tile loop before the integer-pipe diet (2026-12-02, docs/cuda.md "Decode GEMV on
             tensor cores"): plain shifts (ptxas: SHF), the lane's scale word shifted and masked, stage and
@@ -227,6 +228,8 @@ def _source(original: Any, variant: str) -> Any:
             s = _must_replace(s, "if (gv_cl_size() > 1) {", "if (false) {")
         if variant == "nowait":
             s = _must_replace(s, "if (!experts) pdl_wait();", "")
+        if variant == "w8x":
+            s = "#define GV_W8G32_XLANE 1\n" + s
         if variant in ("xlane", "noxlane") or (variant.startswith("xl") and variant[2:].isdigit()):
             mask = {"noxlane": 0, "xlane": 1}[variant] if "xlane" in variant else int(variant[2:])
             s = f"#define GV_QG64_XLANE {mask}\n" + s

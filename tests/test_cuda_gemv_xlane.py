@@ -1,9 +1,10 @@
-"""The group-int decode GEMV's cross-lane copies (cuda_src/wfrag.cuh ``GV_QG64_XLANE``, a mask, 1 by default) on the
-GPU: the default build gives every output bitwise the builds at masks 0 (the per-lane copies), 3 (the scale words
-once per quad too), 5 (Q5 / Q6's high words too) and 7 (all), for Q4/Q5/Q6 at one and eight rows, eight rows on
-gemv.cu's 4-warp blocks and on gemv_w8.cu's 8-warp ones, K split and N off the row blocks, plain and SwiGLU inputs.
-Each build compiles only the format's instances (a whole module per mask took minutes of NVRTC). The host checks
-are tests/test_gemv_xlane_host.py; ``python -m perf.gemv_variants --variants noxlane,base,xl5,xl7`` times them.
+"""The decode GEMV's cross-lane copies (cuda_src/wfrag.cuh) on the GPU: the default build gives every output bitwise
+the builds with ``GV_QG64_XLANE`` (a mask, 1 by default) at 0 (the per-lane copies), 3 (the scale words once per
+quad too), 5 (Q5 / Q6's high words too) and 7 (all) for Q4/Q5/Q6, and with ``GV_W8G32_XLANE`` 1 (W8G32's codes, 32
+bytes per quad lane) for W8G32, at one and eight rows, eight rows on gemv.cu's 4-warp blocks and on gemv_w8.cu's
+8-warp ones, K split and N off the row blocks, plain and SwiGLU inputs. Each build compiles only the format's
+instances (a whole module per build took minutes of NVRTC). The host checks are tests/test_gemv_xlane_host.py;
+``python -m perf.gemv_variants --variants noxlane,base,xl5,xl7,w8x`` times them.
 """
 
 from __future__ import annotations
@@ -23,18 +24,18 @@ F32 = np.float32
 
 @pytest.fixture
 def xlane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A switch for the GEMV sources: ``xlane(mask)`` compiles every .cu with GV_QG64_XLANE at ``mask``,
+    """A switch for the GEMV sources: ``xlane(define)`` compiles every .cu with ``#define <define>`` first,
     ``xlane(None)`` as they are (the modules cleared either way)."""
     pytest.importorskip("cupy")
     import ninfer.cuda.loader as loader
 
     original = loader.source_text
 
-    def use(mask: int | None) -> None:
+    def use(define: str | None) -> None:
         def patched(name: str) -> str:
-            return (f"#define GV_QG64_XLANE {mask}\n" if name.endswith(".cu") else "") + original(name)
+            return (f"#define {define}\n" if name.endswith(".cu") else "") + original(name)
 
-        monkeypatch.setattr(loader, "source_text", original if mask is None else patched)
+        monkeypatch.setattr(loader, "source_text", original if define is None else patched)
         loader.load_module.cache_clear()
 
     yield use
@@ -42,11 +43,16 @@ def xlane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     loader.load_module.cache_clear()
 
 
-@pytest.mark.parametrize("mask", [0, 3, 5, 7])
+_BUILDS = [
+    *((f, f"GV_QG64_XLANE {m}") for f in ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S") for m in (0, 3, 5, 7)),
+    ("W8G32_F16S", "GV_W8G32_XLANE 1"),
+]
+
+
 @pytest.mark.parametrize("w8", [False, True])
-@pytest.mark.parametrize("fmt", ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S"])
-def test_xlane_masks_are_the_default_bits(
-    xlane: Any, monkeypatch: pytest.MonkeyPatch, fmt: str, w8: bool, mask: int
+@pytest.mark.parametrize(("fmt", "define"), _BUILDS)
+def test_xlane_builds_are_the_default_bits(
+    xlane: Any, monkeypatch: pytest.MonkeyPatch, fmt: str, define: str, w8: bool
 ) -> None:
     import cupy
 
@@ -68,10 +74,10 @@ def test_xlane_masks_are_the_default_bits(
             for b in (1, 8):
                 x = cupy.asarray((rng.standard_normal((b, 2 * k)) * 2).astype(F32))
                 got = {}
-                for m in (None, mask):
-                    xlane(m)
-                    got[m] = [cupy.asnumpy(gemv(x[:, :k], w)), cupy.asnumpy(gemv(x, w, swiglu=True))]
-                for a, c in zip(got[None], got[mask], strict=True):
+                for d in (None, define):
+                    xlane(d)
+                    got[d] = [cupy.asnumpy(gemv(x[:, :k], w)), cupy.asnumpy(gemv(x, w, swiglu=True))]
+                for a, c in zip(got[None], got[define], strict=True):
                     assert np.array_equal(a.view(np.uint8), c.view(np.uint8)), f"{fmt} {n}x{k}, {b} rows"
     finally:
         linear.GV_W8 = w8_0

@@ -1,12 +1,15 @@
-"""CPU check of the group-int decode GEMV's cross-lane code copies (cuda_src/wfrag.cuh ``GV_QG64_XLANE``, on by
-default; perf/gemv_variants.py's ``noxlane`` variant times the per-lane copies): each quad lane copies 16 bytes of a row's 64 code
-bytes of a tile and reads its own words from its quad's slots after the warp's sync in ``gv_wait_stage``.
+"""CPU check of the decode GEMV's cross-lane copies (cuda_src/wfrag.cuh): ``GV_QG64_XLANE``, a mask, 1 by default
+(each quad lane copies 16 of a row's 64 code bytes of a tile; 2 the scale words, 4 Q5 / Q6's high words once per
+quad), and ``GV_W8G32_XLANE`` (off: W8G32's codes, 32 bytes per quad lane); lanes read their words from their
+quad's slots after the warp's sync in ``gv_wait_stage``. perf/gemv_variants.py times them (noxlane, xlN, w8x).
 
-- The fragment emulation (tests/test_gemv_mma_host.py's driver built with the macro; all 32 lanes' copies land
-  before any read) against the NumPy reference for Q4/Q5/Q6: the same words reach the same mma slots.
+- The fragment emulation (tests/test_gemv_mma_host.py's driver built with GV_QG64_XLANE 7 and GV_W8G32_XLANE 1;
+  all 32 lanes' copies land before any read) against the NumPy reference for Q4/Q5/Q6/W8G32: the same words reach
+  the same mma slots.
 - The launch emulation (tests/gemv_lanes_emu.py: one host thread per GPU thread, ``__syncwarp`` a real warp
-  barrier, the copies and reads in the kernel's own order through the ring): the dense launch's outputs bitwise the
-  build with the macro at 0 (the per-lane copies), at one and eight lanes, K split.
+  barrier, the copies and reads in the kernel's own order through the ring; its dense launches are Q4's): the
+  default build bitwise the build at mask 0 (the per-lane copies) and the build at mask 7, at one and eight lanes,
+  K split.
 """
 
 from __future__ import annotations
@@ -25,22 +28,23 @@ from ninfer.cuda.loader import source_text
 from ninfer.formats import FORMATS
 from ninfer.reference import ops
 
-GROUP = ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S")
+GROUP = ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S")  # W8G32: GV_W8G32_XLANE
 # mask 7 (codes, scale words and Q5 / Q6's high words across the quad: every branch of the other masks); mask 1 is
 # the default build, whose fragments tests/test_gemv_mma_host.py checks
 _ON7 = "#define GV_QG64_XLANE 7\n"
+_W8X = "#define GV_W8G32_XLANE 1\n"
 
 
 @pytest.fixture(scope="module")
 def xdriver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fragment driver at mask 7 (scale and high-bit words once per quad too), the group formats' cases at
-    their FMTS codes."""
+    """The fragment driver at mask 7 (scale and high-bit words once per quad too) and with W8G32's codes across
+    the quad (GV_W8G32_XLANE 1), the group formats' cases at their FMTS codes."""
     cases = "\n".join(
         f"        case {FMTS.index(f)}: run<{FRAG_STRUCTS[f][0]}>(N, K, nrows, splits, w.data(), off, x.data(),"
         " y.data()); break;"
         for f in GROUP
     )
-    text = _ON7 + DRIVER.replace("%CASES%", cases)
+    text = _ON7 + _W8X + DRIVER.replace("%CASES%", cases)
     return build_nvcc_driver(tmp_path_factory, "gemv_xlane_host", text, timeout=600, opt="-O1")
 
 
