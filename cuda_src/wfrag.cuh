@@ -486,10 +486,10 @@ struct FragQG64 {
         for (int h = 0; h < 2; ++h) {
             // XLANE 4: quad lane rr copied row set rr's words (Q5: both groups' 8 bytes in one piece; Q6: 16 bytes
             // per group, in vectors 2 MT and 2 MT + 1)
-            const u8* hq = gv_vec(st, 2 * MT + (BITS == 6 ? h : 0), (lane & ~3) + rr);
-            const u32 w = (XLANE & 4) ? *reinterpret_cast<const u32*>(hq + (BITS == 5 ? 8 * h + 4 * (t >> 1) : 4 * t))
-                                     : *reinterpret_cast<const u32*>(gv_vec(st, 2 * MT + (rr >> 1), lane) +
-                                                                     8 * (rr & 1) + 4 * h);
+            const u8* hw = (XLANE & 4) ? gv_vec(st, 2 * MT + (BITS == 6 ? h : 0), (lane & ~3) + rr) +
+                                             (BITS == 5 ? 8 * h + 4 * (t >> 1) : 4 * t)
+                                       : gv_vec(st, 2 * MT + (rr >> 1), lane) + 8 * (rr & 1) + 4 * h;
+            const u32 w = *reinterpret_cast<const u32*>(hw);
             raw.high[h] = BITS == 5 ? (w >> (16 * (t & 1))) & 0xffffu : (BITS == 6 ? w : 0u);
         }
         // XLANE 2: quad lane rr copied row set rr's scale word

@@ -66,8 +66,7 @@
 # CuPy's kernel cache travels between calls: .cupy-cache.tgz (carried, if present) is unpacked first and the cache
 # is packed again into $OUT/cupy-cache.tgz.part-* at the end (15 MiB parts: the tool returns files of at most
 # 16 MiB), which saves the cold NVRTC compile (~70 s for the 347 instances at 4eb6bda) next time.
-# pytest runs under `timeout -s INT -k 30`: at its limit it is interrupted (and prints what ran, which -q alone
-# would not) before it is killed.
+# pytest runs through pytest_for (below).
 # Env: COMMIT (recorded with the results; pass it from the machine holding the repository: a copied checkout's
 # git may report a stale HEAD), PYTEST_K (-k filter), PYTEST_ARGS (more pytest options), TEST_FILES (default
 # tests/test_cuda_*.py), SKIP_COMPILE (tests: no timed compile first), SKIP_TESTS (w8one, gv_xlane: the timings
@@ -107,11 +106,16 @@ fi
 python3 -c "import ninfer.api" 2>/dev/null || for d in api actors perf cuda_src; do
   [ -e ninfer/$d ] || ln -s ../$d ninfer/$d
 done
+pytest_for() {  # pytest_for SECONDS ARGS...: pytest interrupted at its limit (so that it prints what ran, which -q
+  # alone would not), killed 30 s later
+  local limit=$1; shift
+  timeout -s INT -k 30 "$limit" python3 -m pytest "$@"
+}
 run_setup() { :; }  # the installs above only (for the caller's own commands after it)
 run_serving() {  # issue 12: the stack's cost on this GPU, then the live-server tests on the CUDA backend
   timeout ${SERVING_TIMEOUT:-240} python3 -m perf.bench_serving --backend cuda --rounds ${SERVING_ROUNDS:-5} \
     -o "$OUT/bench_serving_cuda.json" 2>&1 | tee "$OUT/serving.txt" | tail -4
-  NINFER_LIVE_BACKEND=cuda timeout -s INT -k 30 ${LIVE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rf \
+  NINFER_LIVE_BACKEND=cuda pytest_for ${LIVE_TIMEOUT:-300} -q -p no:cacheprovider -rf \
     tests/test_api_live.py tests/test_protocols_live.py tests/test_contract_live.py 2>&1 | tee "$OUT/live.txt" | tail -15
 }
 run_compile() {  # every kernel family compiled (timed) into the CuPy cache that travels back
@@ -125,7 +129,7 @@ from ninfer.cuda import warmup; print('compiled', sum(warmup(workers=12).values(
 run_tests() {
   [ -n "${SKIP_COMPILE:-}" ] || run_compile
   NINFER_GPU_REPORT=$OUT/gpu_report.json NINFER_GPU_REPORT_MODEL=$OUT/model_report.json \
-    timeout -s INT -k 30 ${TEST_TIMEOUT:-480} python3 -m pytest -q -m gpu ${TEST_FILES:-tests/test_cuda_*.py} -p no:cacheprovider \
+    pytest_for ${TEST_TIMEOUT:-480} -q -m gpu ${TEST_FILES:-tests/test_cuda_*.py} -p no:cacheprovider \
     --timeout 200 -rf --continue-on-collection-errors ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 \
     | tee "$OUT/pytest.txt" | grep -v PASSED | tail -40
 }
@@ -181,7 +185,7 @@ run_boundary() {  # issue 13: the decode GEMV launch boundary's parts (perf/gemv
 }
 run_w8() {  # issue 13: the 5-8-lane GEMVs on 8-warp blocks (gemv_w8.cu, linear.GV_W8): the GPU tests, then the
   # per-shape A/B (gemv_variants base/w8/actl1 at 8 rows) and whole decode steps at 8 lanes (bench_fold --toggle w8)
-  timeout -s INT -k 30 ${W8_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rf tests/test_cuda_gemv_w8.py \
+  pytest_for ${W8_TIMEOUT:-300} -q -p no:cacheprovider -rf tests/test_cuda_gemv_w8.py \
     > "$OUT/w8_tests.txt" 2>&1; tail -3 "$OUT/w8_tests.txt"
   timeout ${W8_TIMEOUT:-260} python3 -m perf.gemv_variants --variants base,w8,actl1 --rows 1,8 2>&1 \
     | tee "$OUT/w8_gemv.txt" | tail -6
@@ -190,7 +194,7 @@ run_w8() {  # issue 13: the 5-8-lane GEMVs on 8-warp blocks (gemv_w8.cu, linear.
 }
 run_ab() {  # issue 13: the decode switches built without a GPU (MoE routing / combine fusions, start-of-block L2
   # hints, 8-warp 5-8-lane GEMVs): their GPU tests, then every A/B on one network per model (bench_fold --toggle a,b)
-  timeout -s INT -k 30 ${AB_TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider -rf --timeout 120 \
+  pytest_for ${AB_TEST_TIMEOUT:-240} -q -p no:cacheprovider -rf --timeout 120 \
     tests/test_cuda_moe_fused.py tests/test_cuda_gemv_prefetch.py tests/test_cuda_gemv_w8.py > "$OUT/ab_tests.txt" 2>&1
   grep -E "passed|failed|error" "$OUT/ab_tests.txt" | tail -12
   timeout ${AB_TIMEOUT:-200} python3 -m perf.bench_fold --model 35b --toggle route,combine,moe,prefetch,w8 --steps 100 \
@@ -261,14 +265,14 @@ run_probe() {  # issue 13: what decides the next decode design (docs/cuda.md, "w
     | tail -30
 }
 run_bulk_kernels() {  # the bulk ring's GPU test and per-shape A/B (run_bulk's first two steps)
-  timeout -s INT -k 30 ${BULK_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -rf tests/test_cuda_gemv_bulk.py \
+  pytest_for ${BULK_TIMEOUT:-200} -q -p no:cacheprovider -rf tests/test_cuda_gemv_bulk.py \
     > "$OUT/bulk_tests.txt" 2>&1; tail -3 "$OUT/bulk_tests.txt"
   timeout ${BULK_TIMEOUT:-240} python3 -m perf.gemv_variants --variants base,bulk,bulkef --rows 1,8 2>&1 \
     | tee "$OUT/bulk_gemv.txt" | tail -8
 }
 run_moe() {  # issue 13: the decode MoE fusions (routing in gate | up, combine + norm in the down launch) and the
   # start-of-block L2 hints: their GPU tests, then each as a whole-step A/B (bench_fold) on the 35B-A3B
-  timeout -s INT -k 30 ${MOE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rf tests/test_cuda_moe_fused.py \
+  pytest_for ${MOE_TIMEOUT:-300} -q -p no:cacheprovider -rf tests/test_cuda_moe_fused.py \
     tests/test_cuda_gemv_prefetch.py > "$OUT/moe_tests.txt" 2>&1; tail -3 "$OUT/moe_tests.txt"
   for tg in route combine moe prefetch; do
     timeout ${MOE_TIMEOUT:-200} python3 -m perf.bench_fold --toggle $tg --model 35b --out "$OUT/results" 2>&1 \
@@ -340,7 +344,7 @@ run_group_probe() {  # issue 14: Nsight Compute on one group-int fp16 GEMM launc
   done
 }
 run_group() {  # issue 14: the group-int formats' fp16 GEMM (ninfer/cuda/gemm_group.py) on the device, then measured
-  timeout -s INT -k 30 ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
+  pytest_for ${TEST_TIMEOUT:-300} -q -m gpu -p no:cacheprovider --timeout 200 -rf \
     tests/test_cuda_gemm_group.py tests/test_cuda_gemm_bf16.py tests/test_cuda_gemm_ws.py 2>&1 \
     | tee "$OUT/group_tests.txt" | grep -v PASSED | tail -20
   timeout ${BENCH_TIMEOUT:-360} python3 -m perf.bench_gemm --formats ${GROUP_FORMATS:-Q4G64_F16S,W8G32_F16S,BF16} \
@@ -348,13 +352,13 @@ run_group() {  # issue 14: the group-int formats' fp16 GEMM (ninfer/cuda/gemm_gr
     | tee "$OUT/bench_gemm_group.txt" | tail -50
 }
 run_w8one() {  # issue 13: linear.GV_W8_ONE (one-lane products on 8-warp blocks: the same bits), test and timing
-  [ -n "${SKIP_TESTS:-}" ] || timeout -s INT -k 30 ${TEST_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
+  [ -n "${SKIP_TESTS:-}" ] || pytest_for ${TEST_TIMEOUT:-200} -q -m gpu -p no:cacheprovider --timeout 200 -rf \
     tests/test_cuda_gemv_w8.py -k one_lane 2>&1 | tee "$OUT/w8one_tests.txt" | grep -v PASSED | tail -10
   timeout ${BENCH_TIMEOUT:-240} python3 -m perf.gemv_variants --variants w8,w8one --rows 1 --no-chain \
     --formats ${GEMV_FORMATS:-Q4G64_F16S,Q6G64_F16S,W8G32_F16S,NVFP4G16_E4M3S} 2>&1 | tee "$OUT/w8one.txt" | tail -12
 }
 run_gv_xlane() {  # issue 13: GV_QG64_XLANE (the group-int GEMV's code bytes copied 16 per quad lane): GPU test, A/B
-  [ -n "${SKIP_TESTS:-}" ] || timeout -s INT -k 30 ${TEST_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
+  [ -n "${SKIP_TESTS:-}" ] || pytest_for ${TEST_TIMEOUT:-200} -q -m gpu -p no:cacheprovider --timeout 200 -rf \
     tests/test_cuda_gemv_xlane.py 2>&1 | tee "$OUT/gv_xlane_tests.txt" | grep -v PASSED | tail -10
   timeout ${BENCH_TIMEOUT:-240} python3 -m perf.gemv_variants --variants ${XLANE_VARIANTS:-base,xl5,xl7} --rows 1,8 \
     --formats ${GEMV_FORMATS:-Q5G64_F16S,Q6G64_F16S} 2>&1 | tee "$OUT/gv_xlane.txt" | tail -12
@@ -365,7 +369,7 @@ run_xlane() {  # issue 13: a decode GEMV candidate in another tree (AB_TREE) aga
   local tree=${AB_TREE:-.ab/xlane} fmts=${AB_FORMATS:-Q4G64_F16S,NVFP4G16_E4M3S}
   for d in api actors perf cuda_src; do [ -e "$tree/ninfer/$d" ] || ln -s ../$d "$tree/ninfer/$d"; done
   (cd "$tree" && PYTHONPATH=$PWD:$PWD/tests:${PYTHONPATH#$OLDPWD:$OLDPWD/tests:} CUPY_CACHE_DIR=$PWD/.cupy-cache \
-    timeout -s INT -k 30 ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 -rf \
+    pytest_for ${TEST_TIMEOUT:-300} -q -m gpu -p no:cacheprovider --timeout 200 -rf \
     tests/test_cuda_ops.py -k gemv 2>&1 | tee "$OUT/xlane_tests.txt" | grep -v PASSED | tail -15)
   timeout ${BENCH_TIMEOUT:-300} python3 -m perf.bench_gemv --formats $fmts --json "$OUT/bench_gemv_base.json" 2>&1 \
     | tee "$OUT/bench_gemv_base.txt" | tail -30
@@ -436,7 +440,7 @@ run_wspb() {  # session 35: the bf16 GDN scratch ("wspb", cuda_src/gdn_scratch.c
   # 27B / 35B-A3B chunk shapes, its GPU tests, the whole-model prefill per variant (wsp, wspb; WSPB_PREFILL lengths)
   timeout ${BENCH_TIMEOUT:-200} python3 -m perf.bench_gdn --models 27b,35b --batches 1x4096,1x8192 \
     --variants wsp,wspb --out "$OUT/results" 2>&1 | grep -v '^{' | tee "$OUT/bench_gdn_wspb.txt" | tail -8
-  timeout -s INT -k 30 ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider -rf --timeout 200 tests/test_cuda_ops.py \
+  pytest_for ${TEST_TIMEOUT:-240} -q -m gpu -p no:cacheprovider -rf --timeout 200 tests/test_cuda_ops.py \
     -k "gdn_chunked and wspb" > "$OUT/wspb_tests.txt" 2>&1; tail -3 "$OUT/wspb_tests.txt"
   gdn_variant_ab wspb_ab.txt ${WSPB_PREFILL:-8192,32768} ${WSP_VARIANTS:-wsp wspb}
 }
@@ -452,7 +456,7 @@ run_wsp_probe() {  # Nsight Compute on one "wsp" state launch (35B-A3B heads, on
 run_prefill_probe() {  # session 33's first call (~8 min): the two-chain GDN state pass (wsp2, never run on a GPU
   # before) against its reference and wsp, the served fp16 GEMM against cuBLAS at 2K-8K rows with forced splits
   # (bench_gemm --served), then the prefill chunks' kernels per cuda_src file with the launch-level attribution
-  timeout -s INT -k 30 ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider -rf --timeout 200 tests/test_cuda_ops.py \
+  pytest_for ${TEST_TIMEOUT:-240} -q -m gpu -p no:cacheprovider -rf --timeout 200 tests/test_cuda_ops.py \
     -k "gdn and wsp2" > "$OUT/wsp2_tests.txt" 2>&1; tail -3 "$OUT/wsp2_tests.txt"
   timeout ${BENCH_TIMEOUT:-200} python3 -m perf.bench_gdn --models 27b,35b --batches 1x4096,1x8192 \
     --variants wsp,wsp2 --out "$OUT/results" 2>&1 | grep -v '^{' | tee "$OUT/bench_gdn_wsp2.txt" | tail -8
@@ -478,7 +482,7 @@ run_suite_changed() {  # the GPU test files whose kernels or wrappers changed si
 run_suite_b() {  # every tests/test_cuda_*.py file not in SUITE_A
   local f files="" a=" $(echo $SUITE_A) "
   for f in tests/test_cuda_*.py; do case "$a" in *" $f "*) ;; *) files="$files $f" ;; esac; done
-  timeout -s INT -k 30 ${TEST_TIMEOUT:-500} python3 -m pytest -q -m gpu $files -p no:cacheprovider --timeout 200 -rf 2>&1 \
+  pytest_for ${TEST_TIMEOUT:-500} -q -m gpu $files -p no:cacheprovider --timeout 200 -rf 2>&1 \
     | tee "$OUT/suite_b.txt" | grep -v PASSED | tail -30
 }
 run_shard() {  # one part of the whole GPU suite, SHARD=I/N (perf/pytest_shard.py: round robin over the selected

@@ -64,20 +64,16 @@ def test_xlane_builds_are_the_default_bits(
     for family in ("gemv.cu", "gemv_w8.cu", "gemv_fused.cu"):  # this format's instances only
         names = tuple(n for n in linear.SOURCES[family] if struct in n)
         monkeypatch.setitem(linear.SOURCES, family, names)
+    monkeypatch.setattr(linear, "GV_W8", w8)  # 8 rows on gemv.cu's 4-warp blocks or gemv_w8.cu's 8-warp ones
     rng = np.random.default_rng(91)
-    w8_0 = linear.GV_W8
-    linear.GV_W8 = w8  # 8 rows on gemv.cu's 4-warp blocks or gemv_w8.cu's 8-warp ones
-    try:
-        for n, k in ((600, 2048), (300, 5128), (40, 1032)):
-            wf = (rng.standard_normal((n, k)) * 0.5).astype(F32)
-            w = upload_weight(fmt, (n, k), FORMATS[fmt].encode(wf, (n, k)))
-            for b in (1, 8):
-                x = cupy.asarray((rng.standard_normal((b, 2 * k)) * 2).astype(F32))
-                got = {}
-                for d in (None, define):
-                    xlane(d)
-                    got[d] = [cupy.asnumpy(gemv(x[:, :k], w)), cupy.asnumpy(gemv(x, w, swiglu=True))]
-                for a, c in zip(got[None], got[define], strict=True):
-                    assert np.array_equal(a.view(np.uint8), c.view(np.uint8)), f"{fmt} {n}x{k}, {b} rows"
-    finally:
-        linear.GV_W8 = w8_0
+    for n, k in ((600, 2048), (300, 5128), (40, 1032)):
+        wf = (rng.standard_normal((n, k)) * 0.5).astype(F32)
+        w = upload_weight(fmt, (n, k), FORMATS[fmt].encode(wf, (n, k)))
+        for b in (1, 8):
+            x = cupy.asarray((rng.standard_normal((b, 2 * k)) * 2).astype(F32))
+            got = {}
+            for d in (None, define):
+                xlane(d)
+                got[d] = [cupy.asnumpy(gemv(x[:, :k], w)), cupy.asnumpy(gemv(x, w, swiglu=True))]
+            for a, c in zip(got[None], got[define], strict=True):
+                assert np.array_equal(a.view(np.uint8), c.view(np.uint8)), f"{fmt} {n}x{k}, {b} rows"

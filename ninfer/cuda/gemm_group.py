@@ -88,12 +88,13 @@ def group_operand_extra(fmt: str, n: int, k: int) -> int:
     return 4 * n * _groups(fmt, k) if fmt in GROUP_STRUCTS else 0
 
 
-def group_scratch_bytes(rows: int, shapes: Any) -> int:
+def group_scratch_bytes(rows: int, shapes: Any, group: bool = True) -> int:
     """Upper bound of the "gs" scratch (a weight chunk's float32 scales, built per call when its operands are not
     kept) after group-format GEMMs of at most ``rows`` rows against weights of ``shapes`` ((N, K) each), counted as
-    W8's 32-wide groups (the most per row); 0 with GROUP_F16 off or below the fp16 mode's row floor. The chunk's codes use the pair mode's weight scratch, under the same cap
+    W8's 32-wide groups (the most per row); 0 with GROUP_F16 off, below the fp16 mode's row floor or with ``group``
+    False (no weight in a group format). The chunk's codes use the pair mode's weight scratch, under the same cap
     (gemm_plan.pair_scratch_bytes counts it)."""
-    if not gemm_plan.GROUP_F16 or rows < PAIR_MIN_ROWS:
+    if not (group and gemm_plan.GROUP_F16) or rows < PAIR_MIN_ROWS:
         return 0
     return max((4 * _groups("W8G32_F16S", k) * _chunk_rows(n, k) for n, k in shapes), default=0)
 

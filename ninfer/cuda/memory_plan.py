@@ -141,8 +141,9 @@ def _gemm_scratch(mc: ModelConfig, rows: int, group_weights: bool = True) -> int
     )
     experts = 2 * rows * mc.num_experts_per_tok * (mc.hidden_size + 2) if mc.is_moe else 0
     shapes = _dense_shapes(mc)
-    split = splitk_scratch_bytes(rows, shapes, group=group_weights)
-    split += group_scratch_bytes(rows, shapes) if group_weights else 0
+    split = splitk_scratch_bytes(rows, shapes, group_weights) + group_scratch_bytes(
+        rows, shapes, group_weights
+    )
     return pair_scratch_bytes(rows, k_max, n_max * mc.hidden_size) + experts + split
 
 
