@@ -25,7 +25,7 @@
 #include "wformat.cuh"
 
 // GV_QG64_XLANE, a mask of what FragQG64's lanes copy for their quad and read across it after a __syncwarp
-// (GvXlane), 1 by default since 2026-12-07:
+// (GvXlane), 5 by default since 2026-12-07 (codes and Q5 / Q6's high words; Q4 builds as at 1):
 //   1  each row's 64 code bytes of a tile as one 16-byte piece per quad lane (8 cp.async per row set instead of
 //      12). Nsight Compute put the Q4G64 GEMV's stalls on the shared-memory pipe (the copies' wavefronts);
 //      measured (H200, perf/gemv_variants.py --variants noxlane,base): 27B Q4G64 one row 1.3-1.5x faster, eight
@@ -34,17 +34,21 @@
 //      (H100, variant xl3): 3-7% slower than 1 for Q4 and Q6 at one row.
 //   4  Q5 / Q6's high-bit words as 16-byte pieces, row set t's by quad lane t (Q5 one piece for both groups, Q6
 //      one per group; Q4 has none). Measured as mask 7 (variant xl7): Q6G64 1.12-1.20x faster than 1 (27B layer
-//      236 -> 198 us at one row), Q4 as mask 3. Mask 5 is the candidate for the default (next device call).
+//      236 -> 198 us at one row), Q4 as mask 3. Mask 5 (H100, variants base = 1, xl5, xl7, one run): Q5G64 a
+//      27B layer 222.2 -> 186.8 us at one row (1.19x), 271.7 -> 233.0 at eight; Q6G64 236.2 -> 199.6 and 276.4 ->
+//      241.1; mask 7 within 2% of 5 (Q5 slower, Q6 mixed): the default is 5.
 // 0: the per-lane copies of before.
 // GV_W8G32_XLANE 1 (an A/B candidate, off; variant w8x): FragW8G32 copies each row's 128 code bytes of a tile as
 // 32 bytes per quad lane (lane t: group t, two 16-byte pieces) instead of every lane's 8 bytes of each group (8
 // cp.async per row set of 4 instead of 16), read across the quad as GV_QG64_XLANE's codes; the scale words stay
-// per lane (sharing them measured slower for the group-int formats).
+// per lane (sharing them measured slower for the group-int formats). Measured (H100, variant w8x): 1.20-1.45x
+// slower than the default at every 27B shape (a layer 225.5 -> 282.8 us at one row): W8G32's 8-byte copies are not
+// its limit. Stays off.
 #ifndef GV_W8G32_XLANE
 #define GV_W8G32_XLANE 0
 #endif
 #ifndef GV_QG64_XLANE
-#define GV_QG64_XLANE 1
+#define GV_QG64_XLANE 5
 #endif
 
 // Whether a format's lanes read stage bytes that other lanes of their quad copied (F::XLANE): the warp syncs after

@@ -55,7 +55,7 @@
 #           its GEMV GPU tests, then perf/bench_gemv from both trees (AB_FORMATS) in the same call
 #   w8one   the one-lane dense GEMVs on gemv_w8.cu's 8-warp blocks (linear.GV_W8_ONE, off until measured): its GPU
 #           test, then perf/gemv_variants w8 against w8one at one lane (GEMV_FORMATS; ~3 min)
-#   gv_xlane  the decode GEMV's cross-lane copies (wfrag.cuh GV_QG64_XLANE, a mask, 1 since 2026-12-07;
+#   gv_xlane  the decode GEMV's cross-lane copies (wfrag.cuh GV_QG64_XLANE, a mask, 5 since session 41;
 #           GV_W8G32_XLANE, off): GPU test, then perf/gemv_variants base against xl5, xl7 (Q5, Q6) and w8x (W8G32) at
 #           1 and 8 rows (~4 min)
 #   setup   the installs only

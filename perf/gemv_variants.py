@@ -45,12 +45,13 @@ Variants (a variant changes only what its name says; results are timings, not nu
   bulk      NVFP4's weight ring filled by bulk copies (cuda_src/gemv_bulk.cuh, GV_BULK 1): one lane issues a stage's
             4 cp.async.bulk copies on one mbarrier, instead of 8 cp.async per lane (same results)
   bulkef    bulk with an L2 evict-first hint on the weights' copies (GV_BULK 2)
-  xlane     GV_QG64_XLANE 1 (the default since 2026-12-07): the group-int formats' code bytes copied 16 per quad
-            lane and read across the quad after a __syncwarp (cuda_src/wfrag.cuh; same results)
+  xlane     GV_QG64_XLANE 1 (the default from db4788a until mask 5): the group-int formats' code bytes copied 16 per
+            quad lane and read across the quad after a __syncwarp (cuda_src/wfrag.cuh; same results)
   noxlane   GV_QG64_XLANE 0: the group-int formats' per-lane 8-byte code copies (before 2026-12-07)
   xlN       GV_QG64_XLANE N, a mask (cuda_src/wfrag.cuh): 1 the codes (xlane), 2 each row set's scale word copied
             by one quad lane instead of all four, 4 Q5 / Q6's high-bit words as 16-byte pieces, one quad lane per
-            row set (xl3 and xl7 were named xlane2 and xlane3 in perf/results/gemv_xlane23_h100.txt)
+            row set; 5 (codes and high words) is the default (xl3 and xl7 were named xlane2 and xlane3 in
+            perf/results/gemv_xlane23_h100.txt)
   w8x       GV_W8G32_XLANE 1: W8G32's codes copied 32 bytes per quad lane (a group each) and read across the quad
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
   olddq     the NVFP4 decode and tile loop before the integer-pipe diet (2026-12-02, docs/cuda.md "Decode GEMV on

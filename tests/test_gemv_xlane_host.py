@@ -1,6 +1,6 @@
-"""CPU check of the decode GEMV's cross-lane copies (cuda_src/wfrag.cuh): ``GV_QG64_XLANE``, a mask, 1 by default
-(each quad lane copies 16 of a row's 64 code bytes of a tile; 2 the scale words, 4 Q5 / Q6's high words once per
-quad), and ``GV_W8G32_XLANE`` (off: W8G32's codes, 32 bytes per quad lane); lanes read their words from their
+"""CPU check of the decode GEMV's cross-lane copies (cuda_src/wfrag.cuh): ``GV_QG64_XLANE``, a mask, 5 by default
+(1: each quad lane copies 16 of a row's 64 code bytes of a tile; 2 the scale words, 4 Q5 / Q6's high words once
+per quad), and ``GV_W8G32_XLANE`` (off: W8G32's codes, 32 bytes per quad lane); lanes read their words from their
 quad's slots after the warp's sync in ``gv_wait_stage``. perf/gemv_variants.py times them (noxlane, xlN, w8x).
 
 - The fragment emulation (tests/test_gemv_mma_host.py's driver built with GV_QG64_XLANE 7 and GV_W8G32_XLANE 1;
@@ -29,7 +29,7 @@ from ninfer.formats import FORMATS
 from ninfer.reference import ops
 
 GROUP = ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S")  # W8G32: GV_W8G32_XLANE
-# mask 7 (codes, scale words and Q5 / Q6's high words across the quad: every branch of the other masks); mask 1 is
+# mask 7 (codes, scale words and Q5 / Q6's high words across the quad: every branch of the other masks); mask 5 is
 # the default build, whose fragments tests/test_gemv_mma_host.py checks
 _ON7 = "#define GV_QG64_XLANE 7\n"
 _W8X = "#define GV_W8G32_XLANE 1\n"
