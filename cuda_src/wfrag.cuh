@@ -50,6 +50,17 @@
 #ifndef GV_QG64_XLANE
 #define GV_QG64_XLANE 5
 #endif
+// GV_QG64_SWZ 1 (an A/B candidate, session 41): FragQG64's shared slots placed for the banks. Nsight Compute (H100,
+// 27B gate | up, one row) counted 6.56 M shared wavefronts for Q4G64 against NVFP4's 3.43 M at the same instruction
+// count, with short-scoreboard and MIO-throttle stalls NVFP4 lacks: the 8-byte code reads across the quad put
+// quads g and g + 2 on the same banks (two wavefronts per half-warp instead of one), and the 4-byte scale words at
+// byte 4 r of each lane's slot put lanes l, l + 8, l + 16, l + 24 on one bank (4 wavefronts per copy and read
+// instead of 1). With the switch: quad lane j's code piece sits in slot j ^ (g & 2) of its quad, row set rr's
+// high words (XLANE & 4) in slot rr ^ (g >> 1) of its quad, and the scale words lane-contiguous per row set (word
+// 32 r + L of their vector, as NVFP4's): every copy and read of a stage one wavefront per 128 bytes. Same bits.
+#ifndef GV_QG64_SWZ
+#define GV_QG64_SWZ 0
+#endif
 
 // Whether a format's lanes read stage bytes that other lanes of their quad copied (F::XLANE): the warp syncs after
 // each lane's cp.async wait (gv_wait_stage), which makes the others' copies of the tile visible and orders every
@@ -435,7 +446,19 @@ template <int BITS>
 struct FragQG64 {
     static constexpr int MT = 2, GROUP = 4, H = BITS == 4 ? 0 : (BITS == 5 ? 8 : 16);
     static constexpr int XLANE = GV_QG64_XLANE;  // a mask: 1 codes, 2 scale words, 4 high words across the quad
+    static constexpr bool SWZ = GV_QG64_SWZ != 0;
     static_assert(2 * MT == 4, "XLANE 2 and 4: one row set per quad lane");
+    // the slot of quad lane j's code piece (XLANE & 1) and of row set rr's high words (XLANE & 4) in the quad of
+    // `lane`, and the scale word of row set r that lane L copied in stage st (GV_QG64_SWZ above)
+    static __host__ __device__ __forceinline__ int cslot(int lane, int j) {
+        return (lane & ~3) + (SWZ ? j ^ ((lane >> 2) & 2) : j);
+    }
+    static __host__ __device__ __forceinline__ int hslot(int lane, int rr) {
+        return (lane & ~3) + (SWZ ? rr ^ ((lane >> 3) & 3) : rr);
+    }
+    template <typename P> static __host__ __device__ __forceinline__ P* sword(P* st, int L, int r) {
+        return SWZ ? st + (2 * MT + 2) * 512 + (32 * r + L) * 4 : gv_vec(st, 2 * MT + 2, L) + 4 * r;
+    }
     GV_ROWS_SRC(FragQG64)
     static __host__ __device__ __forceinline__ int kofs(int t, int w) { return 64 * (w >> 1) + 16 * t + 8 * (w & 1); }
     static __host__ __device__ __forceinline__ void chunk(int cc, int& t, int& w) {
@@ -460,7 +483,7 @@ struct FragQG64 {
             const long long grp = n[r >> 1][r & 1] * (kpad128(K) / 64) + k0 / 64;  // k0 % 128 == 0: grp even
             // XLANE & 1: the row's 64 code bytes (groups grp, grp + 1) as 16 bytes per quad lane, 16-byte aligned (grp
             // even, the plane 16-aligned)
-            if (XLANE & 1) cp_async<16>(gv_vec(st, r, lane), p0 + grp * 32 + 16 * t, true);
+            if (XLANE & 1) cp_async<16>(gv_vec(st, r, SWZ ? cslot(lane, t) : lane), p0 + grp * 32 + 16 * t, true);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 if (!(XLANE & 1)) cp_async<8>(gv_vec(st, r, lane) + 8 * h, p0 + (grp + h) * 32 + 8 * t, true);
@@ -469,19 +492,19 @@ struct FragQG64 {
                 if (BITS == 6 && !(XLANE & 4)) cp_async<4>(hd, p1 + (grp + h) * 16 + 4 * t, true);
             }
             if ((XLANE & 4) && r == t) {  // row set r's high words (groups grp, grp + 1; 16-aligned: grp even)
-                if (BITS == 5) cp_async<16>(gv_vec(st, 2 * MT, lane), p1 + grp * 8, true);
-                if (BITS == 6) cp_async<16>(gv_vec(st, 2 * MT, lane), p1 + grp * 16, true);
-                if (BITS == 6) cp_async<16>(gv_vec(st, 2 * MT + 1, lane), p1 + (grp + 1) * 16, true);
+                if (BITS == 5) cp_async<16>(gv_vec(st, 2 * MT, SWZ ? hslot(lane, r) : lane), p1 + grp * 8, true);
+                if (BITS == 6) cp_async<16>(gv_vec(st, 2 * MT, SWZ ? hslot(lane, r) : lane), p1 + grp * 16, true);
+                if (BITS == 6) cp_async<16>(gv_vec(st, 2 * MT + 1, SWZ ? hslot(lane, r) : lane), p1 + (grp + 1) * 16, true);
             }
-            if (!(XLANE & 2) || r == t) cp_async<4>(gv_vec(st, 2 * MT + 2, lane) + 4 * r, p2 + grp * 2, true);
+            if (!(XLANE & 2) || r == t) cp_async<4>(sword(st, lane, r), p2 + grp * 2, true);
         }
     }
     static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int t, Raw& raw) {
         const int rr = 2 * mt + r;
         if (XLANE & 1) {  // group h's bytes 8 t .. 8 t + 8: quad lane 2 h + t / 2 copied them, at byte 8 (t % 2)
-            const int q = (lane & ~3) + (t >> 1);
+            const int q = cslot(lane, t >> 1), q2 = SWZ ? cslot(lane, 2 + (t >> 1)) : q + 2;
             raw.base[0] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, q) + 8 * (t & 1));
-            raw.base[1] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, q + 2) + 8 * (t & 1));
+            raw.base[1] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, q2) + 8 * (t & 1));
         } else {
             raw.base[0] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, lane));
             raw.base[1] = *reinterpret_cast<const uint2*>(gv_vec(st, rr, lane) + 8);
@@ -490,14 +513,14 @@ struct FragQG64 {
         for (int h = 0; h < 2; ++h) {
             // XLANE 4: quad lane rr copied row set rr's words (Q5: both groups' 8 bytes in one piece; Q6: 16 bytes
             // per group, in vectors 2 MT and 2 MT + 1)
-            const u8* hw = (XLANE & 4) ? gv_vec(st, 2 * MT + (BITS == 6 ? h : 0), (lane & ~3) + rr) +
+            const u8* hw = (XLANE & 4) ? gv_vec(st, 2 * MT + (BITS == 6 ? h : 0), hslot(lane, rr)) +
                                              (BITS == 5 ? 8 * h + 4 * (t >> 1) : 4 * t)
                                        : gv_vec(st, 2 * MT + (rr >> 1), lane) + 8 * (rr & 1) + 4 * h;
             const u32 w = *reinterpret_cast<const u32*>(hw);
             raw.high[h] = BITS == 5 ? (w >> (16 * (t & 1))) & 0xffffu : (BITS == 6 ? w : 0u);
         }
         // XLANE 2: quad lane rr copied row set rr's scale word
-        raw.sc = *reinterpret_cast<const u32*>(gv_vec(st, 2 * MT + 2, (XLANE & 2) ? (lane & ~3) + rr : lane) + 4 * rr);
+        raw.sc = *reinterpret_cast<const u32*>(sword(st, (XLANE & 2) ? (lane & ~3) + rr : lane, rr));
     }
     static __host__ __device__ __forceinline__ void prep(const Raw& r, Prep& p) {
         p.r = r;

@@ -53,6 +53,8 @@ Variants (a variant changes only what its name says; results are timings, not nu
             row set; 5 (codes and high words) is the default (xl3 and xl7 were named xlane2 and xlane3 in
             perf/results/gemv_xlane23_h100.txt)
   w8x       GV_W8G32_XLANE 1: W8G32's codes copied 32 bytes per quad lane (a group each) and read across the quad
+  swz, noswz  GV_QG64_SWZ 1 / 0: the group-int formats' shared slots placed for the banks (code pieces, high words,
+            scale words; cuda_src/wfrag.cuh) or as before (same results); swzN: swz with GV_QG64_XLANE N
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
   olddq     the NVFP4 decode and tile loop before the integer-pipe diet (2026-12-02, docs/cuda.md "Decode GEMV on
             tensor cores"): plain shifts (ptxas: SHF), the lane's scale word shifted and masked, stage and
@@ -231,6 +233,10 @@ def _source(original: Any, variant: str) -> Any:
             s = _must_replace(s, "if (!experts) pdl_wait();", "")
         if variant == "w8x":
             s = "#define GV_W8G32_XLANE 1\n" + s
+        if variant == "noswz" or variant.startswith("swz"):
+            s = f"#define GV_QG64_SWZ {int(variant != 'noswz')}\n" + s
+            if variant[3:].isdigit():
+                s = f"#define GV_QG64_XLANE {int(variant[3:])}\n" + s
         if variant in ("xlane", "noxlane") or (variant.startswith("xl") and variant[2:].isdigit()):
             mask = {"noxlane": 0, "xlane": 1}[variant] if "xlane" in variant else int(variant[2:])
             s = f"#define GV_QG64_XLANE {mask}\n" + s

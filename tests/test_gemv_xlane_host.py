@@ -1,15 +1,17 @@
 """CPU check of the decode GEMV's cross-lane copies (cuda_src/wfrag.cuh): ``GV_QG64_XLANE``, a mask, 5 by default
 (1: each quad lane copies 16 of a row's 64 code bytes of a tile; 2 the scale words, 4 Q5 / Q6's high words once
 per quad), and ``GV_W8G32_XLANE`` (off: W8G32's codes, 32 bytes per quad lane); lanes read their words from their
-quad's slots after the warp's sync in ``gv_wait_stage``. perf/gemv_variants.py times them (noxlane, xlN, w8x).
+quad's slots after the warp's sync in ``gv_wait_stage``; ``GV_QG64_SWZ`` places those slots for the banks.
+perf/gemv_variants.py times them (noxlane, xlN, w8x, swz).
 
-- The fragment emulation (tests/test_gemv_mma_host.py's driver built with GV_QG64_XLANE 7 and GV_W8G32_XLANE 1;
+- The fragment emulation (tests/test_gemv_mma_host.py's driver built with GV_QG64_XLANE 7, GV_QG64_SWZ 1 and
+  GV_W8G32_XLANE 1;
   all 32 lanes' copies land before any read) against the NumPy reference for Q4/Q5/Q6/W8G32: the same words reach
   the same mma slots.
 - The launch emulation (tests/gemv_lanes_emu.py: one host thread per GPU thread, ``__syncwarp`` a real warp
   barrier, the copies and reads in the kernel's own order through the ring; its dense launches are Q4's): the
-  default build bitwise the build at mask 0 (the per-lane copies) and the build at mask 7, at one and eight lanes,
-  K split.
+  default build bitwise the build at mask 0 (the per-lane copies) and the build at mask 7 with the bank-placed
+  slots, at one and eight lanes, K split.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from ninfer.formats import FORMATS
 from ninfer.reference import ops
 
 GROUP = ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S")  # W8G32: GV_W8G32_XLANE
-# mask 7 (codes, scale words and Q5 / Q6's high words across the quad: every branch of the other masks); mask 5 is
-# the default build, whose fragments tests/test_gemv_mma_host.py checks
-_ON7 = "#define GV_QG64_XLANE 7\n"
+# mask 7 (codes, scale words and Q5 / Q6's high words across the quad: every branch of the other masks) with the
+# bank-placed slots (GV_QG64_SWZ 1: every slot function's swizzled branch); mask 5 is the default build, whose
+# fragments tests/test_gemv_mma_host.py checks
+_ON7 = "#define GV_QG64_XLANE 7\n#define GV_QG64_SWZ 1\n"
 _W8X = "#define GV_W8G32_XLANE 1\n"
 
 
@@ -89,6 +92,7 @@ def emus2(lanes_emu: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     "case", [("Q4G64_F16S", "float", 600, 1024, 1, 3), ("Q4G64_F16S", "float", 300, 2048, 8, 2)]
 )
 def test_xlane7_launch_is_the_same_bits(emus2: dict[str, Any], tmp_path: Path, case: tuple) -> None:
-    """Mask 7 (for Q4 mask 3: each row set's scale word copied by one quad lane, read by all four) against the
+    """Mask 7 with GV_QG64_SWZ 1 (for Q4 mask 3: each row set's scale word copied by one quad lane, read by all
+    four; the code pieces and scale words in their bank-placed slots) against the
     default build (the emulator's dense launches are Q4's; Q5 / Q6's high words: the fragment driver above)."""
     both_builds(emus2, tmp_path, lambda e, d: dense_case(e, d, case, cluster=False), FILES["dense"])
