@@ -47,6 +47,15 @@
 #ifndef GV_W8G32_XLANE
 #define GV_W8G32_XLANE 0
 #endif
+// GV_W8G32_FCVT 1 (an A/B candidate, session 41; variant w8f): FragW8G32's int8 codes to float without I2F. Each
+// code byte costs an I2F (16 per clock per SM on sm_90, the conversion pipe), and at copy bandwidth an H100 SM
+// receives ~14.5 code bytes per clock: the conversions alone would fill ~90% of that pipe, which may be what holds
+// W8G32's GEMV at 0.5-0.6 of copy. With the switch a code c becomes the float whose bits are 0x4B0000 << 8 | (c +
+// 128) (one PRMT from the word XORed with 0x80808080 once), minus 2^23 + 128 (one FADD on the FMA pipe): exact, the
+// same floats, the same bits.
+#ifndef GV_W8G32_FCVT
+#define GV_W8G32_FCVT 0
+#endif
 #ifndef GV_QG64_XLANE
 #define GV_QG64_XLANE 5
 #endif
@@ -592,8 +601,17 @@ struct FragW8G32 : KMapQuad {
         p.r = r;
 #pragma unroll
         for (int w = 0; w < 4; ++w) p.g[w] = hd_f16_to_f((u16)((r.sc[w >> 1] >> (16 * (w & 1))) & 0xffffu));
+        if (GV_W8G32_FCVT) {  // each byte c + 128 (two's complement c): pair's PRMT then places it under 2^23's bits
+#pragma unroll
+            for (int w = 0; w < 4; ++w) p.r.v[w].x ^= 0x80808080u, p.r.v[w].y ^= 0x80808080u;
+        }
+    }
+    // byte i of a prep'd word (c + 128) as the float c: bits 0x4B0000 << 8 | (c + 128) = 2^23 + c + 128, exact
+    static __host__ __device__ __forceinline__ float code_f(u32 q, int i) {
+        return f32_from_bits(prmt(q, 0x4B000000u, 0x7540u | (u32)i)) - 8388736.f;  // 2^23 + 128
     }
     static __host__ __device__ __forceinline__ u32 pair(const Prep& p, int w, int i) {
+        if (GV_W8G32_FCVT) return pack_bf16x2(code_f(p.r.v[w].x, i), code_f(p.r.v[w].y, i));  // exact
         const int a = (int)(signed char)((p.r.v[w].x >> (8 * i)) & 0xffu);
         const int b = (int)(signed char)((p.r.v[w].y >> (8 * i)) & 0xffu);
         return pack_bf16x2((float)a, (float)b);  // |code| <= 128: exact

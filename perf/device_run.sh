@@ -58,9 +58,10 @@
 #   gv_xlane  the decode GEMV's cross-lane copies (wfrag.cuh GV_QG64_XLANE, a mask, 5 since session 41;
 #           GV_W8G32_XLANE, off): GPU test, then perf/gemv_variants base against xl5, xl7 (Q5, Q6) and w8x (W8G32) at
 #           1 and 8 rows (~4 min)
-#   swz     the group-int decode GEMV's bank-placed shared slots (wfrag.cuh GV_QG64_SWZ): GPU test, then
+#   swz     the group-int decode GEMV's bank-placed shared slots (wfrag.cuh GV_QG64_SWZ) and W8G32's I2F-free
+#           code conversion (GV_W8G32_FCVT): GPU tests, then
 #           perf/gemv_variants base against swz and swz7 (with GV_QG64_XLANE 7: the scale words shared too; Q4, Q5,
-#           Q6) at 1 and 8 rows (~3 min)
+#           Q6), base against w8f (W8G32), at 1 and 8 rows (~4 min)
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -370,9 +371,11 @@ run_gv_xlane() {  # issue 13: GV_QG64_XLANE (the group-int GEMV's code bytes cop
 }
 run_swz() {  # issue 13: GV_QG64_SWZ (the group-int GEMV's slots placed for the banks): GPU test, A/B
   [ -n "${SKIP_TESTS:-}" ] || pytest_for ${TEST_TIMEOUT:-200} -q -m gpu -p no:cacheprovider --timeout 200 -rf \
-    tests/test_cuda_gemv_xlane.py -k SWZ 2>&1 | tee "$OUT/swz_tests.txt" | grep -v PASSED | tail -10
+    tests/test_cuda_gemv_xlane.py -k "SWZ or FCVT" 2>&1 | tee "$OUT/swz_tests.txt" | grep -v PASSED | tail -10
   timeout ${BENCH_TIMEOUT:-300} python3 -m perf.gemv_variants --variants ${SWZ_VARIANTS:-base,swz,swz7} --rows 1,8 \
     --formats ${GEMV_FORMATS:-Q4G64_F16S,Q5G64_F16S,Q6G64_F16S} 2>&1 | tee "$OUT/swz.txt" | tail -12
+  timeout ${BENCH_TIMEOUT:-200} python3 -m perf.gemv_variants --variants base,w8f --rows 1,8 --formats W8G32_F16S \
+    2>&1 | tee -a "$OUT/swz.txt" | tail -4
 }
 run_xlane() {  # issue 13: a decode GEMV candidate in another tree (AB_TREE) against this one, same machine and call
   local tree=${AB_TREE:-.ab/xlane} fmts=${AB_FORMATS:-Q4G64_F16S,NVFP4G16_E4M3S}

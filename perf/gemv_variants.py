@@ -53,6 +53,7 @@ Variants (a variant changes only what its name says; results are timings, not nu
             row set; 5 (codes and high words) is the default (xl3 and xl7 were named xlane2 and xlane3 in
             perf/results/gemv_xlane23_h100.txt)
   w8x       GV_W8G32_XLANE 1: W8G32's codes copied 32 bytes per quad lane (a group each) and read across the quad
+  w8f       GV_W8G32_FCVT 1: W8G32's int8 codes to float by a PRMT and an FADD instead of an I2F (same results)
   swz, noswz  GV_QG64_SWZ 1 / 0: the group-int formats' shared slots placed for the banks (code pieces, high words,
             scale words; cuda_src/wfrag.cuh) or as before (same results); swzN: swz with GV_QG64_XLANE N
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
@@ -233,6 +234,8 @@ def _source(original: Any, variant: str) -> Any:
             s = _must_replace(s, "if (!experts) pdl_wait();", "")
         if variant == "w8x":
             s = "#define GV_W8G32_XLANE 1\n" + s
+        if variant == "w8f":
+            s = "#define GV_W8G32_FCVT 1\n" + s
         if variant == "noswz" or variant.startswith("swz"):
             s = f"#define GV_QG64_SWZ {int(variant != 'noswz')}\n" + s
             if variant[3:].isdigit():

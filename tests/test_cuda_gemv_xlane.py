@@ -1,11 +1,12 @@
 """The decode GEMV's cross-lane copies (cuda_src/wfrag.cuh) on the GPU: the default build gives every output bitwise
 the builds with ``GV_QG64_XLANE`` (a mask, 5 by default: the codes and Q5 / Q6's high words) at 0 (the per-lane
 copies), 1 (the codes only), 3 (the codes and the scale words) and 7 (all) for Q4/Q5/Q6, with ``GV_W8G32_XLANE`` 1
-(W8G32's codes, 32 bytes per quad lane) for W8G32, and with ``GV_QG64_SWZ`` 1 (the slots placed for the banks) for
-Q4/Q5/Q6, at one and eight rows, eight rows on gemv.cu's 4-warp blocks and on gemv_w8.cu's 8-warp ones, K split and
-N off the row blocks, plain and SwiGLU inputs. Each build compiles only the format's instances (a whole module per
-build took minutes of NVRTC). The host checks are tests/test_gemv_xlane_host.py; ``python -m perf.gemv_variants
---variants noxlane,base,xl5,xl7,w8x,swz`` times them.
+(W8G32's codes, 32 bytes per quad lane) and ``GV_W8G32_FCVT`` 1 (its codes to float without I2F) for W8G32, and
+with ``GV_QG64_SWZ`` 1 (the slots placed for the banks) for Q4/Q5/Q6, at one and eight rows, eight rows on
+gemv.cu's 4-warp blocks and on gemv_w8.cu's 8-warp ones, K split and N off the row blocks, plain and SwiGLU inputs.
+Each build compiles only the format's instances (a whole module per build took minutes of NVRTC). The host checks
+are tests/test_gemv_xlane_host.py; ``python -m perf.gemv_variants --variants noxlane,base,xl5,xl7,w8x,w8f,swz``
+times them.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def xlane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 _BUILDS = [
     *((f, f"GV_QG64_XLANE {m}") for f in ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S") for m in (0, 1, 3, 7)),
     ("W8G32_F16S", "GV_W8G32_XLANE 1"),
+    ("W8G32_F16S", "GV_W8G32_FCVT 1"),
     *((f, "GV_QG64_SWZ 1") for f in ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S")),
 ]
 
