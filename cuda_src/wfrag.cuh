@@ -47,28 +47,40 @@
 #ifndef GV_W8G32_XLANE
 #define GV_W8G32_XLANE 0
 #endif
-// GV_W8G32_FCVT 1 (an A/B candidate, session 41; variant w8f): FragW8G32's int8 codes to float without I2F. Each
-// code byte costs an I2F (16 per clock per SM on sm_90, the conversion pipe), and at copy bandwidth an H100 SM
+// GV_W8G32_FCVT 1 (the default since session 41; 0 is variant w8f's base): FragW8G32's int8 codes to float without I2F.
+// Each code byte costs an I2F (16 per clock per SM on sm_90, the conversion pipe), and at copy bandwidth an H100 SM
 // receives ~14.5 code bytes per clock: the conversions alone would fill ~90% of that pipe, which may be what holds
-// W8G32's GEMV at 0.5-0.6 of copy. With the switch a code c becomes the float whose bits are 0x4B0000 << 8 | (c +
-// 128) (one PRMT from the word XORed with 0x80808080 once), minus 2^23 + 128 (one FADD on the FMA pipe): exact, the
-// same floats, the same bits.
+// W8G32's GEMV at 0.5-0.6 of copy. With the switch a code c becomes the float whose bits are 0x4B0000 << 8 | (c + 128)
+// (one PRMT from the word XORed with 0x80808080 once), minus 2^23 + 128 (one FADD on the FMA pipe): exact, the same
+// floats, the same bits. Measured (H100, base against w8f): 1.03-1.09x faster at every 27B shape, a layer's four
+// products 224.6 -> 211.5 us at one row and 268.2 -> 253.1 at eight, the LM head at eight 676 -> 635 us.
 #ifndef GV_W8G32_FCVT
-#define GV_W8G32_FCVT 0
+#define GV_W8G32_FCVT 1
 #endif
 #ifndef GV_QG64_XLANE
 #define GV_QG64_XLANE 5
 #endif
-// GV_QG64_SWZ 1 (an A/B candidate, session 41): FragQG64's shared slots placed for the banks. Nsight Compute (H100,
-// 27B gate | up, one row) counted 6.56 M shared wavefronts for Q4G64 against NVFP4's 3.43 M at the same instruction
-// count, with short-scoreboard and MIO-throttle stalls NVFP4 lacks: the 8-byte code reads across the quad put
-// quads g and g + 2 on the same banks (two wavefronts per half-warp instead of one), and the 4-byte scale words at
-// byte 4 r of each lane's slot put lanes l, l + 8, l + 16, l + 24 on one bank (4 wavefronts per copy and read
-// instead of 1). With the switch: quad lane j's code piece sits in slot j ^ (g & 2) of its quad, row set rr's
-// high words (XLANE & 4) in slot rr ^ (g >> 1) of its quad, and the scale words lane-contiguous per row set (word
-// 32 r + L of their vector, as NVFP4's): every copy and read of a stage one wavefront per 128 bytes. Same bits.
+// GV_QG64_SWZ 1 (an A/B candidate, session 41; measured mixed, off): FragQG64's shared slots placed for the banks.
+// Nsight Compute (H100, 27B gate | up, one row) counted 6.56 M shared wavefronts for Q4G64 against NVFP4's 3.43 M at
+// the same instruction count, with short-scoreboard and MIO-throttle stalls NVFP4 lacks: the 8-byte code reads across
+// the quad put quads g and g + 2 on the same banks (two wavefronts per half-warp instead of one), and the 4-byte scale
+// words at byte 4 r of each lane's slot put lanes l, l + 8, l + 16, l + 24 on one bank (4 wavefronts per copy and read
+// instead of 1). With the switch: quad lane j's code piece sits in slot j ^ (g & 2) of its quad, row set rr's high
+// words (XLANE & 4) in slot rr ^ (g >> 1) of its quad, and the scale words lane-contiguous per row set (word 32 r + L
+// of their vector, as NVFP4's): every copy and read of a stage one wavefront per 128 bytes. Same bits. Measured (H100,
+// perf/gemv_variants base against swz, a 27B layer's four products): Q4G64 0.94x at one row (140.8 -> 149.2 us, slower
+// at every shape) and 1.05x at eight (196.0 -> 185.8); Q5G64 1.07x / 0.99x; Q6G64 0.99x / 0.97x. So the bank conflicts
+// are not what holds Q4G64 at one row; the switch stays off.
 #ifndef GV_QG64_SWZ
 #define GV_QG64_SWZ 0
+#endif
+// GV_Q4_HV: the high-word vectors in Q4G64's pipeline stage, 0 since session 41 (2 before: the Q5 / Q6 layout, two
+// 16-byte vectors per lane that Q4 never wrote nor read). Its stage is then 5 vectors (2560 bytes per warp) as
+// NVFP4's, and a block 57,344 bytes of shared memory instead of 73,728: 4 resident blocks per SM instead of 3, the
+// occupancy gemv_geometry's splits assume (one wave of 4 blocks per SM; at 3 a 528-block grid ran 1.33 waves).
+// gemv_geometry.FRAG_STRUCTS holds the same vector count (tests/test_gemv_vecs_host.py checks them against each other).
+#ifndef GV_Q4_HV
+#define GV_Q4_HV 0
 #endif
 
 // Whether a format's lanes read stage bytes that other lanes of their quad copied (F::XLANE): the warp syncs after
@@ -466,7 +478,7 @@ struct FragQG64 {
         return (lane & ~3) + (SWZ ? rr ^ ((lane >> 3) & 3) : rr);
     }
     template <typename P> static __host__ __device__ __forceinline__ P* sword(P* st, int L, int r) {
-        return SWZ ? st + (2 * MT + 2) * 512 + (32 * r + L) * 4 : gv_vec(st, 2 * MT + 2, L) + 4 * r;
+        return SWZ ? st + SV * 512 + (32 * r + L) * 4 : gv_vec(st, SV, L) + 4 * r;
     }
     GV_ROWS_SRC(FragQG64)
     static __host__ __device__ __forceinline__ int kofs(int t, int w) { return 64 * (w >> 1) + 16 * t + 8 * (w & 1); }
@@ -482,9 +494,9 @@ struct FragQG64 {
         Raw r;
         float g0, g1;
     };
-    // per row: one vector of base codes (groups 0, 1); then 2 vectors of high words (8 bytes per row) and one of
-    // the rows' scale words
-    static constexpr int VECS = 2 * MT + 3;
+    // per row: one vector of base codes (groups 0, 1); then HV vectors of high words (Q5 / Q6: 2, 8 bytes per row;
+    // Q4 none, GV_Q4_HV above) and one of the rows' scale words (vector SV)
+    static constexpr int HV = BITS == 4 ? GV_Q4_HV : 2, SV = 2 * MT + HV, VECS = SV + 1;
     static __host__ __device__ __forceinline__ void copy(u8* st, int lane, const u8* p0, const u8* p1, const u8* p2,
                                                          int K, const long long (&n)[MT][2], int k0, int t) {
 #pragma unroll
@@ -520,6 +532,8 @@ struct FragQG64 {
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+            raw.high[h] = 0u;
+            if (BITS == 4) continue;  // no high words
             // XLANE 4: quad lane rr copied row set rr's words (Q5: both groups' 8 bytes in one piece; Q6: 16 bytes
             // per group, in vectors 2 MT and 2 MT + 1)
             const u8* hw = (XLANE & 4) ? gv_vec(st, 2 * MT + (BITS == 6 ? h : 0), hslot(lane, rr)) +

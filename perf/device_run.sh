@@ -61,7 +61,9 @@
 #   swz     the group-int decode GEMV's bank-placed shared slots (wfrag.cuh GV_QG64_SWZ) and W8G32's I2F-free
 #           code conversion (GV_W8G32_FCVT): GPU tests, then
 #           perf/gemv_variants base against swz and swz7 (with GV_QG64_XLANE 7: the scale words shared too; Q4, Q5,
-#           Q6), base against w8f (W8G32), at 1 and 8 rows (~4 min)
+#           Q6), now8f against base (W8G32: GV_W8G32_FCVT, on since session 41), at 1 and 8 rows (~4 min)
+#   q4hv    Q4G64's 5-vector stage (wfrag.cuh GV_Q4_HV 0, 4 blocks per SM): its GPU tests, then gemv_variants q4hv2
+#           (the 7-vector stage) against base at 1 and 8 rows (~3 min)
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -339,7 +341,7 @@ run_group_probe() {  # issue 14: Nsight Compute on one group-int fp16 GEMM launc
   # reasons, tensor-pipe activity, issue; why the group kernel stays near 60% of cuBLAS (docs/cuda.md)
   local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   local m="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
-  for spec in "gemm90_f16_wsg:Q4G64_F16S:f16gk" "gemm90_f16_ws<:NVFP4G16_E4M3S:f16ws"; do
+  for spec in "^gemm90_f16_wsg$:Q4G64_F16S:f16gk" "^gemm90_f16_ws$:NVFP4G16_E4M3S:f16ws"; do  # ncu matches base names
     IFS=: read -r kern fmt path <<< "$spec"
     echo "## $kern $fmt $path" | tee -a "$OUT/group_ncu.txt"
     timeout ${PROFILE_TIMEOUT:-200} "$ncu" --kernel-name "regex:$kern" --launch-skip 2 --launch-count 2 \
@@ -374,8 +376,15 @@ run_swz() {  # issue 13: GV_QG64_SWZ (the group-int GEMV's slots placed for the 
     tests/test_cuda_gemv_xlane.py -k "SWZ or FCVT" 2>&1 | tee "$OUT/swz_tests.txt" | grep -v PASSED | tail -10
   timeout ${BENCH_TIMEOUT:-300} python3 -m perf.gemv_variants --variants ${SWZ_VARIANTS:-base,swz,swz7} --rows 1,8 \
     --formats ${GEMV_FORMATS:-Q4G64_F16S,Q5G64_F16S,Q6G64_F16S} 2>&1 | tee "$OUT/swz.txt" | tail -12
-  timeout ${BENCH_TIMEOUT:-200} python3 -m perf.gemv_variants --variants base,w8f --rows 1,8 --formats W8G32_F16S \
+  timeout ${BENCH_TIMEOUT:-200} python3 -m perf.gemv_variants --variants now8f,base --rows 1,8 --formats W8G32_F16S \
     2>&1 | tee -a "$OUT/swz.txt" | tail -4
+}
+run_q4hv() {  # issue 13: Q4G64's stage without its unused high-word vectors (GV_Q4_HV 0: 4 blocks per SM): the
+  # GPU tests of the Q4 GEMV, then perf/gemv_variants q4hv2 (the 7-vector stage of before) against base
+  [ -n "${SKIP_TESTS:-}" ] || pytest_for ${TEST_TIMEOUT:-150} -q -m gpu -p no:cacheprovider --timeout 150 -rf \
+    tests/test_cuda_gemv_xlane.py -k "${Q4HV_K:-Q4G64}" 2>&1 | tee "$OUT/q4hv_tests.txt" | grep -v PASSED | tail -10
+  timeout ${BENCH_TIMEOUT:-200} python3 -m perf.gemv_variants --variants q4hv2,base --rows 1,8 --formats Q4G64_F16S \
+    2>&1 | tee "$OUT/q4hv.txt" | tail -6
 }
 run_xlane() {  # issue 13: a decode GEMV candidate in another tree (AB_TREE) against this one, same machine and call
   local tree=${AB_TREE:-.ab/xlane} fmts=${AB_FORMATS:-Q4G64_F16S,NVFP4G16_E4M3S}

@@ -53,7 +53,10 @@ Variants (a variant changes only what its name says; results are timings, not nu
             row set; 5 (codes and high words) is the default (xl3 and xl7 were named xlane2 and xlane3 in
             perf/results/gemv_xlane23_h100.txt)
   w8x       GV_W8G32_XLANE 1: W8G32's codes copied 32 bytes per quad lane (a group each) and read across the quad
-  w8f       GV_W8G32_FCVT 1: W8G32's int8 codes to float by a PRMT and an FADD instead of an I2F (same results)
+  w8f, now8f  GV_W8G32_FCVT 1 (the default since session 41) / 0: W8G32's int8 codes to float by a PRMT and an FADD,
+            or by an I2F each (same results)
+  q4hv2     GV_Q4_HV 2: Q4G64's stage with the two unused high-word vectors of before session 41 (7 vectors, 3
+            blocks per SM instead of 4; the plan's stage bytes to match)
   swz, noswz  GV_QG64_SWZ 1 / 0: the group-int formats' shared slots placed for the banks (code pieces, high words,
             scale words; cuda_src/wfrag.cuh) or as before (same results); swzN: swz with GV_QG64_XLANE N
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
@@ -97,6 +100,10 @@ SHAPES_35B = {"35b gdn in": (12352, 2048), "35b gdn out": (2048, 4096), "35b att
 def _plan(lin: Any, base: Any, variant: str) -> Any:
     def plan(fmt: str, n: int, k: int, dense: bool = False) -> Any:
         p = base(fmt, n, k, dense)
+        if variant == "q4hv2" and fmt == "Q4G64_F16S":  # the stage of before session 41: 7 vectors
+            return lin.GemvPlan(
+                rows=p.rows, blocks_x=p.blocks_x, splits=p.splits, ntiles=p.ntiles, stage_bytes=7 * 512
+            )
         if variant == "ceil":
             s = max(1, min(-(-2112 // (p.blocks_x * 4)), p.ntiles // 4))
         elif variant == "occ5":
@@ -234,8 +241,10 @@ def _source(original: Any, variant: str) -> Any:
             s = _must_replace(s, "if (!experts) pdl_wait();", "")
         if variant == "w8x":
             s = "#define GV_W8G32_XLANE 1\n" + s
-        if variant == "w8f":
-            s = "#define GV_W8G32_FCVT 1\n" + s
+        if variant in ("w8f", "now8f"):
+            s = f"#define GV_W8G32_FCVT {int(variant == 'w8f')}\n" + s
+        if variant == "q4hv2":
+            s = "#define GV_Q4_HV 2\n" + s
         if variant == "noswz" or variant.startswith("swz"):
             s = f"#define GV_QG64_SWZ {int(variant != 'noswz')}\n" + s
             if variant[3:].isdigit():

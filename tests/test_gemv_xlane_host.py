@@ -2,10 +2,10 @@
 (1: each quad lane copies 16 of a row's 64 code bytes of a tile; 2 the scale words, 4 Q5 / Q6's high words once
 per quad), and ``GV_W8G32_XLANE`` (off: W8G32's codes, 32 bytes per quad lane); lanes read their words from their
 quad's slots after the warp's sync in ``gv_wait_stage``; ``GV_QG64_SWZ`` places those slots for the banks.
-perf/gemv_variants.py times them (noxlane, xlN, w8x, swz).
+perf/gemv_variants.py times them (noxlane, xlN, w8x, now8f, swz).
 
 - The fragment emulation (tests/test_gemv_mma_host.py's driver built with GV_QG64_XLANE 7, GV_QG64_SWZ 1,
-  GV_W8G32_XLANE 1 and GV_W8G32_FCVT 1, W8G32's codes to float without I2F;
+  GV_W8G32_XLANE 1 and GV_W8G32_FCVT 0: W8G32's codes to float by I2F, the default's being a PRMT and an FADD;
   all 32 lanes' copies land before any read) against the NumPy reference for Q4/Q5/Q6/W8G32: the same words reach
   the same mma slots.
 - The launch emulation (tests/gemv_lanes_emu.py: one host thread per GPU thread, ``__syncwarp`` a real warp
@@ -35,7 +35,7 @@ GROUP = ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "W8G32_F16S")  # W8G32: GV_W8
 # bank-placed slots (GV_QG64_SWZ 1: every slot function's swizzled branch); mask 5 is the default build, whose
 # fragments tests/test_gemv_mma_host.py checks
 _ON7 = "#define GV_QG64_XLANE 7\n#define GV_QG64_SWZ 1\n"
-_W8X = "#define GV_W8G32_XLANE 1\n#define GV_W8G32_FCVT 1\n"
+_W8X = "#define GV_W8G32_XLANE 1\n#define GV_W8G32_FCVT 0\n"
 
 
 @pytest.fixture(scope="module")

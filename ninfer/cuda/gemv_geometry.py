@@ -21,7 +21,7 @@ FRAG_STRUCTS = {
     "FP8E4M3_F32T": ("FragFP8<false>", 2, 8),
     "NVFP4G16_E4M3S": ("FragNVFP4", 2, 5),
     "NVFP4G16_E4M3S_ROWG": ("FragNVFP4RowG", 2, 5),
-    "Q4G64_F16S": ("FragQG64<4>", 2, 7),
+    "Q4G64_F16S": ("FragQG64<4>", 2, 5),  # no high-word vectors (GV_Q4_HV in wfrag.cuh)
     "Q5G64_F16S": ("FragQG64<5>", 2, 7),
     "Q6G64_F16S": ("FragQG64<6>", 2, 7),
     "W8G32_F16S": ("FragW8G32", 2, 10),
