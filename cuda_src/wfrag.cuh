@@ -78,7 +78,9 @@
 // 16-byte vectors per lane that Q4 never wrote nor read). Its stage is then 5 vectors (2560 bytes per warp) as
 // NVFP4's, and a block 57,344 bytes of shared memory instead of 73,728: 4 resident blocks per SM instead of 3, the
 // occupancy gemv_geometry's splits assume (one wave of 4 blocks per SM; at 3 a 528-block grid ran 1.33 waves).
-// gemv_geometry.FRAG_STRUCTS holds the same vector count (tests/test_gemv_vecs_host.py checks them against each other).
+// Measured (H100, perf/gemv_variants q4hv2 against base): the same time at every 27B shape (a layer 141.6 -> 141.9
+// us at one row); kept for the smaller footprint. gemv_geometry.FRAG_STRUCTS holds the same vector count
+// (tests/test_gemv_vecs_host.py checks the two against each other).
 #ifndef GV_Q4_HV
 #define GV_Q4_HV 0
 #endif
@@ -513,9 +515,10 @@ struct FragQG64 {
                 if (BITS == 6 && !(XLANE & 4)) cp_async<4>(hd, p1 + (grp + h) * 16 + 4 * t, true);
             }
             if ((XLANE & 4) && r == t) {  // row set r's high words (groups grp, grp + 1; 16-aligned: grp even)
-                if (BITS == 5) cp_async<16>(gv_vec(st, 2 * MT, SWZ ? hslot(lane, r) : lane), p1 + grp * 8, true);
-                if (BITS == 6) cp_async<16>(gv_vec(st, 2 * MT, SWZ ? hslot(lane, r) : lane), p1 + grp * 16, true);
-                if (BITS == 6) cp_async<16>(gv_vec(st, 2 * MT + 1, SWZ ? hslot(lane, r) : lane), p1 + (grp + 1) * 16, true);
+                const int hs = SWZ ? hslot(lane, r) : lane;
+                if (BITS == 5) cp_async<16>(gv_vec(st, 2 * MT, hs), p1 + grp * 8, true);
+                if (BITS == 6) cp_async<16>(gv_vec(st, 2 * MT, hs), p1 + grp * 16, true);
+                if (BITS == 6) cp_async<16>(gv_vec(st, 2 * MT + 1, hs), p1 + (grp + 1) * 16, true);
             }
             if (!(XLANE & 2) || r == t) cp_async<4>(sword(st, lane, r), p2 + grp * 2, true);
         }
