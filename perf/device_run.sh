@@ -326,12 +326,14 @@ run_attn_probe() {  # issue 14: Nsight Compute on one wgmma prefill-attention la
 }
 run_gemv_probe() {  # issue 13: where the decode GEMV's time goes (27B gate|up): Nsight Compute's stall reasons per
   # issued instruction, issue activity, DRAM and shared-memory traffic per format (GEMV_PROBE_FORMATS, default NVFP4;
-  # e.g. "Q4G64_F16S NVFP4G16_E4M3S": why Q4G64 reaches half NVFP4's bandwidth) and row count (GEMV_PROBE_ROWS)
+  # e.g. "Q4G64_F16S NVFP4G16_E4M3S": why Q4G64 reaches half NVFP4's bandwidth) and row count (GEMV_PROBE_ROWS);
+  # the cp.async (LDGSTS) sectors and requests and the L2 sectors read against the DRAM bytes say
+  # whether Q4G64's row-major scale plane (a 4-byte copy per row and tile, one 32-byte sector each) costs L2 traffic
   local ncu fmt rows; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   for fmt in ${GEMV_PROBE_FORMATS:-NVFP4G16_E4M3S}; do for rows in ${GEMV_PROBE_ROWS:-1 8}; do
     echo "## $fmt rows $rows" | tee -a "$OUT/gemv_ncu.txt"
     timeout ${PROFILE_TIMEOUT:-200} "$ncu" --profile-from-start off --clock-control none \
-      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active" \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts.sum" \
       python3 -m perf.ncu_gemv --format $fmt --shape "mlp gate|up" --rows $rows 2>&1 | grep -v '^==PROF==' \
       | tee -a "$OUT/gemv_ncu.txt" | grep -v "  0$\|  0.0[0-9]$" | tail -40
   done; done
