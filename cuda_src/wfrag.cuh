@@ -472,7 +472,9 @@ struct FragQG64 {
     static constexpr bool SWZ = GV_QG64_SWZ != 0;
     static_assert(2 * MT == 4, "XLANE 2 and 4: one row set per quad lane");
     // the slot of quad lane j's code piece (XLANE & 1) and of row set rr's high words (XLANE & 4) in the quad of
-    // `lane`, and the scale word of row set r that lane L copied in stage st (GV_QG64_SWZ above)
+    // `lane`, and the scale word of row set r that lane L copied in stage st (GV_QG64_SWZ above). Where SWZ is off
+    // the callers name the slot they know (`lane` itself, q + 2) instead: NVVM does not fold (lane & ~3) + (lane & 3)
+    // back to lane, and the unswizzled default's PTX grew by 9-79 instructions per instance through these functions.
     static __host__ __device__ __forceinline__ int cslot(int lane, int j) {
         return (lane & ~3) + (SWZ ? j ^ ((lane >> 2) & 2) : j);
     }
@@ -535,15 +537,17 @@ struct FragQG64 {
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            raw.high[h] = 0u;
-            if (BITS == 4) continue;  // no high words
+            if (BITS == 4) {  // no high words
+                raw.high[h] = 0u;
+                continue;
+            }
             // XLANE 4: quad lane rr copied row set rr's words (Q5: both groups' 8 bytes in one piece; Q6: 16 bytes
             // per group, in vectors 2 MT and 2 MT + 1)
             const u8* hw = (XLANE & 4) ? gv_vec(st, 2 * MT + (BITS == 6 ? h : 0), hslot(lane, rr)) +
                                              (BITS == 5 ? 8 * h + 4 * (t >> 1) : 4 * t)
                                        : gv_vec(st, 2 * MT + (rr >> 1), lane) + 8 * (rr & 1) + 4 * h;
             const u32 w = *reinterpret_cast<const u32*>(hw);
-            raw.high[h] = BITS == 5 ? (w >> (16 * (t & 1))) & 0xffffu : (BITS == 6 ? w : 0u);
+            raw.high[h] = BITS == 5 ? (w >> (16 * (t & 1))) & 0xffffu : w;
         }
         // XLANE 2: quad lane rr copied row set rr's scale word
         raw.sc = *reinterpret_cast<const u32*>(sword(st, (XLANE & 2) ? (lane & ~3) + rr : lane, rr));

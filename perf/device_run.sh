@@ -56,8 +56,8 @@
 #   w8one   the one-lane dense GEMVs on gemv_w8.cu's 8-warp blocks (linear.GV_W8_ONE, off until measured): its GPU
 #           test, then perf/gemv_variants w8 against w8one at one lane (GEMV_FORMATS; ~3 min)
 #   gv_xlane  the decode GEMV's cross-lane copies (wfrag.cuh GV_QG64_XLANE, a mask, 5 since session 41;
-#           GV_W8G32_XLANE, off): GPU test, then perf/gemv_variants base against xl5, xl7 (Q5, Q6) and w8x (W8G32) at
-#           1 and 8 rows (~4 min)
+#           GV_W8G32_XLANE, off): their GPU test cases, then perf/gemv_variants base against xl5, xl7 (Q5, Q6) and
+#           w8x (W8G32) at 1 and 8 rows (~4 min)
 #   swz     the group-int decode GEMV's bank-placed shared slots (wfrag.cuh GV_QG64_SWZ) and W8G32's I2F-free
 #           code conversion (GV_W8G32_FCVT): GPU tests, then
 #           perf/gemv_variants base against swz and swz7 (with GV_QG64_XLANE 7: the scale words shared too; Q4, Q5,
@@ -365,28 +365,26 @@ run_w8one() {  # issue 13: linear.GV_W8_ONE (one-lane products on 8-warp blocks:
   timeout ${BENCH_TIMEOUT:-240} python3 -m perf.gemv_variants --variants w8,w8one --rows 1 --no-chain \
     --formats ${GEMV_FORMATS:-Q4G64_F16S,Q6G64_F16S,W8G32_F16S,NVFP4G16_E4M3S} 2>&1 | tee "$OUT/w8one.txt" | tail -12
 }
-run_gv_xlane() {  # issue 13: GV_QG64_XLANE (the group-int GEMV's code bytes copied 16 per quad lane): GPU test, A/B
-  [ -n "${SKIP_TESTS:-}" ] || pytest_for ${TEST_TIMEOUT:-200} -q -m gpu -p no:cacheprovider --timeout 200 -rf \
-    tests/test_cuda_gemv_xlane.py 2>&1 | tee "$OUT/gv_xlane_tests.txt" | grep -v PASSED | tail -10
-  timeout ${BENCH_TIMEOUT:-240} python3 -m perf.gemv_variants --variants ${XLANE_VARIANTS:-base,xl5,xl7} --rows 1,8 \
-    --formats ${GEMV_FORMATS:-Q5G64_F16S,Q6G64_F16S} 2>&1 | tee "$OUT/gv_xlane.txt" | tail -12
-  timeout ${BENCH_TIMEOUT:-240} python3 -m perf.gemv_variants --variants base,w8x --rows 1,8 --formats W8G32_F16S \
-    2>&1 | tee -a "$OUT/gv_xlane.txt" | tail -4
+gv_ab() {  # NAME K VARIANTS FORMATS: tests/test_cuda_gemv_xlane.py's cases matching -k K (none for K "" or with
+  # SKIP_TESTS), then perf/gemv_variants VARIANTS on FORMATS at 1 and 8 rows; appended to $OUT/NAME{_tests,}.txt
+  local name=$1 k=$2 variants=$3 formats=$4
+  [ -z "$k" ] || [ -n "${SKIP_TESTS:-}" ] || pytest_for ${TEST_TIMEOUT:-200} -q -m gpu -p no:cacheprovider \
+    --timeout 200 -rf tests/test_cuda_gemv_xlane.py -k "$k" 2>&1 | tee -a "$OUT/${name}_tests.txt" | grep -v PASSED \
+    | tail -10
+  timeout ${BENCH_TIMEOUT:-300} python3 -m perf.gemv_variants --variants "$variants" --rows 1,8 --formats "$formats" \
+    2>&1 | tee -a "$OUT/$name.txt" | tail -12
 }
-run_swz() {  # issue 13: GV_QG64_SWZ (the group-int GEMV's slots placed for the banks): GPU test, A/B
-  [ -n "${SKIP_TESTS:-}" ] || pytest_for ${TEST_TIMEOUT:-200} -q -m gpu -p no:cacheprovider --timeout 200 -rf \
-    tests/test_cuda_gemv_xlane.py -k "SWZ or FCVT" 2>&1 | tee "$OUT/swz_tests.txt" | grep -v PASSED | tail -10
-  timeout ${BENCH_TIMEOUT:-300} python3 -m perf.gemv_variants --variants ${SWZ_VARIANTS:-base,swz,swz7} --rows 1,8 \
-    --formats ${GEMV_FORMATS:-Q4G64_F16S,Q5G64_F16S,Q6G64_F16S} 2>&1 | tee "$OUT/swz.txt" | tail -12
-  timeout ${BENCH_TIMEOUT:-200} python3 -m perf.gemv_variants --variants now8f,base --rows 1,8 --formats W8G32_F16S \
-    2>&1 | tee -a "$OUT/swz.txt" | tail -4
+run_gv_xlane() {  # issue 13: GV_QG64_XLANE (the group-int GEMV's cross-lane copies) and GV_W8G32_XLANE: GPU test, A/B
+  gv_ab gv_xlane "XLANE" "${XLANE_VARIANTS:-base,xl5,xl7}" "${GEMV_FORMATS:-Q5G64_F16S,Q6G64_F16S}"
+  gv_ab gv_xlane "" base,w8x W8G32_F16S
+}
+run_swz() {  # issue 13: GV_QG64_SWZ (the group-int GEMV's slots placed for the banks) and GV_W8G32_FCVT: GPU test, A/B
+  gv_ab swz "SWZ or FCVT" "${SWZ_VARIANTS:-base,swz,swz7}" "${GEMV_FORMATS:-Q4G64_F16S,Q5G64_F16S,Q6G64_F16S}"
+  gv_ab swz "" now8f,base W8G32_F16S
 }
 run_q4hv() {  # issue 13: Q4G64's stage without its unused high-word vectors (GV_Q4_HV 0: 4 blocks per SM): the
   # GPU tests of the Q4 GEMV, then perf/gemv_variants q4hv2 (the 7-vector stage of before) against base
-  [ -n "${SKIP_TESTS:-}" ] || pytest_for ${TEST_TIMEOUT:-150} -q -m gpu -p no:cacheprovider --timeout 150 -rf \
-    tests/test_cuda_gemv_xlane.py -k "${Q4HV_K:-Q4G64}" 2>&1 | tee "$OUT/q4hv_tests.txt" | grep -v PASSED | tail -10
-  timeout ${BENCH_TIMEOUT:-200} python3 -m perf.gemv_variants --variants q4hv2,base --rows 1,8 --formats Q4G64_F16S \
-    2>&1 | tee "$OUT/q4hv.txt" | tail -6
+  gv_ab q4hv "${Q4HV_K:-Q4G64}" q4hv2,base Q4G64_F16S
 }
 run_xlane() {  # issue 13: a decode GEMV candidate in another tree (AB_TREE) against this one, same machine and call
   local tree=${AB_TREE:-.ab/xlane} fmts=${AB_FORMATS:-Q4G64_F16S,NVFP4G16_E4M3S}

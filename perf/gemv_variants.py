@@ -81,6 +81,7 @@ parameters as one launch per layer: the bound for a persistent kernel walking a 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -100,10 +101,8 @@ SHAPES_35B = {"35b gdn in": (12352, 2048), "35b gdn out": (2048, 4096), "35b att
 def _plan(lin: Any, base: Any, variant: str) -> Any:
     def plan(fmt: str, n: int, k: int, dense: bool = False) -> Any:
         p = base(fmt, n, k, dense)
-        if variant == "q4hv2" and fmt == "Q4G64_F16S":  # the stage of before session 41: 7 vectors
-            return lin.GemvPlan(
-                rows=p.rows, blocks_x=p.blocks_x, splits=p.splits, ntiles=p.ntiles, stage_bytes=7 * 512
-            )
+        if variant == "q4hv2" and fmt == "Q4G64_F16S":  # GV_Q4_HV 2: Q5 / Q6's stage (before session 41)
+            return dataclasses.replace(p, stage_bytes=base("Q5G64_F16S", n, k, dense).stage_bytes)
         if variant == "ceil":
             s = max(1, min(-(-2112 // (p.blocks_x * 4)), p.ntiles // 4))
         elif variant == "occ5":
@@ -122,9 +121,7 @@ def _plan(lin: Any, base: Any, variant: str) -> Any:
             s = min(int(variant[1:]), p.ntiles)
         else:
             return p
-        return lin.GemvPlan(
-            rows=p.rows, blocks_x=p.blocks_x, splits=s, ntiles=p.ntiles, stage_bytes=p.stage_bytes
-        )
+        return dataclasses.replace(p, splits=s)
 
     return plan
 
