@@ -136,8 +136,8 @@ run_tests() {
   [ -n "${SKIP_COMPILE:-}" ] || run_compile
   NINFER_GPU_REPORT=$OUT/gpu_report.json NINFER_GPU_REPORT_MODEL=$OUT/model_report.json \
     pytest_for ${TEST_TIMEOUT:-480} -q -m gpu ${TEST_FILES:-tests/test_cuda_*.py} -p no:cacheprovider \
-    --timeout 200 -rf --continue-on-collection-errors ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 \
-    | tee "$OUT/pytest.txt" | grep -v PASSED | tail -40
+    --timeout 200 -rf --durations=30 --continue-on-collection-errors ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} \
+    2>&1 | tee "$OUT/pytest.txt" | grep -v PASSED | tail -40
 }
 run_bench() {
   for b in ${BENCHES:-profile_step bench_gemm bench_gemv bench_gdn bench_gdn_decode bench_attention bench_attention_decode}; do
@@ -146,14 +146,17 @@ run_bench() {
 }
 run_profile() {  # per-kernel profile of one graph-replayed decode step (Nsight Compute), PROFILES="27b:1 35b:1";
   # PROFILE_SET="moe_route_fused=on ..." (profile_graph --set) and PROFILE_TAG (file name suffix) for a switch's profile
-  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  # the table's "of copy" column against this GPU's copy bandwidth, measured here (profile_graph's default is
+  # the H200's 4.28 TB/s: an H100's tables read 0.7x too low without it)
+  local ncu copy; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  copy=$(python3 -c "from perf.bench_peers import copy_bandwidth; print(round(copy_bandwidth() / 1e12, 3))")
   for spec in ${PROFILES:-27b:1}; do
     local m=${spec%%:*} l=${spec#*:}
     timeout ${PROFILE_TIMEOUT:-200} "$ncu" --profile-from-start off --graph-profiling node --clock-control none \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
       --log-file "$OUT/ncu_${m}_x$l${PROFILE_TAG:-}.csv" python3 -m perf.profile_graph --model "$m" --lanes "$l" \
       $(for s in ${PROFILE_SET:-}; do echo --set $s; done) > /dev/null 2>&1
-    python3 -m perf.profile_graph --summarize "$OUT/ncu_${m}_x$l${PROFILE_TAG:-}.csv" 2>&1 \
+    python3 -m perf.profile_graph --summarize "$OUT/ncu_${m}_x$l${PROFILE_TAG:-}.csv" --copy-tbs "$copy" 2>&1 \
       | tee "$OUT/profile_${m}_x$l${PROFILE_TAG:-}.txt" | head -30
   done
 }
