@@ -76,7 +76,7 @@
 # Env: COMMIT (recorded with the results; pass it from the machine holding the repository: a copied checkout's
 # git may report a stale HEAD), PYTEST_K (-k filter), PYTEST_ARGS (more pytest options), TEST_FILES (default
 # tests/test_cuda_*.py), SKIP_COMPILE (tests: no timed compile first), SKIP_TESTS (w8one, gv_xlane: the timings
-# only), TEST_TIMEOUT, PERF_TIMEOUT, BENCHES, PERF_ARGS.
+# only), TEST_TIMEOUT, PERF_TIMEOUT, BENCHES, PERF_ARGS, NO_CACHE_BACK (below).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -535,6 +535,11 @@ run_spec() {  # issue 15: MTP at forced acceptance, 27B, 1 lane, k = 3 (--skip-r
 for phase in "${@:-tests}"; do
   "run_$phase"
 done
+# The tool returns at most 8 files per call (session 42 lost a perf JSON and PNG to that beside the cache's
+# parts): the results folder comes back as one results.tgz (`tar xzf results.tgz` here).
+if [ -d "$OUT/results" ]; then tar czf "$OUT/results.tgz" -C "$OUT" results && rm -rf "$OUT/results"; fi
 # The cache comes back in parts of at most 15 MiB (the tool returns files of at most 16 MiB): `cat
-# cupy-cache.tgz.part-* > .cupy-cache.tgz` here, then carry .cupy-cache.tgz in the next call.
-tar czf /tmp/cupy-cache.tgz .cupy-cache 2>/dev/null && split -b 15M /tmp/cupy-cache.tgz "$OUT/cupy-cache.tgz.part-"
+# cupy-cache.tgz.part-* > .cupy-cache.tgz` here, then carry .cupy-cache.tgz in the next call. NO_CACHE_BACK=1:
+# not packed (a call after one that brought the cache back, on the same source).
+[ -n "${NO_CACHE_BACK:-}" ] || { tar czf /tmp/cupy-cache.tgz .cupy-cache 2>/dev/null \
+  && split -b 15M /tmp/cupy-cache.tgz "$OUT/cupy-cache.tgz.part-"; }
