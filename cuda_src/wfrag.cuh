@@ -84,6 +84,18 @@
 #ifndef GV_Q4_HV
 #define GV_Q4_HV 0
 #endif
+// GV_QG64_TSC 1 (an A/B candidate, session 42; off until measured): FragQG64 reads its f16 group scales from a
+// tiled plane (ninfer/cuda/qg64_layout.py: rows in groups of 16, each group K-tile by K-tile, 64 bytes per group and
+// tile: byte (row n, tile T, b) at ((n >> 4) * Kp/128 + T) * 64 + (n & 15) * 4 + b, Kp = K rounded up to 128)
+// instead of the artifact's row-major one. The row-major plane puts each row's 4 scale bytes of a tile in its own
+// 32-byte sector: a warp's copy instruction touches 8 sectors (8 rows) for 32 useful bytes, and Nsight measured
+// Q4G64's gate | up GEMV reading 1.36x its DRAM bytes from the L2 (NVFP4, whose device layout is tiled: 1.05x),
+// with twice NVFP4's shared-memory wavefronts and MIO-throttle stalls. Tiled, the instruction's 8 rows are one
+// sector. The upload does not produce this plane (the prefill kernels read the row-major one): only
+// perf/gemv_variants ("tsc") and the tests, which convert a weight's plane for the GEMV alone, build with it.
+#ifndef GV_QG64_TSC
+#define GV_QG64_TSC 0
+#endif
 
 // Whether a format's lanes read stage bytes that other lanes of their quad copied (F::XLANE): the warp syncs after
 // each lane's cp.async wait (gv_wait_stage), which makes the others' copies of the tile visible and orders every
@@ -522,7 +534,15 @@ struct FragQG64 {
                 if (BITS == 6) cp_async<16>(gv_vec(st, 2 * MT, hs), p1 + grp * 16, true);
                 if (BITS == 6) cp_async<16>(gv_vec(st, 2 * MT + 1, hs), p1 + (grp + 1) * 16, true);
             }
+            // the row's scale words of groups grp, grp + 1 (GV_QG64_TSC: from the tiled plane, above; a
+            // preprocessor branch: the default's PTX is the same as before the switch)
+#if GV_QG64_TSC
+            const long long sofs = ((n[r >> 1][r & 1] >> 4) * (kpad128(K) / 128) + k0 / 128) * 64 +
+                                   (n[r >> 1][r & 1] & 15) * 4;
+            if (!(XLANE & 2) || r == t) cp_async<4>(sword(st, lane, r), p2 + sofs, true);
+#else
             if (!(XLANE & 2) || r == t) cp_async<4>(sword(st, lane, r), p2 + grp * 2, true);
+#endif
         }
     }
     static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int t, Raw& raw) {
