@@ -34,10 +34,45 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const u32 a[4], u32 b
 #endif
 }
 
+// GV_GROUP_DEFER 1 (an A/B candidate, session 42; off until measured): the group formats (GROUP > 0) scale a
+// tile's group partials into the accumulators after the next tile's first products instead of at the tile's end.
+// Each tile's groups start fresh partial sums, and ptxas places their scaling (a HADD2.F32 per scale, an FFMA per
+// partial) after the tile's last mma: the loop's back edge, the next stage's wait and its shared loads queue behind
+// those mma's results (SASS of the one-row Q4G64 instance; NVFP4 carries its accumulators across tiles, no tail).
+// The same FMAs in the same order per accumulator (tile by tile, group by group): the same bits. A preprocessor
+// switch, so that the default's PTX is the one before it.
+#ifndef GV_GROUP_DEFER
+#define GV_GROUP_DEFER 0
+#endif
+#if GV_GROUP_DEFER
+template <typename F> struct GvDefer {  // the previous tile's group partials and their scales
+    static constexpr int NG = F::GROUP ? 8 / F::GROUP : 1;
+    float part[F::MT][NG][4], sc[F::MT][NG][2];
+};
+#define GV_DEFER_PARAM , GvDefer<F>& dfr
+#define GV_DEFER_ARG , dfr
+#else
+#define GV_DEFER_PARAM
+#define GV_DEFER_ARG
+#endif
+
+#if GV_GROUP_DEFER
+// m-tile mt's deferred groups into its accumulators, group by group (as the tile would have at its end)
+template <typename F> __device__ __forceinline__ void gv_defer_apply(const GvDefer<F>& dfr, float (&acc)[F::MT][4], int mt) {
+#pragma unroll
+    for (int h = 0; h < GvDefer<F>::NG; ++h) {
+        acc[mt][0] = fmaf(dfr.part[mt][h][0], dfr.sc[mt][h][0], acc[mt][0]);
+        acc[mt][1] = fmaf(dfr.part[mt][h][1], dfr.sc[mt][h][0], acc[mt][1]);
+        acc[mt][2] = fmaf(dfr.part[mt][h][2], dfr.sc[mt][h][1], acc[mt][2]);
+        acc[mt][3] = fmaf(dfr.part[mt][h][3], dfr.sc[mt][h][1], acc[mt][3]);
+    }
+}
+#endif
+
 // One K-tile of one warp: MT m-tiles x 8 steps. acc[mt][0..3] = (row g, lane 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
 template <typename F, typename T, int NB>
 __device__ __forceinline__ void gv_tile(const u32* sm, int tl, const typename F::Raw (&raw)[F::MT][2],
-                                        float (&acc)[F::MT][4]) {
+                                        float (&acc)[F::MT][4] GV_DEFER_PARAM) {
     constexpr bool SPLIT = GvIsFloat<T>::v;
     constexpr int FW = SPLIT ? 4 : 2, MT = F::MT;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -75,6 +110,15 @@ __device__ __forceinline__ void gv_tile(const u32* sm, int tl, const typename F:
                 if (s % F::GROUP == 0) tmp[mt][0] = tmp[mt][1] = tmp[mt][2] = tmp[mt][3] = 0.f;
                 mma_bf16_16816(tmp[mt], a, b[0], b[1]);
                 if (SPLIT) mma_bf16_16816(tmp[mt], a, b[2], b[3]);
+#if GV_GROUP_DEFER
+                if (s == 0) gv_defer_apply<F>(dfr, acc, mt);  // the previous tile's groups (before any is stored)
+                if (s % F::GROUP == F::GROUP - 1) {
+                    const int h = s / F::GROUP;
+                    dfr.part[mt][h][0] = tmp[mt][0], dfr.part[mt][h][1] = tmp[mt][1];
+                    dfr.part[mt][h][2] = tmp[mt][2], dfr.part[mt][h][3] = tmp[mt][3];
+                    dfr.sc[mt][h][0] = F::gscale(p[mt][0], h), dfr.sc[mt][h][1] = F::gscale(p[mt][1], h);
+                }
+#else
                 if (s % F::GROUP == F::GROUP - 1) {
                     const float s0 = F::gscale(p[mt][0], s / F::GROUP), s1 = F::gscale(p[mt][1], s / F::GROUP);
                     acc[mt][0] = fmaf(tmp[mt][0], s0, acc[mt][0]);
@@ -82,6 +126,7 @@ __device__ __forceinline__ void gv_tile(const u32* sm, int tl, const typename F:
                     acc[mt][2] = fmaf(tmp[mt][2], s1, acc[mt][2]);
                     acc[mt][3] = fmaf(tmp[mt][3], s1, acc[mt][3]);
                 }
+#endif
             }
         }
     }
@@ -130,6 +175,15 @@ __device__ __forceinline__ void gv_products(u32* sm, u8* wsm, int lane, typename
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+#if GV_GROUP_DEFER
+    GvDefer<F> dfr;  // zero partials and scales before the first tile: fmaf(0, 0, +0) = +0, the same bits
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < GvDefer<F>::NG; ++h)
+            dfr.part[mt][h][0] = dfr.part[mt][h][1] = dfr.part[mt][h][2] = dfr.part[mt][h][3] = 0.f,
+            dfr.sc[mt][h][0] = dfr.sc[mt][h][1] = 0.f;
+#endif
     const int nchunks = (nt + GvChunk<NB>::V - 1) / GvChunk<NB>::V, nt_refill = nt - (GV_STAGES - 1);
     u8* fill = wsm + (GV_STAGES - 1) * STAGE;  // the stage read one tile ago (tile i - 1 mod GV_STAGES)
     for (int c = 0; c < nchunks; ++c) {
@@ -155,10 +209,15 @@ __device__ __forceinline__ void gv_products(u32* sm, u8* wsm, int lane, typename
             if (i < nt_refill) gv_copy_stage<F>(fill, lane, src, t);
             fill = st;
             cp_async_commit();
-            gv_tile<F, T, NB>(act, tl, raw, acc);
+            gv_tile<F, T, NB>(act, tl, raw, acc GV_DEFER_ARG);
         }
         // the other buffer was last read in chunk c - 1, before the previous barrier
         if (c + 1 < nchunks) gv_put<F, T, NB>(xv, sm + ((c + 1) & 1) * ACT);
         __syncthreads();
     }
+#if GV_GROUP_DEFER
+    if (F::GROUP)  // the last tile's groups
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) gv_defer_apply<F>(dfr, acc, mt);
+#endif
 }

@@ -64,8 +64,10 @@
 #           Q6), now8f against base (W8G32: GV_W8G32_FCVT, on since session 41), at 1 and 8 rows (~4 min)
 #   q4hv    Q4G64's 5-vector stage (wfrag.cuh GV_Q4_HV 0, 4 blocks per SM): its GPU tests, then gemv_variants q4hv2
 #           (the 7-vector stage) against base at 1 and 8 rows (~3 min)
-#   tsc     the group-int decode GEMV's scales from a tiled plane (wfrag.cuh GV_QG64_TSC, off; session 42's probe:
-#           Q4G64's L2 reads 1.36x its DRAM bytes): GPU test, then gemv_variants base against tsc (Q4, Q5, Q6)
+#   qg      the group-int decode GEMV's candidates of session 42, both off: the scales from a tiled plane
+#           (wfrag.cuh GV_QG64_TSC; the probe read Q4G64's L2 traffic at 1.36x its DRAM bytes) and the group
+#           partials scaled after the next tile's first products (gemv_products.cuh GV_GROUP_DEFER): GPU tests,
+#           then gemv_variants base against tsc and defer (Q4, Q5, Q6, W8G32)
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -383,10 +385,12 @@ run_gv_xlane() {  # issue 13: GV_QG64_XLANE (the group-int GEMV's cross-lane cop
   gv_ab gv_xlane "XLANE" "${XLANE_VARIANTS:-base,xl5,xl7}" "${GEMV_FORMATS:-Q5G64_F16S,Q6G64_F16S}"
   gv_ab gv_xlane "" base,w8x W8G32_F16S
 }
-run_tsc() {  # issue 13: GV_QG64_TSC (the group-int GEMV's scales from a tiled plane, ninfer/cuda/qg64_layout.py):
-  # its GPU test cases (the converted weight against the default build's, bitwise), then gemv_variants base
-  # against tsc on Q4G64, Q5G64 and Q6G64 at 1 and 8 rows (~3 min warm)
-  gv_ab tsc "TSC" "base,tsc" "${GEMV_FORMATS:-Q4G64_F16S,Q5G64_F16S,Q6G64_F16S}"
+run_qg() {  # issue 13: session 42's two group-int GEMV candidates, GV_QG64_TSC (the scales from a tiled plane,
+  # ninfer/cuda/qg64_layout.py) and GV_GROUP_DEFER (the group partials scaled after the next tile's first
+  # products): their GPU test cases (bitwise the default build), then gemv_variants base against tsc and defer on
+  # Q4G64, Q5G64, Q6G64 and W8G32 at 1 and 8 rows (~4 min warm)
+  gv_ab qg "TSC or DEFER" "${QG_VARIANTS:-base,tsc,defer}" \
+    "${GEMV_FORMATS:-Q4G64_F16S,Q5G64_F16S,Q6G64_F16S,W8G32_F16S}"
 }
 run_swz() {  # issue 13: GV_QG64_SWZ (the group-int GEMV's slots placed for the banks) and GV_W8G32_FCVT: GPU test, A/B
   gv_ab swz "SWZ or FCVT" "${SWZ_VARIANTS:-base,swz,swz7}" "${GEMV_FORMATS:-Q4G64_F16S,Q5G64_F16S,Q6G64_F16S}"

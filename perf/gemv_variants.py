@@ -63,6 +63,8 @@ Variants (a variant changes only what its name says; results are timings, not nu
             rows in 16-row groups K-tile by K-tile: a warp's scale copy one 32-byte sector instead of 8), each
             weight converted for it; fractions of copy count the weight's bytes as uploaded (same results; no MoE
             cell: the expert weights are not converted)
+  defer     GV_GROUP_DEFER 1: the group formats' tile partials scaled into the accumulators after the next tile's
+            first products instead of in a tail after the tile's last mma (cuda_src/gemv_products.cuh; same results)
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
   olddq     the NVFP4 decode and tile loop before the integer-pipe diet (2026-12-02, docs/cuda.md "Decode GEMV on
             tensor cores"): plain shifts (ptxas: SHF), the lane's scale word shifted and masked, stage and
@@ -248,6 +250,8 @@ def _source(original: Any, variant: str) -> Any:
             s = "#define GV_Q4_HV 2\n" + s
         if variant == "tsc":
             s = "#define GV_QG64_TSC 1\n" + s
+        if variant == "defer":
+            s = "#define GV_GROUP_DEFER 1\n" + s
         if variant == "noswz" or variant.startswith("swz"):
             s = f"#define GV_QG64_SWZ {int(variant != 'noswz')}\n" + s
             if variant[3:].isdigit():

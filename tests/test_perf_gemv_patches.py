@@ -10,6 +10,7 @@ from ninfer.cuda.loader import source_text
 SOURCE_VARIANTS = (
     "chunk4", "chunk4n", "static", "nomul", "olddq", "mulhi", "nodq", "fence", "nored", "nocl", "nowait", "pfend",
     "pf8", "occ5", "stages3", "actl1", "bulk", "bulkef", "tsc",
+    "defer",
 )  # fmt: skip
 
 
