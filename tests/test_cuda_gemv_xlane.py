@@ -63,6 +63,33 @@ _BUILDS = [
 ]
 
 
+def _instances(fmt: str) -> dict[str, tuple[str, ...]]:
+    """The GEMV families' instances of ``fmt`` alone (each build compiles only these)."""
+    import ninfer.cuda.linear as linear
+
+    struct = linear.FRAG_STRUCTS[fmt][0] + ","
+    return {
+        f: tuple(n for n in linear.SOURCES[f] if struct in n)
+        for f in ("gemv.cu", "gemv_w8.cu", "gemv_fused.cu")
+    }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _precompiled(request: pytest.FixtureRequest) -> None:
+    """The builds of this session's selected cases (a shard holds some) compiled side by side first, so that the
+    cases load them from CuPy's disk cache: one by one, ~20 s of NVRTC per family and build, 23 builds."""
+    from ninfer.cuda import compile_workers, precompile
+
+    jobs = set()
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.module is not request.module or "define" not in params:
+            continue
+        for family, names in _instances(params["fmt"]).items():
+            jobs |= {("", family, names), (f"#define {params['define']}\n", family, names)}
+    precompile(sorted(jobs), compile_workers())
+
+
 @pytest.mark.parametrize("w8", [False, True])
 @pytest.mark.parametrize(("fmt", "define"), _BUILDS)
 def test_xlane_builds_are_the_default_bits(
@@ -74,9 +101,7 @@ def test_xlane_builds_are_the_default_bits(
     from ninfer.cuda.linear import gemv
     from ninfer.cuda.weights import upload_weight
 
-    struct = linear.FRAG_STRUCTS[fmt][0] + ","
-    for family in ("gemv.cu", "gemv_w8.cu", "gemv_fused.cu"):  # this format's instances only
-        names = tuple(n for n in linear.SOURCES[family] if struct in n)
+    for family, names in _instances(fmt).items():  # this format's instances only
         monkeypatch.setitem(linear.SOURCES, family, names)
     monkeypatch.setattr(linear, "GV_W8", w8)  # 8 rows on gemv.cu's 4-warp blocks or gemv_w8.cu's 8-warp ones
     rng = np.random.default_rng(91)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["FAMILY_MODULES", "all_sources", "compile_workers", "warmup"]
+__all__ = ["FAMILY_MODULES", "all_sources", "compile_workers", "precompile", "warmup"]
 
 FAMILY_MODULES = (
     "ninfer.cuda.embedding",
@@ -43,6 +43,37 @@ def _compile_one(item: tuple[str, tuple[str, ...]]) -> str:
 
     load_module(*item)
     return item[0]
+
+
+def _compile_variant(job: tuple[str, str, tuple[str, ...]]) -> str:
+    """One job of :func:`precompile`, in its subprocess: ``source`` with ``prefix`` before its text."""
+    from ninfer.cuda import loader
+
+    prefix, source, names = job
+    if prefix:
+        original = loader.source_text
+        loader.source_text = lambda name: (prefix if name.endswith(".cu") else "") + original(name)  # type: ignore[assignment]
+    loader.load_module(source, names)
+    return source
+
+
+def precompile(jobs: list[tuple[str, str, tuple[str, ...]]], workers: int) -> None:
+    """Compile variants of kernel families into CuPy's on-disk cache side by side, in ``workers`` subprocesses:
+    each job ``(prefix, source, instances)`` is ``source`` with the text ``prefix`` (e.g. ``#define`` lines) put
+    before it, exactly as a caller that patches ``loader.source_text`` that way will load it then (tests and perf
+    scripts that compare builds: NVRTC compiles one module at a time, ~10-60 s each). Best effort: a job that fails
+    here is compiled, and its error raised, where it is loaded."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if not jobs:
+        return
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max(1, min(workers, len(jobs))), mp_context=ctx) as ex:
+            list(ex.map(_compile_variant, jobs))
+    except Exception:  # noqa: BLE001 - see the docstring
+        pass
 
 
 def compile_workers() -> int:
