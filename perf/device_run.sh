@@ -48,6 +48,7 @@
 #   shard   one third (SHARD=0/3, 1/3, 2/3) of the whole GPU suite per call (perf/pytest_shard.py)
 #   group_probe  Nsight Compute's stall reasons on the group-int fp16 GEMM (Q4G64, kept operands) beside NVFP4's ws
 #           GEMM, 27B shapes at 8192 rows (~3 min)
+#   group_source  Nsight's source page (stall samples per SASS line) of the group GEMM beside NVFP4's ws GEMM
 #   group   the group formats' and BF16's fp16 prefill GEMMs (gemm90_f16_wsg, gemm_bf16.py): their GPU tests and
 #           the ws kernel's, then perf/bench_gemm's f16g / f16gk / f16gd (Q4, W8; f16gd the deferred scaling,
 #           gemm_plan.GROUP_DEFER) and f16bk (BF16) against the exact kernels and cuBLAS (~3 min warm)
@@ -356,6 +357,20 @@ run_group_probe() {  # issue 14: Nsight Compute on one group-int fp16 GEMM launc
     timeout ${PROFILE_TIMEOUT:-200} "$ncu" --kernel-name "regex:$kern" --launch-skip 2 --launch-count 2 \
       --clock-control none --metrics "$m" python3 -m perf.bench_gemm --formats $fmt --paths $path --rows 8192 \
       --reps 1 2>&1 | grep -v '^==PROF==' | tee -a "$OUT/group_ncu.txt" | grep -v "  0$\|  0.0[0-9]$" | tail -40
+  done
+}
+run_group_source() {  # issue 14: where the group GEMM's warps stall, per SASS line (Nsight's source page, warp
+  # stall sampling; perf/ncu_source.py's top lines): gemm90_f16_wsg (Q4G64 f16gk) beside NVFP4's gemm90_f16_ws, one
+  # 8192-row launch of the 27B's shapes each; group_probe's `barrier` (2.09 per issue) names no instruction
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for spec in "gemm90_f16_wsg:Q4G64_F16S:f16gk" "gemm90_f16_ws:NVFP4G16_E4M3S:f16ws"; do
+    IFS=: read -r kern fmt path <<< "$spec"
+    timeout ${PROFILE_TIMEOUT:-200} "$ncu" --kernel-name "regex:^$kern\$" --launch-skip 2 --launch-count 1 \
+      --section SourceCounters --page source --print-source sass --csv \
+      python3 -m perf.bench_gemm --formats $fmt --paths $path --rows 8192 --reps 1 > "$OUT/source_$kern.csv" 2>&1
+    python3 -m perf.ncu_source "$OUT/source_$kern.csv" --column "Warp Stall Sampling (All Samples)" --top 40 2>&1 \
+      | tee "$OUT/source_${kern}_top.txt" | head -44
+    gzip -f "$OUT/source_$kern.csv"
   done
 }
 run_group() {  # issue 14: the group-int formats' fp16 GEMM (ninfer/cuda/gemm_group.py) on the device, then measured
