@@ -58,7 +58,8 @@ template <typename F> struct GvDefer {  // the previous tile's group partials an
 
 #if GV_GROUP_DEFER
 // m-tile mt's deferred groups into its accumulators, group by group (as the tile would have at its end)
-template <typename F> __device__ __forceinline__ void gv_defer_apply(const GvDefer<F>& dfr, float (&acc)[F::MT][4], int mt) {
+template <typename F>
+__device__ __forceinline__ void gv_defer_apply(const GvDefer<F>& dfr, float (&acc)[F::MT][4], int mt) {
 #pragma unroll
     for (int h = 0; h < GvDefer<F>::NG; ++h) {
         acc[mt][0] = fmaf(dfr.part[mt][h][0], dfr.sc[mt][h][0], acc[mt][0]);

@@ -5,9 +5,10 @@ copies), 1 (the codes only), 3 (the codes and the scale words) and 7 (all) for Q
 and an FADD) for W8G32, and with ``GV_QG64_SWZ`` 1 (the slots placed for the banks) for Q4/Q5/Q6, at one and eight
 rows, eight rows on gemv.cu's 4-warp blocks and on gemv_w8.cu's 8-warp ones, K split and N off the row blocks, plain
 and SwiGLU inputs (the default build's plain outputs against the NumPy reference too); and with ``GV_QG64_TSC`` 1
-(the group scales from ninfer/cuda/qg64_layout.py's tiled plane, the weight converted for that build), and with
-``GV_GROUP_DEFER`` 1 for Q4 / Q6 / W8G32 (each tile's group partials scaled after the next tile's first products). Each build compiles only the
-format's instances (a whole module per build took minutes of NVRTC). The host checks are
+(the group scales from ninfer/cuda/qg64_layout.py's tiled plane, the weight converted for that build) and with
+``GV_GROUP_DEFER`` 1 for Q4 / Q6 / W8G32 (each tile's group partials scaled after the next tile's first products).
+Each build compiles only the format's instances (a whole module per build took minutes of NVRTC), all the selected
+builds side by side before the first case (``ninfer.cuda.precompile``). The host checks are
 tests/test_gemv_xlane_host.py; ``python -m perf.gemv_variants --variants noxlane,base,xl5,xl7,w8x,now8f,swz`` times
 them.
 """
