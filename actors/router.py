@@ -106,18 +106,33 @@ class ReplicaRouter:
             yield self._refused(refusal)
             return
         self._where[req.request_id] = view
-        admitted, finished = time.monotonic(), False
+        admitted, finished, retired = time.monotonic(), False, False
+
+        def retire() -> None:  # once: at the terminal event, or when the caller goes away
+            nonlocal retired
+            if not retired:
+                retired = True
+                view.inflight -= 1
+                view.retired(admitted, time.monotonic())
+                self._where.pop(req.request_id, None)
+
         try:
-            yield first
-            async for ev in events:
+            ev = first
+            while True:
                 if isinstance(ev, Failed) and ev.code == "engine_unavailable":
                     self._lost(view, "it died mid-stream")
+                # retired before the terminal event is handed on: the caller answers its client with it, and
+                # that client's next turn may reach the router before this generator is resumed or closed (a
+                # session's next turn saw its replica's lane still taken and went elsewhere)
                 finished = isinstance(ev, Finish | Failed)
+                if finished:
+                    retire()
                 yield ev
+                ev = await anext(events, None)
+                if ev is None:
+                    break
         finally:
-            view.inflight -= 1
-            view.retired(admitted, time.monotonic())
-            self._where.pop(req.request_id, None)
+            retire()
             if not finished:  # the caller went away: free the lane there
                 view.client.cancel(req.request_id)
                 await events.aclose()
@@ -219,7 +234,7 @@ class ReplicaRouter:
         except Exception as e:  # the actor died, is restarting, or does not answer: out of rotation
             self._lost(view, f"its poll failed ({type(e).__name__})")
             return
-        back = view.apply(st)
+        back = view.apply(st, sent)
         view.poll_sent, view.poll_done = sent, time.monotonic()
         if back:
             _LOG.warning("replica %s is back in rotation (epoch %s)", view.name, st.epoch[:8])

@@ -83,6 +83,10 @@ class ReplicaView:
     poll_done: float = 0.0  # and answered (its state is no newer)
     routed: int = 0  # requests accepted there through this router
     restarts: int = 0  # times it came back with a new epoch
+    ended: list[tuple[float, float]] = field(
+        default_factory=list
+    )  # (admitted, ended) of this router's requests
+    # there since the last applied poll was asked (apply's correction)
     stats: ActorStats | None = None  # the last stats read (metrics)
 
     @property
@@ -121,9 +125,15 @@ class ReplicaView:
         from the prefix it had just built, whenever it came within a poll interval (500 ms)."""
         if admitted < self.poll_sent and now > self.poll_done:
             self.polled_load = max(0, self.polled_load - 1)
+        self.ended.append((admitted, now))
 
-    def apply(self, st: RouteState) -> bool:
-        """Take a poll's answer; True when the replica came back (it was down, or restarted meanwhile)."""
+    def apply(self, st: RouteState, sent: float | None = None) -> bool:
+        """Take a poll's answer, asked at ``sent``; True when the replica came back (it was down, or restarted
+        meanwhile). A request of this router that ran when the poll was asked and has ended since may be in the
+        answer's count (it ended while the poll was in flight: :meth:`retired` compared it with the previous poll)
+        and nothing would uncount it until the next poll: it is left out of the polled load. If the replica had
+        really finished it before counting, this undercounts other callers' load until the next poll; this
+        router's own requests are counted exactly either way (``inflight``)."""
         back = not self.up or (bool(self.epoch) and st.epoch != self.epoch)
         if st.epoch != self.epoch:
             self.restarts += bool(self.epoch)
@@ -132,6 +142,10 @@ class ReplicaView:
         if st.hashes is not None:
             self.hashes, self.version = frozenset(st.hashes), st.version
         self.polled_load = st.lanes_busy + st.queue_len
+        if sent is not None:
+            gone = sum(1 for a, e in self.ended if a < sent <= e)
+            self.polled_load = max(0, self.polled_load - gone)
+            self.ended = [(a, e) for a, e in self.ended if e >= sent]  # later polls are asked after `sent`
         self.capacity, self.lanes = st.lanes_total + st.queue_depth, st.lanes_total
         return back
 
@@ -139,6 +153,7 @@ class ReplicaView:
         """Take it out of rotation (its retained prefixes die with it); True if it was up."""
         was = self.up
         self.up, self.hashes, self.recent, self.version, self.polled_load = False, frozenset(), {}, -1, 0
+        self.ended = []
         return was
 
 

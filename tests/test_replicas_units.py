@@ -111,6 +111,48 @@ def test_a_next_turn_sent_at_once_finds_its_replica_before_the_next_poll() -> No
     assert vs[2].polled_load == 1
 
 
+def test_a_request_that_ends_while_a_poll_is_in_flight_is_not_counted_by_it() -> None:
+    """A poll asked while a session's request ran on its one-lane replica, answered after the request ended (its
+    count may include it, and the retirement compared it with the poll before): the polled load leaves it out, so
+    the next turn, sent at once, goes back there. A request that ended before the poll was asked, or is still
+    running, is not taken off."""
+    cfg = RouterConfig(block_tokens=B)
+    vs = [ReplicaView(index=i, name=str(i), client=None, capacity=2, lanes=1, epoch="e") for i in range(2)]
+    blocks = chain_hashes(list(range(32)), B)
+    vs[1].remember(blocks[:6], 30.0, now=10.0)
+    vs[1].poll_sent, vs[1].poll_done = 9.7, 9.71  # the previous poll, before the request
+    vs[1].retired(admitted=10.0, now=10.3)  # ended while the next poll (asked at 10.2) was in flight
+    busy = RouteState(
+        epoch="e", version=1, hashes=None, lanes_total=1, lanes_busy=1, queue_len=0, queue_depth=1
+    )
+    vs[1].apply(busy, sent=10.2)
+    assert vs[1].polled_load == 0 and rank(vs, blocks, cfg, now=10.45).reason == "affinity"
+    vs[1].apply(busy, sent=10.7)  # a later poll that counts one: someone else's request (this one is gone)
+    assert vs[1].polled_load == 1 and vs[1].ended == []
+    vs[0].retired(admitted=9.0, now=9.5)  # ended before the poll was asked: not in its count
+    vs[0].apply(busy, sent=10.2)
+    assert vs[0].polled_load == 1
+
+
+def test_the_router_retires_a_request_before_handing_on_its_last_event() -> None:
+    """The caller answers its client with the terminal event; the client's next turn may reach the router before
+    the stream is resumed or closed, and must not find its replica's lane still taken by the turn before."""
+    router = _router([FakeReplica("a")])
+
+    async def go() -> None:
+        gen = router.generate(GenerateRequest(request_id="r5", prompt_ids=(1,)))
+        async for ev in gen:
+            if isinstance(ev, Failed) or getattr(ev, "reason", None) is not None:
+                assert router.views[0].inflight == 0 and "r5" not in router._where
+                break
+            assert router.views[0].inflight == 1
+        await gen.aclose()
+        await router.close()
+
+    asyncio.run(go())
+    assert router.views[0].inflight == 0
+
+
 def test_route_state_restart_forgets_prefixes_and_config_is_validated() -> None:
     v = _views(1)[0]
     st = RouteState(
