@@ -83,10 +83,8 @@ class ReplicaView:
     poll_done: float = 0.0  # and answered (its state is no newer)
     routed: int = 0  # requests accepted there through this router
     restarts: int = 0  # times it came back with a new epoch
-    ended: list[tuple[float, float]] = field(
-        default_factory=list
-    )  # (admitted, ended) of this router's requests
-    # there since the last applied poll was asked (apply's correction)
+    # (admitted, ended) of this router's requests there that ended since the last applied poll was asked (apply)
+    ended: list[tuple[float, float]] = field(default_factory=list)
     stats: ActorStats | None = None  # the last stats read (metrics)
 
     @property

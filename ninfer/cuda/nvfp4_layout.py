@@ -33,6 +33,7 @@ __all__ = [
     "device_planes",
     "natural_planes",
     "padded_rows",
+    "tile_rows",
     "to_device_layout",
     "to_natural_layout",
 ]
@@ -81,7 +82,7 @@ def padded_rows(rows: int) -> int:
     return -(-rows // GROUP) * GROUP
 
 
-def _tile(xp: Any, plane: Any, rows: int, tb: int, inverse: bool) -> Any:
+def tile_rows(xp: Any, plane: Any, rows: int, tb: int, inverse: bool) -> Any:
     """Rows x (tiles x tb) bytes <-> the tiled order (rows padded to 16; ``inverse`` drops the padding)."""
     pr = padded_rows(rows)
     nt = plane.size // (rows if not inverse else pr) // tb
@@ -110,14 +111,14 @@ def device_planes(xp: Any, codes: Any, scales: Any, rows: int) -> tuple[Any, Any
     """Natural code and scale planes (flat uint8) of ``rows`` rows -> the device layout (flat, padded); negative
     block scales are folded into their codes (:func:`_fold_scale_signs`), everything else is a permutation."""
     codes, scales = _fold_scale_signs(codes, scales)
-    words = _tile(xp, codes, rows, TILE // 2, False).view(np.uint32)
-    return _permute_words(xp, words, _FWD).view(np.uint8), _tile(xp, scales, rows, TILE // 16, False)
+    words = tile_rows(xp, codes, rows, TILE // 2, False).view(np.uint32)
+    return _permute_words(xp, words, _FWD).view(np.uint8), tile_rows(xp, scales, rows, TILE // 16, False)
 
 
 def natural_planes(xp: Any, codes: Any, scales: Any, rows: int) -> tuple[Any, Any]:
     """The inverse of :func:`device_planes` (for planes without negative scales; folded signs stay in the codes)."""
     words = _permute_words(xp, codes.view(np.uint32), _INV).view(np.uint8)
-    return _tile(xp, words, rows, TILE // 2, True), _tile(xp, scales, rows, TILE // 16, True)
+    return tile_rows(xp, words, rows, TILE // 2, True), tile_rows(xp, scales, rows, TILE // 16, True)
 
 
 def _rebuild(w: Any, to_device: bool) -> Any:

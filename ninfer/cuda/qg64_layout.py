@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ninfer.cuda._common import array_module
-from ninfer.cuda.nvfp4_layout import _tile
+from ninfer.cuda.nvfp4_layout import tile_rows
 
 __all__ = ["TILED_FORMATS", "tiled_scales", "with_tiled_scales"]
 
@@ -31,7 +31,7 @@ _TILE_BYTES = 4  # a row's scales of one 128-wide K-tile: two f16
 def tiled_scales(xp: Any, plane: Any, rows: int) -> Any:
     """A row-major scale plane (flat uint8, ``rows`` rows) -> the tiled order (flat uint8, rows padded to 16 with
     zero scales: the GEMV clamps rows past the last to it, so the padding is never read)."""
-    return _tile(xp, plane, rows, _TILE_BYTES, False)
+    return tile_rows(xp, plane, rows, _TILE_BYTES, False)
 
 
 def with_tiled_scales(w: Any) -> Any:
