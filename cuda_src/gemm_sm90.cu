@@ -298,18 +298,19 @@ __global__ void __launch_bounds__(GS_THREADS)
     dequant_tile<D, F16>(raw, w + (long long)r0 * K, K, nvalid, kt, tid);
 }
 
-// The group formats' f16 scales (plane p2: [rows][gpr] fp16 of weight row nb + r, gpr groups per row) as fp32
-// [gpr][rows], the scale map of gemm90_f16_wsg (widening is exact). Block (bx, by): groups 32 bx .., rows 32 by ..
-// through a shared tile, so that both the reads (along a row's groups) and the writes (along a group's rows) are
-// contiguous runs of 32; 256 threads, each 4 elements.
-__global__ void __launch_bounds__(256)
-    group_scales_t(const u16* __restrict__ p2, float* __restrict__ out, int rows, int gpr, long long nb) {
+// The group formats' f16 scales (plane p2 of weight rows nb + r, gpr groups per row: row-major [rows][gpr] for
+// W8G32, Q4/Q5/Q6's tiled plane where `tiled`, wformat.cuh qg_scale_word) as fp32 [gpr][rows], the scale map of
+// gemm90_f16_wsg (widening is exact). Block (bx, by): groups 32 bx .., rows 32 by .. through a shared tile, so that
+// the writes (along a group's rows) are contiguous runs of 32 (the row-major reads too); 256 threads, 4 elements each.
+__global__ void __launch_bounds__(256) group_scales_t(const u16* __restrict__ p2, float* __restrict__ out, int rows,
+                                                     int gpr, long long nb, int tiled) {
     __shared__ float tile[32][33];
     const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5, g0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const int r = r0 + ty + 8 * j, g = g0 + tx;
-        if (r < rows && g < gpr) tile[ty + 8 * j][tx] = hd_f16_to_f(p2[(nb + r) * gpr + g]);
+        if (r < rows && g < gpr)
+            tile[ty + 8 * j][tx] = hd_f16_to_f(p2[tiled ? qg_scale_word(nb + r, gpr, g) : (nb + r) * gpr + g]);
     }
     __syncthreads();
 #pragma unroll

@@ -34,13 +34,16 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const u32 a[4], u32 b
 #endif
 }
 
-// GV_GROUP_DEFER 1 (an A/B candidate, session 42; off until measured): the group formats (GROUP > 0) scale a
+// GV_GROUP_DEFER 1 (an A/B candidate, session 42; off: measured no faster): the group formats (GROUP > 0) scale a
 // tile's group partials into the accumulators after the next tile's first products instead of at the tile's end.
 // Each tile's groups start fresh partial sums, and ptxas places their scaling (a HADD2.F32 per scale, an FFMA per
 // partial) after the tile's last mma: the loop's back edge, the next stage's wait and its shared loads queue behind
 // those mma's results (SASS of the one-row Q4G64 instance; NVFP4 carries its accumulators across tiles, no tail).
 // The same FMAs in the same order per accumulator (tile by tile, group by group): the same bits. A preprocessor
-// switch, so that the default's PTX is the one before it.
+// switch, so that the default's PTX is the one before it. Measured (H100, e2ac007, perf/gemv_variants defer
+// against base, perf/results/gemv_qg_e2ac007_h100.txt): a 27B layer's GEMVs at one row 0.99x / 0.97x / 1.02x the
+// time for Q4G64 / Q5G64 / Q6G64 and 1.28x for W8G32 (four groups per tile: more live registers); at eight rows
+// 1.01-1.52x. Kept off as the record of that measurement.
 #ifndef GV_GROUP_DEFER
 #define GV_GROUP_DEFER 0
 #endif

@@ -200,7 +200,7 @@ struct DqQG64 {
     struct Loader {
         Stream<1, 16, 32, 0> base;
         Stream<1, H ? H : 8, H ? H : 8, 0> high;
-        Stream<1, 4, 4, 0, 1> scale;
+        Stream<1, 4, 64, 0, 1> scale;  // tiled scales: the next 128 k's pair 64 bytes on
         bool hw;  // this warp copies high bits (else scales)
         HD Loader(const u8* p0, const u8* p1, const u8* p2, int K, long long nbase, int nvalid, int tid) {
             const long long gpr = kpad128(K) / 64;
@@ -208,7 +208,9 @@ struct DqQG64 {
             hw = tid < GS_THREADS / 2;
             base.init(p0, nbase + r0, gpr * 32, 1, 16 * h, r0 * 32 + 16 * h, nvalid - r0);
             high.init(p1, nbase + tid, gpr * H, 1, 0, BN * 32 + tid * H, nvalid - tid);
-            scale.init(p2, nbase + rs, gpr * 2, 1, 0, BN * (32 + H) + rs * 4, nvalid - rs);
+            // the row's scale pair of K tiles 2j, 2j + 1 in the tiled plane (qg_scale_word): 64 bytes per 128 k
+            const long long sr = nbase + rs;
+            scale.init(p2 + 2 * qg_scale_word(sr < 0 ? 0 : sr, gpr, 0), 0, 0, 1, 0, BN * (32 + H) + rs * 4, nvalid - rs);
         }
         HD void copy(u8* st, int kt, int, const u8* fb) const {
             base.copy(st, kt, true, fb);

@@ -179,6 +179,14 @@ struct FmtNVFP4RowG : FmtNVFP4 {
     }
 };
 
+// The Q4/Q5/Q6 g64 formats' f16 group scales on the device (ninfer/cuda/qg64_layout.py): rows in groups of 16, each
+// group stored K-tile (128 k: two groups) by K-tile, so a tile's scales of 16 rows are 64 contiguous bytes. The u16
+// index of (row n, group g) in a plane of gpr groups per row (gpr = Kp/64, even). Every device reader (the decode
+// GEMV's fragments, the prefill loaders, group_scales_t, this file's scalar reader) goes through it.
+__host__ __device__ __forceinline__ long long qg_scale_word(long long n, long long gpr, long long g) {
+    return ((n >> 4) * (gpr >> 1) + (g >> 1)) * 32 + (n & 15) * 2 + (g & 1);
+}
+
 template <int BITS>
 struct FmtQG64 {
     static constexpr int H = BITS == 4 ? 0 : (BITS == 5 ? 8 : 16);
@@ -201,7 +209,7 @@ struct FmtQG64 {
         }
     }
     static __device__ __forceinline__ float scale(const u8*, const u8*, const u8* p2, int K, long long n, int k0) {
-        return f16_bits_to_f(reinterpret_cast<const u16*>(p2)[n * (kpad128(K) / 64) + k0 / 64]);
+        return f16_bits_to_f(reinterpret_cast<const u16*>(p2)[qg_scale_word(n, kpad128(K) / 64, k0 / 64)]);
     }
     static __device__ __forceinline__ void load8(const u8* p0, const u8* p1, const u8* p2, int K, long long n,
                                                  int k0, float w[8]) {

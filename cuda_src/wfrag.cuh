@@ -84,18 +84,12 @@
 #ifndef GV_Q4_HV
 #define GV_Q4_HV 0
 #endif
-// GV_QG64_TSC 1 (an A/B candidate, session 42; off until measured): FragQG64 reads its f16 group scales from a
-// tiled plane (ninfer/cuda/qg64_layout.py: rows in groups of 16, each group K-tile by K-tile, 64 bytes per group and
-// tile: byte (row n, tile T, b) at ((n >> 4) * Kp/128 + T) * 64 + (n & 15) * 4 + b, Kp = K rounded up to 128)
-// instead of the artifact's row-major one. The row-major plane puts each row's 4 scale bytes of a tile in its own
-// 32-byte sector: a warp's copy instruction touches 8 sectors (8 rows) for 32 useful bytes, and Nsight measured
-// Q4G64's gate | up GEMV reading 1.36x its DRAM bytes from the L2 (NVFP4, whose device layout is tiled: 1.05x),
-// with twice NVFP4's shared-memory wavefronts and MIO-throttle stalls. Tiled, the instruction's 8 rows are one
-// sector. The upload does not produce this plane (the prefill kernels read the row-major one): only
-// perf/gemv_variants ("tsc") and the tests, which convert a weight's plane for the GEMV alone, build with it.
-#ifndef GV_QG64_TSC
-#define GV_QG64_TSC 0
-#endif
+// FragQG64's f16 group scales come from the tiled plane (wformat.cuh qg_scale_word, ninfer/cuda/qg64_layout.py):
+// a tile's 4 scale bytes of 16 rows are 64 contiguous bytes, so a warp's copy instruction (8 rows) touches one
+// 32-byte sector. The artifact's row-major plane put each row's 4 bytes in a sector of its own (8 per instruction):
+// Nsight measured Q4G64's gate | up GEMV reading 1.36x its DRAM bytes from the L2 (NVFP4's tiled planes: 1.05x);
+// tiled, one 27B layer's Q4G64 / Q5G64 / Q6G64 GEMVs at one row took 0.89 / 0.85 / 0.91 of the time (H100, e2ac007,
+// perf/gemv_variants "tsc" against base, perf/results/device_run_e2ac007_h100.txt).
 
 // Whether a format's lanes read stage bytes that other lanes of their quad copied (F::XLANE): the warp syncs after
 // each lane's cp.async wait (gv_wait_stage), which makes the others' copies of the tile visible and orders every
@@ -534,15 +528,9 @@ struct FragQG64 {
                 if (BITS == 6) cp_async<16>(gv_vec(st, 2 * MT, hs), p1 + grp * 16, true);
                 if (BITS == 6) cp_async<16>(gv_vec(st, 2 * MT + 1, hs), p1 + (grp + 1) * 16, true);
             }
-            // the row's scale words of groups grp, grp + 1 (GV_QG64_TSC: from the tiled plane, above; a
-            // preprocessor branch: the default's PTX is the same as before the switch)
-#if GV_QG64_TSC
-            const long long sofs = ((n[r >> 1][r & 1] >> 4) * (kpad128(K) / 128) + k0 / 128) * 64 +
-                                   (n[r >> 1][r & 1] & 15) * 4;
-            if (!(XLANE & 2) || r == t) cp_async<4>(sword(st, lane, r), p2 + sofs, true);
-#else
-            if (!(XLANE & 2) || r == t) cp_async<4>(sword(st, lane, r), p2 + grp * 2, true);
-#endif
+            // the row's scale words of groups grp, grp + 1 (the tiled plane, above; k0 % 128 == 0: an aligned pair)
+            const long long sw = qg_scale_word(n[r >> 1][r & 1], kpad128(K) / 64, k0 / 64);
+            if (!(XLANE & 2) || r == t) cp_async<4>(sword(st, lane, r), p2 + 2 * sw, true);
         }
     }
     static __host__ __device__ __forceinline__ void read(const u8* st, int lane, int mt, int r, int t, Raw& raw) {

@@ -45,6 +45,7 @@
 #           whole-model prefill per variant
 #   wsp_probe  Nsight Compute on one "wsp" GDN state launch (35B-A3B heads, 8192 rows)
 #   wspb    the bf16 GDN scratch ("wspb"): GPU tests, bench_gdn against wsp, the whole-model prefill per variant
+#   group_sol  Nsight's speed-of-light / memory sections of the group GEMM beside NVFP4's (L2 bandwidth bound?)
 #   shard   one third (SHARD=0/3, 1/3, 2/3) of the whole GPU suite per call (perf/pytest_shard.py)
 #   group_probe  Nsight Compute's stall reasons on the group-int fp16 GEMM (Q4G64, kept operands) beside NVFP4's ws
 #           GEMM, 27B shapes at 8192 rows (~3 min)
@@ -65,10 +66,10 @@
 #           Q6), now8f against base (W8G32: GV_W8G32_FCVT, on since session 41), at 1 and 8 rows (~4 min)
 #   q4hv    Q4G64's 5-vector stage (wfrag.cuh GV_Q4_HV 0, 4 blocks per SM): its GPU tests, then gemv_variants q4hv2
 #           (the 7-vector stage) against base at 1 and 8 rows (~3 min)
-#   qg      the group-int decode GEMV's candidates of session 42, both off: the scales from a tiled plane
-#           (wfrag.cuh GV_QG64_TSC; the probe read Q4G64's L2 traffic at 1.36x its DRAM bytes) and the group
-#           partials scaled after the next tile's first products (gemv_products.cuh GV_GROUP_DEFER): GPU tests,
-#           then gemv_variants base against tsc and defer (Q4, Q5, Q6, W8G32)
+#   qg      the group-int decode GEMV's remaining candidate of session 42, off: the group partials scaled after
+#           the next tile's first products (gemv_products.cuh GV_GROUP_DEFER; measured 0.99-1.02x Q4-Q6, 0.78x
+#           W8G32 at e2ac007): GPU tests, then gemv_variants base against defer (the tiled scales, "tsc" there,
+#           are the device layout since session 43)
 #   setup   the installs only
 #   replicas  perf/bench_replicas.py sessions: two synthetic 27B replicas vs one (needs two GPUs; issue 20)
 # e.g. `bash perf/device_run.sh tests bench`
@@ -86,7 +87,8 @@ set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy-cache
-[ -f .cupy-cache.tgz ] && tar xzf .cupy-cache.tgz
+# (.cupy-cache.txz: the same packed with xz here, a third the size, where the carry's 64 MiB would not hold the tgz)
+for c in .cupy-cache.tgz .cupy-cache.txz; do [ -f $c ] && tar xf $c; done
 for need in "pytest:pytest pluggy iniconfig packaging pygments pytest_timeout" "msgspec:msgspec"; do
   mod=${need%%:*}
   python3 -c "import $mod" 2>/dev/null && continue
@@ -373,6 +375,18 @@ run_group_source() {  # issue 14: where the group GEMM's warps stall, per SASS l
     gzip -f "$OUT/source_$kern.csv"
   done
 }
+run_group_sol() {  # issue 14: whether the group GEMM (gemm90_f16_wsg, 128 x 128 tiles) is held by the L2's
+  # bandwidth where NVFP4's (gemm90_f16_ws, 128 x 256) is not: Nsight Compute's speed-of-light and memory workload
+  # sections of one 8192-row launch of each (27B shapes), text
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for spec in "gemm90_f16_wsg:Q4G64_F16S:f16gk" "gemm90_f16_ws:NVFP4G16_E4M3S:f16ws"; do
+    IFS=: read -r kern fmt path <<< "$spec"
+    timeout ${PROFILE_TIMEOUT:-200} "$ncu" --kernel-name "regex:^$kern\$" --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      python3 -m perf.bench_gemm --formats $fmt --paths $path --rows 8192 --reps 1 2>&1 \
+      | grep -v "^==PROF==" | tee "$OUT/sol_$kern.txt" | grep -E "Throughput|Busy|Bandwidth|Hit Rate|Duration|Issue" | head -24
+  done
+}
 run_group() {  # issue 14: the group-int formats' fp16 GEMM (ninfer/cuda/gemm_group.py) on the device, then measured
   pytest_for ${TEST_TIMEOUT:-300} -q -m gpu -p no:cacheprovider --timeout 200 -rf \
     tests/test_cuda_gemm_group.py tests/test_cuda_gemm_bf16.py tests/test_cuda_gemm_ws.py 2>&1 \
@@ -400,11 +414,10 @@ run_gv_xlane() {  # issue 13: GV_QG64_XLANE (the group-int GEMV's cross-lane cop
   gv_ab gv_xlane "XLANE" "${XLANE_VARIANTS:-base,xl5,xl7}" "${GEMV_FORMATS:-Q5G64_F16S,Q6G64_F16S}"
   gv_ab gv_xlane "" base,w8x W8G32_F16S
 }
-run_qg() {  # issue 13: session 42's two group-int GEMV candidates, GV_QG64_TSC (the scales from a tiled plane,
-  # ninfer/cuda/qg64_layout.py) and GV_GROUP_DEFER (the group partials scaled after the next tile's first
-  # products): their GPU test cases (bitwise the default build), then gemv_variants base against tsc and defer on
-  # Q4G64, Q5G64, Q6G64 and W8G32 at 1 and 8 rows (~4 min warm)
-  gv_ab qg "TSC or DEFER" "${QG_VARIANTS:-base,tsc,defer}" \
+run_qg() {  # issue 13: GV_GROUP_DEFER (the group partials scaled after the next tile's first products): its GPU
+  # test cases (bitwise the default build), then gemv_variants base against defer on Q4G64, Q5G64, Q6G64 and W8G32
+  # at 1 and 8 rows
+  gv_ab qg "DEFER" "${QG_VARIANTS:-base,defer}" \
     "${GEMV_FORMATS:-Q4G64_F16S,Q5G64_F16S,Q6G64_F16S,W8G32_F16S}"
 }
 run_swz() {  # issue 13: GV_QG64_SWZ (the group-int GEMV's slots placed for the banks) and GV_W8G32_FCVT: GPU test, A/B

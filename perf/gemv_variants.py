@@ -59,10 +59,6 @@ Variants (a variant changes only what its name says; results are timings, not nu
             blocks per SM instead of 4; the plan's stage bytes to match)
   swz, noswz  GV_QG64_SWZ 1 / 0: the group-int formats' shared slots placed for the banks (code pieces, high words,
             scale words; cuda_src/wfrag.cuh) or as before (same results); swzN: swz with GV_QG64_XLANE N
-  tsc       GV_QG64_TSC 1: the group-int formats' f16 scales read from a tiled plane (ninfer/cuda/qg64_layout.py,
-            rows in 16-row groups K-tile by K-tile: a warp's scale copy one 32-byte sector instead of 8), each
-            weight converted for it; fractions of copy count the weight's bytes as uploaded (same results; no MoE
-            cell: the expert weights are not converted)
   defer     GV_GROUP_DEFER 1: the group formats' tile partials scaled into the accumulators after the next tile's
             first products instead of in a tail after the tile's last mma (cuda_src/gemv_products.cuh; same results)
   dir=PATH  the kernel sources of directory PATH (e.g. an older commit's cuda_src/, to compare in one run)
@@ -248,8 +244,6 @@ def _source(original: Any, variant: str) -> Any:
             s = f"#define GV_W8G32_FCVT {int(variant == 'w8f')}\n" + s
         if variant == "q4hv2":
             s = "#define GV_Q4_HV 2\n" + s
-        if variant == "tsc":
-            s = "#define GV_QG64_TSC 1\n" + s
         if variant == "defer":
             s = "#define GV_GROUP_DEFER 1\n" + s
         if variant == "noswz" or variant.startswith("swz"):
@@ -275,13 +269,6 @@ def _source(original: Any, variant: str) -> Any:
     return src
 
 
-def _as_read(w: Any, variant: str) -> Any:
-    """The weight as the variant's kernel reads it: "tsc" with the tiled scale plane appended, else ``w``."""
-    from ninfer.cuda.qg64_layout import TILED_FORMATS, with_tiled_scales
-
-    return with_tiled_scales(w) if variant == "tsc" and w.fmt in TILED_FORMATS else w
-
-
 def _next(ws: list[Any], i: int, variant: str) -> Any:
     """The weight a chain's GEMV i prefetches under the pf variants (the next one, cyclically), else None."""
     return ws[(i + 1) % len(ws)] if variant.startswith("pf") else None
@@ -305,7 +292,6 @@ def _chain(lin: Any, fmt: str, variant: str, rows: tuple[int, ...], ceiling: flo
     moved = sum(w.data.nbytes for w in first)
     layers = max(2, -(-(240 << 20) // moved))
     ws = first + [_random_weight(fmt, SHAPES[n]) for _ in range(layers - 1) for n in _CHAIN]
-    ws = [_as_read(w, variant) for w in ws]
     cells = []
     for b in rows:
         xs = [cupy.asarray(rng.standard_normal((b, w.cols)).astype(np.float32)) for w in first]
@@ -336,7 +322,6 @@ def _one_launch(
     n = -(-sum(w.rows * w.cols for w in first) // (k * 128)) * 128
     ws = [_random_weight(fmt, (n, k)) for _ in range(layers)]
     moved = ws[0].data.nbytes
-    ws = [_as_read(w, variant) for w in ws]
     cells = []
     for b in rows:
         x = cupy.asarray(rng.standard_normal((b, k)).astype(np.float32))
@@ -445,20 +430,18 @@ def main(argv: list[str] | None = None) -> None:
             lin.gemv_plan = _plan(lin, plan0.__wrapped__, v)
             cells = []
             for name, (n, k) in shapes.items():
-                moved = weights[name][0].data.nbytes  # as uploaded (tsc's converted copy holds both planes)
-                ws = [_as_read(w, v) for w in weights[name]]
+                moved = weights[name][0].data.nbytes
+                ws = weights[name]
                 for b in rows:
                     x = cupy.asarray(rng.standard_normal((b, k)).astype(np.float32))
                     out = cupy.empty((b, n), dtype=np.float32)
                     t = graph_seconds([_call(lin, x, w, out, _next(ws, i, v)) for i, w in enumerate(ws)], 10)
                     frac = (moved + x.nbytes + out.nbytes) / t / ceiling
                     cells.append(f"{name} x{b} {t * 1e6:.1f} {frac:.2f}")
-                del ws
             if not a.small and not a.no_chain:
                 cells += _chain(lin, fmt, v, rows, ceiling, rng)
-            if v != "tsc":
-                e = _experts(fmt, 10, ceiling, rng, gemv_experts)
-                cells.append(f"moe x8 {e['us']:.1f} {e['of_copy']:.2f}")
+            e = _experts(fmt, 10, ceiling, rng, gemv_experts)
+            cells.append(f"moe x8 {e['us']:.1f} {e['of_copy']:.2f}")
             print(f"{fmt} {v:8s} | " + " | ".join(cells), flush=True)
             print(f"{fmt} {v:8s} | resident blocks per SM: {_occupancy(lin, fmt)}", flush=True)
             if lin.GV_CLUSTER != "off":

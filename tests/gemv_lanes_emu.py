@@ -116,9 +116,9 @@ def weight(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.ndarr
     ).view(np.uint8)
     wdec = codec.decode(buf, (n, k))
     offs = plane_offsets(fmt, (n, k), buf)
-    if fmt.startswith("NVFP4"):  # the kernels read the device layout (ninfer/cuda/nvfp4_layout.py)
-        dw = to_device_layout(DeviceWeight(fmt, (n, k), buf, offs))
-        buf, offs = dw.data, dw.offsets
+    # the kernels read the device layout (ninfer/cuda/nvfp4_layout.py, qg64_layout.py)
+    dw = to_device_layout(DeviceWeight(fmt, (n, k), buf, offs))
+    buf, offs = dw.data, dw.offsets
     return buf, wdec, list(offs)
 
 

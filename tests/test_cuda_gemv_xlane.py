@@ -4,9 +4,8 @@ copies), 1 (the codes only), 3 (the codes and the scale words) and 7 (all) for Q
 (W8G32's codes, 32 bytes per quad lane) and ``GV_W8G32_FCVT`` 0 (its codes to float by I2F; the default's are a PRMT
 and an FADD) for W8G32, and with ``GV_QG64_SWZ`` 1 (the slots placed for the banks) for Q4/Q5/Q6, at one and eight
 rows, eight rows on gemv.cu's 4-warp blocks and on gemv_w8.cu's 8-warp ones, K split and N off the row blocks, plain
-and SwiGLU inputs (the default build's plain outputs against the NumPy reference too); and with ``GV_QG64_TSC`` 1
-(the group scales from ninfer/cuda/qg64_layout.py's tiled plane, the weight converted for that build) and with
-``GV_GROUP_DEFER`` 1 for Q4 / Q6 / W8G32 (each tile's group partials scaled after the next tile's first products).
+and SwiGLU inputs (the default build's plain outputs against the NumPy reference too, over the uploaded weight: the
+group scales in ninfer/cuda/qg64_layout.py's tiled plane); and with ``GV_GROUP_DEFER`` 1 for Q4 / Q6 / W8G32 (each tile's group partials scaled after the next tile's first products).
 Each build compiles only the format's instances (a whole module per build took minutes of NVRTC), all the selected
 builds side by side before the first case (``ninfer.cuda.precompile``). The host checks are
 tests/test_gemv_xlane_host.py; ``python -m perf.gemv_variants --variants noxlane,base,xl5,xl7,w8x,now8f,swz`` times
@@ -21,7 +20,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ninfer.cuda.qg64_layout import TILED_FORMATS, with_tiled_scales
 from ninfer.formats import FORMATS
 from ninfer.reference import ops
 
@@ -51,14 +49,11 @@ def xlane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     loader.load_module.cache_clear()
 
 
-_TSC = "GV_QG64_TSC 1"
 _BUILDS = [
     *((f, f"GV_QG64_XLANE {m}") for f in ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S") for m in (0, 1, 3, 7)),
     ("W8G32_F16S", "GV_W8G32_XLANE 1"),
     ("W8G32_F16S", "GV_W8G32_FCVT 0"),
     *((f, "GV_QG64_SWZ 1") for f in ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S")),
-    # the build reads the tiled scale plane: its weight is converted for it (ninfer/cuda/qg64_layout.py)
-    *((f, _TSC) for f in TILED_FORMATS),
     # the group partials scaled after the next tile's first products (cuda_src/gemv_products.cuh)
     *((f, "GV_GROUP_DEFER 1") for f in ("Q4G64_F16S", "Q6G64_F16S", "W8G32_F16S")),
 ]
@@ -110,14 +105,13 @@ def test_xlane_builds_are_the_default_bits(
         wf = (rng.standard_normal((n, k)) * 0.5).astype(F32)
         enc = FORMATS[fmt].encode(wf, (n, k))
         w = upload_weight(fmt, (n, k), enc)
-        wd = with_tiled_scales(w) if define == _TSC else w  # the weight the define's build reads
         wdec = FORMATS[fmt].decode(np.ascontiguousarray(enc.reshape(-1).view(np.uint8)), (n, k))
         for b in (1, 8):
             x = cupy.asarray((rng.standard_normal((b, 2 * k)) * 2).astype(F32))
             got = {}
-            for d, wx in ((None, w), (define, wd)):
+            for d in (None, define):
                 xlane(d)
-                got[d] = [cupy.asnumpy(gemv(x[:, :k], wx)), cupy.asnumpy(gemv(x, wx, swiglu=True))]
+                got[d] = [cupy.asnumpy(gemv(x[:, :k], w)), cupy.asnumpy(gemv(x, w, swiglu=True))]
             ref = ops.linear(cupy.asnumpy(x[:, :k]), wdec)  # the default build against the reference too
             err = np.max(np.abs(got[None][0].astype(np.float64) - ref), axis=1) / np.max(np.abs(ref), axis=1)
             assert err.max() <= 2e-5, f"{fmt} {n}x{k}, {b} rows: normalised errors {err}"

@@ -158,9 +158,9 @@ def _weight(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.ndar
     buf = np.ascontiguousarray(codec.encode(wf32, (n, k)).reshape(-1).view(np.uint8))
     wdec = codec.decode(buf, (n, k))
     offs = _planes(base, buf, (n, k))
-    if base.startswith("NVFP4"):  # the kernels read the device layout (ninfer/cuda/nvfp4_layout.py)
-        w = to_device_layout(DeviceWeight(base, (n, k), buf, (offs[0], offs[1], offs[2])))
-        buf, offs = w.data, list(w.offsets)
+    # the kernels read the device layout (ninfer/cuda/nvfp4_layout.py, qg64_layout.py)
+    w = to_device_layout(DeviceWeight(base, (n, k), buf, (offs[0], offs[1], offs[2])))
+    buf, offs = w.data, list(w.offsets)
     if fmt != base:
         g = float(np.frombuffer(buf[offs[2] : offs[2] + 4].tobytes(), np.float32)[0])
         rows = (2.0 ** rng.integers(-3, 4, size=n)).astype(np.float32) * g  # per-row globals

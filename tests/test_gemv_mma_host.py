@@ -17,7 +17,6 @@ from host_emu import build_nvcc_driver
 
 from ninfer.cuda.linear import FRAG_STRUCTS, gemv_plan
 from ninfer.cuda.nvfp4_layout import to_device_layout
-from ninfer.cuda.qg64_layout import with_tiled_scales
 from ninfer.cuda.weights import DeviceWeight, plane_offsets
 from ninfer.formats import FORMATS
 from ninfer.reference import ops
@@ -174,16 +173,14 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _host_gemv(
-    exe: Path, fmt: str, buf: np.ndarray, shape: tuple[int, int], x: np.ndarray, tiled_scales: bool = False
+    exe: Path, fmt: str, buf: np.ndarray, shape: tuple[int, int], x: np.ndarray, device_layout: bool = True
 ) -> np.ndarray:
-    """``tiled_scales``: the group scales in ninfer/cuda/qg64_layout.py's tiled plane (a GV_QG64_TSC driver)."""
+    """The driver's product over ``buf`` (the codec's bytes) in the device layout the kernels read
+    (ninfer/cuda/nvfp4_layout.py, qg64_layout.py), or as stored (``device_layout`` false: a negative check)."""
     n, k = shape
     offs = plane_offsets(fmt, shape, buf)
-    if fmt.startswith("NVFP4"):  # the kernels read the device layout (ninfer/cuda/nvfp4_layout.py)
+    if device_layout:
         w = to_device_layout(DeviceWeight(fmt, shape, buf, offs))
-        buf, offs = w.data, w.offsets
-    if tiled_scales:
-        w = with_tiled_scales(DeviceWeight(fmt, shape, buf, offs))
         buf, offs = w.data, w.offsets
     plan = gemv_plan(fmt, n, k)
     head = f"{FMTS.index(fmt)} {n} {k} {x.shape[0]} {plan.splits} {offs[0]} {offs[1]} {offs[2]} {buf.size}\n"

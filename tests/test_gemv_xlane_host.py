@@ -70,21 +70,22 @@ def test_xlane_fragments_match_reference(xdriver: Path, fmt: str) -> None:
 
 @pytest.fixture(scope="module")
 def tdriver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fragment driver reading the group scales from the tiled plane (GV_QG64_TSC 1, default masks)."""
+    """The fragment driver as built by default, the Q4G64 / Q5G64 / Q6G64 cases only."""
     cases = "\n".join(
         f"        case {FMTS.index(f)}: run<{FRAG_STRUCTS[f][0]}>(N, K, nrows, splits, w.data(), off, x.data(),"
         " y.data()); break;"
         for f in TILED_FORMATS
     )
-    text = "#define GV_QG64_TSC 1\n" + DRIVER.replace("%CASES%", cases)
-    return build_nvcc_driver(tmp_path_factory, "gemv_tsc_host", text, timeout=600, opt="-O1")
+    return build_nvcc_driver(
+        tmp_path_factory, "gemv_tsc_host", DRIVER.replace("%CASES%", cases), timeout=600, opt="-O1"
+    )
 
 
 @pytest.mark.parametrize("fmt", TILED_FORMATS)
 def test_tiled_scale_fragments_match_reference(tdriver: Path, fmt: str) -> None:
-    """GV_QG64_TSC 1 over ninfer/cuda/qg64_layout.py's plane: N off the 16-row groups (the padded rows), K off
-    the 128-wide tile, several splits (K = 5128), one and nine rows, against the NumPy reference; a row-major plane
-    given to the same driver fails it (the layout is what the reads follow)."""
+    """The group scales read from ninfer/cuda/qg64_layout.py's tiled plane: N off the 16-row groups (the padded
+    rows), K off the 128-wide tile, several splits (K = 5128), one and nine rows, against the NumPy reference; the
+    artifact's row-major plane given to the same driver fails it (the layout is what the reads follow)."""
     rng = np.random.default_rng(23)
     codec = FORMATS[fmt]
     for n, k in ((13, 200), (40, 1000), (21, 5128)):
@@ -95,10 +96,10 @@ def test_tiled_scale_fragments_match_reference(tdriver: Path, fmt: str) -> None:
         for b in (1, 9):
             x = (rng.standard_normal((b, k)) * 3).astype(np.float32)
             ref = ops.linear(x, wdec)
-            got = _host_gemv(tdriver, fmt, buf, (n, k), x, tiled_scales=True)
+            got = _host_gemv(tdriver, fmt, buf, (n, k), x)
             err = np.max(np.abs(got.astype(np.float64) - ref), axis=1) / np.max(np.abs(ref), axis=1)
             assert err.max() <= 2e-5, f"{fmt} {n}x{k} b={b}: normalised errors {err}"
-        wrong = _host_gemv(tdriver, fmt, buf, (n, k), x)
+        wrong = _host_gemv(tdriver, fmt, buf, (n, k), x, device_layout=False)
         assert not np.allclose(wrong, ref, rtol=1e-3), f"{fmt} {n}x{k}: the row-major plane passed too"
 
 

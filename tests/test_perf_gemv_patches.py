@@ -9,7 +9,7 @@ from ninfer.cuda.loader import source_text
 # the variants that change the kernel's source (the others change the launch plan)
 SOURCE_VARIANTS = (
     "chunk4", "chunk4n", "static", "nomul", "olddq", "mulhi", "nodq", "fence", "nored", "nocl", "nowait", "pfend",
-    "pf8", "occ5", "stages3", "actl1", "bulk", "bulkef", "tsc",
+    "pf8", "occ5", "stages3", "actl1", "bulk", "bulkef",
     "defer",
 )  # fmt: skip
 

@@ -24,10 +24,10 @@ def test_variant_job_compiles_the_prefixed_text(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(loader, "load_module", fake_load)
     monkeypatch.setattr(loader, "source_text", original)  # restored after the job replaces it
     names = ("gemv_mma<FragQG64<4>, float, 1>",)
-    assert nc._compile_variant(("#define GV_QG64_TSC 1\n", "gemv.cu", names)) == "gemv.cu"
+    assert nc._compile_variant(("#define GV_GROUP_DEFER 1\n", "gemv.cu", names)) == "gemv.cu"
     monkeypatch.setattr(loader, "source_text", original)
     assert nc._compile_variant(("", "gemv.cu", names)) == "gemv.cu"
-    want = "#define GV_QG64_TSC 1\n" + original("gemv.cu")
+    want = "#define GV_GROUP_DEFER 1\n" + original("gemv.cu")
     assert seen == [(want, names), (original("gemv.cu"), names)]
 
 

@@ -38,6 +38,7 @@ import numpy as np
 from ninfer.config import ModelConfig
 from ninfer.cuda._common import array_module
 from ninfer.cuda.nvfp4_layout import to_device_layout, to_natural_layout
+from ninfer.cuda.qg64_layout import TILED_FORMATS
 from ninfer.cuda.weights import PLANES, DeviceWeight
 from ninfer.formats import get_format
 from ninfer.formats.groupint import widen_planes, widest
@@ -148,9 +149,9 @@ def _joinable(parts: Sequence[DeviceWeight]) -> bool:
 
 def concat_rows(parts: Sequence[DeviceWeight]) -> DeviceWeight:
     """One weight whose rows are the parts' rows in order (same width; one format, or group-int formats that are
-    widened to the widest; see the module docstring). NVFP4 parts are in the device layout (nvfp4_layout.py):
-    joined as natural rows, then laid out again."""
-    if parts and parts[0].fmt.startswith("NVFP4"):
+    widened to the widest; see the module docstring). NVFP4 parts and Q4/Q5/Q6 scales are in a device layout
+    (nvfp4_layout.py, qg64_layout.py): joined as natural rows, then laid out again."""
+    if any(p.fmt.startswith("NVFP4") or p.fmt in TILED_FORMATS for p in parts):
         return to_device_layout(_concat_natural([to_natural_layout(p) for p in parts]))
     return _concat_natural(parts)
 

@@ -9,7 +9,7 @@ warpgroup, persistent CTAs) with the codes as the weight operand and the scales 
 
 - operands, once per weight (kept in the ``OperandStore`` like the folded formats' fp16 rows, else per call into
   the pair mode's weight scratch, in row chunks under its cap): the codes as fp16 rows ``[N, K]`` (``dequant90<D, true>``: the format's own make()) and the scales
-  as float32 ``[groups, N]`` (``group_scales_t``), which the producer copies with the K tile (a third TMA box);
+  as float32 ``[groups, N]`` (``group_scales_t``, from Q4/Q5/Q6's tiled device plane, ninfer/cuda/qg64_layout.py), which the producer copies with the K tile (a third TMA box);
 - activations: the fp16 mode's row split (``split_f16row``: a power of two per row, rounded to fp16);
 - per K tile and group each consumer warpgroup sums the group's k16 steps into a partial accumulator and adds
   ``scale(column) * partial`` to its accumulators (the in-loop kernel's gs_issue / gs_scale order), 128 columns per
@@ -33,6 +33,7 @@ from ninfer.cuda import gemm_plan, gemm_rows
 from ninfer.cuda._common import grid_1d
 from ninfer.cuda.gemm_pair import launch_ws
 from ninfer.cuda.gemm_plan import _WSG_BN, PAIR_MIN_ROWS, forced_splits, splitk_splits
+from ninfer.cuda.qg64_layout import TILED_FORMATS
 
 __all__ = [
     "GROUP_STRUCTS",
@@ -124,7 +125,7 @@ def _build(w: Any, kernel_of: Callable[[str], Any], codes: Any, scales: Any, n0:
     kernel_of("group_scales_t")(
         (grid_1d(gpr, 32), grid_1d(rows, 32)),
         (256,),
-        (p2, scales, np.int32(rows), np.int32(gpr), np.int64(n0)),
+        (p2, scales, np.int32(rows), np.int32(gpr), np.int64(n0), np.int32(w.fmt in TILED_FORMATS)),
     )
 
 

@@ -15,7 +15,8 @@ scales ``[rows, Kp/16]`` (Kp = K rounded up to 128). On the device both planes a
   (m, e0, e1) and sign at bits ``POS[i] + 16 h`` below.
 
 Every device reader (wfrag.cuh, wdq.cuh, wformat.cuh) reads this layout; the reference backend and the artifact
-keep the natural one. Array code here is generic over numpy and cupy (``xp``) so the host tests use it too.
+keep the natural one. The group-int formats' scales have a tiled device layout of their own (qg64_layout.py), which
+:func:`to_device_layout` applies too. Array code here is generic over numpy and cupy (``xp``) so the host tests use it too.
 """
 
 from __future__ import annotations
@@ -139,10 +140,15 @@ def _rebuild(w: Any, to_device: bool) -> Any:
 
 
 def to_device_layout(w: Any) -> Any:
-    """An NVFP4 weight in the artifact's layout -> the device layout (other formats unchanged)."""
-    return _rebuild(w, True) if w.fmt.startswith("NVFP4") else w
+    """A weight in the artifact's layout -> the device layout: NVFP4's planes as above, Q4G64 / Q5G64 / Q6G64's
+    tiled scales (ninfer/cuda/qg64_layout.py), other formats unchanged."""
+    from ninfer.cuda import qg64_layout  # imports this module (its row tiler)
+
+    return _rebuild(w, True) if w.fmt.startswith("NVFP4") else qg64_layout.scales_to_device(w)
 
 
 def to_natural_layout(w: Any) -> Any:
     """The inverse of :func:`to_device_layout` (fused projections concatenate natural rows, ninfer/cuda/fuse.py)."""
-    return _rebuild(w, False) if w.fmt.startswith("NVFP4") else w
+    from ninfer.cuda import qg64_layout
+
+    return _rebuild(w, False) if w.fmt.startswith("NVFP4") else qg64_layout.scales_to_natural(w)

@@ -1,15 +1,18 @@
-"""Groupwise-int scales in a tiled device layout: an experiment of the decode GEMV (``GV_QG64_TSC``, off).
+"""Groupwise-int scales on the device: Q4G64 / Q5G64 / Q6G64's f16 group scales tiled once at upload.
 
-Q4G64 / Q5G64 / Q6G64 store their f16 group scales row-major (``[rows, Kp/64]``, Kp = K rounded up to 128), so
-the GEMV's per-tile copy of a row's two scales (4 bytes) is one 32-byte sector per row: 8 sectors per warp
-instruction for 32 useful bytes (measured with Nsight Compute, docs/cuda.md "Groupwise-integer weights": the L2
-read 1.36x the DRAM bytes for Q4G64, 1.05x for NVFP4's tiled layout). Tiled as NVFP4's scales are (rows in groups
-of 16, each group stored K-tile by K-tile), the 16 rows' scales of a tile are 64 contiguous bytes: byte (row n,
-tile T, b) at ``((n >> 4) * Kp/128 + T) * 64 + (n & 15) * 4 + b``.
+The artifact stores a row's scales row-major (``[rows, Kp/64]`` f16, Kp = K rounded up to 128), so the decode
+GEMV's per-tile copy of a row's two scales (4 bytes) was one 32-byte sector per row: 8 sectors per warp instruction
+for 32 useful bytes (Nsight Compute: the L2 read 1.36x the DRAM bytes of Q4G64's gate | up GEMV, 1.05x for NVFP4's
+tiled planes). On the device the plane is tiled as NVFP4's scales are: rows in groups of 16 (padded with zero
+rows to a multiple of 16), each group stored K-tile by K-tile, so the 16 rows' scales of a 128-k tile are 64
+contiguous bytes: byte (row n, tile T, b) at ``((n >> 4) * Kp/128 + T) * 64 + (n & 15) * 4 + b``
+(cuda_src/wformat.cuh ``qg_scale_word``, which every device reader uses). Measured on the H100 (docs/cuda.md,
+"Groupwise-integer weights"): a 27B layer's Q4G64 / Q5G64 / Q6G64 decode GEMVs at one row in 0.89 / 0.85 / 0.91 of
+the row-major plane's time.
 
-Only the decode GEMV built with ``#define GV_QG64_TSC 1`` (cuda_src/wfrag.cuh) reads this plane; the upload keeps
-the row-major one, which the prefill kernels read, so :func:`with_tiled_scales` is for the GEMV's A/B
-(perf/gemv_variants.py "tsc") and its tests. Generic over numpy and cupy.
+The code planes and W8G32 (its own GEMV reads 8-byte scale runs) keep the artifact's layout. A 3-D expert stack
+tiles its flattened rows, so an expert of a multiple of 16 rows keeps the byte range it had. Array code here is
+generic over numpy and cupy (``xp``).
 """
 
 from __future__ import annotations
@@ -17,12 +20,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import numpy as np
-
 from ninfer.cuda._common import array_module
-from ninfer.cuda.nvfp4_layout import tile_rows
+from ninfer.cuda.nvfp4_layout import padded_rows, tile_rows
 
-__all__ = ["TILED_FORMATS", "tiled_scales", "with_tiled_scales"]
+__all__ = ["TILED_FORMATS", "natural_scales", "scales_to_device", "scales_to_natural", "tiled_scales"]
 
 TILED_FORMATS = ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S")
 _TILE_BYTES = 4  # a row's scales of one 128-wide K-tile: two f16
@@ -30,20 +31,36 @@ _TILE_BYTES = 4  # a row's scales of one 128-wide K-tile: two f16
 
 def tiled_scales(xp: Any, plane: Any, rows: int) -> Any:
     """A row-major scale plane (flat uint8, ``rows`` rows) -> the tiled order (flat uint8, rows padded to 16 with
-    zero scales: the GEMV clamps rows past the last to it, so the padding is never read)."""
+    zero scales: no reader asks for a padding row's scales)."""
     return tile_rows(xp, plane, rows, _TILE_BYTES, False)
 
 
-def with_tiled_scales(w: Any) -> Any:
-    """``w`` (a Q4G64 / Q5G64 / Q6G64 DeviceWeight) with its scale plane (p2) replaced by the tiled one, appended
-    after the existing bytes 256-byte aligned; the code planes are unchanged."""
+def natural_scales(xp: Any, plane: Any, rows: int) -> Any:
+    """The inverse of :func:`tiled_scales` (the padding rows dropped)."""
+    return tile_rows(xp, plane, rows, _TILE_BYTES, True)
+
+
+def _rebuild(w: Any, to_device: bool) -> Any:
     if w.fmt not in TILED_FORMATS:
-        raise ValueError(f"{w.fmt}: tiled group scales are for {', '.join(TILED_FORMATS)}")
+        return w
     xp, rows, data = array_module(w.data), w.rows, w.data
     kp = -(-w.cols // 128) * 128
     o2 = w.offsets[2]
-    plane = data[o2 : o2 + rows * (kp // 64) * 2]
-    tiled = tiled_scales(xp, plane, rows)
-    pad = xp.zeros(-data.size % 256, dtype=np.uint8)
-    out = xp.concatenate([data, pad, tiled])
-    return dataclasses.replace(w, data=out, offsets=(w.offsets[0], w.offsets[1], int(data.size + pad.size)))
+    # the scale plane is the codec's last (formats/groupint.py): the code planes keep their bytes and offsets
+    have = (rows if to_device else padded_rows(rows)) * (kp // 64) * 2
+    if data.size - o2 != have:
+        raise ValueError(
+            f"{w.fmt} {list(w.shape)}: {data.size - o2} scale bytes, not the {have} of {rows} rows"
+        )
+    conv = tiled_scales if to_device else natural_scales
+    return dataclasses.replace(w, data=xp.concatenate([data[:o2], conv(xp, data[o2:], rows)]))
+
+
+def scales_to_device(w: Any) -> Any:
+    """A Q4G64 / Q5G64 / Q6G64 weight in the artifact's layout -> its scales tiled (other formats unchanged)."""
+    return _rebuild(w, True)
+
+
+def scales_to_natural(w: Any) -> Any:
+    """The inverse of :func:`scales_to_device` (fused projections concatenate natural rows, ninfer/cuda/fuse.py)."""
+    return _rebuild(w, False)
