@@ -45,6 +45,7 @@
 #           whole-model prefill per variant
 #   wsp_probe  Nsight Compute on one "wsp" GDN state launch (35B-A3B heads, 8192 rows)
 #   wspb    the bf16 GDN scratch ("wspb"): GPU tests, bench_gdn against wsp, the whole-model prefill per variant
+#   gab     a prefill GEMM candidate tree (AB_TREE, default .ab/g192) against this one: its GEMM GPU tests, bench_gemm
 #   group_sol  Nsight's speed-of-light / memory sections of the group GEMM beside NVFP4's (L2 bandwidth bound?)
 #   shard   one third (SHARD=0/3, 1/3, 2/3) of the whole GPU suite per call (perf/pytest_shard.py)
 #   group_probe  Nsight Compute's stall reasons on the group-int fp16 GEMM (Q4G64, kept operands) beside NVFP4's ws
@@ -82,15 +83,20 @@
 # Env: COMMIT (recorded with the results; pass it from the machine holding the repository: a copied checkout's
 # git may report a stale HEAD), PYTEST_K (-k filter), PYTEST_ARGS (more pytest options), TEST_FILES (default
 # tests/test_cuda_*.py), SKIP_COMPILE (tests: no timed compile first), SKIP_TESTS (w8one, gv_xlane: the timings
-# only), TEST_TIMEOUT, PERF_TIMEOUT, BENCHES, PERF_ARGS, NO_CACHE_BACK (below).
+# only), TEST_TIMEOUT, PERF_TIMEOUT, BENCHES, PERF_ARGS, NO_CACHE_BACK (below), XDIST (tests: pytest -n XDIST, the
+# test processes side by side on the one GPU: the suite's time is mostly host work, NVRTC and NumPy references;
+# needs pytest_xdist and execnet wheels in .whl-cuda: `pip download --no-deps pytest-xdist execnet`).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy-cache
 # (.cupy-cache.txz: the same packed with xz here, a third the size, where the carry's 64 MiB would not hold the tgz)
 for c in .cupy-cache.tgz .cupy-cache.txz; do [ -f $c ] && tar xf $c; done
-for need in "pytest:pytest pluggy iniconfig packaging pygments pytest_timeout" "msgspec:msgspec"; do
+# xdist (pytest-xdist, execnet: XDIST=N runs the tests in N processes on the one GPU) where .whl-cuda has it
+for need in "pytest:pytest pluggy iniconfig packaging pygments pytest_timeout" "msgspec:msgspec" \
+  "xdist:pytest_xdist execnet"; do
   mod=${need%%:*}
+  [ "$mod" = xdist ] && ! ls .whl-cuda/pytest_xdist-*.whl >/dev/null 2>&1 && continue
   python3 -c "import $mod" 2>/dev/null && continue
   whls=$(for w in ${need#*:}; do ls .whl-cuda/$w-*.whl; done)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-$mod $whls \
@@ -144,6 +150,7 @@ run_tests() {
   NINFER_GPU_REPORT=$OUT/gpu_report.json NINFER_GPU_REPORT_MODEL=$OUT/model_report.json \
     pytest_for ${TEST_TIMEOUT:-480} -q -m gpu ${TEST_FILES:-tests/test_cuda_*.py} -p no:cacheprovider \
     --timeout 200 -rf --durations=30 --continue-on-collection-errors ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} \
+    ${XDIST:+-n $XDIST} \
     2>&1 | tee "$OUT/pytest.txt" | grep -v PASSED | tail -40
 }
 run_bench() {
@@ -427,6 +434,18 @@ run_swz() {  # issue 13: GV_QG64_SWZ (the group-int GEMV's slots placed for the 
 run_q4hv() {  # issue 13: Q4G64's stage without its unused high-word vectors (GV_Q4_HV 0: 4 blocks per SM): the
   # GPU tests of the Q4 GEMV, then perf/gemv_variants q4hv2 (the 7-vector stage of before) against base
   gv_ab q4hv "${Q4HV_K:-Q4G64}" q4hv2,base Q4G64_F16S
+}
+run_gab() {  # issue 14: a prefill GEMM candidate in another tree (AB_TREE, default .ab/g192: the group formats'
+  # 192-column tiles) against this tree's, same machine and call: its GPU tests, then perf.bench_gemm on both
+  local tree=${AB_TREE:-.ab/g192} fmts=${AB_FORMATS:-Q4G64_F16S} paths=${AB_PATHS:-f16gk}
+  for d in api actors perf cuda_src; do [ -e "$tree/ninfer/$d" ] || ln -s ../$d "$tree/ninfer/$d"; done
+  (cd "$tree" && PYTHONPATH=$PWD:$PWD/tests:${PYTHONPATH#$OLDPWD:$OLDPWD/tests:} CUPY_CACHE_DIR=$OLDPWD/.cupy-cache \
+    pytest_for ${TEST_TIMEOUT:-200} -q -m gpu -p no:cacheprovider --timeout 200 -rf \
+    tests/test_cuda_gemm_group.py tests/test_cuda_gemm_ws.py 2>&1 | tee "$OUT/gab_tests.txt" | grep -v PASSED | tail -15
+   timeout ${BENCH_TIMEOUT:-150} python3 -m perf.bench_gemm --formats $fmts --paths $paths --rows 2048,8192 2>&1 \
+    | tee "$OUT/gab_bench_ab.txt" | tail -12)
+  timeout ${BENCH_TIMEOUT:-150} python3 -m perf.bench_gemm --formats $fmts --paths $paths --rows 2048,8192 2>&1 \
+    | tee "$OUT/gab_bench_base.txt" | tail -12
 }
 run_xlane() {  # issue 13: a decode GEMV candidate in another tree (AB_TREE) against this one, same machine and call
   local tree=${AB_TREE:-.ab/xlane} fmts=${AB_FORMATS:-Q4G64_F16S,NVFP4G16_E4M3S}
