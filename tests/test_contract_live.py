@@ -199,6 +199,22 @@ def test_anthropic_refuses_out_of_range_fields(server: Server, body: dict, word:
     assert word in got["error"]["message"], got
 
 
+RANGE_ENDS = [  # (path, body): the documented ranges' ends, closed on both sides (docs/serving.md)
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "top_p": 0, "temperature": 2}),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "top_p": 0, "stream": True}),
+    ("/v1/responses", {"model": MODEL, "input": "hi", "top_p": 0, "max_output_tokens": 4}),
+    ("/v1/messages", {"model": "m", "messages": USER, "top_p": 0, "temperature": 0}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), RANGE_ENDS, ids=["chat", "chat-stream", "responses", "messages"])
+def test_the_ends_of_the_sampling_ranges_are_accepted(server: Server, path: str, body: dict) -> None:
+    """`top_p: 0` is inside the documented [0, 1] (OpenAI and Anthropic accept it; clients send it with a zero
+    temperature for determinism): it keeps the most probable token only, it is not a 400."""
+    r = httpx.post(server.url + path, json={"max_tokens": 4, **body}, timeout=120)
+    assert r.status_code == 200, r.text
+
+
 def test_count_tokens_needs_no_max_tokens_and_server_keeps_serving(server: Server) -> None:
     r = httpx.post(
         server.url + "/v1/messages/count_tokens", json={"model": "m", "messages": USER}, timeout=30

@@ -272,7 +272,12 @@ def test_prompt_chunks_with_prefix_reuse(tmp_path, chunk: int, stride: int | Non
 
 @pytest.mark.parametrize(
     ("kw", "field"),
-    [({"temperature": -1.0}, "temperature"), ({"top_k": -1}, "top_k"), ({"top_p": 0.0}, "top_p")],
+    [
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_p": -0.1}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+    ],
 )
 def test_sampling_params_refuse_out_of_range_values(kw: dict, field: str) -> None:
     """A negative temperature or top_k is refused (as HTTP refuses it), not silently taken as greedy / no cut:
@@ -282,6 +287,7 @@ def test_sampling_params_refuse_out_of_range_values(kw: dict, field: str) -> Non
     with pytest.raises(RequestError, match=field):
         SamplingParams(**kw).check()
     SamplingParams(temperature=0.0, top_k=0).check()
+    SamplingParams(temperature=0.7, top_p=0.0).check()  # HTTP's range is [0, 1]: 0 keeps the top token only
 
 
 def test_null_runner_emits_the_same_text_tokens_at_its_step_time(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -107,8 +107,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             raise RequestError(f"temperature: must be >= 0 (0: greedy), got {self.temperature}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise RequestError(f"top_k: must be an integer >= 0 (0: no cut), got {self.top_k!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise RequestError(f"top_p: must be in (0, 1], got {self.top_p}")
+        # top_p 0 keeps the most probable token only (the sampler keeps at least one), as HTTP's [0, 1] allows
+        if not 0.0 <= self.top_p <= 1.0:
+            raise RequestError(f"top_p: must be in [0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise RequestError(f"min_p: must be in [0, 1], got {self.min_p}")
         if not (np.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
