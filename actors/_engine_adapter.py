@@ -77,6 +77,8 @@ class Loaded:
     spec: ActorSpec
     think_end_id: int | None = None
     after_think_ids: tuple[int, ...] = ()
+    # the ids that end a generation: the tokenizer's and the model's end of sequence
+    stop_ids: tuple[int, ...] = ()
     vocab_size: int = 0
     _grammar: GrammarCompiler | None = None
     _grammar_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -111,6 +113,7 @@ def open_engine(spec: ActorSpec) -> Loaded:
     return Loaded(
         think_end_id=tok.hf.token_to_id("</think>"),
         after_think_ids=tuple(tok.encode("\n\n", add_special_tokens=False)),
+        stop_ids=tuple(sorted(set(tok.eos_token_ids) | set(engine.model_config.eos_token_ids))),
         vocab_size=engine.model_config.vocab_size,
         engine=engine,
         tokenizer=tok,
@@ -223,6 +226,7 @@ def token_mask(ld: Loaded, req: GenerateRequest) -> RequestGrammar | None:
         think_end_id=ld.think_end_id,
         after_think_ids=ld.after_think_ids,
         budget=budget,
+        stop_ids=ld.stop_ids,
     )
 
 

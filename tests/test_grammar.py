@@ -225,6 +225,25 @@ def test_thinking_is_free_then_budget_forces_close_then_grammar(
     jsonschema.validate(json.loads(text), schema)
 
 
+def test_a_structured_answer_cannot_end_while_thinking(tok: Tokenizer, compiler: GrammarCompiler) -> None:
+    """With a grammar the think phase masks the end-of-sequence ids (a stop there would end the request without
+    its answer) and nothing else; without a grammar (a budget alone) thinking stays free."""
+    end = tok.hf.token_to_id("</think>")
+    nl = tok.encode("\n\n", add_special_tokens=False)
+    eos = list(tok.eos_token_ids)
+    hook = RequestGrammar(compiler.json_schema(SCHEMAS[0]), vocab_size=VOCAB, thinking=True, think_end_id=end,
+                          after_think_ids=nl, stop_ids=eos)  # fmt: skip
+    gen = tok.encode("I think", add_special_tokens=False)
+    allowed = allowed_from_mask(hook(gen), VOCAB)
+    assert not allowed[eos].any() and allowed[end]
+    assert int(allowed.sum()) == VOCAB - len(set(eos))
+    free = RequestGrammar(None, vocab_size=VOCAB, thinking=True, think_end_id=end, budget=50, stop_ids=eos)
+    assert free(gen) is None
+    gen += [end, *nl]
+    answer = allowed_from_mask(hook(gen), VOCAB)  # the grammar's own mask after the think block
+    assert answer[tok.encode("{", add_special_tokens=False)[0]] and not answer[eos].any()
+
+
 class _Offset:
     """Feeds a hook a prefix it has already seen plus the walk's tokens."""
 

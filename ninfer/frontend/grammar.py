@@ -194,6 +194,9 @@ class RequestGrammar:
     Phases: ``think`` (free; counts tokens against ``budget``) -> ``force`` (the queued ids, one at a time:
     ``</think>`` when the budget ran out, then the ids of ``"\\n\\n"``) -> ``answer`` (the matcher, or free when
     there is no grammar). ``thinking=False`` starts in ``answer`` (the prompt already closed the think block).
+    With a grammar, the think phase excludes ``stop_ids`` (the ids that end the generation): an end of sequence
+    sampled while thinking would end the request with no answer at all, so a structured request's answer always
+    follows its reasoning (or ``max_tokens`` cuts it, which the finish reason says).
     """
 
     def __init__(
@@ -205,12 +208,18 @@ class RequestGrammar:
         think_end_id: int | None,
         after_think_ids: Sequence[int] = (),
         budget: int | None = None,
+        stop_ids: Sequence[int] = (),
     ) -> None:
         if thinking and think_end_id is None:
             raise ValueError("thinking needs the tokenizer's </think> id")
         self._compiled, self._vocab = compiled, vocab_size
         self._thinking, self._end, self._after = thinking, think_end_id, tuple(after_think_ids)
         self._budget = budget
+        # the think phase's mask with a grammar: every id but stop_ids
+        self._no_stop: np.ndarray | None = None
+        if compiled is not None and thinking and stop_ids:
+            self._no_stop = np.ones(vocab_size, bool)
+            self._no_stop[[int(t) for t in stop_ids if 0 <= int(t) < vocab_size]] = False
         self._words = np.zeros((1, -(-vocab_size // 32)), np.int32)
         self._reset()
 
@@ -299,7 +308,7 @@ class RequestGrammar:
         if self._phase == "think":
             if self._budget is not None and self._think_n >= self._budget:
                 return self._only(self._end)  # budget spent: close the think block now
-            return None
+            return self._no_stop
         if self._phase == "force":
             return self._only(self._queue[0])
         if self._matcher is None:
