@@ -217,7 +217,7 @@ def test_open_from_path_and_bad_requests(demo_path: str) -> None:
         with pytest.raises(RequestError, match="outside the vocabulary"):
             eng.submit([10**6], max_tokens=1)
         with pytest.raises(RequestError, match="top_p"):
-            eng.submit([1], max_tokens=1, top_p=0.0)
+            eng.submit([1], max_tokens=1, top_p=1.5)
         with pytest.raises(RequestError, match="empty"):
             eng.submit([], max_tokens=1)
 
