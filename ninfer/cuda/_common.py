@@ -235,3 +235,23 @@ def matrix_out(x: Any, out: Any, rows: int, n: int) -> tuple[Any, int]:
     if out.shape[0] != rows:
         raise KernelError(f"out: needs {rows} rows, got {out.shape[0]}")
     return out, ld
+
+
+# ---- the 16-row tiling of the device layouts (nvfp4_layout.py, qg64_layout.py) ----
+GROUP = 16
+
+
+def padded_rows(rows: int) -> int:
+    return -(-rows // GROUP) * GROUP
+
+
+def tile_rows(xp: Any, plane: Any, rows: int, tb: int, inverse: bool) -> Any:
+    """Rows x (tiles x tb) bytes <-> the tiled order (rows padded to 16; ``inverse`` drops the padding)."""
+    pr = padded_rows(rows)
+    nt = plane.size // (rows if not inverse else pr) // tb
+    if inverse:
+        nat = plane.reshape(pr // GROUP, nt, GROUP, tb).transpose(0, 2, 1, 3)
+        return xp.ascontiguousarray(nat).reshape(pr, nt * tb)[:rows].reshape(-1)
+    full = xp.zeros((pr, nt * tb), dtype=np.uint8)
+    full[:rows] = plane.reshape(rows, nt * tb)
+    return xp.ascontiguousarray(full.reshape(pr // GROUP, GROUP, nt, tb).transpose(0, 2, 1, 3)).reshape(-1)

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ninfer.cuda._common import array_module
+from ninfer.cuda import qg64_layout
+from ninfer.cuda._common import array_module, padded_rows, tile_rows
 
 __all__ = [
     "POS",
@@ -39,7 +40,7 @@ __all__ = [
     "to_natural_layout",
 ]
 
-GROUP, TILE = 16, 128
+TILE = 128
 # pair i -> bit positions (in the low half) of its code's magnitude bits m, e0, e1 and its sign; the high half's
 # code is the same + 16. Pairs 0-2: one shift (0, 3, 6 left) and the mask 0x81C081C0 place both codes as bf16
 # e2m1 * 2^-126; pair 3 takes the 8 bits left over.
@@ -77,22 +78,6 @@ def _permute_words(xp: Any, words: Any, luts: np.ndarray) -> Any:
     for b in range(1, 4):
         out |= lut[b][(words >> (8 * b)) & 0xFF]
     return out
-
-
-def padded_rows(rows: int) -> int:
-    return -(-rows // GROUP) * GROUP
-
-
-def tile_rows(xp: Any, plane: Any, rows: int, tb: int, inverse: bool) -> Any:
-    """Rows x (tiles x tb) bytes <-> the tiled order (rows padded to 16; ``inverse`` drops the padding)."""
-    pr = padded_rows(rows)
-    nt = plane.size // (rows if not inverse else pr) // tb
-    if inverse:
-        nat = plane.reshape(pr // GROUP, nt, GROUP, tb).transpose(0, 2, 1, 3)
-        return xp.ascontiguousarray(nat).reshape(pr, nt * tb)[:rows].reshape(-1)
-    full = xp.zeros((pr, nt * tb), dtype=np.uint8)
-    full[:rows] = plane.reshape(rows, nt * tb)
-    return xp.ascontiguousarray(full.reshape(pr // GROUP, GROUP, nt, tb).transpose(0, 2, 1, 3)).reshape(-1)
 
 
 def _fold_scale_signs(codes: Any, scales: Any) -> tuple[Any, Any]:
@@ -142,13 +127,9 @@ def _rebuild(w: Any, to_device: bool) -> Any:
 def to_device_layout(w: Any) -> Any:
     """A weight in the artifact's layout -> the device layout: NVFP4's planes as above, Q4G64 / Q5G64 / Q6G64's
     tiled scales (ninfer/cuda/qg64_layout.py), other formats unchanged."""
-    from ninfer.cuda import qg64_layout  # imports this module (its row tiler)
-
     return _rebuild(w, True) if w.fmt.startswith("NVFP4") else qg64_layout.scales_to_device(w)
 
 
 def to_natural_layout(w: Any) -> Any:
     """The inverse of :func:`to_device_layout` (fused projections concatenate natural rows, ninfer/cuda/fuse.py)."""
-    from ninfer.cuda import qg64_layout
-
     return _rebuild(w, False) if w.fmt.startswith("NVFP4") else qg64_layout.scales_to_natural(w)

@@ -20,8 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ninfer.cuda._common import array_module
-from ninfer.cuda.nvfp4_layout import padded_rows, tile_rows
+from ninfer.cuda._common import array_module, padded_rows, tile_rows
 
 __all__ = ["TILED_FORMATS", "natural_scales", "scales_to_device", "scales_to_natural", "tiled_scales"]
 
