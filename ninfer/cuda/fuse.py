@@ -37,8 +37,7 @@ import numpy as np
 
 from ninfer.config import ModelConfig
 from ninfer.cuda._common import array_module
-from ninfer.cuda.nvfp4_layout import to_device_layout, to_natural_layout
-from ninfer.cuda.qg64_layout import TILED_FORMATS
+from ninfer.cuda.nvfp4_layout import has_device_layout, to_device_layout, to_natural_layout
 from ninfer.cuda.weights import PLANES, DeviceWeight
 from ninfer.formats import get_format
 from ninfer.formats.groupint import widen_planes, widest
@@ -151,7 +150,7 @@ def concat_rows(parts: Sequence[DeviceWeight]) -> DeviceWeight:
     """One weight whose rows are the parts' rows in order (same width; one format, or group-int formats that are
     widened to the widest; see the module docstring). NVFP4 parts and Q4/Q5/Q6 scales are in a device layout
     (nvfp4_layout.py, qg64_layout.py): joined as natural rows, then laid out again."""
-    if any(p.fmt.startswith("NVFP4") or p.fmt in TILED_FORMATS for p in parts):
+    if any(has_device_layout(p.fmt) for p in parts):
         return to_device_layout(_concat_natural([to_natural_layout(p) for p in parts]))
     return _concat_natural(parts)
 

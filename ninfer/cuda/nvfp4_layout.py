@@ -33,6 +33,7 @@ __all__ = [
     "POS",
     "array_module",
     "device_planes",
+    "has_device_layout",
     "natural_planes",
     "padded_rows",
     "tile_rows",
@@ -122,6 +123,11 @@ def _rebuild(w: Any, to_device: bool) -> Any:
     out = xp.concatenate([c, pc, s, ps, data[o2:]])
     o1n = int(c.size + pc.size)
     return dataclasses.replace(w, data=out, offsets=(0, o1n, o1n + int(s.size + ps.size)))
+
+
+def has_device_layout(fmt: str) -> bool:
+    """Whether :func:`to_device_layout` rearranges weights of ``fmt`` (NVFP4, and Q4/Q5/Q6's scales)."""
+    return fmt.startswith("NVFP4") or fmt in qg64_layout.TILED_FORMATS
 
 
 def to_device_layout(w: Any) -> Any:
